@@ -1,0 +1,24 @@
+"""leaseq: a task queue for agent work where a claim is a lease, not a status flag.
+
+    import leaseq
+    q = leaseq.connect()                 # $LEASEQ_DSN, else sqlite:///leaseq.db
+    q.migrate()
+    w = q.register_worker("worker-a")
+    q.enqueue("summarize", {"doc": 1})
+    for claim in q.claim(w):
+        q.complete(w, claim, result={"ok": True})
+"""
+
+from .aio import AsyncQueue, connect_async
+from .core.errors import (BackendUnavailable, ConfigError, InvalidInput, InvalidTransition, LeaseLost,
+                          LeaseqError, NotFound, QueuePaused, StaleToken, UnknownWorker)
+from .core.model import Claim, Effect, EffectKind, Event, Status, Task, Worker
+from .queue import Queue, connect
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "AsyncQueue", "BackendUnavailable", "Claim", "ConfigError", "Effect", "EffectKind", "Event",
+    "InvalidInput", "InvalidTransition", "LeaseLost", "LeaseqError", "NotFound", "Queue", "QueuePaused",
+    "StaleToken", "Status", "Task", "UnknownWorker", "Worker", "connect", "connect_async",
+]

@@ -1,0 +1,128 @@
+"""Records leaseq hands to callers. Plain frozen dataclasses; no I/O."""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Any
+
+
+class Status(str, enum.Enum):
+    """Where a task is in its lifecycle (never who holds it: see ``lease_owner``)."""
+
+    QUEUED = "queued"
+    RUNNING = "running"
+    COMPLETED = "completed"
+    CANCELLED = "cancelled"
+    DEAD = "dead"
+    NEEDS_RECONCILIATION = "needs_reconciliation"
+    BLOCKED = "blocked"
+
+    def __str__(self) -> str:  # pragma: no cover - cosmetic
+        return self.value
+
+
+class EffectKind(str, enum.Enum):
+    """What a task does to the world, which decides how an expired lease is routed."""
+
+    READ_ONLY = "read_only"
+    IDEMPOTENT = "idempotent"
+    SIDE_EFFECT = "side_effect"
+
+    def __str__(self) -> str:  # pragma: no cover - cosmetic
+        return self.value
+
+
+TERMINAL = frozenset({Status.COMPLETED, Status.CANCELLED})
+
+
+@dataclass(frozen=True)
+class Worker:
+    """A worker identity issued by the queue. ``id`` is never chosen by the worker."""
+
+    id: str
+    name: str
+    registered_at: datetime | None = None
+
+
+@dataclass(frozen=True)
+class Task:
+    """One row of the task table, as read."""
+
+    id: int
+    queue: str
+    kind: str
+    payload: Any
+    effect: str
+    status: str
+    priority: int
+    available_at: datetime
+    created_at: datetime
+    lease_owner: str | None
+    lease_expires_at: datetime | None
+    lease_seconds: float
+    claim_generation: int
+    idempotency_key: str
+    attempts: int
+    max_attempts: int
+    last_error: str | None
+    result: Any
+    open_effects: int = 0
+    claimed_at: datetime | None = None
+    heartbeat_count: int = 0
+    last_heartbeat_at: datetime | None = None
+    longest_heartbeat_gap: float = 0.0
+    error_fingerprint: str | None = None
+    error_streak: int = 0
+    updated_at: datetime | None = None
+
+
+@dataclass(frozen=True)
+class Claim:
+    """A lease on one task: who holds it, which acquisition, until when.
+
+    ``generation`` is the fencing token: it grows with every claim of the task,
+    and every guarded write carries it.
+    """
+
+    task_id: int
+    generation: int
+    worker_id: str
+    expires_at: datetime
+    task: Task
+
+
+@dataclass(frozen=True)
+class Effect:
+    """An entry in the action ledger: the intent of one tool call and its response."""
+
+    id: int
+    task_id: int
+    generation: int
+    action: str
+    idempotency_key: str
+    status: str  # pending | done | reconciled
+    worker_id: str | None
+    intent_at: datetime
+    response: Any = None
+    response_at: datetime | None = None
+    replayed: bool = False
+
+    @property
+    def fencing_token(self) -> int:
+        """The claim generation the intent was recorded under."""
+        return self.generation
+
+
+@dataclass(frozen=True)
+class Event:
+    """One entry of a task's evidence trail."""
+
+    id: int
+    task_id: int
+    type: str
+    generation: int | None
+    worker_id: str | None
+    at: datetime
+    detail: dict[str, Any] = field(default_factory=dict)

@@ -1,0 +1,550 @@
+"""The lease logic: every queue operation, as transactions of named queries.
+
+This is the one module where leaseq's rules are applied. The SQL decides
+(lease guards, routing of expired leases, failure routing); this module
+validates input, runs the queries in the right transaction, writes the
+evidence trail and turns "no row changed" into :class:`LeaseLost`.
+Backends, the async facade, the CLI and the worker all come through here.
+"""
+
+from __future__ import annotations
+
+import getpass
+import uuid
+from datetime import datetime
+from typing import Any
+
+from .core import policy
+from .core.errors import (InvalidInput, InvalidTransition, LeaseLost, NotFound, QueuePaused,
+                          UnknownWorker)
+from .core.model import Claim, Effect, Event, Status, Task, Worker
+from .store import Store, Tx, open_store
+from .store.base import load_migrations
+
+_TASK_FIELDS = frozenset(Task.__dataclass_fields__)
+_EFFECT_FIELDS = frozenset(Effect.__dataclass_fields__)
+#: How many expired leases one claim transaction routes at most.
+ROUTE_BATCH = 500
+
+
+def _task(row: dict[str, Any]) -> Task:
+    return Task(**{k: v for k, v in row.items() if k in _TASK_FIELDS})
+
+
+def _effect(row: dict[str, Any], *, replayed: bool = False) -> Effect:
+    return Effect(**{k: v for k, v in row.items() if k in _EFFECT_FIELDS}, replayed=replayed)
+
+
+def _worker_id(worker: Worker | str) -> str:
+    wid = worker.id if isinstance(worker, Worker) else worker
+    if not isinstance(wid, str) or not wid:
+        raise InvalidInput("worker", f"must be a Worker from register_worker() (got {worker!r})")
+    return wid
+
+
+def _heartbeats(row: dict[str, Any]) -> dict[str, Any]:
+    """The compact heartbeat history of one lease, for the event that ends it."""
+    last = row.get("last_heartbeat_at")
+    return {
+        "heartbeats": row.get("heartbeat_count", 0),
+        "last_heartbeat_at": last.isoformat() if isinstance(last, datetime) else last,
+        "longest_heartbeat_gap": round(float(row.get("longest_heartbeat_gap") or 0.0), 3),
+    }
+
+
+def _default_actor() -> str:
+    try:
+        return getpass.getuser()
+    except Exception:  # pragma: no cover - no user database in some containers
+        return "operator"
+
+
+class Queue:
+    """A leaseq queue on one database. Thread-safe; share one per process.
+
+    Create it with :func:`leaseq.connect`. Worker-side calls (``claim``,
+    ``heartbeat``, ``complete``, ``fail``, ``begin_effect``...) are guarded
+    by the lease; operator calls (``cancel``, ``reconcile``...) are not.
+    """
+
+    def __init__(self, store: Store, *, max_same_error: int = policy.DEFAULT_MAX_SAME_ERROR):
+        self.store = store
+        self.max_same_error = policy.check_int("max_same_error", max_same_error, minimum=1)
+
+    # -- set-up -----------------------------------------------------------
+
+    @property
+    def dialect(self) -> str:
+        """``"postgres"`` or ``"sqlite"``."""
+        return self.store.dialect
+
+    def migrate(self) -> list[int]:
+        """Create or upgrade the schema. Idempotent; returns the versions applied now."""
+        applied_now = []
+        with self.store.transaction() as tx:
+            tx.rows("migrations_lock")
+            tx.rows("migrations_create")
+            done = {r["version"] for r in tx.rows("migrations_applied")}
+            for mig in load_migrations(self.dialect):
+                if mig.version not in done:
+                    tx.script(mig.sql)
+                    tx.rows("migrations_record", version=mig.version, name=mig.name)
+                    applied_now.append(mig.version)
+        return applied_now
+
+    def schema_version(self) -> int:
+        """The newest migration applied (0 for an empty database)."""
+        with self.store.transaction() as tx:
+            tx.rows("migrations_create")
+            versions = [r["version"] for r in tx.rows("migrations_applied")]
+        return max(versions, default=0)
+
+    def close(self) -> None:
+        """Close every connection."""
+        self.store.close()
+
+    def __enter__(self) -> Queue:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # -- workers ----------------------------------------------------------
+
+    def register_worker(self, name: str = "worker") -> Worker:
+        """Issue a new worker identity. The queue picks the id; ``name`` is a label."""
+        policy.check_name("name", name)
+        with self.store.transaction() as tx:
+            row = tx.row("register_worker", name=name)
+        return Worker(id=row["id"], name=row["name"], registered_at=row["registered_at"])
+
+    def revoke_worker(self, worker: Worker | str) -> None:
+        """Revoke a worker: it claims nothing more and its leases stop renewing."""
+        wid = _worker_id(worker)
+        with self.store.transaction() as tx:
+            if tx.row("revoke_worker", worker_id=wid) is None and tx.row("get_worker", worker_id=wid) is None:
+                raise UnknownWorker(f"worker {wid!r} was never registered")
+
+    def workers(self) -> list[dict[str, Any]]:
+        """Every registered worker with the number of leases it holds."""
+        with self.store.transaction() as tx:
+            return tx.rows("list_workers")
+
+    def _check_worker(self, tx: Tx, wid: str) -> None:
+        row = tx.row("get_worker", worker_id=wid)
+        if row is None:
+            raise UnknownWorker(f"worker {wid!r} was never registered with this queue")
+        if row["revoked_at"] is not None:
+            raise UnknownWorker(f"worker {wid!r} was revoked")
+
+    # -- enqueue ----------------------------------------------------------
+
+    def enqueue(self, kind: str, payload: Any = None, *, effect: str = "read_only", queue: str = "default",
+                idempotency_key: str | None = None, priority: int = 0, delay: float = 0,
+                max_attempts: int = 5, lease_seconds: float = policy.DEFAULT_LEASE_SECONDS) -> Task:
+        """Add a task. A second enqueue with the same ``idempotency_key`` in the
+        same queue returns the existing task instead of a duplicate."""
+        params = dict(
+            kind=policy.check_kind(kind),
+            payload=policy.check_json("payload", payload),
+            effect=policy.check_effect(effect),
+            queue=policy.check_name("queue", queue),
+            idempotency_key=(uuid.uuid4().hex if idempotency_key is None
+                             else policy.check_key("idempotency_key", idempotency_key)),
+            priority=policy.check_int("priority", priority, minimum=-(2**31), maximum=2**31 - 1),
+            delay=policy.check_seconds("delay", delay, allow_zero=True, maximum=10 * 365 * 86400.0),
+            max_attempts=policy.check_int("max_attempts", max_attempts, minimum=1, maximum=10_000),
+            lease_seconds=policy.check_seconds("lease_seconds", lease_seconds, allow_zero=False),
+        )
+        with self.store.transaction() as tx:
+            row = tx.row("insert_task", **params)
+            if row is None:
+                existing = tx.row("get_task_by_key", queue=params["queue"],
+                                  idempotency_key=params["idempotency_key"])
+                return _task(existing)
+            self._event(tx, row["id"], "enqueued", None, None, queue=row["queue"], kind=row["kind"],
+                        effect=row["effect"], idempotency_key=row["idempotency_key"], priority=row["priority"])
+        return _task(row)
+
+    # -- claims and leases --------------------------------------------------
+
+    def claim(self, worker: Worker | str, *, queue: str = "default", limit: int = 1,
+              lease_seconds: float | None = None) -> list[Claim]:
+        """Lease up to ``limit`` due tasks of ``queue`` to ``worker``.
+
+        Expired leases are routed by the recovery policy first, in the same
+        transaction. Each claim carries a new generation (fencing token).
+        Returns an empty list when nothing is due or the queue is paused.
+        """
+        wid = _worker_id(worker)
+        policy.check_name("queue", queue)
+        policy.check_int("limit", limit, minimum=1, maximum=10_000)
+        if lease_seconds is not None:
+            policy.check_seconds("lease_seconds", lease_seconds, allow_zero=False)
+        with self.store.transaction() as tx:
+            self._route_expired(tx)
+            rows = tx.rows("claim_batch", queue=queue, worker_id=wid, limit=limit, lease_seconds=lease_seconds)
+            if not rows:
+                self._check_worker(tx, wid)
+                return []
+            tx.run_many("insert_event", [
+                self._event_params(r["id"], "claimed", r["claim_generation"], wid, attempt=r["attempts"],
+                                   lease_seconds=r["lease_seconds"],
+                                   lease_expires_at=r["lease_expires_at"].isoformat())
+                for r in rows])
+        rows.sort(key=lambda r: (-r["priority"], r["available_at"], r["id"]))
+        return [Claim(task_id=r["id"], generation=r["claim_generation"], worker_id=wid,
+                      expires_at=r["lease_expires_at"], task=_task(r)) for r in rows]
+
+    def heartbeat(self, worker: Worker | str, claim: Claim) -> datetime:
+        """Renew one lease; returns the new deadline or raises :class:`LeaseLost`."""
+        renewed = self.renew_leases(worker, [claim])
+        if claim.task_id not in renewed:
+            raise LeaseLost(claim.task_id, claim.generation, "heartbeat refused: lease no longer held")
+        return renewed[claim.task_id]
+
+    def renew_leases(self, worker: Worker | str, claims: list[Claim]) -> dict[int, datetime]:
+        """Renew many leases in one guarded statement.
+
+        Returns ``{task_id: new_deadline}`` for the leases still held; a claim
+        missing from the result has been lost.
+        """
+        wid = _worker_id(worker)
+        for c in claims:
+            self._check_claim(wid, c)
+        if not claims:
+            return {}
+        with self.store.transaction() as tx:
+            rows = tx.rows("renew_leases", worker_id=wid, task_ids=[c.task_id for c in claims],
+                           generations=[c.generation for c in claims])
+        return {r["id"]: r["lease_expires_at"] for r in rows}
+
+    def complete(self, worker: Worker | str, claim: Claim, result: Any = None) -> None:
+        """Finish the task with ``result``; raises :class:`LeaseLost` without authority."""
+        wid = _worker_id(worker)
+        self._check_claim(wid, claim)
+        policy.check_json("result", result)
+        with self.store.transaction() as tx:
+            row = tx.row("complete_task", task_id=claim.task_id, worker_id=wid, generation=claim.generation,
+                         result=result)
+            if row is None:
+                raise LeaseLost(claim.task_id, claim.generation, "complete refused: lease no longer held")
+            self._event(tx, claim.task_id, "completed", claim.generation, wid, attempt=row["attempts"],
+                        **_heartbeats(row))
+
+    def fail(self, worker: Worker | str, claim: Claim, error: str, *, retry: bool = True,
+             block: bool = False, delay: float | None = None) -> Task:
+        """End the attempt with ``error``.
+
+        The task is retried after an exponential, jittered backoff (or
+        ``delay`` seconds), unless ``retry`` is false, attempts are exhausted or
+        the same error repeats ``max_same_error`` times in a row, which send it
+        to ``dead``. ``block=True`` marks a missing or revoked credential: the
+        task waits in ``blocked`` for :meth:`unblock`. A side-effect task with
+        an intent still open goes to ``needs_reconciliation`` instead.
+        """
+        wid = _worker_id(worker)
+        self._check_claim(wid, claim)
+        policy.check_text("error", error, required=True)
+        if not isinstance(retry, bool) or not isinstance(block, bool):
+            raise InvalidInput("retry" if not isinstance(retry, bool) else "block", "must be true or false")
+        wait = (policy.backoff_seconds(claim.task.attempts) if delay is None
+                else policy.check_seconds("delay", delay, allow_zero=True, maximum=10 * 365 * 86400.0))
+        with self.store.transaction() as tx:
+            row = tx.row("fail_task", task_id=claim.task_id, worker_id=wid, generation=claim.generation,
+                         error=error, fingerprint=policy.error_fingerprint(error), retry=retry, block=block,
+                         delay=wait, max_same_error=self.max_same_error)
+            if row is None:
+                raise LeaseLost(claim.task_id, claim.generation, "fail refused: lease no longer held")
+            detail: dict[str, Any] = dict(error=error, attempt=row["attempts"], next_status=row["status"],
+                                          error_streak=row["error_streak"], **_heartbeats(row))
+            if row["status"] == Status.QUEUED:
+                detail["retry_at"] = row["available_at"].isoformat()
+            self._event(tx, claim.task_id, "failed", claim.generation, wid, **detail)
+            if row["status"] != Status.QUEUED:
+                self._event(tx, claim.task_id, row["status"], claim.generation, wid, reason=self._why(row, retry, block))
+            task = tx.row("get_task", task_id=claim.task_id)
+        return _task(task)
+
+    def _why(self, row: dict[str, Any], retry: bool, block: bool) -> str:
+        status = row["status"]
+        if status == Status.BLOCKED:
+            return "credential missing or revoked"
+        if status == Status.NEEDS_RECONCILIATION:
+            return "failed with a side-effect intent and no recorded response"
+        if not retry:
+            return "failure marked permanent"
+        if row["attempts"] >= row["max_attempts"]:
+            return f"attempts exhausted ({row['attempts']}/{row['max_attempts']})"
+        return f"same error {row['error_streak']} times in a row"
+
+    def release(self, worker: Worker | str, claim: Claim, reason: str = "released") -> Task:
+        """Give a lease back early (worker shutdown).
+
+        The task goes through the recovery policy exactly as if its lease had
+        expired: a side-effect task with an open intent is not simply requeued.
+        """
+        wid = _worker_id(worker)
+        self._check_claim(wid, claim)
+        policy.check_text("reason", reason, required=True)
+        with self.store.transaction() as tx:
+            row = tx.row("expire_lease", task_id=claim.task_id, worker_id=wid, generation=claim.generation)
+            if row is None:
+                raise LeaseLost(claim.task_id, claim.generation, "release refused: lease no longer held")
+            self._route(tx, [row], event="lease_released", reason=reason)
+            task = tx.row("get_task", task_id=claim.task_id)
+        return _task(task)
+
+    def sweep(self) -> int:
+        """Route every expired lease now (claims do this too). Returns how many."""
+        total = 0
+        while True:
+            with self.store.transaction() as tx:
+                n = self._route_expired(tx)
+            total += n
+            if n < ROUTE_BATCH:
+                return total
+
+    def _route_expired(self, tx: Tx) -> int:
+        expired = tx.rows("lock_expired", limit=ROUTE_BATCH)
+        if expired:
+            self._route(tx, expired, event="lease_expired", reason="lease expired without renewal")
+        return len(expired)
+
+    def _route(self, tx: Tx, leases: list[dict[str, Any]], *, event: str, reason: str) -> None:
+        """Apply the recovery policy (the ``route_expired`` query) to locked, expired leases."""
+        routed = {r["id"]: r for r in tx.rows("route_expired", task_ids=[r["id"] for r in leases])}
+        events = []
+        for lease in leases:
+            r = routed.get(lease["id"])
+            if r is None:
+                continue
+            events.append(self._event_params(
+                lease["id"], event, lease["claim_generation"], lease["lease_owner"], reason=reason,
+                routed_to=r["status"], open_intents=r["open_effects"], attempt=r["attempts"],
+                lease_expires_at=lease["lease_expires_at"].isoformat(), **_heartbeats(lease)))
+            if r["status"] != Status.QUEUED:
+                why = ("side-effect intent without a response: a retry could repeat it"
+                       if r["status"] == Status.NEEDS_RECONCILIATION else "attempts exhausted")
+                events.append(self._event_params(lease["id"], r["status"], lease["claim_generation"],
+                                                 lease["lease_owner"], reason=why))
+        tx.run_many("insert_event", events)
+
+    # -- effects ------------------------------------------------------------
+
+    def begin_effect(self, worker: Worker | str, claim: Claim, action: str, key: str | None = None) -> Effect:
+        """Record the intent of a tool call before making it, under the lease guard.
+
+        ``key`` (the action's idempotency key) defaults to one derived from the
+        task's idempotency key and ``action``, so it is the same on every
+        attempt. If an earlier attempt already recorded a response under that
+        key, that effect is returned with ``replayed=True``: do not call again.
+        Raises :class:`QueuePaused` while the queue's off-switch is on.
+        """
+        wid = _worker_id(worker)
+        self._check_claim(wid, claim)
+        policy.check_kind(action)
+        if key is not None:
+            policy.check_key("key", key)
+        with self.store.transaction() as tx:
+            held = tx.row("lock_lease", task_id=claim.task_id, worker_id=wid, generation=claim.generation)
+            if held is None:
+                raise LeaseLost(claim.task_id, claim.generation, "begin_effect refused: lease no longer held")
+            fx_key = key if key is not None else f"{held['idempotency_key']}:{action}"
+            existing = tx.row("get_effect", task_id=claim.task_id, idempotency_key=fx_key)
+            if existing is not None and existing["status"] == "done":
+                return _effect(existing, replayed=True)
+            if existing is not None and existing["generation"] == claim.generation and existing["status"] == "pending":
+                return _effect(existing)
+            if existing is not None:
+                raise InvalidTransition(f"effect key {fx_key!r} was settled by reconciliation; use a new key")
+            if held["paused"]:
+                raise QueuePaused(f"queue {held['queue']!r} is paused: no new actions may start")
+            row = tx.row("insert_effect", task_id=claim.task_id, generation=claim.generation, worker_id=wid,
+                         action=action, idempotency_key=fx_key)
+            tx.rows("adjust_open_effects", task_id=claim.task_id, delta=1)
+            self._event(tx, claim.task_id, "effect_intent", claim.generation, wid, action=action,
+                        idempotency_key=fx_key, effect_id=row["id"])
+        return _effect(row)
+
+    def finish_effect(self, worker: Worker | str, claim: Claim, effect: Effect, response: Any = None) -> Effect:
+        """Record the response of a tool call whose intent :meth:`begin_effect` recorded."""
+        wid = _worker_id(worker)
+        self._check_claim(wid, claim)
+        if not isinstance(effect, Effect):
+            raise InvalidInput("effect", "must be the Effect returned by begin_effect()")
+        if effect.task_id != claim.task_id:
+            raise InvalidInput("effect", f"belongs to task {effect.task_id}, not task {claim.task_id}")
+        if effect.replayed:
+            return effect
+        policy.check_json("response", response)
+        with self.store.transaction() as tx:
+            if tx.row("lock_lease", task_id=claim.task_id, worker_id=wid, generation=claim.generation) is None:
+                raise LeaseLost(claim.task_id, claim.generation, "finish_effect refused: lease no longer held")
+            row = tx.row("finish_effect", effect_id=effect.id, task_id=claim.task_id, generation=claim.generation,
+                         response=response)
+            if row is None:
+                raise InvalidTransition(f"effect {effect.id} is not open under generation {claim.generation}")
+            tx.rows("adjust_open_effects", task_id=claim.task_id, delta=-1)
+            self._event(tx, claim.task_id, "effect_response", claim.generation, wid, action=row["action"],
+                        idempotency_key=row["idempotency_key"], effect_id=row["id"])
+        return _effect(row)
+
+    def effects(self, task_id: int) -> list[Effect]:
+        """The action ledger of a task, oldest first."""
+        task_id = policy.check_task_id(task_id)
+        with self.store.transaction() as tx:
+            self._require_task(tx, task_id)
+            return [_effect(r) for r in tx.rows("list_effects", task_id=task_id)]
+
+    # -- operator actions ----------------------------------------------------
+
+    def cancel(self, task_id: int, reason: str = "cancelled", *, by: str | None = None) -> Task:
+        """Cancel a task. It stays cancelled; a running holder loses its lease at
+        its next guarded call, and expiry never revives it."""
+        task_id = policy.check_task_id(task_id)
+        policy.check_text("reason", reason, required=True)
+        by = by or _default_actor()
+        with self.store.transaction() as tx:
+            before = self._require_task(tx, task_id, lock=True)
+            if tx.row("cancel_task", task_id=task_id, reason=f"cancelled: {reason}") is None:
+                raise InvalidTransition(f"task {task_id} is {before['status']}; only unfinished tasks can be cancelled")
+            detail: dict[str, Any] = dict(by=by, reason=reason, previous_status=before["status"])
+            if before["status"] == Status.RUNNING:
+                detail["revoked_lease_of"] = before["lease_owner"]
+                detail["open_intents"] = before["open_effects"]
+            self._event(tx, task_id, "cancelled", before["claim_generation"] or None, None, **detail)
+            return _task(tx.row("get_task", task_id=task_id))
+
+    def reconcile(self, task_id: int, outcome: str, note: str, *, result: Any = None, by: str | None = None) -> Task:
+        """Resolve a ``needs_reconciliation`` task after checking the outside world.
+
+        ``outcome``: ``completed`` (the action did happen; ``result`` is stored),
+        ``requeue`` (it did not; run again with the same keys) or ``cancel``.
+        Open intents are marked ``reconciled``.
+        """
+        task_id = policy.check_task_id(task_id)
+        targets = {"completed": Status.COMPLETED, "requeue": Status.QUEUED, "cancel": Status.CANCELLED}
+        if outcome not in targets:
+            raise InvalidInput("outcome", f"must be one of completed, requeue, cancel (got {outcome!r})")
+        policy.check_text("note", note, required=True)
+        policy.check_json("result", result)
+        by = by or _default_actor()
+        with self.store.transaction() as tx:
+            before = self._require_task(tx, task_id, lock=True)
+            row = tx.row("set_task_status", task_id=task_id, from_status=Status.NEEDS_RECONCILIATION.value,
+                         status=targets[outcome].value, set_result=outcome == "completed", result=result,
+                         reset_attempts=False)
+            if row is None:
+                raise InvalidTransition(f"task {task_id} is {before['status']}, not needs_reconciliation")
+            settled = tx.rows("settle_open_effects", task_id=task_id)
+            self._event(tx, task_id, "reconciled", before["claim_generation"] or None, None, by=by, outcome=outcome,
+                        note=note, settled_intents=[s["idempotency_key"] for s in settled])
+            return _task(tx.row("get_task", task_id=task_id))
+
+    def unblock(self, task_id: int, note: str, *, by: str | None = None) -> Task:
+        """Return a ``blocked`` task to the queue once its credential is repaired."""
+        return self._resume(task_id, Status.BLOCKED, "unblocked", note, by, reset_attempts=False)
+
+    def requeue(self, task_id: int, note: str = "requeued by operator", *, by: str | None = None) -> Task:
+        """Return a ``dead`` task to the queue with a fresh attempt budget."""
+        return self._resume(task_id, Status.DEAD, "requeued", note, by, reset_attempts=True)
+
+    def _resume(self, task_id: int, from_status: Status, event: str, note: str, by: str | None,
+                *, reset_attempts: bool) -> Task:
+        task_id = policy.check_task_id(task_id)
+        policy.check_text("note", note, required=True)
+        by = by or _default_actor()
+        with self.store.transaction() as tx:
+            before = self._require_task(tx, task_id, lock=True)
+            row = tx.row("set_task_status", task_id=task_id, from_status=from_status.value,
+                         status=Status.QUEUED.value, set_result=False, result=None, reset_attempts=reset_attempts)
+            if row is None:
+                raise InvalidTransition(f"task {task_id} is {before['status']}, not {from_status.value}")
+            self._event(tx, task_id, event, before["claim_generation"] or None, None, by=by, note=note,
+                        previous_attempts=before["attempts"])
+            return _task(tx.row("get_task", task_id=task_id))
+
+    def pause(self, queue: str, *, by: str | None = None) -> None:
+        """Turn the off-switch on: no claims, and no new effects in running tasks."""
+        self._set_paused(queue, True, by)
+
+    def resume(self, queue: str, *, by: str | None = None) -> None:
+        """Turn the off-switch off."""
+        self._set_paused(queue, False, by)
+
+    def _set_paused(self, queue: str, paused: bool, by: str | None) -> None:
+        policy.check_name("queue", queue)
+        with self.store.transaction() as tx:
+            tx.row("set_paused", queue=queue, paused=paused, actor=by or _default_actor())
+
+    def queues(self) -> list[dict[str, Any]]:
+        """Queues that have had their off-switch set, with its state."""
+        with self.store.transaction() as tx:
+            return tx.rows("list_queues")
+
+    # -- reads ----------------------------------------------------------------
+
+    def get(self, task_id: int) -> Task:
+        """One task; raises :class:`NotFound`."""
+        task_id = policy.check_task_id(task_id)
+        with self.store.transaction() as tx:
+            return _task(self._require_task(tx, task_id))
+
+    def list(self, *, status: str | None = None, queue: str | None = None, limit: int = 100) -> list[Task]:
+        """Tasks, newest first, optionally filtered by status and queue."""
+        if status is not None:
+            policy.check_status(status)
+        if queue is not None:
+            policy.check_name("queue", queue)
+        policy.check_int("limit", limit, minimum=1, maximum=100_000)
+        with self.store.transaction() as tx:
+            return [_task(r) for r in tx.rows("list_tasks", status=status, queue=queue, limit=limit)]
+
+    def events(self, task_id: int) -> list[Event]:
+        """The evidence trail of a task, in order."""
+        task_id = policy.check_task_id(task_id)
+        with self.store.transaction() as tx:
+            self._require_task(tx, task_id)
+            return [Event(**r) for r in tx.rows("list_events", task_id=task_id)]
+
+    def stats(self) -> list[dict[str, Any]]:
+        """Counts by queue and status, with the oldest due task's age and unrouted expired leases."""
+        with self.store.transaction() as tx:
+            return tx.rows("stats")
+
+    def now(self) -> datetime:
+        """The database's clock, the only clock leases are judged by."""
+        with self.store.transaction() as tx:
+            return tx.row("db_now")["now"]
+
+    # -- helpers ----------------------------------------------------------------
+
+    def _check_claim(self, wid: str, claim: Claim) -> None:
+        if not isinstance(claim, Claim):
+            raise InvalidInput("claim", f"must be a Claim returned by claim() (got {type(claim).__name__})")
+        if claim.worker_id != wid:
+            raise InvalidInput("claim", f"belongs to worker {claim.worker_id!r}, not {wid!r}")
+
+    def _require_task(self, tx: Tx, task_id: int, *, lock: bool = False) -> dict[str, Any]:
+        row = tx.row("lock_task" if lock else "get_task", task_id=task_id)
+        if row is None:
+            raise NotFound(f"task {task_id} does not exist")
+        return row
+
+    @staticmethod
+    def _event_params(task_id: int, type_: str, generation: int | None, worker_id: str | None,
+                      **detail: Any) -> dict[str, Any]:
+        return dict(task_id=task_id, type=str(getattr(type_, "value", type_)), generation=generation,
+                    worker_id=worker_id, detail=detail)
+
+    def _event(self, tx: Tx, task_id: int, type_: str, generation: int | None, worker_id: str | None,
+               **detail: Any) -> None:
+        tx.rows("insert_event", **self._event_params(task_id, type_, generation, worker_id, **detail))
+
+
+def connect(dsn: str | None = None, **options: Any) -> Queue:
+    """Open a queue. ``dsn``: ``postgresql://…`` or ``sqlite:///path.db``; by
+    default ``$LEASEQ_DSN``, else ``sqlite:///leaseq.db`` in the current folder."""
+    max_same_error = options.pop("max_same_error", policy.DEFAULT_MAX_SAME_ERROR)
+    return Queue(open_store(dsn, **options), max_same_error=max_same_error)

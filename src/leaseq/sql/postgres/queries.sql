@@ -1,0 +1,312 @@
+-- leaseq named queries, PostgreSQL (psycopg 3, %(name)s parameters).
+--
+-- Every query is one block headed "-- name: <query>". The SQLite file holds
+-- the same names with the same parameters; tests/unit/test_queries.py keeps
+-- the two in step.
+--
+-- THE LEASE GUARD. Every write made on the strength of a lease carries this
+-- condition, word for word, and a test fails if one does not:
+--
+--     AND t.status = 'running'
+--     AND t.lease_owner = %(worker_id)s
+--     AND t.claim_generation = %(generation)s
+--     AND t.lease_expires_at >= now()
+--
+-- Zero rows back means the caller has lost the lease; nothing was changed.
+-- Time is always the database's now(): a worker's clock is never consulted.
+
+-- name: migrations_lock
+-- Serialises concurrent `leaseq migrate` runs until the transaction ends.
+SELECT pg_advisory_xact_lock(7431002201);
+
+-- name: migrations_create
+CREATE TABLE IF NOT EXISTS leaseq_migrations (
+    version    integer PRIMARY KEY,
+    name       text NOT NULL,
+    applied_at timestamptz NOT NULL DEFAULT now()
+);
+
+-- name: migrations_applied
+SELECT version, name, applied_at FROM leaseq_migrations ORDER BY version;
+
+-- name: migrations_record
+INSERT INTO leaseq_migrations (version, name) VALUES (%(version)s, %(name)s);
+
+-- name: db_now
+SELECT now() AS now;
+
+-- name: register_worker
+-- The queue, not the worker, makes the identity: a name plus random suffix.
+INSERT INTO leaseq_workers (id, name)
+VALUES (%(name)s || '-' || substr(replace(gen_random_uuid()::text, '-', ''), 1, 12), %(name)s)
+RETURNING id, name, registered_at, revoked_at;
+
+-- name: get_worker
+SELECT id, name, registered_at, revoked_at FROM leaseq_workers WHERE id = %(worker_id)s;
+
+-- name: list_workers
+SELECT w.id, w.name, w.registered_at, w.revoked_at,
+       (SELECT count(*) FROM leaseq_tasks t WHERE t.status = 'running' AND t.lease_owner = w.id) AS leases
+FROM leaseq_workers w ORDER BY w.registered_at;
+
+-- name: revoke_worker
+UPDATE leaseq_workers SET revoked_at = now()
+WHERE id = %(worker_id)s AND revoked_at IS NULL
+RETURNING id, name, registered_at, revoked_at;
+
+-- name: insert_task
+-- ON CONFLICT: a second enqueue with the same key in the same queue is the
+-- same logical task; the caller then reads the existing row.
+INSERT INTO leaseq_tasks (queue, kind, payload, effect, priority, available_at,
+                          idempotency_key, max_attempts, lease_seconds)
+VALUES (%(queue)s, %(kind)s, %(payload)s::jsonb, %(effect)s, %(priority)s,
+        now() + %(delay)s::float8 * interval '1 second',
+        %(idempotency_key)s, %(max_attempts)s, %(lease_seconds)s)
+ON CONFLICT (queue, idempotency_key) DO NOTHING
+RETURNING *;
+
+-- name: get_task
+SELECT * FROM leaseq_tasks WHERE id = %(task_id)s;
+
+-- name: get_task_by_key
+SELECT * FROM leaseq_tasks WHERE queue = %(queue)s AND idempotency_key = %(idempotency_key)s;
+
+-- name: lock_task
+-- Operator actions read and lock the row before deciding.
+SELECT * FROM leaseq_tasks WHERE id = %(task_id)s FOR UPDATE;
+
+-- name: list_tasks
+SELECT * FROM leaseq_tasks
+WHERE (%(status)s::text IS NULL OR status = %(status)s)
+  AND (%(queue)s::text IS NULL OR queue = %(queue)s)
+ORDER BY id DESC
+LIMIT %(limit)s;
+
+-- name: lock_expired
+-- Running tasks whose lease has run out, locked for routing. SKIP LOCKED:
+-- another claimer already routing a row keeps it; we take the rest.
+SELECT id, queue, lease_owner, claim_generation, lease_expires_at, claimed_at,
+       heartbeat_count, last_heartbeat_at, longest_heartbeat_gap
+FROM leaseq_tasks
+WHERE status = 'running' AND lease_expires_at < now()
+ORDER BY lease_expires_at
+LIMIT %(limit)s
+FOR UPDATE SKIP LOCKED;
+
+-- name: route_expired
+-- The recovery policy. An expired lease allows reassignment, not a retry:
+--   side_effect with an intent and no response -> needs_reconciliation
+--   attempts exhausted                          -> dead
+--   anything else (read_only, idempotent, side_effect that never called out)
+--                                               -> queued, same idempotency_key
+-- Cancelled, blocked and dead tasks are not running, so expiry never touches them.
+UPDATE leaseq_tasks t
+SET status = CASE
+        WHEN t.effect = 'side_effect' AND t.open_effects > 0 THEN 'needs_reconciliation'
+        WHEN t.attempts >= t.max_attempts THEN 'dead'
+        ELSE 'queued' END,
+    last_error = 'lease expired: ' || t.lease_owner || ' held generation ' || t.claim_generation,
+    lease_owner = NULL,
+    lease_expires_at = NULL,
+    available_at = now(),
+    updated_at = now()
+WHERE t.id = ANY(%(task_ids)s::bigint[])
+  AND t.status = 'running' AND t.lease_expires_at < now()
+RETURNING t.id, t.status, t.claim_generation, t.open_effects, t.attempts;
+
+-- name: claim_batch
+-- Select and lease in one statement: no gap in which two workers pick the
+-- same row. A paused queue hands out nothing.
+WITH candidate AS (
+    SELECT id FROM leaseq_tasks
+    WHERE status = 'queued' AND queue = %(queue)s AND available_at <= now()
+      AND NOT EXISTS (SELECT 1 FROM leaseq_queues q WHERE q.name = %(queue)s AND q.paused)
+      AND EXISTS (SELECT 1 FROM leaseq_workers w WHERE w.id = %(worker_id)s AND w.revoked_at IS NULL)
+    ORDER BY priority DESC, available_at, id
+    LIMIT %(limit)s
+    FOR UPDATE SKIP LOCKED
+)
+UPDATE leaseq_tasks t
+SET status = 'running',
+    lease_owner = %(worker_id)s,
+    lease_seconds = coalesce(%(lease_seconds)s::float8, t.lease_seconds),
+    lease_expires_at = now() + coalesce(%(lease_seconds)s::float8, t.lease_seconds) * interval '1 second',
+    claim_generation = t.claim_generation + 1,
+    attempts = t.attempts + 1,
+    claimed_at = now(),
+    heartbeat_count = 0,
+    last_heartbeat_at = NULL,
+    longest_heartbeat_gap = 0,
+    updated_at = now()
+FROM candidate
+WHERE t.id = candidate.id
+RETURNING t.*;
+
+-- name: renew_leases
+-- One statement renews every lease a worker names. Each (task, generation)
+-- pair is checked by the lease guard; the rows back are the leases still held.
+-- The new deadline comes from the task's own lease length, never the caller.
+UPDATE leaseq_tasks t
+SET lease_expires_at = now() + t.lease_seconds * interval '1 second',
+    heartbeat_count = t.heartbeat_count + 1,
+    longest_heartbeat_gap = greatest(t.longest_heartbeat_gap,
+        extract(epoch FROM now() - coalesce(t.last_heartbeat_at, t.claimed_at))::float8),
+    last_heartbeat_at = now(),
+    updated_at = now()
+FROM unnest(%(task_ids)s::bigint[], %(generations)s::bigint[]) AS c(task_id, generation)
+WHERE t.id = c.task_id
+  AND t.claim_generation = c.generation
+  AND t.status = 'running'
+  AND t.lease_owner = %(worker_id)s
+  AND t.lease_expires_at >= now()
+  AND EXISTS (SELECT 1 FROM leaseq_workers w WHERE w.id = %(worker_id)s AND w.revoked_at IS NULL)
+RETURNING t.id, t.claim_generation, t.lease_expires_at;
+
+-- name: lock_lease
+-- Checks the lease and locks the row for the rest of the transaction, so no
+-- cancel or expiry routing can slip between the check and the write after it.
+SELECT t.id, t.queue, t.idempotency_key, t.effect,
+       coalesce((SELECT q.paused FROM leaseq_queues q WHERE q.name = t.queue), false) AS paused
+FROM leaseq_tasks t
+WHERE t.id = %(task_id)s
+  AND t.status = 'running'
+  AND t.lease_owner = %(worker_id)s
+  AND t.claim_generation = %(generation)s
+  AND t.lease_expires_at >= now()
+FOR UPDATE OF t;
+
+-- name: complete_task
+UPDATE leaseq_tasks t
+SET status = 'completed',
+    result = %(result)s::jsonb,
+    lease_owner = NULL,
+    lease_expires_at = NULL,
+    updated_at = now()
+WHERE t.id = %(task_id)s
+  AND t.status = 'running'
+  AND t.lease_owner = %(worker_id)s
+  AND t.claim_generation = %(generation)s
+  AND t.lease_expires_at >= now()
+RETURNING t.id, t.claim_generation, t.attempts, t.heartbeat_count, t.last_heartbeat_at, t.longest_heartbeat_gap;
+
+-- name: fail_task
+-- The attempt ends with an error. Where it goes next is decided here, in one
+-- statement, from the row as it stands:
+--   block (missing or revoked credential)          -> blocked
+--   side_effect with an intent and no response     -> needs_reconciliation
+--   no retry, attempts exhausted, or the same error
+--   fingerprint max_same_error times in a row      -> dead
+--   otherwise                                      -> queued after the backoff delay
+UPDATE leaseq_tasks t
+SET status = CASE
+        WHEN %(block)s THEN 'blocked'
+        WHEN t.effect = 'side_effect' AND t.open_effects > 0 THEN 'needs_reconciliation'
+        WHEN NOT %(retry)s OR t.attempts >= t.max_attempts THEN 'dead'
+        WHEN (CASE WHEN t.error_fingerprint = %(fingerprint)s THEN t.error_streak + 1 ELSE 1 END)
+             >= %(max_same_error)s THEN 'dead'
+        ELSE 'queued' END,
+    error_streak = CASE WHEN t.error_fingerprint = %(fingerprint)s THEN t.error_streak + 1 ELSE 1 END,
+    error_fingerprint = %(fingerprint)s,
+    last_error = %(error)s,
+    available_at = now() + %(delay)s::float8 * interval '1 second',
+    lease_owner = NULL,
+    lease_expires_at = NULL,
+    updated_at = now()
+WHERE t.id = %(task_id)s
+  AND t.status = 'running'
+  AND t.lease_owner = %(worker_id)s
+  AND t.claim_generation = %(generation)s
+  AND t.lease_expires_at >= now()
+RETURNING t.id, t.status, t.claim_generation, t.attempts, t.max_attempts, t.error_streak, t.available_at,
+          t.heartbeat_count, t.last_heartbeat_at, t.longest_heartbeat_gap;
+
+-- name: expire_lease
+-- Gives a lease back early (worker shutdown): the deadline moves into the
+-- past and route_expired then applies the ordinary recovery policy.
+UPDATE leaseq_tasks t
+SET lease_expires_at = now() - interval '1 microsecond',
+    updated_at = now()
+WHERE t.id = %(task_id)s
+  AND t.status = 'running'
+  AND t.lease_owner = %(worker_id)s
+  AND t.claim_generation = %(generation)s
+  AND t.lease_expires_at >= now()
+RETURNING t.id, t.queue, t.lease_owner, t.claim_generation, t.lease_expires_at, t.claimed_at,
+          t.heartbeat_count, t.last_heartbeat_at, t.longest_heartbeat_gap;
+
+-- name: get_effect
+SELECT * FROM leaseq_effects WHERE task_id = %(task_id)s AND idempotency_key = %(idempotency_key)s;
+
+-- name: list_effects
+SELECT * FROM leaseq_effects WHERE task_id = %(task_id)s ORDER BY id;
+
+-- name: insert_effect
+INSERT INTO leaseq_effects (task_id, generation, worker_id, action, idempotency_key)
+VALUES (%(task_id)s, %(generation)s, %(worker_id)s, %(action)s, %(idempotency_key)s)
+RETURNING *;
+
+-- name: adjust_open_effects
+UPDATE leaseq_tasks SET open_effects = open_effects + %(delta)s, updated_at = now()
+WHERE id = %(task_id)s;
+
+-- name: finish_effect
+-- Only the generation that recorded the intent may record its response.
+UPDATE leaseq_effects
+SET status = 'done', response = %(response)s::jsonb, response_at = now()
+WHERE id = %(effect_id)s AND task_id = %(task_id)s AND generation = %(generation)s AND status = 'pending'
+RETURNING *;
+
+-- name: settle_open_effects
+-- An operator's reconciliation settles every intent still without a response.
+UPDATE leaseq_effects SET status = 'reconciled', response_at = now()
+WHERE task_id = %(task_id)s AND status = 'pending'
+RETURNING id, action, idempotency_key, generation;
+
+-- name: cancel_task
+-- Operator decision: the task stays cancelled. Clearing the lease makes the
+-- holder's next guarded call fail; expiry never revives a cancelled task.
+UPDATE leaseq_tasks
+SET status = 'cancelled', last_error = %(reason)s, lease_owner = NULL, lease_expires_at = NULL, updated_at = now()
+WHERE id = %(task_id)s AND status NOT IN ('completed', 'cancelled')
+RETURNING id, status, claim_generation;
+
+-- name: set_task_status
+-- Operator moves between resting states (reconcile, unblock, requeue).
+UPDATE leaseq_tasks
+SET status = %(status)s,
+    result = CASE WHEN %(set_result)s THEN %(result)s::jsonb ELSE result END,
+    attempts = CASE WHEN %(reset_attempts)s THEN 0 ELSE attempts END,
+    error_streak = CASE WHEN %(reset_attempts)s THEN 0 ELSE error_streak END,
+    open_effects = 0,
+    available_at = now(),
+    updated_at = now()
+WHERE id = %(task_id)s AND status = %(from_status)s
+RETURNING id, status, claim_generation, attempts;
+
+-- name: insert_event
+INSERT INTO leaseq_events (task_id, type, generation, worker_id, detail)
+VALUES (%(task_id)s, %(type)s, %(generation)s, %(worker_id)s, %(detail)s::jsonb);
+
+-- name: list_events
+SELECT * FROM leaseq_events WHERE task_id = %(task_id)s ORDER BY id;
+
+-- name: set_paused
+INSERT INTO leaseq_queues (name, paused, changed_at, changed_by)
+VALUES (%(queue)s, %(paused)s, now(), %(actor)s)
+ON CONFLICT (name) DO UPDATE SET paused = excluded.paused, changed_at = excluded.changed_at,
+                                 changed_by = excluded.changed_by
+RETURNING name, paused, changed_at, changed_by;
+
+-- name: list_queues
+SELECT name, paused, changed_at, changed_by FROM leaseq_queues ORDER BY name;
+
+-- name: stats
+-- Counts by queue and status; the age of the oldest task that is due and
+-- waiting; leases past their deadline that no claimer has routed yet.
+SELECT queue, status, count(*) AS count,
+       extract(epoch FROM now() - min(available_at) FILTER (WHERE status = 'queued' AND available_at <= now()))::float8
+           AS oldest_queued_seconds,
+       count(*) FILTER (WHERE status = 'running' AND lease_expires_at < now()) AS expired_leases
+FROM leaseq_tasks
+GROUP BY queue, status
+ORDER BY queue, status;

@@ -1,0 +1,275 @@
+-- leaseq named queries, SQLite (sqlite3, :name parameters).
+--
+-- Same names and parameters as the PostgreSQL file; see its header for the
+-- lease guard, which every lease-backed write here carries word for word:
+--
+--     AND t.status = 'running'
+--     AND t.lease_owner = :worker_id
+--     AND t.claim_generation = :generation
+--     AND t.lease_expires_at >= (julianday('now') - 2440587.5) * 86400.0
+--
+-- Times are REAL Unix seconds from SQLite's clock; (julianday('now') -
+-- 2440587.5) * 86400.0 is "now" and stays fixed within one statement.
+-- Every write runs inside BEGIN IMMEDIATE, so a transaction holds the
+-- database's single write lock from its first read: no SKIP LOCKED needed.
+
+-- name: migrations_lock
+SELECT 1;
+
+-- name: migrations_create
+CREATE TABLE IF NOT EXISTS leaseq_migrations (
+    version    INTEGER PRIMARY KEY,
+    name       TEXT NOT NULL,
+    applied_at REAL NOT NULL DEFAULT ((julianday('now') - 2440587.5) * 86400.0)
+);
+
+-- name: migrations_applied
+SELECT version, name, applied_at FROM leaseq_migrations ORDER BY version;
+
+-- name: migrations_record
+INSERT INTO leaseq_migrations (version, name) VALUES (:version, :name);
+
+-- name: db_now
+SELECT (julianday('now') - 2440587.5) * 86400.0 AS now;
+
+-- name: register_worker
+INSERT INTO leaseq_workers (id, name)
+VALUES (:name || '-' || lower(hex(randomblob(6))), :name)
+RETURNING id, name, registered_at, revoked_at;
+
+-- name: get_worker
+SELECT id, name, registered_at, revoked_at FROM leaseq_workers WHERE id = :worker_id;
+
+-- name: list_workers
+SELECT w.id, w.name, w.registered_at, w.revoked_at,
+       (SELECT count(*) FROM leaseq_tasks t WHERE t.status = 'running' AND t.lease_owner = w.id) AS leases
+FROM leaseq_workers w ORDER BY w.registered_at;
+
+-- name: revoke_worker
+UPDATE leaseq_workers SET revoked_at = (julianday('now') - 2440587.5) * 86400.0
+WHERE id = :worker_id AND revoked_at IS NULL
+RETURNING id, name, registered_at, revoked_at;
+
+-- name: insert_task
+INSERT INTO leaseq_tasks (queue, kind, payload, effect, priority, available_at,
+                          idempotency_key, max_attempts, lease_seconds)
+VALUES (:queue, :kind, :payload, :effect, :priority,
+        (julianday('now') - 2440587.5) * 86400.0 + :delay,
+        :idempotency_key, :max_attempts, :lease_seconds)
+ON CONFLICT (queue, idempotency_key) DO NOTHING
+RETURNING *;
+
+-- name: get_task
+SELECT * FROM leaseq_tasks WHERE id = :task_id;
+
+-- name: get_task_by_key
+SELECT * FROM leaseq_tasks WHERE queue = :queue AND idempotency_key = :idempotency_key;
+
+-- name: lock_task
+SELECT * FROM leaseq_tasks WHERE id = :task_id;
+
+-- name: list_tasks
+SELECT * FROM leaseq_tasks
+WHERE (:status IS NULL OR status = :status)
+  AND (:queue IS NULL OR queue = :queue)
+ORDER BY id DESC
+LIMIT :limit;
+
+-- name: lock_expired
+SELECT id, queue, lease_owner, claim_generation, lease_expires_at, claimed_at,
+       heartbeat_count, last_heartbeat_at, longest_heartbeat_gap
+FROM leaseq_tasks
+WHERE status = 'running' AND lease_expires_at < (julianday('now') - 2440587.5) * 86400.0
+ORDER BY lease_expires_at
+LIMIT :limit;
+
+-- name: route_expired
+-- The recovery policy; see the PostgreSQL file for the table it implements.
+UPDATE leaseq_tasks AS t
+SET status = CASE
+        WHEN t.effect = 'side_effect' AND t.open_effects > 0 THEN 'needs_reconciliation'
+        WHEN t.attempts >= t.max_attempts THEN 'dead'
+        ELSE 'queued' END,
+    last_error = 'lease expired: ' || t.lease_owner || ' held generation ' || t.claim_generation,
+    lease_owner = NULL,
+    lease_expires_at = NULL,
+    available_at = (julianday('now') - 2440587.5) * 86400.0,
+    updated_at = (julianday('now') - 2440587.5) * 86400.0
+WHERE t.id IN (SELECT value FROM json_each(:task_ids))
+  AND t.status = 'running' AND t.lease_expires_at < (julianday('now') - 2440587.5) * 86400.0
+RETURNING id, status, claim_generation, open_effects, attempts;
+
+-- name: claim_batch
+UPDATE leaseq_tasks AS t
+SET status = 'running',
+    lease_owner = :worker_id,
+    lease_seconds = coalesce(:lease_seconds, t.lease_seconds),
+    lease_expires_at = (julianday('now') - 2440587.5) * 86400.0 + coalesce(:lease_seconds, t.lease_seconds),
+    claim_generation = t.claim_generation + 1,
+    attempts = t.attempts + 1,
+    claimed_at = (julianday('now') - 2440587.5) * 86400.0,
+    heartbeat_count = 0,
+    last_heartbeat_at = NULL,
+    longest_heartbeat_gap = 0,
+    updated_at = (julianday('now') - 2440587.5) * 86400.0
+WHERE t.id IN (
+    SELECT id FROM leaseq_tasks
+    WHERE status = 'queued' AND queue = :queue
+      AND available_at <= (julianday('now') - 2440587.5) * 86400.0
+      AND NOT EXISTS (SELECT 1 FROM leaseq_queues q WHERE q.name = :queue AND q.paused)
+      AND EXISTS (SELECT 1 FROM leaseq_workers w WHERE w.id = :worker_id AND w.revoked_at IS NULL)
+    ORDER BY priority DESC, available_at, id
+    LIMIT :limit)
+RETURNING *;
+
+-- name: renew_leases
+UPDATE leaseq_tasks AS t
+SET lease_expires_at = (julianday('now') - 2440587.5) * 86400.0 + t.lease_seconds,
+    heartbeat_count = t.heartbeat_count + 1,
+    longest_heartbeat_gap = max(t.longest_heartbeat_gap,
+        (julianday('now') - 2440587.5) * 86400.0 - coalesce(t.last_heartbeat_at, t.claimed_at)),
+    last_heartbeat_at = (julianday('now') - 2440587.5) * 86400.0,
+    updated_at = (julianday('now') - 2440587.5) * 86400.0
+WHERE (t.id, t.claim_generation) IN (
+        SELECT i.value, g.value FROM json_each(:task_ids) AS i JOIN json_each(:generations) AS g ON g.key = i.key)
+  AND t.status = 'running'
+  AND t.lease_owner = :worker_id
+  AND t.lease_expires_at >= (julianday('now') - 2440587.5) * 86400.0
+  AND EXISTS (SELECT 1 FROM leaseq_workers w WHERE w.id = :worker_id AND w.revoked_at IS NULL)
+RETURNING id, claim_generation, lease_expires_at;
+
+-- name: lock_lease
+SELECT t.id, t.queue, t.idempotency_key, t.effect,
+       coalesce((SELECT q.paused FROM leaseq_queues q WHERE q.name = t.queue), 0) AS paused
+FROM leaseq_tasks AS t
+WHERE t.id = :task_id
+  AND t.status = 'running'
+  AND t.lease_owner = :worker_id
+  AND t.claim_generation = :generation
+  AND t.lease_expires_at >= (julianday('now') - 2440587.5) * 86400.0;
+
+-- name: complete_task
+UPDATE leaseq_tasks AS t
+SET status = 'completed',
+    result = :result,
+    lease_owner = NULL,
+    lease_expires_at = NULL,
+    updated_at = (julianday('now') - 2440587.5) * 86400.0
+WHERE t.id = :task_id
+  AND t.status = 'running'
+  AND t.lease_owner = :worker_id
+  AND t.claim_generation = :generation
+  AND t.lease_expires_at >= (julianday('now') - 2440587.5) * 86400.0
+RETURNING id, claim_generation, attempts, heartbeat_count, last_heartbeat_at, longest_heartbeat_gap;
+
+-- name: fail_task
+-- See the PostgreSQL file for the routing table this CASE implements.
+UPDATE leaseq_tasks AS t
+SET status = CASE
+        WHEN :block THEN 'blocked'
+        WHEN t.effect = 'side_effect' AND t.open_effects > 0 THEN 'needs_reconciliation'
+        WHEN NOT :retry OR t.attempts >= t.max_attempts THEN 'dead'
+        WHEN (CASE WHEN t.error_fingerprint = :fingerprint THEN t.error_streak + 1 ELSE 1 END)
+             >= :max_same_error THEN 'dead'
+        ELSE 'queued' END,
+    error_streak = CASE WHEN t.error_fingerprint = :fingerprint THEN t.error_streak + 1 ELSE 1 END,
+    error_fingerprint = :fingerprint,
+    last_error = :error,
+    available_at = (julianday('now') - 2440587.5) * 86400.0 + :delay,
+    lease_owner = NULL,
+    lease_expires_at = NULL,
+    updated_at = (julianday('now') - 2440587.5) * 86400.0
+WHERE t.id = :task_id
+  AND t.status = 'running'
+  AND t.lease_owner = :worker_id
+  AND t.claim_generation = :generation
+  AND t.lease_expires_at >= (julianday('now') - 2440587.5) * 86400.0
+RETURNING id, status, claim_generation, attempts, max_attempts, error_streak, available_at,
+          heartbeat_count, last_heartbeat_at, longest_heartbeat_gap;
+
+-- name: expire_lease
+UPDATE leaseq_tasks AS t
+SET lease_expires_at = (julianday('now') - 2440587.5) * 86400.0 - 0.001,
+    updated_at = (julianday('now') - 2440587.5) * 86400.0
+WHERE t.id = :task_id
+  AND t.status = 'running'
+  AND t.lease_owner = :worker_id
+  AND t.claim_generation = :generation
+  AND t.lease_expires_at >= (julianday('now') - 2440587.5) * 86400.0
+RETURNING id, queue, lease_owner, claim_generation, lease_expires_at, claimed_at,
+          heartbeat_count, last_heartbeat_at, longest_heartbeat_gap;
+
+-- name: get_effect
+SELECT * FROM leaseq_effects WHERE task_id = :task_id AND idempotency_key = :idempotency_key;
+
+-- name: list_effects
+SELECT * FROM leaseq_effects WHERE task_id = :task_id ORDER BY id;
+
+-- name: insert_effect
+INSERT INTO leaseq_effects (task_id, generation, worker_id, action, idempotency_key)
+VALUES (:task_id, :generation, :worker_id, :action, :idempotency_key)
+RETURNING *;
+
+-- name: adjust_open_effects
+UPDATE leaseq_tasks SET open_effects = open_effects + :delta,
+                        updated_at = (julianday('now') - 2440587.5) * 86400.0
+WHERE id = :task_id;
+
+-- name: finish_effect
+UPDATE leaseq_effects
+SET status = 'done', response = :response, response_at = (julianday('now') - 2440587.5) * 86400.0
+WHERE id = :effect_id AND task_id = :task_id AND generation = :generation AND status = 'pending'
+RETURNING *;
+
+-- name: settle_open_effects
+UPDATE leaseq_effects SET status = 'reconciled', response_at = (julianday('now') - 2440587.5) * 86400.0
+WHERE task_id = :task_id AND status = 'pending'
+RETURNING id, action, idempotency_key, generation;
+
+-- name: cancel_task
+UPDATE leaseq_tasks
+SET status = 'cancelled', last_error = :reason, lease_owner = NULL, lease_expires_at = NULL,
+    updated_at = (julianday('now') - 2440587.5) * 86400.0
+WHERE id = :task_id AND status NOT IN ('completed', 'cancelled')
+RETURNING id, status, claim_generation;
+
+-- name: set_task_status
+UPDATE leaseq_tasks
+SET status = :status,
+    result = CASE WHEN :set_result THEN :result ELSE result END,
+    attempts = CASE WHEN :reset_attempts THEN 0 ELSE attempts END,
+    error_streak = CASE WHEN :reset_attempts THEN 0 ELSE error_streak END,
+    open_effects = 0,
+    available_at = (julianday('now') - 2440587.5) * 86400.0,
+    updated_at = (julianday('now') - 2440587.5) * 86400.0
+WHERE id = :task_id AND status = :from_status
+RETURNING id, status, claim_generation, attempts;
+
+-- name: insert_event
+INSERT INTO leaseq_events (task_id, type, generation, worker_id, detail)
+VALUES (:task_id, :type, :generation, :worker_id, :detail);
+
+-- name: list_events
+SELECT * FROM leaseq_events WHERE task_id = :task_id ORDER BY id;
+
+-- name: set_paused
+INSERT INTO leaseq_queues (name, paused, changed_at, changed_by)
+VALUES (:queue, :paused, (julianday('now') - 2440587.5) * 86400.0, :actor)
+ON CONFLICT (name) DO UPDATE SET paused = excluded.paused, changed_at = excluded.changed_at,
+                                 changed_by = excluded.changed_by
+RETURNING name, paused, changed_at, changed_by;
+
+-- name: list_queues
+SELECT name, paused, changed_at, changed_by FROM leaseq_queues ORDER BY name;
+
+-- name: stats
+SELECT queue, status, count(*) AS count,
+       (julianday('now') - 2440587.5) * 86400.0
+           - min(available_at) FILTER (WHERE status = 'queued'
+                                        AND available_at <= (julianday('now') - 2440587.5) * 86400.0)
+           AS oldest_queued_seconds,
+       count(*) FILTER (WHERE status = 'running'
+                         AND lease_expires_at < (julianday('now') - 2440587.5) * 86400.0) AS expired_leases
+FROM leaseq_tasks
+GROUP BY queue, status
+ORDER BY queue, status;

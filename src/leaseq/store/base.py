@@ -1,0 +1,121 @@
+"""The backend contract, the named-query loader and DSN parsing."""
+
+from __future__ import annotations
+
+import os
+import re
+from contextlib import AbstractContextManager
+from dataclasses import dataclass
+from functools import cache
+from importlib import resources
+from typing import Any, Protocol
+
+from ..core.errors import ConfigError
+
+#: Parameters that carry JSON documents (encoded by each backend its own way).
+JSON_PARAMS = frozenset({"payload", "result", "detail", "response"})
+#: Columns that come back as JSON documents.
+JSON_COLUMNS = frozenset({"payload", "result", "detail", "response"})
+
+DEFAULT_DSN = "sqlite:///leaseq.db"
+
+_BLOCK = re.compile(r"^-- name: (\w+)\s*$", re.MULTILINE)
+
+
+@dataclass(frozen=True)
+class Migration:
+    version: int
+    name: str
+    sql: str
+
+
+@cache
+def load_queries(dialect: str) -> dict[str, str]:
+    """The named queries of ``sql/<dialect>/queries.sql``: ``{name: sql}``."""
+    text = resources.files("leaseq").joinpath("sql", dialect, "queries.sql").read_text()
+    parts = _BLOCK.split(text)
+    queries: dict[str, str] = {}
+    for name, body in zip(parts[1::2], parts[2::2]):
+        if name in queries:
+            raise RuntimeError(f"query {name!r} defined twice in {dialect}/queries.sql")
+        queries[name] = body.strip()
+    return queries
+
+
+@cache
+def load_migrations(dialect: str) -> tuple[Migration, ...]:
+    """The numbered migrations of ``sql/<dialect>/migrations/``, in order."""
+    folder = resources.files("leaseq").joinpath("sql", dialect, "migrations")
+    found = []
+    for entry in folder.iterdir():
+        m = re.match(r"^(\d{4})_(\w+)\.sql$", entry.name)
+        if m:
+            found.append(Migration(int(m.group(1)), m.group(2), entry.read_text()))
+    return tuple(sorted(found, key=lambda mig: mig.version))
+
+
+class Tx(Protocol):
+    """One open transaction."""
+
+    def rows(self, query: str, **params: Any) -> list[dict[str, Any]]:
+        """Run a named query and return every row."""
+
+    def row(self, query: str, **params: Any) -> dict[str, Any] | None:
+        """Run a named query and return its first row, or None."""
+
+    def run_many(self, query: str, params: list[dict[str, Any]]) -> None:
+        """Run a named query once per parameter set."""
+
+    def script(self, sql: str) -> None:
+        """Run a migration script (several statements, no parameters)."""
+
+
+class Store(Protocol):
+    """A database holding leaseq's tables."""
+
+    dialect: str
+    dsn: str
+
+    def transaction(self) -> AbstractContextManager[Tx]:
+        """A read-write transaction that commits on success, rolls back on error."""
+
+    def close(self) -> None:
+        """Release every connection."""
+
+
+def parse_dsn(dsn: str | None) -> tuple[str, str]:
+    """``(dialect, target)`` for a DSN; None means ``$LEASEQ_DSN`` or the embedded default.
+
+    ``sqlite:///relative.db`` and ``sqlite:////absolute/path.db`` name files;
+    ``postgresql://…`` and ``postgres://…`` name a PostgreSQL database.
+    """
+    if dsn is None:
+        dsn = os.environ.get("LEASEQ_DSN") or DEFAULT_DSN
+    if not isinstance(dsn, str) or not dsn.strip():
+        raise ConfigError("dsn: must be a non-empty string such as sqlite:///leaseq.db or postgresql://host/db")
+    dsn = dsn.strip()
+    if dsn.startswith(("postgresql://", "postgres://")):
+        return "postgres", dsn
+    if dsn.startswith("sqlite://"):
+        path = dsn[len("sqlite://"):]
+        if not path.startswith("/") or len(path) < 2:
+            raise ConfigError(f"dsn: {dsn!r} has no file path; write sqlite:///file.db or sqlite:////abs/file.db")
+        path = path[1:]
+        if path in (":memory:", "") or path.startswith("file::memory"):
+            raise ConfigError("dsn: in-memory SQLite is not supported (each connection would see its own "
+                              "database); use a file such as sqlite:///leaseq.db")
+        return "sqlite", path
+    scheme = dsn.split(":", 1)[0] if ":" in dsn else dsn
+    raise ConfigError(f"dsn: unsupported scheme {scheme!r}; use sqlite:///path.db or postgresql://…")
+
+
+def open_store(dsn: str | None = None, **options: Any) -> Store:
+    """Open the backend a DSN names."""
+    dialect, target = parse_dsn(dsn)
+    if dialect == "postgres":
+        from .postgres import PostgresStore
+
+        return PostgresStore(target, **options)
+    from .sqlite import SqliteStore
+
+    return SqliteStore(target, **options)

@@ -1,0 +1,85 @@
+"""PostgreSQL backend: psycopg 3 with a psycopg_pool connection pool."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any
+
+import psycopg
+from psycopg.rows import dict_row
+from psycopg.types.json import Jsonb
+from psycopg_pool import ConnectionPool, PoolTimeout
+
+from ..core.errors import BackendUnavailable, ConfigError
+from .base import JSON_PARAMS, load_queries
+
+
+def _encode(params: dict[str, Any]) -> dict[str, Any]:
+    return {k: (Jsonb(v) if k in JSON_PARAMS else v) for k, v in params.items()}
+
+
+class PostgresTx:
+    """A transaction on one pooled connection."""
+
+    def __init__(self, conn: psycopg.Connection, queries: dict[str, str]):
+        self._conn = conn
+        self._queries = queries
+
+    def rows(self, query: str, **params: Any) -> list[dict[str, Any]]:
+        cur = self._conn.execute(self._queries[query], _encode(params))
+        return cur.fetchall() if cur.description else []
+
+    def row(self, query: str, **params: Any) -> dict[str, Any] | None:
+        rows = self.rows(query, **params)
+        return rows[0] if rows else None
+
+    def run_many(self, query: str, params: list[dict[str, Any]]) -> None:
+        if params:
+            with self._conn.cursor() as cur:
+                cur.executemany(self._queries[query], [_encode(p) for p in params])
+
+    def script(self, sql: str) -> None:
+        self._conn.execute(sql)  # no parameters: psycopg sends it as one simple query
+
+
+class PostgresStore:
+    """leaseq's tables in a PostgreSQL database, reached through a pool.
+
+    The tables live in the connection's ``search_path`` (``public`` unless the
+    DSN says otherwise, e.g. ``?options=-csearch_path%3Dmyschema``).
+    """
+
+    dialect = "postgres"
+
+    def __init__(self, dsn: str, *, min_size: int = 1, max_size: int = 10, connect_timeout: float = 10.0):
+        self.dsn = dsn
+        self._queries = load_queries("postgres")
+        try:
+            psycopg.conninfo.conninfo_to_dict(dsn)
+        except psycopg.ProgrammingError as exc:
+            raise ConfigError(f"dsn: cannot parse PostgreSQL DSN: {exc}") from None
+        # One direct connection first, so a wrong host or password is reported
+        # plainly rather than as a pool time-out.
+        try:
+            psycopg.connect(dsn, connect_timeout=max(1, int(connect_timeout))).close()
+        except psycopg.Error as exc:
+            raise BackendUnavailable(f"cannot connect to PostgreSQL: {str(exc).strip()}") from None
+        self._pool = ConnectionPool(
+            dsn, min_size=min_size, max_size=max_size, open=False, timeout=connect_timeout,
+            kwargs={"autocommit": True, "row_factory": dict_row},
+        )
+        self._pool.open(wait=True, timeout=connect_timeout)
+
+    @contextmanager
+    def transaction(self) -> Iterator[PostgresTx]:
+        try:
+            with self._pool.connection() as conn, conn.transaction():
+                yield PostgresTx(conn, self._queries)
+        except PoolTimeout as exc:
+            raise BackendUnavailable(f"no PostgreSQL connection available: {exc}") from None
+        except psycopg.OperationalError as exc:
+            raise BackendUnavailable(f"PostgreSQL: {str(exc).strip()}") from None
+
+    def close(self) -> None:
+        self._pool.close()

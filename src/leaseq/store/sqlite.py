@@ -1,0 +1,134 @@
+"""SQLite backend: the standard library's sqlite3, WAL mode, one connection per thread."""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
+from datetime import datetime, timezone
+from typing import Any
+
+from ..core.errors import BackendUnavailable
+from .base import JSON_COLUMNS, JSON_PARAMS, load_queries
+
+_BOOL_COLUMNS = frozenset({"paused"})
+
+
+def _decode(row: sqlite3.Row) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for key in row.keys():
+        value = row[key]
+        if value is not None:
+            if key in JSON_COLUMNS:
+                value = json.loads(value)
+            elif key.endswith("_at") or key == "now":
+                value = datetime.fromtimestamp(value, tz=timezone.utc)
+            elif key in _BOOL_COLUMNS:
+                value = bool(value)
+        out[key] = value
+    return out
+
+
+def _encode(params: dict[str, Any]) -> dict[str, Any]:
+    out = {}
+    for key, value in params.items():
+        if key in JSON_PARAMS or isinstance(value, (list, tuple, dict)):
+            value = json.dumps(value)
+        out[key] = value
+    return out
+
+
+class SqliteTx:
+    """A transaction on one SQLite connection."""
+
+    def __init__(self, conn: sqlite3.Connection, queries: dict[str, str]):
+        self._conn = conn
+        self._queries = queries
+
+    def rows(self, query: str, **params: Any) -> list[dict[str, Any]]:
+        cur = self._conn.execute(self._queries[query], _encode(params))
+        return [_decode(r) for r in cur.fetchall()]
+
+    def row(self, query: str, **params: Any) -> dict[str, Any] | None:
+        rows = self.rows(query, **params)
+        return rows[0] if rows else None
+
+    def run_many(self, query: str, params: list[dict[str, Any]]) -> None:
+        if params:
+            self._conn.executemany(self._queries[query], [_encode(p) for p in params])
+
+    def script(self, sql: str) -> None:
+        statement = ""
+        for line in sql.splitlines(keepends=True):
+            statement += line
+            if sqlite3.complete_statement(statement):
+                self._conn.execute(statement)
+                statement = ""
+        if statement.strip():
+            self._conn.execute(statement)
+
+
+class SqliteStore:
+    """leaseq's tables in one SQLite file.
+
+    Each thread gets its own connection (sqlite3 connections are not shared
+    across threads). Writes run in ``BEGIN IMMEDIATE`` transactions, which take
+    the file's write lock at once, so a claim's read and its update cannot be
+    split by another writer.
+    """
+
+    dialect = "sqlite"
+
+    def __init__(self, path: str, *, busy_timeout: float = 30.0):
+        self.path = path
+        self.dsn = f"sqlite:///{path}"
+        self._busy_timeout = busy_timeout
+        self._queries = load_queries("sqlite")
+        self._local = threading.local()
+        self._all: list[sqlite3.Connection] = []
+        self._lock = threading.Lock()
+        self._conn()  # fail now, with a clear message, if the file cannot be opened
+
+    def _conn(self) -> sqlite3.Connection:
+        conn = getattr(self._local, "conn", None)
+        if conn is None:
+            try:
+                conn = sqlite3.connect(self.path, timeout=self._busy_timeout, isolation_level=None,
+                                       check_same_thread=False)
+                conn.row_factory = sqlite3.Row
+                conn.execute("PRAGMA journal_mode=WAL")
+                conn.execute("PRAGMA synchronous=NORMAL")
+                conn.execute("PRAGMA foreign_keys=ON")
+            except sqlite3.Error as exc:
+                raise BackendUnavailable(f"cannot open SQLite database {self.path!r}: {exc}") from None
+            self._local.conn = conn
+            with self._lock:
+                self._all.append(conn)
+        return conn
+
+    @contextmanager
+    def transaction(self) -> Iterator[SqliteTx]:
+        conn = self._conn()
+        try:
+            conn.execute("BEGIN IMMEDIATE")
+        except sqlite3.OperationalError as exc:
+            raise BackendUnavailable(f"SQLite database {self.path!r}: {exc}") from None
+        try:
+            yield SqliteTx(conn, self._queries)
+        except BaseException:
+            conn.execute("ROLLBACK")
+            raise
+        else:
+            conn.execute("COMMIT")
+
+    def close(self) -> None:
+        with self._lock:
+            for conn in self._all:
+                try:
+                    conn.close()
+                except sqlite3.Error:  # pragma: no cover - closing from another thread
+                    pass
+            self._all.clear()
+        self._local = threading.local()
