@@ -189,7 +189,7 @@ class Queue:
                 return []
             tx.run_many("insert_event", [
                 self._event_params(r["id"], "claimed", r["claim_generation"], wid, attempt=r["attempts"],
-                                   lease_seconds=r["lease_seconds"],
+                                   lease_seconds=r["lease_seconds"] if lease_seconds is None else lease_seconds,
                                    lease_expires_at=r["lease_expires_at"].isoformat())
                 for r in rows])
         rows.sort(key=lambda r: (-r["priority"], r["available_at"], r["id"]))

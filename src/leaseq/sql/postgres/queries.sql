@@ -129,7 +129,6 @@ WITH candidate AS (
 UPDATE leaseq_tasks t
 SET status = 'running',
     lease_owner = %(worker_id)s,
-    lease_seconds = coalesce(%(lease_seconds)s::float8, t.lease_seconds),
     lease_expires_at = now() + coalesce(%(lease_seconds)s::float8, t.lease_seconds) * interval '1 second',
     claim_generation = t.claim_generation + 1,
     attempts = t.attempts + 1,
@@ -145,9 +144,11 @@ RETURNING t.*;
 -- name: renew_leases
 -- One statement renews every lease a worker names. Each (task, generation)
 -- pair is checked by the lease guard; the rows back are the leases still held.
--- The new deadline comes from the task's own lease length, never the caller.
+-- The new deadline comes from the lease length this claim was given (its
+-- deadline minus when that deadline was set), never from the caller; a
+-- claim's lease_seconds override is not written onto the task.
 UPDATE leaseq_tasks t
-SET lease_expires_at = now() + t.lease_seconds * interval '1 second',
+SET lease_expires_at = now() + (t.lease_expires_at - coalesce(t.last_heartbeat_at, t.claimed_at)),
     heartbeat_count = t.heartbeat_count + 1,
     longest_heartbeat_gap = greatest(t.longest_heartbeat_gap,
         extract(epoch FROM now() - coalesce(t.last_heartbeat_at, t.claimed_at))::float8),

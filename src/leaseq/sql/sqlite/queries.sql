@@ -103,7 +103,6 @@ RETURNING id, status, claim_generation, open_effects, attempts;
 UPDATE leaseq_tasks AS t
 SET status = 'running',
     lease_owner = :worker_id,
-    lease_seconds = coalesce(:lease_seconds, t.lease_seconds),
     lease_expires_at = (julianday('now') - 2440587.5) * 86400.0 + coalesce(:lease_seconds, t.lease_seconds),
     claim_generation = t.claim_generation + 1,
     attempts = t.attempts + 1,
@@ -123,8 +122,10 @@ WHERE t.id IN (
 RETURNING *;
 
 -- name: renew_leases
+-- Renews by the lease length this claim was given (see the PostgreSQL file).
 UPDATE leaseq_tasks AS t
-SET lease_expires_at = (julianday('now') - 2440587.5) * 86400.0 + t.lease_seconds,
+SET lease_expires_at = (julianday('now') - 2440587.5) * 86400.0
+                       + (t.lease_expires_at - coalesce(t.last_heartbeat_at, t.claimed_at)),
     heartbeat_count = t.heartbeat_count + 1,
     longest_heartbeat_gap = max(t.longest_heartbeat_gap,
         (julianday('now') - 2440587.5) * 86400.0 - coalesce(t.last_heartbeat_at, t.claimed_at)),

@@ -1,0 +1,84 @@
+"""Helpers shared by the conformance suite: table snapshots, waiting on the
+database clock, and the body of the multi-process claim test.
+
+Snapshots read the tables directly (a test's own connection, read only), so
+"a refused call changes nothing" is checked against the database itself and
+not against anything leaseq reports about it.
+"""
+
+from __future__ import annotations
+
+import sqlite3
+import time
+from datetime import datetime, timedelta
+from typing import Any
+
+import leaseq
+from leaseq.store import parse_dsn
+
+TABLES = ("leaseq_tasks", "leaseq_effects", "leaseq_events", "leaseq_workers", "leaseq_queues")
+_ORDER = {"leaseq_workers": "id", "leaseq_queues": "name"}
+
+
+def snapshot(dsn: str) -> dict[str, list[tuple[Any, ...]]]:
+    """Every row of every leaseq table, in primary-key order."""
+    dialect, target = parse_dsn(dsn)
+    out: dict[str, list[tuple[Any, ...]]] = {}
+    if dialect == "sqlite":
+        conn = sqlite3.connect(target)
+        try:
+            for table in TABLES:
+                out[table] = conn.execute(f"SELECT * FROM {table} ORDER BY {_ORDER.get(table, 'id')}").fetchall()
+        finally:
+            conn.close()
+        return out
+    import psycopg
+
+    with psycopg.connect(target) as conn:
+        for table in TABLES:
+            out[table] = conn.execute(f"SELECT * FROM {table} ORDER BY {_ORDER.get(table, 'id')}").fetchall()
+    return out
+
+
+def wait_until(q: leaseq.Queue, moment: datetime, *, timeout: float = 5.0) -> None:
+    """Return once the database clock has passed ``moment``.
+
+    Leases are judged by the database's clock, so that is the clock waited on.
+    """
+    deadline = time.monotonic() + timeout
+    while q.now() <= moment:
+        if time.monotonic() > deadline:
+            raise AssertionError(f"database clock did not pass {moment} within {timeout}s")
+        time.sleep(0.02)
+
+
+def wait_expired(q: leaseq.Queue, claim: leaseq.Claim) -> None:
+    """Return once ``claim``'s lease has run out by the database clock."""
+    wait_until(q, claim.expires_at)
+
+
+def seconds_between(later: datetime, earlier: datetime) -> float:
+    """``later - earlier`` in seconds."""
+    return (later - earlier) / timedelta(seconds=1)
+
+
+def claim_until_empty(dsn: str, barrier: Any, results: Any, batch: int) -> None:
+    """Body of one OS process in the multi-process claim test.
+
+    Opens its own connection, registers its own worker, waits for every
+    sibling at ``barrier``, then claims in batches until nothing is left and
+    reports ``(task_id, generation)`` pairs on ``results``.
+    """
+    q = leaseq.connect(dsn)
+    try:
+        w = q.register_worker("proc")
+        barrier.wait(timeout=30)
+        got: list[tuple[int, int]] = []
+        while True:
+            claims = q.claim(w, limit=batch)
+            if not claims:
+                break
+            got.extend((c.task_id, c.generation) for c in claims)
+        results.put(got)
+    finally:
+        q.close()
