@@ -19,6 +19,7 @@ from .core.errors import (InvalidInput, InvalidTransition, LeaseLost, NotFound, 
                           UnknownWorker)
 from .core.model import Claim, Effect, Event, Status, Task, Worker
 from .store import Store, Tx, open_store
+from .store.base import WorkListener
 from .store.base import load_migrations
 
 _TASK_FIELDS = frozenset(Task.__dataclass_fields__)
@@ -164,6 +165,7 @@ class Queue:
                 return _task(existing)
             self._event(tx, row["id"], "enqueued", None, None, queue=row["queue"], kind=row["kind"],
                         effect=row["effect"], idempotency_key=row["idempotency_key"], priority=row["priority"])
+            tx.rows("notify_work", queue=row["queue"])
         return _task(row)
 
     # -- claims and leases --------------------------------------------------
@@ -294,6 +296,27 @@ class Queue:
             self._route(tx, [row], event="lease_released", reason=reason)
             task = tx.row("get_task", task_id=claim.task_id)
         return _task(task)
+
+    def report_loss(self, worker: Worker | str, claim: Claim, reason: str) -> None:
+        """Add the worker's own account of losing a lease to the evidence trail.
+
+        Evidence only: the task itself is not touched (the guards already
+        refused whatever the worker tried). ``reason`` says how the worker
+        found out (heartbeat refused, deadline passed unrenewed, shutdown...).
+        """
+        wid = _worker_id(worker)
+        self._check_claim(wid, claim)
+        policy.check_text("reason", reason, required=True)
+        with self.store.transaction() as tx:
+            self._require_task(tx, claim.task_id)
+            self._event(tx, claim.task_id, "lease_lost", claim.generation, wid, reason=reason)
+
+    def listener(self, queues: list[str]) -> WorkListener:
+        """A blocking waiter woken when work is enqueued on ``queues``
+        (PostgreSQL LISTEN/NOTIFY; on SQLite it only sleeps, so workers poll)."""
+        for name in queues:
+            policy.check_name("queue", name)
+        return self.store.listener(set(queues))
 
     def sweep(self) -> int:
         """Route every expired lease now (claims do this too). Returns how many."""
@@ -463,6 +486,7 @@ class Queue:
                 raise InvalidTransition(f"task {task_id} is {before['status']}, not {from_status.value}")
             self._event(tx, task_id, event, before["claim_generation"] or None, None, by=by, note=note,
                         previous_attempts=before["attempts"])
+            tx.rows("notify_work", queue=before["queue"])
             return _task(tx.row("get_task", task_id=task_id))
 
     def pause(self, queue: str, *, by: str | None = None) -> None:

@@ -77,3 +77,16 @@ class StaleToken(LeaseqError):
     """A downstream write carried a fencing token older than one already accepted."""
 
     code = "stale_token"
+
+
+class Permanent(LeaseqError):
+    """Raise from a task handler to fail the attempt with no retry: the task goes to ``dead``."""
+
+    code = "permanent"
+
+
+class CredentialMissing(LeaseqError):
+    """Raise from a task handler when a credential is missing or revoked: the task
+    goes to ``blocked`` until an operator unblocks it (a new worker would not help)."""
+
+    code = "credential_missing"

@@ -108,6 +108,8 @@ class Effect:
     response: Any = None
     response_at: datetime | None = None
     replayed: bool = False
+    #: signed action token for downstream services (when the queue holds a signing key)
+    token: str | None = None
 
     @property
     def fencing_token(self) -> int:

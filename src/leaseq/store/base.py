@@ -70,6 +70,16 @@ class Tx(Protocol):
         """Run a migration script (several statements, no parameters)."""
 
 
+class WorkListener(Protocol):
+    """Blocks until work may be waiting; see :meth:`leaseq.Queue.listener`."""
+
+    def wait(self, timeout: float) -> bool:
+        """Return True when woken by a notification, False after ``timeout`` seconds."""
+
+    def close(self) -> None:
+        """Stop listening."""
+
+
 class Store(Protocol):
     """A database holding leaseq's tables."""
 
@@ -78,6 +88,9 @@ class Store(Protocol):
 
     def transaction(self) -> AbstractContextManager[Tx]:
         """A read-write transaction that commits on success, rolls back on error."""
+
+    def listener(self, queues: set[str]) -> WorkListener:
+        """A waiter woken when work arrives on one of ``queues``."""
 
     def close(self) -> None:
         """Release every connection."""

@@ -43,6 +43,33 @@ class PostgresTx:
         self._conn.execute(sql)  # no parameters: psycopg sends it as one simple query
 
 
+class NotifyListener:
+    """A dedicated connection LISTENing on ``leaseq_work`` for a set of queues.
+
+    Notifications that arrive between two waits are buffered by the
+    connection, so none is missed while the worker is busy.
+    """
+
+    CHANNEL = "leaseq_work"
+
+    def __init__(self, dsn: str, queues: set[str]):
+        self._queues = queues
+        self._conn = psycopg.connect(dsn, autocommit=True)
+        self._conn.execute(f"LISTEN {self.CHANNEL}")
+
+    def wait(self, timeout: float) -> bool:
+        try:
+            for note in self._conn.notifies(timeout=timeout):
+                if note.payload in self._queues:
+                    return True
+        except psycopg.Error as exc:
+            raise BackendUnavailable(f"PostgreSQL listener: {str(exc).strip()}") from None
+        return False
+
+    def close(self) -> None:
+        self._conn.close()
+
+
 class PostgresStore:
     """leaseq's tables in a PostgreSQL database, reached through a pool.
 
@@ -80,6 +107,9 @@ class PostgresStore:
             raise BackendUnavailable(f"no PostgreSQL connection available: {exc}") from None
         except psycopg.OperationalError as exc:
             raise BackendUnavailable(f"PostgreSQL: {str(exc).strip()}") from None
+
+    def listener(self, queues: set[str]) -> NotifyListener:
+        return NotifyListener(self.dsn, queues)
 
     def close(self) -> None:
         self._pool.close()

@@ -70,6 +70,20 @@ class SqliteTx:
             self._conn.execute(statement)
 
 
+class SleepingListener:
+    """SQLite cannot notify: waiting is sleeping, and workers poll."""
+
+    def __init__(self) -> None:
+        self._closed = threading.Event()
+
+    def wait(self, timeout: float) -> bool:
+        self._closed.wait(timeout)
+        return False
+
+    def close(self) -> None:
+        self._closed.set()
+
+
 class SqliteStore:
     """leaseq's tables in one SQLite file.
 
@@ -122,6 +136,9 @@ class SqliteStore:
             raise
         else:
             conn.execute("COMMIT")
+
+    def listener(self, queues: set[str]) -> SleepingListener:
+        return SleepingListener()
 
     def close(self) -> None:
         with self._lock:

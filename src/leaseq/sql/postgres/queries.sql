@@ -35,6 +35,10 @@ INSERT INTO leaseq_migrations (version, name) VALUES (%(version)s, %(name)s);
 -- name: db_now
 SELECT now() AS now;
 
+-- name: notify_work
+-- Wakes idle workers listening for this queue; delivered at commit.
+SELECT pg_notify('leaseq_work', %(queue)s);
+
 -- name: register_worker
 -- The queue, not the worker, makes the identity: a name plus random suffix.
 INSERT INTO leaseq_workers (id, name)

@@ -32,6 +32,10 @@ INSERT INTO leaseq_migrations (version, name) VALUES (:version, :name);
 -- name: db_now
 SELECT (julianday('now') - 2440587.5) * 86400.0 AS now;
 
+-- name: notify_work
+-- Wakes idle workers listening for this queue; delivered at commit.
+SELECT :queue AS queue;  -- SQLite has no notifications: workers poll
+
 -- name: register_worker
 INSERT INTO leaseq_workers (id, name)
 VALUES (:name || '-' || lower(hex(randomblob(6))), :name)

@@ -1,0 +1,120 @@
+"""App: declare task handlers once, enqueue them, run workers for them.
+
+    app = leaseq.App("postgresql://…")          # or leaseq.App() for the embedded default
+
+    @app.task("summarize", effect="read_only", lease_seconds=30)
+    async def summarize(ctx, doc_id: int): ...
+
+    summarize.enqueue(doc_id=1)
+    app.run_worker(concurrency=16)
+"""
+
+from __future__ import annotations
+
+import asyncio
+import inspect
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from .core import policy
+from .core.errors import InvalidInput
+from .core.model import Task
+from .queue import Queue, connect
+from .worker.runtime import WorkerRuntime, WorkerStats
+
+
+@dataclass
+class TaskDefinition:
+    """A handler and the defaults its tasks are enqueued with."""
+
+    app: App
+    kind: str
+    fn: Callable[..., Any]
+    effect: str
+    queue: str
+    lease_seconds: float
+    max_attempts: int
+    priority: int
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        """Call the handler directly (tests, scripts): ``ctx`` must be given."""
+        return self.fn(*args, **kwargs)
+
+    def enqueue(self, _key: str | None = None, _delay: float = 0, _priority: int | None = None,
+                **payload: Any) -> Task:
+        """Enqueue one task with ``payload`` as the handler's keyword arguments.
+        ``_key`` is its idempotency key (a repeat returns the existing task)."""
+        return self.app.queue.enqueue(self.kind, payload, effect=self.effect, queue=self.queue,
+                                      idempotency_key=_key, delay=_delay,
+                                      priority=self.priority if _priority is None else _priority,
+                                      max_attempts=self.max_attempts, lease_seconds=self.lease_seconds)
+
+    async def enqueue_async(self, _key: str | None = None, _delay: float = 0, _priority: int | None = None,
+                            **payload: Any) -> Task:
+        """:meth:`enqueue` for asyncio code."""
+        return await asyncio.to_thread(self.enqueue, _key, _delay, _priority, **payload)
+
+
+class App:
+    """A set of task handlers bound to one queue database."""
+
+    def __init__(self, dsn: str | None = None, *, queue: Queue | None = None, **connect_options: Any):
+        self.dsn = dsn
+        self._queue = queue
+        self._connect_options = connect_options
+        self._lock = threading.Lock()
+        self.definitions: dict[str, TaskDefinition] = {}
+
+    @property
+    def queue(self) -> Queue:
+        """The :class:`leaseq.Queue`, connected (and migrated) on first use."""
+        with self._lock:
+            if self._queue is None:
+                queue = connect(self.dsn, **self._connect_options)
+                queue.migrate()
+                self._queue = queue
+            return self._queue
+
+    def task(self, kind: str | None = None, *, effect: str = "read_only", queue: str = "default",
+             lease_seconds: float = policy.DEFAULT_LEASE_SECONDS, max_attempts: int = 5,
+             priority: int = 0) -> Callable[[Callable[..., Any]], TaskDefinition]:
+        """Decorator declaring a handler ``fn(ctx, **payload)``, sync or async."""
+
+        def register(fn: Callable[..., Any]) -> TaskDefinition:
+            name = policy.check_kind(kind or f"{fn.__module__}.{fn.__qualname__}")
+            if name in self.definitions:
+                raise InvalidInput("kind", f"{name!r} is already declared in this app")
+            if not callable(fn) or not inspect.signature(fn).parameters:
+                raise InvalidInput("fn", "a handler takes ctx as its first argument")
+            definition = TaskDefinition(
+                app=self, kind=name, fn=fn, effect=policy.check_effect(effect), queue=policy.check_name("queue", queue),
+                lease_seconds=policy.check_seconds("lease_seconds", lease_seconds, allow_zero=False),
+                max_attempts=policy.check_int("max_attempts", max_attempts, minimum=1),
+                priority=policy.check_int("priority", priority))
+            self.definitions[name] = definition
+            return definition
+
+        return register
+
+    def definition(self, kind: str) -> TaskDefinition | None:
+        """The handler declared for ``kind``, if any."""
+        return self.definitions.get(kind)
+
+    def queue_names(self) -> list[str]:
+        """The queues this app's tasks are declared on, in declaration order."""
+        return list(dict.fromkeys(d.queue for d in self.definitions.values()))
+
+    def worker(self, **options: Any) -> WorkerRuntime:
+        """A :class:`WorkerRuntime` for this app (see its arguments)."""
+        return WorkerRuntime(self, options.pop("transport", None), **options)
+
+    def run_worker(self, *, until_idle: bool = False, install_signals: bool | None = None,
+                   progress: Callable[[WorkerStats], None] | None = None, **options: Any) -> WorkerStats:
+        """Run a worker in this thread until stopped (SIGTERM/SIGINT when in the
+        main thread), or with ``until_idle`` until no work is left."""
+        runtime = self.worker(**options)
+        if install_signals is None:
+            install_signals = threading.current_thread() is threading.main_thread()
+        return asyncio.run(runtime.run(until_idle=until_idle, install_signals=install_signals, progress=progress))
