@@ -196,7 +196,9 @@ class Queue:
                 for r in rows])
         rows.sort(key=lambda r: (-r["priority"], r["available_at"], r["id"]))
         return [Claim(task_id=r["id"], generation=r["claim_generation"], worker_id=wid,
-                      expires_at=r["lease_expires_at"], task=_task(r)) for r in rows]
+                      expires_at=r["lease_expires_at"], task=_task(r),
+                      lease_seconds=r["lease_seconds"] if lease_seconds is None else float(lease_seconds))
+                for r in rows]
 
     def heartbeat(self, worker: Worker | str, claim: Claim) -> datetime:
         """Renew one lease; returns the new deadline or raises :class:`LeaseLost`."""

@@ -91,6 +91,8 @@ class Claim:
     worker_id: str
     expires_at: datetime
     task: Task
+    #: the lease length this claim was given (each renewal extends it by this much)
+    lease_seconds: float = 0.0
 
 
 @dataclass(frozen=True)

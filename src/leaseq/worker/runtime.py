@@ -354,7 +354,7 @@ class WorkerRuntime:
 
     def _next_renewal(self) -> float | None:
         """Monotonic time at which the most urgent held lease is due for renewal."""
-        due = [ctx.renewed_at + max(MIN_RENEW_INTERVAL, ctx.claim.task.lease_seconds * RENEW_FRACTION)
+        due = [ctx.renewed_at + max(MIN_RENEW_INTERVAL, ctx.claim.lease_seconds * RENEW_FRACTION)
                for ctx in self.held.values() if not ctx.lost]
         return min(due, default=None)
 
@@ -388,7 +388,7 @@ class WorkerRuntime:
                 ctx.renewed_at = sent
             elif renewed is not None:
                 self._lose(ctx, "heartbeat refused: the lease was expired, cancelled, revoked or reclaimed")
-            elif time.monotonic() - ctx.renewed_at >= ctx.task.lease_seconds:
+            elif time.monotonic() - ctx.renewed_at >= ctx.claim.lease_seconds:
                 self._lose(ctx, "no successful renewal within the lease length")
 
     # -- shutdown ------------------------------------------------------------------------
