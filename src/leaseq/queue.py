@@ -112,11 +112,17 @@ class Queue:
 
     # -- workers ----------------------------------------------------------
 
-    def register_worker(self, name: str = "worker") -> Worker:
-        """Issue a new worker identity. The queue picks the id; ``name`` is a label."""
+    def register_worker(self, name: str = "worker", *, token_id: str | None = None) -> Worker:
+        """Issue a new worker identity. The queue picks the id; ``name`` is a label.
+
+        ``token_id`` links the worker to the service credential that registered
+        it, so revoking that credential revokes the worker too.
+        """
         policy.check_name("name", name)
         with self.store.transaction() as tx:
             row = tx.row("register_worker", name=name)
+            if token_id is not None:
+                tx.rows("link_worker_token", worker_id=row["id"], token_id=policy.check_name("token_id", token_id))
         return Worker(id=row["id"], name=row["name"], registered_at=row["registered_at"])
 
     def revoke_worker(self, worker: Worker | str) -> None:
@@ -381,15 +387,23 @@ class Queue:
                 return _effect(existing, replayed=True)
             if existing is not None and existing["generation"] == claim.generation and existing["status"] == "pending":
                 return _effect(existing)
-            if existing is not None:
-                raise InvalidTransition(f"effect key {fx_key!r} was settled by reconciliation; use a new key")
             if held["paused"]:
                 raise QueuePaused(f"queue {held['queue']!r} is paused: no new actions may start")
-            row = tx.row("insert_effect", task_id=claim.task_id, generation=claim.generation, worker_id=wid,
-                         action=action, idempotency_key=fx_key)
-            tx.rows("adjust_open_effects", task_id=claim.task_id, delta=1)
-            self._event(tx, claim.task_id, "effect_intent", claim.generation, wid, action=action,
-                        idempotency_key=fx_key, effect_id=row["id"])
+            if existing is None:
+                row = tx.row("insert_effect", task_id=claim.task_id, generation=claim.generation, worker_id=wid,
+                             action=action, idempotency_key=fx_key)
+            else:
+                # Same key, earlier attempt, no response: an idempotent task
+                # reclaimed with its intent open, or one an operator requeued
+                # after reconciliation. The new attempt takes the intent over;
+                # the key stays, so the downstream service can deduplicate.
+                row = tx.row("rebind_effect", effect_id=existing["id"], generation=claim.generation, worker_id=wid)
+            if existing is None or existing["status"] != "pending":
+                tx.rows("adjust_open_effects", task_id=claim.task_id, delta=1)
+            detail = dict(action=action, idempotency_key=fx_key, effect_id=row["id"])
+            if existing is not None:
+                detail["previous_generation"] = existing["generation"]
+            self._event(tx, claim.task_id, "effect_intent", claim.generation, wid, **detail)
         return _effect(row)
 
     def finish_effect(self, worker: Worker | str, claim: Claim, effect: Effect, response: Any = None) -> Effect:
@@ -543,6 +557,43 @@ class Queue:
         """The database's clock, the only clock leases are judged by."""
         with self.store.transaction() as tx:
             return tx.row("db_now")["now"]
+
+    def prune(self, older_than_seconds: float, *, payloads_older_than_seconds: float | None = None,
+              batch: int = 1000) -> dict[str, int]:
+        """Retention: delete finished tasks, with their evidence, older than the cut-off.
+
+        Completed and cancelled tasks untouched for ``older_than_seconds`` are
+        deleted with their events and effects. ``payloads_older_than_seconds``
+        (usually shorter) only blanks the payload and result of finished
+        tasks, keeping the row and its evidence trail for incident review.
+        Dead, blocked and needs_reconciliation tasks are never pruned: they wait
+        for a person. Works in batches of ``batch`` tasks, one transaction each.
+        Returns counts: ``tasks``, ``events``, ``effects``, ``payloads``.
+        """
+        older = policy.check_seconds("older_than_seconds", older_than_seconds, allow_zero=True,
+                                     maximum=100 * 365 * 86400.0)
+        if payloads_older_than_seconds is not None:
+            payloads_older_than_seconds = policy.check_seconds(
+                "payloads_older_than_seconds", payloads_older_than_seconds, allow_zero=True,
+                maximum=100 * 365 * 86400.0)
+        batch = policy.check_int("batch", batch, minimum=1, maximum=100_000)
+        counts = {"tasks": 0, "events": 0, "effects": 0, "payloads": 0}
+        while True:
+            with self.store.transaction() as tx:
+                ids = [r["id"] for r in tx.rows("prune_finished_ids", older_than=older, limit=batch)]
+                if ids:
+                    counts["events"] += len(tx.rows("prune_events", task_ids=ids))
+                    counts["effects"] += len(tx.rows("prune_effects", task_ids=ids))
+                    counts["tasks"] += len(tx.rows("prune_tasks", task_ids=ids))
+            if len(ids) < batch:
+                break
+        while payloads_older_than_seconds is not None:
+            with self.store.transaction() as tx:
+                n = len(tx.rows("prune_payloads", older_than=payloads_older_than_seconds, limit=batch))
+            counts["payloads"] += n
+            if n < batch:
+                break
+        return counts
 
     # -- helpers ----------------------------------------------------------------
 

@@ -250,6 +250,14 @@ INSERT INTO leaseq_effects (task_id, generation, worker_id, action, idempotency_
 VALUES (%(task_id)s, %(generation)s, %(worker_id)s, %(action)s, %(idempotency_key)s)
 RETURNING *;
 
+-- name: rebind_effect
+-- A later attempt takes over an intent that never got a response (same key).
+UPDATE leaseq_effects
+SET generation = %(generation)s, worker_id = %(worker_id)s, status = 'pending',
+    intent_at = now(), response = NULL, response_at = NULL
+WHERE id = %(effect_id)s
+RETURNING *;
+
 -- name: adjust_open_effects
 UPDATE leaseq_tasks SET open_effects = open_effects + %(delta)s, updated_at = now()
 WHERE id = %(task_id)s;
@@ -315,3 +323,102 @@ SELECT queue, status, count(*) AS count,
 FROM leaseq_tasks
 GROUP BY queue, status
 ORDER BY queue, status;
+
+
+-- ============================================================================
+-- Service: tokens, access and retention
+-- ============================================================================
+-- Used by leaseq.auth (credentials, audit), Queue.prune and the service's
+-- metrics. None of these writes on the strength of a lease: lease-backed
+-- writes stay in the queries above.
+
+-- name: token_insert
+-- Only the hash of the token is stored; the caller shows the token once.
+INSERT INTO leaseq_tokens (id, name, role, secret_hash, queues, read_payloads, created_by, expires_at)
+VALUES (%(token_id)s, %(name)s, %(role)s, %(secret_hash)s, %(queues)s, %(read_payloads)s, %(created_by)s,
+        CASE WHEN %(expires_in)s::float8 IS NULL THEN NULL
+             ELSE now() + %(expires_in)s::float8 * interval '1 second' END)
+RETURNING *, false AS expired;
+
+-- name: token_get
+-- Expiry is judged by the database clock, like leases.
+SELECT t.*, (t.expires_at IS NOT NULL AND t.expires_at <= now()) AS expired
+FROM leaseq_tokens t WHERE t.id = %(token_id)s;
+
+-- name: token_touch
+-- Records use at most once a minute per token, so verification rarely writes.
+UPDATE leaseq_tokens SET last_used_at = now()
+WHERE id = %(token_id)s AND (last_used_at IS NULL OR last_used_at < now() - interval '60 seconds');
+
+-- name: token_list
+SELECT t.id, t.name, t.role, t.queues, t.read_payloads, t.created_at, t.created_by, t.expires_at,
+       t.revoked_at, t.revoked_by, t.last_used_at,
+       (t.expires_at IS NOT NULL AND t.expires_at <= now()) AS expired,
+       (SELECT count(*) FROM leaseq_workers w WHERE w.token_id = t.id) AS workers
+FROM leaseq_tokens t ORDER BY t.created_at, t.id;
+
+-- name: token_revoke
+UPDATE leaseq_tokens SET revoked_at = now(), revoked_by = %(actor)s
+WHERE id = %(token_id)s AND revoked_at IS NULL
+RETURNING id;
+
+-- name: token_revoke_workers
+-- Revoking a token revokes every worker it registered: claim_batch and
+-- renew_leases refuse revoked workers, so their leases stop renewing at once.
+UPDATE leaseq_workers SET revoked_at = now()
+WHERE token_id = %(token_id)s AND revoked_at IS NULL
+RETURNING id;
+
+-- name: link_worker_token
+UPDATE leaseq_workers SET token_id = %(token_id)s WHERE id = %(worker_id)s RETURNING id;
+
+-- name: worker_token
+SELECT id, token_id, revoked_at FROM leaseq_workers WHERE id = %(worker_id)s;
+
+-- name: audit_insert
+INSERT INTO leaseq_audit (actor, action, target, detail)
+VALUES (%(actor)s, %(action)s, %(target)s, %(detail)s::jsonb);
+
+-- name: audit_list
+SELECT id, at, actor, action, target, detail FROM leaseq_audit ORDER BY id DESC LIMIT %(limit)s;
+
+-- name: prune_finished_ids
+-- Finished (completed or cancelled) tasks untouched since the cut-off, in
+-- batches. Dead, blocked and needs_reconciliation tasks wait for a person.
+SELECT id FROM leaseq_tasks
+WHERE status IN ('completed', 'cancelled') AND updated_at < now() - %(older_than)s::float8 * interval '1 second'
+ORDER BY id
+LIMIT %(limit)s
+FOR UPDATE SKIP LOCKED;
+
+-- name: prune_events
+DELETE FROM leaseq_events WHERE task_id = ANY(%(task_ids)s::bigint[]) RETURNING id;
+
+-- name: prune_effects
+DELETE FROM leaseq_effects WHERE task_id = ANY(%(task_ids)s::bigint[]) RETURNING id;
+
+-- name: prune_tasks
+DELETE FROM leaseq_tasks WHERE id = ANY(%(task_ids)s::bigint[]) AND status IN ('completed', 'cancelled')
+RETURNING id;
+
+-- name: prune_payloads
+-- Payloads and results on their own, shorter schedule: the task row and its
+-- evidence trail stay for incident review. updated_at is left alone so the
+-- task's own retention clock does not restart.
+UPDATE leaseq_tasks SET payload = 'null'::jsonb, result = NULL
+WHERE id IN (
+    SELECT id FROM leaseq_tasks
+    WHERE status IN ('completed', 'cancelled')
+      AND updated_at < now() - %(older_than)s::float8 * interval '1 second'
+      AND (payload <> 'null'::jsonb OR result IS NOT NULL)
+    ORDER BY id
+    LIMIT %(limit)s
+    FOR UPDATE SKIP LOCKED)
+RETURNING id;
+
+-- name: open_intents_by_queue
+-- Effect intents recorded without a response, per queue (a metrics gauge).
+SELECT t.queue, count(*) AS count
+FROM leaseq_effects e JOIN leaseq_tasks t ON t.id = e.task_id
+WHERE e.status = 'pending'
+GROUP BY t.queue ORDER BY t.queue;

@@ -215,6 +215,14 @@ INSERT INTO leaseq_effects (task_id, generation, worker_id, action, idempotency_
 VALUES (:task_id, :generation, :worker_id, :action, :idempotency_key)
 RETURNING *;
 
+-- name: rebind_effect
+-- A later attempt takes over an intent that never got a response (same key).
+UPDATE leaseq_effects
+SET generation = :generation, worker_id = :worker_id, status = 'pending',
+    intent_at = (julianday('now') - 2440587.5) * 86400.0, response = NULL, response_at = NULL
+WHERE id = :effect_id
+RETURNING *;
+
 -- name: adjust_open_effects
 UPDATE leaseq_tasks SET open_effects = open_effects + :delta,
                         updated_at = (julianday('now') - 2440587.5) * 86400.0
@@ -278,3 +286,89 @@ SELECT queue, status, count(*) AS count,
 FROM leaseq_tasks
 GROUP BY queue, status
 ORDER BY queue, status;
+
+
+-- ============================================================================
+-- Service: tokens, access and retention
+-- ============================================================================
+-- Same names and parameters as the PostgreSQL section; see it for comments.
+
+-- name: token_insert
+INSERT INTO leaseq_tokens (id, name, role, secret_hash, queues, read_payloads, created_by, expires_at)
+VALUES (:token_id, :name, :role, :secret_hash, :queues, :read_payloads, :created_by,
+        CASE WHEN :expires_in IS NULL THEN NULL
+             ELSE (julianday('now') - 2440587.5) * 86400.0 + :expires_in END)
+RETURNING *, 0 AS expired;
+
+-- name: token_get
+SELECT t.*, (t.expires_at IS NOT NULL AND t.expires_at <= (julianday('now') - 2440587.5) * 86400.0) AS expired
+FROM leaseq_tokens t WHERE t.id = :token_id;
+
+-- name: token_touch
+UPDATE leaseq_tokens SET last_used_at = (julianday('now') - 2440587.5) * 86400.0
+WHERE id = :token_id
+  AND (last_used_at IS NULL OR last_used_at < (julianday('now') - 2440587.5) * 86400.0 - 60);
+
+-- name: token_list
+SELECT t.id, t.name, t.role, t.queues, t.read_payloads, t.created_at, t.created_by, t.expires_at,
+       t.revoked_at, t.revoked_by, t.last_used_at,
+       (t.expires_at IS NOT NULL AND t.expires_at <= (julianday('now') - 2440587.5) * 86400.0) AS expired,
+       (SELECT count(*) FROM leaseq_workers w WHERE w.token_id = t.id) AS workers
+FROM leaseq_tokens t ORDER BY t.created_at, t.id;
+
+-- name: token_revoke
+UPDATE leaseq_tokens SET revoked_at = (julianday('now') - 2440587.5) * 86400.0, revoked_by = :actor
+WHERE id = :token_id AND revoked_at IS NULL
+RETURNING id;
+
+-- name: token_revoke_workers
+UPDATE leaseq_workers SET revoked_at = (julianday('now') - 2440587.5) * 86400.0
+WHERE token_id = :token_id AND revoked_at IS NULL
+RETURNING id;
+
+-- name: link_worker_token
+UPDATE leaseq_workers SET token_id = :token_id WHERE id = :worker_id RETURNING id;
+
+-- name: worker_token
+SELECT id, token_id, revoked_at FROM leaseq_workers WHERE id = :worker_id;
+
+-- name: audit_insert
+INSERT INTO leaseq_audit (actor, action, target, detail) VALUES (:actor, :action, :target, :detail);
+
+-- name: audit_list
+SELECT id, at, actor, action, target, detail FROM leaseq_audit ORDER BY id DESC LIMIT :limit;
+
+-- name: prune_finished_ids
+SELECT id FROM leaseq_tasks
+WHERE status IN ('completed', 'cancelled')
+  AND updated_at < (julianday('now') - 2440587.5) * 86400.0 - :older_than
+ORDER BY id
+LIMIT :limit;
+
+-- name: prune_events
+DELETE FROM leaseq_events WHERE task_id IN (SELECT value FROM json_each(:task_ids)) RETURNING id;
+
+-- name: prune_effects
+DELETE FROM leaseq_effects WHERE task_id IN (SELECT value FROM json_each(:task_ids)) RETURNING id;
+
+-- name: prune_tasks
+DELETE FROM leaseq_tasks
+WHERE id IN (SELECT value FROM json_each(:task_ids)) AND status IN ('completed', 'cancelled')
+RETURNING id;
+
+-- name: prune_payloads
+UPDATE leaseq_tasks SET payload = 'null', result = NULL
+WHERE id IN (
+    SELECT id FROM leaseq_tasks
+    WHERE status IN ('completed', 'cancelled')
+      AND updated_at < (julianday('now') - 2440587.5) * 86400.0 - :older_than
+      AND (payload <> 'null' OR result IS NOT NULL)
+    ORDER BY id
+    LIMIT :limit)
+RETURNING id;
+
+-- name: open_intents_by_queue
+SELECT t.queue, count(*) AS count
+FROM leaseq_effects e JOIN leaseq_tasks t ON t.id = e.task_id
+WHERE e.status = 'pending'
+GROUP BY t.queue ORDER BY t.queue;

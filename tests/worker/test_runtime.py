@@ -1,0 +1,291 @@
+"""The worker runtime under real leases, on both backends."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+
+import pytest
+
+import leaseq
+from leaseq.worker import WorkerRuntime
+
+from .conftest import wait_for
+
+
+def drain(app: leaseq.App, **options) -> leaseq.worker.WorkerStats:
+    options.setdefault("poll_interval", 0.05)
+    return app.run_worker(until_idle=True, install_signals=False, **options)
+
+
+def run_until_finished(app: leaseq.App, start_worker, task_id: int) -> None:
+    """Run a worker until the task rests in a final state (retries included)."""
+    running = start_worker(concurrency=1)
+    wait_for(lambda: app.queue.get(task_id).status in ("completed", "dead", "needs_reconciliation"))
+    running.stop()
+
+
+def test_sync_and_async_handlers_complete(app: leaseq.App) -> None:
+    threads: set[str] = set()
+
+    @app.task("add")
+    def add(ctx, a: int, b: int) -> dict:
+        threads.add(threading.current_thread().name)
+        return {"sum": a + b}
+
+    @app.task("mul")
+    async def mul(ctx, a: int, b: int) -> dict:
+        await asyncio.sleep(0)
+        return {"product": a * b, "generation": ctx.generation}
+
+    sums = [add.enqueue(a=i, b=1) for i in range(10)]
+    products = [mul.enqueue(a=i, b=2) for i in range(10)]
+    stats = drain(app, concurrency=4)
+    q = app.queue
+    assert stats.completed == 20 and stats.failed == 0 and stats.lost == 0
+    assert [q.get(t.id).result for t in sums] == [{"sum": i + 1} for i in range(10)]
+    assert [q.get(t.id).result for t in products] == [{"product": 2 * i, "generation": 1} for i in range(10)]
+    assert all(name.startswith("leaseq-task") for name in threads), "sync handlers run in the handler pool"
+
+
+def test_renewal_keeps_a_long_task_alive(app: leaseq.App) -> None:
+    @app.task("long", lease_seconds=0.3)
+    def long(ctx) -> str:
+        ctx.sleep(1.2)  # four lease lengths
+        return "done"
+
+    task = long.enqueue()
+    stats = drain(app, concurrency=1)
+    assert stats.completed == 1 and stats.lost == 0
+    done = [e for e in app.queue.events(task.id) if e.type == "completed"]
+    assert done and done[0].detail["heartbeats"] >= 3
+    assert app.queue.get(task.id).claim_generation == 1
+
+
+class CountingTransport:
+    """The real queue, with renew_leases calls counted (not replaced)."""
+
+    def __init__(self, queue: leaseq.Queue):
+        self._queue = queue
+        self.renew_batches: list[int] = []
+
+    def __getattr__(self, name: str):
+        return getattr(self._queue, name)
+
+    def renew_leases(self, worker, claims):
+        self.renew_batches.append(len(claims))
+        return self._queue.renew_leases(worker, claims)
+
+
+def test_all_leases_renewed_in_one_call_per_tick(app: leaseq.App) -> None:
+    @app.task("hold", lease_seconds=0.4)
+    def hold(ctx) -> None:
+        ctx.sleep(1.0)
+
+    for _ in range(8):
+        hold.enqueue()
+    transport = CountingTransport(app.queue)
+    runtime = WorkerRuntime(app, transport, concurrency=8, poll_interval=0.05)
+    stats = asyncio.run(runtime.run(until_idle=True))
+    assert stats.completed == 8 and stats.lost == 0
+    assert max(transport.renew_batches) == 8, "one call renews every held lease"
+    # Per-task heartbeats would need ~8x as many calls.
+    assert len(transport.renew_batches) <= 15, transport.renew_batches
+
+
+def test_cancel_cancels_an_async_handler_and_nothing_is_published(app: leaseq.App, start_worker) -> None:
+    started = threading.Event()
+    outcome: list[str] = []
+
+    @app.task("agent", lease_seconds=0.3)
+    async def agent(ctx) -> str:
+        started.set()
+        try:
+            await asyncio.sleep(30)
+        except asyncio.CancelledError:
+            outcome.append(f"cancelled, lost={ctx.lost}")
+            raise
+        return "should never be stored"
+
+    task = agent.enqueue()
+    running = start_worker(concurrency=1)
+    assert started.wait(10)
+    app.queue.cancel(task.id, reason="operator stop", by="test")
+    wait_for(lambda: outcome)
+    running.stop()
+    final = app.queue.get(task.id)
+    assert final.status == "cancelled" and final.result is None
+    assert outcome == ["cancelled, lost=True"]
+    types = [e.type for e in app.queue.events(task.id)]
+    assert "lease_lost" in types and "completed" not in types
+    assert running.runtime.stats.lost == 1
+
+
+def test_a_sync_handler_that_ignores_ctx_still_cannot_complete(app: leaseq.App, start_worker) -> None:
+    started = threading.Event()
+    finished = threading.Event()
+
+    @app.task("stubborn", lease_seconds=0.3)
+    def stubborn(ctx) -> str:
+        started.set()
+        time.sleep(1.0)  # never looks at ctx
+        finished.set()
+        return "stale result"
+
+    task = stubborn.enqueue()
+    running = start_worker(concurrency=1)
+    assert started.wait(10)
+    app.queue.cancel(task.id, reason="stop it", by="test")
+    assert finished.wait(10)
+    wait_for(lambda: not running.runtime.held)
+    running.stop()
+    final = app.queue.get(task.id)
+    assert final.status == "cancelled" and final.result is None
+    assert running.runtime.stats.completed == 0 and running.runtime.stats.lost == 1
+
+
+def test_failures_are_routed_by_kind(app: leaseq.App) -> None:
+    @app.task("flaky", max_attempts=1)
+    def flaky(ctx) -> None:
+        raise ValueError("transient 42")
+
+    @app.task("broken")
+    def broken(ctx) -> None:
+        raise leaseq.Permanent("bad input, retrying will not help")
+
+    @app.task("locked_out")
+    def locked_out(ctx) -> None:
+        raise leaseq.CredentialMissing("API key revoked")
+
+    a, b, c = flaky.enqueue(), broken.enqueue(), locked_out.enqueue()
+    stats = drain(app, concurrency=3)
+    q = app.queue
+    assert stats.failed == 3
+    assert q.get(a.id).status == "dead" and "ValueError: transient 42" in q.get(a.id).last_error
+    assert q.get(b.id).status == "dead" and q.get(b.id).attempts == 1
+    assert q.get(c.id).status == "blocked"
+
+
+def test_a_failed_attempt_is_retried_after_backoff(app: leaseq.App, start_worker) -> None:
+    attempts: list[int] = []
+
+    @app.task("second_time_lucky")
+    def lucky(ctx) -> int:
+        attempts.append(ctx.task.attempts)
+        if len(attempts) == 1:
+            raise RuntimeError("first attempt fails")
+        return ctx.generation
+
+    task = lucky.enqueue()
+    running = start_worker(concurrency=1)
+    wait_for(lambda: app.queue.get(task.id).status == "completed")
+    running.stop()
+    assert running.runtime.stats.failed == 1 and running.runtime.stats.completed == 1
+    final = app.queue.get(task.id)
+    assert final.status == "completed" and final.result == 2 and attempts == [1, 2]
+    failed = [e for e in app.queue.events(task.id) if e.type == "failed"][0]
+    assert "retry_at" in failed.detail
+
+
+def test_effect_is_replayed_not_repeated_on_the_next_attempt(app: leaseq.App, start_worker) -> None:
+    calls: list[str] = []
+
+    @app.task("notify", effect="idempotent")
+    def notify(ctx, user: str) -> dict:
+        with ctx.effect("email.send") as fx:
+            if not fx.replayed:
+                calls.append(fx.idempotency_key)
+                fx.record({"message_id": f"m-{user}", "token": fx.fencing_token})
+        if ctx.task.attempts == 1:
+            raise RuntimeError("crash after the email went out")
+        return {"replayed": fx.replayed, "response": fx.response}
+
+    task = notify.enqueue(user="ada")
+    run_until_finished(app, start_worker, task.id)
+    final = app.queue.get(task.id)
+    assert final.status == "completed"
+    assert final.result == {"replayed": True, "response": {"message_id": "m-ada", "token": 1}}
+    assert calls == [f"{task.idempotency_key}:email.send"], "the email was sent exactly once"
+
+
+def test_call_effect_runs_once_and_returns_the_recorded_response(app: leaseq.App, start_worker) -> None:
+    calls: list[int] = []
+
+    @app.task("charge", effect="idempotent")
+    def charge(ctx) -> dict:
+        response = ctx.call_effect("payments.charge", lambda fx: calls.append(1) or {"charged": fx.fencing_token})
+        if ctx.task.attempts == 1:
+            raise RuntimeError("lost the result")
+        return response
+
+    task = charge.enqueue()
+    run_until_finished(app, start_worker, task.id)
+    assert app.queue.get(task.id).result == {"charged": 1} and calls == [1]
+
+
+def test_off_switch_stops_new_effects_and_new_claims(app: leaseq.App, start_worker) -> None:
+    started, go = threading.Event(), threading.Event()
+    refused: list[str] = []
+
+    @app.task("tool_user", effect="side_effect")
+    def tool_user(ctx) -> str:
+        started.set()
+        go.wait(10)
+        try:
+            with ctx.effect("db.write"):
+                pass
+        except leaseq.QueuePaused as exc:
+            refused.append(str(exc))
+            raise
+        return "wrote"
+
+    task = tool_user.enqueue()
+    running = start_worker(concurrency=1)
+    assert started.wait(10)
+    app.queue.pause("default", by="test")
+    go.set()
+    wait_for(lambda: refused and app.queue.get(task.id).status == "queued")
+    time.sleep(0.3)  # several poll intervals: a paused queue hands out nothing
+    assert app.queue.get(task.id).status == "queued"
+    assert app.queue.effects(task.id) == []
+    app.queue.resume("default", by="test")
+    wait_for(lambda: app.queue.get(task.id).status == "completed")
+    running.stop()
+    assert "paused" in refused[0]
+
+
+def test_unknown_kind_is_quarantined_with_a_clear_error(app: leaseq.App) -> None:
+    @app.task("known")
+    def known(ctx) -> None:
+        return None
+
+    task = app.queue.enqueue("nobody_handles_this", {})
+    drain(app, concurrency=1)
+    final = app.queue.get(task.id)
+    assert final.status == "dead" and "no handler for task kind 'nobody_handles_this'" in final.last_error
+
+
+def test_notification_wakes_an_idle_worker(app: leaseq.App, start_worker) -> None:
+    if app.queue.dialect != "postgres":
+        pytest.skip("LISTEN/NOTIFY is PostgreSQL's; SQLite workers poll")
+    done = threading.Event()
+
+    @app.task("ping")
+    def ping(ctx) -> None:
+        done.set()
+
+    start_worker(concurrency=1, poll_interval=30)
+    time.sleep(0.3)  # the worker has made its first (empty) claim and is waiting
+    ping.enqueue()
+    assert done.wait(5), "an idle worker must wake on NOTIFY, not after its 30 s poll"
+
+
+def test_enqueue_async(app: leaseq.App) -> None:
+    @app.task("hello")
+    async def hello(ctx, name: str) -> str:
+        return f"hello {name}"
+
+    task = asyncio.run(hello.enqueue_async(name="world"))
+    drain(app, concurrency=1)
+    assert app.queue.get(task.id).result == "hello world"
