@@ -1,0 +1,153 @@
+"""The design note's operational test, with real worker processes and real signals.
+
+Each test starts `leaseq worker` processes against a real database (a SQLite
+file, or a PostgreSQL schema) and freezes (SIGSTOP), kills (SIGKILL) or
+stops (SIGTERM) them at chosen points.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+import leaseq
+from leaseq.fencing import FencedStore
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+class Workers:
+    """Starts and cleans up worker processes for one test."""
+
+    def __init__(self, dsn: str, fault_dir: Path):
+        self.dsn = dsn
+        self.fault_dir = fault_dir
+        self.procs: list[subprocess.Popen] = []
+
+    def start(self, name: str, *extra: str) -> subprocess.Popen:
+        env = dict(os.environ, LEASEQ_DSN=self.dsn, FENCE_DSN=self.dsn, FAULT_DIR=str(self.fault_dir),
+                   PYTHONPATH=str(ROOT))
+        log = open(self.fault_dir / f"{name}.log", "w")
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "leaseq.cli.main", "worker", "tests.fault.fault_app:app", "--name", name,
+             "--concurrency", "2", "--poll-interval", "0.05", *extra],
+            cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT)
+        self.procs.append(proc)
+        return proc
+
+    def log(self, name: str) -> str:
+        return (self.fault_dir / f"{name}.log").read_text()
+
+    def close(self) -> None:
+        for proc in self.procs:
+            if proc.poll() is None:
+                proc.send_signal(signal.SIGCONT)
+                proc.kill()
+            proc.wait(10)
+
+
+@pytest.fixture
+def workers(dsn: str, tmp_path: Path) -> Iterator[Workers]:
+    FencedStore(dsn).migrate()
+    running = Workers(dsn, tmp_path)
+    yield running
+    running.close()
+
+
+@pytest.fixture
+def queue(dsn: str) -> Iterator[leaseq.Queue]:
+    q = leaseq.connect(dsn)
+    q.migrate()
+    yield q
+    q.close()
+
+
+def wait_for(predicate, timeout: float = 20.0, what: str = "condition"):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(0.02)
+    raise AssertionError(f"{what} not met within {timeout}s")
+
+
+def lease_expired(q: leaseq.Queue, task_id: int) -> bool:
+    task = q.get(task_id)
+    return task.lease_expires_at is not None and task.lease_expires_at < q.now()
+
+
+def test_frozen_worker_cannot_renew_complete_or_write_downstream(queue, workers, dsn) -> None:
+    """A claims and records its intent; frozen before its downstream call, it loses
+    the lease; B recovers the task and writes; A resumes and is refused everywhere."""
+    task = queue.enqueue("fenced_write", {"resource": "account:7", "value": "from-b"}, effect="idempotent",
+                         lease_seconds=1.0)
+    a = workers.start("a")
+    wait_for(lambda: (workers.fault_dir / "reached-fenced-1").exists(), what="A reached the downstream call")
+    os.kill(a.pid, signal.SIGSTOP)
+    holder_a = queue.get(task.id).lease_owner
+    wait_for(lambda: lease_expired(queue, task.id), what="A's lease expired")
+
+    workers.start("b")
+    wait_for(lambda: queue.get(task.id).status == "completed", what="B completed the task")
+    (workers.fault_dir / "go-fenced-1").write_text("")
+    os.kill(a.pid, signal.SIGCONT)
+
+    wait_for(lambda: (workers.fault_dir / "stale-1").exists(), what="A's downstream write refused")
+    assert not (workers.fault_dir / "applied-1").exists()
+    final = queue.get(task.id)
+    assert final.claim_generation == 2 and final.result == {"value": "from-b", "generation": 2}
+    assert FencedStore(dsn).newest_token("account:7") == 2
+    # A found out through its own guarded calls, and said so in the evidence trail.
+    events = wait_for(lambda: [e for e in queue.events(task.id) if e.type == "lease_lost"], what="A's loss recorded")
+    assert events[0].worker_id == holder_a and events[0].generation == 1
+    types = [(e.type, e.generation) for e in queue.events(task.id)]
+    assert ("lease_expired", 1) in types and ("completed", 2) in types and ("completed", 1) not in types
+    # Nothing A did after resuming changed the task.
+    time.sleep(0.5)
+    assert queue.get(task.id).result == {"value": "from-b", "generation": 2}
+    assert "lease lost" in workers.log("a")
+
+
+def test_killed_worker_tasks_are_recovered_or_sent_to_reconciliation(queue, workers) -> None:
+    """kill -9 mid-task: the read-only task is retried; the one with an open intent waits for a person."""
+    summary = queue.enqueue("summarize", {"doc": 3}, effect="read_only", lease_seconds=1.0)
+    email = queue.enqueue("send_email", {"to": "ada@example.com"}, effect="side_effect", lease_seconds=1.0)
+    a = workers.start("a")
+    wait_for(lambda: (workers.fault_dir / "reached-summary-1").exists()
+             and (workers.fault_dir / "reached-email-1").exists(), what="A is inside both tasks")
+    os.kill(a.pid, signal.SIGKILL)
+    a.wait(10)
+
+    workers.start("b")
+    wait_for(lambda: queue.get(summary.id).status == "completed", what="B recovered the read-only task")
+    wait_for(lambda: queue.get(email.id).status == "needs_reconciliation", what="the email task was routed")
+    assert queue.get(summary.id).result == {"doc": 3, "generation": 2}
+    intents = queue.effects(email.id)
+    assert [(fx.action, fx.status, fx.generation) for fx in intents] == [("email.send", "pending", 1)]
+    time.sleep(1.5)  # past another lease length: nobody claims it again
+    assert queue.get(email.id).status == "needs_reconciliation" and queue.get(email.id).claim_generation == 1
+
+
+def test_sigterm_lets_short_tasks_finish_and_releases_long_ones(queue, workers) -> None:
+    quick = queue.enqueue("quick", {"seconds": 0.5}, effect="read_only", lease_seconds=5.0)
+    email = queue.enqueue("send_email", {"to": "bo@example.com"}, effect="side_effect", lease_seconds=5.0)
+    a = workers.start("a", "--grace", "2")
+    wait_for(lambda: (workers.fault_dir / "reached-quick-1").exists()
+             and (workers.fault_dir / "reached-email-1").exists(), what="A is inside both tasks")
+    started = time.monotonic()
+    a.send_signal(signal.SIGTERM)
+    assert a.wait(15) == 0
+    assert time.monotonic() - started < 8, "shutdown took longer than the grace period allows"
+    assert queue.get(quick.id).status == "completed"
+    # Released through the recovery policy: an open intent is not simply requeued.
+    assert queue.get(email.id).status == "needs_reconciliation"
+    released = [e for e in queue.events(email.id) if e.type == "lease_released"]
+    assert released and released[0].detail["routed_to"] == "needs_reconciliation"
