@@ -1,0 +1,27 @@
+"""The ``leaseq`` command line: a thin layer over :class:`leaseq.Queue`.
+
+The CLI has no SQL and no lease rules of its own; every command calls the
+Queue API and presents the result.
+
+Layout
+------
+``main.py``
+    The click group (global ``--dsn``), error handling and :func:`main`.
+``session.py``
+    What every command module shares: :func:`open_queue` (connects, checks
+    the schema), :class:`CliError` and the ``--json`` helpers.
+``render.py``
+    rich tables and the evidence-trail timeline (also used by ``leaseq demo``).
+``tasks.py``, ``operator_actions.py``, ``overview.py``, ``demo_command.py``
+    The commands, grouped by who uses them.
+
+Adding commands
+---------------
+Write a sibling module with a ``register(group)`` function that adds its
+commands to the group (``@group.command()`` or ``group.add_command``), then
+add the module's name to ``COMMAND_MODULES`` in ``main.py``: one line. In the
+module, open the queue with ``open_queue(ctx)``; a :class:`leaseq.LeaseqError`
+raised by a command becomes a one-line ``error: <field>: <problem>`` on
+stderr (exit 2, or 1 when the database is unreachable). Import heavy
+dependencies inside the command function, so ``leaseq ls`` stays fast.
+"""

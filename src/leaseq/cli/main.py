@@ -1,0 +1,77 @@
+"""The ``leaseq`` command group and its entry point.
+
+Commands live in sibling modules listed in :data:`COMMAND_MODULES`; each has
+a ``register(group)`` function. To add a module (say ``cli/worker.py``),
+add its name to that tuple: one line. See the package docstring.
+"""
+
+from __future__ import annotations
+
+import importlib
+import os
+import sys
+from typing import Any
+
+import click
+
+from ..core.errors import LeaseqError
+from .session import CliError, CliState, one_line
+
+#: Sibling modules whose ``register(group)`` adds commands, in help order.
+COMMAND_MODULES = (
+    "tasks",             # migrate, enqueue, ls, show
+    "operator_actions",  # cancel, reconcile, unblock, requeue, pause, resume, sweep
+    "overview",          # stats, workers, queues
+    "demo_command",      # demo
+    "worker",            # worker
+)
+
+
+class LeaseqGroup(click.Group):
+    """A click group that turns library errors into one ``error:`` line, never a traceback."""
+
+    def invoke(self, ctx: click.Context) -> Any:
+        try:
+            return super().invoke(ctx)
+        except LeaseqError as exc:
+            raise CliError.from_leaseq(exc) from None
+
+
+@click.group(cls=LeaseqGroup, context_settings={"help_option_names": ["-h", "--help"]})
+@click.option("--dsn", metavar="DSN", default=None,
+              help="Database: postgresql://… or sqlite:///file.db. Default: $LEASEQ_DSN, else "
+                   "sqlite:///leaseq.db in the current folder (created on first use).")
+@click.version_option(package_name="leaseq")
+@click.pass_context
+def cli(ctx: click.Context, dsn: str | None) -> None:
+    """leaseq: a task queue where a claim is a lease with a fencing token.
+
+    Operator commands for tasks, leases and queues. Run `leaseq demo` to see
+    a stalled worker lose its lease and be refused.
+    """
+    ctx.obj = CliState(dsn=dsn)
+
+
+def register_commands(group: click.Group) -> None:
+    """Import every module of :data:`COMMAND_MODULES` and let it add its commands."""
+    for name in COMMAND_MODULES:
+        importlib.import_module(f"{__package__}.{name}").register(group)
+
+
+register_commands(cli)
+
+
+def main(argv: list[str] | None = None) -> None:
+    """Run the CLI. Errors print one line on stderr; set LEASEQ_DEBUG=1 for tracebacks."""
+    try:
+        cli.main(args=argv, prog_name="leaseq")
+    except Exception as exc:  # the last resort: an unexpected failure is still one line
+        if os.environ.get("LEASEQ_DEBUG") == "1":
+            raise
+        click.echo(f"error: internal: {type(exc).__name__}: {one_line(str(exc))} "
+                   f"(set LEASEQ_DEBUG=1 for a traceback)", err=True)
+        sys.exit(1)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,192 @@
+"""The operator's flow through the real CLI, on SQLite and PostgreSQL."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import time
+from datetime import datetime
+
+import pytest
+
+import leaseq
+
+from .cli_support import CLI, assert_one_error_line, cli_env
+
+
+def ok(proc: subprocess.CompletedProcess[str]) -> str:
+    assert proc.returncode == 0, (proc.returncode, proc.stdout, proc.stderr)
+    assert "Traceback" not in proc.stderr
+    return proc.stdout
+
+
+def as_json(proc: subprocess.CompletedProcess[str]):
+    return json.loads(ok(proc))
+
+
+def test_operator_flow(dsn, run_cli):
+    cli = lambda *args, **kw: run_cli("--dsn", dsn, *args, **kw)  # noqa: E731
+
+    # Before the schema exists, commands say how to create it.
+    line = assert_one_error_line(cli("ls"), "dsn" if dsn.startswith("sqlite") else "database")
+    assert "leaseq migrate" in line
+    assert "applied migration" in ok(cli("migrate"))
+    assert "up to date" in ok(cli("migrate"))
+
+    first = as_json(cli("enqueue", "summarize", "--payload", '{"doc": 1}', "--json"))
+    assert first["status"] == "queued" and first["payload"] == {"doc": 1} and first["effect"] == "read_only"
+    out = ok(cli("enqueue", "send_welcome", "--effect", "side_effect", "--key", "welcome:7", "--priority", "5",
+                 "--max-attempts", "3", "--lease-seconds", "12.5", "--payload", '{"note": "[bold]kept[/bold]"}'))
+    assert out.startswith("task ") and "welcome:7" in out
+    second_id = int(out.split()[1])
+    # The same key in the same queue is the same task.
+    again = as_json(cli("enqueue", "send_welcome", "--effect", "side_effect", "--key", "welcome:7", "--json"))
+    assert again["id"] == second_id
+
+    listed = as_json(cli("ls", "--json"))
+    assert [t["id"] for t in listed] == [second_id, first["id"]]
+    assert listed[0]["priority"] == 5 and listed[0]["max_attempts"] == 3 and listed[0]["lease_seconds"] == 12.5
+    datetime.fromisoformat(listed[0]["created_at"])
+    assert as_json(cli("ls", "--status", "queued", "--queue", "default", "--limit", "1", "--json"))[0]["id"] == second_id
+    assert as_json(cli("ls", "--status", "cancelled", "--json")) == []
+    table = ok(cli("ls"))
+    assert "summarize" in table and "send_welcome" in table and "side_effect" in table
+
+    shown = ok(cli("show", str(second_id)))
+    assert "[bold]kept[/bold]" in shown, "user data must not be read as rich markup"
+    assert "evidence trail" in shown and "enqueued" in shown and "welcome:7" in shown
+
+    out = ok(cli("cancel", str(second_id), "--reason", "customer left"))
+    assert "cancelled" in out
+    detail = as_json(cli("show", str(second_id), "--json"))
+    assert detail["task"]["status"] == "cancelled"
+    assert [e["type"] for e in detail["events"]] == ["enqueued", "cancelled"]
+    assert detail["events"][1]["detail"]["reason"] == "customer left"
+    datetime.fromisoformat(detail["events"][1]["at"])
+    assert detail["effects"] == []
+    assert "customer left" in ok(cli("show", str(second_id)))
+    with leaseq.connect(dsn) as q:
+        assert q.get(second_id).status == "cancelled"
+
+    stats = as_json(cli("stats", "--json"))
+    counts = {(r["queue"], r["status"]): r["count"] for r in stats["by_status"]}
+    assert counts == {("default", "queued"): 1, ("default", "cancelled"): 1}
+    table = ok(cli("stats"))
+    assert "default" in table and "cancelled" in table and "queued" in table
+
+
+def wait_expired(q: leaseq.Queue, claim: leaseq.Claim) -> None:
+    """Wait until ``claim``'s lease is past its deadline by the database's clock."""
+    while q.now() <= claim.expires_at:
+        time.sleep(0.05)
+
+
+def test_workers_queues_pause_and_sweep(dsn, run_cli):
+    cli = lambda *args, **kw: run_cli("--dsn", dsn, *args, **kw)  # noqa: E731
+    ok(cli("migrate"))
+    assert "no workers" in ok(cli("workers"))
+    with leaseq.connect(dsn) as q:
+        w = q.register_worker("worker-x")
+        held = q.enqueue("held", queue="jobs")
+        q.claim(w, queue="jobs")
+
+    workers = as_json(cli("workers", "--json"))
+    assert [(r["id"], r["name"], r["leases"]) for r in workers] == [(w.id, "worker-x", 1)]
+    assert w.id in ok(cli("workers"))
+
+    ok(cli("pause", "jobs"))
+    queues = {r["queue"]: r for r in as_json(cli("queues", "--json"))}
+    assert queues["jobs"]["paused"] is True and queues["jobs"]["running"] == 1
+    assert "paused" in ok(cli("queues"))
+    with leaseq.connect(dsn) as q:
+        q.enqueue("waiting", queue="jobs")
+        assert q.claim(w, queue="jobs") == [], "a paused queue hands out no claims"
+    ok(cli("resume", "jobs"))
+    assert as_json(cli("queues", "--json"))[0]["paused"] is False
+
+    with leaseq.connect(dsn) as q:
+        stale = q.enqueue("stale", queue="jobs", priority=9)
+        [claim] = q.claim(w, queue="jobs", lease_seconds=0.2)
+        assert claim.task_id == stale.id
+        wait_expired(q, claim)
+    stats = as_json(cli("stats", "--json"))
+    assert sum(r["expired_leases"] for r in stats["by_status"]) == 1
+    assert "expired lease" in ok(cli("stats"))
+    assert "routed 1 expired lease" in ok(cli("sweep"))
+    with leaseq.connect(dsn) as q:
+        assert q.get(stale.id).status == "queued"
+        assert q.get(held.id).status == "running"
+        assert [e.type for e in q.events(stale.id)][-1] == "lease_expired"
+    assert "routed 0 expired leases" in ok(cli("sweep"))
+
+
+
+
+def test_reconcile_unblock_requeue(dsn, run_cli):
+    cli = lambda *args, **kw: run_cli("--dsn", dsn, *args, **kw)  # noqa: E731
+    with leaseq.connect(dsn) as q:
+        q.migrate()
+        w = q.register_worker("worker-r")
+        mail = q.enqueue("send", {"to": "a@example.com"}, effect="side_effect")
+        [claim] = q.claim(w, lease_seconds=0.2)
+        q.begin_effect(w, claim, "email.send")
+        wait_expired(q, claim)
+        q.sweep()
+        assert q.get(mail.id).status == "needs_reconciliation"
+        cred = q.enqueue("fetch", queue="creds")
+        [claim] = q.claim(w, queue="creds")
+        q.fail(w, claim, "token revoked", block=True)
+        dead = q.enqueue("parse", queue="dead")
+        [claim] = q.claim(w, queue="dead")
+        q.fail(w, claim, "bad input", retry=False)
+        assert (q.get(cred.id).status, q.get(dead.id).status) == ("blocked", "dead")
+
+    assert "needs_reconciliation" in ok(cli("ls", "--status", "needs_reconciliation"))
+    shown = ok(cli("show", str(mail.id)))
+    assert "effects ledger" in shown and "email.send" in shown and "pending" in shown
+    out = ok(cli("reconcile", str(mail.id), "--outcome", "completed", "--note", "provider log: delivered",
+                 "--result", '{"message_id": "m-1"}'))
+    assert "completed" in out
+    out = ok(cli("unblock", str(cred.id), "--note", "token rotated"))
+    assert "queued" in out
+    requeued = as_json(cli("requeue", str(dead.id), "--json"))
+    assert requeued["status"] == "queued" and requeued["attempts"] == 0
+
+    with leaseq.connect(dsn) as q:
+        done = q.get(mail.id)
+        assert (done.status, done.result) == ("completed", {"message_id": "m-1"})
+        assert [fx.status for fx in q.effects(mail.id)] == ["reconciled"]
+        assert q.events(mail.id)[-1].detail["note"] == "provider log: delivered"
+        assert q.get(cred.id).status == "queued" and q.events(cred.id)[-1].type == "unblocked"
+        assert q.events(dead.id)[-1].type == "requeued"
+
+
+def test_embedded_default_and_env_dsn(run_cli, tmp_path):
+    # No --dsn and no $LEASEQ_DSN: ./leaseq.db, created and migrated on first use.
+    proc = run_cli("enqueue", "hello")
+    ok(proc)
+    assert "embedded database" in proc.stderr
+    assert (run_cli.cwd / "leaseq.db").exists()
+    assert "hello" in ok(run_cli("ls"))
+    # $LEASEQ_DSN names a database the CLI does not create behind the user's back.
+    other = tmp_path / "other.db"
+    proc = run_cli("ls", env=cli_env(LEASEQ_DSN=f"sqlite:///{other}"))
+    assert "leaseq migrate" in assert_one_error_line(proc, "dsn")
+    assert not other.exists()
+    ok(run_cli("migrate", env=cli_env(LEASEQ_DSN=f"sqlite:///{other}")))
+    assert as_json(run_cli("ls", "--json", env=cli_env(LEASEQ_DSN=f"sqlite:///{other}"))) == []
+
+
+@pytest.mark.parametrize("command", [["leaseq"], [*CLI[:2], "leaseq.cli"]])
+def test_console_script_and_module_entry_points(command, run_cli):
+    if command == ["leaseq"]:
+        path = shutil.which("leaseq")
+        if path is None:
+            pytest.skip("the leaseq console script is not on PATH (package not installed)")
+        command = [path]
+    proc = subprocess.run([*command, "--help"], capture_output=True, text=True, timeout=60, env=cli_env())
+    assert proc.returncode == 0, proc.stderr
+    for name in ("migrate", "enqueue", "ls", "show", "cancel", "reconcile", "unblock", "requeue", "stats",
+                 "pause", "resume", "workers", "queues", "sweep", "demo"):
+        assert f"  {name} " in proc.stdout, name
