@@ -197,15 +197,16 @@ RETURNING t.id, t.claim_generation, t.attempts, t.heartbeat_count, t.last_heartb
 -- name: fail_task
 -- The attempt ends with an error. Where it goes next is decided here, in one
 -- statement, from the row as it stands:
---   block (missing or revoked credential)          -> blocked
 --   side_effect with an intent and no response     -> needs_reconciliation
+--     (first: unblocking must not make an unsettled call claimable)
+--   block (missing or revoked credential)          -> blocked
 --   no retry, attempts exhausted, or the same error
 --   fingerprint max_same_error times in a row      -> dead
 --   otherwise                                      -> queued after the backoff delay
 UPDATE leaseq_tasks t
 SET status = CASE
-        WHEN %(block)s THEN 'blocked'
         WHEN t.effect = 'side_effect' AND t.open_effects > 0 THEN 'needs_reconciliation'
+        WHEN %(block)s THEN 'blocked'
         WHEN NOT %(retry)s OR t.attempts >= t.max_attempts THEN 'dead'
         WHEN (CASE WHEN t.error_fingerprint = %(fingerprint)s THEN t.error_streak + 1 ELSE 1 END)
              >= %(max_same_error)s THEN 'dead'

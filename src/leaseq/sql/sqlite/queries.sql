@@ -171,8 +171,8 @@ RETURNING id, claim_generation, attempts, heartbeat_count, last_heartbeat_at, lo
 -- See the PostgreSQL file for the routing table this CASE implements.
 UPDATE leaseq_tasks AS t
 SET status = CASE
-        WHEN :block THEN 'blocked'
         WHEN t.effect = 'side_effect' AND t.open_effects > 0 THEN 'needs_reconciliation'
+        WHEN :block THEN 'blocked'
         WHEN NOT :retry OR t.attempts >= t.max_attempts THEN 'dead'
         WHEN (CASE WHEN t.error_fingerprint = :fingerprint THEN t.error_streak + 1 ELSE 1 END)
              >= :max_same_error THEN 'dead'
