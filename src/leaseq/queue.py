@@ -9,7 +9,9 @@ Backends, the async facade, the CLI and the worker all come through here.
 
 from __future__ import annotations
 
+import dataclasses
 import getpass
+import os
 import uuid
 from datetime import datetime
 from typing import Any
@@ -18,6 +20,8 @@ from .core import policy
 from .core.errors import (InvalidInput, InvalidTransition, LeaseLost, NotFound, QueuePaused,
                           UnknownWorker)
 from .core.model import Claim, Effect, Event, Status, Task, Worker
+from .fencing.tokens import ENV_VAR as ACTION_KEYS_ENV
+from .fencing.tokens import ActionSigner
 from .store import Store, Tx, open_store
 from .store.base import WorkListener
 from .store.base import load_migrations
@@ -68,9 +72,13 @@ class Queue:
     by the lease; operator calls (``cancel``, ``reconcile``...) are not.
     """
 
-    def __init__(self, store: Store, *, max_same_error: int = policy.DEFAULT_MAX_SAME_ERROR):
+    def __init__(self, store: Store, *, max_same_error: int = policy.DEFAULT_MAX_SAME_ERROR,
+                 signer: ActionSigner | None = None, action_token_ttl: float = 300.0):
         self.store = store
         self.max_same_error = policy.check_int("max_same_error", max_same_error, minimum=1)
+        #: signs an action token for every effect (None: effects carry no token)
+        self.signer = signer
+        self.action_token_ttl = policy.check_seconds("action_token_ttl", action_token_ttl, allow_zero=False)
 
     # -- set-up -----------------------------------------------------------
 
@@ -384,9 +392,9 @@ class Queue:
             fx_key = key if key is not None else f"{held['idempotency_key']}:{action}"
             existing = tx.row("get_effect", task_id=claim.task_id, idempotency_key=fx_key)
             if existing is not None and existing["status"] == "done":
-                return _effect(existing, replayed=True)
+                return self._signed(_effect(existing, replayed=True))
             if existing is not None and existing["generation"] == claim.generation and existing["status"] == "pending":
-                return _effect(existing)
+                return self._signed(_effect(existing))
             if held["paused"]:
                 raise QueuePaused(f"queue {held['queue']!r} is paused: no new actions may start")
             if existing is None:
@@ -404,7 +412,15 @@ class Queue:
             if existing is not None:
                 detail["previous_generation"] = existing["generation"]
             self._event(tx, claim.task_id, "effect_intent", claim.generation, wid, **detail)
-        return _effect(row)
+        return self._signed(_effect(row))
+
+    def _signed(self, effect: Effect) -> Effect:
+        """The effect with a signed action token scoped to it, when the queue has a key."""
+        if self.signer is None:
+            return effect
+        token = self.signer.issue(effect.task_id, effect.generation, effect.action, effect.idempotency_key,
+                                  self.action_token_ttl)
+        return dataclasses.replace(effect, token=token)
 
     def finish_effect(self, worker: Worker | str, claim: Claim, effect: Effect, response: Any = None) -> Effect:
         """Record the response of a tool call whose intent :meth:`begin_effect` recorded."""
@@ -622,6 +638,14 @@ class Queue:
 
 def connect(dsn: str | None = None, **options: Any) -> Queue:
     """Open a queue. ``dsn``: ``postgresql://…`` or ``sqlite:///path.db``; by
-    default ``$LEASEQ_DSN``, else ``sqlite:///leaseq.db`` in the current folder."""
-    max_same_error = options.pop("max_same_error", policy.DEFAULT_MAX_SAME_ERROR)
-    return Queue(open_store(dsn, **options), max_same_error=max_same_error)
+    default ``$LEASEQ_DSN``, else ``sqlite:///leaseq.db`` in the current folder.
+
+    ``signer`` (an :class:`leaseq.fencing.ActionSigner`) makes every effect
+    carry a signed action token; by default one is built from
+    ``$LEASEQ_ACTION_KEYS`` when that is set. Other options go to the backend
+    (e.g. ``max_size`` of the PostgreSQL pool)."""
+    settings = {name: options.pop(name) for name in ("max_same_error", "signer", "action_token_ttl")
+                if name in options}
+    if "signer" not in settings and os.environ.get(ACTION_KEYS_ENV):
+        settings["signer"] = ActionSigner.from_env()
+    return Queue(open_store(dsn, **options), **settings)

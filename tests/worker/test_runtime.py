@@ -289,3 +289,28 @@ def test_enqueue_async(app: leaseq.App) -> None:
     task = asyncio.run(hello.enqueue_async(name="world"))
     drain(app, concurrency=1)
     assert app.queue.get(task.id).result == "hello world"
+
+
+def test_effects_carry_a_signed_action_token_scoped_to_one_action(dsn: str) -> None:
+    from leaseq.fencing.errors import InvalidActionToken
+    from leaseq.fencing.tokens import ActionSigner
+
+    signer = ActionSigner({"k1": b"s" * 32}, "k1")
+    app = leaseq.App(dsn, signer=signer)
+    seen: list[tuple[str, int, str]] = []
+
+    @app.task("send", effect="idempotent")
+    def send(ctx) -> None:
+        with ctx.effect("email.send") as fx:
+            seen.append((fx.token, fx.fencing_token, fx.idempotency_key))
+
+    task = send.enqueue()
+    drain(app, concurrency=1)
+    app.queue.close()
+    [(token, generation, key)] = seen
+    claims = signer.verify(token, action="email.send", idempotency_key=key)
+    assert (claims.task_id, claims.generation) == (task.id, generation) == (task.id, 1)
+    with pytest.raises(InvalidActionToken):
+        signer.verify(token, action="payments.charge")  # scoped to one action
+    with pytest.raises(InvalidActionToken):
+        ActionSigner({"k1": b"t" * 32}, "k1").verify(token)  # not from this queue's key
