@@ -1,0 +1,47 @@
+"""Fixtures for the fencing kit: a migrated FencedStore on each backend."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import pytest
+
+from leaseq.fencing import FencedStore
+
+
+@pytest.fixture(params=["sqlite", "postgres"])
+def fence_dsn(request: pytest.FixtureRequest, tmp_path) -> str:
+    """A DSN for an empty database: a SQLite file, or a fresh PostgreSQL schema."""
+    if request.param == "sqlite":
+        return f"sqlite:///{tmp_path / 'fence.db'}"
+    return request.getfixturevalue("pg_schema_dsn")
+
+
+@pytest.fixture
+def store(fence_dsn: str) -> Iterator[FencedStore]:
+    """A migrated store with a ``ledger`` table standing in for the service's own data."""
+    fenced = FencedStore(fence_dsn)
+    fenced.migrate()
+    with fenced.transaction() as conn:
+        conn.execute("CREATE TABLE ledger (account TEXT NOT NULL, amount INTEGER NOT NULL, note TEXT)")
+    try:
+        yield fenced
+    finally:
+        fenced.close()
+
+
+def marker(store: FencedStore) -> str:
+    """The parameter placeholder of the store's driver."""
+    return "%s" if store.dialect == "postgres" else "?"
+
+
+def add_entry(conn, store: FencedStore, account: str, amount: int, note: str = "") -> None:
+    """Insert a ledger row through ``conn`` (the fence's connection)."""
+    p = marker(store)
+    conn.execute(f"INSERT INTO ledger (account, amount, note) VALUES ({p}, {p}, {p})", (account, amount, note))
+
+
+def ledger(store: FencedStore) -> list[tuple]:
+    """Every ledger row, in insertion order."""
+    with store.transaction() as conn:
+        return [tuple(r) for r in conn.execute("SELECT account, amount, note FROM ledger").fetchall()]
