@@ -1,0 +1,55 @@
+"""migrate(): idempotent, records the schema version, safe to run concurrently."""
+
+from __future__ import annotations
+
+import threading
+
+import leaseq
+from leaseq.store.base import load_migrations
+
+
+def _latest(dialect: str) -> list[int]:
+    return [m.version for m in load_migrations(dialect)]
+
+
+def test_migrate_is_idempotent_and_records_the_version(dsn: str) -> None:
+    with leaseq.connect(dsn) as q:
+        assert q.schema_version() == 0
+        applied = q.migrate()
+        assert applied == _latest(q.dialect) and applied[0] == 1
+        assert q.schema_version() == max(applied)
+        t = q.enqueue("job", {"keep": True})
+        assert q.migrate() == []
+        assert q.schema_version() == max(applied)
+        assert q.get(t.id).payload == {"keep": True}  # migrating again keeps the data
+
+
+def test_concurrent_migrations_on_a_fresh_database_both_succeed(dsn: str) -> None:
+    queues = [leaseq.connect(dsn) for _ in range(2)]
+    start = threading.Barrier(len(queues))
+    applied: list[list[int]] = []
+    errors: list[BaseException] = []
+
+    def run(q: leaseq.Queue) -> None:
+        try:
+            start.wait(timeout=10)
+            applied.append(q.migrate())
+        except BaseException as exc:  # reported below
+            errors.append(exc)
+
+    threads = [threading.Thread(target=run, args=(q,)) for q in queues]
+    for th in threads:
+        th.start()
+    for th in threads:
+        th.join(timeout=60)
+    try:
+        assert errors == []
+        # exactly one of them did the work; the other found it done
+        assert sorted(applied, key=len) == [[], _latest(queues[0].dialect)]
+        assert queues[0].schema_version() == queues[1].schema_version() == max(_latest(queues[0].dialect))
+        w = queues[1].register_worker("a")
+        queues[0].enqueue("job")
+        assert len(queues[1].claim(w)) == 1
+    finally:
+        for q in queues:
+            q.close()
