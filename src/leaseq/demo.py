@@ -213,6 +213,7 @@ def run_demo(dsn: str | None = None, *, keep: bool = False, console: Console | N
     console.print()
     console.print(Text(f"Done in {time.monotonic() - started:.1f} s.", style="bold"))
     if folder is not None and keep:
-        console.print(Text(f"The database was kept: {folder / 'demo.db'}"))
-        console.print(Text(f"Look around: leaseq --dsn {dsn} show 1"))
+        # Paths are printed unwrapped, so they can be copied.
+        console.print(Text("The database was kept. Look around:"))
+        console.print(Text(f"  leaseq --dsn {dsn} show 1"), soft_wrap=True)
     return 0

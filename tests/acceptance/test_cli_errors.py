@@ -1,0 +1,109 @@
+"""Bad input on the real CLI: one clear ``error:`` line, a non-zero exit, no traceback, nothing changed."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+import leaseq
+from leaseq.core.policy import MAX_PAYLOAD_BYTES
+
+from .cli_support import assert_one_error_line, snapshot
+
+UNREACHABLE = "postgresql://postgres@127.0.0.1:1/x"
+
+# (arguments after --dsn, the field the error must name, words the message must contain)
+# "{task}" is a queued task; "{big}" a file holding a payload over the size limit.
+BAD_INPUT = [
+    (["ls", "--status", "bogus"], "status", ["must be one of", "'bogus'"]),
+    (["enqueue", "x", "--effect", "bogus"], "effect", ["read_only", "'bogus'"]),
+    (["enqueue", "x", "--payload", "{bad"], "payload", ["not valid JSON"]),
+    (["enqueue", "x", "--payload", "@{big}"], "payload", [f"{MAX_PAYLOAD_BYTES} byte limit"]),
+    (["enqueue", ""], "kind", ["non-empty"]),
+    (["enqueue", "x", "--delay", "-1"], "delay", ["at least 0"]),
+    (["enqueue", "x", "--queue", "no spaces"], "queue", ["'no spaces'"]),
+    (["show", "999999"], "task", ["999999 does not exist"]),
+    (["show", "abc"], "task_id", ["positive integer"]),
+    (["cancel", "999999", "--reason", "r"], "task", ["does not exist"]),
+    (["reconcile", "{task}", "--outcome", "completed", "--note", "n"], "status", ["queued, not needs_reconciliation"]),
+    (["reconcile", "{task}", "--outcome", "maybe", "--note", "n"], "outcome", ["completed, requeue, cancel"]),
+    (["reconcile", "{task}", "--outcome", "completed", "--note", "n", "--result", "{"], "result", ["not valid JSON"]),
+    (["unblock", "{task}", "--note", "n"], "status", ["not blocked"]),
+    (["requeue", "{task}"], "status", ["not dead"]),
+    (["cancel", "{task}", "--reason", " "], "reason", ["non-empty"]),
+    (["pause", "bad queue"], "queue", ["'bad queue'"]),
+]
+
+
+@pytest.fixture
+def seeded(dsn):
+    """A migrated database with a worker, a running task and a queued task; yields the queued task's id."""
+    with leaseq.connect(dsn) as q:
+        q.migrate()
+        w = q.register_worker("worker-e")
+        q.enqueue("running-one", {"n": 1})
+        q.claim(w)
+        yield q.enqueue("queued-one", {"n": 2}, effect="idempotent").id
+
+
+@pytest.mark.parametrize("args, field, words", BAD_INPUT, ids=[" ".join(c[0])[:40] for c in BAD_INPUT])
+def test_bad_input_is_refused_and_changes_nothing(dsn, seeded, run_cli, tmp_path, args, field, words):
+    big = tmp_path / "big.json"
+    if "@{big}" in args:
+        big.write_text(json.dumps({"blob": "x" * MAX_PAYLOAD_BYTES}))
+    args = [a.replace("{task}", str(seeded)).replace("{big}", str(big)) for a in args]
+    before = snapshot(dsn)
+    line = assert_one_error_line(run_cli("--dsn", dsn, *args), field)
+    for word in words:
+        assert word in line, line
+    assert snapshot(dsn) == before
+
+
+def test_oversized_payload_on_stdin(dsn, seeded, run_cli):
+    before = snapshot(dsn)
+    proc = run_cli("--dsn", dsn, "enqueue", "x", "--payload", "-",
+                   input=json.dumps({"blob": "y" * (MAX_PAYLOAD_BYTES + 1)}))
+    assert "byte limit" in assert_one_error_line(proc, "payload")
+    assert snapshot(dsn) == before
+
+
+@pytest.mark.parametrize("dsn_text, command, words", [
+    ("nonsense://x", ["ls"], ["unsupported scheme 'nonsense'"]),
+    ("postgresql://a b", ["migrate"], ["cannot parse"]),
+    ("sqlite://", ["enqueue", "x"], ["no file path"]),
+    ("", ["stats"], ["non-empty"]),
+])
+def test_unparsable_dsn(run_cli, dsn_text, command, words):
+    line = assert_one_error_line(run_cli("--dsn", dsn_text, *command), "dsn")
+    for word in words:
+        assert word in line, line
+    assert list(run_cli.cwd.iterdir()) == [], "nothing may be created"
+
+
+@pytest.mark.parametrize("command", [["ls"], ["migrate"], ["demo"]])
+def test_unreachable_database_exits_1(run_cli, command):
+    line = assert_one_error_line(run_cli("--dsn", UNREACHABLE, *command), "database", exit_code=1)
+    assert "cannot connect to PostgreSQL" in line and "port 1" in line
+
+
+def test_sqlite_file_that_cannot_be_opened(run_cli, tmp_path):
+    line = assert_one_error_line(run_cli("--dsn", f"sqlite:///{tmp_path}/no/such/dir/q.db", "migrate"),
+                                 "database", exit_code=1)
+    assert "cannot open SQLite database" in line
+
+
+def test_missing_sqlite_file_is_not_created(run_cli, tmp_path):
+    target = tmp_path / "typo.db"
+    for command in (["ls"], ["enqueue", "x"], ["show", "1"], ["cancel", "1", "--reason", "r"]):
+        line = assert_one_error_line(run_cli("--dsn", f"sqlite:///{target}", *command), "dsn")
+        assert "leaseq migrate" in line
+    assert not target.exists()
+
+
+def test_usage_errors_stay_click_usage_errors(run_cli):
+    proc = run_cli("enqueue", "x", "--priority", "high")
+    assert proc.returncode == 2 and "Usage:" in proc.stderr and "Traceback" not in proc.stderr
+    proc = run_cli("cancel", "1")
+    assert proc.returncode == 2 and "--reason" in proc.stderr
+    assert list(run_cli.cwd.iterdir()) == []
