@@ -189,3 +189,14 @@ def test_postgres_refuses_a_nul_in_the_outcome_clearly(store):
     with pytest.raises(leaseq.InvalidInput, match="NUL"):
         store.apply("acct", 1, lambda conn: "a\x00b", idempotency_key="k")
     assert store.apply("acct", 1, lambda conn: "\\u0000 as text", idempotency_key="k") == "\\u0000 as text"
+
+
+def test_both_dialect_files_define_the_same_queries_with_the_same_parameters():
+    import re
+
+    from leaseq.fencing.backends import load_fence_queries
+
+    pg, lite = load_fence_queries("postgres"), load_fence_queries("sqlite")
+    assert pg.keys() == lite.keys()
+    for name in pg:
+        assert set(re.findall(r"%\((\w+)\)s", pg[name])) == set(re.findall(r"(?<!:):(\w+)", lite[name])), name

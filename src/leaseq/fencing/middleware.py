@@ -37,6 +37,11 @@ requests for one resource run one at a time. ``scope["leaseq.fence"]``
   (a crash, a lost database connection), the write happened with no record
   of it, and a retry with the same key runs the handler again.
 
+Write atomic-mode handlers as plain ``def`` endpoints (the framework runs
+them in a thread): the connection is a blocking driver connection, and an
+``async def`` handler using it would stall the event loop on every
+statement, including while it waits for a row lock another request holds.
+
 Only a response with status below 400 is recorded and commits the fence;
 4xx/5xx responses and exceptions roll it back (no token accepted, nothing
 stored) and the response is passed on, so a retry can still succeed.

@@ -1,0 +1,243 @@
+"""FencingMiddleware behind a real uvicorn server on 127.0.0.1, with httpx as the client."""
+
+from __future__ import annotations
+
+import itertools
+import socket
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+import httpx
+import pytest
+import uvicorn
+from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse
+from starlette.applications import Starlette
+from starlette.routing import Route
+
+from leaseq.fencing import ActionSigner, FencedStore, FencingMiddleware, fence_grant
+
+from .conftest import add_entry, ledger, marker
+
+NOW_SECRET = bytes(range(32))
+
+
+@contextmanager
+def serve(app) -> Iterator[httpx.Client]:
+    """Run ``app`` under uvicorn on a free port of 127.0.0.1; yield a client for it."""
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    sock.bind(("127.0.0.1", 0))
+    sock.listen(128)  # listening before the server starts: requests queue, no wait needed
+    server = uvicorn.Server(uvicorn.Config(app, log_level="critical", lifespan="off"))
+    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
+    thread.start()
+    try:
+        with httpx.Client(base_url=f"http://127.0.0.1:{sock.getsockname()[1]}", timeout=20) as client:
+            yield client
+    finally:
+        server.should_exit = True
+        thread.join(timeout=10)
+        sock.close()
+
+
+def account_of(scope) -> str | None:
+    parts = scope["path"].strip("/").split("/")
+    return f"account:{parts[1]}" if len(parts) >= 2 and parts[0] == "accounts" else None
+
+
+def bank_app(store: FencedStore, **options) -> tuple[FastAPI, itertools.count]:
+    """A FastAPI service whose handlers write through the fence's connection (atomic mode)."""
+    app = FastAPI()
+    calls = itertools.count(1)
+    p = marker(store)
+
+    def balance(conn, name: str) -> int:
+        return conn.execute(f"SELECT coalesce(sum(amount), 0) FROM ledger WHERE account = {p}", (name,)).fetchone()[0]
+
+    @app.post("/accounts/{name}/deposit")
+    def deposit(name: str, amount: int, request: Request):
+        grant = fence_grant(request)
+        if grant is None:  # an unfenced request: the service's own transaction
+            with store.transaction() as conn:
+                add_entry(conn, store, name, amount, "unfenced")
+                return {"account": name, "balance": balance(conn, name), "call": next(calls)}
+        add_entry(grant.connection, store, name, amount, str(grant.fencing_token))
+        return {"account": name, "balance": balance(grant.connection, name), "call": next(calls)}
+
+    @app.post("/accounts/{name}/reject")
+    def reject(name: str, request: Request):
+        add_entry(fence_grant(request).connection, store, name, 1000)
+        return JSONResponse({"detail": "insufficient funds"}, status_code=400)
+
+    @app.post("/accounts/{name}/boom")
+    def boom(name: str, request: Request):
+        add_entry(fence_grant(request).connection, store, name, 1000)
+        raise RuntimeError("handler failed")
+
+    @app.get("/accounts/{name}")
+    def show(name: str, request: Request):
+        assert fence_grant(request) is None
+        with store.transaction() as conn:
+            return {"balance": balance(conn, name)}
+
+    @app.post("/plain")
+    def plain(request: Request):
+        return {"fenced": fence_grant(request) is not None}
+
+    app.add_middleware(FencingMiddleware, store=store, resource=account_of, **options)
+    return app, calls
+
+
+@pytest.fixture
+def bank(store) -> Iterator[httpx.Client]:
+    app, _ = bank_app(store)
+    with serve(app) as client:
+        yield client
+
+
+def post(client, path: str, token=None, key=None, **headers):
+    if token is not None:
+        headers["Leaseq-Fencing-Token"] = str(token)
+    if key is not None:
+        headers["Idempotency-Key"] = key
+    return client.post(path, headers=headers)
+
+
+def test_a_fresh_request_runs_and_a_repeated_key_is_replayed(bank, store):
+    first = post(bank, "/accounts/alice/deposit?amount=10", token=3, key="dep-1")
+    assert first.status_code == 200 and first.json() == {"account": "alice", "balance": 10, "call": 1}
+    assert "idempotent-replayed" not in first.headers
+    again = post(bank, "/accounts/alice/deposit?amount=10", token=3, key="dep-1")
+    assert again.status_code == 200 and again.content == first.content
+    assert again.headers["idempotent-replayed"] == "true"
+    assert again.headers["content-type"] == "application/json"
+    assert ledger(store) == [("alice", 10, "3")]
+    assert store.newest_token("account:alice") == 3
+
+
+def test_a_stale_token_gets_409_and_changes_nothing(bank, store):
+    assert post(bank, "/accounts/alice/deposit?amount=5", token=5).status_code == 200
+    stale = post(bank, "/accounts/alice/deposit?amount=7", token=4, key="late")
+    assert stale.status_code == 409
+    error = stale.json()["error"]
+    assert error["code"] == "stale_token"
+    assert "account:alice" in error["message"] and "4" in error["message"] and "5" in error["message"]
+    assert ledger(store) == [("alice", 5, "5")]
+    assert store.outcome("late") is None
+    assert post(bank, "/accounts/alice/deposit?amount=7", token=6).json()["call"] == 2
+
+
+@pytest.mark.parametrize("header, value", [
+    ("Leaseq-Fencing-Token", "abc"), ("Leaseq-Fencing-Token", "-1"), ("Leaseq-Fencing-Token", "1.5"),
+    ("Leaseq-Fencing-Token", ""), ("Leaseq-Fencing-Token", "99999999999999999999"),
+    ("Leaseq-Fencing-Token", "9223372036854775808"), ("Idempotency-Key", "x" * 256),
+    ("Idempotency-Key", "has space"),
+])
+def test_malformed_headers_get_400(bank, store, header, value):
+    response = bank.post("/accounts/alice/deposit?amount=1", headers={header: value})
+    assert response.status_code == 400
+    assert response.json()["error"]["code"] == "invalid" and header in response.json()["error"]["message"]
+    assert ledger(store) == []
+
+
+def test_error_responses_and_exceptions_roll_the_fence_back(bank, store):
+    rejected = post(bank, "/accounts/alice/reject", token=9, key="k")
+    assert rejected.status_code == 400 and rejected.json() == {"detail": "insufficient funds"}
+    boom = post(bank, "/accounts/alice/boom", token=9, key="k")
+    assert boom.status_code == 500
+    assert ledger(store) == [] and store.newest_token("account:alice") is None and store.outcome("k") is None
+    # Nothing was recorded, so the key is still free for a successful retry.
+    ok = post(bank, "/accounts/alice/deposit?amount=1", token=1, key="k")
+    assert ok.status_code == 200 and ok.json()["call"] == 1
+
+
+def test_unguarded_requests_pass_through(bank, store):
+    post(bank, "/accounts/alice/deposit?amount=3", token=8)
+    assert bank.get("/accounts/alice", headers={"Leaseq-Fencing-Token": "1"}).json() == {"balance": 3}
+    assert bank.post("/plain", headers={"Leaseq-Fencing-Token": "1"}).json() == {"fenced": False}
+    assert bank.post("/accounts/alice/deposit?amount=2").json()["call"] == 2   # no headers: unfenced
+    assert store.newest_token("account:alice") == 8
+
+
+def test_a_key_reused_for_another_resource_gets_422(bank):
+    assert post(bank, "/accounts/alice/deposit?amount=1", token=1, key="k").status_code == 200
+    reused = post(bank, "/accounts/bob/deposit?amount=1", token=1, key="k")
+    assert reused.status_code == 422 and reused.json()["error"]["code"] == "idempotency_key_reused"
+
+
+def test_concurrent_requests_with_one_key_run_the_handler_once(bank, store):
+    barrier = threading.Barrier(8)
+    responses = []
+
+    def send():
+        barrier.wait()
+        responses.append(post(bank, "/accounts/carol/deposit?amount=4", token=2, key='"same"'))
+
+    threads = [threading.Thread(target=send) for _ in range(8)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert [r.status_code for r in responses] == [200] * 8
+    assert len({r.content for r in responses}) == 1
+    assert sum("idempotent-replayed" not in r.headers for r in responses) == 1
+    assert ledger(store) == [("carol", 4, "2")]
+    assert store.outcome("same") is not None       # the quoted header form names key `same`
+
+
+def test_require_token_refuses_unfenced_writes(store):
+    app, _ = bank_app(store, require_token=True)
+    with serve(app) as client:
+        missing = post(client, "/accounts/alice/deposit?amount=1", key="k")
+        assert missing.status_code == 428 and missing.json()["error"]["code"] == "token_required"
+        assert client.post("/plain").status_code == 200             # not a fenced resource
+        assert ledger(store) == []
+
+
+# Signed action tokens, on a plain Starlette app wrapped directly by the middleware.
+
+def signed_app(store: FencedStore, signer: ActionSigner):
+    async def deposit(request):
+        grant = fence_grant(request)
+        add_entry(grant.connection, store, "dave", 1, str(grant.fencing_token))
+        return JSONResponse({"task": grant.claims.task_id, "token": grant.fencing_token,
+                             "key": grant.idempotency_key})
+
+    inner = Starlette(routes=[Route("/accounts/dave/deposit", deposit, methods=["POST"])])
+    return FencingMiddleware(inner, store=store, resource=account_of, signer=signer,
+                             action=lambda scope: "deposit")
+
+
+def test_signed_action_tokens_are_required_and_scope_the_request(store):
+    signer = ActionSigner({"k1": NOW_SECRET}, "k1")
+    good = signer.issue(task_id=7, generation=4, action="deposit", idempotency_key="dep-7", ttl_seconds=60)
+    path = "/accounts/dave/deposit"
+    with serve(signed_app(store, signer)) as client:
+        def reason(response):
+            assert response.status_code == 403, response.text
+            assert response.json()["error"]["code"] == "forbidden"
+            return response.json()["error"]["reason"]
+
+        assert reason(client.post(path)) == "missing"
+        assert reason(client.post(path, headers={"Leaseq-Action-Token": good[:-2] + "AA"})) == "forged"
+        expired = signer.issue(7, 4, "deposit", "dep-7", 60, now=1_000_000)
+        assert reason(client.post(path, headers={"Leaseq-Action-Token": expired})) == "expired"
+        other = signer.issue(7, 4, "withdraw", "dep-7", 60)
+        assert reason(client.post(path, headers={"Leaseq-Action-Token": other})) == "wrong_action"
+        # A caller cannot raise its own fencing token past the signed generation.
+        assert reason(client.post(path, headers={"Leaseq-Action-Token": good,
+                                                 "Leaseq-Fencing-Token": "99"})) == "wrong_generation"
+        assert reason(client.post(path, headers={"Leaseq-Action-Token": good,
+                                                 "Idempotency-Key": "other"})) == "wrong_idempotency_key"
+        assert ledger(store) == []
+
+        ok = client.post(path, headers={"Leaseq-Action-Token": good})
+        assert ok.status_code == 200 and ok.json() == {"task": 7, "token": 4, "key": "dep-7"}
+        replay = client.post(path, headers={"Leaseq-Action-Token": good})
+        assert replay.headers["idempotent-replayed"] == "true" and replay.content == ok.content
+        newer = signer.issue(7, 5, "deposit", "dep-7b", 60)
+        assert client.post(path, headers={"Leaseq-Action-Token": newer}).status_code == 200
+        stale = client.post(path, headers={"Leaseq-Action-Token": signer.issue(7, 4, "deposit", "dep-7c", 60)})
+        assert stale.status_code == 409 and stale.json()["error"]["code"] == "stale_token"
+        assert ledger(store) == [("dave", 1, "4"), ("dave", 1, "5")]
