@@ -135,8 +135,10 @@ SET lease_expires_at = (julianday('now') - 2440587.5) * 86400.0
         (julianday('now') - 2440587.5) * 86400.0 - coalesce(t.last_heartbeat_at, t.claimed_at)),
     last_heartbeat_at = (julianday('now') - 2440587.5) * 86400.0,
     updated_at = (julianday('now') - 2440587.5) * 86400.0
-WHERE (t.id, t.claim_generation) IN (
-        SELECT i.value, g.value FROM json_each(:task_ids) AS i JOIN json_each(:generations) AS g ON g.key = i.key)
+FROM (SELECT i.value AS task_id, g.value AS generation
+      FROM json_each(:task_ids) AS i JOIN json_each(:generations) AS g ON g.key = i.key) AS c
+WHERE t.id = c.task_id
+  AND t.claim_generation = c.generation
   AND t.status = 'running'
   AND t.lease_owner = :worker_id
   AND t.lease_expires_at >= (julianday('now') - 2440587.5) * 86400.0
