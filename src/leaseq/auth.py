@@ -1,0 +1,232 @@
+"""API tokens for the queue service: create, verify, list, revoke, expire.
+
+A token looks like ``lq_<id>_<secret>``: ``id`` (12 hex digits) is public and
+names the token in listings and logs; ``secret`` (64 hex digits) is random.
+Only the SHA-256 of the whole token is stored, and verification compares
+hashes in constant time, so neither the database nor response timing gives
+a token away. Expiry is judged by the database clock, like leases.
+
+Roles, each a fixed set of rights (``RIGHTS``):
+
+* ``worker``: register workers and hold their leases; enqueue and read tasks
+  in its queues (optionally limited to named queues);
+* ``viewer``: read tasks, events and stats; payloads, results and errors
+  are redacted unless the token has ``read_payloads``;
+* ``operator``: a viewer that can also cancel, reconcile, unblock, requeue,
+  pause and resume, and enqueue;
+* ``admin``: an operator that can also manage tokens and retention.
+
+Workers remember the token that registered them: revoking a token revokes
+its workers in the same transaction, so their leases stop renewing at once.
+Every token change is written to the audit log with the actor's identity.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import re
+import secrets
+from dataclasses import dataclass
+from datetime import datetime, timezone
+from typing import TYPE_CHECKING, Any
+
+from .core import policy
+from .core.errors import InvalidInput, LeaseqError, NotFound, UnknownWorker
+
+if TYPE_CHECKING:  # pragma: no cover
+    from .queue import Queue
+
+ROLES = ("worker", "viewer", "operator", "admin")
+#: What each role may do. ``work``: the worker API; ``read``: tasks, events,
+#: stats; ``operate``: operator actions; ``admin``: tokens and retention.
+RIGHTS: dict[str, frozenset[str]] = {
+    "worker": frozenset({"work", "enqueue"}),
+    "viewer": frozenset({"read"}),
+    "operator": frozenset({"read", "operate", "enqueue"}),
+    "admin": frozenset({"read", "operate", "enqueue", "admin"}),
+}
+#: Whether a role sees payloads, results and errors unless told otherwise.
+DEFAULT_READ_PAYLOADS = {"worker": True, "viewer": False, "operator": True, "admin": True}
+
+_TOKEN = re.compile(r"^lq_([0-9a-f]{12})_([0-9a-f]{64})$")
+# Compared against when the token id is unknown, so that case costs the same.
+_DUMMY_HASH = hashlib.sha256(b"leaseq: no such token").hexdigest()
+
+
+class AccessDenied(LeaseqError):
+    """The credential is valid but its role or scope does not allow the request."""
+
+    code = "forbidden"
+
+
+class Unauthorized(AccessDenied, UnknownWorker):
+    """No valid credential: missing, malformed, unknown, forged, expired or revoked.
+
+    It is also an :class:`UnknownWorker`: for a worker, a refused credential
+    means the same as being revoked.
+    """
+
+    code = "unauthorized"
+
+
+class RateLimited(LeaseqError):
+    """Too many requests for this token (or, for failed logins, this address)."""
+
+    code = "rate_limited"
+
+    def __init__(self, message: str, retry_after: float = 1.0):
+        super().__init__(message)
+        self.retry_after = retry_after
+
+
+@dataclass(frozen=True)
+class Principal:
+    """Who is calling: the verified token's identity, role and scope."""
+
+    token_id: str
+    name: str
+    role: str
+    queues: frozenset[str] | None
+    read_payloads: bool
+    expires_at: datetime | None = None
+
+    @property
+    def actor(self) -> str:
+        """The identity written into events and the audit log."""
+        return f"{self.name} ({self.role} token {self.token_id})"
+
+    def can(self, right: str) -> bool:
+        """True if the role has ``right`` (see :data:`RIGHTS`)."""
+        return right in RIGHTS.get(self.role, frozenset())
+
+    def may_use_queue(self, queue: str) -> bool:
+        """True unless the token is limited to queues that exclude ``queue``."""
+        return self.queues is None or queue in self.queues
+
+
+def hash_token(token: str) -> str:
+    """The stored form of a token: SHA-256 of the whole token, hex."""
+    return hashlib.sha256(token.encode()).hexdigest()
+
+
+def _principal(row: dict[str, Any]) -> Principal:
+    queues = row.get("queues")
+    return Principal(token_id=row["id"], name=row["name"], role=row["role"],
+                     queues=frozenset(queues.split(",")) if queues else None,
+                     read_payloads=bool(row["read_payloads"]), expires_at=row.get("expires_at"))
+
+
+def _public(row: dict[str, Any]) -> dict[str, Any]:
+    out = {k: v for k, v in row.items() if k != "secret_hash"}
+    out["queues"] = sorted(row["queues"].split(",")) if row.get("queues") else None
+    out["read_payloads"] = bool(row["read_payloads"])
+    out["expired"] = bool(row.get("expired"))
+    return out
+
+
+def create_token(q: Queue, *, name: str, role: str, queues: list[str] | None = None,
+                 read_payloads: bool | None = None, expires_in: float | None = None,
+                 created_by: str | None = None) -> tuple[str, dict[str, Any]]:
+    """Create a token. Returns ``(token, record)``: show the token once, it cannot be read back.
+
+    ``queues`` limits a worker token to those queues; ``read_payloads``
+    overrides the role's default (:data:`DEFAULT_READ_PAYLOADS`);
+    ``expires_in`` is a lifetime in seconds (None: no expiry).
+    """
+    policy.check_name("name", name)
+    if role not in ROLES:
+        raise InvalidInput("role", f"must be one of {', '.join(ROLES)} (got {role!r})")
+    if queues is not None:
+        if role != "worker":
+            raise InvalidInput("queues", "only worker tokens can be limited to queues")
+        if isinstance(queues, str) or not queues:
+            raise InvalidInput("queues", "must be a non-empty list of queue names")
+        queues = sorted({policy.check_name("queues", name_) for name_ in queues})
+    if read_payloads is not None and not isinstance(read_payloads, bool):
+        raise InvalidInput("read_payloads", "must be true or false")
+    if expires_in is not None:
+        expires_in = policy.check_seconds("expires_in", expires_in, allow_zero=False,
+                                          maximum=10 * 365 * 86400.0)
+    if created_by is not None:
+        policy.check_text("created_by", created_by)
+    token_id = secrets.token_hex(6)
+    token = f"lq_{token_id}_{secrets.token_hex(32)}"
+    grant = DEFAULT_READ_PAYLOADS[role] if read_payloads is None else read_payloads
+    with q.store.transaction() as tx:
+        row = tx.row("token_insert", token_id=token_id, name=name, role=role, secret_hash=hash_token(token),
+                     queues=",".join(queues) if queues else None, read_payloads=grant,
+                     expires_in=expires_in, created_by=created_by)
+        tx.rows("audit_insert", actor=created_by or "unknown", action="token_created", target=token_id,
+                detail={"name": name, "role": role, "queues": queues, "read_payloads": grant,
+                        "expires_in": expires_in})
+    return token, _public(row)
+
+
+def verify_token(q: Queue, token: str | None) -> Principal:
+    """The principal a token stands for; raises :class:`Unauthorized` otherwise."""
+    if not token:
+        raise Unauthorized("missing credential: send 'Authorization: Bearer <token>'")
+    m = _TOKEN.match(token) if isinstance(token, str) and len(token) < 200 else None
+    if m is None:
+        raise Unauthorized("malformed token: expected lq_<id>_<secret>")
+    presented = hash_token(token)
+    with q.store.transaction() as tx:
+        row = tx.row("token_get", token_id=m.group(1))
+        stored = row["secret_hash"] if row is not None else _DUMMY_HASH
+        if not hmac.compare_digest(presented, stored) or row is None:
+            raise Unauthorized("invalid token")
+        if row["revoked_at"] is not None:
+            raise Unauthorized(f"token {row['id']} was revoked")
+        if row["expired"]:
+            raise Unauthorized(f"token {row['id']} has expired")
+        tx.rows("token_touch", token_id=row["id"])
+    return _principal(row)
+
+
+def list_tokens(q: Queue) -> list[dict[str, Any]]:
+    """Every token's record (never its secret or hash), oldest first, with its worker count."""
+    with q.store.transaction() as tx:
+        return [_public(r) for r in tx.rows("token_list")]
+
+
+def revoke_token(q: Queue, token_id: str, *, by: str) -> list[str]:
+    """Revoke a token and every worker it registered. Returns the worker ids revoked.
+
+    Revoking an already revoked token changes nothing and is not an error.
+    """
+    if not isinstance(token_id, str) or not re.fullmatch(r"[0-9a-f]{12}", token_id):
+        raise InvalidInput("token_id", f"must be the 12 hex digits of a token id (got {token_id!r})")
+    policy.check_text("by", by, required=True)
+    with q.store.transaction() as tx:
+        if tx.row("token_get", token_id=token_id) is None:
+            raise NotFound(f"token {token_id} does not exist")
+        tx.rows("token_revoke", token_id=token_id, actor=by)
+        workers = [r["id"] for r in tx.rows("token_revoke_workers", token_id=token_id)]
+        tx.rows("audit_insert", actor=by, action="token_revoked", target=token_id,
+                detail={"revoked_workers": workers})
+    return workers
+
+
+def worker_token(q: Queue, worker_id: str) -> str | None:
+    """The id of the token that registered ``worker_id`` (None if none did or no such worker)."""
+    with q.store.transaction() as tx:
+        row = tx.row("worker_token", worker_id=worker_id)
+    return row["token_id"] if row is not None else None
+
+
+def record_action(q: Queue, actor: str, action: str, target: str | None = None, **detail: Any) -> None:
+    """Write one entry to the audit log."""
+    with q.store.transaction() as tx:
+        tx.rows("audit_insert", actor=actor, action=action, target=target, detail=detail)
+
+
+def audit_log(q: Queue, limit: int = 100) -> list[dict[str, Any]]:
+    """The newest audit entries first."""
+    policy.check_int("limit", limit, minimum=1, maximum=10_000)
+    with q.store.transaction() as tx:
+        rows = tx.rows("audit_list", limit=limit)
+    for r in rows:  # SQLite hands back a column named plainly "at" as epoch seconds
+        if isinstance(r["at"], (int, float)):
+            r["at"] = datetime.fromtimestamp(r["at"], tz=timezone.utc)
+    return rows

@@ -1,0 +1,230 @@
+"""RemoteQueue: the worker transport over HTTP.
+
+It offers the calls the worker runtime makes on a :class:`leaseq.Queue`, with
+the same signatures, return types and exceptions, against a ``leaseq serve``
+service instead of a database::
+
+    q = RemoteQueue("http://127.0.0.1:8765", token)
+    w = q.register_worker("agent")
+    for claim in q.claim(w, queue="default", limit=4):
+        q.complete(w, claim, result={"ok": True})
+
+Every request carries the bearer token; the service derives the worker's
+identity from it, and the lease guard in the database decides every
+guarded call, so this module holds no lease rules. Errors come back as the
+library's exceptions: :class:`LeaseLost` (409 ``lease_lost``),
+:class:`QueuePaused`, :class:`UnknownWorker`, :class:`InvalidInput`,
+:class:`NotFound`, :class:`InvalidTransition`; a network failure or a 5xx is
+:class:`BackendUnavailable`; a refused credential is
+:class:`leaseq.auth.Unauthorized` (also an :class:`UnknownWorker`), a refused
+role :class:`leaseq.auth.AccessDenied`. A 429 is retried after the service's
+``Retry-After`` (a few times, briefly) before :class:`leaseq.auth.RateLimited`.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from datetime import datetime
+from typing import Any
+from urllib.parse import quote
+
+import httpx
+
+from . import __version__
+from .auth import AccessDenied, RateLimited, Unauthorized
+from .core.errors import (BackendUnavailable, ConfigError, InvalidInput, InvalidTransition, LeaseLost, LeaseqError,
+                          NotFound, QueuePaused, StaleToken, UnknownWorker)
+from .core.model import Claim, Effect, Task, Worker
+from .service.wire import claim_from, effect_from, event_from, parse_time, task_from, worker_from
+
+_SIMPLE_ERRORS: dict[str, type[LeaseqError]] = {
+    "not_found": NotFound, "unknown_worker": UnknownWorker, "paused": QueuePaused,
+    "invalid_transition": InvalidTransition, "stale_token": StaleToken, "unauthorized": Unauthorized,
+    "forbidden": AccessDenied, "unavailable": BackendUnavailable,
+}
+
+
+def _wid(worker: Worker | str) -> str:
+    wid = worker.id if isinstance(worker, Worker) else worker
+    if not isinstance(wid, str) or not wid:
+        raise InvalidInput("worker", f"must be a Worker from register_worker() (got {worker!r})")
+    return wid
+
+
+class RemoteQueue:
+    """A queue reached through the leaseq service. Thread-safe; share one per process.
+
+    ``url`` is the service's base address; ``token`` a ``worker`` token (or an
+    operator token for :meth:`enqueue` and :meth:`get` only).
+    """
+
+    #: Not a database: the worker runtime polls instead of listening.
+    dialect = "http"
+
+    def __init__(self, url: str, token: str, *, timeout: float = 30.0, rate_limit_retries: int = 3):
+        if not isinstance(url, str) or not url.startswith(("http://", "https://")):
+            raise ConfigError(f"server: must be an http:// or https:// address (got {url!r})")
+        if not isinstance(token, str) or not token.strip():
+            raise ConfigError("token: must be a non-empty string")
+        self.url = url.rstrip("/")
+        self.rate_limit_retries = rate_limit_retries
+        self._client = httpx.Client(base_url=self.url, timeout=timeout,
+                                    headers={"Authorization": f"Bearer {token.strip()}",
+                                             "User-Agent": f"leaseq/{__version__}"})
+
+    @classmethod
+    def from_token_file(cls, url: str, path: str | os.PathLike[str], **options: Any) -> RemoteQueue:
+        """Read the token from a file (its first line), as ``leaseq worker --token-file`` does."""
+        try:
+            with open(path, encoding="utf-8") as fh:
+                token = fh.readline().strip()
+        except OSError as exc:
+            raise ConfigError(f"token-file: cannot read {str(path)!r}: {exc.strerror}") from None
+        if not token:
+            raise ConfigError(f"token-file: {str(path)!r} is empty")
+        return cls(url, token, **options)
+
+    # -- plumbing ---------------------------------------------------------------------------
+
+    def _call(self, method: str, path: str, body: Any = None, params: dict[str, Any] | None = None) -> Any:
+        for attempt in range(self.rate_limit_retries + 1):
+            try:
+                resp = self._client.request(method, path, json=body, params=params)
+            except httpx.TransportError as exc:
+                raise BackendUnavailable(f"leaseq service at {self.url}: {type(exc).__name__}: {exc}") from None
+            if resp.status_code == 429 and attempt < self.rate_limit_retries:
+                time.sleep(min(2.0, float(resp.headers.get("Retry-After", "1") or 1)))
+                continue
+            break
+        if resp.is_success:
+            return resp.json() if resp.content else None
+        raise self._error(resp)
+
+    def _error(self, resp: httpx.Response) -> LeaseqError:
+        try:
+            err = resp.json()["error"]
+            code, message = err["code"], err["message"]
+        except (ValueError, KeyError, TypeError):
+            err, code, message = {}, "", resp.text[:200]
+        if code == "lease_lost":
+            return LeaseLost(err.get("task_id", 0), err.get("generation", 0), err.get("reason", message))
+        if code in ("invalid", "too_large"):
+            return InvalidInput(err.get("field", "body"), err.get("problem", message))
+        if code == "rate_limited":
+            return RateLimited(message, float(err.get("retry_after", 1.0)))
+        if code in _SIMPLE_ERRORS:
+            return _SIMPLE_ERRORS[code](message)
+        if resp.status_code >= 500:
+            return BackendUnavailable(f"leaseq service at {self.url} answered {resp.status_code}: {message}")
+        return LeaseqError(f"leaseq service answered {resp.status_code}: {message}")
+
+    def _worker_path(self, worker: Worker | str, claim: Claim | None = None, *rest: str) -> tuple[str, str]:
+        wid = _wid(worker)
+        if claim is not None:
+            if not isinstance(claim, Claim):
+                raise InvalidInput("claim", f"must be a Claim returned by claim() (got {type(claim).__name__})")
+            if claim.worker_id != wid:
+                raise InvalidInput("claim", f"belongs to worker {claim.worker_id!r}, not {wid!r}")
+        path = f"/v1/workers/{quote(wid, safe='')}"
+        if claim is not None:
+            path += f"/tasks/{claim.task_id}"
+        return wid, "/".join([path, *rest])
+
+    # -- the worker transport --------------------------------------------------------------------
+
+    def register_worker(self, name: str = "worker") -> Worker:
+        """Register a worker under this client's token; the service issues the id."""
+        return worker_from(self._call("POST", "/v1/workers", {"name": name}))
+
+    def claim(self, worker: Worker | str, *, queue: str = "default", limit: int = 1,
+              lease_seconds: float | None = None) -> list[Claim]:
+        """Lease up to ``limit`` due tasks of ``queue``; see :meth:`leaseq.Queue.claim`."""
+        _, path = self._worker_path(worker, None, "claim")
+        data = self._call("POST", path, {"queue": queue, "limit": limit, "lease_seconds": lease_seconds})
+        return [claim_from(c) for c in data["claims"]]
+
+    def renew_leases(self, worker: Worker | str, claims: list[Claim]) -> dict[int, datetime]:
+        """Renew many leases in one request; a claim missing from the result was lost."""
+        _, path = self._worker_path(worker, None, "renew")
+        for c in claims:
+            self._worker_path(worker, c)
+        if not claims:
+            return {}
+        data = self._call("POST", path, {"leases": [{"task_id": c.task_id, "generation": c.generation}
+                                                    for c in claims]})
+        return {r["task_id"]: parse_time(r["expires_at"]) for r in data["renewed"]}  # type: ignore[misc]
+
+    def heartbeat(self, worker: Worker | str, claim: Claim) -> datetime:
+        """Renew one lease; returns the new deadline or raises :class:`LeaseLost`."""
+        renewed = self.renew_leases(worker, [claim])
+        if claim.task_id not in renewed:
+            raise LeaseLost(claim.task_id, claim.generation, "heartbeat refused: lease no longer held")
+        return renewed[claim.task_id]
+
+    def complete(self, worker: Worker | str, claim: Claim, result: Any = None) -> None:
+        """Finish the task with ``result``; raises :class:`LeaseLost` without authority."""
+        _, path = self._worker_path(worker, claim, "complete")
+        self._call("POST", path, {"generation": claim.generation, "result": result})
+
+    def fail(self, worker: Worker | str, claim: Claim, error: str, *, retry: bool = True, block: bool = False,
+             delay: float | None = None) -> Task:
+        """End the attempt with ``error``; see :meth:`leaseq.Queue.fail`."""
+        _, path = self._worker_path(worker, claim, "fail")
+        return task_from(self._call("POST", path, {"generation": claim.generation, "error": error, "retry": retry,
+                                                   "block": block, "delay": delay}))
+
+    def release(self, worker: Worker | str, claim: Claim, reason: str = "released") -> Task:
+        """Give a lease back early; the task goes through the recovery policy."""
+        _, path = self._worker_path(worker, claim, "release")
+        return task_from(self._call("POST", path, {"generation": claim.generation, "reason": reason}))
+
+    def begin_effect(self, worker: Worker | str, claim: Claim, action: str, key: str | None = None) -> Effect:
+        """Record a tool-call intent under the lease; see :meth:`leaseq.Queue.begin_effect`."""
+        _, path = self._worker_path(worker, claim, "effects")
+        return effect_from(self._call("POST", path, {"generation": claim.generation, "action": action, "key": key}))
+
+    def finish_effect(self, worker: Worker | str, claim: Claim, effect: Effect, response: Any = None) -> Effect:
+        """Record the response of a tool call whose intent :meth:`begin_effect` recorded."""
+        wid, _ = self._worker_path(worker, claim)
+        if not isinstance(effect, Effect):
+            raise InvalidInput("effect", "must be the Effect returned by begin_effect()")
+        if effect.task_id != claim.task_id:
+            raise InvalidInput("effect", f"belongs to task {effect.task_id}, not task {claim.task_id}")
+        if effect.replayed:
+            return effect
+        _, path = self._worker_path(wid, claim, "effects", str(effect.id), "response")
+        return effect_from(self._call("POST", path, {"generation": claim.generation, "response": response}))
+
+    def report_loss(self, worker: Worker | str, claim: Claim, reason: str) -> None:
+        """Add the worker's own account of losing a lease to the evidence trail."""
+        _, path = self._worker_path(worker, claim, "loss")
+        self._call("POST", path, {"generation": claim.generation, "reason": reason})
+
+    def enqueue(self, kind: str, payload: Any = None, **options: Any) -> Task:
+        """Add a task; options as for :meth:`leaseq.Queue.enqueue`."""
+        return task_from(self._call("POST", "/v1/tasks", {"kind": kind, "payload": payload, **options}))
+
+    def get(self, task_id: int) -> Task:
+        """One task; raises :class:`NotFound`."""
+        if isinstance(task_id, bool) or not isinstance(task_id, int) or task_id < 1:
+            raise InvalidInput("task_id", f"must be a positive integer (got {task_id!r})")
+        return task_from(self._call("GET", f"/v1/tasks/{task_id}"))
+
+    def events(self, task_id: int) -> list[Any]:
+        """The evidence trail of a task (needs a viewer token or better)."""
+        return [event_from(e) for e in self._call("GET", f"/v1/tasks/{int(task_id)}/events")["events"]]
+
+    def whoami(self) -> dict[str, Any]:
+        """The calling token's identity, role and rights."""
+        return self._call("GET", "/v1/whoami")
+
+    def close(self) -> None:
+        """Close the HTTP connections."""
+        self._client.close()
+
+    def __enter__(self) -> RemoteQueue:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()

@@ -1,0 +1,264 @@
+"""The application factory: routes, error mapping, body limit, metrics, retention.
+
+The service is stateless apart from the database (rate buckets and a cache
+of worker-to-token links are per process and safe to lose), so several
+replicas can serve one database behind a load balancer.
+
+Errors are JSON, ``{"error": {"code": ..., "message": ...}}``, with a stable
+code: ``lease_lost`` and ``stale_token`` (409), ``not_found`` (404),
+``invalid`` (422; 400 for a body that is not JSON), ``unauthorized`` (401),
+``forbidden`` (403), ``rate_limited`` (429), ``too_large`` (413), and
+``invalid_transition``, ``paused``, ``unknown_worker`` (409),
+``unavailable`` (503). A 500 is a bug.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import threading
+import time
+from contextlib import asynccontextmanager
+from dataclasses import dataclass, fields, replace
+from typing import Any
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse, Response
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+from .. import __version__, auth
+from ..core.errors import InvalidInput, LeaseLost, LeaseqError
+from ..queue import Queue
+from .access import Access, BodyLimit, RateLimited, api_principal
+from .metrics import ServiceMetrics
+
+logger = logging.getLogger("leaseq.service")
+
+#: HTTP status of each error code.
+STATUS = {
+    "lease_lost": 409, "stale_token": 409, "invalid_transition": 409, "paused": 409, "unknown_worker": 409,
+    "not_found": 404, "invalid": 422, "unauthorized": 401, "forbidden": 403, "rate_limited": 429,
+    "too_large": 413, "unavailable": 503,
+}
+
+
+@dataclass(frozen=True)
+class ServiceSettings:
+    """How one service process behaves. Every field has a safe default."""
+
+    #: Largest request body accepted (413 above it).
+    max_body_bytes: int = 2 * 1024 * 1024
+    #: Requests per second per token, with bursts up to ``burst`` (0 disables). Per replica.
+    rate_per_second: float = 100.0
+    burst: float = 200.0
+    #: Failed authentications per second per client address, with bursts.
+    failed_auth_per_second: float = 2.0
+    failed_auth_burst: float = 20.0
+    #: Serve /metrics without a token (else a viewer token or better is needed).
+    public_metrics: bool = False
+    #: Mark the dashboard cookie Secure (set it when clients reach the service over HTTPS).
+    secure_cookies: bool = False
+    #: Retention the service applies itself: delete finished tasks older than this (seconds)...
+    prune_older_than: float | None = None
+    #: ...blank their payloads and results after this (seconds)...
+    prune_payloads_older_than: float | None = None
+    #: ...checking this often (seconds).
+    prune_every: float = 3600.0
+
+
+def error_body(code: str, message: str, **extra: Any) -> dict[str, Any]:
+    """The JSON error document."""
+    return {"error": {"code": code, "message": message, **{k: v for k, v in extra.items() if v is not None}}}
+
+
+def _error(status: int, code: str, message: str, headers: dict[str, str] | None = None, **extra: Any) -> JSONResponse:
+    return JSONResponse(error_body(code, message, **extra), status_code=status, headers=headers)
+
+
+def _leaseq_error(request: Request, exc: Exception) -> JSONResponse:
+    assert isinstance(exc, LeaseqError)
+    code = exc.code
+    extra: dict[str, Any] = {}
+    headers: dict[str, str] = {}
+    if isinstance(exc, LeaseLost):
+        extra = {"task_id": exc.task_id, "generation": exc.generation, "reason": exc.reason}
+    elif isinstance(exc, InvalidInput):
+        extra = {"field": exc.field, "problem": exc.problem}
+    elif isinstance(exc, RateLimited):
+        headers["Retry-After"] = str(max(1, math.ceil(exc.retry_after)))
+        extra = {"retry_after": round(exc.retry_after, 3)}
+    elif isinstance(exc, auth.Unauthorized):
+        headers["WWW-Authenticate"] = 'Bearer realm="leaseq"'
+    status = STATUS.get(code, 409)
+    if _wants_html(request):
+        from .dashboard import render
+
+        return render("error.html", request, None, status_code=status, message=str(exc))
+    return _error(status, code, str(exc), headers or None, **extra)
+
+
+def _wants_html(request: Request) -> bool:
+    # Dashboard pages answer browsers in HTML; the API and /metrics always answer JSON.
+    path = request.url.path
+    return (not path.startswith(("/v1/", "/metrics", "/healthz", "/openapi", "/docs"))
+            and "text/html" in request.headers.get("accept", ""))
+
+
+_FRIENDLY = {"extra_forbidden": "unknown field", "missing": "required field is missing"}
+
+
+def _validation_error(request: Request, exc: Exception) -> JSONResponse:
+    assert isinstance(exc, RequestValidationError)
+    errors = exc.errors()
+    first = errors[0] if errors else {"loc": (), "msg": "invalid request", "type": "invalid"}
+    if first.get("type") == "json_invalid":
+        ctx = first.get("ctx") or {}
+        problem = f"malformed JSON ({ctx.get('error', first.get('msg'))})"
+        return _error(400, "invalid", f"body: {problem}", field="body", problem=problem)
+    loc = [str(p) for p in first.get("loc", ()) if p != "body"]
+    field = ".".join(loc) or "body"
+    message = _FRIENDLY.get(first.get("type", ""), first.get("msg", "invalid"))
+    more = f" (and {len(errors) - 1} more)" if len(errors) > 1 else ""
+    return _error(422, "invalid", f"{field}: {message}{more}", field=field, problem=message + more,
+                  details=[{"field": ".".join(str(p) for p in e.get("loc", ())), "problem": e.get("msg")}
+                           for e in errors[:20]])
+
+
+def _http_error(request: Request, exc: Exception) -> JSONResponse:
+    assert isinstance(exc, StarletteHTTPException)
+    code = {404: "not_found", 405: "method_not_allowed", 401: "unauthorized", 403: "forbidden"}.get(
+        exc.status_code, "invalid")
+    message = "no such route" if exc.status_code == 404 else str(exc.detail)
+    return _error(exc.status_code, code, message, headers=getattr(exc, "headers", None))
+
+
+def _internal_error(request: Request, exc: Exception) -> JSONResponse:
+    logger.exception("unhandled error on %s %s", request.method, request.url.path)
+    return _error(500, "internal", "internal error (logged on the server)")
+
+
+class RequestMetrics:
+    """ASGI middleware counting requests and their latency by route template."""
+
+    def __init__(self, app: Any, metrics: ServiceMetrics):
+        self.app = app
+        self.metrics = metrics
+
+    async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        started = time.perf_counter()
+        status = 500
+
+        async def tracked(message: dict[str, Any]) -> None:
+            nonlocal status
+            if message["type"] == "http.response.start":
+                status = message["status"]
+            await send(message)
+
+        try:
+            await self.app(scope, receive, tracked)
+        finally:
+            route = getattr(scope.get("route"), "path", None) or "unmatched"
+            self.metrics.requests.labels(method=scope["method"], route=route, status=str(status)).inc()
+            self.metrics.request_latency.labels(route=route).observe(time.perf_counter() - started)
+
+
+class RetentionThread:
+    """Applies the retention settings on their own schedule, in a daemon thread."""
+
+    def __init__(self, queue: Queue, settings: ServiceSettings):
+        self.queue = queue
+        self.settings = settings
+        self.stopped = threading.Event()
+        #: Set after each pass; tests wait on it.
+        self.passed = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="leaseq-retention", daemon=True)
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def stop(self) -> None:
+        self.stopped.set()
+        self._thread.join(timeout=5)
+
+    def _run(self) -> None:
+        while not self.stopped.is_set():
+            try:
+                counts = self.queue.prune(self.settings.prune_older_than or 0.0,
+                                          payloads_older_than_seconds=self.settings.prune_payloads_older_than)
+                if any(counts.values()):
+                    auth.record_action(self.queue, "service retention", "prune", "retention",
+                                       older_than_seconds=self.settings.prune_older_than,
+                                       payloads_older_than_seconds=self.settings.prune_payloads_older_than,
+                                       **counts)
+            except LeaseqError as exc:
+                logger.warning("retention pass failed: %s", exc)
+            self.passed.set()
+            self.stopped.wait(self.settings.prune_every)
+
+
+def create_app(queue: Queue, settings: ServiceSettings | None = None, **options: Any) -> FastAPI:
+    """The ASGI application serving ``queue``. ``options`` override fields of ``settings``."""
+    settings = settings or ServiceSettings()
+    unknown = set(options) - {f.name for f in fields(ServiceSettings)}
+    if unknown:
+        raise TypeError(f"unknown service settings: {', '.join(sorted(unknown))}")
+    settings = replace(settings, **options)
+    metrics = ServiceMetrics(queue)
+    retention = RetentionThread(queue, settings) if settings.prune_older_than is not None else None
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI) -> Any:
+        if retention is not None:
+            retention.start()
+        try:
+            yield
+        finally:
+            if retention is not None:
+                retention.stop()
+
+    app = FastAPI(title="leaseq", version=__version__, lifespan=lifespan, redoc_url=None,
+                  description="Leases with fencing tokens, over HTTP. Authenticate with "
+                              "`Authorization: Bearer <token>`; errors are `{\"error\": {\"code\", \"message\"}}`.")
+    app.state.queue = queue
+    app.state.settings = settings
+    app.state.access = Access(queue, rate=settings.rate_per_second, burst=settings.burst,
+                              failed_rate=settings.failed_auth_per_second, failed_burst=settings.failed_auth_burst)
+    app.state.metrics = metrics
+    app.state.retention = retention
+
+    from . import dashboard, operator_api, worker_api
+
+    app.add_exception_handler(dashboard.LoginRequired, dashboard.login_redirect)
+    app.add_exception_handler(LeaseqError, _leaseq_error)
+    app.add_exception_handler(RequestValidationError, _validation_error)
+    app.add_exception_handler(StarletteHTTPException, _http_error)
+    app.add_exception_handler(Exception, _internal_error)
+    app.add_middleware(RequestMetrics, metrics=metrics)
+    app.add_middleware(BodyLimit, max_bytes=settings.max_body_bytes)  # added last: runs first
+
+    app.include_router(worker_api.router)
+    app.include_router(operator_api.router)
+    app.include_router(dashboard.router)
+
+    @app.get("/healthz", tags=["service"], summary="Liveness and database reachability (no token needed)")
+    def healthz() -> JSONResponse:
+        try:
+            now = queue.now()
+        except LeaseqError as exc:
+            return _error(503, "unavailable", str(exc))
+        return JSONResponse({"ok": True, "database_time": now.isoformat(), "version": __version__})
+
+    @app.get("/metrics", tags=["service"], summary="Prometheus metrics", response_class=Response)
+    def metrics_endpoint(request: Request) -> Response:
+        if not settings.public_metrics:
+            principal = api_principal(request)
+            if not principal.can("read"):
+                raise auth.AccessDenied(f"the {principal.role} role cannot read metrics")
+        return Response(generate_latest(metrics.registry), media_type=CONTENT_TYPE_LATEST)
+
+    return app

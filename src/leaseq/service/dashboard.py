@@ -1,0 +1,272 @@
+"""Server-rendered dashboard: queues, tasks, the evidence timeline, the reconciliation inbox.
+
+Login: a token (viewer or better) is entered once in a form and kept in an
+HttpOnly, SameSite=Strict cookie; every page re-verifies it, so revoking the
+token ends the session. Every POST form carries a CSRF token derived from
+the session (see :func:`leaseq.service.access.csrf_token`); actions need the
+operator role and go through :class:`leaseq.Queue` with the actor's identity.
+"""
+
+from __future__ import annotations
+
+import hmac
+import json
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+from urllib.parse import urlencode
+
+from fastapi import APIRouter, Depends, Form, Path, Query, Request
+from fastapi.responses import HTMLResponse, RedirectResponse, Response
+from jinja2 import Environment, PackageLoader, select_autoescape
+
+from .. import auth
+from ..core.errors import LeaseqError
+from ..queue import Queue
+from .access import Access, client_address, csrf_token
+from .views import STATUSES, present_effect, present_task, queue_overview, task_timeline
+
+router = APIRouter(include_in_schema=False)
+COOKIE = "leaseq_session"
+INBOX_STATUSES = ("needs_reconciliation", "blocked")
+_HEADERS = {
+    "Content-Security-Policy": "default-src 'none'; style-src 'unsafe-inline'; img-src 'self' data:; "
+                               "form-action 'self'; frame-ancestors 'none'; base-uri 'none'",
+    "X-Frame-Options": "DENY",
+    "Referrer-Policy": "no-referrer",
+    "X-Content-Type-Options": "nosniff",
+    "Cache-Control": "no-store",
+}
+
+
+def _age(seconds: Any) -> str:
+    if seconds is None:
+        return "–"
+    s = int(float(seconds))
+    if s < 60:
+        return f"{float(seconds):.1f}s"
+    if s < 3600:
+        return f"{s // 60}m {s % 60}s"
+    if s < 86400:
+        return f"{s // 3600}h {s % 3600 // 60}m"
+    return f"{s // 86400}d {s % 86400 // 3600}h"
+
+
+def _when(value: Any) -> str:
+    if value is None:
+        return "–"
+    if isinstance(value, str):
+        try:
+            value = datetime.fromisoformat(value)
+        except ValueError:
+            return value
+    return value.strftime("%Y-%m-%d %H:%M:%S.") + f"{value.microsecond // 1000:03d}"
+
+
+def _pretty(value: Any) -> str:
+    return json.dumps(value, indent=2, ensure_ascii=False, default=str)
+
+
+_env = Environment(loader=PackageLoader("leaseq.service", "templates"), autoescape=select_autoescape(["html"]),
+                   trim_blocks=True, lstrip_blocks=True)
+_env.filters.update(age=_age, when=_when, pretty=_pretty)
+
+
+class LoginRequired(Exception):
+    """No valid session: the browser is sent to the login form."""
+
+    def __init__(self, message: str = "", *, clear: bool = False):
+        super().__init__(message)
+        self.message = message
+        self.clear = clear
+
+
+def login_redirect(request: Request, exc: Exception) -> Response:
+    """Exception handler: redirect to /login, dropping a dead session cookie."""
+    assert isinstance(exc, LoginRequired)
+    target = "/login" + (f"?{urlencode({'err': exc.message})}" if exc.message else "")
+    response = RedirectResponse(target, status_code=303)
+    if exc.clear:
+        response.delete_cookie(COOKIE, path="/")
+    return response
+
+
+@dataclass(frozen=True)
+class Session:
+    """A verified dashboard session."""
+
+    principal: auth.Principal
+    csrf: str
+
+    @property
+    def can_operate(self) -> bool:
+        return self.principal.can("operate")
+
+
+def session(request: Request) -> Session:
+    """Dependency: the verified session of the cookie, or a redirect to the login form."""
+    token = request.cookies.get(COOKIE)
+    if not token:
+        raise LoginRequired()
+    access: Access = request.app.state.access
+    try:
+        principal = access.authenticate(token, client_address(request))
+    except auth.Unauthorized as exc:
+        raise LoginRequired(f"session ended: {exc}", clear=True) from None
+    if not principal.can("read"):
+        raise LoginRequired(f"the {principal.role} role cannot use the dashboard", clear=True)
+    return Session(principal, csrf_token(token))
+
+
+def operator_session(request: Request, csrf: str = Form(""), s: Session = Depends(session)) -> Session:
+    """Dependency for POST actions: the CSRF token must match and the role must operate."""
+    if not hmac.compare_digest(csrf, s.csrf):
+        raise auth.AccessDenied("CSRF check failed: reload the page and try again")
+    if not s.can_operate:
+        raise auth.AccessDenied(f"the {s.principal.role} role cannot perform operator actions")
+    return s
+
+
+def _queue(request: Request) -> Queue:
+    return request.app.state.queue
+
+
+def render(name: str, request: Request, s: Session | None, status_code: int = 200, **context: Any) -> HTMLResponse:
+    """Render a template with the shared context (session, flash messages)."""
+    html = _env.get_template(name).render(session=s, request=request, msg=request.query_params.get("msg"),
+                                          err=request.query_params.get("err"), **context)
+    return HTMLResponse(html, status_code=status_code, headers=_HEADERS)
+
+
+def _back(target: str, **flash: str) -> RedirectResponse:
+    if not target.startswith("/") or target.startswith("//"):
+        target = "/"  # never redirect off the service
+    sep = "&" if "?" in target else "?"
+    return RedirectResponse(target + (sep + urlencode(flash) if flash else ""), status_code=303)
+
+
+# -- login ----------------------------------------------------------------------------
+
+@router.get("/login", response_class=HTMLResponse)
+def login_form(request: Request) -> HTMLResponse:
+    return render("login.html", request, None)
+
+
+@router.post("/login")
+def login(request: Request, token: str = Form("")) -> Response:
+    access: Access = request.app.state.access
+    try:
+        principal = access.authenticate(token.strip(), client_address(request))
+    except LeaseqError as exc:
+        return render("login.html", request, None, status_code=401, err=str(exc))
+    if not principal.can("read"):
+        return render("login.html", request, None, status_code=403,
+                      err=f"the {principal.role} role cannot use the dashboard")
+    response = RedirectResponse("/", status_code=303)
+    response.set_cookie(COOKIE, token.strip(), httponly=True, samesite="strict", path="/",
+                        secure=request.app.state.settings.secure_cookies, max_age=12 * 3600)
+    return response
+
+
+@router.post("/logout")
+def logout(s: Session = Depends(session), csrf: str = Form("")) -> Response:
+    if not hmac.compare_digest(csrf, s.csrf):
+        raise auth.AccessDenied("CSRF check failed")
+    response = RedirectResponse("/login", status_code=303)
+    response.delete_cookie(COOKIE, path="/")
+    return response
+
+
+# -- pages ----------------------------------------------------------------------------
+
+@router.get("/", response_class=HTMLResponse)
+def overview(request: Request, s: Session = Depends(session)) -> HTMLResponse:
+    return render("overview.html", request, s, queues=queue_overview(_queue(request)), statuses=STATUSES)
+
+
+@router.get("/tasks", response_class=HTMLResponse)
+def tasks_page(request: Request, status: str = Query(""), queue: str = Query(""), limit: int = Query(100, ge=1, le=1000),
+               s: Session = Depends(session)) -> HTMLResponse:
+    error = None
+    try:
+        tasks = _queue(request).list(status=status or None, queue=queue or None, limit=limit)
+    except LeaseqError as exc:
+        tasks, error = [], str(exc)
+    return render("tasks.html", request, s, tasks=[present_task(t, s.principal) for t in tasks],
+                  statuses=STATUSES, status=status, queue=queue, limit=limit, filter_error=error)
+
+
+@router.get("/tasks/{task_id}", response_class=HTMLResponse)
+def task_page(request: Request, task_id: int = Path(ge=1, le=2**63 - 1), s: Session = Depends(session)) -> HTMLResponse:
+    q = _queue(request)
+    try:
+        task = q.get(task_id)
+    except LeaseqError as exc:
+        return render("error.html", request, s, status_code=404, message=str(exc))
+    view = task_timeline(task, q.events(task_id), q.effects(task_id), s.principal)
+    return render("task.html", request, s, **view)
+
+
+@router.get("/inbox", response_class=HTMLResponse)
+def inbox(request: Request, s: Session = Depends(session)) -> HTMLResponse:
+    q = _queue(request)
+    items = []
+    for status in INBOX_STATUSES:
+        for task in q.list(status=status, limit=200):
+            open_fx = [present_effect(fx, s.principal) for fx in q.effects(task.id) if fx.status == "pending"]
+            items.append({"task": present_task(task, s.principal), "open_effects": open_fx})
+    return render("inbox.html", request, s, items=items)
+
+
+# -- actions (operator role, CSRF-checked) ----------------------------------------------
+
+def _act(request: Request, s: Session, back: str, done: str, action: str, target: str,
+         fn: Any, *args: Any, **detail: Any) -> RedirectResponse:
+    try:
+        fn(*args)
+    except LeaseqError as exc:
+        return _back(back, err=str(exc))
+    auth.record_action(_queue(request), s.principal.actor, action, target, via="dashboard", **detail)
+    return _back(back, msg=done)
+
+
+@router.post("/tasks/{task_id}/reconcile")
+def reconcile(request: Request, task_id: int = Path(ge=1, le=2**63 - 1), outcome: str = Form(...),
+              note: str = Form(""), back: str = Form("/inbox"), s: Session = Depends(operator_session)) -> Response:
+    q = _queue(request)
+    return _act(request, s, back, f"task {task_id} reconciled: {outcome}", "reconcile", f"task:{task_id}",
+                lambda: q.reconcile(task_id, outcome, note, by=s.principal.actor), outcome=outcome, note=note)
+
+
+@router.post("/tasks/{task_id}/unblock")
+def unblock(request: Request, task_id: int = Path(ge=1, le=2**63 - 1), note: str = Form(""),
+            back: str = Form("/inbox"), s: Session = Depends(operator_session)) -> Response:
+    q = _queue(request)
+    return _act(request, s, back, f"task {task_id} unblocked", "unblock", f"task:{task_id}",
+                lambda: q.unblock(task_id, note, by=s.principal.actor), note=note)
+
+
+@router.post("/tasks/{task_id}/requeue")
+def requeue(request: Request, task_id: int = Path(ge=1, le=2**63 - 1), note: str = Form(""),
+            back: str = Form("/tasks"), s: Session = Depends(operator_session)) -> Response:
+    q = _queue(request)
+    return _act(request, s, back, f"task {task_id} requeued", "requeue", f"task:{task_id}",
+                lambda: q.requeue(task_id, note, by=s.principal.actor), note=note)
+
+
+@router.post("/tasks/{task_id}/cancel")
+def cancel(request: Request, task_id: int = Path(ge=1, le=2**63 - 1), reason: str = Form(""),
+           back: str = Form("/tasks"), s: Session = Depends(operator_session)) -> Response:
+    q = _queue(request)
+    return _act(request, s, back, f"task {task_id} cancelled", "cancel", f"task:{task_id}",
+                lambda: q.cancel(task_id, reason, by=s.principal.actor), reason=reason)
+
+
+@router.post("/queues/{name}/{switch}")
+def switch_queue(request: Request, name: str = Path(pattern=r"^[A-Za-z0-9_.:\-]{1,100}$"),
+                 switch: str = Path(pattern=r"^(pause|resume)$"), s: Session = Depends(operator_session)) -> Response:
+    q = _queue(request)
+    fn = q.pause if switch == "pause" else q.resume
+    return _act(request, s, "/", f"queue {name} {'paused' if switch == 'pause' else 'resumed'}", switch,
+                f"queue:{name}", lambda: fn(name, by=s.principal.actor))
+

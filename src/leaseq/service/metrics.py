@@ -1,0 +1,121 @@
+"""Prometheus metrics and optional OpenTelemetry spans for the service.
+
+Each application has its own :class:`~prometheus_client.CollectorRegistry`
+(never the global one), so several apps in one process do not collide.
+Two kinds of series:
+
+* counted by this replica as requests pass: claims, lease losses by reason,
+  claim and heartbeat latency, HTTP requests;
+* read from the database at scrape time (the same on every replica): tasks
+  by queue and status, oldest queued age, expired leases not yet routed,
+  the reconciliation backlog, effect intents without a response, paused queues.
+
+Spans are emitted only when ``opentelemetry`` imports; it is not a dependency.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterator
+from contextlib import AbstractContextManager, nullcontext
+from typing import Any
+
+from prometheus_client import CollectorRegistry, Counter, Histogram
+from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.registry import Collector
+
+from ..core.errors import LeaseqError
+from ..queue import Queue
+
+try:  # optional: spans only when the application installed OpenTelemetry
+    from opentelemetry import trace as _trace
+
+    _TRACER: Any = _trace.get_tracer("leaseq.service")
+except ImportError:  # pragma: no cover - depends on the environment
+    _TRACER = None
+
+logger = logging.getLogger("leaseq.service")
+
+_LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
+
+
+def span(name: str, **attributes: Any) -> AbstractContextManager[Any]:
+    """An OpenTelemetry span when available, else a no-op context."""
+    if _TRACER is None:
+        return nullcontext()
+    return _TRACER.start_as_current_span(name, attributes={k: v for k, v in attributes.items() if v is not None})
+
+
+class QueueCollector(Collector):
+    """Gauges read from the database at each scrape."""
+
+    def __init__(self, queue: Queue):
+        self.queue = queue
+
+    def collect(self) -> Iterator[GaugeMetricFamily]:
+        up = GaugeMetricFamily("leaseq_database_up", "1 if the last scrape could read the database")
+        try:
+            stats = self.queue.stats()
+            paused = self.queue.queues()
+            with self.queue.store.transaction() as tx:
+                intents = tx.rows("open_intents_by_queue")
+        except LeaseqError as exc:
+            logger.warning("metrics scrape could not read the database: %s", exc)
+            up.add_metric([], 0)
+            yield up
+            return
+        up.add_metric([], 1)
+        yield up
+        tasks = GaugeMetricFamily("leaseq_tasks", "Tasks by queue and status", labels=["queue", "status"])
+        oldest = GaugeMetricFamily("leaseq_oldest_queued_seconds", "Age of the oldest due queued task",
+                                   labels=["queue"])
+        expired = GaugeMetricFamily("leaseq_expired_leases",
+                                    "Running tasks past their lease deadline, not yet routed", labels=["queue"])
+        backlog = GaugeMetricFamily("leaseq_reconciliation_backlog",
+                                    "Tasks waiting for a person: needs_reconciliation and blocked",
+                                    labels=["queue", "status"])
+        queues: set[str] = set()
+        for row in stats:
+            queues.add(row["queue"])
+            tasks.add_metric([row["queue"], row["status"]], row["count"])
+            if row["status"] == "queued":
+                oldest.add_metric([row["queue"]], float(row["oldest_queued_seconds"] or 0.0))
+            if row["status"] == "running":
+                expired.add_metric([row["queue"]], row["expired_leases"] or 0)
+            if row["status"] in ("needs_reconciliation", "blocked"):
+                backlog.add_metric([row["queue"], row["status"]], row["count"])
+        open_fx = GaugeMetricFamily("leaseq_effect_intents_open",
+                                    "Effect intents recorded without a response", labels=["queue"])
+        for row in intents:
+            open_fx.add_metric([row["queue"]], row["count"])
+        off = GaugeMetricFamily("leaseq_queue_paused", "1 while a queue's off-switch is on", labels=["queue"])
+        for row in paused:
+            off.add_metric([row["name"]], 1 if row["paused"] else 0)
+        yield from (tasks, oldest, expired, backlog, open_fx, off)
+
+
+class ServiceMetrics:
+    """The metrics of one application, in their own registry."""
+
+    def __init__(self, queue: Queue):
+        self.registry = CollectorRegistry()
+        r = self.registry
+        self.claims = Counter("leaseq_claims", "Leases handed out through this replica", ["queue"], registry=r)
+        self.lease_losses = Counter("leaseq_lease_losses",
+                                    "Guarded calls refused through this replica because the lease was lost",
+                                    ["reason"], registry=r)
+        self.claim_latency = Histogram("leaseq_claim_latency_seconds", "Time to serve a claim request",
+                                       buckets=_LATENCY_BUCKETS, registry=r)
+        self.heartbeat_latency = Histogram("leaseq_heartbeat_latency_seconds",
+                                           "Time to serve a batched lease renewal", buckets=_LATENCY_BUCKETS,
+                                           registry=r)
+        self.requests = Counter("leaseq_http_requests", "HTTP requests served", ["method", "route", "status"],
+                                registry=r)
+        self.request_latency = Histogram("leaseq_http_request_duration_seconds", "HTTP request latency",
+                                         ["route"], buckets=_LATENCY_BUCKETS, registry=r)
+        r.register(QueueCollector(queue))
+
+    def lost(self, reason: str, count: int = 1) -> None:
+        """Count ``count`` lease losses for ``reason`` (the refused operation)."""
+        if count:
+            self.lease_losses.labels(reason=reason).inc(count)

@@ -1,0 +1,127 @@
+"""Read models shared by the JSON API and the dashboard: queue overview, task timeline.
+
+Plain functions over what :class:`leaseq.Queue` returns; no I/O of their own
+beyond those calls, and redaction applied here so both faces agree.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Any
+
+from ..auth import Principal
+from ..core.model import Effect, Event, Status, Task
+from ..queue import Queue
+from .wire import REDACTED, parse_time, redact_detail, redact_task, to_json
+
+STATUSES = [s.value for s in Status]
+#: Event types that end a lease, and how to say why.
+LEASE_ENDINGS = {
+    "completed": "completed by the holder",
+    "failed": "the holder reported a failure",
+    "lease_expired": "expired without renewal",
+    "lease_released": "released by the holder",
+    "cancelled": "cancelled by an operator",
+}
+
+
+def present_task(task: Task, principal: Principal) -> dict[str, Any]:
+    """A task as JSON, redacted unless the token may read payloads."""
+    data = to_json(task)
+    return data if principal.read_payloads else redact_task(data)
+
+
+def present_event(event: Event, principal: Principal) -> dict[str, Any]:
+    """An event as JSON, its error redacted unless the token may read payloads."""
+    data = to_json(event)
+    data["at"] = to_json(parse_time(data["at"]))  # SQLite hands back epoch seconds for a column named "at"
+    if not principal.read_payloads:
+        data["detail"] = redact_detail(data.get("detail") or {})
+    return data
+
+
+def present_effect(effect: Effect, principal: Principal) -> dict[str, Any]:
+    """An effect as JSON, its response redacted unless the token may read payloads."""
+    data = to_json(effect)
+    data.pop("token", None)  # a signed action token authorises an action: never shown to readers
+    if not principal.read_payloads and data.get("response") is not None:
+        data["response"] = REDACTED
+    return data
+
+
+def queue_overview(q: Queue) -> list[dict[str, Any]]:
+    """Per queue: counts by status, oldest due queued age, expired leases, paused state."""
+    queues: dict[str, dict[str, Any]] = {}
+
+    def entry(name: str) -> dict[str, Any]:
+        return queues.setdefault(name, {"name": name, "paused": False, "counts": {s: 0 for s in STATUSES},
+                                        "total": 0, "oldest_queued_seconds": None, "expired_leases": 0})
+
+    for row in q.stats():
+        e = entry(row["queue"])
+        e["counts"][row["status"]] = row["count"]
+        e["total"] += row["count"]
+        if row["status"] == "queued" and row["oldest_queued_seconds"] is not None:
+            e["oldest_queued_seconds"] = round(float(row["oldest_queued_seconds"]), 3)
+        e["expired_leases"] += row["expired_leases"] or 0
+    for row in q.queues():
+        entry(row["name"])["paused"] = bool(row["paused"])
+    return [queues[name] for name in sorted(queues)]
+
+
+@dataclass
+class Attempt:
+    """One claim generation of a task, as the timeline shows it."""
+
+    generation: int
+    worker_id: str | None = None
+    claimed_at: datetime | None = None
+    attempt: int | None = None
+    lease_seconds: float | None = None
+    heartbeats: dict[str, Any] = field(default_factory=dict)
+    effects: list[dict[str, Any]] = field(default_factory=list)
+    events: list[dict[str, Any]] = field(default_factory=list)
+    ended: str | None = None
+    ended_at: datetime | None = None
+    routed_to: str | None = None
+
+
+def task_timeline(task: Task, events: list[Event], effects: list[Effect], principal: Principal) -> dict[str, Any]:
+    """The evidence trail grouped by claim generation.
+
+    Each attempt shows who held it, its heartbeat summary, its effect intents
+    and responses, and why the lease ended; events outside any claim
+    (enqueue, operator actions before a claim) are listed on their own.
+    """
+    attempts: dict[int, Attempt] = {}
+    outside: list[dict[str, Any]] = []
+    for ev in events:
+        shown = present_event(ev, principal)
+        detail = shown.get("detail") or {}
+        if not ev.generation:
+            outside.append(shown)
+            continue
+        a = attempts.setdefault(ev.generation, Attempt(generation=ev.generation))
+        a.events.append(shown)
+        if ev.type == "claimed":
+            a.worker_id, a.claimed_at = ev.worker_id, parse_time(ev.at)
+            a.attempt, a.lease_seconds = detail.get("attempt"), detail.get("lease_seconds")
+        if "heartbeats" in detail:
+            a.heartbeats = {k: detail.get(k) for k in ("heartbeats", "last_heartbeat_at", "longest_heartbeat_gap")}
+        if ev.type in LEASE_ENDINGS and a.ended is None and (ev.type != "cancelled" or detail.get("revoked_lease_of")):
+            a.ended, a.ended_at = LEASE_ENDINGS[ev.type], parse_time(ev.at)
+            a.routed_to = detail.get("routed_to") or detail.get("next_status")
+            if detail.get("reason") and ev.type in ("lease_released", "cancelled"):
+                a.ended += f": {detail['reason']}"
+    for fx in effects:
+        attempts.setdefault(fx.generation, Attempt(generation=fx.generation)).effects.append(
+            present_effect(fx, principal))
+    current = task.claim_generation
+    if task.status == Status.RUNNING and current in attempts and not attempts[current].heartbeats:
+        attempts[current].heartbeats = {"heartbeats": task.heartbeat_count,
+                                        "last_heartbeat_at": to_json(task.last_heartbeat_at),
+                                        "longest_heartbeat_gap": round(task.longest_heartbeat_gap, 3)}
+    return {"task": present_task(task, principal),
+            "attempts": [to_json(attempts[g]) for g in sorted(attempts)],
+            "other_events": outside}

@@ -1,0 +1,221 @@
+"""The worker API: what :class:`leaseq.client.RemoteQueue` calls.
+
+Every route needs a ``worker`` token. A worker id in the path must have been
+registered by the calling token (else 403): the identity comes from the
+credential, never from the body. The generation a request names is checked
+by the lease guard in SQL, so a worker can only act under a generation it
+was issued and still holds; nothing here decides lease questions.
+
+The claim objects rebuilt here carry only what the guarded calls read (task
+id, generation, worker id); ``fail`` also reads the task, for its backoff.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from fastapi import APIRouter, Depends, Path, Request
+from pydantic import BaseModel, ConfigDict, Field
+
+from .. import auth
+from ..core import policy
+from ..core.errors import LeaseLost, NotFound
+from ..core.model import Claim, Effect, Task
+from ..queue import Queue
+from .access import WORKER_ID_PATTERN, Access, need, require_queue
+from .metrics import ServiceMetrics, span
+from .wire import to_json
+
+router = APIRouter(prefix="/v1", tags=["worker"])
+
+TaskId = Path(ge=1, le=2**63 - 1, description="Task id")
+WorkerId = Path(pattern=WORKER_ID_PATTERN, description="A worker id issued to this token")
+
+
+class Body(BaseModel):
+    """Request bodies: unknown fields and loose types are refused."""
+
+    model_config = ConfigDict(extra="forbid", strict=True)
+
+
+class RegisterBody(Body):
+    name: str = "worker"
+
+
+class ClaimBody(Body):
+    queue: str = "default"
+    limit: int = 1
+    lease_seconds: float | None = None
+
+
+class LeaseRef(Body):
+    task_id: int
+    generation: int
+
+
+class RenewBody(Body):
+    leases: list[LeaseRef] = Field(max_length=10_000)
+
+
+class CompleteBody(Body):
+    generation: int
+    result: Any = None
+
+
+class FailBody(Body):
+    generation: int
+    error: str
+    retry: bool = True
+    block: bool = False
+    delay: float | None = None
+
+
+class ReleaseBody(Body):
+    generation: int
+    reason: str = "released"
+
+
+class EffectBody(Body):
+    generation: int
+    action: str
+    key: str | None = None
+
+
+class EffectResponseBody(Body):
+    generation: int
+    response: Any = None
+
+
+class LossBody(Body):
+    generation: int
+    reason: str
+
+
+def _queue(request: Request) -> Queue:
+    return request.app.state.queue
+
+
+def _metrics(request: Request) -> ServiceMetrics:
+    return request.app.state.metrics
+
+
+def own_worker(request: Request, worker_id: str = WorkerId,
+               principal: auth.Principal = Depends(need("work"))) -> str:
+    """Dependency: the path's worker id, after checking the caller's token registered it."""
+    access: Access = request.app.state.access
+    access.check_worker(principal, worker_id)
+    return worker_id
+
+
+def _claim(worker_id: str, task_id: int, generation: int, task: Task | None = None) -> Claim:
+    # The guarded calls read task_id, generation and worker_id; the lease guard
+    # in SQL checks them against the row. expires_at is the caller's business.
+    policy.check_int("generation", generation, minimum=0, maximum=2**63 - 1)
+    return Claim(task_id=task_id, generation=generation, worker_id=worker_id, expires_at=None,  # type: ignore[arg-type]
+                 task=task)  # type: ignore[arg-type]
+
+
+def _refused(request: Request, reason: str, fn: Any, *args: Any, **kwargs: Any) -> Any:
+    try:
+        return fn(*args, **kwargs)
+    except LeaseLost:
+        _metrics(request).lost(reason)
+        raise
+
+
+@router.post("/workers", status_code=201, summary="Register a worker under the calling token")
+def register_worker(body: RegisterBody, request: Request,
+                    principal: auth.Principal = Depends(need("work"))) -> dict[str, Any]:
+    worker = _queue(request).register_worker(body.name, token_id=principal.token_id)
+    request.app.state.access.remember_worker(worker.id, principal.token_id)
+    return to_json(worker)
+
+
+@router.post("/workers/{worker_id}/claim", summary="Lease up to `limit` due tasks of a queue")
+def claim(body: ClaimBody, request: Request, worker_id: str = Depends(own_worker)) -> dict[str, Any]:
+    policy.check_name("queue", body.queue)
+    require_queue(request.state.principal, body.queue)
+    started = time.perf_counter()
+    with span("leaseq.claim", queue=body.queue, worker_id=worker_id, limit=body.limit):
+        claims = _queue(request).claim(worker_id, queue=body.queue, limit=body.limit,
+                                       lease_seconds=body.lease_seconds)
+    metrics = _metrics(request)
+    metrics.claim_latency.observe(time.perf_counter() - started)
+    if claims:
+        metrics.claims.labels(queue=body.queue).inc(len(claims))
+    return {"claims": to_json(claims)}
+
+
+@router.post("/workers/{worker_id}/renew", summary="Renew many leases in one guarded statement")
+def renew(body: RenewBody, request: Request, worker_id: str = Depends(own_worker)) -> dict[str, Any]:
+    started = time.perf_counter()
+    claims = [_claim(worker_id, ref.task_id, ref.generation) for ref in body.leases]
+    for c in claims:
+        policy.check_task_id(c.task_id)
+    renewed = _queue(request).renew_leases(worker_id, claims)
+    metrics = _metrics(request)
+    metrics.heartbeat_latency.observe(time.perf_counter() - started)
+    metrics.lost("heartbeat", len(claims) - len(renewed))
+    return {"renewed": [{"task_id": tid, "expires_at": at.isoformat()} for tid, at in renewed.items()]}
+
+
+@router.post("/workers/{worker_id}/tasks/{task_id}/complete", summary="Finish a task under its lease")
+def complete(body: CompleteBody, request: Request, task_id: int = TaskId,
+             worker_id: str = Depends(own_worker)) -> dict[str, Any]:
+    _refused(request, "complete", _queue(request).complete, worker_id,
+             _claim(worker_id, task_id, body.generation), body.result)
+    return {"completed": True, "task_id": task_id}
+
+
+@router.post("/workers/{worker_id}/tasks/{task_id}/fail", summary="End the attempt with an error")
+def fail(body: FailBody, request: Request, task_id: int = TaskId,
+         worker_id: str = Depends(own_worker)) -> dict[str, Any]:
+    q = _queue(request)
+    try:
+        task = q.get(task_id)  # fail() reads attempts from the claim's task for its backoff
+    except NotFound:
+        _metrics(request).lost("fail")
+        raise LeaseLost(task_id, body.generation, "fail refused: lease no longer held") from None
+    task = _refused(request, "fail", q.fail, worker_id, _claim(worker_id, task_id, body.generation, task),
+                    body.error, retry=body.retry, block=body.block, delay=body.delay)
+    return to_json(task)
+
+
+@router.post("/workers/{worker_id}/tasks/{task_id}/release", summary="Give a lease back early")
+def release(body: ReleaseBody, request: Request, task_id: int = TaskId,
+            worker_id: str = Depends(own_worker)) -> dict[str, Any]:
+    task = _refused(request, "release", _queue(request).release, worker_id,
+                    _claim(worker_id, task_id, body.generation), body.reason)
+    return to_json(task)
+
+
+@router.post("/workers/{worker_id}/tasks/{task_id}/effects", summary="Record a tool-call intent")
+def begin_effect(body: EffectBody, request: Request, task_id: int = TaskId,
+                 worker_id: str = Depends(own_worker)) -> dict[str, Any]:
+    with span("leaseq.effect.begin", task_id=task_id, action=body.action, generation=body.generation):
+        effect = _refused(request, "begin_effect", _queue(request).begin_effect, worker_id,
+                          _claim(worker_id, task_id, body.generation), body.action, body.key)
+    return to_json(effect)
+
+
+@router.post("/workers/{worker_id}/tasks/{task_id}/effects/{effect_id}/response",
+             summary="Record a tool call's response")
+def finish_effect(body: EffectResponseBody, request: Request, task_id: int = TaskId,
+                  effect_id: int = Path(ge=1, le=2**63 - 1), worker_id: str = Depends(own_worker)) -> dict[str, Any]:
+    # Only the id and task matter: the lease guard and the ledger's own
+    # condition (this generation's open intent) decide, exactly as in-process.
+    effect = Effect(id=effect_id, task_id=task_id, generation=body.generation, action="", idempotency_key="",
+                    status="pending", worker_id=worker_id, intent_at=None)  # type: ignore[arg-type]
+    with span("leaseq.effect.finish", task_id=task_id, effect_id=effect_id, generation=body.generation):
+        done = _refused(request, "finish_effect", _queue(request).finish_effect, worker_id,
+                        _claim(worker_id, task_id, body.generation), effect, body.response)
+    return to_json(done)
+
+
+@router.post("/workers/{worker_id}/tasks/{task_id}/loss", status_code=202,
+             summary="Add the worker's own account of losing a lease to the evidence trail")
+def report_loss(body: LossBody, request: Request, task_id: int = TaskId,
+                worker_id: str = Depends(own_worker)) -> dict[str, Any]:
+    _queue(request).report_loss(worker_id, _claim(worker_id, task_id, body.generation), body.reason)
+    return {"recorded": True}

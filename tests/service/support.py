@@ -1,0 +1,52 @@
+"""Helpers for the service tests: table snapshots and waiting on the database clock."""
+
+from __future__ import annotations
+
+import sqlite3
+import time
+from datetime import datetime
+from typing import Any
+
+import leaseq
+from leaseq.store import parse_dsn
+
+TABLES = ("leaseq_tasks", "leaseq_effects", "leaseq_events", "leaseq_workers", "leaseq_queues",
+          "leaseq_tokens", "leaseq_audit")
+_ORDER = {"leaseq_workers": "id", "leaseq_queues": "name"}
+
+
+def snapshot(dsn: str) -> dict[str, list[tuple[Any, ...]]]:
+    """Every row of every leaseq table, read on the test's own connection."""
+    dialect, target = parse_dsn(dsn)
+    out: dict[str, list[tuple[Any, ...]]] = {}
+    if dialect == "sqlite":
+        conn = sqlite3.connect(target)
+        try:
+            for table in TABLES:
+                out[table] = conn.execute(f"SELECT * FROM {table} ORDER BY {_ORDER.get(table, 'id')}").fetchall()
+        finally:
+            conn.close()
+        return out
+    import psycopg
+
+    with psycopg.connect(target) as conn:
+        for table in TABLES:
+            out[table] = conn.execute(f"SELECT * FROM {table} ORDER BY {_ORDER.get(table, 'id')}").fetchall()
+    return out
+
+
+def wait_until(q: leaseq.Queue, moment: datetime, *, timeout: float = 5.0) -> None:
+    """Return once the database clock has passed ``moment`` (leases are judged by it)."""
+    deadline = time.monotonic() + timeout
+    while q.now() <= moment:
+        if time.monotonic() > deadline:
+            raise AssertionError(f"database clock did not pass {moment} within {timeout}s")
+        time.sleep(0.02)
+
+
+def error_of(resp: Any) -> dict[str, Any]:
+    """The ``error`` object of a JSON error response (asserting it is one)."""
+    body = resp.json()
+    assert set(body) == {"error"}, body
+    assert {"code", "message"} <= set(body["error"]), body
+    return body["error"]
