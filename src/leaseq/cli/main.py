@@ -24,6 +24,7 @@ COMMAND_MODULES = (
     "overview",          # stats, workers, queues
     "demo_command",      # demo
     "worker",            # worker
+    "service",           # serve, tokens, prune
 )
 
 
@@ -65,6 +66,10 @@ def main(argv: list[str] | None = None) -> None:
     """Run the CLI. Errors print one line on stderr; set LEASEQ_DEBUG=1 for tracebacks."""
     try:
         cli.main(args=argv, prog_name="leaseq")
+    except BrokenPipeError:
+        # The reader went away (`leaseq ls | head`): stop quietly, as other tools do.
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        sys.exit(1)
     except Exception as exc:  # the last resort: an unexpected failure is still one line
         if os.environ.get("LEASEQ_DEBUG") == "1":
             raise

@@ -47,7 +47,11 @@ def cancel(ctx: click.Context, task_id: str, reason: str, as_json: bool) -> None
 @json_option
 @click.pass_context
 def reconcile(ctx: click.Context, task_id: str, outcome: str, note: str, result: str | None, as_json: bool) -> None:
-    """Resolve a needs_reconciliation task after checking the outside world."""
+    """Resolve a needs_reconciliation task.
+
+    Check the outside world first (did the action happen?), then record the
+    outcome and a note; open intents are marked reconciled.
+    """
     document = parse_json_option("result", result)
     _report(open_queue(ctx).reconcile(task_id, outcome=outcome, note=note, result=document), "reconciled", as_json)
 
@@ -58,7 +62,10 @@ def reconcile(ctx: click.Context, task_id: str, outcome: str, note: str, result:
 @json_option
 @click.pass_context
 def unblock(ctx: click.Context, task_id: str, note: str, as_json: bool) -> None:
-    """Return a blocked task to the queue once its credential is repaired."""
+    """Return a blocked task to the queue.
+
+    Use it once the missing or revoked credential is repaired.
+    """
     _report(open_queue(ctx).unblock(task_id, note=note), "unblocked", as_json)
 
 
@@ -68,7 +75,7 @@ def unblock(ctx: click.Context, task_id: str, note: str, as_json: bool) -> None:
 @json_option
 @click.pass_context
 def requeue(ctx: click.Context, task_id: str, note: str, as_json: bool) -> None:
-    """Return a dead task to the queue with a fresh attempt budget."""
+    """Return a dead task to the queue, with a fresh attempt budget."""
     _report(open_queue(ctx).requeue(task_id, note=note), "requeued", as_json)
 
 
@@ -76,7 +83,11 @@ def requeue(ctx: click.Context, task_id: str, note: str, as_json: bool) -> None:
 @click.argument("queue")
 @click.pass_context
 def pause(ctx: click.Context, queue: str) -> None:
-    """Turn QUEUE's off-switch on: no claims, and no new effects in running tasks."""
+    """Turn QUEUE's off-switch on.
+
+    A paused queue hands out no claims, and running tasks may start no new
+    effects; actions already in flight finish and are recorded.
+    """
     open_queue(ctx).pause(queue)
     click.echo(f"queue {queue} paused: no new claims or effects; actions in flight may finish")
 
@@ -93,6 +104,10 @@ def resume(ctx: click.Context, queue: str) -> None:
 @click.command()
 @click.pass_context
 def sweep(ctx: click.Context) -> None:
-    """Route every expired lease now by the recovery policy (claims do this too)."""
+    """Route every expired lease now.
+
+    The recovery policy decides where each goes (queued, needs_reconciliation
+    or dead); every claim does this too, so this is only needed to see it now.
+    """
     routed = open_queue(ctx).sweep()
     click.echo(f"routed {routed} expired lease{'' if routed == 1 else 's'}")

@@ -22,7 +22,11 @@ def register(group: click.Group) -> None:
 @json_option
 @click.pass_context
 def stats(ctx: click.Context, as_json: bool) -> None:
-    """Counts by queue and status, oldest queued age, expired leases not yet routed."""
+    """Task counts by queue and status.
+
+    Also the age of the oldest due task and how many expired leases no claim
+    has routed yet.
+    """
     q = open_queue(ctx)
     rows = q.stats()
     switches = q.queues()
@@ -77,7 +81,7 @@ def queue_overview(q: Queue) -> list[dict[str, Any]]:
 @json_option
 @click.pass_context
 def queues(ctx: click.Context, as_json: bool) -> None:
-    """Queues with their off-switch state (see pause/resume) and task counts."""
+    """Queues: off-switch state and task counts."""
     rows = queue_overview(open_queue(ctx))
     if as_json:
         emit_json(rows)

@@ -37,7 +37,7 @@ _EVENT_FIELDS: dict[str, tuple[str, ...]] = {
     "lease_expired": ("reason", "routed_to", "open_intents", "heartbeats", "longest_heartbeat_gap"),
     "lease_released": ("reason", "routed_to", "open_intents", "heartbeats"),
     "effect_intent": ("action", "idempotency_key"),
-    "effect_response": ("action", "idempotency_key"),
+    "effect_response": ("action",),
     "completed": ("attempt", "heartbeats", "longest_heartbeat_gap"),
     "failed": ("error", "next_status", "retry_at", "error_streak"),
     "cancelled": ("by", "reason", "previous_status", "revoked_lease_of", "open_intents"),
@@ -123,13 +123,19 @@ def task_details(task: Task, *, now: datetime | None = None) -> Table:
     grid.add_row("queue", Text(f"{task.queue}   effect {task.effect}   priority {task.priority}"))
     grid.add_row("idempotency key", Text(task.idempotency_key))
     grid.add_row("generation", Text(f"{task.claim_generation}   attempts {task.attempts}/{task.max_attempts}"
-                                    f"   lease {task.lease_seconds:g}s"))
+                                    f"   default lease {task.lease_seconds:g}s"))
     if task.lease_owner:
         left = _since(as_datetime(task.lease_expires_at), now) if now else None
         expiry = fmt_time(task.lease_expires_at)
         if left is not None:
-            expiry += f" (in {fmt_duration(left)})" if left >= 0 else f" (expired {fmt_duration(-left)} ago)"
+            expiry += (f" (in {fmt_duration(left)})" if left >= 0 else
+                       f" (expired {fmt_duration(-left)} ago; the next claim or `leaseq sweep` routes it)")
         grid.add_row("lease", Text(f"held by {task.lease_owner} until {expiry}"))
+        beats = f"{task.heartbeat_count}"
+        if task.heartbeat_count:
+            beats += (f", last {fmt_time(task.last_heartbeat_at)}, longest gap "
+                      f"{fmt_duration(task.longest_heartbeat_gap)}")
+        grid.add_row("heartbeats", Text(beats))
     grid.add_row("created", Text(fmt_time(task.created_at)))
     grid.add_row("available", Text(fmt_time(task.available_at)))
     if task.open_effects:
@@ -151,7 +157,7 @@ def event_summary(event: Event, *, names: Mapping[str, str] | None = None) -> Te
         value = detail.get(key)
         if value is None or value == [] or (key in ("open_intents", "longest_heartbeat_gap") and not value):
             continue
-        if isinstance(value, float) and key.endswith(("seconds", "gap")):
+        if isinstance(value, (int, float)) and key.endswith(("seconds", "gap")):
             value = f"{value:g}s"
         elif not isinstance(value, str):
             value = json.dumps(value, ensure_ascii=False)

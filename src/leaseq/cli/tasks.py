@@ -90,7 +90,12 @@ def ls(ctx: click.Context, status: str | None, queue: str | None, limit: int, as
 @json_option
 @click.pass_context
 def show(ctx: click.Context, task_id: str, as_json: bool) -> None:
-    """Show a task, its evidence trail as a timeline, and its effects ledger."""
+    """Show a task, its evidence trail and effects.
+
+    The evidence trail is a timeline of every transition (claims with their
+    generation, lease endings and why, intents, responses, operator actions);
+    the effects ledger lists each tool-call intent and its response.
+    """
     q = open_queue(ctx)
     task = q.get(task_id)
     events = [dataclasses.replace(e, at=as_datetime(e.at)) for e in q.events(task.id)]
@@ -104,5 +109,6 @@ def show(ctx: click.Context, task_id: str, as_json: bool) -> None:
     console.print(Text("evidence trail", style="bold"))
     console.print(timeline(events))
     if effects:
+        console.print()
         console.print(Text("effects ledger", style="bold"))
         console.print(effects_table(effects))
