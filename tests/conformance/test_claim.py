@@ -203,3 +203,34 @@ def test_bad_claim_arguments(q: leaseq.Queue, kwargs: dict, field: str) -> None:
         q.claim(w, **kwargs)
     assert info.value.field == field
     assert q.get(t.id).status == "queued"
+
+
+def test_racing_claimers_route_each_expired_lease_once(q: leaseq.Queue) -> None:
+    a = q.register_worker("a")
+    ids = {q.enqueue("job", {"i": i}).id for i in range(40)}
+    stalled = q.claim(a, limit=40, lease_seconds=0.2)
+    wait_expired(q, max(stalled, key=lambda c: c.expires_at))
+    workers = [q.register_worker(f"r{i}") for i in range(4)]
+    start = threading.Barrier(len(workers))
+    claimed: list[list[leaseq.Claim]] = [[] for _ in workers]
+    errors: list[BaseException] = []
+
+    def run(i: int) -> None:
+        try:
+            start.wait(timeout=10)
+            while batch := q.claim(workers[i], limit=3):
+                claimed[i].extend(batch)
+        except BaseException as exc:  # reported below
+            errors.append(exc)
+
+    threads = [threading.Thread(target=run, args=(i,)) for i in range(len(workers))]
+    for th in threads:
+        th.start()
+    for th in threads:
+        th.join(timeout=60)
+    assert not errors
+    every = [c for part in claimed for c in part]
+    assert sorted(c.task_id for c in every) == sorted(ids)
+    assert {c.generation for c in every} == {2}
+    for tid in ids:
+        assert [e.type for e in q.events(tid)].count("lease_expired") == 1

@@ -3,6 +3,7 @@ error naming the field and leaves every table exactly as it was."""
 
 from __future__ import annotations
 
+import threading
 import time
 from typing import Any
 
@@ -212,3 +213,25 @@ def test_postgres_that_cannot_be_reached_is_unavailable_quickly() -> None:
 def test_sqlite_file_that_cannot_be_opened_is_unavailable(tmp_path) -> None:
     with pytest.raises(leaseq.BackendUnavailable):
         leaseq.connect(f"sqlite:///{tmp_path}/no/such/folder/leaseq.db")
+
+
+def test_concurrent_enqueues_with_one_key_make_one_task(q: leaseq.Queue) -> None:
+    start = threading.Barrier(4)
+    got: list[int] = []
+    errors: list[BaseException] = []
+
+    def run() -> None:
+        try:
+            start.wait(timeout=10)
+            got.append(q.enqueue("email", {"to": "x"}, idempotency_key="once").id)
+        except BaseException as exc:  # reported below
+            errors.append(exc)
+
+    threads = [threading.Thread(target=run) for _ in range(4)]
+    for th in threads:
+        th.start()
+    for th in threads:
+        th.join(timeout=30)
+    assert not errors
+    assert len(got) == 4 and len(set(got)) == 1
+    assert len(q.list()) == 1 and len(q.events(got[0])) == 1
