@@ -144,7 +144,8 @@ def test_malformed_headers_get_400(bank, store, header, value):
 def test_error_responses_and_exceptions_roll_the_fence_back(bank, store):
     rejected = post(bank, "/accounts/alice/reject", token=9, key="k")
     assert rejected.status_code == 400 and rejected.json() == {"detail": "insufficient funds"}
-    boom = post(bank, "/accounts/alice/boom", token=9, key="k")
+    # uvicorn closes the connection after an app raises; don't let the client reuse it.
+    boom = post(bank, "/accounts/alice/boom", token=9, key="k", Connection="close")
     assert boom.status_code == 500
     assert ledger(store) == [] and store.newest_token("account:alice") is None and store.outcome("k") is None
     # Nothing was recorded, so the key is still free for a successful retry.
@@ -204,7 +205,12 @@ def signed_app(store: FencedStore, signer: ActionSigner):
         return JSONResponse({"task": grant.claims.task_id, "token": grant.fencing_token,
                              "key": grant.idempotency_key})
 
-    inner = Starlette(routes=[Route("/accounts/dave/deposit", deposit, methods=["POST"])])
+    async def boom(request):
+        add_entry(fence_grant(request).connection, store, "dave", 1000)
+        raise RuntimeError("handler failed")
+
+    inner = Starlette(routes=[Route("/accounts/dave/deposit", deposit, methods=["POST"]),
+                              Route("/accounts/dave/boom", boom, methods=["POST"])])
     return FencingMiddleware(inner, store=store, resource=account_of, signer=signer,
                              action=lambda scope: "deposit")
 
@@ -241,3 +247,8 @@ def test_signed_action_tokens_are_required_and_scope_the_request(store):
         stale = client.post(path, headers={"Leaseq-Action-Token": signer.issue(7, 4, "deposit", "dep-7c", 60)})
         assert stale.status_code == 409 and stale.json()["error"]["code"] == "stale_token"
         assert ledger(store) == [("dave", 1, "4"), ("dave", 1, "5")]
+        # The wrapped app's own error page is passed on; the fence rolls back.
+        crash = client.post("/accounts/dave/boom", headers={"Leaseq-Action-Token": signer.issue(
+            7, 6, "deposit", "dep-7d", 60)})
+        assert crash.status_code == 500
+        assert store.newest_token("account:dave") == 5 and len(ledger(store)) == 2

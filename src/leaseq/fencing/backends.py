@@ -63,8 +63,11 @@ class PostgresFence:
             psycopg.connect(dsn, connect_timeout=max(1, int(connect_timeout))).close()
         except psycopg.Error as exc:
             raise BackendUnavailable(f"cannot connect to PostgreSQL: {str(exc).strip()}") from None
+        # check=: a connection the server dropped is replaced at checkout,
+        # rather than failing the next apply with a bare driver error.
         self._pool = ConnectionPool(dsn, min_size=min_size, max_size=max_size, open=False,
-                                    timeout=connect_timeout, kwargs={"autocommit": True})
+                                    timeout=connect_timeout, kwargs={"autocommit": True},
+                                    check=ConnectionPool.check_connection)
         self._pool.open(wait=True, timeout=connect_timeout)
 
     @contextmanager
