@@ -50,3 +50,22 @@ def error_of(resp: Any) -> dict[str, Any]:
     assert set(body) == {"error"}, body
     assert {"code", "message"} <= set(body["error"]), body
     return body["error"]
+
+
+def age_tasks(dsn: str, task_ids: list[int], seconds: float) -> None:
+    """Move tasks' ``updated_at`` back by ``seconds`` (a test's own write, to make them old)."""
+    dialect, target = parse_dsn(dsn)
+    if dialect == "sqlite":
+        conn = sqlite3.connect(target)
+        try:
+            with conn:
+                conn.executemany("UPDATE leaseq_tasks SET updated_at = updated_at - ? WHERE id = ?",
+                                 [(seconds, i) for i in task_ids])
+        finally:
+            conn.close()
+        return
+    import psycopg
+
+    with psycopg.connect(target) as conn:
+        conn.execute("UPDATE leaseq_tasks SET updated_at = updated_at - %s * interval '1 second' "
+                     "WHERE id = ANY(%s)", (seconds, task_ids))

@@ -1,0 +1,220 @@
+"""``leaseq serve``, ``leaseq tokens create|list|revoke`` and ``leaseq prune``.
+
+The service and token commands act on the database the global ``--dsn``
+names. ``tokens create`` prints the token once, alone on stdout (so
+``leaseq tokens create ... > worker.token`` works); only its hash is stored.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import getpass
+import re
+import signal
+from collections.abc import Iterator
+from typing import Any
+
+import click
+from rich.table import Table
+
+from .render import make_console
+from .session import CliError, emit_json, json_option, open_queue
+
+_DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(s|m|h|d|w)?\s*$")
+_UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 7 * 86400, None: 1}
+
+
+def register(group: click.Group) -> None:
+    """Add this module's commands to ``group``."""
+    group.add_command(serve)
+    group.add_command(tokens)
+    group.add_command(prune)
+
+
+def parse_duration(field: str, text: str | None) -> float | None:
+    """``30d``, ``12h``, ``15m``, ``45s``, ``2w`` or plain seconds, as seconds."""
+    if text is None:
+        return None
+    m = _DURATION.match(text)
+    if m is None:
+        raise CliError(field, f"must be a duration such as 30d, 12h, 15m or 45s (got {text!r})")
+    return float(m.group(1)) * _UNITS[m.group(2)]
+
+
+def _day(value: Any, default: str) -> str:
+    return value.strftime("%Y-%m-%d") if value is not None else default
+
+
+def cli_actor() -> str:
+    """Who is acting from this shell, for the audit log."""
+    try:
+        return f"cli:{getpass.getuser()}"
+    except Exception:  # pragma: no cover - no user database in some containers
+        return "cli"
+
+
+@click.command()
+@click.option("--host", default="127.0.0.1", show_default=True, help="Address to listen on.")
+@click.option("--port", default=8765, show_default=True, type=click.IntRange(0, 65535), help="0 picks a free port.")
+@click.option("--migrate", is_flag=True, help="Create or upgrade the schema before serving.")
+@click.option("--rate", default=100.0, show_default=True, type=click.FloatRange(min=0),
+              help="Requests per second per token (0: no limit). Each replica limits on its own.")
+@click.option("--burst", default=200.0, show_default=True, type=click.FloatRange(min=1), help="Rate limit burst.")
+@click.option("--max-body-bytes", default=2 * 1024 * 1024, show_default=True, type=click.IntRange(min=1024),
+              help="Largest request body accepted (413 above).")
+@click.option("--public-metrics", is_flag=True, help="Serve /metrics without a token.")
+@click.option("--secure-cookies", is_flag=True, help="Mark the dashboard cookie Secure (behind HTTPS).")
+@click.option("--prune-older-than", metavar="AGE", default=None,
+              help="Retention the service applies: delete finished tasks and their evidence older than AGE.")
+@click.option("--prune-payloads-older-than", metavar="AGE", default=None,
+              help="Blank payloads and results of finished tasks older than AGE (evidence stays).")
+@click.option("--prune-every", metavar="AGE", default="1h", show_default=True, help="How often retention runs.")
+@click.option("--log-level", default="info", show_default=True,
+              type=click.Choice(["critical", "error", "warning", "info", "debug"]))
+@click.pass_context
+def serve(ctx: click.Context, host: str, port: int, migrate: bool, rate: float, burst: float,
+          max_body_bytes: int, public_metrics: bool, secure_cookies: bool, prune_older_than: str | None,
+          prune_payloads_older_than: str | None, prune_every: str, log_level: str) -> None:
+    """Serve the queue over HTTP: worker API, operator API, dashboard and /metrics.
+
+    Stateless apart from the database: run several replicas behind a load
+    balancer. Create tokens first with `leaseq tokens create`.
+    """
+    import uvicorn
+
+    from ..service import create_app
+
+    older = parse_duration("prune_older_than", prune_older_than)
+    payloads = parse_duration("prune_payloads_older_than", prune_payloads_older_than)
+    every = parse_duration("prune_every", prune_every)
+    if payloads is not None and older is None:
+        raise CliError("prune_payloads_older_than", "needs --prune-older-than as well")
+    if every is not None and every <= 0:
+        raise CliError("prune_every", "must be greater than 0")
+    q = open_queue(ctx, need_schema=not migrate)
+    if migrate:
+        q.migrate()
+    app = create_app(q, rate_per_second=rate, burst=burst, max_body_bytes=max_body_bytes,
+                     public_metrics=public_metrics, secure_cookies=secure_cookies, prune_older_than=older,
+                     prune_payloads_older_than=payloads, prune_every=every or 3600.0)
+
+    class Server(uvicorn.Server):
+        @contextlib.contextmanager
+        def capture_signals(self) -> Iterator[None]:
+            # uvicorn re-raises SIGTERM after a graceful shutdown; a service that
+            # stopped cleanly should simply exit 0.
+            original = {sig: signal.signal(sig, self.handle_exit) for sig in (signal.SIGINT, signal.SIGTERM)}
+            try:
+                yield
+            finally:
+                for sig, handler in original.items():
+                    signal.signal(sig, handler)
+
+        async def startup(self, sockets: Any = None) -> None:
+            await super().startup(sockets=sockets)
+            for server in self.servers:
+                for sock in server.sockets:
+                    addr = sock.getsockname()
+                    click.echo(f"leaseq service listening on http://{addr[0]}:{addr[1]} "
+                               f"({q.dialect}; dashboard at /, API schema at /openapi.json)", err=True)
+
+    config = uvicorn.Config(app, host=host, port=port, log_level=log_level, access_log=log_level == "debug",
+                            server_header=False)
+    Server(config).run()
+    click.echo("leaseq service stopped", err=True)
+
+
+@click.group()
+def tokens() -> None:
+    """API tokens for the service: create (shown once), list, revoke."""
+
+
+@tokens.command("create")
+@click.option("--role", required=True, type=click.Choice(["worker", "viewer", "operator", "admin"]),
+              help="worker: its own leases; viewer: read; operator: act on tasks; admin: tokens, retention.")
+@click.option("--name", required=True, help="A label: who or what holds the token.")
+@click.option("--queue", "queues", multiple=True, metavar="QUEUE",
+              help="Limit a worker token to this queue (repeat for several).")
+@click.option("--read-payloads/--no-read-payloads", default=None,
+              help="Show payloads, results and errors (default: yes, except for viewers).")
+@click.option("--expires-in", metavar="AGE", default=None, help="Lifetime, e.g. 90d (default: no expiry).")
+@json_option
+@click.pass_context
+def create(ctx: click.Context, role: str, name: str, queues: tuple[str, ...], read_payloads: bool | None,
+           expires_in: str | None, as_json: bool) -> None:
+    """Create a token and print it once. Only its hash is stored."""
+    from .. import auth
+
+    token, record = auth.create_token(open_queue(ctx), name=name, role=role, queues=list(queues) or None,
+                                      read_payloads=read_payloads, expires_in=parse_duration("expires_in", expires_in),
+                                      created_by=cli_actor())
+    if as_json:
+        emit_json({"token": token, **record})
+        return
+    click.echo(token)
+    click.echo(f"created {role} token {record['id']} ({name}); it is shown only now: store it safely", err=True)
+
+
+@tokens.command("list")
+@json_option
+@click.pass_context
+def list_(ctx: click.Context, as_json: bool) -> None:
+    """Every token: id, name, role, scope and state (never a secret)."""
+    from .. import auth
+
+    rows = auth.list_tokens(open_queue(ctx))
+    if as_json:
+        emit_json(rows)
+        return
+    if not rows:
+        make_console().print("no tokens; create one with `leaseq tokens create --role admin --name you`")
+        return
+    table = Table(box=None, header_style="bold", pad_edge=False, padding=(0, 1))
+    for column in ("id", "name", "role", "queues", "data", "state", "expires", "used", "workers"):
+        table.add_column(column, no_wrap=column != "name", overflow="fold")
+    for r in rows:
+        state = "revoked" if r["revoked_at"] else "expired" if r["expired"] else "active"
+        table.add_row(r["id"], r["name"], r["role"], ",".join(r["queues"] or []) or "any",
+                      "shown" if r["read_payloads"] else "hidden", state, _day(r["expires_at"], "never"),
+                      _day(r["last_used_at"], "never"), str(r["workers"]))
+    make_console().print(table)
+
+
+@tokens.command("revoke")
+@click.argument("token_id")
+@json_option
+@click.pass_context
+def revoke(ctx: click.Context, token_id: str, as_json: bool) -> None:
+    """Revoke a token and every worker it registered (their leases stop renewing)."""
+    from .. import auth
+
+    workers = auth.revoke_token(open_queue(ctx), token_id, by=cli_actor())
+    if as_json:
+        emit_json({"token_id": token_id, "revoked": True, "revoked_workers": workers})
+        return
+    click.echo(f"revoked token {token_id}" + (f" and {len(workers)} worker(s): {', '.join(workers)}"
+                                               if workers else ""))
+
+
+@click.command()
+@click.option("--older-than", required=True, metavar="AGE",
+              help="Delete completed and cancelled tasks, with their evidence, untouched for AGE (e.g. 30d).")
+@click.option("--payloads-older-than", metavar="AGE", default=None,
+              help="Also blank payloads and results of finished tasks older than AGE; their evidence stays.")
+@json_option
+@click.pass_context
+def prune(ctx: click.Context, older_than: str, payloads_older_than: str | None, as_json: bool) -> None:
+    """Apply retention now. Dead, blocked and needs_reconciliation tasks are kept."""
+    from .. import auth
+
+    q = open_queue(ctx)
+    older = parse_duration("older_than", older_than)
+    payloads = parse_duration("payloads_older_than", payloads_older_than)
+    counts = q.prune(older, payloads_older_than_seconds=payloads)  # type: ignore[arg-type]
+    auth.record_action(q, cli_actor(), "prune", "retention", older_than_seconds=older,
+                       payloads_older_than_seconds=payloads, **counts)
+    if as_json:
+        emit_json(counts)
+        return
+    click.echo(f"pruned {counts['tasks']} task(s), {counts['events']} event(s), {counts['effects']} effect(s); "
+               f"blanked {counts['payloads']} payload(s)")

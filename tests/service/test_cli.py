@@ -1,0 +1,108 @@
+"""``leaseq tokens``, ``leaseq prune`` and a real ``leaseq serve`` process."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+
+import httpx
+from click.testing import CliRunner
+
+import leaseq
+from leaseq import auth
+from leaseq.cli.main import cli
+
+from .support import age_tasks
+
+
+def run(dsn: str, *args: str) -> tuple[int, str, str]:
+    result = CliRunner().invoke(cli, ["--dsn", dsn, *args])
+    return result.exit_code, result.stdout, result.stderr
+
+
+def test_tokens_create_list_revoke(q: leaseq.Queue, dsn: str) -> None:
+    code, out, err = run(dsn, "tokens", "create", "--role", "worker", "--name", "builder", "--queue", "ci",
+                         "--expires-in", "90d")
+    assert code == 0, err
+    token = out.strip()
+    assert re.fullmatch(r"lq_[0-9a-f]{12}_[0-9a-f]{64}", token) and "shown only now" in err
+    principal = auth.verify_token(q, token)
+    assert (principal.role, principal.queues) == ("worker", frozenset({"ci"}))
+    w = q.register_worker("builder", token_id=principal.token_id)
+
+    code, out, _ = run(dsn, "tokens", "list", "--json")
+    [row] = json.loads(out)
+    assert row["id"] == principal.token_id and row["workers"] == 1 and "secret_hash" not in row
+    assert token not in out and auth.hash_token(token) not in out
+    code, out, _ = run(dsn, "tokens", "list")
+    assert principal.token_id in out and "active" in out
+
+    code, out, _ = run(dsn, "tokens", "revoke", principal.token_id)
+    assert code == 0 and w.id in out
+    assert q.renew_leases(w, []) == {} and q.workers()[0]["revoked_at"] is not None
+    [entry, created] = auth.audit_log(q)[:2]
+    assert entry["action"] == "token_revoked" and entry["actor"].startswith("cli")
+    assert created["action"] == "token_created"
+
+
+def test_tokens_bad_input_is_one_line_and_changes_nothing(q: leaseq.Queue, dsn: str) -> None:
+    for args, field in [(["create", "--role", "viewer", "--name", "v", "--queue", "a"], "queues"),
+                        (["create", "--role", "worker", "--name", "bad name!"], "name"),
+                        (["create", "--role", "worker", "--name", "w", "--expires-in", "soon"], "expires_in"),
+                        (["revoke", "nothex"], "token_id"),
+                        (["revoke", "0123456789ab"], "task")]:
+        code, out, err = run(dsn, "tokens", *args)
+        assert code == 2 and out == "", (args, out, err)
+        assert err.startswith("error: ") and len(err.strip().splitlines()) == 1, err
+    assert auth.list_tokens(q) == []
+
+
+def test_prune_command(q: leaseq.Queue, dsn: str) -> None:
+    w = q.register_worker("w")
+    t = q.enqueue("job", {"big": "payload"})
+    [c] = q.claim(w)
+    q.complete(w, c, {"r": 1})
+    age_tasks(dsn, [t.id], 10 * 86400)
+    code, out, _ = run(dsn, "prune", "--older-than", "30d", "--payloads-older-than", "7d", "--json")
+    assert code == 0 and json.loads(out) == {"tasks": 0, "events": 0, "effects": 0, "payloads": 1}
+    assert q.get(t.id).payload is None and len(q.events(t.id)) == 3
+    code, out, _ = run(dsn, "prune", "--older-than", "1w")
+    assert code == 0 and out.startswith("pruned 1 task(s), 3 event(s)")
+    code, _, err = run(dsn, "prune", "--older-than", "-3d")
+    assert code == 2 and "older_than" in err
+
+
+def test_serve_runs_until_sigterm(tmp_path) -> None:
+    dsn = f"sqlite:///{tmp_path / 'served.db'}"
+    env = {**os.environ, "LEASEQ_DSN": dsn}
+    proc = subprocess.Popen([sys.executable, "-m", "leaseq.cli", "serve", "--port", "0", "--migrate",
+                             "--log-level", "warning"], env=env, stderr=subprocess.PIPE, text=True)
+    try:
+        line = proc.stderr.readline()
+        m = re.search(r"listening on (http://127\.0\.0\.1:\d+)", line)
+        assert m, line
+        url = m.group(1)
+        q = leaseq.connect(dsn)
+        token, _ = auth.create_token(q, name="ops", role="operator")
+        q.close()
+        assert httpx.get(f"{url}/healthz").json()["ok"] is True
+        resp = httpx.post(f"{url}/v1/tasks", json={"kind": "hello"}, headers={"Authorization": f"Bearer {token}"})
+        assert resp.status_code == 201 and resp.json()["status"] == "queued"
+        assert httpx.get(f"{url}/openapi.json").json()["info"]["title"] == "leaseq"
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=10) == 0
+        assert "leaseq service stopped" in proc.stderr.read()
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+        proc.stderr.close()
+
+
+def test_serve_refuses_a_database_without_schema(tmp_path) -> None:
+    code, out, err = run(f"sqlite:///{tmp_path / 'missing.db'}", "serve", "--port", "0")
+    assert code == 2 and "leaseq migrate" in err

@@ -1,0 +1,148 @@
+"""Operator and admin actions over HTTP, with the actor's identity; retention."""
+
+from __future__ import annotations
+
+import leaseq
+from leaseq import auth
+
+from .conftest import Service, serve
+from .support import age_tasks, error_of
+
+DAY = 86400.0
+
+
+def _finished(q: leaseq.Queue, status: str, queue: str = "default") -> int:
+    """A task of ``queue`` that ended in ``status``, with an effect and events."""
+    w = q.register_worker("w")
+    t = q.enqueue("job", {"doc": status}, effect="side_effect", queue=queue)
+    [c] = q.claim(w, queue=queue)
+    fx = q.begin_effect(w, c, "email.send")
+    if status == "needs_reconciliation":
+        q.release(w, c, "stopped")
+        return t.id
+    q.finish_effect(w, c, fx, {"id": 1})
+    if status == "completed":
+        q.complete(w, c, {"answer": 42})
+    elif status == "cancelled":
+        q.cancel(t.id, "no longer wanted", by="test")
+    else:
+        q.fail(w, c, "key revoked", block=status == "blocked", retry=status != "dead")
+    assert q.get(t.id).status == status
+    return t.id
+
+
+def test_reconcile_over_http_records_who_and_why(svc: Service) -> None:
+    task_id = _finished(svc.q, "needs_reconciliation")
+    ops = svc.http(svc.token("operator", "alice"))
+    resp = ops.post(f"/v1/tasks/{task_id}/reconcile",
+                    json={"outcome": "completed", "note": "mail log shows it was sent", "result": {"sent": True}})
+    assert resp.status_code == 200, resp.text
+    assert resp.json()["status"] == "completed" and resp.json()["result"] == {"sent": True}
+    [event] = [e for e in svc.q.events(task_id) if e.type == "reconciled"]
+    assert event.detail["by"].startswith("alice (operator token ")
+    assert event.detail["note"] == "mail log shows it was sent"
+    [entry] = [e for e in auth.audit_log(svc.q) if e["action"] == "reconcile"]
+    assert entry["target"] == f"task:{task_id}" and entry["actor"] == event.detail["by"]
+    again = ops.post(f"/v1/tasks/{task_id}/reconcile", json={"outcome": "requeue", "note": "again"})
+    assert again.status_code == 409 and error_of(again)["code"] == "invalid_transition"
+
+
+def test_pause_records_the_actor(svc: Service) -> None:
+    ops = svc.http(svc.token("operator", "bob"))
+    assert ops.post("/v1/queues/mail/pause").json() == {"queue": "mail", "paused": True}
+    [row] = svc.q.queues()
+    assert row["paused"] and row["changed_by"].startswith("bob (operator token ")
+    overview = ops.get("/v1/queues").json()["queues"]
+    assert [(q["name"], q["paused"]) for q in overview] == [("mail", True)]
+
+
+def test_timeline_groups_the_evidence_by_generation(svc: Service) -> None:
+    q = svc.q
+    a, b = q.register_worker("a"), q.register_worker("b")
+    t = q.enqueue("job", {"k": 1}, effect="idempotent")
+    [c1] = q.claim(a, lease_seconds=5)
+    q.heartbeat(a, c1)
+    q.release(a, c1, "draining")
+    [c2] = q.claim(b)
+    fx = q.begin_effect(b, c2, "crm.update")
+    q.finish_effect(b, c2, fx, {"ok": True})
+    q.complete(b, c2, {"done": 1})
+    view = svc.http(svc.token("viewer")).get(f"/v1/tasks/{t.id}/timeline").json()
+    first, second = view["attempts"]
+    assert (first["generation"], first["worker_id"], first["heartbeats"]["heartbeats"]) == (1, a.id, 1)
+    assert first["ended"] == "released by the holder: draining" and first["routed_to"] == "queued"
+    assert (second["generation"], second["worker_id"], second["ended"]) == (2, b.id, "completed by the holder")
+    assert [(f["action"], f["status"], f["response"]) for f in second["effects"]] == \
+        [("crm.update", "done", "[redacted]")]
+    assert view["task"]["result"] == "[redacted]"
+    assert [e["type"] for e in view["other_events"]] == ["enqueued"]
+
+
+def test_prune_keeps_what_incident_review_needs(q: leaseq.Queue, dsn: str) -> None:
+    ids = {s: _finished(q, s, queue=f"q-{s}") for s in
+           ("completed", "cancelled", "dead", "blocked", "needs_reconciliation")}
+    recent = _finished(q, "completed", queue="q-recent")
+    payload_only = _finished(q, "completed", queue="q-payload")
+    queued = q.enqueue("job", {"waiting": True}, queue="q-queued").id
+    age_tasks(dsn, [*ids.values(), queued], 40 * DAY)
+    age_tasks(dsn, [payload_only], 10 * DAY)
+    events_before = {i: len(q.events(i)) for i in (*ids.values(), recent, payload_only, queued)}
+
+    counts = q.prune(30 * DAY, payloads_older_than_seconds=7 * DAY, batch=1)
+    assert counts["tasks"] == 2 and counts["effects"] == 2 and counts["payloads"] == 1
+    assert counts["events"] == events_before[ids["completed"]] + events_before[ids["cancelled"]]
+    for gone in (ids["completed"], ids["cancelled"]):
+        try:
+            q.get(gone)
+        except leaseq.NotFound:
+            continue
+        raise AssertionError(f"task {gone} was not pruned")
+    for kept in (ids["dead"], ids["blocked"], ids["needs_reconciliation"], queued, recent, payload_only):
+        assert len(q.events(kept)) == events_before[kept]
+    blanked = q.get(payload_only)
+    assert blanked.payload is None and blanked.result is None and len(q.effects(payload_only)) == 1
+    assert q.get(recent).result == {"answer": 42} and q.get(ids["dead"]).payload == {"doc": "dead"}
+    assert q.prune(30 * DAY, payloads_older_than_seconds=7 * DAY) == {"tasks": 0, "events": 0, "effects": 0,
+                                                                        "payloads": 0}
+
+
+def test_prune_refuses_bad_input(q: leaseq.Queue) -> None:
+    for bad in (-1, "30d", float("nan"), None):
+        try:
+            q.prune(bad)  # type: ignore[arg-type]
+        except leaseq.InvalidInput as exc:
+            assert exc.field == "older_than_seconds"
+        else:
+            raise AssertionError(f"prune({bad!r}) was accepted")
+
+
+def test_the_service_applies_retention_on_its_own_schedule(q: leaseq.Queue, dsn: str) -> None:
+    old = _finished(q, "completed")
+    age_tasks(dsn, [old], 40 * DAY)
+    with serve(q, prune_older_than=30 * DAY, prune_every=3600) as (url, app):
+        assert app.state.retention.passed.wait(10)
+    try:
+        q.get(old)
+        raise AssertionError("retention did not prune the old task")
+    except leaseq.NotFound:
+        pass
+    [entry] = [e for e in auth.audit_log(q) if e["action"] == "prune"]
+    assert entry["actor"] == "service retention" and entry["detail"]["tasks"] == 1
+
+
+def test_admin_prunes_and_manages_tokens_over_http(svc: Service) -> None:
+    admin = svc.http(svc.token("admin", "root"))
+    old = _finished(svc.q, "completed")
+    age_tasks(svc.dsn, [old], 2 * DAY)
+    resp = admin.post("/v1/prune", json={"older_than_seconds": DAY})
+    assert resp.status_code == 200 and resp.json()["tasks"] == 1
+    created = admin.post("/v1/tokens", json={"name": "ci", "role": "worker", "queues": ["builds"],
+                                             "expires_in": 3600}).json()
+    assert created["token"].startswith(f"lq_{created['id']}_") and created["queues"] == ["builds"]
+    listed = {t["id"]: t for t in admin.get("/v1/tokens").json()["tokens"]}
+    assert listed[created["id"]]["role"] == "worker"
+    assert all("secret_hash" not in t and "token" not in t for t in listed.values())
+    bad = admin.post("/v1/tokens", json={"name": "x", "role": "viewer", "queues": ["a"]})
+    assert bad.status_code == 422 and error_of(bad)["field"] == "queues"
+    assert admin.delete(f"/v1/tokens/{created['id']}").json()["revoked"] is True
+    assert admin.delete("/v1/tokens/000000000000").status_code == 404
