@@ -24,7 +24,7 @@ def demo(ctx: click.Context, keep: bool) -> None:
     Worker A stalls past its lease, B recovers the task, and every write A
     tries afterwards is refused; then a side effect with no recorded response
     goes to reconciliation instead of a retry. Runs on a throwaway SQLite file unless the global --dsn is given (then in
-    a queue of its own on that database).
+    a queue of its own on that database, which it migrates if needed).
     """
     from ..demo import run_demo
 
