@@ -21,6 +21,7 @@ and whose ``resource(scope)`` is not None:
   (code ``forbidden``, with a ``reason``). The token's generation and
   idempotency key then stand in for missing headers, and must equal them
   when both are sent, so a caller cannot raise its own fencing token.
+  The verified :class:`ActionClaims` are in ``scope["leaseq.action"]``.
 
 The handler runs inside the fence, in :meth:`FencedStore.apply`'s
 transaction, with the fence row of the resource locked until it returns:
