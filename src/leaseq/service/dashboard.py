@@ -133,8 +133,10 @@ def _queue(request: Request) -> Queue:
 
 def render(name: str, request: Request, s: Session | None, status_code: int = 200, **context: Any) -> HTMLResponse:
     """Render a template with the shared context (session, flash messages)."""
-    html = _env.get_template(name).render(session=s, request=request, msg=request.query_params.get("msg"),
-                                          err=request.query_params.get("err"), **context)
+    values = {"session": s, "request": request, "msg": request.query_params.get("msg"),
+              "err": request.query_params.get("err")}
+    values.update(context)
+    html = _env.get_template(name).render(**values)
     return HTMLResponse(html, status_code=status_code, headers=_HEADERS)
 
 

@@ -1,0 +1,203 @@
+"""The dashboard in a real headless Chromium (Debian's chromium, driven by Playwright).
+
+A login through the form, the queue overview, the task timeline (with a
+screenshot saved under the test's tmp_path), and a reconciliation done
+through the inbox page and checked in the database.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import struct
+import zlib
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+
+import leaseq
+from leaseq import auth
+
+from .conftest import Service
+from .support import snapshot, wait_until
+
+CHROMIUM = "/usr/bin/chromium"
+pytestmark = pytest.mark.skipif(not os.path.exists(CHROMIUM), reason=f"needs Debian's chromium at {CHROMIUM}")
+
+
+@pytest.fixture(scope="module")
+def browser() -> Iterator[object]:
+    from playwright.sync_api import sync_playwright
+
+    with sync_playwright() as p:
+        b = p.chromium.launch(executable_path=CHROMIUM, args=[
+            "--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+            "--disable-background-networking", "--disable-component-update", "--disable-sync"])
+        try:
+            yield b
+        finally:
+            b.close()
+
+
+@pytest.fixture
+def page(browser, svc: Service) -> Iterator[object]:
+    context = browser.new_context(base_url=svc.url, viewport={"width": 1280, "height": 900})
+    pg = context.new_page()
+    pg.set_default_timeout(10_000)
+    try:
+        yield pg
+    finally:
+        context.close()
+
+
+def login(page, token: str) -> None:
+    page.goto("/")
+    assert page.url.endswith("/login")
+    page.fill("#token", token)
+    page.click("#login")
+    page.wait_for_url(re.compile(r"/$"))
+
+
+def png_facts(path: Path) -> tuple[int, int, int]:
+    """(width, height, distinct scanlines) of a PNG, with the standard library only."""
+    data = path.read_bytes()
+    assert data[:8] == b"\x89PNG\r\n\x1a\n"
+    width, height = struct.unpack(">II", data[16:24])
+    channels = {2: 3, 6: 4, 0: 1, 4: 2}[data[25]]
+    idat, pos = b"", 8
+    while pos < len(data):
+        length, kind = struct.unpack(">I4s", data[pos:pos + 8])
+        if kind == b"IDAT":
+            idat += data[pos + 8:pos + 8 + length]
+        pos += 12 + length
+    raw = zlib.decompress(idat)
+    stride = 1 + width * channels
+    rows = {raw[i:i + stride] for i in range(0, len(raw), stride)}
+    return width, height, len(rows)
+
+
+def _two_generation_task(q: leaseq.Queue) -> int:
+    """A's lease expires; B recovers, records an effect and completes."""
+    a, b = q.register_worker("worker-a"), q.register_worker("worker-b")
+    task = q.enqueue("summarize", {"doc": 7}, effect="idempotent")
+    [ca] = q.claim(a, lease_seconds=0.3)
+    q.heartbeat(a, ca)
+    wait_until(q, q.get(task.id).lease_expires_at)
+    [cb] = q.claim(b)
+    fx = q.begin_effect(b, cb, "search.query", key="doc-7")
+    q.finish_effect(b, cb, fx, {"hits": 3})
+    q.complete(b, cb, {"summary": "three hits"})
+    return task.id
+
+
+@pytest.mark.parametrize("dsn", ["sqlite"], indirect=True)  # browser plumbing: one backend is enough
+def test_login_keeps_the_token_in_an_httponly_strict_cookie(page, svc: Service) -> None:
+    svc.q.enqueue("job", queue="mail")
+    login(page, svc.token("viewer", "vera"))
+    assert page.inner_text("header .who") == "vera · viewer"
+    row = page.locator('#queues tr[data-queue="mail"]')
+    assert row.locator("td").nth(1).inner_text() == "1"  # one queued
+    [cookie] = page.context.cookies()
+    assert (cookie["name"], cookie["httpOnly"], cookie["sameSite"]) == ("leaseq_session", True, "Strict")
+    assert "leaseq_session" not in page.evaluate("document.cookie")
+    page.goto("/inbox")
+    assert page.locator("form.reconcile").count() == 0  # viewers get no action forms
+
+
+@pytest.mark.parametrize("dsn", ["sqlite"], indirect=True)  # browser plumbing: one backend is enough
+def test_bad_and_worker_tokens_cannot_log_in(page, svc: Service) -> None:
+    page.goto("/login")
+    page.fill("#token", "lq_000000000000_" + "0" * 64)
+    page.click("#login")
+    assert "invalid token" in page.inner_text("[role=alert]")
+    page.fill("#token", svc.token("worker"))
+    page.click("#login")
+    assert "worker role cannot use the dashboard" in page.inner_text("[role=alert]")
+    assert page.context.cookies() == []
+
+
+def test_task_timeline_screenshot(page, svc: Service, tmp_path: Path) -> None:
+    task_id = _two_generation_task(svc.q)
+    login(page, svc.token("operator", "olga"))
+    page.goto(f"/tasks/{task_id}")
+    gens = page.locator("#timeline .gen[data-generation]")
+    assert gens.count() == 2
+    first, second = gens.nth(0).inner_text(), gens.nth(1).inner_text()
+    assert "worker-a" in first and "expired without renewal" in first and "Heartbeats: 1" in first
+    assert "worker-b" in second and "search.query" in second and '"hits": 3' in second
+    assert "completed by the holder" in second
+    assert page.inner_text("#status") == "completed"
+    shot = tmp_path / "timeline.png"
+    page.screenshot(path=str(tmp_path / "page.png"), full_page=True)
+    page.locator("#timeline").screenshot(path=str(shot))
+    width, height, distinct_rows = png_facts(shot)
+    assert width > 600 and height > 250, (width, height)
+    assert distinct_rows > 40 and shot.stat().st_size > 10_000  # drawn text, not a blank box
+
+
+def test_reconcile_through_the_inbox(page, svc: Service) -> None:
+    q = svc.q
+    w = q.register_worker("mailer")
+    task = q.enqueue("send_welcome", {"user": 5}, effect="side_effect")
+    [c] = q.claim(w)
+    q.begin_effect(w, c, "email.send", key="welcome:5")
+    q.release(w, c, "worker stopped")
+    assert q.get(task.id).status == "needs_reconciliation"
+
+    login(page, svc.token("operator", "olga"))
+    page.goto("/inbox")
+    item = page.locator(f'.inbox-item[data-task="{task.id}"]')
+    assert "welcome:5" in item.inner_text() and "no response" in item.inner_text()
+    item.locator("select[name=outcome]").select_option("completed")
+    item.locator("input[name=note]").fill("provider log shows the mail was delivered")
+    item.locator("form.reconcile button").click()
+    page.wait_for_url(re.compile(r"/inbox\?msg="))
+    assert f"task {task.id} reconciled: completed" in page.inner_text("[role=status]")
+    assert page.locator(f'.inbox-item[data-task="{task.id}"]').count() == 0
+
+    done = q.get(task.id)
+    assert done.status == "completed" and done.open_effects == 0
+    [event] = [e for e in q.events(task.id) if e.type == "reconciled"]
+    assert event.detail["by"].startswith("olga (operator token ")
+    assert event.detail["note"] == "provider log shows the mail was delivered"
+    assert event.detail["settled_intents"] == ["welcome:5"]
+    assert [fx.status for fx in q.effects(task.id)] == ["reconciled"]
+    [entry] = [e for e in auth.audit_log(q) if e["action"] == "reconcile"]
+    assert entry["detail"]["via"] == "dashboard" and entry["actor"] == event.detail["by"]
+
+
+def test_actions_need_csrf_and_the_operator_role(svc: Service) -> None:
+    q = svc.q
+    w = q.register_worker("w")
+    task = q.enqueue("job", effect="side_effect")
+    [c] = q.claim(w)
+    q.fail(w, c, "token revoked upstream", block=True)
+    viewer, operator = svc.token("viewer"), svc.token("operator")
+    page_csrf = {}
+    for name, token in (("viewer", viewer), ("operator", operator)):
+        html = httpx.get(f"{svc.url}/", cookies={"leaseq_session": token}).text
+        page_csrf[name] = re.search(r'name="csrf" value="([0-9a-f]{64})"', html).group(1)
+    before = snapshot(svc.dsn)
+    attempts = [(operator, {"note": "fixed"}), (operator, {"note": "fixed", "csrf": "0" * 64}),
+                (operator, {"note": "fixed", "csrf": page_csrf["viewer"]}),
+                (viewer, {"note": "fixed", "csrf": page_csrf["viewer"]})]
+    for token, form in attempts:
+        resp = httpx.post(f"{svc.url}/tasks/{task.id}/unblock", data=form, cookies={"leaseq_session": token})
+        assert resp.status_code == 403, (form, resp.text)
+    assert httpx.post(f"{svc.url}/tasks/{task.id}/unblock", data={"note": "x"}).status_code == 303  # to /login
+    assert snapshot(svc.dsn) == before
+    ok = httpx.post(f"{svc.url}/tasks/{task.id}/unblock", data={"note": "key rotated", "csrf": page_csrf["operator"]},
+                    cookies={"leaseq_session": operator})
+    assert ok.status_code == 303 and q.get(task.id).status == "queued"
+
+
+@pytest.mark.parametrize("dsn", ["sqlite"], indirect=True)  # browser plumbing: one backend is enough
+def test_revoking_the_token_ends_the_session(page, svc: Service) -> None:
+    token = svc.token("viewer", "temp")
+    login(page, token)
+    auth.revoke_token(svc.q, token.split("_")[1], by="test")
+    page.goto("/tasks")
+    assert page.url.split("?")[0].endswith("/login") and "revoked" in page.inner_text("[role=alert]")
+    assert page.context.cookies() == []
