@@ -25,6 +25,7 @@ COMMAND_MODULES = (
     "demo_command",      # demo
     "worker",            # worker
     "service",           # serve, tokens, prune
+    "chaos",             # chaos
 )
 
 

@@ -1,0 +1,241 @@
+"""The checker: invariants over a run's whole history and final state.
+
+It is a pure function of what the run recorded (:class:`Observed`), so it
+can be tested on hand-made histories and re-run on a saved JSON history.
+Each invariant names the promise it checks:
+
+``no_task_lost``
+    every enqueued task ends ``completed``, ``dead``, ``cancelled``,
+    ``needs_reconciliation`` or ``blocked``; none is left ``queued`` or
+    ``running`` (with or without an expired lease).
+``single_completion``
+    no task is completed by more than one generation, and the stored result
+    is the completing generation's (which is the task's newest claim).
+``stale_write_refused``
+    no guarded write (renew, complete, fail, release, begin/finish effect)
+    of a generation was accepted once a newer claim of the task, or an
+    operator's cancellation, had been recorded.
+``downstream_once``
+    no downstream action (idempotency key) applied twice.
+``downstream_fenced``
+    on every resource, no write accepted with a token older than one
+    accepted before it, and the fence remembers the newest.
+``reconciliation_evidence``
+    every ``needs_reconciliation`` task has an intent without a response in
+    its evidence, and no side-effect task went back to the queue while an
+    intent of its was open.
+``cancel_final``
+    a cancelled task stays cancelled and is never completed afterwards.
+"""
+
+from __future__ import annotations
+
+from collections import Counter, defaultdict
+from dataclasses import dataclass, field
+from typing import Any
+
+RESTING = frozenset({"completed", "dead", "cancelled", "needs_reconciliation", "blocked"})
+GUARDED_OPS = frozenset({"renew", "complete", "fail", "release", "begin_effect", "finish_effect"})
+INVARIANTS = ("no_task_lost", "single_completion", "stale_write_refused", "downstream_once",
+              "downstream_fenced", "reconciliation_evidence", "cancel_final")
+#: Routing events and the detail field holding where the task went.
+_ROUTED = {"lease_expired": "routed_to", "lease_released": "routed_to", "failed": "next_status"}
+
+
+@dataclass
+class Observed:
+    """What a run leaves behind: the history and the final state of both databases."""
+
+    history: list[dict[str, Any]]
+    tasks: list[dict[str, Any]]
+    events: dict[int, list[dict[str, Any]]]
+    effects: dict[int, list[dict[str, Any]]]
+    ledger: list[dict[str, Any]]
+    fence_tokens: dict[str, int] = field(default_factory=dict)
+
+
+@dataclass
+class Report:
+    """The verdict: counts for the table and every violation found."""
+
+    counts: dict[str, int]
+    statuses: dict[str, int]
+    violations: list[dict[str, Any]]
+
+    @property
+    def ok(self) -> bool:
+        """True when no invariant was violated."""
+        return not self.violations
+
+    def by_invariant(self) -> dict[str, int]:
+        """Violations per invariant (every invariant listed, zeros included)."""
+        found = Counter(v["invariant"] for v in self.violations)
+        return {name: found.get(name, 0) for name in INVARIANTS}
+
+
+def check(obs: Observed) -> Report:
+    """Check every invariant; return counts and violations."""
+    violations: list[dict[str, Any]] = []
+
+    def violate(invariant: str, task: Any, detail: str) -> None:
+        violations.append({"invariant": invariant, "task": task, "detail": detail})
+
+    tasks = {int(t["id"]): t for t in obs.tasks}
+    _tasks_settled(obs, tasks, violate)
+    _completions(obs, tasks, violate)
+    _stale_writes(obs, violate)
+    _downstream(obs, violate)
+    _reconciliation(obs, tasks, violate)
+    _cancellations(obs, tasks, violate)
+    return Report(counts=_counts(obs), statuses=dict(Counter(t["status"] for t in obs.tasks)),
+                  violations=violations)
+
+
+def _tasks_settled(obs: Observed, tasks: dict[int, dict], violate) -> None:
+    enqueued = {r["task"] for r in obs.history if r["op"] == "enqueue" and r["outcome"] == "ok"}
+    for task_id in sorted(enqueued - set(tasks)):
+        violate("no_task_lost", task_id, "enqueued, but missing from the database")
+    for task_id, t in sorted(tasks.items()):
+        if t["status"] not in RESTING:
+            stuck = " with its lease held" if t["status"] == "running" else ""
+            violate("no_task_lost", task_id, f"ended {t['status']}{stuck} (generation {t['claim_generation']})")
+
+
+def _completions(obs: Observed, tasks: dict[int, dict], violate) -> None:
+    accepted: dict[int, set[int]] = defaultdict(set)
+    for r in obs.history:
+        if r["op"] == "complete" and r["outcome"] == "ok":
+            accepted[r["task"]].add(r["gen"])
+    for task_id, events in obs.events.items():
+        gens = [e["generation"] for e in events if e["type"] == "completed"]
+        gens_all = sorted(set(gens) | accepted.get(task_id, set()))
+        if len(gens) > 1 or len(gens_all) > 1:
+            violate("single_completion", task_id, f"completed by generations {gens_all}")
+        t = tasks.get(task_id)
+        if t is None or t["status"] != "completed" or not gens:
+            continue
+        result = t.get("result")
+        result_gen = result.get("generation") if isinstance(result, dict) else None
+        if gens[-1] != t["claim_generation"]:
+            violate("single_completion", task_id,
+                    f"completed by generation {gens[-1]} while generation {t['claim_generation']} held the task")
+        if result_gen is not None and result_gen != gens[-1]:
+            violate("single_completion", task_id,
+                    f"stored result is generation {result_gen}'s, completed by generation {gens[-1]}")
+
+
+def _stale_writes(obs: Observed, violate) -> None:
+    """An accepted write invoked after a newer claim (or a cancellation) was recorded."""
+    newest: dict[int, list[tuple[float, int]]] = defaultdict(list)  # task -> [(time, generation)]
+    cancelled_at: dict[int, float] = {}
+    for r in obs.history:
+        if r["op"] == "claim" and r["outcome"] == "ok" and "task" in r:
+            newest[r["task"]].append((r["t"], r["gen"]))
+        elif r["op"] == "cancel" and r["outcome"] == "ok":
+            cancelled_at.setdefault(r["task"], r["t"])
+    for r in obs.history:
+        if r["op"] not in GUARDED_OPS or r["outcome"] != "ok" or "gen" not in r:
+            continue
+        start = r.get("t0", r["t"])
+        superseded = [g for t, g in newest.get(r["task"], ()) if t < start and g > r["gen"]]
+        if superseded:
+            violate("stale_write_refused", r["task"],
+                    f"{r['op']} by generation {r['gen']} ({r['proc']}) accepted after generation "
+                    f"{max(superseded)} had claimed the task")
+        elif r["op"] != "renew" and r["task"] in cancelled_at and cancelled_at[r["task"]] < start:
+            violate("stale_write_refused", r["task"],
+                    f"{r['op']} by generation {r['gen']} ({r['proc']}) accepted after the task was cancelled")
+        elif r["op"] == "renew" and r["task"] in cancelled_at and cancelled_at[r["task"]] < start:
+            violate("stale_write_refused", r["task"], f"renewal by generation {r['gen']} accepted after cancel")
+    for r in obs.history:
+        if r["op"].startswith("probe.") and r["outcome"] == "ok":
+            violate("stale_write_refused", r.get("task"),
+                    f"stale-writer probe: {r['op'][6:]} by superseded generation {r.get('gen')} was accepted")
+
+
+def _downstream(obs: Observed, violate) -> None:
+    per_key = Counter(row["idempotency_key"] for row in obs.ledger)
+    for key, n in sorted(per_key.items()):
+        if n > 1:
+            task = next(row["task_id"] for row in obs.ledger if row["idempotency_key"] == key)
+            violate("downstream_once", task, f"action {key!r} applied {n} times downstream")
+    last: dict[str, int] = {}
+    for row in sorted(obs.ledger, key=lambda r: r["id"]):
+        res = row["resource"]
+        if res in last and row["token"] < last[res]:
+            violate("downstream_fenced", row["task_id"],
+                    f"{res}: token {row['token']} accepted after token {last[res]}")
+        last[res] = max(row["token"], last.get(res, row["token"]))
+    for res, top in sorted(last.items()):
+        fence = obs.fence_tokens.get(res)
+        if obs.fence_tokens and (fence is None or fence < top):
+            violate("downstream_fenced", None, f"{res}: the fence remembers {fence}, below accepted token {top}")
+
+
+def _reconciliation(obs: Observed, tasks: dict[int, dict], violate) -> None:
+    for task_id, t in sorted(tasks.items()):
+        if t["status"] == "needs_reconciliation":
+            open_fx = [fx for fx in obs.effects.get(task_id, []) if fx["status"] == "pending"]
+            if not open_fx:
+                violate("reconciliation_evidence", task_id, "needs_reconciliation without an open intent")
+        if t["effect"] != "side_effect":
+            continue
+        open_ids: set[int] = set()
+        for e in obs.events.get(task_id, []):
+            detail = e.get("detail") or {}
+            if e["type"] == "effect_intent":
+                open_ids.add(detail.get("effect_id"))
+            elif e["type"] == "effect_response":
+                open_ids.discard(detail.get("effect_id"))
+            elif e["type"] == "reconciled":
+                open_ids.clear()
+            elif e["type"] in _ROUTED and detail.get(_ROUTED[e["type"]]) == "queued" and open_ids:
+                violate("reconciliation_evidence", task_id,
+                        f"side-effect task requeued ({e['type']}, generation {e['generation']}) "
+                        f"with intent(s) {sorted(open_ids)} open")
+
+
+def _cancellations(obs: Observed, tasks: dict[int, dict], violate) -> None:
+    for task_id, events in obs.events.items():
+        types = [e["type"] for e in events]
+        if "cancelled" not in types:
+            continue
+        if "completed" in types[types.index("cancelled"):]:
+            violate("cancel_final", task_id, "completed after it was cancelled")
+        t = tasks.get(task_id)
+        if t is not None and t["status"] != "cancelled":
+            violate("cancel_final", task_id, f"cancelled, but ended {t['status']}")
+
+
+def _counts(obs: Observed) -> dict[str, int]:
+    c: Counter = Counter()
+    for r in obs.history:
+        op, outcome = r["op"], r["outcome"]
+        if op == "enqueue" and outcome == "ok":
+            c["tasks enqueued"] += 1
+        elif op == "claim" and outcome == "ok" and "task" in r:
+            c["claims"] += 1
+        elif op in GUARDED_OPS and outcome == "refused":
+            c["stale writes refused by the queue"] += 1
+        elif op in GUARDED_OPS and outcome == "unknown":
+            c["calls with unknown outcome"] += 1
+        elif op == "downstream" and outcome == "refused":
+            c["stale writes refused downstream"] += 1
+        elif op == "downstream" and outcome == "ok" and r.get("replayed"):
+            c["downstream replays"] += 1
+        elif op == "cancel" and outcome == "ok":
+            c["operator cancellations"] += 1
+        elif op.startswith("probe.") and outcome == "refused":
+            c["probe stale writes refused"] += 1
+        elif op == "fault":
+            c[f"fault: {r['fault']}"] += 1
+        elif op == "worker_start":
+            c["worker processes started"] += 1
+    for events in obs.events.values():
+        for e in events:
+            if e["type"] in ("lease_expired", "lease_released"):
+                c["leases recovered"] += 1
+            elif e["type"] == "completed":
+                c["completions"] += 1
+    c["downstream writes"] = len(obs.ledger)
+    return dict(c)

@@ -1,0 +1,77 @@
+"""The knobs of a chaos run, checked before anything starts."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from leaseq.core.errors import InvalidInput
+
+from .faults import FAULTS, PG_ONLY
+
+BACKENDS = ("postgres", "sqlite")
+
+
+def default_faults(backend: str) -> tuple[str, ...]:
+    """Every fault the backend supports."""
+    return tuple(f for f in FAULTS if backend == "postgres" or f not in PG_ONLY)
+
+
+def parse_faults(text: str, backend: str) -> tuple[str, ...]:
+    """``kill,stop,...`` (or ``all`` / ``none``) as a tuple; unknown or unsupported names are refused."""
+    text = text.strip()
+    if text == "all":
+        return default_faults(backend)
+    if text in ("", "none"):
+        return ()
+    names = tuple(dict.fromkeys(n.strip() for n in text.split(",") if n.strip()))
+    unknown = [n for n in names if n not in FAULTS]
+    if unknown:
+        raise InvalidInput("faults", f"unknown fault(s) {', '.join(unknown)}; choose from {', '.join(FAULTS)}")
+    if backend != "postgres":
+        pg_only = [n for n in names if n in PG_ONLY]
+        if pg_only:
+            verb = "needs" if len(pg_only) == 1 else "need"
+            raise InvalidInput("faults", f"{', '.join(pg_only)} {verb} --backend postgres (SQLite has no "
+                                         "server or network connection to fault)")
+    return names
+
+
+@dataclass
+class ChaosConfig:
+    """One run. ``duration`` is the whole run: faults and new work stop at
+    ``duration - settle_seconds``, then the queue gets the rest to settle."""
+
+    duration: float = 60.0
+    workers: int = 8
+    tasks: int = 400
+    seed: int = 1
+    faults: tuple[str, ...] = field(default_factory=lambda: default_faults("postgres"))
+    backend: str = "postgres"
+    concurrency: int = 4
+    history_path: Path | None = None
+    pg_bin: str | None = None
+
+    def __post_init__(self) -> None:
+        if self.backend not in BACKENDS:
+            raise InvalidInput("backend", f"must be postgres or sqlite (got {self.backend!r})")
+        for name, low, high in (("workers", 1, 64), ("tasks", 1, 1_000_000), ("concurrency", 1, 64)):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
+                raise InvalidInput(name, f"must be an integer from {low} to {high} (got {value!r})")
+        if isinstance(self.seed, bool) or not isinstance(self.seed, int):
+            raise InvalidInput("seed", f"must be an integer (got {self.seed!r})")
+        if isinstance(self.duration, bool) or not isinstance(self.duration, (int, float)) \
+                or not 20 <= self.duration <= 24 * 3600:
+            raise InvalidInput("duration", f"must be from 20 to 86400 seconds (got {self.duration!r})")
+        self.faults = parse_faults(",".join(self.faults), self.backend)
+
+    @property
+    def settle_seconds(self) -> float:
+        """The quiet tail of the run: no faults, no new work; the queue must settle within it."""
+        return min(60.0, max(15.0, self.duration * 0.25))
+
+    @property
+    def chaos_seconds(self) -> float:
+        """How long faults are injected and work enqueued."""
+        return self.duration - self.settle_seconds

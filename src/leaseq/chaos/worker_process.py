@@ -1,0 +1,145 @@
+"""Entry point of one chaos worker process: ``python -m leaseq.chaos.worker_process``.
+
+It runs the real :class:`~leaseq.worker.WorkerRuntime` on the chaos
+workload, as ``leaseq worker`` does, with two additions a test build needs:
+
+* a :class:`RecordingTransport` around the :class:`leaseq.Queue`, writing
+  every guarded call and its verdict to the run's history;
+* the skewed clock (:mod:`leaseq.chaos.skewed_clock`) when the harness asks
+  for one, installed before anything else reads the clock.
+
+Configuration comes from the environment the harness sets: ``LEASEQ_DSN``,
+``LEASEQ_CHAOS_LEDGER_DSN``, ``LEASEQ_CHAOS_HISTORY``, ``LEASEQ_CHAOS_PROC``,
+``LEASEQ_CHAOS_CONCURRENCY`` and the clock variables.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import sys
+from typing import Any
+
+from . import history as history_module
+from . import skewed_clock
+
+
+def _outcome(exc: BaseException) -> str:
+    from leaseq.core.errors import InvalidInput, InvalidTransition, LeaseLost, QueuePaused
+
+    if isinstance(exc, (LeaseLost, QueuePaused, InvalidTransition)):
+        return "refused"
+    if isinstance(exc, InvalidInput):
+        return "error"
+    return "unknown"  # the connection broke: the call may or may not have committed
+
+
+class RecordingTransport:
+    """A :class:`leaseq.Queue` whose guarded calls are written to the history."""
+
+    def __init__(self, queue: Any, history: history_module.HistoryWriter):
+        self._queue = queue
+        self._history = history
+
+    def __getattr__(self, name: str) -> Any:  # dialect, listener, register_worker, report_loss...
+        value = getattr(self._queue, name)
+        if name == "complete_many":  # the batched completion, where the queue offers it
+            return self._complete_many
+        return value
+
+    def _complete_many(self, worker: Any, done: list) -> set:
+        fields = {"worker": worker.id, "tasks": [[c.task_id, c.generation] for c, _ in done]}
+        held = self._call("complete", fields, self._queue.complete_many, worker, done)
+        for claim, result in done:
+            self._history.record("complete", "ok" if claim.task_id in held else "refused", worker=worker.id,
+                                 task=claim.task_id, gen=claim.generation, result=result, t0=fields["t0"])
+        return held
+
+    def _call(self, op: str, fields: dict[str, Any], fn: Any, *args: Any, **kwargs: Any) -> Any:
+        fields["t0"] = history_module.now()  # when the call was made; "t" says when it returned
+        try:
+            value = fn(*args, **kwargs)
+        except Exception as exc:
+            self._history.record(op, _outcome(exc), **fields, error=type(exc).__name__)
+            raise
+        return value
+
+    def claim(self, worker: Any, **kwargs: Any) -> list:
+        claims = self._call("claim", {"worker": worker.id}, self._queue.claim, worker, **kwargs)
+        for c in claims:
+            self._history.record("claim", "ok", worker=worker.id, task=c.task_id, gen=c.generation,
+                                 lease=c.lease_seconds)
+        return claims
+
+    def renew_leases(self, worker: Any, claims: list) -> dict:
+        fields = {"worker": worker.id, "leases": [[c.task_id, c.generation] for c in claims]}
+        renewed = self._call("renew", fields, self._queue.renew_leases, worker, claims)
+        for c in claims:
+            self._history.record("renew", "ok" if c.task_id in renewed else "refused", worker=worker.id,
+                                 task=c.task_id, gen=c.generation, t0=fields["t0"])
+        return renewed
+
+    def complete(self, worker: Any, claim: Any, result: Any = None) -> None:
+        fields = {"worker": worker.id, "task": claim.task_id, "gen": claim.generation, "result": result}
+        self._call("complete", fields, self._queue.complete, worker, claim, result)
+        self._history.record("complete", "ok", **fields)
+
+    def fail(self, worker: Any, claim: Any, error: str, **kwargs: Any) -> Any:
+        fields = {"worker": worker.id, "task": claim.task_id, "gen": claim.generation}
+        task = self._call("fail", fields, self._queue.fail, worker, claim, error, **kwargs)
+        self._history.record("fail", "ok", **fields, next_status=task.status)
+        return task
+
+    def release(self, worker: Any, claim: Any, reason: str = "released") -> Any:
+        fields = {"worker": worker.id, "task": claim.task_id, "gen": claim.generation}
+        task = self._call("release", fields, self._queue.release, worker, claim, reason)
+        self._history.record("release", "ok", **fields, next_status=task.status)
+        return task
+
+    def begin_effect(self, worker: Any, claim: Any, action: str, key: str | None = None) -> Any:
+        fields = {"worker": worker.id, "task": claim.task_id, "gen": claim.generation, "action": action}
+        fx = self._call("begin_effect", fields, self._queue.begin_effect, worker, claim, action, key)
+        self._history.record("begin_effect", "ok", **fields, key=fx.idempotency_key, effect_id=fx.id,
+                             replayed=fx.replayed)
+        return fx
+
+    def finish_effect(self, worker: Any, claim: Any, effect: Any, response: Any = None) -> Any:
+        fields = {"worker": worker.id, "task": claim.task_id, "gen": claim.generation, "effect_id": effect.id}
+        fx = self._call("finish_effect", fields, self._queue.finish_effect, worker, claim, effect, response)
+        self._history.record("finish_effect", "ok", **fields)
+        return fx
+
+
+def main() -> None:
+    """Run one chaos worker until SIGTERM (or SIGKILL)."""
+    offset = float(os.environ.get(skewed_clock.OFFSET_ENV) or 0)
+    rate = float(os.environ.get(skewed_clock.RATE_ENV) or 1)
+    if offset or rate != 1:
+        skewed_clock.install(offset, rate)
+
+    from . import workload
+
+    proc = os.environ.get("LEASEQ_CHAOS_PROC", f"worker-{os.getpid()}")
+    history = history_module.HistoryWriter(os.environ["LEASEQ_CHAOS_HISTORY"], proc)
+    workload.HISTORY, workload.PROC = history, proc
+    logging.basicConfig(level=logging.WARNING, format=f"%(asctime)s {proc} %(levelname)s %(name)s: %(message)s")
+    history.record("worker_start", "ok", pid=os.getpid(), clock_offset=offset, clock_rate=rate)
+    try:
+        queue = workload.app.queue
+        stats = workload.app.run_worker(
+            transport=RecordingTransport(queue, history), queues=[workload.QUEUE],
+            concurrency=int(os.environ.get("LEASEQ_CHAOS_CONCURRENCY", "4")), name=proc,
+            poll_interval=0.1, grace=float(os.environ.get("LEASEQ_CHAOS_GRACE", "3")), install_signals=True)
+        history.record("worker_stop", "ok", completed=stats.completed, failed=stats.failed, lost=stats.lost,
+                       released=stats.released)
+    except Exception as exc:
+        history.record("worker_stop", "error", error=f"{type(exc).__name__}: {exc}"[:500])
+        logging.getLogger("leaseq.chaos").error("worker failed: %r", exc)
+        sys.stderr.flush()
+        os._exit(3)
+    sys.stderr.flush()
+    os._exit(0)  # a sync handler ignoring its lost lease must not keep the process alive
+
+
+if __name__ == "__main__":
+    main()

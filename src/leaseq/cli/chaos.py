@@ -1,0 +1,93 @@
+"""``leaseq chaos``: run the fault-injection harness and check the history."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import click
+
+from ..core.errors import LeaseqError
+from .session import CliError
+
+
+def register(group: click.Group) -> None:
+    """Add ``chaos`` to the command group."""
+    group.add_command(chaos)
+
+
+@click.command()
+@click.option("--duration", type=float, default=60.0, show_default=True,
+              help="Seconds for the whole run: faults and new work for the first three quarters or so, "
+                   "then up to a quarter (15-60 s) for the queue to settle.")
+@click.option("--workers", type=int, default=8, show_default=True, help="Worker processes.")
+@click.option("--tasks", type=int, default=400, show_default=True, help="Tasks enqueued over the run.")
+@click.option("--seed", type=int, default=1, show_default=True,
+              help="Seeds every random choice (task mix, fault schedules, clocks): a run can be replayed.")
+@click.option("--faults", default="all", show_default=True,
+              help="Comma-separated: kill,stop,terminate,restart,partition,skew (or all, none). "
+                   "terminate, restart and partition need PostgreSQL.")
+@click.option("--backend", type=click.Choice(["postgres", "sqlite"]), default="postgres", show_default=True,
+              help="postgres starts a private throwaway server (initdb) on a free loopback port; "
+                   "sqlite uses temporary files.")
+@click.option("--concurrency", type=int, default=4, show_default=True, help="Tasks each worker runs at once.")
+@click.option("--history", "history_path", type=click.Path(dir_okay=False, path_type=Path), default=None,
+              help="Where to write the JSON history. Default: chaos-history-<seed>.json here.")
+@click.option("--pg-bin", default=None, metavar="DIR",
+              help="Folder holding initdb and pg_ctl (default: $PATH, else the newest /usr/lib/postgresql/*/bin).")
+@click.option("--keep-logs", is_flag=True, help="Keep the worker logs and per-process history; print where.")
+@click.option("--quiet", is_flag=True, help="Only the table.")
+def chaos(duration: float, workers: int, tasks: int, seed: int, faults: str, backend: str, concurrency: int,
+          history_path: Path | None, pg_bin: str | None, keep_logs: bool, quiet: bool) -> None:
+    """Run worker processes under injected faults, then check every invariant.
+
+    Prints a table of counts and violations and writes the whole history
+    (every call, its verdict, the final tables) as JSON. Exit status: 0 when
+    no invariant was violated, 1 when one was, 2 for bad options.
+    The database is private to the run: the global --dsn is not used.
+    """
+    from ..chaos.config import ChaosConfig, parse_faults
+    from ..chaos.runner import run_chaos
+
+    try:
+        config = ChaosConfig(duration=duration, workers=workers, tasks=tasks, seed=seed,
+                             faults=parse_faults(faults, backend), backend=backend, concurrency=concurrency,
+                             history_path=history_path, pg_bin=pg_bin)
+    except LeaseqError as exc:
+        raise CliError.from_leaseq(exc) from None
+    say = None if quiet else (lambda line: click.echo(line, err=True))
+    try:
+        result = run_chaos(config, progress=say, keep_logs=keep_logs)
+    except LeaseqError as exc:
+        raise CliError.from_leaseq(exc) from None
+    _print_table(result)
+    sys.exit(0 if result.report.ok else 1)
+
+
+def _print_table(result) -> None:
+    from rich import box
+    from rich.table import Table
+    from rich.text import Text
+
+    from .render import make_console
+
+    report = result.report
+    console = make_console()
+    table = Table(box=box.SIMPLE, title=f"leaseq chaos: seed {result.config.seed}, {result.config.backend}, "
+                                        f"{result.elapsed:.0f}s", title_justify="left")
+    table.add_column("what")
+    table.add_column("count", justify="right")
+    for name, n in sorted(report.counts.items(), key=lambda kv: (kv[0].startswith("fault"), kv[0])):
+        table.add_row(Text(name), str(n))
+    for status, n in sorted(report.statuses.items()):
+        table.add_row(Text(f"tasks ended {status}"), str(n))
+    for invariant, n in report.by_invariant().items():
+        table.add_row(Text(f"violations: {invariant}", style="red" if n else "green"), str(n))
+    console.print(table)
+    for v in report.violations[:20]:
+        console.print(Text(f"VIOLATION {v['invariant']} task {v['task']}: {v['detail']}", style="red"))
+    if len(report.violations) > 20:
+        console.print(Text(f"... and {len(report.violations) - 20} more (see the history file)", style="red"))
+    verdict = "no violations" if report.ok else f"{len(report.violations)} violation(s)"
+    console.print(Text(f"{verdict}; history written to {result.history_path}",
+                       style="green" if report.ok else "bold red"))

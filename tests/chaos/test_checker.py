@@ -1,0 +1,172 @@
+"""The checker on hand-made histories: a clean run passes, each broken promise is named."""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+
+from leaseq.chaos.checker import INVARIANTS, Observed, check
+
+
+def rec(t, op, outcome="ok", proc="w0.1", **fields):
+    return {"t": t, "op": op, "outcome": outcome, "proc": proc, **fields}
+
+
+def ev(i, type_, gen=None, **detail):
+    return {"id": i, "type": type_, "generation": gen, "worker_id": None, "detail": detail}
+
+
+def clean() -> Observed:
+    """Two tasks: a side effect reclaimed before its intent, then completed by generation 2;
+    an idempotent write completed first time."""
+    history = [
+        rec(0.0, "enqueue", proc="harness", task=1), rec(0.0, "enqueue", proc="harness", task=2),
+        rec(1.0, "claim", task=1, gen=1), rec(1.1, "claim", task=2, gen=1),
+        rec(1.5, "renew", task=1, gen=1, t0=1.4),
+        rec(3.0, "claim", proc="w1.1", task=1, gen=2),
+        rec(3.5, "renew", "refused", task=1, gen=1, t0=3.4),
+        rec(4.0, "complete", proc="w1.1", task=1, gen=2, t0=3.9),
+        rec(4.1, "complete", task=2, gen=1, t0=4.0),
+        rec(4.2, "probe.complete", "refused", proc="harness", task=3, gen=1),
+    ]
+    tasks = [
+        {"id": 1, "status": "completed", "claim_generation": 2, "effect": "side_effect",
+         "result": {"task": 1, "generation": 2}},
+        {"id": 2, "status": "completed", "claim_generation": 1, "effect": "idempotent",
+         "result": {"task": 2, "generation": 1}},
+    ]
+    events = {
+        1: [ev(1, "enqueued"), ev(2, "claimed", 1), ev(3, "lease_expired", 1, routed_to="queued", open_intents=0),
+            ev(4, "claimed", 2), ev(5, "effect_intent", 2, effect_id=9), ev(6, "effect_response", 2, effect_id=9),
+            ev(7, "completed", 2)],
+        2: [ev(8, "enqueued"), ev(9, "claimed", 1), ev(10, "completed", 1)],
+    }
+    effects = {1: [{"status": "done"}], 2: []}
+    ledger = [{"id": 1, "resource": "task:1", "idempotency_key": "k1", "token": 2, "task_id": 1},
+              {"id": 2, "resource": "task:2", "idempotency_key": "k2", "token": 1, "task_id": 2}]
+    return Observed(history=history, tasks=tasks, events=events, effects=effects, ledger=ledger,
+                    fence_tokens={"task:1": 2, "task:2": 1})
+
+
+def found(obs: Observed) -> set[str]:
+    return {v["invariant"] for v in check(obs).violations}
+
+
+def test_a_clean_history_passes_and_is_counted():
+    report = check(clean())
+    assert report.ok, report.violations
+    assert report.by_invariant() == {name: 0 for name in INVARIANTS}
+    assert report.counts["tasks enqueued"] == 2 and report.counts["completions"] == 2
+    assert report.counts["stale writes refused by the queue"] == 1
+    assert report.counts["probe stale writes refused"] == 1
+    assert report.statuses == {"completed": 2}
+
+
+@pytest.mark.parametrize("status", ["queued", "running"])
+def test_a_task_left_unfinished_is_lost(status):
+    obs = clean()
+    obs.tasks[1]["status"] = status
+    assert found(obs) == {"no_task_lost"}
+
+
+def test_an_enqueued_task_missing_from_the_database_is_lost():
+    obs = clean()
+    obs.history.append(rec(0.1, "enqueue", proc="harness", task=77))
+    assert found(obs) == {"no_task_lost"}
+
+
+def test_two_completing_generations():
+    obs = clean()
+    obs.history.append(rec(4.5, "complete", task=1, gen=1, t0=2.0))
+    assert "single_completion" in found(obs)
+
+
+def test_a_result_from_another_generation():
+    obs = clean()
+    obs.tasks[0]["result"] = {"task": 1, "generation": 1}
+    assert found(obs) == {"single_completion"}
+
+
+def test_completed_by_a_generation_that_no_longer_held_the_task():
+    obs = clean()
+    obs.events[1][-1]["generation"] = 1
+    obs.tasks[0]["result"] = {"task": 1, "generation": 1}
+    assert "single_completion" in found(obs)
+
+
+@pytest.mark.parametrize("op", ["renew", "begin_effect", "finish_effect", "fail", "release"])
+def test_a_write_accepted_after_a_newer_claim(op):
+    obs = clean()
+    obs.history.append(rec(3.6, op, task=1, gen=1, t0=3.2))
+    assert found(obs) == {"stale_write_refused"}
+
+
+def test_a_write_sent_before_the_newer_claim_is_not_blamed():
+    obs = clean()
+    obs.history.append(rec(3.6, "begin_effect", task=1, gen=1, t0=2.9))  # overlapping, not after
+    assert found(obs) == set()
+
+
+def test_an_accepted_probe_write():
+    obs = clean()
+    obs.history.append(rec(5.0, "probe.complete", "ok", proc="harness", task=3, gen=1))
+    assert found(obs) == {"stale_write_refused"}
+
+
+def test_a_downstream_action_applied_twice():
+    obs = clean()
+    obs.ledger.append({"id": 3, "resource": "task:2", "idempotency_key": "k2", "token": 1, "task_id": 2})
+    assert found(obs) == {"downstream_once"}
+
+
+def test_an_older_token_accepted_downstream():
+    obs = clean()
+    obs.ledger.append({"id": 3, "resource": "task:1", "idempotency_key": "k1b", "token": 1, "task_id": 1})
+    assert found(obs) == {"downstream_fenced"}
+
+
+def test_a_fence_that_forgot_the_newest_token():
+    obs = clean()
+    obs.fence_tokens["task:1"] = 1
+    assert found(obs) == {"downstream_fenced"}
+
+
+def test_reconciliation_without_an_open_intent():
+    obs = clean()
+    obs.tasks[0]["status"] = "needs_reconciliation"
+    assert found(obs) == {"reconciliation_evidence"}
+    obs.effects[1] = [{"status": "pending"}]
+    assert found(obs) == set()
+
+
+@pytest.mark.parametrize("how", [("lease_expired", "routed_to"), ("lease_released", "routed_to"),
+                                 ("failed", "next_status")])
+def test_a_side_effect_requeued_with_its_intent_open(how):
+    obs = clean()
+    type_, field = how
+    obs.events[1] = [ev(1, "enqueued"), ev(2, "claimed", 1), ev(3, "effect_intent", 1, effect_id=9),
+                     ev(4, type_, 1, **{field: "queued"}), ev(5, "claimed", 2), ev(6, "completed", 2)]
+    assert found(obs) == {"reconciliation_evidence"}
+    responded = copy.deepcopy(obs)
+    responded.events[1].insert(3, ev(35, "effect_response", 1, effect_id=9))
+    assert found(responded) == set()
+
+
+def test_completed_after_cancellation():
+    obs = clean()
+    obs.events[2] = [ev(8, "enqueued"), ev(9, "claimed", 1), ev(10, "cancelled", 1), ev(11, "completed", 1)]
+    assert "cancel_final" in found(obs)
+
+
+def test_a_write_accepted_after_the_operator_cancelled():
+    obs = clean()
+    obs.history.append(rec(3.95, "cancel", proc="harness", task=2, t0=3.9))
+    assert found(obs) == {"stale_write_refused"}
+
+
+def test_a_cancelled_task_that_did_not_stay_cancelled():
+    obs = clean()
+    obs.events[2] = [ev(8, "enqueued"), ev(10, "cancelled", None)]
+    obs.tasks[1]["status"] = "dead"
+    assert found(obs) == {"cancel_final"}

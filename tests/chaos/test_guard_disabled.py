@@ -1,0 +1,62 @@
+"""The checker can fail: with a lease guard removed, a short chaos run finds the violation.
+
+The package is copied into a scratch folder, the generation check is removed
+from ``complete_task`` in the copy's queries.sql (the real file is never
+touched), and `leaseq chaos` runs with the copy first on PYTHONPATH, for
+both the harness and its worker processes. The stale-writer probe then
+completes a task with a superseded claim of the same worker, the database
+accepts it, and the checker must say so and exit non-zero.
+"""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+import pytest
+
+import leaseq
+
+from .support import describe, need_pg_binaries, run_chaos_cli
+
+pytestmark = pytest.mark.timeout(180)
+GENERATION_CHECK = {"sqlite": "AND t.claim_generation = :generation",
+                    "postgres": "AND t.claim_generation = %(generation)s"}
+
+
+def scratch_copy_without_generation_check(root: Path) -> Path:
+    """A copy of the leaseq package whose complete_task ignores the claim generation."""
+    source = Path(leaseq.__file__).parent
+    target = root / "leaseq"
+    shutil.copytree(source, target, ignore=shutil.ignore_patterns("__pycache__"))
+    for dialect, line in GENERATION_CHECK.items():
+        path = target / "sql" / dialect / "queries.sql"
+        text = path.read_text()
+        start = text.index("-- name: complete_task\n")
+        end = text.index("-- name: ", start + 1)
+        block = text[start:end]
+        assert block.count(line) == 1, f"{dialect} complete_task no longer has exactly one generation check"
+        cut = "\n".join(row for row in block.split("\n") if row.strip() != line)
+        path.write_text(text[:start] + cut + text[end:])
+        assert (source / "sql" / dialect / "queries.sql").read_text().count(line) >= 1  # the real file is intact
+    return root
+
+
+@pytest.mark.parametrize("backend", ["sqlite", "postgres"])
+def test_removing_the_generation_check_is_caught(tmp_path, backend):
+    if backend == "postgres":
+        need_pg_binaries()
+    scratch = scratch_copy_without_generation_check(tmp_path / "scratch")
+    proc, doc = run_chaos_cli(tmp_path, "--backend", backend, "--duration", "20", "--workers", "2",
+                              "--tasks", "30", "--seed", "3", "--faults", "none", "--quiet", pythonpath=scratch)
+    assert proc.returncode == 1, describe(proc)
+    verdict = doc["verdict"]
+    assert not verdict["ok"]
+    assert verdict["by_invariant"]["stale_write_refused"] >= 1, verdict["by_invariant"]
+    assert verdict["by_invariant"]["single_completion"] >= 1, verdict["by_invariant"]
+    accepted = [r for r in doc["history"] if r["op"] == "probe.complete" and r["outcome"] == "ok"]
+    assert accepted, "the probe's stale completion should have been accepted by the broken copy"
+    assert "VIOLATION stale_write_refused" in proc.stdout
+    # The other guards were left alone, and still refused the probe.
+    refused = {r["op"] for r in doc["history"] if r["op"].startswith("probe.") and r["outcome"] == "refused"}
+    assert {"probe.renew", "probe.begin_effect", "probe.downstream"} <= refused
