@@ -82,7 +82,7 @@ def _two_generation_task(q: leaseq.Queue) -> int:
     """A's lease expires; B recovers, records an effect and completes."""
     a, b = q.register_worker("worker-a"), q.register_worker("worker-b")
     task = q.enqueue("summarize", {"doc": 7}, effect="idempotent")
-    [ca] = q.claim(a, lease_seconds=0.3)
+    [ca] = q.claim(a, lease_seconds=0.6)
     q.heartbeat(a, ca)
     wait_until(q, q.get(task.id).lease_expires_at)
     [cb] = q.claim(b)

@@ -63,7 +63,7 @@ def test_guard_story_over_http(svc) -> None:
     a, b = svc.remote(token_a), svc.remote(token_b)
     wa, wb = a.register_worker("a"), b.register_worker("b")
     task = a.enqueue("job", {"n": 1}, effect="read_only")
-    [ca] = a.claim(wa, lease_seconds=0.3)
+    [ca] = a.claim(wa, lease_seconds=0.6)
     fx = a.begin_effect(wa, ca, "lookup")
     wait_until(svc.q, ca.expires_at)
     [cb] = b.claim(wb)

@@ -205,27 +205,34 @@ class BodyLimit:
                     await self._refuse(send)
                     return
         seen = 0
-        started = False
+        exceeded = False
+        replaced = False
 
         async def counted_receive() -> dict[str, Any]:
-            nonlocal seen
+            nonlocal seen, exceeded
             message = await receive()
             if message["type"] == "http.request":
                 seen += len(message.get("body", b""))
                 if seen > self.max_bytes:
+                    exceeded = True
                     raise BodyTooLarge(f"request body is larger than {self.max_bytes} bytes")
             return message
 
-        async def tracked_send(message: dict[str, Any]) -> None:
-            nonlocal started
-            if message["type"] == "http.response.start":
-                started = True
+        async def guarded_send(message: dict[str, Any]) -> None:
+            # Whatever the application answers after its body was cut off
+            # (frameworks report read errors their own way), the client gets 413.
+            nonlocal replaced
+            if exceeded:
+                if message["type"] == "http.response.start" and not replaced:
+                    replaced = True
+                    await self._refuse(send)
+                return
             await send(message)
 
         try:
-            await self.app(scope, counted_receive, tracked_send)
+            await self.app(scope, counted_receive, guarded_send)
         except BodyTooLarge:
-            if not started:
+            if not replaced:
                 await self._refuse(send)
 
     async def _refuse(self, send: Callable[..., Any]) -> None:

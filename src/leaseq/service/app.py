@@ -118,8 +118,10 @@ def _validation_error(request: Request, exc: Exception) -> JSONResponse:
         problem = f"malformed JSON ({ctx.get('error', first.get('msg'))})"
         return _error(400, "invalid", f"body: {problem}", field="body", problem=problem)
     loc = [str(p) for p in first.get("loc", ()) if p != "body"]
-    field = ".".join(loc) or "body"
+    field = (first.get("ctx") or {}).get("field") or ".".join(loc) or "body"
     message = _FRIENDLY.get(first.get("type", ""), first.get("msg", "invalid"))
+    if message.startswith(f"{field}: "):
+        message = message[len(field) + 2:]
     more = f" (and {len(errors) - 1} more)" if len(errors) > 1 else ""
     return _error(422, "invalid", f"{field}: {message}{more}", field=field, problem=message + more,
                   details=[{"field": ".".join(str(p) for p in e.get("loc", ())), "problem": e.get("msg")}
@@ -130,6 +132,8 @@ def _http_error(request: Request, exc: Exception) -> JSONResponse:
     assert isinstance(exc, StarletteHTTPException)
     code = {404: "not_found", 405: "method_not_allowed", 401: "unauthorized", 403: "forbidden"}.get(
         exc.status_code, "invalid")
+    if exc.status_code == 400:  # FastAPI could not parse the body (e.g. JSON nested too deep)
+        return _error(400, "invalid", f"body: {exc.detail}", field="body", problem=str(exc.detail))
     message = "no such route" if exc.status_code == 404 else str(exc.detail)
     return _error(exc.status_code, code, message, headers=getattr(exc, "headers", None))
 

@@ -16,7 +16,8 @@ import time
 from typing import Any
 
 from fastapi import APIRouter, Depends, Path, Request
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic_core import PydanticCustomError
 
 from .. import auth
 from ..core import policy
@@ -34,9 +35,29 @@ WorkerId = Path(pattern=WORKER_ID_PATTERN, description="A worker id issued to th
 
 
 class Body(BaseModel):
-    """Request bodies: unknown fields and loose types are refused."""
+    """Request bodies: unknown fields, loose types and NUL characters are refused."""
 
     model_config = ConfigDict(extra="forbid", strict=True)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _no_nul_characters(cls, data: Any) -> Any:
+        # PostgreSQL cannot store U+0000 in text or jsonb; refuse it at the edge,
+        # naming where it was, rather than fail deep in the database.
+        stack: list[tuple[str, Any]] = [("", data)]
+        while stack:
+            path, value = stack.pop()
+            if isinstance(value, str):
+                if "\x00" in value:
+                    raise PydanticCustomError("nul_character", "{field}: text must not contain NUL characters",
+                                              {"field": path or "body"})
+            elif isinstance(value, dict):
+                for key, item in value.items():
+                    stack.append((f"{path}.{key}" if path else str(key), key))
+                    stack.append((f"{path}.{key}" if path else str(key), item))
+            elif isinstance(value, list):
+                stack.extend((f"{path}[{i}]", item) for i, item in enumerate(value))
+        return data
 
 
 class RegisterBody(Body):
