@@ -16,6 +16,10 @@ from typing import Any
 import leaseq
 from leaseq.store import parse_dsn
 
+#: A lease the test does a few calls under before letting it run out: long
+#: enough to survive a loaded machine, short enough to wait out.
+WORKING_LEASE = 0.5
+
 TABLES = ("leaseq_tasks", "leaseq_effects", "leaseq_events", "leaseq_workers", "leaseq_queues")
 _ORDER = {"leaseq_workers": "id", "leaseq_queues": "name"}
 
@@ -62,12 +66,15 @@ def seconds_between(later: datetime, earlier: datetime) -> float:
     return (later - earlier) / timedelta(seconds=1)
 
 
-def claim_until_empty(dsn: str, barrier: Any, results: Any, batch: int) -> None:
+def claim_until_empty(dsn: str, barrier: Any, results: Any, batch: int, work_seconds: float = 0.002) -> None:
     """Body of one OS process in the multi-process claim test.
 
     Opens its own connection, registers its own worker, waits for every
     sibling at ``barrier``, then claims in batches until nothing is left and
-    reports ``(task_id, generation)`` pairs on ``results``.
+    reports ``(task_id, generation)`` pairs on ``results``. ``work_seconds``
+    between batches stands in for doing the work; without it one process can
+    hold SQLite's write lock back to back while the others sit in their
+    busy-wait back-off, and the claims would not overlap at all.
     """
     q = leaseq.connect(dsn)
     try:
@@ -79,6 +86,7 @@ def claim_until_empty(dsn: str, barrier: Any, results: Any, batch: int) -> None:
             if not claims:
                 break
             got.extend((c.task_id, c.generation) for c in claims)
+            time.sleep(work_seconds)
         results.put(got)
     finally:
         q.close()

@@ -9,6 +9,8 @@ import pytest
 
 import leaseq
 
+from .support import WORKING_LEASE
+
 
 async def _wait_expired(aq: leaseq.AsyncQueue, claim: leaseq.Claim) -> None:
     for _ in range(250):
@@ -24,7 +26,7 @@ def test_async_guard_story(dsn: str) -> None:
             assert await aq.migrate()
             a, b = await aq.register_worker("a"), await aq.register_worker("b")
             t = await aq.enqueue("summarize", {"doc": 1}, effect="side_effect")
-            [ca] = await aq.claim(a, lease_seconds=0.2)
+            [ca] = await aq.claim(a, lease_seconds=WORKING_LEASE)
             answered = await aq.begin_effect(a, ca, "crm.lookup")
             await aq.finish_effect(a, ca, answered, response={"ok": True})
             await _wait_expired(aq, ca)

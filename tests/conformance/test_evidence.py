@@ -3,11 +3,13 @@ facts an incident review needs (generation, holder, heartbeats, why)."""
 
 from __future__ import annotations
 
+from datetime import timedelta
+
 import pytest
 
 import leaseq
 
-from .support import wait_until
+from .support import WORKING_LEASE, wait_until
 
 
 def test_one_task_through_every_transition(q: leaseq.Queue) -> None:
@@ -15,11 +17,12 @@ def test_one_task_through_every_transition(q: leaseq.Queue) -> None:
     t = q.enqueue("refund", {"order": 1}, effect="side_effect", idempotency_key="refund-1", max_attempts=9)
 
     # A claims, heartbeats twice, records one answered and one unanswered call, then stalls
-    [ca] = q.claim(a, lease_seconds=0.3)
-    wait_until(q, ca.task.claimed_at + (ca.expires_at - ca.task.claimed_at) / 3)
+    [ca] = q.claim(a, lease_seconds=WORKING_LEASE)
+    wait_until(q, ca.task.claimed_at + timedelta(seconds=0.1))
     q.heartbeat(a, ca)
-    wait_until(q, q.get(t.id).last_heartbeat_at + (ca.expires_at - ca.task.claimed_at) / 2)
-    last_beat = q.heartbeat(a, ca) - (ca.expires_at - ca.task.claimed_at)
+    wait_until(q, q.get(t.id).last_heartbeat_at + timedelta(seconds=0.15))
+    q.heartbeat(a, ca)
+    last_beat = q.get(t.id).last_heartbeat_at
     fx = q.begin_effect(a, ca, "crm.lookup")
     q.finish_effect(a, ca, fx, response={"customer": 7})
     q.begin_effect(a, ca, "payments.refund")

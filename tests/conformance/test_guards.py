@@ -15,7 +15,7 @@ import pytest
 
 import leaseq
 
-from .support import seconds_between, snapshot, wait_expired, wait_until
+from .support import WORKING_LEASE, seconds_between, snapshot, wait_expired, wait_until
 
 GUARDED: dict[str, Callable[[leaseq.Queue, Any, leaseq.Claim, Any], Any]] = {
     "heartbeat": lambda q, w, c, fx: q.heartbeat(w, c),
@@ -43,7 +43,7 @@ class Story:
 def _lose(kind: str, q: leaseq.Queue) -> tuple[Story, Any, leaseq.Claim]:
     """Set up a lease lost in the way ``kind`` names; returns (story, worker, claim to try)."""
     if kind == "expired":
-        s = Story(q, lease_seconds=0.2)
+        s = Story(q, lease_seconds=WORKING_LEASE)
         wait_expired(q, s.claim)
         return s, s.a, s.claim
     s = Story(q)

@@ -10,7 +10,7 @@ import pytest
 
 import leaseq
 
-from .support import seconds_between, snapshot, wait_expired, wait_until
+from .support import WORKING_LEASE, seconds_between, snapshot, wait_expired, wait_until
 
 
 def _expire(q: leaseq.Queue, worker: leaseq.Worker, **enqueue: object) -> tuple[leaseq.Task, leaseq.Claim]:
@@ -37,7 +37,7 @@ def test_expired_read_only_and_idempotent_tasks_are_reclaimed_with_the_same_key(
 def test_side_effect_with_an_open_intent_waits_for_reconciliation(q: leaseq.Queue) -> None:
     a, b = q.register_worker("a"), q.register_worker("b")
     t = q.enqueue("refund", {"order": 9}, effect="side_effect")
-    [ca] = q.claim(a, lease_seconds=0.2)
+    [ca] = q.claim(a, lease_seconds=WORKING_LEASE)
     q.begin_effect(a, ca, "payments.refund")
     wait_expired(q, ca)
     assert q.claim(b) == []
@@ -51,7 +51,7 @@ def test_side_effect_with_an_open_intent_waits_for_reconciliation(q: leaseq.Queu
 def test_sweep_routes_expired_leases_without_a_claim(q: leaseq.Queue) -> None:
     a = q.register_worker("a")
     t = q.enqueue("refund", effect="side_effect")
-    [c] = q.claim(a, lease_seconds=0.2)
+    [c] = q.claim(a, lease_seconds=WORKING_LEASE)
     q.begin_effect(a, c, "payments.refund")
     wait_expired(q, c)
     assert q.sweep() == 1
@@ -62,7 +62,7 @@ def test_sweep_routes_expired_leases_without_a_claim(q: leaseq.Queue) -> None:
 def test_side_effect_without_an_open_intent_is_reclaimable(q: leaseq.Queue, intent: str) -> None:
     a, b = q.register_worker("a"), q.register_worker("b")
     t = q.enqueue("notify", effect="side_effect")
-    [ca] = q.claim(a, lease_seconds=0.2)
+    [ca] = q.claim(a, lease_seconds=WORKING_LEASE)
     if intent == "answered":
         fx = q.begin_effect(a, ca, "email.send")
         q.finish_effect(a, ca, fx, response={"message_id": "m1"})
