@@ -71,7 +71,7 @@ def check_json(field: str, value: Any) -> Any:
     """A JSON-serialisable value no larger than :data:`MAX_PAYLOAD_BYTES`."""
     try:
         encoded = json.dumps(value, allow_nan=False)
-    except (TypeError, ValueError) as exc:
+    except (TypeError, ValueError, RecursionError) as exc:
         raise InvalidInput(field, f"must be JSON-serialisable ({exc})") from None
     if len(encoded.encode()) > MAX_PAYLOAD_BYTES:
         raise InvalidInput(field, f"is larger than the {MAX_PAYLOAD_BYTES} byte limit")
