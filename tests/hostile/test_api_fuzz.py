@@ -179,3 +179,46 @@ def test_begin_effect_names_the_action_field(world):
     with pytest.raises(InvalidInput) as info:
         world.q.begin_effect(world.worker, world.claim, "")
     assert info.value.field == "action"
+
+
+BUG_TEXT = ("bug: the input checks in core/policy.py let through text the databases cannot store: NUL "
+            "(PostgreSQL text and jsonb refuse it) and lone surrogates (UTF-8 cannot encode them; JSON payloads "
+            "carry them as \\ud800 escapes that jsonb refuses). The driver's error escapes instead of InvalidInput.")
+NUL_CASES = {
+    "kind": lambda q: q.enqueue("a\x00b"),
+    "idempotency_key": lambda q: q.enqueue("job", idempotency_key="k\x00"),
+    "payload": lambda q: q.enqueue("job", {"note": "a\x00b"}),
+    "reason": lambda q: q.cancel(q.list(limit=1)[0].id, "r\x00"),
+}
+SURROGATE_CASES = {
+    "kind": lambda q: q.enqueue("k\ud800"),
+    "idempotency_key": lambda q: q.enqueue("job", idempotency_key="\udc00"),
+    "reason": lambda q: q.cancel(q.list(limit=1)[0].id, "r\udc00"),
+}
+
+
+def _text_cases():
+    for backend in ("sqlite", "postgres"):
+        for field in NUL_CASES:
+            marks = [pytest.mark.xfail(strict=True, reason=BUG_TEXT)] if backend == "postgres" else []
+            yield pytest.param(backend, "nul", field, marks=marks, id=f"{backend}-nul-{field}")
+        for field in SURROGATE_CASES:
+            yield pytest.param(backend, "surrogate", field, marks=[pytest.mark.xfail(strict=True, reason=BUG_TEXT)],
+                               id=f"{backend}-surrogate-{field}")
+    yield pytest.param("postgres", "surrogate", "payload", id="postgres-surrogate-payload",
+                       marks=[pytest.mark.xfail(strict=True, reason=BUG_TEXT)])
+
+
+@pytest.mark.parametrize("backend, kind, field", list(_text_cases()))
+def test_text_the_database_cannot_store(request, tmp_path, backend, kind, field):
+    dsn = f"sqlite:///{tmp_path / 'q.db'}" if backend == "sqlite" else request.getfixturevalue("pg_schema_dsn")
+    with leaseq.connect(dsn) as q:
+        q.migrate()
+        q.enqueue("job")
+        cases = dict(NUL_CASES if kind == "nul" else SURROGATE_CASES, payload=lambda q: q.enqueue("job", "\ud800"))
+        before = snapshot(dsn)
+        try:
+            cases[field](q)
+        except InvalidInput as exc:
+            assert exc.field == field
+            assert snapshot(dsn) == before
