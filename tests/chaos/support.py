@@ -36,6 +36,12 @@ def run_chaos_cli(tmp_path: Path, *args: str, pythonpath: Path | None = None,
     return proc, document
 
 
+def recheck_cli(history: Path) -> subprocess.CompletedProcess:
+    """``leaseq chaos --recheck HISTORY`` with the package under test."""
+    return subprocess.run([sys.executable, "-m", "leaseq.cli.main", "chaos", "--recheck", str(history)],
+                          cwd=history.parent, capture_output=True, text=True, timeout=120)
+
+
 def describe(proc: subprocess.CompletedProcess) -> str:
     """The end of a run's output, for assertion messages."""
     return f"exit {proc.returncode}\nstdout:\n{proc.stdout[-4000:]}\nstderr:\n{proc.stderr[-3000:]}"

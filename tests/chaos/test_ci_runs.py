@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import pytest
 
-from .support import describe, need_pg_binaries, run_chaos_cli
+from .support import describe, need_pg_binaries, recheck_cli, run_chaos_cli
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -50,3 +50,5 @@ def test_thirty_seconds_on_sqlite_with_every_fault_it_supports(tmp_path):
                               "--tasks", "150", "--seed", "2", "--faults", "all", "--quiet")
     assert_clean_and_hostile(proc, doc, ["kill", "stop", "skew"])
     assert doc["config"]["faults"] == ["kill", "stop", "skew"]
+    again = recheck_cli(tmp_path / "history.json")
+    assert again.returncode == 0 and "no violations" in again.stdout, describe(again)

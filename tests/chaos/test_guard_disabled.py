@@ -17,7 +17,7 @@ import pytest
 
 import leaseq
 
-from .support import describe, need_pg_binaries, run_chaos_cli
+from .support import describe, need_pg_binaries, recheck_cli, run_chaos_cli
 
 pytestmark = pytest.mark.timeout(180)
 GENERATION_CHECK = {"sqlite": "AND t.claim_generation = :generation",
@@ -60,3 +60,6 @@ def test_removing_the_generation_check_is_caught(tmp_path, backend):
     # The other guards were left alone, and still refused the probe.
     refused = {r["op"] for r in doc["history"] if r["op"].startswith("probe.") and r["outcome"] == "refused"}
     assert {"probe.renew", "probe.begin_effect", "probe.downstream"} <= refused
+    # The saved history convicts the broken copy again, with the intact checker.
+    again = recheck_cli(tmp_path / "history.json")
+    assert again.returncode == 1 and "VIOLATION single_completion" in again.stdout, describe(again)

@@ -47,7 +47,8 @@ class Fleet:
     """Starts and supervises the worker processes of one run."""
 
     def __init__(self, dsns: list[str], *, ledger_dsns: list[str], history_dir: Path, log_dir: Path,
-                 concurrency: int, env: dict[str, str], record: Callable[..., None], skew_rng: random.Random | None):
+                 concurrency: int, env: dict[str, str], record: Callable[..., None], skew_rng: random.Random | None,
+                 seed: int = 0):
         self.slots = [Slot(i, dsn) for i, dsn in enumerate(dsns)]
         self.ledger_dsns = ledger_dsns
         self.history_dir = history_dir
@@ -56,6 +57,7 @@ class Fleet:
         self.env = env
         self.record = record
         self.skew_rng = skew_rng  # None: every clock is right
+        self.seed = seed
         self.lock = threading.RLock()
         self.closing = False
 
@@ -74,7 +76,7 @@ class Fleet:
             proc_name = f"{slot.name}.{slot.spawns}"
             env = dict(self.env, LEASEQ_DSN=slot.dsn, LEASEQ_CHAOS_LEDGER_DSN=self.ledger_dsns[slot.index],
                        LEASEQ_CHAOS_HISTORY=str(self.history_dir), LEASEQ_CHAOS_PROC=proc_name,
-                       LEASEQ_CHAOS_CONCURRENCY=str(self.concurrency))
+                       LEASEQ_CHAOS_CONCURRENCY=str(self.concurrency), LEASEQ_CHAOS_SEED=str(self.seed))
             env[skewed_clock.OFFSET_ENV] = str(slot.clock_offset)
             env[skewed_clock.RATE_ENV] = str(slot.clock_rate)
             log = open(self.log_dir / f"{proc_name}.log", "w")

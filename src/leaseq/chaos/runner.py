@@ -199,7 +199,8 @@ def run_chaos(config: ChaosConfig, *, progress: Callable[[str], None] | None = N
         env["LEASEQ_ACTION_KEYS"] = _action_keys(config.seed)
         fleet = Fleet(worker_dsns, ledger_dsns=ledger_dsns, history_dir=history_dir, log_dir=log_dir,
                       concurrency=config.concurrency, env=env, record=record,
-                      skew_rng=random.Random(f"{config.seed}/skew") if "skew" in config.faults else None)
+                      skew_rng=random.Random(f"{config.seed}/skew") if "skew" in config.faults else None,
+                      seed=config.seed)
         stack.callback(fleet.stop, 5.0)
         fleet.start()
         harness = _Harness(config, q, history, run_tag)
@@ -285,4 +286,14 @@ def _write(path: Path, config: ChaosConfig, obs: Observed, report: Report, settl
     tmp.replace(path)
 
 
-__all__ = ["ChaosResult", "run_chaos", "QUEUE", "PROBE_QUEUE"]
+def recheck(path: Path) -> tuple[dict[str, Any], Report]:
+    """Run the checker again on a history file written by :func:`run_chaos`; returns ``(config, report)``."""
+    document = json.loads(Path(path).read_text())
+    obs = Observed(history=document["history"], tasks=document["tasks"],
+                   events={int(k): v for k, v in document["events"].items()},
+                   effects={int(k): v for k, v in document["effects"].items()},
+                   ledger=document["ledger"], fence_tokens=document["fence_tokens"])
+    return document["config"], check(obs)
+
+
+__all__ = ["ChaosResult", "recheck", "run_chaos", "QUEUE", "PROBE_QUEUE"]

@@ -10,13 +10,14 @@ workload, as ``leaseq worker`` does, with two additions a test build needs:
 
 Configuration comes from the environment the harness sets: ``LEASEQ_DSN``,
 ``LEASEQ_CHAOS_LEDGER_DSN``, ``LEASEQ_CHAOS_HISTORY``, ``LEASEQ_CHAOS_PROC``,
-``LEASEQ_CHAOS_CONCURRENCY`` and the clock variables.
+``LEASEQ_CHAOS_CONCURRENCY``, ``LEASEQ_CHAOS_SEED`` and the clock variables.
 """
 
 from __future__ import annotations
 
 import logging
 import os
+import random
 import sys
 from typing import Any
 
@@ -120,6 +121,7 @@ def main() -> None:
     from . import workload
 
     proc = os.environ.get("LEASEQ_CHAOS_PROC", f"worker-{os.getpid()}")
+    random.seed(f"{os.environ.get('LEASEQ_CHAOS_SEED', '0')}/{proc}")  # retry jitter, replayable per process
     history = history_module.HistoryWriter(os.environ["LEASEQ_CHAOS_HISTORY"], proc)
     workload.HISTORY, workload.PROC = history, proc
     logging.basicConfig(level=logging.WARNING, format=f"%(asctime)s {proc} %(levelname)s %(name)s: %(message)s")

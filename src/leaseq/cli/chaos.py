@@ -37,8 +37,10 @@ def register(group: click.Group) -> None:
               help="Folder holding initdb and pg_ctl (default: $PATH, else the newest /usr/lib/postgresql/*/bin).")
 @click.option("--keep-logs", is_flag=True, help="Keep the worker logs and per-process history; print where.")
 @click.option("--quiet", is_flag=True, help="Only the table.")
+@click.option("--recheck", type=click.Path(exists=True, dir_okay=False, path_type=Path), default=None,
+              metavar="HISTORY", help="Run nothing: check a history file written by an earlier run again.")
 def chaos(duration: float, workers: int, tasks: int, seed: int, faults: str, backend: str, concurrency: int,
-          history_path: Path | None, pg_bin: str | None, keep_logs: bool, quiet: bool) -> None:
+          history_path: Path | None, pg_bin: str | None, keep_logs: bool, quiet: bool, recheck: Path | None) -> None:
     """Run worker processes under injected faults, then check every invariant.
 
     Prints a table of counts and violations and writes the whole history
@@ -47,8 +49,15 @@ def chaos(duration: float, workers: int, tasks: int, seed: int, faults: str, bac
     The database is private to the run: the global --dsn is not used.
     """
     from ..chaos.config import ChaosConfig, parse_faults
-    from ..chaos.runner import run_chaos
+    from ..chaos import runner
 
+    if recheck is not None:
+        try:
+            config, report = runner.recheck(recheck)
+        except (ValueError, KeyError, TypeError) as exc:
+            raise CliError("recheck", f"{str(recheck)!r} is not a chaos history file ({exc})") from None
+        _print_table(report, f"leaseq chaos --recheck: seed {config.get('seed')}, {config.get('backend')}", recheck)
+        sys.exit(0 if report.ok else 1)
     try:
         config = ChaosConfig(duration=duration, workers=workers, tasks=tasks, seed=seed,
                              faults=parse_faults(faults, backend), backend=backend, concurrency=concurrency,
@@ -57,24 +66,23 @@ def chaos(duration: float, workers: int, tasks: int, seed: int, faults: str, bac
         raise CliError.from_leaseq(exc) from None
     say = None if quiet else (lambda line: click.echo(line, err=True))
     try:
-        result = run_chaos(config, progress=say, keep_logs=keep_logs)
+        result = runner.run_chaos(config, progress=say, keep_logs=keep_logs)
     except LeaseqError as exc:
         raise CliError.from_leaseq(exc) from None
-    _print_table(result)
+    _print_table(result.report, f"leaseq chaos: seed {config.seed}, {config.backend}, {result.elapsed:.0f}s",
+                 result.history_path)
     sys.exit(0 if result.report.ok else 1)
 
 
-def _print_table(result) -> None:
+def _print_table(report, title: str, history_path: Path) -> None:
     from rich import box
     from rich.table import Table
     from rich.text import Text
 
     from .render import make_console
 
-    report = result.report
     console = make_console()
-    table = Table(box=box.SIMPLE, title=f"leaseq chaos: seed {result.config.seed}, {result.config.backend}, "
-                                        f"{result.elapsed:.0f}s", title_justify="left")
+    table = Table(box=box.SIMPLE, title=title, title_justify="left")
     table.add_column("what")
     table.add_column("count", justify="right")
     for name, n in sorted(report.counts.items(), key=lambda kv: (kv[0].startswith("fault"), kv[0])):
@@ -89,5 +97,5 @@ def _print_table(result) -> None:
     if len(report.violations) > 20:
         console.print(Text(f"... and {len(report.violations) - 20} more (see the history file)", style="red"))
     verdict = "no violations" if report.ok else f"{len(report.violations)} violation(s)"
-    console.print(Text(f"{verdict}; history written to {result.history_path}",
+    console.print(Text(f"{verdict}; history in {history_path}",
                        style="green" if report.ok else "bold red"))

@@ -1,0 +1,88 @@
+"""A worker that reclaims its own task while a stale attempt of it is still around.
+
+Found while designing the chaos runs: a worker whose renewals stall (its
+renewer's connection black-holed) while its claims still get through can
+lose a lease without noticing and claim the same task again. The runtime
+keys what it holds by task id, so the stale attempt's bookkeeping then acts
+on the new attempt. The database's guards keep this safe (nothing stale is
+accepted); the cost is a healthy attempt thrown away. The renewer's stall is
+made real by holding its calls at a gate in front of a real queue, as the
+chaos proxy's black hole does to a connection.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+
+import pytest
+
+import leaseq
+
+LEASE = 0.4
+
+
+class GatedRenewals:
+    """A real queue whose lease renewals wait while the gate is closed."""
+
+    def __init__(self, queue: leaseq.Queue):
+        self._queue = queue
+        self.gate = threading.Event()
+
+    def __getattr__(self, name):
+        return getattr(self._queue, name)
+
+    def renew_leases(self, worker, claims):
+        self.gate.wait(30)
+        return self._queue.renew_leases(worker, claims)
+
+
+def wait_for(predicate, timeout: float = 10.0, what: str = "condition"):
+    deadline = time.monotonic() + timeout
+    while not (value := predicate()):
+        assert time.monotonic() < deadline, f"{what} not met within {timeout}s"
+        time.sleep(0.01)
+    return value
+
+
+@pytest.mark.xfail(strict=True, reason=(
+    "bug: WorkerRuntime keys held leases and handler tasks by task id (held, _tasks). When the same worker "
+    "reclaims a task whose earlier attempt it has not yet seen lost, the stale attempt's loss cancels the new "
+    "attempt's handler and its cleanup drops the new lease from renewal; the new attempt's work is discarded "
+    "and its lease left to expire. Key them by (task id, generation)."))
+def test_a_stale_attempt_does_not_cancel_the_new_attempt_of_the_same_worker(tmp_path):
+    app = leaseq.App(f"sqlite:///{tmp_path / 'q.db'}")
+    started = {1: threading.Event(), 2: threading.Event()}
+    release = threading.Event()
+
+    @app.task("job", effect="read_only", lease_seconds=LEASE)
+    def job(ctx):
+        if ctx.generation in started:
+            started[ctx.generation].set()
+            release.wait(10)  # generation 1 stalls; generation 2 waits for the test
+        return {"generation": ctx.generation}
+
+    transport = GatedRenewals(app.queue)
+    q = app.queue
+    task = job.enqueue()
+    runtime = app.worker(transport=transport, concurrency=2, poll_interval=0.02, grace=2)
+    thread = threading.Thread(target=lambda: asyncio.run(runtime.run()), daemon=True)
+    thread.start()
+    try:
+        assert started[1].wait(10)
+        first = q.get(task.id)
+        wait_for(lambda: q.now() > first.lease_expires_at, what="generation 1's lease ran out")
+        assert started[2].wait(10), "the worker should reclaim the task as generation 2"
+        transport.gate.set()  # the stalled renewal goes through: generation 1 is refused
+        wait_for(lambda: runtime.stats.lost >= 1, what="the runtime saw generation 1 lost")
+        release.set()
+        done = wait_for(lambda: q.get(task.id).status == "completed" and q.get(task.id), what="completion")
+        assert done.result == {"generation": 2}, f"generation 2's work was thrown away: {done.result}"
+        assert done.claim_generation == 2
+    finally:
+        release.set()
+        transport.gate.set()
+        runtime.stop()
+        thread.join(10)
+        app.queue.close()
