@@ -231,6 +231,10 @@ def _counts(obs: Observed) -> dict[str, int]:
             c[f"fault: {r['fault']}"] += 1
         elif op == "worker_start":
             c["worker processes started"] += 1
+        elif op == "worker_stop" and outcome == "error":
+            c["worker processes that failed"] += 1
+        elif op == "probe" and outcome == "error":
+            c["probe cycles cut short by a fault"] += 1
     for events in obs.events.values():
         for e in events:
             if e["type"] in ("lease_expired", "lease_released"):
