@@ -202,6 +202,7 @@ class BodyLimit:
                 except ValueError:
                     declared = self.max_bytes + 1
                 if declared > self.max_bytes:
+                    await self._drain(receive)
                     await self._refuse(send)
                     return
         seen = 0
@@ -215,6 +216,8 @@ class BodyLimit:
                 seen += len(message.get("body", b""))
                 if seen > self.max_bytes:
                     exceeded = True
+                    if message.get("more_body"):
+                        await self._drain(receive)
                     raise BodyTooLarge(f"request body is larger than {self.max_bytes} bytes")
             return message
 
@@ -234,6 +237,18 @@ class BodyLimit:
         except BodyTooLarge:
             if not replaced:
                 await self._refuse(send)
+
+    async def _drain(self, receive: Callable[..., Any]) -> None:
+        # Read (and drop) what the client is still sending, up to a bound, so the
+        # 413 arrives instead of a connection reset; past the bound, we just close.
+        drained = 0
+        while drained < 8 * self.max_bytes:
+            message = await receive()
+            if message["type"] != "http.request":
+                return
+            drained += len(message.get("body", b""))
+            if not message.get("more_body"):
+                return
 
     async def _refuse(self, send: Callable[..., Any]) -> None:
         import json

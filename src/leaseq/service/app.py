@@ -14,6 +14,7 @@ code: ``lease_lost`` and ``stale_token`` (409), ``not_found`` (404),
 
 from __future__ import annotations
 
+import json
 import logging
 import math
 import threading
@@ -73,8 +74,16 @@ def error_body(code: str, message: str, **extra: Any) -> dict[str, Any]:
     return {"error": {"code": code, "message": message, **{k: v for k, v in extra.items() if v is not None}}}
 
 
+class ErrorResponse(JSONResponse):
+    """A JSON error. ASCII-escaped, so text echoed from hostile input (a lone
+    surrogate in a field name, say) can never make the error itself fail."""
+
+    def render(self, content: Any) -> bytes:
+        return json.dumps(content, ensure_ascii=True, separators=(",", ":")).encode("ascii")
+
+
 def _error(status: int, code: str, message: str, headers: dict[str, str] | None = None, **extra: Any) -> JSONResponse:
-    return JSONResponse(error_body(code, message, **extra), status_code=status, headers=headers)
+    return ErrorResponse(error_body(code, message, **extra), status_code=status, headers=headers)
 
 
 def _leaseq_error(request: Request, exc: Exception) -> JSONResponse:

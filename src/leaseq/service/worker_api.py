@@ -42,8 +42,9 @@ class Body(BaseModel):
     @model_validator(mode="before")
     @classmethod
     def _no_nul_characters(cls, data: Any) -> Any:
-        # PostgreSQL cannot store U+0000 in text or jsonb; refuse it at the edge,
-        # naming where it was, rather than fail deep in the database.
+        # PostgreSQL cannot store U+0000 in text or jsonb, and no database can
+        # store a lone surrogate; refuse both at the edge, naming where they were,
+        # rather than fail deep in the driver.
         stack: list[tuple[str, Any]] = [("", data)]
         while stack:
             path, value = stack.pop()
@@ -51,10 +52,18 @@ class Body(BaseModel):
                 if "\x00" in value:
                     raise PydanticCustomError("nul_character", "{field}: text must not contain NUL characters",
                                               {"field": path or "body"})
+                if not value.isascii():
+                    try:
+                        value.encode("utf-8")
+                    except UnicodeEncodeError:  # a lone surrogate from a \ud800-style escape
+                        raise PydanticCustomError("bad_unicode", "{field}: text must be valid Unicode "
+                                                  "(no lone surrogates)", {"field": path or "body"}) from None
             elif isinstance(value, dict):
                 for key, item in value.items():
-                    stack.append((f"{path}.{key}" if path else str(key), key))
-                    stack.append((f"{path}.{key}" if path else str(key), item))
+                    # the path is echoed in the error: escape what cannot be encoded
+                    name = str(key).encode("utf-8", "backslashreplace").decode("utf-8")
+                    stack.append((f"{path}.{name}" if path else name, key))
+                    stack.append((f"{path}.{name}" if path else name, item))
             elif isinstance(value, list):
                 stack.extend((f"{path}[{i}]", item) for i, item in enumerate(value))
         return data
