@@ -93,9 +93,20 @@ def _two_generation_task(q: leaseq.Queue) -> int:
 
 
 @pytest.mark.parametrize("dsn", ["sqlite"], indirect=True)  # browser plumbing: one backend is enough
-def test_login_keeps_the_token_in_an_httponly_strict_cookie(page, svc: Service) -> None:
+def test_login_session_and_logout_rules(page, svc: Service) -> None:
+    # bad and worker tokens are refused at the form, and no cookie is set
+    page.goto("/login")
+    page.fill("#token", "lq_000000000000_" + "0" * 64)
+    page.click("#login")
+    assert "invalid token" in page.inner_text("[role=alert]")
+    page.fill("#token", svc.token("worker"))
+    page.click("#login")
+    assert "worker role cannot use the dashboard" in page.inner_text("[role=alert]")
+    assert page.context.cookies() == []
+    # a viewer logs in; the token is kept in an HttpOnly, SameSite=Strict cookie
     svc.q.enqueue("job", queue="mail")
-    login(page, svc.token("viewer", "vera"))
+    token = svc.token("viewer", "vera")
+    login(page, token)
     assert page.inner_text("header .who") == "vera · viewer"
     row = page.locator('#queues tr[data-queue="mail"]')
     assert row.locator("td").nth(1).inner_text() == "1"  # one queued
@@ -104,17 +115,10 @@ def test_login_keeps_the_token_in_an_httponly_strict_cookie(page, svc: Service) 
     assert "leaseq_session" not in page.evaluate("document.cookie")
     page.goto("/inbox")
     assert page.locator("form.reconcile").count() == 0  # viewers get no action forms
-
-
-@pytest.mark.parametrize("dsn", ["sqlite"], indirect=True)  # browser plumbing: one backend is enough
-def test_bad_and_worker_tokens_cannot_log_in(page, svc: Service) -> None:
-    page.goto("/login")
-    page.fill("#token", "lq_000000000000_" + "0" * 64)
-    page.click("#login")
-    assert "invalid token" in page.inner_text("[role=alert]")
-    page.fill("#token", svc.token("worker"))
-    page.click("#login")
-    assert "worker role cannot use the dashboard" in page.inner_text("[role=alert]")
+    # revoking the token ends the session at the next page
+    auth.revoke_token(svc.q, token.split("_")[1], by="test")
+    page.goto("/tasks")
+    assert page.url.split("?")[0].endswith("/login") and "revoked" in page.inner_text("[role=alert]")
     assert page.context.cookies() == []
 
 
@@ -186,18 +190,13 @@ def test_actions_need_csrf_and_the_operator_role(svc: Service) -> None:
     for token, form in attempts:
         resp = httpx.post(f"{svc.url}/tasks/{task.id}/unblock", data=form, cookies={"leaseq_session": token})
         assert resp.status_code == 403, (form, resp.text)
+    cross_site = httpx.post(f"{svc.url}/tasks/{task.id}/unblock", data={"note": "x", "csrf": page_csrf["operator"]},
+                            cookies={"leaseq_session": operator}, headers={"Origin": "https://evil.example"})
+    assert cross_site.status_code == 403
     assert httpx.post(f"{svc.url}/tasks/{task.id}/unblock", data={"note": "x"}).status_code == 303  # to /login
     assert snapshot(svc.dsn) == before
-    ok = httpx.post(f"{svc.url}/tasks/{task.id}/unblock", data={"note": "key rotated", "csrf": page_csrf["operator"]},
+    ok = httpx.post(f"{svc.url}/tasks/{task.id}/unblock",
+                    data={"note": "key rotated", "csrf": page_csrf["operator"], "back": "/\\evil.example"},
                     cookies={"leaseq_session": operator})
     assert ok.status_code == 303 and q.get(task.id).status == "queued"
-
-
-@pytest.mark.parametrize("dsn", ["sqlite"], indirect=True)  # browser plumbing: one backend is enough
-def test_revoking_the_token_ends_the_session(page, svc: Service) -> None:
-    token = svc.token("viewer", "temp")
-    login(page, token)
-    auth.revoke_token(svc.q, token.split("_")[1], by="test")
-    page.goto("/tasks")
-    assert page.url.split("?")[0].endswith("/login") and "revoked" in page.inner_text("[role=alert]")
-    assert page.context.cookies() == []
+    assert ok.headers["location"].startswith("/?msg=")  # never redirected off the service

@@ -14,7 +14,7 @@ import json
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
-from urllib.parse import urlencode
+from urllib.parse import urlencode, urlsplit
 
 from fastapi import APIRouter, Depends, Form, Path, Query, Request
 from fastapi.responses import HTMLResponse, RedirectResponse, Response
@@ -118,8 +118,16 @@ def session(request: Request) -> Session:
     return Session(principal, csrf_token(token))
 
 
+def same_origin(request: Request) -> None:
+    """Refuse a form posted from another site (defence in depth beside the CSRF token)."""
+    origin = request.headers.get("origin")
+    if origin and origin != "null" and urlsplit(origin).netloc != request.headers.get("host", ""):
+        raise auth.AccessDenied(f"form posted from another origin ({origin})")
+
+
 def operator_session(request: Request, csrf: str = Form(""), s: Session = Depends(session)) -> Session:
-    """Dependency for POST actions: the CSRF token must match and the role must operate."""
+    """Dependency for POST actions: same origin, matching CSRF token, and the operator role."""
+    same_origin(request)
     if not hmac.compare_digest(csrf, s.csrf):
         raise auth.AccessDenied("CSRF check failed: reload the page and try again")
     if not s.can_operate:
@@ -141,7 +149,7 @@ def render(name: str, request: Request, s: Session | None, status_code: int = 20
 
 
 def _back(target: str, **flash: str) -> RedirectResponse:
-    if not target.startswith("/") or target.startswith("//"):
+    if not target.startswith("/") or target.startswith("//") or "\\" in target:
         target = "/"  # never redirect off the service
     sep = "&" if "?" in target else "?"
     return RedirectResponse(target + (sep + urlencode(flash) if flash else ""), status_code=303)
@@ -156,6 +164,7 @@ def login_form(request: Request) -> HTMLResponse:
 
 @router.post("/login")
 def login(request: Request, token: str = Form("")) -> Response:
+    same_origin(request)
     access: Access = request.app.state.access
     try:
         principal = access.authenticate(token.strip(), client_address(request))
@@ -171,7 +180,8 @@ def login(request: Request, token: str = Form("")) -> Response:
 
 
 @router.post("/logout")
-def logout(s: Session = Depends(session), csrf: str = Form("")) -> Response:
+def logout(request: Request, s: Session = Depends(session), csrf: str = Form("")) -> Response:
+    same_origin(request)
     if not hmac.compare_digest(csrf, s.csrf):
         raise auth.AccessDenied("CSRF check failed")
     response = RedirectResponse("/login", status_code=303)
