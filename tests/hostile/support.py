@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import os
 import sqlite3
 from typing import Any
 
+from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 
 from leaseq.store import parse_dsn
@@ -23,6 +25,14 @@ JSONISH = st.recursive(st.one_of(st.none(), st.booleans(), st.integers(-(2**70),
 #: Anything at all that a caller might pass where a value is expected.
 ANY = st.one_of(st.none(), st.booleans(), NUMBERS, TEXT, ODD_TEXT, st.binary(max_size=8), JSONISH,
                 st.builds(object), st.just({1, 2}), st.just(b"\xff" * 3), st.just("x" * 2_000_000))
+
+
+def fuzz_settings(examples: int) -> settings:
+    """Hypothesis settings for the fuzz tests: a fixed set of examples in CI (so a run cannot turn red by
+    luck), or ``$LEASEQ_FUZZ_EXAMPLES`` fresh random ones when exploring."""
+    explore = os.environ.get("LEASEQ_FUZZ_EXAMPLES")
+    return settings(max_examples=int(explore or examples), derandomize=not explore, deadline=None,
+                    suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
 
 
 def snapshot(dsn: str) -> dict[str, list[tuple[Any, ...]]]:

@@ -15,16 +15,15 @@ import re
 
 import pytest
 from click.testing import CliRunner
-from hypothesis import HealthCheck, given, settings
+from hypothesis import given
 from hypothesis import strategies as st
 
 import leaseq
 from leaseq.cli.main import cli
 
-from .support import JSONISH, NUMBERS, ODD_TEXT, TEXT, snapshot
+from .support import JSONISH, NUMBERS, ODD_TEXT, TEXT, fuzz_settings, snapshot
 
-FUZZ = settings(max_examples=60, deadline=None,
-                suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
+FUZZ = fuzz_settings(60)
 CLEAR_ERROR = re.compile(r"^(error: [a-z_]+: |Error: (Invalid value|Missing|No such|Got unexpected|Option))", re.M)
 
 WORD = st.one_of(TEXT, ODD_TEXT, NUMBERS.map(str))

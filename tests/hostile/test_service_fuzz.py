@@ -18,17 +18,16 @@ from urllib.parse import quote
 import httpx
 import pytest
 import uvicorn
-from hypothesis import HealthCheck, given, settings
+from hypothesis import given
 from hypothesis import strategies as st
 
 import leaseq
 from leaseq import auth
 from leaseq.service import create_app
 
-from .support import JSONISH, NUMBERS, ODD_TEXT, TEXT, snapshot
+from .support import JSONISH, NUMBERS, ODD_TEXT, TEXT, fuzz_settings, snapshot
 
-FUZZ = settings(max_examples=60, deadline=None,
-                suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
+FUZZ = fuzz_settings(60)
 #: Everything JSON can carry, NUL and lone surrogates included (the service validates those itself).
 JSON_VALUE = st.one_of(JSONISH, ODD_TEXT, NUMBERS.filter(lambda v: v == v and abs(v) != float("inf")),
                        st.sampled_from(["a\x00b", "\ud800", {"k\x00": 1}, ["\udc00"], 2**64, -(2**63) - 1]))

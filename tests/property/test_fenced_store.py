@@ -22,7 +22,7 @@ from hypothesis import strategies as st
 
 from leaseq.fencing import FencedStore, IdempotencyKeyReused, StaleToken
 
-from .test_lease_rules import pg_base_dsn
+from .test_lease_rules import EXPLORE, pg_base_dsn
 
 CALLS = st.lists(st.tuples(st.sampled_from(["acct:1", "acct:2"]),
                            st.one_of(st.none(), st.integers(0, 6)),
@@ -100,13 +100,15 @@ def check_run(backend: str, calls: list[tuple[str, int | None, str | None]]) -> 
         fresh.close()
 
 
-@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=int(EXPLORE or 60), derandomize=not EXPLORE, deadline=None,
+          suppress_health_check=[HealthCheck.too_slow])
 @given(calls=CALLS)
 def test_sqlite_interleavings_match_the_model(calls):
     check_run("sqlite", calls)
 
 
-@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=int(EXPLORE or 25), derandomize=not EXPLORE, deadline=None,
+          suppress_health_check=[HealthCheck.too_slow])
 @given(calls=CALLS)
 def test_postgres_interleavings_match_the_model(calls):
     check_run("postgres", calls)
