@@ -186,7 +186,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--batch", type=int, default=10, help="claim limit per request")
     parser.add_argument("--enqueue-threads", type=int, default=8)
     parser.add_argument("--quick", action="store_true", help="10 workers, 1,000 tasks")
-    parser.add_argument("--json", default="service_load.json", help="where to write the figures")
+    parser.add_argument("--json", default=os.path.join(tempfile.gettempdir(), "leaseq-service-load.json"),
+                        help="where to write the figures (default: in the temporary folder)")
     args = parser.parse_args(argv)
     if args.quick:
         args.workers, args.tasks = 10, 1_000
