@@ -4,6 +4,8 @@ The database's guards keep both cases below safe: nothing stale is
 accepted. What they show is the runtime wasting work or not stopping when
 it should. The stall is made real by holding renewal calls at a gate in
 front of a real queue, as the chaos proxy's black hole does to a connection.
+PostgreSQL only: there the runtime's claims and renewals run on separate
+database threads, so a stalled renewal does not also stall the claims.
 """
 
 from __future__ import annotations
@@ -47,8 +49,8 @@ def wait_for(predicate, timeout: float = 10.0, what: str = "condition"):
     "reclaims a task whose earlier attempt it has not yet seen lost, the stale attempt's loss cancels the new "
     "attempt's handler and its cleanup drops the new lease from renewal; the new attempt's work is discarded "
     "and its lease left to expire. Key them by (task id, generation)."))
-def test_a_stale_attempt_does_not_cancel_the_new_attempt_of_the_same_worker(tmp_path):
-    app = leaseq.App(f"sqlite:///{tmp_path / 'q.db'}")
+def test_a_stale_attempt_does_not_cancel_the_new_attempt_of_the_same_worker(pg_schema_dsn):
+    app = leaseq.App(pg_schema_dsn)
     started = {1: threading.Event(), 2: threading.Event()}
     release = threading.Event()
 
@@ -89,8 +91,8 @@ def test_a_stale_attempt_does_not_cancel_the_new_attempt_of_the_same_worker(tmp_
     "returns, so a renewal stuck on a dead connection keeps every lease 'held' locally for as long as the "
     "call hangs: handlers go on starting tool calls that the database will refuse. The renewer should also "
     "mark leases lost on its own timer (or bound the call by the lease length)."))
-def test_a_stalled_renewal_still_ends_the_lease_locally_within_its_length(tmp_path):
-    app = leaseq.App(f"sqlite:///{tmp_path / 'q.db'}")
+def test_a_stalled_renewal_still_ends_the_lease_locally_within_its_length(pg_schema_dsn):
+    app = leaseq.App(pg_schema_dsn)
     noticed = threading.Event()
 
     @app.task("job", effect="read_only", lease_seconds=LEASE)
