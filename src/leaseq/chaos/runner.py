@@ -42,7 +42,7 @@ from .faults import FaultInjector
 from .fleet import APP_PREFIX, Fleet
 from .history import HistoryWriter, now, read_history
 from .probe import StaleWriterProbe
-from .workload import LEDGER_TABLE, PROBE_QUEUE, QUEUE, ledger_schema, task_spec
+from .workload import LEDGER_TABLE, ledger_schema, task_spec
 
 QUEUE_DB = "leaseq_chaos"
 LEDGER_DB = "leaseq_chaos_ledger"
@@ -296,4 +296,4 @@ def recheck(path: Path) -> tuple[dict[str, Any], Report]:
     return document["config"], check(obs)
 
 
-__all__ = ["ChaosResult", "recheck", "run_chaos", "QUEUE", "PROBE_QUEUE"]
+__all__ = ["ChaosResult", "recheck", "run_chaos"]
