@@ -20,9 +20,10 @@ SECONDS = int(os.environ.get("LEASEQ_CHAOS_LONG_SECONDS", "600"))
 @pytest.mark.timeout(SECONDS + 600)
 def test_long_run_on_postgres_with_every_fault(tmp_path):
     need_pg_binaries()
+    seed = os.environ.get("LEASEQ_CHAOS_LONG_SEED", "7")
     proc, doc = run_chaos_cli(tmp_path, "--backend", "postgres", "--duration", str(SECONDS), "--workers", "8",
-                              "--tasks", str(SECONDS * 20 // 3), "--seed", os.environ.get("LEASEQ_CHAOS_LONG_SEED", "7"),
-                              "--faults", "all", timeout=SECONDS + 300)
+                              "--tasks", str(SECONDS * 20 // 3), "--seed", seed, "--faults", "all",
+                              timeout=SECONDS + 300)
     assert proc.returncode == 0, describe(proc)
     assert doc["verdict"]["ok"] and doc["settled"]
     print(proc.stdout)
