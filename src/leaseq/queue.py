@@ -13,6 +13,7 @@ import dataclasses
 import getpass
 import os
 import uuid
+from collections.abc import Iterable, Sequence
 from datetime import datetime
 from typing import Any
 
@@ -30,6 +31,12 @@ _TASK_FIELDS = frozenset(Task.__dataclass_fields__)
 _EFFECT_FIELDS = frozenset(Effect.__dataclass_fields__)
 #: How many expired leases one claim transaction routes at most.
 ROUTE_BATCH = 500
+#: Rows per statement in :meth:`Queue.enqueue_many` (all in one transaction).
+ENQUEUE_CHUNK = 5000
+#: Settings of the evidence trail (see :class:`Queue`).
+EVIDENCE_LEVELS = ("full", "compact")
+#: Events whose detail the compact setting drops: the row itself says it all.
+ROUTINE_EVENTS = frozenset({"enqueued", "claimed", "completed"})
 
 
 def _task(row: dict[str, Any]) -> Task:
@@ -73,8 +80,14 @@ class Queue:
     """
 
     def __init__(self, store: Store, *, max_same_error: int = policy.DEFAULT_MAX_SAME_ERROR,
-                 signer: ActionSigner | None = None, action_token_ttl: float = 300.0):
+                 signer: ActionSigner | None = None, action_token_ttl: float = 300.0, evidence: str = "full"):
         self.store = store
+        if evidence not in EVIDENCE_LEVELS:
+            raise InvalidInput("evidence", f"must be one of {', '.join(EVIDENCE_LEVELS)} (got {evidence!r})")
+        #: "full": every event carries its detail; "compact": the routine
+        #: enqueued/claimed/completed events keep only task, type, generation,
+        #: worker and time (every transition still gets its event)
+        self.evidence = evidence
         self.max_same_error = policy.check_int("max_same_error", max_same_error, minimum=1)
         #: signs an action token for every effect (None: effects carry no token)
         self.signer = signer
@@ -182,6 +195,59 @@ class Queue:
             tx.rows("notify_work", queue=row["queue"])
         return _task(row)
 
+    def enqueue_many(self, kind: str, payloads: Iterable[Any], *, effect: str = "read_only",
+                     queue: str = "default", idempotency_keys: Sequence[str | None] | None = None,
+                     priority: int = 0, delay: float = 0, max_attempts: int = 5,
+                     lease_seconds: float = policy.DEFAULT_LEASE_SECONDS) -> list[int]:
+        """Add many tasks of one ``kind`` at once; returns their ids, in order.
+
+        The options are those of :meth:`enqueue`, shared by every task.
+        ``idempotency_keys`` (one per payload, None for a fresh key) dedupe as
+        in :meth:`enqueue`: a key already present gives the existing task's id.
+        Rows and their ``enqueued`` events are written by multi-row statements
+        in one transaction, so either every task is added or none is.
+        """
+        payloads = list(payloads)
+        if idempotency_keys is not None:
+            idempotency_keys = list(idempotency_keys)
+            if len(idempotency_keys) != len(payloads):
+                raise InvalidInput("idempotency_keys", f"needs one key per payload ({len(payloads)}), "
+                                                       f"got {len(idempotency_keys)}")
+        common = dict(
+            kind=policy.check_kind(kind),
+            effect=policy.check_effect(effect),
+            queue=policy.check_name("queue", queue),
+            priority=policy.check_int("priority", priority, minimum=-(2**31), maximum=2**31 - 1),
+            delay=policy.check_seconds("delay", delay, allow_zero=True, maximum=10 * 365 * 86400.0),
+            max_attempts=policy.check_int("max_attempts", max_attempts, minimum=1, maximum=10_000),
+            lease_seconds=policy.check_seconds("lease_seconds", lease_seconds, allow_zero=False),
+        )
+        rows = []
+        for i, payload in enumerate(payloads):
+            key = None if idempotency_keys is None else idempotency_keys[i]
+            rows.append({"payload": policy.check_json(f"payloads[{i}]", payload),
+                         "idempotency_key": (uuid.uuid4().hex if key is None
+                                             else policy.check_key(f"idempotency_keys[{i}]", key))})
+        ids: dict[str, int] = {}
+        with self.store.transaction() as tx:
+            for start in range(0, len(rows), ENQUEUE_CHUNK):
+                chunk = rows[start:start + ENQUEUE_CHUNK]
+                added = tx.rows("insert_tasks", tasks=chunk, compact=self.evidence == "compact", **common)
+                if added and not added[0]["evidence_written"]:
+                    tx.rows("insert_events", events=[
+                        self._event_params(r["id"], "enqueued", None, None, queue=common["queue"],
+                                           kind=common["kind"], effect=common["effect"],
+                                           idempotency_key=r["idempotency_key"], priority=common["priority"])
+                        for r in added])
+                ids.update((r["idempotency_key"], r["id"]) for r in added)
+                missing = list({r["idempotency_key"] for r in chunk} - ids.keys())
+                if missing:  # keys that were already taken: the existing tasks
+                    ids.update((r["idempotency_key"], r["id"])
+                               for r in tx.rows("task_ids_by_key", queue=common["queue"], keys=missing))
+            if rows:
+                tx.rows("notify_work", queue=common["queue"])
+        return [ids[r["idempotency_key"]] for r in rows]
+
     # -- claims and leases --------------------------------------------------
 
     def claim(self, worker: Worker | str, *, queue: str = "default", limit: int = 1,
@@ -197,22 +263,40 @@ class Queue:
         policy.check_int("limit", limit, minimum=1, maximum=10_000)
         if lease_seconds is not None:
             policy.check_seconds("lease_seconds", lease_seconds, allow_zero=False)
-        with self.store.transaction() as tx:
-            self._route_expired(tx)
-            rows = tx.rows("claim_batch", queue=queue, worker_id=wid, limit=limit, lease_seconds=lease_seconds)
-            if not rows:
-                self._check_worker(tx, wid)
-                return []
-            tx.run_many("insert_event", [
-                self._event_params(r["id"], "claimed", r["claim_generation"], wid, attempt=r["attempts"],
-                                   lease_seconds=r["lease_seconds"] if lease_seconds is None else lease_seconds,
-                                   lease_expires_at=r["lease_expires_at"].isoformat())
-                for r in rows])
+        params = dict(queue=queue, worker_id=wid, limit=limit, lease_seconds=lease_seconds,
+                      compact=self.evidence == "compact")
+        # Fast path: one statement, which claims nothing while an expired
+        # lease awaits routing. PostgreSQL always answers with its flags;
+        # SQLite answers nothing when nothing was claimed.
+        with self.store.transaction(one_statement=True) as tx:
+            found = tx.rows("claim_batch", route_first=True, **params)
+            rows = self._record_claims(tx, wid, lease_seconds, found)
+        settled = bool(found) and not found[0]["routing_due"] and found[0]["worker_ok"]
+        if not rows and not settled:
+            with self.store.transaction() as tx:
+                self._route_expired(tx)
+                rows = self._record_claims(tx, wid, lease_seconds,
+                                           tx.rows("claim_batch", route_first=False, **params))
+                if not rows:
+                    self._check_worker(tx, wid)
+                    return []
         rows.sort(key=lambda r: (-r["priority"], r["available_at"], r["id"]))
         return [Claim(task_id=r["id"], generation=r["claim_generation"], worker_id=wid,
                       expires_at=r["lease_expires_at"], task=_task(r),
                       lease_seconds=r["lease_seconds"] if lease_seconds is None else float(lease_seconds))
                 for r in rows]
+
+    def _record_claims(self, tx: Tx, wid: str, lease_seconds: float | None,
+                       found: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        """The claimed rows of a claim_batch answer, their events written if the statement did not."""
+        rows = [r for r in found if r["id"] is not None]
+        if rows and not rows[0]["evidence_written"]:
+            tx.rows("insert_events", events=[
+                self._event_params(r["id"], "claimed", r["claim_generation"], wid, attempt=r["attempts"],
+                                   lease_seconds=r["lease_seconds"] if lease_seconds is None else lease_seconds,
+                                   lease_expires_at=r["lease_expires_at"].isoformat())
+                for r in rows])
+        return rows
 
     def heartbeat(self, worker: Worker | str, claim: Claim) -> datetime:
         """Renew one lease; returns the new deadline or raises :class:`LeaseLost`."""
@@ -232,7 +316,7 @@ class Queue:
             self._check_claim(wid, c)
         if not claims:
             return {}
-        with self.store.transaction() as tx:
+        with self.store.transaction(one_statement=True) as tx:
             rows = tx.rows("renew_leases", worker_id=wid, task_ids=[c.task_id for c in claims],
                            generations=[c.generation for c in claims])
         return {r["id"]: r["lease_expires_at"] for r in rows}
@@ -249,6 +333,32 @@ class Queue:
                 raise LeaseLost(claim.task_id, claim.generation, "complete refused: lease no longer held")
             self._event(tx, claim.task_id, "completed", claim.generation, wid, attempt=row["attempts"],
                         **_heartbeats(row))
+
+    def complete_many(self, worker: Worker | str, done: Sequence[tuple[Claim, Any]]) -> set[int]:
+        """Finish many tasks of one worker in one guarded statement.
+
+        ``done`` holds ``(claim, result)`` pairs. Returns the ids of the tasks
+        completed; a task missing from the answer had lost its lease and was
+        left untouched, exactly as :meth:`complete` would have refused it.
+        """
+        wid = _worker_id(worker)
+        items, seen = [], set()
+        for claim, result in done:
+            self._check_claim(wid, claim)
+            if claim.task_id in seen:
+                raise InvalidInput("done", f"names task {claim.task_id} twice")
+            seen.add(claim.task_id)
+            items.append({"task_id": claim.task_id, "generation": claim.generation,
+                          "result": policy.check_json("result", result)})
+        if not items:
+            return set()
+        with self.store.transaction(one_statement=True) as tx:
+            rows = tx.rows("complete_batch", worker_id=wid, items=items, compact=self.evidence == "compact")
+            if rows and not rows[0]["evidence_written"]:
+                tx.rows("insert_events", events=[
+                    self._event_params(r["id"], "completed", r["claim_generation"], wid, attempt=r["attempts"],
+                                       **_heartbeats(r)) for r in rows])
+        return {r["id"] for r in rows}
 
     def fail(self, worker: Worker | str, claim: Claim, error: str, *, retry: bool = True,
              block: bool = False, delay: float | None = None) -> Task:
@@ -367,7 +477,8 @@ class Queue:
                        if r["status"] == Status.NEEDS_RECONCILIATION else "attempts exhausted")
                 events.append(self._event_params(lease["id"], r["status"], lease["claim_generation"],
                                                  lease["lease_owner"], reason=why))
-        tx.run_many("insert_event", events)
+        if events:
+            tx.rows("insert_events", events=events)
 
     # -- effects ------------------------------------------------------------
 
@@ -625,11 +736,12 @@ class Queue:
             raise NotFound(f"task {task_id} does not exist")
         return row
 
-    @staticmethod
-    def _event_params(task_id: int, type_: str, generation: int | None, worker_id: str | None,
+    def _event_params(self, task_id: int, type_: str, generation: int | None, worker_id: str | None,
                       **detail: Any) -> dict[str, Any]:
-        return dict(task_id=task_id, type=str(getattr(type_, "value", type_)), generation=generation,
-                    worker_id=worker_id, detail=detail)
+        type_ = str(getattr(type_, "value", type_))
+        if self.evidence == "compact" and type_ in ROUTINE_EVENTS:
+            detail = {}
+        return dict(task_id=task_id, type=type_, generation=generation, worker_id=worker_id, detail=detail)
 
     def _event(self, tx: Tx, task_id: int, type_: str, generation: int | None, worker_id: str | None,
                **detail: Any) -> None:
@@ -642,9 +754,10 @@ def connect(dsn: str | None = None, **options: Any) -> Queue:
 
     ``signer`` (an :class:`leaseq.fencing.ActionSigner`) makes every effect
     carry a signed action token; by default one is built from
-    ``$LEASEQ_ACTION_KEYS`` when that is set. Other options go to the backend
-    (e.g. ``max_size`` of the PostgreSQL pool)."""
-    settings = {name: options.pop(name) for name in ("max_same_error", "signer", "action_token_ttl")
+    ``$LEASEQ_ACTION_KEYS`` when that is set. ``evidence="compact"`` keeps the
+    routine events' detail out of the trail (see :class:`Queue`). Other options
+    go to the backend (e.g. ``max_size`` of the PostgreSQL pool)."""
+    settings = {name: options.pop(name) for name in ("max_same_error", "signer", "action_token_ttl", "evidence")
                 if name in options}
     if "signer" not in settings and os.environ.get(ACTION_KEYS_ENV):
         settings["signer"] = ActionSigner.from_env()

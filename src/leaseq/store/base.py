@@ -12,8 +12,9 @@ from typing import Any, Protocol
 
 from ..core.errors import ConfigError
 
-#: Parameters that carry JSON documents (encoded by each backend its own way).
-JSON_PARAMS = frozenset({"payload", "result", "detail", "response"})
+#: Parameters that carry JSON documents (encoded by each backend its own way);
+#: the plural ones are the row documents of batched statements.
+JSON_PARAMS = frozenset({"payload", "result", "detail", "response", "tasks", "items", "events", "keys"})
 #: Columns that come back as JSON documents.
 JSON_COLUMNS = frozenset({"payload", "result", "detail", "response"})
 
@@ -86,8 +87,13 @@ class Store(Protocol):
     dialect: str
     dsn: str
 
-    def transaction(self) -> AbstractContextManager[Tx]:
-        """A read-write transaction that commits on success, rolls back on error."""
+    def transaction(self, *, one_statement: bool = False) -> AbstractContextManager[Tx]:
+        """A read-write transaction that commits on success, rolls back on error.
+
+        ``one_statement=True`` promises the block runs a single statement that
+        is atomic by itself; a backend may then skip BEGIN and COMMIT. Code in
+        the block must still be correct if the backend ignores the promise.
+        """
 
     def listener(self, queues: set[str]) -> WorkListener:
         """A waiter woken when work arrives on one of ``queues``."""

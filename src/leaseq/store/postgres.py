@@ -20,13 +20,22 @@ def _encode(params: dict[str, Any]) -> dict[str, Any]:
 
 
 class PostgresTx:
-    """A transaction on one pooled connection."""
+    """A transaction on one pooled connection.
 
-    def __init__(self, conn: psycopg.Connection, queries: dict[str, str]):
+    With ``one_statement`` no BEGIN or COMMIT is sent: the single statement
+    the caller runs is its own transaction (one round trip instead of three),
+    and a second statement is refused rather than silently committed apart.
+    """
+
+    def __init__(self, conn: psycopg.Connection, queries: dict[str, str], *, one_statement: bool = False):
         self._conn = conn
         self._queries = queries
+        self._statements_left = 1 if one_statement else -1
 
     def rows(self, query: str, **params: Any) -> list[dict[str, Any]]:
+        if self._statements_left == 0:
+            raise RuntimeError(f"{query}: a one-statement transaction already ran its statement")
+        self._statements_left -= 1
         cur = self._conn.execute(self._queries[query], _encode(params))
         return cur.fetchall() if cur.description else []
 
@@ -35,6 +44,8 @@ class PostgresTx:
         return rows[0] if rows else None
 
     def run_many(self, query: str, params: list[dict[str, Any]]) -> None:
+        if self._statements_left >= 0:
+            raise RuntimeError(f"{query}: run_many needs a full transaction")
         if params:
             with self._conn.cursor() as cur:
                 cur.executemany(self._queries[query], [_encode(p) for p in params])
@@ -99,10 +110,14 @@ class PostgresStore:
         self._pool.open(wait=True, timeout=connect_timeout)
 
     @contextmanager
-    def transaction(self) -> Iterator[PostgresTx]:
+    def transaction(self, *, one_statement: bool = False) -> Iterator[PostgresTx]:
         try:
-            with self._pool.connection() as conn, conn.transaction():
-                yield PostgresTx(conn, self._queries)
+            with self._pool.connection() as conn:
+                if one_statement:  # the connection is in autocommit mode
+                    yield PostgresTx(conn, self._queries, one_statement=True)
+                else:
+                    with conn.transaction():
+                        yield PostgresTx(conn, self._queries)
         except PoolTimeout as exc:
             raise BackendUnavailable(f"no PostgreSQL connection available: {exc}") from None
         except psycopg.OperationalError as exc:

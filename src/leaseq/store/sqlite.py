@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
+import functools
 import json
 import sqlite3
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from datetime import datetime, timezone
 from typing import Any
@@ -16,18 +17,38 @@ from .base import JSON_COLUMNS, JSON_PARAMS, load_queries
 _BOOL_COLUMNS = frozenset({"paused"})
 
 
-def _decode(row: sqlite3.Row) -> dict[str, Any]:
-    out: dict[str, Any] = {}
-    for key in row.keys():
-        value = row[key]
-        if value is not None:
-            if key in JSON_COLUMNS:
-                value = json.loads(value)
-            elif key.endswith("_at") or key == "now":
-                value = datetime.fromtimestamp(value, tz=timezone.utc)
-            elif key in _BOOL_COLUMNS:
-                value = bool(value)
-        out[key] = value
+def _to_time(value: float) -> datetime:
+    return datetime.fromtimestamp(value, tz=timezone.utc)
+
+
+@functools.lru_cache(maxsize=256)
+def _decoders(columns: tuple[str, ...]) -> tuple[tuple[int, str, Callable[[Any], Any]], ...]:
+    """For one result shape: which columns need converting, and how (worked out once)."""
+    plan = []
+    for i, key in enumerate(columns):
+        if key in JSON_COLUMNS:
+            plan.append((i, key, json.loads))
+        elif key.endswith("_at") or key == "now":
+            plan.append((i, key, _to_time))
+        elif key in _BOOL_COLUMNS:
+            plan.append((i, key, bool))
+    return tuple(plan)
+
+
+def _decode_all(cur: sqlite3.Cursor) -> list[dict[str, Any]]:
+    """Every row of ``cur`` as a dict, times as aware datetimes and JSON decoded."""
+    rows = cur.fetchall()
+    if not rows:
+        return []
+    columns = tuple(d[0] for d in cur.description)
+    plan = _decoders(columns)
+    out = []
+    for row in rows:
+        values = list(row)
+        for i, _, convert in plan:
+            if values[i] is not None:
+                values[i] = convert(values[i])
+        out.append(dict(zip(columns, values)))
     return out
 
 
@@ -48,8 +69,7 @@ class SqliteTx:
         self._queries = queries
 
     def rows(self, query: str, **params: Any) -> list[dict[str, Any]]:
-        cur = self._conn.execute(self._queries[query], _encode(params))
-        return [_decode(r) for r in cur.fetchall()]
+        return _decode_all(self._conn.execute(self._queries[query], _encode(params)))
 
     def row(self, query: str, **params: Any) -> dict[str, Any] | None:
         rows = self.rows(query, **params)
@@ -103,6 +123,9 @@ class SqliteStore:
         self._local = threading.local()
         self._all: list[sqlite3.Connection] = []
         self._lock = threading.Lock()
+        # Threads of one process queue here for the write lock: a handoff on a
+        # Python lock is immediate, where SQLite's busy handler sleeps and retries.
+        self._writer = threading.RLock()
         self._conn()  # fail now, with a clear message, if the file cannot be opened
 
     def _conn(self) -> sqlite3.Connection:
@@ -111,7 +134,6 @@ class SqliteStore:
             try:
                 conn = sqlite3.connect(self.path, timeout=self._busy_timeout, isolation_level=None,
                                        check_same_thread=False)
-                conn.row_factory = sqlite3.Row
                 conn.execute("PRAGMA journal_mode=WAL")
                 conn.execute("PRAGMA synchronous=NORMAL")
                 conn.execute("PRAGMA foreign_keys=ON")
@@ -123,19 +145,21 @@ class SqliteStore:
         return conn
 
     @contextmanager
-    def transaction(self) -> Iterator[SqliteTx]:
+    def transaction(self, *, one_statement: bool = False) -> Iterator[SqliteTx]:
+        # one_statement changes nothing here: BEGIN IMMEDIATE costs no round trip.
         conn = self._conn()
-        try:
-            conn.execute("BEGIN IMMEDIATE")
-        except sqlite3.OperationalError as exc:
-            raise BackendUnavailable(f"SQLite database {self.path!r}: {exc}") from None
-        try:
-            yield SqliteTx(conn, self._queries)
-        except BaseException:
-            conn.execute("ROLLBACK")
-            raise
-        else:
-            conn.execute("COMMIT")
+        with self._writer:
+            try:
+                conn.execute("BEGIN IMMEDIATE")
+            except sqlite3.OperationalError as exc:
+                raise BackendUnavailable(f"SQLite database {self.path!r}: {exc}") from None
+            try:
+                yield SqliteTx(conn, self._queries)
+            except BaseException:
+                conn.execute("ROLLBACK")
+                raise
+            else:
+                conn.execute("COMMIT")
 
     def listener(self, queues: set[str]) -> SleepingListener:
         return SleepingListener()

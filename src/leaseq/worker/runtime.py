@@ -110,12 +110,21 @@ class WorkerRuntime:
         self.worker: Worker | None = None
         self.held: dict[int, TaskContext] = {}
         self._tasks: dict[int, asyncio.Task] = {}
+        #: tasks whose handler is running: what concurrency limits (a finished
+        #: handler's lease stays held until its completion is written)
+        self._handling: set[int] = set()
+        #: finished handlers waiting for the next batched completion
+        self._done: list[tuple[TaskContext, Any, asyncio.Future]] = []
+        self._flusher: asyncio.Task | None = None
         self._stopping = False
         self._stopped = threading.Event()
         self._loop: asyncio.AbstractEventLoop | None = None
         self._wake: asyncio.Event | None = None
         self._signals = 0
-        self._db = ThreadPoolExecutor(max_workers=min(32, concurrency + 4), thread_name_prefix="leaseq-db")
+        # SQLite runs one write transaction at a time anyway: one database
+        # thread then avoids handing the GIL and the file lock back and forth.
+        self._db = ThreadPoolExecutor(max_workers=1 if dialect == "sqlite" else min(32, concurrency + 4),
+                                      thread_name_prefix="leaseq-db")
         self._handlers = ThreadPoolExecutor(max_workers=concurrency, thread_name_prefix="leaseq-task")
 
     # -- control -----------------------------------------------------------------
@@ -196,7 +205,7 @@ class WorkerRuntime:
         turn = 0
         while not self._stopping:
             self._wake.clear()
-            free = self.concurrency - len(self._tasks)
+            free = self.concurrency - len(self._handling)
             got = 0
             for i in range(len(self.queues)):
                 if free - got <= 0 or self._stopping:
@@ -253,6 +262,7 @@ class WorkerRuntime:
         loop = self._loop
         ctx.on_lost = lambda c, reason: loop.call_soon_threadsafe(self._after_loss, c, reason)
         self.held[claim.task_id] = ctx
+        self._handling.add(claim.task_id)
         self.stats.claimed += 1
         self._renew_wake.set()
         self._tasks[claim.task_id] = asyncio.create_task(self._run_task(ctx), name=f"leaseq-task-{claim.task_id}")
@@ -267,11 +277,18 @@ class WorkerRuntime:
                 raise Permanent(f"no handler for task kind {ctx.task.kind!r} in this worker")
             payload = ctx.task.payload
             args, kwargs = ((), payload) if isinstance(payload, dict) else (((payload,), {}) if payload is not None else ((), {}))
-            if inspect.iscoroutinefunction(definition.fn):
-                result = await definition.fn(ctx, *args, **kwargs)
-            else:
-                loop = asyncio.get_running_loop()
-                result = await loop.run_in_executor(self._handlers, functools.partial(definition.fn, ctx, *args, **kwargs))
+            try:
+                if inspect.iscoroutinefunction(definition.fn):
+                    result = await definition.fn(ctx, *args, **kwargs)
+                else:
+                    loop = asyncio.get_running_loop()
+                    result = await loop.run_in_executor(self._handlers,
+                                                        functools.partial(definition.fn, ctx, *args, **kwargs))
+            finally:
+                # The slot is free once the handler returns: the next claim
+                # overlaps with writing this completion.
+                self._handling.discard(ctx.task_id)
+                self._wake.set()
             await self._finish(ctx, result)
         except asyncio.CancelledError:
             if not ctx.lost:
@@ -284,6 +301,7 @@ class WorkerRuntime:
         except Exception as exc:  # the handler failed: route it by kind of failure
             await self._fail(ctx, exc)
         finally:
+            self._handling.discard(ctx.task_id)
             self.held.pop(ctx.task_id, None)
             self._tasks.pop(ctx.task_id, None)
             self._wake.set()
@@ -293,7 +311,15 @@ class WorkerRuntime:
             ctx.log.warning(self._msg(ctx, f"result not published: lease lost ({ctx.lost_reason})"))
             return
         try:
-            await self._call(self.transport.complete, self.worker, ctx.claim, result)
+            if getattr(self.transport, "complete_many", None) is None:
+                await self._call(self.transport.complete, self.worker, ctx.claim, result)
+            else:
+                held = self._loop.create_future()
+                self._done.append((ctx, result, held))
+                if self._flusher is None or self._flusher.done():
+                    self._flusher = asyncio.create_task(self._flush_completions(), name="leaseq-completions")
+                if not await held:
+                    raise LeaseLost(ctx.task_id, ctx.generation, "complete refused: lease no longer held")
         except LeaseLost as exc:
             self._lose(ctx, exc.reason)
             return
@@ -301,7 +327,39 @@ class WorkerRuntime:
             await self._fail(ctx, Permanent(f"handler returned an unusable result: {exc}"))
             return
         self.stats.completed += 1
-        ctx.log.info(self._msg(ctx, "completed"))
+        if ctx.log.isEnabledFor(logging.INFO):
+            ctx.log.info(self._msg(ctx, "completed"))
+
+    async def _flush_completions(self) -> None:
+        """Write finished tasks in batches: one guarded statement per batch.
+
+        Completions that arrive while a batch is being written form the next
+        one, so a busy worker commits once per batch and an idle one at once.
+        """
+        await asyncio.sleep(0)  # let handlers finishing in this same turn join the batch
+        while self._done:
+            batch, self._done = self._done, []
+            try:
+                held = await self._call(self.transport.complete_many, self.worker,
+                                        [(ctx.claim, result) for ctx, result, _ in batch])
+            except InvalidInput:
+                # One unusable result refuses the whole batch before any write:
+                # complete one by one, so only that task fails.
+                for ctx, result, done in batch:
+                    try:
+                        await self._call(self.transport.complete, self.worker, ctx.claim, result)
+                        done.set_result(True)
+                    except LeaseLost:
+                        done.set_result(False)
+                    except Exception as exc:
+                        done.set_exception(exc)
+                continue
+            except Exception as exc:
+                for _, _, done in batch:
+                    done.set_exception(exc)
+                continue
+            for ctx, _, done in batch:
+                done.set_result(ctx.task_id in held)
 
     async def _fail(self, ctx: TaskContext, exc: BaseException) -> None:
         if ctx.lost:

@@ -69,6 +69,34 @@ VALUES (%(queue)s, %(kind)s, %(payload)s::jsonb, %(effect)s, %(priority)s,
 ON CONFLICT (queue, idempotency_key) DO NOTHING
 RETURNING *;
 
+-- name: insert_tasks
+-- insert_task for many tasks of one kind: one statement, one document of
+-- {"payload", "idempotency_key"} objects, writing the "enqueued" events too
+-- (evidence_written). Duplicate keys are skipped exactly as in insert_task;
+-- the caller reads those with task_ids_by_key.
+WITH added AS (
+    INSERT INTO leaseq_tasks (queue, kind, payload, effect, priority, available_at,
+                              idempotency_key, max_attempts, lease_seconds)
+    SELECT %(queue)s, %(kind)s, coalesce(n.payload, 'null'::jsonb), %(effect)s, %(priority)s,
+           now() + %(delay)s::float8 * interval '1 second',
+           n.idempotency_key, %(max_attempts)s, %(lease_seconds)s
+    FROM jsonb_to_recordset(%(tasks)s::jsonb) AS n(payload jsonb, idempotency_key text)
+    ON CONFLICT (queue, idempotency_key) DO NOTHING
+    RETURNING id, idempotency_key
+), logged AS (
+    INSERT INTO leaseq_events (task_id, type, detail)
+    SELECT a.id, 'enqueued',
+           CASE WHEN %(compact)s THEN '{}'::jsonb
+                ELSE jsonb_build_object('queue', %(queue)s::text, 'kind', %(kind)s::text, 'effect', %(effect)s::text,
+                                        'idempotency_key', a.idempotency_key, 'priority', %(priority)s::int) END
+    FROM added a
+)
+SELECT a.id, a.idempotency_key, true AS evidence_written FROM added a;
+
+-- name: task_ids_by_key
+SELECT id, idempotency_key FROM leaseq_tasks
+WHERE queue = %(queue)s AND idempotency_key IN (SELECT jsonb_array_elements_text(%(keys)s::jsonb));
+
 -- name: get_task
 SELECT * FROM leaseq_tasks WHERE id = %(task_id)s;
 
@@ -120,30 +148,56 @@ RETURNING t.id, t.status, t.claim_generation, t.open_effects, t.attempts;
 
 -- name: claim_batch
 -- Select and lease in one statement: no gap in which two workers pick the
--- same row. A paused queue hands out nothing.
-WITH candidate AS (
+-- same row. A paused queue hands out nothing, nor does a revoked worker.
+-- With route_first, nothing is claimed while an expired lease that nobody
+-- is routing yet exists: the caller routes it first (lock_expired,
+-- route_expired) and claims again without route_first. So a claim with
+-- nothing to route is this one statement, in its own transaction.
+-- The statement also writes each claim's "claimed" event (evidence_written),
+-- and always returns at least one row: the claimed tasks, or one row with
+-- NULL task columns, each carrying routing_due and worker_ok.
+WITH due AS (
+    SELECT id FROM leaseq_tasks
+    WHERE status = 'running' AND lease_expires_at < now()
+    LIMIT 1
+    FOR UPDATE SKIP LOCKED
+), flags AS (
+    SELECT %(route_first)s AND EXISTS (SELECT 1 FROM due) AS routing_due,
+           EXISTS (SELECT 1 FROM leaseq_workers w WHERE w.id = %(worker_id)s AND w.revoked_at IS NULL) AS worker_ok
+), candidate AS (
     SELECT id FROM leaseq_tasks
     WHERE status = 'queued' AND queue = %(queue)s AND available_at <= now()
       AND NOT EXISTS (SELECT 1 FROM leaseq_queues q WHERE q.name = %(queue)s AND q.paused)
-      AND EXISTS (SELECT 1 FROM leaseq_workers w WHERE w.id = %(worker_id)s AND w.revoked_at IS NULL)
+      AND (SELECT f.worker_ok AND NOT f.routing_due FROM flags f)
     ORDER BY priority DESC, available_at, id
     LIMIT %(limit)s
     FOR UPDATE SKIP LOCKED
+), claimed AS (
+    UPDATE leaseq_tasks t
+    SET status = 'running',
+        lease_owner = %(worker_id)s,
+        lease_expires_at = now() + coalesce(%(lease_seconds)s::float8, t.lease_seconds) * interval '1 second',
+        claim_generation = t.claim_generation + 1,
+        attempts = t.attempts + 1,
+        claimed_at = now(),
+        heartbeat_count = 0,
+        last_heartbeat_at = NULL,
+        longest_heartbeat_gap = 0,
+        updated_at = now()
+    FROM candidate
+    WHERE t.id = candidate.id
+    RETURNING t.*
+), logged AS (
+    INSERT INTO leaseq_events (task_id, type, generation, worker_id, detail)
+    SELECT c.id, 'claimed', c.claim_generation, %(worker_id)s,
+           CASE WHEN %(compact)s THEN '{}'::jsonb
+                ELSE jsonb_build_object('attempt', c.attempts,
+                                        'lease_seconds', coalesce(%(lease_seconds)s::float8, c.lease_seconds),
+                                        'lease_expires_at', c.lease_expires_at) END
+    FROM claimed c
 )
-UPDATE leaseq_tasks t
-SET status = 'running',
-    lease_owner = %(worker_id)s,
-    lease_expires_at = now() + coalesce(%(lease_seconds)s::float8, t.lease_seconds) * interval '1 second',
-    claim_generation = t.claim_generation + 1,
-    attempts = t.attempts + 1,
-    claimed_at = now(),
-    heartbeat_count = 0,
-    last_heartbeat_at = NULL,
-    longest_heartbeat_gap = 0,
-    updated_at = now()
-FROM candidate
-WHERE t.id = candidate.id
-RETURNING t.*;
+SELECT c.*, true AS evidence_written, f.routing_due, f.worker_ok
+FROM flags f LEFT JOIN claimed c ON true;
 
 -- name: renew_leases
 -- One statement renews every lease a worker names. Each (task, generation)
@@ -193,6 +247,37 @@ WHERE t.id = %(task_id)s
   AND t.claim_generation = %(generation)s
   AND t.lease_expires_at >= now()
 RETURNING t.id, t.claim_generation, t.attempts, t.heartbeat_count, t.last_heartbeat_at, t.longest_heartbeat_gap;
+
+-- name: complete_batch
+-- complete_task for many leases of one worker in one statement. Each
+-- (task, generation) pair is checked by the lease guard, as in renew_leases;
+-- the rows back are the tasks completed, and a pair missing from them had
+-- lost its lease (nothing was written for it). The "completed" events are
+-- written by the same statement (evidence_written).
+WITH done AS (
+    UPDATE leaseq_tasks t
+    SET status = 'completed',
+        result = coalesce(c.result, 'null'::jsonb),
+        lease_owner = NULL,
+        lease_expires_at = NULL,
+        updated_at = now()
+    FROM jsonb_to_recordset(%(items)s::jsonb) AS c(task_id bigint, generation bigint, result jsonb)
+    WHERE t.id = c.task_id
+      AND t.claim_generation = c.generation
+      AND t.status = 'running'
+      AND t.lease_owner = %(worker_id)s
+      AND t.lease_expires_at >= now()
+    RETURNING t.id, t.claim_generation, t.attempts, t.heartbeat_count, t.last_heartbeat_at, t.longest_heartbeat_gap
+), logged AS (
+    INSERT INTO leaseq_events (task_id, type, generation, worker_id, detail)
+    SELECT d.id, 'completed', d.claim_generation, %(worker_id)s,
+           CASE WHEN %(compact)s THEN '{}'::jsonb
+                ELSE jsonb_build_object('attempt', d.attempts, 'heartbeats', d.heartbeat_count,
+                                        'last_heartbeat_at', d.last_heartbeat_at,
+                                        'longest_heartbeat_gap', round(d.longest_heartbeat_gap::numeric, 3)) END
+    FROM done d
+)
+SELECT d.*, true AS evidence_written FROM done d;
 
 -- name: fail_task
 -- The attempt ends with an error. Where it goes next is decided here, in one
@@ -300,6 +385,13 @@ RETURNING id, status, claim_generation, attempts;
 -- name: insert_event
 INSERT INTO leaseq_events (task_id, type, generation, worker_id, detail)
 VALUES (%(task_id)s, %(type)s, %(generation)s, %(worker_id)s, %(detail)s::jsonb);
+
+-- name: insert_events
+-- insert_event for many events in one statement, in the document's order.
+INSERT INTO leaseq_events (task_id, type, generation, worker_id, detail)
+SELECT e.task_id, e.type, e.generation, e.worker_id, e.detail
+FROM jsonb_to_recordset(%(events)s::jsonb) AS e(task_id bigint, type text, generation bigint, worker_id text,
+                                                 detail jsonb);
 
 -- name: list_events
 SELECT * FROM leaseq_events WHERE task_id = %(task_id)s ORDER BY id;

@@ -63,6 +63,23 @@ VALUES (:queue, :kind, :payload, :effect, :priority,
 ON CONFLICT (queue, idempotency_key) DO NOTHING
 RETURNING *;
 
+-- name: insert_tasks
+-- See the PostgreSQL file. json_each keeps the document's order; the caller
+-- writes the "enqueued" events (evidence_written is 0, :compact is echoed).
+INSERT INTO leaseq_tasks (queue, kind, payload, effect, priority, available_at,
+                          idempotency_key, max_attempts, lease_seconds)
+SELECT :queue, :kind, coalesce(n.value -> '$.payload', 'null'), :effect, :priority,
+       (julianday('now') - 2440587.5) * 86400.0 + :delay,
+       n.value ->> '$.idempotency_key', :max_attempts, :lease_seconds
+FROM json_each(:tasks) AS n
+WHERE true  -- an INSERT ... SELECT needs a WHERE before ON CONFLICT in SQLite
+ON CONFLICT (queue, idempotency_key) DO NOTHING
+RETURNING id, idempotency_key, 0 AS evidence_written, :compact AS compact;
+
+-- name: task_ids_by_key
+SELECT id, idempotency_key FROM leaseq_tasks
+WHERE queue = :queue AND idempotency_key IN (SELECT value FROM json_each(:keys));
+
 -- name: get_task
 SELECT * FROM leaseq_tasks WHERE id = :task_id;
 
@@ -104,6 +121,10 @@ WHERE t.id IN (SELECT value FROM json_each(:task_ids))
 RETURNING id, status, claim_generation, open_effects, attempts;
 
 -- name: claim_batch
+-- See the PostgreSQL file. SQLite has no data-modifying CTEs, so the caller
+-- writes the "claimed" events in the same transaction (evidence_written is
+-- 0, and :compact is only echoed); nothing comes back when nothing was
+-- claimed, and the caller then takes the slow path.
 UPDATE leaseq_tasks AS t
 SET status = 'running',
     lease_owner = :worker_id,
@@ -121,9 +142,12 @@ WHERE t.id IN (
       AND available_at <= (julianday('now') - 2440587.5) * 86400.0
       AND NOT EXISTS (SELECT 1 FROM leaseq_queues q WHERE q.name = :queue AND q.paused)
       AND EXISTS (SELECT 1 FROM leaseq_workers w WHERE w.id = :worker_id AND w.revoked_at IS NULL)
+      AND NOT (:route_first AND EXISTS (
+          SELECT 1 FROM leaseq_tasks e
+          WHERE e.status = 'running' AND e.lease_expires_at < (julianday('now') - 2440587.5) * 86400.0))
     ORDER BY priority DESC, available_at, id
     LIMIT :limit)
-RETURNING *;
+RETURNING *, 0 AS evidence_written, NULL AS routing_due, NULL AS worker_ok, :compact AS compact;
 
 -- name: renew_leases
 -- Renews by the lease length this claim was given (see the PostgreSQL file).
@@ -168,6 +192,27 @@ WHERE t.id = :task_id
   AND t.claim_generation = :generation
   AND t.lease_expires_at >= (julianday('now') - 2440587.5) * 86400.0
 RETURNING id, claim_generation, attempts, heartbeat_count, last_heartbeat_at, longest_heartbeat_gap;
+
+-- name: complete_batch
+-- See the PostgreSQL file: the guard checks each (task, generation) pair.
+-- The caller writes the "completed" events (evidence_written is 0, :compact
+-- is echoed), as SQLite has no data-modifying CTEs.
+UPDATE leaseq_tasks AS t
+SET status = 'completed',
+    result = c.result,
+    lease_owner = NULL,
+    lease_expires_at = NULL,
+    updated_at = (julianday('now') - 2440587.5) * 86400.0
+FROM (SELECT i.value ->> '$.task_id' AS task_id, i.value ->> '$.generation' AS generation,
+             coalesce(i.value -> '$.result', 'null') AS result
+      FROM json_each(:items) AS i) AS c
+WHERE t.id = c.task_id
+  AND t.claim_generation = c.generation
+  AND t.status = 'running'
+  AND t.lease_owner = :worker_id
+  AND t.lease_expires_at >= (julianday('now') - 2440587.5) * 86400.0
+RETURNING id, claim_generation, attempts, heartbeat_count, last_heartbeat_at, longest_heartbeat_gap,
+          0 AS evidence_written, :compact AS compact;
 
 -- name: fail_task
 -- See the PostgreSQL file for the routing table this CASE implements.
@@ -263,6 +308,12 @@ RETURNING id, status, claim_generation, attempts;
 -- name: insert_event
 INSERT INTO leaseq_events (task_id, type, generation, worker_id, detail)
 VALUES (:task_id, :type, :generation, :worker_id, :detail);
+
+-- name: insert_events
+INSERT INTO leaseq_events (task_id, type, generation, worker_id, detail)
+SELECT e.value ->> '$.task_id', e.value ->> '$.type', e.value ->> '$.generation', e.value ->> '$.worker_id',
+       e.value -> '$.detail'
+FROM json_each(:events) AS e;
 
 -- name: list_events
 SELECT * FROM leaseq_events WHERE task_id = :task_id ORDER BY id;
