@@ -159,6 +159,7 @@ RETURNING t.id, t.status, t.claim_generation, t.open_effects, t.attempts;
 WITH due AS (
     SELECT id FROM leaseq_tasks
     WHERE status = 'running' AND lease_expires_at < now()
+    ORDER BY lease_expires_at  -- read from the leases index, never by scanning every running task
     LIMIT 1
     FOR UPDATE SKIP LOCKED
 ), flags AS (

@@ -139,7 +139,9 @@ SET status = 'running',
 WHERE t.id IN (
     SELECT id FROM leaseq_tasks
     WHERE status = 'queued' AND queue = :queue
-      AND available_at <= (julianday('now') - 2440587.5) * 86400.0
+      -- the unary + keeps available_at out of the index lookup: the claimable
+      -- index is walked in claim order, never range-scanned and then sorted
+      AND +available_at <= (julianday('now') - 2440587.5) * 86400.0
       AND NOT EXISTS (SELECT 1 FROM leaseq_queues q WHERE q.name = :queue AND q.paused)
       AND EXISTS (SELECT 1 FROM leaseq_workers w WHERE w.id = :worker_id AND w.revoked_at IS NULL)
       AND NOT (:route_first AND EXISTS (

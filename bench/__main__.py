@@ -1,0 +1,199 @@
+"""``python -m bench``: run the workloads, alternate the systems, write JSON, Markdown and plots."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import sys
+import time
+from dataclasses import asdict, dataclass, replace
+from pathlib import Path
+from typing import Any
+
+from . import report, systems, workloads
+from .database import BenchDatabase, display_dsn, server_facts
+from .targets import check_targets
+
+WORKLOADS = ("enqueue", "drain", "latency", "heartbeat", "depth", "evidence")
+PEERS = ("leaseq", "pgqueuer", "procrastinate", "raw")
+
+
+@dataclass(frozen=True)
+class Sizes:
+    """How big each workload is. ``FULL`` fits in about ten minutes on two cores."""
+
+    rounds: int = 3
+    enqueue_one: int = 2_000
+    enqueue_batch: int = 20_000
+    drain: int = 20_000
+    #: procrastinate drains about a hundred tasks a second here: a smaller
+    #: queue gives the same rate without a quarter of an hour per round
+    drain_procrastinate: int = 2_000
+    latency_tasks: int = 200
+    latency_gap: float = 0.02
+    heartbeat_leases: int = 1_000
+    heartbeat_workers: int = 10
+    heartbeat_seconds: float = 60.0
+    #: also hold leases with the peers, and with fewer leases or workers (proportionality)
+    heartbeat_everything: bool = True
+    depths: tuple[int, ...] = (1_000, 10_000, 100_000)
+    depth_sample: int = 10_000
+    history: int = 0
+    evidence_tasks: int = 20_000
+
+
+FULL = Sizes()
+QUICK = Sizes(rounds=1, enqueue_one=100, enqueue_batch=2_000, drain=1_000, drain_procrastinate=200,
+              latency_tasks=20, latency_gap=0.01, heartbeat_leases=40, heartbeat_workers=2, heartbeat_seconds=1.0,
+              heartbeat_everything=False,
+              depths=(1_000, 5_000), depth_sample=1_000, evidence_tasks=1_000)
+
+
+def plan(workload: str, sizes: Sizes, chosen: list[str]) -> list[tuple[str, str, Any]]:
+    """``(config, system, trial)`` for one round of ``workload``, in the order they alternate."""
+    peers = [s for s in PEERS if s in chosen]
+    trials: list[tuple[str, str, Any]] = []
+    if workload == "enqueue":
+        config = f"{sizes.enqueue_one:,} one by one, {sizes.enqueue_batch:,} in batches"
+        for s in peers + [s for s in ("leaseq-sqlite",) if s in chosen]:
+            trials.append((config, s, lambda db, sy: workloads.enqueue(db, sy, one=sizes.enqueue_one,
+                                                                         batch=sizes.enqueue_batch)))
+    elif workload == "drain":
+        for processes in (1, 2):
+            config = f"{processes} process{'es' if processes > 1 else ''} × 10"
+            for s in peers:
+                n = sizes.drain_procrastinate if s == "procrastinate" else sizes.drain
+                trials.append((config, s, lambda db, sy, p=processes, n=n: workloads.drain(db, sy, tasks=n, processes=p)))
+        if "leaseq-sqlite" in chosen:
+            trials.append(("embedded, 1 process × 10", "leaseq-sqlite",
+                           lambda db, sy: workloads.drain(db, sy, tasks=sizes.drain)))
+    elif workload == "latency":
+        for s in [s for s in peers if s != "raw"]:
+            trials.append(("idle worker", s, lambda db, sy: workloads.latency(db, sy, tasks=sizes.latency_tasks,
+                                                                               gap=sizes.latency_gap)))
+    elif workload == "heartbeat":
+        leases, workers = sizes.heartbeat_leases, sizes.heartbeat_workers
+        shapes = [(leases, workers)]
+        if "leaseq" in chosen and sizes.heartbeat_everything:  # proportional to workers, not to leases?
+            shapes += [(leases // 10, workers), (leases, max(1, workers // 2))]
+        for lea, wor in shapes:
+            for s in [s for s in peers if s != "raw"]:
+                if s != "leaseq" and ((lea, wor) != (leases, workers) or not sizes.heartbeat_everything):
+                    continue
+                trials.append((f"{lea:,} / {wor}", s, lambda db, sy, lea=lea, wor=wor: workloads.heartbeat(
+                    db, sy, leases=lea, workers=wor, seconds=sizes.heartbeat_seconds)))
+    elif workload == "depth":
+        shapes = [(d, 0) for d in sizes.depths] + ([(sizes.depths[0], sizes.history)] if sizes.history else [])
+        for queued, finished in shapes:
+            config = f"{queued:,} queued" + (f" + {finished:,} finished" if finished else "")
+            for s in [s for s in ("leaseq", "raw") if s in chosen]:
+                trials.append((config, s, lambda db, sy, q=queued, f=finished: workloads.depth(
+                    db, sy, queued=q, finished=f, sample=sizes.depth_sample)))
+    elif workload == "evidence":
+        for s in ("leaseq", "leaseq-compact"):
+            trials.append(("1 process × 10", s, lambda db, sy: workloads.drain(db, sy, tasks=sizes.evidence_tasks)))
+    return trials
+
+
+def machine() -> dict[str, Any]:
+    """The box these numbers come from."""
+    facts: dict[str, Any] = {"nproc": os.cpu_count(), "python": platform.python_version(), "os": platform.platform()}
+    try:
+        meminfo = Path("/proc/meminfo").read_text().split("\n")[0].split()
+        facts["memory_gb"] = round(int(meminfo[1]) / 1024 / 1024, 1)
+        model = [ln for ln in Path("/proc/cpuinfo").read_text().splitlines() if ln.startswith("model name")]
+        facts["cpu"] = model[0].split(":", 1)[1].strip() if model else "?"
+    except OSError:
+        pass
+    return facts
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m bench", description=__doc__)
+    parser.add_argument("workloads", nargs="*", metavar="WORKLOAD",
+                        help=f"which workloads (default: all of {', '.join(WORKLOADS)})")
+    parser.add_argument("--quick", action="store_true", help="the small configuration CI runs (one round)")
+    parser.add_argument("--rounds", type=int, help="rounds per workload (default 3, --quick 1)")
+    parser.add_argument("--systems", default=",".join(systems.NAMES),
+                        help="comma-separated subset of " + ", ".join(systems.NAMES))
+    parser.add_argument("--dsn", default=os.environ.get("LEASEQ_BENCH_DSN") or os.environ.get("LEASEQ_TEST_PG_DSN")
+                        or "postgresql://postgres@127.0.0.1:5432/postgres",
+                        help="a PostgreSQL server URL; the run creates and drops its own database there")
+    parser.add_argument("--out", default="bench-results", help="folder for results.json, results.md and plots")
+    parser.add_argument("--depth-million", action="store_true",
+                        help="add the 10^6-deep queue and the 10^6-task history to the depth workload")
+    parser.add_argument("--heartbeat-seconds", type=float, help="length of each heartbeat window")
+    args = parser.parse_args(argv)
+
+    sizes = QUICK if args.quick else FULL
+    if args.rounds:
+        sizes = replace(sizes, rounds=args.rounds)
+    if args.heartbeat_seconds:
+        sizes = replace(sizes, heartbeat_seconds=args.heartbeat_seconds)
+    if args.depth_million:
+        sizes = replace(sizes, depths=(*sizes.depths, 1_000_000), history=1_000_000)
+    wrong = [w for w in args.workloads if w not in WORKLOADS]
+    if wrong:
+        parser.error(f"unknown workload {', '.join(wrong)}; choose from {', '.join(WORKLOADS)}")
+    chosen = [s.strip() for s in args.systems.split(",") if s.strip()]
+    unknown = set(chosen) - set(systems.NAMES)
+    if unknown:
+        parser.error(f"--systems: unknown {', '.join(sorted(unknown))}; choose from {', '.join(systems.NAMES)}")
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+
+    chosen_workloads = args.workloads or list(WORKLOADS)
+    trials: list[dict[str, Any]] = []
+    started = time.monotonic()
+    with BenchDatabase(args.dsn) as db:
+        for workload in chosen_workloads:
+            rounds = 1 if workload == "heartbeat" else sizes.rounds
+            for rnd in range(1, rounds + 1):
+                for config, name, trial in plan(workload, sizes, chosen):
+                    record: dict[str, Any] = {"workload": workload, "config": config, "system": name, "round": rnd}
+                    t0 = time.monotonic()
+                    try:
+                        metrics = trial(db, systems.get(name))
+                        samples = metrics.pop("samples_ms", None)
+                        record["metrics"] = metrics
+                        if samples is not None:
+                            record["samples"] = samples
+                    except Exception as exc:  # one failed trial is reported, not fatal
+                        record["error"] = f"{type(exc).__name__}: {exc}"
+                    record["wall_s"] = round(time.monotonic() - t0, 2)
+                    trials.append(record)
+                    shown = record.get("error") or ", ".join(f"{k}={report._fmt(v)}" for k, v in record["metrics"].items()
+                                                             if isinstance(v, (int, float)))
+                    print(f"[{time.monotonic() - started:6.0f}s] {workload} r{rnd} {config} {name}: {shown}",
+                          file=sys.stderr, flush=True)
+        facts = server_facts(db.dsn)
+
+    summary = report.summarise(trials)
+    versions = {name: systems.get(name).version() for name in chosen if name in PEERS}
+    document = {
+        "command": "python -m bench " + " ".join(argv if argv is not None else sys.argv[1:]),
+        "dsn": display_dsn(args.dsn), "machine": machine(), "server": facts, "versions": versions,
+        "sizes": asdict(sizes), "seconds": round(time.monotonic() - started, 1), "trials": trials,
+        "summary": [{"workload": w, "config": c, "system": s, "metrics": m} for (w, c, s), m in summary.items()],
+        "targets": check_targets(summary),
+    }
+    (out / "results.json").write_text(json.dumps(document, indent=1, default=str))
+    tables = report.markdown(summary)
+    targets_md = "\n".join(["| target | measured | met |", "|---|---|---|"] +
+                           [f"| {t['target']} | {t['measured']} | {t['met']} |" for t in document["targets"]])
+    failed = [t for t in trials if "error" in t]
+    errors_md = ("\n\n### failed trials\n\n" + "\n".join(f"- {t['workload']} {t['config']} {t['system']} "
+                                                          f"round {t['round']}: {t['error']}" for t in failed)
+                 if failed else "")
+    (out / "results.md").write_text(f"{tables}\n### targets\n\n{targets_md}{errors_md}\n")
+    plots = report.plots(trials, summary, out)
+    print(f"{tables}\n### targets\n\n{targets_md}{errors_md}\n")
+    print(f"wrote {out / 'results.json'}, {out / 'results.md'}" + "".join(f", {p}" for p in plots)
+          + f" in {document['seconds']:.0f}s", file=sys.stderr)
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

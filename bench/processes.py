@@ -1,0 +1,119 @@
+"""Starting, releasing and collecting :mod:`bench.worker` processes."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+class WorkerGroup:
+    """``count`` worker processes of one system, started together.
+
+    ``start()`` returns once every process is connected and waiting;
+    ``go()`` releases them at once; ``wait()`` or ``stop()`` collects
+    their results.
+    """
+
+    def __init__(self, system: str, dsn: str, *, count: int = 1, mode: str = "drain",
+                 concurrency: int = 10, target: int = 0, timeout: float = 600.0):
+        self.timeout = timeout
+        env = dict(os.environ)
+        env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), env.get("PYTHONPATH")]))
+        cmd = [sys.executable, "-m", "bench.worker", system, dsn, "--mode", mode,
+               "--concurrency", str(concurrency), "--target", str(target)]
+        self.procs = [subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                       text=True, env=env, cwd=str(ROOT)) for _ in range(count)]
+        self.results: list[dict[str, Any]] = [{} for _ in self.procs]
+        self.errors: list[str] = ["" for _ in self.procs]
+        self._readers: list[threading.Thread] = []
+        self._ready = [threading.Event() for _ in self.procs]
+
+    def start(self) -> WorkerGroup:
+        for i, proc in enumerate(self.procs):
+            self._readers.append(threading.Thread(target=self._read, args=(i, proc), daemon=True))
+            self._readers.append(threading.Thread(target=self._read_err, args=(i, proc), daemon=True))
+        for reader in self._readers:
+            reader.start()
+        deadline = time.monotonic() + 60
+        for i, ready in enumerate(self._ready):
+            if not ready.wait(max(0.0, deadline - time.monotonic())):
+                self.kill()
+                raise RuntimeError(f"worker {i} did not get ready: {self.errors[i][-2000:]}")
+        return self
+
+    def _read(self, i: int, proc: subprocess.Popen) -> None:
+        for line in proc.stdout:
+            if line.startswith("READY"):
+                self._ready[i].set()
+            elif line.startswith("RESULT "):
+                self.results[i] = json.loads(line[len("RESULT "):])
+        self._ready[i].set()  # exited: do not wait for READY any longer
+
+    def _read_err(self, i: int, proc: subprocess.Popen) -> None:
+        for line in proc.stderr:
+            self.errors[i] = (self.errors[i] + line)[-20000:]
+
+    def _send(self, command: str) -> None:
+        for proc in self.procs:
+            try:
+                proc.stdin.write(command + "\n")
+                proc.stdin.flush()
+            except (BrokenPipeError, ValueError):
+                pass
+
+    def go(self) -> None:
+        """Release every worker."""
+        self._send("GO")
+
+    def stop(self, grace: float = 1.0) -> list[dict[str, Any]]:
+        """Ask every worker to stop; after ``grace`` seconds tell it to exit at once. Then collect."""
+        self._send("STOP")
+        self._exit_after(grace)
+        return self.wait()
+
+    def _exit_after(self, grace: float) -> None:
+        deadline = time.monotonic() + grace
+        while time.monotonic() < deadline and any(p.poll() is None for p in self.procs):
+            time.sleep(0.02)
+        self._send("EXIT")
+
+    def wait(self, finished: Any = None, grace: float = 1.0) -> list[dict[str, Any]]:
+        """Wait for every worker to exit; raise if one failed.
+
+        ``finished()``, if given, says when the measured work is done (read
+        from the database); workers still busy shutting down ``grace``
+        seconds later are told to exit at once.
+        """
+        deadline = time.monotonic() + self.timeout
+        if finished is not None:
+            while not finished() and any(p.poll() is None for p in self.procs):
+                if time.monotonic() > deadline:
+                    break
+                time.sleep(0.2)
+            self._exit_after(grace)
+        for i, proc in enumerate(self.procs):
+            try:
+                proc.wait(max(1.0, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                self.kill()
+                raise RuntimeError(f"worker {i} did not finish within {self.timeout:.0f}s") from None
+        for reader in self._readers:
+            reader.join(5)
+        for i, proc in enumerate(self.procs):
+            if proc.returncode != 0 or not self.results[i]:
+                raise RuntimeError(f"worker {i} exited with {proc.returncode}: {self.errors[i][-3000:]}")
+        return self.results
+
+    def kill(self) -> None:
+        for proc in self.procs:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()

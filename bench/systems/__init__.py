@@ -1,0 +1,116 @@
+"""The queues under test, each behind the same small interface.
+
+Orchestrator side (synchronous, in the ``python -m bench`` process):
+``install``, ``enqueue_one``, ``enqueue_batch``, ``finished`` and
+``running``. Worker side (inside a :mod:`bench.worker` process):
+``open_worker`` returns a :class:`Runner` whose ``run()`` works until the
+mode says stop. Handlers are no-ops unless the mode says otherwise.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+#: Tasks per call in the batched enqueue workload, for every system.
+ENQUEUE_BATCH = 1000
+
+
+@dataclass
+class WorkerOptions:
+    """What a worker process is asked to do.
+
+    ``mode``: ``drain`` (until the queue is empty), ``count`` (until ``target``
+    tasks are done), ``latency`` (until stopped, recording when each handler
+    starts) or ``hold`` (handlers wait until stopped, so leases stay held).
+    """
+
+    mode: str = "drain"
+    concurrency: int = 10
+    target: int = 0
+
+
+@dataclass
+class Control:
+    """Shared between the worker process's control thread and the running queue."""
+
+    options: WorkerOptions
+    stop: asyncio.Event = field(default_factory=asyncio.Event)
+    done: int = 0
+    starts: dict[int, float] = field(default_factory=dict)
+    loop: asyncio.AbstractEventLoop | None = None
+    on_stop: list[Any] = field(default_factory=list)
+    _lock: threading.Lock = field(default_factory=threading.Lock)
+
+    def handler_started(self, index: int) -> None:
+        """Record, in wall-clock seconds, when the handler for task ``index`` began."""
+        if self.options.mode == "latency":
+            self.starts[index] = time.time()
+
+    def handler_done(self) -> None:
+        """Count a finished handler; in ``count`` mode, stop at the target."""
+        self.done += 1
+        if self.options.mode == "count" and self.done >= self.options.target:
+            self.request_stop()
+
+    def request_stop(self) -> None:
+        """Ask the runner to stop (callable from any thread)."""
+        def stop() -> None:
+            if not self.stop.is_set():
+                self.stop.set()
+                for callback in self.on_stop:
+                    callback()
+        if self.loop is not None:
+            self.loop.call_soon_threadsafe(stop)
+
+
+class Runner(Protocol):
+    """A worker, connected and ready; ``run`` is timed from the moment it is awaited."""
+
+    async def run(self) -> None: ...
+
+    async def close(self) -> None: ...
+
+
+class System(Protocol):
+    """One queue implementation."""
+
+    name: str
+    label: str
+    dialect: str
+
+    def version(self) -> str: ...
+    def install(self, dsn: str) -> None: ...
+    def enqueue_one(self, dsn: str, n: int) -> None: ...
+    def enqueue_batch(self, dsn: str, n: int) -> None: ...
+    def enqueue_timed(self, dsn: str, index: int) -> None: ...
+    def finished(self, dsn: str) -> tuple[int, float | None, float | None]: ...
+    def running(self, dsn: str) -> int: ...
+    async def open_worker(self, dsn: str, control: Control) -> Runner: ...
+
+
+def get(name: str) -> System:
+    """The system registered under ``name``."""
+    if name in ("leaseq", "leaseq-compact", "leaseq-sqlite"):
+        from .leaseq_system import LeaseqSystem
+
+        return LeaseqSystem(name)
+    if name == "raw":
+        from .raw_system import RawSystem
+
+        return RawSystem()
+    if name == "pgqueuer":
+        from .pgqueuer_system import PgqueuerSystem
+
+        return PgqueuerSystem()
+    if name == "procrastinate":
+        from .procrastinate_system import ProcrastinateSystem
+
+        return ProcrastinateSystem()
+    raise KeyError(name)
+
+
+NAMES = ("leaseq", "pgqueuer", "procrastinate", "raw", "leaseq-sqlite", "leaseq-compact")

@@ -1,0 +1,108 @@
+"""leaseq itself, through its public API only: Queue, App and the worker runtime.
+
+``leaseq`` and ``leaseq-compact`` run on PostgreSQL (the second with the
+evidence trail at its most compact setting); ``leaseq-sqlite`` runs
+embedded on a SQLite file, the DSN then being ``sqlite:///…``.
+"""
+
+from __future__ import annotations
+
+import sqlite3
+from typing import Any
+
+import psycopg
+
+import leaseq
+
+from . import ENQUEUE_BATCH, Control
+
+
+class LeaseqSystem:
+    """leaseq with every guard and the evidence trail on."""
+
+    def __init__(self, name: str = "leaseq"):
+        self.name = name
+        self.dialect = "sqlite" if name == "leaseq-sqlite" else "postgres"
+        self.label = {"leaseq": "leaseq", "leaseq-compact": "leaseq (compact evidence)",
+                      "leaseq-sqlite": "leaseq (SQLite, embedded)"}[name]
+        self.options: dict[str, Any] = {"evidence": "compact"} if name == "leaseq-compact" else {}
+
+    def version(self) -> str:
+        return leaseq.__version__ if hasattr(leaseq, "__version__") else "0.1.0 (this tree)"
+
+    def _queue(self, dsn: str) -> leaseq.Queue:
+        return leaseq.connect(dsn, **self.options)
+
+    def install(self, dsn: str) -> None:
+        with self._queue(dsn) as q:
+            q.migrate()
+
+    def enqueue_one(self, dsn: str, n: int) -> None:
+        with self._queue(dsn) as q:
+            for i in range(n):
+                q.enqueue("noop", {"i": i})
+
+    def enqueue_batch(self, dsn: str, n: int) -> None:
+        with self._queue(dsn) as q:
+            for start in range(0, n, ENQUEUE_BATCH):
+                q.enqueue_many("noop", [{"i": i} for i in range(start, min(n, start + ENQUEUE_BATCH))])
+
+    def enqueue_timed(self, dsn: str, index: int) -> None:
+        self._latency_queue(dsn).enqueue("noop", {"i": index})
+
+    def _latency_queue(self, dsn: str) -> leaseq.Queue:
+        # One open queue for the whole latency run, so the pool is warm.
+        if getattr(self, "_open", None) is None or self._open[0] != dsn:
+            self._open = (dsn, self._queue(dsn))
+        return self._open[1]
+
+    def close(self) -> None:
+        if getattr(self, "_open", None) is not None:
+            self._open[1].close()
+            self._open = None
+
+    def _one(self, dsn: str, sql: str) -> tuple[Any, ...]:
+        if self.dialect == "sqlite":
+            with sqlite3.connect(dsn.removeprefix("sqlite:///")) as conn:
+                return conn.execute(sql).fetchone()
+        with psycopg.connect(dsn, autocommit=True) as conn:
+            return conn.execute(sql).fetchone()
+
+    def finished(self, dsn: str) -> tuple[int, float | None, float | None]:
+        if self.dialect == "sqlite":  # times are already Unix seconds
+            return self._one(dsn, "SELECT count(*), min(updated_at), max(updated_at) FROM leaseq_tasks "
+                                  "WHERE status = 'completed'")
+        return self._one(dsn, "SELECT count(*), extract(epoch FROM min(updated_at))::float8, "
+                              "extract(epoch FROM max(updated_at))::float8 FROM leaseq_tasks WHERE status = 'completed'")
+
+    def running(self, dsn: str) -> int:
+        return self._one(dsn, "SELECT count(*) FROM leaseq_tasks WHERE status = 'running'")[0]
+
+    async def open_worker(self, dsn: str, control: Control) -> LeaseqRunner:
+        return LeaseqRunner(dsn, self.options, control)
+
+
+class LeaseqRunner:
+    """An App with one no-op handler and a WorkerRuntime, as ``leaseq worker`` would run it."""
+
+    def __init__(self, dsn: str, options: dict[str, Any], control: Control):
+        self.control = control
+        self.app = leaseq.App(dsn, **options)
+        self.app.queue  # connect (and check the schema) before the clock starts
+        mode = control.options.mode
+
+        @self.app.task("noop")
+        async def noop(ctx: Any, i: int = 0) -> None:
+            control.handler_started(i)
+            if mode == "hold":
+                await control.stop.wait()
+            control.handler_done()
+
+        self.runtime = self.app.worker(concurrency=control.options.concurrency, grace=0.5)
+        control.on_stop.append(self.runtime.stop)
+
+    async def run(self) -> None:
+        await self.runtime.run(until_idle=self.control.options.mode == "drain")
+
+    async def close(self) -> None:
+        self.app.queue.close()

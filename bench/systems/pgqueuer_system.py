@@ -1,0 +1,131 @@
+"""pgqueuer at its default settings, on psycopg's async driver.
+
+Defaults kept: ``batch_size=10``, no cap on concurrent tasks (pgqueuer's
+cap must be at least twice the batch size, so "concurrency 10" cannot be
+expressed; the ``hold`` mode caps it at the requested concurrency so each
+worker holds its share), a 30 s heartbeat timeout, LISTEN/NOTIFY on. It
+runs on ``PsycopgDriver`` because asyncpg is not installed here.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from datetime import timedelta
+from typing import Any
+
+import psycopg
+
+from . import ENQUEUE_BATCH, Control
+
+
+def _run(coro: Any) -> Any:
+    return asyncio.run(coro)
+
+
+class PgqueuerSystem:
+    """pgqueuer: completes by job id, no fencing token."""
+
+    name = "pgqueuer"
+    label = "pgqueuer"
+    dialect = "postgres"
+
+    def version(self) -> str:
+        import pgqueuer
+
+        return pgqueuer.__version__
+
+    async def _queries(self, dsn: str) -> tuple[Any, psycopg.AsyncConnection]:
+        from pgqueuer import PsycopgDriver, Queries
+
+        conn = await psycopg.AsyncConnection.connect(dsn, autocommit=True)
+        return Queries(PsycopgDriver(conn)), conn
+
+    def install(self, dsn: str) -> None:
+        async def go() -> None:
+            queries, conn = await self._queries(dsn)
+            await queries.install()
+            await conn.close()
+        _run(go())
+
+    def enqueue_one(self, dsn: str, n: int) -> None:
+        async def go() -> None:
+            queries, conn = await self._queries(dsn)
+            for i in range(n):
+                await queries.enqueue("noop", str(i).encode())
+            await conn.close()
+        _run(go())
+
+    def enqueue_batch(self, dsn: str, n: int) -> None:
+        async def go() -> None:
+            queries, conn = await self._queries(dsn)
+            for start in range(0, n, ENQUEUE_BATCH):
+                size = min(n, start + ENQUEUE_BATCH) - start
+                await queries.enqueue(["noop"] * size, [str(i).encode() for i in range(start, start + size)],
+                                      [0] * size)
+            await conn.close()
+        _run(go())
+
+    def enqueue_timed(self, dsn: str, index: int) -> None:
+        # A fresh event loop per call would dominate; keep one sync connection.
+        from pgqueuer.adapters.drivers.psycopg import SyncPsycopgDriver
+        from pgqueuer.queries import SyncQueries
+
+        if getattr(self, "_sync", None) is None or self._sync[0] != dsn:
+            conn = psycopg.connect(dsn, autocommit=True)
+            self._sync = (dsn, conn, SyncQueries(SyncPsycopgDriver(conn)))
+        self._sync[2].enqueue("noop", str(index).encode())
+
+    def close(self) -> None:
+        if getattr(self, "_sync", None) is not None:
+            self._sync[1].close()
+            self._sync = None
+
+    def finished(self, dsn: str) -> tuple[int, float | None, float | None]:
+        with psycopg.connect(dsn, autocommit=True) as conn:
+            return conn.execute("SELECT count(*), extract(epoch FROM min(created))::float8, "
+                                "extract(epoch FROM max(created))::float8 FROM pgqueuer_log "
+                                "WHERE status = 'successful'").fetchone()
+
+    def running(self, dsn: str) -> int:
+        with psycopg.connect(dsn, autocommit=True) as conn:
+            return conn.execute("SELECT count(*) FROM pgqueuer WHERE status = 'picked'").fetchone()[0]
+
+    async def open_worker(self, dsn: str, control: Control) -> PgqueuerRunner:
+        from pgqueuer import PgQueuer, PsycopgDriver
+
+        conn = await psycopg.AsyncConnection.connect(dsn, autocommit=True)
+        return PgqueuerRunner(PgQueuer(PsycopgDriver(conn)), conn, control)
+
+
+class PgqueuerRunner:
+    """A PgQueuer with one no-op entrypoint."""
+
+    def __init__(self, pgq: Any, conn: psycopg.AsyncConnection, control: Control):
+        self.pgq, self.conn, self.control = pgq, conn, control
+        mode = control.options.mode
+
+        @pgq.entrypoint("noop")
+        async def noop(job: Any) -> None:
+            control.handler_started(int(job.payload or 0))
+            if mode == "hold":
+                await control.stop.wait()
+            control.handler_done()
+
+        control.on_stop.append(pgq.shutdown.set)
+
+    async def run(self) -> None:
+        from pgqueuer.domain.types import QueueExecutionMode
+
+        mode = self.control.options.mode
+        options: dict[str, Any] = {}
+        if mode == "drain":
+            options["mode"] = QueueExecutionMode.drain
+        if mode == "hold":
+            options["max_concurrent_tasks"] = max(20, self.control.options.concurrency)
+        await self.pgq.run(**options)
+
+    async def close(self) -> None:
+        await self.conn.close()
+
+    # pgqueuer's own default, spelled out for the report
+    DEFAULTS = {"batch_size": 10, "heartbeat_timeout": timedelta(seconds=30)}

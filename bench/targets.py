@@ -1,0 +1,84 @@
+"""The performance targets of the project, checked against a run's medians.
+
+A target whose workload did not run is reported as "not measured", never as
+met. These are figures for the reader, not a pass/fail gate.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+Summary = dict[tuple[str, str, str], dict[str, dict[str, float]]]
+
+
+def _median(summary: Summary, workload: str, config: str, system: str, metric: str) -> float | None:
+    stat = summary.get((workload, config, system), {}).get(metric)
+    return None if stat is None else stat["median"]
+
+
+def _row(target: str, measured: str, ok: bool | None) -> dict[str, Any]:
+    return {"target": target, "measured": measured, "met": "not measured" if ok is None else ("yes" if ok else "no")}
+
+
+def check_targets(summary: Summary) -> list[dict[str, Any]]:
+    """One row per target: what was asked, what was measured, and whether it holds."""
+    rows = []
+    drain_configs = list(dict.fromkeys(k[1] for k in summary if k[0] == "drain" and k[2] == "leaseq"))
+    for config in drain_configs:
+        ours = _median(summary, "drain", config, "leaseq", "per_s")
+        for peer, factor, words in (("pgqueuer", 1.5, "≥ 1.5× pgqueuer"), ("raw", 0.8, "≥ 80% of the raw ceiling")):
+            theirs = _median(summary, "drain", config, peer, "per_s")
+            if ours and theirs:
+                rows.append(_row(f"drain, {config}: {words}", f"{ours / theirs:.2f}× ({ours:,.0f} vs {theirs:,.0f}/s)",
+                                 ours >= factor * theirs))
+            else:
+                rows.append(_row(f"drain, {config}: {words}", "–", None))
+
+    enqueue = [k[1] for k in summary if k[0] == "enqueue" and k[2] == "leaseq"]
+    ours = _median(summary, "enqueue", enqueue[0], "leaseq", "batch_per_s") if enqueue else None
+    theirs = _median(summary, "enqueue", enqueue[0], "pgqueuer", "batch_per_s") if enqueue else None
+    rows.append(_row("enqueue in batches ≥ 1.5× pgqueuer's batch enqueue",
+                     f"{ours / theirs:.2f}× ({ours:,.0f} vs {theirs:,.0f}/s)" if ours and theirs else "–",
+                     ours >= 1.5 * theirs if ours and theirs else None))
+
+    p50 = _median(summary, "latency", "idle worker", "leaseq", "p50_ms")
+    p99 = _median(summary, "latency", "idle worker", "leaseq", "p99_ms")
+    rows.append(_row("pickup latency p50 ≤ 3 ms (LISTEN/NOTIFY)", f"{p50:.2f} ms" if p50 is not None else "–",
+                     p50 <= 3 if p50 is not None else None))
+    rows.append(_row("pickup latency p99 ≤ 15 ms", f"{p99:.2f} ms" if p99 is not None else "–",
+                     p99 <= 15 if p99 is not None else None))
+
+    depth = sorted((summary[k]["queued"]["median"], summary[k]["finished"]["median"], summary[k]["per_s"]["median"])
+                   for k in summary if k[0] == "depth" and k[2] == "leaseq")
+    plain = [(q, rate) for q, h, rate in depth if not h]
+    if len(plain) >= 2:
+        (q0, r0), (q1, r1) = plain[0], plain[-1]
+        ok = r1 >= 0.9 * r0 if q1 >= 1_000_000 else None
+        rows.append(_row("drain at 10^6 queued ≥ 90% of drain at 10^3",
+                         f"{r1 / r0:.0%} at {q1:,.0f} queued ({r1:,.0f} vs {r0:,.0f}/s)", ok))
+        for q, h, rate in depth:
+            if h:
+                rows.append(_row(f"drain with {h:,.0f} finished in history ≥ 90% of drain at {q0:,.0f}",
+                                 f"{rate / r0:.0%} ({rate:,.0f}/s)", rate >= 0.9 * r0))
+    else:
+        rows.append(_row("drain at 10^6 queued ≥ 90% of drain at 10^3", "–", None))
+
+    beats = {k[1]: (summary[k]["transactions_per_s"]["median"], summary[k]["leases"]["median"],
+                    summary[k]["workers"]["median"]) for k in summary if k[0] == "heartbeat" and k[2] == "leaseq"}
+    if len(beats) >= 2:
+        per_worker = [tps / w for tps, _, w in beats.values()]
+        spread = max(per_worker) / min(per_worker) if min(per_worker) > 0 else float("inf")
+        rows.append(_row("heartbeat statements/s proportional to workers, not leases",
+                         "per worker: " + ", ".join(f"{tps / w:.2f}/s ({lea:,.0f} leases, {w:.0f} workers)"
+                                                    for tps, lea, w in beats.values()), spread <= 1.5))
+    else:
+        rows.append(_row("heartbeat statements/s proportional to workers, not leases", "–", None))
+
+    sqlite = _median(summary, "drain", "embedded, 1 process × 10", "leaseq-sqlite", "per_s")
+    rows.append(_row("SQLite embedded drain ≥ 5,000 tasks/s in one process",
+                     f"{sqlite:,.0f}/s" if sqlite else "–", sqlite >= 5000 if sqlite else None))
+
+    rss = _median(summary, "drain", "1 process × 10", "leaseq", "worker_rss_mb")
+    rows.append(_row("worker process RSS < 80 MB at concurrency 10", f"{rss:.0f} MB" if rss else "–",
+                     rss < 80 if rss else None))
+    return rows

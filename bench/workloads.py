@@ -1,0 +1,174 @@
+"""One trial of each workload: fresh schema in, figures out.
+
+Every function takes the run's :class:`~bench.database.BenchDatabase`, a
+system and sizes, builds its own schema (or SQLite file), and returns a dict
+of metrics. Rounds and alternation are the caller's business.
+"""
+
+from __future__ import annotations
+
+import statistics
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import psycopg
+
+from . import systems
+from .database import BenchDatabase
+from .fill import fill_leaseq
+from .processes import WorkerGroup
+
+
+def _analyze(dsn: str) -> None:
+    """Give the planner statistics after a bulk fill, as autovacuum would."""
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        conn.execute("ANALYZE")
+
+
+def _schema_or_file(db: BenchDatabase, system: systems.System):
+    """A fresh PostgreSQL schema, or for the embedded system a fresh SQLite file."""
+    if system.dialect == "sqlite":
+        return _SqliteFile()
+    return db.schema(system.name)
+
+
+class _SqliteFile:
+    def __enter__(self) -> str:
+        self._dir = tempfile.TemporaryDirectory(prefix="leaseq-bench-")
+        return f"sqlite:///{Path(self._dir.name) / 'bench.db'}"
+
+    def __exit__(self, *exc: object) -> None:
+        self._dir.cleanup()
+
+
+def _close(system: systems.System) -> None:
+    close = getattr(system, "close", None)
+    if close is not None:
+        close()
+
+
+def enqueue(db: BenchDatabase, system: systems.System, *, one: int, batch: int) -> dict[str, Any]:
+    """Tasks per second enqueued one at a time (one commit each) and in batches."""
+    out: dict[str, Any] = {}
+    with _schema_or_file(db, system) as dsn:
+        system.install(dsn)
+        started = time.perf_counter()
+        system.enqueue_one(dsn, one)
+        out["one_per_s"] = one / (time.perf_counter() - started)
+    with _schema_or_file(db, system) as dsn:
+        system.install(dsn)
+        started = time.perf_counter()
+        system.enqueue_batch(dsn, batch)
+        out["batch_per_s"] = batch / (time.perf_counter() - started)
+    return out
+
+
+def _clock(db: BenchDatabase, system: systems.System) -> float:
+    return time.time() if system.dialect == "sqlite" else db.clock()
+
+
+def drain(db: BenchDatabase, system: systems.System, *, tasks: int, processes: int = 1,
+          concurrency: int = 10) -> dict[str, Any]:
+    """Worker start to last completion, as the database recorded it, for ``tasks`` queued tasks."""
+    with _schema_or_file(db, system) as dsn:
+        system.install(dsn)
+        system.enqueue_batch(dsn, tasks)
+        if system.dialect == "postgres":
+            _analyze(dsn)
+        group = WorkerGroup(system.name, dsn, count=processes, concurrency=concurrency).start()
+        started = _clock(db, system)
+        group.go()
+        results = group.wait(finished=lambda: system.finished(dsn)[0] >= tasks)
+        count, first, last = system.finished(dsn)
+    if count != tasks:
+        raise RuntimeError(f"{system.name}: {count} of {tasks} tasks completed")
+    return {"tasks": tasks, "seconds": last - started, "per_s": tasks / (last - started),
+            "steady_per_s": (tasks - 1) / (last - first) if last > first else None,
+            "first_completion_s": first - started,
+            "worker_rss_mb": max(r["max_rss_mb"] for r in results),
+            "worker_cpu_s": sum(r["cpu_s"] for r in results)}
+
+
+def depth(db: BenchDatabase, system: systems.System, *, queued: int, finished: int, sample: int,
+          concurrency: int = 10) -> dict[str, Any]:
+    """Drain rate over the first ``sample`` tasks of a queue ``queued`` deep over ``finished`` history."""
+    with db.schema(system.name) as dsn:
+        system.install(dsn)
+        if system.name in ("leaseq", "raw"):
+            fill_leaseq(dsn, queued=queued, finished=finished)
+        else:  # peers fill through their own client
+            system.enqueue_batch(dsn, queued)
+            _analyze(dsn)
+        target = min(sample, queued)
+        group = WorkerGroup(system.name, dsn, mode="count", target=target, concurrency=concurrency).start()
+        started = db.clock()
+        group.go()
+        group.wait(finished=lambda: system.finished(dsn)[0] - finished >= target)
+        count, _, last = system.finished(dsn)
+        count -= finished if system.name in ("leaseq", "raw") else 0
+    return {"queued": queued, "finished": finished, "tasks": count, "per_s": count / (last - started)}
+
+
+def latency(db: BenchDatabase, system: systems.System, *, tasks: int, gap: float) -> dict[str, Any]:
+    """Milliseconds from enqueue commit to handler start, one task at a time into an idle worker."""
+    commits: dict[int, float] = {}
+    with db.schema(system.name) as dsn:
+        system.install(dsn)
+        group = WorkerGroup(system.name, dsn, mode="latency", concurrency=10).start()
+        group.go()
+        time.sleep(0.5)  # the worker reaches its idle wait
+        try:
+            for i in range(tasks):
+                system.enqueue_timed(dsn, i)
+                commits[i] = time.time()
+                time.sleep(gap)
+            deadline = time.monotonic() + 10
+            while system.finished(dsn)[0] < tasks and time.monotonic() < deadline:
+                time.sleep(0.05)
+        finally:
+            _close(system)
+        [result] = group.stop()
+    starts = {int(k): v for k, v in result["starts"].items()}
+    samples = sorted((starts[i] - commits[i]) * 1000 for i in commits if i in starts)
+    if len(samples) < tasks:
+        raise RuntimeError(f"{system.name}: {tasks - len(samples)} of {tasks} tasks never started")
+    return {"tasks": tasks, "p50_ms": _pct(samples, 50), "p90_ms": _pct(samples, 90), "p99_ms": _pct(samples, 99),
+            "max_ms": samples[-1], "mean_ms": statistics.fmean(samples), "samples_ms": samples}
+
+
+def _pct(sorted_values: list[float], p: float) -> float:
+    """Nearest-rank percentile."""
+    k = max(0, min(len(sorted_values) - 1, round(p / 100 * len(sorted_values) + 0.5) - 1))
+    return sorted_values[k]
+
+
+def heartbeat(db: BenchDatabase, system: systems.System, *, leases: int, workers: int,
+              seconds: float) -> dict[str, Any]:
+    """Database load while ``workers`` processes hold ``leases`` leases between them for ``seconds``."""
+    with db.schema(system.name) as dsn:
+        system.install(dsn)
+        system.enqueue_batch(dsn, leases)
+        _analyze(dsn)
+        group = WorkerGroup(system.name, dsn, count=workers, mode="hold",
+                            concurrency=leases // workers).start()
+        group.go()
+        deadline = time.monotonic() + 60
+        while (held := system.running(dsn)) < leases and time.monotonic() < deadline:
+            time.sleep(0.2)
+        if held < leases:
+            group.kill()
+            raise RuntimeError(f"{system.name}: only {held} of {leases} leases taken")
+        db.wait_stats_flushed()
+        before = db.counters()
+        time.sleep(seconds)
+        db.wait_stats_flushed()
+        after = db.counters()
+        results = group.stop()
+    window = after.at - before.at
+    return {"leases": leases, "workers": workers, "seconds": window,
+            "transactions_per_s": (after.transactions - before.transactions) / window,
+            "rows_updated_per_s": (after.tuples_updated - before.tuples_updated) / window,
+            "db_cpu_percent": 100 * (after.backend_cpu - before.backend_cpu) / window,
+            "worker_rss_mb": max(r["max_rss_mb"] for r in results)}

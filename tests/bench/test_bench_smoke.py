@@ -1,0 +1,63 @@
+"""The benchmark runs end to end in its quick configuration and writes its report.
+
+A smoke test, never a speed test: it checks that every workload ran against
+every system, that no trial failed, and that the JSON, the Markdown tables
+and the plots were written. The benchmark is run as users run it, with
+``python -m bench`` in a subprocess; it creates and drops its own database
+on the test server (it never touches the test database's tables).
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+WORKLOADS = {"enqueue", "drain", "latency", "heartbeat", "depth", "evidence"}
+
+
+def _server_dsn() -> str:
+    dsn = os.environ.get("LEASEQ_TEST_PG_DSN")
+    if dsn:
+        return dsn
+    if os.environ.get("LEASEQ_REQUIRE_PG") == "1":
+        pytest.fail("LEASEQ_REQUIRE_PG=1 but LEASEQ_TEST_PG_DSN is not set")
+    pytest.skip("the benchmark needs a PostgreSQL server: set LEASEQ_TEST_PG_DSN")
+
+
+def test_quick_benchmark_writes_tables_json_and_plots(tmp_path: Path) -> None:
+    dsn = _server_dsn()
+    if importlib.util.find_spec("matplotlib") is None:
+        pytest.skip("the benchmark's plots need the bench extra: pip install -e '.[bench]'")
+    peers = [p for p in ("pgqueuer", "procrastinate") if importlib.util.find_spec(p) is not None]
+    chosen = ["leaseq", *peers, "raw", "leaseq-sqlite", "leaseq-compact"]
+    out = tmp_path / "results"
+    run = subprocess.run([sys.executable, "-m", "bench", "--quick", "--dsn", dsn, "--out", str(out),
+                          "--systems", ",".join(chosen)],
+                         cwd=ROOT, capture_output=True, text=True, timeout=240)
+    assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-5000:]
+
+    document = json.loads((out / "results.json").read_text())
+    trials = document["trials"]
+    assert not [t for t in trials if "error" in t]
+    assert {t["workload"] for t in trials} == WORKLOADS
+    drained = {t["system"] for t in trials if t["workload"] == "drain"}
+    assert drained == set(chosen) - {"leaseq-compact"}
+    assert {t["system"] for t in trials if t["workload"] == "latency"} == {"leaseq", *peers}
+    assert all(t["metrics"]["per_s"] > 0 for t in trials if t["workload"] in ("drain", "depth", "evidence"))
+    assert {row["target"].split(":")[0] for row in document["targets"]} >= {"pickup latency p50 ≤ 3 ms (LISTEN/NOTIFY)"}
+    assert document["machine"]["nproc"] and document["server"]["postgresql"]
+
+    tables = (out / "results.md").read_text()
+    for heading in ("### enqueue", "### drain", "### pickup latency", "### heartbeat load",
+                    "### drain against depth", "### evidence", "### targets"):
+        assert heading in tables
+    assert run.stdout.count("| leaseq |") >= 3  # the tables are printed too
+    for plot in ("drain.png", "latency.png", "drain_vs_depth.png"):
+        assert (out / plot).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
