@@ -12,7 +12,8 @@ from __future__ import annotations
 import dataclasses
 import getpass
 import os
-import uuid
+import secrets
+import time
 from collections.abc import Iterable, Sequence
 from datetime import datetime
 from typing import Any
@@ -45,6 +46,17 @@ def _task(row: dict[str, Any]) -> Task:
 
 def _effect(row: dict[str, Any], *, replayed: bool = False) -> Effect:
     return Effect(**{k: v for k, v in row.items() if k in _EFFECT_FIELDS}, replayed=replayed)
+
+
+def _fresh_keys(n: int) -> list[str]:
+    """``n`` new idempotency keys, 32 hex digits each, unique and increasing.
+
+    A microsecond clock, 56 random bits and a counter: keys made later sort
+    later, so the unique (queue, key) index grows at its right edge instead of
+    taking random inserts (fewer pages touched, less WAL, per enqueue).
+    """
+    stem = f"{time.time_ns() // 1000:013x}{secrets.token_hex(7)}"
+    return [f"{stem}{i:05x}" for i in range(n)]
 
 
 def _worker_id(worker: Worker | str) -> str:
@@ -177,22 +189,25 @@ class Queue:
             payload=policy.check_json("payload", payload),
             effect=policy.check_effect(effect),
             queue=policy.check_name("queue", queue),
-            idempotency_key=(uuid.uuid4().hex if idempotency_key is None
+            idempotency_key=(_fresh_keys(1)[0] if idempotency_key is None
                              else policy.check_key("idempotency_key", idempotency_key)),
             priority=policy.check_int("priority", priority, minimum=-(2**31), maximum=2**31 - 1),
             delay=policy.check_seconds("delay", delay, allow_zero=True, maximum=10 * 365 * 86400.0),
             max_attempts=policy.check_int("max_attempts", max_attempts, minimum=1, maximum=10_000),
             lease_seconds=policy.check_seconds("lease_seconds", lease_seconds, allow_zero=False),
         )
-        with self.store.transaction() as tx:
-            row = tx.row("insert_task", **params)
-            if row is None:
-                existing = tx.row("get_task_by_key", queue=params["queue"],
-                                  idempotency_key=params["idempotency_key"])
-                return _task(existing)
-            self._event(tx, row["id"], "enqueued", None, None, queue=row["queue"], kind=row["kind"],
-                        effect=row["effect"], idempotency_key=row["idempotency_key"], priority=row["priority"])
-            tx.rows("notify_work", queue=row["queue"])
+        with self.store.transaction(one_statement=True) as tx:
+            row = tx.row("insert_task", compact=self.evidence == "compact", **params)
+            if row is not None and not row["evidence_written"]:
+                self._event(tx, row["id"], "enqueued", None, None, queue=row["queue"], kind=row["kind"],
+                            effect=row["effect"], idempotency_key=row["idempotency_key"],
+                            priority=row["priority"])
+            if row is not None and not row["notified"]:
+                tx.rows("notify_work", queue=row["queue"])
+        if row is None:  # the key was taken: the same logical task
+            with self.store.transaction() as tx:
+                return _task(tx.row("get_task_by_key", queue=params["queue"],
+                                    idempotency_key=params["idempotency_key"]))
         return _task(row)
 
     def enqueue_many(self, kind: str, payloads: Iterable[Any], *, effect: str = "read_only",
@@ -222,11 +237,12 @@ class Queue:
             max_attempts=policy.check_int("max_attempts", max_attempts, minimum=1, maximum=10_000),
             lease_seconds=policy.check_seconds("lease_seconds", lease_seconds, allow_zero=False),
         )
+        fresh = _fresh_keys(len(payloads))
         rows = []
         for i, payload in enumerate(payloads):
             key = None if idempotency_keys is None else idempotency_keys[i]
             rows.append({"payload": policy.check_json(f"payloads[{i}]", payload),
-                         "idempotency_key": (uuid.uuid4().hex if key is None
+                         "idempotency_key": (fresh[i] if key is None
                                              else policy.check_key(f"idempotency_keys[{i}]", key))})
         ids: dict[str, int] = {}
         with self.store.transaction() as tx:

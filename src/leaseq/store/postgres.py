@@ -7,6 +7,7 @@ from contextlib import contextmanager
 from typing import Any
 
 import psycopg
+from psycopg import pq
 from psycopg.rows import dict_row
 from psycopg.types.json import Jsonb
 from psycopg_pool import ConnectionPool, PoolTimeout
@@ -37,7 +38,9 @@ class PostgresTx:
             raise RuntimeError(f"{query}: a one-statement transaction already ran its statement")
         self._statements_left -= 1
         cur = self._conn.execute(self._queries[query], _encode(params))
-        return cur.fetchall() if cur.description else []
+        # pgresult.status, not cur.description: that would build a Column object per column per call.
+        result = cur.pgresult
+        return cur.fetchall() if result is not None and result.status == pq.ExecStatus.TUPLES_OK else []
 
     def row(self, query: str, **params: Any) -> dict[str, Any] | None:
         rows = self.rows(query, **params)

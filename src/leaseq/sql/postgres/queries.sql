@@ -60,14 +60,27 @@ RETURNING id, name, registered_at, revoked_at;
 
 -- name: insert_task
 -- ON CONFLICT: a second enqueue with the same key in the same queue is the
--- same logical task; the caller then reads the existing row.
-INSERT INTO leaseq_tasks (queue, kind, payload, effect, priority, available_at,
-                          idempotency_key, max_attempts, lease_seconds)
-VALUES (%(queue)s, %(kind)s, %(payload)s::jsonb, %(effect)s, %(priority)s,
-        now() + %(delay)s::float8 * interval '1 second',
-        %(idempotency_key)s, %(max_attempts)s, %(lease_seconds)s)
-ON CONFLICT (queue, idempotency_key) DO NOTHING
-RETURNING *;
+-- same logical task; nothing comes back and the caller reads the existing
+-- row. The same statement writes the "enqueued" event (evidence_written) and
+-- wakes listening workers at commit (notified), so an enqueue is one round trip.
+WITH added AS (
+    INSERT INTO leaseq_tasks (queue, kind, payload, effect, priority, available_at,
+                              idempotency_key, max_attempts, lease_seconds)
+    VALUES (%(queue)s, %(kind)s, %(payload)s::jsonb, %(effect)s, %(priority)s,
+            now() + %(delay)s::float8 * interval '1 second',
+            %(idempotency_key)s, %(max_attempts)s, %(lease_seconds)s)
+    ON CONFLICT (queue, idempotency_key) DO NOTHING
+    RETURNING *
+), logged AS (
+    INSERT INTO leaseq_events (task_id, type, detail)
+    SELECT a.id, 'enqueued',
+           CASE WHEN %(compact)s THEN '{}'::jsonb
+                ELSE jsonb_build_object('queue', a.queue, 'kind', a.kind, 'effect', a.effect,
+                                        'idempotency_key', a.idempotency_key, 'priority', a.priority) END
+    FROM added a
+)
+SELECT a.*, true AS evidence_written, true AS notified
+FROM added a, LATERAL (SELECT pg_notify('leaseq_work', a.queue)) AS woke;
 
 -- name: insert_tasks
 -- insert_task for many tasks of one kind: one statement, one document of

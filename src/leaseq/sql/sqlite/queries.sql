@@ -55,13 +55,15 @@ WHERE id = :worker_id AND revoked_at IS NULL
 RETURNING id, name, registered_at, revoked_at;
 
 -- name: insert_task
+-- The caller writes the "enqueued" event (evidence_written is 0, :compact is
+-- echoed); SQLite has no notifications to send (notified is 0).
 INSERT INTO leaseq_tasks (queue, kind, payload, effect, priority, available_at,
                           idempotency_key, max_attempts, lease_seconds)
 VALUES (:queue, :kind, :payload, :effect, :priority,
         (julianday('now') - 2440587.5) * 86400.0 + :delay,
         :idempotency_key, :max_attempts, :lease_seconds)
 ON CONFLICT (queue, idempotency_key) DO NOTHING
-RETURNING *;
+RETURNING *, 0 AS evidence_written, 0 AS notified, :compact AS compact;
 
 -- name: insert_tasks
 -- See the PostgreSQL file. json_each keeps the document's order; the caller
