@@ -16,17 +16,18 @@ import secrets
 import time
 from collections.abc import Iterable, Sequence
 from datetime import datetime
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from .core import policy
 from .core.errors import (InvalidInput, InvalidTransition, LeaseLost, NotFound, QueuePaused,
                           UnknownWorker)
 from .core.model import Claim, Effect, Event, Status, Task, Worker
-from .fencing.tokens import ENV_VAR as ACTION_KEYS_ENV
-from .fencing.tokens import ActionSigner
 from .store import Store, Tx, open_store
 from .store.base import WorkListener
 from .store.base import load_migrations
+
+if TYPE_CHECKING:  # pragma: no cover
+    from .fencing.tokens import ActionSigner
 
 _TASK_FIELDS = frozenset(Task.__dataclass_fields__)
 _EFFECT_FIELDS = frozenset(Effect.__dataclass_fields__)
@@ -129,7 +130,8 @@ class Queue:
     def schema_version(self) -> int:
         """The newest migration applied (0 for an empty database)."""
         with self.store.transaction() as tx:
-            tx.rows("migrations_create")
+            if not tx.row("migrations_table_exists")["present"]:
+                return 0  # a read: never create anything in a database that is not ours
             versions = [r["version"] for r in tx.rows("migrations_applied")]
         return max(versions, default=0)
 
@@ -509,7 +511,7 @@ class Queue:
         """
         wid = _worker_id(worker)
         self._check_claim(wid, claim)
-        policy.check_kind(action)
+        policy.check_kind(action, "action")
         if key is not None:
             policy.check_key("key", key)
         with self.store.transaction() as tx:
@@ -586,7 +588,7 @@ class Queue:
         its next guarded call, and expiry never revives it."""
         task_id = policy.check_task_id(task_id)
         policy.check_text("reason", reason, required=True)
-        by = by or _default_actor()
+        by = policy.check_text("by", by) or _default_actor()
         with self.store.transaction() as tx:
             before = self._require_task(tx, task_id, lock=True)
             if tx.row("cancel_task", task_id=task_id, reason=f"cancelled: {reason}") is None:
@@ -607,11 +609,11 @@ class Queue:
         """
         task_id = policy.check_task_id(task_id)
         targets = {"completed": Status.COMPLETED, "requeue": Status.QUEUED, "cancel": Status.CANCELLED}
-        if outcome not in targets:
+        if not isinstance(outcome, str) or outcome not in targets:
             raise InvalidInput("outcome", f"must be one of completed, requeue, cancel (got {outcome!r})")
         policy.check_text("note", note, required=True)
         policy.check_json("result", result)
-        by = by or _default_actor()
+        by = policy.check_text("by", by) or _default_actor()
         with self.store.transaction() as tx:
             before = self._require_task(tx, task_id, lock=True)
             row = tx.row("set_task_status", task_id=task_id, from_status=Status.NEEDS_RECONCILIATION.value,
@@ -636,7 +638,7 @@ class Queue:
                 *, reset_attempts: bool) -> Task:
         task_id = policy.check_task_id(task_id)
         policy.check_text("note", note, required=True)
-        by = by or _default_actor()
+        by = policy.check_text("by", by) or _default_actor()
         with self.store.transaction() as tx:
             before = self._require_task(tx, task_id, lock=True)
             row = tx.row("set_task_status", task_id=task_id, from_status=from_status.value,
@@ -659,7 +661,7 @@ class Queue:
     def _set_paused(self, queue: str, paused: bool, by: str | None) -> None:
         policy.check_name("queue", queue)
         with self.store.transaction() as tx:
-            tx.row("set_paused", queue=queue, paused=paused, actor=by or _default_actor())
+            tx.row("set_paused", queue=queue, paused=paused, actor=policy.check_text("by", by) or _default_actor())
 
     def queues(self) -> list[dict[str, Any]]:
         """Queues that have had their off-switch set, with its state."""
@@ -743,6 +745,10 @@ class Queue:
     def _check_claim(self, wid: str, claim: Claim) -> None:
         if not isinstance(claim, Claim):
             raise InvalidInput("claim", f"must be a Claim returned by claim() (got {type(claim).__name__})")
+        for name in ("task_id", "generation"):
+            value = getattr(claim, name)
+            if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= 2**63 - 1:
+                raise InvalidInput("claim", f"{name} must be an integer from 0 to 2**63-1 (got {value!r})")
         if claim.worker_id != wid:
             raise InvalidInput("claim", f"belongs to worker {claim.worker_id!r}, not {wid!r}")
 
@@ -775,6 +781,10 @@ def connect(dsn: str | None = None, **options: Any) -> Queue:
     go to the backend (e.g. ``max_size`` of the PostgreSQL pool)."""
     settings = {name: options.pop(name) for name in ("max_same_error", "signer", "action_token_ttl", "evidence")
                 if name in options}
-    if "signer" not in settings and os.environ.get(ACTION_KEYS_ENV):
+    if "signer" not in settings and os.environ.get("LEASEQ_ACTION_KEYS"):
+        # Imported here: the fencing kit pulls in the ASGI stack, which most
+        # queue users (and every CLI call) do not need.
+        from .fencing.tokens import ActionSigner
+
         settings["signer"] = ActionSigner.from_env()
     return Queue(open_store(dsn, **options), **settings)

@@ -176,17 +176,12 @@ def test_reads_switches_and_housekeeping(world, data, op):
     world.refused_or_ok(fields, call, *args, **kwargs)
 
 
-@pytest.mark.xfail(strict=True, reason="bug: Queue.begin_effect checks `action` with policy.check_kind, so a bad "
-                                       "action is reported as field 'kind' (the caller passed no kind)")
 def test_begin_effect_names_the_action_field(world):
     with pytest.raises(InvalidInput) as info:
         world.q.begin_effect(world.worker, world.claim, "")
     assert info.value.field == "action"
 
 
-BUG_TEXT = ("bug: the input checks in core/policy.py let through text the databases cannot store: NUL "
-            "(PostgreSQL text and jsonb refuse it) and lone surrogates (UTF-8 cannot encode them; JSON payloads "
-            "carry them as \\ud800 escapes that jsonb refuses). The driver's error escapes instead of InvalidInput.")
 NUL_CASES = {
     "kind": lambda q: q.enqueue("a\x00b"),
     "idempotency_key": lambda q: q.enqueue("job", idempotency_key="k\x00"),
@@ -203,13 +198,10 @@ SURROGATE_CASES = {
 def _text_cases():
     for backend in ("sqlite", "postgres"):
         for field in NUL_CASES:
-            marks = [pytest.mark.xfail(strict=True, reason=BUG_TEXT)] if backend == "postgres" else []
-            yield pytest.param(backend, "nul", field, marks=marks, id=f"{backend}-nul-{field}")
+            yield pytest.param(backend, "nul", field, id=f"{backend}-nul-{field}")
         for field in SURROGATE_CASES:
-            yield pytest.param(backend, "surrogate", field, marks=[pytest.mark.xfail(strict=True, reason=BUG_TEXT)],
-                               id=f"{backend}-surrogate-{field}")
-    yield pytest.param("postgres", "surrogate", "payload", id="postgres-surrogate-payload",
-                       marks=[pytest.mark.xfail(strict=True, reason=BUG_TEXT)])
+            yield pytest.param(backend, "surrogate", field, id=f"{backend}-surrogate-{field}")
+    yield pytest.param("postgres", "surrogate", "payload", id="postgres-surrogate-payload")
 
 
 @pytest.mark.parametrize("backend, kind, field", list(_text_cases()))
@@ -227,9 +219,6 @@ def test_text_the_database_cannot_store(request, tmp_path, backend, kind, field)
             assert snapshot(dsn) == before
 
 
-@pytest.mark.xfail(strict=True, reason="bug: the operator's `by` (cancel, reconcile, unblock, requeue, pause) is "
-                                       "never checked: a value JSON cannot encode escapes as TypeError, and any "
-                                       "length is stored in the evidence trail")
 @pytest.mark.parametrize("by", [object(), b"ops", "x" * 20_000], ids=["object", "bytes", "20k-chars"])
 def test_the_actor_name_is_checked(world, by):
     before = snapshot(world.dsn)
@@ -239,17 +228,12 @@ def test_the_actor_name_is_checked(world, by):
     assert snapshot(world.dsn) == before
 
 
-@pytest.mark.xfail(strict=True, reason="bug: Queue.reconcile tests `outcome not in targets` before checking its "
-                                       "type, so an unhashable outcome (a list, a dict) raises TypeError")
 def test_reconcile_outcome_type(world):
     with pytest.raises(InvalidInput) as info:
         world.q.reconcile(world.running.id, ["completed"], "checked")
     assert info.value.field == "outcome"
 
 
-@pytest.mark.xfail(strict=True, reason="bug: Queue._check_claim does not range-check a claim's generation and "
-                                       "task id, so a forged claim beyond 64 bits reaches the driver "
-                                       "(OverflowError on SQLite, NumericValueOutOfRange on PostgreSQL)")
 def test_forged_claims_out_of_range(world):
     calls = [("complete", ({"x": 1},)), ("heartbeat", ()), ("begin_effect", ("act",)), ("fail", ("e",)),
              ("release", ())]

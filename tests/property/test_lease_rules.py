@@ -295,11 +295,6 @@ def test_lease_rules_match_the_model(backend):
         suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much]))
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "bug: set_task_status zeroes open_effects on unblock/requeue but leaves the intent pending; the next "
-    "attempt's begin_effect rebinds it without counting it, and finish_effect then drives the count to -1. "
-    "Harmless to routing today (only side_effect tasks are routed by the count, and they never reach dead "
-    "or blocked with an intent open), so the model checks the count on side_effect tasks only."))
 @pytest.mark.parametrize("backend", ["sqlite", "postgres"])
 def test_open_intent_count_survives_a_requeue(backend):
     db = Database(backend)

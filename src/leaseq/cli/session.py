@@ -136,6 +136,8 @@ def parse_json_option(field: str, text: str | None) -> Any:
         return json.loads(text)
     except json.JSONDecodeError as exc:
         raise CliError(field, f"not valid JSON ({exc.msg} at line {exc.lineno} column {exc.colno})") from None
+    except RecursionError:
+        raise CliError(field, "nested too deeply to be read") from None
 
 
 def as_datetime(value: Any) -> Any:

@@ -40,13 +40,27 @@ def check_name(field: str, value: Any) -> str:
     return value
 
 
-def check_kind(value: Any) -> str:
-    """A task kind: a non-empty string of at most 200 characters."""
-    if not isinstance(value, str) or not value.strip():
-        raise InvalidInput("kind", "must be a non-empty string")
-    if len(value) > 200:
-        raise InvalidInput("kind", "must be at most 200 characters")
+_LONE_SURROGATE = re.compile(r"[\ud800-\udfff]")
+# An escaped NUL (\u0000 not preceded by an odd run of backslashes) in JSON text.
+_JSON_NUL = re.compile(r"(?<!\\)(?:\\\\)*\\u0000")
+
+
+def check_storable(field: str, value: str) -> str:
+    """Text both databases can store: no NUL character, no lone surrogate."""
+    if "\x00" in value:
+        raise InvalidInput(field, "must not contain a NUL character")
+    if _LONE_SURROGATE.search(value):
+        raise InvalidInput(field, "must be valid Unicode (it holds a lone surrogate)")
     return value
+
+
+def check_kind(value: Any, field: str = "kind") -> str:
+    """A task kind (or an effect's action): a non-empty string of at most 200 characters."""
+    if not isinstance(value, str) or not value.strip():
+        raise InvalidInput(field, "must be a non-empty string")
+    if len(value) > 200:
+        raise InvalidInput(field, "must be at most 200 characters")
+    return check_storable(field, value)
 
 
 def check_effect(value: Any) -> str:
@@ -73,6 +87,12 @@ def check_json(field: str, value: Any) -> Any:
         encoded = json.dumps(value, allow_nan=False)
     except (TypeError, ValueError, RecursionError) as exc:
         raise InvalidInput(field, f"must be JSON-serialisable ({exc})") from None
+    if _JSON_NUL.search(encoded):
+        raise InvalidInput(field, "must not contain a NUL character (PostgreSQL cannot store it)")
+    try:
+        json.dumps(value, ensure_ascii=False).encode("utf-8")
+    except UnicodeEncodeError:
+        raise InvalidInput(field, "must be valid Unicode (it holds a lone surrogate)") from None
     if len(encoded.encode()) > MAX_PAYLOAD_BYTES:
         raise InvalidInput(field, f"is larger than the {MAX_PAYLOAD_BYTES} byte limit")
     return value
@@ -106,7 +126,7 @@ def check_key(field: str, value: Any) -> str:
         raise InvalidInput(field, "must be a non-empty string")
     if len(value) > _KEY_MAX:
         raise InvalidInput(field, f"must be at most {_KEY_MAX} characters")
-    return value
+    return check_storable(field, value)
 
 
 def check_text(field: str, value: Any, *, required: bool = False) -> str | None:
@@ -117,7 +137,7 @@ def check_text(field: str, value: Any, *, required: bool = False) -> str | None:
         raise InvalidInput(field, "must be a non-empty string" if required else "must be a string")
     if len(value) > _TEXT_MAX:
         raise InvalidInput(field, f"must be at most {_TEXT_MAX} characters")
-    return value
+    return check_storable(field, value)
 
 
 def check_task_id(value: Any) -> int:

@@ -97,9 +97,12 @@ class PostgresStore:
         self.dsn = dsn
         self._queries = load_queries("postgres")
         try:
-            psycopg.conninfo.conninfo_to_dict(dsn)
+            parts = psycopg.conninfo.conninfo_to_dict(dsn)
         except psycopg.ProgrammingError as exc:
             raise ConfigError(f"dsn: cannot parse PostgreSQL DSN: {exc}") from None
+        port = str(parts.get("port") or "5432")
+        if not all(p.strip().isdigit() for p in port.split(",")):
+            raise ConfigError(f"dsn: port {port!r} is not a number")
         # One direct connection first, so a wrong host or password is reported
         # plainly rather than as a pool time-out.
         try:

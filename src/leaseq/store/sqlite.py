@@ -28,7 +28,7 @@ def _decoders(columns: tuple[str, ...]) -> tuple[tuple[int, str, Callable[[Any],
     for i, key in enumerate(columns):
         if key in JSON_COLUMNS:
             plan.append((i, key, json.loads))
-        elif key.endswith("_at") or key == "now":
+        elif key == "at" or key.endswith("_at") or key == "now":
             plan.append((i, key, _to_time))
         elif key in _BOOL_COLUMNS:
             plan.append((i, key, bool))

@@ -26,6 +26,9 @@ CREATE TABLE IF NOT EXISTS leaseq_migrations (
     applied_at timestamptz NOT NULL DEFAULT now()
 );
 
+-- name: migrations_table_exists
+SELECT to_regclass('leaseq_migrations') IS NOT NULL AS present;
+
 -- name: migrations_applied
 SELECT version, name, applied_at FROM leaseq_migrations ORDER BY version;
 
@@ -390,7 +393,7 @@ SET status = %(status)s,
     result = CASE WHEN %(set_result)s THEN %(result)s::jsonb ELSE result END,
     attempts = CASE WHEN %(reset_attempts)s THEN 0 ELSE attempts END,
     error_streak = CASE WHEN %(reset_attempts)s THEN 0 ELSE error_streak END,
-    open_effects = 0,
+    open_effects = CASE WHEN %(from_status)s = 'needs_reconciliation' THEN 0 ELSE open_effects END,
     available_at = now(),
     updated_at = now()
 WHERE id = %(task_id)s AND status = %(from_status)s

@@ -23,6 +23,9 @@ CREATE TABLE IF NOT EXISTS leaseq_migrations (
     applied_at REAL NOT NULL DEFAULT ((julianday('now') - 2440587.5) * 86400.0)
 );
 
+-- name: migrations_table_exists
+SELECT count(*) > 0 AS present FROM sqlite_master WHERE type = 'table' AND name = 'leaseq_migrations';
+
 -- name: migrations_applied
 SELECT version, name, applied_at FROM leaseq_migrations ORDER BY version;
 
@@ -303,7 +306,7 @@ SET status = :status,
     result = CASE WHEN :set_result THEN :result ELSE result END,
     attempts = CASE WHEN :reset_attempts THEN 0 ELSE attempts END,
     error_streak = CASE WHEN :reset_attempts THEN 0 ELSE error_streak END,
-    open_effects = 0,
+    open_effects = CASE WHEN :from_status = 'needs_reconciliation' THEN 0 ELSE open_effects END,
     available_at = (julianday('now') - 2440587.5) * 86400.0,
     updated_at = (julianday('now') - 2440587.5) * 86400.0
 WHERE id = :task_id AND status = :from_status
