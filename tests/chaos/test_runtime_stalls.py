@@ -1,8 +1,8 @@
 """The worker runtime when its renewals stall (its connection black-holed), found designing the chaos runs.
 
 The database's guards keep both cases below safe: nothing stale is
-accepted. What they show is the runtime wasting work or not stopping when
-it should. The stall is made real by holding renewal calls at a gate in
+accepted. The tests check that the runtime also neither throws away a new
+attempt's work nor goes on acting past its lease. The stall is made real by holding renewal calls at a gate in
 front of a real queue, as the chaos proxy's black hole does to a connection.
 PostgreSQL only: there the runtime's claims and renewals run on separate
 database threads, so a stalled renewal does not also stall the claims.
@@ -44,11 +44,6 @@ def wait_for(predicate, timeout: float = 10.0, what: str = "condition"):
     return value
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "bug: WorkerRuntime keys held leases and handler tasks by task id (held, _tasks). When the same worker "
-    "reclaims a task whose earlier attempt it has not yet seen lost, the stale attempt's loss cancels the new "
-    "attempt's handler and its cleanup drops the new lease from renewal; the new attempt's work is discarded "
-    "and its lease left to expire. Key them by (task id, generation)."))
 def test_a_stale_attempt_does_not_cancel_the_new_attempt_of_the_same_worker(pg_schema_dsn):
     app = leaseq.App(pg_schema_dsn)
     started = {1: threading.Event(), 2: threading.Event()}
@@ -86,11 +81,6 @@ def test_a_stale_attempt_does_not_cancel_the_new_attempt_of_the_same_worker(pg_s
         app.queue.close()
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "bug: WorkerRuntime.renew_now only compares a lease's age with its length after the renewal call "
-    "returns, so a renewal stuck on a dead connection keeps every lease 'held' locally for as long as the "
-    "call hangs: handlers go on starting tool calls that the database will refuse. The renewer should also "
-    "mark leases lost on its own timer (or bound the call by the lease length)."))
 def test_a_stalled_renewal_still_ends_the_lease_locally_within_its_length(pg_schema_dsn):
     app = leaseq.App(pg_schema_dsn)
     noticed = threading.Event()

@@ -51,6 +51,12 @@ class TaskContext:
         return self.claim.task_id
 
     @property
+    def key(self) -> tuple[int, int]:
+        """(task id, generation): one attempt. A worker may hold a stale and a new
+        attempt of the same task at once, so the runtime tracks attempts, not tasks."""
+        return (self.claim.task_id, self.claim.generation)
+
+    @property
     def generation(self) -> int:
         """The claim generation: this attempt's fencing token."""
         return self.claim.generation

@@ -108,11 +108,11 @@ class WorkerRuntime:
         self.poll_interval = poll_interval if poll_interval is not None else (2.0 if dialect == "postgres" else 0.2)
         self.stats = WorkerStats()
         self.worker: Worker | None = None
-        self.held: dict[int, TaskContext] = {}
-        self._tasks: dict[int, asyncio.Task] = {}
+        self.held: dict[tuple[int, int], TaskContext] = {}
+        self._tasks: dict[tuple[int, int], asyncio.Task] = {}
         #: tasks whose handler is running: what concurrency limits (a finished
         #: handler's lease stays held until its completion is written)
-        self._handling: set[int] = set()
+        self._handling: set[tuple[int, int]] = set()
         #: finished handlers waiting for the next batched completion
         self._done: list[tuple[TaskContext, Any, asyncio.Future]] = []
         self._flusher: asyncio.Task | None = None
@@ -261,11 +261,15 @@ class WorkerRuntime:
         ctx.renewed_at = sent  # the lease started no earlier than the claim was sent
         loop = self._loop
         ctx.on_lost = lambda c, reason: loop.call_soon_threadsafe(self._after_loss, c, reason)
-        self.held[claim.task_id] = ctx
-        self._handling.add(claim.task_id)
+        for stale in [c for c in self.held.values() if c.task_id == claim.task_id and not c.lost]:
+            # This worker reclaimed a task it had not yet seen lost: the older
+            # attempt's lease is certainly gone.
+            self._lose(stale, f"reclaimed under generation {claim.generation}")
+        self.held[ctx.key] = ctx
+        self._handling.add(ctx.key)
         self.stats.claimed += 1
         self._renew_wake.set()
-        self._tasks[claim.task_id] = asyncio.create_task(self._run_task(ctx), name=f"leaseq-task-{claim.task_id}")
+        self._tasks[ctx.key] = asyncio.create_task(self._run_task(ctx), name=f"leaseq-task-{claim.task_id}")
 
     def _msg(self, ctx: TaskContext, text: str) -> str:
         return f"task={ctx.task_id} gen={ctx.generation} worker={self.worker.id}: {text}"
@@ -287,7 +291,7 @@ class WorkerRuntime:
             finally:
                 # The slot is free once the handler returns: the next claim
                 # overlaps with writing this completion.
-                self._handling.discard(ctx.task_id)
+                self._handling.discard(ctx.key)
                 self._wake.set()
             await self._finish(ctx, result)
         except asyncio.CancelledError:
@@ -301,9 +305,9 @@ class WorkerRuntime:
         except Exception as exc:  # the handler failed: route it by kind of failure
             await self._fail(ctx, exc)
         finally:
-            self._handling.discard(ctx.task_id)
-            self.held.pop(ctx.task_id, None)
-            self._tasks.pop(ctx.task_id, None)
+            self._handling.discard(ctx.key)
+            self.held.pop(ctx.key, None)
+            self._tasks.pop(ctx.key, None)
             self._wake.set()
 
     async def _finish(self, ctx: TaskContext, result: Any) -> None:
@@ -395,7 +399,7 @@ class WorkerRuntime:
         self.stats.lost += 1
         self.stats.lost_reasons[reason] = self.stats.lost_reasons.get(reason, 0) + 1
         ctx.log.warning(self._msg(ctx, f"lease lost: {reason}"))
-        task = self._tasks.get(ctx.task_id)
+        task = self._tasks.get(ctx.key)
         if task is not None and task is not asyncio.current_task():
             task.cancel()  # async handlers stop at their next await; sync ones see ctx.lost
         report = getattr(self.transport, "report_loss", None)
@@ -435,8 +439,15 @@ class WorkerRuntime:
         if not live:
             return
         sent = time.monotonic()
+        # A renewal stuck on a dead connection must not keep leases alive
+        # locally: wait no longer than the most urgent lease has left.
+        budget = max(MIN_RENEW_INTERVAL, min(c.renewed_at + c.claim.lease_seconds for c in live) - sent)
         try:
-            renewed = await self._call(self.transport.renew_leases, self.worker, [ctx.claim for ctx in live])
+            renewed = await asyncio.wait_for(
+                self._call(self.transport.renew_leases, self.worker, [ctx.claim for ctx in live]), budget)
+        except asyncio.TimeoutError:
+            logger.warning("worker %s: renewal did not answer within %.2fs", self.worker.id, budget)
+            renewed = None
         except (BackendUnavailable, LeaseqError) as exc:
             logger.warning("worker %s: renewal failed: %s", self.worker.id, exc)
             renewed = None
@@ -460,7 +471,7 @@ class WorkerRuntime:
         leftovers = [ctx for ctx in list(self.held.values()) if not ctx.lost]
         for ctx in leftovers:
             ctx.mark_lost("worker shutting down")
-            task = self._tasks.get(ctx.task_id)
+            task = self._tasks.get(ctx.key)
             if task is not None:
                 task.cancel()
             await self._release(ctx, "worker shut down before the task finished")
