@@ -19,7 +19,7 @@ OPERATIONS = (
     "migrate", "schema_version", "register_worker", "revoke_worker", "workers", "enqueue", "claim",
     "heartbeat", "renew_leases", "complete", "fail", "release", "sweep", "begin_effect", "finish_effect",
     "effects", "cancel", "reconcile", "unblock", "requeue", "pause", "resume", "queues", "get", "list",
-    "events", "stats", "now", "close",
+    "events", "stats", "now", "close", "enqueue_many", "complete_many", "report_loss", "prune",
 )
 
 

@@ -453,6 +453,9 @@ class Queue:
         policy.check_text("reason", reason, required=True)
         with self.store.transaction() as tx:
             self._require_task(tx, claim.task_id)
+            if not tx.row("claimed_by", task_id=claim.task_id, generation=claim.generation, worker_id=wid)["held"]:
+                raise InvalidInput("claim", f"worker {wid!r} never held generation {claim.generation} "
+                                            f"of task {claim.task_id}")
             self._event(tx, claim.task_id, "lease_lost", claim.generation, wid, reason=reason)
 
     def listener(self, queues: list[str]) -> WorkListener:

@@ -201,3 +201,17 @@ def test_guarded_calls_reject_things_that_are_not_claims(q: leaseq.Queue, bad: A
         q.complete(s.a, bad)
     assert info.value.field == "claim"
     assert q.get(s.task.id).status == "running"
+
+
+def test_only_the_worker_that_held_a_generation_can_report_its_loss(q) -> None:
+    import dataclasses
+
+    a, b = q.register_worker("a"), q.register_worker("b")
+    task = q.enqueue("job")
+    [claim] = q.claim(a)
+    q.report_loss(a, claim, "heartbeat refused")
+    forged = dataclasses.replace(claim, worker_id=b.id)
+    with pytest.raises(leaseq.InvalidInput):
+        q.report_loss(b, forged, "not mine")
+    lost = [e for e in q.events(task.id) if e.type == "lease_lost"]
+    assert [(e.worker_id, e.generation) for e in lost] == [(a.id, 1)]

@@ -410,6 +410,12 @@ SELECT e.task_id, e.type, e.generation, e.worker_id, e.detail
 FROM jsonb_to_recordset(%(events)s::jsonb) AS e(task_id bigint, type text, generation bigint, worker_id text,
                                                  detail jsonb);
 
+-- name: claimed_by
+-- Did this worker ever hold this generation? (Who may add its account of a loss.)
+SELECT EXISTS (SELECT 1 FROM leaseq_events
+               WHERE task_id = %(task_id)s AND type = 'claimed'
+                 AND generation = %(generation)s AND worker_id = %(worker_id)s) AS held;
+
 -- name: list_events
 SELECT * FROM leaseq_events WHERE task_id = %(task_id)s ORDER BY id;
 

@@ -322,6 +322,12 @@ SELECT e.value ->> '$.task_id', e.value ->> '$.type', e.value ->> '$.generation'
        e.value -> '$.detail'
 FROM json_each(:events) AS e;
 
+-- name: claimed_by
+-- Did this worker ever hold this generation? (Who may add its account of a loss.)
+SELECT EXISTS (SELECT 1 FROM leaseq_events
+               WHERE task_id = :task_id AND type = 'claimed'
+                 AND generation = :generation AND worker_id = :worker_id) AS held;
+
 -- name: list_events
 SELECT * FROM leaseq_events WHERE task_id = :task_id ORDER BY id;
 
