@@ -24,6 +24,8 @@ from .conftest import Service
 from .support import snapshot, wait_until
 
 CHROMIUM = "/usr/bin/chromium"
+if not os.path.exists(CHROMIUM) and os.environ.get("LEASEQ_REQUIRE_BROWSER") == "1":
+    raise RuntimeError(f"LEASEQ_REQUIRE_BROWSER=1 but Debian's chromium is not at {CHROMIUM}")
 pytestmark = pytest.mark.skipif(not os.path.exists(CHROMIUM), reason=f"needs Debian's chromium at {CHROMIUM}")
 
 
