@@ -38,6 +38,8 @@ class Sizes:
     heartbeat_seconds: float = 60.0
     #: also hold leases with the peers, and with fewer leases or workers (proportionality)
     heartbeat_everything: bool = True
+    #: drain with two worker processes for every system (else for leaseq only)
+    two_processes_everywhere: bool = True
     depths: tuple[int, ...] = (1_000, 10_000, 100_000)
     depth_sample: int = 10_000
     history: int = 0
@@ -47,7 +49,7 @@ class Sizes:
 FULL = Sizes()
 QUICK = Sizes(rounds=1, enqueue_one=100, enqueue_batch=2_000, drain=1_000, drain_procrastinate=200,
               latency_tasks=20, latency_gap=0.01, heartbeat_leases=40, heartbeat_workers=2, heartbeat_seconds=1.0,
-              heartbeat_everything=False,
+              heartbeat_everything=False, two_processes_everywhere=False,
               depths=(1_000, 5_000), depth_sample=1_000, evidence_tasks=1_000)
 
 
@@ -64,6 +66,8 @@ def plan(workload: str, sizes: Sizes, chosen: list[str], rnd: int = 1) -> list[t
         for processes in (1, 2):
             config = f"{processes} process{'es' if processes > 1 else ''} × 10"
             for s in peers:
+                if processes > 1 and s != "leaseq" and not sizes.two_processes_everywhere:
+                    continue
                 n = sizes.drain_procrastinate if s == "procrastinate" else sizes.drain
                 trials.append((config, s, lambda db, sy, p=processes, n=n: workloads.drain(db, sy, tasks=n, processes=p)))
         if "leaseq-sqlite" in chosen:
@@ -95,7 +99,7 @@ def plan(workload: str, sizes: Sizes, chosen: list[str], rnd: int = 1) -> list[t
                 trials.append((config, s, lambda db, sy, q=queued, f=finished: workloads.depth(
                     db, sy, queued=q, finished=f, sample=sizes.depth_sample)))
     elif workload == "evidence":
-        for s in ("leaseq", "leaseq-compact"):
+        for s in [s for s in ("leaseq", "leaseq-compact", "leaseq-nofk") if s in chosen or s == "leaseq"]:
             trials.append(("1 process × 10", s, lambda db, sy: workloads.drain(db, sy, tasks=sizes.evidence_tasks)))
     return trials
 
@@ -128,7 +132,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--depth-million", action="store_true",
                         help="add the 10^6-deep queue and the 10^6-task history to the depth workload")
     parser.add_argument("--heartbeat-seconds", type=float, help="length of each heartbeat window")
+    parser.add_argument("--report-only", metavar="RESULTS_JSON",
+                        help="run nothing: rewrite results.md and the plots in --out from an earlier results.json")
     args = parser.parse_args(argv)
+    if args.report_only:
+        out = Path(args.out)
+        out.mkdir(parents=True, exist_ok=True)
+        return write_report(json.loads(Path(args.report_only).read_text()), out)
 
     sizes = QUICK if args.quick else FULL
     if args.rounds:
@@ -184,9 +194,16 @@ def main(argv: list[str] | None = None) -> int:
         "targets": check_targets(summary),
     }
     (out / "results.json").write_text(json.dumps(document, indent=1, default=str))
+    return write_report(document, out)
+
+
+def write_report(document: dict[str, Any], out: Path) -> int:
+    """results.md and the plots from a run's document; prints the tables. 1 if a trial failed."""
+    trials = document["trials"]
+    summary = report.summarise(trials)
     tables = report.markdown(summary)
     targets_md = "\n".join(["| target | measured | met |", "|---|---|---|"] +
-                           [f"| {t['target']} | {t['measured']} | {t['met']} |" for t in document["targets"]])
+                           [f"| {t['target']} | {t['measured']} | {t['met']} |" for t in check_targets(summary)])
     failed = [t for t in trials if "error" in t]
     errors_md = ("\n\n### failed trials\n\n" + "\n".join(f"- {t['workload']} {t['config']} {t['system']} "
                                                           f"round {t['round']}: {t['error']}" for t in failed)

@@ -101,6 +101,13 @@ class BenchDatabase:
                 "SELECT pid FROM pg_stat_activity WHERE datname = current_database() AND pid <> pg_backend_pid()")]
         return Counters(time.monotonic(), xacts, upd, ins, sum(process_cpu(pid) for pid in pids))
 
+    def backend_cpu(self) -> dict[int, float]:
+        """CPU seconds so far of each backend connected to our database (not this query's own)."""
+        with psycopg.connect(self.dsn, autocommit=True) as conn:
+            pids = [r[0] for r in conn.execute(
+                "SELECT pid FROM pg_stat_activity WHERE datname = current_database() AND pid <> pg_backend_pid()")]
+        return {pid: process_cpu(pid) for pid in pids}
+
     def wait_stats_flushed(self) -> None:
         """PostgreSQL 15 publishes a backend's counters at most once a second."""
         time.sleep(1.1)

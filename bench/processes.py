@@ -35,6 +35,7 @@ class WorkerGroup:
         self.errors: list[str] = ["" for _ in self.procs]
         self._readers: list[threading.Thread] = []
         self._ready = [threading.Event() for _ in self.procs]
+        self._done = [threading.Event() for _ in self.procs]
 
     def start(self) -> WorkerGroup:
         for i, proc in enumerate(self.procs):
@@ -53,9 +54,12 @@ class WorkerGroup:
         for line in proc.stdout:
             if line.startswith("READY"):
                 self._ready[i].set()
+            elif line.startswith("DONE"):
+                self._done[i].set()
             elif line.startswith("RESULT "):
                 self.results[i] = json.loads(line[len("RESULT "):])
-        self._ready[i].set()  # exited: do not wait for READY any longer
+        self._ready[i].set()  # exited: do not wait for READY or DONE any longer
+        self._done[i].set()
 
     def _read_err(self, i: int, proc: subprocess.Popen) -> None:
         for line in proc.stderr:
@@ -85,20 +89,20 @@ class WorkerGroup:
             time.sleep(0.02)
         self._send("EXIT")
 
-    def wait(self, finished: Any = None, grace: float = 1.0) -> list[dict[str, Any]]:
-        """Wait for every worker to exit; raise if one failed.
+    def wait(self, finished: Any = None) -> list[dict[str, Any]]:
+        """Wait until the work is done, then collect every worker; raise if one failed.
 
-        ``finished()``, if given, says when the measured work is done (read
-        from the database); workers still busy shutting down ``grace``
-        seconds later are told to exit at once.
+        ``finished()`` says when the measured work is done (read from the
+        database); without it, when every worker has said ``DONE``. Workers
+        are then told to exit at once: some queues take seconds to shut down
+        after the work that was measured.
         """
         deadline = time.monotonic() + self.timeout
-        if finished is not None:
-            while not finished() and any(p.poll() is None for p in self.procs):
-                if time.monotonic() > deadline:
-                    break
-                time.sleep(0.2)
-            self._exit_after(grace)
+        while not all(done.is_set() for done in self._done) and time.monotonic() < deadline:
+            if finished is not None and finished():
+                break
+            time.sleep(0.2 if finished is not None else 0.02)
+        self._send("EXIT")
         for i, proc in enumerate(self.procs):
             try:
                 proc.wait(max(1.0, deadline - time.monotonic()))

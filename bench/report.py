@@ -8,7 +8,8 @@ from pathlib import Path
 from typing import Any
 
 LABELS = {"leaseq": "leaseq", "pgqueuer": "pgqueuer", "procrastinate": "procrastinate", "raw": "raw ceiling",
-          "leaseq-sqlite": "leaseq on SQLite", "leaseq-compact": "leaseq, compact evidence"}
+          "leaseq-sqlite": "leaseq on SQLite", "leaseq-compact": "leaseq, compact evidence",
+          "leaseq-nofk": "leaseq, events FK dropped (what-if)"}
 
 
 def summarise(trials: list[dict[str, Any]]) -> dict[tuple[str, str, str], dict[str, dict[str, float]]]:
@@ -78,17 +79,20 @@ def markdown(summary: dict) -> str:
                            f"{_ratio(get('enqueue', c, 'leaseq', 'batch_per_s'), get('enqueue', c, s, 'batch_per_s'))} |")
         else:
             out.append("| workers | system | tasks/s, start to last completion | leaseq ÷ system | "
-                       "tasks/s, first to last completion | worker CPU, ms per 1,000 tasks | worker RSS (MB) |")
-            out.append("|---|---|---|---|---|---|---|")
+                       "tasks/s, first to last completion | worker CPU, ms per 1,000 tasks | "
+                       "database CPU, ms per 1,000 tasks | worker RSS (MB) |")
+            out.append("|---|---|---|---|---|---|---|---|")
             for c in configs:
                 base = "leaseq"
                 for s in _systems(summary, workload, c):
                     cpu = get(workload, c, s, "worker_cpu_s")
                     tasks = get(workload, c, s, "tasks")
                     cpu_per = _fmt(1e6 * cpu["median"] / tasks["median"]) if cpu and tasks else "–"
+                    dbcpu = get(workload, c, s, "db_cpu_s")
+                    db_per = _fmt(1e6 * dbcpu["median"] / tasks["median"]) if dbcpu and tasks else "–"
                     out.append(f"| {c} | {LABELS[s]} | {_cell(get(workload, c, s, metric))} | "
                                f"{_ratio(get(workload, c, base, metric), get(workload, c, s, metric))} | "
-                               f"{_cell(get(workload, c, s, 'steady_per_s'))} | {cpu_per} | "
+                               f"{_cell(get(workload, c, s, 'steady_per_s'))} | {cpu_per} | {db_per} | "
                                f"{_cell(get(workload, c, s, 'worker_rss_mb'))} |")
         out.append("")
 
@@ -145,17 +149,20 @@ def plots(trials: list[dict[str, Any]], summary: dict, folder: Path) -> list[Pat
     if depth_keys:
         fig, ax = plt.subplots(figsize=(7, 4))
         for s in dict.fromkeys(k[2] for k in depth_keys):
-            points = sorted((summary[k]["queued"]["median"], summary[k]["per_s"], summary[k]["finished"]["median"])
-                            for k in depth_keys if k[2] == s)
+            points = sorted(((summary[k]["queued"]["median"], summary[k]["per_s"], summary[k]["finished"]["median"])
+                             for k in depth_keys if k[2] == s), key=lambda p: (p[0], p[2]))
             plain = [(q, st) for q, st, h in points if not h]
+            color = None
             if plain:
-                ax.errorbar([q for q, _ in plain], [st["median"] for _, st in plain],
-                            yerr=[[st["median"] - st["min"] for _, st in plain], [st["max"] - st["median"] for _, st in plain]],
-                            marker="o", capsize=3, label=LABELS[s])
+                line = ax.errorbar([q for q, _ in plain], [st["median"] for _, st in plain],
+                                   yerr=[[st["median"] - st["min"] for _, st in plain],
+                                         [st["max"] - st["median"] for _, st in plain]],
+                                   marker="o", capsize=3, label=LABELS[s])
+                color = line[0].get_color()
             for q, st, h in points:
                 if h:
-                    ax.plot([q], [st["median"]], marker="s", linestyle="none",
-                            label=f"{LABELS[s]}, {int(h):,} finished in history")
+                    ax.plot([q], [st["median"]], marker="s", markerfacecolor="none", linestyle="none", color=color,
+                            label=f"{LABELS[s]}, {int(h):,} finished tasks in history")
         ax.set_xscale("log")
         ax.set_xlabel("tasks queued when the worker starts")
         ax.set_ylabel("drain rate (tasks/s)")

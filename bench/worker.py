@@ -2,7 +2,9 @@
 
 The protocol with the orchestrator is a few lines: the worker prints
 ``READY`` once it is connected, starts when it reads ``GO`` on stdin, stops
-early when it reads ``STOP``, and prints ``RESULT {json}`` before exiting.
+early when it reads ``STOP``, prints ``DONE`` when its work ran out (and then
+waits, still connected, for ``STOP``), and prints ``RESULT {json}`` before
+exiting.
 ``EXIT`` makes it print its result and leave at once, for queues whose own
 shutdown takes seconds after the measured work is over. Importing and
 connecting happen before ``READY``, so the orchestrator's clock starts at
@@ -49,6 +51,10 @@ async def main(system_name: str, dsn: str, options: WorkerOptions) -> dict:
     await asyncio.to_thread(go.wait)
     if not control.stop.is_set():
         await runner.run()
+        # Stay connected until told: the orchestrator reads our database
+        # backends' CPU time, which vanishes with the connections.
+        print("DONE", flush=True)
+        await control.stop.wait()
     await runner.close()
     return result(control)
 

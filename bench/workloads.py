@@ -78,13 +78,25 @@ def drain(db: BenchDatabase, system: systems.System, *, tasks: int, processes: i
         if system.dialect == "postgres":
             _analyze(dsn)
         group = WorkerGroup(system.name, dsn, count=processes, concurrency=concurrency).start()
+        postgres = system.dialect == "postgres"
+        before = db.backend_cpu() if postgres else {}
+        seen: dict[int, float] = {}
+
+        def finished() -> bool:
+            # Backends go when their worker exits: sample their CPU while they live.
+            if postgres:
+                seen.update(db.backend_cpu())
+            return system.finished(dsn)[0] >= tasks
+
         started = _clock(db, system)
         group.go()
-        results = group.wait(finished=lambda: system.finished(dsn)[0] >= tasks)
+        results = group.wait(finished=finished)
         count, first, last = system.finished(dsn)
     if count != tasks:
         raise RuntimeError(f"{system.name}: {count} of {tasks} tasks completed")
+    db_cpu = sum(cpu - before.get(pid, 0.0) for pid, cpu in seen.items())
     return {"tasks": tasks, "seconds": last - started, "per_s": tasks / (last - started),
+            "db_cpu_s": db_cpu if postgres else None,
             "steady_per_s": (tasks - 1) / (last - first) if last > first else None,
             "first_completion_s": first - started,
             "worker_rss_mb": max(r["max_rss_mb"] for r in results),

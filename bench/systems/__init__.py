@@ -94,7 +94,7 @@ class System(Protocol):
 
 def get(name: str) -> System:
     """The system registered under ``name``."""
-    if name in ("leaseq", "leaseq-compact", "leaseq-sqlite"):
+    if name in ("leaseq", "leaseq-compact", "leaseq-sqlite", "leaseq-nofk"):
         from .leaseq_system import LeaseqSystem
 
         return LeaseqSystem(name)
@@ -113,4 +113,4 @@ def get(name: str) -> System:
     raise KeyError(name)
 
 
-NAMES = ("leaseq", "pgqueuer", "procrastinate", "raw", "leaseq-sqlite", "leaseq-compact")
+NAMES = ("leaseq", "pgqueuer", "procrastinate", "raw", "leaseq-sqlite", "leaseq-compact", "leaseq-nofk")

@@ -49,6 +49,8 @@ def test_quick_benchmark_writes_tables_json_and_plots(tmp_path: Path) -> None:
     assert {t["workload"] for t in trials} == WORKLOADS
     drained = {t["system"] for t in trials if t["workload"] == "drain"}
     assert drained == set(chosen) - {"leaseq-compact"}
+    assert {t["config"] for t in trials if t["workload"] == "drain" and t["system"] == "leaseq"} == {
+        "1 process × 10", "2 processes × 10"}
     assert {t["system"] for t in trials if t["workload"] == "latency"} == {"leaseq", *peers}
     assert all(t["metrics"]["per_s"] > 0 for t in trials if t["workload"] in ("drain", "depth", "evidence"))
     assert {row["target"].split(":")[0] for row in document["targets"]} >= {"pickup latency p50 ≤ 3 ms (LISTEN/NOTIFY)"}
