@@ -116,7 +116,7 @@ def test_paused_queue_refuses_new_effects(q: leaseq.Queue, dsn: str) -> None:
 
 
 @pytest.mark.parametrize("kwargs, field", [
-    (dict(action=""), "kind"), (dict(action="email.send", key=""), "key"),
+    (dict(action=""), "action"), (dict(action="email.send", key=""), "key"),
     (dict(action="email.send", key="k" * 256), "key")])
 def test_bad_effect_arguments(q: leaseq.Queue, dsn: str, kwargs: dict, field: str) -> None:
     w, c = _running(q)

@@ -3,13 +3,11 @@
 from __future__ import annotations
 
 import os
-import sqlite3
-from typing import Any
 
 from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 
-from leaseq.store import parse_dsn
+from snapshots import snapshot  # noqa: F401  (shared with the other folders)
 
 #: Text without NUL or lone surrogates (test_api_fuzz.py checks those are refused).
 TEXT = st.text(alphabet=st.characters(blacklist_categories=("Cs",), blacklist_characters="\x00"), max_size=30)
@@ -33,27 +31,3 @@ def fuzz_settings(examples: int) -> settings:
     return settings(max_examples=int(explore or examples), derandomize=not explore, deadline=None,
                     suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
 
-
-def snapshot(dsn: str) -> dict[str, list[tuple[Any, ...]]]:
-    """Every row of every leaseq table, read on a connection of the test's own."""
-    dialect, target = parse_dsn(dsn)
-    out: dict[str, list[tuple[Any, ...]]] = {}
-    if dialect == "sqlite":
-        conn = sqlite3.connect(target)
-        try:
-            names = [r[0] for r in conn.execute(
-                "SELECT name FROM sqlite_master WHERE type = 'table' AND name LIKE 'leaseq%' ORDER BY name")]
-            for name in names:
-                out[name] = sorted(conn.execute(f"SELECT * FROM {name}").fetchall(), key=repr)
-        finally:
-            conn.close()
-        return out
-    import psycopg
-
-    with psycopg.connect(target) as conn:
-        names = [r[0] for r in conn.execute(
-            "SELECT table_name FROM information_schema.tables WHERE table_schema = current_schema() "
-            "AND table_name LIKE 'leaseq%' ORDER BY table_name")]
-        for name in names:
-            out[name] = sorted(conn.execute(f"SELECT * FROM {name}").fetchall(), key=repr)
-    return out

@@ -10,29 +10,7 @@ from typing import Any
 import leaseq
 from leaseq.store import parse_dsn
 
-TABLES = ("leaseq_tasks", "leaseq_effects", "leaseq_events", "leaseq_workers", "leaseq_queues",
-          "leaseq_tokens", "leaseq_audit")
-_ORDER = {"leaseq_workers": "id", "leaseq_queues": "name"}
-
-
-def snapshot(dsn: str) -> dict[str, list[tuple[Any, ...]]]:
-    """Every row of every leaseq table, read on the test's own connection."""
-    dialect, target = parse_dsn(dsn)
-    out: dict[str, list[tuple[Any, ...]]] = {}
-    if dialect == "sqlite":
-        conn = sqlite3.connect(target)
-        try:
-            for table in TABLES:
-                out[table] = conn.execute(f"SELECT * FROM {table} ORDER BY {_ORDER.get(table, 'id')}").fetchall()
-        finally:
-            conn.close()
-        return out
-    import psycopg
-
-    with psycopg.connect(target) as conn:
-        for table in TABLES:
-            out[table] = conn.execute(f"SELECT * FROM {table} ORDER BY {_ORDER.get(table, 'id')}").fetchall()
-    return out
+from snapshots import snapshot  # noqa: E402,F401  (shared with the other folders)
 
 
 def wait_until(q: leaseq.Queue, moment: datetime, *, timeout: float = 5.0) -> None:
