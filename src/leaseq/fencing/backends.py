@@ -19,20 +19,14 @@ from importlib import resources
 from typing import Any
 
 from ..core.errors import BackendUnavailable, ConfigError
-from ..store.base import _BLOCK, parse_dsn
+from ..store.base import parse_dsn, parse_named_blocks
 
 
 @cache
 def load_fence_queries(dialect: str) -> dict[str, str]:
     """The named queries of ``leaseq/fencing/sql/<dialect>.sql``: ``{name: sql}``."""
     text = resources.files("leaseq.fencing").joinpath("sql", f"{dialect}.sql").read_text()
-    parts = _BLOCK.split(text)
-    queries: dict[str, str] = {}
-    for name, body in zip(parts[1::2], parts[2::2]):
-        if name in queries:
-            raise RuntimeError(f"query {name!r} defined twice in fencing/sql/{dialect}.sql")
-        queries[name] = body.strip()
-    return queries
+    return parse_named_blocks(text, f"fencing/sql/{dialect}.sql")
 
 
 def _missing_table(exc: Exception) -> ConfigError:

@@ -34,11 +34,16 @@ class Migration:
 def load_queries(dialect: str) -> dict[str, str]:
     """The named queries of ``sql/<dialect>/queries.sql``: ``{name: sql}``."""
     text = resources.files("leaseq").joinpath("sql", dialect, "queries.sql").read_text()
+    return parse_named_blocks(text, f"{dialect}/queries.sql")
+
+
+def parse_named_blocks(text: str, source: str) -> dict[str, str]:
+    """Split a .sql file into its ``-- name: <query>`` blocks: ``{name: sql}``."""
     parts = _BLOCK.split(text)
     queries: dict[str, str] = {}
     for name, body in zip(parts[1::2], parts[2::2]):
         if name in queries:
-            raise RuntimeError(f"query {name!r} defined twice in {dialect}/queries.sql")
+            raise RuntimeError(f"query {name!r} defined twice in {source}")
         queries[name] = body.strip()
     return queries
 
