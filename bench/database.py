@@ -90,22 +90,36 @@ class BenchDatabase:
         with psycopg.connect(self.dsn, autocommit=True) as conn:
             return conn.execute("SELECT extract(epoch FROM clock_timestamp())::float8").fetchone()[0]
 
-    def counters(self) -> Counters:
-        """Transactions and tuples from ``pg_stat_database``, backend CPU from ``/proc``."""
-        with psycopg.connect(self.dsn, autocommit=True) as conn:
-            conn.execute("SELECT pg_stat_clear_snapshot()")
-            xacts, upd, ins = conn.execute(
-                "SELECT xact_commit + xact_rollback, tup_updated, tup_inserted FROM pg_stat_database "
-                "WHERE datname = current_database()").fetchone()
-            pids = [r[0] for r in conn.execute(
-                "SELECT pid FROM pg_stat_activity WHERE datname = current_database() AND pid <> pg_backend_pid()")]
+    def probe(self) -> psycopg.Connection:
+        """A connection for reading counters; each statement on it is one transaction of its own."""
+        return psycopg.connect(self.dsn, autocommit=True)
+
+    @staticmethod
+    def counters(probe: psycopg.Connection) -> Counters:
+        """Transactions and tuples from ``pg_stat_database``, client backends' CPU from ``/proc``.
+
+        Three statements (three transactions) on ``probe``."""
+        probe.execute("SELECT pg_stat_clear_snapshot()")
+        xacts, upd, ins = probe.execute(
+            "SELECT xact_commit + xact_rollback, tup_updated, tup_inserted FROM pg_stat_database "
+            "WHERE datname = current_database()").fetchone()
+        pids = [r[0] for r in probe.execute(
+            "SELECT pid FROM pg_stat_activity WHERE datname = current_database() AND pid <> pg_backend_pid() "
+            "AND backend_type = 'client backend'")]
         return Counters(time.monotonic(), xacts, upd, ins, sum(process_cpu(pid) for pid in pids))
+
+    @staticmethod
+    def maintenance_running(probe: psycopg.Connection) -> bool:
+        """Whether autovacuum works in our database (its transactions count in pg_stat_database). One statement."""
+        return probe.execute("SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() "
+                             "AND backend_type <> 'client backend'").fetchone()[0] > 0
 
     def backend_cpu(self) -> dict[int, float]:
         """CPU seconds so far of each backend connected to our database (not this query's own)."""
         with psycopg.connect(self.dsn, autocommit=True) as conn:
             pids = [r[0] for r in conn.execute(
-                "SELECT pid FROM pg_stat_activity WHERE datname = current_database() AND pid <> pg_backend_pid()")]
+                "SELECT pid FROM pg_stat_activity WHERE datname = current_database() AND pid <> pg_backend_pid() "
+                "AND backend_type = 'client backend'")]
         return {pid: process_cpu(pid) for pid in pids}
 
     def wait_stats_flushed(self) -> None:

@@ -57,7 +57,10 @@ class WorkerGroup:
             elif line.startswith("DONE"):
                 self._done[i].set()
             elif line.startswith("RESULT "):
-                self.results[i] = json.loads(line[len("RESULT "):])
+                try:
+                    self.results[i] = json.loads(line[len("RESULT "):])
+                except ValueError:
+                    self.errors[i] += f"unreadable result line: {line[:200]!r}\n"
         self._ready[i].set()  # exited: do not wait for READY or DONE any longer
         self._done[i].set()
 

@@ -35,13 +35,13 @@ def _read_commands(control: Control, go: threading.Event) -> None:
             go.set()
             control.request_stop()
         elif command == "EXIT":
-            print("RESULT " + json.dumps(result(control)), flush=True)
+            report(control)
             os._exit(0)
     go.set()  # stdin closed: the orchestrator is gone
     control.request_stop()
 
 
-async def main(system_name: str, dsn: str, options: WorkerOptions) -> dict:
+async def main(system_name: str, dsn: str, options: WorkerOptions) -> Control:
     control = Control(options)
     control.loop = asyncio.get_running_loop()
     runner = await get(system_name).open_worker(dsn, control)
@@ -56,7 +56,16 @@ async def main(system_name: str, dsn: str, options: WorkerOptions) -> dict:
         print("DONE", flush=True)
         await control.stop.wait()
     await runner.close()
-    return result(control)
+    return control
+
+
+_reported = threading.Lock()
+
+
+def report(control: Control) -> None:
+    """Print the RESULT line, once, whichever thread gets here first."""
+    if _reported.acquire(blocking=False):
+        print("RESULT " + json.dumps(result(control)), flush=True)
 
 
 def result(control: Control) -> dict:
@@ -83,8 +92,8 @@ def cli() -> None:
     parser.add_argument("--target", type=int, default=0)
     args = parser.parse_args()
     logging.basicConfig(level=logging.WARNING)
-    result = asyncio.run(main(args.system, args.dsn, WorkerOptions(args.mode, args.concurrency, args.target)))
-    print("RESULT " + json.dumps(result), flush=True)
+    control = asyncio.run(main(args.system, args.dsn, WorkerOptions(args.mode, args.concurrency, args.target)))
+    report(control)
 
 
 if __name__ == "__main__":
