@@ -201,8 +201,10 @@ WITH due AS (
         last_heartbeat_at = NULL,
         longest_heartbeat_gap = 0,
         updated_at = now()
-    FROM candidate
-    WHERE t.id = candidate.id
+    -- = ANY(ARRAY(...)) keeps the update on the primary key whatever LIMIT
+    -- the planner assumes, so the prepared statement's generic plan is good
+    -- and PostgreSQL can stop planning the claim at every call
+    WHERE t.id = ANY(ARRAY(SELECT id FROM candidate))
     RETURNING t.*
 ), logged AS (
     INSERT INTO leaseq_events (task_id, type, generation, worker_id, detail)
