@@ -36,7 +36,7 @@ GUARD = {
 RENEW_GENERATION = "AND t.claim_generation = c.generation"
 
 #: Queries that write (or lock for a write) on the strength of a lease.
-LEASE_WRITES = ("renew_leases", "lock_lease", "complete_task", "fail_task", "expire_lease")
+LEASE_WRITES = ("renew_leases", "complete_batch", "lock_lease", "complete_task", "fail_task", "expire_lease")
 #: The only queries allowed to set a deadline that is not NULL.
 DEADLINE_WRITERS = {"claim_batch", "renew_leases", "expire_lease"}
 
@@ -65,7 +65,7 @@ def _lines(sql: str) -> list[str]:
 def guard_lines(dialect: str, name: str) -> list[str]:
     """The guard lines query ``name`` must contain."""
     lines = list(GUARD[dialect])
-    if name == "renew_leases":
+    if name in ("renew_leases", "complete_batch"):
         lines[2] = RENEW_GENERATION
     return lines
 
