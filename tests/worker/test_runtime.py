@@ -50,9 +50,9 @@ def test_sync_and_async_handlers_complete(app: leaseq.App) -> None:
 
 
 def test_renewal_keeps_a_long_task_alive(app: leaseq.App) -> None:
-    @app.task("long", lease_seconds=0.3)
+    @app.task("long", lease_seconds=0.6)
     def long(ctx) -> str:
-        ctx.sleep(1.2)  # four lease lengths
+        ctx.sleep(2.4)  # four lease lengths; renewed every 0.2 s, so a loaded machine has room
         return "done"
 
     task = long.enqueue()
