@@ -455,6 +455,8 @@ class WorkerRuntime:
         for ctx in live:
             if renewed is not None and ctx.task_id in renewed:
                 ctx.renewed_at = sent
+            elif renewed is not None and ctx.key not in self._handling:
+                pass  # the handler returned and its completion is in flight: that guarded write decides
             elif renewed is not None:
                 self._lose(ctx, "heartbeat refused: the lease was expired, cancelled, revoked or reclaimed")
             elif time.monotonic() - ctx.renewed_at >= ctx.claim.lease_seconds:
