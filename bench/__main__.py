@@ -167,14 +167,18 @@ def main(argv: list[str] | None = None) -> int:
                 for config, name, trial in plan(workload, sizes, chosen, rnd):
                     record: dict[str, Any] = {"workload": workload, "config": config, "system": name, "round": rnd}
                     t0 = time.monotonic()
-                    try:
-                        metrics = trial(db, systems.get(name))
-                        samples = metrics.pop("samples_ms", None)
-                        record["metrics"] = metrics
-                        if samples is not None:
-                            record["samples"] = samples
-                    except Exception as exc:  # one failed trial is reported, not fatal
-                        record["error"] = f"{type(exc).__name__}: {exc}"
+                    for attempt in (1, 2):
+                        try:
+                            metrics = trial(db, systems.get(name))
+                            samples = metrics.pop("samples_ms", None)
+                            record["metrics"] = metrics
+                            if samples is not None:
+                                record["samples"] = samples
+                            record.pop("error", None)
+                            break
+                        except Exception as exc:  # one failed trial is reported (after one retry), not fatal
+                            record["error"] = f"{type(exc).__name__}: {exc}"
+                            record["retried"] = attempt
                     record["wall_s"] = round(time.monotonic() - t0, 2)
                     record["load1"] = round(os.getloadavg()[0], 2)  # others' work on the box skews a trial
                     trials.append(record)
