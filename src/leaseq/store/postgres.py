@@ -16,6 +16,24 @@ from ..core.errors import BackendUnavailable, ConfigError
 from .base import JSON_PARAMS, load_queries
 
 
+#: The statements every claim, renewal and completion runs. Each is prepared
+#: on its first use on a connection and always runs the prepared statement's
+#: generic plan (``plan_cache_mode = force_generic_plan`` on leaseq's pooled
+#: connections): PostgreSQL would otherwise plan the claim afresh at every
+#: call, which costs more than running it. Each of these is written to have
+#: one good plan whatever its parameters (tests/bench/test_claim_plan.py reads
+#: their generic plans). Every other statement is never prepared, so it is
+#: planned for the parameters it is given.
+GENERIC_PLAN = frozenset({
+    "claim_batch", "renew_leases", "complete_task", "complete_batch", "fail_task", "lock_lease",
+    "insert_task", "insert_tasks", "insert_event", "insert_events", "lock_expired", "route_expired",
+})
+
+
+def _configure(conn: psycopg.Connection) -> None:
+    conn.execute("SET plan_cache_mode = force_generic_plan")
+
+
 def _encode(params: dict[str, Any]) -> dict[str, Any]:
     return {k: (Jsonb(v) if k in JSON_PARAMS else v) for k, v in params.items()}
 
@@ -37,7 +55,7 @@ class PostgresTx:
         if self._statements_left == 0:
             raise RuntimeError(f"{query}: a one-statement transaction already ran its statement")
         self._statements_left -= 1
-        cur = self._conn.execute(self._queries[query], _encode(params))
+        cur = self._conn.execute(self._queries[query], _encode(params), prepare=query in GENERIC_PLAN)
         # pgresult.status, not cur.description: that would build a Column object per column per call.
         result = cur.pgresult
         return cur.fetchall() if result is not None and result.status == pq.ExecStatus.TUPLES_OK else []
@@ -111,7 +129,7 @@ class PostgresStore:
             raise BackendUnavailable(f"cannot connect to PostgreSQL: {str(exc).strip()}") from None
         self._pool = ConnectionPool(
             dsn, min_size=min_size, max_size=max_size, open=False, timeout=connect_timeout,
-            kwargs={"autocommit": True, "row_factory": dict_row},
+            kwargs={"autocommit": True, "row_factory": dict_row}, configure=_configure,
         )
         self._pool.open(wait=True, timeout=connect_timeout)
 
