@@ -9,6 +9,7 @@ Backends, the async facade, the CLI and the worker all come through here.
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 import getpass
 import os
@@ -41,8 +42,23 @@ EVIDENCE_LEVELS = ("full", "compact")
 ROUTINE_EVENTS = frozenset({"enqueued", "claimed", "completed"})
 
 
+_TASK_ORDER = tuple(Task.__dataclass_fields__)
+
+
 def _task(row: dict[str, Any]) -> Task:
-    return Task(**{k: v for k, v in row.items() if k in _TASK_FIELDS})
+    try:  # a whole row (the common case, a claim's hot path): fill the frozen record directly
+        values = {k: row[k] for k in _TASK_ORDER}
+    except KeyError:  # a partial row: the dataclass supplies the defaults
+        return Task(**{k: v for k, v in row.items() if k in _TASK_FIELDS})
+    task = object.__new__(Task)
+    task.__dict__.update(values)
+    return task
+
+
+def _claim_settled(found: list[dict[str, Any]]) -> bool:
+    """Whether a fast-path claim_batch answer is final: no expired lease awaits
+    routing and the worker may claim (SQLite answers nothing when it claimed nothing)."""
+    return bool(found) and not found[0]["routing_due"] and found[0]["worker_ok"]
 
 
 def _effect(row: dict[str, Any], *, replayed: bool = False) -> Effect:
@@ -112,6 +128,16 @@ class Queue:
     def dialect(self) -> str:
         """``"postgres"`` or ``"sqlite"``."""
         return self.store.dialect
+
+    @property
+    def native_async(self) -> bool:
+        """Whether :meth:`aclaim` and :meth:`acomplete_many` run on the event loop
+        itself (PostgreSQL) rather than in a thread (SQLite)."""
+        return self.store.run_async is not None
+
+    async def close_async(self) -> None:
+        """Close the connections the async operations opened for the running event loop."""
+        await self.store.close_async()
 
     def migrate(self) -> list[int]:
         """Create or upgrade the schema. Idempotent; returns the versions applied now."""
@@ -276,28 +302,53 @@ class Queue:
         transaction. Each claim carries a new generation (fencing token).
         Returns an empty list when nothing is due or the queue is paused.
         """
-        wid = _worker_id(worker)
-        policy.check_name("queue", queue)
-        policy.check_int("limit", limit, minimum=1, maximum=10_000)
-        if lease_seconds is not None:
-            policy.check_seconds("lease_seconds", lease_seconds, allow_zero=False)
-        params = dict(queue=queue, worker_id=wid, limit=limit, lease_seconds=lease_seconds,
-                      compact=self.evidence == "compact")
+        wid, params = self._claim_params(worker, queue, limit, lease_seconds)
         # Fast path: one statement, which claims nothing while an expired
         # lease awaits routing. PostgreSQL always answers with its flags;
         # SQLite answers nothing when nothing was claimed.
         with self.store.transaction(one_statement=True) as tx:
             found = tx.rows("claim_batch", route_first=True, **params)
             rows = self._record_claims(tx, wid, lease_seconds, found)
-        settled = bool(found) and not found[0]["routing_due"] and found[0]["worker_ok"]
-        if not rows and not settled:
-            with self.store.transaction() as tx:
-                self._route_expired(tx)
-                rows = self._record_claims(tx, wid, lease_seconds,
-                                           tx.rows("claim_batch", route_first=False, **params))
-                if not rows:
-                    self._check_worker(tx, wid)
-                    return []
+        if not rows and not _claim_settled(found):
+            return self._claim_after_routing(wid, lease_seconds, params)
+        return self._claims(wid, lease_seconds, rows)
+
+    async def aclaim(self, worker: Worker | str, *, queue: str = "default", limit: int = 1,
+                     lease_seconds: float | None = None) -> list[Claim]:
+        """:meth:`claim` for asyncio code: the same statement, awaited on the
+        event loop where the backend can (PostgreSQL), else run in a thread."""
+        if self.store.run_async is None:
+            return await asyncio.to_thread(self.claim, worker, queue=queue, limit=limit,
+                                           lease_seconds=lease_seconds)
+        wid, params = self._claim_params(worker, queue, limit, lease_seconds)
+        found = await self.store.run_async("claim_batch", route_first=True, **params)
+        rows = [r for r in found if r["id"] is not None]  # this statement writes its own events
+        if not rows and not _claim_settled(found):
+            return await asyncio.to_thread(self._claim_after_routing, wid, lease_seconds, params)
+        return self._claims(wid, lease_seconds, rows)
+
+    def _claim_params(self, worker: Worker | str, queue: str, limit: int,
+                      lease_seconds: float | None) -> tuple[str, dict[str, Any]]:
+        wid = _worker_id(worker)
+        policy.check_name("queue", queue)
+        policy.check_int("limit", limit, minimum=1, maximum=10_000)
+        if lease_seconds is not None:
+            policy.check_seconds("lease_seconds", lease_seconds, allow_zero=False)
+        return wid, dict(queue=queue, worker_id=wid, limit=limit, lease_seconds=lease_seconds,
+                         compact=self.evidence == "compact")
+
+    def _claim_after_routing(self, wid: str, lease_seconds: float | None, params: dict[str, Any]) -> list[Claim]:
+        """The slow path of a claim: route expired leases, then claim, in one transaction."""
+        with self.store.transaction() as tx:
+            self._route_expired(tx)
+            rows = self._record_claims(tx, wid, lease_seconds, tx.rows("claim_batch", route_first=False, **params))
+            if not rows:
+                self._check_worker(tx, wid)
+                return []
+        return self._claims(wid, lease_seconds, rows)
+
+    @staticmethod
+    def _claims(wid: str, lease_seconds: float | None, rows: list[dict[str, Any]]) -> list[Claim]:
         rows.sort(key=lambda r: (-r["priority"], r["available_at"], r["id"]))
         return [Claim(task_id=r["id"], generation=r["claim_generation"], worker_id=wid,
                       expires_at=r["lease_expires_at"], task=_task(r),
@@ -359,15 +410,7 @@ class Queue:
         completed; a task missing from the answer had lost its lease and was
         left untouched, exactly as :meth:`complete` would have refused it.
         """
-        wid = _worker_id(worker)
-        items, seen = [], set()
-        for claim, result in done:
-            self._check_claim(wid, claim)
-            if claim.task_id in seen:
-                raise InvalidInput("done", f"names task {claim.task_id} twice")
-            seen.add(claim.task_id)
-            items.append({"task_id": claim.task_id, "generation": claim.generation,
-                          "result": policy.check_json("result", result)})
+        wid, items = self._completions(worker, done)
         if not items:
             return set()
         with self.store.transaction(one_statement=True) as tx:
@@ -377,6 +420,30 @@ class Queue:
                     self._event_params(r["id"], "completed", r["claim_generation"], wid, attempt=r["attempts"],
                                        **_heartbeats(r)) for r in rows])
         return {r["id"] for r in rows}
+
+    async def acomplete_many(self, worker: Worker | str, done: Sequence[tuple[Claim, Any]]) -> set[int]:
+        """:meth:`complete_many` for asyncio code (awaited on the loop where the backend can)."""
+        if self.store.run_async is None:
+            return await asyncio.to_thread(self.complete_many, worker, done)
+        wid, items = self._completions(worker, done)
+        if not items:
+            return set()
+        # PostgreSQL's complete_batch writes its own events
+        rows = await self.store.run_async("complete_batch", worker_id=wid, items=items,
+                                          compact=self.evidence == "compact")
+        return {r["id"] for r in rows}
+
+    def _completions(self, worker: Worker | str, done: Sequence[tuple[Claim, Any]]) -> tuple[str, list[dict]]:
+        wid = _worker_id(worker)
+        items, seen = [], set()
+        for claim, result in done:
+            self._check_claim(wid, claim)
+            if claim.task_id in seen:
+                raise InvalidInput("done", f"names task {claim.task_id} twice")
+            seen.add(claim.task_id)
+            items.append({"task_id": claim.task_id, "generation": claim.generation,
+                          "result": policy.check_json("result", result)})
+        return wid, items
 
     def fail(self, worker: Worker | str, claim: Claim, error: str, *, retry: bool = True,
              block: bool = False, delay: float | None = None) -> Task:

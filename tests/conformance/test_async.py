@@ -9,7 +9,7 @@ import pytest
 
 import leaseq
 
-from .support import WORKING_LEASE
+from .support import WORKING_LEASE, snapshot
 
 
 async def _wait_expired(aq: leaseq.AsyncQueue, claim: leaseq.Claim) -> None:
@@ -77,3 +77,85 @@ def test_async_errors_are_the_same_errors(dsn: str) -> None:
                 await aq.get(10**9)
 
     asyncio.run(bad())
+
+
+def test_async_claim_and_complete_keep_every_guard(dsn: str) -> None:
+    """The awaited claim and batched completion (on PostgreSQL, on the event
+    loop itself) refuse a stale generation and change nothing for it."""
+    async def story() -> None:
+        async with await leaseq.connect_async(dsn) as aq:
+            await aq.migrate()
+            a, b = await aq.register_worker("a"), await aq.register_worker("b")
+            stale_task = await aq.enqueue("job", {"i": 1})
+            [ca] = await aq.claim(a, lease_seconds=WORKING_LEASE)
+            await _wait_expired(aq, ca)
+            [cb] = await aq.claim(b)  # routes the expired lease, then claims it again
+            assert (cb.task_id, cb.generation) == (ca.task_id, ca.generation + 1)
+            fresh_task = await aq.enqueue("job", {"i": 2})
+            [ca2] = await aq.claim(a)
+            before = snapshot(dsn)
+            assert await aq.complete_many(a, [(ca, "stale")]) == set()
+            assert snapshot(dsn) == before
+            assert await aq.complete_many(a, [(ca, "stale"), (ca2, "fresh")]) == {fresh_task.id}
+            assert await aq.complete_many(b, [(cb, "new")]) == {stale_task.id}
+            assert (await aq.get(stale_task.id)).result == "new"
+            assert (await aq.get(fresh_task.id)).result == "fresh"
+            types = [e.type for e in await aq.events(stale_task.id)]
+            assert types == ["enqueued", "claimed", "lease_expired", "claimed", "completed"], types
+
+    asyncio.run(story())
+
+
+def test_async_claim_routes_an_unanswered_call_to_reconciliation(dsn: str) -> None:
+    async def story() -> None:
+        async with await leaseq.connect_async(dsn) as aq:
+            await aq.migrate()
+            a, b = await aq.register_worker("a"), await aq.register_worker("b")
+            t = await aq.enqueue("pay", effect="side_effect")
+            [ca] = await aq.claim(a, lease_seconds=WORKING_LEASE)
+            await aq.begin_effect(a, ca, "bank.transfer")  # and never hears back
+            await _wait_expired(aq, ca)
+            assert await aq.claim(b) == []
+            assert (await aq.get(t.id)).status == "needs_reconciliation"
+
+    asyncio.run(story())
+
+
+def test_async_claim_refuses_a_revoked_worker(dsn: str) -> None:
+    async def story() -> None:
+        async with await leaseq.connect_async(dsn) as aq:
+            await aq.migrate()
+            a = await aq.register_worker("a")
+            await aq.enqueue("job")
+            await aq.revoke_worker(a)
+            before = snapshot(dsn)
+            with pytest.raises(leaseq.UnknownWorker):
+                await aq.claim(a)
+            assert snapshot(dsn) == before
+            with pytest.raises(leaseq.InvalidInput) as info:
+                await aq.claim(a, limit=0)
+            assert info.value.field == "limit"
+
+    asyncio.run(story())
+
+
+def test_one_queue_serves_one_event_loop_after_another(dsn: str) -> None:
+    """The awaited calls open connections for the loop that makes them; a
+    queue outlives a loop (each asyncio.run), as a worker restarted in the
+    same process would."""
+    q = leaseq.connect(dsn)
+    try:
+        q.migrate()
+        w = q.register_worker("w")
+        ids = [q.enqueue("job", {"i": i}).id for i in range(3)]
+
+        async def one() -> int:
+            claims = await q.aclaim(w)
+            done = await q.acomplete_many(w, [(c, None) for c in claims])
+            await q.close_async()
+            return len(done)
+
+        assert [asyncio.run(one()) for _ in range(3)] == [1, 1, 1]
+        assert [q.get(i).status for i in ids] == ["completed"] * 3
+    finally:
+        q.close()

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import re
+from collections.abc import Awaitable, Callable
 from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from functools import cache
@@ -100,11 +101,19 @@ class Store(Protocol):
         the block must still be correct if the backend ignores the promise.
         """
 
+    #: ``async run_async(query, **params) -> rows``: one statement as its own
+    #: transaction, awaited on the running event loop; None where the backend
+    #: has no asyncio driver (callers then run the sync operation in a thread).
+    run_async: Callable[..., Awaitable[list[dict[str, Any]]]] | None
+
     def listener(self, queues: set[str]) -> WorkListener:
         """A waiter woken when work arrives on one of ``queues``."""
 
     def close(self) -> None:
         """Release every connection."""
+
+    async def close_async(self) -> None:
+        """Release the connections :attr:`run_async` opened for the running event loop."""
 
 
 def parse_dsn(dsn: str | None) -> tuple[str, str]:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
@@ -10,7 +11,7 @@ import psycopg
 from psycopg import pq
 from psycopg.rows import dict_row
 from psycopg.types.json import Jsonb
-from psycopg_pool import ConnectionPool, PoolTimeout
+from psycopg_pool import AsyncConnectionPool, ConnectionPool, PoolTimeout
 
 from ..core.errors import BackendUnavailable, ConfigError
 from .base import JSON_PARAMS, load_queries
@@ -32,6 +33,17 @@ GENERIC_PLAN = frozenset({
 
 def _configure(conn: psycopg.Connection) -> None:
     conn.execute("SET plan_cache_mode = force_generic_plan")
+
+
+async def _aconfigure(conn: psycopg.AsyncConnection) -> None:
+    await conn.execute("SET plan_cache_mode = force_generic_plan")
+
+
+def _rows(cur: psycopg.Cursor | psycopg.AsyncCursor) -> bool:
+    """Whether the statement answered with rows (pgresult.status, not
+    cur.description: that would build a Column object per column per call)."""
+    result = cur.pgresult
+    return result is not None and result.status == pq.ExecStatus.TUPLES_OK
 
 
 def _encode(params: dict[str, Any]) -> dict[str, Any]:
@@ -56,9 +68,7 @@ class PostgresTx:
             raise RuntimeError(f"{query}: a one-statement transaction already ran its statement")
         self._statements_left -= 1
         cur = self._conn.execute(self._queries[query], _encode(params), prepare=query in GENERIC_PLAN)
-        # pgresult.status, not cur.description: that would build a Column object per column per call.
-        result = cur.pgresult
-        return cur.fetchall() if result is not None and result.status == pq.ExecStatus.TUPLES_OK else []
+        return cur.fetchall() if _rows(cur) else []
 
     def row(self, query: str, **params: Any) -> dict[str, Any] | None:
         rows = self.rows(query, **params)
@@ -132,6 +142,10 @@ class PostgresStore:
             kwargs={"autocommit": True, "row_factory": dict_row}, configure=_configure,
         )
         self._pool.open(wait=True, timeout=connect_timeout)
+        self._max_size = max_size
+        self._connect_timeout = connect_timeout
+        #: asyncio pools, one per event loop that called run_async
+        self._async_pools: dict[asyncio.AbstractEventLoop, asyncio.Task[AsyncConnectionPool]] = {}
 
     @contextmanager
     def transaction(self, *, one_statement: bool = False) -> Iterator[PostgresTx]:
@@ -146,6 +160,56 @@ class PostgresStore:
             raise BackendUnavailable(f"no PostgreSQL connection available: {exc}") from None
         except psycopg.OperationalError as exc:
             raise BackendUnavailable(f"PostgreSQL: {str(exc).strip()}") from None
+
+    async def run_async(self, query: str, **params: Any) -> list[dict[str, Any]]:
+        """One statement as its own transaction, awaited on the running loop.
+
+        The worker's claims and completions come through here: no thread hop
+        between the event loop and the database, the socket is waited on by
+        the loop itself.
+        """
+        try:
+            pool = await self._async_pool()
+            async with pool.connection() as conn:
+                cur = await conn.execute(self._queries[query], _encode(params), prepare=query in GENERIC_PLAN)
+                return await cur.fetchall() if _rows(cur) else []
+        except PoolTimeout as exc:
+            raise BackendUnavailable(f"no PostgreSQL connection available: {exc}") from None
+        except psycopg.OperationalError as exc:
+            raise BackendUnavailable(f"PostgreSQL: {str(exc).strip()}") from None
+
+    async def _async_pool(self) -> AsyncConnectionPool:
+        loop = asyncio.get_running_loop()
+        opening = self._async_pools.get(loop)
+        if opening is None:
+            for old in [lp for lp in self._async_pools if lp.is_closed()]:
+                del self._async_pools[old]  # a finished loop's pool went with it
+            # A task, so callers racing to open the loop's pool all await the same one.
+            opening = self._async_pools[loop] = loop.create_task(self._open_async_pool())
+        try:
+            return await asyncio.shield(opening)
+        except Exception:
+            if self._async_pools.get(loop) is opening:
+                del self._async_pools[loop]  # the next call tries again
+            raise
+
+    async def _open_async_pool(self) -> AsyncConnectionPool:
+        pool = AsyncConnectionPool(
+            self.dsn, min_size=1, max_size=self._max_size, open=False, timeout=self._connect_timeout,
+            kwargs={"autocommit": True, "row_factory": dict_row}, configure=_aconfigure,
+        )
+        await pool.open(wait=True, timeout=self._connect_timeout)
+        return pool
+
+    async def close_async(self) -> None:
+        """Close the running loop's asyncio pool (the worker does, before its loop ends)."""
+        opening = self._async_pools.pop(asyncio.get_running_loop(), None)
+        if opening is not None:
+            try:
+                pool = await opening
+            except Exception:
+                return
+            await pool.close()
 
     def listener(self, queues: set[str]) -> NotifyListener:
         return NotifyListener(self.dsn, queues)

@@ -114,6 +114,7 @@ class SqliteStore:
     """
 
     dialect = "sqlite"
+    run_async = None  # no asyncio driver: async callers run the sync operations in threads
 
     def __init__(self, path: str, *, busy_timeout: float = 30.0):
         self.path = path
@@ -163,6 +164,9 @@ class SqliteStore:
 
     def listener(self, queues: set[str]) -> SleepingListener:
         return SleepingListener()
+
+    async def close_async(self) -> None:
+        """Nothing to do: SQLite has no connections bound to an event loop."""
 
     def close(self) -> None:
         with self._lock:

@@ -126,6 +126,8 @@ class WorkerRuntime:
         self._db = ThreadPoolExecutor(max_workers=1 if dialect == "sqlite" else min(32, concurrency + 4),
                                       thread_name_prefix="leaseq-db")
         self._handlers = ThreadPoolExecutor(max_workers=concurrency, thread_name_prefix="leaseq-task")
+        #: claims and completions awaited on the loop itself (PostgreSQL), no thread hop
+        self._native = bool(getattr(self.transport, "native_async", False))
 
     # -- control -----------------------------------------------------------------
 
@@ -191,6 +193,8 @@ class WorkerRuntime:
                 await asyncio.gather(*background, return_exceptions=True)
                 if listener is not None:
                     listener.close()
+                if self._native:
+                    await self.transport.close_async()
         finally:
             if install_signals:
                 for sig in (signal.SIGTERM, signal.SIGINT):
@@ -213,8 +217,12 @@ class WorkerRuntime:
                 queue = self.queues[(turn + i) % len(self.queues)]
                 sent = time.monotonic()
                 try:
-                    claims = await self._call(self.transport.claim, self.worker, queue=queue, limit=free - got,
-                                              lease_seconds=self.lease_seconds)
+                    if self._native:
+                        claims = await self.transport.aclaim(self.worker, queue=queue, limit=free - got,
+                                                             lease_seconds=self.lease_seconds)
+                    else:
+                        claims = await self._call(self.transport.claim, self.worker, queue=queue,
+                                                  limit=free - got, lease_seconds=self.lease_seconds)
                 except BackendUnavailable as exc:
                     logger.warning("worker %s: claim failed: %s", self.worker.id, exc)
                     claims = []
@@ -343,9 +351,10 @@ class WorkerRuntime:
         await asyncio.sleep(0)  # let handlers finishing in this same turn join the batch
         while self._done:
             batch, self._done = self._done, []
+            pairs = [(ctx.claim, result) for ctx, result, _ in batch]
             try:
-                held = await self._call(self.transport.complete_many, self.worker,
-                                        [(ctx.claim, result) for ctx, result, _ in batch])
+                held = await (self.transport.acomplete_many(self.worker, pairs) if self._native
+                              else self._call(self.transport.complete_many, self.worker, pairs))
             except InvalidInput:
                 # One unusable result refuses the whole batch before any write:
                 # complete one by one, so only that task fails.
