@@ -2,9 +2,9 @@
 
 Enqueueing 10^6 tasks through any client would take minutes and measure
 nothing we care about here, so these rows are generated server-side with
-the shape leaseq itself writes: queued tasks with their ``enqueued`` event,
-and finished tasks with their ``enqueued``, ``claimed`` and ``completed``
-events. The rows land in leaseq's own tables (migrated by leaseq first).
+the shape leaseq itself writes: queued tasks (a task row is its own
+``enqueued`` entry), and finished tasks with their ``claimed`` and
+``completed`` events. The rows land in leaseq's own tables (migrated by leaseq first).
 Afterwards the tables are vacuumed and analysed, as autovacuum would have
 done on a queue that grew to this size over time.
 """
@@ -26,9 +26,6 @@ INSERT INTO leaseq_events (task_id, type, generation, worker_id, detail)
 SELECT t.id, e.type, e.generation, e.worker_id, e.detail
 FROM leaseq_tasks t
 CROSS JOIN LATERAL (VALUES
-    ('enqueued', NULL::bigint, NULL::text,
-     jsonb_build_object('queue', 'default', 'kind', 'noop', 'effect', 'read_only', 'idempotency_key', t.idempotency_key,
-                        'priority', 0)),
     ('claimed', 1, 'history-worker', jsonb_build_object('attempt', 1, 'lease_seconds', 30,
                                                        'lease_expires_at', t.claimed_at + interval '30 seconds')),
     ('completed', 1, 'history-worker', jsonb_build_object('attempt', 1, 'heartbeats', 0, 'last_heartbeat_at', NULL,
@@ -38,16 +35,9 @@ WHERE t.status = 'completed'
 """
 
 QUEUED_TASKS = """
-WITH added AS (
-    INSERT INTO leaseq_tasks (queue, kind, payload, effect, idempotency_key, max_attempts, lease_seconds)
-    SELECT 'default', 'noop', jsonb_build_object('i', g), 'read_only', 'q' || g, 5, 30
-    FROM generate_series(1, %(n)s) AS g
-    RETURNING id, idempotency_key
-)
-INSERT INTO leaseq_events (task_id, type, detail)
-SELECT id, 'enqueued', jsonb_build_object('queue', 'default', 'kind', 'noop', 'effect', 'read_only',
-                                          'idempotency_key', idempotency_key, 'priority', 0)
-FROM added
+INSERT INTO leaseq_tasks (queue, kind, payload, effect, idempotency_key, max_attempts, lease_seconds)
+SELECT 'default', 'noop', jsonb_build_object('i', g), 'read_only', 'q' || g, 5, 30
+FROM generate_series(1, %(n)s) AS g
 """
 
 

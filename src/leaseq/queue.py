@@ -39,7 +39,7 @@ ENQUEUE_CHUNK = 5000
 #: Settings of the evidence trail (see :class:`Queue`).
 EVIDENCE_LEVELS = ("full", "compact")
 #: Events whose detail the compact setting drops: the row itself says it all.
-ROUTINE_EVENTS = frozenset({"enqueued", "claimed", "completed"})
+ROUTINE_EVENTS = frozenset({"claimed", "completed"})
 
 
 _TASK_ORDER = tuple(Task.__dataclass_fields__)
@@ -114,8 +114,9 @@ class Queue:
         if evidence not in EVIDENCE_LEVELS:
             raise InvalidInput("evidence", f"must be one of {', '.join(EVIDENCE_LEVELS)} (got {evidence!r})")
         #: "full": every event carries its detail; "compact": the routine
-        #: enqueued/claimed/completed events keep only task, type, generation,
-        #: worker and time (every transition still gets its event)
+        #: claimed/completed events keep only task, type, generation, worker
+        #: and time (every transition still gets its event; the "enqueued"
+        #: entry is the task row itself at either setting)
         self.evidence = evidence
         self.max_same_error = policy.check_int("max_same_error", max_same_error, minimum=1)
         #: signs an action token for every effect (None: effects carry no token)
@@ -225,11 +226,7 @@ class Queue:
             lease_seconds=policy.check_seconds("lease_seconds", lease_seconds, allow_zero=False),
         )
         with self.store.transaction(one_statement=True) as tx:
-            row = tx.row("insert_task", compact=self.evidence == "compact", **params)
-            if row is not None and not row["evidence_written"]:
-                self._event(tx, row["id"], "enqueued", None, None, queue=row["queue"], kind=row["kind"],
-                            effect=row["effect"], idempotency_key=row["idempotency_key"],
-                            priority=row["priority"])
+            row = tx.row("insert_task", **params)  # the row is the enqueue's evidence (list_events)
             if row is not None and not row["notified"]:
                 tx.rows("notify_work", queue=row["queue"])
         if row is None:  # the key was taken: the same logical task
@@ -247,8 +244,8 @@ class Queue:
         The options are those of :meth:`enqueue`, shared by every task.
         ``idempotency_keys`` (one per payload, None for a fresh key) dedupe as
         in :meth:`enqueue`: a key already present gives the existing task's id.
-        Rows and their ``enqueued`` events are written by multi-row statements
-        in one transaction, so either every task is added or none is.
+        Rows are written by multi-row statements in one transaction, so
+        either every task is added or none is.
         """
         payloads = list(payloads)
         if idempotency_keys is not None:
@@ -276,13 +273,7 @@ class Queue:
         with self.store.transaction() as tx:
             for start in range(0, len(rows), ENQUEUE_CHUNK):
                 chunk = rows[start:start + ENQUEUE_CHUNK]
-                added = tx.rows("insert_tasks", tasks=chunk, compact=self.evidence == "compact", **common)
-                if added and not added[0]["evidence_written"]:
-                    tx.rows("insert_events", events=[
-                        self._event_params(r["id"], "enqueued", None, None, queue=common["queue"],
-                                           kind=common["kind"], effect=common["effect"],
-                                           idempotency_key=r["idempotency_key"], priority=common["priority"])
-                        for r in added])
+                added = tx.rows("insert_tasks", tasks=chunk, **common)
                 ids.update((r["idempotency_key"], r["id"]) for r in added)
                 missing = list({r["idempotency_key"] for r in chunk} - ids.keys())
                 if missing:  # keys that were already taken: the existing tasks

@@ -9,7 +9,7 @@ import pytest
 
 import leaseq
 
-from .support import WORKING_LEASE, wait_until
+from .support import WORKING_LEASE, snapshot, wait_until
 
 
 def test_one_task_through_every_transition(q: leaseq.Queue) -> None:
@@ -128,3 +128,17 @@ def test_refused_calls_add_no_events(q: leaseq.Queue) -> None:
     assert len(q.events(t.id)) == count
     q.complete(b, cb)
     assert q.events(t.id)[-1].type == "completed"
+
+
+def test_the_enqueued_entry_is_the_task_row_itself(q: leaseq.Queue, dsn: str) -> None:
+    """No event row is stored for an enqueue: the trail's first entry is read
+    from the task's own unchanging columns, for single and batch enqueues."""
+    one = q.enqueue("mail", {"to": "a"}, effect="idempotent", queue="out", priority=4, idempotency_key="m-1")
+    [many] = q.enqueue_many("mail", [{"to": "b"}], queue="out", idempotency_keys=["m-2"])
+    assert not [r for r in snapshot(dsn)["leaseq_events"] if "enqueued" in r]
+    for task_id, key, effect, priority in ((one.id, "m-1", "idempotent", 4), (many, "m-2", "read_only", 0)):
+        [entry] = q.events(task_id)
+        assert (entry.id, entry.type, entry.generation, entry.worker_id) == (0, "enqueued", None, None)
+        assert entry.at == q.get(task_id).created_at
+        assert entry.detail == {"queue": "out", "kind": "mail", "effect": effect, "idempotency_key": key,
+                                "priority": priority}

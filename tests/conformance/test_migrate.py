@@ -53,3 +53,27 @@ def test_concurrent_migrations_on_a_fresh_database_both_succeed(dsn: str) -> Non
     finally:
         for q in queues:
             q.close()
+
+
+def test_upgrading_a_version_2_database_keeps_one_enqueued_entry_per_task(dsn: str) -> None:
+    """Version 2 stored an "enqueued" event; from version 3 the task row is that
+    entry. After the upgrade each trail shows it once, and nothing else goes."""
+    with leaseq.connect(dsn) as q:
+        with q.store.transaction() as tx:
+            tx.rows("migrations_create")
+            for mig in load_migrations(q.dialect)[:2]:
+                tx.script(mig.sql)
+                tx.rows("migrations_record", version=mig.version, name=mig.name)
+        assert q.schema_version() == 2
+        with q.store.transaction() as tx:  # what a version-2 enqueue wrote
+            row = tx.row("insert_task", queue="default", kind="job", payload={"old": True}, effect="read_only",
+                         priority=0, delay=0.0, idempotency_key="k-1", max_attempts=5, lease_seconds=30.0)
+            tx.rows("insert_event", task_id=row["id"], type="enqueued", generation=None, worker_id=None,
+                    detail={"queue": "default", "kind": "job"})
+            tx.rows("insert_event", task_id=row["id"], type="note", generation=None, worker_id=None,
+                    detail={"kept": True})
+        assert [e.type for e in q.events(row["id"])] == ["enqueued", "enqueued", "note"]
+        assert q.migrate() == [v for v in _latest(q.dialect) if v > 2]
+        events = q.events(row["id"])
+        assert [e.type for e in events] == ["enqueued", "note"]
+        assert events[0].detail["idempotency_key"] == "k-1" and events[1].detail == {"kept": True}

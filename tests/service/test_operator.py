@@ -90,7 +90,8 @@ def test_prune_keeps_what_incident_review_needs(q: leaseq.Queue, dsn: str) -> No
 
     counts = q.prune(30 * DAY, payloads_older_than_seconds=7 * DAY, batch=1)
     assert counts["tasks"] == 2 and counts["effects"] == 2 and counts["payloads"] == 1
-    assert counts["events"] == events_before[ids["completed"]] + events_before[ids["cancelled"]]
+    # each trail's "enqueued" entry is the task row itself, pruned with it rather than counted as an event
+    assert counts["events"] == events_before[ids["completed"]] + events_before[ids["cancelled"]] - 2
     for gone in (ids["completed"], ids["cancelled"]):
         try:
             q.get(gone)

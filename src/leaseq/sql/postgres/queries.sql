@@ -64,8 +64,9 @@ RETURNING id, name, registered_at, revoked_at;
 -- name: insert_task
 -- ON CONFLICT: a second enqueue with the same key in the same queue is the
 -- same logical task; nothing comes back and the caller reads the existing
--- row. The same statement writes the "enqueued" event (evidence_written) and
--- wakes listening workers at commit (notified), so an enqueue is one round trip.
+-- row. The new row is the enqueue's evidence (list_events shows it as the
+-- "enqueued" entry). The statement also wakes listening workers at commit
+-- (notified), so an enqueue is one round trip.
 WITH added AS (
     INSERT INTO leaseq_tasks (queue, kind, payload, effect, priority, available_at,
                               idempotency_key, max_attempts, lease_seconds)
@@ -74,40 +75,22 @@ WITH added AS (
             %(idempotency_key)s, %(max_attempts)s, %(lease_seconds)s)
     ON CONFLICT (queue, idempotency_key) DO NOTHING
     RETURNING *
-), logged AS (
-    INSERT INTO leaseq_events (task_id, type, detail)
-    SELECT a.id, 'enqueued',
-           CASE WHEN %(compact)s THEN '{}'::jsonb
-                ELSE jsonb_build_object('queue', a.queue, 'kind', a.kind, 'effect', a.effect,
-                                        'idempotency_key', a.idempotency_key, 'priority', a.priority) END
-    FROM added a
 )
-SELECT a.*, true AS evidence_written, true AS notified
+SELECT a.*, true AS notified
 FROM added a, LATERAL (SELECT pg_notify('leaseq_work', a.queue)) AS woke;
 
 -- name: insert_tasks
 -- insert_task for many tasks of one kind: one statement, one document of
--- {"payload", "idempotency_key"} objects, writing the "enqueued" events too
--- (evidence_written). Duplicate keys are skipped exactly as in insert_task;
--- the caller reads those with task_ids_by_key.
-WITH added AS (
-    INSERT INTO leaseq_tasks (queue, kind, payload, effect, priority, available_at,
-                              idempotency_key, max_attempts, lease_seconds)
-    SELECT %(queue)s, %(kind)s, coalesce(n.payload, 'null'::jsonb), %(effect)s, %(priority)s,
-           now() + %(delay)s::float8 * interval '1 second',
-           n.idempotency_key, %(max_attempts)s, %(lease_seconds)s
-    FROM jsonb_to_recordset(%(tasks)s::jsonb) AS n(payload jsonb, idempotency_key text)
-    ON CONFLICT (queue, idempotency_key) DO NOTHING
-    RETURNING id, idempotency_key
-), logged AS (
-    INSERT INTO leaseq_events (task_id, type, detail)
-    SELECT a.id, 'enqueued',
-           CASE WHEN %(compact)s THEN '{}'::jsonb
-                ELSE jsonb_build_object('queue', %(queue)s::text, 'kind', %(kind)s::text, 'effect', %(effect)s::text,
-                                        'idempotency_key', a.idempotency_key, 'priority', %(priority)s::int) END
-    FROM added a
-)
-SELECT a.id, a.idempotency_key, true AS evidence_written FROM added a;
+-- {"payload", "idempotency_key"} objects. Duplicate keys are skipped exactly
+-- as in insert_task; the caller reads those with task_ids_by_key.
+INSERT INTO leaseq_tasks (queue, kind, payload, effect, priority, available_at,
+                          idempotency_key, max_attempts, lease_seconds)
+SELECT %(queue)s, %(kind)s, coalesce(n.payload, 'null'::jsonb), %(effect)s, %(priority)s,
+       now() + %(delay)s::float8 * interval '1 second',
+       n.idempotency_key, %(max_attempts)s, %(lease_seconds)s
+FROM jsonb_to_recordset(%(tasks)s::jsonb) AS n(payload jsonb, idempotency_key text)
+ON CONFLICT (queue, idempotency_key) DO NOTHING
+RETURNING id, idempotency_key;
 
 -- name: task_ids_by_key
 SELECT id, idempotency_key FROM leaseq_tasks
@@ -419,7 +402,18 @@ SELECT EXISTS (SELECT 1 FROM leaseq_events
                  AND generation = %(generation)s AND worker_id = %(worker_id)s) AS held;
 
 -- name: list_events
-SELECT * FROM leaseq_events WHERE task_id = %(task_id)s ORDER BY id;
+-- A task's evidence trail, in order. Its first entry, "enqueued", is the task
+-- row itself: what an enqueue records (queue, kind, effect, idempotency key,
+-- priority and when) lives in columns that never change, so it is not stored
+-- a second time. That entry has id 0; stored events count from 1.
+SELECT 0::bigint AS id, t.id AS task_id, 'enqueued' AS type, NULL::bigint AS generation,
+       NULL::text AS worker_id, t.created_at AS at,
+       jsonb_build_object('queue', t.queue, 'kind', t.kind, 'effect', t.effect,
+                          'idempotency_key', t.idempotency_key, 'priority', t.priority) AS detail
+FROM leaseq_tasks t WHERE t.id = %(task_id)s
+UNION ALL
+SELECT id, task_id, type, generation, worker_id, at, detail FROM leaseq_events WHERE task_id = %(task_id)s
+ORDER BY id;
 
 -- name: set_paused
 INSERT INTO leaseq_queues (name, paused, changed_at, changed_by)

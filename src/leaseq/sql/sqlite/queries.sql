@@ -58,19 +58,18 @@ WHERE id = :worker_id AND revoked_at IS NULL
 RETURNING id, name, registered_at, revoked_at;
 
 -- name: insert_task
--- The caller writes the "enqueued" event (evidence_written is 0, :compact is
--- echoed); SQLite has no notifications to send (notified is 0).
+-- The new row is the enqueue's evidence (see list_events); SQLite has no
+-- notifications to send (notified is 0).
 INSERT INTO leaseq_tasks (queue, kind, payload, effect, priority, available_at,
                           idempotency_key, max_attempts, lease_seconds)
 VALUES (:queue, :kind, :payload, :effect, :priority,
         (julianday('now') - 2440587.5) * 86400.0 + :delay,
         :idempotency_key, :max_attempts, :lease_seconds)
 ON CONFLICT (queue, idempotency_key) DO NOTHING
-RETURNING *, 0 AS evidence_written, 0 AS notified, :compact AS compact;
+RETURNING *, 0 AS notified;
 
 -- name: insert_tasks
--- See the PostgreSQL file. json_each keeps the document's order; the caller
--- writes the "enqueued" events (evidence_written is 0, :compact is echoed).
+-- See the PostgreSQL file. json_each keeps the document's order.
 INSERT INTO leaseq_tasks (queue, kind, payload, effect, priority, available_at,
                           idempotency_key, max_attempts, lease_seconds)
 SELECT :queue, :kind, coalesce(n.value -> '$.payload', 'null'), :effect, :priority,
@@ -79,7 +78,7 @@ SELECT :queue, :kind, coalesce(n.value -> '$.payload', 'null'), :effect, :priori
 FROM json_each(:tasks) AS n
 WHERE true  -- an INSERT ... SELECT needs a WHERE before ON CONFLICT in SQLite
 ON CONFLICT (queue, idempotency_key) DO NOTHING
-RETURNING id, idempotency_key, 0 AS evidence_written, :compact AS compact;
+RETURNING id, idempotency_key;
 
 -- name: task_ids_by_key
 SELECT id, idempotency_key FROM leaseq_tasks
@@ -329,7 +328,15 @@ SELECT EXISTS (SELECT 1 FROM leaseq_events
                  AND generation = :generation AND worker_id = :worker_id) AS held;
 
 -- name: list_events
-SELECT * FROM leaseq_events WHERE task_id = :task_id ORDER BY id;
+-- See the PostgreSQL file: the "enqueued" entry (id 0) is the task row itself.
+SELECT 0 AS id, t.id AS task_id, 'enqueued' AS type, NULL AS generation, NULL AS worker_id,
+       t.created_at AS at,
+       json_object('queue', t.queue, 'kind', t.kind, 'effect', t.effect,
+                   'idempotency_key', t.idempotency_key, 'priority', t.priority) AS detail
+FROM leaseq_tasks t WHERE t.id = :task_id
+UNION ALL
+SELECT id, task_id, type, generation, worker_id, at, detail FROM leaseq_events WHERE task_id = :task_id
+ORDER BY id;
 
 -- name: set_paused
 INSERT INTO leaseq_queues (name, paused, changed_at, changed_by)

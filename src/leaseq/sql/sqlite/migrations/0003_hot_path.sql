@@ -6,3 +6,9 @@
 
 DROP INDEX leaseq_tasks_status;
 CREATE INDEX leaseq_tasks_status ON leaseq_tasks (status, queue) WHERE status <> 'queued';
+
+-- 3. The "enqueued" event is no longer stored: the task row holds all it
+--    said (queue, kind, effect, idempotency key, priority, created_at, none
+--    of which ever changes), and list_events shows it from there. The copies
+--    written before this version go, so no trail shows the entry twice.
+DELETE FROM leaseq_events WHERE type = 'enqueued';
