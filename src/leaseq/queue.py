@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import getpass
+import json
 import os
 import secrets
 import time
@@ -25,7 +26,7 @@ from .core.errors import (InvalidInput, InvalidTransition, LeaseLost, NotFound, 
 from .core.model import Claim, Effect, Event, Status, Task, Worker
 from .store import Store, Tx, open_store
 from .store.base import WorkListener
-from .store.base import load_migrations
+from .store.base import JsonText, load_migrations
 
 if TYPE_CHECKING:  # pragma: no cover
     from .fencing.tokens import ActionSigner
@@ -263,25 +264,27 @@ class Queue:
             lease_seconds=policy.check_seconds("lease_seconds", lease_seconds, allow_zero=False),
         )
         fresh = _fresh_keys(len(payloads))
-        rows = []
+        keys, entries = [], []
         for i, payload in enumerate(payloads):
             key = None if idempotency_keys is None else idempotency_keys[i]
-            rows.append({"payload": policy.check_json(f"payloads[{i}]", payload),
-                         "idempotency_key": (fresh[i] if key is None
-                                             else policy.check_key(f"idempotency_keys[{i}]", key))})
+            key = fresh[i] if key is None else policy.check_key(f"idempotency_keys[{i}]", key)
+            keys.append(key)
+            # Each payload is encoded once, while it is checked; the document sent is built from those texts.
+            entries.append(f'{{"payload":{policy.encode_json(f"payloads[{i}]", payload)},'
+                           f'"idempotency_key":{json.dumps(key)}}}')
         ids: dict[str, int] = {}
         with self.store.transaction() as tx:
-            for start in range(0, len(rows), ENQUEUE_CHUNK):
-                chunk = rows[start:start + ENQUEUE_CHUNK]
-                added = tx.rows("insert_tasks", tasks=chunk, **common)
+            for start in range(0, len(keys), ENQUEUE_CHUNK):
+                added = tx.rows("insert_tasks", tasks=JsonText("[" + ",".join(entries[start:start + ENQUEUE_CHUNK]) + "]"),
+                                **common)
                 ids.update((r["idempotency_key"], r["id"]) for r in added)
-                missing = list({r["idempotency_key"] for r in chunk} - ids.keys())
+                missing = list(set(keys[start:start + ENQUEUE_CHUNK]) - ids.keys())
                 if missing:  # keys that were already taken: the existing tasks
                     ids.update((r["idempotency_key"], r["id"])
                                for r in tx.rows("task_ids_by_key", queue=common["queue"], keys=missing))
-            if rows:
+            if keys:
                 tx.rows("notify_work", queue=common["queue"])
-        return [ids[r["idempotency_key"]] for r in rows]
+        return [ids[k] for k in keys]
 
     # -- claims and leases --------------------------------------------------
 

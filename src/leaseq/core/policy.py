@@ -85,19 +85,26 @@ def check_json(field: str, value: Any) -> Any:
     """A JSON-serialisable value no larger than :data:`MAX_PAYLOAD_BYTES`."""
     if value is None or value is True or value is False or (type(value) is int and -2**63 <= value < 2**63):
         return value  # nothing to check (the common result of a task)
+    encode_json(field, value)
+    return value
+
+
+def encode_json(field: str, value: Any) -> str:
+    """``value`` as JSON text, after the checks of :func:`check_json`."""
     try:
         encoded = json.dumps(value, allow_nan=False)
     except (TypeError, ValueError, RecursionError) as exc:
         raise InvalidInput(field, f"must be JSON-serialisable ({exc})") from None
     if _JSON_NUL.search(encoded):
         raise InvalidInput(field, "must not contain a NUL character (PostgreSQL cannot store it)")
-    try:
-        json.dumps(value, ensure_ascii=False).encode("utf-8")
-    except UnicodeEncodeError:
-        raise InvalidInput(field, "must be valid Unicode (it holds a lone surrogate)") from None
-    if len(encoded.encode()) > MAX_PAYLOAD_BYTES:
+    if "\\ud" in encoded:  # a surrogate escape: valid only as half of a pair
+        try:
+            json.dumps(value, ensure_ascii=False).encode("utf-8")
+        except UnicodeEncodeError:
+            raise InvalidInput(field, "must be valid Unicode (it holds a lone surrogate)") from None
+    if len(encoded) > MAX_PAYLOAD_BYTES:  # ASCII: one byte a character
         raise InvalidInput(field, f"is larger than the {MAX_PAYLOAD_BYTES} byte limit")
-    return value
+    return encoded
 
 
 def check_int(field: str, value: Any, *, minimum: int | None = None, maximum: int | None = None) -> int:

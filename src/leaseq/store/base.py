@@ -16,6 +16,12 @@ from ..core.errors import ConfigError
 #: Parameters that carry JSON documents (encoded by each backend its own way);
 #: the plural ones are the row documents of batched statements.
 JSON_PARAMS = frozenset({"payload", "result", "detail", "response", "tasks", "items", "events", "keys"})
+
+
+class JsonText(str):
+    """A JSON parameter already encoded (and checked) by the caller: sent as it is."""
+
+
 #: Columns that come back as JSON documents.
 JSON_COLUMNS = frozenset({"payload", "result", "detail", "response"})
 

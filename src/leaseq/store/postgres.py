@@ -14,7 +14,7 @@ from psycopg.types.json import Jsonb
 from psycopg_pool import AsyncConnectionPool, ConnectionPool, PoolTimeout
 
 from ..core.errors import BackendUnavailable, ConfigError
-from .base import JSON_PARAMS, load_queries
+from .base import JSON_PARAMS, JsonText, load_queries
 
 
 #: The statements every claim, renewal and completion runs. Each is prepared
@@ -47,7 +47,8 @@ def _rows(cur: psycopg.Cursor | psycopg.AsyncCursor) -> bool:
 
 
 def _encode(params: dict[str, Any]) -> dict[str, Any]:
-    return {k: (Jsonb(v) if k in JSON_PARAMS else v) for k, v in params.items()}
+    return {k: ((Jsonb(v, dumps=str) if isinstance(v, JsonText) else Jsonb(v)) if k in JSON_PARAMS else v)
+            for k, v in params.items()}
 
 
 class PostgresTx:

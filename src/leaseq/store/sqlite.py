@@ -12,7 +12,7 @@ from datetime import datetime, timezone
 from typing import Any
 
 from ..core.errors import BackendUnavailable
-from .base import JSON_COLUMNS, JSON_PARAMS, load_queries
+from .base import JSON_COLUMNS, JSON_PARAMS, JsonText, load_queries
 
 _BOOL_COLUMNS = frozenset({"paused"})
 
@@ -55,7 +55,9 @@ def _decode_all(cur: sqlite3.Cursor) -> list[dict[str, Any]]:
 def _encode(params: dict[str, Any]) -> dict[str, Any]:
     out = {}
     for key, value in params.items():
-        if key in JSON_PARAMS or isinstance(value, (list, tuple, dict)):
+        if isinstance(value, JsonText):
+            value = str(value)
+        elif key in JSON_PARAMS or isinstance(value, (list, tuple, dict)):
             value = json.dumps(value)
         out[key] = value
     return out
