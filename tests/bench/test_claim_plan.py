@@ -50,15 +50,15 @@ SHAPES = {  # (finished, queued): a long history, and a deep queue
 }
 
 
-def _queued_scans(plan: dict[str, Any], sorted_above: bool = False) -> list[tuple[str, bool]]:
-    """``(how, sorted_above)`` for every read of the queued tasks in a JSON plan."""
+def _queued_scans(plan: dict[str, Any], sorted_above: bool = False, status: str = "queued") -> list[tuple[str, bool]]:
+    """``(how, sorted_above)`` for every read of the tasks of ``status`` in a JSON plan."""
     sorted_here = sorted_above or plan["Node Type"] in ("Sort", "Incremental Sort")
     found = []
     conditions = plan.get("Index Cond", "") + plan.get("Filter", "")
-    if plan.get("Relation Name") == "leaseq_tasks" and "'queued'" in conditions:
+    if plan.get("Relation Name") == "leaseq_tasks" and f"'{status}'" in conditions:
         found.append((plan.get("Index Name", plan["Node Type"]), sorted_here))
     for child in plan.get("Plans", []):
-        found += _queued_scans(child, sorted_here)
+        found += _queued_scans(child, sorted_here, status)
     return found
 
 
@@ -163,3 +163,6 @@ def test_postgres_generic_plans_read_tasks_by_index(pg_schema_dsn: str, query: s
     assert not [s for s in scans if s[0] == "Seq Scan" and s[1].startswith("leaseq_")], (scans, json.dumps(plan))
     if query == "claim_batch":
         assert _queued_scans(plan) == [("leaseq_tasks_claimable", False)], json.dumps(plan, indent=1)[:6000]
+        # the look for an expired lease reads the leases index in deadline order, no walk and sort
+        assert [s for s in _queued_scans(plan, status="running") if s[0] != "leaseq_tasks_pkey"] == \
+            [("leaseq_tasks_leases", False)], json.dumps(plan, indent=1)[:6000]
