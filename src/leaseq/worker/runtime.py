@@ -83,6 +83,16 @@ class WorkerStats:
         return self.completed / max(1e-9, time.monotonic() - self.started_at)
 
 
+async def _wait(event: asyncio.Event, timeout: float) -> None:
+    """Wait until ``event`` is set or ``timeout`` seconds pass (a timer, not
+    wait_for's extra task: the claim loop waits like this once per batch)."""
+    timer = asyncio.get_running_loop().call_later(timeout, event.set)
+    try:
+        await event.wait()
+    finally:
+        timer.cancel()
+
+
 def _error_text(exc: BaseException) -> str:
     head = "".join(traceback.format_exception_only(type(exc), exc)).strip()
     tail = "".join(traceback.format_tb(exc.__traceback__, limit=-3))
@@ -172,6 +182,8 @@ class WorkerRuntime:
         self._loop = asyncio.get_running_loop()
         self._wake = asyncio.Event()
         self._renew_wake = asyncio.Event()
+        #: monotonic time the renewer sleeps until (None: awake, or idle with nothing held)
+        self._renew_at: float | None = None
         if install_signals:
             for sig in (signal.SIGTERM, signal.SIGINT):
                 self._loop.add_signal_handler(sig, self._on_signal, sig)
@@ -235,10 +247,7 @@ class WorkerRuntime:
             if got == 0 or got >= free:
                 # Nothing due, or no capacity left: wait for a finished task,
                 # a notification, or the poll interval.
-                try:
-                    await asyncio.wait_for(self._wake.wait(), self.poll_interval)
-                except asyncio.TimeoutError:
-                    pass
+                await _wait(self._wake, self.poll_interval)
 
     def _start_listener(self) -> Any:
         make = getattr(self.transport, "listener", None)
@@ -276,7 +285,9 @@ class WorkerRuntime:
         self.held[ctx.key] = ctx
         self._handling.add(ctx.key)
         self.stats.claimed += 1
-        self._renew_wake.set()
+        due = sent + max(MIN_RENEW_INTERVAL, claim.lease_seconds * RENEW_FRACTION)
+        if self._renew_at is None or due < self._renew_at:
+            self._renew_wake.set()  # this lease is due before the renewer means to wake
         self._tasks[ctx.key] = asyncio.create_task(self._run_task(ctx), name=f"leaseq-task-{claim.task_id}")
 
     def _msg(self, ctx: TaskContext, text: str) -> str:
@@ -435,10 +446,9 @@ class WorkerRuntime:
             wait = 1.0 if due is None else due - time.monotonic()
             if wait > 0:
                 self._renew_wake.clear()
-                try:
-                    await asyncio.wait_for(self._renew_wake.wait(), wait)
-                except asyncio.TimeoutError:
-                    pass
+                self._renew_at = due
+                await _wait(self._renew_wake, wait)
+                self._renew_at = None
                 continue
             await self.renew_now()
 
