@@ -26,7 +26,7 @@ from .core.errors import (InvalidInput, InvalidTransition, LeaseLost, NotFound, 
 from .core.model import Claim, Effect, Event, Status, Task, Worker
 from .store import Store, Tx, open_store
 from .store.base import WorkListener
-from .store.base import JsonText, load_migrations
+from .store.base import JsonText, KeyConflict, load_migrations
 
 if TYPE_CHECKING:  # pragma: no cover
     from .fencing.tokens import ActionSigner
@@ -263,19 +263,29 @@ class Queue:
             max_attempts=policy.check_int("max_attempts", max_attempts, minimum=1, maximum=10_000),
             lease_seconds=policy.check_seconds("lease_seconds", lease_seconds, allow_zero=False),
         )
-        fresh = _fresh_keys(len(payloads))
-        keys, entries = [], []
-        for i, payload in enumerate(payloads):
-            key = None if idempotency_keys is None else idempotency_keys[i]
-            key = fresh[i] if key is None else policy.check_key(f"idempotency_keys[{i}]", key)
-            keys.append(key)
-            # Each payload is encoded once, while it is checked; the document sent is built from those texts.
-            entries.append(f'{{"payload":{policy.encode_json(f"payloads[{i}]", payload)},'
-                           f'"idempotency_key":{json.dumps(key)}}}')
+        given = [None] * len(payloads) if idempotency_keys is None else [
+            None if key is None else policy.check_key(f"idempotency_keys[{i}]", key)
+            for i, key in enumerate(idempotency_keys)]
+        # Each payload is encoded once, while it is checked; the documents sent are built from those texts.
+        encoded = [policy.encode_json(f"payloads[{i}]", payload) for i, payload in enumerate(payloads)]
+        if any(key is not None for key in given):
+            fresh = _fresh_keys(len(payloads))
+            return self._insert_tasks([fresh[i] if key is None else key for i, key in enumerate(given)], encoded,
+                                      common, "insert_tasks")
+        for _ in range(3):
+            try:  # every key is generated here: no ON CONFLICT needed
+                return self._insert_tasks(_fresh_keys(len(payloads)), encoded, common, "insert_fresh_tasks")
+            except KeyConflict:  # a generated key met a stored one (never seen); nothing was written
+                continue
+        raise KeyConflict("generated idempotency keys met stored ones three times")
+
+    def _insert_tasks(self, keys: list[str], encoded: list[str], common: dict[str, Any], query: str) -> list[int]:
+        quote = json.dumps if query == "insert_tasks" else '"{}"'.format  # generated keys are plain hex
+        entries = [f'{{"payload":{text},"idempotency_key":{quote(key)}}}' for text, key in zip(encoded, keys)]
         ids: dict[str, int] = {}
         with self.store.transaction() as tx:
             for start in range(0, len(keys), ENQUEUE_CHUNK):
-                added = tx.rows("insert_tasks", tasks=JsonText("[" + ",".join(entries[start:start + ENQUEUE_CHUNK]) + "]"),
+                added = tx.rows(query, tasks=JsonText("[" + ",".join(entries[start:start + ENQUEUE_CHUNK]) + "]"),
                                 **common)
                 ids.update((r["idempotency_key"], r["id"]) for r in added)
                 missing = list(set(keys[start:start + ENQUEUE_CHUNK]) - ids.keys())

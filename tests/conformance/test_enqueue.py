@@ -235,3 +235,22 @@ def test_concurrent_enqueues_with_one_key_make_one_task(q: leaseq.Queue) -> None
     assert not errors
     assert len(got) == 4 and len(set(got)) == 1
     assert len(q.list()) == 1 and len(q.events(got[0])) == 1
+
+
+def test_a_generated_key_meeting_a_stored_one_never_swallows_a_payload(q: leaseq.Queue, monkeypatch) -> None:
+    """Batches whose keys are all generated skip the conflict check. If a
+    generated key ever met a stored one, the batch is written again under new
+    keys: every payload becomes its own task, and the stored task is untouched."""
+    stored = q.enqueue("job", {"old": True}, idempotency_key="f" * 32)
+    real = leaseq.queue._fresh_keys
+    calls = []
+
+    def colliding(n: int) -> list[str]:
+        calls.append(n)
+        return ["f" * 32] + real(n - 1) if len(calls) == 1 else real(n)
+
+    monkeypatch.setattr(leaseq.queue, "_fresh_keys", colliding)
+    ids = q.enqueue_many("job", [{"new": 1}, {"new": 2}])
+    assert len(calls) == 2 and stored.id not in ids and len(set(ids)) == 2
+    assert [q.get(i).payload for i in ids] == [{"new": 1}, {"new": 2}]
+    assert q.get(stored.id).payload == {"old": True}

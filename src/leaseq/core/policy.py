@@ -95,7 +95,7 @@ def encode_json(field: str, value: Any) -> str:
         encoded = json.dumps(value, allow_nan=False)
     except (TypeError, ValueError, RecursionError) as exc:
         raise InvalidInput(field, f"must be JSON-serialisable ({exc})") from None
-    if _JSON_NUL.search(encoded):
+    if "\\u0000" in encoded and _JSON_NUL.search(encoded):
         raise InvalidInput(field, "must not contain a NUL character (PostgreSQL cannot store it)")
     if "\\ud" in encoded:  # a surrogate escape: valid only as half of a pair
         try:

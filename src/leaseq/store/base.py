@@ -18,6 +18,10 @@ from ..core.errors import ConfigError
 JSON_PARAMS = frozenset({"payload", "result", "detail", "response", "tasks", "items", "events", "keys"})
 
 
+class KeyConflict(Exception):
+    """A statement without ON CONFLICT met a unique key already stored; nothing was written."""
+
+
 class JsonText(str):
     """A JSON parameter already encoded (and checked) by the caller: sent as it is."""
 

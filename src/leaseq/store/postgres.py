@@ -14,7 +14,7 @@ from psycopg.types.json import Jsonb
 from psycopg_pool import AsyncConnectionPool, ConnectionPool, PoolTimeout
 
 from ..core.errors import BackendUnavailable, ConfigError
-from .base import JSON_PARAMS, JsonText, load_queries
+from .base import JSON_PARAMS, JsonText, KeyConflict, load_queries
 
 
 #: The statements every claim, renewal and completion runs. Each is prepared
@@ -27,7 +27,8 @@ from .base import JSON_PARAMS, JsonText, load_queries
 #: planned for the parameters it is given.
 GENERIC_PLAN = frozenset({
     "claim_batch", "renew_leases", "complete_task", "complete_batch", "fail_task", "lock_lease",
-    "insert_task", "insert_tasks", "insert_event", "insert_events", "lock_expired", "route_expired",
+    "insert_task", "insert_tasks", "insert_fresh_tasks", "insert_event", "insert_events", "lock_expired",
+    "route_expired",
 })
 
 
@@ -159,6 +160,8 @@ class PostgresStore:
                         yield PostgresTx(conn, self._queries)
         except PoolTimeout as exc:
             raise BackendUnavailable(f"no PostgreSQL connection available: {exc}") from None
+        except psycopg.errors.UniqueViolation as exc:
+            raise KeyConflict(str(exc).strip()) from None
         except psycopg.OperationalError as exc:
             raise BackendUnavailable(f"PostgreSQL: {str(exc).strip()}") from None
 

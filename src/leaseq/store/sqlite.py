@@ -12,7 +12,7 @@ from datetime import datetime, timezone
 from typing import Any
 
 from ..core.errors import BackendUnavailable
-from .base import JSON_COLUMNS, JSON_PARAMS, JsonText, load_queries
+from .base import JSON_COLUMNS, JSON_PARAMS, JsonText, KeyConflict, load_queries
 
 _BOOL_COLUMNS = frozenset({"paused"})
 
@@ -158,6 +158,11 @@ class SqliteStore:
                 raise BackendUnavailable(f"SQLite database {self.path!r}: {exc}") from None
             try:
                 yield SqliteTx(conn, self._queries)
+            except sqlite3.IntegrityError as exc:
+                conn.execute("ROLLBACK")
+                if "UNIQUE" in str(exc):
+                    raise KeyConflict(str(exc)) from None
+                raise
             except BaseException:
                 conn.execute("ROLLBACK")
                 raise

@@ -23,6 +23,10 @@ if TYPE_CHECKING:  # pragma: no cover
     from .runtime import Transport
 
 
+#: Guards every context's loss flag; held for a few instructions at a time.
+_LOSS_LOCK = threading.Lock()
+
+
 class TaskContext:
     """The handler's view of one claimed task."""
 
@@ -31,7 +35,9 @@ class TaskContext:
         self.worker = worker
         self.claim = claim
         self.log = log
-        self._lost = threading.Event()
+        self._lost = False
+        #: made on the first ctx.sleep(): most handlers never sleep on it
+        self._lost_event: threading.Event | None = None
         self.lost_reason: str | None = None
         #: monotonic time at which the last successful renewal was *sent*:
         #: the lease cannot outlive it by more than its length.
@@ -64,24 +70,34 @@ class TaskContext:
     @property
     def lost(self) -> bool:
         """True once this worker no longer holds the lease."""
-        return self._lost.is_set()
+        return self._lost
 
     def check(self) -> None:
         """Raise :class:`LeaseLost` if the lease is gone. Call it between steps."""
-        if self._lost.is_set():
+        if self._lost:
             raise LeaseLost(self.task_id, self.generation, self.lost_reason or "lease lost")
 
     def sleep(self, seconds: float) -> None:
         """Sleep (sync handlers), waking early with :class:`LeaseLost` if the lease is lost."""
-        if self._lost.wait(seconds):
+        with _LOSS_LOCK:
+            if self._lost_event is None:
+                self._lost_event = threading.Event()
+                if self._lost:
+                    self._lost_event.set()
+            event = self._lost_event
+        if event.wait(seconds):
             self.check()
 
     def mark_lost(self, reason: str) -> bool:
         """Record the loss (runtime use). Returns False if it was already lost."""
-        if self._lost.is_set():
-            return False
-        self.lost_reason = reason
-        self._lost.set()
+        with _LOSS_LOCK:  # one caller wins, whichever threads race here
+            if self._lost:
+                return False
+            self.lost_reason = reason
+            self._lost = True
+            event = self._lost_event
+        if event is not None:
+            event.set()
         return True
 
     def _refused(self, exc: LeaseLost) -> None:

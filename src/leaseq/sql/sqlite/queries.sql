@@ -80,6 +80,17 @@ WHERE true  -- an INSERT ... SELECT needs a WHERE before ON CONFLICT in SQLite
 ON CONFLICT (queue, idempotency_key) DO NOTHING
 RETURNING id, idempotency_key;
 
+-- name: insert_fresh_tasks
+-- See the PostgreSQL file: insert_tasks without ON CONFLICT, for keys leaseq
+-- just generated; a generated key meeting a stored one refuses the statement.
+INSERT INTO leaseq_tasks (queue, kind, payload, effect, priority, available_at,
+                          idempotency_key, max_attempts, lease_seconds)
+SELECT :queue, :kind, coalesce(n.value -> '$.payload', 'null'), :effect, :priority,
+       (julianday('now') - 2440587.5) * 86400.0 + :delay,
+       n.value ->> '$.idempotency_key', :max_attempts, :lease_seconds
+FROM json_each(:tasks) AS n
+RETURNING id, idempotency_key;
+
 -- name: task_ids_by_key
 SELECT id, idempotency_key FROM leaseq_tasks
 WHERE queue = :queue AND idempotency_key IN (SELECT value FROM json_each(:keys));
