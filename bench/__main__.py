@@ -17,7 +17,7 @@ from .database import BenchDatabase, display_dsn, server_facts
 from .targets import check_targets
 
 WORKLOADS = ("enqueue", "drain", "latency", "heartbeat", "depth", "evidence")
-PEERS = ("leaseq", "pgqueuer", "procrastinate", "raw")
+PEERS = ("leaseq", "pgqueuer", "pgqueuer-psycopg", "procrastinate", "raw")
 
 
 @dataclass(frozen=True)
@@ -83,7 +83,7 @@ def plan(workload: str, sizes: Sizes, chosen: list[str], rnd: int = 1) -> list[t
         if "leaseq" in chosen and sizes.heartbeat_everything:  # proportional to workers, not to leases?
             shapes += [(leases // 10, workers), (leases, max(1, workers // 2))]
         for lea, wor in shapes:
-            for s in [s for s in peers if s != "raw"]:
+            for s in [s for s in peers if s not in ("raw", "pgqueuer-psycopg")]:
                 if s != "leaseq" and ((lea, wor) != (leases, workers) or not sizes.heartbeat_everything):
                     continue
                 trials.append((f"{lea:,} / {wor}", s, lambda db, sy, lea=lea, wor=wor: workloads.heartbeat(
@@ -99,7 +99,7 @@ def plan(workload: str, sizes: Sizes, chosen: list[str], rnd: int = 1) -> list[t
                 trials.append((config, s, lambda db, sy, q=queued, f=finished: workloads.depth(
                     db, sy, queued=q, finished=f, sample=sizes.depth_sample)))
     elif workload == "evidence":
-        for s in [s for s in ("leaseq", "leaseq-compact", "leaseq-nofk") if s in chosen or s == "leaseq"]:
+        for s in [s for s in ("leaseq", "leaseq-compact") if s in chosen or s == "leaseq"]:
             trials.append(("1 process × 10", s, lambda db, sy: workloads.drain(db, sy, tasks=sizes.evidence_tasks)))
     return trials
 

@@ -9,7 +9,7 @@ from typing import Any
 
 LABELS = {"leaseq": "leaseq", "pgqueuer": "pgqueuer", "procrastinate": "procrastinate", "raw": "raw ceiling",
           "leaseq-sqlite": "leaseq on SQLite", "leaseq-compact": "leaseq, compact evidence",
-          "leaseq-nofk": "leaseq, events FK dropped (what-if)"}
+          "pgqueuer-psycopg": "pgqueuer on psycopg"}
 
 
 def summarise(trials: list[dict[str, Any]]) -> dict[tuple[str, str, str], dict[str, dict[str, float]]]:

@@ -94,7 +94,7 @@ class System(Protocol):
 
 def get(name: str) -> System:
     """The system registered under ``name``."""
-    if name in ("leaseq", "leaseq-compact", "leaseq-sqlite", "leaseq-nofk"):
+    if name in ("leaseq", "leaseq-compact", "leaseq-sqlite"):
         from .leaseq_system import LeaseqSystem
 
         return LeaseqSystem(name)
@@ -102,10 +102,10 @@ def get(name: str) -> System:
         from .raw_system import RawSystem
 
         return RawSystem()
-    if name == "pgqueuer":
+    if name in ("pgqueuer", "pgqueuer-psycopg"):
         from .pgqueuer_system import PgqueuerSystem
 
-        return PgqueuerSystem()
+        return PgqueuerSystem(name)
     if name == "procrastinate":
         from .procrastinate_system import ProcrastinateSystem
 
@@ -113,4 +113,4 @@ def get(name: str) -> System:
     raise KeyError(name)
 
 
-NAMES = ("leaseq", "pgqueuer", "procrastinate", "raw", "leaseq-sqlite", "leaseq-compact", "leaseq-nofk")
+NAMES = ("leaseq", "pgqueuer", "procrastinate", "raw", "leaseq-sqlite", "leaseq-compact", "pgqueuer-psycopg")

@@ -3,10 +3,6 @@
 ``leaseq`` and ``leaseq-compact`` run on PostgreSQL (the second with the
 evidence trail at its most compact setting); ``leaseq-sqlite`` runs
 embedded on a SQLite file, the DSN then being ``sqlite:///…``.
-``leaseq-nofk`` is a what-if, not a setting: leaseq with the foreign key
-from events to tasks dropped after migrating, to price a proposed migration
-(every event insert pays a referential check; pruning already deletes a
-task's events itself).
 """
 
 from __future__ import annotations
@@ -28,8 +24,7 @@ class LeaseqSystem:
         self.name = name
         self.dialect = "sqlite" if name == "leaseq-sqlite" else "postgres"
         self.label = {"leaseq": "leaseq", "leaseq-compact": "leaseq (compact evidence)",
-                      "leaseq-sqlite": "leaseq (SQLite, embedded)",
-                      "leaseq-nofk": "leaseq without the events foreign key"}[name]
+                      "leaseq-sqlite": "leaseq (SQLite, embedded)"}[name]
         self.options: dict[str, Any] = {"evidence": "compact"} if name == "leaseq-compact" else {}
 
     def version(self) -> str:
@@ -41,9 +36,6 @@ class LeaseqSystem:
     def install(self, dsn: str) -> None:
         with self._queue(dsn) as q:
             q.migrate()
-        if self.name == "leaseq-nofk":
-            with psycopg.connect(dsn, autocommit=True) as conn:
-                conn.execute("ALTER TABLE leaseq_events DROP CONSTRAINT leaseq_events_task_id_fkey")
 
     def enqueue_one(self, dsn: str, n: int) -> None:
         with self._queue(dsn) as q:

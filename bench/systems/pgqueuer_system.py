@@ -1,10 +1,13 @@
-"""pgqueuer at its default settings, on psycopg's async driver.
+"""pgqueuer at its default settings.
 
 Defaults kept: ``batch_size=10``, no cap on concurrent tasks (pgqueuer's
 cap must be at least twice the batch size, so "concurrency 10" cannot be
 expressed; the ``hold`` mode caps it at the requested concurrency so each
-worker holds its share), a 30 s heartbeat timeout, LISTEN/NOTIFY on. It
-runs on ``PsycopgDriver`` because asyncpg is not installed here.
+worker holds its share), a 30 s heartbeat timeout, LISTEN/NOTIFY on.
+
+``pgqueuer`` runs on asyncpg, the driver pgqueuer's own CLI picks first
+(the bench extra installs it); ``pgqueuer-psycopg`` runs the same on
+psycopg's async driver, its fallback.
 """
 
 from __future__ import annotations
@@ -12,6 +15,7 @@ from __future__ import annotations
 import asyncio
 from datetime import timedelta
 from typing import Any
+from urllib.parse import parse_qsl, unquote, urlencode, urlsplit, urlunsplit
 
 import psycopg
 
@@ -22,23 +26,55 @@ def _run(coro: Any) -> Any:
     return asyncio.run(coro)
 
 
+def _asyncpg_target(dsn: str) -> tuple[str, dict[str, str]]:
+    """asyncpg takes no libpq ``options``: the trial's search_path becomes a server setting."""
+    parts = urlsplit(dsn)
+    settings, query = {}, []
+    for key, value in parse_qsl(parts.query):
+        if key == "options" and unquote(value).startswith("-csearch_path="):
+            settings["search_path"] = unquote(value).removeprefix("-csearch_path=")
+        else:
+            query.append((key, value))
+    return urlunsplit(parts._replace(query=urlencode(query))), settings
+
+
 class PgqueuerSystem:
     """pgqueuer: completes by job id, no fencing token."""
 
-    name = "pgqueuer"
-    label = "pgqueuer"
     dialect = "postgres"
+
+    def __init__(self, name: str = "pgqueuer"):
+        self.name = name
+        self.label = {"pgqueuer": "pgqueuer", "pgqueuer-psycopg": "pgqueuer on psycopg"}[name]
 
     def version(self) -> str:
         import pgqueuer
 
-        return pgqueuer.__version__
+        if self.name == "pgqueuer":
+            import asyncpg
 
-    async def _queries(self, dsn: str) -> tuple[Any, psycopg.AsyncConnection]:
-        from pgqueuer import PsycopgDriver, Queries
+            return f"{pgqueuer.__version__} (asyncpg {asyncpg.__version__})"
+        return f"{pgqueuer.__version__} (psycopg {psycopg.__version__})"
+
+    async def _driver(self, dsn: str) -> tuple[Any, Any]:
+        """pgqueuer's driver over a fresh connection, and the connection (to close)."""
+        if self.name == "pgqueuer":
+            import asyncpg
+            from pgqueuer import AsyncpgDriver
+
+            target, settings = _asyncpg_target(dsn)
+            conn = await asyncpg.connect(target, server_settings=settings)
+            return AsyncpgDriver(conn), conn
+        from pgqueuer import PsycopgDriver
 
         conn = await psycopg.AsyncConnection.connect(dsn, autocommit=True)
-        return Queries(PsycopgDriver(conn)), conn
+        return PsycopgDriver(conn), conn
+
+    async def _queries(self, dsn: str) -> tuple[Any, Any]:
+        from pgqueuer import Queries
+
+        driver, conn = await self._driver(dsn)
+        return Queries(driver), conn
 
     def install(self, dsn: str) -> None:
         async def go() -> None:
@@ -91,16 +127,16 @@ class PgqueuerSystem:
             return conn.execute("SELECT count(*) FROM pgqueuer WHERE status = 'picked'").fetchone()[0]
 
     async def open_worker(self, dsn: str, control: Control) -> PgqueuerRunner:
-        from pgqueuer import PgQueuer, PsycopgDriver
+        from pgqueuer import PgQueuer
 
-        conn = await psycopg.AsyncConnection.connect(dsn, autocommit=True)
-        return PgqueuerRunner(PgQueuer(PsycopgDriver(conn)), conn, control)
+        driver, conn = await self._driver(dsn)
+        return PgqueuerRunner(PgQueuer(driver), conn, control)
 
 
 class PgqueuerRunner:
     """A PgQueuer with one no-op entrypoint."""
 
-    def __init__(self, pgq: Any, conn: psycopg.AsyncConnection, control: Control):
+    def __init__(self, pgq: Any, conn: Any, control: Control):
         self.pgq, self.conn, self.control = pgq, conn, control
         mode = control.options.mode
 

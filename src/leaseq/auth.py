@@ -203,6 +203,8 @@ def revoke_token(q: Queue, token_id: str, *, by: str) -> list[str]:
             raise NotFound(f"token {token_id} does not exist")
         tx.rows("token_revoke", token_id=token_id, actor=by)
         workers = [r["id"] for r in tx.rows("token_revoke_workers", token_id=token_id)]
+        for wid in workers:
+            q.end_worker_leases(tx, wid, f"token {token_id} revoked")
         tx.rows("audit_insert", actor=by, action="token_revoked", target=token_id,
                 detail={"revoked_workers": workers})
     return workers

@@ -189,11 +189,23 @@ class Queue:
         return Worker(id=row["id"], name=row["name"], registered_at=row["registered_at"])
 
     def revoke_worker(self, worker: Worker | str) -> None:
-        """Revoke a worker: it claims nothing more and its leases stop renewing."""
+        """Revoke a worker: it claims nothing more, and the leases it holds end
+        now: every guarded write it sends afterwards is refused, and its tasks
+        are routed by the recovery policy at the next claim."""
         wid = _worker_id(worker)
         with self.store.transaction() as tx:
-            if tx.row("revoke_worker", worker_id=wid) is None and tx.row("get_worker", worker_id=wid) is None:
-                raise UnknownWorker(f"worker {wid!r} was never registered")
+            if tx.row("revoke_worker", worker_id=wid) is None:
+                if tx.row("get_worker", worker_id=wid) is None:
+                    raise UnknownWorker(f"worker {wid!r} was never registered")
+                return  # revoked before: its leases ended then
+            self.end_worker_leases(tx, wid, "worker revoked")
+
+    def end_worker_leases(self, tx: Tx, wid: str, reason: str) -> None:
+        """End every lease of a just-revoked worker, with a ``lease_revoked`` event each (in ``tx``)."""
+        ended = tx.rows("end_worker_leases", worker_id=wid)
+        if ended:
+            tx.rows("insert_events", events=[self._event_params(r["id"], "lease_revoked", r["claim_generation"], wid,
+                                                                reason=reason) for r in ended])
 
     def workers(self) -> list[dict[str, Any]]:
         """Every registered worker with the number of leases it holds."""

@@ -215,3 +215,29 @@ def test_only_the_worker_that_held_a_generation_can_report_its_loss(q) -> None:
         q.report_loss(b, forged, "not mine")
     lost = [e for e in q.events(task.id) if e.type == "lease_lost"]
     assert [(e.worker_id, e.generation) for e in lost] == [(a.id, 1)]
+
+
+def test_revoking_a_worker_ends_its_leases_at_once(q: leaseq.Queue, dsn: str) -> None:
+    """Revocation does not wait for the leases to run out: from the moment it
+    commits, no guarded write of the revoked worker is accepted, and the next
+    claim routes its tasks by the recovery policy."""
+    a, b = q.register_worker("a"), q.register_worker("b")
+    plain = q.enqueue("job", {"i": 1}, lease_seconds=300)
+    paying = q.enqueue("pay", effect="side_effect", lease_seconds=300)
+    claims = {c.task_id: c for c in q.claim(a, limit=2)}
+    q.begin_effect(a, claims[paying.id], "bank.transfer")  # unanswered when the worker is revoked
+    q.revoke_worker(a)
+    before = snapshot(dsn)
+    for call in (lambda: q.complete(a, claims[plain.id], "late"), lambda: q.heartbeat(a, claims[plain.id]),
+                 lambda: q.fail(a, claims[plain.id], "late"), lambda: q.begin_effect(a, claims[plain.id], "x")):
+        with pytest.raises(leaseq.LeaseLost):
+            call()
+    assert q.complete_many(a, [(claims[plain.id], "late")]) == set()
+    assert snapshot(dsn) == before
+    [again] = q.claim(b)
+    assert (again.task_id, again.generation) == (plain.id, claims[plain.id].generation + 1)
+    assert q.get(paying.id).status == "needs_reconciliation"
+    types = [e.type for e in q.events(plain.id)]
+    assert types == ["enqueued", "claimed", "lease_revoked", "lease_expired", "claimed"], types
+    q.revoke_worker(a)  # again: nothing more happens
+    assert [e.type for e in q.events(plain.id)].count("lease_revoked") == 1

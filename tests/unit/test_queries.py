@@ -38,7 +38,7 @@ RENEW_GENERATION = "AND t.claim_generation = c.generation"
 #: Queries that write (or lock for a write) on the strength of a lease.
 LEASE_WRITES = ("renew_leases", "complete_batch", "lock_lease", "complete_task", "fail_task", "expire_lease")
 #: The only queries allowed to set a deadline that is not NULL.
-DEADLINE_WRITERS = {"claim_batch", "renew_leases", "expire_lease"}
+DEADLINE_WRITERS = {"claim_batch", "renew_leases", "expire_lease", "end_worker_leases"}
 
 _PARAM = {"postgres": re.compile(r"%\((\w+)\)s"), "sqlite": re.compile(r"(?<![:\w]):([A-Za-z_]\w*)")}
 
@@ -126,6 +126,15 @@ def test_only_claims_renewals_and_releases_set_a_deadline(dialect: str) -> None:
     setters = {name for name, sql in load_queries(dialect).items()
                if re.search(r"\blease_expires_at\s*=\s*(?!\s)(?!NULL\b)", _code(sql))}
     assert setters == DEADLINE_WRITERS
+
+
+@pytest.mark.parametrize("dialect", DIALECTS)
+def test_revocation_only_moves_deadlines_into_the_past(dialect: str) -> None:
+    """end_worker_leases sets a deadline, but only one already gone: the clock minus a little."""
+    sql = _code(load_queries(dialect)["end_worker_leases"])
+    [value] = re.findall(r"\blease_expires_at\s*=\s*([^,]+),", sql)
+    assert re.fullmatch(r"(now\(\)|\(julianday\('now'\) - 2440587\.5\) \* 86400\.0) - "
+                        r"(interval '1 millisecond'|0\.001)", " ".join(value.split())), value
 
 
 @pytest.mark.parametrize("dialect", DIALECTS)

@@ -36,6 +36,7 @@ _EVENT_FIELDS: dict[str, tuple[str, ...]] = {
     "claimed": ("attempt", "lease_seconds"),
     "lease_expired": ("reason", "routed_to", "open_intents", "heartbeats", "longest_heartbeat_gap"),
     "lease_released": ("reason", "routed_to", "open_intents", "heartbeats"),
+    "lease_revoked": ("reason",),
     "effect_intent": ("action", "idempotency_key"),
     "effect_response": ("action",),
     "completed": ("attempt", "heartbeats", "longest_heartbeat_gap"),

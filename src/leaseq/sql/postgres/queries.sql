@@ -61,6 +61,17 @@ UPDATE leaseq_workers SET revoked_at = now()
 WHERE id = %(worker_id)s AND revoked_at IS NULL
 RETURNING id, name, registered_at, revoked_at;
 
+-- name: end_worker_leases
+-- A revoked worker loses its leases at once, not when they would have run
+-- out: each deadline moves just into the past, so every guarded write the
+-- worker sends from now on (renew, complete, fail, effect) is refused, and
+-- the next claim routes the tasks by the recovery policy.
+UPDATE leaseq_tasks t
+SET lease_expires_at = now() - interval '1 millisecond',
+    updated_at = now()
+WHERE t.status = 'running' AND t.lease_owner = %(worker_id)s
+RETURNING t.id, t.claim_generation;
+
 -- name: insert_task
 -- ON CONFLICT: a second enqueue with the same key in the same queue is the
 -- same logical task; nothing comes back and the caller reads the existing
@@ -490,7 +501,8 @@ RETURNING id;
 
 -- name: token_revoke_workers
 -- Revoking a token revokes every worker it registered: claim_batch and
--- renew_leases refuse revoked workers, so their leases stop renewing at once.
+-- renew_leases refuse revoked workers, and the caller ends their leases
+-- (end_worker_leases).
 UPDATE leaseq_workers SET revoked_at = now()
 WHERE token_id = %(token_id)s AND revoked_at IS NULL
 RETURNING id;

@@ -57,6 +57,14 @@ UPDATE leaseq_workers SET revoked_at = (julianday('now') - 2440587.5) * 86400.0
 WHERE id = :worker_id AND revoked_at IS NULL
 RETURNING id, name, registered_at, revoked_at;
 
+-- name: end_worker_leases
+-- See the PostgreSQL file: a revoked worker's deadlines move just into the past.
+UPDATE leaseq_tasks
+SET lease_expires_at = (julianday('now') - 2440587.5) * 86400.0 - 0.001,
+    updated_at = (julianday('now') - 2440587.5) * 86400.0
+WHERE status = 'running' AND lease_owner = :worker_id
+RETURNING id, claim_generation;
+
 -- name: insert_task
 -- The new row is the enqueue's evidence (see list_events); SQLite has no
 -- notifications to send (notified is 0).
