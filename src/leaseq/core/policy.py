@@ -81,6 +81,10 @@ def check_status(value: Any) -> str:
         raise InvalidInput("status", f"must be one of {allowed} (got {value!r})") from None
 
 
+#: json.dumps(allow_nan=False) without building an encoder at every call
+_STRICT_JSON = json.JSONEncoder(allow_nan=False)
+
+
 def check_json(field: str, value: Any) -> Any:
     """A JSON-serialisable value no larger than :data:`MAX_PAYLOAD_BYTES`."""
     if value is None or value is True or value is False or (type(value) is int and -2**63 <= value < 2**63):
@@ -92,7 +96,7 @@ def check_json(field: str, value: Any) -> Any:
 def encode_json(field: str, value: Any) -> str:
     """``value`` as JSON text, after the checks of :func:`check_json`."""
     try:
-        encoded = json.dumps(value, allow_nan=False)
+        encoded = _STRICT_JSON.encode(value)
     except (TypeError, ValueError, RecursionError) as exc:
         raise InvalidInput(field, f"must be JSON-serialisable ({exc})") from None
     if "\\u0000" in encoded and _JSON_NUL.search(encoded):
