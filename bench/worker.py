@@ -60,12 +60,21 @@ async def main(system_name: str, dsn: str, options: WorkerOptions) -> Control:
 
 
 _reported = threading.Lock()
+_printed = threading.Event()
 
 
 def report(control: Control) -> None:
-    """Print the RESULT line, once, whichever thread gets here first."""
+    """Print the RESULT line, once, whichever thread gets here first.
+
+    The thread that comes second waits for the line to be out: the main
+    thread returning from here ends the process, which would kill the
+    reader thread (a daemon) halfway through printing it after ``EXIT``.
+    """
     if _reported.acquire(blocking=False):
         print("RESULT " + json.dumps(result(control)), flush=True)
+        _printed.set()
+    else:
+        _printed.wait(10)
 
 
 def result(control: Control) -> dict:
