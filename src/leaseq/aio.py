@@ -44,9 +44,9 @@ class AsyncQueue:
         await self.close()
 
     async def claim(self, worker: Any, *, queue: str = "default", limit: int = 1,
-                    lease_seconds: float | None = None) -> list[Any]:
+                    lease_seconds: float | None = None, kinds: Any = None) -> list[Any]:
         """:meth:`Queue.claim`, awaited on the loop where the backend can."""
-        return await self.sync.aclaim(worker, queue=queue, limit=limit, lease_seconds=lease_seconds)
+        return await self.sync.aclaim(worker, queue=queue, limit=limit, lease_seconds=lease_seconds, kinds=kinds)
 
     async def complete_many(self, worker: Any, done: Any) -> set[int]:
         """:meth:`Queue.complete_many`, awaited on the loop where the backend can."""

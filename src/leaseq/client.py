@@ -138,10 +138,13 @@ class RemoteQueue:
         return worker_from(self._call("POST", "/v1/workers", {"name": name}))
 
     def claim(self, worker: Worker | str, *, queue: str = "default", limit: int = 1,
-              lease_seconds: float | None = None) -> list[Claim]:
+              lease_seconds: float | None = None, kinds: list[str] | None = None) -> list[Claim]:
         """Lease up to ``limit`` due tasks of ``queue``; see :meth:`leaseq.Queue.claim`."""
         _, path = self._worker_path(worker, None, "claim")
-        data = self._call("POST", path, {"queue": queue, "limit": limit, "lease_seconds": lease_seconds})
+        body: dict[str, Any] = {"queue": queue, "limit": limit, "lease_seconds": lease_seconds}
+        if kinds is not None:
+            body["kinds"] = list(kinds)
+        data = self._call("POST", path, body)
         return [claim_from(c) for c in data["claims"]]
 
     def renew_leases(self, worker: Worker | str, claims: list[Claim]) -> dict[int, datetime]:

@@ -56,6 +56,20 @@ def _task(row: dict[str, Any]) -> Task:
     return task
 
 
+def _check_kinds(kinds: Iterable[str] | None) -> list[str] | None:
+    """The kinds a claim may take, checked and sorted; None for any kind."""
+    if kinds is None:
+        return None
+    if isinstance(kinds, (str, bytes)) or not isinstance(kinds, Iterable):
+        raise InvalidInput("kinds", f"must be a list of task kinds, or None for any kind (got {kinds!r})")
+    checked = sorted({policy.check_kind(k, f"kinds[{i}]") for i, k in enumerate(kinds)})
+    if not checked:
+        raise InvalidInput("kinds", "must name at least one task kind (None claims any kind)")
+    if len(checked) > 1000:
+        raise InvalidInput("kinds", f"names {len(checked)} kinds; at most 1000")
+    return checked
+
+
 def _claim_settled(found: list[dict[str, Any]]) -> bool:
     """Whether a fast-path claim_batch answer is final: no expired lease awaits
     routing and the worker may claim (SQLite answers nothing when it claimed nothing)."""
@@ -311,14 +325,16 @@ class Queue:
     # -- claims and leases --------------------------------------------------
 
     def claim(self, worker: Worker | str, *, queue: str = "default", limit: int = 1,
-              lease_seconds: float | None = None) -> list[Claim]:
+              lease_seconds: float | None = None, kinds: Iterable[str] | None = None) -> list[Claim]:
         """Lease up to ``limit`` due tasks of ``queue`` to ``worker``.
 
         Expired leases are routed by the recovery policy first, in the same
         transaction. Each claim carries a new generation (fencing token).
+        ``kinds`` limits the claim to tasks of those kinds (the worker runtime
+        passes the kinds it has handlers for); None claims any kind.
         Returns an empty list when nothing is due or the queue is paused.
         """
-        wid, params = self._claim_params(worker, queue, limit, lease_seconds)
+        wid, params = self._claim_params(worker, queue, limit, lease_seconds, kinds)
         # Fast path: one statement, which claims nothing while an expired
         # lease awaits routing. PostgreSQL always answers with its flags;
         # SQLite answers nothing when nothing was claimed.
@@ -330,28 +346,28 @@ class Queue:
         return self._claims(wid, lease_seconds, rows)
 
     async def aclaim(self, worker: Worker | str, *, queue: str = "default", limit: int = 1,
-                     lease_seconds: float | None = None) -> list[Claim]:
+                     lease_seconds: float | None = None, kinds: Iterable[str] | None = None) -> list[Claim]:
         """:meth:`claim` for asyncio code: the same statement, awaited on the
         event loop where the backend can (PostgreSQL), else run in a thread."""
         if self.store.run_async is None:
             return await asyncio.to_thread(self.claim, worker, queue=queue, limit=limit,
-                                           lease_seconds=lease_seconds)
-        wid, params = self._claim_params(worker, queue, limit, lease_seconds)
+                                           lease_seconds=lease_seconds, kinds=kinds)
+        wid, params = self._claim_params(worker, queue, limit, lease_seconds, kinds)
         found = await self.store.run_async("claim_batch", route_first=True, **params)
         rows = [r for r in found if r["id"] is not None]  # this statement writes its own events
         if not rows and not _claim_settled(found):
             return await asyncio.to_thread(self._claim_after_routing, wid, lease_seconds, params)
         return self._claims(wid, lease_seconds, rows)
 
-    def _claim_params(self, worker: Worker | str, queue: str, limit: int,
-                      lease_seconds: float | None) -> tuple[str, dict[str, Any]]:
+    def _claim_params(self, worker: Worker | str, queue: str, limit: int, lease_seconds: float | None,
+                      kinds: Iterable[str] | None) -> tuple[str, dict[str, Any]]:
         wid = _worker_id(worker)
         policy.check_name("queue", queue)
         policy.check_int("limit", limit, minimum=1, maximum=10_000)
         if lease_seconds is not None:
             policy.check_seconds("lease_seconds", lease_seconds, allow_zero=False)
         return wid, dict(queue=queue, worker_id=wid, limit=limit, lease_seconds=lease_seconds,
-                         compact=self.evidence == "compact")
+                         compact=self.evidence == "compact", kinds=_check_kinds(kinds))
 
     def _claim_after_routing(self, wid: str, lease_seconds: float | None, params: dict[str, Any]) -> list[Claim]:
         """The slow path of a claim: route expired leases, then claim, in one transaction."""

@@ -23,7 +23,7 @@ import leaseq
 from leaseq.store.base import load_queries
 from leaseq.store.postgres import GENERIC_PLAN, _encode
 
-CLAIM_PARAMS = dict(queue="default", limit=10, lease_seconds=None, compact=False, route_first=True)
+CLAIM_PARAMS = dict(queue="default", limit=10, lease_seconds=None, compact=False, route_first=True, kinds=None)
 
 PG_FILL = """
 INSERT INTO leaseq_tasks (queue, kind, payload, effect, status, idempotency_key, max_attempts, lease_seconds,

@@ -10,7 +10,7 @@ import pytest
 
 import leaseq
 
-from .support import claim_until_empty, seconds_between, wait_expired, wait_until
+from .support import claim_until_empty, seconds_between, snapshot, wait_expired, wait_until
 
 
 def test_claim_leases_the_task_with_a_new_generation(q: leaseq.Queue) -> None:
@@ -234,3 +234,28 @@ def test_racing_claimers_route_each_expired_lease_once(q: leaseq.Queue) -> None:
     assert {c.generation for c in every} == {2}
     for tid in ids:
         assert [e.type for e in q.events(tid)].count("lease_expired") == 1
+
+
+def test_a_claim_limited_to_kinds_takes_only_those_in_claim_order(q: leaseq.Queue, dsn: str) -> None:
+    w = q.register_worker("w")
+    mail = [q.enqueue("mail", {"i": i}, priority=p).id for i, p in enumerate((0, 5))]
+    report = q.enqueue("report", {}, priority=9).id
+    other = q.enqueue("resize", {}).id
+    got = q.claim(w, limit=10, kinds=["mail", "report", "never-enqueued"])
+    assert [c.task_id for c in got] == [report, mail[1], mail[0]]
+    assert q.get(other).status == "queued" and q.get(other).claim_generation == 0
+    assert q.claim(w, kinds=("mail",)) == []
+    [last] = q.claim(w)  # None: any kind
+    assert last.task_id == other
+
+
+@pytest.mark.parametrize("kinds, field", [("mail", "kinds"), ([], "kinds"), ([""], "kinds[0]"),
+                                          (["ok", 7], "kinds[1]"), (["x" * 201], "kinds[0]"), (3, "kinds")])
+def test_a_bad_kinds_filter_is_refused_and_changes_nothing(q: leaseq.Queue, dsn: str, kinds, field) -> None:
+    w = q.register_worker("w")
+    q.enqueue("mail")
+    before = snapshot(dsn)
+    with pytest.raises(leaseq.InvalidInput) as info:
+        q.claim(w, kinds=kinds)
+    assert info.value.field == field
+    assert snapshot(dsn) == before

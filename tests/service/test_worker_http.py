@@ -183,3 +183,17 @@ def test_worker_runtime_runs_real_tasks_through_the_service(svc) -> None:
         done = svc.q.get(t.id)
         assert done.status == "completed" and done.result == {"square": done.payload["n"] ** 2}
         assert [fx.status for fx in svc.q.effects(t.id)] == ["done"]
+
+
+def test_remote_claim_limited_to_kinds(svc) -> None:
+    rq = svc.remote(svc.token("worker"))
+    w = rq.register_worker("agent")
+    mail = rq.enqueue("mail", {}).id
+    other = rq.enqueue("resize", {}).id
+    assert [c.task_id for c in rq.claim(w, limit=5, kinds=["mail"])] == [mail]
+    assert svc.q.get(other).status == "queued"
+    before = snapshot(svc.dsn)
+    with pytest.raises(leaseq.InvalidInput) as info:
+        rq.claim(w, kinds=[""])
+    assert info.value.field == "kinds[0]"
+    assert snapshot(svc.dsn) == before

@@ -255,15 +255,30 @@ def test_off_switch_stops_new_effects_and_new_claims(app: leaseq.App, start_work
     assert "paused" in refused[0]
 
 
-def test_unknown_kind_is_quarantined_with_a_clear_error(app: leaseq.App) -> None:
+def test_a_worker_claims_only_the_kinds_it_has_handlers_for(app: leaseq.App) -> None:
+    """Workers with different handlers can share a queue: a task no handler
+    of this worker knows stays queued (untouched) for a worker that does."""
     @app.task("known")
-    def known(ctx) -> None:
-        return None
+    def known(ctx) -> str:
+        return "known"
 
-    task = app.queue.enqueue("nobody_handles_this", {})
+    other = app.queue.enqueue("handled_elsewhere", {})
+    mine = app.queue.enqueue("known", {})
     drain(app, concurrency=1)
-    final = app.queue.get(task.id)
-    assert final.status == "dead" and "no handler for task kind 'nobody_handles_this'" in final.last_error
+    assert app.queue.get(mine.id).status == "completed"
+    untouched = app.queue.get(other.id)
+    assert (untouched.status, untouched.attempts, untouched.claim_generation) == ("queued", 0, 0)
+
+    elsewhere = leaseq.App(app.queue.store.dsn)
+    try:
+        @elsewhere.task("handled_elsewhere")
+        def handled(ctx) -> str:
+            return "elsewhere"
+
+        drain(elsewhere, concurrency=1)
+        assert (app.queue.get(other.id).status, app.queue.get(other.id).result) == ("completed", "elsewhere")
+    finally:
+        elsewhere.queue.close()
 
 
 def test_notification_wakes_an_idle_worker(app: leaseq.App, start_worker) -> None:

@@ -77,6 +77,8 @@ class ClaimBody(Body):
     queue: str = "default"
     limit: int = 1
     lease_seconds: float | None = None
+    #: only tasks of these kinds (the kinds the worker has handlers for); absent: any kind
+    kinds: list[str] | None = None
 
 
 class LeaseRef(Body):
@@ -169,7 +171,7 @@ def claim(body: ClaimBody, request: Request, worker_id: str = Depends(own_worker
     started = time.perf_counter()
     with span("leaseq.claim", queue=body.queue, worker_id=worker_id, limit=body.limit):
         claims = _queue(request).claim(worker_id, queue=body.queue, limit=body.limit,
-                                       lease_seconds=body.lease_seconds)
+                                       lease_seconds=body.lease_seconds, kinds=body.kinds)
     metrics = _metrics(request)
     metrics.claim_latency.observe(time.perf_counter() - started)
     if claims:

@@ -54,7 +54,8 @@ class Transport(Protocol):
     """What the runtime needs from a queue: :class:`leaseq.Queue` or the HTTP client."""
 
     def register_worker(self, name: str) -> Worker: ...
-    def claim(self, worker: Worker, *, queue: str, limit: int, lease_seconds: float | None = None) -> list[Claim]: ...
+    def claim(self, worker: Worker, *, queue: str, limit: int, lease_seconds: float | None = None,
+              kinds: list[str] | None = None) -> list[Claim]: ...
     def renew_leases(self, worker: Worker, claims: list[Claim]) -> dict: ...
     def complete(self, worker: Worker, claim: Claim, result: Any = None) -> None: ...
     def fail(self, worker: Worker, claim: Claim, error: str, *, retry: bool = True, block: bool = False,
@@ -136,6 +137,9 @@ class WorkerRuntime:
         self._db = ThreadPoolExecutor(max_workers=1 if dialect == "sqlite" else min(32, concurrency + 4),
                                       thread_name_prefix="leaseq-db")
         self._handlers = ThreadPoolExecutor(max_workers=concurrency, thread_name_prefix="leaseq-task")
+        #: the kinds this worker has handlers for: it claims no others, so workers
+        #: running different handlers can share a queue
+        self.kinds: list[str] | None = sorted(app.definitions) or None
         #: claims and completions awaited on the loop itself (PostgreSQL), no thread hop
         self._native = bool(getattr(self.transport, "native_async", False))
 
@@ -231,10 +235,11 @@ class WorkerRuntime:
                 try:
                     if self._native:
                         claims = await self.transport.aclaim(self.worker, queue=queue, limit=free - got,
-                                                             lease_seconds=self.lease_seconds)
+                                                             lease_seconds=self.lease_seconds, kinds=self.kinds)
                     else:
                         claims = await self._call(self.transport.claim, self.worker, queue=queue,
-                                                  limit=free - got, lease_seconds=self.lease_seconds)
+                                                  limit=free - got, lease_seconds=self.lease_seconds,
+                                                  kinds=self.kinds)
                 except BackendUnavailable as exc:
                     logger.warning("worker %s: claim failed: %s", self.worker.id, exc)
                     claims = []

@@ -172,7 +172,8 @@ RETURNING t.id, t.status, t.claim_generation, t.open_effects, t.attempts;
 
 -- name: claim_batch
 -- Select and lease in one statement: no gap in which two workers pick the
--- same row. A paused queue hands out nothing, nor does a revoked worker.
+-- same row. With kinds (NULL: any), a worker takes only the kinds it has
+-- handlers for and leaves the others queued for workers that do. A paused queue hands out nothing, nor does a revoked worker.
 -- With route_first, nothing is claimed while an expired lease that nobody
 -- is routing yet exists: the caller routes it first (lock_expired,
 -- route_expired) and claims again without route_first. So a claim with
@@ -192,6 +193,7 @@ WITH due AS (
 ), candidate AS (
     SELECT id FROM leaseq_tasks
     WHERE status = 'queued' AND queue = %(queue)s AND available_at <= now()
+      AND (%(kinds)s::text[] IS NULL OR kind = ANY(%(kinds)s::text[]))  -- only kinds the worker can run
       AND NOT EXISTS (SELECT 1 FROM leaseq_queues q WHERE q.name = %(queue)s AND q.paused)
       AND (SELECT f.worker_ok AND NOT f.routing_due FROM flags f)
     ORDER BY priority DESC, available_at, id

@@ -162,6 +162,7 @@ SET status = 'running',
 WHERE t.id IN (
     SELECT id FROM leaseq_tasks
     WHERE status = 'queued' AND queue = :queue
+      AND (:kinds IS NULL OR kind IN (SELECT value FROM json_each(:kinds)))  -- only kinds the worker can run
       -- the unary + keeps available_at out of the index lookup: the claimable
       -- index is walked in claim order, never range-scanned and then sorted
       AND +available_at <= (julianday('now') - 2440587.5) * 86400.0
