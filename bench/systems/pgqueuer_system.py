@@ -6,13 +6,15 @@ expressed; the ``hold`` mode caps it at the requested concurrency so each
 worker holds its share), a 30 s heartbeat timeout, LISTEN/NOTIFY on.
 
 ``pgqueuer`` runs on asyncpg, the driver pgqueuer's own CLI picks first
-(the bench extra installs it); ``pgqueuer-psycopg`` runs the same on
-psycopg's async driver, its fallback.
+(the bench extra installs it), falling back to psycopg as that CLI does when
+asyncpg is missing; ``pgqueuer-psycopg`` always runs on psycopg's async
+driver.
 """
 
 from __future__ import annotations
 
 import asyncio
+import importlib.util
 from datetime import timedelta
 from typing import Any
 from urllib.parse import parse_qsl, unquote, urlencode, urlsplit, urlunsplit
@@ -46,11 +48,12 @@ class PgqueuerSystem:
     def __init__(self, name: str = "pgqueuer"):
         self.name = name
         self.label = {"pgqueuer": "pgqueuer", "pgqueuer-psycopg": "pgqueuer on psycopg"}[name]
+        self.driver = "asyncpg" if name == "pgqueuer" and importlib.util.find_spec("asyncpg") else "psycopg"
 
     def version(self) -> str:
         import pgqueuer
 
-        if self.name == "pgqueuer":
+        if self.driver == "asyncpg":
             import asyncpg
 
             return f"{pgqueuer.__version__} (asyncpg {asyncpg.__version__})"
@@ -58,7 +61,7 @@ class PgqueuerSystem:
 
     async def _driver(self, dsn: str) -> tuple[Any, Any]:
         """pgqueuer's driver over a fresh connection, and the connection (to close)."""
-        if self.name == "pgqueuer":
+        if self.driver == "asyncpg":
             import asyncpg
             from pgqueuer import AsyncpgDriver
 
