@@ -137,13 +137,16 @@ class WorkerRuntime:
         self._db = ThreadPoolExecutor(max_workers=1 if dialect == "sqlite" else min(32, concurrency + 4),
                                       thread_name_prefix="leaseq-db")
         self._handlers = ThreadPoolExecutor(max_workers=concurrency, thread_name_prefix="leaseq-task")
-        #: the kinds this worker has handlers for: it claims no others, so workers
-        #: running different handlers can share a queue
-        self.kinds: list[str] | None = sorted(app.definitions) or None
         #: claims and completions awaited on the loop itself (PostgreSQL), no thread hop
         self._native = bool(getattr(self.transport, "native_async", False))
 
     # -- control -----------------------------------------------------------------
+
+    @property
+    def kinds(self) -> list[str] | None:
+        """The kinds this worker has handlers for (None: the app defines none).
+        It claims no others, so workers running different handlers can share a queue."""
+        return sorted(self.app.definitions) or None
 
     def stop(self) -> None:
         """Ask the runtime to stop claiming and shut down (thread-safe)."""
