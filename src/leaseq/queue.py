@@ -297,16 +297,19 @@ class Queue:
         if any(key is not None for key in given):
             fresh = _fresh_keys(len(payloads))
             return self._insert_tasks([fresh[i] if key is None else key for i, key in enumerate(given)], encoded,
-                                      common, "insert_tasks")
+                                      common, generated=False)
         for _ in range(3):
             try:  # every key is generated here: no ON CONFLICT needed
-                return self._insert_tasks(_fresh_keys(len(payloads)), encoded, common, "insert_fresh_tasks")
+                return self._insert_tasks(_fresh_keys(len(payloads)), encoded, common, generated=True)
             except KeyConflict:  # a generated key met a stored one (never seen); nothing was written
                 continue
         raise KeyConflict("generated idempotency keys met stored ones three times")
 
-    def _insert_tasks(self, keys: list[str], encoded: list[str], common: dict[str, Any], query: str) -> list[int]:
-        quote = json.dumps if query == "insert_tasks" else '"{}"'.format  # generated keys are plain hex
+    def _insert_tasks(self, keys: list[str], encoded: list[str], common: dict[str, Any], *,
+                      generated: bool) -> list[int]:
+        """Write the tasks in chunks; ``generated``: every key was made by :func:`_fresh_keys`."""
+        query = "insert_fresh_tasks" if generated else "insert_tasks"
+        quote = '"{}"'.format if generated else json.dumps  # generated keys are plain hex
         entries = [f'{{"payload":{text},"idempotency_key":{quote(key)}}}' for text, key in zip(encoded, keys)]
         ids: dict[str, int] = {}
         with self.store.transaction() as tx:

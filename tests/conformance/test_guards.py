@@ -8,6 +8,7 @@ call must leave every table exactly as it was.
 from __future__ import annotations
 
 import dataclasses
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -241,3 +242,28 @@ def test_revoking_a_worker_ends_its_leases_at_once(q: leaseq.Queue, dsn: str) ->
     assert types == ["enqueued", "claimed", "lease_revoked", "lease_expired", "claimed"], types
     q.revoke_worker(a)  # again: nothing more happens
     assert [e.type for e in q.events(plain.id)].count("lease_revoked") == 1
+
+
+def test_revocation_beats_a_write_already_on_its_way(q: leaseq.Queue, dsn: str) -> None:
+    """A transaction that began before the revocation, and writes after it,
+    is refused too: the revoked deadline is one no write carrying that
+    generation can meet, whatever instant its transaction started at."""
+    if q.dialect != "postgres":
+        pytest.skip("SQLite runs one write transaction at a time: none is in flight beside a revocation")
+    import psycopg
+
+    from leaseq.store.base import load_queries
+    from leaseq.store.postgres import _encode
+
+    a = q.register_worker("a")
+    task = q.enqueue("job", lease_seconds=300)
+    [c] = q.claim(a)
+    with psycopg.connect(dsn) as early:  # not autocommit: its transaction, and its now(), start here
+        early.execute("SELECT now()")
+        time.sleep(0.05)
+        q.revoke_worker(a)
+        done = early.execute(load_queries("postgres")["complete_task"], _encode(dict(
+            task_id=c.task_id, worker_id=a.id, generation=c.generation, result="late"))).fetchall()
+        early.commit()
+    assert done == []
+    assert q.get(task.id).status == "running"  # until the next claim routes it

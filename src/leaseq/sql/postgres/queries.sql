@@ -63,11 +63,14 @@ RETURNING id, name, registered_at, revoked_at;
 
 -- name: end_worker_leases
 -- A revoked worker loses its leases at once, not when they would have run
--- out: each deadline moves just into the past, so every guarded write the
--- worker sends from now on (renew, complete, fail, effect) is refused, and
--- the next claim routes the tasks by the recovery policy.
+-- out. Each deadline moves to just before the lease began: no write carrying
+-- that generation can meet it, not even one whose transaction started before
+-- the revocation and reaches the row after it (a deadline of "now" could
+-- still be met by that transaction's earlier now()). So every guarded write
+-- the worker sends (renew, complete, fail, effect) is refused, and the next
+-- claim routes the tasks by the recovery policy.
 UPDATE leaseq_tasks t
-SET lease_expires_at = now() - interval '1 millisecond',
+SET lease_expires_at = t.claimed_at - interval '1 millisecond',
     updated_at = now()
 WHERE t.status = 'running' AND t.lease_owner = %(worker_id)s
 RETURNING t.id, t.claim_generation;
@@ -173,7 +176,8 @@ RETURNING t.id, t.status, t.claim_generation, t.open_effects, t.attempts;
 -- name: claim_batch
 -- Select and lease in one statement: no gap in which two workers pick the
 -- same row. With kinds (NULL: any), a worker takes only the kinds it has
--- handlers for and leaves the others queued for workers that do. A paused queue hands out nothing, nor does a revoked worker.
+-- handlers for and leaves the others queued for workers that do. A paused
+-- queue hands out nothing, nor does a revoked worker.
 -- With route_first, nothing is claimed while an expired lease that nobody
 -- is routing yet exists: the caller routes it first (lock_expired,
 -- route_expired) and claims again without route_first. So a claim with
@@ -247,7 +251,6 @@ WHERE t.id = c.task_id
   AND t.status = 'running'
   AND t.lease_owner = %(worker_id)s
   AND t.lease_expires_at >= now()
-  AND EXISTS (SELECT 1 FROM leaseq_workers w WHERE w.id = %(worker_id)s AND w.revoked_at IS NULL)
 RETURNING t.id, t.claim_generation, t.lease_expires_at;
 
 -- name: lock_lease
@@ -502,9 +505,8 @@ WHERE id = %(token_id)s AND revoked_at IS NULL
 RETURNING id;
 
 -- name: token_revoke_workers
--- Revoking a token revokes every worker it registered: claim_batch and
--- renew_leases refuse revoked workers, and the caller ends their leases
--- (end_worker_leases).
+-- Revoking a token revokes every worker it registered: claim_batch refuses
+-- revoked workers, and the caller ends their leases (end_worker_leases).
 UPDATE leaseq_workers SET revoked_at = now()
 WHERE token_id = %(token_id)s AND revoked_at IS NULL
 RETURNING id;

@@ -58,9 +58,10 @@ WHERE id = :worker_id AND revoked_at IS NULL
 RETURNING id, name, registered_at, revoked_at;
 
 -- name: end_worker_leases
--- See the PostgreSQL file: a revoked worker's deadlines move just into the past.
+-- See the PostgreSQL file: a revoked worker's deadlines move to just before
+-- each lease began.
 UPDATE leaseq_tasks
-SET lease_expires_at = (julianday('now') - 2440587.5) * 86400.0 - 0.001,
+SET lease_expires_at = claimed_at - 0.001,
     updated_at = (julianday('now') - 2440587.5) * 86400.0
 WHERE status = 'running' AND lease_owner = :worker_id
 RETURNING id, claim_generation;
@@ -192,7 +193,6 @@ WHERE t.id = c.task_id
   AND t.status = 'running'
   AND t.lease_owner = :worker_id
   AND t.lease_expires_at >= (julianday('now') - 2440587.5) * 86400.0
-  AND EXISTS (SELECT 1 FROM leaseq_workers w WHERE w.id = :worker_id AND w.revoked_at IS NULL)
 RETURNING id, claim_generation, lease_expires_at;
 
 -- name: lock_lease

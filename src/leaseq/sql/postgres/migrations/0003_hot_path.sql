@@ -14,9 +14,9 @@
 --    completion stops paying for two index entries.
 -- 2. Events no longer reference their task through a foreign key. The check
 --    cost a lookup and a row lock on the task for each of the events every
---    task writes; leaseq deletes a task's events itself when it
---    prunes the task, and no statement writes an event for a task id that it
---    did not just read or write under lock.
+--    task writes; leaseq deletes a task's events itself when it prunes the
+--    task, and no statement writes an event for a task id that it did not
+--    just read or write under lock.
 -- 3. The "enqueued" event is no longer stored: the task row holds all it
 --    said (queue, kind, effect, idempotency key, priority, created_at, none
 --    of which ever changes), and list_events shows it from there. The copies
@@ -24,8 +24,8 @@
 --
 -- All three run in the migration's transaction, which holds a lock on
 -- leaseq_tasks while the smaller index is built and the old "enqueued" rows
--- are deleted (seconds for a few million finished tasks). Run `leaseq migrate` when a pause of that length is
--- acceptable.
+-- are deleted (seconds for a few million finished tasks). Run `leaseq migrate`
+-- when a pause of that length is acceptable.
 
 DROP INDEX leaseq_tasks_status;
 CREATE INDEX leaseq_tasks_status ON leaseq_tasks (status, queue) WHERE status NOT IN ('queued', 'running');
