@@ -27,10 +27,11 @@ def demo(ctx: click.Context, keep: bool) -> None:
     a queue of its own on that database, which it migrates if needed).
     """
     from ..demo import run_demo
+    from .render import make_console
 
     state = ctx.find_object(CliState)
     try:
-        status = run_demo(state.dsn, keep=keep)
+        status = run_demo(state.dsn, keep=keep, console=make_console(full_rows=False))  # a story in 80 columns
     except LeaseqError as exc:
         raise CliError.from_leaseq(exc) from None
     sys.exit(status)

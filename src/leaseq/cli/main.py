@@ -29,6 +29,14 @@ COMMAND_MODULES = (
 )
 
 
+#: Top-level modules of each optional extra: a command that needs a missing one
+#: says which extra to install instead of failing with an import error.
+EXTRA_MODULES = {
+    "server": ("fastapi", "starlette", "uvicorn", "jinja2", "multipart", "python_multipart", "prometheus_client"),
+    "client": ("httpx", "httpcore"),
+}
+
+
 class LeaseqGroup(click.Group):
     """A click group that turns library errors into one ``error:`` line, never a traceback."""
 
@@ -37,10 +45,41 @@ class LeaseqGroup(click.Group):
             return super().invoke(ctx)
         except LeaseqError as exc:
             raise CliError.from_leaseq(exc) from None
+        except ModuleNotFoundError as exc:
+            raise missing_extra(exc) from None
+
+
+def missing_extra(exc: ModuleNotFoundError) -> Exception:
+    """The one-line error for a dependency of an optional extra that is not installed."""
+    top = (exc.name or "").split(".")[0]
+    for extra, modules in EXTRA_MODULES.items():
+        if top in modules:
+            return CliError(extra, f"this command needs the {extra} extra ({top} is not installed); "
+                                   f"pip install 'leaseq[{extra}]'")
+    return exc
+
+
+def add_envvars(command: click.Command, path: tuple[str, ...] = ()) -> None:
+    """Give every option an environment variable, shown in ``--help``.
+
+    ``LEASEQ_<COMMAND>_<OPTION>`` (``LEASEQ_WORKER_CONCURRENCY``,
+    ``LEASEQ_TOKENS_CREATE_ROLE``), and ``LEASEQ_<OPTION>`` for the global
+    ones (``LEASEQ_DSN``). A value on the command line wins over the variable.
+    """
+    for param in command.params:
+        if not isinstance(param, click.Option) or param.name in ("help", "version"):
+            continue
+        if param.envvar is None:
+            flag = max(param.opts, key=len).lstrip("-")
+            param.envvar = "_".join(("LEASEQ", *path, flag)).upper().replace("-", "_")
+        param.show_envvar = True
+    if isinstance(command, click.Group):
+        for name, sub in command.commands.items():
+            add_envvars(sub, (*path, name))
 
 
 @click.group(cls=LeaseqGroup, context_settings={"help_option_names": ["-h", "--help"]})
-@click.option("--dsn", metavar="DSN", default=None,
+@click.option("--dsn", metavar="DSN", default=None, envvar="LEASEQ_DSN",
               help="Database: postgresql://… or sqlite:///file.db. Default: $LEASEQ_DSN, else "
                    "sqlite:///leaseq.db in the current folder (created on first use).")
 @click.version_option(package_name="leaseq")
@@ -61,6 +100,7 @@ def register_commands(group: click.Group) -> None:
 
 
 register_commands(cli)
+add_envvars(cli)
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -71,6 +111,12 @@ def main(argv: list[str] | None = None) -> None:
         # The reader went away (`leaseq ls | head`): stop quietly, as other tools do.
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         sys.exit(1)
+    except ModuleNotFoundError as exc:
+        error = missing_extra(exc)
+        if not isinstance(error, CliError) or os.environ.get("LEASEQ_DEBUG") == "1":
+            raise
+        error.show()
+        sys.exit(error.exit_code)
     except Exception as exc:  # the last resort: an unexpected failure is still one line
         if os.environ.get("LEASEQ_DEBUG") == "1":
             raise

@@ -50,10 +50,23 @@ _EVENT_FIELDS: dict[str, tuple[str, ...]] = {
 #: Longest JSON document shown in full by the human views.
 MAX_SHOWN_JSON = 2000
 
+#: The width tables get when stdout is not a terminal: wide enough that no row
+#: wraps, so ``leaseq ls | grep needs_reconciliation`` sees whole words. Rich
+#: sizes a table by its content, so narrow tables stay narrow.
+PIPE_WIDTH = 100_000
 
-def make_console(**options: Any) -> Console:
-    """A console that never interprets markup or highlights numbers in user data."""
-    return Console(highlight=False, **options)
+
+def make_console(*, full_rows: bool = True, **options: Any) -> Console:
+    """A console that never interprets markup or highlights numbers in user data.
+
+    With ``full_rows`` (the default), output that is not a terminal (a pipe,
+    a file) is never wrapped or folded: each table row stays on one line.
+    On a terminal, tables fit its width as usual.
+    """
+    console = Console(highlight=False, **options)
+    if full_rows and "width" not in options and not console.is_terminal:
+        console = Console(highlight=False, width=PIPE_WIDTH, **options)
+    return console
 
 
 def status_text(status: str) -> Text:

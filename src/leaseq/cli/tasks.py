@@ -3,13 +3,21 @@
 from __future__ import annotations
 
 import dataclasses
+import json
+import os
+from datetime import datetime, timezone
+from typing import Any
 
 import click
 from rich.text import Text
 
 from ..core import policy
+from ..core.errors import InvalidInput
+from ..core.model import Task
+from ..queue import Queue
+from ..store.base import load_migrations, load_queries, parse_dsn
 from .render import effects_table, fmt_duration, make_console, status_text, task_details, task_table, timeline
-from .session import as_datetime, emit_json, json_option, open_queue, parse_json_option
+from .session import CliError, CliState, as_datetime, emit_json, json_option, open_queue, parse_json_option
 
 
 def register(group: click.Group) -> None:
@@ -19,9 +27,14 @@ def register(group: click.Group) -> None:
 
 
 @click.command()
+@click.option("--sql", "print_sql", is_flag=True,
+              help="Print the SQL of the migrations not yet applied, without applying them (nothing changes).")
 @click.pass_context
-def migrate(ctx: click.Context) -> None:
+def migrate(ctx: click.Context, print_sql: bool) -> None:
     """Create or upgrade the schema (idempotent)."""
+    if print_sql:
+        _print_pending_sql(ctx)
+        return
     q = open_queue(ctx, need_schema=False)
     applied = q.migrate()
     version = q.schema_version()
@@ -29,6 +42,52 @@ def migrate(ctx: click.Context) -> None:
         click.echo(f"applied migration(s) {', '.join(map(str, applied))}; schema version {version} ({q.dialect})")
     else:
         click.echo(f"schema is up to date at version {version} ({q.dialect})")
+
+
+def _print_pending_sql(ctx: click.Context) -> None:
+    """``migrate --sql``: the scripts ``leaseq migrate`` would run, read-only.
+
+    The database is only read (its schema version); a SQLite file that does
+    not exist is not created: every migration is then pending.
+    """
+    state: CliState = ctx.find_object(CliState)
+    dialect, target = parse_dsn(state.dsn)
+    current = 0
+    if dialect == "postgres" or os.path.exists(target):
+        current = open_queue(ctx, need_schema=False).schema_version()
+    pending = [m for m in load_migrations(dialect) if m.version > current]
+    if not pending:
+        click.echo(f"-- schema is up to date at version {current} ({dialect}); nothing to apply")
+        return
+    click.echo(f"-- leaseq: {len(pending)} migration(s) not applied yet ({dialect}, schema version {current}).\n"
+               f"-- Printed only: nothing was changed. `leaseq migrate` runs them in one transaction and\n"
+               f"-- records each version in leaseq_migrations.")
+    if current == 0:
+        click.echo(f"\n-- the version table\n{load_queries(dialect)['migrations_create'].rstrip()}")
+    for m in pending:
+        click.echo(f"\n-- migration {m.version:04d}_{m.name}\n{m.sql.strip()}")
+
+
+def _parse_at(text: str) -> datetime:
+    """An ISO 8601 time; one without an offset is local time."""
+    try:
+        at = datetime.fromisoformat(text.strip().replace("Z", "+00:00").replace("z", "+00:00"))
+    except ValueError:
+        raise CliError("at", f"not an ISO 8601 time such as 2030-01-31T09:00:00+00:00 (got {text!r})") from None
+    return at if at.tzinfo is not None else at.astimezone()
+
+
+def _key_conflict(task: Task, kind: str, document: Any, effect: str) -> dict[str, str]:
+    """What differs between an existing task and the enqueue that named its key: ``{field: how}``."""
+    differs = {}
+    if task.kind != kind:
+        differs["kind"] = f"its kind is {task.kind!r}, not {kind!r}"
+    if json.dumps(task.payload, sort_keys=True) != json.dumps(document, sort_keys=True):
+        differs["payload"] = "its payload differs"
+    existing_effect = str(getattr(task.effect, "value", task.effect))
+    if existing_effect != effect:
+        differs["effect"] = f"its effect is {existing_effect}, not {effect}"
+    return differs
 
 
 @click.command()
@@ -39,23 +98,56 @@ def migrate(ctx: click.Context) -> None:
 @click.option("--effect", default="read_only", show_default=True,
               help="read_only, idempotent or side_effect: decides how an expired lease is routed.")
 @click.option("--key", default=None, help="Idempotency key (stable across attempts; generated if omitted). "
-                                          "A second enqueue with the same key returns the existing task.")
+                                          "Enqueueing the same key again in the queue returns the existing task; "
+                                          "with a different kind, payload or effect it is an error.")
 @click.option("--priority", type=int, default=0, show_default=True, help="Higher is claimed first.")
 @click.option("--delay", type=float, default=0.0, show_default=True, help="Seconds before the task is due.")
+@click.option("--at", "at_text", metavar="TIME", default=None,
+              help="When the task is due, an ISO 8601 time (2030-01-31T09:00:00+00:00; without an offset, "
+                   "local time). Must be in the future by the database's clock. Not with --delay.")
 @click.option("--max-attempts", type=int, default=5, show_default=True)
 @click.option("--lease-seconds", type=float, default=policy.DEFAULT_LEASE_SECONDS, show_default=True,
               help="Lease length a claim gets unless the worker asks for another.")
 @json_option
 @click.pass_context
 def enqueue(ctx: click.Context, kind: str, payload: str | None, queue: str, effect: str, key: str | None,
-            priority: int, delay: float, max_attempts: int, lease_seconds: float, as_json: bool) -> None:
-    """Add a task of KIND to a queue."""
+            priority: int, delay: float, at_text: str | None, max_attempts: int, lease_seconds: float,
+            as_json: bool) -> None:
+    """Add a task of KIND to a queue.
+
+    With --key, a task already holding that key in the queue is returned
+    ("existing task N returned") and nothing is added; if it was enqueued
+    with a different kind, payload or effect, that is an error (exit 2).
+    """
     document = parse_json_option("payload", payload)
+    at = _parse_at(at_text) if at_text is not None else None
+    if at is not None and ctx.get_parameter_source("delay") is not click.core.ParameterSource.DEFAULT:
+        raise CliError("at", "give --at or --delay, not both")
     q = open_queue(ctx)
-    task = q.enqueue(kind, document, effect=effect, queue=queue, idempotency_key=key, priority=priority,
-                     delay=delay, max_attempts=max_attempts, lease_seconds=lease_seconds)
+    if at is not None:
+        delay = _delay_until(q, at)
+    before = q.now() if key is not None else None
+    try:
+        task = q.enqueue(kind, document, effect=effect, queue=queue, idempotency_key=key, priority=priority,
+                         delay=delay, max_attempts=max_attempts, lease_seconds=lease_seconds)
+    except InvalidInput as exc:
+        if at is not None and exc.field == "delay":
+            raise CliError("at", f"{at.isoformat()} is too far ahead: the delay {exc.problem}") from None
+        raise
+    existing = before is not None and as_datetime(task.created_at) < before
+    if existing:
+        differs = _key_conflict(task, kind, document, effect)
+        if differs:
+            raise CliError("key", f"{key!r} already used by task {task.id} in queue {task.queue} with a different "
+                                  f"{'/'.join(differs)} ({'; '.join(differs.values())}); nothing was added: "
+                                  f"use another key, or see `leaseq show {task.id}`")
     if as_json:
         emit_json(task)
+        return
+    if existing:
+        line = Text.assemble(f"existing task {task.id} returned (key {task.idempotency_key} is taken in "
+                             f"{task.queue}; nothing added): now ", status_text(task.status))
+        make_console().print(line, soft_wrap=True)
         return
     line = Text.assemble(f"task {task.id} ", status_text(task.status),
                          Text(f" in {task.queue}: {task.kind} ({task.effect}), key {task.idempotency_key}"))
@@ -63,6 +155,17 @@ def enqueue(ctx: click.Context, kind: str, payload: str | None, queue: str, effe
     if wait > 0:
         line.append(f", due in {fmt_duration(wait)}")
     make_console().print(line, soft_wrap=True)  # one line, so scripts can grep it
+
+
+def _delay_until(q: Queue, at: datetime) -> float:
+    """Seconds from the database's now until ``at``; a time not in the future is an error naming ``at``."""
+    now = q.now()
+    delay = (at - now).total_seconds()
+    if delay <= 0:
+        raise CliError("at", f"{at.isoformat()} is not in the future (database time "
+                             f"{now.astimezone(timezone.utc).isoformat(timespec='seconds')}); "
+                             f"omit --at to make the task due now")
+    return delay
 
 
 @click.command("ls")
