@@ -41,7 +41,8 @@ def test_operator_flow(dsn, run_cli):
     assert out.startswith("task ") and "welcome:7" in out
     second_id = int(out.split()[1])
     # The same key in the same queue is the same task.
-    again = as_json(cli("enqueue", "send_welcome", "--effect", "side_effect", "--key", "welcome:7", "--json"))
+    again = as_json(cli("enqueue", "send_welcome", "--effect", "side_effect", "--key", "welcome:7", "--json",
+                        "--payload", '{"note": "[bold]kept[/bold]"}'))
     assert again["id"] == second_id
 
     listed = as_json(cli("ls", "--json"))

@@ -86,35 +86,54 @@ def open_queue(ctx: click.Context, *, need_schema: bool = True) -> Queue:
     state: CliState = ctx.find_object(CliState)
     if state.queue is not None:
         return state.queue
-    try:
-        dialect, target = parse_dsn(state.dsn)
-        if (need_schema and dialect == "sqlite" and not state.embedded_default
-                and not os.path.exists(target)):
-            raise CliError("dsn", f"no SQLite database at {target!r}; run `leaseq migrate` to create it")
-        queue = connect(state.dsn)
-    except LeaseqError as exc:
-        raise CliError.from_leaseq(exc) from None
+    queue = connect_checked(state.dsn, need_schema=need_schema, migrate=state.embedded_default,
+                            embedded=state.embedded_default)
     state.queue = queue
     ctx.call_on_close(queue.close)
-    if need_schema:
-        _check_schema(queue, migrate=state.embedded_default)
     return queue
 
 
-def _check_schema(queue: Queue, *, migrate: bool) -> None:
+def connect_checked(dsn: str | None, *, need_schema: bool = True, migrate: bool = False, embedded: bool = False,
+                    hint: str = "") -> Queue:
+    """Connect to ``dsn``; with ``need_schema``, refuse a database without leaseq's
+    current schema (``hint`` is added to the refusal), unless ``migrate``.
+
+    A SQLite file that does not exist is only created when ``migrate`` is set.
+    The caller closes the queue.
+    """
+    try:
+        dialect, target = parse_dsn(dsn)
+        if need_schema and not migrate and dialect == "sqlite" and not os.path.exists(target):
+            raise CliError("dsn", f"no SQLite database at {target!r}; run `leaseq migrate` to create it{hint}")
+        queue = connect(dsn)
+    except LeaseqError as exc:
+        raise CliError.from_leaseq(exc) from None
+    if need_schema:
+        try:
+            _check_schema(queue, migrate=migrate, embedded=embedded, hint=hint)
+        except BaseException:
+            queue.close()
+            raise
+    return queue
+
+
+def _check_schema(queue: Queue, *, migrate: bool, embedded: bool, hint: str) -> None:
     latest = max((m.version for m in load_migrations(queue.dialect)), default=0)
     current = queue.schema_version()
     if current >= latest:
         return
     if migrate:
-        queue.migrate()
-        click.echo(f"note: prepared the embedded database ({DEFAULT_DSN}); set --dsn or "
-                   f"$LEASEQ_DSN to use another", err=True)
+        applied = queue.migrate()
+        if embedded:
+            click.echo(f"note: prepared the embedded database ({DEFAULT_DSN}); set --dsn or "
+                       f"$LEASEQ_DSN to use another", err=True)
+        elif applied:
+            click.echo(f"note: applied migration(s) {', '.join(map(str, applied))} ({queue.dialect})", err=True)
     elif current == 0:
-        raise CliError("database", "has no leaseq schema; run `leaseq migrate` first")
+        raise CliError("database", f"has no leaseq schema; run `leaseq migrate` first{hint}")
     else:
         raise CliError("database", f"schema version {current} is older than this leaseq's ({latest}); "
-                                   f"run `leaseq migrate`")
+                                   f"run `leaseq migrate`{hint}")
 
 
 def parse_json_option(field: str, text: str | None) -> Any:

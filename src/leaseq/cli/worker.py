@@ -15,8 +15,8 @@ import click
 
 from ..app import App
 from ..core.errors import LeaseqError
-from ..worker.runtime import WorkerStats
-from .session import CliError, CliState
+from .logs import WorkerLogging
+from .session import CliError, CliState, connect_checked
 
 
 def load_app(spec: str) -> App:
@@ -55,24 +55,6 @@ def _transport(app: App, dsn: str | None, server: str | None, token_file: Path |
     return app.queue
 
 
-class ProgressLine:
-    """One line, rewritten in place on a terminal, logged every few seconds otherwise."""
-
-    def __init__(self) -> None:
-        self._tty = sys.stderr.isatty()
-        self._ticks = 0
-
-    def __call__(self, stats: WorkerStats) -> None:
-        self._ticks += 1
-        line = (f"claimed {stats.claimed}  completed {stats.completed}  failed {stats.failed}  "
-                f"lost {stats.lost}  released {stats.released}  {stats.rate:.1f}/s")
-        if self._tty:
-            sys.stderr.write("\r\x1b[2K" + line)
-            sys.stderr.flush()
-        elif self._ticks % 10 == 0:
-            logging.getLogger("leaseq.worker").info("progress: %s", line)
-
-
 def register(group: click.Group) -> None:
     """Add ``worker`` to the command group."""
 
@@ -94,35 +76,62 @@ def register(group: click.Group) -> None:
                   help="Work through a `leaseq serve` instance over HTTP instead of a database connection.")
     @click.option("--token-file", type=click.Path(exists=True, dir_okay=False, path_type=Path), default=None,
                   help="File holding the worker token for --server.")
-    @click.option("--progress", is_flag=True, help="Show a progress line (counts and rate).")
+    @click.option("--until-idle", is_flag=True,
+                  help="Exit (status 0) once no task is due and none is running, instead of waiting for more.")
+    @click.option("--migrate", is_flag=True,
+                  help="Create or upgrade the schema first. Without it, a database lacking leaseq's schema is "
+                       "refused (run `leaseq migrate`); the embedded default is prepared either way.")
+    @click.option("--progress", is_flag=True,
+                  help="Show a progress line (counts and rate) instead of a line per finished task.")
     @click.option("--log-level", type=click.Choice(["debug", "info", "warning", "error"]), default="info",
                   show_default=True)
+    @click.option("--log-format", type=click.Choice(["text", "json"]), default="text", show_default=True,
+                  help="json: one object per line with time, level, message and, where known, task_id, kind, "
+                       "generation, worker and duration.")
     @click.pass_context
     def worker(ctx: click.Context, app_spec: str, queues: tuple[str, ...], concurrency: int, name: str,
                grace: float, poll_interval: float | None, lease_seconds: float | None, server: str | None,
-               token_file: Path | None, progress: bool, log_level: str) -> None:
+               token_file: Path | None, until_idle: bool, migrate: bool, progress: bool, log_level: str,
+               log_format: str) -> None:
         """Run the handlers of MODULE:APP (e.g. myapp:app) until SIGTERM or SIGINT.
 
         The first signal stops claiming and lets running tasks finish within
         --grace; what is left is released through the recovery policy. A second
         signal exits at once (held leases then expire and are recovered).
         """
-        logging.basicConfig(level=log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+        logs = WorkerLogging(level=log_level, fmt=log_format, progress=progress)
         state: CliState = ctx.find_object(CliState)
         app = load_app(app_spec)
+        if server is None:
+            _check_database(app, state.dsn, migrate=migrate)
         transport = _transport(app, state.dsn, server, token_file)
         try:
             stats = app.run_worker(transport=transport, queues=list(queues) or None, concurrency=concurrency,
                                    name=name, grace=grace, poll_interval=poll_interval,
-                                   lease_seconds=lease_seconds, install_signals=True,
-                                   progress=ProgressLine() if progress else None)
+                                   lease_seconds=lease_seconds, install_signals=True, until_idle=until_idle,
+                                   progress=logs.progress if progress else None)
         except LeaseqError as exc:
             raise CliError.from_leaseq(exc) from None
-        if progress and sys.stderr.isatty():
-            sys.stderr.write("\n")
-        click.echo(f"worker stopped: completed {stats.completed}, failed {stats.failed}, lost {stats.lost}, "
-                   f"released {stats.released}", err=True)
+        logs.stopped(stats)
         _exit_past_stuck_handlers()
+
+
+def _check_database(app: App, dsn: str | None, *, migrate: bool) -> None:
+    """Refuse a database without leaseq's schema unless ``--migrate``, as ``leaseq ls`` does.
+
+    The App would otherwise create the schema wherever it is pointed. The
+    embedded default (no --dsn, no $LEASEQ_DSN, no DSN in the App) is
+    prepared on first use, as for every other command.
+    """
+    if app._queue is not None:
+        return  # the module connected the app at import: the library migrated it then
+    if dsn is None:
+        dsn = app.dsn
+    embedded = dsn is None and not os.environ.get("LEASEQ_DSN")
+    hint = ", or start the worker with --migrate"
+    if app.dsn is not None and dsn == app.dsn:
+        hint = " with --dsn set to the app's database" + hint
+    connect_checked(dsn, migrate=migrate or embedded, embedded=embedded, hint=hint).close()
 
 
 def _exit_past_stuck_handlers() -> None:
