@@ -1,0 +1,38 @@
+"""What a library user installs, and the files a package is expected to carry."""
+
+from __future__ import annotations
+
+import re
+import tomllib
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+SERVER_ONLY = {"fastapi", "starlette", "uvicorn", "jinja2", "prometheus-client", "python-multipart"}
+
+
+def names(requirements: list[str]) -> set[str]:
+    return {re.split(r"[\[<>=!~ ;]", r, maxsplit=1)[0].lower().replace("_", "-") for r in requirements}
+
+
+def test_the_library_installs_only_what_it_needs():
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    core = names(project["dependencies"])
+    assert core == {"psycopg", "psycopg-pool", "click", "rich"}
+    extras = project["optional-dependencies"]
+    assert names(extras["server"]) == SERVER_ONLY
+    assert names(extras["client"]) == {"httpx"}
+    # `pip install -e '.[test]'` (the README's second set-up line) still runs every test.
+    assert "leaseq[server,client]" in extras["test"]
+    urls = project["urls"]
+    assert {"Homepage", "Documentation", "Changelog"} <= set(urls)
+    assert all(u.startswith("https://github.com/leaseq/leaseq") for u in urls.values())
+
+
+def test_license_and_changelog():
+    license_text = (ROOT / "LICENSE").read_text()
+    assert "Apache License" in license_text and "Version 2.0, January 2004" in license_text
+    assert "END OF TERMS AND CONDITIONS" in license_text
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    assert project["license"] == {"text": "Apache-2.0"}
+    changelog = (ROOT / "CHANGELOG.md").read_text()
+    assert "## [Unreleased]" in changelog and f"## [{project['version']}]" in changelog
