@@ -12,6 +12,8 @@ Layout
     the schema), :class:`CliError` and the ``--json`` helpers.
 ``render.py``
     rich tables and the evidence-trail timeline (also used by ``leaseq demo``).
+``logs.py``
+    ``leaseq worker``'s logging: text or JSON lines, quiet httpx, the progress line.
 ``tasks.py``, ``operator_actions.py``, ``overview.py``, ``demo_command.py``
     The commands, grouped by who uses them.
 
@@ -22,6 +24,7 @@ commands to the group (``@group.command()`` or ``group.add_command``), then
 add the module's name to ``COMMAND_MODULES`` in ``main.py``: one line. In the
 module, open the queue with ``open_queue(ctx)``; a :class:`leaseq.LeaseqError`
 raised by a command becomes a one-line ``error: <field>: <problem>`` on
-stderr (exit 2, or 1 when the database is unreachable). Import heavy
+stderr (exit 2, or 1 when the database is unreachable). Every option gets an
+environment variable, ``LEASEQ_<COMMAND>_<OPTION>``, from ``main.add_envvars``. Import heavy
 dependencies inside the command function, so ``leaseq ls`` stays fast.
 """
