@@ -49,7 +49,7 @@ RIGHTS: dict[str, frozenset[str]] = {
 #: Whether a role sees payloads, results and errors unless told otherwise.
 DEFAULT_READ_PAYLOADS = {"worker": True, "viewer": False, "operator": True, "admin": True}
 
-_TOKEN = re.compile(r"^lq_([0-9a-f]{12})_([0-9a-f]{64})$")
+_TOKEN = re.compile(r"lq_([0-9a-f]{12})_([0-9a-f]{64})")
 # Compared against when the token id is unknown, so that case costs the same.
 _DUMMY_HASH = hashlib.sha256(b"leaseq: no such token").hexdigest()
 
@@ -68,6 +68,12 @@ class Unauthorized(AccessDenied, UnknownWorker):
     """
 
     code = "unauthorized"
+
+    def __init__(self, message: str, *, token_id: str | None = None):
+        super().__init__(message)
+        #: The id of the existing token that failed (wrong secret, revoked,
+        #: expired); None when no token was presented or its id is unknown.
+        self.token_id = token_id
 
 
 class RateLimited(LeaseqError):
@@ -167,7 +173,7 @@ def verify_token(q: Queue, token: str | None) -> Principal:
     """The principal a token stands for; raises :class:`Unauthorized` otherwise."""
     if not token:
         raise Unauthorized("missing credential: send 'Authorization: Bearer <token>'")
-    m = _TOKEN.match(token) if isinstance(token, str) and len(token) < 200 else None
+    m = _TOKEN.fullmatch(token) if isinstance(token, str) and len(token) < 200 else None
     if m is None:
         raise Unauthorized("malformed token: expected lq_<id>_<secret>")
     presented = hash_token(token)
@@ -175,11 +181,11 @@ def verify_token(q: Queue, token: str | None) -> Principal:
         row = tx.row("token_get", token_id=m.group(1))
         stored = row["secret_hash"] if row is not None else _DUMMY_HASH
         if not hmac.compare_digest(presented, stored) or row is None:
-            raise Unauthorized("invalid token")
+            raise Unauthorized("invalid token", token_id=row["id"] if row is not None else None)
         if row["revoked_at"] is not None:
-            raise Unauthorized(f"token {row['id']} was revoked")
+            raise Unauthorized(f"token {row['id']} was revoked", token_id=row["id"])
         if row["expired"]:
-            raise Unauthorized(f"token {row['id']} has expired")
+            raise Unauthorized(f"token {row['id']} has expired", token_id=row["id"])
         tx.rows("token_touch", token_id=row["id"])
     return _principal(row)
 

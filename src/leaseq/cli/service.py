@@ -20,7 +20,7 @@ from rich.table import Table
 from .render import make_console
 from .session import CliError, emit_json, json_option, open_queue
 
-_DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(s|m|h|d|w)?\s*$")
+_DURATION = re.compile(r"\s*(\d+(?:\.\d+)?)\s*(s|m|h|d|w)?\s*")
 _UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 7 * 86400, None: 1}
 
 
@@ -35,7 +35,7 @@ def parse_duration(field: str, text: str | None) -> float | None:
     """``30d``, ``12h``, ``15m``, ``45s``, ``2w`` or plain seconds, as seconds."""
     if text is None:
         return None
-    m = _DURATION.match(text)
+    m = _DURATION.fullmatch(text)
     if m is None:
         raise CliError(field, f"must be a duration such as 30d, 12h, 15m or 45s (got {text!r})")
     return float(m.group(1)) * _UNITS[m.group(2)]
@@ -63,7 +63,14 @@ def cli_actor() -> str:
 @click.option("--max-body-bytes", default=2 * 1024 * 1024, show_default=True, type=click.IntRange(min=1024),
               help="Largest request body accepted (413 above).")
 @click.option("--public-metrics", is_flag=True, help="Serve /metrics without a token.")
-@click.option("--secure-cookies", is_flag=True, help="Mark the dashboard cookie Secure (behind HTTPS).")
+@click.option("--secure-cookies", is_flag=True,
+              help="Mark the dashboard cookie Secure even on plain HTTP (behind a TLS proxy whose "
+                   "X-Forwarded-Proto is not trusted). Requests over HTTPS always get a Secure cookie.")
+@click.option("--forwarded-allow-ips", metavar="IPS", default="", show_default="none",
+              help="Proxies whose X-Forwarded-For/-Proto headers are believed (comma-separated addresses or "
+                   "networks, '*' for any). By default none: the TCP peer is the client.")
+@click.option("--docs", is_flag=True, help="Serve Swagger UI at /docs (it loads scripts from a CDN). "
+                                           "/openapi.json is always served.")
 @click.option("--prune-older-than", metavar="AGE", default=None,
               help="Retention the service applies: delete finished tasks and their evidence older than AGE.")
 @click.option("--prune-payloads-older-than", metavar="AGE", default=None,
@@ -73,7 +80,8 @@ def cli_actor() -> str:
               type=click.Choice(["critical", "error", "warning", "info", "debug"]))
 @click.pass_context
 def serve(ctx: click.Context, host: str, port: int, migrate: bool, rate: float, burst: float,
-          max_body_bytes: int, public_metrics: bool, secure_cookies: bool, prune_older_than: str | None,
+          max_body_bytes: int, public_metrics: bool, secure_cookies: bool, forwarded_allow_ips: str, docs: bool,
+          prune_older_than: str | None,
           prune_payloads_older_than: str | None, prune_every: str, log_level: str) -> None:
     """Serve the queue over HTTP: worker API, operator API, dashboard and /metrics.
 
@@ -83,6 +91,7 @@ def serve(ctx: click.Context, host: str, port: int, migrate: bool, rate: float, 
     import uvicorn
 
     from ..service import create_app
+    from ..service.app import server_config
 
     older = parse_duration("prune_older_than", prune_older_than)
     payloads = parse_duration("prune_payloads_older_than", prune_payloads_older_than)
@@ -95,7 +104,8 @@ def serve(ctx: click.Context, host: str, port: int, migrate: bool, rate: float, 
     if migrate:
         q.migrate()
     app = create_app(q, rate_per_second=rate, burst=burst, max_body_bytes=max_body_bytes,
-                     public_metrics=public_metrics, secure_cookies=secure_cookies, prune_older_than=older,
+                     public_metrics=public_metrics, secure_cookies=secure_cookies,
+                     forwarded_allow_ips=forwarded_allow_ips, docs=docs, prune_older_than=older,
                      prune_payloads_older_than=payloads, prune_every=every or 3600.0)
 
     class Server(uvicorn.Server):
@@ -118,8 +128,7 @@ def serve(ctx: click.Context, host: str, port: int, migrate: bool, rate: float, 
                     click.echo(f"leaseq service listening on http://{addr[0]}:{addr[1]} "
                                f"({q.dialect}; dashboard at /, API schema at /openapi.json)", err=True)
 
-    config = uvicorn.Config(app, host=host, port=port, log_level=log_level, access_log=log_level == "debug",
-                            server_header=False)
+    config = server_config(app, host=host, port=port, log_level=log_level, access_log=log_level == "debug")
     Server(config).run()
     click.echo("leaseq service stopped", err=True)
 

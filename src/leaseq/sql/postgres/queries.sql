@@ -425,11 +425,33 @@ SELECT e.task_id, e.type, e.generation, e.worker_id, e.detail
 FROM jsonb_to_recordset(%(events)s::jsonb) AS e(task_id bigint, type text, generation bigint, worker_id text,
                                                  detail jsonb);
 
--- name: claimed_by
--- Did this worker ever hold this generation? (Who may add its account of a loss.)
+-- name: report_loss
+-- A worker's own account of losing a lease: one per lost generation. Written
+-- only when this worker was issued the generation (its "claimed" event), the
+-- generation did not end by the holder's own hand (completed, failed,
+-- released) and no loss was reported for it yet. The caller locks the task
+-- row first (lock_task), so two reports of one generation run one after the
+-- other and the second sees the first. No row back: nothing was written.
+INSERT INTO leaseq_events (task_id, type, generation, worker_id, detail)
+SELECT %(task_id)s, 'lease_lost', %(generation)s, %(worker_id)s, %(detail)s::jsonb
+WHERE EXISTS (SELECT 1 FROM leaseq_events e
+              WHERE e.task_id = %(task_id)s AND e.generation = %(generation)s
+                AND e.type = 'claimed' AND e.worker_id = %(worker_id)s)
+  AND NOT EXISTS (SELECT 1 FROM leaseq_events e
+                  WHERE e.task_id = %(task_id)s AND e.generation = %(generation)s
+                    AND e.type IN ('completed', 'failed', 'lease_released', 'lease_lost'))
+RETURNING id;
+
+-- name: generation_outcome
+-- Why report_loss wrote nothing: was the generation this worker's, and what
+-- ended it (the first of completed, failed, lease_released, lease_lost)?
 SELECT EXISTS (SELECT 1 FROM leaseq_events
                WHERE task_id = %(task_id)s AND type = 'claimed'
-                 AND generation = %(generation)s AND worker_id = %(worker_id)s) AS held;
+                 AND generation = %(generation)s AND worker_id = %(worker_id)s) AS held,
+       (SELECT type FROM leaseq_events
+        WHERE task_id = %(task_id)s AND generation = %(generation)s
+          AND type IN ('completed', 'failed', 'lease_released', 'lease_lost')
+        ORDER BY id LIMIT 1) AS ended;
 
 -- name: list_events
 -- A task's evidence trail, in order. Its first entry, "enqueued", is the task

@@ -341,11 +341,33 @@ SELECT e.value ->> '$.task_id', e.value ->> '$.type', e.value ->> '$.generation'
        e.value -> '$.detail'
 FROM json_each(:events) AS e;
 
--- name: claimed_by
--- Did this worker ever hold this generation? (Who may add its account of a loss.)
+-- name: report_loss
+-- A worker's own account of losing a lease: one per lost generation. Written
+-- only when this worker was issued the generation (its "claimed" event), the
+-- generation did not end by the holder's own hand (completed, failed,
+-- released) and no loss was reported for it yet. The caller locks the task
+-- row first (lock_task), so two reports of one generation run one after the
+-- other and the second sees the first. No row back: nothing was written.
+INSERT INTO leaseq_events (task_id, type, generation, worker_id, detail)
+SELECT :task_id, 'lease_lost', :generation, :worker_id, :detail
+WHERE EXISTS (SELECT 1 FROM leaseq_events e
+              WHERE e.task_id = :task_id AND e.generation = :generation
+                AND e.type = 'claimed' AND e.worker_id = :worker_id)
+  AND NOT EXISTS (SELECT 1 FROM leaseq_events e
+                  WHERE e.task_id = :task_id AND e.generation = :generation
+                    AND e.type IN ('completed', 'failed', 'lease_released', 'lease_lost'))
+RETURNING id;
+
+-- name: generation_outcome
+-- Why report_loss wrote nothing: was the generation this worker's, and what
+-- ended it (the first of completed, failed, lease_released, lease_lost)?
 SELECT EXISTS (SELECT 1 FROM leaseq_events
                WHERE task_id = :task_id AND type = 'claimed'
-                 AND generation = :generation AND worker_id = :worker_id) AS held;
+                 AND generation = :generation AND worker_id = :worker_id) AS held,
+       (SELECT type FROM leaseq_events
+        WHERE task_id = :task_id AND generation = :generation
+          AND type IN ('completed', 'failed', 'lease_released', 'lease_lost')
+        ORDER BY id LIMIT 1) AS ended;
 
 -- name: list_events
 -- See the PostgreSQL file: the "enqueued" entry (id 0) is the task row itself.
