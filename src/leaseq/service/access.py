@@ -191,13 +191,13 @@ def require_queue(principal: auth.Principal, queue: str) -> None:
         raise auth.AccessDenied(f"this token may not use queue {queue!r}")
 
 
-def csrf_token(session_token: str) -> str:
-    """The CSRF token of a dashboard session: an HMAC keyed by the session's own token.
+def csrf_token(session_id: str) -> str:
+    """The CSRF token of a dashboard session: an HMAC keyed by the session id.
 
-    Stateless, so it holds across replicas, and unguessable without the
-    HttpOnly session cookie.
+    Stateless, so it holds across replicas; unguessable without the HttpOnly
+    session cookie; and a new login (a new session) gets a new one.
     """
-    key = hashlib.sha256(session_token.encode()).digest()
+    key = hashlib.sha256(session_id.encode()).digest()
     return hmac.new(key, b"leaseq dashboard csrf", hashlib.sha256).hexdigest()
 
 

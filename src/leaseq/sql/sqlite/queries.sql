@@ -453,6 +453,32 @@ INSERT INTO leaseq_audit (actor, action, target, detail) VALUES (:actor, :action
 -- name: audit_list
 SELECT id, at, actor, action, target, detail FROM leaseq_audit ORDER BY id DESC LIMIT :limit;
 
+-- name: session_insert
+-- A dashboard session made from a verified token; the id is stored hashed.
+INSERT INTO leaseq_sessions (id_hash, token_id, expires_at)
+VALUES (:id_hash, :token_id, (julianday('now') - 2440587.5) * 86400.0 + :seconds)
+RETURNING token_id, expires_at;
+
+-- name: session_get
+-- The session and the token it was made from, judged by the database clock:
+-- a session is only as good as its token (revoked or expired ends it too).
+SELECT t.*, (t.expires_at IS NOT NULL AND t.expires_at <= (julianday('now') - 2440587.5) * 86400.0) AS expired,
+       s.expires_at AS session_expires_at, (s.expires_at <= (julianday('now') - 2440587.5) * 86400.0) AS session_expired
+FROM leaseq_sessions s JOIN leaseq_tokens t ON t.id = s.token_id
+WHERE s.id_hash = :id_hash;
+
+-- name: session_delete
+-- Logout: the session ends for every replica at once.
+DELETE FROM leaseq_sessions WHERE id_hash = :id_hash;
+
+-- name: session_delete_for_token
+-- Revoking a token ends every dashboard session made from it.
+DELETE FROM leaseq_sessions WHERE token_id = :token_id RETURNING id_hash;
+
+-- name: session_prune
+-- Expired sessions are dropped at the next login.
+DELETE FROM leaseq_sessions WHERE expires_at <= (julianday('now') - 2440587.5) * 86400.0;
+
 -- name: prune_finished_ids
 SELECT id FROM leaseq_tasks
 WHERE status IN ('completed', 'cancelled')
