@@ -1,14 +1,17 @@
 """``leaseq serve``, ``leaseq tokens create|list|revoke`` and ``leaseq prune``.
 
 The service and token commands act on the database the global ``--dsn``
-names. ``tokens create`` prints the token once, alone on stdout (so
-``leaseq tokens create ... > worker.token`` works); only its hash is stored.
+names. ``tokens create`` prints the token once, alone on stdout, or writes
+it to ``--output FILE``, created readable by its owner only (0600); only its
+hash is stored. A shell redirect creates the file with the shell's umask:
+use ``--output``, or ``(umask 077; leaseq tokens create ... > worker.token)``.
 """
 
 from __future__ import annotations
 
 import contextlib
 import getpass
+import os
 import re
 import signal
 from collections.abc import Iterator
@@ -147,21 +150,51 @@ def tokens() -> None:
 @click.option("--read-payloads/--no-read-payloads", default=None,
               help="Show payloads, results and errors (default: yes, except for viewers).")
 @click.option("--expires-in", metavar="AGE", default=None, help="Lifetime, e.g. 90d (default: no expiry).")
+@click.option("--output", "output", metavar="FILE", default=None,
+              help="Write the token to FILE, created new and readable by you only (0600), instead of printing it.")
 @json_option
 @click.pass_context
 def create(ctx: click.Context, role: str, name: str, queues: tuple[str, ...], read_payloads: bool | None,
-           expires_in: str | None, as_json: bool) -> None:
-    """Create a token and print it once. Only its hash is stored."""
+           expires_in: str | None, output: str | None, as_json: bool) -> None:
+    """Create a token and print it once (or write it to --output FILE). Only its hash is stored."""
     from .. import auth
 
-    token, record = auth.create_token(open_queue(ctx), name=name, role=role, queues=list(queues) or None,
-                                      read_payloads=read_payloads, expires_in=parse_duration("expires_in", expires_in),
-                                      created_by=cli_actor())
+    sink = _private_file(output) if output is not None else None  # before the token exists: nothing to lose
+    try:
+        token, record = auth.create_token(open_queue(ctx), name=name, role=role, queues=list(queues) or None,
+                                          read_payloads=read_payloads,
+                                          expires_in=parse_duration("expires_in", expires_in), created_by=cli_actor())
+    except BaseException:
+        if sink is not None:
+            sink.close()
+            os.unlink(output)  # type: ignore[arg-type]
+        raise
+    if sink is not None:
+        with sink:
+            sink.write(token + "\n")
+        shown = {"token_file": os.path.abspath(output)}  # type: ignore[arg-type]
+    else:
+        shown = {"token": token}
     if as_json:
-        emit_json({"token": token, **record})
+        emit_json({**shown, **record})
         return
-    click.echo(token)
-    click.echo(f"created {role} token {record['id']} ({name}); it is shown only now: store it safely", err=True)
+    if sink is None:
+        click.echo(token)
+        click.echo(f"created {role} token {record['id']} ({name}); it is shown only now: store it safely", err=True)
+    else:
+        click.echo(f"created {role} token {record['id']} ({name}); written to {output} (mode 0600)", err=True)
+
+
+def _private_file(path: str) -> Any:
+    """``path`` opened for writing, created new with mode 0600 whatever the umask."""
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0), 0o600)
+    except FileExistsError:
+        raise CliError("output", f"{path} already exists (a token file is never overwritten)") from None
+    except OSError as exc:
+        raise CliError("output", f"cannot create {path}: {exc.strerror}") from None
+    os.fchmod(fd, 0o600)  # O_CREAT's mode is masked by the umask; the file must not be readable by others
+    return os.fdopen(fd, "w", encoding="ascii")
 
 
 @tokens.command("list")
@@ -190,14 +223,25 @@ def list_(ctx: click.Context, as_json: bool) -> None:
 
 
 @tokens.command("revoke")
-@click.argument("token_id")
+@click.argument("token_id", required=False)
+@click.option("--worker", "worker_id", metavar="WORKER_ID", default=None,
+              help="Revoke the token that registered this worker (and so all of that token's workers).")
 @json_option
 @click.pass_context
-def revoke(ctx: click.Context, token_id: str, as_json: bool) -> None:
-    """Revoke a token and every worker it registered (their leases stop renewing)."""
+def revoke(ctx: click.Context, token_id: str | None, worker_id: str | None, as_json: bool) -> None:
+    """Revoke a token and every worker it registered (their leases stop renewing).
+
+    Name the token by its id, or with --worker by a worker it registered:
+    revoking only a worker leaves its token free to register a new one.
+    """
     from .. import auth
 
-    workers = auth.revoke_token(open_queue(ctx), token_id, by=cli_actor())
+    if (token_id is None) == (worker_id is None):
+        raise CliError("token_id", "name a token id or --worker WORKER_ID (one of them)")
+    if worker_id is not None:
+        token_id, workers = auth.revoke_worker_token(open_queue(ctx), worker_id, by=cli_actor())
+    else:
+        workers = auth.revoke_token(open_queue(ctx), token_id, by=cli_actor())  # type: ignore[arg-type]
     if as_json:
         emit_json({"token_id": token_id, "revoked": True, "revoked_workers": workers})
         return

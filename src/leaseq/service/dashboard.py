@@ -225,7 +225,7 @@ def login(request: Request, token: str = Form(""), csrf: str = Form("")) -> Resp
     response = RedirectResponse("/", status_code=303, headers={"Cache-Control": "no-store"})
     response.set_cookie(COOKIE, session_id, httponly=True, samesite="strict", path="/",
                         secure=_secure(request), max_age=int(settings.session_seconds))
-    response.delete_cookie(LOGIN_COOKIE, path="/login")
+    response.delete_cookie(LOGIN_COOKIE, path="/login", secure=_secure(request), httponly=True, samesite="strict")
     return response
 
 
