@@ -63,6 +63,12 @@ def cli_actor() -> str:
 @click.option("--rate", default=100.0, show_default=True, type=click.FloatRange(min=0),
               help="Requests per second per token (0: no limit). Each replica limits on its own.")
 @click.option("--burst", default=200.0, show_default=True, type=click.FloatRange(min=1), help="Rate limit burst.")
+@click.option("--failed-auth-rate", default=2.0, show_default=True, type=click.FloatRange(min=0),
+              help="Failed authentications per second allowed per token id that failed (per client address "
+                   "for missing, malformed or unknown tokens); past it they get 429. Valid tokens are never "
+                   "refused by it.")
+@click.option("--failed-auth-burst", default=20.0, show_default=True, type=click.FloatRange(min=1),
+              help="Burst of failed authentications before --failed-auth-rate applies.")
 @click.option("--max-body-bytes", default=2 * 1024 * 1024, show_default=True, type=click.IntRange(min=1024),
               help="Largest request body accepted (413 above).")
 @click.option("--public-metrics", is_flag=True, help="Serve /metrics without a token.")
@@ -83,7 +89,7 @@ def cli_actor() -> str:
               type=click.Choice(["critical", "error", "warning", "info", "debug"]))
 @click.pass_context
 def serve(ctx: click.Context, host: str, port: int, migrate: bool, rate: float, burst: float,
-          max_body_bytes: int, public_metrics: bool, secure_cookies: bool, forwarded_allow_ips: str, docs: bool,
+          failed_auth_rate: float, failed_auth_burst: float, max_body_bytes: int, public_metrics: bool, secure_cookies: bool, forwarded_allow_ips: str, docs: bool,
           prune_older_than: str | None,
           prune_payloads_older_than: str | None, prune_every: str, log_level: str) -> None:
     """Serve the queue over HTTP: worker API, operator API, dashboard and /metrics.
@@ -106,7 +112,8 @@ def serve(ctx: click.Context, host: str, port: int, migrate: bool, rate: float, 
     q = open_queue(ctx, need_schema=not migrate)
     if migrate:
         q.migrate()
-    app = create_app(q, rate_per_second=rate, burst=burst, max_body_bytes=max_body_bytes,
+    app = create_app(q, rate_per_second=rate, burst=burst, failed_auth_per_second=failed_auth_rate,
+                     failed_auth_burst=failed_auth_burst, max_body_bytes=max_body_bytes,
                      public_metrics=public_metrics, secure_cookies=secure_cookies,
                      forwarded_allow_ips=forwarded_allow_ips, docs=docs, prune_older_than=older,
                      prune_payloads_older_than=payloads, prune_every=every or 3600.0)
