@@ -89,8 +89,8 @@ def cli_actor() -> str:
               type=click.Choice(["critical", "error", "warning", "info", "debug"]))
 @click.pass_context
 def serve(ctx: click.Context, host: str, port: int, migrate: bool, rate: float, burst: float,
-          failed_auth_rate: float, failed_auth_burst: float, max_body_bytes: int, public_metrics: bool, secure_cookies: bool, forwarded_allow_ips: str, docs: bool,
-          prune_older_than: str | None,
+          failed_auth_rate: float, failed_auth_burst: float, max_body_bytes: int, public_metrics: bool,
+          secure_cookies: bool, forwarded_allow_ips: str, docs: bool, prune_older_than: str | None,
           prune_payloads_older_than: str | None, prune_every: str, log_level: str) -> None:
     """Serve the queue over HTTP: worker API, operator API, dashboard and /metrics.
 
