@@ -270,6 +270,7 @@ def test_a_name_with_a_trailing_newline_is_refused_over_http(svc: Service) -> No
                         (operator.post("/v1/queues/default%0A/pause"), "path.name"),
                         (operator.get("/v1/tasks", params={"queue": "default\n"}), "queue"),
                         (worker.post(f"/v1/workers/{wid}/claim", json={"queue": "default\n"}), "queue"),
+                        (worker.post(f"/v1/workers/{wid}%0A/claim", json={}), "path.worker_id"),
                         (worker.post("/v1/workers", json={"name": "w\n"}), "name")):
         assert resp.status_code == 422, resp.text
         assert error_of(resp)["field"] == field, resp.text

@@ -30,6 +30,8 @@ from ..auth import RateLimited
 from ..queue import Queue
 
 #: Worker ids are issued by the queue: a name, a dash and 12 hex digits.
+#: (A path pattern, checked by pydantic's regex engine, where "$" is the very
+#: end of the text: "w-1\n" is refused. Python's re needs fullmatch for that.)
 WORKER_ID_PATTERN = r"^[A-Za-z0-9_.:\-]{1,120}$"
 _BEARER = re.compile(r"Bearer\s+(\S+)\s*", re.IGNORECASE)
 
