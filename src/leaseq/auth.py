@@ -19,6 +19,11 @@ Roles, each a fixed set of rights (``RIGHTS``):
 Workers remember the token that registered them: revoking a token revokes
 its workers in the same transaction, so their leases stop renewing at once.
 Every token change is written to the audit log with the actor's identity.
+
+Dashboard sessions (:func:`create_session`) are credentials of their own: a
+browser never holds the API token it logged in with, only a random session
+id, stored hashed, which expires, ends at logout and ends when its token is
+revoked.
 """
 
 from __future__ import annotations
@@ -49,7 +54,10 @@ RIGHTS: dict[str, frozenset[str]] = {
 #: Whether a role sees payloads, results and errors unless told otherwise.
 DEFAULT_READ_PAYLOADS = {"worker": True, "viewer": False, "operator": True, "admin": True}
 
-_TOKEN = re.compile(r"^lq_([0-9a-f]{12})_([0-9a-f]{64})$")
+_TOKEN = re.compile(r"lq_([0-9a-f]{12})_([0-9a-f]{64})")
+_SESSION = re.compile(r"lqs_[A-Za-z0-9_-]{43}")
+#: Longest dashboard session accepted (seconds).
+MAX_SESSION_SECONDS = 30 * 86400.0
 # Compared against when the token id is unknown, so that case costs the same.
 _DUMMY_HASH = hashlib.sha256(b"leaseq: no such token").hexdigest()
 
@@ -68,6 +76,12 @@ class Unauthorized(AccessDenied, UnknownWorker):
     """
 
     code = "unauthorized"
+
+    def __init__(self, message: str, *, token_id: str | None = None):
+        super().__init__(message)
+        #: The id of the existing token that failed (wrong secret, revoked,
+        #: expired); None when no token was presented or its id is unknown.
+        self.token_id = token_id
 
 
 class RateLimited(LeaseqError):
@@ -167,7 +181,7 @@ def verify_token(q: Queue, token: str | None) -> Principal:
     """The principal a token stands for; raises :class:`Unauthorized` otherwise."""
     if not token:
         raise Unauthorized("missing credential: send 'Authorization: Bearer <token>'")
-    m = _TOKEN.match(token) if isinstance(token, str) and len(token) < 200 else None
+    m = _TOKEN.fullmatch(token) if isinstance(token, str) and len(token) < 200 else None
     if m is None:
         raise Unauthorized("malformed token: expected lq_<id>_<secret>")
     presented = hash_token(token)
@@ -175,11 +189,11 @@ def verify_token(q: Queue, token: str | None) -> Principal:
         row = tx.row("token_get", token_id=m.group(1))
         stored = row["secret_hash"] if row is not None else _DUMMY_HASH
         if not hmac.compare_digest(presented, stored) or row is None:
-            raise Unauthorized("invalid token")
+            raise Unauthorized("invalid token", token_id=row["id"] if row is not None else None)
         if row["revoked_at"] is not None:
-            raise Unauthorized(f"token {row['id']} was revoked")
+            raise Unauthorized(f"token {row['id']} was revoked", token_id=row["id"])
         if row["expired"]:
-            raise Unauthorized(f"token {row['id']} has expired")
+            raise Unauthorized(f"token {row['id']} has expired", token_id=row["id"])
         tx.rows("token_touch", token_id=row["id"])
     return _principal(row)
 
@@ -205,9 +219,68 @@ def revoke_token(q: Queue, token_id: str, *, by: str) -> list[str]:
         workers = [r["id"] for r in tx.rows("token_revoke_workers", token_id=token_id)]
         for wid in workers:
             q.end_worker_leases(tx, wid, f"token {token_id} revoked")
+        sessions = tx.rows("session_delete_for_token", token_id=token_id)
         tx.rows("audit_insert", actor=by, action="token_revoked", target=token_id,
-                detail={"revoked_workers": workers})
+                detail={"revoked_workers": workers, "ended_sessions": len(sessions)})
     return workers
+
+
+def revoke_worker_token(q: Queue, worker_id: str, *, by: str) -> tuple[str, list[str]]:
+    """Revoke the token that registered ``worker_id``, and so every worker it registered.
+
+    Revoking the worker alone (:meth:`leaseq.Queue.revoke_worker`) leaves
+    its token free to register a new worker and claim again; this closes
+    that door. Returns ``(token_id, revoked worker ids)``.
+    """
+    if not isinstance(worker_id, str) or not worker_id:
+        raise InvalidInput("worker_id", "must be a worker id")
+    token_id = worker_token(q, worker_id)
+    if token_id is None:
+        raise NotFound(f"worker {worker_id!r} does not exist or was not registered with a token")
+    return token_id, revoke_token(q, token_id, by=by)  # the worker is one of the token's workers
+
+
+def create_session(q: Queue, principal: Principal, *, seconds: float) -> str:
+    """A dashboard session for a verified ``principal``, lasting ``seconds``. Returns its id.
+
+    The id is random and shown once (it goes into the browser's cookie);
+    only its SHA-256 is stored. Expired sessions are dropped here too.
+    """
+    seconds = policy.check_seconds("session_seconds", seconds, allow_zero=False, maximum=MAX_SESSION_SECONDS)
+    session_id = f"lqs_{secrets.token_urlsafe(32)}"
+    with q.store.transaction() as tx:
+        tx.rows("session_prune")
+        tx.row("session_insert", id_hash=hash_token(session_id), token_id=principal.token_id, seconds=seconds)
+    return session_id
+
+
+def verify_session(q: Queue, session_id: str | None) -> Principal:
+    """The principal of a live dashboard session; raises :class:`Unauthorized` otherwise.
+
+    A session is as good as its token: a revoked or expired token ends it.
+    """
+    if not session_id:
+        raise Unauthorized("no session: log in")
+    if not isinstance(session_id, str) or not _SESSION.fullmatch(session_id):
+        raise Unauthorized("malformed session id: log in again")
+    with q.store.transaction() as tx:
+        row = tx.row("session_get", id_hash=hash_token(session_id))
+    if row is None:
+        raise Unauthorized("session ended (logged out or replaced): log in again")
+    if row["revoked_at"] is not None:
+        raise Unauthorized(f"token {row['id']} was revoked", token_id=row["id"])
+    if row["expired"]:
+        raise Unauthorized(f"token {row['id']} has expired", token_id=row["id"])
+    if row["session_expired"]:
+        raise Unauthorized("session expired: log in again")
+    return _principal(row)
+
+
+def end_session(q: Queue, session_id: str) -> None:
+    """Log out: the session ends for every replica (an unknown id changes nothing)."""
+    if isinstance(session_id, str) and _SESSION.fullmatch(session_id):
+        with q.store.transaction() as tx:
+            tx.rows("session_delete", id_hash=hash_token(session_id))
 
 
 def worker_token(q: Queue, worker_id: str) -> str | None:

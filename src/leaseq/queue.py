@@ -549,16 +549,28 @@ class Queue:
         Evidence only: the task itself is not touched (the guards already
         refused whatever the worker tried). ``reason`` says how the worker
         found out (heartbeat refused, deadline passed unrenewed, shutdown...).
+        One report per generation the worker held; none for a generation it
+        ended itself (completed, failed or released): the ``report_loss``
+        query enforces both.
         """
         wid = _worker_id(worker)
         self._check_claim(wid, claim)
         policy.check_text("reason", reason, required=True)
         with self.store.transaction() as tx:
-            self._require_task(tx, claim.task_id)
-            if not tx.row("claimed_by", task_id=claim.task_id, generation=claim.generation, worker_id=wid)["held"]:
-                raise InvalidInput("claim", f"worker {wid!r} never held generation {claim.generation} "
-                                            f"of task {claim.task_id}")
-            self._event(tx, claim.task_id, "lease_lost", claim.generation, wid, reason=reason)
+            self._require_task(tx, claim.task_id, lock=True)
+            params = self._event_params(claim.task_id, "lease_lost", claim.generation, wid, reason=reason)
+            if tx.row("report_loss", task_id=claim.task_id, generation=claim.generation, worker_id=wid,
+                      detail=params["detail"]) is not None:
+                return
+            why = tx.row("generation_outcome", task_id=claim.task_id, generation=claim.generation, worker_id=wid)
+        if not why["held"]:
+            raise InvalidInput("claim", f"worker {wid!r} never held generation {claim.generation} "
+                                        f"of task {claim.task_id}")
+        if why["ended"] == "lease_lost":
+            raise InvalidTransition(f"task {claim.task_id} generation {claim.generation}: "
+                                    "its loss was already reported")
+        raise InvalidTransition(f"task {claim.task_id} generation {claim.generation}: not lost, it ended "
+                                f"by its holder ({why['ended']})")
 
     def listener(self, queues: list[str]) -> WorkListener:
         """A blocking waiter woken when work is enqueued on ``queues``

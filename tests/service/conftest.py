@@ -22,14 +22,16 @@ import leaseq
 from leaseq import auth
 from leaseq.client import RemoteQueue
 from leaseq.service import create_app
+from leaseq.service.app import server_config
 
 
 @contextmanager
 def serve(q: leaseq.Queue, **settings: Any) -> Iterator[tuple[str, Any]]:
     """Run the service for ``q`` on 127.0.0.1 (ephemeral port); yields ``(url, app)``."""
     app = create_app(q, **settings)
-    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=0, log_level="warning",
-                                           lifespan="on", access_log=False))
+    # server_config: the uvicorn settings `leaseq serve` uses (forwarded headers trusted as configured)
+    server = uvicorn.Server(server_config(app, host="127.0.0.1", port=0, log_level="warning",
+                                         lifespan="on", access_log=False))
     thread = threading.Thread(target=server.run, name="uvicorn", daemon=True)
     thread.start()
     deadline = time.monotonic() + 10

@@ -47,3 +47,24 @@ def age_tasks(dsn: str, task_ids: list[int], seconds: float) -> None:
     with psycopg.connect(target) as conn:
         conn.execute("UPDATE leaseq_tasks SET updated_at = updated_at - %s * interval '1 second' "
                      "WHERE id = ANY(%s)", (seconds, task_ids))
+
+
+def dashboard_login(url: str, token: str) -> Any:
+    """An ``httpx.Client`` logged in to the dashboard through its form (GET /login, then POST)."""
+    import re
+
+    import httpx
+
+    client = httpx.Client(base_url=url, timeout=10, headers={"Origin": url})  # as a browser posts a form
+    form = client.get("/login")
+    csrf = re.search(r'name="csrf" value="([^"]+)"', form.text).group(1)
+    resp = client.post("/login", data={"token": token, "csrf": csrf})
+    assert resp.status_code == 303 and resp.headers["location"] == "/", (resp.status_code, resp.text[:300])
+    return client
+
+
+def page_csrf(client: Any, path: str = "/") -> str:
+    """The session-bound CSRF token of a dashboard page's forms."""
+    import re
+
+    return re.search(r'name="csrf" value="([0-9a-f]{64})"', client.get(path).text).group(1)

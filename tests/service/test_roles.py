@@ -221,12 +221,12 @@ def test_rate_limit_per_token(q: leaseq.Queue, dsn: str) -> None:
         svc.close()
 
 
-def test_failed_logins_are_limited_per_address(q: leaseq.Queue, dsn: str) -> None:
+def test_failed_logins_are_limited_without_refusing_valid_tokens(q: leaseq.Queue, dsn: str) -> None:
     with serve(q, failed_auth_per_second=0.1, failed_auth_burst=3) as (url, app):
         svc = Service(url, app, q, dsn)
         good = svc.token("viewer")
         bad = svc.http(f"lq_{secrets.token_hex(6)}_{secrets.token_hex(32)}")
         assert [bad.get("/v1/queues").status_code for _ in range(4)] == [401, 401, 401, 429]
-        # guessing is throttled for the address, whatever token it tries next
-        assert svc.http(good).get("/v1/queues").status_code == 429
+        # failures are throttled for the address; a valid token from it still gets in
+        assert svc.http(good).get("/v1/queues").status_code == 200
         svc.close()

@@ -1,14 +1,17 @@
 """``leaseq serve``, ``leaseq tokens create|list|revoke`` and ``leaseq prune``.
 
 The service and token commands act on the database the global ``--dsn``
-names. ``tokens create`` prints the token once, alone on stdout (so
-``leaseq tokens create ... > worker.token`` works); only its hash is stored.
+names. ``tokens create`` prints the token once, alone on stdout, or writes
+it to ``--output FILE``, created readable by its owner only (0600); only its
+hash is stored. A shell redirect creates the file with the shell's umask:
+use ``--output``, or ``(umask 077; leaseq tokens create ... > worker.token)``.
 """
 
 from __future__ import annotations
 
 import contextlib
 import getpass
+import os
 import re
 import signal
 from collections.abc import Iterator
@@ -20,7 +23,7 @@ from rich.table import Table
 from .render import make_console
 from .session import CliError, emit_json, json_option, open_queue
 
-_DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(s|m|h|d|w)?\s*$")
+_DURATION = re.compile(r"\s*(\d+(?:\.\d+)?)\s*(s|m|h|d|w)?\s*")
 _UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 7 * 86400, None: 1}
 
 
@@ -35,7 +38,7 @@ def parse_duration(field: str, text: str | None) -> float | None:
     """``30d``, ``12h``, ``15m``, ``45s``, ``2w`` or plain seconds, as seconds."""
     if text is None:
         return None
-    m = _DURATION.match(text)
+    m = _DURATION.fullmatch(text)
     if m is None:
         raise CliError(field, f"must be a duration such as 30d, 12h, 15m or 45s (got {text!r})")
     return float(m.group(1)) * _UNITS[m.group(2)]
@@ -60,10 +63,23 @@ def cli_actor() -> str:
 @click.option("--rate", default=100.0, show_default=True, type=click.FloatRange(min=0),
               help="Requests per second per token (0: no limit). Each replica limits on its own.")
 @click.option("--burst", default=200.0, show_default=True, type=click.FloatRange(min=1), help="Rate limit burst.")
+@click.option("--failed-auth-rate", default=2.0, show_default=True, type=click.FloatRange(min=0),
+              help="Failed authentications per second allowed per token id that failed (per client address "
+                   "for missing, malformed or unknown tokens); past it they get 429. Valid tokens are never "
+                   "refused by it.")
+@click.option("--failed-auth-burst", default=20.0, show_default=True, type=click.FloatRange(min=1),
+              help="Burst of failed authentications before --failed-auth-rate applies.")
 @click.option("--max-body-bytes", default=2 * 1024 * 1024, show_default=True, type=click.IntRange(min=1024),
               help="Largest request body accepted (413 above).")
 @click.option("--public-metrics", is_flag=True, help="Serve /metrics without a token.")
-@click.option("--secure-cookies", is_flag=True, help="Mark the dashboard cookie Secure (behind HTTPS).")
+@click.option("--secure-cookies", is_flag=True,
+              help="Mark the dashboard cookie Secure even on plain HTTP (behind a TLS proxy whose "
+                   "X-Forwarded-Proto is not trusted). Requests over HTTPS always get a Secure cookie.")
+@click.option("--forwarded-allow-ips", metavar="IPS", default="", show_default="none",
+              help="Proxies whose X-Forwarded-For/-Proto headers are believed (comma-separated addresses or "
+                   "networks, '*' for any). By default none: the TCP peer is the client.")
+@click.option("--docs", is_flag=True, help="Serve Swagger UI at /docs (it loads scripts from a CDN). "
+                                           "/openapi.json is always served.")
 @click.option("--prune-older-than", metavar="AGE", default=None,
               help="Retention the service applies: delete finished tasks and their evidence older than AGE.")
 @click.option("--prune-payloads-older-than", metavar="AGE", default=None,
@@ -73,7 +89,8 @@ def cli_actor() -> str:
               type=click.Choice(["critical", "error", "warning", "info", "debug"]))
 @click.pass_context
 def serve(ctx: click.Context, host: str, port: int, migrate: bool, rate: float, burst: float,
-          max_body_bytes: int, public_metrics: bool, secure_cookies: bool, prune_older_than: str | None,
+          failed_auth_rate: float, failed_auth_burst: float, max_body_bytes: int, public_metrics: bool,
+          secure_cookies: bool, forwarded_allow_ips: str, docs: bool, prune_older_than: str | None,
           prune_payloads_older_than: str | None, prune_every: str, log_level: str) -> None:
     """Serve the queue over HTTP: worker API, operator API, dashboard and /metrics.
 
@@ -83,6 +100,7 @@ def serve(ctx: click.Context, host: str, port: int, migrate: bool, rate: float, 
     import uvicorn
 
     from ..service import create_app
+    from ..service.app import server_config
 
     older = parse_duration("prune_older_than", prune_older_than)
     payloads = parse_duration("prune_payloads_older_than", prune_payloads_older_than)
@@ -94,8 +112,10 @@ def serve(ctx: click.Context, host: str, port: int, migrate: bool, rate: float, 
     q = open_queue(ctx, need_schema=not migrate)
     if migrate:
         q.migrate()
-    app = create_app(q, rate_per_second=rate, burst=burst, max_body_bytes=max_body_bytes,
-                     public_metrics=public_metrics, secure_cookies=secure_cookies, prune_older_than=older,
+    app = create_app(q, rate_per_second=rate, burst=burst, failed_auth_per_second=failed_auth_rate,
+                     failed_auth_burst=failed_auth_burst, max_body_bytes=max_body_bytes,
+                     public_metrics=public_metrics, secure_cookies=secure_cookies,
+                     forwarded_allow_ips=forwarded_allow_ips, docs=docs, prune_older_than=older,
                      prune_payloads_older_than=payloads, prune_every=every or 3600.0)
 
     class Server(uvicorn.Server):
@@ -118,8 +138,7 @@ def serve(ctx: click.Context, host: str, port: int, migrate: bool, rate: float, 
                     click.echo(f"leaseq service listening on http://{addr[0]}:{addr[1]} "
                                f"({q.dialect}; dashboard at /, API schema at /openapi.json)", err=True)
 
-    config = uvicorn.Config(app, host=host, port=port, log_level=log_level, access_log=log_level == "debug",
-                            server_header=False)
+    config = server_config(app, host=host, port=port, log_level=log_level, access_log=log_level == "debug")
     Server(config).run()
     click.echo("leaseq service stopped", err=True)
 
@@ -138,21 +157,51 @@ def tokens() -> None:
 @click.option("--read-payloads/--no-read-payloads", default=None,
               help="Show payloads, results and errors (default: yes, except for viewers).")
 @click.option("--expires-in", metavar="AGE", default=None, help="Lifetime, e.g. 90d (default: no expiry).")
+@click.option("--output", "output", metavar="FILE", default=None,
+              help="Write the token to FILE, created new and readable by you only (0600), instead of printing it.")
 @json_option
 @click.pass_context
 def create(ctx: click.Context, role: str, name: str, queues: tuple[str, ...], read_payloads: bool | None,
-           expires_in: str | None, as_json: bool) -> None:
-    """Create a token and print it once. Only its hash is stored."""
+           expires_in: str | None, output: str | None, as_json: bool) -> None:
+    """Create a token and print it once (or write it to --output FILE). Only its hash is stored."""
     from .. import auth
 
-    token, record = auth.create_token(open_queue(ctx), name=name, role=role, queues=list(queues) or None,
-                                      read_payloads=read_payloads, expires_in=parse_duration("expires_in", expires_in),
-                                      created_by=cli_actor())
+    sink = _private_file(output) if output is not None else None  # before the token exists: nothing to lose
+    try:
+        token, record = auth.create_token(open_queue(ctx), name=name, role=role, queues=list(queues) or None,
+                                          read_payloads=read_payloads,
+                                          expires_in=parse_duration("expires_in", expires_in), created_by=cli_actor())
+    except BaseException:
+        if sink is not None:
+            sink.close()
+            os.unlink(output)  # type: ignore[arg-type]
+        raise
+    if sink is not None:
+        with sink:
+            sink.write(token + "\n")
+        shown = {"token_file": os.path.abspath(output)}  # type: ignore[arg-type]
+    else:
+        shown = {"token": token}
     if as_json:
-        emit_json({"token": token, **record})
+        emit_json({**shown, **record})
         return
-    click.echo(token)
-    click.echo(f"created {role} token {record['id']} ({name}); it is shown only now: store it safely", err=True)
+    if sink is None:
+        click.echo(token)
+        click.echo(f"created {role} token {record['id']} ({name}); it is shown only now: store it safely", err=True)
+    else:
+        click.echo(f"created {role} token {record['id']} ({name}); written to {output} (mode 0600)", err=True)
+
+
+def _private_file(path: str) -> Any:
+    """``path`` opened for writing, created new with mode 0600 whatever the umask."""
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0), 0o600)
+    except FileExistsError:
+        raise CliError("output", f"{path} already exists (a token file is never overwritten)") from None
+    except OSError as exc:
+        raise CliError("output", f"cannot create {path}: {exc.strerror}") from None
+    os.fchmod(fd, 0o600)  # O_CREAT's mode is masked by the umask; the file must not be readable by others
+    return os.fdopen(fd, "w", encoding="ascii")
 
 
 @tokens.command("list")
@@ -181,14 +230,25 @@ def list_(ctx: click.Context, as_json: bool) -> None:
 
 
 @tokens.command("revoke")
-@click.argument("token_id")
+@click.argument("token_id", required=False)
+@click.option("--worker", "worker_id", metavar="WORKER_ID", default=None,
+              help="Revoke the token that registered this worker (and so all of that token's workers).")
 @json_option
 @click.pass_context
-def revoke(ctx: click.Context, token_id: str, as_json: bool) -> None:
-    """Revoke a token and every worker it registered (their leases stop renewing)."""
+def revoke(ctx: click.Context, token_id: str | None, worker_id: str | None, as_json: bool) -> None:
+    """Revoke a token and every worker it registered (their leases stop renewing).
+
+    Name the token by its id, or with --worker by a worker it registered:
+    revoking only a worker leaves its token free to register a new one.
+    """
     from .. import auth
 
-    workers = auth.revoke_token(open_queue(ctx), token_id, by=cli_actor())
+    if (token_id is None) == (worker_id is None):
+        raise CliError("token_id", "name a token id or --worker WORKER_ID (one of them)")
+    if worker_id is not None:
+        token_id, workers = auth.revoke_worker_token(open_queue(ctx), worker_id, by=cli_actor())
+    else:
+        workers = auth.revoke_token(open_queue(ctx), token_id, by=cli_actor())  # type: ignore[arg-type]
     if as_json:
         emit_json({"token_id": token_id, "revoked": True, "revoked_workers": workers})
         return

@@ -28,14 +28,16 @@ DEFAULT_MAX_SAME_ERROR = 3
 BACKOFF_BASE_SECONDS = 1.0
 BACKOFF_CAP_SECONDS = 3600.0
 
-_NAME = re.compile(r"^[A-Za-z0-9_.:\-]{1,100}$")
+# Matched whole (fullmatch): with re.match, "$" also matches before a final
+# newline, and "default\n" would pass as a name distinct from "default".
+_NAME = re.compile(r"[A-Za-z0-9_.:\-]{1,100}")
 _KEY_MAX = 255
 _TEXT_MAX = 10_000
 
 
 def check_name(field: str, value: Any) -> str:
     """A queue or worker name: 1-100 of letters, digits and ``_ . : -``."""
-    if not isinstance(value, str) or not _NAME.match(value):
+    if not isinstance(value, str) or not _NAME.fullmatch(value):
         raise InvalidInput(field, f"must be 1-100 characters of letters, digits, '_', '.', ':' or '-' (got {value!r})")
     return value
 

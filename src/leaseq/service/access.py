@@ -18,6 +18,7 @@ import hmac
 import re
 import threading
 import time
+from collections import OrderedDict
 from collections.abc import Callable
 from typing import Any
 
@@ -29,8 +30,10 @@ from ..auth import RateLimited
 from ..queue import Queue
 
 #: Worker ids are issued by the queue: a name, a dash and 12 hex digits.
+#: (A path pattern, checked by pydantic's regex engine, where "$" is the very
+#: end of the text: "w-1\n" is refused. Python's re needs fullmatch for that.)
 WORKER_ID_PATTERN = r"^[A-Za-z0-9_.:\-]{1,120}$"
-_BEARER = re.compile(r"^Bearer\s+(\S+)\s*$", re.IGNORECASE)
+_BEARER = re.compile(r"Bearer\s+(\S+)\s*", re.IGNORECASE)
 
 
 class BodyTooLarge(LeaseqError):
@@ -42,16 +45,20 @@ class BodyTooLarge(LeaseqError):
 class TokenBuckets:
     """Token buckets keyed by a string: ``rate`` per second, up to ``burst`` stored.
 
-    Thread-safe. Memory is bounded: idle buckets are dropped when the table grows.
+    Thread-safe, O(1) per call, and bounded: at most ``max_keys`` buckets are
+    kept, the least recently used dropped first. A dropped bucket comes back
+    full, which is what an idle bucket would have refilled to anyway.
     """
 
-    MAX_KEYS = 50_000
-
-    def __init__(self, rate: float, burst: float):
+    def __init__(self, rate: float, burst: float, *, max_keys: int = 50_000):
         self.rate = rate
         self.burst = burst
-        self._buckets: dict[str, tuple[float, float]] = {}
+        self.max_keys = max_keys
+        self._buckets: OrderedDict[str, tuple[float, float]] = OrderedDict()
         self._lock = threading.Lock()
+
+    def __len__(self) -> int:
+        return len(self._buckets)
 
     def take(self, key: str, cost: float = 1.0) -> float:
         """Spend ``cost``; returns 0 when allowed, else the seconds until it would be."""
@@ -59,48 +66,53 @@ class TokenBuckets:
             return 0.0
         now = time.monotonic()
         with self._lock:
-            level, last = self._buckets.get(key, (self.burst, now))
+            level, last = self._buckets.pop(key, (self.burst, now))
             level = min(self.burst, level + (now - last) * self.rate)
-            if level < cost:
-                self._buckets[key] = (level, now)
-                return (cost - level) / self.rate
-            if len(self._buckets) >= self.MAX_KEYS and key not in self._buckets:
-                self._buckets = {k: v for k, v in self._buckets.items() if v[0] < self.burst}
-            self._buckets[key] = (level - cost, now)
-            return 0.0
-
-    def empty(self, key: str) -> float:
-        """Seconds until ``key`` may spend one token again (0 if it may now)."""
-        if self.rate <= 0:
-            return 0.0
-        with self._lock:
-            level, last = self._buckets.get(key, (self.burst, time.monotonic()))
-            level = min(self.burst, level + (time.monotonic() - last) * self.rate)
-        return 0.0 if level >= 1 else (1 - level) / self.rate
+            allowed = level >= cost
+            self._buckets[key] = (level - cost if allowed else level, now)  # re-inserted: most recent
+            if len(self._buckets) > self.max_keys:
+                self._buckets.popitem(last=False)
+            return 0.0 if allowed else (cost - level) / self.rate
 
 
 class Access:
-    """Authentication state of one application: the queue, rate buckets, worker links."""
+    """Authentication state of one application: the queue, rate buckets, worker links.
+
+    Failed authentications are limited by what failed: the token id presented
+    when that token exists (a wrong secret, or a revoked or expired token),
+    the client address only when the token is missing, malformed or unknown.
+    A credential is always verified before any failure limit is consulted, and
+    only a failing request is refused by one, so a valid credential is never
+    refused because of someone else's failures, even behind one shared address.
+    """
 
     def __init__(self, queue: Queue, *, rate: float, burst: float, failed_rate: float = 2.0,
-                 failed_burst: float = 20.0):
+                 failed_burst: float = 20.0, max_keys: int = 50_000):
         self.queue = queue
-        self.buckets = TokenBuckets(rate, burst)
-        # Failed authentications are limited per client address, so guessing tokens is slow.
-        self.failures = TokenBuckets(failed_rate, failed_burst)
+        self.buckets = TokenBuckets(rate, burst, max_keys=max_keys)
+        self.failures = TokenBuckets(failed_rate, failed_burst, max_keys=max_keys)
         self._owners: dict[str, str] = {}
         self._owners_lock = threading.Lock()
 
     def authenticate(self, token: str | None, client: str) -> auth.Principal:
         """Verify ``token`` and charge its rate bucket; raises Unauthorized or RateLimited."""
-        wait = self.failures.empty(f"addr:{client}")
-        if wait:
-            raise RateLimited("too many failed authentications from this address", wait)
         try:
             principal = auth.verify_token(self.queue, token)
-        except auth.Unauthorized:
-            self.failures.take(f"addr:{client}")
+        except auth.Unauthorized as exc:
+            self.failed(exc, client)
             raise
+        return self.charge(principal)
+
+    def failed(self, exc: auth.Unauthorized, client: str) -> None:
+        """Count a failed authentication; raises RateLimited once its key has failed too often."""
+        key = f"token:{exc.token_id}" if exc.token_id else f"addr:{client}"
+        wait = self.failures.take(key)
+        if wait:
+            what = f"token {exc.token_id}" if exc.token_id else "this address"
+            raise RateLimited(f"too many failed authentications for {what} ({exc})", wait) from None
+
+    def charge(self, principal: auth.Principal) -> auth.Principal:
+        """Charge ``principal``'s request-rate bucket; raises RateLimited when it is empty."""
         wait = self.buckets.take(principal.token_id)
         if wait:
             raise RateLimited(f"rate limit for token {principal.token_id} exceeded", wait)
@@ -129,21 +141,32 @@ def bearer_token(request: Request) -> str | None:
     header = request.headers.get("authorization")
     if not header:
         return None
-    m = _BEARER.match(header)
+    m = _BEARER.fullmatch(header)
     if m is None:
         raise auth.Unauthorized("the Authorization header must be 'Bearer <token>'")
     return m.group(1)
 
 
 def client_address(request: Request) -> str:
-    """The peer address (the service trusts no forwarding header)."""
+    """The client's address, as the server hands it over.
+
+    That is the TCP peer unless the server was told to trust forwarding
+    headers from that peer: ``leaseq serve`` trusts none unless given
+    ``--forwarded-allow-ips`` (see :func:`leaseq.service.app.server_config`);
+    uvicorn on its own trusts ``X-Forwarded-For`` from 127.0.0.1.
+    """
     return request.client.host if request.client else "unknown"
 
 
 def api_principal(request: Request) -> auth.Principal:
     """FastAPI dependency: the verified caller of a JSON API request (bearer token only)."""
     access: Access = request.app.state.access
-    principal = access.authenticate(bearer_token(request), client_address(request))
+    try:
+        token = bearer_token(request)
+    except auth.Unauthorized as exc:
+        access.failed(exc, client_address(request))
+        raise
+    principal = access.authenticate(token, client_address(request))
     request.state.principal = principal
     return principal
 
@@ -170,13 +193,13 @@ def require_queue(principal: auth.Principal, queue: str) -> None:
         raise auth.AccessDenied(f"this token may not use queue {queue!r}")
 
 
-def csrf_token(session_token: str) -> str:
-    """The CSRF token of a dashboard session: an HMAC keyed by the session's own token.
+def csrf_token(session_id: str) -> str:
+    """The CSRF token of a dashboard session: an HMAC keyed by the session id.
 
-    Stateless, so it holds across replicas, and unguessable without the
-    HttpOnly session cookie.
+    Stateless, so it holds across replicas; unguessable without the HttpOnly
+    session cookie; and a new login (a new session) gets a new one.
     """
-    key = hashlib.sha256(session_token.encode()).digest()
+    key = hashlib.sha256(session_id.encode()).digest()
     return hmac.new(key, b"leaseq dashboard csrf", hashlib.sha256).hexdigest()
 
 

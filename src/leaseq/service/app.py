@@ -54,19 +54,49 @@ class ServiceSettings:
     #: Requests per second per token, with bursts up to ``burst`` (0 disables). Per replica.
     rate_per_second: float = 100.0
     burst: float = 200.0
-    #: Failed authentications per second per client address, with bursts.
+    #: Failed authentications per second, with bursts, per token id that failed
+    #: (per client address for missing, malformed or unknown tokens). Only failing
+    #: requests are refused by it (429): a valid credential always gets through.
     failed_auth_per_second: float = 2.0
     failed_auth_burst: float = 20.0
+    #: Most keys each rate-limit table holds (least recently used dropped first).
+    rate_limit_keys: int = 50_000
+    #: Proxies whose ``X-Forwarded-For`` and ``X-Forwarded-Proto`` are believed:
+    #: comma-separated addresses or networks, ``*`` for any. Empty: none (the
+    #: TCP peer is the client). Applied by :func:`server_config`.
+    forwarded_allow_ips: str = ""
     #: Serve /metrics without a token (else a viewer token or better is needed).
     public_metrics: bool = False
-    #: Mark the dashboard cookie Secure (set it when clients reach the service over HTTPS).
+    #: Mark the dashboard cookie Secure even when a request arrives over plain
+    #: HTTP (a TLS-terminating proxy whose X-Forwarded-Proto is not trusted).
+    #: Requests that arrive over HTTPS always get a Secure cookie.
     secure_cookies: bool = False
+    #: How long a dashboard session lasts (seconds) before a new login is needed.
+    session_seconds: float = 12 * 3600.0
+    #: Serve Swagger UI at /docs. Off by default: it loads scripts from a CDN
+    #: into the dashboard's origin. /openapi.json is always served.
+    docs: bool = False
     #: Retention the service applies itself: delete finished tasks older than this (seconds)...
     prune_older_than: float | None = None
     #: ...blank their payloads and results after this (seconds)...
     prune_payloads_older_than: float | None = None
     #: ...checking this often (seconds).
     prune_every: float = 3600.0
+
+
+def server_config(app: FastAPI, *, host: str = "127.0.0.1", port: int = 8765, **options: Any) -> Any:
+    """The ``uvicorn.Config`` that serves ``app`` as its settings say.
+
+    Forwarding headers are believed only from ``forwarded_allow_ips``
+    (uvicorn on its own believes them from 127.0.0.1): the client address
+    limits failed logins and the scheme decides the Secure cookie flag.
+    ``options`` go to ``uvicorn.Config`` as they are.
+    """
+    import uvicorn
+
+    trusted = app.state.settings.forwarded_allow_ips.strip()
+    return uvicorn.Config(app, host=host, port=port, proxy_headers=bool(trusted),
+                          forwarded_allow_ips=trusted or "", server_header=False, **options)
 
 
 def error_body(code: str, message: str, **extra: Any) -> dict[str, Any]:
@@ -235,12 +265,14 @@ def create_app(queue: Queue, settings: ServiceSettings | None = None, **options:
                 retention.stop()
 
     app = FastAPI(title="leaseq", version=__version__, lifespan=lifespan, redoc_url=None,
+                  docs_url="/docs" if settings.docs else None,
                   description="Leases with fencing tokens, over HTTP. Authenticate with "
                               "`Authorization: Bearer <token>`; errors are `{\"error\": {\"code\", \"message\"}}`.")
     app.state.queue = queue
     app.state.settings = settings
     app.state.access = Access(queue, rate=settings.rate_per_second, burst=settings.burst,
-                              failed_rate=settings.failed_auth_per_second, failed_burst=settings.failed_auth_burst)
+                              failed_rate=settings.failed_auth_per_second, failed_burst=settings.failed_auth_burst,
+                              max_keys=settings.rate_limit_keys)
     app.state.metrics = metrics
     app.state.retention = retention
 

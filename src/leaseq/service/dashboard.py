@@ -1,16 +1,25 @@
 """Server-rendered dashboard: queues, tasks, the evidence timeline, the reconciliation inbox.
 
-Login: a token (viewer or better) is entered once in a form and kept in an
-HttpOnly, SameSite=Strict cookie; every page re-verifies it, so revoking the
-token ends the session. Every POST form carries a CSRF token derived from
-the session (see :func:`leaseq.service.access.csrf_token`); actions need the
-operator role and go through :class:`leaseq.Queue` with the actor's identity.
+Login: a token (viewer or better) is entered once in a form; the service
+answers with a session of its own (:func:`leaseq.auth.create_session`), kept
+in an HttpOnly, SameSite=Strict cookie (Secure over HTTPS). The browser never
+holds the API token. Every page re-checks the session in the database, so
+logout, expiry and revoking the token end it on every replica.
+
+Forms are posted only from the dashboard itself: a POST whose
+``Sec-Fetch-Site`` is not ``same-origin``, or whose ``Origin`` is another
+origin or ``null``, is refused, and each form carries a CSRF token: the login
+form a double-submit token (a cookie set with the form, echoed in a field),
+the others one derived from the session (see
+:func:`leaseq.service.access.csrf_token`). Actions need the operator role and
+go through :class:`leaseq.Queue` with the actor's identity.
 """
 
 from __future__ import annotations
 
 import hmac
 import json
+import secrets
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
@@ -28,12 +37,16 @@ from .views import STATUSES, present_effect, present_task, queue_overview, task_
 
 router = APIRouter(include_in_schema=False)
 COOKIE = "leaseq_session"
+#: The login form's double-submit CSRF cookie (sent to /login only).
+LOGIN_COOKIE = "leaseq_login"
 INBOX_STATUSES = ("needs_reconciliation", "blocked")
 _HEADERS = {
     "Content-Security-Policy": "default-src 'none'; style-src 'unsafe-inline'; img-src 'self' data:; "
                                "form-action 'self'; frame-ancestors 'none'; base-uri 'none'",
     "X-Frame-Options": "DENY",
-    "Referrer-Policy": "no-referrer",
+    # "same-origin", not "no-referrer": under no-referrer a browser sends
+    # "Origin: null" with the dashboard's own forms, and the origin check needs it.
+    "Referrer-Policy": "same-origin",
     "X-Content-Type-Options": "nosniff",
     "Cache-Control": "no-store",
 }
@@ -105,30 +118,48 @@ class Session:
 
 def session(request: Request) -> Session:
     """Dependency: the verified session of the cookie, or a redirect to the login form."""
-    token = request.cookies.get(COOKIE)
-    if not token:
+    session_id = request.cookies.get(COOKIE)
+    if not session_id:
         raise LoginRequired()
     access: Access = request.app.state.access
     try:
-        principal = access.authenticate(token, client_address(request))
+        principal = access.charge(auth.verify_session(access.queue, session_id))
     except auth.Unauthorized as exc:
         raise LoginRequired(f"session ended: {exc}", clear=True) from None
     if not principal.can("read"):
         raise LoginRequired(f"the {principal.role} role cannot use the dashboard", clear=True)
-    return Session(principal, csrf_token(token))
+    return Session(principal, csrf_token(session_id))
 
 
 def same_origin(request: Request) -> None:
-    """Refuse a form posted from another site (defence in depth beside the CSRF token)."""
+    """Refuse a form posted from anywhere but the dashboard itself.
+
+    Browsers say where a request comes from: ``Sec-Fetch-Site`` must be
+    ``same-origin`` when sent, and ``Origin`` must name this host (and HTTPS
+    when the request came over HTTPS) when sent; ``Origin: null`` (a sandboxed
+    frame, a ``data:`` page) is refused. Another port on the same host is
+    another origin. A POST with neither header is refused: browsers send
+    them, and the CSRF token alone cannot stop a login CSRF whose attacker
+    plants the double-submit cookie from another port of the same host.
+    """
+    site = request.headers.get("sec-fetch-site")
+    if site is not None and site != "same-origin":
+        raise auth.AccessDenied(f"form posted from another site (Sec-Fetch-Site: {site})")
     origin = request.headers.get("origin")
-    if origin and origin != "null" and urlsplit(origin).netloc != request.headers.get("host", ""):
+    if origin is None:
+        if site is None:
+            raise auth.AccessDenied("form posted without an Origin header: post it from the dashboard page")
+        return
+    parts = urlsplit(origin) if origin != "null" else None
+    if (parts is None or parts.netloc != request.headers.get("host", "")
+            or parts.scheme not in ("http", "https") or (request.url.scheme == "https" and parts.scheme != "https")):
         raise auth.AccessDenied(f"form posted from another origin ({origin})")
 
 
 def operator_session(request: Request, csrf: str = Form(""), s: Session = Depends(session)) -> Session:
     """Dependency for POST actions: same origin, matching CSRF token, and the operator role."""
     same_origin(request)
-    if not hmac.compare_digest(csrf, s.csrf):
+    if not hmac.compare_digest(csrf.encode(), s.csrf.encode()):
         raise auth.AccessDenied("CSRF check failed: reload the page and try again")
     if not s.can_operate:
         raise auth.AccessDenied(f"the {s.principal.role} role cannot perform operator actions")
@@ -157,34 +188,54 @@ def _back(target: str, **flash: str) -> RedirectResponse:
 
 # -- login ----------------------------------------------------------------------------
 
+def _secure(request: Request) -> bool:
+    return request.url.scheme == "https" or request.app.state.settings.secure_cookies
+
+
+def _login_page(request: Request, status_code: int = 200, err: str | None = None) -> HTMLResponse:
+    # A fresh double-submit token with every form: the cookie only goes back to /login.
+    token = secrets.token_urlsafe(32)
+    context = {"csrf": token} if err is None else {"csrf": token, "err": err}
+    response = render("login.html", request, None, status_code=status_code, **context)
+    response.set_cookie(LOGIN_COOKIE, token, httponly=True, samesite="strict", path="/login",
+                        secure=_secure(request), max_age=3600)
+    return response
+
+
 @router.get("/login", response_class=HTMLResponse)
 def login_form(request: Request) -> HTMLResponse:
-    return render("login.html", request, None)
+    return _login_page(request)
 
 
 @router.post("/login")
-def login(request: Request, token: str = Form("")) -> Response:
+def login(request: Request, token: str = Form(""), csrf: str = Form("")) -> Response:
     same_origin(request)
+    expected = request.cookies.get(LOGIN_COOKIE, "")
+    if not expected or not hmac.compare_digest(csrf.encode(), expected.encode()):
+        return _login_page(request, 403, "the login form expired or was not posted from this page: try again")
     access: Access = request.app.state.access
     try:
         principal = access.authenticate(token.strip(), client_address(request))
     except LeaseqError as exc:
-        return render("login.html", request, None, status_code=401, err=str(exc))
+        return _login_page(request, 401, str(exc))
     if not principal.can("read"):
-        return render("login.html", request, None, status_code=403,
-                      err=f"the {principal.role} role cannot use the dashboard")
-    response = RedirectResponse("/", status_code=303)
-    response.set_cookie(COOKIE, token.strip(), httponly=True, samesite="strict", path="/",
-                        secure=request.app.state.settings.secure_cookies, max_age=12 * 3600)
+        return _login_page(request, 403, f"the {principal.role} role cannot use the dashboard")
+    settings = request.app.state.settings
+    session_id = auth.create_session(access.queue, principal, seconds=settings.session_seconds)
+    response = RedirectResponse("/", status_code=303, headers={"Cache-Control": "no-store"})
+    response.set_cookie(COOKIE, session_id, httponly=True, samesite="strict", path="/",
+                        secure=_secure(request), max_age=int(settings.session_seconds))
+    response.delete_cookie(LOGIN_COOKIE, path="/login", secure=_secure(request), httponly=True, samesite="strict")
     return response
 
 
 @router.post("/logout")
 def logout(request: Request, s: Session = Depends(session), csrf: str = Form("")) -> Response:
     same_origin(request)
-    if not hmac.compare_digest(csrf, s.csrf):
+    if not hmac.compare_digest(csrf.encode(), s.csrf.encode()):
         raise auth.AccessDenied("CSRF check failed")
-    response = RedirectResponse("/login", status_code=303)
+    auth.end_session(request.app.state.access.queue, request.cookies.get(COOKIE, ""))
+    response = RedirectResponse("/login?msg=logged+out", status_code=303)
     response.delete_cookie(COOKIE, path="/")
     return response
 

@@ -341,11 +341,33 @@ SELECT e.value ->> '$.task_id', e.value ->> '$.type', e.value ->> '$.generation'
        e.value -> '$.detail'
 FROM json_each(:events) AS e;
 
--- name: claimed_by
--- Did this worker ever hold this generation? (Who may add its account of a loss.)
+-- name: report_loss
+-- A worker's own account of losing a lease: one per lost generation. Written
+-- only when this worker was issued the generation (its "claimed" event), the
+-- generation did not end by the holder's own hand (completed, failed,
+-- released) and no loss was reported for it yet. The caller locks the task
+-- row first (lock_task), so two reports of one generation run one after the
+-- other and the second sees the first. No row back: nothing was written.
+INSERT INTO leaseq_events (task_id, type, generation, worker_id, detail)
+SELECT :task_id, 'lease_lost', :generation, :worker_id, :detail
+WHERE EXISTS (SELECT 1 FROM leaseq_events e
+              WHERE e.task_id = :task_id AND e.generation = :generation
+                AND e.type = 'claimed' AND e.worker_id = :worker_id)
+  AND NOT EXISTS (SELECT 1 FROM leaseq_events e
+                  WHERE e.task_id = :task_id AND e.generation = :generation
+                    AND e.type IN ('completed', 'failed', 'lease_released', 'lease_lost'))
+RETURNING id;
+
+-- name: generation_outcome
+-- Why report_loss wrote nothing: was the generation this worker's, and what
+-- ended it (the first of completed, failed, lease_released, lease_lost)?
 SELECT EXISTS (SELECT 1 FROM leaseq_events
                WHERE task_id = :task_id AND type = 'claimed'
-                 AND generation = :generation AND worker_id = :worker_id) AS held;
+                 AND generation = :generation AND worker_id = :worker_id) AS held,
+       (SELECT type FROM leaseq_events
+        WHERE task_id = :task_id AND generation = :generation
+          AND type IN ('completed', 'failed', 'lease_released', 'lease_lost')
+        ORDER BY id LIMIT 1) AS ended;
 
 -- name: list_events
 -- See the PostgreSQL file: the "enqueued" entry (id 0) is the task row itself.
@@ -430,6 +452,32 @@ INSERT INTO leaseq_audit (actor, action, target, detail) VALUES (:actor, :action
 
 -- name: audit_list
 SELECT id, at, actor, action, target, detail FROM leaseq_audit ORDER BY id DESC LIMIT :limit;
+
+-- name: session_insert
+-- A dashboard session made from a verified token; the id is stored hashed.
+INSERT INTO leaseq_sessions (id_hash, token_id, expires_at)
+VALUES (:id_hash, :token_id, (julianday('now') - 2440587.5) * 86400.0 + :seconds)
+RETURNING token_id, expires_at;
+
+-- name: session_get
+-- The session and the token it was made from, judged by the database clock:
+-- a session is only as good as its token (revoked or expired ends it too).
+SELECT t.*, (t.expires_at IS NOT NULL AND t.expires_at <= (julianday('now') - 2440587.5) * 86400.0) AS expired,
+       s.expires_at AS session_expires_at, (s.expires_at <= (julianday('now') - 2440587.5) * 86400.0) AS session_expired
+FROM leaseq_sessions s JOIN leaseq_tokens t ON t.id = s.token_id
+WHERE s.id_hash = :id_hash;
+
+-- name: session_delete
+-- Logout: the session ends for every replica at once.
+DELETE FROM leaseq_sessions WHERE id_hash = :id_hash;
+
+-- name: session_delete_for_token
+-- Revoking a token ends every dashboard session made from it.
+DELETE FROM leaseq_sessions WHERE token_id = :token_id RETURNING id_hash;
+
+-- name: session_prune
+-- Expired sessions are dropped at the next login.
+DELETE FROM leaseq_sessions WHERE expires_at <= (julianday('now') - 2440587.5) * 86400.0;
 
 -- name: prune_finished_ids
 SELECT id FROM leaseq_tasks
