@@ -150,7 +150,9 @@ def _operator_route(spec: auth.Action) -> None:
               inspect.Parameter(target, kw, annotation=annotation, default=default),
               inspect.Parameter("principal", kw, annotation=auth.Principal, default=Depends(need(spec.name)))]
     if model is not None:
-        params.append(inspect.Parameter("body", kw, annotation=model))
+        optional = not any(f.required for f in spec.fields)  # then the body itself may be left out
+        params.append(inspect.Parameter("body", kw, annotation=model | None if optional else model,
+                                        default=None if optional else inspect.Parameter.empty))
 
     def endpoint(request: Request, principal: auth.Principal, body: Any = None, **path: Any) -> Any:
         given = body.model_dump(exclude_unset=True) if body is not None else {}
