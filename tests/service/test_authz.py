@@ -26,7 +26,7 @@ import httpx
 import pytest
 
 import leaseq
-from leaseq import auth
+from leaseq import auth, authz
 from leaseq.store import parse_dsn
 
 from .conftest import Service
@@ -75,7 +75,7 @@ def _task_in(q: leaseq.Queue, status: str) -> int:
     return t.id
 
 
-def _target(q: leaseq.Queue, spec: auth.Action) -> Any:
+def _target(q: leaseq.Queue, spec: authz.Action) -> Any:
     """Something the action can act on: a task in its first status (cancel: a running one), a queue, a
     worker holding a lease."""
     if spec.target == "task":
@@ -91,22 +91,22 @@ def _target(q: leaseq.Queue, spec: auth.Action) -> Any:
     return w.id
 
 
-def _fields(spec: auth.Action) -> dict[str, Any]:
+def _fields(spec: authz.Action) -> dict[str, Any]:
     return {f.name: (f.choices[0][0] if f.choices else "checked") for f in spec.fields if f.required}
 
 
 def test_an_action_whose_audit_entry_fails_does_not_happen(q: leaseq.Queue, dsn: str) -> None:
     operator = auth.Principal(token_id="0123456789ab", name="olga", role="operator", queues=None,
                               read_payloads=True)
-    targets = {spec.name: _target(q, spec) for spec in auth.operator_actions()}
+    targets = {spec.name: _target(q, spec) for spec in authz.operator_actions()}
     old = _task_in(q, "queued")
     q.cancel(old, "finished long ago", by="setup")
     age_tasks(dsn, [old], 40 * 86400)
     refuse_audit(dsn)
     before = snapshot(dsn)
-    for spec in auth.operator_actions():
+    for spec in authz.operator_actions():
         with pytest.raises(Exception, match=REFUSED):
-            auth.perform(q, operator, spec.name, targets[spec.name], via="test", **_fields(spec))
+            authz.perform(q, operator, spec.name, targets[spec.name], via="test", **_fields(spec))
         assert snapshot(dsn) == before, f"{spec.name} changed data without its audit entry"
     with pytest.raises(Exception, match=REFUSED):
         q.prune(30 * 86400, by="admin")
@@ -115,9 +115,9 @@ def test_an_action_whose_audit_entry_fails_does_not_happen(q: leaseq.Queue, dsn:
 
 def test_audit_entries_are_written_with_the_action(q: leaseq.Queue) -> None:
     admin = auth.Principal(token_id="0123456789ab", name="ada", role="admin", queues=None, read_payloads=True)
-    for spec in auth.operator_actions():
+    for spec in authz.operator_actions():
         target = _target(q, spec)
-        auth.perform(q, admin, spec.name, target, via="test", **_fields(spec))
+        authz.perform(q, admin, spec.name, target, via="test", **_fields(spec))
         entry = auth.audit_log(q, 1)[0]
         assert (entry["action"], entry["actor"], entry["detail"]["via"]) == \
             (spec.name, admin.actor, "test"), spec.name
@@ -125,10 +125,10 @@ def test_audit_entries_are_written_with_the_action(q: leaseq.Queue) -> None:
     viewer = auth.Principal(token_id="0123456789ac", name="vera", role="viewer", queues=None, read_payloads=False)
     task = _task_in(q, "queued")
     with pytest.raises(auth.AccessDenied):
-        auth.perform(q, viewer, "cancel", task, reason="no")
+        authz.perform(q, viewer, "cancel", task, reason="no")
     assert q.get(task).status == "queued"
     with pytest.raises(leaseq.InvalidInput) as info:
-        auth.perform(q, admin, "cancel", task, reason="r", note="not a field of cancel")
+        authz.perform(q, admin, "cancel", task, reason="r", note="not a field of cancel")
     assert info.value.field == "note"
 
 
@@ -277,7 +277,7 @@ def test_forms_routes_and_commands_come_from_the_table(svc: Service) -> None:
     from leaseq.cli.main import cli
 
     paths = httpx.get(f"{svc.url}/openapi.json").json()["paths"]
-    for spec in auth.operator_actions():
+    for spec in authz.operator_actions():
         assert paths["/v1" + spec.route]["post"]["summary"] == spec.title, spec.name
         assert (spec.command in cli.commands) == spec.cli, spec.name
     # the dashboard offers each task action for its statuses, and only to roles that may take it
@@ -285,7 +285,7 @@ def test_forms_routes_and_commands_come_from_the_table(svc: Service) -> None:
     operator, viewer = _dashboard(svc, svc.token("operator")), _dashboard(svc, svc.token("viewer"))
     for status, task in by_status.items():
         offered = set(re.findall(r'<form method="post" action="/tasks/\d+/(\w+)"', operator.get(f"/tasks/{task}").text))
-        expected = {a.name for a in auth.operator_actions("dashboard") if a.target == "task" and status in a.statuses}
+        expected = {a.name for a in authz.operator_actions("dashboard") if a.target == "task" and status in a.statuses}
         assert offered == expected, status
         assert "<form method=\"post\" action=\"/tasks/" not in viewer.get(f"/tasks/{task}").text
     svc.q.enqueue("job", queue="mail")

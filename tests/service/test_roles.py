@@ -1,6 +1,6 @@
 """The role matrix: each role can do what it should and nothing more.
 
-The matrix is derived from the action table (``leaseq.auth.ACTIONS``): every
+The matrix is derived from the action table (``leaseq.authz.ACTIONS``): every
 action must have a case here, the roles expected to succeed are the table's,
 and the operator actions' cases are built from the table too, so a new action
 is covered (or fails this file) automatically.
@@ -20,7 +20,7 @@ from typing import Any
 import httpx
 
 import leaseq
-from leaseq import auth
+from leaseq import auth, authz
 
 from .conftest import Service, serve
 from .support import error_of, snapshot
@@ -46,7 +46,7 @@ def _task_in(q: leaseq.Queue, status: str) -> int:
     return t.id
 
 
-def _operator_case(q: leaseq.Queue, spec: auth.Action) -> Call:
+def _operator_case(q: leaseq.Queue, spec: authz.Action) -> Call:
     """A valid request for an operator action, built from its table entry."""
     body = {f.name: (f.choices[0][0] if f.choices else "checked the outside world")
             for f in spec.fields if f.required}
@@ -110,7 +110,7 @@ def _cases(svc: Service, worker_id: str) -> dict[str, list[Call]]:
         "prune": [lambda c: c.post("/v1/prune", json={"older_than_seconds": 86400})],
         "read_audit": [lambda c: c.get("/v1/audit")],
     }
-    for spec in auth.operator_actions():
+    for spec in authz.operator_actions():
         cases[spec.name] = [_operator_case(q, spec)]
     return cases
 
@@ -120,10 +120,10 @@ def test_role_matrix(svc: Service) -> None:
     clients = {role: svc.http(tokens[role]) for role in ROLES}
     worker_id = clients["worker"].post("/v1/workers", json={"name": "own"}).json()["id"]
     cases = _cases(svc, worker_id)
-    assert set(cases) == set(auth.ACTIONS), "every action in the table needs a case here"
+    assert set(cases) == set(authz.ACTIONS), "every action in the table needs a case here"
     wrong: list[str] = []
     for name, calls in cases.items():
-        allowed = auth.ACTIONS[name].roles
+        allowed = authz.ACTIONS[name].roles
         for i, call in enumerate(calls):
             for role in ROLES:
                 resp = call(clients[role])
@@ -135,11 +135,11 @@ def test_role_matrix(svc: Service) -> None:
     assert wrong == []
     # The matrix is not vacuous: each role is refused something and allowed something.
     for role in ROLES:
-        assert any(role in a.roles for a in auth.ACTIONS.values() if a.right is not None), role
-        assert any(role not in a.roles for a in auth.ACTIONS.values()), role
+        assert any(role in a.roles for a in authz.ACTIONS.values() if a.right is not None), role
+        assert any(role not in a.roles for a in authz.ACTIONS.values()), role
     # Every operator and admin action above is in the audit log with the actor's identity...
     actions = {(e["action"], e["actor"].split(" ")[0]) for e in auth.audit_log(svc.q, 10_000)}
-    for spec in auth.operator_actions():
+    for spec in authz.operator_actions():
         assert {(spec.name, "operator-test"), (spec.name, "admin-test")} <= actions, spec.name
         assert not {(spec.name, "viewer-test"), (spec.name, "worker-test")} & actions, spec.name
     for action in ("token_created", "token_revoked", "prune"):

@@ -1,7 +1,7 @@
 """Operator actions: ``cancel``, ``reconcile``, ``unblock``, ``requeue``, ``pause``, ``resume``,
-``revoke-worker`` (built from the action table, :data:`leaseq.auth.ACTIONS`), and ``sweep``.
+``revoke-worker`` (built from the action table, :data:`leaseq.authz.ACTIONS`), and ``sweep``.
 
-Each goes through :func:`leaseq.auth.perform` as the local OS user
+Each goes through :func:`leaseq.authz.perform` as the local OS user
 (``cli:<user>``): the Queue method checks the transition, records who did it
 in the task's evidence trail, and writes the audit entry in the same
 transaction. The service's routes and dashboard forms come from the same table.
@@ -14,7 +14,7 @@ from typing import Any
 import click
 from rich.text import Text
 
-from .. import auth
+from .. import authz
 from ..core.model import Task
 from .render import make_console, status_text
 from .session import emit_json, json_option, open_queue, parse_json_option
@@ -24,12 +24,12 @@ _METAVARS = {"task": "TASK", "queue": "QUEUE", "worker": "WORKER"}
 
 def register(group: click.Group) -> None:
     """Add this module's commands to ``group``."""
-    for spec in auth.operator_actions("cli"):
+    for spec in authz.operator_actions("cli"):
         group.add_command(action_command(spec))
     group.add_command(sweep)
 
 
-def action_command(spec: auth.Action) -> click.Command:
+def action_command(spec: authz.Action) -> click.Command:
     """The CLI command of one operator action: an argument for its target, an option per field."""
     params: list[click.Parameter] = [click.Argument(["target"], metavar=_METAVARS[spec.target or ""])]
     for f in spec.fields:
@@ -44,14 +44,14 @@ def action_command(spec: auth.Action) -> click.Command:
         for f in spec.fields:
             if f.json and f.name in given:
                 given[f.name] = parse_json_option(f.name, given[f.name])
-        result = auth.perform(open_queue(ctx), auth.local_principal(), spec.name, target, via="cli", **given)
+        result = authz.perform(open_queue(ctx), authz.local_principal(), spec.name, target, via="cli", **given)
         if as_json:
             emit_json(result if result is not None else {"target": target})
         elif isinstance(result, Task):
-            make_console().print(Text.assemble(auth.done_message(spec.name, target, **given) + ": now ",
+            make_console().print(Text.assemble(authz.done_message(spec.name, target, **given) + ": now ",
                                                status_text(result.status)))
         else:
-            click.echo(auth.done_message(spec.name, target, **given))
+            click.echo(authz.done_message(spec.name, target, **given))
 
     command = click.Command(spec.command, params=params, callback=callback, short_help=spec.title,
                             help=f"{spec.title}.\n\n{spec.help}" if spec.help else f"{spec.title}.")

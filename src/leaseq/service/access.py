@@ -1,11 +1,11 @@
 """Who may call the service, how often, and with how large a body.
 
 * :class:`Access` verifies bearer tokens (through :mod:`leaseq.auth`),
-  rate-limits per token, and answers :func:`leaseq.auth.authorize`'s
+  rate-limits per token, and answers :func:`leaseq.authz.authorize`'s
   look-ups (which token registered a worker, whether a token's workers held
   a task), caching the permanent worker-to-token links.
 * :func:`need` builds the FastAPI dependency that authorizes one action
-  (the decision itself is :func:`leaseq.auth.authorize`'s).
+  (the decision itself is :func:`leaseq.authz.authorize`'s).
 * :class:`BodyLimit` is ASGI middleware refusing oversized bodies with 413.
 * :func:`csrf_token` derives the dashboard's CSRF token from the session.
 
@@ -25,7 +25,7 @@ from typing import Any
 
 from fastapi import Depends, Request
 
-from .. import auth
+from .. import auth, authz
 from ..core.errors import LeaseqError
 from ..auth import RateLimited
 from ..queue import Queue
@@ -154,15 +154,15 @@ def api_principal(request: Request) -> auth.Principal:
 
 
 def need(action: str) -> Callable[..., auth.Principal]:
-    """A dependency authorizing ``action`` (see :data:`leaseq.auth.ACTIONS`) for the caller.
+    """A dependency authorizing ``action`` (see :data:`leaseq.authz.ACTIONS`) for the caller.
 
     For actions whose scope is in the request's body (a queue to claim from
-    or enqueue on) the route calls :func:`leaseq.auth.authorize` itself.
+    or enqueue on) the route calls :func:`leaseq.authz.authorize` itself.
     """
-    auth.ACTIONS[action]  # a typo fails at import, not at the first request
+    authz.ACTIONS[action]  # a typo fails at import, not at the first request
 
     def dependency(request: Request, principal: auth.Principal = Depends(api_principal)) -> auth.Principal:
-        auth.authorize(principal, action, queue=request.path_params.get("name"), facts=request.app.state.access)
+        authz.authorize(principal, action, queue=request.path_params.get("name"), facts=request.app.state.access)
         return principal
 
     dependency.__name__ = f"need_{action}"

@@ -5,8 +5,8 @@ HttpOnly, SameSite=Strict cookie; every page re-verifies it, so revoking the
 token ends the session. Every POST form carries a CSRF token derived from
 the session (see :func:`leaseq.service.access.csrf_token`). The action
 forms and their POST routes are built from the action table
-(:data:`leaseq.auth.ACTIONS`); :func:`leaseq.auth.authorize` decides, and
-:func:`leaseq.auth.perform` acts, writing the audit entry in the action's
+(:data:`leaseq.authz.ACTIONS`); :func:`leaseq.authz.authorize` decides, and
+:func:`leaseq.authz.perform` acts, writing the audit entry in the action's
 own transaction.
 """
 
@@ -24,7 +24,7 @@ from fastapi.responses import HTMLResponse, RedirectResponse, Response
 from jinja2 import Environment, PackageLoader, select_autoescape
 from starlette.concurrency import run_in_threadpool
 
-from .. import auth
+from .. import auth, authz
 from ..core.errors import LeaseqError, NotFound
 from ..queue import Queue
 from .access import Access, client_address, csrf_token
@@ -75,8 +75,8 @@ _env = Environment(loader=PackageLoader("leaseq.service", "templates"), autoesca
                    trim_blocks=True, lstrip_blocks=True)
 _env.filters.update(age=_age, when=_when, pretty=_pretty)
 #: The dashboard's action forms, from the action table.
-TASK_ACTIONS = [a for a in auth.operator_actions("dashboard") if a.target == "task"]
-QUEUE_ACTIONS = [a for a in auth.operator_actions("dashboard") if a.target == "queue"]
+TASK_ACTIONS = [a for a in authz.operator_actions("dashboard") if a.target == "task"]
+QUEUE_ACTIONS = [a for a in authz.operator_actions("dashboard") if a.target == "queue"]
 _env.globals.update(task_actions=TASK_ACTIONS, queue_actions=QUEUE_ACTIONS)
 
 
@@ -134,10 +134,10 @@ def operator_session(request: Request, csrf: str = Form(""), s: Session = Depend
     same_origin(request)
     if not hmac.compare_digest(csrf, s.csrf):
         raise auth.AccessDenied("CSRF check failed: reload the page and try again")
-    spec = auth.ACTIONS.get(request.path_params.get("action", ""))
+    spec = authz.ACTIONS.get(request.path_params.get("action", ""))
     if spec is None or not spec.dashboard:
         raise NotFound("no such action")
-    auth.authorize(s.principal, spec.name, queue=request.path_params.get("name"))
+    authz.authorize(s.principal, spec.name, queue=request.path_params.get("name"))
     return s
 
 
@@ -238,14 +238,14 @@ def inbox(request: Request, s: Session = Depends(session)) -> HTMLResponse:
 
 # -- actions (authorized, CSRF-checked), one form and route per entry of the action table --
 
-def _choice(actions: list[auth.Action]) -> str:
+def _choice(actions: list[authz.Action]) -> str:
     return "^(" + "|".join(a.verb or a.name for a in actions) + ")$"
 
 
 async def _act(request: Request, s: Session, action: str, target: Any, default_back: str) -> RedirectResponse:
     form = await request.form()
     back = str(form.get("back") or default_back)
-    spec = auth.ACTIONS[action]
+    spec = authz.ACTIONS[action]
     given: dict[str, Any] = {}
     for f in spec.fields:
         value = form.get(f.name)
@@ -253,10 +253,10 @@ async def _act(request: Request, s: Session, action: str, target: Any, default_b
             continue  # not offered on the form, or left empty: the action's default
         given[f.name] = value
     try:
-        await run_in_threadpool(auth.perform, _queue(request), s.principal, action, target, via="dashboard", **given)
+        await run_in_threadpool(authz.perform, _queue(request), s.principal, action, target, via="dashboard", **given)
     except LeaseqError as exc:
         return _back(back, err=str(exc))
-    return _back(back, msg=auth.done_message(action, target, **given))
+    return _back(back, msg=authz.done_message(action, target, **given))
 
 
 @router.post("/tasks/{task_id}/{action}")

@@ -1,9 +1,9 @@
 """The JSON API for everyone but the worker loop: enqueue and read, operator actions, admin.
 
-Each route names its action in :data:`leaseq.auth.ACTIONS` and
-:func:`leaseq.auth.authorize` decides. The operator action routes are built
+Each route names its action in :data:`leaseq.authz.ACTIONS` and
+:func:`leaseq.authz.authorize` decides. The operator action routes are built
 from that table (:func:`_operator_route`), as are the dashboard's forms and
-the CLI's commands; each goes through :func:`leaseq.auth.perform`, whose
+the CLI's commands; each goes through :func:`leaseq.authz.perform`, whose
 Queue method records the caller's identity in the task's evidence trail and
 writes the audit entry in the action's own transaction.
 """
@@ -16,7 +16,7 @@ from typing import Any, Literal
 from fastapi import APIRouter, Depends, Path, Query, Request
 from pydantic import create_model
 
-from .. import auth
+from .. import auth, authz
 from ..core import policy
 from ..core.model import Task
 from ..queue import Queue
@@ -63,7 +63,7 @@ def _queue(request: Request) -> Queue:
 @router.post("/tasks", status_code=201, tags=["tasks"], summary="Enqueue a task")
 def enqueue(body: EnqueueBody, request: Request, principal: auth.Principal = Depends(api_principal)) -> dict:
     policy.check_name("queue", body.queue)
-    auth.authorize(principal, "enqueue", queue=body.queue)
+    authz.authorize(principal, "enqueue", queue=body.queue)
     task = _queue(request).enqueue(body.kind, body.payload, effect=body.effect, queue=body.queue,
                                    idempotency_key=body.idempotency_key, priority=body.priority, delay=body.delay,
                                    max_attempts=body.max_attempts, lease_seconds=body.lease_seconds)
@@ -73,7 +73,7 @@ def enqueue(body: EnqueueBody, request: Request, principal: auth.Principal = Dep
 @router.get("/tasks/{task_id}", tags=["tasks"], summary="One task")
 def get_task(request: Request, task_id: int = TaskId, principal: auth.Principal = Depends(api_principal)) -> dict:
     # a worker token: only tasks its own workers hold or have held (403 for any other, existing or not)
-    auth.authorize(principal, "read_task", task=task_id, facts=request.app.state.access)
+    authz.authorize(principal, "read_task", task=task_id, facts=request.app.state.access)
     return present_task(_queue(request).get(task_id), principal)
 
 
@@ -117,7 +117,7 @@ def whoami(principal: auth.Principal = Depends(need("whoami"))) -> dict:
     return {"token_id": principal.token_id, "name": principal.name, "role": principal.role,
             "queues": sorted(principal.queues) if principal.queues is not None else None,
             "read_payloads": principal.read_payloads, "rights": sorted(auth.RIGHTS[principal.role]),
-            "actions": sorted(name for name in auth.ACTIONS if principal.can(name)),
+            "actions": sorted(name for name in authz.ACTIONS if principal.can(name)),
             "expires_at": to_json(principal.expires_at)}
 
 
@@ -130,7 +130,7 @@ _TARGETS: dict[str, tuple[str, Any, Any]] = {
 }
 
 
-def _body_model(spec: auth.Action) -> Any:
+def _body_model(spec: authz.Action) -> Any:
     """The request body of an operator action, from its fields (None if it has none)."""
     if not spec.fields:
         return None
@@ -141,7 +141,7 @@ def _body_model(spec: auth.Action) -> Any:
     return create_model(f"{spec.name.title().replace('_', '')}Body", __base__=Body, **fields)
 
 
-def _operator_route(spec: auth.Action) -> None:
+def _operator_route(spec: authz.Action) -> None:
     """Add the POST route of one operator action: authorize, perform (audited), present."""
     model = _body_model(spec)
     target, annotation, default = _TARGETS[spec.target or ""]
@@ -156,7 +156,7 @@ def _operator_route(spec: auth.Action) -> None:
 
     def endpoint(request: Request, principal: auth.Principal, body: Any = None, **path: Any) -> Any:
         given = body.model_dump(exclude_unset=True) if body is not None else {}
-        result = auth.perform(_queue(request), principal, spec.name, path[target], via="api", **given)
+        result = authz.perform(_queue(request), principal, spec.name, path[target], via="api", **given)
         return present_task(result, principal) if isinstance(result, Task) else to_json(result)
 
     endpoint.__signature__ = inspect.Signature(params)  # type: ignore[attr-defined]
@@ -165,7 +165,7 @@ def _operator_route(spec: auth.Action) -> None:
                          description=spec.help or None)
 
 
-for _spec in auth.operator_actions():
+for _spec in authz.operator_actions():
     _operator_route(_spec)
 
 

@@ -3,7 +3,7 @@
 Every route needs a ``worker`` token. A worker id in the path must have been
 registered by the calling token (else 403): the identity comes from the
 credential, never from the body. Each route names its action in
-:data:`leaseq.auth.ACTIONS`; :func:`leaseq.auth.authorize` decides. The generation a request names is checked
+:data:`leaseq.authz.ACTIONS`; :func:`leaseq.authz.authorize` decides. The generation a request names is checked
 by the lease guard in SQL, so a worker can only act under a generation it
 was issued and still holds; nothing here decides lease questions.
 
@@ -20,7 +20,7 @@ from fastapi import APIRouter, Depends, Path, Request
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 from pydantic_core import PydanticCustomError
 
-from .. import auth
+from .. import auth, authz
 from ..core import policy
 from ..core.errors import LeaseLost, NotFound
 from ..core.model import Claim, Effect, Task
@@ -135,11 +135,11 @@ def _metrics(request: Request) -> ServiceMetrics:
 
 def acting_as(action: str) -> Any:
     """Dependency: the path's worker id, once ``action`` is authorized for it (the caller's token registered it)."""
-    auth.ACTIONS[action]
+    authz.ACTIONS[action]
 
     def dependency(request: Request, worker_id: str = WorkerId,
                    principal: auth.Principal = Depends(api_principal)) -> str:
-        auth.authorize(principal, action, worker_id=worker_id, facts=request.app.state.access)
+        authz.authorize(principal, action, worker_id=worker_id, facts=request.app.state.access)
         return worker_id
 
     dependency.__name__ = f"worker_{action}"
@@ -174,7 +174,7 @@ def register_worker(body: RegisterBody, request: Request,
 def claim(body: ClaimBody, request: Request, worker_id: str = WorkerId,
           principal: auth.Principal = Depends(api_principal)) -> dict[str, Any]:
     policy.check_name("queue", body.queue)
-    auth.authorize(principal, "claim", worker_id=worker_id, queue=body.queue, facts=request.app.state.access)
+    authz.authorize(principal, "claim", worker_id=worker_id, queue=body.queue, facts=request.app.state.access)
     started = time.perf_counter()
     with span("leaseq.claim", queue=body.queue, worker_id=worker_id, limit=body.limit):
         claims = _queue(request).claim(worker_id, queue=body.queue, limit=body.limit,
@@ -241,7 +241,8 @@ def begin_effect(body: EffectBody, request: Request, task_id: int = TaskId,
 @router.post("/workers/{worker_id}/tasks/{task_id}/effects/{effect_id}/response",
              summary="Record a tool call's response")
 def finish_effect(body: EffectResponseBody, request: Request, task_id: int = TaskId,
-                  effect_id: int = Path(ge=1, le=2**63 - 1), worker_id: str = acting_as("finish_effect")) -> dict[str, Any]:
+                  effect_id: int = Path(ge=1, le=2**63 - 1),
+                  worker_id: str = acting_as("finish_effect")) -> dict[str, Any]:
     # Only the id and task matter: the lease guard and the ledger's own
     # condition (this generation's open intent) decide, exactly as in-process.
     effect = Effect(id=effect_id, task_id=task_id, generation=body.generation, action="", idempotency_key="",
