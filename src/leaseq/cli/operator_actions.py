@@ -35,8 +35,9 @@ def action_command(spec: authz.Action) -> click.Command:
     for f in spec.fields:
         metavar = "|".join(v for v, _ in f.choices) if f.choices else "JSON" if f.json else None
         # Choices are checked by the Queue (one error line naming the field), not by click.
-        params.append(click.Option([f"--{f.name.replace('_', '-')}", f.name], required=f.required, default=None,
-                                   metavar=metavar, help=f.help + (f"  [default: {f.default}]" if f.default else "")))
+        # (no default given to click: a left-out option arrives as None, and the action's default applies)
+        params.append(click.Option([f"--{f.name.replace('_', '-')}", f.name], required=f.required, metavar=metavar,
+                                   help=f.help + (f"  [default: {f.default}]" if f.default else "")))
 
     def callback(target: str, as_json: bool, **fields: Any) -> None:
         ctx = click.get_current_context()
