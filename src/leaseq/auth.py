@@ -1,4 +1,4 @@
-"""API tokens for the queue service: create, verify, list, revoke, expire.
+"""API tokens for the queue service, and who may do what with them.
 
 A token looks like ``lq_<id>_<secret>``: ``id`` (12 hex digits) is public and
 names the token in listings and logs; ``secret`` (64 hex digits) is random.
@@ -8,13 +8,22 @@ a token away. Expiry is judged by the database clock, like leases.
 
 Roles, each a fixed set of rights (``RIGHTS``):
 
-* ``worker``: register workers and hold their leases; enqueue and read tasks
-  in its queues (optionally limited to named queues);
-* ``viewer``: read tasks, events and stats; payloads, results and errors
-  are redacted unless the token has ``read_payloads``;
+* ``worker``: register workers and hold their leases (optionally limited to
+  named queues); enqueue; read only the tasks its own workers have held a
+  lease on;
+* ``viewer``: read tasks, events and stats; payloads, results, errors and
+  free-text reasons and notes are redacted unless the token has
+  ``read_payloads``;
 * ``operator``: a viewer that can also cancel, reconcile, unblock, requeue,
-  pause and resume, and enqueue;
+  pause and resume, revoke workers, and enqueue;
 * ``admin``: an operator that can also manage tokens and retention.
+
+Authorization is decided in one place: :func:`leaseq.authz.authorize`, from
+the table :data:`leaseq.authz.ACTIONS` (each action's right, scope, Queue
+method and fields). The service's routes and dashboard forms and the CLI's
+operator commands are built from that table, and every operator action goes
+through :func:`leaseq.authz.perform`, whose Queue method writes the audit row
+in the action's own transaction.
 
 Workers remember the token that registered them: revoking a token revokes
 its workers in the same transaction, so their leases stop renewing at once.
@@ -104,15 +113,23 @@ class Principal:
     queues: frozenset[str] | None
     read_payloads: bool
     expires_at: datetime | None = None
+    #: True for the local command line (database credentials, no token): acts as ``name``.
+    local: bool = False
 
     @property
     def actor(self) -> str:
         """The identity written into events and the audit log."""
-        return f"{self.name} ({self.role} token {self.token_id})"
+        return self.name if self.local else f"{self.name} ({self.role} token {self.token_id})"
 
-    def can(self, right: str) -> bool:
-        """True if the role has ``right`` (see :data:`RIGHTS`)."""
-        return right in RIGHTS.get(self.role, frozenset())
+    def can(self, action: str) -> bool:
+        """True if the role may take ``action`` (a name in :data:`leaseq.authz.ACTIONS`) at all.
+
+        Scope (queues, own workers, held tasks) is checked by :func:`leaseq.authz.authorize`
+        for a concrete request; this answers "should the page offer it?".
+        """
+        from .authz import _action, _role_allows  # the table imports this module
+
+        return _role_allows(self, _action(action))
 
     def may_use_queue(self, queue: str) -> bool:
         """True unless the token is limited to queues that exclude ``queue``."""
@@ -290,8 +307,19 @@ def worker_token(q: Queue, worker_id: str) -> str | None:
     return row["token_id"] if row is not None else None
 
 
+def token_held_task(q: Queue, token_id: str, task_id: int) -> bool:
+    """Whether a worker registered by ``token_id`` holds or has held a lease on ``task_id``."""
+    with q.store.transaction() as tx:
+        return bool(tx.row("token_held_task", token_id=token_id, task_id=task_id)["held"])
+
+
 def record_action(q: Queue, actor: str, action: str, target: str | None = None, **detail: Any) -> None:
-    """Write one entry to the audit log."""
+    """Write one entry to the audit log, in a transaction of its own.
+
+    Not for operator or admin actions on the data: those go through
+    :func:`leaseq.authz.perform`, whose Queue method writes the entry in the action's own
+    transaction. This is for entries that accompany no other write.
+    """
     with q.store.transaction() as tx:
         tx.rows("audit_insert", actor=actor, action=action, target=target, detail=detail)
 

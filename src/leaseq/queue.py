@@ -202,24 +202,32 @@ class Queue:
                 tx.rows("link_worker_token", worker_id=row["id"], token_id=policy.check_name("token_id", token_id))
         return Worker(id=row["id"], name=row["name"], registered_at=row["registered_at"])
 
-    def revoke_worker(self, worker: Worker | str) -> None:
+    def revoke_worker(self, worker: Worker | str, *, by: str | None = None,
+                      via: str | None = None) -> dict[str, Any]:
         """Revoke a worker: it claims nothing more, and the leases it holds end
         now: every guarded write it sends afterwards is refused, and its tasks
-        are routed by the recovery policy at the next claim."""
+        are routed by the recovery policy at the next claim. Audited (``by``)
+        in the same transaction. Returns ``{"worker_id": id, "revoked": True}``."""
         wid = _worker_id(worker)
+        by, via = self._actor(by, via)
         with self.store.transaction() as tx:
             if tx.row("revoke_worker", worker_id=wid) is None:
                 if tx.row("get_worker", worker_id=wid) is None:
                     raise UnknownWorker(f"worker {wid!r} was never registered")
-                return  # revoked before: its leases ended then
-            self.end_worker_leases(tx, wid, "worker revoked")
+                self._audit(tx, by, via, "revoke_worker", f"worker:{wid}", already_revoked=True)
+                return {"worker_id": wid, "revoked": True}  # revoked before: its leases ended then
+            ended = self.end_worker_leases(tx, wid, "worker revoked")
+            self._audit(tx, by, via, "revoke_worker", f"worker:{wid}", ended_leases=ended)
+        return {"worker_id": wid, "revoked": True}
 
-    def end_worker_leases(self, tx: Tx, wid: str, reason: str) -> None:
-        """End every lease of a just-revoked worker, with a ``lease_revoked`` event each (in ``tx``)."""
+    def end_worker_leases(self, tx: Tx, wid: str, reason: str) -> int:
+        """End every lease of a just-revoked worker, with a ``lease_revoked`` event each (in ``tx``).
+        Returns how many leases ended."""
         ended = tx.rows("end_worker_leases", worker_id=wid)
         if ended:
             tx.rows("insert_events", events=[self._event_params(r["id"], "lease_revoked", r["claim_generation"], wid,
                                                                 reason=reason) for r in ended])
+        return len(ended)
 
     def workers(self) -> list[dict[str, Any]]:
         """Every registered worker with the number of leases it holds."""
@@ -700,12 +708,18 @@ class Queue:
 
     # -- operator actions ----------------------------------------------------
 
-    def cancel(self, task_id: int, reason: str = "cancelled", *, by: str | None = None) -> Task:
+    # Each operator action takes ``by`` (who acts: recorded in the evidence
+    # trail and the audit log) and ``via`` (how: "api", "dashboard", "cli"),
+    # and writes its audit entry in its own transaction: if the entry cannot
+    # be written, the action does not happen either.
+
+    def cancel(self, task_id: int, reason: str = "cancelled", *, by: str | None = None,
+               via: str | None = None) -> Task:
         """Cancel a task. It stays cancelled; a running holder loses its lease at
         its next guarded call, and expiry never revives it."""
         task_id = policy.check_task_id(task_id)
         policy.check_text("reason", reason, required=True)
-        by = policy.check_text("by", by) or _default_actor()
+        by, via = self._actor(by, via)
         with self.store.transaction() as tx:
             before = self._require_task(tx, task_id, lock=True)
             if tx.row("cancel_task", task_id=task_id, reason=f"cancelled: {reason}") is None:
@@ -715,9 +729,11 @@ class Queue:
                 detail["revoked_lease_of"] = before["lease_owner"]
                 detail["open_intents"] = before["open_effects"]
             self._event(tx, task_id, "cancelled", before["claim_generation"] or None, None, **detail)
+            self._audit(tx, by, via, "cancel", f"task:{task_id}", reason=reason, previous_status=before["status"])
             return _task(tx.row("get_task", task_id=task_id))
 
-    def reconcile(self, task_id: int, outcome: str, note: str, *, result: Any = None, by: str | None = None) -> Task:
+    def reconcile(self, task_id: int, outcome: str, note: str, *, result: Any = None, by: str | None = None,
+                  via: str | None = None) -> Task:
         """Resolve a ``needs_reconciliation`` task after checking the outside world.
 
         ``outcome``: ``completed`` (the action did happen; ``result`` is stored),
@@ -730,7 +746,7 @@ class Queue:
             raise InvalidInput("outcome", f"must be one of completed, requeue, cancel (got {outcome!r})")
         policy.check_text("note", note, required=True)
         policy.check_json("result", result)
-        by = policy.check_text("by", by) or _default_actor()
+        by, via = self._actor(by, via)
         with self.store.transaction() as tx:
             before = self._require_task(tx, task_id, lock=True)
             row = tx.row("set_task_status", task_id=task_id, from_status=Status.NEEDS_RECONCILIATION.value,
@@ -741,21 +757,23 @@ class Queue:
             settled = tx.rows("settle_open_effects", task_id=task_id)
             self._event(tx, task_id, "reconciled", before["claim_generation"] or None, None, by=by, outcome=outcome,
                         note=note, settled_intents=[s["idempotency_key"] for s in settled])
+            self._audit(tx, by, via, "reconcile", f"task:{task_id}", outcome=outcome, note=note)
             return _task(tx.row("get_task", task_id=task_id))
 
-    def unblock(self, task_id: int, note: str, *, by: str | None = None) -> Task:
+    def unblock(self, task_id: int, note: str, *, by: str | None = None, via: str | None = None) -> Task:
         """Return a ``blocked`` task to the queue once its credential is repaired."""
-        return self._resume(task_id, Status.BLOCKED, "unblocked", note, by, reset_attempts=False)
+        return self._resume(task_id, Status.BLOCKED, "unblocked", "unblock", note, by, via, reset_attempts=False)
 
-    def requeue(self, task_id: int, note: str = "requeued by operator", *, by: str | None = None) -> Task:
+    def requeue(self, task_id: int, note: str = "requeued by operator", *, by: str | None = None,
+                via: str | None = None) -> Task:
         """Return a ``dead`` task to the queue with a fresh attempt budget."""
-        return self._resume(task_id, Status.DEAD, "requeued", note, by, reset_attempts=True)
+        return self._resume(task_id, Status.DEAD, "requeued", "requeue", note, by, via, reset_attempts=True)
 
-    def _resume(self, task_id: int, from_status: Status, event: str, note: str, by: str | None,
-                *, reset_attempts: bool) -> Task:
+    def _resume(self, task_id: int, from_status: Status, event: str, action: str, note: str, by: str | None,
+                via: str | None, *, reset_attempts: bool) -> Task:
         task_id = policy.check_task_id(task_id)
         policy.check_text("note", note, required=True)
-        by = policy.check_text("by", by) or _default_actor()
+        by, via = self._actor(by, via)
         with self.store.transaction() as tx:
             before = self._require_task(tx, task_id, lock=True)
             row = tx.row("set_task_status", task_id=task_id, from_status=from_status.value,
@@ -764,21 +782,26 @@ class Queue:
                 raise InvalidTransition(f"task {task_id} is {before['status']}, not {from_status.value}")
             self._event(tx, task_id, event, before["claim_generation"] or None, None, by=by, note=note,
                         previous_attempts=before["attempts"])
+            self._audit(tx, by, via, action, f"task:{task_id}", note=note)
             tx.rows("notify_work", queue=before["queue"])
             return _task(tx.row("get_task", task_id=task_id))
 
-    def pause(self, queue: str, *, by: str | None = None) -> None:
-        """Turn the off-switch on: no claims, and no new effects in running tasks."""
-        self._set_paused(queue, True, by)
+    def pause(self, queue: str, *, by: str | None = None, via: str | None = None) -> dict[str, Any]:
+        """Turn the off-switch on: no claims, and no new effects in running tasks.
+        Returns ``{"queue": name, "paused": True}``."""
+        return self._set_paused(queue, True, by, via)
 
-    def resume(self, queue: str, *, by: str | None = None) -> None:
-        """Turn the off-switch off."""
-        self._set_paused(queue, False, by)
+    def resume(self, queue: str, *, by: str | None = None, via: str | None = None) -> dict[str, Any]:
+        """Turn the off-switch off. Returns ``{"queue": name, "paused": False}``."""
+        return self._set_paused(queue, False, by, via)
 
-    def _set_paused(self, queue: str, paused: bool, by: str | None) -> None:
+    def _set_paused(self, queue: str, paused: bool, by: str | None, via: str | None) -> dict[str, Any]:
         policy.check_name("queue", queue)
+        by, via = self._actor(by, via)
         with self.store.transaction() as tx:
-            tx.row("set_paused", queue=queue, paused=paused, actor=policy.check_text("by", by) or _default_actor())
+            tx.row("set_paused", queue=queue, paused=paused, actor=by)
+            self._audit(tx, by, via, "pause" if paused else "resume", f"queue:{queue}")
+        return {"queue": queue, "paused": paused}
 
     def queues(self) -> list[dict[str, Any]]:
         """Queues that have had their off-switch set, with its state."""
@@ -821,7 +844,8 @@ class Queue:
             return tx.row("db_now")["now"]
 
     def prune(self, older_than_seconds: float, *, payloads_older_than_seconds: float | None = None,
-              batch: int = 1000) -> dict[str, int]:
+              batch: int = 1000, by: str | None = None, via: str | None = None,
+              record_empty: bool = True) -> dict[str, int]:
         """Retention: delete finished tasks, with their evidence, older than the cut-off.
 
         Completed and cancelled tasks untouched for ``older_than_seconds`` are
@@ -829,7 +853,10 @@ class Queue:
         (usually shorter) only blanks the payload and result of finished
         tasks, keeping the row and its evidence trail for incident review.
         Dead, blocked and needs_reconciliation tasks are never pruned: they wait
-        for a person. Works in batches of ``batch`` tasks, one transaction each.
+        for a person. Works in batches of ``batch`` tasks, one transaction each;
+        each batch that changed something writes its audit entry (``by``, with
+        that batch's counts) in its own transaction. A pass that changed
+        nothing is audited too, unless ``record_empty`` is false.
         Returns counts: ``tasks``, ``events``, ``effects``, ``payloads``.
         """
         older = policy.check_seconds("older_than_seconds", older_than_seconds, allow_zero=True,
@@ -839,22 +866,33 @@ class Queue:
                 "payloads_older_than_seconds", payloads_older_than_seconds, allow_zero=True,
                 maximum=100 * 365 * 86400.0)
         batch = policy.check_int("batch", batch, minimum=1, maximum=100_000)
+        by, via = self._actor(by, via)
+        settings = dict(older_than_seconds=older, payloads_older_than_seconds=payloads_older_than_seconds)
         counts = {"tasks": 0, "events": 0, "effects": 0, "payloads": 0}
         while True:
             with self.store.transaction() as tx:
                 ids = [r["id"] for r in tx.rows("prune_finished_ids", older_than=older, limit=batch)]
                 if ids:
-                    counts["events"] += len(tx.rows("prune_events", task_ids=ids))
-                    counts["effects"] += len(tx.rows("prune_effects", task_ids=ids))
-                    counts["tasks"] += len(tx.rows("prune_tasks", task_ids=ids))
+                    done = {"tasks": 0, "events": len(tx.rows("prune_events", task_ids=ids)),
+                            "effects": len(tx.rows("prune_effects", task_ids=ids)), "payloads": 0}
+                    done["tasks"] = len(tx.rows("prune_tasks", task_ids=ids))
+                    self._audit(tx, by, via, "prune", "retention", **settings, **done)
+                    for key, n in done.items():
+                        counts[key] += n
             if len(ids) < batch:
                 break
         while payloads_older_than_seconds is not None:
             with self.store.transaction() as tx:
                 n = len(tx.rows("prune_payloads", older_than=payloads_older_than_seconds, limit=batch))
+                if n:
+                    self._audit(tx, by, via, "prune", "retention", **settings, tasks=0, events=0, effects=0,
+                                payloads=n)
             counts["payloads"] += n
             if n < batch:
                 break
+        if record_empty and not any(counts.values()):
+            with self.store.transaction() as tx:
+                self._audit(tx, by, via, "prune", "retention", **settings, **counts)
         return counts
 
     # -- helpers ----------------------------------------------------------------
@@ -868,6 +906,18 @@ class Queue:
                 raise InvalidInput("claim", f"{name} must be an integer from 0 to 2**63-1 (got {value!r})")
         if claim.worker_id != wid:
             raise InvalidInput("claim", f"belongs to worker {claim.worker_id!r}, not {wid!r}")
+
+    @staticmethod
+    def _actor(by: str | None, via: str | None) -> tuple[str, str | None]:
+        """``by`` and ``via`` of an operator action, checked; ``by`` defaults to the OS user."""
+        return policy.check_text("by", by) or _default_actor(), policy.check_text("via", via)
+
+    @staticmethod
+    def _audit(tx: Tx, by: str, via: str | None, action: str, target: str, **detail: Any) -> None:
+        """The audit entry of an operator or admin action, in the action's own transaction."""
+        if via is not None:
+            detail["via"] = via
+        tx.rows("audit_insert", actor=by, action=action, target=target, detail=detail)
 
     def _require_task(self, tx: Tx, task_id: int, *, lock: bool = False) -> dict[str, Any]:
         row = tx.row("lock_task" if lock else "get_task", task_id=task_id)

@@ -70,7 +70,10 @@ def test_timeline_groups_the_evidence_by_generation(svc: Service) -> None:
     view = svc.http(svc.token("viewer")).get(f"/v1/tasks/{t.id}/timeline").json()
     first, second = view["attempts"]
     assert (first["generation"], first["worker_id"], first["heartbeats"]["heartbeats"]) == (1, a.id, 1)
-    assert first["ended"] == "released by the holder: draining" and first["routed_to"] == "queued"
+    # the worker's free-text reason is hidden from a viewer like a payload...
+    assert first["ended"] == "released by the holder: [redacted]" and first["routed_to"] == "queued"
+    granted = svc.http(svc.token("viewer", read_payloads=True)).get(f"/v1/tasks/{t.id}/timeline").json()
+    assert granted["attempts"][0]["ended"] == "released by the holder: draining"  # ...unless granted
     assert (second["generation"], second["worker_id"], second["ended"]) == (2, b.id, "completed by the holder")
     assert [(f["action"], f["status"], f["response"]) for f in second["effects"]] == \
         [("crm.update", "done", "[redacted]")]

@@ -1,104 +1,62 @@
-"""Operator actions: ``cancel``, ``reconcile``, ``unblock``, ``requeue``, ``pause``, ``resume``, ``sweep``.
+"""Operator actions: ``cancel``, ``reconcile``, ``unblock``, ``requeue``, ``pause``, ``resume``,
+``revoke-worker`` (built from the action table, :data:`leaseq.authz.ACTIONS`), and ``sweep``.
 
-Each is one call of :class:`leaseq.Queue`, which checks the transition and
-records who did it in the task's evidence trail.
+Each goes through :func:`leaseq.authz.perform` as the local OS user
+(``cli:<user>``): the Queue method checks the transition, records who did it
+in the task's evidence trail, and writes the audit entry in the same
+transaction. The service's routes and dashboard forms come from the same table.
 """
 
 from __future__ import annotations
 
+from typing import Any
+
 import click
 from rich.text import Text
 
+from .. import authz
 from ..core.model import Task
 from .render import make_console, status_text
 from .session import emit_json, json_option, open_queue, parse_json_option
 
+_METAVARS = {"task": "TASK", "queue": "QUEUE", "worker": "WORKER"}
+
 
 def register(group: click.Group) -> None:
     """Add this module's commands to ``group``."""
-    for command in (cancel, reconcile, unblock, requeue, pause, resume, sweep):
-        group.add_command(command)
+    for spec in authz.operator_actions("cli"):
+        group.add_command(action_command(spec))
+    group.add_command(sweep)
 
 
-def _report(task: Task, verb: str, as_json: bool) -> None:
-    if as_json:
-        emit_json(task)
-    else:
-        make_console().print(Text.assemble(f"task {task.id} {verb}: now ", status_text(task.status)))
+def action_command(spec: authz.Action) -> click.Command:
+    """The CLI command of one operator action: an argument for its target, an option per field."""
+    params: list[click.Parameter] = [click.Argument(["target"], metavar=_METAVARS[spec.target or ""])]
+    for f in spec.fields:
+        metavar = "|".join(v for v, _ in f.choices) if f.choices else "JSON" if f.json else None
+        # Choices are checked by the Queue (one error line naming the field), not by click.
+        # (no default given to click: a left-out option arrives as None, and the action's default applies)
+        params.append(click.Option([f"--{f.name.replace('_', '-')}", f.name], required=f.required, metavar=metavar,
+                                   help=f.help + (f"  [default: {f.default}]" if f.default else "")))
 
+    def callback(target: str, as_json: bool, **fields: Any) -> None:
+        ctx = click.get_current_context()
+        given = {name: value for name, value in fields.items() if value is not None}
+        for f in spec.fields:
+            if f.json and f.name in given:
+                given[f.name] = parse_json_option(f.name, given[f.name])
+        result = authz.perform(open_queue(ctx), authz.local_principal(), spec.name, target, via="cli", **given)
+        if as_json:
+            emit_json(result if result is not None else {"target": target})
+        elif isinstance(result, Task):
+            make_console().print(Text.assemble(authz.done_message(spec.name, target, **given) + ": now ",
+                                               status_text(result.status)))
+        else:
+            click.echo(authz.done_message(spec.name, target, **given))
 
-@click.command()
-@click.argument("task_id", metavar="TASK")
-@click.option("--reason", required=True, help="Why; recorded in the evidence trail.")
-@json_option
-@click.pass_context
-def cancel(ctx: click.Context, task_id: str, reason: str, as_json: bool) -> None:
-    """Cancel a task. A running holder loses its lease at its next guarded call."""
-    _report(open_queue(ctx).cancel(task_id, reason=reason), "cancelled", as_json)
-
-
-@click.command()
-@click.argument("task_id", metavar="TASK")
-@click.option("--outcome", required=True, metavar="completed|requeue|cancel",
-              help="completed: the action did happen; requeue: it did not, run again with the same keys; "
-                   "cancel: give up.")
-@click.option("--note", required=True, help="What you checked; recorded in the evidence trail.")
-@click.option("--result", metavar="JSON", default=None, help="The task's result, with --outcome completed.")
-@json_option
-@click.pass_context
-def reconcile(ctx: click.Context, task_id: str, outcome: str, note: str, result: str | None, as_json: bool) -> None:
-    """Resolve a needs_reconciliation task.
-
-    Check the outside world first (did the action happen?), then record the
-    outcome and a note; open intents are marked reconciled.
-    """
-    document = parse_json_option("result", result)
-    _report(open_queue(ctx).reconcile(task_id, outcome=outcome, note=note, result=document), "reconciled", as_json)
-
-
-@click.command()
-@click.argument("task_id", metavar="TASK")
-@click.option("--note", required=True, help="What was repaired; recorded in the evidence trail.")
-@json_option
-@click.pass_context
-def unblock(ctx: click.Context, task_id: str, note: str, as_json: bool) -> None:
-    """Return a blocked task to the queue.
-
-    Use it once the missing or revoked credential is repaired.
-    """
-    _report(open_queue(ctx).unblock(task_id, note=note), "unblocked", as_json)
-
-
-@click.command()
-@click.argument("task_id", metavar="TASK")
-@click.option("--note", default="requeued by operator", show_default=True, help="Recorded in the evidence trail.")
-@json_option
-@click.pass_context
-def requeue(ctx: click.Context, task_id: str, note: str, as_json: bool) -> None:
-    """Return a dead task to the queue, with a fresh attempt budget."""
-    _report(open_queue(ctx).requeue(task_id, note=note), "requeued", as_json)
-
-
-@click.command()
-@click.argument("queue")
-@click.pass_context
-def pause(ctx: click.Context, queue: str) -> None:
-    """Turn QUEUE's off-switch on.
-
-    A paused queue hands out no claims, and running tasks may start no new
-    effects; actions already in flight finish and are recorded.
-    """
-    open_queue(ctx).pause(queue)
-    click.echo(f"queue {queue} paused: no new claims or effects; actions in flight may finish")
-
-
-@click.command()
-@click.argument("queue")
-@click.pass_context
-def resume(ctx: click.Context, queue: str) -> None:
-    """Turn QUEUE's off-switch off."""
-    open_queue(ctx).resume(queue)
-    click.echo(f"queue {queue} resumed")
+    command = click.Command(spec.command, params=params, callback=callback, short_help=spec.title,
+                            help=f"{spec.title}.\n\n{spec.help}" if spec.help else f"{spec.title}.")
+    return json_option(command)
 
 
 @click.command()

@@ -265,14 +265,11 @@ def revoke(ctx: click.Context, token_id: str | None, worker_id: str | None, as_j
 @click.pass_context
 def prune(ctx: click.Context, older_than: str, payloads_older_than: str | None, as_json: bool) -> None:
     """Apply retention now. Dead, blocked and needs_reconciliation tasks are kept."""
-    from .. import auth
-
     q = open_queue(ctx)
     older = parse_duration("older_than", older_than)
     payloads = parse_duration("payloads_older_than", payloads_older_than)
-    counts = q.prune(older, payloads_older_than_seconds=payloads)  # type: ignore[arg-type]
-    auth.record_action(q, cli_actor(), "prune", "retention", older_than_seconds=older,
-                       payloads_older_than_seconds=payloads, **counts)
+    # audited by Queue.prune, each batch in its own transaction
+    counts = q.prune(older, payloads_older_than_seconds=payloads, by=cli_actor(), via="cli")  # type: ignore[arg-type]
     if as_json:
         emit_json(counts)
         return

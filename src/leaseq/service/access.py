@@ -1,9 +1,11 @@
 """Who may call the service, how often, and with how large a body.
 
 * :class:`Access` verifies bearer tokens (through :mod:`leaseq.auth`),
-  rate-limits per token, and checks that a worker id named in a request
-  belongs to the calling token.
-* :func:`need` builds the FastAPI dependency that requires one right.
+  rate-limits per token, and answers :func:`leaseq.authz.authorize`'s
+  look-ups (which token registered a worker, whether a token's workers held
+  a task), caching the permanent worker-to-token links.
+* :func:`need` builds the FastAPI dependency that authorizes one action
+  (the decision itself is :func:`leaseq.authz.authorize`'s).
 * :class:`BodyLimit` is ASGI middleware refusing oversized bodies with 413.
 * :func:`csrf_token` derives the dashboard's CSRF token from the session.
 
@@ -24,7 +26,7 @@ from typing import Any
 
 from fastapi import Depends, Request
 
-from .. import auth
+from .. import auth, authz
 from ..core.errors import LeaseqError
 from ..auth import RateLimited
 from ..queue import Queue
@@ -125,15 +127,18 @@ class Access:
                 self._owners.clear()
             self._owners[worker_id] = token_id
 
-    def check_worker(self, principal: auth.Principal, worker_id: str) -> None:
-        """Raise AccessDenied unless ``worker_id`` was registered by the calling token."""
+    def worker_token(self, worker_id: str) -> str | None:
+        """The token that registered ``worker_id`` (cached: the link never changes)."""
         owner = self._owners.get(worker_id)
         if owner is None:
             owner = auth.worker_token(self.queue, worker_id)
             if owner is not None:
                 self.remember_worker(worker_id, owner)
-        if owner is None or not hmac.compare_digest(owner, principal.token_id):
-            raise auth.AccessDenied(f"worker {worker_id!r} was not registered with this token")
+        return owner
+
+    def token_held_task(self, token_id: str, task_id: int) -> bool:
+        """Whether a worker of ``token_id`` holds or has held a lease on ``task_id``."""
+        return auth.token_held_task(self.queue, token_id, task_id)
 
 
 def bearer_token(request: Request) -> str | None:
@@ -171,26 +176,20 @@ def api_principal(request: Request) -> auth.Principal:
     return principal
 
 
-_WHAT = {"work": "use the worker API", "read": "read tasks", "operate": "perform operator actions",
-         "admin": "manage tokens and retention", "enqueue": "enqueue tasks"}
+def need(action: str) -> Callable[..., auth.Principal]:
+    """A dependency authorizing ``action`` (see :data:`leaseq.authz.ACTIONS`) for the caller.
 
+    For actions whose scope is in the request's body (a queue to claim from
+    or enqueue on) the route calls :func:`leaseq.authz.authorize` itself.
+    """
+    authz.ACTIONS[action]  # a typo fails at import, not at the first request
 
-def need(right: str) -> Callable[..., auth.Principal]:
-    """A dependency that requires ``right`` (see :data:`leaseq.auth.RIGHTS`)."""
-
-    def dependency(principal: auth.Principal = Depends(api_principal)) -> auth.Principal:
-        if not principal.can(right):
-            raise auth.AccessDenied(f"the {principal.role} role cannot {_WHAT.get(right, right)}")
+    def dependency(request: Request, principal: auth.Principal = Depends(api_principal)) -> auth.Principal:
+        authz.authorize(principal, action, queue=request.path_params.get("name"), facts=request.app.state.access)
         return principal
 
-    dependency.__name__ = f"need_{right}"
+    dependency.__name__ = f"need_{action}"
     return dependency
-
-
-def require_queue(principal: auth.Principal, queue: str) -> None:
-    """Raise AccessDenied if the token is limited to other queues."""
-    if not principal.may_use_queue(queue):
-        raise auth.AccessDenied(f"this token may not use queue {queue!r}")
 
 
 def csrf_token(session_id: str) -> str:

@@ -11,8 +11,10 @@ Forms are posted only from the dashboard itself: a POST whose
 origin or ``null``, is refused, and each form carries a CSRF token: the login
 form a double-submit token (a cookie set with the form, echoed in a field),
 the others one derived from the session (see
-:func:`leaseq.service.access.csrf_token`). Actions need the operator role and
-go through :class:`leaseq.Queue` with the actor's identity.
+:func:`leaseq.service.access.csrf_token`). The action forms and their POST routes
+are built from the action table (:data:`leaseq.authz.ACTIONS`):
+:func:`leaseq.authz.authorize` decides, and :func:`leaseq.authz.perform`
+acts, writing the audit entry in the action's own transaction.
 """
 
 from __future__ import annotations
@@ -28,9 +30,10 @@ from urllib.parse import urlencode, urlsplit
 from fastapi import APIRouter, Depends, Form, Path, Query, Request
 from fastapi.responses import HTMLResponse, RedirectResponse, Response
 from jinja2 import Environment, PackageLoader, select_autoescape
+from starlette.concurrency import run_in_threadpool
 
-from .. import auth
-from ..core.errors import LeaseqError
+from .. import auth, authz
+from ..core.errors import LeaseqError, NotFound
 from ..queue import Queue
 from .access import Access, client_address, csrf_token
 from .views import STATUSES, present_effect, present_task, queue_overview, task_timeline
@@ -83,6 +86,10 @@ def _pretty(value: Any) -> str:
 _env = Environment(loader=PackageLoader("leaseq.service", "templates"), autoescape=select_autoescape(["html"]),
                    trim_blocks=True, lstrip_blocks=True)
 _env.filters.update(age=_age, when=_when, pretty=_pretty)
+#: The dashboard's action forms, from the action table.
+TASK_ACTIONS = [a for a in authz.operator_actions("dashboard") if a.target == "task"]
+QUEUE_ACTIONS = [a for a in authz.operator_actions("dashboard") if a.target == "queue"]
+_env.globals.update(task_actions=TASK_ACTIONS, queue_actions=QUEUE_ACTIONS)
 
 
 class LoginRequired(Exception):
@@ -110,10 +117,6 @@ class Session:
 
     principal: auth.Principal
     csrf: str
-
-    @property
-    def can_operate(self) -> bool:
-        return self.principal.can("operate")
 
 
 def session(request: Request) -> Session:
@@ -157,12 +160,14 @@ def same_origin(request: Request) -> None:
 
 
 def operator_session(request: Request, csrf: str = Form(""), s: Session = Depends(session)) -> Session:
-    """Dependency for POST actions: same origin, matching CSRF token, and the operator role."""
+    """Dependency for POST actions: same origin, matching CSRF token, and the action authorized."""
     same_origin(request)
     if not hmac.compare_digest(csrf.encode(), s.csrf.encode()):
         raise auth.AccessDenied("CSRF check failed: reload the page and try again")
-    if not s.can_operate:
-        raise auth.AccessDenied(f"the {s.principal.role} role cannot perform operator actions")
+    spec = authz.ACTIONS.get(request.path_params.get("action", ""))
+    if spec is None or not spec.dashboard:
+        raise NotFound("no such action")
+    authz.authorize(s.principal, spec.name, queue=request.path_params.get("name"))
     return s
 
 
@@ -281,55 +286,38 @@ def inbox(request: Request, s: Session = Depends(session)) -> HTMLResponse:
     return render("inbox.html", request, s, items=items)
 
 
-# -- actions (operator role, CSRF-checked) ----------------------------------------------
+# -- actions (authorized, CSRF-checked), one form and route per entry of the action table --
 
-def _act(request: Request, s: Session, back: str, done: str, action: str, target: str,
-         fn: Any, *args: Any, **detail: Any) -> RedirectResponse:
+def _choice(actions: list[authz.Action]) -> str:
+    return "^(" + "|".join(a.verb or a.name for a in actions) + ")$"
+
+
+async def _act(request: Request, s: Session, action: str, target: Any, default_back: str) -> RedirectResponse:
+    form = await request.form()
+    back = str(form.get("back") or default_back)
+    spec = authz.ACTIONS[action]
+    given: dict[str, Any] = {}
+    for f in spec.fields:
+        value = form.get(f.name)
+        if f.json or value is None or (value == "" and not f.required):
+            continue  # not offered on the form, or left empty: the action's default
+        given[f.name] = value
     try:
-        fn(*args)
+        await run_in_threadpool(authz.perform, _queue(request), s.principal, action, target, via="dashboard", **given)
     except LeaseqError as exc:
         return _back(back, err=str(exc))
-    auth.record_action(_queue(request), s.principal.actor, action, target, via="dashboard", **detail)
-    return _back(back, msg=done)
+    return _back(back, msg=authz.done_message(action, target, **given))
 
 
-@router.post("/tasks/{task_id}/reconcile")
-def reconcile(request: Request, task_id: int = Path(ge=1, le=2**63 - 1), outcome: str = Form(...),
-              note: str = Form(""), back: str = Form("/inbox"), s: Session = Depends(operator_session)) -> Response:
-    q = _queue(request)
-    return _act(request, s, back, f"task {task_id} reconciled: {outcome}", "reconcile", f"task:{task_id}",
-                lambda: q.reconcile(task_id, outcome, note, by=s.principal.actor), outcome=outcome, note=note)
+@router.post("/tasks/{task_id}/{action}")
+async def task_action(request: Request, task_id: int = Path(ge=1, le=2**63 - 1),
+                      action: str = Path(pattern=_choice(TASK_ACTIONS)),
+                      s: Session = Depends(operator_session)) -> Response:
+    return await _act(request, s, action, task_id, "/tasks")
 
 
-@router.post("/tasks/{task_id}/unblock")
-def unblock(request: Request, task_id: int = Path(ge=1, le=2**63 - 1), note: str = Form(""),
-            back: str = Form("/inbox"), s: Session = Depends(operator_session)) -> Response:
-    q = _queue(request)
-    return _act(request, s, back, f"task {task_id} unblocked", "unblock", f"task:{task_id}",
-                lambda: q.unblock(task_id, note, by=s.principal.actor), note=note)
-
-
-@router.post("/tasks/{task_id}/requeue")
-def requeue(request: Request, task_id: int = Path(ge=1, le=2**63 - 1), note: str = Form(""),
-            back: str = Form("/tasks"), s: Session = Depends(operator_session)) -> Response:
-    q = _queue(request)
-    return _act(request, s, back, f"task {task_id} requeued", "requeue", f"task:{task_id}",
-                lambda: q.requeue(task_id, note, by=s.principal.actor), note=note)
-
-
-@router.post("/tasks/{task_id}/cancel")
-def cancel(request: Request, task_id: int = Path(ge=1, le=2**63 - 1), reason: str = Form(""),
-           back: str = Form("/tasks"), s: Session = Depends(operator_session)) -> Response:
-    q = _queue(request)
-    return _act(request, s, back, f"task {task_id} cancelled", "cancel", f"task:{task_id}",
-                lambda: q.cancel(task_id, reason, by=s.principal.actor), reason=reason)
-
-
-@router.post("/queues/{name}/{switch}")
-def switch_queue(request: Request, name: str = Path(pattern=r"^[A-Za-z0-9_.:\-]{1,100}$"),
-                 switch: str = Path(pattern=r"^(pause|resume)$"), s: Session = Depends(operator_session)) -> Response:
-    q = _queue(request)
-    fn = q.pause if switch == "pause" else q.resume
-    return _act(request, s, "/", f"queue {name} {'paused' if switch == 'pause' else 'resumed'}", switch,
-                f"queue:{name}", lambda: fn(name, by=s.principal.actor))
-
+@router.post("/queues/{name}/{action}")
+async def queue_action(request: Request, name: str = Path(pattern=r"^[A-Za-z0-9_.:\-]{1,100}$"),
+                       action: str = Path(pattern=_choice(QUEUE_ACTIONS)),
+                       s: Session = Depends(operator_session)) -> Response:
+    return await _act(request, s, action, name, "/")

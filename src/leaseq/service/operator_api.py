@@ -1,21 +1,26 @@
 """The JSON API for everyone but the worker loop: enqueue and read, operator actions, admin.
 
-Rights (see :mod:`leaseq.auth`): ``read`` for viewers and up, ``operate`` for
-operators and admins, ``admin`` for admins. Every operator and admin action
-passes the caller's identity to :class:`leaseq.Queue` (``by=``), which writes
-it into the task's evidence trail, and is also written to the audit log.
+Each route names its action in :data:`leaseq.authz.ACTIONS` and
+:func:`leaseq.authz.authorize` decides. The operator action routes are built
+from that table (:func:`_operator_route`), as are the dashboard's forms and
+the CLI's commands; each goes through :func:`leaseq.authz.perform`, whose
+Queue method records the caller's identity in the task's evidence trail and
+writes the audit entry in the action's own transaction.
 """
 
 from __future__ import annotations
 
+import inspect
 from typing import Any, Literal
 
 from fastapi import APIRouter, Depends, Path, Query, Request
+from pydantic import create_model
 
-from .. import auth
+from .. import auth, authz
 from ..core import policy
+from ..core.model import Task
 from ..queue import Queue
-from .access import WORKER_ID_PATTERN, api_principal, need, require_queue
+from .access import WORKER_ID_PATTERN, api_principal, need
 from .views import present_effect, present_event, present_task, queue_overview, task_timeline
 from .wire import to_json
 from .worker_api import Body, TaskId
@@ -36,20 +41,6 @@ class EnqueueBody(Body):
     lease_seconds: float = policy.DEFAULT_LEASE_SECONDS
 
 
-class CancelBody(Body):
-    reason: str = "cancelled"
-
-
-class ReconcileBody(Body):
-    outcome: Literal["completed", "requeue", "cancel"]
-    note: str
-    result: Any = None
-
-
-class NoteBody(Body):
-    note: str
-
-
 class TokenBody(Body):
     name: str
     role: Literal["worker", "viewer", "operator", "admin"]
@@ -67,16 +58,12 @@ def _queue(request: Request) -> Queue:
     return request.app.state.queue
 
 
-def _audit(request: Request, principal: auth.Principal, action: str, target: str, **detail: Any) -> None:
-    auth.record_action(_queue(request), principal.actor, action, target, **detail)
-
-
 # -- enqueue and read -----------------------------------------------------------------
 
 @router.post("/tasks", status_code=201, tags=["tasks"], summary="Enqueue a task")
-def enqueue(body: EnqueueBody, request: Request, principal: auth.Principal = Depends(need("enqueue"))) -> dict:
+def enqueue(body: EnqueueBody, request: Request, principal: auth.Principal = Depends(api_principal)) -> dict:
     policy.check_name("queue", body.queue)
-    require_queue(principal, body.queue)
+    authz.authorize(principal, "enqueue", queue=body.queue)
     task = _queue(request).enqueue(body.kind, body.payload, effect=body.effect, queue=body.queue,
                                    idempotency_key=body.idempotency_key, priority=body.priority, delay=body.delay,
                                    max_attempts=body.max_attempts, lease_seconds=body.lease_seconds)
@@ -85,12 +72,9 @@ def enqueue(body: EnqueueBody, request: Request, principal: auth.Principal = Dep
 
 @router.get("/tasks/{task_id}", tags=["tasks"], summary="One task")
 def get_task(request: Request, task_id: int = TaskId, principal: auth.Principal = Depends(api_principal)) -> dict:
-    if not (principal.can("read") or principal.can("work")):
-        raise auth.AccessDenied(f"the {principal.role} role cannot read tasks")
-    task = _queue(request).get(task_id)
-    if not principal.can("read"):
-        require_queue(principal, task.queue)  # a worker reads tasks of its own queues only
-    return present_task(task, principal)
+    # a worker token: only tasks its own workers hold or have held (403 for any other, existing or not)
+    authz.authorize(principal, "read_task", task=task_id, facts=request.app.state.access)
+    return present_task(_queue(request).get(task_id), principal)
 
 
 @router.get("/tasks", tags=["tasks"], summary="Tasks, newest first")
@@ -129,78 +113,72 @@ def workers(request: Request, principal: auth.Principal = Depends(need("read")))
 
 
 @router.get("/whoami", tags=["access"], summary="The calling token's identity and rights")
-def whoami(principal: auth.Principal = Depends(api_principal)) -> dict:
+def whoami(principal: auth.Principal = Depends(need("whoami"))) -> dict:
     return {"token_id": principal.token_id, "name": principal.name, "role": principal.role,
             "queues": sorted(principal.queues) if principal.queues is not None else None,
             "read_payloads": principal.read_payloads, "rights": sorted(auth.RIGHTS[principal.role]),
+            "actions": sorted(name for name in authz.ACTIONS if principal.can(name)),
             "expires_at": to_json(principal.expires_at)}
 
 
-# -- operator actions ------------------------------------------------------------------
+# -- operator actions: one route per entry of the action table -------------------------
 
-@router.post("/tasks/{task_id}/cancel", tags=["operator"], summary="Cancel a task")
-def cancel(body: CancelBody, request: Request, task_id: int = TaskId,
-           principal: auth.Principal = Depends(need("operate"))) -> dict:
-    task = _queue(request).cancel(task_id, body.reason, by=principal.actor)
-    _audit(request, principal, "cancel", f"task:{task_id}", reason=body.reason)
-    return present_task(task, principal)
-
-
-@router.post("/tasks/{task_id}/reconcile", tags=["operator"], summary="Resolve a needs_reconciliation task")
-def reconcile(body: ReconcileBody, request: Request, task_id: int = TaskId,
-              principal: auth.Principal = Depends(need("operate"))) -> dict:
-    task = _queue(request).reconcile(task_id, body.outcome, body.note, result=body.result, by=principal.actor)
-    _audit(request, principal, "reconcile", f"task:{task_id}", outcome=body.outcome, note=body.note)
-    return present_task(task, principal)
+_TARGETS: dict[str, tuple[str, Any, Any]] = {
+    "task": ("task_id", int, TaskId),
+    "queue": ("name", str, QueueName),
+    "worker": ("worker_id", str, Path(pattern=WORKER_ID_PATTERN, description="Worker id")),
+}
 
 
-@router.post("/tasks/{task_id}/unblock", tags=["operator"], summary="Return a blocked task to the queue")
-def unblock(body: NoteBody, request: Request, task_id: int = TaskId,
-            principal: auth.Principal = Depends(need("operate"))) -> dict:
-    task = _queue(request).unblock(task_id, body.note, by=principal.actor)
-    _audit(request, principal, "unblock", f"task:{task_id}", note=body.note)
-    return present_task(task, principal)
+def _body_model(spec: authz.Action) -> Any:
+    """The request body of an operator action, from its fields (None if it has none)."""
+    if not spec.fields:
+        return None
+    fields: dict[str, Any] = {}
+    for f in spec.fields:
+        kind: Any = Any if f.json else Literal[tuple(v for v, _ in f.choices)] if f.choices else str
+        fields[f.name] = (kind, ...) if f.required else (kind | None if not f.json else kind, f.default)
+    return create_model(f"{spec.name.title().replace('_', '')}Body", __base__=Body, **fields)
 
 
-@router.post("/tasks/{task_id}/requeue", tags=["operator"], summary="Return a dead task to the queue")
-def requeue(body: NoteBody, request: Request, task_id: int = TaskId,
-            principal: auth.Principal = Depends(need("operate"))) -> dict:
-    task = _queue(request).requeue(task_id, body.note, by=principal.actor)
-    _audit(request, principal, "requeue", f"task:{task_id}", note=body.note)
-    return present_task(task, principal)
+def _operator_route(spec: authz.Action) -> None:
+    """Add the POST route of one operator action: authorize, perform (audited), present."""
+    model = _body_model(spec)
+    target, annotation, default = _TARGETS[spec.target or ""]
+    kw = inspect.Parameter.KEYWORD_ONLY
+    params = [inspect.Parameter("request", kw, annotation=Request),
+              inspect.Parameter(target, kw, annotation=annotation, default=default),
+              inspect.Parameter("principal", kw, annotation=auth.Principal, default=Depends(need(spec.name)))]
+    if model is not None:
+        optional = not any(f.required for f in spec.fields)  # then the body itself may be left out
+        params.append(inspect.Parameter("body", kw, annotation=model | None if optional else model,
+                                        default=None if optional else inspect.Parameter.empty))
+
+    def endpoint(request: Request, principal: auth.Principal, body: Any = None, **path: Any) -> Any:
+        given = body.model_dump(exclude_unset=True) if body is not None else {}
+        result = authz.perform(_queue(request), principal, spec.name, path[target], via="api", **given)
+        return present_task(result, principal) if isinstance(result, Task) else to_json(result)
+
+    endpoint.__signature__ = inspect.Signature(params)  # type: ignore[attr-defined]
+    endpoint.__name__ = spec.name
+    router.add_api_route(spec.route, endpoint, methods=["POST"], tags=["operator"], summary=spec.title,
+                         description=spec.help or None)
 
 
-@router.post("/queues/{name}/pause", tags=["operator"], summary="Turn a queue's off-switch on")
-def pause(request: Request, name: str = QueueName, principal: auth.Principal = Depends(need("operate"))) -> dict:
-    _queue(request).pause(name, by=principal.actor)
-    _audit(request, principal, "pause", f"queue:{name}")
-    return {"queue": name, "paused": True}
-
-
-@router.post("/queues/{name}/resume", tags=["operator"], summary="Turn a queue's off-switch off")
-def resume(request: Request, name: str = QueueName, principal: auth.Principal = Depends(need("operate"))) -> dict:
-    _queue(request).resume(name, by=principal.actor)
-    _audit(request, principal, "resume", f"queue:{name}")
-    return {"queue": name, "paused": False}
-
-
-@router.post("/workers/{worker_id}/revoke", tags=["operator"], summary="Revoke one worker")
-def revoke_worker(request: Request, worker_id: str = Path(pattern=WORKER_ID_PATTERN),
-                  principal: auth.Principal = Depends(need("operate"))) -> dict:
-    _queue(request).revoke_worker(worker_id)
-    _audit(request, principal, "revoke_worker", f"worker:{worker_id}")
-    return {"worker_id": worker_id, "revoked": True}
+for _spec in authz.operator_actions():
+    _operator_route(_spec)
 
 
 # -- admin -----------------------------------------------------------------------------
 
 @router.get("/tokens", tags=["admin"], summary="Every token (never a secret)")
-def list_tokens(request: Request, principal: auth.Principal = Depends(need("admin"))) -> dict:
+def list_tokens(request: Request, principal: auth.Principal = Depends(need("list_tokens"))) -> dict:
     return {"tokens": to_json(auth.list_tokens(_queue(request)))}
 
 
 @router.post("/tokens", status_code=201, tags=["admin"], summary="Create a token; it is shown once")
-def create_token(body: TokenBody, request: Request, principal: auth.Principal = Depends(need("admin"))) -> dict:
+def create_token(body: TokenBody, request: Request,
+                 principal: auth.Principal = Depends(need("create_token"))) -> dict:
     token, record = auth.create_token(_queue(request), name=body.name, role=body.role, queues=body.queues,
                                       read_payloads=body.read_payloads, expires_in=body.expires_in,
                                       created_by=principal.actor)
@@ -209,22 +187,20 @@ def create_token(body: TokenBody, request: Request, principal: auth.Principal = 
 
 @router.delete("/tokens/{token_id}", tags=["admin"], summary="Revoke a token and its workers")
 def revoke_token(request: Request, token_id: str = Path(pattern=r"^[0-9a-f]{12}$"),
-                 principal: auth.Principal = Depends(need("admin"))) -> dict:
+                 principal: auth.Principal = Depends(need("revoke_token"))) -> dict:
     workers_ = auth.revoke_token(_queue(request), token_id, by=principal.actor)
     return {"token_id": token_id, "revoked": True, "revoked_workers": workers_}
 
 
 @router.post("/prune", tags=["admin"], summary="Apply retention now")
-def prune(body: PruneBody, request: Request, principal: auth.Principal = Depends(need("admin"))) -> dict:
-    counts = _queue(request).prune(body.older_than_seconds,
-                                   payloads_older_than_seconds=body.payloads_older_than_seconds)
-    _audit(request, principal, "prune", "retention", older_than_seconds=body.older_than_seconds,
-           payloads_older_than_seconds=body.payloads_older_than_seconds, **counts)
-    return counts
+def prune(body: PruneBody, request: Request, principal: auth.Principal = Depends(need("prune"))) -> dict:
+    # audited by Queue.prune, each batch in its own transaction
+    return _queue(request).prune(body.older_than_seconds, payloads_older_than_seconds=body.payloads_older_than_seconds,
+                                 by=principal.actor, via="api")
 
 
 @router.get("/audit", tags=["admin"], summary="The newest audit entries")
 def audit(request: Request, limit: int = Query(100, ge=1, le=10_000),
-          principal: auth.Principal = Depends(need("admin"))) -> dict:
+          principal: auth.Principal = Depends(need("read_audit"))) -> dict:
     return {"entries": to_json(auth.audit_log(_queue(request), limit))}
 

@@ -32,12 +32,23 @@ def present_task(task: Task, principal: Principal) -> dict[str, Any]:
     return data if principal.read_payloads else redact_task(data)
 
 
+#: Keys of event details that people and workers fill with free text (a cancel
+#: reason, a reconcile note, a worker's release or loss reason): hidden like
+#: payloads from tokens without ``read_payloads``.
+FREE_TEXT_KEYS = ("reason", "note")
+#: Events whose reason leaseq writes itself (routing, expiry, revocation): shown to every reader.
+SYSTEM_REASON_EVENTS = frozenset({"lease_expired", "lease_revoked", "dead", "blocked", "needs_reconciliation"})
+
+
 def present_event(event: Event, principal: Principal) -> dict[str, Any]:
-    """An event as JSON, its error redacted unless the token may read payloads."""
+    """An event as JSON, its errors, results and free text redacted unless the token may read payloads."""
     data = to_json(event)
     data["at"] = to_json(parse_time(data["at"]))  # SQLite hands back epoch seconds for a column named "at"
     if not principal.read_payloads:
-        data["detail"] = redact_detail(data.get("detail") or {})
+        detail = redact_detail(data.get("detail") or {})
+        if data.get("type") not in SYSTEM_REASON_EVENTS:  # unknown event types: hidden too
+            detail = {k: (REDACTED if k in FREE_TEXT_KEYS and v is not None else v) for k, v in detail.items()}
+        data["detail"] = detail
     return data
 
 

@@ -2,7 +2,8 @@
 
 Every route needs a ``worker`` token. A worker id in the path must have been
 registered by the calling token (else 403): the identity comes from the
-credential, never from the body. The generation a request names is checked
+credential, never from the body. Each route names its action in
+:data:`leaseq.authz.ACTIONS`; :func:`leaseq.authz.authorize` decides. The generation a request names is checked
 by the lease guard in SQL, so a worker can only act under a generation it
 was issued and still holds; nothing here decides lease questions.
 
@@ -19,12 +20,12 @@ from fastapi import APIRouter, Depends, Path, Request
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 from pydantic_core import PydanticCustomError
 
-from .. import auth
+from .. import auth, authz
 from ..core import policy
 from ..core.errors import LeaseLost, NotFound
 from ..core.model import Claim, Effect, Task
 from ..queue import Queue
-from .access import WORKER_ID_PATTERN, Access, need, require_queue
+from .access import WORKER_ID_PATTERN, api_principal, need
 from .metrics import ServiceMetrics, span
 from .wire import to_json
 
@@ -132,12 +133,17 @@ def _metrics(request: Request) -> ServiceMetrics:
     return request.app.state.metrics
 
 
-def own_worker(request: Request, worker_id: str = WorkerId,
-               principal: auth.Principal = Depends(need("work"))) -> str:
-    """Dependency: the path's worker id, after checking the caller's token registered it."""
-    access: Access = request.app.state.access
-    access.check_worker(principal, worker_id)
-    return worker_id
+def acting_as(action: str) -> Any:
+    """Dependency: the path's worker id, once ``action`` is authorized for it (the caller's token registered it)."""
+    authz.ACTIONS[action]
+
+    def dependency(request: Request, worker_id: str = WorkerId,
+                   principal: auth.Principal = Depends(api_principal)) -> str:
+        authz.authorize(principal, action, worker_id=worker_id, facts=request.app.state.access)
+        return worker_id
+
+    dependency.__name__ = f"worker_{action}"
+    return Depends(dependency)
 
 
 def _claim(worker_id: str, task_id: int, generation: int, task: Task | None = None) -> Claim:
@@ -158,16 +164,17 @@ def _refused(request: Request, reason: str, fn: Any, *args: Any, **kwargs: Any) 
 
 @router.post("/workers", status_code=201, summary="Register a worker under the calling token")
 def register_worker(body: RegisterBody, request: Request,
-                    principal: auth.Principal = Depends(need("work"))) -> dict[str, Any]:
+                    principal: auth.Principal = Depends(need("register_worker"))) -> dict[str, Any]:
     worker = _queue(request).register_worker(body.name, token_id=principal.token_id)
     request.app.state.access.remember_worker(worker.id, principal.token_id)
     return to_json(worker)
 
 
 @router.post("/workers/{worker_id}/claim", summary="Lease up to `limit` due tasks of a queue")
-def claim(body: ClaimBody, request: Request, worker_id: str = Depends(own_worker)) -> dict[str, Any]:
+def claim(body: ClaimBody, request: Request, worker_id: str = WorkerId,
+          principal: auth.Principal = Depends(api_principal)) -> dict[str, Any]:
     policy.check_name("queue", body.queue)
-    require_queue(request.state.principal, body.queue)
+    authz.authorize(principal, "claim", worker_id=worker_id, queue=body.queue, facts=request.app.state.access)
     started = time.perf_counter()
     with span("leaseq.claim", queue=body.queue, worker_id=worker_id, limit=body.limit):
         claims = _queue(request).claim(worker_id, queue=body.queue, limit=body.limit,
@@ -180,7 +187,7 @@ def claim(body: ClaimBody, request: Request, worker_id: str = Depends(own_worker
 
 
 @router.post("/workers/{worker_id}/renew", summary="Renew many leases in one guarded statement")
-def renew(body: RenewBody, request: Request, worker_id: str = Depends(own_worker)) -> dict[str, Any]:
+def renew(body: RenewBody, request: Request, worker_id: str = acting_as("renew")) -> dict[str, Any]:
     started = time.perf_counter()
     claims = [_claim(worker_id, ref.task_id, ref.generation) for ref in body.leases]
     for c in claims:
@@ -194,7 +201,7 @@ def renew(body: RenewBody, request: Request, worker_id: str = Depends(own_worker
 
 @router.post("/workers/{worker_id}/tasks/{task_id}/complete", summary="Finish a task under its lease")
 def complete(body: CompleteBody, request: Request, task_id: int = TaskId,
-             worker_id: str = Depends(own_worker)) -> dict[str, Any]:
+             worker_id: str = acting_as("complete")) -> dict[str, Any]:
     _refused(request, "complete", _queue(request).complete, worker_id,
              _claim(worker_id, task_id, body.generation), body.result)
     return {"completed": True, "task_id": task_id}
@@ -202,7 +209,7 @@ def complete(body: CompleteBody, request: Request, task_id: int = TaskId,
 
 @router.post("/workers/{worker_id}/tasks/{task_id}/fail", summary="End the attempt with an error")
 def fail(body: FailBody, request: Request, task_id: int = TaskId,
-         worker_id: str = Depends(own_worker)) -> dict[str, Any]:
+         worker_id: str = acting_as("fail")) -> dict[str, Any]:
     q = _queue(request)
     try:
         task = q.get(task_id)  # fail() reads attempts from the claim's task for its backoff
@@ -216,7 +223,7 @@ def fail(body: FailBody, request: Request, task_id: int = TaskId,
 
 @router.post("/workers/{worker_id}/tasks/{task_id}/release", summary="Give a lease back early")
 def release(body: ReleaseBody, request: Request, task_id: int = TaskId,
-            worker_id: str = Depends(own_worker)) -> dict[str, Any]:
+            worker_id: str = acting_as("release")) -> dict[str, Any]:
     task = _refused(request, "release", _queue(request).release, worker_id,
                     _claim(worker_id, task_id, body.generation), body.reason)
     return to_json(task)
@@ -224,7 +231,7 @@ def release(body: ReleaseBody, request: Request, task_id: int = TaskId,
 
 @router.post("/workers/{worker_id}/tasks/{task_id}/effects", summary="Record a tool-call intent")
 def begin_effect(body: EffectBody, request: Request, task_id: int = TaskId,
-                 worker_id: str = Depends(own_worker)) -> dict[str, Any]:
+                 worker_id: str = acting_as("begin_effect")) -> dict[str, Any]:
     with span("leaseq.effect.begin", task_id=task_id, action=body.action, generation=body.generation):
         effect = _refused(request, "begin_effect", _queue(request).begin_effect, worker_id,
                           _claim(worker_id, task_id, body.generation), body.action, body.key)
@@ -234,7 +241,8 @@ def begin_effect(body: EffectBody, request: Request, task_id: int = TaskId,
 @router.post("/workers/{worker_id}/tasks/{task_id}/effects/{effect_id}/response",
              summary="Record a tool call's response")
 def finish_effect(body: EffectResponseBody, request: Request, task_id: int = TaskId,
-                  effect_id: int = Path(ge=1, le=2**63 - 1), worker_id: str = Depends(own_worker)) -> dict[str, Any]:
+                  effect_id: int = Path(ge=1, le=2**63 - 1),
+                  worker_id: str = acting_as("finish_effect")) -> dict[str, Any]:
     # Only the id and task matter: the lease guard and the ledger's own
     # condition (this generation's open intent) decide, exactly as in-process.
     effect = Effect(id=effect_id, task_id=task_id, generation=body.generation, action="", idempotency_key="",
@@ -248,6 +256,6 @@ def finish_effect(body: EffectResponseBody, request: Request, task_id: int = Tas
 @router.post("/workers/{worker_id}/tasks/{task_id}/loss", status_code=202,
              summary="Add the worker's own account of losing a lease to the evidence trail")
 def report_loss(body: LossBody, request: Request, task_id: int = TaskId,
-                worker_id: str = Depends(own_worker)) -> dict[str, Any]:
+                worker_id: str = acting_as("report_loss")) -> dict[str, Any]:
     _queue(request).report_loss(worker_id, _claim(worker_id, task_id, body.generation), body.reason)
     return {"recorded": True}

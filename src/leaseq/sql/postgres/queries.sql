@@ -539,6 +539,13 @@ UPDATE leaseq_workers SET token_id = %(token_id)s WHERE id = %(worker_id)s RETUR
 -- name: worker_token
 SELECT id, token_id, revoked_at FROM leaseq_workers WHERE id = %(worker_id)s;
 
+-- name: token_held_task
+-- Whether a worker of this token holds or has held a lease on the task (a
+-- worker token reads those tasks only): its "claimed" events name the worker.
+SELECT EXISTS (SELECT 1 FROM leaseq_events e JOIN leaseq_workers w ON w.id = e.worker_id
+               WHERE e.task_id = %(task_id)s AND e.type = 'claimed'
+                 AND w.token_id = %(token_id)s) AS held;
+
 -- name: audit_insert
 INSERT INTO leaseq_audit (actor, action, target, detail)
 VALUES (%(actor)s, %(action)s, %(target)s, %(detail)s::jsonb);

@@ -1,0 +1,293 @@
+"""Who may do what: the table of actions and the one function that decides.
+
+:data:`ACTIONS` lists every action a token may be allowed: the right it
+needs (roles are fixed sets of rights, :data:`leaseq.auth.RIGHTS`), whether
+the request names a queue the token must be allowed to use, a worker the
+token must have registered, or a task a worker token's workers must have
+held; and, for operator actions, the :class:`leaseq.Queue` method that
+performs it and its fields. :func:`authorize` is the only place access is
+decided. The service's operator routes and dashboard forms and the CLI's
+operator commands are built from the table, and every operator action goes
+through :func:`perform`, whose Queue method writes the audit entry in the
+action's own transaction (so an action never happens without its entry).
+"""
+
+from __future__ import annotations
+
+import getpass
+import hmac
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Protocol
+
+from .auth import RIGHTS, ROLES, AccessDenied, Principal, token_held_task, worker_token
+from .core.errors import InvalidInput
+
+if TYPE_CHECKING:  # pragma: no cover
+    from .queue import Queue
+
+
+@dataclass(frozen=True)
+class Field:
+    """One parameter of an action: an API body field, a dashboard form input, a CLI option."""
+
+    name: str
+    help: str
+    required: bool = True
+    #: the value when the field is left out (only for fields that are not required)
+    default: Any = None
+    #: the values the dashboard offers, with their labels (the Queue method checks the value)
+    choices: tuple[tuple[str, str], ...] = ()
+    #: a JSON document (the CLI reads JSON text, ``-`` or ``@file``); not offered on the dashboard
+    json: bool = False
+    placeholder: str = ""
+
+
+@dataclass(frozen=True)
+class Action:
+    """Something a token may be allowed to do, and how the service and the CLI offer it."""
+
+    name: str
+    #: the right it needs (see :data:`RIGHTS`); None: any valid token
+    right: str | None
+    #: what it does, as a phrase after "the viewer role cannot ..."
+    summary: str
+    #: what an operator action acts on: "task", "queue" or "worker" (its route and CLI argument)
+    target: str | None = None
+    #: the request names a queue, which a queue-limited token must be allowed to use
+    queue_scope: bool = False
+    #: the request names a worker, which the calling token must have registered
+    own_worker: bool = False
+    #: a worker token may also take it for a task its own workers hold or have held a lease on
+    lease_holders: bool = False
+    #: the :class:`leaseq.Queue` method an operator action calls (with ``by=`` and ``via=``)
+    method: str | None = None
+    fields: tuple[Field, ...] = ()
+    #: the API summary; the first line of the CLI help
+    title: str = ""
+    #: more help for the CLI
+    help: str = ""
+    #: what happened, for the dashboard and the CLI: formatted with ``target`` and the fields
+    done: str = ""
+    #: the path segment after the target (default: the name)
+    verb: str = ""
+    #: task statuses the dashboard offers the action for (queue actions: see ``paused``)
+    statuses: tuple[str, ...] = ()
+    #: queue actions: offered on the dashboard when the queue's off-switch is in this state
+    paused: bool | None = None
+    label: str = ""
+    danger: bool = False
+    #: offered as a dashboard form / a CLI command (every operator action has an API route)
+    dashboard: bool = False
+    cli: bool = False
+
+    @property
+    def roles(self) -> frozenset[str]:
+        """The roles that may take it (within their scope)."""
+        return frozenset(role for role in ROLES if self.right is None or self.right in RIGHTS[role])
+
+    @property
+    def operator(self) -> bool:
+        """An action on the data that goes through :func:`perform` and is audited."""
+        return self.method is not None
+
+    @property
+    def route(self) -> str:
+        """Its path, under ``/v1`` in the API and at the root on the dashboard."""
+        base = {"task": "/tasks/{task_id}", "queue": "/queues/{name}", "worker": "/workers/{worker_id}"}
+        return f"{base[self.target or '']}/{self.verb or self.name}"
+
+    @property
+    def command(self) -> str:
+        """Its CLI command name."""
+        return self.name.replace("_", "-")
+
+
+_UNFINISHED = ("queued", "running", "dead", "blocked", "needs_reconciliation")
+_NOTE = "Recorded in the evidence trail."
+
+#: Every action, by name.
+ACTIONS: dict[str, Action] = {a.name: a for a in (
+    # the worker API
+    Action("register_worker", "work", "register workers"),
+    Action("claim", "work", "claim tasks", own_worker=True, queue_scope=True),
+    Action("renew", "work", "renew leases", own_worker=True),
+    Action("complete", "work", "complete tasks", own_worker=True),
+    Action("fail", "work", "fail tasks", own_worker=True),
+    Action("release", "work", "release leases", own_worker=True),
+    Action("begin_effect", "work", "record effect intents", own_worker=True),
+    Action("finish_effect", "work", "record effect responses", own_worker=True),
+    Action("report_loss", "work", "report lease losses", own_worker=True),
+    Action("enqueue", "enqueue", "enqueue tasks", queue_scope=True),
+    # reads
+    Action("whoami", None, "say who it is"),
+    Action("read", "read", "read tasks, events and stats"),
+    Action("read_task", "read", "read tasks", lease_holders=True),
+    # operator actions: each an API route, most a dashboard form and a CLI command
+    Action("cancel", "operate", "cancel tasks", target="task", method="cancel", title="Cancel a task",
+           help="A running holder loses its lease at its next guarded call.",
+           fields=(Field("reason", "Why; recorded in the evidence trail.", placeholder="reason (required)"),),
+           done="task {target} cancelled", statuses=_UNFINISHED, label="Cancel task", danger=True,
+           dashboard=True, cli=True),
+    Action("reconcile", "operate", "reconcile tasks", target="task", method="reconcile",
+           title="Resolve a needs_reconciliation task",
+           help="Check the outside world first (did the action happen?), then record the outcome and a note; "
+                "open intents are marked reconciled.",
+           fields=(Field("outcome", "completed: the action did happen; requeue: it did not, run again with the "
+                                    "same keys; cancel: give up.",
+                         choices=(("completed", "the action happened: completed"),
+                                  ("requeue", "it did not happen: run again"), ("cancel", "cancel the task"))),
+                   Field("note", "What you checked; recorded in the evidence trail.",
+                         placeholder="what you checked (required)"),
+                   Field("result", "The task's result, with outcome completed.", required=False, json=True)),
+           done="task {target} reconciled: {outcome}", statuses=("needs_reconciliation",), label="Reconcile",
+           dashboard=True, cli=True),
+    Action("unblock", "operate", "unblock tasks", target="task", method="unblock",
+           title="Return a blocked task to the queue",
+           help="Use it once the missing or revoked credential is repaired.",
+           fields=(Field("note", "What was repaired; recorded in the evidence trail.",
+                         placeholder="how the credential was repaired (required)"),),
+           done="task {target} unblocked", statuses=("blocked",), label="Unblock", dashboard=True, cli=True),
+    Action("requeue", "operate", "requeue tasks", target="task", method="requeue",
+           title="Return a dead task to the queue", help="It gets a fresh attempt budget.",
+           fields=(Field("note", _NOTE, required=False, default="requeued by operator",
+                         placeholder="why it should run again (required)"),),
+           done="task {target} requeued", statuses=("dead",), label="Requeue", dashboard=True, cli=True),
+    Action("pause", "operate", "pause queues", target="queue", queue_scope=True, method="pause",
+           title="Turn a queue's off-switch on",
+           help="A paused queue hands out no claims, and running tasks may start no new effects; actions "
+                "already in flight finish and are recorded.",
+           done="queue {target} paused: no new claims or effects; actions in flight may finish", paused=False,
+           label="Pause", dashboard=True, cli=True),
+    Action("resume", "operate", "resume queues", target="queue", queue_scope=True, method="resume",
+           title="Turn a queue's off-switch off", done="queue {target} resumed", paused=True, label="Resume",
+           dashboard=True, cli=True),
+    Action("revoke_worker", "operate", "revoke workers", target="worker", verb="revoke", method="revoke_worker",
+           title="Revoke one worker",
+           help="It claims nothing more and the leases it holds end now. The token that registered it stays "
+                "valid (it may register a new worker): revoke the token to stop both.",
+           done="worker {target} revoked", cli=True),
+    # admin
+    Action("list_tokens", "admin", "manage tokens"),
+    Action("create_token", "admin", "manage tokens"),
+    Action("revoke_token", "admin", "manage tokens"),
+    Action("prune", "admin", "apply retention"),
+    Action("read_audit", "admin", "read the audit log"),
+)}
+
+
+class Facts(Protocol):
+    """What :func:`authorize` may need to look up (the service caches these)."""
+
+    def worker_token(self, worker_id: str) -> str | None:
+        """The id of the token that registered ``worker_id`` (None: none did, or no such worker)."""
+
+    def token_held_task(self, token_id: str, task_id: int) -> bool:
+        """Whether a worker of ``token_id`` holds or has held a lease on ``task_id``."""
+
+
+class QueueFacts:
+    """:class:`Facts` read straight from the queue's database."""
+
+    def __init__(self, q: Queue):
+        self.q = q
+
+    def worker_token(self, worker_id: str) -> str | None:
+        return worker_token(self.q, worker_id)
+
+    def token_held_task(self, token_id: str, task_id: int) -> bool:
+        return token_held_task(self.q, token_id, task_id)
+
+
+def _action(name: str) -> Action:
+    spec = ACTIONS.get(name)
+    if spec is None:
+        raise ValueError(f"unknown action {name!r}")
+    return spec
+
+
+def _role_allows(principal: Principal, spec: Action) -> bool:
+    return spec.right is None or spec.right in RIGHTS.get(principal.role, frozenset())
+
+
+def authorize(principal: Principal, action: str, *, queue: str | None = None, worker_id: str | None = None,
+              task: int | None = None, facts: Facts | None = None) -> Action:
+    """Allow ``principal`` to take ``action`` on what the request names, or raise :class:`AccessDenied`.
+
+    ``queue``: the queue the request names (actions with ``queue_scope``);
+    ``worker_id``: the worker it acts as (``own_worker``); ``task``: the task
+    it reads (``lease_holders``); ``facts`` looks up worker and lease links.
+    The only place access is decided. Returns the action's table entry.
+    """
+    spec = _action(action)
+    if not _role_allows(principal, spec):
+        if not (spec.lease_holders and "work" in RIGHTS.get(principal.role, frozenset())):
+            raise AccessDenied(f"the {principal.role} role cannot {spec.summary}")
+        if task is None or facts is None:
+            raise TypeError(f"authorize({action!r}) for a worker token needs task= and facts=")
+        # A worker token reads the tasks its own workers hold or have held, and no others
+        # (whether another task exists is not its business either).
+        if principal.local or not facts.token_held_task(principal.token_id, task):
+            raise AccessDenied(f"a worker token may read only the tasks its own workers have held a lease on "
+                               f"(not task {task})")
+    if spec.queue_scope:
+        if queue is None:
+            raise TypeError(f"authorize({action!r}) needs queue=")
+        if not principal.may_use_queue(queue):
+            raise AccessDenied(f"this token may not use queue {queue!r}")
+    if spec.own_worker:
+        if worker_id is None or facts is None:
+            raise TypeError(f"authorize({action!r}) needs worker_id= and facts=")
+        owner = facts.worker_token(worker_id)
+        if owner is None or principal.local or not hmac.compare_digest(owner, principal.token_id):
+            raise AccessDenied(f"worker {worker_id!r} was not registered with this token")
+    return spec
+
+
+def perform(q: Queue, principal: Principal, action: str, target: Any, *, via: str | None = None,
+            **params: Any) -> Any:
+    """Authorize and take an operator action; returns what its Queue method returns.
+
+    ``target`` is the task id, queue name or worker id the action acts on;
+    ``params`` are its fields (a field left out takes its default). The
+    Queue method records ``principal.actor`` in the evidence trail and writes
+    the audit row (with ``via``: "api", "dashboard", "cli") in the action's
+    own transaction, so an action is never without its audit entry.
+    """
+    spec = _action(action)
+    if not spec.operator:
+        raise ValueError(f"{action!r} is not an operator action")
+    authorize(principal, action, queue=target if spec.target == "queue" else None)
+    known = {f.name for f in spec.fields}
+    for name in params:
+        if name not in known:
+            raise InvalidInput(name, "unknown field")
+    for f in spec.fields:
+        if f.name not in params:
+            if f.required:
+                raise InvalidInput(f.name, "required field is missing")
+            params[f.name] = f.default
+    return getattr(q, spec.method or "")(target, **params, by=principal.actor, via=via)
+
+
+def done_message(action: str, target: Any, **params: Any) -> str:
+    """What happened, in the words of the action's table entry."""
+    return _action(action).done.format_map(_Blank(target=target, **params))
+
+
+class _Blank(dict):  # type: ignore[type-arg]
+    def __missing__(self, key: str) -> str:
+        return ""
+
+
+def operator_actions(surface: str | None = None) -> list[Action]:
+    """The operator actions in table order; ``surface`` "dashboard" or "cli" keeps those offered there."""
+    return [a for a in ACTIONS.values() if a.operator and (surface is None or getattr(a, surface))]
+
+
+def local_principal() -> Principal:
+    """The principal of the local command line: database access means every right; acts as ``cli:<user>``."""
+    try:
+        user = getpass.getuser()
+    except Exception:  # pragma: no cover - no user database in some containers
+        user = "unknown"
+    return Principal(token_id="", name=f"cli:{user}", role="admin", queues=None, read_payloads=True, local=True)
