@@ -243,8 +243,8 @@ def test_viewers_never_see_free_text(svc: Service) -> None:
     q.cancel(leased().task_id, texts["running_cancel"], by="ops")
     c = leased()
     q.begin_effect(w, c, "email.send")
+    q.report_loss(w, c, texts["loss_reason"])  # accepted while the lease is live; refused once released
     q.release(w, c, texts["release_reason"])
-    q.report_loss(w, c, texts["loss_reason"])
     q.reconcile(c.task_id, "requeue", texts["reconcile_note"], by="ops")
     c = leased()
     q.fail(w, c, texts["error"], block=True)
