@@ -109,3 +109,24 @@ def test_the_token_is_bound_to_task_generation_action_and_resource_and_ends_with
     renewed = SIGNER.verify(again.token).expires_at
     assert renewed == pytest.approx(new_deadline, abs=0.002) and renewed > claims.expires_at
     assert [e.type for e in sq.events(task.id)].count("effect_intent") == 1
+
+
+def test_the_runtime_hands_the_handler_a_current_token_after_each_renewal(dsn):
+    app = leaseq.App(dsn, signer=SIGNER)
+    seen: list[tuple[float, float]] = []
+
+    @app.task("slow_pay", effect="idempotent", lease_seconds=1.0, actions=["orders.pay"])
+    def slow_pay(ctx):
+        with ctx.effect("orders.pay", resource="order:1") as fx:
+            first = SIGNER.verify(fx.token).expires_at
+            ctx.sleep(2.5)                           # several renewals; the first token has run out
+            now = time.time()
+            later = SIGNER.verify(fx.token, now=now).expires_at   # would raise "expired" if stale
+            seen.append((first, later, now))
+
+    task = slow_pay.enqueue()
+    app.run_worker(until_idle=True, install_signals=False, concurrency=1)
+    assert app.queue.get(task.id).status == "completed"
+    [(first, later, now)] = seen
+    assert first < now < later
+    app.queue.close()
