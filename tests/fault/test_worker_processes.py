@@ -33,7 +33,7 @@ class Workers:
 
     def start(self, name: str, *extra: str) -> subprocess.Popen:
         env = dict(os.environ, LEASEQ_DSN=self.dsn, FENCE_DSN=self.dsn, FAULT_DIR=str(self.fault_dir),
-                   PYTHONPATH=str(ROOT))
+                   PYTHONPATH=os.pathsep.join([str(ROOT / "src"), str(ROOT)]))  # this checkout, not an installed copy
         log = open(self.fault_dir / f"{name}.log", "w")
         proc = subprocess.Popen(
             [sys.executable, "-m", "leaseq.cli.main", "worker", "tests.fault.fault_app:app", "--name", name,
