@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import inspect
+import json
 import sys
 import threading
 from collections.abc import Callable
@@ -22,7 +23,7 @@ from typing import Any
 from .core import policy
 from .core.errors import InvalidInput
 from .core.model import Task
-from .queue import Queue, connect
+from .queue import Queue, _check_actions, connect
 from .worker.registry import Registry
 from .worker.runtime import WorkerRuntime, WorkerStats
 
@@ -39,6 +40,8 @@ class TaskDefinition:
     lease_seconds: float
     max_attempts: int
     priority: int
+    #: the actions its tasks may begin (None: undeclared; see Queue.enqueue)
+    actions: list[str] | None = None
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         """Call the handler directly (tests, scripts): ``ctx`` must be given."""
@@ -51,7 +54,8 @@ class TaskDefinition:
         return self.app.queue.enqueue(self.kind, payload, effect=self.effect, queue=self.queue,
                                       idempotency_key=_key, delay=_delay,
                                       priority=self.priority if _priority is None else _priority,
-                                      max_attempts=self.max_attempts, lease_seconds=self.lease_seconds)
+                                      max_attempts=self.max_attempts, lease_seconds=self.lease_seconds,
+                                      actions=self.actions)
 
     async def enqueue_async(self, _key: str | None = None, _delay: float = 0, _priority: int | None = None,
                             **payload: Any) -> Task:
@@ -100,8 +104,13 @@ class App:
 
     def task(self, kind: str | None = None, *, effect: str = "read_only", queue: str = "default",
              lease_seconds: float = policy.DEFAULT_LEASE_SECONDS, max_attempts: int = 5,
-             priority: int = 0) -> Callable[[Callable[..., Any]], TaskDefinition]:
-        """Decorator declaring a handler ``fn(ctx, **payload)``, sync or async."""
+             priority: int = 0, actions: list[str] | None = None) -> Callable[[Callable[..., Any]], TaskDefinition]:
+        """Decorator declaring a handler ``fn(ctx, **payload)``, sync or async.
+
+        ``actions`` lists the effects (``ctx.effect(action)``) its tasks may
+        begin; the queue refuses any other. Undeclared (None): any action for
+        an idempotent or side_effect task, none for a read_only one."""
+        declared = None if actions is None else json.loads(_check_actions(actions, policy.check_effect(effect)))
 
         def register(fn: Callable[..., Any]) -> TaskDefinition:
             name = policy.check_kind(kind or f"{fn.__module__}.{fn.__qualname__}")
@@ -113,7 +122,7 @@ class App:
                 app=self, kind=name, fn=fn, effect=policy.check_effect(effect), queue=policy.check_name("queue", queue),
                 lease_seconds=policy.check_seconds("lease_seconds", lease_seconds, allow_zero=False),
                 max_attempts=policy.check_int("max_attempts", max_attempts, minimum=1),
-                priority=policy.check_int("priority", priority))
+                priority=policy.check_int("priority", priority), actions=declared)
             self.registry.add(definition)
             return definition
 

@@ -185,10 +185,14 @@ class RemoteQueue:
         _, path = self._worker_path(worker, claim, "release")
         return task_from(self._call("POST", path, {"generation": claim.generation, "reason": reason}))
 
-    def begin_effect(self, worker: Worker | str, claim: Claim, action: str, key: str | None = None) -> Effect:
+    def begin_effect(self, worker: Worker | str, claim: Claim, action: str, key: str | None = None, *,
+                     resource: str | None = None) -> Effect:
         """Record a tool-call intent under the lease; see :meth:`leaseq.Queue.begin_effect`."""
         _, path = self._worker_path(worker, claim, "effects")
-        return effect_from(self._call("POST", path, {"generation": claim.generation, "action": action, "key": key}))
+        body = {"generation": claim.generation, "action": action, "key": key}
+        if resource is not None:
+            body["resource"] = resource
+        return effect_from(self._call("POST", path, body))
 
     def finish_effect(self, worker: Worker | str, claim: Claim, effect: Effect, response: Any = None) -> Effect:
         """Record the response of a tool call whose intent :meth:`begin_effect` recorded."""

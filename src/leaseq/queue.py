@@ -10,13 +10,14 @@ Backends, the async facade, the CLI and the worker all come through here.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
 import getpass
 import json
 import os
 import secrets
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
@@ -75,6 +76,45 @@ def _claim_settled(found: list[dict[str, Any]]) -> bool:
     """Whether a fast-path claim_batch answer is final: no expired lease awaits
     routing and the worker may claim (SQLite answers nothing when it claimed nothing)."""
     return bool(found) and not found[0]["routing_due"] and found[0]["worker_ok"]
+
+
+#: Most actions one task may declare.
+MAX_ACTIONS = 100
+
+
+def _check_actions(actions: Iterable[str] | None, effect: str) -> str | None:
+    """The declared actions as JSON text for the task row (None: undeclared), or InvalidInput.
+
+    A read_only task takes no actions: it may declare none (an empty list
+    says the same and is stored as such).
+    """
+    if actions is None:
+        return None
+    if isinstance(actions, (str, bytes)) or not isinstance(actions, Iterable):
+        raise InvalidInput("actions", f"must be a list of action names, or None (got {actions!r})")
+    names = list(dict.fromkeys(policy.check_kind(a, f"actions[{i}]") for i, a in enumerate(actions)))
+    if len(names) > MAX_ACTIONS:
+        raise InvalidInput("actions", f"names {len(names)} actions; at most {MAX_ACTIONS}")
+    if names and effect == "read_only":
+        raise InvalidInput("actions", "a read_only task may take no actions; declare the task "
+                                      "effect='idempotent' or effect='side_effect'")
+    return json.dumps(names)
+
+
+def _action_refusal(held: dict[str, Any], action: str) -> str | None:
+    """Why the task of a lease (``lock_lease``'s row) may not begin ``action``, or None if it may.
+
+    Declared actions bind; a task that declared none may take any action
+    unless it is read_only, which may take none.
+    """
+    declared = held["actions"]
+    if held["effect"] == "read_only":
+        return (f"task {held['id']} is read_only and may begin no action ({action!r} refused); "
+                "enqueue it as effect='idempotent' or 'side_effect'")
+    if declared is not None and action not in declared:
+        listed = ", ".join(repr(a) for a in declared) or "none"
+        return f"{action!r} is not an action task {held['id']} declared (declared: {listed})"
+    return None
 
 
 def _effect(row: dict[str, Any], *, replayed: bool = False) -> Effect:
@@ -250,13 +290,20 @@ class Queue:
 
     def enqueue(self, kind: str, payload: Any = None, *, effect: str = "read_only", queue: str = "default",
                 idempotency_key: str | None = None, priority: int = 0, delay: float = 0,
-                max_attempts: int = 5, lease_seconds: float = policy.DEFAULT_LEASE_SECONDS) -> Task:
+                max_attempts: int = 5, lease_seconds: float = policy.DEFAULT_LEASE_SECONDS,
+                actions: Iterable[str] | None = None) -> Task:
         """Add a task. A second enqueue with the same ``idempotency_key`` in the
-        same queue returns the existing task instead of a duplicate."""
+        same queue returns the existing task instead of a duplicate.
+
+        ``actions`` lists the actions the task may begin (:meth:`begin_effect`
+        refuses any other); None leaves them undeclared: any action for an
+        idempotent or side_effect task, none for a read_only one."""
+        effect = policy.check_effect(effect)
         params = dict(
             kind=policy.check_kind(kind),
             payload=policy.check_json("payload", payload),
-            effect=policy.check_effect(effect),
+            effect=effect,
+            actions=_check_actions(actions, effect),
             queue=policy.check_name("queue", queue),
             idempotency_key=(_fresh_keys(1)[0] if idempotency_key is None
                              else policy.check_key("idempotency_key", idempotency_key)),
@@ -278,7 +325,8 @@ class Queue:
     def enqueue_many(self, kind: str, payloads: Iterable[Any], *, effect: str = "read_only",
                      queue: str = "default", idempotency_keys: Sequence[str | None] | None = None,
                      priority: int = 0, delay: float = 0, max_attempts: int = 5,
-                     lease_seconds: float = policy.DEFAULT_LEASE_SECONDS) -> list[int]:
+                     lease_seconds: float = policy.DEFAULT_LEASE_SECONDS,
+                     actions: Iterable[str] | None = None) -> list[int]:
         """Add many tasks of one ``kind`` at once; returns their ids, in order.
 
         The options are those of :meth:`enqueue`, shared by every task.
@@ -293,9 +341,11 @@ class Queue:
             if len(idempotency_keys) != len(payloads):
                 raise InvalidInput("idempotency_keys", f"needs one key per payload ({len(payloads)}), "
                                                        f"got {len(idempotency_keys)}")
+        effect = policy.check_effect(effect)
         common = dict(
             kind=policy.check_kind(kind),
-            effect=policy.check_effect(effect),
+            effect=effect,
+            actions=_check_actions(actions, effect),
             queue=policy.check_name("queue", queue),
             priority=policy.check_int("priority", priority, minimum=-(2**31), maximum=2**31 - 1),
             delay=policy.check_seconds("delay", delay, allow_zero=True, maximum=10 * 365 * 86400.0),
@@ -630,30 +680,47 @@ class Queue:
 
     # -- effects ------------------------------------------------------------
 
-    def begin_effect(self, worker: Worker | str, claim: Claim, action: str, key: str | None = None) -> Effect:
+    def begin_effect(self, worker: Worker | str, claim: Claim, action: str, key: str | None = None, *,
+                     resource: str | None = None) -> Effect:
         """Record the intent of a tool call before making it, under the lease guard.
 
         ``key`` (the action's idempotency key) defaults to one derived from the
         task's idempotency key and ``action``, so it is the same on every
         attempt. If an earlier attempt already recorded a response under that
         key, that effect is returned with ``replayed=True``: do not call again.
-        Raises :class:`QueuePaused` while the queue's off-switch is on.
+        Raises :class:`QueuePaused` while the queue's off-switch is on, and
+        :class:`InvalidInput` (field ``action``) for an action the task may
+        not take: one it did not declare (``actions=``), or any action of a
+        read_only task.
+
+        With a signing key the effect carries ``token``, naming the task, the
+        generation, the action, the key and ``resource`` when given; it
+        expires at the lease deadline (or after ``action_token_ttl``, if
+        sooner). Calling again for the same pending effect returns it with a
+        token re-issued from the current deadline (the worker does so after
+        each renewal); nothing is written then.
         """
         wid = _worker_id(worker)
         self._check_claim(wid, claim)
         policy.check_kind(action, "action")
         if key is not None:
             policy.check_key("key", key)
+        if resource is not None:
+            policy.check_key("resource", resource)
         with self.store.transaction() as tx:
             held = tx.row("lock_lease", task_id=claim.task_id, worker_id=wid, generation=claim.generation)
             if held is None:
                 raise LeaseLost(claim.task_id, claim.generation, "begin_effect refused: lease no longer held")
+            refusal = _action_refusal(held, action)
+            if refusal is not None:
+                raise InvalidInput("action", refusal)
+            deadline = held["lease_expires_at"]
             fx_key = key if key is not None else f"{held['idempotency_key']}:{action}"
             existing = tx.row("get_effect", task_id=claim.task_id, idempotency_key=fx_key)
             if existing is not None and existing["status"] == "done":
-                return self._signed(_effect(existing, replayed=True))
+                return self._signed(_effect(existing, replayed=True), deadline, resource)
             if existing is not None and existing["generation"] == claim.generation and existing["status"] == "pending":
-                return self._signed(_effect(existing))
+                return self._signed(_effect(existing), deadline, resource)
             if held["paused"]:
                 raise QueuePaused(f"queue {held['queue']!r} is paused: no new actions may start")
             if existing is None:
@@ -671,15 +738,38 @@ class Queue:
             if existing is not None:
                 detail["previous_generation"] = existing["generation"]
             self._event(tx, claim.task_id, "effect_intent", claim.generation, wid, **detail)
-        return self._signed(_effect(row))
+        return self._signed(_effect(row), deadline, resource)
 
-    def _signed(self, effect: Effect) -> Effect:
-        """The effect with a signed action token scoped to it, when the queue has a key."""
+    def _signed(self, effect: Effect, deadline: datetime, resource: str | None) -> Effect:
+        """The effect with a signed action token scoped to it, when the queue has a key.
+
+        The token expires at the lease deadline it was issued under (the
+        database's clock), or after ``action_token_ttl`` if that is sooner:
+        a worker that outlives its lease holds an expired token.
+        """
         if self.signer is None:
             return effect
         token = self.signer.issue(effect.task_id, effect.generation, effect.action, effect.idempotency_key,
-                                  self.action_token_ttl)
+                                  self.action_token_ttl, resource=resource, not_after=deadline.timestamp())
         return dataclasses.replace(effect, token=token)
+
+    @contextlib.contextmanager
+    def hold_attempt(self, task_id: int, generation: int) -> Iterator[None]:
+        """Hold attempt ``generation`` of ``task_id`` to its live lease while the block runs.
+
+        For a downstream fence on another database
+        (:class:`leaseq.fencing.QueueLeaseCheck`): raises :class:`LeaseLost` if
+        the attempt is not the running one with a live lease; otherwise keeps
+        a transaction open (the row ``FOR SHARE`` on PostgreSQL, the write
+        lock on SQLite) so no claim, cancel or expiry routing can take the
+        task until the block ends. Keep the block short.
+        """
+        task_id = policy.check_task_id(task_id)
+        generation = policy.check_int("generation", generation, minimum=0)
+        with self.store.transaction() as tx:
+            if tx.row("attempt_holds_lease", task_id=task_id, generation=generation) is None:
+                raise LeaseLost(task_id, generation, "the attempt no longer holds its lease")
+            yield
 
     def finish_effect(self, worker: Worker | str, claim: Claim, effect: Effect, response: Any = None) -> Effect:
         """Record the response of a tool call whose intent :meth:`begin_effect` recorded."""

@@ -65,9 +65,10 @@ def test_upgrading_a_version_2_database_keeps_one_enqueued_entry_per_task(dsn: s
                 tx.script(mig.sql)
                 tx.rows("migrations_record", version=mig.version, name=mig.name)
         assert q.schema_version() == 2
-        with q.store.transaction() as tx:  # what a version-2 enqueue wrote
-            row = tx.row("insert_task", queue="default", kind="job", payload={"old": True}, effect="read_only",
-                         priority=0, delay=0.0, idempotency_key="k-1", max_attempts=5, lease_seconds=30.0)
+        with q.store.transaction() as tx:  # what a version-2 enqueue wrote (in version-2 columns)
+            tx.script("INSERT INTO leaseq_tasks (queue, kind, payload, effect, idempotency_key, max_attempts, "
+                      "lease_seconds) VALUES ('default', 'job', '{\"old\": true}', 'read_only', 'k-1', 5, 30.0)")
+            row = tx.row("get_task_by_key", queue="default", idempotency_key="k-1")
             tx.rows("insert_event", task_id=row["id"], type="enqueued", generation=None, worker_id=None,
                     detail={"queue": "default", "kind": "job"})
             tx.rows("insert_event", task_id=row["id"], type="note", generation=None, worker_id=None,

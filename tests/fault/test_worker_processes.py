@@ -33,7 +33,7 @@ class Workers:
 
     def start(self, name: str, *extra: str) -> subprocess.Popen:
         env = dict(os.environ, LEASEQ_DSN=self.dsn, FENCE_DSN=self.dsn, FAULT_DIR=str(self.fault_dir),
-                   PYTHONPATH=str(ROOT))
+                   PYTHONPATH=os.pathsep.join([str(ROOT / "src"), str(ROOT)]))  # this checkout, not an installed copy
         log = open(self.fault_dir / f"{name}.log", "w")
         proc = subprocess.Popen(
             [sys.executable, "-m", "leaseq.cli.main", "worker", "tests.fault.fault_app:app", "--name", name,
@@ -104,7 +104,7 @@ def test_frozen_worker_cannot_renew_complete_or_write_downstream(queue, workers,
     assert not (workers.fault_dir / "applied-1").exists()
     final = queue.get(task.id)
     assert final.claim_generation == 2 and final.result == {"value": "from-b", "generation": 2}
-    assert FencedStore(dsn).newest_token("account:7") == 2
+    assert FencedStore(dsn).newest_generation("account:7", task.id) == 2
     # A found out through its own guarded calls, and said so in the evidence trail.
     events = wait_for(lambda: [e for e in queue.events(task.id) if e.type == "lease_lost"], what="A's loss recorded")
     assert events[0].worker_id == holder_a and events[0].generation == 1

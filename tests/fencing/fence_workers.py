@@ -23,28 +23,30 @@ def _insert(store: FencedStore, conn, token, note: str) -> None:
     conn.execute(f"INSERT INTO fence_log (token, note) VALUES ({p}, {p})", (token, note))
 
 
-def mixed_tokens(dsn: str, seed: int, rounds: int, calls_path: str, barrier, results) -> None:
-    """Apply ``rounds`` writes to one resource with tokens that rise with noise."""
+def mixed_tokens(dsn: str, seed: int, rounds: int, calls_path: str, task: int, barrier, results) -> None:
+    """Apply ``rounds`` writes of task ``task`` to one resource with generations that rise with noise."""
     rng = random.Random(seed)
     store = FencedStore(dsn)
     accepted, stale = [], []
     barrier.wait()
     try:
         for i in range(rounds):
-            token = max(0, i + rng.randint(-6, 6))
+            # Task 1's generations run far above task 2's: compared across tasks, task 2 would be refused.
+            token = max(0, i + rng.randint(-6, 6)) + (1000 if task == 1 else 0)
 
             def write(conn, token=token):
-                _log_line(calls_path, f"{os.getpid()} {token}")
-                _insert(store, conn, token, str(os.getpid()))
+                _log_line(calls_path, f"{os.getpid()} {task} {token}")
+                _insert(store, conn, token, str(task))
                 time.sleep(rng.random() / 1000)  # widen the window a racing check would slip into
 
             try:
-                store.apply("shared", token, write)
+                store.apply("shared", f"{task}.{token}", write)
                 accepted.append(token)
             except StaleToken as exc:
-                assert exc.newest_token > token
+                newest_task, newest = map(int, exc.newest_token.split("."))
+                assert newest_task == task and newest > token  # only the task's own attempts count
                 stale.append(token)
-        results.put({"accepted": accepted, "stale": stale})
+        results.put({"accepted": accepted, "stale": stale, "task": task})
     except BaseException as exc:  # report instead of hanging the parent
         results.put({"error": repr(exc)})
     finally:
@@ -70,7 +72,7 @@ def same_keys(dsn: str, seed: int, keys: list[str], resource: str | None, calls_
 
             target = resource if resource is not None else f"res-{key}"
             try:
-                outcomes[key] = store.apply(target, None if resource is None else 1, write,
+                outcomes[key] = store.apply(target, None if resource is None else "1.1", write,
                                             idempotency_key=key)
             except IdempotencyKeyReused:
                 refused.append(key)

@@ -60,23 +60,30 @@ def log_rows(store: FencedStore) -> list[tuple]:
 
 
 def test_mixed_tokens_from_many_processes_never_accept_an_older_token(fenced, fence_dsn, tmp_path):
+    """Two tasks, two processes each, race on one resource: each task's generations are
+    accepted in order, and neither task's generations ever refuse the other's writes."""
     calls = tmp_path / "calls.log"
     rounds = 40
+    tasks = [1 + seed % 2 for seed in range(PROCESSES)]
     results = run_processes(fence_workers.mixed_tokens,
-                            [(fence_dsn, seed, rounds, str(calls)) for seed in range(PROCESSES)])
-    accepted = [t for r in results for t in r["accepted"]]
-    stale = [t for r in results for t in r["stale"]]
-    assert len(accepted) + len(stale) == PROCESSES * rounds
-    assert accepted and stale, "the run should exercise both outcomes"
-
-    # The fence row lock serialises writers, so log ids follow acceptance order:
-    # no accepted token may be lower than one accepted before it.
-    tokens = [row[1] for row in log_rows(fenced)]
-    assert sorted(accepted) == sorted(tokens)
-    assert all(a <= b for a, b in zip(tokens, tokens[1:])), tokens
-    # Stale writes never ran at all, not even to be rolled back.
-    assert len(calls.read_text().splitlines()) == len(accepted)
-    assert fenced.newest_token("shared") == max(accepted) == max(accepted + stale)
+                            [(fence_dsn, seed, rounds, str(calls), tasks[seed]) for seed in range(PROCESSES)])
+    rows = log_rows(fenced)
+    assert len(calls.read_text().splitlines()) == len(rows)  # stale writes never ran at all
+    for task in (1, 2):
+        mine = [r for r in results if r["task"] == task]
+        accepted = [t for r in mine for t in r["accepted"]]
+        stale = [t for r in mine for t in r["stale"]]
+        assert len(accepted) + len(stale) == 2 * rounds
+        assert accepted and stale, "the run should exercise both outcomes"
+        # The fence row lock serialises a task's writers, so its log ids follow
+        # acceptance order: no accepted generation is lower than one before it.
+        tokens = [row[1] for row in rows if row[2] == str(task)]
+        assert sorted(accepted) == sorted(tokens)
+        assert all(a <= b for a, b in zip(tokens, tokens[1:])), tokens
+        assert fenced.newest_generation("shared", task) == max(accepted) == max(accepted + stale)
+    # Task 2 wrote after task 1's far higher generations had been accepted, and was not refused for it.
+    first_of_1 = next(i for i, row in enumerate(rows) if row[2] == "1")
+    assert any(row[2] == "2" for row in rows[first_of_1:]), "the tasks' writes should interleave"
 
 
 def test_one_idempotency_key_is_acted_on_once_across_processes(fenced, fence_dsn, tmp_path):

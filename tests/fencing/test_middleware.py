@@ -1,4 +1,8 @@
-"""FencingMiddleware behind a real uvicorn server on 127.0.0.1, with httpx as the client."""
+"""FencingMiddleware behind a real uvicorn server on 127.0.0.1, with httpx as the client.
+
+The first half runs the explicit opt-out (``insecure_trust_all_callers``,
+headers believed as sent) to exercise the fence and the replay rules; the
+second half the safe set-up, with signed action tokens."""
 
 from __future__ import annotations
 
@@ -16,7 +20,8 @@ from fastapi.responses import JSONResponse
 from starlette.applications import Starlette
 from starlette.routing import Route
 
-from leaseq.fencing import ActionSigner, FencedStore, FencingMiddleware, fence_grant
+import leaseq
+from leaseq.fencing import ActionSigner, FencedStore, FencingMiddleware, fence_grant, route_param
 
 from .conftest import add_entry, ledger, marker
 
@@ -85,20 +90,21 @@ def bank_app(store: FencedStore, **options) -> tuple[FastAPI, itertools.count]:
     def plain(request: Request):
         return {"fenced": fence_grant(request) is not None}
 
+    options.setdefault("insecure_trust_all_callers", True)
     app.add_middleware(FencingMiddleware, store=store, resource=account_of, **options)
     return app, calls
 
 
 @pytest.fixture
 def bank(store) -> Iterator[httpx.Client]:
-    app, _ = bank_app(store)
+    app, _ = bank_app(store, require_token=False)
     with serve(app) as client:
         yield client
 
 
 def post(client, path: str, token=None, key=None, **headers):
-    if token is not None:
-        headers["Leaseq-Fencing-Token"] = str(token)
+    if token is not None:  # attempts of task 1
+        headers["Leaseq-Fencing-Token"] = f"1.{token}"
     if key is not None:
         headers["Idempotency-Key"] = key
     return client.post(path, headers=headers)
@@ -112,8 +118,8 @@ def test_a_fresh_request_runs_and_a_repeated_key_is_replayed(bank, store):
     assert again.status_code == 200 and again.content == first.content
     assert again.headers["idempotent-replayed"] == "true"
     assert again.headers["content-type"] == "application/json"
-    assert ledger(store) == [("alice", 10, "3")]
-    assert store.newest_token("account:alice") == 3
+    assert ledger(store) == [("alice", 10, "1.3")]
+    assert store.newest_generation("account:alice", 1) == 3
 
 
 def test_a_stale_token_gets_409_and_changes_nothing(bank, store):
@@ -123,15 +129,16 @@ def test_a_stale_token_gets_409_and_changes_nothing(bank, store):
     error = stale.json()["error"]
     assert error["code"] == "stale_token"
     assert "account:alice" in error["message"] and "4" in error["message"] and "5" in error["message"]
-    assert ledger(store) == [("alice", 5, "5")]
+    assert ledger(store) == [("alice", 5, "1.5")]
     assert store.outcome("late") is None
     assert post(bank, "/accounts/alice/deposit?amount=7", token=6).json()["call"] == 2
 
 
 @pytest.mark.parametrize("header, value", [
-    ("Leaseq-Fencing-Token", "abc"), ("Leaseq-Fencing-Token", "-1"), ("Leaseq-Fencing-Token", "1.5"),
-    ("Leaseq-Fencing-Token", ""), ("Leaseq-Fencing-Token", "99999999999999999999"),
-    ("Leaseq-Fencing-Token", "9223372036854775808"), ("Idempotency-Key", "x" * 256),
+    ("Leaseq-Fencing-Token", "abc"), ("Leaseq-Fencing-Token", "-1"), ("Leaseq-Fencing-Token", "1.5.2"),
+    ("Leaseq-Fencing-Token", ""), ("Leaseq-Fencing-Token", "1.99999999999999999999"),
+    ("Leaseq-Fencing-Token", "1.9223372036854775808"), ("Leaseq-Fencing-Token", "7"),
+    ("Leaseq-Fencing-Token", "1.-2"), ("Leaseq-Fencing-Token", "+1.2"), ("Idempotency-Key", "x" * 256),
     ("Idempotency-Key", "has space"),
 ])
 def test_malformed_headers_get_400(bank, store, header, value):
@@ -147,7 +154,7 @@ def test_error_responses_and_exceptions_roll_the_fence_back(bank, store):
     # uvicorn closes the connection after an app raises; don't let the client reuse it.
     boom = post(bank, "/accounts/alice/boom", token=9, key="k", Connection="close")
     assert boom.status_code == 500
-    assert ledger(store) == [] and store.newest_token("account:alice") is None and store.outcome("k") is None
+    assert ledger(store) == [] and store.newest_generation("account:alice", 1) is None and store.outcome("k") is None
     # Nothing was recorded, so the key is still free for a successful retry.
     ok = post(bank, "/accounts/alice/deposit?amount=1", token=1, key="k")
     assert ok.status_code == 200 and ok.json()["call"] == 1
@@ -155,10 +162,10 @@ def test_error_responses_and_exceptions_roll_the_fence_back(bank, store):
 
 def test_unguarded_requests_pass_through(bank, store):
     post(bank, "/accounts/alice/deposit?amount=3", token=8)
-    assert bank.get("/accounts/alice", headers={"Leaseq-Fencing-Token": "1"}).json() == {"balance": 3}
-    assert bank.post("/plain", headers={"Leaseq-Fencing-Token": "1"}).json() == {"fenced": False}
+    assert bank.get("/accounts/alice", headers={"Leaseq-Fencing-Token": "1.1"}).json() == {"balance": 3}
+    assert bank.post("/plain", headers={"Leaseq-Fencing-Token": "1.1"}).json() == {"fenced": False}
     assert bank.post("/accounts/alice/deposit?amount=2").json()["call"] == 2   # no headers: unfenced
-    assert store.newest_token("account:alice") == 8
+    assert store.newest_generation("account:alice", 1) == 8
 
 
 def test_a_key_reused_for_another_resource_gets_422(bank):
@@ -183,12 +190,12 @@ def test_concurrent_requests_with_one_key_run_the_handler_once(bank, store):
     assert [r.status_code for r in responses] == [200] * 8
     assert len({r.content for r in responses}) == 1
     assert sum("idempotent-replayed" not in r.headers for r in responses) == 1
-    assert ledger(store) == [("carol", 4, "2")]
+    assert ledger(store) == [("carol", 4, "1.2")]
     assert store.outcome("same") is not None       # the quoted header form names key `same`
 
 
-def test_require_token_refuses_unfenced_writes(store):
-    app, _ = bank_app(store, require_token=True)
+def test_unfenced_writes_are_refused_by_default_even_when_trusting_callers(store):
+    app, _ = bank_app(store)
     with serve(app) as client:
         missing = post(client, "/accounts/alice/deposit?amount=1", key="k")
         assert missing.status_code == 428 and missing.json()["error"]["code"] == "token_required"
@@ -198,7 +205,7 @@ def test_require_token_refuses_unfenced_writes(store):
 
 # Signed action tokens, on a plain Starlette app wrapped directly by the middleware.
 
-def signed_app(store: FencedStore, signer: ActionSigner):
+def signed_app(store: FencedStore, signer: ActionSigner, **options):
     async def deposit(request):
         grant = fence_grant(request)
         add_entry(grant.connection, store, "dave", 1, str(grant.fencing_token))
@@ -212,12 +219,13 @@ def signed_app(store: FencedStore, signer: ActionSigner):
     inner = Starlette(routes=[Route("/accounts/dave/deposit", deposit, methods=["POST"]),
                               Route("/accounts/dave/boom", boom, methods=["POST"])])
     return FencingMiddleware(inner, store=store, resource=account_of, signer=signer,
-                             action=lambda scope: "deposit")
+                             action=lambda scope: "deposit", **options)
 
 
 def test_signed_action_tokens_are_required_and_scope_the_request(store):
     signer = ActionSigner({"k1": NOW_SECRET}, "k1")
-    good = signer.issue(task_id=7, generation=4, action="deposit", idempotency_key="dep-7", ttl_seconds=60)
+    good = signer.issue(task_id=7, generation=4, action="deposit", idempotency_key="dep-7", ttl_seconds=60,
+                        resource="account:dave")
     path = "/accounts/dave/deposit"
     with serve(signed_app(store, signer)) as client:
         def reason(response):
@@ -227,28 +235,110 @@ def test_signed_action_tokens_are_required_and_scope_the_request(store):
 
         assert reason(client.post(path)) == "missing"
         assert reason(client.post(path, headers={"Leaseq-Action-Token": good[:-2] + "AA"})) == "forged"
-        expired = signer.issue(7, 4, "deposit", "dep-7", 60, now=1_000_000)
+        expired = signer.issue(7, 4, "deposit", "dep-7", 60, now=1_000_000, resource="account:dave")
         assert reason(client.post(path, headers={"Leaseq-Action-Token": expired})) == "expired"
-        other = signer.issue(7, 4, "withdraw", "dep-7", 60)
+        other = signer.issue(7, 4, "withdraw", "dep-7", 60, resource="account:dave")
         assert reason(client.post(path, headers={"Leaseq-Action-Token": other})) == "wrong_action"
+        elsewhere = signer.issue(7, 4, "deposit", "dep-7", 60, resource="account:erin")
+        assert reason(client.post(path, headers={"Leaseq-Action-Token": elsewhere})) == "wrong_resource"
+        unbound = signer.issue(7, 4, "deposit", "dep-7", 60)
+        assert reason(client.post(path, headers={"Leaseq-Action-Token": unbound})) == "unbound_resource"
         # A caller cannot raise its own fencing token past the signed generation.
-        assert reason(client.post(path, headers={"Leaseq-Action-Token": good,
-                                                 "Leaseq-Fencing-Token": "99"})) == "wrong_generation"
+        for raised in ("99", "7.99", "8.4", "9223372036854775807"):
+            assert reason(client.post(path, headers={"Leaseq-Action-Token": good,
+                                                     "Leaseq-Fencing-Token": raised})) == "wrong_generation"
         assert reason(client.post(path, headers={"Leaseq-Action-Token": good,
                                                  "Idempotency-Key": "other"})) == "wrong_idempotency_key"
         assert ledger(store) == []
 
         ok = client.post(path, headers={"Leaseq-Action-Token": good})
-        assert ok.status_code == 200 and ok.json() == {"task": 7, "token": 4, "key": "dep-7"}
+        assert ok.status_code == 200 and ok.json() == {"task": 7, "token": "7.4", "key": "dep-7"}
+        # The same token with its fencing token spelt out is the same request.
+        assert client.post(path, headers={"Leaseq-Action-Token": good, "Leaseq-Fencing-Token": "7.4"}
+                           ).headers["idempotent-replayed"] == "true"
         replay = client.post(path, headers={"Leaseq-Action-Token": good})
         assert replay.headers["idempotent-replayed"] == "true" and replay.content == ok.content
-        newer = signer.issue(7, 5, "deposit", "dep-7b", 60)
+        newer = signer.issue(7, 5, "deposit", "dep-7b", 60, resource="account:dave")
         assert client.post(path, headers={"Leaseq-Action-Token": newer}).status_code == 200
-        stale = client.post(path, headers={"Leaseq-Action-Token": signer.issue(7, 4, "deposit", "dep-7c", 60)})
+        stale = client.post(path, headers={"Leaseq-Action-Token": signer.issue(7, 4, "deposit", "dep-7c", 60,
+                                                                               resource="account:dave")})
         assert stale.status_code == 409 and stale.json()["error"]["code"] == "stale_token"
-        assert ledger(store) == [("dave", 1, "4"), ("dave", 1, "5")]
+        assert ledger(store) == [("dave", 1, "7.4"), ("dave", 1, "7.5")]
         # The wrapped app's own error page is passed on; the fence rolls back.
         crash = client.post("/accounts/dave/boom", headers={"Leaseq-Action-Token": signer.issue(
-            7, 6, "deposit", "dep-7d", 60)})
+            7, 6, "deposit", "dep-7d", 60, resource="account:dave")})
         assert crash.status_code == 500
-        assert store.newest_token("account:dave") == 5 and len(ledger(store)) == 2
+        assert store.newest_generation("account:dave", 7) == 5 and len(ledger(store)) == 2
+
+
+# The safe set-up: what a caller without the queue's authority gets.
+
+def test_the_middleware_will_not_start_without_a_signer_or_the_explicit_opt_out(store):
+    with pytest.raises(leaseq.ConfigError, match="insecure_trust_all_callers"):
+        FencingMiddleware(Starlette(), store=store, resource=account_of)
+    with pytest.raises(leaseq.ConfigError, match="contradicts"):
+        FencingMiddleware(Starlette(), store=store, resource=account_of,
+                          signer=ActionSigner({"k1": NOW_SECRET}, "k1"), insecure_trust_all_callers=True)
+    with pytest.raises(leaseq.InvalidInput, match="leeway_seconds"):
+        FencingMiddleware(Starlette(), store=store, resource=account_of,
+                          signer=ActionSigner({"k1": NOW_SECRET}, "k1"), leeway_seconds=3600)
+
+
+def test_a_stored_response_is_replayed_only_to_the_task_that_caused_it(store):
+    signer = ActionSigner({"k1": NOW_SECRET}, "k1")
+    path = "/accounts/dave/deposit"
+    owner = signer.issue(7, 1, "deposit", "pay-dave", 60, resource="account:dave")
+    with serve(signed_app(store, signer)) as client:
+        first = client.post(path, headers={"Leaseq-Action-Token": owner})
+        assert first.status_code == 200
+        # Anonymous: the key is known (viewers see effect keys), the handler's auth never ran.
+        for headers in ({"Idempotency-Key": "pay-dave"},
+                        {"Idempotency-Key": "pay-dave", "Leaseq-Fencing-Token": "9223372036854775807"},
+                        {"Idempotency-Key": "pay-dave", "Leaseq-Fencing-Token": "7.1"}):
+            anonymous = client.post(path, headers=headers)
+            assert anonymous.status_code == 403 and anonymous.json()["error"]["reason"] == "missing"
+            assert first.content not in anonymous.content and "idempotent-replayed" not in anonymous.headers
+        # Another task's genuine token naming the same key gets no stored response either.
+        thief = client.post(path, headers={"Leaseq-Action-Token": signer.issue(
+            99, 1, "deposit", "pay-dave", 60, resource="account:dave")})
+        assert thief.status_code == 422 and thief.json()["error"]["code"] == "idempotency_key_reused"
+        assert "idempotent-replayed" not in thief.headers
+        # The task that caused it gets it back.
+        mine = client.post(path, headers={"Leaseq-Action-Token": owner})
+        assert mine.headers["idempotent-replayed"] == "true" and mine.content == first.content
+        assert ledger(store) == [("dave", 1, "7.1")]
+        assert store.newest_generation("account:dave", 99) is None
+
+
+def order_app(store: FencedStore, signer: ActionSigner) -> FastAPI:
+    app = FastAPI()
+
+    @app.post("/orders/{order_id}/pay")
+    def pay(order_id: int, request: Request):
+        grant = fence_grant(request)
+        add_entry(grant.connection, store, f"order:{order_id}", 1, grant.fencing_token)
+        return {"order": order_id, "resource": grant.resource_key}
+
+    app.add_middleware(FencingMiddleware, store=store, signer=signer,
+                       resource=route_param("order_id", prefix="order:"), action=lambda scope: "orders.pay")
+    return app
+
+
+def test_route_param_gives_one_resource_per_record_however_the_path_spells_it(store):
+    signer = ActionSigner({"k1": NOW_SECRET}, "k1")
+
+    def token(gen: int, key: str) -> dict:
+        return {"Leaseq-Action-Token": signer.issue(5, gen, "orders.pay", key, 60, resource="order:1")}
+
+    with serve(order_app(store, signer)) as client:
+        ok = client.post("/orders/01/pay", headers=token(2, "a"))
+        assert ok.status_code == 200 and ok.json() == {"order": 1, "resource": "order:1"}
+        # The same record spelt "+1": the same fence, so task 5's older attempt is refused.
+        stale = client.post("/orders/+1/pay", headers=token(1, "b"))
+        assert stale.status_code == 409 and stale.json()["error"]["code"] == "stale_token"
+        assert client.post("/orders/1/pay", headers=token(2, "c")).status_code == 200
+        # A token bound to order 1 is refused on order 2.
+        other = client.post("/orders/2/pay", headers=token(2, "d"))
+        assert other.status_code == 403 and other.json()["error"]["reason"] == "wrong_resource"
+        assert client.get("/orders/1/pay").status_code == 405          # unguarded methods pass through
+        assert [row[0] for row in ledger(store)] == ["order:1", "order:1"]

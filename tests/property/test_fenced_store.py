@@ -2,10 +2,11 @@
 
 tests/fencing covers each rule by example and with racing processes; this
 adds the sequences nobody thought to write: hypothesis generates runs of
-``apply`` calls (tokens rising, falling, repeating or absent; keys reused on
-the same or another resource) and every call is checked against a reference
-model of the two rules, on both backends: the result, whether the write ran,
-the newest token per resource and the stored outcomes.
+``apply`` calls (two tasks' tokens rising, falling, repeating or absent;
+keys reused on the same or another resource, by the same or another task)
+and every call is checked against a reference model of the rules, on both
+backends: the result, whether the write ran, the newest generation per
+resource and task, and the stored outcomes.
 """
 
 from __future__ import annotations
@@ -25,7 +26,7 @@ from leaseq.fencing import FencedStore, IdempotencyKeyReused, StaleToken
 from .test_lease_rules import EXPLORE, pg_base_dsn
 
 CALLS = st.lists(st.tuples(st.sampled_from(["acct:1", "acct:2"]),
-                           st.one_of(st.none(), st.integers(0, 6)),
+                           st.one_of(st.none(), st.tuples(st.sampled_from([1, 2]), st.integers(0, 6))),
                            st.one_of(st.none(), st.sampled_from(["k1", "k2", "k3"]))),
                  min_size=1, max_size=25)
 
@@ -57,20 +58,24 @@ class FreshStore:
                 conn.execute(f"DROP SCHEMA IF EXISTS {self.schema} CASCADE")
 
 
-def check_run(backend: str, calls: list[tuple[str, int | None, str | None]]) -> None:
+def check_run(backend: str, calls: list[tuple[str, tuple[int, int] | None, str | None]]) -> None:
     fresh = FreshStore(backend)
     store = fresh.store
-    newest: dict[str, int] = {}                   # the model: newest accepted token per resource
-    outcomes: dict[str, tuple[str, object]] = {}  # idempotency key -> (resource, stored value)
+    newest: dict[tuple[str, int], int] = {}              # the model: newest generation per resource and task
+    outcomes: dict[str, tuple[str, int | None, object]] = {}  # key -> (resource, task, stored value)
     writes = 0
     try:
-        for i, (resource, token, key) in enumerate(calls):
+        for i, (resource, attempt, key) in enumerate(calls):
             ran = []
             value = {"call": i}
-            if token is not None and token < newest.get(resource, -1):
+            task = None if attempt is None else attempt[0]
+            token = None if attempt is None else f"{attempt[0]}.{attempt[1]}"
+            if attempt is not None and attempt[1] < newest.get((resource, task), -1):
                 expect = "stale"
             elif key is not None and key in outcomes and outcomes[key][0] != resource:
                 expect = "reused"
+            elif key is not None and key in outcomes and outcomes[key][1] not in (None, task):
+                expect = "reused"       # another task's outcome is never handed out
             elif key is not None and key in outcomes:
                 expect = "replay"
             else:
@@ -83,19 +88,21 @@ def check_run(backend: str, calls: list[tuple[str, int | None, str | None]]) -> 
                 assert expect == "reused", (i, calls[: i + 1])
             else:
                 assert expect in ("replay", "write"), (i, expect, calls[: i + 1])
-                if token is not None:
-                    newest[resource] = max(token, newest.get(resource, token))
+                if attempt is not None:
+                    newest[(resource, task)] = max(attempt[1], newest.get((resource, task), attempt[1]))
                 if expect == "write":
                     writes += 1
                     if key is not None:
-                        outcomes[key] = (resource, value)
-                assert got == (outcomes[key][1] if key is not None else value)
+                        outcomes[key] = (resource, task, value)
+                assert got == (outcomes[key][2] if key is not None else value)
             assert bool(ran) == (expect == "write"), "the write must run exactly when it is accepted and new"
             for res in ("acct:1", "acct:2"):
-                assert store.newest_token(res) == newest.get(res)
-        for key, (resource, stored) in outcomes.items():
+                for t in (1, 2):
+                    assert store.newest_generation(res, t) == newest.get((res, t))
+        for key, (resource, task, stored) in outcomes.items():
             found = store.outcome(key)
             assert (found.resource_key, found.value) == (resource, stored)
+            assert (found.fencing_token or "").split(".")[0] == ("" if task is None else str(task))
     finally:
         fresh.close()
 
@@ -116,8 +123,9 @@ def test_postgres_interleavings_match_the_model(calls):
 
 def test_the_model_sees_every_outcome():
     """The strategy reaches every branch (else the properties above prove little)."""
-    check_run("sqlite", [("acct:1", 3, "k1"), ("acct:1", 2, None), ("acct:2", 1, "k1"), ("acct:1", 5, "k1"),
-                         ("acct:1", None, "k2"), ("acct:2", None, None)])
+    check_run("sqlite", [("acct:1", (1, 3), "k1"), ("acct:1", (1, 2), None), ("acct:2", (1, 1), "k1"),
+                         ("acct:1", (1, 5), "k1"), ("acct:1", (2, 0), None), ("acct:1", (2, 1), "k1"),
+                         ("acct:1", None, "k2"), ("acct:1", (2, 1), "k2"), ("acct:2", None, None)])
 
 
 pytestmark = pytest.mark.timeout(120)

@@ -62,7 +62,7 @@ def test_guard_story_over_http(svc) -> None:
     token_a, token_b = svc.token("worker", "a"), svc.token("worker", "b")
     a, b = svc.remote(token_a), svc.remote(token_b)
     wa, wb = a.register_worker("a"), b.register_worker("b")
-    task = a.enqueue("job", {"n": 1}, effect="read_only")
+    task = a.enqueue("job", {"n": 1}, effect="idempotent")  # read_only tasks may begin no action
     [ca] = a.claim(wa, lease_seconds=0.6)
     fx = a.begin_effect(wa, ca, "lookup")
     wait_until(svc.q, ca.expires_at)
@@ -161,6 +161,28 @@ def test_paused_queue_refuses_new_effects_over_http(svc) -> None:
     with pytest.raises(leaseq.QueuePaused):
         rq.begin_effect(w, claim, "email.send")
     assert rq.claim(w) == []
+
+
+def test_undeclared_actions_are_refused_over_http(svc) -> None:
+    token = svc.token("worker")
+    rq, raw = svc.remote(token), svc.http(token)
+    w = rq.register_worker("w")
+    declared = svc.q.enqueue("job", effect="side_effect", actions=["orders.pay"])
+    svc.q.enqueue("job", effect="read_only")
+    [claim] = rq.claim(w, lease_seconds=30)
+    assert claim.task_id == declared.id
+    resp = raw.post(f"/v1/workers/{w.id}/tasks/{declared.id}/effects",
+                    json={"generation": claim.generation, "action": "orders.refund"})
+    assert resp.status_code == 422 and error_of(resp)["code"] == "invalid", resp.text
+    assert "orders.refund" in error_of(resp)["message"]
+    with pytest.raises(leaseq.InvalidInput, match="orders.refund"):
+        rq.begin_effect(w, claim, "orders.refund")
+    assert svc.q.effects(declared.id) == []
+    fx = rq.begin_effect(w, claim, "orders.pay", resource="order:1")
+    assert fx.action == "orders.pay" and [e.action for e in svc.q.effects(declared.id)] == ["orders.pay"]
+    [claim_ro] = rq.claim(w, lease_seconds=30)
+    with pytest.raises(leaseq.InvalidInput, match="read_only"):
+        rq.begin_effect(w, claim_ro, "orders.pay")
 
 
 def test_worker_runtime_runs_real_tasks_through_the_service(svc) -> None:

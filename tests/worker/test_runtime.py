@@ -196,7 +196,7 @@ def test_effect_is_replayed_not_repeated_on_the_next_attempt(app: leaseq.App, st
         with ctx.effect("email.send") as fx:
             if not fx.replayed:
                 calls.append(fx.idempotency_key)
-                fx.record({"message_id": f"m-{user}", "token": fx.fencing_token})
+                fx.record({"message_id": f"m-{user}", "token": fx.generation})
         if ctx.task.attempts == 1:
             raise RuntimeError("crash after the email went out")
         return {"replayed": fx.replayed, "response": fx.response}
@@ -214,7 +214,7 @@ def test_call_effect_runs_once_and_returns_the_recorded_response(app: leaseq.App
 
     @app.task("charge", effect="idempotent")
     def charge(ctx) -> dict:
-        response = ctx.call_effect("payments.charge", lambda fx: calls.append(1) or {"charged": fx.fencing_token})
+        response = ctx.call_effect("payments.charge", lambda fx: calls.append(1) or {"charged": fx.generation})
         if ctx.task.attempts == 1:
             raise RuntimeError("lost the result")
         return response
@@ -317,7 +317,7 @@ def test_effects_carry_a_signed_action_token_scoped_to_one_action(dsn: str) -> N
     @app.task("send", effect="idempotent")
     def send(ctx) -> None:
         with ctx.effect("email.send") as fx:
-            seen.append((fx.token, fx.fencing_token, fx.idempotency_key))
+            seen.append((fx.token, fx.generation, fx.idempotency_key))
 
     task = send.enqueue()
     drain(app, concurrency=1)

@@ -160,4 +160,4 @@ class StaleWriterProbe:
                          f"VALUES ({mark}, {mark}, {mark}, {mark}, {mark}, {mark})",
                          (resource, key, token, task_id, "side_effect", "probe"))
 
-        self.fence.apply(resource, token, write)
+        self.fence.apply(resource, f"{task_id}.{token}", write)

@@ -261,7 +261,9 @@ def _observe(q: leaseq.Queue, fence: FencedStore, history_dir: Path, halt: threa
                            f"FROM {LEDGER_TABLE} ORDER BY id")
         names = [d[0] for d in cur.description]
         ledger = [dict(zip(names, row)) for row in cur.fetchall()]
-    fence_tokens = {res: fence.newest_token(res) for res in sorted({row["resource"] for row in ledger})}
+    # Each resource is written by one task (task:<id>, probe:<id>): its fence row is that task's.
+    owners = {row["resource"]: row["task_id"] for row in ledger}
+    fence_tokens = {res: fence.newest_generation(res, owners[res]) for res in sorted(owners)}
     return Observed(history=read_history(history_dir), tasks=[dataclasses.asdict(t) for t in tasks],
                     events=events, effects=effects, ledger=ledger, fence_tokens=fence_tokens)
 

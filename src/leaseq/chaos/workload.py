@@ -105,9 +105,9 @@ def _downstream() -> Any:
 def send_downstream(ctx: leaseq.TaskContext, fx: Any, *, keyed: bool) -> Any:
     """Apply the task's ledger write through the fenced store; record what happened."""
     fence = _downstream()
-    resource, token, key = f"task:{ctx.task_id}", fx.fencing_token, fx.idempotency_key
+    resource, token, key = f"task:{ctx.task_id}", fx.generation, fx.idempotency_key
     if _signer is not None and fx.token is not None:
-        _signer.verify(fx.token, action=ACTION, idempotency_key=key, generation=token)
+        _signer.verify(fx.token, action=ACTION, idempotency_key=key, generation=token, leeway_seconds=1.0)
     mark = "%s" if fence.dialect == "postgres" else "?"
 
     def write(conn: Any) -> dict[str, Any]:
@@ -118,7 +118,7 @@ def send_downstream(ctx: leaseq.TaskContext, fx: Any, *, keyed: bool) -> Any:
 
     fields = dict(task=ctx.task_id, gen=ctx.generation, resource=resource, token=token, key=key, keyed=keyed)
     try:
-        out = fence.apply(resource, token, write, idempotency_key=key if keyed else None)
+        out = fence.apply(resource, fx.fencing_token, write, idempotency_key=key if keyed else None)
     except StaleToken as exc:
         _record("downstream", "refused", **fields, newest=getattr(exc, "newest_token", None))
         raise

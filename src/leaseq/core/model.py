@@ -76,6 +76,8 @@ class Task:
     error_fingerprint: str | None = None
     error_streak: int = 0
     updated_at: datetime | None = None
+    #: the actions the task declared it may take (None: undeclared; see Queue.begin_effect)
+    actions: list[str] | None = None
 
 
 @dataclass(frozen=True)

@@ -11,12 +11,13 @@ Fencing and idempotency answer different questions; use both when a task
 can be retried and reassigned:
 
 - A **fencing token** says "this worker's authority is newer than that
-  one's". It is the claim generation of the attempt (``fx.fencing_token``),
-  growing with every claim of the task. The receiver remembers the newest
-  token it accepted per resource and refuses anything older, so a worker
-  that paused past its lease cannot overwrite the work of the one that
-  recovered the task. Tokens of different tasks are not ordered against
-  each other: name resources so that one task's attempts contend for them.
+  one's". It names the task and the claim generation of the attempt
+  (``fx.fencing_token`` is ``"<task_id>.<generation>"``); generations grow
+  with every claim of one task. The receiver remembers the newest
+  generation it accepted per resource *and task* and refuses that task's
+  older ones, so a worker that paused past its lease cannot overwrite the
+  work of the one that recovered the task. Generations of different tasks
+  are never compared: two tasks writing one record do not refuse each other.
 - An **idempotency key** says "these retries are the same logical action".
   It stays the same across attempts (``fx.idempotency_key``), and the
   receiver stores the outcome of the first success under it and returns
@@ -24,24 +25,31 @@ can be retried and reassigned:
 
 What is here:
 
-- :class:`FencedStore` (``apply``, ``newest_token``, ``outcome``): the
+- :class:`FencedStore` (``apply``, ``newest_generation``, ``outcome``): the
   fence and the idempotency records, atomic with writes made on its own
-  connection.
-- :class:`FencingMiddleware`: the same rules for an ASGI service, from the
-  ``Leaseq-Fencing-Token`` and ``Idempotency-Key`` headers.
+  connection; with ``lease_check=QueueLeaseCheck(...)`` it also asks the
+  queue, in the same transaction, whether the attempt still holds its lease.
+- :class:`FencingMiddleware`: the same rules for an ASGI service, from a
+  signed ``Leaseq-Action-Token`` (required unless the loudly named
+  ``insecure_trust_all_callers=True``); :func:`route_param` names resources
+  from the app's own routes, one key per record.
 - :class:`ActionSigner` / :class:`ActionClaims`: signed action tokens, so a
   service can check without a database that a request comes from the
-  queue and is scoped to one action of one attempt. Lease authority stays
-  separate from tool authority: a token authorises that action, nothing else.
+  queue and is scoped to one action of one attempt (and one resource, when
+  the effect named it), and that the attempt's lease had not run out. Lease
+  authority stays separate from tool authority: a token authorises that
+  action, nothing else.
 """
 
 from ..core.errors import StaleToken
 from .errors import IdempotencyKeyReused, InvalidActionToken
-from .middleware import FenceGrant, FencingMiddleware, fence_grant
-from .store import FencedStore, StoredOutcome
+from .lease_check import LeaseCheck, QueueLeaseCheck
+from .middleware import FenceGrant, FencingMiddleware, fence_grant, route_param
+from .store import FencedStore, StoredOutcome, fencing_token
 from .tokens import ActionClaims, ActionSigner
 
 __all__ = [
     "ActionClaims", "ActionSigner", "FenceGrant", "FencedStore", "FencingMiddleware", "IdempotencyKeyReused",
-    "InvalidActionToken", "StaleToken", "StoredOutcome", "fence_grant",
+    "InvalidActionToken", "LeaseCheck", "QueueLeaseCheck", "StaleToken", "StoredOutcome", "fence_grant",
+    "fencing_token", "route_param",
 ]

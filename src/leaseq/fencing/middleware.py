@@ -1,32 +1,54 @@
-"""ASGI middleware enforcing fencing tokens and idempotency keys from request headers.
+"""ASGI middleware: the fence, the idempotency records and the action tokens, from request headers.
 
-Works with any ASGI framework (Starlette, FastAPI)::
+The safe set-up, for any ASGI framework (Starlette, FastAPI)::
+
+    from leaseq.fencing import ActionSigner, FencedStore, FencingMiddleware, route_param
 
     app.add_middleware(FencingMiddleware, store=FencedStore(dsn),
-                       resource=lambda scope: scope["path"])     # None: not fenced
+                       signer=ActionSigner.from_env(),           # LEASEQ_ACTION_KEYS, as the queue's
+                       resource=route_param("order_id", prefix="order:"),
+                       action=lambda scope: "orders.pay")
 
 For a request whose method is guarded (POST, PUT, PATCH, DELETE by default)
 and whose ``resource(scope)`` is not None:
 
-- ``Leaseq-Fencing-Token: <int>`` older than the newest token accepted for
-  the resource -> ``409 {"error": {"code": "stale_token", ...}}``; a token
-  that is not a non-negative integer -> ``400`` with code ``invalid``.
-- ``Idempotency-Key: <key>`` already answered -> the stored response
-  (status, the ``replay_headers``, body) with ``Idempotent-Replayed: true``;
-  the same key on another resource -> ``422`` (``idempotency_key_reused``).
-- With neither header the request passes through unfenced, unless
-  ``require_token=True`` (then ``428``, code ``token_required``).
-- With a ``signer`` (:class:`~leaseq.fencing.tokens.ActionSigner`), every
-  guarded request must carry a valid ``Leaseq-Action-Token`` -> else ``403``
-  (code ``forbidden``, with a ``reason``). The token's generation and
-  idempotency key then stand in for missing headers, and must equal them
-  when both are sent, so a caller cannot raise its own fencing token.
-  The verified :class:`ActionClaims` are in ``scope["leaseq.action"]``.
+- A valid ``Leaseq-Action-Token`` is required (``403``, code ``forbidden``,
+  with a ``reason``): signed by the queue, unexpired (its expiry is the
+  lease deadline it was issued under; ``leeway_seconds``, default 1, covers
+  clock skew), for the request's ``action(scope)`` when given, and naming
+  the request's resource (a token that names another resource, or none while
+  ``require_resource_binding`` is on, is refused). The verified
+  :class:`ActionClaims` are in ``scope["leaseq.action"]``.
+- The fencing token is the token's task and generation; a
+  ``Leaseq-Fencing-Token`` header, if sent, must equal it
+  (``"<task_id>.<generation>"``, or the bare generation), so a caller
+  cannot raise its own. The same task's older attempt -> ``409``
+  ``stale_token``; other tasks' attempts are never compared.
+- The idempotency key is the token's; an ``Idempotency-Key`` header, if
+  sent, must equal it. A key already answered -> the stored response (status,
+  the ``replay_headers``, body) with ``Idempotent-Replayed: true``, only to a
+  caller holding a valid token of the task that caused it, so a replay never
+  bypasses the authority the first request needed; the same key on another
+  resource or for another task -> ``422`` (``idempotency_key_reused``).
+- With the store's ``lease_check`` (:class:`QueueLeaseCheck`), an attempt
+  that no longer holds its lease -> ``409``.
+
+Without a signer the middleware refuses to start, unless
+``insecure_trust_all_callers=True``: then any caller may name any task and
+generation in ``Leaseq-Fencing-Token: <task_id>.<generation>`` and replay
+any stored response by its key; use it only where every caller is trusted.
+There a request with no fencing token gets ``428`` (``token_required``)
+unless ``require_token=False``, which lets it through unfenced.
+
+``resource(scope)`` must give one key per record, however the path spells
+it: :func:`route_param` reads a path parameter through the app's own router
+and normalises integers (``/orders/01`` and ``/orders/+1`` are ``order:1``).
+A callable that returns None leaves the request alone.
 
 The handler runs inside the fence, in :meth:`FencedStore.apply`'s
-transaction, with the fence row of the resource locked until it returns:
-requests for one resource run one at a time. ``scope["leaseq.fence"]``
-(see :func:`fence_grant`) carries that transaction's connection:
+transaction, with the fence row locked until it returns: requests of one
+task on one resource run one at a time. ``scope["leaseq.fence"]`` (see
+:func:`fence_grant`) carries that transaction's connection:
 
 - Atomic mode: the handler writes through ``fence_grant(request).connection``.
   Its writes, the accepted token and the recorded response commit together,
@@ -63,7 +85,7 @@ import anyio
 import anyio.from_thread
 import anyio.to_thread
 
-from ..core.errors import BackendUnavailable, InvalidInput, StaleToken
+from ..core.errors import BackendUnavailable, ConfigError, InvalidInput, LeaseqError, StaleToken
 from .errors import IdempotencyKeyReused, InvalidActionToken
 from .store import MAX_TOKEN, FencedStore
 from .tokens import ActionClaims, ActionSigner
@@ -76,7 +98,7 @@ ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]
 
 #: The scope key holding the :class:`FenceGrant` of a fenced request.
 SCOPE_KEY = "leaseq.fence"
-_TOKEN = re.compile(r"[0-9]{1,19}")
+_TOKEN = re.compile(r"[0-9]{1,19}(?:\.[0-9]{1,19})?")
 _KEY = re.compile(r"[\x21-\x7e]{1,255}")
 
 
@@ -89,7 +111,8 @@ class FenceGrant:
     #: ``"postgres"`` or ``"sqlite"``.
     dialect: str
     resource_key: str
-    fencing_token: int | None
+    #: ``"<task_id>.<generation>"``, or None for an unfenced request
+    fencing_token: str | None
     idempotency_key: str | None
     #: The verified action token's claims, when a signer is configured.
     claims: ActionClaims | None = None
@@ -147,31 +170,98 @@ async def _send_json(send: Send, status: int, payload: dict[str, Any],
     await send({"type": "http.response.body", "body": body})
 
 
-class FencingMiddleware:
-    """Refuse stale writers and replay repeated requests; see the module docstring.
+def _normalise(value: Any) -> str:
+    """A path parameter as one spelling per record: integers canonical (``01``, ``+1`` -> ``1``)."""
+    text = str(value)
+    try:
+        return str(int(text))
+    except ValueError:
+        return text
 
-    ``resource(scope)`` names the fenced resource of a request, or returns
-    None to leave the request alone. Fencing tokens are only comparable
-    between attempts of the same task (they are its claim generations), so
-    the resource key should be what those attempts contend for, such as
-    the record the task updates or ``f"task:{claims.task_id}"``.
-    ``action(scope)``, with a signer, names the action the request performs;
-    tokens issued for another action are refused (without it, any action is
-    accepted). ``max_concurrency`` bounds the fenced requests in flight (each
-    holds a thread and, on PostgreSQL, a pooled connection while its handler
-    runs).
+
+def _match_route(routes: Iterable[Any], scope: Scope) -> dict[str, Any] | None:
+    from starlette.routing import Match, Mount
+
+    for route in routes:
+        match, child = route.matches(scope)
+        if match is not Match.FULL:
+            continue
+        params = dict(child.get("path_params", {}))
+        if isinstance(route, Mount) and getattr(route, "routes", None):
+            inner = _match_route(route.routes, {**scope, **child})
+            return None if inner is None else {**params, **inner}
+        return params
+    return None
+
+
+def route_param(name: str, *, prefix: str = "", convert: Callable[[Any], str] = _normalise
+                ) -> Callable[[Scope], str | None]:
+    """A ``resource=`` for :class:`FencingMiddleware`: ``prefix`` + the path parameter ``name``.
+
+    The path is matched by the application's own router (Starlette or
+    FastAPI routes, mounts included), so the parameter is the one the
+    handler will receive. ``convert`` makes each record one key: the
+    default turns anything that parses as an integer into its canonical
+    form (``/orders/01``, ``/orders/+1`` and ``/orders/1`` are all
+    ``order:1``) and keeps other values as they are. A request whose route
+    has no such parameter (or no route) is not fenced.
+    """
+    if not isinstance(name, str) or not name:
+        raise InvalidInput("name", "must be the name of a path parameter")
+
+    def resource(scope: Scope) -> str | None:
+        app = scope.get("app") or scope.get("leaseq.app")
+        router = getattr(app, "router", None)
+        routes = getattr(router, "routes", None) if router is not None else getattr(app, "routes", None)
+        if routes is None:
+            raise ConfigError("route_param: the application has no Starlette router to match the path with")
+        params = _match_route(routes, scope)
+        if params is None or name not in params:
+            return None
+        return f"{prefix}{convert(params[name])}"
+
+    resource.__qualname__ = f"route_param({name!r}, prefix={prefix!r})"
+    return resource
+
+
+class FencingMiddleware:
+    """Refuse stale and unauthorised writers and replay repeated requests; see the module docstring.
+
+    ``signer`` (an :class:`ActionSigner` holding the queue's keys) is
+    required; ``insecure_trust_all_callers=True`` is the explicit opt-out
+    for services whose every caller is trusted. ``resource(scope)`` names the
+    fenced resource of a request (see :func:`route_param`), or returns None
+    to leave the request alone. ``action(scope)``, with a signer, names the
+    action the request performs; tokens issued for another action are
+    refused (without it, any action is accepted). ``leeway_seconds`` is the
+    clock skew tolerated past a token's expiry. ``max_concurrency`` bounds
+    the fenced requests in flight (each holds a thread and, on PostgreSQL, a
+    pooled connection while its handler runs).
     """
 
     def __init__(self, app: ASGIApp, store: FencedStore, resource: Callable[[Scope], str | None], *,
+                 signer: ActionSigner | None = None, insecure_trust_all_callers: bool = False,
+                 action: Callable[[Scope], str | None] | None = None, require_resource_binding: bool = True,
+                 leeway_seconds: float = 1.0, require_token: bool = True,
                  token_header: str = "Leaseq-Fencing-Token", key_header: str = "Idempotency-Key",
+                 action_header: str = "Leaseq-Action-Token",
                  methods: Iterable[str] = ("POST", "PUT", "PATCH", "DELETE"),
-                 replay_headers: Iterable[str] = ("content-type",), require_token: bool = False,
-                 signer: ActionSigner | None = None, action_header: str = "Leaseq-Action-Token",
-                 action: Callable[[Scope], str | None] | None = None, max_concurrency: int = 40):
+                 replay_headers: Iterable[str] = ("content-type",), max_concurrency: int = 40):
         if not isinstance(store, FencedStore):
             raise InvalidInput("store", "must be a leaseq.fencing.FencedStore")
         if not callable(resource):
-            raise InvalidInput("resource", "must be a callable taking the ASGI scope")
+            raise InvalidInput("resource", "must be a callable taking the ASGI scope (e.g. route_param(...))")
+        if signer is not None and not isinstance(signer, ActionSigner):
+            raise InvalidInput("signer", "must be a leaseq.fencing.ActionSigner")
+        if signer is None and insecure_trust_all_callers is not True:
+            raise ConfigError("signer: FencingMiddleware needs an ActionSigner with the queue's keys "
+                              "(ActionSigner.from_env()); to trust every caller's headers instead, pass "
+                              "insecure_trust_all_callers=True")
+        if signer is not None and insecure_trust_all_callers:
+            raise ConfigError("insecure_trust_all_callers: contradicts signer=; pass one of them")
+        if (isinstance(leeway_seconds, bool) or not isinstance(leeway_seconds, (int, float))
+                or not 0 <= leeway_seconds <= 60):
+            raise InvalidInput("leeway_seconds", f"must be between 0 and 60 seconds, not {leeway_seconds!r}")
         self.app = app
         self.store = store
         self.resource = resource
@@ -182,7 +272,11 @@ class FencingMiddleware:
         self.replay_headers = frozenset(h.lower().encode("latin-1") for h in replay_headers)
         self.require_token = require_token
         self.signer = signer
+        #: True only when explicitly asked for: callers' headers are believed as sent
+        self.insecure_trust_all_callers = signer is None
         self.action = action
+        self.require_resource_binding = require_resource_binding
+        self.leeway_seconds = float(leeway_seconds)
         self._names = {"token": token_header, "key": key_header, "action": action_header}
         self.max_concurrency = max_concurrency
         self._limiter: anyio.CapacityLimiter | None = None
@@ -192,35 +286,48 @@ class FencingMiddleware:
             await self.app(scope, receive, send)
             return
         scope = dict(scope)
+        scope.setdefault("leaseq.app", self.app)  # route_param's router when not under Starlette
         # Responses are buffered, so the zero-copy file extension cannot be honoured.
         scope["extensions"] = {k: v for k, v in (scope.get("extensions") or {}).items()
                                if k != "http.response.pathsend"}
         try:
-            token, key, claims = self._read_headers(scope)
-            resource_key = self.resource(scope)
-            if resource_key is not None and token is None and self.require_token:
-                raise _Refused(428, "token_required", f"{self._names['token']}: this resource "
-                               "requires a fencing token")
+            resource_key = self._resource(scope)
+            if resource_key is None:
+                await self.app(scope, receive, send)
+                return
+            token, key, claims = self._read_headers(scope, resource_key)
         except _Refused as refusal:
             await _send_json(send, refusal.status, {"error": {"code": refusal.code, "message": refusal.message,
                                                               **refusal.extra}})
             return
-        if resource_key is None or (token is None and key is None):
-            await self.app(scope, receive, send)
+        if token is None and key is None:
+            await self.app(scope, receive, send)  # only with insecure_trust_all_callers and require_token=False
             return
         await self._guarded(scope, receive, send, resource_key, token, key, claims)
 
-    def _read_headers(self, scope: Scope) -> tuple[int | None, str | None, ActionClaims | None]:
+    def _resource(self, scope: Scope) -> str | None:
+        try:
+            resource_key = self.resource(scope)
+        except InvalidInput as exc:
+            raise _Refused(400, exc.code, f"resource: {exc}") from None
+        except LeaseqError as exc:
+            raise _Refused(500, exc.code, f"the fenced resource could not be named: {exc}") from None
+        if resource_key is not None and not isinstance(resource_key, str):
+            raise _Refused(500, "config", "resource(scope) must return a string or None")
+        return resource_key
+
+    def _read_headers(self, scope: Scope, resource_key: str
+                      ) -> tuple[str | None, str | None, ActionClaims | None]:
         found: dict[bytes, str] = {}
         for name, value in scope.get("headers", []):
             found.setdefault(name.lower(), value.decode("latin-1").strip())
         token = key = None
         if self.token_header in found:
             raw = found[self.token_header]
-            if not _TOKEN.fullmatch(raw) or int(raw) > MAX_TOKEN:
-                raise _Refused(400, "invalid", f"{self._names['token']}: must be an integer between 0 "
-                               f"and {MAX_TOKEN}, not {raw[:40]!r}")
-            token = int(raw)
+            if not _TOKEN.fullmatch(raw) or any(int(part) > MAX_TOKEN for part in raw.split(".")):
+                raise _Refused(400, "invalid", f"{self._names['token']}: must be '<task_id>.<generation>' "
+                               f"(integers up to {MAX_TOKEN}), not {raw[:40]!r}")
+            token = raw
         if self.key_header in found:
             raw = found[self.key_header]
             if len(raw) >= 2 and raw[0] == raw[-1] == '"':  # the draft standard's quoted form
@@ -228,26 +335,40 @@ class FencingMiddleware:
             if not _KEY.fullmatch(raw):
                 raise _Refused(400, "invalid", f"{self._names['key']}: must be 1-255 visible ASCII characters")
             key = raw
-        claims = None
-        if self.signer is not None:
-            claims = self._verify(scope, found.get(self.action_header), token, key)
-            token = claims.generation if token is None else token
-            key = claims.idempotency_key if key is None else key
-            scope["leaseq.action"] = claims
-        return token, key, claims
+        if self.signer is None:  # insecure_trust_all_callers: the headers are believed as sent
+            if token is not None and "." not in token:
+                raise _Refused(400, "invalid", f"{self._names['token']}: must name its task, "
+                               "'<task_id>.<generation>'; a bare generation cannot be compared")
+            if token is None and self.require_token:
+                raise _Refused(428, "token_required", f"{self._names['token']}: this resource "
+                               "requires a fencing token")
+            return token, key, None
+        claims = self._verify(scope, found.get(self.action_header), resource_key, token, key)
+        scope["leaseq.action"] = claims
+        return claims.fencing_token, claims.idempotency_key, claims
 
-    def _verify(self, scope: Scope, raw: str | None, token: int | None, key: str | None) -> ActionClaims:
+    def _verify(self, scope: Scope, raw: str | None, resource_key: str, token: str | None,
+                key: str | None) -> ActionClaims:
         assert self.signer is not None
         try:
             if not raw:
                 raise InvalidActionToken("missing", f"{self._names['action']} header is required")
             action = self.action(scope) if self.action is not None else None
-            return self.signer.verify(raw, action=action, idempotency_key=key, generation=token)
+            claims = self.signer.verify(raw, action=action, idempotency_key=key, resource=resource_key,
+                                        leeway_seconds=self.leeway_seconds)
+            if claims.resource is None and self.require_resource_binding:
+                raise InvalidActionToken("unbound_resource", f"the token names no resource; this service "
+                                         f"requires tokens bound to {resource_key!r} "
+                                         "(ctx.effect(..., resource=...))")
+            if token is not None and token not in (claims.fencing_token, str(claims.generation)):
+                raise InvalidActionToken("wrong_generation", f"{self._names['token']} {token!r} is not the "
+                                         f"token's own {claims.fencing_token!r}")
+            return claims
         except InvalidActionToken as exc:
             raise _Refused(403, exc.code, str(exc), reason=exc.reason) from None
 
     async def _guarded(self, scope: Scope, receive: Receive, send: Send, resource_key: str,
-                       token: int | None, key: str | None, claims: ActionClaims | None) -> None:
+                       token: str | None, key: str | None, claims: ActionClaims | None) -> None:
         captured = _Captured()
         ran = False
 

@@ -11,8 +11,14 @@ routes every write it wants protected through :meth:`FencedStore.apply`::
         conn.execute("UPDATE orders SET paid = true WHERE id = %s", (order_id,))
         return {"charged": order_id}
 
-    store.apply(f"order:{order_id}", fencing_token=generation, write=charge,
+    store.apply(f"order:{order_id}", fx.fencing_token, charge,
                 idempotency_key=fx.idempotency_key)
+
+A fencing token names its task: ``"<task_id>.<generation>"`` (what
+``fx.fencing_token`` and ``ActionClaims.fencing_token`` give). Claim
+generations only order the attempts of one task, so the fence keeps the
+newest generation per resource *and task*: two tasks writing one record
+never refuse each other, and a task's superseded attempt is refused.
 """
 
 from __future__ import annotations
@@ -20,7 +26,7 @@ from __future__ import annotations
 import json
 import re
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, TypeVar
@@ -28,11 +34,13 @@ from typing import Any, TypeVar
 from ..core.errors import InvalidInput, StaleToken
 from .backends import open_fence_backend
 from .errors import IdempotencyKeyReused
+from .lease_check import LeaseCheck
 
 T = TypeVar("T")
 
-#: Fencing tokens are stored as BIGINT.
+#: Task ids and generations are stored as BIGINT.
 MAX_TOKEN = 2**63 - 1
+_FENCING_TOKEN = re.compile(r"([0-9]{1,19})\.([0-9]{1,19})")
 #: Longest resource key or idempotency key accepted.
 MAX_KEY_LENGTH = 1000
 # An escaped NUL (\u0000 not preceded by an odd run of backslashes) in JSON text.
@@ -47,18 +55,44 @@ class StoredOutcome:
     #: The resource the key is bound to; it cannot be reused for another.
     resource_key: str
     #: The fencing token the action was applied with (None when unfenced).
-    fencing_token: int | None
+    fencing_token: str | None
     #: The write's return value, as JSON gave it back.
     value: Any
     recorded_at: datetime
 
 
-def check_token(field: str, token: Any) -> int:
+def fencing_token(task_id: int, generation: int) -> str:
+    """The fencing token of attempt ``generation`` of task ``task_id``: ``"<task_id>.<generation>"``."""
+    for field, value in (("task_id", task_id), ("generation", generation)):
+        if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= MAX_TOKEN:
+            raise InvalidInput(field, f"must be an integer between 0 and {MAX_TOKEN}, not {value!r}")
+    return f"{task_id}.{generation}"
+
+
+def parse_token(field: str, token: Any) -> tuple[int, int]:
+    """``(task_id, generation)`` of a fencing token, else :class:`InvalidInput` naming ``field``.
+
+    A bare integer is refused: a generation alone cannot be compared with
+    anything, since generations only order the attempts of one task.
+    """
+    if isinstance(token, bool) or isinstance(token, int):
+        raise InvalidInput(field, "must name its task: '<task_id>.<generation>' (fx.fencing_token), "
+                           f"not the bare generation {token!r}")
+    if not isinstance(token, str):
+        raise InvalidInput(field, f"must be a string '<task_id>.<generation>', not {type(token).__name__}")
+    match = _FENCING_TOKEN.fullmatch(token)
+    if match is None:
+        raise InvalidInput(field, f"must be '<task_id>.<generation>' (two non-negative integers), "
+                           f"not {token[:40]!r}")
+    task_id, generation = int(match[1]), int(match[2])
+    if task_id > MAX_TOKEN or generation > MAX_TOKEN:
+        raise InvalidInput(field, f"task id and generation must each be at most {MAX_TOKEN}")
+    return task_id, generation
+
+
+def check_token(field: str, token: Any) -> str:
     """``token`` if it is a usable fencing token, else :class:`InvalidInput` naming ``field``."""
-    if isinstance(token, bool) or not isinstance(token, int):
-        raise InvalidInput(field, f"must be an integer, not {type(token).__name__}")
-    if not 0 <= token <= MAX_TOKEN:
-        raise InvalidInput(field, f"must be between 0 and {MAX_TOKEN}, not {token}")
+    parse_token(field, token)
     return token
 
 
@@ -85,7 +119,11 @@ class FencedStore:
     safe to share between threads.
     """
 
-    def __init__(self, dsn: str, **options: Any):
+    def __init__(self, dsn: str, *, lease_check: LeaseCheck | None = None, **options: Any):
+        if lease_check is not None and not isinstance(lease_check, LeaseCheck):
+            raise InvalidInput("lease_check", "must be a leaseq.fencing.QueueLeaseCheck (or another LeaseCheck)")
+        #: asks the queue, inside each fenced apply, whether the attempt still holds its lease
+        self.lease_check = lease_check
         self._backend = open_fence_backend(dsn, **options)
         #: ``"postgres"`` or ``"sqlite"``: which SQL dialect a write must speak.
         self.dialect: str = self._backend.dialect
@@ -96,8 +134,11 @@ class FencedStore:
     def migrate(self) -> None:
         """Create the fencing tables if they do not exist. Idempotent and safe to race."""
         with self._backend.transaction() as conn:
-            for query in ("schema_lock", "create_tokens_table", "create_outcomes_table"):
+            for query in ("schema_lock", "create_attempts_table", "create_outcomes_table"):
                 self._backend.run(conn, query)
+            # Stores made before fences were per task: their outcomes gain the task column.
+            if not self._backend.run(conn, "outcomes_have_task"):
+                self._backend.run(conn, "add_outcomes_task")
 
     @contextmanager
     def transaction(self) -> Iterator[Any]:
@@ -108,26 +149,35 @@ class FencedStore:
         with self._backend.transaction() as conn:
             yield conn
 
-    def apply(self, resource_key: str, fencing_token: int | None, write: Callable[[Any], T], *,
+    def apply(self, resource_key: str, fencing_token: str | None, write: Callable[[Any], T], *,
               idempotency_key: str | None = None) -> T | Any:
-        """Run ``write(conn)`` if ``fencing_token`` is not older than any token accepted for ``resource_key``.
+        """Run ``write(conn)`` unless a newer attempt of the token's task already wrote to ``resource_key``.
 
+        ``fencing_token`` is ``"<task_id>.<generation>"`` (``fx.fencing_token``).
         One transaction holds, in order:
 
-        1. The fence. The fence row of ``resource_key`` is locked to the end
-           of the transaction. If ``fencing_token`` is lower than the newest
-           token accepted for that key, :class:`leaseq.StaleToken` is raised,
-           ``write`` is not called and nothing changes. A token higher than
-           the newest is recorded as the newest; an equal one is accepted
-           (the same attempt may write several times). ``None`` skips the
-           fence: idempotency only.
-        2. The idempotency key, when given. If ``idempotency_key`` already
+        1. The fence. The fence row of (``resource_key``, task) is locked to
+           the end of the transaction. If the generation is lower than the
+           newest one accepted for that task on that resource,
+           :class:`leaseq.StaleToken` is raised, ``write`` is not called and
+           nothing changes. A higher generation is recorded as the newest; an
+           equal one is accepted (the same attempt may write several times).
+           Other tasks' generations are never compared: each task has its
+           own row. ``None`` skips the fence: idempotency only.
+        2. The exact check, when the store has a ``lease_check``
+           (:class:`~leaseq.fencing.QueueLeaseCheck`): the queue is asked
+           whether that attempt still holds its lease, and the answer is
+           held until commit. If not, :class:`leaseq.StaleToken`, nothing
+           changes.
+        3. The idempotency key, when given. If ``idempotency_key`` already
            has a stored outcome, that outcome is returned and ``write`` is
-           not called (the fence of step 1 still applies first: a stale token
-           is refused even for an action already done). A key is bound to the
-           resource it was first applied to; reusing it for another resource
-           raises :class:`IdempotencyKeyReused` and changes nothing.
-        3. ``write(conn)``. ``conn`` is the store's own connection inside the
+           not called (the fence still applies first: a stale token is
+           refused even for an action already done). A key is bound to the
+           resource and the task it was first applied with; reusing it for
+           another resource, or replaying it to another task (or to an
+           unfenced caller after a fenced one), raises
+           :class:`IdempotencyKeyReused` and changes nothing.
+        4. ``write(conn)``. ``conn`` is the store's own connection inside the
            transaction: a ``psycopg.Connection`` (autocommit mode, inside a
            ``conn.transaction()`` block, ``%s`` parameters, tuple rows) whose
            transaction holds ``SELECT … FOR UPDATE`` on the fence row, or a
@@ -136,7 +186,7 @@ class FencedStore:
            fence and the outcome; the write must not commit or roll back
            itself. Anything else the write does (an HTTP call, another
            database) is not undone if the transaction rolls back.
-        4. The outcome. With ``idempotency_key``, the write's return value
+        5. The outcome. With ``idempotency_key``, the write's return value
            must be JSON-serialisable; it is stored with the key in the same
            transaction, and the JSON form is returned (so the first call and
            every replay return equal values). Without a key, the return
@@ -144,38 +194,42 @@ class FencedStore:
 
         If ``write`` raises, the transaction rolls back (no token recorded,
         no outcome stored) and the exception propagates. Concurrent applies
-        on one resource key run one after another; a concurrent apply with
-        an idempotency key still in flight waits for it, then replays it.
+        on one resource and task run one after another; a concurrent apply
+        with an idempotency key still in flight waits for it, then replays it.
         """
         check_key("resource_key", resource_key)
-        if fencing_token is not None:
-            check_token("fencing_token", fencing_token)
+        attempt = None if fencing_token is None else parse_token("fencing_token", fencing_token)
         if idempotency_key is not None:
             check_key("idempotency_key", idempotency_key)
         if not callable(write):
             raise InvalidInput("write", "must be a callable taking the store's connection")
         run = self._backend.run
-        with self._backend.transaction() as conn:
-            if fencing_token is not None:
-                self._pass_fence(conn, resource_key, fencing_token)
-            if idempotency_key is not None:
-                reserved = run(conn, "reserve_key", idempotency_key=idempotency_key,
-                               resource_key=resource_key, token=fencing_token)
-                if not reserved:
-                    return self._replay(conn, idempotency_key, resource_key)
-            value = write(conn)
-            if idempotency_key is None:
-                return value
-            encoded = self._encode_outcome(value)
-            run(conn, "record_outcome", idempotency_key=idempotency_key, outcome=encoded)
-            return json.loads(encoded)
+        with ExitStack() as lease_held:  # left after the fence transaction has committed
+            with self._backend.transaction() as conn:
+                if attempt is not None:
+                    self._pass_fence(conn, resource_key, *attempt)
+                    if self.lease_check is not None:
+                        lease_held.enter_context(self.lease_check.hold(conn, self.dialect, *attempt))
+                if idempotency_key is not None:
+                    reserved = run(conn, "reserve_key", idempotency_key=idempotency_key,
+                                   resource_key=resource_key, task_id=attempt and attempt[0],
+                                   generation=attempt and attempt[1])
+                    if not reserved:
+                        return self._replay(conn, idempotency_key, resource_key, attempt)
+                value = write(conn)
+                if idempotency_key is None:
+                    return value
+                encoded = self._encode_outcome(value)
+                run(conn, "record_outcome", idempotency_key=idempotency_key, outcome=encoded)
+                return json.loads(encoded)
 
-    def newest_token(self, resource_key: str) -> int | None:
-        """The newest fencing token accepted for ``resource_key``, or None if none was."""
+    def newest_generation(self, resource_key: str, task_id: int) -> int | None:
+        """The newest generation of task ``task_id`` accepted for ``resource_key``, or None if none was."""
         check_key("resource_key", resource_key)
+        fencing_token(task_id, 0)  # checks task_id
         with self._backend.connection() as conn:
-            rows = self._backend.run(conn, "newest_token", resource_key=resource_key)
-        return rows[0]["newest_token"] if rows else None
+            rows = self._backend.run(conn, "newest_generation", resource_key=resource_key, task_id=task_id)
+        return rows[0]["newest_generation"] if rows else None
 
     def outcome(self, idempotency_key: str) -> StoredOutcome | None:
         """The stored outcome of ``idempotency_key``, or None if it was never applied."""
@@ -185,9 +239,9 @@ class FencedStore:
         if not rows:
             return None
         row = rows[0]
+        token = None if row["task_id"] is None else f"{row['task_id']}.{row['fencing_token']}"
         return StoredOutcome(idempotency_key=row["idempotency_key"], resource_key=row["resource_key"],
-                             fencing_token=row["fencing_token"], value=row["outcome"],
-                             recorded_at=row["recorded_at"])
+                             fencing_token=token, value=row["outcome"], recorded_at=row["recorded_at"])
 
     def close(self) -> None:
         """Release every connection."""
@@ -199,30 +253,39 @@ class FencedStore:
     def __exit__(self, *exc: object) -> None:
         self.close()
 
-    def _pass_fence(self, conn: Any, resource_key: str, token: int) -> None:
-        """Lock the fence row of ``resource_key``; raise StaleToken or record ``token``."""
+    def _pass_fence(self, conn: Any, resource_key: str, task_id: int, generation: int) -> None:
+        """Lock the fence row of (``resource_key``, task); raise StaleToken or record ``generation``."""
         run = self._backend.run
-        rows = run(conn, "lock_fence", resource_key=resource_key)
+        where = dict(resource_key=resource_key, task_id=task_id)
+        rows = run(conn, "lock_fence", **where)
         if not rows:
-            if run(conn, "create_fence", resource_key=resource_key, token=token):
-                return  # the first token ever seen for this key
-            rows = run(conn, "lock_fence", resource_key=resource_key)  # lost the race to create it
-        newest = rows[0]["newest_token"]
-        if token < newest:
-            exc = StaleToken(f"resource {resource_key!r}: fencing token {token} is older than "
-                             f"the newest accepted token {newest}; the write was refused")
-            exc.resource_key, exc.token, exc.newest_token = resource_key, token, newest
+            if run(conn, "create_fence", **where, generation=generation):
+                return  # the task's first write to this resource
+            rows = run(conn, "lock_fence", **where)  # lost the race to create it
+        newest = rows[0]["newest_generation"]
+        if generation < newest:
+            exc = StaleToken(f"resource {resource_key!r}: task {task_id} generation {generation} is older "
+                             f"than its generation {newest} already accepted; the write was refused")
+            exc.resource_key, exc.token = resource_key, f"{task_id}.{generation}"
+            exc.newest_token = f"{task_id}.{newest}"
             raise exc
-        if token > newest:
-            run(conn, "advance_fence", resource_key=resource_key, token=token)
+        if generation > newest:
+            run(conn, "advance_fence", **where, generation=generation)
 
-    def _replay(self, conn: Any, idempotency_key: str, resource_key: str) -> Any:
+    def _replay(self, conn: Any, idempotency_key: str, resource_key: str,
+                attempt: tuple[int, int] | None) -> Any:
         rows = self._backend.run(conn, "get_outcome", idempotency_key=idempotency_key)
         if not rows:  # pragma: no cover - outcomes are never deleted
             raise RuntimeError(f"idempotency key {idempotency_key!r} is reserved but has no outcome")
-        if rows[0]["resource_key"] != resource_key:
-            raise IdempotencyKeyReused(idempotency_key, rows[0]["resource_key"], resource_key)
-        return rows[0]["outcome"]
+        row = rows[0]
+        if row["resource_key"] != resource_key:
+            raise IdempotencyKeyReused(idempotency_key, row["resource_key"], resource_key)
+        task_id = None if attempt is None else attempt[0]
+        if row["task_id"] is not None and row["task_id"] != task_id:
+            # Only the task that did the action may see its outcome again.
+            raise IdempotencyKeyReused(idempotency_key, row["resource_key"], resource_key,
+                                       bound_task=row["task_id"], task_id=task_id)
+        return row["outcome"]
 
     def _encode_outcome(self, value: Any) -> str:
         try:

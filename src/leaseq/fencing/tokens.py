@@ -2,12 +2,25 @@
 
 A token is ``base64url(payload) + "." + base64url(HMAC-SHA256(secret, …))``
 with no padding. The payload is compact JSON naming the key id, the task,
-the claim generation, the action, the idempotency key, when it was issued
-and when it expires. A downstream service holding the same secrets checks
-it without any database access::
+the claim generation, the action, the idempotency key, the resource when
+the effect named one, when it was issued and when it expires (Unix
+milliseconds). A downstream service holding the same secrets checks it
+without any database access::
 
     signer = ActionSigner.from_env()           # LEASEQ_ACTION_KEYS="k2:…,k1:…"
-    claims = signer.verify(token, action="email.send", idempotency_key=key)
+    claims = signer.verify(token, action="email.send", idempotency_key=key,
+                           resource="user:7", leeway_seconds=1.0)
+
+Lifetime. The queue never lets a token outlive the lease it was issued
+under: its expiry is the earlier of ``action_token_ttl`` and the lease
+deadline (the database's clock). A worker that pauses past its lease holds
+an expired token, so a service refuses its write even before the worker
+that recovered the task has written anything. While the lease is renewed,
+the worker's runtime re-issues the token from the new deadline
+(``fx.token`` is always current). The verifier's ``leeway_seconds``
+tolerates skew between the queue database's clock and the service's;
+keep it small (the middleware's default is 1 second), since it is also
+how long a paused worker's token outlives its lease.
 
 Lease authority stays separate from tool authority. Holding a lease lets a
 worker act on its task in the queue; a token lets it ask for one named
@@ -49,13 +62,14 @@ ENV_VAR = "LEASEQ_ACTION_KEYS"
 MIN_SECRET_BYTES = 16
 #: Longest token string looked at; anything longer is malformed.
 MAX_TOKEN_LENGTH = 4096
-TOKEN_VERSION = 1
+#: 2: times in milliseconds, optional resource (version 1 tokens are refused as malformed).
+TOKEN_VERSION = 2
 
 _KEY_ID = re.compile(r"[A-Za-z0-9._-]{1,64}")
 _B64URL = re.compile(r"[A-Za-z0-9_-]*")
 # Bound into every MAC so a secret shared with another HMAC format cannot
 # be used to forge action tokens from it, or the reverse.
-_DOMAIN = b"leaseq-action-token-v1."
+_DOMAIN = b"leaseq-action-token-v2."
 
 
 @dataclass(frozen=True)
@@ -64,14 +78,23 @@ class ActionClaims:
 
     key_id: str
     task_id: int
-    #: The claim generation of the attempt: use it as the fencing token.
+    #: The claim generation of the attempt.
     generation: int
     action: str
     idempotency_key: str
-    #: Unix seconds.
-    issued_at: int
-    #: Unix seconds; the token is refused from this instant on.
-    expires_at: int
+    #: Unix seconds (millisecond precision).
+    issued_at: float
+    #: Unix seconds (millisecond precision); the token is refused from this
+    #: instant on (plus the verifier's leeway). Never later than the lease
+    #: deadline the token was issued under.
+    expires_at: float
+    #: The resource the effect named (``ctx.effect(..., resource=…)``), or None.
+    resource: str | None = None
+
+    @property
+    def fencing_token(self) -> str:
+        """The attempt's fencing token, ``"<task_id>.<generation>"``, for :meth:`FencedStore.apply`."""
+        return f"{self.task_id}.{self.generation}"
 
 
 def _b64encode(data: bytes) -> str:
@@ -170,11 +193,14 @@ class ActionSigner:
         return base64.b64encode(secrets.token_bytes(32)).decode("ascii")
 
     def issue(self, task_id: int, generation: int, action: str, idempotency_key: str,
-              ttl_seconds: float, *, now: float | None = None) -> str:
-        """A token letting attempt ``generation`` of task ``task_id`` perform ``action`` once.
+              ttl_seconds: float, *, resource: str | None = None, not_after: float | None = None,
+              now: float | None = None) -> str:
+        """A token letting attempt ``generation`` of task ``task_id`` perform ``action``.
 
         The token expires ``ttl_seconds`` after ``now`` (default: the clock),
-        rounded up to a whole second.
+        or at ``not_after`` (Unix seconds: the lease deadline) if that is
+        earlier, in whole milliseconds rounded down. ``resource``, when
+        given, binds the token to that resource key.
         """
         for field, value in (("task_id", task_id), ("generation", generation)):
             if not _is_int(value) or value < 0:
@@ -182,30 +208,37 @@ class ActionSigner:
         for field, value in (("action", action), ("idempotency_key", idempotency_key)):
             if not isinstance(value, str) or not value:
                 raise InvalidInput(field, "must be a non-empty string")
+        if resource is not None and (not isinstance(resource, str) or not resource):
+            raise InvalidInput("resource", "must be a non-empty string or None")
         if (isinstance(ttl_seconds, bool) or not isinstance(ttl_seconds, (int, float))
                 or not math.isfinite(ttl_seconds) or ttl_seconds <= 0):
             raise InvalidInput("ttl_seconds", f"must be a positive number of seconds, not {ttl_seconds!r}")
         now = time.time() if now is None else now
+        expires = now + ttl_seconds if not_after is None else min(now + ttl_seconds, not_after)
         payload = {"v": TOKEN_VERSION, "kid": self.current_key_id, "task": task_id, "gen": generation,
                    "act": action, "key": idempotency_key,
-                   "iat": math.floor(now), "exp": math.ceil(now + ttl_seconds)}
+                   "iat": math.floor(now * 1000), "exp": math.floor(expires * 1000)}
+        if resource is not None:
+            payload["res"] = resource
         body = _b64encode(json.dumps(payload, separators=(",", ":"), sort_keys=True).encode("utf-8"))
         if len(body) + 44 > MAX_TOKEN_LENGTH:
             raise InvalidInput("action", f"the token would exceed {MAX_TOKEN_LENGTH} characters; "
-                               "shorten the action or idempotency key")
+                               "shorten the action, idempotency key or resource")
         return f"{body}.{_b64encode(self._mac(self._keys[self.current_key_id], body))}"
 
     def verify(self, token: str, *, action: str | None = None, idempotency_key: str | None = None,
-               generation: int | None = None, now: float | None = None,
-               leeway_seconds: float = 0.0) -> ActionClaims:
+               generation: int | None = None, task_id: int | None = None, resource: str | None = None,
+               now: float | None = None, leeway_seconds: float = 0.0) -> ActionClaims:
         """The claims of ``token`` if it is genuine, unexpired and in scope.
 
         Checks, in order: the shape (``malformed``), the key id (``unknown_key``:
         a retired key no longer verifies), the MAC in constant time
-        (``forged``), expiry against ``now`` plus ``leeway_seconds`` for clock
+        (``forged``), expiry against ``now`` minus ``leeway_seconds`` for clock
         skew (``expired``), then each scope given: ``action``
         (``wrong_action``), ``idempotency_key`` (``wrong_idempotency_key``),
-        ``generation`` (``wrong_generation``). Any failure raises
+        ``generation`` (``wrong_generation``), ``task_id`` (``wrong_task``),
+        ``resource`` (``wrong_resource``: the token names another resource;
+        a token naming none passes). Any failure raises
         :class:`InvalidActionToken` with that ``reason``.
         """
         if not isinstance(token, str) or not token or len(token) > MAX_TOKEN_LENGTH:
@@ -237,6 +270,11 @@ class ActionSigner:
         if generation is not None and claims.generation != generation:
             raise InvalidActionToken("wrong_generation",
                                      f"issued for generation {claims.generation}, not {generation}")
+        if task_id is not None and claims.task_id != task_id:
+            raise InvalidActionToken("wrong_task", f"issued for task {claims.task_id}, not task {task_id}")
+        if resource is not None and claims.resource is not None and claims.resource != resource:
+            raise InvalidActionToken("wrong_resource",
+                                     f"issued for resource {claims.resource!r}, not {resource!r}")
         return claims
 
     @staticmethod
@@ -249,9 +287,11 @@ class ActionSigner:
         # a different issuer that signs other shapes.
         ints = ("task", "gen", "iat", "exp")
         if (payload.get("v") != TOKEN_VERSION or not all(_is_int(payload.get(k)) for k in ints)
-                or not all(isinstance(payload.get(k), str) for k in ("act", "key"))):
+                or not all(isinstance(payload.get(k), str) for k in ("act", "key"))
+                or not isinstance(payload.get("res", ""), str)):
             raise InvalidActionToken("malformed", "the payload does not name task, generation, action, "
                                      "idempotency key and expiry")
         return ActionClaims(key_id=payload["kid"], task_id=payload["task"], generation=payload["gen"],
                             action=payload["act"], idempotency_key=payload["key"],
-                            issued_at=payload["iat"], expires_at=payload["exp"])
+                            issued_at=payload["iat"] / 1000, expires_at=payload["exp"] / 1000,
+                            resource=payload.get("res"))

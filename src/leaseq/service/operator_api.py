@@ -39,6 +39,7 @@ class EnqueueBody(Body):
     delay: float = 0
     max_attempts: int = 5
     lease_seconds: float = policy.DEFAULT_LEASE_SECONDS
+    actions: list[str] | None = None
 
 
 class TokenBody(Body):
@@ -66,7 +67,8 @@ def enqueue(body: EnqueueBody, request: Request, principal: auth.Principal = Dep
     authz.authorize(principal, "enqueue", queue=body.queue)
     task = _queue(request).enqueue(body.kind, body.payload, effect=body.effect, queue=body.queue,
                                    idempotency_key=body.idempotency_key, priority=body.priority, delay=body.delay,
-                                   max_attempts=body.max_attempts, lease_seconds=body.lease_seconds)
+                                   max_attempts=body.max_attempts, lease_seconds=body.lease_seconds,
+                                   actions=body.actions)
     return present_task(task, principal)
 
 

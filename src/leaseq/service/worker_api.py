@@ -113,6 +113,7 @@ class EffectBody(Body):
     generation: int
     action: str
     key: str | None = None
+    resource: str | None = None
 
 
 class EffectResponseBody(Body):
@@ -234,7 +235,8 @@ def begin_effect(body: EffectBody, request: Request, task_id: int = TaskId,
                  worker_id: str = acting_as("begin_effect")) -> dict[str, Any]:
     with span("leaseq.effect.begin", task_id=task_id, action=body.action, generation=body.generation):
         effect = _refused(request, "begin_effect", _queue(request).begin_effect, worker_id,
-                          _claim(worker_id, task_id, body.generation), body.action, body.key)
+                          _claim(worker_id, task_id, body.generation), body.action, body.key,
+                          resource=body.resource)
     return to_json(effect)
 
 

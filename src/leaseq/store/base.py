@@ -27,7 +27,7 @@ class JsonText(str):
 
 
 #: Columns that come back as JSON documents.
-JSON_COLUMNS = frozenset({"payload", "result", "detail", "response"})
+JSON_COLUMNS = frozenset({"payload", "result", "detail", "response", "actions"})
 
 DEFAULT_DSN = "sqlite:///leaseq.db"
 

@@ -107,15 +107,15 @@ class TaskContext:
 
     # -- effects --------------------------------------------------------------
 
-    def effect(self, action: str, key: str | None = None) -> EffectScope:
+    def effect(self, action: str, key: str | None = None, *, resource: str | None = None) -> EffectScope:
         """Record the intent of a tool call, guarded by the lease, before making it.
 
         Use as ``with ctx.effect("email.send") as fx:`` (or ``async with``)::
 
-            with ctx.effect("email.send", key=f"welcome:{user}") as fx:
+            with ctx.effect("orders.pay", key=f"pay:{order}", resource=f"order:{order}") as fx:
                 if not fx.replayed:
-                    fx.record(mailer.send(..., idempotency_key=fx.idempotency_key,
-                                          fencing_token=fx.fencing_token))
+                    fx.record(shop.pay(order, headers={"Leaseq-Action-Token": fx.token,
+                                                       "Idempotency-Key": fx.idempotency_key}))
             response = fx.response
 
         If an earlier attempt already recorded a response under the same key,
@@ -123,13 +123,18 @@ class TaskContext:
         Leaving the block normally without :meth:`EffectScope.record` records
         an empty response; leaving it with an exception leaves the intent open,
         which is the ambiguous case the recovery policy sends to reconciliation.
+        ``resource`` binds the signed action token (``fx.token``) to that
+        resource key: a fenced service refuses it for any other. The queue
+        refuses an action the task did not declare (``actions=``), and every
+        action of a read_only task.
         """
-        return EffectScope(self, action, key)
+        return EffectScope(self, action, key, resource)
 
-    def call_effect(self, action: str, fn: Callable[[EffectScope], Any], *, key: str | None = None) -> Any:
+    def call_effect(self, action: str, fn: Callable[[EffectScope], Any], *, key: str | None = None,
+                    resource: str | None = None) -> Any:
         """Run ``fn(fx)`` as the effect ``action`` unless an earlier attempt already
         did; return its recorded response either way."""
-        with self.effect(action, key) as fx:
+        with self.effect(action, key, resource=resource) as fx:
             if not fx.replayed:
                 fx.record(fn(fx))
         return fx.response
@@ -138,21 +143,32 @@ class TaskContext:
 class EffectScope:
     """One tool call's entry in the action ledger, while it is being made."""
 
-    def __init__(self, ctx: TaskContext, action: str, key: str | None):
+    def __init__(self, ctx: TaskContext, action: str, key: str | None, resource: str | None = None):
         self._ctx = ctx
         self.action = action
         self._key = key
+        #: the resource the action token is bound to (None: not bound)
+        self.resource = resource
         self.effect: Effect | None = None
         self._recorded = False
+        #: monotonic time the current token was asked for; a renewal sent later
+        #: moved the lease deadline past the token's expiry
+        self._token_asked = 0.0
+
+    def _call_begin(self, key: str | None) -> Effect:
+        ctx = self._ctx
+        extra = {} if self.resource is None else {"resource": self.resource}
+        self._token_asked = time.monotonic()
+        try:
+            return ctx._transport.begin_effect(ctx.worker, ctx.claim, self.action, key, **extra)
+        except LeaseLost as exc:
+            ctx._refused(exc)
+            raise
 
     # The intent is written on entry, under the lease guard.
     def _begin(self) -> EffectScope:
         self._ctx.check()
-        try:
-            self.effect = self._ctx._transport.begin_effect(self._ctx.worker, self._ctx.claim, self.action, self._key)
-        except LeaseLost as exc:
-            self._ctx._refused(exc)
-            raise
+        self.effect = self._call_begin(self._key)
         self._recorded = self.effect.replayed
         return self
 
@@ -187,16 +203,46 @@ class EffectScope:
         return self.effect.idempotency_key
 
     @property
-    def fencing_token(self) -> int:
-        """This attempt's claim generation: newer attempts carry larger tokens."""
+    def generation(self) -> int:
+        """This attempt's claim generation."""
         assert self.effect is not None
         return self.effect.generation
 
     @property
+    def fencing_token(self) -> str:
+        """This attempt's fencing token, ``"<task_id>.<generation>"``, for
+        :meth:`leaseq.fencing.FencedStore.apply`. It names its task: a fence
+        compares it only with the same task's attempts."""
+        assert self.effect is not None
+        return f"{self.effect.task_id}.{self.effect.generation}"
+
+    @property
     def token(self) -> str | None:
-        """A signed action token scoped to this one action of this attempt, when the
-        queue has a signing key (``LEASEQ_ACTION_KEYS``); else None."""
-        return self.effect.token if self.effect else None
+        """A signed action token for this one action of this attempt, when the queue
+        has a signing key (``LEASEQ_ACTION_KEYS``); else None. See :meth:`fresh_token`."""
+        return self.fresh_token()
+
+    def fresh_token(self) -> str | None:
+        """The action token, valid until the current lease deadline.
+
+        A token expires at the lease deadline it was issued under. Once the
+        runtime has renewed the lease since, this asks the queue (one round
+        trip, under the lease guard, writing nothing) for a token carrying
+        the new deadline, so the downstream call always gets a current one.
+        Raises :class:`LeaseLost` if the lease is gone. Async handlers:
+        ``await fx.atoken()``.
+        """
+        fx = self.effect
+        if fx is None or fx.token is None:
+            return None
+        if not self._recorded and self._ctx.renewed_at > self._token_asked:
+            self._ctx.check()
+            self.effect = fx = self._call_begin(fx.idempotency_key)
+        return fx.token
+
+    async def atoken(self) -> str | None:
+        """:meth:`fresh_token` for async handlers."""
+        return await asyncio.to_thread(self.fresh_token)
 
     def record(self, response: Any) -> None:
         """Record the external response, under the lease guard."""

@@ -3,8 +3,14 @@
 -- Two tables, both prefixed leaseq_fence_ and independent of leaseq's queue
 -- tables, so a downstream service can hold them in its own database:
 --
---   leaseq_fence_tokens    the newest fencing token accepted per resource key
---   leaseq_fence_outcomes  the stored outcome of each idempotency key
+--   leaseq_fence_attempts  the newest generation accepted per resource key
+--                          and task (generations only order one task's
+--                          attempts, so tasks never share a row)
+--   leaseq_fence_outcomes  the stored outcome of each idempotency key, with
+--                          the task whose attempt produced it
+--
+-- (leaseq_fence_tokens, one token per resource from before fences were per
+-- task, is no longer read: its tokens named no task.)
 --
 -- FencedStore.apply runs, in one transaction:
 --   lock_fence (or create_fence for a new key)   row lock held to commit
@@ -12,7 +18,7 @@
 --   reserve_key, else get_outcome                 when an idempotency key is given
 --   ... the caller's write, on the same connection ...
 --   record_outcome
--- The fence row lock serialises every apply on one resource key; the
+-- The fence row lock serialises every apply of one task on one resource; the
 -- reserved outcome row (uncommitted until the end) makes a concurrent apply
 -- of the same idempotency key wait, then see the committed outcome.
 
@@ -21,11 +27,13 @@
 -- race on the catalogue) until the transaction ends.
 SELECT pg_advisory_xact_lock(7431002301);
 
--- name: create_tokens_table
-CREATE TABLE IF NOT EXISTS leaseq_fence_tokens (
-    resource_key text PRIMARY KEY,
-    newest_token bigint NOT NULL CHECK (newest_token >= 0),
-    accepted_at  timestamptz NOT NULL DEFAULT now()
+-- name: create_attempts_table
+CREATE TABLE IF NOT EXISTS leaseq_fence_attempts (
+    resource_key      text NOT NULL,
+    task_id           bigint NOT NULL CHECK (task_id >= 0),
+    newest_generation bigint NOT NULL CHECK (newest_generation >= 0),
+    accepted_at       timestamptz NOT NULL DEFAULT now(),
+    PRIMARY KEY (resource_key, task_id)
 );
 
 -- name: create_outcomes_table
@@ -34,39 +42,49 @@ CREATE TABLE IF NOT EXISTS leaseq_fence_outcomes (
     resource_key    text NOT NULL,
     fencing_token   bigint,
     outcome         jsonb NOT NULL,
-    recorded_at     timestamptz NOT NULL DEFAULT now()
+    recorded_at     timestamptz NOT NULL DEFAULT now(),
+    task_id         bigint
 );
 
+-- name: outcomes_have_task
+-- Stores created before fences were per task lack the task column.
+SELECT 1 AS present FROM pg_attribute
+WHERE attrelid = 'leaseq_fence_outcomes'::regclass AND attname = 'task_id' AND NOT attisdropped;
+
+-- name: add_outcomes_task
+-- Their outcomes keep task_id NULL: bound to no task, as they were.
+ALTER TABLE leaseq_fence_outcomes ADD COLUMN IF NOT EXISTS task_id bigint;
+
 -- name: lock_fence
--- FOR UPDATE: held until commit, so no other apply on this key can check or
--- advance the fence between our check and our write.
-SELECT newest_token FROM leaseq_fence_tokens
-WHERE resource_key = %(resource_key)s
+-- FOR UPDATE: held until commit, so no other apply of this task on this
+-- resource can check or advance the fence between our check and our write.
+SELECT newest_generation FROM leaseq_fence_attempts
+WHERE resource_key = %(resource_key)s AND task_id = %(task_id)s
 FOR UPDATE;
 
 -- name: create_fence
--- First token ever seen for a key. On a race with another first writer this
--- waits for it; if it committed, nothing is inserted and the caller locks
--- the row it created instead.
-INSERT INTO leaseq_fence_tokens (resource_key, newest_token)
-VALUES (%(resource_key)s, %(token)s)
-ON CONFLICT (resource_key) DO NOTHING
-RETURNING newest_token;
+-- A task's first write to a resource. On a race with another first writer
+-- this waits for it; if it committed, nothing is inserted and the caller
+-- locks the row it created instead.
+INSERT INTO leaseq_fence_attempts (resource_key, task_id, newest_generation)
+VALUES (%(resource_key)s, %(task_id)s, %(generation)s)
+ON CONFLICT (resource_key, task_id) DO NOTHING
+RETURNING newest_generation;
 
 -- name: advance_fence
-UPDATE leaseq_fence_tokens SET newest_token = %(token)s, accepted_at = now()
-WHERE resource_key = %(resource_key)s AND newest_token < %(token)s;
+UPDATE leaseq_fence_attempts SET newest_generation = %(generation)s, accepted_at = now()
+WHERE resource_key = %(resource_key)s AND task_id = %(task_id)s AND newest_generation < %(generation)s;
 
--- name: newest_token
-SELECT resource_key, newest_token, accepted_at FROM leaseq_fence_tokens
-WHERE resource_key = %(resource_key)s;
+-- name: newest_generation
+SELECT resource_key, task_id, newest_generation, accepted_at FROM leaseq_fence_attempts
+WHERE resource_key = %(resource_key)s AND task_id = %(task_id)s;
 
 -- name: reserve_key
 -- Claims the idempotency key for this transaction. A concurrent apply with
 -- the same key blocks here until we commit (then inserts nothing and reads
 -- our outcome) or roll back (then reserves it itself).
-INSERT INTO leaseq_fence_outcomes (idempotency_key, resource_key, fencing_token, outcome)
-VALUES (%(idempotency_key)s, %(resource_key)s, %(token)s, 'null')
+INSERT INTO leaseq_fence_outcomes (idempotency_key, resource_key, task_id, fencing_token, outcome)
+VALUES (%(idempotency_key)s, %(resource_key)s, %(task_id)s, %(generation)s, 'null')
 ON CONFLICT (idempotency_key) DO NOTHING
 RETURNING idempotency_key;
 
@@ -75,6 +93,6 @@ UPDATE leaseq_fence_outcomes SET outcome = CAST(%(outcome)s AS jsonb), recorded_
 WHERE idempotency_key = %(idempotency_key)s;
 
 -- name: get_outcome
-SELECT idempotency_key, resource_key, fencing_token, outcome, recorded_at
+SELECT idempotency_key, resource_key, task_id, fencing_token, outcome, recorded_at
 FROM leaseq_fence_outcomes
 WHERE idempotency_key = %(idempotency_key)s;

@@ -10,11 +10,13 @@
 -- name: schema_lock
 SELECT 1;
 
--- name: create_tokens_table
-CREATE TABLE IF NOT EXISTS leaseq_fence_tokens (
-    resource_key TEXT PRIMARY KEY,
-    newest_token INTEGER NOT NULL CHECK (newest_token >= 0),
-    accepted_at  REAL NOT NULL DEFAULT ((julianday('now') - 2440587.5) * 86400.0)
+-- name: create_attempts_table
+CREATE TABLE IF NOT EXISTS leaseq_fence_attempts (
+    resource_key      TEXT NOT NULL,
+    task_id           INTEGER NOT NULL CHECK (task_id >= 0),
+    newest_generation INTEGER NOT NULL CHECK (newest_generation >= 0),
+    accepted_at       REAL NOT NULL DEFAULT ((julianday('now') - 2440587.5) * 86400.0),
+    PRIMARY KEY (resource_key, task_id)
 );
 
 -- name: create_outcomes_table
@@ -23,31 +25,38 @@ CREATE TABLE IF NOT EXISTS leaseq_fence_outcomes (
     resource_key    TEXT NOT NULL,
     fencing_token   INTEGER,
     outcome         TEXT NOT NULL,
-    recorded_at     REAL NOT NULL DEFAULT ((julianday('now') - 2440587.5) * 86400.0)
+    recorded_at     REAL NOT NULL DEFAULT ((julianday('now') - 2440587.5) * 86400.0),
+    task_id         INTEGER
 );
 
+-- name: outcomes_have_task
+SELECT 1 AS present FROM pragma_table_info('leaseq_fence_outcomes') WHERE name = 'task_id';
+
+-- name: add_outcomes_task
+ALTER TABLE leaseq_fence_outcomes ADD COLUMN task_id INTEGER;
+
 -- name: lock_fence
-SELECT newest_token FROM leaseq_fence_tokens
-WHERE resource_key = :resource_key;
+SELECT newest_generation FROM leaseq_fence_attempts
+WHERE resource_key = :resource_key AND task_id = :task_id;
 
 -- name: create_fence
-INSERT INTO leaseq_fence_tokens (resource_key, newest_token)
-VALUES (:resource_key, :token)
-ON CONFLICT (resource_key) DO NOTHING
-RETURNING newest_token;
+INSERT INTO leaseq_fence_attempts (resource_key, task_id, newest_generation)
+VALUES (:resource_key, :task_id, :generation)
+ON CONFLICT (resource_key, task_id) DO NOTHING
+RETURNING newest_generation;
 
 -- name: advance_fence
-UPDATE leaseq_fence_tokens
-SET newest_token = :token, accepted_at = (julianday('now') - 2440587.5) * 86400.0
-WHERE resource_key = :resource_key AND newest_token < :token;
+UPDATE leaseq_fence_attempts
+SET newest_generation = :generation, accepted_at = (julianday('now') - 2440587.5) * 86400.0
+WHERE resource_key = :resource_key AND task_id = :task_id AND newest_generation < :generation;
 
--- name: newest_token
-SELECT resource_key, newest_token, accepted_at FROM leaseq_fence_tokens
-WHERE resource_key = :resource_key;
+-- name: newest_generation
+SELECT resource_key, task_id, newest_generation, accepted_at FROM leaseq_fence_attempts
+WHERE resource_key = :resource_key AND task_id = :task_id;
 
 -- name: reserve_key
-INSERT INTO leaseq_fence_outcomes (idempotency_key, resource_key, fencing_token, outcome)
-VALUES (:idempotency_key, :resource_key, :token, 'null')
+INSERT INTO leaseq_fence_outcomes (idempotency_key, resource_key, task_id, fencing_token, outcome)
+VALUES (:idempotency_key, :resource_key, :task_id, :generation, 'null')
 ON CONFLICT (idempotency_key) DO NOTHING
 RETURNING idempotency_key;
 
@@ -57,6 +66,6 @@ SET outcome = :outcome, recorded_at = (julianday('now') - 2440587.5) * 86400.0
 WHERE idempotency_key = :idempotency_key;
 
 -- name: get_outcome
-SELECT idempotency_key, resource_key, fencing_token, outcome, recorded_at
+SELECT idempotency_key, resource_key, task_id, fencing_token, outcome, recorded_at
 FROM leaseq_fence_outcomes
 WHERE idempotency_key = :idempotency_key;

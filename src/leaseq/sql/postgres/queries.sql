@@ -83,10 +83,10 @@ RETURNING t.id, t.claim_generation;
 -- (notified), so an enqueue is one round trip.
 WITH added AS (
     INSERT INTO leaseq_tasks (queue, kind, payload, effect, priority, available_at,
-                              idempotency_key, max_attempts, lease_seconds)
+                              idempotency_key, max_attempts, lease_seconds, actions)
     VALUES (%(queue)s, %(kind)s, %(payload)s::jsonb, %(effect)s, %(priority)s,
             now() + %(delay)s::float8 * interval '1 second',
-            %(idempotency_key)s, %(max_attempts)s, %(lease_seconds)s)
+            %(idempotency_key)s, %(max_attempts)s, %(lease_seconds)s, %(actions)s::jsonb)
     ON CONFLICT (queue, idempotency_key) DO NOTHING
     RETURNING *
 )
@@ -98,10 +98,10 @@ FROM added a, LATERAL (SELECT pg_notify('leaseq_work', a.queue)) AS woke;
 -- {"payload", "idempotency_key"} objects. Duplicate keys are skipped exactly
 -- as in insert_task; the caller reads those with task_ids_by_key.
 INSERT INTO leaseq_tasks (queue, kind, payload, effect, priority, available_at,
-                          idempotency_key, max_attempts, lease_seconds)
+                          idempotency_key, max_attempts, lease_seconds, actions)
 SELECT %(queue)s, %(kind)s, coalesce(n.payload, 'null'::jsonb), %(effect)s, %(priority)s,
        now() + %(delay)s::float8 * interval '1 second',
-       n.idempotency_key, %(max_attempts)s, %(lease_seconds)s
+       n.idempotency_key, %(max_attempts)s, %(lease_seconds)s, %(actions)s::jsonb
 FROM jsonb_to_recordset(%(tasks)s::jsonb) AS n(payload jsonb, idempotency_key text)
 ON CONFLICT (queue, idempotency_key) DO NOTHING
 RETURNING id, idempotency_key;
@@ -113,10 +113,10 @@ RETURNING id, idempotency_key;
 -- stored one, the unique index refuses the whole statement and the caller
 -- runs insert_tasks instead.
 INSERT INTO leaseq_tasks (queue, kind, payload, effect, priority, available_at,
-                          idempotency_key, max_attempts, lease_seconds)
+                          idempotency_key, max_attempts, lease_seconds, actions)
 SELECT %(queue)s, %(kind)s, coalesce(n.payload, 'null'::jsonb), %(effect)s, %(priority)s,
        now() + %(delay)s::float8 * interval '1 second',
-       n.idempotency_key, %(max_attempts)s, %(lease_seconds)s
+       n.idempotency_key, %(max_attempts)s, %(lease_seconds)s, %(actions)s::jsonb
 FROM jsonb_to_recordset(%(tasks)s::jsonb) AS n(payload jsonb, idempotency_key text)
 RETURNING id, idempotency_key;
 
@@ -256,7 +256,7 @@ RETURNING t.id, t.claim_generation, t.lease_expires_at;
 -- name: lock_lease
 -- Checks the lease and locks the row for the rest of the transaction, so no
 -- cancel or expiry routing can slip between the check and the write after it.
-SELECT t.id, t.queue, t.idempotency_key, t.effect,
+SELECT t.id, t.queue, t.idempotency_key, t.effect, t.actions, t.lease_expires_at,
        coalesce((SELECT q.paused FROM leaseq_queues q WHERE q.name = t.queue), false) AS paused
 FROM leaseq_tasks t
 WHERE t.id = %(task_id)s
@@ -265,6 +265,21 @@ WHERE t.id = %(task_id)s
   AND t.claim_generation = %(generation)s
   AND t.lease_expires_at >= now()
 FOR UPDATE OF t;
+
+-- name: attempt_holds_lease
+-- Asked by a downstream fence (leaseq.fencing.QueueLeaseCheck) inside its own
+-- transaction: is this attempt still the running one, with a live lease? A
+-- read, not a lease-backed write, so the holder is not asked for (a
+-- generation names one acquisition). FOR SHARE keeps any claim, cancel or
+-- expiry routing off the row until the asking transaction ends (claims skip
+-- it); clock_timestamp(), not now(): the asking transaction may have begun
+-- before the lease ran out.
+SELECT t.id FROM leaseq_tasks t
+WHERE t.id = %(task_id)s
+  AND t.status = 'running'
+  AND t.claim_generation = %(generation)s
+  AND t.lease_expires_at >= clock_timestamp()
+FOR SHARE OF t;
 
 -- name: complete_task
 UPDATE leaseq_tasks t

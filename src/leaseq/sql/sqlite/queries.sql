@@ -70,20 +70,20 @@ RETURNING id, claim_generation;
 -- The new row is the enqueue's evidence (see list_events); SQLite has no
 -- notifications to send (notified is 0).
 INSERT INTO leaseq_tasks (queue, kind, payload, effect, priority, available_at,
-                          idempotency_key, max_attempts, lease_seconds)
+                          idempotency_key, max_attempts, lease_seconds, actions)
 VALUES (:queue, :kind, :payload, :effect, :priority,
         (julianday('now') - 2440587.5) * 86400.0 + :delay,
-        :idempotency_key, :max_attempts, :lease_seconds)
+        :idempotency_key, :max_attempts, :lease_seconds, :actions)
 ON CONFLICT (queue, idempotency_key) DO NOTHING
 RETURNING *, 0 AS notified;
 
 -- name: insert_tasks
 -- See the PostgreSQL file. json_each keeps the document's order.
 INSERT INTO leaseq_tasks (queue, kind, payload, effect, priority, available_at,
-                          idempotency_key, max_attempts, lease_seconds)
+                          idempotency_key, max_attempts, lease_seconds, actions)
 SELECT :queue, :kind, coalesce(n.value -> '$.payload', 'null'), :effect, :priority,
        (julianday('now') - 2440587.5) * 86400.0 + :delay,
-       n.value ->> '$.idempotency_key', :max_attempts, :lease_seconds
+       n.value ->> '$.idempotency_key', :max_attempts, :lease_seconds, :actions
 FROM json_each(:tasks) AS n
 WHERE true  -- an INSERT ... SELECT needs a WHERE before ON CONFLICT in SQLite
 ON CONFLICT (queue, idempotency_key) DO NOTHING
@@ -93,10 +93,10 @@ RETURNING id, idempotency_key;
 -- See the PostgreSQL file: insert_tasks without ON CONFLICT, for keys leaseq
 -- just generated; a generated key meeting a stored one refuses the statement.
 INSERT INTO leaseq_tasks (queue, kind, payload, effect, priority, available_at,
-                          idempotency_key, max_attempts, lease_seconds)
+                          idempotency_key, max_attempts, lease_seconds, actions)
 SELECT :queue, :kind, coalesce(n.value -> '$.payload', 'null'), :effect, :priority,
        (julianday('now') - 2440587.5) * 86400.0 + :delay,
-       n.value ->> '$.idempotency_key', :max_attempts, :lease_seconds
+       n.value ->> '$.idempotency_key', :max_attempts, :lease_seconds, :actions
 FROM json_each(:tasks) AS n
 RETURNING id, idempotency_key;
 
@@ -196,12 +196,21 @@ WHERE t.id = c.task_id
 RETURNING id, claim_generation, lease_expires_at;
 
 -- name: lock_lease
-SELECT t.id, t.queue, t.idempotency_key, t.effect,
+SELECT t.id, t.queue, t.idempotency_key, t.effect, t.actions, t.lease_expires_at,
        coalesce((SELECT q.paused FROM leaseq_queues q WHERE q.name = t.queue), 0) AS paused
 FROM leaseq_tasks AS t
 WHERE t.id = :task_id
   AND t.status = 'running'
   AND t.lease_owner = :worker_id
+  AND t.claim_generation = :generation
+  AND t.lease_expires_at >= (julianday('now') - 2440587.5) * 86400.0;
+
+-- name: attempt_holds_lease
+-- See the PostgreSQL file. The asking transaction holds the write lock
+-- (BEGIN IMMEDIATE), which keeps every other writer out until it ends.
+SELECT t.id FROM leaseq_tasks AS t
+WHERE t.id = :task_id
+  AND t.status = 'running'
   AND t.claim_generation = :generation
   AND t.lease_expires_at >= (julianday('now') - 2440587.5) * 86400.0;
 
