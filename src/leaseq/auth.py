@@ -32,7 +32,9 @@ from datetime import datetime, timezone
 from typing import TYPE_CHECKING, Any
 
 from .core import policy
-from .core.errors import InvalidInput, LeaseqError, NotFound, UnknownWorker
+# AccessDenied, Unauthorized and RateLimited are defined with every other error
+# in core.errors (one registry of codes); they stay importable from here.
+from .core.errors import AccessDenied, InvalidInput, NotFound, RateLimited, Unauthorized
 
 if TYPE_CHECKING:  # pragma: no cover
     from .queue import Queue
@@ -52,32 +54,6 @@ DEFAULT_READ_PAYLOADS = {"worker": True, "viewer": False, "operator": True, "adm
 _TOKEN = re.compile(r"^lq_([0-9a-f]{12})_([0-9a-f]{64})$")
 # Compared against when the token id is unknown, so that case costs the same.
 _DUMMY_HASH = hashlib.sha256(b"leaseq: no such token").hexdigest()
-
-
-class AccessDenied(LeaseqError):
-    """The credential is valid but its role or scope does not allow the request."""
-
-    code = "forbidden"
-
-
-class Unauthorized(AccessDenied, UnknownWorker):
-    """No valid credential: missing, malformed, unknown, forged, expired or revoked.
-
-    It is also an :class:`UnknownWorker`: for a worker, a refused credential
-    means the same as being revoked.
-    """
-
-    code = "unauthorized"
-
-
-class RateLimited(LeaseqError):
-    """Too many requests for this token (or, for failed logins, this address)."""
-
-    code = "rate_limited"
-
-    def __init__(self, message: str, retry_after: float = 1.0):
-        super().__init__(message)
-        self.retry_after = retry_after
 
 
 @dataclass(frozen=True)

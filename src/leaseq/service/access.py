@@ -24,19 +24,13 @@ from typing import Any
 from fastapi import Depends, Request
 
 from .. import auth
-from ..core.errors import LeaseqError
+from ..core.errors import BodyTooLarge
 from ..auth import RateLimited
 from ..queue import Queue
 
 #: Worker ids are issued by the queue: a name, a dash and 12 hex digits.
 WORKER_ID_PATTERN = r"^[A-Za-z0-9_.:\-]{1,120}$"
 _BEARER = re.compile(r"^Bearer\s+(\S+)\s*$", re.IGNORECASE)
-
-
-class BodyTooLarge(LeaseqError):
-    """The request body is larger than the service accepts."""
-
-    code = "too_large"
 
 
 class TokenBuckets:
