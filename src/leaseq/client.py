@@ -101,7 +101,7 @@ class RemoteQueue:
         except (ValueError, KeyError, TypeError):
             err, code, message = {}, "", resp.text[:200]
         cls = error_class(code) if isinstance(code, str) else None
-        if cls is not None and cls is not LeaseqError:  # the registry rebuilds the class the service raised
+        if cls is not None:  # the registry rebuilds the class the service raised
             return cls.from_wire(message, err)
         if resp.status_code >= 500:
             return BackendUnavailable(f"leaseq service at {self.url} answered {resp.status_code}: {message}")
