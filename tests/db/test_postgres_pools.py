@@ -14,7 +14,7 @@ import pytest
 
 import leaseq
 
-from .support import backends, tagged, terminate
+from pg_faults import backends, tagged, terminate
 
 
 @pytest.fixture

@@ -16,7 +16,7 @@ from starlette.routing import Route
 
 import leaseq
 from leaseq.fencing import ActionSigner, FencedStore, FencingMiddleware, fence_grant
-from tests.db.support import backends, tagged, terminate
+from pg_faults import backends, tagged, terminate
 
 from .conftest import add_entry, ledger
 from .test_middleware import serve

@@ -11,7 +11,7 @@ import pytest
 import leaseq
 from leaseq.client import RemoteQueue
 from leaseq.core.errors import ERRORS, registered_class
-from tests.unit.test_errors import SAMPLES
+from error_samples import SAMPLES
 
 from .conftest import serve
 

@@ -19,34 +19,14 @@ from leaseq.cli.session import CliError
 from leaseq.core import errors
 from leaseq.core.errors import ERRORS, LeaseqError, error_class, registered_class
 
+from error_samples import SAMPLES
+
 
 def all_subclasses(cls: type) -> set[type]:
     found = set()
     for sub in cls.__subclasses__():
         found |= {sub, *all_subclasses(sub)}
     return found
-
-
-#: One instance of each registered class, as the code that raises it builds it.
-SAMPLES: dict[type[LeaseqError], LeaseqError] = {
-    errors.LeaseqError: errors.LeaseqError("something went wrong"),
-    errors.LeaseLost: errors.LeaseLost(17, 3, "lease expired"),
-    errors.InvalidInput: errors.InvalidInput("limit", "must be at least 1"),
-    errors.BodyTooLarge: errors.BodyTooLarge("request body is larger than 10 bytes"),
-    errors.NotFound: errors.NotFound("task 99 not found"),
-    errors.UnknownWorker: errors.UnknownWorker("worker w-1 is not registered"),
-    errors.InvalidTransition: errors.InvalidTransition("task 4 is completed"),
-    errors.QueuePaused: errors.QueuePaused("queue 'default' is paused"),
-    errors.ConfigError: errors.ConfigError("max_size: must be positive"),
-    errors.BackendUnavailable: errors.BackendUnavailable("PostgreSQL: server closed the connection"),
-    errors.StaleToken: errors.StaleToken("token 3 is older than 5"),
-    errors.Permanent: errors.Permanent("bad payload"),
-    errors.CredentialMissing: errors.CredentialMissing("no API key"),
-    errors.AccessDenied: errors.AccessDenied("the viewer role cannot operate"),
-    errors.Unauthorized: errors.Unauthorized("token revoked"),
-    errors.RateLimited: errors.RateLimited("slow down", 2.5),
-    errors.IdempotencyKeyReused: errors.IdempotencyKeyReused("k", "order:1", "order:2"),
-}
 
 
 def test_every_error_class_is_defined_once_in_core_errors_and_registered():

@@ -1,12 +1,15 @@
-"""Dropping real PostgreSQL connections: only a test's own, found by a unique application_name."""
+"""Dropping real PostgreSQL connections (pg_terminate_backend): only a test's own, found by a unique
+application_name. Shared by tests/db and tests/fencing."""
 
 from __future__ import annotations
 
+import os
 import uuid
 
 import psycopg
 
-from tests.conftest import PG_DSN
+#: The server the PostgreSQL tests use (they skip or fail without it: see conftest.py).
+PG_DSN = os.environ.get("LEASEQ_TEST_PG_DSN", "")
 
 
 def tagged(dsn: str) -> tuple[str, str]:
