@@ -102,7 +102,10 @@ class RemoteQueue:
             err, code, message = {}, "", resp.text[:200]
         cls = error_class(code) if isinstance(code, str) else None
         if cls is not None:  # the registry rebuilds the class the service raised
-            return cls.from_wire(message, err)
+            try:
+                return cls.from_wire(str(message), err)
+            except (TypeError, ValueError):  # fields of the wrong shape: keep the class, drop them
+                return cls.from_wire(str(message), {})
         if resp.status_code >= 500:
             return BackendUnavailable(f"leaseq service at {self.url} answered {resp.status_code}: {message}")
         return LeaseqError(f"leaseq service answered {resp.status_code}: {message}")

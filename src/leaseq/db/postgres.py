@@ -101,34 +101,38 @@ def checked_connection(pool: ConnectionPool) -> Iterator[psycopg.Connection]:
     caller's statements) come out as :class:`leaseq.BackendUnavailable`.
     """
     with map_driver_errors():
-        conn = pool.getconn()
-        # Every connection of the pool may be stale (a restart): try each once,
-        # then one more, which the pool has had to open afresh.
-        for _ in range(pool.max_size):
-            if _healthy(conn):
-                break
-            pool.putconn(conn)  # closed: the pool discards it and opens a replacement
-            conn = pool.getconn()
+        conn: psycopg.Connection | None = pool.getconn()
         try:
+            # Every connection of the pool may be stale (a restart): try each once,
+            # then one more, which the pool has had to open afresh.
+            for _ in range(pool.max_size):
+                if _healthy(conn):
+                    break
+                pool.putconn(conn)  # closed: the pool discards it and opens a replacement
+                conn = None
+                conn = pool.getconn()
             yield conn
         finally:
-            pool.putconn(conn)  # a connection left broken or mid-transaction is discarded or reset
+            if conn is not None:
+                pool.putconn(conn)  # a connection left broken or mid-transaction is discarded or reset
 
 
 @asynccontextmanager
 async def achecked_connection(pool: AsyncConnectionPool) -> AsyncIterator[psycopg.AsyncConnection]:
     """The asyncio twin of :func:`checked_connection`."""
     with map_driver_errors():
-        conn = await pool.getconn()
-        for _ in range(pool.max_size):
-            if await _ahealthy(conn):
-                break
-            await pool.putconn(conn)
-            conn = await pool.getconn()
+        conn: psycopg.AsyncConnection | None = await pool.getconn()
         try:
+            for _ in range(pool.max_size):
+                if await _ahealthy(conn):
+                    break
+                await pool.putconn(conn)
+                conn = None
+                conn = await pool.getconn()
             yield conn
         finally:
-            await pool.putconn(conn)
+            if conn is not None:
+                await pool.putconn(conn)
 
 
 class AsyncPools:
