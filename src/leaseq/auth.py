@@ -46,7 +46,9 @@ from datetime import datetime, timezone
 from typing import TYPE_CHECKING, Any
 
 from .core import policy
-from .core.errors import InvalidInput, LeaseqError, NotFound, UnknownWorker
+# AccessDenied, Unauthorized and RateLimited are defined with every other error
+# in core.errors (one registry of codes); they stay importable from here.
+from .core.errors import AccessDenied, InvalidInput, NotFound, RateLimited, Unauthorized
 
 if TYPE_CHECKING:  # pragma: no cover
     from .queue import Queue
@@ -69,38 +71,6 @@ _SESSION = re.compile(r"lqs_[A-Za-z0-9_-]{43}")
 MAX_SESSION_SECONDS = 30 * 86400.0
 # Compared against when the token id is unknown, so that case costs the same.
 _DUMMY_HASH = hashlib.sha256(b"leaseq: no such token").hexdigest()
-
-
-class AccessDenied(LeaseqError):
-    """The credential is valid but its role or scope does not allow the request."""
-
-    code = "forbidden"
-
-
-class Unauthorized(AccessDenied, UnknownWorker):
-    """No valid credential: missing, malformed, unknown, forged, expired or revoked.
-
-    It is also an :class:`UnknownWorker`: for a worker, a refused credential
-    means the same as being revoked.
-    """
-
-    code = "unauthorized"
-
-    def __init__(self, message: str, *, token_id: str | None = None):
-        super().__init__(message)
-        #: The id of the existing token that failed (wrong secret, revoked,
-        #: expired); None when no token was presented or its id is unknown.
-        self.token_id = token_id
-
-
-class RateLimited(LeaseqError):
-    """Too many requests for this token (or, for failed logins, this address)."""
-
-    code = "rate_limited"
-
-    def __init__(self, message: str, retry_after: float = 1.0):
-        super().__init__(message)
-        self.retry_after = retry_after
 
 
 @dataclass(frozen=True)

@@ -12,7 +12,8 @@ service instead of a database::
 Every request carries the bearer token; the service derives the worker's
 identity from it, and the lease guard in the database decides every
 guarded call, so this module holds no lease rules. Errors come back as the
-library's exceptions: :class:`LeaseLost` (409 ``lease_lost``),
+library's exceptions, rebuilt from their code by the error registry
+(:func:`leaseq.core.errors.error_class`): :class:`LeaseLost` (409 ``lease_lost``),
 :class:`QueuePaused`, :class:`UnknownWorker`, :class:`InvalidInput`,
 :class:`NotFound`, :class:`InvalidTransition`; a network failure or a 5xx is
 :class:`BackendUnavailable`; a refused credential is
@@ -32,19 +33,11 @@ from urllib.parse import quote
 import httpx
 
 from . import __version__
-from .auth import AccessDenied, RateLimited, Unauthorized
-from .core.errors import (BackendUnavailable, ConfigError, InvalidInput, InvalidTransition, LeaseLost, LeaseqError,
-                          NotFound, QueuePaused, StaleToken, UnknownWorker)
+from .core.errors import (BackendUnavailable, ConfigError, InvalidInput, LeaseLost, LeaseqError, RateLimited,
+                          error_class)
 from .core.model import Claim, Effect, Task, Worker
 from .worker.transport import Capabilities
 from .service.wire import claim_from, effect_from, event_from, parse_time, task_from, worker_from
-
-_SIMPLE_ERRORS: dict[str, type[LeaseqError]] = {
-    "not_found": NotFound, "unknown_worker": UnknownWorker, "paused": QueuePaused,
-    "invalid_transition": InvalidTransition, "stale_token": StaleToken, "unauthorized": Unauthorized,
-    "forbidden": AccessDenied, "unavailable": BackendUnavailable,
-}
-
 
 def _wid(worker: Worker | str) -> str:
     wid = worker.id if isinstance(worker, Worker) else worker
@@ -96,7 +89,7 @@ class RemoteQueue:
                 resp = self._client.request(method, path, json=body, params=params)
             except httpx.TransportError as exc:
                 raise BackendUnavailable(f"leaseq service at {self.url}: {type(exc).__name__}: {exc}") from None
-            if resp.status_code == 429 and attempt < self.rate_limit_retries:
+            if resp.status_code == RateLimited.http_status and attempt < self.rate_limit_retries:
                 time.sleep(min(2.0, float(resp.headers.get("Retry-After", "1") or 1)))
                 continue
             break
@@ -110,14 +103,12 @@ class RemoteQueue:
             code, message = err["code"], err["message"]
         except (ValueError, KeyError, TypeError):
             err, code, message = {}, "", resp.text[:200]
-        if code == "lease_lost":
-            return LeaseLost(err.get("task_id", 0), err.get("generation", 0), err.get("reason", message))
-        if code in ("invalid", "too_large"):
-            return InvalidInput(err.get("field", "body"), err.get("problem", message))
-        if code == "rate_limited":
-            return RateLimited(message, float(err.get("retry_after", 1.0)))
-        if code in _SIMPLE_ERRORS:
-            return _SIMPLE_ERRORS[code](message)
+        cls = error_class(code) if isinstance(code, str) else None
+        if cls is not None:  # the registry rebuilds the class the service raised
+            try:
+                return cls.from_wire(str(message), err)
+            except (TypeError, ValueError):  # fields of the wrong shape: keep the class, drop them
+                return cls.from_wire(str(message), {})
         if resp.status_code >= 500:
             return BackendUnavailable(f"leaseq service at {self.url} answered {resp.status_code}: {message}")
         return LeaseqError(f"leaseq service answered {resp.status_code}: {message}")

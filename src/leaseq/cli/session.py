@@ -13,21 +13,9 @@ from typing import Any
 
 import click
 
-from ..core.errors import BackendUnavailable, ConfigError, LeaseqError
+from ..core.errors import ConfigError, LeaseqError
 from ..queue import Queue, connect
 from ..store.base import DEFAULT_DSN, load_migrations, parse_dsn
-
-#: The field an error names when the exception carries none of its own.
-_ERROR_FIELDS = {
-    "not_found": "task",
-    "invalid_transition": "status",
-    "lease_lost": "lease",
-    "unknown_worker": "worker",
-    "paused": "queue",
-    "unavailable": "database",
-    "stale_token": "fencing_token",
-}
-
 
 def one_line(text: str) -> str:
     """``text`` with every run of whitespace (newlines from drivers included) made one space."""
@@ -47,15 +35,15 @@ class CliError(click.ClickException):
 
     @classmethod
     def from_leaseq(cls, exc: LeaseqError) -> CliError:
-        """Translate a library error, keeping the field it names."""
-        exit_code = 1 if isinstance(exc, BackendUnavailable) else 2
+        """Translate a library error, keeping the field it names (else the registry's ``cli_field``)."""
+        exit_code = exc.cli_exit_code
         field = getattr(exc, "field", None)
         if field is not None:
             return cls(field, getattr(exc, "problem", str(exc)), exit_code=exit_code)
         message = one_line(str(exc))
         if isinstance(exc, ConfigError) and message.startswith("dsn: "):
             return cls("dsn", message[len("dsn: "):], exit_code=exit_code)
-        return cls(_ERROR_FIELDS.get(exc.code, exc.code), message, exit_code=exit_code)
+        return cls(exc.cli_field or exc.code, message, exit_code=exit_code)
 
     def show(self, file: Any = None) -> None:
         click.echo(f"error: {self.format_message()}", file=file or sys.stderr)

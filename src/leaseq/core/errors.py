@@ -1,12 +1,54 @@
-"""Exceptions raised by leaseq. Every one derives from :class:`LeaseqError`."""
+"""Every error leaseq raises on purpose, and the one registry of their codes.
+
+Each class is defined here once, with what every transport needs to carry it:
+
+* ``code``: the stable name on the wire (``{"error": {"code", "message", ...}}``)
+  and in logs; unique per class (see :data:`ERRORS`);
+* ``http_status``: the status the service answers with;
+* ``cli_field`` and ``cli_exit_code``: what ``leaseq`` prints
+  (``error: <field>: <problem>``) and exits with;
+* :meth:`LeaseqError.wire_fields` / :meth:`LeaseqError.from_wire`: the extra
+  fields a class sends and how the HTTP client rebuilds the same class from
+  them, so :class:`leaseq.client.RemoteQueue` raises what :class:`leaseq.Queue`
+  raised; :meth:`LeaseqError.http_headers` for headers a status needs.
+
+The service (``leaseq.service.app``), the HTTP client (``leaseq.client``) and
+the CLI (``leaseq.cli.session``) look errors up here; none keeps a table of
+its own. :func:`error_class` maps a code back to its class.
+"""
 
 from __future__ import annotations
+
+import math
+from typing import Any
 
 
 class LeaseqError(Exception):
     """Base class for every error leaseq raises on purpose."""
 
     code = "error"
+    #: HTTP status of the service's answer. 409 for errors that say "not
+    #: in the state you assumed"; classes override it.
+    http_status = 409
+    #: The field the CLI names when the exception carries no ``field`` of its
+    #: own (None: the code is named).
+    cli_field: str | None = None
+    #: The CLI's exit status: 2 for refused input or state, 1 for trouble
+    #: reaching the database.
+    cli_exit_code = 2
+
+    def wire_fields(self) -> dict[str, Any]:
+        """Fields sent beside ``code`` and ``message`` in the JSON error."""
+        return {}
+
+    def http_headers(self) -> dict[str, str]:
+        """Headers the service adds to the error response."""
+        return {}
+
+    @classmethod
+    def from_wire(cls, message: str, fields: dict[str, Any]) -> LeaseqError:
+        """The exception an HTTP client raises for a JSON error of this class's code."""
+        return cls(message)
 
 
 class LeaseLost(LeaseqError):
@@ -18,6 +60,8 @@ class LeaseLost(LeaseqError):
     """
 
     code = "lease_lost"
+    http_status = 409
+    cli_field = "lease"
 
     def __init__(self, task_id: int, generation: int, reason: str = "lease lost"):
         self.task_id = task_id
@@ -25,64 +69,108 @@ class LeaseLost(LeaseqError):
         self.reason = reason
         super().__init__(f"task {task_id} generation {generation}: {reason}")
 
+    def wire_fields(self) -> dict[str, Any]:
+        return {"task_id": self.task_id, "generation": self.generation, "reason": self.reason}
+
+    @classmethod
+    def from_wire(cls, message: str, fields: dict[str, Any]) -> LeaseLost:
+        return cls(fields.get("task_id", 0), fields.get("generation", 0), fields.get("reason", message))
+
 
 class InvalidInput(LeaseqError, ValueError):
     """A value given to leaseq is not acceptable. ``field`` names it."""
 
     code = "invalid"
+    http_status = 422
 
     def __init__(self, field: str, problem: str):
         self.field = field
         self.problem = problem
         super().__init__(f"{field}: {problem}")
 
+    def wire_fields(self) -> dict[str, Any]:
+        return {"field": self.field, "problem": self.problem}
+
+    @classmethod
+    def from_wire(cls, message: str, fields: dict[str, Any]) -> InvalidInput:
+        return cls(fields.get("field", "body"), fields.get("problem", message))
+
+
+class BodyTooLarge(InvalidInput):
+    """The request body is larger than the service accepts (an :class:`InvalidInput` of ``body``)."""
+
+    code = "too_large"
+    http_status = 413
+
+    def __init__(self, problem: str):
+        super().__init__("body", problem)
+
+    @classmethod
+    def from_wire(cls, message: str, fields: dict[str, Any]) -> BodyTooLarge:
+        return cls(fields.get("problem", message))
+
 
 class NotFound(LeaseqError, LookupError):
     """The task (or other record) named does not exist."""
 
     code = "not_found"
+    http_status = 404
+    cli_field = "task"
 
 
 class UnknownWorker(LeaseqError):
     """The worker was never registered with this queue, or was revoked."""
 
     code = "unknown_worker"
+    http_status = 409
+    cli_field = "worker"
 
 
 class InvalidTransition(LeaseqError):
     """The operation does not apply to the task in its current status."""
 
     code = "invalid_transition"
+    http_status = 409
+    cli_field = "status"
 
 
 class QueuePaused(LeaseqError):
     """The queue's off-switch is on: no new actions may start."""
 
     code = "paused"
+    http_status = 409
+    cli_field = "queue"
 
 
 class ConfigError(LeaseqError):
     """The DSN or another setting cannot be used."""
 
     code = "config"
+    http_status = 409
 
 
 class BackendUnavailable(LeaseqError):
-    """The database could not be reached."""
+    """The database could not be reached (or dropped the connection): infrastructure trouble, worth a retry."""
 
     code = "unavailable"
+    http_status = 503
+    cli_field = "database"
+    cli_exit_code = 1
 
 
 class StaleToken(LeaseqError):
     """A downstream write carried a fencing token older than one already accepted."""
 
     code = "stale_token"
+    http_status = 409
+    cli_field = "fencing_token"
 
 
 class Permanent(LeaseqError):
     """Raise from a task handler to fail the attempt with no retry: the task goes to ``dead``."""
 
     code = "permanent"
+    http_status = 409
 
 
 class CredentialMissing(LeaseqError):
@@ -90,3 +178,152 @@ class CredentialMissing(LeaseqError):
     goes to ``blocked`` until an operator unblocks it (a new worker would not help)."""
 
     code = "credential_missing"
+    http_status = 409
+
+
+class AccessDenied(LeaseqError):
+    """The credential is valid but its role or scope does not allow the request."""
+
+    code = "forbidden"
+    http_status = 403
+
+
+class Unauthorized(AccessDenied, UnknownWorker):
+    """No valid credential: missing, malformed, unknown, forged, expired or revoked.
+
+    It is also an :class:`UnknownWorker`: for a worker, a refused credential
+    means the same as being revoked.
+    """
+
+    code = "unauthorized"
+    http_status = 401
+    cli_field = None  # not UnknownWorker's "worker": the CLI names the code
+
+    def __init__(self, message: str, *, token_id: str | None = None):
+        super().__init__(message)
+        #: The id of the existing token that failed (wrong secret, revoked,
+        #: expired); None when no token was presented or its id is unknown.
+        self.token_id = token_id
+
+    def http_headers(self) -> dict[str, str]:
+        return {"WWW-Authenticate": 'Bearer realm="leaseq"'}
+
+
+class RateLimited(LeaseqError):
+    """Too many requests for this token (or, for failed logins, this address)."""
+
+    code = "rate_limited"
+    http_status = 429
+
+    def __init__(self, message: str, retry_after: float = 1.0):
+        super().__init__(message)
+        self.retry_after = retry_after
+
+    def wire_fields(self) -> dict[str, Any]:
+        return {"retry_after": round(self.retry_after, 3)}
+
+    def http_headers(self) -> dict[str, str]:
+        return {"Retry-After": str(max(1, math.ceil(self.retry_after)))}
+
+    @classmethod
+    def from_wire(cls, message: str, fields: dict[str, Any]) -> RateLimited:
+        return cls(message, float(fields.get("retry_after", 1.0)))
+
+
+class IdempotencyKeyReused(LeaseqError):
+    """An idempotency key already belongs to another resource key, or to another task.
+
+    A key names one logical action of one task on one resource; replaying
+    the outcome of a write to ``bound_resource`` as if it were a write to
+    ``resource_key`` would hide a caller's bug, and handing task
+    ``bound_task``'s stored outcome to another task (or to a caller with no
+    fencing token) would hand out a response to someone who never had the
+    authority to cause it. The apply is refused and nothing changes.
+    """
+
+    code = "idempotency_key_reused"
+    http_status = 422
+
+    def __init__(self, idempotency_key: str, bound_resource: str, resource_key: str, *,
+                 bound_task: int | None = None, task_id: int | None = None):
+        self.idempotency_key = idempotency_key
+        self.bound_resource = bound_resource
+        self.resource_key = resource_key
+        self.bound_task = bound_task
+        self.task_id = task_id
+        if bound_task is None:
+            message = (f"idempotency key {idempotency_key!r} was used for resource {bound_resource!r}; "
+                       f"it cannot be reused for resource {resource_key!r}")
+        else:
+            caller = "a caller without a fencing token" if task_id is None else f"task {task_id}"
+            message = (f"idempotency key {idempotency_key!r} belongs to task {bound_task}; its outcome "
+                       f"is not replayed to {caller}")
+        super().__init__(message)
+
+    def wire_fields(self) -> dict[str, Any]:
+        return {"idempotency_key": self.idempotency_key, "bound_resource": self.bound_resource,
+                "resource_key": self.resource_key}
+
+    @classmethod
+    def from_wire(cls, message: str, fields: dict[str, Any]) -> IdempotencyKeyReused:
+        exc = cls(str(fields.get("idempotency_key", "")), str(fields.get("bound_resource", "")),
+                  str(fields.get("resource_key", "")))
+        exc.args = (message,)  # the service's own words
+        return exc
+
+
+class InvalidActionToken(AccessDenied):
+    """A signed action token was refused. ``reason`` says why, as a short code.
+
+    Reasons: ``missing``, ``malformed``, ``unknown_key``, ``forged``,
+    ``expired``, ``wrong_action``, ``wrong_idempotency_key``,
+    ``wrong_generation``, ``wrong_task``, ``wrong_resource``,
+    ``unbound_resource`` (the middleware requires tokens that name their
+    resource).
+
+    A refinement of :class:`AccessDenied` with no code of its own: it travels
+    as ``forbidden`` (403) with its ``reason`` beside it.
+    """
+
+    def __init__(self, reason: str, message: str):
+        self.reason = reason
+        super().__init__(f"action token refused ({reason}): {message}")
+
+    def wire_fields(self) -> dict[str, Any]:
+        return {"reason": self.reason}
+
+
+#: Every error class that owns a code, once. A subclass that declares no
+#: ``code`` of its own (:class:`InvalidActionToken`) is a refinement that
+#: travels as its parent.
+ERRORS: tuple[type[LeaseqError], ...] = (
+    LeaseqError, LeaseLost, InvalidInput, BodyTooLarge, NotFound, UnknownWorker, InvalidTransition, QueuePaused,
+    ConfigError, BackendUnavailable, StaleToken, Permanent, CredentialMissing, AccessDenied, Unauthorized,
+    RateLimited, IdempotencyKeyReused,
+)
+
+
+def _by_code() -> dict[str, type[LeaseqError]]:
+    table: dict[str, type[LeaseqError]] = {}
+    for cls in ERRORS:
+        if "code" not in vars(cls):
+            raise TypeError(f"{cls.__name__} is registered but declares no code of its own")
+        if cls.code in table:
+            raise TypeError(f"error code {cls.code!r} is declared by {table[cls.code].__name__} "
+                            f"and {cls.__name__}")
+        table[cls.code] = cls
+    return table
+
+
+_BY_CODE = _by_code()
+
+
+def error_class(code: str) -> type[LeaseqError] | None:
+    """The class whose ``code`` is ``code``, or None for a code leaseq does not define."""
+    return _BY_CODE.get(code)
+
+
+def registered_class(exc_or_cls: LeaseqError | type[LeaseqError]) -> type[LeaseqError]:
+    """The registered class an error travels as (itself, or the parent a refinement travels as)."""
+    cls = exc_or_cls if isinstance(exc_or_cls, type) else type(exc_or_cls)
+    return _BY_CODE[cls.code]

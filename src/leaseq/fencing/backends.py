@@ -1,7 +1,12 @@
-"""Connections for the fenced store: PostgreSQL (psycopg 3 pool) and SQLite (WAL).
+"""The fenced store's two databases: its queries and how its rows are decoded.
 
-Each backend hands out its *raw* driver connection inside a transaction, so
-a caller's write can run on it and commit or roll back with the fence. The
+Connections, pools, transactions and error mapping come from
+:mod:`leaseq.db`, as for the queue's own store. Each backend hands out its
+*raw* driver connection inside a transaction, so a caller's write can run on
+it and commit or roll back with the fence. A driver error that means the
+database is unavailable (a connection dropped mid-write, a lock wait past
+the busy timeout) is raised as :class:`leaseq.BackendUnavailable` wherever
+it happens inside the transaction, so the middleware answers 503. The
 fencing SQL lives in ``sql/<dialect>.sql`` as named blocks, parsed with the
 same block syntax as leaseq's own queries.
 """
@@ -10,7 +15,6 @@ from __future__ import annotations
 
 import json
 import sqlite3
-import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
 from datetime import datetime, timezone
@@ -18,8 +22,10 @@ from functools import cache
 from importlib import resources
 from typing import Any
 
-from ..core.errors import BackendUnavailable, ConfigError
-from ..store.base import parse_dsn, parse_named_blocks
+from ..core.errors import ConfigError
+from ..db.dsn import parse_dsn
+from ..db.sqlite import SqliteConnections
+from ..store.base import parse_named_blocks
 
 
 @cache
@@ -34,7 +40,7 @@ def _missing_table(exc: Exception) -> ConfigError:
 
 
 class PostgresFence:
-    """The fencing tables in PostgreSQL, through a psycopg_pool pool.
+    """The fencing tables in PostgreSQL, through a pool checked at checkout.
 
     Connections are in autocommit mode and each transaction is an explicit
     ``conn.transaction()`` block, so a write that calls ``conn.commit()``
@@ -44,54 +50,30 @@ class PostgresFence:
     dialect = "postgres"
 
     def __init__(self, dsn: str, *, min_size: int = 1, max_size: int = 10, connect_timeout: float = 10.0):
-        import psycopg
-        from psycopg_pool import ConnectionPool
+        from ..db.dsn import check_postgres_dsn
+        from ..db.postgres import open_pool
 
         self.dsn = dsn
         self._queries = load_fence_queries("postgres")
-        try:
-            psycopg.conninfo.conninfo_to_dict(dsn)
-        except psycopg.ProgrammingError as exc:
-            raise ConfigError(f"dsn: cannot parse PostgreSQL DSN: {exc}") from None
-        try:  # report a wrong host or password plainly, not as a pool time-out
-            psycopg.connect(dsn, connect_timeout=max(1, int(connect_timeout))).close()
-        except psycopg.Error as exc:
-            raise BackendUnavailable(f"cannot connect to PostgreSQL: {str(exc).strip()}") from None
-        # check=: a connection the server dropped is replaced at checkout,
-        # rather than failing the next apply with a bare driver error.
-        self._pool = ConnectionPool(dsn, min_size=min_size, max_size=max_size, open=False,
-                                    timeout=connect_timeout, kwargs={"autocommit": True},
-                                    check=ConnectionPool.check_connection)
-        self._pool.open(wait=True, timeout=connect_timeout)
+        check_postgres_dsn(dsn, connect_timeout)
+        self._pool = open_pool(dsn, min_size=min_size, max_size=max_size, timeout=connect_timeout)
 
     @contextmanager
     def transaction(self) -> Iterator[Any]:
         """A ``psycopg.Connection`` inside ``conn.transaction()``: commits on success."""
-        from psycopg import OperationalError
-        from psycopg_pool import PoolTimeout
+        from ..db.postgres import checked_connection
 
-        try:
-            conn = self._pool.getconn()
-        except PoolTimeout as exc:
-            raise BackendUnavailable(f"no PostgreSQL connection available: {exc}") from None
-        except OperationalError as exc:
-            raise BackendUnavailable(f"PostgreSQL: {str(exc).strip()}") from None
-        try:
+        with checked_connection(self._pool) as conn:
             with conn.transaction():
                 yield conn
-        finally:
-            self._pool.putconn(conn)  # the pool discards it if it broke
 
     @contextmanager
     def connection(self) -> Iterator[Any]:
         """A pooled connection in autocommit mode, for reads outside any transaction."""
-        from psycopg_pool import PoolTimeout
+        from ..db.postgres import checked_connection
 
-        try:
-            with self._pool.connection() as conn:
-                yield conn
-        except PoolTimeout as exc:
-            raise BackendUnavailable(f"no PostgreSQL connection available: {exc}") from None
+        with checked_connection(self._pool) as conn:
+            yield conn
 
     def run(self, conn: Any, query: str, **params: Any) -> list[dict[str, Any]]:
         """Run a named query on ``conn`` and return its rows as dicts."""
@@ -114,10 +96,9 @@ class SqliteFence:
     """The fencing tables in one SQLite file, one connection per thread.
 
     Transactions are ``BEGIN IMMEDIATE``: the file's write lock is taken
-    before the fence is read. Connections are opened with
-    ``check_same_thread=False`` so a write may be run from another thread
+    before the fence is read. A connection may be used from another thread
     while the applying thread waits for it (the ASGI middleware does this);
-    the connection is never used by two threads at once.
+    it is never used by two threads at once.
     """
 
     dialect = "sqlite"
@@ -125,53 +106,25 @@ class SqliteFence:
     def __init__(self, path: str, *, busy_timeout: float = 30.0):
         self.path = path
         self.dsn = f"sqlite:///{path}"
-        self._busy_timeout = busy_timeout
         self._queries = load_fence_queries("sqlite")
-        self._local = threading.local()
-        self._all: list[sqlite3.Connection] = []
-        self._lock = threading.Lock()
-        self._conn()  # fail now, with a clear message, if the file cannot be opened
-
-    def _conn(self) -> sqlite3.Connection:
-        conn = getattr(self._local, "conn", None)
-        if conn is None:
-            try:
-                conn = sqlite3.connect(self.path, timeout=self._busy_timeout, isolation_level=None,
-                                       check_same_thread=False)
-                conn.execute("PRAGMA journal_mode=WAL")
-                conn.execute("PRAGMA synchronous=NORMAL")
-            except sqlite3.Error as exc:
-                raise BackendUnavailable(f"cannot open SQLite database {self.path!r}: {exc}") from None
-            self._local.conn = conn
-            with self._lock:
-                self._all.append(conn)
-        return conn
+        self._connections = SqliteConnections(path, busy_timeout=busy_timeout)
+        self._connections.get()  # fail now, with a clear message, if the file cannot be opened
 
     @contextmanager
     def transaction(self) -> Iterator[sqlite3.Connection]:
-        """A ``sqlite3.Connection`` inside ``BEGIN IMMEDIATE``: commits on success."""
-        conn = self._conn()
-        try:
-            conn.execute("BEGIN IMMEDIATE")
-        except sqlite3.OperationalError as exc:
-            raise BackendUnavailable(f"SQLite database {self.path!r}: {exc}") from None
-        try:
+        """A ``sqlite3.Connection`` inside ``BEGIN IMMEDIATE``: commits on success.
+
+        A write that runs COMMIT or ROLLBACK itself makes the apply fail with
+        a ``RuntimeError``: the fence could no longer promise that its
+        records and the write happened together.
+        """
+        with self._connections.transaction() as conn:
             yield conn
-        except BaseException:
-            if conn.in_transaction:
-                conn.execute("ROLLBACK")
-            raise
-        if not conn.in_transaction:
-            # The write ran COMMIT or ROLLBACK itself: the fence can no longer
-            # promise its write and the records happened together.
-            raise RuntimeError("the write ended the fence transaction itself (COMMIT/ROLLBACK); "
-                               "leave transaction control to FencedStore.apply")
-        conn.execute("COMMIT")
 
     @contextmanager
     def connection(self) -> Iterator[sqlite3.Connection]:
         """This thread's connection in autocommit mode, for reads outside any transaction."""
-        yield self._conn()
+        yield self._connections.get()
 
     def run(self, conn: sqlite3.Connection, query: str, **params: Any) -> list[dict[str, Any]]:
         """Run a named query on ``conn`` and return its rows as dicts (times as datetimes)."""
@@ -195,14 +148,7 @@ class SqliteFence:
 
     def close(self) -> None:
         """Close every thread's connection."""
-        with self._lock:
-            for conn in self._all:
-                try:
-                    conn.close()
-                except sqlite3.Error:  # pragma: no cover - closing from another thread
-                    pass
-            self._all.clear()
-        self._local = threading.local()
+        self._connections.close()
 
 
 def open_fence_backend(dsn: str, **options: Any) -> PostgresFence | SqliteFence:

@@ -27,7 +27,7 @@ from typing import Any
 from fastapi import Depends, Request
 
 from .. import auth, authz
-from ..core.errors import LeaseqError
+from ..core.errors import BodyTooLarge
 from ..auth import RateLimited
 from ..queue import Queue
 
@@ -36,12 +36,6 @@ from ..queue import Queue
 #: end of the text: "w-1\n" is refused. Python's re needs fullmatch for that.)
 WORKER_ID_PATTERN = r"^[A-Za-z0-9_.:\-]{1,120}$"
 _BEARER = re.compile(r"Bearer\s+(\S+)\s*", re.IGNORECASE)
-
-
-class BodyTooLarge(LeaseqError):
-    """The request body is larger than the service accepts."""
-
-    code = "too_large"
 
 
 class TokenBuckets:

@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import json
 import logging
-import math
 import threading
 import time
 from contextlib import asynccontextmanager
@@ -30,20 +29,12 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from .. import __version__, auth
-from ..core.errors import InvalidInput, LeaseLost, LeaseqError
+from ..core.errors import BackendUnavailable, LeaseqError
 from ..queue import Queue
-from .access import Access, BodyLimit, RateLimited, api_principal
+from .access import Access, BodyLimit, api_principal
 from .metrics import ServiceMetrics
 
 logger = logging.getLogger("leaseq.service")
-
-#: HTTP status of each error code.
-STATUS = {
-    "lease_lost": 409, "stale_token": 409, "invalid_transition": 409, "paused": 409, "unknown_worker": 409,
-    "not_found": 404, "invalid": 422, "unauthorized": 401, "forbidden": 403, "rate_limited": 429,
-    "too_large": 413, "unavailable": 503,
-}
-
 
 @dataclass(frozen=True)
 class ServiceSettings:
@@ -117,25 +108,13 @@ def _error(status: int, code: str, message: str, headers: dict[str, str] | None 
 
 
 def _leaseq_error(request: Request, exc: Exception) -> JSONResponse:
+    # Code, status, extra fields and headers all come from the error registry (core.errors).
     assert isinstance(exc, LeaseqError)
-    code = exc.code
-    extra: dict[str, Any] = {}
-    headers: dict[str, str] = {}
-    if isinstance(exc, LeaseLost):
-        extra = {"task_id": exc.task_id, "generation": exc.generation, "reason": exc.reason}
-    elif isinstance(exc, InvalidInput):
-        extra = {"field": exc.field, "problem": exc.problem}
-    elif isinstance(exc, RateLimited):
-        headers["Retry-After"] = str(max(1, math.ceil(exc.retry_after)))
-        extra = {"retry_after": round(exc.retry_after, 3)}
-    elif isinstance(exc, auth.Unauthorized):
-        headers["WWW-Authenticate"] = 'Bearer realm="leaseq"'
-    status = STATUS.get(code, 409)
     if _wants_html(request):
         from .dashboard import render
 
-        return render("error.html", request, None, status_code=status, message=str(exc))
-    return _error(status, code, str(exc), headers or None, **extra)
+        return render("error.html", request, None, status_code=exc.http_status, message=str(exc))
+    return _error(exc.http_status, exc.code, str(exc), exc.http_headers() or None, **exc.wire_fields())
 
 
 def _wants_html(request: Request) -> bool:
@@ -292,7 +271,7 @@ def create_app(queue: Queue, settings: ServiceSettings | None = None, **options:
         try:
             now = queue.now()
         except LeaseqError as exc:
-            return _error(503, "unavailable", str(exc))
+            return _error(BackendUnavailable.http_status, BackendUnavailable.code, str(exc))
         return JSONResponse({"ok": True, "database_time": now.isoformat(), "version": __version__})
 
     @app.get("/metrics", tags=["service"], summary="Prometheus metrics", response_class=Response)

@@ -1,8 +1,7 @@
-"""The backend contract, the named-query loader and DSN parsing."""
+"""The backend contract and the named-query loader (DSN parsing lives in :mod:`leaseq.db.dsn`)."""
 
 from __future__ import annotations
 
-import os
 import re
 from collections.abc import Awaitable, Callable
 from contextlib import AbstractContextManager
@@ -11,7 +10,10 @@ from functools import cache
 from importlib import resources
 from typing import Any, Protocol
 
-from ..core.errors import ConfigError
+from ..db.dsn import DEFAULT_DSN, parse_dsn
+
+__all__ = ["DEFAULT_DSN", "JSON_COLUMNS", "JSON_PARAMS", "JsonText", "KeyConflict", "Migration", "Store", "Tx",
+           "WorkListener", "load_migrations", "load_queries", "open_store", "parse_dsn", "parse_named_blocks"]
 
 #: Parameters that carry JSON documents (encoded by each backend its own way);
 #: the plural ones are the row documents of batched statements.
@@ -28,8 +30,6 @@ class JsonText(str):
 
 #: Columns that come back as JSON documents.
 JSON_COLUMNS = frozenset({"payload", "result", "detail", "response", "actions"})
-
-DEFAULT_DSN = "sqlite:///leaseq.db"
 
 _BLOCK = re.compile(r"^-- name: (\w+)\s*$", re.MULTILINE)
 
@@ -124,32 +124,6 @@ class Store(Protocol):
 
     async def close_async(self) -> None:
         """Release the connections :attr:`run_async` opened for the running event loop."""
-
-
-def parse_dsn(dsn: str | None) -> tuple[str, str]:
-    """``(dialect, target)`` for a DSN; None means ``$LEASEQ_DSN`` or the embedded default.
-
-    ``sqlite:///relative.db`` and ``sqlite:////absolute/path.db`` name files;
-    ``postgresql://…`` and ``postgres://…`` name a PostgreSQL database.
-    """
-    if dsn is None:
-        dsn = os.environ.get("LEASEQ_DSN") or DEFAULT_DSN
-    if not isinstance(dsn, str) or not dsn.strip():
-        raise ConfigError("dsn: must be a non-empty string such as sqlite:///leaseq.db or postgresql://host/db")
-    dsn = dsn.strip()
-    if dsn.startswith(("postgresql://", "postgres://")):
-        return "postgres", dsn
-    if dsn.startswith("sqlite://"):
-        path = dsn[len("sqlite://"):]
-        if not path.startswith("/") or len(path) < 2:
-            raise ConfigError(f"dsn: {dsn!r} has no file path; write sqlite:///file.db or sqlite:////abs/file.db")
-        path = path[1:]
-        if path in (":memory:", "") or path.startswith("file::memory"):
-            raise ConfigError("dsn: in-memory SQLite is not supported (each connection would see its own "
-                              "database); use a file such as sqlite:///leaseq.db")
-        return "sqlite", path
-    scheme = dsn.split(":", 1)[0] if ":" in dsn else dsn
-    raise ConfigError(f"dsn: unsupported scheme {scheme!r}; use sqlite:///path.db or postgresql://…")
 
 
 def open_store(dsn: str | None = None, **options: Any) -> Store:

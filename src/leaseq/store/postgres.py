@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
@@ -11,9 +10,11 @@ import psycopg
 from psycopg import pq
 from psycopg.rows import dict_row
 from psycopg.types.json import Jsonb
-from psycopg_pool import AsyncConnectionPool, ConnectionPool, PoolTimeout
 
-from ..core.errors import BackendUnavailable, ConfigError
+from ..db.dsn import check_postgres_dsn
+from ..core.errors import BackendUnavailable
+from ..db.errors import map_driver_errors
+from ..db.postgres import AsyncPools, achecked_connection, checked_connection, open_async_pool, open_pool
 from .base import JSON_PARAMS, JsonText, KeyConflict, load_queries
 
 
@@ -98,8 +99,9 @@ class NotifyListener:
 
     def __init__(self, dsn: str, queues: set[str]):
         self._queues = queues
-        self._conn = psycopg.connect(dsn, autocommit=True)
-        self._conn.execute(f"LISTEN {self.CHANNEL}")
+        with map_driver_errors():
+            self._conn = psycopg.connect(dsn, autocommit=True)
+            self._conn.execute(f"LISTEN {self.CHANNEL}")
 
     def wait(self, timeout: float) -> bool:
         try:
@@ -118,7 +120,9 @@ class PostgresStore:
     """leaseq's tables in a PostgreSQL database, reached through a pool.
 
     The tables live in the connection's ``search_path`` (``public`` unless the
-    DSN says otherwise, e.g. ``?options=-csearch_path%3Dmyschema``).
+    DSN says otherwise, e.g. ``?options=-csearch_path%3Dmyschema``). Pooled
+    connections are checked at checkout (see :mod:`leaseq.db.postgres`), so a
+    server restart does not fail one call per stale connection.
     """
 
     dialect = "postgres"
@@ -126,44 +130,25 @@ class PostgresStore:
     def __init__(self, dsn: str, *, min_size: int = 1, max_size: int = 10, connect_timeout: float = 10.0):
         self.dsn = dsn
         self._queries = load_queries("postgres")
-        try:
-            parts = psycopg.conninfo.conninfo_to_dict(dsn)
-        except psycopg.ProgrammingError as exc:
-            raise ConfigError(f"dsn: cannot parse PostgreSQL DSN: {exc}") from None
-        port = str(parts.get("port") or "5432")
-        if not all(p.strip().isdigit() for p in port.split(",")):
-            raise ConfigError(f"dsn: port {port!r} is not a number")
-        # One direct connection first, so a wrong host or password is reported
-        # plainly rather than as a pool time-out.
-        try:
-            psycopg.connect(dsn, connect_timeout=max(1, int(connect_timeout))).close()
-        except psycopg.Error as exc:
-            raise BackendUnavailable(f"cannot connect to PostgreSQL: {str(exc).strip()}") from None
-        self._pool = ConnectionPool(
-            dsn, min_size=min_size, max_size=max_size, open=False, timeout=connect_timeout,
-            kwargs={"autocommit": True, "row_factory": dict_row}, configure=_configure,
-        )
-        self._pool.open(wait=True, timeout=connect_timeout)
-        self._max_size = max_size
-        self._connect_timeout = connect_timeout
+        check_postgres_dsn(dsn, connect_timeout)
+        self._pool = open_pool(dsn, min_size=min_size, max_size=max_size, timeout=connect_timeout,
+                               configure=_configure, row_factory=dict_row)
         #: asyncio pools, one per event loop that called run_async
-        self._async_pools: dict[asyncio.AbstractEventLoop, asyncio.Task[AsyncConnectionPool]] = {}
+        self._async_pools = AsyncPools(lambda: open_async_pool(
+            dsn, min_size=1, max_size=max_size, timeout=connect_timeout, configure=_aconfigure,
+            row_factory=dict_row))
 
     @contextmanager
     def transaction(self, *, one_statement: bool = False) -> Iterator[PostgresTx]:
         try:
-            with self._pool.connection() as conn:
+            with checked_connection(self._pool) as conn:
                 if one_statement:  # the connection is in autocommit mode
                     yield PostgresTx(conn, self._queries, one_statement=True)
                 else:
                     with conn.transaction():
                         yield PostgresTx(conn, self._queries)
-        except PoolTimeout as exc:
-            raise BackendUnavailable(f"no PostgreSQL connection available: {exc}") from None
         except psycopg.errors.UniqueViolation as exc:
             raise KeyConflict(str(exc).strip()) from None
-        except psycopg.OperationalError as exc:
-            raise BackendUnavailable(f"PostgreSQL: {str(exc).strip()}") from None
 
     async def run_async(self, query: str, **params: Any) -> list[dict[str, Any]]:
         """One statement as its own transaction, awaited on the running loop.
@@ -172,48 +157,15 @@ class PostgresStore:
         between the event loop and the database, the socket is waited on by
         the loop itself.
         """
-        try:
-            pool = await self._async_pool()
-            async with pool.connection() as conn:
-                cur = await conn.execute(self._queries[query], _encode(params), prepare=query in GENERIC_PLAN)
-                return await cur.fetchall() if _rows(cur) else []
-        except PoolTimeout as exc:
-            raise BackendUnavailable(f"no PostgreSQL connection available: {exc}") from None
-        except psycopg.OperationalError as exc:
-            raise BackendUnavailable(f"PostgreSQL: {str(exc).strip()}") from None
-
-    async def _async_pool(self) -> AsyncConnectionPool:
-        loop = asyncio.get_running_loop()
-        opening = self._async_pools.get(loop)
-        if opening is None:
-            for old in [lp for lp in self._async_pools if lp.is_closed()]:
-                del self._async_pools[old]  # a finished loop's pool went with it
-            # A task, so callers racing to open the loop's pool all await the same one.
-            opening = self._async_pools[loop] = loop.create_task(self._open_async_pool())
-        try:
-            return await asyncio.shield(opening)
-        except Exception:
-            if self._async_pools.get(loop) is opening:
-                del self._async_pools[loop]  # the next call tries again
-            raise
-
-    async def _open_async_pool(self) -> AsyncConnectionPool:
-        pool = AsyncConnectionPool(
-            self.dsn, min_size=1, max_size=self._max_size, open=False, timeout=self._connect_timeout,
-            kwargs={"autocommit": True, "row_factory": dict_row}, configure=_aconfigure,
-        )
-        await pool.open(wait=True, timeout=self._connect_timeout)
-        return pool
+        with map_driver_errors():
+            pool = await self._async_pools.get()
+        async with achecked_connection(pool) as conn:
+            cur = await conn.execute(self._queries[query], _encode(params), prepare=query in GENERIC_PLAN)
+            return await cur.fetchall() if _rows(cur) else []
 
     async def close_async(self) -> None:
         """Close the running loop's asyncio pool (the worker does, before its loop ends)."""
-        opening = self._async_pools.pop(asyncio.get_running_loop(), None)
-        if opening is not None:
-            try:
-                pool = await opening
-            except Exception:
-                return
-            await pool.close()
+        await self._async_pools.close_running()
 
     def listener(self, queues: set[str]) -> NotifyListener:
         return NotifyListener(self.dsn, queues)

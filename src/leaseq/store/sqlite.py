@@ -11,7 +11,7 @@ from contextlib import contextmanager
 from datetime import datetime, timezone
 from typing import Any
 
-from ..core.errors import BackendUnavailable
+from ..db.sqlite import SqliteConnections
 from .base import JSON_COLUMNS, JSON_PARAMS, JsonText, KeyConflict, load_queries
 
 _BOOL_COLUMNS = frozenset({"paused"})
@@ -121,53 +121,24 @@ class SqliteStore:
     def __init__(self, path: str, *, busy_timeout: float = 30.0):
         self.path = path
         self.dsn = f"sqlite:///{path}"
-        self._busy_timeout = busy_timeout
         self._queries = load_queries("sqlite")
-        self._local = threading.local()
-        self._all: list[sqlite3.Connection] = []
-        self._lock = threading.Lock()
+        self._connections = SqliteConnections(path, busy_timeout=busy_timeout, pragmas=("PRAGMA foreign_keys=ON",))
         # Threads of one process queue here for the write lock: a handoff on a
         # Python lock is immediate, where SQLite's busy handler sleeps and retries.
         self._writer = threading.RLock()
-        self._conn()  # fail now, with a clear message, if the file cannot be opened
-
-    def _conn(self) -> sqlite3.Connection:
-        conn = getattr(self._local, "conn", None)
-        if conn is None:
-            try:
-                conn = sqlite3.connect(self.path, timeout=self._busy_timeout, isolation_level=None,
-                                       check_same_thread=False)
-                conn.execute("PRAGMA journal_mode=WAL")
-                conn.execute("PRAGMA synchronous=NORMAL")
-                conn.execute("PRAGMA foreign_keys=ON")
-            except sqlite3.Error as exc:
-                raise BackendUnavailable(f"cannot open SQLite database {self.path!r}: {exc}") from None
-            self._local.conn = conn
-            with self._lock:
-                self._all.append(conn)
-        return conn
+        self._connections.get()  # fail now, with a clear message, if the file cannot be opened
 
     @contextmanager
     def transaction(self, *, one_statement: bool = False) -> Iterator[SqliteTx]:
         # one_statement changes nothing here: BEGIN IMMEDIATE costs no round trip.
-        conn = self._conn()
         with self._writer:
             try:
-                conn.execute("BEGIN IMMEDIATE")
-            except sqlite3.OperationalError as exc:
-                raise BackendUnavailable(f"SQLite database {self.path!r}: {exc}") from None
-            try:
-                yield SqliteTx(conn, self._queries)
+                with self._connections.transaction() as conn:
+                    yield SqliteTx(conn, self._queries)
             except sqlite3.IntegrityError as exc:
-                conn.execute("ROLLBACK")
                 if "UNIQUE" in str(exc):
                     raise KeyConflict(str(exc)) from None
                 raise
-            except BaseException:
-                conn.execute("ROLLBACK")
-                raise
-            else:
-                conn.execute("COMMIT")
 
     def listener(self, queues: set[str]) -> SleepingListener:
         return SleepingListener()
@@ -176,11 +147,4 @@ class SqliteStore:
         """Nothing to do: SQLite has no connections bound to an event loop."""
 
     def close(self) -> None:
-        with self._lock:
-            for conn in self._all:
-                try:
-                    conn.close()
-                except sqlite3.Error:  # pragma: no cover - closing from another thread
-                    pass
-            self._all.clear()
-        self._local = threading.local()
+        self._connections.close()

@@ -1,0 +1,56 @@
+"""Which database a DSN names, and the checks a PostgreSQL DSN passes before a pool opens."""
+
+from __future__ import annotations
+
+import os
+
+from ..core.errors import BackendUnavailable, ConfigError
+
+DEFAULT_DSN = "sqlite:///leaseq.db"
+
+
+def parse_dsn(dsn: str | None) -> tuple[str, str]:
+    """``(dialect, target)`` for a DSN; None means ``$LEASEQ_DSN`` or the embedded default.
+
+    ``sqlite:///relative.db`` and ``sqlite:////absolute/path.db`` name files;
+    ``postgresql://…`` and ``postgres://…`` name a PostgreSQL database.
+    """
+    if dsn is None:
+        dsn = os.environ.get("LEASEQ_DSN") or DEFAULT_DSN
+    if not isinstance(dsn, str) or not dsn.strip():
+        raise ConfigError("dsn: must be a non-empty string such as sqlite:///leaseq.db or postgresql://host/db")
+    dsn = dsn.strip()
+    if dsn.startswith(("postgresql://", "postgres://")):
+        return "postgres", dsn
+    if dsn.startswith("sqlite://"):
+        path = dsn[len("sqlite://"):]
+        if not path.startswith("/") or len(path) < 2:
+            raise ConfigError(f"dsn: {dsn!r} has no file path; write sqlite:///file.db or sqlite:////abs/file.db")
+        path = path[1:]
+        if path in (":memory:", "") or path.startswith("file::memory"):
+            raise ConfigError("dsn: in-memory SQLite is not supported (each connection would see its own "
+                              "database); use a file such as sqlite:///leaseq.db")
+        return "sqlite", path
+    scheme = dsn.split(":", 1)[0] if ":" in dsn else dsn
+    raise ConfigError(f"dsn: unsupported scheme {scheme!r}; use sqlite:///path.db or postgresql://…")
+
+
+def check_postgres_dsn(dsn: str, connect_timeout: float) -> None:
+    """Refuse a PostgreSQL DSN that cannot be parsed or whose server cannot be reached.
+
+    One direct connection is made, so a wrong host or password is reported
+    plainly rather than as a pool time-out later.
+    """
+    import psycopg
+
+    try:
+        parts = psycopg.conninfo.conninfo_to_dict(dsn)
+    except psycopg.ProgrammingError as exc:
+        raise ConfigError(f"dsn: cannot parse PostgreSQL DSN: {exc}") from None
+    port = str(parts.get("port") or "5432")
+    if not all(p.strip().isdigit() for p in port.split(",")):
+        raise ConfigError(f"dsn: port {port!r} is not a number")
+    try:
+        psycopg.connect(dsn, connect_timeout=max(1, int(connect_timeout))).close()
+    except psycopg.Error as exc:
+        raise BackendUnavailable(f"cannot connect to PostgreSQL: {str(exc).strip()}") from None

@@ -1,0 +1,67 @@
+"""The one mapping from database driver errors to leaseq errors.
+
+A database that cannot be reached, or that dropped the connection, is
+:class:`leaseq.BackendUnavailable` wherever it happens: at checkout, at
+``BEGIN``, in the middle of a statement, at ``COMMIT``. Callers (the worker
+runtime, the service, the fencing middleware) treat that class as
+infrastructure trouble: retried, answered with 503, never charged to a task.
+Every other driver error (a constraint, a syntax error in a caller's write)
+passes through unchanged: it is the caller's to handle.
+"""
+
+from __future__ import annotations
+
+import sqlite3
+import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+from ..core.errors import BackendUnavailable, LeaseqError
+
+#: sqlite3.OperationalError messages that mean the file cannot be used right
+#: now (locked past the busy timeout, missing, unreadable, full), as opposed
+#: to a statement that is wrong.
+_SQLITE_UNAVAILABLE = ("database is locked", "database is busy", "unable to open", "disk i/o error",
+                       "database or disk is full", "readonly database")
+
+
+def unavailable(exc: BaseException, where: str | None = None) -> BackendUnavailable | None:
+    """The :class:`BackendUnavailable` a driver error stands for, or None if it is not one.
+
+    ``where`` names the database in the message (default: the driver's name).
+    """
+    if isinstance(exc, LeaseqError):
+        return None
+    if isinstance(exc, sqlite3.OperationalError):
+        message = str(exc)
+        if any(text in message.lower() for text in _SQLITE_UNAVAILABLE):
+            return BackendUnavailable(f"{where or 'SQLite'}: {message}")
+        return None
+    psycopg = sys.modules.get("psycopg")  # not imported: the error cannot be one of its
+    if psycopg is None:
+        return None
+    pool = sys.modules.get("psycopg_pool")
+    if pool is not None and isinstance(exc, pool.PoolTimeout):  # an OperationalError too: test it first
+        return BackendUnavailable(f"no PostgreSQL connection available: {exc}")
+    if isinstance(exc, (psycopg.OperationalError, psycopg.InterfaceError)):
+        # OperationalError covers a dropped connection (SQLSTATE classes 08
+        # and 57: terminated by an administrator, server shutting down) and
+        # statement timeouts; InterfaceError a connection already closed.
+        return BackendUnavailable(f"{where or 'PostgreSQL'}: {str(exc).strip()}")
+    return None
+
+
+@contextmanager
+def map_driver_errors(where: str | None = None) -> Iterator[None]:
+    """Re-raise driver errors that mean "database unavailable" as :class:`BackendUnavailable`.
+
+    The driver error stays attached as ``__cause__`` for logs; any other
+    exception passes through untouched.
+    """
+    try:
+        yield
+    except Exception as exc:
+        mapped = unavailable(exc, where)
+        if mapped is None:
+            raise
+        raise mapped from exc

@@ -1,0 +1,92 @@
+"""Pooled PostgreSQL connections the server dropped are replaced at checkout, sync and asyncio.
+
+Every idle connection of the queue's pools is ended with pg_terminate_backend
+(what a failover or a pooler restart does to them); the next calls must all
+succeed, on fresh connections, with no call paying for a stale one.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+import pytest
+
+import leaseq
+
+from pg_faults import backends, tagged, terminate
+
+
+@pytest.fixture
+def tagged_dsn(pg_schema_dsn: str) -> tuple[str, str]:
+    return tagged(pg_schema_dsn)
+
+
+def test_stale_pooled_connections_do_not_fail_the_next_sync_calls(tagged_dsn):
+    dsn, name = tagged_dsn
+    q = leaseq.connect(dsn, min_size=4, max_size=4)
+    try:
+        q.migrate()
+        w = q.register_worker("w")
+        q.enqueue("job", {"n": 1})
+        before = backends(name)
+        assert len(before) == 4  # the whole pool is open and idle
+        assert terminate(name=name) == 4
+        # Every call below would have met a dead connection.
+        for n in range(2, 6):
+            q.enqueue("job", {"n": n})
+        claims = q.claim(w, limit=10)
+        assert len(claims) == 5
+        for c in claims:
+            q.complete(w, c, result={"ok": True})
+        assert {t.status for t in (q.get(c.task_id) for c in claims)} == {"completed"}
+        assert backends(name).isdisjoint(before)
+    finally:
+        q.close()
+
+
+def test_a_pool_of_stale_connections_is_replaced_within_one_checkout(tagged_dsn):
+    """psycopg_pool's own check= hook backs off 1, 2, 4... s between failed checks (a
+    10-connection pool would time out); ours closes each dead one and takes the next at once."""
+    dsn, name = tagged_dsn
+    q = leaseq.connect(dsn, min_size=8, max_size=8)
+    try:
+        q.migrate()
+        assert len(backends(name)) == 8
+        terminate(name=name)
+        from leaseq.db.postgres import checked_connection
+
+        started = time.monotonic()
+        with checked_connection(q.store._pool) as conn:
+            assert conn.execute("SELECT 1 AS one").fetchone()["one"] == 1
+        assert time.monotonic() - started < 5.0
+    finally:
+        q.close()
+
+
+def test_stale_pooled_connections_do_not_fail_the_next_async_calls(tagged_dsn):
+    dsn, name = tagged_dsn
+    q = leaseq.connect(dsn, min_size=1, max_size=4)
+    try:
+        q.migrate()
+        w = q.register_worker("w")
+        q.enqueue_many("job", [{"n": n} for n in range(20)])
+
+        async def main() -> int:
+            got = len(await q.aclaim(w, limit=1))  # opens this loop's asyncio pool
+            # Grow the asyncio pool: several statements at once.
+            batches = await asyncio.gather(*(q.aclaim(w, limit=1) for _ in range(4)))
+            got += sum(len(b) for b in batches)
+            before = backends(name)
+            assert terminate(name=name) == len(before) >= 2  # the sync pool's and the asyncio pool's
+            for _ in range(5):
+                claims = await q.aclaim(w, limit=2)
+                got += len(claims)
+                assert await q.acomplete_many(w, [(c, {"ok": True}) for c in claims]) == {c.task_id for c in claims}
+            assert backends(name).isdisjoint(before)
+            await q.close_async()
+            return got
+
+        assert asyncio.run(main()) == 15
+    finally:
+        q.close()
