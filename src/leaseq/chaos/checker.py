@@ -26,18 +26,38 @@ Each invariant names the promise it checks:
     intent of its was open.
 ``cancel_final``
     a cancelled task stays cancelled and is never completed afterwards.
+``no_attempt_charged``
+    attempts consumed by infrastructure faults = 0: a handler that returned
+    (the workload records "returned" as it returns) is recorded as completed
+    under that generation, never as a failure, and its task is never run
+    again nor left dead for it. The only excuses: the lease had already ended
+    before the handler returned (a renewal refused, or the lease ended by the
+    database's clock), an operator revoked the worker or cancelled the task,
+    or a fault that can keep a worker from the queue for longer than a lease
+    (kill, stop, partition, restart, service) hit that worker, or the whole
+    queue, between shortly before the return and the next claim. Dropped
+    connections, terminated backends and graceful stops excuse nothing: a
+    worker reconnects, and a recorded success must survive them. Each
+    violation names the faults around it.
 """
 
 from __future__ import annotations
 
 from collections import Counter, defaultdict
 from dataclasses import dataclass, field
+from datetime import datetime
 from typing import Any
+
+from .faults import OUTLASTS_LEASE
 
 RESTING = frozenset({"completed", "dead", "cancelled", "needs_reconciliation", "blocked"})
 GUARDED_OPS = frozenset({"renew", "complete", "fail", "release", "begin_effect", "finish_effect"})
 INVARIANTS = ("no_task_lost", "single_completion", "stale_write_refused", "downstream_once",
-              "downstream_fenced", "reconciliation_evidence", "cancel_final")
+              "downstream_fenced", "reconciliation_evidence", "cancel_final", "no_attempt_charged")
+#: How long before a handler's return a fault that outlasts a lease can still
+#: cost it its lease: the longest chaos lease (1.5 s) plus the longest hold of
+#: a stop (4 s) or partition (3 s) is covered.
+FAULT_REACH_SECONDS = 5.5
 #: Routing events and the detail field holding where the task went.
 _ROUTED = {"lease_expired": "routed_to", "lease_released": "routed_to", "failed": "next_status"}
 
@@ -87,7 +107,9 @@ def check(obs: Observed) -> Report:
     _downstream(obs, violate)
     _reconciliation(obs, tasks, violate)
     _cancellations(obs, tasks, violate)
-    return Report(counts=_counts(obs), statuses=dict(Counter(t["status"] for t in obs.tasks)),
+    counts = _counts(obs)
+    counts.update(_returned_attempts(obs, tasks, violate))
+    return Report(counts=counts, statuses=dict(Counter(t["status"] for t in obs.tasks)),
                   violations=violations)
 
 
@@ -205,6 +227,99 @@ def _cancellations(obs: Observed, tasks: dict[int, dict], violate) -> None:
         t = tasks.get(task_id)
         if t is not None and t["status"] != "cancelled":
             violate("cancel_final", task_id, f"cancelled, but ended {t['status']}")
+
+
+def _epoch(value: Any) -> float | None:
+    """An event's database time (a datetime, or its string form in a saved history) as epoch seconds."""
+    if isinstance(value, datetime):
+        return value.timestamp()
+    try:
+        return datetime.fromisoformat(str(value)).timestamp()
+    except ValueError:
+        return None
+
+
+def _slot_of(proc: str) -> int | None:
+    """The fleet slot of a worker process named ``w<slot>.<spawn>``."""
+    head = proc.split(".", 1)[0]
+    return int(head[1:]) if head.startswith("w") and head[1:].isdigit() else None
+
+
+def _returned_attempts(obs: Observed, tasks: dict[int, dict], violate) -> dict[str, int]:
+    """``no_attempt_charged``: each returned handler's attempt, and what became of it."""
+    completed: set[tuple[int, int]] = set()
+    failed: set[tuple[int, int]] = set()
+    renew_refused: dict[tuple[int, int], float] = {}
+    claims: dict[int, list[tuple[float, int]]] = defaultdict(list)
+    faults: list[dict[str, Any]] = []
+    for r in obs.history:
+        op, ok = r["op"], r["outcome"] == "ok"
+        if op == "complete" and ok and "task" in r:
+            completed.add((r["task"], r["gen"]))
+        elif op == "fail" and ok:
+            failed.add((r["task"], r["gen"]))
+        elif op == "renew" and r["outcome"] == "refused" and "task" in r:
+            renew_refused.setdefault((r["task"], r["gen"]), r["t"])
+        elif op == "claim" and ok and "task" in r:
+            claims[r["task"]].append((r["t"], r["gen"]))
+        elif op == "fault" and ok:
+            faults.append(r)
+    ended: dict[tuple[int, int], tuple[str, float | None]] = {}  # how and when (database time) a lease ended
+    for task_id, events in obs.events.items():
+        for e in events:
+            if e["type"] == "completed":
+                completed.add((task_id, e["generation"]))
+            elif e["type"] == "failed":
+                failed.add((task_id, e["generation"]))
+            elif e["type"] in ("lease_expired", "lease_revoked", "lease_released"):
+                # an expired lease ended at its deadline, not when a claimer routed it
+                when = (e.get("detail") or {}).get("lease_expires_at") if e["type"] == "lease_expired" else None
+                ended.setdefault((task_id, e["generation"]), (e["type"], _epoch(when or e.get("at"))))
+    end_of_run = obs.history[-1]["t"] if obs.history else 0.0
+    c: Counter = Counter()
+    for r in obs.history:
+        if r["op"] != "returned":
+            continue
+        task_id, gen = r["task"], r["gen"]
+        c["handlers returned"] += 1
+        if (task_id, gen) in completed:
+            continue
+        t = tasks.get(task_id, {})
+        later = sorted(tt for tt, g in claims.get(task_id, ()) if g > gen)
+        resting_on_it = t.get("claim_generation") == gen and t.get("status") in ("dead", "needs_reconciliation",
+                                                                                  "blocked", "queued")
+        how, at = ended.get((task_id, gen), ("", None))
+        if t.get("status") == "cancelled" or how == "lease_revoked":
+            c["returned attempts ended by an operator (cancel, revoke)"] += 1
+            continue
+        if (task_id, gen) not in failed:
+            if not later and not resting_on_it:
+                continue  # nothing charged (yet): the checker's other invariants judge the rest
+            refused_at = renew_refused.get((task_id, gen))
+            if (refused_at is not None and refused_at < r["t"]) or (at is not None and at < r.get("wall", 0)):
+                c["returned attempts whose lease had ended before the return"] += 1
+                continue
+        until = later[0] if later else end_of_run
+        slot = _slot_of(r["proc"])
+        around = [f for f in faults if r["t"] - FAULT_REACH_SECONDS <= f["t"] <= until
+                  and f.get("slot") in (None, slot)]
+        outlasting = sorted({f["fault"] for f in around if f["fault"] in OUTLASTS_LEASE
+                             and not (f["fault"] == "partition" and f.get("mode") == "drop")})
+        if outlasting and (task_id, gen) not in failed:
+            c["returned attempts lost to a fault that outlasted the lease"] += 1
+            continue
+        names = sorted({f["fault"] + (f"({f['mode']})" if f.get("mode") else "") for f in around}) or ["none"]
+        what = ("recorded as a failure" if (task_id, gen) in failed
+                else f"run again (generation {later and max(g for _, g in claims[task_id])})" if later
+                else f"left {t.get('status')}")
+        violate("no_attempt_charged", task_id,
+                f"handler returned under generation {gen} ({r['proc']}), then {what}; "
+                f"lease ended: {how or 'not by expiry'}; faults around it: {', '.join(names)}")
+        c["attempts consumed by infrastructure faults"] += 1
+        for name in names:
+            c[f"attempts consumed by infrastructure faults (around {name})"] += 1
+    c.setdefault("attempts consumed by infrastructure faults", 0)
+    return dict(c)
 
 
 def _counts(obs: Observed) -> dict[str, int]:

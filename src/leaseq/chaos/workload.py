@@ -151,6 +151,10 @@ def _work(ctx: leaseq.TaskContext, seconds: float) -> None:
 
 
 def _result(ctx: leaseq.TaskContext) -> dict[str, Any]:
+    """The handler's return value; called at the return, so the handler has
+    succeeded: the "returned" record is what the checker holds the runtime to
+    (a returned handler is never charged an attempt for the infrastructure)."""
+    _record("returned", "ok", task=ctx.task_id, gen=ctx.generation)
     return {"task": ctx.task_id, "generation": ctx.generation, "proc": PROC}
 
 
