@@ -308,16 +308,21 @@ def _returned_attempts(obs: Observed, tasks: dict[int, dict], violate) -> dict[s
         if outlasting and (task_id, gen) not in failed:
             c["returned attempts lost to a fault that outlasted the lease"] += 1
             continue
-        names = sorted({f["fault"] + (f"({f['mode']})" if f.get("mode") else "") for f in around}) or ["none"]
+        def name(f: dict[str, Any]) -> str:
+            return f["fault"] + (f"({f['mode']})" if f.get("mode") else "")
+
+        # the fault nearest the return is the one the attempt is charged to in the counts
+        nearest = name(min(around, key=lambda f: abs(f["t"] - r["t"]))) if around else "no fault"
+        timeline = ", ".join(f"{name(f)} {f['t'] - r['t']:+.2f}s" for f in sorted(around, key=lambda f: f["t"]))
         what = ("recorded as a failure" if (task_id, gen) in failed
                 else f"run again (generation {later and max(g for _, g in claims[task_id])})" if later
                 else f"left {t.get('status')}")
         violate("no_attempt_charged", task_id,
                 f"handler returned under generation {gen} ({r['proc']}), then {what}; "
-                f"lease ended: {how or 'not by expiry'}; faults around it: {', '.join(names)}")
+                f"lease ended: {how or 'not by expiry'}; nearest fault: {nearest}; "
+                f"faults around the return: {timeline or 'none'}")
         c["attempts consumed by infrastructure faults"] += 1
-        for name in names:
-            c[f"attempts consumed by infrastructure faults (around {name})"] += 1
+        c[f"attempts consumed by infrastructure faults (nearest fault: {nearest})"] += 1
     c.setdefault("attempts consumed by infrastructure faults", 0)
     return dict(c)
 
