@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import inspect
+import sys
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -22,6 +23,7 @@ from .core import policy
 from .core.errors import InvalidInput
 from .core.model import Task
 from .queue import Queue, connect
+from .worker.registry import Registry
 from .worker.runtime import WorkerRuntime, WorkerStats
 
 
@@ -57,15 +59,34 @@ class TaskDefinition:
         return await asyncio.to_thread(self.enqueue, _key, _delay, _priority, **payload)
 
 
-class App:
-    """A set of task handlers bound to one queue database."""
+def _caller_module() -> str:
+    """The module that created the App (its default name), as Flask names an app."""
+    try:
+        return sys._getframe(2).f_globals.get("__name__") or "app"
+    except (AttributeError, ValueError):  # pragma: no cover - no frame introspection
+        return "app"
 
-    def __init__(self, dsn: str | None = None, *, queue: Queue | None = None, **connect_options: Any):
+
+class App:
+    """A set of task handlers bound to one queue database.
+
+    ``name`` labels the app in messages (default: the module that created it).
+    """
+
+    def __init__(self, dsn: str | None = None, *, queue: Queue | None = None, name: str | None = None,
+                 **connect_options: Any):
         self.dsn = dsn
         self._queue = queue
         self._connect_options = connect_options
         self._lock = threading.Lock()
-        self.definitions: dict[str, TaskDefinition] = {}
+        self.name = name if name is not None else _caller_module()
+        #: the handlers, by kind: what a worker of this app runs
+        self.registry = Registry(f"app {self.name!r}")
+
+    @property
+    def definitions(self) -> dict[str, TaskDefinition]:
+        """The declared handlers by kind."""
+        return self.registry.handlers  # type: ignore[return-value]
 
     @property
     def queue(self) -> Queue:
@@ -84,7 +105,7 @@ class App:
 
         def register(fn: Callable[..., Any]) -> TaskDefinition:
             name = policy.check_kind(kind or f"{fn.__module__}.{fn.__qualname__}")
-            if name in self.definitions:
+            if name in self.registry:
                 raise InvalidInput("kind", f"{name!r} is already declared in this app")
             if not callable(fn) or not inspect.signature(fn).parameters:
                 raise InvalidInput("fn", "a handler takes ctx as its first argument")
@@ -93,7 +114,7 @@ class App:
                 lease_seconds=policy.check_seconds("lease_seconds", lease_seconds, allow_zero=False),
                 max_attempts=policy.check_int("max_attempts", max_attempts, minimum=1),
                 priority=policy.check_int("priority", priority))
-            self.definitions[name] = definition
+            self.registry.add(definition)
             return definition
 
         return register
@@ -104,7 +125,12 @@ class App:
 
     def queue_names(self) -> list[str]:
         """The queues this app's tasks are declared on, in declaration order."""
-        return list(dict.fromkeys(d.queue for d in self.definitions.values()))
+        return self.registry.queue_names()
+
+    def check_runnable(self) -> None:
+        """Raise :class:`InvalidInput` (field ``app``, naming this app) if it declares
+        no handlers: a worker for it refuses to start."""
+        self.registry.check_runnable()
 
     def worker(self, **options: Any) -> WorkerRuntime:
         """A :class:`WorkerRuntime` for this app (see its arguments)."""
@@ -113,7 +139,9 @@ class App:
     def run_worker(self, *, until_idle: bool = False, install_signals: bool | None = None,
                    progress: Callable[[WorkerStats], None] | None = None, **options: Any) -> WorkerStats:
         """Run a worker in this thread until stopped (SIGTERM/SIGINT when in the
-        main thread), or with ``until_idle`` until no work is left."""
+        main thread), or with ``until_idle`` until no work is left.
+        Refuses to start when the app declares no handlers."""
+        self.check_runnable()
         runtime = self.worker(**options)
         if install_signals is None:
             install_signals = threading.current_thread() is threading.main_thread()

@@ -36,6 +36,7 @@ from .auth import AccessDenied, RateLimited, Unauthorized
 from .core.errors import (BackendUnavailable, ConfigError, InvalidInput, InvalidTransition, LeaseLost, LeaseqError,
                           NotFound, QueuePaused, StaleToken, UnknownWorker)
 from .core.model import Claim, Effect, Task, Worker
+from .worker.transport import Capabilities
 from .service.wire import claim_from, effect_from, event_from, parse_time, task_from, worker_from
 
 _SIMPLE_ERRORS: dict[str, type[LeaseqError]] = {
@@ -61,6 +62,8 @@ class RemoteQueue:
 
     #: Not a database: the worker runtime polls instead of listening.
     dialect = "http"
+    #: One request per outcome, polled, each in a thread (see :class:`leaseq.worker.Capabilities`).
+    capabilities = Capabilities(loss_reports=True)
 
     def __init__(self, url: str, token: str, *, timeout: float = 30.0, rate_limit_retries: int = 3):
         if not isinstance(url, str) or not url.startswith(("http://", "https://")):

@@ -27,6 +27,7 @@ from .core.model import Claim, Effect, Event, Status, Task, Worker
 from .store import Store, Tx, open_store
 from .store.base import WorkListener
 from .store.base import JsonText, KeyConflict, load_migrations
+from .worker.transport import Capabilities
 
 if TYPE_CHECKING:  # pragma: no cover
     from .fencing.tokens import ActionSigner
@@ -137,6 +138,10 @@ class Queue:
         #: signs an action token for every effect (None: effects carry no token)
         self.signer = signer
         self.action_token_ttl = policy.check_seconds("action_token_ttl", action_token_ttl, allow_zero=False)
+        #: what the worker runtime may rely on (see :class:`leaseq.worker.Capabilities`)
+        self.capabilities = Capabilities(
+            native_async=store.dialect == "postgres", batched_completion=True,
+            listen_notify=store.dialect == "postgres", loss_reports=True, serial_writes=store.dialect == "sqlite")
 
     # -- set-up -----------------------------------------------------------
 
@@ -149,7 +154,7 @@ class Queue:
     def native_async(self) -> bool:
         """Whether :meth:`aclaim` and :meth:`acomplete_many` run on the event loop
         itself (PostgreSQL) rather than in a thread (SQLite)."""
-        return self.store.run_async is not None
+        return self.capabilities.native_async
 
     async def close_async(self) -> None:
         """Close the connections the async operations opened for the running event loop."""

@@ -33,8 +33,10 @@ def load_app(spec: str) -> App:
     app = getattr(module, attribute, None)
     if not isinstance(app, App):
         raise CliError("app", f"{spec!r} is not a leaseq.App (got {type(app).__name__})")
-    if not app.definitions:
-        raise CliError("app", f"{spec!r} declares no tasks (use @app.task)")
+    try:
+        app.check_runnable()
+    except LeaseqError as exc:
+        raise CliError.from_leaseq(exc) from None
     return app
 
 

@@ -1,6 +1,8 @@
-"""The worker runtime: claim loop, lease renewer, executor and shutdown."""
+"""The worker runtime: transport port, handler registry, claim loop, renewer, completer and shutdown."""
 
 from .context import EffectScope, TaskContext
+from .registry import Registry
 from .runtime import WorkerRuntime, WorkerStats
+from .transport import Capabilities, Transport
 
-__all__ = ["EffectScope", "TaskContext", "WorkerRuntime", "WorkerStats"]
+__all__ = ["Capabilities", "EffectScope", "Registry", "TaskContext", "Transport", "WorkerRuntime", "WorkerStats"]

@@ -20,7 +20,7 @@ from ..core.errors import LeaseLost
 from ..core.model import Claim, Effect, Task, Worker
 
 if TYPE_CHECKING:  # pragma: no cover
-    from .runtime import Transport
+    from .transport import Transport
 
 
 #: Guards every context's loss flag; held for a few instructions at a time.

@@ -1,21 +1,23 @@
 """WorkerRuntime: holds leases honestly and stops acting the moment it loses one.
 
-One asyncio loop per worker process runs four things:
+One asyncio loop per worker process runs:
 
 * the claim loop: claims in batches up to free capacity, then waits for a
-  wake-up (a finished task, a PostgreSQL notification, or the poll interval);
-* the renewer: renews every lease this worker holds in ONE guarded statement
-  per tick, so heartbeat traffic grows with workers, not with tasks; a lease
-  missing from the answer is lost, and so is one whose renewal has not
-  succeeded within its own length (measured on the monotonic clock from the
-  moment the last successful renewal was sent: no wall clock is trusted);
+  wake-up (a finished handler, a PostgreSQL notification, or the poll
+  interval). A claim that fails in transit is retried with backoff; one the
+  queue refuses for good (a revoked worker, a refused credential) stops
+  claiming and goes through the graceful shutdown;
+* the renewer (:mod:`.renewer`): every held lease in one guarded call per tick;
 * handlers: async ones as tasks on the loop, sync ones in a thread pool;
+* the completer (:mod:`.completer`): records each outcome, retrying through
+  outages for as long as the lease lasts, never charging the handler for
+  the infrastructure's trouble;
 * shutdown: stop claiming, let running tasks finish within a grace period,
   then release the rest through the recovery policy.
 
-The runtime talks to a *transport*: a :class:`leaseq.Queue` (direct database
-access) or an HTTP client with the same methods. The lease rules live behind
-it, never here.
+The runtime talks to a *transport* (:mod:`.transport`) and reads what it can
+do from its declared capabilities; it runs the handlers of a registry
+(:mod:`.registry`). The lease rules live behind the transport, never here.
 """
 
 from __future__ import annotations
@@ -28,41 +30,30 @@ import os
 import signal
 import threading
 import time
-import traceback
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import Any
 
-from ..core.errors import (BackendUnavailable, CredentialMissing, InvalidInput, LeaseLost, LeaseqError,
-                           Permanent, QueuePaused)
+from ..auth import AccessDenied
+from ..core.errors import InvalidInput, LeaseLost, LeaseqError, Permanent, QueuePaused, UnknownWorker
 from ..core.model import Claim, Worker
+from .completer import INITIAL_BACKOFF, Completer, Outcome, Verdict, error_text, next_backoff
 from .context import TaskContext
-
-if TYPE_CHECKING:  # pragma: no cover
-    from ..app import App
+from .registry import HandlerSource, Registry
+from .renewer import Renewer, wait_event
+from .transport import Capabilities, Transport
 
 logger = logging.getLogger("leaseq.worker")
 
-#: Renew when a third of the shortest held lease has passed.
-RENEW_FRACTION = 1 / 3
-MIN_RENEW_INTERVAL = 0.05
-MAX_ERROR_TEXT = 4000
+#: The longest pause between claims that failed in transit.
+MAX_CLAIM_BACKOFF = 5.0
+#: How long shutdown keeps trying to release a lease before leaving it to expire.
+RELEASE_BUDGET = 5.0
+#: How long the listener waits before reconnecting after its connection dropped.
+LISTENER_RETRY = 0.5
 
-
-class Transport(Protocol):
-    """What the runtime needs from a queue: :class:`leaseq.Queue` or the HTTP client."""
-
-    def register_worker(self, name: str) -> Worker: ...
-    def claim(self, worker: Worker, *, queue: str, limit: int, lease_seconds: float | None = None,
-              kinds: list[str] | None = None) -> list[Claim]: ...
-    def renew_leases(self, worker: Worker, claims: list[Claim]) -> dict: ...
-    def complete(self, worker: Worker, claim: Claim, result: Any = None) -> None: ...
-    def fail(self, worker: Worker, claim: Claim, error: str, *, retry: bool = True, block: bool = False,
-             delay: float | None = None) -> Any: ...
-    def release(self, worker: Worker, claim: Claim, reason: str = "released") -> Any: ...
-    def begin_effect(self, worker: Worker, claim: Claim, action: str, key: str | None = None) -> Any: ...
-    def finish_effect(self, worker: Worker, claim: Claim, effect: Any, response: Any = None) -> Any: ...
+__all__ = ["Transport", "WorkerRuntime", "WorkerStats", "error_text"]
 
 
 @dataclass
@@ -75,6 +66,12 @@ class WorkerStats:
     lost: int = 0
     released: int = 0
     renewals: int = 0
+    #: outcomes whose write was refused after an earlier try failed in transit:
+    #: that try may have been written (the task's row says which)
+    unconfirmed: int = 0
+    #: claims that failed in transit (and were retried), and outcomes the
+    #: infrastructure kept from being recorded before their lease ended
+    transient_errors: int = 0
     started_at: float = field(default_factory=time.monotonic)
     lost_reasons: dict[str, int] = field(default_factory=dict)
 
@@ -84,69 +81,70 @@ class WorkerStats:
         return self.completed / max(1e-9, time.monotonic() - self.started_at)
 
 
-async def _wait(event: asyncio.Event, timeout: float) -> None:
-    """Wait until ``event`` is set or ``timeout`` seconds pass (a timer, not
-    wait_for's extra task: the claim loop waits like this once per batch)."""
-    timer = asyncio.get_running_loop().call_later(timeout, event.set)
-    try:
-        await event.wait()
-    finally:
-        timer.cancel()
-
-
-def _error_text(exc: BaseException) -> str:
-    head = "".join(traceback.format_exception_only(type(exc), exc)).strip()
-    tail = "".join(traceback.format_tb(exc.__traceback__, limit=-3))
-    return (head + ("\n" + tail if tail else ""))[:MAX_ERROR_TEXT]
-
-
 class WorkerRuntime:
-    """Runs an :class:`~leaseq.App`'s handlers under real leases."""
+    """Runs the handlers of an :class:`~leaseq.App` (or a :class:`Registry`) under real leases.
 
-    def __init__(self, app: App, transport: Transport | None = None, *, queues: list[str] | None = None,
-                 concurrency: int = 10, name: str = "worker", poll_interval: float | None = None,
-                 grace: float = 30.0, lease_seconds: float | None = None):
+    ``handlers`` is the app (whose queue is the default transport) or a bare
+    registry (then ``transport`` is required).
+    """
+
+    def __init__(self, handlers: HandlerSource | Registry, transport: Transport | None = None, *,
+                 queues: list[str] | None = None, concurrency: int = 10, name: str = "worker",
+                 poll_interval: float | None = None, grace: float = 30.0, lease_seconds: float | None = None):
         if concurrency < 1:
             raise InvalidInput("concurrency", f"must be at least 1 (got {concurrency})")
-        self.app = app
-        self.transport = transport if transport is not None else app.queue
-        self.queues = list(queues or app.queue_names() or ["default"])
+        if isinstance(handlers, Registry):
+            if transport is None:
+                raise InvalidInput("transport", "a worker built from a registry needs a transport")
+            self.registry = handlers
+        else:
+            self.registry = handlers.registry
+            transport = transport if transport is not None else handlers.queue
+        self.transport: Any = transport
+        try:
+            caps = transport.capabilities  # the one declaration every transport makes
+        except AttributeError:
+            caps = None
+        if not isinstance(caps, Capabilities):
+            raise InvalidInput("transport", f"{type(transport).__name__} declares no capabilities "
+                                            "(a leaseq.worker.transport.Capabilities as .capabilities)")
+        self.capabilities: Capabilities = caps
+        self.queues = list(queues or self.registry.queue_names() or ["default"])
         self.concurrency = concurrency
         self.name = name
         self.grace = grace
         self.lease_seconds = lease_seconds
-        dialect = getattr(self.transport, "dialect", None)
-        self.poll_interval = poll_interval if poll_interval is not None else (2.0 if dialect == "postgres" else 0.2)
+        self.poll_interval = poll_interval if poll_interval is not None else caps.idle_poll_interval
         self.stats = WorkerStats()
         self.worker: Worker | None = None
         self.held: dict[tuple[int, int], TaskContext] = {}
         self._tasks: dict[tuple[int, int], asyncio.Task] = {}
         #: tasks whose handler is running: what concurrency limits (a finished
-        #: handler's lease stays held until its completion is written)
+        #: handler's lease stays held until its outcome is recorded)
         self._handling: set[tuple[int, int]] = set()
-        #: finished handlers waiting for the next batched completion
-        self._done: list[tuple[TaskContext, Any, asyncio.Future]] = []
-        self._flusher: asyncio.Task | None = None
         self._stopping = False
+        #: the refusal that stopped the claim loop (re-raised once shutdown is done)
+        self._fatal: LeaseqError | None = None
         self._stopped = threading.Event()
         self._loop: asyncio.AbstractEventLoop | None = None
         self._wake: asyncio.Event | None = None
         self._signals = 0
-        # SQLite runs one write transaction at a time anyway: one database
-        # thread then avoids handing the GIL and the file lock back and forth.
-        self._db = ThreadPoolExecutor(max_workers=1 if dialect == "sqlite" else min(32, concurrency + 4),
+        self.renewer: Renewer | None = None
+        self.completer: Completer | None = None
+        # A backend that writes one transaction at a time gets one database
+        # thread: more would only hand the GIL and the lock back and forth.
+        self._db = ThreadPoolExecutor(max_workers=1 if caps.serial_writes else min(32, concurrency + 4),
                                       thread_name_prefix="leaseq-db")
         self._handlers = ThreadPoolExecutor(max_workers=concurrency, thread_name_prefix="leaseq-task")
-        #: claims and completions awaited on the loop itself (PostgreSQL), no thread hop
-        self._native = bool(getattr(self.transport, "native_async", False))
 
     # -- control -----------------------------------------------------------------
 
     @property
     def kinds(self) -> list[str] | None:
-        """The kinds this worker has handlers for (None: the app defines none).
-        It claims no others, so workers running different handlers can share a queue."""
-        return sorted(self.app.definitions) or None
+        """The kinds this worker has handlers for, read at each claim (handlers added
+        later count). It claims no others, so workers running different handlers can
+        share a queue."""
+        return self.registry.kinds() or None
 
     def stop(self) -> None:
         """Ask the runtime to stop claiming and shut down (thread-safe)."""
@@ -185,21 +183,26 @@ class WorkerRuntime:
     async def run(self, *, until_idle: bool = False, install_signals: bool = False,
                   progress: Callable[[WorkerStats], None] | None = None) -> WorkerStats:
         """Run until :meth:`stop` (or a signal, or, with ``until_idle``, until no
-        task is due and none is running). Returns the final counters."""
+        task is due and none is running). Returns the final counters.
+
+        Refuses to start (:class:`InvalidInput`, field ``app``) when no handler
+        is declared. A refusal that ends claiming for good (the worker was
+        revoked, the credential refused) is raised after the graceful shutdown.
+        """
+        self.registry.check_runnable()
         self._loop = asyncio.get_running_loop()
         self._wake = asyncio.Event()
-        self._renew_wake = asyncio.Event()
-        #: monotonic time the renewer sleeps until (None: awake, or idle with nothing held)
-        self._renew_at: float | None = None
         if install_signals:
             for sig in (signal.SIGTERM, signal.SIGINT):
                 self._loop.add_signal_handler(sig, self._on_signal, sig)
         try:
             self.worker = await self._call(self.transport.register_worker, self.name)
-            self.log = logging.LoggerAdapter(logger, {"worker_id": self.worker.id})
             logger.info("worker %s started: queues=%s concurrency=%d", self.worker.id, ",".join(self.queues),
                         self.concurrency)
-            background = [asyncio.create_task(self._renew_loop(), name="leaseq-renewer")]
+            self.completer = Completer(self.transport, self.capabilities, self.worker, self._call, self._settled)
+            self.renewer = Renewer(self.transport, self.worker, self._call, self.held, self._handling, self._lose,
+                                   self._count_renewal)
+            background = [asyncio.create_task(self.renewer.run(), name="leaseq-renewer")]
             listener = self._start_listener()
             if progress is not None:
                 background.append(asyncio.create_task(self._progress_loop(progress), name="leaseq-progress"))
@@ -211,8 +214,8 @@ class WorkerRuntime:
                     task.cancel()
                 await asyncio.gather(*background, return_exceptions=True)
                 if listener is not None:
-                    listener.close()
-                if self._native:
+                    listener.set()
+                if self.capabilities.native_async:
                     await self.transport.close_async()
         finally:
             if install_signals:
@@ -222,60 +225,85 @@ class WorkerRuntime:
             self._handlers.shutdown(wait=False)
             self._stopped.set()
         logger.info("worker %s stopped: %s", self.worker.id if self.worker else self.name, self.stats)
+        if self._fatal is not None:
+            raise self._fatal
         return self.stats
 
+    async def _claim(self, queue: str, limit: int) -> list[Claim]:
+        if self.capabilities.native_async:
+            return await self.transport.aclaim(self.worker, queue=queue, limit=limit,
+                                               lease_seconds=self.lease_seconds, kinds=self.kinds)
+        return await self._call(self.transport.claim, self.worker, queue=queue, limit=limit,
+                                lease_seconds=self.lease_seconds, kinds=self.kinds)
+
     async def _claim_loop(self, until_idle: bool) -> None:
-        turn = 0
+        turn, backoff = 0, INITIAL_BACKOFF
         while not self._stopping:
             self._wake.clear()
             free = self.concurrency - len(self._handling)
-            got = 0
+            got, pause = 0, None
             for i in range(len(self.queues)):
                 if free - got <= 0 or self._stopping:
                     break
                 queue = self.queues[(turn + i) % len(self.queues)]
                 sent = time.monotonic()
                 try:
-                    if self._native:
-                        claims = await self.transport.aclaim(self.worker, queue=queue, limit=free - got,
-                                                             lease_seconds=self.lease_seconds, kinds=self.kinds)
-                    else:
-                        claims = await self._call(self.transport.claim, self.worker, queue=queue,
-                                                  limit=free - got, lease_seconds=self.lease_seconds,
-                                                  kinds=self.kinds)
-                except BackendUnavailable as exc:
-                    logger.warning("worker %s: claim failed: %s", self.worker.id, exc)
-                    claims = []
+                    claims = await self._claim(queue, free - got)
+                except (UnknownWorker, AccessDenied, InvalidInput) as exc:
+                    # Refused for good: no retry will help. Stop claiming; the
+                    # running tasks still get the graceful shutdown.
+                    logger.error("worker %s: claim refused, stopping: %s", self.worker.id, exc)
+                    self._fatal = exc
+                    self._stopping = True
+                    return
+                except Exception as exc:  # in transit (unreachable, rate limited, unexpected): retry
+                    self.stats.transient_errors += 1
+                    pause, backoff = next_backoff(backoff, exc)
+                    backoff = min(backoff, MAX_CLAIM_BACKOFF)
+                    logger.warning("worker %s: claim failed (%r); retrying in %.2fs", self.worker.id, exc, pause)
+                    break
+                backoff = INITIAL_BACKOFF
                 for claim in claims:
                     self._start(claim, sent)
                 got += len(claims)
             turn += 1
+            if pause is not None:
+                if not self._stopping:
+                    await wait_event(self._wake, pause)
+                continue
             if until_idle and got == 0 and not self._tasks:
                 return
             if got == 0 or got >= free:
                 # Nothing due, or no capacity left: wait for a finished task,
                 # a notification, or the poll interval.
-                await _wait(self._wake, self.poll_interval)
+                await wait_event(self._wake, self.poll_interval)
 
-    def _start_listener(self) -> Any:
-        make = getattr(self.transport, "listener", None)
-        if make is None or getattr(self.transport, "dialect", None) != "postgres":
+    def _start_listener(self) -> threading.Event | None:
+        """Wake the claim loop on notifications, reconnecting after a dropped
+        connection (and claiming at once then: notifications may have been missed)."""
+        if not self.capabilities.listen_notify:
             return None
-        listener = make(self.queues)
-        loop = self._loop
+        done = threading.Event()
+        loop, wake = self._loop, self._wake
 
         def listen() -> None:
-            while not self._stopped.is_set() and not self._stopping:
+            listener = None
+            while not done.is_set() and not self._stopping:
                 try:
+                    if listener is None:
+                        listener = self.transport.listener(self.queues)
+                        loop.call_soon_threadsafe(wake.set)
                     if listener.wait(1.0):
-                        loop.call_soon_threadsafe(self._wake.set)
-                except LeaseqError:
-                    return  # the connection went away: polling continues
-                except Exception:  # pragma: no cover - closed under our feet
-                    return
+                        loop.call_soon_threadsafe(wake.set)
+                except Exception as exc:  # the connection went away: polling covers the gap
+                    logger.info("worker %s: listener lost its connection (%s); reconnecting", self.worker.id, exc)
+                    _close_quietly(listener)
+                    listener = None
+                    done.wait(LISTENER_RETRY)
+            _close_quietly(listener)
 
         threading.Thread(target=listen, name="leaseq-listener", daemon=True).start()
-        return listener
+        return done
 
     # -- running one task ------------------------------------------------------------
 
@@ -293,22 +321,34 @@ class WorkerRuntime:
         self.held[ctx.key] = ctx
         self._handling.add(ctx.key)
         self.stats.claimed += 1
-        due = sent + max(MIN_RENEW_INTERVAL, claim.lease_seconds * RENEW_FRACTION)
-        if self._renew_at is None or due < self._renew_at:
-            self._renew_wake.set()  # this lease is due before the renewer means to wake
+        self.renewer.lease_started(ctx)
         self._tasks[ctx.key] = asyncio.create_task(self._run_task(ctx), name=f"leaseq-task-{claim.task_id}")
 
     def _msg(self, ctx: TaskContext, text: str) -> str:
         return f"task={ctx.task_id} gen={ctx.generation} worker={self.worker.id}: {text}"
 
     async def _run_task(self, ctx: TaskContext) -> None:
-        definition = self.app.definition(ctx.task.kind)
         try:
-            if definition is None:
-                raise Permanent(f"no handler for task kind {ctx.task.kind!r} in this worker")
-            payload = ctx.task.payload
-            args, kwargs = ((), payload) if isinstance(payload, dict) else (((payload,), {}) if payload is not None else ((), {}))
+            recording = await self._run_handler(ctx)
+            if recording is not None:
+                await recording  # shielded inside: its accounting happens in _settled
+        except asyncio.CancelledError:
+            if not ctx.lost:
+                raise
+            # Cancelled because the lease was lost: nothing may be published.
+        finally:
+            self._forget(ctx)
+
+    async def _run_handler(self, ctx: TaskContext) -> Awaitable[Outcome] | None:
+        """Run the handler; return the recording of its outcome (None: nothing to record)."""
+        definition = self.registry.get(ctx.task.kind)
+        try:
             try:
+                if definition is None:
+                    raise Permanent(f"no handler for task kind {ctx.task.kind!r} in this worker")
+                payload = ctx.task.payload
+                args, kwargs = ((), payload) if isinstance(payload, dict) else (
+                    ((payload,), {}) if payload is not None else ((), {}))
                 if inspect.iscoroutinefunction(definition.fn):
                     result = await definition.fn(ctx, *args, **kwargs)
                 else:
@@ -317,106 +357,63 @@ class WorkerRuntime:
                                                         functools.partial(definition.fn, ctx, *args, **kwargs))
             finally:
                 # The slot is free once the handler returns: the next claim
-                # overlaps with writing this completion.
+                # overlaps with recording this outcome.
                 self._handling.discard(ctx.key)
                 self._wake.set()
-            await self._finish(ctx, result)
         except asyncio.CancelledError:
             if not ctx.lost:
                 raise
-            # Cancelled because the lease was lost: nothing may be published.
+            return None
         except LeaseLost as exc:
             self._lose(ctx, exc.reason)
+            return None
         except QueuePaused as exc:
-            await self._release(ctx, f"queue paused: {exc}")
+            return self.completer.release(ctx, f"queue paused: {exc}")
         except Exception as exc:  # the handler failed: route it by kind of failure
-            await self._fail(ctx, exc)
-        finally:
-            self._handling.discard(ctx.key)
-            self.held.pop(ctx.key, None)
-            self._tasks.pop(ctx.key, None)
-            self._wake.set()
-
-    async def _finish(self, ctx: TaskContext, result: Any) -> None:
+            if ctx.lost:
+                ctx.log.warning(self._msg(ctx, f"failure not recorded: lease lost ({ctx.lost_reason}): {exc!r}"))
+                return None
+            return self.completer.fail(ctx, exc)
         if ctx.lost:
             ctx.log.warning(self._msg(ctx, f"result not published: lease lost ({ctx.lost_reason})"))
-            return
-        try:
-            if getattr(self.transport, "complete_many", None) is None:
-                await self._call(self.transport.complete, self.worker, ctx.claim, result)
+            return None
+        return self.completer.complete(ctx, result)
+
+    def _forget(self, ctx: TaskContext) -> None:
+        self._handling.discard(ctx.key)
+        self.held.pop(ctx.key, None)
+        self._tasks.pop(ctx.key, None)
+        self._wake.set()
+
+    def _settled(self, ctx: TaskContext, outcome: Outcome) -> None:
+        """Account for one recorded outcome (called once per recording, from the loop)."""
+        verdict, op = outcome.verdict, outcome.op
+        if verdict is Verdict.RECORDED:
+            if op == "complete":
+                self.stats.completed += 1
+                if ctx.log.isEnabledFor(logging.INFO):
+                    ctx.log.info(self._msg(ctx, "completed"))
+            elif op == "fail":
+                self.stats.failed += 1
+                ctx.log.warning(self._msg(ctx, f"failed -> {getattr(outcome.value, 'status', '?')}"))
             else:
-                held = self._loop.create_future()
-                self._done.append((ctx, result, held))
-                if self._flusher is None or self._flusher.done():
-                    self._flusher = asyncio.create_task(self._flush_completions(), name="leaseq-completions")
-                if not await held:
-                    raise LeaseLost(ctx.task_id, ctx.generation, "complete refused: lease no longer held")
-        except LeaseLost as exc:
-            self._lose(ctx, exc.reason)
-            return
-        except InvalidInput as exc:
-            await self._fail(ctx, Permanent(f"handler returned an unusable result: {exc}"))
-            return
-        self.stats.completed += 1
-        if ctx.log.isEnabledFor(logging.INFO):
-            ctx.log.info(self._msg(ctx, "completed"))
-
-    async def _flush_completions(self) -> None:
-        """Write finished tasks in batches: one guarded statement per batch.
-
-        Completions that arrive while a batch is being written form the next
-        one, so a busy worker commits once per batch and an idle one at once.
-        """
-        await asyncio.sleep(0)  # let handlers finishing in this same turn join the batch
-        while self._done:
-            batch, self._done = self._done, []
-            pairs = [(ctx.claim, result) for ctx, result, _ in batch]
-            try:
-                held = await (self.transport.acomplete_many(self.worker, pairs) if self._native
-                              else self._call(self.transport.complete_many, self.worker, pairs))
-            except InvalidInput:
-                # One unusable result refuses the whole batch before any write:
-                # complete one by one, so only that task fails.
-                for ctx, result, done in batch:
-                    try:
-                        await self._call(self.transport.complete, self.worker, ctx.claim, result)
-                        done.set_result(True)
-                    except LeaseLost:
-                        done.set_result(False)
-                    except Exception as exc:
-                        done.set_exception(exc)
-                continue
-            except Exception as exc:
-                for _, _, done in batch:
-                    done.set_exception(exc)
-                continue
-            for ctx, _, done in batch:
-                done.set_result(ctx.task_id in held)
-
-    async def _fail(self, ctx: TaskContext, exc: BaseException) -> None:
-        if ctx.lost:
-            ctx.log.warning(self._msg(ctx, f"failure not recorded: lease lost ({ctx.lost_reason}): {exc!r}"))
-            return
-        retry = not isinstance(exc, Permanent)
-        block = isinstance(exc, CredentialMissing)
-        try:
-            task = await self._call(self.transport.fail, self.worker, ctx.claim, _error_text(exc),
-                                    retry=retry, block=block)
-        except LeaseLost as lost:
-            self._lose(ctx, lost.reason)
-            return
-        self.stats.failed += 1
-        ctx.log.warning(self._msg(ctx, f"failed -> {getattr(task, 'status', '?')}: {exc!r}"))
-
-    async def _release(self, ctx: TaskContext, reason: str) -> None:
-        try:
-            await self._call(self.transport.release, self.worker, ctx.claim, reason)
-            self.stats.released += 1
-            ctx.log.info(self._msg(ctx, f"released: {reason}"))
-        except LeaseLost as lost:
-            self._lose(ctx, lost.reason)
-        except BackendUnavailable as exc:
-            ctx.log.warning(self._msg(ctx, f"release failed ({exc}); the lease will expire instead"))
+                self.stats.released += 1
+                ctx.log.info(self._msg(ctx, "released"))
+        elif verdict is Verdict.LOST:
+            self._lose(ctx, outcome.detail)
+        elif verdict is Verdict.UNCONFIRMED:
+            self.stats.unconfirmed += 1
+            ctx.log.warning(self._msg(ctx, f"{op} unconfirmed: an earlier try failed in transit and the retry was "
+                                           f"refused ({outcome.detail}); the first try may have been written"))
+        elif op == "release":
+            self.stats.transient_errors += 1
+            ctx.log.warning(self._msg(ctx, f"release not recorded ({outcome.detail}); the lease will expire instead"))
+        else:
+            # Never a handler failure: the lease ends and the recovery policy routes the task.
+            self.stats.transient_errors += verdict is Verdict.UNRECORDABLE
+            what = "succeeded" if op == "complete" else "failed"
+            self._lose(ctx, f"the handler {what} but its {op} could not be recorded before the lease ended: "
+                            f"{outcome.detail}")
 
     def _lose(self, ctx: TaskContext, reason: str) -> None:
         """The lease is gone: stop the handler and record how we found out."""
@@ -430,64 +427,14 @@ class WorkerRuntime:
         task = self._tasks.get(ctx.key)
         if task is not None and task is not asyncio.current_task():
             task.cancel()  # async handlers stop at their next await; sync ones see ctx.lost
-        report = getattr(self.transport, "report_loss", None)
-        if report is not None:
-            asyncio.ensure_future(self._report_loss(report, ctx, reason))
+        self.completer.report_loss(ctx, reason)
 
-    async def _report_loss(self, report: Callable[..., Any], ctx: TaskContext, reason: str) -> None:
-        try:
-            await self._call(report, self.worker, ctx.claim, f"worker saw: {reason}")
-        except (LeaseqError, Exception) as exc:  # evidence is best effort; the guards already held
-            ctx.log.debug(self._msg(ctx, f"could not record the loss: {exc}"))
-
-    # -- renewing ----------------------------------------------------------------------
-
-    def _next_renewal(self) -> float | None:
-        """Monotonic time at which the most urgent held lease is due for renewal."""
-        due = [ctx.renewed_at + max(MIN_RENEW_INTERVAL, ctx.claim.lease_seconds * RENEW_FRACTION)
-               for ctx in self.held.values() if not ctx.lost]
-        return min(due, default=None)
-
-    async def _renew_loop(self) -> None:
-        while True:
-            due = self._next_renewal()
-            wait = 1.0 if due is None else due - time.monotonic()
-            if wait > 0:
-                self._renew_wake.clear()
-                self._renew_at = due
-                await _wait(self._renew_wake, wait)
-                self._renew_at = None
-                continue
-            await self.renew_now()
+    def _count_renewal(self) -> None:
+        self.stats.renewals += 1
 
     async def renew_now(self) -> None:
-        """Renew every held lease in one call; mark the ones that are gone as lost."""
-        live = [ctx for ctx in self.held.values() if not ctx.lost]
-        if not live:
-            return
-        sent = time.monotonic()
-        # A renewal stuck on a dead connection must not keep leases alive
-        # locally: wait no longer than the most urgent lease has left.
-        budget = max(MIN_RENEW_INTERVAL, min(c.renewed_at + c.claim.lease_seconds for c in live) - sent)
-        try:
-            renewed = await asyncio.wait_for(
-                self._call(self.transport.renew_leases, self.worker, [ctx.claim for ctx in live]), budget)
-        except asyncio.TimeoutError:
-            logger.warning("worker %s: renewal did not answer within %.2fs", self.worker.id, budget)
-            renewed = None
-        except (BackendUnavailable, LeaseqError) as exc:
-            logger.warning("worker %s: renewal failed: %s", self.worker.id, exc)
-            renewed = None
-        self.stats.renewals += 1
-        for ctx in live:
-            if renewed is not None and ctx.task_id in renewed:
-                ctx.renewed_at = sent
-            elif renewed is not None and ctx.key not in self._handling:
-                pass  # the handler returned and its completion is in flight: that guarded write decides
-            elif renewed is not None:
-                self._lose(ctx, "heartbeat refused: the lease was expired, cancelled, revoked or reclaimed")
-            elif time.monotonic() - ctx.renewed_at >= ctx.claim.lease_seconds:
-                self._lose(ctx, "no successful renewal within the lease length")
+        """Renew every held lease now, in one call."""
+        await self.renewer.renew_now()
 
     # -- shutdown ------------------------------------------------------------------------
 
@@ -497,17 +444,34 @@ class WorkerRuntime:
             logger.info("worker %s: waiting up to %.1fs for %d running task(s)", self.worker.id, self.grace,
                         len(pending))
             await asyncio.wait(pending, timeout=self.grace)
-        leftovers = [ctx for ctx in list(self.held.values()) if not ctx.lost]
+        # Handlers still running are stopped and their leases released; outcomes
+        # being recorded are left to finish (within their leases): a success is
+        # worth more than a faster exit.
+        leftovers = [ctx for key, ctx in list(self.held.items()) if key in self._handling and not ctx.lost]
+        until = time.monotonic() + RELEASE_BUDGET
+        releases = []
         for ctx in leftovers:
             ctx.mark_lost("worker shutting down")
             task = self._tasks.get(ctx.key)
             if task is not None:
                 task.cancel()
-            await self._release(ctx, "worker shut down before the task finished")
+            releases.append(self.completer.release(ctx, "worker shut down before the task finished", until=until))
+        if releases:
+            await asyncio.gather(*releases, return_exceptions=True)
         if self._tasks:
-            await asyncio.wait(list(self._tasks.values()), timeout=1.0)
+            await asyncio.wait(list(self._tasks.values()), timeout=None if not leftovers else 1.0)
+        await self.completer.drain(timeout=1.0)
 
     async def _progress_loop(self, progress: Callable[[WorkerStats], None]) -> None:
         while True:
             await asyncio.sleep(1.0)
             progress(self.stats)
+
+
+def _close_quietly(listener: Any) -> None:
+    if listener is None:
+        return
+    try:
+        listener.close()
+    except Exception:  # pragma: no cover - already closed under our feet
+        pass

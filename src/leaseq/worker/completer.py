@@ -1,0 +1,304 @@
+"""Recording outcomes: complete, fail, release, and the worker's loss reports.
+
+A handler's outcome is recorded by one guarded write. The write can meet
+two kinds of trouble, and they must never be confused:
+
+* the lease guard refuses it (:class:`~leaseq.LeaseLost`, a revoked worker):
+  the lease is gone, nothing was written, and the runtime treats the task
+  as lost;
+* the queue cannot be reached (a dropped connection, a restarting server
+  or service, a rate limit): nothing is known to be wrong with the lease.
+  The write is retried with backoff for as long as the lease can still be
+  met: until the deadline the last successful renewal proves, on the
+  monotonic clock. An infrastructure error never becomes a handler failure;
+  a success that cannot be recorded in time is reported as a loss (the
+  recovery policy in SQL routes the task when its lease ends).
+
+Each recording runs as its own task, shielded from the handler's task: a
+handler cancelled while its completion is in flight (lease lost, a reclaim,
+shutdown) does not cancel the write, and a batch's other completions still
+resolve. The runtime hears of every outcome exactly once, through the
+``settle`` callback, whether or not anyone still awaits it.
+
+Completions are batched where the transport can (one guarded statement per
+batch): those that arrive while a batch is being written form the next one,
+so a busy worker commits once per batch and an idle one at once.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import enum
+import logging
+import random
+import time
+import traceback
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from ..auth import AccessDenied, RateLimited
+from ..core.errors import (CredentialMissing, InvalidInput, InvalidTransition, LeaseLost, NotFound, Permanent,
+                           UnknownWorker)
+from .transport import Capabilities
+
+if TYPE_CHECKING:  # pragma: no cover
+    from ..core.model import Worker
+    from .context import TaskContext
+
+logger = logging.getLogger("leaseq.worker")
+
+#: First pause after a failed write; doubled after each failure up to MAX_BACKOFF.
+INITIAL_BACKOFF = 0.05
+MAX_BACKOFF = 2.0
+MAX_ERROR_TEXT = 4000
+
+
+def next_backoff(backoff: float, exc: BaseException) -> tuple[float, float]:
+    """(this pause, the next one): jittered doubling, or the service's Retry-After."""
+    if isinstance(exc, RateLimited):
+        return max(0.0, exc.retry_after), backoff
+    return backoff * random.uniform(0.5, 1.0), min(MAX_BACKOFF, backoff * 2)
+
+
+class Verdict(enum.Enum):
+    """How a recording ended."""
+
+    RECORDED = "recorded"            # the write was made
+    LOST = "lost"                    # the guard refused it: the lease is gone, nothing was written
+    UNCONFIRMED = "unconfirmed"      # refused after a try that failed in transit and may have been written
+    UNRECORDABLE = "unrecordable"    # the queue could not be reached before the lease ended
+    UNUSABLE = "unusable"            # refused as invalid input (nothing written)
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """The end of one recording: ``op`` is what was written (or tried)."""
+
+    op: str
+    verdict: Verdict
+    detail: str = ""
+    value: Any = None
+
+
+def is_infrastructure(exc: BaseException) -> bool:
+    """Whether ``exc`` says nothing about the lease, so the write may be retried.
+
+    Decisive answers are the guard's refusals and refused input or rights;
+    everything else (BackendUnavailable, RateLimited, a connection error, an
+    unexpected status from the service, a driver error) is the
+    infrastructure's trouble.
+    """
+    return not isinstance(exc, (LeaseLost, UnknownWorker, NotFound, InvalidTransition, InvalidInput, AccessDenied))
+
+
+def _decided(op: str, exc: BaseException, tries: int) -> Outcome:
+    """The outcome of a decisive refusal after ``tries`` failed tries in transit."""
+    if isinstance(exc, (LeaseLost, UnknownWorker, NotFound, InvalidTransition)):
+        reason = exc.reason if isinstance(exc, LeaseLost) else f"{op} refused: {exc}"
+        return Outcome(op, Verdict.UNCONFIRMED if tries else Verdict.LOST, reason)
+    if isinstance(exc, InvalidInput):
+        return Outcome(op, Verdict.UNUSABLE, str(exc))
+    return Outcome(op, Verdict.UNRECORDABLE, f"{op} refused: {exc!r}")  # AccessDenied: no retry will help
+
+
+def error_text(exc: BaseException) -> str:
+    """A handler's exception as the task's ``last_error``: its type, message and innermost frames."""
+    head = "".join(traceback.format_exception_only(type(exc), exc)).strip()
+    tail = "".join(traceback.format_tb(exc.__traceback__, limit=-3))
+    return (head + ("\n" + tail if tail else ""))[:MAX_ERROR_TEXT]
+
+
+def lease_deadline(ctx: TaskContext) -> float:
+    """Monotonic time the lease is proven to last until (its last successful renewal + its length)."""
+    return ctx.renewed_at + ctx.claim.lease_seconds
+
+
+class Completer:
+    """Records the outcomes of one worker's tasks through its transport."""
+
+    def __init__(self, transport: Any, capabilities: Capabilities, worker: Worker,
+                 call: Callable[..., Awaitable[Any]], settle: Callable[[TaskContext, Outcome], None]):
+        self.transport = transport
+        self.capabilities = capabilities
+        self.worker = worker
+        #: runs a blocking transport call off the event loop
+        self._call = call
+        self._settle = settle
+        self._pending: list[tuple[TaskContext, Any, asyncio.Future[Outcome]]] = []
+        self._flusher: asyncio.Task[None] | None = None
+        #: every recording and loss report still running (a set keeps each task referenced)
+        self.in_flight: set[asyncio.Future[Any]] = set()
+
+    # -- the three outcomes -------------------------------------------------------------
+
+    async def complete(self, ctx: TaskContext, result: Any) -> Outcome:
+        """Record a success (batched where the transport can); retried through outages."""
+        if self.capabilities.batched_completion:
+            done: asyncio.Future[Outcome] = asyncio.get_running_loop().create_future()
+            self._pending.append((ctx, result, done))
+            if self._flusher is None or self._flusher.done():
+                self._flusher = asyncio.create_task(self._flush(), name="leaseq-completions")
+            return await self._track(ctx, done, "complete")
+        return await self._track(ctx, asyncio.ensure_future(self._complete_one(ctx, result)), "complete")
+
+    async def fail(self, ctx: TaskContext, exc: BaseException) -> Outcome:
+        """Record a handler failure; retried through outages, never turned into another failure."""
+        return await self._track(ctx, asyncio.ensure_future(self._fail_one(ctx, exc)), "fail")
+
+    async def release(self, ctx: TaskContext, reason: str, *, until: float | None = None) -> Outcome:
+        """Give the lease back (through the recovery policy); retried until ``until`` at the
+        latest (a monotonic time), after which the lease is left to expire instead."""
+        attempt = self._attempts(ctx, "release", lambda: self._call(self.transport.release, self.worker,
+                                                                       ctx.claim, reason),
+                                 until=until, stop_when_lost=False)
+        return await self._track(ctx, asyncio.ensure_future(attempt), "release")
+
+    def report_loss(self, ctx: TaskContext, reason: str) -> None:
+        """Add the worker's account of a lost lease to the evidence trail, in the
+        background (best effort: the guards already held)."""
+        if not self.capabilities.loss_reports:
+            return
+        task = asyncio.ensure_future(self._report(ctx, reason))
+        self.in_flight.add(task)
+        task.add_done_callback(self.in_flight.discard)
+
+    async def drain(self, timeout: float) -> None:
+        """Wait up to ``timeout`` seconds for the recordings and reports still running."""
+        if self.in_flight:
+            await asyncio.wait(list(self.in_flight), timeout=timeout)
+
+    # -- plumbing ------------------------------------------------------------------------
+
+    async def _track(self, ctx: TaskContext, done: asyncio.Future[Outcome], op: str) -> Outcome:
+        """Settle ``done`` once when it resolves, and await it shielded from the caller's cancellation."""
+        self.in_flight.add(done)
+
+        def settled(fut: asyncio.Future[Outcome]) -> None:
+            self.in_flight.discard(fut)
+            if fut.cancelled():
+                return
+            outcome = fut.result() if fut.exception() is None else Outcome(
+                op, Verdict.UNRECORDABLE, f"recording failed: {fut.exception()!r}")
+            self._settle(ctx, outcome)
+
+        done.add_done_callback(settled)
+        return await asyncio.shield(done)
+
+    async def _attempts(self, ctx: TaskContext, op: str, send: Callable[[], Awaitable[Any]], *,
+                        until: float | None = None, stop_when_lost: bool = True) -> Outcome:
+        """Send one write until it is decided or the lease can no longer be met."""
+        backoff, tries = INITIAL_BACKOFF, 0
+        while True:
+            try:
+                value = await send()
+            except Exception as exc:
+                if not is_infrastructure(exc):
+                    return _decided(op, exc, tries)
+                tries += 1
+                left = (lease_deadline(ctx) if until is None else min(until, lease_deadline(ctx))) - time.monotonic()
+                if left <= 0 or (stop_when_lost and ctx.lost):
+                    return Outcome(op, Verdict.UNRECORDABLE, f"{op} not recorded after {tries} tries: {exc!r}")
+                pause, backoff = next_backoff(backoff, exc)
+                (ctx.log.warning if tries == 1 else ctx.log.debug)(
+                    "task=%s gen=%s: %s failed (%r); retrying while the lease lasts (%.1fs left)",
+                    ctx.task_id, ctx.generation, op, exc, left)
+                await asyncio.sleep(min(pause, left))
+            else:
+                return Outcome(op, Verdict.RECORDED, value=value)
+
+    async def _complete_one(self, ctx: TaskContext, result: Any) -> Outcome:
+        outcome = await self._attempts(ctx, "complete", lambda: self._call(self.transport.complete, self.worker,
+                                                                          ctx.claim, result))
+        if outcome.verdict is Verdict.UNUSABLE:  # only this task's result was refused: fail it, no retry
+            return await self._fail_one(ctx, Permanent(f"handler returned an unusable result: {outcome.detail}"))
+        return outcome
+
+    async def _fail_one(self, ctx: TaskContext, exc: BaseException) -> Outcome:
+        retry = not isinstance(exc, Permanent)
+        block = isinstance(exc, CredentialMissing)
+        text = error_text(exc)
+        return await self._attempts(ctx, "fail", lambda: self._call(self.transport.fail, self.worker, ctx.claim,
+                                                                   text, retry=retry, block=block))
+
+    async def _report(self, ctx: TaskContext, reason: str) -> None:
+        try:
+            await self._call(self.transport.report_loss, self.worker, ctx.claim, f"worker saw: {reason}")
+        except Exception as exc:  # evidence is best effort; the guards already held
+            ctx.log.debug("task=%s gen=%s: could not record the loss: %s", ctx.task_id, ctx.generation, exc)
+
+    # -- batched completions ----------------------------------------------------------------
+
+    async def _flush(self) -> None:
+        """Write pending completions in batches until none is left; never leaves a waiter hanging."""
+        await asyncio.sleep(0)  # let handlers finishing in this same turn join the batch
+        while self._pending:
+            batch, self._pending = self._pending, []
+            try:
+                await self._write_batch(batch)
+            except BaseException as exc:
+                for _, _, done in batch + self._pending:
+                    if not done.done():
+                        done.set_result(Outcome("complete", Verdict.UNRECORDABLE, f"completion failed: {exc!r}"))
+                if isinstance(exc, asyncio.CancelledError):
+                    self._pending = []
+                    raise
+                logger.exception("completion batch failed unexpectedly")
+
+    async def _send_batch(self, batch: list[tuple[TaskContext, Any, asyncio.Future[Outcome]]]) -> set[int]:
+        pairs = [(ctx.claim, result) for ctx, result, _ in batch]
+        if self.capabilities.native_async:
+            return await self.transport.acomplete_many(self.worker, pairs)
+        return await self._call(self.transport.complete_many, self.worker, pairs)
+
+    async def _write_batch(self, batch: list[tuple[TaskContext, Any, asyncio.Future[Outcome]]]) -> None:
+        backoff, tries = INITIAL_BACKOFF, 0
+        while batch:
+            try:
+                held = await self._send_batch(batch)
+            except InvalidInput:
+                # One unusable result (or one task twice) refuses the whole batch before
+                # any write: complete one by one, so only that task fails.
+                outcomes = await asyncio.gather(*(self._complete_one(ctx, result) for ctx, result, _ in batch))
+                for (_, _, done), outcome in zip(batch, outcomes):
+                    _resolve(done, outcome)
+                return
+            except Exception as exc:
+                if not is_infrastructure(exc):
+                    for _, _, done in batch:
+                        _resolve(done, _decided("complete", exc, tries))
+                    return
+                tries += 1
+                now, keep = time.monotonic(), []
+                for item in batch:
+                    ctx, _, done = item
+                    if ctx.lost:
+                        _resolve(done, Outcome("complete", Verdict.LOST, ctx.lost_reason or "lease lost"))
+                    elif lease_deadline(ctx) <= now:
+                        _resolve(done, Outcome("complete", Verdict.UNRECORDABLE,
+                                               f"complete not recorded after {tries} tries: {exc!r}"))
+                    else:
+                        keep.append(item)
+                # Completions that arrived meanwhile join the retry: still one statement per try.
+                batch, self._pending = keep + self._pending, []
+                if not batch:
+                    return
+                left = min(lease_deadline(ctx) for ctx, _, _ in batch) - now
+                pause, backoff = next_backoff(backoff, exc)
+                (logger.warning if tries == 1 else logger.debug)(
+                    "worker %s: completing %d task(s) failed (%r); retrying while their leases last",
+                    self.worker.id, len(batch), exc)
+                await asyncio.sleep(max(0.0, min(pause, left)))
+                continue
+            for ctx, _, done in batch:
+                if ctx.task_id in held:
+                    _resolve(done, Outcome("complete", Verdict.RECORDED))
+                else:
+                    _resolve(done, Outcome("complete", Verdict.UNCONFIRMED if tries else Verdict.LOST,
+                                           "complete refused: lease no longer held"))
+            return
+
+
+def _resolve(done: asyncio.Future[Outcome], outcome: Outcome) -> None:
+    if not done.done():  # a waiter's cancellation never reaches this future (it is shielded); still, never raise
+        done.set_result(outcome)

@@ -1,0 +1,74 @@
+"""The handlers a worker runs, by task kind.
+
+The runtime depends on a :class:`Registry`, never on :class:`leaseq.App`:
+the app fills one as ``@app.task`` declares handlers, and hands it to the
+runtime. A worker claims only the kinds its registry holds, so workers
+running different handlers can share a queue.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from typing import Any, Protocol
+
+from ..core.errors import InvalidInput
+
+
+class Handler(Protocol):
+    """One declared handler: what the runtime reads of a :class:`leaseq.TaskDefinition`."""
+
+    kind: str
+    queue: str
+    fn: Callable[..., Any]
+
+
+class Registry:
+    """Handlers by task kind, under a name that error messages use."""
+
+    def __init__(self, name: str):
+        self.name = name
+        #: kind -> handler, in declaration order
+        self.handlers: dict[str, Handler] = {}
+
+    def add(self, handler: Handler) -> None:
+        """Declare ``handler`` for its kind; a kind is declared once."""
+        if handler.kind in self.handlers:
+            raise InvalidInput("kind", f"{handler.kind!r} is already declared in {self.name}")
+        self.handlers[handler.kind] = handler
+
+    def get(self, kind: str) -> Handler | None:
+        """The handler declared for ``kind``, if any."""
+        return self.handlers.get(kind)
+
+    def kinds(self) -> list[str]:
+        """The declared kinds, sorted (what a worker claims)."""
+        return sorted(self.handlers)
+
+    def queue_names(self) -> list[str]:
+        """The queues the handlers' tasks are declared on, in declaration order."""
+        return list(dict.fromkeys(h.queue for h in self.handlers.values()))
+
+    def check_runnable(self) -> None:
+        """Raise :class:`InvalidInput` (field ``app``) if no handler is declared: a worker
+        with none would claim nothing, or, with no kind filter, every task only to fail it."""
+        if not self.handlers:
+            raise InvalidInput("app", f"{self.name} declares no task handlers (declare them with @app.task "
+                                      "before starting a worker)")
+
+    def __len__(self) -> int:
+        return len(self.handlers)
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self.handlers)
+
+    def __contains__(self, kind: object) -> bool:
+        return kind in self.handlers
+
+
+class HandlerSource(Protocol):
+    """What a runtime can be built from besides a bare :class:`Registry`: an :class:`leaseq.App`."""
+
+    registry: Registry
+
+    @property
+    def queue(self) -> Any: ...

@@ -1,0 +1,138 @@
+"""The renewer: keeps every lease a worker holds alive, in one guarded call per tick.
+
+Heartbeat traffic grows with workers, not with tasks. A lease missing from
+the answer was refused (expired, cancelled, revoked or reclaimed) and is
+lost. A lease whose renewal has not succeeded within its own length is lost
+too, measured on the monotonic clock from the moment the last successful
+renewal was *sent*: no wall clock is trusted. A renewal that fails in
+transit (a dropped connection, a restarting server) is retried with backoff,
+not at once in a loop, for as long as the leases last.
+
+Leases whose handler has returned are still renewed while their outcome is
+being recorded, but the renewer does not judge them: the completer's guarded
+write does, by the same deadline.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Awaitable, Callable
+from typing import TYPE_CHECKING, Any
+
+from ..core.errors import UnknownWorker
+from .completer import INITIAL_BACKOFF, MAX_BACKOFF, is_infrastructure, next_backoff
+
+if TYPE_CHECKING:  # pragma: no cover
+    from ..core.model import Worker
+    from .context import TaskContext
+
+logger = logging.getLogger("leaseq.worker")
+
+#: Renew when a third of the shortest held lease has passed.
+RENEW_FRACTION = 1 / 3
+MIN_RENEW_INTERVAL = 0.05
+
+
+async def wait_event(event: asyncio.Event, timeout: float) -> None:
+    """Wait until ``event`` is set or ``timeout`` seconds pass (a timer, not
+    wait_for's extra task: the claim loop waits like this once per batch)."""
+    timer = asyncio.get_running_loop().call_later(timeout, event.set)
+    try:
+        await event.wait()
+    finally:
+        timer.cancel()
+
+
+def renew_interval(ctx: TaskContext) -> float:
+    """How long after its last renewal a lease is due for the next one."""
+    return max(MIN_RENEW_INTERVAL, ctx.claim.lease_seconds * RENEW_FRACTION)
+
+
+class Renewer:
+    """Renews the leases in ``held``; reports the lost ones through ``lose``."""
+
+    def __init__(self, transport: Any, worker: Worker, call: Callable[..., Awaitable[Any]],
+                 held: dict[tuple[int, int], TaskContext], running: set[tuple[int, int]],
+                 lose: Callable[[TaskContext, str], None], count: Callable[[], None]):
+        self.transport = transport
+        self.worker = worker
+        self._call = call
+        self._held = held
+        #: leases whose handler still runs (the others are being recorded)
+        self._running = running
+        self._lose = lose
+        self._count = count
+        self._wake = asyncio.Event()
+        #: monotonic time the renewer sleeps until (None: awake, or idle with nothing held)
+        self._sleeping_until: float | None = None
+        #: after a renewal failed in transit: no new try before this monotonic time
+        self._retry_at = 0.0
+        self._backoff = INITIAL_BACKOFF
+
+    def lease_started(self, ctx: TaskContext) -> None:
+        """A new lease is held: wake the renewer if it is due before the renewer means to wake."""
+        due = ctx.renewed_at + renew_interval(ctx)
+        if self._sleeping_until is None or due < self._sleeping_until:
+            self._wake.set()
+
+    def next_renewal(self) -> float | None:
+        """Monotonic time at which the most urgent held lease is due for renewal."""
+        due = min((ctx.renewed_at + renew_interval(ctx) for ctx in self._held.values() if not ctx.lost),
+                  default=None)
+        return None if due is None else max(due, self._retry_at)
+
+    async def run(self) -> None:
+        """Renew until cancelled."""
+        while True:
+            due = self.next_renewal()
+            wait = 1.0 if due is None else due - time.monotonic()
+            if wait > 0:
+                self._wake.clear()
+                self._sleeping_until = due
+                await wait_event(self._wake, wait)
+                self._sleeping_until = None
+                continue
+            await self.renew_now()
+
+    async def renew_now(self) -> None:
+        """Renew every held lease in one call; mark the ones that are gone as lost."""
+        live = [ctx for ctx in self._held.values() if not ctx.lost]
+        if not live:
+            return
+        sent = time.monotonic()
+        # A renewal stuck on a dead connection must not keep leases alive
+        # locally: wait no longer than the most urgent lease has left.
+        budget = max(MIN_RENEW_INTERVAL, min(c.renewed_at + c.claim.lease_seconds for c in live) - sent)
+        renewed: dict[int, Any] | None = None
+        try:
+            renewed = await asyncio.wait_for(
+                self._call(self.transport.renew_leases, self.worker, [ctx.claim for ctx in live]), budget)
+        except asyncio.TimeoutError:
+            logger.warning("worker %s: renewal did not answer within %.2fs", self.worker.id, budget)
+            self._retry_at = time.monotonic()  # it already waited: try again at once
+        except UnknownWorker as exc:  # revoked: its leases ended with it
+            for ctx in live:
+                if ctx.key in self._running:
+                    self._lose(ctx, f"heartbeat refused: {exc}")
+            return
+        except Exception as exc:
+            if not is_infrastructure(exc):
+                logger.error("worker %s: renewal refused: %r", self.worker.id, exc)
+            pause, self._backoff = next_backoff(self._backoff, exc)
+            self._backoff = min(self._backoff, MAX_BACKOFF)
+            self._retry_at = time.monotonic() + pause
+            logger.warning("worker %s: renewal failed (%r); retrying in %.2fs", self.worker.id, exc, pause)
+        else:
+            self._backoff, self._retry_at = INITIAL_BACKOFF, 0.0
+        self._count()
+        for ctx in live:
+            if renewed is not None and ctx.task_id in renewed:
+                ctx.renewed_at = sent
+            elif ctx.key not in self._running:
+                pass  # the handler returned and its outcome is being recorded: that guarded write decides
+            elif renewed is not None:
+                self._lose(ctx, "heartbeat refused: the lease was expired, cancelled, revoked or reclaimed")
+            elif time.monotonic() - ctx.renewed_at >= ctx.claim.lease_seconds:
+                self._lose(ctx, "no successful renewal within the lease length")
