@@ -261,3 +261,20 @@ def test_a_revoked_or_cancelled_attempt_is_not_charged():
     obs.events[2][2] = ev(10, "lease_revoked", 1, reason="worker revoked")
     assert check(obs).ok
     assert check(obs).counts["returned attempts ended by an operator (cancel, revoke)"] == 1
+
+
+def test_a_success_recorded_until_the_lease_ran_out_is_a_loss_not_a_charge():
+    """The completer kept retrying through the dropped connections until the deadline (+1 s after the
+    return): the lease ran out while the queue was out of reach, which the recovery policy routes."""
+    obs = returned_then_retried()
+    obs.history.append(rec(5.0, "complete", "refused", task=2, gen=1, t0=4.6))
+    obs.history.sort(key=lambda r: r["t"])
+    report = check(obs)
+    assert report.ok, report.violations
+    assert report.counts["returned attempts whose lease ran out while recording through a fault"] == 1
+    # giving up early is not keeping on: the same history with only the first, early attempt is flagged
+    assert found(returned_then_retried()) == {"no_attempt_charged"}
+    # and a failure recorded for a returned handler is never excused, however long the worker tried
+    failed = copy.deepcopy(obs)
+    failed.history.append(rec(5.1, "fail", task=2, gen=1, t0=5.05))
+    assert found(failed) == {"no_attempt_charged"}

@@ -35,10 +35,13 @@ Each invariant names the promise it checks:
     database's clock), an operator revoked the worker or cancelled the task,
     or a fault that can keep a worker from the queue for longer than a lease
     (kill, stop, partition, restart, service) hit that worker, or the whole
-    queue, between shortly before the return and the next claim. Dropped
-    connections, terminated backends and graceful stops excuse nothing: a
-    worker reconnects, and a recorded success must survive them. Each
-    violation names the faults around it.
+    queue, between shortly before the return and the next claim, or the
+    worker kept trying to record the success (its completion calls failing
+    on the fault) until the lease ran out: a success that cannot be recorded
+    before the lease ends is a loss, routed by the recovery policy, never a
+    failure. A failure recorded for a returned handler, or a lease given back
+    after the return, is never excused. Each violation names the faults
+    around it.
 """
 
 from __future__ import annotations
@@ -239,6 +242,18 @@ def _epoch(value: Any) -> float | None:
         return None
 
 
+#: How long before its lease's deadline a worker's last failed attempt to record a success may have
+#: ended, for the worker to count as having kept trying (the completer's retry backoff is shorter).
+RECORDING_GAP_SECONDS = 0.3
+
+
+def _kept_recording(calls: list[dict[str, Any]], deadline: float) -> bool:
+    """Whether failed attempts to record a completion went on until ``deadline`` (monotonic time):
+    the last one started before it and ended no earlier than shortly before it."""
+    before = [c for c in calls if c.get("t0", c["t"]) <= deadline]
+    return bool(before) and max(c["t"] for c in before) >= deadline - RECORDING_GAP_SECONDS
+
+
 def _slot_of(proc: str) -> int | None:
     """The fleet slot of a worker process named ``w<slot>.<spawn>``."""
     head = proc.split(".", 1)[0]
@@ -250,12 +265,16 @@ def _returned_attempts(obs: Observed, tasks: dict[int, dict], violate) -> dict[s
     completed: set[tuple[int, int]] = set()
     failed: set[tuple[int, int]] = set()
     renew_refused: dict[tuple[int, int], float] = {}
+    recording: dict[tuple[int, int], list[dict[str, Any]]] = defaultdict(list)  # completion calls that failed
     claims: dict[int, list[tuple[float, int]]] = defaultdict(list)
     faults: list[dict[str, Any]] = []
     for r in obs.history:
         op, ok = r["op"], r["outcome"] == "ok"
         if op == "complete" and ok and "task" in r:
             completed.add((r["task"], r["gen"]))
+        elif op == "complete" and r["outcome"] in ("unknown", "refused"):
+            for pair in ([[r["task"], r["gen"]]] if "task" in r else r.get("tasks", [])):
+                recording[(pair[0], pair[1])].append(r)
         elif op == "fail" and ok:
             failed.add((r["task"], r["gen"]))
         elif op == "renew" and r["outcome"] == "refused" and "task" in r:
@@ -307,6 +326,13 @@ def _returned_attempts(obs: Observed, tasks: dict[int, dict], violate) -> dict[s
                              and not (f["fault"] == "partition" and f.get("mode") == "drop")})
         if outlasting and (task_id, gen) not in failed:
             c["returned attempts lost to a fault that outlasted the lease"] += 1
+            continue
+        if (task_id, gen) not in failed and how == "lease_expired" and at is not None and around \
+                and _kept_recording(recording.get((task_id, gen), []), at - (r["wall"] - r["t"])):
+            # the worker kept trying to record the success until its lease ran out, and the queue
+            # stayed out of reach (reconnecting after the fault) for the rest of the lease: reported
+            # as a loss and routed by the recovery policy, as designed; never a failure
+            c["returned attempts whose lease ran out while recording through a fault"] += 1
             continue
         def name(f: dict[str, Any]) -> str:
             return f["fault"] + (f"({f['mode']})" if f.get("mode") else "")
