@@ -200,7 +200,7 @@ def test_a_returned_handler_that_was_run_again_is_flagged_with_the_fault_around_
     [v] = report.violations
     assert v["task"] == 2 and "returned under generation 1" in v["detail"] and "terminate" in v["detail"]
     assert report.counts["attempts consumed by infrastructure faults"] == 1
-    assert report.counts["attempts consumed by infrastructure faults (nearest fault: terminate)"] == 1
+    assert report.counts["charged near terminate"] == 1
     assert "terminate +0.05s" in v["detail"]
     assert report.counts["handlers returned"] == 2
 

@@ -247,11 +247,14 @@ def run_chaos(config: ChaosConfig, *, progress: Callable[[str], None] | None = N
         injector = FaultInjector(config.faults, config.seed, fleet, record=record,
                                  chaos_seconds=config.chaos_seconds, proxy=proxy, server=server, queue=q,
                                  service=service, databases=(QUEUE_DB, LEDGER_DB))
+        # The phases are timed from here: setting up a private server can take seconds on a loaded
+        # machine, and that must not eat the chaos phase of a short run.
+        phases = time.monotonic()
         harness.start()
         probe.start()
         injector.start()
 
-        chaos_end = started + config.chaos_seconds
+        chaos_end = phases + config.chaos_seconds
         last_say = time.monotonic()
         while time.monotonic() < chaos_end:
             time.sleep(0.2)
@@ -267,7 +270,7 @@ def run_chaos(config: ChaosConfig, *, progress: Callable[[str], None] | None = N
         record("settle", "ok")
         say(f"  {time.monotonic() - started:5.0f}s  faults off; settling")
 
-        deadline = started + config.duration
+        deadline = phases + config.duration
         halt = threading.Event()
         while time.monotonic() < deadline:
             fleet.respawn_dead()
