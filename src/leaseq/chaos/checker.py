@@ -257,6 +257,21 @@ def _kept_recording(calls: list[dict[str, Any]], deadline: float) -> bool:
     return bool(before) and max(c["t"] for c in before) >= deadline - RECORDING_GAP_SECONDS
 
 
+#: Faults on the queue's side that reach every worker (the ledger's do not touch leases).
+_QUEUE_WIDE = frozenset({"drop_queue", "restart", "service"})
+
+
+def _blame(around: list[dict[str, Any]], slot: int | None, returned: float) -> dict[str, Any]:
+    """The fault a charged attempt is counted against: the latest one before the return aimed at
+    that worker, else the latest queue-wide one before it, else the latest before it, else the first after."""
+    before = [f for f in around if f["t"] <= returned]
+    for pool in ([f for f in before if f.get("slot") == slot and slot is not None],
+                 [f for f in before if f["fault"] in _QUEUE_WIDE], before):
+        if pool:
+            return max(pool, key=lambda f: f["t"])
+    return min(around, key=lambda f: f["t"])
+
+
 def _slot_of(proc: str) -> int | None:
     """The fleet slot of a worker process named ``w<slot>.<spawn>``."""
     head = proc.split(".", 1)[0]
@@ -343,8 +358,7 @@ def _returned_attempts(obs: Observed, tasks: dict[int, dict], violate) -> dict[s
         def name(f: dict[str, Any]) -> str:
             return f["fault"] + (f"({f['mode']})" if f.get("mode") else "")
 
-        # the fault nearest the return is the one the attempt is charged to in the counts
-        nearest = name(min(around, key=lambda f: abs(f["t"] - r["t"]))) if around else "no fault"
+        nearest = name(_blame(around, slot, r["t"])) if around else "no fault"
         timeline = ", ".join(f"{name(f)} {f['t'] - r['t']:+.2f}s" for f in sorted(around, key=lambda f: f["t"]))
         what = ("recorded as a failure" if (task_id, gen) in failed
                 else f"run again (generation {later and max(g for _, g in claims[task_id])})" if later
