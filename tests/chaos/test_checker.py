@@ -278,3 +278,17 @@ def test_a_success_recorded_until_the_lease_ran_out_is_a_loss_not_a_charge():
     failed = copy.deepcopy(obs)
     failed.history.append(rec(5.1, "fail", task=2, gen=1, t0=5.05))
     assert found(failed) == {"no_attempt_charged"}
+
+
+@pytest.mark.parametrize("op", ["claim", "renew", "begin_effect", "complete"])
+def test_a_call_of_a_revoked_worker_accepted_after_the_revocation(op):
+    obs = clean()
+    obs.history.append(rec(2.0, "fault", proc="harness", fault="revoke", slot=0, worker="wA"))
+    obs.history.append(rec(2.3, op, task=2, gen=1, worker="wA", t0=2.1))
+    obs.history.sort(key=lambda r: r["t"])
+    assert found(obs) == {"stale_write_refused"}
+    overlapping = clean()  # started before revoke_worker() returned: either order is possible
+    overlapping.history += [rec(2.0, "fault", proc="harness", fault="revoke", slot=0, worker="wA"),
+                            rec(2.3, op, task=2, gen=1, worker="wA", t0=1.9)]
+    overlapping.history.sort(key=lambda r: r["t"])
+    assert found(overlapping) == set()

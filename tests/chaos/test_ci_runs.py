@@ -44,8 +44,14 @@ def assert_revoked_workers_came_back(doc) -> None:
                if r["op"] == "fault" and r["fault"] == "revoke" and r["outcome"] == "ok"}
     registered = [r["worker"] for r in doc["history"] if r["op"] == "register"]
     assert revoked and revoked < set(registered) and len(set(registered)) == len(registered)
-    revoked_at = {r["worker"]: r["t"] for r in doc["history"] if r["op"] == "fault" and r["fault"] == "revoke"}
-    for wid, t in revoked_at.items():
+    revoked_at = {r["worker"]: (r["t"], r["slot"]) for r in doc["history"]
+                  if r["op"] == "fault" and r["fault"] == "revoke" and r["outcome"] == "ok"}
+    settle = next(r["t"] for r in doc["history"] if r["op"] == "settle")
+    for wid, (t, slot) in revoked_at.items():
+        successors = [r for r in doc["history"] if r["op"] == "register" and r["t"] > t
+                      and r["proc"].startswith(f"w{slot}.")]
+        if t < settle - 5:  # later ones may meet a queue that settles before the process is replaced
+            assert successors, f"slot {slot} never came back under a new identity after {wid} was revoked"
         late = [r for r in doc["history"] if r["op"] in ("claim", "complete", "renew") and r["outcome"] == "ok"
                 and r.get("worker") == wid and r.get("t0", r["t"]) > t]
         assert late == [], f"revoked worker {wid} still got {late[:3]}"

@@ -14,7 +14,8 @@ Each invariant names the promise it checks:
 ``stale_write_refused``
     no guarded write (renew, complete, fail, release, begin/finish effect)
     of a generation was accepted once a newer claim of the task, or an
-    operator's cancellation, had been recorded.
+    operator's cancellation, had been recorded; and no claim or guarded write
+    of a worker started after its revocation returned was accepted.
 ``downstream_once``
     no downstream action (idempotency key) applied twice.
 ``downstream_fenced``
@@ -172,6 +173,14 @@ def _stale_writes(obs: Observed, violate) -> None:
                     f"{r['op']} by generation {r['gen']} ({r['proc']}) accepted after the task was cancelled")
         elif r["op"] == "renew" and r["task"] in cancelled_at and cancelled_at[r["task"]] < start:
             violate("stale_write_refused", r["task"], f"renewal by generation {r['gen']} accepted after cancel")
+    # a revoked worker: nothing it starts after revoke_worker() returned may be accepted, claims included
+    revoked_at = {r["worker"]: r["t"] for r in obs.history
+                  if r["op"] == "fault" and r.get("fault") == "revoke" and r["outcome"] == "ok"}
+    for r in obs.history:
+        if r["outcome"] == "ok" and (r["op"] in GUARDED_OPS or r["op"] == "claim") \
+                and r.get("worker") in revoked_at and r.get("t0", r["t"]) > revoked_at[r["worker"]]:
+            violate("stale_write_refused", r.get("task"),
+                    f"{r['op']} by worker {r['worker']} ({r['proc']}) accepted after the worker was revoked")
     for r in obs.history:
         if r["op"].startswith("probe.") and r["outcome"] == "ok":
             violate("stale_write_refused", r.get("task"),

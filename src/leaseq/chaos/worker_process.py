@@ -89,10 +89,11 @@ class RecordingTransport:
         return value
 
     def claim(self, worker: Any, **kwargs: Any) -> list:
-        claims = self._call("claim", {"worker": worker.id}, self._queue.claim, worker, **kwargs)
+        fields = {"worker": worker.id}
+        claims = self._call("claim", fields, self._queue.claim, worker, **kwargs)
         for c in claims:
             self._history.record("claim", "ok", worker=worker.id, task=c.task_id, gen=c.generation,
-                                 lease=c.lease_seconds)
+                                 lease=c.lease_seconds, t0=fields["t0"])
         return claims
 
     async def aclaim(self, worker: Any, **kwargs: Any) -> list:
@@ -105,7 +106,7 @@ class RecordingTransport:
             raise
         for c in claims:
             self._history.record("claim", "ok", worker=worker.id, task=c.task_id, gen=c.generation,
-                                 lease=c.lease_seconds)
+                                 lease=c.lease_seconds, t0=t0)
         return claims
 
     def renew_leases(self, worker: Any, claims: list) -> dict:
