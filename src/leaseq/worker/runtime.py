@@ -38,7 +38,7 @@ from typing import Any
 from ..auth import AccessDenied
 from ..core.errors import InvalidInput, LeaseLost, LeaseqError, Permanent, QueuePaused, UnknownWorker
 from ..core.model import Claim, Worker
-from .completer import INITIAL_BACKOFF, Completer, Outcome, Verdict, error_text, next_backoff
+from .completer import INITIAL_BACKOFF, Completer, Outcome, Verdict, next_backoff
 from .context import TaskContext
 from .registry import HandlerSource, Registry
 from .renewer import Renewer, wait_event
@@ -53,7 +53,7 @@ RELEASE_BUDGET = 5.0
 #: How long the listener waits before reconnecting after its connection dropped.
 LISTENER_RETRY = 0.5
 
-__all__ = ["Transport", "WorkerRuntime", "WorkerStats", "error_text"]
+__all__ = ["Transport", "WorkerRuntime", "WorkerStats"]
 
 
 @dataclass
@@ -410,7 +410,8 @@ class WorkerRuntime:
             ctx.log.warning(self._msg(ctx, f"release not recorded ({outcome.detail}); the lease will expire instead"))
         else:
             # Never a handler failure: the lease ends and the recovery policy routes the task.
-            self.stats.transient_errors += verdict is Verdict.UNRECORDABLE
+            if verdict is Verdict.UNRECORDABLE:
+                self.stats.transient_errors += 1
             what = "succeeded" if op == "complete" else "failed"
             self._lose(ctx, f"the handler {what} but its {op} could not be recorded before the lease ended: "
                             f"{outcome.detail}")
