@@ -31,13 +31,14 @@ TASKS_PER_TRIAL = 40
 LEASE_SECONDS = 120.0
 
 
-def _claim_until_revoked(dsn: str, wid: str, start: threading.Barrier, got: list[tuple[Any, Any]],
+def _claim_until_revoked(dsn: str, wid: str, start: threading.Event, got: list[tuple[Any, Any]],
                          errors: list[BaseException]) -> None:
     """Claim one task at a time for ``wid`` (and record an intent under each
     claim, for finish_effect to try later) until the queue refuses the worker."""
     q = leaseq.connect(dsn)
     try:
-        start.wait(timeout=30)
+        q.now()  # connected before the race starts, so the first claim is not slowed by it
+        start.set()
         while True:
             try:
                 claims = q.claim(wid, lease_seconds=LEASE_SECONDS)
@@ -57,11 +58,12 @@ def _claim_until_revoked(dsn: str, wid: str, start: threading.Barrier, got: list
         q.close()
 
 
-def _revoke(dsn: str, wid: str, start: threading.Barrier, delay: float, errors: list[BaseException]) -> None:
+def _revoke(dsn: str, wid: str, start: threading.Event, delay: float, errors: list[BaseException]) -> None:
     q = leaseq.connect(dsn)
     try:
-        start.wait(timeout=30)
-        threading.Event().wait(delay)
+        q.now()
+        assert start.wait(timeout=30), "the claiming thread never started"
+        threading.Event().wait(delay)  # a moment into the claim loop: mostly while a claim is in flight
         q.revoke_worker(wid)
     except BaseException as exc:  # noqa: BLE001
         errors.append(exc)
@@ -94,9 +96,9 @@ def test_a_claim_racing_revoke_worker_leaves_no_live_lease(q: leaseq.Queue, dsn:
                        lease_seconds=LEASE_SECONDS)
         got: list[tuple[Any, Any]] = []
         errors: list[BaseException] = []
-        start = threading.Barrier(2)
+        start = threading.Event()
         claimer = threading.Thread(target=_claim_until_revoked, args=(dsn, w.id, start, got, errors))
-        revoker = threading.Thread(target=_revoke, args=(dsn, w.id, start, rng.uniform(0.0, 0.03), errors))
+        revoker = threading.Thread(target=_revoke, args=(dsn, w.id, start, rng.uniform(0.0, 0.02), errors))
         claimer.start()
         revoker.start()
         revoker.join(timeout=60)

@@ -30,7 +30,7 @@ from typing import Any
 import leaseq
 from leaseq.core.errors import CredentialMissing, Permanent, StaleToken
 
-from .history import HistoryWriter
+from .history import HistoryWriter, wall
 
 QUEUE = "chaos"
 PROBE_QUEUE = "chaos-probe"
@@ -107,7 +107,12 @@ def send_downstream(ctx: leaseq.TaskContext, fx: Any, *, keyed: bool) -> Any:
     fence = _downstream()
     resource, token, key = f"task:{ctx.task_id}", fx.fencing_token, fx.idempotency_key
     if _signer is not None and fx.token is not None:
-        _signer.verify(fx.token, action=ACTION, idempotency_key=key, generation=token)
+        # Expiry is judged by the signer's clock, as a downstream service whose clock agrees with the
+        # signer's would: a remote worker's token is signed by the service (the true clock), a direct
+        # worker's by the worker itself (its skewed clock; see docs/reliability.md, "Clock skew").
+        signed_by_service = bool(os.environ.get("LEASEQ_CHAOS_SERVER"))
+        _signer.verify(fx.token, action=ACTION, idempotency_key=key, generation=token,
+                       now=wall() if signed_by_service else None)
     mark = "%s" if fence.dialect == "postgres" else "?"
 
     def write(conn: Any) -> dict[str, Any]:
