@@ -164,6 +164,14 @@ def _remote_workers(config: ChaosConfig, q: leaseq.Queue, service_dsn: str, env:
     return service, remote, http_proxy
 
 
+def _keep_serving(service: Any, record: Callable[..., None]) -> None:
+    """Start the service again if it died other than by the service fault (which restarts it itself)."""
+    try:
+        service.ensure_running(even_if_killed=False)
+    except RuntimeError as exc:
+        record("service_start", "error", error=str(exc)[:300])
+
+
 def _unsettled(q: leaseq.Queue) -> int:
     rows = q.stats()
     return sum(r["count"] for r in rows if r["status"] in ("queued", "running"))
@@ -259,6 +267,8 @@ def run_chaos(config: ChaosConfig, *, progress: Callable[[str], None] | None = N
         while time.monotonic() < chaos_end:
             time.sleep(0.2)
             fleet.respawn_dead()
+            if service is not None:
+                _keep_serving(service, record)
             if time.monotonic() - last_say >= 10:
                 last_say = time.monotonic()
                 say(f"  {time.monotonic() - started:5.0f}s  enqueued {len(harness.enqueued)}  "
@@ -274,9 +284,9 @@ def run_chaos(config: ChaosConfig, *, progress: Callable[[str], None] | None = N
         halt = threading.Event()
         while time.monotonic() < deadline:
             fleet.respawn_dead()
+            if service is not None:
+                _keep_serving(service, record)
             try:
-                if service is not None:
-                    service.ensure_running()
                 if _unsettled(q) == 0:
                     settled = True
                     break

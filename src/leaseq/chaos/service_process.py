@@ -35,11 +35,18 @@ class ServiceProcess:
         self.url = f"http://127.0.0.1:{self.port}"
         self.proc: subprocess.Popen | None = None
         self.starts = 0
+        self.down_on_purpose = False  # killed by the service fault, which starts it again itself
         self.lock = threading.Lock()
+        self.start_lock = threading.RLock()
 
-    def start(self, *, wait: float = 30.0) -> None:
-        """Start the service and wait until ``/healthz`` answers."""
+    def start(self, *, wait: float = 60.0) -> None:
+        """Start the service and wait until it answers HTTP."""
+        with self.start_lock:  # one start at a time: the fault's and the harness's never race for the port
+            self._start(wait)
+
+    def _start(self, wait: float) -> None:
         with self.lock:
+            self.down_on_purpose = False
             self.starts += 1
             log = open(self.log_dir / f"service.{self.starts}.log", "w")
             # Rate limits off in practice: the workers are trusted and the run measures faults, not limits.
@@ -52,15 +59,17 @@ class ServiceProcess:
             self.record("service_start", "ok", pid=self.proc.pid, port=self.port, start=self.starts)
         self.wait_ready(wait)
 
-    def wait_ready(self, timeout: float = 30.0) -> None:
-        """Block until the service answers ``/healthz``; raise if it died or never answered."""
+    def wait_ready(self, timeout: float = 60.0) -> None:
+        """Block until the service answers HTTP at all (``/healthz`` may say 503 while the database is
+        being faulted: the service is up, and that is the fault's business); raise if it died or never
+        answered."""
         deadline = time.monotonic() + timeout
         while True:
             if self.proc is None or self.proc.poll() is not None:
                 raise RuntimeError(f"leaseq serve exited (see {self.log_dir}/service.{self.starts}.log)")
             try:
-                if httpx.get(f"{self.url}/healthz", timeout=2).status_code < 500:
-                    return
+                httpx.get(f"{self.url}/healthz", timeout=2)
+                return
             except httpx.HTTPError:
                 pass
             if time.monotonic() > deadline:
@@ -72,14 +81,17 @@ class ServiceProcess:
         with self.lock:
             if self.proc is None or self.proc.poll() is not None:
                 return False
+            self.down_on_purpose = True
             os.kill(self.proc.pid, signal.SIGKILL)
             self.proc.wait(10)
             return True
 
-    def ensure_running(self) -> None:
-        """Start the service again if it is down (after a kill, or a crash)."""
-        if self.proc is None or self.proc.poll() is not None:
-            self.start()
+    def ensure_running(self, *, even_if_killed: bool = True) -> None:
+        """Start the service again if it is down (a crash, or with ``even_if_killed`` a fault's kill)."""
+        with self.start_lock:
+            down = self.proc is None or self.proc.poll() is not None
+            if down and (even_if_killed or not self.down_on_purpose):
+                self._start(60.0)
 
     def stop(self) -> None:
         """SIGTERM, then SIGKILL after a few seconds."""
