@@ -125,7 +125,7 @@ class Completer:
         #: runs a blocking transport call off the event loop
         self._call = call
         self._settle = settle
-        self._pending: list[tuple[TaskContext, Any, asyncio.Future[Outcome]]] = []
+        self._pending: list[_Pending] = []
         self._flusher: asyncio.Task[None] | None = None
         #: every recording and loss report still running (a set keeps each task referenced)
         self.in_flight: set[asyncio.Future[Any]] = set()
@@ -136,10 +136,12 @@ class Completer:
         """Record a success (batched where the transport can); retried through outages."""
         if self.capabilities.batched_completion:
             done: asyncio.Future[Outcome] = asyncio.get_running_loop().create_future()
-            self._pending.append((ctx, result, done))
+            self._pending.append(_Pending(ctx, result, done))
             if self._flusher is None or self._flusher.done():
                 self._flusher = asyncio.create_task(self._flush(), name="leaseq-completions")
-            return await self._track(ctx, done, "complete")
+            # The flusher settles the outcome itself: a waiter cancelled here only
+            # cancels its own future, which the flusher then leaves alone.
+            return await done
         return await self._track(ctx, asyncio.ensure_future(self._complete_one(ctx, result)), "complete")
 
     async def fail(self, ctx: TaskContext, exc: BaseException) -> Outcome:
@@ -237,21 +239,20 @@ class Completer:
             try:
                 await self._write_batch(batch)
             except BaseException as exc:
-                for _, _, done in batch + self._pending:
-                    if not done.done():
-                        done.set_result(Outcome("complete", Verdict.UNRECORDABLE, f"completion failed: {exc!r}"))
+                for item in batch + self._pending:
+                    self._resolve(item, Outcome("complete", Verdict.UNRECORDABLE, f"completion failed: {exc!r}"))
                 if isinstance(exc, asyncio.CancelledError):
                     self._pending = []
                     raise
                 logger.exception("completion batch failed unexpectedly")
 
-    async def _send_batch(self, batch: list[tuple[TaskContext, Any, asyncio.Future[Outcome]]]) -> set[int]:
-        pairs = [(ctx.claim, result) for ctx, result, _ in batch]
+    async def _send_batch(self, batch: list[_Pending]) -> set[int]:
+        pairs = [(item.ctx.claim, item.result) for item in batch]
         if self.capabilities.native_async:
             return await self.transport.acomplete_many(self.worker, pairs)
         return await self._call(self.transport.complete_many, self.worker, pairs)
 
-    async def _write_batch(self, batch: list[tuple[TaskContext, Any, asyncio.Future[Outcome]]]) -> None:
+    async def _write_batch(self, batch: list[_Pending]) -> None:
         backoff, tries = INITIAL_BACKOFF, 0
         while batch:
             try:
@@ -259,46 +260,64 @@ class Completer:
             except InvalidInput:
                 # One unusable result (or one task twice) refuses the whole batch before
                 # any write: complete one by one, so only that task fails.
-                outcomes = await asyncio.gather(*(self._complete_one(ctx, result) for ctx, result, _ in batch))
-                for (_, _, done), outcome in zip(batch, outcomes):
-                    _resolve(done, outcome)
+                outcomes = await asyncio.gather(*(self._complete_one(item.ctx, item.result) for item in batch))
+                for item, outcome in zip(batch, outcomes):
+                    self._resolve(item, outcome)
                 return
             except Exception as exc:
                 if not is_infrastructure(exc):
-                    for _, _, done in batch:
-                        _resolve(done, _decided("complete", exc, tries))
+                    for item in batch:
+                        self._resolve(item, _decided("complete", exc, tries))
                     return
                 tries += 1
                 now, keep = time.monotonic(), []
                 for item in batch:
-                    ctx, _, done = item
+                    ctx = item.ctx
                     if ctx.lost:
-                        _resolve(done, Outcome("complete", Verdict.LOST, ctx.lost_reason or "lease lost"))
+                        self._resolve(item, Outcome("complete", Verdict.LOST, ctx.lost_reason or "lease lost"))
                     elif lease_deadline(ctx) <= now:
-                        _resolve(done, Outcome("complete", Verdict.UNRECORDABLE,
-                                               f"complete not recorded after {tries} tries: {exc!r}"))
+                        self._resolve(item, Outcome("complete", Verdict.UNRECORDABLE,
+                                                    f"complete not recorded after {tries} tries: {exc!r}"))
                     else:
                         keep.append(item)
                 # Completions that arrived meanwhile join the retry: still one statement per try.
                 batch, self._pending = keep + self._pending, []
                 if not batch:
                     return
-                left = min(lease_deadline(ctx) for ctx, _, _ in batch) - now
+                left = min(lease_deadline(item.ctx) for item in batch) - now
                 pause, backoff = next_backoff(backoff, exc)
                 (logger.warning if tries == 1 else logger.debug)(
                     "worker %s: completing %d task(s) failed (%r); retrying while their leases last",
                     self.worker.id, len(batch), exc)
                 await asyncio.sleep(max(0.0, min(pause, left)))
                 continue
-            for ctx, _, done in batch:
-                if ctx.task_id in held:
-                    _resolve(done, Outcome("complete", Verdict.RECORDED))
+            for item in batch:
+                if item.ctx.task_id in held:
+                    self._resolve(item, RECORDED_COMPLETION)
                 else:
-                    _resolve(done, Outcome("complete", Verdict.UNCONFIRMED if tries else Verdict.LOST,
-                                           "complete refused: lease no longer held"))
+                    self._resolve(item, Outcome("complete", Verdict.UNCONFIRMED if tries else Verdict.LOST,
+                                                "complete refused: lease no longer held"))
             return
 
+    def _resolve(self, item: _Pending, outcome: Outcome) -> None:
+        """Settle one batched completion once, and wake its waiter if it still waits
+        (a cancelled waiter cancelled only its own future)."""
+        if item.settled:
+            return
+        item.settled = True
+        if not item.done.done():
+            item.done.set_result(outcome)
+        self._settle(item.ctx, outcome)
 
-def _resolve(done: asyncio.Future[Outcome], outcome: Outcome) -> None:
-    if not done.done():  # a waiter's cancellation never reaches this future (it is shielded); still, never raise
-        done.set_result(outcome)
+
+@dataclass(slots=True)
+class _Pending:
+    """A completion waiting for its batch."""
+
+    ctx: TaskContext
+    result: Any
+    done: asyncio.Future[Outcome]
+    settled: bool = False
+
+
+RECORDED_COMPLETION = Outcome("complete", Verdict.RECORDED)
