@@ -279,8 +279,8 @@ class Queue:
         with self.store.transaction() as tx:
             return tx.rows("list_workers")
 
-    def _check_worker(self, tx: Tx, wid: str) -> None:
-        row = tx.row("get_worker", worker_id=wid)
+    def _check_worker(self, tx: Tx, wid: str, *, lock: bool = False) -> None:
+        row = tx.row("lock_worker" if lock else "get_worker", worker_id=wid)
         if row is None:
             raise UnknownWorker(f"worker {wid!r} was never registered with this queue")
         if row["revoked_at"] is not None:
@@ -438,10 +438,11 @@ class Queue:
     def _claim_after_routing(self, wid: str, lease_seconds: float | None, params: dict[str, Any]) -> list[Claim]:
         """The slow path of a claim: route expired leases, then claim, in one transaction."""
         with self.store.transaction() as tx:
+            # the worker row first, as revoke_worker locks it: never a lock cycle with a revocation
+            self._check_worker(tx, wid, lock=True)
             self._route_expired(tx)
             rows = self._record_claims(tx, wid, lease_seconds, tx.rows("claim_batch", route_first=False, **params))
             if not rows:
-                self._check_worker(tx, wid)
                 return []
         return self._claims(wid, lease_seconds, rows)
 

@@ -170,3 +170,125 @@ def test_a_cancelled_task_that_did_not_stay_cancelled():
     obs.events[2] = [ev(8, "enqueued"), ev(10, "cancelled", None)]
     obs.tasks[1]["status"] = "dead"
     assert found(obs) == {"cancel_final"}
+
+
+# -- no_attempt_charged: a handler that returned is never charged an attempt ------------------------------
+
+
+def returned_then_retried() -> Observed:
+    """Task 2's handler returned under generation 1 (w0.1), its completion never landed (the worker's
+    connections were dropped), and the task was claimed again and completed by generation 2."""
+    obs = clean()
+    obs.history = [r for r in obs.history if not (r["op"] == "complete" and r["task"] == 2)]
+    obs.history += [rec(3.8, "returned", task=2, gen=1, wall=1000.0),
+                    rec(3.85, "fault", proc="harness", fault="terminate", slot=0),
+                    rec(3.9, "complete", "unknown", task=2, gen=1, t0=3.85),
+                    rec(6.0, "claim", proc="w1.1", task=2, gen=2),
+                    rec(6.2, "returned", proc="w1.1", task=2, gen=2, wall=1002.4),
+                    rec(6.3, "complete", proc="w1.1", task=2, gen=2, t0=6.25)]
+    obs.history.sort(key=lambda r: r["t"])
+    obs.tasks[1].update(claim_generation=2, result={"task": 2, "generation": 2})
+    obs.events[2] = [ev(8, "enqueued"), ev(9, "claimed", 1),
+                     ev(10, "lease_expired", 1, routed_to="queued", lease_expires_at="1970-01-01T00:16:41+00:00"),
+                     ev(11, "claimed", 2), ev(12, "completed", 2)]
+    return obs
+
+
+def test_a_returned_handler_that_was_run_again_is_flagged_with_the_fault_around_it():
+    report = check(returned_then_retried())
+    assert {v["invariant"] for v in report.violations} == {"no_attempt_charged"}
+    [v] = report.violations
+    assert v["task"] == 2 and "returned under generation 1" in v["detail"] and "terminate" in v["detail"]
+    assert report.counts["attempts consumed by infrastructure faults"] == 1
+    assert report.counts["charged near terminate"] == 1
+    assert "terminate +0.05s" in v["detail"]
+    assert report.counts["handlers returned"] == 2
+
+
+def test_a_returned_handler_recorded_as_a_failure_is_flagged():
+    obs = clean()
+    obs.history += [rec(3.8, "returned", task=2, gen=1, wall=1000.0), rec(3.9, "fail", task=2, gen=1, t0=3.85)]
+    obs.history = [r for r in obs.history if not (r["op"] == "complete" and r["task"] == 2)]
+    obs.history.sort(key=lambda r: r["t"])
+    obs.tasks[1].update(status="dead", result=None)
+    obs.events[2] = [ev(8, "enqueued"), ev(9, "claimed", 1), ev(10, "failed", 1, next_status="dead")]
+    assert found(obs) == {"no_attempt_charged"}
+
+
+def test_returned_handlers_that_completed_are_not_charged():
+    obs = clean()
+    obs.history += [rec(3.95, "returned", proc="w1.1", task=1, gen=2), rec(4.05, "returned", task=2, gen=1)]
+    obs.history.sort(key=lambda r: r["t"])
+    report = check(obs)
+    assert report.ok and report.counts["handlers returned"] == 2
+    assert report.counts["attempts consumed by infrastructure faults"] == 0
+
+
+@pytest.mark.parametrize("fault", [{"fault": "kill", "slot": 0}, {"fault": "stop", "slot": 0, "seconds": 3},
+                                   {"fault": "partition", "mode": "blackhole", "slot": 0}, {"fault": "restart"},
+                                   {"fault": "service"}])
+def test_a_fault_that_outlasts_the_lease_may_cost_the_returned_attempt(fault):
+    obs = returned_then_retried()
+    obs.history.append(rec(3.87, "fault", proc="harness", **fault))
+    obs.history.sort(key=lambda r: r["t"])
+    report = check(obs)
+    assert report.ok, report.violations
+    assert report.counts["returned attempts lost to a fault that outlasted the lease"] == 1
+
+
+@pytest.mark.parametrize("fault", [{"fault": "kill", "slot": 1}, {"fault": "partition", "mode": "drop", "slot": 0},
+                                   {"fault": "drop_queue"}, {"fault": "drop_ledger"}, {"fault": "skew", "slot": 0}])
+def test_faults_a_worker_recovers_from_excuse_nothing(fault):
+    """Another worker's kill, a one-off dropped connection, a graceful stop: the success must survive."""
+    obs = returned_then_retried()
+    obs.history.append(rec(3.87, "fault", proc="harness", **fault))
+    obs.history.sort(key=lambda r: r["t"])
+    assert found(obs) == {"no_attempt_charged"}
+
+
+def test_a_lease_already_lost_when_the_handler_returned_is_not_charged():
+    obs = returned_then_retried()
+    obs.history.append(rec(3.7, "renew", "refused", task=2, gen=1, t0=3.6))
+    obs.history.sort(key=lambda r: r["t"])
+    assert check(obs).ok
+    by_clock = returned_then_retried()  # the deadline (database time) passed before the return
+    by_clock.events[2][2]["detail"]["lease_expires_at"] = "1970-01-01T00:16:39+00:00"
+    assert check(by_clock).ok
+
+
+def test_a_revoked_or_cancelled_attempt_is_not_charged():
+    obs = returned_then_retried()
+    obs.events[2][2] = ev(10, "lease_revoked", 1, reason="worker revoked")
+    assert check(obs).ok
+    assert check(obs).counts["returned attempts ended by an operator (cancel, revoke)"] == 1
+
+
+def test_a_success_recorded_until_the_lease_ran_out_is_a_loss_not_a_charge():
+    """The completer kept retrying through the dropped connections until the deadline (+1 s after the
+    return): the lease ran out while the queue was out of reach, which the recovery policy routes."""
+    obs = returned_then_retried()
+    obs.history.append(rec(5.0, "complete", "refused", task=2, gen=1, t0=4.6))
+    obs.history.sort(key=lambda r: r["t"])
+    report = check(obs)
+    assert report.ok, report.violations
+    assert report.counts["returned attempts whose lease ran out while recording through a fault"] == 1
+    # giving up early is not keeping on: the same history with only the first, early attempt is flagged
+    assert found(returned_then_retried()) == {"no_attempt_charged"}
+    # and a failure recorded for a returned handler is never excused, however long the worker tried
+    failed = copy.deepcopy(obs)
+    failed.history.append(rec(5.1, "fail", task=2, gen=1, t0=5.05))
+    assert found(failed) == {"no_attempt_charged"}
+
+
+@pytest.mark.parametrize("op", ["claim", "renew", "begin_effect", "complete"])
+def test_a_call_of_a_revoked_worker_accepted_after_the_revocation(op):
+    obs = clean()
+    obs.history.append(rec(2.0, "fault", proc="harness", fault="revoke", slot=0, worker="wA"))
+    obs.history.append(rec(2.3, op, task=2, gen=1, worker="wA", t0=2.1))
+    obs.history.sort(key=lambda r: r["t"])
+    assert found(obs) == {"stale_write_refused"}
+    overlapping = clean()  # started before revoke_worker() returned: either order is possible
+    overlapping.history += [rec(2.0, "fault", proc="harness", fault="revoke", slot=0, worker="wA"),
+                            rec(2.3, op, task=2, gen=1, worker="wA", t0=1.9)]
+    overlapping.history.sort(key=lambda r: r["t"])
+    assert found(overlapping) == set()

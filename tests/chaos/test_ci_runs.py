@@ -1,4 +1,5 @@
-"""The CI configurations of `leaseq chaos`: 60 s on PostgreSQL, 30 s on SQLite, every fault on.
+"""The CI configurations of `leaseq chaos`: 60 s on PostgreSQL, 30 s on SQLite and 30 s with remote
+workers through `leaseq serve`, every fault on.
 
 Each run is bounded (the duration includes the settle phase) and stops by
 itself. The assertions check the verdict, and also that the run really was
@@ -22,7 +23,11 @@ def assert_clean_and_hostile(proc, doc, faults: list[str]) -> None:
     assert verdict["ok"] and verdict["violations"] == [], describe(proc)
     assert doc["settled"], "the queue did not settle within the run"
     assert "no violations" in proc.stdout and "violations: no_task_lost" in proc.stdout
+    assert "violations: no_attempt_charged" in proc.stdout
     counts = verdict["counts"]
+    # a handler that returned was never charged an attempt for the infrastructure's trouble
+    assert counts["attempts consumed by infrastructure faults"] == 0
+    assert counts["handlers returned"] >= 0.5 * counts["tasks enqueued"]
     for fault in faults:
         assert counts.get(f"fault: {fault}", 0) >= 1, f"{fault} was never injected: {counts}"
     assert counts["leases recovered"] >= 1
@@ -33,11 +38,32 @@ def assert_clean_and_hostile(proc, doc, faults: list[str]) -> None:
     assert set(statuses) <= {"completed", "dead", "cancelled", "needs_reconciliation", "blocked"}
 
 
+def assert_revoked_workers_came_back(doc) -> None:
+    """A revoked worker process is refused, exits, and the fleet starts one that registers anew."""
+    revoked = {r["worker"] for r in doc["history"]
+               if r["op"] == "fault" and r["fault"] == "revoke" and r["outcome"] == "ok"}
+    registered = [r["worker"] for r in doc["history"] if r["op"] == "register"]
+    assert revoked and revoked < set(registered) and len(set(registered)) == len(registered)
+    revoked_at = {r["worker"]: (r["t"], r["slot"]) for r in doc["history"]
+                  if r["op"] == "fault" and r["fault"] == "revoke" and r["outcome"] == "ok"}
+    settle = next(r["t"] for r in doc["history"] if r["op"] == "settle")
+    for wid, (t, slot) in revoked_at.items():
+        successors = [r for r in doc["history"] if r["op"] == "register" and r["t"] > t
+                      and r["proc"].startswith(f"w{slot}.")]
+        if t < settle - 5:  # later ones may meet a queue that settles before the process is replaced
+            assert successors, f"slot {slot} never came back under a new identity after {wid} was revoked"
+        late = [r for r in doc["history"] if r["op"] in ("claim", "complete", "renew") and r["outcome"] == "ok"
+                and r.get("worker") == wid and r.get("t0", r["t"]) > t]
+        assert late == [], f"revoked worker {wid} still got {late[:3]}"
+
+
 def test_sixty_seconds_on_postgres_with_every_fault(tmp_path):
     need_pg_binaries()
     proc, doc = run_chaos_cli(tmp_path, "--backend", "postgres", "--duration", "60", "--workers", "8",
                               "--tasks", "400", "--seed", "1", "--faults", "all", "--quiet")
-    assert_clean_and_hostile(proc, doc, ["kill", "stop", "terminate", "restart", "partition", "skew"])
+    assert_clean_and_hostile(proc, doc, ["kill", "stop", "terminate", "restart", "partition", "skew",
+                                         "drop_queue", "drop_ledger", "revoke"])
+    assert_revoked_workers_came_back(doc)
     # Downstream writes really happened (and each landed once: the verdict above).
     counts = doc["verdict"]["counts"]
     assert counts["downstream writes"] >= 100
@@ -48,7 +74,21 @@ def test_sixty_seconds_on_postgres_with_every_fault(tmp_path):
 def test_thirty_seconds_on_sqlite_with_every_fault_it_supports(tmp_path):
     proc, doc = run_chaos_cli(tmp_path, "--backend", "sqlite", "--duration", "30", "--workers", "4",
                               "--tasks", "150", "--seed", "2", "--faults", "all", "--quiet")
-    assert_clean_and_hostile(proc, doc, ["kill", "stop", "skew"])
-    assert doc["config"]["faults"] == ["kill", "stop", "skew"]
+    assert_clean_and_hostile(proc, doc, ["kill", "stop", "skew", "revoke"])
+    assert doc["config"]["faults"] == ["kill", "stop", "skew", "revoke"]
+    assert_revoked_workers_came_back(doc)
     again = recheck_cli(tmp_path / "history.json")
     assert again.returncode == 0 and "no violations" in again.stdout, describe(again)
+
+
+def test_thirty_seconds_of_remote_workers_through_a_restarted_service(tmp_path):
+    need_pg_binaries()
+    proc, doc = run_chaos_cli(tmp_path, "--backend", "postgres", "--transport", "mixed", "--duration", "30",
+                              "--workers", "4", "--tasks", "150", "--seed", "3", "--faults", "all", "--quiet")
+    assert_clean_and_hostile(proc, doc, ["kill", "stop", "service", "revoke", "drop_queue", "drop_ledger"])
+    spawned = {r["transport"] for r in doc["history"] if r["op"] == "spawn"}
+    assert spawned == {"direct", "http"}
+    remote = {r["proc_name"] for r in doc["history"] if r["op"] == "spawn" and r["transport"] == "http"}
+    assert sum(1 for r in doc["history"] if r["op"] == "complete" and r["outcome"] == "ok"
+               and r["proc"] in remote) >= 10, "the remote workers completed next to nothing"
+    assert sum(1 for r in doc["history"] if r["op"] == "service_start") >= 2, "the service was never restarted"

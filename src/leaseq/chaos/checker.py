@@ -14,7 +14,8 @@ Each invariant names the promise it checks:
 ``stale_write_refused``
     no guarded write (renew, complete, fail, release, begin/finish effect)
     of a generation was accepted once a newer claim of the task, or an
-    operator's cancellation, had been recorded.
+    operator's cancellation, had been recorded; and no claim or guarded write
+    of a worker started after its revocation returned was accepted.
 ``downstream_once``
     no downstream action (idempotency key) applied twice.
 ``downstream_fenced``
@@ -26,18 +27,41 @@ Each invariant names the promise it checks:
     intent of its was open.
 ``cancel_final``
     a cancelled task stays cancelled and is never completed afterwards.
+``no_attempt_charged``
+    attempts consumed by infrastructure faults = 0: a handler that returned
+    (the workload records "returned" as it returns) is recorded as completed
+    under that generation, never as a failure, and its task is never run
+    again nor left dead for it. The only excuses: the lease had already ended
+    before the handler returned (a renewal refused, or the lease ended by the
+    database's clock) or had less than a round trip (0.35 s) left, an operator revoked the worker or cancelled the task,
+    or a fault that can keep a worker from the queue for longer than a lease
+    (kill, stop, partition, restart, service) hit that worker, or the whole
+    queue, between shortly before the return and the next claim, or the
+    worker kept trying to record the success (its completion calls failing
+    on the fault) until the lease ran out: a success that cannot be recorded
+    before the lease ends is a loss, routed by the recovery policy, never a
+    failure. A failure recorded for a returned handler, or a lease given back
+    after the return, is never excused. Each violation names the faults
+    around it.
 """
 
 from __future__ import annotations
 
 from collections import Counter, defaultdict
 from dataclasses import dataclass, field
+from datetime import datetime
 from typing import Any
+
+from .faults import OUTLASTS_LEASE
 
 RESTING = frozenset({"completed", "dead", "cancelled", "needs_reconciliation", "blocked"})
 GUARDED_OPS = frozenset({"renew", "complete", "fail", "release", "begin_effect", "finish_effect"})
 INVARIANTS = ("no_task_lost", "single_completion", "stale_write_refused", "downstream_once",
-              "downstream_fenced", "reconciliation_evidence", "cancel_final")
+              "downstream_fenced", "reconciliation_evidence", "cancel_final", "no_attempt_charged")
+#: How long before a handler's return a fault that outlasts a lease can still
+#: cost it its lease: the longest chaos lease (1.5 s) plus the longest hold of
+#: a stop (4 s) or partition (3 s) is covered.
+FAULT_REACH_SECONDS = 5.5
 #: Routing events and the detail field holding where the task went.
 _ROUTED = {"lease_expired": "routed_to", "lease_released": "routed_to", "failed": "next_status"}
 
@@ -87,7 +111,9 @@ def check(obs: Observed) -> Report:
     _downstream(obs, violate)
     _reconciliation(obs, tasks, violate)
     _cancellations(obs, tasks, violate)
-    return Report(counts=_counts(obs), statuses=dict(Counter(t["status"] for t in obs.tasks)),
+    counts = _counts(obs)
+    counts.update(_returned_attempts(obs, tasks, violate))
+    return Report(counts=counts, statuses=dict(Counter(t["status"] for t in obs.tasks)),
                   violations=violations)
 
 
@@ -147,6 +173,14 @@ def _stale_writes(obs: Observed, violate) -> None:
                     f"{r['op']} by generation {r['gen']} ({r['proc']}) accepted after the task was cancelled")
         elif r["op"] == "renew" and r["task"] in cancelled_at and cancelled_at[r["task"]] < start:
             violate("stale_write_refused", r["task"], f"renewal by generation {r['gen']} accepted after cancel")
+    # a revoked worker: nothing it starts after revoke_worker() returned may be accepted, claims included
+    revoked_at = {r["worker"]: r["t"] for r in obs.history
+                  if r["op"] == "fault" and r.get("fault") == "revoke" and r["outcome"] == "ok"}
+    for r in obs.history:
+        if r["outcome"] == "ok" and (r["op"] in GUARDED_OPS or r["op"] == "claim") \
+                and r.get("worker") in revoked_at and r.get("t0", r["t"]) > revoked_at[r["worker"]]:
+            violate("stale_write_refused", r.get("task"),
+                    f"{r['op']} by worker {r['worker']} ({r['proc']}) accepted after the worker was revoked")
     for r in obs.history:
         if r["op"].startswith("probe.") and r["outcome"] == "ok":
             violate("stale_write_refused", r.get("task"),
@@ -205,6 +239,147 @@ def _cancellations(obs: Observed, tasks: dict[int, dict], violate) -> None:
         t = tasks.get(task_id)
         if t is not None and t["status"] != "cancelled":
             violate("cancel_final", task_id, f"cancelled, but ended {t['status']}")
+
+
+def _epoch(value: Any) -> float | None:
+    """An event's database time (a datetime, or its string form in a saved history) as epoch seconds."""
+    if isinstance(value, datetime):
+        return value.timestamp()
+    try:
+        return datetime.fromisoformat(str(value)).timestamp()
+    except ValueError:
+        return None
+
+
+#: A handler that returns with less of its lease left than this (by the database's clock) cannot be
+#: expected to have its success recorded in time: one round trip on a loaded machine takes that long.
+RECORDING_SLACK_SECONDS = 0.35
+#: How long before its lease's deadline a worker's last failed attempt to record a success may have
+#: ended, for the worker to count as having kept trying (the completer's retry backoff is shorter).
+RECORDING_GAP_SECONDS = 0.3
+
+
+def _kept_recording(calls: list[dict[str, Any]], deadline: float) -> bool:
+    """Whether failed attempts to record a completion went on until ``deadline`` (monotonic time):
+    the last one started before it and ended no earlier than shortly before it."""
+    before = [c for c in calls if c.get("t0", c["t"]) <= deadline]
+    return bool(before) and max(c["t"] for c in before) >= deadline - RECORDING_GAP_SECONDS
+
+
+#: Faults on the queue's side that reach every worker (the ledger's do not touch leases).
+_QUEUE_WIDE = frozenset({"drop_queue", "restart", "service"})
+
+
+def _blame(around: list[dict[str, Any]], slot: int | None, returned: float) -> dict[str, Any]:
+    """The fault a charged attempt is counted against: the latest one before the return aimed at
+    that worker, else the latest queue-wide one before it, else the latest before it, else the first after."""
+    before = [f for f in around if f["t"] <= returned]
+    for pool in ([f for f in before if f.get("slot") == slot and slot is not None],
+                 [f for f in before if f["fault"] in _QUEUE_WIDE], before):
+        if pool:
+            return max(pool, key=lambda f: f["t"])
+    return min(around, key=lambda f: f["t"])
+
+
+def _slot_of(proc: str) -> int | None:
+    """The fleet slot of a worker process named ``w<slot>.<spawn>``."""
+    head = proc.split(".", 1)[0]
+    return int(head[1:]) if head.startswith("w") and head[1:].isdigit() else None
+
+
+def _returned_attempts(obs: Observed, tasks: dict[int, dict], violate) -> dict[str, int]:
+    """``no_attempt_charged``: each returned handler's attempt, and what became of it."""
+    completed: set[tuple[int, int]] = set()
+    failed: set[tuple[int, int]] = set()
+    renew_refused: dict[tuple[int, int], float] = {}
+    recording: dict[tuple[int, int], list[dict[str, Any]]] = defaultdict(list)  # completion calls that failed
+    claims: dict[int, list[tuple[float, int]]] = defaultdict(list)
+    faults: list[dict[str, Any]] = []
+    for r in obs.history:
+        op, ok = r["op"], r["outcome"] == "ok"
+        if op == "complete" and ok and "task" in r:
+            completed.add((r["task"], r["gen"]))
+        elif op == "complete" and r["outcome"] in ("unknown", "refused"):
+            for pair in ([[r["task"], r["gen"]]] if "task" in r else r.get("tasks", [])):
+                recording[(pair[0], pair[1])].append(r)
+        elif op == "fail" and ok:
+            failed.add((r["task"], r["gen"]))
+        elif op == "renew" and r["outcome"] == "refused" and "task" in r:
+            renew_refused.setdefault((r["task"], r["gen"]), r["t"])
+        elif op == "claim" and ok and "task" in r:
+            claims[r["task"]].append((r["t"], r["gen"]))
+        elif op == "fault" and ok:
+            faults.append(r)
+    ended: dict[tuple[int, int], tuple[str, float | None]] = {}  # how and when (database time) a lease ended
+    for task_id, events in obs.events.items():
+        for e in events:
+            if e["type"] == "completed":
+                completed.add((task_id, e["generation"]))
+            elif e["type"] == "failed":
+                failed.add((task_id, e["generation"]))
+            elif e["type"] in ("lease_expired", "lease_revoked", "lease_released"):
+                # an expired lease ended at its deadline, not when a claimer routed it
+                when = (e.get("detail") or {}).get("lease_expires_at") if e["type"] == "lease_expired" else None
+                ended.setdefault((task_id, e["generation"]), (e["type"], _epoch(when or e.get("at"))))
+    end_of_run = obs.history[-1]["t"] if obs.history else 0.0
+    c: Counter = Counter()
+    for r in obs.history:
+        if r["op"] != "returned":
+            continue
+        task_id, gen = r["task"], r["gen"]
+        c["handlers returned"] += 1
+        if (task_id, gen) in completed:
+            continue
+        t = tasks.get(task_id, {})
+        later = sorted(tt for tt, g in claims.get(task_id, ()) if g > gen)
+        resting_on_it = t.get("claim_generation") == gen and t.get("status") in ("dead", "needs_reconciliation",
+                                                                                  "blocked", "queued")
+        how, at = ended.get((task_id, gen), ("", None))
+        if t.get("status") == "cancelled" or how == "lease_revoked":
+            c["returned attempts ended by an operator (cancel, revoke)"] += 1
+            continue
+        if (task_id, gen) not in failed:
+            if not later and not resting_on_it:
+                continue  # nothing charged (yet): the checker's other invariants judge the rest
+            refused_at = renew_refused.get((task_id, gen))
+            if (refused_at is not None and refused_at < r["t"]) or (at is not None and at < r.get("wall", 0)):
+                c["returned attempts whose lease had ended before the return"] += 1
+                continue
+            if how == "lease_expired" and at is not None and at - r.get("wall", 0) < RECORDING_SLACK_SECONDS:
+                c["returned attempts with too little lease left to record"] += 1
+                continue
+        until = later[0] if later else end_of_run
+        slot = _slot_of(r["proc"])
+        around = [f for f in faults if r["t"] - FAULT_REACH_SECONDS <= f["t"] <= until
+                  and f.get("slot") in (None, slot)]
+        outlasting = sorted({f["fault"] for f in around if f["fault"] in OUTLASTS_LEASE
+                             and not (f["fault"] == "partition" and f.get("mode") == "drop")})
+        if outlasting and (task_id, gen) not in failed:
+            c["returned attempts lost to a fault that outlasted the lease"] += 1
+            continue
+        if (task_id, gen) not in failed and how == "lease_expired" and at is not None and around \
+                and _kept_recording(recording.get((task_id, gen), []), at - (r["wall"] - r["t"])):
+            # the worker kept trying to record the success until its lease ran out, and the queue
+            # stayed out of reach (reconnecting after the fault) for the rest of the lease: reported
+            # as a loss and routed by the recovery policy, as designed; never a failure
+            c["returned attempts whose lease ran out while recording through a fault"] += 1
+            continue
+        def name(f: dict[str, Any]) -> str:
+            return f["fault"] + (f"({f['mode']})" if f.get("mode") else "")
+
+        nearest = name(_blame(around, slot, r["t"])) if around else "no fault"
+        timeline = ", ".join(f"{name(f)} {f['t'] - r['t']:+.2f}s" for f in sorted(around, key=lambda f: f["t"]))
+        what = ("recorded as a failure" if (task_id, gen) in failed
+                else f"run again (generation {later and max(g for _, g in claims[task_id])})" if later
+                else f"left {t.get('status')}")
+        violate("no_attempt_charged", task_id,
+                f"handler returned under generation {gen} ({r['proc']}), then {what}; "
+                f"lease ended: {how or 'not by expiry'}; nearest fault: {nearest}; "
+                f"faults around the return: {timeline or 'none'}")
+        c["attempts consumed by infrastructure faults"] += 1
+        c[f"charged near {nearest}"] += 1
+    c.setdefault("attempts consumed by infrastructure faults", 0)
+    return dict(c)
 
 
 def _counts(obs: Observed) -> dict[str, int]:

@@ -7,21 +7,25 @@ from pathlib import Path
 
 from leaseq.core.errors import InvalidInput
 
-from .faults import FAULTS, PG_ONLY
+from .faults import FAULTS, HTTP_ONLY, PG_ONLY
 
 BACKENDS = ("postgres", "sqlite")
+#: How workers reach the queue: ``direct`` (a database connection each),
+#: ``http`` (every worker through ``leaseq serve``), ``mixed`` (every other one).
+TRANSPORTS = ("direct", "http", "mixed")
 
 
-def default_faults(backend: str) -> tuple[str, ...]:
-    """Every fault the backend supports."""
-    return tuple(f for f in FAULTS if backend == "postgres" or f not in PG_ONLY)
+def default_faults(backend: str, transport: str = "direct") -> tuple[str, ...]:
+    """Every fault the backend and the transport support."""
+    return tuple(f for f in FAULTS if (backend == "postgres" or f not in PG_ONLY)
+                 and (transport != "direct" or f not in HTTP_ONLY))
 
 
-def parse_faults(text: str, backend: str) -> tuple[str, ...]:
+def parse_faults(text: str, backend: str, transport: str = "direct") -> tuple[str, ...]:
     """``kill,stop,...`` (or ``all`` / ``none``) as a tuple; unknown or unsupported names are refused."""
     text = text.strip()
     if text == "all":
-        return default_faults(backend)
+        return default_faults(backend, transport)
     if text in ("", "none"):
         return ()
     names = tuple(dict.fromkeys(n.strip() for n in text.split(",") if n.strip()))
@@ -34,6 +38,8 @@ def parse_faults(text: str, backend: str) -> tuple[str, ...]:
             verb = "needs" if len(pg_only) == 1 else "need"
             raise InvalidInput("faults", f"{', '.join(pg_only)} {verb} --backend postgres (SQLite has no "
                                          "server or network connection to fault)")
+    if transport == "direct" and any(n in HTTP_ONLY for n in names):
+        raise InvalidInput("faults", "service needs remote workers (--transport http or mixed)")
     return names
 
 
@@ -51,10 +57,13 @@ class ChaosConfig:
     concurrency: int = 4
     history_path: Path | None = None
     pg_bin: str | None = None
+    transport: str = "direct"
 
     def __post_init__(self) -> None:
         if self.backend not in BACKENDS:
             raise InvalidInput("backend", f"must be postgres or sqlite (got {self.backend!r})")
+        if self.transport not in TRANSPORTS:
+            raise InvalidInput("transport", f"must be one of {', '.join(TRANSPORTS)} (got {self.transport!r})")
         for name, low, high in (("workers", 1, 64), ("tasks", 1, 1_000_000), ("concurrency", 1, 64)):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
@@ -64,7 +73,11 @@ class ChaosConfig:
         if isinstance(self.duration, bool) or not isinstance(self.duration, (int, float)) \
                 or not 20 <= self.duration <= 24 * 3600:
             raise InvalidInput("duration", f"must be from 20 to 86400 seconds (got {self.duration!r})")
-        self.faults = parse_faults(",".join(self.faults), self.backend)
+        self.faults = parse_faults(",".join(self.faults), self.backend, self.transport)
+
+    def remote(self, slot: int) -> bool:
+        """Whether worker ``slot`` talks to the queue over HTTP."""
+        return self.transport == "http" or (self.transport == "mixed" and slot % 2 == 1)
 
     @property
     def settle_seconds(self) -> float:

@@ -15,6 +15,16 @@ partition    drop, delay or black-hole one worker's connections (proxy)
 skew         every worker runs with a wrong clock, re-drawn at each spawn;
              this schedule also stops workers gracefully (SIGTERM) so they
              come back with a new one
+drop_queue   ``pg_terminate_backend`` on every connection to the queue
+             database at once (the workers' and the service's): what a
+             failover or a pooler restart does
+drop_ledger  ``pg_terminate_backend`` on every connection the workers' fenced
+             stores hold to the downstream ledger
+revoke       revoke a running worker (``Queue.revoke_worker``) at a random
+             moment, racing its claims; the process finds itself refused and
+             exits, and the fleet starts a new one under a new identity
+service      SIGKILL the ``leaseq serve`` process remote workers talk to, and
+             start it again on the same port after a pause
 ===========  ==============================================================
 """
 
@@ -27,9 +37,16 @@ from typing import Any, Callable
 
 from .fleet import APP_PREFIX, Fleet
 
-FAULTS = ("kill", "stop", "terminate", "restart", "partition", "skew")
+FAULTS = ("kill", "stop", "terminate", "restart", "partition", "skew", "drop_queue", "drop_ledger", "revoke",
+          "service")
 #: Faults that need the PostgreSQL backend (a server to restart, connections to cut).
-PG_ONLY = frozenset({"terminate", "restart", "partition"})
+PG_ONLY = frozenset({"terminate", "restart", "partition", "drop_queue", "drop_ledger"})
+#: Faults that need remote workers (``--transport http`` or ``mixed``).
+HTTP_ONLY = frozenset({"service"})
+#: Faults that can keep a worker from the queue for longer than a lease, so a
+#: handler that returned may lose its lease before its completion is recorded:
+#: the one cost a fault may charge (see the checker's ``no_attempt_charged``).
+OUTLASTS_LEASE = frozenset({"kill", "stop", "partition", "restart", "service"})
 
 
 def fault_rng(seed: int, fault: str) -> random.Random:
@@ -41,7 +58,8 @@ class FaultInjector:
     """Runs one thread per enabled fault until :meth:`stop`, then heals everything."""
 
     def __init__(self, faults: tuple[str, ...], seed: int, fleet: Fleet, *, record: Callable[..., None],
-                 chaos_seconds: float, proxy: Any = None, server: Any = None):
+                 chaos_seconds: float, proxy: Any = None, server: Any = None, queue: Any = None,
+                 service: Any = None, databases: tuple[str, str] = ("", "")):
         self.faults = faults
         self.seed = seed
         self.fleet = fleet
@@ -49,6 +67,9 @@ class FaultInjector:
         self.chaos_seconds = chaos_seconds
         self.proxy = proxy
         self.server = server
+        self.queue = queue          # the harness's own Queue (revocations)
+        self.service = service      # the ServiceProcess remote workers use, if any
+        self.queue_db, self.ledger_db = databases
         self.halt = threading.Event()
         self.threads: list[threading.Thread] = []
         self.server_lock = threading.Lock()  # a restart and a termination never overlap
@@ -76,10 +97,12 @@ class FaultInjector:
         for slot in self.fleet.slots:
             if slot.stopped:
                 self.fleet.signal(slot, signal.SIGCONT)
-        if self.proxy is not None:
-            self.proxy.heal_all()
+        for proxy in self.fleet.proxies(self.proxy):
+            proxy.heal_all()
         if self.server is not None:
             self.server.wait_ready()
+        if self.service is not None:
+            self.service.ensure_running()
 
     # -- helpers --------------------------------------------------------------------
 
@@ -116,7 +139,9 @@ class FaultInjector:
     def _terminate(self, rng: random.Random) -> None:
         for _ in self._every(rng, 2.0, 5.0):
             slot = self._target(rng, "terminate")
-            if slot is None:
+            if slot is None or slot.server is not None:  # a remote worker holds no database connection
+                if slot is not None:
+                    self.record("fault", "skipped", fault="terminate", slot=slot.index, reason="remote worker")
                 continue
             with self.server_lock:
                 n = self.server.terminate_backends(f"{APP_PREFIX}{slot.index}.")
@@ -140,22 +165,66 @@ class FaultInjector:
             lag = rng.uniform(0.05, 0.5)
             if slot is None:
                 continue
-            link = slot.name
+            link, proxy = slot.name, self.fleet.proxy_of(slot, self.proxy)
             if mode == "drop":
-                n = self.proxy.drop(link)
+                n = proxy.drop(link)
                 self.record("fault", "ok", fault="partition", mode=mode, slot=slot.index, connections=n)
                 continue
             self.record("fault", "ok", fault="partition", mode=mode, slot=slot.index, seconds=round(hold, 3),
                         **({"lag": round(lag, 3)} if mode == "delay" else {}))
             if mode == "delay":
-                self.proxy.set_delay(link, lag)
+                proxy.set_delay(link, lag)
             else:
-                self.proxy.blackhole(link)
+                proxy.blackhole(link)
             self.halt.wait(hold)
-            self.proxy.heal(link)
+            proxy.heal(link)
 
     def _skew(self, rng: random.Random) -> None:
         for _ in self._every(rng, 5.0, 12.0):
             slot = self._target(rng, "skew")
             if slot is not None and self.fleet.signal(slot, signal.SIGTERM):
                 self.record("fault", "ok", fault="skew", slot=slot.index, note="SIGTERM; respawned with a new clock")
+
+    def _drop_queue(self, rng: random.Random) -> None:
+        for _ in self._every(rng, 3.0, 7.0):
+            with self.server_lock:
+                n = self.server.terminate_backends("leaseq-chaos-", database=self.queue_db,
+                                                   sparing="leaseq-chaos-harness")
+            self.record("fault", "ok", fault="drop_queue", backends=n)
+
+    def _drop_ledger(self, rng: random.Random) -> None:
+        for _ in self._every(rng, 3.0, 7.0):
+            with self.server_lock:
+                n = self.server.terminate_backends(APP_PREFIX, database=self.ledger_db)
+            self.record("fault", "ok", fault="drop_ledger", backends=n)
+
+    def _revoke(self, rng: random.Random) -> None:
+        for _ in self._every(rng, 4.0, 9.0):
+            slot = self._target(rng, "revoke")
+            if slot is None:
+                continue
+            wid = self.fleet.worker_id(slot)
+            if wid is None:
+                self.record("fault", "skipped", fault="revoke", slot=slot.index, reason="not registered yet")
+                continue
+            try:
+                self.queue.revoke_worker(wid)
+            except Exception as exc:  # the database is restarting: this revocation did not happen
+                self.record("fault", "error", fault="revoke", slot=slot.index, worker=wid,
+                            error=type(exc).__name__)
+                continue
+            self.record("fault", "ok", fault="revoke", slot=slot.index, worker=wid)
+
+    def _service(self, rng: random.Random) -> None:
+        for _ in self._every(rng, 6.0, 12.0):
+            pause = rng.uniform(0.3, 2.0)
+            if not self.service.kill():
+                continue
+            self.record("fault", "ok", fault="service", seconds=round(pause, 3))
+            self.halt.wait(pause)
+            try:
+                self.service.start()
+            except RuntimeError as exc:  # reported; the harness starts it again, and the schedule goes on
+                self.record("fault_end", "error", fault="service", error=str(exc)[:300])
+            else:
+                self.record("fault_end", "ok", fault="service")

@@ -4,12 +4,15 @@ Each *slot* runs one worker process at a time (``python -m
 leaseq.chaos.worker_process``). On PostgreSQL a slot reaches the database
 through a proxy link of its own and names itself in ``application_name``,
 so network faults and server-side terminations hit one worker only. A
+remote slot reaches the queue over HTTP only, through ``leaseq serve`` (via
+a proxy link of its own as well). A
 process that dies (killed, or crashed because the database was down when it
 started) is respawned by :meth:`Fleet.respawn_dead`.
 """
 
 from __future__ import annotations
 
+import json
 import os
 import random
 import signal
@@ -19,7 +22,7 @@ import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable
+from typing import Any, Callable
 
 from . import skewed_clock
 
@@ -32,6 +35,8 @@ class Slot:
 
     index: int
     dsn: str
+    server: str | None = None       # remote: the `leaseq serve` URL (its link) this slot's workers use
+    token_file: Path | None = None  # remote: the slot's worker token
     proc: subprocess.Popen | None = None
     spawns: int = 0
     stopped: bool = False   # SIGSTOPped by the fault injector right now
@@ -48,8 +53,9 @@ class Fleet:
 
     def __init__(self, dsns: list[str], *, ledger_dsns: list[str], history_dir: Path, log_dir: Path,
                  concurrency: int, env: dict[str, str], record: Callable[..., None], skew_rng: random.Random | None,
-                 seed: int = 0):
-        self.slots = [Slot(i, dsn) for i, dsn in enumerate(dsns)]
+                 seed: int = 0, remote: dict[int, tuple[str, Path]] | None = None):
+        remote = remote or {}
+        self.slots = [Slot(i, dsn, *remote.get(i, (None, None))) for i, dsn in enumerate(dsns)]
         self.ledger_dsns = ledger_dsns
         self.history_dir = history_dir
         self.log_dir = log_dir
@@ -60,6 +66,7 @@ class Fleet:
         self.seed = seed
         self.lock = threading.RLock()
         self.closing = False
+        self.http_proxy: Any = None  # set by the runner when remote slots go through a proxy
 
     def _roll_clock(self, slot: Slot) -> None:
         if self.skew_rng is None:
@@ -77,6 +84,9 @@ class Fleet:
             env = dict(self.env, LEASEQ_DSN=slot.dsn, LEASEQ_CHAOS_LEDGER_DSN=self.ledger_dsns[slot.index],
                        LEASEQ_CHAOS_HISTORY=str(self.history_dir), LEASEQ_CHAOS_PROC=proc_name,
                        LEASEQ_CHAOS_CONCURRENCY=str(self.concurrency), LEASEQ_CHAOS_SEED=str(self.seed))
+            if slot.server is not None:
+                env.update(LEASEQ_CHAOS_SERVER=slot.server, LEASEQ_CHAOS_TOKEN_FILE=str(slot.token_file))
+                env.pop("LEASEQ_DSN")  # the HTTP transport only
             env[skewed_clock.OFFSET_ENV] = str(slot.clock_offset)
             env[skewed_clock.RATE_ENV] = str(slot.clock_rate)
             log = open(self.log_dir / f"{proc_name}.log", "w")
@@ -85,7 +95,31 @@ class Fleet:
             log.close()
             slot.stopped = False
             self.record("spawn", "ok", slot=slot.index, proc_name=proc_name, pid=slot.proc.pid,
-                        clock_offset=slot.clock_offset, clock_rate=slot.clock_rate)
+                        clock_offset=slot.clock_offset, clock_rate=slot.clock_rate,
+                        transport="http" if slot.server is not None else "direct")
+
+    def proxy_of(self, slot: Slot, queue_proxy: Any) -> Any:
+        """The proxy carrying the slot's link: the HTTP one for a remote slot, else the database one."""
+        return self.http_proxy if slot.server is not None else queue_proxy
+
+    def proxies(self, queue_proxy: Any) -> list[Any]:
+        """Every proxy in use (to heal them all)."""
+        return [p for p in (queue_proxy, self.http_proxy) if p is not None]
+
+    def worker_id(self, slot: Slot) -> str | None:
+        """The worker identity the slot's current process registered (None before it has)."""
+        path = self.history_dir / f"{slot.name}.{slot.spawns}.jsonl"
+        try:
+            lines = path.read_text(errors="replace").splitlines()
+        except OSError:
+            return None
+        for line in lines:
+            if '"op":"register"' in line:
+                try:
+                    return json.loads(line)["worker"]
+                except (ValueError, KeyError):
+                    return None
+        return None
 
     def start(self) -> None:
         """Start every slot."""

@@ -33,6 +33,11 @@ def now() -> float:
     return _monotonic()
 
 
+def wall() -> float:
+    """The true wall-clock time, whatever clock the process was given (a downstream service's clock)."""
+    return _wall()
+
+
 class HistoryWriter:
     """Appends records for one process to ``<folder>/<proc>.jsonl``."""
 

@@ -141,15 +141,24 @@ class ThrowawayPostgres:
             conn.execute(f'CREATE DATABASE "{name}"')
         return self.dsn(name)
 
-    def terminate_backends(self, application_name_prefix: str) -> int:
-        """``pg_terminate_backend`` every backend of this server whose application_name starts with the prefix."""
+    def terminate_backends(self, application_name_prefix: str, *, database: str | None = None,
+                           sparing: str | None = None) -> int:
+        """``pg_terminate_backend`` every backend of this server whose application_name starts with the
+        prefix (only those connected to ``database`` when given; never those whose name starts with
+        ``sparing``). Returns how many were terminated."""
         import psycopg
+
+        def like(prefix: str) -> str:
+            return prefix.replace("%", r"\%").replace("_", r"\_") + "%"
 
         with psycopg.connect(self.dsn(), autocommit=True, connect_timeout=5) as conn:
             rows = conn.execute(
                 "SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
-                "WHERE application_name LIKE %s AND pid <> pg_backend_pid()",
-                (application_name_prefix.replace("%", r"\%").replace("_", r"\_") + "%",)).fetchall()
+                "WHERE application_name LIKE %(prefix)s AND pid <> pg_backend_pid() "
+                "AND (%(db)s::text IS NULL OR datname = %(db)s) "
+                "AND (%(spare)s::text IS NULL OR application_name NOT LIKE %(spare)s)",
+                {"prefix": like(application_name_prefix), "db": database,
+                 "spare": like(sparing) if sparing else None}).fetchall()
         return sum(1 for (ok,) in rows if ok)
 
     def wait_ready(self, timeout: float = 30.0) -> None:

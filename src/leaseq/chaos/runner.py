@@ -130,6 +130,48 @@ def _action_keys(seed: int) -> str:
     return f"chaos:{secret}"
 
 
+def _remote_workers(config: ChaosConfig, q: leaseq.Queue, service_dsn: str, env: dict[str, str], workdir: Path,
+                    log_dir: Path, record: Callable[..., None], stack: ExitStack) -> tuple[Any, dict, Any]:
+    """For ``--transport http`` or ``mixed``: start ``leaseq serve`` and give each remote slot a
+    worker token (as ``leaseq tokens create --role worker`` does) and, on PostgreSQL, a proxy link.
+
+    Returns ``(service, {slot: (url, token_file)}, http_proxy)``; ``(None, {}, None)`` when every
+    worker is direct."""
+    slots = [i for i in range(config.workers) if config.remote(i)]
+    if not slots:
+        return None, {}, None
+    from leaseq import auth
+
+    from .service_process import ServiceProcess
+
+    service = ServiceProcess(service_dsn, env=env, log_dir=log_dir, record=record)
+    stack.callback(service.stop)
+    service.start()
+    http_proxy = None
+    if config.backend == "postgres":
+        from .proxy import FaultyProxy
+
+        http_proxy = FaultyProxy(service.port)
+        stack.callback(http_proxy.close)
+    remote = {}
+    for i in slots:
+        token, _ = auth.create_token(q, name=f"chaos-w{i}", role="worker", created_by="leaseq-chaos")
+        path = workdir / f"w{i}.token"
+        path.write_text(token + "\n")
+        path.chmod(0o600)
+        url = f"http://127.0.0.1:{http_proxy.add_link(f'w{i}')}" if http_proxy is not None else service.url
+        remote[i] = (url, path)
+    return service, remote, http_proxy
+
+
+def _keep_serving(service: Any, record: Callable[..., None]) -> None:
+    """Start the service again if it died other than by the service fault (which restarts it itself)."""
+    try:
+        service.ensure_running(even_if_killed=False)
+    except RuntimeError as exc:
+        record("service_start", "error", error=str(exc)[:300])
+
+
 def _unsettled(q: leaseq.Queue) -> int:
     rows = q.stats()
     return sum(r["count"] for r in rows if r["status"] in ("queued", "running"))
@@ -176,11 +218,14 @@ def run_chaos(config: ChaosConfig, *, progress: Callable[[str], None] | None = N
                            for i in range(config.workers)]
             queue_dsn = server.dsn(QUEUE_DB, application_name="leaseq-chaos-harness")
             ledger_dsn = server.dsn(LEDGER_DB, application_name="leaseq-chaos-harness")
+            service_dsn = server.dsn(QUEUE_DB, application_name="leaseq-chaos-service")
         else:
             queue_dsn = f"sqlite:///{workdir / 'queue.db'}"
             ledger_dsn = f"sqlite:///{workdir / 'ledger.db'}"
             worker_dsns, ledger_dsns = [queue_dsn] * config.workers, [ledger_dsn] * config.workers
-        say(f"chaos: {config.backend}, {config.workers} workers, {config.tasks} tasks, seed {config.seed}, "
+            service_dsn = queue_dsn
+        say(f"chaos: {config.backend}, {config.transport} transport, {config.workers} workers, "
+            f"{config.tasks} tasks, seed {config.seed}, "
             f"faults {','.join(config.faults) or 'none'}, {config.duration:g}s "
             f"({config.chaos_seconds:g}s of faults, then up to {config.settle_seconds:g}s to settle)")
 
@@ -197,25 +242,33 @@ def run_chaos(config: ChaosConfig, *, progress: Callable[[str], None] | None = N
 
         env = {k: v for k, v in os.environ.items() if not k.startswith(("LEASEQ_DSN", "LEASEQ_CHAOS"))}
         env["LEASEQ_ACTION_KEYS"] = _action_keys(config.seed)
+        service, remote, http_proxy = _remote_workers(config, q, service_dsn, env, workdir, log_dir, record, stack)
         fleet = Fleet(worker_dsns, ledger_dsns=ledger_dsns, history_dir=history_dir, log_dir=log_dir,
                       concurrency=config.concurrency, env=env, record=record,
                       skew_rng=random.Random(f"{config.seed}/skew") if "skew" in config.faults else None,
-                      seed=config.seed)
+                      seed=config.seed, remote=remote)
+        fleet.http_proxy = http_proxy
         stack.callback(fleet.stop, 5.0)
         fleet.start()
         harness = _Harness(config, q, history, run_tag)
         probe = StaleWriterProbe(q, fence, history, random.Random(f"{config.seed}/probe"), run_tag)
         injector = FaultInjector(config.faults, config.seed, fleet, record=record,
-                                 chaos_seconds=config.chaos_seconds, proxy=proxy, server=server)
+                                 chaos_seconds=config.chaos_seconds, proxy=proxy, server=server, queue=q,
+                                 service=service, databases=(QUEUE_DB, LEDGER_DB))
+        # The phases are timed from here: setting up a private server can take seconds on a loaded
+        # machine, and that must not eat the chaos phase of a short run.
+        phases = time.monotonic()
         harness.start()
         probe.start()
         injector.start()
 
-        chaos_end = started + config.chaos_seconds
+        chaos_end = phases + config.chaos_seconds
         last_say = time.monotonic()
         while time.monotonic() < chaos_end:
             time.sleep(0.2)
             fleet.respawn_dead()
+            if service is not None:
+                _keep_serving(service, record)
             if time.monotonic() - last_say >= 10:
                 last_say = time.monotonic()
                 say(f"  {time.monotonic() - started:5.0f}s  enqueued {len(harness.enqueued)}  "
@@ -227,10 +280,12 @@ def run_chaos(config: ChaosConfig, *, progress: Callable[[str], None] | None = N
         record("settle", "ok")
         say(f"  {time.monotonic() - started:5.0f}s  faults off; settling")
 
-        deadline = started + config.duration
+        deadline = phases + config.duration
         halt = threading.Event()
         while time.monotonic() < deadline:
             fleet.respawn_dead()
+            if service is not None:
+                _keep_serving(service, record)
             try:
                 if _unsettled(q) == 0:
                     settled = True

@@ -10,7 +10,9 @@ workload, as ``leaseq worker`` does, with two additions a test build needs:
 
 Configuration comes from the environment the harness sets: ``LEASEQ_DSN``,
 ``LEASEQ_CHAOS_LEDGER_DSN``, ``LEASEQ_CHAOS_HISTORY``, ``LEASEQ_CHAOS_PROC``,
-``LEASEQ_CHAOS_CONCURRENCY``, ``LEASEQ_CHAOS_SEED`` and the clock variables.
+``LEASEQ_CHAOS_CONCURRENCY``, ``LEASEQ_CHAOS_SEED`` and the clock variables; a remote
+worker gets ``LEASEQ_CHAOS_SERVER`` (the ``leaseq serve`` URL) and
+``LEASEQ_CHAOS_TOKEN_FILE`` (its worker token) and talks HTTP only.
 """
 
 from __future__ import annotations
@@ -42,7 +44,7 @@ class RecordingTransport:
         self._queue = queue
         self._history = history
 
-    def __getattr__(self, name: str) -> Any:  # dialect, listener, register_worker, report_loss...
+    def __getattr__(self, name: str) -> Any:  # dialect, listener, native_async, report_loss...
         value = getattr(self._queue, name)
         if name == "complete_many":  # the batched completion, where the queue offers it
             return self._complete_many
@@ -51,10 +53,31 @@ class RecordingTransport:
     def _complete_many(self, worker: Any, done: list) -> set:
         fields = {"worker": worker.id, "tasks": [[c.task_id, c.generation] for c, _ in done]}
         held = self._call("complete", fields, self._queue.complete_many, worker, done)
+        self._completed(worker, done, held, fields)
+        return held
+
+    async def acomplete_many(self, worker: Any, done: list) -> set:
+        """The batched completion awaited on the event loop (PostgreSQL), recorded like the rest."""
+        fields = {"worker": worker.id, "tasks": [[c.task_id, c.generation] for c, _ in done],
+                  "t0": history_module.now()}
+        try:
+            held = await self._queue.acomplete_many(worker, done)
+        except Exception as exc:
+            self._history.record("complete", _outcome(exc), **fields, error=type(exc).__name__)
+            raise
+        self._completed(worker, done, held, fields)
+        return held
+
+    def _completed(self, worker: Any, done: list, held: set, fields: dict[str, Any]) -> None:
         for claim, result in done:
             self._history.record("complete", "ok" if claim.task_id in held else "refused", worker=worker.id,
                                  task=claim.task_id, gen=claim.generation, result=result, t0=fields["t0"])
-        return held
+
+    def register_worker(self, name: str = "worker") -> Any:
+        """Register, and record the identity (the harness revokes workers by it)."""
+        worker = self._queue.register_worker(name)
+        self._history.record("register", "ok", worker=worker.id)
+        return worker
 
     def _call(self, op: str, fields: dict[str, Any], fn: Any, *args: Any, **kwargs: Any) -> Any:
         fields["t0"] = history_module.now()  # when the call was made; "t" says when it returned
@@ -66,10 +89,24 @@ class RecordingTransport:
         return value
 
     def claim(self, worker: Any, **kwargs: Any) -> list:
-        claims = self._call("claim", {"worker": worker.id}, self._queue.claim, worker, **kwargs)
+        fields = {"worker": worker.id}
+        claims = self._call("claim", fields, self._queue.claim, worker, **kwargs)
         for c in claims:
             self._history.record("claim", "ok", worker=worker.id, task=c.task_id, gen=c.generation,
-                                 lease=c.lease_seconds)
+                                 lease=c.lease_seconds, t0=fields["t0"])
+        return claims
+
+    async def aclaim(self, worker: Any, **kwargs: Any) -> list:
+        """The claim awaited on the event loop (PostgreSQL), recorded as :meth:`claim` is."""
+        t0 = history_module.now()
+        try:
+            claims = await self._queue.aclaim(worker, **kwargs)
+        except Exception as exc:
+            self._history.record("claim", _outcome(exc), worker=worker.id, t0=t0, error=type(exc).__name__)
+            raise
+        for c in claims:
+            self._history.record("claim", "ok", worker=worker.id, task=c.task_id, gen=c.generation,
+                                 lease=c.lease_seconds, t0=t0)
         return claims
 
     def renew_leases(self, worker: Any, claims: list) -> dict:
@@ -127,7 +164,13 @@ def main() -> None:
     logging.basicConfig(level=logging.WARNING, format=f"%(asctime)s {proc} %(levelname)s %(name)s: %(message)s")
     history.record("worker_start", "ok", pid=os.getpid(), clock_offset=offset, clock_rate=rate)
     try:
-        queue = workload.app.queue
+        server = os.environ.get("LEASEQ_CHAOS_SERVER")
+        if server:  # a remote worker: the HTTP transport, through `leaseq serve`
+            from leaseq.client import RemoteQueue
+
+            queue = RemoteQueue.from_token_file(server, os.environ["LEASEQ_CHAOS_TOKEN_FILE"], timeout=10)
+        else:
+            queue = workload.app.queue
         stats = workload.app.run_worker(
             transport=RecordingTransport(queue, history), queues=[workload.QUEUE],
             concurrency=int(os.environ.get("LEASEQ_CHAOS_CONCURRENCY", "4")), name=proc,

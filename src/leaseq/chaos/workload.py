@@ -30,7 +30,7 @@ from typing import Any
 import leaseq
 from leaseq.core.errors import CredentialMissing, Permanent, StaleToken
 
-from .history import HistoryWriter
+from .history import HistoryWriter, wall
 
 QUEUE = "chaos"
 PROBE_QUEUE = "chaos-probe"
@@ -107,7 +107,12 @@ def send_downstream(ctx: leaseq.TaskContext, fx: Any, *, keyed: bool) -> Any:
     fence = _downstream()
     resource, token, key = f"task:{ctx.task_id}", fx.generation, fx.idempotency_key
     if _signer is not None and fx.token is not None:
-        _signer.verify(fx.token, action=ACTION, idempotency_key=key, generation=token, leeway_seconds=1.0)
+        # Expiry is judged by the signer's clock, as a downstream service whose clock agrees with the
+        # signer's would: a remote worker's token is signed by the service (the true clock), a direct
+        # worker's by the worker itself (its skewed clock; see docs/reliability.md, "Clock skew").
+        signed_by_service = bool(os.environ.get("LEASEQ_CHAOS_SERVER"))
+        _signer.verify(fx.token, action=ACTION, idempotency_key=key, generation=token,
+                       now=wall() if signed_by_service else None, leeway_seconds=1.0)
     mark = "%s" if fence.dialect == "postgres" else "?"
 
     def write(conn: Any) -> dict[str, Any]:
@@ -151,6 +156,10 @@ def _work(ctx: leaseq.TaskContext, seconds: float) -> None:
 
 
 def _result(ctx: leaseq.TaskContext) -> dict[str, Any]:
+    """The handler's return value; called at the return, so the handler has
+    succeeded: the "returned" record is what the checker holds the runtime to
+    (a returned handler is never charged an attempt for the infrastructure)."""
+    _record("returned", "ok", task=ctx.task_id, gen=ctx.generation)
     return {"task": ctx.task_id, "generation": ctx.generation, "proc": PROC}
 
 

@@ -25,8 +25,13 @@ def register(group: click.Group) -> None:
 @click.option("--seed", type=int, default=1, show_default=True,
               help="Seeds every random choice (task mix, fault schedules, clocks): a run can be replayed.")
 @click.option("--faults", default="all", show_default=True,
-              help="Comma-separated: kill,stop,terminate,restart,partition,skew (or all, none). "
-                   "terminate, restart and partition need PostgreSQL.")
+              help="Comma-separated: kill,stop,terminate,restart,partition,skew,drop_queue,drop_ledger,revoke,"
+                   "service (or all, none). terminate, restart, partition, drop_queue and drop_ledger need "
+                   "PostgreSQL; service needs --transport http or mixed.")
+@click.option("--transport", type=click.Choice(["direct", "http", "mixed"]), default="direct", show_default=True,
+              help="How workers reach the queue: direct (a database connection each), http (every worker "
+                   "through a `leaseq serve` process the run starts, with a worker token each), or mixed "
+                   "(every other worker remote).")
 @click.option("--backend", type=click.Choice(["postgres", "sqlite"]), default="postgres", show_default=True,
               help="postgres starts a private throwaway server (initdb) on a free loopback port; "
                    "sqlite uses temporary files.")
@@ -39,8 +44,9 @@ def register(group: click.Group) -> None:
 @click.option("--quiet", is_flag=True, help="Only the table.")
 @click.option("--recheck", type=click.Path(exists=True, dir_okay=False, path_type=Path), default=None,
               metavar="HISTORY", help="Run nothing: check a history file written by an earlier run again.")
-def chaos(duration: float, workers: int, tasks: int, seed: int, faults: str, backend: str, concurrency: int,
-          history_path: Path | None, pg_bin: str | None, keep_logs: bool, quiet: bool, recheck: Path | None) -> None:
+def chaos(duration: float, workers: int, tasks: int, seed: int, faults: str, transport: str, backend: str,
+          concurrency: int, history_path: Path | None, pg_bin: str | None, keep_logs: bool, quiet: bool,
+          recheck: Path | None) -> None:
     """Run worker processes under injected faults, then check every invariant.
 
     Prints a table of counts and violations and writes the whole history
@@ -60,8 +66,8 @@ def chaos(duration: float, workers: int, tasks: int, seed: int, faults: str, bac
         sys.exit(0 if report.ok else 1)
     try:
         config = ChaosConfig(duration=duration, workers=workers, tasks=tasks, seed=seed,
-                             faults=parse_faults(faults, backend), backend=backend, concurrency=concurrency,
-                             history_path=history_path, pg_bin=pg_bin)
+                             faults=parse_faults(faults, backend, transport), backend=backend,
+                             concurrency=concurrency, history_path=history_path, pg_bin=pg_bin, transport=transport)
     except LeaseqError as exc:
         raise CliError.from_leaseq(exc) from None
     say = None if quiet else (lambda line: click.echo(line, err=True))

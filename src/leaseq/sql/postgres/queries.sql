@@ -51,6 +51,12 @@ RETURNING id, name, registered_at, revoked_at;
 -- name: get_worker
 SELECT id, name, registered_at, revoked_at FROM leaseq_workers WHERE id = %(worker_id)s;
 
+-- name: lock_worker
+-- The worker row, locked as claim_batch locks it (FOR SHARE): a claim's slow
+-- path takes it before it locks any task row, in the order revoke_worker
+-- takes them, so a claim and a revocation never deadlock.
+SELECT id, name, registered_at, revoked_at FROM leaseq_workers WHERE id = %(worker_id)s FOR SHARE;
+
 -- name: list_workers
 SELECT w.id, w.name, w.registered_at, w.revoked_at,
        (SELECT count(*) FROM leaseq_tasks t WHERE t.status = 'running' AND t.lease_owner = w.id) AS leases
@@ -185,15 +191,28 @@ RETURNING t.id, t.status, t.claim_generation, t.open_effects, t.attempts;
 -- The statement also writes each claim's "claimed" event (evidence_written),
 -- and always returns at least one row: the claimed tasks, or one row with
 -- NULL task columns, each carrying routing_due and worker_ok.
-WITH due AS (
+-- The worker row is read FOR SHARE, which conflicts with revoke_worker's
+-- update of it: a claim and a revocation serialize. Either the claim commits
+-- first and the revocation's end_worker_leases (a later statement, a later
+-- snapshot) ends its leases, or the revocation commits first and the claim,
+-- re-reading the locked row, finds revoked_at set and takes nothing. A plain
+-- read (READ COMMITTED) would let a claim that began before the revocation
+-- commit a lease that the revocation never saw. The worker row is locked
+-- before any task row (due is only read once worker_ok holds), as
+-- revoke_worker does, so the two never wait on each other in a cycle.
+WITH worker AS (
+    SELECT w.id FROM leaseq_workers w
+    WHERE w.id = %(worker_id)s AND w.revoked_at IS NULL
+    FOR SHARE
+), due AS (
     SELECT id FROM leaseq_tasks
     WHERE status = 'running' AND lease_expires_at < now()
     ORDER BY lease_expires_at  -- read from the leases index, never by scanning every running task
     LIMIT 1
     FOR UPDATE SKIP LOCKED
 ), flags AS (
-    SELECT %(route_first)s AND EXISTS (SELECT 1 FROM due) AS routing_due,
-           EXISTS (SELECT 1 FROM leaseq_workers w WHERE w.id = %(worker_id)s AND w.revoked_at IS NULL) AS worker_ok
+    SELECT w.worker_ok, %(route_first)s AND w.worker_ok AND EXISTS (SELECT 1 FROM due) AS routing_due
+    FROM (SELECT EXISTS (SELECT 1 FROM worker) AS worker_ok) w
 ), candidate AS (
     SELECT id FROM leaseq_tasks
     WHERE status = 'queued' AND queue = %(queue)s AND available_at <= now()

@@ -47,6 +47,10 @@ RETURNING id, name, registered_at, revoked_at;
 -- name: get_worker
 SELECT id, name, registered_at, revoked_at FROM leaseq_workers WHERE id = :worker_id;
 
+-- name: lock_worker
+-- SQLite has one writer at a time: a plain read (see the PostgreSQL file).
+SELECT id, name, registered_at, revoked_at FROM leaseq_workers WHERE id = :worker_id;
+
 -- name: list_workers
 SELECT w.id, w.name, w.registered_at, w.revoked_at,
        (SELECT count(*) FROM leaseq_tasks t WHERE t.status = 'running' AND t.lease_owner = w.id) AS leases

@@ -1,0 +1,46 @@
+"""`leaseq chaos` options for the faults and the transport: refused clearly, before anything starts."""
+
+from __future__ import annotations
+
+import pytest
+from click.testing import CliRunner
+
+from leaseq.chaos.config import ChaosConfig, default_faults
+from leaseq.cli.main import cli
+
+
+@pytest.mark.parametrize("args, says", [
+    (["--faults", "service"], "service needs remote workers (--transport http or mixed)"),
+    (["--backend", "sqlite", "--faults", "drop_queue,drop_ledger"], "drop_queue, drop_ledger need --backend postgres"),
+    (["--faults", "revoke,meteor"], "unknown fault(s) meteor"),
+])
+def test_a_fault_the_run_cannot_inject_is_refused(args, says, tmp_path):
+    result = CliRunner().invoke(cli, ["chaos", *args, "--history", str(tmp_path / "h.json")])
+    assert result.exit_code == 2, result.output
+    assert result.stderr.startswith("error: faults: ") and says in result.stderr, result.stderr
+    assert not (tmp_path / "h.json").exists()
+
+
+def test_the_help_lists_every_fault_and_the_transports():
+    out = CliRunner().invoke(cli, ["chaos", "--help"]).output
+    for name in ("drop_queue", "drop_ledger", "revoke", "service", "--transport", "mixed"):
+        assert name in out
+
+
+@pytest.mark.parametrize("backend, transport, faults", [
+    ("postgres", "direct", ("kill", "stop", "terminate", "restart", "partition", "skew", "drop_queue", "drop_ledger",
+                            "revoke")),
+    ("postgres", "mixed", ("kill", "stop", "terminate", "restart", "partition", "skew", "drop_queue", "drop_ledger",
+                           "revoke", "service")),
+    ("sqlite", "direct", ("kill", "stop", "skew", "revoke")),
+    ("sqlite", "http", ("kill", "stop", "skew", "revoke", "service")),
+])
+def test_all_means_every_fault_the_backend_and_transport_support(backend, transport, faults):
+    assert default_faults(backend, transport) == faults
+    assert ChaosConfig(backend=backend, transport=transport, faults=("kill",)).faults == ("kill",)
+
+
+def test_which_workers_are_remote():
+    assert [ChaosConfig(transport="mixed", workers=4).remote(i) for i in range(4)] == [False, True, False, True]
+    assert not any(ChaosConfig(transport="direct").remote(i) for i in range(8))
+    assert all(ChaosConfig(transport="http").remote(i) for i in range(8))
