@@ -127,7 +127,7 @@ SAMPLE = dict(
     kind="noop", payload={}, effect="read_only", priority=0, idempotency_key="k", max_attempts=5,
     tasks=[{"payload": {}, "idempotency_key": "k"}],
 )
-WRITE_PARAMS = {q: {"lease_seconds": 30.0} for q in ("insert_task", "insert_tasks", "insert_fresh_tasks")}
+WRITE_PARAMS = {q: {"lease_seconds": 30.0, "actions": None} for q in ("insert_task", "insert_tasks", "insert_fresh_tasks")}
 
 
 def _scans(plan: dict[str, Any]) -> list[tuple[str, str]]:

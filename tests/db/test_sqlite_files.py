@@ -49,7 +49,7 @@ def test_a_new_fence_database_and_its_wal_files_are_owner_only(tmp_path, umask_0
     store = FencedStore(f"sqlite:///{path}")
     try:
         store.migrate()
-        store.apply("order:1", 1, lambda conn: None, idempotency_key="k1")
+        store.apply("order:1", "1.1", lambda conn: None, idempotency_key="k1")
         for name in ("fence.db", "fence.db-wal", "fence.db-shm"):
             assert mode(tmp_path / name) == 0o600, f"{name}: {oct(mode(tmp_path / name))}"
     finally:
@@ -105,9 +105,9 @@ def test_a_failing_rollback_does_not_hide_the_fenced_write_error(tmp_path):
             return lambda conn: conn.execute("INSERT INTO ledger (amount) VALUES (?)", (amount,)) and amount
 
         with pytest.raises(sqlite3.IntegrityError, match="negative amount refused"):
-            store.apply("account:a", 5, write(-1), idempotency_key="k-bad")
-        assert store.newest_token("account:a") is None and store.outcome("k-bad") is None
-        assert store.apply("account:a", 5, write(7), idempotency_key="k-good") == 7
+            store.apply("account:a", "1.5", write(-1), idempotency_key="k-bad")
+        assert store.newest_generation("account:a", 1) is None and store.outcome("k-bad") is None
+        assert store.apply("account:a", "1.5", write(7), idempotency_key="k-good") == 7
         with store.transaction() as conn:
             assert conn.execute("SELECT amount FROM ledger").fetchall() == [(7,)]
     finally:
@@ -119,8 +119,8 @@ def test_a_write_that_ends_the_fence_transaction_itself_is_refused(tmp_path):
     try:
         store.migrate()
         with pytest.raises(RuntimeError, match="COMMIT"):
-            store.apply("account:a", 5, lambda conn: conn.execute("COMMIT"))
-        assert store.apply("account:a", 5, lambda conn: "ok") == "ok"
+            store.apply("account:a", "1.5", lambda conn: conn.execute("COMMIT"))
+        assert store.apply("account:a", "1.5", lambda conn: "ok") == "ok"
     finally:
         store.close()
 

@@ -53,10 +53,10 @@ def test_a_connection_dropped_inside_the_write_is_backend_unavailable(pg_store, 
         add_entry(conn, store, "alice", 20)  # the driver meets the dropped connection here
 
     with pytest.raises(leaseq.BackendUnavailable, match="terminating connection|server closed|connection"):
-        store.apply("account:alice", 3, write, idempotency_key=key)
-    assert ledger(store) == [] and store.newest_token("account:alice") is None
+        store.apply("account:alice", "1.3", write, idempotency_key=key)
+    assert ledger(store) == [] and store.newest_generation("account:alice", 1) is None
     # The broken connection left the pool; the retry succeeds.
-    assert store.apply("account:alice", 3, lambda conn: add_entry(conn, store, "alice", 10) or "ok",
+    assert store.apply("account:alice", "1.3", lambda conn: add_entry(conn, store, "alice", 10) or "ok",
                        idempotency_key=key) == "ok"
     assert ledger(store) == [("alice", 10, "")]
 
@@ -71,17 +71,17 @@ def test_a_connection_dropped_before_the_commit_is_backend_unavailable(pg_store,
         return {"ok": True}  # the outcome record or the COMMIT meets the dropped connection
 
     with pytest.raises(leaseq.BackendUnavailable):
-        store.apply("account:bob", 1, write, idempotency_key=key)
-    assert ledger(store) == [] and store.newest_token("account:bob") is None
+        store.apply("account:bob", "1.1", write, idempotency_key=key)
+    assert ledger(store) == [] and store.newest_generation("account:bob", 1) is None
 
 
 def test_idle_pool_connections_dropped_by_the_server_do_not_fail_the_next_apply(pg_store):
     store, name = pg_store
-    store.apply("account:carol", 1, lambda conn: None)
+    store.apply("account:carol", "1.1", lambda conn: None)
     before = backends(name)
     assert terminate(name=name) == len(before) >= 2
     for token in (1, 2, 3):
-        store.apply("account:carol", token, lambda conn: add_entry(conn, store, "carol", 1))
+        store.apply("account:carol", f"1.{token}", lambda conn: add_entry(conn, store, "carol", 1))
     assert len(ledger(store)) == 3 and backends(name).isdisjoint(before)
 
 
@@ -101,13 +101,14 @@ def test_the_middleware_answers_503_when_the_fence_connection_drops_mid_transact
     inner = Starlette(routes=[Route("/accounts/dave/deposit", deposit, methods=["POST"])])
     app = FencingMiddleware(inner, store=store, signer=signer, action=lambda scope: "deposit",
                             resource=lambda scope: "account:" + scope["path"].split("/")[2])
-    token = signer.issue(task_id=7, generation=4, action="deposit", idempotency_key="dep-7", ttl_seconds=120)
+    token = signer.issue(task_id=7, generation=4, action="deposit", idempotency_key="dep-7", ttl_seconds=120,
+                         resource="account:dave")
     with serve(app) as client:
         dropped = client.post("/accounts/dave/deposit", headers={"Leaseq-Action-Token": token})
         assert dropped.status_code == 503, dropped.text
         assert dropped.json()["error"]["code"] == "unavailable"
-        assert ledger(store) == [] and store.newest_token("account:dave") is None and store.outcome("dep-7") is None
+        assert ledger(store) == [] and store.newest_generation("account:dave", 7) is None and store.outcome("dep-7") is None
         # Nothing was recorded: the same request, retried, runs once and succeeds.
         retried = client.post("/accounts/dave/deposit", headers={"Leaseq-Action-Token": token})
-        assert retried.status_code == 200 and retried.json() == {"token": 4}
-    assert ledger(store) == [("dave", 1, "4")]
+        assert retried.status_code == 200 and retried.json() == {"token": "7.4"}
+    assert ledger(store) == [("dave", 1, "7.4")]

@@ -77,13 +77,15 @@ def test_the_worker_calls_raise_the_same_classes_locally_and_remotely(svc):
         return workers[id(target)], claims[id(target)][i]
 
     cases = {
-        "not_found": lambda t: t.get(10**9),
         "invalid": lambda t: t.claim(workers[id(t)], limit=0),
         "lease_lost": lambda t: (t.release(*held(t, 1)), t.complete(*held(t, 1), result=None)),
     }
     for code, call in cases.items():
         local, remote = both(q, rq, call)
         assert type(local) is type(remote) and local.code == remote.code == code, (code, local, remote)
+    # a worker token may read only its own workers' tasks (403); a viewer sees not_found
+    local, remote = both(q, svc.remote(svc.token("viewer")), lambda t: t.get(10**9))
+    assert type(local) is type(remote) is leaseq.NotFound and local.code == remote.code == "not_found"
     q.pause("default")
     local, remote = both(q, rq, lambda t: t.begin_effect(*held(t), "mail.send", key="k1"))
     assert type(local) is type(remote) is leaseq.QueuePaused

@@ -220,8 +220,11 @@ class Completer:
         retry = not isinstance(exc, Permanent)
         block = isinstance(exc, CredentialMissing)
         text = error_text(exc)
-        return await self._attempts(ctx, "fail", lambda: self._call(self.transport.fail, self.worker, ctx.claim,
-                                                                   text, retry=retry, block=block))
+        outcome = await self._attempts(ctx, "fail", lambda: self._call(self.transport.fail, self.worker, ctx.claim,
+                                                                      text, retry=retry, block=block))
+        if outcome.verdict is Verdict.RECORDED:  # the log line names the handler's error
+            outcome = Outcome(outcome.op, outcome.verdict, repr(exc), outcome.value)
+        return outcome
 
     async def _report(self, ctx: TaskContext, reason: str) -> None:
         try:

@@ -395,7 +395,7 @@ class WorkerRuntime:
                     ctx.log.info(self._msg(ctx, "completed"))
             elif op == "fail":
                 self.stats.failed += 1
-                ctx.log.warning(self._msg(ctx, f"failed -> {getattr(outcome.value, 'status', '?')}"))
+                ctx.log.warning(self._msg(ctx, f"failed -> {getattr(outcome.value, 'status', '?')}: {outcome.detail}"))
             else:
                 self.stats.released += 1
                 ctx.log.info(self._msg(ctx, "released"))
