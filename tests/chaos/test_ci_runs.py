@@ -43,7 +43,8 @@ def assert_clean_and_hostile(proc, doc, faults: list[str], *, charged_allowed: b
     assert counts["stale writes refused by the queue"] + counts["probe stale writes refused"] >= 5
     assert counts["probe stale writes refused"] >= 6  # at least one whole probe cycle
     statuses = verdict["statuses"]
-    assert statuses.get("completed", 0) >= 0.6 * counts["tasks enqueued"], statuses
+    # the workload parks some tasks on purpose (permanent failures, sends whose response is never recorded)
+    assert statuses.get("completed", 0) >= 0.5 * counts["tasks enqueued"], statuses
     assert set(statuses) <= {"completed", "dead", "cancelled", "needs_reconciliation", "blocked"}
 
 

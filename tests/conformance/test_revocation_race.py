@@ -88,7 +88,8 @@ def test_a_claim_racing_revoke_worker_leaves_no_live_lease(q: leaseq.Queue, dsn:
     for trial in range(TRIALS):
         w = q.register_worker(f"racer{trial}")
         if path == "routing":
-            q.enqueue_many("old", [{"n": i} for i in range(3)], queue="default", lease_seconds=LEASE_SECONDS)
+            q.enqueue_many("old", [{"n": i} for i in range(3)], queue="default", effect="idempotent",
+                         lease_seconds=LEASE_SECONDS)
             stale = q.claim(w, limit=3, lease_seconds=0.01)
             assert len(stale) == 3
             wait_expired(q, max(stale, key=lambda c: c.expires_at))
