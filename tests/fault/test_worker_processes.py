@@ -20,6 +20,8 @@ import pytest
 import leaseq
 from leaseq.fencing import FencedStore
 
+from .support import wait_for
+
 ROOT = Path(__file__).resolve().parents[2]
 
 
@@ -67,16 +69,6 @@ def queue(dsn: str) -> Iterator[leaseq.Queue]:
     q.migrate()
     yield q
     q.close()
-
-
-def wait_for(predicate, timeout: float = 20.0, what: str = "condition"):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = predicate()
-        if value:
-            return value
-        time.sleep(0.02)
-    raise AssertionError(f"{what} not met within {timeout}s")
 
 
 def lease_expired(q: leaseq.Queue, task_id: int) -> bool:
