@@ -86,7 +86,7 @@ def test_workers_queues_pause_and_sweep(dsn, run_cli):
     with leaseq.connect(dsn) as q:
         q.migrate()
         w = q.register_worker("worker-x")
-        held = q.enqueue("held", queue="jobs")
+        held = q.enqueue("held", queue="jobs", lease_seconds=3600)
         q.claim(w, queue="jobs")
 
     workers = as_json(cli("workers", "--json"))
