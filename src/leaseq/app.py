@@ -5,36 +5,51 @@
     @app.task("summarize", effect="read_only", lease_seconds=30)
     async def summarize(ctx, doc_id: int): ...
 
-    summarize.enqueue(doc_id=1)
+    summarize.enqueue(doc_id=1)                  # checked against summarize's signature
+    summarize.options(key="doc-1").enqueue(doc_id=1)
     app.run_worker(concurrency=16)
 """
 
 from __future__ import annotations
 
 import asyncio
-import inspect
+import dataclasses
 import json
 import sys
 import threading
+import warnings
 from collections.abc import Callable
-from dataclasses import dataclass
-from typing import Any
+from dataclasses import dataclass, field
+from typing import Any, Concatenate, Generic, ParamSpec, TypeVar
 
 from .core import policy
 from .core.errors import InvalidInput
 from .core.model import Task
 from .queue import Queue, _check_actions, connect
+from .signature import bind_payload, check_handler
 from .worker.registry import Registry
 from .worker.runtime import WorkerRuntime, WorkerStats
 
 
+P = ParamSpec("P")
+R = TypeVar("R")
+
+#: the enqueue options a payload argument cannot be confused with (see TaskDefinition.options)
+_LEGACY_OPTIONS = {"_key": "key", "_delay": "delay", "_priority": "priority"}
+
+
 @dataclass
-class TaskDefinition:
-    """A handler and the defaults its tasks are enqueued with."""
+class TaskDefinition(Generic[P, R]):
+    """A handler and the defaults its tasks are enqueued with.
+
+    Its :meth:`enqueue` takes the handler's own arguments (after ``ctx``), checked
+    against the handler's signature, statically by a type checker and at the call:
+    a missing, unknown or ill-typed argument is an :class:`~leaseq.InvalidInput`
+    naming it, and nothing is written."""
 
     app: App
     kind: str
-    fn: Callable[..., Any]
+    fn: Callable[Concatenate[Any, P], R]
     effect: str
     queue: str
     lease_seconds: float
@@ -42,25 +57,46 @@ class TaskDefinition:
     priority: int
     #: the actions its tasks may begin (None: undeclared; see Queue.enqueue)
     actions: list[str] | None = None
+    #: enqueue options bound by :meth:`options`
+    bound: dict[str, Any] = field(default_factory=dict)
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         """Call the handler directly (tests, scripts): ``ctx`` must be given."""
         return self.fn(*args, **kwargs)
 
-    def enqueue(self, _key: str | None = None, _delay: float = 0, _priority: int | None = None,
-                **payload: Any) -> Task:
-        """Enqueue one task with ``payload`` as the handler's keyword arguments.
-        ``_key`` is its idempotency key (a repeat returns the existing task)."""
+    def options(self, *, key: str | None = None, delay: float = 0,
+                priority: int | None = None) -> TaskDefinition[P, R]:
+        """This definition with enqueue options bound: ``key`` is the idempotency key (a
+        repeat with the same payload returns the existing task), ``delay`` seconds before
+        it may be claimed, ``priority`` instead of the declared one.
+        ``summarize.options(key="doc-1").enqueue(doc_id=1)``."""
+        bound = {**self.bound, "key": key, "delay": delay, "priority": priority}
+        return dataclasses.replace(self, bound=bound)
+
+    def payload(self, *args: P.args, **kwargs: P.kwargs) -> dict[str, Any]:
+        """The payload :meth:`enqueue` would send for these arguments (checked)."""
+        return bind_payload(self.fn, args, kwargs)
+
+    def enqueue(self, *args: P.args, **kwargs: P.kwargs) -> Task:
+        """Enqueue one task whose handler will be called as ``fn(ctx, *args, **kwargs)``
+        (sent as keyword arguments). Use :meth:`options` for a key, delay or priority."""
+        options = dict(self.bound)
+        for legacy, name in _LEGACY_OPTIONS.items():
+            if legacy in kwargs:
+                warnings.warn(f"{legacy}= is deprecated: use .options({name}=...).enqueue(...)",
+                              DeprecationWarning, stacklevel=2)
+                options[name] = kwargs.pop(legacy)
+        payload = bind_payload(self.fn, args, kwargs)
+        priority = options.get("priority")
         return self.app.queue.enqueue(self.kind, payload, effect=self.effect, queue=self.queue,
-                                      idempotency_key=_key, delay=_delay,
-                                      priority=self.priority if _priority is None else _priority,
+                                      idempotency_key=options.get("key"), delay=options.get("delay", 0),
+                                      priority=self.priority if priority is None else priority,
                                       max_attempts=self.max_attempts, lease_seconds=self.lease_seconds,
                                       actions=self.actions)
 
-    async def enqueue_async(self, _key: str | None = None, _delay: float = 0, _priority: int | None = None,
-                            **payload: Any) -> Task:
+    async def enqueue_async(self, *args: P.args, **kwargs: P.kwargs) -> Task:
         """:meth:`enqueue` for asyncio code."""
-        return await asyncio.to_thread(self.enqueue, _key, _delay, _priority, **payload)
+        return await asyncio.to_thread(self.enqueue, *args, **kwargs)
 
 
 def _caller_module() -> str:
@@ -88,7 +124,7 @@ class App:
         self.registry = Registry(f"app {self.name!r}")
 
     @property
-    def definitions(self) -> dict[str, TaskDefinition]:
+    def definitions(self) -> dict[str, TaskDefinition[..., Any]]:
         """The declared handlers by kind."""
         return self.registry.handlers  # type: ignore[return-value]
 
@@ -104,7 +140,8 @@ class App:
 
     def task(self, kind: str | None = None, *, effect: str = "read_only", queue: str = "default",
              lease_seconds: float = policy.DEFAULT_LEASE_SECONDS, max_attempts: int = 5,
-             priority: int = 0, actions: list[str] | None = None) -> Callable[[Callable[..., Any]], TaskDefinition]:
+             priority: int = 0, actions: list[str] | None = None,
+             ) -> Callable[[Callable[Concatenate[Any, P], R]], TaskDefinition[P, R]]:
         """Decorator declaring a handler ``fn(ctx, **payload)``, sync or async.
 
         ``actions`` lists the effects (``ctx.effect(action)``) its tasks may
@@ -112,12 +149,11 @@ class App:
         an idempotent or side_effect task, none for a read_only one."""
         declared = None if actions is None else json.loads(_check_actions(actions, policy.check_effect(effect)))
 
-        def register(fn: Callable[..., Any]) -> TaskDefinition:
+        def register(fn: Callable[Concatenate[Any, P], R]) -> TaskDefinition[P, R]:
             name = policy.check_kind(kind or f"{fn.__module__}.{fn.__qualname__}")
             if name in self.registry:
                 raise InvalidInput("kind", f"{name!r} is already declared in this app")
-            if not callable(fn) or not inspect.signature(fn).parameters:
-                raise InvalidInput("fn", "a handler takes ctx as its first argument")
+            check_handler(fn)
             definition = TaskDefinition(
                 app=self, kind=name, fn=fn, effect=policy.check_effect(effect), queue=policy.check_name("queue", queue),
                 lease_seconds=policy.check_seconds("lease_seconds", lease_seconds, allow_zero=False),
@@ -128,7 +164,7 @@ class App:
 
         return register
 
-    def definition(self, kind: str) -> TaskDefinition | None:
+    def definition(self, kind: str) -> TaskDefinition[..., Any] | None:
         """The handler declared for ``kind``, if any."""
         return self.definitions.get(kind)
 
