@@ -22,7 +22,9 @@ def test_the_library_installs_only_what_it_needs():
     assert names(extras["server"]) == SERVER_ONLY
     assert names(extras["client"]) == {"httpx"}
     # `pip install -e '.[test]'` (the README's second set-up line) still runs every test.
-    assert "leaseq[server,client]" in extras["test"]
+    [own] = [r for r in extras["test"] if r.startswith("leaseq[")]
+    assert {"server", "client", "mcp"} <= set(own[len("leaseq["):-1].split(","))
+    assert names(extras["mcp"]) == {"mcp"}
     urls = project["urls"]
     assert {"Homepage", "Documentation", "Changelog"} <= set(urls)
     assert all(u.startswith("https://github.com/leaseq/leaseq") for u in urls.values())

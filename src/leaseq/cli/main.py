@@ -25,6 +25,7 @@ COMMAND_MODULES = (
     "demo_command",      # demo
     "worker",            # worker
     "service",           # serve, tokens, prune
+    "mcp_command",       # mcp
     "chaos",             # chaos
 )
 
@@ -34,6 +35,7 @@ COMMAND_MODULES = (
 EXTRA_MODULES = {
     "server": ("fastapi", "starlette", "uvicorn", "jinja2", "multipart", "python_multipart", "prometheus_client"),
     "client": ("httpx", "httpcore"),
+    "mcp": ("mcp", "pydantic", "anyio"),
 }
 
 

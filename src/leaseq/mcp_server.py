@@ -1,0 +1,156 @@
+"""``leaseq mcp``: the queue as a Model Context Protocol server, for operators and agents.
+
+An MCP client (an agent, an IDE, Claude Desktop) starts ``leaseq mcp`` and talks
+to it over stdio. The server acts for exactly one queue-issued token, given when
+it starts: it offers the queue's read views (queue overview, tasks, one task with
+its evidence trail and action ledger, the reconciliation inbox, workers) and the
+operator actions of :data:`leaseq.authz.ACTIONS` as tools. Every call is decided by
+:func:`leaseq.authz.authorize` for that token, exactly as the HTTP API decides it:
+a viewer token reads (payloads and results hidden unless the token may read them)
+and is refused every operator action; an operator action goes through
+:func:`leaseq.authz.perform`, which records the token's name in the evidence trail
+and writes the audit entry (``via`` "mcp") in the action's own transaction.
+
+Errors come back as tool errors with the field and the problem, never a traceback.
+"""
+
+
+import inspect
+from collections.abc import Callable
+from typing import Annotated, Any
+
+from pydantic import Field as PydanticField
+
+from . import authz
+from .auth import Principal
+from .core.errors import LeaseqError
+from .queue import Queue
+from .service.views import present_effect, present_event, present_task, queue_overview, task_timeline
+from .service.wire import to_json
+
+INSTRUCTIONS = (
+    "leaseq is a task queue in which a claim is a lease with a fencing token. Read the queue with "
+    "queue_overview, list_tasks, get_task and reconciliation_inbox. Tasks in needs_reconciliation "
+    "wait for a person: check the outside world (did the action happen?) before calling reconcile. "
+    "Operator actions need an operator token and are audited under this token's name."
+)
+
+#: the MCP tool parameter for each kind of operator action target
+_TARGETS: dict[str, tuple[str, Any, str]] = {
+    "task": ("task_id", int, "The task's id."),
+    "queue": ("queue", str, "The queue's name."),
+    "worker": ("worker_id", str, "The worker's id (from list_workers)."),
+}
+
+
+
+
+def _guard(fn: Callable[..., Any]) -> Callable[..., Any]:
+    """Turn leaseq's errors into one-line tool errors (the MCP server reports them to the client)."""
+    from mcp.server.mcpserver.exceptions import ToolError
+
+    def call(*args: Any, **kwargs: Any) -> Any:
+        try:
+            return fn(*args, **kwargs)
+        except LeaseqError as exc:
+            field = getattr(exc, "field", None) or exc.code
+            raise ToolError(f"{type(exc).__name__}: {field}: {exc}") from None
+
+    call.__name__ = fn.__name__
+    call.__doc__ = fn.__doc__
+    call.__signature__ = inspect.signature(fn)  # type: ignore[attr-defined]
+    return call
+
+
+class QueueTools:
+    """The tools of one server: reads and operator actions for ``principal`` on ``q``."""
+
+    def __init__(self, q: Queue, principal: Principal):
+        self.q = q
+        self.principal = principal
+
+    # -- reads -----------------------------------------------------------------------
+    def whoami(self) -> dict[str, Any]:
+        """The token this server acts for: its name, role and the queues it may use."""
+        p = self.principal
+        return {"token_id": p.token_id, "name": p.name, "role": p.role,
+                "queues": sorted(p.queues) if p.queues is not None else None,
+                "may": sorted(a.name for a in authz.operator_actions() if p.can(a.name))}
+
+    def queue_overview(self) -> dict[str, Any]:
+        """Each queue: counts by status, the oldest queued task's age, paused or running."""
+        authz.authorize(self.principal, "read")
+        return {"queues": to_json(queue_overview(self.q))}
+
+    def list_tasks(self, status: Annotated[str | None, PydanticField(
+                       description="queued, running, completed, dead, cancelled, blocked or needs_reconciliation")] = None,
+                   queue: str | None = None,
+                   limit: Annotated[int, PydanticField(ge=1, le=500)] = 50) -> dict[str, Any]:
+        """Tasks, newest first, optionally by status and queue."""
+        authz.authorize(self.principal, "read")
+        return {"tasks": [present_task(t, self.principal)
+                          for t in self.q.list(status=status, queue=queue, limit=limit)]}
+
+    def get_task(self, task_id: int) -> dict[str, Any]:
+        """One task with its evidence trail by claim generation and its action ledger."""
+        authz.authorize(self.principal, "read")
+        task = self.q.get(task_id)
+        return {"task": present_task(task, self.principal),
+                "events": [present_event(e, self.principal) for e in self.q.events(task_id)],
+                "effects": [present_effect(fx, self.principal) for fx in self.q.effects(task_id)],
+                "timeline": task_timeline(task, self.q.events(task_id), self.q.effects(task_id), self.principal)}
+
+    def reconciliation_inbox(self, limit: Annotated[int, PydanticField(ge=1, le=500)] = 50) -> dict[str, Any]:
+        """Tasks waiting for a person: an expired lease left a side effect whose outcome is unknown."""
+        authz.authorize(self.principal, "read")
+        tasks = self.q.list(status="needs_reconciliation", limit=limit)
+        return {"tasks": [{**present_task(t, self.principal),
+                           "open_effects": [present_effect(fx, self.principal) for fx in self.q.effects(t.id)
+                                            if fx.status == "pending"]} for t in tasks]}
+
+    def list_workers(self) -> dict[str, Any]:
+        """Registered workers, revoked or not, and the leases they hold."""
+        authz.authorize(self.principal, "read")
+        return {"workers": to_json(self.q.workers())}
+
+    READS = ("whoami", "queue_overview", "list_tasks", "get_task", "reconciliation_inbox", "list_workers")
+
+    # -- operator actions ------------------------------------------------------------
+    def action_tool(self, action: authz.Action) -> Callable[..., Any]:
+        """A tool for one operator action: its target and fields as parameters."""
+        target_name, target_type, target_help = _TARGETS[action.target or "task"]
+        params = [inspect.Parameter(target_name, inspect.Parameter.KEYWORD_ONLY,
+                                    annotation=Annotated[target_type, PydanticField(description=target_help)])]
+        for f in action.fields:
+            kind: Any = Any if f.json else str
+            annotation = Annotated[kind if f.required else kind | None, PydanticField(description=f.help)]
+            params.append(inspect.Parameter(f.name, inspect.Parameter.KEYWORD_ONLY, annotation=annotation,
+                                            **({} if f.required else {"default": f.default})))
+
+        def run(**arguments: Any) -> dict[str, Any]:
+            target = arguments.pop(target_name)
+            outcome = authz.perform(self.q, self.principal, action.name, target, via="mcp", **arguments)
+            return {"done": authz.done_message(action.name, target, **arguments), "outcome": to_json(outcome)}
+
+        run.__name__ = action.name
+        run.__doc__ = "\n\n".join(p for p in (action.title, action.help,
+                                              f"Needs the '{action.right}' right; audited.") if p)
+        run.__signature__ = inspect.Signature(params, return_annotation=dict[str, Any])  # type: ignore[attr-defined]
+        return run
+
+
+def build_server(q: Queue, principal: Principal) -> Any:
+    """The MCP server (an ``mcp`` ``MCPServer``) acting for ``principal`` on ``q``."""
+    from mcp.server.mcpserver import MCPServer
+    from mcp.types import ToolAnnotations
+
+    tools = QueueTools(q, principal)
+    server = MCPServer("leaseq", instructions=INSTRUCTIONS)
+    for name in QueueTools.READS:
+        server.add_tool(_guard(getattr(tools, name)), name=name,
+                        annotations=ToolAnnotations(readOnlyHint=True, openWorldHint=False))
+    for action in authz.operator_actions():
+        server.add_tool(_guard(tools.action_tool(action)), name=action.name, title=action.title,
+                        annotations=ToolAnnotations(readOnlyHint=False, destructiveHint=action.danger,
+                                                    idempotentHint=False, openWorldHint=False))
+    return server

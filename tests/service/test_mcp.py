@@ -1,0 +1,115 @@
+"""`leaseq mcp`: a real MCP client talks to a real `leaseq mcp` process over stdio.
+
+The server acts for one token: reads for a viewer (payloads hidden), operator
+actions for an operator, each authorized like the HTTP API and audited via "mcp";
+a refused or malformed call changes nothing."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import subprocess
+import sys
+from typing import Any
+
+import pytest
+
+import leaseq
+from leaseq import auth
+from tests.conformance.support import wait_expired
+from tests.snapshots import snapshot
+
+pytest.importorskip("mcp")
+from mcp.client.session import ClientSession  # noqa: E402
+from mcp.client.stdio import StdioServerParameters, stdio_client  # noqa: E402
+
+
+def needs_reconciliation(q: leaseq.Queue) -> leaseq.Task:
+    """A side-effecting task whose lease expired with an intent open: it waits for a person."""
+    task = q.enqueue("refund", {"order": 42, "card": "4111"}, effect="side_effect")
+    w = q.register_worker("w")
+    [claim] = q.claim(w, lease_seconds=0.3)
+    q.begin_effect(w, claim, "payments.refund", key="refund:42")
+    wait_expired(q, claim)
+    q.sweep()
+    assert q.get(task.id).status == "needs_reconciliation"
+    return task
+
+
+async def session_calls(dsn: str, token: str, calls: list[tuple[str, dict[str, Any]]]) -> tuple[list[str], list]:
+    """Start `leaseq mcp` for ``token``, list its tools and make ``calls``; (tool names, results)."""
+    env = {**os.environ, "LEASEQ_MCP_TOKEN": token}
+    params = StdioServerParameters(command=sys.executable, args=["-m", "leaseq.cli", "--dsn", dsn, "mcp"], env=env)
+    async with stdio_client(params) as (read, write), ClientSession(read, write) as session:
+        await session.initialize()
+        names = [t.name for t in (await session.list_tools()).tools]
+        results = [await session.call_tool(name, arguments) for name, arguments in calls]
+    return names, results
+
+
+def run(dsn: str, token: str, *calls: tuple[str, dict[str, Any]]) -> tuple[list[str], list]:
+    return asyncio.run(asyncio.wait_for(session_calls(dsn, token, list(calls)), timeout=60))
+
+
+def body(result) -> dict[str, Any]:
+    assert not result.is_error, result.content
+    return json.loads(result.content[0].text)
+
+
+def error_text(result) -> str:
+    assert result.is_error, result.content
+    return result.content[0].text
+
+
+def test_a_viewer_reads_and_is_refused_every_operator_action(q: leaseq.Queue, dsn: str) -> None:
+    task = needs_reconciliation(q)
+    viewer, _ = auth.create_token(q, name="oncall-viewer", role="viewer", created_by="test")
+    before = snapshot(dsn)
+    names, (who, inbox, shown, overview, cancel, reconcile) = run(
+        dsn, viewer,
+        ("whoami", {}), ("reconciliation_inbox", {}), ("get_task", {"task_id": task.id}), ("queue_overview", {}),
+        ("cancel", {"task_id": task.id, "reason": "viewer tries"}),
+        ("reconcile", {"task_id": task.id, "outcome": "requeue", "note": "viewer tries"}))
+    assert {"queue_overview", "list_tasks", "get_task", "reconciliation_inbox", "list_workers",
+            "cancel", "reconcile", "requeue", "unblock", "pause", "resume", "revoke_worker"} <= set(names)
+    assert body(who)["role"] == "viewer" and body(who)["may"] == []
+    [waiting] = body(inbox)["tasks"]
+    assert waiting["id"] == task.id and waiting["payload"] != task.payload  # a viewer sees no payloads
+    assert [fx["action"] for fx in waiting["open_effects"]] == ["payments.refund"]
+    assert {"lease_expired", "needs_reconciliation"} <= {e["type"] for e in body(shown)["events"]}
+    [default] = body(overview)["queues"]
+    assert default["name"] == "default" and default["counts"]["needs_reconciliation"] == 1
+    for refused in (cancel, reconcile):
+        assert "AccessDenied" in error_text(refused) and "viewer" in error_text(refused)
+    after = snapshot(dsn)
+    for state in (before, after):  # the token's last-used time moves: that is all
+        state.pop("leaseq_tokens")
+    assert after == before  # refused actions change nothing, not even the audit log
+
+
+def test_an_operator_action_is_performed_and_audited_via_mcp(q: leaseq.Queue, dsn: str) -> None:
+    task = needs_reconciliation(q)
+    operator, _ = auth.create_token(q, name="oncall", role="operator", created_by="test")
+    before = snapshot(dsn)
+    _, (bad, done) = run(
+        dsn, operator,
+        ("reconcile", {"task_id": task.id, "outcome": "maybe", "note": "?"}),
+        ("reconcile", {"task_id": task.id, "outcome": "requeue", "note": "the refund never reached the bank"}))
+    assert "outcome" in error_text(bad) and "InvalidInput" in error_text(bad)
+    assert body(done)["done"] == f"task {task.id} reconciled: requeue"
+    assert q.get(task.id).status == "queued"
+    [entry] = [a for a in auth.audit_log(q) if a["action"] == "reconcile"]
+    assert entry["actor"].startswith("oncall (operator token ") and entry["detail"]["via"] == "mcp"
+    assert entry["target"] == f"task:{task.id}"
+    assert len(snapshot(dsn)["leaseq_audit"]) == len(before["leaseq_audit"]) + 1
+
+
+@pytest.mark.parametrize("dsn", ["sqlite"], indirect=True)
+def test_without_a_valid_token_the_server_does_not_start(q: leaseq.Queue, dsn: str) -> None:
+    env = {k: v for k, v in os.environ.items() if k != "LEASEQ_MCP_TOKEN"}
+    for extra, expected in (([], "error: token: required"), (["--token", "lq_not-a-token"], "error: ")):
+        proc = subprocess.run([sys.executable, "-m", "leaseq.cli", "--dsn", dsn, "mcp", *extra],
+                              capture_output=True, text=True, env=env, timeout=60, stdin=subprocess.DEVNULL)
+        assert proc.returncode != 0 and expected in proc.stderr, proc.stderr
+        assert "Traceback" not in proc.stderr
