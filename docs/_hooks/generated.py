@@ -5,6 +5,8 @@ A page asks for a generated section with a marker line:
 - ``<!-- generated: cli -->``      the ``--help`` of every ``leaseq`` command, from the click tree
 - ``<!-- generated: cli-env -->``  every option's environment variable, from the same tree
 - ``<!-- generated: http -->``     every HTTP route, from the service's OpenAPI schema
+- ``<!-- generated: changelog -->``  CHANGELOG.md from the repository root, below its title
+- ``<!-- generated: query DIALECT NAME -->``  one named query of ``sql/DIALECT/queries.sql``, as it is
 
 The schema itself is written to ``reference/openapi.json`` in the built site.
 Nothing here is typed by hand, so the reference cannot drift from the code.
@@ -13,7 +15,9 @@ Nothing here is typed by hand, so the reference cannot drift from the code.
 from __future__ import annotations
 
 import json
+import re
 import tempfile
+from importlib import resources
 from pathlib import Path
 from typing import Any
 
@@ -154,14 +158,35 @@ GENERATORS = {
 }
 
 
+QUERY_MARKER = re.compile(r"<!-- generated: query (\w+) (\w+) -->")
+
+
+def named_query(dialect: str, name: str) -> str:
+    """The block ``-- name: NAME`` of the dialect's queries.sql, comments included, as a sql fence."""
+    text = resources.files("leaseq").joinpath("sql", dialect, "queries.sql").read_text()
+    blocks = {b.split("\n", 1)[0].strip(): b for b in text.split("-- name: ")[1:]}
+    if name not in blocks:
+        raise KeyError(f"no query {name!r} in sql/{dialect}/queries.sql")
+    body = blocks[name].split("\n", 1)[1].rstrip()
+    return f"```sql\n-- {dialect}: {name}\n{body}\n```"
+
+
+def changelog(config: Any) -> str:
+    text = (Path(config["config_file_path"]).parent / "CHANGELOG.md").read_text()
+    return text.split("\n", 1)[1]  # the page has its own title
+
+
 def on_page_markdown(markdown: str, page: Any, config: Any, files: Any) -> str:
+    if "<!-- generated: changelog -->" in markdown:
+        markdown = markdown.replace("<!-- generated: changelog -->", changelog(config))
     for marker, generate in GENERATORS.items():
         if marker in markdown:
             markdown = markdown.replace(marker, generate())
-    return markdown
+    return QUERY_MARKER.sub(lambda m: named_query(m[1], m[2]), markdown)
 
 
-def on_post_build(config: Any) -> None:
-    target = Path(config["site_dir"]) / "reference" / "openapi.json"
-    target.parent.mkdir(parents=True, exist_ok=True)
-    target.write_text(json.dumps(openapi_schema(), indent=2))
+def on_files(files: Any, config: Any) -> Any:
+    from mkdocs.structure.files import File
+
+    files.append(File.generated(config, "reference/openapi.json", content=json.dumps(openapi_schema(), indent=2)))
+    return files
