@@ -158,6 +158,9 @@ GENERATORS = {
 }
 
 
+#: tests/docs reads these; the site shows a skip's reason next to its block.
+SKIP_MARKER = re.compile(r"^<!-- docs-test: skip: (.+?) -->$", re.M)
+
 QUERY_MARKER = re.compile(r"<!-- generated: query (\w+) (\w+) -->")
 
 
@@ -182,6 +185,7 @@ def on_page_markdown(markdown: str, page: Any, config: Any, files: Any) -> str:
     for marker, generate in GENERATORS.items():
         if marker in markdown:
             markdown = markdown.replace(marker, generate())
+    markdown = SKIP_MARKER.sub(lambda m: f"*Not run by the documentation tests: {m[1]}.*\n", markdown)
     return QUERY_MARKER.sub(lambda m: named_query(m[1], m[2]), markdown)
 
 

@@ -80,3 +80,11 @@ def test_pages_share_a_namespace_and_the_shell_environment(tmp_path: Path):
         "<!-- docs-test: skip: runs until stopped -->\n```sh\nexit 1\n```\n")
     ran = run_page(parse(page), tmp_path / "run")
     assert len(ran) == 4
+
+
+def test_the_readme_test_command_is_the_one_ci_runs():
+    """CI runs the README's test command; the two must not drift apart."""
+    command = "python -m pip install -e '.[test]' && pytest"
+    assert command in (ROOT / "README.md").read_text()
+    ci = (ROOT / ".ci" / "run").read_text()
+    assert "python -m pip install -q -e '.[test]' && pytest" in ci
