@@ -189,6 +189,14 @@ def on_page_markdown(markdown: str, page: Any, config: Any, files: Any) -> str:
     return QUERY_MARKER.sub(lambda m: named_query(m[1], m[2]), markdown)
 
 
+#: Sphinx roles in docstrings (``:class:`Queue```) arrive as the role's name before the code.
+SPHINX_ROLE = re.compile(r":(?:class|meth|func|attr|data|mod|exc|obj):(?=<code>)")
+
+
+def on_page_content(html: str, page: Any, config: Any, files: Any) -> str:
+    return SPHINX_ROLE.sub("", html)
+
+
 def on_files(files: Any, config: Any) -> Any:
     from mkdocs.structure.files import File
 
