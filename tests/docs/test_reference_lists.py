@@ -114,3 +114,16 @@ def test_every_effect_status_and_class_is_documented():
     schema = (SRC / "sql" / "sqlite" / "migrations" / "0001_initial.sql").read_text()
     effect_statuses = set(re.findall(r"'(\w+)'", re.search(r"status\s+TEXT[^\n]*'pending'[^\n]*", schema)[0]))
     assert documented("Effects") == effect_statuses
+
+
+def test_every_environment_variable_the_code_reads_is_documented():
+    """Each ``LEASEQ_…`` name written in the source or the test fixtures is on the configuration page
+    (the per-option variables are generated there from the command tree)."""
+    page = (ROOT / "docs" / "reference" / "configuration.md").read_text()
+    names: set[str] = set()
+    for path in [*SRC.rglob("*.py"), ROOT / "tests" / "conftest.py"]:
+        names |= set(re.findall(r"[\"'](LEASEQ_[A-Z][A-Z_]*[A-Z])[\"']", path.read_text()))
+    names.discard("LEASEQ_CHAOS")  # a prefix the harness strips from its workers' environment
+    assert len(names) >= 10, names
+    missing = sorted(n for n in names if f"`{n}`" not in page)
+    assert not missing, f"not on docs/reference/configuration.md: {missing}"
