@@ -6,8 +6,13 @@ language is the first word of the info string. A line of the form
     <!-- docs-test: skip: <reason> -->
 
 right before a block (blank lines allowed in between) tells the runner not
-to run it, and says why; the reason is required. Page-wide directives may
-stand anywhere on the page:
+to run it, and says why; the reason is required.
+
+    <!-- docs-test: background: <reason> -->
+
+runs a shell block that does not end by itself (``leaseq serve``) in the
+background while the rest of the page runs, and stops it at the end of the
+page. Page-wide directives may stand anywhere on the page:
 
     <!-- docs-test: page: postgres -->            run the page on a fresh PostgreSQL schema
     <!-- docs-test: page: owns-schema NAME -->    the page creates schema NAME: drop it before and after
@@ -45,6 +50,7 @@ class Block:
     language: str
     code: str
     skip: str | None = None  # the reason, when the block is marked skip
+    background: str | None = None  # the reason, when the block runs in the background
 
     @property
     def file_name(self) -> str | None:
@@ -77,6 +83,7 @@ def parse(path: Path) -> Page:
     page = Page(path)
     lines = path.read_text(encoding="utf-8").split("\n")
     pending_skip: str | None = None
+    pending_background: str | None = None
     i = 0
     while i < len(lines):
         line = lines[i]
@@ -88,6 +95,11 @@ def parse(path: Path) -> Page:
                 if not reason:
                     raise DirectiveError(f"{path}:{i + 1}: a skip needs a reason")
                 pending_skip = reason
+            elif body.startswith("background:"):
+                reason = body[len("background:"):].strip()
+                if not reason:
+                    raise DirectiveError(f"{path}:{i + 1}: a background block needs a reason")
+                pending_background = reason
             elif body == "page: postgres":
                 page.postgres = True
             elif body.startswith("page: owns-schema "):
@@ -105,12 +117,15 @@ def parse(path: Path) -> Page:
             while j < len(lines) and not re.match(rf"^ {{0,3}}{marker[0]}{{{len(marker)},}}\s*$", lines[j]):
                 body_lines.append(lines[j][indent:] if lines[j][:indent].isspace() else lines[j])
                 j += 1
-            page.blocks.append(Block(path, i + 1, language, "\n".join(body_lines) + "\n", pending_skip))
-            pending_skip = None
+            page.blocks.append(Block(path, i + 1, language, "\n".join(body_lines) + "\n", pending_skip,
+                                     pending_background))
+            if pending_background is not None and language not in SHELL:
+                raise DirectiveError(f"{path}:{i + 1}: only shell blocks run in the background")
+            pending_skip = pending_background = None
             i = j + 1
             continue
-        if line.strip() and pending_skip is not None:
-            raise DirectiveError(f"{path}:{i + 1}: a skip directive must stand right before its block")
+        if line.strip() and (pending_skip or pending_background) is not None:
+            raise DirectiveError(f"{path}:{i + 1}: a block directive must stand right before its block")
         i += 1
     return page
 

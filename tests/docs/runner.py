@@ -10,6 +10,10 @@ command use the embedded default, ``sqlite:///leaseq.db`` in that folder.
 - ``sh`` blocks run in ``bash -e -o pipefail`` in the page's folder; ``leaseq``
   on their ``PATH`` is this checkout's command (``python -m leaseq.cli``).
   Variables a block exports are seen by the blocks after it, Python ones too.
+- A ``background`` block (``leaseq serve``) runs in its own process group
+  while the rest of the page runs; the runner waits for ``/healthz`` on the
+  port the page names and stops the group when the page ends. The port the
+  docs use, 8765, stands for a free port chosen for the page.
 - A ``page: postgres`` page runs on a fresh PostgreSQL schema: ``PGOPTIONS``
   sets its search_path for every connection that does not choose one, and
   the server written in the docs, ``postgresql://postgres@127.0.0.1:5432/test``,
@@ -20,10 +24,14 @@ from __future__ import annotations
 
 import contextlib
 import os
+import re
+import signal
+import socket
 import stat
 import subprocess
 import sys
 import textwrap
+import time
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -33,6 +41,10 @@ from .markdown_blocks import PYTHON, SHELL, SHOWN_ONLY, Block, Page
 #: The PostgreSQL server the docs name; the runner points it at the test server.
 DOCUMENTED_PG_DSN = "postgresql://postgres@127.0.0.1:5432/test"
 SHELL_TIMEOUT = 120
+#: The port the docs serve on; a page's blocks get a free one in its place.
+DOCUMENTED_PORT = 8765
+PORT = re.compile(rf"(?<=[: ]){DOCUMENTED_PORT}\b")
+SERVER_START_TIMEOUT = 60
 
 
 class ExampleFailed(AssertionError):
@@ -113,14 +125,20 @@ def run_page(page: Page, workdir: Path, *, pg_dsn: str | None = None) -> list[Bl
             _create_schema(pg_dsn, schemas[-1])
     namespace: dict = {"__name__": "__docs_example__"}
     ran = []
+    servers: list[subprocess.Popen] = []
+    port = _free_port()
     try:
         for block in page.blocks:
             if block.skip is not None or block.language in SHOWN_ONLY:
                 continue
-            code = block.code
+            code = PORT.sub(str(port), block.code)
             if pg_dsn and pg_dsn != DOCUMENTED_PG_DSN:
                 code = code.replace(DOCUMENTED_PG_DSN, pg_dsn)
             name = block.file_name
+            if block.background is not None:
+                servers.append(_start_background(block, code, env, workdir, port))
+                ran.append(block)
+                continue
             if name:
                 target = workdir / name
                 target.parent.mkdir(parents=True, exist_ok=True)
@@ -134,6 +152,8 @@ def run_page(page: Page, workdir: Path, *, pg_dsn: str | None = None) -> list[Bl
                                     "written as a file (# file: NAME), nor marked skip with a reason")
             ran.append(block)
     finally:
+        for server in servers:
+            _stop(server)
         with _page_environment(env, workdir):
             _close_queues(namespace, workdir)
         if pg_dsn and schemas:
@@ -162,6 +182,45 @@ def _run_shell(block: Block, code: str, env: dict[str, str], workdir: Path) -> d
         raise ExampleFailed(f"{block.where}: exit status {proc.returncode}\n{textwrap.indent(code, '    ')}\n"
                             f"stdout:\n{proc.stdout[-3000:]}\nstderr:\n{proc.stderr[-3000:]}")
     return _read_env(dump)
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def _start_background(block: Block, code: str, env: dict[str, str], workdir: Path, port: int) -> subprocess.Popen:
+    """Start the block in a process group of its own; return once /healthz answers on ``port``."""
+    log = workdir / f".background-{block.line}.log"
+    with log.open("w") as out:
+        proc = subprocess.Popen(["bash", "-c", f"set -e -o pipefail\n{code}"], cwd=workdir, env=env, stdout=out,
+                                stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True)
+    import httpx
+
+    deadline = time.monotonic() + SERVER_START_TIMEOUT
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise ExampleFailed(f"{block.where}: exited with status {proc.returncode}\n{log.read_text()[-3000:]}")
+        with contextlib.suppress(httpx.HTTPError):
+            if httpx.get(f"http://127.0.0.1:{port}/healthz", timeout=2).status_code == 200:
+                return proc
+        time.sleep(0.2)
+    _stop(proc)
+    raise ExampleFailed(f"{block.where}: nothing answered on port {port} within {SERVER_START_TIMEOUT} s\n"
+                        f"{log.read_text()[-3000:]}")
+
+
+def _stop(proc: subprocess.Popen) -> None:
+    """SIGTERM to the block's process group, SIGKILL if it lingers."""
+    for sig, wait in ((signal.SIGTERM, 15), (signal.SIGKILL, 5)):
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, sig)
+        try:
+            proc.wait(wait)
+            return
+        except subprocess.TimeoutExpired:
+            continue
 
 
 def _create_schema(dsn: str, schema: str) -> None:

@@ -63,6 +63,7 @@ def test_a_broken_example_fails(tmp_path: Path):
         "```sh\nleaseq enqueue k --no-such-option 1\n```\n",
         "```sh\nfalse | cat\necho never\n```\n",
         "```yaml\nkey: value\n```\n",
+        "<!-- docs-test: background: a server that dies at once -->\n```sh\nexit 3\n```\n",
     ]
     for n, text in enumerate(cases):
         page.write_text(text)
