@@ -5,6 +5,8 @@ A page asks for a generated section with a marker line:
 - ``<!-- generated: cli -->``      the ``--help`` of every ``leaseq`` command, from the click tree
 - ``<!-- generated: cli-env -->``  every option's environment variable, from the same tree
 - ``<!-- generated: http -->``     every HTTP route, from the service's OpenAPI schema
+- ``<!-- generated: errors -->``   the error registry: code, HTTP status, CLI exit status, class
+- ``<!-- generated: async-operations -->``  the Queue methods AsyncQueue offers as coroutines
 - ``<!-- generated: changelog -->``  CHANGELOG.md from the repository root, below its title
 - ``<!-- generated: query DIALECT NAME -->``  one named query of ``sql/DIALECT/queries.sql``, as it is
 
@@ -151,7 +153,29 @@ def http_reference() -> str:
     return "\n".join(parts)
 
 
+def error_table() -> str:
+    """One row per registered error code, from ``leaseq.core.errors.ERRORS``."""
+    from leaseq.core.errors import ERRORS
+
+    rows = ["| code | HTTP status | CLI exit status | class | meaning |", "|---|---|---|---|---|"]
+    for cls in ERRORS:
+        meaning = " ".join((cls.__doc__ or "").strip().split("\n\n")[0].split())
+        meaning = re.sub(r":\w+:`~?([^`]+)`", r"`\1`", meaning).replace("``", "`")
+        module = "leaseq.fencing" if cls.__name__ == "IdempotencyKeyReused" else "leaseq"
+        name = f"{module}.{cls.__name__}" if hasattr(__import__(module, fromlist=["x"]), cls.__name__) else cls.__name__
+        rows.append(f"| `{cls.code}` | {cls.http_status} | {cls.cli_exit_code} | `{name}` | {_cell(meaning)} |")
+    return "\n".join(rows) + "\n"
+
+
+def async_operations() -> str:
+    from leaseq.aio import OPERATIONS
+
+    return ", ".join(f"`{name}`" for name in sorted(OPERATIONS))
+
+
 GENERATORS = {
+    "<!-- generated: errors -->": error_table,
+    "<!-- generated: async-operations -->": async_operations,
     "<!-- generated: cli -->": cli_reference,
     "<!-- generated: cli-env -->": cli_environment,
     "<!-- generated: http -->": http_reference,
