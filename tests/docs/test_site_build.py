@@ -65,6 +65,10 @@ def test_the_site_builds_strictly_and_its_generated_references_cover_the_code(tm
     for route, methods in spec["paths"].items():
         for method in methods:
             assert f"{method.upper()} {route}" in http_page, (method, route)
+    from leaseq.core.errors import ERRORS
+
+    for cls in ERRORS:
+        assert f"<code>{cls.code}</code>" in http_page, cls.code
     python_page = _text(site, "reference/python")
     for name in ("leaseq.Queue", "leaseq.TaskContext", "leaseq.fencing.FencedStore", "leaseq.client.RemoteQueue"):
         assert f'id="{name}"' in python_page, name
