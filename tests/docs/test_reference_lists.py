@@ -1,0 +1,129 @@
+"""The reference lists every status and every event type the code knows, and no other.
+
+The lists on docs/reference/events.md are checked against three sources:
+the ``Status`` enum; the event types written by the code (read from the
+source: the literal types passed to the queue's event writers and the SQL
+that writes or reads events); and a run on a real SQLite queue that makes
+every kind of event happen.
+"""
+
+from __future__ import annotations
+
+import ast
+import re
+import time
+from pathlib import Path
+
+import leaseq
+
+ROOT = Path(__file__).resolve().parents[2]
+SRC = ROOT / "src" / "leaseq"
+PAGE = ROOT / "docs" / "reference" / "events.md"
+NAME = re.compile(r"^[a-z][a-z_]*$")
+
+#: The queue's event writers and which positional argument is the event type.
+EVENT_WRITERS = {"_event": 2, "_event_params": 1, "_resume": 2}
+
+
+def documented(section: str) -> set[str]:
+    """The backticked names in the first column of the tables under ``## section``."""
+    text = PAGE.read_text()
+    body = text.split(f"## {section}\n", 1)[1].split("\n## ", 1)[0]
+    return set(re.findall(r"^\| `([a-z_]+)` \|", body, flags=re.M))
+
+
+def event_types_in_source() -> set[str]:
+    found: set[str] = set()
+    for path in SRC.rglob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            if not isinstance(node, ast.Call):
+                continue
+            name = getattr(node.func, "attr", getattr(node.func, "id", None))
+            candidates = [kw.value for kw in node.keywords if kw.arg == "event"]
+            if name in EVENT_WRITERS and len(node.args) > EVENT_WRITERS[name]:
+                candidates.append(node.args[EVENT_WRITERS[name]])
+            found |= {c.value for c in candidates
+                      if isinstance(c, ast.Constant) and isinstance(c.value, str) and NAME.match(c.value)}
+    for sql in (SRC / "sql").rglob("queries.sql"):
+        text = sql.read_text()
+        found |= set(re.findall(r"'([a-z_]+)' AS type", text))
+        found |= set(re.findall(r"SELECT :task_id, '([a-z_]+)'", text))
+    return found
+
+
+def event_types_of_a_run(tmp_path: Path) -> set[str]:
+    """Make every kind of event happen on a real SQLite queue; return the types seen."""
+    q = leaseq.connect(f"sqlite:///{tmp_path / 'events.db'}")
+    q.migrate()
+    w = q.register_worker("w")
+    ids = []
+
+    def take(**options):  # each task on a queue of its own, so the claim takes that one
+        queue = f"q{len(ids)}"
+        ids.append(q.enqueue("k", {"n": len(ids)}, queue=queue, **options).id)
+        [claim] = q.claim(w, queue=queue)
+        return claim
+
+    q.complete(w, take(), "ok")                                        # claimed, completed
+    q.fail(w, take(), "boom", retry=False)                             # failed, dead
+    q.requeue(ids[-1], "again")                                        # requeued
+    q.fail(w, take(), "no key", block=True)                            # blocked
+    q.unblock(ids[-1], "key fixed")                                    # unblocked
+    claim = take(effect="side_effect", lease_seconds=0.3)
+    fx = q.begin_effect(w, claim, "mail.send")                         # effect_intent
+    q.finish_effect(w, claim, fx, {"id": 1})                           # effect_response
+    q.begin_effect(w, claim, "mail.send", "second")
+    time.sleep(0.4)
+    q.sweep()                                                          # lease_expired, needs_reconciliation
+    q.report_loss(w, claim, "heartbeat refused")                       # lease_lost
+    q.reconcile(ids[-1], "cancel", "checked")                          # reconciled
+    q.release(w, take(), "shutdown")                                   # lease_released
+    take()
+    q.revoke_worker(w)                                                 # lease_revoked
+    w2 = q.register_worker("w2")
+    ids.append(q.enqueue("k", {"n": "last"}).id)
+    [claim] = q.claim(w2)
+    q.cancel(claim.task_id, reason="not needed")                       # cancelled
+    seen = {e.type for task_id in ids for e in q.events(task_id)}
+    q.close()
+    return seen
+
+
+def test_every_status_is_documented():
+    assert documented("Statuses") == {s.value for s in leaseq.Status}
+
+
+def test_the_source_still_shows_its_event_types():
+    """If the event writers are renamed, update EVENT_WRITERS: the scan must keep finding them."""
+    assert len(event_types_in_source()) >= 12, event_types_in_source()
+
+
+def test_every_event_type_is_documented_and_none_other(tmp_path: Path):
+    docs = documented("Events")
+    status_events = {leaseq.Status.DEAD, leaseq.Status.BLOCKED, leaseq.Status.NEEDS_RECONCILIATION}
+    in_source = event_types_in_source() | {s.value for s in status_events}
+    in_a_run = event_types_of_a_run(tmp_path)
+    assert in_source - docs == set(), "written by the code, missing from docs/reference/events.md"
+    assert in_a_run - docs == set(), "seen in a run, missing from docs/reference/events.md"
+    assert docs - (in_source | in_a_run) == set(), "documented, but the code never writes it"
+    assert in_a_run == docs, "the run should make every documented event happen"
+
+
+def test_every_effect_status_and_class_is_documented():
+    assert documented("Effect classes") == {e.value for e in leaseq.EffectKind}
+    schema = (SRC / "sql" / "sqlite" / "migrations" / "0001_initial.sql").read_text()
+    effect_statuses = set(re.findall(r"'(\w+)'", re.search(r"status\s+TEXT[^\n]*'pending'[^\n]*", schema)[0]))
+    assert documented("Effects") == effect_statuses
+
+
+def test_every_environment_variable_the_code_reads_is_documented():
+    """Each ``LEASEQ_…`` name written in the source or the test fixtures is on the configuration page
+    (the per-option variables are generated there from the command tree)."""
+    page = (ROOT / "docs" / "reference" / "configuration.md").read_text()
+    names: set[str] = set()
+    for path in [*SRC.rglob("*.py"), ROOT / "tests" / "conftest.py"]:
+        names |= set(re.findall(r"[\"'](LEASEQ_[A-Z][A-Z_]*[A-Z])[\"']", path.read_text()))
+    names.discard("LEASEQ_CHAOS")  # a prefix the harness strips from its workers' environment
+    assert len(names) >= 10, names
+    missing = sorted(n for n in names if f"`{n}`" not in page)
+    assert not missing, f"not on docs/reference/configuration.md: {missing}"
