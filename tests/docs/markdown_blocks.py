@@ -39,6 +39,8 @@ PYTHON = {"python", "py"}
 SHELL = {"sh", "bash", "shell", "console"}
 #: Blocks that show output or data, never run.
 SHOWN_ONLY = {"text"}
+#: Data the runner parses (a client's configuration, say): it must be well formed.
+PARSED = {"json"}
 
 
 @dataclass

@@ -23,6 +23,7 @@ command use the embedded default, ``sqlite:///leaseq.db`` in that folder.
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import re
 import signal
@@ -36,7 +37,7 @@ import uuid
 from collections.abc import Iterator
 from pathlib import Path
 
-from .markdown_blocks import PYTHON, SHELL, SHOWN_ONLY, Block, Page
+from .markdown_blocks import PARSED, PYTHON, SHELL, SHOWN_ONLY, Block, Page
 
 #: The PostgreSQL server the docs name; the runner points it at the test server.
 DOCUMENTED_PG_DSN = "postgresql://postgres@127.0.0.1:5432/test"
@@ -147,6 +148,11 @@ def run_page(page: Page, workdir: Path, *, pg_dsn: str | None = None) -> list[Bl
                 _run_python(block, code, namespace, env, workdir)
             elif block.language in SHELL:
                 env = _run_shell(block, code, env, workdir)
+            elif block.language in PARSED:
+                try:
+                    json.loads(code)
+                except ValueError as exc:
+                    raise ExampleFailed(f"{block.where}: not valid JSON: {exc}") from None
             else:
                 raise ExampleFailed(f"{block.where}: a {block.language or 'plain'} block is neither run, "
                                     "written as a file (# file: NAME), nor marked skip with a reason")

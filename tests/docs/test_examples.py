@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from .markdown_blocks import PYTHON, SHELL, SHOWN_ONLY, indented_code, parse
+from .markdown_blocks import PARSED, PYTHON, SHELL, SHOWN_ONLY, indented_code, parse
 from .runner import ExampleFailed, run_page
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -46,7 +46,7 @@ def test_every_example_is_fenced_and_accounted_for():
             assert block.language, f"{block.where}: a code block needs a language"
             if block.skip is not None:
                 skipped.append(f"{block.where}: {block.skip}")
-            elif block.file_name or block.language in PYTHON | SHELL:
+            elif block.file_name or block.language in PYTHON | SHELL | PARSED:
                 runnable += 1
             else:
                 assert block.language in SHOWN_ONLY, (
