@@ -64,6 +64,12 @@ class WorkerStats:
     completed: int = 0
     failed: int = 0
     lost: int = 0
+    #: leases presumed lost on the worker's clock (no successful renewal within
+    #: the lease length); each also ends in ``lost``, or in ``recovered``
+    presumed_lost: int = 0
+    #: presumed losses whose handler's success the queue still accepted (a
+    #: renewal had committed unanswered): counted in ``completed``, not ``lost``
+    recovered: int = 0
     released: int = 0
     renewals: int = 0
     #: outcomes whose write was refused after an earlier try failed in transit:
@@ -122,6 +128,10 @@ class WorkerRuntime:
         #: tasks whose handler is running: what concurrency limits (a finished
         #: handler's lease stays held until its outcome is recorded)
         self._handling: set[tuple[int, int]] = set()
+        #: tasks whose handler runs in a thread (cancelling its asyncio task would only drop its result)
+        self._threaded: set[tuple[int, int]] = set()
+        #: presumed-lost attempts whose success was sent and is not settled yet
+        self._presumed_sent: set[tuple[int, int]] = set()
         self._stopping = False
         #: the refusal that stopped the claim loop (re-raised once shutdown is done)
         self._fatal: LeaseqError | None = None
@@ -314,7 +324,7 @@ class WorkerRuntime:
         ctx.renewed_at = sent  # the lease started no earlier than the claim was sent
         loop = self._loop
         ctx.on_lost = lambda c, reason: loop.call_soon_threadsafe(self._after_loss, c, reason)
-        for stale in [c for c in self.held.values() if c.task_id == claim.task_id and not c.lost]:
+        for stale in [c for c in self.held.values() if c.task_id == claim.task_id and not c.loss_told]:
             # This worker reclaimed a task it had not yet seen lost: the older
             # attempt's lease is certainly gone.
             self._lose(stale, f"reclaimed under generation {claim.generation}")
@@ -353,12 +363,14 @@ class WorkerRuntime:
                     result = await definition.fn(ctx, *args, **kwargs)
                 else:
                     loop = asyncio.get_running_loop()
+                    self._threaded.add(ctx.key)
                     result = await loop.run_in_executor(self._handlers,
                                                         functools.partial(definition.fn, ctx, *args, **kwargs))
             finally:
                 # The slot is free once the handler returns: the next claim
                 # overlaps with recording this outcome.
                 self._handling.discard(ctx.key)
+                self._threaded.discard(ctx.key)
                 self._wake.set()
         except asyncio.CancelledError:
             if not ctx.lost:
@@ -374,12 +386,22 @@ class WorkerRuntime:
                 ctx.log.warning(self._msg(ctx, f"failure not recorded: lease lost ({ctx.lost_reason}): {exc!r}"))
                 return None
             return self.completer.fail(ctx, exc)
-        if ctx.lost:
+        if ctx.loss_told:
             ctx.log.warning(self._msg(ctx, f"result not published: lease lost ({ctx.lost_reason})"))
             return None
+        if ctx.lost:
+            # Presumed lost on this worker's clock only: the database may still hold
+            # the lease (a renewal can commit unanswered). Send the success; the guard
+            # accepts it or refuses it with zero rows.
+            ctx.log.info(self._msg(ctx, f"handler returned after its lease was presumed lost ({ctx.lost_reason}): "
+                                        "sending its success for the queue to judge"))
+            self._presumed_sent.add(ctx.key)
         return self.completer.complete(ctx, result)
 
     def _forget(self, ctx: TaskContext) -> None:
+        if ctx.loss_inferred and not ctx.outcome_recorded and ctx.key not in self._presumed_sent:
+            # The attempt ended with nothing sent: the presumed loss stands.
+            self._lose(ctx, ctx.lost_reason or "lease presumed lost")
         self._handling.discard(ctx.key)
         self.held.pop(ctx.key, None)
         self._tasks.pop(ctx.key, None)
@@ -388,7 +410,20 @@ class WorkerRuntime:
     def _settled(self, ctx: TaskContext, outcome: Outcome) -> None:
         """Account for one recorded outcome (called once per recording, from the loop)."""
         verdict, op = outcome.verdict, outcome.op
+        if ctx.key in self._presumed_sent:  # a success sent after the lease was presumed lost
+            self._presumed_sent.discard(ctx.key)
+            if verdict is not Verdict.RECORDED:
+                if verdict is Verdict.UNCONFIRMED:
+                    self.stats.unconfirmed += 1
+                ctx.log.warning(self._msg(ctx, f"result not published: sent after the lease was presumed lost, "
+                                               f"{op} not recorded ({outcome.detail})"))
+                self._lose(ctx, outcome.detail if verdict is Verdict.LOST else
+                           f"{op} after a presumed loss not recorded: {outcome.detail}")
+                return
+            if op == "complete":
+                self.stats.recovered += 1
         if verdict is Verdict.RECORDED:
+            ctx.outcome_recorded = True
             if op == "complete":
                 self.stats.completed += 1
                 if ctx.log.isEnabledFor(logging.INFO):
@@ -416,16 +451,26 @@ class WorkerRuntime:
             self._lose(ctx, f"the handler {what} but its {op} could not be recorded before the lease ended: "
                             f"{outcome.detail}")
 
-    def _lose(self, ctx: TaskContext, reason: str) -> None:
-        """The lease is gone: stop the handler and record how we found out."""
-        if ctx.mark_lost(reason):
+    def _lose(self, ctx: TaskContext, reason: str, *, inferred: bool = False) -> None:
+        """The lease is gone (``inferred``: presumed gone, on this worker's clock only):
+        stop the handler and record how we found out."""
+        if ctx.mark_lost(reason, inferred=inferred):
             self._after_loss(ctx, reason)
 
     def _after_loss(self, ctx: TaskContext, reason: str) -> None:
+        task = self._tasks.get(ctx.key)
+        if ctx.loss_inferred:
+            # Stop the handler as for any loss, but keep a sync handler's result:
+            # a success it still returns is sent, and the guard decides. The loss
+            # is counted and reported once the attempt ends without a recorded outcome.
+            self.stats.presumed_lost += 1
+            ctx.log.warning(self._msg(ctx, f"lease presumed lost: {reason}"))
+            if task is not None and task is not asyncio.current_task() and ctx.key not in self._threaded:
+                task.cancel()
+            return
         self.stats.lost += 1
         self.stats.lost_reasons[reason] = self.stats.lost_reasons.get(reason, 0) + 1
         ctx.log.warning(self._msg(ctx, f"lease lost: {reason}"))
-        task = self._tasks.get(ctx.key)
         if task is not None and task is not asyncio.current_task():
             task.cancel()  # async handlers stop at their next await; sync ones see ctx.lost
         self.completer.report_loss(ctx, reason)
@@ -448,6 +493,8 @@ class WorkerRuntime:
         # Handlers still running are stopped and their leases released; outcomes
         # being recorded are left to finish (within their leases): a success is
         # worth more than a faster exit.
+        for ctx in [c for key, c in list(self.held.items()) if key in self._handling and c.loss_inferred]:
+            self._lose(ctx, "worker shut down before the handler returned")  # a presumed loss stands
         leftovers = [ctx for key, ctx in list(self.held.items()) if key in self._handling and not ctx.lost]
         until = time.monotonic() + RELEASE_BUDGET
         releases = []
