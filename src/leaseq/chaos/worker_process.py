@@ -165,14 +165,19 @@ def main() -> None:
     history.record("worker_start", "ok", pid=os.getpid(), clock_offset=offset, clock_rate=rate)
     try:
         server = os.environ.get("LEASEQ_CHAOS_SERVER")
-        if server:  # a remote worker: the HTTP transport, through `leaseq serve`
-            from leaseq.client import RemoteQueue
 
-            queue = RemoteQueue.from_token_file(server, os.environ["LEASEQ_CHAOS_TOKEN_FILE"], timeout=10)
-        else:
-            queue = workload.app.queue
+        def connect() -> RecordingTransport:
+            # Called by the runtime, and retried while the queue is out of reach
+            # (a dropped connection, a restarting database or service).
+            if server:  # a remote worker: the HTTP transport, through `leaseq serve`
+                from leaseq.client import RemoteQueue
+
+                return RecordingTransport(RemoteQueue.from_token_file(
+                    server, os.environ["LEASEQ_CHAOS_TOKEN_FILE"], timeout=10), history)
+            return RecordingTransport(workload.app.queue, history)
+
         stats = workload.app.run_worker(
-            transport=RecordingTransport(queue, history), queues=[workload.QUEUE],
+            connect=connect, queues=[workload.QUEUE],
             concurrency=int(os.environ.get("LEASEQ_CHAOS_CONCURRENCY", "4")), name=proc,
             poll_interval=0.1, grace=float(os.environ.get("LEASEQ_CHAOS_GRACE", "3")), install_signals=True)
         history.record("worker_stop", "ok", completed=stats.completed, failed=stats.failed, lost=stats.lost,

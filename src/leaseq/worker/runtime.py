@@ -2,6 +2,9 @@
 
 One asyncio loop per worker process runs:
 
+* the start (:mod:`.startup`): opening the transport and registering,
+  retried with backoff while the queue is out of reach;
+
 * the claim loop: claims in batches up to free capacity, then waits for a
   wake-up (a finished handler, a PostgreSQL notification, or the poll
   interval). A claim that fails in transit is retried with backoff; one the
@@ -42,6 +45,7 @@ from .completer import INITIAL_BACKOFF, Completer, Outcome, Verdict, next_backof
 from .context import TaskContext
 from .registry import HandlerSource, Registry
 from .renewer import Renewer, wait_event
+from .startup import until_done
 from .transport import Capabilities, Transport
 
 logger = logging.getLogger("leaseq.worker")
@@ -91,36 +95,44 @@ class WorkerRuntime:
     """Runs the handlers of an :class:`~leaseq.App` (or a :class:`Registry`) under real leases.
 
     ``handlers`` is the app (whose queue is the default transport) or a bare
-    registry (then ``transport`` is required).
+    registry (then ``transport`` or ``connect`` is required). ``connect``, a
+    function returning the transport, defers opening it to :meth:`run`, where
+    it is retried through infrastructure errors as registration is; an app
+    without ``transport`` connects to its queue that way.
     """
 
     def __init__(self, handlers: HandlerSource | Registry, transport: Transport | None = None, *,
                  queues: list[str] | None = None, concurrency: int = 10, name: str = "worker",
-                 poll_interval: float | None = None, grace: float = 30.0, lease_seconds: float | None = None):
+                 poll_interval: float | None = None, grace: float = 30.0, lease_seconds: float | None = None,
+                 connect: Callable[[], Transport] | None = None):
         if concurrency < 1:
             raise InvalidInput("concurrency", f"must be at least 1 (got {concurrency})")
+        if transport is not None and connect is not None:
+            raise InvalidInput("connect", "give a transport or a function that opens one, not both")
         if isinstance(handlers, Registry):
-            if transport is None:
+            if transport is None and connect is None:
                 raise InvalidInput("transport", "a worker built from a registry needs a transport")
             self.registry = handlers
         else:
             self.registry = handlers.registry
-            transport = transport if transport is not None else handlers.queue
-        self.transport: Any = transport
-        try:
-            caps = transport.capabilities  # the one declaration every transport makes
-        except AttributeError:
-            caps = None
-        if not isinstance(caps, Capabilities):
-            raise InvalidInput("transport", f"{type(transport).__name__} declares no capabilities "
-                                            "(a leaseq.worker.transport.Capabilities as .capabilities)")
-        self.capabilities: Capabilities = caps
-        self.queues = list(queues or self.registry.queue_names() or ["default"])
+            if transport is None and connect is None:
+                app = handlers
+                connect = lambda: app.queue  # noqa: E731 - connected (and migrated) in run(), retried
         self.concurrency = concurrency
+        self._connect = connect
+        self._poll_option = poll_interval
+        #: the idle poll interval (the transport's default once it is open, unless given)
+        self.poll_interval = poll_interval
+        self.transport: Any = None
+        self.capabilities: Capabilities | None = None
+        #: the database threads (sized by the transport's capabilities once it is open)
+        self._db: ThreadPoolExecutor | None = None
+        if transport is not None:
+            self._bind(transport)
+        self.queues = list(queues or self.registry.queue_names() or ["default"])
         self.name = name
         self.grace = grace
         self.lease_seconds = lease_seconds
-        self.poll_interval = poll_interval if poll_interval is not None else caps.idle_poll_interval
         self.stats = WorkerStats()
         self.worker: Worker | None = None
         self.held: dict[tuple[int, int], TaskContext] = {}
@@ -141,11 +153,23 @@ class WorkerRuntime:
         self._signals = 0
         self.renewer: Renewer | None = None
         self.completer: Completer | None = None
+        self._handlers = ThreadPoolExecutor(max_workers=concurrency, thread_name_prefix="leaseq-task")
+
+    def _bind(self, transport: Any) -> None:
+        """Use ``transport``: read its declared capabilities and size the database threads."""
+        try:
+            caps = transport.capabilities  # the one declaration every transport makes
+        except AttributeError:
+            caps = None
+        if not isinstance(caps, Capabilities):
+            raise InvalidInput("transport", f"{type(transport).__name__} declares no capabilities "
+                                            "(a leaseq.worker.transport.Capabilities as .capabilities)")
+        self.transport, self.capabilities = transport, caps
+        self.poll_interval = self._poll_option if self._poll_option is not None else caps.idle_poll_interval
         # A backend that writes one transaction at a time gets one database
         # thread: more would only hand the GIL and the lock back and forth.
-        self._db = ThreadPoolExecutor(max_workers=1 if caps.serial_writes else min(32, concurrency + 4),
+        self._db = ThreadPoolExecutor(max_workers=1 if caps.serial_writes else min(32, self.concurrency + 4),
                                       thread_name_prefix="leaseq-db")
-        self._handlers = ThreadPoolExecutor(max_workers=concurrency, thread_name_prefix="leaseq-task")
 
     # -- control -----------------------------------------------------------------
 
@@ -206,7 +230,9 @@ class WorkerRuntime:
             for sig in (signal.SIGTERM, signal.SIGINT):
                 self._loop.add_signal_handler(sig, self._on_signal, sig)
         try:
-            self.worker = await self._call(self.transport.register_worker, self.name)
+            if not await self._start_up():
+                logger.info("worker %s: stopped before it could register", self.name)
+                return self.stats
             logger.info("worker %s started: queues=%s concurrency=%d", self.worker.id, ",".join(self.queues),
                         self.concurrency)
             self.completer = Completer(self.transport, self.capabilities, self.worker, self._call, self._settled)
@@ -231,13 +257,35 @@ class WorkerRuntime:
             if install_signals:
                 for sig in (signal.SIGTERM, signal.SIGINT):
                     self._loop.remove_signal_handler(sig)
-            self._db.shutdown(wait=False)
+            if self._db is not None:
+                self._db.shutdown(wait=False)
             self._handlers.shutdown(wait=False)
             self._stopped.set()
         logger.info("worker %s stopped: %s", self.worker.id if self.worker else self.name, self.stats)
         if self._fatal is not None:
             raise self._fatal
         return self.stats
+
+    async def _start_up(self) -> bool:
+        """Open the transport (if deferred) and register, retrying through infrastructure
+        errors; False if asked to stop first. A refusal is raised."""
+        def count() -> None:
+            self.stats.transient_errors += 1
+
+        def stopping() -> bool:
+            return self._stopping
+
+        if self.transport is None:
+            assert self._connect is not None
+            ok, transport = await until_done("connecting to the queue", lambda: asyncio.to_thread(self._connect),
+                                             name=self.name, wake=self._wake, stopping=stopping, on_retry=count)
+            if not ok:
+                return False
+            self._bind(transport)
+        ok, worker = await until_done("registering", lambda: self._call(self.transport.register_worker, self.name),
+                                      name=self.name, wake=self._wake, stopping=stopping, on_retry=count)
+        self.worker = worker
+        return ok
 
     async def _claim(self, queue: str, limit: int) -> list[Claim]:
         if self.capabilities.native_async:
