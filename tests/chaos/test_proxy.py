@@ -9,7 +9,7 @@ import time
 
 import pytest
 
-from leaseq.chaos.proxy import FaultyProxy
+from leaseq_chaos.proxy import FaultyProxy
 
 
 class Echo(socketserver.BaseRequestHandler):

@@ -26,7 +26,7 @@ from urllib.parse import urlsplit, urlunsplit
 import pytest
 
 import leaseq
-from leaseq.chaos.proxy import FaultyProxy
+from leaseq_chaos.proxy import FaultyProxy
 
 from .support import Runner, first_attempt_completed, wait_for
 

@@ -19,8 +19,8 @@ import pytest
 
 import leaseq
 from leaseq import auth
-from leaseq.chaos.pgserver import free_port
-from leaseq.chaos.proxy import FaultyProxy
+from leaseq_chaos.pgserver import free_port
+from leaseq_chaos.proxy import FaultyProxy
 from leaseq.client import RemoteQueue
 from leaseq.worker import WorkerRuntime
 

@@ -1,11 +1,11 @@
-"""Entry point of one chaos worker process: ``python -m leaseq.chaos.worker_process``.
+"""Entry point of one chaos worker process: ``python -m leaseq_chaos.worker_process``.
 
 It runs the real :class:`~leaseq.worker.WorkerRuntime` on the chaos
 workload, as ``leaseq worker`` does, with two additions a test build needs:
 
 * a :class:`RecordingTransport` around the :class:`leaseq.Queue`, writing
   every guarded call and its verdict to the run's history;
-* the skewed clock (:mod:`leaseq.chaos.skewed_clock`) when the harness asks
+* the skewed clock (:mod:`leaseq_chaos.skewed_clock`) when the harness asks
   for one, installed before anything else reads the clock.
 
 Configuration comes from the environment the harness sets: ``LEASEQ_DSN``,
@@ -184,7 +184,7 @@ def main() -> None:
                        released=stats.released)
     except Exception as exc:
         history.record("worker_stop", "error", error=f"{type(exc).__name__}: {exc}"[:500])
-        logging.getLogger("leaseq.chaos").error("worker failed: %r", exc)
+        logging.getLogger("leaseq_chaos").error("worker failed: %r", exc)
         sys.stderr.flush()
         os._exit(3)
     sys.stderr.flush()
