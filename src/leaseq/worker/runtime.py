@@ -6,8 +6,8 @@ One asyncio loop per worker process runs:
   retried with backoff while the queue is out of reach;
 
 * the claim loop: claims in batches up to free capacity, then waits for a
-  wake-up (a finished handler, a PostgreSQL notification, or the poll
-  interval). A claim that fails in transit is retried with backoff; one the
+  wake-up (a finished handler, a PostgreSQL notification from the
+  listener (:mod:`.listener`), or the poll interval). A claim that fails in transit is retried with backoff; one the
   queue refuses for good (a revoked worker, a refused credential) stops
   claiming and goes through the graceful shutdown;
 * the renewer (:mod:`.renewer`): every held lease in one guarded call per tick;
@@ -35,7 +35,6 @@ import threading
 import time
 from collections.abc import Awaitable, Callable
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
 from typing import Any
 
 from ..auth import AccessDenied
@@ -45,7 +44,9 @@ from .completer import INITIAL_BACKOFF, Completer, Outcome, Verdict, next_backof
 from .context import TaskContext
 from .registry import HandlerSource, Registry
 from .renewer import Renewer, wait_event
+from .listener import start_listener
 from .startup import until_done
+from .stats import WorkerStats
 from .transport import Capabilities, Transport
 
 logger = logging.getLogger("leaseq.worker")
@@ -54,41 +55,8 @@ logger = logging.getLogger("leaseq.worker")
 MAX_CLAIM_BACKOFF = 5.0
 #: How long shutdown keeps trying to release a lease before leaving it to expire.
 RELEASE_BUDGET = 5.0
-#: How long the listener waits before reconnecting after its connection dropped.
-LISTENER_RETRY = 0.5
 
 __all__ = ["Transport", "WorkerRuntime", "WorkerStats"]
-
-
-@dataclass
-class WorkerStats:
-    """Counters of one runtime, for progress lines, metrics and tests."""
-
-    claimed: int = 0
-    completed: int = 0
-    failed: int = 0
-    lost: int = 0
-    #: leases presumed lost on the worker's clock (no successful renewal within
-    #: the lease length); each also ends in ``lost``, or in ``recovered``
-    presumed_lost: int = 0
-    #: presumed losses whose handler's success the queue still accepted (a
-    #: renewal had committed unanswered): counted in ``completed``, not ``lost``
-    recovered: int = 0
-    released: int = 0
-    renewals: int = 0
-    #: outcomes whose write was refused after an earlier try failed in transit:
-    #: that try may have been written (the task's row says which)
-    unconfirmed: int = 0
-    #: claims that failed in transit (and were retried), and outcomes the
-    #: infrastructure kept from being recorded before their lease ended
-    transient_errors: int = 0
-    started_at: float = field(default_factory=time.monotonic)
-    lost_reasons: dict[str, int] = field(default_factory=dict)
-
-    @property
-    def rate(self) -> float:
-        """Completed tasks per second since start."""
-        return self.completed / max(1e-9, time.monotonic() - self.started_at)
 
 
 class WorkerRuntime:
@@ -337,31 +305,11 @@ class WorkerRuntime:
                 await wait_event(self._wake, self.poll_interval)
 
     def _start_listener(self) -> threading.Event | None:
-        """Wake the claim loop on notifications, reconnecting after a dropped
-        connection (and claiming at once then: notifications may have been missed)."""
+        """Wake the claim loop on notifications (see :mod:`.listener`)."""
         if not self.capabilities.listen_notify:
             return None
-        done = threading.Event()
-        loop, wake = self._loop, self._wake
-
-        def listen() -> None:
-            listener = None
-            while not done.is_set() and not self._stopping:
-                try:
-                    if listener is None:
-                        listener = self.transport.listener(self.queues)
-                        loop.call_soon_threadsafe(wake.set)
-                    if listener.wait(1.0):
-                        loop.call_soon_threadsafe(wake.set)
-                except Exception as exc:  # the connection went away: polling covers the gap
-                    logger.info("worker %s: listener lost its connection (%s); reconnecting", self.worker.id, exc)
-                    _close_quietly(listener)
-                    listener = None
-                    done.wait(LISTENER_RETRY)
-            _close_quietly(listener)
-
-        threading.Thread(target=listen, name="leaseq-listener", daemon=True).start()
-        return done
+        return start_listener(self.transport, self.queues, self._loop, self._wake,
+                              stopping=lambda: self._stopping, name=self.worker.id)
 
     # -- running one task ------------------------------------------------------------
 
@@ -562,12 +510,3 @@ class WorkerRuntime:
         while True:
             await asyncio.sleep(1.0)
             progress(self.stats)
-
-
-def _close_quietly(listener: Any) -> None:
-    if listener is None:
-        return
-    try:
-        listener.close()
-    except Exception:  # pragma: no cover - already closed under our feet
-        pass
