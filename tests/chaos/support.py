@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from leaseq.chaos.pgserver import find_bindir
+from leaseq_chaos.pgserver import find_bindir
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -28,8 +28,8 @@ def run_chaos_cli(tmp_path: Path, *args: str, pythonpath: Path | None = None,
     """Run ``leaseq chaos ARGS --history …`` and return the process and the parsed history file."""
     history = tmp_path / "history.json"
     env = {k: v for k, v in os.environ.items() if k != "LEASEQ_DSN"}
-    if pythonpath is not None:
-        env["PYTHONPATH"] = str(pythonpath)
+    if pythonpath is not None:  # first; leaseq_chaos still comes from where it was found
+        env["PYTHONPATH"] = os.pathsep.join(p for p in (str(pythonpath), env.get("PYTHONPATH")) if p)
     proc = subprocess.run([sys.executable, "-m", "leaseq.cli.main", "chaos", *args, "--history", str(history)],
                           cwd=tmp_path, env=env, capture_output=True, text=True, timeout=timeout)
     document = json.loads(history.read_text()) if history.exists() else {}

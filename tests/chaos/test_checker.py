@@ -6,7 +6,7 @@ import copy
 
 import pytest
 
-from leaseq.chaos.checker import INVARIANTS, Observed, check
+from leaseq_chaos.checker import INVARIANTS, Observed, check
 
 
 def rec(t, op, outcome="ok", proc="w0.1", **fields):

@@ -17,25 +17,16 @@ from .support import describe, need_pg_binaries, recheck_cli, run_chaos_cli
 pytestmark = pytest.mark.timeout(300)
 
 
-def assert_clean_and_hostile(proc, doc, faults: list[str], *, charged_allowed: bool = False) -> None:
+def assert_clean_and_hostile(proc, doc, faults: list[str]) -> None:
     verdict = doc["verdict"]
     counts = verdict["counts"]
-    charged = counts["attempts consumed by infrastructure faults"]
-    others = [v for v in verdict["violations"] if v["invariant"] != "no_attempt_charged"]
-    assert others == [], describe(proc)
+    assert verdict["violations"] == [], describe(proc)
     assert doc["settled"], "the queue did not settle within the run"
     assert "violations: no_task_lost" in proc.stdout and "violations: no_attempt_charged" in proc.stdout
-    if charged_allowed:
-        # Known gap (docs/reliability.md): when every queue connection is dropped, a worker can judge
-        # on its own clock that a lease ran out just before a sync handler returns, and then does not
-        # try to record the success the database still holds. Rare; bounded here, zero is the goal.
-        assert charged <= max(3, 0.02 * counts["handlers returned"]), describe(proc)
-        assert proc.returncode == (0 if charged == 0 else 1), describe(proc)
-    else:
-        assert proc.returncode == 0, describe(proc)
-        assert "no violations" in proc.stdout
-        # a handler that returned was never charged an attempt for the infrastructure's trouble
-        assert charged == 0
+    assert proc.returncode == 0, describe(proc)
+    assert "no violations" in proc.stdout
+    # a handler that returned was never charged an attempt for the infrastructure's trouble
+    assert counts["attempts consumed by infrastructure faults"] == 0, describe(proc)
     assert counts["handlers returned"] >= 0.5 * counts["tasks enqueued"]
     for fault in faults:
         assert counts.get(f"fault: {fault}", 0) >= 1, f"{fault} was never injected: {counts}"
@@ -72,7 +63,7 @@ def test_sixty_seconds_on_postgres_with_every_fault(tmp_path):
     proc, doc = run_chaos_cli(tmp_path, "--backend", "postgres", "--duration", "60", "--workers", "8",
                               "--tasks", "400", "--seed", "1", "--faults", "all", "--quiet")
     assert_clean_and_hostile(proc, doc, ["kill", "stop", "terminate", "restart", "partition", "skew",
-                                         "drop_queue", "drop_ledger", "revoke"], charged_allowed=True)
+                                         "drop_queue", "drop_ledger", "revoke"])
     assert_revoked_workers_came_back(doc)
     # Downstream writes really happened (and each landed once: the verdict above).
     counts = doc["verdict"]["counts"]
@@ -95,8 +86,7 @@ def test_thirty_seconds_of_remote_workers_through_a_restarted_service(tmp_path):
     need_pg_binaries()
     proc, doc = run_chaos_cli(tmp_path, "--backend", "postgres", "--transport", "mixed", "--duration", "30",
                               "--workers", "4", "--tasks", "150", "--seed", "3", "--faults", "all", "--quiet")
-    assert_clean_and_hostile(proc, doc, ["kill", "stop", "service", "revoke", "drop_queue", "drop_ledger"],
-                             charged_allowed=True)
+    assert_clean_and_hostile(proc, doc, ["kill", "stop", "service", "revoke", "drop_queue", "drop_ledger"])
     spawned = {r["transport"] for r in doc["history"] if r["op"] == "spawn"}
     assert spawned == {"direct", "http"}
     remote = {r["proc_name"] for r in doc["history"] if r["op"] == "spawn" and r["transport"] == "http"}

@@ -2,11 +2,18 @@
 
 from __future__ import annotations
 
+import subprocess
+import sys
+
 import pytest
 from click.testing import CliRunner
 
-from leaseq.chaos.config import ChaosConfig, default_faults
 from leaseq.cli.main import cli
+from leaseq_chaos.config import ChaosConfig, default_faults
+
+# `leaseq chaos` with the leaseq-chaos package out of reach (an import of it fails as if not installed)
+WITHOUT_CHAOS = ("import sys; sys.modules['leaseq_chaos'] = None; sys.argv[0] = 'leaseq'; "
+                 "from leaseq.cli.main import main; main()")
 
 
 @pytest.mark.parametrize("args, says", [
@@ -44,3 +51,17 @@ def test_which_workers_are_remote():
     assert [ChaosConfig(transport="mixed", workers=4).remote(i) for i in range(4)] == [False, True, False, True]
     assert not any(ChaosConfig(transport="direct").remote(i) for i in range(8))
     assert all(ChaosConfig(transport="http").remote(i) for i in range(8))
+
+
+@pytest.mark.parametrize("args", [["--duration", "5"], ["--recheck", __file__]])
+def test_without_the_chaos_package_the_command_says_what_to_install(args, tmp_path):
+    proc = subprocess.run([sys.executable, "-c", WITHOUT_CHAOS, "chaos", *args], cwd=tmp_path,
+                          capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 2, proc.stderr
+    assert proc.stderr.strip().splitlines() == [
+        "error: chaos: this command needs the leaseq-chaos package, which is not installed; from a checkout "
+        "of the leaseq repository: python -m pip install -e ./chaos"], proc.stderr
+    assert "Traceback" not in proc.stderr and proc.stdout == ""
+    help_text = subprocess.run([sys.executable, "-c", WITHOUT_CHAOS, "chaos", "--help"], cwd=tmp_path,
+                               capture_output=True, text=True, timeout=60)
+    assert help_text.returncode == 0 and "--faults" in help_text.stdout  # the options are still described

@@ -9,7 +9,7 @@ import time
 
 import pytest
 
-from leaseq.chaos.proxy import FaultyProxy
+from leaseq_chaos.proxy import FaultyProxy
 
 
 class Echo(socketserver.BaseRequestHandler):
@@ -87,3 +87,38 @@ def test_drop_closes_only_that_links_connections(proxy):
     assert closed
     assert roundtrip(bystander)[0] == b"ping"
     assert roundtrip(connect(proxy, "w0"))[0] == b"ping"  # new connections are let through again
+
+
+def test_lost_replies_forward_requests_discard_answers_and_healing_closes_those_connections(proxy):
+    received: list[bytes] = []
+
+    class Recording(socketserver.BaseRequestHandler):
+        def handle(self):
+            while data := self.request.recv(4096):
+                received.append(data)
+                self.request.sendall(data)
+
+    server = socketserver.ThreadingTCPServer(("127.0.0.1", 0), Recording)
+    server.daemon_threads = True
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    faulty = FaultyProxy(server.server_address[1])
+    try:
+        sock = connect(faulty)
+        faulty.lose_replies("w0")
+        sock.sendall(b"commit")
+        sock.settimeout(0.5)
+        with pytest.raises(socket.timeout):
+            sock.recv(10)  # the answer never comes...
+        assert received == [b"commit"]  # ...although the request arrived
+        faulty.heal("w0")
+        sock.settimeout(5)
+        try:
+            closed = sock.recv(10) == b""
+        except ConnectionResetError:
+            closed = True
+        assert closed, "a connection that lost an answer must not carry on"
+        assert roundtrip(connect(faulty))[0] == b"ping"  # new connections flow normally
+    finally:
+        faulty.close()
+        server.shutdown()
+        server.server_close()

@@ -74,11 +74,13 @@ class GatedCompletions:
 class Runner:
     """A WorkerRuntime on its own thread and event loop; ``stop()`` re-raises what run() raised."""
 
-    def __init__(self, runtime: WorkerRuntime):
+    def __init__(self, runtime: WorkerRuntime, *, wait_registered: bool = True):
         self.runtime = runtime
         self.error: BaseException | None = None
         self.thread = threading.Thread(target=self._main, daemon=True)
         self.thread.start()
+        if not wait_registered:
+            return
         wait_for(lambda: runtime.worker is not None or not self.thread.is_alive(), 15, "the worker registered")
         assert runtime.worker is not None, f"worker did not start: {self.error!r}"
 

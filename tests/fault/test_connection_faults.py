@@ -23,7 +23,7 @@ from collections.abc import Iterator
 import pytest
 
 import leaseq
-from leaseq.chaos.pgserver import ThrowawayPostgres, find_bindir
+from leaseq_chaos.pgserver import ThrowawayPostgres, find_bindir
 
 from .support import Gate, GatedCompletions, Runner, backends, drop_connections, first_attempt_completed, wait_for
 

@@ -18,7 +18,7 @@ import pytest
 
 import leaseq
 from leaseq import auth
-from leaseq.chaos.pgserver import free_port
+from leaseq_chaos.pgserver import free_port
 from leaseq.client import RemoteQueue
 from leaseq.worker import WorkerRuntime
 

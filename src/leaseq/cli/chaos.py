@@ -1,4 +1,10 @@
-"""``leaseq chaos``: run the fault-injection harness and check the history."""
+"""``leaseq chaos``: run the fault-injection harness and check the history.
+
+The harness is its own distribution, ``leaseq-chaos`` (import package
+``leaseq_chaos``, in the repository's ``chaos/`` folder), so the runtime
+package holds only what runs in production; without it the command says
+what to install.
+"""
 
 from __future__ import annotations
 
@@ -54,8 +60,14 @@ def chaos(duration: float, workers: int, tasks: int, seed: int, faults: str, tra
     no invariant was violated, 1 when one was, 2 for bad options.
     The database is private to the run: the global --dsn is not used.
     """
-    from ..chaos.config import ChaosConfig, parse_faults
-    from ..chaos import runner
+    try:
+        from leaseq_chaos import runner
+        from leaseq_chaos.config import ChaosConfig, parse_faults
+    except ModuleNotFoundError as exc:
+        if (exc.name or "").split(".")[0] != "leaseq_chaos":
+            raise
+        raise CliError("chaos", "this command needs the leaseq-chaos package, which is not installed; from a "
+                                "checkout of the leaseq repository: python -m pip install -e ./chaos") from None
 
     if recheck is not None:
         try:

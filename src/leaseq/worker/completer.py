@@ -14,6 +14,12 @@ two kinds of trouble, and they must never be confused:
   a success that cannot be recorded in time is reported as a loss (the
   recovery policy in SQL routes the task when its lease ends).
 
+A lease the worker only *presumed* lost on its own clock (no successful
+renewal within its length) may still be live in the database: a renewal
+whose answer was lost can have extended it. Its success is still sent, at
+least once and until the last renewal sent plus the lease length; the
+guard accepts it or refuses it with zero rows.
+
 Each recording runs as its own task, shielded from the handler's task: a
 handler cancelled while its completion is in flight (lease lost, a reclaim,
 shutdown) does not cancel the write, and a batch's other completions still
@@ -110,7 +116,12 @@ def error_text(exc: BaseException) -> str:
 
 
 def lease_deadline(ctx: TaskContext) -> float:
-    """Monotonic time the lease is proven to last until (its last successful renewal + its length)."""
+    """Monotonic time until which a write is worth retrying: the lease is proven to
+    last until its last successful renewal + its length. A lease only presumed lost
+    may last until its last renewal *sent* + its length (that renewal may have
+    committed unanswered): the guard in the database decides."""
+    if ctx.loss_inferred:
+        return ctx.may_last_until()
     return ctx.renewed_at + ctx.claim.lease_seconds
 
 
@@ -199,7 +210,7 @@ class Completer:
                     return _decided(op, exc, tries)
                 tries += 1
                 left = (lease_deadline(ctx) if until is None else min(until, lease_deadline(ctx))) - time.monotonic()
-                if left <= 0 or (stop_when_lost and ctx.lost):
+                if left <= 0 or (stop_when_lost and ctx.loss_told):
                     return Outcome(op, Verdict.UNRECORDABLE, f"{op} not recorded after {tries} tries: {exc!r}")
                 pause, backoff = next_backoff(backoff, exc)
                 (ctx.log.warning if tries == 1 else ctx.log.debug)(
@@ -276,7 +287,7 @@ class Completer:
                 now, keep = time.monotonic(), []
                 for item in batch:
                     ctx = item.ctx
-                    if ctx.lost:
+                    if ctx.loss_told:
                         self._resolve(item, Outcome("complete", Verdict.LOST, ctx.lost_reason or "lease lost"))
                     elif lease_deadline(ctx) <= now:
                         self._resolve(item, Outcome("complete", Verdict.UNRECORDABLE,

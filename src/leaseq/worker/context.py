@@ -39,9 +39,18 @@ class TaskContext:
         #: made on the first ctx.sleep(): most handlers never sleep on it
         self._lost_event: threading.Event | None = None
         self.lost_reason: str | None = None
+        #: True when the loss was only inferred on this worker's clock (no successful
+        #: renewal within the lease length), not told by the queue: a renewal whose
+        #: answer was lost may still have extended the lease in the database.
+        self.loss_inferred = False
         #: monotonic time at which the last successful renewal was *sent*:
         #: the lease cannot outlive it by more than its length.
         self.renewed_at = time.monotonic()
+        #: monotonic time at which the last renewal was sent, answered or not: if
+        #: it committed unanswered, the lease may last until this plus its length.
+        self.renewal_sent_at = self.renewed_at
+        #: set by the runtime once this attempt's outcome is recorded
+        self.outcome_recorded = False
         #: set by the runtime: called (from any thread) when the context finds out itself
         self.on_lost: Callable[[TaskContext, str], None] | None = None
 
@@ -88,12 +97,31 @@ class TaskContext:
         if event.wait(seconds):
             self.check()
 
-    def mark_lost(self, reason: str) -> bool:
-        """Record the loss (runtime use). Returns False if it was already lost."""
+    @property
+    def loss_told(self) -> bool:
+        """True once the lease is known to be gone: the queue refused it (heartbeat
+        refused, cancelled, revoked, reclaimed) or the worker gave it up; False
+        while it is held or only presumed lost on the worker's clock."""
+        return self._lost and not self.loss_inferred
+
+    def may_last_until(self) -> float:
+        """The latest monotonic time the lease may still be live in the database:
+        the last renewal sent (answered or not) plus the lease length."""
+        return max(self.renewed_at, self.renewal_sent_at) + self.claim.lease_seconds
+
+    def mark_lost(self, reason: str, *, inferred: bool = False) -> bool:
+        """Record the loss (runtime use). Returns False if nothing changed: it was
+        already lost (a presumed loss is only turned into a known one).
+
+        ``inferred``: judged on the worker's clock only. The handler is stopped
+        the same way (``check()`` and new effects refuse), but a success it still
+        returns is sent once to the queue, whose guard decides.
+        """
         with _LOSS_LOCK:  # one caller wins, whichever threads race here
-            if self._lost:
+            if self._lost and (inferred or not self.loss_inferred):
                 return False
             self.lost_reason = reason
+            self.loss_inferred = inferred
             self._lost = True
             event = self._lost_event
         if event is not None:

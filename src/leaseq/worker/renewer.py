@@ -2,9 +2,12 @@
 
 Heartbeat traffic grows with workers, not with tasks. A lease missing from
 the answer was refused (expired, cancelled, revoked or reclaimed) and is
-lost. A lease whose renewal has not succeeded within its own length is lost
-too, measured on the monotonic clock from the moment the last successful
-renewal was *sent*: no wall clock is trusted. A renewal that fails in
+lost: the queue said so. A lease whose renewal has not succeeded within its
+own length is *presumed* lost, measured on the monotonic clock from the
+moment the last successful renewal was *sent* (no wall clock is trusted):
+the worker only inferred it, and a renewal whose answer was lost may have
+extended the lease after all, so the runtime still sends a success the
+handler returns, and the queue's guard decides. A renewal that fails in
 transit (a dropped connection, a restarting server) is retried with backoff,
 not at once in a loop, for as long as the leases last.
 
@@ -55,13 +58,14 @@ class Renewer:
 
     def __init__(self, transport: Any, worker: Worker, call: Callable[..., Awaitable[Any]],
                  held: dict[tuple[int, int], TaskContext], running: set[tuple[int, int]],
-                 lose: Callable[[TaskContext, str], None], count: Callable[[], None]):
+                 lose: Callable[..., None], count: Callable[[], None]):
         self.transport = transport
         self.worker = worker
         self._call = call
         self._held = held
         #: leases whose handler still runs (the others are being recorded)
         self._running = running
+        #: ``lose(ctx, reason, inferred=False)``
         self._lose = lose
         self._count = count
         self._wake = asyncio.Event()
@@ -102,6 +106,8 @@ class Renewer:
         if not live:
             return
         sent = time.monotonic()
+        for ctx in live:
+            ctx.renewal_sent_at = sent
         # A renewal stuck on a dead connection must not keep leases alive
         # locally: wait no longer than the most urgent lease has left.
         budget = max(MIN_RENEW_INTERVAL, min(c.renewed_at + c.claim.lease_seconds for c in live) - sent)
@@ -135,4 +141,4 @@ class Renewer:
             elif renewed is not None:
                 self._lose(ctx, "heartbeat refused: the lease was expired, cancelled, revoked or reclaimed")
             elif time.monotonic() - ctx.renewed_at >= ctx.claim.lease_seconds:
-                self._lose(ctx, "no successful renewal within the lease length")
+                self._lose(ctx, "no successful renewal within the lease length", inferred=True)

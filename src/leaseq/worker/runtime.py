@@ -2,9 +2,12 @@
 
 One asyncio loop per worker process runs:
 
+* the start (:mod:`.startup`): opening the transport and registering,
+  retried with backoff while the queue is out of reach;
+
 * the claim loop: claims in batches up to free capacity, then waits for a
-  wake-up (a finished handler, a PostgreSQL notification, or the poll
-  interval). A claim that fails in transit is retried with backoff; one the
+  wake-up (a finished handler, a PostgreSQL notification from the
+  listener (:mod:`.listener`), or the poll interval). A claim that fails in transit is retried with backoff; one the
   queue refuses for good (a revoked worker, a refused credential) stops
   claiming and goes through the graceful shutdown;
 * the renewer (:mod:`.renewer`): every held lease in one guarded call per tick;
@@ -32,7 +35,6 @@ import threading
 import time
 from collections.abc import Awaitable, Callable
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
 from typing import Any
 
 from ..auth import AccessDenied
@@ -42,6 +44,9 @@ from .completer import INITIAL_BACKOFF, Completer, Outcome, Verdict, next_backof
 from .context import TaskContext
 from .registry import HandlerSource, Registry
 from .renewer import Renewer, wait_event
+from .listener import start_listener
+from .startup import until_done
+from .stats import WorkerStats
 from .transport import Capabilities, Transport
 
 logger = logging.getLogger("leaseq.worker")
@@ -50,71 +55,52 @@ logger = logging.getLogger("leaseq.worker")
 MAX_CLAIM_BACKOFF = 5.0
 #: How long shutdown keeps trying to release a lease before leaving it to expire.
 RELEASE_BUDGET = 5.0
-#: How long the listener waits before reconnecting after its connection dropped.
-LISTENER_RETRY = 0.5
 
 __all__ = ["Transport", "WorkerRuntime", "WorkerStats"]
-
-
-@dataclass
-class WorkerStats:
-    """Counters of one runtime, for progress lines, metrics and tests."""
-
-    claimed: int = 0
-    completed: int = 0
-    failed: int = 0
-    lost: int = 0
-    released: int = 0
-    renewals: int = 0
-    #: outcomes whose write was refused after an earlier try failed in transit:
-    #: that try may have been written (the task's row says which)
-    unconfirmed: int = 0
-    #: claims that failed in transit (and were retried), and outcomes the
-    #: infrastructure kept from being recorded before their lease ended
-    transient_errors: int = 0
-    started_at: float = field(default_factory=time.monotonic)
-    lost_reasons: dict[str, int] = field(default_factory=dict)
-
-    @property
-    def rate(self) -> float:
-        """Completed tasks per second since start."""
-        return self.completed / max(1e-9, time.monotonic() - self.started_at)
 
 
 class WorkerRuntime:
     """Runs the handlers of an :class:`~leaseq.App` (or a :class:`Registry`) under real leases.
 
     ``handlers`` is the app (whose queue is the default transport) or a bare
-    registry (then ``transport`` is required).
+    registry (then ``transport`` or ``connect`` is required). ``connect``, a
+    function returning the transport, defers opening it to :meth:`run`, where
+    it is retried through infrastructure errors as registration is; an app
+    without ``transport`` connects to its queue that way.
     """
 
     def __init__(self, handlers: HandlerSource | Registry, transport: Transport | None = None, *,
                  queues: list[str] | None = None, concurrency: int = 10, name: str = "worker",
-                 poll_interval: float | None = None, grace: float = 30.0, lease_seconds: float | None = None):
+                 poll_interval: float | None = None, grace: float = 30.0, lease_seconds: float | None = None,
+                 connect: Callable[[], Transport] | None = None):
         if concurrency < 1:
             raise InvalidInput("concurrency", f"must be at least 1 (got {concurrency})")
+        if transport is not None and connect is not None:
+            raise InvalidInput("connect", "give a transport or a function that opens one, not both")
         if isinstance(handlers, Registry):
-            if transport is None:
+            if transport is None and connect is None:
                 raise InvalidInput("transport", "a worker built from a registry needs a transport")
             self.registry = handlers
         else:
             self.registry = handlers.registry
-            transport = transport if transport is not None else handlers.queue
-        self.transport: Any = transport
-        try:
-            caps = transport.capabilities  # the one declaration every transport makes
-        except AttributeError:
-            caps = None
-        if not isinstance(caps, Capabilities):
-            raise InvalidInput("transport", f"{type(transport).__name__} declares no capabilities "
-                                            "(a leaseq.worker.transport.Capabilities as .capabilities)")
-        self.capabilities: Capabilities = caps
-        self.queues = list(queues or self.registry.queue_names() or ["default"])
+            if transport is None and connect is None:
+                app = handlers
+                connect = lambda: app.queue  # noqa: E731 - connected (and migrated) in run(), retried
         self.concurrency = concurrency
+        self._connect = connect
+        self._poll_option = poll_interval
+        #: the idle poll interval (the transport's default once it is open, unless given)
+        self.poll_interval = poll_interval
+        self.transport: Any = None
+        self.capabilities: Capabilities | None = None
+        #: the database threads (sized by the transport's capabilities once it is open)
+        self._db: ThreadPoolExecutor | None = None
+        if transport is not None:
+            self._bind(transport)
+        self.queues = list(queues or self.registry.queue_names() or ["default"])
         self.name = name
         self.grace = grace
         self.lease_seconds = lease_seconds
-        self.poll_interval = poll_interval if poll_interval is not None else caps.idle_poll_interval
         self.stats = WorkerStats()
         self.worker: Worker | None = None
         self.held: dict[tuple[int, int], TaskContext] = {}
@@ -122,6 +108,10 @@ class WorkerRuntime:
         #: tasks whose handler is running: what concurrency limits (a finished
         #: handler's lease stays held until its outcome is recorded)
         self._handling: set[tuple[int, int]] = set()
+        #: tasks whose handler runs in a thread (cancelling its asyncio task would only drop its result)
+        self._threaded: set[tuple[int, int]] = set()
+        #: presumed-lost attempts whose success was sent and is not settled yet
+        self._presumed_sent: set[tuple[int, int]] = set()
         self._stopping = False
         #: the refusal that stopped the claim loop (re-raised once shutdown is done)
         self._fatal: LeaseqError | None = None
@@ -131,11 +121,23 @@ class WorkerRuntime:
         self._signals = 0
         self.renewer: Renewer | None = None
         self.completer: Completer | None = None
+        self._handlers = ThreadPoolExecutor(max_workers=concurrency, thread_name_prefix="leaseq-task")
+
+    def _bind(self, transport: Any) -> None:
+        """Use ``transport``: read its declared capabilities and size the database threads."""
+        try:
+            caps = transport.capabilities  # the one declaration every transport makes
+        except AttributeError:
+            caps = None
+        if not isinstance(caps, Capabilities):
+            raise InvalidInput("transport", f"{type(transport).__name__} declares no capabilities "
+                                            "(a leaseq.worker.transport.Capabilities as .capabilities)")
+        self.transport, self.capabilities = transport, caps
+        self.poll_interval = self._poll_option if self._poll_option is not None else caps.idle_poll_interval
         # A backend that writes one transaction at a time gets one database
         # thread: more would only hand the GIL and the lock back and forth.
-        self._db = ThreadPoolExecutor(max_workers=1 if caps.serial_writes else min(32, concurrency + 4),
+        self._db = ThreadPoolExecutor(max_workers=1 if caps.serial_writes else min(32, self.concurrency + 4),
                                       thread_name_prefix="leaseq-db")
-        self._handlers = ThreadPoolExecutor(max_workers=concurrency, thread_name_prefix="leaseq-task")
 
     # -- control -----------------------------------------------------------------
 
@@ -196,7 +198,9 @@ class WorkerRuntime:
             for sig in (signal.SIGTERM, signal.SIGINT):
                 self._loop.add_signal_handler(sig, self._on_signal, sig)
         try:
-            self.worker = await self._call(self.transport.register_worker, self.name)
+            if not await self._start_up():
+                logger.info("worker %s: stopped before it could register", self.name)
+                return self.stats
             logger.info("worker %s started: queues=%s concurrency=%d", self.worker.id, ",".join(self.queues),
                         self.concurrency)
             self.completer = Completer(self.transport, self.capabilities, self.worker, self._call, self._settled)
@@ -221,13 +225,35 @@ class WorkerRuntime:
             if install_signals:
                 for sig in (signal.SIGTERM, signal.SIGINT):
                     self._loop.remove_signal_handler(sig)
-            self._db.shutdown(wait=False)
+            if self._db is not None:
+                self._db.shutdown(wait=False)
             self._handlers.shutdown(wait=False)
             self._stopped.set()
         logger.info("worker %s stopped: %s", self.worker.id if self.worker else self.name, self.stats)
         if self._fatal is not None:
             raise self._fatal
         return self.stats
+
+    async def _start_up(self) -> bool:
+        """Open the transport (if deferred) and register, retrying through infrastructure
+        errors; False if asked to stop first. A refusal is raised."""
+        def count() -> None:
+            self.stats.transient_errors += 1
+
+        def stopping() -> bool:
+            return self._stopping
+
+        if self.transport is None:
+            assert self._connect is not None
+            ok, transport = await until_done("connecting to the queue", lambda: asyncio.to_thread(self._connect),
+                                             name=self.name, wake=self._wake, stopping=stopping, on_retry=count)
+            if not ok:
+                return False
+            self._bind(transport)
+        ok, worker = await until_done("registering", lambda: self._call(self.transport.register_worker, self.name),
+                                      name=self.name, wake=self._wake, stopping=stopping, on_retry=count)
+        self.worker = worker
+        return ok
 
     async def _claim(self, queue: str, limit: int) -> list[Claim]:
         if self.capabilities.native_async:
@@ -279,31 +305,11 @@ class WorkerRuntime:
                 await wait_event(self._wake, self.poll_interval)
 
     def _start_listener(self) -> threading.Event | None:
-        """Wake the claim loop on notifications, reconnecting after a dropped
-        connection (and claiming at once then: notifications may have been missed)."""
+        """Wake the claim loop on notifications (see :mod:`.listener`)."""
         if not self.capabilities.listen_notify:
             return None
-        done = threading.Event()
-        loop, wake = self._loop, self._wake
-
-        def listen() -> None:
-            listener = None
-            while not done.is_set() and not self._stopping:
-                try:
-                    if listener is None:
-                        listener = self.transport.listener(self.queues)
-                        loop.call_soon_threadsafe(wake.set)
-                    if listener.wait(1.0):
-                        loop.call_soon_threadsafe(wake.set)
-                except Exception as exc:  # the connection went away: polling covers the gap
-                    logger.info("worker %s: listener lost its connection (%s); reconnecting", self.worker.id, exc)
-                    _close_quietly(listener)
-                    listener = None
-                    done.wait(LISTENER_RETRY)
-            _close_quietly(listener)
-
-        threading.Thread(target=listen, name="leaseq-listener", daemon=True).start()
-        return done
+        return start_listener(self.transport, self.queues, self._loop, self._wake,
+                              stopping=lambda: self._stopping, name=self.worker.id)
 
     # -- running one task ------------------------------------------------------------
 
@@ -314,7 +320,7 @@ class WorkerRuntime:
         ctx.renewed_at = sent  # the lease started no earlier than the claim was sent
         loop = self._loop
         ctx.on_lost = lambda c, reason: loop.call_soon_threadsafe(self._after_loss, c, reason)
-        for stale in [c for c in self.held.values() if c.task_id == claim.task_id and not c.lost]:
+        for stale in [c for c in self.held.values() if c.task_id == claim.task_id and not c.loss_told]:
             # This worker reclaimed a task it had not yet seen lost: the older
             # attempt's lease is certainly gone.
             self._lose(stale, f"reclaimed under generation {claim.generation}")
@@ -353,12 +359,14 @@ class WorkerRuntime:
                     result = await definition.fn(ctx, *args, **kwargs)
                 else:
                     loop = asyncio.get_running_loop()
+                    self._threaded.add(ctx.key)
                     result = await loop.run_in_executor(self._handlers,
                                                         functools.partial(definition.fn, ctx, *args, **kwargs))
             finally:
                 # The slot is free once the handler returns: the next claim
                 # overlaps with recording this outcome.
                 self._handling.discard(ctx.key)
+                self._threaded.discard(ctx.key)
                 self._wake.set()
         except asyncio.CancelledError:
             if not ctx.lost:
@@ -374,12 +382,22 @@ class WorkerRuntime:
                 ctx.log.warning(self._msg(ctx, f"failure not recorded: lease lost ({ctx.lost_reason}): {exc!r}"))
                 return None
             return self.completer.fail(ctx, exc)
-        if ctx.lost:
+        if ctx.loss_told:
             ctx.log.warning(self._msg(ctx, f"result not published: lease lost ({ctx.lost_reason})"))
             return None
+        if ctx.lost:
+            # Presumed lost on this worker's clock only: the database may still hold
+            # the lease (a renewal can commit unanswered). Send the success; the guard
+            # accepts it or refuses it with zero rows.
+            ctx.log.info(self._msg(ctx, f"handler returned after its lease was presumed lost ({ctx.lost_reason}): "
+                                        "sending its success for the queue to judge"))
+            self._presumed_sent.add(ctx.key)
         return self.completer.complete(ctx, result)
 
     def _forget(self, ctx: TaskContext) -> None:
+        if ctx.loss_inferred and not ctx.outcome_recorded and ctx.key not in self._presumed_sent:
+            # The attempt ended with nothing sent: the presumed loss stands.
+            self._lose(ctx, ctx.lost_reason or "lease presumed lost")
         self._handling.discard(ctx.key)
         self.held.pop(ctx.key, None)
         self._tasks.pop(ctx.key, None)
@@ -388,7 +406,20 @@ class WorkerRuntime:
     def _settled(self, ctx: TaskContext, outcome: Outcome) -> None:
         """Account for one recorded outcome (called once per recording, from the loop)."""
         verdict, op = outcome.verdict, outcome.op
+        if ctx.key in self._presumed_sent:  # a success sent after the lease was presumed lost
+            self._presumed_sent.discard(ctx.key)
+            if verdict is not Verdict.RECORDED:
+                if verdict is Verdict.UNCONFIRMED:
+                    self.stats.unconfirmed += 1
+                ctx.log.warning(self._msg(ctx, f"result not published: sent after the lease was presumed lost, "
+                                               f"{op} not recorded ({outcome.detail})"))
+                self._lose(ctx, outcome.detail if verdict is Verdict.LOST else
+                           f"{op} after a presumed loss not recorded: {outcome.detail}")
+                return
+            if op == "complete":
+                self.stats.recovered += 1
         if verdict is Verdict.RECORDED:
+            ctx.outcome_recorded = True
             if op == "complete":
                 self.stats.completed += 1
                 if ctx.log.isEnabledFor(logging.INFO):
@@ -416,16 +447,26 @@ class WorkerRuntime:
             self._lose(ctx, f"the handler {what} but its {op} could not be recorded before the lease ended: "
                             f"{outcome.detail}")
 
-    def _lose(self, ctx: TaskContext, reason: str) -> None:
-        """The lease is gone: stop the handler and record how we found out."""
-        if ctx.mark_lost(reason):
+    def _lose(self, ctx: TaskContext, reason: str, *, inferred: bool = False) -> None:
+        """The lease is gone (``inferred``: presumed gone, on this worker's clock only):
+        stop the handler and record how we found out."""
+        if ctx.mark_lost(reason, inferred=inferred):
             self._after_loss(ctx, reason)
 
     def _after_loss(self, ctx: TaskContext, reason: str) -> None:
+        task = self._tasks.get(ctx.key)
+        if ctx.loss_inferred:
+            # Stop the handler as for any loss, but keep a sync handler's result:
+            # a success it still returns is sent, and the guard decides. The loss
+            # is counted and reported once the attempt ends without a recorded outcome.
+            self.stats.presumed_lost += 1
+            ctx.log.warning(self._msg(ctx, f"lease presumed lost: {reason}"))
+            if task is not None and task is not asyncio.current_task() and ctx.key not in self._threaded:
+                task.cancel()
+            return
         self.stats.lost += 1
         self.stats.lost_reasons[reason] = self.stats.lost_reasons.get(reason, 0) + 1
         ctx.log.warning(self._msg(ctx, f"lease lost: {reason}"))
-        task = self._tasks.get(ctx.key)
         if task is not None and task is not asyncio.current_task():
             task.cancel()  # async handlers stop at their next await; sync ones see ctx.lost
         self.completer.report_loss(ctx, reason)
@@ -448,6 +489,8 @@ class WorkerRuntime:
         # Handlers still running are stopped and their leases released; outcomes
         # being recorded are left to finish (within their leases): a success is
         # worth more than a faster exit.
+        for ctx in [c for key, c in list(self.held.items()) if key in self._handling and c.loss_inferred]:
+            self._lose(ctx, "worker shut down before the handler returned")  # a presumed loss stands
         leftovers = [ctx for key, ctx in list(self.held.items()) if key in self._handling and not ctx.lost]
         until = time.monotonic() + RELEASE_BUDGET
         releases = []
@@ -467,12 +510,3 @@ class WorkerRuntime:
         while True:
             await asyncio.sleep(1.0)
             progress(self.stats)
-
-
-def _close_quietly(listener: Any) -> None:
-    if listener is None:
-        return
-    try:
-        listener.close()
-    except Exception:  # pragma: no cover - already closed under our feet
-        pass

@@ -21,7 +21,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from ..core.errors import ConfigError
+from leaseq.core.errors import ConfigError
 
 
 def find_bindir(explicit: str | None = None) -> str | None:

@@ -1,7 +1,7 @@
 """The worker processes of a chaos run: spawn, signal, respawn, stop.
 
 Each *slot* runs one worker process at a time (``python -m
-leaseq.chaos.worker_process``). On PostgreSQL a slot reaches the database
+leaseq_chaos.worker_process``). On PostgreSQL a slot reaches the database
 through a proxy link of its own and names itself in ``application_name``,
 so network faults and server-side terminations hit one worker only. A
 remote slot reaches the queue over HTTP only, through ``leaseq serve`` (via
@@ -90,7 +90,7 @@ class Fleet:
             env[skewed_clock.OFFSET_ENV] = str(slot.clock_offset)
             env[skewed_clock.RATE_ENV] = str(slot.clock_rate)
             log = open(self.log_dir / f"{proc_name}.log", "w")
-            slot.proc = subprocess.Popen([sys.executable, "-m", "leaseq.chaos.worker_process"], env=env,
+            slot.proc = subprocess.Popen([sys.executable, "-m", "leaseq_chaos.worker_process"], env=env,
                                          stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
             log.close()
             slot.stopped = False

@@ -13,6 +13,10 @@ It listens on 127.0.0.1 only.
   sent meanwhile is delivered late, after healing, like a network that
   stalled rather than failed. A late lease renewal or completion arrives at
   a database that has moved on.
+* ``lose_replies``: pass what the worker sends, discard what the server
+  answers: a renewal or completion commits, and its answer never comes.
+  Healing closes the connections that lost bytes (their protocol streams
+  are broken); new ones flow normally.
 """
 
 from __future__ import annotations
@@ -33,6 +37,10 @@ class Link:
     writers: set[asyncio.StreamWriter] = field(default_factory=set)
     server: asyncio.AbstractServer | None = None
     connections: int = 0
+    #: discard the server's answers (until heal)
+    replies_lost: bool = False
+    #: client-side writers of the connections that lost an answer
+    broken: set[asyncio.StreamWriter] = field(default_factory=set)
 
 
 class FaultyProxy:
@@ -95,11 +103,20 @@ class FaultyProxy:
         """Stop passing bytes through link ``name`` until :meth:`heal`."""
         self._call(lambda: self.links[name].flowing.clear())
 
+    def lose_replies(self, name: str) -> None:
+        """Forward what link ``name``'s clients send, discard the server's answers, until :meth:`heal`."""
+        self._call(lambda: setattr(self.links[name], "replies_lost", True))
+
     def heal(self, name: str) -> None:
-        """Undo ``delay`` and ``blackhole`` on link ``name``."""
+        """Undo ``delay``, ``blackhole`` and ``lose_replies`` on link ``name`` (closing the
+        connections whose answers were discarded)."""
         def undo() -> None:
             link = self.links[name]
             link.delay = 0.0
+            link.replies_lost = False
+            for w in link.broken:
+                w.transport.abort()
+            link.broken.clear()
             link.flowing.set()
         self._call(undo)
 
@@ -127,16 +144,18 @@ class FaultyProxy:
         link.connections += 1
         link.writers.update((client_w, up_w))
         pumps = [asyncio.create_task(self._pump(link, client_r, up_w)),
-                 asyncio.create_task(self._pump(link, up_r, client_w))]
+                 asyncio.create_task(self._pump(link, up_r, client_w, replies=True))]
         await asyncio.wait(pumps, return_when=asyncio.FIRST_COMPLETED)
         for task in pumps:
             task.cancel()
+        link.broken.discard(client_w)
         for w in (client_w, up_w):
             link.writers.discard(w)
             w.transport.abort()
 
     @staticmethod
-    async def _pump(link: Link, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+    async def _pump(link: Link, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, *,
+                    replies: bool = False) -> None:
         try:
             while True:
                 await link.flowing.wait()
@@ -146,6 +165,9 @@ class FaultyProxy:
                 if link.delay:
                     await asyncio.sleep(link.delay)
                 await link.flowing.wait()  # a black hole opened while we read: hold the bytes
+                if replies and link.replies_lost:
+                    link.broken.add(writer)  # the answer is gone; the stream cannot be trusted again
+                    continue
                 writer.write(data)
                 await writer.drain()
         except (OSError, ConnectionError):

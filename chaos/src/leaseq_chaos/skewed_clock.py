@@ -1,6 +1,6 @@
 """A wrong local clock for one chaos worker process. Leases must not care.
 
-Only the chaos worker entry point (:mod:`leaseq.chaos.worker_process`) calls
+Only the chaos worker entry point (:mod:`leaseq_chaos.worker_process`) calls
 :func:`install`, before it imports the worker, from the values the harness
 put in its environment. Nothing else in leaseq reads these variables, and
 nothing here touches the database: the queue judges every lease by the

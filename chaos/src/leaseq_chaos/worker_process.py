@@ -1,11 +1,11 @@
-"""Entry point of one chaos worker process: ``python -m leaseq.chaos.worker_process``.
+"""Entry point of one chaos worker process: ``python -m leaseq_chaos.worker_process``.
 
 It runs the real :class:`~leaseq.worker.WorkerRuntime` on the chaos
 workload, as ``leaseq worker`` does, with two additions a test build needs:
 
 * a :class:`RecordingTransport` around the :class:`leaseq.Queue`, writing
   every guarded call and its verdict to the run's history;
-* the skewed clock (:mod:`leaseq.chaos.skewed_clock`) when the harness asks
+* the skewed clock (:mod:`leaseq_chaos.skewed_clock`) when the harness asks
   for one, installed before anything else reads the clock.
 
 Configuration comes from the environment the harness sets: ``LEASEQ_DSN``,
@@ -165,21 +165,26 @@ def main() -> None:
     history.record("worker_start", "ok", pid=os.getpid(), clock_offset=offset, clock_rate=rate)
     try:
         server = os.environ.get("LEASEQ_CHAOS_SERVER")
-        if server:  # a remote worker: the HTTP transport, through `leaseq serve`
-            from leaseq.client import RemoteQueue
 
-            queue = RemoteQueue.from_token_file(server, os.environ["LEASEQ_CHAOS_TOKEN_FILE"], timeout=10)
-        else:
-            queue = workload.app.queue
+        def connect() -> RecordingTransport:
+            # Called by the runtime, and retried while the queue is out of reach
+            # (a dropped connection, a restarting database or service).
+            if server:  # a remote worker: the HTTP transport, through `leaseq serve`
+                from leaseq.client import RemoteQueue
+
+                return RecordingTransport(RemoteQueue.from_token_file(
+                    server, os.environ["LEASEQ_CHAOS_TOKEN_FILE"], timeout=10), history)
+            return RecordingTransport(workload.app.queue, history)
+
         stats = workload.app.run_worker(
-            transport=RecordingTransport(queue, history), queues=[workload.QUEUE],
+            connect=connect, queues=[workload.QUEUE],
             concurrency=int(os.environ.get("LEASEQ_CHAOS_CONCURRENCY", "4")), name=proc,
             poll_interval=0.1, grace=float(os.environ.get("LEASEQ_CHAOS_GRACE", "3")), install_signals=True)
         history.record("worker_stop", "ok", completed=stats.completed, failed=stats.failed, lost=stats.lost,
                        released=stats.released)
     except Exception as exc:
         history.record("worker_stop", "error", error=f"{type(exc).__name__}: {exc}"[:500])
-        logging.getLogger("leaseq.chaos").error("worker failed: %r", exc)
+        logging.getLogger("leaseq_chaos").error("worker failed: %r", exc)
         sys.stderr.flush()
         os._exit(3)
     sys.stderr.flush()
