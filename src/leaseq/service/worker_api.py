@@ -73,11 +73,6 @@ class RegisterBody(Body):
     name: str = "worker"
 
 
-class LeaseRef(Body):
-    task_id: int
-    generation: int
-
-
 class CompleteBody(Body):
     generation: int
     result: Any = None

@@ -35,7 +35,7 @@ from .access import in_one_transaction
 from .metrics import ServiceMetrics, span
 from .wakeups import WorkSignal
 from .wire import to_json
-from .worker_api import Body, LeaseRef, WorkerId, _claim
+from .worker_api import Body, WorkerId, _claim
 
 router = APIRouter(prefix="/v1", tags=["worker"])
 
@@ -60,7 +60,7 @@ def _no_repeats(field: str, task_ids: list[int]) -> None:
     seen: set[int] = set()
     for i, task_id in enumerate(task_ids):
         if task_id in seen:
-            raise InvalidInput(f"{field}[{i}].task_id", f"names task {task_id} twice in one request")
+            raise InvalidInput(f"{field}.{i}.task_id", f"names task {task_id} twice in one request")
         seen.add(task_id)
 
 
@@ -115,16 +115,19 @@ async def interrupt_claims(request: Request, worker_id: str = WorkerId) -> dict[
 
 # -- renew ------------------------------------------------------------------------------
 
+class Lease(Body):
+    task_id: int = Field(ge=1, le=2**63 - 1)
+    generation: int = Field(ge=0, le=2**63 - 1)
+
+
 class RenewBody(Body):
-    leases: list[LeaseRef] = Field(max_length=MAX_RENEW)
+    leases: list[Lease] = Field(max_length=MAX_RENEW)
 
 
 @router.post("/workers/{worker_id}/renew", summary="Renew many leases in one guarded statement")
 def renew(body: RenewBody, request: Request, worker_id: str = WorkerId) -> dict[str, Any]:
     started = time.perf_counter()
     claims = [_claim(worker_id, ref.task_id, ref.generation) for ref in body.leases]
-    for c in claims:
-        policy.check_task_id(c.task_id)
     _no_repeats("leases", [c.task_id for c in claims])
     renewed = in_one_transaction(request, "renew", worker_id, lambda view: view.renew_leases(worker_id, claims))
     metrics = _metrics(request)
@@ -149,7 +152,7 @@ class CompleteManyBody(Body):
 def complete_many(body: CompleteManyBody, request: Request, worker_id: str = WorkerId) -> dict[str, Any]:
     _no_repeats("tasks", [t.task_id for t in body.tasks])
     for i, t in enumerate(body.tasks):
-        policy.check_json(f"tasks[{i}].result", t.result)
+        policy.check_json(f"tasks.{i}.result", t.result)
     done = [(_claim(worker_id, t.task_id, t.generation), t.result) for t in body.tasks]
     completed = in_one_transaction(request, "complete", worker_id, lambda view: view.complete_many(worker_id, done))
     refused = [_refusal(t.task_id, t.generation, "complete refused: lease no longer held")
@@ -175,9 +178,9 @@ class FailManyBody(Body):
 def fail_many(body: FailManyBody, request: Request, worker_id: str = WorkerId) -> dict[str, Any]:
     _no_repeats("tasks", [t.task_id for t in body.tasks])
     for i, t in enumerate(body.tasks):
-        policy.check_text(f"tasks[{i}].error", t.error, required=True)
+        policy.check_text(f"tasks.{i}.error", t.error, required=True)
         if t.delay is not None:
-            policy.check_seconds(f"tasks[{i}].delay", t.delay, allow_zero=True, maximum=10 * 365 * 86400.0)
+            policy.check_seconds(f"tasks.{i}.delay", t.delay, allow_zero=True, maximum=10 * 365 * 86400.0)
 
     def operation(view: Queue) -> tuple[list[Task], list[dict[str, Any]]]:
         failed, refused = [], []
