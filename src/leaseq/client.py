@@ -20,6 +20,12 @@ library's exceptions, rebuilt from their code by the error registry
 :class:`leaseq.auth.Unauthorized` (also an :class:`UnknownWorker`), a refused
 role :class:`leaseq.auth.AccessDenied`. A 429 is retried after the service's
 ``Retry-After`` (a few times, briefly) before :class:`leaseq.auth.RateLimited`.
+
+Batched calls (:meth:`RemoteQueue.complete_many`, :meth:`RemoteQueue.fail_many`,
+:meth:`RemoteQueue.renew_leases`) take many leases in one request; the
+service runs each request in one transaction and reports per task which
+leases were refused. ``claim(..., wait=s)`` is a long poll: the service
+answers as soon as work arrives, within ``s`` seconds.
 """
 
 from __future__ import annotations

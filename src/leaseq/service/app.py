@@ -77,7 +77,7 @@ class ServiceSettings:
     #: The longest a claim request may wait for work (its ``wait`` is cut to this).
     claim_wait_limit: float = 30.0
     #: How often a waiting claim looks again without being woken (None: 1 s where
-    #: LISTEN/NOTIFY wakes it, 0.1 s on SQLite). See :mod:`leaseq.service.wakeups`.
+    #: LISTEN/NOTIFY wakes it, 0.2 s on SQLite). See :mod:`leaseq.service.wakeups`.
     claim_recheck: float | None = None
 
 

@@ -32,7 +32,7 @@ logger = logging.getLogger("leaseq.service")
 #: Re-check period of a waiting claim where LISTEN/NOTIFY wakes it (PostgreSQL)...
 NOTIFIED_RECHECK = 1.0
 #: ...and where nothing but this process's own enqueues can (SQLite).
-POLLED_RECHECK = 0.1
+POLLED_RECHECK = 0.2
 #: Pause before the listener reconnects after its connection dropped.
 LISTENER_RETRY = 0.5
 

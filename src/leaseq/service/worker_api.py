@@ -9,6 +9,9 @@ was issued and still holds; nothing here decides lease questions.
 
 The claim objects rebuilt here carry only what the guarded calls read (task
 id, generation, worker id); ``fail`` also reads the task, for its backoff.
+The hot path (claim with its long poll, renew, and the batched complete and
+fail) is in :mod:`.worker_batch`; ``complete`` and ``fail`` of one task, like
+those, run in one transaction with the token check.
 """
 
 from __future__ import annotations
