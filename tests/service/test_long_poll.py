@@ -189,3 +189,19 @@ def test_an_idle_remote_worker_does_not_poll_and_stops_promptly(slow_svc: Servic
         rq.close()
     assert not thread.is_alive()
     assert time.monotonic() - stopped < 3.0  # the waiting claim was interrupted, not waited out
+
+
+def test_a_token_revoked_during_a_long_poll_leases_nothing(slow_svc: Service, q: leaseq.Queue) -> None:
+    from leaseq import auth
+
+    token = slow_svc.token("worker", name="revoked-soon")
+    rq = slow_svc.remote(token)
+    w = rq.register_worker("poller")
+    poll = Poll(rq, w, 10.0)
+    poll.start()
+    _wait_for(lambda: slow_svc.app.state.work_signal.waiting == 1, what="the claim waiting in the service")
+    auth.revoke_token(q, token.split("_")[1], by="test")
+    task = slow_svc.remote(slow_svc.token("operator")).enqueue("job", {})  # wakes the waiting claim
+    poll.join(12)
+    assert isinstance(poll.error, leaseq.UnknownWorker), poll.error  # the token is checked at every attempt
+    assert q.get(task.id).status == "queued"

@@ -159,12 +159,13 @@ class _TxFacts:
 
 
 def in_one_transaction(request: Request, action: str, worker_id: str, operation: Callable[[Queue], T], *,
-                       queue: str | None = None) -> T:
+                       queue: str | None = None, charge: bool = True) -> T:
     """Check the bearer token, authorize ``action`` for ``worker_id`` and run
     ``operation(view)``, all in one transaction; returns what ``operation`` returns.
 
     A refused credential counts against the failed-authentication limit and a
-    valid one is charged to its rate bucket, exactly as for every other route.
+    valid one is charged to its rate bucket, exactly as for every other route
+    (``charge=False``: a request's later attempts, already charged once).
     """
     access: Access = request.app.state.access
     try:
@@ -178,7 +179,8 @@ def in_one_transaction(request: Request, action: str, worker_id: str, operation:
         except auth.Unauthorized as exc:
             access.failed(exc, client_address(request))
             raise
-        access.charge(principal)
+        if charge:
+            access.charge(principal)
         request.state.principal = principal
         authz.authorize(principal, action, worker_id=worker_id, queue=queue, facts=_TxFacts(access, tx))
         return operation(view)

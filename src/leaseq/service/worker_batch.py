@@ -89,11 +89,15 @@ async def claim(body: ClaimBody, request: Request, worker_id: str = WorkerId) ->
                           kinds=body.kinds)
 
     with signal.waiter(body.queue, worker_id) as waiter:
+        attempts = 0
         while True:
             started = time.perf_counter()
+            # Every attempt checks the token again (it may have been revoked meanwhile);
+            # only the first is charged to the token's rate bucket: the request is one.
             with span("leaseq.claim", queue=body.queue, worker_id=worker_id, limit=body.limit):
                 claims = await run_in_threadpool(in_one_transaction, request, "claim", worker_id, attempt,
-                                                 queue=body.queue)
+                                                 queue=body.queue, charge=attempts == 0)
+            attempts += 1
             metrics.claim_latency.observe(time.perf_counter() - started)
             left = deadline - time.monotonic()
             if claims or left <= 0 or waiter.interrupted:
