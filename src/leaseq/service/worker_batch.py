@@ -24,6 +24,7 @@ import time
 from typing import Any
 
 from fastapi import APIRouter, Request
+from fastapi.responses import JSONResponse
 from pydantic import Field
 from starlette.concurrency import run_in_threadpool
 
@@ -44,6 +45,12 @@ MAX_BATCH = 1000
 #: Most leases one renew request may name.
 MAX_RENEW = 10_000
 
+def _json(content: dict[str, Any]) -> JSONResponse:
+    # The content is plain JSON data already (wire.to_json): answering with a
+    # response skips FastAPI's recursive re-encoding of every claim's task.
+    return JSONResponse(content)
+
+
 def _metrics(request: Request) -> ServiceMetrics:
     return request.app.state.metrics
 
@@ -52,7 +59,7 @@ def _signal(request: Request) -> WorkSignal:
     return request.app.state.work_signal
 
 
-def _refusal(task_id: int, generation: int, reason: str) -> dict[str, Any]:
+def _refusal(task_id: int, generation: int, reason: str) -> JSONResponse:
     return {"task_id": task_id, "generation": generation, "code": LeaseLost.code, "reason": reason}
 
 
@@ -77,7 +84,7 @@ class ClaimBody(Body):
 
 
 @router.post("/workers/{worker_id}/claim", summary="Lease up to `limit` due tasks, waiting up to `wait` s for some")
-async def claim(body: ClaimBody, request: Request, worker_id: str = WorkerId) -> dict[str, Any]:
+async def claim(body: ClaimBody, request: Request, worker_id: str = WorkerId) -> JSONResponse:
     policy.check_name("queue", body.queue)
     q: Queue = request.app.state.queue
     metrics, signal = _metrics(request), _signal(request)
@@ -107,14 +114,14 @@ async def claim(body: ClaimBody, request: Request, worker_id: str = WorkerId) ->
                 break  # nobody to hand a lease to: claim nothing more
     if claims:
         metrics.claims.labels(queue=body.queue).inc(len(claims))
-    return {"claims": to_json(claims)}
+    return _json({"claims": to_json(claims)})
 
 
 @router.post("/workers/{worker_id}/claim/interrupt", summary="End this worker's waiting claims, empty-handed")
-async def interrupt_claims(request: Request, worker_id: str = WorkerId) -> dict[str, Any]:
+async def interrupt_claims(request: Request, worker_id: str = WorkerId) -> JSONResponse:
     # The worker is shutting down: its long polls return at once and lease nothing more.
     await run_in_threadpool(in_one_transaction, request, "renew", worker_id, lambda view: None)
-    return {"interrupted": _signal(request).interrupt(worker_id)}
+    return _json({"interrupted": _signal(request).interrupt(worker_id)})
 
 
 # -- renew ------------------------------------------------------------------------------
@@ -129,7 +136,7 @@ class RenewBody(Body):
 
 
 @router.post("/workers/{worker_id}/renew", summary="Renew many leases in one guarded statement")
-def renew(body: RenewBody, request: Request, worker_id: str = WorkerId) -> dict[str, Any]:
+def renew(body: RenewBody, request: Request, worker_id: str = WorkerId) -> JSONResponse:
     started = time.perf_counter()
     claims = [_claim(worker_id, ref.task_id, ref.generation) for ref in body.leases]
     _no_repeats("leases", [c.task_id for c in claims])
@@ -137,7 +144,7 @@ def renew(body: RenewBody, request: Request, worker_id: str = WorkerId) -> dict[
     metrics = _metrics(request)
     metrics.heartbeat_latency.observe(time.perf_counter() - started)
     metrics.lost("heartbeat", len(claims) - len(renewed))
-    return {"renewed": [{"task_id": tid, "expires_at": at.isoformat()} for tid, at in renewed.items()]}
+    return _json({"renewed": [{"task_id": tid, "expires_at": at.isoformat()} for tid, at in renewed.items()]})
 
 
 # -- complete and fail many ---------------------------------------------------------------
@@ -153,7 +160,7 @@ class CompleteManyBody(Body):
 
 
 @router.post("/workers/{worker_id}/complete", summary="Finish many tasks under their leases, in one statement")
-def complete_many(body: CompleteManyBody, request: Request, worker_id: str = WorkerId) -> dict[str, Any]:
+def complete_many(body: CompleteManyBody, request: Request, worker_id: str = WorkerId) -> JSONResponse:
     _no_repeats("tasks", [t.task_id for t in body.tasks])
     for i, t in enumerate(body.tasks):
         policy.check_json(f"tasks.{i}.result", t.result)
@@ -162,7 +169,7 @@ def complete_many(body: CompleteManyBody, request: Request, worker_id: str = Wor
     refused = [_refusal(t.task_id, t.generation, "complete refused: lease no longer held")
                for t in body.tasks if t.task_id not in completed]
     _metrics(request).lost("complete", len(refused))
-    return {"completed": sorted(completed), "refused": refused}
+    return _json({"completed": sorted(completed), "refused": refused})
 
 
 class Failure(Body):
@@ -179,7 +186,7 @@ class FailManyBody(Body):
 
 
 @router.post("/workers/{worker_id}/fail", summary="End many attempts with their errors, in one transaction")
-def fail_many(body: FailManyBody, request: Request, worker_id: str = WorkerId) -> dict[str, Any]:
+def fail_many(body: FailManyBody, request: Request, worker_id: str = WorkerId) -> JSONResponse:
     _no_repeats("tasks", [t.task_id for t in body.tasks])
     for i, t in enumerate(body.tasks):
         policy.check_text(f"tasks.{i}.error", t.error, required=True)
@@ -199,5 +206,5 @@ def fail_many(body: FailManyBody, request: Request, worker_id: str = WorkerId) -
 
     failed, refused = in_one_transaction(request, "fail", worker_id, operation)
     _metrics(request).lost("fail", len(refused))
-    return {"failed": to_json(failed), "refused": refused}
+    return _json({"failed": to_json(failed), "refused": refused})
 
