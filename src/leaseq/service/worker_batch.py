@@ -45,6 +45,7 @@ MAX_BATCH = 1000
 #: Most leases one renew request may name.
 MAX_RENEW = 10_000
 
+
 def _json(content: dict[str, Any]) -> JSONResponse:
     # The content is plain JSON data already (wire.to_json): answering with a
     # response skips FastAPI's recursive re-encoding of every claim's task.
@@ -86,7 +87,6 @@ class ClaimBody(Body):
 @router.post("/workers/{worker_id}/claim", summary="Lease up to `limit` due tasks, waiting up to `wait` s for some")
 async def claim(body: ClaimBody, request: Request, worker_id: str = WorkerId) -> JSONResponse:
     policy.check_name("queue", body.queue)
-    q: Queue = request.app.state.queue
     metrics, signal = _metrics(request), _signal(request)
     wait = min(body.wait, request.app.state.settings.claim_wait_limit)
     deadline = time.monotonic() + wait
