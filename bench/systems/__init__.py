@@ -98,6 +98,10 @@ def get(name: str) -> System:
         from .leaseq_system import LeaseqSystem
 
         return LeaseqSystem(name)
+    if name == "leaseq-remote":
+        from .remote_system import RemoteSystem
+
+        return RemoteSystem()
     if name == "raw":
         from .raw_system import RawSystem
 

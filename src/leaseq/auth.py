@@ -166,21 +166,28 @@ def create_token(q: Queue, *, name: str, role: str, queues: list[str] | None = N
 
 def verify_token(q: Queue, token: str | None) -> Principal:
     """The principal a token stands for; raises :class:`Unauthorized` otherwise."""
+    with q.store.transaction() as tx:
+        return check_token(tx, token)
+
+
+def check_token(tx: Any, token: str | None) -> Principal:
+    """:func:`verify_token` inside an open transaction ``tx`` (the service checks a
+    worker's token in the same transaction as the operation it asks for)."""
     if not token:
         raise Unauthorized("missing credential: send 'Authorization: Bearer <token>'")
     m = _TOKEN.fullmatch(token) if isinstance(token, str) and len(token) < 200 else None
     if m is None:
         raise Unauthorized("malformed token: expected lq_<id>_<secret>")
     presented = hash_token(token)
-    with q.store.transaction() as tx:
-        row = tx.row("token_get", token_id=m.group(1))
-        stored = row["secret_hash"] if row is not None else _DUMMY_HASH
-        if not hmac.compare_digest(presented, stored) or row is None:
-            raise Unauthorized("invalid token", token_id=row["id"] if row is not None else None)
-        if row["revoked_at"] is not None:
-            raise Unauthorized(f"token {row['id']} was revoked", token_id=row["id"])
-        if row["expired"]:
-            raise Unauthorized(f"token {row['id']} has expired", token_id=row["id"])
+    row = tx.row("token_get", token_id=m.group(1))
+    stored = row["secret_hash"] if row is not None else _DUMMY_HASH
+    if not hmac.compare_digest(presented, stored) or row is None:
+        raise Unauthorized("invalid token", token_id=row["id"] if row is not None else None)
+    if row["revoked_at"] is not None:
+        raise Unauthorized(f"token {row['id']} was revoked", token_id=row["id"])
+    if row["expired"]:
+        raise Unauthorized(f"token {row['id']} has expired", token_id=row["id"])
+    if row.get("touch_due", True):
         tx.rows("token_touch", token_id=row["id"])
     return _principal(row)
 

@@ -20,12 +20,19 @@ library's exceptions, rebuilt from their code by the error registry
 :class:`leaseq.auth.Unauthorized` (also an :class:`UnknownWorker`), a refused
 role :class:`leaseq.auth.AccessDenied`. A 429 is retried after the service's
 ``Retry-After`` (a few times, briefly) before :class:`leaseq.auth.RateLimited`.
+
+Batched calls (:meth:`RemoteQueue.complete_many`, :meth:`RemoteQueue.fail_many`,
+:meth:`RemoteQueue.renew_leases`) take many leases in one request; the
+service runs each request in one transaction and reports per task which
+leases were refused. ``claim(..., wait=s)`` is a long poll: the service
+answers as soon as work arrives, within ``s`` seconds.
 """
 
 from __future__ import annotations
 
 import os
 import time
+from collections.abc import Sequence
 from datetime import datetime
 from typing import Any
 from urllib.parse import quote
@@ -53,10 +60,11 @@ class RemoteQueue:
     operator token for :meth:`enqueue` and :meth:`get` only).
     """
 
-    #: Not a database: the worker runtime polls instead of listening.
+    #: Not a database.
     dialect = "http"
-    #: One request per outcome, polled, each in a thread (see :class:`leaseq.worker.Capabilities`).
-    capabilities = Capabilities(loss_reports=True)
+    #: Completions in batches, claims that wait on the service's side for work,
+    #: each call in a thread (see :class:`leaseq.worker.Capabilities`).
+    capabilities = Capabilities(loss_reports=True, batched_completion=True, long_poll=True)
 
     def __init__(self, url: str, token: str, *, timeout: float = 30.0, rate_limit_retries: int = 3):
         if not isinstance(url, str) or not url.startswith(("http://", "https://")):
@@ -64,6 +72,7 @@ class RemoteQueue:
         if not isinstance(token, str) or not token.strip():
             raise ConfigError("token: must be a non-empty string")
         self.url = url.rstrip("/")
+        self.timeout = timeout
         self.rate_limit_retries = rate_limit_retries
         self._client = httpx.Client(base_url=self.url, timeout=timeout,
                                     headers={"Authorization": f"Bearer {token.strip()}",
@@ -83,10 +92,13 @@ class RemoteQueue:
 
     # -- plumbing ---------------------------------------------------------------------------
 
-    def _call(self, method: str, path: str, body: Any = None, params: dict[str, Any] | None = None) -> Any:
+    def _call(self, method: str, path: str, body: Any = None, params: dict[str, Any] | None = None, *,
+              wait: float = 0.0) -> Any:
+        # A long poll may take ``wait`` seconds before the service answers at all.
+        timeout = httpx.USE_CLIENT_DEFAULT if not wait else self.timeout + wait
         for attempt in range(self.rate_limit_retries + 1):
             try:
-                resp = self._client.request(method, path, json=body, params=params)
+                resp = self._client.request(method, path, json=body, params=params, timeout=timeout)
             except httpx.TransportError as exc:
                 raise BackendUnavailable(f"leaseq service at {self.url}: {type(exc).__name__}: {exc}") from None
             if resp.status_code == RateLimited.http_status and attempt < self.rate_limit_retries:
@@ -132,14 +144,27 @@ class RemoteQueue:
         return worker_from(self._call("POST", "/v1/workers", {"name": name}))
 
     def claim(self, worker: Worker | str, *, queue: str = "default", limit: int = 1,
-              lease_seconds: float | None = None, kinds: list[str] | None = None) -> list[Claim]:
-        """Lease up to ``limit`` due tasks of ``queue``; see :meth:`leaseq.Queue.claim`."""
+              lease_seconds: float | None = None, kinds: list[str] | None = None, wait: float = 0.0) -> list[Claim]:
+        """Lease up to ``limit`` due tasks of ``queue``; see :meth:`leaseq.Queue.claim`.
+
+        ``wait``: when nothing is due, the service holds the request up to this
+        many seconds (it caps the value) and answers as soon as work arrives.
+        """
         _, path = self._worker_path(worker, None, "claim")
+        if isinstance(wait, bool) or not isinstance(wait, (int, float)) or not 0 <= wait < float("inf"):
+            raise InvalidInput("wait", f"must be a number of seconds, 0 or more (got {wait!r})")
         body: dict[str, Any] = {"queue": queue, "limit": limit, "lease_seconds": lease_seconds}
         if kinds is not None:
             body["kinds"] = list(kinds)
-        data = self._call("POST", path, body)
+        if wait:
+            body["wait"] = float(wait)
+        data = self._call("POST", path, body, wait=float(wait))
         return [claim_from(c) for c in data["claims"]]
+
+    def interrupt_claims(self, worker: Worker | str) -> None:
+        """End the worker's claims waiting in the service at once, empty-handed (at shutdown)."""
+        _, path = self._worker_path(worker, None, "claim", "interrupt")
+        self._call("POST", path)
 
     def renew_leases(self, worker: Worker | str, claims: list[Claim]) -> dict[int, datetime]:
         """Renew many leases in one request; a claim missing from the result was lost."""
@@ -170,6 +195,38 @@ class RemoteQueue:
         _, path = self._worker_path(worker, claim, "fail")
         return task_from(self._call("POST", path, {"generation": claim.generation, "error": error, "retry": retry,
                                                    "block": block, "delay": delay}))
+
+    def complete_many(self, worker: Worker | str, done: Sequence[tuple[Claim, Any]]) -> set[int]:
+        """Finish many tasks in one request (one guarded statement on the service's side).
+
+        ``done`` holds ``(claim, result)`` pairs. Returns the ids completed; a
+        task missing from the answer had lost its lease and was left untouched.
+        """
+        _, path = self._worker_path(worker, None, "complete")
+        items = []
+        for claim, result in done:
+            self._worker_path(worker, claim)
+            items.append({"task_id": claim.task_id, "generation": claim.generation, "result": result})
+        if not items:
+            return set()
+        return set(self._call("POST", path, {"tasks": items})["completed"])
+
+    def fail_many(self, worker: Worker | str, failed: Sequence[tuple[Claim, str]], *, retry: bool = True,
+                  block: bool = False, delay: float | None = None) -> dict[int, Task]:
+        """End many attempts in one request, each ``(claim, error)`` as :meth:`fail` would.
+
+        Returns ``{task_id: task}`` for the attempts ended; a task missing from
+        the answer had lost its lease and was left untouched.
+        """
+        _, path = self._worker_path(worker, None, "fail")
+        items = []
+        for claim, error in failed:
+            self._worker_path(worker, claim)
+            items.append({"task_id": claim.task_id, "generation": claim.generation, "error": error,
+                          "retry": retry, "block": block, "delay": delay})
+        if not items:
+            return {}
+        return {t.id: t for t in (task_from(d) for d in self._call("POST", path, {"tasks": items})["failed"])}
 
     def release(self, worker: Worker | str, claim: Claim, reason: str = "released") -> Task:
         """Give a lease back early; the task goes through the recovery policy."""

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import copy
 import dataclasses
 import getpass
 import json
@@ -1031,6 +1032,26 @@ class Queue:
     def _event(self, tx: Tx, task_id: int, type_: str, generation: int | None, worker_id: str | None,
                **detail: Any) -> None:
         tx.rows("insert_event", **self._event_params(task_id, type_, generation, worker_id, **detail))
+
+    # -- several operations as one transaction ------------------------------------
+
+    @contextlib.contextmanager
+    def joined(self) -> Iterator[tuple[Queue, Tx]]:
+        """One transaction, and a view of this queue whose operations all run in it.
+
+        ``with q.joined() as (view, tx):`` whatever runs on ``tx`` and every
+        call on ``view`` (the usual operations, guards and queries) commit
+        together when the block ends, or roll back together if it raises. The
+        service checks a worker's token and serves its request this way: one
+        transaction per request. A call refused by a guard (:class:`LeaseLost`)
+        wrote nothing, so the block may catch it and go on.
+        """
+        from .store.joined import JoinedStore
+
+        with self.store.transaction() as tx:
+            view = copy.copy(self)
+            view.store = JoinedStore(self.store, tx)  # type: ignore[assignment]
+            yield view, tx
 
 
 def connect(dsn: str | None = None, **options: Any) -> Queue:

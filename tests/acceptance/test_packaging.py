@@ -7,7 +7,8 @@ import tomllib
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
-SERVER_ONLY = {"fastapi", "starlette", "uvicorn", "jinja2", "prometheus-client", "python-multipart"}
+SERVER_ONLY = {"fastapi", "starlette", "uvicorn", "httptools", "uvloop", "jinja2", "prometheus-client",
+               "python-multipart"}
 
 
 def names(requirements: list[str]) -> set[str]:

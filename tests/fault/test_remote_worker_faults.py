@@ -87,3 +87,27 @@ def test_a_refused_claim_stops_the_worker_and_releases_its_running_tasks(q: leas
     events = [e for e in q.events(task.id) if e.type == "lease_released"]
     assert events and events[0].detail["routed_to"] == "queued"
     assert runtime.stats.released == 1
+
+
+def test_a_long_poll_cut_by_a_service_restart_resumes_and_picks_up_work(q: leaseq.Queue, service: Service) -> None:
+    # An idle remote worker waits in the service (a long-poll claim). The service
+    # dies under that wait; a task is enqueued while it is down; once it is back,
+    # the worker's next long poll picks the task up on its first attempt.
+    gate = Gate()
+    gate.open.set()
+    runtime, rq = remote_worker(q, service, gate, concurrency=2)
+    running = Runner(runtime)
+    try:
+        time.sleep(1.0)  # the worker's claim is waiting in the service
+        service.kill()
+        task = q.enqueue("job", {}, max_attempts=1, lease_seconds=30)
+        time.sleep(0.5)
+        service.start()
+        wait_for(lambda: q.get(task.id).status == "completed", 20, "the task completed after the restart")
+        stopped = time.monotonic()
+    finally:
+        running.stop()
+        rq.close()
+    assert time.monotonic() - stopped < 5.0, "the stop waited out a long poll"
+    first_attempt_completed(q, [task.id])
+    assert runtime.stats.transient_errors >= 1  # the cut wait was seen, and retried

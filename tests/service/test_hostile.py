@@ -69,7 +69,7 @@ def test_hostile_requests_are_refused_and_change_nothing(svc: Service) -> None:
                                                                                "retry": "yes"}},
          422, "invalid", "retry"),
         (worker, "POST", f"/v1/workers/{wid}/renew", {"json": {"leases": [{"task_id": -4, "generation": 1}]}},
-         422, "invalid", "task_id"),
+         422, "invalid", "leases.0.task_id"),
         (worker, "POST", "/v1/workers", {"json": {"name": "bad\nname"}}, 422, "invalid", "name"),
         # encoded slashes are decoded before routing: such paths match no route at all
         (worker, "POST", "/v1/workers/..%2F..%2Fetc%2Fpasswd/claim", {"json": {}}, 404, "not_found", None),

@@ -4,6 +4,8 @@
   rate-limits per token, and answers :func:`leaseq.authz.authorize`'s
   look-ups (which token registered a worker, whether a token's workers held
   a task), caching the permanent worker-to-token links.
+* :func:`in_one_transaction` checks a worker's token and runs its request
+  in one database transaction (the worker API's routes).
 * :func:`need` builds the FastAPI dependency that authorizes one action
   (the decision itself is :func:`leaseq.authz.authorize`'s).
 * :class:`BodyLimit` is ASGI middleware refusing oversized bodies with 413.
@@ -22,7 +24,7 @@ import threading
 import time
 from collections import OrderedDict
 from collections.abc import Callable
-from typing import Any
+from typing import Any, TypeVar
 
 from fastapi import Depends, Request
 
@@ -35,6 +37,7 @@ from ..queue import Queue
 #: (A path pattern, checked by pydantic's regex engine, where "$" is the very
 #: end of the text: "w-1\n" is refused. Python's re needs fullmatch for that.)
 WORKER_ID_PATTERN = r"^[A-Za-z0-9_.:\-]{1,120}$"
+T = TypeVar("T")
 _BEARER = re.compile(r"Bearer\s+(\S+)\s*", re.IGNORECASE)
 
 
@@ -133,6 +136,54 @@ class Access:
     def token_held_task(self, token_id: str, task_id: int) -> bool:
         """Whether a worker of ``token_id`` holds or has held a lease on ``task_id``."""
         return auth.token_held_task(self.queue, token_id, task_id)
+
+
+class _TxFacts:
+    """:class:`leaseq.authz.Facts` read inside the request's transaction (cached by :class:`Access`)."""
+
+    def __init__(self, access: Access, tx: Any):
+        self.access = access
+        self.tx = tx
+
+    def worker_token(self, worker_id: str) -> str | None:
+        owner = self.access._owners.get(worker_id)
+        if owner is None:
+            row = self.tx.row("worker_token", worker_id=worker_id)
+            owner = row["token_id"] if row is not None else None
+            if owner is not None:
+                self.access.remember_worker(worker_id, owner)
+        return owner
+
+    def token_held_task(self, token_id: str, task_id: int) -> bool:
+        return bool(self.tx.row("token_held_task", token_id=token_id, task_id=task_id)["held"])
+
+
+def in_one_transaction(request: Request, action: str, worker_id: str, operation: Callable[[Queue], T], *,
+                       queue: str | None = None, charge: bool = True) -> T:
+    """Check the bearer token, authorize ``action`` for ``worker_id`` and run
+    ``operation(view)``, all in one transaction; returns what ``operation`` returns.
+
+    A refused credential counts against the failed-authentication limit and a
+    valid one is charged to its rate bucket, exactly as for every other route
+    (``charge=False``: a request's later attempts, already charged once).
+    """
+    access: Access = request.app.state.access
+    try:
+        token = bearer_token(request)
+    except auth.Unauthorized as exc:
+        access.failed(exc, client_address(request))
+        raise
+    with request.app.state.queue.joined() as (view, tx):
+        try:
+            principal = auth.check_token(tx, token)
+        except auth.Unauthorized as exc:
+            access.failed(exc, client_address(request))
+            raise
+        if charge:
+            access.charge(principal)
+        request.state.principal = principal
+        authz.authorize(principal, action, worker_id=worker_id, queue=queue, facts=_TxFacts(access, tx))
+        return operation(view)
 
 
 def bearer_token(request: Request) -> str | None:

@@ -33,6 +33,7 @@ from ..core.errors import BackendUnavailable, LeaseqError
 from ..queue import Queue
 from .access import Access, BodyLimit, api_principal
 from .metrics import ServiceMetrics
+from .wakeups import WorkSignal
 
 logger = logging.getLogger("leaseq.service")
 
@@ -73,6 +74,11 @@ class ServiceSettings:
     prune_payloads_older_than: float | None = None
     #: ...checking this often (seconds).
     prune_every: float = 3600.0
+    #: The longest a claim request may wait for work (its ``wait`` is cut to this).
+    claim_wait_limit: float = 30.0
+    #: How often a waiting claim looks again without being woken (None: 1 s where
+    #: LISTEN/NOTIFY wakes it, 0.2 s on SQLite). See :mod:`leaseq.service.wakeups`.
+    claim_recheck: float | None = None
 
 
 def server_config(app: FastAPI, *, host: str = "127.0.0.1", port: int = 8765, **options: Any) -> Any:
@@ -228,6 +234,7 @@ def create_app(queue: Queue, settings: ServiceSettings | None = None, **options:
         raise TypeError(f"unknown service settings: {', '.join(sorted(unknown))}")
     settings = replace(settings, **options)
     metrics = ServiceMetrics(queue)
+    work_signal = WorkSignal(queue, recheck=settings.claim_recheck)
     retention = RetentionThread(queue, settings) if settings.prune_older_than is not None else None
 
     @asynccontextmanager
@@ -237,6 +244,7 @@ def create_app(queue: Queue, settings: ServiceSettings | None = None, **options:
         try:
             yield
         finally:
+            work_signal.close()
             if retention is not None:
                 retention.stop()
 
@@ -251,8 +259,9 @@ def create_app(queue: Queue, settings: ServiceSettings | None = None, **options:
                               max_keys=settings.rate_limit_keys)
     app.state.metrics = metrics
     app.state.retention = retention
+    app.state.work_signal = work_signal
 
-    from . import dashboard, operator_api, worker_api
+    from . import dashboard, operator_api, worker_api, worker_batch
 
     app.add_exception_handler(dashboard.LoginRequired, dashboard.login_redirect)
     app.add_exception_handler(LeaseqError, _leaseq_error)
@@ -262,6 +271,7 @@ def create_app(queue: Queue, settings: ServiceSettings | None = None, **options:
     app.add_middleware(RequestMetrics, metrics=metrics)
     app.add_middleware(BodyLimit, max_bytes=settings.max_body_bytes)  # added last: runs first
 
+    app.include_router(worker_batch.router)
     app.include_router(worker_api.router)
     app.include_router(operator_api.router)
     app.include_router(dashboard.router)

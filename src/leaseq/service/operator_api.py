@@ -69,6 +69,7 @@ def enqueue(body: EnqueueBody, request: Request, principal: auth.Principal = Dep
                                    idempotency_key=body.idempotency_key, priority=body.priority, delay=body.delay,
                                    max_attempts=body.max_attempts, lease_seconds=body.lease_seconds,
                                    actions=body.actions)
+    request.app.state.work_signal.wake(task.queue)  # claims waiting in this process look at once
     return present_task(task, principal)
 
 

@@ -9,11 +9,13 @@ was issued and still holds; nothing here decides lease questions.
 
 The claim objects rebuilt here carry only what the guarded calls read (task
 id, generation, worker id); ``fail`` also reads the task, for its backoff.
+The hot path (claim with its long poll, renew, and the batched complete and
+fail) is in :mod:`.worker_batch`; ``complete`` and ``fail`` of one task, like
+those, run in one transaction with the token check.
 """
 
 from __future__ import annotations
 
-import time
 from typing import Any
 
 from fastapi import APIRouter, Depends, Path, Request
@@ -25,7 +27,7 @@ from ..core import policy
 from ..core.errors import LeaseLost, NotFound
 from ..core.model import Claim, Effect, Task
 from ..queue import Queue
-from .access import WORKER_ID_PATTERN, api_principal, need
+from .access import WORKER_ID_PATTERN, api_principal, in_one_transaction, need
 from .metrics import ServiceMetrics, span
 from .wire import to_json
 
@@ -72,23 +74,6 @@ class Body(BaseModel):
 
 class RegisterBody(Body):
     name: str = "worker"
-
-
-class ClaimBody(Body):
-    queue: str = "default"
-    limit: int = 1
-    lease_seconds: float | None = None
-    #: only tasks of these kinds (the kinds the worker has handlers for); absent: any kind
-    kinds: list[str] | None = None
-
-
-class LeaseRef(Body):
-    task_id: int
-    generation: int
-
-
-class RenewBody(Body):
-    leases: list[LeaseRef] = Field(max_length=10_000)
 
 
 class CompleteBody(Body):
@@ -171,55 +156,27 @@ def register_worker(body: RegisterBody, request: Request,
     return to_json(worker)
 
 
-@router.post("/workers/{worker_id}/claim", summary="Lease up to `limit` due tasks of a queue")
-def claim(body: ClaimBody, request: Request, worker_id: str = WorkerId,
-          principal: auth.Principal = Depends(api_principal)) -> dict[str, Any]:
-    policy.check_name("queue", body.queue)
-    authz.authorize(principal, "claim", worker_id=worker_id, queue=body.queue, facts=request.app.state.access)
-    started = time.perf_counter()
-    with span("leaseq.claim", queue=body.queue, worker_id=worker_id, limit=body.limit):
-        claims = _queue(request).claim(worker_id, queue=body.queue, limit=body.limit,
-                                       lease_seconds=body.lease_seconds, kinds=body.kinds)
-    metrics = _metrics(request)
-    metrics.claim_latency.observe(time.perf_counter() - started)
-    if claims:
-        metrics.claims.labels(queue=body.queue).inc(len(claims))
-    return {"claims": to_json(claims)}
-
-
-@router.post("/workers/{worker_id}/renew", summary="Renew many leases in one guarded statement")
-def renew(body: RenewBody, request: Request, worker_id: str = acting_as("renew")) -> dict[str, Any]:
-    started = time.perf_counter()
-    claims = [_claim(worker_id, ref.task_id, ref.generation) for ref in body.leases]
-    for c in claims:
-        policy.check_task_id(c.task_id)
-    renewed = _queue(request).renew_leases(worker_id, claims)
-    metrics = _metrics(request)
-    metrics.heartbeat_latency.observe(time.perf_counter() - started)
-    metrics.lost("heartbeat", len(claims) - len(renewed))
-    return {"renewed": [{"task_id": tid, "expires_at": at.isoformat()} for tid, at in renewed.items()]}
-
-
 @router.post("/workers/{worker_id}/tasks/{task_id}/complete", summary="Finish a task under its lease")
-def complete(body: CompleteBody, request: Request, task_id: int = TaskId,
-             worker_id: str = acting_as("complete")) -> dict[str, Any]:
-    _refused(request, "complete", _queue(request).complete, worker_id,
-             _claim(worker_id, task_id, body.generation), body.result)
+def complete(body: CompleteBody, request: Request, task_id: int = TaskId, worker_id: str = WorkerId) -> dict[str, Any]:
+    claim = _claim(worker_id, task_id, body.generation)
+    _refused(request, "complete", in_one_transaction, request, "complete", worker_id,
+             lambda view: view.complete(worker_id, claim, body.result))
     return {"completed": True, "task_id": task_id}
 
 
 @router.post("/workers/{worker_id}/tasks/{task_id}/fail", summary="End the attempt with an error")
-def fail(body: FailBody, request: Request, task_id: int = TaskId,
-         worker_id: str = acting_as("fail")) -> dict[str, Any]:
-    q = _queue(request)
-    try:
-        task = q.get(task_id)  # fail() reads attempts from the claim's task for its backoff
-    except NotFound:
-        _metrics(request).lost("fail")
-        raise LeaseLost(task_id, body.generation, "fail refused: lease no longer held") from None
-    task = _refused(request, "fail", q.fail, worker_id, _claim(worker_id, task_id, body.generation, task),
-                    body.error, retry=body.retry, block=body.block, delay=body.delay)
-    return to_json(task)
+def fail(body: FailBody, request: Request, task_id: int = TaskId, worker_id: str = WorkerId) -> dict[str, Any]:
+    policy.check_int("generation", body.generation, minimum=0, maximum=2**63 - 1)
+
+    def operation(view: Queue) -> Task:
+        try:
+            task = view.get(task_id)  # fail() reads attempts from the claim's task for its backoff
+        except NotFound:
+            raise LeaseLost(task_id, body.generation, "fail refused: lease no longer held") from None
+        return view.fail(worker_id, _claim(worker_id, task_id, body.generation, task), body.error,
+                         retry=body.retry, block=body.block, delay=body.delay)
+
+    return to_json(_refused(request, "fail", in_one_transaction, request, "fail", worker_id, operation))
 
 
 @router.post("/workers/{worker_id}/tasks/{task_id}/release", summary="Give a lease back early")
@@ -227,6 +184,8 @@ def release(body: ReleaseBody, request: Request, task_id: int = TaskId,
             worker_id: str = acting_as("release")) -> dict[str, Any]:
     task = _refused(request, "release", _queue(request).release, worker_id,
                     _claim(worker_id, task_id, body.generation), body.reason)
+    if task.status == "queued":
+        request.app.state.work_signal.wake(task.queue)
     return to_json(task)
 
 

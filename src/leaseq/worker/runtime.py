@@ -55,6 +55,9 @@ logger = logging.getLogger("leaseq.worker")
 MAX_CLAIM_BACKOFF = 5.0
 #: How long shutdown keeps trying to release a lease before leaving it to expire.
 RELEASE_BUDGET = 5.0
+#: How long an idle worker's claim waits on the queue's side for work, where the
+#: transport can (``capabilities.long_poll``): no polling while idle.
+CLAIM_WAIT = 5.0
 
 __all__ = ["Transport", "WorkerRuntime", "WorkerStats"]
 
@@ -160,6 +163,13 @@ class WorkerRuntime:
         self._stopping = True
         if self._wake is not None:
             self._wake.set()
+        if self.capabilities.long_poll and self.worker is not None and self._loop is not None:
+            # A claim waiting on the queue's side would hold the shutdown up: end it now.
+            try:
+                self._loop.run_in_executor(self._db, self.transport.interrupt_claims,
+                                           self.worker).add_done_callback(_ignore_failure)
+            except RuntimeError:  # the runtime already finished: nothing waits
+                pass
 
     def _on_signal(self, signum: int) -> None:
         self._signals += 1
@@ -255,26 +265,29 @@ class WorkerRuntime:
         self.worker = worker
         return ok
 
-    async def _claim(self, queue: str, limit: int) -> list[Claim]:
+    async def _claim(self, queue: str, limit: int, wait: float = 0.0) -> list[Claim]:
         if self.capabilities.native_async:
             return await self.transport.aclaim(self.worker, queue=queue, limit=limit,
                                                lease_seconds=self.lease_seconds, kinds=self.kinds)
+        waiting = {"wait": wait} if wait else {}  # only long-poll transports take it
         return await self._call(self.transport.claim, self.worker, queue=queue, limit=limit,
-                                lease_seconds=self.lease_seconds, kinds=self.kinds)
+                                lease_seconds=self.lease_seconds, kinds=self.kinds, **waiting)
 
     async def _claim_loop(self, until_idle: bool) -> None:
         turn, backoff = 0, INITIAL_BACKOFF
+        # One queue and no idle exit: an empty claim may wait on the queue's side instead of polling.
+        wait = CLAIM_WAIT if self.capabilities.long_poll and len(self.queues) == 1 and not until_idle else 0.0
         while not self._stopping:
             self._wake.clear()
             free = self.concurrency - len(self._handling)
-            got, pause = 0, None
+            got, pause, waited = 0, None, False
             for i in range(len(self.queues)):
                 if free - got <= 0 or self._stopping:
                     break
                 queue = self.queues[(turn + i) % len(self.queues)]
                 sent = time.monotonic()
                 try:
-                    claims = await self._claim(queue, free - got)
+                    claims = await self._claim(queue, free - got, wait)
                 except (UnknownWorker, AccessDenied, InvalidInput) as exc:
                     # Refused for good: no retry will help. Stop claiming; the
                     # running tasks still get the graceful shutdown.
@@ -289,6 +302,7 @@ class WorkerRuntime:
                     logger.warning("worker %s: claim failed (%r); retrying in %.2fs", self.worker.id, exc, pause)
                     break
                 backoff = INITIAL_BACKOFF
+                waited = bool(wait) and not claims and time.monotonic() - sent >= self.poll_interval
                 for claim in claims:
                     self._start(claim, sent)
                 got += len(claims)
@@ -299,6 +313,8 @@ class WorkerRuntime:
                 continue
             if until_idle and got == 0 and not self._tasks:
                 return
+            if got == 0 and waited:
+                continue  # the claim itself waited for work: ask again at once
             if got == 0 or got >= free:
                 # Nothing due, or no capacity left: wait for a finished task,
                 # a notification, or the poll interval.
@@ -510,3 +526,8 @@ class WorkerRuntime:
         while True:
             await asyncio.sleep(1.0)
             progress(self.stats)
+
+
+def _ignore_failure(done: asyncio.Future[Any]) -> None:
+    if not done.cancelled() and done.exception() is not None:  # best effort: the wait ends by itself
+        logger.debug("could not interrupt a waiting claim: %r", done.exception())

@@ -41,6 +41,10 @@ class Capabilities:
     #: the backend runs one write at a time: more database threads would only
     #: hand the lock back and forth.
     serial_writes: bool = False
+    #: ``claim(..., wait=seconds)`` waits on the queue's side for work when none
+    #: is due (an idle worker need not poll), and ``interrupt_claims(worker)``
+    #: ends such a wait at once, empty-handed.
+    long_poll: bool = False
 
     @property
     def idle_poll_interval(self) -> float:
@@ -89,6 +93,14 @@ class ListeningTransport(Transport, Protocol):
     """A transport with ``capabilities.listen_notify``."""
 
     def listener(self, queues: list[str]) -> Any: ...
+
+
+class LongPollTransport(Transport, Protocol):
+    """A transport with ``capabilities.long_poll``."""
+
+    def claim(self, worker: Worker, *, queue: str, limit: int, lease_seconds: float | None = None,
+              kinds: list[str] | None = None, wait: float = 0.0) -> list[Claim]: ...
+    def interrupt_claims(self, worker: Worker) -> None: ...
 
 
 class ReportingTransport(Transport, Protocol):

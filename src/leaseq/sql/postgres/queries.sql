@@ -539,8 +539,10 @@ VALUES (%(token_id)s, %(name)s, %(role)s, %(secret_hash)s, %(queues)s, %(read_pa
 RETURNING *, false AS expired;
 
 -- name: token_get
--- Expiry is judged by the database clock, like leases.
-SELECT t.*, (t.expires_at IS NOT NULL AND t.expires_at <= now()) AS expired
+-- Expiry is judged by the database clock, like leases. touch_due: token_touch
+-- would write (so a verification that would not touch skips the statement).
+SELECT t.*, (t.expires_at IS NOT NULL AND t.expires_at <= now()) AS expired,
+       (t.last_used_at IS NULL OR t.last_used_at < now() - interval '60 seconds') AS touch_due
 FROM leaseq_tokens t WHERE t.id = %(token_id)s;
 
 -- name: token_touch

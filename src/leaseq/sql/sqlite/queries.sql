@@ -429,7 +429,9 @@ VALUES (:token_id, :name, :role, :secret_hash, :queues, :read_payloads, :created
 RETURNING *, 0 AS expired;
 
 -- name: token_get
-SELECT t.*, (t.expires_at IS NOT NULL AND t.expires_at <= (julianday('now') - 2440587.5) * 86400.0) AS expired
+-- touch_due: token_touch would write (so a verification that would not touch skips the statement).
+SELECT t.*, (t.expires_at IS NOT NULL AND t.expires_at <= (julianday('now') - 2440587.5) * 86400.0) AS expired,
+       (t.last_used_at IS NULL OR t.last_used_at < (julianday('now') - 2440587.5) * 86400.0 - 60) AS touch_due
 FROM leaseq_tokens t WHERE t.id = :token_id;
 
 -- name: token_touch

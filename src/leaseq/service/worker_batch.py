@@ -1,0 +1,210 @@
+"""The worker API's hot path: batched calls and long-poll claims, one transaction per request.
+
+Each request here is served by one database transaction that also checks
+the caller's token (:func:`in_one_transaction`): the token, the worker's
+link to it and the operation commit together, in one round trip from the
+worker. The operations are :class:`leaseq.Queue`'s own, run on a joined
+view (:meth:`leaseq.Queue.joined`), so every lease guard applies per task
+exactly as on the direct path; nothing here decides a lease question.
+
+* ``claim`` leases up to ``limit`` tasks and may wait (``wait`` seconds,
+  capped by the service) for work to arrive: woken by LISTEN/NOTIFY on
+  PostgreSQL, by enqueues through this process, or a short re-check
+  (:mod:`.wakeups`). Each attempt is one transaction.
+* ``renew``, ``complete`` and ``fail`` take many leases at once. A lease the
+  guard refuses is reported in ``refused`` (``lease_lost``) and the others
+  go through: a partly refused batch is not an error. Bad input (an
+  oversized batch, a task named twice, an unusable value) refuses the whole
+  request with 422 naming the field, and changes nothing.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from fastapi import APIRouter, Request
+from fastapi.responses import JSONResponse
+from pydantic import Field
+from starlette.concurrency import run_in_threadpool
+
+from ..core import policy
+from ..core.errors import InvalidInput, LeaseLost, NotFound
+from ..core.model import Claim, Task
+from ..queue import Queue
+from .access import in_one_transaction
+from .metrics import ServiceMetrics, span
+from .wakeups import WorkSignal
+from .wire import to_json
+from .worker_api import Body, WorkerId, _claim
+
+router = APIRouter(prefix="/v1", tags=["worker"])
+
+#: Most leases one complete or fail request may name.
+MAX_BATCH = 1000
+#: Most leases one renew request may name.
+MAX_RENEW = 10_000
+
+
+def _json(content: dict[str, Any]) -> JSONResponse:
+    # The content is plain JSON data already (wire.to_json): answering with a
+    # response skips FastAPI's recursive re-encoding of every claim's task.
+    return JSONResponse(content)
+
+
+def _metrics(request: Request) -> ServiceMetrics:
+    return request.app.state.metrics
+
+
+def _signal(request: Request) -> WorkSignal:
+    return request.app.state.work_signal
+
+
+def _refusal(task_id: int, generation: int, reason: str) -> JSONResponse:
+    return {"task_id": task_id, "generation": generation, "code": LeaseLost.code, "reason": reason}
+
+
+def _no_repeats(field: str, task_ids: list[int]) -> None:
+    seen: set[int] = set()
+    for i, task_id in enumerate(task_ids):
+        if task_id in seen:
+            raise InvalidInput(f"{field}.{i}.task_id", f"names task {task_id} twice in one request")
+        seen.add(task_id)
+
+
+# -- claim, with a long poll -------------------------------------------------------------
+
+class ClaimBody(Body):
+    queue: str = "default"
+    limit: int = 1
+    lease_seconds: float | None = None
+    #: only tasks of these kinds (the kinds the worker has handlers for); absent: any kind
+    kinds: list[str] | None = None
+    #: seconds to wait for work when none is due (capped by the service's ``claim_wait_limit``)
+    wait: float = Field(0.0, ge=0, allow_inf_nan=False)
+
+
+@router.post("/workers/{worker_id}/claim", summary="Lease up to `limit` due tasks, waiting up to `wait` s for some")
+async def claim(body: ClaimBody, request: Request, worker_id: str = WorkerId) -> JSONResponse:
+    policy.check_name("queue", body.queue)
+    metrics, signal = _metrics(request), _signal(request)
+    wait = min(body.wait, request.app.state.settings.claim_wait_limit)
+    deadline = time.monotonic() + wait
+
+    def attempt(view: Queue) -> list[Claim]:
+        return view.claim(worker_id, queue=body.queue, limit=body.limit, lease_seconds=body.lease_seconds,
+                          kinds=body.kinds)
+
+    with signal.waiter(body.queue, worker_id) as waiter:
+        attempts = 0
+        while True:
+            started = time.perf_counter()
+            # Every attempt checks the token again (it may have been revoked meanwhile);
+            # only the first is charged to the token's rate bucket: the request is one.
+            with span("leaseq.claim", queue=body.queue, worker_id=worker_id, limit=body.limit):
+                claims = await run_in_threadpool(in_one_transaction, request, "claim", worker_id, attempt,
+                                                 queue=body.queue, charge=attempts == 0)
+            attempts += 1
+            metrics.claim_latency.observe(time.perf_counter() - started)
+            left = deadline - time.monotonic()
+            if claims or left <= 0 or waiter.interrupted:
+                break
+            await waiter.wait(min(left, signal.recheck))
+            if waiter.interrupted or await request.is_disconnected():
+                break  # nobody to hand a lease to: claim nothing more
+    if claims:
+        metrics.claims.labels(queue=body.queue).inc(len(claims))
+    return _json({"claims": to_json(claims)})
+
+
+@router.post("/workers/{worker_id}/claim/interrupt", summary="End this worker's waiting claims, empty-handed")
+async def interrupt_claims(request: Request, worker_id: str = WorkerId) -> JSONResponse:
+    # The worker is shutting down: its long polls return at once and lease nothing more.
+    await run_in_threadpool(in_one_transaction, request, "renew", worker_id, lambda view: None)
+    return _json({"interrupted": _signal(request).interrupt(worker_id)})
+
+
+# -- renew ------------------------------------------------------------------------------
+
+class Lease(Body):
+    task_id: int = Field(ge=1, le=2**63 - 1)
+    generation: int = Field(ge=0, le=2**63 - 1)
+
+
+class RenewBody(Body):
+    leases: list[Lease] = Field(max_length=MAX_RENEW)
+
+
+@router.post("/workers/{worker_id}/renew", summary="Renew many leases in one guarded statement")
+def renew(body: RenewBody, request: Request, worker_id: str = WorkerId) -> JSONResponse:
+    started = time.perf_counter()
+    claims = [_claim(worker_id, ref.task_id, ref.generation) for ref in body.leases]
+    _no_repeats("leases", [c.task_id for c in claims])
+    renewed = in_one_transaction(request, "renew", worker_id, lambda view: view.renew_leases(worker_id, claims))
+    metrics = _metrics(request)
+    metrics.heartbeat_latency.observe(time.perf_counter() - started)
+    metrics.lost("heartbeat", len(claims) - len(renewed))
+    return _json({"renewed": [{"task_id": tid, "expires_at": at.isoformat()} for tid, at in renewed.items()]})
+
+
+# -- complete and fail many ---------------------------------------------------------------
+
+class Completion(Body):
+    task_id: int = Field(ge=1, le=2**63 - 1)
+    generation: int = Field(ge=0, le=2**63 - 1)
+    result: Any = None
+
+
+class CompleteManyBody(Body):
+    tasks: list[Completion] = Field(max_length=MAX_BATCH)
+
+
+@router.post("/workers/{worker_id}/complete", summary="Finish many tasks under their leases, in one statement")
+def complete_many(body: CompleteManyBody, request: Request, worker_id: str = WorkerId) -> JSONResponse:
+    _no_repeats("tasks", [t.task_id for t in body.tasks])
+    for i, t in enumerate(body.tasks):
+        policy.check_json(f"tasks.{i}.result", t.result)
+    done = [(_claim(worker_id, t.task_id, t.generation), t.result) for t in body.tasks]
+    completed = in_one_transaction(request, "complete", worker_id, lambda view: view.complete_many(worker_id, done))
+    refused = [_refusal(t.task_id, t.generation, "complete refused: lease no longer held")
+               for t in body.tasks if t.task_id not in completed]
+    _metrics(request).lost("complete", len(refused))
+    return _json({"completed": sorted(completed), "refused": refused})
+
+
+class Failure(Body):
+    task_id: int = Field(ge=1, le=2**63 - 1)
+    generation: int = Field(ge=0, le=2**63 - 1)
+    error: str
+    retry: bool = True
+    block: bool = False
+    delay: float | None = None
+
+
+class FailManyBody(Body):
+    tasks: list[Failure] = Field(max_length=MAX_BATCH)
+
+
+@router.post("/workers/{worker_id}/fail", summary="End many attempts with their errors, in one transaction")
+def fail_many(body: FailManyBody, request: Request, worker_id: str = WorkerId) -> JSONResponse:
+    _no_repeats("tasks", [t.task_id for t in body.tasks])
+    for i, t in enumerate(body.tasks):
+        policy.check_text(f"tasks.{i}.error", t.error, required=True)
+        if t.delay is not None:
+            policy.check_seconds(f"tasks.{i}.delay", t.delay, allow_zero=True, maximum=10 * 365 * 86400.0)
+
+    def operation(view: Queue) -> tuple[list[Task], list[dict[str, Any]]]:
+        failed, refused = [], []
+        for t in body.tasks:
+            try:
+                task = view.get(t.task_id)  # fail() reads attempts from the claim's task, for its backoff
+                failed.append(view.fail(worker_id, _claim(worker_id, t.task_id, t.generation, task), t.error,
+                                        retry=t.retry, block=t.block, delay=t.delay))
+            except (LeaseLost, NotFound):  # the guard wrote nothing: the transaction goes on
+                refused.append(_refusal(t.task_id, t.generation, "fail refused: lease no longer held"))
+        return failed, refused
+
+    failed, refused = in_one_transaction(request, "fail", worker_id, operation)
+    _metrics(request).lost("fail", len(refused))
+    return _json({"failed": to_json(failed), "refused": refused})
+

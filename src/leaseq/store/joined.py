@@ -1,0 +1,45 @@
+"""A store whose every transaction is one transaction already open.
+
+:meth:`leaseq.Queue.joined` hands out a view of a queue built on it, so
+that several operations (and whatever the caller runs first, such as a
+token check) commit or roll back together, through the very same
+operations, queries and guards as usual. Nothing here knows a lease rule.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any
+
+from .base import Store, Tx
+
+
+class JoinedStore:
+    """Wraps ``store``; :meth:`transaction` yields the open ``tx`` every time.
+
+    A ``one_statement`` promise is simply kept inside the larger transaction
+    (the store contract allows a backend to ignore it). There is no asyncio
+    path: callers run the sync operations (``run_async`` is None).
+    """
+
+    run_async = None
+
+    def __init__(self, store: Store, tx: Tx):
+        self._store = store
+        self._tx = tx
+        self.dialect = store.dialect
+        self.dsn = store.dsn
+
+    @contextmanager
+    def transaction(self, *, one_statement: bool = False) -> Iterator[Tx]:
+        yield self._tx
+
+    def listener(self, queues: set[str]) -> Any:
+        return self._store.listener(queues)
+
+    def close(self) -> None:
+        """Nothing: the wrapped store belongs to the queue the view was made from."""
+
+    async def close_async(self) -> None:
+        """Nothing: see :meth:`close`."""

@@ -1,0 +1,176 @@
+"""Batched worker calls over HTTP: one request, one transaction, the lease guard per task.
+
+Each batch names many leases; the guard of the direct path decides each one,
+a refused lease is reported in ``refused`` and the others go through. Bad
+input refuses the whole request with 422 naming the field, and changes
+nothing. Every request is one database transaction that also checks the
+token (counted here at the store).
+"""
+
+from __future__ import annotations
+
+import threading
+from collections import Counter
+from typing import Any
+
+import pytest
+
+import leaseq
+
+from .support import error_of, snapshot, wait_until
+
+
+def _worker(svc: Any, name: str = "agent") -> tuple[Any, Any, str]:
+    token = svc.token("worker", name=f"{name}-token")
+    rq = svc.remote(token)
+    return rq, rq.register_worker(name), token
+
+
+def _items(claims: list[leaseq.Claim], **extra: Any) -> list[dict[str, Any]]:
+    return [{"task_id": c.task_id, "generation": c.generation, **extra} for c in claims]
+
+
+def test_complete_many_completes_the_held_and_reports_the_refused(svc) -> None:
+    rq, w, token = _worker(svc)
+    other_rq, other, _ = _worker(svc, "other")
+    ids = [svc.q.enqueue("job", {"n": i}).id for i in range(5)]
+    mine = rq.claim(w, limit=3)
+    [theirs] = other_rq.claim(other, limit=1)
+    held, stale = mine[:2], mine[2]
+    svc.q.cancel(stale.task_id, "operator stopped it")  # its lease ends: the guard refuses it
+    body = {"tasks": [*_items(held, result={"ok": 1}),
+                      {"task_id": stale.task_id, "generation": stale.generation, "result": "late"},
+                      {"task_id": theirs.task_id, "generation": theirs.generation},  # another worker's lease
+                      {"task_id": held[0].task_id + 1000, "generation": 1}]}  # no such task
+    with svc.http(token) as http:
+        resp = http.post(f"/v1/workers/{w.id}/complete", json=body)
+    assert resp.status_code == 200, resp.text
+    data = resp.json()
+    assert data["completed"] == sorted(c.task_id for c in held)
+    assert [(r["task_id"], r["code"]) for r in data["refused"]] == [
+        (stale.task_id, "lease_lost"), (theirs.task_id, "lease_lost"), (held[0].task_id + 1000, "lease_lost")]
+    assert [svc.q.get(i).status for i in ids[:2]] == ["completed", "completed"]
+    assert svc.q.get(stale.task_id).status == "cancelled" and svc.q.get(stale.task_id).result is None
+    assert svc.q.get(theirs.task_id).status == "running"  # untouched: still the other worker's
+    assert svc.q.get(held[0].task_id).result == {"ok": 1}
+
+
+def test_complete_many_with_a_wrong_generation_changes_nothing_for_that_task(svc) -> None:
+    rq, w, _ = _worker(svc)
+    svc.q.enqueue("job", {}, lease_seconds=0.3)
+    [old] = rq.claim(w)
+    wait_until(svc.q, old.expires_at)
+    [new] = rq.claim(w)  # the same worker, a newer generation
+    assert new.generation == old.generation + 1
+    assert rq.complete_many(w, [(old, "stale")]) == set()
+    assert svc.q.get(new.task_id).status == "running"
+    assert rq.complete_many(w, [(new, "fresh")]) == {new.task_id}
+    assert svc.q.get(new.task_id).result == "fresh"
+
+
+def test_fail_many_ends_the_held_attempts_and_reports_the_refused(svc) -> None:
+    rq, w, _ = _worker(svc)
+    other_rq, other, _ = _worker(svc, "other")
+    for i in range(4):
+        svc.q.enqueue("job", {"n": i}, max_attempts=3)
+    a, b, c = rq.claim(w, limit=3)
+    [theirs] = other_rq.claim(other)
+    failed = rq.fail_many(w, [(a, "boom"), (b, "boom")], retry=False)
+    assert set(failed) == {a.task_id, b.task_id} and {t.status for t in failed.values()} == {"dead"}
+    stolen = leaseq.Claim(task_id=theirs.task_id, generation=theirs.generation, worker_id=w.id,
+                          expires_at=theirs.expires_at, task=theirs.task)
+    assert rq.fail_many(w, [(c, "retry me"), (stolen, "not mine")]) .keys() == {c.task_id}
+    assert svc.q.get(c.task_id).status == "queued" and svc.q.get(c.task_id).last_error == "retry me"
+    assert svc.q.get(theirs.task_id).status == "running" and svc.q.get(theirs.task_id).last_error is None
+    assert rq.fail_many(w, [(a, "again")]) == {}  # already ended: refused, nothing written
+    assert svc.q.get(a.task_id).last_error == "boom"
+
+
+@pytest.mark.parametrize("route", ["complete", "fail", "renew"])
+def test_hostile_batches_are_refused_whole_and_change_nothing(svc, route: str) -> None:
+    rq, w, token = _worker(svc)
+    for i in range(3):
+        svc.q.enqueue("job", {"n": i})
+    claims = rq.claim(w, limit=3)
+    key = "leases" if route == "renew" else "tasks"
+    extra: dict[str, Any] = {"error": "x"} if route == "fail" else {}
+    limit = 10_000 if route == "renew" else 1000
+    one = {"task_id": claims[0].task_id, "generation": claims[0].generation, **extra}
+    cases = {
+        "oversized": ({key: [one] * (limit + 1)}, key),
+        "duplicated": ({key: [*_items(claims, **extra), one]}, f"{key}.3.task_id"),
+        "string id": ({key: [{**one, "task_id": "1"}]}, f"{key}.0.task_id"),
+        "negative generation": ({key: [{**one, "generation": -1}]}, f"{key}.0.generation"),
+        "unknown field": ({key: [{**one, "holder": "me"}]}, f"{key}.0.holder"),
+        "not a list": ({key: {"task_id": 1}}, key),
+    }
+    if route == "fail":
+        cases["empty error"] = ({key: [{**one, "error": ""}]}, f"{key}.0.error")
+        cases["negative delay"] = ({key: [{**one, "delay": -1.0}]}, f"{key}.0.delay")
+    before = snapshot(svc.dsn)
+    with svc.http(token) as http:
+        for name, (body, field) in cases.items():
+            resp = http.post(f"/v1/workers/{w.id}/{route}", json=body)
+            assert resp.status_code == 422, (name, resp.status_code, resp.text[:300])
+            assert error_of(resp)["field"] == field, (name, resp.json())
+    assert snapshot(svc.dsn) == before
+
+
+def test_batches_for_a_worker_of_another_token_are_forbidden(svc) -> None:
+    rq, w, _ = _worker(svc)
+    _, _, intruder = _worker(svc, "intruder")
+    svc.q.enqueue("job", {})
+    [claim] = rq.claim(w)
+    before = snapshot(svc.dsn)
+    with svc.http(intruder) as http:
+        for route, key in (("complete", "tasks"), ("fail", "tasks"), ("renew", "leases"), ("claim", None)):
+            extra = {"error": "x"} if route == "fail" else {}
+            body = {"queue": "default"} if key is None else {key: _items([claim], **extra)}
+            resp = http.post(f"/v1/workers/{w.id}/{route}", json=body)
+            assert resp.status_code == 403 and error_of(resp)["code"] == "forbidden", (route, resp.text)
+    with svc.http("lq_000000000000_" + "0" * 64) as http:
+        resp = http.post(f"/v1/workers/{w.id}/complete", json={"tasks": _items([claim])})
+        assert resp.status_code == 401
+    assert snapshot(svc.dsn) == before
+
+
+def test_each_worker_request_is_one_transaction_with_the_token_check(svc, monkeypatch) -> None:
+    rq, w, _ = _worker(svc)
+    for i in range(4):
+        svc.q.enqueue("job", {"n": i})
+    store = svc.q.store
+    opened = Counter()
+    real = store.transaction
+
+    def counted(*args: Any, **kwargs: Any) -> Any:
+        opened[threading.current_thread().name] += 1
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(store, "transaction", counted)
+
+    def transactions(call: Any) -> int:
+        opened.clear()
+        call()
+        return sum(opened.values())
+
+    claims: list[leaseq.Claim] = []
+    assert transactions(lambda: claims.extend(rq.claim(w, limit=4))) == 1
+    assert len(claims) == 4
+    assert transactions(lambda: rq.renew_leases(w, claims)) == 1
+    assert transactions(lambda: rq.complete_many(w, [(c, None) for c in claims[:2]])) == 1
+    assert transactions(lambda: rq.fail_many(w, [(claims[2], "boom")])) == 1
+    assert transactions(lambda: rq.complete(w, claims[3])) == 1
+    assert {svc.q.get(c.task_id).status for c in claims} == {"completed", "queued"}
+
+
+def test_a_refused_token_in_the_same_transaction_writes_nothing(svc) -> None:
+    from leaseq import auth
+
+    rq, w, token = _worker(svc)
+    svc.q.enqueue("job", {})
+    [claim] = rq.claim(w)
+    auth.revoke_token(svc.q, token.split("_")[1], by="test")
+    before = snapshot(svc.dsn)
+    with pytest.raises(leaseq.UnknownWorker):
+        rq.complete_many(w, [(claim, "late")])
+    assert snapshot(svc.dsn) == before
