@@ -73,6 +73,14 @@ class ServiceSettings:
     prune_payloads_older_than: float | None = None
     #: ...checking this often (seconds).
     prune_every: float = 3600.0
+    #: Dashboard pages update themselves (server-sent events on /live and a
+    #: script served by the service itself). Off: the pages are static, reload to refresh.
+    live_updates: bool = True
+    #: How often an open live stream checks whether its page changed (seconds).
+    live_interval: float = 1.0
+    #: How long one live stream lasts before the browser opens the next (seconds):
+    #: bounds how long a shutting-down service waits for open streams.
+    live_stream_seconds: float = 25.0
 
 
 def server_config(app: FastAPI, *, host: str = "127.0.0.1", port: int = 8765, **options: Any) -> Any:
@@ -252,7 +260,7 @@ def create_app(queue: Queue, settings: ServiceSettings | None = None, **options:
     app.state.metrics = metrics
     app.state.retention = retention
 
-    from . import dashboard, operator_api, worker_api
+    from . import dashboard, insight, live, operator_api, worker_api
 
     app.add_exception_handler(dashboard.LoginRequired, dashboard.login_redirect)
     app.add_exception_handler(LeaseqError, _leaseq_error)
@@ -265,6 +273,8 @@ def create_app(queue: Queue, settings: ServiceSettings | None = None, **options:
     app.include_router(worker_api.router)
     app.include_router(operator_api.router)
     app.include_router(dashboard.router)
+    app.include_router(insight.router)
+    app.include_router(live.router)
 
     @app.get("/healthz", tags=["service"], summary="Liveness and database reachability (no token needed)")
     def healthz() -> JSONResponse:
