@@ -28,7 +28,7 @@ from starlette.concurrency import run_in_threadpool
 from .. import auth
 from ..core.errors import InvalidInput, LeaseqError, NotFound
 from . import stats
-from .dashboard import COOKIE, Session, session
+from .dashboard import COOKIE, LoginRequired, Session, session
 
 router = APIRouter(include_in_schema=False)
 VIEWS = ("overview", "tasks", "task", "workers", "inbox")
@@ -65,12 +65,23 @@ def _params(request: Request) -> tuple[str, str, dict[str, str]]:
     return view, seen, query
 
 
+def _live_session(request: Request) -> Session | None:
+    # Not the pages' redirect: a stream opened just after the session ended must not
+    # clear the cookie behind the page's back; the page's next load says why it ended.
+    try:
+        return session(request)
+    except LoginRequired:
+        return None
+
+
 @router.get("/live")
-async def live(request: Request, s: Session = Depends(session)) -> Response:
-    """The page's change events (``text/event-stream``)."""
+async def live(request: Request, s: Session | None = Depends(_live_session)) -> Response:
+    """The page's change events (``text/event-stream``); 204 (stop) without a live session."""
     settings = request.app.state.settings
     if not settings.live_updates:
         raise NotFound("live updates are off")
+    if s is None:
+        return Response(status_code=204)  # EventSource does not reconnect after a 204
     view, seen, params = _params(request)
     q = request.app.state.queue
     # Computed before the stream starts, so a bad filter or task id is a 4xx, not a broken stream.
