@@ -89,7 +89,7 @@ def duration_bars(durations: dict[str, dict[str, float]], *, title: str) -> Mark
     row = 26
     height = TOP + BOTTOM + row * max(len(groups), 1)
     label_w = 160
-    plot_w = WIDTH - label_w - RIGHT - 90
+    plot_w = WIDTH - label_w - RIGHT - 150  # room for the figures on the right
     top = _nice_max(max((d["max"] for d in durations.values()), default=0.0))
     parts = [f'<svg xmlns="http://www.w3.org/2000/svg" viewBox="0 0 {WIDTH} {height}" width="{WIDTH}" '
              f'height="{height}" role="img" aria-label="{escape(title)}" class="chart">',
