@@ -337,6 +337,7 @@ def _bulk(q: Queue, s: Session, action: str, ids: list[str], note: str) -> tuple
     targets = list(dict.fromkeys(policy.check_task_id(i) for i in ids))
     spec = authz.ACTIONS[action]
     [text] = [f for f in spec.fields if not f.json and not f.choices]  # the one note the form offers
+    policy.check_text(text.name, note)  # once for all, not once per task
     given = {text.name: note} if note.strip() else {}
     if text.required and not given:
         raise InvalidInput(text.name, "required field is missing: one note for all the ticked tasks")
