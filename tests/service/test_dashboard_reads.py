@@ -115,7 +115,9 @@ def test_bulk_posts_need_csrf_origin_the_role_and_sane_ids(svc: Service) -> None
         (operator, "/bulk/requeue", {"ids": ids, "note": "x", "csrf": csrf}, {"Sec-Fetch-Site": "cross-site"}, 403),
         (operator, "/bulk/requeue", {"ids": ids, "note": "x", "csrf": csrf}, {"Origin": "https://evil.example"}, 403),
         (viewer, "/bulk/requeue", {"ids": ids, "note": "x", "csrf": page_csrf(viewer, "/tasks")}, ORIGIN, 403),
-        (operator, "/bulk/reconcile", {"ids": ids, "note": "x", "csrf": csrf}, ORIGIN, 422),  # not a bulk action
+        (operator, "/bulk/reconcile", {"ids": ids, "note": "x", "csrf": csrf}, ORIGIN, 404),  # not a bulk action
+        (operator, "/bulk/pause", {"ids": ids, "csrf": csrf}, ORIGIN, 404),  # nor a task action
+        (operator, f"/tasks/{dead[0]}/pause", {"csrf": csrf}, ORIGIN, 404),  # a queue action on a task route
         (operator, "/bulk/requeue", {"ids": [*ids, "7x"], "note": "x", "csrf": csrf}, ORIGIN, 422),
         (operator, "/bulk/requeue", {"ids": [*ids, "-1"], "note": "x", "csrf": csrf}, ORIGIN, 422),
         (operator, "/bulk/requeue", {"ids": [str(2**63)], "note": "x", "csrf": csrf}, ORIGIN, 422),

@@ -173,7 +173,12 @@ def operator_session(request: Request, csrf: str = Form(""), s: Session = Depend
     if not hmac.compare_digest(csrf.encode(), s.csrf.encode()):
         raise auth.AccessDenied("CSRF check failed: reload the page and try again")
     spec = authz.ACTIONS.get(request.path_params.get("action", ""))
-    if spec is None or not spec.dashboard:
+    path = request.path_params
+    # The route's own pattern is checked after the dependencies run: check here that the
+    # action fits the route (a queue action on a task's route, a bulk route for a single action).
+    target = "queue" if "name" in path else "task"
+    if (spec is None or not spec.dashboard or spec.target != target
+            or ("task_id" not in path and "name" not in path and not spec.bulk)):
         raise NotFound("no such action")
     authz.authorize(s.principal, spec.name, queue=request.path_params.get("name"))
     return s
