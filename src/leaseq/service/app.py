@@ -259,6 +259,8 @@ def create_app(queue: Queue, settings: ServiceSettings | None = None, **options:
                               max_keys=settings.rate_limit_keys)
     app.state.metrics = metrics
     app.state.retention = retention
+    #: Open live-update streams (see leaseq.service.live); changed on the event loop only.
+    app.state.live_streams = 0
 
     from . import dashboard, insight, live, operator_api, worker_api
 

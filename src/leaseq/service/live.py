@@ -89,32 +89,45 @@ async def live(request: Request, s: Session | None = Depends(_live_session)) -> 
     session_id = request.cookies.get(COOKIE, "")
 
     async def events() -> AsyncIterator[str]:
-        last = seen or first
-        started = quiet_since = time.monotonic()
-        yield "retry: 2000\n\n"
-        current = first
-        while True:
-            if current != last:
-                last = current
-                quiet_since = time.monotonic()
-                yield f"event: change\ndata: {current}\n\n"
-            elif time.monotonic() - quiet_since > KEEPALIVE_SECONDS:
-                quiet_since = time.monotonic()
-                yield ": still here\n\n"
-            if time.monotonic() - started > settings.live_stream_seconds:
-                yield "event: reconnect\ndata: \n\n"
-                return
-            await asyncio.sleep(settings.live_interval)
-            if await request.is_disconnected():
-                return
-            try:
-                await run_in_threadpool(auth.verify_session, q, session_id)
-                current = await run_in_threadpool(stats.version, q, view, params)
-            except auth.Unauthorized:
-                yield "event: end\ndata: session ended\n\n"
-                return
-            except LeaseqError:
-                continue  # the database is away for now (or the task was pruned): try again next tick
+        request.app.state.live_streams += 1
+        try:
+            async for event in _changes(request, view, params, seen or first, first, session_id):
+                yield event
+        finally:
+            # Counted down only once no database call of this stream is in flight: the
+            # thread-pool calls it awaits are not abandoned when the stream is cancelled.
+            request.app.state.live_streams -= 1
 
     return StreamingResponse(events(), media_type="text/event-stream",
                              headers={"Cache-Control": "no-store", "X-Accel-Buffering": "no"})
+
+
+async def _changes(request: Request, view: str, params: dict[str, str], last: str, current: str,
+                   session_id: str) -> AsyncIterator[str]:
+    """The events of one stream: a change when the page's version moves, until it is time to reconnect."""
+    settings = request.app.state.settings
+    q = request.app.state.queue
+    started = quiet_since = time.monotonic()
+    yield "retry: 2000\n\n"
+    while True:
+        if current != last:
+            last = current
+            quiet_since = time.monotonic()
+            yield f"event: change\ndata: {current}\n\n"
+        elif time.monotonic() - quiet_since > KEEPALIVE_SECONDS:
+            quiet_since = time.monotonic()
+            yield ": still here\n\n"
+        if time.monotonic() - started > settings.live_stream_seconds:
+            yield "event: reconnect\ndata: \n\n"
+            return
+        await asyncio.sleep(settings.live_interval)
+        if await request.is_disconnected():
+            return
+        try:
+            await run_in_threadpool(auth.verify_session, q, session_id)
+            current = await run_in_threadpool(stats.version, q, view, params)
+        except auth.Unauthorized:
+            yield "event: end\ndata: session ended\n\n"
+            return
+        except LeaseqError:
+            continue  # the database is away for now (or the task was pruned): try again next tick
