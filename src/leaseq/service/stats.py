@@ -20,7 +20,8 @@ from urllib.parse import urlencode
 
 from ..core import policy
 from ..core.errors import InvalidInput
-from ..queue import Queue, _task
+from ..core.model import Task
+from ..queue import Queue
 
 #: Page sizes the task list offers; the largest is the limit.
 PAGE_SIZES = (25, 50, 100, 200)
@@ -33,6 +34,13 @@ GROUPINGS = ("kind", "queue")
 RECENT_EVENTS = 50_000
 MAX_LEASES_SHOWN = 1000
 _CURSOR = re.compile(r"[0-9]{1,19}")
+
+
+_TASK_FIELDS = frozenset(Task.__dataclass_fields__)
+
+
+def _task(row: dict[str, Any]) -> Task:
+    return Task(**{k: v for k, v in row.items() if k in _TASK_FIELDS})
 
 
 def _read(q: Queue, query: str, **params: Any) -> list[dict[str, Any]]:
