@@ -168,7 +168,7 @@ ACTIONS: dict[str, Action] = {a.name: a for a in (
            title="Revoke one worker",
            help="It claims nothing more and the leases it holds end now. The token that registered it stays "
                 "valid (it may register a new worker): revoke the token to stop both.",
-           done="worker {target} revoked", cli=True),
+           done="worker {target} revoked", label="Revoke", danger=True, dashboard=True, cli=True),
     # admin
     Action("list_tokens", "admin", "manage tokens"),
     Action("create_token", "admin", "manage tokens"),

@@ -222,6 +222,20 @@ def test_workers_page_shows_leases_and_revocations(browser, q: leaseq.Queue) -> 
         # revoked workers are listed last
         order = page.locator("#worker-table tr[data-worker]").evaluate_all("rows => rows.map(r => r.dataset.worker)")
         assert order[-1] == gone.id
+        assert page.locator("form.revoke_worker").count() == 0  # a viewer may not revoke
+    with dashboard(browser, q) as page:
+        login(page, token(q, "operator", "olga"))
+        page.goto("/workers")
+        assert page.locator(f'tr[data-worker="{gone.id}"] form.revoke_worker').count() == 0  # already revoked
+        page.click(f'tr[data-worker="{busy.id}"] form.revoke_worker button')
+        page.wait_for_url(re.compile(r"/workers\?msg="))
+        assert f"worker {busy.id} revoked" in page.inner_text("[role=status]")
+        # its leases ended at once; the next claim or sweep routes them
+        assert page.inner_text(f'#worker-table tr[data-worker="{busy.id}"]').count("expired, not yet routed") == 2
+    q.sweep()
+    assert all(q.get(t.id).status == "queued" for t in tasks)
+    [entry] = [e for e in auth.audit_log(q) if e["action"] == "revoke_worker" and e["target"] == f"worker:{busy.id}"]
+    assert entry["detail"]["via"] == "dashboard" and entry["actor"].startswith("olga (operator token ")
 
 
 def test_pause_label_and_charts(browser, q: leaseq.Queue) -> None:

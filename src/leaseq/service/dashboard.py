@@ -93,11 +93,15 @@ _env.filters.update(age=_age, when=_when, pretty=_pretty)
 #: The dashboard's action forms, from the action table.
 TASK_ACTIONS = [a for a in authz.operator_actions("dashboard") if a.target == "task"]
 QUEUE_ACTIONS = [a for a in authz.operator_actions("dashboard") if a.target == "queue"]
+WORKER_ACTIONS = [a for a in authz.operator_actions("dashboard") if a.target == "worker"]
 #: Actions the task list offers on the ticked tasks, with one note for all.
 BULK_ACTIONS = [a for a in TASK_ACTIONS if a.bulk]
+#: Dashboard actions by the path segment that names them (the verb, else the name).
+_BY_SEGMENT = {a.verb or a.name: a for a in authz.operator_actions("dashboard")}
 #: Most tasks one bulk form may name.
 MAX_BULK = 200
-_env.globals.update(task_actions=TASK_ACTIONS, queue_actions=QUEUE_ACTIONS, bulk_actions=BULK_ACTIONS)
+_env.globals.update(task_actions=TASK_ACTIONS, queue_actions=QUEUE_ACTIONS, worker_actions=WORKER_ACTIONS,
+                    bulk_actions=BULK_ACTIONS)
 
 
 class LoginRequired(Exception):
@@ -172,13 +176,13 @@ def operator_session(request: Request, csrf: str = Form(""), s: Session = Depend
     same_origin(request)
     if not hmac.compare_digest(csrf.encode(), s.csrf.encode()):
         raise auth.AccessDenied("CSRF check failed: reload the page and try again")
-    spec = authz.ACTIONS.get(request.path_params.get("action", ""))
     path = request.path_params
+    spec = _BY_SEGMENT.get(path.get("action", ""))
     # The route's own pattern is checked after the dependencies run: check here that the
     # action fits the route (a queue action on a task's route, a bulk route for a single action).
-    target = "queue" if "name" in path else "task"
+    target = "queue" if "name" in path else "worker" if "worker_id" in path else "task"
     if (spec is None or not spec.dashboard or spec.target != target
-            or ("task_id" not in path and "name" not in path and not spec.bulk)):
+            or (not {"task_id", "name", "worker_id"} & set(path) and not spec.bulk)):
         raise NotFound("no such action")
     authz.authorize(s.principal, spec.name, queue=request.path_params.get("name"))
     return s
@@ -383,3 +387,10 @@ async def queue_action(request: Request, name: str = Path(pattern=r"^[A-Za-z0-9_
                        action: str = Path(pattern=_choice(QUEUE_ACTIONS)),
                        s: Session = Depends(operator_session)) -> Response:
     return await _act(request, s, action, name, "/")
+
+
+@router.post("/workers/{worker_id}/{action}")
+async def worker_action(request: Request, worker_id: str = Path(pattern=r"^[A-Za-z0-9_.:\-]{1,200}$"),
+                        action: str = Path(pattern=_choice(WORKER_ACTIONS)),
+                        s: Session = Depends(operator_session)) -> Response:
+    return await _act(request, s, _BY_SEGMENT[action].name, worker_id, "/workers")
