@@ -288,7 +288,7 @@ def tasks_page(request: Request, s: Session = Depends(session)) -> HTMLResponse:
     bulk = [a for a in BULK_ACTIONS if s.principal.can(a.name)]
     return render("tasks.html", request, s, tasks=[present_task(t, s.principal) for t in page.tasks], page=page,
                   f=f, statuses=STATUSES, kinds=stats.kinds(q), page_sizes=stats.PAGE_SIZES, bulk=bulk,
-                  here=str(request.url.path) + (f"?{request.url.query}" if request.url.query else ""),
+                  here=f.url(),  # back to this very page after a bulk action, without old flash messages
                   live=live_view(request, "tasks"))
 
 
