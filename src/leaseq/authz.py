@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol
 
 from .auth import RIGHTS, ROLES, AccessDenied, Principal, token_held_task, worker_token
-from .core.errors import InvalidInput
+from .core.errors import InvalidInput, LeaseqError
 
 if TYPE_CHECKING:  # pragma: no cover
     from .queue import Queue
@@ -79,6 +79,8 @@ class Action:
     #: offered as a dashboard form / a CLI command (every operator action has an API route)
     dashboard: bool = False
     cli: bool = False
+    #: may be taken on many targets at once with one set of fields (see :func:`perform_many`)
+    bulk: bool = False
 
     @property
     def roles(self) -> frozenset[str]:
@@ -127,7 +129,7 @@ ACTIONS: dict[str, Action] = {a.name: a for a in (
            help="A running holder loses its lease at its next guarded call.",
            fields=(Field("reason", "Why; recorded in the evidence trail.", placeholder="reason (required)"),),
            done="task {target} cancelled", statuses=_UNFINISHED, label="Cancel task", danger=True,
-           dashboard=True, cli=True),
+           dashboard=True, cli=True, bulk=True),
     Action("reconcile", "operate", "reconcile tasks", target="task", method="reconcile",
            title="Resolve a needs_reconciliation task",
            help="Check the outside world first (did the action happen?), then record the outcome and a note; "
@@ -151,21 +153,22 @@ ACTIONS: dict[str, Action] = {a.name: a for a in (
            title="Return a dead task to the queue", help="It gets a fresh attempt budget.",
            fields=(Field("note", _NOTE, required=False, default="requeued by operator",
                          placeholder="why it should run again (required)"),),
-           done="task {target} requeued", statuses=("dead",), label="Requeue", dashboard=True, cli=True),
+           done="task {target} requeued", statuses=("dead",), label="Requeue", dashboard=True, cli=True,
+           bulk=True),
     Action("pause", "operate", "pause queues", target="queue", queue_scope=True, method="pause",
-           title="Turn a queue's off-switch on",
+           title="Pause a queue (turn its off-switch on)",
            help="A paused queue hands out no claims, and running tasks may start no new effects; actions "
                 "already in flight finish and are recorded.",
            done="queue {target} paused: no new claims or effects; actions in flight may finish", paused=False,
            label="Pause", dashboard=True, cli=True),
     Action("resume", "operate", "resume queues", target="queue", queue_scope=True, method="resume",
-           title="Turn a queue's off-switch off", done="queue {target} resumed", paused=True, label="Resume",
+           title="Resume a paused queue (turn its off-switch off)", done="queue {target} resumed", paused=True, label="Resume",
            dashboard=True, cli=True),
     Action("revoke_worker", "operate", "revoke workers", target="worker", verb="revoke", method="revoke_worker",
            title="Revoke one worker",
            help="It claims nothing more and the leases it holds end now. The token that registered it stays "
                 "valid (it may register a new worker): revoke the token to stop both.",
-           done="worker {target} revoked", cli=True),
+           done="worker {target} revoked", label="Revoke", danger=True, dashboard=True, cli=True),
     # admin
     Action("list_tokens", "admin", "manage tokens"),
     Action("create_token", "admin", "manage tokens"),
@@ -267,6 +270,39 @@ def perform(q: Queue, principal: Principal, action: str, target: Any, *, via: st
                 raise InvalidInput(f.name, "required field is missing")
             params[f.name] = f.default
     return getattr(q, spec.method or "")(target, **params, by=principal.actor, via=via)
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """What one target of :func:`perform_many` came to: the method's return value, or the refusal."""
+
+    target: Any
+    result: Any = None
+    error: LeaseqError | None = None
+
+
+def perform_many(q: Queue, principal: Principal, action: str, targets: list[Any], *, via: str | None = None,
+                 **params: Any) -> list[Outcome]:
+    """Take a bulk action (``bulk=True`` in the table) on each target with the same fields.
+
+    Each target goes through :func:`perform` on its own: authorized, acted on
+    and audited in its own transaction, so one refusal (a task in the wrong
+    status, say) is reported for that target and the others still happen.
+    A principal whose role may not take the action at all is refused before
+    any target is touched.
+    """
+    spec = _action(action)
+    if not spec.bulk:
+        raise ValueError(f"{action!r} is not a bulk action")
+    if spec.target != "queue":
+        authorize(principal, action)
+    outcomes = []
+    for target in targets:
+        try:
+            outcomes.append(Outcome(target, perform(q, principal, action, target, via=via, **dict(params))))
+        except LeaseqError as exc:
+            outcomes.append(Outcome(target, error=exc))
+    return outcomes
 
 
 def done_message(action: str, target: Any, **params: Any) -> str:

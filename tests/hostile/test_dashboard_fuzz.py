@@ -103,3 +103,70 @@ def test_generated_dashboard_posts_never_break_it_nor_log_anyone_in_by_accident(
         assert made == 0, (path, token, csrf, cookie, headers)
         if path != "/login" or resp.status_code != 303:
             assert snapshot(d.dsn) == before
+
+
+def _login(d: Dashboard, role: str) -> httpx.Client:
+    secret = auth.create_token(d.q, name=f"fuzz-{role}", role=role, created_by="fuzz")[0]
+    client = httpx.Client(base_url=d.url, timeout=10, headers={"Origin": d.url})
+    form = client.get("/login")
+    csrf = re.search(r'name="csrf" value="([^"]+)"', form.text).group(1)
+    assert client.post("/login", data={"token": secret, "csrf": csrf}).status_code == 303
+    return client
+
+
+PARAM_TEXT = st.one_of(TEXT, ODD_TEXT, st.integers(-(2**70), 2**70).map(str), st.sampled_from(
+    ["", "0", "1", "01", "1e3", "0x10", " 7", "7 ", "+7", str(2**63 - 1), str(2**63), "200", "201", "9" * 30,
+     "queued", "dead", "needs_reconciliation", "15m", "kind", "queue", "overview", "tasks", "task"]))
+
+
+@FUZZ
+@given(data=st.data())
+def test_generated_list_chart_and_live_parameters_get_a_page_or_a_4xx(dashboard, data):
+    d = dashboard
+    if not hasattr(d, "viewer"):
+        d.viewer = _login(d, "viewer")
+        d.q.enqueue("job", {"n": 1}, idempotency_key="order-1")
+    path = data.draw(st.sampled_from(["/tasks", "/charts", "/live"]), label="path")
+    names = {"/tasks": ["status", "kind", "queue", "q", "before", "after", "limit", "page"],
+             "/charts": ["window", "by", "from"], "/live": ["view", "v", "id", "before", "limit", "status"]}[path]
+    params = data.draw(st.dictionaries(st.sampled_from(names), PARAM_TEXT, max_size=4), label="params")
+    before = snapshot(d.dsn)
+    with d.viewer.stream("GET", path, params=params, headers={"Accept": "text/html"}) as resp:
+        assert resp.status_code in (200, 204, 404, 422), (path, params, resp.status_code)
+        if path == "/live" and resp.status_code == 200:
+            assert resp.headers["content-type"].startswith("text/event-stream")
+        else:
+            resp.read()
+            assert resp.status_code != 200 or "Traceback" not in resp.text
+    assert snapshot(d.dsn) == before
+
+
+@FUZZ
+@given(data=st.data())
+def test_generated_bulk_posts_change_nothing_unless_genuine(dashboard, data):
+    d = dashboard
+    if not hasattr(d, "operator"):
+        d.operator = _login(d, "operator")
+        d.operator_csrf = re.search(r'name="csrf" value="([0-9a-f]{64})"', d.operator.get("/tasks").text).group(1)
+        w = d.q.register_worker("fuzz")
+        d.q.enqueue("job", {"n": 2})
+        [c] = d.q.claim(w)
+        d.q.fail(w, c, "boom", retry=False)
+    action = data.draw(st.sampled_from(["requeue", "cancel", "reconcile", "pause", "x"]), label="action")
+    ids = data.draw(st.lists(PARAM_TEXT, max_size=5) | st.just([str(i) for i in range(1, 300)]), label="ids")
+    csrf = data.draw(st.one_of(st.just(d.operator_csrf), TEXT, st.none()), label="csrf")
+    origin = data.draw(st.one_of(st.none(), st.sampled_from(d.origins())), label="origin")
+    site = data.draw(st.one_of(st.none(), st.sampled_from(["same-origin", "cross-site"])), label="site")
+    note = data.draw(st.one_of(TEXT, ODD_TEXT), label="note")
+    headers = {"Origin": origin or "", "Sec-Fetch-Site": site or ""}
+    headers = {k: v for k, v in headers.items() if v}
+    form = {"ids": ids, "note": note} | ({"csrf": csrf} if csrf is not None else {})
+    before = snapshot(d.dsn)
+    resp = httpx.post(f"{d.url}/bulk/{action}", data=form, headers=headers, cookies=dict(d.operator.cookies))
+    assert resp.status_code < 500, (action, form, headers, resp.status_code, resp.text[:300])
+    genuine = (csrf == d.operator_csrf and origin in (None, d.url, f"{d.url}/") and site in (None, "same-origin")
+               and (origin is not None or site is not None))
+    if not genuine:
+        assert 400 <= resp.status_code < 500, (action, headers, resp.status_code)
+    if resp.status_code != 303:
+        assert snapshot(d.dsn) == before

@@ -43,6 +43,12 @@ def serve(q: leaseq.Queue, **settings: Any) -> Iterator[tuple[str, Any]]:
     try:
         yield f"http://127.0.0.1:{port}", app
     finally:
+        # A dashboard live stream whose browser went away ends at its next tick; wait for
+        # that, since its database calls must not outlive the queue the test closes next.
+        deadline = time.monotonic() + 5
+        while app.state.live_streams and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert not app.state.live_streams, "a live stream outlived its client by 5 s"
         # Clients are closed and no request is in flight; uvicorn needs ~0.2 s of
         # ticks to wind down, which the next test need not wait for.
         server.should_exit = True

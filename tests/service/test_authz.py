@@ -290,7 +290,7 @@ def test_forms_routes_and_commands_come_from_the_table(svc: Service) -> None:
         assert "<form method=\"post\" action=\"/tasks/" not in viewer.get(f"/tasks/{task}").text
     svc.q.enqueue("job", queue="mail")
     assert 'action="/queues/mail/pause"' in operator.get("/").text
-    # an action the dashboard does not offer has no route there
+    # an action posted to the route of another kind of target (a worker action on a task) has no route there
     html = operator.get("/").text
     csrf = re.search(r'name="csrf" value="([0-9a-f]+)"', html).group(1)
     resp = operator.post(f"/tasks/{by_status['queued']}/revoke_worker", data={"csrf": csrf},

@@ -7,77 +7,19 @@ through the inbox page and checked in the database.
 
 from __future__ import annotations
 
-import os
 import re
-import struct
-import zlib
-from collections.abc import Iterator
 from pathlib import Path
 
 import httpx
-import pytest
 
 import leaseq
 from leaseq import auth
 
+from .browser import browser, login, needs_browser, page, png_facts  # noqa: F401  (fixtures)
 from .conftest import Service
 from .support import dashboard_login, page_csrf, snapshot, wait_until
 
-CHROMIUM = "/usr/bin/chromium"
-if not os.path.exists(CHROMIUM) and os.environ.get("LEASEQ_REQUIRE_BROWSER") == "1":
-    raise RuntimeError(f"LEASEQ_REQUIRE_BROWSER=1 but Debian's chromium is not at {CHROMIUM}")
-pytestmark = pytest.mark.skipif(not os.path.exists(CHROMIUM), reason=f"needs Debian's chromium at {CHROMIUM}")
-
-
-@pytest.fixture(scope="module")
-def browser() -> Iterator[object]:
-    from playwright.sync_api import sync_playwright
-
-    with sync_playwright() as p:
-        b = p.chromium.launch(executable_path=CHROMIUM, args=[
-            "--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
-            "--disable-background-networking", "--disable-component-update", "--disable-sync"])
-        try:
-            yield b
-        finally:
-            b.close()
-
-
-@pytest.fixture
-def page(browser, svc: Service) -> Iterator[object]:
-    context = browser.new_context(base_url=svc.url, viewport={"width": 1280, "height": 900})
-    pg = context.new_page()
-    pg.set_default_timeout(10_000)
-    try:
-        yield pg
-    finally:
-        context.close()
-
-
-def login(page, token: str) -> None:
-    page.goto("/")
-    assert page.url.endswith("/login")
-    page.fill("#token", token)
-    page.click("#login")
-    page.wait_for_url(re.compile(r"/$"))
-
-
-def png_facts(path: Path) -> tuple[int, int, int]:
-    """(width, height, distinct scanlines) of a PNG, with the standard library only."""
-    data = path.read_bytes()
-    assert data[:8] == b"\x89PNG\r\n\x1a\n"
-    width, height = struct.unpack(">II", data[16:24])
-    channels = {2: 3, 6: 4, 0: 1, 4: 2}[data[25]]
-    idat, pos = b"", 8
-    while pos < len(data):
-        length, kind = struct.unpack(">I4s", data[pos:pos + 8])
-        if kind == b"IDAT":
-            idat += data[pos + 8:pos + 8 + length]
-        pos += 12 + length
-    raw = zlib.decompress(idat)
-    stride = 1 + width * channels
-    rows = {raw[i:i + stride] for i in range(0, len(raw), stride)}
-    return width, height, len(rows)
+pytestmark = needs_browser
 
 
 def _two_generation_task(q: leaseq.Queue) -> int:

@@ -251,7 +251,7 @@ def queues_table(rows: Iterable[Mapping[str, Any]]) -> Table:
                           ("running", "right"), ("oldest queued", "right")):
         table.add_column(name, justify=justify, overflow="fold")
     for r in rows:
-        state = Text("paused", style="red") if r["paused"] else Text("active", style="green")
+        state = Text("paused", style="red") if r["paused"] else Text("running", style="green")
         if r.get("changed_by"):
             state.append(f" by {r['changed_by']}", style="dim")
         table.add_row(Text(r["queue"]), state, str(r["tasks"]), str(r["queued"]), str(r["running"]),

@@ -79,6 +79,14 @@ class ServiceSettings:
     #: How often a waiting claim looks again without being woken (None: 1 s where
     #: LISTEN/NOTIFY wakes it, 0.2 s on SQLite). See :mod:`leaseq.service.wakeups`.
     claim_recheck: float | None = None
+    #: Dashboard pages update themselves (server-sent events on /live and a
+    #: script served by the service itself). Off: the pages are static, reload to refresh.
+    live_updates: bool = True
+    #: How often an open live stream checks whether its page changed (seconds).
+    live_interval: float = 1.0
+    #: How long one live stream lasts before the browser opens the next (seconds):
+    #: bounds how long a shutting-down service waits for open streams.
+    live_stream_seconds: float = 25.0
 
 
 def server_config(app: FastAPI, *, host: str = "127.0.0.1", port: int = 8765, **options: Any) -> Any:
@@ -260,8 +268,10 @@ def create_app(queue: Queue, settings: ServiceSettings | None = None, **options:
     app.state.metrics = metrics
     app.state.retention = retention
     app.state.work_signal = work_signal
+    #: Open live-update streams (see leaseq.service.live); changed on the event loop only.
+    app.state.live_streams = 0
 
-    from . import dashboard, operator_api, worker_api, worker_batch
+    from . import dashboard, insight, live, operator_api, worker_api, worker_batch
 
     app.add_exception_handler(dashboard.LoginRequired, dashboard.login_redirect)
     app.add_exception_handler(LeaseqError, _leaseq_error)
@@ -275,6 +285,8 @@ def create_app(queue: Queue, settings: ServiceSettings | None = None, **options:
     app.include_router(worker_api.router)
     app.include_router(operator_api.router)
     app.include_router(dashboard.router)
+    app.include_router(insight.router)
+    app.include_router(live.router)
 
     @app.get("/healthz", tags=["service"], summary="Liveness and database reachability (no token needed)")
     def healthz() -> JSONResponse:

@@ -33,9 +33,11 @@ from jinja2 import Environment, PackageLoader, select_autoescape
 from starlette.concurrency import run_in_threadpool
 
 from .. import auth, authz
-from ..core.errors import LeaseqError, NotFound
+from ..core import policy
+from ..core.errors import InvalidInput, LeaseqError, NotFound
 from ..queue import Queue
 from .access import Access, client_address, csrf_token
+from . import stats
 from .views import STATUSES, present_effect, present_task, queue_overview, task_timeline
 
 router = APIRouter(include_in_schema=False)
@@ -44,7 +46,9 @@ COOKIE = "leaseq_session"
 LOGIN_COOKIE = "leaseq_login"
 INBOX_STATUSES = ("needs_reconciliation", "blocked")
 _HEADERS = {
+    # Scripts only from the service itself (the live-update script), and only it may be fetched.
     "Content-Security-Policy": "default-src 'none'; style-src 'unsafe-inline'; img-src 'self' data:; "
+                               "script-src 'self'; connect-src 'self'; "
                                "form-action 'self'; frame-ancestors 'none'; base-uri 'none'",
     "X-Frame-Options": "DENY",
     # "same-origin", not "no-referrer": under no-referrer a browser sends
@@ -89,7 +93,15 @@ _env.filters.update(age=_age, when=_when, pretty=_pretty)
 #: The dashboard's action forms, from the action table.
 TASK_ACTIONS = [a for a in authz.operator_actions("dashboard") if a.target == "task"]
 QUEUE_ACTIONS = [a for a in authz.operator_actions("dashboard") if a.target == "queue"]
-_env.globals.update(task_actions=TASK_ACTIONS, queue_actions=QUEUE_ACTIONS)
+WORKER_ACTIONS = [a for a in authz.operator_actions("dashboard") if a.target == "worker"]
+#: Actions the task list offers on the ticked tasks, with one note for all.
+BULK_ACTIONS = [a for a in TASK_ACTIONS if a.bulk]
+#: Dashboard actions by the path segment that names them (the verb, else the name).
+_BY_SEGMENT = {a.verb or a.name: a for a in authz.operator_actions("dashboard")}
+#: Most tasks one bulk form may name.
+MAX_BULK = 200
+_env.globals.update(task_actions=TASK_ACTIONS, queue_actions=QUEUE_ACTIONS, worker_actions=WORKER_ACTIONS,
+                    bulk_actions=BULK_ACTIONS)
 
 
 class LoginRequired(Exception):
@@ -164,8 +176,13 @@ def operator_session(request: Request, csrf: str = Form(""), s: Session = Depend
     same_origin(request)
     if not hmac.compare_digest(csrf.encode(), s.csrf.encode()):
         raise auth.AccessDenied("CSRF check failed: reload the page and try again")
-    spec = authz.ACTIONS.get(request.path_params.get("action", ""))
-    if spec is None or not spec.dashboard:
+    path = request.path_params
+    spec = _BY_SEGMENT.get(path.get("action", ""))
+    # The route's own pattern is checked after the dependencies run: check here that the
+    # action fits the route (a queue action on a task's route, a bulk route for a single action).
+    target = "queue" if "name" in path else "worker" if "worker_id" in path else "task"
+    if (spec is None or not spec.dashboard or spec.target != target
+            or (not {"task_id", "name", "worker_id"} & set(path) and not spec.bulk)):
         raise NotFound("no such action")
     authz.authorize(s.principal, spec.name, queue=request.path_params.get("name"))
     return s
@@ -175,10 +192,19 @@ def _queue(request: Request) -> Queue:
     return request.app.state.queue
 
 
+def live_view(request: Request, view: str, **params: str) -> dict[str, Any] | None:
+    """What a page tells the live-update script: its view, its data's version and its task id."""
+    if not request.app.state.settings.live_updates:
+        return None
+    query = dict(request.query_params) if view == "tasks" else {}
+    query.update(params)
+    return {"view": view, "version": stats.version(_queue(request), view, query), "id": params.get("id")}
+
+
 def render(name: str, request: Request, s: Session | None, status_code: int = 200, **context: Any) -> HTMLResponse:
-    """Render a template with the shared context (session, flash messages)."""
+    """Render a template with the shared context (session, flash messages, live-update view)."""
     values = {"session": s, "request": request, "msg": request.query_params.get("msg"),
-              "err": request.query_params.get("err")}
+              "err": request.query_params.get("err"), "live": None}
     values.update(context)
     html = _env.get_template(name).render(**values)
     return HTMLResponse(html, status_code=status_code, headers=_HEADERS)
@@ -249,19 +275,21 @@ def logout(request: Request, s: Session = Depends(session), csrf: str = Form("")
 
 @router.get("/", response_class=HTMLResponse)
 def overview(request: Request, s: Session = Depends(session)) -> HTMLResponse:
-    return render("overview.html", request, s, queues=queue_overview(_queue(request)), statuses=STATUSES)
+    return render("overview.html", request, s, queues=queue_overview(_queue(request)), statuses=STATUSES,
+                  live=live_view(request, "overview"))
 
 
 @router.get("/tasks", response_class=HTMLResponse)
-def tasks_page(request: Request, status: str = Query(""), queue: str = Query(""), limit: int = Query(100, ge=1, le=1000),
-               s: Session = Depends(session)) -> HTMLResponse:
-    error = None
-    try:
-        tasks = _queue(request).list(status=status or None, queue=queue or None, limit=limit)
-    except LeaseqError as exc:
-        tasks, error = [], str(exc)
-    return render("tasks.html", request, s, tasks=[present_task(t, s.principal) for t in tasks],
-                  statuses=STATUSES, status=status, queue=queue, limit=limit, filter_error=error)
+def tasks_page(request: Request, s: Session = Depends(session)) -> HTMLResponse:
+    """The task list: filters, a search of keys and ids, keyset paging; a bad parameter is a 422."""
+    f = stats.TaskFilter.parse(request.query_params)
+    q = _queue(request)
+    page = stats.task_page(q, f)
+    bulk = [a for a in BULK_ACTIONS if s.principal.can(a.name)]
+    return render("tasks.html", request, s, tasks=[present_task(t, s.principal) for t in page.tasks], page=page,
+                  f=f, statuses=STATUSES, kinds=stats.kinds(q), page_sizes=stats.PAGE_SIZES, bulk=bulk,
+                  here=f.url(),  # back to this very page after a bulk action, without old flash messages
+                  live=live_view(request, "tasks"))
 
 
 @router.get("/tasks/{task_id}", response_class=HTMLResponse)
@@ -272,7 +300,7 @@ def task_page(request: Request, task_id: int = Path(ge=1, le=2**63 - 1), s: Sess
     except LeaseqError as exc:
         return render("error.html", request, s, status_code=404, message=str(exc))
     view = task_timeline(task, q.events(task_id), q.effects(task_id), s.principal)
-    return render("task.html", request, s, **view)
+    return render("task.html", request, s, live=live_view(request, "task", id=str(task_id)), **view)
 
 
 @router.get("/inbox", response_class=HTMLResponse)
@@ -283,7 +311,7 @@ def inbox(request: Request, s: Session = Depends(session)) -> HTMLResponse:
         for task in q.list(status=status, limit=200):
             open_fx = [present_effect(fx, s.principal) for fx in q.effects(task.id) if fx.status == "pending"]
             items.append({"task": present_task(task, s.principal), "open_effects": open_fx})
-    return render("inbox.html", request, s, items=items)
+    return render("inbox.html", request, s, items=items, live=live_view(request, "inbox"))
 
 
 # -- actions (authorized, CSRF-checked), one form and route per entry of the action table --
@@ -309,6 +337,44 @@ async def _act(request: Request, s: Session, action: str, target: Any, default_b
     return _back(back, msg=authz.done_message(action, target, **given))
 
 
+def _bulk(q: Queue, s: Session, action: str, ids: list[str], note: str) -> tuple[list[str], list[str]]:
+    """Check every id first (a bad one refuses the whole form, changing nothing), then act on each."""
+    if not ids:
+        raise InvalidInput("ids", "tick at least one task")
+    if len(ids) > MAX_BULK:
+        raise InvalidInput("ids", f"at most {MAX_BULK} tasks at once (got {len(ids)})")
+    targets = list(dict.fromkeys(policy.check_task_id(i) for i in ids))
+    spec = authz.ACTIONS[action]
+    [text] = [f for f in spec.fields if not f.json and not f.choices]  # the one note the form offers
+    policy.check_text(text.name, note)  # once for all, not once per task
+    given = {text.name: note} if note.strip() else {}
+    if text.required and not given:
+        raise InvalidInput(text.name, "required field is missing: one note for all the ticked tasks")
+    outcomes = authz.perform_many(q, s.principal, action, targets, via="dashboard", **given)
+    done = [str(o.target) for o in outcomes if o.error is None]
+    refused = [f"task {o.target}: {o.error}" for o in outcomes if o.error is not None]
+    return done, refused
+
+
+@router.post("/bulk/{action}")
+async def bulk_action(request: Request, action: str = Path(pattern=_choice(BULK_ACTIONS)),
+                      s: Session = Depends(operator_session)) -> Response:
+    """One action, with one note, on every ticked task; each authorized and audited on its own."""
+    form = await request.form()
+    back = str(form.get("back") or "/tasks")
+    ids = [str(v) for v in form.getlist("ids")]
+    note = str(form.get("note") or "")
+    done, refused = await run_in_threadpool(_bulk, _queue(request), s, action, ids, note)
+    flash: dict[str, str] = {}
+    if done:
+        flash["msg"] = f"{action}: {len(done)} of {len(done) + len(refused)} tasks done ({', '.join(done[:50])}" + \
+                       (", …)" if len(done) > 50 else ")")
+    if refused:
+        shown = refused[:20] + ([f"and {len(refused) - 20} more"] if len(refused) > 20 else [])
+        flash["err"] = f"{action} refused for {len(refused)} task(s): " + "; ".join(shown)
+    return _back(back, **flash)
+
+
 @router.post("/tasks/{task_id}/{action}")
 async def task_action(request: Request, task_id: int = Path(ge=1, le=2**63 - 1),
                       action: str = Path(pattern=_choice(TASK_ACTIONS)),
@@ -321,3 +387,10 @@ async def queue_action(request: Request, name: str = Path(pattern=r"^[A-Za-z0-9_
                        action: str = Path(pattern=_choice(QUEUE_ACTIONS)),
                        s: Session = Depends(operator_session)) -> Response:
     return await _act(request, s, action, name, "/")
+
+
+@router.post("/workers/{worker_id}/{action}")
+async def worker_action(request: Request, worker_id: str = Path(pattern=r"^[A-Za-z0-9_.:\-]{1,200}$"),
+                        action: str = Path(pattern=_choice(WORKER_ACTIONS)),
+                        s: Session = Depends(operator_session)) -> Response:
+    return await _act(request, s, _BY_SEGMENT[action].name, worker_id, "/workers")

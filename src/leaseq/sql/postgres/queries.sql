@@ -655,3 +655,81 @@ SELECT t.queue, count(*) AS count
 FROM leaseq_effects e JOIN leaseq_tasks t ON t.id = e.task_id
 WHERE e.status = 'pending'
 GROUP BY t.queue ORDER BY t.queue;
+
+
+-- ============================================================================
+-- Dashboard reads: task pages, workers, charts, live-update versions
+-- ============================================================================
+-- Read by leaseq.service.stats only. None of these writes.
+
+-- name: dashboard_tasks_older
+-- One page of the task list, newest first, strictly below the cursor
+-- (keyset paging on the primary key: a page's URL names the same rows
+-- however many tasks arrive meanwhile). `search` matches a substring of the
+-- idempotency key or of the id; strpos needs no LIKE escaping.
+SELECT * FROM leaseq_tasks
+WHERE (%(status)s::text IS NULL OR status = %(status)s)
+  AND (%(kind)s::text IS NULL OR kind = %(kind)s)
+  AND (%(queue)s::text IS NULL OR queue = %(queue)s)
+  AND (%(search)s::text IS NULL OR strpos(idempotency_key, %(search)s) > 0 OR strpos(id::text, %(search)s) > 0)
+  AND (%(before)s::bigint IS NULL OR id < %(before)s)
+ORDER BY id DESC
+LIMIT %(limit)s;
+
+-- name: dashboard_tasks_newer
+-- The page above a cursor, oldest first (the caller reverses it).
+SELECT * FROM leaseq_tasks
+WHERE (%(status)s::text IS NULL OR status = %(status)s)
+  AND (%(kind)s::text IS NULL OR kind = %(kind)s)
+  AND (%(queue)s::text IS NULL OR queue = %(queue)s)
+  AND (%(search)s::text IS NULL OR strpos(idempotency_key, %(search)s) > 0 OR strpos(id::text, %(search)s) > 0)
+  AND id > %(after)s
+ORDER BY id
+LIMIT %(limit)s;
+
+-- name: dashboard_kinds
+SELECT DISTINCT kind FROM leaseq_tasks ORDER BY kind LIMIT 200;
+
+-- name: dashboard_worker_leases
+-- Live leases (running tasks), by holder.
+SELECT id, queue, kind, claim_generation, lease_owner, lease_expires_at, claimed_at, last_heartbeat_at,
+       lease_expires_at < now() AS expired
+FROM leaseq_tasks
+WHERE status = 'running'
+ORDER BY lease_owner, id
+LIMIT %(limit)s;
+
+-- name: dashboard_worker_last_events
+-- Each worker's latest event among the most recent `recent` events: a
+-- bounded read of the primary key's tail, not a scan of the whole trail.
+SELECT worker_id, max(at) AS last_event_at
+FROM leaseq_events
+WHERE worker_id IS NOT NULL AND id > (SELECT coalesce(max(id), 0) FROM leaseq_events) - %(recent)s
+GROUP BY worker_id;
+
+-- name: dashboard_completed_by_minute
+-- Completed tasks per minute over the window, by kind and queue, with the
+-- claim-to-completion time of the final attempt (the handler's duration).
+-- Reads the partial index on finished tasks' updated_at.
+SELECT (floor(extract(epoch FROM updated_at) / 60) * 60)::float8 AS minute, kind, queue, count(*) AS completed,
+       sum(extract(epoch FROM updated_at - claimed_at))::float8 AS seconds_sum,
+       max(extract(epoch FROM updated_at - claimed_at))::float8 AS seconds_max
+FROM leaseq_tasks
+WHERE status = 'completed' AND updated_at >= now() - make_interval(secs => %(window)s)
+GROUP BY 1, 2, 3
+ORDER BY 1;
+
+-- name: dashboard_failures_by_minute
+-- Failed attempts and ended leases per minute over the window, by kind and queue.
+SELECT (floor(extract(epoch FROM e.at) / 60) * 60)::float8 AS minute, e.type, t.kind, t.queue, count(*) AS count
+FROM leaseq_events e JOIN leaseq_tasks t ON t.id = e.task_id
+WHERE e.type IN ('failed', 'lease_expired', 'lease_revoked') AND e.at >= now() - make_interval(secs => %(window)s)
+GROUP BY 1, 2, 3, 4
+ORDER BY 1;
+
+-- name: dashboard_task_version
+-- What a task page shows changes when one of these does (live updates).
+SELECT t.status, t.updated_at, t.claim_generation, t.heartbeat_count, t.open_effects,
+       (SELECT count(*) FROM leaseq_events e WHERE e.task_id = t.id) AS events,
+       (SELECT count(*) FROM leaseq_effects f WHERE f.task_id = t.id AND f.status <> 'pending') AS answered
+FROM leaseq_tasks t WHERE t.id = %(task_id)s;

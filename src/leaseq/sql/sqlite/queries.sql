@@ -535,3 +535,68 @@ SELECT t.queue, count(*) AS count
 FROM leaseq_effects e JOIN leaseq_tasks t ON t.id = e.task_id
 WHERE e.status = 'pending'
 GROUP BY t.queue ORDER BY t.queue;
+
+
+-- ============================================================================
+-- Dashboard reads: task pages, workers, charts, live-update versions
+-- ============================================================================
+-- Same names and parameters as the PostgreSQL section; see it for comments.
+
+-- name: dashboard_tasks_older
+SELECT * FROM leaseq_tasks
+WHERE (:status IS NULL OR status = :status)
+  AND (:kind IS NULL OR kind = :kind)
+  AND (:queue IS NULL OR queue = :queue)
+  AND (:search IS NULL OR instr(idempotency_key, :search) > 0 OR instr(CAST(id AS TEXT), :search) > 0)
+  AND (:before IS NULL OR id < :before)
+ORDER BY id DESC
+LIMIT :limit;
+
+-- name: dashboard_tasks_newer
+SELECT * FROM leaseq_tasks
+WHERE (:status IS NULL OR status = :status)
+  AND (:kind IS NULL OR kind = :kind)
+  AND (:queue IS NULL OR queue = :queue)
+  AND (:search IS NULL OR instr(idempotency_key, :search) > 0 OR instr(CAST(id AS TEXT), :search) > 0)
+  AND id > :after
+ORDER BY id
+LIMIT :limit;
+
+-- name: dashboard_kinds
+SELECT DISTINCT kind FROM leaseq_tasks ORDER BY kind LIMIT 200;
+
+-- name: dashboard_worker_leases
+SELECT id, queue, kind, claim_generation, lease_owner, lease_expires_at, claimed_at, last_heartbeat_at,
+       lease_expires_at < (julianday('now') - 2440587.5) * 86400.0 AS expired
+FROM leaseq_tasks
+WHERE status = 'running'
+ORDER BY lease_owner, id
+LIMIT :limit;
+
+-- name: dashboard_worker_last_events
+SELECT worker_id, max(at) AS last_event_at
+FROM leaseq_events
+WHERE worker_id IS NOT NULL AND id > (SELECT coalesce(max(id), 0) FROM leaseq_events) - :recent
+GROUP BY worker_id;
+
+-- name: dashboard_completed_by_minute
+SELECT CAST(CAST(updated_at / 60 AS INTEGER) * 60 AS REAL) AS minute, kind, queue, count(*) AS completed,
+       sum(updated_at - claimed_at) AS seconds_sum, max(updated_at - claimed_at) AS seconds_max
+FROM leaseq_tasks
+WHERE status = 'completed' AND updated_at >= (julianday('now') - 2440587.5) * 86400.0 - :window
+GROUP BY 1, 2, 3
+ORDER BY 1;
+
+-- name: dashboard_failures_by_minute
+SELECT CAST(CAST(e.at / 60 AS INTEGER) * 60 AS REAL) AS minute, e.type, t.kind, t.queue, count(*) AS count
+FROM leaseq_events e JOIN leaseq_tasks t ON t.id = e.task_id
+WHERE e.type IN ('failed', 'lease_expired', 'lease_revoked')
+  AND e.at >= (julianday('now') - 2440587.5) * 86400.0 - :window
+GROUP BY 1, 2, 3, 4
+ORDER BY 1;
+
+-- name: dashboard_task_version
+SELECT t.status, t.updated_at, t.claim_generation, t.heartbeat_count, t.open_effects,
+       (SELECT count(*) FROM leaseq_events e WHERE e.task_id = t.id) AS events,
+       (SELECT count(*) FROM leaseq_effects f WHERE f.task_id = t.id AND f.status <> 'pending') AS answered
+FROM leaseq_tasks t WHERE t.id = :task_id;
