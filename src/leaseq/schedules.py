@@ -32,7 +32,7 @@ from typing import Any
 from .core import policy
 from .core.errors import InvalidInput
 
-logger = logging.getLogger("leaseq.schedules")
+logger = logging.getLogger("leaseq.worker.schedules")
 
 #: The longest a scheduler sleeps before reading the clock again.
 MAX_SLEEP = 5.0
@@ -197,6 +197,8 @@ async def run_schedules(schedules: Iterable[Schedule], transport: Any, call: Cal
                 for slot in schedule.due(previous[schedule.name], now):
                     task = await call(transport.enqueue, schedule.kind, schedule.payload,
                                       idempotency_key=schedule.key(slot), **schedule.options)
+                    # One line per slot and worker: the same key gives every worker the same task.
+                    logger.info("schedule %s: slot %s -> task %s", schedule.name, schedule.key(slot), task.id)
                     if on_fire is not None:
                         on_fire(schedule, slot, task)
                 previous[schedule.name] = now
