@@ -175,42 +175,58 @@ def transport_clock(transport: Any) -> Clock:
     return lambda: datetime.now(timezone.utc)
 
 
-async def run_schedules(schedules: Iterable[Schedule], transport: Any, call: Call,
-                        clock: Clock | None = None, on_fire: Callable[[Schedule, datetime, Any], None] | None = None
-                        ) -> None:
-    """Fire ``schedules`` through ``transport.enqueue`` until cancelled.
+class Scheduler:
+    """Fires ``schedules`` through ``transport.enqueue``: :meth:`tick` once, :meth:`run` until cancelled.
 
     ``call(fn, *args, **kwargs)`` runs a blocking transport call (the worker's
     database threads). A failed clock read or enqueue is logged and retried at
     the next tick; the slot's key makes a retry (or another worker's enqueue)
-    harmless.
+    harmless. ``on_fire(schedule, slot, task)`` is told of each enqueue.
     """
-    schedules = list(schedules)
-    clock = clock or transport_clock(transport)
-    previous: dict[str, datetime | None] = {s.name: None for s in schedules}
-    while True:
+
+    def __init__(self, schedules: Iterable[Schedule], transport: Any, call: Call, clock: Clock | None = None,
+                 on_fire: Callable[[Schedule, datetime, Any], None] | None = None):
+        self.schedules = list(schedules)
+        self.transport = transport
+        self.call = call
+        self.clock = clock or transport_clock(transport)
+        self.on_fire = on_fire
+        #: per schedule, the clock at its last successful tick (None: not yet)
+        self.previous: dict[str, datetime | None] = {s.name: None for s in self.schedules}
+
+    async def tick(self) -> float:
+        """Enqueue the due slots; returns the seconds until the next slot (never raises)."""
         pause = MAX_SLEEP
         try:
-            now = await call(clock)
+            now = await self.call(self.clock)
             started = time.monotonic()
-            for schedule in schedules:
-                for slot in schedule.due(previous[schedule.name], now):
-                    task = await call(transport.enqueue, schedule.kind, schedule.payload,
-                                      idempotency_key=schedule.key(slot), **schedule.options)
+            for schedule in self.schedules:
+                for slot in schedule.due(self.previous[schedule.name], now):
+                    task = await self.call(self.transport.enqueue, schedule.kind, schedule.payload,
+                                           idempotency_key=schedule.key(slot), **schedule.options)
                     # One line per slot and worker: the same key gives every worker the same task.
                     logger.info("schedule %s: slot %s -> task %s", schedule.name, schedule.key(slot), task.id)
-                    if on_fire is not None:
-                        on_fire(schedule, slot, task)
-                previous[schedule.name] = now
-                wait = (schedule.next_slot(now) - now).total_seconds()
-                pause = min(pause, wait)
-            pause = max(0.0, pause - (time.monotonic() - started)) + SLOT_MARGIN
+                    if self.on_fire is not None:
+                        self.on_fire(schedule, slot, task)
+                self.previous[schedule.name] = now
+                pause = min(pause, (schedule.next_slot(now) - now).total_seconds())
+            return max(0.0, pause - (time.monotonic() - started)) + SLOT_MARGIN
         except asyncio.CancelledError:
             raise
         except Exception as exc:  # unreachable, refused: the next tick tries again (same keys)
             logger.warning("schedules: firing failed (%r); retrying", exc)
-            pause = 1.0
-        await asyncio.sleep(pause)
+            return 1.0
+
+    async def run(self) -> None:
+        """Tick at every slot until cancelled."""
+        while True:
+            await asyncio.sleep(await self.tick())
+
+
+async def run_schedules(schedules: Iterable[Schedule], transport: Any, call: Call, clock: Clock | None = None,
+                        on_fire: Callable[[Schedule, datetime, Any], None] | None = None) -> None:
+    """Fire ``schedules`` until cancelled (see :class:`Scheduler`)."""
+    await Scheduler(schedules, transport, call, clock, on_fire).run()
 
 
 def last_task(queue: Any, schedule: Schedule, now: datetime) -> tuple[datetime | None, Any]:

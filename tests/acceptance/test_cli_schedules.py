@@ -72,3 +72,21 @@ def test_schedules_refuses_a_bad_app_with_one_line(run_cli, app_dir, tmp_path):
     (app_dir / "broken.py").write_text(APP + "\napp.schedule('report', every=-1, name='bad')\n")
     line = assert_one_error_line(run_cli("--dsn", db, "schedules", "broken:app"), "every")
     assert "at least" in line
+
+
+def test_worker_until_idle_runs_the_due_slot_then_schedules_shows_it(dsn, run_cli, app_dir):
+    with leaseq.connect(dsn) as q:
+        q.migrate()
+    proc = run_cli("--dsn", dsn, "worker", "jobs:app", "--until-idle")
+    assert proc.returncode == 0, proc.stderr
+    rows = {r["name"]: r for r in json.loads(run_cli("--dsn", dsn, "schedules", "jobs:app", "--json").stdout)}
+    # yearly (catch_up=1): its latest slot was enqueued and run; hourly (catch_up=0): nothing back-filled
+    assert rows["yearly"]["last_task"]["status"] == "completed"
+    assert rows["hourly"]["last_task"] is None
+    with leaseq.connect(dsn) as q:
+        [task] = q.list()
+        assert (task.idempotency_key, task.queue, task.result) == (rows["yearly"]["last_key"], "reports", "new year")
+    # a second run finds the slot's task by its key: still one task
+    assert run_cli("--dsn", dsn, "worker", "jobs:app", "--until-idle").returncode == 0
+    with leaseq.connect(dsn) as q:
+        assert len(q.list()) == 1

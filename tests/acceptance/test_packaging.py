@@ -21,8 +21,9 @@ def test_the_library_installs_only_what_it_needs():
     extras = project["optional-dependencies"]
     assert names(extras["server"]) == SERVER_ONLY
     assert names(extras["client"]) == {"httpx"}
+    assert names(extras["schedules"]) == {"cronsim"}
     # `pip install -e '.[test]'` (the README's second set-up line) still runs every test.
-    assert "leaseq[server,client]" in extras["test"]
+    assert "leaseq[server,client,schedules]" in extras["test"]
     urls = project["urls"]
     assert {"Homepage", "Documentation", "Changelog"} <= set(urls)
     assert all(u.startswith("https://github.com/leaseq/leaseq") for u in urls.values())
