@@ -40,6 +40,8 @@ MAX_SLEEP = 5.0
 SLOT_MARGIN = 0.005
 #: Shortest ``every``: slots are keyed to the microsecond, and a tick costs a query.
 MIN_EVERY = 0.05
+#: Longest ``every``: ten years, as for a task's ``delay``.
+MAX_EVERY = 10 * 365 * 86400.0
 #: Most missed slots a schedule may back-fill.
 MAX_CATCH_UP = 1000
 _EPOCH = datetime(1970, 1, 1, tzinfo=timezone.utc)
@@ -90,8 +92,9 @@ class Schedule:
             cron = _cron(cron)
         else:
             if isinstance(every, bool) or not isinstance(every, (int, float)) or not math.isfinite(every) \
-                    or every < MIN_EVERY:
-                raise InvalidInput("every", f"must be a number of seconds, at least {MIN_EVERY} (got {every!r})")
+                    or not MIN_EVERY <= every <= MAX_EVERY:
+                raise InvalidInput("every", f"must be a number of seconds from {MIN_EVERY} to {MAX_EVERY:.0f} "
+                                            f"(got {every!r})")
             every = float(every)
         policy.check_json("payload", payload)
         name = policy.check_name("name", kind if name is None else name)

@@ -82,6 +82,8 @@ def test_due_fires_new_slots_and_bounds_catch_up():
     (dict(kind="k", every="5"), "every"),
     (dict(kind="k", every=True), "every"),
     (dict(kind="k", every=float("inf")), "every"),
+    (dict(kind="k", every=1e12), "every"),
+    (dict(kind="k", cron="0 0 30 2 *"), "cron"),
     (dict(kind="k", every=5, payload={"x": object()}), "payload"),
     (dict(kind="k", every=5, catch_up=-1), "catch_up"),
     (dict(kind="k", every=5, catch_up=1.5), "catch_up"),
