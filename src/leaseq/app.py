@@ -26,6 +26,7 @@ from .core import policy
 from .core.errors import InvalidInput
 from .core.model import Task
 from .queue import Queue, _check_actions, connect
+from .schedules import Schedule
 from .signature import bind_payload, check_handler
 from .worker.registry import Registry
 from .worker.runtime import WorkerRuntime, WorkerStats
@@ -163,6 +164,36 @@ class App:
             return definition
 
         return register
+
+    def schedule(self, kind: str, *, cron: str | None = None, every: float | None = None, payload: Any = None,
+                 name: str | None = None, catch_up: int = 1, queue: str | None = None) -> Schedule:
+        """Enqueue a ``kind`` task with ``payload`` at every slot of ``cron`` (a cron
+        expression, UTC) or ``every`` seconds: exactly one task per slot however
+        many workers run this app, by the idempotency key
+        ``schedule:<name>:<slot>``. Workers of this app fire it; after a pause at
+        most ``catch_up`` missed slots are enqueued (the most recent).
+
+        ``name`` (default: the kind) must be unique in the app. A kind declared
+        with ``@app.task`` before the schedule gives its tasks its options
+        (queue, effect, lease, attempts, priority, actions); ``queue`` overrides
+        the queue. Bad input raises :class:`InvalidInput` naming the field."""
+        definition = self.definition(kind) if isinstance(kind, str) else None
+        options: dict[str, Any] = {} if definition is None else dict(
+            effect=definition.effect, queue=definition.queue, lease_seconds=definition.lease_seconds,
+            max_attempts=definition.max_attempts, priority=definition.priority, actions=definition.actions)
+        if queue is not None:
+            options["queue"] = policy.check_name("queue", queue)
+        declared = Schedule.declare(kind, cron=cron, every=every, payload=payload, name=name, catch_up=catch_up,
+                                    options=options)
+        if declared.name in self.registry.schedules:
+            raise InvalidInput("name", f"a schedule named {declared.name!r} is already declared in this app")
+        self.registry.schedules[declared.name] = declared
+        return declared
+
+    @property
+    def schedules(self) -> list[Schedule]:
+        """The declared schedules, in declaration order."""
+        return list(self.registry.schedules.values())
 
     def definition(self, kind: str) -> TaskDefinition[..., Any] | None:
         """The handler declared for ``kind``, if any."""

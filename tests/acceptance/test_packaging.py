@@ -22,9 +22,10 @@ def test_the_library_installs_only_what_it_needs():
     extras = project["optional-dependencies"]
     assert names(extras["server"]) == SERVER_ONLY
     assert names(extras["client"]) == {"httpx"}
+    assert names(extras["schedules"]) == {"cronsim"}
     # `pip install -e '.[test]'` (the README's second set-up line) still runs every test.
     [own] = [r for r in extras["test"] if r.startswith("leaseq[")]
-    assert {"server", "client", "mcp"} <= set(own[len("leaseq["):-1].split(","))
+    assert {"server", "client", "mcp", "docs", "schedules"} <= set(own[len("leaseq["):-1].split(","))
     assert names(extras["mcp"]) == {"mcp"}
     urls = project["urls"]
     assert {"Homepage", "Documentation", "Changelog"} <= set(urls)

@@ -14,7 +14,7 @@ Layout
     rich tables and the evidence-trail timeline (also used by ``leaseq demo``).
 ``logs.py``
     ``leaseq worker``'s logging: text or JSON lines, quiet httpx, the progress line.
-``tasks.py``, ``operator_actions.py``, ``overview.py``, ``demo_command.py``
+``tasks.py``, ``operator_actions.py``, ``overview.py``, ``demo_command.py``, ``schedules.py``
     The commands, grouped by who uses them.
 
 Adding commands

@@ -24,6 +24,7 @@ COMMAND_MODULES = (
     "overview",          # stats, workers, queues
     "demo_command",      # demo
     "worker",            # worker
+    "schedules",         # schedules
     "service",           # serve, tokens, prune
     "mcp_command",       # mcp
     "chaos",             # chaos

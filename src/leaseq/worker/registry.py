@@ -29,6 +29,8 @@ class Registry:
         self.name = name
         #: kind -> handler, in declaration order
         self.handlers: dict[str, Handler] = {}
+        #: name -> :class:`leaseq.schedules.Schedule`: what the worker fires (see :mod:`leaseq.schedules`)
+        self.schedules: dict[str, Any] = {}
 
     def add(self, handler: Handler) -> None:
         """Declare ``handler`` for its kind; a kind is declared once."""

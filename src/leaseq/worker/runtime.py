@@ -40,6 +40,7 @@ from typing import Any
 from ..auth import AccessDenied
 from ..core.errors import InvalidInput, LeaseLost, LeaseqError, Permanent, QueuePaused, UnknownWorker
 from ..core.model import Claim, Worker
+from ..schedules import Scheduler
 from .completer import INITIAL_BACKOFF, Completer, Outcome, Verdict, next_backoff
 from .context import TaskContext
 from .registry import HandlerSource, Registry
@@ -218,6 +219,10 @@ class WorkerRuntime:
                                    self._count_renewal)
             background = [asyncio.create_task(self.renewer.run(), name="leaseq-renewer")]
             listener = self._start_listener()
+            if self.registry.schedules:  # one task per slot, deduplicated by its key across workers
+                scheduler = Scheduler(self.registry.schedules.values(), self.transport, self._call)
+                await scheduler.tick()  # due slots exist before the first claim (--until-idle runs them)
+                background.append(asyncio.create_task(scheduler.run(), name="leaseq-schedules"))
             if progress is not None:
                 background.append(asyncio.create_task(self._progress_loop(progress), name="leaseq-progress"))
             try:
