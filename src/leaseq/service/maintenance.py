@@ -163,6 +163,8 @@ class Maintenance:
         self.signals = Signals()
         #: The term this replica leads in (0: not leading).
         self.term = 0
+        #: Every term this replica was elected in, in order.
+        self.terms: list[int] = []
         self._leading = threading.Event()
         #: Monotonic time before which the lease granted by the database surely holds.
         self._deadline = 0.0
@@ -202,14 +204,15 @@ class Maintenance:
         for thread in self._threads:
             thread.start()
 
-    def stop(self, timeout: float = 10.0) -> None:
-        """Stop, and resign leadership so another replica takes over at once."""
+    def stop(self, timeout: float = 10.0, *, resign: bool = True) -> None:
+        """Stop, and resign leadership so another replica takes over at once.
+        ``resign=False`` leaves the lease to run out, as a crash would."""
         self._stopped.set()
         self._wake_runner.set()
         for thread in self._threads:
             if thread.is_alive():
                 thread.join(timeout)
-        if self._leading.is_set():
+        if resign and self._leading.is_set():
             term = self.term
             self._step_down("stopped")
             try:
@@ -257,6 +260,7 @@ class Maintenance:
     def _take_over(self, term: int, deadline: float) -> None:
         with self._lock:
             self.term = term
+            self.terms.append(term)
             self._deadline = deadline
             for job in self._jobs:
                 job.due = 0.0  # a new leader catches up at once (the old one may have died mid-pass)
