@@ -109,7 +109,7 @@ def serve(ctx: click.Context, host: str, port: int, migrate: bool, rate: float, 
 
     from ..service import create_app
     from ..service.app import server_config
-    from ..service.maintenance import MIN_LEADER_LEASE_SECONDS
+    from ..service.maintenance import MAX_LEADER_LEASE_SECONDS, MIN_LEADER_LEASE_SECONDS
 
     older = parse_duration("prune_older_than", prune_older_than)
     payloads = parse_duration("prune_payloads_older_than", prune_payloads_older_than)
@@ -120,8 +120,9 @@ def serve(ctx: click.Context, host: str, port: int, migrate: bool, rate: float, 
         raise CliError("prune_every", "must be greater than 0")
     sweep = parse_duration("sweep_every", sweep_every) or None
     lease = parse_duration("leader_lease", leader_lease)
-    if lease is None or lease < MIN_LEADER_LEASE_SECONDS:
-        raise CliError("leader_lease", f"must be at least {MIN_LEADER_LEASE_SECONDS} seconds")
+    if lease is None or not MIN_LEADER_LEASE_SECONDS <= lease <= MAX_LEADER_LEASE_SECONDS:
+        raise CliError("leader_lease", f"must be from {MIN_LEADER_LEASE_SECONDS} to {MAX_LEADER_LEASE_SECONDS:g} "
+                                       f"seconds (got {leader_lease!r})")
     q = open_queue(ctx, need_schema=not migrate)
     if migrate:
         q.migrate()
