@@ -176,3 +176,16 @@ def test_bad_maintenance_settings_name_the_field(q: leaseq.Queue, option: str, v
     with pytest.raises(leaseq.InvalidInput) as err:
         create_app(q, **{option: value})
     assert err.value.field == option
+
+
+def test_a_stopped_replica_can_start_again(q: leaseq.Queue, replicas) -> None:
+    m = replicas()
+    m.start()
+    assert m.signals.wait("elected")
+    with pytest.raises(RuntimeError):
+        m.start()
+    m.stop()
+    assert not m.leading and not m.leader()["live"]  # resigned: the row says so at once
+    m.start()  # an application's lifespan may run twice
+    assert m.signals.wait("elected", 2)
+    assert m.terms == [1, 1] and m.leader()["holder"] == m.replica_id

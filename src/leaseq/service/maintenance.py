@@ -172,8 +172,7 @@ class Maintenance:
         self._wake_runner = threading.Event()
         self._lock = threading.Lock()
         self._jobs = self._make_jobs()
-        self._threads = [threading.Thread(target=self._elect_loop, name="leaseq-maintenance-elector", daemon=True),
-                         threading.Thread(target=self._run_loop, name="leaseq-maintenance-runner", daemon=True)]
+        self._threads: list[threading.Thread] = []
 
     def _make_jobs(self) -> list[_Job]:
         jobs = []
@@ -200,7 +199,12 @@ class Maintenance:
         return [job.name for job in self._jobs]
 
     def start(self) -> None:
-        """Start seeking leadership."""
+        """Start seeking leadership (again, after :meth:`stop`: an app's lifespan may run twice)."""
+        if any(thread.is_alive() for thread in self._threads):
+            raise RuntimeError("maintenance is already running")
+        self._stopped.clear()
+        self._threads = [threading.Thread(target=self._elect_loop, name="leaseq-maintenance-elector", daemon=True),
+                         threading.Thread(target=self._run_loop, name="leaseq-maintenance-runner", daemon=True)]
         for thread in self._threads:
             thread.start()
 
