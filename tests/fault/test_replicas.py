@@ -19,6 +19,7 @@ import sqlite3
 import subprocess
 import sys
 import textwrap
+import time
 from collections import Counter
 from collections.abc import Iterator
 from pathlib import Path
@@ -160,9 +161,13 @@ def test_a_replica_killed_under_load_loses_and_doubles_nothing(pg_schema_dsn: st
     served_by_a = metrics(a.url)[("leaseq_claims_total", (("queue", "default"),))]
     assert served_by_a > 0, "the balancer never sent a claim to replica a"
     a.kill()  # SIGKILL, mid-run: in-flight requests through a are cut
-    assert completed() < TASKS, "the run ended before the kill; make the tasks slower"
+    killed = time.monotonic()
+    done_at_kill = completed()
+    assert done_at_kill < TASKS, "the run ended before the kill; make the tasks slower"
 
     wait_for(lambda: (health(b.url) or {}).get("maintenance_leader"), 10, "replica b taking over maintenance")
+    print(f"replica a killed with {done_at_kill}/{TASKS} tasks completed; "
+          f"b led maintenance {time.monotonic() - killed:.2f}s later (leader lease {LEADER_LEASE})")
     for i, worker in enumerate(workers):
         assert worker.wait(45) == 0, (tmp_path / f"worker{i}.log").read_text()[-3000:]
     logs = "".join((tmp_path / f"worker{i}.log").read_text() for i in range(2))
