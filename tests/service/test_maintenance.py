@@ -52,7 +52,7 @@ def leaders(instances: list[Maintenance]) -> list[Maintenance]:
         for m in instances:
             stack.enter_context(m._lock)
         now = time.monotonic()
-        return [m for m in instances if m._leading.is_set() and now < m._deadline]
+        return [m for m in instances if m.leading_at(now)]
 
 
 def test_racing_replicas_never_have_two_leaders(q: leaseq.Queue, replicas) -> None:

@@ -191,7 +191,11 @@ class Maintenance:
         the local deadline of its last confirmed renewal. The deadline is checked
         here, not only by the elector, so a renewal stuck in a blocked statement
         cannot stretch leadership past the lease the database granted."""
-        return self._leading.is_set() and time.monotonic() < self._deadline
+        return self.leading_at(time.monotonic())
+
+    def leading_at(self, now: float) -> bool:
+        """Whether this replica leads at ``now`` (a :func:`time.monotonic` reading)."""
+        return self._leading.is_set() and now < self._deadline
 
     @property
     def jobs(self) -> list[str]:
