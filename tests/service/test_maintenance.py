@@ -189,3 +189,24 @@ def test_a_stopped_replica_can_start_again(q: leaseq.Queue, replicas) -> None:
     m.start()  # an application's lifespan may run twice
     assert m.signals.wait("elected", 2)
     assert m.terms == [1, 1] and m.leader()["holder"] == m.replica_id
+
+
+def test_added_jobs_run_on_the_leader_only_and_move_with_it(q: leaseq.Queue, replicas) -> None:
+    ran: list[str] = []
+    a, b = replicas(), replicas()
+    for m in (a, b):
+        m.add_job("fire_schedules", 0.05, lambda m=m: ran.append(m.replica_id))
+    for name, every, field in (("fire_schedules", 1, "name"), ("bad name", 1, "name"), ("x", 0, "every")):
+        with pytest.raises(leaseq.InvalidInput) as err:
+            a.add_job(name, every, print)
+        assert err.value.field == field
+    a.start()
+    assert a.signals.wait("fire_schedules", 3)
+    b.start()
+    assert b.signals.count("fire_schedules") == 0
+    a.stop(resign=False)
+    assert b.signals.wait("fire_schedules", 3, timeout=10)
+    with pytest.raises(RuntimeError):
+        b.add_job("late", 1, print)
+    first_b = ran.index(b.replica_id)
+    assert set(ran[:first_b]) == {a.replica_id} and set(ran[first_b:]) == {b.replica_id}

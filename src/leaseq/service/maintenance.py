@@ -197,6 +197,23 @@ class Maintenance:
         """Whether this replica leads at ``now`` (a :func:`time.monotonic` reading)."""
         return self._leading.is_set() and now < self._deadline
 
+    def add_job(self, name: str, every: float, run: Callable[[], Any]) -> None:
+        """Run ``run()`` every ``every`` seconds on the leader only (before :meth:`start`).
+
+        For work that must happen once per database, such as firing schedules.
+        ``run`` must be safe to run twice at once: leadership can overlap briefly
+        when a leader stalls past its lease. Its passes are counted like the built-in jobs'.
+        """
+        policy.check_name("name", name)
+        if name in self.jobs:
+            raise InvalidInput("name", f"a maintenance job named {name!r} already exists")
+        every = policy.check_seconds("every", every, allow_zero=False, maximum=_MAX_AGE)
+        if not callable(run):
+            raise InvalidInput("run", "must be callable")
+        if self._threads:
+            raise RuntimeError("add jobs before start()")
+        self._jobs.append(_Job(name, every, run))
+
     @property
     def jobs(self) -> list[str]:
         """The names of the jobs this replica runs while it leads."""
