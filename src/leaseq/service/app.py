@@ -251,8 +251,10 @@ def create_app(queue: Queue, settings: ServiceSettings | None = None, **options:
             now = queue.now()
         except LeaseqError as exc:
             return _error(BackendUnavailable.http_status, BackendUnavailable.code, str(exc))
+        # Whether this replica leads maintenance, but not its id: the id names the
+        # host, which /healthz (no token) should not tell; /metrics has it.
         return JSONResponse({"ok": True, "database_time": now.isoformat(), "version": __version__,
-                             "replica": maintenance.replica_id, "maintenance_leader": maintenance.leading})
+                             "maintenance_leader": maintenance.leading})
 
     @app.get("/metrics", tags=["service"], summary="Prometheus metrics", response_class=Response)
     def metrics_endpoint(request: Request) -> Response:
