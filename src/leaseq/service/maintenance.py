@@ -44,7 +44,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
 from ..core import policy
-from ..core.errors import InvalidInput
+from ..core.errors import InvalidInput, LeaseqError
 from ..queue import Queue
 
 logger = logging.getLogger("leaseq.service.maintenance")
@@ -265,7 +265,7 @@ class Maintenance:
                 with self.queue.store.transaction(one_statement=True) as tx:
                     row = tx.row("leader_elect", name=LEADERSHIP, holder=self.replica_id, seconds=lease)
             except Exception as exc:  # the database is unreachable: lead on until the lease may have run out
-                logger.warning("maintenance election failed: %s", exc)
+                logger.warning("maintenance election failed: %s", exc, exc_info=not isinstance(exc, LeaseqError))
                 if self._leading.is_set() and time.monotonic() >= self._deadline:
                     self._step_down("lease not renewed")
             else:
@@ -322,7 +322,7 @@ class Maintenance:
         try:
             job.run()
         except Exception as exc:  # one failed pass must not end maintenance
-            logger.warning("maintenance %s pass failed: %s", job.name, exc)
+            logger.warning("maintenance %s pass failed: %s", job.name, exc, exc_info=not isinstance(exc, LeaseqError))
             self.signals.fire(f"{job.name}_failed")
         else:
             self.signals.fire(job.name)
