@@ -135,9 +135,10 @@ def drop_connections(admin_dsn: str, application_name: str) -> int:
 class Service:
     """`leaseq serve` in a subprocess on a fixed port, killed and restarted at will."""
 
-    def __init__(self, dsn: str, port: int, log: Path):
+    def __init__(self, dsn: str, port: int, log: Path, extra_args: tuple[str, ...] = ()):
         self.dsn = dsn
         self.port = port
+        self.extra_args = tuple(extra_args)
         self.url = f"http://127.0.0.1:{port}"
         self._log = log
         self.proc: subprocess.Popen | None = None
@@ -152,7 +153,7 @@ class Service:
         with open(self._log, "a") as log:
             self.proc = subprocess.Popen(
                 [sys.executable, "-m", "leaseq.cli", "serve", "--port", str(self.port), "--log-level", "warning",
-                 "--rate", "10000", "--burst", "10000"],
+                 "--rate", "10000", "--burst", "10000", *self.extra_args],
                 cwd=ROOT, env=env, stdout=log, stderr=log)
         wait_for(lambda: self._text().count("listening on") > before or self.proc.poll() is not None, 30,
                  "the service started")

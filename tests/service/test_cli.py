@@ -106,3 +106,10 @@ def test_serve_runs_until_sigterm(tmp_path) -> None:
 def test_serve_refuses_a_database_without_schema(tmp_path) -> None:
     code, out, err = run(f"sqlite:///{tmp_path / 'missing.db'}", "serve", "--port", "0")
     assert code == 2 and "leaseq migrate" in err
+
+
+def test_serve_refuses_bad_maintenance_options(q: leaseq.Queue, dsn: str) -> None:
+    for args, field in ((["--leader-lease", "0"], "leader_lease"), (["--leader-lease", "2h"], "leader_lease"),
+                        (["--sweep-every", "soon"], "sweep_every")):
+        code, out, err = run(dsn, "serve", "--port", "0", *args)
+        assert code == 2 and err.startswith(f"error: {field}: "), (args, err)

@@ -124,7 +124,7 @@ def test_the_service_applies_retention_on_its_own_schedule(q: leaseq.Queue, dsn:
     old = _finished(q, "completed")
     age_tasks(dsn, [old], 40 * DAY)
     with serve(q, prune_older_than=30 * DAY, prune_every=3600) as (url, app):
-        assert app.state.retention.passed.wait(10)
+        assert app.state.maintenance.signals.wait("prune", timeout=10)
     try:
         q.get(old)
         raise AssertionError("retention did not prune the old task")

@@ -85,22 +85,31 @@ def cli_actor() -> str:
 @click.option("--prune-payloads-older-than", metavar="AGE", default=None,
               help="Blank payloads and results of finished tasks older than AGE (evidence stays).")
 @click.option("--prune-every", metavar="AGE", default="1h", show_default=True, help="How often retention runs.")
+@click.option("--sweep-every", metavar="AGE", default="10s", show_default=True,
+              help="How often expired leases are routed (needs_reconciliation, retries) without waiting for a "
+                   "claim; 0 turns the sweep off.")
+@click.option("--leader-lease", metavar="AGE", default="15s", show_default=True,
+              help="Lease of the maintenance leadership: the sweep and retention run on one replica at a time, "
+                   "and another takes over within about this long when it dies.")
 @click.option("--log-level", default="info", show_default=True,
               type=click.Choice(["critical", "error", "warning", "info", "debug"]))
 @click.pass_context
 def serve(ctx: click.Context, host: str, port: int, migrate: bool, rate: float, burst: float,
           failed_auth_rate: float, failed_auth_burst: float, max_body_bytes: int, public_metrics: bool,
           secure_cookies: bool, forwarded_allow_ips: str, docs: bool, prune_older_than: str | None,
-          prune_payloads_older_than: str | None, prune_every: str, log_level: str) -> None:
+          prune_payloads_older_than: str | None, prune_every: str, sweep_every: str, leader_lease: str,
+          log_level: str) -> None:
     """Serve the queue over HTTP: worker API, operator API, dashboard and /metrics.
 
     Stateless apart from the database: run several replicas behind a load
-    balancer. Create tokens first with `leaseq tokens create`.
+    balancer; the sweep and retention run on one of them at a time. Create
+    tokens first with `leaseq tokens create`.
     """
     import uvicorn
 
     from ..service import create_app
     from ..service.app import server_config
+    from ..service.maintenance import MAX_LEADER_LEASE_SECONDS, MIN_LEADER_LEASE_SECONDS
 
     older = parse_duration("prune_older_than", prune_older_than)
     payloads = parse_duration("prune_payloads_older_than", prune_payloads_older_than)
@@ -109,6 +118,11 @@ def serve(ctx: click.Context, host: str, port: int, migrate: bool, rate: float, 
         raise CliError("prune_payloads_older_than", "needs --prune-older-than as well")
     if every is not None and every <= 0:
         raise CliError("prune_every", "must be greater than 0")
+    sweep = parse_duration("sweep_every", sweep_every) or None
+    lease = parse_duration("leader_lease", leader_lease)
+    if lease is None or not MIN_LEADER_LEASE_SECONDS <= lease <= MAX_LEADER_LEASE_SECONDS:
+        raise CliError("leader_lease", f"must be from {MIN_LEADER_LEASE_SECONDS} to {MAX_LEADER_LEASE_SECONDS:g} "
+                                       f"seconds (got {leader_lease!r})")
     q = open_queue(ctx, need_schema=not migrate)
     if migrate:
         q.migrate()
@@ -116,7 +130,8 @@ def serve(ctx: click.Context, host: str, port: int, migrate: bool, rate: float, 
                      failed_auth_burst=failed_auth_burst, max_body_bytes=max_body_bytes,
                      public_metrics=public_metrics, secure_cookies=secure_cookies,
                      forwarded_allow_ips=forwarded_allow_ips, docs=docs, prune_older_than=older,
-                     prune_payloads_older_than=payloads, prune_every=every or 3600.0)
+                     prune_payloads_older_than=payloads, prune_every=every or 3600.0, sweep_every=sweep,
+                     leader_lease_seconds=lease)
 
     class Server(uvicorn.Server):
         @contextlib.contextmanager

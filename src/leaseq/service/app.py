@@ -1,8 +1,10 @@
-"""The application factory: routes, error mapping, body limit, metrics, retention.
+"""The application factory: routes, error mapping, body limit, metrics, maintenance.
 
 The service is stateless apart from the database (rate buckets and a cache
 of worker-to-token links are per process and safe to lose), so several
-replicas can serve one database behind a load balancer.
+replicas can serve one database behind a load balancer. Maintenance that must
+run once (the expired-lease sweep, retention) runs on the one replica that
+holds the maintenance leader lease (:mod:`leaseq.service.maintenance`).
 
 Errors are JSON, ``{"error": {"code": ..., "message": ...}}``, with a stable
 code: ``lease_lost`` and ``stale_token`` (409), ``not_found`` (404),
@@ -16,7 +18,6 @@ from __future__ import annotations
 
 import json
 import logging
-import threading
 import time
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, fields, replace
@@ -32,6 +33,8 @@ from .. import __version__, auth
 from ..core.errors import BackendUnavailable, LeaseqError
 from ..queue import Queue
 from .access import Access, BodyLimit, api_principal
+from .maintenance import (DEFAULT_LEADER_LEASE_SECONDS, DEFAULT_SWEEP_EVERY, Maintenance, MaintenanceCollector,
+                          MaintenanceConfig)
 from .metrics import ServiceMetrics
 from .wakeups import WorkSignal
 
@@ -87,6 +90,11 @@ class ServiceSettings:
     #: How long one live stream lasts before the browser opens the next (seconds):
     #: bounds how long a shutting-down service waits for open streams.
     live_stream_seconds: float = 25.0
+    #: Route expired leases this often (seconds; None: only claims and `leaseq sweep` do).
+    sweep_every: float | None = DEFAULT_SWEEP_EVERY
+    #: Lease of the maintenance leadership (seconds): the sweep and retention run on
+    #: one replica at a time, and a dead leader is replaced within about this long.
+    leader_lease_seconds: float = DEFAULT_LEADER_LEASE_SECONDS
 
 
 def server_config(app: FastAPI, *, host: str = "127.0.0.1", port: int = 8765, **options: Any) -> Any:
@@ -203,37 +211,6 @@ class RequestMetrics:
             self.metrics.request_latency.labels(route=route).observe(time.perf_counter() - started)
 
 
-class RetentionThread:
-    """Applies the retention settings on their own schedule, in a daemon thread."""
-
-    def __init__(self, queue: Queue, settings: ServiceSettings):
-        self.queue = queue
-        self.settings = settings
-        self.stopped = threading.Event()
-        #: Set after each pass; tests wait on it.
-        self.passed = threading.Event()
-        self._thread = threading.Thread(target=self._run, name="leaseq-retention", daemon=True)
-
-    def start(self) -> None:
-        self._thread.start()
-
-    def stop(self) -> None:
-        self.stopped.set()
-        self._thread.join(timeout=5)
-
-    def _run(self) -> None:
-        while not self.stopped.is_set():
-            try:
-                # each batch writes its audit entry in its own transaction; a pass that changed nothing, none
-                self.queue.prune(self.settings.prune_older_than or 0.0,
-                                 payloads_older_than_seconds=self.settings.prune_payloads_older_than,
-                                 by="service retention", record_empty=False)
-            except LeaseqError as exc:
-                logger.warning("retention pass failed: %s", exc)
-            self.passed.set()
-            self.stopped.wait(self.settings.prune_every)
-
-
 def create_app(queue: Queue, settings: ServiceSettings | None = None, **options: Any) -> FastAPI:
     """The ASGI application serving ``queue``. ``options`` override fields of ``settings``."""
     settings = settings or ServiceSettings()
@@ -243,18 +220,20 @@ def create_app(queue: Queue, settings: ServiceSettings | None = None, **options:
     settings = replace(settings, **options)
     metrics = ServiceMetrics(queue)
     work_signal = WorkSignal(queue, recheck=settings.claim_recheck)
-    retention = RetentionThread(queue, settings) if settings.prune_older_than is not None else None
+    maintenance = Maintenance(queue, MaintenanceConfig(
+        leader_lease_seconds=settings.leader_lease_seconds, sweep_every=settings.sweep_every,
+        prune_older_than=settings.prune_older_than, prune_payloads_older_than=settings.prune_payloads_older_than,
+        prune_every=settings.prune_every))
+    metrics.registry.register(MaintenanceCollector(maintenance))
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> Any:
-        if retention is not None:
-            retention.start()
+        maintenance.start()
         try:
             yield
         finally:
             work_signal.close()
-            if retention is not None:
-                retention.stop()
+            maintenance.stop()
 
     app = FastAPI(title="leaseq", version=__version__, lifespan=lifespan, redoc_url=None,
                   docs_url="/docs" if settings.docs else None,
@@ -266,7 +245,7 @@ def create_app(queue: Queue, settings: ServiceSettings | None = None, **options:
                               failed_rate=settings.failed_auth_per_second, failed_burst=settings.failed_auth_burst,
                               max_keys=settings.rate_limit_keys)
     app.state.metrics = metrics
-    app.state.retention = retention
+    app.state.maintenance = maintenance
     app.state.work_signal = work_signal
     #: Open live-update streams (see leaseq.service.live); changed on the event loop only.
     app.state.live_streams = 0
@@ -294,7 +273,10 @@ def create_app(queue: Queue, settings: ServiceSettings | None = None, **options:
             now = queue.now()
         except LeaseqError as exc:
             return _error(BackendUnavailable.http_status, BackendUnavailable.code, str(exc))
-        return JSONResponse({"ok": True, "database_time": now.isoformat(), "version": __version__})
+        # Whether this replica leads maintenance, but not its id: the id names the
+        # host, which /healthz (no token) should not tell; /metrics has it.
+        return JSONResponse({"ok": True, "database_time": now.isoformat(), "version": __version__,
+                             "maintenance_leader": maintenance.leading})
 
     @app.get("/metrics", tags=["service"], summary="Prometheus metrics", response_class=Response)
     def metrics_endpoint(request: Request) -> Response:

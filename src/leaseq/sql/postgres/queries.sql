@@ -38,6 +38,36 @@ INSERT INTO leaseq_migrations (version, name) VALUES (%(version)s, %(name)s);
 -- name: db_now
 SELECT now() AS now;
 
+-- name: leader_elect
+-- Takes or renews the lease of leadership %(name)s for %(seconds)s, by the
+-- database's clock: inserted when there is no row, taken over when its
+-- lease has run out, renewed when %(holder)s already holds it; no row back
+-- when another holder's lease is still live. The conflicting row is locked
+-- and the WHERE judged on its newest version, so two replicas racing for an
+-- expired lease cannot both win. A change of holder raises the term.
+INSERT INTO leaseq_leader AS l (name, holder, term, expires_at)
+VALUES (%(name)s, %(holder)s, 1, now() + %(seconds)s::float8 * interval '1 second')
+ON CONFLICT (name) DO UPDATE
+SET holder = excluded.holder,
+    term = CASE WHEN l.holder = excluded.holder THEN l.term ELSE l.term + 1 END,
+    elected_at = CASE WHEN l.holder = excluded.holder THEN l.elected_at ELSE now() END,
+    renewed_at = now(),
+    expires_at = excluded.expires_at
+WHERE l.holder = excluded.holder OR l.expires_at <= now()
+RETURNING holder, term, elected_at, expires_at;
+
+-- name: leader_resign
+-- Ends the holder's lease now, so another replica takes over at its next
+-- attempt instead of waiting for the lease to run out. Only the holder of
+-- that term can end it.
+UPDATE leaseq_leader SET expires_at = now()
+WHERE name = %(name)s AND holder = %(holder)s AND term = %(term)s AND expires_at > now()
+RETURNING term;
+
+-- name: leader_get
+SELECT name, holder, term, elected_at, renewed_at, expires_at, expires_at > now() AS live
+FROM leaseq_leader WHERE name = %(name)s;
+
 -- name: notify_work
 -- Wakes idle workers listening for this queue; delivered at commit.
 SELECT pg_notify('leaseq_work', %(queue)s);

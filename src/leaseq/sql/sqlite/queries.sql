@@ -35,6 +35,34 @@ INSERT INTO leaseq_migrations (version, name) VALUES (:version, :name);
 -- name: db_now
 SELECT (julianday('now') - 2440587.5) * 86400.0 AS now;
 
+-- name: leader_elect
+-- See the PostgreSQL file. BEGIN IMMEDIATE serialises writers, so the WHERE
+-- is judged on the row as the previous winner left it.
+INSERT INTO leaseq_leader (name, holder, term, expires_at)
+VALUES (:name, :holder, 1, (julianday('now') - 2440587.5) * 86400.0 + :seconds)
+ON CONFLICT (name) DO UPDATE
+SET holder = excluded.holder,
+    term = CASE WHEN leaseq_leader.holder = excluded.holder THEN leaseq_leader.term
+                ELSE leaseq_leader.term + 1 END,
+    elected_at = CASE WHEN leaseq_leader.holder = excluded.holder THEN leaseq_leader.elected_at
+                      ELSE (julianday('now') - 2440587.5) * 86400.0 END,
+    renewed_at = (julianday('now') - 2440587.5) * 86400.0,
+    expires_at = excluded.expires_at
+WHERE leaseq_leader.holder = excluded.holder
+   OR leaseq_leader.expires_at <= (julianday('now') - 2440587.5) * 86400.0
+RETURNING holder, term, elected_at, expires_at;
+
+-- name: leader_resign
+UPDATE leaseq_leader SET expires_at = (julianday('now') - 2440587.5) * 86400.0
+WHERE name = :name AND holder = :holder AND term = :term
+  AND expires_at > (julianday('now') - 2440587.5) * 86400.0
+RETURNING term;
+
+-- name: leader_get
+SELECT name, holder, term, elected_at, renewed_at, expires_at,
+       expires_at > (julianday('now') - 2440587.5) * 86400.0 AS live
+FROM leaseq_leader WHERE name = :name;
+
 -- name: notify_work
 -- Wakes idle workers listening for this queue; delivered at commit.
 SELECT :queue AS queue;  -- SQLite has no notifications: workers poll
