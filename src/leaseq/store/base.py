@@ -11,9 +11,10 @@ from importlib import resources
 from typing import Any, Protocol
 
 from ..db.dsn import DEFAULT_DSN, parse_dsn
+from .queries import load_named_queries, load_queries, parse_named_blocks
 
 __all__ = ["DEFAULT_DSN", "JSON_COLUMNS", "JSON_PARAMS", "JsonText", "KeyConflict", "Migration", "Store", "Tx",
-           "WorkListener", "load_migrations", "load_queries", "open_store", "parse_dsn", "parse_named_blocks"]
+           "WorkListener", "load_migrations", "load_named_queries", "load_queries", "open_store", "parse_dsn", "parse_named_blocks"]
 
 #: Parameters that carry JSON documents (encoded by each backend its own way);
 #: the plural ones are the row documents of batched statements.
@@ -31,32 +32,12 @@ class JsonText(str):
 #: Columns that come back as JSON documents.
 JSON_COLUMNS = frozenset({"payload", "result", "detail", "response", "actions"})
 
-_BLOCK = re.compile(r"^-- name: (\w+)\s*$", re.MULTILINE)
-
 
 @dataclass(frozen=True)
 class Migration:
     version: int
     name: str
     sql: str
-
-
-@cache
-def load_queries(dialect: str) -> dict[str, str]:
-    """The named queries of ``sql/<dialect>/queries.sql``: ``{name: sql}``."""
-    text = resources.files("leaseq").joinpath("sql", dialect, "queries.sql").read_text()
-    return parse_named_blocks(text, f"{dialect}/queries.sql")
-
-
-def parse_named_blocks(text: str, source: str) -> dict[str, str]:
-    """Split a .sql file into its ``-- name: <query>`` blocks: ``{name: sql}``."""
-    parts = _BLOCK.split(text)
-    queries: dict[str, str] = {}
-    for name, body in zip(parts[1::2], parts[2::2]):
-        if name in queries:
-            raise RuntimeError(f"query {name!r} defined twice in {source}")
-        queries[name] = body.strip()
-    return queries
 
 
 @cache

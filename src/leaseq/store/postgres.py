@@ -15,22 +15,13 @@ from ..db.dsn import check_postgres_dsn
 from ..core.errors import BackendUnavailable
 from ..db.errors import map_driver_errors
 from ..db.postgres import AsyncPools, achecked_connection, checked_connection, open_async_pool, open_pool
-from .base import JSON_PARAMS, JsonText, KeyConflict, load_queries
+from .base import JSON_PARAMS, JsonText, KeyConflict, load_named_queries, load_queries
 
 
-#: The statements every claim, renewal and completion runs. Each is prepared
-#: on its first use on a connection and always runs the prepared statement's
-#: generic plan (``plan_cache_mode = force_generic_plan`` on leaseq's pooled
-#: connections): PostgreSQL would otherwise plan the claim afresh at every
-#: call, which costs more than running it. Each of these is written to have
-#: one good plan whatever its parameters (tests/bench/test_claim_plan.py reads
-#: their generic plans). Every other statement is never prepared, so it is
-#: planned for the parameters it is given.
-GENERIC_PLAN = frozenset({
-    "claim_batch", "renew_leases", "complete_task", "complete_batch", "fail_task", "lock_lease",
-    "insert_task", "insert_tasks", "insert_fresh_tasks", "insert_event", "insert_events", "lock_expired",
-    "route_expired",
-})
+#: The statements annotated ``-- plan: generic`` in ``sql/postgres/queries.sql``:
+#: prepared on their first use on a connection and run with the prepared
+#: statement's generic plan (the file's header says why).
+GENERIC_PLAN = frozenset(name for name, q in load_named_queries("postgres").items() if q.generic_plan)
 
 
 def _configure(conn: psycopg.Connection) -> None:

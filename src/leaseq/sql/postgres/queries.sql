@@ -2,18 +2,41 @@
 --
 -- Every query is one block headed "-- name: <query>". The SQLite file holds
 -- the same names with the same parameters; tests/unit/test_queries.py keeps
--- the two in step.
+-- the two in step. A block's leading comment may carry annotations, read by
+-- the loader (leaseq/store/queries.py) and by that test:
 --
--- THE LEASE GUARD. Every write made on the strength of a lease carries this
--- condition, word for word, and a test fails if one does not:
+--   -- guard: lease            writes (or locks for a write) on the strength of
+--                              a lease: expands the lease guard below
+--   -- guard: none -- <why>    takes a worker id, is not lease-backed, says why
+--   -- plan: generic           prepared, and always run with its generic plan
+--   -- no-op: <why>            nothing to run on this backend
+--   -- unused: <params> -- <why>  parameters this dialect does not need
 --
---     AND t.status = 'running'
---     AND t.lease_owner = %(worker_id)s
---     AND t.claim_generation = %(generation)s
---     AND t.lease_expires_at >= now()
+-- A query that takes a worker id without a guard annotation fails the test,
+-- and so does a "guard: lease" query whose expanded text lacks the guard.
 --
--- Zero rows back means the caller has lost the lease; nothing was changed.
+-- "plan: generic": the statements every claim, renewal and completion runs
+-- are prepared on their first use on a connection and always run with the
+-- prepared statement's generic plan (plan_cache_mode = force_generic_plan on
+-- leaseq's pooled connections): PostgreSQL would otherwise plan the claim
+-- afresh at every call, which costs more than running it. Each is written to
+-- have one good plan whatever its parameters (tests/bench/test_claim_plan.py
+-- reads their generic plans). Every other statement is never prepared, so it
+-- is planned for the parameters it is given.
+--
 -- Time is always the database's now(): a worker's clock is never consulted.
+
+-- template: lease_guard(generation=%(generation)s)
+-- THE LEASE GUARD, the one place it is written. Every write made on the
+-- strength of a lease expands it (/* TEMPLATE: lease_guard */): the task is
+-- running, held by this worker, under this generation (a batch statement
+-- passes the generation column of its (task, generation) pairs), and its
+-- lease is live by the database's clock. Zero rows back means the caller
+-- has lost the lease; nothing was changed.
+AND t.status = 'running'
+AND t.lease_owner = %(worker_id)s
+AND t.claim_generation = {generation}
+AND t.lease_expires_at >= now()
 
 -- name: migrations_lock
 -- Serialises concurrent `leaseq migrate` runs until the transaction ends.
@@ -49,9 +72,11 @@ VALUES (%(name)s || '-' || substr(replace(gen_random_uuid()::text, '-', ''), 1, 
 RETURNING id, name, registered_at, revoked_at;
 
 -- name: get_worker
+-- guard: none -- a read of the worker row, not of a lease
 SELECT id, name, registered_at, revoked_at FROM leaseq_workers WHERE id = %(worker_id)s;
 
 -- name: lock_worker
+-- guard: none -- locks the worker row (a claim's slow path), before any lease exists
 -- The worker row, locked as claim_batch locks it (FOR SHARE): a claim's slow
 -- path takes it before it locks any task row, in the order revoke_worker
 -- takes them, so a claim and a revocation never deadlock.
@@ -63,11 +88,13 @@ SELECT w.id, w.name, w.registered_at, w.revoked_at,
 FROM leaseq_workers w ORDER BY w.registered_at;
 
 -- name: revoke_worker
+-- guard: none -- an operator action on the worker row; it ends leases, never acts on one
 UPDATE leaseq_workers SET revoked_at = now()
 WHERE id = %(worker_id)s AND revoked_at IS NULL
 RETURNING id, name, registered_at, revoked_at;
 
 -- name: end_worker_leases
+-- guard: none -- ends every lease of a revoked worker: taking leases away needs no lease
 -- A revoked worker loses its leases at once, not when they would have run
 -- out. Each deadline moves to just before the lease began: no write carrying
 -- that generation can meet it, not even one whose transaction started before
@@ -82,6 +109,7 @@ WHERE t.status = 'running' AND t.lease_owner = %(worker_id)s
 RETURNING t.id, t.claim_generation;
 
 -- name: insert_task
+-- plan: generic
 -- ON CONFLICT: a second enqueue with the same key in the same queue is the
 -- same logical task; nothing comes back and the caller reads the existing
 -- row. The new row is the enqueue's evidence (list_events shows it as the
@@ -100,6 +128,7 @@ SELECT a.*, true AS notified
 FROM added a, LATERAL (SELECT pg_notify('leaseq_work', a.queue)) AS woke;
 
 -- name: insert_tasks
+-- plan: generic
 -- insert_task for many tasks of one kind: one statement, one document of
 -- {"payload", "idempotency_key"} objects. Duplicate keys are skipped exactly
 -- as in insert_task; the caller reads those with task_ids_by_key.
@@ -113,6 +142,7 @@ ON CONFLICT (queue, idempotency_key) DO NOTHING
 RETURNING id, idempotency_key;
 
 -- name: insert_fresh_tasks
+-- plan: generic
 -- insert_tasks when every key was just generated by leaseq (unique by
 -- construction): a plain insert, without ON CONFLICT's speculative insertion
 -- (a quarter of the statement's cost). Should a generated key ever meet a
@@ -148,6 +178,7 @@ ORDER BY id DESC
 LIMIT %(limit)s;
 
 -- name: lock_expired
+-- plan: generic
 -- Running tasks whose lease has run out, locked for routing. SKIP LOCKED:
 -- another claimer already routing a row keeps it; we take the rest.
 SELECT id, queue, lease_owner, claim_generation, lease_expires_at, claimed_at,
@@ -159,6 +190,7 @@ LIMIT %(limit)s
 FOR UPDATE SKIP LOCKED;
 
 -- name: route_expired
+-- plan: generic
 -- The recovery policy. An expired lease allows reassignment, not a retry:
 --   side_effect with an intent and no response -> needs_reconciliation
 --   attempts exhausted                          -> dead
@@ -180,6 +212,8 @@ WHERE t.id = ANY(%(task_ids)s::bigint[])
 RETURNING t.id, t.status, t.claim_generation, t.open_effects, t.attempts;
 
 -- name: claim_batch
+-- guard: none -- takes new leases: no lease exists yet to guard
+-- plan: generic
 -- Select and lease in one statement: no gap in which two workers pick the
 -- same row. With kinds (NULL: any), a worker takes only the kinds it has
 -- handlers for and leaves the others queued for workers that do. A paused
@@ -252,6 +286,8 @@ SELECT c.*, true AS evidence_written, f.routing_due, f.worker_ok
 FROM flags f LEFT JOIN claimed c ON true;
 
 -- name: renew_leases
+-- guard: lease
+-- plan: generic
 -- One statement renews every lease a worker names. Each (task, generation)
 -- pair is checked by the lease guard; the rows back are the leases still held.
 -- The new deadline comes from the lease length this claim was given (its
@@ -266,23 +302,19 @@ SET lease_expires_at = now() + (t.lease_expires_at - coalesce(t.last_heartbeat_a
     updated_at = now()
 FROM unnest(%(task_ids)s::bigint[], %(generations)s::bigint[]) AS c(task_id, generation)
 WHERE t.id = c.task_id
-  AND t.claim_generation = c.generation
-  AND t.status = 'running'
-  AND t.lease_owner = %(worker_id)s
-  AND t.lease_expires_at >= now()
+  /* TEMPLATE: lease_guard(c.generation) */
 RETURNING t.id, t.claim_generation, t.lease_expires_at;
 
 -- name: lock_lease
+-- guard: lease
+-- plan: generic
 -- Checks the lease and locks the row for the rest of the transaction, so no
 -- cancel or expiry routing can slip between the check and the write after it.
 SELECT t.id, t.queue, t.idempotency_key, t.effect, t.actions, t.lease_expires_at,
        coalesce((SELECT q.paused FROM leaseq_queues q WHERE q.name = t.queue), false) AS paused
 FROM leaseq_tasks t
 WHERE t.id = %(task_id)s
-  AND t.status = 'running'
-  AND t.lease_owner = %(worker_id)s
-  AND t.claim_generation = %(generation)s
-  AND t.lease_expires_at >= now()
+  /* TEMPLATE: lease_guard */
 FOR UPDATE OF t;
 
 -- name: attempt_holds_lease
@@ -301,6 +333,8 @@ WHERE t.id = %(task_id)s
 FOR SHARE OF t;
 
 -- name: complete_task
+-- guard: lease
+-- plan: generic
 UPDATE leaseq_tasks t
 SET status = 'completed',
     result = %(result)s::jsonb,
@@ -308,13 +342,12 @@ SET status = 'completed',
     lease_expires_at = NULL,
     updated_at = now()
 WHERE t.id = %(task_id)s
-  AND t.status = 'running'
-  AND t.lease_owner = %(worker_id)s
-  AND t.claim_generation = %(generation)s
-  AND t.lease_expires_at >= now()
+  /* TEMPLATE: lease_guard */
 RETURNING t.id, t.claim_generation, t.attempts, t.heartbeat_count, t.last_heartbeat_at, t.longest_heartbeat_gap;
 
 -- name: complete_batch
+-- guard: lease
+-- plan: generic
 -- complete_task for many leases of one worker in one statement. Each
 -- (task, generation) pair is checked by the lease guard, as in renew_leases;
 -- the rows back are the tasks completed, and a pair missing from them had
@@ -329,10 +362,7 @@ WITH done AS (
         updated_at = now()
     FROM jsonb_to_recordset(%(items)s::jsonb) AS c(task_id bigint, generation bigint, result jsonb)
     WHERE t.id = c.task_id
-      AND t.claim_generation = c.generation
-      AND t.status = 'running'
-      AND t.lease_owner = %(worker_id)s
-      AND t.lease_expires_at >= now()
+      /* TEMPLATE: lease_guard(c.generation) */
     RETURNING t.id, t.claim_generation, t.attempts, t.heartbeat_count, t.last_heartbeat_at, t.longest_heartbeat_gap
 ), logged AS (
     INSERT INTO leaseq_events (task_id, type, generation, worker_id, detail)
@@ -346,6 +376,8 @@ WITH done AS (
 SELECT d.id, true AS evidence_written FROM done d;  -- the events are written: the ids are all a caller needs
 
 -- name: fail_task
+-- guard: lease
+-- plan: generic
 -- The attempt ends with an error. Where it goes next is decided here, in one
 -- statement, from the row as it stands:
 --   side_effect with an intent and no response     -> needs_reconciliation
@@ -370,24 +402,19 @@ SET status = CASE
     lease_expires_at = NULL,
     updated_at = now()
 WHERE t.id = %(task_id)s
-  AND t.status = 'running'
-  AND t.lease_owner = %(worker_id)s
-  AND t.claim_generation = %(generation)s
-  AND t.lease_expires_at >= now()
+  /* TEMPLATE: lease_guard */
 RETURNING t.id, t.status, t.claim_generation, t.attempts, t.max_attempts, t.error_streak, t.available_at,
           t.heartbeat_count, t.last_heartbeat_at, t.longest_heartbeat_gap;
 
 -- name: expire_lease
+-- guard: lease
 -- Gives a lease back early (worker shutdown): the deadline moves into the
 -- past and route_expired then applies the ordinary recovery policy.
 UPDATE leaseq_tasks t
 SET lease_expires_at = now() - interval '1 microsecond',
     updated_at = now()
 WHERE t.id = %(task_id)s
-  AND t.status = 'running'
-  AND t.lease_owner = %(worker_id)s
-  AND t.claim_generation = %(generation)s
-  AND t.lease_expires_at >= now()
+  /* TEMPLATE: lease_guard */
 RETURNING t.id, t.queue, t.lease_owner, t.claim_generation, t.lease_expires_at, t.claimed_at,
           t.heartbeat_count, t.last_heartbeat_at, t.longest_heartbeat_gap;
 
@@ -398,11 +425,13 @@ SELECT * FROM leaseq_effects WHERE task_id = %(task_id)s AND idempotency_key = %
 SELECT * FROM leaseq_effects WHERE task_id = %(task_id)s ORDER BY id;
 
 -- name: insert_effect
+-- guard: none -- runs after lock_lease has checked and locked the lease in the same transaction
 INSERT INTO leaseq_effects (task_id, generation, worker_id, action, idempotency_key)
 VALUES (%(task_id)s, %(generation)s, %(worker_id)s, %(action)s, %(idempotency_key)s)
 RETURNING *;
 
 -- name: rebind_effect
+-- guard: none -- runs after lock_lease has checked and locked the lease in the same transaction
 -- A later attempt takes over an intent that never got a response (same key).
 UPDATE leaseq_effects
 SET generation = %(generation)s, worker_id = %(worker_id)s, status = 'pending',
@@ -449,10 +478,13 @@ WHERE id = %(task_id)s AND status = %(from_status)s
 RETURNING id, status, claim_generation, attempts;
 
 -- name: insert_event
+-- guard: none -- evidence, written in the transaction of the operation it records
+-- plan: generic
 INSERT INTO leaseq_events (task_id, type, generation, worker_id, detail)
 VALUES (%(task_id)s, %(type)s, %(generation)s, %(worker_id)s, %(detail)s::jsonb);
 
 -- name: insert_events
+-- plan: generic
 -- insert_event for many events in one statement, in the document's order.
 INSERT INTO leaseq_events (task_id, type, generation, worker_id, detail)
 SELECT e.task_id, e.type, e.generation, e.worker_id, e.detail
@@ -460,6 +492,7 @@ FROM jsonb_to_recordset(%(events)s::jsonb) AS e(task_id bigint, type text, gener
                                                  detail jsonb);
 
 -- name: report_loss
+-- guard: none -- evidence of a lease already lost; conditioned on the events of that generation
 -- A worker's own account of losing a lease: one per lost generation. Written
 -- only when this worker was issued the generation (its "claimed" event), the
 -- generation did not end by the holder's own hand (completed, failed,
@@ -477,6 +510,7 @@ WHERE EXISTS (SELECT 1 FROM leaseq_events e
 RETURNING id;
 
 -- name: generation_outcome
+-- guard: none -- a read of a generation's events (why report_loss wrote nothing)
 -- Why report_loss wrote nothing: was the generation this worker's, and what
 -- ended it (the first of completed, failed, lease_released, lease_lost)?
 SELECT EXISTS (SELECT 1 FROM leaseq_events
@@ -568,9 +602,11 @@ WHERE token_id = %(token_id)s AND revoked_at IS NULL
 RETURNING id;
 
 -- name: link_worker_token
+-- guard: none -- links a new worker to its credential; no lease involved
 UPDATE leaseq_workers SET token_id = %(token_id)s WHERE id = %(worker_id)s RETURNING id;
 
 -- name: worker_token
+-- guard: none -- a read of the worker's credential (authorization)
 SELECT id, token_id, revoked_at FROM leaseq_workers WHERE id = %(worker_id)s;
 
 -- name: token_held_task

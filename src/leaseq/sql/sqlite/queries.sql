@@ -1,19 +1,23 @@
 -- leaseq named queries, SQLite (sqlite3, :name parameters).
 --
 -- Same names and parameters as the PostgreSQL file; see its header for the
--- lease guard, which every lease-backed write here carries word for word:
---
---     AND t.status = 'running'
---     AND t.lease_owner = :worker_id
---     AND t.claim_generation = :generation
---     AND t.lease_expires_at >= (julianday('now') - 2440587.5) * 86400.0
+-- annotations ("-- guard: ...", "-- no-op: ...", "-- unused: ...").
 --
 -- Times are REAL Unix seconds from SQLite's clock; (julianday('now') -
 -- 2440587.5) * 86400.0 is "now" and stays fixed within one statement.
 -- Every write runs inside BEGIN IMMEDIATE, so a transaction holds the
 -- database's single write lock from its first read: no SKIP LOCKED needed.
 
+-- template: lease_guard(generation=:generation)
+-- THE LEASE GUARD, SQLite's form (see the PostgreSQL file): every write made
+-- on the strength of a lease expands it; zero rows back means the lease is lost.
+AND t.status = 'running'
+AND t.lease_owner = :worker_id
+AND t.claim_generation = {generation}
+AND t.lease_expires_at >= (julianday('now') - 2440587.5) * 86400.0
+
 -- name: migrations_lock
+-- no-op: SQLite runs one writer at a time (BEGIN IMMEDIATE): nothing to lock
 SELECT 1;
 
 -- name: migrations_create
@@ -36,6 +40,7 @@ INSERT INTO leaseq_migrations (version, name) VALUES (:version, :name);
 SELECT (julianday('now') - 2440587.5) * 86400.0 AS now;
 
 -- name: notify_work
+-- no-op: SQLite has no notifications; its workers poll
 -- Wakes idle workers listening for this queue; delivered at commit.
 SELECT :queue AS queue;  -- SQLite has no notifications: workers poll
 
@@ -45,9 +50,11 @@ VALUES (:name || '-' || lower(hex(randomblob(6))), :name)
 RETURNING id, name, registered_at, revoked_at;
 
 -- name: get_worker
+-- guard: none -- a read of the worker row, not of a lease
 SELECT id, name, registered_at, revoked_at FROM leaseq_workers WHERE id = :worker_id;
 
 -- name: lock_worker
+-- guard: none -- locks the worker row (a claim's slow path), before any lease exists
 -- SQLite has one writer at a time: a plain read (see the PostgreSQL file).
 SELECT id, name, registered_at, revoked_at FROM leaseq_workers WHERE id = :worker_id;
 
@@ -57,11 +64,13 @@ SELECT w.id, w.name, w.registered_at, w.revoked_at,
 FROM leaseq_workers w ORDER BY w.registered_at;
 
 -- name: revoke_worker
+-- guard: none -- an operator action on the worker row; it ends leases, never acts on one
 UPDATE leaseq_workers SET revoked_at = (julianday('now') - 2440587.5) * 86400.0
 WHERE id = :worker_id AND revoked_at IS NULL
 RETURNING id, name, registered_at, revoked_at;
 
 -- name: end_worker_leases
+-- guard: none -- ends every lease of a revoked worker: taking leases away needs no lease
 -- See the PostgreSQL file: a revoked worker's deadlines move to just before
 -- each lease began.
 UPDATE leaseq_tasks
@@ -149,6 +158,7 @@ WHERE t.id IN (SELECT value FROM json_each(:task_ids))
 RETURNING id, status, claim_generation, open_effects, attempts;
 
 -- name: claim_batch
+-- guard: none -- takes new leases: no lease exists yet to guard
 -- See the PostgreSQL file. SQLite has no data-modifying CTEs, so the caller
 -- writes the "claimed" events in the same transaction (evidence_written is
 -- 0, and :compact is only echoed); nothing comes back when nothing was
@@ -181,6 +191,7 @@ WHERE t.id IN (
 RETURNING *, 0 AS evidence_written, NULL AS routing_due, NULL AS worker_ok, :compact AS compact;
 
 -- name: renew_leases
+-- guard: lease
 -- Renews by the lease length this claim was given (see the PostgreSQL file).
 UPDATE leaseq_tasks AS t
 SET lease_expires_at = (julianday('now') - 2440587.5) * 86400.0
@@ -193,21 +204,16 @@ SET lease_expires_at = (julianday('now') - 2440587.5) * 86400.0
 FROM (SELECT i.value AS task_id, g.value AS generation
       FROM json_each(:task_ids) AS i JOIN json_each(:generations) AS g ON g.key = i.key) AS c
 WHERE t.id = c.task_id
-  AND t.claim_generation = c.generation
-  AND t.status = 'running'
-  AND t.lease_owner = :worker_id
-  AND t.lease_expires_at >= (julianday('now') - 2440587.5) * 86400.0
+  /* TEMPLATE: lease_guard(c.generation) */
 RETURNING id, claim_generation, lease_expires_at;
 
 -- name: lock_lease
+-- guard: lease
 SELECT t.id, t.queue, t.idempotency_key, t.effect, t.actions, t.lease_expires_at,
        coalesce((SELECT q.paused FROM leaseq_queues q WHERE q.name = t.queue), 0) AS paused
 FROM leaseq_tasks AS t
 WHERE t.id = :task_id
-  AND t.status = 'running'
-  AND t.lease_owner = :worker_id
-  AND t.claim_generation = :generation
-  AND t.lease_expires_at >= (julianday('now') - 2440587.5) * 86400.0;
+  /* TEMPLATE: lease_guard */;
 
 -- name: attempt_holds_lease
 -- See the PostgreSQL file. The asking transaction holds the write lock
@@ -219,6 +225,7 @@ WHERE t.id = :task_id
   AND t.lease_expires_at >= (julianday('now') - 2440587.5) * 86400.0;
 
 -- name: complete_task
+-- guard: lease
 UPDATE leaseq_tasks AS t
 SET status = 'completed',
     result = :result,
@@ -226,13 +233,11 @@ SET status = 'completed',
     lease_expires_at = NULL,
     updated_at = (julianday('now') - 2440587.5) * 86400.0
 WHERE t.id = :task_id
-  AND t.status = 'running'
-  AND t.lease_owner = :worker_id
-  AND t.claim_generation = :generation
-  AND t.lease_expires_at >= (julianday('now') - 2440587.5) * 86400.0
+  /* TEMPLATE: lease_guard */
 RETURNING id, claim_generation, attempts, heartbeat_count, last_heartbeat_at, longest_heartbeat_gap;
 
 -- name: complete_batch
+-- guard: lease
 -- See the PostgreSQL file: the guard checks each (task, generation) pair.
 -- The caller writes the "completed" events (evidence_written is 0, :compact
 -- is echoed), as SQLite has no data-modifying CTEs.
@@ -246,14 +251,12 @@ FROM (SELECT i.value ->> '$.task_id' AS task_id, i.value ->> '$.generation' AS g
              coalesce(i.value -> '$.result', 'null') AS result
       FROM json_each(:items) AS i) AS c
 WHERE t.id = c.task_id
-  AND t.claim_generation = c.generation
-  AND t.status = 'running'
-  AND t.lease_owner = :worker_id
-  AND t.lease_expires_at >= (julianday('now') - 2440587.5) * 86400.0
+  /* TEMPLATE: lease_guard(c.generation) */
 RETURNING id, claim_generation, attempts, heartbeat_count, last_heartbeat_at, longest_heartbeat_gap,
           0 AS evidence_written, :compact AS compact;
 
 -- name: fail_task
+-- guard: lease
 -- See the PostgreSQL file for the routing table this CASE implements.
 UPDATE leaseq_tasks AS t
 SET status = CASE
@@ -271,22 +274,17 @@ SET status = CASE
     lease_expires_at = NULL,
     updated_at = (julianday('now') - 2440587.5) * 86400.0
 WHERE t.id = :task_id
-  AND t.status = 'running'
-  AND t.lease_owner = :worker_id
-  AND t.claim_generation = :generation
-  AND t.lease_expires_at >= (julianday('now') - 2440587.5) * 86400.0
+  /* TEMPLATE: lease_guard */
 RETURNING id, status, claim_generation, attempts, max_attempts, error_streak, available_at,
           heartbeat_count, last_heartbeat_at, longest_heartbeat_gap;
 
 -- name: expire_lease
+-- guard: lease
 UPDATE leaseq_tasks AS t
 SET lease_expires_at = (julianday('now') - 2440587.5) * 86400.0 - 0.001,
     updated_at = (julianday('now') - 2440587.5) * 86400.0
 WHERE t.id = :task_id
-  AND t.status = 'running'
-  AND t.lease_owner = :worker_id
-  AND t.claim_generation = :generation
-  AND t.lease_expires_at >= (julianday('now') - 2440587.5) * 86400.0
+  /* TEMPLATE: lease_guard */
 RETURNING id, queue, lease_owner, claim_generation, lease_expires_at, claimed_at,
           heartbeat_count, last_heartbeat_at, longest_heartbeat_gap;
 
@@ -297,11 +295,13 @@ SELECT * FROM leaseq_effects WHERE task_id = :task_id AND idempotency_key = :ide
 SELECT * FROM leaseq_effects WHERE task_id = :task_id ORDER BY id;
 
 -- name: insert_effect
+-- guard: none -- runs after lock_lease has checked and locked the lease in the same transaction
 INSERT INTO leaseq_effects (task_id, generation, worker_id, action, idempotency_key)
 VALUES (:task_id, :generation, :worker_id, :action, :idempotency_key)
 RETURNING *;
 
 -- name: rebind_effect
+-- guard: none -- runs after lock_lease has checked and locked the lease in the same transaction
 -- A later attempt takes over an intent that never got a response (same key).
 UPDATE leaseq_effects
 SET generation = :generation, worker_id = :worker_id, status = 'pending',
@@ -345,6 +345,7 @@ WHERE id = :task_id AND status = :from_status
 RETURNING id, status, claim_generation, attempts;
 
 -- name: insert_event
+-- guard: none -- evidence, written in the transaction of the operation it records
 INSERT INTO leaseq_events (task_id, type, generation, worker_id, detail)
 VALUES (:task_id, :type, :generation, :worker_id, :detail);
 
@@ -355,6 +356,7 @@ SELECT e.value ->> '$.task_id', e.value ->> '$.type', e.value ->> '$.generation'
 FROM json_each(:events) AS e;
 
 -- name: report_loss
+-- guard: none -- evidence of a lease already lost; conditioned on the events of that generation
 -- A worker's own account of losing a lease: one per lost generation. Written
 -- only when this worker was issued the generation (its "claimed" event), the
 -- generation did not end by the holder's own hand (completed, failed,
@@ -372,6 +374,7 @@ WHERE EXISTS (SELECT 1 FROM leaseq_events e
 RETURNING id;
 
 -- name: generation_outcome
+-- guard: none -- a read of a generation's events (why report_loss wrote nothing)
 -- Why report_loss wrote nothing: was the generation this worker's, and what
 -- ended it (the first of completed, failed, lease_released, lease_lost)?
 SELECT EXISTS (SELECT 1 FROM leaseq_events
@@ -455,9 +458,11 @@ WHERE token_id = :token_id AND revoked_at IS NULL
 RETURNING id;
 
 -- name: link_worker_token
+-- guard: none -- links a new worker to its credential; no lease involved
 UPDATE leaseq_workers SET token_id = :token_id WHERE id = :worker_id RETURNING id;
 
 -- name: worker_token
+-- guard: none -- a read of the worker's credential (authorization)
 SELECT id, token_id, revoked_at FROM leaseq_workers WHERE id = :worker_id;
 
 -- name: token_held_task
