@@ -257,7 +257,7 @@ def tasks_page(request: Request, status: str = Query(""), queue: str = Query("")
                s: Session = Depends(session)) -> HTMLResponse:
     error = None
     try:
-        tasks = _queue(request).list(status=status or None, queue=queue or None, limit=limit)
+        tasks = _queue(request).list_tasks(status=status or None, queue=queue or None, limit=limit)
     except LeaseqError as exc:
         tasks, error = [], str(exc)
     return render("tasks.html", request, s, tasks=[present_task(t, s.principal) for t in tasks],
@@ -280,7 +280,7 @@ def inbox(request: Request, s: Session = Depends(session)) -> HTMLResponse:
     q = _queue(request)
     items = []
     for status in INBOX_STATUSES:
-        for task in q.list(status=status, limit=200):
+        for task in q.list_tasks(status=status, limit=200):
             open_fx = [present_effect(fx, s.principal) for fx in q.effects(task.id) if fx.status == "pending"]
             items.append({"task": present_task(task, s.principal), "open_effects": open_fx})
     return render("inbox.html", request, s, items=items)

@@ -3,8 +3,7 @@
 from __future__ import annotations
 
 import re
-from collections.abc import Awaitable, Callable
-from contextlib import AbstractContextManager
+from contextlib import AbstractAsyncContextManager, AbstractContextManager
 from dataclasses import dataclass
 from functools import cache
 from importlib import resources
@@ -13,7 +12,7 @@ from typing import Any, Protocol
 from ..db.dsn import DEFAULT_DSN, parse_dsn
 from .queries import load_named_queries, load_queries, parse_named_blocks
 
-__all__ = ["DEFAULT_DSN", "JSON_COLUMNS", "JSON_PARAMS", "JsonText", "KeyConflict", "Migration", "Store", "Tx",
+__all__ = ["BackendCapabilities", "DEFAULT_DSN", "JSON_COLUMNS", "JSON_PARAMS", "JsonText", "KeyConflict", "Migration", "Store", "Tx",
            "WorkListener", "load_migrations", "load_named_queries", "load_queries", "open_store", "parse_dsn", "parse_named_blocks"]
 
 #: Parameters that carry JSON documents (encoded by each backend its own way);
@@ -31,6 +30,23 @@ class JsonText(str):
 
 #: Columns that come back as JSON documents.
 JSON_COLUMNS = frozenset({"payload", "result", "detail", "response", "actions"})
+
+
+@dataclass(frozen=True)
+class BackendCapabilities:
+    """What a backend can do, declared once on its class; code asks these, never the dialect's name."""
+
+    #: an asyncio driver: operations are awaited on the event loop itself
+    #: (else an async caller runs them in a thread)
+    native_async: bool
+    #: claim_batch and complete_batch write their own "claimed" and
+    #: "completed" events in the same statement (else the caller writes them
+    #: in the same transaction)
+    writes_own_evidence: bool
+    #: enqueues wake idle workers (LISTEN/NOTIFY); else workers poll
+    listen_notify: bool
+    #: one write transaction at a time: more writer threads only pass the lock around
+    serial_writes: bool
 
 
 @dataclass(frozen=True)
@@ -83,6 +99,7 @@ class Store(Protocol):
 
     dialect: str
     dsn: str
+    capabilities: BackendCapabilities
 
     def transaction(self, *, one_statement: bool = False) -> AbstractContextManager[Tx]:
         """A read-write transaction that commits on success, rolls back on error.
@@ -92,10 +109,9 @@ class Store(Protocol):
         the block must still be correct if the backend ignores the promise.
         """
 
-    #: ``async run_async(query, **params) -> rows``: one statement as its own
-    #: transaction, awaited on the running event loop; None where the backend
-    #: has no asyncio driver (callers then run the sync operation in a thread).
-    run_async: Callable[..., Awaitable[list[dict[str, Any]]]] | None
+    def atransaction(self, *, one_statement: bool = False) -> AbstractAsyncContextManager[Any]:
+        """:meth:`transaction` for asyncio code, whose ``rows`` and ``script`` are awaited.
+        Only where :attr:`capabilities` declares ``native_async``."""
 
     def listener(self, queues: set[str]) -> WorkListener:
         """A waiter woken when work arrives on one of ``queues``."""
@@ -104,7 +120,7 @@ class Store(Protocol):
         """Release every connection."""
 
     async def close_async(self) -> None:
-        """Release the connections :attr:`run_async` opened for the running event loop."""
+        """Release the connections :meth:`atransaction` opened for the running event loop."""
 
 
 def open_store(dsn: str | None = None, **options: Any) -> Store:

@@ -12,7 +12,7 @@ from datetime import datetime, timezone
 from typing import Any
 
 from ..db.sqlite import SqliteConnections
-from .base import JSON_COLUMNS, JSON_PARAMS, JsonText, KeyConflict, load_named_queries
+from .base import JSON_COLUMNS, BackendCapabilities, JSON_PARAMS, JsonText, KeyConflict, load_named_queries
 
 _BOOL_COLUMNS = frozenset({"paused"})
 
@@ -119,7 +119,8 @@ class SqliteStore:
     """
 
     dialect = "sqlite"
-    run_async = None  # no asyncio driver: async callers run the sync operations in threads
+    capabilities = BackendCapabilities(native_async=False, writes_own_evidence=False, listen_notify=False,
+                                       serial_writes=True)
 
     def __init__(self, path: str, *, busy_timeout: float = 30.0):
         self.path = path

@@ -113,8 +113,8 @@ RETURNING t.id, t.claim_generation;
 -- ON CONFLICT: a second enqueue with the same key in the same queue is the
 -- same logical task; nothing comes back and the caller reads the existing
 -- row. The new row is the enqueue's evidence (list_events shows it as the
--- "enqueued" entry). The statement also wakes listening workers at commit
--- (notified), so an enqueue is one round trip.
+-- "enqueued" entry). The statement also wakes listening workers at commit,
+-- so an enqueue is one round trip.
 WITH added AS (
     INSERT INTO leaseq_tasks (queue, kind, payload, effect, priority, available_at,
                               idempotency_key, max_attempts, lease_seconds, actions)
@@ -124,7 +124,7 @@ WITH added AS (
     ON CONFLICT (queue, idempotency_key) DO NOTHING
     RETURNING *
 )
-SELECT a.*, true AS notified
+SELECT a.*
 FROM added a, LATERAL (SELECT pg_notify('leaseq_work', a.queue)) AS woke;
 
 -- name: insert_tasks
@@ -209,7 +209,10 @@ SET status = CASE
     updated_at = now()
 WHERE t.id = ANY(%(task_ids)s::bigint[])
   AND t.status = 'running' AND t.lease_expires_at < now()
-RETURNING t.id, t.status, t.claim_generation, t.open_effects, t.attempts;
+RETURNING t.id, t.status, t.claim_generation, t.open_effects, t.attempts,
+          CASE t.status  -- why, when the task is not simply queued again
+              WHEN 'needs_reconciliation' THEN 'side-effect intent without a response: a retry could repeat it'
+              WHEN 'dead' THEN 'attempts exhausted' END AS reason;
 
 -- name: claim_batch
 -- guard: none -- takes new leases: no lease exists yet to guard
@@ -222,8 +225,8 @@ RETURNING t.id, t.status, t.claim_generation, t.open_effects, t.attempts;
 -- is routing yet exists: the caller routes it first (lock_expired,
 -- route_expired) and claims again without route_first. So a claim with
 -- nothing to route is this one statement, in its own transaction.
--- The statement also writes each claim's "claimed" event (evidence_written),
--- and always returns at least one row: the claimed tasks, or one row with
+-- The statement also writes each claim's "claimed" event (the backend
+-- declares it writes its own evidence), and always returns at least one row: the claimed tasks, or one row with
 -- NULL task columns, each carrying routing_due and worker_ok.
 -- The worker row is read FOR SHARE, which conflicts with revoke_worker's
 -- update of it: a claim and a revocation serialize. Either the claim commits
@@ -282,7 +285,7 @@ WITH worker AS (
                                         'lease_expires_at', c.lease_expires_at) END
     FROM claimed c
 )
-SELECT c.*, true AS evidence_written, f.routing_due, f.worker_ok
+SELECT c.*, f.routing_due, f.worker_ok
 FROM flags f LEFT JOIN claimed c ON true;
 
 -- name: renew_leases
@@ -332,27 +335,15 @@ WHERE t.id = %(task_id)s
   AND t.lease_expires_at >= clock_timestamp()
 FOR SHARE OF t;
 
--- name: complete_task
--- guard: lease
--- plan: generic
-UPDATE leaseq_tasks t
-SET status = 'completed',
-    result = %(result)s::jsonb,
-    lease_owner = NULL,
-    lease_expires_at = NULL,
-    updated_at = now()
-WHERE t.id = %(task_id)s
-  /* TEMPLATE: lease_guard */
-RETURNING t.id, t.claim_generation, t.attempts, t.heartbeat_count, t.last_heartbeat_at, t.longest_heartbeat_gap;
-
 -- name: complete_batch
 -- guard: lease
 -- plan: generic
--- complete_task for many leases of one worker in one statement. Each
+-- The one completion statement: a single completion is a batch of one.
+-- Completes many leases of one worker in one statement. Each
 -- (task, generation) pair is checked by the lease guard, as in renew_leases;
 -- the rows back are the tasks completed, and a pair missing from them had
 -- lost its lease (nothing was written for it). The "completed" events are
--- written by the same statement (evidence_written).
+-- written by the same statement.
 WITH done AS (
     UPDATE leaseq_tasks t
     SET status = 'completed',
@@ -373,7 +364,7 @@ WITH done AS (
                                         'longest_heartbeat_gap', round(d.longest_heartbeat_gap::numeric, 3)) END
     FROM done d
 )
-SELECT d.id, true AS evidence_written FROM done d;  -- the events are written: the ids are all a caller needs
+SELECT d.id FROM done d;  -- the events are written: the ids are all a caller needs
 
 -- name: fail_task
 -- guard: lease
@@ -404,7 +395,16 @@ SET status = CASE
 WHERE t.id = %(task_id)s
   /* TEMPLATE: lease_guard */
 RETURNING t.id, t.status, t.claim_generation, t.attempts, t.max_attempts, t.error_streak, t.available_at,
-          t.heartbeat_count, t.last_heartbeat_at, t.longest_heartbeat_gap;
+          t.heartbeat_count, t.last_heartbeat_at, t.longest_heartbeat_gap,
+          -- why it went where it went, decided here with the status (NULL: queued for a retry)
+          CASE t.status
+              WHEN 'needs_reconciliation' THEN 'failed with a side-effect intent and no recorded response'
+              WHEN 'blocked' THEN 'credential missing or revoked'
+              WHEN 'dead' THEN CASE WHEN NOT %(retry)s THEN 'failure marked permanent'
+                                    WHEN t.attempts >= t.max_attempts
+                                        THEN 'attempts exhausted (' || t.attempts || '/' || t.max_attempts || ')'
+                                    ELSE 'same error ' || t.error_streak || ' times in a row' END
+          END AS reason;
 
 -- name: expire_lease
 -- guard: lease

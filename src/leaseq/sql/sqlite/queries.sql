@@ -18,7 +18,6 @@ AND t.lease_expires_at >= (julianday('now') - 2440587.5) * 86400.0
 
 -- name: migrations_lock
 -- no-op: SQLite runs one writer at a time (BEGIN IMMEDIATE): nothing to lock
-SELECT 1;
 
 -- name: migrations_create
 CREATE TABLE IF NOT EXISTS leaseq_migrations (
@@ -41,8 +40,6 @@ SELECT (julianday('now') - 2440587.5) * 86400.0 AS now;
 
 -- name: notify_work
 -- no-op: SQLite has no notifications; its workers poll
--- Wakes idle workers listening for this queue; delivered at commit.
-SELECT :queue AS queue;  -- SQLite has no notifications: workers poll
 
 -- name: register_worker
 INSERT INTO leaseq_workers (id, name)
@@ -81,14 +78,14 @@ RETURNING id, claim_generation;
 
 -- name: insert_task
 -- The new row is the enqueue's evidence (see list_events); SQLite has no
--- notifications to send (notified is 0).
+-- notifications to send.
 INSERT INTO leaseq_tasks (queue, kind, payload, effect, priority, available_at,
                           idempotency_key, max_attempts, lease_seconds, actions)
 VALUES (:queue, :kind, :payload, :effect, :priority,
         (julianday('now') - 2440587.5) * 86400.0 + :delay,
         :idempotency_key, :max_attempts, :lease_seconds, :actions)
 ON CONFLICT (queue, idempotency_key) DO NOTHING
-RETURNING *, 0 AS notified;
+RETURNING *;
 
 -- name: insert_tasks
 -- See the PostgreSQL file. json_each keeps the document's order.
@@ -155,13 +152,17 @@ SET status = CASE
     updated_at = (julianday('now') - 2440587.5) * 86400.0
 WHERE t.id IN (SELECT value FROM json_each(:task_ids))
   AND t.status = 'running' AND t.lease_expires_at < (julianday('now') - 2440587.5) * 86400.0
-RETURNING id, status, claim_generation, open_effects, attempts;
+RETURNING id, status, claim_generation, open_effects, attempts,
+          CASE status  -- why, when the task is not simply queued again
+              WHEN 'needs_reconciliation' THEN 'side-effect intent without a response: a retry could repeat it'
+              WHEN 'dead' THEN 'attempts exhausted' END AS reason;
 
 -- name: claim_batch
 -- guard: none -- takes new leases: no lease exists yet to guard
+-- unused: compact -- the caller writes the "claimed" events (no data-modifying CTEs in SQLite)
 -- See the PostgreSQL file. SQLite has no data-modifying CTEs, so the caller
--- writes the "claimed" events in the same transaction (evidence_written is
--- 0, and :compact is only echoed); nothing comes back when nothing was
+-- writes the "claimed" events in the same transaction (the backend declares
+-- it does not write its own evidence); nothing comes back when nothing was
 -- claimed, and the caller then takes the slow path.
 UPDATE leaseq_tasks AS t
 SET status = 'running',
@@ -188,7 +189,7 @@ WHERE t.id IN (
           WHERE e.status = 'running' AND e.lease_expires_at < (julianday('now') - 2440587.5) * 86400.0))
     ORDER BY priority DESC, available_at, id
     LIMIT :limit)
-RETURNING *, 0 AS evidence_written, NULL AS routing_due, NULL AS worker_ok, :compact AS compact;
+RETURNING *;
 
 -- name: renew_leases
 -- guard: lease
@@ -224,23 +225,11 @@ WHERE t.id = :task_id
   AND t.claim_generation = :generation
   AND t.lease_expires_at >= (julianday('now') - 2440587.5) * 86400.0;
 
--- name: complete_task
--- guard: lease
-UPDATE leaseq_tasks AS t
-SET status = 'completed',
-    result = :result,
-    lease_owner = NULL,
-    lease_expires_at = NULL,
-    updated_at = (julianday('now') - 2440587.5) * 86400.0
-WHERE t.id = :task_id
-  /* TEMPLATE: lease_guard */
-RETURNING id, claim_generation, attempts, heartbeat_count, last_heartbeat_at, longest_heartbeat_gap;
-
 -- name: complete_batch
 -- guard: lease
+-- unused: compact -- the caller writes the "completed" events (no data-modifying CTEs in SQLite)
 -- See the PostgreSQL file: the guard checks each (task, generation) pair.
--- The caller writes the "completed" events (evidence_written is 0, :compact
--- is echoed), as SQLite has no data-modifying CTEs.
+-- The caller writes the "completed" events, as SQLite has no data-modifying CTEs.
 UPDATE leaseq_tasks AS t
 SET status = 'completed',
     result = c.result,
@@ -252,8 +241,7 @@ FROM (SELECT i.value ->> '$.task_id' AS task_id, i.value ->> '$.generation' AS g
       FROM json_each(:items) AS i) AS c
 WHERE t.id = c.task_id
   /* TEMPLATE: lease_guard(c.generation) */
-RETURNING id, claim_generation, attempts, heartbeat_count, last_heartbeat_at, longest_heartbeat_gap,
-          0 AS evidence_written, :compact AS compact;
+RETURNING id, claim_generation, attempts, heartbeat_count, last_heartbeat_at, longest_heartbeat_gap;
 
 -- name: fail_task
 -- guard: lease
@@ -276,7 +264,16 @@ SET status = CASE
 WHERE t.id = :task_id
   /* TEMPLATE: lease_guard */
 RETURNING id, status, claim_generation, attempts, max_attempts, error_streak, available_at,
-          heartbeat_count, last_heartbeat_at, longest_heartbeat_gap;
+          heartbeat_count, last_heartbeat_at, longest_heartbeat_gap,
+          -- why it went where it went, decided here with the status (NULL: queued for a retry)
+          CASE status
+              WHEN 'needs_reconciliation' THEN 'failed with a side-effect intent and no recorded response'
+              WHEN 'blocked' THEN 'credential missing or revoked'
+              WHEN 'dead' THEN CASE WHEN NOT :retry THEN 'failure marked permanent'
+                                    WHEN attempts >= max_attempts
+                                        THEN 'attempts exhausted (' || attempts || '/' || max_attempts || ')'
+                                    ELSE 'same error ' || error_streak || ' times in a row' END
+          END AS reason;
 
 -- name: expire_lease
 -- guard: lease
