@@ -1,29 +1,24 @@
-"""AsyncQueue: the same operations for asyncio applications.
+"""AsyncQueue: the queue's operations for asyncio applications.
 
-Each coroutine runs the synchronous operation of :class:`leaseq.queue.Queue`
-in a worker thread, so the lease logic exists once. Database calls are short
-and bounded; the pool (PostgreSQL) or per-thread connections (SQLite) let
-many of them run at once without blocking the event loop. The two calls a
-busy worker makes most, ``claim`` and ``complete_many``, are the Queue's own
-coroutines (:meth:`Queue.aclaim`, :meth:`Queue.acomplete_many`): on
-PostgreSQL they await the same statements on the event loop itself.
+Each method drives the same operation as its :class:`leaseq.Queue` method
+(written once in :mod:`leaseq.engine`), with the same signature, awaited:
+on PostgreSQL on the event loop itself (psycopg's asyncio connections), on
+SQLite in a thread, as sqlite3 has no asyncio form.
+tests/conformance/test_async.py checks that every method's signature matches.
 """
 
 from __future__ import annotations
 
 import asyncio
-import functools
+from collections.abc import Iterable, Sequence
+from datetime import datetime
 from typing import Any
 
+from . import engine
+from .core import checks
+from .core.model import Claim, Effect, Event, Task, Worker
+from .engine.steps import Op, T
 from .queue import Queue, connect
-
-#: The Queue methods offered as coroutines.
-OPERATIONS = (
-    "migrate", "schema_version", "register_worker", "revoke_worker", "workers", "enqueue",
-    "heartbeat", "renew_leases", "complete", "fail", "release", "sweep", "begin_effect", "finish_effect",
-    "effects", "cancel", "reconcile", "unblock", "requeue", "pause", "resume", "queues", "get", "list",
-    "events", "stats", "now", "enqueue_many", "report_loss", "prune",
-)
 
 
 class AsyncQueue:
@@ -31,6 +26,10 @@ class AsyncQueue:
 
     def __init__(self, queue: Queue):
         self.sync = queue
+        self.settings = queue.settings
+
+    async def _arun(self, op: Op[T]) -> T:
+        return await engine.adrive(self.sync.store, op)
 
     @property
     def dialect(self) -> str:
@@ -43,33 +42,176 @@ class AsyncQueue:
     async def __aexit__(self, *exc: object) -> None:
         await self.close()
 
-    async def claim(self, worker: Any, *, queue: str = "default", limit: int = 1,
-                    lease_seconds: float | None = None, kinds: Any = None) -> list[Any]:
-        """:meth:`Queue.claim`, awaited on the loop where the backend can."""
-        return await self.sync.aclaim(worker, queue=queue, limit=limit, lease_seconds=lease_seconds, kinds=kinds)
-
-    async def complete_many(self, worker: Any, done: Any) -> set[int]:
-        """:meth:`Queue.complete_many`, awaited on the loop where the backend can."""
-        return await self.sync.acomplete_many(worker, done)
-
     async def close(self) -> None:
         """Close every connection, the event loop's own included."""
         await self.sync.close_async()
         await asyncio.to_thread(self.sync.close)
 
+    async def migrate(self) -> list[int]:
+        """:meth:`Queue.migrate`, awaited."""
+        return await self._arun(engine.schema.migrate(self.settings, self.dialect))
 
-def _coroutine(name: str) -> Any:
-    method = getattr(Queue, name)
+    async def schema_version(self) -> int:
+        """:meth:`Queue.schema_version`, awaited."""
+        return await self._arun(engine.schema.schema_version(self.settings))
 
-    @functools.wraps(method)
-    async def call(self: AsyncQueue, *args: Any, **kwargs: Any) -> Any:
-        return await asyncio.to_thread(getattr(self.sync, name), *args, **kwargs)
+    async def register_worker(self, name: str = "worker", *, token_id: str | None = None) -> Worker:
+        """:meth:`Queue.register_worker`, awaited."""
+        return await self._arun(engine.operator.register_worker(self.settings, name, token_id=token_id))
 
-    return call
+    async def revoke_worker(self, worker: Worker | str, *, by: str | None = None,
+                            via: str | None = None) -> dict[str, Any]:
+        """:meth:`Queue.revoke_worker`, awaited."""
+        return await self._arun(engine.operator.revoke_worker(self.settings, worker, by=by, via=via))
+
+    async def workers(self) -> list[dict[str, Any]]:
+        """:meth:`Queue.workers`, awaited."""
+        return await self._arun(engine.reads.workers(self.settings))
+
+    async def enqueue(self, kind: str, payload: Any = None, *, effect: str = "read_only", queue: str = "default",
+                      idempotency_key: str | None = None, priority: int = 0, delay: float = 0,
+                      max_attempts: int = 5, lease_seconds: float = checks.DEFAULT_LEASE_SECONDS,
+                      actions: Iterable[str] | None = None) -> Task:
+        """:meth:`Queue.enqueue`, awaited."""
+        return await self._arun(engine.enqueue.enqueue(self.settings, kind, payload, effect=effect, queue=queue,
+                                                       idempotency_key=idempotency_key, priority=priority,
+                                                       delay=delay, max_attempts=max_attempts,
+                                                       lease_seconds=lease_seconds, actions=actions))
+
+    async def enqueue_many(self, kind: str, payloads: Iterable[Any], *, effect: str = "read_only",
+                           queue: str = "default", idempotency_keys: Sequence[str | None] | None = None,
+                           priority: int = 0, delay: float = 0, max_attempts: int = 5,
+                           lease_seconds: float = checks.DEFAULT_LEASE_SECONDS,
+                           actions: Iterable[str] | None = None) -> list[int]:
+        """:meth:`Queue.enqueue_many`, awaited."""
+        return await self._arun(engine.enqueue.enqueue_many(self.settings, kind, payloads, effect=effect,
+                                                            queue=queue, idempotency_keys=idempotency_keys,
+                                                            priority=priority, delay=delay,
+                                                            max_attempts=max_attempts, lease_seconds=lease_seconds,
+                                                            actions=actions))
+
+    async def claim(self, worker: Worker | str, *, queue: str = "default", limit: int = 1,
+                    lease_seconds: float | None = None, kinds: Iterable[str] | None = None) -> list[Claim]:
+        """:meth:`Queue.claim`, awaited."""
+        return await self._arun(engine.leases.claim(self.settings, worker, queue=queue, limit=limit,
+                                                    lease_seconds=lease_seconds, kinds=kinds))
+
+    async def heartbeat(self, worker: Worker | str, claim: Claim) -> datetime:
+        """:meth:`Queue.heartbeat`, awaited."""
+        return await self._arun(engine.leases.heartbeat(self.settings, worker, claim))
+
+    async def renew_leases(self, worker: Worker | str, claims: list[Claim]) -> dict[int, datetime]:
+        """:meth:`Queue.renew_leases`, awaited."""
+        return await self._arun(engine.leases.renew_leases(self.settings, worker, claims))
+
+    async def complete(self, worker: Worker | str, claim: Claim, result: Any = None) -> None:
+        """:meth:`Queue.complete`, awaited."""
+        return await self._arun(engine.leases.complete(self.settings, worker, claim, result))
+
+    async def complete_many(self, worker: Worker | str, done: Sequence[tuple[Claim, Any]]) -> set[int]:
+        """:meth:`Queue.complete_many`, awaited."""
+        return await self._arun(engine.leases.complete_many(self.settings, worker, done))
+
+    async def fail(self, worker: Worker | str, claim: Claim, error: str, *, retry: bool = True,
+                   block: bool = False, delay: float | None = None) -> Task:
+        """:meth:`Queue.fail`, awaited."""
+        return await self._arun(engine.leases.fail(self.settings, worker, claim, error, retry=retry, block=block,
+                                                   delay=delay))
+
+    async def release(self, worker: Worker | str, claim: Claim, reason: str = "released") -> Task:
+        """:meth:`Queue.release`, awaited."""
+        return await self._arun(engine.leases.release(self.settings, worker, claim, reason))
+
+    async def report_loss(self, worker: Worker | str, claim: Claim, reason: str) -> None:
+        """:meth:`Queue.report_loss`, awaited."""
+        return await self._arun(engine.leases.report_loss(self.settings, worker, claim, reason))
+
+    async def sweep(self) -> int:
+        """:meth:`Queue.sweep`, awaited."""
+        return await self._arun(engine.leases.sweep(self.settings))
+
+    async def begin_effect(self, worker: Worker | str, claim: Claim, action: str, key: str | None = None, *,
+                           resource: str | None = None) -> Effect:
+        """:meth:`Queue.begin_effect`, awaited."""
+        return await self._arun(engine.effects.begin_effect(self.settings, worker, claim, action, key,
+                                                            resource=resource))
+
+    async def finish_effect(self, worker: Worker | str, claim: Claim, effect: Effect, response: Any = None) -> Effect:
+        """:meth:`Queue.finish_effect`, awaited."""
+        return await self._arun(engine.effects.finish_effect(self.settings, worker, claim, effect, response))
+
+    async def effects(self, task_id: int) -> list[Effect]:
+        """:meth:`Queue.effects`, awaited."""
+        return await self._arun(engine.effects.effects(self.settings, task_id))
+
+    async def cancel(self, task_id: int, reason: str = "cancelled", *, by: str | None = None,
+                     via: str | None = None) -> Task:
+        """:meth:`Queue.cancel`, awaited."""
+        return await self._arun(engine.operator.cancel(self.settings, task_id, reason, by=by, via=via))
+
+    async def reconcile(self, task_id: int, outcome: str, note: str, *, result: Any = None, by: str | None = None,
+                        via: str | None = None) -> Task:
+        """:meth:`Queue.reconcile`, awaited."""
+        return await self._arun(engine.operator.reconcile(self.settings, task_id, outcome, note, result=result,
+                                                          by=by, via=via))
+
+    async def unblock(self, task_id: int, note: str, *, by: str | None = None, via: str | None = None) -> Task:
+        """:meth:`Queue.unblock`, awaited."""
+        return await self._arun(engine.operator.unblock(self.settings, task_id, note, by=by, via=via))
+
+    async def requeue(self, task_id: int, note: str = "requeued by operator", *, by: str | None = None,
+                      via: str | None = None) -> Task:
+        """:meth:`Queue.requeue`, awaited."""
+        return await self._arun(engine.operator.requeue(self.settings, task_id, note, by=by, via=via))
+
+    async def pause(self, queue: str, *, by: str | None = None, via: str | None = None) -> dict[str, Any]:
+        """:meth:`Queue.pause`, awaited."""
+        return await self._arun(engine.operator.set_paused(self.settings, queue, True, by=by, via=via))
+
+    async def resume(self, queue: str, *, by: str | None = None, via: str | None = None) -> dict[str, Any]:
+        """:meth:`Queue.resume`, awaited."""
+        return await self._arun(engine.operator.set_paused(self.settings, queue, False, by=by, via=via))
+
+    async def queues(self) -> list[dict[str, Any]]:
+        """:meth:`Queue.queues`, awaited."""
+        return await self._arun(engine.reads.queues(self.settings))
+
+    async def get(self, task_id: int) -> Task:
+        """:meth:`Queue.get`, awaited."""
+        return await self._arun(engine.reads.get(self.settings, task_id))
+
+    async def list_tasks(self, *, status: str | None = None, queue: str | None = None, limit: int = 100) -> list[Task]:
+        """:meth:`Queue.list_tasks`, awaited."""
+        return await self._arun(engine.reads.list_tasks(self.settings, status=status, queue=queue, limit=limit))
+
+    async def events(self, task_id: int) -> list[Event]:
+        """:meth:`Queue.events`, awaited."""
+        return await self._arun(engine.reads.events(self.settings, task_id))
+
+    async def stats(self) -> list[dict[str, Any]]:
+        """:meth:`Queue.stats`, awaited."""
+        return await self._arun(engine.reads.stats(self.settings))
+
+    async def now(self) -> datetime:
+        """:meth:`Queue.now`, awaited."""
+        return await self._arun(engine.reads.now(self.settings))
+
+    async def prune(self, older_than_seconds: float, *, payloads_older_than_seconds: float | None = None,
+                    batch: int = 1000, by: str | None = None, via: str | None = None,
+                    record_empty: bool = True) -> dict[str, int]:
+        """:meth:`Queue.prune`, awaited."""
+        return await self._arun(engine.schema.prune(self.settings, older_than_seconds,
+                                                    payloads_older_than_seconds=payloads_older_than_seconds,
+                                                    batch=batch, by=by, via=via, record_empty=record_empty))
 
 
-for _name in OPERATIONS:
-    setattr(AsyncQueue, _name, _coroutine(_name))
+    async def list(self, *, status: str | None = None, queue: str | None = None, limit: int = 100) -> list[Task]:
+        """Deprecated name of :meth:`list_tasks`."""
+        import warnings
+
+        warnings.warn("AsyncQueue.list() is deprecated; use AsyncQueue.list_tasks()", DeprecationWarning,
+                      stacklevel=2)
+        return await self.list_tasks(status=status, queue=queue, limit=limit)
 
 
 async def connect_async(dsn: str | None = None, **options: Any) -> AsyncQueue:

@@ -1,8 +1,9 @@
 """The checker can fail: with a lease guard removed, a short chaos run finds the violation.
 
 The package is copied into a scratch folder, the generation check is removed
-from ``complete_task`` in the copy's queries.sql (the real file is never
-touched), and `leaseq chaos` runs with the copy first on PYTHONPATH, for
+from ``complete_batch`` (the one completion statement) in the copy's
+queries.sql, by passing the lease guard template the row's own generation
+(the real file is never touched), and `leaseq chaos` runs with the copy first on PYTHONPATH, for
 both the harness and its worker processes. The stale-writer probe then
 completes a task with a superseded claim of the same worker, the database
 accepts it, and the checker must say so and exit non-zero.
@@ -20,25 +21,25 @@ import leaseq
 from .support import describe, need_pg_binaries, recheck_cli, run_chaos_cli
 
 pytestmark = pytest.mark.timeout(180)
-GENERATION_CHECK = {"sqlite": "AND t.claim_generation = :generation",
-                    "postgres": "AND t.claim_generation = %(generation)s"}
+#: complete_batch's use of the guard template, and the same use with the generation check made a tautology
+GUARD_USE = "/* TEMPLATE: lease_guard(c.generation) */"
+NO_GENERATION_CHECK = "/* TEMPLATE: lease_guard(t.claim_generation) */"
 
 
 def scratch_copy_without_generation_check(root: Path) -> Path:
-    """A copy of the leaseq package whose complete_task ignores the claim generation."""
+    """A copy of the leaseq package whose complete_batch ignores the claim generation."""
     source = Path(leaseq.__file__).parent
     target = root / "leaseq"
     shutil.copytree(source, target, ignore=shutil.ignore_patterns("__pycache__"))
-    for dialect, line in GENERATION_CHECK.items():
+    for dialect in ("sqlite", "postgres"):
         path = target / "sql" / dialect / "queries.sql"
         text = path.read_text()
-        start = text.index("-- name: complete_task\n")
+        start = text.index("-- name: complete_batch\n")
         end = text.index("-- name: ", start + 1)
         block = text[start:end]
-        assert block.count(line) == 1, f"{dialect} complete_task no longer has exactly one generation check"
-        cut = "\n".join(row for row in block.split("\n") if row.strip() != line)
-        path.write_text(text[:start] + cut + text[end:])
-        assert (source / "sql" / dialect / "queries.sql").read_text().count(line) >= 1  # the real file is intact
+        assert block.count(GUARD_USE) == 1, f"{dialect} complete_batch no longer expands the guard once"
+        path.write_text(text[:start] + block.replace(GUARD_USE, NO_GENERATION_CHECK) + text[end:])
+        assert (source / "sql" / dialect / "queries.sql").read_text().count(GUARD_USE) >= 1  # the real file is intact
     return root
 
 

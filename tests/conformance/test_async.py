@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import inspect
 from collections import Counter
 
 import pytest
@@ -159,3 +160,32 @@ def test_one_queue_serves_one_event_loop_after_another(dsn: str) -> None:
         assert [q.get(i).status for i in ids] == ["completed"] * 3
     finally:
         q.close()
+
+
+def _public(cls: type) -> dict[str, object]:
+    return {name: getattr(cls, name) for name in dir(cls)
+            if not name.startswith("_") and inspect.isfunction(getattr(cls, name))}
+
+
+def test_every_async_method_has_its_queue_methods_typed_signature() -> None:
+    """AsyncQueue and Queue offer the same operations with the same parameters,
+    defaults and annotations (AsyncQueue's are coroutines): one is never
+    extended without the other."""
+    sync, coros = _public(leaseq.Queue), _public(leaseq.AsyncQueue)
+    # the worker runtime's awaited calls and the blocking helpers have no async twin by design
+    sync_only = {"aclaim", "acomplete_many", "close_async", "end_worker_leases", "hold_attempt", "listener"}
+    assert set(coros) - {"close"} == set(sync) - sync_only - {"close"}
+    for name, coro in coros.items():
+        assert inspect.iscoroutinefunction(coro), name
+        if name == "close":
+            continue
+        got, want = inspect.signature(coro), inspect.signature(sync[name])
+        assert got == want, f"AsyncQueue.{name}{got} != Queue.{name}{want}"
+        assert got.return_annotation == want.return_annotation != inspect.Signature.empty, name
+
+
+def test_the_signature_check_notices_a_difference() -> None:
+    class Bad:
+        async def claim(self, worker, *, queue: str = "other") -> list:  # noqa: ANN001
+            ...
+    assert inspect.signature(Bad.claim) != inspect.signature(leaseq.Queue.claim)

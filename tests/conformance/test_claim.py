@@ -86,7 +86,7 @@ def test_processes_with_their_own_connections_never_claim_the_same_task(q: lease
     assert Counter(every).most_common(1)[0][1] == 1, "a task was claimed twice"
     assert set(every) == ids
     assert sum(1 for part in got if part) >= 2, "the processes did not overlap at all"
-    assert {t.status for t in q.list(limit=500)} == {"running"}
+    assert {t.status for t in q.list_tasks(limit=500)} == {"running"}
 
 
 def test_batch_claim_respects_limit_then_priority(q: leaseq.Queue) -> None:

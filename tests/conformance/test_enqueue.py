@@ -36,11 +36,11 @@ def test_same_key_in_the_same_queue_returns_the_existing_task(q: leaseq.Queue) -
     first = q.enqueue("email", {"to": "x@example.com"}, idempotency_key="welcome-42")
     again = q.enqueue("email", {"to": "changed@example.com"}, idempotency_key="welcome-42", priority=9)
     assert again.id == first.id and again.payload == {"to": "x@example.com"} and again.priority == 0
-    assert len(q.list()) == 1
+    assert len(q.list_tasks()) == 1
     assert [e.type for e in q.events(first.id)] == ["enqueued"]
     elsewhere = q.enqueue("email", {"to": "x@example.com"}, idempotency_key="welcome-42", queue="other")
     assert elsewhere.id != first.id and elsewhere.queue == "other"
-    assert len(q.list()) == 2
+    assert len(q.list_tasks()) == 2
 
 
 def test_dedupe_holds_after_the_task_has_run(q: leaseq.Queue) -> None:
@@ -57,7 +57,7 @@ def test_sql_text_in_values_is_stored_verbatim(q: leaseq.Queue) -> None:
     t = q.enqueue(nasty, {"q": nasty}, idempotency_key=nasty)
     got = q.get(t.id)
     assert (got.kind, got.payload, got.idempotency_key) == (nasty, {"q": nasty}, nasty)
-    assert len(q.list()) == 1
+    assert len(q.list_tasks()) == 1
 
 
 BAD_ENQUEUE: list[tuple[dict[str, Any], str]] = [
@@ -114,9 +114,9 @@ def test_payload_at_the_limit_is_accepted(q: leaseq.Queue) -> None:
 
 def test_unknown_status_filter(q: leaseq.Queue) -> None:
     with pytest.raises(leaseq.InvalidInput) as info:
-        q.list(status="finished")
+        q.list_tasks(status="finished")
     assert info.value.field == "status"
-    assert q.list(status="queued") == []
+    assert q.list_tasks(status="queued") == []
 
 
 MISSING = 10**9
@@ -234,7 +234,7 @@ def test_concurrent_enqueues_with_one_key_make_one_task(q: leaseq.Queue) -> None
         th.join(timeout=30)
     assert not errors
     assert len(got) == 4 and len(set(got)) == 1
-    assert len(q.list()) == 1 and len(q.events(got[0])) == 1
+    assert len(q.list_tasks()) == 1 and len(q.events(got[0])) == 1
 
 
 def test_a_generated_key_meeting_a_stored_one_never_swallows_a_payload(q: leaseq.Queue, monkeypatch) -> None:
@@ -242,14 +242,14 @@ def test_a_generated_key_meeting_a_stored_one_never_swallows_a_payload(q: leaseq
     generated key ever met a stored one, the batch is written again under new
     keys: every payload becomes its own task, and the stored task is untouched."""
     stored = q.enqueue("job", {"old": True}, idempotency_key="f" * 32)
-    real = leaseq.queue._fresh_keys
+    real = leaseq.engine.enqueue.fresh_keys
     calls = []
 
     def colliding(n: int) -> list[str]:
         calls.append(n)
         return ["f" * 32] + real(n - 1) if len(calls) == 1 else real(n)
 
-    monkeypatch.setattr(leaseq.queue, "_fresh_keys", colliding)
+    monkeypatch.setattr(leaseq.engine.enqueue, "fresh_keys", colliding)
     ids = q.enqueue_many("job", [{"new": 1}, {"new": 2}])
     assert len(calls) == 2 and stored.id not in ids and len(set(ids)) == 2
     assert [q.get(i).payload for i in ids] == [{"new": 1}, {"new": 2}]

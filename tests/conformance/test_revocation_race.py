@@ -73,7 +73,7 @@ def _revoke(dsn: str, wid: str, start: threading.Event, delay: float, errors: li
 
 def _live_leases(q: leaseq.Queue, wid: str) -> list[int]:
     now = q.now()
-    return [t.id for t in q.list(status="running", limit=1000)
+    return [t.id for t in q.list_tasks(status="running", limit=1000)
             if t.lease_owner == wid and t.lease_expires_at is not None and t.lease_expires_at >= now]
 
 
@@ -134,7 +134,7 @@ def test_a_claim_racing_revoke_worker_leaves_no_live_lease(q: leaseq.Queue, dsn:
                               f"but has no lease_revoked event")
         # leave nothing queued for the next trial's worker to race over
         q.sweep()
-        for t in q.list(status="queued", limit=1000):
+        for t in q.list_tasks(status="queued", limit=1000):
             q.cancel(t.id, "trial over")
     trials = {line.split(":")[0] for line in leaked}
     assert leaked == [], f"{len(trials)} of {TRIALS} trials explained by no serial order"
@@ -148,4 +148,4 @@ def test_a_revoked_worker_claims_nothing(q: leaseq.Queue) -> None:
     q.revoke_worker(w)
     with pytest.raises(UnknownWorker):
         q.claim(w)
-    assert q.list(status="queued")[0].attempts == 0
+    assert q.list_tasks(status="queued")[0].attempts == 0

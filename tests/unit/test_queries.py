@@ -1,8 +1,11 @@
 """The named queries, read as text (no database).
 
 Both dialects must define the same names with the same parameters, and every
-write made on the strength of a lease must carry the lease guard documented
-at the top of each queries.sql. Deleting a guard line fails this file.
+write made on the strength of a lease must carry the lease guard, defined once
+per dialect as the ``lease_guard`` template of each queries.sql. Which queries
+are lease-backed is said in the file itself (``-- guard: lease``, or
+``-- guard: none -- <reason>`` for a query that takes a worker id without being
+lease-backed): there is no list here to forget to update.
 """
 
 from __future__ import annotations
@@ -14,29 +17,31 @@ from pathlib import Path
 import pytest
 
 from leaseq.store.base import load_queries
+from leaseq.store.queries import LEASE_GUARD, NamedQuery, load_named_queries, load_templates, parse_queries_file
 
 DIALECTS = ("postgres", "sqlite")
 
-#: The lease guard, line for line, per dialect (as each file's header documents it).
+#: What the lease guard template must say, line for line, per dialect: the
+#: template is the single source, and this pins what it holds.
 GUARD = {
     "postgres": [
         "AND t.status = 'running'",
         "AND t.lease_owner = %(worker_id)s",
-        "AND t.claim_generation = %(generation)s",
+        "AND t.claim_generation = {generation}",
         "AND t.lease_expires_at >= now()",
     ],
     "sqlite": [
         "AND t.status = 'running'",
         "AND t.lease_owner = :worker_id",
-        "AND t.claim_generation = :generation",
+        "AND t.claim_generation = {generation}",
         "AND t.lease_expires_at >= (julianday('now') - 2440587.5) * 86400.0",
     ],
 }
-#: renew_leases checks many (task, generation) pairs at once, joined as ``c``.
-RENEW_GENERATION = "AND t.claim_generation = c.generation"
+DEFAULT_GENERATION = {"postgres": "%(generation)s", "sqlite": ":generation"}
+#: A batch statement checks many (task, generation) pairs at once, joined as ``c``.
+BATCH_GENERATION = "c.generation"
+WORKER_PARAM = "worker_id"
 
-#: Queries that write (or lock for a write) on the strength of a lease.
-LEASE_WRITES = ("renew_leases", "complete_batch", "lock_lease", "complete_task", "fail_task", "expire_lease")
 #: The only queries allowed to set a deadline that is not NULL.
 DEADLINE_WRITERS = {"claim_batch", "renew_leases", "expire_lease", "end_worker_leases"}
 
@@ -62,18 +67,40 @@ def _lines(sql: str) -> list[str]:
     return out
 
 
-def guard_lines(dialect: str, name: str) -> list[str]:
-    """The guard lines query ``name`` must contain."""
-    lines = list(GUARD[dialect])
-    if name in ("renew_leases", "complete_batch"):
-        lines[2] = RENEW_GENERATION
-    return lines
+def guard_lines(dialect: str, query: NamedQuery) -> list[str]:
+    """The guard lines ``query`` must contain, with the generation its template use names."""
+    args = [arg for name, arg in query.templates if name == LEASE_GUARD]
+    generation = (args[0] if args and args[0] else DEFAULT_GENERATION[dialect]).strip()
+    return [line.replace("{generation}", generation) for line in GUARD[dialect]]
 
 
-def missing_guards(dialect: str, name: str, sql: str) -> list[str]:
-    """Guard lines absent from ``sql`` (empty when the query is guarded)."""
-    present = set(_lines(sql))
-    return [g for g in guard_lines(dialect, name) if g not in present]
+def missing_guards(dialect: str, query: NamedQuery, sql: str | None = None) -> list[str]:
+    """Guard lines absent from the expanded ``sql`` (default: the query's own); empty when guarded."""
+    present = set(_lines(query.sql if sql is None else sql))
+    return [g for g in guard_lines(dialect, query) if g not in present]
+
+
+def lint(dialect: str, queries: dict[str, NamedQuery]) -> list[str]:
+    """Every lease-rule defect of a dialect's queries, as messages (empty: clean).
+
+    - a query taking a worker id must say whether it is lease-backed;
+    - a ``guard: lease`` query must expand the guard template, and its
+      expanded text must hold every line of the guard.
+    """
+    problems = []
+    for name, query in sorted(queries.items()):
+        if query.noop:
+            continue
+        takes_worker = WORKER_PARAM in params(dialect, query.sql)
+        if takes_worker and query.guard is None:
+            problems.append(f"{dialect}/{name}: takes a worker id but is annotated neither "
+                            "'-- guard: lease' nor '-- guard: none -- <reason>'")
+        if query.lease_guarded:
+            if LEASE_GUARD not in {t for t, _ in query.templates}:
+                problems.append(f"{dialect}/{name}: guard: lease, but does not expand /* TEMPLATE: {LEASE_GUARD} */")
+            for line in missing_guards(dialect, query):
+                problems.append(f"{dialect}/{name}: guard: lease, but lacks {line!r}")
+    return problems
 
 
 def params(dialect: str, sql: str) -> set[str]:
@@ -82,11 +109,74 @@ def params(dialect: str, sql: str) -> set[str]:
 
 
 @pytest.mark.parametrize("dialect", DIALECTS)
-def test_header_documents_the_guard(dialect: str) -> None:
-    header = re.split(r"^-- name:", _text(dialect), maxsplit=1, flags=re.MULTILINE)[0]
-    documented = [" ".join(line.lstrip("-").split()) for line in header.splitlines()
-                  if re.match(r"^--\s+AND t\.", line)]
-    assert documented == GUARD[dialect]
+def test_the_guard_template_says_what_the_guard_is(dialect: str) -> None:
+    template = load_templates(dialect)[LEASE_GUARD]
+    assert template.param == "generation" and template.default == DEFAULT_GENERATION[dialect]
+    assert [" ".join(line.split()) for line in template.body.splitlines()] == GUARD[dialect]
+
+
+@pytest.mark.parametrize("dialect", DIALECTS)
+def test_every_query_taking_a_worker_id_is_annotated_and_guarded_ones_carry_the_guard(dialect: str) -> None:
+    assert lint(dialect, load_named_queries(dialect)) == []
+
+
+@pytest.mark.parametrize("dialect", DIALECTS)
+def test_lease_backed_queries_are_found_by_annotation(dialect: str) -> None:
+    """The guard annotations name the lease-backed writes (the set is read from the file, not kept here)."""
+    guarded = {name for name, q in load_named_queries(dialect).items() if q.lease_guarded}
+    assert {"renew_leases", "complete_batch", "fail_task", "lock_lease", "expire_lease"} <= guarded
+    assert guarded == {name for name, q in load_named_queries("postgres").items() if q.lease_guarded}
+
+
+@pytest.mark.parametrize("dialect", DIALECTS)
+def test_guard_none_always_gives_a_reason(dialect: str) -> None:
+    for name, q in load_named_queries(dialect).items():
+        if q.guard == "none":
+            assert len(q.guard_reason) > 10, name
+
+
+_HEADER = {
+    "postgres": "-- template: lease_guard(generation=%(generation)s)\n"
+                "AND t.status = 'running'\nAND t.lease_owner = %(worker_id)s\n"
+                "AND t.claim_generation = {generation}\nAND t.lease_expires_at >= now()\n\n",
+    "sqlite": "-- template: lease_guard(generation=:generation)\n"
+              "AND t.status = 'running'\nAND t.lease_owner = :worker_id\n"
+              "AND t.claim_generation = {generation}\n"
+              "AND t.lease_expires_at >= (julianday('now') - 2440587.5) * 86400.0\n\n",
+}
+_W = {"postgres": "%(worker_id)s", "sqlite": ":worker_id"}
+_T = {"postgres": "%(task_id)s", "sqlite": ":task_id"}
+
+
+@pytest.mark.parametrize("dialect", DIALECTS)
+def test_the_lint_fails_a_new_unannotated_query_taking_a_worker_id(dialect: str) -> None:
+    text = _HEADER[dialect] + (f"-- name: steal_task\nUPDATE leaseq_tasks t SET result = NULL\n"
+                               f"WHERE t.id = {_T[dialect]} AND t.lease_owner = {_W[dialect]};\n")
+    [problem] = lint(dialect, parse_queries_file(text, "synthetic")[1])
+    assert "steal_task: takes a worker id" in problem
+
+
+@pytest.mark.parametrize("dialect", DIALECTS)
+def test_the_lint_fails_a_guarded_query_without_the_guard(dialect: str) -> None:
+    text = _HEADER[dialect] + (f"-- name: steal_task\n-- guard: lease\nUPDATE leaseq_tasks t SET result = NULL\n"
+                               f"WHERE t.id = {_T[dialect]}\n  AND t.lease_owner = {_W[dialect]};\n")
+    problems = lint(dialect, parse_queries_file(text, "synthetic")[1])
+    assert any("does not expand" in p for p in problems), problems
+    assert sum("lacks" in p for p in problems) == 3, problems  # only the owner line is there
+
+
+@pytest.mark.parametrize("dialect", DIALECTS)
+def test_the_lint_passes_the_same_query_once_it_expands_the_guard(dialect: str) -> None:
+    text = _HEADER[dialect] + (f"-- name: steal_task\n-- guard: lease\nUPDATE leaseq_tasks t SET result = NULL\n"
+                               f"WHERE t.id = {_T[dialect]}\n  /* TEMPLATE: lease_guard */;\n")
+    queries = parse_queries_file(text, "synthetic")[1]
+    assert lint(dialect, queries) == []
+    assert queries["steal_task"].sql.rstrip().endswith("86400.0;" if dialect == "sqlite" else "now();")
+
+
+def test_a_guard_annotation_without_a_reason_is_refused() -> None:
+    with pytest.raises(RuntimeError, match="needs a reason"):
+        parse_queries_file(_HEADER["sqlite"] + "-- name: q\n-- guard: none\nSELECT :worker_id;\n", "synthetic")
 
 
 def test_both_dialects_define_the_same_queries() -> None:
@@ -97,27 +187,27 @@ def test_both_dialects_define_the_same_queries() -> None:
 
 @pytest.mark.parametrize("name", sorted(load_queries("postgres")))
 def test_each_query_takes_the_same_parameters_in_both_dialects(name: str) -> None:
-    sl = load_queries("sqlite")
-    if name not in sl:
+    """Parity, apart from what a dialect declares: ``-- unused:`` parameters, ``-- no-op:`` statements."""
+    pg, sl = load_named_queries("postgres")[name], load_named_queries("sqlite").get(name)
+    if sl is None:
         pytest.fail(f"{name} is missing from sqlite/queries.sql")
-    assert params("postgres", load_queries("postgres")[name]) == params("sqlite", sl[name])
+    if pg.noop or sl.noop:
+        return  # nothing runs on that backend: it needs no parameters
+    assert params("postgres", pg.sql) | pg.unused == params("sqlite", sl.sql) | sl.unused
+    for q, dialect in ((pg, "postgres"), (sl, "sqlite")):
+        assert not q.unused & params(dialect, q.sql), f"{dialect}/{name} uses a parameter it declares unused"
 
 
 @pytest.mark.parametrize("dialect", DIALECTS)
-@pytest.mark.parametrize("name", LEASE_WRITES)
-def test_lease_writes_carry_the_guard(dialect: str, name: str) -> None:
-    assert missing_guards(dialect, name, load_queries(dialect)[name]) == []
-
-
-@pytest.mark.parametrize("dialect", DIALECTS)
-@pytest.mark.parametrize("name", LEASE_WRITES)
+@pytest.mark.parametrize("name", sorted(n for n, q in load_named_queries("postgres").items() if q.lease_guarded))
 def test_the_guard_check_notices_a_deleted_line(dialect: str, name: str) -> None:
-    """The check above is not vacuous: removing any one guard line is caught."""
-    sql = load_queries(dialect)[name]
-    for guard in guard_lines(dialect, name):
+    """The check is not vacuous: removing any one line of the expanded guard is caught."""
+    query = load_named_queries(dialect)[name]
+    sql = query.sql
+    for guard in guard_lines(dialect, query):
         kept = [line for line in sql.splitlines() if " ".join(line.split()).rstrip(";") != guard]
         assert len(kept) == len(sql.splitlines()) - 1, f"{guard!r} is not a line of its own in {name}"
-        assert missing_guards(dialect, name, "\n".join(kept)) == [guard]
+        assert missing_guards(dialect, query, "\n".join(kept)) == [guard]
 
 
 @pytest.mark.parametrize("dialect", DIALECTS)
@@ -154,7 +244,7 @@ def test_python_code_only_names_queries_that_exist() -> None:
     src = Path(__file__).resolve().parents[2] / "src" / "leaseq"
     used = set()
     for path in src.rglob("*.py"):
-        used |= set(re.findall(r"\.(?:rows|row|run_many)\(\s*\"(\w+)\"", path.read_text()))
+        used |= set(re.findall(r"\b(?:rows|row|one|run_many)\(\s*\"(\w+)\"", path.read_text()))
     assert used, "no query calls found: the scan is broken"
     for dialect in DIALECTS:
         assert used - set(load_queries(dialect)) == set(), f"unknown in {dialect}/queries.sql"

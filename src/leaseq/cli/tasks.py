@@ -177,7 +177,7 @@ def _delay_until(q: Queue, at: datetime) -> float:
 def ls(ctx: click.Context, status: str | None, queue: str | None, limit: int, as_json: bool) -> None:
     """List tasks, newest first."""
     q = open_queue(ctx)
-    tasks = q.list(status=status, queue=queue, limit=limit)
+    tasks = q.list_tasks(status=status, queue=queue, limit=limit)
     if as_json:
         emit_json(tasks)
         return

@@ -308,7 +308,7 @@ def inbox(request: Request, s: Session = Depends(session)) -> HTMLResponse:
     q = _queue(request)
     items = []
     for status in INBOX_STATUSES:
-        for task in q.list(status=status, limit=200):
+        for task in q.list_tasks(status=status, limit=200):
             open_fx = [present_effect(fx, s.principal) for fx in q.effects(task.id) if fx.status == "pending"]
             items.append({"task": present_task(task, s.principal), "open_effects": open_fx})
     return render("inbox.html", request, s, items=items, live=live_view(request, "inbox"))

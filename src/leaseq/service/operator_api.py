@@ -84,7 +84,7 @@ def get_task(request: Request, task_id: int = TaskId, principal: auth.Principal 
 def list_tasks(request: Request, status: str | None = Query(None), queue: str | None = Query(None),
                limit: int = Query(100, ge=1, le=1000),
                principal: auth.Principal = Depends(need("read"))) -> dict:
-    tasks = _queue(request).list(status=status, queue=queue, limit=limit)
+    tasks = _queue(request).list_tasks(status=status, queue=queue, limit=limit)
     return {"tasks": [present_task(t, principal) for t in tasks]}
 
 

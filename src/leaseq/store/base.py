@@ -3,17 +3,17 @@
 from __future__ import annotations
 
 import re
-from collections.abc import Awaitable, Callable
-from contextlib import AbstractContextManager
+from contextlib import AbstractAsyncContextManager, AbstractContextManager
 from dataclasses import dataclass
 from functools import cache
 from importlib import resources
 from typing import Any, Protocol
 
 from ..db.dsn import DEFAULT_DSN, parse_dsn
+from .queries import load_named_queries, load_queries, parse_named_blocks
 
-__all__ = ["DEFAULT_DSN", "JSON_COLUMNS", "JSON_PARAMS", "JsonText", "KeyConflict", "Migration", "Store", "Tx",
-           "WorkListener", "load_migrations", "load_queries", "open_store", "parse_dsn", "parse_named_blocks"]
+__all__ = ["BackendCapabilities", "DEFAULT_DSN", "JSON_COLUMNS", "JSON_PARAMS", "JsonText", "KeyConflict", "Migration", "Store", "Tx",
+           "WorkListener", "load_migrations", "load_named_queries", "load_queries", "open_store", "parse_dsn", "parse_named_blocks"]
 
 #: Parameters that carry JSON documents (encoded by each backend its own way);
 #: the plural ones are the row documents of batched statements.
@@ -31,7 +31,22 @@ class JsonText(str):
 #: Columns that come back as JSON documents.
 JSON_COLUMNS = frozenset({"payload", "result", "detail", "response", "actions"})
 
-_BLOCK = re.compile(r"^-- name: (\w+)\s*$", re.MULTILINE)
+
+@dataclass(frozen=True)
+class BackendCapabilities:
+    """What a backend can do, declared once on its class; code asks these, never the dialect's name."""
+
+    #: an asyncio driver: operations are awaited on the event loop itself
+    #: (else an async caller runs them in a thread)
+    native_async: bool
+    #: claim_batch and complete_batch write their own "claimed" and
+    #: "completed" events in the same statement (else the caller writes them
+    #: in the same transaction)
+    writes_own_evidence: bool
+    #: enqueues wake idle workers (LISTEN/NOTIFY); else workers poll
+    listen_notify: bool
+    #: one write transaction at a time: more writer threads only pass the lock around
+    serial_writes: bool
 
 
 @dataclass(frozen=True)
@@ -39,24 +54,6 @@ class Migration:
     version: int
     name: str
     sql: str
-
-
-@cache
-def load_queries(dialect: str) -> dict[str, str]:
-    """The named queries of ``sql/<dialect>/queries.sql``: ``{name: sql}``."""
-    text = resources.files("leaseq").joinpath("sql", dialect, "queries.sql").read_text()
-    return parse_named_blocks(text, f"{dialect}/queries.sql")
-
-
-def parse_named_blocks(text: str, source: str) -> dict[str, str]:
-    """Split a .sql file into its ``-- name: <query>`` blocks: ``{name: sql}``."""
-    parts = _BLOCK.split(text)
-    queries: dict[str, str] = {}
-    for name, body in zip(parts[1::2], parts[2::2]):
-        if name in queries:
-            raise RuntimeError(f"query {name!r} defined twice in {source}")
-        queries[name] = body.strip()
-    return queries
 
 
 @cache
@@ -102,6 +99,7 @@ class Store(Protocol):
 
     dialect: str
     dsn: str
+    capabilities: BackendCapabilities
 
     def transaction(self, *, one_statement: bool = False) -> AbstractContextManager[Tx]:
         """A read-write transaction that commits on success, rolls back on error.
@@ -111,10 +109,9 @@ class Store(Protocol):
         the block must still be correct if the backend ignores the promise.
         """
 
-    #: ``async run_async(query, **params) -> rows``: one statement as its own
-    #: transaction, awaited on the running event loop; None where the backend
-    #: has no asyncio driver (callers then run the sync operation in a thread).
-    run_async: Callable[..., Awaitable[list[dict[str, Any]]]] | None
+    def atransaction(self, *, one_statement: bool = False) -> AbstractAsyncContextManager[Any]:
+        """:meth:`transaction` for asyncio code, whose ``rows`` and ``script`` are awaited.
+        Only where :attr:`capabilities` declares ``native_async``."""
 
     def listener(self, queues: set[str]) -> WorkListener:
         """A waiter woken when work arrives on one of ``queues``."""
@@ -123,7 +120,7 @@ class Store(Protocol):
         """Release every connection."""
 
     async def close_async(self) -> None:
-        """Release the connections :attr:`run_async` opened for the running event loop."""
+        """Release the connections :meth:`atransaction` opened for the running event loop."""
 
 
 def open_store(dsn: str | None = None, **options: Any) -> Store:

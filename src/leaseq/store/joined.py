@@ -30,6 +30,8 @@ class JoinedStore:
         self._tx = tx
         self.dialect = store.dialect
         self.dsn = store.dsn
+        #: what the wrapped backend declares (its statements run as they always do)
+        self.capabilities = store.capabilities
 
     @contextmanager
     def transaction(self, *, one_statement: bool = False) -> Iterator[Tx]:

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-from contextlib import contextmanager
+from collections.abc import AsyncIterator, Iterator
+from contextlib import asynccontextmanager, contextmanager
 from typing import Any
 
 import psycopg
@@ -15,22 +15,13 @@ from ..db.dsn import check_postgres_dsn
 from ..core.errors import BackendUnavailable
 from ..db.errors import map_driver_errors
 from ..db.postgres import AsyncPools, achecked_connection, checked_connection, open_async_pool, open_pool
-from .base import JSON_PARAMS, JsonText, KeyConflict, load_queries
+from .base import JSON_PARAMS, BackendCapabilities, JsonText, KeyConflict, load_named_queries, load_queries
 
 
-#: The statements every claim, renewal and completion runs. Each is prepared
-#: on its first use on a connection and always runs the prepared statement's
-#: generic plan (``plan_cache_mode = force_generic_plan`` on leaseq's pooled
-#: connections): PostgreSQL would otherwise plan the claim afresh at every
-#: call, which costs more than running it. Each of these is written to have
-#: one good plan whatever its parameters (tests/bench/test_claim_plan.py reads
-#: their generic plans). Every other statement is never prepared, so it is
-#: planned for the parameters it is given.
-GENERIC_PLAN = frozenset({
-    "claim_batch", "renew_leases", "complete_task", "complete_batch", "fail_task", "lock_lease",
-    "insert_task", "insert_tasks", "insert_fresh_tasks", "insert_event", "insert_events", "lock_expired",
-    "route_expired",
-})
+#: The statements annotated ``-- plan: generic`` in ``sql/postgres/queries.sql``:
+#: prepared on their first use on a connection and run with the prepared
+#: statement's generic plan (the file's header says why).
+GENERIC_PLAN = frozenset(name for name, q in load_named_queries("postgres").items() if q.generic_plan)
 
 
 def _configure(conn: psycopg.Connection) -> None:
@@ -88,6 +79,25 @@ class PostgresTx:
         self._conn.execute(sql)  # no parameters: psycopg sends it as one simple query
 
 
+class AsyncPostgresTx:
+    """:class:`PostgresTx` on an asyncio connection: the same statements, awaited."""
+
+    def __init__(self, conn: psycopg.AsyncConnection, queries: dict[str, str], *, one_statement: bool = False):
+        self._conn = conn
+        self._queries = queries
+        self._statements_left = 1 if one_statement else -1
+
+    async def rows(self, query: str, **params: Any) -> list[dict[str, Any]]:
+        if self._statements_left == 0:
+            raise RuntimeError(f"{query}: a one-statement transaction already ran its statement")
+        self._statements_left -= 1
+        cur = await self._conn.execute(self._queries[query], _encode(params), prepare=query in GENERIC_PLAN)
+        return await cur.fetchall() if _rows(cur) else []
+
+    async def script(self, sql: str) -> None:
+        await self._conn.execute(sql)
+
+
 class NotifyListener:
     """A dedicated connection LISTENing on ``leaseq_work`` for a set of queues.
 
@@ -126,6 +136,8 @@ class PostgresStore:
     """
 
     dialect = "postgres"
+    capabilities = BackendCapabilities(native_async=True, writes_own_evidence=True, listen_notify=True,
+                                       serial_writes=False)
 
     def __init__(self, dsn: str, *, min_size: int = 1, max_size: int = 10, connect_timeout: float = 10.0):
         self.dsn = dsn
@@ -133,7 +145,7 @@ class PostgresStore:
         check_postgres_dsn(dsn, connect_timeout)
         self._pool = open_pool(dsn, min_size=min_size, max_size=max_size, timeout=connect_timeout,
                                configure=_configure, row_factory=dict_row)
-        #: asyncio pools, one per event loop that called run_async
+        #: asyncio pools, one per event loop that opened an async transaction
         self._async_pools = AsyncPools(lambda: open_async_pool(
             dsn, min_size=1, max_size=max_size, timeout=connect_timeout, configure=_aconfigure,
             row_factory=dict_row))
@@ -150,18 +162,24 @@ class PostgresStore:
         except psycopg.errors.UniqueViolation as exc:
             raise KeyConflict(str(exc).strip()) from None
 
-    async def run_async(self, query: str, **params: Any) -> list[dict[str, Any]]:
-        """One statement as its own transaction, awaited on the running loop.
+    @asynccontextmanager
+    async def atransaction(self, *, one_statement: bool = False) -> AsyncIterator[AsyncPostgresTx]:
+        """:meth:`transaction` on the running event loop's asyncio pool.
 
-        The worker's claims and completions come through here: no thread hop
-        between the event loop and the database, the socket is waited on by
-        the loop itself.
-        """
-        with map_driver_errors():
-            pool = await self._async_pools.get()
-        async with achecked_connection(pool) as conn:
-            cur = await conn.execute(self._queries[query], _encode(params), prepare=query in GENERIC_PLAN)
-            return await cur.fetchall() if _rows(cur) else []
+        The socket is waited on by the loop itself: no thread hop between
+        the event loop and the database (the worker's claims and completions
+        come through here)."""
+        try:
+            with map_driver_errors():
+                pool = await self._async_pools.get()
+            async with achecked_connection(pool) as conn:
+                if one_statement:  # the connection is in autocommit mode
+                    yield AsyncPostgresTx(conn, self._queries, one_statement=True)
+                else:
+                    async with conn.transaction():
+                        yield AsyncPostgresTx(conn, self._queries)
+        except psycopg.errors.UniqueViolation as exc:
+            raise KeyConflict(str(exc).strip()) from None
 
     async def close_async(self) -> None:
         """Close the running loop's asyncio pool (the worker does, before its loop ends)."""

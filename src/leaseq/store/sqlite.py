@@ -12,7 +12,7 @@ from datetime import datetime, timezone
 from typing import Any
 
 from ..db.sqlite import SqliteConnections
-from .base import JSON_COLUMNS, JSON_PARAMS, JsonText, KeyConflict, load_queries
+from .base import JSON_COLUMNS, BackendCapabilities, JSON_PARAMS, JsonText, KeyConflict, load_named_queries
 
 _BOOL_COLUMNS = frozenset({"paused"})
 
@@ -66,19 +66,22 @@ def _encode(params: dict[str, Any]) -> dict[str, Any]:
 class SqliteTx:
     """A transaction on one SQLite connection."""
 
-    def __init__(self, conn: sqlite3.Connection, queries: dict[str, str]):
+    def __init__(self, conn: sqlite3.Connection, queries: dict[str, str | None]):
         self._conn = conn
         self._queries = queries
 
     def rows(self, query: str, **params: Any) -> list[dict[str, Any]]:
-        return _decode_all(self._conn.execute(self._queries[query], _encode(params)))
+        sql = self._queries[query]
+        if sql is None:  # annotated "-- no-op:" for SQLite: nothing to run
+            return []
+        return _decode_all(self._conn.execute(sql, _encode(params)))
 
     def row(self, query: str, **params: Any) -> dict[str, Any] | None:
         rows = self.rows(query, **params)
         return rows[0] if rows else None
 
     def run_many(self, query: str, params: list[dict[str, Any]]) -> None:
-        if params:
+        if params and self._queries[query] is not None:
             self._conn.executemany(self._queries[query], [_encode(p) for p in params])
 
     def script(self, sql: str) -> None:
@@ -116,12 +119,14 @@ class SqliteStore:
     """
 
     dialect = "sqlite"
-    run_async = None  # no asyncio driver: async callers run the sync operations in threads
+    capabilities = BackendCapabilities(native_async=False, writes_own_evidence=False, listen_notify=False,
+                                       serial_writes=True)
 
     def __init__(self, path: str, *, busy_timeout: float = 30.0):
         self.path = path
         self.dsn = f"sqlite:///{path}"
-        self._queries = load_queries("sqlite")
+        #: the SQL of each named query; None for the ones annotated "-- no-op:"
+        self._queries = {name: None if q.noop else q.sql for name, q in load_named_queries("sqlite").items()}
         self._connections = SqliteConnections(path, busy_timeout=busy_timeout, pragmas=("PRAGMA foreign_keys=ON",))
         # Threads of one process queue here for the write lock: a handoff on a
         # Python lock is immediate, where SQLite's busy handler sleeps and retries.

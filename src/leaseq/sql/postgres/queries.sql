@@ -2,18 +2,41 @@
 --
 -- Every query is one block headed "-- name: <query>". The SQLite file holds
 -- the same names with the same parameters; tests/unit/test_queries.py keeps
--- the two in step.
+-- the two in step. A block's leading comment may carry annotations, read by
+-- the loader (leaseq/store/queries.py) and by that test:
 --
--- THE LEASE GUARD. Every write made on the strength of a lease carries this
--- condition, word for word, and a test fails if one does not:
+--   -- guard: lease            writes (or locks for a write) on the strength of
+--                              a lease: expands the lease guard below
+--   -- guard: none -- <why>    takes a worker id, is not lease-backed, says why
+--   -- plan: generic           prepared, and always run with its generic plan
+--   -- no-op: <why>            nothing to run on this backend
+--   -- unused: <params> -- <why>  parameters this dialect does not need
 --
---     AND t.status = 'running'
---     AND t.lease_owner = %(worker_id)s
---     AND t.claim_generation = %(generation)s
---     AND t.lease_expires_at >= now()
+-- A query that takes a worker id without a guard annotation fails the test,
+-- and so does a "guard: lease" query whose expanded text lacks the guard.
 --
--- Zero rows back means the caller has lost the lease; nothing was changed.
+-- "plan: generic": the statements every claim, renewal and completion runs
+-- are prepared on their first use on a connection and always run with the
+-- prepared statement's generic plan (plan_cache_mode = force_generic_plan on
+-- leaseq's pooled connections): PostgreSQL would otherwise plan the claim
+-- afresh at every call, which costs more than running it. Each is written to
+-- have one good plan whatever its parameters (tests/bench/test_claim_plan.py
+-- reads their generic plans). Every other statement is never prepared, so it
+-- is planned for the parameters it is given.
+--
 -- Time is always the database's now(): a worker's clock is never consulted.
+
+-- template: lease_guard(generation=%(generation)s)
+-- THE LEASE GUARD, the one place it is written. Every write made on the
+-- strength of a lease expands it (/* TEMPLATE: lease_guard */): the task is
+-- running, held by this worker, under this generation (a batch statement
+-- passes the generation column of its (task, generation) pairs), and its
+-- lease is live by the database's clock. Zero rows back means the caller
+-- has lost the lease; nothing was changed.
+AND t.status = 'running'
+AND t.lease_owner = %(worker_id)s
+AND t.claim_generation = {generation}
+AND t.lease_expires_at >= now()
 
 -- name: migrations_lock
 -- Serialises concurrent `leaseq migrate` runs until the transaction ends.
@@ -79,9 +102,11 @@ VALUES (%(name)s || '-' || substr(replace(gen_random_uuid()::text, '-', ''), 1, 
 RETURNING id, name, registered_at, revoked_at;
 
 -- name: get_worker
+-- guard: none -- a read of the worker row, not of a lease
 SELECT id, name, registered_at, revoked_at FROM leaseq_workers WHERE id = %(worker_id)s;
 
 -- name: lock_worker
+-- guard: none -- locks the worker row (a claim's slow path), before any lease exists
 -- The worker row, locked as claim_batch locks it (FOR SHARE): a claim's slow
 -- path takes it before it locks any task row, in the order revoke_worker
 -- takes them, so a claim and a revocation never deadlock.
@@ -93,11 +118,13 @@ SELECT w.id, w.name, w.registered_at, w.revoked_at,
 FROM leaseq_workers w ORDER BY w.registered_at;
 
 -- name: revoke_worker
+-- guard: none -- an operator action on the worker row; it ends leases, never acts on one
 UPDATE leaseq_workers SET revoked_at = now()
 WHERE id = %(worker_id)s AND revoked_at IS NULL
 RETURNING id, name, registered_at, revoked_at;
 
 -- name: end_worker_leases
+-- guard: none -- ends every lease of a revoked worker: taking leases away needs no lease
 -- A revoked worker loses its leases at once, not when they would have run
 -- out. Each deadline moves to just before the lease began: no write carrying
 -- that generation can meet it, not even one whose transaction started before
@@ -112,11 +139,12 @@ WHERE t.status = 'running' AND t.lease_owner = %(worker_id)s
 RETURNING t.id, t.claim_generation;
 
 -- name: insert_task
+-- plan: generic
 -- ON CONFLICT: a second enqueue with the same key in the same queue is the
 -- same logical task; nothing comes back and the caller reads the existing
 -- row. The new row is the enqueue's evidence (list_events shows it as the
--- "enqueued" entry). The statement also wakes listening workers at commit
--- (notified), so an enqueue is one round trip.
+-- "enqueued" entry). The statement also wakes listening workers at commit,
+-- so an enqueue is one round trip.
 WITH added AS (
     INSERT INTO leaseq_tasks (queue, kind, payload, effect, priority, available_at,
                               idempotency_key, max_attempts, lease_seconds, actions)
@@ -126,10 +154,11 @@ WITH added AS (
     ON CONFLICT (queue, idempotency_key) DO NOTHING
     RETURNING *
 )
-SELECT a.*, true AS notified
+SELECT a.*
 FROM added a, LATERAL (SELECT pg_notify('leaseq_work', a.queue)) AS woke;
 
 -- name: insert_tasks
+-- plan: generic
 -- insert_task for many tasks of one kind: one statement, one document of
 -- {"payload", "idempotency_key"} objects. Duplicate keys are skipped exactly
 -- as in insert_task; the caller reads those with task_ids_by_key.
@@ -143,6 +172,7 @@ ON CONFLICT (queue, idempotency_key) DO NOTHING
 RETURNING id, idempotency_key;
 
 -- name: insert_fresh_tasks
+-- plan: generic
 -- insert_tasks when every key was just generated by leaseq (unique by
 -- construction): a plain insert, without ON CONFLICT's speculative insertion
 -- (a quarter of the statement's cost). Should a generated key ever meet a
@@ -178,6 +208,7 @@ ORDER BY id DESC
 LIMIT %(limit)s;
 
 -- name: lock_expired
+-- plan: generic
 -- Running tasks whose lease has run out, locked for routing. SKIP LOCKED:
 -- another claimer already routing a row keeps it; we take the rest.
 SELECT id, queue, lease_owner, claim_generation, lease_expires_at, claimed_at,
@@ -189,6 +220,7 @@ LIMIT %(limit)s
 FOR UPDATE SKIP LOCKED;
 
 -- name: route_expired
+-- plan: generic
 -- The recovery policy. An expired lease allows reassignment, not a retry:
 --   side_effect with an intent and no response -> needs_reconciliation
 --   attempts exhausted                          -> dead
@@ -207,9 +239,14 @@ SET status = CASE
     updated_at = now()
 WHERE t.id = ANY(%(task_ids)s::bigint[])
   AND t.status = 'running' AND t.lease_expires_at < now()
-RETURNING t.id, t.status, t.claim_generation, t.open_effects, t.attempts;
+RETURNING t.id, t.status, t.claim_generation, t.open_effects, t.attempts,
+          CASE t.status  -- why, when the task is not simply queued again
+              WHEN 'needs_reconciliation' THEN 'side-effect intent without a response: a retry could repeat it'
+              WHEN 'dead' THEN 'attempts exhausted' END AS reason;
 
 -- name: claim_batch
+-- guard: none -- takes new leases: no lease exists yet to guard
+-- plan: generic
 -- Select and lease in one statement: no gap in which two workers pick the
 -- same row. With kinds (NULL: any), a worker takes only the kinds it has
 -- handlers for and leaves the others queued for workers that do. A paused
@@ -218,8 +255,8 @@ RETURNING t.id, t.status, t.claim_generation, t.open_effects, t.attempts;
 -- is routing yet exists: the caller routes it first (lock_expired,
 -- route_expired) and claims again without route_first. So a claim with
 -- nothing to route is this one statement, in its own transaction.
--- The statement also writes each claim's "claimed" event (evidence_written),
--- and always returns at least one row: the claimed tasks, or one row with
+-- The statement also writes each claim's "claimed" event (the backend
+-- declares it writes its own evidence), and always returns at least one row: the claimed tasks, or one row with
 -- NULL task columns, each carrying routing_due and worker_ok.
 -- The worker row is read FOR SHARE, which conflicts with revoke_worker's
 -- update of it: a claim and a revocation serialize. Either the claim commits
@@ -278,10 +315,12 @@ WITH worker AS (
                                         'lease_expires_at', c.lease_expires_at) END
     FROM claimed c
 )
-SELECT c.*, true AS evidence_written, f.routing_due, f.worker_ok
+SELECT c.*, f.routing_due, f.worker_ok
 FROM flags f LEFT JOIN claimed c ON true;
 
 -- name: renew_leases
+-- guard: lease
+-- plan: generic
 -- One statement renews every lease a worker names. Each (task, generation)
 -- pair is checked by the lease guard; the rows back are the leases still held.
 -- The new deadline comes from the lease length this claim was given (its
@@ -296,23 +335,19 @@ SET lease_expires_at = now() + (t.lease_expires_at - coalesce(t.last_heartbeat_a
     updated_at = now()
 FROM unnest(%(task_ids)s::bigint[], %(generations)s::bigint[]) AS c(task_id, generation)
 WHERE t.id = c.task_id
-  AND t.claim_generation = c.generation
-  AND t.status = 'running'
-  AND t.lease_owner = %(worker_id)s
-  AND t.lease_expires_at >= now()
+  /* TEMPLATE: lease_guard(c.generation) */
 RETURNING t.id, t.claim_generation, t.lease_expires_at;
 
 -- name: lock_lease
+-- guard: lease
+-- plan: generic
 -- Checks the lease and locks the row for the rest of the transaction, so no
 -- cancel or expiry routing can slip between the check and the write after it.
 SELECT t.id, t.queue, t.idempotency_key, t.effect, t.actions, t.lease_expires_at,
        coalesce((SELECT q.paused FROM leaseq_queues q WHERE q.name = t.queue), false) AS paused
 FROM leaseq_tasks t
 WHERE t.id = %(task_id)s
-  AND t.status = 'running'
-  AND t.lease_owner = %(worker_id)s
-  AND t.claim_generation = %(generation)s
-  AND t.lease_expires_at >= now()
+  /* TEMPLATE: lease_guard */
 FOR UPDATE OF t;
 
 -- name: attempt_holds_lease
@@ -330,26 +365,15 @@ WHERE t.id = %(task_id)s
   AND t.lease_expires_at >= clock_timestamp()
 FOR SHARE OF t;
 
--- name: complete_task
-UPDATE leaseq_tasks t
-SET status = 'completed',
-    result = %(result)s::jsonb,
-    lease_owner = NULL,
-    lease_expires_at = NULL,
-    updated_at = now()
-WHERE t.id = %(task_id)s
-  AND t.status = 'running'
-  AND t.lease_owner = %(worker_id)s
-  AND t.claim_generation = %(generation)s
-  AND t.lease_expires_at >= now()
-RETURNING t.id, t.claim_generation, t.attempts, t.heartbeat_count, t.last_heartbeat_at, t.longest_heartbeat_gap;
-
 -- name: complete_batch
--- complete_task for many leases of one worker in one statement. Each
+-- guard: lease
+-- plan: generic
+-- The one completion statement: a single completion is a batch of one.
+-- Completes many leases of one worker in one statement. Each
 -- (task, generation) pair is checked by the lease guard, as in renew_leases;
 -- the rows back are the tasks completed, and a pair missing from them had
 -- lost its lease (nothing was written for it). The "completed" events are
--- written by the same statement (evidence_written).
+-- written by the same statement.
 WITH done AS (
     UPDATE leaseq_tasks t
     SET status = 'completed',
@@ -359,10 +383,7 @@ WITH done AS (
         updated_at = now()
     FROM jsonb_to_recordset(%(items)s::jsonb) AS c(task_id bigint, generation bigint, result jsonb)
     WHERE t.id = c.task_id
-      AND t.claim_generation = c.generation
-      AND t.status = 'running'
-      AND t.lease_owner = %(worker_id)s
-      AND t.lease_expires_at >= now()
+      /* TEMPLATE: lease_guard(c.generation) */
     RETURNING t.id, t.claim_generation, t.attempts, t.heartbeat_count, t.last_heartbeat_at, t.longest_heartbeat_gap
 ), logged AS (
     INSERT INTO leaseq_events (task_id, type, generation, worker_id, detail)
@@ -373,9 +394,11 @@ WITH done AS (
                                         'longest_heartbeat_gap', round(d.longest_heartbeat_gap::numeric, 3)) END
     FROM done d
 )
-SELECT d.id, true AS evidence_written FROM done d;  -- the events are written: the ids are all a caller needs
+SELECT d.id FROM done d;  -- the events are written: the ids are all a caller needs
 
 -- name: fail_task
+-- guard: lease
+-- plan: generic
 -- The attempt ends with an error. Where it goes next is decided here, in one
 -- statement, from the row as it stands:
 --   side_effect with an intent and no response     -> needs_reconciliation
@@ -400,24 +423,28 @@ SET status = CASE
     lease_expires_at = NULL,
     updated_at = now()
 WHERE t.id = %(task_id)s
-  AND t.status = 'running'
-  AND t.lease_owner = %(worker_id)s
-  AND t.claim_generation = %(generation)s
-  AND t.lease_expires_at >= now()
+  /* TEMPLATE: lease_guard */
 RETURNING t.id, t.status, t.claim_generation, t.attempts, t.max_attempts, t.error_streak, t.available_at,
-          t.heartbeat_count, t.last_heartbeat_at, t.longest_heartbeat_gap;
+          t.heartbeat_count, t.last_heartbeat_at, t.longest_heartbeat_gap,
+          -- why it went where it went, decided here with the status (NULL: queued for a retry)
+          CASE t.status
+              WHEN 'needs_reconciliation' THEN 'failed with a side-effect intent and no recorded response'
+              WHEN 'blocked' THEN 'credential missing or revoked'
+              WHEN 'dead' THEN CASE WHEN NOT %(retry)s THEN 'failure marked permanent'
+                                    WHEN t.attempts >= t.max_attempts
+                                        THEN 'attempts exhausted (' || t.attempts || '/' || t.max_attempts || ')'
+                                    ELSE 'same error ' || t.error_streak || ' times in a row' END
+          END AS reason;
 
 -- name: expire_lease
+-- guard: lease
 -- Gives a lease back early (worker shutdown): the deadline moves into the
 -- past and route_expired then applies the ordinary recovery policy.
 UPDATE leaseq_tasks t
 SET lease_expires_at = now() - interval '1 microsecond',
     updated_at = now()
 WHERE t.id = %(task_id)s
-  AND t.status = 'running'
-  AND t.lease_owner = %(worker_id)s
-  AND t.claim_generation = %(generation)s
-  AND t.lease_expires_at >= now()
+  /* TEMPLATE: lease_guard */
 RETURNING t.id, t.queue, t.lease_owner, t.claim_generation, t.lease_expires_at, t.claimed_at,
           t.heartbeat_count, t.last_heartbeat_at, t.longest_heartbeat_gap;
 
@@ -428,11 +455,13 @@ SELECT * FROM leaseq_effects WHERE task_id = %(task_id)s AND idempotency_key = %
 SELECT * FROM leaseq_effects WHERE task_id = %(task_id)s ORDER BY id;
 
 -- name: insert_effect
+-- guard: none -- runs after lock_lease has checked and locked the lease in the same transaction
 INSERT INTO leaseq_effects (task_id, generation, worker_id, action, idempotency_key)
 VALUES (%(task_id)s, %(generation)s, %(worker_id)s, %(action)s, %(idempotency_key)s)
 RETURNING *;
 
 -- name: rebind_effect
+-- guard: none -- runs after lock_lease has checked and locked the lease in the same transaction
 -- A later attempt takes over an intent that never got a response (same key).
 UPDATE leaseq_effects
 SET generation = %(generation)s, worker_id = %(worker_id)s, status = 'pending',
@@ -479,10 +508,13 @@ WHERE id = %(task_id)s AND status = %(from_status)s
 RETURNING id, status, claim_generation, attempts;
 
 -- name: insert_event
+-- guard: none -- evidence, written in the transaction of the operation it records
+-- plan: generic
 INSERT INTO leaseq_events (task_id, type, generation, worker_id, detail)
 VALUES (%(task_id)s, %(type)s, %(generation)s, %(worker_id)s, %(detail)s::jsonb);
 
 -- name: insert_events
+-- plan: generic
 -- insert_event for many events in one statement, in the document's order.
 INSERT INTO leaseq_events (task_id, type, generation, worker_id, detail)
 SELECT e.task_id, e.type, e.generation, e.worker_id, e.detail
@@ -490,6 +522,7 @@ FROM jsonb_to_recordset(%(events)s::jsonb) AS e(task_id bigint, type text, gener
                                                  detail jsonb);
 
 -- name: report_loss
+-- guard: none -- evidence of a lease already lost; conditioned on the events of that generation
 -- A worker's own account of losing a lease: one per lost generation. Written
 -- only when this worker was issued the generation (its "claimed" event), the
 -- generation did not end by the holder's own hand (completed, failed,
@@ -507,6 +540,7 @@ WHERE EXISTS (SELECT 1 FROM leaseq_events e
 RETURNING id;
 
 -- name: generation_outcome
+-- guard: none -- a read of a generation's events (why report_loss wrote nothing)
 -- Why report_loss wrote nothing: was the generation this worker's, and what
 -- ended it (the first of completed, failed, lease_released, lease_lost)?
 SELECT EXISTS (SELECT 1 FROM leaseq_events
@@ -600,9 +634,11 @@ WHERE token_id = %(token_id)s AND revoked_at IS NULL
 RETURNING id;
 
 -- name: link_worker_token
+-- guard: none -- links a new worker to its credential; no lease involved
 UPDATE leaseq_workers SET token_id = %(token_id)s WHERE id = %(worker_id)s RETURNING id;
 
 -- name: worker_token
+-- guard: none -- a read of the worker's credential (authorization)
 SELECT id, token_id, revoked_at FROM leaseq_workers WHERE id = %(worker_id)s;
 
 -- name: token_held_task

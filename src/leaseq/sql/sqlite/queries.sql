@@ -1,20 +1,23 @@
 -- leaseq named queries, SQLite (sqlite3, :name parameters).
 --
 -- Same names and parameters as the PostgreSQL file; see its header for the
--- lease guard, which every lease-backed write here carries word for word:
---
---     AND t.status = 'running'
---     AND t.lease_owner = :worker_id
---     AND t.claim_generation = :generation
---     AND t.lease_expires_at >= (julianday('now') - 2440587.5) * 86400.0
+-- annotations ("-- guard: ...", "-- no-op: ...", "-- unused: ...").
 --
 -- Times are REAL Unix seconds from SQLite's clock; (julianday('now') -
 -- 2440587.5) * 86400.0 is "now" and stays fixed within one statement.
 -- Every write runs inside BEGIN IMMEDIATE, so a transaction holds the
 -- database's single write lock from its first read: no SKIP LOCKED needed.
 
+-- template: lease_guard(generation=:generation)
+-- THE LEASE GUARD, SQLite's form (see the PostgreSQL file): every write made
+-- on the strength of a lease expands it; zero rows back means the lease is lost.
+AND t.status = 'running'
+AND t.lease_owner = :worker_id
+AND t.claim_generation = {generation}
+AND t.lease_expires_at >= (julianday('now') - 2440587.5) * 86400.0
+
 -- name: migrations_lock
-SELECT 1;
+-- no-op: SQLite runs one writer at a time (BEGIN IMMEDIATE): nothing to lock
 
 -- name: migrations_create
 CREATE TABLE IF NOT EXISTS leaseq_migrations (
@@ -64,8 +67,7 @@ SELECT name, holder, term, elected_at, renewed_at, expires_at,
 FROM leaseq_leader WHERE name = :name;
 
 -- name: notify_work
--- Wakes idle workers listening for this queue; delivered at commit.
-SELECT :queue AS queue;  -- SQLite has no notifications: workers poll
+-- no-op: SQLite has no notifications; its workers poll
 
 -- name: register_worker
 INSERT INTO leaseq_workers (id, name)
@@ -73,9 +75,11 @@ VALUES (:name || '-' || lower(hex(randomblob(6))), :name)
 RETURNING id, name, registered_at, revoked_at;
 
 -- name: get_worker
+-- guard: none -- a read of the worker row, not of a lease
 SELECT id, name, registered_at, revoked_at FROM leaseq_workers WHERE id = :worker_id;
 
 -- name: lock_worker
+-- guard: none -- locks the worker row (a claim's slow path), before any lease exists
 -- SQLite has one writer at a time: a plain read (see the PostgreSQL file).
 SELECT id, name, registered_at, revoked_at FROM leaseq_workers WHERE id = :worker_id;
 
@@ -85,11 +89,13 @@ SELECT w.id, w.name, w.registered_at, w.revoked_at,
 FROM leaseq_workers w ORDER BY w.registered_at;
 
 -- name: revoke_worker
+-- guard: none -- an operator action on the worker row; it ends leases, never acts on one
 UPDATE leaseq_workers SET revoked_at = (julianday('now') - 2440587.5) * 86400.0
 WHERE id = :worker_id AND revoked_at IS NULL
 RETURNING id, name, registered_at, revoked_at;
 
 -- name: end_worker_leases
+-- guard: none -- ends every lease of a revoked worker: taking leases away needs no lease
 -- See the PostgreSQL file: a revoked worker's deadlines move to just before
 -- each lease began.
 UPDATE leaseq_tasks
@@ -100,14 +106,14 @@ RETURNING id, claim_generation;
 
 -- name: insert_task
 -- The new row is the enqueue's evidence (see list_events); SQLite has no
--- notifications to send (notified is 0).
+-- notifications to send.
 INSERT INTO leaseq_tasks (queue, kind, payload, effect, priority, available_at,
                           idempotency_key, max_attempts, lease_seconds, actions)
 VALUES (:queue, :kind, :payload, :effect, :priority,
         (julianday('now') - 2440587.5) * 86400.0 + :delay,
         :idempotency_key, :max_attempts, :lease_seconds, :actions)
 ON CONFLICT (queue, idempotency_key) DO NOTHING
-RETURNING *, 0 AS notified;
+RETURNING *;
 
 -- name: insert_tasks
 -- See the PostgreSQL file. json_each keeps the document's order.
@@ -174,12 +180,17 @@ SET status = CASE
     updated_at = (julianday('now') - 2440587.5) * 86400.0
 WHERE t.id IN (SELECT value FROM json_each(:task_ids))
   AND t.status = 'running' AND t.lease_expires_at < (julianday('now') - 2440587.5) * 86400.0
-RETURNING id, status, claim_generation, open_effects, attempts;
+RETURNING id, status, claim_generation, open_effects, attempts,
+          CASE status  -- why, when the task is not simply queued again
+              WHEN 'needs_reconciliation' THEN 'side-effect intent without a response: a retry could repeat it'
+              WHEN 'dead' THEN 'attempts exhausted' END AS reason;
 
 -- name: claim_batch
+-- guard: none -- takes new leases: no lease exists yet to guard
+-- unused: compact -- the caller writes the "claimed" events (no data-modifying CTEs in SQLite)
 -- See the PostgreSQL file. SQLite has no data-modifying CTEs, so the caller
--- writes the "claimed" events in the same transaction (evidence_written is
--- 0, and :compact is only echoed); nothing comes back when nothing was
+-- writes the "claimed" events in the same transaction (the backend declares
+-- it does not write its own evidence); nothing comes back when nothing was
 -- claimed, and the caller then takes the slow path.
 UPDATE leaseq_tasks AS t
 SET status = 'running',
@@ -206,9 +217,10 @@ WHERE t.id IN (
           WHERE e.status = 'running' AND e.lease_expires_at < (julianday('now') - 2440587.5) * 86400.0))
     ORDER BY priority DESC, available_at, id
     LIMIT :limit)
-RETURNING *, 0 AS evidence_written, NULL AS routing_due, NULL AS worker_ok, :compact AS compact;
+RETURNING *;
 
 -- name: renew_leases
+-- guard: lease
 -- Renews by the lease length this claim was given (see the PostgreSQL file).
 UPDATE leaseq_tasks AS t
 SET lease_expires_at = (julianday('now') - 2440587.5) * 86400.0
@@ -221,21 +233,16 @@ SET lease_expires_at = (julianday('now') - 2440587.5) * 86400.0
 FROM (SELECT i.value AS task_id, g.value AS generation
       FROM json_each(:task_ids) AS i JOIN json_each(:generations) AS g ON g.key = i.key) AS c
 WHERE t.id = c.task_id
-  AND t.claim_generation = c.generation
-  AND t.status = 'running'
-  AND t.lease_owner = :worker_id
-  AND t.lease_expires_at >= (julianday('now') - 2440587.5) * 86400.0
+  /* TEMPLATE: lease_guard(c.generation) */
 RETURNING id, claim_generation, lease_expires_at;
 
 -- name: lock_lease
+-- guard: lease
 SELECT t.id, t.queue, t.idempotency_key, t.effect, t.actions, t.lease_expires_at,
        coalesce((SELECT q.paused FROM leaseq_queues q WHERE q.name = t.queue), 0) AS paused
 FROM leaseq_tasks AS t
 WHERE t.id = :task_id
-  AND t.status = 'running'
-  AND t.lease_owner = :worker_id
-  AND t.claim_generation = :generation
-  AND t.lease_expires_at >= (julianday('now') - 2440587.5) * 86400.0;
+  /* TEMPLATE: lease_guard */;
 
 -- name: attempt_holds_lease
 -- See the PostgreSQL file. The asking transaction holds the write lock
@@ -246,24 +253,11 @@ WHERE t.id = :task_id
   AND t.claim_generation = :generation
   AND t.lease_expires_at >= (julianday('now') - 2440587.5) * 86400.0;
 
--- name: complete_task
-UPDATE leaseq_tasks AS t
-SET status = 'completed',
-    result = :result,
-    lease_owner = NULL,
-    lease_expires_at = NULL,
-    updated_at = (julianday('now') - 2440587.5) * 86400.0
-WHERE t.id = :task_id
-  AND t.status = 'running'
-  AND t.lease_owner = :worker_id
-  AND t.claim_generation = :generation
-  AND t.lease_expires_at >= (julianday('now') - 2440587.5) * 86400.0
-RETURNING id, claim_generation, attempts, heartbeat_count, last_heartbeat_at, longest_heartbeat_gap;
-
 -- name: complete_batch
+-- guard: lease
+-- unused: compact -- the caller writes the "completed" events (no data-modifying CTEs in SQLite)
 -- See the PostgreSQL file: the guard checks each (task, generation) pair.
--- The caller writes the "completed" events (evidence_written is 0, :compact
--- is echoed), as SQLite has no data-modifying CTEs.
+-- The caller writes the "completed" events, as SQLite has no data-modifying CTEs.
 UPDATE leaseq_tasks AS t
 SET status = 'completed',
     result = c.result,
@@ -274,14 +268,11 @@ FROM (SELECT i.value ->> '$.task_id' AS task_id, i.value ->> '$.generation' AS g
              coalesce(i.value -> '$.result', 'null') AS result
       FROM json_each(:items) AS i) AS c
 WHERE t.id = c.task_id
-  AND t.claim_generation = c.generation
-  AND t.status = 'running'
-  AND t.lease_owner = :worker_id
-  AND t.lease_expires_at >= (julianday('now') - 2440587.5) * 86400.0
-RETURNING id, claim_generation, attempts, heartbeat_count, last_heartbeat_at, longest_heartbeat_gap,
-          0 AS evidence_written, :compact AS compact;
+  /* TEMPLATE: lease_guard(c.generation) */
+RETURNING id, claim_generation, attempts, heartbeat_count, last_heartbeat_at, longest_heartbeat_gap;
 
 -- name: fail_task
+-- guard: lease
 -- See the PostgreSQL file for the routing table this CASE implements.
 UPDATE leaseq_tasks AS t
 SET status = CASE
@@ -299,22 +290,26 @@ SET status = CASE
     lease_expires_at = NULL,
     updated_at = (julianday('now') - 2440587.5) * 86400.0
 WHERE t.id = :task_id
-  AND t.status = 'running'
-  AND t.lease_owner = :worker_id
-  AND t.claim_generation = :generation
-  AND t.lease_expires_at >= (julianday('now') - 2440587.5) * 86400.0
+  /* TEMPLATE: lease_guard */
 RETURNING id, status, claim_generation, attempts, max_attempts, error_streak, available_at,
-          heartbeat_count, last_heartbeat_at, longest_heartbeat_gap;
+          heartbeat_count, last_heartbeat_at, longest_heartbeat_gap,
+          -- why it went where it went, decided here with the status (NULL: queued for a retry)
+          CASE status
+              WHEN 'needs_reconciliation' THEN 'failed with a side-effect intent and no recorded response'
+              WHEN 'blocked' THEN 'credential missing or revoked'
+              WHEN 'dead' THEN CASE WHEN NOT :retry THEN 'failure marked permanent'
+                                    WHEN attempts >= max_attempts
+                                        THEN 'attempts exhausted (' || attempts || '/' || max_attempts || ')'
+                                    ELSE 'same error ' || error_streak || ' times in a row' END
+          END AS reason;
 
 -- name: expire_lease
+-- guard: lease
 UPDATE leaseq_tasks AS t
 SET lease_expires_at = (julianday('now') - 2440587.5) * 86400.0 - 0.001,
     updated_at = (julianday('now') - 2440587.5) * 86400.0
 WHERE t.id = :task_id
-  AND t.status = 'running'
-  AND t.lease_owner = :worker_id
-  AND t.claim_generation = :generation
-  AND t.lease_expires_at >= (julianday('now') - 2440587.5) * 86400.0
+  /* TEMPLATE: lease_guard */
 RETURNING id, queue, lease_owner, claim_generation, lease_expires_at, claimed_at,
           heartbeat_count, last_heartbeat_at, longest_heartbeat_gap;
 
@@ -325,11 +320,13 @@ SELECT * FROM leaseq_effects WHERE task_id = :task_id AND idempotency_key = :ide
 SELECT * FROM leaseq_effects WHERE task_id = :task_id ORDER BY id;
 
 -- name: insert_effect
+-- guard: none -- runs after lock_lease has checked and locked the lease in the same transaction
 INSERT INTO leaseq_effects (task_id, generation, worker_id, action, idempotency_key)
 VALUES (:task_id, :generation, :worker_id, :action, :idempotency_key)
 RETURNING *;
 
 -- name: rebind_effect
+-- guard: none -- runs after lock_lease has checked and locked the lease in the same transaction
 -- A later attempt takes over an intent that never got a response (same key).
 UPDATE leaseq_effects
 SET generation = :generation, worker_id = :worker_id, status = 'pending',
@@ -373,6 +370,7 @@ WHERE id = :task_id AND status = :from_status
 RETURNING id, status, claim_generation, attempts;
 
 -- name: insert_event
+-- guard: none -- evidence, written in the transaction of the operation it records
 INSERT INTO leaseq_events (task_id, type, generation, worker_id, detail)
 VALUES (:task_id, :type, :generation, :worker_id, :detail);
 
@@ -383,6 +381,7 @@ SELECT e.value ->> '$.task_id', e.value ->> '$.type', e.value ->> '$.generation'
 FROM json_each(:events) AS e;
 
 -- name: report_loss
+-- guard: none -- evidence of a lease already lost; conditioned on the events of that generation
 -- A worker's own account of losing a lease: one per lost generation. Written
 -- only when this worker was issued the generation (its "claimed" event), the
 -- generation did not end by the holder's own hand (completed, failed,
@@ -400,6 +399,7 @@ WHERE EXISTS (SELECT 1 FROM leaseq_events e
 RETURNING id;
 
 -- name: generation_outcome
+-- guard: none -- a read of a generation's events (why report_loss wrote nothing)
 -- Why report_loss wrote nothing: was the generation this worker's, and what
 -- ended it (the first of completed, failed, lease_released, lease_lost)?
 SELECT EXISTS (SELECT 1 FROM leaseq_events
@@ -485,9 +485,11 @@ WHERE token_id = :token_id AND revoked_at IS NULL
 RETURNING id;
 
 -- name: link_worker_token
+-- guard: none -- links a new worker to its credential; no lease involved
 UPDATE leaseq_workers SET token_id = :token_id WHERE id = :worker_id RETURNING id;
 
 -- name: worker_token
+-- guard: none -- a read of the worker's credential (authorization)
 SELECT id, token_id, revoked_at FROM leaseq_workers WHERE id = :worker_id;
 
 -- name: token_held_task

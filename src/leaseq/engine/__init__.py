@@ -1,0 +1,21 @@
+"""Each queue operation, written once and free of I/O.
+
+An operation is a generator (see :mod:`.steps`): it validates its input,
+yields the named statements it needs, decides between their answers, and
+returns its result. :class:`leaseq.Queue` drives it synchronously,
+:class:`leaseq.AsyncQueue` on the event loop (:mod:`.drive`). Where each
+operation lives:
+
+- :mod:`.leases`: claim, renew, complete, fail, release, report a loss, sweep
+- :mod:`.effects`: begin and finish an effect, the action ledger
+- :mod:`.enqueue`: enqueue one task or many
+- :mod:`.operator`: workers in and out, cancel, reconcile, unblock, requeue, pause
+- :mod:`.reads`: tasks, events, workers, queues, stats, the database clock
+- :mod:`.schema`: migrations and retention
+"""
+
+from . import effects, enqueue, leases, operator, reads, schema
+from .common import Settings
+from .drive import adrive, drive, drive_in
+
+__all__ = ["Settings", "adrive", "drive", "drive_in", "effects", "enqueue", "leases", "operator", "reads", "schema"]

@@ -1,0 +1,140 @@
+"""What every engine operation shares: the queue's settings, row conversions,
+evidence and audit entries, and the checks of a worker and a claim."""
+
+from __future__ import annotations
+
+import getpass
+from dataclasses import dataclass
+from datetime import datetime
+from typing import TYPE_CHECKING, Any
+
+from ..core import checks
+from ..core.errors import InvalidInput, NotFound, UnknownWorker
+from ..core.model import Claim, Effect, Task, Worker
+from ..store.base import BackendCapabilities
+from .steps import Op, one, rows
+
+if TYPE_CHECKING:  # pragma: no cover
+    from ..fencing.tokens import ActionSigner
+
+#: Settings of the evidence trail (see :class:`leaseq.Queue`).
+EVIDENCE_LEVELS = ("full", "compact")
+#: Events whose detail the compact setting drops: the row itself says it all.
+ROUTINE_EVENTS = frozenset({"claimed", "completed"})
+
+_TASK_FIELDS = frozenset(Task.__dataclass_fields__)
+_TASK_ORDER = tuple(Task.__dataclass_fields__)
+_EFFECT_FIELDS = frozenset(Effect.__dataclass_fields__)
+
+
+@dataclass(frozen=True)
+class Settings:
+    """A queue's settings, as every operation reads them."""
+
+    backend: BackendCapabilities
+    evidence: str = "full"
+    max_same_error: int = checks.DEFAULT_MAX_SAME_ERROR
+    signer: ActionSigner | None = None
+    action_token_ttl: float = 300.0
+
+    @property
+    def compact(self) -> bool:
+        """Whether the routine events keep only their columns (``evidence="compact"``)."""
+        return self.evidence == "compact"
+
+
+def to_task(row: dict[str, Any]) -> Task:
+    """A task row as a :class:`Task`."""
+    try:  # a whole row (the common case, a claim's hot path): fill the frozen record directly
+        values = {k: row[k] for k in _TASK_ORDER}
+    except KeyError:  # a partial row: the dataclass supplies the defaults
+        return Task(**{k: v for k, v in row.items() if k in _TASK_FIELDS})
+    task = object.__new__(Task)
+    task.__dict__.update(values)
+    return task
+
+
+def to_effect(row: dict[str, Any], *, replayed: bool = False) -> Effect:
+    """An effect row as an :class:`Effect`."""
+    return Effect(**{k: v for k, v in row.items() if k in _EFFECT_FIELDS}, replayed=replayed)
+
+
+def worker_id(worker: Worker | str) -> str:
+    """The id of a :class:`Worker` (or the id itself), checked."""
+    wid = worker.id if isinstance(worker, Worker) else worker
+    if not isinstance(wid, str) or not wid:
+        raise InvalidInput("worker", f"must be a Worker from register_worker() (got {worker!r})")
+    return wid
+
+
+def check_claim(wid: str, claim: Claim) -> None:
+    """A claim of worker ``wid``, as claim() returned it; InvalidInput (field ``claim``) otherwise."""
+    if not isinstance(claim, Claim):
+        raise InvalidInput("claim", f"must be a Claim returned by claim() (got {type(claim).__name__})")
+    for name in ("task_id", "generation"):
+        value = getattr(claim, name)
+        if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= 2**63 - 1:
+            raise InvalidInput("claim", f"{name} must be an integer from 0 to 2**63-1 (got {value!r})")
+    if claim.worker_id != wid:
+        raise InvalidInput("claim", f"belongs to worker {claim.worker_id!r}, not {wid!r}")
+
+
+def heartbeats(row: dict[str, Any]) -> dict[str, Any]:
+    """The compact heartbeat history of one lease, for the event that ends it."""
+    last = row.get("last_heartbeat_at")
+    return {
+        "heartbeats": row.get("heartbeat_count", 0),
+        "last_heartbeat_at": last.isoformat() if isinstance(last, datetime) else last,
+        "longest_heartbeat_gap": round(float(row.get("longest_heartbeat_gap") or 0.0), 3),
+    }
+
+
+def event_params(s: Settings, task_id: int, type_: str, generation: int | None, wid: str | None,
+                 **detail: Any) -> dict[str, Any]:
+    """One evidence entry, as the insert_event(s) queries take it."""
+    type_ = str(getattr(type_, "value", type_))
+    if s.compact and type_ in ROUTINE_EVENTS:
+        detail = {}
+    return dict(task_id=task_id, type=type_, generation=generation, worker_id=wid, detail=detail)
+
+
+def event(s: Settings, task_id: int, type_: str, generation: int | None, wid: str | None, **detail: Any) -> Op[None]:
+    """Write one evidence entry in the open transaction."""
+    yield rows("insert_event", **event_params(s, task_id, type_, generation, wid, **detail))
+
+
+def default_actor() -> str:
+    """Who acts when an operator action names nobody: the OS user."""
+    try:
+        return getpass.getuser()
+    except Exception:  # pragma: no cover - no user database in some containers
+        return "operator"
+
+
+def actor(by: str | None, via: str | None) -> tuple[str, str | None]:
+    """``by`` and ``via`` of an operator action, checked; ``by`` defaults to the OS user."""
+    return checks.check_text("by", by) or default_actor(), checks.check_text("via", via)
+
+
+def audit(by: str, via: str | None, action: str, target: str, **detail: Any) -> Op[None]:
+    """The audit entry of an operator or admin action, in the action's own transaction."""
+    if via is not None:
+        detail["via"] = via
+    yield rows("audit_insert", actor=by, action=action, target=target, detail=detail)
+
+
+def require_task(task_id: int, *, lock: bool = False) -> Op[dict[str, Any]]:
+    """The task row (locked for the transaction with ``lock``); NotFound if there is none."""
+    row = yield one("lock_task" if lock else "get_task", task_id=task_id)
+    if row is None:
+        raise NotFound(f"task {task_id} does not exist")
+    return row
+
+
+def check_worker(wid: str, *, lock: bool = False) -> Op[None]:
+    """UnknownWorker unless ``wid`` is registered and not revoked."""
+    row = yield one("lock_worker" if lock else "get_worker", worker_id=wid)
+    if row is None:
+        raise UnknownWorker(f"worker {wid!r} was never registered with this queue")
+    if row["revoked_at"] is not None:
+        raise UnknownWorker(f"worker {wid!r} was revoked")

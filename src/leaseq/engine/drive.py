@@ -1,0 +1,139 @@
+"""The two drivers of engine operations: one blocking, one on the event loop.
+
+Both run the same steps the same way (see :mod:`leaseq.engine.steps`):
+:func:`drive` with the backend's transactions, :func:`adrive` with its
+asyncio transactions where the backend declares ``native_async``
+(PostgreSQL), else by running :func:`drive` in a thread (sqlite3 has no
+asyncio form). :func:`drive_in` runs an operation inside a transaction the
+caller already holds.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+from ..store.base import Store, Tx
+from .steps import Begin, Commit, One, Op, Rows, Script, T
+
+
+def _answer(tx: Any, step: Any) -> Any:
+    if type(step) is Rows:
+        return tx.rows(step.query, **step.params)
+    if type(step) is One:
+        return tx.row(step.query, **step.params)
+    tx.script(step.sql)
+    return None
+
+
+def drive(store: Store, op: Op[T]) -> T:
+    """Run ``op`` to its end on ``store``, blocking; returns its result."""
+    cm: Any = None
+    tx: Any = None
+    answer: Any = None
+    error: BaseException | None = None
+    while True:
+        try:
+            step = op.send(answer) if error is None else op.throw(error)
+        except StopIteration as stop:
+            if cm is not None:
+                cm.__exit__(None, None, None)
+            return stop.value
+        except BaseException as exc:
+            if cm is not None and cm.__exit__(type(exc), exc, exc.__traceback__):
+                return None  # type: ignore[return-value]  # never: the backends' transactions swallow nothing
+            raise
+        answer = error = None
+        kind = type(step)
+        if kind is Rows or kind is One or kind is Script:
+            try:
+                answer = _answer(tx, step)
+            except BaseException as exc:  # the statement failed: its transaction ends here, rolled back
+                ending, cm, tx = cm, None, None
+                try:
+                    ending.__exit__(type(exc), exc, exc.__traceback__)
+                    error = exc
+                except BaseException as mapped:  # the backend's own error for it (e.g. KeyConflict)
+                    error = mapped
+        elif kind is Begin:
+            cm = store.transaction(one_statement=step.one_statement)
+            tx = cm.__enter__()
+        elif kind is Commit:
+            ending, cm, tx = cm, None, None
+            try:
+                ending.__exit__(None, None, None)
+            except BaseException as exc:
+                error = exc
+        else:  # pragma: no cover - a programming error in an operation
+            raise TypeError(f"an operation yielded {step!r}, not a step")
+
+
+def drive_in(tx: Tx, op: Op[T]) -> T:
+    """Run ``op``, which must not begin or commit, inside the caller's open transaction ``tx``."""
+    answer: Any = None
+    while True:
+        try:
+            step = op.send(answer)
+        except StopIteration as stop:
+            return stop.value
+        if type(step) is Begin or type(step) is Commit:
+            raise TypeError("drive_in runs steps inside the caller's transaction: the operation may not "
+                            "begin or commit one")
+        answer = _answer(tx, step)
+
+
+async def adrive(store: Store, op: Op[T]) -> T:
+    """Run ``op`` to its end for asyncio code: on the event loop where the
+    backend has an asyncio driver, else in a thread."""
+    if not store.capabilities.native_async:
+        return await asyncio.to_thread(drive, store, op)
+    cm: Any = None
+    tx: Any = None
+    answer: Any = None
+    error: BaseException | None = None
+    while True:
+        try:
+            step = op.send(answer) if error is None else op.throw(error)
+        except StopIteration as stop:
+            if cm is not None:
+                await cm.__aexit__(None, None, None)
+            return stop.value
+        except BaseException as exc:
+            if cm is not None and await cm.__aexit__(type(exc), exc, exc.__traceback__):
+                return None  # type: ignore[return-value]
+            raise
+        answer = error = None
+        kind = type(step)
+        if kind is Rows or kind is One:
+            try:
+                answer = await tx.rows(step.query, **step.params)
+                if kind is One:
+                    answer = answer[0] if answer else None
+            except BaseException as exc:  # includes cancellation: the transaction is rolled back
+                ending, cm, tx = cm, None, None
+                try:
+                    await ending.__aexit__(type(exc), exc, exc.__traceback__)
+                    error = exc
+                except BaseException as mapped:
+                    error = mapped
+        elif kind is Script:
+            try:
+                await tx.script(step.sql)
+            except BaseException as exc:
+                ending, cm, tx = cm, None, None
+                try:
+                    await ending.__aexit__(type(exc), exc, exc.__traceback__)
+                    error = exc
+                except BaseException as mapped:
+                    error = mapped
+        elif kind is Begin:
+            cm = store.atransaction(one_statement=step.one_statement)
+            tx = await cm.__aenter__()
+        elif kind is Commit:
+            ending, cm, tx = cm, None, None
+            try:
+                await ending.__aexit__(None, None, None)
+            except BaseException as exc:
+                error = exc
+        else:  # pragma: no cover
+            raise TypeError(f"an operation yielded {step!r}, not a step")

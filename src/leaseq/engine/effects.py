@@ -1,0 +1,155 @@
+"""Effects: the intent and the response of a task's calls to the outside world.
+
+Both are written under the lease: ``lock_lease`` checks the lease guard and
+locks the task row for the transaction, so no cancel or expiry routing can
+slip between the check and the write that follows it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from collections.abc import Iterable
+from datetime import datetime
+from typing import Any
+
+from ..core import checks
+from ..core.errors import InvalidInput, InvalidTransition, LeaseLost, QueuePaused
+from ..core.model import Claim, Effect, Worker
+from .common import Settings, check_claim, event, require_task, to_effect, worker_id
+from .steps import BEGIN, COMMIT, Op, one, rows
+
+#: Most actions one task may declare.
+MAX_ACTIONS = 100
+
+
+def check_actions(actions: Iterable[str] | None, effect: str) -> str | None:
+    """The declared actions as JSON text for the task row (None: undeclared), or InvalidInput.
+
+    A read_only task takes no actions: it may declare none (an empty list
+    says the same and is stored as such).
+    """
+    if actions is None:
+        return None
+    if isinstance(actions, (str, bytes)) or not isinstance(actions, Iterable):
+        raise InvalidInput("actions", f"must be a list of action names, or None (got {actions!r})")
+    names = list(dict.fromkeys(checks.check_kind(a, f"actions[{i}]") for i, a in enumerate(actions)))
+    if len(names) > MAX_ACTIONS:
+        raise InvalidInput("actions", f"names {len(names)} actions; at most {MAX_ACTIONS}")
+    if names and effect == "read_only":
+        raise InvalidInput("actions", "a read_only task may take no actions; declare the task "
+                                      "effect='idempotent' or effect='side_effect'")
+    return json.dumps(names)
+
+
+def action_refusal(held: dict[str, Any], action: str) -> str | None:
+    """Why the task of a lease (``lock_lease``'s row) may not begin ``action``, or None if it may.
+
+    Declared actions bind; a task that declared none may take any action
+    unless it is read_only, which may take none.
+    """
+    declared = held["actions"]
+    if held["effect"] == "read_only":
+        return (f"task {held['id']} is read_only and may begin no action ({action!r} refused); "
+                "enqueue it as effect='idempotent' or 'side_effect'")
+    if declared is not None and action not in declared:
+        listed = ", ".join(repr(a) for a in declared) or "none"
+        return f"{action!r} is not an action task {held['id']} declared (declared: {listed})"
+    return None
+
+
+def begin_effect(s: Settings, worker: Worker | str, claim: Claim, action: str, key: str | None = None, *,
+                 resource: str | None = None) -> Op[Effect]:
+    """:meth:`leaseq.Queue.begin_effect`."""
+    wid = worker_id(worker)
+    check_claim(wid, claim)
+    checks.check_kind(action, "action")
+    if key is not None:
+        checks.check_key("key", key)
+    if resource is not None:
+        checks.check_key("resource", resource)
+    yield BEGIN
+    held = yield one("lock_lease", task_id=claim.task_id, worker_id=wid, generation=claim.generation)
+    if held is None:
+        raise LeaseLost(claim.task_id, claim.generation, "begin_effect refused: lease no longer held")
+    refusal = action_refusal(held, action)
+    if refusal is not None:
+        raise InvalidInput("action", refusal)
+    deadline = held["lease_expires_at"]
+    fx_key = key if key is not None else f"{held['idempotency_key']}:{action}"
+    existing = yield one("get_effect", task_id=claim.task_id, idempotency_key=fx_key)
+    if existing is not None and existing["status"] == "done":
+        yield COMMIT
+        return signed(s, to_effect(existing, replayed=True), deadline, resource)
+    if existing is not None and existing["generation"] == claim.generation and existing["status"] == "pending":
+        yield COMMIT
+        return signed(s, to_effect(existing), deadline, resource)
+    if held["paused"]:
+        raise QueuePaused(f"queue {held['queue']!r} is paused: no new actions may start")
+    if existing is None:
+        row = yield one("insert_effect", task_id=claim.task_id, generation=claim.generation, worker_id=wid,
+                        action=action, idempotency_key=fx_key)
+    else:
+        # Same key, earlier attempt, no response: an idempotent task reclaimed
+        # with its intent open, or one an operator requeued after
+        # reconciliation. The new attempt takes the intent over; the key
+        # stays, so the downstream service can deduplicate.
+        row = yield one("rebind_effect", effect_id=existing["id"], generation=claim.generation, worker_id=wid)
+    if existing is None or existing["status"] != "pending":
+        yield rows("adjust_open_effects", task_id=claim.task_id, delta=1)
+    detail = dict(action=action, idempotency_key=fx_key, effect_id=row["id"])
+    if existing is not None:
+        detail["previous_generation"] = existing["generation"]
+    yield from event(s, claim.task_id, "effect_intent", claim.generation, wid, **detail)
+    yield COMMIT
+    return signed(s, to_effect(row), deadline, resource)
+
+
+def signed(s: Settings, effect: Effect, deadline: datetime, resource: str | None) -> Effect:
+    """The effect with a signed action token scoped to it, when the queue has a key.
+
+    The token expires at the lease deadline it was issued under (the
+    database's clock), or after ``action_token_ttl`` if that is sooner: a
+    worker that outlives its lease holds an expired token.
+    """
+    if s.signer is None:
+        return effect
+    token = s.signer.issue(effect.task_id, effect.generation, effect.action, effect.idempotency_key,
+                           s.action_token_ttl, resource=resource, not_after=deadline.timestamp())
+    return dataclasses.replace(effect, token=token)
+
+
+def finish_effect(s: Settings, worker: Worker | str, claim: Claim, effect: Effect,
+                  response: Any = None) -> Op[Effect]:
+    """:meth:`leaseq.Queue.finish_effect`."""
+    wid = worker_id(worker)
+    check_claim(wid, claim)
+    if not isinstance(effect, Effect):
+        raise InvalidInput("effect", "must be the Effect returned by begin_effect()")
+    if effect.task_id != claim.task_id:
+        raise InvalidInput("effect", f"belongs to task {effect.task_id}, not task {claim.task_id}")
+    if effect.replayed:
+        return effect
+    checks.check_json("response", response)
+    yield BEGIN
+    if (yield one("lock_lease", task_id=claim.task_id, worker_id=wid, generation=claim.generation)) is None:
+        raise LeaseLost(claim.task_id, claim.generation, "finish_effect refused: lease no longer held")
+    row = yield one("finish_effect", effect_id=effect.id, task_id=claim.task_id, generation=claim.generation,
+                    response=response)
+    if row is None:
+        raise InvalidTransition(f"effect {effect.id} is not open under generation {claim.generation}")
+    yield rows("adjust_open_effects", task_id=claim.task_id, delta=-1)
+    yield from event(s, claim.task_id, "effect_response", claim.generation, wid, action=row["action"],
+                     idempotency_key=row["idempotency_key"], effect_id=row["id"])
+    yield COMMIT
+    return to_effect(row)
+
+
+def effects(s: Settings, task_id: int) -> Op[list[Effect]]:
+    """:meth:`leaseq.Queue.effects`: the action ledger of a task, oldest first."""
+    task_id = checks.check_task_id(task_id)
+    yield BEGIN
+    yield from require_task(task_id)
+    found = yield rows("list_effects", task_id=task_id)
+    yield COMMIT
+    return [to_effect(r) for r in found]

@@ -1,0 +1,261 @@
+"""Leases: claim, renew, complete, fail, release, report a loss, route expired leases.
+
+Every write here runs on the strength of a lease, and the lease guard is in
+the SQL (the ``lease_guard`` template of ``sql/<dialect>/queries.sql``): zero
+rows back means the lease is lost and nothing changed, which these
+operations turn into :class:`LeaseLost` (or leave out of a batch's answer).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from datetime import datetime
+from typing import Any
+
+from ..core import checks
+from ..core.errors import InvalidInput, InvalidTransition, LeaseLost
+from ..core.model import Claim, Status, Task, Worker
+from .common import (Settings, check_claim, check_worker, event, event_params, heartbeats, require_task, to_task,
+                     worker_id)
+from .steps import BEGIN, BEGIN_ONE, COMMIT, Op, one, rows
+
+#: How many expired leases one claim transaction routes at most.
+ROUTE_BATCH = 500
+
+
+def check_kinds(kinds: Iterable[str] | None) -> list[str] | None:
+    """The kinds a claim may take, checked and sorted; None for any kind."""
+    if kinds is None:
+        return None
+    if isinstance(kinds, (str, bytes)) or not isinstance(kinds, Iterable):
+        raise InvalidInput("kinds", f"must be a list of task kinds, or None for any kind (got {kinds!r})")
+    checked = sorted({checks.check_kind(k, f"kinds[{i}]") for i, k in enumerate(kinds)})
+    if not checked:
+        raise InvalidInput("kinds", "must name at least one task kind (None claims any kind)")
+    if len(checked) > 1000:
+        raise InvalidInput("kinds", f"names {len(checked)} kinds; at most 1000")
+    return checked
+
+
+def _settled(found: list[dict[str, Any]]) -> bool:
+    """Whether a fast-path claim_batch answer that claimed nothing is final: no
+    expired lease awaits routing and the worker may claim. Only a backend that
+    answers with its flags (PostgreSQL's row of NULL task columns) can say so;
+    an empty answer (SQLite) sends the claim down the slow path."""
+    return bool(found) and found[0]["id"] is None and not found[0]["routing_due"] and found[0]["worker_ok"]
+
+
+def claim(s: Settings, worker: Worker | str, *, queue: str = "default", limit: int = 1,
+          lease_seconds: float | None = None, kinds: Iterable[str] | None = None) -> Op[list[Claim]]:
+    """:meth:`leaseq.Queue.claim`."""
+    wid = worker_id(worker)
+    checks.check_name("queue", queue)
+    checks.check_int("limit", limit, minimum=1, maximum=10_000)
+    if lease_seconds is not None:
+        checks.check_seconds("lease_seconds", lease_seconds, allow_zero=False)
+    params = dict(queue=queue, worker_id=wid, limit=limit, lease_seconds=lease_seconds, compact=s.compact,
+                  kinds=check_kinds(kinds))
+    # Fast path: one statement, which claims nothing while an expired lease
+    # awaits routing.
+    yield BEGIN_ONE
+    found = yield rows("claim_batch", route_first=True, **params)
+    claimed = yield from _record_claims(s, wid, lease_seconds, found)
+    yield COMMIT
+    if not claimed and not _settled(found):
+        # Slow path: route expired leases, then claim, in one transaction. The
+        # worker row first, as revoke_worker locks it: never a lock cycle with a revocation.
+        yield BEGIN
+        yield from check_worker(wid, lock=True)
+        yield from _route_expired(s)
+        claimed = yield from _record_claims(s, wid, lease_seconds,
+                                            (yield rows("claim_batch", route_first=False, **params)))
+        yield COMMIT
+    claimed.sort(key=lambda r: (-r["priority"], r["available_at"], r["id"]))
+    return [Claim(task_id=r["id"], generation=r["claim_generation"], worker_id=wid,
+                  expires_at=r["lease_expires_at"], task=to_task(r),
+                  lease_seconds=r["lease_seconds"] if lease_seconds is None else float(lease_seconds))
+            for r in claimed]
+
+
+def _record_claims(s: Settings, wid: str, lease_seconds: float | None,
+                   found: list[dict[str, Any]]) -> Op[list[dict[str, Any]]]:
+    """The claimed rows of a claim_batch answer, their events written if the backend's statement did not."""
+    claimed = [r for r in found if r["id"] is not None]
+    if claimed and not s.backend.writes_own_evidence:
+        yield rows("insert_events", events=[
+            event_params(s, r["id"], "claimed", r["claim_generation"], wid, attempt=r["attempts"],
+                         lease_seconds=r["lease_seconds"] if lease_seconds is None else lease_seconds,
+                         lease_expires_at=r["lease_expires_at"].isoformat())
+            for r in claimed])
+    return claimed
+
+
+def renew_leases(s: Settings, worker: Worker | str, claims: list[Claim]) -> Op[dict[int, datetime]]:
+    """:meth:`leaseq.Queue.renew_leases`."""
+    wid = worker_id(worker)
+    for c in claims:
+        check_claim(wid, c)
+    if not claims:
+        return {}
+    yield BEGIN_ONE
+    renewed = yield rows("renew_leases", worker_id=wid, task_ids=[c.task_id for c in claims],
+                         generations=[c.generation for c in claims])
+    yield COMMIT
+    return {r["id"]: r["lease_expires_at"] for r in renewed}
+
+
+def heartbeat(s: Settings, worker: Worker | str, claim: Claim) -> Op[datetime]:
+    """:meth:`leaseq.Queue.heartbeat`: a renewal of one lease."""
+    renewed = yield from renew_leases(s, worker, [claim])
+    if claim.task_id not in renewed:
+        raise LeaseLost(claim.task_id, claim.generation, "heartbeat refused: lease no longer held")
+    return renewed[claim.task_id]
+
+
+def complete_many(s: Settings, worker: Worker | str, done: Sequence[tuple[Claim, Any]]) -> Op[set[int]]:
+    """:meth:`leaseq.Queue.complete_many`: the one completion statement."""
+    wid = worker_id(worker)
+    items, seen = [], set()
+    for claim_, result in done:
+        check_claim(wid, claim_)
+        if claim_.task_id in seen:
+            raise InvalidInput("done", f"names task {claim_.task_id} twice")
+        seen.add(claim_.task_id)
+        items.append({"task_id": claim_.task_id, "generation": claim_.generation,
+                      "result": checks.check_json("result", result)})
+    if not items:
+        return set()
+    # one statement where the backend writes its own evidence; else the
+    # events follow in the same transaction (one_statement is a promise only
+    # a backend that can skip BEGIN acts on)
+    yield BEGIN_ONE
+    completed = yield rows("complete_batch", worker_id=wid, items=items, compact=s.compact)
+    if completed and not s.backend.writes_own_evidence:
+        yield rows("insert_events", events=[
+            event_params(s, r["id"], "completed", r["claim_generation"], wid, attempt=r["attempts"],
+                         **heartbeats(r)) for r in completed])
+    yield COMMIT
+    return {r["id"] for r in completed}
+
+
+def complete(s: Settings, worker: Worker | str, claim: Claim, result: Any = None) -> Op[None]:
+    """:meth:`leaseq.Queue.complete`: a batch of one."""
+    completed = yield from complete_many(s, worker, [(claim, result)])  # checks the claim first
+    if claim.task_id not in completed:
+        raise LeaseLost(claim.task_id, claim.generation, "complete refused: lease no longer held")
+
+
+def fail(s: Settings, worker: Worker | str, claim: Claim, error: str, *, retry: bool = True,
+         block: bool = False, delay: float | None = None) -> Op[Task]:
+    """:meth:`leaseq.Queue.fail`. Where the task goes, and why, is the fail_task query's answer."""
+    wid = worker_id(worker)
+    check_claim(wid, claim)
+    checks.check_text("error", error, required=True)
+    if not isinstance(retry, bool) or not isinstance(block, bool):
+        raise InvalidInput("retry" if not isinstance(retry, bool) else "block", "must be true or false")
+    wait = (checks.backoff_seconds(claim.task.attempts) if delay is None
+            else checks.check_seconds("delay", delay, allow_zero=True, maximum=10 * 365 * 86400.0))
+    yield BEGIN
+    row = yield one("fail_task", task_id=claim.task_id, worker_id=wid, generation=claim.generation, error=error,
+                    fingerprint=checks.error_fingerprint(error), retry=retry, block=block, delay=wait,
+                    max_same_error=s.max_same_error)
+    if row is None:
+        raise LeaseLost(claim.task_id, claim.generation, "fail refused: lease no longer held")
+    detail: dict[str, Any] = dict(error=error, attempt=row["attempts"], next_status=row["status"],
+                                  error_streak=row["error_streak"], **heartbeats(row))
+    if row["status"] == Status.QUEUED:
+        detail["retry_at"] = row["available_at"].isoformat()
+    yield from event(s, claim.task_id, "failed", claim.generation, wid, **detail)
+    if row["status"] != Status.QUEUED:
+        yield from event(s, claim.task_id, row["status"], claim.generation, wid, reason=row["reason"])
+    task = yield one("get_task", task_id=claim.task_id)
+    yield COMMIT
+    return to_task(task)
+
+
+def release(s: Settings, worker: Worker | str, claim: Claim, reason: str = "released") -> Op[Task]:
+    """:meth:`leaseq.Queue.release`: the lease ends now and the recovery policy routes the task."""
+    wid = worker_id(worker)
+    check_claim(wid, claim)
+    checks.check_text("reason", reason, required=True)
+    yield BEGIN
+    row = yield one("expire_lease", task_id=claim.task_id, worker_id=wid, generation=claim.generation)
+    if row is None:
+        raise LeaseLost(claim.task_id, claim.generation, "release refused: lease no longer held")
+    yield from _route(s, [row], event_type="lease_released", reason=reason)
+    task = yield one("get_task", task_id=claim.task_id)
+    yield COMMIT
+    return to_task(task)
+
+
+def report_loss(s: Settings, worker: Worker | str, claim: Claim, reason: str) -> Op[None]:
+    """:meth:`leaseq.Queue.report_loss`: evidence only; the report_loss query decides whether it is due."""
+    wid = worker_id(worker)
+    check_claim(wid, claim)
+    checks.check_text("reason", reason, required=True)
+    yield BEGIN
+    yield from require_task(claim.task_id, lock=True)
+    params = event_params(s, claim.task_id, "lease_lost", claim.generation, wid, reason=reason)
+    written = yield one("report_loss", task_id=claim.task_id, generation=claim.generation, worker_id=wid,
+                        detail=params["detail"])
+    if written is not None:
+        yield COMMIT
+        return
+    why = yield one("generation_outcome", task_id=claim.task_id, generation=claim.generation, worker_id=wid)
+    yield COMMIT
+    if not why["held"]:
+        raise InvalidInput("claim", f"worker {wid!r} never held generation {claim.generation} "
+                                    f"of task {claim.task_id}")
+    if why["ended"] == "lease_lost":
+        raise InvalidTransition(f"task {claim.task_id} generation {claim.generation}: "
+                                "its loss was already reported")
+    raise InvalidTransition(f"task {claim.task_id} generation {claim.generation}: not lost, it ended "
+                            f"by its holder ({why['ended']})")
+
+
+def sweep(s: Settings) -> Op[int]:
+    """:meth:`leaseq.Queue.sweep`: route every expired lease, a batch per transaction."""
+    total = 0
+    while True:
+        yield BEGIN
+        n = yield from _route_expired(s)
+        yield COMMIT
+        total += n
+        if n < ROUTE_BATCH:
+            return total
+
+
+def _route_expired(s: Settings) -> Op[int]:
+    expired = yield rows("lock_expired", limit=ROUTE_BATCH)
+    if expired:
+        yield from _route(s, expired, event_type="lease_expired", reason="lease expired without renewal")
+    return len(expired)
+
+
+def _route(s: Settings, leases: list[dict[str, Any]], *, event_type: str, reason: str) -> Op[None]:
+    """Apply the recovery policy (the ``route_expired`` query) to locked, expired leases, with their evidence."""
+    routed = {r["id"]: r for r in (yield rows("route_expired", task_ids=[r["id"] for r in leases]))}
+    events = []
+    for lease in leases:
+        r = routed.get(lease["id"])
+        if r is None:
+            continue
+        events.append(event_params(
+            s, lease["id"], event_type, lease["claim_generation"], lease["lease_owner"], reason=reason,
+            routed_to=r["status"], open_intents=r["open_effects"], attempt=r["attempts"],
+            lease_expires_at=lease["lease_expires_at"].isoformat(), **heartbeats(lease)))
+        if r["status"] != Status.QUEUED:  # the query says why it did not simply queue the task again
+            events.append(event_params(s, lease["id"], r["status"], lease["claim_generation"],
+                                       lease["lease_owner"], reason=r["reason"]))
+    if events:
+        yield rows("insert_events", events=events)
+
+
+def end_worker_leases(s: Settings, wid: str, reason: str) -> Op[int]:
+    """End every lease of a just-revoked worker, with a ``lease_revoked`` event each, in the open
+    transaction. Returns how many leases ended."""
+    ended = yield rows("end_worker_leases", worker_id=wid)
+    if ended:
+        yield rows("insert_events", events=[event_params(s, r["id"], "lease_revoked", r["claim_generation"], wid,
+                                                         reason=reason) for r in ended])
+    return len(ended)

@@ -1,0 +1,141 @@
+"""Operator actions: workers in and out, cancel, reconcile, unblock, requeue, pause.
+
+Each action takes ``by`` (who acts: recorded in the evidence trail and the
+audit log) and ``via`` (how: "api", "dashboard", "cli"), and writes its audit
+entry in its own transaction: if the entry cannot be written, the action
+does not happen either. None of these is lease-backed: an operator decides
+over a task whoever holds it, and the holder's next guarded write is refused.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from ..core import checks
+from ..core.errors import InvalidInput, InvalidTransition, UnknownWorker
+from ..core.model import Status, Task, Worker
+from .common import Settings, actor, audit, event, require_task, to_task, worker_id
+from .leases import end_worker_leases
+from .steps import BEGIN, COMMIT, Op, one, rows
+
+
+def register_worker(s: Settings, name: str = "worker", *, token_id: str | None = None) -> Op[Worker]:
+    """:meth:`leaseq.Queue.register_worker`."""
+    checks.check_name("name", name)
+    yield BEGIN
+    row = yield one("register_worker", name=name)
+    if token_id is not None:
+        yield rows("link_worker_token", worker_id=row["id"], token_id=checks.check_name("token_id", token_id))
+    yield COMMIT
+    return Worker(id=row["id"], name=row["name"], registered_at=row["registered_at"])
+
+
+def revoke_worker(s: Settings, worker: Worker | str, *, by: str | None = None,
+                  via: str | None = None) -> Op[dict[str, Any]]:
+    """:meth:`leaseq.Queue.revoke_worker`."""
+    wid = worker_id(worker)
+    by, via = actor(by, via)
+    yield BEGIN
+    if (yield one("revoke_worker", worker_id=wid)) is None:
+        if (yield one("get_worker", worker_id=wid)) is None:
+            raise UnknownWorker(f"worker {wid!r} was never registered")
+        yield from audit(by, via, "revoke_worker", f"worker:{wid}", already_revoked=True)
+        yield COMMIT
+        return {"worker_id": wid, "revoked": True}  # revoked before: its leases ended then
+    ended = yield from end_worker_leases(s, wid, "worker revoked")
+    yield from audit(by, via, "revoke_worker", f"worker:{wid}", ended_leases=ended)
+    yield COMMIT
+    return {"worker_id": wid, "revoked": True}
+
+
+def cancel(s: Settings, task_id: int, reason: str = "cancelled", *, by: str | None = None,
+           via: str | None = None) -> Op[Task]:
+    """:meth:`leaseq.Queue.cancel`."""
+    task_id = checks.check_task_id(task_id)
+    checks.check_text("reason", reason, required=True)
+    by, via = actor(by, via)
+    yield BEGIN
+    before = yield from require_task(task_id, lock=True)
+    if (yield one("cancel_task", task_id=task_id, reason=f"cancelled: {reason}")) is None:
+        raise InvalidTransition(f"task {task_id} is {before['status']}; only unfinished tasks can be cancelled")
+    detail: dict[str, Any] = dict(by=by, reason=reason, previous_status=before["status"])
+    if before["status"] == Status.RUNNING:
+        detail["revoked_lease_of"] = before["lease_owner"]
+        detail["open_intents"] = before["open_effects"]
+    yield from event(s, task_id, "cancelled", before["claim_generation"] or None, None, **detail)
+    yield from audit(by, via, "cancel", f"task:{task_id}", reason=reason, previous_status=before["status"])
+    task = yield one("get_task", task_id=task_id)
+    yield COMMIT
+    return to_task(task)
+
+
+_OUTCOMES = {"completed": Status.COMPLETED, "requeue": Status.QUEUED, "cancel": Status.CANCELLED}
+
+
+def reconcile(s: Settings, task_id: int, outcome: str, note: str, *, result: Any = None, by: str | None = None,
+              via: str | None = None) -> Op[Task]:
+    """:meth:`leaseq.Queue.reconcile`."""
+    task_id = checks.check_task_id(task_id)
+    if not isinstance(outcome, str) or outcome not in _OUTCOMES:
+        raise InvalidInput("outcome", f"must be one of completed, requeue, cancel (got {outcome!r})")
+    checks.check_text("note", note, required=True)
+    checks.check_json("result", result)
+    by, via = actor(by, via)
+    yield BEGIN
+    before = yield from require_task(task_id, lock=True)
+    row = yield one("set_task_status", task_id=task_id, from_status=Status.NEEDS_RECONCILIATION.value,
+                    status=_OUTCOMES[outcome].value, set_result=outcome == "completed", result=result,
+                    reset_attempts=False)
+    if row is None:
+        raise InvalidTransition(f"task {task_id} is {before['status']}, not needs_reconciliation")
+    settled = yield rows("settle_open_effects", task_id=task_id)
+    yield from event(s, task_id, "reconciled", before["claim_generation"] or None, None, by=by, outcome=outcome,
+                     note=note, settled_intents=[e["idempotency_key"] for e in settled])
+    yield from audit(by, via, "reconcile", f"task:{task_id}", outcome=outcome, note=note)
+    task = yield one("get_task", task_id=task_id)
+    yield COMMIT
+    return to_task(task)
+
+
+def unblock(s: Settings, task_id: int, note: str, *, by: str | None = None, via: str | None = None) -> Op[Task]:
+    """:meth:`leaseq.Queue.unblock`."""
+    return (yield from _resume(s, task_id, Status.BLOCKED, "unblocked", "unblock", note, by, via,
+                               reset_attempts=False))
+
+
+def requeue(s: Settings, task_id: int, note: str = "requeued by operator", *, by: str | None = None,
+            via: str | None = None) -> Op[Task]:
+    """:meth:`leaseq.Queue.requeue`."""
+    return (yield from _resume(s, task_id, Status.DEAD, "requeued", "requeue", note, by, via, reset_attempts=True))
+
+
+def _resume(s: Settings, task_id: int, from_status: Status, event_type: str, action: str, note: str,
+            by: str | None, via: str | None, *, reset_attempts: bool) -> Op[Task]:
+    task_id = checks.check_task_id(task_id)
+    checks.check_text("note", note, required=True)
+    by, via = actor(by, via)
+    yield BEGIN
+    before = yield from require_task(task_id, lock=True)
+    row = yield one("set_task_status", task_id=task_id, from_status=from_status.value, status=Status.QUEUED.value,
+                    set_result=False, result=None, reset_attempts=reset_attempts)
+    if row is None:
+        raise InvalidTransition(f"task {task_id} is {before['status']}, not {from_status.value}")
+    yield from event(s, task_id, event_type, before["claim_generation"] or None, None, by=by, note=note,
+                     previous_attempts=before["attempts"])
+    yield from audit(by, via, action, f"task:{task_id}", note=note)
+    yield rows("notify_work", queue=before["queue"])
+    task = yield one("get_task", task_id=task_id)
+    yield COMMIT
+    return to_task(task)
+
+
+def set_paused(s: Settings, queue: str, paused: bool, *, by: str | None = None,
+               via: str | None = None) -> Op[dict[str, Any]]:
+    """:meth:`leaseq.Queue.pause` and :meth:`leaseq.Queue.resume`: the queue's off-switch."""
+    checks.check_name("queue", queue)
+    by, via = actor(by, via)
+    yield BEGIN
+    yield one("set_paused", queue=queue, paused=paused, actor=by)
+    yield from audit(by, via, "pause" if paused else "resume", f"queue:{queue}")
+    yield COMMIT
+    return {"queue": queue, "paused": paused}

@@ -1,0 +1,71 @@
+"""Reads: tasks, their evidence trail, workers, queues, counts and the database clock."""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Any
+
+from ..core import checks
+from ..core.model import Event, Task
+from .common import Settings, require_task, to_task
+from .steps import BEGIN, COMMIT, Op, one, rows
+
+
+def _read(query: str, **params: Any) -> Op[list[dict[str, Any]]]:
+    yield BEGIN
+    found = yield rows(query, **params)
+    yield COMMIT
+    return found
+
+
+def get(s: Settings, task_id: int) -> Op[Task]:
+    """:meth:`leaseq.Queue.get`."""
+    task_id = checks.check_task_id(task_id)
+    yield BEGIN
+    row = yield from require_task(task_id)
+    yield COMMIT
+    return to_task(row)
+
+
+def list_tasks(s: Settings, *, status: str | None = None, queue: str | None = None,
+               limit: int = 100) -> Op[list[Task]]:
+    """:meth:`leaseq.Queue.list_tasks`."""
+    if status is not None:
+        checks.check_status(status)
+    if queue is not None:
+        checks.check_name("queue", queue)
+    checks.check_int("limit", limit, minimum=1, maximum=100_000)
+    return [to_task(r) for r in (yield from _read("list_tasks", status=status, queue=queue, limit=limit))]
+
+
+def events(s: Settings, task_id: int) -> Op[list[Event]]:
+    """:meth:`leaseq.Queue.events`."""
+    task_id = checks.check_task_id(task_id)
+    yield BEGIN
+    yield from require_task(task_id)
+    found = yield rows("list_events", task_id=task_id)
+    yield COMMIT
+    return [Event(**r) for r in found]
+
+
+def workers(s: Settings) -> Op[list[dict[str, Any]]]:
+    """:meth:`leaseq.Queue.workers`."""
+    return (yield from _read("list_workers"))
+
+
+def queues(s: Settings) -> Op[list[dict[str, Any]]]:
+    """:meth:`leaseq.Queue.queues`."""
+    return (yield from _read("list_queues"))
+
+
+def stats(s: Settings) -> Op[list[dict[str, Any]]]:
+    """:meth:`leaseq.Queue.stats`."""
+    return (yield from _read("stats"))
+
+
+def now(s: Settings) -> Op[datetime]:
+    """:meth:`leaseq.Queue.now`."""
+    yield BEGIN
+    row = yield one("db_now")
+    yield COMMIT
+    return row["now"]

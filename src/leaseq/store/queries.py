@@ -1,0 +1,188 @@
+"""The named-query loader: ``sql/<dialect>/queries.sql`` read into annotated queries.
+
+A queries file holds two kinds of block:
+
+``-- template: <name>(<param>=<default>)``
+    A fragment of SQL written once and expanded wherever a query writes
+    ``/* TEMPLATE: <name> */`` (or ``/* TEMPLATE: <name>(<argument>) */``)
+    on a line of its own. The lease guard is one: each dialect defines it
+    once, and every lease-backed write expands it.
+
+``-- name: <query>``
+    One statement. Its leading comment lines may carry annotations, each
+    ``-- <key>: <value>``:
+
+    ``-- guard: lease``
+        a write (or a lock for a write) on the strength of a lease: it must
+        expand the ``lease_guard`` template;
+    ``-- guard: none -- <reason>``
+        takes a worker id but is not lease-backed, and says why;
+    ``-- plan: generic``
+        prepared on its first use on a connection and always run with the
+        prepared statement's generic plan (PostgreSQL);
+    ``-- no-op: <reason>``
+        nothing to run on this backend: the backend answers no rows without
+        a round trip (the query exists so both dialects name the same
+        operations);
+    ``-- unused: <param>[, <param>] -- <reason>``
+        parameters every caller passes that this dialect's statement does
+        not need (tests/unit/test_queries.py otherwise keeps both dialects'
+        parameters equal).
+
+tests/unit/test_queries.py reads these annotations: a query that takes a
+worker id without a ``guard`` annotation fails it, and so does a ``guard:
+lease`` query whose expanded text lacks any line of the guard.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from functools import cache
+from importlib import resources
+
+__all__ = ["NamedQuery", "Template", "load_named_queries", "load_queries", "parse_named_blocks",
+           "parse_queries_file"]
+
+_BLOCK = re.compile(r"^-- (name|template): (\w+)(?:\((\w+)=(.*)\))?\s*$", re.MULTILINE)
+_USE = re.compile(r"^(?P<indent>[ \t]*)/\* TEMPLATE: (?P<name>\w+)(?:\((?P<arg>[^)]*)\))? \*/(?P<tail>;?)[ \t]*$",
+                  re.MULTILINE)
+_ANNOTATION = re.compile(r"^-- (guard|plan|no-op|unused): (.*)$")
+#: the guard every lease-backed query expands
+LEASE_GUARD = "lease_guard"
+
+
+@dataclass(frozen=True)
+class Template:
+    """A fragment of SQL, with at most one parameter (``{<param>}`` in its text)."""
+
+    name: str
+    body: str
+    param: str | None = None
+    default: str | None = None
+
+    def expand(self, arg: str | None, indent: str) -> str:
+        """The fragment's lines, each indented by ``indent``, with ``arg`` (or the default) substituted."""
+        body = self.body
+        if self.param is not None:
+            body = body.replace("{" + self.param + "}", (arg if arg is not None else self.default or "").strip())
+        elif arg is not None:
+            raise ValueError(f"template {self.name!r} takes no argument (given {arg!r})")
+        return "\n".join(indent + line for line in body.splitlines())
+
+
+@dataclass(frozen=True)
+class NamedQuery:
+    """One ``-- name:`` block: its source, its expanded SQL and its annotations."""
+
+    name: str
+    source: str           # as written, template uses unexpanded
+    sql: str              # what the backend runs
+    guard: str | None = None          # "lease", "none" or None (not annotated)
+    guard_reason: str = ""
+    generic_plan: bool = False
+    noop: str | None = None           # the reason, when the statement is a no-op on this backend
+    unused: frozenset[str] = field(default_factory=frozenset)
+    templates: tuple[tuple[str, str | None], ...] = ()  # (template, argument) per use
+
+    @property
+    def lease_guarded(self) -> bool:
+        """Whether the query is annotated ``guard: lease``."""
+        return self.guard == "lease"
+
+
+def _annotations(name: str, body: str, where: str) -> dict[str, object]:
+    found: dict[str, object] = {}
+    for line in body.splitlines():
+        if not line.startswith("--"):
+            break  # annotations sit in the block's leading comment
+        m = _ANNOTATION.match(line.strip())
+        if m is None:
+            continue
+        key, value = m.group(1), m.group(2).strip()
+        if key in found:
+            raise RuntimeError(f"{where}: query {name!r} has two {key!r} annotations")
+        found[key] = value
+    out: dict[str, object] = {}
+    if "guard" in found:
+        kind, _, reason = str(found["guard"]).partition("--")
+        kind, reason = kind.strip(), reason.strip()
+        if kind not in ("lease", "none"):
+            raise RuntimeError(f"{where}: query {name!r}: guard must be 'lease' or 'none -- <reason>' "
+                               f"(got {found['guard']!r})")
+        if kind == "none" and not reason:
+            raise RuntimeError(f"{where}: query {name!r}: 'guard: none' needs a reason ('-- guard: none -- why')")
+        out["guard"], out["guard_reason"] = kind, reason
+    if "plan" in found:
+        if found["plan"] != "generic":
+            raise RuntimeError(f"{where}: query {name!r}: the only plan annotation is 'plan: generic'")
+        out["generic_plan"] = True
+    if "no-op" in found:
+        out["noop"] = str(found["no-op"]) or "no-op"
+    if "unused" in found:
+        names = str(found["unused"]).split("--", 1)[0]
+        out["unused"] = frozenset(p.strip() for p in names.split(",") if p.strip())
+    return out
+
+
+def parse_queries_file(text: str, source: str) -> tuple[dict[str, Template], dict[str, NamedQuery]]:
+    """Every template and named query of a queries file, templates expanded."""
+    parts = _BLOCK.split(text)
+    templates: dict[str, Template] = {}
+    raw: list[tuple[str, str]] = []
+    for i in range(1, len(parts), 5):
+        kind, name, param, default, body = parts[i:i + 5]
+        if kind == "template":
+            if name in templates:
+                raise RuntimeError(f"template {name!r} defined twice in {source}")
+            # the template's own comment lines document it; its code is the rest
+            code = "\n".join(line for line in body.strip("\n").splitlines() if not line.lstrip().startswith("--"))
+            lines = [line for line in code.splitlines() if line.strip()]
+            margin = min((len(line) - len(line.lstrip()) for line in lines), default=0)
+            templates[name] = Template(name, "\n".join(line[margin:] for line in lines), param, default)
+        else:
+            raw.append((name, body.strip()))
+    queries: dict[str, NamedQuery] = {}
+    for name, body in raw:
+        if name in queries:
+            raise RuntimeError(f"query {name!r} defined twice in {source}")
+        uses: list[tuple[str, str | None]] = []
+
+        def expand(m: re.Match[str], name: str = name, uses: list = uses) -> str:
+            template = templates.get(m.group("name"))
+            if template is None:
+                raise RuntimeError(f"{source}: query {name!r} uses unknown template {m.group('name')!r}")
+            uses.append((template.name, m.group("arg")))
+            return template.expand(m.group("arg"), m.group("indent")) + m.group("tail")
+
+        sql = _USE.sub(expand, body)
+        queries[name] = NamedQuery(name=name, source=body, sql=sql, templates=tuple(uses),
+                                   **_annotations(name, body, source))  # type: ignore[arg-type]
+    return templates, queries
+
+
+@cache
+def load_named_queries(dialect: str) -> dict[str, NamedQuery]:
+    """The annotated named queries of ``sql/<dialect>/queries.sql``."""
+    return parse_queries_file(_read(dialect), f"{dialect}/queries.sql")[1]
+
+
+@cache
+def load_templates(dialect: str) -> dict[str, Template]:
+    """The templates of ``sql/<dialect>/queries.sql``."""
+    return parse_queries_file(_read(dialect), f"{dialect}/queries.sql")[0]
+
+
+@cache
+def load_queries(dialect: str) -> dict[str, str]:
+    """The named queries of ``sql/<dialect>/queries.sql``, expanded: ``{name: sql}``."""
+    return {name: q.sql for name, q in load_named_queries(dialect).items()}
+
+
+def _read(dialect: str) -> str:
+    return resources.files("leaseq").joinpath("sql", dialect, "queries.sql").read_text()
+
+
+def parse_named_blocks(text: str, source: str) -> dict[str, str]:
+    """Split a .sql file into its ``-- name: <query>`` blocks: ``{name: sql}`` (templates expanded)."""
+    return {name: q.sql for name, q in parse_queries_file(text, source)[1].items()}

@@ -1,0 +1,141 @@
+"""The guard matrix on every transport: the sync Queue, the AsyncQueue and
+the HTTP service (``RemoteQueue`` against a real uvicorn server), on both backends.
+
+Every lease-backed operation is tried after every way of losing the lease;
+each must be refused with :class:`leaseq.LeaseLost` and leave every table
+exactly as it was. The operations are written once (``leaseq.engine``), so
+the sync and async drivers share their logic, and the HTTP transport ends in
+the same code on the server: this suite proves the three agree. A
+transport that lacks a capability (``capabilities``) skips what needs it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import pytest
+
+import leaseq
+from leaseq import auth
+from leaseq.worker.transport import Capabilities
+
+from .support import WORKING_LEASE, snapshot, wait_expired
+
+TRANSPORTS = ["sync", "async", "http"]
+
+
+class AsyncTransport:
+    """An :class:`leaseq.AsyncQueue` called from test code: each call awaited on one event loop of its own."""
+
+    def __init__(self, q: leaseq.Queue):
+        self._loop = asyncio.new_event_loop()
+        self._aq = leaseq.AsyncQueue(q)
+        self.capabilities = q.capabilities
+
+    def __getattr__(self, name: str) -> Callable[..., Any]:
+        method = getattr(self._aq, name)
+        return lambda *args, **kwargs: self._loop.run_until_complete(method(*args, **kwargs))
+
+    def close(self) -> None:
+        self._loop.run_until_complete(self._aq.sync.close_async())  # this loop's connections only
+        self._loop.close()
+
+
+@pytest.fixture(params=TRANSPORTS)
+def transport(request: pytest.FixtureRequest, q: leaseq.Queue) -> Iterator[Any]:
+    """A worker-side transport onto the test's queue ``q``."""
+    if request.param == "sync":
+        yield q
+    elif request.param == "async":
+        t = AsyncTransport(q)
+        try:
+            yield t
+        finally:
+            t.close()
+    else:
+        pytest.importorskip("uvicorn")
+        from leaseq.client import RemoteQueue
+        from service.conftest import serve  # the service tests' real uvicorn server, on a free port
+
+        with serve(q) as (url, _app):
+            token, _ = auth.create_token(q, name="matrix", role="worker", created_by="test")
+            with RemoteQueue(url, token, timeout=10) as remote:
+                yield remote
+
+
+GUARDED: dict[str, Callable[[Any, Any, leaseq.Claim, Any], Any]] = {
+    "heartbeat": lambda t, w, c, fx: t.heartbeat(w, c),
+    "renew_leases": lambda t, w, c, fx: _lost_if_missing(c, t.renew_leases(w, [c])),
+    "complete": lambda t, w, c, fx: t.complete(w, c, result={"stale": True}),
+    "complete_many": lambda t, w, c, fx: _lost_if_missing(c, t.complete_many(w, [(c, {"stale": True})])),
+    "fail": lambda t, w, c, fx: t.fail(w, c, "boom", delay=0),
+    "release": lambda t, w, c, fx: t.release(w, c),
+    "begin_effect": lambda t, w, c, fx: t.begin_effect(w, c, "email.send"),
+    "finish_effect": lambda t, w, c, fx: t.finish_effect(w, c, fx, response={"sent": True}),
+}
+#: what a transport must declare to be asked an operation (batch calls answer with what they did)
+NEEDS: dict[str, Callable[[Capabilities], bool]] = {"complete_many": lambda caps: caps.batched_completion}
+LOSSES = ["expired", "reclaimed", "cancelled", "revoked", "newer_generation", "older_generation"]
+
+
+def _lost_if_missing(claim: leaseq.Claim, answered: Any) -> None:
+    """A batch call leaves a lost lease out of its answer; the matrix treats that as a refusal."""
+    if claim.task_id not in answered:
+        raise leaseq.LeaseLost(claim.task_id, claim.generation, "missing from the batch's answer")
+
+
+def _lose(kind: str, q: leaseq.Queue, t: Any) -> tuple[Any, leaseq.Claim, Any, int]:
+    """Worker A (on transport ``t``) claims a side-effect task and records an intent;
+    then the lease is lost as ``kind`` says. Returns (worker, claim to try, effect, task id)."""
+    a = t.register_worker("a")
+    task = q.enqueue("job", {"x": 1}, effect="side_effect", max_attempts=5)
+    short = kind in ("expired", "reclaimed")
+    [claim] = t.claim(a, lease_seconds=WORKING_LEASE if short else None)
+    fx = t.begin_effect(a, claim, "crm.update")
+    if short:
+        wait_expired(q, claim)
+    if kind == "reclaimed":  # another worker takes the task over once its lease has run out
+        b = q.register_worker("b")
+        q.sweep()
+        q.reconcile(task.id, "requeue", "checked: never sent", by="ops")  # the open intent parks it first
+        [taken] = q.claim(b)
+        assert taken.generation == claim.generation + 1
+    elif kind == "cancelled":
+        q.cancel(task.id, reason="operator said so", by="ops")
+    elif kind == "revoked":
+        q.revoke_worker(a.id, by="ops")
+    elif kind == "newer_generation":
+        claim = dataclasses.replace(claim, generation=claim.generation + 1)
+    elif kind == "older_generation":
+        claim = dataclasses.replace(claim, generation=claim.generation - 1)
+    return a, claim, fx, task.id
+
+
+@pytest.mark.parametrize("op", list(GUARDED))
+@pytest.mark.parametrize("loss", LOSSES)
+def test_every_transport_refuses_a_lost_lease_and_changes_nothing(q: leaseq.Queue, dsn: str, transport: Any,
+                                                                  op: str, loss: str) -> None:
+    needs = NEEDS.get(op)
+    if needs is not None and not needs(transport.capabilities):
+        pytest.skip(f"{type(transport).__name__} does not declare what {op} needs")
+    worker, claim, fx, task_id = _lose(loss, q, transport)
+    before = snapshot(dsn)
+    with pytest.raises(leaseq.LeaseLost) as info:
+        GUARDED[op](transport, worker, claim, fx)
+    assert (info.value.task_id, info.value.generation) == (task_id, claim.generation)
+    assert snapshot(dsn) == before
+
+
+@pytest.mark.parametrize("op", ["heartbeat", "begin_effect", "complete"])
+def test_every_transport_accepts_a_live_lease(q: leaseq.Queue, transport: Any, op: str) -> None:
+    """The matrix's refusals are the guard's doing: the same calls on a live lease go through."""
+    a = transport.register_worker("a")
+    task = q.enqueue("job", {"x": 1}, effect="side_effect")
+    [claim] = transport.claim(a)
+    fx = transport.begin_effect(a, claim, "crm.update")
+    GUARDED[op](transport, a, claim, fx)
+    if op == "complete":
+        assert q.get(task.id).status == "completed"
