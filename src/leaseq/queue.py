@@ -28,6 +28,7 @@ from .core.model import Claim, Effect, Event, Status, Task, Worker
 from .store import Store, Tx, open_store
 from .store.base import WorkListener
 from .store.base import JsonText, KeyConflict, load_migrations
+from .observability.tracing import traced_enqueue
 from .worker.transport import Capabilities
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -288,6 +289,7 @@ class Queue:
 
     # -- enqueue ----------------------------------------------------------
 
+    @traced_enqueue
     def enqueue(self, kind: str, payload: Any = None, *, effect: str = "read_only", queue: str = "default",
                 idempotency_key: str | None = None, priority: int = 0, delay: float = 0,
                 max_attempts: int = 5, lease_seconds: float = policy.DEFAULT_LEASE_SECONDS,

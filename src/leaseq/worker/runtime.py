@@ -23,11 +23,13 @@ do from its declared capabilities; it runs the handlers of a registry
 from __future__ import annotations
 
 import asyncio
+import contextvars
 import functools
 import inspect
 import logging
 import os
 import signal
+import sys
 import threading
 import time
 from collections.abc import Awaitable, Callable
@@ -38,6 +40,7 @@ from typing import Any
 from ..auth import AccessDenied
 from ..core.errors import InvalidInput, LeaseLost, LeaseqError, Permanent, QueuePaused, UnknownWorker
 from ..core.model import Claim, Worker
+from ..observability.hooks import TaskLog, WorkerObserver
 from .completer import INITIAL_BACKOFF, Completer, Outcome, Verdict, next_backoff
 from .context import TaskContext
 from .registry import HandlerSource, Registry
@@ -90,7 +93,8 @@ class WorkerRuntime:
 
     def __init__(self, handlers: HandlerSource | Registry, transport: Transport | None = None, *,
                  queues: list[str] | None = None, concurrency: int = 10, name: str = "worker",
-                 poll_interval: float | None = None, grace: float = 30.0, lease_seconds: float | None = None):
+                 poll_interval: float | None = None, grace: float = 30.0, lease_seconds: float | None = None,
+                 observer: WorkerObserver | None = None):
         if concurrency < 1:
             raise InvalidInput("concurrency", f"must be at least 1 (got {concurrency})")
         if isinstance(handlers, Registry):
@@ -100,6 +104,9 @@ class WorkerRuntime:
         else:
             self.registry = handlers.registry
             transport = transport if transport is not None else handlers.queue
+        #: logs, metrics and traces of each attempt (metrics only when the observer has them)
+        self.observe = observer if observer is not None else WorkerObserver()
+        transport = self.observe.wrap(transport)
         self.transport: Any = transport
         try:
             caps = transport.capabilities  # the one declaration every transport makes
@@ -308,8 +315,8 @@ class WorkerRuntime:
     # -- running one task ------------------------------------------------------------
 
     def _start(self, claim: Claim, sent: float) -> None:
-        log = logging.LoggerAdapter(logger, {"task_id": claim.task_id, "generation": claim.generation,
-                                             "worker_id": self.worker.id})
+        log = TaskLog(logger, {"task_id": claim.task_id, "kind": claim.task.kind, "generation": claim.generation,
+                               "attempt": claim.task.attempts, "worker_id": self.worker.id})
         ctx = TaskContext(self.transport, self.worker, claim, log)
         ctx.renewed_at = sent  # the lease started no earlier than the claim was sent
         loop = self._loop
@@ -322,10 +329,12 @@ class WorkerRuntime:
         self._handling.add(ctx.key)
         self.stats.claimed += 1
         self.renewer.lease_started(ctx)
-        self._tasks[ctx.key] = asyncio.create_task(self._run_task(ctx), name=f"leaseq-task-{claim.task_id}")
+        self._tasks[ctx.key] = asyncio.create_task(self._run_task(ctx), name=f"leaseq-task-{claim.task_id}",
+                                                   context=self.observe.started(ctx, self.worker.id, sent))
 
     def _msg(self, ctx: TaskContext, text: str) -> str:
-        return f"task={ctx.task_id} gen={ctx.generation} worker={self.worker.id}: {text}"
+        return (f"task={ctx.task_id} kind={ctx.task.kind} gen={ctx.generation} attempt={ctx.task.attempts} "
+                f"worker={self.worker.id}: {text}")
 
     async def _run_task(self, ctx: TaskContext) -> None:
         try:
@@ -352,10 +361,11 @@ class WorkerRuntime:
                 if inspect.iscoroutinefunction(definition.fn):
                     result = await definition.fn(ctx, *args, **kwargs)
                 else:
-                    loop = asyncio.get_running_loop()
-                    result = await loop.run_in_executor(self._handlers,
+                    loop = asyncio.get_running_loop()  # the thread runs in this task's context (its span)
+                    result = await loop.run_in_executor(self._handlers, contextvars.copy_context().run,
                                                         functools.partial(definition.fn, ctx, *args, **kwargs))
             finally:
+                self.observe.returned(ctx, sys.exc_info()[1])
                 # The slot is free once the handler returns: the next claim
                 # overlaps with recording this outcome.
                 self._handling.discard(ctx.key)
@@ -380,6 +390,7 @@ class WorkerRuntime:
         return self.completer.complete(ctx, result)
 
     def _forget(self, ctx: TaskContext) -> None:
+        self.observe.finished(ctx)
         self._handling.discard(ctx.key)
         self.held.pop(ctx.key, None)
         self._tasks.pop(ctx.key, None)
@@ -387,6 +398,7 @@ class WorkerRuntime:
 
     def _settled(self, ctx: TaskContext, outcome: Outcome) -> None:
         """Account for one recorded outcome (called once per recording, from the loop)."""
+        self.observe.settled(ctx, outcome)
         verdict, op = outcome.verdict, outcome.op
         if verdict is Verdict.RECORDED:
             if op == "complete":
@@ -422,6 +434,7 @@ class WorkerRuntime:
             self._after_loss(ctx, reason)
 
     def _after_loss(self, ctx: TaskContext, reason: str) -> None:
+        self.observe.lost(ctx, reason)
         self.stats.lost += 1
         self.stats.lost_reasons[reason] = self.stats.lost_reasons.get(reason, 0) + 1
         ctx.log.warning(self._msg(ctx, f"lease lost: {reason}"))

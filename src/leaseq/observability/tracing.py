@@ -1,0 +1,159 @@
+"""OpenTelemetry spans for enqueue, claim, the handler run and each effect.
+
+OpenTelemetry is optional (``pip install 'leaseq[otel]'``): without it every
+function here is a no-op and returns None. With only the API installed the
+spans are non-recording (nearly free); an application that installs the SDK
+and a tracer provider gets them exported.
+
+The spans of one attempt form one tree::
+
+    leaseq.claim {kind}          claim request sent -> lease granted
+      leaseq.run {kind}          the handler, until its outcome is recorded (or the lease lost)
+        leaseq.effect {action}   each ctx.effect(...) block
+
+``leaseq.enqueue {kind}`` is made on the caller's side. A task's spans would
+join the caller's trace if the task carried the caller's trace context; the
+task table has no field for it yet, so the claim span starts a trace of its
+own (:func:`task_parent` is where a stored context would be read).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextvars
+import functools
+import time
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any, TypeVar
+
+try:  # optional: spans only when the application installed OpenTelemetry
+    from opentelemetry import context as _otel_context
+    from opentelemetry import trace as _trace
+    from opentelemetry.trace import Status, StatusCode
+except ImportError:  # pragma: no cover - depends on the environment
+    _trace = None  # type: ignore[assignment]
+
+if TYPE_CHECKING:  # pragma: no cover
+    from ..worker.context import TaskContext
+
+#: True when OpenTelemetry's API imports.
+AVAILABLE = _trace is not None
+TRACER_NAME = "leaseq"
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+def _tracer() -> Any:
+    # Asked for at each use: an application may install its provider after leaseq was imported.
+    return _trace.get_tracer(TRACER_NAME)
+
+
+def task_attributes(ctx: TaskContext, worker_id: str) -> dict[str, Any]:
+    """The attributes every span of one attempt carries."""
+    task = ctx.task
+    return {"leaseq.task_id": ctx.task_id, "leaseq.kind": task.kind, "leaseq.queue": task.queue,
+            "leaseq.generation": ctx.generation, "leaseq.attempt": task.attempts, "leaseq.worker": worker_id}
+
+
+def task_parent(ctx: TaskContext) -> Any:
+    """The trace context a task's spans start under: none is stored with a task yet, so a new trace."""
+    return None
+
+
+def start_attempt(ctx: TaskContext, worker_id: str, claim_sent: float) -> contextvars.Context | None:
+    """Open the claim span (from ``claim_sent``, a monotonic time, to now) and the run span under it.
+
+    Returns a copy of the current context with the run span current, for the
+    handler's asyncio task (so spans the handler makes nest under the run), or
+    None without OpenTelemetry.
+    """
+    if not AVAILABLE:
+        return None
+    attributes = task_attributes(ctx, worker_id)
+    kind = ctx.task.kind
+    now_ns = time.time_ns()
+    sent_ns = now_ns - int(max(0.0, time.monotonic() - claim_sent) * 1e9)
+    tracer = _tracer()
+    claim = tracer.start_span(f"leaseq.claim {kind}", context=task_parent(ctx), start_time=sent_ns,
+                              attributes={**attributes, "leaseq.lease_seconds": ctx.claim.lease_seconds},
+                              kind=_trace.SpanKind.CONSUMER)
+    claim.end(end_time=now_ns)
+    run = tracer.start_span(f"leaseq.run {kind}", context=_trace.set_span_in_context(claim),
+                            attributes=attributes, start_time=now_ns)
+    ctx.span = run
+    token = _otel_context.attach(_trace.set_span_in_context(run))
+    try:
+        return contextvars.copy_context()
+    finally:
+        _otel_context.detach(token)
+
+
+def handler_returned(ctx: TaskContext, exc: BaseException | None) -> None:
+    """Record the handler's exception (if any) on the run span."""
+    span = ctx.span
+    if span is None or exc is None or isinstance(exc, asyncio.CancelledError):
+        return
+    span.record_exception(exc)
+    span.set_status(Status(StatusCode.ERROR, f"{type(exc).__name__}: {exc}"[:200]))
+
+
+def attempt_outcome(ctx: TaskContext, outcome: str, detail: str | None = None) -> None:
+    """Name how the attempt ended on the run span (lost leases are errors)."""
+    span = ctx.span
+    if span is None or not span.is_recording():
+        return
+    span.set_attribute("leaseq.outcome", outcome)
+    if outcome == "lost":
+        span.add_event("lease lost", {"reason": detail or ""})
+        span.set_status(Status(StatusCode.ERROR, f"lease lost: {detail}"[:200]))
+
+
+def end_attempt(ctx: TaskContext) -> None:
+    """Close the run span (once)."""
+    span, ctx.span = ctx.span, None
+    if span is not None:
+        if ctx.duration is not None:
+            span.set_attribute("leaseq.duration", ctx.duration)
+        span.end()
+
+
+def start_effect(ctx: TaskContext, action: str, key: str | None) -> Any:
+    """Open a span for one ``ctx.effect(...)`` block, under the attempt's run span (any thread)."""
+    if ctx.span is None:
+        return None
+    attributes = {"leaseq.task_id": ctx.task_id, "leaseq.generation": ctx.generation, "leaseq.action": action}
+    if key is not None:
+        attributes["leaseq.effect_key"] = key
+    return _tracer().start_span(f"leaseq.effect {action}", context=_trace.set_span_in_context(ctx.span),
+                                attributes=attributes)
+
+
+def end_effect(span: Any, exc: BaseException | None, *, replayed: bool = False) -> None:
+    """Close an effect's span, recording the exception that left the block (if any)."""
+    if span is None:
+        return
+    span.set_attribute("leaseq.replayed", replayed)
+    if exc is not None:
+        span.record_exception(exc)
+        span.set_status(Status(StatusCode.ERROR, f"{type(exc).__name__}: {exc}"[:200]))
+    span.end()
+
+
+def traced_enqueue(fn: F) -> F:
+    """Decorate an ``enqueue(kind, payload, ...)`` method: a ``leaseq.enqueue {kind}`` span on the
+    caller's side, naming the task it created."""
+    if not AVAILABLE:
+        return fn
+
+    @functools.wraps(fn)
+    def enqueue(self: Any, kind: str, *args: Any, **kwargs: Any) -> Any:
+        attributes = {"leaseq.kind": str(kind), "leaseq.queue": str(kwargs.get("queue", "default"))}
+        with _tracer().start_as_current_span(f"leaseq.enqueue {kind}", attributes=attributes,
+                                             kind=_trace.SpanKind.PRODUCER) as span:
+            task = fn(self, kind, *args, **kwargs)
+            task_id = getattr(task, "id", None)
+            if task_id is not None:
+                span.set_attribute("leaseq.task_id", task_id)
+            return task
+
+    return enqueue  # type: ignore[return-value]
