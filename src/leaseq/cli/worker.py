@@ -110,10 +110,10 @@ def register(group: click.Group) -> None:
         logs = WorkerLogging(level=log_level, fmt=log_format, progress=progress)
         state: CliState = ctx.find_object(CliState)
         app = load_app(app_spec)
+        observer = _observer(metrics_port, metrics_addr, logs.log)  # a port in use refuses before any change
         if server is None:
             _check_database(app, state.dsn, migrate=migrate)
         transport = _transport(app, state.dsn, server, token_file)
-        observer = _observer(metrics_port, metrics_addr, logs.log)
         try:
             stats = app.run_worker(transport=transport, queues=list(queues) or None, concurrency=concurrency,
                                    name=name, grace=grace, poll_interval=poll_interval,
