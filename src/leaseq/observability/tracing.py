@@ -48,6 +48,16 @@ def _tracer() -> Any:
     return _trace.get_tracer(TRACER_NAME)
 
 
+def enabled() -> bool:
+    """Whether spans would go anywhere: OpenTelemetry is installed and a tracer provider is set.
+
+    Without a provider every span would be a no-op; skipping them saves the
+    worker tens of microseconds per task.
+    """
+    return AVAILABLE and not isinstance(_trace.get_tracer_provider(),
+                                        (_trace.ProxyTracerProvider, _trace.NoOpTracerProvider))
+
+
 def task_attributes(ctx: TaskContext, worker_id: str) -> dict[str, Any]:
     """The attributes every span of one attempt carries."""
     task = ctx.task
@@ -67,7 +77,7 @@ def start_attempt(ctx: TaskContext, worker_id: str, claim_sent: float) -> contex
     handler's asyncio task (so spans the handler makes nest under the run), or
     None without OpenTelemetry.
     """
-    if not AVAILABLE:
+    if not enabled():
         return None
     attributes = task_attributes(ctx, worker_id)
     kind = ctx.task.kind
@@ -147,6 +157,8 @@ def traced_enqueue(fn: F) -> F:
 
     @functools.wraps(fn)
     def enqueue(self: Any, kind: str, *args: Any, **kwargs: Any) -> Any:
+        if not enabled():
+            return fn(self, kind, *args, **kwargs)
         attributes = {"leaseq.kind": str(kind), "leaseq.queue": str(kwargs.get("queue", "default"))}
         with _tracer().start_as_current_span(f"leaseq.enqueue {kind}", attributes=attributes,
                                              kind=_trace.SpanKind.PRODUCER) as span:
