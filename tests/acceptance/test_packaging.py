@@ -21,6 +21,9 @@ def test_the_library_installs_only_what_it_needs():
     extras = project["optional-dependencies"]
     assert names(extras["server"]) == SERVER_ONLY
     assert names(extras["client"]) == {"httpx"}
+    assert names(extras["metrics"]) == {"prometheus-client"}  # leaseq worker --metrics-port
+    assert names(extras["otel"]) == {"opentelemetry-api"}     # spans; the SDK is the application's choice
+    assert {"opentelemetry-api", "opentelemetry-sdk"} <= names(extras["test"])  # the tracing tests run
     # `pip install -e '.[test]'` (the README's second set-up line) still runs every test.
     assert "leaseq[server,client]" in extras["test"]
     urls = project["urls"]
