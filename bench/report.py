@@ -137,12 +137,12 @@ def markdown(summary: dict) -> str:
     if _configs(summary, "leases"):
         out.append("### leases held at agent scale\n")
         out.append("| leases held / workers | system | renewal statements per worker per second | "
-                   "transactions/s | rows updated/s | database CPU (% of a core) |")
+                   "database transactions per worker per second | rows updated/s | database CPU (% of a core) |")
         out.append("|---|---|---|---|---|---|")
         for c in _configs(summary, "leases"):
             for s in _systems(summary, "leases", c):
                 out.append(f"| {c} | {LABELS[s]} | {_cell(get('leases', c, s, 'statements_per_worker_s'))} | "
-                           f"{_cell(get('leases', c, s, 'transactions_per_s'))} | "
+                           f"{_cell(get('leases', c, s, 'transactions_per_worker_s'))} | "
                            f"{_cell(get('leases', c, s, 'rows_updated_per_s'))} | "
                            f"{_cell(get('leases', c, s, 'db_cpu_percent'))} |")
         out.append("")

@@ -196,7 +196,12 @@ def heartbeat(db: BenchDatabase, system: systems.System, *, leases: int, workers
                     break
         results = group.stop()
     window = after.at - before.at
+    # Counted by the workers themselves (leaseq's runner reports them): on a shared
+    # server pg_stat_database also counts the transactions idle backends run to
+    # absorb other databases' catalog changes.
+    renewals = [r["renewal_statements"] / r["run_s"] for r in results if r.get("run_s")]
     return {"leases": leases, "workers": workers, "seconds": window, "autovacuum_in_window": int(disturbed),
+            "renewals_per_worker_s": statistics.fmean(renewals) if renewals else None,
             "transactions_per_s": max(0, after.transactions - before.transactions - own) / window,
             "rows_updated_per_s": (after.tuples_updated - before.tuples_updated) / window,
             "db_cpu_percent": 100 * (after.backend_cpu - before.backend_cpu) / window,

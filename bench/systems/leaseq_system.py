@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import os
 import sqlite3
+import time
 from typing import Any
 
 import psycopg
@@ -118,8 +119,12 @@ class LeaseqRunner:
         control.on_stop.append(self.runtime.stop)
 
     async def run(self) -> None:
+        self._started = time.monotonic()
         await self.runtime.run(until_idle=self.control.options.mode in ("drain", "io"))
+        self._ran = time.monotonic() - self._started
 
     async def close(self) -> None:
+        # The renewal statements this worker sent, and over how long (until stopped).
         self.control.counters["renewal_statements"] = self.runtime.stats.renewals
+        self.control.counters["run_s"] = getattr(self, "_ran", 0.0)
         self.transport.close()
