@@ -116,15 +116,18 @@ class LeaseqRunner:
 
         self.runtime = self.app.worker(transport=self.transport, concurrency=control.options.concurrency,
                                        grace=0.5)
+        self._started = time.monotonic()
+        control.on_stop.append(self._count)  # before the shutdown's releases
         control.on_stop.append(self.runtime.stop)
+
+    def _count(self) -> None:
+        """The renewal statements this worker sent, and over how long (until told to stop)."""
+        self.control.counters["renewal_statements"] = self.runtime.stats.renewals
+        self.control.counters["run_s"] = time.monotonic() - self._started
 
     async def run(self) -> None:
         self._started = time.monotonic()
         await self.runtime.run(until_idle=self.control.options.mode in ("drain", "io"))
-        self._ran = time.monotonic() - self._started
 
     async def close(self) -> None:
-        # The renewal statements this worker sent, and over how long (until stopped).
-        self.control.counters["renewal_statements"] = self.runtime.stats.renewals
-        self.control.counters["run_s"] = getattr(self, "_ran", 0.0)
         self.transport.close()
