@@ -98,12 +98,13 @@ def cli() -> None:
     parser.add_argument("dsn")
     parser.add_argument("--mode", choices=("drain", "count", "latency", "hold", "io"), default="drain")
     parser.add_argument("--io-seconds", type=float, default=0.0, help="--mode io: each handler's awaited I/O")
+    parser.add_argument("--lease-seconds", type=float, default=None, help="claim with this lease length")
     parser.add_argument("--concurrency", type=int, default=10)
     parser.add_argument("--target", type=int, default=0)
     args = parser.parse_args()
     logging.basicConfig(level=logging.WARNING)
     control = asyncio.run(main(args.system, args.dsn, WorkerOptions(args.mode, args.concurrency, args.target,
-                                                                            args.io_seconds)))
+                                                                            args.io_seconds, args.lease_seconds)))
     report(control)
 
 

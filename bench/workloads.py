@@ -157,14 +157,14 @@ def _pct(sorted_values: list[float], p: float) -> float:
 
 
 def heartbeat(db: BenchDatabase, system: systems.System, *, leases: int, workers: int,
-              seconds: float) -> dict[str, Any]:
+              seconds: float, lease_seconds: float | None = None) -> dict[str, Any]:
     """Database load while ``workers`` processes hold ``leases`` leases between them for ``seconds``."""
     with db.schema(system.name) as dsn:
         system.install(dsn)
         system.enqueue_batch(dsn, leases)
         _analyze(dsn)
         group = WorkerGroup(system.name, dsn, count=workers, mode="hold",
-                            concurrency=leases // workers).start()
+                            concurrency=leases // workers, lease_seconds=lease_seconds).start()
         group.go()
         deadline = time.monotonic() + 60
         while (held := system.running(dsn)) < leases and time.monotonic() < deadline:

@@ -33,6 +33,8 @@ class WorkerOptions:
     concurrency: int = 10
     target: int = 0
     io_seconds: float = 0.0
+    #: the lease length the worker claims with (None: each task's own)
+    lease_seconds: float | None = None
 
 
 @dataclass
