@@ -102,6 +102,8 @@ class WorkerObserver:
 
     def finished(self, ctx: TaskContext) -> None:
         """The runtime forgot the attempt: observe its duration, close its span."""
+        if ctx.duration is None:  # cancelled before the handler's first step
+            self.returned(ctx, None)
         if self.metrics is not None and ctx.duration is not None:
             self.metrics.duration.labels(ctx.task.kind, ctx.outcome or "unrecorded").observe(ctx.duration)
         tracing.end_attempt(ctx)
