@@ -98,8 +98,12 @@ def test_metrics_and_json_logs_of_a_real_worker(dsn, tmp_path):
                         and all(tasks[i].status == "dead" for i in ids["bad"]) and tasks[held].status == "running")
             wait_for(settled, timeout=60, what="every task settled")
             q.cancel(held, "the test takes the lease away")
-            samples = wait_for(lambda: (s := scrape(url)) and sample(s, "leaseq_worker_tasks_total", kind="held",
-                                                                    outcome="lost") and s, what="the loss counted")
+            def loss_counted() -> dict | None:
+                # counted when the lease is found lost; timed once the handler has returned
+                s = scrape(url)
+                done = sample(s, "leaseq_worker_handler_duration_seconds_count", kind="held", outcome="lost")
+                return s if done and sample(s, "leaseq_worker_running_tasks") == 0 else None
+            samples = wait_for(loss_counted, what="the loss counted and the handler returned")
             tasks = {t.id: t for t in q.list(limit=100)}
         # What the worker counted is what the queue recorded.
         attempts = {kind: sum(tasks[i].attempts for i in ids[kind]) for kind in KINDS}
