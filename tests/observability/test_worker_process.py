@@ -186,3 +186,39 @@ def test_metrics_port_refused_clearly(tmp_path):
                            "--metrics-port", "70000"], cwd=tmp_path, env=cli_env(), capture_output=True, text=True,
                           timeout=60)
     assert proc.returncode == 2 and "metrics-port" in proc.stderr and "Traceback" not in proc.stderr
+
+
+def test_metrics_of_a_remote_worker(dsn, tmp_path):
+    """``leaseq worker --server``: the same series, counted over HTTP calls (one completion each)."""
+    from fault.support import Service
+
+    from leaseq import auth
+    from leaseq.chaos.pgserver import free_port
+
+    (tmp_path / "obsjobs.py").write_text(APP)
+    with leaseq.connect(dsn) as q:
+        q.migrate()
+        token, _ = auth.create_token(q, name="obs-remote", role="worker", created_by="test")
+        ids = [q.enqueue("ok", {"n": i}).id for i in range(3)] + [q.enqueue("bad", {}).id]
+    (tmp_path / "worker.token").write_text(token)
+    svc = Service(dsn, free_port(), tmp_path / "service.log").start()
+    log = tmp_path / "worker.log"
+    proc = subprocess.Popen([*CLI, "worker", "obsjobs:app", "--server", svc.url, "--token-file",
+                             str(tmp_path / "worker.token"), "--metrics-port", "0"], cwd=tmp_path, env=cli_env(),
+                            stdout=subprocess.DEVNULL, stderr=log.open("w"))
+    try:
+        url = wait_for(lambda: re.search(r"metrics at (http://127\.0\.0\.1:\d+/metrics)", log.read_text()),
+                       what="the metrics line").group(1)
+        samples = wait_for(lambda: (s := scrape(url)) and sample(s, "leaseq_worker_handler_duration_seconds_count",
+                                                                kind="ok", outcome="completed") == 3
+                           and sample(s, "leaseq_worker_tasks_total", kind="bad", outcome="failed") == 1 and s,
+                           what="every task counted")
+        with leaseq.connect(dsn) as q:
+            assert [q.get(i).status for i in ids] == ["completed"] * 3 + ["dead"]
+        assert sample(samples, "leaseq_worker_tasks_claimed_total", kind="ok") == 3
+        assert sample(samples, "leaseq_worker_calls_total", call="complete") == 3  # no batched completion over HTTP
+        assert sample(samples, "leaseq_worker_calls_total", call="fail") == 1
+        assert sample(samples, "leaseq_worker_calls_total", call="claim") >= 1
+    finally:
+        stop_worker(proc)
+        svc.close()
