@@ -145,7 +145,7 @@ def test_works_without_opentelemetry(tmp_path):
         sys.modules["opentelemetry"] = None   # as if it were not installed
         import leaseq
         from leaseq.observability import tracing
-        assert not tracing.AVAILABLE
+        assert not tracing.enabled()
         app = leaseq.App("sqlite:///{tmp_path / 'q.db'}")
 
         @app.task("agent", effect="side_effect")
@@ -161,4 +161,13 @@ def test_works_without_opentelemetry(tmp_path):
         print("ok")
     ''')
     proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0 and proc.stdout.strip() == "ok", proc.stderr
+
+
+def test_importing_leaseq_does_not_import_opentelemetry():
+    """Spans cost nothing, not even an import, until the application sets OpenTelemetry up."""
+    script = ("import sys, leaseq, leaseq.worker, leaseq.client\n"
+              "assert not [m for m in sys.modules if m.startswith('opentelemetry')], sys.modules.keys()\n"
+              "print('ok')")
+    proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60)
     assert proc.returncode == 0 and proc.stdout.strip() == "ok", proc.stderr

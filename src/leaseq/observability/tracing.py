@@ -1,9 +1,10 @@
 """OpenTelemetry spans for enqueue, claim, the handler run and each effect.
 
-OpenTelemetry is optional (``pip install 'leaseq[otel]'``): without it every
-function here is a no-op and returns None. With only the API installed the
-spans are non-recording (nearly free); an application that installs the SDK
-and a tracer provider gets them exported.
+OpenTelemetry is optional (``pip install 'leaseq[otel]'``) and never imported
+here: spans are made only once the application has imported it and set a
+tracer provider (the SDK's, or an auto-instrumentation's). Otherwise every
+function here is a no-op that returns None, at the cost of a dictionary
+look-up, and importing leaseq does not import OpenTelemetry.
 
 The spans of one attempt form one tree::
 
@@ -22,40 +23,48 @@ from __future__ import annotations
 import asyncio
 import contextvars
 import functools
+import sys
 import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, TypeVar
 
-try:  # optional: spans only when the application installed OpenTelemetry
-    from opentelemetry import context as _otel_context
-    from opentelemetry import trace as _trace
-    from opentelemetry.trace import Status, StatusCode
-except ImportError:  # pragma: no cover - depends on the environment
-    _trace = None  # type: ignore[assignment]
-
 if TYPE_CHECKING:  # pragma: no cover
     from ..worker.context import TaskContext
 
-#: True when OpenTelemetry's API imports.
-AVAILABLE = _trace is not None
 TRACER_NAME = "leaseq"
 
 F = TypeVar("F", bound=Callable[..., Any])
 
 
-def _tracer() -> Any:
-    # Asked for at each use: an application may install its provider after leaseq was imported.
-    return _trace.get_tracer(TRACER_NAME)
+def _api() -> Any:
+    """``opentelemetry.trace`` when spans would go somewhere, else None.
 
-
-def enabled() -> bool:
-    """Whether spans would go anywhere: OpenTelemetry is installed and a tracer provider is set.
-
+    Not imported here: an application that traces has imported it already.
     Without a provider every span would be a no-op; skipping them saves the
     worker tens of microseconds per task.
     """
-    return AVAILABLE and not isinstance(_trace.get_tracer_provider(),
-                                        (_trace.ProxyTracerProvider, _trace.NoOpTracerProvider))
+    trace = sys.modules.get("opentelemetry.trace")
+    if trace is None:
+        return None
+    if isinstance(trace.get_tracer_provider(), (trace.ProxyTracerProvider, trace.NoOpTracerProvider)):
+        return None
+    return trace
+
+
+def enabled() -> bool:
+    """Whether spans are made: OpenTelemetry is imported and a tracer provider is set."""
+    return _api() is not None
+
+
+def _tracer() -> Any:
+    # Asked for at each use: an application may install its provider after leaseq was imported.
+    return sys.modules["opentelemetry.trace"].get_tracer(TRACER_NAME)
+
+
+def _error(span: Any, text: str) -> None:
+    from opentelemetry.trace import Status, StatusCode
+
+    span.set_status(Status(StatusCode.ERROR, text[:200]))
 
 
 def task_attributes(ctx: TaskContext, worker_id: str) -> dict[str, Any]:
@@ -77,8 +86,11 @@ def start_attempt(ctx: TaskContext, worker_id: str, claim_sent: float) -> contex
     handler's asyncio task (so spans the handler makes nest under the run), or
     None without OpenTelemetry.
     """
-    if not enabled():
+    trace = _api()
+    if trace is None:
         return None
+    from opentelemetry import context as otel_context
+
     attributes = task_attributes(ctx, worker_id)
     kind = ctx.task.kind
     now_ns = time.time_ns()
@@ -86,16 +98,16 @@ def start_attempt(ctx: TaskContext, worker_id: str, claim_sent: float) -> contex
     tracer = _tracer()
     claim = tracer.start_span(f"leaseq.claim {kind}", context=task_parent(ctx), start_time=sent_ns,
                               attributes={**attributes, "leaseq.lease_seconds": ctx.claim.lease_seconds},
-                              kind=_trace.SpanKind.CONSUMER)
+                              kind=trace.SpanKind.CONSUMER)
     claim.end(end_time=now_ns)
-    run = tracer.start_span(f"leaseq.run {kind}", context=_trace.set_span_in_context(claim),
+    run = tracer.start_span(f"leaseq.run {kind}", context=trace.set_span_in_context(claim),
                             attributes=attributes, start_time=now_ns)
     ctx.span = run
-    token = _otel_context.attach(_trace.set_span_in_context(run))
+    token = otel_context.attach(trace.set_span_in_context(run))
     try:
         return contextvars.copy_context()
     finally:
-        _otel_context.detach(token)
+        otel_context.detach(token)
 
 
 def handler_returned(ctx: TaskContext, exc: BaseException | None) -> None:
@@ -104,7 +116,7 @@ def handler_returned(ctx: TaskContext, exc: BaseException | None) -> None:
     if span is None or exc is None or isinstance(exc, asyncio.CancelledError):
         return
     span.record_exception(exc)
-    span.set_status(Status(StatusCode.ERROR, f"{type(exc).__name__}: {exc}"[:200]))
+    _error(span, f"{type(exc).__name__}: {exc}")
 
 
 def attempt_outcome(ctx: TaskContext, outcome: str, detail: str | None = None) -> None:
@@ -115,7 +127,7 @@ def attempt_outcome(ctx: TaskContext, outcome: str, detail: str | None = None) -
     span.set_attribute("leaseq.outcome", outcome)
     if outcome == "lost":
         span.add_event("lease lost", {"reason": detail or ""})
-        span.set_status(Status(StatusCode.ERROR, f"lease lost: {detail}"[:200]))
+        _error(span, f"lease lost: {detail}")
 
 
 def end_attempt(ctx: TaskContext) -> None:
@@ -134,7 +146,8 @@ def start_effect(ctx: TaskContext, action: str, key: str | None) -> Any:
     attributes = {"leaseq.task_id": ctx.task_id, "leaseq.generation": ctx.generation, "leaseq.action": action}
     if key is not None:
         attributes["leaseq.effect_key"] = key
-    return _tracer().start_span(f"leaseq.effect {action}", context=_trace.set_span_in_context(ctx.span),
+    trace = sys.modules["opentelemetry.trace"]  # a run span exists: it is imported
+    return _tracer().start_span(f"leaseq.effect {action}", context=trace.set_span_in_context(ctx.span),
                                 attributes=attributes)
 
 
@@ -145,23 +158,21 @@ def end_effect(span: Any, exc: BaseException | None, *, replayed: bool = False) 
     span.set_attribute("leaseq.replayed", replayed)
     if exc is not None:
         span.record_exception(exc)
-        span.set_status(Status(StatusCode.ERROR, f"{type(exc).__name__}: {exc}"[:200]))
+        _error(span, f"{type(exc).__name__}: {exc}")
     span.end()
 
 
 def traced_enqueue(fn: F) -> F:
     """Decorate an ``enqueue(kind, payload, ...)`` method: a ``leaseq.enqueue {kind}`` span on the
     caller's side, naming the task it created."""
-    if not AVAILABLE:
-        return fn
-
     @functools.wraps(fn)
     def enqueue(self: Any, kind: str, *args: Any, **kwargs: Any) -> Any:
-        if not enabled():
+        trace = _api()
+        if trace is None:
             return fn(self, kind, *args, **kwargs)
         attributes = {"leaseq.kind": str(kind), "leaseq.queue": str(kwargs.get("queue", "default"))}
         with _tracer().start_as_current_span(f"leaseq.enqueue {kind}", attributes=attributes,
-                                             kind=_trace.SpanKind.PRODUCER) as span:
+                                             kind=trace.SpanKind.PRODUCER) as span:
             task = fn(self, kind, *args, **kwargs)
             task_id = getattr(task, "id", None)
             if task_id is not None:
