@@ -8,7 +8,7 @@ recorded (:meth:`~WorkerObserver.settled`), the lease was lost
 (:meth:`~WorkerObserver.finished`). The observer keeps the attempt's duration
 and outcome on the context and in its log records, counts it in the
 worker's Prometheus metrics (when given) and closes its spans (when
-OpenTelemetry is installed).
+a tracer provider is set).
 """
 
 from __future__ import annotations
@@ -60,7 +60,7 @@ class WorkerObserver:
     """Logs, metrics and traces of one worker's attempts.
 
     ``metrics`` (a :class:`~leaseq.observability.metrics.WorkerMetrics`) is
-    optional; spans are made whenever OpenTelemetry is installed.
+    optional; spans are made once the application has set an OpenTelemetry tracer provider.
     """
 
     def __init__(self, metrics: WorkerMetrics | None = None):
