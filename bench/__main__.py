@@ -121,7 +121,8 @@ def plan(workload: str, sizes: Sizes, chosen: list[str], rnd: int = 1) -> list[t
                            lambda db, sy: agent.agent(db, sy, remote=True, **shape)))
     elif workload == "leases" and "leaseq" in chosen:
         held = f"{sizes.leases_held:,} / {sizes.leases_workers}"
-        for config, lease in ((f"{held}, 30 s leases", None), (f"{held}, 1 h leases (no renewal in the window)", 3600.0)):
+        for config, lease in ((f"{held}, 30 s leases", None),
+                              (f"{held}, 1 h leases (no renewal in the window)", 3600.0)):
             trials.append((config, "leaseq", lambda db, sy, lease=lease: agent.leases(
                 db, sy, leases=sizes.leases_held, workers=sizes.leases_workers, seconds=sizes.heartbeat_seconds,
                 lease_seconds=lease)))

@@ -13,7 +13,6 @@ import time
 import urllib.request
 from pathlib import Path
 
-import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 import leaseq
