@@ -12,11 +12,11 @@ from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from . import report, systems, workloads
+from . import agent, report, systems, workloads
 from .database import BenchDatabase, display_dsn, server_facts
 from .targets import check_targets
 
-WORKLOADS = ("enqueue", "drain", "latency", "heartbeat", "depth", "evidence")
+WORKLOADS = ("enqueue", "drain", "latency", "heartbeat", "depth", "evidence", "agent", "leases")
 PEERS = ("leaseq", "pgqueuer", "pgqueuer-psycopg", "procrastinate", "raw")
 
 
@@ -44,13 +44,23 @@ class Sizes:
     depth_sample: int = 10_000
     history: int = 0
     evidence_tasks: int = 20_000
+    #: agent: handlers awaiting agent_io seconds (a model call), one process at agent_concurrency
+    agent_tasks: int = 2_000
+    agent_concurrency: int = 200
+    agent_io: float = 0.2
+    #: also through `leaseq serve` (remote workers)
+    agent_remote: bool = True
+    #: leases: this many held at once by leases_workers processes, for heartbeat_seconds
+    leases_held: int = 10_000
+    leases_workers: int = 10
 
 
 FULL = Sizes()
 QUICK = Sizes(rounds=1, enqueue_one=100, enqueue_batch=2_000, drain=1_000, drain_procrastinate=200,
               latency_tasks=20, latency_gap=0.01, heartbeat_leases=40, heartbeat_workers=2, heartbeat_seconds=1.0,
               heartbeat_everything=False, two_processes_everywhere=False,
-              depths=(1_000, 5_000), depth_sample=1_000, evidence_tasks=1_000)
+              depths=(1_000, 5_000), depth_sample=1_000, evidence_tasks=1_000,
+              agent_tasks=200, agent_concurrency=50, agent_io=0.05, leases_held=200, leases_workers=2)
 
 
 def plan(workload: str, sizes: Sizes, chosen: list[str], rnd: int = 1) -> list[tuple[str, str, Any]]:
@@ -101,6 +111,21 @@ def plan(workload: str, sizes: Sizes, chosen: list[str], rnd: int = 1) -> list[t
     elif workload == "evidence":
         for s in [s for s in ("leaseq", "leaseq-compact") if s in chosen or s == "leaseq"]:
             trials.append(("1 process × 10", s, lambda db, sy: workloads.drain(db, sy, tasks=sizes.evidence_tasks)))
+    elif workload == "agent":
+        shape = dict(tasks=sizes.agent_tasks, concurrency=sizes.agent_concurrency, io_seconds=sizes.agent_io)
+        where = f"1 process × {sizes.agent_concurrency}, {sizes.agent_io * 1000:.0f} ms"
+        for s in [s for s in ("leaseq", "leaseq-sqlite") if s in chosen]:
+            trials.append((f"direct, {where}", s, lambda db, sy: agent.agent(db, sy, **shape)))
+        if "leaseq" in chosen and sizes.agent_remote:
+            trials.append((f"remote (leaseq serve), {where}", "leaseq",
+                           lambda db, sy: agent.agent(db, sy, remote=True, **shape)))
+    elif workload == "leases" and "leaseq" in chosen:
+        held = f"{sizes.leases_held:,} / {sizes.leases_workers}"
+        for config, lease in ((f"{held}, 30 s leases", None),
+                              (f"{held}, 1 h leases (no renewal in the window)", 3600.0)):
+            trials.append((config, "leaseq", lambda db, sy, lease=lease: agent.leases(
+                db, sy, leases=sizes.leases_held, workers=sizes.leases_workers, seconds=sizes.heartbeat_seconds,
+                lease_seconds=lease)))
     return trials
 
 
@@ -162,7 +187,7 @@ def main(argv: list[str] | None = None) -> int:
     started = time.monotonic()
     with BenchDatabase(args.dsn) as db:
         for workload in chosen_workloads:
-            rounds = 1 if workload == "heartbeat" else sizes.rounds
+            rounds = 1 if workload in ("heartbeat", "leases") else sizes.rounds
             for rnd in range(1, rounds + 1):
                 for config, name, trial in plan(workload, sizes, chosen, rnd):
                     record: dict[str, Any] = {"workload": workload, "config": config, "system": name, "round": rnd}

@@ -121,6 +121,32 @@ def markdown(summary: dict) -> str:
                            f"{_cell(get('heartbeat', c, s, 'db_cpu_percent'))} |")
         out.append("")
 
+    if _configs(summary, "agent"):
+        out.append("### agent-shaped: handlers awaiting I/O (a model call)\n")
+        out.append("| where | system | tasks/s, start to last completion | ideal (tasks/s) | % of ideal | "
+                   "worker CPU (s) |")
+        out.append("|---|---|---|---|---|---|")
+        for c in _configs(summary, "agent"):
+            for s in _systems(summary, "agent", c):
+                out.append(f"| {c} | {LABELS[s]} | {_cell(get('agent', c, s, 'per_s'))} | "
+                           f"{_cell(get('agent', c, s, 'ideal_per_s'))} | "
+                           f"{_cell(get('agent', c, s, 'of_ideal_percent'))} | "
+                           f"{_cell(get('agent', c, s, 'worker_cpu_s'))} |")
+        out.append("")
+
+    if _configs(summary, "leases"):
+        out.append("### leases held at agent scale\n")
+        out.append("| leases held / workers | system | renewal statements per worker per second | "
+                   "database transactions per worker per second | rows updated/s | database CPU (% of a core) |")
+        out.append("|---|---|---|---|---|---|")
+        for c in _configs(summary, "leases"):
+            for s in _systems(summary, "leases", c):
+                out.append(f"| {c} | {LABELS[s]} | {_cell(get('leases', c, s, 'statements_per_worker_s'))} | "
+                           f"{_cell(get('leases', c, s, 'transactions_per_worker_s'))} | "
+                           f"{_cell(get('leases', c, s, 'rows_updated_per_s'))} | "
+                           f"{_cell(get('leases', c, s, 'db_cpu_percent'))} |")
+        out.append("")
+
     if _configs(summary, "depth"):
         out.append("### drain against depth (1 process, concurrency 10)\n")
         out.append("| queue | system | tasks/s | ÷ shallowest |")

@@ -81,6 +81,22 @@ def check_targets(summary: Summary) -> list[dict[str, Any]]:
     rows.append(_row("SQLite embedded drain ≥ 5,000 tasks/s in one process",
                      f"{sqlite:,.0f}/s" if sqlite else "–", sqlite >= 5000 if sqlite else None))
 
+    for where in ("direct", "remote"):
+        keys = [k for k in summary if k[0] == "agent" and k[2] == "leaseq" and k[1].startswith(where)]
+        share = _median(summary, *keys[0], "of_ideal_percent") if keys else None
+        rate = _median(summary, *keys[0], "per_s") if keys else None
+        rows.append(_row(f"I/O-bound handlers, one process, {where}: ≥ 90% of the ideal rate",
+                         f"{share:.0f}% ({rate:,.0f}/s, {keys[0][1]})" if share is not None else "–",
+                         share >= 90 if share is not None else None))
+    held = [k for k in summary if k[0] == "leases" and k[2] == "leaseq" and "30 s" in k[1]]
+    per_worker = _median(summary, *held[0], "statements_per_worker_s") if held else None
+    cpu = _median(summary, *held[0], "db_cpu_percent") if held else None
+    rows.append(_row("leases held: renewal statements per worker per second ≤ 1",
+                     f"{per_worker:.2f} ({held[0][1]})" if per_worker is not None else "–",
+                     per_worker <= 1 if per_worker is not None else None))
+    rows.append(_row("leases held: database CPU ≤ 5% of a core", f"{cpu:.2f}%" if cpu is not None else "–",
+                     cpu <= 5 if cpu is not None else None))
+
     rss = _median(summary, "drain", "1 process × 10", "leaseq", "worker_rss_mb")
     rows.append(_row("worker process RSS < 80 MB at concurrency 10", f"{rss:.0f} MB" if rss else "–",
                      rss < 80 if rss else None))

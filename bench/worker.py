@@ -81,7 +81,7 @@ def result(control: Control) -> dict:
     """What the orchestrator collects: handler start times, peak memory, CPU used."""
     usage = resource.getrusage(resource.RUSAGE_SELF)
     return {"done": control.done, "starts": dict(control.starts), "max_rss_mb": peak_rss_mb(),
-            "cpu_s": usage.ru_utime + usage.ru_stime}
+            "cpu_s": usage.ru_utime + usage.ru_stime, **control.counters}
 
 
 def peak_rss_mb() -> float:
@@ -96,12 +96,15 @@ def cli() -> None:
     parser = argparse.ArgumentParser(prog="python -m bench.worker", description=__doc__.splitlines()[0])
     parser.add_argument("system")
     parser.add_argument("dsn")
-    parser.add_argument("--mode", choices=("drain", "count", "latency", "hold"), default="drain")
+    parser.add_argument("--mode", choices=("drain", "count", "latency", "hold", "io"), default="drain")
+    parser.add_argument("--io-seconds", type=float, default=0.0, help="--mode io: each handler's awaited I/O")
+    parser.add_argument("--lease-seconds", type=float, default=None, help="claim with this lease length")
     parser.add_argument("--concurrency", type=int, default=10)
     parser.add_argument("--target", type=int, default=0)
     args = parser.parse_args()
     logging.basicConfig(level=logging.WARNING)
-    control = asyncio.run(main(args.system, args.dsn, WorkerOptions(args.mode, args.concurrency, args.target)))
+    control = asyncio.run(main(args.system, args.dsn, WorkerOptions(args.mode, args.concurrency, args.target,
+                                                                            args.io_seconds, args.lease_seconds)))
     report(control)
 
 

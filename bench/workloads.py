@@ -157,14 +157,14 @@ def _pct(sorted_values: list[float], p: float) -> float:
 
 
 def heartbeat(db: BenchDatabase, system: systems.System, *, leases: int, workers: int,
-              seconds: float) -> dict[str, Any]:
+              seconds: float, lease_seconds: float | None = None) -> dict[str, Any]:
     """Database load while ``workers`` processes hold ``leases`` leases between them for ``seconds``."""
     with db.schema(system.name) as dsn:
         system.install(dsn)
         system.enqueue_batch(dsn, leases)
         _analyze(dsn)
         group = WorkerGroup(system.name, dsn, count=workers, mode="hold",
-                            concurrency=leases // workers).start()
+                            concurrency=leases // workers, lease_seconds=lease_seconds).start()
         group.go()
         deadline = time.monotonic() + 60
         while (held := system.running(dsn)) < leases and time.monotonic() < deadline:
@@ -196,7 +196,12 @@ def heartbeat(db: BenchDatabase, system: systems.System, *, leases: int, workers
                     break
         results = group.stop()
     window = after.at - before.at
+    # Counted by the workers themselves (leaseq's runner reports them): on a shared
+    # server pg_stat_database also counts the transactions idle backends run to
+    # absorb other databases' catalog changes.
+    renewals = [r["renewal_statements"] / r["run_s"] for r in results if r.get("run_s")]
     return {"leases": leases, "workers": workers, "seconds": window, "autovacuum_in_window": int(disturbed),
+            "renewals_per_worker_s": statistics.fmean(renewals) if renewals else None,
             "transactions_per_s": max(0, after.transactions - before.transactions - own) / window,
             "rows_updated_per_s": (after.tuples_updated - before.tuples_updated) / window,
             "db_cpu_percent": 100 * (after.backend_cpu - before.backend_cpu) / window,

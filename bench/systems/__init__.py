@@ -25,12 +25,16 @@ class WorkerOptions:
 
     ``mode``: ``drain`` (until the queue is empty), ``count`` (until ``target``
     tasks are done), ``latency`` (until stopped, recording when each handler
-    starts) or ``hold`` (handlers wait until stopped, so leases stay held).
+    starts), ``hold`` (handlers wait until stopped, so leases stay held) or
+    ``io`` (as ``drain``, each handler awaiting ``io_seconds`` of I/O: a model call).
     """
 
     mode: str = "drain"
     concurrency: int = 10
     target: int = 0
+    io_seconds: float = 0.0
+    #: the lease length the worker claims with (None: each task's own)
+    lease_seconds: float | None = None
 
 
 @dataclass
@@ -43,6 +47,8 @@ class Control:
     starts: dict[int, float] = field(default_factory=dict)
     loop: asyncio.AbstractEventLoop | None = None
     on_stop: list[Any] = field(default_factory=list)
+    #: figures the runner adds to the worker's result (e.g. renewal statements sent)
+    counters: dict[str, float] = field(default_factory=dict)
     _lock: threading.Lock = field(default_factory=threading.Lock)
 
     def handler_started(self, index: int) -> None:

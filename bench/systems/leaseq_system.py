@@ -7,7 +7,10 @@ embedded on a SQLite file, the DSN then being ``sqlite:///…``.
 
 from __future__ import annotations
 
+import asyncio
+import os
 import sqlite3
+import time
 from typing import Any
 
 import psycopg
@@ -82,27 +85,49 @@ class LeaseqSystem:
         return LeaseqRunner(dsn, self.options, control)
 
 
+#: Set by the orchestrator for a remote run: the worker goes through ``leaseq serve`` at this URL.
+SERVER_ENV, TOKEN_ENV = "LEASEQ_BENCH_SERVER", "LEASEQ_BENCH_TOKEN"
+
+
 class LeaseqRunner:
-    """An App with one no-op handler and a WorkerRuntime, as ``leaseq worker`` would run it."""
+    """An App with one handler and a WorkerRuntime, as ``leaseq worker`` would run it: direct, or
+    through the HTTP service when ``$LEASEQ_BENCH_SERVER`` and ``$LEASEQ_BENCH_TOKEN`` are set."""
 
     def __init__(self, dsn: str, options: dict[str, Any], control: Control):
         self.control = control
         self.app = leaseq.App(dsn, **options)
-        self.app.queue  # connect (and check the schema) before the clock starts
-        mode = control.options.mode
+        server = os.environ.get(SERVER_ENV)
+        if server:
+            from leaseq.client import RemoteQueue
+
+            self.transport: Any = RemoteQueue(server, os.environ[TOKEN_ENV])
+        else:
+            self.transport = self.app.queue  # connect (and check the schema) before the clock starts
+        mode, io_seconds = control.options.mode, control.options.io_seconds
 
         @self.app.task("noop")
         async def noop(ctx: Any, i: int = 0) -> None:
             control.handler_started(i)
             if mode == "hold":
                 await control.stop.wait()
+            elif mode == "io":
+                await asyncio.sleep(io_seconds)  # the model call
             control.handler_done()
 
-        self.runtime = self.app.worker(concurrency=control.options.concurrency, grace=0.5)
+        self.runtime = self.app.worker(transport=self.transport, concurrency=control.options.concurrency,
+                                       grace=0.5, lease_seconds=control.options.lease_seconds)
+        self._started = time.monotonic()
+        control.on_stop.append(self._count)  # before the shutdown's releases
         control.on_stop.append(self.runtime.stop)
 
+    def _count(self) -> None:
+        """The renewal statements this worker sent, and over how long (until told to stop)."""
+        self.control.counters["renewal_statements"] = self.runtime.stats.renewals
+        self.control.counters["run_s"] = time.monotonic() - self._started
+
     async def run(self) -> None:
-        await self.runtime.run(until_idle=self.control.options.mode == "drain")
+        self._started = time.monotonic()
+        await self.runtime.run(until_idle=self.control.options.mode in ("drain", "io"))
 
     async def close(self) -> None:
-        self.app.queue.close()
+        self.transport.close()

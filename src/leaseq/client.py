@@ -43,6 +43,7 @@ from . import __version__
 from .core.errors import (BackendUnavailable, ConfigError, InvalidInput, LeaseLost, LeaseqError, RateLimited,
                           error_class)
 from .core.model import Claim, Effect, Task, Worker
+from .observability.tracing import traced_enqueue
 from .worker.transport import Capabilities
 from .service.wire import claim_from, effect_from, event_from, parse_time, task_from, worker_from
 
@@ -259,6 +260,7 @@ class RemoteQueue:
         _, path = self._worker_path(worker, claim, "loss")
         self._call("POST", path, {"generation": claim.generation, "reason": reason})
 
+    @traced_enqueue
     def enqueue(self, kind: str, payload: Any = None, **options: Any) -> Task:
         """Add a task; options as for :meth:`leaseq.Queue.enqueue`."""
         return task_from(self._call("POST", "/v1/tasks", {"kind": kind, "payload": payload, **options}))

@@ -29,6 +29,7 @@ from .engine.leases import ROUTE_BATCH
 from .engine.steps import Op, T
 from .store import Store, Tx, open_store
 from .store.base import WorkListener
+from .observability.tracing import traced_enqueue
 from .worker.transport import Capabilities
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -188,6 +189,7 @@ class Queue:
         """Every registered worker with the number of leases it holds."""
         return self._run(engine.reads.workers(self.settings))
 
+    @traced_enqueue
     def enqueue(self, kind: str, payload: Any = None, *, effect: str = "read_only", queue: str = "default",
                 idempotency_key: str | None = None, priority: int = 0, delay: float = 0,
                 max_attempts: int = 5, lease_seconds: float = checks.DEFAULT_LEASE_SECONDS,

@@ -23,9 +23,12 @@ def test_the_library_installs_only_what_it_needs():
     assert names(extras["server"]) == SERVER_ONLY
     assert names(extras["client"]) == {"httpx"}
     assert names(extras["schedules"]) == {"cronsim"}
+    assert names(extras["metrics"]) == {"prometheus-client"}  # leaseq worker --metrics-port
+    assert names(extras["otel"]) == {"opentelemetry-api"}     # spans; the SDK is the application's choice
+    assert "opentelemetry-sdk" in names(extras["test"])  # the tracing tests run
     # `pip install -e '.[test]'` (the README's second set-up line) still runs every test.
     [own] = [r for r in extras["test"] if r.startswith("leaseq[")]
-    assert {"server", "client", "mcp", "docs", "schedules"} <= set(own[len("leaseq["):-1].split(","))
+    assert {"server", "client", "mcp", "docs", "schedules", "metrics", "otel"} <= set(own[len("leaseq["):-1].split(","))
     assert names(extras["mcp"]) == {"mcp"}
     urls = project["urls"]
     assert {"Homepage", "Documentation", "Changelog"} <= set(urls)

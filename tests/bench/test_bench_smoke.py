@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
-WORKLOADS = {"enqueue", "drain", "latency", "heartbeat", "depth", "evidence"}
+WORKLOADS = {"enqueue", "drain", "latency", "heartbeat", "depth", "evidence", "agent", "leases"}
 
 
 def _server_dsn() -> str:
@@ -52,13 +52,21 @@ def test_quick_benchmark_writes_tables_json_and_plots(tmp_path: Path) -> None:
     assert {t["config"] for t in trials if t["workload"] == "drain" and t["system"] == "leaseq"} == {
         "1 process × 10", "2 processes × 10"}
     assert {t["system"] for t in trials if t["workload"] == "latency"} == {"leaseq", *peers}
+    agent = {(t["config"].split(",")[0], t["system"]) for t in trials if t["workload"] == "agent"}
+    assert agent == {("direct", "leaseq"), ("direct", "leaseq-sqlite"), ("remote (leaseq serve)", "leaseq")}
+    assert all(0 < t["metrics"]["of_ideal_percent"] <= 100 for t in trials if t["workload"] == "agent")
+    held = {t["config"]: t["metrics"] for t in trials if t["workload"] == "leases"}
+    assert set(held) == {"200 / 2, 30 s leases", "200 / 2, 1 h leases (no renewal in the window)"}
+    assert all(m["leases"] == 200 and m["statements_per_worker_s"] >= 0 for m in held.values())
+    assert held["200 / 2, 1 h leases (no renewal in the window)"]["statements_per_worker_s"] == 0
     assert all(t["metrics"]["per_s"] > 0 for t in trials if t["workload"] in ("drain", "depth", "evidence"))
     assert {row["target"].split(":")[0] for row in document["targets"]} >= {"pickup latency p50 ≤ 3 ms (LISTEN/NOTIFY)"}
     assert document["machine"]["nproc"] and document["server"]["postgresql"]
 
     tables = (out / "results.md").read_text()
     for heading in ("### enqueue", "### drain", "### pickup latency", "### heartbeat load",
-                    "### drain against depth", "### evidence", "### targets"):
+                    "### drain against depth", "### evidence", "### agent-shaped", "### leases held",
+                    "### targets"):
         assert heading in tables
     assert run.stdout.count("| leaseq |") >= 3  # the tables are printed too
     for plot in ("drain.png", "latency.png", "drain_vs_depth.png"):

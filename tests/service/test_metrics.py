@@ -43,6 +43,11 @@ def test_metrics_after_real_work(svc: Service) -> None:
     assert m[("leaseq_tasks", (("queue", "mail"), ("status", "completed")))] == 1
     assert m[("leaseq_tasks", (("queue", "mail"), ("status", "needs_reconciliation")))] == 1
     assert m[("leaseq_tasks", (("queue", "mail"), ("status", "queued")))] == 2
+    # statuses with no task read zero instead of vanishing
+    for status in ("running", "cancelled", "dead", "blocked"):
+        assert m[("leaseq_tasks", (("queue", "mail"), ("status", status)))] == 0, status
+    assert m[("leaseq_expired_leases", (("queue", "mail"),))] == 0
+    assert m[("leaseq_reconciliation_backlog", (("queue", "mail"), ("status", "blocked")))] == 0
     assert m[("leaseq_reconciliation_backlog", (("queue", "mail"), ("status", "needs_reconciliation")))] == 1
     assert m[("leaseq_effect_intents_open", (("queue", "mail"),))] == 1
     assert m[("leaseq_claims_total", (("queue", "mail"),))] == 3

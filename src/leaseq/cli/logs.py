@@ -4,8 +4,11 @@ The runtime logs through ``logging`` with ``LoggerAdapter`` extras
 (``task_id``, ``generation``, ``worker_id``); this module only decides how
 those records look. ``--log-format json`` prints one JSON object per line
 with ``time``, ``level``, ``logger``, ``message`` and, where the record
-carries them, ``task_id``, ``kind``, ``generation``, ``worker`` and
-``duration`` (seconds).
+carries them, ``task_id``, ``kind``, ``generation``, ``attempt``, ``worker``,
+``duration`` (the handler's run time in seconds) and ``outcome`` (completed,
+retried, failed, blocked, needs_reconciliation, released, lost, unconfirmed).
+Text lines name the task's kind and attempt in their prefix and end with
+the handler's duration once it is known.
 
 With ``--progress``, per-task lines at INFO are left out (``--log-level
 debug`` shows them): the progress line counts them. On a terminal the progress
@@ -29,12 +32,12 @@ from ..worker.runtime import WorkerStats
 QUIET_LOGGERS = ("httpx", "httpcore")
 
 #: Record attributes copied into a JSON line, and the key each gets.
-EXTRA_FIELDS = (("task_id", "task_id"), ("kind", "kind"), ("generation", "generation"),
-                ("worker_id", "worker"), ("duration", "duration"), ("stats", "stats"))
+EXTRA_FIELDS = (("task_id", "task_id"), ("kind", "kind"), ("generation", "generation"), ("attempt", "attempt"),
+                ("worker_id", "worker"), ("duration", "duration"), ("outcome", "outcome"), ("stats", "stats"))
 
 #: The ``task=… gen=… worker=…: `` prefix of the runtime's per-task messages,
 #: redundant in a JSON line that has those fields.
-_TASK_PREFIX = re.compile(r"^task=\S+ gen=\S+ worker=\S+: ")
+_TASK_PREFIX = re.compile(r"^task=\S+ (?:kind=\S+ )?gen=\S+ (?:attempt=\S+ )?worker=\S+: ")
 
 TEXT_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
 
@@ -84,6 +87,18 @@ class JsonFormatter(logging.Formatter):
         if record.exc_info:
             doc["exception"] = self.formatException(record.exc_info)
         return json.dumps(doc, ensure_ascii=False, default=str)
+
+
+class TextFormatter(logging.Formatter):
+    """``TEXT_FORMAT``, and the handler's duration at the end of a task's lines once it is known."""
+
+    def __init__(self) -> None:
+        super().__init__(TEXT_FORMAT)
+
+    def format(self, record: logging.LogRecord) -> str:
+        text = super().format(record)
+        duration = getattr(record, "duration", None)
+        return text if duration is None else f"{text} (duration {duration:.3f}s)"
 
 
 class StatusLine:
@@ -167,7 +182,7 @@ class WorkerLogging:
         self.tty = self.stream.isatty()
         self.status = StatusLine(self.stream) if progress and self.tty and fmt == "text" else None
         handler = WorkerLogHandler(self.stream, self.status)
-        handler.setFormatter(JsonFormatter() if fmt == "json" else logging.Formatter(TEXT_FORMAT))
+        handler.setFormatter(JsonFormatter() if fmt == "json" else TextFormatter())
         handler.addFilter(WorkerLogFilter(hide_task_info=progress and level != "debug"))
         root = logging.getLogger()
         for old in list(root.handlers):

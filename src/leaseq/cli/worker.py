@@ -15,6 +15,7 @@ import click
 
 from ..app import App
 from ..core.errors import LeaseqError
+from ..observability import WorkerObserver
 from .logs import WorkerLogging
 from .session import CliError, CliState, connect_checked
 
@@ -89,12 +90,17 @@ def register(group: click.Group) -> None:
                   show_default=True)
     @click.option("--log-format", type=click.Choice(["text", "json"]), default="text", show_default=True,
                   help="json: one object per line with time, level, message and, where known, task_id, kind, "
-                       "generation, worker and duration.")
+                       "generation, attempt, worker, duration and outcome.")
+    @click.option("--metrics-port", type=click.IntRange(0, 65535), default=None, metavar="PORT",
+                  help="Serve this worker's Prometheus metrics at http://ADDR:PORT/metrics (0: any free port, "
+                       "named in the log). Needs leaseq[metrics]. Default: off.")
+    @click.option("--metrics-addr", default="127.0.0.1", show_default=True, metavar="ADDR",
+                  help="Address the metrics endpoint binds (0.0.0.0 exposes it beyond this host).")
     @click.pass_context
     def worker(ctx: click.Context, app_spec: str, queues: tuple[str, ...], concurrency: int, name: str,
                grace: float, poll_interval: float | None, lease_seconds: float | None, server: str | None,
                token_file: Path | None, until_idle: bool, migrate: bool, progress: bool, log_level: str,
-               log_format: str) -> None:
+               log_format: str, metrics_port: int | None, metrics_addr: str) -> None:
         """Run the handlers of MODULE:APP (e.g. myapp:app) until SIGTERM or SIGINT.
 
         The first signal stops claiming and lets running tasks finish within
@@ -104,6 +110,7 @@ def register(group: click.Group) -> None:
         logs = WorkerLogging(level=log_level, fmt=log_format, progress=progress)
         state: CliState = ctx.find_object(CliState)
         app = load_app(app_spec)
+        observer = _observer(metrics_port, metrics_addr, logs.log)  # a port in use refuses before any change
         if server is None:
             _check_database(app, state.dsn, migrate=migrate)
         transport = _transport(app, state.dsn, server, token_file)
@@ -111,11 +118,29 @@ def register(group: click.Group) -> None:
             stats = app.run_worker(transport=transport, queues=list(queues) or None, concurrency=concurrency,
                                    name=name, grace=grace, poll_interval=poll_interval,
                                    lease_seconds=lease_seconds, install_signals=True, until_idle=until_idle,
-                                   progress=logs.progress if progress else None)
+                                   progress=logs.progress if progress else None, observer=observer)
         except LeaseqError as exc:
             raise CliError.from_leaseq(exc) from None
         logs.stopped(stats)
         _exit_past_stuck_handlers()
+
+
+def _observer(port: int | None, addr: str, log: logging.Logger) -> WorkerObserver:
+    """The worker's observer, serving its metrics when ``--metrics-port`` is given."""
+    if port is None:
+        return WorkerObserver()
+    try:
+        from ..observability.metrics import WorkerMetrics
+    except ImportError:
+        raise CliError("metrics_port", "needs prometheus-client: pip install 'leaseq[metrics]'") from None
+    metrics = WorkerMetrics()
+    try:
+        _server, bound = metrics.serve(port, addr)
+    except OSError as exc:
+        raise CliError("metrics_port", f"cannot listen on {addr}:{port}: {exc.strerror or exc}") from None
+    host = f"[{addr}]" if ":" in addr else addr
+    log.info("metrics at http://%s:%d/metrics", host, bound, extra={"metrics_port": bound})
+    return WorkerObserver(metrics)
 
 
 def _check_database(app: App, dsn: str | None, *, migrate: bool) -> None:

@@ -25,6 +25,7 @@ from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 
 from ..core.errors import LeaseqError
+from ..core.model import Status
 from ..queue import Queue
 
 try:  # optional: spans only when the application installed OpenTelemetry
@@ -74,16 +75,19 @@ class QueueCollector(Collector):
         backlog = GaugeMetricFamily("leaseq_reconciliation_backlog",
                                     "Tasks waiting for a person: needs_reconciliation and blocked",
                                     labels=["queue", "status"])
-        queues: set[str] = set()
-        for row in stats:
-            queues.add(row["queue"])
-            tasks.add_metric([row["queue"], row["status"]], row["count"])
-            if row["status"] == "queued":
-                oldest.add_metric([row["queue"]], float(row["oldest_queued_seconds"] or 0.0))
-            if row["status"] == "running":
-                expired.add_metric([row["queue"]], row["expired_leases"] or 0)
-            if row["status"] in ("needs_reconciliation", "blocked"):
-                backlog.add_metric([row["queue"], row["status"]], row["count"])
+        # Every status of every known queue, zeros included: a series that vanished
+        # when its count reached zero would leave alerts reading a stale value.
+        rows = {(row["queue"], row["status"]): row for row in stats}
+        queues = sorted({r["queue"] for r in stats} | {r["name"] for r in paused})
+        for queue in queues:
+            for status in Status:
+                row = rows.get((queue, status.value))
+                tasks.add_metric([queue, status.value], row["count"] if row else 0)
+                if status in (Status.NEEDS_RECONCILIATION, Status.BLOCKED):
+                    backlog.add_metric([queue, status.value], row["count"] if row else 0)
+            queued, running = rows.get((queue, "queued")), rows.get((queue, "running"))
+            oldest.add_metric([queue], float(queued["oldest_queued_seconds"] or 0.0) if queued else 0.0)
+            expired.add_metric([queue], (running["expired_leases"] or 0) if running else 0)
         open_fx = GaugeMetricFamily("leaseq_effect_intents_open",
                                     "Effect intents recorded without a response", labels=["queue"])
         for row in intents:

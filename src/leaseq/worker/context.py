@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any
 
 from ..core.errors import LeaseLost
 from ..core.model import Claim, Effect, Task, Worker
+from ..observability import tracing
 
 if TYPE_CHECKING:  # pragma: no cover
     from .transport import Transport
@@ -53,6 +54,12 @@ class TaskContext:
         self.outcome_recorded = False
         #: set by the runtime: called (from any thread) when the context finds out itself
         self.on_lost: Callable[[TaskContext, str], None] | None = None
+        #: kept by the runtime's observer: when the handler started (monotonic), how long it
+        #: ran (seconds), how the attempt ended, and its OpenTelemetry run span
+        self.started_at = 0.0
+        self.duration: float | None = None
+        self.outcome: str | None = None
+        self.span: Any = None
 
     # -- the lease ------------------------------------------------------------
 
@@ -182,6 +189,7 @@ class EffectScope:
         #: monotonic time the current token was asked for; a renewal sent later
         #: moved the lease deadline past the token's expiry
         self._token_asked = 0.0
+        self._span: Any = None
 
     def _call_begin(self, key: str | None) -> Effect:
         ctx = self._ctx
@@ -196,7 +204,12 @@ class EffectScope:
     # The intent is written on entry, under the lease guard.
     def _begin(self) -> EffectScope:
         self._ctx.check()
-        self.effect = self._call_begin(self._key)
+        self._span = tracing.start_effect(self._ctx, self.action, self._key)
+        try:
+            self.effect = self._call_begin(self._key)
+        except BaseException as exc:
+            tracing.end_effect(self._span, exc)
+            raise
         self._recorded = self.effect.replayed
         return self
 
@@ -204,15 +217,29 @@ class EffectScope:
         return self._begin()
 
     def __exit__(self, exc_type: Any, exc: Any, tb: Any) -> None:
-        if exc_type is None and not self._recorded:
-            self.record(None)
+        error = exc
+        try:
+            if exc_type is None and not self._recorded:
+                self.record(None)
+        except BaseException as failed:
+            error = failed
+            raise
+        finally:
+            tracing.end_effect(self._span, error, replayed=self.replayed)
 
     async def __aenter__(self) -> EffectScope:
         return await asyncio.to_thread(self._begin)
 
     async def __aexit__(self, exc_type: Any, exc: Any, tb: Any) -> None:
-        if exc_type is None and not self._recorded:
-            await self.arecord(None)
+        error = exc
+        try:
+            if exc_type is None and not self._recorded:
+                await self.arecord(None)
+        except BaseException as failed:
+            error = failed
+            raise
+        finally:
+            tracing.end_effect(self._span, error, replayed=self.replayed)
 
     @property
     def replayed(self) -> bool:

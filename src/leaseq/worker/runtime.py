@@ -26,11 +26,13 @@ do from its declared capabilities; it runs the handlers of a registry
 from __future__ import annotations
 
 import asyncio
+import contextvars
 import functools
 import inspect
 import logging
 import os
 import signal
+import sys
 import threading
 import time
 from collections.abc import Awaitable, Callable
@@ -40,6 +42,7 @@ from typing import Any
 from ..auth import AccessDenied
 from ..core.errors import InvalidInput, LeaseLost, LeaseqError, Permanent, QueuePaused, UnknownWorker
 from ..core.model import Claim, Worker
+from ..observability.hooks import TaskLog, WorkerObserver
 from ..schedules import Scheduler
 from .completer import INITIAL_BACKOFF, Completer, Outcome, Verdict, next_backoff
 from .context import TaskContext
@@ -76,7 +79,7 @@ class WorkerRuntime:
     def __init__(self, handlers: HandlerSource | Registry, transport: Transport | None = None, *,
                  queues: list[str] | None = None, concurrency: int = 10, name: str = "worker",
                  poll_interval: float | None = None, grace: float = 30.0, lease_seconds: float | None = None,
-                 connect: Callable[[], Transport] | None = None):
+                 connect: Callable[[], Transport] | None = None, observer: WorkerObserver | None = None):
         if concurrency < 1:
             raise InvalidInput("concurrency", f"must be at least 1 (got {concurrency})")
         if transport is not None and connect is not None:
@@ -90,6 +93,8 @@ class WorkerRuntime:
             if transport is None and connect is None:
                 app = handlers
                 connect = lambda: app.queue  # noqa: E731 - connected (and migrated) in run(), retried
+        #: logs, metrics and traces of each attempt (metrics only when the observer has them)
+        self.observe = observer if observer is not None else WorkerObserver()
         self.concurrency = concurrency
         self._connect = connect
         self._poll_option = poll_interval
@@ -129,6 +134,7 @@ class WorkerRuntime:
 
     def _bind(self, transport: Any) -> None:
         """Use ``transport``: read its declared capabilities and size the database threads."""
+        transport = self.observe.wrap(transport)
         try:
             caps = transport.capabilities  # the one declaration every transport makes
         except AttributeError:
@@ -335,8 +341,8 @@ class WorkerRuntime:
     # -- running one task ------------------------------------------------------------
 
     def _start(self, claim: Claim, sent: float) -> None:
-        log = logging.LoggerAdapter(logger, {"task_id": claim.task_id, "generation": claim.generation,
-                                             "worker_id": self.worker.id})
+        log = TaskLog(logger, {"task_id": claim.task_id, "kind": claim.task.kind, "generation": claim.generation,
+                               "attempt": claim.task.attempts, "worker_id": self.worker.id})
         ctx = TaskContext(self.transport, self.worker, claim, log)
         ctx.renewed_at = sent  # the lease started no earlier than the claim was sent
         loop = self._loop
@@ -349,10 +355,12 @@ class WorkerRuntime:
         self._handling.add(ctx.key)
         self.stats.claimed += 1
         self.renewer.lease_started(ctx)
-        self._tasks[ctx.key] = asyncio.create_task(self._run_task(ctx), name=f"leaseq-task-{claim.task_id}")
+        self._tasks[ctx.key] = asyncio.create_task(self._run_task(ctx), name=f"leaseq-task-{claim.task_id}",
+                                                   context=self.observe.started(ctx, self.worker.id, sent))
 
     def _msg(self, ctx: TaskContext, text: str) -> str:
-        return f"task={ctx.task_id} gen={ctx.generation} worker={self.worker.id}: {text}"
+        return (f"task={ctx.task_id} kind={ctx.task.kind} gen={ctx.generation} attempt={ctx.task.attempts} "
+                f"worker={self.worker.id}: {text}")
 
     async def _run_task(self, ctx: TaskContext) -> None:
         try:
@@ -379,11 +387,12 @@ class WorkerRuntime:
                 if inspect.iscoroutinefunction(definition.fn):
                     result = await definition.fn(ctx, *args, **kwargs)
                 else:
-                    loop = asyncio.get_running_loop()
+                    loop = asyncio.get_running_loop()  # the thread runs in this task's context (its span)
                     self._threaded.add(ctx.key)
-                    result = await loop.run_in_executor(self._handlers,
+                    result = await loop.run_in_executor(self._handlers, contextvars.copy_context().run,
                                                         functools.partial(definition.fn, ctx, *args, **kwargs))
             finally:
+                self.observe.returned(ctx, sys.exc_info()[1])
                 # The slot is free once the handler returns: the next claim
                 # overlaps with recording this outcome.
                 self._handling.discard(ctx.key)
@@ -419,6 +428,7 @@ class WorkerRuntime:
         if ctx.loss_inferred and not ctx.outcome_recorded and ctx.key not in self._presumed_sent:
             # The attempt ended with nothing sent: the presumed loss stands.
             self._lose(ctx, ctx.lost_reason or "lease presumed lost")
+        self.observe.finished(ctx)
         self._handling.discard(ctx.key)
         self.held.pop(ctx.key, None)
         self._tasks.pop(ctx.key, None)
@@ -426,6 +436,7 @@ class WorkerRuntime:
 
     def _settled(self, ctx: TaskContext, outcome: Outcome) -> None:
         """Account for one recorded outcome (called once per recording, from the loop)."""
+        self.observe.settled(ctx, outcome)
         verdict, op = outcome.verdict, outcome.op
         if ctx.key in self._presumed_sent:  # a success sent after the lease was presumed lost
             self._presumed_sent.discard(ctx.key)
@@ -485,6 +496,7 @@ class WorkerRuntime:
             if task is not None and task is not asyncio.current_task() and ctx.key not in self._threaded:
                 task.cancel()
             return
+        self.observe.lost(ctx, reason)
         self.stats.lost += 1
         self.stats.lost_reasons[reason] = self.stats.lost_reasons.get(reason, 0) + 1
         ctx.log.warning(self._msg(ctx, f"lease lost: {reason}"))
