@@ -168,9 +168,13 @@ def error_table() -> str:
 
 
 def async_operations() -> str:
-    from leaseq.aio import OPERATIONS
+    import inspect
 
-    return ", ".join(f"`{name}`" for name in sorted(OPERATIONS))
+    from leaseq import AsyncQueue
+
+    names = [name for name, fn in inspect.getmembers(AsyncQueue, inspect.iscoroutinefunction)
+             if not name.startswith("_")]
+    return ", ".join(f"`{name}`" for name in sorted(names))
 
 
 GENERATORS = {
@@ -185,12 +189,16 @@ GENERATORS = {
 #: tests/docs reads these; the site shows a skip's reason next to its block.
 SKIP_MARKER = re.compile(r"^<!-- docs-test: skip: (.+?) -->$", re.M)
 
-QUERY_MARKER = re.compile(r"<!-- generated: query (\w+) (\w+) -->")
+QUERY_MARKER = re.compile(r"<!-- generated: query (\w+) ([\w:]+) -->")
 
 
 def named_query(dialect: str, name: str) -> str:
     """The block ``-- name: NAME`` of the dialect's queries.sql, comments included, as a sql fence."""
     text = resources.files("leaseq").joinpath("sql", dialect, "queries.sql").read_text()
+    if name.startswith("template:"):  # a fragment the loader expands where a query names it
+        start = text.index(f"-- template: {name.split(':', 1)[1]}")
+        body = text[start:].split("\n\n", 1)[0].rstrip()
+        return f"```sql\n-- {dialect}\n{body}\n```"
     blocks = {b.split("\n", 1)[0].strip(): b for b in text.split("-- name: ")[1:]}
     if name not in blocks:
         raise KeyError(f"no query {name!r} in sql/{dialect}/queries.sql")

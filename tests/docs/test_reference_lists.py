@@ -22,7 +22,7 @@ PAGE = ROOT / "docs" / "reference" / "events.md"
 NAME = re.compile(r"^[a-z][a-z_]*$")
 
 #: The queue's event writers and which positional argument is the event type.
-EVENT_WRITERS = {"_event": 2, "_event_params": 1, "_resume": 2}
+EVENT_WRITERS = {"event": 2, "event_params": 2, "_resume": 3}
 
 
 def documented(section: str) -> set[str]:
@@ -39,7 +39,7 @@ def event_types_in_source() -> set[str]:
             if not isinstance(node, ast.Call):
                 continue
             name = getattr(node.func, "attr", getattr(node.func, "id", None))
-            candidates = [kw.value for kw in node.keywords if kw.arg == "event"]
+            candidates = [kw.value for kw in node.keywords if kw.arg in ("event", "event_type")]
             if name in EVENT_WRITERS and len(node.args) > EVENT_WRITERS[name]:
                 candidates.append(node.args[EVENT_WRITERS[name]])
             found |= {c.value for c in candidates
