@@ -24,7 +24,8 @@
 -- reads their generic plans). Every other statement is never prepared, so it
 -- is planned for the parameters it is given.
 --
--- Time is always the database's now(): a worker's clock is never consulted.
+-- Time is always the database's (now(), or clock_timestamp() where the
+-- moment of judgement matters): a worker's clock is never consulted.
 
 -- template: lease_guard(generation=%(generation)s)
 -- THE LEASE GUARD, the one place it is written. Every write made on the
@@ -33,10 +34,14 @@
 -- passes the generation column of its (task, generation) pairs), and its
 -- lease is live by the database's clock. Zero rows back means the caller
 -- has lost the lease; nothing was changed.
+-- The clock is clock_timestamp(), read as each row is judged, not now() (the
+-- start of the transaction): a long statement that began before the deadline
+-- (a renewal of a thousand leases) must not renew a lease after a completion
+-- that began later was refused for it, so that a refusal stays final.
 AND t.status = 'running'
 AND t.lease_owner = %(worker_id)s
 AND t.claim_generation = {generation}
-AND t.lease_expires_at >= now()
+AND t.lease_expires_at >= clock_timestamp()
 
 -- name: migrations_lock
 -- Serialises concurrent `leaseq migrate` runs until the transaction ends.
