@@ -30,7 +30,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 import leaseq
 from leaseq import auth
-from leaseq.chaos.pgserver import free_port
+from leaseq_chaos.pgserver import free_port
 
 from .support import ROOT, Service, wait_for
 

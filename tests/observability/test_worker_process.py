@@ -192,7 +192,7 @@ def test_metrics_of_a_remote_worker(dsn, tmp_path):
     from fault.support import Service
 
     from leaseq import auth
-    from leaseq.chaos.pgserver import free_port
+    from leaseq_chaos.pgserver import free_port
 
     (tmp_path / "obsjobs.py").write_text(APP)
     with leaseq.connect(dsn) as q:

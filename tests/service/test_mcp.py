@@ -17,8 +17,8 @@ import pytest
 
 import leaseq
 from leaseq import auth
-from tests.conformance.support import wait_expired
-from tests.snapshots import snapshot
+from conformance.support import wait_expired
+from snapshots import snapshot
 
 pytest.importorskip("mcp")
 from mcp.client.session import ClientSession  # noqa: E402

@@ -12,7 +12,7 @@ from typing import Literal, TypedDict
 import pytest
 
 import leaseq
-from tests.snapshots import snapshot
+from snapshots import snapshot
 
 
 class Doc(TypedDict):
