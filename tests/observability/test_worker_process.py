@@ -215,7 +215,8 @@ def test_metrics_of_a_remote_worker(dsn, tmp_path):
         with leaseq.connect(dsn) as q:
             assert [q.get(i).status for i in ids] == ["completed"] * 3 + ["dead"]
         assert sample(samples, "leaseq_worker_tasks_claimed_total", kind="ok") == 3
-        assert sample(samples, "leaseq_worker_calls_total", call="complete") == 3  # no batched completion over HTTP
+        # the remote worker batches its completions (one request may carry all three)
+        assert 1 <= sample(samples, "leaseq_worker_calls_total", call="complete") <= 3
         assert sample(samples, "leaseq_worker_calls_total", call="fail") == 1
         assert sample(samples, "leaseq_worker_calls_total", call="claim") >= 1
     finally:

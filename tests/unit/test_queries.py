@@ -28,7 +28,7 @@ GUARD = {
         "AND t.status = 'running'",
         "AND t.lease_owner = %(worker_id)s",
         "AND t.claim_generation = {generation}",
-        "AND t.lease_expires_at >= now()",
+        "AND t.lease_expires_at >= clock_timestamp()",
     ],
     "sqlite": [
         "AND t.status = 'running'",
@@ -138,7 +138,7 @@ def test_guard_none_always_gives_a_reason(dialect: str) -> None:
 _HEADER = {
     "postgres": "-- template: lease_guard(generation=%(generation)s)\n"
                 "AND t.status = 'running'\nAND t.lease_owner = %(worker_id)s\n"
-                "AND t.claim_generation = {generation}\nAND t.lease_expires_at >= now()\n\n",
+                "AND t.claim_generation = {generation}\nAND t.lease_expires_at >= clock_timestamp()\n\n",
     "sqlite": "-- template: lease_guard(generation=:generation)\n"
               "AND t.status = 'running'\nAND t.lease_owner = :worker_id\n"
               "AND t.claim_generation = {generation}\n"
@@ -171,7 +171,7 @@ def test_the_lint_passes_the_same_query_once_it_expands_the_guard(dialect: str) 
                                f"WHERE t.id = {_T[dialect]}\n  /* TEMPLATE: lease_guard */;\n")
     queries = parse_queries_file(text, "synthetic")[1]
     assert lint(dialect, queries) == []
-    assert queries["steal_task"].sql.rstrip().endswith("86400.0;" if dialect == "sqlite" else "now();")
+    assert queries["steal_task"].sql.rstrip().endswith("86400.0;" if dialect == "sqlite" else "clock_timestamp();")
 
 
 def test_a_guard_annotation_without_a_reason_is_refused() -> None:

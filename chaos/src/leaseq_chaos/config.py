@@ -81,10 +81,13 @@ class ChaosConfig:
 
     @property
     def settle_seconds(self) -> float:
-        """The quiet tail of the run: no faults, no new work; the queue must settle within it."""
-        return min(60.0, max(15.0, self.duration * 0.25))
+        """The quiet tail of the run: no faults, no new work; the queue must settle within it.
+        At least 20 s, whatever the duration: a task failed for the fifth time just before the
+        tail waits up to 16 s for its last retry (the backoff doubles from 1 s), and a short run
+        must give it that. A tail longer than the duration's share runs past the duration."""
+        return min(60.0, max(20.0, self.duration * 0.25))
 
     @property
     def chaos_seconds(self) -> float:
         """How long faults are injected and work enqueued."""
-        return self.duration - self.settle_seconds
+        return self.duration - min(60.0, max(15.0, self.duration * 0.25))

@@ -280,7 +280,7 @@ def run_chaos(config: ChaosConfig, *, progress: Callable[[str], None] | None = N
         record("settle", "ok")
         say(f"  {time.monotonic() - started:5.0f}s  faults off; settling")
 
-        deadline = phases + config.duration
+        deadline = chaos_end + config.settle_seconds
         halt = threading.Event()
         while time.monotonic() < deadline:
             fleet.respawn_dead()
