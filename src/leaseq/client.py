@@ -43,6 +43,7 @@ from . import __version__
 from .core.errors import (BackendUnavailable, ConfigError, InvalidInput, LeaseLost, LeaseqError, RateLimited,
                           error_class)
 from .core.model import Claim, Effect, Task, Worker
+from .engine.effects import check_effect_of
 from .observability.tracing import traced_enqueue
 from .worker.transport import Capabilities
 from .service.wire import claim_from, effect_from, event_from, parse_time, task_from, worker_from
@@ -246,10 +247,7 @@ class RemoteQueue:
     def finish_effect(self, worker: Worker | str, claim: Claim, effect: Effect, response: Any = None) -> Effect:
         """Record the response of a tool call whose intent :meth:`begin_effect` recorded."""
         wid, _ = self._worker_path(worker, claim)
-        if not isinstance(effect, Effect):
-            raise InvalidInput("effect", "must be the Effect returned by begin_effect()")
-        if effect.task_id != claim.task_id:
-            raise InvalidInput("effect", f"belongs to task {effect.task_id}, not task {claim.task_id}")
+        check_effect_of(claim, effect)
         if effect.replayed:
             return effect
         _, path = self._worker_path(wid, claim, "effects", str(effect.id), "response")

@@ -119,15 +119,20 @@ def signed(s: Settings, effect: Effect, deadline: datetime, resource: str | None
     return dataclasses.replace(effect, token=token)
 
 
+def check_effect_of(claim: Claim, effect: Effect) -> None:
+    """``effect`` is an Effect begun for ``claim``'s task (every transport checks it before sending)."""
+    if not isinstance(effect, Effect):
+        raise InvalidInput("effect", "must be the Effect returned by begin_effect()")
+    if effect.task_id != claim.task_id:
+        raise InvalidInput("effect", f"belongs to task {effect.task_id}, not task {claim.task_id}")
+
+
 def finish_effect(s: Settings, worker: Worker | str, claim: Claim, effect: Effect,
                   response: Any = None) -> Op[Effect]:
     """:meth:`leaseq.Queue.finish_effect`."""
     wid = worker_id(worker)
     check_claim(wid, claim)
-    if not isinstance(effect, Effect):
-        raise InvalidInput("effect", "must be the Effect returned by begin_effect()")
-    if effect.task_id != claim.task_id:
-        raise InvalidInput("effect", f"belongs to task {effect.task_id}, not task {claim.task_id}")
+    check_effect_of(claim, effect)
     if effect.replayed:
         return effect
     checks.check_json("response", response)
