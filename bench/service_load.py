@@ -169,7 +169,7 @@ def verify(q: leaseq.Queue, ids: list[int], done: list[int]) -> dict[str, int]:
     """Count lost and doubly completed tasks, from the workers' view and the database's."""
     completed_twice = len(done) - len(set(done))
     not_completed = len(set(ids) - set(done))
-    stored = {t.id: t for t in q.list(queue="bench", limit=len(ids) + 10)}
+    stored = {t.id: t for t in q.list_tasks(queue="bench", limit=len(ids) + 10)}
     db_not_completed = sum(1 for i in ids if stored.get(i) is None or stored[i].status != "completed")
     db_reclaimed = sum(1 for i in ids if i in stored and stored[i].claim_generation != 1)
     return {"tasks": len(ids), "completed_by_workers": len(done), "completed_twice": completed_twice,

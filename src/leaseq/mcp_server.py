@@ -89,7 +89,7 @@ class QueueTools:
         """Tasks, newest first, optionally by status and queue."""
         authz.authorize(self.principal, "read")
         return {"tasks": [present_task(t, self.principal)
-                          for t in self.q.list(status=status, queue=queue, limit=limit)]}
+                          for t in self.q.list_tasks(status=status, queue=queue, limit=limit)]}
 
     def get_task(self, task_id: int) -> dict[str, Any]:
         """One task with its evidence trail by claim generation and its action ledger."""
@@ -103,7 +103,7 @@ class QueueTools:
     def reconciliation_inbox(self, limit: Annotated[int, PydanticField(ge=1, le=500)] = 50) -> dict[str, Any]:
         """Tasks waiting for a person: an expired lease left a side effect whose outcome is unknown."""
         authz.authorize(self.principal, "read")
-        tasks = self.q.list(status="needs_reconciliation", limit=limit)
+        tasks = self.q.list_tasks(status="needs_reconciliation", limit=limit)
         return {"tasks": [{**present_task(t, self.principal),
                            "open_effects": [present_effect(fx, self.principal) for fx in self.q.effects(t.id)
                                             if fx.status == "pending"]} for t in tasks]}

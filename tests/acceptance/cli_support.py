@@ -29,7 +29,7 @@ def cli_env(**extra: str) -> dict[str, str]:
 def snapshot(dsn: str) -> dict[str, Any]:
     """Every task with its events and effects, every worker and queue switch, read through the API."""
     with leaseq.connect(dsn) as q:
-        tasks = q.list(limit=100_000)
+        tasks = q.list_tasks(limit=100_000)
         return {
             "tasks": tasks,
             "events": {t.id: q.events(t.id) for t in tasks},

@@ -61,7 +61,7 @@ def test_schedules_lists_next_slot_and_the_last_slots_task(dsn, run_cli, app_dir
     hourly_line = next(line for line in text.stdout.splitlines() if "hourly" in line)
     assert "every 3600s" in hourly_line and "not enqueued" in hourly_line
     with leaseq.connect(dsn) as q:
-        assert len(q.list()) == 1, "listing enqueues nothing"
+        assert len(q.list_tasks()) == 1, "listing enqueues nothing"
 
 
 def test_schedules_refuses_a_bad_app_with_one_line(run_cli, app_dir, tmp_path):
@@ -84,9 +84,9 @@ def test_worker_until_idle_runs_the_due_slot_then_schedules_shows_it(dsn, run_cl
     assert rows["yearly"]["last_task"]["status"] == "completed"
     assert rows["hourly"]["last_task"] is None
     with leaseq.connect(dsn) as q:
-        [task] = q.list()
+        [task] = q.list_tasks()
         assert (task.idempotency_key, task.queue, task.result) == (rows["yearly"]["last_key"], "reports", "new year")
     # a second run finds the slot's task by its key: still one task
     assert run_cli("--dsn", dsn, "worker", "jobs:app", "--until-idle").returncode == 0
     with leaseq.connect(dsn) as q:
-        assert len(q.list()) == 1
+        assert len(q.list_tasks()) == 1

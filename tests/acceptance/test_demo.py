@@ -27,7 +27,7 @@ def check_story(stdout: str) -> None:
 
 def check_database(q: leaseq.Queue, queue: str) -> None:
     """The demo's two tasks ended as the story says: B's result, and a reconciled side effect."""
-    summarize, welcome = sorted(q.list(queue=queue), key=lambda t: t.id)
+    summarize, welcome = sorted(q.list_tasks(queue=queue), key=lambda t: t.id)
     assert (summarize.status, summarize.claim_generation) == ("completed", 2)
     assert summarize.result == {"summary": "three lines", "by": "worker-b"}
     types = [e.type for e in q.events(summarize.id)]

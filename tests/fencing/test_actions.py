@@ -67,7 +67,7 @@ def test_bad_actions_are_refused_on_enqueue_and_enqueue_many(sq, bad):
         sq.enqueue("job", {}, effect="idempotent", actions=bad)
     with pytest.raises(leaseq.InvalidInput, match="actions"):
         sq.enqueue_many("job", [{}, {}], effect="idempotent", actions=bad)
-    assert sq.list() == []
+    assert sq.list_tasks() == []
 
 
 def test_enqueue_many_stores_the_declared_actions(sq):

@@ -186,12 +186,12 @@ NUL_CASES = {
     "kind": lambda q: q.enqueue("a\x00b"),
     "idempotency_key": lambda q: q.enqueue("job", idempotency_key="k\x00"),
     "payload": lambda q: q.enqueue("job", {"note": "a\x00b"}),
-    "reason": lambda q: q.cancel(q.list(limit=1)[0].id, "r\x00"),
+    "reason": lambda q: q.cancel(q.list_tasks(limit=1)[0].id, "r\x00"),
 }
 SURROGATE_CASES = {
     "kind": lambda q: q.enqueue("k\ud800"),
     "idempotency_key": lambda q: q.enqueue("job", idempotency_key="\udc00"),
-    "reason": lambda q: q.cancel(q.list(limit=1)[0].id, "r\udc00"),
+    "reason": lambda q: q.cancel(q.list_tasks(limit=1)[0].id, "r\udc00"),
 }
 
 

@@ -92,7 +92,7 @@ def test_metrics_and_json_logs_of_a_real_worker(dsn, tmp_path):
         url = line.group(1)
         with leaseq.connect(dsn) as q:
             def settled() -> bool:
-                tasks = {t.id: t for t in q.list(limit=100)}
+                tasks = {t.id: t for t in q.list_tasks(limit=100)}
                 return (all(tasks[i].status == "completed" for k in ("ok", "flaky") for i in ids[k])
                         and all(tasks[i].status == "dead" for i in ids["bad"]) and tasks[held].status == "running")
             wait_for(settled, timeout=60, what="every task settled")
@@ -103,7 +103,7 @@ def test_metrics_and_json_logs_of_a_real_worker(dsn, tmp_path):
                 done = sample(s, "leaseq_worker_handler_duration_seconds_count", kind="held", outcome="lost")
                 return s if done and sample(s, "leaseq_worker_running_tasks") == 0 else None
             samples = wait_for(loss_counted, what="the loss counted and the handler returned")
-            tasks = {t.id: t for t in q.list(limit=100)}
+            tasks = {t.id: t for t in q.list_tasks(limit=100)}
         # What the worker counted is what the queue recorded.
         attempts = {kind: sum(tasks[i].attempts for i in ids[kind]) for kind in KINDS}
         attempts["held"] = tasks[held].attempts

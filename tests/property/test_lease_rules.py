@@ -269,7 +269,7 @@ class LeaseRules(RuleBasedStateMachine):
 
     @invariant()
     def database_matches_the_model(self):
-        rows = {t.id: t for t in self.q.list(queue=QUEUE, limit=1000)}
+        rows = {t.id: t for t in self.q.list_tasks(queue=QUEUE, limit=1000)}
         assert set(rows) == set(self.model.tasks)
         for task_id, m in self.model.tasks.items():
             r = rows[task_id]

@@ -254,7 +254,7 @@ def test_viewers_never_see_free_text(svc: Service) -> None:
     q.requeue(c.task_id, texts["requeue_note"], by="ops")
     c = leased()
     q.fail(w, c, texts["error"], block=True)  # left blocked, for the inbox
-    task_ids = [t.id for t in q.list(limit=1000)]
+    task_ids = [t.id for t in q.list_tasks(limit=1000)]
 
     def bodies(token: str) -> list[str]:
         api, page = svc.http(token), _dashboard(svc, token)

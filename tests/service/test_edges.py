@@ -240,7 +240,7 @@ def test_a_name_with_a_trailing_newline_is_refused_by_the_library(q: leaseq.Queu
     before = snapshot(dsn)
     for name in NEWLINE_NAMES:
         for call in (lambda: q.enqueue("job", queue=name), lambda: q.pause(name), lambda: q.resume(name),
-                     lambda: q.register_worker(name), lambda: q.list(queue=name),
+                     lambda: q.register_worker(name), lambda: q.list_tasks(queue=name),
                      lambda: q.claim(q.register_worker("w"), queue=name)):
             with pytest.raises(leaseq.InvalidInput, match=r"must be 1-100 characters") as info:
                 call()

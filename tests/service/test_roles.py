@@ -145,7 +145,7 @@ def test_role_matrix(svc: Service) -> None:
     for action in ("token_created", "token_revoked", "prune"):
         assert (action, "admin-test") in actions and (action, "operator-test") not in actions, action
     # ...and task actions are in the task's own evidence trail too.
-    cancelled = svc.q.list(status="cancelled")
+    cancelled = svc.q.list_tasks(status="cancelled")
     assert {e.detail["by"].split(" ")[0] for t in cancelled for e in svc.q.events(t.id) if e.type == "cancelled"} \
         == {"operator-test", "admin-test"}
 

@@ -35,7 +35,7 @@ def test_two_http_workers_enqueue_one_task_per_slot(svc, tmp_path, caplog) -> No
         t.join(15)
         assert not t.is_alive()
     assert app._queue is None, "the workers used the HTTP transport only"
-    tasks = [t for t in svc.q.list(limit=1000) if t.kind == "tick"]
+    tasks = [t for t in svc.q.list_tasks(limit=1000) if t.kind == "tick"]
     slots = sorted(datetime.fromisoformat(t.idempotency_key.split(":", 2)[2]) for t in tasks)
     assert len(slots) >= 4 and len(set(slots)) == len(tasks)
     assert all((b - a).total_seconds() == 0.5 for a, b in zip(slots, slots[1:])), slots

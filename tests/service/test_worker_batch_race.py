@@ -97,7 +97,7 @@ def test_overlapping_batches_never_complete_a_task_twice(svc) -> None:
 
     assert completed_by["a"].isdisjoint(completed_by["b"])
     assert completed_by["a"] | completed_by["b"] == set(all_ids)
-    stored = {t.id: t for t in svc.q.list(limit=len(all_ids) + 10)}
+    stored = {t.id: t for t in svc.q.list_tasks(limit=len(all_ids) + 10)}
     for task_id in all_ids:
         task = stored[task_id]
         assert task.status == "completed", task

@@ -38,7 +38,7 @@ APP = textwrap.dedent('''
 
 def _tasks(dsn: str) -> list[leaseq.Task]:
     with leaseq.connect(dsn) as q:
-        return [t for t in q.list(limit=10_000) if t.kind == "tick"]
+        return [t for t in q.list_tasks(limit=10_000) if t.kind == "tick"]
 
 
 def _fired(path) -> dict[datetime, tuple[str, int]]:
@@ -130,7 +130,7 @@ def _run(schedule: Schedule, q: leaseq.Queue, seconds: float) -> tuple[list[date
 
 def _stored_slots(q: leaseq.Queue, schedule: Schedule) -> set[datetime]:
     # the database's view: a cancelled scheduler may have written a slot it did not report
-    keys = [t.idempotency_key for t in q.list(limit=10_000)]
+    keys = [t.idempotency_key for t in q.list_tasks(limit=10_000)]
     slots = {datetime.fromisoformat(k.split(":", 2)[2]) for k in keys}  # schedule:tick:<slot>
     assert sorted(keys) == sorted(schedule.key(s) for s in slots)
     return slots
@@ -173,4 +173,4 @@ def test_a_repeated_slot_returns_the_same_task(q):
 
     asyncio.run(main())
     assert len(fired) >= 5 and all(len(ids) == 1 for ids in fired.values()), fired
-    assert len(q.list(limit=1000)) == len(fired)
+    assert len(q.list_tasks(limit=1000)) == len(fired)

@@ -307,7 +307,7 @@ def run_chaos(config: ChaosConfig, *, progress: Callable[[str], None] | None = N
 
 def _observe(q: leaseq.Queue, fence: FencedStore, history_dir: Path, halt: threading.Event) -> Observed:
     """The final state of both databases, read through their public APIs, and the merged history."""
-    tasks = _retrying(halt, lambda: q.list(limit=100_000))
+    tasks = _retrying(halt, lambda: q.list_tasks(limit=100_000))
     events = {t.id: [dataclasses.asdict(e) for e in _retrying(halt, lambda t=t: q.events(t.id))] for t in tasks}
     effects = {t.id: [dataclasses.asdict(fx) for fx in _retrying(halt, lambda t=t: q.effects(t.id))]
                for t in tasks}

@@ -246,7 +246,7 @@ def version(q: Queue, view: str, params: Mapping[str, str]) -> str:
                                                  for x in w["live_leases"]]) for w in workers_view(q)]
     elif view == "inbox":
         data = [(t.id, t.status, str(t.updated_at)) for status in ("needs_reconciliation", "blocked")
-                for t in q.list(status=status, limit=200)]
+                for t in q.list_tasks(status=status, limit=200)]
     else:
         raise InvalidInput("view", "must be one of overview, tasks, task, workers, inbox")
     return hashlib.sha256(json.dumps(data, default=str, sort_keys=True).encode()).hexdigest()[:16]
