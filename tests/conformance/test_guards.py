@@ -268,3 +268,20 @@ def test_revocation_beats_a_write_already_on_its_way(q: leaseq.Queue, dsn: str) 
         early.commit()
     assert done == []
     assert q.get(task.id).status == "running"  # until the next claim routes it
+
+
+def test_a_statement_in_a_transaction_begun_before_the_deadline_is_judged_when_it_runs(q: leaseq.Queue) -> None:
+    """The guard reads the clock as it judges the row, not when the transaction began: a
+    renewal or completion that runs after the deadline is refused even if its transaction
+    (a long renewal, a service request with its token check first) started before it."""
+    w = q.register_worker("w")
+    q.enqueue("job", effect="read_only")
+    [claim] = q.claim(w, lease_seconds=0.5)
+    with q.joined() as (view, tx):
+        tx.row("db_now")  # the transaction has begun, well inside the lease
+        time.sleep(0.8)   # the lease runs out while it is open
+        with pytest.raises(leaseq.LeaseLost):
+            view.heartbeat(w, claim)
+        with pytest.raises(leaseq.LeaseLost):
+            view.complete(w, claim, result=1)
+    assert q.get(claim.task_id).status == "running"  # expired, waiting to be routed; nothing written

@@ -7,6 +7,7 @@ can never disagree about it.
 
 from __future__ import annotations
 
+import enum
 import hashlib
 import json
 import random
@@ -65,22 +66,22 @@ def check_kind(value: Any, field: str = "kind") -> str:
     return check_storable(field, value)
 
 
+def _check_member(field: str, enum_type: type[enum.Enum], value: Any) -> str:
+    try:
+        return enum_type(value).value
+    except ValueError:
+        allowed = ", ".join(e.value for e in enum_type)
+        raise InvalidInput(field, f"must be one of {allowed} (got {value!r})") from None
+
+
 def check_effect(value: Any) -> str:
     """One of ``read_only``, ``idempotent``, ``side_effect``."""
-    try:
-        return EffectKind(value).value
-    except ValueError:
-        allowed = ", ".join(e.value for e in EffectKind)
-        raise InvalidInput("effect", f"must be one of {allowed} (got {value!r})") from None
+    return _check_member("effect", EffectKind, value)
 
 
 def check_status(value: Any) -> str:
     """One of the task statuses."""
-    try:
-        return Status(value).value
-    except ValueError:
-        allowed = ", ".join(s.value for s in Status)
-        raise InvalidInput("status", f"must be one of {allowed} (got {value!r})") from None
+    return _check_member("status", Status, value)
 
 
 #: json.dumps(allow_nan=False) without building an encoder at every call

@@ -12,7 +12,7 @@ from ..core import checks
 from ..core.errors import InvalidInput, NotFound, UnknownWorker
 from ..core.model import Claim, Effect, Task, Worker
 from ..store.base import BackendCapabilities
-from .steps import Op, one, rows
+from .steps import BEGIN, COMMIT, Op, one, rows
 
 if TYPE_CHECKING:  # pragma: no cover
     from ..fencing.tokens import ActionSigner
@@ -138,3 +138,13 @@ def check_worker(wid: str, *, lock: bool = False) -> Op[None]:
         raise UnknownWorker(f"worker {wid!r} was never registered with this queue")
     if row["revoked_at"] is not None:
         raise UnknownWorker(f"worker {wid!r} was revoked")
+
+
+def rows_of_task(task_id: int, query: str) -> Op[list[dict[str, Any]]]:
+    """The rows ``query`` reads for one task (NotFound if there is no such task)."""
+    task_id = checks.check_task_id(task_id)
+    yield BEGIN
+    yield from require_task(task_id)
+    found = yield rows(query, task_id=task_id)
+    yield COMMIT
+    return found

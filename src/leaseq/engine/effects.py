@@ -16,7 +16,7 @@ from typing import Any
 from ..core import checks
 from ..core.errors import InvalidInput, InvalidTransition, LeaseLost, QueuePaused
 from ..core.model import Claim, Effect, Worker
-from .common import Settings, check_claim, event, require_task, to_effect, worker_id
+from .common import Settings, check_claim, event, require_task, rows_of_task, to_effect, worker_id
 from .steps import BEGIN, COMMIT, Op, one, rows
 
 #: Most actions one task may declare.
@@ -152,9 +152,4 @@ def finish_effect(s: Settings, worker: Worker | str, claim: Claim, effect: Effec
 
 def effects(s: Settings, task_id: int) -> Op[list[Effect]]:
     """:meth:`leaseq.Queue.effects`: the action ledger of a task, oldest first."""
-    task_id = checks.check_task_id(task_id)
-    yield BEGIN
-    yield from require_task(task_id)
-    found = yield rows("list_effects", task_id=task_id)
-    yield COMMIT
-    return [to_effect(r) for r in found]
+    return [to_effect(r) for r in (yield from rows_of_task(task_id, "list_effects"))]

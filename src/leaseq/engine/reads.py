@@ -7,7 +7,7 @@ from typing import Any
 
 from ..core import checks
 from ..core.model import Event, Task
-from .common import Settings, require_task, to_task
+from .common import Settings, require_task, rows_of_task, to_task
 from .steps import BEGIN, COMMIT, Op, one, rows
 
 
@@ -40,12 +40,7 @@ def list_tasks(s: Settings, *, status: str | None = None, queue: str | None = No
 
 def events(s: Settings, task_id: int) -> Op[list[Event]]:
     """:meth:`leaseq.Queue.events`."""
-    task_id = checks.check_task_id(task_id)
-    yield BEGIN
-    yield from require_task(task_id)
-    found = yield rows("list_events", task_id=task_id)
-    yield COMMIT
-    return [Event(**r) for r in found]
+    return [Event(**r) for r in (yield from rows_of_task(task_id, "list_events"))]
 
 
 def workers(s: Settings) -> Op[list[dict[str, Any]]]:

@@ -168,11 +168,7 @@ def in_one_transaction(request: Request, action: str, worker_id: str, operation:
     (``charge=False``: a request's later attempts, already charged once).
     """
     access: Access = request.app.state.access
-    try:
-        token = bearer_token(request)
-    except auth.Unauthorized as exc:
-        access.failed(exc, client_address(request))
-        raise
+    token = _presented_token(request, access)
     with request.app.state.queue.joined() as (view, tx):
         try:
             principal = auth.check_token(tx, token)
@@ -184,6 +180,15 @@ def in_one_transaction(request: Request, action: str, worker_id: str, operation:
         request.state.principal = principal
         authz.authorize(principal, action, worker_id=worker_id, queue=queue, facts=_TxFacts(access, tx))
         return operation(view)
+
+
+def _presented_token(request: Request, access: Access) -> str | None:
+    """The bearer token; a malformed header counts against the failed-authentication limit."""
+    try:
+        return bearer_token(request)
+    except auth.Unauthorized as exc:
+        access.failed(exc, client_address(request))
+        raise
 
 
 def bearer_token(request: Request) -> str | None:
@@ -211,11 +216,7 @@ def client_address(request: Request) -> str:
 def api_principal(request: Request) -> auth.Principal:
     """FastAPI dependency: the verified caller of a JSON API request (bearer token only)."""
     access: Access = request.app.state.access
-    try:
-        token = bearer_token(request)
-    except auth.Unauthorized as exc:
-        access.failed(exc, client_address(request))
-        raise
+    token = _presented_token(request, access)
     principal = access.authenticate(token, client_address(request))
     request.state.principal = principal
     return principal
