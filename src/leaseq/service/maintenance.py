@@ -119,8 +119,9 @@ class MaintenanceConfig:
 
 
 class Signals:
-    """Counts of what happened (``elected``, ``stepped_down``, one per job pass
-    by job name, ``<job>_failed``), and a way to wait for them."""
+    """Counts of what happened (``elected``, ``stepped_down``, ``passed_over`` for
+    each election another replica won, one per job pass by job name,
+    ``<job>_failed``), and a way to wait for them."""
 
     def __init__(self) -> None:
         self._cond = threading.Condition()
@@ -272,6 +273,7 @@ class Maintenance:
                 if row is None:
                     if self._leading.is_set():
                         self._step_down("another replica leads")
+                    self.signals.fire("passed_over")
                 elif self._leading.is_set() and row["term"] == self.term:
                     self._deadline = sent + lease * _SAFETY
                 else:
