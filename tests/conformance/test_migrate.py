@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import threading
 
+import pytest
+
 import leaseq
 from leaseq.store.base import load_migrations
 
@@ -78,3 +80,33 @@ def test_upgrading_a_version_2_database_keeps_one_enqueued_entry_per_task(dsn: s
         events = q.events(row["id"])
         assert [e.type for e in events] == ["enqueued", "note"]
         assert events[0].detail["idempotency_key"] == "k-1" and events[1].detail == {"kept": True}
+
+
+def test_version_7_widens_the_statuses_for_every_open_connection_and_keeps_the_trail(dsn: str) -> None:
+    """Version 7 admits the waiting and never-started statuses. On SQLite the CHECK is
+    widened in place: a connection opened before the upgrade must see the new
+    definition, and no task's events or effects may go (a table rebuild would
+    cascade-delete them)."""
+    with leaseq.connect(dsn) as q, leaseq.connect(dsn) as other:
+        with q.store.transaction() as tx:
+            tx.rows("migrations_create")
+            for mig in load_migrations(q.dialect)[:6]:
+                tx.script(mig.sql)
+                tx.rows("migrations_record", version=mig.version, name=mig.name)
+        task = q.enqueue("job", {"keep": True}, effect="side_effect")
+        w = q.register_worker("w")
+        [claim] = q.claim(w)
+        q.begin_effect(w, claim, "mail.send")
+        before = [e.type for e in q.events(task.id)]
+        with other.store.transaction() as tx:  # this connection now holds the version-6 schema
+            assert tx.row("get_task", task_id=task.id)["status"] == "running"
+        assert q.migrate() == [v for v in _latest(q.dialect) if v > 6]
+        assert [e.type for e in q.events(task.id)] == before and q.get(task.id).status == "running"
+        for status in ("waiting", "awaiting_approval", "denied", "expired"):
+            extra = other.enqueue("job", {"s": status})
+            with other.store.transaction() as tx:
+                tx.script(f"UPDATE leaseq_tasks SET status = '{status}' WHERE id = {extra.id}")
+            assert q.get(extra.id).status == status
+        with pytest.raises(Exception, match="(?i)check"):
+            with other.store.transaction() as tx:
+                tx.script(f"UPDATE leaseq_tasks SET status = 'sleeping' WHERE id = {task.id}")

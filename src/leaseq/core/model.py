@@ -18,6 +18,10 @@ class Status(str, enum.Enum):
     DEAD = "dead"
     NEEDS_RECONCILIATION = "needs_reconciliation"
     BLOCKED = "blocked"
+    WAITING = "waiting"  # for the tasks it depends on
+    AWAITING_APPROVAL = "awaiting_approval"  # for an operator's decision
+    DENIED = "denied"  # an operator refused it
+    EXPIRED = "expired"  # its deadline passed before it started
 
     def __str__(self) -> str:  # pragma: no cover - cosmetic
         return self.value

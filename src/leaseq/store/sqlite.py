@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import functools
 import json
+import re
 import sqlite3
 import threading
 from collections.abc import Callable, Iterator
@@ -63,6 +64,9 @@ def _encode(params: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
+_WRITABLE_SCHEMA_OFF = re.compile(r"^\s*PRAGMA\s+writable_schema\s*=\s*(OFF|0|FALSE)\s*;?\s*$", re.I)
+
+
 class SqliteTx:
     """A transaction on one SQLite connection."""
 
@@ -89,10 +93,19 @@ class SqliteTx:
         for line in sql.splitlines(keepends=True):
             statement += line
             if sqlite3.complete_statement(statement):
-                self._conn.execute(statement)
+                self._statement(statement)
                 statement = ""
         if statement.strip():
-            self._conn.execute(statement)
+            self._statement(statement)
+
+    def _statement(self, statement: str) -> None:
+        if _WRITABLE_SCHEMA_OFF.match(statement):
+            # A migration edited sqlite_schema directly (to widen a CHECK): raise the
+            # schema cookie in the same transaction, so that this and every other
+            # open connection reloads the schema instead of using its stale copy.
+            (version,) = self._conn.execute("PRAGMA schema_version").fetchone()
+            self._conn.execute(f"PRAGMA schema_version = {int(version) + 1}")
+        self._conn.execute(statement)
 
 
 class SleepingListener:
