@@ -71,24 +71,27 @@ class AsyncQueue:
     async def enqueue(self, kind: str, payload: Any = None, *, effect: str = "read_only", queue: str = "default",
                       idempotency_key: str | None = None, priority: int = 0, delay: float = 0,
                       max_attempts: int = 5, lease_seconds: float = checks.DEFAULT_LEASE_SECONDS,
-                      actions: Iterable[str] | None = None) -> Task:
+                      actions: Iterable[str] | None = None, limits: Iterable[str] | None = None,
+                      units: int = 1) -> Task:
         """:meth:`Queue.enqueue`, awaited."""
         return await self._arun(engine.enqueue.enqueue(self.settings, kind, payload, effect=effect, queue=queue,
                                                        idempotency_key=idempotency_key, priority=priority,
                                                        delay=delay, max_attempts=max_attempts,
-                                                       lease_seconds=lease_seconds, actions=actions))
+                                                       lease_seconds=lease_seconds, actions=actions,
+                                                       limits=limits, units=units))
 
     async def enqueue_many(self, kind: str, payloads: Iterable[Any], *, effect: str = "read_only",
                            queue: str = "default", idempotency_keys: Sequence[str | None] | None = None,
                            priority: int = 0, delay: float = 0, max_attempts: int = 5,
                            lease_seconds: float = checks.DEFAULT_LEASE_SECONDS,
-                           actions: Iterable[str] | None = None) -> list[int]:
+                           actions: Iterable[str] | None = None, limits: Iterable[str] | None = None,
+                           units: int = 1) -> list[int]:
         """:meth:`Queue.enqueue_many`, awaited."""
         return await self._arun(engine.enqueue.enqueue_many(self.settings, kind, payloads, effect=effect,
                                                             queue=queue, idempotency_keys=idempotency_keys,
                                                             priority=priority, delay=delay,
                                                             max_attempts=max_attempts, lease_seconds=lease_seconds,
-                                                            actions=actions))
+                                                            actions=actions, limits=limits, units=units))
 
     async def claim(self, worker: Worker | str, *, queue: str = "default", limit: int = 1,
                     lease_seconds: float | None = None, kinds: Iterable[str] | None = None) -> list[Claim]:
@@ -175,6 +178,22 @@ class AsyncQueue:
     async def queues(self) -> list[dict[str, Any]]:
         """:meth:`Queue.queues`, awaited."""
         return await self._arun(engine.reads.queues(self.settings))
+
+    async def set_limit(self, key: str, *, max_running: int | None = None, per_second: float | None = None,
+                        burst: float | None = None, counts: str = "tasks", by: str | None = None,
+                        via: str | None = None) -> dict[str, Any]:
+        """:meth:`Queue.set_limit`, awaited."""
+        return await self._arun(engine.limits.set_limit(self.settings, key, max_running=max_running,
+                                                        per_second=per_second, burst=burst, counts=counts, by=by,
+                                                        via=via))
+
+    async def delete_limit(self, key: str, *, by: str | None = None, via: str | None = None) -> None:
+        """:meth:`Queue.delete_limit`, awaited."""
+        return await self._arun(engine.limits.delete_limit(self.settings, key, by=by, via=via))
+
+    async def limits(self, key: str | None = None) -> list[dict[str, Any]]:
+        """:meth:`Queue.limits`, awaited."""
+        return await self._arun(engine.limits.limits(self.settings, key))
 
     async def get(self, task_id: int) -> Task:
         """:meth:`Queue.get`, awaited."""

@@ -193,23 +193,30 @@ class Queue:
     def enqueue(self, kind: str, payload: Any = None, *, effect: str = "read_only", queue: str = "default",
                 idempotency_key: str | None = None, priority: int = 0, delay: float = 0,
                 max_attempts: int = 5, lease_seconds: float = checks.DEFAULT_LEASE_SECONDS,
-                actions: Iterable[str] | None = None) -> Task:
+                actions: Iterable[str] | None = None, limits: Iterable[str] | None = None,
+                units: int = 1) -> Task:
         """Add a task. A second enqueue with the same ``idempotency_key`` in the
         same queue returns the existing task instead of a duplicate.
 
         ``actions`` lists the actions the task may begin (:meth:`begin_effect`
         refuses any other); None leaves them undeclared: any action for an
-        idempotent or side_effect task, none for a read_only one."""
+        idempotent or side_effect task, none for a read_only one.
+
+        ``limits`` names the limits the task counts against (see
+        :meth:`set_limit`): no claim hands it out while one of them has no
+        room. ``units`` is its weight in limits that count units (a token
+        budget, say); 1 by default."""
         return self._run(engine.enqueue.enqueue(self.settings, kind, payload, effect=effect, queue=queue,
                                                 idempotency_key=idempotency_key, priority=priority, delay=delay,
                                                 max_attempts=max_attempts, lease_seconds=lease_seconds,
-                                                actions=actions))
+                                                actions=actions, limits=limits, units=units))
 
     def enqueue_many(self, kind: str, payloads: Iterable[Any], *, effect: str = "read_only",
                      queue: str = "default", idempotency_keys: Sequence[str | None] | None = None,
                      priority: int = 0, delay: float = 0, max_attempts: int = 5,
                      lease_seconds: float = checks.DEFAULT_LEASE_SECONDS,
-                     actions: Iterable[str] | None = None) -> list[int]:
+                     actions: Iterable[str] | None = None, limits: Iterable[str] | None = None,
+                     units: int = 1) -> list[int]:
         """Add many tasks of one ``kind`` at once; returns their ids, in order.
 
         The options are those of :meth:`enqueue`, shared by every task.
@@ -221,7 +228,8 @@ class Queue:
         return self._run(engine.enqueue.enqueue_many(self.settings, kind, payloads, effect=effect, queue=queue,
                                                      idempotency_keys=idempotency_keys, priority=priority,
                                                      delay=delay, max_attempts=max_attempts,
-                                                     lease_seconds=lease_seconds, actions=actions))
+                                                     lease_seconds=lease_seconds, actions=actions,
+                                                     limits=limits, units=units))
 
     def claim(self, worker: Worker | str, *, queue: str = "default", limit: int = 1,
               lease_seconds: float | None = None, kinds: Iterable[str] | None = None) -> list[Claim]:
@@ -365,6 +373,37 @@ class Queue:
     def resume(self, queue: str, *, by: str | None = None, via: str | None = None) -> dict[str, Any]:
         """Turn the off-switch off. Returns ``{"queue": name, "paused": False}``."""
         return self._run(engine.operator.set_paused(self.settings, queue, False, by=by, via=via))
+
+    def set_limit(self, key: str, *, max_running: int | None = None, per_second: float | None = None,
+                  burst: float | None = None, counts: str = "tasks", by: str | None = None,
+                  via: str | None = None) -> dict[str, Any]:
+        """Create or change the limit ``key``, shared by every worker.
+
+        ``max_running``: at most this many live leases of tasks naming the
+        key at once. ``per_second``: a rate bucket refilled by the database
+        clock, holding at most ``burst`` tokens (default: one second's worth,
+        at least 1); each claim takes its cost from it. ``counts``: ``"tasks"``
+        (each lease costs 1) or ``"units"`` (each costs its task's
+        ``units``, e.g. a token budget). A task larger than the limit is
+        handed out alone (no other lease of the key, or a full bucket).
+        Claims judge limits inside the claim statement, exactly under
+        concurrent claims. Audited (``by``). Returns the limit's usage, as
+        :meth:`limits` reports it.
+        """
+        return self._run(engine.limits.set_limit(self.settings, key, max_running=max_running,
+                                                 per_second=per_second, burst=burst, counts=counts, by=by, via=via))
+
+    def delete_limit(self, key: str, *, by: str | None = None, via: str | None = None) -> None:
+        """Remove the limit ``key``: tasks naming it are no longer limited by it.
+        Raises :class:`NotFound` if there is no such limit. Audited (``by``)."""
+        return self._run(engine.limits.delete_limit(self.settings, key, by=by, via=via))
+
+    def limits(self, key: str | None = None) -> list[dict[str, Any]]:
+        """Every limit (or the one named ``key``) with its usage: ``running`` (what
+        live leases hold: leases, or units when it counts units), ``leases``,
+        ``available`` (room left under ``max_running``) and ``tokens`` (the
+        rate bucket now, by the database clock)."""
+        return self._run(engine.limits.limits(self.settings, key))
 
     def queues(self) -> list[dict[str, Any]]:
         """Queues that have had their off-switch set, with its state."""

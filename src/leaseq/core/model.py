@@ -82,6 +82,10 @@ class Task:
     updated_at: datetime | None = None
     #: the actions the task declared it may take (None: undeclared; see Queue.begin_effect)
     actions: list[str] | None = None
+    #: the limit keys the task counts against (None: none; see Queue.set_limit)
+    limits: list[str] | None = None
+    #: the task's weight in limits that count units
+    units: int = 1
 
 
 @dataclass(frozen=True)
@@ -99,6 +103,18 @@ class Claim:
     task: Task
     #: the lease length this claim was given (each renewal extends it by this much)
     lease_seconds: float = 0.0
+
+
+class Claims(list):  # type: ignore[type-arg]  # a list of Claim
+    """What one claim call took: a list of :class:`Claim`, and a hint.
+
+    ``limit_wait``: when a rate limit's bucket is empty, the seconds until it
+    holds a token again (None: no bucket is empty). A worker that came back
+    short waits at most that long before it claims again, instead of polling
+    blindly.
+    """
+
+    limit_wait: float | None = None
 
 
 @dataclass(frozen=True)

@@ -14,6 +14,7 @@ from ..core.model import Task
 from ..store.base import JsonText, KeyConflict
 from .common import Settings, to_task
 from .effects import check_actions
+from .limits import check_limits, check_units
 from .steps import BEGIN, BEGIN_ONE, COMMIT, Op, one, rows
 
 #: Rows per statement in :meth:`leaseq.Queue.enqueue_many` (all in one transaction).
@@ -32,9 +33,12 @@ def fresh_keys(n: int) -> list[str]:
 
 
 def _common(kind: str, effect: str, queue: str, priority: int, delay: float, max_attempts: int,
-            lease_seconds: float, actions: Iterable[str] | None) -> dict[str, Any]:
+            lease_seconds: float, actions: Iterable[str] | None, limits: Iterable[str] | None = None,
+            units: int = 1) -> dict[str, Any]:
     effect = checks.check_effect(effect)
     return dict(
+        limits=check_limits(limits),
+        units=check_units(units),
         kind=checks.check_kind(kind),
         effect=effect,
         actions=check_actions(actions, effect),
@@ -48,10 +52,13 @@ def _common(kind: str, effect: str, queue: str, priority: int, delay: float, max
 
 def enqueue(s: Settings, kind: str, payload: Any = None, *, effect: str = "read_only", queue: str = "default",
             idempotency_key: str | None = None, priority: int = 0, delay: float = 0, max_attempts: int = 5,
-            lease_seconds: float = checks.DEFAULT_LEASE_SECONDS, actions: Iterable[str] | None = None) -> Op[Task]:
+            lease_seconds: float = checks.DEFAULT_LEASE_SECONDS, actions: Iterable[str] | None = None,
+            limits: Iterable[str] | None = None, units: int = 1) -> Op[Task]:
     """:meth:`leaseq.Queue.enqueue`."""
     effect = checks.check_effect(effect)
     params = dict(
+        limits=check_limits(limits),
+        units=check_units(units),
         kind=checks.check_kind(kind),
         payload=checks.check_json("payload", payload),
         effect=effect,
@@ -79,7 +86,8 @@ def enqueue(s: Settings, kind: str, payload: Any = None, *, effect: str = "read_
 def enqueue_many(s: Settings, kind: str, payloads: Iterable[Any], *, effect: str = "read_only",
                  queue: str = "default", idempotency_keys: Sequence[str | None] | None = None, priority: int = 0,
                  delay: float = 0, max_attempts: int = 5, lease_seconds: float = checks.DEFAULT_LEASE_SECONDS,
-                 actions: Iterable[str] | None = None) -> Op[list[int]]:
+                 actions: Iterable[str] | None = None, limits: Iterable[str] | None = None,
+                 units: int = 1) -> Op[list[int]]:
     """:meth:`leaseq.Queue.enqueue_many`."""
     payloads = list(payloads)
     if idempotency_keys is not None:
@@ -87,7 +95,7 @@ def enqueue_many(s: Settings, kind: str, payloads: Iterable[Any], *, effect: str
         if len(idempotency_keys) != len(payloads):
             raise InvalidInput("idempotency_keys", f"needs one key per payload ({len(payloads)}), "
                                                    f"got {len(idempotency_keys)}")
-    common = _common(kind, effect, queue, priority, delay, max_attempts, lease_seconds, actions)
+    common = _common(kind, effect, queue, priority, delay, max_attempts, lease_seconds, actions, limits, units)
     given = [None] * len(payloads) if idempotency_keys is None else [
         None if key is None else checks.check_key(f"idempotency_keys[{i}]", key)
         for i, key in enumerate(idempotency_keys)]

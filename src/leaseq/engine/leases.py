@@ -14,7 +14,8 @@ from typing import Any
 
 from ..core import checks
 from ..core.errors import InvalidInput, InvalidTransition, LeaseLost
-from ..core.model import Claim, Status, Task, Worker
+from ..core.model import Claim, Claims, Status, Task, Worker
+from . import limits
 from .common import (Settings, check_claim, check_worker, event, event_params, heartbeats, require_task, to_task,
                      worker_id)
 from .steps import BEGIN, BEGIN_ONE, COMMIT, Op, one, rows
@@ -46,7 +47,7 @@ def _settled(found: list[dict[str, Any]]) -> bool:
 
 
 def claim(s: Settings, worker: Worker | str, *, queue: str = "default", limit: int = 1,
-          lease_seconds: float | None = None, kinds: Iterable[str] | None = None) -> Op[list[Claim]]:
+          lease_seconds: float | None = None, kinds: Iterable[str] | None = None) -> Op[Claims]:
     """:meth:`leaseq.Queue.claim`."""
     wid = worker_id(worker)
     checks.check_name("queue", queue)
@@ -61,26 +62,39 @@ def claim(s: Settings, worker: Worker | str, *, queue: str = "default", limit: i
     found = yield rows("claim_batch", route_first=True, **params)
     claimed = yield from _record_claims(s, wid, lease_seconds, found)
     yield COMMIT
+    # PostgreSQL's statement answers how long an empty rate bucket needs (every row says it)
+    wait = found[0].get("limit_wait") if found else None
     if not claimed and not _settled(found):
         # Slow path: route expired leases, then claim, in one transaction. The
         # worker row first, as revoke_worker locks it: never a lock cycle with a revocation.
         yield BEGIN
         yield from check_worker(wid, lock=True)
         yield from _route_expired(s)
-        claimed = yield from _record_claims(s, wid, lease_seconds,
-                                            (yield rows("claim_batch", route_first=False, **params)))
+        found = yield rows("claim_batch", route_first=False, **params)
+        claimed = yield from _record_claims(s, wid, lease_seconds, found)
+        wait = found[0].get("limit_wait") if found else None
+        if len(claimed) < limit and not s.backend.own_limit_slots:
+            wait = (yield one("limit_wait"))["limit_wait"]
         yield COMMIT
     claimed.sort(key=lambda r: (-r["priority"], r["available_at"], r["id"]))
-    return [Claim(task_id=r["id"], generation=r["claim_generation"], worker_id=wid,
-                  expires_at=r["lease_expires_at"], task=to_task(r),
-                  lease_seconds=r["lease_seconds"] if lease_seconds is None else float(lease_seconds))
-            for r in claimed]
+    out = Claims(Claim(task_id=r["id"], generation=r["claim_generation"], worker_id=wid,
+                       expires_at=r["lease_expires_at"], task=to_task(r),
+                       lease_seconds=r["lease_seconds"] if lease_seconds is None else float(lease_seconds))
+                 for r in claimed)
+    if len(out) < limit and wait is not None:
+        out.limit_wait = max(0.0, float(wait))
+    return out
 
 
 def _record_claims(s: Settings, wid: str, lease_seconds: float | None,
                    found: list[dict[str, Any]]) -> Op[list[dict[str, Any]]]:
-    """The claimed rows of a claim_batch answer, their events written if the backend's statement did not."""
+    """The claimed rows of a claim_batch answer, their events written (and their limit
+    slots taken) if the backend's statement did not."""
     claimed = [r for r in found if r["id"] is not None]
+    if claimed and not s.backend.own_limit_slots:
+        taken = limits.slot_items(claimed)
+        if taken:
+            yield rows("take_limits", items=taken)
     if claimed and not s.backend.writes_own_evidence:
         yield rows("insert_events", events=[
             event_params(s, r["id"], "claimed", r["claim_generation"], wid, attempt=r["attempts"],
@@ -130,6 +144,8 @@ def complete_many(s: Settings, worker: Worker | str, done: Sequence[tuple[Claim,
     # a backend that can skip BEGIN acts on)
     yield BEGIN_ONE
     completed = yield rows("complete_batch", worker_id=wid, items=items, compact=s.compact)
+    if completed and not s.backend.own_limit_slots:
+        yield from limits.release(completed)
     if completed and not s.backend.writes_own_evidence:
         yield rows("insert_events", events=[
             event_params(s, r["id"], "completed", r["claim_generation"], wid, attempt=r["attempts"],
@@ -161,6 +177,7 @@ def fail(s: Settings, worker: Worker | str, claim: Claim, error: str, *, retry: 
                     max_same_error=s.max_same_error)
     if row is None:
         raise LeaseLost(claim.task_id, claim.generation, "fail refused: lease no longer held")
+    yield from limits.release([row])
     detail: dict[str, Any] = dict(error=error, attempt=row["attempts"], next_status=row["status"],
                                   error_streak=row["error_streak"], **heartbeats(row))
     if row["status"] == Status.QUEUED:
@@ -235,6 +252,7 @@ def _route_expired(s: Settings) -> Op[int]:
 def _route(s: Settings, leases: list[dict[str, Any]], *, event_type: str, reason: str) -> Op[None]:
     """Apply the recovery policy (the ``route_expired`` query) to locked, expired leases, with their evidence."""
     routed = {r["id"]: r for r in (yield rows("route_expired", task_ids=[r["id"] for r in leases]))}
+    yield from limits.release(routed.values())  # the leases ended: their slots come back
     events = []
     for lease in leases:
         r = routed.get(lease["id"])

@@ -15,6 +15,7 @@ from ..core import checks
 from ..core.errors import InvalidInput, InvalidTransition, UnknownWorker
 from ..core.model import Status, Task, Worker
 from .common import Settings, actor, audit, event, require_task, to_task, worker_id
+from . import limits
 from .leases import end_worker_leases
 from .steps import BEGIN, COMMIT, Op, one, rows
 
@@ -58,6 +59,8 @@ def cancel(s: Settings, task_id: int, reason: str = "cancelled", *, by: str | No
     before = yield from require_task(task_id, lock=True)
     if (yield one("cancel_task", task_id=task_id, reason=f"cancelled: {reason}")) is None:
         raise InvalidTransition(f"task {task_id} is {before['status']}; only unfinished tasks can be cancelled")
+    if before["status"] == Status.RUNNING:  # the lease ends here: its limit slots come back
+        yield from limits.release([before])
     detail: dict[str, Any] = dict(by=by, reason=reason, previous_status=before["status"])
     if before["status"] == Status.RUNNING:
         detail["revoked_lease_of"] = before["lease_owner"]

@@ -29,7 +29,7 @@ class JsonText(str):
 
 
 #: Columns that come back as JSON documents.
-JSON_COLUMNS = frozenset({"payload", "result", "detail", "response", "actions"})
+JSON_COLUMNS = frozenset({"payload", "result", "detail", "response", "actions", "limits"})
 
 
 @dataclass(frozen=True)
@@ -47,6 +47,10 @@ class BackendCapabilities:
     listen_notify: bool
     #: one write transaction at a time: more writer threads only pass the lock around
     serial_writes: bool
+    #: claim_batch takes, and complete_batch gives back, their tasks' limit
+    #: slots in the same statement (else the caller does, with take_limits and
+    #: release_limits, in the same transaction)
+    own_limit_slots: bool = False
 
 
 @dataclass(frozen=True)

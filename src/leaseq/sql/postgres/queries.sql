@@ -152,10 +152,11 @@ RETURNING t.id, t.claim_generation;
 -- so an enqueue is one round trip.
 WITH added AS (
     INSERT INTO leaseq_tasks (queue, kind, payload, effect, priority, available_at,
-                              idempotency_key, max_attempts, lease_seconds, actions)
+                              idempotency_key, max_attempts, lease_seconds, actions, limits, units)
     VALUES (%(queue)s, %(kind)s, %(payload)s::jsonb, %(effect)s, %(priority)s,
             now() + %(delay)s::float8 * interval '1 second',
-            %(idempotency_key)s, %(max_attempts)s, %(lease_seconds)s, %(actions)s::jsonb)
+            %(idempotency_key)s, %(max_attempts)s, %(lease_seconds)s, %(actions)s::jsonb,
+            %(limits)s::text[], %(units)s)
     ON CONFLICT (queue, idempotency_key) DO NOTHING
     RETURNING *
 )
@@ -168,10 +169,10 @@ FROM added a, LATERAL (SELECT pg_notify('leaseq_work', a.queue)) AS woke;
 -- {"payload", "idempotency_key"} objects. Duplicate keys are skipped exactly
 -- as in insert_task; the caller reads those with task_ids_by_key.
 INSERT INTO leaseq_tasks (queue, kind, payload, effect, priority, available_at,
-                          idempotency_key, max_attempts, lease_seconds, actions)
+                          idempotency_key, max_attempts, lease_seconds, actions, limits, units)
 SELECT %(queue)s, %(kind)s, coalesce(n.payload, 'null'::jsonb), %(effect)s, %(priority)s,
        now() + %(delay)s::float8 * interval '1 second',
-       n.idempotency_key, %(max_attempts)s, %(lease_seconds)s, %(actions)s::jsonb
+       n.idempotency_key, %(max_attempts)s, %(lease_seconds)s, %(actions)s::jsonb, %(limits)s::text[], %(units)s
 FROM jsonb_to_recordset(%(tasks)s::jsonb) AS n(payload jsonb, idempotency_key text)
 ON CONFLICT (queue, idempotency_key) DO NOTHING
 RETURNING id, idempotency_key;
@@ -184,10 +185,10 @@ RETURNING id, idempotency_key;
 -- stored one, the unique index refuses the whole statement and the caller
 -- runs insert_tasks instead.
 INSERT INTO leaseq_tasks (queue, kind, payload, effect, priority, available_at,
-                          idempotency_key, max_attempts, lease_seconds, actions)
+                          idempotency_key, max_attempts, lease_seconds, actions, limits, units)
 SELECT %(queue)s, %(kind)s, coalesce(n.payload, 'null'::jsonb), %(effect)s, %(priority)s,
        now() + %(delay)s::float8 * interval '1 second',
-       n.idempotency_key, %(max_attempts)s, %(lease_seconds)s, %(actions)s::jsonb
+       n.idempotency_key, %(max_attempts)s, %(lease_seconds)s, %(actions)s::jsonb, %(limits)s::text[], %(units)s
 FROM jsonb_to_recordset(%(tasks)s::jsonb) AS n(payload jsonb, idempotency_key text)
 RETURNING id, idempotency_key;
 
@@ -244,7 +245,7 @@ SET status = CASE
     updated_at = now()
 WHERE t.id = ANY(%(task_ids)s::bigint[])
   AND t.status = 'running' AND t.lease_expires_at < now()
-RETURNING t.id, t.status, t.claim_generation, t.open_effects, t.attempts,
+RETURNING t.id, t.status, t.claim_generation, t.open_effects, t.attempts, t.queue, t.limits, t.units,
           CASE t.status  -- why, when the task is not simply queued again
               WHEN 'needs_reconciliation' THEN 'side-effect intent without a response: a retry could repeat it'
               WHEN 'dead' THEN 'attempts exhausted' END AS reason;
@@ -286,14 +287,52 @@ WITH worker AS (
     SELECT w.worker_ok, %(route_first)s AND w.worker_ok AND EXISTS (SELECT 1 FROM due) AS routing_due
     FROM (SELECT EXISTS (SELECT 1 FROM worker) AS worker_ok) w
 ), candidate AS (
-    SELECT id FROM leaseq_tasks
+    SELECT id, limits, units, priority, available_at FROM leaseq_tasks
     WHERE status = 'queued' AND queue = %(queue)s AND available_at <= now()
       AND (%(kinds)s::text[] IS NULL OR kind = ANY(%(kinds)s::text[]))  -- only kinds the worker can run
       AND NOT EXISTS (SELECT 1 FROM leaseq_queues q WHERE q.name = %(queue)s AND q.paused)
       AND (SELECT f.worker_ok AND NOT f.routing_due FROM flags f)
+      -- LIMITS: pass over a task one of whose limits has no room for it (a
+      -- read without locks, so a full limit does not stop the tasks behind
+      -- it; the exact judgement is "refused" below)
+      AND (limits IS NULL OR NOT EXISTS (
+          SELECT 1 FROM leaseq_limits l
+          WHERE l.key = ANY(limits)
+            AND ((l.max_running IS NOT NULL AND l.running > 0
+                  AND l.running + CASE WHEN l.counts = 'units' THEN units ELSE 1 END > l.max_running)
+                 OR least(l.burst, l.tokens + extract(epoch FROM now() - l.refilled_at)::float8 * l.per_second)
+                    < least(l.burst, CASE WHEN l.counts = 'units' THEN units ELSE 1 END) - 1e-9)))
     ORDER BY priority DESC, available_at, id
     LIMIT %(limit)s
     FOR UPDATE SKIP LOCKED
+), held AS (
+    -- LIMITS: the rows of the candidates' limits, locked in key order (every
+    -- statement that changes them locks them in this order: no deadlock),
+    -- each read as last committed, so concurrent claims never overshoot.
+    -- tokens: the rate bucket refilled to now by the database clock.
+    SELECT l.key, l.max_running, l.running, l.counts, l.per_second, l.burst,
+           least(l.burst, l.tokens + extract(epoch FROM now() - l.refilled_at)::float8 * l.per_second) AS tokens
+    FROM leaseq_limits l
+    WHERE l.key IN (SELECT unnest(c.limits) FROM candidate c)
+    ORDER BY l.key
+    FOR UPDATE
+), demand AS (
+    -- each (candidate, limit) pair: its cost, and the limit's demand up to
+    -- and including it in claim order
+    SELECT c.id, h.key, h.running, h.max_running, h.per_second, h.burst, h.tokens, x.cost,
+           sum(x.cost) OVER (PARTITION BY h.key ORDER BY c.priority DESC, c.available_at, c.id) AS upto
+    FROM candidate c
+    CROSS JOIN LATERAL unnest(c.limits) AS k(key)
+    JOIN held h ON h.key = k.key
+    CROSS JOIN LATERAL (SELECT CASE WHEN h.counts = 'units' THEN c.units ELSE 1 END AS cost) x
+), refused AS (
+    -- a candidate no limit it names has room for: at max_running (a task
+    -- larger than the limit runs alone), or the bucket short of its cost (a
+    -- task larger than the bucket takes it full). Demand counts candidates
+    -- refused for another limit too: a batch may take fewer, never more.
+    SELECT d.id FROM demand d
+    WHERE NOT (d.max_running IS NULL OR d.running + d.upto <= d.max_running OR (d.running = 0 AND d.upto = d.cost))
+       OR NOT (d.per_second IS NULL OR d.upto <= d.tokens + 1e-9 OR (d.tokens >= d.burst AND d.upto = d.cost))
 ), claimed AS (
     UPDATE leaseq_tasks t
     SET status = 'running',
@@ -309,8 +348,17 @@ WITH worker AS (
     -- = ANY(ARRAY(...)) keeps the update on the primary key whatever LIMIT
     -- the planner assumes, so the prepared statement's generic plan is good
     -- and PostgreSQL can stop planning the claim at every call
-    WHERE t.id = ANY(ARRAY(SELECT id FROM candidate))
+    WHERE t.id = ANY(ARRAY(SELECT id FROM candidate EXCEPT SELECT id FROM refused))
     RETURNING t.*
+), taken AS (
+    -- LIMITS: the claimed tasks take their slots and tokens (rows held above)
+    UPDATE leaseq_limits l
+    SET running = h.running + u.cost,
+        tokens = coalesce(h.tokens - u.cost, l.tokens),
+        refilled_at = CASE WHEN h.per_second IS NULL THEN l.refilled_at ELSE now() END
+    FROM (SELECT d.key, sum(d.cost) AS cost FROM demand d WHERE d.id IN (SELECT id FROM claimed) GROUP BY d.key) u
+    JOIN held h ON h.key = u.key
+    WHERE l.key = u.key
 ), logged AS (
     INSERT INTO leaseq_events (task_id, type, generation, worker_id, detail)
     SELECT c.id, 'claimed', c.claim_generation, %(worker_id)s,
@@ -320,7 +368,14 @@ WITH worker AS (
                                         'lease_expires_at', c.lease_expires_at) END
     FROM claimed c
 )
-SELECT c.*, f.routing_due, f.worker_ok
+SELECT c.*, f.routing_due, f.worker_ok,
+       -- LIMITS: seconds until the emptiest rate bucket holds a token (NULL:
+       -- none is empty), so a worker refused by a rate does not poll blindly
+       (SELECT min((1 - least(l.burst, l.tokens + extract(epoch FROM now() - l.refilled_at)::float8 * l.per_second))
+                   / l.per_second)
+        FROM leaseq_limits l
+        WHERE l.per_second IS NOT NULL
+          AND l.tokens + extract(epoch FROM now() - l.refilled_at)::float8 * l.per_second < 1) AS limit_wait
 FROM flags f LEFT JOIN claimed c ON true;
 
 -- name: renew_leases
@@ -389,7 +444,20 @@ WITH done AS (
     FROM jsonb_to_recordset(%(items)s::jsonb) AS c(task_id bigint, generation bigint, result jsonb)
     WHERE t.id = c.task_id
       /* TEMPLATE: lease_guard(c.generation) */
-    RETURNING t.id, t.claim_generation, t.attempts, t.heartbeat_count, t.last_heartbeat_at, t.longest_heartbeat_gap
+    RETURNING t.id, t.claim_generation, t.attempts, t.heartbeat_count, t.last_heartbeat_at, t.longest_heartbeat_gap,
+              t.queue, t.limits, t.units
+), freed AS (
+    -- LIMITS: the slots the ended leases held, given back (see release_limits)
+    SELECT k.key, count(*) AS tasks, sum(d.units) AS units
+    FROM done d CROSS JOIN LATERAL unnest(d.limits) AS k(key)
+    GROUP BY k.key
+), held AS (
+    SELECT l.key FROM leaseq_limits l WHERE l.key IN (SELECT key FROM freed) ORDER BY l.key FOR UPDATE
+), released AS (
+    UPDATE leaseq_limits l
+    SET running = greatest(0, l.running - CASE WHEN l.counts = 'units' THEN f.units ELSE f.tasks END)
+    FROM freed f
+    WHERE l.key = f.key AND l.key IN (SELECT key FROM held)
 ), logged AS (
     INSERT INTO leaseq_events (task_id, type, generation, worker_id, detail)
     SELECT d.id, 'completed', d.claim_generation, %(worker_id)s,
@@ -399,7 +467,10 @@ WITH done AS (
                                         'longest_heartbeat_gap', round(d.longest_heartbeat_gap::numeric, 3)) END
     FROM done d
 )
-SELECT d.id FROM done d;  -- the events are written: the ids are all a caller needs
+-- the events are written: the ids are all a caller needs. A freed slot
+-- wakes the queue's idle workers (at commit; one per queue and transaction).
+SELECT d.id FROM done d
+LEFT JOIN LATERAL (SELECT pg_notify('leaseq_work', d.queue) WHERE d.limits IS NOT NULL) AS woke ON true;
 
 -- name: fail_task
 -- guard: lease
@@ -430,7 +501,7 @@ SET status = CASE
 WHERE t.id = %(task_id)s
   /* TEMPLATE: lease_guard */
 RETURNING t.id, t.status, t.claim_generation, t.attempts, t.max_attempts, t.error_streak, t.available_at,
-          t.heartbeat_count, t.last_heartbeat_at, t.longest_heartbeat_gap,
+          t.heartbeat_count, t.last_heartbeat_at, t.longest_heartbeat_gap, t.queue, t.limits, t.units,
           -- why it went where it went, decided here with the status (NULL: queued for a retry)
           CASE t.status
               WHEN 'needs_reconciliation' THEN 'failed with a side-effect intent and no recorded response'
@@ -452,6 +523,114 @@ WHERE t.id = %(task_id)s
   /* TEMPLATE: lease_guard */
 RETURNING t.id, t.queue, t.lease_owner, t.claim_generation, t.lease_expires_at, t.claimed_at,
           t.heartbeat_count, t.last_heartbeat_at, t.longest_heartbeat_gap;
+
+-- name: take_limits
+-- LIMITS: takes the slots and tokens of claimed tasks, one item per (task,
+-- limit key): {"key", "units"}. Not run on PostgreSQL, where claim_batch
+-- takes them in its own statement (it must: it locks and judges the rows);
+-- written here too so both dialects hold the same statements.
+WITH taken AS (
+    SELECT f.key, count(*) AS tasks, sum(f.units) AS units
+    FROM jsonb_to_recordset(%(items)s::jsonb) AS f(key text, units bigint)
+    GROUP BY f.key
+), held AS (
+    SELECT l.key FROM leaseq_limits l WHERE l.key IN (SELECT key FROM taken) ORDER BY l.key FOR UPDATE
+)
+UPDATE leaseq_limits l
+SET running = l.running + CASE WHEN l.counts = 'units' THEN f.units ELSE f.tasks END,
+    tokens = CASE WHEN l.per_second IS NULL THEN l.tokens
+                  ELSE least(l.burst, l.tokens + extract(epoch FROM now() - l.refilled_at)::float8 * l.per_second)
+                       - CASE WHEN l.counts = 'units' THEN f.units ELSE f.tasks END END,
+    refilled_at = CASE WHEN l.per_second IS NULL THEN l.refilled_at ELSE now() END
+FROM taken f
+WHERE l.key = f.key AND l.key IN (SELECT key FROM held)
+RETURNING l.key;
+
+-- name: release_limits
+-- LIMITS: gives back the slots of ended leases, in the transaction that ends
+-- them (fail, release and expiry routing, cancel; complete_batch does it in
+-- its own statement): one item per (task, limit key), {"key", "units",
+-- "queue"}. Rows are locked in key order, as claim_batch locks them. A freed
+-- slot wakes the tasks' queues' idle workers (at commit).
+WITH freed AS (
+    SELECT f.key, count(*) AS tasks, sum(f.units) AS units
+    FROM jsonb_to_recordset(%(items)s::jsonb) AS f(key text, units bigint)
+    GROUP BY f.key
+), held AS (
+    SELECT l.key FROM leaseq_limits l WHERE l.key IN (SELECT key FROM freed) ORDER BY l.key FOR UPDATE
+), released AS (
+    UPDATE leaseq_limits l
+    SET running = greatest(0, l.running - CASE WHEN l.counts = 'units' THEN f.units ELSE f.tasks END)
+    FROM freed f
+    WHERE l.key = f.key AND l.key IN (SELECT key FROM held)
+    RETURNING l.key
+)
+SELECT (SELECT count(*) FROM released) AS released,
+       (SELECT count(pg_notify('leaseq_work', q.queue))
+        FROM (SELECT DISTINCT f.queue FROM jsonb_to_recordset(%(items)s::jsonb) AS f(queue text)) q) AS woke;
+
+-- name: limit_wait
+-- LIMITS: seconds until the emptiest rate bucket holds a token (NULL: none
+-- is empty), for a claim that came back short. Not run on PostgreSQL, where
+-- claim_batch answers it (its limit_wait column).
+SELECT min((1 - least(l.burst, l.tokens + extract(epoch FROM now() - l.refilled_at)::float8 * l.per_second))
+           / l.per_second) AS limit_wait
+FROM leaseq_limits l
+WHERE l.per_second IS NOT NULL
+  AND l.tokens + extract(epoch FROM now() - l.refilled_at)::float8 * l.per_second < 1;
+
+-- name: set_limit
+-- LIMITS: creates or changes a limit. A new bucket starts full; a changed one
+-- keeps its tokens (at most the new burst). running is recounted next
+-- (count_limit), in the same transaction.
+INSERT INTO leaseq_limits AS l (key, max_running, per_second, burst, counts, tokens, refilled_at, changed_at,
+                                changed_by)
+VALUES (%(key)s, %(max_running)s::bigint, %(per_second)s::float8, %(burst)s::float8, %(counts)s,
+        coalesce(%(burst)s::float8, 0), now(), now(),
+        %(actor)s)
+ON CONFLICT (key) DO UPDATE
+SET max_running = excluded.max_running,
+    per_second = excluded.per_second,
+    burst = excluded.burst,
+    counts = excluded.counts,
+    tokens = CASE WHEN excluded.per_second IS NULL THEN 0
+                  WHEN l.per_second IS NULL THEN excluded.burst
+                  ELSE least(excluded.burst,
+                             l.tokens + extract(epoch FROM now() - l.refilled_at)::float8 * l.per_second) END,
+    refilled_at = now(),
+    changed_at = now(),
+    changed_by = excluded.changed_by
+RETURNING key;
+
+-- name: count_limit
+-- LIMITS: recounts what live leases hold of a limit. Run after set_limit has
+-- locked the row, as a statement of its own: its snapshot then sees every
+-- claim that took the limit before the lock, and none can take it until the
+-- transaction ends. (A limit created while a claim of one of its tasks is in
+-- flight may miss that one lease.)
+UPDATE leaseq_limits l
+SET running = (SELECT coalesce(sum(CASE WHEN l.counts = 'units' THEN t.units ELSE 1 END), 0)
+               FROM leaseq_tasks t
+               WHERE t.status = 'running' AND t.limits IS NOT NULL AND l.key = ANY(t.limits))
+WHERE l.key = %(key)s
+RETURNING l.running;
+
+-- name: delete_limit
+-- LIMITS: tasks naming the key are no longer limited by it.
+DELETE FROM leaseq_limits WHERE key = %(key)s RETURNING key;
+
+-- name: list_limits
+-- LIMITS: every limit with its usage; tokens refilled to now, by the database clock.
+SELECT l.key, l.max_running, l.per_second, l.burst, l.counts, l.running,
+       CASE WHEN l.per_second IS NULL THEN NULL
+            ELSE least(l.burst, l.tokens + extract(epoch FROM now() - l.refilled_at)::float8 * l.per_second) END
+           AS tokens,
+       (SELECT count(*) FROM leaseq_tasks t
+        WHERE t.status = 'running' AND t.limits IS NOT NULL AND l.key = ANY(t.limits)) AS leases,
+       l.changed_at, l.changed_by
+FROM leaseq_limits l
+WHERE %(key)s::text IS NULL OR l.key = %(key)s
+ORDER BY l.key;
 
 -- name: get_effect
 SELECT * FROM leaseq_effects WHERE task_id = %(task_id)s AND idempotency_key = %(idempotency_key)s;

@@ -108,20 +108,20 @@ RETURNING id, claim_generation;
 -- The new row is the enqueue's evidence (see list_events); SQLite has no
 -- notifications to send.
 INSERT INTO leaseq_tasks (queue, kind, payload, effect, priority, available_at,
-                          idempotency_key, max_attempts, lease_seconds, actions)
+                          idempotency_key, max_attempts, lease_seconds, actions, limits, units)
 VALUES (:queue, :kind, :payload, :effect, :priority,
         (julianday('now') - 2440587.5) * 86400.0 + :delay,
-        :idempotency_key, :max_attempts, :lease_seconds, :actions)
+        :idempotency_key, :max_attempts, :lease_seconds, :actions, :limits, :units)
 ON CONFLICT (queue, idempotency_key) DO NOTHING
 RETURNING *;
 
 -- name: insert_tasks
 -- See the PostgreSQL file. json_each keeps the document's order.
 INSERT INTO leaseq_tasks (queue, kind, payload, effect, priority, available_at,
-                          idempotency_key, max_attempts, lease_seconds, actions)
+                          idempotency_key, max_attempts, lease_seconds, actions, limits, units)
 SELECT :queue, :kind, coalesce(n.value -> '$.payload', 'null'), :effect, :priority,
        (julianday('now') - 2440587.5) * 86400.0 + :delay,
-       n.value ->> '$.idempotency_key', :max_attempts, :lease_seconds, :actions
+       n.value ->> '$.idempotency_key', :max_attempts, :lease_seconds, :actions, :limits, :units
 FROM json_each(:tasks) AS n
 WHERE true  -- an INSERT ... SELECT needs a WHERE before ON CONFLICT in SQLite
 ON CONFLICT (queue, idempotency_key) DO NOTHING
@@ -131,10 +131,10 @@ RETURNING id, idempotency_key;
 -- See the PostgreSQL file: insert_tasks without ON CONFLICT, for keys leaseq
 -- just generated; a generated key meeting a stored one refuses the statement.
 INSERT INTO leaseq_tasks (queue, kind, payload, effect, priority, available_at,
-                          idempotency_key, max_attempts, lease_seconds, actions)
+                          idempotency_key, max_attempts, lease_seconds, actions, limits, units)
 SELECT :queue, :kind, coalesce(n.value -> '$.payload', 'null'), :effect, :priority,
        (julianday('now') - 2440587.5) * 86400.0 + :delay,
-       n.value ->> '$.idempotency_key', :max_attempts, :lease_seconds, :actions
+       n.value ->> '$.idempotency_key', :max_attempts, :lease_seconds, :actions, :limits, :units
 FROM json_each(:tasks) AS n
 RETURNING id, idempotency_key;
 
@@ -180,7 +180,7 @@ SET status = CASE
     updated_at = (julianday('now') - 2440587.5) * 86400.0
 WHERE t.id IN (SELECT value FROM json_each(:task_ids))
   AND t.status = 'running' AND t.lease_expires_at < (julianday('now') - 2440587.5) * 86400.0
-RETURNING id, status, claim_generation, open_effects, attempts,
+RETURNING id, status, claim_generation, open_effects, attempts, queue, limits, units,
           CASE status  -- why, when the task is not simply queued again
               WHEN 'needs_reconciliation' THEN 'side-effect intent without a response: a retry could repeat it'
               WHEN 'dead' THEN 'attempts exhausted' END AS reason;
@@ -190,8 +190,48 @@ RETURNING id, status, claim_generation, open_effects, attempts,
 -- unused: compact -- the caller writes the "claimed" events (no data-modifying CTEs in SQLite)
 -- See the PostgreSQL file. SQLite has no data-modifying CTEs, so the caller
 -- writes the "claimed" events in the same transaction (the backend declares
--- it does not write its own evidence); nothing comes back when nothing was
+-- it does not write its own evidence), and takes the claimed tasks' limit
+-- slots (take_limits) in it too; nothing comes back when nothing was
 -- claimed, and the caller then takes the slow path.
+WITH candidate AS MATERIALIZED (
+    SELECT id, limits, units, priority, available_at FROM leaseq_tasks
+    WHERE status = 'queued' AND queue = :queue
+      AND (:kinds IS NULL OR kind IN (SELECT value FROM json_each(:kinds)))  -- only kinds the worker can run
+      -- the unary + keeps available_at out of the index lookup: the claimable
+      -- index is walked in claim order, never range-scanned and then sorted
+      AND +available_at <= (julianday('now') - 2440587.5) * 86400.0
+      AND NOT EXISTS (SELECT 1 FROM leaseq_queues q WHERE q.name = :queue AND q.paused)
+      AND EXISTS (SELECT 1 FROM leaseq_workers w WHERE w.id = :worker_id AND w.revoked_at IS NULL)
+      AND NOT (:route_first AND EXISTS (
+          SELECT 1 FROM leaseq_tasks e
+          WHERE e.status = 'running' AND e.lease_expires_at < (julianday('now') - 2440587.5) * 86400.0))
+      -- LIMITS: pass over a task one of whose limits has no room for it (see
+      -- the PostgreSQL file; the judgement is "refused" below)
+      AND (limits IS NULL OR NOT EXISTS (
+          SELECT 1 FROM json_each(leaseq_tasks.limits) AS k JOIN leaseq_limits l ON l.key = k.value
+          WHERE (l.max_running IS NOT NULL AND l.running > 0
+                 AND l.running + CASE WHEN l.counts = 'units' THEN units ELSE 1 END > l.max_running)
+             OR min(l.burst, l.tokens + ((julianday('now') - 2440587.5) * 86400.0 - l.refilled_at) * l.per_second)
+                < min(l.burst, CASE WHEN l.counts = 'units' THEN units ELSE 1 END) - 1e-9))
+    ORDER BY priority DESC, available_at, id
+    LIMIT :limit
+), demand AS (
+    -- LIMITS: each (candidate, limit) pair with its cost and the limit's
+    -- demand up to it in claim order. The transaction holds the write lock:
+    -- the rows read here stay as read until it commits (take_limits).
+    SELECT c.id, l.running, l.max_running, l.per_second, l.burst,
+           CASE WHEN l.counts = 'units' THEN c.units ELSE 1 END AS cost,
+           min(l.burst, l.tokens + ((julianday('now') - 2440587.5) * 86400.0 - l.refilled_at) * l.per_second) AS tokens,
+           sum(CASE WHEN l.counts = 'units' THEN c.units ELSE 1 END)
+               OVER (PARTITION BY l.key ORDER BY c.priority DESC, c.available_at, c.id) AS upto
+    FROM candidate c
+    JOIN json_each(c.limits) AS k
+    JOIN leaseq_limits l ON l.key = k.value
+), refused AS (
+    SELECT d.id FROM demand d
+    WHERE NOT (d.max_running IS NULL OR d.running + d.upto <= d.max_running OR (d.running = 0 AND d.upto = d.cost))
+       OR NOT (d.per_second IS NULL OR d.upto <= d.tokens + 1e-9 OR (d.tokens >= d.burst AND d.upto = d.cost))
+)
 UPDATE leaseq_tasks AS t
 SET status = 'running',
     lease_owner = :worker_id,
@@ -203,20 +243,7 @@ SET status = 'running',
     last_heartbeat_at = NULL,
     longest_heartbeat_gap = 0,
     updated_at = (julianday('now') - 2440587.5) * 86400.0
-WHERE t.id IN (
-    SELECT id FROM leaseq_tasks
-    WHERE status = 'queued' AND queue = :queue
-      AND (:kinds IS NULL OR kind IN (SELECT value FROM json_each(:kinds)))  -- only kinds the worker can run
-      -- the unary + keeps available_at out of the index lookup: the claimable
-      -- index is walked in claim order, never range-scanned and then sorted
-      AND +available_at <= (julianday('now') - 2440587.5) * 86400.0
-      AND NOT EXISTS (SELECT 1 FROM leaseq_queues q WHERE q.name = :queue AND q.paused)
-      AND EXISTS (SELECT 1 FROM leaseq_workers w WHERE w.id = :worker_id AND w.revoked_at IS NULL)
-      AND NOT (:route_first AND EXISTS (
-          SELECT 1 FROM leaseq_tasks e
-          WHERE e.status = 'running' AND e.lease_expires_at < (julianday('now') - 2440587.5) * 86400.0))
-    ORDER BY priority DESC, available_at, id
-    LIMIT :limit)
+WHERE t.id IN (SELECT id FROM candidate EXCEPT SELECT id FROM refused)
 RETURNING *;
 
 -- name: renew_leases
@@ -257,7 +284,8 @@ WHERE t.id = :task_id
 -- guard: lease
 -- unused: compact -- the caller writes the "completed" events (no data-modifying CTEs in SQLite)
 -- See the PostgreSQL file: the guard checks each (task, generation) pair.
--- The caller writes the "completed" events, as SQLite has no data-modifying CTEs.
+-- The caller writes the "completed" events and gives back the limit slots
+-- (release_limits), as SQLite has no data-modifying CTEs.
 UPDATE leaseq_tasks AS t
 SET status = 'completed',
     result = c.result,
@@ -269,7 +297,8 @@ FROM (SELECT i.value ->> '$.task_id' AS task_id, i.value ->> '$.generation' AS g
       FROM json_each(:items) AS i) AS c
 WHERE t.id = c.task_id
   /* TEMPLATE: lease_guard(c.generation) */
-RETURNING id, claim_generation, attempts, heartbeat_count, last_heartbeat_at, longest_heartbeat_gap;
+RETURNING id, claim_generation, attempts, heartbeat_count, last_heartbeat_at, longest_heartbeat_gap,
+          queue, limits, units;
 
 -- name: fail_task
 -- guard: lease
@@ -292,7 +321,7 @@ SET status = CASE
 WHERE t.id = :task_id
   /* TEMPLATE: lease_guard */
 RETURNING id, status, claim_generation, attempts, max_attempts, error_streak, available_at,
-          heartbeat_count, last_heartbeat_at, longest_heartbeat_gap,
+          heartbeat_count, last_heartbeat_at, longest_heartbeat_gap, queue, limits, units,
           -- why it went where it went, decided here with the status (NULL: queued for a retry)
           CASE status
               WHEN 'needs_reconciliation' THEN 'failed with a side-effect intent and no recorded response'
@@ -312,6 +341,82 @@ WHERE t.id = :task_id
   /* TEMPLATE: lease_guard */
 RETURNING id, queue, lease_owner, claim_generation, lease_expires_at, claimed_at,
           heartbeat_count, last_heartbeat_at, longest_heartbeat_gap;
+
+-- name: take_limits
+-- LIMITS: the claimed tasks take their slots and tokens, in the claim's
+-- transaction (which holds the write lock since claim_batch judged them).
+UPDATE leaseq_limits AS l
+SET running = l.running + CASE WHEN l.counts = 'units' THEN f.units ELSE f.tasks END,
+    tokens = CASE WHEN l.per_second IS NULL THEN l.tokens
+                  ELSE min(l.burst, l.tokens + ((julianday('now') - 2440587.5) * 86400.0 - l.refilled_at) * l.per_second)
+                       - CASE WHEN l.counts = 'units' THEN f.units ELSE f.tasks END END,
+    refilled_at = CASE WHEN l.per_second IS NULL THEN l.refilled_at ELSE (julianday('now') - 2440587.5) * 86400.0 END
+FROM (SELECT i.value ->> '$.key' AS key, count(*) AS tasks, sum(i.value ->> '$.units') AS units
+      FROM json_each(:items) AS i GROUP BY 1) AS f
+WHERE l.key = f.key
+RETURNING key;
+
+-- name: release_limits
+-- LIMITS: gives back the slots of ended leases (see the PostgreSQL file).
+-- SQLite has no notifications: idle workers poll.
+UPDATE leaseq_limits AS l
+SET running = max(0, l.running - CASE WHEN l.counts = 'units' THEN f.units ELSE f.tasks END)
+FROM (SELECT i.value ->> '$.key' AS key, count(*) AS tasks, sum(i.value ->> '$.units') AS units
+      FROM json_each(:items) AS i GROUP BY 1) AS f
+WHERE l.key = f.key
+RETURNING key;
+
+-- name: limit_wait
+-- LIMITS: seconds until the emptiest rate bucket holds a token (NULL: none is empty).
+SELECT min((1 - min(l.burst, l.tokens + ((julianday('now') - 2440587.5) * 86400.0 - l.refilled_at) * l.per_second)) / l.per_second) AS limit_wait
+FROM leaseq_limits l
+WHERE l.per_second IS NOT NULL
+  AND l.tokens + ((julianday('now') - 2440587.5) * 86400.0 - l.refilled_at) * l.per_second < 1;
+
+-- name: set_limit
+-- LIMITS: see the PostgreSQL file.
+INSERT INTO leaseq_limits (key, max_running, per_second, burst, counts, tokens, refilled_at, changed_at,
+                           changed_by)
+VALUES (:key, :max_running, :per_second, :burst, :counts, coalesce(:burst, 0), (julianday('now') - 2440587.5) * 86400.0, (julianday('now') - 2440587.5) * 86400.0, :actor)
+ON CONFLICT (key) DO UPDATE
+SET max_running = excluded.max_running,
+    per_second = excluded.per_second,
+    burst = excluded.burst,
+    counts = excluded.counts,
+    tokens = CASE WHEN excluded.per_second IS NULL THEN 0
+                  WHEN leaseq_limits.per_second IS NULL THEN excluded.burst
+                  ELSE min(excluded.burst, leaseq_limits.tokens
+                           + ((julianday('now') - 2440587.5) * 86400.0 - leaseq_limits.refilled_at) * leaseq_limits.per_second) END,
+    refilled_at = (julianday('now') - 2440587.5) * 86400.0,
+    changed_at = (julianday('now') - 2440587.5) * 86400.0,
+    changed_by = excluded.changed_by
+RETURNING key;
+
+-- name: count_limit
+-- LIMITS: recounts what live leases hold of a limit (see the PostgreSQL file;
+-- the write lock makes it exact here).
+UPDATE leaseq_limits AS l
+SET running = (SELECT coalesce(sum(CASE WHEN l.counts = 'units' THEN t.units ELSE 1 END), 0)
+               FROM leaseq_tasks t
+               WHERE t.status = 'running' AND t.limits IS NOT NULL
+                 AND EXISTS (SELECT 1 FROM json_each(t.limits) k WHERE k.value = l.key))
+WHERE l.key = :key
+RETURNING running;
+
+-- name: delete_limit
+DELETE FROM leaseq_limits WHERE key = :key RETURNING key;
+
+-- name: list_limits
+SELECT l.key, l.max_running, l.per_second, l.burst, l.counts, l.running,
+       CASE WHEN l.per_second IS NULL THEN NULL
+            ELSE min(l.burst, l.tokens + ((julianday('now') - 2440587.5) * 86400.0 - l.refilled_at) * l.per_second) END AS tokens,
+       (SELECT count(*) FROM leaseq_tasks t
+        WHERE t.status = 'running' AND t.limits IS NOT NULL
+          AND EXISTS (SELECT 1 FROM json_each(t.limits) k WHERE k.value = l.key)) AS leases,
+       l.changed_at, l.changed_by
+FROM leaseq_limits l
+WHERE :key IS NULL OR l.key = :key
+ORDER BY l.key;
 
 -- name: get_effect
 SELECT * FROM leaseq_effects WHERE task_id = :task_id AND idempotency_key = :idempotency_key;
