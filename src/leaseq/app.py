@@ -25,6 +25,7 @@ from typing import Any, Concatenate, Generic, ParamSpec, TypeVar
 from .core import policy
 from .core.errors import InvalidInput
 from .core.model import Task
+from .engine.limits import check_limits, check_units
 from .queue import Queue, _check_actions, connect
 from .schedules import Schedule
 from .signature import bind_payload, check_handler
@@ -58,6 +59,10 @@ class TaskDefinition(Generic[P, R]):
     priority: int
     #: the actions its tasks may begin (None: undeclared; see Queue.enqueue)
     actions: list[str] | None = None
+    #: the limits its tasks count against (None: none; see Queue.set_limit)
+    limits: list[str] | None = None
+    #: its tasks' weight in limits that count units (see Queue.enqueue)
+    units: int = 1
     #: enqueue options bound by :meth:`options`
     bound: dict[str, Any] = field(default_factory=dict)
 
@@ -65,13 +70,14 @@ class TaskDefinition(Generic[P, R]):
         """Call the handler directly (tests, scripts): ``ctx`` must be given."""
         return self.fn(*args, **kwargs)
 
-    def options(self, *, key: str | None = None, delay: float = 0,
-                priority: int | None = None) -> TaskDefinition[P, R]:
+    def options(self, *, key: str | None = None, delay: float = 0, priority: int | None = None,
+                units: int | None = None) -> TaskDefinition[P, R]:
         """This definition with enqueue options bound: ``key`` is the idempotency key (a
         repeat with the same payload returns the existing task), ``delay`` seconds before
-        it may be claimed, ``priority`` instead of the declared one.
+        it may be claimed, ``priority`` instead of the declared one, ``units`` the task's
+        weight in limits that count units (a token estimate, say) instead of the declared one.
         ``summarize.options(key="doc-1").enqueue(doc_id=1)``."""
-        bound = {**self.bound, "key": key, "delay": delay, "priority": priority}
+        bound = {**self.bound, "key": key, "delay": delay, "priority": priority, "units": units}
         return dataclasses.replace(self, bound=bound)
 
     def payload(self, *args: P.args, **kwargs: P.kwargs) -> dict[str, Any]:
@@ -88,12 +94,13 @@ class TaskDefinition(Generic[P, R]):
                               DeprecationWarning, stacklevel=2)
                 options[name] = kwargs.pop(legacy)
         payload = bind_payload(self.fn, args, kwargs)
-        priority = options.get("priority")
+        priority, units = options.get("priority"), options.get("units")
         return self.app.queue.enqueue(self.kind, payload, effect=self.effect, queue=self.queue,
                                       idempotency_key=options.get("key"), delay=options.get("delay", 0),
                                       priority=self.priority if priority is None else priority,
                                       max_attempts=self.max_attempts, lease_seconds=self.lease_seconds,
-                                      actions=self.actions)
+                                      actions=self.actions, limits=self.limits,
+                                      units=self.units if units is None else units)
 
     async def enqueue_async(self, *args: P.args, **kwargs: P.kwargs) -> Task:
         """:meth:`enqueue` for asyncio code."""
@@ -141,14 +148,18 @@ class App:
 
     def task(self, kind: str | None = None, *, effect: str = "read_only", queue: str = "default",
              lease_seconds: float = policy.DEFAULT_LEASE_SECONDS, max_attempts: int = 5,
-             priority: int = 0, actions: list[str] | None = None,
+             priority: int = 0, actions: list[str] | None = None, limits: list[str] | None = None,
+             units: int = 1,
              ) -> Callable[[Callable[Concatenate[Any, P], R]], TaskDefinition[P, R]]:
         """Decorator declaring a handler ``fn(ctx, **payload)``, sync or async.
 
         ``actions`` lists the effects (``ctx.effect(action)``) its tasks may
         begin; the queue refuses any other. Undeclared (None): any action for
-        an idempotent or side_effect task, none for a read_only one."""
+        an idempotent or side_effect task, none for a read_only one.
+        ``limits`` names the limits its tasks count against, ``units`` their
+        weight in limits that count units (see :meth:`Queue.set_limit`)."""
         declared = None if actions is None else json.loads(_check_actions(actions, policy.check_effect(effect)))
+        limit_keys, weight = check_limits(limits), check_units(units)
 
         def register(fn: Callable[Concatenate[Any, P], R]) -> TaskDefinition[P, R]:
             name = policy.check_kind(kind or f"{fn.__module__}.{fn.__qualname__}")
@@ -159,7 +170,7 @@ class App:
                 app=self, kind=name, fn=fn, effect=policy.check_effect(effect), queue=policy.check_name("queue", queue),
                 lease_seconds=policy.check_seconds("lease_seconds", lease_seconds, allow_zero=False),
                 max_attempts=policy.check_int("max_attempts", max_attempts, minimum=1),
-                priority=policy.check_int("priority", priority), actions=declared)
+                priority=policy.check_int("priority", priority), actions=declared, limits=limit_keys, units=weight)
             self.registry.add(definition)
             return definition
 
@@ -180,7 +191,8 @@ class App:
         definition = self.definition(kind) if isinstance(kind, str) else None
         options: dict[str, Any] = {} if definition is None else dict(
             effect=definition.effect, queue=definition.queue, lease_seconds=definition.lease_seconds,
-            max_attempts=definition.max_attempts, priority=definition.priority, actions=definition.actions)
+            max_attempts=definition.max_attempts, priority=definition.priority, actions=definition.actions,
+            limits=definition.limits, units=definition.units)
         if queue is not None:
             options["queue"] = policy.check_name("queue", queue)
         declared = Schedule.declare(kind, cron=cron, every=every, payload=payload, name=name, catch_up=catch_up,

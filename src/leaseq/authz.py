@@ -169,6 +169,9 @@ ACTIONS: dict[str, Action] = {a.name: a for a in (
            help="It claims nothing more and the leases it holds end now. The token that registered it stays "
                 "valid (it may register a new worker): revoke the token to stop both.",
            done="worker {target} revoked", label="Revoke", danger=True, dashboard=True, cli=True),
+    # limits shared by every worker: changed by operators (audited by the Queue method), read by viewers
+    Action("set_limit", "operate", "set limits"),
+    Action("delete_limit", "operate", "delete limits"),
     # admin
     Action("list_tokens", "admin", "manage tokens"),
     Action("create_token", "admin", "manage tokens"),

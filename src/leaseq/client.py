@@ -42,11 +42,17 @@ import httpx
 from . import __version__
 from .core.errors import (BackendUnavailable, ConfigError, InvalidInput, LeaseLost, LeaseqError, RateLimited,
                           error_class)
-from .core.model import Claim, Effect, Task, Worker
+from .core import policy
+from .core.model import Claim, Claims, Effect, Task, Worker
 from .engine.effects import check_effect_of
 from .observability.tracing import traced_enqueue
 from .worker.transport import Capabilities
 from .service.wire import claim_from, effect_from, event_from, parse_time, task_from, worker_from
+
+def _limit_key(key: str) -> str:
+    """A limit key, checked here as the queue checks it (a key that is no path segment never leaves)."""
+    return policy.check_name("key", key)
+
 
 def _wid(worker: Worker | str) -> str:
     wid = worker.id if isinstance(worker, Worker) else worker
@@ -161,7 +167,9 @@ class RemoteQueue:
         if wait:
             body["wait"] = float(wait)
         data = self._call("POST", path, body, wait=float(wait))
-        return [claim_from(c) for c in data["claims"]]
+        out = Claims(claim_from(c) for c in data["claims"])
+        out.limit_wait = data.get("limit_wait")
+        return out
 
     def interrupt_claims(self, worker: Worker | str) -> None:
         """End the worker's claims waiting in the service at once, empty-handed (at shutdown)."""
@@ -262,6 +270,21 @@ class RemoteQueue:
     def enqueue(self, kind: str, payload: Any = None, **options: Any) -> Task:
         """Add a task; options as for :meth:`leaseq.Queue.enqueue`."""
         return task_from(self._call("POST", "/v1/tasks", {"kind": kind, "payload": payload, **options}))
+
+    def set_limit(self, key: str, *, max_running: int | None = None, per_second: float | None = None,
+                  burst: float | None = None, counts: str = "tasks") -> dict[str, Any]:
+        """Create or change a limit (an operator token); see :meth:`leaseq.Queue.set_limit`."""
+        return self._call("PUT", f"/v1/limits/{_limit_key(key)}", {"max_running": max_running,
+                                                                  "per_second": per_second, "burst": burst,
+                                                                  "counts": counts})
+
+    def delete_limit(self, key: str) -> None:
+        """Remove a limit (an operator token); see :meth:`leaseq.Queue.delete_limit`."""
+        self._call("DELETE", f"/v1/limits/{_limit_key(key)}")
+
+    def limits(self) -> list[dict[str, Any]]:
+        """Every limit with its usage (a viewer token or better); see :meth:`leaseq.Queue.limits`."""
+        return self._call("GET", "/v1/limits")["limits"]
 
     def get(self, task_id: int) -> Task:
         """One task; raises :class:`NotFound`."""

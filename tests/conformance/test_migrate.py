@@ -93,15 +93,20 @@ def test_version_7_widens_the_statuses_for_every_open_connection_and_keeps_the_t
             for mig in load_migrations(q.dialect)[:6]:
                 tx.script(mig.sql)
                 tx.rows("migrations_record", version=mig.version, name=mig.name)
-        task = q.enqueue("job", {"keep": True}, effect="side_effect")
-        w = q.register_worker("w")
-        [claim] = q.claim(w)
-        q.begin_effect(w, claim, "mail.send")
-        before = [e.type for e in q.events(task.id)]
+        with q.store.transaction() as tx:  # a task with a trail and an effect, in version-6 columns
+            tx.script("INSERT INTO leaseq_tasks (queue, kind, payload, effect, idempotency_key, max_attempts, "
+                      "lease_seconds) VALUES ('default', 'job', '{\"keep\": true}', 'side_effect', 'k-7', 5, 30.0)")
+            task_id = tx.row("get_task_by_key", queue="default", idempotency_key="k-7")["id"]
+            tx.rows("insert_event", task_id=task_id, type="claimed", generation=1, worker_id="w-1", detail={})
+            tx.rows("insert_effect", task_id=task_id, generation=1, worker_id="w-1", action="mail.send",
+                    idempotency_key="e-7")
+        before = [e.type for e in q.events(task_id)]
         with other.store.transaction() as tx:  # this connection now holds the version-6 schema
-            assert tx.row("get_task", task_id=task.id)["status"] == "running"
+            assert tx.row("get_task", task_id=task_id)["status"] == "queued"
         assert q.migrate() == [v for v in _latest(q.dialect) if v > 6]
-        assert [e.type for e in q.events(task.id)] == before and q.get(task.id).status == "running"
+        assert [e.type for e in q.events(task_id)] == before and q.get(task_id).status == "queued"
+        assert [e.action for e in q.effects(task_id)] == ["mail.send"]
+        task = q.get(task_id)
         for status in ("waiting", "awaiting_approval", "denied", "expired"):
             extra = other.enqueue("job", {"s": status})
             with other.store.transaction() as tx:

@@ -27,6 +27,7 @@ from .worker_api import Body, TaskId
 
 router = APIRouter(prefix="/v1")
 QueueName = Path(pattern=r"^[A-Za-z0-9_.:\-]{1,100}$", description="Queue name")
+LimitKey = Path(description="Limit key")  # checked by the Queue method: a clear InvalidInput
 
 
 class EnqueueBody(Body):
@@ -40,6 +41,15 @@ class EnqueueBody(Body):
     max_attempts: int = 5
     lease_seconds: float = policy.DEFAULT_LEASE_SECONDS
     actions: list[str] | None = None
+    limits: list[str] | None = None
+    units: int = 1
+
+
+class LimitBody(Body):
+    max_running: int | None = None
+    per_second: float | None = None
+    burst: float | None = None
+    counts: str = "tasks"
 
 
 class TokenBody(Body):
@@ -68,7 +78,7 @@ def enqueue(body: EnqueueBody, request: Request, principal: auth.Principal = Dep
     task = _queue(request).enqueue(body.kind, body.payload, effect=body.effect, queue=body.queue,
                                    idempotency_key=body.idempotency_key, priority=body.priority, delay=body.delay,
                                    max_attempts=body.max_attempts, lease_seconds=body.lease_seconds,
-                                   actions=body.actions)
+                                   actions=body.actions, limits=body.limits, units=body.units)
     request.app.state.work_signal.wake(task.queue)  # claims waiting in this process look at once
     return present_task(task, principal)
 
@@ -113,6 +123,26 @@ def queues(request: Request, principal: auth.Principal = Depends(need("read"))) 
 @router.get("/workers", tags=["workers"], summary="Registered workers and the leases they hold")
 def workers(request: Request, principal: auth.Principal = Depends(need("read"))) -> dict:
     return {"workers": to_json(_queue(request).workers())}
+
+
+@router.get("/limits", tags=["limits"], summary="Every limit with its usage")
+def limits(request: Request, principal: auth.Principal = Depends(need("read"))) -> dict:
+    return {"limits": to_json(_queue(request).limits())}
+
+
+@router.put("/limits/{key}", tags=["limits"], summary="Create or change a limit shared by every worker")
+def set_limit(body: LimitBody, request: Request, key: str = LimitKey,
+              principal: auth.Principal = Depends(need("set_limit"))) -> dict:
+    # audited by Queue.set_limit, in its own transaction
+    return to_json(_queue(request).set_limit(key, max_running=body.max_running, per_second=body.per_second,
+                                             burst=body.burst, counts=body.counts, by=principal.actor, via="api"))
+
+
+@router.delete("/limits/{key}", tags=["limits"], summary="Remove a limit")
+def delete_limit(request: Request, key: str = LimitKey,
+                 principal: auth.Principal = Depends(need("delete_limit"))) -> dict:
+    _queue(request).delete_limit(key, by=principal.actor, via="api")
+    return {"key": key, "deleted": True}
 
 
 @router.get("/whoami", tags=["access"], summary="The calling token's identity and rights")

@@ -30,7 +30,7 @@ from starlette.concurrency import run_in_threadpool
 
 from ..core import policy
 from ..core.errors import InvalidInput, LeaseLost, NotFound
-from ..core.model import Claim, Task
+from ..core.model import Claim, Claims, Task
 from ..queue import Queue
 from .access import in_one_transaction
 from .metrics import ServiceMetrics, span
@@ -109,12 +109,17 @@ async def claim(body: ClaimBody, request: Request, worker_id: str = WorkerId) ->
             left = deadline - time.monotonic()
             if claims or left <= 0 or waiter.interrupted:
                 break
-            await waiter.wait(min(left, signal.recheck))
+            # an empty rate bucket refills by the clock, with no notification: look again when it has a token
+            hint = claims.limit_wait if isinstance(claims, Claims) else None
+            await waiter.wait(min(left, signal.recheck) if hint is None else min(left, signal.recheck, max(0.02, hint)))
             if waiter.interrupted or await request.is_disconnected():
                 break  # nobody to hand a lease to: claim nothing more
     if claims:
         metrics.claims.labels(queue=body.queue).inc(len(claims))
-    return _json({"claims": to_json(claims)})
+    body = {"claims": to_json(claims)}
+    if isinstance(claims, Claims) and claims.limit_wait is not None:
+        body["limit_wait"] = claims.limit_wait
+    return _json(body)
 
 
 @router.post("/workers/{worker_id}/claim/interrupt", summary="End this worker's waiting claims, empty-handed")

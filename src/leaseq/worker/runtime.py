@@ -41,7 +41,7 @@ from typing import Any
 
 from ..auth import AccessDenied
 from ..core.errors import InvalidInput, LeaseLost, LeaseqError, Permanent, QueuePaused, UnknownWorker
-from ..core.model import Claim, Worker
+from ..core.model import Claim, Claims, Worker
 from ..observability.hooks import TaskLog, WorkerObserver
 from ..schedules import Scheduler
 from .completer import INITIAL_BACKOFF, Completer, Outcome, Verdict, next_backoff
@@ -59,6 +59,9 @@ logger = logging.getLogger("leaseq.worker")
 MAX_CLAIM_BACKOFF = 5.0
 #: How long shutdown keeps trying to release a lease before leaving it to expire.
 RELEASE_BUDGET = 5.0
+#: The shortest pause after a claim a rate limit came back short: a limit
+#: never makes a worker spin.
+MIN_LIMIT_WAIT = 0.02
 #: How long an idle worker's claim waits on the queue's side for work, where the
 #: transport can (``capabilities.long_poll``): no polling while idle.
 CLAIM_WAIT = 5.0
@@ -291,7 +294,7 @@ class WorkerRuntime:
         while not self._stopping:
             self._wake.clear()
             free = self.concurrency - len(self._handling)
-            got, pause, waited = 0, None, False
+            got, pause, waited, limited = 0, None, False, None
             for i in range(len(self.queues)):
                 if free - got <= 0 or self._stopping:
                     break
@@ -314,6 +317,8 @@ class WorkerRuntime:
                     break
                 backoff = INITIAL_BACKOFF
                 waited = bool(wait) and not claims and time.monotonic() - sent >= self.poll_interval
+                if isinstance(claims, Claims) and claims.limit_wait is not None:  # a rate bucket is empty
+                    limited = claims.limit_wait if limited is None else min(limited, claims.limit_wait)
                 for claim in claims:
                     self._start(claim, sent)
                 got += len(claims)
@@ -328,8 +333,12 @@ class WorkerRuntime:
                 continue  # the claim itself waited for work: ask again at once
             if got == 0 or got >= free:
                 # Nothing due, or no capacity left: wait for a finished task,
-                # a notification, or the poll interval.
-                await wait_event(self._wake, self.poll_interval)
+                # a notification (a freed limit slot sends one too), or the
+                # poll interval; no longer than an empty rate bucket needs.
+                idle = self.poll_interval
+                if limited is not None and got < free:
+                    idle = min(idle, max(MIN_LIMIT_WAIT, limited))
+                await wait_event(self._wake, idle)
 
     def _start_listener(self) -> threading.Event | None:
         """Wake the claim loop on notifications (see :mod:`.listener`)."""
