@@ -25,6 +25,7 @@ COMMAND_MODULES = (
     "demo_command",      # demo
     "worker",            # worker
     "schedules",         # schedules
+    "limits",            # limits (list, set, delete)
     "service",           # serve, tokens, prune
     "mcp_command",       # mcp
     "chaos",             # chaos

@@ -108,11 +108,15 @@ def _key_conflict(task: Task, kind: str, document: Any, effect: str) -> dict[str
 @click.option("--max-attempts", type=int, default=5, show_default=True)
 @click.option("--lease-seconds", type=float, default=policy.DEFAULT_LEASE_SECONDS, show_default=True,
               help="Lease length a claim gets unless the worker asks for another.")
+@click.option("--limit", "limit_keys", metavar="KEY", multiple=True,
+              help="A limit the task counts against (see `leaseq limits`); repeat for more.")
+@click.option("--units", type=int, default=1, show_default=True,
+              help="The task's weight in limits that count units.")
 @json_option
 @click.pass_context
 def enqueue(ctx: click.Context, kind: str, payload: str | None, queue: str, effect: str, key: str | None,
             priority: int, delay: float, at_text: str | None, max_attempts: int, lease_seconds: float,
-            as_json: bool) -> None:
+            limit_keys: tuple[str, ...], units: int, as_json: bool) -> None:
     """Add a task of KIND to a queue.
 
     With --key, a task already holding that key in the queue is returned
@@ -129,7 +133,8 @@ def enqueue(ctx: click.Context, kind: str, payload: str | None, queue: str, effe
     before = q.now() if key is not None else None
     try:
         task = q.enqueue(kind, document, effect=effect, queue=queue, idempotency_key=key, priority=priority,
-                         delay=delay, max_attempts=max_attempts, lease_seconds=lease_seconds)
+                         delay=delay, max_attempts=max_attempts, lease_seconds=lease_seconds,
+                         limits=list(limit_keys) or None, units=units)
     except InvalidInput as exc:
         if at is not None and exc.field == "delay":
             raise CliError("at", f"{at.isoformat()} is too far ahead: the delay {exc.problem}") from None
