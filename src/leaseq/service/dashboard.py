@@ -275,7 +275,8 @@ def logout(request: Request, s: Session = Depends(session), csrf: str = Form("")
 
 @router.get("/", response_class=HTMLResponse)
 def overview(request: Request, s: Session = Depends(session)) -> HTMLResponse:
-    return render("overview.html", request, s, queues=queue_overview(_queue(request)), statuses=STATUSES,
+    q = _queue(request)
+    return render("overview.html", request, s, queues=queue_overview(q), limits=q.limits(), statuses=STATUSES,
                   live=live_view(request, "overview"))
 
 

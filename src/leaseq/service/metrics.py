@@ -8,7 +8,8 @@ Two kinds of series:
   claim and heartbeat latency, HTTP requests;
 * read from the database at scrape time (the same on every replica): tasks
   by queue and status, oldest queued age, expired leases not yet routed,
-  the reconciliation backlog, effect intents without a response, paused queues.
+  the reconciliation backlog, effect intents without a response, paused queues,
+  and each limit's usage (what live leases hold, its cap, its rate bucket's tokens).
 
 Spans are emitted only when ``opentelemetry`` imports; it is not a dependency.
 """
@@ -58,6 +59,7 @@ class QueueCollector(Collector):
         try:
             stats = self.queue.stats()
             paused = self.queue.queues()
+            limits = self.queue.limits()
             with self.queue.store.transaction() as tx:
                 intents = tx.rows("open_intents_by_queue")
         except LeaseqError as exc:
@@ -95,7 +97,18 @@ class QueueCollector(Collector):
         off = GaugeMetricFamily("leaseq_queue_paused", "1 while a queue's off-switch is on", labels=["queue"])
         for row in paused:
             off.add_metric([row["name"]], 1 if row["paused"] else 0)
-        yield from (tasks, oldest, expired, backlog, open_fx, off)
+        in_use = GaugeMetricFamily("leaseq_limit_running",
+                                   "What live leases hold of a limit: leases, or units for a limit that counts units",
+                                   labels=["limit"])
+        cap = GaugeMetricFamily("leaseq_limit_max_running", "A limit's max_running", labels=["limit"])
+        tokens = GaugeMetricFamily("leaseq_limit_tokens", "Tokens in a limit's rate bucket now", labels=["limit"])
+        for row in limits:
+            in_use.add_metric([row["key"]], row["running"])
+            if row["max_running"] is not None:
+                cap.add_metric([row["key"]], row["max_running"])
+            if row["tokens"] is not None:
+                tokens.add_metric([row["key"]], row["tokens"])
+        yield from (tasks, oldest, expired, backlog, open_fx, off, in_use, cap, tokens)
 
 
 class ServiceMetrics:

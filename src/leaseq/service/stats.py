@@ -234,6 +234,8 @@ def version(q: Queue, view: str, params: Mapping[str, str]) -> str:
 
     if view == "overview":
         data: Any = [{k: v for k, v in e.items() if k != "oldest_queued_seconds"} for e in queue_overview(q)]
+        # limits' usage, not their tokens: a refilling bucket is clock-driven text
+        data.append([(r["key"], r["running"], r["max_running"], r["per_second"], r["burst"]) for r in q.limits()])
     elif view == "tasks":
         page = task_page(q, TaskFilter.parse(params))
         data = [(t.id, t.status, t.claim_generation, t.attempts, str(t.updated_at)) for t in page.tasks]
