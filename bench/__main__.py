@@ -16,7 +16,7 @@ from . import agent, report, systems, workloads
 from .database import BenchDatabase, display_dsn, server_facts
 from .targets import check_targets
 
-WORKLOADS = ("enqueue", "drain", "latency", "heartbeat", "depth", "evidence", "agent", "leases")
+WORKLOADS = ("enqueue", "drain", "latency", "heartbeat", "depth", "evidence", "agent", "leases", "limits")
 PEERS = ("leaseq", "pgqueuer", "pgqueuer-psycopg", "procrastinate", "raw")
 
 
@@ -53,6 +53,9 @@ class Sizes:
     #: leases: this many held at once by leases_workers processes, for heartbeat_seconds
     leases_held: int = 10_000
     leases_workers: int = 10
+    #: limits: a drain of this many tasks with no limit key, a limit that never binds, a binding cap
+    limits_tasks: int = 10_000
+    limits_cap: int = 4
 
 
 FULL = Sizes()
@@ -60,7 +63,8 @@ QUICK = Sizes(rounds=1, enqueue_one=100, enqueue_batch=2_000, drain=1_000, drain
               latency_tasks=20, latency_gap=0.01, heartbeat_leases=40, heartbeat_workers=2, heartbeat_seconds=1.0,
               heartbeat_everything=False, two_processes_everywhere=False,
               depths=(1_000, 5_000), depth_sample=1_000, evidence_tasks=1_000,
-              agent_tasks=200, agent_concurrency=50, agent_io=0.05, leases_held=200, leases_workers=2)
+              agent_tasks=200, agent_concurrency=50, agent_io=0.05, leases_held=200, leases_workers=2,
+              limits_tasks=1_000)
 
 
 def plan(workload: str, sizes: Sizes, chosen: list[str], rnd: int = 1) -> list[tuple[str, str, Any]]:
@@ -119,6 +123,15 @@ def plan(workload: str, sizes: Sizes, chosen: list[str], rnd: int = 1) -> list[t
         if "leaseq" in chosen and sizes.agent_remote:
             trials.append((f"remote (leaseq serve), {where}", "leaseq",
                            lambda db, sy: agent.agent(db, sy, remote=True, **shape)))
+    elif workload == "limits":
+        # what a limit costs a claim: the same drain with no limit key, with a key whose limit
+        # never binds (max_running above the workers' concurrency), and with a binding cap
+        for config, limit in (("no limit key", None), ("limit key, never binding", {"key": "api", "max_running": 1000}),
+                              (f"limit key, max_running {sizes.limits_cap}",
+                               {"key": "api", "max_running": sizes.limits_cap})):
+            for s in [s for s in ("leaseq", "leaseq-sqlite") if s in chosen]:
+                trials.append((f"1 process × 10, {config}", s, lambda db, sy, limit=limit: workloads.drain(
+                    db, sy, tasks=sizes.limits_tasks, limit=limit)))
     elif workload == "leases" and "leaseq" in chosen:
         held = f"{sizes.leases_held:,} / {sizes.leases_workers}"
         for config, lease in ((f"{held}, 30 s leases", None),

@@ -70,11 +70,20 @@ def _clock(db: BenchDatabase, system: systems.System) -> float:
 
 
 def drain(db: BenchDatabase, system: systems.System, *, tasks: int, processes: int = 1,
-          concurrency: int = 10) -> dict[str, Any]:
-    """Worker start to last completion, as the database recorded it, for ``tasks`` queued tasks."""
+          concurrency: int = 10, limit: dict[str, Any] | None = None) -> dict[str, Any]:
+    """Worker start to last completion, as the database recorded it, for ``tasks`` queued tasks.
+
+    ``limit`` (leaseq only): every task names the limit ``limit["key"]``, set
+    with the rest of ``limit`` when there is more (else the key has no limit)."""
     with _schema_or_file(db, system) as dsn:
         system.install(dsn)
-        system.enqueue_batch(dsn, tasks)
+        if limit is None:
+            system.enqueue_batch(dsn, tasks)
+        else:
+            settings = {k: v for k, v in limit.items() if k != "key"}
+            if settings:
+                system.set_limit(dsn, limit["key"], **settings)
+            system.enqueue_batch(dsn, tasks, limits=[limit["key"]])
         if system.dialect == "postgres":
             _analyze(dsn)
         group = WorkerGroup(system.name, dsn, count=processes, concurrency=concurrency).start()

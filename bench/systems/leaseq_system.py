@@ -45,10 +45,15 @@ class LeaseqSystem:
             for i in range(n):
                 q.enqueue("noop", {"i": i})
 
-    def enqueue_batch(self, dsn: str, n: int) -> None:
+    def enqueue_batch(self, dsn: str, n: int, *, limits: list[str] | None = None) -> None:
         with self._queue(dsn) as q:
             for start in range(0, n, ENQUEUE_BATCH):
-                q.enqueue_many("noop", [{"i": i} for i in range(start, min(n, start + ENQUEUE_BATCH))])
+                q.enqueue_many("noop", [{"i": i} for i in range(start, min(n, start + ENQUEUE_BATCH))],
+                               limits=limits)
+
+    def set_limit(self, dsn: str, key: str, **limit: Any) -> None:
+        with self._queue(dsn) as q:
+            q.set_limit(key, **limit, by="bench")
 
     def enqueue_timed(self, dsn: str, index: int) -> None:
         self._latency_queue(dsn).enqueue("noop", {"i": index})

@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
-WORKLOADS = {"enqueue", "drain", "latency", "heartbeat", "depth", "evidence", "agent", "leases"}
+WORKLOADS = {"enqueue", "drain", "latency", "heartbeat", "depth", "evidence", "agent", "leases", "limits"}
 
 
 def _server_dsn() -> str:
@@ -58,6 +58,9 @@ def test_quick_benchmark_writes_tables_json_and_plots(tmp_path: Path) -> None:
     held = {t["config"]: t["metrics"] for t in trials if t["workload"] == "leases"}
     assert set(held) == {"200 / 2, 30 s leases", "200 / 2, 1 h leases (no renewal in the window)"}
     assert all(m["leases"] == 200 and m["statements_per_worker_s"] >= 0 for m in held.values())
+    limited = {(t["config"], t["system"]) for t in trials if t["workload"] == "limits"}
+    assert limited == {(f"1 process × 10, {c}", s) for s in ("leaseq", "leaseq-sqlite")
+                       for c in ("no limit key", "limit key, never binding", "limit key, max_running 4")}
     assert held["200 / 2, 1 h leases (no renewal in the window)"]["statements_per_worker_s"] == 0
     assert all(t["metrics"]["per_s"] > 0 for t in trials if t["workload"] in ("drain", "depth", "evidence"))
     assert {row["target"].split(":")[0] for row in document["targets"]} >= {"pickup latency p50 ≤ 3 ms (LISTEN/NOTIFY)"}

@@ -117,6 +117,8 @@ class WorkerRuntime:
         self.worker: Worker | None = None
         self.held: dict[tuple[int, int], TaskContext] = {}
         self._tasks: dict[tuple[int, int], asyncio.Task] = {}
+        #: tasks ended so far (an idle exit needs a claim sent after the last of them)
+        self._ended = 0
         #: tasks whose handler is running: what concurrency limits (a finished
         #: handler's lease stays held until its outcome is recorded)
         self._handling: set[tuple[int, int]] = set()
@@ -295,6 +297,7 @@ class WorkerRuntime:
             self._wake.clear()
             free = self.concurrency - len(self._handling)
             got, pause, waited, limited = 0, None, False, None
+            ended = self._ended  # a task that ends after this claims again: its limit slot came back
             for i in range(len(self.queues)):
                 if free - got <= 0 or self._stopping:
                     break
@@ -327,7 +330,7 @@ class WorkerRuntime:
                 if not self._stopping:
                     await wait_event(self._wake, pause)
                 continue
-            if until_idle and got == 0 and not self._tasks:
+            if until_idle and got == 0 and not self._tasks and self._ended == ended:
                 return
             if got == 0 and waited:
                 continue  # the claim itself waited for work: ask again at once
@@ -441,6 +444,7 @@ class WorkerRuntime:
         self._handling.discard(ctx.key)
         self.held.pop(ctx.key, None)
         self._tasks.pop(ctx.key, None)
+        self._ended += 1
         self._wake.set()
 
     def _settled(self, ctx: TaskContext, outcome: Outcome) -> None:

@@ -467,10 +467,13 @@ WITH done AS (
                                         'longest_heartbeat_gap', round(d.longest_heartbeat_gap::numeric, 3)) END
     FROM done d
 )
--- the events are written: the ids are all a caller needs. A freed slot
--- wakes the queue's idle workers (at commit; one per queue and transaction).
-SELECT d.id FROM done d
-LEFT JOIN LATERAL (SELECT pg_notify('leaseq_work', d.queue) WHERE d.limits IS NOT NULL) AS woke ON true;
+-- the events are written: the ids are all a caller needs. A freed limit
+-- slot wakes the queues' idle workers (at commit), from a column of its own
+-- (a join nothing reads from would be planned away).
+SELECT d.id,
+       (SELECT count(pg_notify('leaseq_work', f.queue))
+        FROM (SELECT DISTINCT queue FROM done WHERE limits IS NOT NULL) f) AS woke
+FROM done d;
 
 -- name: fail_task
 -- guard: lease
