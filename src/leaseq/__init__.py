@@ -13,7 +13,7 @@ from .aio import AsyncQueue, connect_async
 from .app import App, TaskDefinition
 from .core.errors import (BackendUnavailable, ConfigError, CredentialMissing, InvalidInput, InvalidTransition,
                           LeaseLost, LeaseqError, NotFound, Permanent, QueuePaused, StaleToken, UnknownWorker)
-from .core.model import Claim, Effect, EffectKind, Event, Status, Task, Worker
+from .core.model import Claim, Claims, Effect, EffectKind, Event, Status, Task, Worker
 from .queue import Queue, connect
 from .worker.context import TaskContext
 
@@ -21,7 +21,7 @@ __version__ = "0.1.0"
 
 __all__ = [
     "App", "CredentialMissing", "Permanent", "TaskDefinition", "TaskContext",
-    "AsyncQueue", "BackendUnavailable", "Claim", "ConfigError", "Effect", "EffectKind", "Event",
+    "AsyncQueue", "BackendUnavailable", "Claim", "Claims", "ConfigError", "Effect", "EffectKind", "Event",
     "InvalidInput", "InvalidTransition", "LeaseLost", "LeaseqError", "NotFound", "Queue", "QueuePaused",
     "StaleToken", "Status", "Task", "UnknownWorker", "Worker", "connect", "connect_async",
 ]
