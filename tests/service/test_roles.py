@@ -100,7 +100,8 @@ def _cases(svc: Service, worker_id: str) -> dict[str, list[Call]]:
         "whoami": [lambda c: c.get("/v1/whoami")],
         "read": [lambda c: c.get("/v1/tasks"), lambda c: c.get(f"/v1/tasks/{fresh()}/events"),
                  lambda c: c.get(f"/v1/tasks/{fresh()}/effects"), lambda c: c.get(f"/v1/tasks/{fresh()}/timeline"),
-                 lambda c: c.get("/v1/queues"), lambda c: c.get("/v1/workers"), lambda c: c.get("/metrics")],
+                 lambda c: c.get("/v1/queues"), lambda c: c.get("/v1/workers"), lambda c: c.get("/metrics"),
+                 lambda c: c.get("/v1/limits")],
         # a task no worker of the calling token ever held (see test_worker_tokens_read_only_their_own_tasks)
         "read_task": [lambda c: c.get(f"/v1/tasks/{fresh()}")],
         "list_tokens": [lambda c: c.get("/v1/tokens")],
@@ -109,6 +110,8 @@ def _cases(svc: Service, worker_id: str) -> dict[str, list[Call]]:
             f"/v1/tokens/{auth.create_token(q, name='spare', role='viewer')[1]['id']}")],
         "prune": [lambda c: c.post("/v1/prune", json={"older_than_seconds": 86400})],
         "read_audit": [lambda c: c.get("/v1/audit")],
+        "set_limit": [lambda c: c.put(f"/v1/limits/k-{secrets.token_hex(4)}", json={"max_running": 2})],
+        "delete_limit": [lambda c: c.delete(f"/v1/limits/{q.set_limit(f'k-{secrets.token_hex(4)}', max_running=1)['key']}")],
     }
     for spec in authz.operator_actions():
         cases[spec.name] = [_operator_case(q, spec)]

@@ -348,7 +348,10 @@ WITH worker AS (
     -- = ANY(ARRAY(...)) keeps the update on the primary key whatever LIMIT
     -- the planner assumes, so the prepared statement's generic plan is good
     -- and PostgreSQL can stop planning the claim at every call
-    WHERE t.id = ANY(ARRAY(SELECT id FROM candidate EXCEPT SELECT id FROM refused))
+    -- (a candidate naming no limit is never judged: the claim of tasks
+    -- without limits runs none of the limits' steps)
+    WHERE t.id = ANY(ARRAY(SELECT c.id FROM candidate c
+                           WHERE c.limits IS NULL OR c.id NOT IN (SELECT r.id FROM refused r)))
     RETURNING t.*
 ), taken AS (
     -- LIMITS: the claimed tasks take their slots and tokens (rows held above)
@@ -359,6 +362,7 @@ WITH worker AS (
     FROM (SELECT d.key, sum(d.cost) AS cost FROM demand d WHERE d.id IN (SELECT id FROM claimed) GROUP BY d.key) u
     JOIN held h ON h.key = u.key
     WHERE l.key = u.key
+      AND EXISTS (SELECT 1 FROM claimed c WHERE c.limits IS NOT NULL)  -- else nothing to take, nothing run
 ), logged AS (
     INSERT INTO leaseq_events (task_id, type, generation, worker_id, detail)
     SELECT c.id, 'claimed', c.claim_generation, %(worker_id)s,
@@ -369,13 +373,14 @@ WITH worker AS (
     FROM claimed c
 )
 SELECT c.*, f.routing_due, f.worker_ok,
-       -- LIMITS: seconds until the emptiest rate bucket holds a token (NULL:
-       -- none is empty), so a worker refused by a rate does not poll blindly
-       (SELECT min((1 - least(l.burst, l.tokens + extract(epoch FROM now() - l.refilled_at)::float8 * l.per_second))
+       -- LIMITS: when nothing was claimed, seconds until the emptiest rate
+       -- bucket holds a token (NULL: none is empty), so a worker refused by a
+       -- rate does not poll blindly; not read at all when a task was claimed
+       CASE WHEN c.id IS NULL THEN (SELECT min((1 - least(l.burst, l.tokens + extract(epoch FROM now() - l.refilled_at)::float8 * l.per_second))
                    / l.per_second)
         FROM leaseq_limits l
         WHERE l.per_second IS NOT NULL
-          AND l.tokens + extract(epoch FROM now() - l.refilled_at)::float8 * l.per_second < 1) AS limit_wait
+          AND l.tokens + extract(epoch FROM now() - l.refilled_at)::float8 * l.per_second < 1) END AS limit_wait
 FROM flags f LEFT JOIN claimed c ON true;
 
 -- name: renew_leases
@@ -458,6 +463,7 @@ WITH done AS (
     SET running = greatest(0, l.running - CASE WHEN l.counts = 'units' THEN f.units ELSE f.tasks END)
     FROM freed f
     WHERE l.key = f.key AND l.key IN (SELECT key FROM held)
+      AND EXISTS (SELECT 1 FROM done WHERE limits IS NOT NULL)  -- else nothing to give back, nothing run
 ), logged AS (
     INSERT INTO leaseq_events (task_id, type, generation, worker_id, detail)
     SELECT d.id, 'completed', d.claim_generation, %(worker_id)s,
