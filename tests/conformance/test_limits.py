@@ -348,3 +348,61 @@ def test_the_async_queue_sets_reads_and_deletes_limits(dsn: str, q: leaseq.Queue
             await aq.close()
 
     asyncio.run(main())
+
+
+# -- a worker on a full limit ----------------------------------------------------------------
+
+class CountingQueue:
+    """The queue, counting the claims a worker sends through it."""
+
+    def __init__(self, q: leaseq.Queue):
+        self._q = q
+        self.capabilities = q.capabilities
+        self.claims = 0
+
+    def __getattr__(self, name: str):
+        return getattr(self._q, name)
+
+    def claim(self, *args, **kwargs):
+        self.claims += 1
+        return self._q.claim(*args, **kwargs)
+
+    async def aclaim(self, *args, **kwargs):
+        self.claims += 1
+        return await self._q.aclaim(*args, **kwargs)
+
+
+def test_a_worker_does_not_spin_on_a_full_limit(q: leaseq.Queue, dsn: str) -> None:
+    q.set_limit("one", max_running=1)
+    app = leaseq.App(queue=q)
+    gate = threading.Event()
+
+    @app.task("held", limits=["one"])
+    def held(ctx: leaseq.TaskContext, n: int) -> int:
+        assert gate.wait(30)
+        return n
+
+    for n in range(5):
+        held.enqueue(n=n)
+    counting = CountingQueue(q)
+    runtime = app.worker(transport=counting, concurrency=4)
+    thread = threading.Thread(target=lambda: asyncio.run(runtime.run()), daemon=True)
+    thread.start()
+    try:
+        deadline = time.monotonic() + 30
+        while live_leases(dsn, "one") < 1:
+            assert time.monotonic() < deadline, "the worker never claimed"
+            time.sleep(0.02)
+        before = counting.claims
+        time.sleep(2.0)  # one slot, held: the other four tasks wait
+        spent = counting.claims - before
+        assert live_leases(dsn, "one") == 1
+        assert spent <= 25, f"{spent} claims in 2 s on a full limit: the worker is spinning"
+    finally:
+        gate.set()
+        deadline = time.monotonic() + 60
+        while {t.status for t in q.list_tasks(limit=10)} != {"completed"} and time.monotonic() < deadline:
+            time.sleep(0.05)
+        runtime.stop()
+        thread.join(30)
+    assert {t.status for t in q.list_tasks(limit=10)} == {"completed"}

@@ -273,6 +273,11 @@ RETURNING t.id, t.status, t.claim_generation, t.open_effects, t.attempts, t.queu
 -- commit a lease that the revocation never saw. The worker row is locked
 -- before any task row (due is only read once worker_ok holds), as
 -- revoke_worker does, so the two never wait on each other in a cycle.
+-- LIMITS (the steps so marked): a candidate that names limits is handed out
+-- only if each has room for it; the claim takes its slots and tokens in the
+-- same statement. Task rows (skipped when locked, never waited on) come
+-- before limit rows (waited on, in key order), as in every statement that
+-- gives slots back, so no two of them wait on each other in a cycle.
 WITH worker AS (
     SELECT w.id FROM leaseq_workers w
     WHERE w.id = %(worker_id)s AND w.revoked_at IS NULL
