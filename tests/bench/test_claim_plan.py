@@ -111,8 +111,15 @@ def test_sqlite_claims_from_the_claimable_index(tmp_path, shape: str, analyze: b
         conn.execute(SQLITE_FILL, {"status": "queued", "n": queued})
         if analyze:
             conn.execute("ANALYZE")
-        plan = [row[3] for row in conn.execute("EXPLAIN QUERY PLAN " + load_queries("sqlite")["claim_batch"],
-                                               dict(CLAIM_PARAMS, worker_id=worker))]
+        rows = conn.execute("EXPLAIN QUERY PLAN " + load_queries("sqlite")["claim_batch"],
+                            dict(CLAIM_PARAMS, worker_id=worker)).fetchall()
+    # The limits' judgement sorts the candidates it judges (at most `limit` rows, in claim
+    # order for a running sum): not a read of the task table, so left out here.
+    judged = {row[0] for row in rows if row[3] == "CO-ROUTINE demand"}
+    for row in rows:
+        if row[1] in judged:
+            judged.add(row[0])
+    plan = [row[3] for row in rows if row[0] not in judged]
     candidate = [step for step in plan if "leaseq_tasks USING" in step and "INTEGER PRIMARY KEY" not in step]
     assert any("INDEX leaseq_tasks_claimable" in step for step in candidate), plan
     assert not [step for step in plan if "TEMP B-TREE" in step or step.startswith("SCAN leaseq_tasks")], plan
@@ -127,7 +134,10 @@ SAMPLE = dict(
     kind="noop", payload={}, effect="read_only", priority=0, idempotency_key="k", max_attempts=5,
     tasks=[{"payload": {}, "idempotency_key": "k"}],
 )
-WRITE_PARAMS = {q: {"lease_seconds": 30.0, "actions": None} for q in ("insert_task", "insert_tasks", "insert_fresh_tasks")}
+WRITE_PARAMS = {q: {"lease_seconds": 30.0, "actions": None, "limits": None, "units": 1}
+                for q in ("insert_task", "insert_tasks", "insert_fresh_tasks")}
+#: Tables a hot statement may read whole: one row per limit key, a handful.
+SMALL_TABLES = {"leaseq_limits"}
 
 
 def _scans(plan: dict[str, Any]) -> list[tuple[str, str]]:
@@ -160,7 +170,8 @@ def test_postgres_generic_plans_read_tasks_by_index(pg_schema_dsn: str, query: s
     worker = _pg_queue(pg_schema_dsn, 20_000, 20_000)
     plan = _generic_plan(pg_schema_dsn, query, dict(SAMPLE, worker_id=worker, **WRITE_PARAMS.get(query, {})))
     scans = _scans(plan)
-    assert not [s for s in scans if s[0] == "Seq Scan" and s[1].startswith("leaseq_")], (scans, json.dumps(plan))
+    assert not [s for s in scans if s[0] == "Seq Scan" and s[1].startswith("leaseq_") and s[1] not in SMALL_TABLES], \
+        (scans, json.dumps(plan))
     if query == "claim_batch":
         assert _queued_scans(plan) == [("leaseq_tasks_claimable", False)], json.dumps(plan, indent=1)[:6000]
         # the look for an expired lease reads the leases index in deadline order, no walk and sort

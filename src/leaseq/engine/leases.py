@@ -65,11 +65,15 @@ def claim(s: Settings, worker: Worker | str, *, queue: str = "default", limit: i
     # PostgreSQL's statement answers how long an empty rate bucket needs (every row says it)
     wait = found[0].get("limit_wait") if found else None
     if not claimed and not _settled(found):
-        # Slow path: route expired leases, then claim, in one transaction. The
-        # worker row first, as revoke_worker locks it: never a lock cycle with a revocation.
+        # Slow path: route expired leases, then claim. The worker row first, as
+        # revoke_worker locks it: never a lock cycle with a revocation. The
+        # routing commits before the claim: it gives limit slots back (locking
+        # their rows), and a claim must take limit rows only in key order.
         yield BEGIN
         yield from check_worker(wid, lock=True)
         yield from _route_expired(s)
+        yield COMMIT
+        yield BEGIN
         found = yield rows("claim_batch", route_first=False, **params)
         claimed = yield from _record_claims(s, wid, lease_seconds, found)
         wait = found[0].get("limit_wait") if found else None

@@ -243,7 +243,9 @@ SET status = 'running',
     last_heartbeat_at = NULL,
     longest_heartbeat_gap = 0,
     updated_at = (julianday('now') - 2440587.5) * 86400.0
-WHERE t.id IN (SELECT id FROM candidate EXCEPT SELECT id FROM refused)
+-- (a candidate naming no limit is never judged: the claim of tasks without
+-- limits runs none of the limits' steps)
+WHERE t.id IN (SELECT c.id FROM candidate c WHERE c.limits IS NULL OR c.id NOT IN (SELECT r.id FROM refused r))
 RETURNING *;
 
 -- name: renew_leases
