@@ -133,3 +133,6 @@ class MeteredTransport:
 
     def release(self, worker: Any, claim: Any, reason: str = "released") -> Any:
         return self._sync("release", self._transport.release, worker, claim, reason)
+
+    def retry(self, worker: Any, claim: Any, after: float = 0.0, reason: str = "retry requested") -> Any:
+        return self._sync("retry", self._transport.retry, worker, claim, after, reason)

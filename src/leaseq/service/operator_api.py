@@ -11,6 +11,7 @@ writes the audit entry in the action's own transaction.
 from __future__ import annotations
 
 import inspect
+from datetime import datetime
 from typing import Any, Literal
 
 from fastapi import APIRouter, Depends, Path, Query, Request
@@ -40,6 +41,9 @@ class EnqueueBody(Body):
     max_attempts: int = 5
     lease_seconds: float = policy.DEFAULT_LEASE_SECONDS
     actions: list[str] | None = None
+    timeout: float | None = None
+    #: an ISO 8601 time with its offset: the latest time the task may start
+    deadline: datetime | None = None
 
 
 class TokenBody(Body):
@@ -68,7 +72,7 @@ def enqueue(body: EnqueueBody, request: Request, principal: auth.Principal = Dep
     task = _queue(request).enqueue(body.kind, body.payload, effect=body.effect, queue=body.queue,
                                    idempotency_key=body.idempotency_key, priority=body.priority, delay=body.delay,
                                    max_attempts=body.max_attempts, lease_seconds=body.lease_seconds,
-                                   actions=body.actions)
+                                   actions=body.actions, timeout=body.timeout, deadline=body.deadline)
     request.app.state.work_signal.wake(task.queue)  # claims waiting in this process look at once
     return present_task(task, principal)
 
