@@ -113,7 +113,8 @@ class RetryPolicy:
             return self.cap
 
     def delay(self, attempt: int, rng: random.Random | None = None) -> float:
-        """Seconds to wait after failed attempt ``attempt``: within ``[c * (1 - jitter), c]``, ``c = ceiling(attempt)``."""
+        """Seconds to wait after failed attempt ``attempt``: within ``[c * (1 - jitter), c]``,
+        where ``c = ceiling(attempt)``."""
         c = self.ceiling(attempt)
         return c - self.jitter * c * (rng or random).random()
 
