@@ -132,6 +132,7 @@ def test_enqueue_writes_timeout_and_deadline(q: leaseq.Queue) -> None:
 @pytest.mark.parametrize("options, field", [
     ({"timeout": 0}, "timeout"), ({"timeout": -1}, "timeout"), ({"timeout": "1"}, "timeout"),
     ({"deadline": datetime(2030, 1, 1)}, "deadline"),  # no offset: ambiguous
+    ({"deadline": datetime(1, 1, 1, 0, 30, tzinfo=timezone(timedelta(hours=1)))}, "deadline"),  # out of range
     ({"deadline": "2030-01-01T00:00:00Z"}, "deadline"), ({"deadline": 60}, "deadline"),
     ({"deadline": timedelta(seconds=-5)}, "deadline"),
 ])

@@ -6,7 +6,7 @@ import json
 import secrets
 import time
 from collections.abc import Iterable, Sequence
-from datetime import datetime, timedelta
+from datetime import datetime, timedelta, timezone
 from typing import Any
 
 from ..core import checks
@@ -34,6 +34,9 @@ def fresh_keys(n: int) -> list[str]:
 
 #: The longest timeout of one attempt, and the farthest relative deadline: ten years.
 _LONGEST = 10 * 365 * 86400.0
+#: The range of absolute deadlines (every backend stores and reads these back).
+_EARLIEST = datetime(2000, 1, 1, tzinfo=timezone.utc)
+_LATEST = datetime(9000, 1, 1, tzinfo=timezone.utc)
 
 
 def check_budgets(timeout: float | None, deadline: datetime | timedelta | None) -> dict[str, Any]:
@@ -46,6 +49,9 @@ def check_budgets(timeout: float | None, deadline: datetime | timedelta | None) 
         if deadline.tzinfo is None or deadline.utcoffset() is None:
             raise InvalidInput("deadline", f"must be a timezone-aware time (got {deadline.isoformat()}, "
                                            "which has no offset)")
+        if not _EARLIEST <= deadline <= _LATEST:
+            raise InvalidInput("deadline", f"must be between {_EARLIEST.year} and {_LATEST.year} "
+                                           f"(got {deadline.isoformat()})")
         deadline_at = deadline
     elif isinstance(deadline, timedelta):
         deadline_in = checks.check_seconds("deadline", deadline.total_seconds(), allow_zero=True, maximum=_LONGEST)
