@@ -13,6 +13,7 @@ from .aio import AsyncQueue, connect_async
 from .app import App, TaskDefinition
 from .core.errors import (BackendUnavailable, ConfigError, CredentialMissing, InvalidInput, InvalidTransition,
                           LeaseLost, LeaseqError, NotFound, Permanent, QueuePaused, StaleToken, UnknownWorker)
+from .core.retry import Retry, RetryPolicy
 from .core.model import Claim, Claims, Effect, EffectKind, Event, Status, Task, Worker
 from .queue import Queue, connect
 from .worker.context import TaskContext
@@ -23,5 +24,6 @@ __all__ = [
     "App", "CredentialMissing", "Permanent", "TaskDefinition", "TaskContext",
     "AsyncQueue", "BackendUnavailable", "Claim", "Claims", "ConfigError", "Effect", "EffectKind", "Event",
     "InvalidInput", "InvalidTransition", "LeaseLost", "LeaseqError", "NotFound", "Queue", "QueuePaused",
+    "Retry", "RetryPolicy",
     "StaleToken", "Status", "Task", "UnknownWorker", "Worker", "connect", "connect_async",
 ]

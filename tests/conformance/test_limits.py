@@ -152,8 +152,8 @@ def test_changing_a_limit_recounts_the_leases_it_holds(q: leaseq.Queue) -> None:
 
 # -- the slot belongs to the lease -----------------------------------------------------------
 
-OUTCOMES = ["complete", "complete_many", "fail_retry", "fail_dead", "release", "cancel", "expiry", "revoke",
-            "reconcile"]
+OUTCOMES = ["complete", "complete_many", "fail_retry", "fail_dead", "retry", "release", "cancel", "expiry",
+            "revoke", "reconcile"]
 
 
 @pytest.mark.parametrize("outcome", OUTCOMES)
@@ -174,6 +174,8 @@ def test_the_slot_comes_back_with_each_outcome(q: leaseq.Queue, dsn: str, outcom
         assert q.fail(w, c, "boom", delay=60).status == "queued"
     elif outcome == "fail_dead":
         assert q.fail(w, c, "boom", retry=False).status == "dead"
+    elif outcome == "retry":
+        assert q.retry(w, c, 60, "the provider said 429").status == "queued"
     elif outcome == "release":
         q.release(w, c, "shutting down")
     elif outcome == "cancel":
