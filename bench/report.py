@@ -64,7 +64,7 @@ def markdown(summary: dict) -> str:
     def get(w: str, c: str, s: str, m: str) -> dict[str, float] | None:
         return summary.get((w, c, s), {}).get(m)
 
-    for workload, metric in (("enqueue", None), ("drain", "per_s"), ("evidence", "per_s")):
+    for workload, metric in (("enqueue", None), ("drain", "per_s"), ("evidence", "per_s"), ("limits", "per_s")):
         configs = _configs(summary, workload)
         if not configs:
             continue
