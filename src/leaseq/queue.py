@@ -193,17 +193,21 @@ class Queue:
     def enqueue(self, kind: str, payload: Any = None, *, effect: str = "read_only", queue: str = "default",
                 idempotency_key: str | None = None, priority: int = 0, delay: float = 0,
                 max_attempts: int = 5, lease_seconds: float = checks.DEFAULT_LEASE_SECONDS,
-                actions: Iterable[str] | None = None) -> Task:
+                actions: Iterable[str] | None = None, trace_context: str | None = None) -> Task:
         """Add a task. A second enqueue with the same ``idempotency_key`` in the
         same queue returns the existing task instead of a duplicate.
 
         ``actions`` lists the actions the task may begin (:meth:`begin_effect`
         refuses any other); None leaves them undeclared: any action for an
-        idempotent or side_effect task, none for a read_only one."""
+        idempotent or side_effect task, none for a read_only one.
+
+        ``trace_context`` is a W3C traceparent stored with the task, under
+        which the worker starts the task's spans; by default, with
+        OpenTelemetry tracing on, that of this enqueue's own span."""
         return self._run(engine.enqueue.enqueue(self.settings, kind, payload, effect=effect, queue=queue,
                                                 idempotency_key=idempotency_key, priority=priority, delay=delay,
                                                 max_attempts=max_attempts, lease_seconds=lease_seconds,
-                                                actions=actions))
+                                                actions=actions, trace_context=trace_context))
 
     def enqueue_many(self, kind: str, payloads: Iterable[Any], *, effect: str = "read_only",
                      queue: str = "default", idempotency_keys: Sequence[str | None] | None = None,

@@ -93,15 +93,18 @@ def test_version_7_widens_the_statuses_for_every_open_connection_and_keeps_the_t
             for mig in load_migrations(q.dialect)[:6]:
                 tx.script(mig.sql)
                 tx.rows("migrations_record", version=mig.version, name=mig.name)
-        task = q.enqueue("job", {"keep": True}, effect="side_effect")
+        with q.store.transaction() as tx:  # what a version-6 enqueue wrote (in version-6 columns)
+            tx.script("INSERT INTO leaseq_tasks (queue, kind, payload, effect, idempotency_key, max_attempts, "
+                      "lease_seconds) VALUES ('default', 'job', '{\"keep\": true}', 'side_effect', 'k-6', 5, 30.0)")
+            task = tx.row("get_task_by_key", queue="default", idempotency_key="k-6")
         w = q.register_worker("w")
         [claim] = q.claim(w)
         q.begin_effect(w, claim, "mail.send")
-        before = [e.type for e in q.events(task.id)]
+        before = [e.type for e in q.events(task["id"])]
         with other.store.transaction() as tx:  # this connection now holds the version-6 schema
-            assert tx.row("get_task", task_id=task.id)["status"] == "running"
+            assert tx.row("get_task", task_id=task["id"])["status"] == "running"
         assert q.migrate() == [v for v in _latest(q.dialect) if v > 6]
-        assert [e.type for e in q.events(task.id)] == before and q.get(task.id).status == "running"
+        assert [e.type for e in q.events(task["id"])] == before and q.get(task["id"]).status == "running"
         for status in ("waiting", "awaiting_approval", "denied", "expired"):
             extra = other.enqueue("job", {"s": status})
             with other.store.transaction() as tx:
@@ -109,4 +112,28 @@ def test_version_7_widens_the_statuses_for_every_open_connection_and_keeps_the_t
             assert q.get(extra.id).status == status
         with pytest.raises(Exception, match="(?i)check"):
             with other.store.transaction() as tx:
-                tx.script(f"UPDATE leaseq_tasks SET status = 'sleeping' WHERE id = {task.id}")
+                tx.script(f"UPDATE leaseq_tasks SET status = 'sleeping' WHERE id = {task['id']}")
+
+
+def test_version_8_adds_the_trace_context_and_old_tasks_carry_none(dsn: str) -> None:
+    """Version 8 stores the caller's trace context with a task. A task written
+    before it reads None, is claimed and completed as before, and a connection
+    opened before the upgrade stores the new column at once."""
+    traceparent = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"
+    with leaseq.connect(dsn) as q, leaseq.connect(dsn) as other:
+        with q.store.transaction() as tx:
+            tx.rows("migrations_create")
+            for mig in load_migrations(q.dialect)[:7]:
+                tx.script(mig.sql)
+                tx.rows("migrations_record", version=mig.version, name=mig.name)
+            tx.script("INSERT INTO leaseq_tasks (queue, kind, payload, effect, idempotency_key, max_attempts, "
+                      "lease_seconds) VALUES ('default', 'job', '{\"old\": true}', 'read_only', 'k-7', 5, 30.0)")
+        with other.store.transaction() as tx:  # this connection now holds the version-7 schema
+            assert "trace_context" not in tx.row("get_task_by_key", queue="default", idempotency_key="k-7")
+        assert q.migrate() == [v for v in _latest(q.dialect) if v > 7]
+        w = q.register_worker("w")
+        [claim] = q.claim(w)
+        assert claim.task.payload == {"old": True} and claim.task.trace_context is None
+        q.complete(w, claim, "done")
+        new = other.enqueue("job", {"new": True}, trace_context=traceparent)
+        assert q.get(new.id).trace_context == traceparent

@@ -82,6 +82,9 @@ class Task:
     updated_at: datetime | None = None
     #: the actions the task declared it may take (None: undeclared; see Queue.begin_effect)
     actions: list[str] | None = None
+    #: the W3C traceparent of the span that enqueued the task (None: the caller was not tracing);
+    #: the worker's spans for the task join that trace
+    trace_context: str | None = None
 
 
 @dataclass(frozen=True)

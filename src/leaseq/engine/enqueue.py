@@ -48,10 +48,12 @@ def _common(kind: str, effect: str, queue: str, priority: int, delay: float, max
 
 def enqueue(s: Settings, kind: str, payload: Any = None, *, effect: str = "read_only", queue: str = "default",
             idempotency_key: str | None = None, priority: int = 0, delay: float = 0, max_attempts: int = 5,
-            lease_seconds: float = checks.DEFAULT_LEASE_SECONDS, actions: Iterable[str] | None = None) -> Op[Task]:
+            lease_seconds: float = checks.DEFAULT_LEASE_SECONDS, actions: Iterable[str] | None = None,
+            trace_context: str | None = None) -> Op[Task]:
     """:meth:`leaseq.Queue.enqueue`."""
     effect = checks.check_effect(effect)
     params = dict(
+        trace_context=checks.check_trace_context("trace_context", trace_context),
         kind=checks.check_kind(kind),
         payload=checks.check_json("payload", payload),
         effect=effect,

@@ -68,7 +68,10 @@ def enqueue(body: EnqueueBody, request: Request, principal: auth.Principal = Dep
     task = _queue(request).enqueue(body.kind, body.payload, effect=body.effect, queue=body.queue,
                                    idempotency_key=body.idempotency_key, priority=body.priority, delay=body.delay,
                                    max_attempts=body.max_attempts, lease_seconds=body.lease_seconds,
-                                   actions=body.actions)
+                                   actions=body.actions,
+                                   # the caller's trace, which the task's spans join (an invalid header is
+                                   # ignored, as W3C Trace Context says a receiver must)
+                                   trace_context=policy.parse_traceparent(request.headers.get("traceparent")))
     request.app.state.work_signal.wake(task.queue)  # claims waiting in this process look at once
     return present_task(task, principal)
 

@@ -155,13 +155,14 @@ RETURNING t.id, t.claim_generation;
 -- same logical task; nothing comes back and the caller reads the existing
 -- row. The new row is the enqueue's evidence (list_events shows it as the
 -- "enqueued" entry). The statement also wakes listening workers at commit,
--- so an enqueue is one round trip.
+-- so an enqueue is one round trip. trace_context: the caller's W3C
+-- traceparent (NULL when it was not tracing).
 WITH added AS (
     INSERT INTO leaseq_tasks (queue, kind, payload, effect, priority, available_at,
-                              idempotency_key, max_attempts, lease_seconds, actions)
+                              idempotency_key, max_attempts, lease_seconds, actions, trace_context)
     VALUES (%(queue)s, %(kind)s, %(payload)s::jsonb, %(effect)s, %(priority)s,
             now() + %(delay)s::float8 * interval '1 second',
-            %(idempotency_key)s, %(max_attempts)s, %(lease_seconds)s, %(actions)s::jsonb)
+            %(idempotency_key)s, %(max_attempts)s, %(lease_seconds)s, %(actions)s::jsonb, %(trace_context)s::text)
     ON CONFLICT (queue, idempotency_key) DO NOTHING
     RETURNING *
 )

@@ -108,10 +108,10 @@ RETURNING id, claim_generation;
 -- The new row is the enqueue's evidence (see list_events); SQLite has no
 -- notifications to send.
 INSERT INTO leaseq_tasks (queue, kind, payload, effect, priority, available_at,
-                          idempotency_key, max_attempts, lease_seconds, actions)
+                          idempotency_key, max_attempts, lease_seconds, actions, trace_context)
 VALUES (:queue, :kind, :payload, :effect, :priority,
         (julianday('now') - 2440587.5) * 86400.0 + :delay,
-        :idempotency_key, :max_attempts, :lease_seconds, :actions)
+        :idempotency_key, :max_attempts, :lease_seconds, :actions, :trace_context)
 ON CONFLICT (queue, idempotency_key) DO NOTHING
 RETURNING *;
 
