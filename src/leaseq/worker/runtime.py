@@ -120,6 +120,9 @@ class WorkerRuntime:
         self.stats = WorkerStats()
         self.worker: Worker | None = None
         self.held: dict[tuple[int, int], TaskContext] = {}
+        #: the generations of each task held here (almost always one): finds an older
+        #: attempt of a reclaimed task without walking every held lease at each claim
+        self._generations: dict[int, set[int]] = {}
         self._tasks: dict[tuple[int, int], asyncio.Task] = {}
         #: tasks whose handler is running: what concurrency limits (a finished
         #: handler's lease stays held until its outcome is recorded)
@@ -401,10 +404,12 @@ class WorkerRuntime:
         ctx.renewed_at = sent  # the lease started no earlier than the claim was sent
         loop = self._loop
         ctx.on_lost = lambda c, reason: loop.call_soon_threadsafe(self._after_loss, c, reason)
-        for stale in [c for c in self.held.values() if c.task_id == claim.task_id and not c.loss_told]:
+        older = self._generations.setdefault(claim.task_id, set())
+        for stale in [self.held[(claim.task_id, g)] for g in older if not self.held[(claim.task_id, g)].loss_told]:
             # This worker reclaimed a task it had not yet seen lost: the older
             # attempt's lease is certainly gone.
             self._lose(stale, f"reclaimed under generation {claim.generation}")
+        older.add(claim.generation)
         self.held[ctx.key] = ctx
         self._handling.add(ctx.key)
         self.stats.claimed += 1
@@ -485,7 +490,12 @@ class WorkerRuntime:
             self._lose(ctx, ctx.lost_reason or "lease presumed lost")
         self.observe.finished(ctx)
         self._handling.discard(ctx.key)
-        self.held.pop(ctx.key, None)
+        if self.held.pop(ctx.key, None) is not None:
+            generations = self._generations.get(ctx.task_id)
+            if generations is not None:
+                generations.discard(ctx.generation)
+                if not generations:
+                    del self._generations[ctx.task_id]
         self._tasks.pop(ctx.key, None)
         self._wake.set()
         self._freed.set()
