@@ -126,6 +126,30 @@ class Effect:
 
 
 @dataclass(frozen=True)
+class Approval:
+    """The approval request of a task enqueued with ``approval="required"``, and its decision.
+
+    ``digest`` is what the approver is shown and must pass back (see
+    :func:`leaseq.approval_digest`); ``decision`` is None while undecided,
+    else ``"approved"`` or ``"denied"`` (also by the deadline: ``decided_via``
+    ``"deadline"``). ``task`` is the task as read with it, where the read
+    includes it (:meth:`leaseq.Queue.approvals`).
+    """
+
+    task_id: int
+    digest: str
+    requested_by: str
+    requested_at: datetime
+    deadline_at: datetime | None = None
+    decision: str | None = None
+    decided_by: str | None = None
+    decided_via: str | None = None
+    note: str | None = None
+    decided_at: datetime | None = None
+    task: Task | None = None
+
+
+@dataclass(frozen=True)
 class Event:
     """One entry of a task's evidence trail."""
 

@@ -593,6 +593,58 @@ ORDER BY queue, status;
 
 
 -- ============================================================================
+-- Approval gates (leaseq.engine.approvals)
+-- ============================================================================
+-- None of these is lease-backed: a gated task holds no lease until it is
+-- approved and claimed.
+
+-- name: hold_for_approval
+-- A task just inserted (in this transaction, so no worker has seen it yet)
+-- waits for an operator instead of the queue.
+UPDATE leaseq_tasks SET status = 'awaiting_approval', updated_at = now()
+WHERE id = %(task_id)s AND status = 'queued'
+RETURNING *;
+
+-- name: approval_request
+-- What the approver will be shown (its digest), who asked, and until when.
+INSERT INTO leaseq_approvals (task_id, digest, requested_by, deadline_at)
+VALUES (%(task_id)s, %(digest)s, %(requested_by)s,
+        CASE WHEN %(deadline)s::float8 IS NULL THEN NULL
+             ELSE now() + %(deadline)s::float8 * interval '1 second' END)
+RETURNING *;
+
+-- name: get_approval
+SELECT * FROM leaseq_approvals WHERE task_id = %(task_id)s;
+
+-- name: decide_approval
+-- One decision per request: a second decision (or a deadline racing an
+-- operator) finds the row decided and changes nothing.
+UPDATE leaseq_approvals
+SET decision = %(decision)s, decided_by = %(decided_by)s, decided_via = %(decided_via)s, note = %(note)s,
+    decided_at = now()
+WHERE task_id = %(task_id)s AND decision IS NULL
+RETURNING *;
+
+-- name: approvals_due
+-- Undecided requests whose deadline has passed, their tasks locked for the
+-- denial. SKIP LOCKED: an operator deciding one now keeps it.
+SELECT t.id FROM leaseq_approvals a JOIN leaseq_tasks t ON t.id = a.task_id
+WHERE a.decision IS NULL AND a.deadline_at <= now() AND t.status = 'awaiting_approval'
+ORDER BY a.deadline_at
+LIMIT %(limit)s
+FOR UPDATE OF t SKIP LOCKED;
+
+-- name: list_awaiting_approval
+-- The approvals inbox: each waiting task with its request, oldest first.
+SELECT t.*, a.digest AS approval_digest, a.requested_by AS approval_requested_by,
+       a.requested_at AS approval_requested_at, a.deadline_at AS approval_deadline_at
+FROM leaseq_tasks t JOIN leaseq_approvals a ON a.task_id = t.id
+WHERE t.status = 'awaiting_approval' AND a.decision IS NULL
+  AND (%(queue)s::text IS NULL OR t.queue = %(queue)s)
+ORDER BY t.id
+LIMIT %(limit)s;
+
+-- ============================================================================
 -- Service: tokens, access and retention
 -- ============================================================================
 -- Used by leaseq.auth (credentials, audit), Queue.prune and the service's

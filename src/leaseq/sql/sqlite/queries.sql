@@ -444,6 +444,50 @@ GROUP BY queue, status
 ORDER BY queue, status;
 
 
+
+-- ============================================================================
+-- Approval gates (leaseq.engine.approvals): see the PostgreSQL file.
+-- ============================================================================
+
+-- name: hold_for_approval
+UPDATE leaseq_tasks SET status = 'awaiting_approval', updated_at = (julianday('now') - 2440587.5) * 86400.0
+WHERE id = :task_id AND status = 'queued'
+RETURNING *;
+
+-- name: approval_request
+INSERT INTO leaseq_approvals (task_id, digest, requested_by, deadline_at)
+VALUES (:task_id, :digest, :requested_by,
+        CASE WHEN :deadline IS NULL THEN NULL
+             ELSE (julianday('now') - 2440587.5) * 86400.0 + :deadline END)
+RETURNING *;
+
+-- name: get_approval
+SELECT * FROM leaseq_approvals WHERE task_id = :task_id;
+
+-- name: decide_approval
+UPDATE leaseq_approvals
+SET decision = :decision, decided_by = :decided_by, decided_via = :decided_via, note = :note,
+    decided_at = (julianday('now') - 2440587.5) * 86400.0
+WHERE task_id = :task_id AND decision IS NULL
+RETURNING *;
+
+-- name: approvals_due
+-- The transaction holds SQLite's write lock: no operator decides meanwhile.
+SELECT t.id FROM leaseq_approvals a JOIN leaseq_tasks t ON t.id = a.task_id
+WHERE a.decision IS NULL AND a.deadline_at <= (julianday('now') - 2440587.5) * 86400.0
+  AND t.status = 'awaiting_approval'
+ORDER BY a.deadline_at
+LIMIT :limit;
+
+-- name: list_awaiting_approval
+SELECT t.*, a.digest AS approval_digest, a.requested_by AS approval_requested_by,
+       a.requested_at AS approval_requested_at, a.deadline_at AS approval_deadline_at
+FROM leaseq_tasks t JOIN leaseq_approvals a ON a.task_id = t.id
+WHERE t.status = 'awaiting_approval' AND a.decision IS NULL
+  AND (:queue IS NULL OR t.queue = :queue)
+ORDER BY t.id
+LIMIT :limit;
+
 -- ============================================================================
 -- Service: tokens, access and retention
 -- ============================================================================
