@@ -253,6 +253,14 @@ class RemoteQueue:
         _, path = self._worker_path(wid, claim, "effects", str(effect.id), "response")
         return effect_from(self._call("POST", path, {"generation": claim.generation, "response": response}))
 
+    def intend(self, worker: Worker | str, claim: Claim, kind: str, payload: Any = None, *, key: str,
+               **options: Any) -> Task:
+        """Record an intent for an executor under the lease; see :meth:`leaseq.Queue.intend`."""
+        _, path = self._worker_path(worker, claim, "intents")
+        body = {"generation": claim.generation, "kind": kind, "payload": payload, "key": key}
+        body.update({name: value for name, value in options.items() if value is not None})
+        return task_from(self._call("POST", path, body))
+
     def report_loss(self, worker: Worker | str, claim: Claim, reason: str) -> None:
         """Add the worker's own account of losing a lease to the evidence trail."""
         _, path = self._worker_path(worker, claim, "loss")

@@ -14,6 +14,7 @@ from rich.text import Text
 from ..core import policy
 from ..core.errors import InvalidInput
 from ..core.model import Task
+from ..engine.common import default_actor
 from ..queue import Queue
 from ..store.base import load_migrations, load_queries, parse_dsn
 from .render import effects_table, fmt_duration, make_console, status_text, task_details, task_table, timeline
@@ -108,11 +109,16 @@ def _key_conflict(task: Task, kind: str, document: Any, effect: str) -> dict[str
 @click.option("--max-attempts", type=int, default=5, show_default=True)
 @click.option("--lease-seconds", type=float, default=policy.DEFAULT_LEASE_SECONDS, show_default=True,
               help="Lease length a claim gets unless the worker asks for another.")
+@click.option("--approval-required", "approval", flag_value="required", default=None,
+              help="The task waits in awaiting_approval until an operator approves it (leaseq approve) "
+                   "or denies it.")
+@click.option("--approval-deadline", type=float, default=None, metavar="SECONDS",
+              help="With --approval-required: deny it if nobody decided within this many seconds.")
 @json_option
 @click.pass_context
 def enqueue(ctx: click.Context, kind: str, payload: str | None, queue: str, effect: str, key: str | None,
             priority: int, delay: float, at_text: str | None, max_attempts: int, lease_seconds: float,
-            as_json: bool) -> None:
+            approval: str | None, approval_deadline: float | None, as_json: bool) -> None:
     """Add a task of KIND to a queue.
 
     With --key, a task already holding that key in the queue is returned
@@ -129,7 +135,8 @@ def enqueue(ctx: click.Context, kind: str, payload: str | None, queue: str, effe
     before = q.now() if key is not None else None
     try:
         task = q.enqueue(kind, document, effect=effect, queue=queue, idempotency_key=key, priority=priority,
-                         delay=delay, max_attempts=max_attempts, lease_seconds=lease_seconds)
+                         delay=delay, max_attempts=max_attempts, lease_seconds=lease_seconds, approval=approval,
+                         approval_deadline=approval_deadline, by=f"cli:{default_actor()}")
     except InvalidInput as exc:
         if at is not None and exc.field == "delay":
             raise CliError("at", f"{at.isoformat()} is too far ahead: the delay {exc.problem}") from None

@@ -16,7 +16,7 @@ those, run in one transaction with the token check.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Literal
 
 from fastapi import APIRouter, Depends, Path, Request
 from pydantic import BaseModel, ConfigDict, Field, model_validator
@@ -104,6 +104,21 @@ class EffectBody(Body):
 class EffectResponseBody(Body):
     generation: int
     response: Any = None
+
+
+class IntentBody(Body):
+    generation: int
+    kind: str
+    payload: Any = None
+    key: str
+    queue: str = "default"
+    effect: str = "side_effect"
+    approval: Literal["required"] | None = None
+    approval_deadline: float | None = None
+    priority: int = 0
+    max_attempts: int = 5
+    lease_seconds: float = policy.DEFAULT_LEASE_SECONDS
+    actions: list[str] | None = None
 
 
 class LossBody(Body):
@@ -212,6 +227,21 @@ def finish_effect(body: EffectResponseBody, request: Request, task_id: int = Tas
         done = _refused(request, "finish_effect", _queue(request).finish_effect, worker_id,
                         _claim(worker_id, task_id, body.generation), effect, body.response)
     return to_json(done)
+
+
+@router.post("/workers/{worker_id}/tasks/{task_id}/intents", summary="Record an intent for an executor")
+def intend(body: IntentBody, request: Request, task_id: int = TaskId,
+           worker_id: str = acting_as("intend")) -> dict[str, Any]:
+    # The child's queue is not the calling token's to choose from among its own:
+    # an intent is written for an executor pool that the agent's token cannot
+    # claim from (claims are queue-scoped); the lease of the calling task and
+    # its declared actions (intend:<kind>) decide.
+    options = body.model_dump(exclude={"generation", "kind", "payload", "key"})
+    child = _refused(request, "intend", _queue(request).intend, worker_id,
+                     _claim(worker_id, task_id, body.generation), body.kind, body.payload, key=body.key, **options)
+    if child.status == "queued":
+        request.app.state.work_signal.wake(child.queue)
+    return to_json(child)
 
 
 @router.post("/workers/{worker_id}/tasks/{task_id}/loss", status_code=202,

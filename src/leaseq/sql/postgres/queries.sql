@@ -496,7 +496,7 @@ RETURNING id, action, idempotency_key, generation;
 -- holder's next guarded call fail; expiry never revives a cancelled task.
 UPDATE leaseq_tasks
 SET status = 'cancelled', last_error = %(reason)s, lease_owner = NULL, lease_expires_at = NULL, updated_at = now()
-WHERE id = %(task_id)s AND status NOT IN ('completed', 'cancelled')
+WHERE id = %(task_id)s AND status NOT IN ('completed', 'cancelled', 'denied')
 RETURNING id, status, claim_generation;
 
 -- name: set_task_status

@@ -354,7 +354,7 @@ RETURNING id, action, idempotency_key, generation;
 UPDATE leaseq_tasks
 SET status = 'cancelled', last_error = :reason, lease_owner = NULL, lease_expires_at = NULL,
     updated_at = (julianday('now') - 2440587.5) * 86400.0
-WHERE id = :task_id AND status NOT IN ('completed', 'cancelled')
+WHERE id = :task_id AND status NOT IN ('completed', 'cancelled', 'denied')
 RETURNING id, status, claim_generation;
 
 -- name: set_task_status
