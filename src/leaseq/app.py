@@ -25,6 +25,7 @@ from typing import Any, Concatenate, Generic, ParamSpec, TypeVar
 from .core import policy
 from .core.errors import InvalidInput
 from .core.model import Task
+from .engine.approvals import check_approval
 from .queue import Queue, _check_actions, connect
 from .schedules import Schedule
 from .signature import bind_payload, check_handler
@@ -58,6 +59,10 @@ class TaskDefinition(Generic[P, R]):
     priority: int
     #: the actions its tasks may begin (None: undeclared; see Queue.enqueue)
     actions: list[str] | None = None
+    #: "required": its tasks wait for an operator's approval (see Queue.enqueue)
+    approval: str | None = None
+    #: seconds an approval request waits before it is denied (None: no deadline)
+    approval_deadline: float | None = None
     #: enqueue options bound by :meth:`options`
     bound: dict[str, Any] = field(default_factory=dict)
 
@@ -93,7 +98,8 @@ class TaskDefinition(Generic[P, R]):
                                       idempotency_key=options.get("key"), delay=options.get("delay", 0),
                                       priority=self.priority if priority is None else priority,
                                       max_attempts=self.max_attempts, lease_seconds=self.lease_seconds,
-                                      actions=self.actions)
+                                      actions=self.actions, approval=self.approval,
+                                      approval_deadline=self.approval_deadline)
 
     async def enqueue_async(self, *args: P.args, **kwargs: P.kwargs) -> Task:
         """:meth:`enqueue` for asyncio code."""
@@ -141,14 +147,19 @@ class App:
 
     def task(self, kind: str | None = None, *, effect: str = "read_only", queue: str = "default",
              lease_seconds: float = policy.DEFAULT_LEASE_SECONDS, max_attempts: int = 5,
-             priority: int = 0, actions: list[str] | None = None,
+             priority: int = 0, actions: list[str] | None = None, approval: str | None = None,
+             approval_deadline: float | None = None,
              ) -> Callable[[Callable[Concatenate[Any, P], R]], TaskDefinition[P, R]]:
         """Decorator declaring a handler ``fn(ctx, **payload)``, sync or async.
 
         ``actions`` lists the effects (``ctx.effect(action)``) its tasks may
         begin; the queue refuses any other. Undeclared (None): any action for
-        an idempotent or side_effect task, none for a read_only one."""
+        an idempotent or side_effect task, none for a read_only one.
+        ``approval="required"``: each task enqueued through the definition
+        waits in ``awaiting_approval`` until an operator approves it, denied
+        after ``approval_deadline`` seconds if given (see :meth:`Queue.enqueue`)."""
         declared = None if actions is None else json.loads(_check_actions(actions, policy.check_effect(effect)))
+        approval, approval_deadline = check_approval(approval, approval_deadline)
 
         def register(fn: Callable[Concatenate[Any, P], R]) -> TaskDefinition[P, R]:
             name = policy.check_kind(kind or f"{fn.__module__}.{fn.__qualname__}")
@@ -159,7 +170,8 @@ class App:
                 app=self, kind=name, fn=fn, effect=policy.check_effect(effect), queue=policy.check_name("queue", queue),
                 lease_seconds=policy.check_seconds("lease_seconds", lease_seconds, allow_zero=False),
                 max_attempts=policy.check_int("max_attempts", max_attempts, minimum=1),
-                priority=policy.check_int("priority", priority), actions=declared)
+                priority=policy.check_int("priority", priority), actions=declared, approval=approval,
+                approval_deadline=approval_deadline)
             self.registry.add(definition)
             return definition
 
