@@ -263,6 +263,20 @@ def authorize(principal: Principal, action: str, *, queue: str | None = None, wo
     return spec
 
 
+def authorize_intent(principal: Principal, queue: str, approval: str | None) -> None:
+    """Allow ``principal`` (already allowed ``intend`` for its worker) to record an intent on ``queue``.
+
+    An intent is written for an executor pool on a queue of its own, which
+    the calling token should not be able to claim from. A token limited to
+    some queues may record intents on other queues only approval-gated: a
+    person decides before anything runs there. Within its queues, or for an
+    unlimited token, any intent is allowed.
+    """
+    if approval != "required" and not principal.may_use_queue(queue):
+        raise AccessDenied(f"this token may record an intent on queue {queue!r}, outside its queues, only with "
+                           "approval='required'")
+
+
 def perform(q: Queue, principal: Principal, action: str, target: Any, *, via: str | None = None,
             **params: Any) -> Any:
     """Authorize and take an operator action; returns what its Queue method returns.

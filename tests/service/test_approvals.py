@@ -99,13 +99,21 @@ def test_intents_over_the_worker_api(svc: Service) -> None:
                          approval="required")
     assert (child.status, child.queue, child.idempotency_key) == ("awaiting_approval", "payments",
                                                                   "ticket-1/intent/refund")
-    assert agent.intend(w, c, "payments.refund", {"order": 7}, key="refund", queue="payments").id == child.id
+    assert agent.intend(w, c, "payments.refund", {"order": 7}, key="refund", queue="payments",
+                        approval="required").id == child.id
     with pytest.raises(leaseq.auth.AccessDenied):  # the agent's token cannot claim its own intents
         agent.claim(w, queue="payments")
+    before = snapshot(svc.dsn)
+    with pytest.raises(leaseq.auth.AccessDenied, match="approval"):  # outside its queues: only gated
+        agent.intend(w, c, "payments.refund", {"order": 8}, key="ungated", queue="payments")
+    assert snapshot(svc.dsn) == before
+    inside = agent.intend(w, c, "agent.note", {"n": 1}, key="note", queue="agents")
+    assert inside.status == "queued"
     agent.complete(w, c, {"proposed": child.id})
     with pytest.raises(leaseq.LeaseLost):
-        agent.intend(w, c, "payments.refund", {"order": 9}, key="late", queue="payments")
+        agent.intend(w, c, "payments.refund", {"order": 9}, key="late", queue="payments", approval="required")
     assert [t.id for t in svc.q.list_tasks(queue="payments")] == [child.id]
+    assert svc.q.get(c.task_id).status == "completed"
 
 
 @needs_browser

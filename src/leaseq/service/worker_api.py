@@ -230,12 +230,13 @@ def finish_effect(body: EffectResponseBody, request: Request, task_id: int = Tas
 
 
 @router.post("/workers/{worker_id}/tasks/{task_id}/intents", summary="Record an intent for an executor")
-def intend(body: IntentBody, request: Request, task_id: int = TaskId,
-           worker_id: str = acting_as("intend")) -> dict[str, Any]:
-    # The child's queue is not the calling token's to choose from among its own:
-    # an intent is written for an executor pool that the agent's token cannot
-    # claim from (claims are queue-scoped); the lease of the calling task and
-    # its declared actions (intend:<kind>) decide.
+def intend(body: IntentBody, request: Request, task_id: int = TaskId, worker_id: str = acting_as("intend"),
+           principal: auth.Principal = Depends(api_principal)) -> dict[str, Any]:
+    # An intent is written for an executor pool whose queue the agent's token
+    # cannot claim from; outside its own queues only approval-gated. The lease
+    # of the calling task and its declared actions (intend:<kind>) decide the rest.
+    policy.check_name("queue", body.queue)
+    authz.authorize_intent(principal, body.queue, body.approval)
     options = body.model_dump(exclude={"generation", "kind", "payload", "key"})
     child = _refused(request, "intend", _queue(request).intend, worker_id,
                      _claim(worker_id, task_id, body.generation), body.kind, body.payload, key=body.key, **options)
