@@ -13,6 +13,7 @@ from .aio import AsyncQueue, connect_async
 from .app import App, TaskDefinition
 from .core.errors import (ApprovalMismatch, BackendUnavailable, ConfigError, CredentialMissing, InvalidInput, InvalidTransition,
                           LeaseLost, LeaseqError, NotFound, Permanent, QueuePaused, StaleToken, UnknownWorker)
+from .core.retry import Retry, RetryPolicy
 from .core.model import Approval, Claim, Effect, EffectKind, Event, Status, Task, Worker
 from .engine.approvals import approval_digest
 from .queue import Queue, connect
@@ -24,5 +25,6 @@ __all__ = [
     "App", "Approval", "ApprovalMismatch", "approval_digest", "CredentialMissing", "Permanent", "TaskDefinition", "TaskContext",
     "AsyncQueue", "BackendUnavailable", "Claim", "ConfigError", "Effect", "EffectKind", "Event",
     "InvalidInput", "InvalidTransition", "LeaseLost", "LeaseqError", "NotFound", "Queue", "QueuePaused",
+    "Retry", "RetryPolicy",
     "StaleToken", "Status", "Task", "UnknownWorker", "Worker", "connect", "connect_async",
 ]

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Iterable, Sequence
-from datetime import datetime
+from datetime import datetime, timedelta
 from typing import Any
 
 from . import engine
@@ -71,27 +71,29 @@ class AsyncQueue:
     async def enqueue(self, kind: str, payload: Any = None, *, effect: str = "read_only", queue: str = "default",
                       idempotency_key: str | None = None, priority: int = 0, delay: float = 0,
                       max_attempts: int = 5, lease_seconds: float = checks.DEFAULT_LEASE_SECONDS,
-                      actions: Iterable[str] | None = None, approval: str | None = None,
+                      actions: Iterable[str] | None = None, timeout: float | None = None,
+                      deadline: datetime | timedelta | None = None, approval: str | None = None,
                       approval_deadline: float | None = None, by: str | None = None) -> Task:
         """:meth:`Queue.enqueue`, awaited."""
         return await self._arun(engine.enqueue.enqueue(self.settings, kind, payload, effect=effect, queue=queue,
                                                        idempotency_key=idempotency_key, priority=priority,
                                                        delay=delay, max_attempts=max_attempts,
                                                        lease_seconds=lease_seconds, actions=actions,
-                                                       approval=approval, approval_deadline=approval_deadline,
-                                                       by=by))
+                                                       timeout=timeout, deadline=deadline, approval=approval,
+                                                       approval_deadline=approval_deadline, by=by))
 
     async def enqueue_many(self, kind: str, payloads: Iterable[Any], *, effect: str = "read_only",
                            queue: str = "default", idempotency_keys: Sequence[str | None] | None = None,
                            priority: int = 0, delay: float = 0, max_attempts: int = 5,
                            lease_seconds: float = checks.DEFAULT_LEASE_SECONDS,
-                           actions: Iterable[str] | None = None) -> list[int]:
+                           actions: Iterable[str] | None = None, timeout: float | None = None,
+                     deadline: datetime | timedelta | None = None) -> list[int]:
         """:meth:`Queue.enqueue_many`, awaited."""
         return await self._arun(engine.enqueue.enqueue_many(self.settings, kind, payloads, effect=effect,
                                                             queue=queue, idempotency_keys=idempotency_keys,
                                                             priority=priority, delay=delay,
                                                             max_attempts=max_attempts, lease_seconds=lease_seconds,
-                                                            actions=actions))
+                                                            actions=actions, timeout=timeout, deadline=deadline))
 
     async def claim(self, worker: Worker | str, *, queue: str = "default", limit: int = 1,
                     lease_seconds: float | None = None, kinds: Iterable[str] | None = None) -> list[Claim]:
@@ -120,6 +122,11 @@ class AsyncQueue:
         """:meth:`Queue.fail`, awaited."""
         return await self._arun(engine.leases.fail(self.settings, worker, claim, error, retry=retry, block=block,
                                                    delay=delay))
+
+    async def retry(self, worker: Worker | str, claim: Claim, after: float = 0.0,
+                    reason: str = "retry requested") -> Task:
+        """:meth:`Queue.retry`, awaited."""
+        return await self._arun(engine.leases.retry(self.settings, worker, claim, after, reason))
 
     async def release(self, worker: Worker | str, claim: Claim, reason: str = "released") -> Task:
         """:meth:`Queue.release`, awaited."""

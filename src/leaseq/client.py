@@ -198,6 +198,13 @@ class RemoteQueue:
         return task_from(self._call("POST", path, {"generation": claim.generation, "error": error, "retry": retry,
                                                    "block": block, "delay": delay}))
 
+    def retry(self, worker: Worker | str, claim: Claim, after: float = 0.0, reason: str = "retry requested") -> Task:
+        """End the attempt on request, to run again ``after`` seconds later; see :meth:`leaseq.Queue.retry`
+        (sent as a fail with ``retry_after``)."""
+        _, path = self._worker_path(worker, claim, "fail")
+        return task_from(self._call("POST", path, {"generation": claim.generation, "error": reason,
+                                                   "retry_after": after}))
+
     def complete_many(self, worker: Worker | str, done: Sequence[tuple[Claim, Any]]) -> set[int]:
         """Finish many tasks in one request (one guarded statement on the service's side).
 

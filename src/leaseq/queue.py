@@ -14,13 +14,14 @@ import copy
 import os
 import warnings
 from collections.abc import Iterable, Iterator, Sequence
-from datetime import datetime
+from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any
 
 from . import engine
 from .core import checks
 from .core.errors import InvalidInput, LeaseLost
 from .core.model import Approval, Claim, Effect, Event, Task, Worker
+from .core.retry import DEFAULT_MAX_SNOOZES
 from .engine.common import EVIDENCE_LEVELS, ROUTINE_EVENTS, Settings
 from .engine.enqueue import ENQUEUE_CHUNK
 from .engine.effects import check_actions as _check_actions  # noqa: F401 - leaseq.app imports it
@@ -47,17 +48,20 @@ class Queue:
     """
 
     def __init__(self, store: Store, *, max_same_error: int = checks.DEFAULT_MAX_SAME_ERROR,
-                 signer: ActionSigner | None = None, action_token_ttl: float = 300.0, evidence: str = "full"):
+                 signer: ActionSigner | None = None, action_token_ttl: float = 300.0, evidence: str = "full",
+                 max_snoozes: int = DEFAULT_MAX_SNOOZES):
         self.store = store
         if evidence not in EVIDENCE_LEVELS:
             raise InvalidInput("evidence", f"must be one of {', '.join(EVIDENCE_LEVELS)} (got {evidence!r})")
         #: what every operation reads: the evidence level ("full": every event
         #: carries its detail; "compact": the routine claimed/completed events
         #: keep only task, type, generation, worker and time), the same-error
-        #: limit, the action-token signer and the backend's capabilities
+        #: limit, the limit of retries on request (max_snoozes), the action-token signer and the backend's
+        #: capabilities
         self.settings = Settings(
             backend=store.capabilities, evidence=evidence,
             max_same_error=checks.check_int("max_same_error", max_same_error, minimum=1),
+            max_snoozes=checks.check_int("max_snoozes", max_snoozes, minimum=0, maximum=1_000_000),
             signer=signer,
             action_token_ttl=checks.check_seconds("action_token_ttl", action_token_ttl, allow_zero=False))
         backend = store.capabilities
@@ -85,6 +89,11 @@ class Queue:
     def max_same_error(self) -> int:
         """Failures in a row with the same error that send a task to ``dead``."""
         return self.settings.max_same_error
+
+    @property
+    def max_snoozes(self) -> int:
+        """Retries on request (:class:`leaseq.Retry`) a task may make before the next counts as a failure."""
+        return self.settings.max_snoozes
 
     @property
     def signer(self) -> ActionSigner | None:
@@ -193,7 +202,8 @@ class Queue:
     def enqueue(self, kind: str, payload: Any = None, *, effect: str = "read_only", queue: str = "default",
                 idempotency_key: str | None = None, priority: int = 0, delay: float = 0,
                 max_attempts: int = 5, lease_seconds: float = checks.DEFAULT_LEASE_SECONDS,
-                actions: Iterable[str] | None = None, approval: str | None = None,
+                actions: Iterable[str] | None = None, timeout: float | None = None,
+                deadline: datetime | timedelta | None = None, approval: str | None = None,
                 approval_deadline: float | None = None, by: str | None = None) -> Task:
         """Add a task. A second enqueue with the same ``idempotency_key`` in the
         same queue returns the existing task instead of a duplicate.
@@ -201,6 +211,13 @@ class Queue:
         ``actions`` lists the actions the task may begin (:meth:`begin_effect`
         refuses any other); None leaves them undeclared: any action for an
         idempotent or side_effect task, none for a read_only one.
+
+        ``timeout``: seconds one attempt may run; the worker cancels an attempt
+        that runs longer and gives its lease up with reason ``timeout`` (the
+        recovery policy routes the task). ``deadline``: the latest time the
+        task may start, a timezone-aware datetime or a timedelta from now (by
+        the database's clock); claims skip it once that has passed, and the
+        sweep ends it ``expired`` with a ``deadline_passed`` event.
 
         ``approval="required"``: the task waits in ``awaiting_approval``,
         holding no lease, until an operator approves it (:meth:`approve`) or
@@ -210,14 +227,15 @@ class Queue:
         return self._run(engine.enqueue.enqueue(self.settings, kind, payload, effect=effect, queue=queue,
                                                 idempotency_key=idempotency_key, priority=priority, delay=delay,
                                                 max_attempts=max_attempts, lease_seconds=lease_seconds,
-                                                actions=actions, approval=approval,
-                                                approval_deadline=approval_deadline, by=by))
+                                                actions=actions, timeout=timeout, deadline=deadline,
+                                                approval=approval, approval_deadline=approval_deadline, by=by))
 
     def enqueue_many(self, kind: str, payloads: Iterable[Any], *, effect: str = "read_only",
                      queue: str = "default", idempotency_keys: Sequence[str | None] | None = None,
                      priority: int = 0, delay: float = 0, max_attempts: int = 5,
                      lease_seconds: float = checks.DEFAULT_LEASE_SECONDS,
-                     actions: Iterable[str] | None = None) -> list[int]:
+                     actions: Iterable[str] | None = None, timeout: float | None = None,
+                     deadline: datetime | timedelta | None = None) -> list[int]:
         """Add many tasks of one ``kind`` at once; returns their ids, in order.
 
         The options are those of :meth:`enqueue`, shared by every task.
@@ -229,7 +247,8 @@ class Queue:
         return self._run(engine.enqueue.enqueue_many(self.settings, kind, payloads, effect=effect, queue=queue,
                                                      idempotency_keys=idempotency_keys, priority=priority,
                                                      delay=delay, max_attempts=max_attempts,
-                                                     lease_seconds=lease_seconds, actions=actions))
+                                                     lease_seconds=lease_seconds, actions=actions,
+                                                     timeout=timeout, deadline=deadline))
 
     def claim(self, worker: Worker | str, *, queue: str = "default", limit: int = 1,
               lease_seconds: float | None = None, kinds: Iterable[str] | None = None) -> list[Claim]:
@@ -284,6 +303,19 @@ class Queue:
         """
         return self._run(engine.leases.fail(self.settings, worker, claim, error, retry=retry, block=block,
                                             delay=delay))
+
+    def retry(self, worker: Worker | str, claim: Claim, after: float = 0.0, reason: str = "retry requested") -> Task:
+        """End the attempt on request: run the task again ``after`` seconds from now (the database's clock).
+
+        Not a failure (what a handler's :class:`leaseq.Retry` sends): the attempt
+        is given back, the same-error streak is left alone, and a
+        ``retry_requested`` event records ``reason``. Each request counts in
+        ``snoozes``; past the queue's ``max_snoozes`` it is recorded as a
+        failure instead. A side-effect task with an open intent goes to
+        ``needs_reconciliation``. Guarded by the lease: raises
+        :class:`LeaseLost` without authority.
+        """
+        return self._run(engine.leases.retry(self.settings, worker, claim, after, reason))
 
     def release(self, worker: Worker | str, claim: Claim, reason: str = "released") -> Task:
         """Give a lease back early (worker shutdown).
@@ -504,9 +536,12 @@ def connect(dsn: str | None = None, **options: Any) -> Queue:
     ``signer`` (an :class:`leaseq.fencing.ActionSigner`) makes every effect
     carry a signed action token; by default one is built from
     ``$LEASEQ_ACTION_KEYS`` when that is set. ``evidence="compact"`` keeps the
-    routine events' detail out of the trail (see :class:`Queue`). Other options
+    routine events' detail out of the trail (see :class:`Queue`). ``max_snoozes``
+    (default 100) bounds the retries on request (:class:`leaseq.Retry`) of
+    one task; ``max_same_error`` the same error in a row. Other options
     go to the backend (e.g. ``max_size`` of the PostgreSQL pool)."""
-    settings = {name: options.pop(name) for name in ("max_same_error", "signer", "action_token_ttl", "evidence")
+    settings = {name: options.pop(name) for name in ("max_same_error", "max_snoozes", "signer", "action_token_ttl",
+                                                   "evidence")
                 if name in options}
     if "signer" not in settings and os.environ.get("LEASEQ_ACTION_KEYS"):
         # Imported here: the fencing kit pulls in the ASGI stack, which most

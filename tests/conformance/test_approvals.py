@@ -234,6 +234,6 @@ def test_intents_follow_the_declared_actions(q: leaseq.Queue, dsn: str) -> None:
     assert q.intend(w, c2, "mail.send", {}, key="m", queue="mail").kind == "mail.send"
 
 
-def test_migration_8_is_the_approvals_table(q: leaseq.Queue) -> None:
+def test_a_migration_makes_the_approvals_table(q: leaseq.Queue) -> None:
     names = [m.name for m in load_migrations(q.dialect)]
     assert "approvals" in names

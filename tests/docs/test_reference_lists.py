@@ -12,6 +12,7 @@ from __future__ import annotations
 import ast
 import re
 import time
+from datetime import timedelta
 from pathlib import Path
 
 import leaseq
@@ -78,6 +79,9 @@ def event_types_of_a_run(tmp_path: Path) -> set[str]:
     q.report_loss(w, claim, "heartbeat refused")                       # lease_lost
     q.reconcile(ids[-1], "cancel", "checked")                          # reconciled
     q.release(w, take(), "shutdown")                                   # lease_released
+    q.retry(w, take(), after=0, reason="429")                          # retry_requested
+    ids.append(q.enqueue("k", {"n": "late"}, queue="late", deadline=timedelta(0)).id)
+    q.sweep()                                                          # deadline_passed
     take()
     q.revoke_worker(w)                                                 # lease_revoked
     w2 = q.register_worker("w2")

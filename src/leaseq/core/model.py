@@ -82,6 +82,12 @@ class Task:
     updated_at: datetime | None = None
     #: the actions the task declared it may take (None: undeclared; see Queue.begin_effect)
     actions: list[str] | None = None
+    #: how long one attempt may run, in seconds (None: as long as its lease is renewed)
+    timeout_seconds: float | None = None
+    #: the latest time the task may start (None: no deadline); past it, it ends ``expired``
+    deadline_at: datetime | None = None
+    #: how many times a handler asked to run it later (:class:`leaseq.Retry`)
+    snoozes: int = 0
 
 
 @dataclass(frozen=True)

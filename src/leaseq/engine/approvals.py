@@ -9,7 +9,7 @@ deadline. :func:`approve` moves it to ``queued`` and :func:`deny` to
 the evidence trail and the audit log, in one transaction. An approval names
 the digest the approver saw and is refused (:class:`ApprovalMismatch`) if
 it is not the task's; the database refuses any later change of a gated
-task's kind, payload or queue (a trigger of migration 8), so an approved
+task's kind, payload or queue (a trigger of migration 9), so an approved
 task runs exactly what was approved. :func:`expire_approvals` denies the
 requests whose deadline passed unanswered.
 """
@@ -114,7 +114,7 @@ def approve(s: Settings, task_id: int, digest: str, note: str | None = None, *, 
     current = digest_of(before)
     if not hmac.compare_digest(digest, current):
         raise ApprovalMismatch(task_id, digest, current)
-    if not hmac.compare_digest(req["digest"], current):  # never, while the trigger of migration 8 stands
+    if not hmac.compare_digest(req["digest"], current):  # never, while the trigger of migration 9 stands
         raise ApprovalMismatch(task_id, digest, req["digest"])
     yield one("decide_approval", task_id=task_id, decision="approved", decided_by=by, decided_via=via, note=note)
     yield one("set_task_status", task_id=task_id, from_status=Status.AWAITING_APPROVAL.value,

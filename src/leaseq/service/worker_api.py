@@ -24,7 +24,7 @@ from pydantic_core import PydanticCustomError
 
 from .. import auth, authz
 from ..core import policy
-from ..core.errors import LeaseLost, NotFound
+from ..core.errors import InvalidInput, LeaseLost, NotFound
 from ..core.model import Claim, Effect, Task
 from ..queue import Queue
 from .access import WORKER_ID_PATTERN, api_principal, in_one_transaction, need
@@ -87,6 +87,8 @@ class FailBody(Body):
     retry: bool = True
     block: bool = False
     delay: float | None = None
+    #: seconds: not a failure but a retry on request (leaseq.Retry), ``error`` its reason
+    retry_after: float | None = None
 
 
 class ReleaseBody(Body):
@@ -179,7 +181,8 @@ def complete(body: CompleteBody, request: Request, task_id: int = TaskId, worker
     return {"completed": True, "task_id": task_id}
 
 
-@router.post("/workers/{worker_id}/tasks/{task_id}/fail", summary="End the attempt with an error")
+@router.post("/workers/{worker_id}/tasks/{task_id}/fail",
+             summary="End the attempt with an error, or (retry_after) ask to run it again later")
 def fail(body: FailBody, request: Request, task_id: int = TaskId, worker_id: str = WorkerId) -> dict[str, Any]:
     policy.check_int("generation", body.generation, minimum=0, maximum=2**63 - 1)
 
@@ -188,8 +191,13 @@ def fail(body: FailBody, request: Request, task_id: int = TaskId, worker_id: str
             task = view.get(task_id)  # fail() reads attempts from the claim's task for its backoff
         except NotFound:
             raise LeaseLost(task_id, body.generation, "fail refused: lease no longer held") from None
-        return view.fail(worker_id, _claim(worker_id, task_id, body.generation, task), body.error,
-                         retry=body.retry, block=body.block, delay=body.delay)
+        claim = _claim(worker_id, task_id, body.generation, task)
+        if body.retry_after is not None:  # Queue.retry: the attempt ends on request, not as a failure
+            if body.block or not body.retry or body.delay is not None:
+                raise InvalidInput("retry_after", "asks for a retry on request: not with block, retry=false "
+                                                  "or delay")
+            return view.retry(worker_id, claim, body.retry_after, body.error)
+        return view.fail(worker_id, claim, body.error, retry=body.retry, block=body.block, delay=body.delay)
 
     return to_json(_refused(request, "fail", in_one_transaction, request, "fail", worker_id, operation))
 

@@ -1,4 +1,4 @@
--- leaseq schema, version 8, PostgreSQL: approval gates.
+-- leaseq schema, version 9, PostgreSQL: approval gates.
 --
 -- A task enqueued with approval="required" waits in 'awaiting_approval'
 -- (holding no lease) until an operator approves it (then 'queued') or denies

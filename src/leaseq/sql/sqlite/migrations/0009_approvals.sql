@@ -1,4 +1,4 @@
--- leaseq schema, version 8, SQLite: approval gates.
+-- leaseq schema, version 9, SQLite: approval gates.
 -- Same contract as the PostgreSQL migration; times are REAL Unix seconds.
 
 CREATE TABLE leaseq_approvals (
