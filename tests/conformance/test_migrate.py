@@ -93,18 +93,29 @@ def test_version_7_widens_the_statuses_for_every_open_connection_and_keeps_the_t
             for mig in load_migrations(q.dialect)[:6]:
                 tx.script(mig.sql)
                 tx.rows("migrations_record", version=mig.version, name=mig.name)
-        with q.store.transaction() as tx:  # what a version-6 enqueue wrote (in version-6 columns)
-            tx.script("INSERT INTO leaseq_tasks (queue, kind, payload, effect, idempotency_key, max_attempts, "
-                      "lease_seconds) VALUES ('default', 'job', '{\"keep\": true}', 'side_effect', 'k-6', 5, 30.0)")
-            task = tx.row("get_task_by_key", queue="default", idempotency_key="k-6")
-        w = q.register_worker("w")
-        [claim] = q.claim(w)
-        q.begin_effect(w, claim, "mail.send")
-        before = [e.type for e in q.events(task["id"])]
+            # a running side-effect task with its claim and an open intent, as version 6 wrote them
+            # (written directly: today's statements name columns of later versions)
+            now = "now()" if q.dialect == "postgres" else "(julianday('now') - 2440587.5) * 86400.0"
+            later = f"{now} + interval '60 seconds'" if q.dialect == "postgres" else f"{now} + 60"
+            tx.script("INSERT INTO leaseq_workers (id, name) VALUES ('w-1', 'w')")
+            tx.script(f"""INSERT INTO leaseq_tasks (queue, kind, payload, effect, status, idempotency_key,
+                              max_attempts, lease_seconds, lease_owner, lease_expires_at, claimed_at,
+                              claim_generation, attempts, open_effects)
+                          VALUES ('default', 'job', '{{"keep": true}}', 'side_effect', 'running', 'k-1', 5, 30,
+                                  'w-1', {later}, {now}, 1, 1, 1)""")
+            tx.script("""INSERT INTO leaseq_events (task_id, type, generation, worker_id, detail)
+                         VALUES (1, 'claimed', 1, 'w-1', '{}'), (1, 'effect_intent', 1, 'w-1', '{}')""")
+            tx.script("""INSERT INTO leaseq_effects (task_id, generation, worker_id, action, idempotency_key)
+                         VALUES (1, 1, 'w-1', 'mail.send', 'k-1:mail.send')""")
+        task = q.get(1)
+        before = [e.type for e in q.events(task.id)]
+        assert before == ["enqueued", "claimed", "effect_intent"]
         with other.store.transaction() as tx:  # this connection now holds the version-6 schema
-            assert tx.row("get_task", task_id=task["id"])["status"] == "running"
+            assert tx.row("get_task", task_id=task.id)["status"] == "running"
         assert q.migrate() == [v for v in _latest(q.dialect) if v > 6]
-        assert [e.type for e in q.events(task["id"])] == before and q.get(task["id"]).status == "running"
+        assert [e.type for e in q.events(task.id)] == before and q.get(task.id).status == "running"
+        upgraded = q.get(task.id)  # version 8's budget columns start empty on existing tasks
+        assert (upgraded.timeout_seconds, upgraded.deadline_at, upgraded.snoozes) == (None, None, 0)
         for status in ("waiting", "awaiting_approval", "denied", "expired"):
             extra = other.enqueue("job", {"s": status})
             with other.store.transaction() as tx:
@@ -112,28 +123,29 @@ def test_version_7_widens_the_statuses_for_every_open_connection_and_keeps_the_t
             assert q.get(extra.id).status == status
         with pytest.raises(Exception, match="(?i)check"):
             with other.store.transaction() as tx:
-                tx.script(f"UPDATE leaseq_tasks SET status = 'sleeping' WHERE id = {task['id']}")
+                tx.script(f"UPDATE leaseq_tasks SET status = 'sleeping' WHERE id = {task.id}")
 
 
-def test_version_8_adds_the_trace_context_and_old_tasks_carry_none(dsn: str) -> None:
-    """Version 8 stores the caller's trace context with a task. A task written
+def test_version_10_adds_the_trace_context_and_old_tasks_carry_none(dsn: str) -> None:
+    """Version 10 stores the caller's trace context with a task. A task written
     before it reads None, is claimed and completed as before, and a connection
     opened before the upgrade stores the new column at once."""
     traceparent = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"
     with leaseq.connect(dsn) as q, leaseq.connect(dsn) as other:
         with q.store.transaction() as tx:
             tx.rows("migrations_create")
-            for mig in load_migrations(q.dialect)[:7]:
+            for mig in load_migrations(q.dialect)[:9]:
                 tx.script(mig.sql)
                 tx.rows("migrations_record", version=mig.version, name=mig.name)
             tx.script("INSERT INTO leaseq_tasks (queue, kind, payload, effect, idempotency_key, max_attempts, "
-                      "lease_seconds) VALUES ('default', 'job', '{\"old\": true}', 'read_only', 'k-7', 5, 30.0)")
-        with other.store.transaction() as tx:  # this connection now holds the version-7 schema
-            assert "trace_context" not in tx.row("get_task_by_key", queue="default", idempotency_key="k-7")
-        assert q.migrate() == [v for v in _latest(q.dialect) if v > 7]
+                      "lease_seconds) VALUES ('default', 'job', '{\"old\": true}', 'read_only', 'k-9', 5, 30.0)")
+        with other.store.transaction() as tx:  # this connection now holds the version-9 schema
+            assert "trace_context" not in tx.row("get_task_by_key", queue="default", idempotency_key="k-9")
+        assert q.migrate() == [v for v in _latest(q.dialect) if v > 9]
         w = q.register_worker("w")
         [claim] = q.claim(w)
         assert claim.task.payload == {"old": True} and claim.task.trace_context is None
         q.complete(w, claim, "done")
         new = other.enqueue("job", {"new": True}, trace_context=traceparent)
         assert q.get(new.id).trace_context == traceparent
+

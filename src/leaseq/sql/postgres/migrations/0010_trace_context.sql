@@ -1,4 +1,4 @@
--- leaseq schema, version 8, PostgreSQL: the caller's trace context, carried in the task.
+-- leaseq schema, version 10, PostgreSQL: the caller's trace context, carried in the task.
 --
 -- trace_context is the W3C traceparent of the span that enqueued the task
 -- ("00-<trace id>-<span id>-<flags>"), or NULL when the caller was not
