@@ -11,17 +11,18 @@
 
 from .aio import AsyncQueue, connect_async
 from .app import App, TaskDefinition
-from .core.errors import (BackendUnavailable, ConfigError, CredentialMissing, InvalidInput, InvalidTransition,
+from .core.errors import (ApprovalMismatch, BackendUnavailable, ConfigError, CredentialMissing, InvalidInput, InvalidTransition,
                           LeaseLost, LeaseqError, NotFound, Permanent, QueuePaused, StaleToken, UnknownWorker)
 from .core.retry import Retry, RetryPolicy
-from .core.model import Claim, Claims, Effect, EffectKind, Event, Status, Task, Worker
+from .core.model import Approval, Claim, Claims, Effect, EffectKind, Event, Status, Task, Worker
+from .engine.approvals import approval_digest
 from .queue import Queue, connect
 from .worker.context import TaskContext
 
 __version__ = "0.1.0"
 
 __all__ = [
-    "App", "CredentialMissing", "Permanent", "TaskDefinition", "TaskContext",
+    "App", "Approval", "ApprovalMismatch", "approval_digest", "CredentialMissing", "Permanent", "TaskDefinition", "TaskContext",
     "AsyncQueue", "BackendUnavailable", "Claim", "Claims", "ConfigError", "Effect", "EffectKind", "Event",
     "InvalidInput", "InvalidTransition", "LeaseLost", "LeaseqError", "NotFound", "Queue", "QueuePaused",
     "Retry", "RetryPolicy",

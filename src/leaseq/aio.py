@@ -16,8 +16,9 @@ from typing import Any
 
 from . import engine
 from .core import checks
-from .core.model import Claim, Effect, Event, Task, Worker
+from .core.model import Approval, Claim, Effect, Event, Task, Worker
 from .engine.steps import Op, T
+from .observability.tracing import atraced_enqueue
 from .queue import Queue, connect
 
 
@@ -68,19 +69,23 @@ class AsyncQueue:
         """:meth:`Queue.workers`, awaited."""
         return await self._arun(engine.reads.workers(self.settings))
 
+    @atraced_enqueue
     async def enqueue(self, kind: str, payload: Any = None, *, effect: str = "read_only", queue: str = "default",
                       idempotency_key: str | None = None, priority: int = 0, delay: float = 0,
                       max_attempts: int = 5, lease_seconds: float = checks.DEFAULT_LEASE_SECONDS,
                       actions: Iterable[str] | None = None, timeout: float | None = None,
-                      deadline: datetime | timedelta | None = None, limits: Iterable[str] | None = None,
+                      deadline: datetime | timedelta | None = None, approval: str | None = None,
+                      approval_deadline: float | None = None, by: str | None = None,
+                      trace_context: str | None = None, limits: Iterable[str] | None = None,
                       units: int = 1) -> Task:
         """:meth:`Queue.enqueue`, awaited."""
         return await self._arun(engine.enqueue.enqueue(self.settings, kind, payload, effect=effect, queue=queue,
                                                        idempotency_key=idempotency_key, priority=priority,
                                                        delay=delay, max_attempts=max_attempts,
                                                        lease_seconds=lease_seconds, actions=actions,
-                                                       timeout=timeout, deadline=deadline, limits=limits,
-                                                       units=units))
+                                                       timeout=timeout, deadline=deadline, approval=approval,
+                                                       approval_deadline=approval_deadline, by=by,
+                                                       trace_context=trace_context, limits=limits, units=units))
 
     async def enqueue_many(self, kind: str, payloads: Iterable[Any], *, effect: str = "read_only",
                            queue: str = "default", idempotency_keys: Sequence[str | None] | None = None,
@@ -232,6 +237,39 @@ class AsyncQueue:
                                                     payloads_older_than_seconds=payloads_older_than_seconds,
                                                     batch=batch, by=by, via=via, record_empty=record_empty))
 
+
+    async def approve(self, task_id: int, digest: str, note: str | None = None, *, by: str | None = None,
+                      via: str | None = None) -> Task:
+        """:meth:`Queue.approve`, awaited."""
+        return await self._arun(engine.approvals.approve(self.settings, task_id, digest, note, by=by, via=via))
+
+    async def deny(self, task_id: int, reason: str, *, by: str | None = None, via: str | None = None) -> Task:
+        """:meth:`Queue.deny`, awaited."""
+        return await self._arun(engine.approvals.deny(self.settings, task_id, reason, by=by, via=via))
+
+    async def expire_approvals(self) -> int:
+        """:meth:`Queue.expire_approvals`, awaited."""
+        return await self._arun(engine.approvals.expire_approvals(self.settings))
+
+    async def approvals(self, *, queue: str | None = None, limit: int = 100) -> list[Approval]:
+        """:meth:`Queue.approvals`, awaited."""
+        return await self._arun(engine.approvals.approvals(self.settings, queue=queue, limit=limit))
+
+    async def approval(self, task_id: int) -> Approval:
+        """:meth:`Queue.approval`, awaited."""
+        return await self._arun(engine.approvals.approval(self.settings, task_id))
+
+    async def intend(self, worker: Worker | str, claim: Claim, kind: str, payload: Any = None, *, key: str,
+                     queue: str = "default", effect: str = "side_effect", approval: str | None = None,
+                     approval_deadline: float | None = None, priority: int = 0, max_attempts: int = 5,
+                     lease_seconds: float = checks.DEFAULT_LEASE_SECONDS,
+                     actions: Iterable[str] | None = None) -> Task:
+        """:meth:`Queue.intend`, awaited."""
+        return await self._arun(engine.intents.intend(self.settings, worker, claim, kind, payload, key=key,
+                                                      queue=queue, effect=effect, approval=approval,
+                                                      approval_deadline=approval_deadline, priority=priority,
+                                                      max_attempts=max_attempts, lease_seconds=lease_seconds,
+                                                      actions=actions))
 
     async def list(self, *, status: str | None = None, queue: str | None = None, limit: int = 100) -> list[Task]:
         """Deprecated name of :meth:`list_tasks`."""

@@ -27,6 +27,7 @@ from .core import policy
 from .core.errors import InvalidInput
 from .core.model import Task
 from .core.retry import RetryPolicy
+from .engine.approvals import check_approval
 from .engine.enqueue import check_budgets
 from .engine.limits import check_limits, check_units
 from .queue import Queue, _check_actions, connect
@@ -68,6 +69,10 @@ class TaskDefinition(Generic[P, R]):
     timeout: float | None = None
     #: how long after its enqueue a task may still start (None: no deadline)
     deadline: timedelta | None = None
+    #: "required": its tasks wait for an operator's approval (see Queue.enqueue)
+    approval: str | None = None
+    #: seconds an approval request waits before it is denied (None: no deadline)
+    approval_deadline: float | None = None
     #: the limits its tasks count against (None: none; see Queue.set_limit)
     limits: list[str] | None = None
     #: its tasks' weight in limits that count units (see Queue.enqueue)
@@ -114,6 +119,7 @@ class TaskDefinition(Generic[P, R]):
                                       max_attempts=self.max_attempts, lease_seconds=self.lease_seconds,
                                       actions=self.actions, timeout=self.timeout if timeout is None else timeout,
                                       deadline=self.deadline if deadline is None else deadline,
+                                      approval=self.approval, approval_deadline=self.approval_deadline,
                                       limits=self.limits, units=self.units if units is None else units)
 
     async def enqueue_async(self, *args: P.args, **kwargs: P.kwargs) -> Task:
@@ -163,8 +169,8 @@ class App:
     def task(self, kind: str | None = None, *, effect: str = "read_only", queue: str = "default",
              lease_seconds: float = policy.DEFAULT_LEASE_SECONDS, max_attempts: int = 5,
              priority: int = 0, actions: list[str] | None = None, retry: RetryPolicy | None = None,
-             timeout: float | None = None, deadline: timedelta | None = None, limits: list[str] | None = None,
-             units: int = 1,
+             timeout: float | None = None, deadline: timedelta | None = None, approval: str | None = None,
+             approval_deadline: float | None = None, limits: list[str] | None = None, units: int = 1,
              ) -> Callable[[Callable[Concatenate[Any, P], R]], TaskDefinition[P, R]]:
         """Decorator declaring a handler ``fn(ctx, **payload)``, sync or async.
 
@@ -181,6 +187,9 @@ class App:
         through the definition (:meth:`TaskDefinition.options` overrides
         them); a worker also applies ``timeout`` to tasks of this kind
         enqueued without one.
+        ``approval="required"``: each task enqueued through the definition
+        waits in ``awaiting_approval`` until an operator approves it, denied
+        after ``approval_deadline`` seconds if given (see :meth:`Queue.enqueue`).
         ``limits`` names the limits its tasks count against, ``units`` their
         weight in limits that count units (see :meth:`Queue.set_limit`)."""
         declared = None if actions is None else json.loads(_check_actions(actions, policy.check_effect(effect)))
@@ -190,6 +199,7 @@ class App:
         if deadline is not None and not isinstance(deadline, timedelta):
             raise InvalidInput("deadline", "must be a timedelta from the enqueue (an absolute time belongs to "
                                            "one task: .options(deadline=...) or Queue.enqueue(deadline=...))")
+        approval, approval_deadline = check_approval(approval, approval_deadline)
         limit_keys, weight = check_limits(limits), check_units(units)
 
         def register(fn: Callable[Concatenate[Any, P], R]) -> TaskDefinition[P, R]:
@@ -202,7 +212,8 @@ class App:
                 lease_seconds=policy.check_seconds("lease_seconds", lease_seconds, allow_zero=False),
                 max_attempts=policy.check_int("max_attempts", max_attempts, minimum=1),
                 priority=policy.check_int("priority", priority), actions=declared, retry=retry,
-                timeout=budgets["timeout"], deadline=deadline, limits=limit_keys, units=weight)
+                timeout=budgets["timeout"], deadline=deadline, approval=approval,
+                approval_deadline=approval_deadline, limits=limit_keys, units=weight)
             self.registry.add(definition)
             return definition
 

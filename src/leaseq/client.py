@@ -43,6 +43,7 @@ from . import __version__
 from .core.errors import (BackendUnavailable, ConfigError, InvalidInput, LeaseLost, LeaseqError, RateLimited,
                           error_class)
 from .core import policy
+from .core.checks import check_trace_context
 from .core.model import Claim, Claims, Effect, Task, Worker
 from .engine.effects import check_effect_of
 from .observability.tracing import traced_enqueue
@@ -101,12 +102,13 @@ class RemoteQueue:
     # -- plumbing ---------------------------------------------------------------------------
 
     def _call(self, method: str, path: str, body: Any = None, params: dict[str, Any] | None = None, *,
-              wait: float = 0.0) -> Any:
+              wait: float = 0.0, headers: dict[str, str] | None = None) -> Any:
         # A long poll may take ``wait`` seconds before the service answers at all.
         timeout = httpx.USE_CLIENT_DEFAULT if not wait else self.timeout + wait
         for attempt in range(self.rate_limit_retries + 1):
             try:
-                resp = self._client.request(method, path, json=body, params=params, timeout=timeout)
+                resp = self._client.request(method, path, json=body, params=params, timeout=timeout,
+                                            headers=headers)
             except httpx.TransportError as exc:
                 raise BackendUnavailable(f"leaseq service at {self.url}: {type(exc).__name__}: {exc}") from None
             if resp.status_code == RateLimited.http_status and attempt < self.rate_limit_retries:
@@ -268,6 +270,14 @@ class RemoteQueue:
         _, path = self._worker_path(wid, claim, "effects", str(effect.id), "response")
         return effect_from(self._call("POST", path, {"generation": claim.generation, "response": response}))
 
+    def intend(self, worker: Worker | str, claim: Claim, kind: str, payload: Any = None, *, key: str,
+               **options: Any) -> Task:
+        """Record an intent for an executor under the lease; see :meth:`leaseq.Queue.intend`."""
+        _, path = self._worker_path(worker, claim, "intents")
+        body = {"generation": claim.generation, "kind": kind, "payload": payload, "key": key}
+        body.update({name: value for name, value in options.items() if value is not None})
+        return task_from(self._call("POST", path, body))
+
     def report_loss(self, worker: Worker | str, claim: Claim, reason: str) -> None:
         """Add the worker's own account of losing a lease to the evidence trail."""
         _, path = self._worker_path(worker, claim, "loss")
@@ -275,8 +285,14 @@ class RemoteQueue:
 
     @traced_enqueue
     def enqueue(self, kind: str, payload: Any = None, **options: Any) -> Task:
-        """Add a task; options as for :meth:`leaseq.Queue.enqueue`."""
-        return task_from(self._call("POST", "/v1/tasks", {"kind": kind, "payload": payload, **options}))
+        """Add a task; options as for :meth:`leaseq.Queue.enqueue`. The trace context
+        travels as the W3C ``traceparent`` header, which the service stores with the task."""
+        trace_context = options.pop("trace_context", None)
+        headers = None
+        if trace_context is not None:
+            headers = {"traceparent": check_trace_context("trace_context", trace_context)}
+        return task_from(self._call("POST", "/v1/tasks", {"kind": kind, "payload": payload, **options},
+                                    headers=headers))
 
     def set_limit(self, key: str, *, max_running: int | None = None, per_second: float | None = None,
                   burst: float | None = None, counts: str = "tasks") -> dict[str, Any]:

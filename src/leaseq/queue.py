@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any
 from . import engine
 from .core import checks
 from .core.errors import InvalidInput, LeaseLost
-from .core.model import Claim, Effect, Event, Task, Worker
+from .core.model import Approval, Claim, Effect, Event, Task, Worker
 from .core.retry import DEFAULT_MAX_SNOOZES
 from .engine.common import EVIDENCE_LEVELS, ROUTINE_EVENTS, Settings
 from .engine.enqueue import ENQUEUE_CHUNK
@@ -203,7 +203,9 @@ class Queue:
                 idempotency_key: str | None = None, priority: int = 0, delay: float = 0,
                 max_attempts: int = 5, lease_seconds: float = checks.DEFAULT_LEASE_SECONDS,
                 actions: Iterable[str] | None = None, timeout: float | None = None,
-                deadline: datetime | timedelta | None = None, limits: Iterable[str] | None = None,
+                deadline: datetime | timedelta | None = None, approval: str | None = None,
+                approval_deadline: float | None = None, by: str | None = None,
+                trace_context: str | None = None, limits: Iterable[str] | None = None,
                 units: int = 1) -> Task:
         """Add a task. A second enqueue with the same ``idempotency_key`` in the
         same queue returns the existing task instead of a duplicate.
@@ -219,6 +221,16 @@ class Queue:
         the database's clock); claims skip it once that has passed, and the
         sweep ends it ``expired`` with a ``deadline_passed`` event.
 
+        ``approval="required"``: the task waits in ``awaiting_approval``,
+        holding no lease, until an operator approves it (:meth:`approve`) or
+        denies it (:meth:`deny`); ``approval_deadline`` seconds after the
+        enqueue, an undecided request is denied (:meth:`expire_approvals`).
+        ``by`` names who asks, shown to the approver (default: the OS user).
+
+        ``trace_context`` is a W3C traceparent stored with the task, under
+        which the worker starts the task's spans; by default, with
+        OpenTelemetry tracing on, that of this enqueue's own span.
+
         ``limits`` names the limits the task counts against (see
         :meth:`set_limit`): no claim hands it out while one of them has no
         room. ``units`` is its weight in limits that count units (a token
@@ -227,7 +239,8 @@ class Queue:
                                                 idempotency_key=idempotency_key, priority=priority, delay=delay,
                                                 max_attempts=max_attempts, lease_seconds=lease_seconds,
                                                 actions=actions, timeout=timeout, deadline=deadline,
-                                                limits=limits, units=units))
+                                                approval=approval, approval_deadline=approval_deadline, by=by,
+                                                trace_context=trace_context, limits=limits, units=units))
 
     def enqueue_many(self, kind: str, payloads: Iterable[Any], *, effect: str = "read_only",
                      queue: str = "default", idempotency_keys: Sequence[str | None] | None = None,
@@ -481,6 +494,58 @@ class Queue:
                                              payloads_older_than_seconds=payloads_older_than_seconds, batch=batch,
                                              by=by, via=via, record_empty=record_empty))
 
+
+    # -- approval gates and intents ------------------------------------------------
+
+    def approve(self, task_id: int, digest: str, note: str | None = None, *, by: str | None = None,
+                via: str | None = None) -> Task:
+        """Approve a task waiting in ``awaiting_approval``: it becomes ``queued``.
+
+        ``digest`` is the task's approval digest as the approver was shown it
+        (:attr:`Approval.digest`, :func:`leaseq.approval_digest`); any other is
+        refused with :class:`ApprovalMismatch` and nothing is decided. The
+        decision, ``by`` (the approver) and ``note`` are recorded in the
+        approval request, the evidence trail and the audit log, in one transaction.
+        """
+        return self._run(engine.approvals.approve(self.settings, task_id, digest, note, by=by, via=via))
+
+    def deny(self, task_id: int, reason: str, *, by: str | None = None, via: str | None = None) -> Task:
+        """Deny a task waiting in ``awaiting_approval``: it ends ``denied`` and never runs.
+        Recorded like :meth:`approve`, with ``reason``."""
+        return self._run(engine.approvals.deny(self.settings, task_id, reason, by=by, via=via))
+
+    def expire_approvals(self) -> int:
+        """Deny every approval request whose ``approval_deadline`` passed undecided
+        (by ``leaseq:deadline``); returns how many. The service's maintenance
+        leader runs it periodically."""
+        return self._run(engine.approvals.expire_approvals(self.settings))
+
+    def approvals(self, *, queue: str | None = None, limit: int = 100) -> list[Approval]:
+        """The undecided approval requests, oldest first, each with its task."""
+        return self._run(engine.approvals.approvals(self.settings, queue=queue, limit=limit))
+
+    def approval(self, task_id: int) -> Approval:
+        """One task's approval request and decision (NotFound if it has none)."""
+        return self._run(engine.approvals.approval(self.settings, task_id))
+
+    def intend(self, worker: Worker | str, claim: Claim, kind: str, payload: Any = None, *, key: str,
+               queue: str = "default", effect: str = "side_effect", approval: str | None = None,
+               approval_deadline: float | None = None, priority: int = 0, max_attempts: int = 5,
+               lease_seconds: float = checks.DEFAULT_LEASE_SECONDS,
+               actions: Iterable[str] | None = None) -> Task:
+        """Record, under ``claim``'s lease, the intent ``key`` as a child task of ``kind``
+        for an executor (``ctx.intend`` in a handler); returns the child.
+
+        One transaction writes the child (optionally approval-gated) and the
+        effect ``intend:<kind>`` of the claimed task with its response: an
+        attempt that intends the same ``key`` again gets the same child, never
+        a second one. Raises :class:`LeaseLost` without the lease.
+        """
+        return self._run(engine.intents.intend(self.settings, worker, claim, kind, payload, key=key, queue=queue,
+                                               effect=effect, approval=approval,
+                                               approval_deadline=approval_deadline, priority=priority,
+                                               max_attempts=max_attempts, lease_seconds=lease_seconds,
+                                               actions=actions))
 
     def list(self, *, status: str | None = None, queue: str | None = None, limit: int = 100) -> list[Task]:
         """Deprecated name of :meth:`list_tasks` (it shadowed the builtin inside the class)."""

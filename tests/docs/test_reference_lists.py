@@ -88,6 +88,14 @@ def event_types_of_a_run(tmp_path: Path) -> set[str]:
     ids.append(q.enqueue("k", {"n": "last"}).id)
     [claim] = q.claim(w2)
     q.cancel(claim.task_id, reason="not needed")                       # cancelled
+    gated = q.enqueue("k", {"n": "gated"}, approval="required")        # approval_requested
+    ids.append(gated.id)
+    q.approve(gated.id, q.approval(gated.id).digest)                   # approved
+    ids.append(q.enqueue("k", {"n": "refused"}, approval="required").id)
+    q.deny(ids[-1], "not now")                                         # denied
+    ids.append(q.enqueue("k", {"n": "agent"}, queue="agents", effect="idempotent").id)
+    [claim] = q.claim(w2, queue="agents")
+    q.intend(w2, claim, "k", {"n": "child"}, key="child")              # intent_recorded
     seen = {e.type for task_id in ids for e in q.events(task_id)}
     q.close()
     return seen

@@ -14,6 +14,7 @@ from rich.text import Text
 from ..core import policy
 from ..core.errors import InvalidInput
 from ..core.model import Task
+from ..engine.common import default_actor
 from ..queue import Queue
 from ..store.base import load_migrations, load_queries, parse_dsn
 from .render import effects_table, fmt_duration, make_console, status_text, task_details, task_table, timeline
@@ -129,6 +130,11 @@ def _key_conflict(task: Task, kind: str, document: Any, effect: str) -> dict[str
 @click.option("--deadline", "deadline_text", metavar="TIME|AGE", default=None,
               help="The latest time the task may start: an ISO 8601 time, or a duration from now (10m, 2h). "
                    "Not started by then, it ends expired.")
+@click.option("--approval-required", "approval", flag_value="required", default=None,
+              help="The task waits in awaiting_approval until an operator approves it (leaseq approve) "
+                   "or denies it.")
+@click.option("--approval-deadline", type=float, default=None, metavar="SECONDS",
+              help="With --approval-required: deny it if nobody decided within this many seconds.")
 @click.option("--limit", "limit_keys", metavar="KEY", multiple=True,
               help="A limit the task counts against (see `leaseq limits`); repeat for more.")
 @click.option("--units", type=int, default=1, show_default=True,
@@ -137,8 +143,8 @@ def _key_conflict(task: Task, kind: str, document: Any, effect: str) -> dict[str
 @click.pass_context
 def enqueue(ctx: click.Context, kind: str, payload: str | None, queue: str, effect: str, key: str | None,
             priority: int, delay: float, at_text: str | None, max_attempts: int, lease_seconds: float,
-            timeout: float | None, deadline_text: str | None, limit_keys: tuple[str, ...], units: int,
-            as_json: bool) -> None:
+            timeout: float | None, deadline_text: str | None, approval: str | None,
+            approval_deadline: float | None, limit_keys: tuple[str, ...], units: int, as_json: bool) -> None:
     """Add a task of KIND to a queue.
 
     With --key, a task already holding that key in the queue is returned
@@ -157,7 +163,8 @@ def enqueue(ctx: click.Context, kind: str, payload: str | None, queue: str, effe
     try:
         task = q.enqueue(kind, document, effect=effect, queue=queue, idempotency_key=key, priority=priority,
                          delay=delay, max_attempts=max_attempts, lease_seconds=lease_seconds, timeout=timeout,
-                         deadline=deadline, limits=list(limit_keys) or None, units=units)
+                         deadline=deadline, approval=approval, approval_deadline=approval_deadline,
+                         by=f"cli:{default_actor()}", limits=list(limit_keys) or None, units=units)
     except InvalidInput as exc:
         if at is not None and exc.field == "delay":
             raise CliError("at", f"{at.isoformat()} is too far ahead: the delay {exc.problem}") from None

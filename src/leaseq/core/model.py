@@ -88,6 +88,9 @@ class Task:
     deadline_at: datetime | None = None
     #: how many times a handler asked to run it later (:class:`leaseq.Retry`)
     snoozes: int = 0
+    #: the W3C traceparent of the span that enqueued the task (None: the caller was not tracing);
+    #: the worker's spans for the task join that trace
+    trace_context: str | None = None
     #: the limit keys the task counts against (None: none; see Queue.set_limit)
     limits: list[str] | None = None
     #: the task's weight in limits that count units
@@ -145,6 +148,30 @@ class Effect:
     def fencing_token(self) -> int:
         """The claim generation the intent was recorded under."""
         return self.generation
+
+
+@dataclass(frozen=True)
+class Approval:
+    """The approval request of a task enqueued with ``approval="required"``, and its decision.
+
+    ``digest`` is what the approver is shown and must pass back (see
+    :func:`leaseq.approval_digest`); ``decision`` is None while undecided,
+    else ``"approved"`` or ``"denied"`` (also by the deadline: ``decided_via``
+    ``"deadline"``). ``task`` is the task as read with it, where the read
+    includes it (:meth:`leaseq.Queue.approvals`).
+    """
+
+    task_id: int
+    digest: str
+    requested_by: str
+    requested_at: datetime
+    deadline_at: datetime | None = None
+    decision: str | None = None
+    decided_by: str | None = None
+    decided_via: str | None = None
+    note: str | None = None
+    decided_at: datetime | None = None
+    task: Task | None = None
 
 
 @dataclass(frozen=True)

@@ -13,7 +13,8 @@ from ..core import checks
 from ..core.errors import InvalidInput
 from ..core.model import Task
 from ..store.base import JsonText, KeyConflict
-from .common import Settings, to_task
+from . import approvals
+from .common import Settings, default_actor, to_task
 from .effects import check_actions
 from .limits import check_limits, check_units
 from .steps import BEGIN, BEGIN_ONE, COMMIT, Op, one, rows
@@ -82,14 +83,15 @@ def _common(kind: str, effect: str, queue: str, priority: int, delay: float, max
     )
 
 
-def enqueue(s: Settings, kind: str, payload: Any = None, *, effect: str = "read_only", queue: str = "default",
-            idempotency_key: str | None = None, priority: int = 0, delay: float = 0, max_attempts: int = 5,
-            lease_seconds: float = checks.DEFAULT_LEASE_SECONDS, actions: Iterable[str] | None = None,
-            timeout: float | None = None, deadline: datetime | timedelta | None = None,
-            limits: Iterable[str] | None = None, units: int = 1) -> Op[Task]:
-    """:meth:`leaseq.Queue.enqueue`."""
+def task_params(kind: str, payload: Any, *, effect: str, queue: str, idempotency_key: str | None, priority: int,
+                delay: float, max_attempts: int, lease_seconds: float, actions: Iterable[str] | None,
+                timeout: float | None = None, deadline: datetime | timedelta | None = None,
+                trace_context: str | None = None, limits: Iterable[str] | None = None,
+                units: int = 1) -> dict[str, Any]:
+    """The parameters of ``insert_task`` for one task, checked (InvalidInput names the field)."""
     effect = checks.check_effect(effect)
-    params = dict(
+    return dict(
+        trace_context=checks.check_trace_context("trace_context", trace_context),
         limits=check_limits(limits),
         units=check_units(units),
         kind=checks.check_kind(kind),
@@ -105,11 +107,35 @@ def enqueue(s: Settings, kind: str, payload: Any = None, *, effect: str = "read_
         lease_seconds=checks.check_seconds("lease_seconds", lease_seconds, allow_zero=False),
         **check_budgets(timeout, deadline),
     )
-    # the row is the enqueue's evidence (list_events); insert_task wakes
-    # listening workers itself where the backend has LISTEN/NOTIFY
-    yield BEGIN_ONE
-    row = yield one("insert_task", **params)
-    yield COMMIT
+
+
+def enqueue(s: Settings, kind: str, payload: Any = None, *, effect: str = "read_only", queue: str = "default",
+            idempotency_key: str | None = None, priority: int = 0, delay: float = 0, max_attempts: int = 5,
+            lease_seconds: float = checks.DEFAULT_LEASE_SECONDS, actions: Iterable[str] | None = None,
+            timeout: float | None = None, deadline: datetime | timedelta | None = None,
+            approval: str | None = None, approval_deadline: float | None = None,
+            by: str | None = None, trace_context: str | None = None, limits: Iterable[str] | None = None,
+            units: int = 1) -> Op[Task]:
+    """:meth:`leaseq.Queue.enqueue`."""
+    params = task_params(kind, payload, effect=effect, queue=queue, idempotency_key=idempotency_key,
+                         priority=priority, delay=delay, max_attempts=max_attempts, lease_seconds=lease_seconds,
+                         actions=actions, timeout=timeout, deadline=deadline, trace_context=trace_context,
+                         limits=limits, units=units)
+    approval, approval_deadline = approvals.check_approval(approval, approval_deadline)
+    by = checks.check_text("by", by)
+    if approval is not None:
+        # the task and its approval request in one transaction: no worker ever sees it queued
+        yield BEGIN
+        row = yield one("insert_task", **params)
+        if row is not None:
+            row = yield from approvals.request(s, row, by or default_actor(), approval_deadline)
+        yield COMMIT
+    else:
+        # the row is the enqueue's evidence (list_events); insert_task wakes
+        # listening workers itself where the backend has LISTEN/NOTIFY
+        yield BEGIN_ONE
+        row = yield one("insert_task", **params)
+        yield COMMIT
     if row is None:  # the key was taken: the same logical task
         yield BEGIN
         row = yield one("get_task_by_key", queue=params["queue"], idempotency_key=params["idempotency_key"])

@@ -23,7 +23,7 @@ from ..core.errors import InvalidInput
 from ..core.model import Task
 from ..queue import Queue
 from .access import WORKER_ID_PATTERN, api_principal, need
-from .views import present_effect, present_event, present_task, queue_overview, task_timeline
+from .views import present_approval, present_effect, present_event, present_task, queue_overview, task_timeline
 from .wire import to_json
 from .worker_api import Body, TaskId
 
@@ -46,6 +46,8 @@ class EnqueueBody(Body):
     timeout: float | None = None
     #: an ISO 8601 time with its offset: the latest time the task may start
     deadline: str | None = None
+    approval: Literal["required"] | None = None
+    approval_deadline: float | None = None
     limits: list[str] | None = None
     units: int = 1
 
@@ -95,8 +97,14 @@ def enqueue(body: EnqueueBody, request: Request, principal: auth.Principal = Dep
                                    idempotency_key=body.idempotency_key, priority=body.priority, delay=body.delay,
                                    max_attempts=body.max_attempts, lease_seconds=body.lease_seconds,
                                    actions=body.actions, timeout=body.timeout, deadline=_deadline(body.deadline),
+                                   approval=body.approval, approval_deadline=body.approval_deadline,
+                                   by=principal.actor,
+                                   # the caller's trace, which the task's spans join (an invalid header is
+                                   # ignored, as W3C Trace Context says a receiver must)
+                                   trace_context=policy.parse_traceparent(request.headers.get("traceparent")),
                                    limits=body.limits, units=body.units)
-    request.app.state.work_signal.wake(task.queue)  # claims waiting in this process look at once
+    if task.status == "queued":
+        request.app.state.work_signal.wake(task.queue)  # claims waiting in this process look at once
     return present_task(task, principal)
 
 
@@ -130,6 +138,19 @@ def timeline(request: Request, task_id: int = TaskId, principal: auth.Principal 
     q = _queue(request)
     task = q.get(task_id)
     return task_timeline(task, q.events(task_id), q.effects(task_id), principal)
+
+
+@router.get("/approvals", tags=["approvals"], summary="Tasks awaiting approval, oldest first, with their digests")
+def approvals(request: Request, queue: str | None = Query(None), limit: int = Query(100, ge=1, le=1000),
+              principal: auth.Principal = Depends(need("read"))) -> dict:
+    return {"approvals": [present_approval(a, principal)
+                          for a in _queue(request).approvals(queue=queue, limit=limit)]}
+
+
+@router.get("/tasks/{task_id}/approval", tags=["approvals"], summary="A task's approval request and decision")
+def task_approval(request: Request, task_id: int = TaskId,
+                  principal: auth.Principal = Depends(need("read"))) -> dict:
+    return present_approval(_queue(request).approval(task_id), principal)
 
 
 @router.get("/queues", tags=["queues"], summary="Counts by status, oldest queued age, paused state")

@@ -16,7 +16,9 @@ those, run in one transaction with the token check.
 
 from __future__ import annotations
 
-from typing import Any
+import logging
+import time
+from typing import Any, Literal
 
 from fastapi import APIRouter, Depends, Path, Request
 from pydantic import BaseModel, ConfigDict, Field, model_validator
@@ -108,6 +110,21 @@ class EffectResponseBody(Body):
     response: Any = None
 
 
+class IntentBody(Body):
+    generation: int
+    kind: str
+    payload: Any = None
+    key: str
+    queue: str = "default"
+    effect: str = "side_effect"
+    approval: Literal["required"] | None = None
+    approval_deadline: float | None = None
+    priority: int = 0
+    max_attempts: int = 5
+    lease_seconds: float = policy.DEFAULT_LEASE_SECONDS
+    actions: list[str] | None = None
+
+
 class LossBody(Body):
     generation: int
     reason: str
@@ -142,11 +159,28 @@ def _claim(worker_id: str, task_id: int, generation: int, task: Task | None = No
                  task=task)  # type: ignore[arg-type]
 
 
+#: Per-task records of the worker API (see :mod:`.worker_batch`).
+logger = logging.getLogger("leaseq.service.worker")
+
+
+def _log(level: int, what: str, worker_id: str, started: float, task_id: int, generation: int,
+         kind: str | None = None, **detail: Any) -> None:
+    """One task's record: the task's fields as the record's, for JSON lines."""
+    if logger.isEnabledFor(level):
+        text = f"task={task_id} " + (f"kind={kind} " if kind else "") + f"gen={generation} worker={worker_id}: {what}"
+        logger.log(level, "%s", text + "".join(f" {k}={v}" for k, v in detail.items()),
+                   extra={"task_id": task_id, "kind": kind, "generation": generation, "worker_id": worker_id,
+                          "duration": round(time.perf_counter() - started, 6)})
+
+
 def _refused(request: Request, reason: str, fn: Any, *args: Any, **kwargs: Any) -> Any:
+    started = time.perf_counter()
     try:
         return fn(*args, **kwargs)
-    except LeaseLost:
+    except LeaseLost as exc:
         _metrics(request).lost(reason)
+        _log(logging.INFO, f"{reason} refused: lease no longer held", str(request.path_params.get("worker_id")),
+             started, exc.task_id, exc.generation)
         raise
 
 
@@ -161,8 +195,10 @@ def register_worker(body: RegisterBody, request: Request,
 @router.post("/workers/{worker_id}/tasks/{task_id}/complete", summary="Finish a task under its lease")
 def complete(body: CompleteBody, request: Request, task_id: int = TaskId, worker_id: str = WorkerId) -> dict[str, Any]:
     claim = _claim(worker_id, task_id, body.generation)
+    started = time.perf_counter()
     _refused(request, "complete", in_one_transaction, request, "complete", worker_id,
              lambda view: view.complete(worker_id, claim, body.result))
+    _log(logging.DEBUG, "completed", worker_id, started, task_id, body.generation)
     return {"completed": True, "task_id": task_id}
 
 
@@ -184,7 +220,10 @@ def fail(body: FailBody, request: Request, task_id: int = TaskId, worker_id: str
             return view.retry(worker_id, claim, body.retry_after, body.error)
         return view.fail(worker_id, claim, body.error, retry=body.retry, block=body.block, delay=body.delay)
 
-    return to_json(_refused(request, "fail", in_one_transaction, request, "fail", worker_id, operation))
+    started = time.perf_counter()
+    task = _refused(request, "fail", in_one_transaction, request, "fail", worker_id, operation)
+    _log(logging.INFO, f"failed -> {task.status}", worker_id, started, task.id, task.claim_generation, task.kind)
+    return to_json(task)
 
 
 @router.post("/workers/{worker_id}/tasks/{task_id}/release", summary="Give a lease back early")
@@ -220,6 +259,22 @@ def finish_effect(body: EffectResponseBody, request: Request, task_id: int = Tas
         done = _refused(request, "finish_effect", _queue(request).finish_effect, worker_id,
                         _claim(worker_id, task_id, body.generation), effect, body.response)
     return to_json(done)
+
+
+@router.post("/workers/{worker_id}/tasks/{task_id}/intents", summary="Record an intent for an executor")
+def intend(body: IntentBody, request: Request, task_id: int = TaskId, worker_id: str = acting_as("intend"),
+           principal: auth.Principal = Depends(api_principal)) -> dict[str, Any]:
+    # An intent is written for an executor pool whose queue the agent's token
+    # cannot claim from; outside its own queues only approval-gated. The lease
+    # of the calling task and its declared actions (intend:<kind>) decide the rest.
+    policy.check_name("queue", body.queue)
+    authz.authorize_intent(principal, body.queue, body.approval)
+    options = body.model_dump(exclude={"generation", "kind", "payload", "key"})
+    child = _refused(request, "intend", _queue(request).intend, worker_id,
+                     _claim(worker_id, task_id, body.generation), body.kind, body.payload, key=body.key, **options)
+    if child.status == "queued":
+        request.app.state.work_signal.wake(child.queue)
+    return to_json(child)
 
 
 @router.post("/workers/{worker_id}/tasks/{task_id}/loss", status_code=202,

@@ -9,20 +9,26 @@
 --                              a lease: expands the lease guard below
 --   -- guard: none -- <why>    takes a worker id, is not lease-backed, says why
 --   -- plan: generic           prepared, and always run with its generic plan
+--   -- plan: custom            planned for its values at every call (bound client-side)
 --   -- no-op: <why>            nothing to run on this backend
 --   -- unused: <params> -- <why>  parameters this dialect does not need
 --
 -- A query that takes a worker id without a guard annotation fails the test,
 -- and so does a "guard: lease" query whose expanded text lacks the guard.
 --
--- "plan: generic": the statements every claim, renewal and completion runs
--- are prepared on their first use on a connection and always run with the
+-- "plan: generic": the statements every claim and completion runs are
+-- prepared on their first use on a connection and always run with the
 -- prepared statement's generic plan (plan_cache_mode = force_generic_plan on
 -- leaseq's pooled connections): PostgreSQL would otherwise plan the claim
 -- afresh at every call, which costs more than running it. Each is written to
 -- have one good plan whatever its parameters (tests/bench/test_claim_plan.py
--- reads their generic plans). Every other statement is never prepared, so it
--- is planned for the parameters it is given.
+-- reads their generic plans). The setting holds for every statement sent
+-- with parameters, prepared or not: an unprepared one is planned generically
+-- too.
+-- "plan: custom": the statement is sent with its parameters bound into its
+-- text (psycopg's client-side binding), so it is planned for its values at
+-- every call: for a statement whose good plan depends on how many rows it
+-- names (renew_leases, from one lease to ten thousand).
 --
 -- Time is always the database's (now(), or clock_timestamp() where the
 -- moment of judgement matters): a worker's clock is never consulted.
@@ -149,16 +155,17 @@ RETURNING t.id, t.claim_generation;
 -- same logical task; nothing comes back and the caller reads the existing
 -- row. The new row is the enqueue's evidence (list_events shows it as the
 -- "enqueued" entry). The statement also wakes listening workers at commit,
--- so an enqueue is one round trip.
+-- so an enqueue is one round trip. trace_context: the caller's W3C
+-- traceparent (NULL when it was not tracing).
 WITH added AS (
     INSERT INTO leaseq_tasks (queue, kind, payload, effect, priority, available_at,
                               idempotency_key, max_attempts, lease_seconds, actions,
-                              timeout_seconds, deadline_at, limits, units)
+                              timeout_seconds, deadline_at, trace_context, limits, units)
     VALUES (%(queue)s, %(kind)s, %(payload)s::jsonb, %(effect)s, %(priority)s,
             now() + %(delay)s::float8 * interval '1 second',
             %(idempotency_key)s, %(max_attempts)s, %(lease_seconds)s, %(actions)s::jsonb,
             %(timeout)s::float8, coalesce(%(deadline_at)s::timestamptz, now() + %(deadline_in)s::float8 * interval '1 second'),
-            %(limits)s::text[], %(units)s)
+            %(trace_context)s::text, %(limits)s::text[], %(units)s)
     ON CONFLICT (queue, idempotency_key) DO NOTHING
     RETURNING *
 )
@@ -423,9 +430,17 @@ FROM flags f LEFT JOIN claimed c ON true;
 
 -- name: renew_leases
 -- guard: lease
--- plan: generic
--- One statement renews every lease a worker names. Each (task, generation)
--- pair is checked by the lease guard; the rows back are the leases still held.
+-- plan: custom
+-- One statement renews every lease a worker names: the rows back are the
+-- leases still held. The tasks are found by id (= ANY of the id list) and
+-- each row's generation is looked up in the {"<task id>": generation} map
+-- by the lease guard, so the statement reads each named row once, however
+-- many there are. Not a join against the (task, generation) pairs: a
+-- worker holding ten thousand leases, planned generically or on statistics
+-- taken before those tasks ran (the planner then expects one running row),
+-- got a nested loop over every pair for every running row, 10^8 steps. It
+-- is planned for its values at every call (plan: custom): the id list is
+-- then a constant, which the planner counts and probes by hash.
 -- The new deadline comes from the lease length this claim was given (its
 -- deadline minus when that deadline was set), never from the caller; a
 -- claim's lease_seconds override is not written onto the task.
@@ -436,9 +451,8 @@ SET lease_expires_at = now() + (t.lease_expires_at - coalesce(t.last_heartbeat_a
         extract(epoch FROM now() - coalesce(t.last_heartbeat_at, t.claimed_at))::float8),
     last_heartbeat_at = now(),
     updated_at = now()
-FROM unnest(%(task_ids)s::bigint[], %(generations)s::bigint[]) AS c(task_id, generation)
-WHERE t.id = c.task_id
-  /* TEMPLATE: lease_guard(c.generation) */
+WHERE t.id = ANY(%(task_ids)s::bigint[])
+  /* TEMPLATE: lease_guard((%(leases)s::jsonb ->> t.id::text)::bigint) */
 RETURNING t.id, t.claim_generation, t.lease_expires_at;
 
 -- name: lock_lease
@@ -751,7 +765,7 @@ RETURNING id, action, idempotency_key, generation;
 -- holder's next guarded call fail; expiry never revives a cancelled task.
 UPDATE leaseq_tasks
 SET status = 'cancelled', last_error = %(reason)s, lease_owner = NULL, lease_expires_at = NULL, updated_at = now()
-WHERE id = %(task_id)s AND status NOT IN ('completed', 'cancelled')
+WHERE id = %(task_id)s AND status NOT IN ('completed', 'cancelled', 'denied')
 RETURNING id, status, claim_generation;
 
 -- name: set_task_status
@@ -846,6 +860,58 @@ FROM leaseq_tasks
 GROUP BY queue, status
 ORDER BY queue, status;
 
+
+-- ============================================================================
+-- Approval gates (leaseq.engine.approvals)
+-- ============================================================================
+-- None of these is lease-backed: a gated task holds no lease until it is
+-- approved and claimed.
+
+-- name: hold_for_approval
+-- A task just inserted (in this transaction, so no worker has seen it yet)
+-- waits for an operator instead of the queue.
+UPDATE leaseq_tasks SET status = 'awaiting_approval', updated_at = now()
+WHERE id = %(task_id)s AND status = 'queued'
+RETURNING *;
+
+-- name: approval_request
+-- What the approver will be shown (its digest), who asked, and until when.
+INSERT INTO leaseq_approvals (task_id, digest, requested_by, deadline_at)
+VALUES (%(task_id)s, %(digest)s, %(requested_by)s,
+        CASE WHEN %(deadline)s::float8 IS NULL THEN NULL
+             ELSE now() + %(deadline)s::float8 * interval '1 second' END)
+RETURNING *;
+
+-- name: get_approval
+SELECT * FROM leaseq_approvals WHERE task_id = %(task_id)s;
+
+-- name: decide_approval
+-- One decision per request: a second decision (or a deadline racing an
+-- operator) finds the row decided and changes nothing.
+UPDATE leaseq_approvals
+SET decision = %(decision)s, decided_by = %(decided_by)s, decided_via = %(decided_via)s, note = %(note)s,
+    decided_at = now()
+WHERE task_id = %(task_id)s AND decision IS NULL
+RETURNING *;
+
+-- name: approvals_due
+-- Undecided requests whose deadline has passed, their tasks locked for the
+-- denial. SKIP LOCKED: an operator deciding one now keeps it.
+SELECT t.id FROM leaseq_approvals a JOIN leaseq_tasks t ON t.id = a.task_id
+WHERE a.decision IS NULL AND a.deadline_at <= now() AND t.status = 'awaiting_approval'
+ORDER BY a.deadline_at
+LIMIT %(limit)s
+FOR UPDATE OF t SKIP LOCKED;
+
+-- name: list_awaiting_approval
+-- The approvals inbox: each waiting task with its request, oldest first.
+SELECT t.*, a.digest AS approval_digest, a.requested_by AS approval_requested_by,
+       a.requested_at AS approval_requested_at, a.deadline_at AS approval_deadline_at
+FROM leaseq_tasks t JOIN leaseq_approvals a ON a.task_id = t.id
+WHERE t.status = 'awaiting_approval' AND a.decision IS NULL
+  AND (%(queue)s::text IS NULL OR t.queue = %(queue)s)
+ORDER BY t.id
+LIMIT %(limit)s;
 
 -- ============================================================================
 -- Service: tokens, access and retention
