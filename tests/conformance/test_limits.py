@@ -269,7 +269,6 @@ def test_many_threads_claiming_at_once_never_overshoot(q: leaseq.Queue, dsn: str
 
 def test_two_worker_processes_never_hold_more_than_max_running(q: leaseq.Queue, dsn: str, tmp_path: Path) -> None:
     q.set_limit("shared", max_running=2)
-    q.enqueue_many("limited", [{"n": i} for i in range(30)], limits=["shared"])
     env = dict(os.environ, LEASEQ_DSN=dsn, PYTHONPATH=os.pathsep.join([str(ROOT / "src"), str(ROOT)]))
     procs = [subprocess.Popen([sys.executable, "-m", "leaseq.cli.main", "worker",
                                "tests.conformance.limits_app:app", "--name", f"p{i}", "--concurrency", "4",
@@ -277,12 +276,15 @@ def test_two_worker_processes_never_hold_more_than_max_running(q: leaseq.Queue, 
                               cwd=ROOT, env=env, stdout=open(tmp_path / f"p{i}.log", "w"), stderr=subprocess.STDOUT)
              for i in range(2)]
     samples: list[int] = []
-    holders: set[str] = set()
     try:
+        deadline = time.monotonic() + 60
+        while len(q.workers()) < 2:  # both are up and claiming before there is work to race for
+            assert time.monotonic() < deadline, "the workers did not start"
+            time.sleep(0.05)
+        ids = q.enqueue_many("limited", [{"n": i} for i in range(40)], limits=["shared"])
         deadline = time.monotonic() + 90
         while time.monotonic() < deadline:
             samples.append(live_leases(dsn, "shared"))
-            holders.update(t.lease_owner for t in q.list_tasks(status="running", limit=10) if t.lease_owner)
             if {t.status for t in q.list_tasks(limit=100)} == {"completed"}:
                 break
             time.sleep(0.01)
@@ -298,7 +300,8 @@ def test_two_worker_processes_never_hold_more_than_max_running(q: leaseq.Queue, 
     assert {t.status for t in q.list_tasks(limit=100)} == {"completed"}, logs
     assert max(samples) <= 2, f"more than 2 leases of the limit at once: {max(samples)}"
     assert 2 in samples, "the two slots were never used at once"
-    assert {h.split("-")[0] for h in holders} == {"p0", "p1"}, "both processes should have held leases"
+    holders = {e.worker_id.split("-")[0] for t in ids for e in q.events(t) if e.type == "claimed"}
+    assert holders == {"p0", "p1"}, "both processes should have held leases"
     assert usage(q, "shared") == 0
 
 
