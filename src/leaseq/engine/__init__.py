@@ -9,13 +9,16 @@ operation lives:
 - :mod:`.leases`: claim, renew, complete, fail, release, report a loss, sweep
 - :mod:`.effects`: begin and finish an effect, the action ledger
 - :mod:`.enqueue`: enqueue one task or many
+- :mod:`.dependencies`: tasks that wait for others, and moving them on when those end
+- :mod:`.waits`: what waiting for a task's end returns on
 - :mod:`.operator`: workers in and out, cancel, reconcile, unblock, requeue, pause
 - :mod:`.reads`: tasks, events, workers, queues, stats, the database clock
 - :mod:`.schema`: migrations and retention
 """
 
-from . import effects, enqueue, leases, operator, reads, schema
+from . import dependencies, effects, enqueue, leases, operator, reads, schema, waits
 from .common import Settings
 from .drive import adrive, drive, drive_in
 
-__all__ = ["Settings", "adrive", "drive", "drive_in", "effects", "enqueue", "leases", "operator", "reads", "schema"]
+__all__ = ["Settings", "adrive", "dependencies", "drive", "drive_in", "effects", "enqueue", "leases", "operator",
+           "reads", "schema", "waits"]

@@ -8,8 +8,9 @@ operations, queries and guards as usual. Nothing here knows a lease rule.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-from contextlib import contextmanager
+from collections.abc import AsyncIterator, Iterator
+from contextlib import asynccontextmanager, contextmanager
+from dataclasses import replace
 from typing import Any
 
 from .base import Store, Tx
@@ -45,3 +46,23 @@ class JoinedStore:
 
     async def close_async(self) -> None:
         """Nothing: see :meth:`close`."""
+
+
+class CallerStore(JoinedStore):
+    """Wraps ``store``; every transaction is the application's own open one.
+
+    ``enqueue(..., connection=conn)`` runs through it: the statements run on
+    the caller's connection, in the caller's transaction, and nothing is
+    committed here, so the task exists only if the caller commits (the
+    outbox pattern). ``tx`` for blocking code; ``atx`` for asyncio code
+    (then the operation is awaited on the event loop).
+    """
+
+    def __init__(self, store: Store, tx: Tx | None = None, atx: Any = None):
+        super().__init__(store, tx)  # type: ignore[arg-type]
+        self._atx = atx
+        self.capabilities = replace(store.capabilities, native_async=atx is not None)
+
+    @asynccontextmanager
+    async def atransaction(self, *, one_statement: bool = False) -> AsyncIterator[Any]:
+        yield self._atx
