@@ -18,7 +18,7 @@ import json
 import sys
 import threading
 import warnings
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any, Concatenate, Generic, ParamSpec, TypeVar
 
@@ -65,13 +65,17 @@ class TaskDefinition(Generic[P, R]):
         """Call the handler directly (tests, scripts): ``ctx`` must be given."""
         return self.fn(*args, **kwargs)
 
-    def options(self, *, key: str | None = None, delay: float = 0,
-                priority: int | None = None) -> TaskDefinition[P, R]:
+    def options(self, *, key: str | None = None, delay: float = 0, priority: int | None = None,
+                after: Iterable[int] | None = None, on_dependency_failure: str = "cancel",
+                connection: Any = None) -> TaskDefinition[P, R]:
         """This definition with enqueue options bound: ``key`` is the idempotency key (a
         repeat with the same payload returns the existing task), ``delay`` seconds before
-        it may be claimed, ``priority`` instead of the declared one.
+        it may be claimed, ``priority`` instead of the declared one; ``after``, the tasks
+        it waits for, and ``connection``, the application's own open transaction to
+        write it in (see :meth:`leaseq.Queue.enqueue`).
         ``summarize.options(key="doc-1").enqueue(doc_id=1)``."""
-        bound = {**self.bound, "key": key, "delay": delay, "priority": priority}
+        bound = {**self.bound, "key": key, "delay": delay, "priority": priority, "after": after,
+                 "on_dependency_failure": on_dependency_failure, "connection": connection}
         return dataclasses.replace(self, bound=bound)
 
     def payload(self, *args: P.args, **kwargs: P.kwargs) -> dict[str, Any]:
@@ -93,7 +97,11 @@ class TaskDefinition(Generic[P, R]):
                                       idempotency_key=options.get("key"), delay=options.get("delay", 0),
                                       priority=self.priority if priority is None else priority,
                                       max_attempts=self.max_attempts, lease_seconds=self.lease_seconds,
-                                      actions=self.actions)
+                                      actions=self.actions, **{
+                                          name: options[name] for name in ("after", "connection")
+                                          if options.get(name) is not None},
+                                      **({"on_dependency_failure": options["on_dependency_failure"]}
+                                         if options.get("after") is not None else {}))
 
     async def enqueue_async(self, *args: P.args, **kwargs: P.kwargs) -> Task:
         """:meth:`enqueue` for asyncio code."""
