@@ -71,7 +71,7 @@ def hold(s: Settings, task_ids: Sequence[int], after: list[int], on_failure: str
     if any(status != Status.COMPLETED.value for status in found.values()):
         held = yield rows("hold_tasks", task_ids=list(task_ids))
         yield rows("insert_events", events=[
-            event_params(s, r["id"], Status.WAITING.value, None, None, after=after, on_dependency_failure=on_failure)
+            event_params(s, r["id"], "waiting", None, None, after=after, on_dependency_failure=on_failure)
             for r in held])
 
 
