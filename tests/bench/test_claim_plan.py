@@ -125,7 +125,7 @@ SAMPLE = dict(
     max_same_error=3, error="e", delay=0.0, type="note", detail={}, events=[
         {"task_id": 1, "type": "note", "generation": 1, "worker_id": "w", "detail": {}}],
     kind="noop", payload={}, effect="read_only", priority=0, idempotency_key="k", max_attempts=5,
-    tasks=[{"payload": {}, "idempotency_key": "k"}],
+    tasks=[{"payload": {}, "idempotency_key": "k"}], with_dependents=False,
 )
 WRITE_PARAMS = {q: {"lease_seconds": 30.0, "actions": None} for q in ("insert_task", "insert_tasks", "insert_fresh_tasks")}
 
