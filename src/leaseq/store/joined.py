@@ -13,7 +13,7 @@ from contextlib import asynccontextmanager, contextmanager
 from dataclasses import replace
 from typing import Any
 
-from .base import Store, Tx
+from .base import Store, TaskListener, Tx
 
 
 class JoinedStore:
@@ -40,6 +40,18 @@ class JoinedStore:
 
     def listener(self, queues: set[str]) -> Any:
         return self._store.listener(queues)
+
+    def task_listener(self, task_id: int) -> TaskListener:
+        return self._store.task_listener(task_id)
+
+    async def atask_listener(self, task_id: int) -> Any:
+        return await self._store.atask_listener(task_id)
+
+    def caller_tx(self, connection: Any) -> Tx:
+        return self._store.caller_tx(connection)
+
+    def acaller_tx(self, connection: Any) -> Any:
+        return self._store.acaller_tx(connection)
 
     def close(self) -> None:
         """Nothing: the wrapped store belongs to the queue the view was made from."""

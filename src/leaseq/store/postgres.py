@@ -32,7 +32,7 @@ async def _aconfigure(conn: psycopg.AsyncConnection) -> None:
     await conn.execute("SET plan_cache_mode = force_generic_plan")
 
 
-def _rows(cur: psycopg.Cursor | psycopg.AsyncCursor) -> bool:
+def _rows(cur: psycopg.Cursor[Any] | psycopg.AsyncCursor[Any]) -> bool:
     """Whether the statement answered with rows (pgresult.status, not
     cur.description: that would build a Column object per column per call)."""
     result = cur.pgresult
@@ -78,9 +78,9 @@ class PostgresTx:
             raise RuntimeError(f"{query}: a one-statement transaction already ran its statement")
         self._statements_left -= 1
         if self._caller:
-            with self._conn.cursor(row_factory=dict_row) as cur:
-                cur.execute(self._queries[query], _encode(params), prepare=False)
-                return cur.fetchall() if _rows(cur) else []
+            with self._conn.cursor(row_factory=dict_row) as own:
+                own.execute(self._queries[query], _encode(params), prepare=False)
+                return own.fetchall() if _rows(own) else []
         cur = self._conn.execute(self._queries[query], _encode(params), prepare=query in GENERIC_PLAN)
         return cur.fetchall() if _rows(cur) else []
 
@@ -114,9 +114,9 @@ class AsyncPostgresTx:
             raise RuntimeError(f"{query}: a one-statement transaction already ran its statement")
         self._statements_left -= 1
         if self._caller:
-            async with self._conn.cursor(row_factory=dict_row) as cur:
-                await cur.execute(self._queries[query], _encode(params), prepare=False)
-                return await cur.fetchall() if _rows(cur) else []
+            async with self._conn.cursor(row_factory=dict_row) as own:
+                await own.execute(self._queries[query], _encode(params), prepare=False)
+                return await own.fetchall() if _rows(own) else []
         cur = await self._conn.execute(self._queries[query], _encode(params), prepare=query in GENERIC_PLAN)
         return await cur.fetchall() if _rows(cur) else []
 

@@ -224,6 +224,10 @@ class SqliteStore:
                                              "committed at once; run BEGIN first")
         return SqliteTx(connection, self._queries, caller=True)
 
+    def acaller_tx(self, connection: Any) -> Any:
+        """SQLite has no asyncio connections: AsyncQueue runs :meth:`caller_tx`'s view on its thread."""
+        raise InvalidInput("connection", "SQLite has no asyncio connections: pass a sqlite3.Connection")
+
     async def close_async(self) -> None:
         """Nothing to do: SQLite has no connections bound to an event loop."""
 
