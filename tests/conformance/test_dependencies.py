@@ -5,6 +5,7 @@ released in the transaction that completes its last upstream, and is cancelled
 from __future__ import annotations
 
 import threading
+import time
 
 import pytest
 
@@ -242,3 +243,33 @@ def test_an_upstream_completing_while_its_waiter_is_enqueued_never_strands_the_w
         if up is helper:  # the helper ran once; later rounds use fresh upstreams of both kinds
             helper = q.enqueue("helper")
             q.enqueue("early", after=[helper.id])
+
+
+def test_a_denied_upstream_cancels_its_waiter_and_a_gate_cannot_wait(q: leaseq.Queue) -> None:
+    gated = q.enqueue("wire_money", approval="required")
+    after_it = q.enqueue("notify", after=[gated.id])
+    assert after_it.status == "waiting"  # awaiting_approval has not ended: the waiter waits
+    q.deny(gated.id, reason="not this month")
+    got = q.get(after_it.id)
+    assert (got.status, got.last_error) == ("cancelled", f"dependency {gated.id} ended denied")
+    with pytest.raises(leaseq.InvalidInput) as err:
+        q.enqueue("both", after=[q.enqueue("x").id], approval="required")
+    assert err.value.field == "after"
+
+
+def test_a_deadline_passing_ends_upstream_and_waiter_and_their_waiters_follow(q: leaseq.Queue) -> None:
+    from datetime import timedelta
+
+    upstream = q.enqueue("late", deadline=timedelta(seconds=0.2))
+    blocked = q.enqueue("b", after=[upstream.id], on_dependency_failure="block")
+    slow = q.enqueue("slow")
+    waiter = q.enqueue("w", after=[slow.id], deadline=timedelta(seconds=0.2))
+    downstream = q.enqueue("d", after=[waiter.id])
+    time.sleep(0.4)
+    q.sweep()
+    assert q.get(upstream.id).status == "expired"
+    assert (q.get(blocked.id).status, q.get(blocked.id).last_error) == (
+        "blocked", f"dependency {upstream.id} ended expired")
+    assert q.get(waiter.id).status == "expired"  # a waiting task's own deadline passed
+    assert (q.get(downstream.id).status, q.get(downstream.id).last_error) == (
+        "cancelled", f"dependency {waiter.id} ended expired")

@@ -93,15 +93,29 @@ def test_version_7_widens_the_statuses_for_every_open_connection_and_keeps_the_t
             for mig in load_migrations(q.dialect)[:6]:
                 tx.script(mig.sql)
                 tx.rows("migrations_record", version=mig.version, name=mig.name)
-        task = q.enqueue("job", {"keep": True}, effect="side_effect")
-        w = q.register_worker("w")
-        [claim] = q.claim(w)
-        q.begin_effect(w, claim, "mail.send")
+            # a running side-effect task with its claim and an open intent, as version 6 wrote them
+            # (written directly: today's statements name columns of later versions)
+            now = "now()" if q.dialect == "postgres" else "(julianday('now') - 2440587.5) * 86400.0"
+            later = f"{now} + interval '60 seconds'" if q.dialect == "postgres" else f"{now} + 60"
+            tx.script("INSERT INTO leaseq_workers (id, name) VALUES ('w-1', 'w')")
+            tx.script(f"""INSERT INTO leaseq_tasks (queue, kind, payload, effect, status, idempotency_key,
+                              max_attempts, lease_seconds, lease_owner, lease_expires_at, claimed_at,
+                              claim_generation, attempts, open_effects)
+                          VALUES ('default', 'job', '{{"keep": true}}', 'side_effect', 'running', 'k-1', 5, 30,
+                                  'w-1', {later}, {now}, 1, 1, 1)""")
+            tx.script("""INSERT INTO leaseq_events (task_id, type, generation, worker_id, detail)
+                         VALUES (1, 'claimed', 1, 'w-1', '{}'), (1, 'effect_intent', 1, 'w-1', '{}')""")
+            tx.script("""INSERT INTO leaseq_effects (task_id, generation, worker_id, action, idempotency_key)
+                         VALUES (1, 1, 'w-1', 'mail.send', 'k-1:mail.send')""")
+        task = q.get(1)
         before = [e.type for e in q.events(task.id)]
+        assert before == ["enqueued", "claimed", "effect_intent"]
         with other.store.transaction() as tx:  # this connection now holds the version-6 schema
             assert tx.row("get_task", task_id=task.id)["status"] == "running"
         assert q.migrate() == [v for v in _latest(q.dialect) if v > 6]
         assert [e.type for e in q.events(task.id)] == before and q.get(task.id).status == "running"
+        upgraded = q.get(task.id)  # version 8's budget columns start empty on existing tasks
+        assert (upgraded.timeout_seconds, upgraded.deadline_at, upgraded.snoozes) == (None, None, 0)
         for status in ("waiting", "awaiting_approval", "denied", "expired"):
             extra = other.enqueue("job", {"s": status})
             with other.store.transaction() as tx:

@@ -9,6 +9,8 @@ operation lives:
 - :mod:`.leases`: claim, renew, complete, fail, release, report a loss, sweep
 - :mod:`.effects`: begin and finish an effect, the action ledger
 - :mod:`.enqueue`: enqueue one task or many
+- :mod:`.approvals`: approval gates: request, approve, deny, deadlines
+- :mod:`.intents`: intents a task records for an executor
 - :mod:`.dependencies`: tasks that wait for others, and moving them on when those end
 - :mod:`.waits`: what waiting for a task's end returns on
 - :mod:`.operator`: workers in and out, cancel, reconcile, unblock, requeue, pause
@@ -16,9 +18,9 @@ operation lives:
 - :mod:`.schema`: migrations and retention
 """
 
-from . import dependencies, effects, enqueue, leases, operator, reads, schema, waits
+from . import approvals, dependencies, effects, enqueue, intents, leases, operator, reads, schema, waits
 from .common import Settings
 from .drive import adrive, drive, drive_in
 
-__all__ = ["Settings", "adrive", "dependencies", "drive", "drive_in", "effects", "enqueue", "leases", "operator",
-           "reads", "schema", "waits"]
+__all__ = ["Settings", "adrive", "approvals", "dependencies", "drive", "drive_in", "effects", "enqueue", "intents",
+           "leases", "operator", "reads", "schema", "waits"]
