@@ -206,8 +206,8 @@ class Queue:
                 actions: Iterable[str] | None = None, timeout: float | None = None,
                 deadline: datetime | timedelta | None = None, approval: str | None = None,
                 approval_deadline: float | None = None, by: str | None = None,
-                after: Iterable[int] | None = None, on_dependency_failure: str = "cancel",
-                connection: Any = None) -> Task:
+                trace_context: str | None = None, after: Iterable[int] | None = None,
+                on_dependency_failure: str = "cancel", connection: Any = None) -> Task:
         """Add a task. A second enqueue with the same ``idempotency_key`` in the
         same queue returns the existing task instead of a duplicate.
 
@@ -228,6 +228,10 @@ class Queue:
         enqueue, an undecided request is denied (:meth:`expire_approvals`).
         ``by`` names who asks, shown to the approver (default: the OS user).
 
+        ``trace_context`` is a W3C traceparent stored with the task, under
+        which the worker starts the task's spans; by default, with
+        OpenTelemetry tracing on, that of this enqueue's own span.
+
         ``after`` lists tasks this one waits for: it is ``waiting`` (not
         claimable, holding nothing) until every one of them is ``completed``,
         then ``queued``. If one ends ``dead``, ``cancelled``, ``denied`` or
@@ -246,7 +250,8 @@ class Queue:
                                     idempotency_key=idempotency_key, priority=priority, delay=delay,
                                     max_attempts=max_attempts, lease_seconds=lease_seconds, actions=actions,
                                     timeout=timeout, deadline=deadline, approval=approval,
-                                    approval_deadline=approval_deadline, by=by, after=after,
+                                    approval_deadline=approval_deadline, by=by, trace_context=trace_context,
+                                    after=after,
                                     on_dependency_failure=on_dependency_failure)
         return self._run(op) if connection is None else self._run_in(connection, op)
 

@@ -124,3 +124,28 @@ def test_version_7_widens_the_statuses_for_every_open_connection_and_keeps_the_t
         with pytest.raises(Exception, match="(?i)check"):
             with other.store.transaction() as tx:
                 tx.script(f"UPDATE leaseq_tasks SET status = 'sleeping' WHERE id = {task.id}")
+
+
+def test_version_10_adds_the_trace_context_and_old_tasks_carry_none(dsn: str) -> None:
+    """Version 10 stores the caller's trace context with a task. A task written
+    before it reads None, is claimed and completed as before, and a connection
+    opened before the upgrade stores the new column at once."""
+    traceparent = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"
+    with leaseq.connect(dsn) as q, leaseq.connect(dsn) as other:
+        with q.store.transaction() as tx:
+            tx.rows("migrations_create")
+            for mig in load_migrations(q.dialect)[:9]:
+                tx.script(mig.sql)
+                tx.rows("migrations_record", version=mig.version, name=mig.name)
+            tx.script("INSERT INTO leaseq_tasks (queue, kind, payload, effect, idempotency_key, max_attempts, "
+                      "lease_seconds) VALUES ('default', 'job', '{\"old\": true}', 'read_only', 'k-9', 5, 30.0)")
+        with other.store.transaction() as tx:  # this connection now holds the version-9 schema
+            assert "trace_context" not in tx.row("get_task_by_key", queue="default", idempotency_key="k-9")
+        assert q.migrate() == [v for v in _latest(q.dialect) if v > 9]
+        w = q.register_worker("w")
+        [claim] = q.claim(w)
+        assert claim.task.payload == {"old": True} and claim.task.trace_context is None
+        q.complete(w, claim, "done")
+        new = other.enqueue("job", {"new": True}, trace_context=traceparent)
+        assert q.get(new.id).trace_context == traceparent
+

@@ -1,4 +1,4 @@
--- leaseq schema, version 10, PostgreSQL: tasks that wait for other tasks, and
+-- leaseq schema, version 11, PostgreSQL: tasks that wait for other tasks, and
 -- the notification that wakes a caller waiting for a task's end.
 --
 -- leaseq_dependencies holds one row per (waiter, upstream) pair: the waiter

@@ -1,4 +1,4 @@
--- leaseq schema, version 10, SQLite: tasks that wait for other tasks. See the
+-- leaseq schema, version 11, SQLite: tasks that wait for other tasks. See the
 -- PostgreSQL file. SQLite has no notifications: Queue.wait polls, so there
 -- is no watched column and no trigger.
 
