@@ -18,7 +18,7 @@ import json
 import sys
 import threading
 import warnings
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any, Concatenate, Generic, ParamSpec, TypeVar
@@ -86,15 +86,19 @@ class TaskDefinition(Generic[P, R]):
 
     def options(self, *, key: str | None = None, delay: float = 0, priority: int | None = None,
                 timeout: float | None = None, deadline: datetime | timedelta | None = None,
-                units: int | None = None) -> TaskDefinition[P, R]:
+                after: Iterable[int] | None = None, on_dependency_failure: str = "cancel",
+                connection: Any = None, units: int | None = None) -> TaskDefinition[P, R]:
         """This definition with enqueue options bound: ``key`` is the idempotency key (a
         repeat with the same payload returns the existing task), ``delay`` seconds before
         it may be claimed, ``priority``, ``timeout`` and ``deadline`` (a time, or a
-        timedelta from the enqueue) instead of the declared ones, and ``units``, the task's
-        weight in limits that count units (a token estimate, say).
+        timedelta from the enqueue) instead of the declared ones; ``after``, the tasks
+        it waits for, and ``connection``, the application's own open transaction to
+        write it in (see :meth:`leaseq.Queue.enqueue`); ``units``, the task's weight in
+        limits that count units (a token estimate, say), instead of the declared one.
         ``summarize.options(key="doc-1").enqueue(doc_id=1)``."""
         bound = {**self.bound, "key": key, "delay": delay, "priority": priority, "timeout": timeout,
-                 "deadline": deadline, "units": units}
+                 "deadline": deadline, "after": after, "on_dependency_failure": on_dependency_failure,
+                 "connection": connection, "units": units}
         return dataclasses.replace(self, bound=bound)
 
     def payload(self, *args: P.args, **kwargs: P.kwargs) -> dict[str, Any]:
@@ -120,7 +124,11 @@ class TaskDefinition(Generic[P, R]):
                                       actions=self.actions, timeout=self.timeout if timeout is None else timeout,
                                       deadline=self.deadline if deadline is None else deadline,
                                       approval=self.approval, approval_deadline=self.approval_deadline,
-                                      limits=self.limits, units=self.units if units is None else units)
+                                      limits=self.limits, units=self.units if units is None else units, **{
+                                          name: options[name] for name in ("after", "connection")
+                                          if options.get(name) is not None},
+                                      **({"on_dependency_failure": options["on_dependency_failure"]}
+                                         if options.get("after") is not None else {}))
 
     async def enqueue_async(self, *args: P.args, **kwargs: P.kwargs) -> Task:
         """:meth:`enqueue` for asyncio code."""
