@@ -12,10 +12,12 @@
 from .aio import AsyncQueue, connect_async
 from .app import App, TaskDefinition
 from .core.errors import (BackendUnavailable, ConfigError, CredentialMissing, InvalidInput, InvalidTransition,
-                          LeaseLost, LeaseqError, NotFound, Permanent, QueuePaused, StaleToken, UnknownWorker)
+                          LeaseLost, LeaseqError, NotFound, Permanent, QueuePaused, StaleToken, ToolCallDiverged,
+                          UnknownWorker)
 from .core.model import Claim, Effect, EffectKind, Event, Status, Task, Worker
 from .queue import Queue, connect
 from .worker.context import TaskContext
+from .worker.tools import Tool, tool
 
 __version__ = "0.1.0"
 
@@ -23,5 +25,6 @@ __all__ = [
     "App", "CredentialMissing", "Permanent", "TaskDefinition", "TaskContext",
     "AsyncQueue", "BackendUnavailable", "Claim", "ConfigError", "Effect", "EffectKind", "Event",
     "InvalidInput", "InvalidTransition", "LeaseLost", "LeaseqError", "NotFound", "Queue", "QueuePaused",
-    "StaleToken", "Status", "Task", "UnknownWorker", "Worker", "connect", "connect_async",
+    "StaleToken", "Status", "Task", "Tool", "ToolCallDiverged", "UnknownWorker", "Worker", "connect",
+    "connect_async", "tool",
 ]

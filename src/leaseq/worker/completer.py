@@ -45,7 +45,7 @@ from typing import TYPE_CHECKING, Any
 
 from ..auth import AccessDenied, RateLimited
 from ..core.errors import (CredentialMissing, InvalidInput, InvalidTransition, LeaseLost, NotFound, Permanent,
-                           UnknownWorker)
+                           ToolCallDiverged, UnknownWorker)
 from .transport import Capabilities
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -228,7 +228,8 @@ class Completer:
         return outcome
 
     async def _fail_one(self, ctx: TaskContext, exc: BaseException) -> Outcome:
-        retry = not isinstance(exc, Permanent)
+        # a diverged run diverges again on every retry: its recorded calls replay the same
+        retry = not isinstance(exc, (Permanent, ToolCallDiverged))
         block = isinstance(exc, CredentialMissing)
         text = error_text(exc)
         outcome = await self._attempts(ctx, "fail", lambda: self._call(self.transport.fail, self.worker, ctx.claim,
