@@ -94,6 +94,11 @@ def check_effect(effect: Any) -> str:
     return value
 
 
+def context_for(ctx: TaskContext | None) -> TaskContext | None:
+    """``ctx``, else the running handler's context (None outside a handler): adapters' default."""
+    return ctx if ctx is not None else current_context.get()
+
+
 def _is_async(fn: Callable[..., Any]) -> bool:
     while isinstance(fn, functools.partial):
         fn = fn.func
@@ -113,7 +118,8 @@ class Tool:
     """
 
     def __init__(self, ctx: TaskContext, fn: Callable[..., Any], *, action: str, effect: str = "side_effect",
-                 encode: Callable[[Any], Any] | None = None, decode: Callable[[Any], Any] | None = None):
+                 encode: Callable[[Any], Any] | None = None, decode: Callable[[Any], Any] | None = None,
+                 decode_replayed: Callable[[Any], Any] | None = None):
         if not callable(fn):
             raise InvalidInput("fn", f"must be callable (got {fn!r})")
         self.ctx = ctx
@@ -122,6 +128,9 @@ class Tool:
         self.effect = check_effect(effect)
         self.encode = encode or _same
         self.decode = decode or _same
+        #: how a replayed response is returned (default: as ``decode``); adapters use it
+        #: to report a replayed model call's token usage as zero, not twice
+        self.decode_replayed = decode_replayed or self.decode
         self.is_async = _is_async(fn)
         functools.update_wrapper(self, fn, updated=())  # type: ignore[arg-type]
 
@@ -150,13 +159,13 @@ class Tool:
         with scope as fx:
             if not fx.replayed:
                 fx.record(self.encode(self.fn(*args, **kwargs)))
-        return self.decode(fx.response)
+        return (self.decode_replayed if fx.replayed else self.decode)(fx.response)
 
     async def _acall(self, scope: EffectScope, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
         async with scope as fx:
             if not fx.replayed:
                 await fx.arecord(self.encode(await self.fn(*args, **kwargs)))
-        return self.decode(fx.response)
+        return (self.decode_replayed if fx.replayed else self.decode)(fx.response)
 
 
 def tool(*, action: str, effect: str = "side_effect", encode: Callable[[Any], Any] | None = None,
