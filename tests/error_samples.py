@@ -24,4 +24,5 @@ SAMPLES: dict[type[LeaseqError], LeaseqError] = {
     errors.Unauthorized: errors.Unauthorized("token revoked"),
     errors.RateLimited: errors.RateLimited("slow down", 2.5),
     errors.IdempotencyKeyReused: errors.IdempotencyKeyReused("k", "order:1", "order:2"),
+    errors.ToolCallDiverged: errors.ToolCallDiverged("run-1:llm.chat:0"),
 }

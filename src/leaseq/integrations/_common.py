@@ -16,12 +16,12 @@ if TYPE_CHECKING:  # pragma: no cover
 VOLATILE_KEYS = frozenset({"timestamp", "run_id", "conversation_id", "created_at"})
 
 
-def stable_view(value: Any) -> Any:
+def stable_view(value: Any, volatile: frozenset[str] = VOLATILE_KEYS) -> Any:
     """``value`` (JSON) without the keys that change between runs of the same request."""
     if isinstance(value, dict):
-        return {k: stable_view(v) for k, v in value.items() if k not in VOLATILE_KEYS}
+        return {k: stable_view(v, volatile) for k, v in value.items() if k not in volatile}
     if isinstance(value, list):
-        return [stable_view(v) for v in value]
+        return [stable_view(v, volatile) for v in value]
     return value
 
 

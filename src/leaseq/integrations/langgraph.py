@@ -40,12 +40,15 @@ from langgraph.graph import END
 
 from ..core.errors import InvalidInput
 from ..worker.tools import Tool
-from ._common import ToolClasses, running_context, stable_view
+from ._common import VOLATILE_KEYS, ToolClasses, running_context, stable_view
 
 if TYPE_CHECKING:  # pragma: no cover
     from ..worker.context import TaskContext
 
 __all__ = ["LeaseqToolNode", "model_node", "tools_condition"]
+
+#: LangGraph gives each new message a random id: not part of what was asked
+_VOLATILE = VOLATILE_KEYS | {"id"}
 
 
 def _messages(state: Any) -> list[BaseMessage]:
@@ -75,7 +78,7 @@ def model_node(model: Any, *, ctx: TaskContext | None = None, action: str = "llm
         task_ctx = running_context(ctx, "model call")
         if task_ctx is None:
             return {"messages": [model.invoke(messages)]}
-        view = stable_view([message_to_dict(m) for m in messages])
+        view = stable_view([message_to_dict(m) for m in messages], _VOLATILE)
         answer = Tool(task_ctx, lambda _view: model.invoke(messages), action=action, effect="read_only",
                       encode=message_to_dict, decode=_decode, decode_replayed=_replayed)(view)
         return {"messages": [answer]}
