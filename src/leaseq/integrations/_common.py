@@ -12,8 +12,9 @@ if TYPE_CHECKING:  # pragma: no cover
     from ..worker.context import TaskContext
 
 #: Keys of a serialized request that differ between runs of the same request
-#: (clocks, run ids): left out of the argument digest, so a replay is not a divergence.
-VOLATILE_KEYS = frozenset({"timestamp", "run_id", "conversation_id", "created_at"})
+#: (clocks, run ids, and the usage a replayed response reports as zero): left out
+#: of the argument digest, so a replay is not a divergence.
+VOLATILE_KEYS = frozenset({"timestamp", "run_id", "conversation_id", "created_at", "usage", "usage_metadata"})
 
 
 def stable_view(value: Any, volatile: frozenset[str] = VOLATILE_KEYS) -> Any:
