@@ -231,3 +231,17 @@ def test_the_decorator_records_inside_a_handler_and_is_plain_outside(q: leaseq.Q
                                                                                  ["math.double", "1"]]
     with pytest.raises(leaseq.InvalidInput, match="effect"):
         leaseq.tool(action="x.y", effect="risky")
+
+
+def test_a_paused_queue_refuses_new_actions_but_not_reads_or_replays(q: leaseq.Queue) -> None:
+    w = q.register_worker("a")
+    q.enqueue("agent", {}, effect="side_effect", max_attempts=5)
+    ctx = _attempt(q, q, w)
+    calls = Calls()
+    pay = ctx.tool(calls.pay, action="payments.charge", effect="side_effect")
+    assert pay(1) == {"paid": 1}
+    q.pause("default", by="ops")
+    assert ctx.tool(calls.llm, action="llm.chat", effect="read_only")("q") == {"text": "answer to q", "tokens": 7}
+    with pytest.raises(leaseq.QueuePaused):
+        pay(2)
+    assert calls.n == {"pay": 1, "llm": 1}

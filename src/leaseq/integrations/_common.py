@@ -26,7 +26,7 @@ def stable_view(value: Any, volatile: frozenset[str] = VOLATILE_KEYS) -> Any:
     return value
 
 
-def running_context(ctx: TaskContext | None, what: str) -> TaskContext | None:
+def running_context(ctx: TaskContext | None) -> TaskContext | None:
     """The handler context an adapter records into: the one given, else the running handler's."""
     return context_for(ctx)
 

@@ -75,7 +75,7 @@ def model_node(model: Any, *, ctx: TaskContext | None = None, action: str = "llm
 
     def call_model(state: Any) -> dict[str, Any]:
         messages = _messages(state)
-        task_ctx = running_context(ctx, "model call")
+        task_ctx = running_context(ctx)
         if task_ctx is None:
             return {"messages": [model.invoke(messages)]}
         view = stable_view([message_to_dict(m) for m in messages], _VOLATILE)
@@ -113,7 +113,7 @@ class LeaseqToolNode:
     def __call__(self, state: Any) -> dict[str, Any]:
         last = _messages(state)[-1]
         calls = last.tool_calls if isinstance(last, AIMessage) else []
-        task_ctx = running_context(self._ctx, "tool call")
+        task_ctx = running_context(self._ctx)
         out = []
         for call in calls:  # in the model's order: the ledger records them the same way every attempt
             tool = self.tools.get(call["name"])
@@ -126,7 +126,8 @@ class LeaseqToolNode:
             else:
                 ledgered = Tool(task_ctx, lambda args, _t=tool: _t.invoke(args), action=tool.name,
                                 effect=self.classes(tool.name), encode=pydantic_core.to_jsonable_python)
-                result = (ledgered.keyed(call["id"]) if call.get("id") else ledgered)(call["args"])
+                call_id = call.get("id")
+                result = (ledgered.keyed(call_id) if call_id else ledgered)(call["args"])
             content = result if isinstance(result, str) else json.dumps(pydantic_core.to_jsonable_python(result))
             out.append(ToolMessage(content=content, name=tool.name, tool_call_id=call["id"]))
         return {"messages": out}

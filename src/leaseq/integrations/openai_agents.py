@@ -46,7 +46,7 @@ if TYPE_CHECKING:  # pragma: no cover
 
 __all__ = ["LeaseqModel", "ledgered_tools"]
 
-_ITEM = pydantic.TypeAdapter(TResponseOutputItem)
+_ITEM: pydantic.TypeAdapter[Any] = pydantic.TypeAdapter(TResponseOutputItem)
 _USAGE = pydantic.TypeAdapter(Usage)
 #: one lock per handler attempt: its tool calls take turns, in the order they were started
 _TURNS: weakref.WeakKeyDictionary[Any, asyncio.Lock] = weakref.WeakKeyDictionary()
@@ -77,7 +77,7 @@ class LeaseqModel(Model):
     async def get_response(self, system_instructions: str | None, input: Any, model_settings: Any, tools: Any,
                            output_schema: Any, handoffs: Any, tracing: Any, *, previous_response_id: str | None,
                            conversation_id: str | None, prompt: Any) -> ModelResponse:
-        ctx = running_context(self._ctx, "model response")
+        ctx = running_context(self._ctx)
 
         async def call(view: Any = None) -> ModelResponse:
             return await self.wrapped.get_response(
@@ -89,11 +89,12 @@ class LeaseqModel(Model):
         view = stable_view(pydantic_core.to_jsonable_python(
             {"instructions": system_instructions, "input": input, "tools": [t.name for t in tools]},
             fallback=repr))
-        return await Tool(ctx, call, action=self.action, effect="read_only", encode=_encode, decode=_decode,
-                          decode_replayed=_replayed)(view)
+        response: ModelResponse = await Tool(ctx, call, action=self.action, effect="read_only", encode=_encode,
+                                             decode=_decode, decode_replayed=_replayed)(view)
+        return response
 
     def stream_response(self, *args: Any, **kwargs: Any) -> AsyncIterator[Any]:
-        if running_context(self._ctx, "model response") is not None:
+        if running_context(self._ctx) is not None:
             raise InvalidInput("stream", "streamed responses are not recorded in the ledger; use Runner.run() "
                                          "inside a leaseq handler")
         return self.wrapped.stream_response(*args, **kwargs)
@@ -122,7 +123,7 @@ def _ledgered(tool: FunctionTool, effect: str, given: TaskContext | None) -> Any
     invoke = tool.on_invoke_tool
 
     async def on_invoke_tool(tool_ctx: Any, input_json: str) -> Any:
-        ctx = running_context(given, "tool call")
+        ctx = running_context(given)
         if ctx is None:
             return await invoke(tool_ctx, input_json)
 

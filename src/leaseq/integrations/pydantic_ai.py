@@ -68,7 +68,7 @@ class LeaseqModel(WrapperModel):
 
     async def request(self, messages: list[ModelMessage], model_settings: Any,
                       model_request_parameters: ModelRequestParameters) -> ModelResponse:
-        ctx = running_context(self._ctx, "model request")
+        ctx = running_context(self._ctx)
         if ctx is None:
             return await super().request(messages, model_settings, model_request_parameters)
 
@@ -79,13 +79,14 @@ class LeaseqModel(WrapperModel):
                     encode=lambda r: _RESPONSE.dump_python(r, mode="json"),
                     decode=_RESPONSE.validate_python, decode_replayed=_replayed)
         view = stable_view(ModelMessagesTypeAdapter.dump_python(messages, mode="json"))
-        return await tool(view)
+        response: ModelResponse = await tool(view)
+        return response
 
     @asynccontextmanager
     async def request_stream(self, messages: list[ModelMessage], model_settings: Any,
                              model_request_parameters: ModelRequestParameters,
                              run_context: Any = None) -> AsyncIterator[Any]:
-        if running_context(self._ctx, "model request") is not None:
+        if running_context(self._ctx) is not None:
             raise InvalidInput("stream", "streamed model requests are not recorded in the ledger; "
                                          "use agent.run() inside a leaseq handler")
         async with super().request_stream(messages, model_settings, model_request_parameters,
@@ -111,14 +112,14 @@ class LeaseqToolset(WrapperToolset[Any]):
 
     async def get_tools(self, ctx: Any) -> dict[str, Any]:
         tools = await super().get_tools(ctx)
-        if running_context(self.ctx, "tool call") is None:
+        if running_context(self.ctx) is None:
             return tools
         # one call at a time, in the order the model emitted them: the same ledger order every attempt
         return {name: dataclasses.replace(t, tool_def=dataclasses.replace(t.tool_def, sequential=True))
                 for name, t in tools.items()}
 
     async def call_tool(self, name: str, tool_args: dict[str, Any], ctx: Any, tool: Any) -> Any:
-        task_ctx = running_context(self.ctx, "tool call")
+        task_ctx = running_context(self.ctx)
         if task_ctx is None:
             return await super().call_tool(name, tool_args, ctx, tool)
 

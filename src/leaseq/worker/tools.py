@@ -132,7 +132,7 @@ class Tool:
         #: to report a replayed model call's token usage as zero, not twice
         self.decode_replayed = decode_replayed or self.decode
         self.is_async = _is_async(fn)
-        functools.update_wrapper(self, fn, updated=())  # type: ignore[arg-type]
+        functools.update_wrapper(self, fn, updated=())
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         return self.call(None, args, kwargs)
