@@ -11,10 +11,12 @@
 
 from .aio import AsyncQueue, connect_async
 from .app import App, TaskDefinition
-from .core.errors import (BackendUnavailable, ConfigError, CredentialMissing, InvalidInput, InvalidTransition,
-                          LeaseLost, LeaseqError, NotFound, Permanent, QueuePaused, StaleToken, ToolCallDiverged,
-                          UnknownWorker)
-from .core.model import Claim, Effect, EffectKind, Event, Status, Task, Worker
+from .core.errors import (ApprovalMismatch, BackendUnavailable, ConfigError, CredentialMissing, InvalidInput,
+                          InvalidTransition, LeaseLost, LeaseqError, NotFound, Permanent, QueuePaused, StaleToken,
+                          ToolCallDiverged, UnknownWorker)
+from .core.retry import Retry, RetryPolicy
+from .core.model import Approval, Claim, Effect, EffectKind, Event, Status, Task, Worker
+from .engine.approvals import approval_digest
 from .queue import Queue, connect
 from .worker.context import TaskContext
 from .worker.tools import Tool, tool
@@ -22,9 +24,10 @@ from .worker.tools import Tool, tool
 __version__ = "0.1.0"
 
 __all__ = [
-    "App", "CredentialMissing", "Permanent", "TaskDefinition", "TaskContext",
+    "App", "Approval", "ApprovalMismatch", "approval_digest", "CredentialMissing", "Permanent", "TaskDefinition", "TaskContext",
     "AsyncQueue", "BackendUnavailable", "Claim", "ConfigError", "Effect", "EffectKind", "Event",
     "InvalidInput", "InvalidTransition", "LeaseLost", "LeaseqError", "NotFound", "Queue", "QueuePaused",
+    "Retry", "RetryPolicy",
     "StaleToken", "Status", "Task", "Tool", "ToolCallDiverged", "UnknownWorker", "Worker", "connect",
     "connect_async", "tool",
 ]

@@ -11,12 +11,12 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Iterable, Sequence
-from datetime import datetime
+from datetime import datetime, timedelta
 from typing import Any
 
 from . import engine
 from .core import checks
-from .core.model import Claim, Effect, Event, Task, Worker
+from .core.model import Approval, Claim, Effect, Event, Task, Worker
 from .engine.steps import Op, T
 from .queue import Queue, connect
 
@@ -71,24 +71,29 @@ class AsyncQueue:
     async def enqueue(self, kind: str, payload: Any = None, *, effect: str = "read_only", queue: str = "default",
                       idempotency_key: str | None = None, priority: int = 0, delay: float = 0,
                       max_attempts: int = 5, lease_seconds: float = checks.DEFAULT_LEASE_SECONDS,
-                      actions: Iterable[str] | None = None) -> Task:
+                      actions: Iterable[str] | None = None, timeout: float | None = None,
+                      deadline: datetime | timedelta | None = None, approval: str | None = None,
+                      approval_deadline: float | None = None, by: str | None = None) -> Task:
         """:meth:`Queue.enqueue`, awaited."""
         return await self._arun(engine.enqueue.enqueue(self.settings, kind, payload, effect=effect, queue=queue,
                                                        idempotency_key=idempotency_key, priority=priority,
                                                        delay=delay, max_attempts=max_attempts,
-                                                       lease_seconds=lease_seconds, actions=actions))
+                                                       lease_seconds=lease_seconds, actions=actions,
+                                                       timeout=timeout, deadline=deadline, approval=approval,
+                                                       approval_deadline=approval_deadline, by=by))
 
     async def enqueue_many(self, kind: str, payloads: Iterable[Any], *, effect: str = "read_only",
                            queue: str = "default", idempotency_keys: Sequence[str | None] | None = None,
                            priority: int = 0, delay: float = 0, max_attempts: int = 5,
                            lease_seconds: float = checks.DEFAULT_LEASE_SECONDS,
-                           actions: Iterable[str] | None = None) -> list[int]:
+                           actions: Iterable[str] | None = None, timeout: float | None = None,
+                     deadline: datetime | timedelta | None = None) -> list[int]:
         """:meth:`Queue.enqueue_many`, awaited."""
         return await self._arun(engine.enqueue.enqueue_many(self.settings, kind, payloads, effect=effect,
                                                             queue=queue, idempotency_keys=idempotency_keys,
                                                             priority=priority, delay=delay,
                                                             max_attempts=max_attempts, lease_seconds=lease_seconds,
-                                                            actions=actions))
+                                                            actions=actions, timeout=timeout, deadline=deadline))
 
     async def claim(self, worker: Worker | str, *, queue: str = "default", limit: int = 1,
                     lease_seconds: float | None = None, kinds: Iterable[str] | None = None) -> list[Claim]:
@@ -117,6 +122,11 @@ class AsyncQueue:
         """:meth:`Queue.fail`, awaited."""
         return await self._arun(engine.leases.fail(self.settings, worker, claim, error, retry=retry, block=block,
                                                    delay=delay))
+
+    async def retry(self, worker: Worker | str, claim: Claim, after: float = 0.0,
+                    reason: str = "retry requested") -> Task:
+        """:meth:`Queue.retry`, awaited."""
+        return await self._arun(engine.leases.retry(self.settings, worker, claim, after, reason))
 
     async def release(self, worker: Worker | str, claim: Claim, reason: str = "released") -> Task:
         """:meth:`Queue.release`, awaited."""
@@ -206,6 +216,39 @@ class AsyncQueue:
                                                     payloads_older_than_seconds=payloads_older_than_seconds,
                                                     batch=batch, by=by, via=via, record_empty=record_empty))
 
+
+    async def approve(self, task_id: int, digest: str, note: str | None = None, *, by: str | None = None,
+                      via: str | None = None) -> Task:
+        """:meth:`Queue.approve`, awaited."""
+        return await self._arun(engine.approvals.approve(self.settings, task_id, digest, note, by=by, via=via))
+
+    async def deny(self, task_id: int, reason: str, *, by: str | None = None, via: str | None = None) -> Task:
+        """:meth:`Queue.deny`, awaited."""
+        return await self._arun(engine.approvals.deny(self.settings, task_id, reason, by=by, via=via))
+
+    async def expire_approvals(self) -> int:
+        """:meth:`Queue.expire_approvals`, awaited."""
+        return await self._arun(engine.approvals.expire_approvals(self.settings))
+
+    async def approvals(self, *, queue: str | None = None, limit: int = 100) -> list[Approval]:
+        """:meth:`Queue.approvals`, awaited."""
+        return await self._arun(engine.approvals.approvals(self.settings, queue=queue, limit=limit))
+
+    async def approval(self, task_id: int) -> Approval:
+        """:meth:`Queue.approval`, awaited."""
+        return await self._arun(engine.approvals.approval(self.settings, task_id))
+
+    async def intend(self, worker: Worker | str, claim: Claim, kind: str, payload: Any = None, *, key: str,
+                     queue: str = "default", effect: str = "side_effect", approval: str | None = None,
+                     approval_deadline: float | None = None, priority: int = 0, max_attempts: int = 5,
+                     lease_seconds: float = checks.DEFAULT_LEASE_SECONDS,
+                     actions: Iterable[str] | None = None) -> Task:
+        """:meth:`Queue.intend`, awaited."""
+        return await self._arun(engine.intents.intend(self.settings, worker, claim, kind, payload, key=key,
+                                                      queue=queue, effect=effect, approval=approval,
+                                                      approval_deadline=approval_deadline, priority=priority,
+                                                      max_attempts=max_attempts, lease_seconds=lease_seconds,
+                                                      actions=actions))
 
     async def list(self, *, status: str | None = None, queue: str | None = None, limit: int = 100) -> list[Task]:
         """Deprecated name of :meth:`list_tasks`."""

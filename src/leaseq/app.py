@@ -20,11 +20,15 @@ import threading
 import warnings
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from datetime import datetime, timedelta
 from typing import Any, Concatenate, Generic, ParamSpec, TypeVar
 
 from .core import policy
 from .core.errors import InvalidInput
 from .core.model import Task
+from .core.retry import RetryPolicy
+from .engine.approvals import check_approval
+from .engine.enqueue import check_budgets
 from .queue import Queue, _check_actions, connect
 from .schedules import Schedule
 from .signature import bind_payload, check_handler
@@ -58,6 +62,16 @@ class TaskDefinition(Generic[P, R]):
     priority: int
     #: the actions its tasks may begin (None: undeclared; see Queue.enqueue)
     actions: list[str] | None = None
+    #: how its failures are retried (None: the queue's 1 s - 1 h backoff for every error)
+    retry: RetryPolicy | None = None
+    #: seconds one attempt may run (None: no limit); its tasks are enqueued with it
+    timeout: float | None = None
+    #: how long after its enqueue a task may still start (None: no deadline)
+    deadline: timedelta | None = None
+    #: "required": its tasks wait for an operator's approval (see Queue.enqueue)
+    approval: str | None = None
+    #: seconds an approval request waits before it is denied (None: no deadline)
+    approval_deadline: float | None = None
     #: enqueue options bound by :meth:`options`
     bound: dict[str, Any] = field(default_factory=dict)
 
@@ -65,13 +79,15 @@ class TaskDefinition(Generic[P, R]):
         """Call the handler directly (tests, scripts): ``ctx`` must be given."""
         return self.fn(*args, **kwargs)
 
-    def options(self, *, key: str | None = None, delay: float = 0,
-                priority: int | None = None) -> TaskDefinition[P, R]:
+    def options(self, *, key: str | None = None, delay: float = 0, priority: int | None = None,
+                timeout: float | None = None, deadline: datetime | timedelta | None = None) -> TaskDefinition[P, R]:
         """This definition with enqueue options bound: ``key`` is the idempotency key (a
         repeat with the same payload returns the existing task), ``delay`` seconds before
-        it may be claimed, ``priority`` instead of the declared one.
+        it may be claimed, ``priority``, ``timeout`` and ``deadline`` (a time, or a
+        timedelta from the enqueue) instead of the declared ones.
         ``summarize.options(key="doc-1").enqueue(doc_id=1)``."""
-        bound = {**self.bound, "key": key, "delay": delay, "priority": priority}
+        bound = {**self.bound, "key": key, "delay": delay, "priority": priority, "timeout": timeout,
+                 "deadline": deadline}
         return dataclasses.replace(self, bound=bound)
 
     def payload(self, *args: P.args, **kwargs: P.kwargs) -> dict[str, Any]:
@@ -88,12 +104,14 @@ class TaskDefinition(Generic[P, R]):
                               DeprecationWarning, stacklevel=2)
                 options[name] = kwargs.pop(legacy)
         payload = bind_payload(self.fn, args, kwargs)
-        priority = options.get("priority")
+        priority, timeout, deadline = options.get("priority"), options.get("timeout"), options.get("deadline")
         return self.app.queue.enqueue(self.kind, payload, effect=self.effect, queue=self.queue,
                                       idempotency_key=options.get("key"), delay=options.get("delay", 0),
                                       priority=self.priority if priority is None else priority,
                                       max_attempts=self.max_attempts, lease_seconds=self.lease_seconds,
-                                      actions=self.actions)
+                                      actions=self.actions, timeout=self.timeout if timeout is None else timeout,
+                                      deadline=self.deadline if deadline is None else deadline,
+                                      approval=self.approval, approval_deadline=self.approval_deadline)
 
     async def enqueue_async(self, *args: P.args, **kwargs: P.kwargs) -> Task:
         """:meth:`enqueue` for asyncio code."""
@@ -141,14 +159,36 @@ class App:
 
     def task(self, kind: str | None = None, *, effect: str = "read_only", queue: str = "default",
              lease_seconds: float = policy.DEFAULT_LEASE_SECONDS, max_attempts: int = 5,
-             priority: int = 0, actions: list[str] | None = None,
+             priority: int = 0, actions: list[str] | None = None, retry: RetryPolicy | None = None,
+             timeout: float | None = None, deadline: timedelta | None = None, approval: str | None = None,
+             approval_deadline: float | None = None,
              ) -> Callable[[Callable[Concatenate[Any, P], R]], TaskDefinition[P, R]]:
         """Decorator declaring a handler ``fn(ctx, **payload)``, sync or async.
 
         ``actions`` lists the effects (``ctx.effect(action)``) its tasks may
         begin; the queue refuses any other. Undeclared (None): any action for
-        an idempotent or side_effect task, none for a read_only one."""
+        an idempotent or side_effect task, none for a read_only one.
+
+        ``retry`` (a :class:`leaseq.RetryPolicy`) decides which failures are
+        retried and after how long, instead of the queue's 1 s - 1 h backoff.
+        ``timeout``: seconds one attempt may run before the worker stops it
+        and gives its lease up (reason ``timeout``). ``deadline``: a
+        timedelta; a task not started that long after its enqueue never
+        starts and ends ``expired``. Both are written on each task enqueued
+        through the definition (:meth:`TaskDefinition.options` overrides
+        them); a worker also applies ``timeout`` to tasks of this kind
+        enqueued without one.
+        ``approval="required"``: each task enqueued through the definition
+        waits in ``awaiting_approval`` until an operator approves it, denied
+        after ``approval_deadline`` seconds if given (see :meth:`Queue.enqueue`)."""
         declared = None if actions is None else json.loads(_check_actions(actions, policy.check_effect(effect)))
+        if retry is not None and not isinstance(retry, RetryPolicy):
+            raise InvalidInput("retry", f"must be a leaseq.RetryPolicy (got {type(retry).__name__})")
+        budgets = check_budgets(timeout, deadline)
+        if deadline is not None and not isinstance(deadline, timedelta):
+            raise InvalidInput("deadline", "must be a timedelta from the enqueue (an absolute time belongs to "
+                                           "one task: .options(deadline=...) or Queue.enqueue(deadline=...))")
+        approval, approval_deadline = check_approval(approval, approval_deadline)
 
         def register(fn: Callable[Concatenate[Any, P], R]) -> TaskDefinition[P, R]:
             name = policy.check_kind(kind or f"{fn.__module__}.{fn.__qualname__}")
@@ -159,7 +199,9 @@ class App:
                 app=self, kind=name, fn=fn, effect=policy.check_effect(effect), queue=policy.check_name("queue", queue),
                 lease_seconds=policy.check_seconds("lease_seconds", lease_seconds, allow_zero=False),
                 max_attempts=policy.check_int("max_attempts", max_attempts, minimum=1),
-                priority=policy.check_int("priority", priority), actions=declared)
+                priority=policy.check_int("priority", priority), actions=declared, retry=retry,
+                timeout=budgets["timeout"], deadline=deadline, approval=approval,
+                approval_deadline=approval_deadline)
             self.registry.add(definition)
             return definition
 
@@ -181,6 +223,8 @@ class App:
         options: dict[str, Any] = {} if definition is None else dict(
             effect=definition.effect, queue=definition.queue, lease_seconds=definition.lease_seconds,
             max_attempts=definition.max_attempts, priority=definition.priority, actions=definition.actions)
+        if definition is not None and definition.timeout is not None:
+            options["timeout"] = definition.timeout
         if queue is not None:
             options["queue"] = policy.check_name("queue", queue)
         declared = Schedule.declare(kind, cron=cron, every=every, payload=payload, name=name, catch_up=catch_up,

@@ -104,7 +104,7 @@ class Action:
         return self.name.replace("_", "-")
 
 
-_UNFINISHED = ("queued", "running", "dead", "blocked", "needs_reconciliation")
+_UNFINISHED = ("queued", "running", "dead", "blocked", "needs_reconciliation", "awaiting_approval")
 _NOTE = "Recorded in the evidence trail."
 
 #: Every action, by name.
@@ -119,6 +119,7 @@ ACTIONS: dict[str, Action] = {a.name: a for a in (
     Action("begin_effect", "work", "record effect intents", own_worker=True),
     Action("finish_effect", "work", "record effect responses", own_worker=True),
     Action("report_loss", "work", "report lease losses", own_worker=True),
+    Action("intend", "work", "record intents", own_worker=True),
     Action("enqueue", "enqueue", "enqueue tasks", queue_scope=True),
     # reads
     Action("whoami", None, "say who it is"),
@@ -155,6 +156,22 @@ ACTIONS: dict[str, Action] = {a.name: a for a in (
                          placeholder="why it should run again (required)"),),
            done="task {target} requeued", statuses=("dead",), label="Requeue", dashboard=True, cli=True,
            bulk=True),
+    Action("approve", "operate", "approve tasks", target="task", method="approve",
+           title="Approve a task that awaits approval",
+           help="Pass the digest you were shown (leaseq approvals, the dashboard's approvals inbox, GET "
+                "/v1/approvals): the approval is bound to exactly that kind, payload and queue, and refused "
+                "for any other. The task is queued; you are recorded as its approver.",
+           fields=(Field("digest", "The task's approval digest as you were shown it (sha256:...).",
+                         placeholder="sha256:... (the digest shown)"),
+                   Field("note", _NOTE, required=False, placeholder="note (optional)")),
+           done="task {target} approved", statuses=("awaiting_approval",), label="Approve", dashboard=True,
+           cli=True),
+    Action("deny", "operate", "deny tasks", target="task", method="deny",
+           title="Deny a task that awaits approval",
+           help="The task ends denied and never runs; the reason is recorded in the evidence trail.",
+           fields=(Field("reason", "Why; recorded in the evidence trail.", placeholder="reason (required)"),),
+           done="task {target} denied", statuses=("awaiting_approval",), label="Deny", danger=True,
+           dashboard=True, cli=True),
     Action("pause", "operate", "pause queues", target="queue", queue_scope=True, method="pause",
            title="Pause a queue (turn its off-switch on)",
            help="A paused queue hands out no claims, and running tasks may start no new effects; actions "
@@ -244,6 +261,20 @@ def authorize(principal: Principal, action: str, *, queue: str | None = None, wo
         if owner is None or principal.local or not hmac.compare_digest(owner, principal.token_id):
             raise AccessDenied(f"worker {worker_id!r} was not registered with this token")
     return spec
+
+
+def authorize_intent(principal: Principal, queue: str, approval: str | None) -> None:
+    """Allow ``principal`` (already allowed ``intend`` for its worker) to record an intent on ``queue``.
+
+    An intent is written for an executor pool on a queue of its own, which
+    the calling token should not be able to claim from. A token limited to
+    some queues may record intents on other queues only approval-gated: a
+    person decides before anything runs there. Within its queues, or for an
+    unlimited token, any intent is allowed.
+    """
+    if approval != "required" and not principal.may_use_queue(queue):
+        raise AccessDenied(f"this token may record an intent on queue {queue!r}, outside its queues, only with "
+                           "approval='required'")
 
 
 def perform(q: Queue, principal: Principal, action: str, target: Any, *, via: str | None = None,

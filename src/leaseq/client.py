@@ -198,6 +198,13 @@ class RemoteQueue:
         return task_from(self._call("POST", path, {"generation": claim.generation, "error": error, "retry": retry,
                                                    "block": block, "delay": delay}))
 
+    def retry(self, worker: Worker | str, claim: Claim, after: float = 0.0, reason: str = "retry requested") -> Task:
+        """End the attempt on request, to run again ``after`` seconds later; see :meth:`leaseq.Queue.retry`
+        (sent as a fail with ``retry_after``)."""
+        _, path = self._worker_path(worker, claim, "fail")
+        return task_from(self._call("POST", path, {"generation": claim.generation, "error": reason,
+                                                   "retry_after": after}))
+
     def complete_many(self, worker: Worker | str, done: Sequence[tuple[Claim, Any]]) -> set[int]:
         """Finish many tasks in one request (one guarded statement on the service's side).
 
@@ -257,6 +264,14 @@ class RemoteQueue:
             return effect
         _, path = self._worker_path(wid, claim, "effects", str(effect.id), "response")
         return effect_from(self._call("POST", path, {"generation": claim.generation, "response": response}))
+
+    def intend(self, worker: Worker | str, claim: Claim, kind: str, payload: Any = None, *, key: str,
+               **options: Any) -> Task:
+        """Record an intent for an executor under the lease; see :meth:`leaseq.Queue.intend`."""
+        _, path = self._worker_path(worker, claim, "intents")
+        body = {"generation": claim.generation, "kind": kind, "payload": payload, "key": key}
+        body.update({name: value for name, value in options.items() if value is not None})
+        return task_from(self._call("POST", path, body))
 
     def report_loss(self, worker: Worker | str, claim: Claim, reason: str) -> None:
         """Add the worker's own account of losing a lease to the evidence trail."""

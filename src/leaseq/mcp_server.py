@@ -25,13 +25,15 @@ from . import authz
 from .auth import Principal
 from .core.errors import LeaseqError
 from .queue import Queue
-from .service.views import present_effect, present_event, present_task, queue_overview, task_timeline
+from .service.views import present_approval, present_effect, present_event, present_task, queue_overview, task_timeline
 from .service.wire import to_json
 
 INSTRUCTIONS = (
     "leaseq is a task queue in which a claim is a lease with a fencing token. Read the queue with "
     "queue_overview, list_tasks, get_task and reconciliation_inbox. Tasks in needs_reconciliation "
     "wait for a person: check the outside world (did the action happen?) before calling reconcile. "
+    "Tasks in awaiting_approval wait for an operator's decision: read approvals_inbox (payload, digest, who "
+    "asked), then approve with the digest shown (the approval is bound to it) or deny with a reason. "
     "Operator actions need an operator token and are audited under this token's name."
 )
 
@@ -83,7 +85,8 @@ class QueueTools:
         return {"queues": to_json(queue_overview(self.q))}
 
     def list_tasks(self, status: Annotated[str | None, PydanticField(
-                       description="queued, running, completed, dead, cancelled, blocked or needs_reconciliation")] = None,
+                       description="queued, running, completed, dead, cancelled, blocked, needs_reconciliation, "
+                                   "awaiting_approval or denied")] = None,
                    queue: str | None = None,
                    limit: Annotated[int, PydanticField(ge=1, le=500)] = 50) -> dict[str, Any]:
         """Tasks, newest first, optionally by status and queue."""
@@ -108,12 +111,21 @@ class QueueTools:
                            "open_effects": [present_effect(fx, self.principal) for fx in self.q.effects(t.id)
                                             if fx.status == "pending"]} for t in tasks]}
 
+    def approvals_inbox(self, queue: str | None = None,
+                        limit: Annotated[int, PydanticField(ge=1, le=500)] = 50) -> dict[str, Any]:
+        """Tasks awaiting approval, oldest first: each with its payload, its digest (pass it to approve)
+        and who asked for it."""
+        authz.authorize(self.principal, "read")
+        return {"approvals": [present_approval(a, self.principal)
+                              for a in self.q.approvals(queue=queue, limit=limit)]}
+
     def list_workers(self) -> dict[str, Any]:
         """Registered workers, revoked or not, and the leases they hold."""
         authz.authorize(self.principal, "read")
         return {"workers": to_json(self.q.workers())}
 
-    READS = ("whoami", "queue_overview", "list_tasks", "get_task", "reconciliation_inbox", "list_workers")
+    READS = ("whoami", "queue_overview", "list_tasks", "get_task", "reconciliation_inbox", "approvals_inbox",
+             "list_workers")
 
     # -- operator actions ------------------------------------------------------------
     def action_tool(self, action: authz.Action) -> Callable[..., Any]:

@@ -14,13 +14,14 @@ import copy
 import os
 import warnings
 from collections.abc import Iterable, Iterator, Sequence
-from datetime import datetime
+from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any
 
 from . import engine
 from .core import checks
 from .core.errors import InvalidInput, LeaseLost
-from .core.model import Claim, Effect, Event, Task, Worker
+from .core.model import Approval, Claim, Effect, Event, Task, Worker
+from .core.retry import DEFAULT_MAX_SNOOZES
 from .engine.common import EVIDENCE_LEVELS, ROUTINE_EVENTS, Settings
 from .engine.enqueue import ENQUEUE_CHUNK
 from .engine.effects import check_actions as _check_actions  # noqa: F401 - leaseq.app imports it
@@ -47,17 +48,20 @@ class Queue:
     """
 
     def __init__(self, store: Store, *, max_same_error: int = checks.DEFAULT_MAX_SAME_ERROR,
-                 signer: ActionSigner | None = None, action_token_ttl: float = 300.0, evidence: str = "full"):
+                 signer: ActionSigner | None = None, action_token_ttl: float = 300.0, evidence: str = "full",
+                 max_snoozes: int = DEFAULT_MAX_SNOOZES):
         self.store = store
         if evidence not in EVIDENCE_LEVELS:
             raise InvalidInput("evidence", f"must be one of {', '.join(EVIDENCE_LEVELS)} (got {evidence!r})")
         #: what every operation reads: the evidence level ("full": every event
         #: carries its detail; "compact": the routine claimed/completed events
         #: keep only task, type, generation, worker and time), the same-error
-        #: limit, the action-token signer and the backend's capabilities
+        #: limit, the limit of retries on request (max_snoozes), the action-token signer and the backend's
+        #: capabilities
         self.settings = Settings(
             backend=store.capabilities, evidence=evidence,
             max_same_error=checks.check_int("max_same_error", max_same_error, minimum=1),
+            max_snoozes=checks.check_int("max_snoozes", max_snoozes, minimum=0, maximum=1_000_000),
             signer=signer,
             action_token_ttl=checks.check_seconds("action_token_ttl", action_token_ttl, allow_zero=False))
         backend = store.capabilities
@@ -85,6 +89,11 @@ class Queue:
     def max_same_error(self) -> int:
         """Failures in a row with the same error that send a task to ``dead``."""
         return self.settings.max_same_error
+
+    @property
+    def max_snoozes(self) -> int:
+        """Retries on request (:class:`leaseq.Retry`) a task may make before the next counts as a failure."""
+        return self.settings.max_snoozes
 
     @property
     def signer(self) -> ActionSigner | None:
@@ -193,23 +202,40 @@ class Queue:
     def enqueue(self, kind: str, payload: Any = None, *, effect: str = "read_only", queue: str = "default",
                 idempotency_key: str | None = None, priority: int = 0, delay: float = 0,
                 max_attempts: int = 5, lease_seconds: float = checks.DEFAULT_LEASE_SECONDS,
-                actions: Iterable[str] | None = None) -> Task:
+                actions: Iterable[str] | None = None, timeout: float | None = None,
+                deadline: datetime | timedelta | None = None, approval: str | None = None,
+                approval_deadline: float | None = None, by: str | None = None) -> Task:
         """Add a task. A second enqueue with the same ``idempotency_key`` in the
         same queue returns the existing task instead of a duplicate.
 
         ``actions`` lists the actions the task may begin (:meth:`begin_effect`
         refuses any other); None leaves them undeclared: any action for an
-        idempotent or side_effect task, none for a read_only one."""
+        idempotent or side_effect task, none for a read_only one.
+
+        ``timeout``: seconds one attempt may run; the worker cancels an attempt
+        that runs longer and gives its lease up with reason ``timeout`` (the
+        recovery policy routes the task). ``deadline``: the latest time the
+        task may start, a timezone-aware datetime or a timedelta from now (by
+        the database's clock); claims skip it once that has passed, and the
+        sweep ends it ``expired`` with a ``deadline_passed`` event.
+
+        ``approval="required"``: the task waits in ``awaiting_approval``,
+        holding no lease, until an operator approves it (:meth:`approve`) or
+        denies it (:meth:`deny`); ``approval_deadline`` seconds after the
+        enqueue, an undecided request is denied (:meth:`expire_approvals`).
+        ``by`` names who asks, shown to the approver (default: the OS user)."""
         return self._run(engine.enqueue.enqueue(self.settings, kind, payload, effect=effect, queue=queue,
                                                 idempotency_key=idempotency_key, priority=priority, delay=delay,
                                                 max_attempts=max_attempts, lease_seconds=lease_seconds,
-                                                actions=actions))
+                                                actions=actions, timeout=timeout, deadline=deadline,
+                                                approval=approval, approval_deadline=approval_deadline, by=by))
 
     def enqueue_many(self, kind: str, payloads: Iterable[Any], *, effect: str = "read_only",
                      queue: str = "default", idempotency_keys: Sequence[str | None] | None = None,
                      priority: int = 0, delay: float = 0, max_attempts: int = 5,
                      lease_seconds: float = checks.DEFAULT_LEASE_SECONDS,
-                     actions: Iterable[str] | None = None) -> list[int]:
+                     actions: Iterable[str] | None = None, timeout: float | None = None,
+                     deadline: datetime | timedelta | None = None) -> list[int]:
         """Add many tasks of one ``kind`` at once; returns their ids, in order.
 
         The options are those of :meth:`enqueue`, shared by every task.
@@ -221,7 +247,8 @@ class Queue:
         return self._run(engine.enqueue.enqueue_many(self.settings, kind, payloads, effect=effect, queue=queue,
                                                      idempotency_keys=idempotency_keys, priority=priority,
                                                      delay=delay, max_attempts=max_attempts,
-                                                     lease_seconds=lease_seconds, actions=actions))
+                                                     lease_seconds=lease_seconds, actions=actions,
+                                                     timeout=timeout, deadline=deadline))
 
     def claim(self, worker: Worker | str, *, queue: str = "default", limit: int = 1,
               lease_seconds: float | None = None, kinds: Iterable[str] | None = None) -> list[Claim]:
@@ -276,6 +303,19 @@ class Queue:
         """
         return self._run(engine.leases.fail(self.settings, worker, claim, error, retry=retry, block=block,
                                             delay=delay))
+
+    def retry(self, worker: Worker | str, claim: Claim, after: float = 0.0, reason: str = "retry requested") -> Task:
+        """End the attempt on request: run the task again ``after`` seconds from now (the database's clock).
+
+        Not a failure (what a handler's :class:`leaseq.Retry` sends): the attempt
+        is given back, the same-error streak is left alone, and a
+        ``retry_requested`` event records ``reason``. Each request counts in
+        ``snoozes``; past the queue's ``max_snoozes`` it is recorded as a
+        failure instead. A side-effect task with an open intent goes to
+        ``needs_reconciliation``. Guarded by the lease: raises
+        :class:`LeaseLost` without authority.
+        """
+        return self._run(engine.leases.retry(self.settings, worker, claim, after, reason))
 
     def release(self, worker: Worker | str, claim: Claim, reason: str = "released") -> Task:
         """Give a lease back early (worker shutdown).
@@ -422,6 +462,58 @@ class Queue:
                                              by=by, via=via, record_empty=record_empty))
 
 
+    # -- approval gates and intents ------------------------------------------------
+
+    def approve(self, task_id: int, digest: str, note: str | None = None, *, by: str | None = None,
+                via: str | None = None) -> Task:
+        """Approve a task waiting in ``awaiting_approval``: it becomes ``queued``.
+
+        ``digest`` is the task's approval digest as the approver was shown it
+        (:attr:`Approval.digest`, :func:`leaseq.approval_digest`); any other is
+        refused with :class:`ApprovalMismatch` and nothing is decided. The
+        decision, ``by`` (the approver) and ``note`` are recorded in the
+        approval request, the evidence trail and the audit log, in one transaction.
+        """
+        return self._run(engine.approvals.approve(self.settings, task_id, digest, note, by=by, via=via))
+
+    def deny(self, task_id: int, reason: str, *, by: str | None = None, via: str | None = None) -> Task:
+        """Deny a task waiting in ``awaiting_approval``: it ends ``denied`` and never runs.
+        Recorded like :meth:`approve`, with ``reason``."""
+        return self._run(engine.approvals.deny(self.settings, task_id, reason, by=by, via=via))
+
+    def expire_approvals(self) -> int:
+        """Deny every approval request whose ``approval_deadline`` passed undecided
+        (by ``leaseq:deadline``); returns how many. The service's maintenance
+        leader runs it periodically."""
+        return self._run(engine.approvals.expire_approvals(self.settings))
+
+    def approvals(self, *, queue: str | None = None, limit: int = 100) -> list[Approval]:
+        """The undecided approval requests, oldest first, each with its task."""
+        return self._run(engine.approvals.approvals(self.settings, queue=queue, limit=limit))
+
+    def approval(self, task_id: int) -> Approval:
+        """One task's approval request and decision (NotFound if it has none)."""
+        return self._run(engine.approvals.approval(self.settings, task_id))
+
+    def intend(self, worker: Worker | str, claim: Claim, kind: str, payload: Any = None, *, key: str,
+               queue: str = "default", effect: str = "side_effect", approval: str | None = None,
+               approval_deadline: float | None = None, priority: int = 0, max_attempts: int = 5,
+               lease_seconds: float = checks.DEFAULT_LEASE_SECONDS,
+               actions: Iterable[str] | None = None) -> Task:
+        """Record, under ``claim``'s lease, the intent ``key`` as a child task of ``kind``
+        for an executor (``ctx.intend`` in a handler); returns the child.
+
+        One transaction writes the child (optionally approval-gated) and the
+        effect ``intend:<kind>`` of the claimed task with its response: an
+        attempt that intends the same ``key`` again gets the same child, never
+        a second one. Raises :class:`LeaseLost` without the lease.
+        """
+        return self._run(engine.intents.intend(self.settings, worker, claim, kind, payload, key=key, queue=queue,
+                                               effect=effect, approval=approval,
+                                               approval_deadline=approval_deadline, priority=priority,
+                                               max_attempts=max_attempts, lease_seconds=lease_seconds,
+                                               actions=actions))
+
     def list(self, *, status: str | None = None, queue: str | None = None, limit: int = 100) -> list[Task]:
         """Deprecated name of :meth:`list_tasks` (it shadowed the builtin inside the class)."""
         warnings.warn("Queue.list() is deprecated; use Queue.list_tasks()", DeprecationWarning, stacklevel=2)
@@ -455,9 +547,12 @@ def connect(dsn: str | None = None, **options: Any) -> Queue:
     ``signer`` (an :class:`leaseq.fencing.ActionSigner`) makes every effect
     carry a signed action token; by default one is built from
     ``$LEASEQ_ACTION_KEYS`` when that is set. ``evidence="compact"`` keeps the
-    routine events' detail out of the trail (see :class:`Queue`). Other options
+    routine events' detail out of the trail (see :class:`Queue`). ``max_snoozes``
+    (default 100) bounds the retries on request (:class:`leaseq.Retry`) of
+    one task; ``max_same_error`` the same error in a row. Other options
     go to the backend (e.g. ``max_size`` of the PostgreSQL pool)."""
-    settings = {name: options.pop(name) for name in ("max_same_error", "signer", "action_token_ttl", "evidence")
+    settings = {name: options.pop(name) for name in ("max_same_error", "max_snoozes", "signer", "action_token_ttl",
+                                                   "evidence")
                 if name in options}
     if "signer" not in settings and os.environ.get("LEASEQ_ACTION_KEYS"):
         # Imported here: the fencing kit pulls in the ASGI stack, which most

@@ -188,3 +188,36 @@ def test_console_script_and_module_entry_points(command, run_cli):
     for name in ("migrate", "enqueue", "ls", "show", "cancel", "reconcile", "unblock", "requeue", "stats",
                  "pause", "resume", "workers", "queues", "sweep", "demo"):
         assert f"  {name} " in proc.stdout, name
+
+
+def test_approvals_through_the_cli(dsn, run_cli):
+    cli = lambda *args, **kw: run_cli("--dsn", dsn, *args, **kw)  # noqa: E731
+    ok(cli("migrate"))
+    gated = as_json(cli("enqueue", "payments.refund", "--queue", "payments", "--effect", "side_effect",
+                        "--payload", '{"order": 7, "cents": 1250}', "--approval-required", "--json"))
+    assert gated["status"] == "awaiting_approval"
+    other = as_json(cli("enqueue", "payments.refund", "--queue", "payments", "--payload", '{"order": 8}',
+                        "--approval-required", "--approval-deadline", "3600", "--json"))
+    listed = as_json(cli("approvals", "--json"))
+    assert [a["task_id"] for a in listed] == [gated["id"], other["id"]]
+    digest = listed[0]["digest"]
+    assert listed[0]["requested_by"].startswith("cli:") and listed[0]["task"]["payload"]["cents"] == 1250
+    shown = ok(cli("approvals"))
+    assert digest in shown and f"leaseq approve {gated['id']} --digest {digest}" in shown.replace("\n", "")
+
+    # the digest is required, and a different one decides nothing
+    missing = cli("approve", str(gated["id"]))
+    assert missing.returncode == 2 and "--digest" in missing.stderr
+    wrong = leaseq.approval_digest("payments.refund", {"order": 7, "cents": 999999}, "payments")
+    line = assert_one_error_line(cli("approve", str(gated["id"]), "--digest", wrong), "digest")
+    assert digest in line
+    out = ok(cli("approve", str(gated["id"]), "--digest", digest, "--note", "matches the order"))
+    assert f"task {gated['id']} approved" in out and "queued" in out
+    assert "denied" in ok(cli("deny", str(other["id"]), "--reason", "never paid"))
+    assert_one_error_line(cli("deny", str(other["id"]), "--reason", "again"), "status")
+    assert "nothing awaits approval" in ok(cli("approvals"))
+    with leaseq.connect(dsn) as q:
+        decided = q.approval(gated["id"])
+        assert decided.decision == "approved" and decided.decided_by.startswith("cli:")
+        assert decided.decided_via == "cli" and decided.note == "matches the order"
+        assert q.approval(other["id"]).note == "never paid"

@@ -23,6 +23,7 @@ GUARDED: dict[str, Callable[[leaseq.Queue, Any, leaseq.Claim, Any], Any]] = {
     "complete": lambda q, w, c, fx: q.complete(w, c, result={"stale": True}),
     "fail": lambda q, w, c, fx: q.fail(w, c, "boom", delay=0),
     "release": lambda q, w, c, fx: q.release(w, c),
+    "retry": lambda q, w, c, fx: q.retry(w, c, after=0, reason="told to come back"),
     "begin_effect": lambda q, w, c, fx: q.begin_effect(w, c, "email.send"),
     "finish_effect": lambda q, w, c, fx: q.finish_effect(w, c, fx, response={"sent": True}),
 }

@@ -83,7 +83,7 @@ def test_upgrading_a_version_2_database_keeps_one_enqueued_entry_per_task(dsn: s
 
 
 def _old_intent(q: leaseq.Queue, task_id: int, generation: int, worker_id: str, action: str) -> None:
-    """An open intent as a version-7 begin_effect wrote it (no class, no argument digest)."""
+    """An open intent as begin_effect wrote it before version 10 (no class, no argument digest)."""
     with q.store.transaction() as tx:
         tx.script("INSERT INTO leaseq_effects (task_id, generation, worker_id, action, idempotency_key) "
                   f"VALUES ({task_id}, {generation}, '{worker_id}', '{action}', 'k-{task_id}:{action}')")
@@ -92,14 +92,14 @@ def _old_intent(q: leaseq.Queue, task_id: int, generation: int, worker_id: str, 
                 detail={"action": action})
 
 
-def test_version_8_gives_existing_entries_their_task_class_so_they_route_as_before(dsn: str) -> None:
-    """Version 8 gives each ledger entry its own class. Entries written before it
+def test_version_10_gives_existing_entries_their_task_class_so_they_route_as_before(dsn: str) -> None:
+    """Version 10 gives each ledger entry its own class. Entries written before it
     take their task's: an open intent of a side_effect task still sends it to
     reconciliation, one of an idempotent task is still retried."""
     with leaseq.connect(dsn) as q:
         with q.store.transaction() as tx:
             tx.rows("migrations_create")
-            for mig in load_migrations(q.dialect)[:7]:
+            for mig in load_migrations(q.dialect)[:9]:
                 tx.script(mig.sql)
                 tx.rows("migrations_record", version=mig.version, name=mig.name)
         w = q.register_worker("w")
@@ -108,7 +108,7 @@ def test_version_8_gives_existing_entries_their_task_class_so_they_route_as_befo
             q.enqueue("job", {"e": effect}, effect=effect, max_attempts=5)
             [claims[effect]] = q.claim(w)
             _old_intent(q, claims[effect].task_id, claims[effect].generation, w.id, "crm.update")
-        assert q.migrate() == [v for v in _latest(q.dialect) if v > 7]
+        assert q.migrate() == [v for v in _latest(q.dialect) if v > 9]
         for effect, routed in (("side_effect", "needs_reconciliation"), ("idempotent", "queued")):
             c = claims[effect]
             [entry] = q.effects(c.task_id)
@@ -127,15 +127,29 @@ def test_version_7_widens_the_statuses_for_every_open_connection_and_keeps_the_t
             for mig in load_migrations(q.dialect)[:6]:
                 tx.script(mig.sql)
                 tx.rows("migrations_record", version=mig.version, name=mig.name)
-        task = q.enqueue("job", {"keep": True}, effect="side_effect")
-        w = q.register_worker("w")
-        [claim] = q.claim(w)
-        _old_intent(q, task.id, claim.generation, w.id, "mail.send")
+            # a running side-effect task with its claim and an open intent, as version 6 wrote them
+            # (written directly: today's statements name columns of later versions)
+            now = "now()" if q.dialect == "postgres" else "(julianday('now') - 2440587.5) * 86400.0"
+            later = f"{now} + interval '60 seconds'" if q.dialect == "postgres" else f"{now} + 60"
+            tx.script("INSERT INTO leaseq_workers (id, name) VALUES ('w-1', 'w')")
+            tx.script(f"""INSERT INTO leaseq_tasks (queue, kind, payload, effect, status, idempotency_key,
+                              max_attempts, lease_seconds, lease_owner, lease_expires_at, claimed_at,
+                              claim_generation, attempts, open_effects)
+                          VALUES ('default', 'job', '{{"keep": true}}', 'side_effect', 'running', 'k-1', 5, 30,
+                                  'w-1', {later}, {now}, 1, 1, 1)""")
+            tx.script("""INSERT INTO leaseq_events (task_id, type, generation, worker_id, detail)
+                         VALUES (1, 'claimed', 1, 'w-1', '{}'), (1, 'effect_intent', 1, 'w-1', '{}')""")
+            tx.script("""INSERT INTO leaseq_effects (task_id, generation, worker_id, action, idempotency_key)
+                         VALUES (1, 1, 'w-1', 'mail.send', 'k-1:mail.send')""")
+        task = q.get(1)
         before = [e.type for e in q.events(task.id)]
+        assert before == ["enqueued", "claimed", "effect_intent"]
         with other.store.transaction() as tx:  # this connection now holds the version-6 schema
             assert tx.row("get_task", task_id=task.id)["status"] == "running"
         assert q.migrate() == [v for v in _latest(q.dialect) if v > 6]
         assert [e.type for e in q.events(task.id)] == before and q.get(task.id).status == "running"
+        upgraded = q.get(task.id)  # version 8's budget columns start empty on existing tasks
+        assert (upgraded.timeout_seconds, upgraded.deadline_at, upgraded.snoozes) == (None, None, 0)
         for status in ("waiting", "awaiting_approval", "denied", "expired"):
             extra = other.enqueue("job", {"s": status})
             with other.store.transaction() as tx:

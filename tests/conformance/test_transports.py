@@ -73,6 +73,7 @@ GUARDED: dict[str, Callable[[Any, Any, leaseq.Claim, Any], Any]] = {
     "complete_many": lambda t, w, c, fx: _lost_if_missing(c, t.complete_many(w, [(c, {"stale": True})])),
     "fail": lambda t, w, c, fx: t.fail(w, c, "boom", delay=0),
     "release": lambda t, w, c, fx: t.release(w, c),
+    "retry": lambda t, w, c, fx: t.retry(w, c, after=0, reason="told to come back"),
     "begin_effect": lambda t, w, c, fx: t.begin_effect(w, c, "email.send"),
     "finish_effect": lambda t, w, c, fx: t.finish_effect(w, c, fx, response={"sent": True}),
 }

@@ -12,6 +12,7 @@ from __future__ import annotations
 import ast
 import re
 import time
+from datetime import timedelta
 from pathlib import Path
 
 import leaseq
@@ -81,12 +82,23 @@ def event_types_of_a_run(tmp_path: Path) -> set[str]:
     q.report_loss(w, claim, "heartbeat refused")                       # lease_lost
     q.reconcile(ids[-1], "cancel", "checked")                          # reconciled
     q.release(w, take(), "shutdown")                                   # lease_released
+    q.retry(w, take(), after=0, reason="429")                          # retry_requested
+    ids.append(q.enqueue("k", {"n": "late"}, queue="late", deadline=timedelta(0)).id)
+    q.sweep()                                                          # deadline_passed
     take()
     q.revoke_worker(w)                                                 # lease_revoked
     w2 = q.register_worker("w2")
     ids.append(q.enqueue("k", {"n": "last"}).id)
     [claim] = q.claim(w2)
     q.cancel(claim.task_id, reason="not needed")                       # cancelled
+    gated = q.enqueue("k", {"n": "gated"}, approval="required")        # approval_requested
+    ids.append(gated.id)
+    q.approve(gated.id, q.approval(gated.id).digest)                   # approved
+    ids.append(q.enqueue("k", {"n": "refused"}, approval="required").id)
+    q.deny(ids[-1], "not now")                                         # denied
+    ids.append(q.enqueue("k", {"n": "agent"}, queue="agents", effect="idempotent").id)
+    [claim] = q.claim(w2, queue="agents")
+    q.intend(w2, claim, "k", {"n": "child"}, key="child")              # intent_recorded
     seen = {e.type for task_id in ids for e in q.events(task_id)}
     q.close()
     return seen

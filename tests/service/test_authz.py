@@ -59,8 +59,9 @@ def refuse_audit(dsn: str) -> None:
 def _task_in(q: leaseq.Queue, status: str) -> int:
     """A side-effect task in ``status``; ``running`` keeps its lease (with an open intent)."""
     queue = f"q-{secrets.token_hex(4)}"
-    t = q.enqueue("job", {"n": 1}, effect="side_effect", queue=queue)
-    if status == "queued":
+    t = q.enqueue("job", {"n": 1}, effect="side_effect", queue=queue,
+                  approval="required" if status == "awaiting_approval" else None)
+    if status in ("queued", "awaiting_approval"):
         return t.id
     w = q.register_worker("setup")
     [c] = q.claim(w, queue=queue, lease_seconds=600)
@@ -91,8 +92,10 @@ def _target(q: leaseq.Queue, spec: authz.Action) -> Any:
     return w.id
 
 
-def _fields(spec: authz.Action) -> dict[str, Any]:
-    return {f.name: (f.choices[0][0] if f.choices else "checked") for f in spec.fields if f.required}
+def _fields(q: leaseq.Queue, spec: authz.Action, target: Any) -> dict[str, Any]:
+    """Valid values of the action's required fields (an approval names the task's digest)."""
+    return {f.name: (f.choices[0][0] if f.choices else q.approval(target).digest if f.name == "digest"
+                     else "checked") for f in spec.fields if f.required}
 
 
 def test_an_action_whose_audit_entry_fails_does_not_happen(q: leaseq.Queue, dsn: str) -> None:
@@ -106,7 +109,8 @@ def test_an_action_whose_audit_entry_fails_does_not_happen(q: leaseq.Queue, dsn:
     before = snapshot(dsn)
     for spec in authz.operator_actions():
         with pytest.raises(Exception, match=REFUSED):
-            authz.perform(q, operator, spec.name, targets[spec.name], via="test", **_fields(spec))
+            authz.perform(q, operator, spec.name, targets[spec.name], via="test",
+                          **_fields(q, spec, targets[spec.name]))
         assert snapshot(dsn) == before, f"{spec.name} changed data without its audit entry"
     with pytest.raises(Exception, match=REFUSED):
         q.prune(30 * 86400, by="admin")
@@ -117,7 +121,7 @@ def test_audit_entries_are_written_with_the_action(q: leaseq.Queue) -> None:
     admin = auth.Principal(token_id="0123456789ab", name="ada", role="admin", queues=None, read_payloads=True)
     for spec in authz.operator_actions():
         target = _target(q, spec)
-        authz.perform(q, admin, spec.name, target, via="test", **_fields(spec))
+        authz.perform(q, admin, spec.name, target, via="test", **_fields(q, spec, target))
         entry = auth.audit_log(q, 1)[0]
         assert (entry["action"], entry["actor"], entry["detail"]["via"]) == \
             (spec.name, admin.actor, "test"), spec.name

@@ -113,3 +113,34 @@ def test_without_a_valid_token_the_server_does_not_start(q: leaseq.Queue, dsn: s
                               capture_output=True, text=True, env=env, timeout=60, stdin=subprocess.DEVNULL)
         assert proc.returncode != 0 and expected in proc.stderr, proc.stderr
         assert "Traceback" not in proc.stderr
+
+
+def test_approvals_through_mcp_a_viewer_is_refused_an_operator_decides(q: leaseq.Queue, dsn: str) -> None:
+    gated = q.enqueue("payments.refund", {"order": 7, "cents": 1250}, queue="payments", effect="side_effect",
+                      approval="required", by="agent-7")
+    other = q.enqueue("payments.refund", {"order": 8}, queue="payments", approval="required")
+    digest = q.approval(gated.id).digest
+    viewer, _ = auth.create_token(q, name="oncall-viewer", role="viewer", created_by="test")
+    operator, _ = auth.create_token(q, name="oncall", role="operator", created_by="test")
+    names, (inbox, refused) = run(dsn, viewer, ("approvals_inbox", {}),
+                                  ("approve", {"task_id": gated.id, "digest": digest}))
+    assert {"approvals_inbox", "approve", "deny"} <= set(names)
+    first = body(inbox)["approvals"][0]
+    assert (first["task_id"], first["digest"], first["requested_by"]) == (gated.id, digest, "agent-7")
+    assert first["task"]["payload"] == "[redacted]"
+    assert "AccessDenied" in error_text(refused) and q.get(gated.id).status == "awaiting_approval"
+
+    wrong = leaseq.approval_digest("payments.refund", {"order": 7, "cents": 999999}, "payments")
+    _, (shown, mismatch, approved, denied) = run(
+        dsn, operator, ("approvals_inbox", {"queue": "payments"}),
+        ("approve", {"task_id": gated.id, "digest": wrong}),
+        ("approve", {"task_id": gated.id, "digest": digest, "note": "checked the order"}),
+        ("deny", {"task_id": other.id, "reason": "never paid"}))
+    assert body(shown)["approvals"][0]["task"]["payload"] == {"order": 7, "cents": 1250}
+    assert "ApprovalMismatch" in error_text(mismatch)
+    assert body(approved)["done"] == f"task {gated.id} approved" and q.get(gated.id).status == "queued"
+    assert body(denied)["done"] == f"task {other.id} denied" and q.get(other.id).status == "denied"
+    decided = q.approval(gated.id)
+    assert decided.decided_by.startswith("oncall (operator token ") and decided.decided_via == "mcp"
+    actions = sorted(a["action"] for a in auth.audit_log(q) if a["action"] in ("approve", "deny"))
+    assert actions == ["approve", "deny"]

@@ -32,8 +32,9 @@ Call = Callable[[httpx.Client], Any]
 def _task_in(q: leaseq.Queue, status: str) -> int:
     """A side-effect task left in ``status`` (queued, needs_reconciliation, blocked or dead) by a direct worker."""
     queue = f"setup-{secrets.token_hex(4)}"  # its own queue, so the claim takes this very task
-    t = q.enqueue("job", {"secret": "s3cr3t"}, effect="side_effect", queue=queue)
-    if status == "queued":
+    t = q.enqueue("job", {"secret": "s3cr3t"}, effect="side_effect", queue=queue,
+                  approval="required" if status == "awaiting_approval" else None)
+    if status in ("queued", "awaiting_approval"):
         return t.id
     w = q.register_worker("setup")
     [c] = q.claim(w, queue=queue)
@@ -48,12 +49,12 @@ def _task_in(q: leaseq.Queue, status: str) -> int:
 
 def _operator_case(q: leaseq.Queue, spec: authz.Action) -> Call:
     """A valid request for an operator action, built from its table entry."""
-    body = {f.name: (f.choices[0][0] if f.choices else "checked the outside world")
-            for f in spec.fields if f.required}
-
     def call(c: httpx.Client) -> Any:
         target = {"task": lambda: str(_task_in(q, spec.statuses[0])), "queue": lambda: "spare",
                   "worker": lambda: q.register_worker("victim").id}[spec.target or ""]()
+        # an approval names the digest of the very task it approves
+        body = {f.name: (f.choices[0][0] if f.choices else q.approval(int(target)).digest if f.name == "digest"
+                         else "checked the outside world") for f in spec.fields if f.required}
         path = "/v1" + spec.route.replace("{task_id}", target).replace("{name}", target).replace(
             "{worker_id}", target)
         return c.post(path, json=body) if body else c.post(path)
@@ -96,11 +97,14 @@ def _cases(svc: Service, worker_id: str) -> dict[str, list[Call]]:
         "begin_effect": [on_lease("effects", lambda t, g: {"generation": g, "action": "email.send"})],
         "finish_effect": [open_effect],
         "report_loss": [on_lease("loss", lambda t, g: {"generation": g, "reason": "heartbeat refused"})],
+        "intend": [on_lease("intents", lambda t, g: {"generation": g, "kind": "child", "key": f"k-{t}"})],
         "enqueue": [lambda c: c.post("/v1/tasks", json={"kind": "job"})],
         "whoami": [lambda c: c.get("/v1/whoami")],
         "read": [lambda c: c.get("/v1/tasks"), lambda c: c.get(f"/v1/tasks/{fresh()}/events"),
                  lambda c: c.get(f"/v1/tasks/{fresh()}/effects"), lambda c: c.get(f"/v1/tasks/{fresh()}/timeline"),
-                 lambda c: c.get("/v1/queues"), lambda c: c.get("/v1/workers"), lambda c: c.get("/metrics")],
+                 lambda c: c.get("/v1/queues"), lambda c: c.get("/v1/workers"), lambda c: c.get("/metrics"),
+                 lambda c: c.get("/v1/approvals"),
+                 lambda c: c.get(f"/v1/tasks/{q.enqueue('job', approval='required').id}/approval")],
         # a task no worker of the calling token ever held (see test_worker_tokens_read_only_their_own_tasks)
         "read_task": [lambda c: c.get(f"/v1/tasks/{fresh()}")],
         "list_tokens": [lambda c: c.get("/v1/tokens")],

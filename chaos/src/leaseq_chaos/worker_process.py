@@ -134,6 +134,12 @@ class RecordingTransport:
         self._history.record("release", "ok", **fields, next_status=task.status)
         return task
 
+    def retry(self, worker: Any, claim: Any, after: float = 0.0, reason: str = "retry requested") -> Any:
+        fields = {"worker": worker.id, "task": claim.task_id, "gen": claim.generation}
+        task = self._call("retry", fields, self._queue.retry, worker, claim, after, reason)
+        self._history.record("retry", "ok", **fields, next_status=task.status)
+        return task
+
     def begin_effect(self, worker: Any, claim: Any, action: str, key: str | None = None) -> Any:
         fields = {"worker": worker.id, "task": claim.task_id, "gen": claim.generation, "action": action}
         fx = self._call("begin_effect", fields, self._queue.begin_effect, worker, claim, action, key)

@@ -20,7 +20,8 @@ from .session import CliError, CliState, one_line
 #: Sibling modules whose ``register(group)`` adds commands, in help order.
 COMMAND_MODULES = (
     "tasks",             # migrate, enqueue, ls, show
-    "operator_actions",  # cancel, reconcile, unblock, requeue, pause, resume, sweep
+    "operator_actions",  # cancel, reconcile, unblock, requeue, approve, deny, pause, resume, sweep
+    "approvals",         # approvals
     "overview",          # stats, workers, queues
     "demo_command",      # demo
     "worker",            # worker

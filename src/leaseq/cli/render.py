@@ -41,6 +41,8 @@ _EVENT_FIELDS: dict[str, tuple[str, ...]] = {
     "effect_response": ("action",),
     "completed": ("attempt", "heartbeats", "longest_heartbeat_gap"),
     "failed": ("error", "next_status", "retry_at", "error_streak"),
+    "retry_requested": ("reason", "after", "retry_at", "snoozes"),
+    "deadline_passed": ("deadline_at", "previous_status"),
     "cancelled": ("by", "reason", "previous_status", "revoked_lease_of", "open_intents"),
     "reconciled": ("by", "outcome", "note", "settled_intents"),
     "unblocked": ("by", "note"),
@@ -152,6 +154,11 @@ def task_details(task: Task, *, now: datetime | None = None) -> Table:
         grid.add_row("heartbeats", Text(beats))
     grid.add_row("created", Text(fmt_time(task.created_at)))
     grid.add_row("available", Text(fmt_time(task.available_at)))
+    budgets = [f"timeout {fmt_duration(task.timeout_seconds)}" if task.timeout_seconds is not None else "",
+               f"deadline {fmt_time(task.deadline_at)}" if task.deadline_at is not None else "",
+               f"retries on request {task.snoozes}" if task.snoozes else ""]
+    if any(budgets):
+        grid.add_row("budgets", Text("   ".join(b for b in budgets if b)))
     if task.open_effects:
         grid.add_row("open intents", Text(str(task.open_effects), style="magenta"))
     grid.add_row("payload", Text(fmt_json(task.payload)))

@@ -5,7 +5,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
-from datetime import datetime, timezone
+from datetime import datetime, timedelta, timezone
 from typing import Any
 
 import click
@@ -14,6 +14,7 @@ from rich.text import Text
 from ..core import policy
 from ..core.errors import InvalidInput
 from ..core.model import Task
+from ..engine.common import default_actor
 from ..queue import Queue
 from ..store.base import load_migrations, load_queries, parse_dsn
 from .render import effects_table, fmt_duration, make_console, status_text, task_details, task_table, timeline
@@ -77,6 +78,21 @@ def _parse_at(text: str) -> datetime:
     return at if at.tzinfo is not None else at.astimezone()
 
 
+def _parse_deadline(text: str) -> datetime | timedelta:
+    """``--deadline``: a duration from now (by the database's clock), else an ISO 8601 time."""
+    from .service import parse_duration
+
+    try:
+        return timedelta(seconds=parse_duration("deadline", text.strip()) or 0.0)
+    except CliError:
+        pass
+    try:
+        return _parse_at(text)
+    except CliError:
+        raise CliError("deadline", "must be an ISO 8601 time such as 2030-01-31T09:00:00+00:00 or a duration "
+                                   f"such as 10m or 2h (got {text!r})") from None
+
+
 def _key_conflict(task: Task, kind: str, document: Any, effect: str) -> dict[str, str]:
     """What differs between an existing task and the enqueue that named its key: ``{field: how}``."""
     differs = {}
@@ -108,11 +124,23 @@ def _key_conflict(task: Task, kind: str, document: Any, effect: str) -> dict[str
 @click.option("--max-attempts", type=int, default=5, show_default=True)
 @click.option("--lease-seconds", type=float, default=policy.DEFAULT_LEASE_SECONDS, show_default=True,
               help="Lease length a claim gets unless the worker asks for another.")
+@click.option("--timeout", type=float, default=None,
+              help="Seconds one attempt may run; a worker stops an attempt that runs longer and gives its lease "
+                   "up (reason timeout).")
+@click.option("--deadline", "deadline_text", metavar="TIME|AGE", default=None,
+              help="The latest time the task may start: an ISO 8601 time, or a duration from now (10m, 2h). "
+                   "Not started by then, it ends expired.")
+@click.option("--approval-required", "approval", flag_value="required", default=None,
+              help="The task waits in awaiting_approval until an operator approves it (leaseq approve) "
+                   "or denies it.")
+@click.option("--approval-deadline", type=float, default=None, metavar="SECONDS",
+              help="With --approval-required: deny it if nobody decided within this many seconds.")
 @json_option
 @click.pass_context
 def enqueue(ctx: click.Context, kind: str, payload: str | None, queue: str, effect: str, key: str | None,
             priority: int, delay: float, at_text: str | None, max_attempts: int, lease_seconds: float,
-            as_json: bool) -> None:
+            timeout: float | None, deadline_text: str | None, approval: str | None,
+            approval_deadline: float | None, as_json: bool) -> None:
     """Add a task of KIND to a queue.
 
     With --key, a task already holding that key in the queue is returned
@@ -120,6 +148,7 @@ def enqueue(ctx: click.Context, kind: str, payload: str | None, queue: str, effe
     with a different kind, payload or effect, that is an error (exit 2).
     """
     document = parse_json_option("payload", payload)
+    deadline = _parse_deadline(deadline_text) if deadline_text is not None else None
     at = _parse_at(at_text) if at_text is not None else None
     if at is not None and ctx.get_parameter_source("delay") is not click.core.ParameterSource.DEFAULT:
         raise CliError("at", "give --at or --delay, not both")
@@ -129,7 +158,9 @@ def enqueue(ctx: click.Context, kind: str, payload: str | None, queue: str, effe
     before = q.now() if key is not None else None
     try:
         task = q.enqueue(kind, document, effect=effect, queue=queue, idempotency_key=key, priority=priority,
-                         delay=delay, max_attempts=max_attempts, lease_seconds=lease_seconds)
+                         delay=delay, max_attempts=max_attempts, lease_seconds=lease_seconds, timeout=timeout,
+                         deadline=deadline, approval=approval, approval_deadline=approval_deadline,
+                         by=f"cli:{default_actor()}")
     except InvalidInput as exc:
         if at is not None and exc.field == "delay":
             raise CliError("at", f"{at.isoformat()} is too far ahead: the delay {exc.problem}") from None

@@ -272,6 +272,33 @@ class IdempotencyKeyReused(LeaseqError):
         return exc
 
 
+class ApprovalMismatch(LeaseqError):
+    """An approval named a digest other than the task's: what the approver was
+    shown is not what would run. Nothing was decided.
+
+    ``given`` is the digest the approver passed, ``current`` the digest of the
+    task's kind, payload and queue as stored (see :func:`leaseq.approval_digest`).
+    """
+
+    code = "approval_mismatch"
+    http_status = 409
+    cli_field = "digest"
+
+    def __init__(self, task_id: int, given: str, current: str):
+        self.task_id = task_id
+        self.given = given
+        self.current = current
+        super().__init__(f"task {task_id}: the digest given ({given}) is not the task's ({current}); "
+                         "look at the task again before deciding")
+
+    def wire_fields(self) -> dict[str, Any]:
+        return {"task_id": self.task_id, "given": self.given, "current": self.current}
+
+    @classmethod
+    def from_wire(cls, message: str, fields: dict[str, Any]) -> ApprovalMismatch:
+        return cls(int(fields.get("task_id", 0)), str(fields.get("given", "")), str(fields.get("current", "")))
+
+
 class InvalidActionToken(AccessDenied):
     """A signed action token was refused. ``reason`` says why, as a short code.
 
@@ -327,7 +354,7 @@ class ToolCallDiverged(LeaseqError):
 ERRORS: tuple[type[LeaseqError], ...] = (
     LeaseqError, LeaseLost, InvalidInput, BodyTooLarge, NotFound, UnknownWorker, InvalidTransition, QueuePaused,
     ConfigError, BackendUnavailable, StaleToken, Permanent, CredentialMissing, AccessDenied, Unauthorized,
-    RateLimited, IdempotencyKeyReused, ToolCallDiverged,
+    RateLimited, IdempotencyKeyReused, ApprovalMismatch, ToolCallDiverged,
 )
 
 

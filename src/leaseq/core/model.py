@@ -82,6 +82,12 @@ class Task:
     updated_at: datetime | None = None
     #: the actions the task declared it may take (None: undeclared; see Queue.begin_effect)
     actions: list[str] | None = None
+    #: how long one attempt may run, in seconds (None: as long as its lease is renewed)
+    timeout_seconds: float | None = None
+    #: the latest time the task may start (None: no deadline); past it, it ends ``expired``
+    deadline_at: datetime | None = None
+    #: how many times a handler asked to run it later (:class:`leaseq.Retry`)
+    snoozes: int = 0
 
 
 @dataclass(frozen=True)
@@ -128,6 +134,30 @@ class Effect:
     def fencing_token(self) -> int:
         """The claim generation the intent was recorded under."""
         return self.generation
+
+
+@dataclass(frozen=True)
+class Approval:
+    """The approval request of a task enqueued with ``approval="required"``, and its decision.
+
+    ``digest`` is what the approver is shown and must pass back (see
+    :func:`leaseq.approval_digest`); ``decision`` is None while undecided,
+    else ``"approved"`` or ``"denied"`` (also by the deadline: ``decided_via``
+    ``"deadline"``). ``task`` is the task as read with it, where the read
+    includes it (:meth:`leaseq.Queue.approvals`).
+    """
+
+    task_id: int
+    digest: str
+    requested_by: str
+    requested_at: datetime
+    deadline_at: datetime | None = None
+    decision: str | None = None
+    decided_by: str | None = None
+    decided_via: str | None = None
+    note: str | None = None
+    decided_at: datetime | None = None
+    task: Task | None = None
 
 
 @dataclass(frozen=True)

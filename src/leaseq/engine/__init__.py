@@ -9,13 +9,15 @@ operation lives:
 - :mod:`.leases`: claim, renew, complete, fail, release, report a loss, sweep
 - :mod:`.effects`: begin and finish an effect, the action ledger
 - :mod:`.enqueue`: enqueue one task or many
+- :mod:`.approvals`: approval gates: request, approve, deny, deadlines
+- :mod:`.intents`: intents a task records for an executor
 - :mod:`.operator`: workers in and out, cancel, reconcile, unblock, requeue, pause
 - :mod:`.reads`: tasks, events, workers, queues, stats, the database clock
 - :mod:`.schema`: migrations and retention
 """
 
-from . import effects, enqueue, leases, operator, reads, schema
+from . import approvals, effects, enqueue, intents, leases, operator, reads, schema
 from .common import Settings
 from .drive import adrive, drive, drive_in
 
-__all__ = ["Settings", "adrive", "drive", "drive_in", "effects", "enqueue", "leases", "operator", "reads", "schema"]
+__all__ = ["Settings", "adrive", "approvals", "drive", "drive_in", "effects", "enqueue", "intents", "leases", "operator", "reads", "schema"]

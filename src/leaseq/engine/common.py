@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING, Any
 from ..core import checks
 from ..core.errors import InvalidInput, NotFound, UnknownWorker
 from ..core.model import Claim, Effect, Task, Worker
+from ..core.retry import DEFAULT_MAX_SNOOZES
 from ..store.base import BackendCapabilities
 from .steps import BEGIN, COMMIT, Op, one, rows
 
@@ -34,6 +35,8 @@ class Settings:
     backend: BackendCapabilities
     evidence: str = "full"
     max_same_error: int = checks.DEFAULT_MAX_SAME_ERROR
+    #: retries on request (leaseq.Retry) a task may make before the next one counts as a failure
+    max_snoozes: int = DEFAULT_MAX_SNOOZES
     signer: ActionSigner | None = None
     action_token_ttl: float = 300.0
 

@@ -6,13 +6,15 @@ import json
 import secrets
 import time
 from collections.abc import Iterable, Sequence
+from datetime import datetime, timedelta, timezone
 from typing import Any
 
 from ..core import checks
 from ..core.errors import InvalidInput
 from ..core.model import Task
 from ..store.base import JsonText, KeyConflict
-from .common import Settings, to_task
+from . import approvals
+from .common import Settings, default_actor, to_task
 from .effects import check_actions
 from .steps import BEGIN, BEGIN_ONE, COMMIT, Op, one, rows
 
@@ -31,10 +33,41 @@ def fresh_keys(n: int) -> list[str]:
     return [f"{stem}{i:05x}" for i in range(n)]
 
 
+#: The longest timeout of one attempt, and the farthest relative deadline: ten years.
+_LONGEST = 10 * 365 * 86400.0
+#: The range of absolute deadlines (every backend stores and reads these back).
+_EARLIEST = datetime(2000, 1, 1, tzinfo=timezone.utc)
+_LATEST = datetime(9000, 1, 1, tzinfo=timezone.utc)
+
+
+def check_budgets(timeout: float | None, deadline: datetime | timedelta | None) -> dict[str, Any]:
+    """The budget parameters of an insert: ``timeout`` (seconds one attempt may run) and
+    ``deadline`` (an aware datetime, or a timedelta from now by the database's clock), checked."""
+    if timeout is not None:
+        timeout = checks.check_seconds("timeout", timeout, allow_zero=False, maximum=_LONGEST)
+    deadline_at, deadline_in = None, None
+    if isinstance(deadline, datetime):
+        if deadline.tzinfo is None or deadline.utcoffset() is None:
+            raise InvalidInput("deadline", f"must be a timezone-aware time (got {deadline.isoformat()}, "
+                                           "which has no offset)")
+        if not _EARLIEST <= deadline <= _LATEST:
+            raise InvalidInput("deadline", f"must be between {_EARLIEST.year} and {_LATEST.year} "
+                                           f"(got {deadline.isoformat()})")
+        deadline_at = deadline
+    elif isinstance(deadline, timedelta):
+        deadline_in = checks.check_seconds("deadline", deadline.total_seconds(), allow_zero=True, maximum=_LONGEST)
+    elif deadline is not None:
+        raise InvalidInput("deadline", "must be a timezone-aware datetime, or a timedelta from now "
+                                       f"(got {type(deadline).__name__})")
+    return dict(timeout=timeout, deadline_at=deadline_at, deadline_in=deadline_in)
+
+
 def _common(kind: str, effect: str, queue: str, priority: int, delay: float, max_attempts: int,
-            lease_seconds: float, actions: Iterable[str] | None) -> dict[str, Any]:
+            lease_seconds: float, actions: Iterable[str] | None, timeout: float | None = None,
+            deadline: datetime | timedelta | None = None) -> dict[str, Any]:
     effect = checks.check_effect(effect)
     return dict(
+        **check_budgets(timeout, deadline),
         kind=checks.check_kind(kind),
         effect=effect,
         actions=check_actions(actions, effect),
@@ -46,12 +79,12 @@ def _common(kind: str, effect: str, queue: str, priority: int, delay: float, max
     )
 
 
-def enqueue(s: Settings, kind: str, payload: Any = None, *, effect: str = "read_only", queue: str = "default",
-            idempotency_key: str | None = None, priority: int = 0, delay: float = 0, max_attempts: int = 5,
-            lease_seconds: float = checks.DEFAULT_LEASE_SECONDS, actions: Iterable[str] | None = None) -> Op[Task]:
-    """:meth:`leaseq.Queue.enqueue`."""
+def task_params(kind: str, payload: Any, *, effect: str, queue: str, idempotency_key: str | None, priority: int,
+                delay: float, max_attempts: int, lease_seconds: float, actions: Iterable[str] | None,
+                timeout: float | None = None, deadline: datetime | timedelta | None = None) -> dict[str, Any]:
+    """The parameters of ``insert_task`` for one task, checked (InvalidInput names the field)."""
     effect = checks.check_effect(effect)
-    params = dict(
+    return dict(
         kind=checks.check_kind(kind),
         payload=checks.check_json("payload", payload),
         effect=effect,
@@ -63,12 +96,35 @@ def enqueue(s: Settings, kind: str, payload: Any = None, *, effect: str = "read_
         delay=checks.check_seconds("delay", delay, allow_zero=True, maximum=10 * 365 * 86400.0),
         max_attempts=checks.check_int("max_attempts", max_attempts, minimum=1, maximum=10_000),
         lease_seconds=checks.check_seconds("lease_seconds", lease_seconds, allow_zero=False),
+        **check_budgets(timeout, deadline),
     )
-    # the row is the enqueue's evidence (list_events); insert_task wakes
-    # listening workers itself where the backend has LISTEN/NOTIFY
-    yield BEGIN_ONE
-    row = yield one("insert_task", **params)
-    yield COMMIT
+
+
+def enqueue(s: Settings, kind: str, payload: Any = None, *, effect: str = "read_only", queue: str = "default",
+            idempotency_key: str | None = None, priority: int = 0, delay: float = 0, max_attempts: int = 5,
+            lease_seconds: float = checks.DEFAULT_LEASE_SECONDS, actions: Iterable[str] | None = None,
+            timeout: float | None = None, deadline: datetime | timedelta | None = None,
+            approval: str | None = None, approval_deadline: float | None = None,
+            by: str | None = None) -> Op[Task]:
+    """:meth:`leaseq.Queue.enqueue`."""
+    params = task_params(kind, payload, effect=effect, queue=queue, idempotency_key=idempotency_key,
+                         priority=priority, delay=delay, max_attempts=max_attempts, lease_seconds=lease_seconds,
+                         actions=actions, timeout=timeout, deadline=deadline)
+    approval, approval_deadline = approvals.check_approval(approval, approval_deadline)
+    by = checks.check_text("by", by)
+    if approval is not None:
+        # the task and its approval request in one transaction: no worker ever sees it queued
+        yield BEGIN
+        row = yield one("insert_task", **params)
+        if row is not None:
+            row = yield from approvals.request(s, row, by or default_actor(), approval_deadline)
+        yield COMMIT
+    else:
+        # the row is the enqueue's evidence (list_events); insert_task wakes
+        # listening workers itself where the backend has LISTEN/NOTIFY
+        yield BEGIN_ONE
+        row = yield one("insert_task", **params)
+        yield COMMIT
     if row is None:  # the key was taken: the same logical task
         yield BEGIN
         row = yield one("get_task_by_key", queue=params["queue"], idempotency_key=params["idempotency_key"])
@@ -79,7 +135,8 @@ def enqueue(s: Settings, kind: str, payload: Any = None, *, effect: str = "read_
 def enqueue_many(s: Settings, kind: str, payloads: Iterable[Any], *, effect: str = "read_only",
                  queue: str = "default", idempotency_keys: Sequence[str | None] | None = None, priority: int = 0,
                  delay: float = 0, max_attempts: int = 5, lease_seconds: float = checks.DEFAULT_LEASE_SECONDS,
-                 actions: Iterable[str] | None = None) -> Op[list[int]]:
+                 actions: Iterable[str] | None = None, timeout: float | None = None,
+                 deadline: datetime | timedelta | None = None) -> Op[list[int]]:
     """:meth:`leaseq.Queue.enqueue_many`."""
     payloads = list(payloads)
     if idempotency_keys is not None:
@@ -87,7 +144,7 @@ def enqueue_many(s: Settings, kind: str, payloads: Iterable[Any], *, effect: str
         if len(idempotency_keys) != len(payloads):
             raise InvalidInput("idempotency_keys", f"needs one key per payload ({len(payloads)}), "
                                                    f"got {len(idempotency_keys)}")
-    common = _common(kind, effect, queue, priority, delay, max_attempts, lease_seconds, actions)
+    common = _common(kind, effect, queue, priority, delay, max_attempts, lease_seconds, actions, timeout, deadline)
     given = [None] * len(payloads) if idempotency_keys is None else [
         None if key is None else checks.check_key(f"idempotency_keys[{i}]", key)
         for i, key in enumerate(idempotency_keys)]

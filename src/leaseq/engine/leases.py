@@ -15,6 +15,7 @@ from typing import Any
 from ..core import checks
 from ..core.errors import InvalidInput, InvalidTransition, LeaseLost
 from ..core.model import Claim, Status, Task, Worker
+from ..core.retry import MAX_RETRY_SECONDS
 from .common import (Settings, check_claim, check_worker, event, event_params, heartbeats, require_task, to_task,
                      worker_id)
 from .steps import BEGIN, BEGIN_ONE, COMMIT, Op, one, rows
@@ -173,6 +174,35 @@ def fail(s: Settings, worker: Worker | str, claim: Claim, error: str, *, retry: 
     return to_task(task)
 
 
+def retry(s: Settings, worker: Worker | str, claim: Claim, after: float, reason: str) -> Op[Task]:
+    """:meth:`leaseq.Queue.retry`: the attempt ends on request, and the task runs again
+    ``after`` seconds later; the retry_task query decides where it goes. Past
+    ``max_snoozes`` requests the attempt is recorded as a failure instead."""
+    wid = worker_id(worker)
+    check_claim(wid, claim)
+    after = checks.check_seconds("after", after, allow_zero=True, maximum=MAX_RETRY_SECONDS)
+    checks.check_text("reason", reason, required=True)
+    yield BEGIN
+    row = yield one("retry_task", task_id=claim.task_id, worker_id=wid, generation=claim.generation, after=after,
+                    max_snoozes=s.max_snoozes)
+    if row is None:
+        if (yield one("lock_lease", task_id=claim.task_id, worker_id=wid, generation=claim.generation)) is None:
+            raise LeaseLost(claim.task_id, claim.generation, "retry refused: lease no longer held")
+        # the lease is held, so the limit stopped it: the request counts as a failure
+        yield COMMIT
+        return (yield from fail(s, worker, claim, f"retry requested more than max_snoozes={s.max_snoozes} "
+                                                  f"times; last reason: {reason}", retry=True,
+                                delay=checks.backoff_seconds(claim.task.attempts)))
+    yield from event(s, claim.task_id, "retry_requested", claim.generation, wid, reason=reason, after=after,
+                     retry_at=row["available_at"].isoformat(), snoozes=row["snoozes"], next_status=row["status"],
+                     **heartbeats(row))
+    if row["status"] != Status.QUEUED:
+        yield from event(s, claim.task_id, row["status"], claim.generation, wid, reason=row["reason"])
+    task = yield one("get_task", task_id=claim.task_id)
+    yield COMMIT
+    return to_task(task)
+
+
 def release(s: Settings, worker: Worker | str, claim: Claim, reason: str = "released") -> Op[Task]:
     """:meth:`leaseq.Queue.release`: the lease ends now and the recovery policy routes the task."""
     wid = worker_id(worker)
@@ -214,7 +244,9 @@ def report_loss(s: Settings, worker: Worker | str, claim: Claim, reason: str) ->
 
 
 def sweep(s: Settings) -> Op[int]:
-    """:meth:`leaseq.Queue.sweep`: route every expired lease, a batch per transaction."""
+    """:meth:`leaseq.Queue.sweep`: route every expired lease, then expire every task whose
+    deadline passed before it started, a batch per transaction. Returns how many leases
+    were routed."""
     total = 0
     while True:
         yield BEGIN
@@ -222,7 +254,28 @@ def sweep(s: Settings) -> Op[int]:
         yield COMMIT
         total += n
         if n < ROUTE_BATCH:
+            break
+    while True:
+        yield BEGIN
+        n = yield from _expire_overdue(s)
+        yield COMMIT
+        if n < ROUTE_BATCH:
             return total
+
+
+def _expire_overdue(s: Settings) -> Op[int]:
+    """Tasks past their deadline that never started end ``expired``, with a ``deadline_passed`` event each."""
+    overdue = yield rows("lock_overdue", limit=ROUTE_BATCH)
+    if not overdue:
+        return 0
+    expired = {r["id"] for r in (yield rows("expire_overdue", task_ids=[r["id"] for r in overdue]))}
+    events = [event_params(s, r["id"], "deadline_passed", r["claim_generation"] or None, None,
+                           deadline_at=r["deadline_at"].isoformat(), previous_status=r["status"],
+                           reason="deadline passed before the task started")
+              for r in overdue if r["id"] in expired]
+    if events:
+        yield rows("insert_events", events=events)
+    return len(overdue)
 
 
 def _route_expired(s: Settings) -> Op[int]:

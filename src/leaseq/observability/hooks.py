@@ -50,6 +50,10 @@ def outcome_name(outcome: Outcome) -> str | None:
         return None
     if outcome.op == "complete":
         return "completed"
+    if outcome.op == "retry":  # leaseq.Retry: the attempt ended on request
+        return "snoozed"
+    if outcome.op == "timeout":  # ran past its timeout: the lease was given up
+        return "timed_out"
     if outcome.op == "fail":
         status = str(getattr(outcome.value, "status", "failed"))
         return _FAILED_TO.get(status, status)

@@ -8,12 +8,14 @@ registry, never the process-wide default. The series:
 * ``leaseq_worker_tasks_total{kind,outcome}``: attempts by how they ended:
   ``completed``; ``retried`` (the handler failed, the task is queued again);
   ``failed`` (dead); ``blocked``; ``needs_reconciliation``; ``released``;
-  ``lost`` (the lease ended before an outcome was recorded); ``unconfirmed``;
+  ``snoozed`` (the handler raised ``leaseq.Retry``); ``timed_out`` (it ran past
+  its timeout and the lease was given up); ``lost`` (the lease ended before an
+  outcome was recorded); ``unconfirmed``;
 * ``leaseq_worker_handler_duration_seconds{kind,outcome}``: handler run time;
 * ``leaseq_worker_running_tasks``: handlers running now;
 * ``leaseq_worker_calls_total{call}``, ``leaseq_worker_call_duration_seconds{call}``:
   calls to the queue (``claim``, ``renew``, ``complete`` (one per batch),
-  ``fail``, ``release``), and ``leaseq_worker_call_errors_total{call,error}``,
+  ``fail``, ``retry``, ``release``), and ``leaseq_worker_call_errors_total{call,error}``,
   where ``error="infrastructure"`` is a call that failed in transit (the
   worker retries it while the lease lasts) and ``error="refused"`` one the
   queue refused (a lost lease, a revoked worker);
@@ -133,3 +135,6 @@ class MeteredTransport:
 
     def release(self, worker: Any, claim: Any, reason: str = "released") -> Any:
         return self._sync("release", self._transport.release, worker, claim, reason)
+
+    def retry(self, worker: Any, claim: Any, after: float = 0.0, reason: str = "retry requested") -> Any:
+        return self._sync("retry", self._transport.retry, worker, claim, after, reason)

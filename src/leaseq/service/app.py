@@ -33,8 +33,8 @@ from .. import __version__, auth
 from ..core.errors import BackendUnavailable, LeaseqError
 from ..queue import Queue
 from .access import Access, BodyLimit, api_principal
-from .maintenance import (DEFAULT_LEADER_LEASE_SECONDS, DEFAULT_SWEEP_EVERY, Maintenance, MaintenanceCollector,
-                          MaintenanceConfig)
+from .maintenance import (DEFAULT_APPROVALS_EVERY, DEFAULT_LEADER_LEASE_SECONDS, DEFAULT_SWEEP_EVERY, Maintenance,
+                          MaintenanceCollector, MaintenanceConfig)
 from .metrics import ServiceMetrics
 from .wakeups import WorkSignal
 
@@ -92,6 +92,9 @@ class ServiceSettings:
     live_stream_seconds: float = 25.0
     #: Route expired leases this often (seconds; None: only claims and `leaseq sweep` do).
     sweep_every: float | None = DEFAULT_SWEEP_EVERY
+    #: Deny approval requests whose deadline passed this often (seconds; None: only
+    #: ``Queue.expire_approvals`` does).
+    approvals_every: float | None = DEFAULT_APPROVALS_EVERY
     #: Lease of the maintenance leadership (seconds): the sweep and retention run on
     #: one replica at a time, and a dead leader is replaced within about this long.
     leader_lease_seconds: float = DEFAULT_LEADER_LEASE_SECONDS
@@ -222,6 +225,7 @@ def create_app(queue: Queue, settings: ServiceSettings | None = None, **options:
     work_signal = WorkSignal(queue, recheck=settings.claim_recheck)
     maintenance = Maintenance(queue, MaintenanceConfig(
         leader_lease_seconds=settings.leader_lease_seconds, sweep_every=settings.sweep_every,
+        approvals_every=settings.approvals_every,
         prune_older_than=settings.prune_older_than, prune_payloads_older_than=settings.prune_payloads_older_than,
         prune_every=settings.prune_every))
     metrics.registry.register(MaintenanceCollector(maintenance))

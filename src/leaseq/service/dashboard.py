@@ -1,4 +1,4 @@
-"""Server-rendered dashboard: queues, tasks, the evidence timeline, the reconciliation inbox.
+"""Server-rendered dashboard: queues, tasks, the evidence timeline, the reconciliation and approvals inboxes.
 
 Login: a token (viewer or better) is entered once in a form; the service
 answers with a session of its own (:func:`leaseq.auth.create_session`), kept
@@ -38,7 +38,8 @@ from ..core.errors import InvalidInput, LeaseqError, NotFound
 from ..queue import Queue
 from .access import Access, client_address, csrf_token
 from . import stats
-from .views import STATUSES, present_effect, present_task, queue_overview, task_timeline
+from ..engine.approvals import digest_of
+from .views import STATUSES, present_approval, present_effect, present_task, queue_overview, task_timeline
 
 router = APIRouter(include_in_schema=False)
 COOKIE = "leaseq_session"
@@ -300,7 +301,9 @@ def task_page(request: Request, task_id: int = Path(ge=1, le=2**63 - 1), s: Sess
     except LeaseqError as exc:
         return render("error.html", request, s, status_code=404, message=str(exc))
     view = task_timeline(task, q.events(task_id), q.effects(task_id), s.principal)
-    return render("task.html", request, s, live=live_view(request, "task", id=str(task_id)), **view)
+    # the digest an approval from this page is bound to: only for a reader who sees the payload
+    digest = digest_of(task) if task.status == "awaiting_approval" and s.principal.read_payloads else None
+    return render("task.html", request, s, live=live_view(request, "task", id=str(task_id)), digest=digest, **view)
 
 
 @router.get("/inbox", response_class=HTMLResponse)
@@ -312,6 +315,14 @@ def inbox(request: Request, s: Session = Depends(session)) -> HTMLResponse:
             open_fx = [present_effect(fx, s.principal) for fx in q.effects(task.id) if fx.status == "pending"]
             items.append({"task": present_task(task, s.principal), "open_effects": open_fx})
     return render("inbox.html", request, s, items=items, live=live_view(request, "inbox"))
+
+
+@router.get("/approvals", response_class=HTMLResponse)
+def approvals_page(request: Request, s: Session = Depends(session)) -> HTMLResponse:
+    """The approvals inbox: each task awaiting approval with its payload, digest and requester."""
+    items = [{"approval": present_approval(a, s.principal), "task": present_task(a.task, s.principal)}
+             for a in _queue(request).approvals(limit=200) if a.task is not None]
+    return render("approvals.html", request, s, items=items)
 
 
 # -- actions (authorized, CSRF-checked), one form and route per entry of the action table --

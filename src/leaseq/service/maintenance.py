@@ -3,7 +3,8 @@
 Every ``leaseq serve`` replica runs a :class:`Maintenance`, but only the
 replica that holds the *maintenance leader lease* does the work: the sweep
 that routes expired leases (so ``needs_reconciliation`` and retries show up
-without waiting for a claim) and retention. The others stand by and take
+without waiting for a claim), the denial of approval requests whose deadline
+passed, and retention. The others stand by and take
 over when the leader's lease runs out (it died, froze or lost the database)
 or when it resigns at a clean shutdown.
 
@@ -56,6 +57,8 @@ LEADERSHIP = "maintenance"
 DEFAULT_LEADER_LEASE_SECONDS = 15.0
 #: How often the leader routes expired leases.
 DEFAULT_SWEEP_EVERY = 10.0
+#: How often the leader denies approval requests whose deadline passed.
+DEFAULT_APPROVALS_EVERY = 10.0
 #: How often the leader applies retention (when retention is configured).
 DEFAULT_PRUNE_EVERY = 3600.0
 #: Bounds of the leader lease: long enough for one renewal round trip, short
@@ -83,6 +86,9 @@ class MaintenanceConfig:
     leader_lease_seconds: float = DEFAULT_LEADER_LEASE_SECONDS
     #: Route expired leases this often (seconds); None: never (claims still do).
     sweep_every: float | None = DEFAULT_SWEEP_EVERY
+    #: Deny approval requests whose deadline passed this often (seconds); None: never
+    #: (``Queue.expire_approvals`` still does, when called).
+    approvals_every: float | None = DEFAULT_APPROVALS_EVERY
     #: Retention: delete finished tasks older than this (seconds); None: no retention.
     prune_older_than: float | None = None
     #: ...blank payloads and results of finished tasks older than this (seconds)...
@@ -101,6 +107,9 @@ class MaintenanceConfig:
         sweep = self.sweep_every
         if sweep is not None:
             sweep = policy.check_seconds("sweep_every", sweep, allow_zero=False, maximum=_MAX_AGE)
+        approvals = self.approvals_every
+        if approvals is not None:
+            approvals = policy.check_seconds("approvals_every", approvals, allow_zero=False, maximum=_MAX_AGE)
         older = self.prune_older_than
         if older is not None:
             older = policy.check_seconds("prune_older_than", older, allow_zero=True, maximum=_MAX_AGE)
@@ -114,7 +123,8 @@ class MaintenanceConfig:
         policy.check_text("replica_id", self.replica_id, required=True)
         if len(self.replica_id) > 200:
             raise InvalidInput("replica_id", "must be at most 200 characters")
-        return replace(self, leader_lease_seconds=lease, sweep_every=sweep, prune_older_than=older,
+        return replace(self, leader_lease_seconds=lease, sweep_every=sweep, approvals_every=approvals,
+                       prune_older_than=older,
                        prune_payloads_older_than=payloads, prune_every=every)
 
 
@@ -180,6 +190,8 @@ class Maintenance:
         c = self.config
         if c.sweep_every is not None:
             jobs.append(_Job("sweep", c.sweep_every, self.queue.sweep))
+        if c.approvals_every is not None:
+            jobs.append(_Job("approvals", c.approvals_every, self.queue.expire_approvals))
         if c.prune_older_than is not None:
             jobs.append(_Job("prune", c.prune_every, lambda: self.queue.prune(
                 c.prune_older_than or 0.0, payloads_older_than_seconds=c.prune_payloads_older_than,

@@ -11,6 +11,7 @@ writes the audit entry in the action's own transaction.
 from __future__ import annotations
 
 import inspect
+from datetime import datetime
 from typing import Any, Literal
 
 from fastapi import APIRouter, Depends, Path, Query, Request
@@ -18,10 +19,11 @@ from pydantic import create_model
 
 from .. import auth, authz
 from ..core import policy
+from ..core.errors import InvalidInput
 from ..core.model import Task
 from ..queue import Queue
 from .access import WORKER_ID_PATTERN, api_principal, need
-from .views import present_effect, present_event, present_task, queue_overview, task_timeline
+from .views import present_approval, present_effect, present_event, present_task, queue_overview, task_timeline
 from .wire import to_json
 from .worker_api import Body, TaskId
 
@@ -40,6 +42,11 @@ class EnqueueBody(Body):
     max_attempts: int = 5
     lease_seconds: float = policy.DEFAULT_LEASE_SECONDS
     actions: list[str] | None = None
+    timeout: float | None = None
+    #: an ISO 8601 time with its offset: the latest time the task may start
+    deadline: str | None = None
+    approval: Literal["required"] | None = None
+    approval_deadline: float | None = None
 
 
 class TokenBody(Body):
@@ -59,6 +66,17 @@ def _queue(request: Request) -> Queue:
     return request.app.state.queue
 
 
+def _deadline(text: str | None) -> datetime | None:
+    """An enqueue's ``deadline``: an ISO 8601 time (with its offset; the engine refuses one without)."""
+    if text is None:
+        return None
+    try:
+        return datetime.fromisoformat(text.strip().replace("Z", "+00:00").replace("z", "+00:00"))
+    except ValueError:
+        raise InvalidInput("deadline", f"must be an ISO 8601 time such as 2030-01-31T09:00:00+00:00 "
+                                       f"(got {text[:40]!r})") from None
+
+
 # -- enqueue and read -----------------------------------------------------------------
 
 @router.post("/tasks", status_code=201, tags=["tasks"], summary="Enqueue a task")
@@ -68,8 +86,11 @@ def enqueue(body: EnqueueBody, request: Request, principal: auth.Principal = Dep
     task = _queue(request).enqueue(body.kind, body.payload, effect=body.effect, queue=body.queue,
                                    idempotency_key=body.idempotency_key, priority=body.priority, delay=body.delay,
                                    max_attempts=body.max_attempts, lease_seconds=body.lease_seconds,
-                                   actions=body.actions)
-    request.app.state.work_signal.wake(task.queue)  # claims waiting in this process look at once
+                                   actions=body.actions, timeout=body.timeout, deadline=_deadline(body.deadline),
+                                   approval=body.approval, approval_deadline=body.approval_deadline,
+                                   by=principal.actor)
+    if task.status == "queued":
+        request.app.state.work_signal.wake(task.queue)  # claims waiting in this process look at once
     return present_task(task, principal)
 
 
@@ -103,6 +124,19 @@ def timeline(request: Request, task_id: int = TaskId, principal: auth.Principal 
     q = _queue(request)
     task = q.get(task_id)
     return task_timeline(task, q.events(task_id), q.effects(task_id), principal)
+
+
+@router.get("/approvals", tags=["approvals"], summary="Tasks awaiting approval, oldest first, with their digests")
+def approvals(request: Request, queue: str | None = Query(None), limit: int = Query(100, ge=1, le=1000),
+              principal: auth.Principal = Depends(need("read"))) -> dict:
+    return {"approvals": [present_approval(a, principal)
+                          for a in _queue(request).approvals(queue=queue, limit=limit)]}
+
+
+@router.get("/tasks/{task_id}/approval", tags=["approvals"], summary="A task's approval request and decision")
+def task_approval(request: Request, task_id: int = TaskId,
+                  principal: auth.Principal = Depends(need("read"))) -> dict:
+    return present_approval(_queue(request).approval(task_id), principal)
 
 
 @router.get("/queues", tags=["queues"], summary="Counts by status, oldest queued age, paused state")

@@ -11,7 +11,7 @@ from datetime import datetime
 from typing import Any
 
 from ..auth import Principal
-from ..core.model import Effect, Event, Status, Task
+from ..core.model import Approval, Effect, Event, Status, Task
 from ..queue import Queue
 from .wire import REDACTED, parse_time, redact_detail, redact_task, to_json
 
@@ -30,6 +30,20 @@ def present_task(task: Task, principal: Principal) -> dict[str, Any]:
     """A task as JSON, redacted unless the token may read payloads."""
     data = to_json(task)
     return data if principal.read_payloads else redact_task(data)
+
+
+def present_approval(approval: Approval, principal: Principal) -> dict[str, Any]:
+    """An approval request as JSON: its task redacted (and its note hidden) unless the token may read payloads.
+
+    The digest is always shown: it is what an approver passes back, and it
+    reveals nothing of the payload.
+    """
+    data = to_json(approval)
+    if approval.task is not None:
+        data["task"] = present_task(approval.task, principal)
+    if not principal.read_payloads and data.get("note") is not None:
+        data["note"] = REDACTED
+    return data
 
 
 #: Keys of event details that people and workers fill with free text (a cancel

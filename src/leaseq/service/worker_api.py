@@ -16,7 +16,7 @@ those, run in one transaction with the token check.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Literal
 
 from fastapi import APIRouter, Depends, Path, Request
 from pydantic import BaseModel, ConfigDict, Field, model_validator
@@ -24,7 +24,7 @@ from pydantic_core import PydanticCustomError
 
 from .. import auth, authz
 from ..core import policy
-from ..core.errors import LeaseLost, NotFound
+from ..core.errors import InvalidInput, LeaseLost, NotFound
 from ..core.model import Claim, Effect, Task
 from ..queue import Queue
 from .access import WORKER_ID_PATTERN, api_principal, in_one_transaction, need
@@ -87,6 +87,8 @@ class FailBody(Body):
     retry: bool = True
     block: bool = False
     delay: float | None = None
+    #: seconds: not a failure but a retry on request (leaseq.Retry), ``error`` its reason
+    retry_after: float | None = None
 
 
 class ReleaseBody(Body):
@@ -106,6 +108,21 @@ class EffectBody(Body):
 class EffectResponseBody(Body):
     generation: int
     response: Any = None
+
+
+class IntentBody(Body):
+    generation: int
+    kind: str
+    payload: Any = None
+    key: str
+    queue: str = "default"
+    effect: str = "side_effect"
+    approval: Literal["required"] | None = None
+    approval_deadline: float | None = None
+    priority: int = 0
+    max_attempts: int = 5
+    lease_seconds: float = policy.DEFAULT_LEASE_SECONDS
+    actions: list[str] | None = None
 
 
 class LossBody(Body):
@@ -166,7 +183,8 @@ def complete(body: CompleteBody, request: Request, task_id: int = TaskId, worker
     return {"completed": True, "task_id": task_id}
 
 
-@router.post("/workers/{worker_id}/tasks/{task_id}/fail", summary="End the attempt with an error")
+@router.post("/workers/{worker_id}/tasks/{task_id}/fail",
+             summary="End the attempt with an error, or (retry_after) ask to run it again later")
 def fail(body: FailBody, request: Request, task_id: int = TaskId, worker_id: str = WorkerId) -> dict[str, Any]:
     policy.check_int("generation", body.generation, minimum=0, maximum=2**63 - 1)
 
@@ -175,8 +193,13 @@ def fail(body: FailBody, request: Request, task_id: int = TaskId, worker_id: str
             task = view.get(task_id)  # fail() reads attempts from the claim's task for its backoff
         except NotFound:
             raise LeaseLost(task_id, body.generation, "fail refused: lease no longer held") from None
-        return view.fail(worker_id, _claim(worker_id, task_id, body.generation, task), body.error,
-                         retry=body.retry, block=body.block, delay=body.delay)
+        claim = _claim(worker_id, task_id, body.generation, task)
+        if body.retry_after is not None:  # Queue.retry: the attempt ends on request, not as a failure
+            if body.block or not body.retry or body.delay is not None:
+                raise InvalidInput("retry_after", "asks for a retry on request: not with block, retry=false "
+                                                  "or delay")
+            return view.retry(worker_id, claim, body.retry_after, body.error)
+        return view.fail(worker_id, claim, body.error, retry=body.retry, block=body.block, delay=body.delay)
 
     return to_json(_refused(request, "fail", in_one_transaction, request, "fail", worker_id, operation))
 
@@ -214,6 +237,22 @@ def finish_effect(body: EffectResponseBody, request: Request, task_id: int = Tas
         done = _refused(request, "finish_effect", _queue(request).finish_effect, worker_id,
                         _claim(worker_id, task_id, body.generation), effect, body.response)
     return to_json(done)
+
+
+@router.post("/workers/{worker_id}/tasks/{task_id}/intents", summary="Record an intent for an executor")
+def intend(body: IntentBody, request: Request, task_id: int = TaskId, worker_id: str = acting_as("intend"),
+           principal: auth.Principal = Depends(api_principal)) -> dict[str, Any]:
+    # An intent is written for an executor pool whose queue the agent's token
+    # cannot claim from; outside its own queues only approval-gated. The lease
+    # of the calling task and its declared actions (intend:<kind>) decide the rest.
+    policy.check_name("queue", body.queue)
+    authz.authorize_intent(principal, body.queue, body.approval)
+    options = body.model_dump(exclude={"generation", "kind", "payload", "key"})
+    child = _refused(request, "intend", _queue(request).intend, worker_id,
+                     _claim(worker_id, task_id, body.generation), body.kind, body.payload, key=body.key, **options)
+    if child.status == "queued":
+        request.app.state.work_signal.wake(child.queue)
+    return to_json(child)
 
 
 @router.post("/workers/{worker_id}/tasks/{task_id}/loss", status_code=202,

@@ -60,6 +60,8 @@ def _encode(params: dict[str, Any]) -> dict[str, Any]:
             value = str(value)
         elif key in JSON_PARAMS or isinstance(value, (list, tuple, dict)):
             value = json.dumps(value)
+        elif isinstance(value, datetime):  # times are stored as Unix seconds
+            value = value.timestamp()
         out[key] = value
     return out
 

@@ -45,7 +45,9 @@ from typing import TYPE_CHECKING, Any
 
 from ..auth import AccessDenied, RateLimited
 from ..core.errors import (CredentialMissing, InvalidInput, InvalidTransition, LeaseLost, NotFound, Permanent,
-                           ToolCallDiverged, UnknownWorker)
+    async def _fail_one(self, ctx: TaskContext, exc: BaseException, policy: RetryPolicy | None = None) -> Outcome:
+        # a diverged run diverges again on every retry: its recorded calls replay the same
+        retry = not isinstance(exc, (Permanent, ToolCallDiverged))
 from .transport import Capabilities
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -58,6 +60,8 @@ logger = logging.getLogger("leaseq.worker")
 INITIAL_BACKOFF = 0.05
 MAX_BACKOFF = 2.0
 MAX_ERROR_TEXT = 4000
+#: The reason a lease is given up with when its attempt ran past its timeout.
+TIMEOUT_REASON = "timeout"
 
 
 def next_backoff(backoff: float, exc: BaseException) -> tuple[float, float]:
@@ -155,9 +159,10 @@ class Completer:
             return await done
         return await self._track(ctx, asyncio.ensure_future(self._complete_one(ctx, result)), "complete")
 
-    async def fail(self, ctx: TaskContext, exc: BaseException) -> Outcome:
-        """Record a handler failure; retried through outages, never turned into another failure."""
-        return await self._track(ctx, asyncio.ensure_future(self._fail_one(ctx, exc)), "fail")
+    async def fail(self, ctx: TaskContext, exc: BaseException, policy: RetryPolicy | None = None) -> Outcome:
+        """Record a handler failure; retried through outages, never turned into another failure.
+        ``policy``: the kind's retry policy (which failures retry, after how long)."""
+        return await self._track(ctx, asyncio.ensure_future(self._fail_one(ctx, exc, policy)), "fail")
 
     async def release(self, ctx: TaskContext, reason: str, *, until: float | None = None) -> Outcome:
         """Give the lease back (through the recovery policy); retried until ``until`` at the
@@ -166,6 +171,21 @@ class Completer:
                                                                        ctx.claim, reason),
                                  until=until, stop_when_lost=False)
         return await self._track(ctx, asyncio.ensure_future(attempt), "release")
+
+    async def retry(self, ctx: TaskContext, request: Retry) -> Outcome:
+        """Record a handler's :class:`leaseq.Retry`: the attempt ends and the task runs again
+        ``request.after`` seconds later; retried through outages as a failure is."""
+        attempt = self._attempts(ctx, "retry", lambda: self._call(self.transport.retry, self.worker, ctx.claim,
+                                                                     request.after, request.reason))
+        return await self._track(ctx, asyncio.ensure_future(attempt), "retry")
+
+    async def time_out(self, ctx: TaskContext) -> Outcome:
+        """Give the lease of an attempt that ran past its timeout back, with reason ``timeout``:
+        the recovery policy routes the task. Retried while the lease lasts."""
+        attempt = self._attempts(ctx, "timeout", lambda: self._call(self.transport.release, self.worker,
+                                                                       ctx.claim, TIMEOUT_REASON),
+                                 stop_when_lost=False)
+        return await self._track(ctx, asyncio.ensure_future(attempt), "timeout")
 
     def report_loss(self, ctx: TaskContext, reason: str) -> None:
         """Add the worker's account of a lost lease to the evidence trail, in the
@@ -227,13 +247,19 @@ class Completer:
             return await self._fail_one(ctx, Permanent(f"handler returned an unusable result: {outcome.detail}"))
         return outcome
 
-    async def _fail_one(self, ctx: TaskContext, exc: BaseException) -> Outcome:
+    async def _fail_one(self, ctx: TaskContext, exc: BaseException, policy: RetryPolicy | None = None) -> Outcome:
         # a diverged run diverges again on every retry: its recorded calls replay the same
         retry = not isinstance(exc, (Permanent, ToolCallDiverged))
         block = isinstance(exc, CredentialMissing)
         text = error_text(exc)
+        options: dict[str, Any] = {}
+        if policy is not None and retry and not block:
+            # the kind's policy: give_up_on / retry_on decide whether to retry, and its backoff how long to wait
+            retry = policy.retries(exc)
+            if retry:
+                options["delay"] = policy.delay(ctx.task.attempts)
         outcome = await self._attempts(ctx, "fail", lambda: self._call(self.transport.fail, self.worker, ctx.claim,
-                                                                      text, retry=retry, block=block))
+                                                                      text, retry=retry, block=block, **options))
         if outcome.verdict is Verdict.RECORDED:  # the log line names the handler's error
             outcome = Outcome(outcome.op, outcome.verdict, repr(exc), outcome.value)
         return outcome

@@ -209,6 +209,38 @@ class TaskContext:
                 fx.record(fn(fx))
         return fx.response
 
+    # -- intents --------------------------------------------------------------
+
+    def intend(self, kind: str, payload: Any = None, *, key: str, queue: str = "default",
+               effect: str = "side_effect", approval: str | None = None, approval_deadline: float | None = None,
+               **options: Any) -> int:
+        """Record an intent for an executor: a child task of ``kind`` on ``queue``; returns its id.
+
+        ``key`` names the intent within this task: the child's idempotency key
+        is derived from this task's (attempt-stable) key and ``key``, and the
+        call is an effect of this task (action ``intend:<kind>``) recorded in
+        one transaction with the child, under the lease. A retried attempt that
+        intends the same ``key`` is answered from the ledger with the same
+        child id; no second intent is written. ``approval="required"`` gates
+        the child on an operator's decision (``approval_deadline`` seconds at
+        most). Other ``options``: ``priority``, ``max_attempts``,
+        ``lease_seconds``, ``actions`` of the child. Async handlers:
+        ``await ctx.aintend(...)``.
+        """
+        self.check()
+        try:
+            child = self._transport.intend(self.worker, self.claim, kind, payload, key=key, queue=queue,
+                                           effect=effect, approval=approval, approval_deadline=approval_deadline,
+                                           **options)
+        except LeaseLost as exc:
+            self._refused(exc)
+            raise
+        return child.id
+
+    async def aintend(self, kind: str, payload: Any = None, *, key: str, **options: Any) -> int:
+        """:meth:`intend` for async handlers."""
+        return await asyncio.to_thread(lambda: self.intend(kind, payload, key=key, **options))
+
 
 class EffectScope:
     """One tool call's entry in the action ledger, while it is being made."""

@@ -44,6 +44,7 @@ from ..core.errors import InvalidInput, LeaseLost, LeaseqError, Permanent, Queue
 from ..core.model import Claim, Worker
 from ..observability.hooks import TaskLog, WorkerObserver
 from ..schedules import Scheduler
+from ..core.retry import Retry
 from .completer import INITIAL_BACKOFF, Completer, Outcome, Verdict, next_backoff
 from . import tools
 from .context import TaskContext
@@ -122,6 +123,9 @@ class WorkerRuntime:
         self._threaded: set[tuple[int, int]] = set()
         #: presumed-lost attempts whose success was sent and is not settled yet
         self._presumed_sent: set[tuple[int, int]] = set()
+        #: the timers of attempts with a timeout, and the recordings of those that ran past it
+        self._timers: dict[tuple[int, int], asyncio.TimerHandle] = {}
+        self._timeouts: set[asyncio.Future[Any]] = set()
         self._stopping = False
         #: the refusal that stopped the claim loop (re-raised once shutdown is done)
         self._fatal: LeaseqError | None = None
@@ -358,6 +362,35 @@ class WorkerRuntime:
         self.renewer.lease_started(ctx)
         self._tasks[ctx.key] = asyncio.create_task(self._run_task(ctx), name=f"leaseq-task-{claim.task_id}",
                                                    context=self.observe.started(ctx, self.worker.id, sent))
+        timeout = self._timeout_of(claim)
+        if timeout is not None:
+            self._timers[ctx.key] = loop.call_later(timeout, self._time_out, ctx, timeout)
+
+    def _timeout_of(self, claim: Claim) -> float | None:
+        """How long the attempt may run: the task's own timeout, else its kind's declared one."""
+        if claim.task.timeout_seconds is not None:
+            return float(claim.task.timeout_seconds)
+        definition = self.registry.get(claim.task.kind)
+        return getattr(definition, "timeout", None)  # a bare registry's handlers may declare none
+
+    def _time_out(self, ctx: TaskContext, seconds: float) -> None:
+        """The attempt ran past its timeout: stop the handler (cancelled if async; a sync one
+        sees ``ctx.lost`` and ``ctx.check()`` raise) and give its lease up with reason
+        ``timeout``, for the recovery policy to route the task."""
+        self._timers.pop(ctx.key, None)
+        if ctx.key not in self._handling or ctx.lost:
+            return  # the handler returned (its outcome is being recorded), or the lease is gone already
+        if not ctx.mark_lost(f"timeout: the attempt ran past {seconds:g}s"):
+            return
+        self.stats.timed_out += 1
+        ctx.log.warning(self._msg(ctx, f"timed out after {seconds:g}s: stopping the handler and giving the "
+                                       "lease up"))
+        task = self._tasks.get(ctx.key)
+        if task is not None:
+            task.cancel()  # an async handler stops at its next await; a thread's result is dropped
+        recording = asyncio.ensure_future(self.completer.time_out(ctx))
+        self._timeouts.add(recording)
+        recording.add_done_callback(self._timeouts.discard)
 
     def _msg(self, ctx: TaskContext, text: str) -> str:
         return (f"task={ctx.task_id} kind={ctx.task.kind} gen={ctx.generation} attempt={ctx.task.attempts} "
@@ -413,11 +446,16 @@ class WorkerRuntime:
             return None
         except QueuePaused as exc:
             return self.completer.release(ctx, f"queue paused: {exc}")
+        except Retry as exc:  # asked to run later: not a failure
+            if ctx.lost:
+                ctx.log.warning(self._msg(ctx, f"retry not recorded: lease lost ({ctx.lost_reason}): {exc}"))
+                return None
+            return self.completer.retry(ctx, exc)
         except Exception as exc:  # the handler failed: route it by kind of failure
             if ctx.lost:
                 ctx.log.warning(self._msg(ctx, f"failure not recorded: lease lost ({ctx.lost_reason}): {exc!r}"))
                 return None
-            return self.completer.fail(ctx, exc)
+            return self.completer.fail(ctx, exc, getattr(definition, "retry", None))
         if ctx.loss_told:
             ctx.log.warning(self._msg(ctx, f"result not published: lease lost ({ctx.lost_reason})"))
             return None
@@ -435,6 +473,9 @@ class WorkerRuntime:
             # The attempt ended with nothing sent: the presumed loss stands.
             self._lose(ctx, ctx.lost_reason or "lease presumed lost")
         self.observe.finished(ctx)
+        timer = self._timers.pop(ctx.key, None)
+        if timer is not None:
+            timer.cancel()
         self._handling.discard(ctx.key)
         self.held.pop(ctx.key, None)
         self._tasks.pop(ctx.key, None)
@@ -465,6 +506,9 @@ class WorkerRuntime:
             elif op == "fail":
                 self.stats.failed += 1
                 ctx.log.warning(self._msg(ctx, f"failed -> {getattr(outcome.value, 'status', '?')}: {outcome.detail}"))
+            elif op == "retry":
+                self.stats.snoozed += 1
+                ctx.log.info(self._msg(ctx, f"retry requested -> {getattr(outcome.value, 'status', '?')}"))
             else:
                 self.stats.released += 1
                 ctx.log.info(self._msg(ctx, "released"))
@@ -474,14 +518,14 @@ class WorkerRuntime:
             self.stats.unconfirmed += 1
             ctx.log.warning(self._msg(ctx, f"{op} unconfirmed: an earlier try failed in transit and the retry was "
                                            f"refused ({outcome.detail}); the first try may have been written"))
-        elif op == "release":
+        elif op in ("release", "timeout"):
             self.stats.transient_errors += 1
             ctx.log.warning(self._msg(ctx, f"release not recorded ({outcome.detail}); the lease will expire instead"))
         else:
             # Never a handler failure: the lease ends and the recovery policy routes the task.
             if verdict is Verdict.UNRECORDABLE:
                 self.stats.transient_errors += 1
-            what = "succeeded" if op == "complete" else "failed"
+            what = {"complete": "succeeded", "retry": "asked to retry"}.get(op, "failed")
             self._lose(ctx, f"the handler {what} but its {op} could not be recorded before the lease ended: "
                             f"{outcome.detail}")
 

@@ -21,6 +21,11 @@ class WorkerStats:
     #: renewal had committed unanswered): counted in ``completed``, not ``lost``
     recovered: int = 0
     released: int = 0
+    #: attempts that ended on the handler's request to run later (leaseq.Retry)
+    snoozed: int = 0
+    #: attempts stopped for running past their timeout (their leases given up
+    #: with reason "timeout"; each also counts in ``released`` once recorded)
+    timed_out: int = 0
     renewals: int = 0
     #: outcomes whose write was refused after an earlier try failed in transit:
     #: that try may have been written (the task's row says which)

@@ -152,10 +152,12 @@ RETURNING t.id, t.claim_generation;
 -- so an enqueue is one round trip.
 WITH added AS (
     INSERT INTO leaseq_tasks (queue, kind, payload, effect, priority, available_at,
-                              idempotency_key, max_attempts, lease_seconds, actions)
+                              idempotency_key, max_attempts, lease_seconds, actions,
+                              timeout_seconds, deadline_at)
     VALUES (%(queue)s, %(kind)s, %(payload)s::jsonb, %(effect)s, %(priority)s,
             now() + %(delay)s::float8 * interval '1 second',
-            %(idempotency_key)s, %(max_attempts)s, %(lease_seconds)s, %(actions)s::jsonb)
+            %(idempotency_key)s, %(max_attempts)s, %(lease_seconds)s, %(actions)s::jsonb,
+            %(timeout)s::float8, coalesce(%(deadline_at)s::timestamptz, now() + %(deadline_in)s::float8 * interval '1 second'))
     ON CONFLICT (queue, idempotency_key) DO NOTHING
     RETURNING *
 )
@@ -168,10 +170,12 @@ FROM added a, LATERAL (SELECT pg_notify('leaseq_work', a.queue)) AS woke;
 -- {"payload", "idempotency_key"} objects. Duplicate keys are skipped exactly
 -- as in insert_task; the caller reads those with task_ids_by_key.
 INSERT INTO leaseq_tasks (queue, kind, payload, effect, priority, available_at,
-                          idempotency_key, max_attempts, lease_seconds, actions)
+                          idempotency_key, max_attempts, lease_seconds, actions,
+                          timeout_seconds, deadline_at)
 SELECT %(queue)s, %(kind)s, coalesce(n.payload, 'null'::jsonb), %(effect)s, %(priority)s,
        now() + %(delay)s::float8 * interval '1 second',
-       n.idempotency_key, %(max_attempts)s, %(lease_seconds)s, %(actions)s::jsonb
+       n.idempotency_key, %(max_attempts)s, %(lease_seconds)s, %(actions)s::jsonb,
+       %(timeout)s::float8, coalesce(%(deadline_at)s::timestamptz, now() + %(deadline_in)s::float8 * interval '1 second')
 FROM jsonb_to_recordset(%(tasks)s::jsonb) AS n(payload jsonb, idempotency_key text)
 ON CONFLICT (queue, idempotency_key) DO NOTHING
 RETURNING id, idempotency_key;
@@ -184,10 +188,12 @@ RETURNING id, idempotency_key;
 -- stored one, the unique index refuses the whole statement and the caller
 -- runs insert_tasks instead.
 INSERT INTO leaseq_tasks (queue, kind, payload, effect, priority, available_at,
-                          idempotency_key, max_attempts, lease_seconds, actions)
+                          idempotency_key, max_attempts, lease_seconds, actions,
+                          timeout_seconds, deadline_at)
 SELECT %(queue)s, %(kind)s, coalesce(n.payload, 'null'::jsonb), %(effect)s, %(priority)s,
        now() + %(delay)s::float8 * interval '1 second',
-       n.idempotency_key, %(max_attempts)s, %(lease_seconds)s, %(actions)s::jsonb
+       n.idempotency_key, %(max_attempts)s, %(lease_seconds)s, %(actions)s::jsonb,
+       %(timeout)s::float8, coalesce(%(deadline_at)s::timestamptz, now() + %(deadline_in)s::float8 * interval '1 second')
 FROM jsonb_to_recordset(%(tasks)s::jsonb) AS n(payload jsonb, idempotency_key text)
 RETURNING id, idempotency_key;
 
@@ -254,6 +260,30 @@ RETURNING t.id, t.status, t.claim_generation, t.open_effects, t.attempts,
               WHEN 'needs_reconciliation' THEN 'side-effect intent without a response: a retry could repeat it'
               WHEN 'dead' THEN 'attempts exhausted' END AS reason;
 
+-- name: lock_overdue
+-- Tasks whose deadline passed before they started, locked for expiry:
+-- queued (never claimed, or waiting for a retry), waiting or awaiting
+-- approval. Read from the deadline index. SKIP LOCKED: a row another sweep
+-- or an operator holds is left to them.
+SELECT id, queue, status, claim_generation, deadline_at
+FROM leaseq_tasks
+WHERE deadline_at IS NOT NULL AND status IN ('queued', 'waiting', 'awaiting_approval')
+  AND deadline_at <= now()
+ORDER BY deadline_at
+LIMIT %(limit)s
+FOR UPDATE SKIP LOCKED;
+
+-- name: expire_overdue
+-- The tasks lock_overdue found end 'expired' and are never started
+-- (claim_batch skips a task past its deadline meanwhile).
+UPDATE leaseq_tasks t
+SET status = 'expired',
+    last_error = 'deadline passed before the task started',
+    updated_at = now()
+WHERE t.id = ANY(%(task_ids)s::bigint[])
+  AND t.status IN ('queued', 'waiting', 'awaiting_approval') AND t.deadline_at <= now()
+RETURNING t.id, t.attempts;
+
 -- name: claim_batch
 -- guard: none -- takes new leases: no lease exists yet to guard
 -- plan: generic
@@ -294,6 +324,7 @@ WITH worker AS (
     SELECT id FROM leaseq_tasks
     WHERE status = 'queued' AND queue = %(queue)s AND available_at <= now()
       AND (%(kinds)s::text[] IS NULL OR kind = ANY(%(kinds)s::text[]))  -- only kinds the worker can run
+      AND (deadline_at IS NULL OR deadline_at > now())  -- never started past its deadline (the sweep expires it)
       AND NOT EXISTS (SELECT 1 FROM leaseq_queues q WHERE q.name = %(queue)s AND q.paused)
       AND (SELECT f.worker_ok AND NOT f.routing_due FROM flags f)
     ORDER BY priority DESC, available_at, id
@@ -450,6 +481,35 @@ RETURNING t.id, t.status, t.claim_generation, t.attempts, t.max_attempts, t.erro
                                     ELSE 'same error ' || t.error_streak || ' times in a row' END
           END AS reason;
 
+-- name: retry_task
+-- guard: lease
+-- plan: generic
+-- The handler asked to run the task again later (leaseq.Retry): the attempt
+-- ends without counting as a failure. It is given back (attempts - 1, so the
+-- next claim makes the same attempt again), the error streak is left alone
+-- (a retry on request never feeds the same-error quarantine), snoozes counts
+-- it, and the task is claimable %(after)s seconds from now by this clock.
+-- A side_effect task with an intent and no response goes to
+-- needs_reconciliation, as a failure would: running it again could repeat
+-- the call. Only while snoozes < %(max_snoozes)s: no row back with the lease
+-- held means the limit is reached, and the caller records a failure instead.
+UPDATE leaseq_tasks t
+SET status = CASE WHEN t.effect = 'side_effect' AND t.open_effects > 0 THEN 'needs_reconciliation'
+                  ELSE 'queued' END,
+    attempts = t.attempts - 1,
+    snoozes = t.snoozes + 1,
+    available_at = now() + %(after)s::float8 * interval '1 second',
+    lease_owner = NULL,
+    lease_expires_at = NULL,
+    updated_at = now()
+WHERE t.id = %(task_id)s
+  AND t.snoozes < %(max_snoozes)s
+  /* TEMPLATE: lease_guard */
+RETURNING t.id, t.status, t.claim_generation, t.attempts, t.snoozes, t.available_at,
+          t.heartbeat_count, t.last_heartbeat_at, t.longest_heartbeat_gap,
+          CASE t.status WHEN 'needs_reconciliation'
+              THEN 'retry requested with a side-effect intent and no recorded response' END AS reason;
+
 -- name: expire_lease
 -- guard: lease
 -- Gives a lease back early (worker shutdown): the deadline moves into the
@@ -506,7 +566,7 @@ RETURNING id, action, idempotency_key, generation;
 -- holder's next guarded call fail; expiry never revives a cancelled task.
 UPDATE leaseq_tasks
 SET status = 'cancelled', last_error = %(reason)s, lease_owner = NULL, lease_expires_at = NULL, updated_at = now()
-WHERE id = %(task_id)s AND status NOT IN ('completed', 'cancelled')
+WHERE id = %(task_id)s AND status NOT IN ('completed', 'cancelled', 'denied')
 RETURNING id, status, claim_generation;
 
 -- name: set_task_status
@@ -601,6 +661,58 @@ FROM leaseq_tasks
 GROUP BY queue, status
 ORDER BY queue, status;
 
+
+-- ============================================================================
+-- Approval gates (leaseq.engine.approvals)
+-- ============================================================================
+-- None of these is lease-backed: a gated task holds no lease until it is
+-- approved and claimed.
+
+-- name: hold_for_approval
+-- A task just inserted (in this transaction, so no worker has seen it yet)
+-- waits for an operator instead of the queue.
+UPDATE leaseq_tasks SET status = 'awaiting_approval', updated_at = now()
+WHERE id = %(task_id)s AND status = 'queued'
+RETURNING *;
+
+-- name: approval_request
+-- What the approver will be shown (its digest), who asked, and until when.
+INSERT INTO leaseq_approvals (task_id, digest, requested_by, deadline_at)
+VALUES (%(task_id)s, %(digest)s, %(requested_by)s,
+        CASE WHEN %(deadline)s::float8 IS NULL THEN NULL
+             ELSE now() + %(deadline)s::float8 * interval '1 second' END)
+RETURNING *;
+
+-- name: get_approval
+SELECT * FROM leaseq_approvals WHERE task_id = %(task_id)s;
+
+-- name: decide_approval
+-- One decision per request: a second decision (or a deadline racing an
+-- operator) finds the row decided and changes nothing.
+UPDATE leaseq_approvals
+SET decision = %(decision)s, decided_by = %(decided_by)s, decided_via = %(decided_via)s, note = %(note)s,
+    decided_at = now()
+WHERE task_id = %(task_id)s AND decision IS NULL
+RETURNING *;
+
+-- name: approvals_due
+-- Undecided requests whose deadline has passed, their tasks locked for the
+-- denial. SKIP LOCKED: an operator deciding one now keeps it.
+SELECT t.id FROM leaseq_approvals a JOIN leaseq_tasks t ON t.id = a.task_id
+WHERE a.decision IS NULL AND a.deadline_at <= now() AND t.status = 'awaiting_approval'
+ORDER BY a.deadline_at
+LIMIT %(limit)s
+FOR UPDATE OF t SKIP LOCKED;
+
+-- name: list_awaiting_approval
+-- The approvals inbox: each waiting task with its request, oldest first.
+SELECT t.*, a.digest AS approval_digest, a.requested_by AS approval_requested_by,
+       a.requested_at AS approval_requested_at, a.deadline_at AS approval_deadline_at
+FROM leaseq_tasks t JOIN leaseq_approvals a ON a.task_id = t.id
+WHERE t.status = 'awaiting_approval' AND a.decision IS NULL
+  AND (%(queue)s::text IS NULL OR t.queue = %(queue)s)
+ORDER BY t.id
+LIMIT %(limit)s;
 
 -- ============================================================================
 -- Service: tokens, access and retention

@@ -108,20 +108,23 @@ RETURNING id, claim_generation;
 -- The new row is the enqueue's evidence (see list_events); SQLite has no
 -- notifications to send.
 INSERT INTO leaseq_tasks (queue, kind, payload, effect, priority, available_at,
-                          idempotency_key, max_attempts, lease_seconds, actions)
+                          idempotency_key, max_attempts, lease_seconds, actions,
+                          timeout_seconds, deadline_at)
 VALUES (:queue, :kind, :payload, :effect, :priority,
         (julianday('now') - 2440587.5) * 86400.0 + :delay,
-        :idempotency_key, :max_attempts, :lease_seconds, :actions)
+        :idempotency_key, :max_attempts, :lease_seconds, :actions, :timeout, coalesce(:deadline_at, (julianday('now') - 2440587.5) * 86400.0 + :deadline_in))
 ON CONFLICT (queue, idempotency_key) DO NOTHING
 RETURNING *;
 
 -- name: insert_tasks
 -- See the PostgreSQL file. json_each keeps the document's order.
 INSERT INTO leaseq_tasks (queue, kind, payload, effect, priority, available_at,
-                          idempotency_key, max_attempts, lease_seconds, actions)
+                          idempotency_key, max_attempts, lease_seconds, actions,
+                          timeout_seconds, deadline_at)
 SELECT :queue, :kind, coalesce(n.value -> '$.payload', 'null'), :effect, :priority,
        (julianday('now') - 2440587.5) * 86400.0 + :delay,
-       n.value ->> '$.idempotency_key', :max_attempts, :lease_seconds, :actions
+       n.value ->> '$.idempotency_key', :max_attempts, :lease_seconds, :actions,
+       :timeout, coalesce(:deadline_at, (julianday('now') - 2440587.5) * 86400.0 + :deadline_in)
 FROM json_each(:tasks) AS n
 WHERE true  -- an INSERT ... SELECT needs a WHERE before ON CONFLICT in SQLite
 ON CONFLICT (queue, idempotency_key) DO NOTHING
@@ -131,10 +134,12 @@ RETURNING id, idempotency_key;
 -- See the PostgreSQL file: insert_tasks without ON CONFLICT, for keys leaseq
 -- just generated; a generated key meeting a stored one refuses the statement.
 INSERT INTO leaseq_tasks (queue, kind, payload, effect, priority, available_at,
-                          idempotency_key, max_attempts, lease_seconds, actions)
+                          idempotency_key, max_attempts, lease_seconds, actions,
+                          timeout_seconds, deadline_at)
 SELECT :queue, :kind, coalesce(n.value -> '$.payload', 'null'), :effect, :priority,
        (julianday('now') - 2440587.5) * 86400.0 + :delay,
-       n.value ->> '$.idempotency_key', :max_attempts, :lease_seconds, :actions
+       n.value ->> '$.idempotency_key', :max_attempts, :lease_seconds, :actions,
+       :timeout, coalesce(:deadline_at, (julianday('now') - 2440587.5) * 86400.0 + :deadline_in)
 FROM json_each(:tasks) AS n
 RETURNING id, idempotency_key;
 
@@ -188,6 +193,24 @@ RETURNING id, status, claim_generation, open_effects, attempts,
               WHEN 'needs_reconciliation' THEN 'side-effect intent without a response: a retry could repeat it'
               WHEN 'dead' THEN 'attempts exhausted' END AS reason;
 
+-- name: lock_overdue
+-- See the PostgreSQL file (the transaction holds the write lock: no SKIP LOCKED).
+SELECT id, queue, status, claim_generation, deadline_at
+FROM leaseq_tasks
+WHERE deadline_at IS NOT NULL AND status IN ('queued', 'waiting', 'awaiting_approval')
+  AND deadline_at <= (julianday('now') - 2440587.5) * 86400.0
+ORDER BY deadline_at
+LIMIT :limit;
+
+-- name: expire_overdue
+UPDATE leaseq_tasks
+SET status = 'expired',
+    last_error = 'deadline passed before the task started',
+    updated_at = (julianday('now') - 2440587.5) * 86400.0
+WHERE id IN (SELECT value FROM json_each(:task_ids))
+  AND status IN ('queued', 'waiting', 'awaiting_approval') AND deadline_at <= (julianday('now') - 2440587.5) * 86400.0
+RETURNING id, attempts;
+
 -- name: claim_batch
 -- guard: none -- takes new leases: no lease exists yet to guard
 -- unused: compact -- the caller writes the "claimed" events (no data-modifying CTEs in SQLite)
@@ -210,6 +233,7 @@ WHERE t.id IN (
     SELECT id FROM leaseq_tasks
     WHERE status = 'queued' AND queue = :queue
       AND (:kinds IS NULL OR kind IN (SELECT value FROM json_each(:kinds)))  -- only kinds the worker can run
+      AND (deadline_at IS NULL OR deadline_at > (julianday('now') - 2440587.5) * 86400.0)  -- see the PostgreSQL file
       -- the unary + keeps available_at out of the index lookup: the claimable
       -- index is walked in claim order, never range-scanned and then sorted
       AND +available_at <= (julianday('now') - 2440587.5) * 86400.0
@@ -309,6 +333,26 @@ RETURNING id, status, claim_generation, attempts, max_attempts, error_streak, av
                                     ELSE 'same error ' || error_streak || ' times in a row' END
           END AS reason;
 
+-- name: retry_task
+-- guard: lease
+-- See the PostgreSQL file: the attempt ends on request, given back, counted in snoozes.
+UPDATE leaseq_tasks AS t
+SET status = CASE WHEN t.effect = 'side_effect' AND t.open_effects > 0 THEN 'needs_reconciliation'
+                  ELSE 'queued' END,
+    attempts = t.attempts - 1,
+    snoozes = t.snoozes + 1,
+    available_at = (julianday('now') - 2440587.5) * 86400.0 + :after,
+    lease_owner = NULL,
+    lease_expires_at = NULL,
+    updated_at = (julianday('now') - 2440587.5) * 86400.0
+WHERE t.id = :task_id
+  AND t.snoozes < :max_snoozes
+  /* TEMPLATE: lease_guard */
+RETURNING id, status, claim_generation, attempts, snoozes, available_at,
+          heartbeat_count, last_heartbeat_at, longest_heartbeat_gap,
+          CASE status WHEN 'needs_reconciliation'
+              THEN 'retry requested with a side-effect intent and no recorded response' END AS reason;
+
 -- name: expire_lease
 -- guard: lease
 UPDATE leaseq_tasks AS t
@@ -360,7 +404,7 @@ RETURNING id, action, idempotency_key, generation;
 UPDATE leaseq_tasks
 SET status = 'cancelled', last_error = :reason, lease_owner = NULL, lease_expires_at = NULL,
     updated_at = (julianday('now') - 2440587.5) * 86400.0
-WHERE id = :task_id AND status NOT IN ('completed', 'cancelled')
+WHERE id = :task_id AND status NOT IN ('completed', 'cancelled', 'denied')
 RETURNING id, status, claim_generation;
 
 -- name: set_task_status
@@ -449,6 +493,50 @@ FROM leaseq_tasks
 GROUP BY queue, status
 ORDER BY queue, status;
 
+
+
+-- ============================================================================
+-- Approval gates (leaseq.engine.approvals): see the PostgreSQL file.
+-- ============================================================================
+
+-- name: hold_for_approval
+UPDATE leaseq_tasks SET status = 'awaiting_approval', updated_at = (julianday('now') - 2440587.5) * 86400.0
+WHERE id = :task_id AND status = 'queued'
+RETURNING *;
+
+-- name: approval_request
+INSERT INTO leaseq_approvals (task_id, digest, requested_by, deadline_at)
+VALUES (:task_id, :digest, :requested_by,
+        CASE WHEN :deadline IS NULL THEN NULL
+             ELSE (julianday('now') - 2440587.5) * 86400.0 + :deadline END)
+RETURNING *;
+
+-- name: get_approval
+SELECT * FROM leaseq_approvals WHERE task_id = :task_id;
+
+-- name: decide_approval
+UPDATE leaseq_approvals
+SET decision = :decision, decided_by = :decided_by, decided_via = :decided_via, note = :note,
+    decided_at = (julianday('now') - 2440587.5) * 86400.0
+WHERE task_id = :task_id AND decision IS NULL
+RETURNING *;
+
+-- name: approvals_due
+-- The transaction holds SQLite's write lock: no operator decides meanwhile.
+SELECT t.id FROM leaseq_approvals a JOIN leaseq_tasks t ON t.id = a.task_id
+WHERE a.decision IS NULL AND a.deadline_at <= (julianday('now') - 2440587.5) * 86400.0
+  AND t.status = 'awaiting_approval'
+ORDER BY a.deadline_at
+LIMIT :limit;
+
+-- name: list_awaiting_approval
+SELECT t.*, a.digest AS approval_digest, a.requested_by AS approval_requested_by,
+       a.requested_at AS approval_requested_at, a.deadline_at AS approval_deadline_at
+FROM leaseq_tasks t JOIN leaseq_approvals a ON a.task_id = t.id
+WHERE t.status = 'awaiting_approval' AND a.decision IS NULL
+  AND (:queue IS NULL OR t.queue = :queue)
+ORDER BY t.id
+LIMIT :limit;
 
 -- ============================================================================
 -- Service: tokens, access and retention

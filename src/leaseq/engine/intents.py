@@ -1,0 +1,97 @@
+"""Intents: a handler records an action for an executor instead of taking it.
+
+``ctx.intend(kind, payload, key=...)`` writes a child task (optionally
+approval-gated) for a worker pool that holds the credentials the calling
+task must not hold, on a queue of its own. The call is an effect of the
+calling task, written under its lease in one transaction with the child:
+the effect (action ``intend:<kind>``, key ``intent:<key>``) is recorded
+with its response, the child's id, so a retried task that intends the same
+``key`` again is answered from the ledger and never writes a second
+intent. The child's idempotency key is derived from the calling task's
+attempt-stable key and ``key`` (:func:`child_key`), so even a second
+enqueue of it would find the first.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Iterable
+from typing import Any
+
+from ..core import checks
+from ..core.errors import InvalidInput, LeaseLost, QueuePaused
+from ..core.model import Claim, Task, Worker
+from . import approvals
+from .common import Settings, check_claim, event, to_task, worker_id
+from .effects import action_refusal
+from .enqueue import task_params
+from .steps import BEGIN, COMMIT, Op, one, rows
+
+#: Longest idempotency key (see leaseq.core.checks.check_key).
+_KEY_MAX = 255
+
+
+def intent_action(kind: str) -> str:
+    """The action name under which a task records an intent of ``kind`` (declare it in ``actions=``)."""
+    return f"intend:{kind}"
+
+
+def child_key(parent_key: str, key: str) -> str:
+    """The idempotency key of the intent ``key`` of the task whose key is ``parent_key``.
+
+    Readable when it fits (``<parent key>/intent/<key>``), else a digest of both.
+    """
+    readable = f"{parent_key}/intent/{key}"
+    if len(readable) <= _KEY_MAX:
+        return readable
+    return "intent:sha256:" + hashlib.sha256(f"{parent_key}\0{key}".encode("utf-8")).hexdigest()
+
+
+def intend(s: Settings, worker: Worker | str, claim: Claim, kind: str, payload: Any = None, *, key: str,
+           queue: str = "default", effect: str = "side_effect", approval: str | None = None,
+           approval_deadline: float | None = None, priority: int = 0, max_attempts: int = 5,
+           lease_seconds: float = checks.DEFAULT_LEASE_SECONDS, actions: Iterable[str] | None = None) -> Op[Task]:
+    """:meth:`leaseq.Queue.intend`: the child task (the first one written, on a replay)."""
+    wid = worker_id(worker)
+    check_claim(wid, claim)
+    key = checks.check_key("key", key)
+    params = task_params(kind, payload, effect=effect, queue=queue, idempotency_key=None, priority=priority,
+                         delay=0, max_attempts=max_attempts, lease_seconds=lease_seconds, actions=actions)
+    approval, approval_deadline = approvals.check_approval(approval, approval_deadline)
+    action = checks.check_kind(intent_action(params["kind"]), "kind")
+    fx_key = f"intent:{key}"
+    yield BEGIN
+    held = yield one("lock_lease", task_id=claim.task_id, worker_id=wid, generation=claim.generation)
+    if held is None:
+        raise LeaseLost(claim.task_id, claim.generation, "intend refused: lease no longer held")
+    refusal = action_refusal(held, action)
+    if refusal is not None:
+        raise InvalidInput("kind", refusal)
+    existing = yield one("get_effect", task_id=claim.task_id, idempotency_key=fx_key)
+    if existing is not None and existing["status"] == "done":  # an earlier attempt recorded it: replay
+        child = yield one("get_task", task_id=existing["response"]["task_id"])
+        yield COMMIT
+        return to_task(child)
+    if held["paused"]:
+        raise QueuePaused(f"queue {held['queue']!r} is paused: no new actions may start")
+    params["idempotency_key"] = child_key(held["idempotency_key"], key)
+    row = yield one("insert_task", **params)
+    if row is None:  # the derived key is taken in that queue: the intent already exists
+        row = yield one("get_task_by_key", queue=params["queue"], idempotency_key=params["idempotency_key"])
+    elif approval is not None:
+        row = yield from approvals.request(s, row, f"task:{claim.task_id}", approval_deadline)
+    response = {"task_id": row["id"], "kind": row["kind"], "queue": row["queue"]}
+    if existing is None:
+        fx = yield one("insert_effect", task_id=claim.task_id, generation=claim.generation, worker_id=wid,
+                       action=action, idempotency_key=fx_key)
+    else:  # an intent the ledger holds open (an operator requeued the task after reconciliation)
+        fx = yield one("rebind_effect", effect_id=existing["id"], generation=claim.generation, worker_id=wid)
+        if existing["status"] == "pending":
+            yield rows("adjust_open_effects", task_id=claim.task_id, delta=-1)
+    yield one("finish_effect", effect_id=fx["id"], task_id=claim.task_id, generation=claim.generation,
+              response=response)
+    yield from event(s, claim.task_id, "intent_recorded", claim.generation, wid, action=action,
+                     idempotency_key=fx_key, effect_id=fx["id"], child_task_id=row["id"], kind=row["kind"],
+                     queue=row["queue"], approval=approval)
+    yield COMMIT
+    return to_task(row)
