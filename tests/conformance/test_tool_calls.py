@@ -245,3 +245,17 @@ def test_a_paused_queue_refuses_new_actions_but_not_reads_or_replays(q: leaseq.Q
     with pytest.raises(leaseq.QueuePaused):
         pay(2)
     assert calls.n == {"pay": 1, "llm": 1}
+
+
+@pytest.mark.parametrize("open_class,routed", [("read_only", "queued"), ("side_effect", "needs_reconciliation")])
+def test_a_requested_retry_considers_the_open_call_class(q: leaseq.Queue, open_class: str, routed: str) -> None:
+    w = q.register_worker("a")
+    q.enqueue("agent", {}, effect="side_effect", max_attempts=5)
+    ctx = _attempt(q, q, w)
+
+    def broken(_: str) -> None:
+        raise RuntimeError("rate limited mid-call")
+
+    with pytest.raises(RuntimeError):
+        ctx.tool(broken, action="tool.x", effect=open_class)("arg")
+    assert q.retry(w, ctx.claim, 0, "rate limited").status == routed

@@ -45,9 +45,8 @@ from typing import TYPE_CHECKING, Any
 
 from ..auth import AccessDenied, RateLimited
 from ..core.errors import (CredentialMissing, InvalidInput, InvalidTransition, LeaseLost, NotFound, Permanent,
-    async def _fail_one(self, ctx: TaskContext, exc: BaseException, policy: RetryPolicy | None = None) -> Outcome:
-        # a diverged run diverges again on every retry: its recorded calls replay the same
-        retry = not isinstance(exc, (Permanent, ToolCallDiverged))
+                           ToolCallDiverged, UnknownWorker)
+from ..core.retry import Retry, RetryPolicy
 from .transport import Capabilities
 
 if TYPE_CHECKING:  # pragma: no cover

@@ -489,13 +489,17 @@ RETURNING t.id, t.status, t.claim_generation, t.attempts, t.max_attempts, t.erro
 -- next claim makes the same attempt again), the error streak is left alone
 -- (a retry on request never feeds the same-error quarantine), snoozes counts
 -- it, and the task is claimable %(after)s seconds from now by this clock.
--- A side_effect task with an intent and no response goes to
+-- A side_effect call with an intent and no response sends the task to
 -- needs_reconciliation, as a failure would: running it again could repeat
--- the call. Only while snoozes < %(max_snoozes)s: no row back with the lease
+-- the call (the entry's class decides, as in route_expired). Only while snoozes < %(max_snoozes)s: no row back with the lease
 -- held means the limit is reached, and the caller records a failure instead.
 UPDATE leaseq_tasks t
-SET status = CASE WHEN t.effect = 'side_effect' AND t.open_effects > 0 THEN 'needs_reconciliation'
-                  ELSE 'queued' END,
+SET status = CASE
+        WHEN t.open_effects > 0 AND EXISTS (
+            SELECT 1 FROM leaseq_effects e
+            WHERE e.task_id = t.id AND e.status = 'pending' AND e.effect = 'side_effect')
+            THEN 'needs_reconciliation'
+        ELSE 'queued' END,
     attempts = t.attempts - 1,
     snoozes = t.snoozes + 1,
     available_at = now() + %(after)s::float8 * interval '1 second',

@@ -337,8 +337,12 @@ RETURNING id, status, claim_generation, attempts, max_attempts, error_streak, av
 -- guard: lease
 -- See the PostgreSQL file: the attempt ends on request, given back, counted in snoozes.
 UPDATE leaseq_tasks AS t
-SET status = CASE WHEN t.effect = 'side_effect' AND t.open_effects > 0 THEN 'needs_reconciliation'
-                  ELSE 'queued' END,
+SET status = CASE
+        WHEN t.open_effects > 0 AND EXISTS (
+            SELECT 1 FROM leaseq_effects e
+            WHERE e.task_id = t.id AND e.status = 'pending' AND e.effect = 'side_effect')
+            THEN 'needs_reconciliation'
+        ELSE 'queued' END,
     attempts = t.attempts - 1,
     snoozes = t.snoozes + 1,
     available_at = (julianday('now') - 2440587.5) * 86400.0 + :after,
