@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import statistics
+import sys
 from collections import defaultdict
 from pathlib import Path
 from typing import Any
@@ -164,8 +165,14 @@ def markdown(summary: dict) -> str:
 
 
 def plots(trials: list[dict[str, Any]], summary: dict, folder: Path) -> list[Path]:
-    """drain_vs_depth.png, latency.png and drain.png (each only if its workload ran)."""
-    import matplotlib
+    """drain_vs_depth.png, latency.png and drain.png (each only if its workload ran).
+
+    None without matplotlib (the ``bench`` extra): the tables are the figures, the plots a view of them."""
+    try:
+        import matplotlib
+    except ImportError:
+        print("no plots: matplotlib is not installed (pip install 'leaseq[bench]')", file=sys.stderr)
+        return []
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt

@@ -18,6 +18,7 @@ from . import engine
 from .core import checks
 from .core.model import Approval, Claim, Effect, Event, Task, Worker
 from .engine.steps import Op, T
+from .observability.tracing import atraced_enqueue
 from .queue import Queue, connect
 
 
@@ -68,19 +69,22 @@ class AsyncQueue:
         """:meth:`Queue.workers`, awaited."""
         return await self._arun(engine.reads.workers(self.settings))
 
+    @atraced_enqueue
     async def enqueue(self, kind: str, payload: Any = None, *, effect: str = "read_only", queue: str = "default",
                       idempotency_key: str | None = None, priority: int = 0, delay: float = 0,
                       max_attempts: int = 5, lease_seconds: float = checks.DEFAULT_LEASE_SECONDS,
                       actions: Iterable[str] | None = None, timeout: float | None = None,
                       deadline: datetime | timedelta | None = None, approval: str | None = None,
-                      approval_deadline: float | None = None, by: str | None = None) -> Task:
+                      approval_deadline: float | None = None, by: str | None = None,
+                      trace_context: str | None = None) -> Task:
         """:meth:`Queue.enqueue`, awaited."""
         return await self._arun(engine.enqueue.enqueue(self.settings, kind, payload, effect=effect, queue=queue,
                                                        idempotency_key=idempotency_key, priority=priority,
                                                        delay=delay, max_attempts=max_attempts,
                                                        lease_seconds=lease_seconds, actions=actions,
                                                        timeout=timeout, deadline=deadline, approval=approval,
-                                                       approval_deadline=approval_deadline, by=by))
+                                                       approval_deadline=approval_deadline, by=by,
+                                                       trace_context=trace_context))
 
     async def enqueue_many(self, kind: str, payloads: Iterable[Any], *, effect: str = "read_only",
                            queue: str = "default", idempotency_keys: Sequence[str | None] | None = None,

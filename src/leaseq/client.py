@@ -42,6 +42,7 @@ import httpx
 from . import __version__
 from .core.errors import (BackendUnavailable, ConfigError, InvalidInput, LeaseLost, LeaseqError, RateLimited,
                           error_class)
+from .core.checks import check_trace_context
 from .core.model import Claim, Effect, Task, Worker
 from .engine.effects import check_effect_of
 from .observability.tracing import traced_enqueue
@@ -95,12 +96,13 @@ class RemoteQueue:
     # -- plumbing ---------------------------------------------------------------------------
 
     def _call(self, method: str, path: str, body: Any = None, params: dict[str, Any] | None = None, *,
-              wait: float = 0.0) -> Any:
+              wait: float = 0.0, headers: dict[str, str] | None = None) -> Any:
         # A long poll may take ``wait`` seconds before the service answers at all.
         timeout = httpx.USE_CLIENT_DEFAULT if not wait else self.timeout + wait
         for attempt in range(self.rate_limit_retries + 1):
             try:
-                resp = self._client.request(method, path, json=body, params=params, timeout=timeout)
+                resp = self._client.request(method, path, json=body, params=params, timeout=timeout,
+                                            headers=headers)
             except httpx.TransportError as exc:
                 raise BackendUnavailable(f"leaseq service at {self.url}: {type(exc).__name__}: {exc}") from None
             if resp.status_code == RateLimited.http_status and attempt < self.rate_limit_retries:
@@ -280,8 +282,14 @@ class RemoteQueue:
 
     @traced_enqueue
     def enqueue(self, kind: str, payload: Any = None, **options: Any) -> Task:
-        """Add a task; options as for :meth:`leaseq.Queue.enqueue`."""
-        return task_from(self._call("POST", "/v1/tasks", {"kind": kind, "payload": payload, **options}))
+        """Add a task; options as for :meth:`leaseq.Queue.enqueue`. The trace context
+        travels as the W3C ``traceparent`` header, which the service stores with the task."""
+        trace_context = options.pop("trace_context", None)
+        headers = None
+        if trace_context is not None:
+            headers = {"traceparent": check_trace_context("trace_context", trace_context)}
+        return task_from(self._call("POST", "/v1/tasks", {"kind": kind, "payload": payload, **options},
+                                    headers=headers))
 
     def get(self, task_id: int) -> Task:
         """One task; raises :class:`NotFound`."""

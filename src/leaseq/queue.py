@@ -204,7 +204,8 @@ class Queue:
                 max_attempts: int = 5, lease_seconds: float = checks.DEFAULT_LEASE_SECONDS,
                 actions: Iterable[str] | None = None, timeout: float | None = None,
                 deadline: datetime | timedelta | None = None, approval: str | None = None,
-                approval_deadline: float | None = None, by: str | None = None) -> Task:
+                approval_deadline: float | None = None, by: str | None = None,
+                trace_context: str | None = None) -> Task:
         """Add a task. A second enqueue with the same ``idempotency_key`` in the
         same queue returns the existing task instead of a duplicate.
 
@@ -223,12 +224,17 @@ class Queue:
         holding no lease, until an operator approves it (:meth:`approve`) or
         denies it (:meth:`deny`); ``approval_deadline`` seconds after the
         enqueue, an undecided request is denied (:meth:`expire_approvals`).
-        ``by`` names who asks, shown to the approver (default: the OS user)."""
+        ``by`` names who asks, shown to the approver (default: the OS user).
+
+        ``trace_context`` is a W3C traceparent stored with the task, under
+        which the worker starts the task's spans; by default, with
+        OpenTelemetry tracing on, that of this enqueue's own span."""
         return self._run(engine.enqueue.enqueue(self.settings, kind, payload, effect=effect, queue=queue,
                                                 idempotency_key=idempotency_key, priority=priority, delay=delay,
                                                 max_attempts=max_attempts, lease_seconds=lease_seconds,
                                                 actions=actions, timeout=timeout, deadline=deadline,
-                                                approval=approval, approval_deadline=approval_deadline, by=by))
+                                                approval=approval, approval_deadline=approval_deadline, by=by,
+                                                trace_context=trace_context))
 
     def enqueue_many(self, kind: str, payloads: Iterable[Any], *, effect: str = "read_only",
                      queue: str = "default", idempotency_keys: Sequence[str | None] | None = None,

@@ -7,6 +7,11 @@ the queued ones. The plans are read with EXPLAIN, which runs nothing.
 On PostgreSQL the hot statements run their prepared statement's generic
 plan (``leaseq.store.postgres.GENERIC_PLAN``): that one plan serves every
 call, so it is read here too, for each of them.
+
+The renewal of many leases (``renew_leases``) is read as the store runs it,
+on statistics taken before those tasks ran, and must look at each running
+row once: a join against the (task, generation) pairs, planned generically,
+looked at every pair for every running row.
 """
 
 from __future__ import annotations
@@ -21,7 +26,7 @@ import pytest
 
 import leaseq
 from leaseq.store.base import load_queries
-from leaseq.store.postgres import GENERIC_PLAN, _encode
+from leaseq.store.postgres import CUSTOM_PLAN, GENERIC_PLAN, _configure, _encode
 
 CLAIM_PARAMS = dict(queue="default", limit=10, lease_seconds=None, compact=False, route_first=True, kinds=None)
 
@@ -120,12 +125,14 @@ def test_sqlite_claims_from_the_claimable_index(tmp_path, shape: str, analyze: b
 
 #: Parameters for reading each generic plan; their values do not shape it.
 SAMPLE = dict(
-    CLAIM_PARAMS, task_id=1, generation=1, task_ids=[1, 2], generations=[1, 1], result=None, items=[
+    CLAIM_PARAMS, task_id=1, generation=1, task_ids=[1, 2], generations=[1, 1], leases={"1": 1, "2": 1},
+    result=None, items=[
         {"task_id": 1, "generation": 1, "result": None}], block=False, retry=True, fingerprint="f",
     max_same_error=3, error="e", delay=0.0, type="note", detail={}, events=[
         {"task_id": 1, "type": "note", "generation": 1, "worker_id": "w", "detail": {}}],
     kind="noop", payload={}, effect="read_only", priority=0, idempotency_key="k", max_attempts=5,
-    tasks=[{"payload": {}, "idempotency_key": "k"}],
+    tasks=[{"payload": {}, "idempotency_key": "k"}], timeout=None, deadline_at=None, deadline_in=None,
+    trace_context=None, after=1.0, max_snoozes=100,
 )
 WRITE_PARAMS = {q: {"lease_seconds": 30.0, "actions": None} for q in ("insert_task", "insert_tasks", "insert_fresh_tasks")}
 
@@ -166,3 +173,118 @@ def test_postgres_generic_plans_read_tasks_by_index(pg_schema_dsn: str, query: s
         # the look for an expired lease reads the leases index in deadline order, no walk and sort
         assert [s for s in _queued_scans(plan, status="running") if s[0] != "leaseq_tasks_pkey"] == \
             [("leaseq_tasks_leases", False)], json.dumps(plan, indent=1)[:6000]
+
+
+#: Leases held by one worker in the renewal plan tests: enough that a walk of
+#: every pair for every running row (the old join) is millions of steps.
+HELD = 2_000
+
+
+def _held_leases(dsn: str, *, analyze: bool) -> tuple[str, list[leaseq.Claim]]:
+    """``HELD`` leases of one worker; with ``analyze``, statistics taken while every task was still queued."""
+    q = leaseq.connect(dsn)
+    try:
+        q.migrate()
+        if dsn.startswith("postgresql"):
+            with psycopg.connect(dsn, autocommit=True) as conn:
+                conn.execute("ALTER TABLE leaseq_tasks SET (autovacuum_enabled = false)")
+        q.enqueue_many("noop", [{"i": i} for i in range(HELD)])
+        if analyze:
+            if dsn.startswith("postgresql"):
+                with psycopg.connect(dsn, autocommit=True) as conn:
+                    conn.execute("ANALYZE leaseq_tasks")
+            else:
+                with sqlite3.connect(dsn.removeprefix("sqlite:///")) as conn:
+                    conn.execute("ANALYZE")
+        worker = q.register_worker("renewer").id
+        claims: list[leaseq.Claim] = []
+        while len(claims) < HELD:
+            claims += q.claim(worker, limit=HELD - len(claims), lease_seconds=3600)
+    finally:
+        q.close()
+    return worker, claims
+
+
+def _renew_params(worker: str, claims: list[leaseq.Claim]) -> dict[str, Any]:
+    """What the engine passes, and the old statement's generation list beside it (ignored by the new one)."""
+    return dict(worker_id=worker, task_ids=[c.task_id for c in claims], generations=[c.generation for c in claims],
+                leases={str(c.task_id): c.generation for c in claims})
+
+
+def _explain_analyze_as_the_store_runs(dsn: str, query: str, params: dict[str, Any]) -> dict[str, Any]:
+    """EXPLAIN ANALYZE of ``query`` with the plan leaseq's store gives it, rolled back.
+
+    On leaseq's connections (``plan_cache_mode = force_generic_plan``) every
+    statement sent with parameters runs a generic plan, prepared or not; a
+    ``plan: custom`` statement is sent with its values bound into its text.
+    """
+    sql = load_queries("postgres")[query]
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        _configure(conn)
+        with conn.transaction(force_rollback=True):
+            if query in CUSTOM_PLAN:
+                with psycopg.ClientCursor(conn) as cur:
+                    cur.execute("EXPLAIN (ANALYZE, FORMAT JSON) " + sql, _encode(params))
+                    [[doc]] = cur.fetchall()
+                return doc[0]["Plan"]
+            order = list(dict.fromkeys(re.findall(r"%\((\w+)\)s", sql)))
+            conn.execute("PREPARE renew_plan AS " + re.sub(r"%\((\w+)\)s", lambda m: f"${order.index(m[1]) + 1}",
+                                                             sql))
+            with psycopg.ClientCursor(conn) as cur:
+                cur.execute("EXPLAIN (ANALYZE, FORMAT JSON) EXECUTE renew_plan(" + ", ".join(["%s"] * len(order))
+                            + ")", [_encode(params)[k] for k in order])
+                [[doc]] = cur.fetchall()
+            return doc[0]["Plan"]
+
+
+def _rows_looked_at(plan: dict[str, Any]) -> int:
+    """Rows every node of an analysed plan read and threw away (filters and join filters), loops counted."""
+    loops = plan.get("Actual Loops", 1)
+    here = loops * (plan.get("Rows Removed by Filter", 0) + plan.get("Rows Removed by Join Filter", 0))
+    return here + sum(_rows_looked_at(child) for child in plan.get("Plans", []))
+
+
+def _nodes(plan: dict[str, Any]) -> list[dict[str, Any]]:
+    return [plan] + [n for child in plan.get("Plans", []) for n in _nodes(child)]
+
+
+@pytest.mark.parametrize("analyze", [False, True], ids=["fresh", "stale-statistics"])
+def test_postgres_renewal_of_many_leases_reads_each_row_once(pg_schema_dsn: str, analyze: bool) -> None:
+    worker, claims = _held_leases(pg_schema_dsn, analyze=analyze)
+    plan = _explain_analyze_as_the_store_runs(pg_schema_dsn, "renew_leases", _renew_params(worker, claims))
+    shown = re.sub(r"'[{][^']{200,}'", "'{…}'", json.dumps(plan, indent=1))[:4000]  # without the long lists
+    assert plan["Node Type"] == "ModifyTable" and plan["Actual Rows"] == HELD, shown  # every lease renewed
+    # Each running row is looked at once: no walk of the pairs for every row.
+    assert _rows_looked_at(plan) <= HELD, (_rows_looked_at(plan), shown)
+    assert not [n for n in _nodes(plan) if n["Node Type"] == "Function Scan"], shown
+    # The id list reaches the planner as a value (counted, and probed by hash), not as a parameter.
+    tasks = [n for n in _nodes(plan) if n.get("Relation Name") == "leaseq_tasks"]
+    assert not [n for n in tasks if "$" in n.get("Index Cond", "") + n.get("Filter", "")], shown
+
+
+def test_the_renewal_is_planned_for_its_values() -> None:
+    """Not forced onto a generic plan: how many leases it names decides its plan."""
+    assert "renew_leases" in CUSTOM_PLAN and "renew_leases" not in GENERIC_PLAN
+
+
+@pytest.mark.parametrize("analyze", [False, True], ids=["fresh", "analysed"])
+def test_sqlite_renewal_of_many_leases_finds_each_row_by_id(tmp_path, analyze: bool) -> None:
+    path = tmp_path / "renew.db"
+    worker, claims = _held_leases(f"sqlite:///{path}", analyze=analyze)
+    params = _renew_params(worker, claims)
+    params = {k: json.dumps(v) if isinstance(v, (list, dict)) else v for k, v in params.items()}
+    with sqlite3.connect(path) as conn:
+        plan = [row[3] for row in conn.execute("EXPLAIN QUERY PLAN " + load_queries("sqlite")["renew_leases"],
+                                               params)]
+    # One pass over the leases named, each task found by its primary key: not
+    # a scan of one list for every entry of another, nor of the tasks.
+    assert len([step for step in plan if "VIRTUAL TABLE" in step]) == 1, plan
+    assert plan.index(next(s for s in plan if "VIRTUAL TABLE" in s)) < plan.index(
+        next(s for s in plan if "INTEGER PRIMARY KEY" in s)), plan
+    assert not [step for step in plan if step.startswith("SCAN t ") or step.startswith("SCAN leaseq_tasks")
+                or "TEMP B-TREE" in step], plan
+    q = leaseq.connect(f"sqlite:///{path}")
+    try:
+        assert set(q.renew_leases(worker, claims)) == {c.task_id for c in claims}
+    finally:
+        q.close()

@@ -83,7 +83,7 @@ def test_upgrading_a_version_2_database_keeps_one_enqueued_entry_per_task(dsn: s
 
 
 def _old_intent(q: leaseq.Queue, task_id: int, generation: int, worker_id: str, action: str) -> None:
-    """An open intent as begin_effect wrote it before version 10 (no class, no argument digest)."""
+    """An open intent as begin_effect wrote it before version 11 (no class, no argument digest)."""
     with q.store.transaction() as tx:
         tx.script("INSERT INTO leaseq_effects (task_id, generation, worker_id, action, idempotency_key) "
                   f"VALUES ({task_id}, {generation}, '{worker_id}', '{action}', 'k-{task_id}:{action}')")
@@ -92,14 +92,14 @@ def _old_intent(q: leaseq.Queue, task_id: int, generation: int, worker_id: str, 
                 detail={"action": action})
 
 
-def test_version_10_gives_existing_entries_their_task_class_so_they_route_as_before(dsn: str) -> None:
-    """Version 10 gives each ledger entry its own class. Entries written before it
+def test_version_11_gives_existing_entries_their_task_class_so_they_route_as_before(dsn: str) -> None:
+    """Version 11 gives each ledger entry its own class. Entries written before it
     take their task's: an open intent of a side_effect task still sends it to
     reconciliation, one of an idempotent task is still retried."""
     with leaseq.connect(dsn) as q:
         with q.store.transaction() as tx:
             tx.rows("migrations_create")
-            for mig in load_migrations(q.dialect)[:9]:
+            for mig in load_migrations(q.dialect)[:10]:
                 tx.script(mig.sql)
                 tx.rows("migrations_record", version=mig.version, name=mig.name)
         w = q.register_worker("w")
@@ -108,7 +108,7 @@ def test_version_10_gives_existing_entries_their_task_class_so_they_route_as_bef
             q.enqueue("job", {"e": effect}, effect=effect, max_attempts=5)
             [claims[effect]] = q.claim(w)
             _old_intent(q, claims[effect].task_id, claims[effect].generation, w.id, "crm.update")
-        assert q.migrate() == [v for v in _latest(q.dialect) if v > 9]
+        assert q.migrate() == [v for v in _latest(q.dialect) if v > 10]
         for effect, routed in (("side_effect", "needs_reconciliation"), ("idempotent", "queued")):
             c = claims[effect]
             [entry] = q.effects(c.task_id)
@@ -158,3 +158,28 @@ def test_version_7_widens_the_statuses_for_every_open_connection_and_keeps_the_t
         with pytest.raises(Exception, match="(?i)check"):
             with other.store.transaction() as tx:
                 tx.script(f"UPDATE leaseq_tasks SET status = 'sleeping' WHERE id = {task.id}")
+
+
+def test_version_10_adds_the_trace_context_and_old_tasks_carry_none(dsn: str) -> None:
+    """Version 10 stores the caller's trace context with a task. A task written
+    before it reads None, is claimed and completed as before, and a connection
+    opened before the upgrade stores the new column at once."""
+    traceparent = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"
+    with leaseq.connect(dsn) as q, leaseq.connect(dsn) as other:
+        with q.store.transaction() as tx:
+            tx.rows("migrations_create")
+            for mig in load_migrations(q.dialect)[:9]:
+                tx.script(mig.sql)
+                tx.rows("migrations_record", version=mig.version, name=mig.name)
+            tx.script("INSERT INTO leaseq_tasks (queue, kind, payload, effect, idempotency_key, max_attempts, "
+                      "lease_seconds) VALUES ('default', 'job', '{\"old\": true}', 'read_only', 'k-9', 5, 30.0)")
+        with other.store.transaction() as tx:  # this connection now holds the version-9 schema
+            assert "trace_context" not in tx.row("get_task_by_key", queue="default", idempotency_key="k-9")
+        assert q.migrate() == [v for v in _latest(q.dialect) if v > 9]
+        w = q.register_worker("w")
+        [claim] = q.claim(w)
+        assert claim.task.payload == {"old": True} and claim.task.trace_context is None
+        q.complete(w, claim, "done")
+        new = other.enqueue("job", {"new": True}, trace_context=traceparent)
+        assert q.get(new.id).trace_context == traceparent
+

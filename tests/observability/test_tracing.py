@@ -11,26 +11,9 @@ import pytest
 import leaseq
 
 trace = pytest.importorskip("opentelemetry.trace")
-from opentelemetry.sdk.trace import TracerProvider  # noqa: E402
-from opentelemetry.sdk.trace.export import SimpleSpanProcessor  # noqa: E402
-from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter  # noqa: E402
 from opentelemetry.trace import StatusCode  # noqa: E402
 
-_EXPORTER = InMemorySpanExporter()
-
-
-@pytest.fixture
-def spans():
-    """The process's tracer provider (set once: OpenTelemetry allows one) exporting to memory."""
-    provider = trace.get_tracer_provider()
-    if not isinstance(provider, TracerProvider):
-        provider = TracerProvider()
-        provider.add_span_processor(SimpleSpanProcessor(_EXPORTER))
-        trace.set_tracer_provider(provider)
-    assert trace.get_tracer_provider() is provider
-    _EXPORTER.clear()
-    yield _EXPORTER
-    _EXPORTER.clear()
+# the ``spans`` fixture (the SDK's in-memory exporter) is in conftest.py
 
 
 def make_app(q: leaseq.Queue) -> leaseq.App:
@@ -158,6 +141,10 @@ def test_works_without_opentelemetry(tmp_path):
         stats = app.run_worker(until_idle=True)
         assert stats.completed == 3, stats
         assert [app.queue.get(i).result for i in ids] == [0, 1, 2]
+        # no trace to carry, unless one is given (stored all the same)
+        assert [app.queue.get(i).trace_context for i in ids] == [None, None, None]
+        given = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"
+        assert app.queue.enqueue("agent", {{"n": 9}}, trace_context=given).trace_context == given
         print("ok")
     ''')
     proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)

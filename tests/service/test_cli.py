@@ -10,6 +10,7 @@ import subprocess
 import sys
 
 import httpx
+import pytest
 from click.testing import CliRunner
 
 import leaseq
@@ -113,3 +114,60 @@ def test_serve_refuses_bad_maintenance_options(q: leaseq.Queue, dsn: str) -> Non
                         (["--sweep-every", "soon"], "sweep_every")):
         code, out, err = run(dsn, "serve", "--port", "0", *args)
         assert code == 2 and err.startswith(f"error: {field}: "), (args, err)
+
+
+def test_serve_logs_json_lines_with_the_task_fields(tmp_path) -> None:
+    """``--log-format json``: every line an object; a worker's claims, completions, failures and
+    refused leases each carry task id, kind (where known), generation, worker and duration."""
+    from leaseq.client import RemoteQueue
+
+    dsn = f"sqlite:///{tmp_path / 'served.db'}"
+    with leaseq.connect(dsn) as q:
+        q.migrate()
+        token, _ = auth.create_token(q, name="w", role="worker")
+        ids = [q.enqueue("mail", {"n": i}).id for i in range(3)]
+    proc = subprocess.Popen([sys.executable, "-m", "leaseq.cli", "--dsn", dsn, "serve", "--port", "0",
+                             "--log-format", "json", "--log-level", "debug"], stderr=subprocess.PIPE, text=True)
+    try:
+        before = []  # at debug, uvicorn and maintenance speak before the listening line
+        while not before or "listening on" not in before[-1]["message"]:
+            line = proc.stderr.readline()
+            assert line, "the service ended before listening"
+            before.append(json.loads(line))
+        url = re.search(r"listening on (http://127\.0\.0\.1:\d+)", before[-1]["message"]).group(1)
+        assert before[-1]["level"] == "info" and before[-1]["logger"] == "leaseq.service"
+        with RemoteQueue(url, token) as remote:
+            w = remote.register_worker("mailer")
+            claims = remote.claim(w, limit=3)
+            assert sorted(c.task_id for c in claims) == ids
+            assert remote.complete_many(w, [(claims[0], "sent")]) == {ids[0]}
+            assert remote.complete_many(w, [(claims[0], "again")]) == set()  # refused: already completed
+            remote.fail(w, claims[1], "mailbox full")
+            with pytest.raises(leaseq.LeaseLost):
+                remote.complete(w, claims[0], "once more")
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=15) == 0
+        lines = before + [json.loads(line) for line in proc.stderr.read().splitlines() if line.strip()]
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+        proc.stderr.close()
+    assert lines[-1]["message"] == "leaseq service stopped"
+    tasks = [r for r in lines if r.get("task_id") is not None]
+    for r in tasks:
+        assert r["worker"] == w.id and r["generation"] == 1 and r["duration"] >= 0, r
+        assert {"time", "level", "logger", "message"} <= set(r)
+
+    def record(task_id: int, message: str, times: int = 1) -> dict:
+        found = [r for r in tasks if r["task_id"] == task_id and r["message"] == message]
+        assert len(found) == times, (message, found)
+        return found[0]
+
+    assert record(ids[0], "claimed")["kind"] == "mail" and record(ids[0], "claimed")["level"] == "debug"
+    assert record(ids[0], "completed")["level"] == "debug"
+    # refused twice: in a batch, and by the single-task route
+    assert record(ids[0], "complete refused: lease no longer held", times=2)["level"] == "info"
+    failed = record(ids[1], "failed -> queued")
+    assert failed["kind"] == "mail" and failed["level"] == "info"
+    assert any(r["logger"] == "uvicorn.access" for r in lines)  # uvicorn's records come as JSON too

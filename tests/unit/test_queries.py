@@ -174,6 +174,29 @@ def test_the_lint_passes_the_same_query_once_it_expands_the_guard(dialect: str) 
     assert queries["steal_task"].sql.rstrip().endswith("86400.0;" if dialect == "sqlite" else "clock_timestamp();")
 
 
+@pytest.mark.parametrize("dialect", DIALECTS)
+def test_a_guard_argument_may_hold_parentheses(dialect: str) -> None:
+    """A batch looks its generation up per row (renew_leases): the argument is an expression, not a column."""
+    lookup = {"postgres": "(%(leases)s::jsonb ->> t.id::text)::bigint",
+              "sqlite": "json_extract(:leases, '$.' || t.id)"}[dialect]
+    text = _HEADER[dialect] + (f"-- name: renew\n-- guard: lease\nUPDATE leaseq_tasks t SET result = NULL\n"
+                               f"WHERE t.id = {_T[dialect]}\n  /* TEMPLATE: lease_guard({lookup}) */;\n")
+    queries = parse_queries_file(text, "synthetic")[1]
+    assert queries["renew"].templates == ((LEASE_GUARD, lookup),)
+    assert f"  AND t.claim_generation = {lookup}\n" in queries["renew"].sql
+    assert lint(dialect, queries) == []
+
+
+def test_plan_annotations() -> None:
+    """``plan: generic`` and ``plan: custom`` are read; any other plan is refused."""
+    body = "-- name: q\n-- plan: {}\nSELECT 1;\n"
+    assert parse_queries_file(_HEADER["postgres"] + body.format("generic"), "synthetic")[1]["q"].generic_plan
+    custom = parse_queries_file(_HEADER["postgres"] + body.format("custom"), "synthetic")[1]["q"]
+    assert custom.custom_plan and not custom.generic_plan
+    with pytest.raises(RuntimeError, match="plan: generic' or 'plan: custom"):
+        parse_queries_file(_HEADER["postgres"] + body.format("fast"), "synthetic")
+
+
 def test_a_guard_annotation_without_a_reason_is_refused() -> None:
     with pytest.raises(RuntimeError, match="needs a reason"):
         parse_queries_file(_HEADER["sqlite"] + "-- name: q\n-- guard: none\nSELECT :worker_id;\n", "synthetic")

@@ -1,4 +1,5 @@
-"""Logging for ``leaseq worker``: text or JSON lines, quiet dependencies, a readable progress line.
+"""Logging for ``leaseq worker`` and ``leaseq serve``: text or JSON lines, quiet dependencies, a
+readable progress line.
 
 The runtime logs through ``logging`` with ``LoggerAdapter`` extras
 (``task_id``, ``generation``, ``worker_id``); this module only decides how
@@ -9,6 +10,11 @@ carries them, ``task_id``, ``kind``, ``generation``, ``attempt``, ``worker``,
 retried, failed, blocked, needs_reconciliation, released, lost, unconfirmed).
 Text lines name the task's kind and attempt in their prefix and end with
 the handler's duration once it is known.
+
+``leaseq serve --log-format json`` uses the same lines (:func:`service_logging`):
+the service's per-task records carry ``task_id``, ``kind``, ``generation``,
+``worker`` and ``duration`` (the request's time in seconds) where it knows
+them, and uvicorn's own records go through the same handler.
 
 With ``--progress``, per-task lines at INFO are left out (``--log-level
 debug`` shows them): the progress line counts them. On a terminal the progress
@@ -215,3 +221,21 @@ class WorkerLogging:
         else:
             self.stream.write(f"worker stopped: {summary(stats)}\n")
         self.stream.flush()
+
+
+def service_logging(*, level: str, fmt: str, stream: TextIO | None = None) -> logging.Logger:
+    """Logging for ``leaseq serve``: one handler on the root logger, text or JSON lines.
+
+    uvicorn is then started without a logging configuration of its own
+    (``log_config=None``), so its records reach this handler too. Returns the
+    service's logger, for the lines the command writes itself."""
+    handler = logging.StreamHandler(stream or sys.stderr)
+    handler.setFormatter(JsonFormatter() if fmt == "json" else TextFormatter())
+    root = logging.getLogger()
+    for old in list(root.handlers):
+        root.removeHandler(old)
+    root.addHandler(handler)
+    root.setLevel(level.upper())
+    for name in QUIET_LOGGERS:
+        logging.getLogger(name).setLevel(logging.WARNING)
+    return logging.getLogger("leaseq.service")

@@ -20,6 +20,7 @@ from typing import Any
 import click
 from rich.table import Table
 
+from .logs import service_logging
 from .render import make_console
 from .session import CliError, emit_json, json_option, open_queue
 
@@ -93,12 +94,15 @@ def cli_actor() -> str:
                    "and another takes over within about this long when it dies.")
 @click.option("--log-level", default="info", show_default=True,
               type=click.Choice(["critical", "error", "warning", "info", "debug"]))
+@click.option("--log-format", type=click.Choice(["text", "json"]), default="text", show_default=True,
+              help="json: one object per line with time, level, logger, message and, where known, task_id, "
+                   "kind, generation, worker and duration (the request's seconds).")
 @click.pass_context
 def serve(ctx: click.Context, host: str, port: int, migrate: bool, rate: float, burst: float,
           failed_auth_rate: float, failed_auth_burst: float, max_body_bytes: int, public_metrics: bool,
           secure_cookies: bool, forwarded_allow_ips: str, docs: bool, prune_older_than: str | None,
           prune_payloads_older_than: str | None, prune_every: str, sweep_every: str, leader_lease: str,
-          log_level: str) -> None:
+          log_level: str, log_format: str) -> None:
     """Serve the queue over HTTP: worker API, operator API, dashboard and /metrics.
 
     Stateless apart from the database: run several replicas behind a load
@@ -123,6 +127,8 @@ def serve(ctx: click.Context, host: str, port: int, migrate: bool, rate: float, 
     if lease is None or not MIN_LEADER_LEASE_SECONDS <= lease <= MAX_LEADER_LEASE_SECONDS:
         raise CliError("leader_lease", f"must be from {MIN_LEADER_LEASE_SECONDS} to {MAX_LEADER_LEASE_SECONDS:g} "
                                        f"seconds (got {leader_lease!r})")
+    log = service_logging(level=log_level, fmt=log_format)
+    say = click.echo if log_format == "text" else (lambda text, err=True: log.info("%s", text))
     q = open_queue(ctx, need_schema=not migrate)
     if migrate:
         q.migrate()
@@ -150,12 +156,14 @@ def serve(ctx: click.Context, host: str, port: int, migrate: bool, rate: float, 
             for server in self.servers:
                 for sock in server.sockets:
                     addr = sock.getsockname()
-                    click.echo(f"leaseq service listening on http://{addr[0]}:{addr[1]} "
-                               f"({q.dialect}; dashboard at /, API schema at /openapi.json)", err=True)
+                    say(f"leaseq service listening on http://{addr[0]}:{addr[1]} "
+                        f"({q.dialect}; dashboard at /, API schema at /openapi.json)", err=True)
 
-    config = server_config(app, host=host, port=port, log_level=log_level, access_log=log_level == "debug")
+    # log_config=None: uvicorn's records go through the handler set up above, in the chosen format
+    config = server_config(app, host=host, port=port, log_level=log_level, access_log=log_level == "debug",
+                           log_config=None)
     Server(config).run()
-    click.echo("leaseq service stopped", err=True)
+    say("leaseq service stopped", err=True)
 
 
 @click.group()

@@ -145,6 +145,39 @@ def check_key(field: str, value: Any) -> str:
     return check_storable(field, value)
 
 
+#: A W3C traceparent: version, trace id, parent (span) id, flags, in lowercase hex.
+_TRACEPARENT = re.compile(r"(?P<version>[0-9a-f]{2})-(?P<trace>[0-9a-f]{32})-(?P<span>[0-9a-f]{16})-[0-9a-f]{2}")
+
+
+def parse_traceparent(value: Any) -> str | None:
+    """``value`` if it is a valid W3C traceparent (version 00, or a later one's first four fields), else None.
+
+    As the W3C Trace Context rules say of a received header: an invalid one is
+    ignored, and all-zero trace or span ids and version ff are invalid."""
+    if not isinstance(value, str) or len(value) > 512:
+        return None
+    value = value.strip()
+    m = _TRACEPARENT.match(value)
+    if m is None or m["version"] == "ff" or m["trace"] == "0" * 32 or m["span"] == "0" * 16:
+        return None
+    if m["version"] == "00" and len(value) != 55:
+        return None
+    if m["version"] != "00" and len(value) > 55 and value[55] != "-":
+        return None
+    return value[:55]
+
+
+def check_trace_context(field: str, value: Any) -> str | None:
+    """A W3C traceparent to store with a task, or None."""
+    if value is None:
+        return None
+    parsed = parse_traceparent(value)
+    if parsed is None:
+        raise InvalidInput(field, "must be a W3C traceparent, '00-<32 hex trace id>-<16 hex span id>-<2 hex flags>' "
+                                  f"(got {str(value)[:80]!r})")
+    return parsed
+
+
 def check_text(field: str, value: Any, *, required: bool = False) -> str | None:
     """Free text (an error, a reason, a note) of at most 10,000 characters."""
     if value is None and not required:

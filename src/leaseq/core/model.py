@@ -88,6 +88,9 @@ class Task:
     deadline_at: datetime | None = None
     #: how many times a handler asked to run it later (:class:`leaseq.Retry`)
     snoozes: int = 0
+    #: the W3C traceparent of the span that enqueued the task (None: the caller was not tracing);
+    #: the worker's spans for the task join that trace
+    trace_context: str | None = None
 
 
 @dataclass(frozen=True)

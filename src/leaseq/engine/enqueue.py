@@ -81,10 +81,12 @@ def _common(kind: str, effect: str, queue: str, priority: int, delay: float, max
 
 def task_params(kind: str, payload: Any, *, effect: str, queue: str, idempotency_key: str | None, priority: int,
                 delay: float, max_attempts: int, lease_seconds: float, actions: Iterable[str] | None,
-                timeout: float | None = None, deadline: datetime | timedelta | None = None) -> dict[str, Any]:
+                timeout: float | None = None, deadline: datetime | timedelta | None = None,
+                trace_context: str | None = None) -> dict[str, Any]:
     """The parameters of ``insert_task`` for one task, checked (InvalidInput names the field)."""
     effect = checks.check_effect(effect)
     return dict(
+        trace_context=checks.check_trace_context("trace_context", trace_context),
         kind=checks.check_kind(kind),
         payload=checks.check_json("payload", payload),
         effect=effect,
@@ -105,11 +107,11 @@ def enqueue(s: Settings, kind: str, payload: Any = None, *, effect: str = "read_
             lease_seconds: float = checks.DEFAULT_LEASE_SECONDS, actions: Iterable[str] | None = None,
             timeout: float | None = None, deadline: datetime | timedelta | None = None,
             approval: str | None = None, approval_deadline: float | None = None,
-            by: str | None = None) -> Op[Task]:
+            by: str | None = None, trace_context: str | None = None) -> Op[Task]:
     """:meth:`leaseq.Queue.enqueue`."""
     params = task_params(kind, payload, effect=effect, queue=queue, idempotency_key=idempotency_key,
                          priority=priority, delay=delay, max_attempts=max_attempts, lease_seconds=lease_seconds,
-                         actions=actions, timeout=timeout, deadline=deadline)
+                         actions=actions, timeout=timeout, deadline=deadline, trace_context=trace_context)
     approval, approval_deadline = approvals.check_approval(approval, approval_deadline)
     by = checks.check_text("by", by)
     if approval is not None:

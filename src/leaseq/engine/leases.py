@@ -99,8 +99,9 @@ def renew_leases(s: Settings, worker: Worker | str, claims: list[Claim]) -> Op[d
     if not claims:
         return {}
     yield BEGIN_ONE
+    # the ids to find the rows by, and each one's generation for the guard
     renewed = yield rows("renew_leases", worker_id=wid, task_ids=[c.task_id for c in claims],
-                         generations=[c.generation for c in claims])
+                         leases={str(c.task_id): c.generation for c in claims})
     yield COMMIT
     return {r["id"]: r["lease_expires_at"] for r in renewed}
 

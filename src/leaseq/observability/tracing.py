@@ -12,10 +12,21 @@ The spans of one attempt form one tree::
       leaseq.run {kind}          the handler, until its outcome is recorded (or the lease lost)
         leaseq.effect {action}   each ctx.effect(...) block
 
-``leaseq.enqueue {kind}`` is made on the caller's side. A task's spans would
-join the caller's trace if the task carried the caller's trace context; the
-task table has no field for it yet, so the claim span starts a trace of its
-own (:func:`task_parent` is where a stored context would be read).
+``leaseq.enqueue {kind}`` is made on the caller's side, and the task
+carries its trace context: the enqueue stores the W3C traceparent of its
+span with the task (``Task.trace_context``; over HTTP, RemoteQueue sends it
+as the ``traceparent`` header and the service stores it), the claim hands
+it to the worker, and the claim span starts under it. So one task's spans
+join the trace of the call that enqueued it::
+
+    caller's span
+      leaseq.enqueue {kind}
+        leaseq.claim {kind}
+          leaseq.run {kind}
+            leaseq.effect {action}
+
+A task enqueued without tracing (or before the column existed) starts a
+trace of its own at its claim.
 """
 
 from __future__ import annotations
@@ -75,8 +86,26 @@ def task_attributes(ctx: TaskContext, worker_id: str) -> dict[str, Any]:
 
 
 def task_parent(ctx: TaskContext) -> Any:
-    """The trace context a task's spans start under: none is stored with a task yet, so a new trace."""
-    return None
+    """The trace context a task's spans start under: the one stored with the task at enqueue, else a new trace."""
+    carried = getattr(ctx.task, "trace_context", None)
+    if not carried:
+        return None
+    return _context_from(carried)
+
+
+def _context_from(traceparent: str) -> Any:
+    """An OpenTelemetry context whose parent is the remote span a W3C traceparent names."""
+    from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
+
+    return TraceContextTextMapPropagator().extract({"traceparent": traceparent})
+
+
+def traceparent(span: Any) -> str | None:
+    """The W3C traceparent of ``span`` (None if its context is not valid)."""
+    sc = span.get_span_context()
+    if not sc.is_valid:
+        return None
+    return f"00-{sc.trace_id:032x}-{sc.span_id:016x}-{int(sc.trace_flags):02x}"
 
 
 def start_attempt(ctx: TaskContext, worker_id: str, claim_sent: float) -> contextvars.Context | None:
@@ -162,21 +191,58 @@ def end_effect(span: Any, exc: BaseException | None, *, replayed: bool = False) 
     span.end()
 
 
+def _enqueue_span(trace: Any, kind: str, kwargs: dict[str, Any]) -> Any:
+    """The ``leaseq.enqueue`` span (as a context manager), and the task's trace context in ``kwargs``.
+
+    A trace context the caller gives (the service passes the one its client
+    sent) is stored as given and parents the span; otherwise the span's own
+    is stored, so the task's spans nest under this enqueue."""
+    given = kwargs.get("trace_context")
+    parent = _context_from(given) if isinstance(given, str) and _valid(given) else None
+    attributes = {"leaseq.kind": str(kind), "leaseq.queue": str(kwargs.get("queue", "default"))}
+    return _tracer().start_as_current_span(f"leaseq.enqueue {kind}", context=parent, attributes=attributes,
+                                           kind=trace.SpanKind.PRODUCER)
+
+
+def _valid(value: str) -> bool:
+    from ..core.checks import parse_traceparent
+
+    return parse_traceparent(value) is not None
+
+
+def _named(span: Any, task: Any) -> Any:
+    task_id = getattr(task, "id", None)
+    if task_id is not None:
+        span.set_attribute("leaseq.task_id", task_id)
+    return task
+
+
 def traced_enqueue(fn: F) -> F:
     """Decorate an ``enqueue(kind, payload, ...)`` method: a ``leaseq.enqueue {kind}`` span on the
-    caller's side, naming the task it created."""
+    caller's side, naming the task it created; the task carries the span's trace context."""
     @functools.wraps(fn)
     def enqueue(self: Any, kind: str, *args: Any, **kwargs: Any) -> Any:
         trace = _api()
         if trace is None:
             return fn(self, kind, *args, **kwargs)
-        attributes = {"leaseq.kind": str(kind), "leaseq.queue": str(kwargs.get("queue", "default"))}
-        with _tracer().start_as_current_span(f"leaseq.enqueue {kind}", attributes=attributes,
-                                             kind=trace.SpanKind.PRODUCER) as span:
-            task = fn(self, kind, *args, **kwargs)
-            task_id = getattr(task, "id", None)
-            if task_id is not None:
-                span.set_attribute("leaseq.task_id", task_id)
-            return task
+        with _enqueue_span(trace, kind, kwargs) as span:
+            if kwargs.get("trace_context") is None:
+                kwargs["trace_context"] = traceparent(span)
+            return _named(span, fn(self, kind, *args, **kwargs))
+
+    return enqueue  # type: ignore[return-value]
+
+
+def atraced_enqueue(fn: F) -> F:
+    """:func:`traced_enqueue` for an ``async def enqueue``."""
+    @functools.wraps(fn)
+    async def enqueue(self: Any, kind: str, *args: Any, **kwargs: Any) -> Any:
+        trace = _api()
+        if trace is None:
+            return await fn(self, kind, *args, **kwargs)
+        with _enqueue_span(trace, kind, kwargs) as span:
+            if kwargs.get("trace_context") is None:
+                kwargs["trace_context"] = traceparent(span)
+            return _named(span, await fn(self, kind, *args, **kwargs))
 
     return enqueue  # type: ignore[return-value]

@@ -333,12 +333,16 @@ class Maintenance:
             self._wake_runner.clear()
 
     def _run(self, job: _Job) -> None:
+        started = time.perf_counter()
         try:
-            job.run()
+            done = job.run()
         except Exception as exc:  # one failed pass must not end maintenance
             logger.warning("maintenance %s pass failed: %s", job.name, exc, exc_info=not isinstance(exc, LeaseqError))
             self.signals.fire(f"{job.name}_failed")
         else:
+            if done and (not isinstance(done, dict) or any(done.values())):  # say what was routed or pruned
+                logger.info("maintenance %s pass: %s", job.name, done,
+                            extra={"duration": round(time.perf_counter() - started, 6)})
             self.signals.fire(job.name)
 
 

@@ -88,7 +88,10 @@ def enqueue(body: EnqueueBody, request: Request, principal: auth.Principal = Dep
                                    max_attempts=body.max_attempts, lease_seconds=body.lease_seconds,
                                    actions=body.actions, timeout=body.timeout, deadline=_deadline(body.deadline),
                                    approval=body.approval, approval_deadline=body.approval_deadline,
-                                   by=principal.actor)
+                                   by=principal.actor,
+                                   # the caller's trace, which the task's spans join (an invalid header is
+                                   # ignored, as W3C Trace Context says a receiver must)
+                                   trace_context=policy.parse_traceparent(request.headers.get("traceparent")))
     if task.status == "queued":
         request.app.state.work_signal.wake(task.queue)  # claims waiting in this process look at once
     return present_task(task, principal)

@@ -16,6 +16,8 @@ those, run in one transaction with the token check.
 
 from __future__ import annotations
 
+import logging
+import time
 from typing import Any, Literal
 
 from fastapi import APIRouter, Depends, Path, Request
@@ -159,11 +161,28 @@ def _claim(worker_id: str, task_id: int, generation: int, task: Task | None = No
                  task=task)  # type: ignore[arg-type]
 
 
+#: Per-task records of the worker API (see :mod:`.worker_batch`).
+logger = logging.getLogger("leaseq.service.worker")
+
+
+def _log(level: int, what: str, worker_id: str, started: float, task_id: int, generation: int,
+         kind: str | None = None, **detail: Any) -> None:
+    """One task's record: the task's fields as the record's, for JSON lines."""
+    if logger.isEnabledFor(level):
+        text = f"task={task_id} " + (f"kind={kind} " if kind else "") + f"gen={generation} worker={worker_id}: {what}"
+        logger.log(level, "%s", text + "".join(f" {k}={v}" for k, v in detail.items()),
+                   extra={"task_id": task_id, "kind": kind, "generation": generation, "worker_id": worker_id,
+                          "duration": round(time.perf_counter() - started, 6)})
+
+
 def _refused(request: Request, reason: str, fn: Any, *args: Any, **kwargs: Any) -> Any:
+    started = time.perf_counter()
     try:
         return fn(*args, **kwargs)
-    except LeaseLost:
+    except LeaseLost as exc:
         _metrics(request).lost(reason)
+        _log(logging.INFO, f"{reason} refused: lease no longer held", str(request.path_params.get("worker_id")),
+             started, exc.task_id, exc.generation)
         raise
 
 
@@ -178,8 +197,10 @@ def register_worker(body: RegisterBody, request: Request,
 @router.post("/workers/{worker_id}/tasks/{task_id}/complete", summary="Finish a task under its lease")
 def complete(body: CompleteBody, request: Request, task_id: int = TaskId, worker_id: str = WorkerId) -> dict[str, Any]:
     claim = _claim(worker_id, task_id, body.generation)
+    started = time.perf_counter()
     _refused(request, "complete", in_one_transaction, request, "complete", worker_id,
              lambda view: view.complete(worker_id, claim, body.result))
+    _log(logging.DEBUG, "completed", worker_id, started, task_id, body.generation)
     return {"completed": True, "task_id": task_id}
 
 
@@ -201,7 +222,10 @@ def fail(body: FailBody, request: Request, task_id: int = TaskId, worker_id: str
             return view.retry(worker_id, claim, body.retry_after, body.error)
         return view.fail(worker_id, claim, body.error, retry=body.retry, block=body.block, delay=body.delay)
 
-    return to_json(_refused(request, "fail", in_one_transaction, request, "fail", worker_id, operation))
+    started = time.perf_counter()
+    task = _refused(request, "fail", in_one_transaction, request, "fail", worker_id, operation)
+    _log(logging.INFO, f"failed -> {task.status}", worker_id, started, task.id, task.claim_generation, task.kind)
+    return to_json(task)
 
 
 @router.post("/workers/{worker_id}/tasks/{task_id}/release", summary="Give a lease back early")

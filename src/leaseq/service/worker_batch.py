@@ -16,10 +16,16 @@ exactly as on the direct path; nothing here decides a lease question.
   go through: a partly refused batch is not an error. Bad input (an
   oversized batch, a task named twice, an unusable value) refuses the whole
   request with 422 naming the field, and changes nothing.
+
+Each leased, finished or refused task is logged on ``leaseq.service.worker``
+with its task id, kind (where known), generation, worker and the request's
+duration as record fields (``leaseq serve --log-format json`` prints them):
+claims and completions at DEBUG, failed attempts and refused leases at INFO.
 """
 
 from __future__ import annotations
 
+import logging
 import time
 from typing import Any
 
@@ -36,7 +42,7 @@ from .access import in_one_transaction
 from .metrics import ServiceMetrics, span
 from .wakeups import WorkSignal
 from .wire import to_json
-from .worker_api import Body, WorkerId, _claim
+from .worker_api import Body, WorkerId, _claim, _log
 
 router = APIRouter(prefix="/v1", tags=["worker"])
 
@@ -114,6 +120,8 @@ async def claim(body: ClaimBody, request: Request, worker_id: str = WorkerId) ->
                 break  # nobody to hand a lease to: claim nothing more
     if claims:
         metrics.claims.labels(queue=body.queue).inc(len(claims))
+        for c in claims:
+            _log(logging.DEBUG, "claimed", worker_id, started, c.task_id, c.generation, c.task.kind)
     return _json({"claims": to_json(claims)})
 
 
@@ -144,6 +152,9 @@ def renew(body: RenewBody, request: Request, worker_id: str = WorkerId) -> JSONR
     metrics = _metrics(request)
     metrics.heartbeat_latency.observe(time.perf_counter() - started)
     metrics.lost("heartbeat", len(claims) - len(renewed))
+    for c in claims:
+        if c.task_id not in renewed:
+            _log(logging.INFO, "renewal refused: lease no longer held", worker_id, started, c.task_id, c.generation)
     return _json({"renewed": [{"task_id": tid, "expires_at": at.isoformat()} for tid, at in renewed.items()]})
 
 
@@ -161,6 +172,7 @@ class CompleteManyBody(Body):
 
 @router.post("/workers/{worker_id}/complete", summary="Finish many tasks under their leases, in one statement")
 def complete_many(body: CompleteManyBody, request: Request, worker_id: str = WorkerId) -> JSONResponse:
+    started = time.perf_counter()
     _no_repeats("tasks", [t.task_id for t in body.tasks])
     for i, t in enumerate(body.tasks):
         policy.check_json(f"tasks.{i}.result", t.result)
@@ -169,6 +181,11 @@ def complete_many(body: CompleteManyBody, request: Request, worker_id: str = Wor
     refused = [_refusal(t.task_id, t.generation, "complete refused: lease no longer held")
                for t in body.tasks if t.task_id not in completed]
     _metrics(request).lost("complete", len(refused))
+    for t in body.tasks:
+        if t.task_id in completed:
+            _log(logging.DEBUG, "completed", worker_id, started, t.task_id, t.generation)
+        else:
+            _log(logging.INFO, "complete refused: lease no longer held", worker_id, started, t.task_id, t.generation)
     return _json({"completed": sorted(completed), "refused": refused})
 
 
@@ -187,6 +204,7 @@ class FailManyBody(Body):
 
 @router.post("/workers/{worker_id}/fail", summary="End many attempts with their errors, in one transaction")
 def fail_many(body: FailManyBody, request: Request, worker_id: str = WorkerId) -> JSONResponse:
+    started = time.perf_counter()
     _no_repeats("tasks", [t.task_id for t in body.tasks])
     for i, t in enumerate(body.tasks):
         policy.check_text(f"tasks.{i}.error", t.error, required=True)
@@ -206,5 +224,9 @@ def fail_many(body: FailManyBody, request: Request, worker_id: str = WorkerId) -
 
     failed, refused = in_one_transaction(request, "fail", worker_id, operation)
     _metrics(request).lost("fail", len(refused))
+    for task in failed:
+        _log(logging.INFO, f"failed -> {task.status}", worker_id, started, task.id, task.claim_generation, task.kind)
+    for r in refused:
+        _log(logging.INFO, "fail refused: lease no longer held", worker_id, started, r["task_id"], r["generation"])
     return _json({"failed": to_json(failed), "refused": refused})
 

@@ -17,7 +17,7 @@ __all__ = ["BackendCapabilities", "DEFAULT_DSN", "JSON_COLUMNS", "JSON_PARAMS", 
 
 #: Parameters that carry JSON documents (encoded by each backend its own way);
 #: the plural ones are the row documents of batched statements.
-JSON_PARAMS = frozenset({"payload", "result", "detail", "response", "tasks", "items", "events", "keys"})
+JSON_PARAMS = frozenset({"payload", "result", "detail", "response", "tasks", "items", "events", "keys", "leases"})
 
 
 class KeyConflict(Exception):

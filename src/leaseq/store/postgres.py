@@ -22,6 +22,11 @@ from .base import JSON_PARAMS, BackendCapabilities, JsonText, KeyConflict, load_
 #: prepared on their first use on a connection and run with the prepared
 #: statement's generic plan (the file's header says why).
 GENERIC_PLAN = frozenset(name for name, q in load_named_queries("postgres").items() if q.generic_plan)
+#: The statements annotated ``-- plan: custom``: sent with their parameters
+#: bound into the text (one round trip still), so that the connection's
+#: forced generic plan, which holds for every statement sent with
+#: parameters, does not apply and each call is planned for its values.
+CUSTOM_PLAN = frozenset(name for name, q in load_named_queries("postgres").items() if q.custom_plan)
 
 
 def _configure(conn: psycopg.Connection) -> None:
@@ -61,6 +66,10 @@ class PostgresTx:
         if self._statements_left == 0:
             raise RuntimeError(f"{query}: a one-statement transaction already ran its statement")
         self._statements_left -= 1
+        if query in CUSTOM_PLAN:
+            with psycopg.ClientCursor(self._conn) as cur:
+                cur.execute(self._queries[query], _encode(params))
+                return cur.fetchall() if _rows(cur) else []
         cur = self._conn.execute(self._queries[query], _encode(params), prepare=query in GENERIC_PLAN)
         return cur.fetchall() if _rows(cur) else []
 
@@ -91,6 +100,10 @@ class AsyncPostgresTx:
         if self._statements_left == 0:
             raise RuntimeError(f"{query}: a one-statement transaction already ran its statement")
         self._statements_left -= 1
+        if query in CUSTOM_PLAN:
+            async with psycopg.AsyncClientCursor(self._conn) as cur:
+                await cur.execute(self._queries[query], _encode(params))
+                return await cur.fetchall() if _rows(cur) else []
         cur = await self._conn.execute(self._queries[query], _encode(params), prepare=query in GENERIC_PLAN)
         return await cur.fetchall() if _rows(cur) else []
 

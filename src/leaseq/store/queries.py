@@ -20,6 +20,11 @@ A queries file holds two kinds of block:
     ``-- plan: generic``
         prepared on its first use on a connection and always run with the
         prepared statement's generic plan (PostgreSQL);
+    ``-- plan: custom``
+        planned for the values it is given at every call: sent with its
+        parameters bound into the text, so no generic plan is forced on it
+        (PostgreSQL; for a statement whose best plan depends on how many
+        rows it names, such as a renewal of ten thousand leases);
     ``-- no-op: <reason>``
         nothing to run on this backend: the backend answers no rows without
         a round trip (the query exists so both dialects name the same
@@ -45,7 +50,8 @@ __all__ = ["NamedQuery", "Template", "load_named_queries", "load_queries", "pars
            "parse_queries_file"]
 
 _BLOCK = re.compile(r"^-- (name|template): (\w+)(?:\((\w+)=(.*)\))?\s*$", re.MULTILINE)
-_USE = re.compile(r"^(?P<indent>[ \t]*)/\* TEMPLATE: (?P<name>\w+)(?:\((?P<arg>[^)]*)\))? \*/(?P<tail>;?)[ \t]*$",
+# The argument runs to the last ") */" of the line, so it may hold parentheses of its own.
+_USE = re.compile(r"^(?P<indent>[ \t]*)/\* TEMPLATE: (?P<name>\w+)(?:\((?P<arg>.*)\))? \*/(?P<tail>;?)[ \t]*$",
                   re.MULTILINE)
 _ANNOTATION = re.compile(r"^-- (guard|plan|no-op|unused): (.*)$")
 #: the guard every lease-backed query expands
@@ -81,6 +87,7 @@ class NamedQuery:
     guard: str | None = None          # "lease", "none" or None (not annotated)
     guard_reason: str = ""
     generic_plan: bool = False
+    custom_plan: bool = False
     noop: str | None = None           # the reason, when the statement is a no-op on this backend
     unused: frozenset[str] = field(default_factory=frozenset)
     templates: tuple[tuple[str, str | None], ...] = ()  # (template, argument) per use
@@ -114,9 +121,9 @@ def _annotations(name: str, body: str, where: str) -> dict[str, object]:
             raise RuntimeError(f"{where}: query {name!r}: 'guard: none' needs a reason ('-- guard: none -- why')")
         out["guard"], out["guard_reason"] = kind, reason
     if "plan" in found:
-        if found["plan"] != "generic":
-            raise RuntimeError(f"{where}: query {name!r}: the only plan annotation is 'plan: generic'")
-        out["generic_plan"] = True
+        if found["plan"] not in ("generic", "custom"):
+            raise RuntimeError(f"{where}: query {name!r}: a plan annotation is 'plan: generic' or 'plan: custom'")
+        out[f"{found['plan']}_plan"] = True
     if "no-op" in found:
         out["noop"] = str(found["no-op"]) or "no-op"
     if "unused" in found:

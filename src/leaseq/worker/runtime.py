@@ -9,7 +9,11 @@ One asyncio loop per worker process runs:
   wake-up (a finished handler, a PostgreSQL notification from the
   listener (:mod:`.listener`), or the poll interval). A claim that fails in transit is retried with backoff; one the
   queue refuses for good (a revoked worker, a refused credential) stops
-  claiming and goes through the graceful shutdown;
+  claiming and goes through the graceful shutdown. Beside it, a second claim
+  (:meth:`WorkerRuntime._claim_alongside`) takes the slots that free up while
+  the loop's own claim is on its way, so handlers that end together (I/O-bound
+  agent handlers do, in waves) are replaced by two claims in flight, not one
+  after another;
 * the renewer (:mod:`.renewer`): every held lease in one guarded call per tick;
 * handlers: async ones as tasks on the loop, sync ones in a thread pool;
 * the completer (:mod:`.completer`): records each outcome, retrying through
@@ -64,6 +68,9 @@ RELEASE_BUDGET = 5.0
 #: How long an idle worker's claim waits on the queue's side for work, where the
 #: transport can (``capabilities.long_poll``): no polling while idle.
 CLAIM_WAIT = 5.0
+#: Claims one worker has in flight at most: the claim loop's own and one beside it
+#: (none beside it where the backend runs one write at a time: it would only wait).
+CLAIMS_IN_FLIGHT = 2
 
 __all__ = ["Transport", "WorkerRuntime", "WorkerStats"]
 
@@ -115,6 +122,9 @@ class WorkerRuntime:
         self.stats = WorkerStats()
         self.worker: Worker | None = None
         self.held: dict[tuple[int, int], TaskContext] = {}
+        #: the generations of each task held here (almost always one): finds an older
+        #: attempt of a reclaimed task without walking every held lease at each claim
+        self._generations: dict[int, set[int]] = {}
         self._tasks: dict[tuple[int, int], asyncio.Task] = {}
         #: tasks whose handler is running: what concurrency limits (a finished
         #: handler's lease stays held until its outcome is recorded)
@@ -132,6 +142,13 @@ class WorkerRuntime:
         self._stopped = threading.Event()
         self._loop: asyncio.AbstractEventLoop | None = None
         self._wake: asyncio.Event | None = None
+        #: set when a handler's slot frees: wakes the claim beside the loop's
+        self._freed: asyncio.Event | None = None
+        #: claims on their way, and the slots they asked for (not free to claim again)
+        self._claims_in_flight = 0
+        self._reserved = 0
+        #: the claim loop has ended: nothing more is claimed beside it
+        self._claims_closed = False
         self._signals = 0
         self.renewer: Renewer | None = None
         self.completer: Completer | None = None
@@ -216,6 +233,7 @@ class WorkerRuntime:
         self.registry.check_runnable()
         self._loop = asyncio.get_running_loop()
         self._wake = asyncio.Event()
+        self._freed = asyncio.Event()
         if install_signals:
             for sig in (signal.SIGTERM, signal.SIGINT):
                 self._loop.add_signal_handler(sig, self._on_signal, sig)
@@ -236,8 +254,16 @@ class WorkerRuntime:
                 background.append(asyncio.create_task(scheduler.run(), name="leaseq-schedules"))
             if progress is not None:
                 background.append(asyncio.create_task(self._progress_loop(progress), name="leaseq-progress"))
+            alongside = None
+            if CLAIMS_IN_FLIGHT > 1 and len(self.queues) == 1 and not self.capabilities.serial_writes:
+                alongside = asyncio.create_task(self._claim_alongside(), name="leaseq-claim-alongside")
             try:
                 await self._claim_loop(until_idle)
+                if alongside is not None:
+                    # its claim, if one is on its way, is started (or released) like the loop's own
+                    self._claims_closed = True
+                    self._freed.set()
+                    await alongside
                 await self._shutdown()
             finally:
                 for task in background:
@@ -289,13 +315,46 @@ class WorkerRuntime:
         return await self._call(self.transport.claim, self.worker, queue=queue, limit=limit,
                                 lease_seconds=self.lease_seconds, kinds=self.kinds, **waiting)
 
+    async def _claim_reserving(self, queue: str, limit: int, wait: float) -> list[Claim]:
+        """Claim up to ``limit`` tasks and start them; while the claim is on its way its
+        slots are reserved, so a claim beside it does not ask for them too."""
+        self._claims_in_flight += 1
+        self._reserved += limit
+        sent = time.monotonic()
+        try:
+            claims = await self._claim(queue, limit, wait)
+        finally:
+            self._claims_in_flight -= 1
+            self._reserved -= limit
+        for claim in claims:  # no await since the reservation ended: the slots pass to the tasks at once
+            self._start(claim, sent)
+        return claims
+
+    async def _claim_alongside(self) -> None:
+        """The second claim in flight: while the claim loop waits for its own claim, the
+        slots freed meanwhile are claimed here instead of after it. It never waits on the
+        queue's side and never polls: it claims only beside a claim of the loop's. Errors
+        are left to the loop, whose next claim meets them and backs off or stops."""
+        queue = self.queues[0]
+        while not self._stopping and not self._claims_closed:
+            await wait_event(self._freed, self.poll_interval)
+            self._freed.clear()
+            free = self.concurrency - len(self._handling) - self._reserved
+            if self._stopping or self._claims_closed or not self._claims_in_flight or free <= 0:
+                continue
+            try:
+                await self._claim_reserving(queue, free, 0.0)
+            except Exception as exc:  # the loop's own claim will meet it too
+                logger.debug("worker %s: claim beside the loop's failed: %r", self.worker.id, exc)
+                self._wake.set()
+
     async def _claim_loop(self, until_idle: bool) -> None:
         turn, backoff = 0, INITIAL_BACKOFF
         # One queue and no idle exit: an empty claim may wait on the queue's side instead of polling.
         wait = CLAIM_WAIT if self.capabilities.long_poll and len(self.queues) == 1 and not until_idle else 0.0
         while not self._stopping:
             self._wake.clear()
-            free = self.concurrency - len(self._handling)
+            free = self.concurrency - len(self._handling) - self._reserved
             got, pause, waited = 0, None, False
             for i in range(len(self.queues)):
                 if free - got <= 0 or self._stopping:
@@ -303,7 +362,7 @@ class WorkerRuntime:
                 queue = self.queues[(turn + i) % len(self.queues)]
                 sent = time.monotonic()
                 try:
-                    claims = await self._claim(queue, free - got, wait)
+                    claims = await self._claim_reserving(queue, free - got, wait)
                 except (UnknownWorker, AccessDenied, InvalidInput) as exc:
                     # Refused for good: no retry will help. Stop claiming; the
                     # running tasks still get the graceful shutdown.
@@ -319,15 +378,13 @@ class WorkerRuntime:
                     break
                 backoff = INITIAL_BACKOFF
                 waited = bool(wait) and not claims and time.monotonic() - sent >= self.poll_interval
-                for claim in claims:
-                    self._start(claim, sent)
                 got += len(claims)
             turn += 1
             if pause is not None:
                 if not self._stopping:
                     await wait_event(self._wake, pause)
                 continue
-            if until_idle and got == 0 and not self._tasks:
+            if until_idle and got == 0 and not self._tasks and not self._claims_in_flight:
                 return
             if got == 0 and waited:
                 continue  # the claim itself waited for work: ask again at once
@@ -352,10 +409,12 @@ class WorkerRuntime:
         ctx.renewed_at = sent  # the lease started no earlier than the claim was sent
         loop = self._loop
         ctx.on_lost = lambda c, reason: loop.call_soon_threadsafe(self._after_loss, c, reason)
-        for stale in [c for c in self.held.values() if c.task_id == claim.task_id and not c.loss_told]:
+        older = self._generations.setdefault(claim.task_id, set())
+        for stale in [self.held[(claim.task_id, g)] for g in older if not self.held[(claim.task_id, g)].loss_told]:
             # This worker reclaimed a task it had not yet seen lost: the older
             # attempt's lease is certainly gone.
             self._lose(stale, f"reclaimed under generation {claim.generation}")
+        older.add(claim.generation)
         self.held[ctx.key] = ctx
         self._handling.add(ctx.key)
         self.stats.claimed += 1
@@ -437,6 +496,7 @@ class WorkerRuntime:
                 self._handling.discard(ctx.key)
                 self._threaded.discard(ctx.key)
                 self._wake.set()
+                self._freed.set()
         except asyncio.CancelledError:
             if not ctx.lost:
                 raise
@@ -477,9 +537,15 @@ class WorkerRuntime:
         if timer is not None:
             timer.cancel()
         self._handling.discard(ctx.key)
-        self.held.pop(ctx.key, None)
+        if self.held.pop(ctx.key, None) is not None:
+            generations = self._generations.get(ctx.task_id)
+            if generations is not None:
+                generations.discard(ctx.generation)
+                if not generations:
+                    del self._generations[ctx.task_id]
         self._tasks.pop(ctx.key, None)
         self._wake.set()
+        self._freed.set()
 
     def _settled(self, ctx: TaskContext, outcome: Outcome) -> None:
         """Account for one recorded outcome (called once per recording, from the loop)."""

@@ -9,20 +9,26 @@
 --                              a lease: expands the lease guard below
 --   -- guard: none -- <why>    takes a worker id, is not lease-backed, says why
 --   -- plan: generic           prepared, and always run with its generic plan
+--   -- plan: custom            planned for its values at every call (bound client-side)
 --   -- no-op: <why>            nothing to run on this backend
 --   -- unused: <params> -- <why>  parameters this dialect does not need
 --
 -- A query that takes a worker id without a guard annotation fails the test,
 -- and so does a "guard: lease" query whose expanded text lacks the guard.
 --
--- "plan: generic": the statements every claim, renewal and completion runs
--- are prepared on their first use on a connection and always run with the
+-- "plan: generic": the statements every claim and completion runs are
+-- prepared on their first use on a connection and always run with the
 -- prepared statement's generic plan (plan_cache_mode = force_generic_plan on
 -- leaseq's pooled connections): PostgreSQL would otherwise plan the claim
 -- afresh at every call, which costs more than running it. Each is written to
 -- have one good plan whatever its parameters (tests/bench/test_claim_plan.py
--- reads their generic plans). Every other statement is never prepared, so it
--- is planned for the parameters it is given.
+-- reads their generic plans). The setting holds for every statement sent
+-- with parameters, prepared or not: an unprepared one is planned generically
+-- too.
+-- "plan: custom": the statement is sent with its parameters bound into its
+-- text (psycopg's client-side binding), so it is planned for its values at
+-- every call: for a statement whose good plan depends on how many rows it
+-- names (renew_leases, from one lease to ten thousand).
 --
 -- Time is always the database's (now(), or clock_timestamp() where the
 -- moment of judgement matters): a worker's clock is never consulted.
@@ -149,15 +155,17 @@ RETURNING t.id, t.claim_generation;
 -- same logical task; nothing comes back and the caller reads the existing
 -- row. The new row is the enqueue's evidence (list_events shows it as the
 -- "enqueued" entry). The statement also wakes listening workers at commit,
--- so an enqueue is one round trip.
+-- so an enqueue is one round trip. trace_context: the caller's W3C
+-- traceparent (NULL when it was not tracing).
 WITH added AS (
     INSERT INTO leaseq_tasks (queue, kind, payload, effect, priority, available_at,
                               idempotency_key, max_attempts, lease_seconds, actions,
-                              timeout_seconds, deadline_at)
+                              timeout_seconds, deadline_at, trace_context)
     VALUES (%(queue)s, %(kind)s, %(payload)s::jsonb, %(effect)s, %(priority)s,
             now() + %(delay)s::float8 * interval '1 second',
             %(idempotency_key)s, %(max_attempts)s, %(lease_seconds)s, %(actions)s::jsonb,
-            %(timeout)s::float8, coalesce(%(deadline_at)s::timestamptz, now() + %(deadline_in)s::float8 * interval '1 second'))
+            %(timeout)s::float8, coalesce(%(deadline_at)s::timestamptz, now() + %(deadline_in)s::float8 * interval '1 second'),
+            %(trace_context)s::text)
     ON CONFLICT (queue, idempotency_key) DO NOTHING
     RETURNING *
 )
@@ -361,9 +369,17 @@ FROM flags f LEFT JOIN claimed c ON true;
 
 -- name: renew_leases
 -- guard: lease
--- plan: generic
--- One statement renews every lease a worker names. Each (task, generation)
--- pair is checked by the lease guard; the rows back are the leases still held.
+-- plan: custom
+-- One statement renews every lease a worker names: the rows back are the
+-- leases still held. The tasks are found by id (= ANY of the id list) and
+-- each row's generation is looked up in the {"<task id>": generation} map
+-- by the lease guard, so the statement reads each named row once, however
+-- many there are. Not a join against the (task, generation) pairs: a
+-- worker holding ten thousand leases, planned generically or on statistics
+-- taken before those tasks ran (the planner then expects one running row),
+-- got a nested loop over every pair for every running row, 10^8 steps. It
+-- is planned for its values at every call (plan: custom): the id list is
+-- then a constant, which the planner counts and probes by hash.
 -- The new deadline comes from the lease length this claim was given (its
 -- deadline minus when that deadline was set), never from the caller; a
 -- claim's lease_seconds override is not written onto the task.
@@ -374,9 +390,8 @@ SET lease_expires_at = now() + (t.lease_expires_at - coalesce(t.last_heartbeat_a
         extract(epoch FROM now() - coalesce(t.last_heartbeat_at, t.claimed_at))::float8),
     last_heartbeat_at = now(),
     updated_at = now()
-FROM unnest(%(task_ids)s::bigint[], %(generations)s::bigint[]) AS c(task_id, generation)
-WHERE t.id = c.task_id
-  /* TEMPLATE: lease_guard(c.generation) */
+WHERE t.id = ANY(%(task_ids)s::bigint[])
+  /* TEMPLATE: lease_guard((%(leases)s::jsonb ->> t.id::text)::bigint) */
 RETURNING t.id, t.claim_generation, t.lease_expires_at;
 
 -- name: lock_lease

@@ -1,0 +1,95 @@
+"""A second claim in flight: the slots that free while the claim loop's own claim is on its way.
+
+A real queue whose claims are slowed down on the way back (as over a slow
+network), handlers of staggered lengths, and the worker really running: its
+slots free one by one while a claim is out, and a second claim takes them.
+Never more than two claims at once, never more handlers than the
+concurrency, and every task completed once. Where the backend runs one
+write at a time (SQLite) there is no second claim: it would only wait.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+
+import leaseq
+
+CONCURRENCY = 4
+#: how long each claim's answer is held on its way back: longer than any handler here
+CLAIM_DELAY = 0.4
+
+
+class SlowClaims:
+    """The real queue; each claim's answer comes back ``CLAIM_DELAY`` late. Counts claims in flight."""
+
+    def __init__(self, queue: leaseq.Queue):
+        self._queue = queue
+        self.lock = threading.Lock()
+        self.in_flight = self.most_in_flight = 0
+        self.asked = 0          # slots the claims in flight asked for
+        self.running = 0        # handlers running now (the test's handlers count themselves)
+        self.overcommitted: list[tuple[int, int]] = []
+
+    def __getattr__(self, name):
+        return getattr(self._queue, name)
+
+    def _enter(self, limit: int) -> None:
+        with self.lock:
+            self.in_flight += 1
+            self.asked += limit
+            self.most_in_flight = max(self.most_in_flight, self.in_flight)
+            if self.asked + self.running > CONCURRENCY:
+                self.overcommitted.append((self.asked, self.running))
+
+    def _leave(self, limit: int) -> None:
+        with self.lock:
+            self.in_flight -= 1
+            self.asked -= limit
+
+    def claim(self, worker, **options):
+        self._enter(options["limit"])
+        try:
+            claims = self._queue.claim(worker, **options)
+            time.sleep(CLAIM_DELAY)
+            return claims
+        finally:
+            self._leave(options["limit"])
+
+    async def aclaim(self, worker, **options):
+        self._enter(options["limit"])
+        try:
+            claims = await self._queue.aclaim(worker, **options)
+            await asyncio.sleep(CLAIM_DELAY)
+            return claims
+        finally:
+            self._leave(options["limit"])
+
+
+def test_slots_freed_during_a_claim_are_claimed_beside_it(app: leaseq.App) -> None:
+    transport = SlowClaims(app.queue)
+    most_running = [0]
+
+    @app.task("agent")
+    async def agent(ctx, n: int) -> int:
+        with transport.lock:
+            transport.running += 1
+            most_running[0] = max(most_running[0], transport.running)
+        try:
+            await asyncio.sleep(0.05 * (n % CONCURRENCY + 1))  # staggered: slots free one by one
+        finally:
+            with transport.lock:
+                transport.running -= 1
+        return n
+
+    tasks = [agent.enqueue(n=i) for i in range(16)]
+    stats = app.run_worker(transport=transport, until_idle=True, install_signals=False,
+                           concurrency=CONCURRENCY, poll_interval=0.05)
+    assert stats.completed == 16 and stats.failed == 0 and stats.lost == 0
+    assert all(app.queue.get(t.id).result == i and app.queue.get(t.id).claim_generation == 1
+               for i, t in enumerate(tasks))
+    assert most_running[0] <= CONCURRENCY
+    assert transport.overcommitted == []  # claims in flight never asked for more than the free slots
+    beside = app.queue.store.capabilities.serial_writes is False
+    assert transport.most_in_flight == (2 if beside else 1)
