@@ -10,6 +10,7 @@ tests/conformance/test_async.py checks that every method's signature matches.
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import Iterable, Sequence
 from datetime import datetime, timedelta
 from typing import Any
@@ -76,28 +77,60 @@ class AsyncQueue:
                       actions: Iterable[str] | None = None, timeout: float | None = None,
                       deadline: datetime | timedelta | None = None, approval: str | None = None,
                       approval_deadline: float | None = None, by: str | None = None,
-                      trace_context: str | None = None) -> Task:
-        """:meth:`Queue.enqueue`, awaited."""
-        return await self._arun(engine.enqueue.enqueue(self.settings, kind, payload, effect=effect, queue=queue,
-                                                       idempotency_key=idempotency_key, priority=priority,
-                                                       delay=delay, max_attempts=max_attempts,
-                                                       lease_seconds=lease_seconds, actions=actions,
-                                                       timeout=timeout, deadline=deadline, approval=approval,
-                                                       approval_deadline=approval_deadline, by=by,
-                                                       trace_context=trace_context))
+                      trace_context: str | None = None, after: Iterable[int] | None = None,
+                      on_dependency_failure: str = "cancel", connection: Any = None) -> Task:
+        """:meth:`Queue.enqueue`, awaited. ``connection``: a ``psycopg.AsyncConnection``
+        on PostgreSQL, a ``sqlite3.Connection`` on SQLite."""
+        op = engine.enqueue.enqueue(self.settings, kind, payload, effect=effect, queue=queue,
+                                    idempotency_key=idempotency_key, priority=priority, delay=delay,
+                                    max_attempts=max_attempts, lease_seconds=lease_seconds, actions=actions,
+                                    timeout=timeout, deadline=deadline, approval=approval,
+                                    approval_deadline=approval_deadline, by=by, trace_context=trace_context,
+                                    after=after,
+                                    on_dependency_failure=on_dependency_failure)
+        return await (self._arun(op) if connection is None else self._arun_in(connection, op))
 
     async def enqueue_many(self, kind: str, payloads: Iterable[Any], *, effect: str = "read_only",
                            queue: str = "default", idempotency_keys: Sequence[str | None] | None = None,
                            priority: int = 0, delay: float = 0, max_attempts: int = 5,
                            lease_seconds: float = checks.DEFAULT_LEASE_SECONDS,
                            actions: Iterable[str] | None = None, timeout: float | None = None,
-                     deadline: datetime | timedelta | None = None) -> list[int]:
+                           deadline: datetime | timedelta | None = None, after: Iterable[int] | None = None,
+                           on_dependency_failure: str = "cancel", connection: Any = None) -> list[int]:
         """:meth:`Queue.enqueue_many`, awaited."""
-        return await self._arun(engine.enqueue.enqueue_many(self.settings, kind, payloads, effect=effect,
-                                                            queue=queue, idempotency_keys=idempotency_keys,
-                                                            priority=priority, delay=delay,
-                                                            max_attempts=max_attempts, lease_seconds=lease_seconds,
-                                                            actions=actions, timeout=timeout, deadline=deadline))
+        op = engine.enqueue.enqueue_many(self.settings, kind, payloads, effect=effect, queue=queue,
+                                         idempotency_keys=idempotency_keys, priority=priority, delay=delay,
+                                         max_attempts=max_attempts, lease_seconds=lease_seconds, actions=actions,
+                                         timeout=timeout, deadline=deadline, after=after,
+                                         on_dependency_failure=on_dependency_failure)
+        return await (self._arun(op) if connection is None else self._arun_in(connection, op))
+
+    async def _arun_in(self, connection: Any, op: Op[T]) -> T:
+        """Run ``op`` in the application's own open transaction on ``connection``; never commits.
+
+        Awaited on the event loop where the backend has an asyncio driver;
+        else (a sqlite3 connection, bound to its thread) run right here: the
+        statements are local and short."""
+        from .store.joined import CallerStore
+
+        store = self.sync.store
+        try:
+            joined = (CallerStore(store, atx=store.acaller_tx(connection)) if store.capabilities.native_async
+                      else CallerStore(store, tx=store.caller_tx(connection)))
+        except BaseException:
+            op.close()
+            raise
+        if joined.capabilities.native_async:
+            return await engine.adrive(joined, op)
+        return engine.drive(joined, op)
+
+    async def dependency_results(self, task_id: int) -> dict[int, Any]:
+        """:meth:`Queue.dependency_results`, awaited."""
+        return await self._arun(engine.dependencies.dependency_results(self.settings, task_id))
+
+    async def wait(self, task_id: int, *, timeout: float | None = None) -> Task:
+        """:meth:`Queue.wait`, awaited: LISTEN/NOTIFY on the event loop (PostgreSQL), else a short poll."""
+        return await await_task(self.sync, task_id, timeout=timeout)
 
     async def claim(self, worker: Worker | str, *, queue: str = "default", limit: int = 1,
                     lease_seconds: float | None = None, kinds: Iterable[str] | None = None) -> list[Claim]:
@@ -261,6 +294,25 @@ class AsyncQueue:
         warnings.warn("AsyncQueue.list() is deprecated; use AsyncQueue.list_tasks()", DeprecationWarning,
                       stacklevel=2)
         return await self.list_tasks(status=status, queue=queue, limit=limit)
+
+
+async def await_task(queue: Queue, task_id: int, *, timeout: float | None = None) -> Task:
+    """:meth:`Queue.wait` for asyncio code, on ``queue`` (also the service's long poll)."""
+    task_id = checks.check_task_id(task_id)
+    timeout = engine.waits.check_timeout(timeout)
+    deadline = None if timeout is None else time.monotonic() + timeout
+    listener = await queue.store.atask_listener(task_id)  # listening before the first look
+    try:
+        task = await engine.adrive(queue.store, engine.waits.watch(queue.settings, task_id))
+        while task.status not in engine.waits.SETTLED:
+            left = engine.waits.LONGEST_SLEEP if deadline is None else deadline - time.monotonic()
+            if left <= 0:
+                raise engine.waits.timed_out(task, timeout)
+            await listener.wait(min(left, engine.waits.LONGEST_SLEEP))
+            task = await engine.adrive(queue.store, engine.reads.get(queue.settings, task_id))
+        return task
+    finally:
+        await listener.close()
 
 
 async def connect_async(dsn: str | None = None, **options: Any) -> AsyncQueue:

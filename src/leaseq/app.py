@@ -18,7 +18,7 @@ import json
 import sys
 import threading
 import warnings
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any, Concatenate, Generic, ParamSpec, TypeVar
@@ -80,14 +80,19 @@ class TaskDefinition(Generic[P, R]):
         return self.fn(*args, **kwargs)
 
     def options(self, *, key: str | None = None, delay: float = 0, priority: int | None = None,
-                timeout: float | None = None, deadline: datetime | timedelta | None = None) -> TaskDefinition[P, R]:
+                timeout: float | None = None, deadline: datetime | timedelta | None = None,
+                after: Iterable[int] | None = None, on_dependency_failure: str = "cancel",
+                connection: Any = None) -> TaskDefinition[P, R]:
         """This definition with enqueue options bound: ``key`` is the idempotency key (a
         repeat with the same payload returns the existing task), ``delay`` seconds before
         it may be claimed, ``priority``, ``timeout`` and ``deadline`` (a time, or a
-        timedelta from the enqueue) instead of the declared ones.
+        timedelta from the enqueue) instead of the declared ones; ``after``, the tasks
+        it waits for, and ``connection``, the application's own open transaction to
+        write it in (see :meth:`leaseq.Queue.enqueue`).
         ``summarize.options(key="doc-1").enqueue(doc_id=1)``."""
         bound = {**self.bound, "key": key, "delay": delay, "priority": priority, "timeout": timeout,
-                 "deadline": deadline}
+                 "deadline": deadline, "after": after, "on_dependency_failure": on_dependency_failure,
+                 "connection": connection}
         return dataclasses.replace(self, bound=bound)
 
     def payload(self, *args: P.args, **kwargs: P.kwargs) -> dict[str, Any]:
@@ -111,7 +116,11 @@ class TaskDefinition(Generic[P, R]):
                                       max_attempts=self.max_attempts, lease_seconds=self.lease_seconds,
                                       actions=self.actions, timeout=self.timeout if timeout is None else timeout,
                                       deadline=self.deadline if deadline is None else deadline,
-                                      approval=self.approval, approval_deadline=self.approval_deadline)
+                                      approval=self.approval, approval_deadline=self.approval_deadline, **{
+                                          name: options[name] for name in ("after", "connection")
+                                          if options.get(name) is not None},
+                                      **({"on_dependency_failure": options["on_dependency_failure"]}
+                                         if options.get("after") is not None else {}))
 
     async def enqueue_async(self, *args: P.args, **kwargs: P.kwargs) -> Task:
         """:meth:`enqueue` for asyncio code."""

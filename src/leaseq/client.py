@@ -45,9 +45,20 @@ from .core.errors import (BackendUnavailable, ConfigError, InvalidInput, LeaseLo
 from .core.checks import check_trace_context
 from .core.model import Claim, Effect, Task, Worker
 from .engine.effects import check_effect_of
+from .engine.waits import check_timeout, timed_out
 from .observability.tracing import traced_enqueue
 from .worker.transport import Capabilities
 from .service.wire import claim_from, effect_from, event_from, parse_time, task_from, worker_from
+
+#: Seconds one wait request asks the service to wait (it may cut that to its ``wait_limit``).
+WAIT_REQUEST = 25.0
+
+
+def _task_id(task_id: Any) -> int:
+    if isinstance(task_id, bool) or not isinstance(task_id, int) or task_id < 1:
+        raise InvalidInput("task_id", f"must be a positive integer (got {task_id!r})")
+    return task_id
+
 
 def _wid(worker: Worker | str) -> str:
     wid = worker.id if isinstance(worker, Worker) else worker
@@ -293,9 +304,32 @@ class RemoteQueue:
 
     def get(self, task_id: int) -> Task:
         """One task; raises :class:`NotFound`."""
-        if isinstance(task_id, bool) or not isinstance(task_id, int) or task_id < 1:
-            raise InvalidInput("task_id", f"must be a positive integer (got {task_id!r})")
-        return task_from(self._call("GET", f"/v1/tasks/{task_id}"))
+        return task_from(self._call("GET", f"/v1/tasks/{_task_id(task_id)}"))
+
+    def dependency_results(self, task_id: int) -> dict[int, Any]:
+        """The results of the tasks ``task_id`` waits (or waited) for, ``{task id: result}``;
+        see :meth:`leaseq.Queue.dependency_results` (a worker token: for tasks its workers hold)."""
+        data = self._call("GET", f"/v1/tasks/{_task_id(task_id)}/dependency-results")
+        return {r["task_id"]: r["result"] for r in data["results"]}
+
+    def wait(self, task_id: int, *, timeout: float | None = None) -> Task:
+        """Block until the task has ended or is parked for a person; see :meth:`leaseq.Queue.wait`.
+
+        A long poll: each request waits on the service's side (up to its
+        ``wait_limit``, 25 s by default) and this asks again until ``timeout``
+        (None: no limit), then raises :class:`TimeoutError`."""
+        task_id = _task_id(task_id)
+        timeout = check_timeout(timeout)
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while True:
+            left = WAIT_REQUEST if deadline is None else max(0.0, deadline - time.monotonic())
+            step = min(left, WAIT_REQUEST)
+            data = self._call("GET", f"/v1/tasks/{task_id}/wait", params={"timeout": step}, wait=step)
+            task = task_from(data["task"])
+            if data["settled"]:
+                return task
+            if deadline is not None and time.monotonic() >= deadline:
+                raise timed_out(task, timeout)
 
     def events(self, task_id: int) -> list[Any]:
         """The evidence trail of a task (needs a viewer token or better)."""

@@ -12,6 +12,7 @@ from __future__ import annotations
 import contextlib
 import copy
 import os
+import time
 import warnings
 from collections.abc import Iterable, Iterator, Sequence
 from datetime import datetime, timedelta
@@ -205,7 +206,8 @@ class Queue:
                 actions: Iterable[str] | None = None, timeout: float | None = None,
                 deadline: datetime | timedelta | None = None, approval: str | None = None,
                 approval_deadline: float | None = None, by: str | None = None,
-                trace_context: str | None = None) -> Task:
+                trace_context: str | None = None, after: Iterable[int] | None = None,
+                on_dependency_failure: str = "cancel", connection: Any = None) -> Task:
         """Add a task. A second enqueue with the same ``idempotency_key`` in the
         same queue returns the existing task instead of a duplicate.
 
@@ -228,33 +230,97 @@ class Queue:
 
         ``trace_context`` is a W3C traceparent stored with the task, under
         which the worker starts the task's spans; by default, with
-        OpenTelemetry tracing on, that of this enqueue's own span."""
-        return self._run(engine.enqueue.enqueue(self.settings, kind, payload, effect=effect, queue=queue,
-                                                idempotency_key=idempotency_key, priority=priority, delay=delay,
-                                                max_attempts=max_attempts, lease_seconds=lease_seconds,
-                                                actions=actions, timeout=timeout, deadline=deadline,
-                                                approval=approval, approval_deadline=approval_deadline, by=by,
-                                                trace_context=trace_context))
+        OpenTelemetry tracing on, that of this enqueue's own span.
+
+        ``after`` lists tasks this one waits for: it is ``waiting`` (not
+        claimable, holding nothing) until every one of them is ``completed``,
+        then ``queued``. If one ends ``dead``, ``cancelled``, ``denied`` or
+        ``expired``, this task is cancelled with that reason (and so are the
+        tasks waiting for it), or ``blocked`` with
+        ``on_dependency_failure="block"``. An id that does not exist, or names
+        a task that already ended without success, is an InvalidInput
+        (field ``after``) and nothing is written.
+
+        ``connection``: the application's own open database connection (a
+        ``psycopg.Connection`` on PostgreSQL, a ``sqlite3.Connection`` to the
+        queue's file on SQLite). The task is written in the caller's
+        transaction and exists only if the caller commits (the outbox pattern).
+        """
+        op = engine.enqueue.enqueue(self.settings, kind, payload, effect=effect, queue=queue,
+                                    idempotency_key=idempotency_key, priority=priority, delay=delay,
+                                    max_attempts=max_attempts, lease_seconds=lease_seconds, actions=actions,
+                                    timeout=timeout, deadline=deadline, approval=approval,
+                                    approval_deadline=approval_deadline, by=by, trace_context=trace_context,
+                                    after=after,
+                                    on_dependency_failure=on_dependency_failure)
+        return self._run(op) if connection is None else self._run_in(connection, op)
 
     def enqueue_many(self, kind: str, payloads: Iterable[Any], *, effect: str = "read_only",
                      queue: str = "default", idempotency_keys: Sequence[str | None] | None = None,
                      priority: int = 0, delay: float = 0, max_attempts: int = 5,
                      lease_seconds: float = checks.DEFAULT_LEASE_SECONDS,
                      actions: Iterable[str] | None = None, timeout: float | None = None,
-                     deadline: datetime | timedelta | None = None) -> list[int]:
+                     deadline: datetime | timedelta | None = None, after: Iterable[int] | None = None,
+                     on_dependency_failure: str = "cancel", connection: Any = None) -> list[int]:
         """Add many tasks of one ``kind`` at once; returns their ids, in order.
 
-        The options are those of :meth:`enqueue`, shared by every task.
+        The options are those of :meth:`enqueue`, shared by every task (with
+        ``after``, every task waits for the same tasks; with ``connection``,
+        all are written in the caller's transaction).
         ``idempotency_keys`` (one per payload, None for a fresh key) dedupe as
         in :meth:`enqueue`: a key already present gives the existing task's id.
         Rows are written by multi-row statements in one transaction, so
         either every task is added or none is.
         """
-        return self._run(engine.enqueue.enqueue_many(self.settings, kind, payloads, effect=effect, queue=queue,
-                                                     idempotency_keys=idempotency_keys, priority=priority,
-                                                     delay=delay, max_attempts=max_attempts,
-                                                     lease_seconds=lease_seconds, actions=actions,
-                                                     timeout=timeout, deadline=deadline))
+        op = engine.enqueue.enqueue_many(self.settings, kind, payloads, effect=effect, queue=queue,
+                                         idempotency_keys=idempotency_keys, priority=priority, delay=delay,
+                                         max_attempts=max_attempts, lease_seconds=lease_seconds, actions=actions,
+                                         timeout=timeout, deadline=deadline, after=after,
+                                         on_dependency_failure=on_dependency_failure)
+        return self._run(op) if connection is None else self._run_in(connection, op)
+
+    def _run_in(self, connection: Any, op: Op[T]) -> T:
+        """Run ``op`` in the application's own open transaction on ``connection``; never commits."""
+        from .store.joined import CallerStore
+
+        try:
+            tx = self.store.caller_tx(connection)
+        except BaseException:
+            op.close()
+            raise
+        return engine.drive(CallerStore(self.store, tx=tx), op)
+
+    def dependency_results(self, task_id: int) -> dict[int, Any]:
+        """The results of the tasks ``task_id`` waits (or waited) for: ``{task id: result}``,
+        in id order (None for one that has not completed). A handler reads them
+        with ``ctx.results()``."""
+        return self._run(engine.dependencies.dependency_results(self.settings, task_id))
+
+    def wait(self, task_id: int, *, timeout: float | None = None) -> Task:
+        """Block until the task has ended or is parked for a person, and return it.
+
+        Returns once its status is one of ``completed``, ``dead``,
+        ``cancelled``, ``needs_reconciliation``, ``blocked``, ``denied``,
+        ``expired``; raises :class:`TimeoutError` after ``timeout`` seconds
+        (None: no limit; 0: one look). On PostgreSQL the wait is woken by
+        LISTEN/NOTIFY on the task's own channel (a dedicated connection for
+        the wait, no polling); on SQLite it looks again every 50 ms.
+        """
+        task_id = checks.check_task_id(task_id)
+        timeout = engine.waits.check_timeout(timeout)
+        deadline = None if timeout is None else time.monotonic() + timeout
+        listener = self.store.task_listener(task_id)  # listening before the first look: no end slips by
+        try:
+            task = self._run(engine.waits.watch(self.settings, task_id))
+            while task.status not in engine.waits.SETTLED:
+                left = engine.waits.LONGEST_SLEEP if deadline is None else deadline - time.monotonic()
+                if left <= 0:
+                    raise engine.waits.timed_out(task, timeout)
+                listener.wait(min(left, engine.waits.LONGEST_SLEEP))
+                task = self._run(engine.reads.get(self.settings, task_id))
+            return task
+        finally:
+            listener.close()
 
     def claim(self, worker: Worker | str, *, queue: str = "default", limit: int = 1,
               lease_seconds: float | None = None, kinds: Iterable[str] | None = None) -> list[Claim]:

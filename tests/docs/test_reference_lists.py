@@ -66,6 +66,9 @@ def event_types_of_a_run(tmp_path: Path) -> set[str]:
         return claim
 
     q.complete(w, take(), "ok")                                        # claimed, completed
+    upstream = take()
+    ids.append(q.enqueue("k", queue="later", after=[upstream.task_id]).id)  # waiting
+    q.complete(w, upstream, "ok")                                      # dependencies_met
     q.fail(w, take(), "boom", retry=False)                             # failed, dead
     q.requeue(ids[-1], "again")                                        # requeued
     q.fail(w, take(), "no key", block=True)                            # blocked

@@ -153,6 +153,10 @@ class RecordingTransport:
         self._history.record("finish_effect", "ok", **fields)
         return fx
 
+    def dependency_results(self, task_id: int) -> dict:
+        """A read: passed through unrecorded."""
+        return self._queue.dependency_results(task_id)
+
 
 def main() -> None:
     """Run one chaos worker until SIGTERM (or SIGKILL)."""

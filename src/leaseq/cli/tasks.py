@@ -1,4 +1,4 @@
-"""``leaseq migrate``, ``enqueue``, ``ls`` and ``show``."""
+"""``leaseq migrate``, ``enqueue``, ``ls``, ``show`` and ``wait``."""
 
 from __future__ import annotations
 
@@ -23,7 +23,7 @@ from .session import CliError, CliState, as_datetime, emit_json, json_option, op
 
 def register(group: click.Group) -> None:
     """Add this module's commands to ``group``."""
-    for command in (migrate, enqueue, ls, show):
+    for command in (migrate, enqueue, ls, show, wait):
         group.add_command(command)
 
 
@@ -135,12 +135,18 @@ def _key_conflict(task: Task, kind: str, document: Any, effect: str) -> dict[str
                    "or denies it.")
 @click.option("--approval-deadline", type=float, default=None, metavar="SECONDS",
               help="With --approval-required: deny it if nobody decided within this many seconds.")
+@click.option("--after", "after_text", metavar="IDS", multiple=True,
+              help="Task ids (comma-separated, or the option repeated) this task waits for: it stays waiting "
+                   "until every one has completed.")
+@click.option("--on-dependency-failure", type=click.Choice(["cancel", "block"]), default="cancel",
+              show_default=True, help="What this task does if one it waits for ends without success.")
 @json_option
 @click.pass_context
 def enqueue(ctx: click.Context, kind: str, payload: str | None, queue: str, effect: str, key: str | None,
             priority: int, delay: float, at_text: str | None, max_attempts: int, lease_seconds: float,
             timeout: float | None, deadline_text: str | None, approval: str | None,
-            approval_deadline: float | None, as_json: bool) -> None:
+            approval_deadline: float | None, after_text: tuple[str, ...], on_dependency_failure: str,
+            as_json: bool) -> None:
     """Add a task of KIND to a queue.
 
     With --key, a task already holding that key in the queue is returned
@@ -160,7 +166,8 @@ def enqueue(ctx: click.Context, kind: str, payload: str | None, queue: str, effe
         task = q.enqueue(kind, document, effect=effect, queue=queue, idempotency_key=key, priority=priority,
                          delay=delay, max_attempts=max_attempts, lease_seconds=lease_seconds, timeout=timeout,
                          deadline=deadline, approval=approval, approval_deadline=approval_deadline,
-                         by=f"cli:{default_actor()}")
+                         by=f"cli:{default_actor()}", after=_parse_after(after_text),
+                         on_dependency_failure=on_dependency_failure)
     except InvalidInput as exc:
         if at is not None and exc.field == "delay":
             raise CliError("at", f"{at.isoformat()} is too far ahead: the delay {exc.problem}") from None
@@ -186,6 +193,16 @@ def enqueue(ctx: click.Context, kind: str, payload: str | None, queue: str, effe
     if wait > 0:
         line.append(f", due in {fmt_duration(wait)}")
     make_console().print(line, soft_wrap=True)  # one line, so scripts can grep it
+
+
+def _parse_after(texts: tuple[str, ...]) -> list[int] | None:
+    """The task ids of ``--after`` (comma-separated, repeatable); None when not given."""
+    ids = []
+    for part in (p.strip() for text in texts for p in text.split(",")):
+        if not part.isdigit() or int(part) < 1:
+            raise CliError("after", f"must be task ids, comma-separated (got {part!r})")
+        ids.append(int(part))
+    return ids or None
 
 
 def _delay_until(q: Queue, at: datetime) -> float:
@@ -246,3 +263,31 @@ def show(ctx: click.Context, task_id: str, as_json: bool) -> None:
         console.print()
         console.print(Text("effects ledger", style="bold"))
         console.print(effects_table(effects))
+
+
+@click.command()
+@click.argument("task_id", metavar="TASK")
+@click.option("--timeout", type=float, default=None,
+              help="Seconds to wait at most (default: no limit). When the time runs out: exit status 3.")
+@json_option
+@click.pass_context
+def wait(ctx: click.Context, task_id: str, timeout: float | None, as_json: bool) -> None:
+    """Wait until TASK has ended or is parked for a person, then print it.
+
+    Returns once the task is completed, dead, cancelled,
+    needs_reconciliation, blocked, denied or expired (exit status 0,
+    whichever it is: the line or the JSON says which). On PostgreSQL the
+    wait is woken by a notification; on SQLite it looks every 50 ms.
+    """
+    q = open_queue(ctx)
+    try:
+        task = q.wait(task_id, timeout=timeout)
+    except TimeoutError as exc:
+        raise CliError("timeout", str(exc), exit_code=3) from None
+    if as_json:
+        emit_json(task)
+        return
+    line = Text.assemble(f"task {task.id} ", status_text(task.status), Text(f" ({task.kind})"))
+    if task.last_error and task.status != "completed":
+        line.append(f": {task.last_error}")
+    make_console().print(line, soft_wrap=True)

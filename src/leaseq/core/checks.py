@@ -189,12 +189,12 @@ def check_text(field: str, value: Any, *, required: bool = False) -> str | None:
     return check_storable(field, value)
 
 
-def check_task_id(value: Any) -> int:
+def check_task_id(value: Any, field: str = "task_id") -> int:
     """A task id: a positive integer (a digit string is accepted, for the CLI)."""
     if isinstance(value, str) and value.strip().isdigit():
         value = int(value)
     if isinstance(value, bool) or not isinstance(value, int) or value < 1 or value > 2**63 - 1:
-        raise InvalidInput("task_id", f"must be a positive integer (got {value!r})")
+        raise InvalidInput(field, f"must be a positive integer (got {value!r})")
     return value
 
 

@@ -11,13 +11,16 @@ operation lives:
 - :mod:`.enqueue`: enqueue one task or many
 - :mod:`.approvals`: approval gates: request, approve, deny, deadlines
 - :mod:`.intents`: intents a task records for an executor
+- :mod:`.dependencies`: tasks that wait for others, and moving them on when those end
+- :mod:`.waits`: what waiting for a task's end returns on
 - :mod:`.operator`: workers in and out, cancel, reconcile, unblock, requeue, pause
 - :mod:`.reads`: tasks, events, workers, queues, stats, the database clock
 - :mod:`.schema`: migrations and retention
 """
 
-from . import approvals, effects, enqueue, intents, leases, operator, reads, schema
+from . import approvals, dependencies, effects, enqueue, intents, leases, operator, reads, schema, waits
 from .common import Settings
 from .drive import adrive, drive, drive_in
 
-__all__ = ["Settings", "adrive", "approvals", "drive", "drive_in", "effects", "enqueue", "intents", "leases", "operator", "reads", "schema"]
+__all__ = ["Settings", "adrive", "approvals", "dependencies", "drive", "drive_in", "effects", "enqueue", "intents",
+           "leases", "operator", "reads", "schema", "waits"]

@@ -25,6 +25,7 @@ from ..core import checks
 from ..core.errors import ApprovalMismatch, InvalidInput, InvalidTransition, NotFound
 from ..core.model import Approval, Status, Task
 from .common import Settings, actor, audit, event, require_task, to_task
+from .dependencies import settle_dependents
 from .steps import BEGIN, COMMIT, Op, one, rows
 
 #: The values of ``approval=`` (None: no gate).
@@ -148,6 +149,7 @@ def _deny(s: Settings, before: dict[str, Any], req: dict[str, Any], reason: str,
     yield one("set_task_status", task_id=task_id, from_status=Status.AWAITING_APPROVAL.value,
               status=Status.DENIED.value, set_result=False, result=None, reset_attempts=False)
     yield from event(s, task_id, "denied", None, None, by=by, reason=reason, digest=req["digest"])
+    yield from settle_dependents(s, [task_id])  # the tasks waiting for it are cancelled (or blocked)
 
 
 def expire_approvals(s: Settings, *, limit: int = EXPIRE_BATCH) -> Op[int]:

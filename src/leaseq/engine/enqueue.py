@@ -15,6 +15,7 @@ from ..core.model import Task
 from ..store.base import JsonText, KeyConflict
 from . import approvals
 from .common import Settings, default_actor, to_task
+from .dependencies import check_after, hold
 from .effects import check_actions
 from .steps import BEGIN, BEGIN_ONE, COMMIT, Op, one, rows
 
@@ -107,19 +108,31 @@ def enqueue(s: Settings, kind: str, payload: Any = None, *, effect: str = "read_
             lease_seconds: float = checks.DEFAULT_LEASE_SECONDS, actions: Iterable[str] | None = None,
             timeout: float | None = None, deadline: datetime | timedelta | None = None,
             approval: str | None = None, approval_deadline: float | None = None,
-            by: str | None = None, trace_context: str | None = None) -> Op[Task]:
+            by: str | None = None, trace_context: str | None = None, after: Iterable[int] | None = None,
+            on_dependency_failure: str = "cancel") -> Op[Task]:
     """:meth:`leaseq.Queue.enqueue`."""
+    upstreams = check_after(after, on_dependency_failure)
     params = task_params(kind, payload, effect=effect, queue=queue, idempotency_key=idempotency_key,
                          priority=priority, delay=delay, max_attempts=max_attempts, lease_seconds=lease_seconds,
                          actions=actions, timeout=timeout, deadline=deadline, trace_context=trace_context)
     approval, approval_deadline = approvals.check_approval(approval, approval_deadline)
     by = checks.check_text("by", by)
+    if approval is not None and upstreams:
+        raise InvalidInput("after", "cannot be combined with an approval gate: enqueue the gated task first, "
+                                    "and the waiting task after it")
     if approval is not None:
         # the task and its approval request in one transaction: no worker ever sees it queued
         yield BEGIN
         row = yield one("insert_task", **params)
         if row is not None:
             row = yield from approvals.request(s, row, by or default_actor(), approval_deadline)
+        yield COMMIT
+    elif upstreams:  # the task and its dependencies, in one transaction
+        yield BEGIN
+        row = yield one("insert_task", **params)
+        if row is not None:
+            yield from hold(s, [row["id"]], upstreams, on_dependency_failure)
+            row = yield one("get_task", task_id=row["id"])
         yield COMMIT
     else:
         # the row is the enqueue's evidence (list_events); insert_task wakes
@@ -138,8 +151,10 @@ def enqueue_many(s: Settings, kind: str, payloads: Iterable[Any], *, effect: str
                  queue: str = "default", idempotency_keys: Sequence[str | None] | None = None, priority: int = 0,
                  delay: float = 0, max_attempts: int = 5, lease_seconds: float = checks.DEFAULT_LEASE_SECONDS,
                  actions: Iterable[str] | None = None, timeout: float | None = None,
-                 deadline: datetime | timedelta | None = None) -> Op[list[int]]:
+                 deadline: datetime | timedelta | None = None, after: Iterable[int] | None = None,
+                 on_dependency_failure: str = "cancel") -> Op[list[int]]:
     """:meth:`leaseq.Queue.enqueue_many`."""
+    upstreams = check_after(after, on_dependency_failure)
     payloads = list(payloads)
     if idempotency_keys is not None:
         idempotency_keys = list(idempotency_keys)
@@ -147,6 +162,7 @@ def enqueue_many(s: Settings, kind: str, payloads: Iterable[Any], *, effect: str
             raise InvalidInput("idempotency_keys", f"needs one key per payload ({len(payloads)}), "
                                                    f"got {len(idempotency_keys)}")
     common = _common(kind, effect, queue, priority, delay, max_attempts, lease_seconds, actions, timeout, deadline)
+    wait = (upstreams, on_dependency_failure)
     given = [None] * len(payloads) if idempotency_keys is None else [
         None if key is None else checks.check_key(f"idempotency_keys[{i}]", key)
         for i, key in enumerate(idempotency_keys)]
@@ -154,31 +170,37 @@ def enqueue_many(s: Settings, kind: str, payloads: Iterable[Any], *, effect: str
     encoded = [checks.encode_json(f"payloads[{i}]", payload) for i, payload in enumerate(payloads)]
     if any(key is not None for key in given):
         fresh = fresh_keys(len(payloads))
-        return (yield from _insert_tasks([fresh[i] if key is None else key for i, key in enumerate(given)],
-                                         encoded, common, generated=False))
+        return (yield from _insert_tasks(s, [fresh[i] if key is None else key for i, key in enumerate(given)],
+                                         encoded, common, wait, generated=False))
     for _ in range(3):
         try:  # every key is generated here: no ON CONFLICT needed
-            return (yield from _insert_tasks(fresh_keys(len(payloads)), encoded, common, generated=True))
+            return (yield from _insert_tasks(s, fresh_keys(len(payloads)), encoded, common, wait, generated=True))
         except KeyConflict:  # a generated key met a stored one (never seen); nothing was written
             continue
     raise KeyConflict("generated idempotency keys met stored ones three times")
 
 
-def _insert_tasks(keys: list[str], encoded: list[str], common: dict[str, Any], *, generated: bool) -> Op[list[int]]:
-    """Write the tasks in chunks, in one transaction; ``generated``: every key was made by :func:`fresh_keys`."""
+def _insert_tasks(s: Settings, keys: list[str], encoded: list[str], common: dict[str, Any],
+                  wait: tuple[list[int], str], *, generated: bool) -> Op[list[int]]:
+    """Write the tasks in chunks, in one transaction; ``generated``: every key was made by :func:`fresh_keys`.
+    ``wait``: the upstreams every new task waits for, and what it does if one fails."""
     query = "insert_fresh_tasks" if generated else "insert_tasks"
     quote = '"{}"'.format if generated else json.dumps  # generated keys are plain hex
     entries = [f'{{"payload":{text},"idempotency_key":{quote(key)}}}' for text, key in zip(encoded, keys)]
     ids: dict[str, int] = {}
+    new_ids: list[int] = []
     yield BEGIN
     for start in range(0, len(keys), ENQUEUE_CHUNK):
         added = yield rows(query, tasks=JsonText("[" + ",".join(entries[start:start + ENQUEUE_CHUNK]) + "]"),
                            **common)
         ids.update((r["idempotency_key"], r["id"]) for r in added)
+        new_ids.extend(r["id"] for r in added)
         missing = list(set(keys[start:start + ENQUEUE_CHUNK]) - ids.keys())
         if missing:  # keys that were already taken: the existing tasks
             ids.update((r["idempotency_key"], r["id"])
                        for r in (yield rows("task_ids_by_key", queue=common["queue"], keys=missing)))
+    if wait[0]:
+        yield from hold(s, new_ids, *wait)
     if keys:
         yield rows("notify_work", queue=common["queue"])
     yield COMMIT

@@ -18,6 +18,7 @@ from ..core.model import Claim, Status, Task, Worker
 from ..core.retry import MAX_RETRY_SECONDS
 from .common import (Settings, check_claim, check_worker, event, event_params, heartbeats, require_task, to_task,
                      worker_id)
+from .dependencies import FAILED_ENDS, settle_dependents
 from .steps import BEGIN, BEGIN_ONE, COMMIT, Op, one, rows
 
 #: How many expired leases one claim transaction routes at most.
@@ -129,15 +130,33 @@ def complete_many(s: Settings, worker: Worker | str, done: Sequence[tuple[Claim,
         return set()
     # one statement where the backend writes its own evidence; else the
     # events follow in the same transaction (one_statement is a promise only
-    # a backend that can skip BEGIN acts on)
+    # a backend that can skip BEGIN acts on). Tasks that others wait for are
+    # left out of this statement...
     yield BEGIN_ONE
-    completed = yield rows("complete_batch", worker_id=wid, items=items, compact=s.compact)
+    done = {r["id"] for r in (yield from _complete_batch(s, wid, items, with_dependents=False))}
+    yield COMMIT
+    rest = [item for item in items if item["task_id"] not in done]
+    if rest:
+        # ...and completed here, in a transaction that also settles their
+        # waiters (a task missing from both answers had lost its lease)
+        yield BEGIN
+        settled = [r["id"] for r in (yield from _complete_batch(s, wid, rest, with_dependents=True))]
+        if settled:
+            yield from settle_dependents(s, settled)
+        yield COMMIT
+        done.update(settled)
+    return done
+
+
+def _complete_batch(s: Settings, wid: str, items: list[dict[str, Any]], *,
+                    with_dependents: bool) -> Op[list[dict[str, Any]]]:
+    completed = yield rows("complete_batch", worker_id=wid, items=items, compact=s.compact,
+                           with_dependents=with_dependents)
     if completed and not s.backend.writes_own_evidence:
         yield rows("insert_events", events=[
             event_params(s, r["id"], "completed", r["claim_generation"], wid, attempt=r["attempts"],
                          **heartbeats(r)) for r in completed])
-    yield COMMIT
-    return {r["id"] for r in completed}
+    return completed
 
 
 def complete(s: Settings, worker: Worker | str, claim: Claim, result: Any = None) -> Op[None]:
@@ -170,6 +189,8 @@ def fail(s: Settings, worker: Worker | str, claim: Claim, error: str, *, retry: 
     yield from event(s, claim.task_id, "failed", claim.generation, wid, **detail)
     if row["status"] != Status.QUEUED:
         yield from event(s, claim.task_id, row["status"], claim.generation, wid, reason=row["reason"])
+    if row["status"] in FAILED_ENDS:
+        yield from settle_dependents(s, [claim.task_id])
     task = yield one("get_task", task_id=claim.task_id)
     yield COMMIT
     return to_task(task)
@@ -276,6 +297,8 @@ def _expire_overdue(s: Settings) -> Op[int]:
               for r in overdue if r["id"] in expired]
     if events:
         yield rows("insert_events", events=events)
+    if expired:  # the tasks waiting for them are cancelled (or blocked), in this transaction
+        yield from settle_dependents(s, expired)
     return len(overdue)
 
 
@@ -303,6 +326,9 @@ def _route(s: Settings, leases: list[dict[str, Any]], *, event_type: str, reason
                                        lease["lease_owner"], reason=r["reason"]))
     if events:
         yield rows("insert_events", events=events)
+    ended = [r["id"] for r in routed.values() if r["status"] in FAILED_ENDS]
+    if ended:
+        yield from settle_dependents(s, ended)
 
 
 def end_worker_leases(s: Settings, wid: str, reason: str) -> Op[int]:

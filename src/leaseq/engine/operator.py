@@ -15,6 +15,7 @@ from ..core import checks
 from ..core.errors import InvalidInput, InvalidTransition, UnknownWorker
 from ..core.model import Status, Task, Worker
 from .common import Settings, actor, audit, event, require_task, to_task, worker_id
+from .dependencies import settle_dependents
 from .leases import end_worker_leases
 from .steps import BEGIN, COMMIT, Op, one, rows
 
@@ -63,6 +64,7 @@ def cancel(s: Settings, task_id: int, reason: str = "cancelled", *, by: str | No
         detail["revoked_lease_of"] = before["lease_owner"]
         detail["open_intents"] = before["open_effects"]
     yield from event(s, task_id, "cancelled", before["claim_generation"] or None, None, **detail)
+    yield from settle_dependents(s, [task_id])
     yield from audit(by, via, "cancel", f"task:{task_id}", reason=reason, previous_status=before["status"])
     task = yield one("get_task", task_id=task_id)
     yield COMMIT
@@ -91,6 +93,8 @@ def reconcile(s: Settings, task_id: int, outcome: str, note: str, *, result: Any
     settled = yield rows("settle_open_effects", task_id=task_id)
     yield from event(s, task_id, "reconciled", before["claim_generation"] or None, None, by=by, outcome=outcome,
                      note=note, settled_intents=[e["idempotency_key"] for e in settled])
+    if outcome != "requeue":  # completed or cancelled: the task has ended, and its waiters move on
+        yield from settle_dependents(s, [task_id])
     yield from audit(by, via, "reconcile", f"task:{task_id}", outcome=outcome, note=note)
     task = yield one("get_task", task_id=task_id)
     yield COMMIT

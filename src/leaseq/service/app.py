@@ -79,6 +79,9 @@ class ServiceSettings:
     prune_every: float = 3600.0
     #: The longest a claim request may wait for work (its ``wait`` is cut to this).
     claim_wait_limit: float = 30.0
+    #: The longest one ``GET /v1/tasks/{id}/wait`` request waits (its ``timeout`` is cut to this);
+    #: RemoteQueue.wait asks again until its own timeout.
+    wait_limit: float = 25.0
     #: How often a waiting claim looks again without being woken (None: 1 s where
     #: LISTEN/NOTIFY wakes it, 0.2 s on SQLite). See :mod:`leaseq.service.wakeups`.
     claim_recheck: float | None = None

@@ -10,6 +10,7 @@ writes the audit entry in the action's own transaction.
 
 from __future__ import annotations
 
+import asyncio
 import inspect
 from datetime import datetime
 from typing import Any, Literal
@@ -21,10 +22,11 @@ from .. import auth, authz
 from ..core import policy
 from ..core.errors import InvalidInput
 from ..core.model import Task
+from ..aio import await_task
 from ..queue import Queue
 from .access import WORKER_ID_PATTERN, api_principal, need
 from .views import present_approval, present_effect, present_event, present_task, queue_overview, task_timeline
-from .wire import to_json
+from .wire import REDACTED, to_json
 from .worker_api import Body, TaskId
 
 router = APIRouter(prefix="/v1")
@@ -47,6 +49,8 @@ class EnqueueBody(Body):
     deadline: str | None = None
     approval: Literal["required"] | None = None
     approval_deadline: float | None = None
+    after: list[int] | None = None
+    on_dependency_failure: str = "cancel"
 
 
 class TokenBody(Body):
@@ -91,10 +95,41 @@ def enqueue(body: EnqueueBody, request: Request, principal: auth.Principal = Dep
                                    by=principal.actor,
                                    # the caller's trace, which the task's spans join (an invalid header is
                                    # ignored, as W3C Trace Context says a receiver must)
-                                   trace_context=policy.parse_traceparent(request.headers.get("traceparent")))
+                                   trace_context=policy.parse_traceparent(request.headers.get("traceparent")),
+                                   after=body.after, on_dependency_failure=body.on_dependency_failure)
     if task.status == "queued":
         request.app.state.work_signal.wake(task.queue)  # claims waiting in this process look at once
     return present_task(task, principal)
+
+
+@router.get("/tasks/{task_id}/dependency-results", tags=["tasks"],
+            summary="The results of the tasks a task waits (or waited) for")
+def dependency_results(request: Request, task_id: int = TaskId,
+                       principal: auth.Principal = Depends(api_principal)) -> dict:
+    # a worker token: for the tasks its own workers hold or have held (ctx.results() of a remote worker)
+    authz.authorize(principal, "read_task", task=task_id, facts=request.app.state.access)
+    found = _queue(request).dependency_results(task_id)
+    return {"results": [{"task_id": upstream, "result": to_json(result) if principal.read_payloads or result is None
+                         else REDACTED} for upstream, result in found.items()]}
+
+
+@router.get("/tasks/{task_id}/wait", tags=["tasks"],
+            summary="Wait (a long poll) until a task has ended or is parked for a person")
+async def wait_task(request: Request, task_id: int = TaskId,
+                    timeout: float = Query(25.0, ge=0, description="Seconds to wait at most (cut to the "
+                                                                  "service's wait_limit)"),
+                    principal: auth.Principal = Depends(api_principal)) -> dict:
+    """``settled``: true when the task reached completed, dead, cancelled,
+    needs_reconciliation, blocked, denied or expired; false when the time ran
+    out first (the client asks again)."""
+    q = _queue(request)
+    await asyncio.to_thread(authz.authorize, principal, "read_task", task=task_id, facts=request.app.state.access)
+    try:
+        task = await await_task(q, task_id, timeout=min(timeout, request.app.state.settings.wait_limit))
+        settled = True
+    except TimeoutError:
+        task, settled = await asyncio.to_thread(q.get, task_id), False
+    return {"settled": settled, "task": present_task(task, principal)}
 
 
 @router.get("/tasks/{task_id}", tags=["tasks"], summary="One task")

@@ -12,7 +12,7 @@ from typing import Any, Protocol
 from ..db.dsn import DEFAULT_DSN, parse_dsn
 from .queries import load_named_queries, load_queries, parse_named_blocks
 
-__all__ = ["BackendCapabilities", "DEFAULT_DSN", "JSON_COLUMNS", "JSON_PARAMS", "JsonText", "KeyConflict", "Migration", "Store", "Tx",
+__all__ = ["BackendCapabilities", "DEFAULT_DSN", "JSON_COLUMNS", "JSON_PARAMS", "JsonText", "KeyConflict", "Migration", "Store", "TaskListener", "Tx",
            "WorkListener", "load_migrations", "load_named_queries", "load_queries", "open_store", "parse_dsn", "parse_named_blocks"]
 
 #: Parameters that carry JSON documents (encoded by each backend its own way);
@@ -94,6 +94,17 @@ class WorkListener(Protocol):
         """Stop listening."""
 
 
+class TaskListener(Protocol):
+    """Blocks until one task may have ended; see :meth:`leaseq.Queue.wait`."""
+
+    def wait(self, timeout: float) -> bool:
+        """Return True when notified, False after at most ``timeout`` seconds (a backend
+        that cannot notify returns sooner: its waiters poll)."""
+
+    def close(self) -> None:
+        """Stop listening."""
+
+
 class Store(Protocol):
     """A database holding leaseq's tables."""
 
@@ -115,6 +126,20 @@ class Store(Protocol):
 
     def listener(self, queues: set[str]) -> WorkListener:
         """A waiter woken when work arrives on one of ``queues``."""
+
+    def task_listener(self, task_id: int) -> TaskListener:
+        """A waiter woken when task ``task_id`` may have ended (see :meth:`leaseq.Queue.wait`)."""
+
+    async def atask_listener(self, task_id: int) -> Any:
+        """:meth:`task_listener` for asyncio code: its ``wait`` and ``close`` are awaited."""
+
+    def caller_tx(self, connection: Any) -> Tx:
+        """The application's own open transaction on ``connection``, as a :class:`Tx`
+        (``enqueue(..., connection=)``); InvalidInput (field ``connection``) for a
+        connection this backend cannot use."""
+
+    def acaller_tx(self, connection: Any) -> Any:
+        """:meth:`caller_tx` for an asyncio connection (backends that declare ``native_async``)."""
 
     def close(self) -> None:
         """Release every connection."""

@@ -8,11 +8,12 @@ operations, queries and guards as usual. Nothing here knows a lease rule.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-from contextlib import contextmanager
+from collections.abc import AsyncIterator, Iterator
+from contextlib import asynccontextmanager, contextmanager
+from dataclasses import replace
 from typing import Any
 
-from .base import Store, Tx
+from .base import Store, TaskListener, Tx
 
 
 class JoinedStore:
@@ -40,8 +41,40 @@ class JoinedStore:
     def listener(self, queues: set[str]) -> Any:
         return self._store.listener(queues)
 
+    def task_listener(self, task_id: int) -> TaskListener:
+        return self._store.task_listener(task_id)
+
+    async def atask_listener(self, task_id: int) -> Any:
+        return await self._store.atask_listener(task_id)
+
+    def caller_tx(self, connection: Any) -> Tx:
+        return self._store.caller_tx(connection)
+
+    def acaller_tx(self, connection: Any) -> Any:
+        return self._store.acaller_tx(connection)
+
     def close(self) -> None:
         """Nothing: the wrapped store belongs to the queue the view was made from."""
 
     async def close_async(self) -> None:
         """Nothing: see :meth:`close`."""
+
+
+class CallerStore(JoinedStore):
+    """Wraps ``store``; every transaction is the application's own open one.
+
+    ``enqueue(..., connection=conn)`` runs through it: the statements run on
+    the caller's connection, in the caller's transaction, and nothing is
+    committed here, so the task exists only if the caller commits (the
+    outbox pattern). ``tx`` for blocking code; ``atx`` for asyncio code
+    (then the operation is awaited on the event loop).
+    """
+
+    def __init__(self, store: Store, tx: Tx | None = None, atx: Any = None):
+        super().__init__(store, tx)  # type: ignore[arg-type]
+        self._atx = atx
+        self.capabilities = replace(store.capabilities, native_async=atx is not None)
+
+    @asynccontextmanager
+    async def atransaction(self, *, one_statement: bool = False) -> AsyncIterator[Any]:
+        yield self._atx

@@ -12,7 +12,7 @@ from psycopg.rows import dict_row
 from psycopg.types.json import Jsonb
 
 from ..db.dsn import check_postgres_dsn
-from ..core.errors import BackendUnavailable
+from ..core.errors import BackendUnavailable, InvalidInput
 from ..db.errors import map_driver_errors
 from ..db.postgres import AsyncPools, achecked_connection, checked_connection, open_async_pool, open_pool
 from .base import JSON_PARAMS, BackendCapabilities, JsonText, KeyConflict, load_named_queries, load_queries
@@ -37,7 +37,7 @@ async def _aconfigure(conn: psycopg.AsyncConnection) -> None:
     await conn.execute("SET plan_cache_mode = force_generic_plan")
 
 
-def _rows(cur: psycopg.Cursor | psycopg.AsyncCursor) -> bool:
+def _rows(cur: psycopg.Cursor[Any] | psycopg.AsyncCursor[Any]) -> bool:
     """Whether the statement answered with rows (pgresult.status, not
     cur.description: that would build a Column object per column per call)."""
     result = cur.pgresult
@@ -49,6 +49,19 @@ def _encode(params: dict[str, Any]) -> dict[str, Any]:
             for k, v in params.items()}
 
 
+def _wrong_connection(connection: Any, wanted: str) -> str:
+    kind = f"{type(connection).__module__}.{type(connection).__qualname__}"
+    return f"must be {wanted} to the queue's PostgreSQL database (got {kind})"
+
+
+def _check_in_transaction(autocommit: bool, status: pq.TransactionStatus) -> None:
+    if status == pq.TransactionStatus.INERROR:
+        raise InvalidInput("connection", "its transaction has failed: roll it back first")
+    if autocommit and status == pq.TransactionStatus.IDLE:
+        raise InvalidInput("connection", "is in autocommit mode with no transaction open: the task would be "
+                                         "committed at once; open one (with conn.transaction(): ...)")
+
+
 class PostgresTx:
     """A transaction on one pooled connection.
 
@@ -57,15 +70,22 @@ class PostgresTx:
     and a second statement is refused rather than silently committed apart.
     """
 
-    def __init__(self, conn: psycopg.Connection, queries: dict[str, str], *, one_statement: bool = False):
+    def __init__(self, conn: psycopg.Connection, queries: dict[str, str], *, one_statement: bool = False,
+                 caller: bool = False):
         self._conn = conn
         self._queries = queries
         self._statements_left = 1 if one_statement else -1
+        #: the application's own connection: its row factory is not ours, and nothing is prepared on it
+        self._caller = caller
 
     def rows(self, query: str, **params: Any) -> list[dict[str, Any]]:
         if self._statements_left == 0:
             raise RuntimeError(f"{query}: a one-statement transaction already ran its statement")
         self._statements_left -= 1
+        if self._caller:
+            with self._conn.cursor(row_factory=dict_row) as own:
+                own.execute(self._queries[query], _encode(params), prepare=False)
+                return own.fetchall() if _rows(own) else []
         if query in CUSTOM_PLAN:
             with psycopg.ClientCursor(self._conn) as cur:
                 cur.execute(self._queries[query], _encode(params))
@@ -91,15 +111,21 @@ class PostgresTx:
 class AsyncPostgresTx:
     """:class:`PostgresTx` on an asyncio connection: the same statements, awaited."""
 
-    def __init__(self, conn: psycopg.AsyncConnection, queries: dict[str, str], *, one_statement: bool = False):
+    def __init__(self, conn: psycopg.AsyncConnection, queries: dict[str, str], *, one_statement: bool = False,
+                 caller: bool = False):
         self._conn = conn
         self._queries = queries
         self._statements_left = 1 if one_statement else -1
+        self._caller = caller
 
     async def rows(self, query: str, **params: Any) -> list[dict[str, Any]]:
         if self._statements_left == 0:
             raise RuntimeError(f"{query}: a one-statement transaction already ran its statement")
         self._statements_left -= 1
+        if self._caller:
+            async with self._conn.cursor(row_factory=dict_row) as own:
+                await own.execute(self._queries[query], _encode(params), prepare=False)
+                return await own.fetchall() if _rows(own) else []
         if query in CUSTOM_PLAN:
             async with psycopg.AsyncClientCursor(self._conn) as cur:
                 await cur.execute(self._queries[query], _encode(params))
@@ -137,6 +163,58 @@ class NotifyListener:
 
     def close(self) -> None:
         self._conn.close()
+
+
+class TaskNotifications:
+    """A dedicated connection LISTENing on ``leaseq_task_<id>``: woken when
+    that task reaches a status :meth:`leaseq.Queue.wait` returns on (the
+    ``leaseq_tasks_settled`` trigger of a watched task). No polling."""
+
+    def __init__(self, dsn: str, task_id: int):
+        with map_driver_errors():
+            self._conn = psycopg.connect(dsn, autocommit=True)
+            self._conn.execute(f"LISTEN leaseq_task_{int(task_id)}")
+
+    def wait(self, timeout: float) -> bool:
+        """True when notified, False after ``timeout`` seconds."""
+        try:
+            for _ in self._conn.notifies(timeout=timeout, stop_after=1):
+                return True
+        except psycopg.Error as exc:
+            raise BackendUnavailable(f"PostgreSQL listener: {str(exc).strip()}") from None
+        return False
+
+    def close(self) -> None:
+        self._conn.close()
+
+
+class AsyncTaskNotifications:
+    """:class:`TaskNotifications` for asyncio code (open it with :meth:`open`)."""
+
+    def __init__(self, dsn: str, task_id: int):
+        self._dsn = dsn
+        self._task_id = int(task_id)
+        self._conn: psycopg.AsyncConnection | None = None
+
+    async def open(self) -> AsyncTaskNotifications:
+        with map_driver_errors():
+            self._conn = await psycopg.AsyncConnection.connect(self._dsn, autocommit=True)
+            await self._conn.execute(f"LISTEN leaseq_task_{self._task_id}")
+        return self
+
+    async def wait(self, timeout: float) -> bool:
+        """True when notified, False after ``timeout`` seconds."""
+        assert self._conn is not None
+        try:
+            async for _ in self._conn.notifies(timeout=timeout, stop_after=1):
+                return True
+        except psycopg.Error as exc:
+            raise BackendUnavailable(f"PostgreSQL listener: {str(exc).strip()}") from None
+        return False
+
+    async def close(self) -> None:
+        if self._conn is not None:
+            await self._conn.close()
 
 
 class PostgresStore:
@@ -200,6 +278,33 @@ class PostgresStore:
 
     def listener(self, queues: set[str]) -> NotifyListener:
         return NotifyListener(self.dsn, queues)
+
+    def task_listener(self, task_id: int) -> TaskNotifications:
+        """A waiter woken when task ``task_id`` ends (or parks); see :meth:`leaseq.Queue.wait`."""
+        return TaskNotifications(self.dsn, task_id)
+
+    async def atask_listener(self, task_id: int) -> AsyncTaskNotifications:
+        """:meth:`task_listener` for asyncio code."""
+        return await AsyncTaskNotifications(self.dsn, task_id).open()
+
+    def caller_tx(self, connection: Any) -> PostgresTx:
+        """A transaction view of the application's own open psycopg ``connection``
+        (``enqueue(..., connection=)``): leaseq's statements run in the caller's
+        transaction, which the caller commits or rolls back."""
+        if isinstance(connection, psycopg.AsyncConnection):
+            raise InvalidInput("connection", "is an asyncio psycopg connection: pass it to AsyncQueue, or "
+                                             "a psycopg.Connection here")
+        if not isinstance(connection, psycopg.Connection):
+            raise InvalidInput("connection", _wrong_connection(connection, "a psycopg.Connection"))
+        _check_in_transaction(connection.autocommit, connection.info.transaction_status)
+        return PostgresTx(connection, self._queries, caller=True)
+
+    def acaller_tx(self, connection: Any) -> AsyncPostgresTx:
+        """:meth:`caller_tx` for an asyncio psycopg connection."""
+        if not isinstance(connection, psycopg.AsyncConnection):
+            raise InvalidInput("connection", _wrong_connection(connection, "a psycopg.AsyncConnection"))
+        _check_in_transaction(connection.autocommit, connection.info.transaction_status)
+        return AsyncPostgresTx(connection, self._queries, caller=True)
 
     def close(self) -> None:
         self._pool.close()

@@ -2,16 +2,20 @@
 
 from __future__ import annotations
 
+import asyncio
 import functools
 import json
+import os
 import re
 import sqlite3
 import threading
+import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from datetime import datetime, timezone
 from typing import Any
 
+from ..core.errors import InvalidInput
 from ..db.sqlite import SqliteConnections
 from .base import JSON_COLUMNS, BackendCapabilities, JSON_PARAMS, JsonText, KeyConflict, load_named_queries
 
@@ -72,14 +76,20 @@ _WRITABLE_SCHEMA_OFF = re.compile(r"^\s*PRAGMA\s+writable_schema\s*=\s*(OFF|0|FA
 class SqliteTx:
     """A transaction on one SQLite connection."""
 
-    def __init__(self, conn: sqlite3.Connection, queries: dict[str, str | None]):
+    def __init__(self, conn: sqlite3.Connection, queries: dict[str, str | None], *, caller: bool = False):
         self._conn = conn
         self._queries = queries
+        #: the application's own connection: its row factory is not ours
+        self._caller = caller
 
     def rows(self, query: str, **params: Any) -> list[dict[str, Any]]:
         sql = self._queries[query]
         if sql is None:  # annotated "-- no-op:" for SQLite: nothing to run
             return []
+        if self._caller:
+            cur = self._conn.cursor()
+            cur.row_factory = None
+            return _decode_all(cur.execute(sql, _encode(params)))
         return _decode_all(self._conn.execute(sql, _encode(params)))
 
     def row(self, query: str, **params: Any) -> dict[str, Any] | None:
@@ -124,6 +134,32 @@ class SleepingListener:
         self._closed.set()
 
 
+class PollingTaskListener:
+    """SQLite cannot notify: :meth:`leaseq.Queue.wait` looks again every :data:`WAIT_POLL` seconds."""
+
+    def wait(self, timeout: float) -> bool:
+        time.sleep(max(0.0, min(timeout, WAIT_POLL)))
+        return False
+
+    def close(self) -> None:
+        """Nothing to release."""
+
+
+class AsyncPollingTaskListener:
+    """:class:`PollingTaskListener` for asyncio code."""
+
+    async def wait(self, timeout: float) -> bool:
+        await asyncio.sleep(max(0.0, min(timeout, WAIT_POLL)))
+        return False
+
+    async def close(self) -> None:
+        """Nothing to release."""
+
+
+#: How often a wait for a task's end looks again on SQLite (seconds).
+WAIT_POLL = 0.05
+
+
 class SqliteStore:
     """leaseq's tables in one SQLite file.
 
@@ -162,6 +198,37 @@ class SqliteStore:
 
     def listener(self, queues: set[str]) -> SleepingListener:
         return SleepingListener()
+
+    def task_listener(self, task_id: int) -> PollingTaskListener:
+        """A waiter for task ``task_id``'s end: a short sleep (SQLite cannot notify)."""
+        return PollingTaskListener()
+
+    async def atask_listener(self, task_id: int) -> AsyncPollingTaskListener:
+        """:meth:`task_listener` for asyncio code."""
+        return AsyncPollingTaskListener()
+
+    def caller_tx(self, connection: Any) -> SqliteTx:
+        """A transaction view of the application's own ``sqlite3`` ``connection``
+        to this queue's file (``enqueue(..., connection=)``): leaseq's statements
+        run in the caller's transaction, which the caller commits or rolls back."""
+        if not isinstance(connection, sqlite3.Connection):
+            kind = f"{type(connection).__module__}.{type(connection).__qualname__}"
+            raise InvalidInput("connection", f"must be a sqlite3.Connection to the queue's SQLite file (got {kind})")
+        try:
+            files = {row[1]: row[2] for row in connection.execute("PRAGMA database_list").fetchall()}
+        except sqlite3.ProgrammingError as exc:
+            raise InvalidInput("connection", f"cannot be used: {exc}") from None
+        if not files.get("main") or os.path.realpath(files["main"]) != os.path.realpath(self.path):
+            raise InvalidInput("connection", f"is open on {files.get('main') or 'a memory database'!r}, "
+                                             f"not on the queue's file {self.path!r}")
+        if connection.isolation_level is None and not connection.in_transaction:
+            raise InvalidInput("connection", "is in autocommit mode with no transaction open: the task would be "
+                                             "committed at once; run BEGIN first")
+        return SqliteTx(connection, self._queries, caller=True)
+
+    def acaller_tx(self, connection: Any) -> Any:
+        """SQLite has no asyncio connections: AsyncQueue runs :meth:`caller_tx`'s view on its thread."""
+        raise InvalidInput("connection", "SQLite has no asyncio connections: pass a sqlite3.Connection")
 
     async def close_async(self) -> None:
         """Nothing to do: SQLite has no connections bound to an event loop."""

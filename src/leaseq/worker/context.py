@@ -13,10 +13,10 @@ import asyncio
 import logging
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING, Any
 
-from ..core.errors import LeaseLost
+from ..core.errors import InvalidInput, LeaseLost
 from ..core.model import Claim, Effect, Task, Worker
 from ..observability import tracing
 
@@ -142,6 +142,37 @@ class TaskContext:
         """A guarded call of this context was refused: the lease is gone."""
         if self.mark_lost(exc.reason) and self.on_lost is not None:
             self.on_lost(self, exc.reason)
+
+    # -- the tasks this one waited for ----------------------------------------
+
+    def results(self, after_ids: Iterable[int] | None = None) -> dict[int, Any]:
+        """The results of the tasks this one waited for (``enqueue(..., after=[...])``).
+
+        Returns ``{task id: result}``: every task it waited for, in id order,
+        or those of ``after_ids`` in that order (an id it did not wait for is
+        an :class:`~leaseq.InvalidInput`). The fan-in step of a fan-out::
+
+            parts = [summarize.enqueue(doc=d).id for d in docs]
+            merge.options(after=parts).enqueue()
+            ...
+            def merge(ctx):
+                return combine(ctx.results().values())
+        """
+        found = self._transport.dependency_results(self.task_id)
+        if after_ids is None:
+            return found
+        if isinstance(after_ids, (str, bytes)) or not isinstance(after_ids, Iterable):
+            raise InvalidInput("after_ids", f"must be a list of task ids (got {after_ids!r})")
+        picked: dict[int, Any] = {}
+        for task_id in after_ids:
+            if task_id not in found:
+                raise InvalidInput("after_ids", f"task {self.task_id} did not wait for task {task_id!r}")
+            picked[task_id] = found[task_id]
+        return picked
+
+    async def aresults(self, after_ids: Iterable[int] | None = None) -> dict[int, Any]:
+        """:meth:`results` for async handlers."""
+        return await asyncio.to_thread(self.results, after_ids)
 
     # -- effects --------------------------------------------------------------
 

@@ -430,6 +430,9 @@ FOR SHARE OF t;
 -- the rows back are the tasks completed, and a pair missing from them had
 -- lost its lease (nothing was written for it). The "completed" events are
 -- written by the same statement.
+-- Without with_dependents, a task that others wait for (has_dependents) is
+-- left alone too: the caller completes it again in a transaction that also
+-- settles its waiters (leaseq.engine.dependencies).
 WITH done AS (
     UPDATE leaseq_tasks t
     SET status = 'completed',
@@ -439,6 +442,7 @@ WITH done AS (
         updated_at = now()
     FROM jsonb_to_recordset(%(items)s::jsonb) AS c(task_id bigint, generation bigint, result jsonb)
     WHERE t.id = c.task_id
+      AND (%(with_dependents)s OR NOT t.has_dependents)
       /* TEMPLATE: lease_guard(c.generation) */
     RETURNING t.id, t.claim_generation, t.attempts, t.heartbeat_count, t.last_heartbeat_at, t.longest_heartbeat_gap
 ), logged AS (
@@ -945,3 +949,86 @@ SELECT t.status, t.updated_at, t.claim_generation, t.heartbeat_count, t.open_eff
        (SELECT count(*) FROM leaseq_events e WHERE e.task_id = t.id) AS events,
        (SELECT count(*) FROM leaseq_effects f WHERE f.task_id = t.id AND f.status <> 'pending') AS answered
 FROM leaseq_tasks t WHERE t.id = %(task_id)s;
+
+
+-- ============================================================================
+-- Dependencies (enqueue after=) and waiting for a task's end (Queue.wait)
+-- ============================================================================
+-- Used by leaseq.engine.dependencies and leaseq.engine.waits. None of these
+-- is lease-backed: a waiting task holds no lease, and an ended task's waiters
+-- are settled in the transaction that ended it, whoever ended it.
+
+-- name: mark_upstreams
+-- The tasks a new task will wait for, locked in id order and marked
+-- has_dependents. The lock orders this enqueue with their completion: a
+-- completion that comes first is seen here (its status), one that comes
+-- later waits for this commit and then settles the new waiter.
+WITH locked AS (
+    SELECT id FROM leaseq_tasks WHERE id = ANY(%(task_ids)s::bigint[]) ORDER BY id FOR UPDATE
+)
+UPDATE leaseq_tasks t SET has_dependents = true
+FROM locked l WHERE t.id = l.id
+RETURNING t.id, t.status;
+
+-- name: insert_dependencies
+-- Every new task of an enqueue waits for every upstream.
+INSERT INTO leaseq_dependencies (waiter, upstream, on_failure)
+SELECT w.id, u.id, %(on_failure)s
+FROM unnest(%(waiters)s::bigint[]) AS w(id), unnest(%(upstreams)s::bigint[]) AS u(id)
+ON CONFLICT DO NOTHING;
+
+-- name: hold_tasks
+-- New tasks whose upstreams are not all completed yet: not claimable until
+-- they are (the claim takes only 'queued' tasks). No lease, no slot.
+UPDATE leaseq_tasks SET status = 'waiting'
+WHERE id = ANY(%(task_ids)s::bigint[]) AND status = 'queued'
+RETURNING id;
+
+-- name: lock_waiters
+-- The waiting tasks that wait for any of these just-ended tasks, locked in
+-- id order before their upstreams are read (waiter_upstreams, a later
+-- statement with a later snapshot). Two transactions ending two upstreams of
+-- one waiter take turns here, and the second sees the first's end; without
+-- the lock each could read the other's upstream as unfinished and leave the
+-- waiter waiting for ever.
+SELECT t.id FROM leaseq_tasks t
+WHERE t.status = 'waiting'
+  AND t.id IN (SELECT d.waiter FROM leaseq_dependencies d WHERE d.upstream = ANY(%(task_ids)s::bigint[]))
+ORDER BY t.id
+FOR UPDATE;
+
+-- name: waiter_upstreams
+-- Every upstream of these waiters, with its status: the engine decides.
+SELECT d.waiter, d.upstream, d.on_failure, u.status
+FROM leaseq_dependencies d JOIN leaseq_tasks u ON u.id = d.upstream
+WHERE d.waiter = ANY(%(task_ids)s::bigint[])
+ORDER BY d.waiter, d.upstream;
+
+-- name: settle_waiters
+-- Waiters leave 'waiting': to 'queued' (every upstream completed; due now at
+-- the earliest), or to 'cancelled' or 'blocked' with the reason.
+UPDATE leaseq_tasks t
+SET status = c.status,
+    last_error = coalesce(c.reason, t.last_error),
+    available_at = greatest(t.available_at, now()),
+    updated_at = now()
+FROM jsonb_to_recordset(%(items)s::jsonb) AS c(task_id bigint, status text, reason text)
+WHERE t.id = c.task_id AND t.status = 'waiting'
+RETURNING t.id, t.status, t.queue;
+
+-- name: dependency_results
+-- The tasks one task waits (or waited) for, with their results.
+SELECT u.id, u.status, u.result
+FROM leaseq_dependencies d JOIN leaseq_tasks u ON u.id = d.upstream
+WHERE d.waiter = %(task_id)s
+ORDER BY u.id;
+
+-- name: watch_task
+-- Someone waits for this task's end: from now on the leaseq_tasks_settled
+-- trigger notifies leaseq_task_<id> when it reaches a status Queue.wait
+-- returns on. The caller LISTENs first and reads the task after this
+-- commits, so an end is either seen by that read or notified. Writes only
+-- the first time (no row back when it was watched already).
+UPDATE leaseq_tasks SET watched = true
+WHERE id = %(task_id)s AND NOT watched
+RETURNING id;

@@ -300,6 +300,7 @@ FROM (SELECT i.value ->> '$.task_id' AS task_id, i.value ->> '$.generation' AS g
              coalesce(i.value -> '$.result', 'null') AS result
       FROM json_each(:items) AS i) AS c
 WHERE t.id = c.task_id
+  AND (:with_dependents OR NOT t.has_dependents)
   /* TEMPLATE: lease_guard(c.generation) */
 RETURNING id, claim_generation, attempts, heartbeat_count, last_heartbeat_at, longest_heartbeat_gap;
 
@@ -733,3 +734,62 @@ SELECT t.status, t.updated_at, t.claim_generation, t.heartbeat_count, t.open_eff
        (SELECT count(*) FROM leaseq_events e WHERE e.task_id = t.id) AS events,
        (SELECT count(*) FROM leaseq_effects f WHERE f.task_id = t.id AND f.status <> 'pending') AS answered
 FROM leaseq_tasks t WHERE t.id = :task_id;
+
+
+-- ============================================================================
+-- Dependencies (enqueue after=) and waiting for a task's end (Queue.wait)
+-- ============================================================================
+-- See the PostgreSQL file. SQLite runs one writer at a time (BEGIN
+-- IMMEDIATE): no row locks are needed to order an enqueue with a completion.
+
+-- name: mark_upstreams
+UPDATE leaseq_tasks SET has_dependents = 1
+WHERE id IN (SELECT value FROM json_each(:task_ids))
+RETURNING id, status;
+
+-- name: insert_dependencies
+INSERT INTO leaseq_dependencies (waiter, upstream, on_failure)
+SELECT w.value, u.value, :on_failure
+FROM json_each(:waiters) AS w, json_each(:upstreams) AS u
+WHERE true  -- an INSERT ... SELECT needs a WHERE before ON CONFLICT in SQLite
+ON CONFLICT DO NOTHING;
+
+-- name: hold_tasks
+UPDATE leaseq_tasks SET status = 'waiting'
+WHERE id IN (SELECT value FROM json_each(:task_ids)) AND status = 'queued'
+RETURNING id;
+
+-- name: lock_waiters
+-- The write lock is the transaction's already: a plain read.
+SELECT t.id FROM leaseq_tasks t
+WHERE t.status = 'waiting'
+  AND t.id IN (SELECT d.waiter FROM leaseq_dependencies d
+               WHERE d.upstream IN (SELECT value FROM json_each(:task_ids)))
+ORDER BY t.id;
+
+-- name: waiter_upstreams
+SELECT d.waiter, d.upstream, d.on_failure, u.status
+FROM leaseq_dependencies d JOIN leaseq_tasks u ON u.id = d.upstream
+WHERE d.waiter IN (SELECT value FROM json_each(:task_ids))
+ORDER BY d.waiter, d.upstream;
+
+-- name: settle_waiters
+UPDATE leaseq_tasks AS t
+SET status = c.status,
+    last_error = coalesce(c.reason, t.last_error),
+    available_at = max(t.available_at, (julianday('now') - 2440587.5) * 86400.0),
+    updated_at = (julianday('now') - 2440587.5) * 86400.0
+FROM (SELECT i.value ->> '$.task_id' AS task_id, i.value ->> '$.status' AS status,
+             i.value ->> '$.reason' AS reason
+      FROM json_each(:items) AS i) AS c
+WHERE t.id = c.task_id AND t.status = 'waiting'
+RETURNING id, status, queue;
+
+-- name: dependency_results
+SELECT u.id, u.status, u.result
+FROM leaseq_dependencies d JOIN leaseq_tasks u ON u.id = d.upstream
+WHERE d.waiter = :task_id
+ORDER BY u.id;
+
+-- name: watch_task
+-- no-op: SQLite cannot notify; Queue.wait polls instead
