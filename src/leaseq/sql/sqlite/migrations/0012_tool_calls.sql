@@ -1,4 +1,4 @@
--- leaseq schema, version 11, SQLite: the class and the arguments of each
+-- leaseq schema, version 12, SQLite: the class and the arguments of each
 -- ledger entry, for tool calls (see the PostgreSQL file).
 
 ALTER TABLE leaseq_effects ADD COLUMN effect TEXT NOT NULL DEFAULT 'side_effect'

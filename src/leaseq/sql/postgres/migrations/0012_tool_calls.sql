@@ -1,4 +1,4 @@
--- leaseq schema, version 11, PostgreSQL: the class and the arguments of each
+-- leaseq schema, version 12, PostgreSQL: the class and the arguments of each
 -- ledger entry, for tool calls (ctx.tool).
 --
 -- effect is what the one call does to the world (read_only, idempotent,
