@@ -25,4 +25,5 @@ SAMPLES: dict[type[LeaseqError], LeaseqError] = {
     errors.RateLimited: errors.RateLimited("slow down", 2.5),
     errors.IdempotencyKeyReused: errors.IdempotencyKeyReused("k", "order:1", "order:2"),
     errors.ApprovalMismatch: errors.ApprovalMismatch(7, "sha256:00", "sha256:ff"),
+    errors.ToolCallDiverged: errors.ToolCallDiverged("run-1:llm.chat:0"),
 }

@@ -11,13 +11,15 @@
 
 from .aio import AsyncQueue, connect_async
 from .app import App, TaskDefinition
-from .core.errors import (ApprovalMismatch, BackendUnavailable, ConfigError, CredentialMissing, InvalidInput, InvalidTransition,
-                          LeaseLost, LeaseqError, NotFound, Permanent, QueuePaused, StaleToken, UnknownWorker)
+from .core.errors import (ApprovalMismatch, BackendUnavailable, ConfigError, CredentialMissing, InvalidInput,
+                          InvalidTransition, LeaseLost, LeaseqError, NotFound, Permanent, QueuePaused, StaleToken,
+                          ToolCallDiverged, UnknownWorker)
 from .core.retry import Retry, RetryPolicy
 from .core.model import Approval, Claim, Claims, Effect, EffectKind, Event, Status, Task, Worker
 from .engine.approvals import approval_digest
 from .queue import Queue, connect
 from .worker.context import TaskContext
+from .worker.tools import Tool, tool
 
 __version__ = "0.1.0"
 
@@ -26,5 +28,6 @@ __all__ = [
     "AsyncQueue", "BackendUnavailable", "Claim", "Claims", "ConfigError", "Effect", "EffectKind", "Event",
     "InvalidInput", "InvalidTransition", "LeaseLost", "LeaseqError", "NotFound", "Queue", "QueuePaused",
     "Retry", "RetryPolicy",
-    "StaleToken", "Status", "Task", "UnknownWorker", "Worker", "connect", "connect_async",
+    "StaleToken", "Status", "Task", "Tool", "ToolCallDiverged", "UnknownWorker", "Worker", "connect",
+    "connect_async", "tool",
 ]

@@ -180,10 +180,12 @@ class AsyncQueue:
         return await self._arun(engine.leases.sweep(self.settings))
 
     async def begin_effect(self, worker: Worker | str, claim: Claim, action: str, key: str | None = None, *,
-                           resource: str | None = None) -> Effect:
+                           resource: str | None = None, effect: str | None = None,
+                           args_digest: str | None = None) -> Effect:
         """:meth:`Queue.begin_effect`, awaited."""
         return await self._arun(engine.effects.begin_effect(self.settings, worker, claim, action, key,
-                                                            resource=resource))
+                                                            resource=resource, effect=effect,
+                                                            args_digest=args_digest))
 
     async def finish_effect(self, worker: Worker | str, claim: Claim, effect: Effect, response: Any = None) -> Effect:
         """:meth:`Queue.finish_effect`, awaited."""

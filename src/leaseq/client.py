@@ -262,12 +262,17 @@ class RemoteQueue:
         return task_from(self._call("POST", path, {"generation": claim.generation, "reason": reason}))
 
     def begin_effect(self, worker: Worker | str, claim: Claim, action: str, key: str | None = None, *,
-                     resource: str | None = None) -> Effect:
+                     resource: str | None = None, effect: str | None = None,
+                     args_digest: str | None = None) -> Effect:
         """Record a tool-call intent under the lease; see :meth:`leaseq.Queue.begin_effect`."""
         _, path = self._worker_path(worker, claim, "effects")
         body = {"generation": claim.generation, "action": action, "key": key}
         if resource is not None:
             body["resource"] = resource
+        if effect is not None:
+            body["effect"] = effect
+        if args_digest is not None:
+            body["args_digest"] = args_digest
         return effect_from(self._call("POST", path, body))
 
     def finish_effect(self, worker: Worker | str, claim: Claim, effect: Effect, response: Any = None) -> Effect:

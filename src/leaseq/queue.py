@@ -421,7 +421,8 @@ class Queue:
         return self._run(engine.leases.sweep(self.settings))
 
     def begin_effect(self, worker: Worker | str, claim: Claim, action: str, key: str | None = None, *,
-                     resource: str | None = None) -> Effect:
+                     resource: str | None = None, effect: str | None = None,
+                     args_digest: str | None = None) -> Effect:
         """Record the intent of a tool call before making it, under the lease guard.
 
         ``key`` (the action's idempotency key) defaults to one derived from the
@@ -439,8 +440,18 @@ class Queue:
         sooner). Calling again for the same pending effect returns it with a
         token re-issued from the current deadline (the worker does so after
         each renewal); nothing is written then.
+
+        ``effect`` and ``args_digest`` make the entry a tool call (what
+        :meth:`leaseq.TaskContext.tool` sends): ``effect`` is the call's own
+        class (read_only, idempotent, side_effect; default: the task's), and
+        only an open side_effect entry sends an expired or failed attempt to
+        reconciliation. A read_only call is no action: any task may make it.
+        A replayed tool call writes a ``tool_replayed`` event, and one whose
+        recorded action, class or ``args_digest`` differs raises
+        :class:`leaseq.ToolCallDiverged`.
         """
-        return self._run(engine.effects.begin_effect(self.settings, worker, claim, action, key, resource=resource))
+        return self._run(engine.effects.begin_effect(self.settings, worker, claim, action, key, resource=resource,
+                                                     effect=effect, args_digest=args_digest))
 
     def finish_effect(self, worker: Worker | str, claim: Claim, effect: Effect, response: Any = None) -> Effect:
         """Record the response of a tool call whose intent :meth:`begin_effect` recorded."""

@@ -82,6 +82,40 @@ def test_upgrading_a_version_2_database_keeps_one_enqueued_entry_per_task(dsn: s
         assert events[0].detail["idempotency_key"] == "k-1" and events[1].detail == {"kept": True}
 
 
+def _old_intent(q: leaseq.Queue, task_id: int, generation: int, worker_id: str, action: str) -> None:
+    """An open intent as begin_effect wrote it before version 12 (no class, no argument digest)."""
+    with q.store.transaction() as tx:
+        tx.script("INSERT INTO leaseq_effects (task_id, generation, worker_id, action, idempotency_key) "
+                  f"VALUES ({task_id}, {generation}, '{worker_id}', '{action}', 'k-{task_id}:{action}')")
+        tx.script(f"UPDATE leaseq_tasks SET open_effects = open_effects + 1 WHERE id = {task_id}")
+        tx.rows("insert_event", task_id=task_id, type="effect_intent", generation=generation, worker_id=worker_id,
+                detail={"action": action})
+
+
+def test_version_12_gives_existing_entries_their_task_class_so_they_route_as_before(dsn: str) -> None:
+    """Version 12 gives each ledger entry its own class. Entries written before it
+    take their task's: an open intent of a side_effect task still sends it to
+    reconciliation, one of an idempotent task is still retried."""
+    with leaseq.connect(dsn) as q:
+        with q.store.transaction() as tx:
+            tx.rows("migrations_create")
+            for mig in load_migrations(q.dialect)[:11]:
+                tx.script(mig.sql)
+                tx.rows("migrations_record", version=mig.version, name=mig.name)
+        w = q.register_worker("w")
+        claims = {}
+        for effect in ("side_effect", "idempotent"):
+            q.enqueue("job", {"e": effect}, effect=effect, max_attempts=5)
+            [claims[effect]] = q.claim(w)
+            _old_intent(q, claims[effect].task_id, claims[effect].generation, w.id, "crm.update")
+        assert q.migrate() == [v for v in _latest(q.dialect) if v > 11]
+        for effect, routed in (("side_effect", "needs_reconciliation"), ("idempotent", "queued")):
+            c = claims[effect]
+            [entry] = q.effects(c.task_id)
+            assert (entry.effect, entry.args_digest, entry.status) == (effect, None, "pending")
+            assert q.fail(w, c, "boom", delay=0).status == routed
+
+
 def test_version_7_widens_the_statuses_for_every_open_connection_and_keeps_the_trail(dsn: str) -> None:
     """Version 7 admits the waiting and never-started statuses. On SQLite the CHECK is
     widened in place: a connection opened before the upgrade must see the new

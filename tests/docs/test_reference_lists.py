@@ -76,6 +76,9 @@ def event_types_of_a_run(tmp_path: Path) -> set[str]:
     claim = take(effect="side_effect", lease_seconds=0.3)
     fx = q.begin_effect(w, claim, "mail.send")                         # effect_intent
     q.finish_effect(w, claim, fx, {"id": 1})                           # effect_response
+    q.begin_effect(w, claim, "mail.send", "mail:0", effect="side_effect", args_digest="ab")
+    q.finish_effect(w, claim, q.begin_effect(w, claim, "mail.send", "mail:0", effect="side_effect"), {"id": 2})
+    q.begin_effect(w, claim, "mail.send", "mail:0", effect="side_effect")  # tool_replayed
     q.begin_effect(w, claim, "mail.send", "second")
     time.sleep(0.4)
     q.sweep()                                                          # lease_expired, needs_reconciliation

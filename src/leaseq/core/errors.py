@@ -320,13 +320,41 @@ class InvalidActionToken(AccessDenied):
         return {"reason": self.reason}
 
 
+class ToolCallDiverged(LeaseqError):
+    """A retried handler reached a recorded tool call with other arguments.
+
+    Tool calls (``ctx.tool``) are keyed by the task's attempt-stable key, the
+    action and the call's position (or the framework's tool-call id); the
+    ledger holds a digest of the arguments each was made with. A retry that
+    reaches the same call with other arguments is no longer the recorded run:
+    replaying the recorded response, or making the call anew, would both be
+    wrong. Nothing is written; the attempt fails (and is retried, or routed
+    to reconciliation if a side effect is open).
+    """
+
+    code = "tool_call_diverged"
+    http_status = 409
+    cli_field = "tool_call"
+
+    def __init__(self, idempotency_key: str, message: str | None = None):
+        self.idempotency_key = idempotency_key
+        super().__init__(message or f"tool call {idempotency_key!r} was recorded with other arguments")
+
+    def wire_fields(self) -> dict[str, Any]:
+        return {"idempotency_key": self.idempotency_key}
+
+    @classmethod
+    def from_wire(cls, message: str, fields: dict[str, Any]) -> ToolCallDiverged:
+        return cls(str(fields.get("idempotency_key", "")), message)
+
+
 #: Every error class that owns a code, once. A subclass that declares no
 #: ``code`` of its own (:class:`InvalidActionToken`) is a refinement that
 #: travels as its parent.
 ERRORS: tuple[type[LeaseqError], ...] = (
     LeaseqError, LeaseLost, InvalidInput, BodyTooLarge, NotFound, UnknownWorker, InvalidTransition, QueuePaused,
     ConfigError, BackendUnavailable, StaleToken, Permanent, CredentialMissing, AccessDenied, Unauthorized,
-    RateLimited, IdempotencyKeyReused, ApprovalMismatch,
+    RateLimited, IdempotencyKeyReused, ApprovalMismatch, ToolCallDiverged,
 )
 
 

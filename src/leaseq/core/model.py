@@ -143,6 +143,11 @@ class Effect:
     replayed: bool = False
     #: signed action token for downstream services (when the queue holds a signing key)
     token: str | None = None
+    #: what this one call does to the world (ctx.tool's ``effect=``; an entry begun
+    #: with ctx.effect takes its task's): only an open side_effect entry is ambiguous
+    effect: str = "side_effect"
+    #: SHA-256 of a tool call's arguments (None: not a tool call), checked on replay
+    args_digest: str | None = None
 
     @property
     def fencing_token(self) -> int:

@@ -14,13 +14,15 @@ from datetime import datetime
 from typing import Any
 
 from ..core import checks
-from ..core.errors import InvalidInput, InvalidTransition, LeaseLost, QueuePaused
-from ..core.model import Claim, Effect, Worker
+from ..core.errors import InvalidInput, InvalidTransition, LeaseLost, QueuePaused, ToolCallDiverged
+from ..core.model import Claim, Effect, EffectKind, Worker
 from .common import Settings, check_claim, event, require_task, rows_of_task, to_effect, worker_id
 from .steps import BEGIN, COMMIT, Op, one, rows
 
 #: Most actions one task may declare.
 MAX_ACTIONS = 100
+#: The classes a ledger entry may have (a tool call's ``effect=``).
+EFFECT_CLASSES = tuple(k.value for k in EffectKind)
 
 
 def check_actions(actions: Iterable[str] | None, effect: str) -> str | None:
@@ -58,8 +60,34 @@ def action_refusal(held: dict[str, Any], action: str) -> str | None:
     return None
 
 
+def check_call(effect: str | None, args_digest: str | None) -> None:
+    """A tool call's class and argument digest (both None for a plain ctx.effect)."""
+    if effect is not None and (not isinstance(effect, str) or effect not in EFFECT_CLASSES):
+        raise InvalidInput("effect", f"must be one of {', '.join(EFFECT_CLASSES)} (got {effect!r})")
+    if args_digest is not None:
+        if (not isinstance(args_digest, str) or not 1 <= len(args_digest) <= 128
+                or not all(c in "0123456789abcdef" for c in args_digest)):
+            raise InvalidInput("args_digest", "must be a lowercase hex digest of at most 128 characters")
+        if effect is None:
+            raise InvalidInput("args_digest", "is given only with a tool call's effect class")
+
+
+def diverged(existing: dict[str, Any], action: str, effect: str, args_digest: str | None) -> str | None:
+    """Why a recorded entry is not the call being made under its key, or None if it is."""
+    key = existing["idempotency_key"]
+    if existing["action"] != action:
+        return f"tool call {key!r} was recorded as action {existing['action']!r}, not {action!r}"
+    if existing["effect"] != effect:
+        return f"tool call {key!r} was recorded as {existing['effect']}, not {effect}"
+    if args_digest is not None and existing["args_digest"] not in (None, args_digest):
+        return (f"tool call {key!r} (action {action!r}) was recorded with other arguments: the retried "
+                "handler diverged from the recorded run, so neither replaying nor calling again is safe")
+    return None
+
+
 def begin_effect(s: Settings, worker: Worker | str, claim: Claim, action: str, key: str | None = None, *,
-                 resource: str | None = None) -> Op[Effect]:
+                 resource: str | None = None, effect: str | None = None,
+                 args_digest: str | None = None) -> Op[Effect]:
     """:meth:`leaseq.Queue.begin_effect`."""
     wid = worker_id(worker)
     check_claim(wid, claim)
@@ -68,27 +96,40 @@ def begin_effect(s: Settings, worker: Worker | str, claim: Claim, action: str, k
         checks.check_key("key", key)
     if resource is not None:
         checks.check_key("resource", resource)
+    check_call(effect, args_digest)
     yield BEGIN
     held = yield one("lock_lease", task_id=claim.task_id, worker_id=wid, generation=claim.generation)
     if held is None:
         raise LeaseLost(claim.task_id, claim.generation, "begin_effect refused: lease no longer held")
-    refusal = action_refusal(held, action)
-    if refusal is not None:
-        raise InvalidInput("action", refusal)
+    # A read_only call (a model request, a lookup) takes no action: any task may
+    # make one, declared or not. Every other call is an action of the task.
+    if effect != "read_only":
+        refusal = action_refusal(held, action)
+        if refusal is not None:
+            raise InvalidInput("action", refusal)
+    entry_class = effect if effect is not None else held["effect"]
     deadline = held["lease_expires_at"]
     fx_key = key if key is not None else f"{held['idempotency_key']}:{action}"
     existing = yield one("get_effect", task_id=claim.task_id, idempotency_key=fx_key)
+    if existing is not None and effect is not None:
+        why = diverged(existing, action, entry_class, args_digest)
+        if why is not None:
+            raise ToolCallDiverged(fx_key, why)
     if existing is not None and existing["status"] == "done":
+        if effect is not None:  # a tool call answered from the ledger: the trail says so
+            yield from event(s, claim.task_id, "tool_replayed", claim.generation, wid, action=action,
+                             idempotency_key=fx_key, effect_id=existing["id"], effect=entry_class,
+                             recorded_generation=existing["generation"])
         yield COMMIT
         return signed(s, to_effect(existing, replayed=True), deadline, resource)
     if existing is not None and existing["generation"] == claim.generation and existing["status"] == "pending":
         yield COMMIT
         return signed(s, to_effect(existing), deadline, resource)
-    if held["paused"]:
+    if held["paused"] and entry_class != "read_only":
         raise QueuePaused(f"queue {held['queue']!r} is paused: no new actions may start")
     if existing is None:
         row = yield one("insert_effect", task_id=claim.task_id, generation=claim.generation, worker_id=wid,
-                        action=action, idempotency_key=fx_key)
+                        action=action, idempotency_key=fx_key, effect=entry_class, args_digest=args_digest)
     else:
         # Same key, earlier attempt, no response: an idempotent task reclaimed
         # with its intent open, or one an operator requeued after
@@ -98,6 +139,8 @@ def begin_effect(s: Settings, worker: Worker | str, claim: Claim, action: str, k
     if existing is None or existing["status"] != "pending":
         yield rows("adjust_open_effects", task_id=claim.task_id, delta=1)
     detail = dict(action=action, idempotency_key=fx_key, effect_id=row["id"])
+    if effect is not None:
+        detail["effect"] = entry_class
     if existing is not None:
         detail["previous_generation"] = existing["generation"]
     yield from event(s, claim.task_id, "effect_intent", claim.generation, wid, **detail)

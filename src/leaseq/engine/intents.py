@@ -83,7 +83,7 @@ def intend(s: Settings, worker: Worker | str, claim: Claim, kind: str, payload: 
     response = {"task_id": row["id"], "kind": row["kind"], "queue": row["queue"]}
     if existing is None:
         fx = yield one("insert_effect", task_id=claim.task_id, generation=claim.generation, worker_id=wid,
-                       action=action, idempotency_key=fx_key)
+                       action=action, idempotency_key=fx_key, effect=held["effect"], args_digest=None)
     else:  # an intent the ledger holds open (an operator requeued the task after reconciliation)
         fx = yield one("rebind_effect", effect_id=existing["id"], generation=claim.generation, worker_id=wid)
         if existing["status"] == "pending":

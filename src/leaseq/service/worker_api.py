@@ -103,6 +103,8 @@ class EffectBody(Body):
     action: str
     key: str | None = None
     resource: str | None = None
+    effect: str | None = None
+    args_digest: str | None = None
 
 
 class EffectResponseBody(Body):
@@ -242,7 +244,7 @@ def begin_effect(body: EffectBody, request: Request, task_id: int = TaskId,
     with span("leaseq.effect.begin", task_id=task_id, action=body.action, generation=body.generation):
         effect = _refused(request, "begin_effect", _queue(request).begin_effect, worker_id,
                           _claim(worker_id, task_id, body.generation), body.action, body.key,
-                          resource=body.resource)
+                          resource=body.resource, effect=body.effect, args_digest=body.args_digest)
     return to_json(effect)
 
 

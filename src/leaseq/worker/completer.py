@@ -45,7 +45,7 @@ from typing import TYPE_CHECKING, Any
 
 from ..auth import AccessDenied, RateLimited
 from ..core.errors import (CredentialMissing, InvalidInput, InvalidTransition, LeaseLost, NotFound, Permanent,
-                           UnknownWorker)
+                           ToolCallDiverged, UnknownWorker)
 from ..core.retry import Retry, RetryPolicy
 from .transport import Capabilities
 
@@ -247,7 +247,8 @@ class Completer:
         return outcome
 
     async def _fail_one(self, ctx: TaskContext, exc: BaseException, policy: RetryPolicy | None = None) -> Outcome:
-        retry = not isinstance(exc, Permanent)
+        # a diverged run diverges again on every retry: its recorded calls replay the same
+        retry = not isinstance(exc, (Permanent, ToolCallDiverged))
         block = isinstance(exc, CredentialMissing)
         text = error_text(exc)
         options: dict[str, Any] = {}

@@ -21,6 +21,7 @@ from ..core.model import Claim, Effect, Task, Worker
 from ..observability import tracing
 
 if TYPE_CHECKING:  # pragma: no cover
+    from .tools import Tool
     from .transport import Transport
 
 
@@ -54,6 +55,8 @@ class TaskContext:
         self.outcome_recorded = False
         #: set by the runtime: called (from any thread) when the context finds out itself
         self.on_lost: Callable[[TaskContext, str], None] | None = None
+        #: the next position of each tool action in this attempt (ctx.tool)
+        self._tool_positions: dict[str, int] = {}
         #: kept by the runtime's observer: when the handler started (monotonic), how long it
         #: ran (seconds), how the attempt ended, and its OpenTelemetry run span
         self.started_at = 0.0
@@ -196,6 +199,38 @@ class TaskContext:
         """
         return EffectScope(self, action, key, resource)
 
+    def tool(self, fn: Callable[..., Any], *, action: str, effect: str = "side_effect",
+             encode: Callable[[Any], Any] | None = None, decode: Callable[[Any], Any] | None = None) -> Tool:
+        """Wrap ``fn`` so that each call of it in this handler is an entry of the action ledger.
+
+        ``search = ctx.tool(web_search, action="web.search", effect="read_only")``,
+        then ``search("leases")`` (``await`` it when ``fn`` is a coroutine
+        function). Each call is keyed by the task's attempt-stable key, the
+        action and the call's position among this action's calls (or a
+        framework's tool-call id: :meth:`Tool.keyed`); a digest of its
+        arguments is stored with it. On a retry a call whose response was
+        recorded is not made again: its recorded response is returned (a
+        ``tool_replayed`` event says so). A call with other arguments at a
+        recorded position raises :class:`leaseq.ToolCallDiverged`. A
+        ``side_effect`` call that began and never recorded its response sends
+        the task to reconciliation instead of being repeated; an open
+        ``read_only`` or ``idempotent`` call is simply made again.
+
+        The response is recorded as JSON and every call returns the recorded
+        form, first run and replay alike; ``encode`` turns ``fn``'s result into
+        JSON and ``decode`` turns the recorded JSON back (both default to the
+        value itself). See :func:`leaseq.tool` for the decorator form.
+        """
+        from .tools import Tool
+        return Tool(self, fn, action=action, effect=effect, encode=encode, decode=decode)
+
+    def next_tool_position(self, action: str) -> int:
+        """The position of the next call of ``action`` in this attempt (0, 1, ...): its ledger key."""
+        with _LOSS_LOCK:
+            n = self._tool_positions.get(action, 0)
+            self._tool_positions[action] = n + 1
+        return n
+
     def call_effect(self, action: str, fn: Callable[[EffectScope], Any], *, key: str | None = None,
                     resource: str | None = None) -> Any:
         """Run ``fn(fx)`` as the effect ``action`` unless an earlier attempt already
@@ -241,10 +276,13 @@ class TaskContext:
 class EffectScope:
     """One tool call's entry in the action ledger, while it is being made."""
 
-    def __init__(self, ctx: TaskContext, action: str, key: str | None, resource: str | None = None):
+    def __init__(self, ctx: TaskContext, action: str, key: str | None, resource: str | None = None, *,
+                 effect: str | None = None, args_digest: str | None = None):
         self._ctx = ctx
         self.action = action
         self._key = key
+        #: a tool call's class and argument digest (None: a plain ctx.effect)
+        self._call = {} if effect is None else {"effect": effect, "args_digest": args_digest}
         #: the resource the action token is bound to (None: not bound)
         self.resource = resource
         self.effect: Effect | None = None
@@ -256,7 +294,7 @@ class EffectScope:
 
     def _call_begin(self, key: str | None) -> Effect:
         ctx = self._ctx
-        extra = {} if self.resource is None else {"resource": self.resource}
+        extra = dict(self._call) if self.resource is None else {"resource": self.resource, **self._call}
         self._token_asked = time.monotonic()
         try:
             return ctx._transport.begin_effect(ctx.worker, ctx.claim, self.action, key, **extra)

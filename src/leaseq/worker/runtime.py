@@ -50,6 +50,7 @@ from ..observability.hooks import TaskLog, WorkerObserver
 from ..schedules import Scheduler
 from ..core.retry import Retry
 from .completer import INITIAL_BACKOFF, Completer, Outcome, Verdict, next_backoff
+from . import tools
 from .context import TaskContext
 from .registry import HandlerSource, Registry
 from .renewer import Renewer, wait_event
@@ -488,13 +489,18 @@ class WorkerRuntime:
                 payload = ctx.task.payload
                 args, kwargs = ((), payload) if isinstance(payload, dict) else (
                     ((payload,), {}) if payload is not None else ((), {}))
-                if inspect.iscoroutinefunction(definition.fn):
-                    result = await definition.fn(ctx, *args, **kwargs)
-                else:
-                    loop = asyncio.get_running_loop()  # the thread runs in this task's context (its span)
-                    self._threaded.add(ctx.key)
-                    result = await loop.run_in_executor(self._handlers, contextvars.copy_context().run,
-                                                        functools.partial(definition.fn, ctx, *args, **kwargs))
+                # @leaseq.tool functions find the running handler's context here
+                current = tools.current_context.set(ctx)
+                try:
+                    if inspect.iscoroutinefunction(definition.fn):
+                        result = await definition.fn(ctx, *args, **kwargs)
+                    else:
+                        loop = asyncio.get_running_loop()  # the thread runs in this task's context (its span)
+                        self._threaded.add(ctx.key)
+                        result = await loop.run_in_executor(self._handlers, contextvars.copy_context().run,
+                                                            functools.partial(definition.fn, ctx, *args, **kwargs))
+                finally:
+                    tools.current_context.reset(current)
             finally:
                 self.observe.returned(ctx, sys.exc_info()[1])
                 # The slot is free once the handler returns: the next claim

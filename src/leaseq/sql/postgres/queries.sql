@@ -243,14 +243,19 @@ FOR UPDATE SKIP LOCKED;
 -- name: route_expired
 -- plan: generic
 -- The recovery policy. An expired lease allows reassignment, not a retry:
---   side_effect with an intent and no response -> needs_reconciliation
---   attempts exhausted                          -> dead
---   anything else (read_only, idempotent, side_effect that never called out)
---                                               -> queued, same idempotency_key
+--   a side_effect call with an intent and no response -> needs_reconciliation
+--   attempts exhausted                                 -> dead
+--   anything else (no open call, or open calls that are read_only or
+--   idempotent, which a retry may simply repeat)       -> queued, same idempotency_key
+-- A call's class is its ledger entry's (ctx.tool's effect=; ctx.effect takes
+-- the task's), so a side_effect task with only an open model call is retried.
 -- Cancelled, blocked and dead tasks are not running, so expiry never touches them.
 UPDATE leaseq_tasks t
 SET status = CASE
-        WHEN t.effect = 'side_effect' AND t.open_effects > 0 THEN 'needs_reconciliation'
+        WHEN t.open_effects > 0 AND EXISTS (
+            SELECT 1 FROM leaseq_effects e
+            WHERE e.task_id = t.id AND e.status = 'pending' AND e.effect = 'side_effect')
+            THEN 'needs_reconciliation'
         WHEN t.attempts >= t.max_attempts THEN 'dead'
         ELSE 'queued' END,
     last_error = 'lease expired: ' || t.lease_owner || ' held generation ' || t.claim_generation,
@@ -542,15 +547,19 @@ FROM done d;
 -- plan: generic
 -- The attempt ends with an error. Where it goes next is decided here, in one
 -- statement, from the row as it stands:
---   side_effect with an intent and no response     -> needs_reconciliation
---     (first: unblocking must not make an unsettled call claimable)
+--   a side_effect call with an intent and no response -> needs_reconciliation
+--     (first: unblocking must not make an unsettled call claimable; the
+--     entry's class decides, as in route_expired)
 --   block (missing or revoked credential)          -> blocked
 --   no retry, attempts exhausted, or the same error
 --   fingerprint max_same_error times in a row      -> dead
 --   otherwise                                      -> queued after the backoff delay
 UPDATE leaseq_tasks t
 SET status = CASE
-        WHEN t.effect = 'side_effect' AND t.open_effects > 0 THEN 'needs_reconciliation'
+        WHEN t.open_effects > 0 AND EXISTS (
+            SELECT 1 FROM leaseq_effects e
+            WHERE e.task_id = t.id AND e.status = 'pending' AND e.effect = 'side_effect')
+            THEN 'needs_reconciliation'
         WHEN %(block)s THEN 'blocked'
         WHEN NOT %(retry)s OR t.attempts >= t.max_attempts THEN 'dead'
         WHEN (CASE WHEN t.error_fingerprint = %(fingerprint)s THEN t.error_streak + 1 ELSE 1 END)
@@ -585,13 +594,17 @@ RETURNING t.id, t.status, t.claim_generation, t.attempts, t.max_attempts, t.erro
 -- next claim makes the same attempt again), the error streak is left alone
 -- (a retry on request never feeds the same-error quarantine), snoozes counts
 -- it, and the task is claimable %(after)s seconds from now by this clock.
--- A side_effect task with an intent and no response goes to
+-- A side_effect call with an intent and no response sends the task to
 -- needs_reconciliation, as a failure would: running it again could repeat
--- the call. Only while snoozes < %(max_snoozes)s: no row back with the lease
+-- the call (the entry's class decides, as in route_expired). Only while snoozes < %(max_snoozes)s: no row back with the lease
 -- held means the limit is reached, and the caller records a failure instead.
 UPDATE leaseq_tasks t
-SET status = CASE WHEN t.effect = 'side_effect' AND t.open_effects > 0 THEN 'needs_reconciliation'
-                  ELSE 'queued' END,
+SET status = CASE
+        WHEN t.open_effects > 0 AND EXISTS (
+            SELECT 1 FROM leaseq_effects e
+            WHERE e.task_id = t.id AND e.status = 'pending' AND e.effect = 'side_effect')
+            THEN 'needs_reconciliation'
+        ELSE 'queued' END,
     attempts = t.attempts - 1,
     snoozes = t.snoozes + 1,
     available_at = now() + %(after)s::float8 * interval '1 second',
@@ -734,8 +747,9 @@ SELECT * FROM leaseq_effects WHERE task_id = %(task_id)s ORDER BY id;
 
 -- name: insert_effect
 -- guard: none -- runs after lock_lease has checked and locked the lease in the same transaction
-INSERT INTO leaseq_effects (task_id, generation, worker_id, action, idempotency_key)
-VALUES (%(task_id)s, %(generation)s, %(worker_id)s, %(action)s, %(idempotency_key)s)
+INSERT INTO leaseq_effects (task_id, generation, worker_id, action, idempotency_key, effect, args_digest)
+VALUES (%(task_id)s, %(generation)s, %(worker_id)s, %(action)s, %(idempotency_key)s, %(effect)s,
+        %(args_digest)s)
 RETURNING *;
 
 -- name: rebind_effect

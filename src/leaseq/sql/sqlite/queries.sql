@@ -176,7 +176,10 @@ LIMIT :limit;
 -- The recovery policy; see the PostgreSQL file for the table it implements.
 UPDATE leaseq_tasks AS t
 SET status = CASE
-        WHEN t.effect = 'side_effect' AND t.open_effects > 0 THEN 'needs_reconciliation'
+        WHEN t.open_effects > 0 AND EXISTS (
+            SELECT 1 FROM leaseq_effects e
+            WHERE e.task_id = t.id AND e.status = 'pending' AND e.effect = 'side_effect')
+            THEN 'needs_reconciliation'
         WHEN t.attempts >= t.max_attempts THEN 'dead'
         ELSE 'queued' END,
     last_error = 'lease expired: ' || t.lease_owner || ' held generation ' || t.claim_generation,
@@ -337,7 +340,10 @@ RETURNING id, claim_generation, attempts, heartbeat_count, last_heartbeat_at, lo
 -- See the PostgreSQL file for the routing table this CASE implements.
 UPDATE leaseq_tasks AS t
 SET status = CASE
-        WHEN t.effect = 'side_effect' AND t.open_effects > 0 THEN 'needs_reconciliation'
+        WHEN t.open_effects > 0 AND EXISTS (
+            SELECT 1 FROM leaseq_effects e
+            WHERE e.task_id = t.id AND e.status = 'pending' AND e.effect = 'side_effect')
+            THEN 'needs_reconciliation'
         WHEN :block THEN 'blocked'
         WHEN NOT :retry OR t.attempts >= t.max_attempts THEN 'dead'
         WHEN (CASE WHEN t.error_fingerprint = :fingerprint THEN t.error_streak + 1 ELSE 1 END)
@@ -368,8 +374,12 @@ RETURNING id, status, claim_generation, attempts, max_attempts, error_streak, av
 -- guard: lease
 -- See the PostgreSQL file: the attempt ends on request, given back, counted in snoozes.
 UPDATE leaseq_tasks AS t
-SET status = CASE WHEN t.effect = 'side_effect' AND t.open_effects > 0 THEN 'needs_reconciliation'
-                  ELSE 'queued' END,
+SET status = CASE
+        WHEN t.open_effects > 0 AND EXISTS (
+            SELECT 1 FROM leaseq_effects e
+            WHERE e.task_id = t.id AND e.status = 'pending' AND e.effect = 'side_effect')
+            THEN 'needs_reconciliation'
+        ELSE 'queued' END,
     attempts = t.attempts - 1,
     snoozes = t.snoozes + 1,
     available_at = (julianday('now') - 2440587.5) * 86400.0 + :after,
@@ -478,8 +488,8 @@ SELECT * FROM leaseq_effects WHERE task_id = :task_id ORDER BY id;
 
 -- name: insert_effect
 -- guard: none -- runs after lock_lease has checked and locked the lease in the same transaction
-INSERT INTO leaseq_effects (task_id, generation, worker_id, action, idempotency_key)
-VALUES (:task_id, :generation, :worker_id, :action, :idempotency_key)
+INSERT INTO leaseq_effects (task_id, generation, worker_id, action, idempotency_key, effect, args_digest)
+VALUES (:task_id, :generation, :worker_id, :action, :idempotency_key, :effect, :args_digest)
 RETURNING *;
 
 -- name: rebind_effect

@@ -1,4 +1,4 @@
--- leaseq schema, version 12, PostgreSQL: limits shared by every worker.
+-- leaseq schema, version 13, PostgreSQL: limits shared by every worker.
 --
 -- A task names the limits it counts against (limits: NULL when it names
 -- none) and its weight (units, for limits that count units, such as a

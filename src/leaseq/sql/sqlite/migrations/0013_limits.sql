@@ -1,4 +1,4 @@
--- leaseq schema, version 12, SQLite: limits shared by every worker.
+-- leaseq schema, version 13, SQLite: limits shared by every worker.
 -- Same contract as the PostgreSQL migration (see it for the columns); limits
 -- is a JSON array of keys, times are REAL Unix seconds.
 

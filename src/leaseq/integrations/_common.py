@@ -1,0 +1,44 @@
+"""What the framework adapters share: the handler context, tool classes, and request views."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any
+
+from ..core.errors import InvalidInput
+from ..worker.tools import check_effect, context_for
+
+if TYPE_CHECKING:  # pragma: no cover
+    from ..worker.context import TaskContext
+
+#: Keys of a serialized request that differ between runs of the same request
+#: (clocks, run ids, and the usage a replayed response reports as zero): left out
+#: of the argument digest, so a replay is not a divergence.
+VOLATILE_KEYS = frozenset({"timestamp", "run_id", "conversation_id", "created_at", "usage", "usage_metadata"})
+
+
+def stable_view(value: Any, volatile: frozenset[str] = VOLATILE_KEYS) -> Any:
+    """``value`` (JSON) without the keys that change between runs of the same request."""
+    if isinstance(value, dict):
+        return {k: stable_view(v, volatile) for k, v in value.items() if k not in volatile}
+    if isinstance(value, list):
+        return [stable_view(v, volatile) for v in value]
+    return value
+
+
+def running_context(ctx: TaskContext | None) -> TaskContext | None:
+    """The handler context an adapter records into: the one given, else the running handler's."""
+    return context_for(ctx)
+
+
+class ToolClasses:
+    """The class of each tool by name (``effects=``), ``default`` for the rest."""
+
+    def __init__(self, effects: Mapping[str, str] | None = None, default: str = "side_effect"):
+        if effects is not None and not isinstance(effects, Mapping):
+            raise InvalidInput("effects", f"must map tool names to effect classes (got {effects!r})")
+        self.default = check_effect(default)
+        self.by_name = {name: check_effect(e) for name, e in (effects or {}).items()}
+
+    def __call__(self, name: str) -> str:
+        return self.by_name.get(name, self.default)

@@ -1,0 +1,140 @@
+"""The OpenAI Agents SDK on leaseq: model responses memoised, function tools ledgered (``leaseq[openai-agents]``).
+
+::
+
+    from agents import Agent, Runner
+    from leaseq.integrations.openai_agents import LeaseqModel, ledgered_tools
+
+    agent = Agent(name="support", model=LeaseqModel(OpenAIResponsesModel(...)),
+                  tools=ledgered_tools([lookup, refund], effects={"lookup": "read_only"}))
+
+    @app.task("support.reply", effect="side_effect")
+    async def reply(ctx, ticket: str) -> str:
+        return (await Runner.run(agent, ticket)).final_output
+
+Inside a leaseq handler each model response is a ``read_only`` ledger entry
+(``llm.response`` at its position) and each function tool call an entry
+keyed by its ``call_id``, of the class ``effects`` gives it (default
+``side_effect``). On a retry the recorded ones are replayed; a replayed
+response reports zero usage (its tokens were counted when it was made).
+Parallel tool calls are made one at a time in the order the model emitted
+them. Outside a handler everything passes straight through. Streamed runs
+(``Runner.run_streamed``) are not recorded and are refused inside a handler.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import weakref
+from collections.abc import AsyncIterator, Iterable, Mapping
+from typing import TYPE_CHECKING, Any
+
+import pydantic
+import pydantic_core
+from agents import FunctionTool
+from agents.items import ModelResponse, TResponseOutputItem
+from agents.models.interface import Model
+from agents.usage import Usage
+
+from ..core.errors import InvalidInput
+from ..worker.tools import Tool
+from ._common import ToolClasses, running_context, stable_view
+
+if TYPE_CHECKING:  # pragma: no cover
+    from ..worker.context import TaskContext
+
+__all__ = ["LeaseqModel", "ledgered_tools"]
+
+_ITEM: pydantic.TypeAdapter[Any] = pydantic.TypeAdapter(TResponseOutputItem)
+_USAGE = pydantic.TypeAdapter(Usage)
+#: one lock per handler attempt: its tool calls take turns, in the order they were started
+_TURNS: weakref.WeakKeyDictionary[Any, asyncio.Lock] = weakref.WeakKeyDictionary()
+
+
+def _encode(response: ModelResponse) -> dict[str, Any]:
+    return {"output": [item.model_dump(mode="json") for item in response.output],
+            "usage": _USAGE.dump_python(response.usage, mode="json"), "response_id": response.response_id}
+
+
+def _decode(recorded: dict[str, Any]) -> ModelResponse:
+    return ModelResponse(output=[_ITEM.validate_python(i) for i in recorded["output"]],
+                         usage=_USAGE.validate_python(recorded["usage"]), response_id=recorded["response_id"])
+
+
+def _replayed(recorded: dict[str, Any]) -> ModelResponse:
+    return dataclasses.replace(_decode(recorded), usage=Usage())
+
+
+class LeaseqModel(Model):
+    """An Agents SDK model whose responses are ``read_only`` entries of the running task's ledger."""
+
+    def __init__(self, wrapped: Model, *, ctx: TaskContext | None = None, action: str = "llm.response"):
+        self.wrapped = wrapped
+        self._ctx = ctx
+        self.action = action
+
+    async def get_response(self, system_instructions: str | None, input: Any, model_settings: Any, tools: Any,
+                           output_schema: Any, handoffs: Any, tracing: Any, *, previous_response_id: str | None,
+                           conversation_id: str | None, prompt: Any) -> ModelResponse:
+        ctx = running_context(self._ctx)
+
+        async def call(view: Any = None) -> ModelResponse:
+            return await self.wrapped.get_response(
+                system_instructions, input, model_settings, tools, output_schema, handoffs, tracing,
+                previous_response_id=previous_response_id, conversation_id=conversation_id, prompt=prompt)
+
+        if ctx is None:
+            return await call()
+        view = stable_view(pydantic_core.to_jsonable_python(
+            {"instructions": system_instructions, "input": input, "tools": [t.name for t in tools]},
+            fallback=repr))
+        response: ModelResponse = await Tool(ctx, call, action=self.action, effect="read_only", encode=_encode,
+                                             decode=_decode, decode_replayed=_replayed)(view)
+        return response
+
+    def stream_response(self, *args: Any, **kwargs: Any) -> AsyncIterator[Any]:
+        if running_context(self._ctx) is not None:
+            raise InvalidInput("stream", "streamed responses are not recorded in the ledger; use Runner.run() "
+                                         "inside a leaseq handler")
+        return self.wrapped.stream_response(*args, **kwargs)
+
+    async def close(self) -> None:
+        await self.wrapped.close()
+
+
+def ledgered_tools(tools: Iterable[FunctionTool], *, effects: Mapping[str, str] | None = None,
+                   default: str = "side_effect", ctx: TaskContext | None = None) -> list[FunctionTool]:
+    """Copies of ``tools`` whose calls are entries of the running task's ledger, keyed by ``call_id``.
+
+    ``effects`` maps tool names to their class; unlisted tools are
+    ``default`` (``side_effect``). The action of a call is the tool's name.
+    """
+    classes = ToolClasses(effects, default)
+    wrapped = []
+    for tool in tools:
+        if not isinstance(tool, FunctionTool):
+            raise InvalidInput("tools", f"must be function tools (got {tool!r})")
+        wrapped.append(dataclasses.replace(tool, on_invoke_tool=_ledgered(tool, classes(tool.name), ctx)))
+    return wrapped
+
+
+def _ledgered(tool: FunctionTool, effect: str, given: TaskContext | None) -> Any:
+    invoke = tool.on_invoke_tool
+
+    async def on_invoke_tool(tool_ctx: Any, input_json: str) -> Any:
+        ctx = running_context(given)
+        if ctx is None:
+            return await invoke(tool_ctx, input_json)
+
+        async def call(arguments: str) -> Any:
+            return await invoke(tool_ctx, arguments)
+
+        ledgered = Tool(ctx, call, action=tool.name, effect=effect, encode=pydantic_core.to_jsonable_python)
+        turn = _TURNS.setdefault(ctx, asyncio.Lock())
+        async with turn:  # FIFO: the calls the SDK started together are recorded in the model's order
+            if tool_ctx.tool_call_id:
+                return await ledgered.keyed(tool_ctx.tool_call_id)(input_json)
+            return await ledgered(input_json)
+
+    return on_invoke_tool

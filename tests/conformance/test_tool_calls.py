@@ -1,0 +1,261 @@
+"""Tool calls (ctx.tool, @leaseq.tool) on every transport and both backends:
+replay from the ledger, divergence, and which open calls route to reconciliation."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from typing import Any
+
+import pytest
+
+import leaseq
+from leaseq.worker import tools
+from leaseq.worker.context import TaskContext
+
+from .support import WORKING_LEASE, snapshot, wait_expired
+from .test_transports import transport  # noqa: F401  (the fixture: sync, async and HTTP transports)
+
+LOG = logging.LoggerAdapter(logging.getLogger("test"), {})
+
+
+class Calls:
+    """Downstream stand-ins that count how often they really ran."""
+
+    def __init__(self) -> None:
+        self.n: dict[str, int] = {}
+
+    def llm(self, prompt: str) -> dict[str, Any]:
+        self.n["llm"] = self.n.get("llm", 0) + 1
+        return {"text": f"answer to {prompt}", "tokens": 7}
+
+    def write(self, doc: str, body: dict[str, Any]) -> dict[str, Any]:
+        self.n["write"] = self.n.get("write", 0) + 1
+        return {"stored": doc}
+
+    def pay(self, amount: int) -> dict[str, Any]:
+        self.n["pay"] = self.n.get("pay", 0) + 1
+        return {"paid": amount}
+
+
+def _attempt(q: leaseq.Queue, t: Any, w: leaseq.Worker, **claim_kw: Any) -> TaskContext:
+    [claim] = t.claim(w, **claim_kw)
+    return TaskContext(t, w, claim, LOG)
+
+
+def _run(ctx: TaskContext, calls: Calls, prompt: str = "q1") -> list[Any]:
+    llm = ctx.tool(calls.llm, action="llm.chat", effect="read_only")
+    write = ctx.tool(calls.write, action="docs.put", effect="idempotent")
+    pay = ctx.tool(calls.pay, action="payments.charge", effect="side_effect")
+    return [llm(prompt), llm("q2"), write("d-1", body={"x": 1}), pay(5)]
+
+
+def test_recorded_tool_calls_replay_on_the_next_attempt(q: leaseq.Queue, transport: Any) -> None:  # noqa: F811
+    w = transport.register_worker("a")
+    task = q.enqueue("agent", {}, effect="side_effect", idempotency_key="run-1", max_attempts=5)
+    calls = Calls()
+    ctx = _attempt(q, transport, w)
+    first = _run(ctx, calls)
+    assert calls.n == {"llm": 2, "write": 1, "pay": 1}
+    entries = q.effects(task.id)
+    assert [e.idempotency_key for e in entries] == ["run-1:llm.chat:0", "run-1:llm.chat:1", "run-1:docs.put:0",
+                                                    "run-1:payments.charge:0"]
+    assert [e.effect for e in entries] == ["read_only", "read_only", "idempotent", "side_effect"]
+    assert all(e.status == "done" and e.args_digest for e in entries)
+    transport.fail(w, ctx.claim, "crashed", delay=0)
+    assert q.get(task.id).status == "queued"  # every call answered: nothing ambiguous
+    again = _run(_attempt(q, transport, w), calls)
+    assert again == first and calls.n == {"llm": 2, "write": 1, "pay": 1}  # nothing ran twice
+    replayed = [e for e in q.events(task.id) if e.type == "tool_replayed"]
+    assert [e.detail["idempotency_key"] for e in replayed] == [e.idempotency_key for e in entries]
+    assert {e.generation for e in replayed} == {2} and {e.detail["recorded_generation"] for e in replayed} == {1}
+
+
+def test_a_call_with_other_arguments_at_a_recorded_position_diverges(q: leaseq.Queue, dsn: str,
+                                                                     transport: Any) -> None:  # noqa: F811
+    w = transport.register_worker("a")
+    task = q.enqueue("agent", {}, effect="side_effect", max_attempts=5)
+    calls = Calls()
+    ctx = _attempt(q, transport, w)
+    ctx.tool(calls.llm, action="llm.chat", effect="read_only")("first prompt")
+    transport.fail(w, ctx.claim, "crashed", delay=0)
+    ctx2 = _attempt(q, transport, w)
+    before = snapshot(dsn)
+    with pytest.raises(leaseq.ToolCallDiverged, match="other arguments") as caught:
+        ctx2.tool(calls.llm, action="llm.chat", effect="read_only")("another prompt")
+    assert caught.value.idempotency_key.endswith(":llm.chat:0") and caught.value.code == "tool_call_diverged"
+    assert snapshot(dsn) == before and calls.n == {"llm": 1}  # refused before anything was written or called
+    # the same position under another class is no replay either
+    with pytest.raises(leaseq.ToolCallDiverged, match="recorded as read_only"):
+        ctx2.tool(calls.llm, action="llm.chat", effect="idempotent").keyed("0")("first prompt")
+    assert task.id == ctx2.task_id
+
+
+def test_async_tools_and_framework_call_ids(q: leaseq.Queue, transport: Any) -> None:  # noqa: F811
+    w = transport.register_worker("a")
+    task = q.enqueue("agent", {}, effect="idempotent", idempotency_key="run-2", max_attempts=5)
+    ran: list[str] = []
+
+    async def lookup(city: str) -> dict[str, Any]:
+        ran.append(city)
+        return {"city": city, "temp": 21}
+
+    async def attempt(ctx: TaskContext) -> list[Any]:
+        look = ctx.tool(lookup, action="weather.get", effect="read_only")
+        # a framework names its calls: the key is the call id, whatever order they finish in
+        return [await look.keyed("call_b")("Oslo"), await look.keyed("call_a")("Rome")]
+
+    ctx = _attempt(q, transport, w)
+    first = asyncio.run(attempt(ctx))
+    transport.fail(w, ctx.claim, "crashed", delay=0)
+    second = asyncio.run(attempt(_attempt(q, transport, w)))
+    assert first == second == [{"city": "Oslo", "temp": 21}, {"city": "Rome", "temp": 21}] and ran == ["Oslo", "Rome"]
+    assert [e.idempotency_key for e in q.effects(task.id)] == ["run-2:weather.get:call_b", "run-2:weather.get:call_a"]
+
+
+@pytest.mark.parametrize("open_class,routed", [("read_only", "queued"), ("idempotent", "queued"),
+                                               ("side_effect", "needs_reconciliation")])
+def test_only_an_open_side_effect_call_sends_an_expired_lease_to_reconciliation(
+        q: leaseq.Queue, open_class: str, routed: str) -> None:
+    w = q.register_worker("a")
+    task = q.enqueue("agent", {}, effect="side_effect", max_attempts=5)
+    ctx = _attempt(q, q, w, lease_seconds=WORKING_LEASE)
+    calls = Calls()
+    ctx.tool(calls.llm, action="llm.chat", effect="read_only")("q")  # answered: never ambiguous
+
+    def dies(_: str) -> None:
+        raise KeyboardInterrupt  # stands in for the process dying inside the call
+
+    with pytest.raises(KeyboardInterrupt):
+        ctx.tool(dies, action="tool.x", effect=open_class)("arg")
+    assert q.get(task.id).open_effects == 1
+    wait_expired(q, ctx.claim)
+    q.sweep()
+    assert q.get(task.id).status == routed
+    [expired] = [e for e in q.events(task.id) if e.type == "lease_expired"]
+    assert expired.detail["routed_to"] == routed
+    if routed == "queued":  # the retry makes the open call again under the same key
+        ctx2 = _attempt(q, q, w)
+        made: list[str] = []
+        ctx2.tool(calls.llm, action="llm.chat", effect="read_only")("q")
+        assert ctx2.tool(lambda a: made.append(a) or "ok", action="tool.x", effect=open_class)("arg") == "ok"
+        assert made == ["arg"] and calls.n == {"llm": 1} and q.get(task.id).open_effects == 0
+
+
+@pytest.mark.parametrize("task_effect,open_class,routed", [
+    ("side_effect", "read_only", "queued"),
+    ("side_effect", "side_effect", "needs_reconciliation"),
+    ("idempotent", "side_effect", "needs_reconciliation"),
+    ("idempotent", "idempotent", "queued"),
+])
+def test_fail_routing_considers_the_open_call_class(q: leaseq.Queue, task_effect: str, open_class: str,
+                                                    routed: str) -> None:
+    w = q.register_worker("a")
+    task = q.enqueue("agent", {}, effect=task_effect, max_attempts=5)
+    ctx = _attempt(q, q, w)
+
+    def broken(_: str) -> None:
+        raise RuntimeError("connection reset mid-call")
+
+    with pytest.raises(RuntimeError):
+        ctx.tool(broken, action="tool.x", effect=open_class)("arg")
+    failed = q.fail(w, ctx.claim, "connection reset mid-call", delay=0)
+    assert failed.status == routed
+
+
+def test_plain_effects_keep_routing_by_the_task_class(q: leaseq.Queue) -> None:
+    """ctx.effect entries take their task's class: a side_effect task with an open one
+    still goes to reconciliation, an idempotent one is retried."""
+    w = q.register_worker("a")
+    for effect, routed in (("side_effect", "needs_reconciliation"), ("idempotent", "queued")):
+        task = q.enqueue("job", {"e": effect}, effect=effect, max_attempts=5)
+        [c] = q.claim(w)
+        fx = q.begin_effect(w, c, "crm.update")
+        assert fx.effect == effect and fx.args_digest is None
+        assert q.fail(w, c, "boom", delay=0).status == routed, task
+
+
+def test_read_only_calls_need_no_declared_action_but_other_calls_do(q: leaseq.Queue) -> None:
+    w = q.register_worker("a")
+    q.enqueue("summarize", {}, effect="read_only")
+    ctx = _attempt(q, q, w)
+    assert ctx.tool(lambda p: {"t": p}, action="llm.chat", effect="read_only")("hi") == {"t": "hi"}
+    with pytest.raises(leaseq.InvalidInput, match="read_only"):
+        ctx.tool(lambda: None, action="docs.put", effect="idempotent")()
+    q.enqueue("agent", {}, effect="side_effect", actions=["payments.charge"])
+    ctx2 = _attempt(q, q, w)
+    assert ctx2.tool(lambda: 1, action="search.web", effect="read_only")() == 1
+    with pytest.raises(leaseq.InvalidInput, match="not an action"):
+        ctx2.tool(lambda: 2, action="email.send", effect="side_effect")()
+
+
+def test_bad_tool_arguments_are_refused_with_the_field_named(q: leaseq.Queue, dsn: str) -> None:
+    w = q.register_worker("a")
+    q.enqueue("agent", {}, effect="side_effect")
+    ctx = _attempt(q, q, w)
+    with pytest.raises(leaseq.InvalidInput, match="effect"):
+        ctx.tool(print, action="x.y", effect="sometimes")
+    with pytest.raises(leaseq.InvalidInput, match="fn"):
+        ctx.tool("not callable", action="x.y")  # type: ignore[arg-type]
+    with pytest.raises(leaseq.InvalidInput, match="args_digest"):
+        q.begin_effect(w, ctx.claim, "x.y", effect="read_only", args_digest="NOT HEX")
+    with pytest.raises(leaseq.InvalidInput, match="effect"):
+        q.begin_effect(w, ctx.claim, "x.y", effect="maybe")
+    before = snapshot(dsn)
+    with pytest.raises(leaseq.InvalidInput, match="response"):  # not JSON: the call stays open, nothing recorded
+        ctx.tool(lambda: object(), action="x.y", effect="read_only")()
+    assert [e.status for e in q.effects(ctx.task_id)] == ["pending"] and snapshot(dsn) != before
+
+
+def test_the_decorator_records_inside_a_handler_and_is_plain_outside(q: leaseq.Queue) -> None:
+    ran: list[int] = []
+
+    @leaseq.tool(action="math.double", effect="read_only")
+    def double(n: int) -> int:
+        ran.append(n)
+        return 2 * n
+
+    assert double(2) == 4 and q.effects  # outside a handler: the plain function
+    w = q.register_worker("a")
+    task = q.enqueue("agent", {}, effect="side_effect", max_attempts=5)
+    for _ in range(2):
+        ctx = _attempt(q, q, w)
+        token = tools.current_context.set(ctx)
+        try:
+            assert [double(3), double(4)] == [6, 8]
+        finally:
+            tools.current_context.reset(token)
+        q.fail(w, ctx.claim, "again", delay=0)
+    assert ran == [2, 3, 4]  # the second attempt replayed both calls
+    assert [e.idempotency_key.rsplit(":", 2)[1:] for e in q.effects(task.id)] == [["math.double", "0"],
+                                                                                 ["math.double", "1"]]
+    with pytest.raises(leaseq.InvalidInput, match="effect"):
+        leaseq.tool(action="x.y", effect="risky")
+
+
+def test_a_paused_queue_refuses_new_actions_but_not_reads_or_replays(q: leaseq.Queue) -> None:
+    w = q.register_worker("a")
+    q.enqueue("agent", {}, effect="side_effect", max_attempts=5)
+    ctx = _attempt(q, q, w)
+    calls = Calls()
+    pay = ctx.tool(calls.pay, action="payments.charge", effect="side_effect")
+    assert pay(1) == {"paid": 1}
+    q.pause("default", by="ops")
+    assert ctx.tool(calls.llm, action="llm.chat", effect="read_only")("q") == {"text": "answer to q", "tokens": 7}
+    with pytest.raises(leaseq.QueuePaused):
+        pay(2)
+    assert calls.n == {"pay": 1, "llm": 1}
+
+
+@pytest.mark.parametrize("open_class,routed", [("read_only", "queued"), ("side_effect", "needs_reconciliation")])
+def test_a_requested_retry_considers_the_open_call_class(q: leaseq.Queue, open_class: str, routed: str) -> None:
+    w = q.register_worker("a")
+    q.enqueue("agent", {}, effect="side_effect", max_attempts=5)
+    ctx = _attempt(q, q, w)
+
+    def broken(_: str) -> None:
+        raise RuntimeError("rate limited mid-call")
+
+    with pytest.raises(RuntimeError):
+        ctx.tool(broken, action="tool.x", effect=open_class)("arg")
+    assert q.retry(w, ctx.claim, 0, "rate limited").status == routed

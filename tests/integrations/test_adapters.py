@@ -1,0 +1,207 @@
+"""The framework adapters, offline, on both backends: each framework's own test
+model or a hand-written model of its interface, no network.
+
+Each test runs an agent as two attempts of one task (the first attempt's
+lease is given up after the run, as if its worker died before completing):
+the second attempt replays every model request and tool call, reports no
+token usage for replayed requests, and records parallel tool calls in the
+order the model emitted them.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+from typing import Any
+
+import pytest
+
+import leaseq
+from leaseq.worker import tools
+from leaseq.worker.context import TaskContext
+
+LOG = logging.LoggerAdapter(logging.getLogger("test"), {})
+EFFECTS = {"lookup": "read_only", "save_note": "idempotent", "refund": "side_effect"}
+CALLS = [("lookup", {"order": 7}, "call_c"), ("save_note", {"text": "ok"}, "call_a"),
+         ("refund", {"amount": 5}, "call_b")]
+
+
+class World:
+    def __init__(self) -> None:
+        self.ran: list[str] = []
+        self.model_calls = 0
+
+    def lookup(self, order: int) -> dict[str, Any]:
+        """Look an order up."""
+        self.ran.append("lookup")
+        return {"order": order, "total": 5}
+
+    def save_note(self, text: str) -> str:
+        """Save a note."""
+        self.ran.append("save_note")
+        return f"saved {text}"
+
+    def refund(self, amount: int) -> dict[str, Any]:
+        """Refund the customer."""
+        self.ran.append("refund")
+        return {"refunded": amount}
+
+
+def attempts(q: leaseq.Queue, run: Any, *, n: int = 2) -> tuple[leaseq.Task, list[Any]]:
+    """Run ``run(ctx)`` as ``n`` attempts of one task; return the task and each attempt's answer."""
+    w = q.register_worker("w")
+    task = q.enqueue("agent", {}, effect="side_effect", idempotency_key="agent-1", max_attempts=5)
+    answers = []
+    for _ in range(n):
+        [claim] = q.claim(w)
+        ctx = TaskContext(q, w, claim, LOG)
+        token = tools.current_context.set(ctx)
+        try:
+            answers.append(run(ctx))
+        finally:
+            tools.current_context.reset(token)
+        q.fail(w, claim, "worker died before completing", delay=0)
+    return task, answers
+
+
+def check_replayed(q: leaseq.Queue, task: leaseq.Task, world: World, model_action: str) -> None:
+    assert world.ran == ["lookup", "save_note", "refund"] and world.model_calls == 2  # nothing ran twice
+    entries = q.effects(task.id)
+    keyed = [e.idempotency_key.split(":", 2)[2] for e in entries if e.action != model_action]
+    assert keyed == ["call_c", "call_a", "call_b"]  # the model's order, not the ids' order
+    assert [e.effect for e in entries if e.action != model_action] == ["read_only", "idempotent", "side_effect"]
+    replayed = [e for e in q.events(task.id) if e.type == "tool_replayed"]
+    assert len(replayed) == len(entries) == 5 and {e.generation for e in replayed} == {2}
+
+
+def test_pydantic_ai(q: leaseq.Queue) -> None:
+    pytest.importorskip("pydantic_ai")
+    from pydantic_ai import Agent
+    from pydantic_ai.messages import ModelResponse, TextPart, ToolCallPart, ToolReturnPart
+    from pydantic_ai.models.function import FunctionModel
+    from pydantic_ai.toolsets import FunctionToolset
+    from pydantic_ai.usage import RequestUsage
+
+    from leaseq.integrations.pydantic_ai import LeaseqModel, LeaseqToolset
+
+    world = World()
+
+    def respond(messages: list[Any], info: Any) -> ModelResponse:
+        world.model_calls += 1
+        usage = RequestUsage(input_tokens=100, output_tokens=10)
+        if any(isinstance(p, ToolReturnPart) for m in messages for p in getattr(m, "parts", [])):
+            return ModelResponse(parts=[TextPart("refunded")], usage=usage)
+        return ModelResponse(parts=[ToolCallPart(n, a, tool_call_id=i) for n, a, i in CALLS], usage=usage)
+
+    toolset = FunctionToolset([world.lookup, world.save_note, world.refund])
+    agent = Agent(LeaseqModel(FunctionModel(respond)), toolsets=[LeaseqToolset(toolset, effects=EFFECTS)])
+    task, answers = attempts(q, lambda ctx: agent.run_sync("refund order 7"))
+    assert [a.output for a in answers] == ["refunded", "refunded"]
+    assert answers[0].usage.input_tokens == 200 and answers[1].usage.input_tokens == 0  # reported once
+    check_replayed(q, task, world, "llm.request")
+    # outside a handler both wrappers call straight through
+    assert agent.run_sync("refund order 7").output == "refunded" and world.model_calls == 4
+
+
+def test_pydantic_ai_with_its_test_model(q: leaseq.Queue) -> None:
+    pytest.importorskip("pydantic_ai")
+    from pydantic_ai import Agent
+    from pydantic_ai.models.test import TestModel
+    from pydantic_ai.toolsets import FunctionToolset
+
+    from leaseq.integrations.pydantic_ai import LeaseqModel, LeaseqToolset
+
+    world = World()
+    agent = Agent(LeaseqModel(TestModel()),
+                  toolsets=[LeaseqToolset(FunctionToolset([world.lookup, world.save_note]), effects=EFFECTS)])
+    task, answers = attempts(q, lambda ctx: agent.run_sync("go").output)
+    assert answers[0] == answers[1] and sorted(world.ran) == ["lookup", "save_note"]
+
+
+def test_openai_agents(q: leaseq.Queue) -> None:
+    pytest.importorskip("agents")
+    from agents import Agent, Runner, function_tool, set_tracing_disabled
+    from agents.items import ModelResponse
+    from agents.models.interface import Model
+    from agents.usage import Usage
+    from openai.types.responses import ResponseFunctionToolCall, ResponseOutputMessage, ResponseOutputText
+
+    from leaseq.integrations.openai_agents import LeaseqModel, ledgered_tools
+
+    set_tracing_disabled(True)
+    world = World()
+
+    class ScriptedModel(Model):
+        async def get_response(self, system_instructions: Any, input: Any, *args: Any, **kwargs: Any) -> Any:
+            world.model_calls += 1
+            usage = Usage(requests=1, input_tokens=100, output_tokens=10, total_tokens=110)
+            if not isinstance(input, str) and any(
+                    (i.get("type") if isinstance(i, dict) else i.type) == "function_call_output" for i in input):
+                return ModelResponse(output=[ResponseOutputMessage(
+                    type="message", id="msg_1", role="assistant", status="completed",
+                    content=[ResponseOutputText(type="output_text", text="refunded", annotations=[])])],
+                    usage=usage, response_id=None)
+            return ModelResponse(output=[ResponseFunctionToolCall(
+                type="function_call", name=n, arguments=json.dumps(a), call_id=i, id=f"fc_{i}", status="completed")
+                for n, a, i in CALLS], usage=usage, response_id=None)
+
+        def stream_response(self, *args: Any, **kwargs: Any) -> Any:
+            raise NotImplementedError
+
+    agent = Agent(name="refunds", model=LeaseqModel(ScriptedModel()),
+                  tools=ledgered_tools([function_tool(world.lookup), function_tool(world.save_note),
+                                        function_tool(world.refund)], effects=EFFECTS))
+    task, answers = attempts(q, lambda ctx: asyncio.run(Runner.run(agent, "refund order 7")))
+    assert [a.final_output for a in answers] == ["refunded", "refunded"]
+    assert answers[0].context_wrapper.usage.input_tokens == 200
+    assert answers[1].context_wrapper.usage.input_tokens == 0  # replayed: reported once
+    check_replayed(q, task, world, "llm.response")
+
+
+def test_langgraph(q: leaseq.Queue) -> None:
+    pytest.importorskip("langgraph")
+    from langchain_core.language_models.fake_chat_models import GenericFakeChatModel
+    from langchain_core.messages import AIMessage
+    from langchain_core.tools import tool
+    from langgraph.graph import END, START, MessagesState, StateGraph
+
+    from leaseq.integrations.langgraph import LeaseqToolNode, model_node, tools_condition
+
+    world = World()
+    script = [AIMessage(content="", tool_calls=[{"name": n, "args": a, "id": i} for n, a, i in CALLS],
+                        usage_metadata={"input_tokens": 100, "output_tokens": 10, "total_tokens": 110}),
+              AIMessage(content="refunded",
+                        usage_metadata={"input_tokens": 100, "output_tokens": 10, "total_tokens": 110})]
+
+    class Counting(GenericFakeChatModel):  # the framework's own fake model, counted
+        def invoke(self, *args: Any, **kwargs: Any) -> Any:
+            world.model_calls += 1
+            return super().invoke(*args, **kwargs)
+
+    model = Counting(messages=iter(script))
+    graph = StateGraph(MessagesState)
+    graph.add_node("model", model_node(model))
+    graph.add_node("tools", LeaseqToolNode([tool(world.lookup), tool(world.save_note), tool(world.refund)],
+                                           effects=EFFECTS))
+    graph.add_edge(START, "model")
+    graph.add_conditional_edges("model", tools_condition, {"tools": "tools", END: END})
+    graph.add_edge("tools", "model")
+    agent = graph.compile()
+    task, answers = attempts(q, lambda ctx: agent.invoke({"messages": [("user", "refund order 7")]}))
+    assert [a["messages"][-1].content for a in answers] == ["refunded", "refunded"]
+    tokens = [sum((m.usage_metadata or {}).get("input_tokens", 0) for m in a["messages"] if isinstance(m, AIMessage))
+              for a in answers]
+    assert tokens == [200, 0]  # replayed messages carry no usage: reported once
+    check_replayed(q, task, world, "llm.invoke")
+
+
+def test_tool_classes_are_checked(q: leaseq.Queue) -> None:
+    pytest.importorskip("langgraph")
+    from langchain_core.tools import tool
+
+    from leaseq.integrations.langgraph import LeaseqToolNode
+
+    world = World()
+    with pytest.raises(leaseq.InvalidInput, match="effect"):
+        LeaseqToolNode([tool(world.lookup)], effects={"lookup": "harmless"})
