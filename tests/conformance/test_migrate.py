@@ -150,7 +150,7 @@ def test_version_7_widens_the_statuses_for_every_open_connection_and_keeps_the_t
         assert [e.type for e in q.events(task.id)] == before and q.get(task.id).status == "running"
         upgraded = q.get(task.id)  # version 8's budget columns start empty on existing tasks
         assert (upgraded.timeout_seconds, upgraded.deadline_at, upgraded.snoozes) == (None, None, 0)
-        assert (upgraded.limits, upgraded.units) == (None, 1)  # and version 9's limits: none, weight 1
+        assert (upgraded.limits, upgraded.units) == (None, 1)  # and the limits migration's: none, weight 1
         for status in ("waiting", "awaiting_approval", "denied", "expired"):
             extra = other.enqueue("job", {"s": status})
             with other.store.transaction() as tx:
