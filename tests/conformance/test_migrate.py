@@ -103,14 +103,25 @@ def test_version_12_gives_existing_entries_their_task_class_so_they_route_as_bef
                 tx.script(mig.sql)
                 tx.rows("migrations_record", version=mig.version, name=mig.name)
         w = q.register_worker("w")
-        claims = {}
+        # running tasks as version 11 wrote them (written directly: today's statements name
+        # columns of later versions)
+        now = "now()" if q.dialect == "postgres" else "(julianday('now') - 2440587.5) * 86400.0"
+        later = f"{now} + interval '60 seconds'" if q.dialect == "postgres" else f"{now} + 60"
+        ids = {}
         for effect in ("side_effect", "idempotent"):
-            q.enqueue("job", {"e": effect}, effect=effect, max_attempts=5)
-            [claims[effect]] = q.claim(w)
-            _old_intent(q, claims[effect].task_id, claims[effect].generation, w.id, "crm.update")
+            with q.store.transaction() as tx:
+                tx.script(f"""INSERT INTO leaseq_tasks (queue, kind, payload, effect, status, idempotency_key,
+                                  max_attempts, lease_seconds, lease_owner, lease_expires_at, claimed_at,
+                                  claim_generation, attempts)
+                              VALUES ('default', 'job', '{{"e": "{effect}"}}', '{effect}', 'running', 'k-{effect}',
+                                      5, 30, '{w.id}', {later}, {now}, 1, 1)""")
+                ids[effect] = tx.row("get_task_by_key", queue="default", idempotency_key=f"k-{effect}")["id"]
+            _old_intent(q, ids[effect], 1, w.id, "crm.update")
         assert q.migrate() == [v for v in _latest(q.dialect) if v > 11]
         for effect, routed in (("side_effect", "needs_reconciliation"), ("idempotent", "queued")):
-            c = claims[effect]
+            task = q.get(ids[effect])
+            c = leaseq.Claim(task_id=task.id, generation=1, worker_id=w.id, expires_at=task.lease_expires_at,
+                             task=task)
             [entry] = q.effects(c.task_id)
             assert (entry.effect, entry.args_digest, entry.status) == (effect, None, "pending")
             assert q.fail(w, c, "boom", delay=0).status == routed
