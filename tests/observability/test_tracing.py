@@ -105,7 +105,7 @@ def test_spans_of_a_worker_run(q, spans):
 def test_a_lost_lease_ends_the_run_span_as_an_error(q, spans):
     app = leaseq.App(queue=q)
 
-    @app.task("held", lease_seconds=0.3)
+    @app.task("held", lease_seconds=2)
     def held(ctx):
         q.cancel(ctx.task_id, "taken away")  # the next renewal is refused
         while True:
