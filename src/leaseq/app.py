@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any, Concatenate, Generic, ParamSpec, TypeVar
 
-from .core import policy
+from .core import checks
 from .core.errors import InvalidInput
 from .core.model import Task
 from .core.retry import RetryPolicy
@@ -175,7 +175,7 @@ class App:
             return self._queue
 
     def task(self, kind: str | None = None, *, effect: str = "read_only", queue: str = "default",
-             lease_seconds: float = policy.DEFAULT_LEASE_SECONDS, max_attempts: int = 5,
+             lease_seconds: float = checks.DEFAULT_LEASE_SECONDS, max_attempts: int = 5,
              priority: int = 0, actions: list[str] | None = None, retry: RetryPolicy | None = None,
              timeout: float | None = None, deadline: timedelta | None = None, approval: str | None = None,
              approval_deadline: float | None = None, limits: list[str] | None = None, units: int = 1,
@@ -200,7 +200,7 @@ class App:
         after ``approval_deadline`` seconds if given (see :meth:`Queue.enqueue`).
         ``limits`` names the limits its tasks count against, ``units`` their
         weight in limits that count units (see :meth:`Queue.set_limit`)."""
-        declared = None if actions is None else json.loads(_check_actions(actions, policy.check_effect(effect)))
+        declared = None if actions is None else json.loads(_check_actions(actions, checks.check_effect(effect)))
         if retry is not None and not isinstance(retry, RetryPolicy):
             raise InvalidInput("retry", f"must be a leaseq.RetryPolicy (got {type(retry).__name__})")
         budgets = check_budgets(timeout, deadline)
@@ -211,15 +211,15 @@ class App:
         limit_keys, weight = check_limits(limits), check_units(units)
 
         def register(fn: Callable[Concatenate[Any, P], R]) -> TaskDefinition[P, R]:
-            name = policy.check_kind(kind or f"{fn.__module__}.{fn.__qualname__}")
+            name = checks.check_kind(kind or f"{fn.__module__}.{fn.__qualname__}")
             if name in self.registry:
                 raise InvalidInput("kind", f"{name!r} is already declared in this app")
             check_handler(fn)
             definition = TaskDefinition(
-                app=self, kind=name, fn=fn, effect=policy.check_effect(effect), queue=policy.check_name("queue", queue),
-                lease_seconds=policy.check_seconds("lease_seconds", lease_seconds, allow_zero=False),
-                max_attempts=policy.check_int("max_attempts", max_attempts, minimum=1),
-                priority=policy.check_int("priority", priority), actions=declared, retry=retry,
+                app=self, kind=name, fn=fn, effect=checks.check_effect(effect), queue=checks.check_name("queue", queue),
+                lease_seconds=checks.check_seconds("lease_seconds", lease_seconds, allow_zero=False),
+                max_attempts=checks.check_int("max_attempts", max_attempts, minimum=1),
+                priority=checks.check_int("priority", priority), actions=declared, retry=retry,
                 timeout=budgets["timeout"], deadline=deadline, approval=approval,
                 approval_deadline=approval_deadline, limits=limit_keys, units=weight)
             self.registry.add(definition)
@@ -247,7 +247,7 @@ class App:
         if definition is not None and definition.timeout is not None:
             options["timeout"] = definition.timeout
         if queue is not None:
-            options["queue"] = policy.check_name("queue", queue)
+            options["queue"] = checks.check_name("queue", queue)
         declared = Schedule.declare(kind, cron=cron, every=every, payload=payload, name=name, catch_up=catch_up,
                                     options=options)
         if declared.name in self.registry.schedules:

@@ -45,10 +45,12 @@ from dataclasses import dataclass
 from datetime import datetime, timezone
 from typing import TYPE_CHECKING, Any
 
-from .core import policy
+from .core import checks
 # AccessDenied, Unauthorized and RateLimited are defined with every other error
-# in core.errors (one registry of codes); they stay importable from here.
-from .core.errors import AccessDenied, InvalidInput, NotFound, RateLimited, Unauthorized
+# in core.errors (one registry of codes); they stay importable from here
+# (re-exported explicitly, the "X as X" form type checkers understand).
+from .core.errors import AccessDenied as AccessDenied, RateLimited as RateLimited, Unauthorized as Unauthorized
+from .core.errors import InvalidInput, NotFound
 
 if TYPE_CHECKING:  # pragma: no cover
     from .queue import Queue
@@ -135,7 +137,7 @@ def create_token(q: Queue, *, name: str, role: str, queues: list[str] | None = N
     overrides the role's default (:data:`DEFAULT_READ_PAYLOADS`);
     ``expires_in`` is a lifetime in seconds (None: no expiry).
     """
-    policy.check_name("name", name)
+    checks.check_name("name", name)
     if role not in ROLES:
         raise InvalidInput("role", f"must be one of {', '.join(ROLES)} (got {role!r})")
     if queues is not None:
@@ -143,25 +145,25 @@ def create_token(q: Queue, *, name: str, role: str, queues: list[str] | None = N
             raise InvalidInput("queues", "only worker tokens can be limited to queues")
         if isinstance(queues, str) or not queues:
             raise InvalidInput("queues", "must be a non-empty list of queue names")
-        queues = sorted({policy.check_name("queues", name_) for name_ in queues})
+        queues = sorted({checks.check_name("queues", name_) for name_ in queues})
     if read_payloads is not None and not isinstance(read_payloads, bool):
         raise InvalidInput("read_payloads", "must be true or false")
     if expires_in is not None:
-        expires_in = policy.check_seconds("expires_in", expires_in, allow_zero=False,
+        expires_in = checks.check_seconds("expires_in", expires_in, allow_zero=False,
                                           maximum=10 * 365 * 86400.0)
     if created_by is not None:
-        policy.check_text("created_by", created_by)
+        checks.check_text("created_by", created_by)
     token_id = secrets.token_hex(6)
     token = f"lq_{token_id}_{secrets.token_hex(32)}"
     grant = DEFAULT_READ_PAYLOADS[role] if read_payloads is None else read_payloads
     with q.store.transaction() as tx:
-        row = tx.row("token_insert", token_id=token_id, name=name, role=role, secret_hash=hash_token(token),
-                     queues=",".join(queues) if queues else None, read_payloads=grant,
-                     expires_in=expires_in, created_by=created_by)
+        created = tx.rows("token_insert", token_id=token_id, name=name, role=role, secret_hash=hash_token(token),
+                          queues=",".join(queues) if queues else None, read_payloads=grant,
+                          expires_in=expires_in, created_by=created_by)
         tx.rows("audit_insert", actor=created_by or "unknown", action="token_created", target=token_id,
                 detail={"name": name, "role": role, "queues": queues, "read_payloads": grant,
                         "expires_in": expires_in})
-    return token, _public(row)
+    return token, _public(created[0])
 
 
 def verify_token(q: Queue, token: str | None) -> Principal:
@@ -205,7 +207,7 @@ def revoke_token(q: Queue, token_id: str, *, by: str) -> list[str]:
     """
     if not isinstance(token_id, str) or not re.fullmatch(r"[0-9a-f]{12}", token_id):
         raise InvalidInput("token_id", f"must be the 12 hex digits of a token id (got {token_id!r})")
-    policy.check_text("by", by, required=True)
+    checks.check_text("by", by, required=True)
     with q.store.transaction() as tx:
         if tx.row("token_get", token_id=token_id) is None:
             raise NotFound(f"token {token_id} does not exist")
@@ -240,7 +242,7 @@ def create_session(q: Queue, principal: Principal, *, seconds: float) -> str:
     The id is random and shown once (it goes into the browser's cookie);
     only its SHA-256 is stored. Expired sessions are dropped here too.
     """
-    seconds = policy.check_seconds("session_seconds", seconds, allow_zero=False, maximum=MAX_SESSION_SECONDS)
+    seconds = checks.check_seconds("session_seconds", seconds, allow_zero=False, maximum=MAX_SESSION_SECONDS)
     session_id = f"lqs_{secrets.token_urlsafe(32)}"
     with q.store.transaction() as tx:
         tx.rows("session_prune")
@@ -287,7 +289,7 @@ def worker_token(q: Queue, worker_id: str) -> str | None:
 def token_held_task(q: Queue, token_id: str, task_id: int) -> bool:
     """Whether a worker registered by ``token_id`` holds or has held a lease on ``task_id``."""
     with q.store.transaction() as tx:
-        return bool(tx.row("token_held_task", token_id=token_id, task_id=task_id)["held"])
+        return bool(tx.rows("token_held_task", token_id=token_id, task_id=task_id)[0]["held"])
 
 
 def record_action(q: Queue, actor: str, action: str, target: str | None = None, **detail: Any) -> None:
@@ -303,7 +305,7 @@ def record_action(q: Queue, actor: str, action: str, target: str | None = None, 
 
 def audit_log(q: Queue, limit: int = 100) -> list[dict[str, Any]]:
     """The newest audit entries first."""
-    policy.check_int("limit", limit, minimum=1, maximum=10_000)
+    checks.check_int("limit", limit, minimum=1, maximum=10_000)
     with q.store.transaction() as tx:
         rows = tx.rows("audit_list", limit=limit)
     for r in rows:  # SQLite hands back a column named plainly "at" as epoch seconds

@@ -29,7 +29,7 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta, timezone
 from typing import Any
 
-from .core import policy
+from .core import checks
 from .core.errors import InvalidInput
 
 logger = logging.getLogger("leaseq.worker.schedules")
@@ -84,7 +84,7 @@ class Schedule:
     def declare(cls, kind: Any, *, cron: Any = None, every: Any = None, payload: Any = None, name: Any = None,
                 catch_up: Any = 1, options: dict[str, Any] | None = None) -> Schedule:
         """Check every field (:class:`InvalidInput` naming the first bad one) and build the schedule."""
-        kind = policy.check_kind(kind)
+        kind = checks.check_kind(kind)
         if (cron is None) == (every is None):
             raise InvalidInput("cron" if cron is None else "every",
                                "give exactly one of cron= (a cron expression) or every= (seconds)")
@@ -96,9 +96,9 @@ class Schedule:
                 raise InvalidInput("every", f"must be a number of seconds from {MIN_EVERY} to {MAX_EVERY:.0f} "
                                             f"(got {every!r})")
             every = float(every)
-        policy.check_json("payload", payload)
-        name = policy.check_name("name", kind if name is None else name)
-        catch_up = policy.check_int("catch_up", catch_up, minimum=0, maximum=MAX_CATCH_UP)
+        checks.check_json("payload", payload)
+        name = checks.check_name("name", kind if name is None else name)
+        catch_up = checks.check_int("catch_up", catch_up, minimum=0, maximum=MAX_CATCH_UP)
         return cls(name=name, kind=kind, cron=cron, every=every, payload=payload, catch_up=catch_up,
                    options=dict(options or {}))
 

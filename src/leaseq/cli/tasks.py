@@ -11,7 +11,7 @@ from typing import Any
 import click
 from rich.text import Text
 
-from ..core import policy
+from ..core import checks
 from ..core.errors import InvalidInput
 from ..core.model import Task
 from ..engine.common import default_actor
@@ -122,7 +122,7 @@ def _key_conflict(task: Task, kind: str, document: Any, effect: str) -> dict[str
               help="When the task is due, an ISO 8601 time (2030-01-31T09:00:00+00:00; without an offset, "
                    "local time). Must be in the future by the database's clock. Not with --delay.")
 @click.option("--max-attempts", type=int, default=5, show_default=True)
-@click.option("--lease-seconds", type=float, default=policy.DEFAULT_LEASE_SECONDS, show_default=True,
+@click.option("--lease-seconds", type=float, default=checks.DEFAULT_LEASE_SECONDS, show_default=True,
               help="Lease length a claim gets unless the worker asks for another.")
 @click.option("--timeout", type=float, default=None,
               help="Seconds one attempt may run; a worker stops an attempt that runs longer and gives its lease "

@@ -68,7 +68,7 @@ def check_kind(value: Any, field: str = "kind") -> str:
 
 def _check_member(field: str, enum_type: type[enum.Enum], value: Any) -> str:
     try:
-        return enum_type(value).value
+        return str(enum_type(value).value)
     except ValueError:
         allowed = ", ".join(e.value for e in enum_type)
         raise InvalidInput(field, f"must be one of {allowed} (got {value!r})") from None
@@ -156,15 +156,15 @@ def parse_traceparent(value: Any) -> str | None:
     ignored, and all-zero trace or span ids and version ff are invalid."""
     if not isinstance(value, str) or len(value) > 512:
         return None
-    value = value.strip()
-    m = _TRACEPARENT.match(value)
+    text = value.strip()
+    m = _TRACEPARENT.match(text)
     if m is None or m["version"] == "ff" or m["trace"] == "0" * 32 or m["span"] == "0" * 16:
         return None
-    if m["version"] == "00" and len(value) != 55:
+    if m["version"] == "00" and len(text) != 55:
         return None
-    if m["version"] != "00" and len(value) > 55 and value[55] != "-":
+    if m["version"] != "00" and len(text) > 55 and text[55] != "-":
         return None
-    return value[:55]
+    return text[:55]
 
 
 def check_trace_context(field: str, value: Any) -> str | None:
@@ -206,8 +206,8 @@ def backoff_seconds(attempt: int, *, base: float = BACKOFF_BASE_SECONDS, cap: fl
     so retries spread out without ever collapsing to zero.
     """
     attempt = max(1, attempt)
-    ceiling = min(cap, base * (2 ** min(attempt - 1, 62)))
-    r = (rng or random).random()
+    ceiling = min(cap, base * 2.0 ** min(attempt - 1, 62))
+    r = rng.random() if rng is not None else random.random()
     return ceiling / 2 + r * ceiling / 2
 
 

@@ -123,7 +123,7 @@ class UnknownWorker(LeaseqError):
 
     code = "unknown_worker"
     http_status = 409
-    cli_field = "worker"
+    cli_field: str | None = "worker"
 
 
 class InvalidTransition(LeaseqError):
@@ -164,6 +164,14 @@ class StaleToken(LeaseqError):
     code = "stale_token"
     http_status = 409
     cli_field = "fencing_token"
+
+    # Set by whoever raises it, where known: the fenced store names the
+    # resource and both tokens, the lease check the task and generation.
+    resource_key: str | None = None
+    token: str | None = None
+    newest_token: str | None = None
+    task_id: int | None = None
+    generation: int | None = None
 
 
 class Permanent(LeaseqError):

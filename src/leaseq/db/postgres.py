@@ -101,17 +101,18 @@ def checked_connection(pool: ConnectionPool) -> Iterator[psycopg.Connection]:
     caller's statements) come out as :class:`leaseq.BackendUnavailable`.
     """
     with map_driver_errors():
-        conn: psycopg.Connection | None = pool.getconn()
+        held = pool.getconn()
+        conn: psycopg.Connection | None = held  # what the finally returns to the pool
         try:
             # Every connection of the pool may be stale (a restart): try each once,
             # then one more, which the pool has had to open afresh.
             for _ in range(pool.max_size):
-                if _healthy(conn):
+                if _healthy(held):
                     break
-                pool.putconn(conn)  # closed: the pool discards it and opens a replacement
                 conn = None
-                conn = pool.getconn()
-            yield conn
+                pool.putconn(held)  # closed: the pool discards it and opens a replacement
+                held = conn = pool.getconn()
+            yield held
         finally:
             if conn is not None:
                 pool.putconn(conn)  # a connection left broken or mid-transaction is discarded or reset
@@ -121,15 +122,16 @@ def checked_connection(pool: ConnectionPool) -> Iterator[psycopg.Connection]:
 async def achecked_connection(pool: AsyncConnectionPool) -> AsyncIterator[psycopg.AsyncConnection]:
     """The asyncio twin of :func:`checked_connection`."""
     with map_driver_errors():
-        conn: psycopg.AsyncConnection | None = await pool.getconn()
+        held = await pool.getconn()
+        conn: psycopg.AsyncConnection | None = held
         try:
             for _ in range(pool.max_size):
-                if await _ahealthy(conn):
+                if await _ahealthy(held):
                     break
-                await pool.putconn(conn)
                 conn = None
-                conn = await pool.getconn()
-            yield conn
+                await pool.putconn(held)
+                held = conn = await pool.getconn()
+            yield held
         finally:
             if conn is not None:
                 await pool.putconn(conn)

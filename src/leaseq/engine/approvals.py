@@ -74,7 +74,7 @@ def to_approval(row: dict[str, Any], task: Task | None = None) -> Approval:
 def request(s: Settings, row: dict[str, Any], requested_by: str, deadline: float | None) -> Op[dict[str, Any]]:
     """Hold a task inserted in the open transaction for approval; returns its row, now awaiting approval."""
     digest = digest_of(row)
-    held = yield one("hold_for_approval", task_id=row["id"])
+    held: dict[str, Any] = yield one("hold_for_approval", task_id=row["id"])
     yield rows("approval_request", task_id=row["id"], digest=digest, requested_by=requested_by, deadline=deadline)
     detail: dict[str, Any] = dict(digest=digest, requested_by=requested_by)
     if deadline is not None:
@@ -84,11 +84,11 @@ def request(s: Settings, row: dict[str, Any], requested_by: str, deadline: float
 
 
 def _check_digest(digest: Any) -> str:
-    checks.check_text("digest", digest, required=True)
-    if not digest.startswith("sha256:") or len(digest) != 71:
+    text = checks.check_text("digest", digest, required=True)
+    if text is None or not text.startswith("sha256:") or len(text) != 71:
         raise InvalidInput("digest", "must be the task's approval digest, 'sha256:' and 64 hex digits "
                                      "(see `leaseq approvals` or GET /v1/approvals)")
-    return digest
+    return text
 
 
 def _pending(task_id: int) -> Op[tuple[dict[str, Any], dict[str, Any]]]:

@@ -128,7 +128,7 @@ def audit(by: str, via: str | None, action: str, target: str, **detail: Any) -> 
 
 def require_task(task_id: int, *, lock: bool = False) -> Op[dict[str, Any]]:
     """The task row (locked for the transaction with ``lock``); NotFound if there is none."""
-    row = yield one("lock_task" if lock else "get_task", task_id=task_id)
+    row: dict[str, Any] | None = yield one("lock_task" if lock else "get_task", task_id=task_id)
     if row is None:
         raise NotFound(f"task {task_id} does not exist")
     return row
@@ -148,6 +148,6 @@ def rows_of_task(task_id: int, query: str) -> Op[list[dict[str, Any]]]:
     task_id = checks.check_task_id(task_id)
     yield BEGIN
     yield from require_task(task_id)
-    found = yield rows(query, task_id=task_id)
+    found: list[dict[str, Any]] = yield rows(query, task_id=task_id)
     yield COMMIT
     return found

@@ -38,14 +38,14 @@ def drive(store: Store, op: Op[T]) -> T:
         except StopIteration as stop:
             if cm is not None:
                 cm.__exit__(None, None, None)
-            return stop.value
+            result: T = stop.value
+            return result
         except BaseException as exc:
             if cm is not None and cm.__exit__(type(exc), exc, exc.__traceback__):
                 return None  # type: ignore[return-value]  # never: the backends' transactions swallow nothing
             raise
         answer = error = None
-        kind = type(step)
-        if kind is Rows or kind is One or kind is Script:
+        if type(step) is Rows or type(step) is One or type(step) is Script:
             try:
                 answer = _answer(tx, step)
             except BaseException as exc:  # the statement failed: its transaction ends here, rolled back
@@ -55,10 +55,10 @@ def drive(store: Store, op: Op[T]) -> T:
                     error = exc
                 except BaseException as mapped:  # the backend's own error for it (e.g. KeyConflict)
                     error = mapped
-        elif kind is Begin:
+        elif type(step) is Begin:
             cm = store.transaction(one_statement=step.one_statement)
             tx = cm.__enter__()
-        elif kind is Commit:
+        elif type(step) is Commit:
             ending, cm, tx = cm, None, None
             try:
                 ending.__exit__(None, None, None)
@@ -75,7 +75,8 @@ def drive_in(tx: Tx, op: Op[T]) -> T:
         try:
             step = op.send(answer)
         except StopIteration as stop:
-            return stop.value
+            result: T = stop.value
+            return result
         if type(step) is Begin or type(step) is Commit:
             raise TypeError("drive_in runs steps inside the caller's transaction: the operation may not "
                             "begin or commit one")
@@ -97,17 +98,17 @@ async def adrive(store: Store, op: Op[T]) -> T:
         except StopIteration as stop:
             if cm is not None:
                 await cm.__aexit__(None, None, None)
-            return stop.value
+            result: T = stop.value
+            return result
         except BaseException as exc:
             if cm is not None and await cm.__aexit__(type(exc), exc, exc.__traceback__):
                 return None  # type: ignore[return-value]
             raise
         answer = error = None
-        kind = type(step)
-        if kind is Rows or kind is One:
+        if type(step) is Rows or type(step) is One:
             try:
                 answer = await tx.rows(step.query, **step.params)
-                if kind is One:
+                if type(step) is One:
                     answer = answer[0] if answer else None
             except BaseException as exc:  # includes cancellation: the transaction is rolled back
                 ending, cm, tx = cm, None, None
@@ -116,7 +117,7 @@ async def adrive(store: Store, op: Op[T]) -> T:
                     error = exc
                 except BaseException as mapped:
                     error = mapped
-        elif kind is Script:
+        elif type(step) is Script:
             try:
                 await tx.script(step.sql)
             except BaseException as exc:
@@ -126,10 +127,10 @@ async def adrive(store: Store, op: Op[T]) -> T:
                     error = exc
                 except BaseException as mapped:
                     error = mapped
-        elif kind is Begin:
+        elif type(step) is Begin:
             cm = store.atransaction(one_statement=step.one_statement)
             tx = await cm.__aenter__()
-        elif kind is Commit:
+        elif type(step) is Commit:
             ending, cm, tx = cm, None, None
             try:
                 await ending.__aexit__(None, None, None)

@@ -151,9 +151,9 @@ def complete_many(s: Settings, worker: Worker | str, done: Sequence[tuple[Claim,
     # a backend that can skip BEGIN acts on). Tasks that others wait for are
     # left out of this statement...
     yield BEGIN_ONE
-    done = {r["id"] for r in (yield from _complete_batch(s, wid, items, with_dependents=False))}
+    completed: set[int] = {r["id"] for r in (yield from _complete_batch(s, wid, items, with_dependents=False))}
     yield COMMIT
-    rest = [item for item in items if item["task_id"] not in done]
+    rest = [item for item in items if item["task_id"] not in completed]
     if rest:
         # ...and completed here, in a transaction that also settles their
         # waiters (a task missing from both answers had lost its lease)
@@ -162,13 +162,13 @@ def complete_many(s: Settings, worker: Worker | str, done: Sequence[tuple[Claim,
         if settled:
             yield from settle_dependents(s, settled)
         yield COMMIT
-        done.update(settled)
-    return done
+        completed.update(settled)
+    return completed
 
 
 def _complete_batch(s: Settings, wid: str, items: list[dict[str, Any]], *,
                     with_dependents: bool) -> Op[list[dict[str, Any]]]:
-    completed = yield rows("complete_batch", worker_id=wid, items=items, compact=s.compact,
+    completed: list[dict[str, Any]] = yield rows("complete_batch", worker_id=wid, items=items, compact=s.compact,
                            with_dependents=with_dependents)
     if completed and not s.backend.own_limit_slots:
         yield from limits.release(completed)

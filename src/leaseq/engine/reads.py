@@ -13,7 +13,7 @@ from .steps import BEGIN, COMMIT, Op, one, rows
 
 def _read(query: str, **params: Any) -> Op[list[dict[str, Any]]]:
     yield BEGIN
-    found = yield rows(query, **params)
+    found: list[dict[str, Any]] = yield rows(query, **params)
     yield COMMIT
     return found
 
@@ -63,4 +63,5 @@ def now(s: Settings) -> Op[datetime]:
     yield BEGIN
     row = yield one("db_now")
     yield COMMIT
-    return row["now"]
+    db_now: datetime = row["now"]
+    return db_now

@@ -121,7 +121,8 @@ class FenceGrant:
 def fence_grant(request_or_scope: Any) -> FenceGrant | None:
     """The :class:`FenceGrant` of a request (a Starlette ``Request`` or an ASGI scope), if fenced."""
     scope = getattr(request_or_scope, "scope", request_or_scope)
-    return scope.get(SCOPE_KEY)
+    grant: FenceGrant | None = scope.get(SCOPE_KEY)
+    return grant
 
 
 class _Refused(Exception):
@@ -382,9 +383,10 @@ class FencingMiddleware:
             nonlocal ran
             ran = True
             anyio.from_thread.run(run_app, conn)
-            if not captured.complete:
+            status = captured.status
+            if status is None or not captured.complete:
                 raise RuntimeError("the application returned without a complete response")
-            if captured.status >= 400:
+            if status >= 400:
                 raise _NotRecorded()
             return captured.outcome(self.replay_headers) if key is not None else None
 
@@ -410,6 +412,8 @@ class FencingMiddleware:
         if ran:
             await captured.forward(send)
         else:
+            # write did not run: apply returned the outcome stored under the key
+            assert outcome is not None
             await self._replay(send, outcome)
 
     def _threads(self) -> anyio.CapacityLimiter:

@@ -92,8 +92,8 @@ def parse_token(field: str, token: Any) -> tuple[int, int]:
 
 def check_token(field: str, token: Any) -> str:
     """``token`` if it is a usable fencing token, else :class:`InvalidInput` naming ``field``."""
-    parse_token(field, token)
-    return token
+    parse_token(field, token)  # a string, or it raised
+    return str(token)
 
 
 def check_key(field: str, key: Any) -> str:

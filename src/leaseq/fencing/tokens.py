@@ -205,8 +205,8 @@ class ActionSigner:
         for field, value in (("task_id", task_id), ("generation", generation)):
             if not _is_int(value) or value < 0:
                 raise InvalidInput(field, f"must be a non-negative integer, not {value!r}")
-        for field, value in (("action", action), ("idempotency_key", idempotency_key)):
-            if not isinstance(value, str) or not value:
+        for field, text in (("action", action), ("idempotency_key", idempotency_key)):
+            if not isinstance(text, str) or not text:
                 raise InvalidInput(field, "must be a non-empty string")
         if resource is not None and (not isinstance(resource, str) or not resource):
             raise InvalidInput("resource", "must be a non-empty string or None")

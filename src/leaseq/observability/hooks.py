@@ -30,13 +30,13 @@ if TYPE_CHECKING:  # pragma: no cover
 _FAILED_TO = {"queued": "retried", "dead": "failed"}
 
 
-class TaskLog(logging.LoggerAdapter):
+class TaskLog(logging.LoggerAdapter[logging.Logger]):
     """A task's logger: every record carries the attempt's fields (``task_id``, ``kind``,
     ``generation``, ``attempt``, ``worker_id``, and once known ``duration`` and ``outcome``),
     merged with the call's own ``extra``."""
 
     def process(self, msg: Any, kwargs: MutableMapping[str, Any]) -> tuple[Any, MutableMapping[str, Any]]:
-        kwargs["extra"] = {**self.extra, **(kwargs.get("extra") or {})}
+        kwargs["extra"] = {**(self.extra or {}), **(kwargs.get("extra") or {})}
         return msg, kwargs
 
 

@@ -25,11 +25,19 @@ registry, never the process-wide default. The series:
 from __future__ import annotations
 
 import time
-from typing import Any
+from collections.abc import Awaitable, Callable
+from datetime import datetime
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
 from ..worker.completer import is_infrastructure
+
+if TYPE_CHECKING:
+    from ..core.model import Claim
+    from ..worker.transport import NativeTransport
+
+R = TypeVar("R")
 
 #: Handler durations: agent work runs from milliseconds to many minutes.
 DURATION_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 300.0, 1800.0)
@@ -77,7 +85,8 @@ class MeteredTransport:
     """
 
     def __init__(self, transport: Any, metrics: WorkerMetrics):
-        self._transport = transport
+        # Typed as the fullest transport: only the calls its capabilities declare are made.
+        self._transport: NativeTransport = transport
         self._metrics = metrics
 
     def __getattr__(self, name: str) -> Any:  # capabilities, listener, register_worker, effects, ...
@@ -90,7 +99,7 @@ class MeteredTransport:
         if exc is not None:
             m.call_errors.labels(call, "infrastructure" if is_infrastructure(exc) else "refused").inc()
 
-    def _sync(self, call: str, fn: Any, *args: Any, **kwargs: Any) -> Any:
+    def _sync(self, call: str, fn: Callable[..., R], *args: Any, **kwargs: Any) -> R:
         started = time.monotonic()
         try:
             value = fn(*args, **kwargs)
@@ -100,7 +109,7 @@ class MeteredTransport:
         self._done(call, started, None)
         return value
 
-    async def _async(self, call: str, fn: Any, *args: Any, **kwargs: Any) -> Any:
+    async def _async(self, call: str, fn: Callable[..., Awaitable[R]], *args: Any, **kwargs: Any) -> R:
         started = time.monotonic()
         try:
             value = await fn(*args, **kwargs)
@@ -110,13 +119,13 @@ class MeteredTransport:
         self._done(call, started, None)
         return value
 
-    def claim(self, worker: Any, **kwargs: Any) -> list:
+    def claim(self, worker: Any, **kwargs: Any) -> list[Claim]:
         return self._sync("claim", self._transport.claim, worker, **kwargs)
 
-    async def aclaim(self, worker: Any, **kwargs: Any) -> list:
+    async def aclaim(self, worker: Any, **kwargs: Any) -> list[Claim]:
         return await self._async("claim", self._transport.aclaim, worker, **kwargs)
 
-    def renew_leases(self, worker: Any, claims: list) -> dict:
+    def renew_leases(self, worker: Any, claims: list[Claim]) -> dict[int, datetime]:
         renewed = self._sync("renew", self._transport.renew_leases, worker, claims)
         self._metrics.renewed.inc(len(renewed))
         return renewed
@@ -124,10 +133,10 @@ class MeteredTransport:
     def complete(self, worker: Any, claim: Any, result: Any = None) -> Any:
         return self._sync("complete", self._transport.complete, worker, claim, result)
 
-    def complete_many(self, worker: Any, done: list) -> set:
+    def complete_many(self, worker: Any, done: list[tuple[Claim, Any]]) -> set[int]:
         return self._sync("complete", self._transport.complete_many, worker, done)
 
-    async def acomplete_many(self, worker: Any, done: list) -> set:
+    async def acomplete_many(self, worker: Any, done: list[tuple[Claim, Any]]) -> set[int]:
         return await self._async("complete", self._transport.acomplete_many, worker, done)
 
     def fail(self, worker: Any, claim: Any, error: str, **kwargs: Any) -> Any:

@@ -33,7 +33,7 @@ from jinja2 import Environment, PackageLoader, select_autoescape
 from starlette.concurrency import run_in_threadpool
 
 from .. import auth, authz
-from ..core import policy
+from ..core import checks
 from ..core.errors import InvalidInput, LeaseqError, NotFound
 from ..queue import Queue
 from .access import Access, client_address, csrf_token
@@ -355,10 +355,10 @@ def _bulk(q: Queue, s: Session, action: str, ids: list[str], note: str) -> tuple
         raise InvalidInput("ids", "tick at least one task")
     if len(ids) > MAX_BULK:
         raise InvalidInput("ids", f"at most {MAX_BULK} tasks at once (got {len(ids)})")
-    targets = list(dict.fromkeys(policy.check_task_id(i) for i in ids))
+    targets = list(dict.fromkeys(checks.check_task_id(i) for i in ids))
     spec = authz.ACTIONS[action]
     [text] = [f for f in spec.fields if not f.json and not f.choices]  # the one note the form offers
-    policy.check_text(text.name, note)  # once for all, not once per task
+    checks.check_text(text.name, note)  # once for all, not once per task
     given = {text.name: note} if note.strip() else {}
     if text.required and not given:
         raise InvalidInput(text.name, "required field is missing: one note for all the ticked tasks")

@@ -44,7 +44,7 @@ from typing import Any
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
-from ..core import policy
+from ..core import checks
 from ..core.errors import InvalidInput, LeaseqError
 from ..queue import Queue
 
@@ -100,27 +100,27 @@ class MaintenanceConfig:
 
     def validate(self) -> MaintenanceConfig:
         """This config, checked: :class:`~leaseq.InvalidInput` names the first bad field."""
-        lease = policy.check_seconds("leader_lease_seconds", self.leader_lease_seconds, allow_zero=False,
+        lease = checks.check_seconds("leader_lease_seconds", self.leader_lease_seconds, allow_zero=False,
                                      maximum=MAX_LEADER_LEASE_SECONDS)
         if lease < MIN_LEADER_LEASE_SECONDS:
             raise InvalidInput("leader_lease_seconds", f"must be at least {MIN_LEADER_LEASE_SECONDS} (got {lease})")
         sweep = self.sweep_every
         if sweep is not None:
-            sweep = policy.check_seconds("sweep_every", sweep, allow_zero=False, maximum=_MAX_AGE)
+            sweep = checks.check_seconds("sweep_every", sweep, allow_zero=False, maximum=_MAX_AGE)
         approvals = self.approvals_every
         if approvals is not None:
-            approvals = policy.check_seconds("approvals_every", approvals, allow_zero=False, maximum=_MAX_AGE)
+            approvals = checks.check_seconds("approvals_every", approvals, allow_zero=False, maximum=_MAX_AGE)
         older = self.prune_older_than
         if older is not None:
-            older = policy.check_seconds("prune_older_than", older, allow_zero=True, maximum=_MAX_AGE)
+            older = checks.check_seconds("prune_older_than", older, allow_zero=True, maximum=_MAX_AGE)
         payloads = self.prune_payloads_older_than
         if payloads is not None:
             if older is None:
                 raise InvalidInput("prune_payloads_older_than", "needs prune_older_than as well")
-            payloads = policy.check_seconds("prune_payloads_older_than", payloads, allow_zero=True,
+            payloads = checks.check_seconds("prune_payloads_older_than", payloads, allow_zero=True,
                                             maximum=_MAX_AGE)
-        every = policy.check_seconds("prune_every", self.prune_every, allow_zero=False, maximum=_MAX_AGE)
-        policy.check_text("replica_id", self.replica_id, required=True)
+        every = checks.check_seconds("prune_every", self.prune_every, allow_zero=False, maximum=_MAX_AGE)
+        checks.check_text("replica_id", self.replica_id, required=True)
         if len(self.replica_id) > 200:
             raise InvalidInput("replica_id", "must be at most 200 characters")
         return replace(self, leader_lease_seconds=lease, sweep_every=sweep, approvals_every=approvals,
@@ -217,10 +217,10 @@ class Maintenance:
         ``run`` must be safe to run twice at once: leadership can overlap briefly
         when a leader stalls past its lease. Its passes are counted like the built-in jobs'.
         """
-        policy.check_name("name", name)
+        checks.check_name("name", name)
         if name in self.jobs:
             raise InvalidInput("name", f"a maintenance job named {name!r} already exists")
-        every = policy.check_seconds("every", every, allow_zero=False, maximum=_MAX_AGE)
+        every = checks.check_seconds("every", every, allow_zero=False, maximum=_MAX_AGE)
         if not callable(run):
             raise InvalidInput("run", "must be callable")
         if self._threads:

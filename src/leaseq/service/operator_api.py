@@ -19,7 +19,7 @@ from fastapi import APIRouter, Depends, Path, Query, Request
 from pydantic import create_model
 
 from .. import auth, authz
-from ..core import policy
+from ..core import checks
 from ..core.errors import InvalidInput
 from ..core.model import Task
 from ..aio import await_task
@@ -43,7 +43,7 @@ class EnqueueBody(Body):
     priority: int = 0
     delay: float = 0
     max_attempts: int = 5
-    lease_seconds: float = policy.DEFAULT_LEASE_SECONDS
+    lease_seconds: float = checks.DEFAULT_LEASE_SECONDS
     actions: list[str] | None = None
     timeout: float | None = None
     #: an ISO 8601 time with its offset: the latest time the task may start
@@ -95,7 +95,7 @@ def _deadline(text: str | None) -> datetime | None:
 
 @router.post("/tasks", status_code=201, tags=["tasks"], summary="Enqueue a task")
 def enqueue(body: EnqueueBody, request: Request, principal: auth.Principal = Depends(api_principal)) -> dict:
-    policy.check_name("queue", body.queue)
+    checks.check_name("queue", body.queue)
     authz.authorize(principal, "enqueue", queue=body.queue)
     task = _queue(request).enqueue(body.kind, body.payload, effect=body.effect, queue=body.queue,
                                    idempotency_key=body.idempotency_key, priority=body.priority, delay=body.delay,
@@ -105,7 +105,7 @@ def enqueue(body: EnqueueBody, request: Request, principal: auth.Principal = Dep
                                    by=principal.actor,
                                    # the caller's trace, which the task's spans join (an invalid header is
                                    # ignored, as W3C Trace Context says a receiver must)
-                                   trace_context=policy.parse_traceparent(request.headers.get("traceparent")),
+                                   trace_context=checks.parse_traceparent(request.headers.get("traceparent")),
                                    after=body.after, on_dependency_failure=body.on_dependency_failure,
                                    limits=body.limits, units=body.units)
     if task.status == "queued":

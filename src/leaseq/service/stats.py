@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from typing import Any
 from urllib.parse import urlencode
 
-from ..core import policy
+from ..core import checks
 from ..core.errors import InvalidInput
 from ..core.model import Task
 from ..queue import Queue
@@ -78,15 +78,15 @@ class TaskFilter:
         queue = params.get("queue") or None
         search = params.get("q") or None
         if status is not None:
-            policy.check_status(status)
+            checks.check_status(status)
         if kind is not None:
-            policy.check_kind(kind)
+            checks.check_kind(kind)
         if queue is not None:
-            policy.check_name("queue", queue)
+            checks.check_name("queue", queue)
         if search is not None:
             if len(search) > MAX_SEARCH:
                 raise InvalidInput("q", f"must be at most {MAX_SEARCH} characters")
-            policy.check_storable("q", search)
+            checks.check_storable("q", search)
         before = _cursor("before", params["before"]) if params.get("before") else None
         after = _cursor("after", params["after"]) if params.get("after") else None
         if before is not None and after is not None:
@@ -94,7 +94,7 @@ class TaskFilter:
         raw = params.get("limit") or "50"
         if not raw.isascii() or not raw.isdigit() or len(raw) > 6:
             raise InvalidInput("limit", f"must be a whole number from 1 to {MAX_PAGE} (got {raw[:40]!r})")
-        limit = policy.check_int("limit", int(raw), minimum=1, maximum=MAX_PAGE)
+        limit = checks.check_int("limit", int(raw), minimum=1, maximum=MAX_PAGE)
         return cls(status, kind, queue, search, before, after, limit)
 
     def url(self, **changes: Any) -> str:
@@ -197,7 +197,7 @@ def chart_data(q: Queue, window: str, by: str) -> dict[str, Any]:
     """
     seconds = WINDOWS[window]
     with q.store.transaction() as tx:
-        now = tx.row("db_now")["now"]
+        now = tx.rows("db_now")[0]["now"]
         done = tx.rows("dashboard_completed_by_minute", window=float(seconds))
         bad = tx.rows("dashboard_failures_by_minute", window=float(seconds))
     end = int(now.timestamp()) // 60 * 60
@@ -241,7 +241,7 @@ def version(q: Queue, view: str, params: Mapping[str, str]) -> str:
         data = [(t.id, t.status, t.claim_generation, t.attempts, str(t.updated_at)) for t in page.tasks]
         data.append((page.older, page.newer))
     elif view == "task":
-        task_id = policy.check_task_id(params.get("id", ""))
+        task_id = checks.check_task_id(params.get("id", ""))
         data = _read(q, "dashboard_task_version", task_id=task_id)
     elif view == "workers":
         data = [(w["id"], str(w["revoked_at"]), [(x["id"], x["claim_generation"], str(x["lease_expires_at"]))

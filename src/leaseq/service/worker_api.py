@@ -25,7 +25,7 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 from pydantic_core import PydanticCustomError
 
 from .. import auth, authz
-from ..core import policy
+from ..core import checks
 from ..core.errors import InvalidInput, LeaseLost, NotFound
 from ..core.model import Claim, Effect, Task
 from ..queue import Queue
@@ -123,7 +123,7 @@ class IntentBody(Body):
     approval_deadline: float | None = None
     priority: int = 0
     max_attempts: int = 5
-    lease_seconds: float = policy.DEFAULT_LEASE_SECONDS
+    lease_seconds: float = checks.DEFAULT_LEASE_SECONDS
     actions: list[str] | None = None
 
 
@@ -156,7 +156,7 @@ def acting_as(action: str) -> Any:
 def _claim(worker_id: str, task_id: int, generation: int, task: Task | None = None) -> Claim:
     # The guarded calls read task_id, generation and worker_id; the lease guard
     # in SQL checks them against the row. expires_at is the caller's business.
-    policy.check_int("generation", generation, minimum=0, maximum=2**63 - 1)
+    checks.check_int("generation", generation, minimum=0, maximum=2**63 - 1)
     return Claim(task_id=task_id, generation=generation, worker_id=worker_id, expires_at=None,  # type: ignore[arg-type]
                  task=task)  # type: ignore[arg-type]
 
@@ -207,7 +207,7 @@ def complete(body: CompleteBody, request: Request, task_id: int = TaskId, worker
 @router.post("/workers/{worker_id}/tasks/{task_id}/fail",
              summary="End the attempt with an error, or (retry_after) ask to run it again later")
 def fail(body: FailBody, request: Request, task_id: int = TaskId, worker_id: str = WorkerId) -> dict[str, Any]:
-    policy.check_int("generation", body.generation, minimum=0, maximum=2**63 - 1)
+    checks.check_int("generation", body.generation, minimum=0, maximum=2**63 - 1)
 
     def operation(view: Queue) -> Task:
         try:
@@ -269,7 +269,7 @@ def intend(body: IntentBody, request: Request, task_id: int = TaskId, worker_id:
     # An intent is written for an executor pool whose queue the agent's token
     # cannot claim from; outside its own queues only approval-gated. The lease
     # of the calling task and its declared actions (intend:<kind>) decide the rest.
-    policy.check_name("queue", body.queue)
+    checks.check_name("queue", body.queue)
     authz.authorize_intent(principal, body.queue, body.approval)
     options = body.model_dump(exclude={"generation", "kind", "payload", "key"})
     child = _refused(request, "intend", _queue(request).intend, worker_id,

@@ -34,7 +34,7 @@ from fastapi.responses import JSONResponse
 from pydantic import Field
 from starlette.concurrency import run_in_threadpool
 
-from ..core import policy
+from ..core import checks
 from ..core.errors import InvalidInput, LeaseLost, NotFound
 from ..core.model import Claim, Claims, Task
 from ..queue import Queue
@@ -92,7 +92,7 @@ class ClaimBody(Body):
 
 @router.post("/workers/{worker_id}/claim", summary="Lease up to `limit` due tasks, waiting up to `wait` s for some")
 async def claim(body: ClaimBody, request: Request, worker_id: str = WorkerId) -> JSONResponse:
-    policy.check_name("queue", body.queue)
+    checks.check_name("queue", body.queue)
     metrics, signal = _metrics(request), _signal(request)
     wait = min(body.wait, request.app.state.settings.claim_wait_limit)
     deadline = time.monotonic() + wait
@@ -180,7 +180,7 @@ def complete_many(body: CompleteManyBody, request: Request, worker_id: str = Wor
     started = time.perf_counter()
     _no_repeats("tasks", [t.task_id for t in body.tasks])
     for i, t in enumerate(body.tasks):
-        policy.check_json(f"tasks.{i}.result", t.result)
+        checks.check_json(f"tasks.{i}.result", t.result)
     done = [(_claim(worker_id, t.task_id, t.generation), t.result) for t in body.tasks]
     completed = in_one_transaction(request, "complete", worker_id, lambda view: view.complete_many(worker_id, done))
     refused = [_refusal(t.task_id, t.generation, "complete refused: lease no longer held")
@@ -212,9 +212,9 @@ def fail_many(body: FailManyBody, request: Request, worker_id: str = WorkerId) -
     started = time.perf_counter()
     _no_repeats("tasks", [t.task_id for t in body.tasks])
     for i, t in enumerate(body.tasks):
-        policy.check_text(f"tasks.{i}.error", t.error, required=True)
+        checks.check_text(f"tasks.{i}.error", t.error, required=True)
         if t.delay is not None:
-            policy.check_seconds(f"tasks.{i}.delay", t.delay, allow_zero=True, maximum=10 * 365 * 86400.0)
+            checks.check_seconds(f"tasks.{i}.delay", t.delay, allow_zero=True, maximum=10 * 365 * 86400.0)
 
     def operation(view: Queue) -> tuple[list[Task], list[dict[str, Any]]]:
         failed, refused = [], []

@@ -70,7 +70,9 @@ class PostgresTx:
     and a second statement is refused rather than silently committed apart.
     """
 
-    def __init__(self, conn: psycopg.Connection, queries: dict[str, str], *, one_statement: bool = False,
+    # Any rows: the pool's connections make dicts (dict_row); a caller's connection
+    # may make anything, and is read through a dict_row cursor of its own.
+    def __init__(self, conn: psycopg.Connection[Any], queries: dict[str, str], *, one_statement: bool = False,
                  caller: bool = False):
         self._conn = conn
         self._queries = queries
@@ -87,9 +89,9 @@ class PostgresTx:
                 own.execute(self._queries[query], _encode(params), prepare=False)
                 return own.fetchall() if _rows(own) else []
         if query in CUSTOM_PLAN:
-            with psycopg.ClientCursor(self._conn) as cur:
-                cur.execute(self._queries[query], _encode(params))
-                return cur.fetchall() if _rows(cur) else []
+            with psycopg.ClientCursor(self._conn) as client:
+                client.execute(self._queries[query], _encode(params))
+                return client.fetchall() if _rows(client) else []
         cur = self._conn.execute(self._queries[query], _encode(params), prepare=query in GENERIC_PLAN)
         return cur.fetchall() if _rows(cur) else []
 
@@ -111,7 +113,7 @@ class PostgresTx:
 class AsyncPostgresTx:
     """:class:`PostgresTx` on an asyncio connection: the same statements, awaited."""
 
-    def __init__(self, conn: psycopg.AsyncConnection, queries: dict[str, str], *, one_statement: bool = False,
+    def __init__(self, conn: psycopg.AsyncConnection[Any], queries: dict[str, str], *, one_statement: bool = False,
                  caller: bool = False):
         self._conn = conn
         self._queries = queries
@@ -127,9 +129,9 @@ class AsyncPostgresTx:
                 await own.execute(self._queries[query], _encode(params), prepare=False)
                 return await own.fetchall() if _rows(own) else []
         if query in CUSTOM_PLAN:
-            async with psycopg.AsyncClientCursor(self._conn) as cur:
-                await cur.execute(self._queries[query], _encode(params))
-                return await cur.fetchall() if _rows(cur) else []
+            async with psycopg.AsyncClientCursor(self._conn) as client:
+                await client.execute(self._queries[query], _encode(params))
+                return await client.fetchall() if _rows(client) else []
         cur = await self._conn.execute(self._queries[query], _encode(params), prepare=query in GENERIC_PLAN)
         return await cur.fetchall() if _rows(cur) else []
 

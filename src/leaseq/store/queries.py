@@ -155,7 +155,7 @@ def parse_queries_file(text: str, source: str) -> tuple[dict[str, Template], dic
             raise RuntimeError(f"query {name!r} defined twice in {source}")
         uses: list[tuple[str, str | None]] = []
 
-        def expand(m: re.Match[str], name: str = name, uses: list = uses) -> str:
+        def expand(m: re.Match[str], name: str = name, uses: list[tuple[str, str | None]] = uses) -> str:
             template = templates.get(m.group("name"))
             if template is None:
                 raise RuntimeError(f"{source}: query {name!r} uses unknown template {m.group('name')!r}")

@@ -11,7 +11,7 @@ import sqlite3
 import threading
 import time
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from contextlib import AbstractAsyncContextManager, contextmanager
 from datetime import datetime, timezone
 from typing import Any
 
@@ -29,7 +29,7 @@ def _to_time(value: float) -> datetime:
 @functools.lru_cache(maxsize=256)
 def _decoders(columns: tuple[str, ...]) -> tuple[tuple[int, str, Callable[[Any], Any]], ...]:
     """For one result shape: which columns need converting, and how (worked out once)."""
-    plan = []
+    plan: list[tuple[int, str, Callable[[Any], Any]]] = []
     for i, key in enumerate(columns):
         if key in JSON_COLUMNS:
             plan.append((i, key, json.loads))
@@ -97,8 +97,9 @@ class SqliteTx:
         return rows[0] if rows else None
 
     def run_many(self, query: str, params: list[dict[str, Any]]) -> None:
-        if params and self._queries[query] is not None:
-            self._conn.executemany(self._queries[query], [_encode(p) for p in params])
+        sql = self._queries[query]
+        if params and sql is not None:
+            self._conn.executemany(sql, [_encode(p) for p in params])
 
     def script(self, sql: str) -> None:
         statement = ""
@@ -195,6 +196,11 @@ class SqliteStore:
                 if "UNIQUE" in str(exc):
                     raise KeyConflict(str(exc)) from None
                 raise
+
+    def atransaction(self, *, one_statement: bool = False) -> AbstractAsyncContextManager[Any]:
+        """Not available: the capabilities declare no ``native_async``, so asyncio
+        callers run :meth:`transaction` on a thread instead."""
+        raise NotImplementedError("SQLite has no asyncio transactions (capabilities.native_async is False)")
 
     def listener(self, queues: set[str]) -> SleepingListener:
         return SleepingListener()

@@ -288,9 +288,12 @@ class Completer:
 
     async def _send_batch(self, batch: list[_Pending]) -> set[int]:
         pairs = [(item.ctx.claim, item.result) for item in batch]
+        done: set[int]
         if self.capabilities.native_async:
-            return await self.transport.acomplete_many(self.worker, pairs)
-        return await self._call(self.transport.complete_many, self.worker, pairs)
+            done = await self.transport.acomplete_many(self.worker, pairs)
+        else:
+            done = await self._call(self.transport.complete_many, self.worker, pairs)
+        return done
 
     async def _write_batch(self, batch: list[_Pending]) -> None:
         backoff, tries = INITIAL_BACKOFF, 0

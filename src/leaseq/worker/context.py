@@ -32,7 +32,7 @@ _LOSS_LOCK = threading.Lock()
 class TaskContext:
     """The handler's view of one claimed task."""
 
-    def __init__(self, transport: Transport, worker: Worker, claim: Claim, log: logging.LoggerAdapter):
+    def __init__(self, transport: Transport, worker: Worker, claim: Claim, log: logging.LoggerAdapter[logging.Logger]):
         self._transport = transport
         self.worker = worker
         self.claim = claim
