@@ -28,9 +28,10 @@ from .core.errors import InvalidInput
 from .core.model import Task
 from .core.retry import RetryPolicy
 from .engine.approvals import check_approval
+from .engine.effects import check_actions
 from .engine.enqueue import check_budgets
 from .engine.limits import check_limits, check_units
-from .queue import Queue, _check_actions, connect
+from .queue import Queue, connect
 from .schedules import Schedule
 from .signature import bind_payload, check_handler
 from .worker.registry import Registry
@@ -200,7 +201,7 @@ class App:
         after ``approval_deadline`` seconds if given (see :meth:`Queue.enqueue`).
         ``limits`` names the limits its tasks count against, ``units`` their
         weight in limits that count units (see :meth:`Queue.set_limit`)."""
-        declared = None if actions is None else json.loads(_check_actions(actions, checks.check_effect(effect)))
+        declared = None if actions is None else json.loads(check_actions(actions, checks.check_effect(effect)))
         if retry is not None and not isinstance(retry, RetryPolicy):
             raise InvalidInput("retry", f"must be a leaseq.RetryPolicy (got {type(retry).__name__})")
         budgets = check_budgets(timeout, deadline)

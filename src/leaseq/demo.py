@@ -20,6 +20,7 @@ import textwrap
 import time
 import uuid
 from collections.abc import Callable
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
@@ -69,7 +70,7 @@ class _Story:
         self.console.print(text)
 
 
-def _stall_until_expired(q: Queue, deadline: Any) -> float:
+def _stall_until_expired(q: Queue, deadline: datetime) -> float:
     """Sleep until the database's clock is past ``deadline``; returns the seconds slept."""
     pause = max(0.0, (deadline - q.now()).total_seconds()) + STALL_MARGIN_SECONDS
     time.sleep(pause)
@@ -193,8 +194,8 @@ def run_demo(dsn: str | None = None, *, keep: bool = False, console: Console | N
                   "its own):")
         story.line(f"A = {a.id}")
         story.line(f"B = {b.id}")
-        for act in (lambda: act_one(q, story, queue_name, a, b), lambda: act_two(q, story, queue_name, a, b)):
-            task_id = act()
+        for act in (act_one, act_two):
+            task_id = act(q, story, queue_name, a, b)
             console.print()
             console.print(Text(f"Evidence trail of task {task_id}", style="bold"))
             console.print(timeline(q.events(task_id), names=names))

@@ -135,7 +135,7 @@ class QueueTools:
                                     annotation=Annotated[target_type, PydanticField(description=target_help)])]
         for f in action.fields:
             kind: Any = Any if f.json else str
-            annotation = Annotated[kind if f.required else kind | None, PydanticField(description=f.help)]
+            annotation: Any = Annotated[kind if f.required else kind | None, PydanticField(description=f.help)]
             params.append(inspect.Parameter(f.name, inspect.Parameter.KEYWORD_ONLY, annotation=annotation,
                                             **({} if f.required else {"default": f.default})))
 
@@ -160,9 +160,9 @@ def build_server(q: Queue, principal: Principal) -> Any:
     server = MCPServer("leaseq", instructions=INSTRUCTIONS)
     for name in QueueTools.READS:
         server.add_tool(_guard(getattr(tools, name)), name=name,
-                        annotations=ToolAnnotations(readOnlyHint=True, openWorldHint=False))
+                        annotations=ToolAnnotations(read_only_hint=True, open_world_hint=False))
     for action in authz.operator_actions():
         server.add_tool(_guard(tools.action_tool(action)), name=action.name, title=action.title,
-                        annotations=ToolAnnotations(readOnlyHint=False, destructiveHint=action.danger,
-                                                    idempotentHint=False, openWorldHint=False))
+                        annotations=ToolAnnotations(read_only_hint=False, destructive_hint=action.danger,
+                                                    idempotent_hint=False, open_world_hint=False))
     return server

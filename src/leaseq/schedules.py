@@ -62,6 +62,11 @@ def _cron(expr: Any) -> str:
     return expr.strip()
 
 
+def _every_slot(n: int, every: float) -> datetime:
+    # whole microseconds, so each worker derives the very same key
+    return _EPOCH + timedelta(microseconds=round(n * every * 1_000_000))
+
+
 @dataclass(frozen=True)
 class Schedule:
     """A declared schedule: the task ``kind`` with ``payload`` at every slot.
@@ -118,12 +123,12 @@ class Schedule:
         now = now.astimezone(timezone.utc)
         if self.every is not None:
             last = math.floor(round((now - _EPOCH).total_seconds() / self.every, 9))
-            return [self._every_slot(n) for n in range(last - count + 1, last + 1)]
+            return [_every_slot(n, self.every) for n in range(last - count + 1, last + 1)]
         from cronsim import CronSim
 
         # cronsim steps strictly before its start and to whole seconds: start
         # one second past now's second so a slot at exactly now is included.
-        walk = CronSim(self.cron, now.replace(microsecond=0) + timedelta(seconds=1), reverse=True)
+        walk = CronSim(self._cron_expression(), now.replace(microsecond=0) + timedelta(seconds=1), reverse=True)
         found = []
         for slot in walk:
             found.append(slot.astimezone(timezone.utc))
@@ -135,14 +140,15 @@ class Schedule:
         """The first slot starting after ``now``."""
         now = now.astimezone(timezone.utc)
         if self.every is not None:
-            return self._every_slot(math.floor(round((now - _EPOCH).total_seconds() / self.every, 9)) + 1)
+            return _every_slot(math.floor(round((now - _EPOCH).total_seconds() / self.every, 9)) + 1, self.every)
         from cronsim import CronSim
 
-        return next(iter(CronSim(self.cron, now.replace(microsecond=0)))).astimezone(timezone.utc)
+        return next(iter(CronSim(self._cron_expression(), now.replace(microsecond=0)))).astimezone(timezone.utc)
 
-    def _every_slot(self, n: int) -> datetime:
-        # whole microseconds, so each worker derives the very same key
-        return _EPOCH + timedelta(microseconds=round(n * self.every * 1_000_000))
+    def _cron_expression(self) -> str:
+        if self.cron is None:  # never: a schedule without every= has a cron expression
+            raise RuntimeError(f"schedule {self.name!r} has neither cron nor every")
+        return self.cron
 
     def due(self, previous: datetime | None, now: datetime) -> list[datetime]:
         """The slots a tick at ``now`` enqueues, oldest first, after a tick at ``previous``.

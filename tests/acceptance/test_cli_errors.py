@@ -15,12 +15,15 @@ from .cli_support import assert_one_error_line, snapshot
 UNREACHABLE = "postgresql://postgres@127.0.0.1:1/x"
 
 # (arguments after --dsn, the field the error must name, words the message must contain)
-# "{task}" is a queued task; "{big}" a file holding a payload over the size limit.
+# "{task}" is a queued task; "{big}" a file holding a payload over the size limit;
+# "{latin1}" a file that is not UTF-8.
 BAD_INPUT = [
     (["ls", "--status", "bogus"], "status", ["must be one of", "'bogus'"]),
     (["enqueue", "x", "--effect", "bogus"], "effect", ["read_only", "'bogus'"]),
     (["enqueue", "x", "--payload", "{bad"], "payload", ["not valid JSON"]),
     (["enqueue", "x", "--payload", "@{big}"], "payload", [f"{MAX_PAYLOAD_BYTES} byte limit"]),
+    (["enqueue", "x", "--payload", "@{latin1}"], "payload", ["cannot read", "utf-8"]),
+    (["enqueue", "x", "--payload", "@{big}.missing"], "payload", ["cannot read", "No such file"]),
     (["enqueue", ""], "kind", ["non-empty"]),
     (["enqueue", "x", "--delay", "-1"], "delay", ["at least 0"]),
     (["enqueue", "x", "--queue", "no spaces"], "queue", ["'no spaces'"]),
@@ -51,11 +54,14 @@ def seeded(dsn):
 def test_bad_input_is_refused_and_changes_nothing(dsn, seeded, run_cli, tmp_path):
     big = tmp_path / "big.json"
     big.write_text(json.dumps({"blob": "x" * MAX_PAYLOAD_BYTES}))
+    latin1 = tmp_path / "latin1.json"
+    latin1.write_bytes('{"name": "Zoë"}'.encode("latin-1"))
 
     def attempt(case: tuple[list[str], str, list[str]]) -> str | None:
         """Run one bad command; returns what was wrong with its handling, or None."""
         args, field, words = case
-        args = [a.replace("{task}", str(seeded)).replace("{big}", str(big)) for a in args]
+        args = [a.replace("{task}", str(seeded)).replace("{big}", str(big)).replace("{latin1}", str(latin1))
+                for a in args]
         try:
             line = assert_one_error_line(run_cli("--dsn", dsn, *args), field)
             assert all(word in line for word in words), f"{line!r} lacks one of {words}"

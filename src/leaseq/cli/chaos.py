@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import sys
 from pathlib import Path
+from typing import Any
 
 import click
 
@@ -92,7 +93,7 @@ def chaos(duration: float, workers: int, tasks: int, seed: int, faults: str, tra
     sys.exit(0 if result.report.ok else 1)
 
 
-def _print_table(report, title: str, history_path: Path) -> None:
+def _print_table(report: Any, title: str, history_path: Path) -> None:
     from rich import box
     from rich.table import Table
     from rich.text import Text

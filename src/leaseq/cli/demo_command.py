@@ -7,7 +7,7 @@ import sys
 import click
 
 from ..core.errors import LeaseqError
-from .session import CliError, CliState
+from .session import CliError, cli_state
 
 
 def register(group: click.Group) -> None:
@@ -29,7 +29,7 @@ def demo(ctx: click.Context, keep: bool) -> None:
     from ..demo import run_demo
     from .render import make_console
 
-    state = ctx.find_object(CliState)
+    state = cli_state(ctx)
     try:
         status = run_demo(state.dsn, keep=keep, console=make_console(full_rows=False))  # a story in 80 columns
     except LeaseqError as exc:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import click
 from rich.table import Table
 
@@ -15,7 +17,7 @@ def register(group: click.Group) -> None:
     group.add_command(limits)
 
 
-def _show(rows: list[dict], as_json: bool) -> None:
+def _show(rows: list[dict[str, Any]], as_json: bool) -> None:
     if as_json:
         emit_json(rows)
         return

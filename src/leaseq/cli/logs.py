@@ -141,7 +141,7 @@ class StatusLine:
                 self.text = ""
 
 
-class WorkerLogHandler(logging.StreamHandler):
+class WorkerLogHandler(logging.StreamHandler[TextIO]):
     """A stderr handler that keeps a terminal's progress line below the log lines."""
 
     def __init__(self, stream: TextIO, status: StatusLine | None):

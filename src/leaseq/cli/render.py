@@ -13,7 +13,7 @@ from datetime import datetime
 from typing import Any
 
 from rich import box
-from rich.console import Console
+from rich.console import Console, JustifyMethod
 from rich.table import Table
 from rich.text import Text
 
@@ -117,12 +117,18 @@ def _since(now: datetime | None, then: Any) -> float | None:
     return (now - then).total_seconds()
 
 
+def _table(*columns: tuple[str, JustifyMethod]) -> Table:
+    """A listing table with these (name, justification) columns, long values folded."""
+    table = Table(box=box.SIMPLE_HEAD, pad_edge=False, show_edge=False)
+    for name, justify in columns:
+        table.add_column(name, justify=justify, overflow="fold")
+    return table
+
+
 def task_table(tasks: Iterable[Task], *, now: datetime | None = None) -> Table:
     """The ``leaseq ls`` table."""
-    table = Table(box=box.SIMPLE_HEAD, pad_edge=False, show_edge=False)
-    for name, justify in (("id", "right"), ("queue", "left"), ("kind", "left"), ("status", "left"),
-                          ("effect", "left"), ("gen", "right"), ("tries", "right"), ("age", "right")):
-        table.add_column(name, justify=justify, overflow="fold")
+    table = _table(("id", "right"), ("queue", "left"), ("kind", "left"), ("status", "left"),
+                   ("effect", "left"), ("gen", "right"), ("tries", "right"), ("age", "right"))
     for t in tasks:
         table.add_row(str(t.id), Text(t.queue), Text(t.kind), status_text(t.status), Text(str(t.effect)),
                       str(t.claim_generation), f"{t.attempts}/{t.max_attempts}",
@@ -225,10 +231,8 @@ def effects_table(effects: Iterable[Effect]) -> Table:
 
 def stats_table(rows: Iterable[Mapping[str, Any]], paused: set[str]) -> Table:
     """``leaseq stats``: counts by queue and status, oldest queued age, unrouted expired leases."""
-    table = Table(box=box.SIMPLE_HEAD, pad_edge=False, show_edge=False)
-    for name, justify in (("queue", "left"), ("status", "left"), ("count", "right"),
-                          ("oldest queued", "right"), ("expired leases", "right")):
-        table.add_column(name, justify=justify, overflow="fold")
+    table = _table(("queue", "left"), ("status", "left"), ("count", "right"),
+                   ("oldest queued", "right"), ("expired leases", "right"))
     for r in rows:
         queue = Text(r["queue"])
         if r["queue"] in paused:
@@ -253,10 +257,8 @@ def workers_table(rows: Iterable[Mapping[str, Any]]) -> Table:
 
 def queues_table(rows: Iterable[Mapping[str, Any]]) -> Table:
     """``leaseq queues``: each queue's off-switch and its task counts."""
-    table = Table(box=box.SIMPLE_HEAD, pad_edge=False, show_edge=False)
-    for name, justify in (("queue", "left"), ("state", "left"), ("tasks", "right"), ("queued", "right"),
-                          ("running", "right"), ("oldest queued", "right")):
-        table.add_column(name, justify=justify, overflow="fold")
+    table = _table(("queue", "left"), ("state", "left"), ("tasks", "right"), ("queued", "right"),
+                   ("running", "right"), ("oldest queued", "right"))
     for r in rows:
         state = Text("paused", style="red") if r["paused"] else Text("running", style="green")
         if r.get("changed_by"):

@@ -10,7 +10,7 @@ from rich.table import Table
 from ..queue import Queue
 from ..schedules import last_task
 from .render import fmt_time, make_console, status_text
-from .session import CliState, connect_checked, emit_json, json_option, open_queue
+from .session import cli_state, connect_checked, emit_json, json_option, open_queue
 from .worker import load_app
 
 
@@ -21,7 +21,7 @@ def register(group: click.Group) -> None:
 
 def _queue(ctx: click.Context, app: Any) -> Queue:
     """The app's database: ``--dsn``/``$LEASEQ_DSN`` when given, else the one the app names."""
-    state: CliState = ctx.find_object(CliState)
+    state = cli_state(ctx)
     if state.dsn is None and app.dsn is not None:
         queue = connect_checked(app.dsn)
         ctx.call_on_close(queue.close)

@@ -15,7 +15,7 @@ import os
 import re
 import signal
 from collections.abc import Iterator
-from typing import Any
+from typing import Any, TextIO
 
 import click
 from rich.table import Table
@@ -195,14 +195,14 @@ def create(ctx: click.Context, role: str, name: str, queues: tuple[str, ...], re
                                           read_payloads=read_payloads,
                                           expires_in=parse_duration("expires_in", expires_in), created_by=cli_actor())
     except BaseException:
-        if sink is not None:
+        if sink is not None and output is not None:
             sink.close()
-            os.unlink(output)  # type: ignore[arg-type]
+            os.unlink(output)
         raise
-    if sink is not None:
+    if sink is not None and output is not None:
         with sink:
             sink.write(token + "\n")
-        shown = {"token_file": os.path.abspath(output)}  # type: ignore[arg-type]
+        shown = {"token_file": os.path.abspath(output)}
     else:
         shown = {"token": token}
     if as_json:
@@ -215,7 +215,7 @@ def create(ctx: click.Context, role: str, name: str, queues: tuple[str, ...], re
         click.echo(f"created {role} token {record['id']} ({name}); written to {output} (mode 0600)", err=True)
 
 
-def _private_file(path: str) -> Any:
+def _private_file(path: str) -> TextIO:
     """``path`` opened for writing, created new with mode 0600 whatever the umask."""
     try:
         fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0), 0o600)

@@ -7,15 +7,20 @@ import enum
 import json
 import os
 import sys
+from collections.abc import Callable
 from datetime import date, datetime, timezone
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import click
 
 from ..core.errors import ConfigError, LeaseqError
 from ..queue import Queue, connect
 from ..store.base import DEFAULT_DSN, load_migrations, parse_dsn
+
+#: what a click decorator takes and gives back: a callback or a built command
+FC = TypeVar("FC", bound=Callable[..., Any] | click.Command)
+
 
 def one_line(text: str) -> str:
     """``text`` with every run of whitespace (newlines from drivers included) made one space."""
@@ -62,6 +67,14 @@ class CliState:
         return self.dsn is None and not os.environ.get("LEASEQ_DSN")
 
 
+def cli_state(ctx: click.Context) -> CliState:
+    """The invocation's :class:`CliState`, which the root command sets before any subcommand runs."""
+    state = ctx.find_object(CliState)
+    if state is None:  # never, under the leaseq command
+        raise RuntimeError("no CliState on the click context: run the command under `leaseq`")
+    return state
+
+
 def open_queue(ctx: click.Context, *, need_schema: bool = True) -> Queue:
     """The queue the global options name, opened once per invocation and closed at exit.
 
@@ -71,7 +84,7 @@ def open_queue(ctx: click.Context, *, need_schema: bool = True) -> Queue:
     (``sqlite:///leaseq.db``, used when neither ``--dsn`` nor ``$LEASEQ_DSN``
     is set) is created and migrated on first use instead.
     """
-    state: CliState = ctx.find_object(CliState)
+    state = cli_state(ctx)
     if state.queue is not None:
         return state.queue
     queue = connect_checked(state.dsn, need_schema=need_schema, migrate=state.embedded_default,
@@ -137,8 +150,10 @@ def parse_json_option(field: str, text: str | None) -> Any:
     elif text.startswith("@"):
         try:
             text = Path(text[1:]).read_text(encoding="utf-8")
-        except (OSError, UnicodeDecodeError) as exc:
+        except OSError as exc:
             raise CliError(field, f"cannot read {text[1:]!r}: {exc.strerror or exc}") from None
+        except UnicodeDecodeError as exc:  # no strerror: its own text says which byte
+            raise CliError(field, f"cannot read {text[1:]!r}: {exc}") from None
     try:
         return json.loads(text)
     except json.JSONDecodeError as exc:
@@ -174,6 +189,6 @@ def emit_json(value: Any) -> None:
     click.echo(json.dumps(jsonable(value), indent=2, ensure_ascii=False))
 
 
-def json_option(fn: Any) -> Any:
+def json_option(fn: FC) -> FC:
     """The ``--json`` flag every read command takes."""
     return click.option("--json", "as_json", is_flag=True, help="Print machine-readable JSON.")(fn)

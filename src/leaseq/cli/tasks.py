@@ -18,7 +18,7 @@ from ..engine.common import default_actor
 from ..queue import Queue
 from ..store.base import load_migrations, load_queries, parse_dsn
 from .render import effects_table, fmt_duration, make_console, status_text, task_details, task_table, timeline
-from .session import CliError, CliState, as_datetime, emit_json, json_option, open_queue, parse_json_option
+from .session import CliError, as_datetime, cli_state, emit_json, json_option, open_queue, parse_json_option
 
 
 def register(group: click.Group) -> None:
@@ -51,7 +51,7 @@ def _print_pending_sql(ctx: click.Context) -> None:
     The database is only read (its schema version); a SQLite file that does
     not exist is not created: every migration is then pending.
     """
-    state: CliState = ctx.find_object(CliState)
+    state = cli_state(ctx)
     dialect, target = parse_dsn(state.dsn)
     current = 0
     if dialect == "postgres" or os.path.exists(target):
@@ -252,7 +252,7 @@ def show(ctx: click.Context, task_id: str, as_json: bool) -> None:
     the effects ledger lists each tool-call intent and its response.
     """
     q = open_queue(ctx)
-    task = q.get(task_id)
+    task = q.get(checks.check_task_id(task_id))  # the argument is text: "abc" names the field
     events = [dataclasses.replace(e, at=as_datetime(e.at)) for e in q.events(task.id)]
     effects = q.effects(task.id)
     if as_json:
@@ -285,7 +285,7 @@ def wait(ctx: click.Context, task_id: str, timeout: float | None, as_json: bool)
     """
     q = open_queue(ctx)
     try:
-        task = q.wait(task_id, timeout=timeout)
+        task = q.wait(checks.check_task_id(task_id), timeout=timeout)
     except TimeoutError as exc:
         raise CliError("timeout", str(exc), exit_code=3) from None
     if as_json:

@@ -17,7 +17,7 @@ from ..app import App
 from ..core.errors import LeaseqError
 from ..observability import WorkerObserver
 from .logs import WorkerLogging
-from .session import CliError, CliState, connect_checked
+from .session import CliError, cli_state, connect_checked
 
 
 def load_app(spec: str) -> App:
@@ -108,7 +108,7 @@ def register(group: click.Group) -> None:
         signal exits at once (held leases then expire and are recovered).
         """
         logs = WorkerLogging(level=log_level, fmt=log_format, progress=progress)
-        state: CliState = ctx.find_object(CliState)
+        state = cli_state(ctx)
         app = load_app(app_spec)
         observer = _observer(metrics_port, metrics_addr, logs.log)  # a port in use refuses before any change
         if server is None:

@@ -11,7 +11,7 @@ import dataclasses
 import json
 from collections.abc import Iterable
 from datetime import datetime
-from typing import Any
+from typing import Any, overload
 
 from ..core import checks
 from ..core.errors import InvalidInput, InvalidTransition, LeaseLost, QueuePaused, ToolCallDiverged
@@ -25,6 +25,12 @@ MAX_ACTIONS = 100
 EFFECT_CLASSES = tuple(k.value for k in EffectKind)
 
 
+@overload
+def check_actions(actions: None, effect: str) -> None: ...
+@overload
+def check_actions(actions: Iterable[str], effect: str) -> str: ...
+@overload
+def check_actions(actions: Iterable[str] | None, effect: str) -> str | None: ...
 def check_actions(actions: Iterable[str] | None, effect: str) -> str | None:
     """The declared actions as JSON text for the task row (None: undeclared), or InvalidInput.
 

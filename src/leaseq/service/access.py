@@ -279,7 +279,7 @@ class BodyLimit:
 
         async def counted_receive() -> dict[str, Any]:
             nonlocal seen, exceeded
-            message = await receive()
+            message: dict[str, Any] = await receive()
             if message["type"] == "http.request":
                 seen += len(message.get("body", b""))
                 if seen > self.max_bytes:

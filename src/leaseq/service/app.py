@@ -135,7 +135,7 @@ def _error(status: int, code: str, message: str, headers: dict[str, str] | None 
     return ErrorResponse(error_body(code, message, **extra), status_code=status, headers=headers)
 
 
-def _leaseq_error(request: Request, exc: Exception) -> JSONResponse:
+def _leaseq_error(request: Request, exc: Exception) -> Response:
     # Code, status, extra fields and headers all come from the error registry (core.errors).
     assert isinstance(exc, LeaseqError)
     if _wants_html(request):
@@ -158,7 +158,7 @@ _FRIENDLY = {"extra_forbidden": "unknown field", "missing": "required field is m
 def _validation_error(request: Request, exc: Exception) -> JSONResponse:
     assert isinstance(exc, RequestValidationError)
     errors = exc.errors()
-    first = errors[0] if errors else {"loc": (), "msg": "invalid request", "type": "invalid"}
+    first: dict[str, Any] = errors[0] if errors else {"loc": (), "msg": "invalid request", "type": "invalid"}
     if first.get("type") == "json_invalid":
         ctx = first.get("ctx") or {}
         problem = f"malformed JSON ({ctx.get('error', first.get('msg'))})"

@@ -80,8 +80,9 @@ def _when(value: Any) -> str:
         try:
             value = datetime.fromisoformat(value)
         except ValueError:
-            return value
-    return value.strftime("%Y-%m-%d %H:%M:%S.") + f"{value.microsecond // 1000:03d}"
+            return str(value)
+    when: datetime = value
+    return when.strftime("%Y-%m-%d %H:%M:%S.") + f"{when.microsecond // 1000:03d}"
 
 
 def _pretty(value: Any) -> str:
@@ -190,7 +191,8 @@ def operator_session(request: Request, csrf: str = Form(""), s: Session = Depend
 
 
 def _queue(request: Request) -> Queue:
-    return request.app.state.queue
+    queue: Queue = request.app.state.queue
+    return queue
 
 
 def live_view(request: Request, view: str, **params: str) -> dict[str, Any] | None:

@@ -45,7 +45,9 @@ def span(name: str, **attributes: Any) -> AbstractContextManager[Any]:
     """An OpenTelemetry span when available, else a no-op context."""
     if _TRACER is None:
         return nullcontext()
-    return _TRACER.start_as_current_span(name, attributes={k: v for k, v in attributes.items() if v is not None})
+    current: AbstractContextManager[Any] = _TRACER.start_as_current_span(
+        name, attributes={k: v for k, v in attributes.items() if v is not None})
+    return current
 
 
 class QueueCollector(Collector):

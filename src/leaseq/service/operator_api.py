@@ -26,7 +26,7 @@ from ..aio import await_task
 from ..queue import Queue
 from .access import WORKER_ID_PATTERN, api_principal, need
 from .views import present_approval, present_effect, present_event, present_task, queue_overview, task_timeline
-from .wire import REDACTED, to_json
+from .wire import REDACTED, record_json, to_json
 from .worker_api import Body, TaskId
 
 router = APIRouter(prefix="/v1")
@@ -77,7 +77,8 @@ class PruneBody(Body):
 
 
 def _queue(request: Request) -> Queue:
-    return request.app.state.queue
+    queue: Queue = request.app.state.queue
+    return queue
 
 
 def _deadline(text: str | None) -> datetime | None:
@@ -94,7 +95,7 @@ def _deadline(text: str | None) -> datetime | None:
 # -- enqueue and read -----------------------------------------------------------------
 
 @router.post("/tasks", status_code=201, tags=["tasks"], summary="Enqueue a task")
-def enqueue(body: EnqueueBody, request: Request, principal: auth.Principal = Depends(api_principal)) -> dict:
+def enqueue(body: EnqueueBody, request: Request, principal: auth.Principal = Depends(api_principal)) -> dict[str, Any]:
     checks.check_name("queue", body.queue)
     authz.authorize(principal, "enqueue", queue=body.queue)
     task = _queue(request).enqueue(body.kind, body.payload, effect=body.effect, queue=body.queue,
@@ -116,7 +117,7 @@ def enqueue(body: EnqueueBody, request: Request, principal: auth.Principal = Dep
 @router.get("/tasks/{task_id}/dependency-results", tags=["tasks"],
             summary="The results of the tasks a task waits (or waited) for")
 def dependency_results(request: Request, task_id: int = TaskId,
-                       principal: auth.Principal = Depends(api_principal)) -> dict:
+                       principal: auth.Principal = Depends(api_principal)) -> dict[str, Any]:
     # a worker token: for the tasks its own workers hold or have held (ctx.results() of a remote worker)
     authz.authorize(principal, "read_task", task=task_id, facts=request.app.state.access)
     found = _queue(request).dependency_results(task_id)
@@ -129,7 +130,7 @@ def dependency_results(request: Request, task_id: int = TaskId,
 async def wait_task(request: Request, task_id: int = TaskId,
                     timeout: float = Query(25.0, ge=0, description="Seconds to wait at most (cut to the "
                                                                   "service's wait_limit)"),
-                    principal: auth.Principal = Depends(api_principal)) -> dict:
+                    principal: auth.Principal = Depends(api_principal)) -> dict[str, Any]:
     """``settled``: true when the task reached completed, dead, cancelled,
     needs_reconciliation, blocked, denied or expired; false when the time ran
     out first (the client asks again)."""
@@ -144,7 +145,7 @@ async def wait_task(request: Request, task_id: int = TaskId,
 
 
 @router.get("/tasks/{task_id}", tags=["tasks"], summary="One task")
-def get_task(request: Request, task_id: int = TaskId, principal: auth.Principal = Depends(api_principal)) -> dict:
+def get_task(request: Request, task_id: int = TaskId, principal: auth.Principal = Depends(api_principal)) -> dict[str, Any]:
     # a worker token: only tasks its own workers hold or have held (403 for any other, existing or not)
     authz.authorize(principal, "read_task", task=task_id, facts=request.app.state.access)
     return present_task(_queue(request).get(task_id), principal)
@@ -153,23 +154,23 @@ def get_task(request: Request, task_id: int = TaskId, principal: auth.Principal 
 @router.get("/tasks", tags=["tasks"], summary="Tasks, newest first")
 def list_tasks(request: Request, status: str | None = Query(None), queue: str | None = Query(None),
                limit: int = Query(100, ge=1, le=1000),
-               principal: auth.Principal = Depends(need("read"))) -> dict:
+               principal: auth.Principal = Depends(need("read"))) -> dict[str, Any]:
     tasks = _queue(request).list_tasks(status=status, queue=queue, limit=limit)
     return {"tasks": [present_task(t, principal) for t in tasks]}
 
 
 @router.get("/tasks/{task_id}/events", tags=["tasks"], summary="A task's evidence trail")
-def task_events(request: Request, task_id: int = TaskId, principal: auth.Principal = Depends(need("read"))) -> dict:
+def task_events(request: Request, task_id: int = TaskId, principal: auth.Principal = Depends(need("read"))) -> dict[str, Any]:
     return {"events": [present_event(e, principal) for e in _queue(request).events(task_id)]}
 
 
 @router.get("/tasks/{task_id}/effects", tags=["tasks"], summary="A task's action ledger")
-def task_effects(request: Request, task_id: int = TaskId, principal: auth.Principal = Depends(need("read"))) -> dict:
+def task_effects(request: Request, task_id: int = TaskId, principal: auth.Principal = Depends(need("read"))) -> dict[str, Any]:
     return {"effects": [present_effect(fx, principal) for fx in _queue(request).effects(task_id)]}
 
 
 @router.get("/tasks/{task_id}/timeline", tags=["tasks"], summary="The evidence trail by claim generation")
-def timeline(request: Request, task_id: int = TaskId, principal: auth.Principal = Depends(need("read"))) -> dict:
+def timeline(request: Request, task_id: int = TaskId, principal: auth.Principal = Depends(need("read"))) -> dict[str, Any]:
     q = _queue(request)
     task = q.get(task_id)
     return task_timeline(task, q.events(task_id), q.effects(task_id), principal)
@@ -177,49 +178,50 @@ def timeline(request: Request, task_id: int = TaskId, principal: auth.Principal 
 
 @router.get("/approvals", tags=["approvals"], summary="Tasks awaiting approval, oldest first, with their digests")
 def approvals(request: Request, queue: str | None = Query(None), limit: int = Query(100, ge=1, le=1000),
-              principal: auth.Principal = Depends(need("read"))) -> dict:
+              principal: auth.Principal = Depends(need("read"))) -> dict[str, Any]:
     return {"approvals": [present_approval(a, principal)
                           for a in _queue(request).approvals(queue=queue, limit=limit)]}
 
 
 @router.get("/tasks/{task_id}/approval", tags=["approvals"], summary="A task's approval request and decision")
 def task_approval(request: Request, task_id: int = TaskId,
-                  principal: auth.Principal = Depends(need("read"))) -> dict:
+                  principal: auth.Principal = Depends(need("read"))) -> dict[str, Any]:
     return present_approval(_queue(request).approval(task_id), principal)
 
 
 @router.get("/queues", tags=["queues"], summary="Counts by status, oldest queued age, paused state")
-def queues(request: Request, principal: auth.Principal = Depends(need("read"))) -> dict:
+def queues(request: Request, principal: auth.Principal = Depends(need("read"))) -> dict[str, Any]:
     return {"queues": queue_overview(_queue(request))}
 
 
 @router.get("/workers", tags=["workers"], summary="Registered workers and the leases they hold")
-def workers(request: Request, principal: auth.Principal = Depends(need("read"))) -> dict:
+def workers(request: Request, principal: auth.Principal = Depends(need("read"))) -> dict[str, Any]:
     return {"workers": to_json(_queue(request).workers())}
 
 
 @router.get("/limits", tags=["limits"], summary="Every limit with its usage")
-def limits(request: Request, principal: auth.Principal = Depends(need("read"))) -> dict:
+def limits(request: Request, principal: auth.Principal = Depends(need("read"))) -> dict[str, Any]:
     return {"limits": to_json(_queue(request).limits())}
 
 
 @router.put("/limits/{key}", tags=["limits"], summary="Create or change a limit shared by every worker")
 def set_limit(body: LimitBody, request: Request, key: str = LimitKey,
-              principal: auth.Principal = Depends(need("set_limit"))) -> dict:
+              principal: auth.Principal = Depends(need("set_limit"))) -> dict[str, Any]:
     # audited by Queue.set_limit, in its own transaction
-    return to_json(_queue(request).set_limit(key, max_running=body.max_running, per_second=body.per_second,
-                                             burst=body.burst, counts=body.counts, by=principal.actor, via="api"))
+    return record_json(_queue(request).set_limit(key, max_running=body.max_running, per_second=body.per_second,
+                                                 burst=body.burst, counts=body.counts, by=principal.actor,
+                                                 via="api"))
 
 
 @router.delete("/limits/{key}", tags=["limits"], summary="Remove a limit")
 def delete_limit(request: Request, key: str = LimitKey,
-                 principal: auth.Principal = Depends(need("delete_limit"))) -> dict:
+                 principal: auth.Principal = Depends(need("delete_limit"))) -> dict[str, Any]:
     _queue(request).delete_limit(key, by=principal.actor, via="api")
     return {"key": key, "deleted": True}
 
 
 @router.get("/whoami", tags=["access"], summary="The calling token's identity and rights")
-def whoami(principal: auth.Principal = Depends(need("whoami"))) -> dict:
+def whoami(principal: auth.Principal = Depends(need("whoami"))) -> dict[str, Any]:
     return {"token_id": principal.token_id, "name": principal.name, "role": principal.role,
             "queues": sorted(principal.queues) if principal.queues is not None else None,
             "read_payloads": principal.read_payloads, "rights": sorted(auth.RIGHTS[principal.role]),
@@ -278,13 +280,13 @@ for _spec in authz.operator_actions():
 # -- admin -----------------------------------------------------------------------------
 
 @router.get("/tokens", tags=["admin"], summary="Every token (never a secret)")
-def list_tokens(request: Request, principal: auth.Principal = Depends(need("list_tokens"))) -> dict:
+def list_tokens(request: Request, principal: auth.Principal = Depends(need("list_tokens"))) -> dict[str, Any]:
     return {"tokens": to_json(auth.list_tokens(_queue(request)))}
 
 
 @router.post("/tokens", status_code=201, tags=["admin"], summary="Create a token; it is shown once")
 def create_token(body: TokenBody, request: Request,
-                 principal: auth.Principal = Depends(need("create_token"))) -> dict:
+                 principal: auth.Principal = Depends(need("create_token"))) -> dict[str, Any]:
     token, record = auth.create_token(_queue(request), name=body.name, role=body.role, queues=body.queues,
                                       read_payloads=body.read_payloads, expires_in=body.expires_in,
                                       created_by=principal.actor)
@@ -293,13 +295,13 @@ def create_token(body: TokenBody, request: Request,
 
 @router.delete("/tokens/{token_id}", tags=["admin"], summary="Revoke a token and its workers")
 def revoke_token(request: Request, token_id: str = Path(pattern=r"^[0-9a-f]{12}$"),
-                 principal: auth.Principal = Depends(need("revoke_token"))) -> dict:
+                 principal: auth.Principal = Depends(need("revoke_token"))) -> dict[str, Any]:
     workers_ = auth.revoke_token(_queue(request), token_id, by=principal.actor)
     return {"token_id": token_id, "revoked": True, "revoked_workers": workers_}
 
 
 @router.post("/prune", tags=["admin"], summary="Apply retention now")
-def prune(body: PruneBody, request: Request, principal: auth.Principal = Depends(need("prune"))) -> dict:
+def prune(body: PruneBody, request: Request, principal: auth.Principal = Depends(need("prune"))) -> dict[str, Any]:
     # audited by Queue.prune, each batch in its own transaction
     return _queue(request).prune(body.older_than_seconds, payloads_older_than_seconds=body.payloads_older_than_seconds,
                                  by=principal.actor, via="api")
@@ -307,6 +309,6 @@ def prune(body: PruneBody, request: Request, principal: auth.Principal = Depends
 
 @router.get("/audit", tags=["admin"], summary="The newest audit entries")
 def audit(request: Request, limit: int = Query(100, ge=1, le=10_000),
-          principal: auth.Principal = Depends(need("read_audit"))) -> dict:
+          principal: auth.Principal = Depends(need("read_audit"))) -> dict[str, Any]:
     return {"entries": to_json(auth.audit_log(_queue(request), limit))}
 

@@ -13,7 +13,7 @@ from typing import Any
 from ..auth import Principal
 from ..core.model import Approval, Effect, Event, Status, Task
 from ..queue import Queue
-from .wire import REDACTED, parse_time, redact_detail, redact_task, to_json
+from .wire import REDACTED, parse_time, record_json, redact_detail, redact_task, to_json
 
 STATUSES = [s.value for s in Status]
 #: Event types that end a lease, and how to say why.
@@ -38,7 +38,7 @@ def present_approval(approval: Approval, principal: Principal) -> dict[str, Any]
     The digest is always shown: it is what an approver passes back, and it
     reveals nothing of the payload.
     """
-    data = to_json(approval)
+    data = record_json(approval)
     if approval.task is not None:
         data["task"] = present_task(approval.task, principal)
     if not principal.read_payloads and data.get("note") is not None:
@@ -56,7 +56,7 @@ SYSTEM_REASON_EVENTS = frozenset({"lease_expired", "lease_revoked", "dead", "blo
 
 def present_event(event: Event, principal: Principal) -> dict[str, Any]:
     """An event as JSON, its errors, results and free text redacted unless the token may read payloads."""
-    data = to_json(event)
+    data = record_json(event)
     data["at"] = to_json(parse_time(data["at"]))  # SQLite hands back epoch seconds for a column named "at"
     if not principal.read_payloads:
         detail = redact_detail(data.get("detail") or {})
@@ -68,7 +68,7 @@ def present_event(event: Event, principal: Principal) -> dict[str, Any]:
 
 def present_effect(effect: Effect, principal: Principal) -> dict[str, Any]:
     """An effect as JSON, its response redacted unless the token may read payloads."""
-    data = to_json(effect)
+    data = record_json(effect)
     data.pop("token", None)  # a signed action token authorises an action: never shown to readers
     if not principal.read_payloads and data.get("response") is not None:
         data["response"] = REDACTED

@@ -42,6 +42,12 @@ def to_json(value: Any) -> Any:
     return value
 
 
+def record_json(record: Any) -> dict[str, Any]:
+    """A record (a dataclass: a task, an event, an effect...) as a JSON object (see :func:`to_json`)."""
+    data: dict[str, Any] = to_json(record)
+    return data
+
+
 def parse_time(value: Any) -> datetime | None:
     """An ISO 8601 string (or epoch seconds) as an aware datetime; None stays None."""
     if value is None or isinstance(value, datetime):

@@ -31,7 +31,7 @@ from ..core.model import Claim, Effect, Task
 from ..queue import Queue
 from .access import WORKER_ID_PATTERN, api_principal, in_one_transaction, need
 from .metrics import ServiceMetrics, span
-from .wire import to_json
+from .wire import record_json
 
 router = APIRouter(prefix="/v1", tags=["worker"])
 
@@ -133,11 +133,13 @@ class LossBody(Body):
 
 
 def _queue(request: Request) -> Queue:
-    return request.app.state.queue
+    queue: Queue = request.app.state.queue
+    return queue
 
 
 def _metrics(request: Request) -> ServiceMetrics:
-    return request.app.state.metrics
+    metrics: ServiceMetrics = request.app.state.metrics
+    return metrics
 
 
 def acting_as(action: str) -> Any:
@@ -191,7 +193,7 @@ def register_worker(body: RegisterBody, request: Request,
                     principal: auth.Principal = Depends(need("register_worker"))) -> dict[str, Any]:
     worker = _queue(request).register_worker(body.name, token_id=principal.token_id)
     request.app.state.access.remember_worker(worker.id, principal.token_id)
-    return to_json(worker)
+    return record_json(worker)
 
 
 @router.post("/workers/{worker_id}/tasks/{task_id}/complete", summary="Finish a task under its lease")
@@ -225,7 +227,7 @@ def fail(body: FailBody, request: Request, task_id: int = TaskId, worker_id: str
     started = time.perf_counter()
     task = _refused(request, "fail", in_one_transaction, request, "fail", worker_id, operation)
     _log(logging.INFO, f"failed -> {task.status}", worker_id, started, task.id, task.claim_generation, task.kind)
-    return to_json(task)
+    return record_json(task)
 
 
 @router.post("/workers/{worker_id}/tasks/{task_id}/release", summary="Give a lease back early")
@@ -235,7 +237,7 @@ def release(body: ReleaseBody, request: Request, task_id: int = TaskId,
                     _claim(worker_id, task_id, body.generation), body.reason)
     if task.status == "queued":
         request.app.state.work_signal.wake(task.queue)
-    return to_json(task)
+    return record_json(task)
 
 
 @router.post("/workers/{worker_id}/tasks/{task_id}/effects", summary="Record a tool-call intent")
@@ -245,7 +247,7 @@ def begin_effect(body: EffectBody, request: Request, task_id: int = TaskId,
         effect = _refused(request, "begin_effect", _queue(request).begin_effect, worker_id,
                           _claim(worker_id, task_id, body.generation), body.action, body.key,
                           resource=body.resource, effect=body.effect, args_digest=body.args_digest)
-    return to_json(effect)
+    return record_json(effect)
 
 
 @router.post("/workers/{worker_id}/tasks/{task_id}/effects/{effect_id}/response",
@@ -260,7 +262,7 @@ def finish_effect(body: EffectResponseBody, request: Request, task_id: int = Tas
     with span("leaseq.effect.finish", task_id=task_id, effect_id=effect_id, generation=body.generation):
         done = _refused(request, "finish_effect", _queue(request).finish_effect, worker_id,
                         _claim(worker_id, task_id, body.generation), effect, body.response)
-    return to_json(done)
+    return record_json(done)
 
 
 @router.post("/workers/{worker_id}/tasks/{task_id}/intents", summary="Record an intent for an executor")
@@ -276,7 +278,7 @@ def intend(body: IntentBody, request: Request, task_id: int = TaskId, worker_id:
                      _claim(worker_id, task_id, body.generation), body.kind, body.payload, key=body.key, **options)
     if child.status == "queued":
         request.app.state.work_signal.wake(child.queue)
-    return to_json(child)
+    return record_json(child)
 
 
 @router.post("/workers/{worker_id}/tasks/{task_id}/loss", status_code=202,

@@ -59,14 +59,16 @@ def _json(content: dict[str, Any]) -> JSONResponse:
 
 
 def _metrics(request: Request) -> ServiceMetrics:
-    return request.app.state.metrics
+    metrics: ServiceMetrics = request.app.state.metrics
+    return metrics
 
 
 def _signal(request: Request) -> WorkSignal:
-    return request.app.state.work_signal
+    signal: WorkSignal = request.app.state.work_signal
+    return signal
 
 
-def _refusal(task_id: int, generation: int, reason: str) -> JSONResponse:
+def _refusal(task_id: int, generation: int, reason: str) -> dict[str, Any]:
     return {"task_id": task_id, "generation": generation, "code": LeaseLost.code, "reason": reason}
 
 

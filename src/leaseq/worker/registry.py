@@ -17,9 +17,13 @@ from ..core.errors import InvalidInput
 class Handler(Protocol):
     """One declared handler: what the runtime reads of a :class:`leaseq.TaskDefinition`."""
 
-    kind: str
-    queue: str
-    fn: Callable[..., Any]
+    # read-only: a TaskDefinition is frozen
+    @property
+    def kind(self) -> str: ...
+    @property
+    def queue(self) -> str: ...
+    @property
+    def fn(self) -> Callable[..., Any]: ...
 
 
 class Registry:
