@@ -51,7 +51,7 @@ def test_quick_benchmark_writes_tables_json_and_plots(tmp_path: Path) -> None:
     assert drained == set(chosen) - {"leaseq-compact"}
     assert {t["config"] for t in trials if t["workload"] == "drain" and t["system"] == "leaseq"} == {
         "1 process × 10", "2 processes × 10"}
-    assert {t["system"] for t in trials if t["workload"] == "latency"} == {"leaseq", *peers}
+    assert {t["system"] for t in trials if t["workload"] == "latency"} == {"leaseq", *peers, "raw"}
     agent = {(t["config"].split(",")[0], t["system"]) for t in trials if t["workload"] == "agent"}
     assert agent == {("direct", "leaseq"), ("direct", "leaseq-sqlite"), ("remote (leaseq serve)", "leaseq")}
     assert all(0 < t["metrics"]["of_ideal_percent"] <= 100 for t in trials if t["workload"] == "agent")

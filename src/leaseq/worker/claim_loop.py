@@ -12,6 +12,7 @@ two claims in flight, not one after another.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import time
 
@@ -61,6 +62,10 @@ class ClaimLoop(Handling):
             self._reserved -= limit
         for claim in claims:  # no await since the reservation ended: the slots pass to the tasks at once
             self._start(claim, sent)
+        if claims:
+            # The handlers just started run first, before the caller prepares its next claim
+            # (a task's pickup latency ends when its handler begins, not after that claim is sent).
+            await asyncio.sleep(0)
         return claims
 
     async def _claim_alongside(self) -> None:
