@@ -9,7 +9,10 @@ batched completion guarded by owner, generation and a live deadline.
 
 The worker mirrors leaseq's runtime shape: claims sized to free capacity,
 completions batched while the previous batch is being written, one
-connection claiming and one completing.
+connection claiming and one completing. For pickup latency it adds a third
+connection LISTENing on leaseq's channel, read on the event loop itself: the
+least a LISTEN/NOTIFY wake-up and a guarded claim can take here. Its
+enqueue is one INSERT and its NOTIFY in one transaction, as leaseq's.
 """
 
 from __future__ import annotations
@@ -55,6 +58,8 @@ INSERT INTO leaseq_tasks (queue, kind, payload, effect, idempotency_key, max_att
 VALUES ('default', 'noop', %s, 'read_only', %s, 5, 30)
 """
 
+NOTIFY = "SELECT pg_notify('leaseq_work', 'default')"
+
 COPY = "COPY leaseq_tasks (queue, kind, payload, effect, idempotency_key, max_attempts, lease_seconds) FROM STDIN"
 
 
@@ -85,7 +90,17 @@ class RawSystem:
                         copy.write_row(("default", "noop", f'{{"i": {i}}}', "read_only", uuid.uuid4().hex, 5, 30))
 
     def enqueue_timed(self, dsn: str, index: int) -> None:
-        raise NotImplementedError("the ceiling has no wake-up path; it is not in the latency workload")
+        if getattr(self, "_conn", None) is None or self._conn[0] != dsn:
+            self._conn = (dsn, psycopg.connect(dsn, autocommit=True))
+        conn = self._conn[1]
+        with conn.transaction():
+            conn.execute(INSERT_ONE, (Jsonb({"i": index}), uuid.uuid4().hex))
+            conn.execute(NOTIFY)
+
+    def close(self) -> None:
+        if getattr(self, "_conn", None) is not None:
+            self._conn[1].close()
+            self._conn = None
 
     def finished(self, dsn: str) -> tuple[int, float | None, float | None]:
         with psycopg.connect(dsn, autocommit=True) as conn:
@@ -101,6 +116,9 @@ class RawSystem:
         runner = RawRunner(control)
         runner.claimer = await psycopg.AsyncConnection.connect(dsn, autocommit=True)
         runner.completer = await psycopg.AsyncConnection.connect(dsn, autocommit=True)
+        if control.options.mode == "latency":
+            runner.listener = await psycopg.AsyncConnection.connect(dsn, autocommit=True)
+            await runner.listener.execute("LISTEN leaseq_work")
         return runner
 
 
@@ -112,6 +130,7 @@ class RawRunner:
         self.owner = f"raw-{uuid.uuid4().hex[:12]}"
         self.claimer: psycopg.AsyncConnection | None = None
         self.completer: psycopg.AsyncConnection | None = None
+        self.listener: psycopg.AsyncConnection | None = None
         self.running = 0
         self.done: list[tuple[int, int]] = []
         self.wake = asyncio.Event()
@@ -137,8 +156,13 @@ class RawRunner:
                 self.control.handler_done()
             self.wake.set()
 
+    async def _listen(self) -> None:
+        async for _ in self.listener.notifies():
+            self.wake.set()
+
     async def run(self) -> None:
         concurrency = self.control.options.concurrency
+        listening = asyncio.create_task(self._listen()) if self.listener is not None else None
         while not self.control.stop.is_set():
             self.wake.clear()
             free = concurrency - self.running
@@ -157,10 +181,12 @@ class RawRunner:
                     await asyncio.wait_for(self.wake.wait(), 1.0)
                 except asyncio.TimeoutError:
                     pass
+        if listening is not None:
+            listening.cancel()
         if self.flusher is not None:
             await self.flusher
 
     async def close(self) -> None:
-        for conn in (self.claimer, self.completer):
+        for conn in (self.claimer, self.completer, self.listener):
             if conn is not None:
                 await conn.close()

@@ -5,7 +5,10 @@ The orchestrator side is :class:`~bench.systems.leaseq_system.LeaseqSystem`'s
 application with database access would). :meth:`install` also creates a
 worker token and starts one ``leaseq serve`` process on that database; the
 worker processes find its address and the token in their environment
-(``LEASEQ_BENCH_SERVER``, ``LEASEQ_BENCH_TOKEN``). :meth:`close` stops it.
+(``LEASEQ_BENCH_SERVER``, ``LEASEQ_BENCH_TOKEN``). :meth:`close` stops it and
+takes the two variables out of the environment again: a direct worker
+started later in the same run (``leaseq``'s runner goes remote when they are
+set) must not go to a service that is gone.
 """
 
 from __future__ import annotations
@@ -22,7 +25,7 @@ from leaseq.client import RemoteQueue
 from leaseq.worker import WorkerRuntime
 
 from . import Control
-from .leaseq_system import LeaseqSystem
+from .leaseq_system import SERVER_ENV, TOKEN_ENV, LeaseqSystem
 
 
 class RemoteSystem(LeaseqSystem):
@@ -47,9 +50,11 @@ class RemoteSystem(LeaseqSystem):
         if m is None:
             self.close_service()
             raise RuntimeError(f"the service did not start: {line}")
-        os.environ["LEASEQ_BENCH_SERVER"], os.environ["LEASEQ_BENCH_TOKEN"] = m.group(1), token
+        os.environ[SERVER_ENV], os.environ[TOKEN_ENV] = m.group(1), token
 
     def close_service(self) -> None:
+        os.environ.pop(SERVER_ENV, None)
+        os.environ.pop(TOKEN_ENV, None)
         proc, self._service = self._service, None
         if proc is not None:
             proc.terminate()
@@ -65,7 +70,7 @@ class RemoteSystem(LeaseqSystem):
         self.close_service()
 
     async def open_worker(self, dsn: str, control: Control) -> RemoteRunner:
-        return RemoteRunner(os.environ["LEASEQ_BENCH_SERVER"], os.environ["LEASEQ_BENCH_TOKEN"], control)
+        return RemoteRunner(os.environ[SERVER_ENV], os.environ[TOKEN_ENV], control)
 
 
 class RemoteRunner:

@@ -51,7 +51,7 @@ def test_quick_benchmark_writes_tables_json_and_plots(tmp_path: Path) -> None:
     assert drained == set(chosen) - {"leaseq-compact"}
     assert {t["config"] for t in trials if t["workload"] == "drain" and t["system"] == "leaseq"} == {
         "1 process × 10", "2 processes × 10"}
-    assert {t["system"] for t in trials if t["workload"] == "latency"} == {"leaseq", *peers}
+    assert {t["system"] for t in trials if t["workload"] == "latency"} == {"leaseq", *peers, "raw"}
     agent = {(t["config"].split(",")[0], t["system"]) for t in trials if t["workload"] == "agent"}
     assert agent == {("direct", "leaseq"), ("direct", "leaseq-sqlite"), ("remote (leaseq serve)", "leaseq")}
     assert all(0 < t["metrics"]["of_ideal_percent"] <= 100 for t in trials if t["workload"] == "agent")
@@ -74,3 +74,17 @@ def test_quick_benchmark_writes_tables_json_and_plots(tmp_path: Path) -> None:
     assert run.stdout.count("| leaseq |") >= 3  # the tables are printed too
     for plot in ("drain.png", "latency.png", "drain_vs_depth.png"):
         assert (out / plot).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_remote_benchmark_measures_pickup_after_the_drains(tmp_path: Path) -> None:
+    """``python -m bench.remote``: the direct pickup trial runs after the remote drain
+    (whose service is gone by then) and still goes straight to the database."""
+    dsn = _server_dsn()
+    out = tmp_path / "remote.json"
+    run = subprocess.run([sys.executable, "-m", "bench.remote", "--dsn", dsn, "--rounds", "1", "--tasks", "200",
+                          "--processes", "1", "--latency-tasks", "5", "--json", str(out)],
+                         cwd=ROOT, capture_output=True, text=True, timeout=180)
+    assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-5000:]
+    median = json.loads(out.read_text())["median"]
+    for key in ("direct_drain_per_s", "remote_drain_per_s", "direct_pickup_p50_ms", "remote_pickup_p50_ms"):
+        assert median[key] > 0

@@ -93,3 +93,52 @@ def test_slots_freed_during_a_claim_are_claimed_beside_it(app: leaseq.App) -> No
     assert transport.overcommitted == []  # claims in flight never asked for more than the free slots
     beside = app.queue.store.capabilities.serial_writes is False
     assert transport.most_in_flight == (2 if beside else 1)
+
+
+class WatchedClaims:
+    """The real queue; at each claim sent, notes the tasks earlier claims returned whose
+    handlers have not begun yet."""
+
+    def __init__(self, queue: leaseq.Queue, started: set[int]):
+        self._queue = queue
+        self.started = started
+        self.returned: set[int] = set()
+        self.waiting_at_claim: list[set[int]] = []
+
+    def __getattr__(self, name):
+        return getattr(self._queue, name)
+
+    def _sent(self) -> None:
+        self.waiting_at_claim.append(self.returned - self.started)
+
+    def _back(self, claims):
+        self.returned.update(c.task_id for c in claims)
+        return claims
+
+    def claim(self, worker, **options):
+        self._sent()
+        return self._back(self._queue.claim(worker, **options))
+
+    async def aclaim(self, worker, **options):
+        self._sent()
+        return self._back(await self._queue.aclaim(worker, **options))
+
+
+def test_claimed_handlers_begin_before_the_next_claim_is_sent(app: leaseq.App) -> None:
+    """Pickup latency ends when the handler begins: the claim that follows a claim with
+    room to spare is not prepared and sent first."""
+    started: set[int] = set()
+    transport = WatchedClaims(app.queue, started)
+
+    @app.task("quick")
+    async def quick(ctx, n: int) -> int:
+        started.add(ctx.task_id)
+        return n
+
+    for i in range(3):
+        quick.enqueue(n=i)
+    stats = app.run_worker(transport=transport, until_idle=True, install_signals=False,
+                           concurrency=10, poll_interval=0.05)
+    assert stats.completed == 3
+    assert len(transport.waiting_at_claim) >= 2  # the claim with the tasks, then at least one after it
+    assert all(not waiting for waiting in transport.waiting_at_claim), transport.waiting_at_claim

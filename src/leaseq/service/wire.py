@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import enum
+import functools
 from datetime import date, datetime, timezone
 from typing import Any, TypeVar
 
@@ -25,10 +26,29 @@ REDACTED_TASK_FIELDS = ("payload", "result", "last_error")
 REDACTED_DETAIL_KEYS = ("error", "result", "response")
 
 
+#: Types passed through as they are (compared exactly: subclasses such as enums take the slow path).
+_PLAIN = frozenset({str, int, float, bool, type(None)})
+#: Each type's dataclass field names, or None for a type that is not a dataclass.
+_FIELDS: dict[type, tuple[str, ...] | None] = {}
+
+
+def _field_names(cls: type) -> tuple[str, ...] | None:
+    try:
+        return _FIELDS[cls]
+    except KeyError:
+        names = tuple(f.name for f in dataclasses.fields(cls)) if dataclasses.is_dataclass(cls) else None
+        _FIELDS[cls] = names
+        return names
+
+
 def to_json(value: Any) -> Any:
     """``value`` as plain JSON data: dataclasses as objects, datetimes as ISO strings."""
-    if dataclasses.is_dataclass(value) and not isinstance(value, type):
-        return {f.name: to_json(getattr(value, f.name)) for f in dataclasses.fields(value)}
+    cls = type(value)
+    if cls in _PLAIN:  # most values: checked first, by type alone
+        return value
+    names = _field_names(cls)
+    if names is not None:
+        return {name: to_json(getattr(value, name)) for name in names}
     if isinstance(value, dict):
         return {str(k): to_json(v) for k, v in value.items()}
     if isinstance(value, (list, tuple, set, frozenset)):
@@ -57,12 +77,17 @@ def parse_time(value: Any) -> datetime | None:
     return datetime.fromisoformat(value)
 
 
+@functools.cache
+def _known(cls: type) -> frozenset[str]:
+    return frozenset(_field_names(cls) or ())
+
+
 def _build(cls: type[T], data: dict[str, Any], **overrides: Any) -> T:
-    known = {f.name for f in dataclasses.fields(cls)}  # type: ignore[arg-type]
+    known = _known(cls)
     kwargs = {}
     for key, value in data.items():
         if key in known:
-            kwargs[key] = parse_time(value) if key == "at" or key.endswith("_at") else value
+            kwargs[key] = parse_time(value) if value is not None and (key == "at" or key.endswith("_at")) else value
     kwargs.update(overrides)
     return cls(**kwargs)
 

@@ -39,10 +39,15 @@ TaskId = Path(ge=1, le=2**63 - 1, description="Task id")
 WorkerId = Path(pattern=WORKER_ID_PATTERN, description="A worker id issued to this token")
 
 
-class Body(BaseModel):
-    """Request bodies: unknown fields, loose types and NUL characters are refused."""
+class Item(BaseModel):
+    """An element of a request body's list: unknown fields and loose types are refused; its
+    text was checked by the body it is in (whose check walks the whole request once)."""
 
     model_config = ConfigDict(extra="forbid", strict=True)
+
+
+class Body(Item):
+    """Request bodies: unknown fields, loose types and NUL characters are refused."""
 
     @model_validator(mode="before")
     @classmethod

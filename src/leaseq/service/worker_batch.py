@@ -42,7 +42,7 @@ from .access import in_one_transaction
 from .metrics import ServiceMetrics, span
 from .wakeups import WorkSignal
 from .wire import to_json
-from .worker_api import Body, WorkerId, _claim, _log
+from .worker_api import Body, Item, WorkerId, _claim, _log
 
 router = APIRouter(prefix="/v1", tags=["worker"])
 
@@ -141,7 +141,7 @@ async def interrupt_claims(request: Request, worker_id: str = WorkerId) -> JSONR
 
 # -- renew ------------------------------------------------------------------------------
 
-class Lease(Body):
+class Lease(Item):
     task_id: int = Field(ge=1, le=2**63 - 1)
     generation: int = Field(ge=0, le=2**63 - 1)
 
@@ -167,7 +167,7 @@ def renew(body: RenewBody, request: Request, worker_id: str = WorkerId) -> JSONR
 
 # -- complete and fail many ---------------------------------------------------------------
 
-class Completion(Body):
+class Completion(Item):
     task_id: int = Field(ge=1, le=2**63 - 1)
     generation: int = Field(ge=0, le=2**63 - 1)
     result: Any = None
@@ -196,7 +196,7 @@ def complete_many(body: CompleteManyBody, request: Request, worker_id: str = Wor
     return _json({"completed": sorted(completed), "refused": refused})
 
 
-class Failure(Body):
+class Failure(Item):
     task_id: int = Field(ge=1, le=2**63 - 1)
     generation: int = Field(ge=0, le=2**63 - 1)
     error: str

@@ -1,0 +1,148 @@
+"""The queue's foundation: its settings, its backend and how an operation runs on it.
+
+Every operation module of this package (:mod:`.leases`, :mod:`.effects`,
+:mod:`.enqueue`, :mod:`.operator`, :mod:`.reads`, :mod:`.schema`) adds its
+methods to :class:`QueueBase`; :class:`leaseq.Queue` is all of them together.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+from collections.abc import Iterator
+from typing import TYPE_CHECKING, Any, Self
+
+from .. import engine
+from ..core import checks
+from ..core.errors import InvalidInput
+from ..core.retry import DEFAULT_MAX_SNOOZES
+from ..engine.common import EVIDENCE_LEVELS, Settings
+from ..engine.steps import Op, T
+from ..store import Store, Tx
+from ..store.base import WorkListener
+from ..worker.transport import Capabilities
+
+if TYPE_CHECKING:  # pragma: no cover
+    from ..fencing.tokens import ActionSigner
+
+
+class QueueBase:
+    """What every operation of a :class:`leaseq.Queue` relies on: the backend
+    (``store``), the settings each operation reads, and the drivers that run
+    an operation of :mod:`leaseq.engine` on the backend."""
+
+    # -- set-up ----------------------------------------------------------------
+
+    def __init__(self, store: Store, *, max_same_error: int = checks.DEFAULT_MAX_SAME_ERROR,
+                 signer: ActionSigner | None = None, action_token_ttl: float = 300.0, evidence: str = "full",
+                 max_snoozes: int = DEFAULT_MAX_SNOOZES):
+        self.store = store
+        if evidence not in EVIDENCE_LEVELS:
+            raise InvalidInput("evidence", f"must be one of {', '.join(EVIDENCE_LEVELS)} (got {evidence!r})")
+        #: what every operation reads: the evidence level ("full": every event
+        #: carries its detail; "compact": the routine claimed/completed events
+        #: keep only task, type, generation, worker and time), the same-error
+        #: limit, the limit of retries on request (max_snoozes), the action-token signer and the backend's
+        #: capabilities
+        self.settings = Settings(
+            backend=store.capabilities, evidence=evidence,
+            max_same_error=checks.check_int("max_same_error", max_same_error, minimum=1),
+            max_snoozes=checks.check_int("max_snoozes", max_snoozes, minimum=0, maximum=1_000_000),
+            signer=signer,
+            action_token_ttl=checks.check_seconds("action_token_ttl", action_token_ttl, allow_zero=False))
+        backend = store.capabilities
+        #: what the worker runtime may rely on (see :class:`leaseq.worker.Capabilities`)
+        self.capabilities = Capabilities(
+            native_async=backend.native_async, batched_completion=True, listen_notify=backend.listen_notify,
+            loss_reports=True, serial_writes=backend.serial_writes)
+
+    def _run(self, op: Op[T]) -> T:
+        return engine.drive(self.store, op)
+
+    def _run_in(self, connection: Any, op: Op[T]) -> T:
+        """Run ``op`` in the application's own open transaction on ``connection``; never commits."""
+        from ..store.joined import CallerStore
+
+        try:
+            tx = self.store.caller_tx(connection)
+        except BaseException:
+            op.close()
+            raise
+        return engine.drive(CallerStore(self.store, tx=tx), op)
+
+    @property
+    def dialect(self) -> str:
+        """``"postgres"`` or ``"sqlite"``."""
+        return self.store.dialect
+
+    @property
+    def evidence(self) -> str:
+        """The evidence level: ``"full"`` or ``"compact"``."""
+        return self.settings.evidence
+
+    @property
+    def max_same_error(self) -> int:
+        """Failures in a row with the same error that send a task to ``dead``."""
+        return self.settings.max_same_error
+
+    @property
+    def max_snoozes(self) -> int:
+        """Retries on request (:class:`leaseq.Retry`) a task may make before the next counts as a failure."""
+        return self.settings.max_snoozes
+
+    @property
+    def signer(self) -> ActionSigner | None:
+        """Signs an action token for every effect (None: effects carry no token)."""
+        return self.settings.signer
+
+    @property
+    def action_token_ttl(self) -> float:
+        """Longest life of an action token, in seconds (the lease deadline may end it sooner)."""
+        return self.settings.action_token_ttl
+
+    @property
+    def native_async(self) -> bool:
+        """Whether async operations run on the event loop itself (PostgreSQL)
+        rather than in a thread (SQLite)."""
+        return self.capabilities.native_async
+
+    async def close_async(self) -> None:
+        """Close the connections the async operations opened for the running event loop."""
+        await self.store.close_async()
+
+    def close(self) -> None:
+        """Close every connection."""
+        self.store.close()
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def listener(self, queues: list[str]) -> WorkListener:
+        """A blocking waiter woken when work is enqueued on ``queues``
+        (PostgreSQL LISTEN/NOTIFY; on SQLite it only sleeps, so workers poll)."""
+        for name in queues:
+            checks.check_name("queue", name)
+        return self.store.listener(set(queues))
+
+    # -- several operations as one transaction ---------------------------------
+
+    @contextlib.contextmanager
+    def joined(self) -> Iterator[tuple[Self, Tx]]:
+        """One transaction, and a view of this queue whose operations all run in it.
+
+        ``with q.joined() as (view, tx):`` whatever runs on ``tx`` and every
+        call on ``view`` (the usual operations, guards and queries) commit
+        together when the block ends, or roll back together if it raises. The
+        service checks a worker's token and serves its request this way: one
+        transaction per request. A call refused by a guard (:class:`LeaseLost`)
+        wrote nothing, so the block may catch it and go on.
+        """
+        from ..store.joined import JoinedStore
+
+        with self.store.transaction() as tx:
+            view = copy.copy(self)
+            view.store = JoinedStore(self.store, tx)  # type: ignore[assignment]
+            yield view, tx

@@ -1,0 +1,58 @@
+"""The action ledger: a tool call's intent recorded before it is made, its response after.
+
+Both writes are guarded by the lease; a response recorded under a key is
+replayed to a later attempt instead of calling again.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from .. import engine
+from ..core.model import Claim, Effect, Worker
+from .base import QueueBase
+
+
+class EffectOps(QueueBase):
+    """The action ledger operations of :class:`leaseq.Queue`."""
+
+    def begin_effect(self, worker: Worker | str, claim: Claim, action: str, key: str | None = None, *,
+                     resource: str | None = None, effect: str | None = None,
+                     args_digest: str | None = None) -> Effect:
+        """Record the intent of a tool call before making it, under the lease guard.
+
+        ``key`` (the action's idempotency key) defaults to one derived from the
+        task's idempotency key and ``action``, so it is the same on every
+        attempt. If an earlier attempt already recorded a response under that
+        key, that effect is returned with ``replayed=True``: do not call again.
+        Raises :class:`QueuePaused` while the queue's off-switch is on, and
+        :class:`InvalidInput` (field ``action``) for an action the task may
+        not take: one it did not declare (``actions=``), or any action of a
+        read_only task.
+
+        With a signing key the effect carries ``token``, naming the task, the
+        generation, the action, the key and ``resource`` when given; it
+        expires at the lease deadline (or after ``action_token_ttl``, if
+        sooner). Calling again for the same pending effect returns it with a
+        token re-issued from the current deadline (the worker does so after
+        each renewal); nothing is written then.
+
+        ``effect`` and ``args_digest`` make the entry a tool call (what
+        :meth:`leaseq.TaskContext.tool` sends): ``effect`` is the call's own
+        class (read_only, idempotent, side_effect; default: the task's), and
+        only an open side_effect entry sends an expired or failed attempt to
+        reconciliation. A read_only call is no action: any task may make it.
+        A replayed tool call writes a ``tool_replayed`` event, and one whose
+        recorded action, class or ``args_digest`` differs raises
+        :class:`leaseq.ToolCallDiverged`.
+        """
+        return self._run(engine.effects.begin_effect(self.settings, worker, claim, action, key, resource=resource,
+                                                     effect=effect, args_digest=args_digest))
+
+    def finish_effect(self, worker: Worker | str, claim: Claim, effect: Effect, response: Any = None) -> Effect:
+        """Record the response of a tool call whose intent :meth:`begin_effect` recorded."""
+        return self._run(engine.effects.finish_effect(self.settings, worker, claim, effect, response))
+
+    def effects(self, task_id: int) -> list[Effect]:
+        """The action ledger of a task, oldest first."""
+        return self._run(engine.effects.effects(self.settings, task_id))

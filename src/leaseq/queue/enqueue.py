@@ -1,0 +1,104 @@
+"""Adding tasks: one or many, in the queue's own transaction or the caller's (the outbox pattern)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from datetime import datetime, timedelta
+from typing import Any
+
+from .. import engine
+from ..core import checks
+from ..core.model import Task
+from ..observability.tracing import traced_enqueue
+from .base import QueueBase
+
+
+class EnqueueOps(QueueBase):
+    """The producer side of :class:`leaseq.Queue`."""
+
+    @traced_enqueue
+    def enqueue(self, kind: str, payload: Any = None, *, effect: str = "read_only", queue: str = "default",
+                idempotency_key: str | None = None, priority: int = 0, delay: float = 0,
+                max_attempts: int = 5, lease_seconds: float = checks.DEFAULT_LEASE_SECONDS,
+                actions: Iterable[str] | None = None, timeout: float | None = None,
+                deadline: datetime | timedelta | None = None, approval: str | None = None,
+                approval_deadline: float | None = None, by: str | None = None,
+                trace_context: str | None = None, after: Iterable[int] | None = None,
+                on_dependency_failure: str = "cancel", connection: Any = None,
+                limits: Iterable[str] | None = None, units: int = 1) -> Task:
+        """Add a task. A second enqueue with the same ``idempotency_key`` in the
+        same queue returns the existing task instead of a duplicate.
+
+        ``actions`` lists the actions the task may begin (:meth:`begin_effect`
+        refuses any other); None leaves them undeclared: any action for an
+        idempotent or side_effect task, none for a read_only one.
+
+        ``timeout``: seconds one attempt may run; the worker cancels an attempt
+        that runs longer and gives its lease up with reason ``timeout`` (the
+        recovery policy routes the task). ``deadline``: the latest time the
+        task may start, a timezone-aware datetime or a timedelta from now (by
+        the database's clock); claims skip it once that has passed, and the
+        sweep ends it ``expired`` with a ``deadline_passed`` event.
+
+        ``approval="required"``: the task waits in ``awaiting_approval``,
+        holding no lease, until an operator approves it (:meth:`approve`) or
+        denies it (:meth:`deny`); ``approval_deadline`` seconds after the
+        enqueue, an undecided request is denied (:meth:`expire_approvals`).
+        ``by`` names who asks, shown to the approver (default: the OS user).
+
+        ``trace_context`` is a W3C traceparent stored with the task, under
+        which the worker starts the task's spans; by default, with
+        OpenTelemetry tracing on, that of this enqueue's own span.
+
+        ``after`` lists tasks this one waits for: it is ``waiting`` (not
+        claimable, holding nothing) until every one of them is ``completed``,
+        then ``queued``. If one ends ``dead``, ``cancelled``, ``denied`` or
+        ``expired``, this task is cancelled with that reason (and so are the
+        tasks waiting for it), or ``blocked`` with
+        ``on_dependency_failure="block"``. An id that does not exist, or names
+        a task that already ended without success, is an InvalidInput
+        (field ``after``) and nothing is written.
+
+        ``connection``: the application's own open database connection (a
+        ``psycopg.Connection`` on PostgreSQL, a ``sqlite3.Connection`` to the
+        queue's file on SQLite). The task is written in the caller's
+        transaction and exists only if the caller commits (the outbox pattern).
+
+        ``limits`` names the limits the task counts against (see
+        :meth:`set_limit`): no claim hands it out while one of them has no
+        room. ``units`` is its weight in limits that count units (a token
+        budget, say); 1 by default.
+        """
+        op = engine.enqueue.enqueue(self.settings, kind, payload, effect=effect, queue=queue,
+                                    idempotency_key=idempotency_key, priority=priority, delay=delay,
+                                    max_attempts=max_attempts, lease_seconds=lease_seconds, actions=actions,
+                                    timeout=timeout, deadline=deadline, approval=approval,
+                                    approval_deadline=approval_deadline, by=by, trace_context=trace_context,
+                                    after=after,
+                                    on_dependency_failure=on_dependency_failure, limits=limits, units=units)
+        return self._run(op) if connection is None else self._run_in(connection, op)
+
+    def enqueue_many(self, kind: str, payloads: Iterable[Any], *, effect: str = "read_only",
+                     queue: str = "default", idempotency_keys: Sequence[str | None] | None = None,
+                     priority: int = 0, delay: float = 0, max_attempts: int = 5,
+                     lease_seconds: float = checks.DEFAULT_LEASE_SECONDS,
+                     actions: Iterable[str] | None = None, timeout: float | None = None,
+                     deadline: datetime | timedelta | None = None, after: Iterable[int] | None = None,
+                     on_dependency_failure: str = "cancel", connection: Any = None,
+                     limits: Iterable[str] | None = None, units: int = 1) -> list[int]:
+        """Add many tasks of one ``kind`` at once; returns their ids, in order.
+
+        The options are those of :meth:`enqueue`, shared by every task (with
+        ``after``, every task waits for the same tasks; with ``connection``,
+        all are written in the caller's transaction).
+        ``idempotency_keys`` (one per payload, None for a fresh key) dedupe as
+        in :meth:`enqueue`: a key already present gives the existing task's id.
+        Rows are written by multi-row statements in one transaction, so
+        either every task is added or none is.
+        """
+        op = engine.enqueue.enqueue_many(self.settings, kind, payloads, effect=effect, queue=queue,
+                                         idempotency_keys=idempotency_keys, priority=priority, delay=delay,
+                                         max_attempts=max_attempts, lease_seconds=lease_seconds, actions=actions,
+                                         timeout=timeout, deadline=deadline, after=after,
+                                         on_dependency_failure=on_dependency_failure, limits=limits, units=units)
+        return self._run(op) if connection is None else self._run_in(connection, op)

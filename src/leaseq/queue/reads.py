@@ -1,0 +1,100 @@
+"""Reads: tasks, their evidence, queues, workers, limits, approvals, the database clock, and waiting for an end.
+
+Nothing here writes (``wait`` only listens and looks again).
+"""
+
+from __future__ import annotations
+
+import time
+import warnings
+from datetime import datetime
+from typing import Any
+
+from .. import engine
+from ..core import checks
+from ..core.model import Approval, Event, Task
+from .base import QueueBase
+
+
+class ReadOps(QueueBase):
+    """The reads of :class:`leaseq.Queue`."""
+
+    def get(self, task_id: int) -> Task:
+        """One task; raises :class:`NotFound`."""
+        return self._run(engine.reads.get(self.settings, task_id))
+
+    def list_tasks(self, *, status: str | None = None, queue: str | None = None, limit: int = 100) -> list[Task]:
+        """Tasks, newest first, optionally filtered by status and queue (formerly ``list``)."""
+        return self._run(engine.reads.list_tasks(self.settings, status=status, queue=queue, limit=limit))
+
+    def events(self, task_id: int) -> list[Event]:
+        """The evidence trail of a task, in order."""
+        return self._run(engine.reads.events(self.settings, task_id))
+
+    def dependency_results(self, task_id: int) -> dict[int, Any]:
+        """The results of the tasks ``task_id`` waits (or waited) for: ``{task id: result}``,
+        in id order (None for one that has not completed). A handler reads them
+        with ``ctx.results()``."""
+        return self._run(engine.dependencies.dependency_results(self.settings, task_id))
+
+    def wait(self, task_id: int, *, timeout: float | None = None) -> Task:
+        """Block until the task has ended or is parked for a person, and return it.
+
+        Returns once its status is one of ``completed``, ``dead``,
+        ``cancelled``, ``needs_reconciliation``, ``blocked``, ``denied``,
+        ``expired``; raises :class:`TimeoutError` after ``timeout`` seconds
+        (None: no limit; 0: one look). On PostgreSQL the wait is woken by
+        LISTEN/NOTIFY on the task's own channel (a dedicated connection for
+        the wait, no polling); on SQLite it looks again every 50 ms.
+        """
+        task_id = checks.check_task_id(task_id)
+        timeout = engine.waits.check_timeout(timeout)
+        deadline = None if timeout is None else time.monotonic() + timeout
+        listener = self.store.task_listener(task_id)  # listening before the first look: no end slips by
+        try:
+            task = self._run(engine.waits.watch(self.settings, task_id))
+            while task.status not in engine.waits.SETTLED:
+                left = engine.waits.LONGEST_SLEEP if deadline is None else deadline - time.monotonic()
+                if left <= 0:
+                    raise engine.waits.timed_out(task, timeout)
+                listener.wait(min(left, engine.waits.LONGEST_SLEEP))
+                task = self._run(engine.reads.get(self.settings, task_id))
+            return task
+        finally:
+            listener.close()
+
+    def stats(self) -> list[dict[str, Any]]:
+        """Counts by queue and status, with the oldest due task's age and unrouted expired leases."""
+        return self._run(engine.reads.stats(self.settings))
+
+    def queues(self) -> list[dict[str, Any]]:
+        """Queues that have had their off-switch set, with its state."""
+        return self._run(engine.reads.queues(self.settings))
+
+    def workers(self) -> list[dict[str, Any]]:
+        """Every registered worker with the number of leases it holds."""
+        return self._run(engine.reads.workers(self.settings))
+
+    def limits(self, key: str | None = None) -> list[dict[str, Any]]:
+        """Every limit (or the one named ``key``) with its usage: ``running`` (what
+        live leases hold: leases, or units when it counts units), ``leases``,
+        ``available`` (room left under ``max_running``) and ``tokens`` (the
+        rate bucket now, by the database clock)."""
+        return self._run(engine.limits.limits(self.settings, key))
+
+    def approvals(self, *, queue: str | None = None, limit: int = 100) -> list[Approval]:
+        """The undecided approval requests, oldest first, each with its task."""
+        return self._run(engine.approvals.approvals(self.settings, queue=queue, limit=limit))
+
+    def approval(self, task_id: int) -> Approval:
+        """One task's approval request and decision (NotFound if it has none)."""
+        return self._run(engine.approvals.approval(self.settings, task_id))
+
+    def now(self) -> datetime:
+        """The database's clock, the only clock leases are judged by."""
+        return self._run(engine.reads.now(self.settings))
+
+    def list(self, *, status: str | None = None, queue: str | None = None, limit: int = 100) -> list[Task]:
+        """Deprecated name of :meth:`list_tasks` (it shadowed the builtin inside the class)."""
+        warnings.warn("Queue.list() is deprecated; use Queue.list_tasks()", DeprecationWarning, stacklevel=2)
+        return self.list_tasks(status=status, queue=queue, limit=limit)
