@@ -310,19 +310,17 @@ class RemoteQueue:
     def enqueue(self, kind: str, payload: Any = None, **options: Any) -> Task:
         """Add a task; options as for :meth:`leaseq.Queue.enqueue`. The trace context
         travels as the W3C ``traceparent`` header, which the service stores with the task."""
-        trace_context = options.pop("trace_context", None)
-        headers = None
-        if trace_context is not None:
-            headers = {"traceparent": check_trace_context("trace_context", trace_context)}
+        traceparent = check_trace_context("trace_context", options.pop("trace_context", None))
+        headers = {"traceparent": traceparent} if traceparent is not None else None
         return task_from(self._call("POST", "/v1/tasks", {"kind": kind, "payload": payload, **options},
                                     headers=headers))
 
     def set_limit(self, key: str, *, max_running: int | None = None, per_second: float | None = None,
                   burst: float | None = None, counts: str = "tasks") -> dict[str, Any]:
         """Create or change a limit (an operator token); see :meth:`leaseq.Queue.set_limit`."""
-        return self._call("PUT", f"/v1/limits/{_limit_key(key)}", {"max_running": max_running,
-                                                                  "per_second": per_second, "burst": burst,
-                                                                  "counts": counts})
+        limit: dict[str, Any] = self._call("PUT", f"/v1/limits/{_limit_key(key)}", {
+            "max_running": max_running, "per_second": per_second, "burst": burst, "counts": counts})
+        return limit
 
     def delete_limit(self, key: str) -> None:
         """Remove a limit (an operator token); see :meth:`leaseq.Queue.delete_limit`."""
@@ -330,7 +328,8 @@ class RemoteQueue:
 
     def limits(self) -> list[dict[str, Any]]:
         """Every limit with its usage (a viewer token or better); see :meth:`leaseq.Queue.limits`."""
-        return self._call("GET", "/v1/limits")["limits"]
+        limits: list[dict[str, Any]] = self._call("GET", "/v1/limits")["limits"]
+        return limits
 
     def get(self, task_id: int) -> Task:
         """One task; raises :class:`NotFound`."""
@@ -367,7 +366,8 @@ class RemoteQueue:
 
     def whoami(self) -> dict[str, Any]:
         """The calling token's identity, role and rights."""
-        return self._call("GET", "/v1/whoami")
+        identity: dict[str, Any] = self._call("GET", "/v1/whoami")
+        return identity
 
     def close(self) -> None:
         """Close the HTTP connections."""

@@ -3,13 +3,15 @@
 from __future__ import annotations
 
 import asyncio
+import logging
 import threading
 import time
+from typing import Any
 
 import pytest
 
 import leaseq
-from leaseq.worker import WorkerRuntime
+from leaseq.worker import Registry, WorkerRuntime
 
 from .conftest import wait_for
 
@@ -329,3 +331,25 @@ def test_effects_carry_a_signed_action_token_scoped_to_one_action(dsn: str) -> N
         signer.verify(token, action="payments.charge")  # scoped to one action
     with pytest.raises(InvalidActionToken):
         ActionSigner({"k1": b"t" * 32}, "k1").verify(token)  # not from this queue's key
+
+
+def test_a_stop_while_the_transport_is_still_connecting_raises_nothing_on_the_loop(caplog):
+    """stop() before the transport is open (connect deferred, the queue out of reach):
+    the stop request must not read the capabilities of a transport not bound yet."""
+    registry = Registry("deferred")
+    registry.add(leaseq.App(name="deferred").task("job")(lambda ctx: None))
+    attempts = threading.Event()
+
+    def unreachable() -> Any:
+        attempts.set()
+        raise leaseq.BackendUnavailable("the queue is out of reach")
+
+    runtime = WorkerRuntime(registry, connect=unreachable, poll_interval=0.05)
+    thread = threading.Thread(target=lambda: asyncio.run(runtime.run()), daemon=True)
+    with caplog.at_level(logging.ERROR, logger="asyncio"):
+        thread.start()
+        assert attempts.wait(10)
+        runtime.stop()
+        thread.join(10)
+    assert not thread.is_alive() and runtime.worker is None
+    assert [r.getMessage() for r in caplog.records if r.name == "asyncio"] == []

@@ -25,7 +25,6 @@ import os
 from typing import Any
 
 from ..engine.common import EVIDENCE_LEVELS, ROUTINE_EVENTS
-from ..engine.effects import check_actions as _check_actions  # noqa: F401 - leaseq.app imports it
 from ..engine.enqueue import ENQUEUE_CHUNK
 from ..engine.leases import ROUTE_BATCH
 from ..store import open_store

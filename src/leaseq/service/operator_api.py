@@ -145,7 +145,8 @@ async def wait_task(request: Request, task_id: int = TaskId,
 
 
 @router.get("/tasks/{task_id}", tags=["tasks"], summary="One task")
-def get_task(request: Request, task_id: int = TaskId, principal: auth.Principal = Depends(api_principal)) -> dict[str, Any]:
+def get_task(request: Request, task_id: int = TaskId,
+             principal: auth.Principal = Depends(api_principal)) -> dict[str, Any]:
     # a worker token: only tasks its own workers hold or have held (403 for any other, existing or not)
     authz.authorize(principal, "read_task", task=task_id, facts=request.app.state.access)
     return present_task(_queue(request).get(task_id), principal)
@@ -160,17 +161,20 @@ def list_tasks(request: Request, status: str | None = Query(None), queue: str | 
 
 
 @router.get("/tasks/{task_id}/events", tags=["tasks"], summary="A task's evidence trail")
-def task_events(request: Request, task_id: int = TaskId, principal: auth.Principal = Depends(need("read"))) -> dict[str, Any]:
+def task_events(request: Request, task_id: int = TaskId,
+                principal: auth.Principal = Depends(need("read"))) -> dict[str, Any]:
     return {"events": [present_event(e, principal) for e in _queue(request).events(task_id)]}
 
 
 @router.get("/tasks/{task_id}/effects", tags=["tasks"], summary="A task's action ledger")
-def task_effects(request: Request, task_id: int = TaskId, principal: auth.Principal = Depends(need("read"))) -> dict[str, Any]:
+def task_effects(request: Request, task_id: int = TaskId,
+                 principal: auth.Principal = Depends(need("read"))) -> dict[str, Any]:
     return {"effects": [present_effect(fx, principal) for fx in _queue(request).effects(task_id)]}
 
 
 @router.get("/tasks/{task_id}/timeline", tags=["tasks"], summary="The evidence trail by claim generation")
-def timeline(request: Request, task_id: int = TaskId, principal: auth.Principal = Depends(need("read"))) -> dict[str, Any]:
+def timeline(request: Request, task_id: int = TaskId,
+             principal: auth.Principal = Depends(need("read"))) -> dict[str, Any]:
     q = _queue(request)
     task = q.get(task_id)
     return task_timeline(task, q.events(task_id), q.effects(task_id), principal)

@@ -83,7 +83,7 @@ def _known(cls: type) -> frozenset[str]:
 
 
 def _build(cls: type[T], data: dict[str, Any], **overrides: Any) -> T:
-    known = _known(cls)
+    known = _known(cls)  # type: ignore[arg-type]  # a class is hashable; typeshed's type[T] is not declared so
     kwargs = {}
     for key, value in data.items():
         if key in known:

@@ -1,6 +1,7 @@
 """The worker runtime: transport port, handler registry, claim loop, renewer, completer and shutdown."""
 
-from .context import EffectScope, TaskContext
+from .context import TaskContext
+from .effect_scope import EffectScope
 from .registry import Registry
 from .runtime import WorkerRuntime, WorkerStats
 from .transport import Capabilities, Transport

@@ -42,12 +42,15 @@ class ClaimLoop(Handling):
     """Claiming, a part of :class:`~leaseq.worker.WorkerRuntime` (whose state it reads and updates)."""
 
     async def _claim(self, queue: str, limit: int, wait: float = 0.0) -> list[Claim]:
-        if self.capabilities.native_async:
-            return await self.transport.aclaim(self.worker, queue=queue, limit=limit,
-                                               lease_seconds=self.lease_seconds, kinds=self.kinds)
+        claims: list[Claim]
+        if self._caps.native_async:
+            claims = await self.transport.aclaim(self.worker, queue=queue, limit=limit,
+                                                 lease_seconds=self.lease_seconds, kinds=self.kinds)
+            return claims
         waiting = {"wait": wait} if wait else {}  # only long-poll transports take it
-        return await self._call(self.transport.claim, self.worker, queue=queue, limit=limit,
-                                lease_seconds=self.lease_seconds, kinds=self.kinds, **waiting)
+        claims = await self._call(self.transport.claim, self.worker, queue=queue, limit=limit,
+                                  lease_seconds=self.lease_seconds, kinds=self.kinds, **waiting)
+        return claims
 
     async def _claim_reserving(self, queue: str, limit: int, wait: float) -> list[Claim]:
         """Claim up to ``limit`` tasks and start them; while the claim is on its way its
@@ -75,7 +78,7 @@ class ClaimLoop(Handling):
         are left to the loop, whose next claim meets them and backs off or stops."""
         queue = self.queues[0]
         while not self._stopping and not self._claims_closed:
-            await wait_event(self._freed, self.poll_interval)
+            await wait_event(self._freed, self._poll_every)
             self._freed.clear()
             free = self.concurrency - len(self._handling) - self._reserved
             if self._stopping or self._claims_closed or not self._claims_in_flight or free <= 0:
@@ -83,13 +86,13 @@ class ClaimLoop(Handling):
             try:
                 await self._claim_reserving(queue, free, 0.0)
             except Exception as exc:  # the loop's own claim will meet it too
-                logger.debug("worker %s: claim beside the loop's failed: %r", self.worker.id, exc)
+                logger.debug("worker %s: claim beside the loop's failed: %r", self._registered.id, exc)
                 self._wake.set()
 
     async def _claim_loop(self, until_idle: bool) -> None:
         turn, backoff = 0, INITIAL_BACKOFF
         # One queue and no idle exit: an empty claim may wait on the queue's side instead of polling.
-        wait = CLAIM_WAIT if self.capabilities.long_poll and len(self.queues) == 1 and not until_idle else 0.0
+        wait = CLAIM_WAIT if self._caps.long_poll and len(self.queues) == 1 and not until_idle else 0.0
         while not self._stopping:
             self._wake.clear()
             free = self.concurrency - len(self._handling) - self._reserved
@@ -105,7 +108,7 @@ class ClaimLoop(Handling):
                 except (UnknownWorker, AccessDenied, InvalidInput) as exc:
                     # Refused for good: no retry will help. Stop claiming; the
                     # running tasks still get the graceful shutdown.
-                    logger.error("worker %s: claim refused, stopping: %s", self.worker.id, exc)
+                    logger.error("worker %s: claim refused, stopping: %s", self._registered.id, exc)
                     self._fatal = exc
                     self._stopping = True
                     return
@@ -113,10 +116,10 @@ class ClaimLoop(Handling):
                     self.stats.transient_errors += 1
                     pause, backoff = next_backoff(backoff, exc)
                     backoff = min(backoff, MAX_CLAIM_BACKOFF)
-                    logger.warning("worker %s: claim failed (%r); retrying in %.2fs", self.worker.id, exc, pause)
+                    logger.warning("worker %s: claim failed (%r); retrying in %.2fs", self._registered.id, exc, pause)
                     break
                 backoff = INITIAL_BACKOFF
-                waited = bool(wait) and not claims and time.monotonic() - sent >= self.poll_interval
+                waited = bool(wait) and not claims and time.monotonic() - sent >= self._poll_every
                 if isinstance(claims, Claims) and claims.limit_wait is not None:  # a rate bucket is empty
                     limited = claims.limit_wait if limited is None else min(limited, claims.limit_wait)
                 got += len(claims)
@@ -133,7 +136,7 @@ class ClaimLoop(Handling):
                 # Nothing due, or no capacity left: wait for a finished task,
                 # a notification (a freed limit slot sends one too), or the
                 # poll interval; no longer than an empty rate bucket needs.
-                idle = self.poll_interval
+                idle = self._poll_every
                 if limited is not None and got < free:
                     idle = min(idle, max(MIN_LIMIT_WAIT, limited))
                 await wait_event(self._wake, idle)

@@ -54,7 +54,7 @@ class TaskContext:
         #: set by the runtime once this attempt's outcome is recorded
         self.outcome_recorded = False
         #: set by the runtime: called (from any thread) when the context finds out itself
-        self.on_lost: Callable[[TaskContext, str], None] | None = None
+        self.on_lost: Callable[[TaskContext, str], object] | None = None
         #: the next position of each tool action in this attempt (ctx.tool)
         self._tool_positions: dict[str, int] = {}
         #: kept by the runtime's observer: when the handler started (monotonic), how long it

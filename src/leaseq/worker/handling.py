@@ -35,10 +35,10 @@ class Handling(Losses):
 
     def _start(self, claim: Claim, sent: float) -> None:
         log = TaskLog(logger, {"task_id": claim.task_id, "kind": claim.task.kind, "generation": claim.generation,
-                               "attempt": claim.task.attempts, "worker_id": self.worker.id})
-        ctx = TaskContext(self.transport, self.worker, claim, log)
+                               "attempt": claim.task.attempts, "worker_id": self._registered.id})
+        ctx = TaskContext(self.transport, self._registered, claim, log)
         ctx.renewed_at = sent  # the lease started no earlier than the claim was sent
-        loop = self._loop
+        loop = asyncio.get_running_loop()  # the runtime's: a claim's handlers start on it
         ctx.on_lost = lambda c, reason: loop.call_soon_threadsafe(self._after_loss, c, reason)
         older = self._generations.setdefault(claim.task_id, set())
         for stale in [self.held[(claim.task_id, g)] for g in older if not self.held[(claim.task_id, g)].loss_told]:
@@ -49,9 +49,9 @@ class Handling(Losses):
         self.held[ctx.key] = ctx
         self._handling.add(ctx.key)
         self.stats.claimed += 1
-        self.renewer.lease_started(ctx)
+        self._renewer.lease_started(ctx)
         self._tasks[ctx.key] = asyncio.create_task(self._run_task(ctx), name=f"leaseq-task-{claim.task_id}",
-                                                   context=self.observe.started(ctx, self.worker.id, sent))
+                                                   context=self.observe.started(ctx, self._registered.id, sent))
         timeout = self._timeout_of(claim)
         if timeout is not None:
             self._timers[ctx.key] = loop.call_later(timeout, self._time_out, ctx, timeout)
@@ -78,7 +78,7 @@ class Handling(Losses):
         task = self._tasks.get(ctx.key)
         if task is not None:
             task.cancel()  # an async handler stops at its next await; a thread's result is dropped
-        recording = asyncio.ensure_future(self.completer.time_out(ctx))
+        recording = asyncio.ensure_future(self._completer.time_out(ctx))
         self._timeouts.add(recording)
         recording.add_done_callback(self._timeouts.discard)
 
@@ -134,17 +134,17 @@ class Handling(Losses):
             self._lose(ctx, exc.reason)
             return None
         except QueuePaused as exc:
-            return self.completer.release(ctx, f"queue paused: {exc}")
+            return self._completer.release(ctx, f"queue paused: {exc}")
         except Retry as exc:  # asked to run later: not a failure
             if ctx.lost:
                 ctx.log.warning(self._msg(ctx, f"retry not recorded: lease lost ({ctx.lost_reason}): {exc}"))
                 return None
-            return self.completer.retry(ctx, exc)
+            return self._completer.retry(ctx, exc)
         except Exception as exc:  # the handler failed: route it by kind of failure
             if ctx.lost:
                 ctx.log.warning(self._msg(ctx, f"failure not recorded: lease lost ({ctx.lost_reason}): {exc!r}"))
                 return None
-            return self.completer.fail(ctx, exc, getattr(definition, "retry", None))
+            return self._completer.fail(ctx, exc, getattr(definition, "retry", None))
         if ctx.loss_told:
             ctx.log.warning(self._msg(ctx, f"result not published: lease lost ({ctx.lost_reason})"))
             return None
@@ -155,7 +155,7 @@ class Handling(Losses):
             ctx.log.info(self._msg(ctx, f"handler returned after its lease was presumed lost ({ctx.lost_reason}): "
                                         "sending its success for the queue to judge"))
             self._presumed_sent.add(ctx.key)
-        return self.completer.complete(ctx, result)
+        return self._completer.complete(ctx, result)
 
     def _forget(self, ctx: TaskContext) -> None:
         if ctx.loss_inferred and not ctx.outcome_recorded and ctx.key not in self._presumed_sent:

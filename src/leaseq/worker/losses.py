@@ -42,4 +42,4 @@ class Losses(RuntimeBase):
         ctx.log.warning(self._msg(ctx, f"lease lost: {reason}"))
         if task is not None and task is not asyncio.current_task():
             task.cancel()  # async handlers stop at their next await; sync ones see ctx.lost
-        self.completer.report_loss(ctx, reason)
+        self._completer.report_loss(ctx, reason)

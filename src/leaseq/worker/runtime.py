@@ -118,8 +118,9 @@ class WorkerRuntime(ClaimLoop, Shutdown):
         self._fatal = None
         self._stopped = threading.Event()
         self._loop = None
-        self._wake = None
-        self._freed = None
+        # (made again by run(), on its loop; these let stop() set one before it)
+        self._wake = asyncio.Event()
+        self._freed = asyncio.Event()
         self._claims_in_flight = 0
         self._reserved = 0
         self._claims_closed = False
@@ -167,11 +168,11 @@ class WorkerRuntime(ClaimLoop, Shutdown):
             if not await self._start_up():
                 logger.info("worker %s: stopped before it could register", self.name)
                 return self.stats
-            logger.info("worker %s started: queues=%s concurrency=%d", self.worker.id, ",".join(self.queues),
+            logger.info("worker %s started: queues=%s concurrency=%d", self._registered.id, ",".join(self.queues),
                         self.concurrency)
-            self.completer = Completer(self.transport, self.capabilities, self.worker, self._call, self._settled)
-            self.renewer = Renewer(self.transport, self.worker, self._call, self.held, self._handling, self._lose,
-                                   self._count_renewal)
+            self.completer = Completer(self.transport, self._caps, self._registered, self._call, self._settled)
+            self.renewer = Renewer(self.transport, self._registered, self._call, self.held, self._handling,
+                                   self._lose, self._count_renewal)
             background = [asyncio.create_task(self.renewer.run(), name="leaseq-renewer")]
             listener = self._start_listener()
             if self.registry.schedules:  # one task per slot, deduplicated by its key across workers
@@ -181,7 +182,7 @@ class WorkerRuntime(ClaimLoop, Shutdown):
             if progress is not None:
                 background.append(asyncio.create_task(self._progress_loop(progress), name="leaseq-progress"))
             alongside = None
-            if CLAIMS_IN_FLIGHT > 1 and len(self.queues) == 1 and not self.capabilities.serial_writes:
+            if CLAIMS_IN_FLIGHT > 1 and len(self.queues) == 1 and not self._caps.serial_writes:
                 alongside = asyncio.create_task(self._claim_alongside(), name="leaseq-claim-alongside")
             try:
                 await self._claim_loop(until_idle)
@@ -197,7 +198,7 @@ class WorkerRuntime(ClaimLoop, Shutdown):
                 await asyncio.gather(*background, return_exceptions=True)
                 if listener is not None:
                     listener.set()
-                if self.capabilities.native_async:
+                if self._caps.native_async:
                     await self.transport.close_async()
         finally:
             if install_signals:
@@ -221,9 +222,9 @@ class WorkerRuntime(ClaimLoop, Shutdown):
         def stopping() -> bool:
             return self._stopping
 
-        if self.transport is None:
-            assert self._connect is not None
-            ok, transport = await until_done("connecting to the queue", lambda: asyncio.to_thread(self._connect),
+        connect = self._connect
+        if self.transport is None and connect is not None:
+            ok, transport = await until_done("connecting to the queue", lambda: asyncio.to_thread(connect),
                                              name=self.name, wake=self._wake, stopping=stopping, on_retry=count)
             if not ok:
                 return False
@@ -235,14 +236,14 @@ class WorkerRuntime(ClaimLoop, Shutdown):
 
     def _start_listener(self) -> threading.Event | None:
         """Wake the claim loop on notifications (see :mod:`.listener`)."""
-        if not self.capabilities.listen_notify:
+        if not self._caps.listen_notify:
             return None
-        return start_listener(self.transport, self.queues, self._loop, self._wake,
-                              stopping=lambda: self._stopping, name=self.worker.id)
+        return start_listener(self.transport, self.queues, asyncio.get_running_loop(), self._wake,
+                              stopping=lambda: self._stopping, name=self._registered.id)
 
     async def renew_now(self) -> None:
         """Renew every held lease now, in one call."""
-        await self.renewer.renew_now()
+        await self._renewer.renew_now()
 
     def _count_renewal(self) -> None:
         self.stats.renewals += 1

@@ -12,7 +12,7 @@ import functools
 import threading
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from ..core.errors import LeaseqError
 from ..core.model import Worker
@@ -25,6 +25,14 @@ from .transport import Capabilities
 if TYPE_CHECKING:  # pragma: no cover
     from .completer import Completer
     from .renewer import Renewer
+
+T = TypeVar("T")
+
+
+def _set_up(value: T | None, name: str) -> T:
+    if value is None:  # a part ran outside run(), or before run() set it up
+        raise RuntimeError(f"the worker runtime's {name} is not set up yet")
+    return value
 
 
 class RuntimeBase:
@@ -77,15 +85,40 @@ class RuntimeBase:
     _fatal: LeaseqError | None
     _stopped: threading.Event
     _loop: asyncio.AbstractEventLoop | None
-    _wake: asyncio.Event | None
+    _wake: asyncio.Event
     #: set when a handler's slot frees: wakes the claim beside the loop's
-    _freed: asyncio.Event | None
+    _freed: asyncio.Event
     #: claims on their way, and the slots they asked for (not free to claim again)
     _claims_in_flight: int
     _reserved: int
     #: the claim loop has ended: nothing more is claimed beside it
     _claims_closed: bool
     _signals: int
+
+    # -- what run() sets up before any part runs ----------------------------------------------
+    # worker, capabilities, completer, renewer and poll_interval may be None until
+    # then (stop() and callers may look earlier); the parts, which run only inside
+    # run(), read them through these.
+
+    @property
+    def _registered(self) -> Worker:
+        return _set_up(self.worker, "worker")
+
+    @property
+    def _caps(self) -> Capabilities:
+        return _set_up(self.capabilities, "capabilities")
+
+    @property
+    def _completer(self) -> Completer:
+        return _set_up(self.completer, "completer")
+
+    @property
+    def _renewer(self) -> Renewer:
+        return _set_up(self.renewer, "renewer")
+
+    @property
+    def _poll_every(self) -> float:
+        return _set_up(self.poll_interval, "poll_interval")
 
     @property
     def kinds(self) -> list[str] | None:
@@ -101,4 +134,4 @@ class RuntimeBase:
 
     def _msg(self, ctx: TaskContext, text: str) -> str:
         return (f"task={ctx.task_id} kind={ctx.task.kind} gen={ctx.generation} attempt={ctx.task.attempts} "
-                f"worker={self.worker.id}: {text}")
+                f"worker={self._registered.id}: {text}")

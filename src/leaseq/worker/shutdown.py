@@ -37,9 +37,10 @@ class Shutdown(Losses):
 
     def _request_stop(self) -> None:
         self._stopping = True
-        if self._wake is not None:
-            self._wake.set()
-        if self.capabilities.long_poll and self.worker is not None and self._loop is not None:
+        self._wake.set()
+        # Before the transport is open there are no capabilities and no claim to end.
+        caps = self.capabilities
+        if caps is not None and caps.long_poll and self.worker is not None and self._loop is not None:
             # A claim waiting on the queue's side would hold the shutdown up: end it now.
             try:
                 self._loop.run_in_executor(self._db, self.transport.interrupt_claims,
@@ -67,7 +68,7 @@ class Shutdown(Losses):
     async def _shutdown(self) -> None:
         pending = list(self._tasks.values())
         if pending:
-            logger.info("worker %s: waiting up to %.1fs for %d running task(s)", self.worker.id, self.grace,
+            logger.info("worker %s: waiting up to %.1fs for %d running task(s)", self._registered.id, self.grace,
                         len(pending))
             await asyncio.wait(pending, timeout=self.grace)
         # Handlers still running are stopped and their leases released; outcomes
@@ -83,12 +84,12 @@ class Shutdown(Losses):
             task = self._tasks.get(ctx.key)
             if task is not None:
                 task.cancel()
-            releases.append(self.completer.release(ctx, "worker shut down before the task finished", until=until))
+            releases.append(self._completer.release(ctx, "worker shut down before the task finished", until=until))
         if releases:
             await asyncio.gather(*releases, return_exceptions=True)
         if self._tasks:
             await asyncio.wait(list(self._tasks.values()), timeout=None if not leftovers else 1.0)
-        await self.completer.drain(timeout=1.0)
+        await self._completer.drain(timeout=1.0)
 
 
 def _ignore_failure(done: asyncio.Future[Any]) -> None:

@@ -34,7 +34,7 @@ from typing import TYPE_CHECKING, Any
 from ..core import checks
 from ..core.errors import InvalidInput
 from ..engine.effects import EFFECT_CLASSES
-from .context import EffectScope
+from .effect_scope import EffectScope
 
 if TYPE_CHECKING:  # pragma: no cover
     from .context import TaskContext
