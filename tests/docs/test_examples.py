@@ -84,8 +84,11 @@ def test_pages_share_a_namespace_and_the_shell_environment(tmp_path: Path):
 
 
 def test_the_readme_test_command_is_the_one_ci_runs():
-    """CI runs the README's test command; the two must not drift apart."""
+    """CI runs the README's test command (and the type check between its two steps);
+    the two must not drift apart."""
     command = "python -m pip install -e '.[test]' -e ./chaos && pytest"
     assert command in (ROOT / "README.md").read_text()
     ci = (ROOT / ".ci" / "run").read_text()
-    assert "python -m pip install -q -e '.[test]' -e ./chaos && pytest" in ci
+    install = ci.index("\npython -m pip install -q -e '.[test]' -e ./chaos\n")
+    typecheck = ci.index("\npython -m mypy --strict src/leaseq\n", install)
+    assert ci.index("\npytest -q -p no:cacheprovider", typecheck) > typecheck
