@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import os
 import time
+import warnings
 from collections.abc import Sequence
 from datetime import datetime
 from typing import Any
@@ -78,8 +79,9 @@ class RemoteQueue:
     operator token for :meth:`enqueue` and :meth:`get` only).
     """
 
-    #: Not a database.
-    dialect = "http"
+    #: How the queue is reached: over HTTP, through the leaseq service (which
+    #: database stands behind it is the service's business).
+    transport = "http"
     #: Completions in batches, claims that wait on the service's side for work,
     #: each call in a thread (see :class:`leaseq.worker.Capabilities`).
     capabilities = Capabilities(loss_reports=True, batched_completion=True, long_poll=True)
@@ -95,6 +97,13 @@ class RemoteQueue:
         self._client = httpx.Client(base_url=self.url, timeout=timeout,
                                     headers={"Authorization": f"Bearer {token.strip()}",
                                              "User-Agent": f"leaseq/{__version__}"})
+
+    @property
+    def dialect(self) -> str:
+        """Deprecated: it named the transport, not a database; use :attr:`transport`."""
+        warnings.warn("RemoteQueue.dialect is deprecated: it never named a database; use RemoteQueue.transport",
+                      DeprecationWarning, stacklevel=2)
+        return self.transport
 
     @classmethod
     def from_token_file(cls, url: str, path: str | os.PathLike[str], **options: Any) -> RemoteQueue:

@@ -44,7 +44,8 @@ What is here:
 from ..core.errors import StaleToken
 from .errors import IdempotencyKeyReused, InvalidActionToken
 from .lease_check import LeaseCheck, QueueLeaseCheck
-from .middleware import FenceGrant, FencingMiddleware, fence_grant, route_param
+from .middleware import FenceGrant, FencingMiddleware, fence_grant
+from .routes import route_param
 from .store import FencedStore, StoredOutcome, fencing_token
 from .tokens import ActionClaims, ActionSigner
 

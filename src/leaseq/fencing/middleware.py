@@ -88,6 +88,7 @@ import anyio.to_thread
 from ..core.errors import BackendUnavailable, ConfigError, InvalidInput, LeaseqError, StaleToken
 from .errors import IdempotencyKeyReused, InvalidActionToken
 from .store import MAX_TOKEN, FencedStore
+from .routes import route_param  # noqa: F401 - re-exported: it was defined here
 from .tokens import ActionClaims, ActionSigner
 
 Scope = MutableMapping[str, Any]
@@ -168,60 +169,6 @@ async def _send_json(send: Send, status: int, payload: dict[str, Any],
                 "headers": [(b"content-type", b"application/json"),
                             (b"content-length", str(len(body)).encode("ascii")), *headers]})
     await send({"type": "http.response.body", "body": body})
-
-
-def _normalise(value: Any) -> str:
-    """A path parameter as one spelling per record: integers canonical (``01``, ``+1`` -> ``1``)."""
-    text = str(value)
-    try:
-        return str(int(text))
-    except ValueError:
-        return text
-
-
-def _match_route(routes: Iterable[Any], scope: Scope) -> dict[str, Any] | None:
-    from starlette.routing import Match, Mount
-
-    for route in routes:
-        match, child = route.matches(scope)
-        if match is not Match.FULL:
-            continue
-        params = dict(child.get("path_params", {}))
-        if isinstance(route, Mount) and getattr(route, "routes", None):
-            inner = _match_route(route.routes, {**scope, **child})
-            return None if inner is None else {**params, **inner}
-        return params
-    return None
-
-
-def route_param(name: str, *, prefix: str = "", convert: Callable[[Any], str] = _normalise
-                ) -> Callable[[Scope], str | None]:
-    """A ``resource=`` for :class:`FencingMiddleware`: ``prefix`` + the path parameter ``name``.
-
-    The path is matched by the application's own router (Starlette or
-    FastAPI routes, mounts included), so the parameter is the one the
-    handler will receive. ``convert`` makes each record one key: the
-    default turns anything that parses as an integer into its canonical
-    form (``/orders/01``, ``/orders/+1`` and ``/orders/1`` are all
-    ``order:1``) and keeps other values as they are. A request whose route
-    has no such parameter (or no route) is not fenced.
-    """
-    if not isinstance(name, str) or not name:
-        raise InvalidInput("name", "must be the name of a path parameter")
-
-    def resource(scope: Scope) -> str | None:
-        app = scope.get("app") or scope.get("leaseq.app")
-        router = getattr(app, "router", None)
-        routes = getattr(router, "routes", None) if router is not None else getattr(app, "routes", None)
-        if routes is None:
-            raise ConfigError("route_param: the application has no Starlette router to match the path with")
-        params = _match_route(routes, scope)
-        if params is None or name not in params:
-            return None
-        return f"{prefix}{convert(params[name])}"
-
-    resource.__qualname__ = f"route_param({name!r}, prefix={prefix!r})"
-    return resource
 
 
 class FencingMiddleware:

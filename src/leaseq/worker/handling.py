@@ -1,0 +1,228 @@
+"""Running one attempt: starting its handler, its timeout, and settling its outcome.
+
+Async handlers run as tasks on the loop, sync ones in a thread pool. The
+handler's slot frees the moment it returns; its outcome is handed to the
+completer (:mod:`.completer`), which records it under the lease, and the
+recorded verdict is accounted for in :meth:`Handling._settled`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextvars
+import functools
+import inspect
+import logging
+import sys
+from collections.abc import Awaitable
+
+from ..core.errors import LeaseLost, Permanent, QueuePaused
+from ..core.model import Claim
+from ..core.retry import Retry
+from ..observability.hooks import TaskLog
+from . import tools
+from .completer import Outcome, Verdict
+from .context import TaskContext
+from .losses import Losses
+
+logger = logging.getLogger("leaseq.worker")
+
+
+class Handling(Losses):
+    """Running handlers, a part of :class:`~leaseq.worker.WorkerRuntime` (whose state it reads and updates)."""
+
+    # -- starting an attempt, and its timeout ----------------------------------------------
+
+    def _start(self, claim: Claim, sent: float) -> None:
+        log = TaskLog(logger, {"task_id": claim.task_id, "kind": claim.task.kind, "generation": claim.generation,
+                               "attempt": claim.task.attempts, "worker_id": self.worker.id})
+        ctx = TaskContext(self.transport, self.worker, claim, log)
+        ctx.renewed_at = sent  # the lease started no earlier than the claim was sent
+        loop = self._loop
+        ctx.on_lost = lambda c, reason: loop.call_soon_threadsafe(self._after_loss, c, reason)
+        older = self._generations.setdefault(claim.task_id, set())
+        for stale in [self.held[(claim.task_id, g)] for g in older if not self.held[(claim.task_id, g)].loss_told]:
+            # This worker reclaimed a task it had not yet seen lost: the older
+            # attempt's lease is certainly gone.
+            self._lose(stale, f"reclaimed under generation {claim.generation}")
+        older.add(claim.generation)
+        self.held[ctx.key] = ctx
+        self._handling.add(ctx.key)
+        self.stats.claimed += 1
+        self.renewer.lease_started(ctx)
+        self._tasks[ctx.key] = asyncio.create_task(self._run_task(ctx), name=f"leaseq-task-{claim.task_id}",
+                                                   context=self.observe.started(ctx, self.worker.id, sent))
+        timeout = self._timeout_of(claim)
+        if timeout is not None:
+            self._timers[ctx.key] = loop.call_later(timeout, self._time_out, ctx, timeout)
+
+    def _timeout_of(self, claim: Claim) -> float | None:
+        """How long the attempt may run: the task's own timeout, else its kind's declared one."""
+        if claim.task.timeout_seconds is not None:
+            return float(claim.task.timeout_seconds)
+        definition = self.registry.get(claim.task.kind)
+        return getattr(definition, "timeout", None)  # a bare registry's handlers may declare none
+
+    def _time_out(self, ctx: TaskContext, seconds: float) -> None:
+        """The attempt ran past its timeout: stop the handler (cancelled if async; a sync one
+        sees ``ctx.lost`` and ``ctx.check()`` raise) and give its lease up with reason
+        ``timeout``, for the recovery policy to route the task."""
+        self._timers.pop(ctx.key, None)
+        if ctx.key not in self._handling or ctx.lost:
+            return  # the handler returned (its outcome is being recorded), or the lease is gone already
+        if not ctx.mark_lost(f"timeout: the attempt ran past {seconds:g}s"):
+            return
+        self.stats.timed_out += 1
+        ctx.log.warning(self._msg(ctx, f"timed out after {seconds:g}s: stopping the handler and giving the "
+                                       "lease up"))
+        task = self._tasks.get(ctx.key)
+        if task is not None:
+            task.cancel()  # an async handler stops at its next await; a thread's result is dropped
+        recording = asyncio.ensure_future(self.completer.time_out(ctx))
+        self._timeouts.add(recording)
+        recording.add_done_callback(self._timeouts.discard)
+
+    # -- running the handler ---------------------------------------------------------------
+
+    async def _run_task(self, ctx: TaskContext) -> None:
+        try:
+            recording = await self._run_handler(ctx)
+            if recording is not None:
+                await recording  # shielded inside: its accounting happens in _settled
+        except asyncio.CancelledError:
+            if not ctx.lost:
+                raise
+            # Cancelled because the lease was lost: nothing may be published.
+        finally:
+            self._forget(ctx)
+
+    async def _run_handler(self, ctx: TaskContext) -> Awaitable[Outcome] | None:
+        """Run the handler; return the recording of its outcome (None: nothing to record)."""
+        definition = self.registry.get(ctx.task.kind)
+        try:
+            try:
+                if definition is None:
+                    raise Permanent(f"no handler for task kind {ctx.task.kind!r} in this worker")
+                payload = ctx.task.payload
+                args, kwargs = ((), payload) if isinstance(payload, dict) else (
+                    ((payload,), {}) if payload is not None else ((), {}))
+                # @leaseq.tool functions find the running handler's context here
+                current = tools.current_context.set(ctx)
+                try:
+                    if inspect.iscoroutinefunction(definition.fn):
+                        result = await definition.fn(ctx, *args, **kwargs)
+                    else:
+                        loop = asyncio.get_running_loop()  # the thread runs in this task's context (its span)
+                        self._threaded.add(ctx.key)
+                        result = await loop.run_in_executor(self._handlers, contextvars.copy_context().run,
+                                                            functools.partial(definition.fn, ctx, *args, **kwargs))
+                finally:
+                    tools.current_context.reset(current)
+            finally:
+                self.observe.returned(ctx, sys.exc_info()[1])
+                # The slot is free once the handler returns: the next claim
+                # overlaps with recording this outcome.
+                self._handling.discard(ctx.key)
+                self._threaded.discard(ctx.key)
+                self._wake.set()
+                self._freed.set()
+        except asyncio.CancelledError:
+            if not ctx.lost:
+                raise
+            return None
+        except LeaseLost as exc:
+            self._lose(ctx, exc.reason)
+            return None
+        except QueuePaused as exc:
+            return self.completer.release(ctx, f"queue paused: {exc}")
+        except Retry as exc:  # asked to run later: not a failure
+            if ctx.lost:
+                ctx.log.warning(self._msg(ctx, f"retry not recorded: lease lost ({ctx.lost_reason}): {exc}"))
+                return None
+            return self.completer.retry(ctx, exc)
+        except Exception as exc:  # the handler failed: route it by kind of failure
+            if ctx.lost:
+                ctx.log.warning(self._msg(ctx, f"failure not recorded: lease lost ({ctx.lost_reason}): {exc!r}"))
+                return None
+            return self.completer.fail(ctx, exc, getattr(definition, "retry", None))
+        if ctx.loss_told:
+            ctx.log.warning(self._msg(ctx, f"result not published: lease lost ({ctx.lost_reason})"))
+            return None
+        if ctx.lost:
+            # Presumed lost on this worker's clock only: the database may still hold
+            # the lease (a renewal can commit unanswered). Send the success; the guard
+            # accepts it or refuses it with zero rows.
+            ctx.log.info(self._msg(ctx, f"handler returned after its lease was presumed lost ({ctx.lost_reason}): "
+                                        "sending its success for the queue to judge"))
+            self._presumed_sent.add(ctx.key)
+        return self.completer.complete(ctx, result)
+
+    def _forget(self, ctx: TaskContext) -> None:
+        if ctx.loss_inferred and not ctx.outcome_recorded and ctx.key not in self._presumed_sent:
+            # The attempt ended with nothing sent: the presumed loss stands.
+            self._lose(ctx, ctx.lost_reason or "lease presumed lost")
+        self.observe.finished(ctx)
+        timer = self._timers.pop(ctx.key, None)
+        if timer is not None:
+            timer.cancel()
+        self._handling.discard(ctx.key)
+        if self.held.pop(ctx.key, None) is not None:
+            generations = self._generations.get(ctx.task_id)
+            if generations is not None:
+                generations.discard(ctx.generation)
+                if not generations:
+                    del self._generations[ctx.task_id]
+        self._tasks.pop(ctx.key, None)
+        self._ended += 1
+        self._wake.set()
+        self._freed.set()
+
+    # -- settling the outcome --------------------------------------------------------------
+
+    def _settled(self, ctx: TaskContext, outcome: Outcome) -> None:
+        """Account for one recorded outcome (called once per recording, from the loop)."""
+        self.observe.settled(ctx, outcome)
+        verdict, op = outcome.verdict, outcome.op
+        if ctx.key in self._presumed_sent:  # a success sent after the lease was presumed lost
+            self._presumed_sent.discard(ctx.key)
+            if verdict is not Verdict.RECORDED:
+                if verdict is Verdict.UNCONFIRMED:
+                    self.stats.unconfirmed += 1
+                ctx.log.warning(self._msg(ctx, f"result not published: sent after the lease was presumed lost, "
+                                               f"{op} not recorded ({outcome.detail})"))
+                self._lose(ctx, outcome.detail if verdict is Verdict.LOST else
+                           f"{op} after a presumed loss not recorded: {outcome.detail}")
+                return
+            if op == "complete":
+                self.stats.recovered += 1
+        if verdict is Verdict.RECORDED:
+            ctx.outcome_recorded = True
+            if op == "complete":
+                self.stats.completed += 1
+                if ctx.log.isEnabledFor(logging.INFO):
+                    ctx.log.info(self._msg(ctx, "completed"))
+            elif op == "fail":
+                self.stats.failed += 1
+                ctx.log.warning(self._msg(ctx, f"failed -> {getattr(outcome.value, 'status', '?')}: {outcome.detail}"))
+            elif op == "retry":
+                self.stats.snoozed += 1
+                ctx.log.info(self._msg(ctx, f"retry requested -> {getattr(outcome.value, 'status', '?')}"))
+            else:
+                self.stats.released += 1
+                ctx.log.info(self._msg(ctx, "released"))
+        elif verdict is Verdict.LOST:
+            self._lose(ctx, outcome.detail)
+        elif verdict is Verdict.UNCONFIRMED:
+            self.stats.unconfirmed += 1
+            ctx.log.warning(self._msg(ctx, f"{op} unconfirmed: an earlier try failed in transit and the retry was "
+                                           f"refused ({outcome.detail}); the first try may have been written"))
+        elif op in ("release", "timeout"):
+            self.stats.transient_errors += 1
+            ctx.log.warning(self._msg(ctx, f"release not recorded ({outcome.detail}); the lease will expire instead"))
+        else:
+            # Never a handler failure: the lease ends and the recovery policy routes the task.
+            if verdict is Verdict.UNRECORDABLE:
+                self.stats.transient_errors += 1
+            what = {"complete": "succeeded", "retry": "asked to retry"}.get(op, "failed")
+            self._lose(ctx, f"the handler {what} but its {op} could not be recorded before the lease ended: "
+                            f"{outcome.detail}")

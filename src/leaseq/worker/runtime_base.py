@@ -1,0 +1,104 @@
+"""The state the worker runtime's parts share, declared once, and the helpers they all use.
+
+:class:`~leaseq.worker.WorkerRuntime` assigns every attribute declared here
+in its ``__init__``; the parts (:mod:`.losses`, :mod:`.handling`,
+:mod:`.claim_loop`, :mod:`.shutdown`) read and update them.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import threading
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from typing import TYPE_CHECKING, Any
+
+from ..core.errors import LeaseqError
+from ..core.model import Worker
+from ..observability.hooks import WorkerObserver
+from .context import TaskContext
+from .registry import Registry
+from .stats import WorkerStats
+from .transport import Capabilities
+
+if TYPE_CHECKING:  # pragma: no cover
+    from .completer import Completer
+    from .renewer import Renewer
+
+
+class RuntimeBase:
+    """What every part of the worker runtime shares: its settings, the leases it holds and its wake-ups."""
+
+    # -- settings ---------------------------------------------------------------------------
+    registry: Registry
+    #: logs, metrics and traces of each attempt (metrics only when the observer has them)
+    observe: WorkerObserver
+    concurrency: int
+    queues: list[str]
+    name: str
+    grace: float
+    lease_seconds: float | None
+    #: the idle poll interval (the transport's default once it is open, unless given)
+    poll_interval: float | None
+    transport: Any
+    capabilities: Capabilities | None
+    #: the database threads (sized by the transport's capabilities once it is open)
+    _db: ThreadPoolExecutor | None
+    #: the threads sync handlers run in
+    _handlers: ThreadPoolExecutor
+
+    # -- the worker and its leases ------------------------------------------------------------
+    worker: Worker | None
+    stats: WorkerStats
+    held: dict[tuple[int, int], TaskContext]
+    #: the generations of each task held here (almost always one): finds an older
+    #: attempt of a reclaimed task without walking every held lease at each claim
+    _generations: dict[int, set[int]]
+    _tasks: dict[tuple[int, int], asyncio.Task[None]]
+    #: tasks ended so far (an idle exit needs a claim sent after the last of them)
+    _ended: int
+    #: tasks whose handler is running: what concurrency limits (a finished
+    #: handler's lease stays held until its outcome is recorded)
+    _handling: set[tuple[int, int]]
+    #: tasks whose handler runs in a thread (cancelling its asyncio task would only drop its result)
+    _threaded: set[tuple[int, int]]
+    #: presumed-lost attempts whose success was sent and is not settled yet
+    _presumed_sent: set[tuple[int, int]]
+    #: the timers of attempts with a timeout, and the recordings of those that ran past it
+    _timers: dict[tuple[int, int], asyncio.TimerHandle]
+    _timeouts: set[asyncio.Future[Any]]
+    renewer: Renewer | None
+    completer: Completer | None
+
+    # -- claiming and stopping ----------------------------------------------------------------
+    _stopping: bool
+    #: the refusal that stopped the claim loop (re-raised once shutdown is done)
+    _fatal: LeaseqError | None
+    _stopped: threading.Event
+    _loop: asyncio.AbstractEventLoop | None
+    _wake: asyncio.Event | None
+    #: set when a handler's slot frees: wakes the claim beside the loop's
+    _freed: asyncio.Event | None
+    #: claims on their way, and the slots they asked for (not free to claim again)
+    _claims_in_flight: int
+    _reserved: int
+    #: the claim loop has ended: nothing more is claimed beside it
+    _claims_closed: bool
+    _signals: int
+
+    @property
+    def kinds(self) -> list[str] | None:
+        """The kinds this worker has handlers for, read at each claim (handlers added
+        later count). It claims no others, so workers running different handlers can
+        share a queue."""
+        return self.registry.kinds() or None
+
+    async def _call(self, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+        """Run a blocking transport call on the database threads."""
+        loop = asyncio.get_running_loop()
+        return await loop.run_in_executor(self._db, functools.partial(fn, *args, **kwargs))
+
+    def _msg(self, ctx: TaskContext, text: str) -> str:
+        return (f"task={ctx.task_id} kind={ctx.task.kind} gen={ctx.generation} attempt={ctx.task.attempts} "
+                f"worker={self.worker.id}: {text}")

@@ -1,0 +1,96 @@
+"""Stopping: a stop request or a signal, and the graceful shutdown.
+
+Claiming stops first; running tasks may finish within the grace period; the
+handlers still running are then stopped and their leases released through
+the recovery policy. A second signal exits at once (the leases expire and are
+recovered).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import time
+from typing import Any
+
+from .losses import Losses
+
+logger = logging.getLogger("leaseq.worker")
+
+#: How long shutdown keeps trying to release a lease before leaving it to expire.
+RELEASE_BUDGET = 5.0
+
+
+class Shutdown(Losses):
+    """Stopping, a part of :class:`~leaseq.worker.WorkerRuntime` (whose state it reads and updates)."""
+
+    # -- stop requests ---------------------------------------------------------------------
+
+    def stop(self) -> None:
+        """Ask the runtime to stop claiming and shut down (thread-safe)."""
+        loop = self._loop
+        if loop is None or loop.is_closed():
+            self._stopping = True
+            return
+        loop.call_soon_threadsafe(self._request_stop)
+
+    def _request_stop(self) -> None:
+        self._stopping = True
+        if self._wake is not None:
+            self._wake.set()
+        if self.capabilities.long_poll and self.worker is not None and self._loop is not None:
+            # A claim waiting on the queue's side would hold the shutdown up: end it now.
+            try:
+                self._loop.run_in_executor(self._db, self.transport.interrupt_claims,
+                                           self.worker).add_done_callback(_ignore_failure)
+            except RuntimeError:  # the runtime already finished: nothing waits
+                pass
+
+    def _on_signal(self, signum: int) -> None:
+        self._signals += 1
+        if self._signals == 1:
+            logger.info("worker %s: signal %s: finishing running tasks (grace %.0fs); again to exit at once",
+                        self.worker.id if self.worker else self.name, signum, self.grace)
+            self._request_stop()
+        else:
+            logger.warning("second signal: exiting now; held leases will expire and be recovered")
+            logging.shutdown()
+            os._exit(130)
+
+    def wait_stopped(self, timeout: float | None = None) -> bool:
+        """Block until the runtime has finished (for code running it in a thread)."""
+        return self._stopped.wait(timeout)
+
+    # -- the graceful shutdown -------------------------------------------------------------
+
+    async def _shutdown(self) -> None:
+        pending = list(self._tasks.values())
+        if pending:
+            logger.info("worker %s: waiting up to %.1fs for %d running task(s)", self.worker.id, self.grace,
+                        len(pending))
+            await asyncio.wait(pending, timeout=self.grace)
+        # Handlers still running are stopped and their leases released; outcomes
+        # being recorded are left to finish (within their leases): a success is
+        # worth more than a faster exit.
+        for ctx in [c for key, c in list(self.held.items()) if key in self._handling and c.loss_inferred]:
+            self._lose(ctx, "worker shut down before the handler returned")  # a presumed loss stands
+        leftovers = [ctx for key, ctx in list(self.held.items()) if key in self._handling and not ctx.lost]
+        until = time.monotonic() + RELEASE_BUDGET
+        releases = []
+        for ctx in leftovers:
+            ctx.mark_lost("worker shutting down")
+            task = self._tasks.get(ctx.key)
+            if task is not None:
+                task.cancel()
+            releases.append(self.completer.release(ctx, "worker shut down before the task finished", until=until))
+        if releases:
+            await asyncio.gather(*releases, return_exceptions=True)
+        if self._tasks:
+            await asyncio.wait(list(self._tasks.values()), timeout=None if not leftovers else 1.0)
+        await self.completer.drain(timeout=1.0)
+
+
+def _ignore_failure(done: asyncio.Future[Any]) -> None:
+    if not done.cancelled() and done.exception() is not None:  # best effort: the wait ends by itself
+        logger.debug("could not interrupt a waiting claim: %r", done.exception())
