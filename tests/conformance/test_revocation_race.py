@@ -14,7 +14,9 @@ SQLite runs one writer at a time, so it cannot interleave; it runs anyway.
 from __future__ import annotations
 
 import random
+import statistics
 import threading
+import time
 from typing import Any
 
 import pytest
@@ -32,9 +34,10 @@ LEASE_SECONDS = 120.0
 
 
 def _claim_until_revoked(dsn: str, wid: str, start: threading.Event, got: list[tuple[Any, Any]],
-                         errors: list[BaseException]) -> None:
+                         errors: list[BaseException], first_claim: list[float]) -> None:
     """Claim one task at a time for ``wid`` (and record an intent under each
-    claim, for finish_effect to try later) until the queue refuses the worker."""
+    claim, for finish_effect to try later) until the queue refuses the worker.
+    How long the first claim took goes to ``first_claim`` when it returns."""
     q = leaseq.connect(dsn)
     try:
         q.now()  # connected before the race starts, so the first claim is not slowed by it
@@ -43,11 +46,14 @@ def _claim_until_revoked(dsn: str, wid: str, start: threading.Event, got: list[t
         except UnknownWorker:
             pass
         start.set()
+        began = time.monotonic()
         while True:
             try:
                 claims = q.claim(wid, lease_seconds=LEASE_SECONDS)
             except UnknownWorker:
                 return
+            if not first_claim:
+                first_claim.append(time.monotonic() - began)
             for c in claims:
                 try:
                     fx = q.begin_effect(wid, c, "ledger.write")
@@ -89,6 +95,11 @@ def test_a_claim_racing_revoke_worker_leaves_no_live_lease(q: leaseq.Queue, dsn:
     rng = random.Random(11)
     leaked: list[str] = []
     raced = 0
+    #: how long the first claim of each trial took: the revocation is aimed at
+    #: the first claim's span (a delay up to twice its median), so about half
+    #: of the revocations land before it commits and half after, however fast
+    #: or loaded the machine is
+    first_claims: list[float] = []
     for trial in range(TRIALS):
         w = q.register_worker(f"racer{trial}")
         if path == "routing":
@@ -102,8 +113,9 @@ def test_a_claim_racing_revoke_worker_leaves_no_live_lease(q: leaseq.Queue, dsn:
         got: list[tuple[Any, Any]] = []
         errors: list[BaseException] = []
         start = threading.Event()
-        claimer = threading.Thread(target=_claim_until_revoked, args=(dsn, w.id, start, got, errors))
-        revoker = threading.Thread(target=_revoke, args=(dsn, w.id, start, rng.uniform(0.0, 0.02), errors))
+        span = 2 * statistics.median(first_claims) if first_claims else 0.02
+        claimer = threading.Thread(target=_claim_until_revoked, args=(dsn, w.id, start, got, errors, first_claims))
+        revoker = threading.Thread(target=_revoke, args=(dsn, w.id, start, rng.uniform(0.0, span), errors))
         claimer.start()
         revoker.start()
         revoker.join(timeout=60)
