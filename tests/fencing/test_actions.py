@@ -7,7 +7,7 @@ import time
 import pytest
 
 import leaseq
-from leaseq.fencing import ActionSigner
+from leaseq.fencing import ActionSigner, InvalidActionToken
 
 SIGNER = ActionSigner({"k1": bytes(range(32))}, "k1")
 
@@ -130,3 +130,26 @@ def test_the_runtime_hands_the_handler_a_current_token_after_each_renewal(dsn):
     [(first, later, now)] = seen
     assert first < now < later
     app.queue.close()
+
+
+@pytest.mark.parametrize("skew", [-3600.0, 3600.0])
+def test_a_token_is_issued_on_the_database_clock_whatever_the_signers_clock(sq, monkeypatch, skew):
+    """A direct worker signs its own tokens. With its clock an hour off either
+    way, the token it mints still carries the database's issue time and the
+    lease's deadline, so a downstream with a right clock accepts it now and
+    refuses it once the lease is over."""
+    import types
+
+    from leaseq.fencing import tokens
+
+    task, worker, claim = claim_one(sq, effect="side_effect", lease_seconds=30)
+    real = time.time
+    monkeypatch.setattr(tokens, "time", types.SimpleNamespace(time=lambda: real() + skew))
+    fx = sq.begin_effect(worker, claim, "orders.pay")
+    monkeypatch.undo()
+    db_now = sq.now().timestamp()
+    claims = SIGNER.verify(fx.token, now=real())             # accepted by a right clock
+    assert abs(claims.issued_at - db_now) < 5
+    assert claims.expires_at == pytest.approx(claim.expires_at.timestamp(), abs=0.002)
+    with pytest.raises(InvalidActionToken, match="expired"):
+        SIGNER.verify(fx.token, now=claim.expires_at.timestamp() + 1)

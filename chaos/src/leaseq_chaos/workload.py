@@ -107,12 +107,11 @@ def send_downstream(ctx: leaseq.TaskContext, fx: Any, *, keyed: bool) -> Any:
     fence = _downstream()
     resource, token, key = f"task:{ctx.task_id}", fx.generation, fx.idempotency_key
     if _signer is not None and fx.token is not None:
-        # Expiry is judged by the signer's clock, as a downstream service whose clock agrees with the
-        # signer's would: a remote worker's token is signed by the service (the true clock), a direct
-        # worker's by the worker itself (its skewed clock; see docs/reliability.md, "Clock skew").
-        signed_by_service = bool(os.environ.get("LEASEQ_CHAOS_SERVER"))
+        # Expiry is judged by the true clock, as a downstream service with a right clock would: the
+        # token is issued on the queue database's clock, whoever signs it (the service for a remote
+        # worker, a direct worker itself with its skewed clock; see docs/reliability.md, "Clock skew").
         _signer.verify(fx.token, action=ACTION, idempotency_key=key, generation=token,
-                       now=wall() if signed_by_service else None, leeway_seconds=1.0)
+                       now=wall(), leeway_seconds=1.0)
     mark = "%s" if fence.dialect == "postgres" else "?"
 
     def write(conn: Any) -> dict[str, Any]:

@@ -114,7 +114,6 @@ def begin_effect(s: Settings, worker: Worker | str, claim: Claim, action: str, k
         if refusal is not None:
             raise InvalidInput("action", refusal)
     entry_class = effect if effect is not None else held["effect"]
-    deadline = held["lease_expires_at"]
     fx_key = key if key is not None else f"{held['idempotency_key']}:{action}"
     existing = yield one("get_effect", task_id=claim.task_id, idempotency_key=fx_key)
     if existing is not None and effect is not None:
@@ -127,10 +126,10 @@ def begin_effect(s: Settings, worker: Worker | str, claim: Claim, action: str, k
                              idempotency_key=fx_key, effect_id=existing["id"], effect=entry_class,
                              recorded_generation=existing["generation"])
         yield COMMIT
-        return signed(s, to_effect(existing, replayed=True), deadline, resource)
+        return signed(s, to_effect(existing, replayed=True), held, resource)
     if existing is not None and existing["generation"] == claim.generation and existing["status"] == "pending":
         yield COMMIT
-        return signed(s, to_effect(existing), deadline, resource)
+        return signed(s, to_effect(existing), held, resource)
     if held["paused"] and entry_class != "read_only":
         raise QueuePaused(f"queue {held['queue']!r} is paused: no new actions may start")
     if existing is None:
@@ -151,20 +150,25 @@ def begin_effect(s: Settings, worker: Worker | str, claim: Claim, action: str, k
         detail["previous_generation"] = existing["generation"]
     yield from event(s, claim.task_id, "effect_intent", claim.generation, wid, **detail)
     yield COMMIT
-    return signed(s, to_effect(row), deadline, resource)
+    return signed(s, to_effect(row), held, resource)
 
 
-def signed(s: Settings, effect: Effect, deadline: datetime, resource: str | None) -> Effect:
+def signed(s: Settings, effect: Effect, held: dict[str, Any], resource: str | None) -> Effect:
     """The effect with a signed action token scoped to it, when the queue has a key.
 
-    The token expires at the lease deadline it was issued under (the
-    database's clock), or after ``action_token_ttl`` if that is sooner: a
-    worker that outlives its lease holds an expired token.
+    ``held`` is ``lock_lease``'s row. The token is issued on the database's
+    clock (the row's ``now``), as the lease is judged, never on the signing
+    process's own clock: it expires at the lease deadline it was issued
+    under, or ``action_token_ttl`` after issue if that is sooner. A worker
+    that outlives its lease holds an expired token, and a worker whose clock
+    is wrong cannot mint a token that a downstream with a right clock finds
+    expired at once, or valid for longer than the lease.
     """
     if s.signer is None:
         return effect
     token = s.signer.issue(effect.task_id, effect.generation, effect.action, effect.idempotency_key,
-                           s.action_token_ttl, resource=resource, not_after=deadline.timestamp())
+                           s.action_token_ttl, resource=resource, now=held["now"].timestamp(),
+                           not_after=held["lease_expires_at"].timestamp())
     return dataclasses.replace(effect, token=token)
 
 

@@ -466,7 +466,8 @@ RETURNING t.id, t.claim_generation, t.lease_expires_at;
 -- Checks the lease and locks the row for the rest of the transaction, so no
 -- cancel or expiry routing can slip between the check and the write after it.
 SELECT t.id, t.queue, t.idempotency_key, t.effect, t.actions, t.lease_expires_at,
-       coalesce((SELECT q.paused FROM leaseq_queues q WHERE q.name = t.queue), false) AS paused
+       coalesce((SELECT q.paused FROM leaseq_queues q WHERE q.name = t.queue), false) AS paused,
+       clock_timestamp() AS now  -- an action token is issued on this clock, not the signing process's
 FROM leaseq_tasks t
 WHERE t.id = %(task_id)s
   /* TEMPLATE: lease_guard */

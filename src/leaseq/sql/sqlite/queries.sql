@@ -300,7 +300,8 @@ RETURNING id, claim_generation, lease_expires_at;
 -- name: lock_lease
 -- guard: lease
 SELECT t.id, t.queue, t.idempotency_key, t.effect, t.actions, t.lease_expires_at,
-       coalesce((SELECT q.paused FROM leaseq_queues q WHERE q.name = t.queue), 0) AS paused
+       coalesce((SELECT q.paused FROM leaseq_queues q WHERE q.name = t.queue), 0) AS paused,
+       (julianday('now') - 2440587.5) * 86400.0 AS now
 FROM leaseq_tasks AS t
 WHERE t.id = :task_id
   /* TEMPLATE: lease_guard */;
