@@ -256,6 +256,24 @@ def test_a_lease_already_lost_when_the_handler_returned_is_not_charged():
     assert check(by_clock).ok
 
 
+def test_a_release_begun_before_the_return_is_not_charged_one_begun_after_is():
+    """A graceful stop whose grace ran out: the worker began releasing the lease
+    (and stopped the attempt) just before a thread handler returned anyway."""
+    def given_back(t0: float) -> Observed:
+        obs = returned_then_retried()
+        obs.history = [r for r in obs.history if r["op"] != "complete" or r.get("gen") != 1]
+        obs.history.append(rec(3.95, "release", task=2, gen=1, t0=t0, next_status="queued"))
+        obs.history.sort(key=lambda r: r["t"])
+        obs.events[2][2] = ev(10, "lease_released", 1, routed_to="queued",
+                              reason="worker shut down before the task finished")
+        return obs
+
+    report = check(given_back(t0=3.79))
+    assert report.ok, report.violations
+    assert report.counts["returned attempts whose lease had ended before the return"] == 1
+    assert found(given_back(t0=3.81)) == {"no_attempt_charged"}
+
+
 def test_a_revoked_or_cancelled_attempt_is_not_charged():
     obs = returned_then_retried()
     obs.events[2][2] = ev(10, "lease_revoked", 1, reason="worker revoked")

@@ -32,16 +32,17 @@ Each invariant names the promise it checks:
     (the workload records "returned" as it returns) is recorded as completed
     under that generation, never as a failure, and its task is never run
     again nor left dead for it. The only excuses: the lease had already ended
-    before the handler returned (a renewal refused, or the lease ended by the
-    database's clock) or had less than a round trip (0.35 s) left, an operator revoked the worker or cancelled the task,
+    before the handler returned (a renewal refused, the lease ended by the
+    database's clock, or the worker's shutdown had begun releasing it when
+    its grace period ran out) or had less than a round trip (0.35 s) left, an operator revoked the worker or cancelled the task,
     or a fault that can keep a worker from the queue for longer than a lease
     (kill, stop, partition, restart, service) hit that worker, or the whole
     queue, between shortly before the return and the next claim, or the
     worker kept trying to record the success (its completion calls failing
     on the fault) until the lease ran out: a success that cannot be recorded
     before the lease ends is a loss, routed by the recovery policy, never a
-    failure. A failure recorded for a returned handler, or a lease given back
-    after the return, is never excused. Each violation names the faults
+    failure. A failure recorded for a returned handler, or a lease the worker
+    began to give back after the return, is never excused. Each violation names the faults
     around it.
 """
 
@@ -295,6 +296,7 @@ def _returned_attempts(obs: Observed, tasks: dict[int, dict], violate) -> dict[s
     recording: dict[tuple[int, int], list[dict[str, Any]]] = defaultdict(list)  # completion calls that failed
     claims: dict[int, list[tuple[float, int]]] = defaultdict(list)
     faults: list[dict[str, Any]] = []
+    released_from: dict[tuple[int, int], float] = {}  # when the worker began giving a lease back
     for r in obs.history:
         op, ok = r["op"], r["outcome"] == "ok"
         if op == "complete" and ok and "task" in r:
@@ -308,6 +310,8 @@ def _returned_attempts(obs: Observed, tasks: dict[int, dict], violate) -> dict[s
             renew_refused.setdefault((r["task"], r["gen"]), r["t"])
         elif op == "claim" and ok and "task" in r:
             claims[r["task"]].append((r["t"], r["gen"]))
+        elif op == "release" and "task" in r:
+            released_from.setdefault((r["task"], r["gen"]), r.get("t0", r["t"]))
         elif op == "fault" and ok:
             faults.append(r)
     ended: dict[tuple[int, int], tuple[str, float | None]] = {}  # how and when (database time) a lease ended
@@ -342,7 +346,11 @@ def _returned_attempts(obs: Observed, tasks: dict[int, dict], violate) -> dict[s
             if not later and not resting_on_it:
                 continue  # nothing charged (yet): the checker's other invariants judge the rest
             refused_at = renew_refused.get((task_id, gen))
-            if (refused_at is not None and refused_at < r["t"]) or (at is not None and at < r.get("wall", 0)):
+            # a release the worker had begun before the return (its shutdown's grace ran out and
+            # the attempt was stopped) ended the lease before the return, as a refusal does
+            given_up_at = released_from.get((task_id, gen))
+            if (refused_at is not None and refused_at < r["t"]) or (at is not None and at < r.get("wall", 0)) \
+                    or (how == "lease_released" and given_up_at is not None and given_up_at < r["t"]):
                 c["returned attempts whose lease had ended before the return"] += 1
                 continue
             if how == "lease_expired" and at is not None and at - r.get("wall", 0) < RECORDING_SLACK_SECONDS:
