@@ -82,9 +82,11 @@ class RemoteQueue:
     #: How the queue is reached: over HTTP, through the leaseq service (which
     #: database stands behind it is the service's business).
     transport = "http"
-    #: Completions in batches, claims that wait on the service's side for work,
-    #: each call in a thread (see :class:`leaseq.worker.Capabilities`).
-    capabilities = Capabilities(loss_reports=True, batched_completion=True, long_poll=True)
+    #: Completions in batches (which may lease the next tasks in the same request),
+    #: claims that wait on the service's side for work, each call in a thread
+    #: (see :class:`leaseq.worker.Capabilities`).
+    capabilities = Capabilities(loss_reports=True, batched_completion=True, long_poll=True,
+                                claim_with_completion=True)
 
     def __init__(self, url: str, token: str, *, timeout: float = 30.0, rate_limit_retries: int = 3):
         if not isinstance(url, str) or not url.startswith(("http://", "https://")):
@@ -247,6 +249,29 @@ class RemoteQueue:
         if not items:
             return set()
         return set(self._call("POST", path, {"tasks": items})["completed"])
+
+    def complete_and_claim(self, worker: Worker | str, done: Sequence[tuple[Claim, Any]], *, queue: str = "default",
+                           limit: int = 1, lease_seconds: float | None = None,
+                           kinds: list[str] | None = None) -> tuple[set[int], Claims]:
+        """:meth:`complete_many`, and lease up to ``limit`` more tasks of ``queue`` in the same request.
+
+        Returns the ids completed and the new claims. The claim runs after the
+        completions have committed and never waits; if it is refused or fails,
+        the completions stand and no claims come back (a later :meth:`claim`
+        meets the same trouble and raises it).
+        """
+        _, path = self._worker_path(worker, None, "complete")
+        items = []
+        for claim, result in done:
+            self._worker_path(worker, claim)
+            items.append({"task_id": claim.task_id, "generation": claim.generation, "result": result})
+        more: dict[str, Any] = {"queue": queue, "limit": limit, "lease_seconds": lease_seconds}
+        if kinds is not None:
+            more["kinds"] = list(kinds)
+        data = self._call("POST", path, {"tasks": items, "claim": more})
+        claims = Claims(claim_from(c) for c in data["claims"])
+        claims.limit_wait = data.get("limit_wait")
+        return set(data["completed"]), claims
 
     def fail_many(self, worker: Worker | str, failed: Sequence[tuple[Claim, str]], *, retry: bool = True,
                   block: bool = False, delay: float | None = None) -> dict[int, Task]:

@@ -27,7 +27,7 @@ from __future__ import annotations
 import time
 from collections.abc import Awaitable, Callable
 from datetime import datetime
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar, cast
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
@@ -35,7 +35,7 @@ from ..worker.completer import is_infrastructure
 
 if TYPE_CHECKING:
     from ..core.model import Claim
-    from ..worker.transport import NativeTransport
+    from ..worker.transport import NativeTransport, RefillingTransport
 
 R = TypeVar("R")
 
@@ -135,6 +135,11 @@ class MeteredTransport:
 
     def complete_many(self, worker: Any, done: list[tuple[Claim, Any]]) -> set[int]:
         return self._sync("complete", self._transport.complete_many, worker, done)
+
+    def complete_and_claim(self, worker: Any, done: list[tuple[Claim, Any]],
+                           **claim: Any) -> tuple[set[int], list[Claim]]:
+        refilling = cast("RefillingTransport", self._transport)
+        return self._sync("complete", refilling.complete_and_claim, worker, done, **claim)
 
     async def acomplete_many(self, worker: Any, done: list[tuple[Claim, Any]]) -> set[int]:
         return await self._async("complete", self._transport.acomplete_many, worker, done)

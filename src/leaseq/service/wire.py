@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import dataclasses
 import enum
-import functools
 from datetime import date, datetime, timezone
 from typing import Any, TypeVar
 
@@ -28,17 +27,20 @@ REDACTED_DETAIL_KEYS = ("error", "result", "response")
 
 #: Types passed through as they are (compared exactly: subclasses such as enums take the slow path).
 _PLAIN = frozenset({str, int, float, bool, type(None)})
-#: Each type's dataclass field names, or None for a type that is not a dataclass.
-_FIELDS: dict[type, tuple[str, ...] | None] = {}
 
 
-def _field_names(cls: type) -> tuple[str, ...] | None:
+#: Each type's dataclass field names, in order and as a set (None: not a dataclass).
+_SHAPES: dict[type, tuple[tuple[str, ...], frozenset[str]] | None] = {}
+
+
+def _shape(cls: type) -> tuple[tuple[str, ...], frozenset[str]] | None:
+    """``cls``'s field names, read once per type: in order for encoding, as a set for decoding."""
     try:
-        return _FIELDS[cls]
+        return _SHAPES[cls]
     except KeyError:
         names = tuple(f.name for f in dataclasses.fields(cls)) if dataclasses.is_dataclass(cls) else None
-        _FIELDS[cls] = names
-        return names
+        shape = _SHAPES[cls] = None if names is None else (names, frozenset(names))
+        return shape
 
 
 def to_json(value: Any) -> Any:
@@ -46,9 +48,9 @@ def to_json(value: Any) -> Any:
     cls = type(value)
     if cls in _PLAIN:  # most values: checked first, by type alone
         return value
-    names = _field_names(cls)
-    if names is not None:
-        return {name: to_json(getattr(value, name)) for name in names}
+    shape = _shape(cls)
+    if shape is not None:
+        return {name: to_json(getattr(value, name)) for name in shape[0]}
     if isinstance(value, dict):
         return {str(k): to_json(v) for k, v in value.items()}
     if isinstance(value, (list, tuple, set, frozenset)):
@@ -77,13 +79,9 @@ def parse_time(value: Any) -> datetime | None:
     return datetime.fromisoformat(value)
 
 
-@functools.cache
-def _known(cls: type) -> frozenset[str]:
-    return frozenset(_field_names(cls) or ())
-
-
 def _build(cls: type[T], data: dict[str, Any], **overrides: Any) -> T:
-    known = _known(cls)  # type: ignore[arg-type]  # a class is hashable; typeshed's type[T] is not declared so
+    shape = _shape(cls)
+    known = shape[1] if shape is not None else frozenset()
     kwargs = {}
     for key, value in data.items():
         if key in known:

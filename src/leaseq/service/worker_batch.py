@@ -11,6 +11,13 @@ exactly as on the direct path; nothing here decides a lease question.
   capped by the service) for work to arrive: woken by LISTEN/NOTIFY on
   PostgreSQL, by enqueues through this process, or a short re-check
   (:mod:`.wakeups`). Each attempt is one transaction.
+* ``complete`` may also ask for more work (``claim``): once the completions
+  have committed, a second transaction (the token checked again, the claim
+  authorized for its queue) leases up to ``claim.limit`` tasks, returned
+  with the answer. A busy remote worker then makes one round trip per batch
+  instead of two. The claim never waits, and its failure (a refused queue,
+  an outage) never undoes the completions: it is reported in
+  ``claim_error`` and the worker claims on its own.
 * ``renew``, ``complete`` and ``fail`` take many leases at once. A lease the
   guard refuses is reported in ``refused`` (``lease_lost``) and the others
   go through: a partly refused batch is not an error. Bad input (an
@@ -35,14 +42,15 @@ from pydantic import Field
 from starlette.concurrency import run_in_threadpool
 
 from ..core import checks
-from ..core.errors import InvalidInput, LeaseLost, NotFound
+from ..core.errors import InvalidInput, LeaseLost, LeaseqError, NotFound
 from ..core.model import Claim, Claims, Task
+from ..engine.leases import check_kinds
 from ..queue import Queue
 from .access import in_one_transaction
 from .metrics import ServiceMetrics, span
 from .wakeups import WorkSignal
 from .wire import to_json
-from .worker_api import Body, Item, WorkerId, _claim, _log
+from .worker_api import Body, Item, WorkerId, _claim, _log, logger
 
 router = APIRouter(prefix="/v1", tags=["worker"])
 
@@ -122,14 +130,21 @@ async def claim(body: ClaimBody, request: Request, worker_id: str = WorkerId) ->
             await waiter.wait(min(left, signal.recheck) if hint is None else min(left, signal.recheck, max(0.02, hint)))
             if waiter.interrupted or await request.is_disconnected():
                 break  # nobody to hand a lease to: claim nothing more
+    return _json(_claimed(metrics, worker_id, body.queue, claims, started))
+
+
+def _claimed(metrics: ServiceMetrics, worker_id: str, queue: str, claims: list[Claim],
+             started: float) -> dict[str, Any]:
+    """The answer's part for a claim: the leases (counted and logged), and how long
+    an empty rate bucket needs when the claim came back short."""
     if claims:
-        metrics.claims.labels(queue=body.queue).inc(len(claims))
+        metrics.claims.labels(queue=queue).inc(len(claims))
         for c in claims:
             _log(logging.DEBUG, "claimed", worker_id, started, c.task_id, c.generation, c.task.kind)
-    answer = {"claims": to_json(claims)}
+    answer: dict[str, Any] = {"claims": to_json(claims)}
     if isinstance(claims, Claims) and claims.limit_wait is not None:
         answer["limit_wait"] = claims.limit_wait
-    return _json(answer)
+    return answer
 
 
 @router.post("/workers/{worker_id}/claim/interrupt", summary="End this worker's waiting claims, empty-handed")
@@ -173,16 +188,37 @@ class Completion(Item):
     result: Any = None
 
 
+class ClaimMore(Item):
+    """More work asked for with a batch of completions (never waits)."""
+
+    queue: str = "default"
+    limit: int = Field(ge=1, le=10_000)
+    lease_seconds: float | None = None
+    kinds: list[str] | None = None
+
+
 class CompleteManyBody(Body):
     tasks: list[Completion] = Field(max_length=MAX_BATCH)
+    #: lease up to this many more tasks once the completions are written
+    claim: ClaimMore | None = None
 
 
-@router.post("/workers/{worker_id}/complete", summary="Finish many tasks under their leases, in one statement")
+@router.post("/workers/{worker_id}/complete", summary="Finish many tasks under their leases, in one statement "
+                                                      "(and, with `claim`, lease more)")
 def complete_many(body: CompleteManyBody, request: Request, worker_id: str = WorkerId) -> JSONResponse:
     started = time.perf_counter()
     _no_repeats("tasks", [t.task_id for t in body.tasks])
     for i, t in enumerate(body.tasks):
         checks.check_json(f"tasks.{i}.result", t.result)
+    more = body.claim
+    if more is not None:  # the whole request is checked before anything is written
+        try:
+            checks.check_name("queue", more.queue)
+            if more.lease_seconds is not None:
+                checks.check_seconds("lease_seconds", more.lease_seconds, allow_zero=False)
+            check_kinds(more.kinds)
+        except InvalidInput as exc:
+            raise InvalidInput(f"claim.{exc.field}", exc.problem) from None
     done = [(_claim(worker_id, t.task_id, t.generation), t.result) for t in body.tasks]
     completed = in_one_transaction(request, "complete", worker_id, lambda view: view.complete_many(worker_id, done))
     refused = [_refusal(t.task_id, t.generation, "complete refused: lease no longer held")
@@ -193,7 +229,31 @@ def complete_many(body: CompleteManyBody, request: Request, worker_id: str = Wor
             _log(logging.DEBUG, "completed", worker_id, started, t.task_id, t.generation)
         else:
             _log(logging.INFO, "complete refused: lease no longer held", worker_id, started, t.task_id, t.generation)
-    return _json({"completed": sorted(completed), "refused": refused})
+    answer: dict[str, Any] = {"completed": sorted(completed), "refused": refused}
+    if more is not None:
+        answer.update(_claim_more(request, worker_id, more))
+    return _json(answer)
+
+
+def _claim_more(request: Request, worker_id: str, more: ClaimMore) -> dict[str, Any]:
+    """The claim asked for with completions, in its own transaction after theirs: its
+    refusal or failure is reported, never raised (the completions stand)."""
+    started = time.perf_counter()
+
+    def attempt(view: Queue) -> list[Claim]:
+        return view.claim(worker_id, queue=more.queue, limit=more.limit, lease_seconds=more.lease_seconds,
+                          kinds=more.kinds)
+
+    try:
+        with span("leaseq.claim", queue=more.queue, worker_id=worker_id, limit=more.limit):
+            claims = in_one_transaction(request, "claim", worker_id, attempt, queue=more.queue, charge=False)
+    except Exception as exc:  # the worker's own claim meets it again, and decides
+        code = exc.code if isinstance(exc, LeaseqError) else "internal_error"
+        logger.info("worker %s: claim with completions failed: %r", worker_id, exc)
+        return {"claims": [], "claim_error": {"code": code, "message": str(exc)}}
+    metrics = _metrics(request)
+    metrics.claim_latency.observe(time.perf_counter() - started)
+    return _claimed(metrics, worker_id, more.queue, claims, started)
 
 
 class Failure(Item):

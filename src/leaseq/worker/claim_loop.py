@@ -19,7 +19,8 @@ import time
 from ..auth import AccessDenied
 from ..core.errors import InvalidInput, UnknownWorker
 from ..core.model import Claim, Claims
-from .completer import INITIAL_BACKOFF, next_backoff
+from .context import TaskContext
+from .completer import INITIAL_BACKOFF, Refill, RefillAsk, next_backoff
 from .handling import Handling
 from .renewer import wait_event
 
@@ -70,6 +71,11 @@ class ClaimLoop(Handling):
             # (a task's pickup latency ends when its handler begins, not after that claim is sent).
             await asyncio.sleep(0)
         return claims
+
+    # -- claims sent with completions (claim_with_completion) ----------------------------------
+
+    def _refill(self) -> Refill:
+        return _Refill(self)
 
     async def _claim_alongside(self) -> None:
         """The second claim in flight: while the claim loop waits for its own claim, the
@@ -140,3 +146,46 @@ class ClaimLoop(Handling):
                 if limited is not None and got < free:
                     idle = min(idle, max(MIN_LIMIT_WAIT, limited))
                 await wait_event(self._wake, idle)
+
+
+class _Refill:
+    """The tasks a batch of completions asks for, to take the slots the batch frees.
+
+    A batch may ask for its own slots (those its tasks still hold) and the free
+    ones; all are reserved while the request is on its way, so no other claim
+    asks for them too. The answer's leases start at once; a worker that began
+    stopping meanwhile gives them back unstarted.
+    """
+
+    def __init__(self, runtime: ClaimLoop):
+        self.rt = runtime
+
+    def reserve(self, ctxs: list[TaskContext]) -> RefillAsk | None:
+        rt = self.rt
+        if rt._stopping or rt._claims_closed or len(rt.queues) != 1:
+            return None  # the slots the batch holds are freed as its tasks end
+        held = [ctx for ctx in ctxs if ctx.refill_slot]
+        free = max(0, rt.concurrency - len(rt._handling) - rt._reserved)
+        if not held and not free:
+            return None
+        for ctx in held:  # their reservations pass to this claim
+            ctx.refill_slot = False
+        rt._claims_in_flight += 1
+        rt._reserved += free
+        return RefillAsk(rt.queues[0], len(held) + free, rt.lease_seconds, rt.kinds, time.monotonic())
+
+    def deliver(self, ask: RefillAsk, claims: list[Claim]) -> None:
+        rt = self.rt
+        rt._claims_in_flight -= 1
+        rt._reserved -= ask.limit
+        for claim in claims:  # no await since the reservation ended: the slots pass to the tasks at once
+            if rt._stopping:
+                rt._completer.give_back(claim, "worker stopping: the task was never started")
+            else:
+                rt._start(claim, ask.sent)
+        if len(claims) < ask.limit:  # slots the answer left free: the claim loop claims for them
+            rt._wake.set()
+            rt._freed.set()
+
+    def cancel(self, ask: RefillAsk) -> None:
+        self.deliver(ask, [])

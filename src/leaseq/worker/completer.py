@@ -28,7 +28,11 @@ resolve. The runtime hears of every outcome exactly once, through the
 
 Completions are batched where the transport can (one guarded statement per
 batch): those that arrive while a batch is being written form the next one,
-so a busy worker commits once per batch and an idle one at once.
+so a busy worker commits once per batch and an idle one at once. Where the
+transport can also claim in the same round trip
+(``capabilities.claim_with_completion``, the HTTP service), a batch asks
+for the tasks that will take its slots (:class:`Refill`, the claim loop's
+side): a busy remote worker makes one request per batch, not two.
 """
 
 from __future__ import annotations
@@ -41,7 +45,7 @@ import time
 import traceback
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from ..auth import AccessDenied, RateLimited
 from ..core.errors import (CredentialMissing, InvalidInput, InvalidTransition, LeaseLost, NotFound, Permanent,
@@ -50,7 +54,7 @@ from ..core.retry import Retry, RetryPolicy
 from .transport import Capabilities
 
 if TYPE_CHECKING:  # pragma: no cover
-    from ..core.model import Worker
+    from ..core.model import Claim, Worker
     from .context import TaskContext
 
 logger = logging.getLogger("leaseq.worker")
@@ -61,6 +65,31 @@ MAX_BACKOFF = 2.0
 MAX_ERROR_TEXT = 4000
 #: The reason a lease is given up with when its attempt ran past its timeout.
 TIMEOUT_REASON = "timeout"
+
+
+@dataclass(frozen=True, slots=True)
+class RefillAsk:
+    """The claim sent with a batch of completions; its ``limit`` slots are reserved meanwhile."""
+
+    queue: str
+    limit: int
+    lease_seconds: float | None
+    kinds: list[str] | None
+    #: when it was sent (monotonic): the leases began no earlier
+    sent: float
+
+
+class Refill(Protocol):
+    """The claim loop's side of claims sent with completions."""
+
+    def reserve(self, ctxs: list[TaskContext]) -> RefillAsk | None:
+        """The claim to send with the completions of ``ctxs`` (slots reserved), or None for none."""
+
+    def deliver(self, ask: RefillAsk, claims: list[Claim]) -> None:
+        """Start what ``ask`` leased (or give it back when stopping); ends the reservation."""
+
+    def cancel(self, ask: RefillAsk) -> None:
+        """The request failed: end the reservation; nothing was leased."""
 
 
 def next_backoff(backoff: float, exc: BaseException) -> tuple[float, float]:
@@ -132,10 +161,13 @@ class Completer:
     """Records the outcomes of one worker's tasks through its transport."""
 
     def __init__(self, transport: Any, capabilities: Capabilities, worker: Worker,
-                 call: Callable[..., Awaitable[Any]], settle: Callable[[TaskContext, Outcome], None]):
+                 call: Callable[..., Awaitable[Any]], settle: Callable[[TaskContext, Outcome], None],
+                 refill: Refill | None = None):
         self.transport = transport
         self.capabilities = capabilities
         self.worker = worker
+        #: claims sent with completions, where the transport can
+        self._refill = refill if capabilities.claim_with_completion and not capabilities.native_async else None
         #: runs a blocking transport call off the event loop
         self._call = call
         self._settle = settle
@@ -291,9 +323,47 @@ class Completer:
         done: set[int]
         if self.capabilities.native_async:
             done = await self.transport.acomplete_many(self.worker, pairs)
-        else:
+            return done
+        refill = self._refill
+        ask = refill.reserve([item.ctx for item in batch]) if refill is not None else None
+        if refill is None or ask is None:
             done = await self._call(self.transport.complete_many, self.worker, pairs)
+            return done
+        try:
+            done, claims = await self._call(self.transport.complete_and_claim, self.worker, pairs, queue=ask.queue,
+                                            limit=ask.limit, lease_seconds=ask.lease_seconds, kinds=ask.kinds)
+        except BaseException as exc:
+            refill.cancel(ask)
+            if isinstance(exc, InvalidInput) and not exc.field.startswith("claim"):
+                raise  # one of the batch's results: handled as without a claim
+            if isinstance(exc, Exception) and not is_infrastructure(exc):
+                # Refused as a whole (an old service, a right withdrawn): nothing was written.
+                # Complete plainly from now on; the claim loop claims on its own.
+                logger.info("worker %s: completions with a claim refused (%r); completing without",
+                            self.worker.id, exc)
+                self._refill = None
+                done = await self._call(self.transport.complete_many, self.worker, pairs)
+                return done
+            raise
+        refill.deliver(ask, claims)
         return done
+
+    @property
+    def refills(self) -> bool:
+        """Whether batched completions ask for the tasks that take their slots."""
+        return self._refill is not None and self.capabilities.batched_completion
+
+    def give_back(self, claim: Claim, reason: str) -> None:
+        """Release a lease the worker was handed but will not start (it is stopping), in the
+        background; :meth:`drain` waits for it. A failure leaves the lease to expire."""
+        task = asyncio.ensure_future(self._call(self.transport.release, self.worker, claim, reason))
+        self.in_flight.add(task)
+        task.add_done_callback(self._given_back)
+
+    def _given_back(self, task: asyncio.Future[Any]) -> None:
+        self.in_flight.discard(task)
+        if not task.cancelled() and task.exception() is not None:
+            logger.debug("worker %s: could not give a lease back: %r", self.worker.id, task.exception())
 
     async def _write_batch(self, batch: list[_Pending]) -> None:
         backoff, tries = INITIAL_BACKOFF, 0

@@ -63,6 +63,9 @@ class TaskContext:
         self.duration: float | None = None
         self.outcome: str | None = None
         self.span: Any = None
+        #: the runtime's: the handler returned and its slot waits, reserved, for the
+        #: claim sent with this completion (claim_with_completion)
+        self.refill_slot = False
 
     # -- the lease ------------------------------------------------------------
 

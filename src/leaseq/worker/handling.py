@@ -120,12 +120,18 @@ class Handling(Losses):
                     tools.current_context.reset(current)
             finally:
                 self.observe.returned(ctx, sys.exc_info()[1])
-                # The slot is free once the handler returns: the next claim
-                # overlaps with recording this outcome.
-                self._handling.discard(ctx.key)
                 self._threaded.discard(ctx.key)
-                self._wake.set()
-                self._freed.set()
+                self._handling.discard(ctx.key)
+                if sys.exc_info()[1] is None and not ctx.lost and self._completer.refills:
+                    # The success's completion will ask for the task that takes this
+                    # slot (one request for both): held for it meanwhile.
+                    ctx.refill_slot = True
+                    self._reserved += 1
+                else:
+                    # The slot is free once the handler returns: the next claim
+                    # overlaps with recording this outcome.
+                    self._wake.set()
+                    self._freed.set()
         except asyncio.CancelledError:
             if not ctx.lost:
                 raise
@@ -166,6 +172,9 @@ class Handling(Losses):
         if timer is not None:
             timer.cancel()
         self._handling.discard(ctx.key)
+        if ctx.refill_slot:  # no completion took the slot over (lost, refused, stopping): free it
+            ctx.refill_slot = False
+            self._reserved -= 1
         if self.held.pop(ctx.key, None) is not None:
             generations = self._generations.get(ctx.task_id)
             if generations is not None:

@@ -170,7 +170,8 @@ class WorkerRuntime(ClaimLoop, Shutdown):
                 return self.stats
             logger.info("worker %s started: queues=%s concurrency=%d", self._registered.id, ",".join(self.queues),
                         self.concurrency)
-            self.completer = Completer(self.transport, self._caps, self._registered, self._call, self._settled)
+            self.completer = Completer(self.transport, self._caps, self._registered, self._call, self._settled,
+                                       self._refill())
             self.renewer = Renewer(self.transport, self._registered, self._call, self.held, self._handling,
                                    self._lose, self._count_renewal)
             background = [asyncio.create_task(self.renewer.run(), name="leaseq-renewer")]

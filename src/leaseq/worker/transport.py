@@ -46,6 +46,10 @@ class Capabilities:
     #: is due (an idle worker need not poll), and ``interrupt_claims(worker)``
     #: ends such a wait at once, empty-handed.
     long_poll: bool = False
+    #: ``complete_and_claim(worker, done, queue=, limit=, lease_seconds=, kinds=)
+    #: -> (completed ids, claims)`` records a batch of completions and leases the
+    #: next tasks in one round trip (a batch's freed slots refilled at once).
+    claim_with_completion: bool = False
 
     @property
     def idle_poll_interval(self) -> float:
@@ -94,6 +98,14 @@ class NativeTransport(BatchedTransport, Protocol):
                      kinds: list[str] | None = None) -> list[Claim]: ...
     async def acomplete_many(self, worker: Worker, done: Sequence[tuple[Claim, Any]]) -> set[int]: ...
     async def close_async(self) -> None: ...
+
+
+class RefillingTransport(BatchedTransport, Protocol):
+    """A transport with ``capabilities.claim_with_completion``."""
+
+    def complete_and_claim(self, worker: Worker, done: Sequence[tuple[Claim, Any]], *, queue: str, limit: int,
+                           lease_seconds: float | None = None,
+                           kinds: list[str] | None = None) -> tuple[set[int], list[Claim]]: ...
 
 
 class ListeningTransport(Transport, Protocol):

@@ -1,0 +1,216 @@
+"""Completions that lease the next tasks in the same request (``claim_with_completion``).
+
+A batch of completions may ask for more work: the completions commit first,
+then a second transaction (the token checked again, the claim authorized for
+its queue) leases up to ``claim.limit`` tasks. The claim's refusal or failure
+never undoes the completions; bad input refuses the whole request and
+changes nothing. A remote worker uses it to refill the slots a batch frees:
+one request per batch instead of a completion and then a claim.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from typing import Any
+
+import pytest
+
+import leaseq
+from leaseq.client import RemoteQueue
+from leaseq.worker import WorkerRuntime
+
+from .support import error_of, snapshot
+
+
+def _worker(svc: Any, name: str = "agent", **options: Any) -> tuple[RemoteQueue, Any, str]:
+    token = svc.token("worker", name=f"{name}-token", **options)
+    rq = svc.remote(token)
+    return rq, rq.register_worker(name), token
+
+
+def test_completions_then_the_next_leases_in_one_request(svc) -> None:
+    rq, w, _ = _worker(svc)
+    ids = [svc.q.enqueue("job", {"n": i}).id for i in range(5)]
+    first = rq.claim(w, limit=2)
+    done, more = rq.complete_and_claim(w, [(c, {"n": c.task_id}) for c in first], limit=10)
+    assert done == {c.task_id for c in first}
+    assert sorted(c.task_id for c in more) == sorted(set(ids) - done)  # all that was left, no more
+    for c in more:
+        task = svc.q.get(c.task_id)
+        assert (task.status, task.lease_owner, task.claim_generation) == ("running", w.id, c.generation)
+        assert c.worker_id == w.id and c.task.kind == "job"
+    assert [svc.q.get(i).status for i in sorted(done)] == ["completed", "completed"]
+    # the new leases are held like any others: renewed and completed under their generations
+    assert set(rq.renew_leases(w, more)) == {c.task_id for c in more}
+    assert rq.complete_and_claim(w, [(c, None) for c in more], limit=3) == ({c.task_id for c in more}, [])
+
+
+def test_a_refused_completion_does_not_stop_the_claim(svc) -> None:
+    rq, w, _ = _worker(svc)
+    for i in range(3):
+        svc.q.enqueue("job", {"n": i})
+    [stale, held] = rq.claim(w, limit=2)
+    svc.q.cancel(stale.task_id, "operator stopped it")
+    done, more = rq.complete_and_claim(w, [(stale, "late"), (held, "ok")], limit=2)
+    assert done == {held.task_id}
+    assert svc.q.get(stale.task_id).status == "cancelled" and svc.q.get(stale.task_id).result is None
+    assert len(more) == 1 and svc.q.get(more[0].task_id).status == "running"
+
+
+def test_a_claim_refused_for_its_queue_leaves_the_completions_committed(svc) -> None:
+    rq, w, token = _worker(svc, queues=["default"])
+    svc.q.enqueue("job", {})
+    other = svc.q.enqueue("job", {}, queue="secret")
+    [c] = rq.claim(w)
+    body = {"tasks": [{"task_id": c.task_id, "generation": c.generation, "result": 1}],
+            "claim": {"queue": "secret", "limit": 5}}
+    with svc.http(token) as http:
+        resp = http.post(f"/v1/workers/{w.id}/complete", json=body)
+    assert resp.status_code == 200, resp.text
+    data = resp.json()
+    assert data["completed"] == [c.task_id] and data["claims"] == []
+    assert data["claim_error"]["code"] == "forbidden", data
+    assert svc.q.get(c.task_id).status == "completed"
+    assert svc.q.get(other.id).status == "queued"  # nothing leased from the queue the token may not claim
+
+
+def test_a_paused_queue_hands_out_nothing_with_the_completions(svc) -> None:
+    rq, w, _ = _worker(svc)
+    for _ in range(2):
+        svc.q.enqueue("job", {})
+    [c] = rq.claim(w)
+    svc.q.pause("default")
+    assert rq.complete_and_claim(w, [(c, None)], limit=5) == ({c.task_id}, [])
+    assert [t.status for t in svc.q.list_tasks()].count("queued") == 1
+
+
+def test_hostile_claims_refuse_the_whole_request_and_change_nothing(svc) -> None:
+    rq, w, token = _worker(svc)
+    for _ in range(2):
+        svc.q.enqueue("job", {})
+    [c] = rq.claim(w)
+    task = {"task_id": c.task_id, "generation": c.generation, "result": "ok"}
+    cases = {
+        "bad queue name": ({"queue": "no spaces allowed", "limit": 1}, "claim.queue"),
+        "zero limit": ({"limit": 0}, "claim.limit"),
+        "huge limit": ({"limit": 10_001}, "claim.limit"),
+        "string limit": ({"limit": "5"}, "claim.limit"),
+        "negative lease": ({"limit": 1, "lease_seconds": -1.0}, "claim.lease_seconds"),
+        "empty kinds": ({"limit": 1, "kinds": []}, "claim.kinds"),
+        "blank kind": ({"limit": 1, "kinds": ["job", " "]}, "claim.kinds[1]"),
+        "unknown field": ({"limit": 1, "wait": 5}, "claim.wait"),
+        "not an object": ([1], "claim"),
+    }
+    before = snapshot(svc.dsn)
+    with svc.http(token) as http:
+        for name, (claim, field) in cases.items():
+            resp = http.post(f"/v1/workers/{w.id}/complete", json={"tasks": [task], "claim": claim})
+            assert resp.status_code == 422, (name, resp.status_code, resp.text[:300])
+            assert error_of(resp)["field"] == field, (name, resp.json())
+    assert snapshot(svc.dsn) == before  # not even the completion was written
+
+
+class Counting(RemoteQueue):
+    """The real client, counting the requests the runtime makes."""
+
+    def __init__(self, *args: Any, **kwargs: Any):
+        super().__init__(*args, **kwargs)
+        self.calls: dict[str, int] = {}
+        self.lock = threading.Lock()
+        self.on_refill: Any = None
+
+    def _count(self, name: str, n: int = 1) -> None:
+        with self.lock:
+            self.calls[name] = self.calls.get(name, 0) + n
+
+    def claim(self, *args: Any, **kwargs: Any) -> list[leaseq.Claim]:
+        self._count("claim")
+        return super().claim(*args, **kwargs)
+
+    def complete_many(self, *args: Any, **kwargs: Any) -> set[int]:
+        self._count("complete")
+        return super().complete_many(*args, **kwargs)
+
+    def complete_and_claim(self, *args: Any, **kwargs: Any) -> tuple[set[int], leaseq.Claims]:
+        self._count("complete_and_claim")
+        if self.on_refill is not None:
+            self.on_refill()
+        done, claims = super().complete_and_claim(*args, **kwargs)
+        self._count("refilled", len(claims))
+        return done, claims
+
+
+class Ran(list[int]):
+    """The tasks whose handlers ran, and the most running at once."""
+
+    running = most = 0
+
+
+def _runtime(svc: Any, concurrency: int) -> tuple[WorkerRuntime, Counting, Ran]:
+    rq = Counting(svc.url, svc.token("worker"), timeout=10)
+    svc._clients.append(rq)
+    app = leaseq.App(name="refill")
+    ran = Ran()
+
+    @app.task("job")
+    async def job(ctx: leaseq.TaskContext, n: int) -> int:
+        ran.append(n)
+        ran.running += 1
+        ran.most = max(ran.most, ran.running)
+        try:
+            await asyncio.sleep(0.002 * (n % 5))  # staggered: batches of different sizes
+        finally:
+            ran.running -= 1
+        return n
+
+    return WorkerRuntime(app, rq, concurrency=concurrency), rq, ran
+
+
+def test_a_busy_remote_worker_refills_its_slots_with_its_completions(svc) -> None:
+    tasks = 60
+    ids = svc.q.enqueue_many("job", [{"n": i} for i in range(tasks)])
+    runtime, rq, ran = _runtime(svc, concurrency=6)
+    stats = asyncio.run(runtime.run(until_idle=True))
+    assert sorted(ran) == list(range(tasks))  # each task ran once
+    assert ran.most == 6  # full, and never more handlers than the concurrency
+    assert stats.completed == tasks
+    assert {svc.q.get(i).status for i in ids} == {"completed"}
+    # Each batch of completions brought the next tasks: the worker claimed on its own
+    # only to start and, at the end, to find the queue empty. (Without the refill every
+    # batch is followed by a claim of its own: at least tasks / concurrency claims.)
+    assert rq.calls["complete_and_claim"] >= tasks // 6
+    assert rq.calls.get("claim", 0) < rq.calls["complete_and_claim"] // 2, rq.calls
+
+
+def test_leases_answered_to_a_stopping_worker_are_given_back_unstarted(svc) -> None:
+    ids = svc.q.enqueue_many("job", [{"n": i} for i in range(8)])
+    runtime, rq, ran = _runtime(svc, concurrency=2)
+    rq.on_refill = runtime.stop  # the worker begins stopping while the request is on its way
+    stats = asyncio.run(runtime.run())
+    statuses = {i: svc.q.get(i).status for i in ids}
+    assert "running" not in statuses.values(), statuses  # no lease left behind
+    assert stats.completed == len(ran) == 2
+    given_back = [i for i in ids if statuses[i] == "queued" and svc.q.get(i).attempts == 1]
+    assert given_back and len(given_back) == rq.calls["refilled"], (statuses, rq.calls)  # released, not run
+    for i in given_back:
+        released = [e for e in svc.q.events(i) if e.type == "lease_released"]
+        assert released and "never started" in released[-1].detail.get("reason", ""), svc.q.events(i)
+
+
+@pytest.mark.parametrize("refusal", ["old service"])
+def test_a_service_that_refuses_the_claim_field_is_completed_plainly(svc, monkeypatch, refusal: str) -> None:
+    # A service from before this field answers 422 naming it: the worker completes
+    # without it from then on, and nothing is lost.
+    def refuse(self: Counting, *args: Any, **kwargs: Any) -> Any:
+        self._count("complete_and_claim")
+        raise leaseq.InvalidInput("claim", "extra inputs are not permitted")
+
+    monkeypatch.setattr(Counting, "complete_and_claim", refuse)
+    tasks = 20
+    ids = svc.q.enqueue_many("job", [{"n": i} for i in range(tasks)])
+    runtime, rq, ran = _runtime(svc, concurrency=4)
+    stats = asyncio.run(runtime.run(until_idle=True))
+    assert sorted(ran) == list(range(tasks)) and stats.completed == tasks
+    assert {svc.q.get(i).status for i in ids} == {"completed"}
+    assert rq.calls["complete_and_claim"] == 1  # asked once, then never again
