@@ -68,6 +68,22 @@ class RecordingTransport:
         self._completed(worker, done, held, fields)
         return held
 
+    def complete_and_claim(self, worker: Any, done: list, **kwargs: Any) -> tuple[set, list]:
+        """Completions that lease the next tasks in the same request (remote workers): recorded
+        as the completions and the claim they are; a broken call leaves both unknown."""
+        fields = {"worker": worker.id, "tasks": [[c.task_id, c.generation] for c, _ in done]}
+        try:
+            held, claims = self._call("complete", fields, self._queue.complete_and_claim, worker, done, **kwargs)
+        except Exception as exc:
+            self._history.record("claim", _outcome(exc), worker=worker.id, t0=fields["t0"],
+                                 error=type(exc).__name__)
+            raise
+        self._completed(worker, done, held, fields)
+        for c in claims:
+            self._history.record("claim", "ok", worker=worker.id, task=c.task_id, gen=c.generation,
+                                 lease=c.lease_seconds, t0=fields["t0"])
+        return held, claims
+
     def _completed(self, worker: Any, done: list, held: set, fields: dict[str, Any]) -> None:
         for claim, result in done:
             self._history.record("complete", "ok" if claim.task_id in held else "refused", worker=worker.id,
