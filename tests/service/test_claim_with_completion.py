@@ -1,10 +1,10 @@
 """Completions that lease the next tasks in the same request (``claim_with_completion``).
 
-A batch of completions may ask for more work: the completions commit first,
-then a second transaction (the token checked again, the claim authorized for
-its queue) leases up to ``claim.limit`` tasks. The claim's refusal or failure
-never undoes the completions; bad input refuses the whole request and
-changes nothing. A remote worker uses it to refill the slots a batch frees:
+A batch of completions may ask for more work: beside the completions, a
+transaction of its own (the token checked again, the claim authorized for its
+queue) leases up to ``claim.limit`` tasks. The claim's refusal or failure
+never undoes the completions; failed completions give the claim's leases
+back; bad input refuses the whole request and changes nothing. A remote worker uses it to refill the slots a batch frees:
 one request per batch instead of a completion and then a claim.
 """
 
@@ -214,3 +214,41 @@ def test_a_service_that_refuses_the_claim_field_is_completed_plainly(svc, monkey
     assert sorted(ran) == list(range(tasks)) and stats.completed == tasks
     assert {svc.q.get(i).status for i in ids} == {"completed"}
     assert rq.calls["complete_and_claim"] == 1  # asked once, then never again
+
+
+def test_leases_taken_beside_failed_completions_are_given_back(svc, monkeypatch) -> None:
+    # The claim runs beside the completions; when the completions fail, no answer will
+    # hand its leases over, so the service gives them back before answering the error.
+    rq, w, _ = _worker(svc)
+    ids = [svc.q.enqueue("job", {"n": i}).id for i in range(4)]
+    [c] = rq.claim(w)
+
+    def broken(self: Any, worker: Any, done: Any) -> set[int]:
+        raise leaseq.BackendUnavailable("the database went away in the middle of the request")
+
+    monkeypatch.setattr(leaseq.Queue, "complete_many", broken)
+    with pytest.raises(leaseq.BackendUnavailable):
+        rq.complete_and_claim(w, [(c, "ok")], limit=3)
+    monkeypatch.undo()
+    assert svc.q.get(c.task_id).status == "running"  # its completion was not written: the worker retries it
+    for i in ids:
+        if i == c.task_id:
+            continue
+        task = svc.q.get(i)
+        assert (task.status, task.lease_owner) == ("queued", None), task
+        reasons = [e.detail.get("reason", "") for e in svc.q.events(i) if e.type == "lease_released"]
+        assert reasons and "handed over" in reasons[-1], svc.q.events(i)
+    assert rq.complete_and_claim(w, [(c, "ok")], limit=3)[0] == {c.task_id}  # the retry goes through
+
+
+def test_a_refused_token_counts_once_against_the_failed_authentication_limit(svc, monkeypatch) -> None:
+    rq, w, token = _worker(svc)
+    access = svc.app.state.access
+    counted: list[Any] = []
+    failed = access.failed
+    monkeypatch.setattr(access, "failed", lambda exc, client: (counted.append(exc), failed(exc, client))[1])
+    body = {"tasks": [], "claim": {"limit": 1}}
+    with svc.http(token[:-4] + "abcd") as http:  # the right id, a wrong secret
+        resp = http.post(f"/v1/workers/{w.id}/complete", json=body)
+    assert resp.status_code == 401, resp.text
+    assert len(counted) == 1  # one request, one failure, though two transactions checked it

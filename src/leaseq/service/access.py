@@ -165,15 +165,17 @@ def in_one_transaction(request: Request, action: str, worker_id: str, operation:
 
     A refused credential counts against the failed-authentication limit and a
     valid one is charged to its rate bucket, exactly as for every other route
-    (``charge=False``: a request's later attempts, already charged once).
+    (``charge=False``: a request's later attempts or second transaction, already
+    charged, or counted as failed, once).
     """
     access: Access = request.app.state.access
-    token = _presented_token(request, access)
+    token = _presented_token(request, access) if charge else bearer_token(request)
     with request.app.state.queue.joined() as (view, tx):
         try:
             principal = auth.check_token(tx, token)
         except auth.Unauthorized as exc:
-            access.failed(exc, client_address(request))
+            if charge:
+                access.failed(exc, client_address(request))
             raise
         if charge:
             access.charge(principal)

@@ -11,13 +11,14 @@ exactly as on the direct path; nothing here decides a lease question.
   capped by the service) for work to arrive: woken by LISTEN/NOTIFY on
   PostgreSQL, by enqueues through this process, or a short re-check
   (:mod:`.wakeups`). Each attempt is one transaction.
-* ``complete`` may also ask for more work (``claim``): once the completions
-  have committed, a second transaction (the token checked again, the claim
-  authorized for its queue) leases up to ``claim.limit`` tasks, returned
-  with the answer. A busy remote worker then makes one round trip per batch
-  instead of two. The claim never waits, and its failure (a refused queue,
-  an outage) never undoes the completions: it is reported in
-  ``claim_error`` and the worker claims on its own.
+* ``complete`` may also ask for more work (``claim``): beside the
+  completions, in a transaction of its own (the token checked again, the
+  claim authorized for its queue), up to ``claim.limit`` tasks are leased
+  and returned with the answer. A busy remote worker then makes one round
+  trip per batch instead of two. The claim never waits, and its failure (a
+  refused queue, an outage) never undoes the completions: it is reported in
+  ``claim_error`` and the worker claims on its own. If the completions fail,
+  the leases just taken are given back before the error is answered.
 * ``renew``, ``complete`` and ``fail`` take many leases at once. A lease the
   guard refuses is reported in ``refused`` (``lease_lost``) and the others
   go through: a partly refused batch is not an error. Bad input (an
@@ -32,6 +33,7 @@ claims and completions at DEBUG, failed attempts and refused leases at INFO.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import time
 from typing import Any
@@ -205,7 +207,7 @@ class CompleteManyBody(Body):
 
 @router.post("/workers/{worker_id}/complete", summary="Finish many tasks under their leases, in one statement "
                                                       "(and, with `claim`, lease more)")
-def complete_many(body: CompleteManyBody, request: Request, worker_id: str = WorkerId) -> JSONResponse:
+async def complete_many(body: CompleteManyBody, request: Request, worker_id: str = WorkerId) -> JSONResponse:
     started = time.perf_counter()
     _no_repeats("tasks", [t.task_id for t in body.tasks])
     for i, t in enumerate(body.tasks):
@@ -220,7 +222,25 @@ def complete_many(body: CompleteManyBody, request: Request, worker_id: str = Wor
         except InvalidInput as exc:
             raise InvalidInput(f"claim.{exc.field}", exc.problem) from None
     done = [(_claim(worker_id, t.task_id, t.generation), t.result) for t in body.tasks]
-    completed = in_one_transaction(request, "complete", worker_id, lambda view: view.complete_many(worker_id, done))
+    completing = run_in_threadpool(in_one_transaction, request, "complete", worker_id,
+                                   lambda view: view.complete_many(worker_id, done))
+    claimed: dict[str, Any] = {}
+    if more is None:
+        completed = await completing
+    else:
+        # The claim runs beside the completions, each in its own transaction: the
+        # answer waits for the longer of the two, not for both one after the other.
+        outcomes = await asyncio.gather(completing, run_in_threadpool(_claim_more, request, worker_id, more),
+                                        return_exceptions=True)
+        ended, beside = outcomes
+        if isinstance(beside, BaseException):  # not an Exception: _claim_more reports those
+            raise beside
+        claims, claimed = beside
+        if isinstance(ended, BaseException):
+            # No answer will hand these leases over: give them back before the error goes out.
+            await run_in_threadpool(_give_back, request, worker_id, claims)
+            raise ended
+        completed = ended
     refused = [_refusal(t.task_id, t.generation, "complete refused: lease no longer held")
                for t in body.tasks if t.task_id not in completed]
     _metrics(request).lost("complete", len(refused))
@@ -229,15 +249,12 @@ def complete_many(body: CompleteManyBody, request: Request, worker_id: str = Wor
             _log(logging.DEBUG, "completed", worker_id, started, t.task_id, t.generation)
         else:
             _log(logging.INFO, "complete refused: lease no longer held", worker_id, started, t.task_id, t.generation)
-    answer: dict[str, Any] = {"completed": sorted(completed), "refused": refused}
-    if more is not None:
-        answer.update(_claim_more(request, worker_id, more))
-    return _json(answer)
+    return _json({"completed": sorted(completed), "refused": refused, **claimed})
 
 
-def _claim_more(request: Request, worker_id: str, more: ClaimMore) -> dict[str, Any]:
-    """The claim asked for with completions, in its own transaction after theirs: its
-    refusal or failure is reported, never raised (the completions stand)."""
+def _claim_more(request: Request, worker_id: str, more: ClaimMore) -> tuple[list[Claim], dict[str, Any]]:
+    """The claim asked for with completions, in a transaction of its own: the leases, and the
+    answer's part for them. Its refusal or failure is reported there, never raised."""
     started = time.perf_counter()
 
     def attempt(view: Queue) -> list[Claim]:
@@ -250,10 +267,21 @@ def _claim_more(request: Request, worker_id: str, more: ClaimMore) -> dict[str, 
     except Exception as exc:  # the worker's own claim meets it again, and decides
         code = exc.code if isinstance(exc, LeaseqError) else "internal_error"
         logger.info("worker %s: claim with completions failed: %r", worker_id, exc)
-        return {"claims": [], "claim_error": {"code": code, "message": str(exc)}}
+        return [], {"claims": [], "claim_error": {"code": code, "message": str(exc)}}
     metrics = _metrics(request)
     metrics.claim_latency.observe(time.perf_counter() - started)
-    return _claimed(metrics, worker_id, more.queue, claims, started)
+    return claims, _claimed(metrics, worker_id, more.queue, claims, started)
+
+
+def _give_back(request: Request, worker_id: str, claims: list[Claim]) -> None:
+    """Release leases no answer will hand over (best effort: one that stays runs out, and
+    the recovery policy routes it)."""
+    queue: Queue = request.app.state.queue
+    for c in claims:
+        try:
+            queue.release(worker_id, c, "the request failed before its leases were handed over")
+        except Exception as exc:
+            logger.info("worker %s: task %s: could not give an unanswered lease back: %r", worker_id, c.task_id, exc)
 
 
 class Failure(Item):
