@@ -72,6 +72,20 @@ def _wid(worker: Worker | str) -> str:
     return wid
 
 
+def _claim_body(queue: str, limit: int, lease_seconds: float | None, kinds: list[str] | None) -> dict[str, Any]:
+    body: dict[str, Any] = {"queue": queue, "limit": limit, "lease_seconds": lease_seconds}
+    if kinds is not None:
+        body["kinds"] = list(kinds)
+    return body
+
+
+def _claims_from(data: dict[str, Any]) -> Claims:
+    """The claims of a claim (or complete-and-claim) answer, with its rate-limit hint."""
+    out = Claims(claim_from(c) for c in data["claims"])
+    out.limit_wait = data.get("limit_wait")
+    return out
+
+
 class RemoteQueue:
     """A queue reached through the leaseq service. Thread-safe; share one per process.
 
@@ -183,15 +197,10 @@ class RemoteQueue:
         _, path = self._worker_path(worker, None, "claim")
         if isinstance(wait, bool) or not isinstance(wait, (int, float)) or not 0 <= wait < float("inf"):
             raise InvalidInput("wait", f"must be a number of seconds, 0 or more (got {wait!r})")
-        body: dict[str, Any] = {"queue": queue, "limit": limit, "lease_seconds": lease_seconds}
-        if kinds is not None:
-            body["kinds"] = list(kinds)
+        body = _claim_body(queue, limit, lease_seconds, kinds)
         if wait:
             body["wait"] = float(wait)
-        data = self._call("POST", path, body, wait=float(wait))
-        out = Claims(claim_from(c) for c in data["claims"])
-        out.limit_wait = data.get("limit_wait")
-        return out
+        return _claims_from(self._call("POST", path, body, wait=float(wait)))
 
     def interrupt_claims(self, worker: Worker | str) -> None:
         """End the worker's claims waiting in the service at once, empty-handed (at shutdown)."""
@@ -241,11 +250,7 @@ class RemoteQueue:
         ``done`` holds ``(claim, result)`` pairs. Returns the ids completed; a
         task missing from the answer had lost its lease and was left untouched.
         """
-        _, path = self._worker_path(worker, None, "complete")
-        items = []
-        for claim, result in done:
-            self._worker_path(worker, claim)
-            items.append({"task_id": claim.task_id, "generation": claim.generation, "result": result})
+        path, items = self._completions(worker, done)
         if not items:
             return set()
         return set(self._call("POST", path, {"tasks": items})["completed"])
@@ -255,23 +260,23 @@ class RemoteQueue:
                            kinds: list[str] | None = None) -> tuple[set[int], Claims]:
         """:meth:`complete_many`, and lease up to ``limit`` more tasks of ``queue`` in the same request.
 
-        Returns the ids completed and the new claims. The claim runs after the
-        completions have committed and never waits; if it is refused or fails,
-        the completions stand and no claims come back (a later :meth:`claim`
-        meets the same trouble and raises it).
+        Returns the ids completed and the new claims. The service runs the claim
+        beside the completions, in a transaction of its own, and it never waits;
+        if it is refused or fails, the completions stand and no claims come back
+        (a later :meth:`claim` meets the same trouble and raises it).
         """
+        path, items = self._completions(worker, done)
+        data = self._call("POST", path, {"tasks": items, "claim": _claim_body(queue, limit, lease_seconds, kinds)})
+        return set(data["completed"]), _claims_from(data)
+
+    def _completions(self, worker: Worker | str, done: Sequence[tuple[Claim, Any]]) -> tuple[str, list[Any]]:
+        """The complete route's path and its ``tasks`` items, each claim checked against ``worker``."""
         _, path = self._worker_path(worker, None, "complete")
         items = []
         for claim, result in done:
             self._worker_path(worker, claim)
             items.append({"task_id": claim.task_id, "generation": claim.generation, "result": result})
-        more: dict[str, Any] = {"queue": queue, "limit": limit, "lease_seconds": lease_seconds}
-        if kinds is not None:
-            more["kinds"] = list(kinds)
-        data = self._call("POST", path, {"tasks": items, "claim": more})
-        claims = Claims(claim_from(c) for c in data["claims"])
-        claims.limit_wait = data.get("limit_wait")
-        return set(data["completed"]), claims
+        return path, items
 
     def fail_many(self, worker: Worker | str, failed: Sequence[tuple[Claim, str]], *, retry: bool = True,
                   block: bool = False, delay: float | None = None) -> dict[int, Task]:

@@ -252,3 +252,25 @@ def test_a_refused_token_counts_once_against_the_failed_authentication_limit(svc
         resp = http.post(f"/v1/workers/{w.id}/complete", json=body)
     assert resp.status_code == 401, resp.text
     assert len(counted) == 1  # one request, one failure, though two transactions checked it
+
+
+def test_an_unusable_result_fails_its_task_alone_and_keeps_the_refill(svc) -> None:
+    # A result the queue cannot store fails only its own task; the worker's other
+    # completions still bring the next tasks.
+    ids = svc.q.enqueue_many("job", [{"n": i} for i in range(12)])
+    rq = Counting(svc.url, svc.token("worker"), timeout=10)
+    svc._clients.append(rq)
+    app = leaseq.App(name="refill")
+
+    @app.task("job")
+    async def job(ctx: leaseq.TaskContext, n: int) -> str:
+        await asyncio.sleep(0.002 * (n % 3))
+        return "bad\x00" if n == 0 else "ok"  # PostgreSQL cannot store U+0000
+
+    runtime = WorkerRuntime(app, rq, concurrency=3)
+    asyncio.run(runtime.run(until_idle=True))
+    bad = svc.q.get(ids[0])
+    assert bad.status == "dead" and "unusable result" in (bad.last_error or ""), bad
+    assert {svc.q.get(i).status for i in ids[1:]} == {"completed"}
+    assert runtime.completer is not None and runtime.completer.refills  # not given up for a bad result
+    assert rq.calls["complete_and_claim"] >= 3, rq.calls

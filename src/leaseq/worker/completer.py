@@ -166,8 +166,9 @@ class Completer:
         self.transport = transport
         self.capabilities = capabilities
         self.worker = worker
-        #: claims sent with completions, where the transport can
-        self._refill = refill if capabilities.claim_with_completion and not capabilities.native_async else None
+        #: claims sent with batched completions, where the transport can
+        self._refill = refill if (capabilities.claim_with_completion and capabilities.batched_completion
+                                  and not capabilities.native_async) else None
         #: runs a blocking transport call off the event loop
         self._call = call
         self._settle = settle
@@ -351,7 +352,7 @@ class Completer:
     @property
     def refills(self) -> bool:
         """Whether batched completions ask for the tasks that take their slots."""
-        return self._refill is not None and self.capabilities.batched_completion
+        return self._refill is not None
 
     def give_back(self, claim: Claim, reason: str) -> None:
         """Release a lease the worker was handed but will not start (it is stopping), in the
