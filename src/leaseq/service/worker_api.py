@@ -54,20 +54,22 @@ class Body(Item):
     def _no_nul_characters(cls, data: Any) -> Any:
         # PostgreSQL cannot store U+0000 in text or jsonb, and no database can
         # store a lone surrogate; refuse both at the edge, naming where they were,
-        # rather than fail deep in the driver.
+        # rather than fail deep in the driver. The walk that names the place runs
+        # only when a quick one (no paths built: a batch of completions is
+        # thousands of values) has found something to name.
+        if _clean_text(data):
+            return data
         stack: list[tuple[str, Any]] = [("", data)]
         while stack:
             path, value = stack.pop()
             if isinstance(value, str):
-                if "\x00" in value:
+                problem = _bad_text(value)
+                if problem == "nul":
                     raise PydanticCustomError("nul_character", "{field}: text must not contain NUL characters",
                                               {"field": path or "body"})
-                if not value.isascii():
-                    try:
-                        value.encode("utf-8")
-                    except UnicodeEncodeError:  # a lone surrogate from a \ud800-style escape
-                        raise PydanticCustomError("bad_unicode", "{field}: text must be valid Unicode "
-                                                  "(no lone surrogates)", {"field": path or "body"}) from None
+                if problem == "surrogate":  # a lone surrogate from a \ud800-style escape
+                    raise PydanticCustomError("bad_unicode", "{field}: text must be valid Unicode "
+                                              "(no lone surrogates)", {"field": path or "body"})
             elif isinstance(value, dict):
                 for key, item in value.items():
                     # the path is echoed in the error: escape what cannot be encoded
@@ -77,6 +79,42 @@ class Body(Item):
             elif isinstance(value, list):
                 stack.extend((f"{path}[{i}]", item) for i, item in enumerate(value))
         return data
+
+
+def _bad_text(value: str) -> str | None:
+    """What makes ``value`` unstorable: "nul", "surrogate", or None."""
+    if "\x00" in value:
+        return "nul"
+    if not value.isascii():
+        try:
+            value.encode("utf-8")
+        except UnicodeEncodeError:
+            return "surrogate"
+    return None
+
+
+def _clean_text(data: Any) -> bool:
+    """Whether no text anywhere in ``data`` (keys included) is unstorable."""
+    stack = [data]
+    while stack:
+        value = stack.pop()
+        kind = type(value)
+        if kind is str:
+            if "\x00" in value or (not value.isascii() and _bad_text(value) is not None):
+                return False
+        elif kind is int or kind is float or kind is bool or value is None:
+            continue
+        elif kind is dict:
+            stack.extend(value)
+            stack.extend(value.values())
+        elif kind is list:
+            stack.extend(value)
+        elif isinstance(value, str):  # a str subclass: never from JSON, checked all the same
+            if _bad_text(value) is not None:
+                return False
+        elif isinstance(value, (dict, list)):
+            return False  # subclasses: the walk that names places looks at them
+    return True
 
 
 class RegisterBody(Body):
