@@ -4,6 +4,14 @@ PostgreSQL tests need ``LEASEQ_TEST_PG_DSN`` (for example
 ``postgresql://postgres@127.0.0.1:5432/test``); without it they skip, unless
 ``LEASEQ_REQUIRE_PG=1`` is set (CI sets it), in which case they fail.
 Each PostgreSQL test gets a schema of its own, dropped afterwards.
+
+Under pytest-xdist (``-n N``) each worker process gets a database of its own
+on that server (``<db>_gw0``, ``<db>_gw1``, ...: created afresh when the worker
+starts, dropped when it ends), and ``LEASEQ_TEST_PG_DSN`` is pointed at it for
+the worker and everything it starts. Schemas do not isolate what PostgreSQL
+scopes to a database: NOTIFY channels (``leaseq_work``, ``leaseq_task_<id>``,
+where ids start at 1 in every schema) and advisory locks. Tests marked
+``serial`` run on their own, after the parallel part (see the README).
 """
 
 from __future__ import annotations
@@ -11,7 +19,7 @@ from __future__ import annotations
 import os
 import uuid
 from collections.abc import Iterator
-from urllib.parse import quote
+from urllib.parse import quote, urlsplit, urlunsplit
 
 import pytest
 
@@ -20,6 +28,51 @@ import leaseq
 PG_DSN = os.environ.get("LEASEQ_TEST_PG_DSN")
 REQUIRE_PG = os.environ.get("LEASEQ_REQUIRE_PG") == "1"
 BACKENDS = ["sqlite", "postgres"]
+#: The database this xdist worker created for itself (dropped when it ends).
+_WORKER_DB: tuple[str, str] | None = None
+
+
+def _worker_database(dsn: str, worker: str) -> tuple[str, str, str] | None:
+    """``(admin DSN, database name, DSN of that database)`` for xdist worker ``worker``, or
+    None when ``dsn`` is not a URL naming a database."""
+    parts = urlsplit(dsn)
+    base = parts.path.lstrip("/")
+    if parts.scheme not in ("postgresql", "postgres") or not base or "/" in base:
+        return None
+    name = f"{base}_{worker}"
+    return dsn, name, urlunsplit(parts._replace(path=f"/{name}"))
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """Under xdist: a fresh database of this worker's own, for its tests and their subprocesses."""
+    global PG_DSN, _WORKER_DB
+    worker = os.environ.get("PYTEST_XDIST_WORKER")
+    if not worker or not PG_DSN:
+        return
+    found = _worker_database(PG_DSN, worker)
+    if found is None:
+        return
+    import psycopg
+
+    admin, name, dsn = found
+    with psycopg.connect(admin, autocommit=True) as conn:
+        conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')  # left by a run that was killed
+        conn.execute(f'CREATE DATABASE "{name}"')
+    _WORKER_DB = (admin, name)
+    PG_DSN = os.environ["LEASEQ_TEST_PG_DSN"] = dsn
+
+
+def pytest_unconfigure(config: pytest.Config) -> None:
+    if _WORKER_DB is None:
+        return
+    import psycopg
+
+    admin, name = _WORKER_DB
+    try:
+        with psycopg.connect(admin, autocommit=True) as conn:
+            conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+    except psycopg.Error:  # the next run drops it first
+        pass
 
 
 def _pg_or_skip() -> str:

@@ -37,7 +37,7 @@ def _claim_until_revoked(dsn: str, wid: str, start: threading.Event, got: list[t
                          errors: list[BaseException], first_claim: list[float]) -> None:
     """Claim one task at a time for ``wid`` (and record an intent under each
     claim, for finish_effect to try later) until the queue refuses the worker.
-    How long the first claim took goes to ``first_claim`` when it returns."""
+    How long its first claim took goes to ``first_claim`` when it returns."""
     q = leaseq.connect(dsn)
     try:
         q.now()  # connected before the race starts, so the first claim is not slowed by it
@@ -47,13 +47,16 @@ def _claim_until_revoked(dsn: str, wid: str, start: threading.Event, got: list[t
             pass
         start.set()
         began = time.monotonic()
+        timed = False
         while True:
             try:
                 claims = q.claim(wid, lease_seconds=LEASE_SECONDS)
             except UnknownWorker:
                 return
-            if not first_claim:
-                first_claim.append(time.monotonic() - began)
+            finally:  # this trial's first claim, refused or not (the list holds every trial's)
+                if not timed:
+                    first_claim.append(time.monotonic() - began)
+                    timed = True
             for c in claims:
                 try:
                     fx = q.begin_effect(wid, c, "ledger.write")
