@@ -110,6 +110,7 @@ class RemoteQueue:
         self.url = url.rstrip("/")
         self.timeout = timeout
         self.rate_limit_retries = rate_limit_retries
+        self._urls: dict[str, httpx.URL] = {}
         self._client = httpx.Client(base_url=self.url, timeout=timeout,
                                     headers={"Authorization": f"Bearer {token.strip()}",
                                              "User-Agent": f"leaseq/{__version__}"})
@@ -141,7 +142,7 @@ class RemoteQueue:
         timeout = httpx.USE_CLIENT_DEFAULT if not wait else self.timeout + wait
         for attempt in range(self.rate_limit_retries + 1):
             try:
-                resp = self._client.request(method, path, json=body, params=params, timeout=timeout,
+                resp = self._client.request(method, self._url(path), json=body, params=params, timeout=timeout,
                                             headers=headers)
             except httpx.TransportError as exc:
                 raise BackendUnavailable(f"leaseq service at {self.url}: {type(exc).__name__}: {exc}") from None
@@ -152,6 +153,16 @@ class RemoteQueue:
         if resp.is_success:
             return resp.json() if resp.content else None
         raise self._error(resp)
+
+    def _url(self, path: str) -> httpx.URL:
+        """The absolute URL of ``path``, parsed once: a worker calls the same few paths
+        again and again, and httpx would join and parse a relative one on every request."""
+        url = self._urls.get(path)
+        if url is None:
+            if len(self._urls) >= 256:  # task-level paths come and go: keep the cache small
+                self._urls.clear()
+            url = self._urls[path] = httpx.URL(self.url + path)
+        return url
 
     def _error(self, resp: httpx.Response) -> LeaseqError:
         try:
