@@ -1,4 +1,4 @@
-"""Batched completions: a full batch waiting behind one in flight goes out beside it.
+"""Batched completions: one batch on its way at a time, each no larger than the service takes.
 
 Real queues on both backends; the batched completion waits at a gate in front
 of the real queue where a batch must be held in flight (see test_outcomes).
@@ -12,17 +12,16 @@ import threading
 import time
 
 import leaseq
-from leaseq.worker.completer import BATCH_LIMIT, BATCHES_IN_FLIGHT
 
 from .conftest import RunningWorker, wait_for
 from .test_outcomes import GatedCompletions
 
 
-def test_full_batches_go_out_beside_the_one_in_flight_up_to_the_limit(app: leaseq.App) -> None:
+def test_completions_beyond_a_batch_wait_for_the_next_one_in_flight(app: leaseq.App) -> None:
+    # A batch carries at most batch_limit completions (the service refuses a larger
+    # request); the rest wait behind it, one batch on its way at a time.
     first, rest = threading.Event(), threading.Event()
-    extra = (BATCHES_IN_FLIGHT + 1) * BATCH_LIMIT  # one batch's worth more than may be in flight
-    # SQLite writes one at a time: a batch beside another would only wait for it there
-    in_flight = 1 if app.queue.capabilities.serial_writes else BATCHES_IN_FLIGHT
+    limit, extra = 8, 20
 
     @app.task("job", max_attempts=1, lease_seconds=60)
     async def job(ctx, n: int) -> int:
@@ -35,15 +34,13 @@ def test_full_batches_go_out_beside_the_one_in_flight_up_to_the_limit(app: lease
     runtime = running.runtime
     try:
         wait_for(lambda: runtime.stats.claimed == 1 + extra)
+        runtime.completer.batch_limit = limit
         first.set()
         wait_for(lambda: len(transport.batches) == 1)  # the first task's completion, alone, held in flight
         rest.set()
-        # Full batches waiting behind it are sent beside it, never more than the limit at once.
-        wait_for(lambda: len(transport.batches) == in_flight and len(runtime.completer._pending) == extra
-                 - (in_flight - 1) * BATCH_LIMIT)
-        time.sleep(0.2)  # nothing more goes out while the gate holds them
-        assert [len(b) for b in transport.batches[1:]] == [BATCH_LIMIT] * (in_flight - 1)
-        assert len(transport.batches) == in_flight  # the rest wait for a batch to come back
+        wait_for(lambda: len(runtime.completer._pending) == extra)
+        time.sleep(0.2)
+        assert len(transport.batches) == 1  # nothing more goes out while that batch is on its way
         transport.gate.set()
         wait_for(lambda: runtime.stats.completed == 1 + extra)
     finally:
@@ -51,9 +48,9 @@ def test_full_batches_go_out_beside_the_one_in_flight_up_to_the_limit(app: lease
         rest.set()
         transport.gate.set()
         running.stop()
+    assert [len(b) for b in transport.batches] == [1, limit, limit, extra - 2 * limit]
     sent = [task_id for batch in transport.batches for task_id in batch]
     assert len(sent) == len(set(sent)) == 1 + extra  # each completion sent once
-    assert max(len(b) for b in transport.batches) <= BATCH_LIMIT
     assert all(app.queue.get(task_id).status == "completed" for task_id in sent)
 
 
@@ -80,3 +77,10 @@ def test_a_completion_that_comes_as_a_batch_writer_finishes_is_never_stranded(ap
         left = [task_id for task_id in tasks if app.queue.get(task_id).status != "completed"]
         assert not left, f"run {run}: {len(left)} tasks never completed"
         assert runtime.stats.completed == TASKS
+
+
+def test_a_batch_is_never_larger_than_the_service_takes() -> None:
+    from leaseq.service.worker_batch import MAX_BATCH
+    from leaseq.worker.completer import BATCH_LIMIT
+
+    assert BATCH_LIMIT <= MAX_BATCH

@@ -29,11 +29,8 @@ resolve. The runtime hears of every outcome exactly once, through the
 Completions are batched where the transport can (one guarded statement per
 batch): those that arrive while a batch is being written form the next one,
 so a busy worker commits once per batch and an idle one at once. A batch
-holds at most :data:`BATCH_LIMIT` completions; when that many wait while a
-batch is on its way, the next one is sent beside it (up to
-:data:`BATCHES_IN_FLIGHT`; not on SQLite, which writes one at a time) instead of waiting: handlers that end together
-by the hundred (a wave of model calls) are written, and replaced, in
-overlapping requests rather than in one long one after another. Where the
+holds at most :data:`BATCH_LIMIT` completions (what the service takes in
+one request); more wait for the next. Where the
 transport can also claim in the same round trip
 (``capabilities.claim_with_completion``, the HTTP service), a batch asks
 for the tasks that will take its slots (:class:`Refill`, the claim loop's
@@ -70,11 +67,8 @@ MAX_BACKOFF = 2.0
 MAX_ERROR_TEXT = 4000
 #: The reason a lease is given up with when its attempt ran past its timeout.
 TIMEOUT_REASON = "timeout"
-#: Most completions one batch carries.
-BATCH_LIMIT = 64
-#: Most batches one worker has on their way at once (one where the backend writes one
-#: at a time, ``capabilities.serial_writes``).
-BATCHES_IN_FLIGHT = 4
+#: Most completions one batch carries (the service's limit for one request).
+BATCH_LIMIT = 1000
 
 
 @dataclass(frozen=True, slots=True)
@@ -183,11 +177,10 @@ class Completer:
         self._call = call
         self._settle = settle
         self._pending: list[_Pending] = []
-        #: the tasks writing batches that still take pending completions (each leaves the set
-        #: itself once none is left: a done-callback would run a turn later)
-        self._flushers: set[asyncio.Task[None]] = set()
-        #: batches on their way at once (one where the backend writes one at a time: more would only wait)
-        self.batches_in_flight = 1 if capabilities.serial_writes else BATCHES_IN_FLIGHT
+        #: the task writing batches, one at a time (done once none is left)
+        self._flusher: asyncio.Task[None] | None = None
+        #: most completions one batch carries
+        self.batch_limit = BATCH_LIMIT
         #: every recording and loss report still running (a set keeps each task referenced)
         self.in_flight: set[asyncio.Future[Any]] = set()
 
@@ -198,12 +191,8 @@ class Completer:
         if self.capabilities.batched_completion:
             done: asyncio.Future[Outcome] = asyncio.get_running_loop().create_future()
             self._pending.append(_Pending(ctx, result, done))
-            # One batch on its way at a time, unless a full batch waits behind it.
-            writing = len(self._flushers)
-            if not writing or (len(self._pending) >= BATCH_LIMIT and writing < self.batches_in_flight):
-                flusher = asyncio.create_task(self._flush(), name="leaseq-completions")
-                self._flushers.add(flusher)
-                flusher.add_done_callback(self._flushers.discard)  # one cancelled before it ran
+            if self._flusher is None or self._flusher.done():
+                self._flusher = asyncio.create_task(self._flush(), name="leaseq-completions")
             # The flusher settles the outcome itself: a waiter cancelled here only
             # cancels its own future, which the flusher then leaves alone.
             return await done
@@ -324,19 +313,9 @@ class Completer:
 
     async def _flush(self) -> None:
         """Write pending completions in batches until none is left; never leaves a waiter hanging."""
-        try:
-            await self._flush_pending()
-        finally:
-            # No await between the last look at the pending list and this: a completion
-            # added after it finds no writer taking more, and starts one.
-            task = asyncio.current_task()
-            if task is not None:
-                self._flushers.discard(task)
-
-    async def _flush_pending(self) -> None:
         await asyncio.sleep(0)  # let handlers finishing in this same turn join the batch
         while self._pending:
-            batch, self._pending = self._pending[:BATCH_LIMIT], self._pending[BATCH_LIMIT:]
+            batch, self._pending = self._pending[:self.batch_limit], self._pending[self.batch_limit:]
             try:
                 await self._write_batch(batch)
             except BaseException as exc:
@@ -427,7 +406,7 @@ class Completer:
                 # Completions that arrived meanwhile join the retry (a batch's worth): still one
                 # statement per try.
                 joined = keep + self._pending
-                batch, self._pending = joined[:BATCH_LIMIT], joined[BATCH_LIMIT:]
+                batch, self._pending = joined[:self.batch_limit], joined[self.batch_limit:]
                 if not batch:
                     return
                 left = min(lease_deadline(item.ctx) for item in batch) - now
