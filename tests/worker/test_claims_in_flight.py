@@ -142,3 +142,25 @@ def test_claimed_handlers_begin_before_the_next_claim_is_sent(app: leaseq.App) -
     assert stats.completed == 3
     assert len(transport.waiting_at_claim) >= 2  # the claim with the tasks, then at least one after it
     assert all(not waiting for waiting in transport.waiting_at_claim), transport.waiting_at_claim
+
+
+def test_a_worker_run_until_idle_ends_once_nothing_is_due(app: leaseq.App) -> None:
+    # With two claims in flight, an idle worker must still see the queue empty and stop: the
+    # claim beside the loop's goes out only for slots that were freed, never on a timer (on
+    # one, the two took turns being in flight and the run ended only by chance, minutes later).
+    transport = SlowClaims(app.queue)
+
+    @app.task("agent")
+    async def agent(ctx, n: int) -> int:
+        await asyncio.sleep(0.05 * (n % CONCURRENCY + 1))  # staggered: slots free one by one
+        return n
+
+    tasks = [agent.enqueue(n=i) for i in range(16)]
+    worker = app.worker(transport=transport, concurrency=CONCURRENCY, poll_interval=0.05)
+
+    async def run() -> None:
+        # the work takes about 4 s; 30 s is the bound of a run that ends, not a speed target
+        await asyncio.wait_for(worker.run(until_idle=True), 30)
+
+    asyncio.run(run())
+    assert all(app.queue.get(t.id).status == "completed" for t in tasks)

@@ -84,7 +84,11 @@ class ClaimLoop(Handling):
         are left to the loop, whose next claim meets them and backs off or stops."""
         queue = self.queues[0]
         while not self._stopping and not self._claims_closed:
-            await wait_event(self._freed, self._poll_every)
+            # Only a slot that was freed wakes it, never a timer: an idle worker whose two
+            # claims took turns being in flight would never see both come back empty at
+            # once, and a run with until_idle would not end (the end of the claim loop
+            # sets the event to let this go).
+            await self._freed.wait()
             self._freed.clear()
             free = self.concurrency - len(self._handling) - self._reserved
             if self._stopping or self._claims_closed or not self._claims_in_flight or free <= 0:
