@@ -164,3 +164,25 @@ def test_a_worker_run_until_idle_ends_once_nothing_is_due(app: leaseq.App) -> No
 
     asyncio.run(run())
     assert all(app.queue.get(t.id).status == "completed" for t in tasks)
+
+
+def test_a_cancelled_run_leaves_no_claim_waiting_beside_it(app: leaseq.App) -> None:
+    # The claim beside the loop's waits for a freed slot, on no timer: a run that ends
+    # without the loop's own end (cancelled here) must not leave it waiting forever.
+    @app.task("agent")
+    async def agent(ctx, n: int) -> int:
+        return n
+
+    worker = app.worker(concurrency=CONCURRENCY, poll_interval=0.05)
+
+    async def run() -> list[str]:
+        running = asyncio.create_task(worker.run())
+        while worker.worker is None:
+            await asyncio.sleep(0.01)
+        await asyncio.sleep(0.2)
+        running.cancel()
+        await asyncio.gather(running, return_exceptions=True)
+        await asyncio.sleep(0)
+        return [t.get_name() for t in asyncio.all_tasks() if not t.done() and t is not asyncio.current_task()]
+
+    assert "leaseq-claim-alongside" not in asyncio.run(run())

@@ -194,9 +194,12 @@ class WorkerRuntime(ClaimLoop, Shutdown):
                     await alongside
                 await self._shutdown()
             finally:
-                for task in background:
+                # the claim beside the loop's waits for a freed slot: one that the loop's end
+                # did not let go (the loop raised, or the run was cancelled) is cancelled here
+                ending = background + ([alongside] if alongside is not None else [])
+                for task in ending:
                     task.cancel()
-                await asyncio.gather(*background, return_exceptions=True)
+                await asyncio.gather(*ending, return_exceptions=True)
                 if listener is not None:
                     listener.set()
                 if self._caps.native_async:
