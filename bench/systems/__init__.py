@@ -104,10 +104,11 @@ def get(name: str) -> System:
         from .leaseq_system import LeaseqSystem
 
         return LeaseqSystem(name)
-    if name == "leaseq-remote":
+    if name == "leaseq-remote" or (name.startswith("leaseq-remote-") and name.endswith("p")):
         from .remote_system import RemoteSystem
 
-        return RemoteSystem()
+        # leaseq-remote-2p: the service runs as `leaseq serve --processes 2`
+        return RemoteSystem(int(name[len("leaseq-remote-"):-1]) if name != "leaseq-remote" else 1)
     if name == "raw":
         from .raw_system import RawSystem
 

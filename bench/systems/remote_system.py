@@ -31,10 +31,11 @@ from .leaseq_system import SERVER_ENV, TOKEN_ENV, LeaseqSystem
 class RemoteSystem(LeaseqSystem):
     """leaseq workers over HTTP, through one service process."""
 
-    def __init__(self) -> None:
+    def __init__(self, processes: int = 1) -> None:
         super().__init__("leaseq")
-        self.name = "leaseq-remote"
-        self.label = "leaseq remote (HTTP)"
+        self.processes = processes
+        self.name = "leaseq-remote" if processes == 1 else f"leaseq-remote-{processes}p"
+        self.label = "leaseq remote (HTTP)" if processes == 1 else f"leaseq remote (HTTP, {processes} service processes)"
         self._service: subprocess.Popen | None = None
 
     def install(self, dsn: str) -> None:
@@ -44,7 +45,8 @@ class RemoteSystem(LeaseqSystem):
             token, _ = auth.create_token(q, name="bench-remote", role="worker", created_by="bench")
         self._service = subprocess.Popen(
             [sys.executable, "-m", "leaseq.cli", "--dsn", dsn, "serve", "--host", "127.0.0.1", "--port", "0",
-             "--rate", "0", "--log-level", "warning"], stderr=subprocess.PIPE, text=True)
+             "--rate", "0", "--log-level", "warning", "--processes", str(self.processes)],
+            stderr=subprocess.PIPE, text=True)
         line = self._service.stderr.readline()
         m = re.search(r"listening on (http://127\.0\.0\.1:\d+)", line)
         if m is None:

@@ -116,6 +116,12 @@ def test_serve_refuses_bad_maintenance_options(q: leaseq.Queue, dsn: str) -> Non
         assert code == 2 and err.startswith(f"error: {field}: "), (args, err)
 
 
+def test_serve_refuses_a_bad_process_count(q: leaseq.Queue, dsn: str) -> None:
+    for value in ("0", "65", "two"):
+        code, out, err = run(dsn, "serve", "--port", "0", "--processes", value)
+        assert code == 2 and "'--processes'" in err and "Traceback" not in err, (value, err)
+
+
 def test_serve_logs_json_lines_with_the_task_fields(tmp_path) -> None:
     """``--log-format json``: every line an object; a worker's claims, completions, failures and
     refused leases each carry task id, kind (where known), generation, worker and duration."""

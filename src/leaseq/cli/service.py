@@ -11,9 +11,11 @@ from __future__ import annotations
 
 import contextlib
 import getpass
+import json
 import os
 import re
 import signal
+import sys
 from collections.abc import Iterator
 from typing import Any, TextIO
 
@@ -92,6 +94,9 @@ def cli_actor() -> str:
 @click.option("--leader-lease", metavar="AGE", default="15s", show_default=True,
               help="Lease of the maintenance leadership: the sweep and retention run on one replica at a time, "
                    "and another takes over within about this long when it dies.")
+@click.option("--processes", default=1, show_default=True, type=click.IntRange(1, 64),
+              help="Serving processes sharing the port, under a supervisor that restarts one that dies. "
+                   "Each is a replica of its own (rate limits and /metrics counters are per process).")
 @click.option("--log-level", default="info", show_default=True,
               type=click.Choice(["critical", "error", "warning", "info", "debug"]))
 @click.option("--log-format", type=click.Choice(["text", "json"]), default="text", show_default=True,
@@ -102,12 +107,13 @@ def serve(ctx: click.Context, host: str, port: int, migrate: bool, rate: float, 
           failed_auth_rate: float, failed_auth_burst: float, max_body_bytes: int, public_metrics: bool,
           secure_cookies: bool, forwarded_allow_ips: str, docs: bool, prune_older_than: str | None,
           prune_payloads_older_than: str | None, prune_every: str, sweep_every: str, leader_lease: str,
-          log_level: str, log_format: str) -> None:
+          processes: int, log_level: str, log_format: str) -> None:
     """Serve the queue over HTTP: worker API, operator API, dashboard and /metrics.
 
     Stateless apart from the database: run several replicas behind a load
-    balancer; the sweep and retention run on one of them at a time. Create
-    tokens first with `leaseq tokens create`.
+    balancer, or several processes on one port (--processes); the sweep and
+    retention run on one of them at a time. Create tokens first with
+    `leaseq tokens create`.
     """
     import uvicorn
 
@@ -129,15 +135,21 @@ def serve(ctx: click.Context, host: str, port: int, migrate: bool, rate: float, 
                                        f"seconds (got {leader_lease!r})")
     log = service_logging(level=log_level, fmt=log_format)
     say = click.echo if log_format == "text" else (lambda text, err=True: log.info("%s", text))
+    options: dict[str, Any] = dict(
+        rate_per_second=rate, burst=burst, failed_auth_per_second=failed_auth_rate,
+        failed_auth_burst=failed_auth_burst, max_body_bytes=max_body_bytes, public_metrics=public_metrics,
+        secure_cookies=secure_cookies, forwarded_allow_ips=forwarded_allow_ips, docs=docs,
+        prune_older_than=older, prune_payloads_older_than=payloads, prune_every=every or 3600.0,
+        sweep_every=sweep, leader_lease_seconds=lease)
+    if processes > 1:
+        _serve_processes(ctx, processes, options, host=host, port=port, migrate=migrate, log_level=log_level,
+                         log_format=log_format, say=say)
+        say("leaseq service stopped", err=True)
+        return
     q = open_queue(ctx, need_schema=not migrate)
     if migrate:
         q.migrate()
-    app = create_app(q, rate_per_second=rate, burst=burst, failed_auth_per_second=failed_auth_rate,
-                     failed_auth_burst=failed_auth_burst, max_body_bytes=max_body_bytes,
-                     public_metrics=public_metrics, secure_cookies=secure_cookies,
-                     forwarded_allow_ips=forwarded_allow_ips, docs=docs, prune_older_than=older,
-                     prune_payloads_older_than=payloads, prune_every=every or 3600.0, sweep_every=sweep,
-                     leader_lease_seconds=lease)
+    app = create_app(q, **options)
 
     class Server(uvicorn.Server):
         @contextlib.contextmanager
@@ -156,14 +168,99 @@ def serve(ctx: click.Context, host: str, port: int, migrate: bool, rate: float, 
             for server in self.servers:
                 for sock in server.sockets:
                     addr = sock.getsockname()
-                    say(f"leaseq service listening on http://{addr[0]}:{addr[1]} "
-                        f"({q.dialect}; dashboard at /, API schema at /openapi.json)", err=True)
+                    say(_listening(addr, q.dialect), err=True)
 
     # log_config=None: uvicorn's records go through the handler set up above, in the chosen format
     config = server_config(app, host=host, port=port, log_level=log_level, access_log=log_level == "debug",
                            log_config=None)
     Server(config).run()
     say("leaseq service stopped", err=True)
+
+
+def _listening(addr: Any, dialect: str, processes: int = 1) -> str:
+    several = f"; {processes} processes" if processes > 1 else ""
+    return (f"leaseq service listening on http://{addr[0]}:{addr[1]} "
+            f"({dialect}{several}; dashboard at /, API schema at /openapi.json)")
+
+
+#: Where the supervisor of ``leaseq serve --processes N`` hands each serving process its settings.
+PROCESS_SETTINGS_ENV = "LEASEQ_SERVING_PROCESS"
+
+
+def _serve_processes(ctx: click.Context, processes: int, options: dict[str, Any], *, host: str, port: int,
+                     migrate: bool, log_level: str, log_format: str, say: Any) -> None:
+    """``leaseq serve --processes N``: bind the port once, then run N serving processes
+    on it under uvicorn's supervisor, which restarts one that dies and stops them all
+    on SIGTERM or SIGINT. Each process builds its own application and pool
+    (:func:`process_app`): a replica, as behind a load balancer."""
+    import logging
+
+    import uvicorn
+    from uvicorn.supervisors import Multiprocess
+
+    from ..service.app import server_options
+    from .session import cli_state, connect_checked
+
+    state = cli_state(ctx)
+    # The database is checked (and migrated) once, here, so a wrong DSN or a missing
+    # schema is one clear error rather than N processes failing to start.
+    q = connect_checked(state.dsn, need_schema=not migrate, migrate=state.embedded_default,
+                        embedded=state.embedded_default)
+    try:
+        if migrate:
+            q.migrate()
+        dialect = q.dialect
+    finally:
+        q.close()
+    os.environ[PROCESS_SETTINGS_ENV] = json.dumps({"dsn": state.dsn, "options": options, "log_level": log_level,
+                                                   "log_format": log_format})
+    config = uvicorn.Config(f"{__name__}:process_app", factory=True, host=host, port=port, workers=processes,
+                            log_level=log_level, access_log=log_level == "debug", log_config=None,
+                            **server_options(options["forwarded_allow_ips"]))
+    quiet = logging.getLogger("uvicorn.error")
+    quiet.disabled = True  # bind_socket announces itself; the line below says it once, the leaseq way
+    try:
+        sock = config.bind_socket()
+    finally:
+        quiet.disabled = False
+    say(_listening(sock.getsockname(), dialect, processes), err=True)
+    try:
+        Multiprocess(config, sockets=[sock]).run()
+    finally:
+        sock.close()
+
+
+def process_app() -> Any:
+    """The application of one process of ``leaseq serve --processes N`` (uvicorn calls
+    it in each process the supervisor starts)."""
+    import atexit
+
+    from ..queue import connect
+    from ..service import create_app
+
+    spec = json.loads(os.environ[PROCESS_SETTINGS_ENV])
+    _stop_with_supervisor()
+    service_logging(level=spec["log_level"], fmt=spec["log_format"])
+    queue = connect(spec["dsn"])
+    atexit.register(queue.close)
+    return create_app(queue, **spec["options"])
+
+
+def _stop_with_supervisor() -> None:
+    """On Linux, have the kernel send this process SIGTERM when its supervisor dies
+    (killed, say): a serving process must not outlive it, holding the port."""
+    if not sys.platform.startswith("linux"):
+        return
+    import ctypes
+
+    supervisor = os.getppid()
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(1, signal.SIGTERM, 0, 0, 0)  # PR_SET_PDEATHSIG
+    except (OSError, AttributeError):  # pragma: no cover - no prctl here
+        return
+    if os.getppid() != supervisor:  # it died before the request took effect
+        os.kill(os.getpid(), signal.SIGTERM)
 
 
 @click.group()

@@ -113,9 +113,14 @@ def server_config(app: FastAPI, *, host: str = "127.0.0.1", port: int = 8765, **
     """
     import uvicorn
 
-    trusted = app.state.settings.forwarded_allow_ips.strip()
-    return uvicorn.Config(app, host=host, port=port, proxy_headers=bool(trusted),
-                          forwarded_allow_ips=trusted or "", server_header=False, **options)
+    return uvicorn.Config(app, host=host, port=port, **server_options(app.state.settings.forwarded_allow_ips),
+                          **options)
+
+
+def server_options(forwarded_allow_ips: str) -> dict[str, Any]:
+    """The ``uvicorn.Config`` options every leaseq service runs with."""
+    trusted = forwarded_allow_ips.strip()
+    return {"proxy_headers": bool(trusted), "forwarded_allow_ips": trusted or "", "server_header": False}
 
 
 def error_body(code: str, message: str, **extra: Any) -> dict[str, Any]:

@@ -1,0 +1,153 @@
+"""``leaseq serve --processes N``: serving processes on one port under a supervisor.
+
+Everything is a real process: the supervisor, its serving processes, a
+``leaseq worker --server`` process and the signals. A serving process is
+SIGKILLed under load (the one leading maintenance): the supervisor starts a
+replacement, the worker's work is neither lost nor done twice, and the
+leadership moves. SIGTERM stops the whole group cleanly; a supervisor that is
+itself SIGKILLed takes its serving processes with it.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import sqlite3
+import subprocess
+import sys
+import time
+from collections import Counter
+from pathlib import Path
+
+import httpx
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+
+import leaseq
+from leaseq import auth
+from leaseq_chaos.pgserver import free_port
+
+from .support import ROOT, Service, wait_for
+from .test_replicas import HANDLERS, processes, spawn  # noqa: F401 - processes is a fixture
+
+TASKS = 200
+
+
+def serving(url: str, connections: int = 30) -> dict[str, float]:
+    """The serving processes seen over ``connections`` new connections (the kernel hands each
+    to one of them): replica id -> its maintenance-leader gauge."""
+    seen: dict[str, float] = {}
+    for _ in range(connections):
+        try:
+            with httpx.Client(timeout=5) as client:  # a new connection each time
+                text = client.get(f"{url}/metrics").text
+        except httpx.HTTPError:
+            continue
+        for family in text_string_to_metric_families(text):
+            for s in family.samples:
+                if s.name == "leaseq_maintenance_leader":
+                    seen[s.labels["replica"]] = s.value
+    return seen
+
+
+def pid_of(replica: str) -> int:
+    """A replica id is ``host:pid:random``."""
+    return int(replica.split(":")[1])
+
+
+def alive(pid: int) -> bool:
+    """Whether ``pid`` runs (a zombie, dead but not yet reaped, does not)."""
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except (FileNotFoundError, ProcessLookupError):
+        return False
+    return state != "Z"
+
+
+def two_processes_one_leader(url: str) -> dict[str, float] | None:
+    seen = serving(url)
+    return seen if len(seen) == 2 and sorted(seen.values()) == [0.0, 1.0] else None
+
+
+def test_a_serving_process_killed_under_load_is_replaced_and_loses_nothing(
+        pg_schema_dsn: str, tmp_path: Path, processes: list[subprocess.Popen]) -> None:  # noqa: F811
+    dsn = pg_schema_dsn
+    q = leaseq.connect(dsn)
+    q.migrate()
+    ledger = tmp_path / "ledger.db"
+    with sqlite3.connect(ledger) as db:
+        db.execute("CREATE TABLE runs (task_id INTEGER NOT NULL, generation INTEGER NOT NULL)")
+    (tmp_path / "replica_jobs.py").write_text(HANDLERS.format(ledger=str(ledger)))
+    token, _ = auth.create_token(q, name="workers", role="worker", created_by="test")
+    token_file = tmp_path / "worker.token"
+    token_file.write_text(token)
+    token_file.chmod(0o600)
+
+    service = Service(dsn, free_port(), tmp_path / "service.log",
+                      ("--processes", "2", "--public-metrics", "--leader-lease", "1s", "--sweep-every", "0.3s"))
+    service.start()
+    processes.append(service.proc)
+    assert "2 processes" in (tmp_path / "service.log").read_text()
+    first = wait_for(lambda: two_processes_one_leader(service.url), 30, "two serving processes, one leading")
+    [leader] = [r for r, v in first.items() if v == 1.0]
+
+    ids = q.enqueue_many("job", [{"n": n} for n in range(TASKS)], effect="idempotent", lease_seconds=2,
+                         max_attempts=10)
+    env = {**os.environ, "PYTHONPATH": f"{tmp_path}:{ROOT / 'src'}"}
+    worker_args = [sys.executable, "-m", "leaseq.cli", "worker", "replica_jobs:app", "--server", service.url,
+                   "--token-file", str(token_file), "--concurrency", "8", "--poll-interval", "0.05", "--until-idle"]
+    worker = spawn(processes, [*worker_args, "--name", "remote"], tmp_path / "worker.log", cwd=tmp_path, env=env)
+
+    def completed() -> int:
+        return sum(r["count"] for r in q.stats() if r["status"] == "completed")
+
+    wait_for(lambda: completed() >= TASKS // 3, 60, "a third of the tasks done")
+    os.kill(pid_of(leader), signal.SIGKILL)
+    assert completed() < TASKS, "the run ended before the kill; make the tasks slower"
+
+    # The supervisor replaces the killed process; the other takes over maintenance.
+    after = wait_for(lambda: (lambda seen: seen if seen and leader not in seen else None)(
+        two_processes_one_leader(service.url)), 30, "a replacement serving and a new leader")
+    assert pid_of(leader) not in {pid_of(r) for r in after} and not alive(pid_of(leader))
+    assert service.proc.poll() is None
+
+    assert worker.wait(90) == 0, (tmp_path / "worker.log").read_text()[-3000:]
+    # A claim whose answer the kill cut leaves a lease nobody knows of: it expires (2 s)
+    # and one more run claims it again.
+    if any(t.status == "running" for t in (q.get(i) for i in ids)):
+        time.sleep(2.5)
+        last = spawn(processes, [*worker_args, "--name", "remote-last"], tmp_path / "worker-last.log",
+                     cwd=tmp_path, env=env)
+        assert last.wait(60) == 0, (tmp_path / "worker-last.log").read_text()[-3000:]
+
+    tasks = [q.get(i) for i in ids]
+    assert Counter(t.status for t in tasks) == {"completed": TASKS}
+    assert {sum(1 for e in q.events(t.id) if e.type == "completed") for t in tasks} == {1}
+    with sqlite3.connect(ledger) as db:
+        per_generation = Counter(db.execute("SELECT task_id, generation FROM runs").fetchall())
+    assert max(per_generation.values()) == 1, "a generation's handler ran twice"
+
+    # SIGTERM stops the whole group: each serving process shuts down, the supervisor exits 0.
+    children = [pid_of(r) for r in after]
+    service.proc.send_signal(signal.SIGTERM)
+    assert service.proc.wait(30) == 0, (tmp_path / "service.log").read_text()[-3000:]
+    wait_for(lambda: not any(alive(p) for p in children), 10, "the serving processes gone")
+    assert "leaseq service stopped" in (tmp_path / "service.log").read_text()
+    with q.store.transaction() as tx:  # the leader resigned on its way out
+        assert tx.row("leader_get", name="maintenance")["expires_at"] <= q.now()
+    q.close()
+
+
+def test_serving_processes_do_not_outlive_a_killed_supervisor(tmp_path: Path,
+                                                               processes: list[subprocess.Popen]) -> None:  # noqa: F811
+    dsn = f"sqlite:///{tmp_path / 'served.db'}"
+    leaseq.connect(dsn).migrate()
+    service = Service(dsn, free_port(), tmp_path / "service.log", ("--processes", "2", "--public-metrics")).start()
+    processes.append(service.proc)
+    seen = wait_for(lambda: (lambda s: s if len(s) == 2 else None)(serving(service.url)), 30,
+                    "two serving processes")
+    service.kill()  # SIGKILL: no chance to stop its children itself
+    children = [pid_of(r) for r in seen]
+    wait_for(lambda: not any(alive(p) for p in children), 15, "the serving processes exiting with it")
+    with pytest.raises(httpx.ConnectError):
+        httpx.get(f"{service.url}/healthz", timeout=2)
