@@ -17,7 +17,8 @@ from pathlib import Path
 import pytest
 
 from leaseq.store.base import load_queries
-from leaseq.store.queries import LEASE_GUARD, NamedQuery, load_named_queries, load_templates, parse_queries_file
+from leaseq.store.queries import (LEASE_GUARD, NamedQuery, compact, load_named_queries, load_templates,
+                                  load_wire_queries, parse_queries_file)
 
 DIALECTS = ("postgres", "sqlite")
 
@@ -271,3 +272,38 @@ def test_python_code_only_names_queries_that_exist() -> None:
     assert used, "no query calls found: the scan is broken"
     for dialect in DIALECTS:
         assert used - set(load_queries(dialect)) == set(), f"unknown in {dialect}/queries.sql"
+
+
+# -- what is sent: the statements without their comments ------------------------------------
+
+def test_compact_drops_comments_and_indentation_and_keeps_quoted_text_exactly() -> None:
+    sql = ("-- a comment line\n"
+           "SELECT 'a -- not a comment, ''quoted''\n   still the literal' AS \"col -- x\",  -- gone\n"
+           "\n"
+           "       b   -- gone too\n"
+           "  FROM t WHERE c = '' -- and this\n")
+    assert compact(sql) == ("SELECT 'a -- not a comment, ''quoted''\n   still the literal' AS \"col -- x\",\n"
+                            "b\nFROM t WHERE c = ''")
+
+
+@pytest.mark.parametrize("dialect", DIALECTS)
+def test_compacting_changes_nothing_but_comments_and_whitespace(dialect: str) -> None:
+    def words(sql: str) -> list[str]:
+        # the statement's text with comment lines and trailing comments cut by hand:
+        # every comment in the queries files starts a line or follows code after "  --"
+        kept = [re.split(r"\s--\s", " " + line, maxsplit=1)[0] for line in sql.splitlines()
+                if not line.lstrip().startswith("--")]
+        return " ".join(kept).split()
+
+    for name, sql in load_queries(dialect).items():
+        assert compact(sql).split() == words(sql), name
+
+
+def test_every_postgres_statement_fits_psycopgs_query_cache() -> None:
+    """psycopg converts a query's placeholders once and caches it only under a size (and
+    parameter count) limit: a statement over it is parsed again on every call."""
+    from psycopg import _queries
+
+    for name, sql in load_wire_queries("postgres").items():
+        assert len(sql.encode()) <= _queries.MAX_CACHED_STATEMENT_LENGTH, (name, len(sql.encode()))
+        assert len(set(re.findall(r"%\((\w+)\)s", sql))) <= _queries.MAX_CACHED_STATEMENT_PARAMS, name

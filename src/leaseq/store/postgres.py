@@ -15,7 +15,8 @@ from ..db.dsn import check_postgres_dsn
 from ..core.errors import BackendUnavailable, InvalidInput
 from ..db.errors import map_driver_errors
 from ..db.postgres import AsyncPools, achecked_connection, checked_connection, open_async_pool, open_pool
-from .base import JSON_PARAMS, BackendCapabilities, JsonText, KeyConflict, load_named_queries, load_queries
+from .base import JSON_PARAMS, BackendCapabilities, JsonText, KeyConflict, load_named_queries
+from .queries import load_wire_queries
 
 
 #: The statements annotated ``-- plan: generic`` in ``sql/postgres/queries.sql``:
@@ -235,7 +236,7 @@ class PostgresStore:
 
     def __init__(self, dsn: str, *, min_size: int = 1, max_size: int = 10, connect_timeout: float = 10.0):
         self.dsn = dsn
-        self._queries = load_queries("postgres")
+        self._queries = load_wire_queries("postgres")
         check_postgres_dsn(dsn, connect_timeout)
         self._pool = open_pool(dsn, min_size=min_size, max_size=max_size, timeout=connect_timeout,
                                configure=_configure, row_factory=dict_row)

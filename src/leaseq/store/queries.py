@@ -46,8 +46,8 @@ from dataclasses import dataclass, field
 from functools import cache
 from importlib import resources
 
-__all__ = ["NamedQuery", "Template", "load_named_queries", "load_queries", "parse_named_blocks",
-           "parse_queries_file"]
+__all__ = ["NamedQuery", "Template", "compact", "load_named_queries", "load_queries", "load_wire_queries",
+           "parse_named_blocks", "parse_queries_file"]
 
 _BLOCK = re.compile(r"^-- (name|template): (\w+)(?:\((\w+)=(.*)\))?\s*$", re.MULTILINE)
 # The argument runs to the last ") */" of the line, so it may hold parentheses of its own.
@@ -184,6 +184,58 @@ def load_templates(dialect: str) -> dict[str, Template]:
 def load_queries(dialect: str) -> dict[str, str]:
     """The named queries of ``sql/<dialect>/queries.sql``, expanded: ``{name: sql}``."""
     return {name: q.sql for name, q in load_named_queries(dialect).items()}
+
+
+@cache
+def load_wire_queries(dialect: str) -> dict[str, str]:
+    """:func:`load_queries` as sent to the server: :func:`compact`."""
+    return {name: compact(sql) for name, sql in load_queries(dialect).items()}
+
+
+def compact(sql: str) -> str:
+    """``sql`` without its ``--`` comments, indentation and blank lines; string literals
+    and quoted identifiers are kept exactly, whatever they hold.
+
+    The statement the server runs is the same one. What changes is its size:
+    psycopg caches its conversion of a query (placeholders to ``$n``) only up to
+    4 KB of text, and the claim, with its comments, is twice that; parsed again on
+    every call it cost about 60-100 µs (tests/unit/test_queries.py holds every
+    statement under the limit).
+    """
+    out: list[str] = []
+    line: list[str] = []
+    i, n = 0, len(sql)
+
+    def end_line() -> None:
+        text = "".join(line).strip()
+        if text:
+            out.append(text)
+        line.clear()
+
+    while i < n:
+        ch = sql[i]
+        if ch in "'\"":  # a literal or a quoted identifier, to its closing quote (doubled quotes stay inside)
+            j = i + 1
+            while j < n:
+                if sql[j] == ch:
+                    if j + 1 < n and sql[j + 1] == ch:
+                        j += 2
+                        continue
+                    break
+                j += 1
+            line.append(sql[i:j + 1])
+            i = j + 1
+        elif ch == "-" and sql.startswith("--", i):
+            end = sql.find("\n", i)
+            i = n if end < 0 else end
+        elif ch == "\n":
+            end_line()
+            i += 1
+        else:
+            line.append(ch)
+            i += 1
+    end_line()
+    return "\n".join(out)
 
 
 def _read(dialect: str) -> str:
