@@ -1,4 +1,5 @@
-"""``leaseq serve --processes N``: serving processes on one port under a supervisor.
+"""``leaseq serve --processes N``: serving processes on one port under a supervisor; and a
+worker's interrupt reaching its claim waiting on another process.
 
 Everything is a real process: the supervisor, its serving processes, a
 ``leaseq worker --server`` process and the signals. A serving process is
@@ -15,16 +16,19 @@ import signal
 import sqlite3
 import subprocess
 import sys
+import threading
 import time
 from collections import Counter
 from pathlib import Path
 
 import httpx
 import pytest
+from psycopg import connect as psycopg_connect
 from prometheus_client.parser import text_string_to_metric_families
 
 import leaseq
 from leaseq import auth
+from leaseq.client import RemoteQueue
 from leaseq_chaos.pgserver import free_port
 
 from .support import ROOT, Service, wait_for
@@ -151,3 +155,44 @@ def test_serving_processes_do_not_outlive_a_killed_supervisor(tmp_path: Path,
     wait_for(lambda: not any(alive(p) for p in children), 15, "the serving processes exiting with it")
     with pytest.raises(httpx.ConnectError):
         httpx.get(f"{service.url}/healthz", timeout=2)
+
+
+def test_a_stopping_worker_ends_its_claim_waiting_on_another_replica(
+        pg_schema_dsn: str, tmp_path: Path, processes: list[subprocess.Popen]) -> None:  # noqa: F811
+    """A worker shutting down asks the service to end its waiting claim; behind a balancer
+    (or with --processes) the request may reach another process than the one the claim
+    waits on. On PostgreSQL the interrupt is notified to every process."""
+    dsn = pg_schema_dsn
+    q = leaseq.connect(dsn)
+    q.migrate()
+    token, _ = auth.create_token(q, name="stopping", role="worker", created_by="test")
+    a = Service(dsn, free_port(), tmp_path / "a.log").start()
+    processes.append(a.proc)
+    b = Service(dsn, free_port(), tmp_path / "b.log").start()
+    processes.append(b.proc)
+    on_a, on_b = RemoteQueue(a.url, token), RemoteQueue(b.url, token)
+    worker = on_a.register_worker("stopping")
+    outcome: dict = {}
+
+    def claim_waiting_on_a() -> None:
+        started = time.monotonic()
+        outcome["claims"] = on_a.claim(worker, wait=20)
+        outcome["seconds"] = time.monotonic() - started
+
+    waiting = threading.Thread(target=claim_waiting_on_a)
+    waiting.start()
+    with psycopg_connect(dsn, autocommit=True) as conn:  # a's listener is up once its connection has listened for interrupts
+        wait_for(lambda: conn.execute("SELECT 1 FROM pg_stat_activity WHERE datname = current_database() "
+                                      "AND query = 'LISTEN leaseq_interrupt'").fetchall(), 15,
+                 "replica a listening while the claim waits")
+    time.sleep(0.3)  # the claim's first attempt found nothing and waits
+    assert waiting.is_alive()
+    on_b.interrupt_claims(worker)  # reaches b, not a
+    waiting.join(10)
+    assert not waiting.is_alive(), "the claim waiting on replica a was not ended"
+    assert outcome["claims"] == [] and outcome["seconds"] < 10
+    q.enqueue("job")  # nothing was leased on the way out
+    assert q.stats() and all(r["status"] == "queued" for r in q.stats())
+    on_a.close()
+    on_b.close()
+    q.close()

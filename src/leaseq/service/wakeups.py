@@ -135,6 +135,16 @@ class WorkSignal:
                 n += 1
         return n
 
+    def _heard_interrupt(self, worker_id: str) -> None:
+        """Another process (or this one) was asked to end ``worker_id``'s waits (listener thread)."""
+        loop = self._loop
+        if loop is None or loop.is_closed():
+            return
+        try:
+            loop.call_soon_threadsafe(self.interrupt, worker_id)
+        except RuntimeError:  # the loop closed meanwhile
+            pass
+
     # -- the shared listener ------------------------------------------------------
 
     def _ensure_listener(self) -> None:
@@ -147,7 +157,7 @@ class WorkSignal:
         while not self._closed.is_set():
             listener = None
             try:
-                listener = self.queue.store.listener(_AnyQueue())
+                listener = self.queue.store.listener(_AnyQueue(), on_interrupt=self._heard_interrupt)
                 self.listening.set()
                 self.wake()  # anything enqueued while we were not listening
                 while not self._closed.is_set():

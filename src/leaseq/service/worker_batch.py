@@ -151,8 +151,13 @@ def _claimed(metrics: ServiceMetrics, worker_id: str, queue: str, claims: list[C
 
 @router.post("/workers/{worker_id}/claim/interrupt", summary="End this worker's waiting claims, empty-handed")
 async def interrupt_claims(request: Request, worker_id: str = WorkerId) -> JSONResponse:
-    # The worker is shutting down: its long polls return at once and lease nothing more.
-    await run_in_threadpool(in_one_transaction, request, "renew", worker_id, lambda view: None)
+    # The worker is shutting down: its long polls return at once and lease nothing more,
+    # here and (where the database notifies) in every other process serving it.
+    def broadcast(view: Queue) -> None:
+        with view.store.transaction() as tx:
+            tx.rows("notify_interrupt", worker_id=worker_id)
+
+    await run_in_threadpool(in_one_transaction, request, "renew", worker_id, broadcast)
     return _json({"interrupted": _signal(request).interrupt(worker_id)})
 
 

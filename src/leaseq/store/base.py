@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+from collections.abc import Callable
 from contextlib import AbstractAsyncContextManager, AbstractContextManager
 from dataclasses import dataclass
 from functools import cache
@@ -128,8 +129,10 @@ class Store(Protocol):
         """:meth:`transaction` for asyncio code, whose ``rows`` and ``script`` are awaited.
         Only where :attr:`capabilities` declares ``native_async``."""
 
-    def listener(self, queues: set[str]) -> WorkListener:
-        """A waiter woken when work arrives on one of ``queues``."""
+    def listener(self, queues: set[str], *, on_interrupt: Callable[[str], None] | None = None) -> WorkListener:
+        """A waiter woken when work arrives on one of ``queues``. ``on_interrupt``: called
+        (on the waiting thread) with the id of each worker whose waiting claims a service
+        process was asked to end (``notify_interrupt``), where the backend notifies."""
 
     def task_listener(self, task_id: int) -> TaskListener:
         """A waiter woken when task ``task_id`` may have ended (see :meth:`leaseq.Queue.wait`)."""

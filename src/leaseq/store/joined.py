@@ -38,8 +38,8 @@ class JoinedStore:
     def transaction(self, *, one_statement: bool = False) -> Iterator[Tx]:
         yield self._tx
 
-    def listener(self, queues: set[str]) -> Any:
-        return self._store.listener(queues)
+    def listener(self, queues: set[str], *, on_interrupt: Any = None) -> Any:
+        return self._store.listener(queues, on_interrupt=on_interrupt)
 
     def task_listener(self, task_id: int) -> TaskListener:
         return self._store.task_listener(task_id)

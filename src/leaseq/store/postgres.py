@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator
 from contextlib import asynccontextmanager, contextmanager
 from typing import Any
 
@@ -141,24 +141,32 @@ class AsyncPostgresTx:
 
 
 class NotifyListener:
-    """A dedicated connection LISTENing on ``leaseq_work`` for a set of queues.
+    """A dedicated connection LISTENing on ``leaseq_work`` for a set of queues
+    (and, with ``on_interrupt``, on ``leaseq_interrupt``: see ``notify_interrupt``).
 
     Notifications that arrive between two waits are buffered by the
     connection, so none is missed while the worker is busy.
     """
 
     CHANNEL = "leaseq_work"
+    INTERRUPTS = "leaseq_interrupt"
 
-    def __init__(self, dsn: str, queues: set[str]):
+    def __init__(self, dsn: str, queues: set[str], on_interrupt: Callable[[str], None] | None = None):
         self._queues = queues
+        self._on_interrupt = on_interrupt
         with map_driver_errors():
             self._conn = psycopg.connect(dsn, autocommit=True)
             self._conn.execute(f"LISTEN {self.CHANNEL}")
+            if on_interrupt is not None:
+                self._conn.execute(f"LISTEN {self.INTERRUPTS}")
 
     def wait(self, timeout: float) -> bool:
         try:
             for note in self._conn.notifies(timeout=timeout):
-                if note.payload in self._queues:
+                if note.channel == self.INTERRUPTS:
+                    if self._on_interrupt is not None:
+                        self._on_interrupt(note.payload)
+                elif note.payload in self._queues:
                     return True
         except psycopg.Error as exc:
             raise BackendUnavailable(f"PostgreSQL listener: {str(exc).strip()}") from None
@@ -280,8 +288,8 @@ class PostgresStore:
         """Close the running loop's asyncio pool (the worker does, before its loop ends)."""
         await self._async_pools.close_running()
 
-    def listener(self, queues: set[str]) -> NotifyListener:
-        return NotifyListener(self.dsn, queues)
+    def listener(self, queues: set[str], *, on_interrupt: Callable[[str], None] | None = None) -> NotifyListener:
+        return NotifyListener(self.dsn, queues, on_interrupt)
 
     def task_listener(self, task_id: int) -> TaskNotifications:
         """A waiter woken when task ``task_id`` ends (or parks); see :meth:`leaseq.Queue.wait`."""

@@ -202,7 +202,7 @@ class SqliteStore:
         callers run :meth:`transaction` on a thread instead."""
         raise NotImplementedError("SQLite has no asyncio transactions (capabilities.native_async is False)")
 
-    def listener(self, queues: set[str]) -> SleepingListener:
+    def listener(self, queues: set[str], *, on_interrupt: Callable[[str], None] | None = None) -> SleepingListener:
         return SleepingListener()
 
     def task_listener(self, task_id: int) -> PollingTaskListener:

@@ -106,6 +106,12 @@ FROM leaseq_leader WHERE name = %(name)s;
 -- Wakes idle workers listening for this queue; delivered at commit.
 SELECT pg_notify('leaseq_work', %(queue)s);
 
+-- name: notify_interrupt
+-- guard: none -- ends a worker's waiting claims (it is shutting down); claims nothing
+-- Reaches every service process on the database, delivered at commit: the
+-- one holding the worker's waiting claim may not be the one asked.
+SELECT pg_notify('leaseq_interrupt', %(worker_id)s);
+
 -- name: register_worker
 -- The queue, not the worker, makes the identity: a name plus random suffix.
 INSERT INTO leaseq_workers (id, name)

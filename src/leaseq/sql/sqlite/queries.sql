@@ -69,6 +69,10 @@ FROM leaseq_leader WHERE name = :name;
 -- name: notify_work
 -- no-op: SQLite has no notifications; its workers poll
 
+-- name: notify_interrupt
+-- guard: none -- ends a worker's waiting claims; claims nothing
+-- no-op: SQLite has no notifications; only the process asked ends its waits
+
 -- name: register_worker
 INSERT INTO leaseq_workers (id, name)
 VALUES (:name || '-' || lower(hex(randomblob(6))), :name)
