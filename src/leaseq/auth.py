@@ -43,6 +43,7 @@ import re
 import secrets
 from dataclasses import dataclass
 from datetime import datetime, timezone
+from collections.abc import Generator
 from typing import TYPE_CHECKING, Any
 
 from .core import checks
@@ -175,13 +176,30 @@ def verify_token(q: Queue, token: str | None) -> Principal:
 def check_token(tx: Any, token: str | None) -> Principal:
     """:func:`verify_token` inside an open transaction ``tx`` (the service checks a
     worker's token in the same transaction as the operation it asks for)."""
+    from .engine.drive import drive_in
+
+    return drive_in(tx, token_check(token))
+
+
+async def acheck_token(atx: Any, token: str | None) -> Principal:
+    """:func:`check_token` inside an open asyncio transaction ``atx``."""
+    from .engine.drive import adrive_in
+
+    return await adrive_in(atx, token_check(token))
+
+
+def token_check(token: str | None) -> Generator[Any, Any, Principal]:
+    """The token check, as an operation the engine's drivers run inside an open
+    transaction (:func:`check_token`, :func:`acheck_token`): written once for both."""
+    from .engine.steps import one, rows
+
     if not token:
         raise Unauthorized("missing credential: send 'Authorization: Bearer <token>'")
     m = _TOKEN.fullmatch(token) if isinstance(token, str) and len(token) < 200 else None
     if m is None:
         raise Unauthorized("malformed token: expected lq_<id>_<secret>")
     presented = hash_token(token)
-    row = tx.row("token_get", token_id=m.group(1))
+    row = yield one("token_get", token_id=m.group(1))
     stored = row["secret_hash"] if row is not None else _DUMMY_HASH
     if not hmac.compare_digest(presented, stored) or row is None:
         raise Unauthorized("invalid token", token_id=row["id"] if row is not None else None)
@@ -190,7 +208,7 @@ def check_token(tx: Any, token: str | None) -> Principal:
     if row["expired"]:
         raise Unauthorized(f"token {row['id']} has expired", token_id=row["id"])
     if row.get("touch_due", True):
-        tx.rows("token_touch", token_id=row["id"])
+        yield rows("token_touch", token_id=row["id"])
     return _principal(row)
 
 

@@ -226,7 +226,12 @@ def test_leases_taken_beside_failed_completions_are_given_back(svc, monkeypatch)
     def broken(self: Any, worker: Any, done: Any) -> set[int]:
         raise leaseq.BackendUnavailable("the database went away in the middle of the request")
 
+    async def abroken(self: Any, worker: Any, done: Any) -> set[int]:
+        return broken(self, worker, done)
+
+    # PostgreSQL serves completions on the event loop (acomplete_many), SQLite in a thread
     monkeypatch.setattr(leaseq.Queue, "complete_many", broken)
+    monkeypatch.setattr(leaseq.Queue, "acomplete_many", abroken)
     with pytest.raises(leaseq.BackendUnavailable):
         rq.complete_and_claim(w, [(c, "ok")], limit=3)
     monkeypatch.undo()

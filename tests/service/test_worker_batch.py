@@ -140,13 +140,17 @@ def test_each_worker_request_is_one_transaction_with_the_token_check(svc, monkey
         svc.q.enqueue("job", {"n": i})
     store = svc.q.store
     opened = Counter()
-    real = store.transaction
 
-    def counted(*args: Any, **kwargs: Any) -> Any:
-        opened[threading.current_thread().name] += 1
-        return real(*args, **kwargs)
+    def counting(real: Any) -> Any:
+        def counted(*args: Any, **kwargs: Any) -> Any:
+            opened[threading.current_thread().name] += 1
+            return real(*args, **kwargs)
+        return counted
 
-    monkeypatch.setattr(store, "transaction", counted)
+    # PostgreSQL serves claims and completions on the event loop (atransaction), SQLite in threads
+    monkeypatch.setattr(store, "transaction", counting(store.transaction))
+    if store.capabilities.native_async:
+        monkeypatch.setattr(store, "atransaction", counting(store.atransaction))
 
     def transactions(call: Any) -> int:
         opened.clear()
@@ -174,3 +178,35 @@ def test_a_refused_token_in_the_same_transaction_writes_nothing(svc) -> None:
     with pytest.raises(leaseq.UnknownWorker):
         rq.complete_many(w, [(claim, "late")])
     assert snapshot(svc.dsn) == before
+
+
+def test_claims_and_completions_on_postgresql_never_leave_the_event_loop(svc, monkeypatch) -> None:
+    """On PostgreSQL the worker API's hot path (claim, complete, complete with a claim) runs
+    its transaction on the event loop with the asyncio driver: no blocking transaction, so
+    no thread handing the interpreter lock back and forth at every statement."""
+    if not svc.q.native_async:
+        pytest.skip("SQLite has no asyncio driver: its requests run in threads")
+    rq, w, _ = _worker(svc)
+    for i in range(6):
+        svc.q.enqueue("job", {"n": i})
+    store = svc.q.store
+    blocking: list[str] = []
+    asyncio_side: list[str] = []
+    real, areal = store.transaction, store.atransaction
+
+    def spied(*args: Any, **kwargs: Any) -> Any:
+        blocking.append(threading.current_thread().name)
+        return real(*args, **kwargs)
+
+    def aspied(*args: Any, **kwargs: Any) -> Any:
+        asyncio_side.append(threading.current_thread().name)
+        return areal(*args, **kwargs)
+
+    monkeypatch.setattr(store, "transaction", spied)
+    monkeypatch.setattr(store, "atransaction", aspied)
+    claims = rq.claim(w, limit=2)
+    done, more = rq.complete_and_claim(w, [(c, None) for c in claims], limit=2)
+    assert done == {c.task_id for c in claims} and len(more) == 2
+    assert rq.complete_many(w, [(c, None) for c in more]) == {c.task_id for c in more}
+    assert blocking == [] and len(asyncio_side) == 4
+    assert len(set(asyncio_side)) == 1 and "AnyIO" not in asyncio_side[0]  # the server's own loop thread

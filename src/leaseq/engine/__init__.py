@@ -21,7 +21,7 @@ operation lives:
 
 from . import approvals, dependencies, effects, enqueue, intents, leases, limits, operator, reads, schema, waits
 from .common import Settings
-from .drive import adrive, drive, drive_in
+from .drive import adrive, adrive_in, drive, drive_in
 
-__all__ = ["Settings", "adrive", "approvals", "dependencies", "drive", "drive_in", "effects", "enqueue", "intents",
-           "leases", "limits", "operator", "reads", "schema", "waits"]
+__all__ = ["Settings", "adrive", "adrive_in", "approvals", "dependencies", "drive", "drive_in", "effects", "enqueue",
+           "intents", "leases", "limits", "operator", "reads", "schema", "waits"]

@@ -5,7 +5,7 @@ Both run the same steps the same way (see :mod:`leaseq.engine.steps`):
 asyncio transactions where the backend declares ``native_async``
 (PostgreSQL), else by running :func:`drive` in a thread (sqlite3 has no
 asyncio form). :func:`drive_in` runs an operation inside a transaction the
-caller already holds.
+caller already holds (:func:`adrive_in`, an asyncio one).
 """
 
 from __future__ import annotations
@@ -81,6 +81,29 @@ def drive_in(tx: Tx, op: Op[T]) -> T:
             raise TypeError("drive_in runs steps inside the caller's transaction: the operation may not "
                             "begin or commit one")
         answer = _answer(tx, step)
+
+
+async def adrive_in(atx: Any, op: Op[T]) -> T:
+    """:func:`drive_in` for asyncio code: ``op`` runs inside the caller's open asyncio transaction ``atx``."""
+    answer: Any = None
+    while True:
+        try:
+            step = op.send(answer)
+        except StopIteration as stop:
+            result: T = stop.value
+            return result
+        if type(step) is Rows:
+            answer = await atx.rows(step.query, **step.params)
+        elif type(step) is One:
+            found = await atx.rows(step.query, **step.params)
+            answer = found[0] if found else None
+        elif type(step) is Script:
+            await atx.script(step.sql)
+            answer = None
+        else:
+            op.close()
+            raise TypeError("adrive_in runs steps inside the caller's transaction: the operation may not "
+                            "begin or commit one")
 
 
 async def adrive(store: Store, op: Op[T]) -> T:

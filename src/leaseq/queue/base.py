@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import copy
-from collections.abc import Iterator
+from collections.abc import AsyncIterator, Iterator
 from typing import TYPE_CHECKING, Any, Self
 
 from .. import engine
@@ -146,3 +146,19 @@ class QueueBase:
             view = copy.copy(self)
             view.store = JoinedStore(self.store, tx)  # type: ignore[assignment]
             yield view, tx
+
+    @contextlib.asynccontextmanager
+    async def ajoined(self) -> AsyncIterator[tuple[Self, Any]]:
+        """:meth:`joined` for asyncio code, on the event loop: one asyncio transaction,
+        and a view whose awaited operations (``aclaim``, ``acomplete_many``) all run in
+        it. Only where the backend has an asyncio driver (``native_async``: PostgreSQL).
+        """
+        from ..store.joined import CallerStore
+
+        if not self.native_async:
+            raise TypeError(f"ajoined() needs a backend with an asyncio driver; {self.dialect} has none: "
+                            "use joined() in a thread")
+        async with self.store.atransaction() as atx:
+            view = copy.copy(self)
+            view.store = CallerStore(self.store, atx=atx)
+            yield view, atx

@@ -23,7 +23,7 @@ import re
 import threading
 import time
 from collections import OrderedDict
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar
 
 from fastapi import Depends, Request
@@ -148,10 +148,7 @@ class _TxFacts:
     def worker_token(self, worker_id: str) -> str | None:
         owner = self.access._owners.get(worker_id)
         if owner is None:
-            row = self.tx.row("worker_token", worker_id=worker_id)
-            owner = row["token_id"] if row is not None else None
-            if owner is not None:
-                self.access.remember_worker(worker_id, owner)
+            owner = _owner(self.access, worker_id, self.tx.rows("worker_token", worker_id=worker_id))
         return owner
 
     def token_held_task(self, token_id: str, task_id: int) -> bool:
@@ -174,14 +171,67 @@ def in_one_transaction(request: Request, action: str, worker_id: str, operation:
         try:
             principal = auth.check_token(tx, token)
         except auth.Unauthorized as exc:
-            if charge:
-                access.failed(exc, client_address(request))
+            _refused(request, access, exc, charge)
             raise
-        if charge:
-            access.charge(principal)
-        request.state.principal = principal
-        authz.authorize(principal, action, worker_id=worker_id, queue=queue, facts=_TxFacts(access, tx))
+        _admit(request, access, principal, action, worker_id, queue, _TxFacts(access, tx), charge)
         return operation(view)
+
+
+async def ain_one_transaction(request: Request, action: str, worker_id: str,
+                              operation: Callable[[Queue], Awaitable[T]], *, queue: str | None = None,
+                              charge: bool = True) -> T:
+    """:func:`in_one_transaction` on the event loop, for a backend with an asyncio driver
+    (PostgreSQL): the same checks, in one asyncio transaction with the awaited
+    ``operation(view)``, and no thread between the request and the database."""
+    access: Access = request.app.state.access
+    token = _presented_token(request, access) if charge else bearer_token(request)
+    async with request.app.state.queue.ajoined() as (view, atx):
+        try:
+            principal = await auth.acheck_token(atx, token)
+        except auth.Unauthorized as exc:
+            _refused(request, access, exc, charge)
+            raise
+        owner = access._owners.get(worker_id)
+        if owner is None:
+            owner = _owner(access, worker_id, await atx.rows("worker_token", worker_id=worker_id))
+        _admit(request, access, principal, action, worker_id, queue, _Known(owner), charge)
+        return await operation(view)
+
+
+def _owner(access: Access, worker_id: str, found: list[dict[str, Any]]) -> str | None:
+    """The token that registered ``worker_id``, from its ``worker_token`` rows (remembered)."""
+    owner: str | None = found[0]["token_id"] if found else None
+    if owner is not None:
+        access.remember_worker(worker_id, owner)
+    return owner
+
+
+def _refused(request: Request, access: Access, exc: auth.Unauthorized, charge: bool) -> None:
+    """A refused credential counts against the failed-authentication limit (once a request)."""
+    if charge:
+        access.failed(exc, client_address(request))
+
+
+def _admit(request: Request, access: Access, principal: auth.Principal, action: str, worker_id: str,
+           queue: str | None, facts: Any, charge: bool) -> None:
+    """Charge a valid credential to its rate bucket (once a request) and authorize ``action``."""
+    if charge:
+        access.charge(principal)
+    request.state.principal = principal
+    authz.authorize(principal, action, worker_id=worker_id, queue=queue, facts=facts)
+
+
+class _Known:
+    """:class:`leaseq.authz.Facts` for a worker action, the worker's token already looked up."""
+
+    def __init__(self, owner: str | None):
+        self.owner = owner
+
+    def worker_token(self, worker_id: str) -> str | None:
+        return self.owner
+
+    def token_held_task(self, token_id: str, task_id: int) -> bool:  # pragma: no cover - no worker action asks
+        raise TypeError("a worker action's facts hold the worker's token only")
 
 
 def _presented_token(request: Request, access: Access) -> str | None:

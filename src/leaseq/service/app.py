@@ -246,6 +246,7 @@ def create_app(queue: Queue, settings: ServiceSettings | None = None, **options:
         finally:
             work_signal.close()
             maintenance.stop()
+            await queue.close_async()  # the asyncio pool the worker API's hot path opened on this loop
 
     app = FastAPI(title="leaseq", version=__version__, lifespan=lifespan, redoc_url=None,
                   docs_url="/docs" if settings.docs else None,

@@ -5,7 +5,10 @@ the caller's token (:func:`in_one_transaction`): the token, the worker's
 link to it and the operation commit together, in one round trip from the
 worker. The operations are :class:`leaseq.Queue`'s own, run on a joined
 view (:meth:`leaseq.Queue.joined`), so every lease guard applies per task
-exactly as on the direct path; nothing here decides a lease question.
+exactly as on the direct path; nothing here decides a lease question. On
+PostgreSQL, claims and completions run on the event loop with the asyncio
+driver (:func:`ain_one_transaction`, :meth:`leaseq.Queue.ajoined`: the same
+checks and the same operations, awaited); elsewhere, in a thread.
 
 * ``claim`` leases up to ``limit`` tasks and may wait (``wait`` seconds,
   capped by the service) for work to arrive: woken by LISTEN/NOTIFY on
@@ -48,7 +51,7 @@ from ..core.errors import InvalidInput, LeaseLost, LeaseqError, NotFound
 from ..core.model import Claim, Claims, Task
 from ..engine.leases import check_kinds
 from ..queue import Queue
-from .access import in_one_transaction
+from .access import ain_one_transaction, in_one_transaction
 from .metrics import ServiceMetrics, span
 from .wakeups import WorkSignal
 from .wire import to_json
@@ -76,6 +79,22 @@ def _metrics(request: Request) -> ServiceMetrics:
 def _signal(request: Request) -> WorkSignal:
     signal: WorkSignal = request.app.state.work_signal
     return signal
+
+
+async def _serve(request: Request, action: str, worker_id: str, op: str, *args: Any, scope: str | None = None,
+                 charge: bool = True, **params: Any) -> Any:
+    """``view.<op>(*args, **params)`` of :class:`leaseq.Queue` in the request's one transaction
+    with its token check: awaited on the event loop where the backend has an asyncio
+    driver (PostgreSQL: ``a<op>``, :func:`ain_one_transaction`), else in a thread.
+    Under load, threads that hand the interpreter lock back and forth at every statement
+    cost a request more than its SQL (measured: 418 µs of CPU a transaction against 159).
+    ``scope``: the queue the action is authorized for."""
+    if request.app.state.queue.native_async:
+        return await ain_one_transaction(request, action, worker_id,
+                                         lambda view: getattr(view, "a" + op)(*args, **params),
+                                         queue=scope, charge=charge)
+    return await run_in_threadpool(in_one_transaction, request, action, worker_id,
+                                   lambda view: getattr(view, op)(*args, **params), queue=scope, charge=charge)
 
 
 def _refusal(task_id: int, generation: int, reason: str) -> dict[str, Any]:
@@ -109,10 +128,6 @@ async def claim(body: ClaimBody, request: Request, worker_id: str = WorkerId) ->
     wait = min(body.wait, request.app.state.settings.claim_wait_limit)
     deadline = time.monotonic() + wait
 
-    def attempt(view: Queue) -> list[Claim]:
-        return view.claim(worker_id, queue=body.queue, limit=body.limit, lease_seconds=body.lease_seconds,
-                          kinds=body.kinds)
-
     with signal.waiter(body.queue, worker_id) as waiter:
         attempts = 0
         while True:
@@ -120,8 +135,9 @@ async def claim(body: ClaimBody, request: Request, worker_id: str = WorkerId) ->
             # Every attempt checks the token again (it may have been revoked meanwhile);
             # only the first is charged to the token's rate bucket: the request is one.
             with span("leaseq.claim", queue=body.queue, worker_id=worker_id, limit=body.limit):
-                claims = await run_in_threadpool(in_one_transaction, request, "claim", worker_id, attempt,
-                                                 queue=body.queue, charge=attempts == 0)
+                claims = await _serve(request, "claim", worker_id, "claim", worker_id, scope=body.queue,
+                                      charge=attempts == 0, queue=body.queue, limit=body.limit,
+                                      lease_seconds=body.lease_seconds, kinds=body.kinds)
             attempts += 1
             metrics.claim_latency.observe(time.perf_counter() - started)
             left = deadline - time.monotonic()
@@ -227,16 +243,14 @@ async def complete_many(body: CompleteManyBody, request: Request, worker_id: str
         except InvalidInput as exc:
             raise InvalidInput(f"claim.{exc.field}", exc.problem) from None
     done = [(_claim(worker_id, t.task_id, t.generation), t.result) for t in body.tasks]
-    completing = run_in_threadpool(in_one_transaction, request, "complete", worker_id,
-                                   lambda view: view.complete_many(worker_id, done))
+    completing = _serve(request, "complete", worker_id, "complete_many", worker_id, done)
     claimed: dict[str, Any] = {}
     if more is None:
         completed = await completing
     else:
         # The claim runs beside the completions, each in its own transaction: the
         # answer waits for the longer of the two, not for both one after the other.
-        outcomes = await asyncio.gather(completing, run_in_threadpool(_claim_more, request, worker_id, more),
-                                        return_exceptions=True)
+        outcomes = await asyncio.gather(completing, _claim_more(request, worker_id, more), return_exceptions=True)
         ended, beside = outcomes
         if isinstance(beside, BaseException):  # not an Exception: _claim_more reports those
             raise beside
@@ -257,18 +271,15 @@ async def complete_many(body: CompleteManyBody, request: Request, worker_id: str
     return _json({"completed": sorted(completed), "refused": refused, **claimed})
 
 
-def _claim_more(request: Request, worker_id: str, more: ClaimMore) -> tuple[list[Claim], dict[str, Any]]:
+async def _claim_more(request: Request, worker_id: str, more: ClaimMore) -> tuple[list[Claim], dict[str, Any]]:
     """The claim asked for with completions, in a transaction of its own: the leases, and the
     answer's part for them. Its refusal or failure is reported there, never raised."""
     started = time.perf_counter()
-
-    def attempt(view: Queue) -> list[Claim]:
-        return view.claim(worker_id, queue=more.queue, limit=more.limit, lease_seconds=more.lease_seconds,
-                          kinds=more.kinds)
-
     try:
         with span("leaseq.claim", queue=more.queue, worker_id=worker_id, limit=more.limit):
-            claims = in_one_transaction(request, "claim", worker_id, attempt, queue=more.queue, charge=False)
+            claims = await _serve(request, "claim", worker_id, "claim", worker_id, scope=more.queue, charge=False,
+                                  queue=more.queue, limit=more.limit, lease_seconds=more.lease_seconds,
+                                  kinds=more.kinds)
     except Exception as exc:  # the worker's own claim meets it again, and decides
         code = exc.code if isinstance(exc, LeaseqError) else "internal_error"
         logger.info("worker %s: claim with completions failed: %r", worker_id, exc)

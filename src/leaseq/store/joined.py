@@ -61,13 +61,14 @@ class JoinedStore:
 
 
 class CallerStore(JoinedStore):
-    """Wraps ``store``; every transaction is the application's own open one.
+    """Wraps ``store``; every transaction is the caller's own open one.
 
     ``enqueue(..., connection=conn)`` runs through it: the statements run on
     the caller's connection, in the caller's transaction, and nothing is
     committed here, so the task exists only if the caller commits (the
     outbox pattern). ``tx`` for blocking code; ``atx`` for asyncio code
-    (then the operation is awaited on the event loop).
+    (then the operation is awaited on the event loop), as
+    :meth:`leaseq.Queue.ajoined` hands it out.
     """
 
     def __init__(self, store: Store, tx: Tx | None = None, atx: Any = None):
