@@ -104,6 +104,20 @@ def spawn(processes: list[subprocess.Popen], args: list[str], log: Path, **optio
     return proc
 
 
+def ledger_jobs(q: leaseq.Queue, tmp_path: Path) -> tuple[Path, Path]:
+    """The handlers' module (replica_jobs.py) writing to a fresh downstream ledger, and a
+    worker token file: ``(ledger, token_file)``."""
+    ledger = tmp_path / "ledger.db"
+    with sqlite3.connect(ledger) as db:
+        db.execute("CREATE TABLE runs (task_id INTEGER NOT NULL, generation INTEGER NOT NULL)")
+    (tmp_path / "replica_jobs.py").write_text(HANDLERS.format(ledger=str(ledger)))
+    token, _ = auth.create_token(q, name="replica-workers", role="worker", created_by="test")
+    token_file = tmp_path / "worker.token"
+    token_file.write_text(token)
+    token_file.chmod(0o600)
+    return ledger, token_file
+
+
 def health(url: str) -> dict | None:
     try:
         return httpx.get(f"{url}/healthz", timeout=2).json()
@@ -131,14 +145,7 @@ def test_a_replica_killed_under_load_loses_and_doubles_nothing(pg_schema_dsn: st
     dsn = pg_schema_dsn
     q = leaseq.connect(dsn)
     q.migrate()
-    ledger = tmp_path / "ledger.db"
-    with sqlite3.connect(ledger) as db:
-        db.execute("CREATE TABLE runs (task_id INTEGER NOT NULL, generation INTEGER NOT NULL)")
-    (tmp_path / "replica_jobs.py").write_text(HANDLERS.format(ledger=str(ledger)))
-    token, _ = auth.create_token(q, name="replica-workers", role="worker", created_by="test")
-    token_file = tmp_path / "worker.token"
-    token_file.write_text(token)
-    token_file.chmod(0o600)
+    ledger, token_file = ledger_jobs(q, tmp_path)
 
     args = ("--public-metrics", "--leader-lease", LEADER_LEASE, "--sweep-every", "0.3s")
     a = Service(dsn, free_port(), tmp_path / "a.log", args).start()

@@ -32,7 +32,7 @@ from leaseq.client import RemoteQueue
 from leaseq_chaos.pgserver import free_port
 
 from .support import ROOT, Service, wait_for
-from .test_replicas import HANDLERS, processes, spawn  # noqa: F401 - processes is a fixture
+from .test_replicas import ledger_jobs, processes, spawn  # noqa: F401 - processes is a fixture
 
 TASKS = 200
 
@@ -78,14 +78,7 @@ def test_a_serving_process_killed_under_load_is_replaced_and_loses_nothing(
     dsn = pg_schema_dsn
     q = leaseq.connect(dsn)
     q.migrate()
-    ledger = tmp_path / "ledger.db"
-    with sqlite3.connect(ledger) as db:
-        db.execute("CREATE TABLE runs (task_id INTEGER NOT NULL, generation INTEGER NOT NULL)")
-    (tmp_path / "replica_jobs.py").write_text(HANDLERS.format(ledger=str(ledger)))
-    token, _ = auth.create_token(q, name="workers", role="worker", created_by="test")
-    token_file = tmp_path / "worker.token"
-    token_file.write_text(token)
-    token_file.chmod(0o600)
+    ledger, token_file = ledger_jobs(q, tmp_path)
 
     service = Service(dsn, free_port(), tmp_path / "service.log",
                       ("--processes", "2", "--public-metrics", "--leader-lease", "1s", "--sweep-every", "0.3s"))

@@ -4,14 +4,21 @@ a follow-up that waits for them; the follow-up reads their results with
 
 from __future__ import annotations
 
+import threading
+
 import leaseq
 
 from .conftest import wait_for
 
 
 def test_a_handler_fans_out_and_a_follow_up_gathers_the_results(app: leaseq.App, start_worker) -> None:
+    # The squares finish only once the follow-up is enqueued: otherwise a fast worker may
+    # complete them all first, and the follow-up, with nothing left to wait for, never waits.
+    follow_up_enqueued = threading.Event()
+
     @app.task("square")
     def square(ctx, n: int) -> int:
+        assert follow_up_enqueued.wait(30)
         return n * n
 
     @app.task("total")
@@ -23,6 +30,7 @@ def test_a_handler_fans_out_and_a_follow_up_gathers_the_results(app: leaseq.App,
     def plan(ctx, upto: int) -> list[int]:
         parts = [square.enqueue(n=n).id for n in range(1, upto + 1)]
         total.options(after=parts).enqueue(label="squares")
+        follow_up_enqueued.set()
         return parts
 
     @app.task("pick")
