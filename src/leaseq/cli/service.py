@@ -196,6 +196,7 @@ def _serve_processes(ctx: click.Context, processes: int, options: dict[str, Any]
     import logging
 
     import uvicorn
+    from uvicorn.config import STARTUP_FAILURE
     from uvicorn.supervisors import Multiprocess
 
     from ..service.app import server_options
@@ -224,10 +225,14 @@ def _serve_processes(ctx: click.Context, processes: int, options: dict[str, Any]
     finally:
         quiet.disabled = False
     say(_listening(sock.getsockname(), dialect, processes), err=True)
+    supervisor = Multiprocess(config, sockets=[sock])
     try:
-        Multiprocess(config, sockets=[sock]).run()
+        supervisor.run()
     finally:
         sock.close()
+    if any(p.exitcode == STARTUP_FAILURE for p in supervisor.processes):
+        # uvicorn stops the group when a process fails before serving (it would fail the same way again)
+        raise CliError("processes", "a serving process failed to start (its error is logged above)", exit_code=1)
 
 
 def process_app() -> Any:
@@ -238,12 +243,23 @@ def process_app() -> Any:
     from ..queue import connect
     from ..service import create_app
 
+    from uvicorn.config import STARTUP_FAILURE
+
+    from ..core.errors import BackendUnavailable
+
     spec = json.loads(os.environ[PROCESS_SETTINGS_ENV])
     _stop_with_supervisor()
-    service_logging(level=spec["log_level"], fmt=spec["log_format"])
-    queue = connect(spec["dsn"])
-    atexit.register(queue.close)
-    return create_app(queue, **spec["options"])
+    log = service_logging(level=spec["log_level"], fmt=spec["log_format"])
+    try:
+        queue = connect(spec["dsn"])
+        atexit.register(queue.close)
+        return create_app(queue, **spec["options"])
+    except BackendUnavailable:
+        raise  # the database may come back: the supervisor starts the process again
+    except Exception:
+        # Anything else would fail the same way in every process: the supervisor stops the group.
+        log.exception("a serving process could not start")
+        sys.exit(STARTUP_FAILURE)
 
 
 def _stop_with_supervisor() -> None:
