@@ -16,7 +16,12 @@ where ids start at 1 in every schema) and advisory locks. Tests marked
 
 from __future__ import annotations
 
+import asyncio
+import faulthandler
+import gc
 import os
+import sys
+import threading
 import uuid
 from collections.abc import Iterator
 from urllib.parse import quote, urlsplit, urlunsplit
@@ -122,3 +127,42 @@ def q(dsn: str) -> Iterator[leaseq.Queue]:
         yield queue
     finally:
         queue.close()
+
+
+#: A test running longer than this (seconds) is taken for hung: its process prints every
+#: thread's stack and every running event loop's tasks, then exits, so a hang fails the run
+#: at once with what it waited on, rather than running out CI's time with nothing to read.
+HANG_SECONDS = float(os.environ.get("LEASEQ_TEST_HANG_SECONDS",
+                                    "3600" if os.environ.get("LEASEQ_CHAOS_LONG") else "600"))
+
+
+@pytest.fixture(autouse=True)
+def _hang_watchdog(request: pytest.FixtureRequest) -> Iterator[None]:
+    finished = threading.Event()
+
+    def watch() -> None:
+        if finished.wait(HANG_SECONDS):
+            return
+        capture = request.config.pluginmanager.getplugin("capturemanager")
+        if capture is not None:
+            capture.suspend_global_capture(in_=False)
+        out = sys.__stderr__
+        print(f"\n!!! {request.node.nodeid} still running after {HANG_SECONDS:.0f}s: taken for hung", file=out)
+        faulthandler.dump_traceback(file=out, all_threads=True)
+        for loop in [o for o in gc.get_objects() if isinstance(o, asyncio.AbstractEventLoop) and o.is_running()]:
+            for task in asyncio.all_tasks(loop):
+                print(f"--- {task.get_name()}, awaiting:", file=out)
+                awaited: object = task.get_coro()
+                while awaited is not None:  # the whole chain of awaits, innermost last
+                    frame = getattr(awaited, "cr_frame", None) or getattr(awaited, "gi_frame", None)
+                    if frame is None:
+                        print(f"    {awaited!r}", file=out)
+                        break
+                    print(f"    {frame.f_code.co_filename}:{frame.f_lineno} in {frame.f_code.co_name}", file=out)
+                    awaited = getattr(awaited, "cr_await", None) or getattr(awaited, "gi_yieldfrom", None)
+        out.flush()
+        os._exit(3)
+
+    threading.Thread(target=watch, name="test-hang-watchdog", daemon=True).start()
+    yield
+    finished.set()
