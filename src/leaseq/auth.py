@@ -43,7 +43,6 @@ import re
 import secrets
 from dataclasses import dataclass
 from datetime import datetime, timezone
-from collections.abc import Generator
 from typing import TYPE_CHECKING, Any
 
 from .core import checks
@@ -54,6 +53,7 @@ from .core.errors import AccessDenied as AccessDenied, RateLimited as RateLimite
 from .core.errors import InvalidInput, NotFound
 
 if TYPE_CHECKING:  # pragma: no cover
+    from .engine.steps import Op
     from .queue import Queue
 
 ROLES = ("worker", "viewer", "operator", "admin")
@@ -188,7 +188,7 @@ async def acheck_token(atx: Any, token: str | None) -> Principal:
     return await adrive_in(atx, token_check(token))
 
 
-def token_check(token: str | None) -> Generator[Any, Any, Principal]:
+def token_check(token: str | None) -> Op[Principal]:
     """The token check, as an operation the engine's drivers run inside an open
     transaction (:func:`check_token`, :func:`acheck_token`): written once for both."""
     from .engine.steps import one, rows

@@ -83,6 +83,17 @@ def drive_in(tx: Tx, op: Op[T]) -> T:
         answer = _answer(tx, step)
 
 
+async def _aanswer(atx: Any, step: Any) -> Any:
+    """:func:`_answer` for an asyncio transaction (whose ``rows`` and ``script`` are awaited)."""
+    if type(step) is Script:
+        await atx.script(step.sql)
+        return None
+    found = await atx.rows(step.query, **step.params)
+    if type(step) is One:
+        return found[0] if found else None
+    return found
+
+
 async def adrive_in(atx: Any, op: Op[T]) -> T:
     """:func:`drive_in` for asyncio code: ``op`` runs inside the caller's open asyncio transaction ``atx``."""
     answer: Any = None
@@ -92,18 +103,11 @@ async def adrive_in(atx: Any, op: Op[T]) -> T:
         except StopIteration as stop:
             result: T = stop.value
             return result
-        if type(step) is Rows:
-            answer = await atx.rows(step.query, **step.params)
-        elif type(step) is One:
-            found = await atx.rows(step.query, **step.params)
-            answer = found[0] if found else None
-        elif type(step) is Script:
-            await atx.script(step.sql)
-            answer = None
-        else:
+        if type(step) is Begin or type(step) is Commit:
             op.close()
             raise TypeError("adrive_in runs steps inside the caller's transaction: the operation may not "
                             "begin or commit one")
+        answer = await _aanswer(atx, step)
 
 
 async def adrive(store: Store, op: Op[T]) -> T:
@@ -128,22 +132,10 @@ async def adrive(store: Store, op: Op[T]) -> T:
                 return None  # type: ignore[return-value]
             raise
         answer = error = None
-        if type(step) is Rows or type(step) is One:
+        if type(step) is Rows or type(step) is One or type(step) is Script:
             try:
-                answer = await tx.rows(step.query, **step.params)
-                if type(step) is One:
-                    answer = answer[0] if answer else None
+                answer = await _aanswer(tx, step)
             except BaseException as exc:  # includes cancellation: the transaction is rolled back
-                ending, cm, tx = cm, None, None
-                try:
-                    await ending.__aexit__(type(exc), exc, exc.__traceback__)
-                    error = exc
-                except BaseException as mapped:
-                    error = mapped
-        elif type(step) is Script:
-            try:
-                await tx.script(step.sql)
-            except BaseException as exc:
                 ending, cm, tx = cm, None, None
                 try:
                     await ending.__aexit__(type(exc), exc, exc.__traceback__)

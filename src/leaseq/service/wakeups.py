@@ -22,8 +22,9 @@ from __future__ import annotations
 import asyncio
 import logging
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from typing import Any
 
 from ..queue import Queue
 
@@ -111,11 +112,15 @@ class WorkSignal:
 
     def wake(self, queue: str | None = None) -> None:
         """Wake the claims waiting on ``queue`` (None: every queue). Callable from any thread."""
+        self._on_loop(self._wake, queue)
+
+    def _on_loop(self, fn: Callable[..., object], *args: Any) -> None:
+        """Run ``fn(*args)`` on the waiting claims' loop, if any claim waits (from any thread)."""
         loop = self._loop
         if loop is None or loop.is_closed() or not self._waiters:
             return
         try:
-            loop.call_soon_threadsafe(self._wake, queue)
+            loop.call_soon_threadsafe(fn, *args)
         except RuntimeError:  # the loop closed meanwhile
             pass
 
@@ -137,13 +142,7 @@ class WorkSignal:
 
     def _heard_interrupt(self, worker_id: str) -> None:
         """Another process (or this one) was asked to end ``worker_id``'s waits (listener thread)."""
-        loop = self._loop
-        if loop is None or loop.is_closed():
-            return
-        try:
-            loop.call_soon_threadsafe(self.interrupt, worker_id)
-        except RuntimeError:  # the loop closed meanwhile
-            pass
+        self._on_loop(self.interrupt, worker_id)
 
     # -- the shared listener ------------------------------------------------------
 
