@@ -109,6 +109,10 @@ def test_over_http_the_traceparent_header_carries_the_trace(q, spans):
             runtime = app.worker(transport=remote, concurrency=2, poll_interval=0.05, name="remote-traced")
             stats = asyncio.run(runtime.run(until_idle=True))
             assert stats.completed == 1
+            # the service's own span of each claim request, named for the worker that asked
+            served = [s for s in spans.get_finished_spans() if s.instrumentation_scope.name == "leaseq.service"]
+            claims = [s for s in served if s.name == "leaseq.claim"]
+            assert claims and {s.attributes["worker_id"] for s in claims} == {runtime.worker.id}
             chain = one_trace(spans.get_finished_spans(), task.id)
             assert chain["claim"].parent.span_id == client_side[0].context.span_id
             assert chain["run"].context.trace_id == request.get_span_context().trace_id

@@ -47,7 +47,7 @@ TRACER_NAME = "leaseq"
 F = TypeVar("F", bound=Callable[..., Any])
 
 
-def _api() -> Any:
+def api() -> Any:
     """``opentelemetry.trace`` when spans would go somewhere, else None.
 
     Not imported here: an application that traces has imported it already.
@@ -64,7 +64,7 @@ def _api() -> Any:
 
 def enabled() -> bool:
     """Whether spans are made: OpenTelemetry is imported and a tracer provider is set."""
-    return _api() is not None
+    return api() is not None
 
 
 def _tracer() -> Any:
@@ -115,7 +115,7 @@ def start_attempt(ctx: TaskContext, worker_id: str, claim_sent: float) -> contex
     handler's asyncio task (so spans the handler makes nest under the run), or
     None without OpenTelemetry.
     """
-    trace = _api()
+    trace = api()
     if trace is None:
         return None
     from opentelemetry import context as otel_context
@@ -222,7 +222,7 @@ def traced_enqueue(fn: F) -> F:
     caller's side, naming the task it created; the task carries the span's trace context."""
     @functools.wraps(fn)
     def enqueue(self: Any, kind: str, *args: Any, **kwargs: Any) -> Any:
-        trace = _api()
+        trace = api()
         if trace is None:
             return fn(self, kind, *args, **kwargs)
         with _enqueue_span(trace, kind, kwargs) as span:
@@ -237,7 +237,7 @@ def atraced_enqueue(fn: F) -> F:
     """:func:`traced_enqueue` for an ``async def enqueue``."""
     @functools.wraps(fn)
     async def enqueue(self: Any, kind: str, *args: Any, **kwargs: Any) -> Any:
-        trace = _api()
+        trace = api()
         if trace is None:
             return await fn(self, kind, *args, **kwargs)
         with _enqueue_span(trace, kind, kwargs) as span:
