@@ -47,13 +47,13 @@ async def main(system_name: str, dsn: str, options: WorkerOptions) -> Control:
     runner = await get(system_name).open_worker(dsn, control)
     go = threading.Event()
     threading.Thread(target=_read_commands, args=(control, go), daemon=True).start()
-    print("READY", flush=True)
+    _say("READY")
     await asyncio.to_thread(go.wait)
     if not control.stop.is_set():
         await runner.run()
         # Stay connected until told: the orchestrator reads our database
         # backends' CPU time, which vanishes with the connections.
-        print("DONE", flush=True)
+        _say("DONE")
         await control.stop.wait()
     await runner.close()
     return control
@@ -61,6 +61,17 @@ async def main(system_name: str, dsn: str, options: WorkerOptions) -> Control:
 
 _reported = threading.Lock()
 _printed = threading.Event()
+
+
+_writing = threading.Lock()
+
+
+def _say(line: str) -> None:
+    """One line to the orchestrator in one write: print() writes the text and its newline
+    apart, so a DONE from the loop and a RESULT from the reader thread could share a line."""
+    with _writing:
+        sys.stdout.write(line + "\n")
+        sys.stdout.flush()
 
 
 def report(control: Control) -> None:
@@ -71,7 +82,7 @@ def report(control: Control) -> None:
     reader thread (a daemon) halfway through printing it after ``EXIT``.
     """
     if _reported.acquire(blocking=False):
-        print("RESULT " + json.dumps(result(control)), flush=True)
+        _say("RESULT " + json.dumps(result(control)))
         _printed.set()
     else:
         _printed.wait(10)
@@ -103,7 +114,9 @@ def cli() -> None:
     parser.add_argument("--target", type=int, default=0)
     args = parser.parse_args()
     logging.basicConfig(level=logging.WARNING)
-    control = asyncio.run(main(args.system, args.dsn, WorkerOptions(args.mode, args.concurrency, args.target,
+    import os
+    runner = __import__('uvloop').run if os.environ.get('BENCH_UVLOOP') else asyncio.run
+    control = runner(main(args.system, args.dsn, WorkerOptions(args.mode, args.concurrency, args.target,
                                                                             args.io_seconds, args.lease_seconds)))
     report(control)
 

@@ -1,10 +1,11 @@
 """Completions that lease the next tasks in the same request (``claim_with_completion``).
 
-A batch of completions may ask for more work: beside the completions, a
-transaction of its own (the token checked again, the claim authorized for its
-queue) leases up to ``claim.limit`` tasks. The claim's refusal or failure
-never undoes the completions; failed completions give the claim's leases
-back; bad input refuses the whole request and changes nothing. A remote worker uses it to refill the slots a batch frees:
+A batch of completions may ask for more work: after the completions, in
+their transaction (the claim authorized for its queue), up to ``claim.limit``
+tasks are leased; where that claim could wait for a lock out of order, in a
+transaction of its own after their commit. The claim's refusal or failure
+never undoes the completions; failed completions take the claim with them;
+bad input refuses the whole request and changes nothing. A remote worker uses it to refill the slots a batch frees:
 one request per batch instead of a completion and then a claim.
 """
 
@@ -17,6 +18,7 @@ from typing import Any
 import pytest
 
 import leaseq
+from leaseq import engine
 from leaseq.client import RemoteQueue
 from leaseq.worker import WorkerRuntime
 
@@ -216,34 +218,110 @@ def test_a_service_that_refuses_the_claim_field_is_completed_plainly(svc, monkey
     assert rq.calls["complete_and_claim"] == 1  # asked once, then never again
 
 
-def test_leases_taken_beside_failed_completions_are_given_back(svc, monkeypatch) -> None:
-    # The claim runs beside the completions; when the completions fail, no answer will
-    # hand its leases over, so the service gives them back before answering the error.
+def test_completions_that_fail_take_the_claim_with_them(svc, monkeypatch) -> None:
+    # The claim runs after the completions in their transaction: when the completions
+    # fail, it rolls back too, and no lease is left that no answer hands over.
     rq, w, _ = _worker(svc)
     ids = [svc.q.enqueue("job", {"n": i}).id for i in range(4)]
     [c] = rq.claim(w)
 
-    def broken(self: Any, worker: Any, done: Any) -> set[int]:
+    def broken(*args: Any, **kwargs: Any) -> Any:
         raise leaseq.BackendUnavailable("the database went away in the middle of the request")
+        yield  # an operation
 
-    async def abroken(self: Any, worker: Any, done: Any) -> set[int]:
-        return broken(self, worker, done)
-
-    # PostgreSQL serves completions on the event loop (acomplete_many), SQLite in a thread
-    monkeypatch.setattr(leaseq.Queue, "complete_many", broken)
-    monkeypatch.setattr(leaseq.Queue, "acomplete_many", abroken)
+    monkeypatch.setattr(engine.leases, "_complete_many", broken)
     with pytest.raises(leaseq.BackendUnavailable):
         rq.complete_and_claim(w, [(c, "ok")], limit=3)
     monkeypatch.undo()
     assert svc.q.get(c.task_id).status == "running"  # its completion was not written: the worker retries it
     for i in ids:
-        if i == c.task_id:
-            continue
-        task = svc.q.get(i)
-        assert (task.status, task.lease_owner) == ("queued", None), task
-        reasons = [e.detail.get("reason", "") for e in svc.q.events(i) if e.type == "lease_released"]
-        assert reasons and "handed over" in reasons[-1], svc.q.events(i)
+        if i != c.task_id:
+            task = svc.q.get(i)
+            assert (task.status, task.lease_owner, task.attempts) == ("queued", None, 0), task  # never leased
     assert rq.complete_and_claim(w, [(c, "ok")], limit=3)[0] == {c.task_id}  # the retry goes through
+
+
+def test_a_claim_that_fails_after_the_completions_leaves_them_written(svc, monkeypatch) -> None:
+    # The claim's statement fails inside the completions' transaction: it rolls back,
+    # the completions are written again on their own, and the answer reports the claim.
+    rq, w, token = _worker(svc)
+    ids = [svc.q.enqueue("job", {"n": i}).id for i in range(3)]
+    [c] = rq.claim(w)
+    tried: list[bool] = []
+
+    def broken(*args: Any, **kwargs: Any) -> Any:
+        tried.append(True)
+        raise leaseq.BackendUnavailable("the claim statement failed")
+        yield  # an operation
+
+    monkeypatch.setattr(engine.leases, "_claim", broken)
+    body = {"tasks": [{"task_id": c.task_id, "generation": c.generation, "result": 1}], "claim": {"limit": 5}}
+    with svc.http(token) as http:
+        resp = http.post(f"/v1/workers/{w.id}/complete", json=body)
+    monkeypatch.undo()
+    assert tried and resp.status_code == 200, resp.text
+    data = resp.json()
+    assert data["completed"] == [c.task_id] and data["claims"] == [], data
+    assert data["claim_error"]["code"] == leaseq.BackendUnavailable.code, data
+    assert svc.q.get(c.task_id).status == "completed"
+    assert [e.type for e in svc.q.events(c.task_id)].count("completed") == 1  # written once, not twice
+    assert {svc.q.get(i).status for i in ids if i != c.task_id} == {"queued"}
+
+
+def test_completions_that_give_limit_slots_back_claim_in_a_transaction_of_their_own(svc) -> None:
+    # The claim then follows the completions' commit: still answered with them.
+    svc.q.set_limit("model-api", max_running=2, by="test")
+    rq, w, _ = _worker(svc)
+    for i in range(4):
+        svc.q.enqueue("job", {"n": i}, limits=["model-api"])
+    first = rq.claim(w, limit=5)
+    assert len(first) == 2  # the limit's two slots
+    done, more = rq.complete_and_claim(w, [(c, None) for c in first], limit=5)
+    assert done == {c.task_id for c in first} and len(more) == 2  # the slots the completions freed
+    assert svc.q.limits()[0]["running"] == 2
+
+
+def test_racing_completions_and_claims_under_shared_limits_never_deadlock(svc) -> None:
+    # Workers complete tasks that hold limit slots and, in the same request, claim tasks
+    # that need other limits too. Were the claim to run in the completions' transaction,
+    # it would take limit rows after the completions locked theirs, out of key order,
+    # against another request's claim taking them in order: PostgreSQL's deadlock detector
+    # would break the cycle (a second's wait, then an error) and count it.
+    if svc.q.store.dialect != "postgres":
+        pytest.skip("SQLite runs one write transaction at a time: no row lock is ever waited for")
+    for key in ("a", "b", "c"):
+        svc.q.set_limit(key, max_running=50, by="test")
+    shapes = [["a", "b", "c"], ["c"], ["b"], ["a", "c"], ["b", "c"]]
+    for i, shape in enumerate(shapes):
+        svc.q.enqueue_many("job", [{"n": n} for n in range(i, 1500, len(shapes))], limits=shape)
+    before = _deadlocks(svc.dsn)
+    errors: list[Any] = []
+
+    def work() -> None:
+        try:
+            rq, w, _ = _worker(svc, name=f"racer-{threading.get_ident()}")
+            held = rq.claim(w, limit=4)
+            while held:
+                _, held = rq.complete_and_claim(w, [(c, None) for c in held], limit=4)
+        except Exception as exc:  # pragma: no cover - reported below
+            errors.append(exc)
+
+    threads = [threading.Thread(target=work) for _ in range(12)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(120)
+    assert not errors, errors
+    assert {t.status for t in svc.q.list_tasks(limit=2000)} == {"completed"}
+    assert _deadlocks(svc.dsn) == before
+
+
+def _deadlocks(dsn: str) -> int:
+    import psycopg
+
+    with psycopg.connect(dsn) as conn:
+        return int(conn.execute("SELECT deadlocks FROM pg_stat_database WHERE datname = current_database()")
+                   .fetchone()[0])
 
 
 def test_a_refused_token_counts_once_against_the_failed_authentication_limit(svc, monkeypatch) -> None:

@@ -51,6 +51,15 @@ def _settled(found: list[dict[str, Any]]) -> bool:
 def claim(s: Settings, worker: Worker | str, *, queue: str = "default", limit: int = 1,
           lease_seconds: float | None = None, kinds: Iterable[str] | None = None) -> Op[Claims]:
     """:meth:`leaseq.Queue.claim`."""
+    out = yield from _claim(s, worker, queue=queue, limit=limit, lease_seconds=lease_seconds, kinds=kinds)
+    assert out is not None  # only a fast-path-only claim leaves the answer open
+    return out
+
+
+def _claim(s: Settings, worker: Worker | str, *, queue: str = "default", limit: int = 1,
+           lease_seconds: float | None = None, kinds: Iterable[str] | None = None,
+           fast_only: bool = False) -> Op[Claims | None]:
+    """The claim; ``fast_only``: None where its one-statement fast path cannot settle it."""
     wid = worker_id(worker)
     checks.check_name("queue", queue)
     checks.check_int("limit", limit, minimum=1, maximum=10_000)
@@ -67,6 +76,8 @@ def claim(s: Settings, worker: Worker | str, *, queue: str = "default", limit: i
     # PostgreSQL's statement answers how long an empty rate bucket needs (every row says it)
     wait = found[0].get("limit_wait") if found else None
     if not claimed and not _settled(found):
+        if fast_only:
+            return None
         # Slow path: route expired leases, then claim. The worker row first, as
         # revoke_worker locks it: never a lock cycle with a revocation. The
         # routing commits before the claim: it gives limit slots back (locking
@@ -135,6 +146,52 @@ def heartbeat(s: Settings, worker: Worker | str, claim: Claim) -> Op[datetime]:
 
 def complete_many(s: Settings, worker: Worker | str, done: Sequence[tuple[Claim, Any]]) -> Op[set[int]]:
     """:meth:`leaseq.Queue.complete_many`: the one completion statement."""
+    completed, _ = yield from _complete_many(s, worker, done)
+    return completed
+
+
+class ClaimFailed(Exception):
+    """The claim of :func:`complete_and_claim` failed (``cause``): its transaction must roll
+    back, the completions with it (a failed statement leaves nothing to commit)."""
+
+    def __init__(self, cause: Exception):
+        super().__init__(f"the claim after the completions failed: {cause!r}")
+        self.cause = cause
+
+
+def complete_and_claim(s: Settings, worker: Worker | str, done: Sequence[tuple[Claim, Any]],
+                       claim_with: dict[str, Any] | None) -> Op[tuple[set[int], Claims | None]]:
+    """``complete_many``, then the claim ``claim_with`` names (its keyword arguments), in
+    the caller's one transaction: one commit for both. Run it joined (the service's
+    complete-and-claim request): alone, each part commits on its own.
+
+    The claim comes with the completions only where it cannot wait for a lock
+    out of the order every other transaction takes them in; elsewhere the
+    answer's claims are None, and the caller claims in a transaction of its own:
+
+    * when the completions gave limit slots back: this transaction holds those
+      limit rows now, and a claim must take limit rows in key order only;
+    * when the claim's one-statement fast path cannot settle it (expired leases
+      to route, or a worker to check): the slow path locks the worker row,
+      which a revocation locks before the tasks this transaction now holds.
+
+    A backend that writes one transaction at a time waits for no row lock, and
+    claims in full. A claim that fails raises :class:`ClaimFailed`.
+    """
+    completed, held_limits = yield from _complete_many(s, worker, done)
+    serial = s.backend.serial_writes
+    if claim_with is None or (held_limits and not serial):
+        return completed, None
+    try:
+        claims = yield from _claim(s, worker, **claim_with, fast_only=not serial)
+    except Exception as exc:
+        raise ClaimFailed(exc) from exc
+    return completed, claims
+
+
+def _complete_many(s: Settings, worker: Worker | str,
+                   done: Sequence[tuple[Claim, Any]]) -> Op[tuple[set[int], bool]]:
+    """The completions, and whether they gave limit slots back."""
     wid = worker_id(worker)
     items, seen = [], set()
     for claim_, result in done:
@@ -145,25 +202,29 @@ def complete_many(s: Settings, worker: Worker | str, done: Sequence[tuple[Claim,
         items.append({"task_id": claim_.task_id, "generation": claim_.generation,
                       "result": checks.check_json("result", result)})
     if not items:
-        return set()
+        return set(), False
     # one statement where the backend writes its own evidence; else the
     # events follow in the same transaction (one_statement is a promise only
     # a backend that can skip BEGIN acts on). Tasks that others wait for are
     # left out of this statement...
     yield BEGIN_ONE
-    completed: set[int] = {r["id"] for r in (yield from _complete_batch(s, wid, items, with_dependents=False))}
+    found = yield from _complete_batch(s, wid, items, with_dependents=False)
     yield COMMIT
+    completed: set[int] = {r["id"] for r in found}
+    held_limits = any(r["limits"] for r in found)
     rest = [item for item in items if item["task_id"] not in completed]
     if rest:
         # ...and completed here, in a transaction that also settles their
         # waiters (a task missing from both answers had lost its lease)
         yield BEGIN
-        settled = [r["id"] for r in (yield from _complete_batch(s, wid, rest, with_dependents=True))]
+        found = yield from _complete_batch(s, wid, rest, with_dependents=True)
+        settled = [r["id"] for r in found]
         if settled:
             yield from settle_dependents(s, settled)
         yield COMMIT
         completed.update(settled)
-    return completed
+        held_limits = held_limits or any(r["limits"] for r in found)
+    return completed, held_limits
 
 
 def _complete_batch(s: Settings, wid: str, items: list[dict[str, Any]], *,

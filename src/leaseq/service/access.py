@@ -198,6 +198,14 @@ async def ain_one_transaction(request: Request, action: str, worker_id: str,
         return await operation(view)
 
 
+def authorize_also(request: Request, action: str, worker_id: str, queue: str | None) -> None:
+    """Authorize a second ``action`` of a request already admitted by :func:`in_one_transaction`
+    or :func:`ain_one_transaction` (its principal and the worker's token known by then)."""
+    access: Access = request.app.state.access
+    authz.authorize(request.state.principal, action, worker_id=worker_id, queue=queue,
+                    facts=_Known(access._owners.get(worker_id)))
+
+
 def _owner(access: Access, worker_id: str, found: list[dict[str, Any]]) -> str | None:
     """The token that registered ``worker_id``, from its ``worker_token`` rows (remembered)."""
     owner: str | None = found[0]["token_id"] if found else None

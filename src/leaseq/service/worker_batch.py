@@ -14,14 +14,18 @@ checks and the same operations, awaited); elsewhere, in a thread.
   capped by the service) for work to arrive: woken by LISTEN/NOTIFY on
   PostgreSQL, by enqueues through this process, or a short re-check
   (:mod:`.wakeups`). Each attempt is one transaction.
-* ``complete`` may also ask for more work (``claim``): beside the
-  completions, in a transaction of its own (the token checked again, the
-  claim authorized for its queue), up to ``claim.limit`` tasks are leased
-  and returned with the answer. A busy remote worker then makes one round
-  trip per batch instead of two. The claim never waits, and its failure (a
-  refused queue, an outage) never undoes the completions: it is reported in
-  ``claim_error`` and the worker claims on its own. If the completions fail,
-  the leases just taken are given back before the error is answered.
+* ``complete`` may also ask for more work (``claim``): after the
+  completions, in the same transaction (the claim authorized for its
+  queue), up to ``claim.limit`` tasks are leased and returned with the
+  answer: one round trip and one commit per batch instead of two. Where
+  the claim would have to wait for a lock out of the order other
+  transactions take them in (the completions gave limit slots back, or
+  expired leases wait to be routed), it follows in a transaction of its
+  own once the completions committed
+  (:func:`leaseq.engine.leases.complete_and_claim`). The claim never waits
+  for work, and its refusal or failure (a refused queue, an outage) never
+  undoes the completions: it is reported in ``claim_error`` and the worker
+  claims on its own.
 * ``renew``, ``complete`` and ``fail`` take many leases at once. A lease the
   guard refuses is reported in ``refused`` (``lease_lost``) and the others
   go through: a partly refused batch is not an error. Bad input (an
@@ -39,6 +43,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from collections.abc import Callable
 from typing import Any
 
 from fastapi import APIRouter, Request
@@ -49,9 +54,11 @@ from starlette.concurrency import run_in_threadpool
 from ..core import checks
 from ..core.errors import InvalidInput, LeaseLost, LeaseqError, NotFound
 from ..core.model import Claim, Claims, Task
+from .. import engine
 from ..engine.leases import check_kinds
+from ..engine.steps import Op, T
 from ..queue import Queue
-from .access import ain_one_transaction, in_one_transaction
+from .access import ain_one_transaction, authorize_also, in_one_transaction
 from .metrics import ServiceMetrics, span
 from .wakeups import WorkSignal
 from .wire import to_json
@@ -95,6 +102,18 @@ async def _serve(request: Request, action: str, worker_id: str, op: str, *args: 
                                          queue=scope, charge=charge)
     return await run_in_threadpool(in_one_transaction, request, action, worker_id,
                                    lambda view: getattr(view, op)(*args, **params), queue=scope, charge=charge)
+
+
+async def _serve_op(request: Request, action: str, worker_id: str, operation: Callable[[Queue], Op[T]], *,
+                    scope: str | None = None, charge: bool = True) -> T:
+    """:func:`_serve` for an engine operation ``operation(view)`` builds on the request's joined view."""
+    if request.app.state.queue.native_async:
+        return await ain_one_transaction(request, action, worker_id,
+                                         lambda view: engine.adrive(view.store, operation(view)),
+                                         queue=scope, charge=charge)
+    return await run_in_threadpool(in_one_transaction, request, action, worker_id,
+                                   lambda view: engine.drive(view.store, operation(view)), queue=scope,
+                                   charge=charge)
 
 
 def _refusal(task_id: int, generation: int, reason: str) -> dict[str, Any]:
@@ -243,23 +262,11 @@ async def complete_many(body: CompleteManyBody, request: Request, worker_id: str
         except InvalidInput as exc:
             raise InvalidInput(f"claim.{exc.field}", exc.problem) from None
     done = [(_claim(worker_id, t.task_id, t.generation), t.result) for t in body.tasks]
-    completing = _serve(request, "complete", worker_id, "complete_many", worker_id, done)
     claimed: dict[str, Any] = {}
     if more is None:
-        completed = await completing
+        completed = await _serve(request, "complete", worker_id, "complete_many", worker_id, done)
     else:
-        # The claim runs beside the completions, each in its own transaction: the
-        # answer waits for the longer of the two, not for both one after the other.
-        outcomes = await asyncio.gather(completing, _claim_more(request, worker_id, more), return_exceptions=True)
-        ended, beside = outcomes
-        if isinstance(beside, BaseException):  # not an Exception: _claim_more reports those
-            raise beside
-        claims, claimed = beside
-        if isinstance(ended, BaseException):
-            # No answer will hand these leases over: give them back before the error goes out.
-            await run_in_threadpool(_give_back, request, worker_id, claims)
-            raise ended
-        completed = ended
+        completed, claimed = await _complete_and_claim(request, worker_id, done, more)
     refused = [_refusal(t.task_id, t.generation, "complete refused: lease no longer held")
                for t in body.tasks if t.task_id not in completed]
     _metrics(request).lost("complete", len(refused))
@@ -271,33 +278,60 @@ async def complete_many(body: CompleteManyBody, request: Request, worker_id: str
     return _json({"completed": sorted(completed), "refused": refused, **claimed})
 
 
-async def _claim_more(request: Request, worker_id: str, more: ClaimMore) -> tuple[list[Claim], dict[str, Any]]:
-    """The claim asked for with completions, in a transaction of its own: the leases, and the
-    answer's part for them. Its refusal or failure is reported there, never raised."""
+async def _complete_and_claim(request: Request, worker_id: str, done: list[tuple[Claim, Any]],
+                              more: ClaimMore) -> tuple[set[int], dict[str, Any]]:
+    """The completions and the claim asked for with them: in one transaction, one commit,
+    where the claim can wait for no lock out of order (:func:`leaseq.engine.leases.complete_and_claim`
+    says where); else the claim follows in a transaction of its own. Its refusal or
+    failure never undoes the completions: it is reported in the answer's ``claim_error``."""
     started = time.perf_counter()
+    refusal: LeaseqError | None = None
+
+    def operation(view: Queue) -> Op[tuple[set[int], Claims | None]]:
+        nonlocal refusal
+        ask: dict[str, Any] | None = dict(queue=more.queue, limit=more.limit, lease_seconds=more.lease_seconds,
+                                          kinds=more.kinds)
+        try:
+            authorize_also(request, "claim", worker_id, more.queue)
+        except LeaseqError as exc:  # nothing is written yet: the completions still commit
+            refusal, ask = exc, None
+        return engine.leases.complete_and_claim(view.settings, worker_id, done, ask)
+
     try:
         with span("leaseq.claim", queue=more.queue, worker_id=worker_id, limit=more.limit):
-            claims = await _serve(request, "claim", worker_id, "claim", worker_id, scope=more.queue, charge=False,
-                                  queue=more.queue, limit=more.limit, lease_seconds=more.lease_seconds,
-                                  kinds=more.kinds)
-    except Exception as exc:  # the worker's own claim meets it again, and decides
-        code = exc.code if isinstance(exc, LeaseqError) else "internal_error"
-        logger.info("worker %s: claim with completions failed: %r", worker_id, exc)
-        return [], {"claims": [], "claim_error": {"code": code, "message": str(exc)}}
+            completed, claims = await _serve_op(request, "complete", worker_id, operation)
+    except engine.leases.ClaimFailed as failed:  # rolled back with the completions: those again, alone
+        completed = await _serve(request, "complete", worker_id, "complete_many", worker_id, done, charge=False)
+        return completed, _claim_error(worker_id, failed.cause)
+    if refusal is not None:
+        return completed, _claim_error(worker_id, refusal)
+    if claims is None:  # left to a transaction of its own, now that the completions committed
+        return completed, await _claim_more(request, worker_id, more)
     metrics = _metrics(request)
     metrics.claim_latency.observe(time.perf_counter() - started)
-    return claims, _claimed(metrics, worker_id, more.queue, claims, started)
+    return completed, _claimed(metrics, worker_id, more.queue, claims, started)
 
 
-def _give_back(request: Request, worker_id: str, claims: list[Claim]) -> None:
-    """Release leases no answer will hand over (best effort: one that stays runs out, and
-    the recovery policy routes it)."""
-    queue: Queue = request.app.state.queue
-    for c in claims:
-        try:
-            queue.release(worker_id, c, "the request failed before its leases were handed over")
-        except Exception as exc:
-            logger.info("worker %s: task %s: could not give an unanswered lease back: %r", worker_id, c.task_id, exc)
+async def _claim_more(request: Request, worker_id: str, more: ClaimMore) -> dict[str, Any]:
+    """The claim asked for with completions, in a transaction of its own: the answer's
+    part for it. Its refusal or failure is reported there, never raised."""
+    started = time.perf_counter()
+    try:
+        claims = await _serve(request, "claim", worker_id, "claim", worker_id, scope=more.queue, charge=False,
+                              queue=more.queue, limit=more.limit, lease_seconds=more.lease_seconds,
+                              kinds=more.kinds)
+    except Exception as exc:  # the worker's own claim meets it again, and decides
+        return _claim_error(worker_id, exc)
+    metrics = _metrics(request)
+    metrics.claim_latency.observe(time.perf_counter() - started)
+    return _claimed(metrics, worker_id, more.queue, claims, started)
+
+
+def _claim_error(worker_id: str, exc: Exception) -> dict[str, Any]:
+    """The answer's part for a claim with completions that was refused or failed."""
+    code = exc.code if isinstance(exc, LeaseqError) else "internal_error"
+    logger.info("worker %s: claim with completions failed: %r", worker_id, exc)
+    return {"claims": [], "claim_error": {"code": code, "message": str(exc)}}
 
 
 class Failure(Item):

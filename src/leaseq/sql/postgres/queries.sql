@@ -541,10 +541,11 @@ WITH done AS (
                                         'longest_heartbeat_gap', round(d.longest_heartbeat_gap::numeric, 3)) END
     FROM done d
 )
--- the events are written: the ids are all a caller needs. A freed limit
+-- the events are written: the ids, and the limits whose slots came back
+-- (their rows are locked until commit), are all a caller needs. A freed limit
 -- slot wakes the queues' idle workers (at commit), from a column of its own
 -- (a join nothing reads from would be planned away).
-SELECT d.id,
+SELECT d.id, d.limits,
        (SELECT count(pg_notify('leaseq_work', f.queue))
         FROM (SELECT DISTINCT queue FROM done WHERE limits IS NOT NULL) f) AS woke
 FROM done d;
