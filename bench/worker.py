@@ -114,9 +114,7 @@ def cli() -> None:
     parser.add_argument("--target", type=int, default=0)
     args = parser.parse_args()
     logging.basicConfig(level=logging.WARNING)
-    import os
-    runner = __import__('uvloop').run if os.environ.get('BENCH_UVLOOP') else asyncio.run
-    control = runner(main(args.system, args.dsn, WorkerOptions(args.mode, args.concurrency, args.target,
+    control = asyncio.run(main(args.system, args.dsn, WorkerOptions(args.mode, args.concurrency, args.target,
                                                                             args.io_seconds, args.lease_seconds)))
     report(control)
 
