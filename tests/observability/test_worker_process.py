@@ -113,7 +113,9 @@ def test_metrics_and_json_logs_of_a_real_worker(dsn, tmp_path):
         assert sample(samples, "leaseq_worker_tasks_total", kind="flaky", outcome="completed") == 3
         assert sample(samples, "leaseq_worker_tasks_total", kind="flaky", outcome="retried") == attempts["flaky"] - 3 == 3
         assert sample(samples, "leaseq_worker_tasks_total", kind="bad", outcome="failed") == 2
-        assert sample(samples, "leaseq_worker_tasks_total", kind="held", outcome="lost") == 1
+        # every attempt of "held" ends lost: cancelled, or (a box too busy to renew a 0.6 s
+        # lease in time) expired and claimed again
+        assert sample(samples, "leaseq_worker_tasks_total", kind="held", outcome="lost") == attempts["held"] >= 1
         outcomes = {(dict(k[1])["kind"], dict(k[1])["outcome"]): v for k, v in samples.items()
                     if k[0] == "leaseq_worker_tasks_total"}
         assert sum(outcomes.values()) == sum(attempts.values()), outcomes  # every attempt once

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import threading
+import time
 from typing import Any
 
 import pytest
@@ -279,6 +280,22 @@ def test_completions_that_give_limit_slots_back_claim_in_a_transaction_of_their_
     done, more = rq.complete_and_claim(w, [(c, None) for c in first], limit=5)
     assert done == {c.task_id for c in first} and len(more) == 2  # the slots the completions freed
     assert svc.q.limits()[0]["running"] == 2
+
+
+def test_a_claim_that_must_route_expired_leases_first_still_comes_with_the_completions(svc) -> None:
+    # An expired lease waits to be routed: the claim's fast path cannot settle, and its
+    # slow path (which locks the worker row) follows the completions' commit instead.
+    rq, w, _ = _worker(svc)
+    lost, paused, _ = _worker(svc, name="paused")
+    for i in range(3):
+        svc.q.enqueue("job", {"n": i})
+    [stale] = lost.claim(paused, lease_seconds=0.2)
+    [c] = rq.claim(w)
+    time.sleep(0.5)  # the other worker's lease runs out
+    done, more = rq.complete_and_claim(w, [(c, None)], limit=5)
+    assert done == {c.task_id}
+    assert len(more) == 2 and stale.task_id in {m.task_id for m in more}  # routed back, and claimed again
+    assert [m.generation for m in more if m.task_id == stale.task_id] == [stale.generation + 1]
 
 
 def test_racing_completions_and_claims_under_shared_limits_never_deadlock(svc) -> None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import random
+import sys
 from typing import Any
 
 import pytest
@@ -129,6 +130,34 @@ def test_json_values() -> None:
     # the limit counts encoded bytes, not characters
     with pytest.raises(InvalidInput):
         policy.check_json("payload", "é" * (policy.MAX_PAYLOAD_BYTES // 2))
+
+
+def _nested(depth: int) -> list[Any]:
+    outer: list[Any] = []
+    inner = outer
+    for _ in range(depth - 1):
+        inner.append([])
+        inner = inner[0]
+    return outer
+
+
+@pytest.mark.parametrize("recursion_limit", [None, 20_000])
+def test_json_nesting_has_a_limit_of_its_own(recursion_limit: int | None) -> None:
+    # An application may have raised the recursion limit (documentation and type-checking
+    # tools do): a deep document would then be stored, and fail every default reader.
+    old = sys.getrecursionlimit()
+    try:
+        if recursion_limit is not None:
+            sys.setrecursionlimit(recursion_limit)
+        assert policy.check_json("payload", _nested(policy.MAX_JSON_DEPTH)) is not None
+        for depth in (policy.MAX_JSON_DEPTH + 1, 3000):
+            with pytest.raises(InvalidInput, match="nested too deeply") as info:
+                policy.check_json("result", [{"a": _nested(depth - 2)}])
+            assert info.value.field == "result"
+    finally:
+        sys.setrecursionlimit(old)
+    # many containers side by side are no depth
+    assert policy.check_json("payload", [{"a": [i]} for i in range(5000)])
 
 
 def test_integers() -> None:

@@ -19,6 +19,12 @@ from .model import EffectKind, Status
 
 #: Largest accepted payload or result, as UTF-8 JSON.
 MAX_PAYLOAD_BYTES = 1024 * 1024
+#: Deepest accepted nesting of arrays and objects in a payload or result: what
+#: Python's json reads back under its default recursion limit, with room for
+#: the reader's own stack. Checked explicitly, not left to the recursion limit
+#: of the process that writes it (an application may have raised it): a deeper
+#: document would be stored, and then fail every default reader.
+MAX_JSON_DEPTH = 900
 #: Longest accepted lease, in seconds (one week).
 MAX_LEASE_SECONDS = 7 * 24 * 3600.0
 #: Default lease when neither the task nor the claim names one.
@@ -100,8 +106,12 @@ def encode_json(field: str, value: Any) -> str:
     """``value`` as JSON text, after the checks of :func:`check_json`."""
     try:
         encoded = _STRICT_JSON.encode(value)
-    except (TypeError, ValueError, RecursionError) as exc:
+    except RecursionError:
+        raise InvalidInput(field, f"is nested too deeply (at most {MAX_JSON_DEPTH} levels)") from None
+    except (TypeError, ValueError) as exc:
         raise InvalidInput(field, f"must be JSON-serialisable ({exc})") from None
+    if encoded.count("[") + encoded.count("{") > MAX_JSON_DEPTH and _deeper_than(value, MAX_JSON_DEPTH):
+        raise InvalidInput(field, f"is nested too deeply (at most {MAX_JSON_DEPTH} levels)")
     if "\\u0000" in encoded and _JSON_NUL.search(encoded):
         raise InvalidInput(field, "must not contain a NUL character (PostgreSQL cannot store it)")
     if "\\ud" in encoded:  # a surrogate escape: valid only as half of a pair
@@ -112,6 +122,19 @@ def encode_json(field: str, value: Any) -> str:
     if len(encoded) > MAX_PAYLOAD_BYTES:  # ASCII: one byte a character
         raise InvalidInput(field, f"is larger than the {MAX_PAYLOAD_BYTES} byte limit")
     return encoded
+
+
+def _deeper_than(value: Any, limit: int) -> bool:
+    """Whether arrays and objects nest more than ``limit`` deep in ``value`` (walked
+    without recursion; only where the text holds more brackets than ``limit``)."""
+    stack: list[tuple[Any, int]] = [(value, 1)]
+    while stack:
+        item, depth = stack.pop()
+        if depth > limit:
+            return True
+        inner = item.values() if isinstance(item, dict) else item
+        stack.extend((x, depth + 1) for x in inner if isinstance(x, (dict, list, tuple)))
+    return False
 
 
 def check_int(field: str, value: Any, *, minimum: int | None = None, maximum: int | None = None) -> int:
