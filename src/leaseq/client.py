@@ -30,15 +30,17 @@ answers as soon as work arrives, within ``s`` seconds.
 
 from __future__ import annotations
 
+import json
 import os
 import time
+import urllib.request
 import warnings
 from collections.abc import Sequence
 from datetime import datetime
 from typing import Any
-from urllib.parse import quote
+from urllib.parse import quote, urlencode, urlsplit
 
-import httpx
+import urllib3
 
 from . import __version__
 from .core.errors import (BackendUnavailable, ConfigError, InvalidInput, LeaseLost, LeaseqError, RateLimited,
@@ -60,6 +62,15 @@ def _task_id(task_id: Any) -> int:
     if isinstance(task_id, bool) or not isinstance(task_id, int) or task_id < 1:
         raise InvalidInput("task_id", f"must be a positive integer (got {task_id!r})")
     return task_id
+def _proxy_for(url: str) -> str | None:
+    """The proxy the environment names for ``url`` (None: direct, or NO_PROXY covers its host)."""
+    parts = urlsplit(url)
+    proxy = urllib.request.getproxies().get(parts.scheme)
+    if proxy is None or urllib.request.proxy_bypass(parts.hostname or ""):
+        return None
+    return proxy
+
+
 def _limit_key(key: str) -> str:
     """A limit key, checked here as the queue checks it (a key that is no path segment never leaves)."""
     return policy.check_name("key", key)
@@ -110,10 +121,17 @@ class RemoteQueue:
         self.url = url.rstrip("/")
         self.timeout = timeout
         self.rate_limit_retries = rate_limit_retries
-        self._urls: dict[str, httpx.URL] = {}
-        self._client = httpx.Client(base_url=self.url, timeout=timeout,
-                                    headers={"Authorization": f"Bearer {token.strip()}",
-                                             "User-Agent": f"leaseq/{__version__}"})
+        self._urls: dict[str, str] = {}
+        self._headers = {"Authorization": f"Bearer {token.strip()}", "User-Agent": f"leaseq/{__version__}",
+                         "Content-Type": "application/json"}
+        self._timeout = urllib3.Timeout(connect=timeout, read=timeout)
+        # urllib3 rather than httpx: half the client's CPU per request (a worker makes many).
+        # Proxies as the environment names them (HTTP_PROXY, HTTPS_PROXY, NO_PROXY), as httpx did.
+        # No retries here: a request that may have reached the service is the caller's to repeat.
+        options: dict[str, Any] = {"maxsize": 16, "retries": False, "timeout": self._timeout}
+        proxy = _proxy_for(self.url)
+        self._http = (urllib3.ProxyManager(proxy, **options) if proxy is not None
+                      else urllib3.PoolManager(**options))
 
     @property
     def dialect(self) -> str:
@@ -139,46 +157,48 @@ class RemoteQueue:
     def _call(self, method: str, path: str, body: Any = None, params: dict[str, Any] | None = None, *,
               wait: float = 0.0, headers: dict[str, str] | None = None) -> Any:
         # A long poll may take ``wait`` seconds before the service answers at all.
-        timeout = httpx.USE_CLIENT_DEFAULT if not wait else self.timeout + wait
+        timeout = self._timeout if not wait else urllib3.Timeout(connect=self.timeout, read=self.timeout + wait)
+        url = self._url(path) if not params else f"{self._url(path)}?{urlencode(params)}"
+        data = None if body is None else json.dumps(body).encode()
+        sent = self._headers if headers is None else {**self._headers, **headers}
         for attempt in range(self.rate_limit_retries + 1):
             try:
-                resp = self._client.request(method, self._url(path), json=body, params=params, timeout=timeout,
-                                            headers=headers)
-            except httpx.TransportError as exc:
+                resp = self._http.urlopen(method, url, body=data, headers=sent, timeout=timeout, redirect=False)
+            except urllib3.exceptions.HTTPError as exc:
                 raise BackendUnavailable(f"leaseq service at {self.url}: {type(exc).__name__}: {exc}") from None
-            if resp.status_code == RateLimited.http_status and attempt < self.rate_limit_retries:
+            if resp.status == RateLimited.http_status and attempt < self.rate_limit_retries:
                 time.sleep(min(2.0, float(resp.headers.get("Retry-After", "1") or 1)))
                 continue
             break
-        if resp.is_success:
-            return resp.json() if resp.content else None
+        if 200 <= resp.status < 300:
+            return json.loads(resp.data) if resp.data else None
         raise self._error(resp)
 
-    def _url(self, path: str) -> httpx.URL:
-        """The absolute URL of ``path``, parsed once: a worker calls the same few paths
-        again and again, and httpx would join and parse a relative one on every request."""
+    def _url(self, path: str) -> str:
+        """The absolute URL of ``path`` (kept: a worker calls the same few paths again and again)."""
         url = self._urls.get(path)
         if url is None:
             if len(self._urls) >= 256:  # task-level paths come and go: keep the cache small
                 self._urls.clear()
-            url = self._urls[path] = httpx.URL(self.url + path)
+            url = self._urls[path] = self.url + path
         return url
 
-    def _error(self, resp: httpx.Response) -> LeaseqError:
+    def _error(self, resp: urllib3.BaseHTTPResponse) -> LeaseqError:
+        text = resp.data.decode("utf-8", "replace")
         try:
-            err = resp.json()["error"]
+            err = json.loads(text)["error"]
             code, message = err["code"], err["message"]
         except (ValueError, KeyError, TypeError):
-            err, code, message = {}, "", resp.text[:200]
+            err, code, message = {}, "", text[:200]
         cls = error_class(code) if isinstance(code, str) else None
         if cls is not None:  # the registry rebuilds the class the service raised
             try:
                 return cls.from_wire(str(message), err)
             except (TypeError, ValueError):  # fields of the wrong shape: keep the class, drop them
                 return cls.from_wire(str(message), {})
-        if resp.status_code >= 500:
-            return BackendUnavailable(f"leaseq service at {self.url} answered {resp.status_code}: {message}")
-        return LeaseqError(f"leaseq service answered {resp.status_code}: {message}")
+        if resp.status >= 500:
+            return BackendUnavailable(f"leaseq service at {self.url} answered {resp.status}: {message}")
+        return LeaseqError(f"leaseq service answered {resp.status}: {message}")
 
     def _worker_path(self, worker: Worker | str, claim: Claim | None = None, *rest: str) -> tuple[str, str]:
         wid = _wid(worker)
@@ -412,7 +432,7 @@ class RemoteQueue:
 
     def close(self) -> None:
         """Close the HTTP connections."""
-        self._client.close()
+        self._http.clear()
 
     def __enter__(self) -> RemoteQueue:
         return self

@@ -11,6 +11,7 @@ from __future__ import annotations
 import os
 import re
 import secrets
+import socket
 import stat
 import subprocess
 import sys
@@ -330,3 +331,17 @@ def test_revoking_a_worker_with_its_token_stops_it_registering_again(q: leaseq.Q
         bad = CliRunner().invoke(cli, ["--dsn", dsn, *args])
         assert bad.exit_code == 2 and bad.stderr.startswith("error: ") and len(bad.stderr.splitlines()) == 1, \
             (args, bad.output)
+
+
+def test_remote_queue_goes_through_the_proxy_the_environment_names(svc, monkeypatch) -> None:
+    token = svc.token("worker")
+    with socket.socket() as closed:  # a port nothing listens on: the proxy is down
+        closed.bind(("127.0.0.1", 0))
+        proxy = f"http://127.0.0.1:{closed.getsockname()[1]}"
+    monkeypatch.setenv("HTTP_PROXY", proxy)
+    monkeypatch.delenv("NO_PROXY", raising=False)
+    monkeypatch.delenv("no_proxy", raising=False)
+    with pytest.raises(leaseq.BackendUnavailable):
+        svc.remote(token).whoami()  # through the proxy, which is down
+    monkeypatch.setenv("NO_PROXY", "127.0.0.1")
+    assert svc.remote(token).whoami()["role"] == "worker"  # NO_PROXY: straight to the service

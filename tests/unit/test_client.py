@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
+import httpx
 import pytest
 
-from leaseq.client import RemoteQueue
+from leaseq.client import RemoteQueue, _proxy_for
 
 
 def test_remote_queue_names_its_transport_and_deprecates_dialect() -> None:
@@ -20,12 +21,22 @@ def test_remote_queue_names_its_transport_and_deprecates_dialect() -> None:
 @pytest.mark.parametrize("base", ["http://127.0.0.1:9", "http://127.0.0.1:9/", "https://example.test/leaseq/",
                                   "http://[::1]:8765/a%20b"])
 @pytest.mark.parametrize("path", ["/v1/workers", "/v1/workers/w-1%2F2/complete", "/v1/tasks/7/effects/3/response"])
-def test_the_urls_it_keeps_are_the_ones_httpx_would_build(base: str, path: str) -> None:
-    # RemoteQueue parses each path's absolute URL once instead of letting httpx join
-    # the relative path to base_url on every request: the two must be the same URL.
+def test_the_urls_it_keeps_are_the_base_joined_with_the_path(base: str, path: str) -> None:
+    # RemoteQueue joins each path to the base once and keeps the URL; httpx's joining of a
+    # relative path to a base URL is the reference (a path prefix kept, quoting untouched).
     rq = RemoteQueue(base, "token")
     try:
-        assert rq._url(path) == rq._client.build_request("POST", path).url
+        assert httpx.URL(rq._url(path)) == httpx.Client(base_url=base).build_request("POST", path).url
         assert rq._url(path) is rq._url(path)
     finally:
         rq.close()
+
+
+def test_proxies_are_taken_from_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("HTTP_PROXY", "http://proxy.test:3128")
+    monkeypatch.setenv("NO_PROXY", "internal.test")
+    assert _proxy_for("http://leaseq.test:8765") == "http://proxy.test:3128"
+    assert _proxy_for("http://internal.test:8765") is None
+    assert _proxy_for("https://leaseq.test") is None  # no HTTPS_PROXY
+    monkeypatch.delenv("HTTP_PROXY")
+    assert _proxy_for("http://leaseq.test:8765") is None

@@ -34,8 +34,9 @@ from typing import Any, TextIO
 
 from ..worker.runtime import WorkerStats
 
-#: Libraries whose INFO lines would drown the worker's (httpx logs every request).
-QUIET_LOGGERS = ("httpx", "httpcore")
+#: Libraries whose INFO lines would drown the worker's (httpx logs every request; urllib3
+#: the connections it opens).
+QUIET_LOGGERS = ("httpx", "httpcore", "urllib3")
 
 #: Record attributes copied into a JSON line, and the key each gets.
 EXTRA_FIELDS = (("task_id", "task_id"), ("kind", "kind"), ("generation", "generation"), ("attempt", "attempt"),

@@ -37,7 +37,7 @@ COMMAND_MODULES = (
 #: says which extra to install instead of failing with an import error.
 EXTRA_MODULES = {
     "server": ("fastapi", "starlette", "uvicorn", "jinja2", "multipart", "python_multipart", "prometheus_client"),
-    "client": ("httpx", "httpcore"),
+    "client": ("urllib3",),
     "mcp": ("mcp", "pydantic", "anyio"),
 }
 
