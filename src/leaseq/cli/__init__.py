@@ -13,7 +13,7 @@ Layout
 ``render.py``
     rich tables and the evidence-trail timeline (also used by ``leaseq demo``).
 ``logs.py``
-    ``leaseq worker``'s logging: text or JSON lines, quiet httpx, the progress line.
+    ``leaseq worker``'s logging: text or JSON lines, quiet HTTP client libraries, the progress line.
 ``tasks.py``, ``operator_actions.py``, ``overview.py``, ``demo_command.py``, ``schedules.py``
     The commands, grouped by who uses them.
 
