@@ -212,7 +212,7 @@ def test_missing_extras_are_one_line(tmp_path, run_cli, app_dir):
     line = assert_one_error_line(proc, "server")
     assert "pip install 'leaseq[server]'" in line
     (tmp_path / "worker.token").write_text("t")
-    proc = subprocess.run(blocked(["httpx", "httpcore"], "worker", "jobs:app", "--server", "http://127.0.0.1:1",
+    proc = subprocess.run(blocked(["urllib3"], "worker", "jobs:app", "--server", "http://127.0.0.1:1",
                                   "--token-file", str(tmp_path / "worker.token")), capture_output=True, text=True,
                           timeout=60, cwd=run_cli.cwd, env=cli_env())
     assert "pip install 'leaseq[client]'" in assert_one_error_line(proc, "client")
@@ -221,7 +221,7 @@ def test_missing_extras_are_one_line(tmp_path, run_cli, app_dir):
 def test_library_and_demo_need_no_server_extra(tmp_path, run_cli):
     scratch = tmp_path / "tmp"
     scratch.mkdir()
-    everything = [*SERVER_MODULES, "httpx", "httpcore"]
+    everything = [*SERVER_MODULES, "urllib3", "httpx", "httpcore"]
     proc = subprocess.run(blocked(everything, "demo"), capture_output=True, text=True, timeout=120,
                           cwd=run_cli.cwd, env=cli_env(TMPDIR=str(scratch)))
     assert proc.returncode == 0, proc.stderr

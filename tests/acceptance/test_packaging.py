@@ -21,7 +21,7 @@ def test_the_library_installs_only_what_it_needs():
     assert core == {"psycopg", "psycopg-pool", "click", "rich"}
     extras = project["optional-dependencies"]
     assert names(extras["server"]) == SERVER_ONLY
-    assert names(extras["client"]) == {"httpx"}
+    assert names(extras["client"]) == {"urllib3"}
     assert names(extras["schedules"]) == {"cronsim"}
     assert names(extras["metrics"]) == {"prometheus-client"}  # leaseq worker --metrics-port
     assert names(extras["otel"]) == {"opentelemetry-api"}     # spans; the SDK is the application's choice

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 import signal
+import sqlite3
 import subprocess
 import sys
 import time
@@ -76,6 +77,28 @@ def lease_expired(q: leaseq.Queue, task_id: int) -> bool:
     return task.lease_expires_at is not None and task.lease_expires_at < q.now()
 
 
+def freeze_outside_a_write(pid: int, dsn: str) -> None:
+    """SIGSTOP ``pid``; on SQLite, at a moment it holds no write transaction. SQLite has
+    one write lock for the whole file: a process frozen inside a write (its lease renewal,
+    say) holds it, and every other process waits for it to resume (a limit of SQLite,
+    not of the lease: PostgreSQL's row locks leave other tasks free)."""
+    for _ in range(100):
+        os.kill(pid, signal.SIGSTOP)
+        if not dsn.startswith("sqlite:"):
+            return
+        probe = sqlite3.connect(dsn.removeprefix("sqlite:///"), timeout=0.2)
+        try:
+            probe.execute("BEGIN IMMEDIATE")
+            probe.rollback()
+            return
+        except sqlite3.OperationalError:  # frozen mid-write: let it finish, and try again
+            os.kill(pid, signal.SIGCONT)
+            time.sleep(0.02)
+        finally:
+            probe.close()
+    raise AssertionError(f"process {pid} held the SQLite write lock at every one of 100 tries")
+
+
 def test_frozen_worker_cannot_renew_complete_or_write_downstream(queue, workers, dsn) -> None:
     """A claims and records its intent; frozen before its downstream call, it loses
     the lease; B recovers the task and writes; A resumes and is refused everywhere."""
@@ -83,7 +106,7 @@ def test_frozen_worker_cannot_renew_complete_or_write_downstream(queue, workers,
                          lease_seconds=1.0)
     a = workers.start("a")
     wait_for(lambda: (workers.fault_dir / "reached-fenced-1").exists(), what="A reached the downstream call")
-    os.kill(a.pid, signal.SIGSTOP)
+    freeze_outside_a_write(a.pid, dsn)
     holder_a = queue.get(task.id).lease_owner
     wait_for(lambda: lease_expired(queue, task.id), what="A's lease expired")
 
