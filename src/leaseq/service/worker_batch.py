@@ -88,25 +88,14 @@ def _signal(request: Request) -> WorkSignal:
     return signal
 
 
-async def _serve(request: Request, action: str, worker_id: str, op: str, *args: Any, scope: str | None = None,
-                 charge: bool = True, **params: Any) -> Any:
-    """``view.<op>(*args, **params)`` of :class:`leaseq.Queue` in the request's one transaction
-    with its token check: awaited on the event loop where the backend has an asyncio
-    driver (PostgreSQL: ``a<op>``, :func:`ain_one_transaction`), else in a thread.
-    Under load, threads that hand the interpreter lock back and forth at every statement
-    cost a request more than its SQL (measured: 418 µs of CPU a transaction against 159).
-    ``scope``: the queue the action is authorized for."""
-    if request.app.state.queue.native_async:
-        return await ain_one_transaction(request, action, worker_id,
-                                         lambda view: getattr(view, "a" + op)(*args, **params),
-                                         queue=scope, charge=charge)
-    return await run_in_threadpool(in_one_transaction, request, action, worker_id,
-                                   lambda view: getattr(view, op)(*args, **params), queue=scope, charge=charge)
-
-
-async def _serve_op(request: Request, action: str, worker_id: str, operation: Callable[[Queue], Op[T]], *,
-                    scope: str | None = None, charge: bool = True) -> T:
-    """:func:`_serve` for an engine operation ``operation(view)`` builds on the request's joined view."""
+async def _serve(request: Request, action: str, worker_id: str, operation: Callable[[Queue], Op[T]], *,
+                 scope: str | None = None, charge: bool = True) -> T:
+    """The engine operation ``operation(view)`` builds on the request's joined view, in the
+    request's one transaction with its token check: awaited on the event loop where the
+    backend has an asyncio driver (PostgreSQL, :func:`ain_one_transaction`), else in a
+    thread. Under load, threads that hand the interpreter lock back and forth at every
+    statement cost a request more than its SQL (measured: 418 µs of CPU a transaction
+    against 159). ``scope``: the queue the action is authorized for."""
     if request.app.state.queue.native_async:
         return await ain_one_transaction(request, action, worker_id,
                                          lambda view: engine.adrive(view.store, operation(view)),
@@ -114,6 +103,18 @@ async def _serve_op(request: Request, action: str, worker_id: str, operation: Ca
     return await run_in_threadpool(in_one_transaction, request, action, worker_id,
                                    lambda view: engine.drive(view.store, operation(view)), queue=scope,
                                    charge=charge)
+
+
+def _claiming(worker_id: str, queue: str, limit: int, lease_seconds: float | None,
+              kinds: list[str] | None) -> Callable[[Queue], Op[Claims]]:
+    """The claim operation, for :func:`_serve`."""
+    return lambda view: engine.leases.claim(view.settings, worker_id, queue=queue, limit=limit,
+                                            lease_seconds=lease_seconds, kinds=kinds)
+
+
+def _completing(worker_id: str, done: list[tuple[Claim, Any]]) -> Callable[[Queue], Op[set[int]]]:
+    """The completions operation, for :func:`_serve`."""
+    return lambda view: engine.leases.complete_many(view.settings, worker_id, done)
 
 
 def _refusal(task_id: int, generation: int, reason: str) -> dict[str, Any]:
@@ -154,9 +155,9 @@ async def claim(body: ClaimBody, request: Request, worker_id: str = WorkerId) ->
             # Every attempt checks the token again (it may have been revoked meanwhile);
             # only the first is charged to the token's rate bucket: the request is one.
             with span("leaseq.claim", queue=body.queue, worker_id=worker_id, limit=body.limit):
-                claims = await _serve(request, "claim", worker_id, "claim", worker_id, scope=body.queue,
-                                      charge=attempts == 0, queue=body.queue, limit=body.limit,
-                                      lease_seconds=body.lease_seconds, kinds=body.kinds)
+                claims = await _serve(request, "claim", worker_id,
+                                      _claiming(worker_id, body.queue, body.limit, body.lease_seconds, body.kinds),
+                                      scope=body.queue, charge=attempts == 0)
             attempts += 1
             metrics.claim_latency.observe(time.perf_counter() - started)
             left = deadline - time.monotonic()
@@ -264,7 +265,7 @@ async def complete_many(body: CompleteManyBody, request: Request, worker_id: str
     done = [(_claim(worker_id, t.task_id, t.generation), t.result) for t in body.tasks]
     claimed: dict[str, Any] = {}
     if more is None:
-        completed = await _serve(request, "complete", worker_id, "complete_many", worker_id, done)
+        completed = await _serve(request, "complete", worker_id, _completing(worker_id, done))
     else:
         completed, claimed = await _complete_and_claim(request, worker_id, done, more)
     refused = [_refusal(t.task_id, t.generation, "complete refused: lease no longer held")
@@ -299,9 +300,9 @@ async def _complete_and_claim(request: Request, worker_id: str, done: list[tuple
 
     try:
         with span("leaseq.claim", queue=more.queue, worker_id=worker_id, limit=more.limit):
-            completed, claims = await _serve_op(request, "complete", worker_id, operation)
+            completed, claims = await _serve(request, "complete", worker_id, operation)
     except engine.leases.ClaimFailed as failed:  # rolled back with the completions: those again, alone
-        completed = await _serve(request, "complete", worker_id, "complete_many", worker_id, done, charge=False)
+        completed = await _serve(request, "complete", worker_id, _completing(worker_id, done), charge=False)
         return completed, _claim_error(worker_id, failed.cause)
     if refusal is not None:
         return completed, _claim_error(worker_id, refusal)
@@ -317,9 +318,9 @@ async def _claim_more(request: Request, worker_id: str, more: ClaimMore) -> dict
     part for it. Its refusal or failure is reported there, never raised."""
     started = time.perf_counter()
     try:
-        claims = await _serve(request, "claim", worker_id, "claim", worker_id, scope=more.queue, charge=False,
-                              queue=more.queue, limit=more.limit, lease_seconds=more.lease_seconds,
-                              kinds=more.kinds)
+        claims = await _serve(request, "claim", worker_id,
+                              _claiming(worker_id, more.queue, more.limit, more.lease_seconds, more.kinds),
+                              scope=more.queue, charge=False)
     except Exception as exc:  # the worker's own claim meets it again, and decides
         return _claim_error(worker_id, exc)
     metrics = _metrics(request)
