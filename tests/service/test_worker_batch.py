@@ -60,7 +60,7 @@ def test_complete_many_with_a_wrong_generation_changes_nothing_for_that_task(svc
     svc.q.enqueue("job", {}, lease_seconds=0.3)
     [old] = rq.claim(w)
     wait_until(svc.q, old.expires_at)
-    [new] = rq.claim(w)  # the same worker, a newer generation
+    [new] = rq.claim(w, lease_seconds=60)  # the same worker, a newer generation (held through the test)
     assert new.generation == old.generation + 1
     assert rq.complete_many(w, [(old, "stale")]) == set()
     assert svc.q.get(new.task_id).status == "running"
