@@ -8,6 +8,7 @@ import subprocess
 from datetime import datetime, timedelta, timezone
 
 import leaseq
+from conformance.support import run_out
 
 from .cli_support import CLI, assert_one_error_line, cli_env, snapshot
 
@@ -29,10 +30,9 @@ def reconciliation_task(dsn: str, kind: str) -> leaseq.Task:
         q.migrate()
         w = q.register_worker("gone")
         task = q.enqueue(kind, {"to": "a@example.com"}, effect="side_effect", queue="outbound-mail-priority")
-        [claim] = q.claim(w, queue="outbound-mail-priority", lease_seconds=0.2)
+        [claim] = q.claim(w, queue="outbound-mail-priority")
         q.begin_effect(w, claim, "email.send")
-        while q.now() <= claim.expires_at:
-            pass
+        run_out(q, w, claim)
         q.sweep()
         assert q.get(task.id).status == "needs_reconciliation"
         return task

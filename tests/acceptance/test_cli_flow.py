@@ -11,6 +11,7 @@ from datetime import datetime
 import pytest
 
 import leaseq
+from conformance.support import run_out
 
 from .cli_support import CLI, assert_one_error_line, cli_env
 
@@ -127,9 +128,9 @@ def test_reconcile_unblock_requeue(dsn, run_cli):
         q.migrate()
         w = q.register_worker("worker-r")
         mail = q.enqueue("send", {"to": "a@example.com"}, effect="side_effect")
-        [claim] = q.claim(w, lease_seconds=0.2)
+        [claim] = q.claim(w)
         q.begin_effect(w, claim, "email.send")
-        wait_expired(q, claim)
+        run_out(q, w, claim)
         q.sweep()
         assert q.get(mail.id).status == "needs_reconciliation"
         cred = q.enqueue("fetch", queue="creds")

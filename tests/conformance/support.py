@@ -38,6 +38,21 @@ def wait_expired(q: leaseq.Queue, claim: leaseq.Claim) -> None:
     wait_until(q, claim.expires_at)
 
 
+def run_out(q: leaseq.Queue, worker: leaseq.Worker | str, claim: leaseq.Claim) -> None:
+    """End ``claim``'s lease now, as if its deadline had just passed by the database clock.
+
+    For tests about what follows a lease running out rather than about the clock: one that
+    claims with a sub-second lease and then acts under it can lose the lease before it acts
+    on a loaded machine. The deadline moves into the past through the guarded statement
+    :meth:`leaseq.Queue.release` uses, without release's routing or event, so the task
+    waits, expired, for the next claim or sweep to route it, like any lease that ran out.
+    """
+    wid = worker if isinstance(worker, str) else worker.id
+    with q.joined() as (_, tx):
+        row = tx.row("expire_lease", task_id=claim.task_id, worker_id=wid, generation=claim.generation)
+    assert row is not None, f"task {claim.task_id} generation {claim.generation}: lease not held"
+
+
 def seconds_between(later: datetime, earlier: datetime) -> float:
     """``later - earlier`` in seconds."""
     return (later - earlier) / timedelta(seconds=1)

@@ -30,6 +30,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 import leaseq
 from leaseq import auth
+from conformance.support import run_out
 from leaseq_chaos.pgserver import free_port
 
 from .support import ROOT, Service, wait_for
@@ -225,8 +226,9 @@ def test_a_replica_killed_under_load_loses_and_doubles_nothing(pg_schema_dsn: st
     assert sweeps > 0
     w = q.register_worker("direct")
     orphan = q.enqueue("send", {}, queue="orphans", effect="side_effect", lease_seconds=0.5)
-    [claim] = q.claim(w, queue="orphans", lease_seconds=0.5)
+    [claim] = q.claim(w, queue="orphans")
     q.begin_effect(w, claim, "email.send")
+    run_out(q, w, claim)
     wait_for(lambda: q.get(orphan.id).status == "needs_reconciliation", 10, "b's sweep routing the expired lease")
     balancer.send_signal(signal.SIGTERM)
     balancer.wait(10)

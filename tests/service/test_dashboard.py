@@ -14,10 +14,11 @@ import httpx
 
 import leaseq
 from leaseq import auth
+from conformance.support import run_out
 
 from .browser import browser, login, needs_browser, page, png_facts  # noqa: F401  (fixtures)
 from .conftest import Service
-from .support import dashboard_login, page_csrf, snapshot, wait_until
+from .support import dashboard_login, page_csrf, snapshot
 
 pytestmark = needs_browser
 
@@ -26,9 +27,9 @@ def _two_generation_task(q: leaseq.Queue) -> int:
     """A's lease expires; B recovers, records an effect and completes."""
     a, b = q.register_worker("worker-a"), q.register_worker("worker-b")
     task = q.enqueue("summarize", {"doc": 7}, effect="idempotent")
-    [ca] = q.claim(a, lease_seconds=0.6)
+    [ca] = q.claim(a)
     q.heartbeat(a, ca)
-    wait_until(q, q.get(task.id).lease_expires_at)
+    run_out(q, a, ca)
     [cb] = q.claim(b)
     fx = q.begin_effect(b, cb, "search.query", key="doc-7")
     q.finish_effect(b, cb, fx, {"hits": 3})

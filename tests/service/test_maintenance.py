@@ -21,6 +21,8 @@ import leaseq
 from leaseq.service import create_app
 from leaseq.service.maintenance import Maintenance, MaintenanceConfig
 
+from conformance.support import run_out
+
 from .conftest import serve
 
 LEASE = 0.4
@@ -136,8 +138,9 @@ def test_a_leader_that_stops_resigns_and_is_replaced_at_once(q: leaseq.Queue, re
 def test_only_the_leader_sweeps_expired_leases(q: leaseq.Queue, replicas) -> None:
     w = q.register_worker("w")
     task = q.enqueue("send", {}, effect="side_effect", lease_seconds=0.3)
-    [claim] = q.claim(w, lease_seconds=0.3)
+    [claim] = q.claim(w)
     q.begin_effect(w, claim, "email.send")  # an intent without a response
+    run_out(q, w, claim)
     leader = replicas(sweep_every=0.1, leader_lease_seconds=3)
     leader.start()
     assert leader.signals.wait("elected")

@@ -17,7 +17,7 @@ import pytest
 
 import leaseq
 from leaseq import auth
-from conformance.support import wait_expired
+from conformance.support import run_out
 from snapshots import snapshot
 
 pytest.importorskip("mcp")
@@ -29,9 +29,9 @@ def needs_reconciliation(q: leaseq.Queue) -> leaseq.Task:
     """A side-effecting task whose lease expired with an intent open: it waits for a person."""
     task = q.enqueue("refund", {"order": 42, "card": "4111"}, effect="side_effect")
     w = q.register_worker("w")
-    [claim] = q.claim(w, lease_seconds=0.3)
+    [claim] = q.claim(w)
     q.begin_effect(w, claim, "payments.refund", key="refund:42")
-    wait_expired(q, claim)
+    run_out(q, w, claim)
     q.sweep()
     assert q.get(task.id).status == "needs_reconciliation"
     return task

@@ -13,8 +13,9 @@ import pytest
 
 import leaseq
 from leaseq import auth
+from conformance.support import run_out
 
-from .support import error_of, snapshot, wait_until
+from .support import error_of, snapshot
 
 
 def test_remote_worker_runs_a_side_effect_task(svc) -> None:
@@ -63,9 +64,9 @@ def test_guard_story_over_http(svc) -> None:
     a, b = svc.remote(token_a), svc.remote(token_b)
     wa, wb = a.register_worker("a"), b.register_worker("b")
     task = a.enqueue("job", {"n": 1}, effect="idempotent")  # read_only tasks may begin no action
-    [ca] = a.claim(wa, lease_seconds=0.6)
+    [ca] = a.claim(wa)
     fx = a.begin_effect(wa, ca, "lookup")
-    wait_until(svc.q, ca.expires_at)
+    run_out(svc.q, wa, ca)
     [cb] = b.claim(wb)
     assert (cb.task_id, cb.generation) == (task.id, 2)
     before = snapshot(svc.dsn)
