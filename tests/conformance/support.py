@@ -16,7 +16,7 @@ import leaseq
 
 #: A lease the test does a few calls under before letting it run out: long
 #: enough to survive a loaded machine, short enough to wait out.
-WORKING_LEASE = 0.5
+WORKING_LEASE = 1.0
 
 from snapshots import snapshot  # noqa: E402,F401  (shared with the other folders)
 
