@@ -292,9 +292,10 @@ class RemoteQueue:
         """:meth:`complete_many`, and lease up to ``limit`` more tasks of ``queue`` in the same request.
 
         Returns the ids completed and the new claims. The service runs the claim
-        beside the completions, in a transaction of its own, and it never waits;
-        if it is refused or fails, the completions stand and no claims come back
-        (a later :meth:`claim` meets the same trouble and raises it).
+        after the completions, in their transaction where it can (else in one of
+        its own after their commit), and it never waits for work; if it is refused
+        or fails, the completions stand and no claims come back (a later
+        :meth:`claim` meets the same trouble and raises it).
         """
         path, items = self._completions(worker, done)
         data = self._call("POST", path, {"tasks": items, "claim": _claim_body(queue, limit, lease_seconds, kinds)})

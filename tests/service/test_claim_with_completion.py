@@ -20,8 +20,10 @@ import pytest
 
 import leaseq
 from leaseq import engine
+from leaseq.auth import AccessDenied
 from leaseq.client import RemoteQueue
 from leaseq.worker import WorkerRuntime
+from conformance.support import run_out
 
 from .support import error_of, snapshot
 
@@ -331,6 +333,57 @@ def test_racing_completions_and_claims_under_shared_limits_never_deadlock(svc) -
     assert not errors, errors
     assert {t.status for t in svc.q.list_tasks(limit=2000)} == {"completed"}
     assert _deadlocks(svc.dsn) == before
+
+
+def test_a_revocation_racing_completions_whose_claim_routes_expired_leases_never_deadlocks(svc) -> None:
+    # An expired lease awaits routing, so the claim that comes with the completions takes
+    # its slow path, which locks the worker row. A revocation locks that row first and then
+    # the worker's tasks. Were the slow path to run in the completions' transaction, it
+    # would ask for the worker row while holding a completed task's row that the
+    # revocation waits for: a lock cycle, which PostgreSQL breaks (a second's wait, then
+    # an error) and counts. Each round revokes a fresh worker at a moment swept across
+    # the request.
+    if svc.q.store.dialect != "postgres":
+        pytest.skip("SQLite runs one write transaction at a time: no row lock is ever waited for")
+    stalled_rq, stalled, _ = _worker(svc, name="stalled")
+    before = _deadlocks(svc.dsn)
+    unexpected: list[BaseException] = []
+    rounds = 40
+    for rnd in range(rounds):
+        rq, w, _ = _worker(svc, name=f"revoked-{rnd}")
+        svc.q.enqueue_many("job", [{"round": rnd, "n": n} for n in range(3)])
+        [held] = rq.claim(w, lease_seconds=60)
+        [stale] = stalled_rq.claim(stalled, lease_seconds=60)
+        run_out(svc.q, stalled, stale)
+        start = threading.Barrier(2)
+
+        def complete() -> None:
+            start.wait()
+            try:
+                rq.complete_and_claim(w, [(held, None)], limit=1)
+            except (leaseq.LeaseLost, AccessDenied, leaseq.UnknownWorker):
+                pass  # revoked first: refused, as it should be
+            except BaseException as exc:  # pragma: no cover - reported below
+                unexpected.append(exc)
+
+        def revoke(delay: float = rnd % 10 * 0.0008) -> None:
+            start.wait()
+            time.sleep(delay)
+            try:
+                svc.q.revoke_worker(w, by="test")
+            except BaseException as exc:  # pragma: no cover - reported below
+                unexpected.append(exc)
+
+        threads = [threading.Thread(target=complete), threading.Thread(target=revoke)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(30)
+        assert not any(t.is_alive() for t in threads)
+        assert svc.q.get(held.task_id).status in ("completed", "running", "queued")
+    time.sleep(1.2)  # a backend reports its counters to pg_stat_database within a second
+    assert _deadlocks(svc.dsn) == before
+    assert not unexpected, unexpected
 
 
 def _deadlocks(dsn: str) -> int:

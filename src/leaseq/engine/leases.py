@@ -175,11 +175,21 @@ def complete_and_claim(s: Settings, worker: Worker | str, done: Sequence[tuple[C
       to route, or a worker to check): the slow path locks the worker row,
       which a revocation locks before the tasks this transaction now holds.
 
+    Every claim locks the worker row (FOR SHARE), which a revocation locks before
+    the worker's tasks; so, when a claim is to follow, the worker row is locked
+    before the completions lock any task row: taken after them, a revocation
+    between the two would wait for a completed task while the claim waited for
+    the worker row.
+
     A backend that writes one transaction at a time waits for no row lock, and
     claims in full. A claim that fails raises :class:`ClaimFailed`.
     """
-    completed, held_limits = yield from _complete_many(s, worker, done)
     serial = s.backend.serial_writes
+    if claim_with is not None and not serial:
+        yield BEGIN
+        yield one("lock_worker", worker_id=worker_id(worker))  # the guards judge what it says
+        yield COMMIT
+    completed, held_limits = yield from _complete_many(s, worker, done)
     if claim_with is None or (held_limits and not serial):
         return completed, None
     try:
