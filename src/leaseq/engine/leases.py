@@ -185,11 +185,8 @@ def complete_and_claim(s: Settings, worker: Worker | str, done: Sequence[tuple[C
     claims in full. A claim that fails raises :class:`ClaimFailed`.
     """
     serial = s.backend.serial_writes
-    if claim_with is not None and not serial:
-        yield BEGIN
-        yield one("lock_worker", worker_id=worker_id(worker))  # the guards judge what it says
-        yield COMMIT
-    completed, held_limits = yield from _complete_many(s, worker, done)
+    completed, held_limits = yield from _complete_many(s, worker, done,
+                                                       lock_worker=claim_with is not None and not serial)
     if claim_with is None or (held_limits and not serial):
         return completed, None
     try:
@@ -199,9 +196,10 @@ def complete_and_claim(s: Settings, worker: Worker | str, done: Sequence[tuple[C
     return completed, claims
 
 
-def _complete_many(s: Settings, worker: Worker | str,
-                   done: Sequence[tuple[Claim, Any]]) -> Op[tuple[set[int], bool]]:
-    """The completions, and whether they gave limit slots back."""
+def _complete_many(s: Settings, worker: Worker | str, done: Sequence[tuple[Claim, Any]], *,
+                   lock_worker: bool = False) -> Op[tuple[set[int], bool]]:
+    """The completions, and whether they gave limit slots back; ``lock_worker``: the
+    worker row is locked before the tasks (a claim follows in this transaction)."""
     wid = worker_id(worker)
     items, seen = [], set()
     for claim_, result in done:
@@ -218,7 +216,7 @@ def _complete_many(s: Settings, worker: Worker | str,
     # a backend that can skip BEGIN acts on). Tasks that others wait for are
     # left out of this statement...
     yield BEGIN_ONE
-    found = yield from _complete_batch(s, wid, items, with_dependents=False)
+    found = yield from _complete_batch(s, wid, items, with_dependents=False, lock_worker=lock_worker)
     yield COMMIT
     completed: set[int] = {r["id"] for r in found}
     held_limits = any(r["limits"] for r in found)
@@ -227,7 +225,7 @@ def _complete_many(s: Settings, worker: Worker | str,
         # ...and completed here, in a transaction that also settles their
         # waiters (a task missing from both answers had lost its lease)
         yield BEGIN
-        found = yield from _complete_batch(s, wid, rest, with_dependents=True)
+        found = yield from _complete_batch(s, wid, rest, with_dependents=True, lock_worker=lock_worker)
         settled = [r["id"] for r in found]
         if settled:
             yield from settle_dependents(s, settled)
@@ -238,9 +236,9 @@ def _complete_many(s: Settings, worker: Worker | str,
 
 
 def _complete_batch(s: Settings, wid: str, items: list[dict[str, Any]], *,
-                    with_dependents: bool) -> Op[list[dict[str, Any]]]:
+                    with_dependents: bool, lock_worker: bool = False) -> Op[list[dict[str, Any]]]:
     completed: list[dict[str, Any]] = yield rows("complete_batch", worker_id=wid, items=items, compact=s.compact,
-                           with_dependents=with_dependents)
+                           with_dependents=with_dependents, lock_worker=lock_worker)
     if completed and not s.backend.own_limit_slots:
         yield from limits.release(completed)
     if completed and not s.backend.writes_own_evidence:

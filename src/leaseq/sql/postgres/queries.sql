@@ -506,7 +506,15 @@ FOR SHARE OF t;
 -- Without with_dependents, a task that others wait for (has_dependents) is
 -- left alone too: the caller completes it again in a transaction that also
 -- settles its waiters (leaseq.engine.dependencies).
-WITH done AS (
+-- With lock_worker (a claim follows in this transaction, and every claim locks
+-- the worker row), the worker row is locked FOR SHARE before any task row:
+-- the condition naming it involves no task column, so it gates the whole
+-- update and is judged once, before the first row is read. revoke_worker locks
+-- the worker row and then the worker's tasks; taken after the tasks, the lock
+-- would close a cycle with it. It decides nothing: the lease guard does.
+WITH worker AS (
+    SELECT w.id FROM leaseq_workers w WHERE w.id = %(worker_id)s FOR SHARE
+), done AS (
     UPDATE leaseq_tasks t
     SET status = 'completed',
         result = coalesce(c.result, 'null'::jsonb),
@@ -515,6 +523,7 @@ WITH done AS (
         updated_at = now()
     FROM jsonb_to_recordset(%(items)s::jsonb) AS c(task_id bigint, generation bigint, result jsonb)
     WHERE t.id = c.task_id
+      AND (NOT %(lock_worker)s OR EXISTS (SELECT 1 FROM worker))
       AND (%(with_dependents)s OR NOT t.has_dependents)
       /* TEMPLATE: lease_guard(c.generation) */
     RETURNING t.id, t.claim_generation, t.attempts, t.heartbeat_count, t.last_heartbeat_at, t.longest_heartbeat_gap,
