@@ -335,6 +335,54 @@ def test_racing_completions_and_claims_under_shared_limits_never_deadlock(svc) -
     assert _deadlocks(svc.dsn) == before
 
 
+def test_claims_that_must_route_expired_leases_under_shared_limits_never_deadlock(svc) -> None:
+    # A stalled worker keeps leaving expired leases that hold limit slots, so the claims
+    # that come with completions cannot settle on their fast path. Their slow path routes
+    # those leases (giving slots back: limit rows locked) and then claims (taking slots:
+    # more limit rows). Run inside the completions' transaction, the two would take limit
+    # rows out of key order, against other claims taking them in order: a deadlock, which
+    # PostgreSQL breaks after a second and counts. So it runs after their commit.
+    if svc.q.store.dialect != "postgres":
+        pytest.skip("SQLite runs one write transaction at a time: no row lock is ever waited for")
+    for key in ("a", "b", "c"):
+        svc.q.set_limit(key, max_running=100, by="test")
+    shapes = [["a", "b", "c"], ["c"], ["b"], ["a", "c"], ["b", "c"], ["a"]]
+    for i, shape in enumerate(shapes):
+        svc.q.enqueue_many("job", [{"n": n} for n in range(i, 1200, len(shapes))], limits=shape, max_attempts=50)
+    before = _deadlocks(svc.dsn)
+    errors: list[BaseException] = []
+    stop = threading.Event()
+
+    def stall() -> None:
+        rq, w, _ = _worker(svc, name="staller")
+        while not stop.is_set():
+            for c in rq.claim(w, limit=3, lease_seconds=60):
+                run_out(svc.q, w, c)
+            time.sleep(0.002)
+
+    def work(n: int) -> None:
+        try:
+            rq, w, _ = _worker(svc, name=f"racer-{n}")
+            held = rq.claim(w, limit=4)
+            while held:
+                _, held = rq.complete_and_claim(w, [(c, None) for c in held], limit=4)
+        except BaseException as exc:  # pragma: no cover - reported below
+            errors.append(exc)
+
+    staller = threading.Thread(target=stall)
+    staller.start()
+    threads = [threading.Thread(target=work, args=(n,)) for n in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(120)
+    stop.set()
+    staller.join(30)
+    assert not errors, errors
+    time.sleep(1.2)  # a backend reports its counters to pg_stat_database within a second
+    assert _deadlocks(svc.dsn) == before
+
+
 def test_a_revocation_racing_completions_whose_claim_routes_expired_leases_never_deadlocks(svc) -> None:
     # An expired lease awaits routing, so the claim that comes with the completions takes
     # its slow path, which locks the worker row. A revocation locks that row first and then

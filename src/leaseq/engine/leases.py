@@ -78,14 +78,8 @@ def _claim(s: Settings, worker: Worker | str, *, queue: str = "default", limit: 
     if not claimed and not _settled(found):
         if fast_only:
             return None
-        # Slow path: route expired leases, then claim. The worker row first, as
-        # revoke_worker locks it: never a lock cycle with a revocation. The
-        # routing commits before the claim: it gives limit slots back (locking
-        # their rows), and a claim must take limit rows only in key order.
-        yield BEGIN
-        yield from check_worker(wid, lock=True)
-        yield from _route_expired(s)
-        yield COMMIT
+        # Slow path: route expired leases, then claim, in two transactions.
+        yield from route_for_claim(s, wid)
         yield BEGIN
         found = yield rows("claim_batch", route_first=False, **params)
         claimed = yield from _record_claims(s, wid, lease_seconds, found)
@@ -101,6 +95,30 @@ def _claim(s: Settings, worker: Worker | str, *, queue: str = "default", limit: 
     if len(out) < limit and wait is not None:
         out.limit_wait = max(0.0, float(wait))
     return out
+
+
+def try_claim(s: Settings, worker: Worker | str, *, queue: str = "default", limit: int = 1,
+              lease_seconds: float | None = None, kinds: Iterable[str] | None = None) -> Op[Claims | None]:
+    """The claim's fast path alone, one statement: None where it cannot settle the claim
+    (expired leases await routing, or the worker must be checked). The caller then runs
+    :func:`route_for_claim` and tries again, each in a transaction that commits: the
+    service does, whose requests each run in one transaction with their token check.
+    Run as one transaction, routing and claim would take limit rows out of key order."""
+    return (yield from _claim(s, worker, queue=queue, limit=limit, lease_seconds=lease_seconds, kinds=kinds,
+                              fast_only=True))
+
+
+def route_for_claim(s: Settings, worker: Worker | str) -> Op[int]:
+    """The first transaction of a claim's slow path: the worker checked (UnknownWorker if
+    revoked or never registered) and a batch of expired leases routed. The worker row is
+    locked first, as revoke_worker locks it: never a lock cycle with a revocation. It
+    commits before the claim: the routing gives limit slots back (locking their rows), and
+    a claim must take limit rows only in key order. Returns how many leases were routed."""
+    yield BEGIN
+    yield from check_worker(worker_id(worker), lock=True)
+    routed = yield from _route_expired(s)
+    yield COMMIT
+    return routed
 
 
 def _record_claims(s: Settings, wid: str, lease_seconds: float | None,

@@ -105,11 +105,39 @@ async def _serve(request: Request, action: str, worker_id: str, operation: Calla
                                    charge=charge)
 
 
-def _claiming(worker_id: str, queue: str, limit: int, lease_seconds: float | None,
-              kinds: list[str] | None) -> Callable[[Queue], Op[Claims]]:
-    """The claim operation, for :func:`_serve`."""
-    return lambda view: engine.leases.claim(view.settings, worker_id, queue=queue, limit=limit,
-                                            lease_seconds=lease_seconds, kinds=kinds)
+#: Batches of expired leases a claim routes, each in a transaction of its own, before it
+#: answers with nothing (engine.leases.ROUTE_BATCH a batch; the worker claims again).
+ROUTING_PASSES = 5
+
+
+async def _claim_tasks(request: Request, worker_id: str, queue: str, limit: int, lease_seconds: float | None,
+                 kinds: list[str] | None, *, charge: bool = True) -> Claims:
+    """The claim, in the request's transaction with its token check.
+
+    Where it must first route expired leases, the routing runs in a transaction of
+    its own, then the claim again (:func:`leaseq.engine.leases.try_claim`): routing
+    gives limit slots back, locking their rows, and a transaction holding those
+    while its claim locks others would take limit rows out of the key order every
+    claim takes them in, a deadlock against one taking them in order. SQLite writes
+    one transaction at a time and waits for no row lock: there the claim runs whole.
+    """
+    def claiming(view: Queue) -> Op[Claims | None]:
+        return engine.leases.try_claim(view.settings, worker_id, queue=queue, limit=limit,
+                                       lease_seconds=lease_seconds, kinds=kinds)
+
+    if request.app.state.queue.capabilities.serial_writes:
+        return await _serve(request, "claim", worker_id,
+                            lambda view: engine.leases.claim(view.settings, worker_id, queue=queue, limit=limit,
+                                                             lease_seconds=lease_seconds, kinds=kinds),
+                            scope=queue, charge=charge)
+    for _ in range(ROUTING_PASSES):
+        claims = await _serve(request, "claim", worker_id, claiming, scope=queue, charge=charge)
+        if claims is not None:
+            return claims
+        charge = False  # the request is one
+        await _serve(request, "claim", worker_id, lambda view: engine.leases.route_for_claim(view.settings, worker_id),
+                     scope=queue, charge=False)
+    return Claims()
 
 
 def _completing(worker_id: str, done: list[tuple[Claim, Any]]) -> Callable[[Queue], Op[set[int]]]:
@@ -155,9 +183,8 @@ async def claim(body: ClaimBody, request: Request, worker_id: str = WorkerId) ->
             # Every attempt checks the token again (it may have been revoked meanwhile);
             # only the first is charged to the token's rate bucket: the request is one.
             with span("leaseq.claim", queue=body.queue, worker_id=worker_id, limit=body.limit):
-                claims = await _serve(request, "claim", worker_id,
-                                      _claiming(worker_id, body.queue, body.limit, body.lease_seconds, body.kinds),
-                                      scope=body.queue, charge=attempts == 0)
+                claims = await _claim_tasks(request, worker_id, body.queue, body.limit, body.lease_seconds, body.kinds,
+                                      charge=attempts == 0)
             attempts += 1
             metrics.claim_latency.observe(time.perf_counter() - started)
             left = deadline - time.monotonic()
@@ -318,9 +345,8 @@ async def _claim_more(request: Request, worker_id: str, more: ClaimMore) -> dict
     part for it. Its refusal or failure is reported there, never raised."""
     started = time.perf_counter()
     try:
-        claims = await _serve(request, "claim", worker_id,
-                              _claiming(worker_id, more.queue, more.limit, more.lease_seconds, more.kinds),
-                              scope=more.queue, charge=False)
+        claims = await _claim_tasks(request, worker_id, more.queue, more.limit, more.lease_seconds, more.kinds,
+                              charge=False)
     except Exception as exc:  # the worker's own claim meets it again, and decides
         return _claim_error(worker_id, exc)
     metrics = _metrics(request)
