@@ -314,18 +314,9 @@ def test_racing_completions_and_claims_under_shared_limits_never_deadlock(svc) -
     for i, shape in enumerate(shapes):
         svc.q.enqueue_many("job", [{"n": n} for n in range(i, 1500, len(shapes))], limits=shape)
     before = _deadlocks(svc.dsn)
-    errors: list[Any] = []
+    errors: list[BaseException] = []
 
-    def work() -> None:
-        try:
-            rq, w, _ = _worker(svc, name=f"racer-{threading.get_ident()}")
-            held = rq.claim(w, limit=4)
-            while held:
-                _, held = rq.complete_and_claim(w, [(c, None) for c in held], limit=4)
-        except Exception as exc:  # pragma: no cover - reported below
-            errors.append(exc)
-
-    threads = [threading.Thread(target=work) for _ in range(12)]
+    threads = [threading.Thread(target=_drain, args=(svc, f"racer-{n}", errors)) for n in range(12)]
     for t in threads:
         t.start()
     for t in threads:
@@ -360,18 +351,9 @@ def test_claims_that_must_route_expired_leases_under_shared_limits_never_deadloc
                 run_out(svc.q, w, c)
             time.sleep(0.002)
 
-    def work(n: int) -> None:
-        try:
-            rq, w, _ = _worker(svc, name=f"racer-{n}")
-            held = rq.claim(w, limit=4)
-            while held:
-                _, held = rq.complete_and_claim(w, [(c, None) for c in held], limit=4)
-        except BaseException as exc:  # pragma: no cover - reported below
-            errors.append(exc)
-
     staller = threading.Thread(target=stall)
     staller.start()
-    threads = [threading.Thread(target=work, args=(n,)) for n in range(8)]
+    threads = [threading.Thread(target=_drain, args=(svc, f"racer-{n}", errors)) for n in range(8)]
     for t in threads:
         t.start()
     for t in threads:
@@ -432,6 +414,18 @@ def test_a_revocation_racing_completions_whose_claim_routes_expired_leases_never
     time.sleep(1.2)  # a backend reports its counters to pg_stat_database within a second
     assert _deadlocks(svc.dsn) == before
     assert not unexpected, unexpected
+
+
+def _drain(svc: Any, name: str, errors: list[BaseException]) -> None:
+    """A remote worker that completes what it holds and claims the next tasks in the same
+    request, four at a time, until none is left; what it raises goes to ``errors``."""
+    try:
+        rq, w, _ = _worker(svc, name=name)
+        held = rq.claim(w, limit=4)
+        while held:
+            _, held = rq.complete_and_claim(w, [(c, None) for c in held], limit=4)
+    except BaseException as exc:  # pragma: no cover - reported by the test
+        errors.append(exc)
 
 
 def _deadlocks(dsn: str) -> int:
