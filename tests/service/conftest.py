@@ -49,8 +49,11 @@ def serve(q: leaseq.Queue, **settings: Any) -> Iterator[tuple[str, Any]]:
         while app.state.live_streams and time.monotonic() < deadline:
             time.sleep(0.01)
         assert not app.state.live_streams, "a live stream outlived its client by 5 s"
-        # Clients are closed and no request is in flight; uvicorn needs ~0.2 s of
-        # ticks to wind down, which the next test need not wait for.
+        # Maintenance stops here, before the test closes the queue: its threads use the
+        # queue's connections, and a SQLite connection closed under a running statement
+        # crashes the process. Clients are closed and no request is in flight; uvicorn
+        # needs ~0.2 s of ticks to wind down, which the next test need not wait for.
+        app.state.maintenance.stop()
         server.should_exit = True
 
 

@@ -13,7 +13,11 @@ checks and the same operations, awaited); elsewhere, in a thread.
 * ``claim`` leases up to ``limit`` tasks and may wait (``wait`` seconds,
   capped by the service) for work to arrive: woken by LISTEN/NOTIFY on
   PostgreSQL, by enqueues through this process, or a short re-check
-  (:mod:`.wakeups`). Each attempt is one transaction.
+  (:mod:`.wakeups`). Each attempt is one transaction, or, on PostgreSQL,
+  three when expired leases must be routed first: the claim's one
+  statement finds them, a transaction of its own routes a batch (giving
+  limit slots back), and the claim runs again. Routing and claiming in one
+  transaction would take limit rows out of key order.
 * ``complete`` may also ask for more work (``claim``): after the
   completions, in the same transaction (the claim authorized for its
   queue), up to ``claim.limit`` tasks are leased and returned with the
