@@ -190,8 +190,9 @@ def complete_and_claim(s: Settings, worker: Worker | str, done: Sequence[tuple[C
     * when the completions gave limit slots back: this transaction holds those
       limit rows now, and a claim must take limit rows in key order only;
     * when the claim's one-statement fast path cannot settle it (expired leases
-      to route, or a worker to check): the slow path locks the worker row,
-      which a revocation locks before the tasks this transaction now holds.
+      to route, or a worker to check): routing gives limit slots back, and the
+      claim after it would take limit rows out of key order (see
+      :func:`try_claim`).
 
     Every claim locks the worker row (FOR SHARE), which a revocation locks before
     the worker's tasks; so, when a claim is to follow, the worker row is locked

@@ -115,7 +115,7 @@ ROUTING_PASSES = 5
 
 
 async def _claim_tasks(request: Request, worker_id: str, queue: str, limit: int, lease_seconds: float | None,
-                 kinds: list[str] | None, *, charge: bool = True) -> Claims:
+                       kinds: list[str] | None, *, charge: bool = True) -> Claims:
     """The claim, in the request's transaction with its token check.
 
     Where it must first route expired leases, the routing runs in a transaction of
@@ -125,22 +125,19 @@ async def _claim_tasks(request: Request, worker_id: str, queue: str, limit: int,
     claim takes them in, a deadlock against one taking them in order. SQLite writes
     one transaction at a time and waits for no row lock: there the claim runs whole.
     """
-    def claiming(view: Queue) -> Op[Claims | None]:
-        return engine.leases.try_claim(view.settings, worker_id, queue=queue, limit=limit,
-                                       lease_seconds=lease_seconds, kinds=kinds)
+    whole = request.app.state.queue.capabilities.serial_writes
+    attempt = engine.leases.claim if whole else engine.leases.try_claim  # claim never answers None
 
-    if request.app.state.queue.capabilities.serial_writes:
-        return await _serve(request, "claim", worker_id,
-                            lambda view: engine.leases.claim(view.settings, worker_id, queue=queue, limit=limit,
-                                                             lease_seconds=lease_seconds, kinds=kinds),
-                            scope=queue, charge=charge)
+    def claiming(view: Queue) -> Op[Claims | None]:
+        return attempt(view.settings, worker_id, queue=queue, limit=limit, lease_seconds=lease_seconds, kinds=kinds)
+
     for _ in range(ROUTING_PASSES):
         claims = await _serve(request, "claim", worker_id, claiming, scope=queue, charge=charge)
         if claims is not None:
             return claims
         charge = False  # the request is one
-        await _serve(request, "claim", worker_id, lambda view: engine.leases.route_for_claim(view.settings, worker_id),
-                     scope=queue, charge=False)
+        await _serve(request, "claim", worker_id,
+                     lambda view: engine.leases.route_for_claim(view.settings, worker_id), scope=queue, charge=False)
     return Claims()
 
 
@@ -187,8 +184,8 @@ async def claim(body: ClaimBody, request: Request, worker_id: str = WorkerId) ->
             # Every attempt checks the token again (it may have been revoked meanwhile);
             # only the first is charged to the token's rate bucket: the request is one.
             with span("leaseq.claim", queue=body.queue, worker_id=worker_id, limit=body.limit):
-                claims = await _claim_tasks(request, worker_id, body.queue, body.limit, body.lease_seconds, body.kinds,
-                                      charge=attempts == 0)
+                claims = await _claim_tasks(request, worker_id, body.queue, body.limit, body.lease_seconds,
+                                            body.kinds, charge=attempts == 0)
             attempts += 1
             metrics.claim_latency.observe(time.perf_counter() - started)
             left = deadline - time.monotonic()
@@ -350,7 +347,7 @@ async def _claim_more(request: Request, worker_id: str, more: ClaimMore) -> dict
     started = time.perf_counter()
     try:
         claims = await _claim_tasks(request, worker_id, more.queue, more.limit, more.lease_seconds, more.kinds,
-                              charge=False)
+                                    charge=False)
     except Exception as exc:  # the worker's own claim meets it again, and decides
         return _claim_error(worker_id, exc)
     metrics = _metrics(request)
