@@ -124,7 +124,8 @@ class SqliteFence:
     @contextmanager
     def connection(self) -> Iterator[sqlite3.Connection]:
         """This thread's connection in autocommit mode, for reads outside any transaction."""
-        yield self._connections.get()
+        with self._connections.use() as conn:
+            yield conn
 
     def run(self, conn: sqlite3.Connection, query: str, **params: Any) -> list[dict[str, Any]]:
         """Run a named query on ``conn`` and return its rows as dicts (times as datetimes)."""
