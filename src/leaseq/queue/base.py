@@ -111,7 +111,10 @@ class QueueBase:
         await self.store.close_async()
 
     def close(self) -> None:
-        """Close every connection."""
+        """Close every connection. Safe while other threads still run operations on the
+        queue: one in progress finishes (its transaction commits or rolls back) and its
+        connection closes after it. Every call after ``close()`` raises
+        :class:`leaseq.BackendUnavailable`, on both backends."""
         self.store.close()
 
     def __enter__(self) -> Self:
