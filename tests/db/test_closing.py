@@ -31,17 +31,15 @@ RACE = textwrap.dedent('''
     from leaseq.fencing import FencedStore
 
     folder, rounds = sys.argv[1], int(sys.argv[2])
-    refusals, unexpected = 0, []
+    refusals, unexpected = [], []
 
-    def hammer(call, stop):
-        global refusals
-        while not stop.is_set():
+    def hammer(call):
+        # until refused: after close() every call is, so every thread ends
+        while True:
             try:
                 call()
             except leaseq.BackendUnavailable as exc:
-                if "is closed" not in str(exc):
-                    unexpected.append(repr(exc))
-                refusals += 1
+                (refusals if "is closed" in str(exc) else unexpected).append(repr(exc))
                 return
             except Exception as exc:
                 unexpected.append(repr(exc))
@@ -63,19 +61,18 @@ RACE = textwrap.dedent('''
             fence.apply("resource", "7.1", lambda conn: None)
             fence.newest_generation("resource", 7)
 
-        stop = threading.Event()
-        threads = [threading.Thread(target=hammer, args=(work, stop))
+        threads = [threading.Thread(target=hammer, args=(work,))
                    for work in (queue_work, queue_work, queue_work, fence_work, fence_work)]
         for t in threads:
             t.start()
         time.sleep(0.01 + 0.002 * (n % 10))  # close at a different point of the work each round
         q.close()
         fence.close()
-        time.sleep(0.01)
-        stop.set()
         for t in threads:
-            t.join()
-    print(f"refusals={refusals} unexpected={unexpected[:3]!r}")
+            t.join(30)
+            if t.is_alive():
+                unexpected.append("a thread was still running 30 s after close()")
+    print(f"refusals={len(refusals)} unexpected={unexpected[:3]!r}")
     sys.exit(1 if unexpected else 0)
 ''')
 
