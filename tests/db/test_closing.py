@@ -5,7 +5,8 @@ on without any guard, and the process dies with a segmentation fault. An
 application that shuts down (``close()`` from its main thread while a
 worker thread or a request still runs a statement) met exactly that. The
 race runs in a child process, so a crash fails the test with the signal
-instead of killing the test runner's worker.
+instead of killing the test runner's worker; it runs on PostgreSQL too,
+where a closed pool must refuse the same way.
 
 After ``close()``, every call is refused with BackendUnavailable naming the
 database, on both backends, and writes nothing.
@@ -30,7 +31,7 @@ RACE = textwrap.dedent('''
     import leaseq
     from leaseq.fencing import FencedStore
 
-    folder, rounds = sys.argv[1], int(sys.argv[2])
+    where, rounds = sys.argv[1], int(sys.argv[2])
     refusals, unexpected = [], []
 
     def hammer(call):
@@ -39,17 +40,19 @@ RACE = textwrap.dedent('''
             try:
                 call()
             except leaseq.BackendUnavailable as exc:
-                (refusals if "is closed" in str(exc) else unexpected).append(repr(exc))
+                (refusals if "closed" in str(exc) else unexpected).append(repr(exc))
                 return
             except Exception as exc:
                 unexpected.append(repr(exc))
                 return
 
     for n in range(rounds):
-        q = leaseq.connect(f"sqlite:///{folder}/queue{n}.db")
+        # SQLite: two files a round; PostgreSQL: the test's schema, connected afresh each round
+        sqlite = not where.startswith("postgresql")
+        q = leaseq.connect(f"sqlite:///{where}/queue{n}.db" if sqlite else where)
         q.migrate()
         worker = q.register_worker("racer")
-        fence = FencedStore(f"sqlite:///{folder}/fence{n}.db")
+        fence = FencedStore(f"sqlite:///{where}/fence{n}.db" if sqlite else where)
         fence.migrate()
 
         def queue_work():
@@ -77,8 +80,9 @@ RACE = textwrap.dedent('''
 ''')
 
 
-def test_closing_while_other_threads_run_statements_never_crashes(tmp_path):
-    proc = subprocess.run([sys.executable, "-c", RACE, str(tmp_path), str(ROUNDS)],
+def test_closing_while_other_threads_run_statements_never_crashes(dsn, tmp_path):
+    where = str(tmp_path) if dsn.startswith("sqlite") else dsn
+    proc = subprocess.run([sys.executable, "-c", RACE, where, str(ROUNDS)],
                           capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, (
         f"exit {proc.returncode} (a negative code is the signal that killed it)\n"
