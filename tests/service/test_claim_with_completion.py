@@ -333,25 +333,12 @@ def test_claims_that_must_route_expired_leases_under_shared_limits_never_deadloc
     # more limit rows). Run inside the completions' transaction, the two would take limit
     # rows out of key order, against other claims taking them in order: a deadlock, which
     # PostgreSQL breaks after a second and counts. So it runs after their commit.
-    if svc.q.store.dialect != "postgres":
-        pytest.skip("SQLite runs one write transaction at a time: no row lock is ever waited for")
-    for key in ("a", "b", "c"):
-        svc.q.set_limit(key, max_running=100, by="test")
-    shapes = [["a", "b", "c"], ["c"], ["b"], ["a", "c"], ["b", "c"], ["a"]]
-    for i, shape in enumerate(shapes):
-        svc.q.enqueue_many("job", [{"n": n} for n in range(i, 1200, len(shapes))], limits=shape, max_attempts=50)
+    _limited_jobs(svc, 1200)
     before = _deadlocks(svc.dsn)
     errors: list[BaseException] = []
     stop = threading.Event()
 
-    def stall() -> None:
-        rq, w, _ = _worker(svc, name="staller")
-        while not stop.is_set():
-            for c in rq.claim(w, limit=3, lease_seconds=60):
-                run_out(svc.q, w, c)
-            time.sleep(0.002)
-
-    staller = threading.Thread(target=stall)
+    staller = threading.Thread(target=_stall, args=(svc, stop))
     staller.start()
     threads = [threading.Thread(target=_drain, args=(svc, f"racer-{n}", errors)) for n in range(8)]
     for t in threads:
@@ -360,6 +347,59 @@ def test_claims_that_must_route_expired_leases_under_shared_limits_never_deadloc
         t.join(120)
     stop.set()
     staller.join(30)
+    assert not errors, errors
+    time.sleep(1.2)  # a backend reports its counters to pg_stat_database within a second
+    assert _deadlocks(svc.dsn) == before
+
+
+def test_claims_after_completions_that_gave_no_slots_back_never_route_in_their_transaction(svc) -> None:
+    # The completions here are of tasks that name no limit, so their transaction holds no
+    # limit row and the claim may join it; but only on its one-statement fast path. Where
+    # expired leases holding limit slots wait to be routed, routing them in that
+    # transaction would lock their limit rows (slots given back) before the claim takes
+    # limit rows in key order: against plain claims taking the same rows in order, a
+    # deadlock. So such a claim is left to transactions of its own (engine.leases:
+    # complete_and_claim's fast_only).
+    _limited_jobs(svc, 1500)
+    svc.q.enqueue_many("free", [{"n": n} for n in range(1500)], queue="free")
+    before = _deadlocks(svc.dsn)
+    errors: list[BaseException] = []
+    stop = threading.Event()
+
+    def mixed(name: str) -> None:
+        # completes tasks without limits, and claims tasks with limits in the same request
+        try:
+            rq, w, _ = _worker(svc, name=name)
+            while True:
+                free = rq.claim(w, queue="free", limit=2, lease_seconds=60)
+                if not free:
+                    return
+                _, held = rq.complete_and_claim(w, [(c, None) for c in free], limit=3, lease_seconds=60)
+                if held:
+                    rq.complete_many(w, [(c, None) for c in held])
+        except BaseException as exc:  # pragma: no cover - reported below
+            errors.append(exc)
+
+    def plain(name: str) -> None:
+        try:
+            rq, w, _ = _worker(svc, name=name)
+            while not stop.is_set():
+                held = rq.claim(w, limit=4, lease_seconds=60)
+                if held:
+                    rq.complete_many(w, [(c, None) for c in held])
+        except BaseException as exc:  # pragma: no cover - reported below
+            errors.append(exc)
+
+    staller = threading.Thread(target=_stall, args=(svc, stop))
+    others = [threading.Thread(target=plain, args=(f"plain-{n}",)) for n in range(3)]
+    racers = [threading.Thread(target=mixed, args=(f"mixed-{n}",)) for n in range(6)]
+    for t in [staller, *others, *racers]:
+        t.start()
+    for t in racers:
+        t.join(120)
+    stop.set()
+    for t in [staller, *others]:
+        t.join(30)
     assert not errors, errors
     time.sleep(1.2)  # a backend reports its counters to pg_stat_database within a second
     assert _deadlocks(svc.dsn) == before
@@ -426,6 +466,27 @@ def _drain(svc: Any, name: str, errors: list[BaseException]) -> None:
             _, held = rq.complete_and_claim(w, [(c, None) for c in held], limit=4)
     except BaseException as exc:  # pragma: no cover - reported by the test
         errors.append(exc)
+
+
+def _limited_jobs(svc: Any, count: int) -> None:
+    """``count`` tasks under three shared limits, in six shapes (on PostgreSQL only)."""
+    if svc.q.store.dialect != "postgres":
+        pytest.skip("SQLite runs one write transaction at a time: no row lock is ever waited for")
+    for key in ("a", "b", "c"):
+        svc.q.set_limit(key, max_running=100, by="test")
+    shapes = [["a", "b", "c"], ["c"], ["b"], ["a", "c"], ["b", "c"], ["a"]]
+    for i, shape in enumerate(shapes):
+        svc.q.enqueue_many("job", [{"n": n} for n in range(i, count, len(shapes))], limits=shape, max_attempts=50)
+
+
+def _stall(svc: Any, stop: threading.Event) -> None:
+    """A remote worker whose leases all run out, one after another until ``stop``: expired
+    leases holding their limit slots keep waiting to be routed."""
+    rq, w, _ = _worker(svc, name="staller")
+    while not stop.is_set():
+        for c in rq.claim(w, limit=3, lease_seconds=60):
+            run_out(svc.q, w, c)
+        time.sleep(0.002)
 
 
 def _deadlocks(dsn: str) -> int:
