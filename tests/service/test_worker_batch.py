@@ -180,8 +180,8 @@ def test_a_refused_token_in_the_same_transaction_writes_nothing(svc) -> None:
     assert snapshot(svc.dsn) == before
 
 
-def test_claims_and_completions_on_postgresql_never_leave_the_event_loop(svc, monkeypatch) -> None:
-    """On PostgreSQL the worker API's hot path (claim, complete, complete with a claim) runs
+def test_claims_renewals_and_completions_on_postgresql_never_leave_the_event_loop(svc, monkeypatch) -> None:
+    """On PostgreSQL the worker API's hot path (claim, renew, complete, complete with a claim) runs
     its transaction on the event loop with the asyncio driver: no blocking transaction, so
     no thread handing the interpreter lock back and forth at every statement."""
     if not svc.q.native_async:
@@ -205,8 +205,10 @@ def test_claims_and_completions_on_postgresql_never_leave_the_event_loop(svc, mo
     monkeypatch.setattr(store, "transaction", spied)
     monkeypatch.setattr(store, "atransaction", aspied)
     claims = rq.claim(w, limit=2)
+    assert set(rq.renew_leases(w, claims)) == {c.task_id for c in claims}
     done, more = rq.complete_and_claim(w, [(c, None) for c in claims], limit=2)
     assert done == {c.task_id for c in claims} and len(more) == 2
     assert rq.complete_many(w, [(c, None) for c in more]) == {c.task_id for c in more}
-    assert blocking == [] and len(asyncio_side) == 3  # the claim, the completions with a claim, the completions
+    # the claim, the renewal, the completions with a claim, the completions
+    assert blocking == [] and len(asyncio_side) == 4
     assert len(set(asyncio_side)) == 1 and "AnyIO" not in asyncio_side[0]  # the server's own loop thread

@@ -30,7 +30,8 @@ checks and the same operations, awaited); elsewhere, in a thread.
   for work, and its refusal or failure (a refused queue, an outage) never
   undoes the completions: it is reported in ``claim_error`` and the worker
   claims on its own.
-* ``renew``, ``complete`` and ``fail`` take many leases at once. A lease the
+* ``renew``, ``complete`` and ``fail`` take many leases at once (renewals and
+  completions, like claims, awaited on the event loop on PostgreSQL). A lease the
   guard refuses is reported in ``refused`` (``lease_lost``) and the others
   go through: a partly refused batch is not an error. Bad input (an
   oversized batch, a task named twice, an unusable value) refuses the whole
@@ -237,11 +238,12 @@ class RenewBody(Body):
 
 
 @router.post("/workers/{worker_id}/renew", summary="Renew many leases in one guarded statement")
-def renew(body: RenewBody, request: Request, worker_id: str = WorkerId) -> JSONResponse:
+async def renew(body: RenewBody, request: Request, worker_id: str = WorkerId) -> JSONResponse:
     started = time.perf_counter()
     claims = [_claim(worker_id, ref.task_id, ref.generation) for ref in body.leases]
     _no_repeats("leases", [c.task_id for c in claims])
-    renewed = in_one_transaction(request, "renew", worker_id, lambda view: view.renew_leases(worker_id, claims))
+    renewed = await _serve(request, "renew", worker_id,
+                           lambda view: engine.leases.renew_leases(view.settings, worker_id, claims))
     metrics = _metrics(request)
     metrics.heartbeat_latency.observe(time.perf_counter() - started)
     metrics.lost("heartbeat", len(claims) - len(renewed))
