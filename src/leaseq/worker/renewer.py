@@ -75,11 +75,6 @@ def _renewable(ctx: TaskContext) -> bool:
     return not (ctx.lost or ctx.renewal_refused)
 
 
-def _retrieved(call: asyncio.Future[Any]) -> None:
-    if not call.cancelled():
-        call.exception()
-
-
 class Renewer:
     """Renews the leases in ``held``; reports the lost ones through ``lose``."""
 
@@ -103,6 +98,13 @@ class Renewer:
         self._backoff = INITIAL_BACKOFF
         #: a renewal that outlasted its wait and still runs
         self._in_flight: _InFlight | None = None
+
+    def _finished(self, call: asyncio.Future[Any]) -> None:
+        """Count a renewal call once it is over (answered or failed, awaited or not), and
+        read its error here in case nobody awaits it any more."""
+        self._count()
+        if not call.cancelled():
+            call.exception()
 
     def lease_started(self, ctx: TaskContext) -> None:
         """A new lease is held: wake the renewer if it is due before the renewer means to wake."""
@@ -147,8 +149,7 @@ class Renewer:
                 ctx.renewal_sent_at = sent
             call = asyncio.ensure_future(self._call(self.transport.renew_leases, self.worker,
                                                     [ctx.claim for ctx in live]))
-            call.add_done_callback(_retrieved)  # its error is read here if nobody awaits it any more
-            self._count()
+            call.add_done_callback(self._finished)
         # A renewal stuck on a dead connection must not keep leases alive
         # locally: wait no longer than the most urgent lease has left.
         urgent = min((ctx.renewed_at + ctx.claim.lease_seconds for ctx in live), default=0.0)
