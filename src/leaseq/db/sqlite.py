@@ -54,8 +54,8 @@ class SqliteConnections:
     Connections are opened with ``check_same_thread=False`` so a thread may
     hand its connection to another while it waits (the fencing middleware
     does); a connection is still never used by two threads at once. Every
-    use goes through :meth:`use` (or :meth:`transaction`), which
-    :meth:`close` waits on connection by connection, never by blocking.
+    use goes through :meth:`use` (or :meth:`transaction`): :meth:`close`
+    never closes a connection in use, its user closes it when the use ends.
     """
 
     def __init__(self, path: str, *, busy_timeout: float = 30.0, pragmas: tuple[str, ...] = ()):

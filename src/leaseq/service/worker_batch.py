@@ -6,7 +6,7 @@ link to it and the operation commit together, in one round trip from the
 worker. The operations are :class:`leaseq.Queue`'s own, run on a joined
 view (:meth:`leaseq.Queue.joined`), so every lease guard applies per task
 exactly as on the direct path; nothing here decides a lease question. On
-PostgreSQL, claims and completions run on the event loop with the asyncio
+PostgreSQL, claims, renewals and completions run on the event loop with the asyncio
 driver (:func:`ain_one_transaction`, :meth:`leaseq.Queue.ajoined`: the same
 checks and the same operations, awaited); elsewhere, in a thread.
 
@@ -30,8 +30,7 @@ checks and the same operations, awaited); elsewhere, in a thread.
   for work, and its refusal or failure (a refused queue, an outage) never
   undoes the completions: it is reported in ``claim_error`` and the worker
   claims on its own.
-* ``renew``, ``complete`` and ``fail`` take many leases at once (renewals and
-  completions, like claims, awaited on the event loop on PostgreSQL). A lease the
+* ``renew``, ``complete`` and ``fail`` take many leases at once. A lease the
   guard refuses is reported in ``refused`` (``lease_lost``) and the others
   go through: a partly refused batch is not an error. Bad input (an
   oversized batch, a task named twice, an unusable value) refuses the whole
