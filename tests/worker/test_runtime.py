@@ -3,15 +3,11 @@
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
-import sqlite3
 import threading
 import time
-from collections.abc import Iterator
 from typing import Any
 
-import psycopg
 import pytest
 
 import leaseq
@@ -98,82 +94,6 @@ def test_all_leases_renewed_in_one_call_per_tick(app: leaseq.App) -> None:
     assert max(transport.renew_batches) == 8, "one call renews every held lease"
     # Per-task heartbeats would need ~8x as many calls.
     assert len(transport.renew_batches) <= 15, transport.renew_batches
-
-
-class StallCounter(CountingTransport):
-    """The real queue, with the renewal calls that reach it timed (thread-safe)."""
-
-    def __init__(self, queue: leaseq.Queue):
-        super().__init__(queue)
-        #: (when each call reached the queue, the generations it named)
-        self.calls: list[tuple[float, set[int]]] = []
-        self._lock = threading.Lock()
-        self.running = self.most_at_once = 0
-
-    def renew_leases(self, worker, claims):
-        with self._lock:
-            self.calls.append((time.monotonic(), {c.generation for c in claims}))
-            self.running += 1
-            self.most_at_once = max(self.most_at_once, self.running)
-        try:
-            return super().renew_leases(worker, claims)
-        finally:
-            with self._lock:
-                self.running -= 1
-
-
-@contextlib.contextmanager
-def database_stalled(dsn: str) -> Iterator[None]:
-    """Every write to the task table waits while the block runs: a real lock held by
-    another session (PostgreSQL: the running tasks' rows; SQLite: the file's write lock)."""
-    if dsn.startswith("sqlite"):
-        conn = sqlite3.connect(dsn.removeprefix("sqlite:///"), isolation_level=None)
-        conn.execute("BEGIN IMMEDIATE")
-        try:
-            yield
-        finally:
-            conn.execute("ROLLBACK")
-            conn.close()
-        return
-    with psycopg.connect(dsn) as conn:
-        conn.execute("SELECT id FROM leaseq_tasks WHERE status = 'running' FOR UPDATE")
-        yield
-        conn.rollback()
-
-
-def test_a_stalled_database_meets_one_renewal_at_a_time_not_a_storm(app: leaseq.App, dsn: str) -> None:
-    """A renewal that outlasts its wait is waited on, not sent again; a lease whose renewal
-    the queue refused after its handler returned is not renewed again.
-
-    Before, a stall longer than the lease met a new renewal every 50 ms, each queued
-    behind the lock on a thread and a connection of its own; and once the queue answered
-    again, the refused leases (their deadline never moving) were renewed back to back, as
-    fast as it answered: 837 calls in this test on PostgreSQL."""
-    @app.task("quick", lease_seconds=1.0)
-    def quick(ctx) -> None:
-        ctx.sleep(0.3)  # returns during the stall: its completion waits on the lock too
-
-    for _ in range(4):
-        quick.enqueue()
-    transport = StallCounter(app.queue)
-    runtime = WorkerRuntime(app, transport, concurrency=4, poll_interval=0.05)
-    done = threading.Thread(target=lambda: asyncio.run(runtime.run(until_idle=True)))
-    done.start()
-    try:
-        wait_for(lambda: len(runtime.held) == 4)
-        with database_stalled(dsn):
-            stalled = time.monotonic()
-            time.sleep(1.6)  # longer than the lease: the first attempts' leases run out
-        time.sleep(0.5)
-    finally:
-        runtime.stop()
-        done.join(30)
-    first_attempts = [at for at, generations in transport.calls if at >= stalled and 1 in generations]
-    # the renewal blocked by the stall, and one more a lease length later (a renewal that
-    # long without an answer may be stuck on a dead connection): never one beside the other
-    # for less than a lease length, and none once the queue refused the leases
-    assert len(first_attempts) <= 2, f"{len(first_attempts)} renewals of the first attempts' leases"
-    assert transport.most_at_once <= 2
 
 
 def test_cancel_cancels_an_async_handler_and_nothing_is_published(app: leaseq.App, start_worker) -> None:

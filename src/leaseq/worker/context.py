@@ -51,9 +51,6 @@ class TaskContext:
         #: monotonic time at which the last renewal was sent, answered or not: if
         #: it committed unanswered, the lease may last until this plus its length.
         self.renewal_sent_at = self.renewed_at
-        #: the queue refused to renew the lease after the handler returned: it is not
-        #: renewed again (the outcome's own guarded write decides, and is refused too)
-        self.renewal_refused = False
         #: set by the runtime once this attempt's outcome is recorded
         self.outcome_recorded = False
         #: set by the runtime: called (from any thread) when the context finds out itself

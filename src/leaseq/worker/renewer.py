@@ -9,12 +9,7 @@ the worker only inferred it, and a renewal whose answer was lost may have
 extended the lease after all, so the runtime still sends a success the
 handler returns, and the queue's guard decides. A renewal that fails in
 transit (a dropped connection, a restarting server) is retried with backoff,
-not at once in a loop, for as long as the leases last. A renewal that is
-slow to answer (a database stalled on a lock, a loaded server) is not sent
-again: it stays the one renewal in flight, the renewer waits on it in slices
-(judging the leases between them), and its late answer still counts. A
-fresh call beside it would queue behind it and hold another connection, and
-a stalled database would meet a storm of them.
+not at once in a loop, for as long as the leases last.
 
 Leases whose handler has returned are still renewed while their outcome is
 being recorded, but the renewer does not judge them: the completer's guarded
@@ -27,7 +22,6 @@ import asyncio
 import logging
 import time
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from ..core.errors import UnknownWorker
@@ -59,22 +53,6 @@ def renew_interval(ctx: TaskContext) -> float:
     return max(MIN_RENEW_INTERVAL, ctx.claim.lease_seconds * RENEW_FRACTION)
 
 
-@dataclass(frozen=True, slots=True)
-class _InFlight:
-    """A renewal still running after its wait ran out."""
-
-    call: asyncio.Future[Any]
-    #: when it was sent (monotonic): a success proves its leases from then
-    sent: float
-    leases: list[TaskContext]
-    #: when to stop waiting for it and send another (one lease length after it was sent)
-    give_up_at: float
-
-
-def _renewable(ctx: TaskContext) -> bool:
-    return not (ctx.lost or ctx.renewal_refused)
-
-
 class Renewer:
     """Renews the leases in ``held``; reports the lost ones through ``lose``."""
 
@@ -96,15 +74,6 @@ class Renewer:
         #: after a renewal failed in transit: no new try before this monotonic time
         self._retry_at = 0.0
         self._backoff = INITIAL_BACKOFF
-        #: a renewal that outlasted its wait and still runs
-        self._in_flight: _InFlight | None = None
-
-    def _finished(self, call: asyncio.Future[Any]) -> None:
-        """Count a renewal call once it is over (answered or failed, awaited or not), and
-        read its error here in case nobody awaits it any more."""
-        self._count()
-        if not call.cancelled():
-            call.exception()
 
     def lease_started(self, ctx: TaskContext) -> None:
         """A new lease is held: wake the renewer if it is due before the renewer means to wake."""
@@ -114,7 +83,7 @@ class Renewer:
 
     def next_renewal(self) -> float | None:
         """Monotonic time at which the most urgent held lease is due for renewal."""
-        due = min((ctx.renewed_at + renew_interval(ctx) for ctx in self._held.values() if _renewable(ctx)),
+        due = min((ctx.renewed_at + renew_interval(ctx) for ctx in self._held.values() if not ctx.lost),
                   default=None)
         return None if due is None else max(due, self._retry_at)
 
@@ -132,40 +101,23 @@ class Renewer:
             await self.renew_now()
 
     async def renew_now(self) -> None:
-        """Renew every held lease in one call; mark the ones that are gone as lost.
-        While an earlier renewal still runs, wait on it instead of sending another."""
-        waiting, self._in_flight = self._in_flight, None
-        if waiting is not None and time.monotonic() < waiting.give_up_at:
-            call, sent, live = waiting.call, waiting.sent, [ctx for ctx in waiting.leases if _renewable(ctx)]
-        else:
-            if waiting is not None:  # a lease length without an answer: perhaps a dead connection
-                logger.warning("worker %s: a renewal sent %.1fs ago never answered; sending another",
-                               self.worker.id, time.monotonic() - waiting.sent)
-            live = [ctx for ctx in self._held.values() if _renewable(ctx)]
-            if not live:
-                return
-            sent = time.monotonic()
-            for ctx in live:
-                ctx.renewal_sent_at = sent
-            call = asyncio.ensure_future(self._call(self.transport.renew_leases, self.worker,
-                                                    [ctx.claim for ctx in live]))
-            call.add_done_callback(self._finished)
+        """Renew every held lease in one call; mark the ones that are gone as lost."""
+        live = [ctx for ctx in self._held.values() if not ctx.lost]
+        if not live:
+            return
+        sent = time.monotonic()
+        for ctx in live:
+            ctx.renewal_sent_at = sent
         # A renewal stuck on a dead connection must not keep leases alive
         # locally: wait no longer than the most urgent lease has left.
-        urgent = min((ctx.renewed_at + ctx.claim.lease_seconds for ctx in live), default=0.0)
-        budget = max(MIN_RENEW_INTERVAL, urgent - time.monotonic())
+        budget = max(MIN_RENEW_INTERVAL, min(c.renewed_at + c.claim.lease_seconds for c in live) - sent)
         renewed: dict[int, Any] | None = None
         try:
-            renewed = await asyncio.wait_for(asyncio.shield(call), budget)
+            renewed = await asyncio.wait_for(
+                self._call(self.transport.renew_leases, self.worker, [ctx.claim for ctx in live]), budget)
         except asyncio.TimeoutError:
-            if waiting is None:
-                logger.warning("worker %s: renewal did not answer within %.2fs; still waiting for it",
-                               self.worker.id, budget)
-            # Judge the leases now and go on waiting for this call (its answer counts when it
-            # comes), for one lease length at most from when it was sent.
-            give_up_at = sent + min((ctx.claim.lease_seconds for ctx in live), default=0.0)
-            self._in_flight = _InFlight(call, sent, live, give_up_at)
-            self._retry_at = time.monotonic()
+            logger.warning("worker %s: renewal did not answer within %.2fs", self.worker.id, budget)
+            self._retry_at = time.monotonic()  # it already waited: try again at once
         except UnknownWorker as exc:  # revoked: its leases ended with it
             for ctx in live:
                 if ctx.key in self._running:
@@ -180,14 +132,12 @@ class Renewer:
             logger.warning("worker %s: renewal failed (%r); retrying in %.2fs", self.worker.id, exc, pause)
         else:
             self._backoff, self._retry_at = INITIAL_BACKOFF, 0.0
+        self._count()
         for ctx in live:
             if renewed is not None and ctx.task_id in renewed:
                 ctx.renewed_at = sent
             elif ctx.key not in self._running:
-                # The handler returned and its outcome is being recorded: that guarded write
-                # decides. A lease the queue refused is not renewed again (else, its deadline
-                # never moving, it would be due again at once, as often as the queue answers).
-                ctx.renewal_refused = renewed is not None
+                pass  # the handler returned and its outcome is being recorded: that guarded write decides
             elif renewed is not None:
                 self._lose(ctx, "heartbeat refused: the lease was expired, cancelled, revoked or reclaimed")
             elif time.monotonic() - ctx.renewed_at >= ctx.claim.lease_seconds:

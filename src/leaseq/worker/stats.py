@@ -26,7 +26,6 @@ class WorkerStats:
     #: attempts stopped for running past their timeout (their leases given up
     #: with reason "timeout"; each also counts in ``released`` once recorded)
     timed_out: int = 0
-    #: renewal calls over (answered or failed), each renewing every lease it named
     renewals: int = 0
     #: outcomes whose write was refused after an earlier try failed in transit:
     #: that try may have been written (the task's row says which)
