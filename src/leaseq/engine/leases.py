@@ -99,13 +99,15 @@ def _claim(s: Settings, worker: Worker | str, *, queue: str = "default", limit: 
 
 def try_claim(s: Settings, worker: Worker | str, *, queue: str = "default", limit: int = 1,
               lease_seconds: float | None = None, kinds: Iterable[str] | None = None) -> Op[Claims | None]:
-    """The claim's fast path alone, one statement: None where it cannot settle the claim
-    (expired leases await routing, or the worker must be checked). The caller then runs
-    :func:`route_for_claim` and tries again, each in a transaction that commits: the
-    service does, whose requests each run in one transaction with their token check.
-    Run as one transaction, routing and claim would take limit rows out of key order."""
+    """The claim for a caller whose transaction may hold other rows (a service request,
+    completions): its fast path alone, one statement, answering None where that cannot
+    settle the claim (expired leases await routing, or the worker must be checked). The
+    caller then runs :func:`route_for_claim` and tries again, each in a transaction that
+    commits. Run as one transaction, routing and claim would take limit rows out of key
+    order. A backend that writes one transaction at a time waits for no row lock: there
+    the claim runs whole, and never answers None."""
     return (yield from _claim(s, worker, queue=queue, limit=limit, lease_seconds=lease_seconds, kinds=kinds,
-                              fast_only=True))
+                              fast_only=not s.backend.serial_writes))
 
 
 def route_for_claim(s: Settings, worker: Worker | str) -> Op[int]:
@@ -209,7 +211,7 @@ def complete_and_claim(s: Settings, worker: Worker | str, done: Sequence[tuple[C
     if claim_with is None or (held_limits and not serial):
         return completed, None
     try:
-        claims = yield from _claim(s, worker, **claim_with, fast_only=not serial)
+        claims = yield from try_claim(s, worker, **claim_with)
     except Exception as exc:
         raise ClaimFailed(exc) from exc
     return completed, claims

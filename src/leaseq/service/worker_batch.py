@@ -122,14 +122,13 @@ async def _claim_tasks(request: Request, worker_id: str, queue: str, limit: int,
     its own, then the claim again (:func:`leaseq.engine.leases.try_claim`): routing
     gives limit slots back, locking their rows, and a transaction holding those
     while its claim locks others would take limit rows out of the key order every
-    claim takes them in, a deadlock against one taking them in order. SQLite writes
-    one transaction at a time and waits for no row lock: there the claim runs whole.
+    claim takes them in, a deadlock against one taking them in order. (SQLite, which
+    waits for no row lock, claims whole at the first pass.)
     """
-    whole = request.app.state.queue.capabilities.serial_writes
-    attempt = engine.leases.claim if whole else engine.leases.try_claim  # claim never answers None
 
     def claiming(view: Queue) -> Op[Claims | None]:
-        return attempt(view.settings, worker_id, queue=queue, limit=limit, lease_seconds=lease_seconds, kinds=kinds)
+        return engine.leases.try_claim(view.settings, worker_id, queue=queue, limit=limit,
+                                       lease_seconds=lease_seconds, kinds=kinds)
 
     for _ in range(ROUTING_PASSES):
         claims = await _serve(request, "claim", worker_id, claiming, scope=queue, charge=charge)
