@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import textwrap
+import time
 
 import pytest
 
@@ -77,6 +78,11 @@ def test_schedules_refuses_a_bad_app_with_one_line(run_cli, app_dir, tmp_path):
 def test_worker_until_idle_runs_the_due_slot_then_schedules_shows_it(dsn, run_cli, app_dir):
     with leaseq.connect(dsn) as q:
         q.migrate()
+    # The hourly schedule's slots fall on the hour: a run that crossed one would rightly
+    # enqueue that slot. Start clear of the next hour (a minute at most to wait).
+    to_the_hour = 3600 - time.time() % 3600
+    if to_the_hour < 60:
+        time.sleep(to_the_hour + 1)
     proc = run_cli("--dsn", dsn, "worker", "jobs:app", "--until-idle")
     assert proc.returncode == 0, proc.stderr
     rows = {r["name"]: r for r in json.loads(run_cli("--dsn", dsn, "schedules", "jobs:app", "--json").stdout)}
