@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 import threading
 import time
@@ -94,6 +95,42 @@ def test_all_leases_renewed_in_one_call_per_tick(app: leaseq.App) -> None:
     assert max(transport.renew_batches) == 8, "one call renews every held lease"
     # Per-task heartbeats would need ~8x as many calls.
     assert len(transport.renew_batches) <= 15, transport.renew_batches
+
+
+class LateAnswers(CountingTransport):
+    """The real queue, answering completions ``delay`` seconds after they committed (a slow
+    link or a loaded service): meanwhile the lease is gone from the database, while the
+    worker still holds it, waiting to hear how its write ended. Through a thread per call,
+    as a remote transport runs."""
+
+    def __init__(self, queue: leaseq.Queue, delay: float):
+        super().__init__(queue)
+        self.delay = delay
+        # calls in threads of their own, as over HTTP (not one SQLite thread behind another)
+        self.capabilities = dataclasses.replace(queue.capabilities, native_async=False, serial_writes=False)
+
+    def complete_many(self, worker, done):
+        completed = self._queue.complete_many(worker, done)
+        time.sleep(self.delay)
+        return completed
+
+
+def test_a_lease_refused_while_its_outcome_is_recorded_is_not_renewed_again(app: leaseq.App) -> None:
+    """Once a renewal of a lease whose handler returned is refused, the renewer leaves the
+    lease to the completer's write: it does not send renewal after renewal, each refused,
+    until the write's answer arrives. (Before, the refused lease kept its renewal due in
+    the past: thousands of calls a second against a queue that was slow already.)"""
+    @app.task("quick", lease_seconds=0.3)
+    def quick(ctx) -> str:
+        return "done"
+
+    task = quick.enqueue()
+    transport = LateAnswers(app.queue, delay=1.5)
+    stats = asyncio.run(WorkerRuntime(app, transport, concurrency=1, poll_interval=0.05).run(until_idle=True))
+    assert stats.completed == 1 and stats.lost == 0
+    assert app.queue.get(task.id).status == "completed"
+    # A renewal every 0.1 s would be 15; the first one is refused (the task is completed).
+    assert 1 <= len(transport.renew_batches) <= 2, len(transport.renew_batches)
 
 
 def test_cancel_cancels_an_async_handler_and_nothing_is_published(app: leaseq.App, start_worker) -> None:

@@ -51,6 +51,9 @@ class TaskContext:
         #: monotonic time at which the last renewal was sent, answered or not: if
         #: it committed unanswered, the lease may last until this plus its length.
         self.renewal_sent_at = self.renewed_at
+        #: True once the renewer stopped renewing the lease after its handler returned (a
+        #: renewal was refused): the guarded write of its outcome decides what happened.
+        self.renewals_ended = False
         #: set by the runtime once this attempt's outcome is recorded
         self.outcome_recorded = False
         #: set by the runtime: called (from any thread) when the context finds out itself

@@ -13,7 +13,11 @@ not at once in a loop, for as long as the leases last.
 
 Leases whose handler has returned are still renewed while their outcome is
 being recorded, but the renewer does not judge them: the completer's guarded
-write does, by the same deadline.
+write does, by the same deadline. It stops renewing such a lease once a
+renewal of it is refused (the write may have ended it already, or it expired)
+or the deadline has passed: renewing it again could not help the write, and
+a lease whose renewal stays due would be renewed again at once, call after
+call, for as long as the write waits for its answer.
 """
 
 from __future__ import annotations
@@ -81,9 +85,17 @@ class Renewer:
         if self._sleeping_until is None or due < self._sleeping_until:
             self._wake.set()
 
+    def renewable(self, ctx: TaskContext, now: float) -> bool:
+        """Whether ``ctx``'s lease is still renewed: not lost, and its handler running, or
+        its outcome being recorded while a renewal may still find the lease."""
+        if ctx.lost or ctx.renewals_ended:
+            return False
+        return ctx.key in self._running or now < ctx.may_last_until()
+
     def next_renewal(self) -> float | None:
-        """Monotonic time at which the most urgent held lease is due for renewal."""
-        due = min((ctx.renewed_at + renew_interval(ctx) for ctx in self._held.values() if not ctx.lost),
+        """Monotonic time at which the most urgent renewed lease is due for renewal."""
+        now = time.monotonic()
+        due = min((ctx.renewed_at + renew_interval(ctx) for ctx in self._held.values() if self.renewable(ctx, now)),
                   default=None)
         return None if due is None else max(due, self._retry_at)
 
@@ -102,10 +114,10 @@ class Renewer:
 
     async def renew_now(self) -> None:
         """Renew every held lease in one call; mark the ones that are gone as lost."""
-        live = [ctx for ctx in self._held.values() if not ctx.lost]
+        sent = time.monotonic()
+        live = [ctx for ctx in self._held.values() if self.renewable(ctx, sent)]
         if not live:
             return
-        sent = time.monotonic()
         for ctx in live:
             ctx.renewal_sent_at = sent
         # A renewal stuck on a dead connection must not keep leases alive
@@ -137,7 +149,9 @@ class Renewer:
             if renewed is not None and ctx.task_id in renewed:
                 ctx.renewed_at = sent
             elif ctx.key not in self._running:
-                pass  # the handler returned and its outcome is being recorded: that guarded write decides
+                # The handler returned and its outcome is being recorded: that guarded write
+                # decides. A refusal ends the renewals (a failure in transit does not).
+                ctx.renewals_ended = renewed is not None
             elif renewed is not None:
                 self._lose(ctx, "heartbeat refused: the lease was expired, cancelled, revoked or reclaimed")
             elif time.monotonic() - ctx.renewed_at >= ctx.claim.lease_seconds:
