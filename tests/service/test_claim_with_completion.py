@@ -124,6 +124,8 @@ class Counting(RemoteQueue):
         self.calls: dict[str, int] = {}
         self.lock = threading.Lock()
         self.on_refill: Any = None
+        #: seconds each complete_and_claim answers late, after the service committed it
+        self.answer_late = 0.0
 
     def _count(self, name: str, n: int = 1) -> None:
         with self.lock:
@@ -143,7 +145,12 @@ class Counting(RemoteQueue):
             self.on_refill()
         done, claims = super().complete_and_claim(*args, **kwargs)
         self._count("refilled", len(claims))
+        time.sleep(self.answer_late)
         return done, claims
+
+    def renew_leases(self, *args: Any, **kwargs: Any) -> dict[int, Any]:
+        self._count("renew")
+        return super().renew_leases(*args, **kwargs)
 
 
 class Ran(list[int]):
@@ -201,6 +208,28 @@ def test_leases_answered_to_a_stopping_worker_are_given_back_unstarted(svc) -> N
     for i in given_back:
         released = [e for e in svc.q.events(i) if e.type == "lease_released"]
         assert released and "never started" in released[-1].detail.get("reason", ""), svc.q.events(i)
+
+
+def test_a_lease_refused_while_its_completion_is_answered_is_not_renewed_again(svc) -> None:
+    """Over HTTP as directly (tests/worker/test_runtime.py): a completion whose answer is
+    late leaves its lease ended in the database and still held by the worker; the first
+    renewal is refused and the worker renews it no more (before: thousands of requests)."""
+    task = svc.q.enqueue("job", {"n": 0})
+    rq = Counting(svc.url, svc.token("worker"), timeout=10)
+    svc._clients.append(rq)
+    rq.answer_late = 1.5
+    app = leaseq.App(name="late")
+
+    @app.task("job")
+    def job(ctx: leaseq.TaskContext, n: int) -> int:
+        return n
+
+    stats = asyncio.run(WorkerRuntime(app, rq, concurrency=1, lease_seconds=0.3).run(until_idle=True))
+    assert stats.completed == 1 and stats.lost == 0
+    assert svc.q.get(task.id).status == "completed"
+    assert rq.calls["complete_and_claim"] == 1
+    # A renewal every 0.1 s would be 15; the first one is refused (the task is completed).
+    assert 1 <= rq.calls.get("renew", 0) <= 2, rq.calls
 
 
 @pytest.mark.parametrize("refusal", ["old service"])
