@@ -115,6 +115,16 @@ class LateAnswers(CountingTransport):
         return completed
 
 
+class StuckRenewals(LateAnswers):
+    """:class:`LateAnswers`, and renewals that hang for ``delay`` seconds before they are
+    even sent (a connection gone dead under them)."""
+
+    def renew_leases(self, worker, claims):
+        self.renew_batches.append(len(claims))
+        time.sleep(self.delay)
+        return self._queue.renew_leases(worker, claims)
+
+
 def test_a_lease_refused_while_its_outcome_is_recorded_is_not_renewed_again(app: leaseq.App) -> None:
     """Once a renewal of a lease whose handler returned is refused, the renewer leaves the
     lease to the completer's write: it does not send renewal after renewal, each refused,
@@ -130,6 +140,24 @@ def test_a_lease_refused_while_its_outcome_is_recorded_is_not_renewed_again(app:
     assert stats.completed == 1 and stats.lost == 0
     assert app.queue.get(task.id).status == "completed"
     # A renewal every 0.1 s would be 15; the first one is refused (the task is completed).
+    assert 1 <= len(transport.renew_batches) <= 2, len(transport.renew_batches)
+
+
+def test_a_lease_past_its_deadline_while_its_outcome_is_recorded_is_not_renewed_again(app: leaseq.App) -> None:
+    """Renewals that hang (each given up after what the lease has left) stop for a lease
+    whose handler returned once that lease can no longer be alive: the completer stops
+    retrying its write at the same deadline. (Before, each renewal sent moved the lease's
+    possible end, and a new one went out every 50 ms while the write hung.)"""
+    @app.task("quick", lease_seconds=0.3)
+    def quick(ctx) -> str:
+        return "done"
+
+    task = quick.enqueue()
+    transport = StuckRenewals(app.queue, delay=2.0)
+    stats = asyncio.run(WorkerRuntime(app, transport, concurrency=1, poll_interval=0.05).run(until_idle=True))
+    # The completion committed before the lease's end; its answer, late, still says so.
+    assert stats.completed == 1 and app.queue.get(task.id).status == "completed"
+    # One renewal, given up at the lease's end (before: one every 50 ms, as long as threads were free).
     assert 1 <= len(transport.renew_batches) <= 2, len(transport.renew_batches)
 
 

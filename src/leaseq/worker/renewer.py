@@ -15,7 +15,8 @@ Leases whose handler has returned are still renewed while their outcome is
 being recorded, but the renewer does not judge them: the completer's guarded
 write does, by the same deadline. It stops renewing such a lease once a
 renewal of it is refused (the write may have ended it already, or it expired)
-or the deadline has passed: renewing it again could not help the write, and
+or that deadline has passed (a renewal sent since, unanswered, does not move
+it): renewing it again could not help the write, and
 a lease whose renewal stays due would be renewed again at once, call after
 call, for as long as the write waits for its answer.
 """
@@ -29,7 +30,7 @@ from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Any
 
 from ..core.errors import UnknownWorker
-from .completer import INITIAL_BACKOFF, MAX_BACKOFF, is_infrastructure, next_backoff
+from .completer import INITIAL_BACKOFF, MAX_BACKOFF, is_infrastructure, lease_deadline, next_backoff
 
 if TYPE_CHECKING:  # pragma: no cover
     from ..core.model import Worker
@@ -87,10 +88,10 @@ class Renewer:
 
     def renewable(self, ctx: TaskContext, now: float) -> bool:
         """Whether ``ctx``'s lease is still renewed: not lost, and its handler running, or
-        its outcome being recorded while a renewal may still find the lease."""
+        its outcome being recorded while the completer still tries to (until the same deadline)."""
         if ctx.lost or ctx.renewals_ended:
             return False
-        return ctx.key in self._running or now < ctx.may_last_until()
+        return ctx.key in self._running or now < lease_deadline(ctx)
 
     def next_renewal(self) -> float | None:
         """Monotonic time at which the most urgent renewed lease is due for renewal."""
