@@ -167,9 +167,10 @@ class AsyncQueue:
         """:meth:`Queue.retry`, awaited."""
         return await self._arun(engine.leases.retry(self.settings, worker, claim, after, reason))
 
-    async def release(self, worker: Worker | str, claim: Claim, reason: str = "released") -> Task:
+    async def release(self, worker: Worker | str, claim: Claim, reason: str = "released", *,
+                      started: bool = True) -> Task:
         """:meth:`Queue.release`, awaited."""
-        return await self._arun(engine.leases.release(self.settings, worker, claim, reason))
+        return await self._arun(engine.leases.release(self.settings, worker, claim, reason, started=started))
 
     async def report_loss(self, worker: Worker | str, claim: Claim, reason: str) -> None:
         """:meth:`Queue.report_loss`, awaited."""

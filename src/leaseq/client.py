@@ -327,10 +327,15 @@ class RemoteQueue:
             return {}
         return {t.id: t for t in (task_from(d) for d in self._call("POST", path, {"tasks": items})["failed"])}
 
-    def release(self, worker: Worker | str, claim: Claim, reason: str = "released") -> Task:
-        """Give a lease back early; the task goes through the recovery policy."""
+    def release(self, worker: Worker | str, claim: Claim, reason: str = "released", *,
+                started: bool = True) -> Task:
+        """Give a lease back early; the task goes through the recovery policy (``started=False``:
+        the handler never began, and the attempt is given back too; see :meth:`leaseq.Queue.release`)."""
         _, path = self._worker_path(worker, claim, "release")
-        return task_from(self._call("POST", path, {"generation": claim.generation, "reason": reason}))
+        body: dict[str, Any] = {"generation": claim.generation, "reason": reason}
+        if not started:  # sent only when it says something: an older service refuses unknown fields
+            body["started"] = False
+        return task_from(self._call("POST", path, body))
 
     def begin_effect(self, worker: Worker | str, claim: Claim, action: str, key: str | None = None, *,
                      resource: str | None = None, effect: str | None = None,

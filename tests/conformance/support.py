@@ -49,7 +49,8 @@ def run_out(q: leaseq.Queue, worker: leaseq.Worker | str, claim: leaseq.Claim) -
     """
     wid = worker if isinstance(worker, str) else worker.id
     with q.joined() as (_, tx):
-        row = tx.row("expire_lease", task_id=claim.task_id, worker_id=wid, generation=claim.generation)
+        row = tx.row("expire_lease", task_id=claim.task_id, worker_id=wid, generation=claim.generation,
+                     unstarted=False)
     assert row is not None, f"task {claim.task_id} generation {claim.generation}: lease not held"
 
 

@@ -73,6 +73,7 @@ GUARDED: dict[str, Callable[[Any, Any, leaseq.Claim, Any], Any]] = {
     "complete_many": lambda t, w, c, fx: _lost_if_missing(c, t.complete_many(w, [(c, {"stale": True})])),
     "fail": lambda t, w, c, fx: t.fail(w, c, "boom", delay=0),
     "release": lambda t, w, c, fx: t.release(w, c),
+    "release_unstarted": lambda t, w, c, fx: t.release(w, c, "never started", started=False),
     "retry": lambda t, w, c, fx: t.retry(w, c, after=0, reason="told to come back"),
     "begin_effect": lambda t, w, c, fx: t.begin_effect(w, c, "email.send"),
     "finish_effect": lambda t, w, c, fx: t.finish_effect(w, c, fx, response={"sent": True}),
@@ -128,6 +129,30 @@ def test_every_transport_refuses_a_lost_lease_and_changes_nothing(q: leaseq.Queu
         GUARDED[op](transport, worker, claim, fx)
     assert (info.value.task_id, info.value.generation) == (task_id, claim.generation)
     assert snapshot(dsn) == before
+
+
+@pytest.mark.parametrize("max_attempts", [1, 3])
+def test_every_transport_gives_an_unstarted_lease_back_with_its_attempt(q: leaseq.Queue, transport: Any,
+                                                                         max_attempts: int) -> None:
+    """A lease given back unstarted (``started=False``: a stopping worker never began its
+    handler) gives back the attempt its claim counted: a task on its last attempt is queued
+    again, not ended dead, and the event says the handler never started. Given back after
+    a start, the attempt stays counted and the last one ends the task."""
+    a = transport.register_worker("a")
+    task = q.enqueue("job", max_attempts=max_attempts)
+    [claim] = transport.claim(a)
+    assert q.get(task.id).attempts == 1
+    back = transport.release(a, claim, "worker stopping: never started", started=False)
+    assert back.status == "queued" and back.attempts == 0 and back.lease_owner is None
+    [event] = [e for e in q.events(task.id) if e.type == "lease_released"]
+    assert event.detail["started"] is False and event.detail["routed_to"] == "queued"
+    assert event.detail["reason"] == "worker stopping: never started"
+    [again] = transport.claim(a)
+    assert again.generation == claim.generation + 1 and q.get(task.id).attempts == 1  # fenced as ever
+    ended = transport.release(a, again, "worker shut down before the task finished")
+    assert (ended.status, ended.attempts) == (("dead", 1) if max_attempts == 1 else ("queued", 1))
+    last = [e for e in q.events(task.id) if e.type == "lease_released"][-1]
+    assert "started" not in last.detail
 
 
 @pytest.mark.parametrize("op", ["heartbeat", "begin_effect", "complete"])

@@ -100,7 +100,7 @@ def test_claim(world, data):
 def test_lease_calls_with_hostile_arguments(world, data, op):
     q = world.q
     valid = {"complete": {"result": {"ok": 1}}, "fail": {"error": "boom", "retry": True, "block": False, "delay": 0},
-             "release": {"reason": "stop"}, "heartbeat": {}, "begin_effect": {"action": "crm.update", "key": None}}[op]
+             "release": {"reason": "stop", "started": True}, "heartbeat": {}, "begin_effect": {"action": "crm.update", "key": None}}[op]
     kwargs, fields = hostile_kwargs(data, valid, at_least=0)
     if not fields:  # then forge the claim instead: another generation, worker or task
         change = data.draw(st.sampled_from(["generation", "worker_id", "task_id"]))

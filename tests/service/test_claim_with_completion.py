@@ -203,11 +203,14 @@ def test_leases_answered_to_a_stopping_worker_are_given_back_unstarted(svc) -> N
     statuses = {i: svc.q.get(i).status for i in ids}
     assert "running" not in statuses.values(), statuses  # no lease left behind
     assert stats.completed == len(ran) == 2
-    given_back = [i for i in ids if statuses[i] == "queued" and svc.q.get(i).attempts == 1]
+    # released unstarted, with the attempt its claim counted: as if never claimed, but fenced
+    given_back = [i for i in ids if statuses[i] == "queued" and svc.q.get(i).claim_generation == 1]
     assert given_back and len(given_back) == rq.calls["refilled"], (statuses, rq.calls)  # released, not run
     for i in given_back:
+        assert svc.q.get(i).attempts == 0
         released = [e for e in svc.q.events(i) if e.type == "lease_released"]
         assert released and "never started" in released[-1].detail.get("reason", ""), svc.q.events(i)
+        assert released[-1].detail["started"] is False
 
 
 def test_a_lease_refused_while_its_completion_is_answered_is_not_renewed_again(svc) -> None:

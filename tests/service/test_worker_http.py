@@ -137,6 +137,26 @@ def test_a_worker_token_limited_to_queues(svc) -> None:
     assert svc.q.get(other.id).status == "queued"
 
 
+def test_a_release_whose_started_field_is_not_a_boolean_is_refused_and_changes_nothing(svc) -> None:
+    """``started`` gives an attempt back: only a JSON boolean may say so (no "false", 0 or null
+    read as one), and a refusal names the field and writes nothing."""
+    token = svc.token("worker")
+    rq = svc.remote(token)
+    w = rq.register_worker("w")
+    task = svc.q.enqueue("job", max_attempts=1)
+    [claim] = rq.claim(w)
+    before = snapshot(svc.dsn)
+    raw = svc.http(token)
+    path = f"/v1/workers/{w.id}/tasks/{task.id}/release"
+    for hostile in ("false", "no", 0, 1, None, [], {}):
+        resp = raw.post(path, json={"generation": claim.generation, "started": hostile})
+        assert resp.status_code == 422, (hostile, resp.text)
+        assert "started" in error_of(resp)["message"], resp.text
+    assert snapshot(svc.dsn) == before
+    back = rq.release(w, claim, "stopping", started=False)
+    assert (back.status, back.attempts) == ("queued", 0)
+
+
 def test_fail_and_release_go_through_the_recovery_policy(svc) -> None:
     rq = svc.remote(svc.token("worker"))
     w = rq.register_worker("w")

@@ -144,9 +144,9 @@ class RecordingTransport:
         self._history.record("fail", "ok", **fields, next_status=task.status)
         return task
 
-    def release(self, worker: Any, claim: Any, reason: str = "released") -> Any:
+    def release(self, worker: Any, claim: Any, reason: str = "released", **kwargs: Any) -> Any:
         fields = {"worker": worker.id, "task": claim.task_id, "gen": claim.generation}
-        task = self._call("release", fields, self._queue.release, worker, claim, reason)
+        task = self._call("release", fields, self._queue.release, worker, claim, reason, **kwargs)
         self._history.record("release", "ok", **fields, next_status=task.status)
         return task
 
@@ -156,9 +156,9 @@ class RecordingTransport:
         self._history.record("retry", "ok", **fields, next_status=task.status)
         return task
 
-    def begin_effect(self, worker: Any, claim: Any, action: str, key: str | None = None) -> Any:
+    def begin_effect(self, worker: Any, claim: Any, action: str, key: str | None = None, **kwargs: Any) -> Any:
         fields = {"worker": worker.id, "task": claim.task_id, "gen": claim.generation, "action": action}
-        fx = self._call("begin_effect", fields, self._queue.begin_effect, worker, claim, action, key)
+        fx = self._call("begin_effect", fields, self._queue.begin_effect, worker, claim, action, key, **kwargs)
         self._history.record("begin_effect", "ok", **fields, key=fx.idempotency_key, effect_id=fx.id,
                              replayed=fx.replayed)
         return fx

@@ -337,16 +337,22 @@ def retry(s: Settings, worker: Worker | str, claim: Claim, after: float, reason:
     return to_task(task)
 
 
-def release(s: Settings, worker: Worker | str, claim: Claim, reason: str = "released") -> Op[Task]:
-    """:meth:`leaseq.Queue.release`: the lease ends now and the recovery policy routes the task."""
+def release(s: Settings, worker: Worker | str, claim: Claim, reason: str = "released", *,
+            started: bool = True) -> Op[Task]:
+    """:meth:`leaseq.Queue.release`: the lease ends now and the recovery policy routes the task
+    (``started=False``: its handler never began, and the attempt is given back with it)."""
     wid = worker_id(worker)
     check_claim(wid, claim)
     checks.check_text("reason", reason, required=True)
+    if type(started) is not bool:
+        raise InvalidInput("started", f"must be true or false, not {started!r}")
     yield BEGIN
-    row = yield one("expire_lease", task_id=claim.task_id, worker_id=wid, generation=claim.generation)
+    row = yield one("expire_lease", task_id=claim.task_id, worker_id=wid, generation=claim.generation,
+                    unstarted=not started)
     if row is None:
         raise LeaseLost(claim.task_id, claim.generation, "release refused: lease no longer held")
-    yield from _route(s, [row], event_type="lease_released", reason=reason)
+    yield from _route(s, [row], event_type="lease_released", reason=reason,
+                      **({} if started else {"started": False}))
     task = yield one("get_task", task_id=claim.task_id)
     yield COMMIT
     return to_task(task)
@@ -421,8 +427,9 @@ def _route_expired(s: Settings) -> Op[int]:
     return len(expired)
 
 
-def _route(s: Settings, leases: list[dict[str, Any]], *, event_type: str, reason: str) -> Op[None]:
-    """Apply the recovery policy (the ``route_expired`` query) to locked, expired leases, with their evidence."""
+def _route(s: Settings, leases: list[dict[str, Any]], *, event_type: str, reason: str, **detail: Any) -> Op[None]:
+    """Apply the recovery policy (the ``route_expired`` query) to locked, expired leases, with their
+    evidence (``detail``: more fields for each routing event)."""
     routed = {r["id"]: r for r in (yield rows("route_expired", task_ids=[r["id"] for r in leases]))}
     yield from limits.release(routed.values())  # the leases ended: their slots come back
     events = []
@@ -433,7 +440,7 @@ def _route(s: Settings, leases: list[dict[str, Any]], *, event_type: str, reason
         events.append(event_params(
             s, lease["id"], event_type, lease["claim_generation"], lease["lease_owner"], reason=reason,
             routed_to=r["status"], open_intents=r["open_effects"], attempt=r["attempts"],
-            lease_expires_at=lease["lease_expires_at"].isoformat(), **heartbeats(lease)))
+            lease_expires_at=lease["lease_expires_at"].isoformat(), **heartbeats(lease), **detail))
         if r["status"] != Status.QUEUED:  # the query says why it did not simply queue the task again
             events.append(event_params(s, lease["id"], r["status"], lease["claim_generation"],
                                        lease["lease_owner"], reason=r["reason"]))

@@ -147,8 +147,8 @@ class MeteredTransport:
     def fail(self, worker: Any, claim: Any, error: str, **kwargs: Any) -> Any:
         return self._sync("fail", self._transport.fail, worker, claim, error, **kwargs)
 
-    def release(self, worker: Any, claim: Any, reason: str = "released") -> Any:
-        return self._sync("release", self._transport.release, worker, claim, reason)
+    def release(self, worker: Any, claim: Any, reason: str = "released", **kwargs: Any) -> Any:
+        return self._sync("release", self._transport.release, worker, claim, reason, **kwargs)
 
     def retry(self, worker: Any, claim: Any, after: float = 0.0, reason: str = "retry requested") -> Any:
         return self._sync("retry", self._transport.retry, worker, claim, after, reason)

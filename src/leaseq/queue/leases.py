@@ -92,13 +92,18 @@ class LeaseOps(QueueBase):
         """
         return self._run(engine.leases.retry(self.settings, worker, claim, after, reason))
 
-    def release(self, worker: Worker | str, claim: Claim, reason: str = "released") -> Task:
+    def release(self, worker: Worker | str, claim: Claim, reason: str = "released", *,
+                started: bool = True) -> Task:
         """Give a lease back early (worker shutdown).
 
         The task goes through the recovery policy exactly as if its lease had
         expired: a side-effect task with an open intent is not simply requeued.
+        ``started=False`` says the handler never began (a worker that stopped
+        before starting a task it was handed): the attempt the claim counted is
+        given back too, so a task on its last attempt is queued again, not
+        ended ``dead``, and the ``lease_released`` event records ``started: false``.
         """
-        return self._run(engine.leases.release(self.settings, worker, claim, reason))
+        return self._run(engine.leases.release(self.settings, worker, claim, reason, started=started))
 
     def report_loss(self, worker: Worker | str, claim: Claim, reason: str) -> None:
         """Add the worker's own account of losing a lease to the evidence trail.

@@ -139,6 +139,8 @@ class FailBody(Body):
 class ReleaseBody(Body):
     generation: int
     reason: str = "released"
+    #: false: the handler never began, and the attempt is given back with the lease
+    started: bool = True
 
 
 class EffectBody(Body):
@@ -277,7 +279,7 @@ def fail(body: FailBody, request: Request, task_id: int = TaskId, worker_id: str
 def release(body: ReleaseBody, request: Request, task_id: int = TaskId,
             worker_id: str = acting_as("release")) -> dict[str, Any]:
     task = _refused(request, "release", _queue(request).release, worker_id,
-                    _claim(worker_id, task_id, body.generation), body.reason)
+                    _claim(worker_id, task_id, body.generation), body.reason, started=body.started)
     if task.status == "queued":
         request.app.state.work_signal.wake(task.queue)
     return record_json(task)

@@ -365,8 +365,9 @@ class Completer:
 
     def give_back(self, claim: Claim, reason: str) -> None:
         """Release a lease the worker was handed but will not start (it is stopping), in the
-        background; :meth:`drain` waits for it. A failure leaves the lease to expire."""
-        task = asyncio.ensure_future(self._call(self.transport.release, self.worker, claim, reason))
+        background, with the attempt it was counted (``started=False``); :meth:`drain` waits
+        for it. A failure leaves the lease to expire (the attempt then stays counted)."""
+        task = asyncio.ensure_future(self._call(self.transport.release, self.worker, claim, reason, started=False))
         self.in_flight.add(task)
         task.add_done_callback(self._given_back)
 

@@ -639,9 +639,11 @@ RETURNING t.id, t.status, t.claim_generation, t.attempts, t.snoozes, t.available
 -- name: expire_lease
 -- guard: lease
 -- Gives a lease back early (worker shutdown): the deadline moves into the
--- past and route_expired then applies the ordinary recovery policy.
+-- past and route_expired then applies the ordinary recovery policy. A lease
+-- given back unstarted (its handler never began) gives its attempt back too.
 UPDATE leaseq_tasks t
 SET lease_expires_at = now() - interval '1 microsecond',
+    attempts = CASE WHEN %(unstarted)s::boolean THEN greatest(t.attempts - 1, 0) ELSE t.attempts END,
     updated_at = now()
 WHERE t.id = %(task_id)s
   /* TEMPLATE: lease_guard */

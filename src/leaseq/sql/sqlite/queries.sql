@@ -404,6 +404,7 @@ RETURNING id, status, claim_generation, attempts, snoozes, available_at,
 -- guard: lease
 UPDATE leaseq_tasks AS t
 SET lease_expires_at = (julianday('now') - 2440587.5) * 86400.0 - 0.001,
+    attempts = CASE WHEN :unstarted THEN max(t.attempts - 1, 0) ELSE t.attempts END,
     updated_at = (julianday('now') - 2440587.5) * 86400.0
 WHERE t.id = :task_id
   /* TEMPLATE: lease_guard */
