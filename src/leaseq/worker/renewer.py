@@ -125,9 +125,22 @@ class Renewer:
         # locally: wait no longer than the most urgent lease has left.
         budget = max(MIN_RENEW_INTERVAL, min(c.renewed_at + c.claim.lease_seconds for c in live) - sent)
         renewed: dict[int, Any] | None = None
+        call = asyncio.ensure_future(self._call(self.transport.renew_leases, self.worker, [ctx.claim for ctx in live]))
         try:
-            renewed = await asyncio.wait_for(
-                self._call(self.transport.renew_leases, self.worker, [ctx.claim for ctx in live]), budget)
+            # asyncio.wait, not wait_for: on Python 3.11 wait_for returns the answer of a call
+            # that ended just as the renewer was cancelled and drops the cancellation, and a
+            # renewer that outlives its cancellation keeps the worker's shutdown waiting forever.
+            finished, _ = await asyncio.wait({call}, timeout=budget)
+        except asyncio.CancelledError:
+            call.cancel()
+            if call.done() and not call.cancelled():
+                call.exception()  # retrieved: the renewer stops, and what the call said no longer matters
+            raise
+        try:
+            if not finished:
+                call.cancel()
+                raise asyncio.TimeoutError
+            renewed = call.result()
         except asyncio.TimeoutError:
             logger.warning("worker %s: renewal did not answer within %.2fs", self.worker.id, budget)
             self._retry_at = time.monotonic()  # it already waited: try again at once
