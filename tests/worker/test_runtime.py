@@ -161,6 +161,47 @@ def test_a_lease_past_its_deadline_while_its_outcome_is_recorded_is_not_renewed_
     assert 1 <= len(transport.renew_batches) <= 2, len(transport.renew_batches)
 
 
+class StopWhileClaiming(CountingTransport):
+    """The real queue, through a thread per call; its first claim that leases anything asks
+    the worker to stop before it answers (a SIGTERM landing while the claim is on its way)."""
+
+    def __init__(self, queue: leaseq.Queue):
+        super().__init__(queue)
+        self.capabilities = dataclasses.replace(queue.capabilities, native_async=False, serial_writes=False)
+        self.on_claim: Any = None
+
+    def claim(self, worker, **kwargs):
+        claims = self._queue.claim(worker, **kwargs)
+        if claims and self.on_claim is not None:
+            self.on_claim()
+            self.on_claim = None
+        return claims
+
+
+def test_tasks_claimed_as_the_worker_begins_stopping_are_given_back_unstarted(app: leaseq.App) -> None:
+    """A stopping worker starts no new work: what its claim in flight brings back is
+    released unstarted, with the attempts the claim counted, so a task on its last attempt
+    is queued again rather than started, cut off at the end of the grace, and ended."""
+    ran: list[int] = []
+
+    @app.task("job", max_attempts=1)
+    def job(ctx, n: int) -> int:
+        ran.append(n)
+        return n
+
+    ids = [job.enqueue(n=n).id for n in range(3)]
+    transport = StopWhileClaiming(app.queue)
+    runtime = WorkerRuntime(app, transport, concurrency=3, poll_interval=0.05)
+    transport.on_claim = runtime.stop
+    stats = asyncio.run(runtime.run())
+    assert ran == [] and stats.claimed == 0
+    for task_id in ids:
+        task = app.queue.get(task_id)
+        assert (task.status, task.attempts, task.claim_generation) == ("queued", 0, 1), task
+        [released] = [e for e in app.queue.events(task_id) if e.type == "lease_released"]
+        assert released.detail["started"] is False and "never started" in released.detail["reason"]
+
+
 def test_cancel_cancels_an_async_handler_and_nothing_is_published(app: leaseq.App, start_worker) -> None:
     started = threading.Event()
     outcome: list[str] = []

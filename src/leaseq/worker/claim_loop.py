@@ -55,7 +55,9 @@ class ClaimLoop(Handling):
 
     async def _claim_reserving(self, queue: str, limit: int, wait: float) -> list[Claim]:
         """Claim up to ``limit`` tasks and start them; while the claim is on its way its
-        slots are reserved, so a claim beside it does not ask for them too."""
+        slots are reserved, so a claim beside it does not ask for them too. A worker that
+        began stopping meanwhile gives what it was handed back unstarted (the attempts
+        with it), as it does the tasks that come with completions."""
         self._claims_in_flight += 1
         self._reserved += limit
         sent = time.monotonic()
@@ -65,8 +67,11 @@ class ClaimLoop(Handling):
             self._claims_in_flight -= 1
             self._reserved -= limit
         for claim in claims:  # no await since the reservation ended: the slots pass to the tasks at once
-            self._start(claim, sent)
-        if claims:
+            if self._stopping:  # began stopping while the claim was on its way: start no new work
+                self._completer.give_back(claim, "worker stopping: the task was never started")
+            else:
+                self._start(claim, sent)
+        if claims and not self._stopping:
             # The handlers just started run first, before the caller prepares its next claim
             # (a task's pickup latency ends when its handler begins, not after that claim is sent).
             await asyncio.sleep(0)
