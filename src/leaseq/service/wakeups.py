@@ -58,11 +58,15 @@ class Waiter:
         self.interrupted = False
 
     async def wait(self, timeout: float) -> None:
-        """Until woken or ``timeout`` seconds pass; then ready to be woken again."""
+        """Until woken or ``timeout`` seconds pass; then ready to be woken again.
+
+        A timer, not ``asyncio.wait_for``, which on Python 3.11 drops a cancellation that
+        arrives in the turn the event is set: the request would wait on as if not cancelled."""
+        timer = asyncio.get_running_loop().call_later(timeout, self.event.set)
         try:
-            await asyncio.wait_for(self.event.wait(), timeout)
-        except asyncio.TimeoutError:
-            pass
+            await self.event.wait()
+        finally:
+            timer.cancel()
         self.event.clear()
 
 
