@@ -333,8 +333,8 @@ class RemoteQueue:
         the handler never began, and the attempt is given back too; see :meth:`leaseq.Queue.release`)."""
         _, path = self._worker_path(worker, claim, "release")
         body: dict[str, Any] = {"generation": claim.generation, "reason": reason}
-        if not started:  # sent only when it says something: an older service refuses unknown fields
-            body["started"] = False
+        if started is not True:  # sent only when it says something: an older service refuses unknown fields
+            body["started"] = started
         return task_from(self._call("POST", path, body))
 
     def begin_effect(self, worker: Worker | str, claim: Claim, action: str, key: str | None = None, *,

@@ -155,6 +155,21 @@ def test_every_transport_gives_an_unstarted_lease_back_with_its_attempt(q: lease
     assert "started" not in last.detail
 
 
+def test_every_transport_refuses_a_started_that_is_not_a_boolean(q: leaseq.Queue, dsn: str, transport: Any) -> None:
+    """``started`` gives an attempt back: only True or False says so. Anything else (truthy
+    or not) is refused naming the field, and nothing changes; the lease is still held."""
+    a = transport.register_worker("a")
+    q.enqueue("job", max_attempts=1)
+    [claim] = transport.claim(a)
+    before = snapshot(dsn)
+    for hostile in ("no", "false", 0, 1, None, [False]):
+        with pytest.raises(leaseq.InvalidInput) as info:
+            transport.release(a, claim, "stopping", started=hostile)
+        assert "started" in info.value.field or "started" in str(info.value), (hostile, info.value)
+        assert snapshot(dsn) == before, hostile
+    assert transport.release(a, claim, "stopping", started=False).attempts == 0
+
+
 @pytest.mark.parametrize("op", ["heartbeat", "begin_effect", "complete"])
 def test_every_transport_accepts_a_live_lease(q: leaseq.Queue, transport: Any, op: str) -> None:
     """The matrix's refusals are the guard's doing: the same calls on a live lease go through."""

@@ -26,6 +26,7 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any
 
+from ..core.timers import wait_event
 from ..queue import Queue
 
 logger = logging.getLogger("leaseq.service")
@@ -58,15 +59,9 @@ class Waiter:
         self.interrupted = False
 
     async def wait(self, timeout: float) -> None:
-        """Until woken or ``timeout`` seconds pass; then ready to be woken again.
-
-        A timer, not ``asyncio.wait_for``, which on Python 3.11 drops a cancellation that
-        arrives in the turn the event is set: the request would wait on as if not cancelled."""
-        timer = asyncio.get_running_loop().call_later(timeout, self.event.set)
-        try:
-            await self.event.wait()
-        finally:
-            timer.cancel()
+        """Until woken or ``timeout`` seconds pass; then ready to be woken again (a
+        cancelled request stops here: :func:`~leaseq.core.timers.wait_event`)."""
+        await wait_event(self.event, timeout)
         self.event.clear()
 
 

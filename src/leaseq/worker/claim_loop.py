@@ -19,10 +19,10 @@ import time
 from ..auth import AccessDenied
 from ..core.errors import InvalidInput, UnknownWorker
 from ..core.model import Claim, Claims
+from ..core.timers import wait_event
 from .context import TaskContext
 from .completer import INITIAL_BACKOFF, Refill, RefillAsk, next_backoff
 from .handling import Handling
-from .renewer import wait_event
 
 logger = logging.getLogger("leaseq.worker")
 

@@ -30,6 +30,7 @@ from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Any
 
 from ..core.errors import UnknownWorker
+from ..core.timers import wait_event
 from .completer import INITIAL_BACKOFF, MAX_BACKOFF, is_infrastructure, lease_deadline, next_backoff
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -41,16 +42,6 @@ logger = logging.getLogger("leaseq.worker")
 #: Renew when a third of the shortest held lease has passed.
 RENEW_FRACTION = 1 / 3
 MIN_RENEW_INTERVAL = 0.05
-
-
-async def wait_event(event: asyncio.Event, timeout: float) -> None:
-    """Wait until ``event`` is set or ``timeout`` seconds pass (a timer, not
-    wait_for's extra task: the claim loop waits like this once per batch)."""
-    timer = asyncio.get_running_loop().call_later(timeout, event.set)
-    try:
-        await event.wait()
-    finally:
-        timer.cancel()
 
 
 def renew_interval(ctx: TaskContext) -> float:

@@ -18,8 +18,8 @@ from typing import Any
 
 from ..auth import RateLimited
 from ..core.errors import BackendUnavailable
+from ..core.timers import wait_event
 from .completer import INITIAL_BACKOFF, next_backoff
-from .renewer import wait_event
 
 logger = logging.getLogger("leaseq.worker")
 
