@@ -45,3 +45,32 @@ def recheck_cli(history: Path) -> subprocess.CompletedProcess:
 def describe(proc: subprocess.CompletedProcess) -> str:
     """The end of a run's output, for assertion messages."""
     return f"exit {proc.returncode}\nstdout:\n{proc.stdout[-4000:]}\nstderr:\n{proc.stderr[-3000:]}"
+
+
+def violation_timelines(doc: dict, limit: int = 3) -> str:
+    """What the history says about the first ``limit`` violating tasks: every call made on
+    them (seconds from the run's start, with its outcome and its process's clock) and their
+    lease events (with the heartbeats the queue counted), for a failure to explain itself."""
+    history = doc.get("history") or []
+    if not history:
+        return ""
+    start = history[0]["t"]
+    clocks = {r["proc_name"]: r.get("clock_rate") for r in history if r["op"] == "spawn"}
+    lines = []
+    for violation in doc["verdict"]["violations"][:limit]:
+        task = violation.get("task")
+        lines.append(f"task {task} ({violation['invariant']}):")
+        for r in history:
+            pairs = r.get("tasks") if isinstance(r.get("tasks"), list) else []
+            if r.get("task") != task and not any(p and p[0] == task for p in pairs):
+                continue
+            sent = f" sent {r['t0'] - start:.3f}" if "t0" in r else ""
+            clock = f" clock x{clocks[r['proc']]}" if clocks.get(r["proc"]) not in (None, 1.0) else ""
+            lines.append(f"  {r['t'] - start:8.3f}{sent} {r['proc']}{clock} {r['op']} {r['outcome']}"
+                         f" gen={r.get('gen', '')} {r.get('lease', '')}".rstrip())
+        for e in (doc.get("events") or {}).get(str(task), []):
+            detail = {k: v for k, v in (e.get("detail") or {}).items()
+                      if k in ("lease_seconds", "lease_expires_at", "heartbeats", "last_heartbeat_at",
+                               "longest_heartbeat_gap", "routed_to")}
+            lines.append(f"  event {e['type']} gen={e.get('generation')} at {e['at']} {detail}")
+    return "\n".join(lines)[:6000]

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import pytest
 
-from .support import describe, need_pg_binaries, recheck_cli, run_chaos_cli
+from .support import describe, need_pg_binaries, recheck_cli, run_chaos_cli, violation_timelines
 
 # serial: eight worker processes on one-second leases, against the clock; beside other tests on a
 # small machine, a starved worker can rightly lose a lease the run then counts against it.
@@ -22,7 +22,7 @@ pytestmark = [pytest.mark.timeout(300), pytest.mark.serial]
 def assert_clean_and_hostile(proc, doc, faults: list[str]) -> None:
     verdict = doc["verdict"]
     counts = verdict["counts"]
-    assert verdict["violations"] == [], describe(proc)
+    assert verdict["violations"] == [], violation_timelines(doc) + "\n" + describe(proc)
     assert doc["settled"], "the queue did not settle within the run"
     assert "violations: no_task_lost" in proc.stdout and "violations: no_attempt_charged" in proc.stdout
     assert proc.returncode == 0, describe(proc)
