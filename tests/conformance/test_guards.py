@@ -265,7 +265,7 @@ def test_revocation_beats_a_write_already_on_its_way(q: leaseq.Queue, dsn: str) 
         q.revoke_worker(a)
         done = early.execute(load_queries("postgres")["complete_batch"], _encode(dict(
             worker_id=a.id, items=[{"task_id": c.task_id, "generation": c.generation, "result": "late"}],
-            compact=False, with_dependents=False, lock_worker=False))).fetchall()
+            compact=False, with_dependents=False, lock_worker=False, task_ids=[c.task_id]))).fetchall()
         early.commit()
     assert done == []
     assert q.get(task.id).status == "running"  # until the next claim routes it

@@ -259,6 +259,7 @@ def _complete_many(s: Settings, worker: Worker | str, done: Sequence[tuple[Claim
 def _complete_batch(s: Settings, wid: str, items: list[dict[str, Any]], *,
                     with_dependents: bool, lock_worker: bool = False) -> Op[list[dict[str, Any]]]:
     completed: list[dict[str, Any]] = yield rows("complete_batch", worker_id=wid, items=items, compact=s.compact,
+                           task_ids=[item["task_id"] for item in items],
                            with_dependents=with_dependents, lock_worker=lock_worker)
     if completed and not s.backend.own_limit_slots:
         yield from limits.release(completed)

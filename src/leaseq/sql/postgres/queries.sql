@@ -148,11 +148,19 @@ RETURNING id, name, registered_at, revoked_at;
 -- the revocation and reaches the row after it (a deadline of "now" could
 -- still be met by that transaction's earlier now()). So every guarded write
 -- the worker sends (renew, complete, fail, effect) is refused, and the next
--- claim routes the tasks by the recovery policy.
+-- claim routes the tasks by the recovery policy. The rows are locked in id
+-- order before any is written, as renew_leases locks them.
+WITH locked AS (
+    SELECT t.id FROM leaseq_tasks t
+    WHERE t.status = 'running' AND t.lease_owner = %(worker_id)s
+    ORDER BY t.id
+    FOR UPDATE
+)
 UPDATE leaseq_tasks t
 SET lease_expires_at = t.claimed_at - interval '1 millisecond',
     updated_at = now()
 WHERE t.status = 'running' AND t.lease_owner = %(worker_id)s
+  AND (SELECT count(*) FROM locked) >= 0  -- all of them locked first (see renew_leases)
 RETURNING t.id, t.claim_generation;
 
 -- name: insert_task
@@ -455,6 +463,21 @@ FROM flags f LEFT JOIN claimed c ON true;
 -- The new deadline comes from the lease length this claim was given (its
 -- deadline minus when that deadline was set), never from the caller; a
 -- claim's lease_seconds override is not written onto the task.
+-- Every named row is locked in id order (locked) before any is written, as
+-- every statement that writes several leases of one worker locks them
+-- (complete_batch, end_worker_leases): an UPDATE locks rows in the order its
+-- plan reads them (a bitmap scan: the table's), and a renewal and the same
+-- worker's batched completion taking two rows in opposite orders deadlock,
+-- which PostgreSQL breaks only after deadlock_timeout (a second by default):
+-- long enough for short leases to run out while both wait. The count is a
+-- condition on no row, so it is judged once, before the first row is read,
+-- and reads the locking query to its end; the update keeps its own plan.
+WITH locked AS (
+    SELECT t.id FROM leaseq_tasks t
+    WHERE t.id = ANY(%(task_ids)s::bigint[])
+    ORDER BY t.id
+    FOR UPDATE
+)
 UPDATE leaseq_tasks t
 SET lease_expires_at = now() + (t.lease_expires_at - coalesce(t.last_heartbeat_at, t.claimed_at)),
     heartbeat_count = t.heartbeat_count + 1,
@@ -463,6 +486,7 @@ SET lease_expires_at = now() + (t.lease_expires_at - coalesce(t.last_heartbeat_a
     last_heartbeat_at = now(),
     updated_at = now()
 WHERE t.id = ANY(%(task_ids)s::bigint[])
+  AND (SELECT count(*) FROM locked) >= 0
   /* TEMPLATE: lease_guard((%(leases)s::jsonb ->> t.id::text)::bigint) */
 RETURNING t.id, t.claim_generation, t.lease_expires_at;
 
@@ -512,8 +536,22 @@ FOR SHARE OF t;
 -- update and is judged once, before the first row is read. revoke_worker locks
 -- the worker row and then the worker's tasks; taken after the tasks, the lock
 -- would close a cycle with it. It decides nothing: the lease guard does.
+-- Without lock_worker the worker CTE reads no row at all, not merely goes
+-- unread: when a row it locks has changed under it, PostgreSQL rechecks the
+-- row (EvalPlanQual) after evaluating every subquery result the plan may
+-- need, short-circuit or not, and the worker row locked after the tasks
+-- would close that cycle.
+-- The task rows are then locked in id order (locked) before any is written,
+-- as renew_leases locks them: a completion and a renewal of the same leases
+-- never deadlock. task_ids: the items' task ids.
 WITH worker AS (
-    SELECT w.id FROM leaseq_workers w WHERE w.id = %(worker_id)s FOR SHARE
+    SELECT w.id FROM leaseq_workers w WHERE %(lock_worker)s AND w.id = %(worker_id)s FOR SHARE
+), locked AS (
+    SELECT t.id FROM leaseq_tasks t
+    WHERE (NOT %(lock_worker)s OR EXISTS (SELECT 1 FROM worker))
+      AND t.id = ANY(%(task_ids)s::bigint[])
+    ORDER BY t.id
+    FOR UPDATE
 ), done AS (
     UPDATE leaseq_tasks t
     SET status = 'completed',
@@ -523,7 +561,7 @@ WITH worker AS (
         updated_at = now()
     FROM jsonb_to_recordset(%(items)s::jsonb) AS c(task_id bigint, generation bigint, result jsonb)
     WHERE t.id = c.task_id
-      AND (NOT %(lock_worker)s OR EXISTS (SELECT 1 FROM worker))
+      AND (SELECT count(*) FROM locked) >= 0
       AND (%(with_dependents)s OR NOT t.has_dependents)
       /* TEMPLATE: lease_guard(c.generation) */
     RETURNING t.id, t.claim_generation, t.attempts, t.heartbeat_count, t.last_heartbeat_at, t.longest_heartbeat_gap,

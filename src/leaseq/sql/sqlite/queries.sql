@@ -321,8 +321,8 @@ WHERE t.id = :task_id
 
 -- name: complete_batch
 -- guard: lease
--- unused: compact, lock_worker -- the caller writes the "completed" events (no data-modifying CTEs in
--- SQLite), and SQLite writes one transaction at a time: there is no row lock to take in order
+-- unused: compact, lock_worker, task_ids -- the caller writes the "completed" events (no data-modifying
+-- CTEs in SQLite), and SQLite writes one transaction at a time: there is no row lock to take in order
 -- See the PostgreSQL file: the guard checks each (task, generation) pair.
 -- The caller writes the "completed" events and gives back the limit slots
 -- (release_limits), as SQLite has no data-modifying CTEs.
