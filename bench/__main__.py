@@ -123,6 +123,11 @@ def plan(workload: str, sizes: Sizes, chosen: list[str], rnd: int = 1) -> list[t
         if "leaseq" in chosen and sizes.agent_remote:
             trials.append((f"remote (leaseq serve), {where}", "leaseq",
                            lambda db, sy: agent.agent(db, sy, remote=True, **shape)))
+            # the same worker leasing a quarter of its slots ahead (--prefetch): a wave of handlers
+            # that end together starts the next ones at once, not a request later
+            ahead = max(1, sizes.agent_concurrency // 4)
+            trials.append((f"remote (leaseq serve), prefetch {ahead}, {where}", "leaseq",
+                           lambda db, sy: agent.agent(db, sy, remote=True, prefetch=ahead, **shape)))
     elif workload == "limits":
         # what a limit costs a claim: the same drain with no limit key, with a key whose limit
         # never binds (max_running above the workers' concurrency), and with a binding cap

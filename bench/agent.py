@@ -23,7 +23,7 @@ from .systems.leaseq_system import SERVER_ENV, TOKEN_ENV
 
 
 def agent(db: BenchDatabase, system: systems.System, *, tasks: int, concurrency: int, io_seconds: float,
-          processes: int = 1, remote: bool = False) -> dict[str, Any]:
+          processes: int = 1, remote: bool = False, prefetch: int = 0) -> dict[str, Any]:
     """Worker start to last completion (database clock) for ``tasks`` handlers of ``io_seconds`` each."""
     with workloads._schema_or_file(db, system) as dsn:
         system.install(dsn)
@@ -32,7 +32,7 @@ def agent(db: BenchDatabase, system: systems.System, *, tasks: int, concurrency:
             workloads._analyze(dsn)
         with _service(dsn, remote, processes) as env:
             group = WorkerGroup(system.name, dsn, count=processes, concurrency=concurrency, mode="io",
-                                io_seconds=io_seconds, env=env).start()
+                                io_seconds=io_seconds, env=env, prefetch=prefetch).start()
             started = workloads._clock(db, system)
             group.go()
             results = group.wait(finished=lambda: system.finished(dsn)[0] >= tasks)

@@ -81,8 +81,9 @@ def check_targets(summary: Summary) -> list[dict[str, Any]]:
     rows.append(_row("SQLite embedded drain ≥ 5,000 tasks/s in one process",
                      f"{sqlite:,.0f}/s" if sqlite else "–", sqlite >= 5000 if sqlite else None))
 
-    for where in ("direct", "remote"):
-        keys = [k for k in summary if k[0] == "agent" and k[2] == "leaseq" and k[1].startswith(where)]
+    for where in ("direct", "remote", "remote with prefetch"):
+        keys = [k for k in summary if k[0] == "agent" and k[2] == "leaseq" and k[1].startswith(where.split()[0])
+                and ("prefetch" in k[1]) == ("prefetch" in where)]
         share = _median(summary, *keys[0], "of_ideal_percent") if keys else None
         rate = _median(summary, *keys[0], "per_s") if keys else None
         rows.append(_row(f"I/O-bound handlers, one process, {where}: ≥ 90% of the ideal rate",

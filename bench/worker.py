@@ -111,11 +111,13 @@ def cli() -> None:
     parser.add_argument("--io-seconds", type=float, default=0.0, help="--mode io: each handler's awaited I/O")
     parser.add_argument("--lease-seconds", type=float, default=None, help="claim with this lease length")
     parser.add_argument("--concurrency", type=int, default=10)
+    parser.add_argument("--prefetch", type=int, default=0, help="tasks leased ahead of the slots (leaseq only)")
     parser.add_argument("--target", type=int, default=0)
     args = parser.parse_args()
     logging.basicConfig(level=logging.WARNING)
     control = asyncio.run(main(args.system, args.dsn, WorkerOptions(args.mode, args.concurrency, args.target,
-                                                                            args.io_seconds, args.lease_seconds)))
+                                                                            args.io_seconds, args.lease_seconds,
+                                                                            args.prefetch)))
     report(control)
 
 

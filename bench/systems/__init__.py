@@ -35,6 +35,8 @@ class WorkerOptions:
     io_seconds: float = 0.0
     #: the lease length the worker claims with (None: each task's own)
     lease_seconds: float | None = None
+    #: tasks leased ahead of the handler slots (leaseq's ``prefetch``; 0: none)
+    prefetch: int = 0
 
 
 @dataclass

@@ -120,7 +120,8 @@ class LeaseqRunner:
             control.handler_done()
 
         self.runtime = self.app.worker(transport=self.transport, concurrency=control.options.concurrency,
-                                       grace=0.5, lease_seconds=control.options.lease_seconds)
+                                       grace=0.5, lease_seconds=control.options.lease_seconds,
+                                       prefetch=control.options.prefetch)
         self._started = time.monotonic()
         control.on_stop.append(self._count)  # before the shutdown's releases
         control.on_stop.append(self.runtime.stop)

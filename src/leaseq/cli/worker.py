@@ -67,6 +67,10 @@ def register(group: click.Group) -> None:
                   help="Queue to work (repeatable). Default: the queues the app's tasks are declared on.")
     @click.option("--concurrency", type=click.IntRange(1, 1000), default=10, show_default=True,
                   help="Tasks run at once (sync handlers in threads, async ones on the event loop).")
+    @click.option("--prefetch", type=click.IntRange(0, 10_000), default=0, show_default=True,
+                  help="Tasks leased ahead of the handler slots, started as handlers return (their leases are "
+                       "renewed meanwhile, and given back unstarted on shutdown). For remote workers whose "
+                       "handlers end in waves; each one is kept from other workers until it starts.")
     @click.option("--name", default="worker", show_default=True,
                   help="A label; the queue issues the worker's identity.")
     @click.option("--grace", type=click.FloatRange(0), default=30.0, show_default=True,
@@ -97,7 +101,7 @@ def register(group: click.Group) -> None:
     @click.option("--metrics-addr", default="127.0.0.1", show_default=True, metavar="ADDR",
                   help="Address the metrics endpoint binds (0.0.0.0 exposes it beyond this host).")
     @click.pass_context
-    def worker(ctx: click.Context, app_spec: str, queues: tuple[str, ...], concurrency: int, name: str,
+    def worker(ctx: click.Context, app_spec: str, queues: tuple[str, ...], concurrency: int, prefetch: int, name: str,
                grace: float, poll_interval: float | None, lease_seconds: float | None, server: str | None,
                token_file: Path | None, until_idle: bool, migrate: bool, progress: bool, log_level: str,
                log_format: str, metrics_port: int | None, metrics_addr: str) -> None:
@@ -116,7 +120,7 @@ def register(group: click.Group) -> None:
         transport = _transport(app, state.dsn, server, token_file)
         try:
             stats = app.run_worker(transport=transport, queues=list(queues) or None, concurrency=concurrency,
-                                   name=name, grace=grace, poll_interval=poll_interval,
+                                   prefetch=prefetch, name=name, grace=grace, poll_interval=poll_interval,
                                    lease_seconds=lease_seconds, install_signals=True, until_idle=until_idle,
                                    progress=logs.progress if progress else None, observer=observer)
         except LeaseqError as exc:

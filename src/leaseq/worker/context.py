@@ -54,6 +54,8 @@ class TaskContext:
         #: True once the renewer stopped renewing the lease after its handler returned (a
         #: renewal was refused): the guarded write of its outcome decides what happened.
         self.renewals_ended = False
+        #: holds one of the worker's handler slots (with prefetch): released as the handler returns
+        self.slot_held = False
         #: set by the runtime once this attempt's outcome is recorded
         self.outcome_recorded = False
         #: set by the runtime: called (from any thread) when the context finds out itself

@@ -52,9 +52,32 @@ class Handling(Losses):
         self._renewer.lease_started(ctx)
         self._tasks[ctx.key] = asyncio.create_task(self._run_task(ctx), name=f"leaseq-task-{claim.task_id}",
                                                    context=self.observe.started(ctx, self._registered.id, sent))
-        timeout = self._timeout_of(claim)
+        if self._slots is None:  # with prefetch, the timeout starts with the handler (_take_slot)
+            self._arm_timeout(ctx)
+
+    def _arm_timeout(self, ctx: TaskContext) -> None:
+        timeout = self._timeout_of(ctx.claim)
         if timeout is not None:
-            self._timers[ctx.key] = loop.call_later(timeout, self._time_out, ctx, timeout)
+            self._timers[ctx.key] = asyncio.get_running_loop().call_later(timeout, self._time_out, ctx, timeout)
+
+    async def _take_slot(self, ctx: TaskContext) -> bool:
+        """With prefetch: wait for a handler slot (in claim order), holding the lease meanwhile
+        (the renewer renews it as a running one). False when the worker began stopping first:
+        the task is then given back unstarted, with its attempt."""
+        assert self._slots is not None
+        self._waiting.add(ctx.key)
+        try:
+            await self._slots.acquire()  # a lost lease cancels the wait (_after_loss)
+        finally:
+            self._waiting.discard(ctx.key)
+        if self._stopping or ctx.lost:
+            self._slots.release()
+            if not ctx.lost:
+                self._give_back_waiting(ctx)
+            return False
+        ctx.slot_held = True
+        self._arm_timeout(ctx)
+        return True
 
     def _timeout_of(self, claim: Claim) -> float | None:
         """How long the attempt may run: the task's own timeout, else its kind's declared one."""
@@ -98,6 +121,8 @@ class Handling(Losses):
 
     async def _run_handler(self, ctx: TaskContext) -> Awaitable[Outcome] | None:
         """Run the handler; return the recording of its outcome (None: nothing to record)."""
+        if self._slots is not None and not await self._take_slot(ctx):
+            return None
         definition = self.registry.get(ctx.task.kind)
         try:
             try:
@@ -122,6 +147,10 @@ class Handling(Losses):
                 self.observe.returned(ctx, sys.exc_info()[1])
                 self._threaded.discard(ctx.key)
                 self._handling.discard(ctx.key)
+                if ctx.slot_held:  # the next task claimed ahead starts now
+                    ctx.slot_held = False
+                    assert self._slots is not None
+                    self._slots.release()
                 if sys.exc_info()[1] is None and not ctx.lost and self._completer.refills:
                     # The success's completion will ask for the task that takes this
                     # slot (one request for both): held for it meanwhile.

@@ -43,3 +43,9 @@ class Losses(RuntimeBase):
         if task is not None and task is not asyncio.current_task():
             task.cancel()  # async handlers stop at their next await; sync ones see ctx.lost
         self._completer.report_loss(ctx, reason)
+
+    def _give_back_waiting(self, ctx: TaskContext) -> None:
+        """A task claimed ahead that will not start now (the worker is stopping): its lease goes
+        back unstarted, its attempt with it."""
+        if ctx.mark_lost("worker stopping: the task was never started"):
+            self._completer.give_back(ctx.claim, "worker stopping: the task was never started")

@@ -56,6 +56,9 @@ from .transport import Capabilities, Transport
 
 logger = logging.getLogger("leaseq.worker")
 
+#: The most tasks a worker may claim ahead of its handler slots.
+MAX_PREFETCH = 10_000
+
 __all__ = ["Transport", "WorkerRuntime", "WorkerStats"]
 
 
@@ -74,10 +77,13 @@ class WorkerRuntime(ClaimLoop, Shutdown):
     def __init__(self, handlers: HandlerSource | Registry, transport: Transport | None = None, *,
                  queues: list[str] | None = None, concurrency: int = 10, name: str = "worker",
                  poll_interval: float | None = None, grace: float = 30.0, lease_seconds: float | None = None,
-                 connect: Callable[[], Transport] | None = None, observer: WorkerObserver | None = None):
+                 connect: Callable[[], Transport] | None = None, observer: WorkerObserver | None = None,
+                 prefetch: int = 0):
         # Every attribute set here is declared, with its meaning, in RuntimeBase.
-        if concurrency < 1:
-            raise InvalidInput("concurrency", f"must be at least 1 (got {concurrency})")
+        if isinstance(concurrency, bool) or not isinstance(concurrency, int) or concurrency < 1:
+            raise InvalidInput("concurrency", f"must be a whole number of at least 1 (got {concurrency!r})")
+        if isinstance(prefetch, bool) or not isinstance(prefetch, int) or not 0 <= prefetch <= MAX_PREFETCH:
+            raise InvalidInput("prefetch", f"must be a whole number from 0 to {MAX_PREFETCH} (got {prefetch!r})")
         if transport is not None and connect is not None:
             raise InvalidInput("connect", "give a transport or a function that opens one, not both")
         if isinstance(handlers, Registry):
@@ -91,6 +97,9 @@ class WorkerRuntime(ClaimLoop, Shutdown):
                 connect = lambda: app.queue  # noqa: E731 - connected (and migrated) in run(), retried
         self.observe = observer if observer is not None else WorkerObserver()
         self.concurrency = concurrency
+        self.prefetch = prefetch
+        self._slots = None
+        self._waiting = set()
         self._connect = connect
         self._poll_option = poll_interval
         self.poll_interval = poll_interval
@@ -161,6 +170,8 @@ class WorkerRuntime(ClaimLoop, Shutdown):
         self._loop = asyncio.get_running_loop()
         self._wake = asyncio.Event()
         self._freed = asyncio.Event()
+        # FIFO: the tasks claimed ahead start in the order they were leased
+        self._slots = asyncio.Semaphore(self.concurrency) if self.prefetch else None
         if install_signals:
             for sig in (signal.SIGTERM, signal.SIGINT):
                 self._loop.add_signal_handler(sig, self._on_signal, sig)
@@ -168,8 +179,8 @@ class WorkerRuntime(ClaimLoop, Shutdown):
             if not await self._start_up():
                 logger.info("worker %s: stopped before it could register", self.name)
                 return self.stats
-            logger.info("worker %s started: queues=%s concurrency=%d", self._registered.id, ",".join(self.queues),
-                        self.concurrency)
+            logger.info("worker %s started: queues=%s concurrency=%d prefetch=%d", self._registered.id,
+                        ",".join(self.queues), self.concurrency, self.prefetch)
             self.completer = Completer(self.transport, self._caps, self._registered, self._call, self._settled,
                                        self._refill())
             self.renewer = Renewer(self.transport, self._registered, self._call, self.held, self._handling,

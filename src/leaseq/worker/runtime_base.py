@@ -43,6 +43,8 @@ class RuntimeBase:
     #: logs, metrics and traces of each attempt (metrics only when the observer has them)
     observe: WorkerObserver
     concurrency: int
+    #: leases held beyond ``concurrency``, claimed ahead and started as handlers return (0: none)
+    prefetch: int
     queues: list[str]
     name: str
     grace: float
@@ -69,6 +71,10 @@ class RuntimeBase:
     #: tasks whose handler is running: what concurrency limits (a finished
     #: handler's lease stays held until its outcome is recorded)
     _handling: set[tuple[int, int]]
+    #: with prefetch, the handler slots (``concurrency`` of them) that leased tasks wait for,
+    #: in the order they were claimed, and the tasks waiting (leased, renewed, not started)
+    _slots: asyncio.Semaphore | None
+    _waiting: set[tuple[int, int]]
     #: tasks whose handler runs in a thread (cancelling its asyncio task would only drop its result)
     _threaded: set[tuple[int, int]]
     #: presumed-lost attempts whose success was sent and is not settled yet
@@ -131,6 +137,12 @@ class RuntimeBase:
         """Run a blocking transport call on the database threads."""
         loop = asyncio.get_running_loop()
         return await loop.run_in_executor(self._db, functools.partial(fn, *args, **kwargs))
+
+    @property
+    def _capacity(self) -> int:
+        """How many leases the worker holds at most with handlers to run: its handler
+        slots and the tasks claimed ahead of them."""
+        return self.concurrency + self.prefetch
 
     def _msg(self, ctx: TaskContext, text: str) -> str:
         return (f"task={ctx.task_id} kind={ctx.task.kind} gen={ctx.generation} attempt={ctx.task.attempts} "

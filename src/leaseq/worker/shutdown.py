@@ -66,6 +66,15 @@ class Shutdown(Losses):
     # -- the graceful shutdown -------------------------------------------------------------
 
     async def _shutdown(self) -> None:
+        # Tasks claimed ahead (prefetch) and still waiting for a handler slot never start:
+        # their leases go back at once, unstarted, their attempts with them.
+        for key in list(self._waiting):
+            ctx = self.held.get(key)
+            if ctx is not None and not ctx.lost:
+                self._give_back_waiting(ctx)
+                task = self._tasks.get(key)
+                if task is not None:
+                    task.cancel()
         pending = list(self._tasks.values())
         if pending:
             logger.info("worker %s: waiting up to %.1fs for %d running task(s)", self._registered.id, self.grace,

@@ -1,0 +1,119 @@
+"""Prefetch: tasks leased ahead of the handler slots, on both backends.
+
+A worker with ``prefetch=N`` holds up to ``concurrency + N`` leases. The tasks
+beyond its handler slots wait, leased and renewed, and start in the order they
+were claimed as handlers return. Their timeout starts with the handler; a
+stopping worker gives them back unstarted, their attempts with them; a lease
+lost while waiting is never started.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+
+import pytest
+
+import leaseq
+from leaseq.core.errors import InvalidInput
+from leaseq.worker import WorkerRuntime
+
+from .conftest import wait_for
+
+LEASE = 0.6  # renewed every 0.2 s
+
+
+class Gated:
+    """``count`` tasks of a handler that records its start and waits for ``gate``."""
+
+    def __init__(self, app: leaseq.App, kind: str, count: int):
+        self.started: list[int] = []
+        self.gate = threading.Event()
+
+        @app.task(kind, lease_seconds=LEASE)
+        def handler(ctx, n: int) -> int:
+            self.started.append(n)
+            assert self.gate.wait(30), "the test never opened the gate"
+            return n
+
+        self.tasks = [handler.enqueue(n=n) for n in range(count)]
+
+
+def _live(q: leaseq.Queue, task_id: int) -> bool:
+    task = q.get(task_id)
+    return task.status == "running" and task.lease_expires_at is not None and task.lease_expires_at > q.now()
+
+
+def test_tasks_claimed_ahead_are_held_renewed_and_started_in_claim_order(app: leaseq.App, start_worker) -> None:
+    work = Gated(app, "ahead", 6)
+    started, gate, tasks, q = work.started, work.gate, work.tasks, app.queue
+    running = start_worker(concurrency=2, prefetch=2)
+    wait_for(lambda: sorted(started) == [0, 1] and all(_live(q, t.id) for t in tasks[:4]))
+    time.sleep(3 * LEASE)  # three lease lengths: the waiting leases live only if they are renewed
+    assert sorted(started) == [0, 1], "a task claimed ahead started while every slot was taken"
+    assert all(_live(q, t.id) for t in tasks[:4]), [q.get(t.id) for t in tasks[:4]]
+    assert [q.get(t.id).status for t in tasks[4:]] == ["queued", "queued"], "more leases than slots + prefetch"
+    gate.set()
+    wait_for(lambda: all(q.get(t.id).status == "completed" for t in tasks))
+    running.stop()
+    assert started == list(range(6)), "tasks claimed ahead start in the order they were claimed"
+    assert [(q.get(t.id).attempts, q.get(t.id).claim_generation) for t in tasks] == [(1, 1)] * 6
+    assert running.runtime.stats.lost == 0 and running.runtime.stats.completed == 6
+
+
+def test_a_stopping_worker_gives_back_what_it_claimed_ahead_unstarted(app: leaseq.App, start_worker) -> None:
+    work = Gated(app, "given-back", 3)
+    started, gate, tasks, q = work.started, work.gate, work.tasks, app.queue
+    running = start_worker(concurrency=1, prefetch=2, grace=20)
+    wait_for(lambda: started == [0] and all(_live(q, t.id) for t in tasks))
+    running.runtime.stop()
+    # given back at once, while the running handler still has its grace period
+    wait_for(lambda: [q.get(t.id).status for t in tasks[1:]] == ["queued", "queued"])
+    assert started == [0]
+    gate.set()
+    running.stop()
+    assert started == [0], "a task claimed ahead started after the worker began stopping"
+    assert q.get(tasks[0].id).status == "completed"
+    for t in tasks[1:]:
+        task = q.get(t.id)
+        assert task.attempts == 0, "giving back a task that never started charged it an attempt"
+        released = [e for e in q.events(t.id) if e.type == "lease_released"]
+        assert released and released[-1].detail.get("started") is False, released
+
+
+def test_the_timeout_of_a_task_claimed_ahead_starts_with_its_handler(app: leaseq.App, start_worker) -> None:
+    @app.task("timed", timeout=1.0)
+    async def timed(ctx) -> str:
+        await asyncio.sleep(0.7)
+        return "done"
+
+    tasks = [timed.enqueue() for _ in range(2)]
+    running = start_worker(concurrency=1, prefetch=1)
+    # the second waits about 0.7 s for the slot, then runs 0.7 s: 1.4 s after its claim
+    wait_for(lambda: all(app.queue.get(t.id).status == "completed" for t in tasks))
+    running.stop()
+    assert running.runtime.stats.timed_out == 0
+    assert [app.queue.get(t.id).attempts for t in tasks] == [1, 1]
+
+
+def test_a_task_whose_lease_is_lost_while_it_waits_never_starts(app: leaseq.App, start_worker) -> None:
+    work = Gated(app, "cancelled-ahead", 2)
+    started, gate, (first, second), q = work.started, work.gate, work.tasks, app.queue
+    running = start_worker(concurrency=1, prefetch=1)
+    wait_for(lambda: started == [0] and _live(q, second.id))
+    q.cancel(second.id, "not wanted any more")
+    wait_for(lambda: running.runtime.stats.lost >= 1)  # its next renewal was refused
+    gate.set()
+    wait_for(lambda: q.get(first.id).status == "completed")
+    time.sleep(2 * LEASE)
+    running.stop()
+    assert started == [0], "a task whose lease was lost while it waited was started"
+    assert q.get(second.id).status == "cancelled"
+
+
+@pytest.mark.parametrize("prefetch", [-1, 10_001, 1.5, True, "2"])
+def test_a_prefetch_that_is_not_a_whole_number_in_range_is_refused(app: leaseq.App, prefetch) -> None:
+    with pytest.raises(InvalidInput) as refused:
+        WorkerRuntime(app, prefetch=prefetch)
+    assert refused.value.field == "prefetch"
