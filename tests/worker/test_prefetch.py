@@ -17,6 +17,7 @@ import pytest
 
 import leaseq
 from leaseq.core.errors import InvalidInput
+from leaseq.observability.hooks import WorkerObserver
 from leaseq.worker import WorkerRuntime
 
 from .conftest import wait_for
@@ -95,6 +96,26 @@ def test_the_timeout_of_a_task_claimed_ahead_starts_with_its_handler(app: leaseq
     running.stop()
     assert running.runtime.stats.timed_out == 0
     assert [app.queue.get(t.id).attempts for t in tasks] == [1, 1]
+
+
+def test_a_task_claimed_ahead_is_timed_from_its_handlers_start(app: leaseq.App, start_worker) -> None:
+    durations: list[float] = []
+
+    class Durations(WorkerObserver):
+        def finished(self, ctx) -> None:
+            super().finished(ctx)
+            durations.append(ctx.duration)
+
+    @app.task("measured")
+    async def measured(ctx) -> None:
+        await asyncio.sleep(0.3)
+
+    tasks = [measured.enqueue() for _ in range(3)]
+    running = start_worker(concurrency=1, prefetch=2, observer=Durations())
+    wait_for(lambda: all(app.queue.get(t.id).status == "completed" for t in tasks))
+    running.stop()
+    # each waited up to 0.6 s for the slot; its duration is its handler's 0.3 s alone
+    assert len(durations) == 3 and all(0.25 <= d < 0.5 for d in durations), durations
 
 
 def test_a_task_whose_lease_is_lost_while_it_waits_never_starts(app: leaseq.App, start_worker) -> None:

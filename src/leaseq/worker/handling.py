@@ -14,6 +14,7 @@ import functools
 import inspect
 import logging
 import sys
+import time
 from collections.abc import Awaitable
 
 from ..core.errors import LeaseLost, Permanent, QueuePaused
@@ -76,6 +77,7 @@ class Handling(Losses):
                 self._give_back_waiting(ctx)
             return False
         ctx.slot_held = True
+        ctx.started_at = time.monotonic()  # the handler's duration starts here, not at the claim
         self._arm_timeout(ctx)
         return True
 
