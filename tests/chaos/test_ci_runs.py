@@ -87,8 +87,10 @@ def test_thirty_seconds_on_sqlite_with_every_fault_it_supports(tmp_path):
 def test_thirty_seconds_of_remote_workers_through_a_restarted_service(tmp_path):
     need_pg_binaries()
     proc, doc = run_chaos_cli(tmp_path, "--backend", "postgres", "--transport", "mixed", "--duration", "30",
-                              "--workers", "4", "--tasks", "150", "--seed", "3", "--faults", "all", "--quiet")
+                              "--workers", "4", "--tasks", "150", "--seed", "3", "--faults", "all", "--prefetch", "2",
+                              "--quiet")
     assert_clean_and_hostile(proc, doc, ["kill", "stop", "service", "revoke", "drop_queue", "drop_ledger"])
+    assert doc["config"]["prefetch"] == 2  # every worker leases two tasks ahead of its slots
     spawned = {r["transport"] for r in doc["history"] if r["op"] == "spawn"}
     assert spawned == {"direct", "http"}
     remote = {r["proc_name"] for r in doc["history"] if r["op"] == "spawn" and r["transport"] == "http"}

@@ -28,6 +28,14 @@ def test_a_fault_the_run_cannot_inject_is_refused(args, says, tmp_path):
     assert not (tmp_path / "h.json").exists()
 
 
+@pytest.mark.parametrize("value", ["-1", "65"])
+def test_a_prefetch_out_of_range_is_refused_naming_it(value, tmp_path):
+    result = CliRunner().invoke(cli, ["chaos", "--prefetch", value, "--history", str(tmp_path / "h.json")])
+    assert result.exit_code == 2, result.output
+    assert result.stderr.startswith("error: prefetch: must be an integer from 0 to 64"), result.stderr
+    assert not (tmp_path / "h.json").exists()
+
+
 def test_the_help_lists_every_fault_and_the_transports():
     out = CliRunner().invoke(cli, ["chaos", "--help"]).output
     for name in ("drop_queue", "drop_ledger", "revoke", "service", "--transport", "mixed"):

@@ -55,6 +55,8 @@ class ChaosConfig:
     faults: tuple[str, ...] = field(default_factory=lambda: default_faults("postgres"))
     backend: str = "postgres"
     concurrency: int = 4
+    #: tasks each worker leases ahead of its handler slots (the worker's ``prefetch``)
+    prefetch: int = 0
     history_path: Path | None = None
     pg_bin: str | None = None
     transport: str = "direct"
@@ -64,7 +66,8 @@ class ChaosConfig:
             raise InvalidInput("backend", f"must be postgres or sqlite (got {self.backend!r})")
         if self.transport not in TRANSPORTS:
             raise InvalidInput("transport", f"must be one of {', '.join(TRANSPORTS)} (got {self.transport!r})")
-        for name, low, high in (("workers", 1, 64), ("tasks", 1, 1_000_000), ("concurrency", 1, 64)):
+        for name, low, high in (("workers", 1, 64), ("tasks", 1, 1_000_000), ("concurrency", 1, 64),
+                                ("prefetch", 0, 64)):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
                 raise InvalidInput(name, f"must be an integer from {low} to {high} (got {value!r})")

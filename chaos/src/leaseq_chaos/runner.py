@@ -242,6 +242,7 @@ def run_chaos(config: ChaosConfig, *, progress: Callable[[str], None] | None = N
 
         env = {k: v for k, v in os.environ.items() if not k.startswith(("LEASEQ_DSN", "LEASEQ_CHAOS"))}
         env["LEASEQ_ACTION_KEYS"] = _action_keys(config.seed)
+        env["LEASEQ_CHAOS_PREFETCH"] = str(config.prefetch)
         service, remote, http_proxy = _remote_workers(config, q, service_dsn, env, workdir, log_dir, record, stack)
         fleet = Fleet(worker_dsns, ledger_dsns=ledger_dsns, history_dir=history_dir, log_dir=log_dir,
                       concurrency=config.concurrency, env=env, record=record,

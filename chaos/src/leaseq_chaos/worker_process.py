@@ -10,7 +10,7 @@ workload, as ``leaseq worker`` does, with two additions a test build needs:
 
 Configuration comes from the environment the harness sets: ``LEASEQ_DSN``,
 ``LEASEQ_CHAOS_LEDGER_DSN``, ``LEASEQ_CHAOS_HISTORY``, ``LEASEQ_CHAOS_PROC``,
-``LEASEQ_CHAOS_CONCURRENCY``, ``LEASEQ_CHAOS_SEED`` and the clock variables; a remote
+``LEASEQ_CHAOS_CONCURRENCY``, ``LEASEQ_CHAOS_PREFETCH``, ``LEASEQ_CHAOS_SEED`` and the clock variables; a remote
 worker gets ``LEASEQ_CHAOS_SERVER`` (the ``leaseq serve`` URL) and
 ``LEASEQ_CHAOS_TOKEN_FILE`` (its worker token) and talks HTTP only.
 """
@@ -205,6 +205,7 @@ def main() -> None:
         stats = workload.app.run_worker(
             connect=connect, queues=[workload.QUEUE],
             concurrency=int(os.environ.get("LEASEQ_CHAOS_CONCURRENCY", "4")), name=proc,
+            prefetch=int(os.environ.get("LEASEQ_CHAOS_PREFETCH") or 0),
             poll_interval=0.1, grace=float(os.environ.get("LEASEQ_CHAOS_GRACE", "3")), install_signals=True)
         history.record("worker_stop", "ok", completed=stats.completed, failed=stats.failed, lost=stats.lost,
                        released=stats.released)

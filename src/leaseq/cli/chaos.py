@@ -43,6 +43,8 @@ def register(group: click.Group) -> None:
               help="postgres starts a private throwaway server (initdb) on a free loopback port; "
                    "sqlite uses temporary files.")
 @click.option("--concurrency", type=int, default=4, show_default=True, help="Tasks each worker runs at once.")
+@click.option("--prefetch", type=int, default=0, show_default=True,
+              help="Tasks each worker leases ahead of its handler slots (leaseq worker --prefetch).")
 @click.option("--history", "history_path", type=click.Path(dir_okay=False, path_type=Path), default=None,
               help="Where to write the JSON history. Default: chaos-history-<seed>.json here.")
 @click.option("--pg-bin", default=None, metavar="DIR",
@@ -52,7 +54,7 @@ def register(group: click.Group) -> None:
 @click.option("--recheck", type=click.Path(exists=True, dir_okay=False, path_type=Path), default=None,
               metavar="HISTORY", help="Run nothing: check a history file written by an earlier run again.")
 def chaos(duration: float, workers: int, tasks: int, seed: int, faults: str, transport: str, backend: str,
-          concurrency: int, history_path: Path | None, pg_bin: str | None, keep_logs: bool, quiet: bool,
+          concurrency: int, prefetch: int, history_path: Path | None, pg_bin: str | None, keep_logs: bool, quiet: bool,
           recheck: Path | None) -> None:
     """Run worker processes under injected faults, then check every invariant.
 
@@ -80,7 +82,8 @@ def chaos(duration: float, workers: int, tasks: int, seed: int, faults: str, tra
     try:
         config = ChaosConfig(duration=duration, workers=workers, tasks=tasks, seed=seed,
                              faults=parse_faults(faults, backend, transport), backend=backend,
-                             concurrency=concurrency, history_path=history_path, pg_bin=pg_bin, transport=transport)
+                             concurrency=concurrency, prefetch=prefetch, history_path=history_path, pg_bin=pg_bin,
+                             transport=transport)
     except LeaseqError as exc:
         raise CliError.from_leaseq(exc) from None
     say = None if quiet else (lambda line: click.echo(line, err=True))

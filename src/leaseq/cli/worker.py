@@ -67,7 +67,7 @@ def register(group: click.Group) -> None:
                   help="Queue to work (repeatable). Default: the queues the app's tasks are declared on.")
     @click.option("--concurrency", type=click.IntRange(1, 1000), default=10, show_default=True,
                   help="Tasks run at once (sync handlers in threads, async ones on the event loop).")
-    @click.option("--prefetch", type=click.IntRange(0, 10_000), default=0, show_default=True,
+    @click.option("--prefetch", type=click.IntRange(0, 1000), default=0, show_default=True,
                   help="Tasks leased ahead of the handler slots, started as handlers return (their leases are "
                        "renewed meanwhile, and given back unstarted on shutdown). For remote workers whose "
                        "handlers end in waves; each one is kept from other workers until it starts.")

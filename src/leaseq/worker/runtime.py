@@ -57,7 +57,7 @@ from .transport import Capabilities, Transport
 logger = logging.getLogger("leaseq.worker")
 
 #: The most tasks a worker may claim ahead of its handler slots.
-MAX_PREFETCH = 10_000
+MAX_PREFETCH = 1_000
 
 __all__ = ["Transport", "WorkerRuntime", "WorkerStats"]
 
