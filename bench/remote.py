@@ -59,7 +59,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                 system = systems.get(trials[mode])
                 try:
                     drained = workloads.drain(db, system, tasks=args.tasks, processes=args.processes,
-                                              concurrency=args.concurrency)
+                                              concurrency=args.concurrency, prefetch=args.prefetch)
                 finally:
                     workloads._close(system)
                 figures[f"{mode}_drain_per_s"] = drained["per_s"]
@@ -81,6 +81,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         db.drop()
     summary = {key: _median([r[key] for r in rounds]) for key in rounds[0] if key != "round"}
     return {"config": {"tasks": args.tasks, "processes": args.processes, "concurrency": args.concurrency,
+                       "prefetch": args.prefetch,
                        "latency_tasks": args.latency_tasks, "latency_gap_s": args.latency_gap,
                        "rounds": args.rounds, "service_processes": args.service_processes},
             "rounds": rounds, "median": summary}
@@ -88,8 +89,9 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
 
 def print_table(report: dict[str, Any]) -> None:
     c, m = report["config"], report["median"]
-    print(f"\nremote vs direct workers: {c['processes']} processes x {c['concurrency']}, {c['tasks']:,} no-op tasks; "
-          f"pickup over {c['latency_tasks']} tasks; medians of {c['rounds']} round(s)\n")
+    ahead = f", prefetch {c['prefetch']}" if c.get("prefetch") else ""
+    print(f"\nremote vs direct workers: {c['processes']} processes x {c['concurrency']}{ahead}, "
+          f"{c['tasks']:,} no-op tasks; pickup over {c['latency_tasks']} tasks; medians of {c['rounds']} round(s)\n")
     remotes = [mode for mode in modes(c.get("service_processes", [1])) if mode != "direct"]
     for mode in remotes:
         label = "remote" if mode == "remote" else f"remote, service × {mode[len('remote-'):-1]}"
@@ -122,6 +124,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--tasks", type=int, default=4000)
     parser.add_argument("--processes", type=int, default=4)
     parser.add_argument("--concurrency", type=int, default=10)
+    parser.add_argument("--prefetch", type=int, default=0,
+                        help="tasks each worker leases ahead of its slots, direct and remote alike")
     parser.add_argument("--service-processes", type=_counts, default=[1], metavar="N[,N...]",
                         help="run the remote trials with `leaseq serve --processes N`, once per N (default 1)")
     parser.add_argument("--latency-tasks", type=int, default=200)

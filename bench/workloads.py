@@ -70,7 +70,7 @@ def _clock(db: BenchDatabase, system: systems.System) -> float:
 
 
 def drain(db: BenchDatabase, system: systems.System, *, tasks: int, processes: int = 1,
-          concurrency: int = 10, limit: dict[str, Any] | None = None) -> dict[str, Any]:
+          concurrency: int = 10, limit: dict[str, Any] | None = None, prefetch: int = 0) -> dict[str, Any]:
     """Worker start to last completion, as the database recorded it, for ``tasks`` queued tasks.
 
     ``limit`` (leaseq only): every task names the limit ``limit["key"]``, set
@@ -86,7 +86,7 @@ def drain(db: BenchDatabase, system: systems.System, *, tasks: int, processes: i
             system.enqueue_batch(dsn, tasks, limits=[limit["key"]])
         if system.dialect == "postgres":
             _analyze(dsn)
-        group = WorkerGroup(system.name, dsn, count=processes, concurrency=concurrency).start()
+        group = WorkerGroup(system.name, dsn, count=processes, concurrency=concurrency, prefetch=prefetch).start()
         postgres = system.dialect == "postgres"
         before = db.backend_cpu() if postgres else {}
         seen: dict[int, float] = {}

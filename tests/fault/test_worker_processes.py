@@ -166,3 +166,21 @@ def test_sigterm_lets_short_tasks_finish_and_releases_long_ones(queue, workers) 
     assert queue.get(email.id).status == "needs_reconciliation"
     released = [e for e in queue.events(email.id) if e.type == "lease_released"]
     assert released and released[0].detail["routed_to"] == "needs_reconciliation"
+
+
+def test_sigterm_gives_back_the_tasks_a_worker_leased_ahead_unstarted(queue, workers) -> None:
+    """`leaseq worker --prefetch`: a real SIGTERM while tasks wait, leased, for a handler slot."""
+    tasks = [queue.enqueue("quick", {"seconds": 1.5}, effect="read_only", lease_seconds=5.0) for _ in range(3)]
+    a = workers.start("a", "--concurrency", "1", "--prefetch", "2", "--grace", "10")
+    wait_for(lambda: (workers.fault_dir / "reached-quick-1").exists()
+             and all(queue.get(t.id).status == "running" for t in tasks), what="one running, two leased ahead")
+    a.send_signal(signal.SIGTERM)
+    assert a.wait(15) == 0, workers.log("a")
+    statuses = [queue.get(t.id).status for t in tasks]
+    assert sorted(statuses) == ["completed", "queued", "queued"], statuses
+    for t in tasks:
+        task = queue.get(t.id)
+        if task.status == "queued":  # never started: back with its attempt, marked unstarted
+            assert task.attempts == 0 and task.result is None
+            released = [e for e in queue.events(t.id) if e.type == "lease_released"]
+            assert released and released[-1].detail["started"] is False
