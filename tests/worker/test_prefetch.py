@@ -118,6 +118,31 @@ def test_a_task_claimed_ahead_is_timed_from_its_handlers_start(app: leaseq.App, 
     assert len(durations) == 3 and all(0.25 <= d < 0.5 for d in durations), durations
 
 
+def test_the_metrics_count_handlers_running_not_tasks_leased_ahead(app: leaseq.App, start_worker) -> None:
+    pytest.importorskip("prometheus_client")
+    from leaseq.observability.metrics import WorkerMetrics
+
+    metrics = WorkerMetrics()
+    work = Gated(app, "metered", 3)
+    running = start_worker(concurrency=1, prefetch=2, observer=WorkerObserver(metrics), grace=20)
+
+    def value(name: str, **labels: str) -> float:
+        return metrics.registry.get_sample_value(name, labels) or 0.0
+
+    try:
+        wait_for(lambda: work.started == [0] and value("leaseq_worker_tasks_claimed_total", kind="metered") == 3)
+        assert value("leaseq_worker_running_tasks") == 1, "tasks leased ahead counted as running handlers"
+        running.runtime.stop()  # the two waiting ones go back unstarted
+        wait_for(lambda: [app.queue.get(t.id).status for t in work.tasks[1:]] == ["queued", "queued"])
+    finally:
+        work.gate.set()
+    running.stop()
+    assert value("leaseq_worker_running_tasks") == 0
+    # one handler ran: one duration, none for the tasks that never started
+    assert sum(value("leaseq_worker_handler_duration_seconds_count", kind="metered", outcome=o)
+               for o in ("completed", "released", "unrecorded", "lost")) == 1
+
+
 def test_a_task_whose_lease_is_lost_while_it_waits_never_starts(app: leaseq.App, start_worker) -> None:
     work = Gated(app, "cancelled-ahead", 2)
     started, gate, (first, second), q = work.started, work.gate, work.tasks, app.queue

@@ -75,18 +75,30 @@ class WorkerObserver:
         """The transport the runtime should use: counted when there are metrics."""
         return self.metrics.wrap(transport) if self.metrics is not None else transport
 
-    def started(self, ctx: TaskContext, worker_id: str, claim_sent: float) -> contextvars.Context | None:
-        """The lease was granted and the handler is about to run. Returns the context the
-        handler's task should run in (None: the current one)."""
-        ctx.started_at = time.monotonic()
+    def started(self, ctx: TaskContext, worker_id: str, claim_sent: float, *,
+                waits: bool = False) -> contextvars.Context | None:
+        """The lease was granted and the handler is about to run (``waits``: it was claimed
+        ahead and waits for a handler slot first, :meth:`slot_taken`). Returns the context
+        the handler's task should run in (None: the current one)."""
         if self.metrics is not None:
             self.metrics.claimed.labels(ctx.task.kind).inc()
-            self.metrics.running.inc()
+        if not waits:
+            self.slot_taken(ctx)
         return tracing.start_attempt(ctx, worker_id, claim_sent)
+
+    def slot_taken(self, ctx: TaskContext) -> None:
+        """The handler begins: its duration starts here, and it counts as running."""
+        ctx.started_at = time.monotonic()
+        ctx.handler_began = True
+        if self.metrics is not None:
+            self.metrics.running.inc()
 
     def returned(self, ctx: TaskContext, exc: BaseException | None) -> None:
         """The handler returned (``exc`` None) or raised ``exc`` (a cancellation included)."""
         if ctx.duration is not None:
+            return
+        if not ctx.handler_began:  # claimed ahead and never started: no handler ran, nothing to time
+            tracing.handler_returned(ctx, exc)
             return
         ctx.duration = round(time.monotonic() - ctx.started_at, 6)
         _log_field(ctx, "duration", ctx.duration)

@@ -56,6 +56,8 @@ class TaskContext:
         self.renewals_ended = False
         #: holds one of the worker's handler slots (with prefetch): released as the handler returns
         self.slot_held = False
+        #: set by the runtime's observer once the handler begins (a task claimed ahead may never)
+        self.handler_began = False
         #: set by the runtime once this attempt's outcome is recorded
         self.outcome_recorded = False
         #: set by the runtime: called (from any thread) when the context finds out itself

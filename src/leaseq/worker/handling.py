@@ -14,7 +14,6 @@ import functools
 import inspect
 import logging
 import sys
-import time
 from collections.abc import Awaitable
 
 from ..core.errors import LeaseLost, Permanent, QueuePaused
@@ -52,7 +51,8 @@ class Handling(Losses):
         self.stats.claimed += 1
         self._renewer.lease_started(ctx)
         self._tasks[ctx.key] = asyncio.create_task(self._run_task(ctx), name=f"leaseq-task-{claim.task_id}",
-                                                   context=self.observe.started(ctx, self._registered.id, sent))
+                                                   context=self.observe.started(ctx, self._registered.id, sent,
+                                                                                waits=self._slots is not None))
         if self._slots is None:  # with prefetch, the timeout starts with the handler (_take_slot)
             self._arm_timeout(ctx)
 
@@ -77,7 +77,7 @@ class Handling(Losses):
                 self._give_back_waiting(ctx)
             return False
         ctx.slot_held = True
-        ctx.started_at = time.monotonic()  # the handler's duration starts here, not at the claim
+        self.observe.slot_taken(ctx)  # the handler's duration starts here, not at the claim
         self._arm_timeout(ctx)
         return True
 
