@@ -163,3 +163,10 @@ def test_a_prefetch_that_is_not_a_whole_number_in_range_is_refused(app: leaseq.A
     with pytest.raises(InvalidInput) as refused:
         WorkerRuntime(app, prefetch=prefetch)
     assert refused.value.field == "prefetch"
+
+
+def test_more_slots_than_one_claim_may_lease_are_refused_before_the_worker_starts(app: leaseq.App) -> None:
+    with pytest.raises(InvalidInput) as refused:
+        WorkerRuntime(app, concurrency=9_500, prefetch=501)
+    assert refused.value.field == "concurrency" and "at most 10000" in str(refused.value)
+    WorkerRuntime(app, concurrency=9_500, prefetch=500)  # exactly one claim's worth is fine

@@ -56,13 +56,17 @@ def claim(s: Settings, worker: Worker | str, *, queue: str = "default", limit: i
     return out
 
 
+#: The most tasks one claim may lease.
+MAX_CLAIM = 10_000
+
+
 def _claim(s: Settings, worker: Worker | str, *, queue: str = "default", limit: int = 1,
            lease_seconds: float | None = None, kinds: Iterable[str] | None = None,
            fast_only: bool = False) -> Op[Claims | None]:
     """The claim; ``fast_only``: None where its one-statement fast path cannot settle it."""
     wid = worker_id(worker)
     checks.check_name("queue", queue)
-    checks.check_int("limit", limit, minimum=1, maximum=10_000)
+    checks.check_int("limit", limit, minimum=1, maximum=MAX_CLAIM)
     if lease_seconds is not None:
         checks.check_seconds("lease_seconds", lease_seconds, allow_zero=False)
     params = dict(queue=queue, worker_id=wid, limit=limit, lease_seconds=lease_seconds, compact=s.compact,

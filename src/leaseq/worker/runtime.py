@@ -42,6 +42,7 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from ..core.errors import InvalidInput
+from ..engine.leases import MAX_CLAIM
 from ..observability.hooks import WorkerObserver
 from ..schedules import Scheduler
 from .claim_loop import CLAIMS_IN_FLIGHT, ClaimLoop
@@ -84,6 +85,9 @@ class WorkerRuntime(ClaimLoop, Shutdown):
             raise InvalidInput("concurrency", f"must be a whole number of at least 1 (got {concurrency!r})")
         if isinstance(prefetch, bool) or not isinstance(prefetch, int) or not 0 <= prefetch <= MAX_PREFETCH:
             raise InvalidInput("prefetch", f"must be a whole number from 0 to {MAX_PREFETCH} (got {prefetch!r})")
+        if concurrency + prefetch > MAX_CLAIM:  # a claim asks for every free slot at once
+            raise InvalidInput("concurrency", f"concurrency + prefetch must be at most {MAX_CLAIM}, what one claim "
+                                              f"may lease (got {concurrency} + {prefetch})")
         if transport is not None and connect is not None:
             raise InvalidInput("connect", "give a transport or a function that opens one, not both")
         if isinstance(handlers, Registry):
