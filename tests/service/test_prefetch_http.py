@@ -15,14 +15,9 @@ import time
 
 import leaseq
 from leaseq.worker import WorkerRuntime
-from worker.conftest import RunningWorker, wait_for
+from worker.conftest import RunningWorker, lease_live, wait_for
 
 LEASE = 0.6
-
-
-def _live(q: leaseq.Queue, task_id: int) -> bool:
-    task = q.get(task_id)
-    return task.status == "running" and task.lease_expires_at is not None and task.lease_expires_at > q.now()
 
 
 def test_a_remote_worker_holds_renews_and_starts_what_it_claimed_ahead(svc) -> None:
@@ -42,16 +37,16 @@ def test_a_remote_worker_holds_renews_and_starts_what_it_claimed_ahead(svc) -> N
     running = RunningWorker(WorkerRuntime(app, svc.remote(svc.token("worker")), concurrency=1, prefetch=2,
                                           poll_interval=0.05, grace=20))
     try:
-        wait_for(lambda: started == [0] and all(_live(q, i) for i in ids[:3]))
+        wait_for(lambda: started == [0] and all(lease_live(q, i) for i in ids[:3]))
         time.sleep(3 * LEASE)  # the waiting leases live on only if renewed
-        assert started == [0] and all(_live(q, i) for i in ids[:3])
+        assert started == [0] and all(lease_live(q, i) for i in ids[:3])
         assert [q.get(i).status for i in ids[3:]] == ["queued", "queued"]
         gate.set()
         wait_for(lambda: len(started) == 5 and all(q.get(i).status == "completed" for i in ids))
         assert started == list(range(5))
         gate.clear()
         more = q.enqueue_many("job", [{"n": n} for n in range(5, 8)])
-        wait_for(lambda: started[5:] == [5] and all(_live(q, i) for i in more))
+        wait_for(lambda: started[5:] == [5] and all(lease_live(q, i) for i in more))
         running.runtime.stop()
         wait_for(lambda: [q.get(i).status for i in more[1:]] == ["queued", "queued"])  # given back at once
         gate.set()

@@ -66,6 +66,12 @@ def start_worker(app: leaseq.App) -> Iterator[Callable[..., RunningWorker]]:
             running.stop()
 
 
+def lease_live(q: leaseq.Queue, task_id: int) -> bool:
+    """Whether the task is running on a lease the database's clock has not passed."""
+    task = q.get(task_id)
+    return task.status == "running" and task.lease_expires_at is not None and task.lease_expires_at > q.now()
+
+
 def wait_for(predicate: Callable[[], Any], timeout: float = 10.0, interval: float = 0.02) -> Any:
     """Poll ``predicate`` until it returns something truthy; fail after ``timeout``."""
     deadline = time.monotonic() + timeout

@@ -20,7 +20,7 @@ from leaseq.core.errors import InvalidInput
 from leaseq.observability.hooks import WorkerObserver
 from leaseq.worker import WorkerRuntime
 
-from .conftest import wait_for
+from .conftest import lease_live, wait_for
 
 LEASE = 0.6  # renewed every 0.2 s
 
@@ -41,19 +41,14 @@ class Gated:
         self.tasks = [handler.enqueue(n=n) for n in range(count)]
 
 
-def _live(q: leaseq.Queue, task_id: int) -> bool:
-    task = q.get(task_id)
-    return task.status == "running" and task.lease_expires_at is not None and task.lease_expires_at > q.now()
-
-
 def test_tasks_claimed_ahead_are_held_renewed_and_started_in_claim_order(app: leaseq.App, start_worker) -> None:
     work = Gated(app, "ahead", 6)
     started, gate, tasks, q = work.started, work.gate, work.tasks, app.queue
     running = start_worker(concurrency=2, prefetch=2)
-    wait_for(lambda: sorted(started) == [0, 1] and all(_live(q, t.id) for t in tasks[:4]))
+    wait_for(lambda: sorted(started) == [0, 1] and all(lease_live(q, t.id) for t in tasks[:4]))
     time.sleep(3 * LEASE)  # three lease lengths: the waiting leases live only if they are renewed
     assert sorted(started) == [0, 1], "a task claimed ahead started while every slot was taken"
-    assert all(_live(q, t.id) for t in tasks[:4]), [q.get(t.id) for t in tasks[:4]]
+    assert all(lease_live(q, t.id) for t in tasks[:4]), [q.get(t.id) for t in tasks[:4]]
     assert [q.get(t.id).status for t in tasks[4:]] == ["queued", "queued"], "more leases than slots + prefetch"
     gate.set()
     wait_for(lambda: all(q.get(t.id).status == "completed" for t in tasks))
@@ -67,7 +62,7 @@ def test_a_stopping_worker_gives_back_what_it_claimed_ahead_unstarted(app: lease
     work = Gated(app, "given-back", 3)
     started, gate, tasks, q = work.started, work.gate, work.tasks, app.queue
     running = start_worker(concurrency=1, prefetch=2, grace=20)
-    wait_for(lambda: started == [0] and all(_live(q, t.id) for t in tasks))
+    wait_for(lambda: started == [0] and all(lease_live(q, t.id) for t in tasks))
     running.runtime.stop()
     # given back at once, while the running handler still has its grace period
     wait_for(lambda: [q.get(t.id).status for t in tasks[1:]] == ["queued", "queued"])
@@ -81,6 +76,29 @@ def test_a_stopping_worker_gives_back_what_it_claimed_ahead_unstarted(app: lease
         assert task.attempts == 0, "giving back a task that never started charged it an attempt"
         released = [e for e in q.events(t.id) if e.type == "lease_released"]
         assert released and released[-1].detail.get("started") is False, released
+
+
+def test_a_slot_that_frees_as_the_worker_begins_stopping_starts_nothing(app: leaseq.App, start_worker) -> None:
+    """The first handler asks the worker to stop and returns at once: its slot frees before
+    the shutdown runs, and the task waiting for it is given back instead of started."""
+    started: list[int] = []
+    holder: list = []
+
+    @app.task("last-one", lease_seconds=LEASE)
+    async def last_one(ctx, n: int) -> int:
+        started.append(n)
+        if n == 0:
+            await asyncio.sleep(0.2)  # the other task is waiting for this slot by now
+            holder[0].runtime.stop()  # scheduled on this loop: it runs before the waiter resumes
+        return n
+
+    running = start_worker(concurrency=1, prefetch=1)
+    holder.append(running)
+    first, second = app.queue.enqueue_many("last-one", [{"n": 0}, {"n": 1}])  # one claim leases both
+    wait_for(lambda: app.queue.get(first).status == "completed" and app.queue.get(second).status == "queued")
+    running.stop()
+    assert started == [0], "a task claimed ahead started after the worker began stopping"
+    assert app.queue.get(second).attempts == 0
 
 
 def test_the_timeout_of_a_task_claimed_ahead_starts_with_its_handler(app: leaseq.App, start_worker) -> None:
@@ -147,7 +165,7 @@ def test_a_task_whose_lease_is_lost_while_it_waits_never_starts(app: leaseq.App,
     work = Gated(app, "cancelled-ahead", 2)
     started, gate, (first, second), q = work.started, work.gate, work.tasks, app.queue
     running = start_worker(concurrency=1, prefetch=1)
-    wait_for(lambda: started == [0] and _live(q, second.id))
+    wait_for(lambda: started == [0] and lease_live(q, second.id))
     q.cancel(second.id, "not wanted any more")
     wait_for(lambda: running.runtime.stats.lost >= 1)  # its next renewal was refused
     gate.set()

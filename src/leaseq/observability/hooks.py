@@ -95,10 +95,7 @@ class WorkerObserver:
 
     def returned(self, ctx: TaskContext, exc: BaseException | None) -> None:
         """The handler returned (``exc`` None) or raised ``exc`` (a cancellation included)."""
-        if ctx.duration is not None:
-            return
-        if not ctx.handler_began:  # claimed ahead and never started: no handler ran, nothing to time
-            tracing.handler_returned(ctx, exc)
+        if ctx.duration is not None or not ctx.handler_began:  # claimed ahead, never started: nothing ran
             return
         ctx.duration = round(time.monotonic() - ctx.started_at, 6)
         _log_field(ctx, "duration", ctx.duration)

@@ -59,7 +59,7 @@ from ..core import checks
 from ..core.errors import InvalidInput, LeaseLost, LeaseqError, NotFound
 from ..core.model import Claim, Claims, Task
 from .. import engine
-from ..engine.leases import check_kinds
+from ..engine.leases import MAX_CLAIM, check_kinds
 from ..engine.steps import Op, T
 from ..queue import Queue
 from .access import ain_one_transaction, authorize_also, in_one_transaction
@@ -263,7 +263,7 @@ class ClaimMore(Item):
     """More work asked for with a batch of completions (never waits)."""
 
     queue: str = "default"
-    limit: int = Field(ge=1, le=10_000)
+    limit: int = Field(ge=1, le=MAX_CLAIM)
     lease_seconds: float | None = None
     kinds: list[str] | None = None
 

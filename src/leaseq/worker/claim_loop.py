@@ -95,7 +95,7 @@ class ClaimLoop(Handling):
             # sets the event to let this go).
             await self._freed.wait()
             self._freed.clear()
-            free = self._capacity - len(self._handling) - self._reserved
+            free = self._free
             if self._stopping or self._claims_closed or not self._claims_in_flight or free <= 0:
                 continue
             try:
@@ -110,7 +110,7 @@ class ClaimLoop(Handling):
         wait = CLAIM_WAIT if self._caps.long_poll and len(self.queues) == 1 and not until_idle else 0.0
         while not self._stopping:
             self._wake.clear()
-            free = self._capacity - len(self._handling) - self._reserved
+            free = self._free
             got, pause, waited, limited = 0, None, False, None
             ended = self._ended  # a task that ends after this claims again: its limit slot came back
             for i in range(len(self.queues)):
@@ -174,7 +174,7 @@ class _Refill:
         if rt._stopping or rt._claims_closed or len(rt.queues) != 1:
             return None  # the slots the batch holds are freed as its tasks end
         held = [ctx for ctx in ctxs if ctx.refill_slot]
-        free = max(0, rt._capacity - len(rt._handling) - rt._reserved)
+        free = max(0, rt._free)
         if not held and not free:
             return None
         for ctx in held:  # their reservations pass to this claim

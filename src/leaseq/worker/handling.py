@@ -66,15 +66,10 @@ class Handling(Losses):
         (the renewer renews it as a running one). False when the worker began stopping first:
         the task is then given back unstarted, with its attempt."""
         assert self._slots is not None
-        self._waiting.add(ctx.key)
-        try:
-            await self._slots.acquire()  # a lost lease cancels the wait (_after_loss)
-        finally:
-            self._waiting.discard(ctx.key)
-        if self._stopping or ctx.lost:
+        await self._slots.acquire()  # a lost lease, or the shutdown, cancels the wait
+        if self._stopping:  # began stopping while this task waited: it never starts
             self._slots.release()
-            if not ctx.lost:
-                self._give_back_waiting(ctx)
+            self._give_back_waiting(ctx)
             return False
         ctx.slot_held = True
         self.observe.slot_taken(ctx)  # the handler's duration starts here, not at the claim

@@ -103,7 +103,6 @@ class WorkerRuntime(ClaimLoop, Shutdown):
         self.concurrency = concurrency
         self.prefetch = prefetch
         self._slots = None
-        self._waiting = set()
         self._connect = connect
         self._poll_option = poll_interval
         self.poll_interval = poll_interval

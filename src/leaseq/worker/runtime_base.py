@@ -72,9 +72,8 @@ class RuntimeBase:
     #: handler's lease stays held until its outcome is recorded)
     _handling: set[tuple[int, int]]
     #: with prefetch, the handler slots (``concurrency`` of them) that leased tasks wait for,
-    #: in the order they were claimed, and the tasks waiting (leased, renewed, not started)
+    #: in the order they were claimed (a task in ``_handling`` without ``ctx.slot_held`` waits)
     _slots: asyncio.Semaphore | None
-    _waiting: set[tuple[int, int]]
     #: tasks whose handler runs in a thread (cancelling its asyncio task would only drop its result)
     _threaded: set[tuple[int, int]]
     #: presumed-lost attempts whose success was sent and is not settled yet
@@ -139,10 +138,10 @@ class RuntimeBase:
         return await loop.run_in_executor(self._db, functools.partial(fn, *args, **kwargs))
 
     @property
-    def _capacity(self) -> int:
-        """How many leases the worker holds at most with handlers to run: its handler
-        slots and the tasks claimed ahead of them."""
-        return self.concurrency + self.prefetch
+    def _free(self) -> int:
+        """Leases to claim now: the handler slots and the tasks claimed ahead of them
+        (``prefetch``), less the tasks held with a handler to run and the claims on their way."""
+        return self.concurrency + self.prefetch - len(self._handling) - self._reserved
 
     def _msg(self, ctx: TaskContext, text: str) -> str:
         return (f"task={ctx.task_id} kind={ctx.task.kind} gen={ctx.generation} attempt={ctx.task.attempts} "

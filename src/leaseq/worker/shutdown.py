@@ -68,13 +68,12 @@ class Shutdown(Losses):
     async def _shutdown(self) -> None:
         # Tasks claimed ahead (prefetch) and still waiting for a handler slot never start:
         # their leases go back at once, unstarted, their attempts with them.
-        for key in list(self._waiting):
-            ctx = self.held.get(key)
-            if ctx is not None and not ctx.lost:
-                self._give_back_waiting(ctx)
-                task = self._tasks.get(key)
-                if task is not None:
-                    task.cancel()
+        if self._slots is not None:
+            for key in list(self._handling):
+                ctx = self.held[key]
+                if not ctx.slot_held and not ctx.lost:
+                    self._give_back_waiting(ctx)
+                    self._tasks[key].cancel()
         pending = list(self._tasks.values())
         if pending:
             logger.info("worker %s: waiting up to %.1fs for %d running task(s)", self._registered.id, self.grace,
