@@ -24,7 +24,8 @@ class WorkerGroup:
 
     def __init__(self, system: str, dsn: str, *, count: int = 1, mode: str = "drain",
                  concurrency: int = 10, target: int = 0, timeout: float = 600.0, io_seconds: float = 0.0,
-                 env: dict[str, str] | None = None, lease_seconds: float | None = None, prefetch: int = 0):
+                 env: dict[str, str] | None = None, lease_seconds: float | None = None, prefetch: int = 0,
+                 tool_calls: int = 0):
         self.timeout = timeout
         env = {**os.environ, **(env or {})}
         env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), env.get("PYTHONPATH")]))
@@ -34,6 +35,8 @@ class WorkerGroup:
             cmd += ["--lease-seconds", str(lease_seconds)]
         if prefetch:
             cmd += ["--prefetch", str(prefetch)]
+        if tool_calls:
+            cmd += ["--tool-calls", str(tool_calls)]
         self.procs = [subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                                        text=True, env=env, cwd=str(ROOT)) for _ in range(count)]
         self.results: list[dict[str, Any]] = [{} for _ in self.procs]

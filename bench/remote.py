@@ -8,7 +8,9 @@ fresh schemas of one benchmark database:
   or through one ``leaseq serve`` process over HTTP (same runtime, same
   handlers); tasks per second from the first claim to the last completion
   as the database recorded it (``--service-processes 1,2`` runs the remote
-  trial once per count, the service as ``leaseq serve --processes N``);
+  trial once per count, the service as ``leaseq serve --processes N``;
+  ``--tool-calls N``: each handler records N tool calls through ``ctx.tool``,
+  two ledger writes each, what an agent's tool use costs over HTTP);
 * pickup latency: one idle worker process; tasks are enqueued one at a time
   (straight into the database), and the time from the enqueue's commit to
   the handler's start is recorded (p50, p99).
@@ -59,10 +61,13 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                 system = systems.get(trials[mode])
                 try:
                     drained = workloads.drain(db, system, tasks=args.tasks, processes=args.processes,
-                                              concurrency=args.concurrency, prefetch=args.prefetch)
+                                              concurrency=args.concurrency, prefetch=args.prefetch,
+                                              tool_calls=args.tool_calls)
                 finally:
                     workloads._close(system)
                 figures[f"{mode}_drain_per_s"] = drained["per_s"]
+                for p in ("p50", "p99") if args.tool_calls else ():
+                    figures[f"{mode}_tool_{p}_ms"] = drained[f"tool_{p}_ms"]
                 print(f"round {rnd}: {mode} drain {drained['per_s']:,.0f} tasks/s", file=sys.stderr)
             for mode in order:
                 system = systems.get(trials[mode])
@@ -81,7 +86,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         db.drop()
     summary = {key: _median([r[key] for r in rounds]) for key in rounds[0] if key != "round"}
     return {"config": {"tasks": args.tasks, "processes": args.processes, "concurrency": args.concurrency,
-                       "prefetch": args.prefetch,
+                       "prefetch": args.prefetch, "tool_calls": args.tool_calls,
                        "latency_tasks": args.latency_tasks, "latency_gap_s": args.latency_gap,
                        "rounds": args.rounds, "service_processes": args.service_processes},
             "rounds": rounds, "median": summary}
@@ -90,8 +95,10 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
 def print_table(report: dict[str, Any]) -> None:
     c, m = report["config"], report["median"]
     ahead = f", prefetch {c['prefetch']}" if c.get("prefetch") else ""
+    work = (f"tasks of {c['tool_calls']} recorded tool call{'s' if c['tool_calls'] != 1 else ''} each"
+            if c.get("tool_calls") else "no-op tasks")
     print(f"\nremote vs direct workers: {c['processes']} processes x {c['concurrency']}{ahead}, "
-          f"{c['tasks']:,} no-op tasks; pickup over {c['latency_tasks']} tasks; medians of {c['rounds']} round(s)\n")
+          f"{c['tasks']:,} {work}; pickup over {c['latency_tasks']} tasks; medians of {c['rounds']} round(s)\n")
     remotes = [mode for mode in modes(c.get("service_processes", [1])) if mode != "direct"]
     for mode in remotes:
         label = "remote" if mode == "remote" else f"remote, service × {mode[len('remote-'):-1]}"
@@ -102,6 +109,9 @@ def print_table(report: dict[str, Any]) -> None:
         for p in ("p50", "p99"):
             d, r = m[f"direct_pickup_{p}_ms"], m[f"{mode}_pickup_{p}_ms"]
             print(f"{'pickup ' + p + ', ms':<28} {d:>10.2f} {r:>10.2f} {r / d:>13.1f}x")
+        for p in ("p50", "p99") if c.get("tool_calls") else ():  # during the drain, as each handler saw it
+            d, r = m[f"direct_tool_{p}_ms"], m[f"{mode}_tool_{p}_ms"]
+            print(f"{'tool call ' + p + ', ms':<28} {d:>10.2f} {r:>10.2f} {r / d:>13.1f}x")
         print(f"per round (drain ratio = {mode}/direct of the same round): "
               + ", ".join(f"{r[ratio]:.0%}" for r in report["rounds"]))
 
@@ -126,6 +136,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--concurrency", type=int, default=10)
     parser.add_argument("--prefetch", type=int, default=0,
                         help="tasks each worker leases ahead of its slots, direct and remote alike")
+    parser.add_argument("--tool-calls", type=int, default=0,
+                        help="each drained task records this many tool calls (ctx.tool), direct and remote alike")
     parser.add_argument("--service-processes", type=_counts, default=[1], metavar="N[,N...]",
                         help="run the remote trials with `leaseq serve --processes N`, once per N (default 1)")
     parser.add_argument("--latency-tasks", type=int, default=200)

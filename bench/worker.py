@@ -92,7 +92,8 @@ def result(control: Control) -> dict:
     """What the orchestrator collects: handler start times, peak memory, CPU used."""
     usage = resource.getrusage(resource.RUSAGE_SELF)
     return {"done": control.done, "starts": dict(control.starts), "max_rss_mb": peak_rss_mb(),
-            "cpu_s": usage.ru_utime + usage.ru_stime, **control.counters}
+            "cpu_s": usage.ru_utime + usage.ru_stime, **control.counters,
+            **({"tool_s": control.tool_seconds} if control.tool_seconds else {})}
 
 
 def peak_rss_mb() -> float:
@@ -112,12 +113,14 @@ def cli() -> None:
     parser.add_argument("--lease-seconds", type=float, default=None, help="claim with this lease length")
     parser.add_argument("--concurrency", type=int, default=10)
     parser.add_argument("--prefetch", type=int, default=0, help="tasks leased ahead of the slots (leaseq only)")
+    parser.add_argument("--tool-calls", type=int, default=0,
+                        help="tool calls each handler records through ctx.tool (leaseq only)")
     parser.add_argument("--target", type=int, default=0)
     args = parser.parse_args()
     logging.basicConfig(level=logging.WARNING)
     control = asyncio.run(main(args.system, args.dsn, WorkerOptions(args.mode, args.concurrency, args.target,
                                                                             args.io_seconds, args.lease_seconds,
-                                                                            args.prefetch)))
+                                                                            args.prefetch, args.tool_calls)))
     report(control)
 
 

@@ -70,11 +70,13 @@ def _clock(db: BenchDatabase, system: systems.System) -> float:
 
 
 def drain(db: BenchDatabase, system: systems.System, *, tasks: int, processes: int = 1,
-          concurrency: int = 10, limit: dict[str, Any] | None = None, prefetch: int = 0) -> dict[str, Any]:
+          concurrency: int = 10, limit: dict[str, Any] | None = None, prefetch: int = 0,
+          tool_calls: int = 0) -> dict[str, Any]:
     """Worker start to last completion, as the database recorded it, for ``tasks`` queued tasks.
 
     ``limit`` (leaseq only): every task names the limit ``limit["key"]``, set
-    with the rest of ``limit`` when there is more (else the key has no limit)."""
+    with the rest of ``limit`` when there is more (else the key has no limit).
+    ``tool_calls`` (leaseq only): each handler records that many tool calls."""
     with _schema_or_file(db, system) as dsn:
         system.install(dsn)
         if limit is None:
@@ -86,7 +88,8 @@ def drain(db: BenchDatabase, system: systems.System, *, tasks: int, processes: i
             system.enqueue_batch(dsn, tasks, limits=[limit["key"]])
         if system.dialect == "postgres":
             _analyze(dsn)
-        group = WorkerGroup(system.name, dsn, count=processes, concurrency=concurrency, prefetch=prefetch).start()
+        group = WorkerGroup(system.name, dsn, count=processes, concurrency=concurrency, prefetch=prefetch,
+                            tool_calls=tool_calls).start()
         postgres = system.dialect == "postgres"
         before = db.backend_cpu() if postgres else {}
         seen: dict[int, float] = {}
@@ -104,7 +107,9 @@ def drain(db: BenchDatabase, system: systems.System, *, tasks: int, processes: i
     if count != tasks:
         raise RuntimeError(f"{system.name}: {count} of {tasks} tasks completed")
     db_cpu = sum(cpu - before.get(pid, 0.0) for pid, cpu in seen.items())
+    tool_ms = sorted(1000 * s for r in results for s in r.get("tool_s", []))
     return {"tasks": tasks, "seconds": last - started, "per_s": tasks / (last - started),
+            **({"tool_p50_ms": _pct(tool_ms, 50), "tool_p99_ms": _pct(tool_ms, 99)} if tool_ms else {}),
             "db_cpu_s": db_cpu if postgres else None,
             "steady_per_s": (tasks - 1) / (last - first) if last > first else None,
             "first_completion_s": first - started,

@@ -27,6 +27,9 @@ class WorkerOptions:
     tasks are done), ``latency`` (until stopped, recording when each handler
     starts), ``hold`` (handlers wait until stopped, so leases stay held) or
     ``io`` (as ``drain``, each handler awaiting ``io_seconds`` of I/O: a model call).
+    ``tool_calls``: each handler (leaseq's) records that many tool calls in the
+    action ledger (``ctx.tool`` around a no-op read): what an agent's turn costs
+    the queue.
     """
 
     mode: str = "drain"
@@ -37,6 +40,8 @@ class WorkerOptions:
     lease_seconds: float | None = None
     #: tasks leased ahead of the handler slots (leaseq's ``prefetch``; 0: none)
     prefetch: int = 0
+    #: tool calls each handler makes through ``ctx.tool`` (leaseq only; 0: none)
+    tool_calls: int = 0
 
 
 @dataclass
@@ -51,6 +56,8 @@ class Control:
     on_stop: list[Any] = field(default_factory=list)
     #: figures the runner adds to the worker's result (e.g. renewal statements sent)
     counters: dict[str, float] = field(default_factory=dict)
+    #: how long each recorded tool call took, as the handler saw it (seconds)
+    tool_seconds: list[float] = field(default_factory=list)
     _lock: threading.Lock = field(default_factory=threading.Lock)
 
     def handler_started(self, index: int) -> None:

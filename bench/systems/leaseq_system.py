@@ -109,10 +109,20 @@ class LeaseqRunner:
         else:
             self.transport = self.app.queue  # connect (and check the schema) before the clock starts
         mode, io_seconds = control.options.mode, control.options.io_seconds
+        tool_calls = control.options.tool_calls
+
+        async def lookup(i: int) -> int:  # a tool that answers at once: the ledger's cost alone
+            return i
 
         @self.app.task("noop")
         async def noop(ctx: Any, i: int = 0) -> None:
             control.handler_started(i)
+            if tool_calls:
+                tool = ctx.tool(lookup, action="bench.lookup", effect="read_only")
+                for _ in range(tool_calls):
+                    began = time.perf_counter()
+                    await tool(i)
+                    control.tool_seconds.append(time.perf_counter() - began)
             if mode == "hold":
                 await control.stop.wait()
             elif mode == "io":

@@ -5,7 +5,10 @@ The orchestrator side is :class:`~bench.systems.leaseq_system.LeaseqSystem`'s
 application with database access would). :meth:`install` also creates a
 worker token and starts one ``leaseq serve`` process on that database; the
 worker processes find its address and the token in their environment
-(``LEASEQ_BENCH_SERVER``, ``LEASEQ_BENCH_TOKEN``). :meth:`close` stops it and
+(``LEASEQ_BENCH_SERVER``, ``LEASEQ_BENCH_TOKEN``), where leaseq's own runner
+(:class:`~bench.systems.leaseq_system.LeaseqRunner`) picks them up and goes
+through the service with the same handler and options as a direct worker
+(prefetch, tool calls). :meth:`close` stops it and
 takes the two variables out of the environment again: a direct worker
 started later in the same run (``leaseq``'s runner goes remote when they are
 set) must not go to a service that is gone.
@@ -17,15 +20,11 @@ import os
 import re
 import subprocess
 import sys
-from typing import Any
 
-import leaseq
 from leaseq import auth
-from leaseq.client import RemoteQueue
-from leaseq.worker import WorkerRuntime
 
 from . import Control
-from .leaseq_system import SERVER_ENV, TOKEN_ENV, LeaseqSystem
+from .leaseq_system import SERVER_ENV, TOKEN_ENV, LeaseqRunner, LeaseqSystem
 
 
 class RemoteSystem(LeaseqSystem):
@@ -71,32 +70,7 @@ class RemoteSystem(LeaseqSystem):
         super().close()
         self.close_service()
 
-    async def open_worker(self, dsn: str, control: Control) -> RemoteRunner:
-        return RemoteRunner(os.environ[SERVER_ENV], os.environ[TOKEN_ENV], control)
-
-
-class RemoteRunner:
-    """An App with one no-op handler and a WorkerRuntime over a RemoteQueue, as
-    ``leaseq worker --server`` runs it."""
-
-    def __init__(self, url: str, token: str, control: Control):
-        self.control = control
-        self.rq = RemoteQueue(url, token)
-        self.app = leaseq.App(name="bench-remote")  # never connects: the worker goes through the service
-        mode = control.options.mode
-
-        @self.app.task("noop")
-        async def noop(ctx: Any, i: int = 0) -> None:
-            control.handler_started(i)
-            if mode == "hold":
-                await control.stop.wait()
-            control.handler_done()
-
-        self.runtime = WorkerRuntime(self.app, self.rq, concurrency=control.options.concurrency, grace=0.5)
-        control.on_stop.append(self.runtime.stop)
-
-    async def run(self) -> None:
-        await self.runtime.run(until_idle=self.control.options.mode == "drain")
-
-    async def close(self) -> None:
-        self.rq.close()
+    async def open_worker(self, dsn: str, control: Control) -> LeaseqRunner:
+        # leaseq's own runner: with the service's address in the environment it goes
+        # through the service, with the same handler and options (prefetch, tool calls).
+        return LeaseqRunner(dsn, self.options, control)

@@ -78,16 +78,19 @@ def test_quick_benchmark_writes_tables_json_and_plots(tmp_path: Path) -> None:
 
 def test_remote_benchmark_measures_pickup_after_the_drains(tmp_path: Path) -> None:
     """``python -m bench.remote``: the direct pickup trial runs after the remote drain
-    (whose service is gone by then) and still goes straight to the database."""
+    (whose service is gone by then) and still goes straight to the database. The remote
+    workers run the direct ones' handler (here, with a recorded tool call each): the
+    tool calls' latency is read on both sides."""
     dsn = _server_dsn()
     out = tmp_path / "remote.json"
     run = subprocess.run([sys.executable, "-m", "bench.remote", "--dsn", dsn, "--rounds", "1", "--tasks", "200",
                           "--processes", "1", "--latency-tasks", "5", "--service-processes", "1,2",
-                          "--json", str(out)],
+                          "--tool-calls", "1", "--json", str(out)],
                          cwd=ROOT, capture_output=True, text=True, timeout=180)
     assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-5000:]
     median = json.loads(out.read_text())["median"]
     for key in ("direct_drain_per_s", "remote_drain_per_s", "direct_pickup_p50_ms", "remote_pickup_p50_ms",
-                "remote-2p_drain_per_s", "remote-2p_drain_ratio", "remote-2p_pickup_p50_ms"):
+                "remote-2p_drain_per_s", "remote-2p_drain_ratio", "remote-2p_pickup_p50_ms",
+                "direct_tool_p50_ms", "remote_tool_p99_ms", "remote-2p_tool_p50_ms"):
         assert median[key] > 0
     assert "service × 2" in run.stdout

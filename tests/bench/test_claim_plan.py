@@ -140,6 +140,8 @@ SAMPLE = dict(
     kind="noop", payload={}, effect="read_only", priority=0, idempotency_key="k", max_attempts=5,
     tasks=[{"payload": {}, "idempotency_key": "k"}], timeout=None, deadline_at=None, deadline_in=None,
     trace_context=None, after=1.0, max_snoozes=100, with_dependents=False, lock_worker=True,
+    # the tool-call ledger and the token check
+    delta=1, effect_id=1, response={}, action="crm.update", args_digest=None, token_id="t1",
 )
 WRITE_PARAMS = {q: {"lease_seconds": 30.0, "actions": None, "limits": None, "units": 1}
                 for q in ("insert_task", "insert_tasks", "insert_fresh_tasks")}

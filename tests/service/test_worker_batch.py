@@ -167,6 +167,60 @@ def test_each_worker_request_is_one_transaction_with_the_token_check(svc, monkey
     assert {svc.q.get(c.task_id).status for c in claims} == {"completed", "queued"}
 
 
+def test_every_lease_guarded_call_of_one_task_is_one_transaction_with_the_token_check(svc, monkeypatch) -> None:
+    """The calls a handler makes while it runs (its tool calls, intents, the end of its
+    attempt) are one transaction each with the token check, as the batched calls are; on
+    PostgreSQL on the service's event loop, never in a thread (before, a tool call's token
+    was checked in one transaction and its ledger entry written in another, each in a thread)."""
+    rq, w, _ = _worker(svc)
+    for i in range(5):
+        svc.q.enqueue("job", {"n": i}, effect="side_effect", actions=["crm.update", "intend:mail.send"])
+    claims = rq.claim(w, limit=5)
+    store = svc.q.store
+    blocking: list[str] = []
+    asyncio_side: list[str] = []
+    real, areal = store.transaction, store.atransaction
+
+    def spied(*args: Any, **kwargs: Any) -> Any:
+        blocking.append(threading.current_thread().name)
+        return real(*args, **kwargs)
+
+    def aspied(*args: Any, **kwargs: Any) -> Any:
+        asyncio_side.append(threading.current_thread().name)
+        return areal(*args, **kwargs)
+
+    monkeypatch.setattr(store, "transaction", spied)
+    if store.capabilities.native_async:
+        monkeypatch.setattr(store, "atransaction", aspied)
+
+    def transactions(call: Any) -> tuple[Any, int]:
+        blocking.clear()
+        asyncio_side.clear()
+        value = call()
+        if store.capabilities.native_async:
+            assert blocking == [], f"a blocking transaction on PostgreSQL, in {blocking}"
+        return value, len(blocking) + len(asyncio_side)
+
+    a, b, c, d, e = claims
+    effect, n = transactions(lambda: rq.begin_effect(w, a, "crm.update", resource="crm:1"))
+    assert n == 1 and effect.status == "pending"
+    done, n = transactions(lambda: rq.finish_effect(w, a, effect, {"ok": True}))
+    assert n == 1 and done.status == "done"
+    child, n = transactions(lambda: rq.intend(w, a, "mail.send", {"to": "x"}, key="mail"))
+    assert n == 1 and child.status == "queued"
+    assert transactions(lambda: rq.complete(w, a, "done"))[1] == 1
+    failed, n = transactions(lambda: rq.fail(w, b, "boom"))
+    assert n == 1 and failed.status == "queued"
+    retried, n = transactions(lambda: rq.retry(w, c, 30, "rate limited"))
+    assert n == 1 and retried.status == "queued"
+    released, n = transactions(lambda: rq.release(w, d, "shutting down"))
+    assert n == 1 and released.status == "queued"
+    assert transactions(lambda: rq.report_loss(w, e, "heartbeat refused"))[1] == 1
+    with pytest.raises(leaseq.LeaseLost):  # refused by the guard: one transaction, nothing written
+        transactions(lambda: rq.begin_effect(w, b, "crm.update"))
+    assert len(blocking) + len(asyncio_side) == 1
+
+
 def test_a_refused_token_in_the_same_transaction_writes_nothing(svc) -> None:
     from leaseq import auth
 

@@ -5,7 +5,9 @@
   look-ups (which token registered a worker, whether a token's workers held
   a task), caching the permanent worker-to-token links.
 * :func:`in_one_transaction` checks a worker's token and runs its request
-  in one database transaction (the worker API's routes).
+  in one database transaction; :func:`serve_operation` does so for an
+  engine operation, on the event loop where the backend has an asyncio
+  driver (every lease-guarded route of the worker API).
 * :func:`need` builds the FastAPI dependency that authorizes one action
   (the decision itself is :func:`leaseq.authz.authorize`'s).
 * :class:`BodyLimit` is ASGI middleware refusing oversized bodies with 413.
@@ -27,10 +29,12 @@ from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar
 
 from fastapi import Depends, Request
+from starlette.concurrency import run_in_threadpool
 
-from .. import auth, authz
+from .. import auth, authz, engine
 from ..core.errors import BodyTooLarge
 from ..auth import RateLimited
+from ..engine.steps import Op
 from ..queue import Queue
 
 #: Worker ids are issued by the queue: a name, a dash and 12 hex digits.
@@ -196,6 +200,23 @@ async def ain_one_transaction(request: Request, action: str, worker_id: str,
             owner = _owner(access, worker_id, await atx.rows("worker_token", worker_id=worker_id))
         _admit(request, access, principal, action, worker_id, queue, _Known(owner), charge)
         return await operation(view)
+
+
+async def serve_operation(request: Request, action: str, worker_id: str, operation: Callable[[Queue], Op[T]], *,
+                          queue: str | None = None, charge: bool = True) -> T:
+    """The engine operation ``operation(view)`` builds on the request's joined view, in the
+    request's one transaction with its token check: awaited on the event loop where the
+    backend has an asyncio driver (PostgreSQL, :func:`ain_one_transaction`), else in a
+    thread. Under load, threads that hand the interpreter lock back and forth at every
+    statement cost a request more than its SQL (measured: 418 µs of CPU a transaction
+    against 159). ``queue``: the queue the action is authorized for."""
+    if request.app.state.queue.native_async:
+        return await ain_one_transaction(request, action, worker_id,
+                                         lambda view: engine.adrive(view.store, operation(view)),
+                                         queue=queue, charge=charge)
+    return await run_in_threadpool(in_one_transaction, request, action, worker_id,
+                                   lambda view: engine.drive(view.store, operation(view)), queue=queue,
+                                   charge=charge)
 
 
 def authorize_also(request: Request, action: str, worker_id: str, queue: str | None) -> None:

@@ -10,26 +10,31 @@ was issued and still holds; nothing here decides lease questions.
 The claim objects rebuilt here carry only what the guarded calls read (task
 id, generation, worker id); ``fail`` also reads the task, for its backoff.
 The hot path (claim with its long poll, renew, and the batched complete and
-fail) is in :mod:`.worker_batch`; ``complete`` and ``fail`` of one task, like
-those, run in one transaction with the token check.
+fail) is in :mod:`.worker_batch`. Every lease-guarded call of one task here
+(complete, fail, release, the tool-call ledger, intents, loss reports) runs
+as those do: the engine's operation in one transaction with the token check
+(:func:`.access.serve_operation`), on the event loop where the backend has an
+asyncio driver.
 """
 
 from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Callable
 from typing import Any, Literal
 
 from fastapi import APIRouter, Depends, Path, Request
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 from pydantic_core import PydanticCustomError
 
-from .. import auth, authz
+from .. import auth, authz, engine
 from ..core import checks
 from ..core.errors import InvalidInput, LeaseLost, NotFound
 from ..core.model import Claim, Effect, Task
+from ..engine.steps import Op, T
 from ..queue import Queue
-from .access import WORKER_ID_PATTERN, api_principal, in_one_transaction, need
+from .access import WORKER_ID_PATTERN, need, serve_operation
 from .metrics import ServiceMetrics, span
 from .wire import record_json
 
@@ -187,19 +192,6 @@ def _metrics(request: Request) -> ServiceMetrics:
     return metrics
 
 
-def acting_as(action: str) -> Any:
-    """Dependency: the path's worker id, once ``action`` is authorized for it (the caller's token registered it)."""
-    authz.ACTIONS[action]
-
-    def dependency(request: Request, worker_id: str = WorkerId,
-                   principal: auth.Principal = Depends(api_principal)) -> str:
-        authz.authorize(principal, action, worker_id=worker_id, facts=request.app.state.access)
-        return worker_id
-
-    dependency.__name__ = f"worker_{action}"
-    return Depends(dependency)
-
-
 def _claim(worker_id: str, task_id: int, generation: int, task: Task | None = None) -> Claim:
     # The guarded calls read task_id, generation and worker_id; the lease guard
     # in SQL checks them against the row. expires_at is the caller's business.
@@ -222,14 +214,17 @@ def _log(level: int, what: str, worker_id: str, started: float, task_id: int, ge
                           "duration": round(time.perf_counter() - started, 6)})
 
 
-def _refused(request: Request, reason: str, fn: Any, *args: Any, **kwargs: Any) -> Any:
+async def _guarded(request: Request, reason: str, worker_id: str, operation: Callable[[Queue], Op[T]]) -> T:
+    """A lease-guarded operation of one task, in the request's one transaction with its
+    token check (on the event loop where the backend has an asyncio driver); a refusal
+    by the lease guard is counted and logged. ``reason``: the action, as authorized."""
     started = time.perf_counter()
     try:
-        return fn(*args, **kwargs)
+        return await serve_operation(request, reason, worker_id, operation)
     except LeaseLost as exc:
         _metrics(request).lost(reason)
-        _log(logging.INFO, f"{reason} refused: lease no longer held", str(request.path_params.get("worker_id")),
-             started, exc.task_id, exc.generation)
+        _log(logging.INFO, f"{reason} refused: lease no longer held", worker_id, started, exc.task_id,
+             exc.generation)
         raise
 
 
@@ -242,85 +237,97 @@ def register_worker(body: RegisterBody, request: Request,
 
 
 @router.post("/workers/{worker_id}/tasks/{task_id}/complete", summary="Finish a task under its lease")
-def complete(body: CompleteBody, request: Request, task_id: int = TaskId, worker_id: str = WorkerId) -> dict[str, Any]:
+async def complete(body: CompleteBody, request: Request, task_id: int = TaskId,
+                   worker_id: str = WorkerId) -> dict[str, Any]:
     claim = _claim(worker_id, task_id, body.generation)
     started = time.perf_counter()
-    _refused(request, "complete", in_one_transaction, request, "complete", worker_id,
-             lambda view: view.complete(worker_id, claim, body.result))
+    await _guarded(request, "complete", worker_id,
+                   lambda view: engine.leases.complete(view.settings, worker_id, claim, body.result))
     _log(logging.DEBUG, "completed", worker_id, started, task_id, body.generation)
     return {"completed": True, "task_id": task_id}
 
 
+def _failing(view: Queue, worker_id: str, task_id: int, body: FailBody) -> Op[Task]:
+    """``fail`` (or, with ``retry_after``, ``retry``) of one task: the task is read first,
+    since the backoff counts its attempts."""
+    try:
+        task = yield from engine.reads.get(view.settings, task_id)
+    except NotFound:
+        raise LeaseLost(task_id, body.generation, "fail refused: lease no longer held") from None
+    claim = _claim(worker_id, task_id, body.generation, task)
+    if body.retry_after is not None:  # Queue.retry: the attempt ends on request, not as a failure
+        if body.block or not body.retry or body.delay is not None:
+            raise InvalidInput("retry_after", "asks for a retry on request: not with block, retry=false "
+                                              "or delay")
+        return (yield from engine.leases.retry(view.settings, worker_id, claim, body.retry_after, body.error))
+    return (yield from engine.leases.fail(view.settings, worker_id, claim, body.error, retry=body.retry,
+                                          block=body.block, delay=body.delay))
+
+
 @router.post("/workers/{worker_id}/tasks/{task_id}/fail",
              summary="End the attempt with an error, or (retry_after) ask to run it again later")
-def fail(body: FailBody, request: Request, task_id: int = TaskId, worker_id: str = WorkerId) -> dict[str, Any]:
+async def fail(body: FailBody, request: Request, task_id: int = TaskId, worker_id: str = WorkerId) -> dict[str, Any]:
     checks.check_int("generation", body.generation, minimum=0, maximum=2**63 - 1)
-
-    def operation(view: Queue) -> Task:
-        try:
-            task = view.get(task_id)  # fail() reads attempts from the claim's task for its backoff
-        except NotFound:
-            raise LeaseLost(task_id, body.generation, "fail refused: lease no longer held") from None
-        claim = _claim(worker_id, task_id, body.generation, task)
-        if body.retry_after is not None:  # Queue.retry: the attempt ends on request, not as a failure
-            if body.block or not body.retry or body.delay is not None:
-                raise InvalidInput("retry_after", "asks for a retry on request: not with block, retry=false "
-                                                  "or delay")
-            return view.retry(worker_id, claim, body.retry_after, body.error)
-        return view.fail(worker_id, claim, body.error, retry=body.retry, block=body.block, delay=body.delay)
-
     started = time.perf_counter()
-    task = _refused(request, "fail", in_one_transaction, request, "fail", worker_id, operation)
+    task = await _guarded(request, "fail", worker_id, lambda view: _failing(view, worker_id, task_id, body))
     _log(logging.INFO, f"failed -> {task.status}", worker_id, started, task.id, task.claim_generation, task.kind)
     return record_json(task)
 
 
 @router.post("/workers/{worker_id}/tasks/{task_id}/release", summary="Give a lease back early")
-def release(body: ReleaseBody, request: Request, task_id: int = TaskId,
-            worker_id: str = acting_as("release")) -> dict[str, Any]:
-    task = _refused(request, "release", _queue(request).release, worker_id,
-                    _claim(worker_id, task_id, body.generation), body.reason, started=body.started)
+async def release(body: ReleaseBody, request: Request, task_id: int = TaskId,
+                  worker_id: str = WorkerId) -> dict[str, Any]:
+    claim = _claim(worker_id, task_id, body.generation)
+    task = await _guarded(request, "release", worker_id, lambda view: engine.leases.release(
+        view.settings, worker_id, claim, body.reason, started=body.started))
     if task.status == "queued":
         request.app.state.work_signal.wake(task.queue)
     return record_json(task)
 
 
 @router.post("/workers/{worker_id}/tasks/{task_id}/effects", summary="Record a tool-call intent")
-def begin_effect(body: EffectBody, request: Request, task_id: int = TaskId,
-                 worker_id: str = acting_as("begin_effect")) -> dict[str, Any]:
+async def begin_effect(body: EffectBody, request: Request, task_id: int = TaskId,
+                       worker_id: str = WorkerId) -> dict[str, Any]:
+    claim = _claim(worker_id, task_id, body.generation)
     with span("leaseq.effect.begin", task_id=task_id, action=body.action, generation=body.generation):
-        effect = _refused(request, "begin_effect", _queue(request).begin_effect, worker_id,
-                          _claim(worker_id, task_id, body.generation), body.action, body.key,
-                          resource=body.resource, effect=body.effect, args_digest=body.args_digest)
+        effect = await _guarded(request, "begin_effect", worker_id, lambda view: engine.effects.begin_effect(
+            view.settings, worker_id, claim, body.action, body.key, resource=body.resource, effect=body.effect,
+            args_digest=body.args_digest))
     return record_json(effect)
 
 
 @router.post("/workers/{worker_id}/tasks/{task_id}/effects/{effect_id}/response",
              summary="Record a tool call's response")
-def finish_effect(body: EffectResponseBody, request: Request, task_id: int = TaskId,
-                  effect_id: int = Path(ge=1, le=2**63 - 1),
-                  worker_id: str = acting_as("finish_effect")) -> dict[str, Any]:
+async def finish_effect(body: EffectResponseBody, request: Request, task_id: int = TaskId,
+                        effect_id: int = Path(ge=1, le=2**63 - 1), worker_id: str = WorkerId) -> dict[str, Any]:
     # Only the id and task matter: the lease guard and the ledger's own
     # condition (this generation's open intent) decide, exactly as in-process.
     effect = Effect(id=effect_id, task_id=task_id, generation=body.generation, action="", idempotency_key="",
                     status="pending", worker_id=worker_id, intent_at=None)  # type: ignore[arg-type]
+    claim = _claim(worker_id, task_id, body.generation)
     with span("leaseq.effect.finish", task_id=task_id, effect_id=effect_id, generation=body.generation):
-        done = _refused(request, "finish_effect", _queue(request).finish_effect, worker_id,
-                        _claim(worker_id, task_id, body.generation), effect, body.response)
+        done = await _guarded(request, "finish_effect", worker_id, lambda view: engine.effects.finish_effect(
+            view.settings, worker_id, claim, effect, body.response))
     return record_json(done)
 
 
 @router.post("/workers/{worker_id}/tasks/{task_id}/intents", summary="Record an intent for an executor")
-def intend(body: IntentBody, request: Request, task_id: int = TaskId, worker_id: str = acting_as("intend"),
-           principal: auth.Principal = Depends(api_principal)) -> dict[str, Any]:
+async def intend(body: IntentBody, request: Request, task_id: int = TaskId,
+                 worker_id: str = WorkerId) -> dict[str, Any]:
     # An intent is written for an executor pool whose queue the agent's token
     # cannot claim from; outside its own queues only approval-gated. The lease
     # of the calling task and its declared actions (intend:<kind>) decide the rest.
     checks.check_name("queue", body.queue)
-    authz.authorize_intent(principal, body.queue, body.approval)
     options = body.model_dump(exclude={"generation", "kind", "payload", "key"})
-    child = _refused(request, "intend", _queue(request).intend, worker_id,
-                     _claim(worker_id, task_id, body.generation), body.kind, body.payload, key=body.key, **options)
+    claim = _claim(worker_id, task_id, body.generation)
+
+    def intending(view: Queue) -> Op[Task]:
+        # the caller is known once the token was checked, in this transaction
+        authz.authorize_intent(request.state.principal, body.queue, body.approval)
+        return engine.intents.intend(view.settings, worker_id, claim, body.kind, body.payload, key=body.key,
+                                     **options)
+
+    child = await _guarded(request, "intend", worker_id, intending)
     if child.status == "queued":
         request.app.state.work_signal.wake(child.queue)
     return record_json(child)
@@ -328,7 +335,9 @@ def intend(body: IntentBody, request: Request, task_id: int = TaskId, worker_id:
 
 @router.post("/workers/{worker_id}/tasks/{task_id}/loss", status_code=202,
              summary="Add the worker's own account of losing a lease to the evidence trail")
-def report_loss(body: LossBody, request: Request, task_id: int = TaskId,
-                worker_id: str = acting_as("report_loss")) -> dict[str, Any]:
-    _queue(request).report_loss(worker_id, _claim(worker_id, task_id, body.generation), body.reason)
+async def report_loss(body: LossBody, request: Request, task_id: int = TaskId,
+                      worker_id: str = WorkerId) -> dict[str, Any]:
+    claim = _claim(worker_id, task_id, body.generation)
+    await serve_operation(request, "report_loss", worker_id,
+                          lambda view: engine.leases.report_loss(view.settings, worker_id, claim, body.reason))
     return {"recorded": True}

@@ -62,7 +62,7 @@ from .. import engine
 from ..engine.leases import MAX_CLAIM, check_kinds
 from ..engine.steps import Op, T
 from ..queue import Queue
-from .access import ain_one_transaction, authorize_also, in_one_transaction
+from .access import authorize_also, in_one_transaction, serve_operation
 from .metrics import ServiceMetrics, span
 from .wakeups import WorkSignal
 from .wire import to_json
@@ -92,23 +92,6 @@ def _signal(request: Request) -> WorkSignal:
     return signal
 
 
-async def _serve(request: Request, action: str, worker_id: str, operation: Callable[[Queue], Op[T]], *,
-                 scope: str | None = None, charge: bool = True) -> T:
-    """The engine operation ``operation(view)`` builds on the request's joined view, in the
-    request's one transaction with its token check: awaited on the event loop where the
-    backend has an asyncio driver (PostgreSQL, :func:`ain_one_transaction`), else in a
-    thread. Under load, threads that hand the interpreter lock back and forth at every
-    statement cost a request more than its SQL (measured: 418 µs of CPU a transaction
-    against 159). ``scope``: the queue the action is authorized for."""
-    if request.app.state.queue.native_async:
-        return await ain_one_transaction(request, action, worker_id,
-                                         lambda view: engine.adrive(view.store, operation(view)),
-                                         queue=scope, charge=charge)
-    return await run_in_threadpool(in_one_transaction, request, action, worker_id,
-                                   lambda view: engine.drive(view.store, operation(view)), queue=scope,
-                                   charge=charge)
-
-
 #: Batches of expired leases a claim routes, each in a transaction of its own, before it
 #: answers with nothing (engine.leases.ROUTE_BATCH a batch; the worker claims again).
 ROUTING_PASSES = 5
@@ -131,17 +114,18 @@ async def _claim_tasks(request: Request, worker_id: str, queue: str, limit: int,
                                        lease_seconds=lease_seconds, kinds=kinds)
 
     for _ in range(ROUTING_PASSES):
-        claims = await _serve(request, "claim", worker_id, claiming, scope=queue, charge=charge)
+        claims = await serve_operation(request, "claim", worker_id, claiming, queue=queue, charge=charge)
         if claims is not None:
             return claims
         charge = False  # the request is one
-        await _serve(request, "claim", worker_id,
-                     lambda view: engine.leases.route_for_claim(view.settings, worker_id), scope=queue, charge=False)
+        await serve_operation(request, "claim", worker_id,
+                              lambda view: engine.leases.route_for_claim(view.settings, worker_id), queue=queue,
+                              charge=False)
     return Claims()
 
 
 def _completing(worker_id: str, done: list[tuple[Claim, Any]]) -> Callable[[Queue], Op[set[int]]]:
-    """The completions operation, for :func:`_serve`."""
+    """The completions operation, for :func:`.access.serve_operation`."""
     return lambda view: engine.leases.complete_many(view.settings, worker_id, done)
 
 
@@ -240,8 +224,8 @@ async def renew(body: RenewBody, request: Request, worker_id: str = WorkerId) ->
     started = time.perf_counter()
     claims = [_claim(worker_id, ref.task_id, ref.generation) for ref in body.leases]
     _no_repeats("leases", [c.task_id for c in claims])
-    renewed = await _serve(request, "renew", worker_id,
-                           lambda view: engine.leases.renew_leases(view.settings, worker_id, claims))
+    renewed = await serve_operation(request, "renew", worker_id,
+                                    lambda view: engine.leases.renew_leases(view.settings, worker_id, claims))
     metrics = _metrics(request)
     metrics.heartbeat_latency.observe(time.perf_counter() - started)
     metrics.lost("heartbeat", len(claims) - len(renewed))
@@ -293,7 +277,7 @@ async def complete_many(body: CompleteManyBody, request: Request, worker_id: str
     done = [(_claim(worker_id, t.task_id, t.generation), t.result) for t in body.tasks]
     claimed: dict[str, Any] = {}
     if more is None:
-        completed = await _serve(request, "complete", worker_id, _completing(worker_id, done))
+        completed = await serve_operation(request, "complete", worker_id, _completing(worker_id, done))
     else:
         completed, claimed = await _complete_and_claim(request, worker_id, done, more)
     refused = [_refusal(t.task_id, t.generation, "complete refused: lease no longer held")
@@ -328,9 +312,10 @@ async def _complete_and_claim(request: Request, worker_id: str, done: list[tuple
 
     try:
         with span("leaseq.claim", queue=more.queue, worker_id=worker_id, limit=more.limit):
-            completed, claims = await _serve(request, "complete", worker_id, operation)
+            completed, claims = await serve_operation(request, "complete", worker_id, operation)
     except engine.leases.ClaimFailed as failed:  # rolled back with the completions: those again, alone
-        completed = await _serve(request, "complete", worker_id, _completing(worker_id, done), charge=False)
+        completed = await serve_operation(request, "complete", worker_id, _completing(worker_id, done),
+                                          charge=False)
         return completed, _claim_error(worker_id, failed.cause)
     if refusal is not None:
         return completed, _claim_error(worker_id, refusal)

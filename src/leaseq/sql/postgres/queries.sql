@@ -226,6 +226,7 @@ SELECT id, idempotency_key FROM leaseq_tasks
 WHERE queue = %(queue)s AND idempotency_key IN (SELECT jsonb_array_elements_text(%(keys)s::jsonb));
 
 -- name: get_task
+-- plan: generic
 SELECT * FROM leaseq_tasks WHERE id = %(task_id)s;
 
 -- name: get_task_by_key
@@ -797,12 +798,14 @@ WHERE %(key)s::text IS NULL OR l.key = %(key)s
 ORDER BY l.key;
 
 -- name: get_effect
+-- plan: generic
 SELECT * FROM leaseq_effects WHERE task_id = %(task_id)s AND idempotency_key = %(idempotency_key)s;
 
 -- name: list_effects
 SELECT * FROM leaseq_effects WHERE task_id = %(task_id)s ORDER BY id;
 
 -- name: insert_effect
+-- plan: generic
 -- guard: none -- runs after lock_lease has checked and locked the lease in the same transaction
 INSERT INTO leaseq_effects (task_id, generation, worker_id, action, idempotency_key, effect, args_digest)
 VALUES (%(task_id)s, %(generation)s, %(worker_id)s, %(action)s, %(idempotency_key)s, %(effect)s,
@@ -810,6 +813,7 @@ VALUES (%(task_id)s, %(generation)s, %(worker_id)s, %(action)s, %(idempotency_ke
 RETURNING *;
 
 -- name: rebind_effect
+-- plan: generic
 -- guard: none -- runs after lock_lease has checked and locked the lease in the same transaction
 -- A later attempt takes over an intent that never got a response (same key).
 UPDATE leaseq_effects
@@ -819,10 +823,12 @@ WHERE id = %(effect_id)s
 RETURNING *;
 
 -- name: adjust_open_effects
+-- plan: generic
 UPDATE leaseq_tasks SET open_effects = open_effects + %(delta)s, updated_at = now()
 WHERE id = %(task_id)s;
 
 -- name: finish_effect
+-- plan: generic
 -- Only the generation that recorded the intent may record its response.
 UPDATE leaseq_effects
 SET status = 'done', response = %(response)s::jsonb, response_at = now()
@@ -1004,6 +1010,7 @@ VALUES (%(token_id)s, %(name)s, %(role)s, %(secret_hash)s, %(queues)s, %(read_pa
 RETURNING *, false AS expired;
 
 -- name: token_get
+-- plan: generic
 -- Expiry is judged by the database clock, like leases. touch_due: token_touch
 -- would write (so a verification that would not touch skips the statement).
 SELECT t.*, (t.expires_at IS NOT NULL AND t.expires_at <= now()) AS expired,
