@@ -172,10 +172,11 @@ def test_every_async_method_has_its_queue_methods_typed_signature() -> None:
     defaults and annotations (AsyncQueue's are coroutines): one is never
     extended without the other."""
     sync, coros = _public(leaseq.Queue), _public(leaseq.AsyncQueue)
-    # the worker runtime's awaited calls and the blocking helpers have no async twin by design
+    # the worker runtime's awaited calls (an async handler's tool calls among them) and the
+    # blocking helpers have no async twin by design
     # (joined, ajoined: the service's one transaction per request, a view of the queue in it)
-    sync_only = {"aclaim", "acomplete_many", "ajoined", "close_async", "end_worker_leases", "hold_attempt",
-                 "joined", "listener"}
+    sync_only = {"aclaim", "acomplete_many", "abegin_effect", "afinish_effect", "ajoined", "close_async",
+                 "end_worker_leases", "hold_attempt", "joined", "listener"}
     assert set(coros) - {"close"} == set(sync) - sync_only - {"close"}
     for name, coro in coros.items():
         assert inspect.iscoroutinefunction(coro), name

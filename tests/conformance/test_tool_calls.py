@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import threading
 from typing import Any
 
 import pytest
@@ -13,7 +14,7 @@ import leaseq
 from leaseq.worker import tools
 from leaseq.worker.context import TaskContext
 
-from .support import WORKING_LEASE, snapshot, wait_expired
+from .support import WORKING_LEASE, run_out, snapshot, wait_expired
 from .test_transports import transport  # noqa: F401  (the fixture: sync, async and HTTP transports)
 
 LOG = logging.LoggerAdapter(logging.getLogger("test"), {})
@@ -111,6 +112,118 @@ def test_async_tools_and_framework_call_ids(q: leaseq.Queue, transport: Any) -> 
     second = asyncio.run(attempt(_attempt(q, transport, w)))
     assert first == second == [{"city": "Oslo", "temp": 21}, {"city": "Rome", "temp": 21}] and ran == ["Oslo", "Rome"]
     assert [e.idempotency_key for e in q.effects(task.id)] == ["run-2:weather.get:call_b", "run-2:weather.get:call_a"]
+
+
+def test_an_async_handlers_tool_calls_are_awaited_on_the_event_loop_where_the_backend_can(
+        q: leaseq.Queue, monkeypatch: pytest.MonkeyPatch) -> None:
+    """On PostgreSQL an async handler's tool calls (the ledger's begin and finish, an action
+    token asked for again) are awaited on the handler's own event loop with the asyncio
+    driver: no thread per call. SQLite, which has no asyncio driver, runs them in a thread.
+    A refusal by the lease guard reaches the handler's context either way."""
+    task = q.enqueue("agent", {}, effect="side_effect", actions=["crm.update"], max_attempts=5)
+    w = q.register_worker("a")
+    ctx = _attempt(q, q, w)
+    blocking: list[str] = []
+    real = q.store.transaction
+
+    def spied(*args: Any, **kwargs: Any) -> Any:
+        blocking.append(threading.current_thread().name)
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(q.store, "transaction", spied)
+
+    async def update(record: str) -> dict[str, Any]:
+        return {"updated": record}
+
+    async def attempt() -> list[Any]:
+        crm = ctx.tool(update, action="crm.update", effect="side_effect")
+        first = await crm("r-1")
+        async with ctx.effect("crm.update", key="by-hand") as fx:
+            await fx.atoken()
+            await fx.arecord({"by": "hand"})
+        return [first, fx.response]
+
+    loop_thread: list[str] = []
+
+    async def main() -> list[Any]:
+        loop_thread.append(threading.current_thread().name)
+        return await attempt()
+
+    assert asyncio.run(main()) == [{"updated": "r-1"}, {"by": "hand"}]
+    if q.native_async:
+        assert blocking == []
+    else:
+        assert len(blocking) == 4 and loop_thread[0] not in blocking  # begin, finish, twice: each in a thread
+    assert [e.status for e in q.effects(task.id)] == ["done", "done"]
+    run_out(q, w, ctx.claim)
+
+    async def late() -> None:
+        await ctx.tool(update, action="crm.update", effect="side_effect")("r-2")
+
+    with pytest.raises(leaseq.LeaseLost):
+        asyncio.run(late())
+    assert ctx.lost  # the refusal is the handler's lost lease, as for a blocking call
+    assert [e.status for e in q.effects(task.id)] == ["done", "done"]
+
+
+def test_a_response_being_recorded_when_its_handler_is_cancelled_is_still_recorded(q: leaseq.Queue) -> None:
+    """A handler cancelled (a timeout) while its tool call's response is being written:
+    the write goes on, so the next attempt replays the call instead of the task going to
+    reconciliation with a side effect open."""
+    task = q.enqueue("agent", {}, effect="side_effect", actions=["payments.charge"], max_attempts=5)
+    w = q.register_worker("a")
+    ctx = _attempt(q, q, w)
+    ran: list[int] = []
+
+    async def charge(amount: int) -> dict[str, Any]:
+        ran.append(amount)
+        return {"charged": amount}
+
+    async def main() -> None:
+        writing = asyncio.Event()
+        release = asyncio.Event()
+        if q.native_async:
+            real = q.afinish_effect
+
+            async def slow(*args: Any, **kwargs: Any) -> Any:
+                writing.set()
+                await release.wait()
+                return await real(*args, **kwargs)
+        else:
+            real_sync = q.finish_effect
+            loop = asyncio.get_running_loop()
+
+            def slow(*args: Any, **kwargs: Any) -> Any:  # type: ignore[misc]
+                loop.call_soon_threadsafe(writing.set)
+                asyncio.run_coroutine_threadsafe(release.wait(), loop).result(10)
+                return real_sync(*args, **kwargs)
+
+        name = "afinish_effect" if q.native_async else "finish_effect"
+        setattr(q, name, slow)
+        try:
+            handler = asyncio.ensure_future(ctx.tool(charge, action="payments.charge")(5))
+            await writing.wait()
+            handler.cancel()  # the attempt's timeout, while the response is on its way
+            with pytest.raises(asyncio.CancelledError):
+                await handler
+            release.set()
+            for _ in range(500):
+                if q.effects(task.id)[0].status == "done":
+                    break
+                await asyncio.sleep(0.01)
+        finally:
+            delattr(q, name)
+
+    asyncio.run(main())
+    assert [e.status for e in q.effects(task.id)] == ["done"] and ran == [5]
+    q.fail(w, ctx.claim, "timeout", delay=0)
+    assert q.get(task.id).status == "queued"  # nothing ambiguous: not sent to reconciliation
+    ctx2 = _attempt(q, q, w)
+    assert asyncio.run(_call(ctx2, charge)) == {"charged": 5} and ran == [5]  # replayed, not charged again
+
+
+async def _call(ctx: TaskContext, fn: Any) -> Any:
+    return await ctx.tool(fn, action="payments.charge")(5)
 
 
 @pytest.mark.parametrize("open_class,routed", [("read_only", "queued"), ("idempotent", "queued"),

@@ -235,15 +235,27 @@ class HoldingTransport:
     def __getattr__(self, name: str) -> Any:
         return getattr(self._queue, name)
 
-    def _hold(self, claim: leaseq.Claim, action: str, point: str) -> None:
+    def _held(self, claim: leaseq.Claim, action: str, point: str) -> bool:
         if claim.generation == 1 and os.environ.get(point) == action:
             (FAULT_DIR / f"held-{claim.task_id}").write_text(str(os.getpid()))
-            threading.Event().wait()  # until SIGKILL
+            return True
+        return False
 
     def finish_effect(self, worker: Any, claim: leaseq.Claim, effect: Any, response: Any = None) -> Any:
-        self._hold(claim, effect.action, "HOLD_BEFORE")
+        if self._held(claim, effect.action, "HOLD_BEFORE"):
+            threading.Event().wait()  # until SIGKILL
         done = self._queue.finish_effect(worker, claim, effect, response)
-        self._hold(claim, effect.action, "HOLD_AFTER")
+        if self._held(claim, effect.action, "HOLD_AFTER"):
+            threading.Event().wait()
+        return done
+
+    async def afinish_effect(self, worker: Any, claim: leaseq.Claim, effect: Any, response: Any = None) -> Any:
+        """The same, for an async tool call on PostgreSQL (awaited on the worker's loop)."""
+        if self._held(claim, effect.action, "HOLD_BEFORE"):
+            await asyncio.Event().wait()  # until SIGKILL
+        done = await self._queue.afinish_effect(worker, claim, effect, response)
+        if self._held(claim, effect.action, "HOLD_AFTER"):
+            await asyncio.Event().wait()
         return done
 
 

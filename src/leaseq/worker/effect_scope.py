@@ -9,7 +9,9 @@ recorded by an earlier attempt is replayed instead. Created by
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
+from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
 from ..core.errors import LeaseLost
@@ -39,26 +41,54 @@ class EffectScope:
         self._token_asked = 0.0
         self._span: Any = None
 
-    def _call_begin(self, key: str | None) -> Effect:
+    @property
+    def _native(self) -> bool:
+        """Whether the transport's ledger calls are awaited on the event loop (no thread hop)."""
+        return bool(getattr(getattr(self._ctx._transport, "capabilities", None), "native_async", False))
+
+    def _begin_args(self, key: str | None) -> tuple[tuple[Any, ...], dict[str, Any]]:
+        """The begin_effect call's arguments; notes when the action token was asked for."""
         ctx = self._ctx
-        extra = dict(self._call) if self.resource is None else {"resource": self.resource, **self._call}
         self._token_asked = time.monotonic()
+        extra = dict(self._call) if self.resource is None else {"resource": self.resource, **self._call}
+        return (ctx.worker, ctx.claim, self.action, key), extra
+
+    @contextlib.contextmanager
+    def _guarded(self) -> Iterator[None]:
+        """A ledger call: a refusal by the lease guard is the handler's lost lease."""
         try:
-            return ctx._transport.begin_effect(ctx.worker, ctx.claim, self.action, key, **extra)
+            yield
         except LeaseLost as exc:
-            ctx._refused(exc)
+            self._ctx._refused(exc)
             raise
 
+    def _call_begin(self, key: str | None) -> Effect:
+        args, extra = self._begin_args(key)
+        with self._guarded():
+            return self._ctx._transport.begin_effect(*args, **extra)
+
+    async def _acall_begin(self, key: str | None) -> Effect:
+        args, extra = self._begin_args(key)
+        with self._guarded():
+            effect: Effect = await self._ctx._transport.abegin_effect(*args, **extra)  # type: ignore[attr-defined]
+            return effect
+
     # The intent is written on entry, under the lease guard.
-    def _begin(self) -> EffectScope:
+    @contextlib.contextmanager
+    def _opening(self) -> Iterator[None]:
         self._ctx.check()
         self._span = tracing.start_effect(self._ctx, self.action, self._key)
         try:
-            self.effect = self._call_begin(self._key)
+            yield
         except BaseException as exc:
             tracing.end_effect(self._span, exc)
             raise
+        assert self.effect is not None
         self._recorded = self.effect.replayed
+
+    def _begin(self) -> EffectScope:
+        with self._opening():
+            self.effect = self._call_begin(self._key)
         return self
 
     def __enter__(self) -> EffectScope:
@@ -76,7 +106,11 @@ class EffectScope:
             tracing.end_effect(self._span, error, replayed=self.replayed)
 
     async def __aenter__(self) -> EffectScope:
-        return await asyncio.to_thread(self._begin)
+        if not self._native:
+            return await asyncio.to_thread(self._begin)
+        with self._opening():
+            self.effect = await self._acall_begin(self._key)
+        return self
 
     async def __aexit__(self, exc_type: Any, exc: Any, tb: Any) -> None:
         error = exc
@@ -145,20 +179,48 @@ class EffectScope:
 
     async def atoken(self) -> str | None:
         """:meth:`fresh_token` for async handlers."""
-        return await asyncio.to_thread(self.fresh_token)
+        if not self._native:
+            return await asyncio.to_thread(self.fresh_token)
+        fx = self.effect
+        if fx is None or fx.token is None:
+            return None
+        if not self._recorded and self._ctx.renewed_at > self._token_asked:
+            self._ctx.check()
+            self.effect = fx = await self._acall_begin(fx.idempotency_key)
+        return fx.token
 
     def record(self, response: Any) -> None:
         """Record the external response, under the lease guard."""
         if self._recorded:
             return
         assert self.effect is not None, "record() outside the effect block"
-        try:
+        with self._guarded():
             self.effect = self._ctx._transport.finish_effect(self._ctx.worker, self._ctx.claim, self.effect, response)
-        except LeaseLost as exc:
-            self._ctx._refused(exc)
-            raise
         self._recorded = True
 
     async def arecord(self, response: Any) -> None:
         """:meth:`record` for async handlers."""
-        await asyncio.to_thread(self.record, response)
+        if not self._native:
+            await asyncio.to_thread(self.record, response)
+            return
+        if self._recorded:
+            return
+        assert self.effect is not None, "arecord() outside the effect block"
+        # The call was made: its response is recorded even if the handler is cancelled
+        # meanwhile (a timeout), as a blocking call in a thread would be, so that the
+        # next attempt replays it rather than sending the task to reconciliation.
+        writing = asyncio.ensure_future(self._ctx._transport.afinish_effect(  # type: ignore[attr-defined]
+            self._ctx.worker, self._ctx.claim, self.effect, response))
+        with self._guarded():
+            try:
+                self.effect = await asyncio.shield(writing)
+            except asyncio.CancelledError:
+                writing.add_done_callback(_retrieved)
+                raise
+        self._recorded = True
+
+
+def _retrieved(writing: asyncio.Future[Any]) -> None:
+    """A response written on after its handler was cancelled: its outcome is read, and dropped."""
+    if not writing.cancelled():
+        writing.exception()

@@ -27,8 +27,9 @@ class Capabilities:
     transport (one call per outcome, polling, a thread per call).
     """
 
-    #: ``aclaim``, ``acomplete_many`` and ``close_async`` run on the event loop
-    #: itself (no thread hop): the worker awaits them directly.
+    #: ``aclaim``, ``acomplete_many``, ``abegin_effect``, ``afinish_effect`` and
+    #: ``close_async`` run on the event loop itself (no thread hop): the worker,
+    #: and an async handler's tool calls, await them directly.
     native_async: bool = False
     #: ``complete_many(worker, [(claim, result), ...]) -> set[task_id]`` finishes
     #: many tasks in one guarded statement.
@@ -97,6 +98,10 @@ class NativeTransport(BatchedTransport, Protocol):
     async def aclaim(self, worker: Worker, *, queue: str, limit: int, lease_seconds: float | None = None,
                      kinds: list[str] | None = None) -> list[Claim]: ...
     async def acomplete_many(self, worker: Worker, done: Sequence[tuple[Claim, Any]]) -> set[int]: ...
+    async def abegin_effect(self, worker: Worker, claim: Claim, action: str, key: str | None = None, *,
+                            resource: str | None = None, effect: str | None = None,
+                            args_digest: str | None = None) -> Effect: ...
+    async def afinish_effect(self, worker: Worker, claim: Claim, effect: Effect, response: Any = None) -> Effect: ...
     async def close_async(self) -> None: ...
 
 
