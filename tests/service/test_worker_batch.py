@@ -30,6 +30,27 @@ def _items(claims: list[leaseq.Claim], **extra: Any) -> list[dict[str, Any]]:
     return [{"task_id": c.task_id, "generation": c.generation, **extra} for c in claims]
 
 
+def _spy_transactions(store: Any, monkeypatch: Any) -> tuple[list[str], list[str]]:
+    """The threads the store's blocking and (where it has them) asyncio transactions open in,
+    two lists filled as the service serves requests."""
+    blocking: list[str] = []
+    asyncio_side: list[str] = []
+    real, areal = store.transaction, getattr(store, "atransaction", None)
+
+    def spied(*args: Any, **kwargs: Any) -> Any:
+        blocking.append(threading.current_thread().name)
+        return real(*args, **kwargs)
+
+    def aspied(*args: Any, **kwargs: Any) -> Any:
+        asyncio_side.append(threading.current_thread().name)
+        return areal(*args, **kwargs)
+
+    monkeypatch.setattr(store, "transaction", spied)
+    if store.capabilities.native_async:
+        monkeypatch.setattr(store, "atransaction", aspied)
+    return blocking, asyncio_side
+
+
 def test_complete_many_completes_the_held_and_reports_the_refused(svc) -> None:
     rq, w, token = _worker(svc)
     other_rq, other, _ = _worker(svc, "other")
@@ -177,21 +198,7 @@ def test_every_lease_guarded_call_of_one_task_is_one_transaction_with_the_token_
         svc.q.enqueue("job", {"n": i}, effect="side_effect", actions=["crm.update", "intend:mail.send"])
     claims = rq.claim(w, limit=5)
     store = svc.q.store
-    blocking: list[str] = []
-    asyncio_side: list[str] = []
-    real, areal = store.transaction, store.atransaction
-
-    def spied(*args: Any, **kwargs: Any) -> Any:
-        blocking.append(threading.current_thread().name)
-        return real(*args, **kwargs)
-
-    def aspied(*args: Any, **kwargs: Any) -> Any:
-        asyncio_side.append(threading.current_thread().name)
-        return areal(*args, **kwargs)
-
-    monkeypatch.setattr(store, "transaction", spied)
-    if store.capabilities.native_async:
-        monkeypatch.setattr(store, "atransaction", aspied)
+    blocking, asyncio_side = _spy_transactions(store, monkeypatch)
 
     def transactions(call: Any) -> tuple[Any, int]:
         blocking.clear()
@@ -244,20 +251,7 @@ def test_claims_renewals_and_completions_on_postgresql_never_leave_the_event_loo
     for i in range(6):
         svc.q.enqueue("job", {"n": i})
     store = svc.q.store
-    blocking: list[str] = []
-    asyncio_side: list[str] = []
-    real, areal = store.transaction, store.atransaction
-
-    def spied(*args: Any, **kwargs: Any) -> Any:
-        blocking.append(threading.current_thread().name)
-        return real(*args, **kwargs)
-
-    def aspied(*args: Any, **kwargs: Any) -> Any:
-        asyncio_side.append(threading.current_thread().name)
-        return areal(*args, **kwargs)
-
-    monkeypatch.setattr(store, "transaction", spied)
-    monkeypatch.setattr(store, "atransaction", aspied)
+    blocking, asyncio_side = _spy_transactions(store, monkeypatch)
     claims = rq.claim(w, limit=2)
     assert set(rq.renew_leases(w, claims)) == {c.task_id for c in claims}
     done, more = rq.complete_and_claim(w, [(c, None) for c in claims], limit=2)
