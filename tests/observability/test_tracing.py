@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import subprocess
 import sys
 import textwrap
@@ -158,3 +159,23 @@ def test_importing_leaseq_does_not_import_opentelemetry():
               "print('ok')")
     proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60)
     assert proc.returncode == 0 and proc.stdout.strip() == "ok", proc.stderr
+
+
+def test_a_task_claimed_ahead_marks_where_its_handler_began(q, spans):
+    """With prefetch, a task may wait leased for a handler slot: its run span begins at the
+    claim, and an event marks where its handler began."""
+    app = leaseq.App(queue=q)
+
+    @app.task("step", lease_seconds=5)
+    async def step(ctx):
+        await asyncio.sleep(0.3)
+
+    step.enqueue(), step.enqueue()
+    stats = app.run_worker(until_idle=True, install_signals=False, concurrency=1, prefetch=1)
+    assert stats.completed == 2
+    runs = [s for s in spans.get_finished_spans() if s.name == "leaseq.run step"]
+    waits = sorted(event.timestamp - run.start_time for run in runs for event in run.events
+                   if event.name == "leaseq.handler_started")
+    assert len(waits) == 2
+    # one began at once; the other waited, leased, for the first one's 0.3 s handler
+    assert waits[0] < 0.1e9 and waits[1] >= 0.25e9

@@ -90,6 +90,7 @@ class WorkerObserver:
         """The handler begins: its duration starts here, and it counts as running."""
         ctx.started_at = time.monotonic()
         ctx.handler_began = True
+        tracing.handler_started(ctx)
         if self.metrics is not None:
             self.metrics.running.inc()
 

@@ -168,6 +168,15 @@ def end_attempt(ctx: TaskContext) -> None:
         span.end()
 
 
+def handler_started(ctx: TaskContext) -> None:
+    """A task of a worker that claims ahead (``prefetch``) got its handler slot: an event on
+    its run span, which began at the claim, says when the handler began (a task claimed ahead
+    may wait for a slot first). Without prefetch the run span is opened after this: its run
+    and its handler begin together."""
+    if ctx.span is not None:
+        ctx.span.add_event("leaseq.handler_started")
+
+
 def start_effect(ctx: TaskContext, action: str, key: str | None) -> Any:
     """Open a span for one ``ctx.effect(...)`` block, under the attempt's run span (any thread)."""
     if ctx.span is None:
