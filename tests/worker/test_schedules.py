@@ -166,7 +166,11 @@ def test_a_repeated_slot_returns_the_same_task(q):
     async def main() -> None:
         runs = [asyncio.create_task(run_schedules([schedule], q, call, on_fire=lambda s, slot, t: fired[
             s.key(slot)].add(t.id))) for _ in range(2)]
-        await asyncio.sleep(1.2)
+        # at least five slots, however slowly a loaded machine lets them fire (about 1.2 s idle)
+        deadline = time.monotonic() + 15
+        while len(fired) < 5 and time.monotonic() < deadline:
+            await asyncio.sleep(0.05)
+        await asyncio.sleep(0.3)  # the other scheduler's fire of the last slot, if it is behind
         for r in runs:
             r.cancel()
         await asyncio.gather(*runs, return_exceptions=True)
