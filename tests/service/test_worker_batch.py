@@ -260,3 +260,33 @@ def test_claims_renewals_and_completions_on_postgresql_never_leave_the_event_loo
     # the claim, the renewal, the completions with a claim, the completions
     assert blocking == [] and len(asyncio_side) == 4
     assert len(set(asyncio_side)) == 1 and "AnyIO" not in asyncio_side[0]  # the server's own loop thread
+
+
+def test_a_renewal_refused_for_a_revoked_token_is_counted_and_loses_its_leases(svc) -> None:
+    """Over HTTP the renewal of a worker whose token was revoked is refused whole
+    (UnknownWorker): an answered call like any other, it counts in the worker's renewals
+    (what the heartbeat benchmark reads), and the leases it carried are lost."""
+    import asyncio
+    import logging
+
+    from leaseq.worker.context import TaskContext
+    from leaseq.worker.renewer import Renewer
+
+    from leaseq import auth
+
+    rq, w, token = _worker(svc)
+    svc.q.enqueue("job", {})
+    [claim] = rq.claim(w)
+    ctx = TaskContext(rq, w, claim, logging.LoggerAdapter(logging.getLogger("test"), {}))
+    counted: list[int] = []
+    lost: list[str] = []
+    auth.revoke_token(svc.q, token.split("_")[1], by="test")
+
+    async def call(fn: Any, *args: Any) -> Any:
+        return await asyncio.to_thread(fn, *args)
+
+    renewer = Renewer(rq, w, call, {ctx.key: ctx}, {ctx.key}, lambda c, reason, **_: lost.append(reason),
+                      lambda: counted.append(1))
+    asyncio.run(renewer.renew_now())
+    assert counted == [1]
+    assert len(lost) == 1 and lost[0].startswith("heartbeat refused: ")

@@ -136,6 +136,7 @@ class Renewer:
             logger.warning("worker %s: renewal did not answer within %.2fs", self.worker.id, budget)
             self._retry_at = time.monotonic()  # it already waited: try again at once
         except UnknownWorker as exc:  # revoked: its leases ended with it
+            self._count()  # a call sent and answered, as every other
             for ctx in live:
                 if ctx.key in self._running:
                     self._lose(ctx, f"heartbeat refused: {exc}")

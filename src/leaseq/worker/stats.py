@@ -26,6 +26,7 @@ class WorkerStats:
     #: attempts stopped for running past their timeout (their leases given up
     #: with reason "timeout"; each also counts in ``released`` once recorded)
     timed_out: int = 0
+    #: renewal calls sent (each renews every lease the worker holds), answered or not
     renewals: int = 0
     #: outcomes whose write was refused after an earlier try failed in transit:
     #: that try may have been written (the task's row says which)
