@@ -290,3 +290,35 @@ def test_a_renewal_refused_for_a_revoked_token_is_counted_and_loses_its_leases(s
     asyncio.run(renewer.renew_now())
     assert counted == [1]
     assert len(lost) == 1 and lost[0].startswith("heartbeat refused: ")
+
+
+def test_a_claim_routes_a_bounded_number_of_expired_leases_then_answers_and_the_next_goes_on(
+        svc, monkeypatch) -> None:
+    """A claim over HTTP that finds expired leases routes them a batch per transaction, at
+    most ROUTING_PASSES batches, then answers (empty, if it got no further) rather than
+    holding the request; the worker's next claim routes the rest and leases tasks."""
+    if svc.q.store.dialect != "postgres":
+        pytest.skip("SQLite claims whole in one transaction: its claim never stops to route")
+    import psycopg
+
+    from leaseq import engine
+    from leaseq.service import worker_batch
+
+    monkeypatch.setattr(engine.leases, "ROUTE_BATCH", 2)
+    passes = worker_batch.ROUTING_PASSES
+    stalled = svc.q.register_worker("stalled")
+    svc.q.enqueue_many("job", [{"n": n} for n in range(2 * passes + 1)], max_attempts=5)
+    held = svc.q.claim(stalled, limit=2 * passes + 1)
+    assert len(held) == 2 * passes + 1
+    with psycopg.connect(svc.dsn, autocommit=True) as conn:  # every one of those leases runs out now
+        conn.execute("UPDATE leaseq_tasks SET lease_expires_at = now() - interval '1 second' "
+                     "WHERE status = 'running'")
+    rq, w, _ = _worker(svc)
+
+    def expired_routed() -> int:
+        return sum(1 for c in held for e in svc.q.events(c.task_id) if e.type == "lease_expired")
+
+    assert rq.claim(w, limit=5) == []  # five batches of two routed, one lease still waiting
+    assert expired_routed() == 2 * passes
+    claims = rq.claim(w, limit=5)
+    assert expired_routed() == 2 * passes + 1 and len(claims) >= 1
