@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import threading
 import time
+from datetime import datetime, timedelta, timezone
 from typing import Any
 
 import pytest
@@ -26,6 +27,47 @@ def test_enqueue_returns_the_queued_task(q: leaseq.Queue) -> None:
     assert q.get(t.id) == t
     assert [e.type for e in q.events(t.id)] == ["enqueued"]
 
+
+
+_OPTIONS = [
+    {},
+    dict(payload=None),
+    dict(payload=[1, 2.5, "x", None, True, {"nested": {"deep": [1e-7, 123456789012345678]}}]),
+    dict(payload="text ✓ with \"quotes\""),
+    dict(payload={"big": 2**62, "neg": -1.5e300, "empty": {}, "list": []}),
+    dict(payload={"b": 1, "aa": 2, "a": 3}, queue="elsewhere", priority=-7, max_attempts=1, lease_seconds=0.25),
+    dict(effect="side_effect", actions=["charge", "email", "charge"]),
+    dict(effect="idempotent", actions=[]),
+    dict(delay=3600, timeout=1.5),
+    dict(deadline=timedelta(minutes=5)),
+    dict(deadline=datetime(2031, 1, 2, 3, 4, 5, 678000, tzinfo=timezone.utc)),
+    dict(limits=["tokens", "api", "tokens"], units=40),
+    dict(trace_context="00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"),
+    dict(idempotency_key="given-key"),
+    dict(approval="required", approval_deadline=60, by="reviewer"),
+]
+
+
+@pytest.mark.parametrize("options", _OPTIONS, ids=[",".join(o) or "defaults" for o in _OPTIONS])
+def test_the_task_enqueue_returns_is_the_row_it_stored(q: leaseq.Queue, options: dict[str, Any]) -> None:
+    # The insert reads back only what the database made; the rest of the
+    # returned task is filled in from what was sent, and must match the row.
+    options = dict(options)
+    payload = options.pop("payload", {"doc": 1})
+    t = q.enqueue("summarize", payload, **options)
+    assert q.get(t.id) == t
+    if "approval" not in options:
+        assert (t.status, t.attempts, t.claim_generation, t.open_effects) == ("queued", 0, 0, 0)
+
+
+def test_the_child_task_intend_returns_is_the_row_it_stored(q: leaseq.Queue) -> None:
+    w = q.register_worker("a")
+    q.enqueue("parent", effect="side_effect")
+    [c] = q.claim(w)
+    child = q.intend(w, c, "refund", {"amount": 12.5}, key="refund-1", queue="executors", priority=2,
+                     actions=["refund"], lease_seconds=9)
+    assert q.get(child.id) == child and child.status == "queued"
+    assert q.intend(w, c, "refund", {"amount": 12.5}, key="refund-1", queue="executors") == child
 
 def test_generated_keys_are_distinct(q: leaseq.Queue) -> None:
     keys = {q.enqueue("job", {"i": i}).idempotency_key for i in range(5)}

@@ -96,7 +96,7 @@ def task_params(kind: str, payload: Any, *, effect: str, queue: str, idempotency
         limits=check_limits(limits),
         units=check_units(units),
         kind=checks.check_kind(kind),
-        payload=checks.check_json("payload", payload),
+        payload=JsonText(checks.encode_json("payload", payload)),  # encoded once, here
         effect=effect,
         actions=check_actions(actions, effect),
         queue=checks.check_name("queue", queue),
@@ -108,6 +108,33 @@ def task_params(kind: str, payload: Any, *, effect: str, queue: str, idempotency
         lease_seconds=checks.check_seconds("lease_seconds", lease_seconds, allow_zero=False),
         **check_budgets(timeout, deadline),
     )
+
+
+#: The columns of a new task row that insert_task does not send, as the schema's defaults make them.
+_NEW_TASK: dict[str, Any] = dict(
+    status="queued", lease_owner=None, lease_expires_at=None, claim_generation=0, attempts=0, last_error=None,
+    result=None, open_effects=0, claimed_at=None, heartbeat_count=0, last_heartbeat_at=None,
+    longest_heartbeat_gap=0.0, error_fingerprint=None, error_streak=0, snoozes=0, has_dependents=False,
+    watched=False)
+#: The parameters of insert_task stored as sent.
+_AS_SENT = ("queue", "kind", "effect", "priority", "idempotency_key", "max_attempts", "lease_seconds",
+            "trace_context", "limits", "units")
+
+
+def inserted_row(params: dict[str, Any], made: dict[str, Any]) -> dict[str, Any]:
+    """The whole row insert_task wrote with ``params``: ``made`` (what it returns: the
+    id, the times and the payload the database made or stored) over what it sent.
+
+    Reading back only what the database made keeps the enqueue's reply small
+    (a quarter of its statement's time went to the row's other 28 columns).
+    """
+    row = dict(_NEW_TASK)
+    for name in _AS_SENT:
+        row[name] = params[name]
+    row["actions"] = None if params["actions"] is None else json.loads(params["actions"])
+    row["timeout_seconds"] = params["timeout"]
+    row.update(made)
+    return row
 
 
 def enqueue(s: Settings, kind: str, payload: Any = None, *, effect: str = "read_only", queue: str = "default",
@@ -134,7 +161,8 @@ def enqueue(s: Settings, kind: str, payload: Any = None, *, effect: str = "read_
         yield BEGIN
         row = yield one("insert_task", **params)
         if row is not None:
-            row = yield from approvals.request(s, row, by or default_actor(), approval_deadline)
+            row = yield from approvals.request(s, inserted_row(params, row), by or default_actor(),
+                                               approval_deadline)
         yield COMMIT
     elif upstreams:  # the task and its dependencies, in one transaction
         yield BEGIN
@@ -149,6 +177,8 @@ def enqueue(s: Settings, kind: str, payload: Any = None, *, effect: str = "read_
         yield BEGIN_ONE
         row = yield one("insert_task", **params)
         yield COMMIT
+        if row is not None:
+            row = inserted_row(params, row)
     if row is None:  # the key was taken: the same logical task
         yield BEGIN
         row = yield one("get_task_by_key", queue=params["queue"], idempotency_key=params["idempotency_key"])

@@ -24,7 +24,7 @@ from ..core.model import Claim, Task, Worker
 from . import approvals
 from .common import Settings, check_claim, event, to_task, worker_id
 from .effects import action_refusal
-from .enqueue import task_params
+from .enqueue import inserted_row, task_params
 from .steps import BEGIN, COMMIT, Op, one, rows
 
 #: Longest idempotency key (see leaseq.core.checks.check_key).
@@ -78,8 +78,10 @@ def intend(s: Settings, worker: Worker | str, claim: Claim, kind: str, payload: 
     row = yield one("insert_task", **params)
     if row is None:  # the derived key is taken in that queue: the intent already exists
         row = yield one("get_task_by_key", queue=params["queue"], idempotency_key=params["idempotency_key"])
-    elif approval is not None:
-        row = yield from approvals.request(s, row, f"task:{claim.task_id}", approval_deadline)
+    else:
+        row = inserted_row(params, row)
+        if approval is not None:
+            row = yield from approvals.request(s, row, f"task:{claim.task_id}", approval_deadline)
     response = {"task_id": row["id"], "kind": row["kind"], "queue": row["queue"]}
     if existing is None:
         fx = yield one("insert_effect", task_id=claim.task_id, generation=claim.generation, worker_id=wid,

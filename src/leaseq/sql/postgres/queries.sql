@@ -170,7 +170,9 @@ RETURNING t.id, t.claim_generation;
 -- row. The new row is the enqueue's evidence (list_events shows it as the
 -- "enqueued" entry). The statement also wakes listening workers at commit,
 -- so an enqueue is one round trip. trace_context: the caller's W3C
--- traceparent (NULL when it was not tracing).
+-- traceparent (NULL when it was not tracing). It returns only the columns
+-- the database made (the id and times) and the payload as stored; the
+-- engine fills in the rest from what it sent (inserted_row).
 WITH added AS (
     INSERT INTO leaseq_tasks (queue, kind, payload, effect, priority, available_at,
                               idempotency_key, max_attempts, lease_seconds, actions,
@@ -181,9 +183,9 @@ WITH added AS (
             %(timeout)s::float8, coalesce(%(deadline_at)s::timestamptz, now() + %(deadline_in)s::float8 * interval '1 second'),
             %(trace_context)s::text, %(limits)s::text[], %(units)s)
     ON CONFLICT (queue, idempotency_key) DO NOTHING
-    RETURNING *
+    RETURNING id, queue, payload, available_at, created_at, updated_at, deadline_at
 )
-SELECT a.*
+SELECT a.id, a.payload, a.available_at, a.created_at, a.updated_at, a.deadline_at
 FROM added a, LATERAL (SELECT pg_notify('leaseq_work', a.queue)) AS woke;
 
 -- name: insert_tasks

@@ -110,7 +110,8 @@ RETURNING id, claim_generation;
 
 -- name: insert_task
 -- The new row is the enqueue's evidence (see list_events); SQLite has no
--- notifications to send.
+-- notifications to send. Like PostgreSQL's, it returns what the database
+-- made and the payload; the engine fills in the rest (inserted_row).
 INSERT INTO leaseq_tasks (queue, kind, payload, effect, priority, available_at,
                           idempotency_key, max_attempts, lease_seconds, actions,
                           timeout_seconds, deadline_at, trace_context, limits, units)
@@ -119,7 +120,7 @@ VALUES (:queue, :kind, :payload, :effect, :priority,
         :idempotency_key, :max_attempts, :lease_seconds, :actions, :timeout, coalesce(:deadline_at, (julianday('now') - 2440587.5) * 86400.0 + :deadline_in),
         :trace_context, :limits, :units)
 ON CONFLICT (queue, idempotency_key) DO NOTHING
-RETURNING *;
+RETURNING id, payload, available_at, created_at, updated_at, deadline_at;
 
 -- name: insert_tasks
 -- See the PostgreSQL file. json_each keeps the document's order.
