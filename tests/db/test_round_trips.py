@@ -1,0 +1,67 @@
+"""Round trips per call on PostgreSQL, counted on the wire.
+
+libpq's trace of the queue's only pooled connection records every message;
+each exchange ends with the server's ReadyForQuery. A call made of one
+statement must be one exchange: its statement is its own transaction, with
+no BEGIN before it and no COMMIT after it (three exchanges instead of one).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from psycopg import pq
+
+import leaseq
+
+
+@pytest.fixture
+def traced(pg_schema_dsn: str, tmp_path: Path) -> Iterator[tuple[leaseq.Queue, Callable[[Callable[[], Any]], int]]]:
+    q = leaseq.connect(pg_schema_dsn, min_size=1, max_size=1)
+    q.migrate()
+    pool = q.store._pool  # the blocking pool: one connection, which every call uses
+    conn = pool.getconn()
+    pool.putconn(conn)
+    trace = (tmp_path / "libpq.trace").open("w")
+    conn.pgconn.trace(trace.fileno())
+    conn.pgconn.set_trace_flags(pq.Trace.SUPPRESS_TIMESTAMPS)
+
+    def exchanges(call: Callable[[], Any]) -> int:
+        trace.flush()
+        start = (tmp_path / "libpq.trace").stat().st_size
+        call()
+        trace.flush()
+        with (tmp_path / "libpq.trace").open() as f:
+            f.seek(start)
+            return sum("\tReadyForQuery\t" in line for line in f)
+
+    try:
+        yield q, exchanges
+    finally:
+        conn.pgconn.untrace()
+        trace.close()
+        q.close()
+
+
+def test_calls_of_one_statement_are_one_round_trip(traced) -> None:
+    q, exchanges = traced
+    task = q.enqueue("job", {"n": 1})
+    calls = {"enqueue": lambda: q.enqueue("job", {"n": 2}), "get": lambda: q.get(task.id),
+             "list_tasks": lambda: q.list_tasks(status="queued"), "queues": q.queues, "stats": q.stats,
+             "now": q.now}
+    for call in calls.values():
+        call()  # the first call prepares its statement (a round trip of its own)
+    assert {name: exchanges(call) for name, call in calls.items()} == dict.fromkeys(calls, 1)
+    with pytest.raises(leaseq.NotFound):
+        q.get(task.id + 1000)
+    assert q.get(task.id) == task  # the connection is clean after the refused read
+
+
+def test_the_count_sees_a_transaction_of_several_statements(traced) -> None:
+    # The yardstick itself: an enqueue behind an approval gate is a transaction of
+    # several statements, BEGIN and COMMIT included, and must count as more than one.
+    q, exchanges = traced
+    assert exchanges(lambda: q.enqueue("gated", approval="required")) >= 4
