@@ -169,8 +169,37 @@ def create_token(q: Queue, *, name: str, role: str, queues: list[str] | None = N
 
 def verify_token(q: Queue, token: str | None) -> Principal:
     """The principal a token stands for; raises :class:`Unauthorized` otherwise."""
-    with q.store.transaction() as tx:
-        return check_token(tx, token)
+    from .engine.drive import drive
+
+    return drive(q.store, verifying(token))
+
+
+async def averify_token(q: Queue, token: str | None) -> Principal:
+    """:func:`verify_token` for asyncio code: on the event loop where the backend has an
+    asyncio driver (PostgreSQL), else in a thread."""
+    from .engine.drive import adrive
+
+    return await adrive(q.store, verifying(token))
+
+
+def verifying(token: str | None) -> Op[Principal]:
+    """The token check outside any transaction (:func:`verify_token`, :func:`averify_token`).
+
+    The lookup is a statement of its own (one round trip on PostgreSQL, not
+    the three of BEGIN, lookup, COMMIT: every operator request pays it), and
+    the once-a-minute record of use another, when due. Nothing needs them in
+    one transaction: the lookup reads committed state, and the record is a
+    guarded write that only moves a time forward."""
+    from .engine.steps import BEGIN_ONE, COMMIT, rows
+
+    yield BEGIN_ONE
+    row = yield from _looked_up(token)
+    yield COMMIT
+    if row.get("touch_due", True):
+        yield BEGIN_ONE
+        yield rows("token_touch", token_id=row["id"])
+        yield COMMIT
+    return _principal(row)
 
 
 def check_token(tx: Any, token: str | None) -> Principal:
@@ -191,7 +220,17 @@ async def acheck_token(atx: Any, token: str | None) -> Principal:
 def token_check(token: str | None) -> Op[Principal]:
     """The token check, as an operation the engine's drivers run inside an open
     transaction (:func:`check_token`, :func:`acheck_token`): written once for both."""
-    from .engine.steps import one, rows
+    from .engine.steps import rows
+
+    row = yield from _looked_up(token)
+    if row.get("touch_due", True):
+        yield rows("token_touch", token_id=row["id"])
+    return _principal(row)
+
+
+def _looked_up(token: str | None) -> Op[dict[str, Any]]:
+    """The stored record of a valid, live ``token`` (one statement); Unauthorized otherwise."""
+    from .engine.steps import one
 
     if not token:
         raise Unauthorized("missing credential: send 'Authorization: Bearer <token>'")
@@ -199,7 +238,7 @@ def token_check(token: str | None) -> Op[Principal]:
     if m is None:
         raise Unauthorized("malformed token: expected lq_<id>_<secret>")
     presented = hash_token(token)
-    row = yield one("token_get", token_id=m.group(1))
+    row: dict[str, Any] | None = yield one("token_get", token_id=m.group(1))
     stored = row["secret_hash"] if row is not None else _DUMMY_HASH
     if not hmac.compare_digest(presented, stored) or row is None:
         raise Unauthorized("invalid token", token_id=row["id"] if row is not None else None)
@@ -207,9 +246,7 @@ def token_check(token: str | None) -> Op[Principal]:
         raise Unauthorized(f"token {row['id']} was revoked", token_id=row["id"])
     if row["expired"]:
         raise Unauthorized(f"token {row['id']} has expired", token_id=row["id"])
-    if row.get("touch_due", True):
-        yield rows("token_touch", token_id=row["id"])
-    return _principal(row)
+    return row
 
 
 def list_tokens(q: Queue) -> list[dict[str, Any]]:

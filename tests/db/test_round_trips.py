@@ -16,6 +16,7 @@ import pytest
 from psycopg import pq
 
 import leaseq
+from leaseq import auth
 
 
 @pytest.fixture
@@ -65,3 +66,20 @@ def test_the_count_sees_a_transaction_of_several_statements(traced) -> None:
     # several statements, BEGIN and COMMIT included, and must count as more than one.
     q, exchanges = traced
     assert exchanges(lambda: q.enqueue("gated", approval="required")) >= 4
+
+
+def test_a_token_check_outside_a_transaction_is_one_round_trip(traced) -> None:
+    # Every operator request begins with it; the record of use (at most once a
+    # minute) is a second statement, only when due.
+    q, exchanges = traced
+    auth.verify_token(q, auth.create_token(q, name="warm", role="operator")[0])  # prepares the statements
+    token, record = auth.create_token(q, name="ops", role="operator")
+    assert exchanges(lambda: auth.verify_token(q, token)) == 2  # never used: the record of use is due
+    assert exchanges(lambda: auth.verify_token(q, token)) == 1
+    assert auth.verify_token(q, token).token_id == record["id"]
+    for bad in (token[:-1] + ("0" if token[-1] != "0" else "1"), "lq_000000000000_x", None):
+        with pytest.raises(auth.Unauthorized):
+            auth.verify_token(q, bad)
+    auth.revoke_token(q, record["id"], by="test")
+    with pytest.raises(auth.Unauthorized, match="revoked"):
+        auth.verify_token(q, token)

@@ -150,3 +150,34 @@ def test_admin_prunes_and_manages_tokens_over_http(svc: Service) -> None:
     assert bad.status_code == 422 and error_of(bad)["field"] == "queues"
     assert admin.delete(f"/v1/tokens/{created['id']}").json()["revoked"] is True
     assert admin.delete("/v1/tokens/000000000000").status_code == 404
+
+
+def test_the_operator_api_checks_its_token_on_the_event_loop(svc: Service, monkeypatch) -> None:
+    """Every operator request begins with the token check; on PostgreSQL it is awaited on the
+    server's event loop (one statement), not run on a thread of its own before the route's."""
+    import threading
+
+    from .test_worker_batch import _spy_transactions
+
+    task = svc.q.enqueue("job", {"n": 1})
+    ops = svc.http(svc.token("operator", "alice"))
+    blocking, asyncio_side = _spy_transactions(svc.q.store, monkeypatch)
+    loop_threads: set[str] = set()
+    real_verify = auth.averify_token
+
+    async def watched(q: leaseq.Queue, token: str | None) -> auth.Principal:
+        loop_threads.add(threading.current_thread().name)
+        return await real_verify(q, token)
+
+    monkeypatch.setattr(auth, "averify_token", watched)
+    for _ in range(3):
+        resp = ops.get(f"/v1/tasks/{task.id}")
+        assert resp.status_code == 200 and resp.json()["id"] == task.id
+    assert len(loop_threads) == 1 and "AnyIO" not in next(iter(loop_threads))  # the server's own loop thread
+    if svc.q.native_async:
+        # the lookup, then the record of use (due at a new token's first request); then the lookups alone
+        assert len(asyncio_side) == 4 and set(asyncio_side) == loop_threads
+        assert len(blocking) == 3  # each request's read of the task, in the route's thread
+    else:  # SQLite: the check runs in a thread, as every SQLite transaction
+        assert len(blocking) == 3 + 4
+    assert ops.get(f"/v1/tasks/{task.id}", headers={"Authorization": "Bearer lq_000000000000_x"}).status_code == 401

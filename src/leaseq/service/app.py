@@ -28,6 +28,7 @@ from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+from starlette.concurrency import run_in_threadpool
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from .. import __version__, auth
@@ -326,11 +327,12 @@ def create_app(queue: Queue, settings: ServiceSettings | None = None, **options:
                              "maintenance_leader": maintenance.leading})
 
     @app.get("/metrics", tags=["service"], summary="Prometheus metrics", response_class=Response)
-    def metrics_endpoint(request: Request) -> Response:
+    async def metrics_endpoint(request: Request) -> Response:
         if not settings.public_metrics:
-            principal = api_principal(request)
+            principal = await api_principal(request)
             if not principal.can("read"):
                 raise auth.AccessDenied(f"the {principal.role} role cannot read metrics")
-        return Response(generate_latest(metrics.registry), media_type=CONTENT_TYPE_LATEST)
+        text = await run_in_threadpool(generate_latest, metrics.registry)
+        return Response(text, media_type=CONTENT_TYPE_LATEST)
 
     return app
