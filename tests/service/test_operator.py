@@ -181,3 +181,23 @@ def test_the_operator_api_checks_its_token_on_the_event_loop(svc: Service, monke
     else:  # SQLite: the check runs in a thread, as every SQLite transaction
         assert len(blocking) == 3 + 4
     assert ops.get(f"/v1/tasks/{task.id}", headers={"Authorization": "Bearer lq_000000000000_x"}).status_code == 401
+
+
+def test_an_enqueue_over_http_never_leaves_the_event_loop_on_postgresql(svc: Service, monkeypatch) -> None:
+    """POST /v1/tasks, a producer's hot call: its token check and its insert are both awaited
+    on the server's loop with the asyncio driver (SQLite runs them in threads)."""
+    from .test_worker_batch import _spy_transactions
+
+    ops = svc.http(svc.token("operator", "producer"))
+    assert ops.post("/v1/tasks", json={"kind": "warm"}).status_code == 201  # the record of use, done
+    blocking, asyncio_side = _spy_transactions(svc.q.store, monkeypatch)
+    resp = ops.post("/v1/tasks", json={"kind": "job", "payload": {"n": 1}, "priority": 2})
+    assert resp.status_code == 201, resp.text
+    if svc.q.native_async:
+        assert blocking == [] and len(asyncio_side) == 2  # the token lookup, the insert
+        assert len(set(asyncio_side)) == 1 and "AnyIO" not in asyncio_side[0]
+    else:
+        assert asyncio_side == [] and len(blocking) == 2
+    assert svc.q.get(resp.json()["id"]).payload == {"n": 1}
+    refused = ops.post("/v1/tasks", json={"kind": "job", "priority": "high"})
+    assert refused.status_code == 422 and "priority" in refused.text

@@ -22,7 +22,7 @@ from .. import auth, authz
 from ..core import checks
 from ..core.errors import InvalidInput
 from ..core.model import Task
-from ..aio import await_task
+from ..aio import AsyncQueue, await_task
 from ..queue import Queue
 from .access import WORKER_ID_PATTERN, api_principal, need
 from .views import present_approval, present_effect, present_event, present_task, queue_overview, task_timeline
@@ -95,10 +95,12 @@ def _deadline(text: str | None) -> datetime | None:
 # -- enqueue and read -----------------------------------------------------------------
 
 @router.post("/tasks", status_code=201, tags=["tasks"], summary="Enqueue a task")
-def enqueue(body: EnqueueBody, request: Request, principal: auth.Principal = Depends(api_principal)) -> dict[str, Any]:
+async def enqueue(body: EnqueueBody, request: Request,
+                  principal: auth.Principal = Depends(api_principal)) -> dict[str, Any]:
+    # Awaited on the event loop on PostgreSQL (a thread on SQLite): the producers' hot call
     checks.check_name("queue", body.queue)
     authz.authorize(principal, "enqueue", queue=body.queue)
-    task = _queue(request).enqueue(body.kind, body.payload, effect=body.effect, queue=body.queue,
+    task = await AsyncQueue(_queue(request)).enqueue(body.kind, body.payload, effect=body.effect, queue=body.queue,
                                    idempotency_key=body.idempotency_key, priority=body.priority, delay=body.delay,
                                    max_attempts=body.max_attempts, lease_seconds=body.lease_seconds,
                                    actions=body.actions, timeout=body.timeout, deadline=_deadline(body.deadline),
