@@ -190,14 +190,14 @@ def verifying(token: str | None) -> Op[Principal]:
     the once-a-minute record of use another, when due. Nothing needs them in
     one transaction: the lookup reads committed state, and the record is a
     guarded write that only moves a time forward."""
-    from .engine.steps import BEGIN_ONE, COMMIT, rows
+    from .engine.steps import BEGIN_ONE, COMMIT
 
     yield BEGIN_ONE
     row = yield from _looked_up(token)
     yield COMMIT
     if row.get("touch_due", True):
         yield BEGIN_ONE
-        yield rows("token_touch", token_id=row["id"])
+        yield from _touched(row)
         yield COMMIT
     return _principal(row)
 
@@ -220,12 +220,17 @@ async def acheck_token(atx: Any, token: str | None) -> Principal:
 def token_check(token: str | None) -> Op[Principal]:
     """The token check, as an operation the engine's drivers run inside an open
     transaction (:func:`check_token`, :func:`acheck_token`): written once for both."""
-    from .engine.steps import rows
-
     row = yield from _looked_up(token)
     if row.get("touch_due", True):
-        yield rows("token_touch", token_id=row["id"])
+        yield from _touched(row)
     return _principal(row)
+
+
+def _touched(row: dict[str, Any]) -> Op[None]:
+    """Record the token's use (the statement writes at most once a minute per token)."""
+    from .engine.steps import rows
+
+    yield rows("token_touch", token_id=row["id"])
 
 
 def _looked_up(token: str | None) -> Op[dict[str, Any]]:

@@ -372,3 +372,51 @@ def test_a_requested_retry_considers_the_open_call_class(q: leaseq.Queue, open_c
     with pytest.raises(RuntimeError):
         ctx.tool(broken, action="tool.x", effect=open_class)("arg")
     assert q.retry(w, ctx.claim, 0, "rate limited").status == routed
+
+
+def test_the_action_token_is_asked_for_again_once_the_lease_was_renewed(dsn: str) -> None:
+    """A token expires at the lease deadline it was issued under: after a renewal,
+    ``fresh_token()`` (``await atoken()``) asks the queue for one carrying the new
+    deadline; without a renewal since, it hands back the one it has, asking nothing."""
+    import time
+
+    from leaseq.fencing.tokens import ActionSigner
+
+    signer = ActionSigner({"k1": b"s" * 32}, "k1")
+    q = leaseq.connect(dsn, signer=signer)
+    q.migrate()
+    try:
+        q.enqueue("agent", {}, effect="side_effect", actions=["crm.update"])
+        w = q.register_worker("a")
+        ctx = _attempt(q, q, w)
+
+        def renewed() -> None:  # what the runtime's renewer does
+            time.sleep(0.05)
+            assert q.renew_leases(w, [ctx.claim])
+            ctx.renewed_at = time.monotonic()
+
+        def expiry(token: str | None) -> float:
+            assert token is not None
+            return signer.verify(token, action="crm.update").expires_at
+
+        with ctx.effect("crm.update", key="sync") as fx:
+            first = fx.fresh_token()
+            assert fx.fresh_token() == first == fx.token
+            renewed()
+            second = fx.fresh_token()
+            assert expiry(second) > expiry(first) and fx.token == second
+            fx.record({"ok": 1})
+
+        async def in_a_handler() -> tuple[str | None, str | None, str | None]:
+            async with ctx.effect("crm.update", key="async") as afx:
+                before = await afx.atoken()
+                same = await afx.atoken()
+                renewed()
+                after = await afx.atoken()
+                await afx.arecord({"ok": 2})
+            return before, same, after
+
+        before, same, after = asyncio.run(in_a_handler())
+        assert before == same and expiry(after) > expiry(before)
+    finally:
+        q.close()

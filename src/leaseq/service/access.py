@@ -25,7 +25,8 @@ import re
 import threading
 import time
 from collections import OrderedDict
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterator
+from contextlib import contextmanager
 from typing import Any, TypeVar
 
 from fastapi import Depends, Request
@@ -99,21 +100,24 @@ class Access:
 
     def authenticate(self, token: str | None, client: str) -> auth.Principal:
         """Verify ``token`` and charge its rate bucket; raises Unauthorized or RateLimited."""
-        try:
+        with self._counting_failures(client):
             principal = auth.verify_token(self.queue, token)
-        except auth.Unauthorized as exc:
-            self.failed(exc, client)
-            raise
         return self.charge(principal)
 
     async def aauthenticate(self, token: str | None, client: str) -> auth.Principal:
         """:meth:`authenticate` for the event loop (the lookup awaited there on PostgreSQL)."""
-        try:
+        with self._counting_failures(client):
             principal = await auth.averify_token(self.queue, token)
+        return self.charge(principal)
+
+    @contextmanager
+    def _counting_failures(self, client: str) -> Iterator[None]:
+        """A verification whose refusal counts against the failed-authentication limit."""
+        try:
+            yield
         except auth.Unauthorized as exc:
             self.failed(exc, client)
             raise
-        return self.charge(principal)
 
     def failed(self, exc: auth.Unauthorized, client: str) -> None:
         """Count a failed authentication; raises RateLimited once its key has failed too often."""

@@ -169,25 +169,28 @@ class EffectScope:
         Raises :class:`LeaseLost` if the lease is gone. Async handlers:
         ``await fx.atoken()``.
         """
+        if self._token_outdated():
+            assert self.effect is not None
+            self.effect = self._call_begin(self.effect.idempotency_key)
+        return None if self.effect is None else self.effect.token
+
+    def _token_outdated(self) -> bool:
+        """Whether the action token was issued under a lease deadline renewed since (and
+        the call is still open): then it is asked for again, the lease checked first."""
         fx = self.effect
-        if fx is None or fx.token is None:
-            return None
-        if not self._recorded and self._ctx.renewed_at > self._token_asked:
-            self._ctx.check()
-            self.effect = fx = self._call_begin(fx.idempotency_key)
-        return fx.token
+        if fx is None or fx.token is None or self._recorded or self._ctx.renewed_at <= self._token_asked:
+            return False
+        self._ctx.check()
+        return True
 
     async def atoken(self) -> str | None:
         """:meth:`fresh_token` for async handlers."""
         if not self._native:
             return await asyncio.to_thread(self.fresh_token)
-        fx = self.effect
-        if fx is None or fx.token is None:
-            return None
-        if not self._recorded and self._ctx.renewed_at > self._token_asked:
-            self._ctx.check()
-            self.effect = fx = await self._acall_begin(fx.idempotency_key)
-        return fx.token
+        if self._token_outdated():
+            assert self.effect is not None
+            self.effect = await self._acall_begin(self.effect.idempotency_key)
+        return None if self.effect is None else self.effect.token
 
     def record(self, response: Any) -> None:
         """Record the external response, under the lease guard."""
