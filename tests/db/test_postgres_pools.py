@@ -94,16 +94,21 @@ def test_stale_pooled_connections_do_not_fail_the_next_async_calls(tagged_dsn):
 
 def test_statements_go_to_the_server_without_their_comments(pg_schema_dsn):
     """The claim's text with its comments is over psycopg's 4 KB query-cache limit; the store
-    sends the compacted form (tests/unit/test_queries.py holds every one under the limit)."""
+    sends a call of its function (whose body is the query: leaseq.store.functions), and the
+    statements sent as written go compacted (tests/unit/test_queries.py holds every one
+    under the limit)."""
     from psycopg import _queries
 
+    from leaseq.store.functions import wire_queries
     from leaseq.store.queries import load_queries, load_wire_queries
 
     with leaseq.connect(pg_schema_dsn) as q:
         sent = q.store._queries
-        assert sent == load_wire_queries("postgres")
+        assert sent == wire_queries()[0]
         assert len(load_queries("postgres")["claim_batch"]) > _queries.MAX_CACHED_STATEMENT_LENGTH
-        assert "--" not in sent["claim_batch"]
+        assert sent["claim_batch"].startswith("SELECT * FROM leaseq_q_claim_batch(")
+        assert sent["migrations_applied"] == load_wire_queries("postgres")["migrations_applied"]
+        assert all("--" not in text and len(text) < _queries.MAX_CACHED_STATEMENT_LENGTH for text in sent.values())
         q.migrate()
         q.enqueue("job")
         assert len(q.claim(q.register_worker("w"))) == 1

@@ -25,6 +25,7 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -78,6 +79,7 @@ def test_a_resumed_zombie_is_refused_before_the_new_holder_wrote(dsn: str, tmp_p
         procs.append(proc)
         return proc
 
+    stop_b = threading.Event()
     try:
         start("shop", "uvicorn", "tests.fencing.zombie_apps:shop", "--host", "127.0.0.1", "--port", str(port),
               "--log-level", "warning")
@@ -95,8 +97,11 @@ def test_a_resumed_zombie_is_refused_before_the_new_holder_wrote(dsn: str, tmp_p
         # A's lease runs out (the database's clock) and B recovers the task.
         wait_for(lambda: q.get(task.id).lease_expires_at < q.now(), "A's lease to expire")
         b = q.register_worker("b")
-        [claim_b] = wait_for(lambda: q.claim(b, lease_seconds=60), "B's claim")
+        [claim_b] = wait_for(lambda: q.claim(b), "B's claim")
         assert (claim_b.task_id, claim_b.generation) == (task.id, 2)
+        # B's lease is the task's (a claim cannot ask for a longer one): B keeps it by renewing
+        renewing = threading.Thread(target=_renew_until, args=(q, b, claim_b, stop_b), daemon=True)
+        renewing.start()
         time.sleep(1.5)  # past the token's expiry plus the documented 1 s leeway
 
         wait_for(lambda: httpx.get(f"http://127.0.0.1:{port}/health").status_code == 200, "the shop")
@@ -119,9 +124,16 @@ def test_a_resumed_zombie_is_refused_before_the_new_holder_wrote(dsn: str, tmp_p
         ok = httpx.post(f"http://127.0.0.1:{port}/orders/17/pay", headers={"Leaseq-Action-Token": fx.token})
         assert ok.status_code == 200, ok.text
     finally:
+        stop_b.set()
         for proc in procs:
             if proc.poll() is None:
                 proc.send_signal(signal.SIGCONT)
                 proc.kill()
             proc.wait(10)
         q.close()
+
+
+def _renew_until(q, worker, claim, stop: threading.Event) -> None:
+    """Heartbeats ``claim`` every 0.2 s until ``stop`` is set."""
+    while not stop.wait(0.2):
+        q.heartbeat(worker, claim)

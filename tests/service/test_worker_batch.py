@@ -310,7 +310,8 @@ def test_a_claim_routes_a_bounded_number_of_expired_leases_then_answers_and_the_
     svc.q.enqueue_many("job", [{"n": n} for n in range(2 * passes + 1)], max_attempts=5)
     held = svc.q.claim(stalled, limit=2 * passes + 1)
     assert len(held) == 2 * passes + 1
-    with psycopg.connect(svc.dsn, autocommit=True) as conn:  # every one of those leases runs out now
+    with psycopg.connect(svc.dsn) as conn:  # every one of those leases runs out now
+        conn.execute("SET LOCAL ROLE leaseq_owner")  # only the owner may move a lease (a trigger)
         conn.execute("UPDATE leaseq_tasks SET lease_expires_at = now() - interval '1 second' "
                      "WHERE status = 'running'")
     rq, w, _ = _worker(svc)

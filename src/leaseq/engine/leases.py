@@ -94,7 +94,7 @@ def _claim(s: Settings, worker: Worker | str, *, queue: str = "default", limit: 
     claimed.sort(key=lambda r: (-r["priority"], r["available_at"], r["id"]))
     out = Claims(Claim(task_id=r["id"], generation=r["claim_generation"], worker_id=wid,
                        expires_at=r["lease_expires_at"], task=to_task(r),
-                       lease_seconds=r["lease_seconds"] if lease_seconds is None else float(lease_seconds))
+                       lease_seconds=_granted(r["lease_seconds"], lease_seconds))
                  for r in claimed)
     if len(out) < limit and wait is not None:
         out.limit_wait = max(0.0, float(wait))
@@ -139,10 +139,16 @@ def _record_claims(s: Settings, wid: str, lease_seconds: float | None,
     if claimed and not s.backend.writes_own_evidence:
         yield rows("insert_events", events=[
             event_params(s, r["id"], "claimed", r["claim_generation"], wid, attempt=r["attempts"],
-                         lease_seconds=r["lease_seconds"] if lease_seconds is None else lease_seconds,
+                         lease_seconds=_granted(r["lease_seconds"], lease_seconds),
                          lease_expires_at=r["lease_expires_at"].isoformat())
             for r in claimed])
     return claimed
+
+
+def _granted(task_seconds: float, asked: float | None) -> float:
+    """The lease a claim is given: what it asked for, capped at the task's own (the claim
+    statement applies the same cap: a worker never grants itself a longer lease)."""
+    return float(task_seconds) if asked is None else min(float(asked), float(task_seconds))
 
 
 def renew_leases(s: Settings, worker: Worker | str, claims: list[Claim]) -> Op[dict[int, datetime]]:

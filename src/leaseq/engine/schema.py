@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from ..core import checks
 from ..store.base import load_migrations
+from ..store.functions import install_script
 from .common import Settings, actor, audit
 from .steps import BEGIN, COMMIT, Op, Script, one, rows
 
@@ -20,6 +21,9 @@ def migrate(s: Settings, dialect: str) -> Op[list[int]]:
             yield Script(mig.sql)
             yield rows("migrations_record", version=mig.version, name=mig.name)
             applied_now.append(mig.version)
+    if dialect == "postgres":
+        # not versioned: the functions, their owner and grants are made anew from the named queries
+        yield Script(install_script())
     yield COMMIT
     return applied_now
 

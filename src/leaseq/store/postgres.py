@@ -16,7 +16,7 @@ from ..core.errors import BackendUnavailable, InvalidInput
 from ..db.errors import map_driver_errors
 from ..db.postgres import AsyncPools, achecked_connection, checked_connection, open_async_pool, open_pool
 from .base import JSON_PARAMS, BackendCapabilities, JsonText, KeyConflict, load_named_queries
-from .queries import load_wire_queries
+from .functions import wire_queries
 
 
 #: The statements annotated ``-- plan: generic`` in ``sql/postgres/queries.sql``:
@@ -28,6 +28,9 @@ GENERIC_PLAN = frozenset(name for name, q in load_named_queries("postgres").item
 #: forced generic plan, which holds for every statement sent with
 #: parameters, does not apply and each call is planned for its values.
 CUSTOM_PLAN = frozenset(name for name, q in load_named_queries("postgres").items() if q.custom_plan)
+#: The statements sent as a call of their definer function that answer no rows
+#: (the call itself answers one row, of the function's void result).
+SILENT = wire_queries()[1]
 
 
 def _configure(conn: psycopg.Connection) -> None:
@@ -38,11 +41,11 @@ async def _aconfigure(conn: psycopg.AsyncConnection) -> None:
     await conn.execute("SET plan_cache_mode = force_generic_plan")
 
 
-def _rows(cur: psycopg.Cursor[Any] | psycopg.AsyncCursor[Any]) -> bool:
+def _rows(cur: psycopg.Cursor[Any] | psycopg.AsyncCursor[Any], query: str) -> bool:
     """Whether the statement answered with rows (pgresult.status, not
     cur.description: that would build a Column object per column per call)."""
     result = cur.pgresult
-    return result is not None and result.status == pq.ExecStatus.TUPLES_OK
+    return result is not None and result.status == pq.ExecStatus.TUPLES_OK and query not in SILENT
 
 
 def _encode(params: dict[str, Any]) -> dict[str, Any]:
@@ -88,13 +91,13 @@ class PostgresTx:
         if self._caller:
             with self._conn.cursor(row_factory=dict_row) as own:
                 own.execute(self._queries[query], _encode(params), prepare=False)
-                return own.fetchall() if _rows(own) else []
+                return own.fetchall() if _rows(own, query) else []
         if query in CUSTOM_PLAN:
             with psycopg.ClientCursor(self._conn) as client:
                 client.execute(self._queries[query], _encode(params))
-                return client.fetchall() if _rows(client) else []
+                return client.fetchall() if _rows(client, query) else []
         cur = self._conn.execute(self._queries[query], _encode(params), prepare=query in GENERIC_PLAN)
-        return cur.fetchall() if _rows(cur) else []
+        return cur.fetchall() if _rows(cur, query) else []
 
     def row(self, query: str, **params: Any) -> dict[str, Any] | None:
         rows = self.rows(query, **params)
@@ -128,13 +131,13 @@ class AsyncPostgresTx:
         if self._caller:
             async with self._conn.cursor(row_factory=dict_row) as own:
                 await own.execute(self._queries[query], _encode(params), prepare=False)
-                return await own.fetchall() if _rows(own) else []
+                return await own.fetchall() if _rows(own, query) else []
         if query in CUSTOM_PLAN:
             async with psycopg.AsyncClientCursor(self._conn) as client:
                 await client.execute(self._queries[query], _encode(params))
-                return await client.fetchall() if _rows(client) else []
+                return await client.fetchall() if _rows(client, query) else []
         cur = await self._conn.execute(self._queries[query], _encode(params), prepare=query in GENERIC_PLAN)
-        return await cur.fetchall() if _rows(cur) else []
+        return await cur.fetchall() if _rows(cur, query) else []
 
     async def script(self, sql: str) -> None:
         await self._conn.execute(sql)
@@ -244,7 +247,7 @@ class PostgresStore:
 
     def __init__(self, dsn: str, *, min_size: int = 1, max_size: int = 10, connect_timeout: float = 10.0):
         self.dsn = dsn
-        self._queries = load_wire_queries("postgres")
+        self._queries = wire_queries()[0]
         check_postgres_dsn(dsn, connect_timeout)
         self._pool = open_pool(dsn, min_size=min_size, max_size=max_size, timeout=connect_timeout,
                                configure=_configure, row_factory=dict_row)

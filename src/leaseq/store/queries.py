@@ -29,6 +29,13 @@ A queries file holds two kinds of block:
         nothing to run on this backend: the backend answers no rows without
         a round trip (the query exists so both dialects name the same
         operations);
+    ``-- callers: <role>[, <role>]``
+        on PostgreSQL, the roles (worker, operator, viewer) granted EXECUTE on
+        the query's definer function (see :mod:`leaseq.store.functions`); no
+        annotation: only the schema's owner may run it;
+    ``-- direct: <reason>``
+        on PostgreSQL, sent as written rather than through its function
+        (migration bookkeeping, which runs before the functions exist);
     ``-- unused: <param>[, <param>] -- <reason>``
         parameters every caller passes that this dialect's statement does
         not need (tests/unit/test_queries.py otherwise keeps both dialects'
@@ -53,7 +60,9 @@ _BLOCK = re.compile(r"^-- (name|template): (\w+)(?:\((\w+)=(.*)\))?\s*$", re.MUL
 # The argument runs to the last ") */" of the line, so it may hold parentheses of its own.
 _USE = re.compile(r"^(?P<indent>[ \t]*)/\* TEMPLATE: (?P<name>\w+)(?:\((?P<arg>.*)\))? \*/(?P<tail>;?)[ \t]*$",
                   re.MULTILINE)
-_ANNOTATION = re.compile(r"^-- (guard|plan|no-op|unused): (.*)$")
+_ANNOTATION = re.compile(r"^-- (guard|plan|no-op|unused|callers|direct): (.*)$")
+#: the roles a PostgreSQL function may be granted to (``-- callers:``)
+CALLER_ROLES = ("worker", "operator", "viewer")
 #: the guard every lease-backed query expands
 LEASE_GUARD = "lease_guard"
 
@@ -90,6 +99,8 @@ class NamedQuery:
     custom_plan: bool = False
     noop: str | None = None           # the reason, when the statement is a no-op on this backend
     unused: frozenset[str] = field(default_factory=frozenset)
+    callers: frozenset[str] = field(default_factory=frozenset)   # roles granted its function (PostgreSQL)
+    direct: str | None = None         # the reason it is sent as written, not as a function (PostgreSQL)
     templates: tuple[tuple[str, str | None], ...] = ()  # (template, argument) per use
 
     @property
@@ -126,6 +137,16 @@ def _annotations(name: str, body: str, where: str) -> dict[str, object]:
         out[f"{found['plan']}_plan"] = True
     if "no-op" in found:
         out["noop"] = str(found["no-op"]) or "no-op"
+    if "callers" in found:
+        roles = frozenset(r.strip() for r in str(found["callers"]).split("--", 1)[0].split(",") if r.strip())
+        if not roles or not roles <= set(CALLER_ROLES):
+            raise RuntimeError(f"{where}: query {name!r}: callers are some of {', '.join(CALLER_ROLES)} "
+                               f"(got {found['callers']!r})")
+        out["callers"] = roles
+    if "direct" in found:
+        if not str(found["direct"]).strip():
+            raise RuntimeError(f"{where}: query {name!r}: 'direct' needs a reason")
+        out["direct"] = str(found["direct"]).strip()
     if "unused" in found:
         names = str(found["unused"]).split("--", 1)[0]
         out["unused"] = frozenset(p.strip() for p in names.split(",") if p.strip())

@@ -268,7 +268,7 @@ WITH candidate AS MATERIALIZED (
 UPDATE leaseq_tasks AS t
 SET status = 'running',
     lease_owner = :worker_id,
-    lease_expires_at = (julianday('now') - 2440587.5) * 86400.0 + coalesce(:lease_seconds, t.lease_seconds),
+    lease_expires_at = (julianday('now') - 2440587.5) * 86400.0 + min(coalesce(:lease_seconds, t.lease_seconds), t.lease_seconds),
     claim_generation = t.claim_generation + 1,
     attempts = t.attempts + 1,
     claimed_at = (julianday('now') - 2440587.5) * 86400.0,

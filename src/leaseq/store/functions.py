@@ -1,0 +1,396 @@
+"""PostgreSQL: every named query as a ``SECURITY DEFINER`` function, and the roles that may call it.
+
+On PostgreSQL the tables belong to ``leaseq_owner``, a role nobody logs in as,
+and no worker, operator or viewer role holds a privilege on any of them.
+What they can do is call functions, one per named query of
+``sql/postgres/queries.sql``, whose body *is* that query (the same text, with
+its parameters numbered), owned by ``leaseq_owner`` and run with its rights
+under a fixed ``search_path``. So the lease guard a worker's completion
+carries is not a clause the library chooses to send: it is the only
+completion the worker's role can run. The functions are created or replaced
+by every ``migrate`` (they are not versioned migrations: a fix to a query is
+a fix to its function), and the library calls them on every connection,
+whatever its role; there is one code path.
+
+Who may call what is the query's ``-- callers:`` annotation (worker,
+operator, viewer; none: only the owner). On top of the query's own
+conditions, each function holds its caller to what the caller's role was
+created for (``leaseq roles create``, :mod:`leaseq.roles`):
+
+* a worker id is usable only by the role that registered it (the worker
+  row records ``session_user``): a worker names one of its own identities,
+  never another role's;
+* a role scoped to queues reaches only tasks and queues in its scope;
+* a worker reads and writes evidence only for tasks one of its identities
+  held, writes an effect only under a live lease it holds, and writes
+  events only for a task its transaction has just changed (through a
+  guarded function);
+* a claim's lease is capped at the task's own ``lease_seconds`` (in the
+  query itself, for every caller).
+
+A trigger refuses any change to a task's lease columns (``status``,
+``lease_owner``, ``lease_expires_at``, ``claim_generation``) made by any role
+but ``leaseq_owner``: not even a superuser's ad-hoc ``UPDATE`` moves a lease.
+
+The functions' signatures (parameter and column types) are PostgreSQL's own
+inference for each query's text, recorded in ``sql/postgres/functions.json``
+by ``python -m leaseq.store.functions --dsn <postgres DSN>``; a test fails
+when the record is stale.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import sys
+import uuid
+from dataclasses import dataclass
+from functools import cache
+from importlib import resources
+from typing import Any
+
+from .queries import NamedQuery, load_named_queries
+
+__all__ = ["GROUPS", "OWNER", "Signature", "call_sql", "function_name", "install_script", "load_signatures",
+           "param_order", "returns_rows", "routed", "wire_queries"]
+
+#: The role that owns the schema's objects and the functions' rights; no one logs in as it.
+OWNER = "leaseq_owner"
+#: The group role of each kind of caller; ``leaseq roles create`` makes login roles members.
+GROUPS = {"worker": "leaseq_worker", "operator": "leaseq_operator", "viewer": "leaseq_viewer"}
+_PARAM = re.compile(r"%\((\w+)\)s")
+# integer parameters are declared bigint (what psycopg may send for any int) and cast back in the body
+_WIDEN = {"integer": "bigint", "smallint": "bigint", "integer[]": "bigint[]", "smallint[]": "bigint[]"}
+
+
+@dataclass(frozen=True)
+class Signature:
+    """A query's parameters and result columns as PostgreSQL infers them (``returns`` empty: no rows)."""
+
+    params: tuple[tuple[str, str], ...]
+    returns: tuple[tuple[str, str], ...]
+
+
+def function_name(query: str) -> str:
+    """The function a named query runs as."""
+    return f"leaseq_q_{query}"
+
+
+def routed(q: NamedQuery) -> bool:
+    """Whether the query is sent as a call of its function (all but ``-- direct:`` ones)."""
+    return q.direct is None
+
+
+def param_order(sql: str) -> list[str]:
+    """The query's parameters, in the order they first appear: the function's argument order."""
+    out: list[str] = []
+    for name in _PARAM.findall(sql):
+        if name not in out:
+            out.append(name)
+    return out
+
+
+def returns_rows(sig: Signature) -> bool:
+    """Whether the function answers rows (a result of ``void`` columns counts as none)."""
+    return bool(sig.returns) and not all(t == "void" for _, t in sig.returns)
+
+
+@cache
+def load_signatures() -> dict[str, Signature]:
+    """The recorded signature of every routed query (``sql/postgres/functions.json``)."""
+    raw = json.loads(resources.files("leaseq").joinpath("sql", "postgres", "functions.json").read_text())
+    return {name: Signature(tuple(map(tuple, v["params"])), tuple(map(tuple, v["returns"])))  # type: ignore[arg-type]
+            for name, v in raw.items()}
+
+
+def call_sql(q: NamedQuery, sig: Signature) -> str:
+    """What the client sends for ``q``: its function called with the query's own parameters."""
+    args = ", ".join(f"%({name})s::{_WIDEN.get(t, t)}" for name, t in sig.params)
+    if returns_rows(sig):
+        return f"SELECT * FROM {function_name(q.name)}({args})"
+    return f"SELECT {function_name(q.name)}({args})"
+
+
+@cache
+def wire_queries() -> tuple[dict[str, str], frozenset[str]]:
+    """What the PostgreSQL backend sends for each named query (routed ones as calls of their
+    function, ``-- direct:`` ones as written), and the names of those answering no rows."""
+    from .queries import compact
+
+    sigs = load_signatures()
+    sent, silent = {}, set()
+    for name, q in load_named_queries("postgres").items():
+        if not routed(q):
+            sent[name] = compact(q.sql)
+            continue
+        if name not in sigs:
+            raise RuntimeError(f"query {name!r} has no recorded signature in sql/postgres/functions.json: "
+                               "run python -m leaseq.store.functions --dsn <postgres DSN>")
+        sent[name] = call_sql(q, sigs[name])
+        if not returns_rows(sigs[name]):
+            silent.add(name)
+    return sent, frozenset(silent)
+
+
+def _numbered(sql: str, sig: Signature) -> str:
+    index = {name: (i + 1, t) for i, (name, t) in enumerate(sig.params)}
+
+    def sub(m: re.Match[str]) -> str:
+        i, t = index[m.group(1)]
+        return f"${i}::{t}" if t in _WIDEN else f"${i}"
+    return _PARAM.sub(sub, sql)
+
+
+def _qident(name: str) -> str:
+    return '"' + name.replace('"', '""') + '"'
+
+
+# The authority checks a function makes before its query runs, by caller kind
+# (leaseq_caller(): admin, worker, operator, viewer). %(task)s and the like are
+# the query's own parameters, numbered.
+_SCOPE_QUEUE = """
+IF _queues IS NOT NULL AND ({queue} IS NULL OR NOT {queue} = ANY(_queues)) THEN
+  RAISE EXCEPTION USING ERRCODE = '42501', MESSAGE = format('role %s may not reach queue %s', session_user, {queue});
+END IF;"""
+_SCOPE_TASK = """
+IF _queues IS NOT NULL AND NOT EXISTS (SELECT 1 FROM leaseq_tasks t WHERE t.id = {task} AND t.queue = ANY(_queues)) THEN
+  RAISE EXCEPTION USING ERRCODE = '42501', MESSAGE = format('role %s may not reach task %s', session_user, {task});
+END IF;"""
+_OWN_WORKER = """
+IF _kind = 'worker' AND NOT EXISTS (SELECT 1 FROM leaseq_workers w WHERE w.id = {worker} AND w.db_role = session_user) THEN
+  RAISE EXCEPTION USING ERRCODE = '42501', MESSAGE = format('worker %s was not registered by role %s', {worker}, session_user);
+END IF;"""
+_HELD_TASK = """
+IF _kind = 'worker' AND NOT EXISTS (SELECT 1 FROM leaseq_events e JOIN leaseq_workers w ON w.id = e.worker_id
+                                    WHERE e.task_id = {task} AND w.db_role = session_user) THEN
+  RAISE EXCEPTION USING ERRCODE = '42501', MESSAGE = format('role %s never held task %s', session_user, {task});
+END IF;"""
+_LIVE_LEASE = """
+IF _kind = 'worker' AND NOT EXISTS (SELECT 1 FROM leaseq_tasks t WHERE t.id = {task} AND t.status = 'running'
+        AND t.lease_owner = {worker} AND t.claim_generation = {generation} AND t.lease_expires_at >= clock_timestamp()) THEN
+  RAISE EXCEPTION USING ERRCODE = '42501', MESSAGE = format('worker %s holds no live lease of task %s', {worker}, {task});
+END IF;"""
+# evidence: only for a task this transaction has just written (through a guarded function)
+_FRESH_EVIDENCE = """
+IF _kind = 'worker' AND EXISTS (SELECT 1 FROM jsonb_to_recordset({events}) AS e(task_id bigint)
+        WHERE NOT EXISTS (SELECT 1 FROM leaseq_tasks t WHERE t.id = e.task_id AND t.xmin = pg_current_xact_id()::xid)) THEN
+  RAISE EXCEPTION USING ERRCODE = '42501', MESSAGE = 'a worker writes evidence only for a task its transaction changed';
+END IF;"""
+_FRESH_EVENT = """
+IF _kind = 'worker' AND NOT EXISTS (SELECT 1 FROM leaseq_tasks t WHERE t.id = {task} AND t.xmin = pg_current_xact_id()::xid) THEN
+  RAISE EXCEPTION USING ERRCODE = '42501', MESSAGE = 'a worker writes evidence only for a task its transaction changed';
+END IF;"""
+
+
+def _checks(q: NamedQuery, sig: Signature) -> str:
+    if not q.callers:
+        return ""
+    pos = {name: f"${i + 1}" for i, (name, _) in enumerate(sig.params)}
+    out = []
+    if "queue" in pos:
+        out.append(_SCOPE_QUEUE.format(queue=pos["queue"]))
+    if "task_id" in pos:
+        out.append(_SCOPE_TASK.format(task=pos["task_id"]))
+    if "worker" in q.callers:
+        if "worker_id" in pos:
+            out.append(_OWN_WORKER.format(worker=pos["worker_id"]))
+        if "lock_lease" in q.guard_reason and {"task_id", "generation", "worker_id"} <= pos.keys():
+            out.append(_LIVE_LEASE.format(task=pos["task_id"], worker=pos["worker_id"],
+                                          generation=pos["generation"]))
+        elif "task_id" in pos and "worker_id" not in pos:
+            out.append(_HELD_TASK.format(task=pos["task_id"]))
+        if q.name == "insert_event":
+            out.append(_FRESH_EVENT.format(task=pos["task_id"]))
+        if "events" in pos:
+            out.append(_FRESH_EVIDENCE.format(events=pos["events"]))
+    return "SELECT c.kind, c.queues INTO _kind, _queues FROM leaseq_caller() c;" + "".join(out)
+
+
+def _function(q: NamedQuery, sig: Signature) -> str:
+    """The ``CREATE OR REPLACE FUNCTION`` of one query (``@@schema@@``: the schema, filled in at install)."""
+    args = ", ".join(_WIDEN.get(t, t) for _, t in sig.params)
+    body = _numbered(q.sql, sig).rstrip().rstrip(";")
+    if returns_rows(sig):
+        result = "TABLE(" + ", ".join(f"{_qident(c)} {t}" for c, t in sig.returns) + ")"
+        run = f"RETURN QUERY {body};"
+    elif sig.returns:  # a SELECT of void functions (pg_notify): run for its effect
+        result, run = "void", f"PERFORM * FROM ({body}) AS s;"
+    else:
+        result, run = "void", f"{body};"
+    settings = " SET plan_cache_mode = force_custom_plan" if q.custom_plan else ""
+    code = f"#variable_conflict use_column\nDECLARE _kind text; _queues text[];\nBEGIN\n{_checks(q, sig)}\n{run}\nEND"
+    return (f"CREATE OR REPLACE FUNCTION @@schema@@.{function_name(q.name)}({args}) RETURNS {result} "
+            f"LANGUAGE plpgsql SECURITY DEFINER SET search_path = @@schema@@, pg_temp{settings} AS {_dollar(code)}")
+
+
+def _dollar(code: str) -> str:
+    tag = "$fn$"
+    assert tag not in code
+    return f"{tag}\n{code}\n{tag}"
+
+
+def _literal(text: str) -> str:
+    return "'" + text.replace("'", "''") + "'"
+
+
+# The caller's kind and queue scope: admin (the owner, or a member of it: the
+# role that migrates, a superuser), else what `leaseq roles create` recorded,
+# else the group it was made a member of by hand (unscoped).
+_CALLER = """
+CREATE OR REPLACE FUNCTION @@schema@@.leaseq_caller(OUT kind text, OUT queues text[]) STABLE
+LANGUAGE sql SECURITY DEFINER SET search_path = @@schema@@, pg_temp AS $c$
+SELECT CASE WHEN pg_has_role(session_user, 'leaseq_owner', 'MEMBER') THEN 'admin'
+            WHEN r.kind IS NOT NULL THEN r.kind
+            WHEN pg_has_role(session_user, 'leaseq_worker', 'MEMBER') THEN 'worker'
+            WHEN pg_has_role(session_user, 'leaseq_operator', 'MEMBER') THEN 'operator'
+            WHEN pg_has_role(session_user, 'leaseq_viewer', 'MEMBER') THEN 'viewer'
+            ELSE 'none' END,
+       CASE WHEN pg_has_role(session_user, 'leaseq_owner', 'MEMBER') THEN NULL ELSE r.queues END
+FROM (SELECT 1) AS one LEFT JOIN leaseq_db_roles r ON r.role = session_user AND r.revoked_at IS NULL
+$c$"""
+
+_LEASE_TRIGGER = """
+CREATE OR REPLACE FUNCTION @@schema@@.leaseq_refuse_lease_write() RETURNS trigger
+LANGUAGE plpgsql SET search_path = @@schema@@, pg_temp AS $t$
+BEGIN
+  RAISE EXCEPTION USING ERRCODE = '42501', MESSAGE = format(
+    'role %s may not change the lease of task %s: leases change only through leaseq''s functions', current_user, OLD.id);
+END
+$t$"""
+_LEASE_TRIGGER_ON = """
+CREATE TRIGGER leaseq_tasks_lease_guard BEFORE UPDATE ON @@schema@@.leaseq_tasks FOR EACH ROW
+WHEN (current_user <> 'leaseq_owner' AND (OLD.status IS DISTINCT FROM NEW.status
+      OR OLD.lease_owner IS DISTINCT FROM NEW.lease_owner OR OLD.lease_expires_at IS DISTINCT FROM NEW.lease_expires_at
+      OR OLD.claim_generation IS DISTINCT FROM NEW.claim_generation))
+EXECUTE FUNCTION @@schema@@.leaseq_refuse_lease_write()"""
+
+
+@cache
+def install_script() -> str:
+    """One DO block, run by every ``migrate`` after the versioned migrations: the roles, the
+    ownership of every leaseq object, the functions (stale ones dropped) and their grants."""
+    queries = load_named_queries("postgres")
+    sigs = load_signatures()
+    statements = []
+    for name, q in queries.items():
+        if not routed(q):
+            continue
+        sig = sigs[name]
+        args = ", ".join(_WIDEN.get(t, t) for _, t in sig.params)
+        proc = f"{function_name(name)}({args})"
+        grants = "".join(f" EXECUTE replace('GRANT EXECUTE ON FUNCTION @@schema@@.{proc} TO {GROUPS[r]}', '@@schema@@', quote_ident(s));"
+                         for r in sorted(q.callers))
+        statements.append(
+            f"BEGIN EXECUTE replace({_literal(_function(q, sig))}, '@@schema@@', quote_ident(s));\n"
+            f"EXCEPTION WHEN invalid_function_definition THEN\n"  # its result changed: replace it whole
+            f"  EXECUTE replace('DROP FUNCTION @@schema@@.{proc}', '@@schema@@', quote_ident(s)); EXECUTE replace({_literal(_function(q, sig))}, '@@schema@@', quote_ident(s));\n"
+            f"END;\n"
+            f"keep := keep || replace('@@schema@@.{proc}', '@@schema@@', quote_ident(s))::regprocedure::oid;\n"
+            f"EXECUTE replace('ALTER FUNCTION @@schema@@.{proc} OWNER TO {OWNER}', '@@schema@@', quote_ident(s));\n"
+            f"EXECUTE replace('REVOKE ALL ON FUNCTION @@schema@@.{proc} FROM PUBLIC', '@@schema@@', quote_ident(s));{grants}")
+    roles = "\n".join(
+        f"IF NOT EXISTS (SELECT 1 FROM pg_roles WHERE rolname = {_literal(r)}) THEN "
+        f"CREATE ROLE {r} NOLOGIN; END IF;" for r in (OWNER, *GROUPS.values()))
+    groups = ", ".join(GROUPS.values())
+    return f"""DO $install$
+DECLARE s text := current_schema(); keep oid[] := '{{}}'; obj record;
+BEGIN
+{roles}
+IF NOT pg_has_role(current_user, '{OWNER}', 'MEMBER') THEN EXECUTE format('GRANT {OWNER} TO %I', current_user); END IF;
+EXECUTE format('GRANT USAGE ON SCHEMA %I TO {OWNER}, {groups}', s);
+FOR obj IN SELECT c.relname, c.relkind FROM pg_class c WHERE c.relnamespace = s::regnamespace
+           AND c.relname LIKE 'leaseq%' AND c.relkind IN ('r', 'v', 'm', 'p') LOOP
+  EXECUTE format('ALTER TABLE %I.%I OWNER TO {OWNER}', s, obj.relname);
+  EXECUTE format('REVOKE ALL ON %I.%I FROM PUBLIC', s, obj.relname);
+END LOOP;
+EXECUTE format('GRANT SELECT ON %I.leaseq_migrations TO {groups}', s);
+FOR obj IN SELECT p.oid::regprocedure AS proc FROM pg_proc p WHERE p.pronamespace = s::regnamespace
+           AND p.proname LIKE 'leaseq%' AND p.proname NOT LIKE 'leaseq_q_%' LOOP
+  EXECUTE format('ALTER FUNCTION %s OWNER TO {OWNER}', obj.proc);
+END LOOP;
+EXECUTE replace({_literal(_CALLER)}, '@@schema@@', quote_ident(s));
+EXECUTE replace('ALTER FUNCTION @@schema@@.leaseq_caller() OWNER TO {OWNER}', '@@schema@@', quote_ident(s));
+EXECUTE replace('REVOKE ALL ON FUNCTION @@schema@@.leaseq_caller() FROM PUBLIC', '@@schema@@', quote_ident(s));
+EXECUTE replace('GRANT EXECUTE ON FUNCTION @@schema@@.leaseq_caller() TO {groups}', '@@schema@@', quote_ident(s));
+EXECUTE replace({_literal(_LEASE_TRIGGER)}, '@@schema@@', quote_ident(s));
+EXECUTE replace('ALTER FUNCTION @@schema@@.leaseq_refuse_lease_write() OWNER TO {OWNER}', '@@schema@@', quote_ident(s));
+EXECUTE replace('DROP TRIGGER IF EXISTS leaseq_tasks_lease_guard ON @@schema@@.leaseq_tasks', '@@schema@@', quote_ident(s));
+EXECUTE replace({_literal(_LEASE_TRIGGER_ON)}, '@@schema@@', quote_ident(s));
+{chr(10).join(statements)}
+FOR obj IN SELECT p.oid::regprocedure AS proc FROM pg_proc p WHERE p.pronamespace = s::regnamespace
+           AND p.proname LIKE 'leaseq\\_q\\_%' AND NOT p.oid = ANY(keep) LOOP
+  EXECUTE format('DROP FUNCTION %s', obj.proc);
+END LOOP;
+END
+$install$"""
+
+
+# -- the record of signatures ------------------------------------------------------------------
+
+def infer_signatures(dsn: str) -> dict[str, Signature]:
+    """Each routed query's signature, as PostgreSQL at ``dsn`` infers it, in a scratch schema
+    holding the versioned migrations' tables (dropped afterwards)."""
+    import psycopg
+
+    from .base import load_migrations
+
+    schema = f"leaseq_infer_{uuid.uuid4().hex[:8]}"
+    out: dict[str, Signature] = {}
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        conn.execute(f"CREATE SCHEMA {schema}")
+        try:
+            conn.execute(f"SET search_path = {schema}")
+            for mig in load_migrations("postgres"):
+                conn.execute(mig.sql)  # type: ignore[arg-type]
+            for name, q in load_named_queries("postgres").items():
+                if not routed(q):
+                    continue
+                params = param_order(q.sql)
+                text = _PARAM.sub(lambda m: f"${params.index(m.group(1)) + 1}", q.sql)
+                conn.execute(f"PREPARE leaseq_infer AS {text}")  # type: ignore[arg-type]
+                types = conn.execute("SELECT parameter_types::text[] FROM pg_prepared_statements "
+                                     "WHERE name = 'leaseq_infer'").fetchone()
+                desc = conn.pgconn.describe_prepared(b"leaseq_infer")
+                cols = []
+                for i in range(desc.nfields):
+                    row = conn.execute("SELECT format_type(%s, NULL)", (desc.ftype(i),)).fetchone()
+                    assert row is not None
+                    cols.append((desc.fname(i).decode(), row[0]))
+                conn.execute("DEALLOCATE leaseq_infer")
+                assert types is not None
+                out[name] = Signature(tuple(zip(params, types[0])), tuple(cols))
+        finally:
+            conn.execute(f"DROP SCHEMA {schema} CASCADE")
+    return out
+
+
+def dump_signatures(sigs: dict[str, Signature]) -> str:
+    """The text of ``sql/postgres/functions.json`` for ``sigs``."""
+    doc: dict[str, Any] = {name: {"params": [list(p) for p in s.params], "returns": [list(c) for c in s.returns]}
+                           for name, s in sorted(sigs.items())}
+    return json.dumps(doc, indent=1) + "\n"
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python -m leaseq.store.functions --dsn DSN [--check]``: write (or check) the record."""
+    import argparse
+    from pathlib import Path
+
+    parser = argparse.ArgumentParser(description=main.__doc__)
+    parser.add_argument("--dsn", required=True)
+    parser.add_argument("--check", action="store_true")
+    args = parser.parse_args(argv)
+    text = dump_signatures(infer_signatures(args.dsn))
+    path = Path(__file__).resolve().parent.parent / "sql" / "postgres" / "functions.json"
+    if args.check:
+        if path.read_text() != text:
+            print(f"{path} is stale: run python -m leaseq.store.functions --dsn DSN", file=sys.stderr)
+            return 1
+        return 0
+    path.write_text(text)
+    print(f"wrote {path} ({len(json.loads(text))} functions)")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
