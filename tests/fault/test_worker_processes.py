@@ -29,13 +29,14 @@ ROOT = Path(__file__).resolve().parents[2]
 class Workers:
     """Starts and cleans up worker processes for one test."""
 
-    def __init__(self, dsn: str, fault_dir: Path):
+    def __init__(self, dsn: str, fault_dir: Path, *, fence_dsn: str | None = None):
         self.dsn = dsn
+        self.fence_dsn = fence_dsn or dsn  # the downstream's database (its own credentials)
         self.fault_dir = fault_dir
         self.procs: list[subprocess.Popen] = []
 
     def start(self, name: str, *extra: str) -> subprocess.Popen:
-        env = dict(os.environ, LEASEQ_DSN=self.dsn, FENCE_DSN=self.dsn, FAULT_DIR=str(self.fault_dir),
+        env = dict(os.environ, LEASEQ_DSN=self.dsn, FENCE_DSN=self.fence_dsn, FAULT_DIR=str(self.fault_dir),
                    PYTHONPATH=os.pathsep.join([str(ROOT / "src"), str(ROOT)]))  # this checkout, not an installed copy
         log = open(self.fault_dir / f"{name}.log", "w")
         proc = subprocess.Popen(

@@ -28,6 +28,7 @@ COMMAND_MODULES = (
     "schedules",         # schedules
     "limits",            # limits (list, set, delete)
     "service",           # serve, tokens, prune
+    "roles",             # roles (create, list, revoke)
     "mcp_command",       # mcp
     "chaos",             # chaos
 )

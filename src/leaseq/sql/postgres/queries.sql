@@ -54,6 +54,15 @@ AND t.lease_expires_at >= clock_timestamp()
 -- Serialises concurrent `leaseq migrate` runs until the transaction ends.
 SELECT pg_advisory_xact_lock(7431002201);
 
+-- name: functions_installed
+-- direct: read before migrating, by a role that may not be able to migrate
+-- The fingerprint of the definer functions installed in this schema (the
+-- comment on leaseq_caller(), see leaseq.store.functions) and whether the
+-- schema has leaseq's tables at all: a migrate that finds both current
+-- changes nothing, and so needs no privilege to run (a worker role's App).
+SELECT obj_description(to_regprocedure('leaseq_caller()'), 'pg_proc') AS fingerprint,
+       to_regclass('leaseq_migrations') IS NOT NULL AS present;
+
 -- name: migrations_create
 -- direct: migration bookkeeping, run before the functions exist
 CREATE TABLE IF NOT EXISTS leaseq_migrations (

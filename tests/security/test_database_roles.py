@@ -1,0 +1,298 @@
+"""Authority in the database: a worker that holds database credentials can do no more than its lease allows.
+
+Every test here logs in as a role made by ``leaseq roles create`` and sends
+what an attacker holding that role's DSN would: the library's own calls,
+raw SQL against every leaseq table, and direct calls of the definer
+functions with arguments the library would never send. PostgreSQL only:
+on SQLite whoever opens the file has full authority (the docs say so).
+"""
+
+from __future__ import annotations
+
+import multiprocessing
+import os
+import signal
+import time
+import uuid
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import psycopg
+import pytest
+from click.testing import CliRunner
+
+import leaseq
+from leaseq import roles
+from leaseq.cli.main import cli
+
+from fault.support import wait_for
+from fault.test_worker_processes import Workers, lease_expired
+
+TABLES = ("leaseq_tasks", "leaseq_events", "leaseq_effects", "leaseq_workers", "leaseq_approvals", "leaseq_tokens",
+          "leaseq_audit", "leaseq_limits", "leaseq_queues", "leaseq_db_roles", "leaseq_dependencies",
+          "leaseq_migrations", "leaseq_leader", "leaseq_sessions")
+
+
+@pytest.fixture
+def admin(pg_schema_dsn: str) -> Iterator[leaseq.Queue]:
+    q = leaseq.connect(pg_schema_dsn)
+    q.migrate()
+    yield q
+    q.close()
+
+
+@pytest.fixture
+def make_role(admin: leaseq.Queue) -> Iterator[Callable[..., str]]:
+    """Creates login roles through ``leaseq roles create`` (the CLI) and drops them afterwards."""
+    made: list[str] = []
+
+    def make(kind: str = "worker", *queues: str) -> str:
+        name = f"lq_{kind}_{uuid.uuid4().hex[:8]}"
+        args = ["roles", "create", kind, name, *[a for q in queues for a in ("--queue", q)]]
+        result = CliRunner().invoke(cli, args, env={"LEASEQ_DSN": admin.store.dsn})
+        assert result.exit_code == 0, result.output
+        made.append(name)
+        return result.stdout.strip().splitlines()[0]
+
+    yield make
+    with psycopg.connect(admin.store.dsn, autocommit=True) as conn:
+        for name in made:
+            conn.execute("SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE usename = %s", (name,))
+            conn.execute(f'DROP ROLE IF EXISTS "{name}"')
+
+
+def snapshot(admin: leaseq.Queue) -> dict[str, list]:
+    """Every row of every leaseq table, read as the admin."""
+    out = {}
+    with psycopg.connect(admin.store.dsn) as conn:
+        for table in TABLES:
+            if conn.execute("SELECT to_regclass(%s)", (table,)).fetchone()[0] is not None:
+                out[table] = conn.execute(f"SELECT * FROM {table} ORDER BY 1").fetchall()
+    return out
+
+
+def refused(dsn: str, statement: str, params: tuple = ()) -> str:
+    """Run ``statement`` as the role of ``dsn``; it must fail. Returns the error."""
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        try:
+            conn.execute(statement, params)
+        except psycopg.Error as exc:
+            return str(exc)
+    raise AssertionError(f"allowed: {statement}")
+
+
+def test_a_worker_role_runs_the_lease_protocol_through_the_functions(admin, make_role) -> None:
+    """The library, as a worker role: register, claim, renew, record an effect, complete,
+    fail and release. A claim asking for a seven-day lease gets the task's own."""
+    dsn = make_role("worker")
+    t1 = admin.enqueue("job", {"n": 1}, effect="idempotent", lease_seconds=30, actions=["crm.update"])
+    t2 = admin.enqueue("job", {"n": 2}, lease_seconds=30)
+    t3 = admin.enqueue("job", {"n": 3}, lease_seconds=30)
+    with leaseq.connect(dsn) as q:
+        w = q.register_worker("host")
+        claims = q.claim(w, limit=3, lease_seconds=7 * 86400)
+        assert sorted(c.task_id for c in claims) == [t1.id, t2.id, t3.id]
+        assert all(c.lease_seconds == 30 for c in claims)
+        assert all((c.expires_at - admin.now()).total_seconds() <= 30 for c in claims)
+        by_id = {c.task_id: c for c in claims}
+        q.heartbeat(w, by_id[t1.id])
+        fx = q.begin_effect(w, by_id[t1.id], "crm.update", "contact:9")
+        q.finish_effect(w, by_id[t1.id], fx, {"ok": True})
+        q.complete(w, by_id[t1.id], {"done": 1})
+        assert q.fail(w, by_id[t2.id], "boom", delay=0).status == "queued"
+        assert q.release(w, by_id[t3.id]).status == "queued"
+        assert q.get(t1.id).status == "completed"  # a task it held, it may read
+    assert [e.type for e in admin.events(t1.id)][-1] == "completed"
+
+
+@pytest.mark.parametrize("statement", [
+    *[f"UPDATE {t} SET {c} = {c}" for t, c in (("leaseq_tasks", "status"), ("leaseq_events", "type"),
+                                                ("leaseq_effects", "status"), ("leaseq_workers", "name"),
+                                                ("leaseq_approvals", "decision"), ("leaseq_db_roles", "kind"))],
+    *[f"DELETE FROM {t}" for t in ("leaseq_tasks", "leaseq_events", "leaseq_effects", "leaseq_workers",
+                                   "leaseq_approvals", "leaseq_tokens", "leaseq_audit", "leaseq_db_roles")],
+    "INSERT INTO leaseq_workers (id, name) VALUES ('forged', 'forged')",
+    "INSERT INTO leaseq_events (task_id, type) VALUES (1, 'completed')",
+    "INSERT INTO leaseq_tasks (queue, kind, payload, effect, idempotency_key) "
+    "VALUES ('default', 'x', '{}', 'read_only', 'k')",
+    "SELECT payload FROM leaseq_tasks",
+    "SELECT secret_hash FROM leaseq_tokens",
+    "SET ROLE leaseq_owner",
+    "SET ROLE postgres",
+    "CREATE FUNCTION leaseq_q_evil() RETURNS int LANGUAGE sql AS 'SELECT 1'",
+    "CREATE TABLE leaseq_evil (x int)",
+    "ALTER TABLE leaseq_tasks DISABLE TRIGGER ALL",
+    "SELECT * FROM leaseq_q_cancel_task('by a worker', 1)",
+    "SELECT * FROM leaseq_q_set_task_status('queued', false, NULL, false, 'awaiting_approval', 1)",
+    "SELECT * FROM leaseq_q_decide_approval('approved', 'alice', 'dashboard', 'ok', 1)",
+    "SELECT * FROM leaseq_q_set_paused('default', false, 'me')",
+    "SELECT * FROM leaseq_q_revoke_worker('someone')",
+    "SELECT * FROM leaseq_q_token_list()",
+    "SELECT * FROM leaseq_q_prune_tasks(ARRAY[1]::bigint[])",
+    "SELECT * FROM leaseq_q_get_task(1)",
+    "SELECT * FROM leaseq_q_list_events(1)",
+    "SELECT leaseq_q_insert_event(1, 'completed', 1, NULL, '{}')",
+    "SELECT leaseq_q_insert_events('[{\"task_id\": 1, \"type\": \"completed\"}]')",
+])
+def test_a_worker_role_is_refused_everything_else_and_nothing_changes(admin, make_role, statement) -> None:
+    """Raw SQL on every table, another task's payload and trail, the operator's functions,
+    becoming another role, defining code in the schema: each refused, nothing changed."""
+    gated = admin.enqueue("job", {"secret": "of another task"}, approval="required")
+    assert gated.id == 1
+    dsn = make_role("worker")
+    before = snapshot(admin)
+    refused(dsn, statement)
+    assert snapshot(admin) == before
+
+
+def test_a_worker_acts_only_as_identities_its_role_registered_and_within_its_queues(admin, make_role) -> None:
+    mine, theirs = make_role("worker", "default"), make_role("worker")
+    admin.enqueue("job", {"n": 1})
+    admin.enqueue("job", {"n": 2}, queue="payroll")
+    with leaseq.connect(theirs) as q:
+        other_worker = q.register_worker("other")
+    with leaseq.connect(mine) as q:
+        w = q.register_worker("mine")
+        with pytest.raises(Exception, match="not registered by role"):
+            q.claim(other_worker)  # another role's identity
+        with pytest.raises(Exception, match="may not reach queue payroll"):
+            q.claim(w, queue="payroll")
+        before = snapshot(admin)
+        with pytest.raises(Exception, match="may not reach queue payroll"):
+            q.enqueue("job", {"n": 3}, queue="payroll")
+        assert snapshot(admin) == before
+        [claim] = q.claim(w)
+        q.complete(w, claim, None)
+
+
+def test_a_stale_worker_cannot_take_its_lease_back_by_hand(admin, make_role) -> None:
+    """The issue's first attack: A's lease ran out and B holds generation 2. A, holding
+    its DSN, rewrites the lease columns by hand and completes: refused, B completes."""
+    dsn_a, dsn_b = make_role("worker"), make_role("worker")
+    task = admin.enqueue("job", {"n": 1}, lease_seconds=0.3)
+    with leaseq.connect(dsn_a) as qa, leaseq.connect(dsn_b) as qb:
+        a, b = qa.register_worker("a"), qb.register_worker("b")
+        [claim_a] = qa.claim(a)
+        wait_for(lambda: lease_expired(admin, task.id), what="A's lease to run out")
+        [claim_b] = qb.claim(b)
+        assert claim_b.generation == 2
+        refused(dsn_a, "UPDATE leaseq_tasks SET lease_owner = %s, claim_generation = claim_generation + 1, "
+                       "lease_expires_at = now() + interval '1 hour' WHERE id = %s", (a.id, task.id))
+        refused(dsn_a, "SELECT * FROM leaseq_q_renew_leases(ARRAY[%s]::bigint[], %s, %s::jsonb)",
+                (task.id, b.id, f'{{"{task.id}": 2}}'))  # B's identity: not A's role's
+        with pytest.raises(leaseq.LeaseLost):
+            qa.complete(a, claim_a, {"from": "a"})
+        qb.complete(b, claim_b, {"from": "b"})
+    assert admin.get(task.id).result == {"from": "b"}
+
+
+def test_not_even_a_superuser_moves_a_lease_with_an_ad_hoc_update(admin) -> None:
+    """The trigger: lease columns change only through the functions (owner's rights)."""
+    task = admin.enqueue("job")
+    error = refused(admin.store.dsn, "UPDATE leaseq_tasks SET status = 'running', lease_owner = 'x', "
+                                     "claim_generation = 7 WHERE id = %s", (task.id,))
+    assert "leases change only through leaseq's functions" in error
+    assert admin.get(task.id).status == "queued"
+
+
+def test_a_viewer_role_reads_only_its_queues_and_writes_nothing(admin, make_role) -> None:
+    dsn = make_role("viewer", "default")
+    mine = admin.enqueue("job", {"n": 1})
+    other = admin.enqueue("job", {"n": 2}, queue="payroll")
+    with leaseq.connect(dsn) as q:
+        assert q.get(mine.id).payload == {"n": 1}
+        with pytest.raises(Exception, match="may not reach task"):
+            q.get(other.id)
+        with pytest.raises(Exception, match="permission denied"):
+            q.cancel(mine.id)
+        with pytest.raises(Exception, match="permission denied"):
+            q.enqueue("job")
+    assert admin.get(mine.id).status == "queued"
+
+
+def test_an_operator_role_acts_but_cannot_pose_as_a_worker(admin, make_role) -> None:
+    dsn = make_role("operator")
+    task = admin.enqueue("job")
+    with leaseq.connect(dsn) as q:
+        q.pause("default")
+        q.resume("default")
+        assert q.cancel(task.id).status == "cancelled"
+        with pytest.raises(Exception, match="permission denied"):
+            q.claim(q.register_worker("op"))
+
+
+def _claim_forever(dsn: str, queue_name: str, stop_at: float) -> None:
+    with leaseq.connect(dsn) as q:
+        try:
+            w = q.register_worker("racer")
+            while time.monotonic() < stop_at:
+                q.claim(w, queue=queue_name, limit=5)
+        except Exception:
+            return  # revoked: every call refused from the revocation on
+
+
+@pytest.mark.parametrize("round_", range(3))
+def test_revoking_a_role_races_its_claims_and_leaves_it_no_live_lease(admin, make_role, round_) -> None:
+    """Processes of a worker role claim in a loop while its role is revoked: after the
+    revocation no lease of theirs is live, the role cannot log in, and its tasks go back."""
+    dsn = make_role("worker")
+    name = psycopg.conninfo.conninfo_to_dict(dsn)["user"]
+    admin.enqueue_many("job", [{"n": n} for n in range(200)], lease_seconds=60)
+    ctx = multiprocessing.get_context("spawn")
+    procs = [ctx.Process(target=_claim_forever, args=(dsn, "default", time.monotonic() + 20)) for _ in range(2)]
+    for p in procs:
+        p.start()
+    try:
+        wait_for(lambda: admin.list_tasks(status="running", limit=1), what="the role's first claims")
+        out = roles.revoke_role(admin, name)
+        assert out["workers_revoked"]
+        for p in procs:
+            p.join(30)
+            assert not p.is_alive()
+        now = admin.now()  # a revoked worker's leases end at once (their deadlines moved into the past)
+        assert [t.id for t in admin.list_tasks(status="running", limit=500) if t.lease_expires_at >= now] == []
+        admin.sweep()  # and the recovery policy routes them
+        assert admin.list_tasks(status="running", limit=500) == []
+        with pytest.raises(psycopg.OperationalError):
+            psycopg.connect(dsn).close()
+    finally:
+        for p in procs:
+            if p.is_alive():
+                p.kill()
+
+
+def test_the_design_notes_operational_test_with_role_separated_worker_processes(admin, make_role, pg_schema_dsn,
+                                                                              tmp_path: Path) -> None:
+    """SIGSTOP A after its claim; B recovers; SIGCONT A: A is refused everywhere, each
+    worker process logged in as a worker role of its own."""
+    from leaseq.fencing import FencedStore
+
+    FencedStore(pg_schema_dsn).migrate()
+    task = admin.enqueue("fenced_write", {"resource": "account:7", "value": "from-b"}, effect="idempotent",
+                         lease_seconds=1.0)
+    procs_a = Workers(make_role("worker"), tmp_path, fence_dsn=pg_schema_dsn)
+    procs_b = Workers(make_role("worker"), tmp_path, fence_dsn=pg_schema_dsn)
+    try:
+        a = procs_a.start("a")
+        try:
+            wait_for(lambda: (tmp_path / "reached-fenced-1").exists(), what="A reached the downstream call")
+        except AssertionError as exc:
+            raise AssertionError(f"{exc}; A's log: {procs_a.log('a')}") from None
+        os.kill(a.pid, signal.SIGSTOP)
+        wait_for(lambda: lease_expired(admin, task.id), what="A's lease expired")
+        procs_b.start("b")
+        try:
+            wait_for(lambda: admin.get(task.id).status == "completed", what="B completed the task")
+        except AssertionError as exc:
+            raise AssertionError(f"{exc}; B's log: {procs_b.log('b')}; {admin.get(task.id)}") from None
+        (tmp_path / "go-fenced-1").write_text("")
+        os.kill(a.pid, signal.SIGCONT)
+        wait_for(lambda: (tmp_path / "stale-1").exists(), what="A's downstream write refused")
+        assert not (tmp_path / "applied-1").exists()
+        final = admin.get(task.id)
+        assert final.claim_generation == 2 and final.result == {"value": "from-b", "generation": 2}
+        types = [(e.type, e.generation) for e in admin.events(task.id)]
+        assert ("lease_expired", 1) in types and ("completed", 2) in types and ("completed", 1) not in types
+    finally:
+        procs_a.close()
+        procs_b.close()
