@@ -99,7 +99,7 @@ def returns_rows(sig: Signature) -> bool:
 def load_signatures() -> dict[str, Signature]:
     """The recorded signature of every routed query (``sql/postgres/functions.json``)."""
     raw = json.loads(resources.files("leaseq").joinpath("sql", "postgres", "functions.json").read_text())
-    return {name: Signature(tuple(map(tuple, v["params"])), tuple(map(tuple, v["returns"])))  # type: ignore[arg-type]
+    return {name: Signature(tuple(map(tuple, v["params"])), tuple(map(tuple, v["returns"])))
             for name, v in raw.items()}
 
 
@@ -361,13 +361,13 @@ def infer_signatures(dsn: str) -> dict[str, Signature]:
         try:
             conn.execute(f"SET search_path = {schema}")
             for mig in load_migrations("postgres"):
-                conn.execute(mig.sql)  # type: ignore[arg-type]
+                conn.execute(mig.sql)
             for name, q in load_named_queries("postgres").items():
                 if not routed(q):
                     continue
                 params = param_order(q.sql)
                 text = _PARAM.sub(lambda m: f"${params.index(m.group(1)) + 1}", q.sql)
-                conn.execute(f"PREPARE leaseq_infer AS {text}")  # type: ignore[arg-type]
+                conn.execute(f"PREPARE leaseq_infer AS {text}")
                 types = conn.execute("SELECT parameter_types::text[] FROM pg_prepared_statements "
                                      "WHERE name = 'leaseq_infer'").fetchone()
                 desc = conn.pgconn.describe_prepared(b"leaseq_infer")
@@ -375,7 +375,7 @@ def infer_signatures(dsn: str) -> dict[str, Signature]:
                 for i in range(desc.nfields):
                     row = conn.execute("SELECT format_type(%s, NULL)", (desc.ftype(i),)).fetchone()
                     assert row is not None
-                    cols.append((desc.fname(i).decode(), row[0]))
+                    cols.append(((desc.fname(i) or b"").decode(), row[0]))
                 conn.execute("DEALLOCATE leaseq_infer")
                 assert types is not None
                 out[name] = Signature(tuple(zip(params, types[0])), tuple(cols))
