@@ -59,6 +59,14 @@ def stats(s: Settings) -> Op[list[dict[str, Any]]]:
     return (yield from _read("stats"))
 
 
+def database_authority(s: Settings) -> Op[str | None]:
+    """:meth:`leaseq.Queue.database_authority`."""
+    yield BEGIN_ONE
+    row = yield one("caller_kind")
+    yield COMMIT
+    return None if row is None else str(row["kind"])
+
+
 def now(s: Settings) -> Op[datetime]:
     """:meth:`leaseq.Queue.now`."""
     yield BEGIN_ONE

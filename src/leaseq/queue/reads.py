@@ -90,6 +90,13 @@ class ReadOps(QueueBase):
         """One task's approval request and decision (NotFound if it has none)."""
         return self._run(engine.approvals.approval(self.settings, task_id))
 
+    def database_authority(self) -> str | None:
+        """What PostgreSQL lets this connection do: ``"admin"`` (it owns leaseq's schema or
+        is a superuser: nothing in the database holds it to its leases), ``"worker"``,
+        ``"operator"`` or ``"viewer"`` (a role made by ``leaseq roles create``). None on
+        SQLite, where whoever can open the file has full authority."""
+        return self._run(engine.reads.database_authority(self.settings))
+
     def now(self) -> datetime:
         """The database's clock, the only clock leases are judged by."""
         return self._run(engine.reads.now(self.settings))

@@ -184,6 +184,7 @@ class WorkerRuntime(ClaimLoop, Shutdown):
                 return self.stats
             logger.info("worker %s started: queues=%s concurrency=%d prefetch=%d", self._registered.id,
                         ",".join(self.queues), self.concurrency, self.prefetch)
+            await self._warn_if_unbound()
             self.completer = Completer(self.transport, self._caps, self._registered, self._call, self._settled,
                                        self._refill())
             self.renewer = Renewer(self.transport, self._registered, self._call, self.held, self._handling,
@@ -230,6 +231,19 @@ class WorkerRuntime(ClaimLoop, Shutdown):
         if self._fatal is not None:
             raise self._fatal
         return self.stats
+
+    async def _warn_if_unbound(self) -> None:
+        """A direct PostgreSQL worker logged in as the schema's owner (or a superuser) is held
+        to its leases by nothing but this library: say so, loudly, once."""
+        from ..queue import Queue
+
+        if not isinstance(self.transport, Queue) or self.transport.dialect != "postgres":
+            return
+        if await asyncio.to_thread(self.transport.database_authority) == "admin":
+            logger.warning("UNSAFE FOR PRODUCTION: worker %s connects to PostgreSQL as a role that owns leaseq's "
+                           "schema (or a superuser): the database does not hold it to its leases. Give each "
+                           "worker host a role of its own: leaseq roles create worker NAME (docs/how-to/postgresql.md)",
+                           self._registered.id)
 
     async def _start_up(self) -> bool:
         """Open the transport (if deferred) and register, retrying through infrastructure

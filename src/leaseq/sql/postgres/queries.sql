@@ -87,6 +87,12 @@ INSERT INTO leaseq_migrations (version, name) VALUES (%(version)s, %(name)s);
 -- callers: worker, operator, viewer
 SELECT now() AS now;
 
+-- name: caller_kind
+-- direct: leaseq_caller() is a definer function already
+-- What the database lets this connection do: admin (it owns leaseq's schema,
+-- or is a superuser), worker, operator, viewer (see leaseq.store.functions).
+SELECT kind FROM leaseq_caller();
+
 -- name: leader_elect
 -- Takes or renews the lease of leadership %(name)s for %(seconds)s, by the
 -- database's clock: inserted when there is no row, taken over when its

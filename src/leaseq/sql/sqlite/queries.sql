@@ -41,6 +41,9 @@ INSERT INTO leaseq_migrations (version, name) VALUES (:version, :name);
 -- name: db_now
 SELECT (julianday('now') - 2440587.5) * 86400.0 AS now;
 
+-- name: caller_kind
+-- no-op: SQLite has no database roles: whoever opens the file has full authority
+
 -- name: leader_elect
 -- See the PostgreSQL file. BEGIN IMMEDIATE serialises writers, so the WHERE
 -- is judged on the row as the previous winner left it.
