@@ -296,3 +296,26 @@ def test_the_design_notes_operational_test_with_role_separated_worker_processes(
     finally:
         procs_a.close()
         procs_b.close()
+
+
+def test_each_role_knows_its_authority_and_a_worker_role_starts_a_worker_without_the_warning(
+        admin, make_role, caplog) -> None:
+    import logging
+
+    dsns = {kind: make_role(kind) for kind in ("worker", "operator", "viewer")}
+    for kind, dsn in dsns.items():
+        with leaseq.connect(dsn) as q:
+            assert q.database_authority() == kind
+    for dsn, warned in ((dsns["worker"], False), (admin.store.dsn, True)):
+        app = leaseq.App(dsn)
+
+        @app.task("noop")
+        def noop(ctx) -> None:
+            return None
+
+        noop.enqueue()
+        caplog.clear()
+        with caplog.at_level(logging.WARNING, logger="leaseq.worker"):
+            app.run_worker(until_idle=True)
+        assert ("UNSAFE FOR PRODUCTION" in caplog.text) is warned, caplog.text
+        app.queue.close()
