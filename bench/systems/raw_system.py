@@ -116,6 +116,10 @@ class RawSystem:
         runner = RawRunner(control)
         runner.claimer = await psycopg.AsyncConnection.connect(dsn, autocommit=True)
         runner.completer = await psycopg.AsyncConnection.connect(dsn, autocommit=True)
+        for conn in (runner.claimer, runner.completer):
+            # the ceiling writes leases with bare statements: as the schema's owner, the one role
+            # leaseq's lease-column trigger lets write them outside the definer functions
+            await conn.execute("SET ROLE leaseq_owner")
         if control.options.mode == "latency":
             runner.listener = await psycopg.AsyncConnection.connect(dsn, autocommit=True)
             await runner.listener.execute("LISTEN leaseq_work")

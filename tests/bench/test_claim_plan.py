@@ -149,6 +149,11 @@ WRITE_PARAMS = {q: {"lease_seconds": 30.0, "actions": None, "limits": None, "uni
 SMALL_TABLES = {"leaseq_limits"}
 
 
+#: The statements' bodies run as their definer functions run them: with the rights of the
+#: schema's owner (a trigger refuses lease writes by any other role, a superuser's too).
+AS_OWNER = "SET LOCAL ROLE leaseq_owner"
+
+
 def _scans(plan: dict[str, Any]) -> list[tuple[str, str]]:
     """``(node type, relation)`` of every read of a table in a JSON plan."""
     found = [(plan["Node Type"], plan["Relation Name"])] if "Relation Name" in plan else []
@@ -163,6 +168,7 @@ def _generic_plan(dsn: str, query: str, params: dict[str, Any]) -> dict[str, Any
     order = list(dict.fromkeys(re.findall(r"%\((\w+)\)s", sql)))  # psycopg numbers names in this order
     with psycopg.connect(dsn, autocommit=True) as conn:
         with conn.transaction(force_rollback=True):  # preparing runs the statement once: undo it
+            conn.execute(AS_OWNER)
             conn.execute(sql, _encode(params), prepare=True)
             [[name]] = conn.execute("SELECT name FROM pg_prepared_statements ORDER BY prepare_time DESC LIMIT 1")
             conn.execute("SET LOCAL plan_cache_mode = force_generic_plan")
@@ -235,6 +241,7 @@ def _explain_analyze_as_the_store_runs(dsn: str, query: str, params: dict[str, A
     with psycopg.connect(dsn, autocommit=True) as conn:
         _configure(conn)
         with conn.transaction(force_rollback=True):
+            conn.execute(AS_OWNER)
             if query in CUSTOM_PLAN:
                 with psycopg.ClientCursor(conn) as cur:
                     cur.execute("EXPLAIN (ANALYZE, FORMAT JSON) " + sql, _encode(params))
