@@ -320,7 +320,7 @@ def same_json(a: Any, b: Any) -> bool:
 
 
 def _seconds(value: float | None) -> str:
-    return "none" if value is None else f"{value:g} s"
+    return "none" if value is None else f"{round(value, 3):g} s"
 
 
 def _listed(values: Iterable[Any] | None, none: str = "none") -> str:
@@ -388,7 +388,7 @@ def key_differences(row: dict[str, Any], params: dict[str, Any], *, approval: st
     elif params["deadline_in"] is not None:
         length = None if stored_deadline is None else (stored_deadline - row["created_at"]).total_seconds()
         if length is None or abs(length - params["deadline_in"]) > RELATIVE_SLACK:
-            differ("deadline", "none" if length is None else f"{length:g} s after its enqueue",
+            differ("deadline", "none" if length is None else f"{round(length, 1):g} s after its enqueue",
                    f"{params['deadline_in']:g} s after the enqueue")
     elif stored_deadline is not None:
         differ("deadline", stored_deadline.isoformat(), "none")
