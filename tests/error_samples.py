@@ -24,6 +24,8 @@ SAMPLES: dict[type[LeaseqError], LeaseqError] = {
     errors.Unauthorized: errors.Unauthorized("token revoked"),
     errors.RateLimited: errors.RateLimited("slow down", 2.5),
     errors.IdempotencyKeyReused: errors.IdempotencyKeyReused("k", "order:1", "order:2"),
+    errors.IdempotencyKeyConflict: errors.IdempotencyKeyConflict(
+        "doc-2", "default", 10, {"kind": "its kind is 'summarize', not 'send_welcome'", "payload": ""}),
     errors.ApprovalMismatch: errors.ApprovalMismatch(7, "sha256:00", "sha256:ff"),
     errors.ToolCallDiverged: errors.ToolCallDiverged("run-1:llm.chat:0"),
 }

@@ -11,9 +11,9 @@
 
 from .aio import AsyncQueue, connect_async
 from .app import App, TaskDefinition
-from .core.errors import (ApprovalMismatch, BackendUnavailable, ConfigError, CredentialMissing, InvalidInput,
-                          InvalidTransition, LeaseLost, LeaseqError, NotFound, Permanent, QueuePaused, StaleToken,
-                          ToolCallDiverged, UnknownWorker)
+from .core.errors import (ApprovalMismatch, BackendUnavailable, ConfigError, CredentialMissing,
+                          IdempotencyKeyConflict, InvalidInput, InvalidTransition, LeaseLost, LeaseqError, NotFound,
+                          Permanent, QueuePaused, StaleToken, ToolCallDiverged, UnknownWorker)
 from .core.retry import Retry, RetryPolicy
 from .core.model import Approval, Claim, Claims, Effect, EffectKind, Event, Status, Task, Worker
 from .engine.approvals import approval_digest
@@ -26,7 +26,7 @@ __version__ = "0.1.0"
 __all__ = [
     "App", "Approval", "ApprovalMismatch", "approval_digest", "CredentialMissing", "Permanent", "TaskDefinition", "TaskContext",
     "AsyncQueue", "BackendUnavailable", "Claim", "Claims", "ConfigError", "Effect", "EffectKind", "Event",
-    "InvalidInput", "InvalidTransition", "LeaseLost", "LeaseqError", "NotFound", "Queue", "QueuePaused",
+    "IdempotencyKeyConflict", "InvalidInput", "InvalidTransition", "LeaseLost", "LeaseqError", "NotFound", "Queue", "QueuePaused",
     "Retry", "RetryPolicy",
     "StaleToken", "Status", "Task", "Tool", "ToolCallDiverged", "UnknownWorker", "Worker", "connect",
     "connect_async", "tool",

@@ -90,7 +90,8 @@ class TaskDefinition(Generic[P, R]):
                 after: Iterable[int] | None = None, on_dependency_failure: str = "cancel",
                 connection: Any = None, units: int | None = None) -> TaskDefinition[P, R]:
         """This definition with enqueue options bound: ``key`` is the idempotency key (a
-        repeat with the same payload returns the existing task), ``delay`` seconds before
+        repeat with the same payload and options returns the existing task; another
+        payload or option is refused, see :meth:`leaseq.Queue.enqueue`), ``delay`` seconds before
         it may be claimed, ``priority``, ``timeout`` and ``deadline`` (a time, or a
         timedelta from the enqueue) instead of the declared ones; ``after``, the tasks
         it waits for, and ``connection``, the application's own open transaction to

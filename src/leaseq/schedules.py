@@ -30,7 +30,7 @@ from datetime import datetime, timedelta, timezone
 from typing import Any
 
 from .core import checks
-from .core.errors import InvalidInput
+from .core.errors import IdempotencyKeyConflict, InvalidInput
 
 logger = logging.getLogger("leaseq.worker.schedules")
 
@@ -190,7 +190,10 @@ class Scheduler:
     ``call(fn, *args, **kwargs)`` runs a blocking transport call (the worker's
     database threads). A failed clock read or enqueue is logged and retried at
     the next tick; the slot's key makes a retry (or another worker's enqueue)
-    harmless. ``on_fire(schedule, slot, task)`` is told of each enqueue.
+    harmless. A slot whose key already names a task enqueued with other
+    options (another worker declares the schedule differently) was fired:
+    it is logged and passed over. ``on_fire(schedule, slot, task)`` is told
+    of each enqueue.
     """
 
     def __init__(self, schedules: Iterable[Schedule], transport: Any, call: Call, clock: Clock | None = None,
@@ -211,8 +214,17 @@ class Scheduler:
             started = time.monotonic()
             for schedule in self.schedules:
                 for slot in schedule.due(self.previous[schedule.name], now):
-                    task = await self.call(self.transport.enqueue, schedule.kind, schedule.payload,
-                                           idempotency_key=schedule.key(slot), **schedule.options)
+                    try:
+                        task = await self.call(self.transport.enqueue, schedule.kind, schedule.payload,
+                                               idempotency_key=schedule.key(slot), **schedule.options)
+                    except IdempotencyKeyConflict as exc:
+                        # The slot was fired already, by a worker whose declaration of the schedule
+                        # differs (a deploy changed its payload or options): it has its task. Trying
+                        # again would stall every schedule of this worker until the slot is past.
+                        logger.warning("schedule %s: slot %s was fired already, as task %s with another %s; "
+                                       "this worker's declaration differs", schedule.name, schedule.key(slot),
+                                       exc.task_id, "/".join(exc.fields))
+                        continue
                     # One line per slot and worker: the same key gives every worker the same task.
                     logger.info("schedule %s: slot %s -> task %s", schedule.name, schedule.key(slot), task.id)
                     if self.on_fire is not None:

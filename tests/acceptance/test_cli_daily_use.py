@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 import shlex
 import subprocess
 from datetime import datetime, timedelta, timezone
@@ -129,13 +130,30 @@ def test_reused_key(dsn, run_cli):
     assert out.startswith(f"existing task {first['id']} returned") and "queued" in out
     assert json.loads(ok(cli("enqueue", "send", "--key", "welcome:7", "--payload", '{"user":7}', "--json")))["id"] \
         == first["id"]
+    # A later --delay asks for the same task.
+    assert json.loads(ok(cli("enqueue", "send", "--key", "welcome:7", "--payload", '{"user": 7}', "--delay", "60",
+                             "--json")))["id"] == first["id"]
     before = snapshot(dsn)
+    # Any other difference is refused by the engine's rule, one line naming what differs and the task.
     for args, what in ((["send", "--payload", '{"user": 8}'], "payload"),
                        (["mail", "--payload", '{"user": 7}'], "kind"),
-                       (["send", "--payload", '{"user": 7}', "--effect", "side_effect"], "effect")):
+                       (["send", "--payload", '{"user": 7}', "--effect", "side_effect"], "effect"),
+                       (["send", "--payload", '{"user": 7}', "--priority", "3"], "priority"),
+                       (["send", "--payload", '{"user": 7}', "--max-attempts", "2"], "max_attempts"),
+                       (["send", "--payload", '{"user": 7}', "--lease-seconds", "9"], "lease_seconds"),
+                       (["send", "--payload", '{"user": 7}', "--timeout", "5"], "timeout"),
+                       (["send", "--payload", '{"user": 7}', "--deadline", "1h"], "deadline"),
+                       (["send", "--payload", '{"user": 7}', "--limit", "api"], "limits"),
+                       (["send", "--payload", '{"user": 7}', "--units", "4"], "units"),
+                       (["send", "--payload", '{"user": 7}', "--approval-required"], "approval"),
+                       (["send", "--payload", '{"user": 7}', "--after", str(first["id"])], "after")):
         line = assert_one_error_line(cli("enqueue", *args, "--key", "welcome:7"), "key")
-        assert f"already used by task {first['id']}" in line and f"different {what}" in line, line
+        assert f"already used by task {first['id']}" in line and re.search(rf"different {what}(?!\w)", line), line
+        assert "nothing was written" in line, line
         line = assert_one_error_line(cli("enqueue", *args, "--key", "welcome:7", "--json"), "key")
+    line = assert_one_error_line(cli("enqueue", "mail", "--key", "welcome:7", "--priority", "2"), "key")
+    assert "different kind, payload and priority (its kind is 'send', not 'mail'; its priority is 0, not 2)" \
+        in line, line
     assert snapshot(dsn) == before
     # Another queue is another key space.
     other = json.loads(ok(cli("enqueue", "mail", "--key", "welcome:7", "--queue", "q2", "--json")))

@@ -43,6 +43,7 @@ def test_operator_flow(dsn, run_cli):
     second_id = int(out.split()[1])
     # The same key in the same queue is the same task.
     again = as_json(cli("enqueue", "send_welcome", "--effect", "side_effect", "--key", "welcome:7", "--json",
+                        "--priority", "5", "--max-attempts", "3", "--lease-seconds", "12.5",
                         "--payload", '{"note": "[bold]kept[/bold]"}'))
     assert again["id"] == second_id
 

@@ -201,3 +201,30 @@ def test_an_enqueue_over_http_never_leaves_the_event_loop_on_postgresql(svc: Ser
     assert svc.q.get(resp.json()["id"]).payload == {"n": 1}
     refused = ops.post("/v1/tasks", json={"kind": "job", "priority": "high"})
     assert refused.status_code == 422 and "priority" in refused.text
+
+
+def test_an_enqueue_over_http_that_reuses_a_key_for_another_task_is_refused(svc: Service) -> None:
+    """POST /v1/tasks with a key already used for another task: 422 ``idempotency_key_conflict``
+    naming the fields and the task, and nothing written; the same enqueue is the same task (201)."""
+    from snapshots import snapshot
+
+    ops = svc.http(svc.token("operator", "producer"))
+    first = ops.post("/v1/tasks", json={"kind": "summarize", "payload": {"doc_id": 2}, "idempotency_key": "doc-2"})
+    assert first.status_code == 201, first.text
+    again = ops.post("/v1/tasks", json={"kind": "summarize", "payload": {"doc_id": 2}, "idempotency_key": "doc-2",
+                                        "delay": 30})
+    assert again.status_code == 201 and again.json()["id"] == first.json()["id"]
+    tasks = lambda: {k: v for k, v in snapshot(svc.dsn).items() if k not in ("leaseq_tokens", "leaseq_leader")}  # noqa: E731
+    before = tasks()
+    resp = ops.post("/v1/tasks", json={"kind": "send_welcome", "payload": {"user_id": 99}, "effect": "side_effect",
+                                       "idempotency_key": "doc-2"})
+    assert resp.status_code == 422, resp.text
+    error = error_of(resp)
+    assert (error["code"], error["task_id"], error["idempotency_key"], error["queue"]) == (
+        "idempotency_key_conflict", first.json()["id"], "doc-2", "default")
+    assert error["fields"] == ["kind", "payload", "effect"]
+    assert error["differences"]["kind"] == "its kind is 'summarize', not 'send_welcome'"
+    gated = ops.post("/v1/tasks", json={"kind": "summarize", "payload": {"doc_id": 2}, "idempotency_key": "doc-2",
+                                        "approval": "required"})
+    assert gated.status_code == 422 and error_of(gated)["fields"] == ["approval"]
+    assert tasks() == before

@@ -178,3 +178,29 @@ def test_a_repeated_slot_returns_the_same_task(q):
     asyncio.run(main())
     assert len(fired) >= 5 and all(len(ids) == 1 for ids in fired.values()), fired
     assert len(q.list_tasks(limit=1000)) == len(fired)
+
+
+def test_a_slot_fired_with_other_options_is_passed_over(q, caplog):
+    """A worker whose declaration of a schedule differs (a deploy changed its payload) meets the
+    slot's key taken by another task: it logs that and goes on, without stalling its other schedules."""
+    from leaseq.schedules import Scheduler
+
+    now = q.now()
+    old = Schedule.declare("tick", every=3600, payload={"n": 1})
+    new = Schedule.declare("tick", every=3600, payload={"n": 2})
+    other = Schedule.declare("tock", every=3600)
+
+    async def call(fn, *args, **kwargs):
+        return await asyncio.to_thread(fn, *args, **kwargs)
+
+    fired: list[tuple[str, int]] = []
+    asyncio.run(Scheduler([old], q, call, clock=lambda: now).tick())
+    [first] = q.list_tasks()
+    scheduler = Scheduler([new, other], q, call, clock=lambda: now,
+                          on_fire=lambda s, slot, t: fired.append((s.name, t.id)))
+    with caplog.at_level("WARNING", logger="leaseq.worker.schedules"):
+        asyncio.run(scheduler.tick())
+    assert [name for name, _ in fired] == ["tock"]
+    assert scheduler.previous == {"tick": now, "tock": now}
+    assert f"as task {first.id} with another payload" in caplog.text
+    assert {t.kind: t.payload for t in q.list_tasks()} == {"tick": {"n": 1}, "tock": None}

@@ -74,8 +74,12 @@ def test_options_bind_key_delay_and_priority(app: leaseq.App) -> None:
     assert app.queue.claim(app.queue.register_worker("w"), kinds=["summarize"], limit=10)[0].task_id == first.id
     assert app.queue.get(later.id).status == "queued"
     with pytest.warns(DeprecationWarning, match=r"_key= is deprecated: use \.options\(key=\.\.\.\)"):
-        legacy = summarize.enqueue(doc_id=1, _key="doc-1")
+        legacy = summarize.options(priority=5).enqueue(doc_id=1, _key="doc-1")
     assert legacy.id == first.id
+    # the same key for another payload or priority is another task: refused
+    with pytest.raises(leaseq.IdempotencyKeyConflict) as info:
+        summarize.options(key="doc-1").enqueue(doc_id=1)
+    assert info.value.fields == ("priority",) and info.value.task_id == first.id
 
 
 @pytest.mark.parametrize("dsn", ["sqlite"], indirect=True)

@@ -280,6 +280,51 @@ class IdempotencyKeyReused(LeaseqError):
         return exc
 
 
+class IdempotencyKeyConflict(LeaseqError):
+    """An enqueue named an idempotency key that already names a task enqueued with other options.
+
+    The same key in the same queue with the same kind, payload and options
+    returns the existing task; any difference is refused, since returning
+    that task would hand the caller a task it did not ask for. ``fields``
+    names what differs (``kind``, ``payload``, ``effect``, ``priority``, ...),
+    ``differences`` says how where it can (values, never the payload) and
+    ``task_id`` is the existing task. Nothing is written.
+    """
+
+    code = "idempotency_key_conflict"
+    http_status = 422
+    cli_field = "key"
+
+    def __init__(self, idempotency_key: str, queue: str, task_id: int, differences: dict[str, str]):
+        self.idempotency_key = idempotency_key
+        self.queue = queue
+        self.task_id = task_id
+        #: what differs, ``{field: how}`` (``how`` is empty where the values are not shown)
+        self.differences = dict(differences)
+        #: the fields that differ, in the order of the enqueue's parameters
+        self.fields = tuple(self.differences)
+        names = list(self.fields)
+        listed = names[0] if len(names) == 1 else f"{', '.join(names[:-1])} and {names[-1]}"
+        how = "; ".join(text for text in self.differences.values() if text)
+        super().__init__(f"idempotency key {idempotency_key!r} is already used by task {task_id} in queue "
+                         f"{queue!r}, enqueued with a different {listed}" + (f" ({how})" if how else "")
+                         + "; nothing was written: use another key, or repeat the enqueue as it was made")
+
+    def wire_fields(self) -> dict[str, Any]:
+        return {"idempotency_key": self.idempotency_key, "queue": self.queue, "task_id": self.task_id,
+                "fields": list(self.fields), "differences": self.differences}
+
+    @classmethod
+    def from_wire(cls, message: str, fields: dict[str, Any]) -> IdempotencyKeyConflict:
+        differences = fields.get("differences")
+        if not isinstance(differences, dict):
+            differences = {str(name): "" for name in fields.get("fields") or ()}
+        exc = cls(str(fields.get("idempotency_key", "")), str(fields.get("queue", "")),
+                  int(fields.get("task_id", 0)), {str(k): str(v) for k, v in differences.items()})
+        exc.args = (message,)  # the service's own words
+        return exc
+
+
 class ApprovalMismatch(LeaseqError):
     """An approval named a digest other than the task's: what the approver was
     shown is not what would run. Nothing was decided.
@@ -362,7 +407,7 @@ class ToolCallDiverged(LeaseqError):
 ERRORS: tuple[type[LeaseqError], ...] = (
     LeaseqError, LeaseLost, InvalidInput, BodyTooLarge, NotFound, UnknownWorker, InvalidTransition, QueuePaused,
     ConfigError, BackendUnavailable, StaleToken, Permanent, CredentialMissing, AccessDenied, Unauthorized,
-    RateLimited, IdempotencyKeyReused, ApprovalMismatch, ToolCallDiverged,
+    RateLimited, IdempotencyKeyReused, IdempotencyKeyConflict, ApprovalMismatch, ToolCallDiverged,
 )
 
 

@@ -1,4 +1,13 @@
-"""Enqueue: tasks in, one or many, deduplicated by idempotency key."""
+"""Enqueue: tasks in, one or many, deduplicated by idempotency key.
+
+The idempotency rule, the same for every way in (``Queue.enqueue`` and
+``enqueue_many``, ``AsyncQueue``, ``App`` definitions, the CLI, the HTTP
+service, schedules, ``ctx.intend``): a key names one task in its queue. An
+enqueue whose key is taken returns that task if it asks for the same kind,
+payload and options (:func:`key_differences`), and is refused with
+:class:`~leaseq.core.errors.IdempotencyKeyConflict` naming what differs
+otherwise; either way nothing is written.
+"""
 
 from __future__ import annotations
 
@@ -7,11 +16,12 @@ import secrets
 import time
 from collections.abc import Iterable, Sequence
 from datetime import datetime, timedelta, timezone
+from decimal import Decimal
 from typing import Any
 
 from ..core import checks
-from ..core.errors import InvalidInput
-from ..core.model import Task
+from ..core.errors import IdempotencyKeyConflict, InvalidInput, NotFound
+from ..core.model import Status, Task
 from ..store.base import JsonText, KeyConflict
 from . import approvals
 from .common import Settings, default_actor, to_task
@@ -179,9 +189,10 @@ def enqueue(s: Settings, kind: str, payload: Any = None, *, effect: str = "read_
         yield COMMIT
         if row is not None:
             row = inserted_row(params, row)
-    if row is None:  # the key was taken: the same logical task
+    if row is None:  # the key was taken: the same logical task, if asked for the same way
         yield BEGIN
-        row = yield one("get_task_by_key", queue=params["queue"], idempotency_key=params["idempotency_key"])
+        row = yield from existing_task(params, approval=approval, approval_deadline=approval_deadline,
+                                       after=upstreams, on_dependency_failure=on_dependency_failure)
         yield COMMIT
     return to_task(row)
 
@@ -204,12 +215,13 @@ def enqueue_many(s: Settings, kind: str, payloads: Iterable[Any], *, effect: str
     common = _common(kind, effect, queue, priority, delay, max_attempts, lease_seconds, actions, timeout, deadline,
                      limits, units)
     wait = (upstreams, on_dependency_failure)
-    given = [None] * len(payloads) if idempotency_keys is None else [
+    given: list[str | None] = [None] * len(payloads) if idempotency_keys is None else [
         None if key is None else checks.check_key(f"idempotency_keys[{i}]", key)
         for i, key in enumerate(idempotency_keys)]
     # Each payload is encoded once, while it is checked; the documents sent are built from those texts.
     encoded = [checks.encode_json(f"payloads[{i}]", payload) for i, payload in enumerate(payloads)]
     if any(key is not None for key in given):
+        _check_repeated_keys(given, encoded)
         fresh = fresh_keys(len(payloads))
         return (yield from _insert_tasks(s, [fresh[i] if key is None else key for i, key in enumerate(given)],
                                          encoded, common, wait, generated=False))
@@ -237,12 +249,189 @@ def _insert_tasks(s: Settings, keys: list[str], encoded: list[str], common: dict
         ids.update((r["idempotency_key"], r["id"]) for r in added)
         new_ids.extend(r["id"] for r in added)
         missing = list(set(keys[start:start + ENQUEUE_CHUNK]) - ids.keys())
-        if missing:  # keys that were already taken: the existing tasks
-            ids.update((r["idempotency_key"], r["id"])
-                       for r in (yield rows("task_ids_by_key", queue=common["queue"], keys=missing)))
+        if missing:  # keys that were already taken: the existing tasks, if asked for the same way
+            payload_of = dict(zip(keys[start:start + ENQUEUE_CHUNK], encoded[start:start + ENQUEUE_CHUNK]))
+            for r in (yield rows("tasks_by_key", queue=common["queue"], keys=missing)):
+                # a conflict raises here, in the enqueue's transaction: it rolls back, nothing is written
+                same_task(r, {**common, "payload": payload_of[r["idempotency_key"]]}, after=wait[0],
+                          on_dependency_failure=wait[1])
+                ids[r["idempotency_key"]] = r["id"]
     if wait[0]:
         yield from hold(s, new_ids, *wait)
     if keys:
         yield rows("notify_work", queue=common["queue"])
     yield COMMIT
     return [ids[k] for k in keys]
+
+
+def _check_repeated_keys(keys: list[str | None], encoded: list[str]) -> None:
+    """A key given twice in one :func:`enqueue_many` names one task: its payloads must be the same JSON."""
+    first: dict[str, int] = {}
+    for i, key in enumerate(keys):
+        if key is None:
+            continue
+        j = first.setdefault(key, i)
+        if j != i and encoded[j] != encoded[i] and not same_json(json.loads(encoded[j]), json.loads(encoded[i])):
+            raise InvalidInput(f"idempotency_keys[{i}]", f"repeats idempotency_keys[{j}] ({key!r}) with a "
+                                                         f"different payload: one key names one task")
+
+
+# -- the idempotency rule ---------------------------------------------------------------
+
+#: Relative times (a deadline given as a timedelta, an approval deadline) compare by their
+#: length, to within this many seconds: a repeat made later asks for the same length.
+RELATIVE_SLACK = 1.0
+#: Absolute deadlines compare to within this many seconds (what every backend keeps of a time).
+INSTANT = 0.001
+
+
+def _number(value: Any) -> Decimal:
+    return value if isinstance(value, Decimal) else Decimal(value if isinstance(value, int) else repr(value))
+
+
+def same_json(a: Any, b: Any) -> bool:
+    """Whether two decoded JSON documents are the same JSON value.
+
+    As PostgreSQL's ``jsonb`` compares them: objects without regard to key
+    order, numbers by value (``1``, ``1.0`` and ``1e0`` are one number;
+    ``true`` is not ``1``). Walked without recursion: payloads nest up to
+    :data:`leaseq.core.checks.MAX_JSON_DEPTH` deep.
+    """
+    stack = [(a, b)]
+    while stack:
+        x, y = stack.pop()
+        if isinstance(x, dict):
+            if not isinstance(y, dict) or x.keys() != y.keys():
+                return False
+            stack.extend((x[k], y[k]) for k in x)
+        elif isinstance(x, list):
+            if not isinstance(y, list) or len(x) != len(y):
+                return False
+            stack.extend(zip(x, y))
+        elif isinstance(x, bool) or isinstance(y, bool):  # before numbers: True is an int to Python
+            if x is not y:
+                return False
+        elif isinstance(x, (int, float, Decimal)):
+            if isinstance(y, bool) or not isinstance(y, (int, float, Decimal)) or _number(x) != _number(y):
+                return False
+        elif x != y:  # strings and null
+            return False
+    return True
+
+
+def _seconds(value: float | None) -> str:
+    return "none" if value is None else f"{round(value, 3):g} s"
+
+
+def _listed(values: Iterable[Any] | None, none: str = "none") -> str:
+    return none if values is None else "[" + ", ".join(str(v) for v in values) + "]"
+
+
+def _upstreams(row: dict[str, Any]) -> list[int]:
+    text = row.get("upstreams")
+    return sorted(int(part) for part in str(text).split(",")) if text else []
+
+
+def key_differences(row: dict[str, Any], params: dict[str, Any], *, approval: str | None = None,
+                    approval_deadline: float | None = None, after: Sequence[int] = (),
+                    on_dependency_failure: str = "cancel") -> dict[str, str]:
+    """What differs between ``row``, the task an enqueue's key already names, and that enqueue.
+
+    ``row`` is read by ``tasks_by_key``: the task's row, with whether it is
+    approval-gated and the length of its approval deadline, and the tasks it
+    waits for. ``params`` are the enqueue's checked parameters
+    (:func:`task_params`; for :func:`enqueue_many`, the shared ones and one
+    payload); the keyword arguments are its approval gate and dependencies,
+    checked. Returns ``{field: how}``, in the order of the enqueue's
+    parameters; empty when the enqueue asks for the task as it is.
+
+    Compared: everything that decides what runs and how: the queue, kind,
+    payload (as JSON values: key order and number spelling aside), effect,
+    priority, max_attempts, lease_seconds, actions, timeout, deadline,
+    limits, units, the approval gate and its deadline, and the dependencies
+    (``after``, ``on_dependency_failure``). A default compares equal whether
+    it was passed or not. Not compared: ``delay`` (a repeat made a second
+    later asks for a later time, not another task), the trace context and
+    who asked (``by``). Relative times compare by their length, to within
+    :data:`RELATIVE_SLACK` seconds.
+    """
+    found: dict[str, str] = {}
+
+    def differ(name: str, stored: str, asked: str) -> None:
+        found[name] = f"its {name} is {stored}, not {asked}"
+
+    if row["queue"] != params["queue"]:
+        differ("queue", repr(row["queue"]), repr(params["queue"]))
+    if row["kind"] != params["kind"]:
+        differ("kind", repr(row["kind"]), repr(params["kind"]))
+    if not same_json(row["payload"], json.loads(params["payload"])):
+        cleared = row["payload"] is None and row["status"] in (Status.COMPLETED.value, Status.CANCELLED.value)
+        found["payload"] = ("its payload is null: retention clears the payloads of finished tasks"
+                            if cleared else "")
+    if row["effect"] != params["effect"]:
+        differ("effect", str(row["effect"]), params["effect"])
+    for name in ("priority", "max_attempts"):
+        if row[name] != params[name]:
+            differ(name, str(row[name]), str(params[name]))
+    if float(row["lease_seconds"]) != params["lease_seconds"]:
+        differ("lease_seconds", _seconds(row["lease_seconds"]), _seconds(params["lease_seconds"]))
+    actions = None if params["actions"] is None else json.loads(params["actions"])
+    if (row["actions"] is None) != (actions is None) or sorted(row["actions"] or ()) != sorted(actions or ()):
+        differ("actions", _listed(row["actions"], "undeclared"), _listed(actions, "undeclared"))
+    if row["timeout_seconds"] != params["timeout"]:
+        differ("timeout", _seconds(row["timeout_seconds"]), _seconds(params["timeout"]))
+    stored_deadline: datetime | None = row["deadline_at"]
+    if params["deadline_at"] is not None:
+        if stored_deadline is None or abs((stored_deadline - params["deadline_at"]).total_seconds()) > INSTANT:
+            differ("deadline", "none" if stored_deadline is None else stored_deadline.isoformat(),
+                   params["deadline_at"].isoformat())
+    elif params["deadline_in"] is not None:
+        length = None if stored_deadline is None else (stored_deadline - row["created_at"]).total_seconds()
+        if length is None or abs(length - params["deadline_in"]) > RELATIVE_SLACK:
+            differ("deadline", "none" if length is None else f"{round(length, 1):g} s after its enqueue",
+                   f"{params['deadline_in']:g} s after the enqueue")
+    elif stored_deadline is not None:
+        differ("deadline", stored_deadline.isoformat(), "none")
+    if sorted(row["limits"] or ()) != sorted(params["limits"] or ()):
+        differ("limits", _listed(row["limits"]), _listed(params["limits"]))
+    if row["units"] != params["units"]:
+        differ("units", str(row["units"]), str(params["units"]))
+    gated = bool(row["gated"])
+    if gated != (approval is not None):
+        differ("approval", "required" if gated else "none", approval or "none")
+    elif gated:
+        stored_wait = row["approval_seconds"]
+        if (stored_wait is None) != (approval_deadline is None) or (
+                stored_wait is not None and approval_deadline is not None
+                and abs(stored_wait - approval_deadline) > RELATIVE_SLACK):
+            differ("approval_deadline", _seconds(stored_wait), _seconds(approval_deadline))
+    upstreams, asked_upstreams = _upstreams(row), sorted(after)
+    if upstreams != asked_upstreams:
+        differ("after", _listed(upstreams or None), _listed(asked_upstreams or None))
+    if upstreams and asked_upstreams and row["on_failure"] != on_dependency_failure:
+        differ("on_dependency_failure", str(row["on_failure"]), on_dependency_failure)
+    return found
+
+
+def same_task(row: dict[str, Any], params: dict[str, Any], *, approval: str | None = None,
+              approval_deadline: float | None = None, after: Sequence[int] = (),
+              on_dependency_failure: str = "cancel") -> None:
+    """Refuse an enqueue that names ``row``'s key but not ``row`` (see :func:`key_differences`)
+    with :class:`IdempotencyKeyConflict`."""
+    differences = key_differences(row, params, approval=approval, approval_deadline=approval_deadline,
+                                  after=after, on_dependency_failure=on_dependency_failure)
+    if differences:
+        raise IdempotencyKeyConflict(row["idempotency_key"], row["queue"], row["id"], differences)
+
+
+def existing_task(params: dict[str, Any], *, approval: str | None = None, approval_deadline: float | None = None,
+                  after: Sequence[int] = (), on_dependency_failure: str = "cancel") -> Op[dict[str, Any]]:
+    """The task ``params``' key names in its queue (read in the open transaction), if the
+    enqueue asks for it as it is; else :class:`IdempotencyKeyConflict` (see :func:`same_task`)."""
+    row = yield one("tasks_by_key", queue=params["queue"], keys=[params["idempotency_key"]])
+    if row is None:  # taken a moment ago, and gone since (retention removed it): never in practice
+        raise NotFound(f"the task with idempotency key {params['idempotency_key']!r} in queue "
+                       f"{params['queue']!r} was removed while it was enqueued again; enqueue it again")
+    same_task(row, params, approval=approval, approval_deadline=approval_deadline, after=after,
+              on_dependency_failure=on_dependency_failure)
+    return dict(row)

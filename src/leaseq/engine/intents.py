@@ -24,7 +24,7 @@ from ..core.model import Claim, Task, Worker
 from . import approvals
 from .common import Settings, check_claim, event, to_task, worker_id
 from .effects import action_refusal
-from .enqueue import inserted_row, task_params
+from .enqueue import existing_task, inserted_row, same_task, task_params
 from .steps import BEGIN, COMMIT, Op, one, rows
 
 #: Longest idempotency key (see leaseq.core.checks.check_key).
@@ -68,16 +68,23 @@ def intend(s: Settings, worker: Worker | str, claim: Claim, kind: str, payload: 
     if refusal is not None:
         raise InvalidInput("kind", refusal)
     existing = yield one("get_effect", task_id=claim.task_id, idempotency_key=fx_key)
+    params["idempotency_key"] = child_key(held["idempotency_key"], key)
     if existing is not None and existing["status"] == "done":  # an earlier attempt recorded it: replay
-        child = yield one("get_task", task_id=existing["response"]["task_id"])
+        recorded = existing["response"]
+        child = yield one("tasks_by_key", queue=recorded.get("queue", params["queue"]),
+                          keys=[params["idempotency_key"]])
+        if child is not None and child["id"] == recorded["task_id"]:
+            # the same intent, if asked for the same way (one idempotency rule for every enqueue)
+            same_task(child, params, approval=approval, approval_deadline=approval_deadline)
+        else:  # never in practice (the child keeps its key): read it by its id
+            child = yield one("get_task", task_id=recorded["task_id"])
         yield COMMIT
         return to_task(child)
     if held["paused"]:
         raise QueuePaused(f"queue {held['queue']!r} is paused: no new actions may start")
-    params["idempotency_key"] = child_key(held["idempotency_key"], key)
     row = yield one("insert_task", **params)
-    if row is None:  # the derived key is taken in that queue: the intent already exists
-        row = yield one("get_task_by_key", queue=params["queue"], idempotency_key=params["idempotency_key"])
+    if row is None:  # the derived key is taken in that queue: the intent exists, if asked for the same way
+        row = yield from existing_task(params, approval=approval, approval_deadline=approval_deadline)
     else:
         row = inserted_row(params, row)
         if approval is not None:

@@ -27,7 +27,15 @@ class EnqueueOps(QueueBase):
                 on_dependency_failure: str = "cancel", connection: Any = None,
                 limits: Iterable[str] | None = None, units: int = 1) -> Task:
         """Add a task. A second enqueue with the same ``idempotency_key`` in the
-        same queue returns the existing task instead of a duplicate.
+        same queue returns the existing task instead of a duplicate, if it asks
+        for the same kind, payload and options; with any difference it is
+        refused with :class:`leaseq.IdempotencyKeyConflict`, which names the
+        fields that differ and the existing task, and nothing is written.
+        Compared: kind, payload (as JSON values), effect, priority,
+        max_attempts, lease_seconds, actions, timeout, deadline (a timedelta by
+        its length), limits, units, ``approval`` and ``approval_deadline``,
+        ``after`` and ``on_dependency_failure``, a default alike whether passed
+        or not; not ``delay``, ``trace_context`` or ``by``.
 
         ``actions`` lists the actions the task may begin (:meth:`begin_effect`
         refuses any other); None leaves them undeclared: any action for an
@@ -92,7 +100,10 @@ class EnqueueOps(QueueBase):
         ``after``, every task waits for the same tasks; with ``connection``,
         all are written in the caller's transaction).
         ``idempotency_keys`` (one per payload, None for a fresh key) dedupe as
-        in :meth:`enqueue`: a key already present gives the existing task's id.
+        in :meth:`enqueue`: a key already present gives the existing task's id
+        if that task is what this call asks for, else
+        :class:`leaseq.IdempotencyKeyConflict` and nothing is written; a key
+        given twice with different payloads is an InvalidInput.
         Rows are written by multi-row statements in one transaction, so
         either every task is added or none is.
         """

@@ -262,7 +262,9 @@ class TaskContext:
         call is an effect of this task (action ``intend:<kind>``) recorded in
         one transaction with the child, under the lease. A retried attempt that
         intends the same ``key`` is answered from the ledger with the same
-        child id; no second intent is written. ``approval="required"`` gates
+        child id; no second intent is written. The same ``key`` with another
+        kind, payload, queue or option is refused with
+        :class:`leaseq.IdempotencyKeyConflict`. ``approval="required"`` gates
         the child on an operator's decision (``approval_deadline`` seconds at
         most). Other ``options``: ``priority``, ``max_attempts``,
         ``lease_seconds``, ``actions`` of the child. Async handlers:

@@ -255,10 +255,22 @@ SELECT %(queue)s, %(kind)s, coalesce(n.payload, 'null'::jsonb), %(effect)s, %(pr
 FROM jsonb_to_recordset(%(tasks)s::jsonb) AS n(payload jsonb, idempotency_key text)
 RETURNING id, idempotency_key;
 
--- name: task_ids_by_key
+-- name: tasks_by_key
 -- callers: worker, operator
-SELECT id, idempotency_key FROM leaseq_tasks
-WHERE queue = %(queue)s AND idempotency_key IN (SELECT jsonb_array_elements_text(%(keys)s::jsonb));
+-- The tasks an enqueue's keys already name in the queue, each with what the
+-- enqueue compares beside the row (leaseq.engine.enqueue.key_differences):
+-- whether it is approval-gated and its approval deadline's length in
+-- seconds, and the tasks it waits for (ids in order, comma-separated) with
+-- what it does if one of them fails.
+SELECT t.*, a.task_id IS NOT NULL AS gated,
+       extract(epoch FROM a.deadline_at - a.requested_at)::float8 AS approval_seconds,
+       d.upstreams, d.on_failure
+FROM leaseq_tasks t
+LEFT JOIN leaseq_approvals a ON a.task_id = t.id
+LEFT JOIN LATERAL (SELECT string_agg(upstream::text, ',' ORDER BY upstream) AS upstreams,
+                          min(on_failure) AS on_failure
+                   FROM leaseq_dependencies WHERE waiter = t.id) d ON true
+WHERE t.queue = %(queue)s AND t.idempotency_key IN (SELECT jsonb_array_elements_text(%(keys)s::jsonb));
 
 -- name: get_task
 -- callers: worker, operator, viewer

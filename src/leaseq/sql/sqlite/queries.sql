@@ -155,9 +155,16 @@ SELECT :queue, :kind, coalesce(n.value -> '$.payload', 'null'), :effect, :priori
 FROM json_each(:tasks) AS n
 RETURNING id, idempotency_key;
 
--- name: task_ids_by_key
-SELECT id, idempotency_key FROM leaseq_tasks
-WHERE queue = :queue AND idempotency_key IN (SELECT value FROM json_each(:keys));
+-- name: tasks_by_key
+-- See the PostgreSQL file: the tasks the keys name, with the compared
+-- options the task table does not hold.
+SELECT t.*, a.task_id IS NOT NULL AS gated, a.deadline_at - a.requested_at AS approval_seconds,
+       (SELECT group_concat(upstream, ',')
+        FROM (SELECT upstream FROM leaseq_dependencies WHERE waiter = t.id ORDER BY upstream)) AS upstreams,
+       (SELECT min(on_failure) FROM leaseq_dependencies WHERE waiter = t.id) AS on_failure
+FROM leaseq_tasks t
+LEFT JOIN leaseq_approvals a ON a.task_id = t.id
+WHERE t.queue = :queue AND t.idempotency_key IN (SELECT value FROM json_each(:keys));
 
 -- name: get_task
 SELECT * FROM leaseq_tasks WHERE id = :task_id;
