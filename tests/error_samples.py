@@ -24,6 +24,7 @@ SAMPLES: dict[type[LeaseqError], LeaseqError] = {
     errors.Unauthorized: errors.Unauthorized("token revoked"),
     errors.RateLimited: errors.RateLimited("slow down", 2.5),
     errors.IdempotencyKeyReused: errors.IdempotencyKeyReused("k", "order:1", "order:2"),
-    errors.ApprovalMismatch: errors.ApprovalMismatch(7, "sha256:00", "sha256:ff"),
+    errors.ApprovalMismatch: errors.ApprovalMismatch(7, "v2:sha256:00", "v2:sha256:ff"),
+    errors.ApprovalExpired: errors.ApprovalExpired(7, "2030-01-31T09:00:00+00:00", "approve"),
     errors.ToolCallDiverged: errors.ToolCallDiverged("run-1:llm.chat:0"),
 }

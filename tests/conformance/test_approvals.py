@@ -25,7 +25,7 @@ def test_a_gated_task_waits_holding_no_lease_until_approved(q: leaseq.Queue) -> 
     assert q.claim(w, queue="payments") == []  # not claimable while it waits
     [req] = q.approvals()
     assert (req.task_id, req.requested_by, req.decision, req.deadline_at) == (t.id, "agent-7", None, None)
-    assert req.digest == leaseq.approval_digest("payments.refund", {"order": 7, "cents": 1250}, "payments")
+    assert req.digest == leaseq.approval_digest("payments.refund", {"order": 7, "cents": 1250}, "payments", effect="side_effect")
     assert req.task is not None and req.task.payload == {"order": 7, "cents": 1250}
 
     approved = q.approve(t.id, req.digest, note="refund looks right", by="alice", via="cli")
@@ -62,7 +62,7 @@ def test_deny_is_terminal_and_recorded(q: leaseq.Queue, dsn: str) -> None:
 
 def test_an_approval_must_name_the_digest_that_was_shown(q: leaseq.Queue, dsn: str) -> None:
     t = _gated(q)
-    other = leaseq.approval_digest("payments.refund", {"order": 7, "cents": 999999}, "payments")
+    other = leaseq.approval_digest("payments.refund", {"order": 7, "cents": 999999}, "payments", effect="side_effect")
     before = snapshot(dsn)
     with pytest.raises(leaseq.ApprovalMismatch) as refused:
         q.approve(t.id, other, by="alice")

@@ -43,13 +43,13 @@ def test_approve_and_deny_over_http(svc: Service) -> None:
     assert req["task_id"] == task["id"] and req["requested_by"].startswith("agent-token (worker token ")
     assert req["task"]["payload"] == "[redacted]"  # a viewer sees the digest, not the payload
     digest = req["digest"]
-    assert digest == leaseq.approval_digest("payments.refund", {"order": 7, "cents": 1250}, "payments")
+    assert digest == leaseq.approval_digest("payments.refund", {"order": 7, "cents": 1250}, "payments", effect="side_effect")
 
     svc.http(operator).get("/v1/whoami")  # its first use is recorded (last_used_at) before the snapshot
     before = snapshot(svc.dsn)
     refused = svc.http(viewer).post(f"/v1/tasks/{task['id']}/approve", json={"digest": digest})
     assert refused.status_code == 403 and error_of(refused)["code"] == "forbidden"
-    other = leaseq.approval_digest("payments.refund", {"order": 7, "cents": 999999}, "payments")
+    other = leaseq.approval_digest("payments.refund", {"order": 7, "cents": 999999}, "payments", effect="side_effect")
     mismatch = svc.http(operator).post(f"/v1/tasks/{task['id']}/approve", json={"digest": other})
     assert mismatch.status_code == 409
     err = error_of(mismatch)
@@ -68,7 +68,7 @@ def test_approve_and_deny_over_http(svc: Service) -> None:
     [entry] = [e for e in auth.audit_log(svc.q) if e["action"] == "approve"]
     assert entry["actor"] == decided["decided_by"] and entry["detail"]["via"] == "api"
 
-    second = _enqueue_gated(svc, operator, {"order": 8})
+    second = _enqueue_gated(svc, agent, {"order": 8})
     denied = svc.http(operator).post(f"/v1/tasks/{second['id']}/deny", json={"reason": "duplicate"})
     assert denied.json()["status"] == "denied"
     again = svc.http(operator).post(f"/v1/tasks/{second['id']}/approve",
