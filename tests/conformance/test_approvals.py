@@ -568,3 +568,67 @@ def test_intents_follow_the_declared_actions(q: leaseq.Queue, dsn: str) -> None:
 def test_a_migration_makes_the_approvals_table(q: leaseq.Queue) -> None:
     names = [m.name for m in load_migrations(q.dialect)]
     assert "approvals" in names
+
+
+# -- the requester never decides -----------------------------------------------------------
+
+def test_the_worker_that_recorded_an_intent_never_decides_it(q: leaseq.Queue, dsn: str) -> None:
+    w, c = _agent(q)
+    child = q.intend(w, c, "payments.refund", {"order": 7}, key="refund", queue="payments", approval="required")
+    [req] = q.approvals()
+    assert (req.requested_by, req.requested_worker, req.requested_token) == (f"task:{c.task_id}", w.id, None)
+    assert q.get(child.id).parent_task_id == c.task_id
+    before = snapshot(dsn)
+    for decide in (lambda: q.approve(child.id, req.digest, by="agent", worker=w),
+                   lambda: q.deny(child.id, "withdrawn", by="agent", worker=w.id)):
+        with pytest.raises(AccessDenied, match=f"requested by worker {w.id}"):
+            decide()
+    assert snapshot(dsn) == before  # nothing decided, nothing recorded
+    supervisor = q.register_worker("supervisor")
+    assert q.approve(child.id, req.digest, by="supervisor", worker=supervisor).status == "queued"
+
+
+def test_the_task_that_recorded_an_intent_never_decides_it_from_any_worker(q: leaseq.Queue, dsn: str) -> None:
+    """A retried agent task, on another worker, deciding from its handler: still the requester."""
+    import logging
+
+    from leaseq.worker.context import TaskContext
+    from leaseq.worker.tools import current_context
+
+    w, c = _agent(q)
+    child = q.intend(w, c, "payments.refund", {"order": 7}, key="refund", queue="payments", approval="required")
+    digest = q.approval(child.id).digest
+    q.fail(w, c, "the model timed out", delay=0)
+    other = q.register_worker("agent-2")
+    [c2] = q.claim(other, queue="agents")
+    handler = TaskContext(q, other, c2, logging.LoggerAdapter(logging.getLogger("test"), {}))
+    before = snapshot(dsn)
+    async def deny_from_an_async_handler() -> None:
+        try:
+            await leaseq.AsyncQueue(q).deny(child.id, "withdrawn", by="agent")
+        finally:
+            await q.close_async()  # this loop's connections
+
+    running = current_context.set(handler)  # what the worker runtime sets around the handler of c2
+    try:
+        with pytest.raises(AccessDenied, match=f"requested by task {c.task_id}"):
+            q.approve(child.id, digest, by="agent")
+        with pytest.raises(AccessDenied, match=f"requested by task {c.task_id}"):
+            asyncio.run(deny_from_an_async_handler())
+    finally:
+        current_context.reset(running)
+    assert snapshot(dsn) == before
+    assert q.approve(child.id, digest, by="alice").status == "queued"  # a person, outside any handler
+
+
+def test_the_token_that_enqueued_a_gated_task_never_decides_it(q: leaseq.Queue, dsn: str) -> None:
+    t = _gated(q, token_id="0123456789ab")
+    req = q.approval(t.id)
+    assert (req.requested_by, req.requested_token, req.requested_worker) == ("agent-7", "0123456789ab", None)
+    before = snapshot(dsn)
+    for decide in (lambda: q.approve(t.id, req.digest, by="olga", token_id="0123456789ab"),
+                   lambda: q.deny(t.id, "mine", by="olga", token_id="0123456789ab")):
+        with pytest.raises(AccessDenied, match="requested by token 0123456789ab"):
+            decide()
+    assert snapshot(dsn) == before
+    assert q.approve(t.id, req.digest, by="oscar", token_id="ba9876543210").status == "queued"
