@@ -17,7 +17,7 @@ from leaseq.auth import AccessDenied
 from leaseq.engine.approvals import DEADLINE_ACTOR, digest_of
 from leaseq.store.base import load_migrations
 
-from .support import snapshot, wait_until
+from .support import run_out, snapshot, wait_until
 
 
 def _gated(q: leaseq.Queue, payload: object = None, **kw: object) -> leaseq.Task:
@@ -632,3 +632,81 @@ def test_the_token_that_enqueued_a_gated_task_never_decides_it(q: leaseq.Queue, 
             decide()
     assert snapshot(dsn) == before
     assert q.approve(t.id, req.digest, by="oscar", token_id="ba9876543210").status == "queued"
+
+
+# -- cancelling the task that recorded intents --------------------------------------------------
+
+def _cancel(dsn: str, mode: str, task_id: int, **options: Any) -> leaseq.Task:
+    """Cancel on a connection of its own, with the sync Queue or the AsyncQueue."""
+    if mode == "sync":
+        with leaseq.connect(dsn) as other:
+            return other.cancel(task_id, **options)
+
+    async def cancel() -> leaseq.Task:
+        async with await leaseq.connect_async(dsn) as aq:
+            return await aq.cancel(task_id, **options)
+
+    return asyncio.run(cancel())
+
+
+@pytest.mark.parametrize("mode", ["sync", "async"])
+def test_cancelling_a_task_cancels_its_intents_that_have_not_started(q: leaseq.Queue, dsn: str, mode: str) -> None:
+    w, c = _agent(q)
+    gated = q.intend(w, c, "payments.refund", {"order": 7}, key="refund", queue="payments", approval="required")
+    queued = q.intend(w, c, "mail.send", {"to": "ann"}, key="mail", queue="mail")
+    running = q.intend(w, c, "crm.note", {"n": 1}, key="note", queue="crm")
+    report = q.enqueue("report", {}, queue="reports", after=[queued.id])  # waits for one of the intents
+    unrelated = q.enqueue("mail.send", {"to": "bob"}, queue="mail")
+    executor = q.register_worker("executor")
+    [on_crm] = q.claim(executor, queue="crm")
+    assert {q.get(i).parent_task_id for i in (gated.id, queued.id, running.id)} == {c.task_id}
+    assert q.get(unrelated.id).parent_task_id is None and q.get(c.task_id).parent_task_id is None
+
+    assert _cancel(dsn, mode, c.task_id, reason="the customer withdrew", by="olga").status == "cancelled"
+
+    for child, previous in ((gated, "awaiting_approval"), (queued, "queued")):
+        t = q.get(child.id)
+        assert (t.status, t.last_error) == ("cancelled", f"cancelled: its parent task {c.task_id} was cancelled")
+        assert t.parent_cancelled_at is not None
+        ev = q.events(child.id)[-1]
+        assert (ev.type, ev.detail) == ("cancelled", {
+            "by": "olga", "reason": f"its parent task {c.task_id} was cancelled: the customer withdrew",
+            "previous_status": previous, "parent_task_id": c.task_id})
+    assert q.get(report.id).status == "cancelled"  # the task waiting for a cancelled intent moves on
+    assert q.approvals() == []
+    assert q.claim(executor, queue="payments") == []  # the executors run none of them
+    assert [x.task_id for x in q.claim(executor, queue="mail", limit=10)] == [unrelated.id]
+    # the intent already running is left to its lease, and its executor can see why it might stop
+    r = q.get(running.id)
+    assert (r.status, r.lease_owner) == ("running", executor.id) and r.parent_cancelled_at is not None
+    [told] = [e for e in q.events(running.id) if e.type == "parent_cancelled"]
+    assert told.detail == {"by": "olga", "reason": "the customer withdrew", "parent_task_id": c.task_id,
+                           "status": "running"}
+    q.complete(executor, on_crm, {"noted": True})
+    assert q.get(running.id).status == "completed"
+    if q.dialect == "postgres":  # one transaction: one now()
+        assert q.get(gated.id).updated_at == q.get(queued.id).updated_at == q.get(c.task_id).updated_at
+    with q.store.transaction() as tx:
+        [entry] = [r for r in tx.rows("audit_list", limit=20) if r["action"] == "cancel"]
+    assert (entry["detail"]["cancelled_intents"], entry["detail"]["marked_intents"]) == (
+        sorted([gated.id, queued.id]), [running.id])
+
+
+def test_a_cancelled_intent_cancels_its_own_and_a_reconciliation_cancels_them_too(q: leaseq.Queue) -> None:
+    """The agent task ends needs_reconciliation and is reconciled with cancel: its intent, queued again
+    after an attempt that recorded an intent of its own, is cancelled, and so is that one."""
+    w, c = _agent(q, effect="side_effect")
+    step = q.intend(w, c, "exec.step", {}, key="step", queue="exec", effect="idempotent")
+    executor = q.register_worker("exec")
+    [on_exec] = q.claim(executor, queue="exec")
+    mail = q.intend(executor, on_exec, "mail.send", {"to": "ann"}, key="mail", queue="mail")
+    q.fail(executor, on_exec, "flaky", delay=0)
+    assert q.get(step.id).status == "queued" and q.get(mail.id).parent_task_id == step.id
+    q.begin_effect(w, c, "payments.charge")  # a side effect left open when the lease runs out
+    run_out(q, w, c)
+    q.sweep()
+    assert q.get(c.task_id).status == "needs_reconciliation"
+    q.reconcile(c.task_id, "cancel", "the charge never went out", by="olga")
+    assert (q.get(step.id).status, q.get(mail.id).status) == ("cancelled", "cancelled")
+    ev = q.events(mail.id)[-1]
+    assert (ev.type, ev.detail["parent_task_id"], ev.detail["by"]) == ("cancelled", step.id, "olga")
