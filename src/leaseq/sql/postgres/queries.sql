@@ -357,10 +357,11 @@ WITH worker AS (
     WHERE status = 'queued' AND queue = %(queue)s AND available_at <= now()
       AND (%(kinds)s::text[] IS NULL OR kind = ANY(%(kinds)s::text[]))  -- only kinds the worker can run
       AND (deadline_at IS NULL OR deadline_at > now())  -- never started past its deadline (the sweep expires it)
-      -- never one approved at or after its approval deadline (see late_approvals;
-      -- read from leaseq_approvals_late, which holds no row unless such a decision was written)
-      AND NOT EXISTS (SELECT 1 FROM leaseq_approvals a
-                      WHERE a.task_id = leaseq_tasks.id AND a.decision = 'approved' AND a.decided_at >= a.deadline_at)
+      -- never one approved at or after its approval deadline (see late_approvals): the set
+      -- is read once per claim, from leaseq_approvals_late, which holds no row unless such
+      -- a decision was written (a per-row probe could be planned as a scan of every request)
+      AND id <> ALL (ARRAY(SELECT a.task_id FROM leaseq_approvals a
+                           WHERE a.decision = 'approved' AND a.decided_at >= a.deadline_at))
       AND NOT EXISTS (SELECT 1 FROM leaseq_queues q WHERE q.name = %(queue)s AND q.paused)
       AND (SELECT f.worker_ok AND NOT f.routing_due FROM flags f)
       -- LIMITS: pass over a task one of whose limits has no room for it (a

@@ -230,8 +230,8 @@ WITH candidate AS MATERIALIZED (
     WHERE status = 'queued' AND queue = :queue
       AND (:kinds IS NULL OR kind IN (SELECT value FROM json_each(:kinds)))  -- only kinds the worker can run
       AND (deadline_at IS NULL OR deadline_at > (julianday('now') - 2440587.5) * 86400.0)  -- see the PostgreSQL file
-      AND NOT EXISTS (SELECT 1 FROM leaseq_approvals a  -- approved at or after its approval deadline: see the PostgreSQL file
-                      WHERE a.task_id = leaseq_tasks.id AND a.decision = 'approved' AND a.decided_at >= a.deadline_at)
+      AND id NOT IN (SELECT a.task_id FROM leaseq_approvals a  -- approved at or after its approval deadline:
+                     WHERE a.decision = 'approved' AND a.decided_at >= a.deadline_at)  -- see the PostgreSQL file
       -- the unary + keeps available_at out of the index lookup: the claimable
       -- index is walked in claim order, never range-scanned and then sorted
       AND +available_at <= (julianday('now') - 2440587.5) * 86400.0
