@@ -11,7 +11,7 @@
 
 from .aio import AsyncQueue, connect_async
 from .app import App, TaskDefinition
-from .core.errors import (ApprovalMismatch, BackendUnavailable, ConfigError, CredentialMissing,
+from .core.errors import (ApprovalExpired, ApprovalMismatch, BackendUnavailable, ConfigError, CredentialMissing,
                           IdempotencyKeyConflict, InvalidInput, InvalidTransition, LeaseLost, LeaseqError, NotFound,
                           Permanent, QueuePaused, StaleToken, ToolCallDiverged, UnknownWorker)
 from .core.retry import Retry, RetryPolicy
@@ -24,7 +24,7 @@ from .worker.tools import Tool, tool
 __version__ = "0.1.0"
 
 __all__ = [
-    "App", "Approval", "ApprovalMismatch", "approval_digest", "CredentialMissing", "Permanent", "TaskDefinition", "TaskContext",
+    "App", "Approval", "ApprovalExpired", "ApprovalMismatch", "approval_digest", "CredentialMissing", "Permanent", "TaskDefinition", "TaskContext",
     "AsyncQueue", "BackendUnavailable", "Claim", "Claims", "ConfigError", "Effect", "EffectKind", "Event",
     "IdempotencyKeyConflict", "InvalidInput", "InvalidTransition", "LeaseLost", "LeaseqError", "NotFound", "Queue", "QueuePaused",
     "Retry", "RetryPolicy",

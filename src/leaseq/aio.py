@@ -21,6 +21,7 @@ from .core.model import Approval, Claim, Effect, Event, Task, Worker
 from .engine.steps import Op, T
 from .observability.tracing import atraced_enqueue
 from .queue import Queue, connect
+from .queue.operator import deciding
 
 
 class AsyncQueue:
@@ -79,7 +80,7 @@ class AsyncQueue:
                       approval_deadline: float | None = None, by: str | None = None,
                       trace_context: str | None = None, after: Iterable[int] | None = None,
                       on_dependency_failure: str = "cancel", connection: Any = None,
-                      limits: Iterable[str] | None = None, units: int = 1) -> Task:
+                      limits: Iterable[str] | None = None, units: int = 1, token_id: str | None = None) -> Task:
         """:meth:`Queue.enqueue`, awaited. ``connection``: a ``psycopg.AsyncConnection``
         on PostgreSQL, a ``sqlite3.Connection`` on SQLite."""
         op = engine.enqueue.enqueue(self.settings, kind, payload, effect=effect, queue=queue,
@@ -88,7 +89,8 @@ class AsyncQueue:
                                     timeout=timeout, deadline=deadline, approval=approval,
                                     approval_deadline=approval_deadline, by=by, trace_context=trace_context,
                                     after=after,
-                                    on_dependency_failure=on_dependency_failure, limits=limits, units=units)
+                                    on_dependency_failure=on_dependency_failure, limits=limits, units=units,
+                                    token_id=token_id)
         return await (self._arun(op) if connection is None else self._arun_in(connection, op))
 
     async def enqueue_many(self, kind: str, payloads: Iterable[Any], *, effect: str = "read_only",
@@ -274,13 +276,17 @@ class AsyncQueue:
 
 
     async def approve(self, task_id: int, digest: str, note: str | None = None, *, by: str | None = None,
-                      via: str | None = None) -> Task:
-        """:meth:`Queue.approve`, awaited."""
-        return await self._arun(engine.approvals.approve(self.settings, task_id, digest, note, by=by, via=via))
+                      via: str | None = None, worker: Worker | str | None = None,
+                      token_id: str | None = None) -> Task:
+        """:meth:`Queue.approve`, awaited (from an async handler, on behalf of its worker and task)."""
+        return await self._arun(engine.approvals.approve(self.settings, task_id, digest, note, by=by, via=via,
+                                                         decider=deciding(worker, token_id)))
 
-    async def deny(self, task_id: int, reason: str, *, by: str | None = None, via: str | None = None) -> Task:
+    async def deny(self, task_id: int, reason: str, *, by: str | None = None, via: str | None = None,
+                   worker: Worker | str | None = None, token_id: str | None = None) -> Task:
         """:meth:`Queue.deny`, awaited."""
-        return await self._arun(engine.approvals.deny(self.settings, task_id, reason, by=by, via=via))
+        return await self._arun(engine.approvals.deny(self.settings, task_id, reason, by=by, via=via,
+                                                      decider=deciding(worker, token_id)))
 
     async def expire_approvals(self) -> int:
         """:meth:`Queue.expire_approvals`, awaited."""

@@ -81,6 +81,9 @@ class Action:
     cli: bool = False
     #: may be taken on many targets at once with one set of fields (see :func:`perform_many`)
     bulk: bool = False
+    #: an approval decision: its Queue method also takes the caller's token (``token_id=``),
+    #: which may not decide a request it made
+    decision: bool = False
 
     @property
     def roles(self) -> frozenset[str]:
@@ -159,19 +162,21 @@ ACTIONS: dict[str, Action] = {a.name: a for a in (
     Action("approve", "operate", "approve tasks", target="task", method="approve",
            title="Approve a task that awaits approval",
            help="Pass the digest you were shown (leaseq approvals, the dashboard's approvals inbox, GET "
-                "/v1/approvals): the approval is bound to exactly that kind, payload and queue, and refused "
-                "for any other. The task is queued; you are recorded as its approver.",
-           fields=(Field("digest", "The task's approval digest as you were shown it (sha256:...).",
-                         placeholder="sha256:... (the digest shown)"),
+                "/v1/approvals): the approval is bound to exactly that kind, payload, queue and every option "
+                "the task runs with, and refused for any other. The task is queued; you are recorded as its "
+                "approver. Refused for the request's own requester, and after its deadline (which then "
+                "denies it).",
+           fields=(Field("digest", "The task's approval digest as you were shown it (v2:sha256:...).",
+                         placeholder="v2:sha256:... (the digest shown)"),
                    Field("note", _NOTE, required=False, placeholder="note (optional)")),
            done="task {target} approved", statuses=("awaiting_approval",), label="Approve", dashboard=True,
-           cli=True),
+           cli=True, decision=True),
     Action("deny", "operate", "deny tasks", target="task", method="deny",
            title="Deny a task that awaits approval",
            help="The task ends denied and never runs; the reason is recorded in the evidence trail.",
            fields=(Field("reason", "Why; recorded in the evidence trail.", placeholder="reason (required)"),),
            done="task {target} denied", statuses=("awaiting_approval",), label="Deny", danger=True,
-           dashboard=True, cli=True),
+           dashboard=True, cli=True, decision=True),
     Action("pause", "operate", "pause queues", target="queue", queue_scope=True, method="pause",
            title="Pause a queue (turn its off-switch on)",
            help="A paused queue hands out no claims, and running tasks may start no new effects; actions "
@@ -303,6 +308,8 @@ def perform(q: Queue, principal: Principal, action: str, target: Any, *, via: st
             if f.required:
                 raise InvalidInput(f.name, "required field is missing")
             params[f.name] = f.default
+    if spec.decision:  # the token that asked for an approval may not decide it
+        params["token_id"] = None if principal.local else principal.token_id
     return getattr(q, spec.method or "")(target, **params, by=principal.actor, via=via)
 
 

@@ -226,3 +226,34 @@ def test_version_10_adds_the_trace_context_and_old_tasks_carry_none(dsn: str) ->
         new = other.enqueue("job", {"new": True}, trace_context=traceparent)
         assert q.get(new.id).trace_context == traceparent
 
+
+
+def test_upgrading_to_version_14_links_the_intents_recorded_before(dsn: str) -> None:
+    """Version 14 adds parent_task_id and the requester's worker: an intent recorded before (its
+    parent's ledger holds the child's id) gets both, from that ledger entry; other tasks get neither."""
+    with leaseq.connect(dsn) as q:
+        with q.store.transaction() as tx:
+            tx.rows("migrations_create")
+            for mig in load_migrations(q.dialect)[:13]:
+                tx.script(mig.sql)
+                tx.rows("migrations_record", version=mig.version, name=mig.name)
+        columns = "(queue, kind, payload, effect, idempotency_key, max_attempts, lease_seconds, status)"
+        with q.store.transaction() as tx:  # what a version-13 intent left
+            for values in ("'agents', 'agent.run', '{}', 'idempotent', 'ticket-1', 5, 30.0, 'completed'",
+                           "'payments', 'payments.refund', '{\"order\": 7}', 'side_effect', "
+                           "'ticket-1/intent/refund', 5, 30.0, 'awaiting_approval'",
+                           "'default', 'job', '{}', 'read_only', 'plain', 5, 30.0, 'queued'"):
+                tx.script(f"INSERT INTO leaseq_tasks {columns} VALUES ({values})")
+            parent, child, plain = (tx.row("get_task_by_key", queue=queue, idempotency_key=key)["id"]
+                                    for queue, key in (("agents", "ticket-1"), ("payments", "ticket-1/intent/refund"),
+                                                       ("default", "plain")))
+            tx.script("INSERT INTO leaseq_effects (task_id, generation, worker_id, action, idempotency_key, status, "
+                      f"response) VALUES ({parent}, 1, 'worker-1', 'intend:payments.refund', 'intent:refund', "
+                      f"'done', '{{\"task_id\": {child}, \"kind\": \"payments.refund\", \"queue\": \"payments\"}}')")
+            tx.script("INSERT INTO leaseq_approvals (task_id, digest, requested_by) "
+                      f"VALUES ({child}, 'sha256:{'0' * 64}', 'task:{parent}')")
+        assert q.migrate() == [v for v in _latest(q.dialect) if v > 13]
+        assert [q.get(i).parent_task_id for i in (parent, child, plain)] == [None, parent, None]
+        req = q.approval(child)
+        assert (req.requested_by, req.requested_worker, req.requested_token) == (f"task:{parent}", "worker-1", None)
+        assert req.digest.startswith("v2:sha256:")  # shown as the version a decision takes

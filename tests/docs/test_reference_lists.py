@@ -101,7 +101,10 @@ def event_types_of_a_run(tmp_path: Path) -> set[str]:
     q.deny(ids[-1], "not now")                                         # denied
     ids.append(q.enqueue("k", {"n": "agent"}, queue="agents", effect="idempotent").id)
     [claim] = q.claim(w2, queue="agents")
-    q.intend(w2, claim, "k", {"n": "child"}, key="child")              # intent_recorded
+    child = q.intend(w2, claim, "k", {"n": "child"}, key="child", queue="executors")  # intent_recorded
+    ids.append(child.id)
+    q.claim(w2, queue="executors")
+    q.cancel(claim.task_id, reason="agent stopped")                    # parent_cancelled (its running intent)
     seen = {e.type for task_id in ids for e in q.events(task_id)}
     q.close()
     return seen

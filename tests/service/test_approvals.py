@@ -43,13 +43,13 @@ def test_approve_and_deny_over_http(svc: Service) -> None:
     assert req["task_id"] == task["id"] and req["requested_by"].startswith("agent-token (worker token ")
     assert req["task"]["payload"] == "[redacted]"  # a viewer sees the digest, not the payload
     digest = req["digest"]
-    assert digest == leaseq.approval_digest("payments.refund", {"order": 7, "cents": 1250}, "payments")
+    assert digest == leaseq.approval_digest("payments.refund", {"order": 7, "cents": 1250}, "payments", effect="side_effect")
 
     svc.http(operator).get("/v1/whoami")  # its first use is recorded (last_used_at) before the snapshot
     before = snapshot(svc.dsn)
     refused = svc.http(viewer).post(f"/v1/tasks/{task['id']}/approve", json={"digest": digest})
     assert refused.status_code == 403 and error_of(refused)["code"] == "forbidden"
-    other = leaseq.approval_digest("payments.refund", {"order": 7, "cents": 999999}, "payments")
+    other = leaseq.approval_digest("payments.refund", {"order": 7, "cents": 999999}, "payments", effect="side_effect")
     mismatch = svc.http(operator).post(f"/v1/tasks/{task['id']}/approve", json={"digest": other})
     assert mismatch.status_code == 409
     err = error_of(mismatch)
@@ -68,7 +68,7 @@ def test_approve_and_deny_over_http(svc: Service) -> None:
     [entry] = [e for e in auth.audit_log(svc.q) if e["action"] == "approve"]
     assert entry["actor"] == decided["decided_by"] and entry["detail"]["via"] == "api"
 
-    second = _enqueue_gated(svc, operator, {"order": 8})
+    second = _enqueue_gated(svc, agent, {"order": 8})
     denied = svc.http(operator).post(f"/v1/tasks/{second['id']}/deny", json={"reason": "duplicate"})
     assert denied.json()["status"] == "denied"
     again = svc.http(operator).post(f"/v1/tasks/{second['id']}/approve",
@@ -92,8 +92,44 @@ def test_the_maintenance_leader_denies_at_the_deadline(q: leaseq.Queue, dsn: str
     assert (decided.decision, decided.decided_by, q.get(t.id).status) == ("denied", "leaseq:deadline", "denied")
 
 
+def test_the_token_that_asked_never_decides_over_http(svc: Service) -> None:
+    olga, oscar = svc.token("operator", "olga"), svc.token("operator", "oscar")
+    olga_id = olga.split("_")[1]
+    task = _enqueue_gated(svc, olga, {"order": 7, "cents": 1250})
+    req = svc.http(olga).get(f"/v1/tasks/{task['id']}/approval").json()
+    assert (req["requested_token"], req["requested_worker"]) == (olga_id, None)
+    assert req["requested_by"].startswith("olga (operator token ")
+    svc.http(oscar).get("/v1/whoami")  # its first use is recorded (last_used_at) before the snapshot
+    before = snapshot(svc.dsn)
+    for verb, body in (("approve", {"digest": req["digest"], "note": "mine"}), ("deny", {"reason": "mine"})):
+        refused = svc.http(olga).post(f"/v1/tasks/{task['id']}/{verb}", json=body)
+        assert refused.status_code == 403, refused.text
+        err = error_of(refused)
+        assert err["code"] == "forbidden" and f"requested by token {olga_id}" in err["message"]
+    assert snapshot(svc.dsn) == before  # nothing decided, nothing audited
+    done = svc.http(oscar).post(f"/v1/tasks/{task['id']}/approve", json={"digest": req["digest"]})
+    assert done.status_code == 200 and done.json()["status"] == "queued", done.text
+    assert svc.q.approval(task["id"]).decided_by.startswith("oscar (operator token ")
+
+
+def test_a_decision_after_the_deadline_over_http(svc: Service) -> None:
+    olga, oscar = svc.token("operator", "olga"), svc.token("operator", "oscar")
+    task = _enqueue_gated(svc, olga, {"order": 7}, approval_deadline=0.05)
+    digest = svc.q.approval(task["id"]).digest
+    deadline = svc.q.approval(task["id"]).deadline_at
+    while svc.q.now() <= deadline:
+        pass
+    late = svc.http(oscar).post(f"/v1/tasks/{task['id']}/approve", json={"digest": digest})
+    assert late.status_code == 409
+    err = error_of(late)
+    assert (err["code"], err["task_id"], err["decision"]) == ("approval_expired", task["id"], "approve")
+    assert svc.q.get(task["id"]).status == "denied"
+    assert svc.q.approval(task["id"]).decided_by == "leaseq:deadline"
+
+
 def test_intents_over_the_worker_api(svc: Service) -> None:
-    agent = svc.remote(svc.token("worker", "agent", queues=["agents"]))
+    agent_token = svc.token("worker", "agent", queues=["agents"])
+    agent = svc.remote(agent_token)
     svc.q.enqueue("agent.run", {"ticket": 1}, effect="idempotent", queue="agents", idempotency_key="ticket-1")
     w = agent.register_worker("agent")
     [c] = agent.claim(w, queue="agents")
@@ -101,6 +137,11 @@ def test_intents_over_the_worker_api(svc: Service) -> None:
                          approval="required")
     assert (child.status, child.queue, child.idempotency_key) == ("awaiting_approval", "payments",
                                                                   "ticket-1/intent/refund")
+    assert child.parent_task_id == c.task_id
+    req = svc.q.approval(child.id)
+    assert (req.requested_worker, req.requested_token) == (w.id, agent_token.split("_")[1])
+    with pytest.raises(leaseq.auth.AccessDenied):  # a decision on the agent worker's behalf
+        svc.q.approve(child.id, req.digest, worker=w)
     assert agent.intend(w, c, "payments.refund", {"order": 7}, key="refund", queue="payments",
                         approval="required").id == child.id
     with pytest.raises(leaseq.auth.AccessDenied):  # the agent's token cannot claim its own intents

@@ -20,6 +20,7 @@ import textwrap
 import pytest
 
 import leaseq
+from leaseq.auth import AccessDenied
 
 from .conftest import wait_for
 
@@ -120,3 +121,49 @@ def test_the_agent_proposes_a_person_approves_the_executor_pays_once(dsn, tmp_pa
             assert q.get(children[order].id).result == {"refunded": 100 * order}
     finally:
         q.close()
+
+
+def test_a_handler_never_decides_an_intent_of_its_worker_or_its_task(app: leaseq.App) -> None:
+    """In-process worker: the agent's sync handler tries to approve and deny the intent it just
+    recorded, then an async handler of another task, on the same worker, tries to approve it. Each is
+    refused (the runtime's context names the worker and the task); a person outside any handler decides."""
+    q = app.queue
+    q.migrate()
+    refused: dict[str, str] = {}
+
+    @app.task("agent.propose", effect="idempotent", queue="agents", actions=["intend:payments.refund"])
+    def propose(ctx: leaseq.TaskContext, order: int) -> int:
+        child = ctx.intend("payments.refund", {"order": order}, key="refund", queue="payments",
+                           approval="required")
+        shown = q.approval(child)
+        for name, decide in (("approve", lambda: q.approve(child, shown.digest, note="mine")),
+                             ("deny", lambda: q.deny(child, "withdrawn"))):
+            try:
+                decide()
+            except AccessDenied as exc:
+                refused[f"its own task: {name}"] = str(exc)
+        return child
+
+    @app.task("agent.review", effect="idempotent", queue="agents")
+    async def review(ctx: leaseq.TaskContext) -> int:
+        [child] = (await ctx.aresults()).values()
+        aq = leaseq.AsyncQueue(q)
+        shown = await aq.approval(child)
+        try:
+            await aq.approve(child, shown.digest, note="looks fine")
+        except AccessDenied as exc:
+            refused["another task of its worker, async"] = str(exc)
+        return int(child)
+
+    first = propose.enqueue(order=7)
+    q.enqueue("agent.review", queue="agents", effect="idempotent", after=[first.id])
+    app.run_worker(until_idle=True)
+
+    child = q.get(first.id).result
+    req = q.approval(child)
+    assert (req.decision, q.get(child).status) == (None, "awaiting_approval")
+    assert req.requested_worker is not None and req.requested_by == f"task:{first.id}"
+    assert set(refused) == {"its own task: approve", "its own task: deny", "another task of its worker, async"}
+    assert all(f"requested by worker {req.requested_worker}" in message for message in refused.values())
+    assert not [e for e in q.events(child) if e.type in ("approved", "denied")]
+    assert q.approve(child, req.digest, by="alice").status == "queued"

@@ -330,7 +330,8 @@ class ApprovalMismatch(LeaseqError):
     shown is not what would run. Nothing was decided.
 
     ``given`` is the digest the approver passed, ``current`` the digest of the
-    task's kind, payload and queue as stored (see :func:`leaseq.approval_digest`).
+    task as stored: its kind, payload, queue and every option it runs with
+    (see :func:`leaseq.approval_digest`).
     """
 
     code = "approval_mismatch"
@@ -350,6 +351,38 @@ class ApprovalMismatch(LeaseqError):
     @classmethod
     def from_wire(cls, message: str, fields: dict[str, Any]) -> ApprovalMismatch:
         return cls(int(fields.get("task_id", 0)), str(fields.get("given", "")), str(fields.get("current", "")))
+
+
+class ApprovalExpired(InvalidTransition):
+    """A decision (approve or deny) came after the approval request's deadline, by the
+    database clock: refused. The request was denied by the deadline instead
+    (``decided_by`` ``leaseq:deadline``, ``decided_via`` ``deadline``), in the
+    refused call's transaction, exactly as the deadline job would have denied it:
+    the task ends ``denied`` and never runs.
+
+    ``deadline_at`` is the request's deadline (ISO 8601), ``decision`` what was
+    refused (``"approve"`` or ``"deny"``).
+    """
+
+    code = "approval_expired"
+    http_status = 409
+    cli_field = "task"
+
+    def __init__(self, task_id: int, deadline_at: Any, decision: str):
+        self.task_id = task_id
+        self.deadline_at = deadline_at.isoformat() if hasattr(deadline_at, "isoformat") else str(deadline_at)
+        self.decision = decision
+        super().__init__(f"task {task_id}: its approval deadline ({self.deadline_at}) passed before this "
+                         f"{decision}; refused, and the request is denied by the deadline")
+
+    def wire_fields(self) -> dict[str, Any]:
+        return {"task_id": self.task_id, "deadline_at": self.deadline_at, "decision": self.decision}
+
+    @classmethod
+    def from_wire(cls, message: str, fields: dict[str, Any]) -> ApprovalExpired:
+        exc = cls(int(fields.get("task_id", 0)), str(fields.get("deadline_at", "")), str(fields.get("decision", "")))
+        exc.args = (message,)
+        return exc
 
 
 class InvalidActionToken(AccessDenied):
@@ -407,7 +440,7 @@ class ToolCallDiverged(LeaseqError):
 ERRORS: tuple[type[LeaseqError], ...] = (
     LeaseqError, LeaseLost, InvalidInput, BodyTooLarge, NotFound, UnknownWorker, InvalidTransition, QueuePaused,
     ConfigError, BackendUnavailable, StaleToken, Permanent, CredentialMissing, AccessDenied, Unauthorized,
-    RateLimited, IdempotencyKeyReused, IdempotencyKeyConflict, ApprovalMismatch, ToolCallDiverged,
+    RateLimited, IdempotencyKeyReused, IdempotencyKeyConflict, ApprovalMismatch, ApprovalExpired, ToolCallDiverged,
 )
 
 

@@ -95,6 +95,11 @@ class Task:
     limits: list[str] | None = None
     #: the task's weight in limits that count units
     units: int = 1
+    #: the task whose handler recorded this one as an intent (``ctx.intend``); None for any other task
+    parent_task_id: int | None = None
+    #: when that parent was cancelled while this intent had already started (or was parked for a
+    #: person): the executor's signal; an intent that had not started is cancelled with its parent
+    parent_cancelled_at: datetime | None = None
 
 
 @dataclass(frozen=True)
@@ -162,8 +167,11 @@ class Approval:
     ``digest`` is what the approver is shown and must pass back (see
     :func:`leaseq.approval_digest`); ``decision`` is None while undecided,
     else ``"approved"`` or ``"denied"`` (also by the deadline: ``decided_via``
-    ``"deadline"``). ``task`` is the task as read with it, where the read
-    includes it (:meth:`leaseq.Queue.approvals`).
+    ``"deadline"``). ``requested_by`` is the requester as shown to approvers;
+    ``requested_worker`` and ``requested_token`` are the identities a decision
+    is checked against (the requester may not decide its own request).
+    ``task`` is the task as read with it, where the read includes it
+    (:meth:`leaseq.Queue.approvals`).
     """
 
     task_id: int
@@ -177,6 +185,10 @@ class Approval:
     note: str | None = None
     decided_at: datetime | None = None
     task: Task | None = None
+    #: the worker that held the recording task's lease, for an intent (None: not asked by a worker)
+    requested_worker: str | None = None
+    #: the service token that enqueued the task, or whose worker recorded the intent (None: none)
+    requested_token: str | None = None
 
 
 @dataclass(frozen=True)

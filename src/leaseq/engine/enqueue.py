@@ -125,7 +125,7 @@ _NEW_TASK: dict[str, Any] = dict(
     status="queued", lease_owner=None, lease_expires_at=None, claim_generation=0, attempts=0, last_error=None,
     result=None, open_effects=0, claimed_at=None, heartbeat_count=0, last_heartbeat_at=None,
     longest_heartbeat_gap=0.0, error_fingerprint=None, error_streak=0, snoozes=0, has_dependents=False,
-    watched=False)
+    watched=False, parent_task_id=None, parent_cancelled_at=None)
 #: The parameters of insert_task stored as sent.
 _AS_SENT = ("queue", "kind", "effect", "priority", "idempotency_key", "max_attempts", "lease_seconds",
             "trace_context", "limits", "units")
@@ -154,7 +154,7 @@ def enqueue(s: Settings, kind: str, payload: Any = None, *, effect: str = "read_
             approval: str | None = None, approval_deadline: float | None = None,
             by: str | None = None, trace_context: str | None = None, after: Iterable[int] | None = None,
             on_dependency_failure: str = "cancel", limits: Iterable[str] | None = None,
-            units: int = 1) -> Op[Task]:
+            units: int = 1, token_id: str | None = None) -> Op[Task]:
     """:meth:`leaseq.Queue.enqueue`."""
     upstreams = check_after(after, on_dependency_failure)
     params = task_params(kind, payload, effect=effect, queue=queue, idempotency_key=idempotency_key,
@@ -163,6 +163,7 @@ def enqueue(s: Settings, kind: str, payload: Any = None, *, effect: str = "read_
                          limits=limits, units=units)
     approval, approval_deadline = approvals.check_approval(approval, approval_deadline)
     by = checks.check_text("by", by)
+    token_id = checks.check_text("token_id", token_id) or None
     if approval is not None and upstreams:
         raise InvalidInput("after", "cannot be combined with an approval gate: enqueue the gated task first, "
                                     "and the waiting task after it")
@@ -172,7 +173,7 @@ def enqueue(s: Settings, kind: str, payload: Any = None, *, effect: str = "read_
         row = yield one("insert_task", **params)
         if row is not None:
             row = yield from approvals.request(s, inserted_row(params, row), by or default_actor(),
-                                               approval_deadline)
+                                               approval_deadline, token=token_id)
         yield COMMIT
     elif upstreams:  # the task and its dependencies, in one transaction
         yield BEGIN

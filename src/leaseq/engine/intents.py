@@ -10,6 +10,13 @@ with its response, the child's id, so a retried task that intends the same
 intent. The child's idempotency key is derived from the calling task's
 attempt-stable key and ``key`` (:func:`child_key`), so even a second
 enqueue of it would find the first.
+
+The child records its parent (``parent_task_id``). A gated child's request
+names the worker that held the parent's lease (and the service token it
+came through) as its requester, which may not decide it. When the parent
+is cancelled, :func:`cancel_with_parents` cancels its intents that have not
+started, in the cancellation's transaction, and marks the others
+(``parent_cancelled_at``) for their executor.
 """
 
 from __future__ import annotations
@@ -22,13 +29,16 @@ from ..core import checks
 from ..core.errors import InvalidInput, LeaseLost, QueuePaused
 from ..core.model import Claim, Task, Worker
 from . import approvals
-from .common import Settings, check_claim, event, to_task, worker_id
+from .common import Settings, check_claim, event, event_params, to_task, worker_id
+from .dependencies import settle_dependents
 from .effects import action_refusal
 from .enqueue import existing_task, inserted_row, same_task, task_params
 from .steps import BEGIN, COMMIT, Op, one, rows
 
 #: Longest idempotency key (see leaseq.core.checks.check_key).
 _KEY_MAX = 255
+#: The statuses of an intent that has not started: it is cancelled with its parent.
+UNSTARTED = frozenset({"queued", "waiting", "awaiting_approval"})
 
 
 def intent_action(kind: str) -> str:
@@ -50,8 +60,13 @@ def child_key(parent_key: str, key: str) -> str:
 def intend(s: Settings, worker: Worker | str, claim: Claim, kind: str, payload: Any = None, *, key: str,
            queue: str = "default", effect: str = "side_effect", approval: str | None = None,
            approval_deadline: float | None = None, priority: int = 0, max_attempts: int = 5,
-           lease_seconds: float = checks.DEFAULT_LEASE_SECONDS, actions: Iterable[str] | None = None) -> Op[Task]:
-    """:meth:`leaseq.Queue.intend`: the child task (the first one written, on a replay)."""
+           lease_seconds: float = checks.DEFAULT_LEASE_SECONDS, actions: Iterable[str] | None = None,
+           token_id: str | None = None) -> Op[Task]:
+    """:meth:`leaseq.Queue.intend`: the child task (the first one written, on a replay).
+
+    ``token_id``: the service token the worker calls through (the service
+    passes it), recorded as a requester of a gated child.
+    """
     wid = worker_id(worker)
     check_claim(wid, claim)
     key = checks.check_key("key", key)
@@ -86,9 +101,10 @@ def intend(s: Settings, worker: Worker | str, claim: Claim, kind: str, payload: 
     if row is None:  # the derived key is taken in that queue: the intent exists, if asked for the same way
         row = yield from existing_task(params, approval=approval, approval_deadline=approval_deadline)
     else:
-        row = inserted_row(params, row)
+        row = yield one("set_parent_task", task_id=row["id"], parent_task_id=claim.task_id)
         if approval is not None:
-            row = yield from approvals.request(s, row, f"task:{claim.task_id}", approval_deadline)
+            row = yield from approvals.request(s, row, f"task:{claim.task_id}", approval_deadline, worker=wid,
+                                               token=checks.check_text("token_id", token_id) or None)
     response = {"task_id": row["id"], "kind": row["kind"], "queue": row["queue"]}
     if existing is None:
         fx = yield one("insert_effect", task_id=claim.task_id, generation=claim.generation, worker_id=wid,
@@ -104,3 +120,48 @@ def intend(s: Settings, worker: Worker | str, claim: Claim, kind: str, payload: 
                      queue=row["queue"], approval=approval)
     yield COMMIT
     return to_task(row)
+
+
+def cancel_with_parents(s: Settings, parent_ids: Iterable[int], by: str, reason: str) -> Op[dict[str, list[int]]]:
+    """The intents of tasks just cancelled in the open transaction (``parent_ids``, locked).
+
+    Each intent that has not started (queued, waiting, awaiting approval) is
+    cancelled, with a ``cancelled`` event naming its parent's cancellation
+    (``by``, ``reason``), and so, in turn, are the intents it recorded in an
+    earlier attempt; the tasks waiting for it move on. Each other unfinished
+    intent (running, left to its lease; or blocked, dead, needs
+    reconciliation, left to a person) gets ``parent_cancelled_at`` and a
+    ``parent_cancelled`` event, which its executor can read. Returns
+    ``{"cancelled": [...], "marked": [...]}``, task ids.
+    """
+    cancelled: list[int] = []
+    marked: list[int] = []
+    frontier = sorted(set(parent_ids))
+    while frontier:
+        found: list[dict[str, Any]] = yield rows("lock_intents", task_ids=frontier)
+        if not found:
+            break
+        unstarted = [r for r in found if r["status"] in UNSTARTED]
+        started = [r for r in found if r["status"] not in UNSTARTED]
+        events: list[dict[str, Any]] = []
+        ended: list[int] = []
+        if unstarted:
+            done = {r["id"] for r in (yield rows("cancel_intents", task_ids=[r["id"] for r in unstarted]))}
+            ended = [r["id"] for r in unstarted if r["id"] in done]
+            events += [event_params(s, r["id"], "cancelled", r["claim_generation"] or None, None, by=by,
+                                    reason=f"its parent task {r['parent_task_id']} was cancelled: {reason}",
+                                    previous_status=r["status"], parent_task_id=r["parent_task_id"])
+                       for r in unstarted if r["id"] in done]
+        if started:
+            done = {r["id"] for r in (yield rows("mark_parent_cancelled", task_ids=[r["id"] for r in started]))}
+            marked += [r["id"] for r in started if r["id"] in done]
+            events += [event_params(s, r["id"], "parent_cancelled", r["claim_generation"] or None, None, by=by,
+                                    reason=reason, parent_task_id=r["parent_task_id"], status=r["status"])
+                       for r in started if r["id"] in done]
+        if events:
+            yield rows("insert_events", events=events)
+        if ended:
+            yield from settle_dependents(s, ended)  # the tasks waiting for a cancelled intent move on
+        cancelled += ended
+        frontier = ended  # an intent cancelled with its parent cancels its own, recorded in an earlier attempt
+    return {"cancelled": cancelled, "marked": marked}

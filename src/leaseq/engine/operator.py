@@ -17,6 +17,7 @@ from ..core.model import Status, Task, Worker
 from .common import Settings, actor, audit, event, require_task, to_task, worker_id
 from .dependencies import settle_dependents
 from . import limits
+from .intents import cancel_with_parents
 from .leases import end_worker_leases
 from .steps import BEGIN, COMMIT, Op, one, rows
 
@@ -68,10 +69,18 @@ def cancel(s: Settings, task_id: int, reason: str = "cancelled", *, by: str | No
         detail["open_intents"] = before["open_effects"]
     yield from event(s, task_id, "cancelled", before["claim_generation"] or None, None, **detail)
     yield from settle_dependents(s, [task_id])
-    yield from audit(by, via, "cancel", f"task:{task_id}", reason=reason, previous_status=before["status"])
+    # the intents it recorded (ctx.intend): those not started end with it, the others are told
+    intents = yield from cancel_with_parents(s, [task_id], by, reason)
+    yield from audit(by, via, "cancel", f"task:{task_id}", reason=reason, previous_status=before["status"],
+                     **_intents_detail(intents))
     task = yield one("get_task", task_id=task_id)
     yield COMMIT
     return to_task(task)
+
+
+def _intents_detail(intents: dict[str, list[int]]) -> dict[str, list[int]]:
+    """The audit detail of a cancellation's intents: the lists that are not empty."""
+    return {f"{k}_intents": v for k, v in intents.items() if v}
 
 
 _OUTCOMES = {"completed": Status.COMPLETED, "requeue": Status.QUEUED, "cancel": Status.CANCELLED}
@@ -98,7 +107,10 @@ def reconcile(s: Settings, task_id: int, outcome: str, note: str, *, result: Any
                      note=note, settled_intents=[e["idempotency_key"] for e in settled])
     if outcome != "requeue":  # completed or cancelled: the task has ended, and its waiters move on
         yield from settle_dependents(s, [task_id])
-    yield from audit(by, via, "reconcile", f"task:{task_id}", outcome=outcome, note=note)
+    intents: dict[str, list[int]] = {}
+    if outcome == "cancel":  # cancelled: so are the intents it recorded that have not started
+        intents = yield from cancel_with_parents(s, [task_id], by, note)
+    yield from audit(by, via, "reconcile", f"task:{task_id}", outcome=outcome, note=note, **_intents_detail(intents))
     task = yield one("get_task", task_id=task_id)
     yield COMMIT
     return to_task(task)

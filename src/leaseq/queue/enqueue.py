@@ -25,7 +25,7 @@ class EnqueueOps(QueueBase):
                 approval_deadline: float | None = None, by: str | None = None,
                 trace_context: str | None = None, after: Iterable[int] | None = None,
                 on_dependency_failure: str = "cancel", connection: Any = None,
-                limits: Iterable[str] | None = None, units: int = 1) -> Task:
+                limits: Iterable[str] | None = None, units: int = 1, token_id: str | None = None) -> Task:
         """Add a task. A second enqueue with the same ``idempotency_key`` in the
         same queue returns the existing task instead of a duplicate, if it asks
         for the same kind, payload and options; with any difference it is
@@ -53,6 +53,9 @@ class EnqueueOps(QueueBase):
         denies it (:meth:`deny`); ``approval_deadline`` seconds after the
         enqueue, an undecided request is denied (:meth:`expire_approvals`).
         ``by`` names who asks, shown to the approver (default: the OS user).
+        ``token_id``: the service token that asks (the service passes its
+        caller's), recorded as the request's requester: that token may not
+        decide it.
 
         ``trace_context`` is a W3C traceparent stored with the task, under
         which the worker starts the task's spans; by default, with
@@ -83,7 +86,8 @@ class EnqueueOps(QueueBase):
                                     timeout=timeout, deadline=deadline, approval=approval,
                                     approval_deadline=approval_deadline, by=by, trace_context=trace_context,
                                     after=after,
-                                    on_dependency_failure=on_dependency_failure, limits=limits, units=units)
+                                    on_dependency_failure=on_dependency_failure, limits=limits, units=units,
+                                    token_id=token_id)
         return self._run(op) if connection is None else self._run_in(connection, op)
 
     def enqueue_many(self, kind: str, payloads: Iterable[Any], *, effect: str = "read_only",

@@ -9,8 +9,24 @@ from __future__ import annotations
 from typing import Any
 
 from .. import engine
+from ..core import checks
 from ..core.model import Task, Worker
+from ..engine.approvals import Decider
+from ..engine.common import worker_id
+from ..worker.tools import current_context
 from .base import QueueBase
+
+
+def deciding(worker: Worker | str | None, token_id: str | None) -> Decider:
+    """Who makes an approval decision: ``worker`` and ``token_id`` as given and, when the
+    call is made from a task handler (the worker runtime's context, sync or async),
+    that handler's worker and task. A request's requester may not decide it."""
+    workers = [] if worker is None else [worker_id(worker)]
+    ctx = current_context.get()
+    if ctx is not None and ctx.worker.id not in workers:
+        workers.append(ctx.worker.id)
+    return Decider(workers=tuple(workers), task=None if ctx is None else ctx.task_id,
+                   token=checks.check_text("token_id", token_id) or None)
 
 
 class OperatorOps(QueueBase):
@@ -39,7 +55,15 @@ class OperatorOps(QueueBase):
     def cancel(self, task_id: int, reason: str = "cancelled", *, by: str | None = None,
                via: str | None = None) -> Task:
         """Cancel a task. It stays cancelled; a running holder loses its lease at
-        its next guarded call, and expiry never revives it."""
+        its next guarded call, and expiry never revives it.
+
+        The intents the task recorded (``ctx.intend``) that have not started
+        (queued, waiting, awaiting approval) are cancelled in the same
+        transaction, each with a ``cancelled`` event naming its parent; an
+        intent already running is left to its lease, and it (like one parked
+        for a person) gets ``parent_cancelled_at`` and a ``parent_cancelled``
+        event, which its executor can read.
+        """
         return self._run(engine.operator.cancel(self.settings, task_id, reason, by=by, via=via))
 
     def reconcile(self, task_id: int, outcome: str, note: str, *, result: Any = None, by: str | None = None,
@@ -48,7 +72,8 @@ class OperatorOps(QueueBase):
 
         ``outcome``: ``completed`` (the action did happen; ``result`` is stored),
         ``requeue`` (it did not; run again with the same keys) or ``cancel``.
-        Open intents are marked ``reconciled``.
+        Open intents are marked ``reconciled``. With ``cancel``, the intents the
+        task recorded (``ctx.intend``) are cancelled or marked as by :meth:`cancel`.
         """
         return self._run(engine.operator.reconcile(self.settings, task_id, outcome, note, result=result, by=by,
                                                    via=via))
@@ -100,24 +125,41 @@ class OperatorOps(QueueBase):
     # -- approval gates --------------------------------------------------------
 
     def approve(self, task_id: int, digest: str, note: str | None = None, *, by: str | None = None,
-                via: str | None = None) -> Task:
+                via: str | None = None, worker: Worker | str | None = None, token_id: str | None = None) -> Task:
         """Approve a task waiting in ``awaiting_approval``: it becomes ``queued``.
 
         ``digest`` is the task's approval digest as the approver was shown it
-        (:attr:`Approval.digest`, :func:`leaseq.approval_digest`); any other is
+        (:attr:`Approval.digest`, :func:`leaseq.approval_digest`: it covers the
+        kind, payload, queue and every option the task runs with); any other is
         refused with :class:`ApprovalMismatch` and nothing is decided. The
-        decision, ``by`` (the approver) and ``note`` are recorded in the
-        approval request, the evidence trail and the audit log, in one transaction.
-        """
-        return self._run(engine.approvals.approve(self.settings, task_id, digest, note, by=by, via=via))
+        decision, ``by`` (the approver, as displayed) and ``note`` are recorded in
+        the approval request, the evidence trail and the audit log, in one transaction.
 
-    def deny(self, task_id: int, reason: str, *, by: str | None = None, via: str | None = None) -> Task:
+        The request's requester may not decide it (:class:`AccessDenied`, nothing
+        changed): the deciding party is ``worker`` (a decision made on a worker's
+        behalf), ``token_id`` (the service token deciding; the service passes
+        its caller's) and, when called from a task handler, that handler's
+        worker and task. So a worker, or the agent task, that recorded an intent
+        cannot approve it, nor can the token that enqueued a gated task.
+
+        After the request's deadline (by the database clock) the decision is
+        refused with :class:`ApprovalExpired`; the request is then denied by
+        the deadline, as :meth:`expire_approvals` would deny it.
+        """
+        return self._run(engine.approvals.approve(self.settings, task_id, digest, note, by=by, via=via,
+                                                  decider=deciding(worker, token_id)))
+
+    def deny(self, task_id: int, reason: str, *, by: str | None = None, via: str | None = None,
+             worker: Worker | str | None = None, token_id: str | None = None) -> Task:
         """Deny a task waiting in ``awaiting_approval``: it ends ``denied`` and never runs.
-        Recorded like :meth:`approve`, with ``reason``."""
-        return self._run(engine.approvals.deny(self.settings, task_id, reason, by=by, via=via))
+        Recorded and refused like :meth:`approve`, with ``reason``."""
+        return self._run(engine.approvals.deny(self.settings, task_id, reason, by=by, via=via,
+                                               decider=deciding(worker, token_id)))
 
     def expire_approvals(self) -> int:
         """Deny every approval request whose ``approval_deadline`` passed undecided
-        (by ``leaseq:deadline``); returns how many. The service's maintenance
-        leader runs it periodically."""
+        (by ``leaseq:deadline``), and every task approved at or after its deadline
+        (no claim takes one; only a decision written by hand, or by an older leaseq,
+        can be late); returns how many. The service's maintenance leader runs it
+        periodically; a decision after the deadline denies its request at once."""
         return self._run(engine.approvals.expire_approvals(self.settings))

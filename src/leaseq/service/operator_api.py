@@ -105,7 +105,7 @@ async def enqueue(body: EnqueueBody, request: Request,
                                    max_attempts=body.max_attempts, lease_seconds=body.lease_seconds,
                                    actions=body.actions, timeout=body.timeout, deadline=_deadline(body.deadline),
                                    approval=body.approval, approval_deadline=body.approval_deadline,
-                                   by=principal.actor,
+                                   by=principal.actor, token_id=principal.token_id or None,
                                    # the caller's trace, which the task's spans join (an invalid header is
                                    # ignored, as W3C Trace Context says a receiver must)
                                    trace_context=checks.parse_traceparent(request.headers.get("traceparent")),

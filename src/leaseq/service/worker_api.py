@@ -323,9 +323,10 @@ async def intend(body: IntentBody, request: Request, task_id: int = TaskId,
 
     def intending(view: Queue) -> Op[Task]:
         # the caller is known once the token was checked, in this transaction
-        authz.authorize_intent(request.state.principal, body.queue, body.approval)
+        principal = request.state.principal
+        authz.authorize_intent(principal, body.queue, body.approval)
         return engine.intents.intend(view.settings, worker_id, claim, body.kind, body.payload, key=body.key,
-                                     **options)
+                                     token_id=principal.token_id or None, **options)
 
     child = await _guarded(request, "intend", worker_id, intending)
     if child.status == "queued":

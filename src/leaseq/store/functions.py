@@ -160,9 +160,11 @@ _OWN_WORKER = """
 IF _kind = 'worker' AND NOT EXISTS (SELECT 1 FROM leaseq_workers w WHERE w.id = {worker} AND w.db_role = session_user) THEN
   RAISE EXCEPTION USING ERRCODE = '42501', MESSAGE = format('worker %s was not registered by role %s', {worker}, session_user);
 END IF;"""
+# (or made by this transaction: an intent's child, just inserted through a granted function)
 _HELD_TASK = """
 IF _kind = 'worker' AND NOT EXISTS (SELECT 1 FROM leaseq_events e JOIN leaseq_workers w ON w.id = e.worker_id
-                                    WHERE e.task_id = {task} AND w.db_role = session_user) THEN
+                                    WHERE e.task_id = {task} AND w.db_role = session_user)
+        AND NOT EXISTS (SELECT 1 FROM leaseq_tasks t WHERE t.id = {task} AND t.xmin = pg_current_xact_id()::xid) THEN
   RAISE EXCEPTION USING ERRCODE = '42501', MESSAGE = format('role %s never held task %s', session_user, {task});
 END IF;"""
 _LIVE_LEASE = """
@@ -203,6 +205,8 @@ def _checks(q: NamedQuery, sig: Signature) -> str:
                                           generation=pos["generation"]))
         elif "task_id" in pos and "worker_id" not in pos:
             out.append(_HELD_TASK.format(task=pos["task_id"]))
+        if "parent_task_id" in pos:
+            out.append(_HELD_TASK.format(task=pos["parent_task_id"]))
         if q.name == "insert_event":
             out.append(_FRESH_EVENT.format(task=pos["task_id"]))
         if "events" in pos:

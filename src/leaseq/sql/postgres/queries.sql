@@ -411,6 +411,11 @@ WITH worker AS (
     WHERE status = 'queued' AND queue = %(queue)s AND available_at <= now()
       AND (%(kinds)s::text[] IS NULL OR kind = ANY(%(kinds)s::text[]))  -- only kinds the worker can run
       AND (deadline_at IS NULL OR deadline_at > now())  -- never started past its deadline (the sweep expires it)
+      -- never one approved at or after its approval deadline (see late_approvals): the set
+      -- is read once per claim, from leaseq_approvals_late, which holds no row unless such
+      -- a decision was written (a per-row probe could be planned as a scan of every request)
+      AND id <> ALL (ARRAY(SELECT a.task_id FROM leaseq_approvals a
+                           WHERE a.decision = 'approved' AND a.decided_at >= a.deadline_at))
       AND NOT EXISTS (SELECT 1 FROM leaseq_queues q WHERE q.name = %(queue)s AND q.paused)
       AND (SELECT f.worker_ok AND NOT f.routing_due FROM flags f)
       -- LIMITS: pass over a task one of whose limits has no room for it (a
@@ -1046,10 +1051,13 @@ RETURNING *;
 -- name: approval_request
 -- callers: worker, operator
 -- What the approver will be shown (its digest), who asked, and until when.
-INSERT INTO leaseq_approvals (task_id, digest, requested_by, deadline_at)
+-- requested_worker and requested_token: the requester's identities, which
+-- may not decide the request.
+INSERT INTO leaseq_approvals (task_id, digest, requested_by, deadline_at, requested_worker, requested_token)
 VALUES (%(task_id)s, %(digest)s, %(requested_by)s,
         CASE WHEN %(deadline)s::float8 IS NULL THEN NULL
-             ELSE now() + %(deadline)s::float8 * interval '1 second' END)
+             ELSE now() + %(deadline)s::float8 * interval '1 second' END,
+        %(requested_worker)s::text, %(requested_token)s::text)
 RETURNING *;
 
 -- name: get_approval
@@ -1059,10 +1067,11 @@ SELECT * FROM leaseq_approvals WHERE task_id = %(task_id)s;
 -- name: decide_approval
 -- callers: operator
 -- One decision per request: a second decision (or a deadline racing an
--- operator) finds the row decided and changes nothing.
+-- operator) finds the row decided and changes nothing. The deadline's own
+-- denial (a person's decision is decide_approval_in_time), timed when made.
 UPDATE leaseq_approvals
 SET decision = %(decision)s, decided_by = %(decided_by)s, decided_via = %(decided_via)s, note = %(note)s,
-    decided_at = now()
+    decided_at = clock_timestamp()
 WHERE task_id = %(task_id)s AND decision IS NULL
 RETURNING *;
 
@@ -1080,12 +1089,80 @@ FOR UPDATE OF t SKIP LOCKED;
 -- callers: operator, viewer
 -- The approvals inbox: each waiting task with its request, oldest first.
 SELECT t.*, a.digest AS approval_digest, a.requested_by AS approval_requested_by,
-       a.requested_at AS approval_requested_at, a.deadline_at AS approval_deadline_at
+       a.requested_at AS approval_requested_at, a.deadline_at AS approval_deadline_at,
+       a.requested_worker AS approval_requested_worker, a.requested_token AS approval_requested_token
 FROM leaseq_tasks t JOIN leaseq_approvals a ON a.task_id = t.id
 WHERE t.status = 'awaiting_approval' AND a.decision IS NULL
   AND (%(queue)s::text IS NULL OR t.queue = %(queue)s)
 ORDER BY t.id
 LIMIT %(limit)s;
+
+-- name: decide_approval_in_time
+-- callers: operator
+-- A person's decision, recorded only while the request's deadline has not
+-- passed by the database clock, read once as the statement judges the row
+-- (clock_timestamp(), not the transaction's start: a decision that waited
+-- for the task's lock is judged when it is made). That reading is the
+-- decision's time, decided_at, which the claim checks against the deadline.
+-- No row back: the deadline has passed (the caller holds the task's lock and
+-- read the request undecided).
+UPDATE leaseq_approvals a
+SET decision = %(decision)s, decided_by = %(decided_by)s, decided_via = %(decided_via)s, note = %(note)s,
+    decided_at = c.at
+FROM (SELECT clock_timestamp() AS at) c
+WHERE a.task_id = %(task_id)s AND a.decision IS NULL AND (a.deadline_at IS NULL OR c.at < a.deadline_at)
+RETURNING a.*;
+
+-- name: late_approvals
+-- callers: operator
+-- Queued tasks approved at or after their approval deadline, which
+-- claim_batch never hands out: only a decision written by hand, or by an
+-- older leaseq, can be (see decide_approval_in_time). The deadline job ends
+-- them denied. Read from leaseq_approvals_late; the tasks locked, SKIP LOCKED.
+SELECT t.id FROM leaseq_approvals a JOIN leaseq_tasks t ON t.id = a.task_id
+WHERE a.decision = 'approved' AND a.decided_at >= a.deadline_at AND t.status = 'queued'
+ORDER BY t.id
+LIMIT %(limit)s
+FOR UPDATE OF t SKIP LOCKED;
+
+-- name: set_parent_task
+-- callers: worker
+-- An intent's child task, inserted in this transaction: the task whose
+-- handler recorded it.
+UPDATE leaseq_tasks SET parent_task_id = %(parent_task_id)s
+WHERE id = %(task_id)s
+RETURNING *;
+
+-- name: lock_intents
+-- callers: operator
+-- The unfinished intents the given tasks recorded (ctx.intend), locked in id
+-- order after their parents (the caller holds those): a cancelled parent's
+-- intents that have not started are cancelled with it (cancel_intents), the
+-- others are marked (mark_parent_cancelled). Read from leaseq_tasks_parent.
+SELECT id, parent_task_id, status, claim_generation, lease_owner FROM leaseq_tasks
+WHERE parent_task_id IS NOT NULL AND parent_task_id = ANY(%(task_ids)s::bigint[])
+  AND status NOT IN ('completed', 'cancelled', 'denied', 'expired')
+ORDER BY id
+FOR UPDATE;
+
+-- name: cancel_intents
+-- callers: operator
+-- Intents that have not started (queued, waiting, awaiting approval) are
+-- cancelled with their parent. None holds a lease or a limit slot.
+UPDATE leaseq_tasks
+SET status = 'cancelled', last_error = 'cancelled: its parent task ' || parent_task_id || ' was cancelled',
+    parent_cancelled_at = now(), updated_at = now()
+WHERE id = ANY(%(task_ids)s::bigint[]) AND status IN ('queued', 'waiting', 'awaiting_approval')
+RETURNING id, parent_task_id, status;
+
+-- name: mark_parent_cancelled
+-- callers: operator
+-- Intents that started (running: left to their lease) or wait for a person
+-- (blocked, dead, needs_reconciliation) when their parent is cancelled: the
+-- time their executor, or the person, can read.
+UPDATE leaseq_tasks SET parent_cancelled_at = now()
+WHERE id = ANY(%(task_ids)s::bigint[]) AND parent_cancelled_at IS NULL
+RETURNING id;
 
 -- ============================================================================
 -- Service: tokens, access and retention

@@ -243,6 +243,8 @@ WITH candidate AS MATERIALIZED (
     WHERE status = 'queued' AND queue = :queue
       AND (:kinds IS NULL OR kind IN (SELECT value FROM json_each(:kinds)))  -- only kinds the worker can run
       AND (deadline_at IS NULL OR deadline_at > (julianday('now') - 2440587.5) * 86400.0)  -- see the PostgreSQL file
+      AND id NOT IN (SELECT a.task_id FROM leaseq_approvals a  -- approved at or after its approval deadline:
+                     WHERE a.decision = 'approved' AND a.decided_at >= a.deadline_at)  -- see the PostgreSQL file
       -- the unary + keeps available_at out of the index lookup: the claimable
       -- index is walked in claim order, never range-scanned and then sorted
       AND +available_at <= (julianday('now') - 2440587.5) * 86400.0
@@ -643,10 +645,11 @@ WHERE id = :task_id AND status = 'queued'
 RETURNING *;
 
 -- name: approval_request
-INSERT INTO leaseq_approvals (task_id, digest, requested_by, deadline_at)
+INSERT INTO leaseq_approvals (task_id, digest, requested_by, deadline_at, requested_worker, requested_token)
 VALUES (:task_id, :digest, :requested_by,
         CASE WHEN :deadline IS NULL THEN NULL
-             ELSE (julianday('now') - 2440587.5) * 86400.0 + :deadline END)
+             ELSE (julianday('now') - 2440587.5) * 86400.0 + :deadline END,
+        :requested_worker, :requested_token)
 RETURNING *;
 
 -- name: get_approval
@@ -669,12 +672,55 @@ LIMIT :limit;
 
 -- name: list_awaiting_approval
 SELECT t.*, a.digest AS approval_digest, a.requested_by AS approval_requested_by,
-       a.requested_at AS approval_requested_at, a.deadline_at AS approval_deadline_at
+       a.requested_at AS approval_requested_at, a.deadline_at AS approval_deadline_at,
+       a.requested_worker AS approval_requested_worker, a.requested_token AS approval_requested_token
 FROM leaseq_tasks t JOIN leaseq_approvals a ON a.task_id = t.id
 WHERE t.status = 'awaiting_approval' AND a.decision IS NULL
   AND (:queue IS NULL OR t.queue = :queue)
 ORDER BY t.id
 LIMIT :limit;
+
+-- name: decide_approval_in_time
+-- See the PostgreSQL file. 'now' is read once per statement: the deadline is
+-- judged, and decided_at written, with the same reading.
+UPDATE leaseq_approvals
+SET decision = :decision, decided_by = :decided_by, decided_via = :decided_via, note = :note,
+    decided_at = (julianday('now') - 2440587.5) * 86400.0
+WHERE task_id = :task_id AND decision IS NULL
+  AND (deadline_at IS NULL OR (julianday('now') - 2440587.5) * 86400.0 < deadline_at)
+RETURNING *;
+
+-- name: late_approvals
+-- See the PostgreSQL file. The transaction holds SQLite's write lock.
+SELECT t.id FROM leaseq_approvals a JOIN leaseq_tasks t ON t.id = a.task_id
+WHERE a.decision = 'approved' AND a.decided_at >= a.deadline_at AND t.status = 'queued'
+ORDER BY t.id
+LIMIT :limit;
+
+-- name: set_parent_task
+UPDATE leaseq_tasks SET parent_task_id = :parent_task_id
+WHERE id = :task_id
+RETURNING *;
+
+-- name: lock_intents
+-- See the PostgreSQL file. The transaction holds SQLite's write lock.
+SELECT id, parent_task_id, status, claim_generation, lease_owner FROM leaseq_tasks
+WHERE parent_task_id IS NOT NULL AND parent_task_id IN (SELECT value FROM json_each(:task_ids))
+  AND status NOT IN ('completed', 'cancelled', 'denied', 'expired')
+ORDER BY id;
+
+-- name: cancel_intents
+UPDATE leaseq_tasks
+SET status = 'cancelled', last_error = 'cancelled: its parent task ' || parent_task_id || ' was cancelled',
+    parent_cancelled_at = (julianday('now') - 2440587.5) * 86400.0,
+    updated_at = (julianday('now') - 2440587.5) * 86400.0
+WHERE id IN (SELECT value FROM json_each(:task_ids)) AND status IN ('queued', 'waiting', 'awaiting_approval')
+RETURNING id, parent_task_id, status;
+
+-- name: mark_parent_cancelled
+UPDATE leaseq_tasks SET parent_cancelled_at = (julianday('now') - 2440587.5) * 86400.0
+WHERE id IN (SELECT value FROM json_each(:task_ids)) AND parent_cancelled_at IS NULL
+RETURNING id;
 
 -- ============================================================================
 -- Service: tokens, access and retention
