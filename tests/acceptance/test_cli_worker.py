@@ -10,6 +10,7 @@ import subprocess
 import sys
 import textwrap
 import time
+from urllib.parse import urlsplit, urlunsplit
 
 import pytest
 
@@ -63,6 +64,31 @@ def test_worker_refuses_a_database_without_schema(dsn, run_cli, app_dir):
     proc = run_cli("--dsn", dsn, "worker", "jobs:app", "--until-idle", "--migrate")
     assert proc.returncode == 0, proc.stderr
     assert schema_version(dsn) > 0
+
+
+def test_worker_fails_at_once_for_what_waiting_cannot_heal(pg_schema_dsn, run_cli, app_dir):
+    """A worker waits for a database it cannot reach (tests/fault/test_worker_command_start.py),
+    but a login the server refuses, a DSN that cannot be parsed and an app that cannot be
+    loaded end it at once with one line, status 2."""
+    parts = urlsplit(pg_schema_dsn)
+    no_role = urlunsplit(parts._replace(netloc=f"leaseq_no_such_role@{parts.hostname}:{parts.port or 5432}"))
+    no_database = urlunsplit(parts._replace(path="/leaseq_no_such_database"))
+    cases = [
+        (["--dsn", no_role, "worker", "jobs:app", "--migrate"], "dsn",
+         ["PostgreSQL refused the connection", "leaseq_no_such_role"]),
+        (["--dsn", no_database, "worker", "jobs:app"], "dsn",
+         ["PostgreSQL refused the connection", "leaseq_no_such_database"]),
+        (["--dsn", pg_schema_dsn + "&no_such_parameter=1", "worker", "jobs:app", "--migrate"], "dsn",
+         ["cannot parse", "no_such_parameter"]),
+        (["--dsn", pg_schema_dsn, "worker", "no_such_module:app", "--migrate"], "app", ["no_such_module"]),
+    ]
+    for args, field, words in cases:
+        started = time.monotonic()
+        line = assert_one_error_line(run_cli(*args, timeout=30), field)
+        assert time.monotonic() - started < 15, f"{args}: took {time.monotonic() - started:.1f}s"
+        for word in words:
+            assert word in line, line
+    assert schema_version(pg_schema_dsn) == 0, "nothing was migrated"
 
 
 def test_worker_refuses_a_missing_sqlite_file(run_cli, app_dir):

@@ -30,6 +30,9 @@ def test_the_library_installs_only_what_it_needs():
     [own] = [r for r in extras["test"] if r.startswith("leaseq[")]
     assert {"server", "client", "mcp", "docs", "schedules", "metrics", "otel"} <= set(own[len("leaseq["):-1].split(","))
     assert names(extras["mcp"]) == {"mcp"}
+    # `pip install -e '.[docs]' && mkdocs build --strict`: the site's hook imports the service
+    # (.ci/run builds it so, in a fresh virtualenv)
+    assert "leaseq[server]" in extras["docs"] and {"mkdocs", "mkdocs-material"} <= names(extras["docs"])
     urls = project["urls"]
     assert {"Homepage", "Documentation", "Changelog"} <= set(urls)
     assert all(u.startswith("https://github.com/leaseq/leaseq") for u in urls.values())

@@ -8,19 +8,15 @@ import subprocess
 import sys
 from pathlib import Path
 
-import pytest
-
-from leaseq_chaos.pgserver import find_bindir
+from system_tools import require_tool
 
 ROOT = Path(__file__).resolve().parents[2]
 
 
 def need_pg_binaries() -> None:
-    """Skip (or fail, with LEASEQ_REQUIRE_PG=1) when no PostgreSQL server binaries are installed."""
-    if find_bindir() is None:
-        if os.environ.get("LEASEQ_REQUIRE_PG") == "1":
-            pytest.fail("LEASEQ_REQUIRE_PG=1 but no initdb/pg_ctl was found for the private chaos server")
-        pytest.skip("the PostgreSQL chaos run needs the server binaries (initdb, pg_ctl)")
+    """Skip (or fail, with LEASEQ_REQUIRE_PG=1 or LEASEQ_REQUIRE_TOOLS=1) when no PostgreSQL server
+    binaries (initdb, pg_ctl) are installed for the private chaos server."""
+    require_tool("pg_ctl")
 
 
 def run_chaos_cli(tmp_path: Path, *args: str, pythonpath: Path | None = None,

@@ -18,6 +18,10 @@ command use the embedded default, ``sqlite:///leaseq.db`` in that folder.
   sets its search_path for every connection that does not choose one, and
   the server written in the docs, ``postgresql://postgres@127.0.0.1:5432/test``,
   stands for ``$LEASEQ_TEST_PG_DSN``.
+- A page whose shell blocks run a system tool that a fresh machine may lack
+  (HAProxy, curl, psql: see ``tests/system_tools.py``) is skipped, naming
+  the tool, when it is not installed (:func:`tools_needed`); with
+  ``LEASEQ_REQUIRE_TOOLS=1`` (CI) it fails instead.
 """
 
 from __future__ import annotations
@@ -37,6 +41,8 @@ import uuid
 from collections.abc import Iterator
 from pathlib import Path
 
+from system_tools import TOOLS
+
 from .markdown_blocks import PARSED, PYTHON, SHELL, SHOWN_ONLY, Block, Page
 
 #: The PostgreSQL server the docs name; the runner points it at the test server.
@@ -46,6 +52,11 @@ SHELL_TIMEOUT = 120
 DOCUMENTED_PORT = 8765
 PORT = re.compile(rf"(?<=[: ]){DOCUMENTED_PORT}\b")
 SERVER_START_TIMEOUT = 60
+#: A command's first word: at a line's start, or after a pipe, a list operator, a subshell or a
+#: command substitution, past any VAR=value assignments and a leading sudo, exec, if, then, do or !.
+COMMAND_WORD = re.compile(r"(?:^|[|;&(`]|\$\()\s*(?:(?:sudo|exec|command|time|if|then|do|while|!)\s+)*"
+                          r"(?:\w+=\S*\s+)*(?P<word>[\w./-]+)", re.M)
+SHELL_COMMENT = re.compile(r"(?:^|(?<=\s))#.*$", re.M)
 
 
 class ExampleFailed(AssertionError):
@@ -102,6 +113,19 @@ def _close_queues(namespace: dict, workdir: Path) -> None:
             if isinstance(candidate, leaseq.Queue):
                 with contextlib.suppress(Exception):
                     candidate.close()
+
+
+def tools_needed(page: Page) -> set[str]:
+    """The system tools (names in ``system_tools.TOOLS``) that the page's shell blocks run."""
+    needed = set()
+    for block in page.blocks:
+        if block.skip is not None or block.language not in SHELL or block.file_name:
+            continue
+        for match in COMMAND_WORD.finditer(SHELL_COMMENT.sub("", block.code)):
+            word = match["word"].rsplit("/", 1)[-1]
+            if word in TOOLS:
+                needed.add(word)
+    return needed
 
 
 def run_page(page: Page, workdir: Path, *, pg_dsn: str | None = None) -> list[Block]:

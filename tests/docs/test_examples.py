@@ -9,12 +9,15 @@ directives a page may carry.
 from __future__ import annotations
 
 import os
+import sys
 from pathlib import Path
 
 import pytest
 
+from system_tools import REQUIRE_TOOLS, TOOLS, Tool, require_tools
+
 from .markdown_blocks import PARSED, PYTHON, SHELL, SHOWN_ONLY, indented_code, parse
-from .runner import ExampleFailed, run_page
+from .runner import ExampleFailed, run_page, tools_needed
 
 ROOT = Path(__file__).resolve().parents[2]
 PAGES = sorted([ROOT / "README.md", *(ROOT / "docs").rglob("*.md")])
@@ -35,7 +38,36 @@ def test_page_examples_run(path: Path, tmp_path: Path):
         if os.environ.get("LEASEQ_REQUIRE_PG") == "1":
             pytest.fail("LEASEQ_REQUIRE_PG=1 but LEASEQ_TEST_PG_DSN is not set")
         pytest.skip("this page runs on PostgreSQL: set LEASEQ_TEST_PG_DSN")
+    require_tools(tools_needed(page))  # HAProxy, curl, psql: a skip naming the missing one (CI: a failure)
     run_page(page, tmp_path / "page", pg_dsn=PG_DSN)
+
+
+def test_the_tools_a_page_runs_are_found():
+    """The pages that run a system tool are seen to (so a machine without it skips them), and
+    only what runs counts: a skipped block, a file, a comment or an argument does not."""
+    assert tools_needed(parse(ROOT / "docs" / "replicas.md")) == {"haproxy"}
+    assert tools_needed(parse(ROOT / "docs" / "tutorial.md")) == {"curl"}
+    assert tools_needed(parse(ROOT / "docs" / "how-to" / "postgresql.md")) == {"psql"}
+    assert tools_needed(parse(ROOT / "docs" / "how-to" / "fastapi.md")) == set()
+
+
+def test_a_page_needing_a_missing_tool_is_skipped_naming_it(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
+    monkeypatch.setitem(TOOLS, "leaseq-absent-tool", Tool("leaseq-absent-tool", "nothing that exists"))
+    page = tmp_path / "tool.md"
+    page.write_text("```sh\nleaseq migrate && FOO=1 leaseq-absent-tool --check | cat\n```\n\n"
+                    "<!-- docs-test: skip: shown only -->\n```sh\nhaproxy -f x.cfg\n```\n\n"
+                    "```sh\necho curl  # psql\n```\n")
+    needed = tools_needed(parse(page))
+    assert needed == {"leaseq-absent-tool"}
+    monkeypatch.delenv(REQUIRE_TOOLS, raising=False)
+    monkeypatch.delenv("LEASEQ_REQUIRE_PG", raising=False)
+    with pytest.raises(pytest.skip.Exception, match="needs leaseq-absent-tool, which is not installed"):
+        require_tools(needed)
+    monkeypatch.setenv(REQUIRE_TOOLS, "1")
+    with pytest.raises(pytest.fail.Exception, match="LEASEQ_REQUIRE_TOOLS=1 but leaseq-absent-tool is not installed"):
+        require_tools(needed)
+    monkeypatch.setitem(TOOLS, "leaseq-present-tool", Tool("leaseq-present-tool", "", (sys.executable,)))
+    require_tools({"leaseq-present-tool"})  # installed: runs, even when tools are required
 
 
 def test_every_example_is_fenced_and_accounted_for():

@@ -142,7 +142,8 @@ def test_every_environment_variable_the_code_reads_is_documented():
     (the per-option variables are generated there from the command tree)."""
     page = (ROOT / "docs" / "reference" / "configuration.md").read_text()
     names: set[str] = set()
-    for path in [*SRC.rglob("*.py"), *(ROOT / "chaos" / "src").rglob("*.py"), ROOT / "tests" / "conftest.py"]:
+    for path in [*SRC.rglob("*.py"), *(ROOT / "chaos" / "src").rglob("*.py"), ROOT / "tests" / "conftest.py",
+                 ROOT / "tests" / "system_tools.py"]:
         names |= set(re.findall(r"[\"'](LEASEQ_[A-Z][A-Z_]*[A-Z])[\"']", path.read_text()))
     names.discard("LEASEQ_CHAOS")  # a prefix the harness strips from its workers' environment
     assert len(names) >= 10, names

@@ -13,7 +13,6 @@ the lease row) and its sweep routes an expired lease that no claim touches.
 from __future__ import annotations
 
 import os
-import shutil
 import signal
 import sqlite3
 import subprocess
@@ -32,6 +31,7 @@ import leaseq
 from leaseq import auth
 from conformance.support import run_out
 from leaseq_chaos.pgserver import free_port
+from system_tools import require_tool
 
 from .support import ROOT, Service, wait_for
 
@@ -80,10 +80,7 @@ backend replicas
 
 @pytest.fixture
 def haproxy_bin() -> str:
-    found = shutil.which("haproxy") or next((p for p in ("/usr/sbin/haproxy",) if Path(p).exists()), None)
-    if found is None:
-        pytest.fail("haproxy is not installed (.ci/run installs Debian's package)")
-    return found
+    return require_tool("haproxy")  # a skip naming it; a failure with LEASEQ_REQUIRE_TOOLS=1 (CI)
 
 
 @pytest.fixture

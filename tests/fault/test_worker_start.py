@@ -13,7 +13,7 @@ import time
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
-from urllib.parse import urlsplit
+from urllib.parse import urlsplit, urlunsplit
 
 import pytest
 
@@ -75,6 +75,24 @@ def test_a_refused_token_ends_the_start_at_once(q: leaseq.Queue, service: Servic
         rq.close()
     assert isinstance(running.error, auth.AccessDenied), repr(running.error)
     assert runtime.worker is None and runtime.stats.transient_errors == 0
+
+
+def test_a_refused_login_ends_a_direct_worker_start_at_once(pg_schema_dsn: str) -> None:
+    """A PostgreSQL server that answers but refuses the login (here: no such role) is no
+    outage to wait out: the worker's start ends at once with ConfigError, tried once."""
+    parts = urlsplit(pg_schema_dsn)
+    app = leaseq.App(urlunsplit(parts._replace(netloc=f"leaseq_no_such_role@{parts.hostname}:{parts.port or 5432}")),
+                     name="refused")
+
+    @app.task("job")
+    def job(ctx: leaseq.TaskContext) -> None:
+        return None
+
+    running = Runner(app.worker(poll_interval=0.05), wait_registered=False)
+    wait_for(lambda: not running.thread.is_alive(), 10, "the worker gave up")
+    assert isinstance(running.error, leaseq.ConfigError), repr(running.error)
+    assert "refused the connection" in str(running.error) and "leaseq_no_such_role" in str(running.error)
+    assert running.runtime.worker is None and running.runtime.stats.transient_errors == 0
 
 
 def test_a_stop_request_ends_the_wait_for_an_unreachable_service(q: leaseq.Queue, service: Service) -> None:

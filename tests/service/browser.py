@@ -1,8 +1,11 @@
-"""Playwright with Debian's chromium: the browser fixtures the dashboard tests share."""
+"""Playwright with Debian's chromium: the browser fixtures the dashboard tests share.
+
+Without Chromium these tests skip, naming it (fail with ``LEASEQ_REQUIRE_TOOLS=1``
+or ``LEASEQ_REQUIRE_BROWSER=1``, as in CI): see ``tests/system_tools.py``.
+"""
 
 from __future__ import annotations
 
-import os
 import re
 import struct
 import zlib
@@ -11,20 +14,27 @@ from pathlib import Path
 
 import pytest
 
+from system_tools import require_tool
+
 from .conftest import Service
 
-CHROMIUM = "/usr/bin/chromium"
-if not os.path.exists(CHROMIUM) and os.environ.get("LEASEQ_REQUIRE_BROWSER") == "1":
-    raise RuntimeError(f"LEASEQ_REQUIRE_BROWSER=1 but Debian's chromium is not at {CHROMIUM}")
-needs_browser = pytest.mark.skipif(not os.path.exists(CHROMIUM), reason=f"needs Debian's chromium at {CHROMIUM}")
+
+@pytest.fixture(scope="session")
+def chromium() -> str:
+    """The path of Debian's chromium; a skip naming it when it is missing (a failure when required)."""
+    return require_tool("chromium")
+
+
+#: For tests (or whole modules, as ``pytestmark``) that drive the browser.
+needs_browser = pytest.mark.usefixtures("chromium")
 
 
 @pytest.fixture(scope="module")
-def browser() -> Iterator[object]:
+def browser(chromium: str) -> Iterator[object]:
     from playwright.sync_api import sync_playwright
 
     with sync_playwright() as p:
-        b = p.chromium.launch(executable_path=CHROMIUM, args=[
+        b = p.chromium.launch(executable_path=chromium, args=[
             "--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
             "--disable-background-networking", "--disable-component-update", "--disable-sync"])
         try:

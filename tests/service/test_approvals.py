@@ -19,7 +19,7 @@ import leaseq
 from leaseq import auth
 from snapshots import snapshot
 
-from .browser import browser, login, needs_browser  # noqa: F401  (fixtures)
+from .browser import browser, chromium, login, needs_browser  # noqa: F401  (fixtures)
 from .conftest import Service, serve
 from .support import error_of
 

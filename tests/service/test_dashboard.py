@@ -16,7 +16,7 @@ import leaseq
 from leaseq import auth
 from conformance.support import run_out
 
-from .browser import browser, login, needs_browser, page, png_facts  # noqa: F401  (fixtures)
+from .browser import browser, chromium, login, needs_browser, page, png_facts  # noqa: F401  (fixtures)
 from .conftest import Service
 from .support import dashboard_login, page_csrf, snapshot
 

@@ -24,7 +24,7 @@ import pytest
 import leaseq
 from leaseq import auth
 
-from .browser import browser, login, needs_browser, png_facts  # noqa: F401  (fixtures)
+from .browser import browser, chromium, login, needs_browser, png_facts  # noqa: F401  (fixtures)
 from .conftest import serve
 
 pytestmark = needs_browser

@@ -76,7 +76,15 @@ class ThrowawayPostgres:
         return self.root / "data"
 
     def start(self) -> ThrowawayPostgres:
-        """initdb into a new temporary folder and start the server; returns self."""
+        """Start the server, first creating it (:meth:`create`) unless that was done; returns self."""
+        if self.root is None:
+            self.create()
+        self._pg_ctl("start")
+        return self
+
+    def create(self) -> ThrowawayPostgres:
+        """initdb into a new temporary folder, without starting the server; returns self.
+        (A test may start a client first, then the server with :meth:`start`.)"""
         self.root = Path(tempfile.mkdtemp(prefix="leaseq-chaos-pg-"))
         if self._as_postgres:
             pw = pwd.getpwnam("postgres")
@@ -93,7 +101,6 @@ class ThrowawayPostgres:
                        # immediate restart loses commits the clients were already told about
                        # (the checker does flag that, as lost tasks and double completions).
                        "fsync = off\nfull_page_writes = off\n")
-        self._pg_ctl("start")
         return self
 
     def _pg_ctl(self, action: str, *extra: str) -> None:

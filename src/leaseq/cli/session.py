@@ -14,7 +14,7 @@ from typing import Any, TypeVar
 
 import click
 
-from ..core.errors import ConfigError, LeaseqError
+from ..core.errors import BackendUnavailable, ConfigError, LeaseqError
 from ..queue import Queue, connect
 from ..store.base import DEFAULT_DSN, load_migrations, parse_dsn
 
@@ -95,11 +95,14 @@ def open_queue(ctx: click.Context, *, need_schema: bool = True) -> Queue:
 
 
 def connect_checked(dsn: str | None, *, need_schema: bool = True, migrate: bool = False, embedded: bool = False,
-                    hint: str = "") -> Queue:
+                    hint: str = "", unavailable: bool = False) -> Queue:
     """Connect to ``dsn``; with ``need_schema``, refuse a database without leaseq's
     current schema (``hint`` is added to the refusal), unless ``migrate``.
 
     A SQLite file that does not exist is only created when ``migrate`` is set.
+    With ``unavailable``, a database that cannot be reached raises
+    :class:`BackendUnavailable` as it is, for a caller that waits and tries
+    again (``leaseq worker``); else every error is a :class:`CliError`.
     The caller closes the queue.
     """
     try:
@@ -108,6 +111,8 @@ def connect_checked(dsn: str | None, *, need_schema: bool = True, migrate: bool 
             raise CliError("dsn", f"no SQLite database at {target!r}; run `leaseq migrate` to create it{hint}")
         queue = connect(dsn)
     except LeaseqError as exc:
+        if unavailable and isinstance(exc, BackendUnavailable):
+            raise
         raise CliError.from_leaseq(exc) from None
     if need_schema:
         try:

@@ -8,6 +8,7 @@ import os
 import sys
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -41,21 +42,32 @@ def load_app(spec: str) -> App:
     return app
 
 
-def _transport(app: App, dsn: str | None, server: str | None, token_file: Path | None) -> Any:
-    if server:
-        if token_file is None:
-            raise CliError("token_file", "--server needs --token-file with a worker token")
-        token = token_file.read_text().strip()
-        if not token:
-            raise CliError("token_file", f"{str(token_file)!r} is empty")
-        from ..client import RemoteQueue
+def _remote(server: str, token_file: Path | None) -> Any:
+    if token_file is None:
+        raise CliError("token_file", "--server needs --token-file with a worker token")
+    token = token_file.read_text().strip()
+    if not token:
+        raise CliError("token_file", f"{str(token_file)!r} is empty")
+    from ..client import RemoteQueue
 
-        return RemoteQueue(server, token)
+    return RemoteQueue(server, token)
+
+
+def _database(app: App, dsn: str | None, *, migrate: bool) -> Callable[[], Any]:
+    """A function that opens the app's queue (checked as :func:`_check_database` says), for the
+    worker to call in its retrying start-up: while the database cannot be reached
+    (:class:`~leaseq.BackendUnavailable`) the worker waits and tries again; any other error
+    (a refused login, a database without leaseq's schema) ends the start at once."""
     if dsn is not None:
         if app._queue is not None:
             raise CliError("dsn", "the app is already connected; --dsn must be given before it connects")
         app.dsn = dsn
-    return app.queue
+
+    def connect() -> Any:
+        _check_database(app, dsn, migrate=migrate)
+        return app.queue
+
+    return connect
 
 
 def register(group: click.Group) -> None:
@@ -115,11 +127,13 @@ def register(group: click.Group) -> None:
         state = cli_state(ctx)
         app = load_app(app_spec)
         observer = _observer(metrics_port, metrics_addr, logs.log)  # a port in use refuses before any change
-        if server is None:
-            _check_database(app, state.dsn, migrate=migrate)
-        transport = _transport(app, state.dsn, server, token_file)
+        if server is None:  # connected in the worker's start-up, which waits for an unreachable database
+            transport, connect = None, _database(app, state.dsn, migrate=migrate)
+        else:
+            transport, connect = _remote(server, token_file), None
         try:
-            stats = app.run_worker(transport=transport, queues=list(queues) or None, concurrency=concurrency,
+            stats = app.run_worker(transport=transport, connect=connect, queues=list(queues) or None,
+                                   concurrency=concurrency,
                                    prefetch=prefetch, name=name, grace=grace, poll_interval=poll_interval,
                                    lease_seconds=lease_seconds, install_signals=True, until_idle=until_idle,
                                    progress=logs.progress if progress else None, observer=observer)
@@ -162,7 +176,7 @@ def _check_database(app: App, dsn: str | None, *, migrate: bool) -> None:
     hint = ", or start the worker with --migrate"
     if app.dsn is not None and dsn == app.dsn:
         hint = " with --dsn set to the app's database" + hint
-    connect_checked(dsn, migrate=migrate or embedded, embedded=embedded, hint=hint).close()
+    connect_checked(dsn, migrate=migrate or embedded, embedded=embedded, hint=hint, unavailable=True).close()
 
 
 def _exit_past_stuck_handlers() -> None:

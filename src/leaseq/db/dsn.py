@@ -3,10 +3,20 @@
 from __future__ import annotations
 
 import os
+import re
 
 from ..core.errors import BackendUnavailable, ConfigError
 
 DEFAULT_DSN = "sqlite:///leaseq.db"
+
+#: What PostgreSQL (or libpq) says when it answered and refused the login: a wrong password or
+#: role, no pg_hba.conf entry, no such database, no right to connect. Waiting does not heal these,
+#: unlike a server that is down, starting up or shutting down (SQLSTATE 57P03 and the like).
+#: libpq gives no SQLSTATE for a failed connection, so the server's (English) words are read.
+_REFUSED = re.compile(
+    r"authentication failed|role \S+ does not exist|database \S+ does not exist|no pg_hba\.conf entry"
+    r"|no password supplied|is not permitted to log in|permission denied for database"
+    r"|password authentication is not supported|server does not support SSL", re.I)
 
 
 def parse_dsn(dsn: str | None) -> tuple[str, str]:
@@ -39,7 +49,11 @@ def check_postgres_dsn(dsn: str, connect_timeout: float) -> None:
     """Refuse a PostgreSQL DSN that cannot be parsed or whose server cannot be reached.
 
     One direct connection is made, so a wrong host or password is reported
-    plainly rather than as a pool time-out later.
+    plainly rather than as a pool time-out later. A server that cannot be
+    reached (down, starting up, out of connections) is
+    :class:`BackendUnavailable`, worth another try; one that answered and
+    refused the login (password, role, database, pg_hba.conf) is
+    :class:`ConfigError`: trying again will not help.
     """
     import psycopg
 
@@ -53,4 +67,7 @@ def check_postgres_dsn(dsn: str, connect_timeout: float) -> None:
     try:
         psycopg.connect(dsn, connect_timeout=max(1, int(connect_timeout))).close()
     except psycopg.Error as exc:
-        raise BackendUnavailable(f"cannot connect to PostgreSQL: {str(exc).strip()}") from None
+        text = str(exc).strip()
+        if _REFUSED.search(text):
+            raise ConfigError(f"dsn: PostgreSQL refused the connection: {text}") from None
+        raise BackendUnavailable(f"cannot connect to PostgreSQL: {text}") from None

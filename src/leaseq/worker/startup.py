@@ -6,13 +6,19 @@ must wait for the queue, not die: opening its transport (for an
 :class:`~leaseq.App`, connecting and migrating) and registering its identity
 are retried with backoff for as long as the trouble lasts. A refusal (a
 refused token, invalid input, a bad configuration) is final and raised at
-once; a stop request ends the wait.
+once; a stop request ends the wait. A PostgreSQL server that answers but
+refuses the login (a wrong password or role, an unknown database) is a
+refusal too (:class:`~leaseq.ConfigError`), not a wait.
+
+The first failed try is logged once, at WARNING, saying that the worker
+waits; the tries after it at DEBUG; success after a wait at INFO.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from collections.abc import Awaitable, Callable
 from typing import Any
 
@@ -40,10 +46,10 @@ async def until_done(what: str, attempt: Callable[[], Awaitable[Any]], *, name: 
     (checked before each try and after each pause; ``wake`` cuts a pause short):
     ``(False, None)``. Transient errors are retried with jittered backoff (or the
     service's Retry-After); any other error is raised."""
-    backoff, tries = INITIAL_BACKOFF, 0
+    backoff, tries, began = INITIAL_BACKOFF, 0, time.monotonic()
     while not stopping():
         try:
-            return True, await attempt()
+            value = await attempt()
         except Exception as exc:
             if not is_transient(exc):
                 raise
@@ -51,10 +57,24 @@ async def until_done(what: str, attempt: Callable[[], Awaitable[Any]], *, name: 
             on_retry()
             pause, backoff = next_backoff(backoff, exc)
             backoff = min(backoff, MAX_START_BACKOFF)
-            (logger.warning if tries == 1 else logger.info)(
-                "worker %s: %s failed (%r); retrying in %.2fs", name, what, exc, pause)
+            if tries == 1:  # one line says the worker waits; each further try is a debug line
+                logger.warning("worker %s: %s failed (%s); waiting for the queue, trying again until it "
+                               "answers", name, what, _one_line(exc))
+            else:
+                logger.debug("worker %s: %s failed again (%s); retrying in %.2fs", name, what, _one_line(exc),
+                             pause)
             wake.clear()
             if stopping():
                 break
             await wait_event(wake, pause)
+        else:
+            if tries:
+                logger.info("worker %s: %s succeeded after %d failed tries (%.1fs)", name, what, tries,
+                            time.monotonic() - began)
+            return True, value
     return False, None
+
+
+def _one_line(exc: BaseException) -> str:
+    """``Type: message`` on one line (drivers put newlines and tabs in theirs)."""
+    return f"{type(exc).__name__}: {' '.join(str(exc).split())}"
