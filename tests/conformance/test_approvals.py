@@ -634,6 +634,22 @@ def test_the_token_that_enqueued_a_gated_task_never_decides_it(q: leaseq.Queue, 
     assert q.approve(t.id, req.digest, by="oscar", token_id="ba9876543210").status == "queued"
 
 
+def test_the_token_that_registered_the_intents_worker_never_decides_it(q: leaseq.Queue, dsn: str) -> None:
+    """The worker that recorded the intent was registered with a token (as the service registers
+    them): that token, deciding, is the requester too, though the intent was recorded without it."""
+    w = q.register_worker("agent", token_id="0123456789ab")
+    q.enqueue("agent.run", {"ticket": 1}, effect="idempotent", queue="agents")
+    [c] = q.claim(w, queue="agents")
+    child = q.intend(w, c, "payments.refund", {"order": 7}, key="refund", queue="payments", approval="required")
+    req = q.approval(child.id)
+    assert (req.requested_worker, req.requested_token) == (w.id, None)
+    before = snapshot(dsn)
+    with pytest.raises(AccessDenied, match="registered with token 0123456789ab"):
+        q.approve(child.id, req.digest, by="olga", token_id="0123456789ab")
+    assert snapshot(dsn) == before
+    assert q.approve(child.id, req.digest, by="oscar", token_id="ba9876543210").status == "queued"
+
+
 # -- cancelling the task that recorded intents --------------------------------------------------
 
 def _cancel(dsn: str, mode: str, task_id: int, **options: Any) -> leaseq.Task:
