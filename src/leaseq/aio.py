@@ -262,6 +262,10 @@ class AsyncQueue:
         """:meth:`Queue.stats`, awaited."""
         return await self._arun(engine.reads.stats(self.settings))
 
+    async def database_authority(self) -> str | None:
+        """:meth:`Queue.database_authority`, awaited."""
+        return await self._arun(engine.reads.database_authority(self.settings))
+
     async def now(self) -> datetime:
         """:meth:`Queue.now`, awaited."""
         return await self._arun(engine.reads.now(self.settings))

@@ -232,6 +232,7 @@ def test_upgrading_to_version_14_links_the_intents_recorded_before(dsn: str) -> 
     """Version 14 adds parent_task_id and the requester's worker: an intent recorded before (its
     parent's ledger holds the child's id) gets both, from that ledger entry; other tasks get neither."""
     with leaseq.connect(dsn) as q:
+        as_written(q)
         with q.store.transaction() as tx:
             tx.rows("migrations_create")
             for mig in load_migrations(q.dialect)[:13]:
@@ -252,7 +253,7 @@ def test_upgrading_to_version_14_links_the_intents_recorded_before(dsn: str) -> 
                       f"'done', '{{\"task_id\": {child}, \"kind\": \"payments.refund\", \"queue\": \"payments\"}}')")
             tx.script("INSERT INTO leaseq_approvals (task_id, digest, requested_by) "
                       f"VALUES ({child}, 'sha256:{'0' * 64}', 'task:{parent}')")
-        assert q.migrate() == [v for v in _latest(q.dialect) if v > 13]
+        assert upgrade(q) == [v for v in _latest(q.dialect) if v > 13]
         assert [q.get(i).parent_task_id for i in (parent, child, plain)] == [None, parent, None]
         req = q.approval(child)
         assert (req.requested_by, req.requested_worker, req.requested_token) == (f"task:{parent}", "worker-1", None)

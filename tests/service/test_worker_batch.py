@@ -78,10 +78,10 @@ def test_complete_many_completes_the_held_and_reports_the_refused(svc) -> None:
 
 def test_complete_many_with_a_wrong_generation_changes_nothing_for_that_task(svc) -> None:
     rq, w, _ = _worker(svc)
-    svc.q.enqueue("job", {}, lease_seconds=0.3)
-    [old] = rq.claim(w)
+    svc.q.enqueue("job", {}, lease_seconds=60)
+    [old] = rq.claim(w, lease_seconds=0.3)  # a claim may ask for less than the task's lease, never more
     wait_until(svc.q, old.expires_at)
-    [new] = rq.claim(w, lease_seconds=60)  # the same worker, a newer generation (held through the test)
+    [new] = rq.claim(w)  # the same worker, a newer generation (held through the test)
     assert new.generation == old.generation + 1
     assert rq.complete_many(w, [(old, "stale")]) == set()
     assert svc.q.get(new.task_id).status == "running"
