@@ -218,13 +218,17 @@ class AsyncQueue:
         """:meth:`Queue.requeue`, awaited."""
         return await self._arun(engine.operator.requeue(self.settings, task_id, note, by=by, via=via))
 
-    async def pause(self, queue: str, *, by: str | None = None, via: str | None = None) -> dict[str, Any]:
-        """:meth:`Queue.pause`, awaited."""
-        return await self._arun(engine.operator.set_paused(self.settings, queue, True, by=by, via=via))
+    async def pause(self, queue: str, *, create: bool = False, by: str | None = None,
+                    via: str | None = None) -> dict[str, Any]:
+        """:meth:`Queue.pause`, awaited (an unknown queue is refused unless ``create``)."""
+        return await self._arun(engine.operator.set_paused(self.settings, queue, True, create=create, by=by,
+                                                           via=via))
 
-    async def resume(self, queue: str, *, by: str | None = None, via: str | None = None) -> dict[str, Any]:
-        """:meth:`Queue.resume`, awaited."""
-        return await self._arun(engine.operator.set_paused(self.settings, queue, False, by=by, via=via))
+    async def resume(self, queue: str, *, create: bool = False, by: str | None = None,
+                     via: str | None = None) -> dict[str, Any]:
+        """:meth:`Queue.resume`, awaited (an unknown queue is refused unless ``create``)."""
+        return await self._arun(engine.operator.set_paused(self.settings, queue, False, create=create, by=by,
+                                                           via=via))
 
     async def queues(self) -> list[dict[str, Any]]:
         """:meth:`Queue.queues`, awaited."""

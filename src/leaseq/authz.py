@@ -39,6 +39,8 @@ class Field:
     choices: tuple[tuple[str, str], ...] = ()
     #: a JSON document (the CLI reads JSON text, ``-`` or ``@file``); not offered on the dashboard
     json: bool = False
+    #: a yes/no switch (a JSON boolean in the API, a ``--NAME`` flag on the CLI); not offered on the dashboard
+    flag: bool = False
     placeholder: str = ""
 
 
@@ -109,6 +111,8 @@ class Action:
 
 _UNFINISHED = ("queued", "running", "dead", "blocked", "needs_reconciliation", "awaiting_approval")
 _NOTE = "Recorded in the evidence trail."
+_CREATE = Field("create", "Switch a queue that has never had a task (refused otherwise, as a mistyped name).",
+                required=False, default=False, flag=True)
 
 #: Every action, by name.
 ACTIONS: dict[str, Action] = {a.name: a for a in (
@@ -180,11 +184,15 @@ ACTIONS: dict[str, Action] = {a.name: a for a in (
     Action("pause", "operate", "pause queues", target="queue", queue_scope=True, method="pause",
            title="Pause a queue (turn its off-switch on)",
            help="A paused queue hands out no claims, and running tasks may start no new effects; actions "
-                "already in flight finish and are recorded.",
+                "already in flight finish and are recorded. A queue that has never had a task is refused "
+                "(a mistyped name), unless create is given.",
+           fields=(_CREATE,),
            done="queue {target} paused: no new claims or effects; actions in flight may finish", paused=False,
            label="Pause", dashboard=True, cli=True),
     Action("resume", "operate", "resume queues", target="queue", queue_scope=True, method="resume",
-           title="Resume a paused queue (turn its off-switch off)", done="queue {target} resumed", paused=True, label="Resume",
+           title="Resume a paused queue (turn its off-switch off)",
+           help="A queue that has never had a task and has no off-switch is refused, unless create is given.",
+           fields=(_CREATE,), done="queue {target} resumed", paused=True, label="Resume",
            dashboard=True, cli=True),
     Action("revoke_worker", "operate", "revoke workers", target="worker", verb="revoke", method="revoke_worker",
            title="Revoke one worker",

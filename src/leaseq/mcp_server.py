@@ -134,8 +134,9 @@ class QueueTools:
         params = [inspect.Parameter(target_name, inspect.Parameter.KEYWORD_ONLY,
                                     annotation=Annotated[target_type, PydanticField(description=target_help)])]
         for f in action.fields:
-            kind: Any = Any if f.json else str
-            annotation: Any = Annotated[kind if f.required else kind | None, PydanticField(description=f.help)]
+            kind: Any = Any if f.json else bool if f.flag else str
+            optional = not f.required and not f.flag  # a flag left out is its default, never None
+            annotation: Any = Annotated[kind | None if optional else kind, PydanticField(description=f.help)]
             params.append(inspect.Parameter(f.name, inspect.Parameter.KEYWORD_ONLY, annotation=annotation,
                                             **({} if f.required else {"default": f.default})))
 

@@ -13,7 +13,7 @@ import pytest
 import leaseq
 from conformance.support import run_out
 
-from .cli_support import CLI, assert_one_error_line, cli_env
+from .cli_support import CLI, assert_one_error_line, cli_env, snapshot
 
 
 def ok(proc: subprocess.CompletedProcess[str]) -> str:
@@ -81,6 +81,28 @@ def wait_expired(q: leaseq.Queue, claim: leaseq.Claim) -> None:
     """Wait until ``claim``'s lease is past its deadline by the database's clock."""
     while q.now() <= claim.expires_at:
         time.sleep(0.05)
+
+
+def test_pausing_a_mistyped_queue_is_refused_unless_created(dsn, run_cli):
+    """`leaseq pause defualt` used to pause a queue nobody uses and report success: a queue that
+    has had no task and has no switch is refused, naming the known queues; --create takes it."""
+    cli = lambda *args, **kw: run_cli("--dsn", dsn, *args, **kw)  # noqa: E731
+    with leaseq.connect(dsn) as q:
+        q.migrate()
+        q.enqueue("job", queue="default")
+        q.enqueue("job", queue="mail")
+    before = snapshot(dsn)
+    for verb in ("pause", "resume"):
+        line = assert_one_error_line(cli(verb, "defualt"), "queue")
+        assert "'defualt' is not a known queue" in line, line
+        assert "(known queues: default, mail)" in line and f"leaseq {verb} --create" in line, line
+    assert snapshot(dsn) == before, "a refused pause changes nothing"
+    assert ok(cli("pause", "default")).startswith("queue default paused")  # it has had a task
+    assert ok(cli("pause", "later", "--create")).startswith("queue later paused")  # before its first task
+    assert ok(cli("resume", "later")).startswith("queue later resumed")  # it has a switch now
+    with leaseq.connect(dsn) as q:
+        assert [(s["name"], bool(s["paused"])) for s in q.queues()] == [("default", True), ("later", False)]
+    assert "--create" in ok(cli("pause", "--help"))
 
 
 def test_workers_queues_pause_and_sweep(dsn, run_cli):

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import multiprocessing
 import threading
 from collections import Counter
@@ -9,6 +10,7 @@ from collections import Counter
 import pytest
 
 import leaseq
+from leaseq import auth
 
 from .support import claim_until_empty, seconds_between, snapshot, wait_expired, wait_until
 
@@ -128,6 +130,49 @@ def test_paused_queue_hands_out_nothing(q: leaseq.Queue) -> None:
     assert [c.task_id for c in q.claim(w, queue="other")] == [other.id]  # only that queue is paused
     q.resume("default")
     assert [c.task_id for c in q.claim(w)] == [t.id]
+
+
+def test_an_unknown_queue_is_switched_only_with_create(q: leaseq.Queue, dsn: str) -> None:
+    """Pause and resume take a queue that has had a task or has a switch; a name never seen
+    (a typo) is refused naming the known queues, and changes nothing, unless ``create``.
+    AsyncQueue shares the rule (it is the engine's)."""
+    for verb in (q.pause, q.resume):
+        with pytest.raises(leaseq.InvalidInput) as info:
+            verb("defualt", by="ops")
+        assert info.value.field == "queue" and "no queue is known yet" in info.value.problem
+    q.enqueue("job")  # "default" has had a task
+    q.enqueue("job", queue="mail")
+    with pytest.raises(leaseq.InvalidInput) as info:
+        q.pause("defualt", by="ops")
+    assert info.value.problem.startswith("'defualt' is not a known queue")
+    assert "(known queues: default, mail)" in info.value.problem and "create=True" in info.value.problem
+    assert q.queues() == [] and not any(e["action"] == "pause" for e in auth.audit_log(q, 10))
+    with pytest.raises(leaseq.InvalidInput) as info:
+        q.pause("later", create="yes")  # type: ignore[arg-type]
+    assert info.value.field == "create"
+    assert q.pause("default") == {"queue": "default", "paused": True}
+    assert q.pause("later", create=True) == {"queue": "later", "paused": True}  # before its first task
+    assert q.resume("later") == {"queue": "later", "paused": False}  # its switch makes it known
+    assert [(r["name"], bool(r["paused"])) for r in q.queues()] == [("default", True), ("later", False)]
+    # the queues that had tasks are found past many tasks and more queues than the refusal names
+    for i in range(25):
+        q.enqueue_many("job", [{}, {}], queue=f"bulk-{i:02d}")
+    with pytest.raises(leaseq.InvalidInput) as info:
+        q.resume("defualt")
+    assert "known queues: bulk-00, bulk-01," in info.value.problem and "bulk-19, …)" in info.value.problem
+
+    async def from_asyncio() -> None:
+        async with await leaseq.connect_async(dsn) as aq:
+            with pytest.raises(leaseq.InvalidInput) as refused:
+                await aq.pause("nosuch")
+            assert refused.value.field == "queue" and "bulk-00" in refused.value.problem
+            assert await aq.pause("nosuch", create=True) == {"queue": "nosuch", "paused": True}
+            assert await aq.resume("mail") == {"queue": "mail", "paused": False}
+            with pytest.raises(leaseq.InvalidInput):
+                await aq.resume("still-nosuch")
+
+    asyncio.run(from_asyncio())
+    assert {r["name"] for r in q.queues()} == {"default", "later", "nosuch", "mail"}
 
 
 def test_claim_only_takes_its_own_queue(q: leaseq.Queue) -> None:

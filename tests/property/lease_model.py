@@ -61,6 +61,13 @@ class LeaseModel:
     def __init__(self) -> None:
         self.tasks: dict[int, MTask] = {}
         self.paused = False
+        #: the queue's off-switch has been set (with or without a task): it is a known queue
+        self.switched = False
+
+    def may_switch(self, create: bool) -> bool:
+        """Pause and resume take a known queue (one that has had a task, or has a switch),
+        and any queue with ``create``; a name never seen is refused, as a typo."""
+        return create or self.switched or bool(self.tasks)
 
     def holds(self, lease: MLease) -> bool:
         """The lease guard: running, same holder, same generation, not run out."""
@@ -120,8 +127,11 @@ class LeaseModel:
         t.owner, t.live = None, False
 
     def begin_effect(self, lease: MLease, action: str) -> str:
-        """``replayed``, ``same`` (this attempt's open intent), ``paused`` or ``new``."""
+        """``refused`` (a read_only task may begin no action), ``replayed``, ``same`` (this
+        attempt's open intent), ``paused`` or ``new``."""
         t = self.tasks[lease.task_id]
+        if t.effect == "read_only":
+            return "refused"
         key = f"{t.key}:{action}"
         fx = t.effects.get(key)
         if fx is not None and fx.status == "done":

@@ -190,6 +190,10 @@ class LeaseRules(RuleBasedStateMachine):
         except QueuePaused:
             assert expected == "paused"
             return
+        except InvalidInput as exc:
+            assert expected == "refused" and exc.field == "action", exc
+            return
+        assert expected != "refused", "a read_only task began an action"
         assert expected != "paused", "a new action started while the queue was paused"
         assert fx.replayed == (expected == "replayed")
         assert fx.generation == lease.generation or fx.replayed
@@ -262,10 +266,17 @@ class LeaseRules(RuleBasedStateMachine):
         else:
             assert expect
 
-    @rule(paused=st.booleans())
-    def off_switch(self, paused):
-        (self.q.pause if paused else self.q.resume)(QUEUE)
+    @rule(paused=st.booleans(), create=st.booleans())
+    def off_switch(self, paused, create):
+        allowed = self.model.may_switch(create)
+        try:
+            (self.q.pause if paused else self.q.resume)(QUEUE, create=create)
+        except InvalidInput as exc:
+            assert not allowed and exc.field == "queue", f"switch refused though allowed: {exc}"
+            return
+        assert allowed, "an unknown queue was switched without create"
         self.model.paused = paused
+        self.model.switched = True
 
     # -- after every step ----------------------------------------------------------------------------
 

@@ -81,9 +81,10 @@ def _target(q: leaseq.Queue, spec: authz.Action) -> Any:
     worker holding a lease."""
     if spec.target == "task":
         return _task_in(q, "running" if spec.name == "cancel" else spec.statuses[0])
-    if spec.target == "queue":
-        if spec.paused:
-            q.pause("spare", by="setup")
+    if spec.target == "queue":  # a queue with a switch is known: pause and resume take it without create
+        q.pause("spare", create=True, by="setup")
+        if not spec.paused:
+            q.resume("spare", by="setup")
         return "spare"
     w = q.register_worker("victim")
     queue = f"q-{secrets.token_hex(4)}"
@@ -165,7 +166,7 @@ def test_the_cli_writes_its_audit_entry_in_the_action(q: leaseq.Queue, dsn: str)
                                                                  f"cli:{getpass.getuser()}")
     assert entry["detail"] == {"note": "key rotated", "via": "cli"}
     assert q.events(task)[-1].detail["by"] == entry["actor"]
-    paused = _cli(dsn, "pause", "mail", "--json")
+    paused = _cli(dsn, "pause", "mail", "--create", "--json")  # no task on mail yet: --create
     assert paused.returncode == 0 and '"paused": true' in paused.stdout
     assert auth.audit_log(q, 1)[0]["action"] == "pause"
     # and with the audit log refusing, the CLI changes nothing and says so on one line

@@ -277,7 +277,7 @@ def test_a_name_with_a_trailing_newline_is_refused_over_http(svc: Service) -> No
         assert error_of(resp)["field"] == field, resp.text
     assert snapshot(svc.dsn) == before
     # and so "default\n" cannot stay claimable while "default" is paused
-    operator.post("/v1/queues/default/pause").raise_for_status()
+    operator.post("/v1/queues/default/pause", json={"create": True}).raise_for_status()
     assert [(r["name"], bool(r["paused"])) for r in svc.q.queues()] == [("default", True)]
 
 

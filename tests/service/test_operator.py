@@ -49,11 +49,35 @@ def test_reconcile_over_http_records_who_and_why(svc: Service) -> None:
 
 def test_pause_records_the_actor(svc: Service) -> None:
     ops = svc.http(svc.token("operator", "bob"))
-    assert ops.post("/v1/queues/mail/pause").json() == {"queue": "mail", "paused": True}
+    assert ops.post("/v1/queues/mail/pause", json={"create": True}).json() == {"queue": "mail", "paused": True}
     [row] = svc.q.queues()
     assert row["paused"] and row["changed_by"].startswith("bob (operator token ")
     overview = ops.get("/v1/queues").json()["queues"]
     assert [(q["name"], q["paused"]) for q in overview] == [("mail", True)]
+
+
+def test_pausing_an_unknown_queue_is_refused_unless_created(svc: Service) -> None:
+    """A mistyped queue name is refused (422, field queue, naming the known queues) and switches
+    nothing; "create": true switches a queue before its first task."""
+    ops = svc.http(svc.token("operator", "bob"))
+    svc.q.enqueue("job", queue="default")
+    svc.q.pause("mail", create=True, by="setup")
+    for verb in ("pause", "resume"):
+        refused = ops.post(f"/v1/queues/defualt/{verb}")
+        assert refused.status_code == 422, refused.text
+        error = error_of(refused)
+        assert (error["code"], error["field"]) == ("invalid", "queue")
+        assert "'defualt' is not a known queue" in error["message"]
+        assert "known queues: default, mail" in error["message"] and '"create": true' in error["message"]
+    for body in ({"create": "yes"}, {"create": 1}, {"create": None}):  # a JSON boolean, or left out
+        assert ops.post("/v1/queues/defualt/pause", json=body).status_code == 422, body
+    assert [r["name"] for r in svc.q.queues()] == ["mail"]
+    assert ops.post("/v1/queues/default/pause").json() == {"queue": "default", "paused": True}  # it had a task
+    assert ops.post("/v1/queues/mail/resume").json() == {"queue": "mail", "paused": False}  # it has a switch
+    created = ops.post("/v1/queues/fresh/pause", json={"create": True})
+    assert created.json() == {"queue": "fresh", "paused": True}
+    assert [(r["name"], bool(r["paused"])) for r in svc.q.queues()] == [("default", True), ("fresh", True),
+                                                                        ("mail", False)]
 
 
 def test_timeline_groups_the_evidence_by_generation(svc: Service) -> None:

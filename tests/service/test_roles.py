@@ -55,6 +55,9 @@ def _operator_case(q: leaseq.Queue, spec: authz.Action) -> Call:
         # an approval names the digest of the very task it approves
         body = {f.name: (f.choices[0][0] if f.choices else q.approval(int(target)).digest if f.name == "digest"
                          else "checked the outside world") for f in spec.fields if f.required}
+        if spec.target == "queue":
+            body["create"] = True  # "spare" has had no task
+
         path = "/v1" + spec.route.replace("{task_id}", target).replace("{name}", target).replace(
             "{worker_id}", target)
         return c.post(path, json=body) if body else c.post(path)

@@ -33,6 +33,9 @@ def action_command(spec: authz.Action) -> click.Command:
     """The CLI command of one operator action: an argument for its target, an option per field."""
     params: list[click.Parameter] = [click.Argument(["target"], metavar=_METAVARS[spec.target or ""])]
     for f in spec.fields:
+        if f.flag:  # left out: False, the action's default
+            params.append(click.Option([f"--{f.name.replace('_', '-')}", f.name], is_flag=True, help=f.help))
+            continue
         metavar = "|".join(v for v, _ in f.choices) if f.choices else "JSON" if f.json else None
         # Choices are checked by the Queue (one error line naming the field), not by click.
         # (no default given to click: a left-out option arrives as None, and the action's default applies)

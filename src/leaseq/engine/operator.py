@@ -148,13 +148,39 @@ def _resume(s: Settings, task_id: int, from_status: Status, event_type: str, act
     return to_task(task)
 
 
-def set_paused(s: Settings, queue: str, paused: bool, *, by: str | None = None,
+#: The most known queues an "unknown queue" refusal names.
+KNOWN_QUEUES_SHOWN = 20
+
+
+def set_paused(s: Settings, queue: str, paused: bool, *, create: bool = False, by: str | None = None,
                via: str | None = None) -> Op[dict[str, Any]]:
-    """:meth:`leaseq.Queue.pause` and :meth:`leaseq.Queue.resume`: the queue's off-switch."""
+    """:meth:`leaseq.Queue.pause` and :meth:`leaseq.Queue.resume`: the queue's off-switch.
+
+    Only for a known queue (one that has had a task, or has a switch already)
+    unless ``create``: a mistyped name is refused (:class:`InvalidInput`, field
+    ``queue``, naming the known queues), not switched on its own.
+    """
     checks.check_name("queue", queue)
+    if not isinstance(create, bool):
+        raise InvalidInput("create", f"must be true or false (got {create!r})")
     by, via = actor(by, via)
     yield BEGIN
-    yield one("set_paused", queue=queue, paused=paused, actor=by)
+    if (yield one("set_paused", queue=queue, paused=paused, actor=by, create=create)) is None:
+        known = [r["name"] for r in (yield rows("known_queues", limit=KNOWN_QUEUES_SHOWN + 1))]
+        raise InvalidInput("queue", unknown_queue(queue, known, "pause" if paused else "resume"))
     yield from audit(by, via, "pause" if paused else "resume", f"queue:{queue}")
     yield COMMIT
     return {"queue": queue, "paused": paused}
+
+
+def unknown_queue(queue: str, known: list[str], verb: str) -> str:
+    """The refusal of a pause or resume of a queue that is not known (``known``: the names, at most
+    one more than are shown)."""
+    if known:
+        shown = ", ".join(known[:KNOWN_QUEUES_SHOWN]) + (", …" if len(known) > KNOWN_QUEUES_SHOWN else "")
+        names = f"known queues: {shown}"
+    else:
+        names = "no queue is known yet"
+    return (f"{queue!r} is not a known queue: it has had no task and has no off-switch ({names}); "
+            f"to {verb} it before its first task, pass create=True (leaseq {verb} --create; "
+            f'over HTTP "create": true)')

@@ -89,14 +89,22 @@ class OperatorOps(QueueBase):
 
     # -- queues and limits -----------------------------------------------------
 
-    def pause(self, queue: str, *, by: str | None = None, via: str | None = None) -> dict[str, Any]:
+    def pause(self, queue: str, *, create: bool = False, by: str | None = None,
+              via: str | None = None) -> dict[str, Any]:
         """Turn the off-switch on: no claims, and no new effects in running tasks.
-        Returns ``{"queue": name, "paused": True}``."""
-        return self._run(engine.operator.set_paused(self.settings, queue, True, by=by, via=via))
+        Returns ``{"queue": name, "paused": True}``.
 
-    def resume(self, queue: str, *, by: str | None = None, via: str | None = None) -> dict[str, Any]:
-        """Turn the off-switch off. Returns ``{"queue": name, "paused": False}``."""
-        return self._run(engine.operator.set_paused(self.settings, queue, False, by=by, via=via))
+        A queue that has never had a task (and has no off-switch yet) is
+        refused with :class:`leaseq.InvalidInput` (field ``queue``, naming the
+        known queues), so a mistyped name does not pause nothing and report
+        success; ``create=True`` pauses it anyway, before its first task."""
+        return self._run(engine.operator.set_paused(self.settings, queue, True, create=create, by=by, via=via))
+
+    def resume(self, queue: str, *, create: bool = False, by: str | None = None,
+               via: str | None = None) -> dict[str, Any]:
+        """Turn the off-switch off. Returns ``{"queue": name, "paused": False}``.
+        An unknown queue is refused unless ``create``, as by :meth:`pause`."""
+        return self._run(engine.operator.set_paused(self.settings, queue, False, create=create, by=by, via=via))
 
     def set_limit(self, key: str, *, max_running: int | None = None, per_second: float | None = None,
                   burst: float | None = None, counts: str = "tasks", by: str | None = None,

@@ -341,7 +341,7 @@ async def _act(request: Request, s: Session, action: str, target: Any, default_b
     given: dict[str, Any] = {}
     for f in spec.fields:
         value = form.get(f.name)
-        if f.json or value is None or (value == "" and not f.required):
+        if f.json or f.flag or value is None or (value == "" and not f.required):
             continue  # not offered on the form, or left empty: the action's default
         given[f.name] = value
     try:
@@ -359,7 +359,7 @@ def _bulk(q: Queue, s: Session, action: str, ids: list[str], note: str) -> tuple
         raise InvalidInput("ids", f"at most {MAX_BULK} tasks at once (got {len(ids)})")
     targets = list(dict.fromkeys(checks.check_task_id(i) for i in ids))
     spec = authz.ACTIONS[action]
-    [text] = [f for f in spec.fields if not f.json and not f.choices]  # the one note the form offers
+    [text] = [f for f in spec.fields if not f.json and not f.flag and not f.choices]  # the one note the form offers
     checks.check_text(text.name, note)  # once for all, not once per task
     given = {text.name: note} if note.strip() else {}
     if text.required and not given:

@@ -250,6 +250,9 @@ def _body_model(spec: authz.Action) -> Any:
         return None
     fields: dict[str, Any] = {}
     for f in spec.fields:
+        if f.flag:  # a JSON boolean; left out: the default
+            fields[f.name] = (bool, f.default)
+            continue
         kind: Any = Any if f.json else Literal[tuple(v for v, _ in f.choices)] if f.choices else str
         fields[f.name] = (kind, ...) if f.required else (kind | None if not f.json else kind, f.default)
     return create_model(f"{spec.name.title().replace('_', '')}Body", __base__=Body, **fields)

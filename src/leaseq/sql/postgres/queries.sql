@@ -1011,11 +1011,33 @@ ORDER BY id;
 
 -- name: set_paused
 -- callers: operator
+-- A queue's off-switch, for a known queue only unless %(create)s: one that has had a task
+-- (leaseq_tasks_queue_key leads with the queue) or has a switch already. No row: unknown,
+-- nothing written.
 INSERT INTO leaseq_queues (name, paused, changed_at, changed_by)
-VALUES (%(queue)s, %(paused)s, now(), %(actor)s)
+SELECT %(queue)s, %(paused)s, now(), %(actor)s
+WHERE %(create)s OR EXISTS (SELECT 1 FROM leaseq_queues WHERE name = %(queue)s)
+                 OR EXISTS (SELECT 1 FROM leaseq_tasks WHERE queue = %(queue)s)
 ON CONFLICT (name) DO UPDATE SET paused = excluded.paused, changed_at = excluded.changed_at,
                                  changed_by = excluded.changed_by
 RETURNING name, paused, changed_at, changed_by;
+
+-- name: known_queues
+-- callers: operator, viewer
+-- The queues set_paused takes without create, by name, at most %(limit)s: those with a
+-- switch, and those that have had a task, read by skipping from one queue name to the next
+-- along leaseq_tasks_queue_key (one index probe per queue, not a scan of every task).
+WITH RECURSIVE seen(name) AS (
+    SELECT min(queue) FROM leaseq_tasks
+    UNION ALL
+    SELECT (SELECT min(t.queue) FROM leaseq_tasks t WHERE t.queue > seen.name) FROM seen
+    WHERE seen.name IS NOT NULL
+)
+SELECT name FROM seen WHERE name IS NOT NULL
+UNION
+SELECT name FROM leaseq_queues
+ORDER BY name
+LIMIT %(limit)s;
 
 -- name: list_queues
 -- callers: operator, viewer

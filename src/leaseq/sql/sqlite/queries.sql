@@ -612,11 +612,27 @@ SELECT id, task_id, type, generation, worker_id, at, detail FROM leaseq_events W
 ORDER BY id;
 
 -- name: set_paused
+-- (see the PostgreSQL file; the WHERE also keeps SQLite from reading ON CONFLICT as a join)
 INSERT INTO leaseq_queues (name, paused, changed_at, changed_by)
-VALUES (:queue, :paused, (julianday('now') - 2440587.5) * 86400.0, :actor)
+SELECT :queue, :paused, (julianday('now') - 2440587.5) * 86400.0, :actor
+WHERE :create OR EXISTS (SELECT 1 FROM leaseq_queues WHERE name = :queue)
+              OR EXISTS (SELECT 1 FROM leaseq_tasks WHERE queue = :queue)
 ON CONFLICT (name) DO UPDATE SET paused = excluded.paused, changed_at = excluded.changed_at,
                                  changed_by = excluded.changed_by
 RETURNING name, paused, changed_at, changed_by;
+
+-- name: known_queues
+WITH RECURSIVE seen(name) AS (
+    SELECT min(queue) FROM leaseq_tasks
+    UNION ALL
+    SELECT (SELECT min(t.queue) FROM leaseq_tasks t WHERE t.queue > seen.name) FROM seen
+    WHERE seen.name IS NOT NULL
+)
+SELECT name FROM seen WHERE name IS NOT NULL
+UNION
+SELECT name FROM leaseq_queues
+ORDER BY name
+LIMIT :limit;
 
 -- name: list_queues
 SELECT name, paused, changed_at, changed_by FROM leaseq_queues ORDER BY name;
