@@ -319,3 +319,45 @@ def test_each_role_knows_its_authority_and_a_worker_role_starts_a_worker_without
             app.run_worker(until_idle=True)
         assert ("UNSAFE FOR PRODUCTION" in caplog.text) is warned, caplog.text
         app.queue.close()
+
+
+def test_a_worker_role_holds_back_and_releases_only_the_tasks_its_own_work_touches(admin, make_role) -> None:
+    """A worker's enqueue with ``after=`` parks the task it made, and its completion releases
+    the tasks waiting for the one it ended. Sent about a stranger's task, each is refused."""
+    dsn = make_role("worker")
+    victim = admin.enqueue("job", {"n": "queued stranger"})
+    up = admin.enqueue("job", {"n": "upstream"})
+    waiting = admin.enqueue("job", {"n": "waiting stranger"}, after=[up.id])
+    assert admin.get(waiting.id).status == "waiting"
+    before = snapshot(admin)
+    for statement in (f"SELECT * FROM leaseq_q_hold_tasks(ARRAY[{victim.id}]::bigint[])",
+                      f"SELECT leaseq_q_insert_dependencies('cancel', ARRAY[{victim.id}]::bigint[], "
+                      f"ARRAY[{up.id}]::bigint[])",
+                      f"SELECT * FROM leaseq_q_settle_waiters('[{{\"task_id\": {waiting.id}, \"status\": \"queued\"}}]')"):
+        assert "a worker" in refused(dsn, statement)
+    assert snapshot(admin) == before
+    with leaseq.connect(dsn) as q:  # the same statements, sent by the worker's own work
+        w = q.register_worker("w")
+        [claim] = q.claim(w)
+        assert claim.task_id == victim.id
+        child = q.enqueue("job", {"n": "child"}, after=[victim.id])
+        assert admin.get(child.id).status == "waiting"
+        q.complete(w, claim, None)
+    assert admin.get(child.id).status == "queued"
+
+
+def test_a_worker_role_records_effects_and_evidence_only_under_a_live_lease(admin, make_role) -> None:
+    dsn = make_role("worker")
+    task = admin.enqueue("job", {"n": 1}, effect="idempotent", actions=["crm.update"])
+    with leaseq.connect(dsn) as q:
+        w = q.register_worker("w")
+        [claim] = q.claim(w)
+        q.complete(w, claim, None)  # held once: its trail is readable, its lease is over
+        assert q.get(task.id).status == "completed"
+    before = snapshot(admin)
+    assert "holds no live lease" in refused(
+        dsn, "SELECT * FROM leaseq_q_insert_effect(%s, %s, %s, 'crm.update', 'k', 'idempotent', NULL)",
+        (task.id, claim.generation, w.id))
+    assert "writes evidence only" in refused(
+        dsn, "SELECT leaseq_q_insert_event(%s, 'completed', %s, %s, '{}')", (task.id, claim.generation, w.id))
+    assert snapshot(admin) == before

@@ -188,6 +188,26 @@ IF _kind = 'worker' AND NOT EXISTS (SELECT 1 FROM leaseq_tasks t WHERE t.id = {t
 END IF;"""
 
 
+# Statements a worker's enqueue or completion sends about tasks it never held:
+# the tasks it just made (a child held until its upstreams end), and the tasks
+# waiting for one it just ended. Sent about any other task, each would let a
+# worker role park a stranger's task (hold_tasks, insert_dependencies) or
+# release one early (settle_waiters).
+_MADE_HERE = """
+IF _kind = 'worker' AND EXISTS (SELECT 1 FROM unnest({ids}) AS x(id) WHERE NOT EXISTS (
+        SELECT 1 FROM leaseq_tasks t WHERE t.id = x.id AND t.xmin = pg_current_xact_id()::xid)) THEN
+  RAISE EXCEPTION USING ERRCODE = '42501', MESSAGE = 'a worker holds back only tasks its transaction made';
+END IF;"""
+_WAITING_ON_ENDED_HERE = """
+IF _kind = 'worker' AND EXISTS (SELECT 1 FROM jsonb_to_recordset({items}) AS c(task_id bigint) WHERE NOT EXISTS (
+        SELECT 1 FROM leaseq_dependencies d JOIN leaseq_tasks u ON u.id = d.upstream
+        WHERE d.waiter = c.task_id AND u.xmin = pg_current_xact_id()::xid)) THEN
+  RAISE EXCEPTION USING ERRCODE = '42501', MESSAGE = 'a worker settles only tasks waiting for one its transaction ended';
+END IF;"""
+_ROW_RULES = {"hold_tasks": ("task_ids", _MADE_HERE), "insert_dependencies": ("waiters", _MADE_HERE),
+              "settle_waiters": ("items", _WAITING_ON_ENDED_HERE)}
+
+
 def _checks(q: NamedQuery, sig: Signature) -> str:
     if not q.callers:
         return ""
@@ -211,6 +231,9 @@ def _checks(q: NamedQuery, sig: Signature) -> str:
             out.append(_FRESH_EVENT.format(task=pos["task_id"]))
         if "events" in pos:
             out.append(_FRESH_EVIDENCE.format(events=pos["events"]))
+        if q.name in _ROW_RULES:
+            param, rule = _ROW_RULES[q.name]
+            out.append(rule.format(ids=pos[param], items=pos[param]))
     # The owner (the role that migrates, a superuser: the library's default) skips every check:
     # each IF with a subquery runs the executor (about 40 us), where a simple test does not.
     return ("IF NOT pg_has_role(session_user, 'leaseq_owner', 'MEMBER') THEN\n"
