@@ -304,3 +304,18 @@ def test_a_bad_kinds_filter_is_refused_and_changes_nothing(q: leaseq.Queue, dsn:
         q.claim(w, kinds=kinds)
     assert info.value.field == field
     assert snapshot(dsn) == before
+
+
+@pytest.mark.parametrize(("asked", "granted"), [(7 * 86400, 30.0), (5, 5.0), (None, 30.0)])
+def test_a_claim_gets_at_most_the_tasks_own_lease(q: leaseq.Queue, asked, granted) -> None:
+    """A claim may ask for a shorter lease than the task declared, never a longer one: the
+    deadline, the claim's lease_seconds (which paces its renewals) and the evidence agree."""
+    task = q.enqueue("job", lease_seconds=30)
+    w = q.register_worker("w")
+    [claim] = q.claim(w, lease_seconds=asked)
+    assert claim.lease_seconds == granted
+    assert (claim.expires_at - q.now()).total_seconds() <= granted
+    [claimed] = [e for e in q.events(task.id) if e.type == "claimed"]
+    assert claimed.detail["lease_seconds"] == granted
+    renewed = q.heartbeat(w, claim)  # a renewal gives the granted length again, no more
+    assert (renewed - q.now()).total_seconds() <= granted

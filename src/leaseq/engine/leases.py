@@ -75,7 +75,7 @@ def _claim(s: Settings, worker: Worker | str, *, queue: str = "default", limit: 
     # awaits routing.
     yield BEGIN_ONE
     found = yield rows("claim_batch", route_first=True, **params)
-    claimed = yield from _record_claims(s, wid, lease_seconds, found)
+    claimed = yield from _record_claims(s, wid, found)
     yield COMMIT
     # PostgreSQL's statement answers how long an empty rate bucket needs (every row says it)
     wait = found[0].get("limit_wait") if found else None
@@ -86,7 +86,7 @@ def _claim(s: Settings, worker: Worker | str, *, queue: str = "default", limit: 
         yield from route_for_claim(s, wid)
         yield BEGIN
         found = yield rows("claim_batch", route_first=False, **params)
-        claimed = yield from _record_claims(s, wid, lease_seconds, found)
+        claimed = yield from _record_claims(s, wid, found)
         wait = found[0].get("limit_wait") if found else None
         if len(claimed) < limit and not s.backend.own_limit_slots:
             wait = (yield one("limit_wait"))["limit_wait"]
@@ -94,7 +94,7 @@ def _claim(s: Settings, worker: Worker | str, *, queue: str = "default", limit: 
     claimed.sort(key=lambda r: (-r["priority"], r["available_at"], r["id"]))
     out = Claims(Claim(task_id=r["id"], generation=r["claim_generation"], worker_id=wid,
                        expires_at=r["lease_expires_at"], task=to_task(r),
-                       lease_seconds=_granted(r["lease_seconds"], lease_seconds))
+                       lease_seconds=r["lease_granted"])
                  for r in claimed)
     if len(out) < limit and wait is not None:
         out.limit_wait = max(0.0, float(wait))
@@ -127,8 +127,7 @@ def route_for_claim(s: Settings, worker: Worker | str) -> Op[int]:
     return routed
 
 
-def _record_claims(s: Settings, wid: str, lease_seconds: float | None,
-                   found: list[dict[str, Any]]) -> Op[list[dict[str, Any]]]:
+def _record_claims(s: Settings, wid: str, found: list[dict[str, Any]]) -> Op[list[dict[str, Any]]]:
     """The claimed rows of a claim_batch answer, their events written (and their limit
     slots taken) if the backend's statement did not."""
     claimed = [r for r in found if r["id"] is not None]
@@ -139,16 +138,10 @@ def _record_claims(s: Settings, wid: str, lease_seconds: float | None,
     if claimed and not s.backend.writes_own_evidence:
         yield rows("insert_events", events=[
             event_params(s, r["id"], "claimed", r["claim_generation"], wid, attempt=r["attempts"],
-                         lease_seconds=_granted(r["lease_seconds"], lease_seconds),
+                         lease_seconds=r["lease_granted"],
                          lease_expires_at=r["lease_expires_at"].isoformat())
             for r in claimed])
     return claimed
-
-
-def _granted(task_seconds: float, asked: float | None) -> float:
-    """The lease a claim is given: what it asked for, capped at the task's own (the claim
-    statement applies the same cap: a worker never grants itself a longer lease)."""
-    return float(task_seconds) if asked is None else min(float(asked), float(task_seconds))
 
 
 def renew_leases(s: Settings, worker: Worker | str, claims: list[Claim]) -> Op[dict[int, datetime]]:

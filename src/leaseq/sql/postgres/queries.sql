@@ -463,6 +463,7 @@ WITH worker AS (
     UPDATE leaseq_tasks t
     SET status = 'running',
         lease_owner = %(worker_id)s,
+        -- what the claim asked for, never more than the task's own: a worker cannot grant itself a longer lease
         lease_expires_at = now() + least(coalesce(%(lease_seconds)s::float8, t.lease_seconds), t.lease_seconds) * interval '1 second',
         claim_generation = t.claim_generation + 1,
         attempts = t.attempts + 1,
@@ -478,7 +479,8 @@ WITH worker AS (
     -- without limits runs none of the limits' steps)
     WHERE t.id = ANY(ARRAY(SELECT c.id FROM candidate c
                            WHERE c.limits IS NULL OR c.id NOT IN (SELECT r.id FROM refused r)))
-    RETURNING t.*
+    -- the lease this claim was given, as the renewal derives it (deadline minus when it was set)
+    RETURNING t.*, extract(epoch FROM t.lease_expires_at - t.claimed_at)::float8 AS lease_granted
 ), taken AS (
     -- LIMITS: the claimed tasks take their slots and tokens (rows held above)
     UPDATE leaseq_limits l
@@ -494,7 +496,7 @@ WITH worker AS (
     SELECT c.id, 'claimed', c.claim_generation, %(worker_id)s,
            CASE WHEN %(compact)s THEN '{}'::jsonb
                 ELSE jsonb_build_object('attempt', c.attempts,
-                                        'lease_seconds', least(coalesce(%(lease_seconds)s::float8, c.lease_seconds), c.lease_seconds),
+                                        'lease_seconds', c.lease_granted,
                                         'lease_expires_at', c.lease_expires_at) END
     FROM claimed c
 )

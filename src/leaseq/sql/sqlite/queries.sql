@@ -283,6 +283,7 @@ WITH candidate AS MATERIALIZED (
 UPDATE leaseq_tasks AS t
 SET status = 'running',
     lease_owner = :worker_id,
+    -- what the claim asked for, never more than the task's own: a worker cannot grant itself a longer lease
     lease_expires_at = (julianday('now') - 2440587.5) * 86400.0 + min(coalesce(:lease_seconds, t.lease_seconds), t.lease_seconds),
     claim_generation = t.claim_generation + 1,
     attempts = t.attempts + 1,
@@ -294,7 +295,8 @@ SET status = 'running',
 -- (a candidate naming no limit is never judged: the claim of tasks without
 -- limits runs none of the limits' steps)
 WHERE t.id IN (SELECT c.id FROM candidate c WHERE c.limits IS NULL OR c.id NOT IN (SELECT r.id FROM refused r))
-RETURNING *;
+-- the lease this claim was given (both times are the one 'now' of this statement)
+RETURNING *, round(lease_expires_at - claimed_at, 6) AS lease_granted;
 
 -- name: renew_leases
 -- guard: lease
