@@ -19,6 +19,8 @@ from __future__ import annotations
 
 import re
 import secrets
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
@@ -45,6 +47,22 @@ class DbRole:
     revoked_at: datetime | None
     can_login: bool
     sessions: int
+
+
+@contextmanager
+def _as_admin(q: Any) -> Iterator[Any]:
+    """A connection of ``q``'s for managing roles: the refusals a role that may not (a worker,
+    operator or viewer role, or an unmigrated schema) meets become one clear error."""
+    from psycopg import errors
+
+    try:
+        with _postgres(q) as conn:
+            yield conn
+    except errors.UndefinedTable:
+        raise InvalidInput("dsn", "the schema is not migrated: run leaseq migrate first") from None
+    except errors.InsufficientPrivilege as exc:
+        raise InvalidInput("dsn", f"this connection may not manage roles ({str(exc).strip()}): "
+                                  "run it as the role that migrates the schema") from None
 
 
 def _postgres(q: Any) -> Any:
@@ -81,7 +99,7 @@ def create_role(q: Any, kind: str, name: str, *, queues: list[str] | None = None
     password = password if password is not None else secrets.token_urlsafe(24)
     if not password or "\n" in password:
         raise InvalidInput("password", "must be one line, not empty")
-    with _postgres(q) as conn:
+    with _as_admin(q) as conn:
         try:
             with conn.transaction():
                 conn.execute(sql.SQL("CREATE ROLE {} LOGIN PASSWORD {} IN ROLE {}").format(
@@ -90,11 +108,6 @@ def create_role(q: Any, kind: str, name: str, *, queues: list[str] | None = None
                              (name, kind, queues))
         except errors.DuplicateObject:
             raise InvalidInput("name", f"role {name!r} already exists") from None
-        except errors.UndefinedTable:
-            raise InvalidInput("dsn", "the schema is not migrated: run leaseq migrate first") from None
-        except errors.InsufficientPrivilege as exc:
-            raise InvalidInput("dsn", f"this connection may not create roles ({str(exc).strip()}): "
-                                      "run it as the role that migrates the schema") from None
     return role_dsn(q.store.dsn, name, password)
 
 
@@ -115,7 +128,7 @@ def role_dsn(dsn: str, user: str, password: str) -> str:
 
 def list_roles(q: Any) -> list[DbRole]:
     """Every role ``leaseq roles create`` made on this schema, revoked ones too."""
-    with _postgres(q) as conn:
+    with _as_admin(q) as conn:
         rows = conn.execute(
             "SELECT r.role, r.kind, r.queues, r.created_by, r.created_at, r.revoked_at,"
             " coalesce(p.rolcanlogin, false),"
@@ -131,7 +144,7 @@ def revoke_role(q: Any, name: str, *, by: str | None = None, via: str | None = N
     from psycopg import sql
 
     _check_name(name)
-    with _postgres(q) as conn:
+    with _as_admin(q) as conn:
         with conn.transaction():
             row = conn.execute("SELECT kind FROM leaseq_db_roles WHERE role = %s FOR UPDATE", (name,)).fetchone()
             if row is None:

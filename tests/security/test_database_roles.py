@@ -361,3 +361,14 @@ def test_a_worker_role_records_effects_and_evidence_only_under_a_live_lease(admi
     assert "writes evidence only" in refused(
         dsn, "SELECT leaseq_q_insert_event(%s, 'completed', %s, %s, '{}')", (task.id, claim.generation, w.id))
     assert snapshot(admin) == before
+
+
+@pytest.mark.parametrize("args", [["roles", "list"], ["roles", "create", "worker", "lq_forged"],
+                                  ["roles", "revoke", "lq_someone"]])
+def test_a_worker_role_cannot_manage_roles_and_is_told_so_in_one_line(admin, make_role, args) -> None:
+    dsn = make_role("worker")
+    before = snapshot(admin)
+    result = CliRunner().invoke(cli, args, env={"LEASEQ_DSN": dsn})
+    assert result.exit_code == 2, result.output
+    assert result.output.startswith("error: dsn: ") and "Traceback" not in result.output, result.output
+    assert snapshot(admin) == before
