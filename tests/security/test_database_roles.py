@@ -221,6 +221,37 @@ def test_an_operator_role_acts_but_cannot_pose_as_a_worker(admin, make_role) -> 
             q.claim(q.register_worker("op"))
 
 
+def test_an_operator_role_decides_under_its_own_name_and_cannot_write_another(admin, make_role) -> None:
+    dsn = make_role("operator")
+    role = psycopg.conninfo.conninfo_to_dict(dsn)["user"]
+    gated = admin.enqueue("job", {"n": 1}, approval="required")
+    with leaseq.connect(dsn) as q:
+        approved = q.approve(gated.id, q.approval(gated.id).digest, note="ok", by="alice (operator token)", via="cli")
+    decision = admin.approval(gated.id)
+    assert (decision.decided_by, decision.decided_via) == (role, "cli (as alice (operator token))")
+    assert approved.status == "queued"
+    assert [e.detail["by"] for e in admin.events(gated.id) if e.type == "approved"] == [role]
+    with psycopg.connect(admin.store.dsn) as conn:
+        assert conn.execute("SELECT actor FROM leaseq_audit WHERE action = 'approve'").fetchall() == [(role,)]
+
+    # the same calls, sent by hand with another name: refused, nothing written
+    other = admin.enqueue("job", {"n": 2}, approval="required", approval_deadline=3600)
+    before = snapshot(admin)
+    for statement in [
+        f"SELECT * FROM leaseq_q_decide_approval_in_time('approved', 'alice', 'dashboard', 'ok', {other.id})",
+        f"SELECT * FROM leaseq_q_decide_approval('denied', 'alice', 'dashboard', 'no', {other.id})",
+        # the deadline's name, before the deadline
+        f"SELECT * FROM leaseq_q_decide_approval('denied', 'leaseq:deadline', 'deadline', 'late', {other.id})",
+        "SELECT * FROM leaseq_q_audit_insert('alice', 'approve', 'task:1', '{}'::jsonb)",
+        f"SELECT leaseq_q_insert_event({other.id}, 'approved', NULL, NULL, '{{\"by\": \"alice\"}}'::jsonb)",
+        "SELECT leaseq_q_insert_events('[{\"task_id\": 1, \"type\": \"x\", \"detail\": {\"by\": \"alice\"}}]')",
+        "SELECT * FROM leaseq_q_set_paused(true, 'default', true, 'alice')",
+    ]:
+        assert "acts under its own name" in refused(dsn, statement) or \
+            "has not passed its deadline" in refused(dsn, statement), statement
+    assert snapshot(admin) == before
+
+
 def _claim_forever(dsn: str, queue_name: str, stop_at: float) -> None:
     with leaseq.connect(dsn) as q:
         try:

@@ -40,7 +40,7 @@ from ..core import checks
 from ..core.errors import (AccessDenied, ApprovalExpired, ApprovalMismatch, InvalidInput, InvalidTransition,
                            NotFound)
 from ..core.model import Approval, Status, Task
-from .common import Settings, actor, audit, event, require_task, to_task
+from .common import Settings, acting, audit, event, require_task, to_task
 from .dependencies import settle_dependents
 from .steps import BEGIN, COMMIT, Op, one, rows
 
@@ -283,8 +283,8 @@ def approve(s: Settings, task_id: int, digest: str, note: str | None = None, *, 
     task_id = checks.check_task_id(task_id)
     digest = _check_digest(digest)
     checks.check_text("note", note)
-    by, via = actor(by, via)
     yield BEGIN
+    by, via = yield from acting(by, via)
     before, req = yield from _pending(task_id)
     yield from _refuse_requester(before, req, decider)
     current = digest_of(before)
@@ -309,8 +309,8 @@ def deny(s: Settings, task_id: int, reason: str, *, by: str | None = None, via: 
     """:meth:`leaseq.Queue.deny`."""
     task_id = checks.check_task_id(task_id)
     checks.check_text("reason", reason, required=True)
-    by, via = actor(by, via)
     yield BEGIN
+    by, via = yield from acting(by, via)
     before, req = yield from _pending(task_id)
     yield from _refuse_requester(before, req, decider)
     if (yield from _decide(task_id, "denied", by, via, reason)) is None:

@@ -119,6 +119,24 @@ def actor(by: str | None, via: str | None) -> tuple[str, str | None]:
     return checks.check_text("by", by) or default_actor(), checks.check_text("via", via)
 
 
+def acting(by: str | None, via: str | None) -> Op[tuple[str, str | None]]:
+    """:func:`actor`, as the database knows the caller (in the open transaction).
+
+    A connection that logs in as a role made by ``leaseq roles create`` acts
+    under that role's name: its functions refuse any other ``by`` (see
+    :mod:`leaseq.store.functions`). A name the caller gave (the command
+    line's OS user, say) is kept in ``via`` as what it is, a claim. The
+    administrator's login (the schema's owner, and SQLite, where the file is
+    full authority) names itself.
+    """
+    by, via = actor(by, via)
+    row = yield one("caller_kind")
+    principal = None if row is None else row["principal"]
+    if principal is None or by == principal:
+        return by, via
+    return principal, checks.check_text("via", f"{via or 'direct'} (as {by})")
+
+
 def audit(by: str, via: str | None, action: str, target: str, **detail: Any) -> Op[None]:
     """The audit entry of an operator or admin action, in the action's own transaction."""
     if via is not None:

@@ -15,7 +15,7 @@ from typing import Any
 
 from ..core import checks
 from ..core.errors import InvalidInput, NotFound
-from .common import Settings, actor, audit
+from .common import Settings, acting, audit
 from .steps import BEGIN, COMMIT, Op, one, rows
 
 #: What a limit counts: each lease as 1, or its task's units.
@@ -80,8 +80,8 @@ def set_limit(s: Settings, key: str, *, max_running: int | None = None, per_seco
         raise InvalidInput("max_running", "a limit needs max_running, per_second, or both")
     if not isinstance(counts, str) or counts not in COUNTS:
         raise InvalidInput("counts", f"must be one of {', '.join(COUNTS)} (got {counts!r})")
-    by, via = actor(by, via)
     yield BEGIN
+    by, via = yield from acting(by, via)
     yield one("set_limit", key=key, max_running=max_running, per_second=per_second, burst=burst, counts=counts,
               actor=by)
     # a statement of its own, after the row is locked: see count_limit
@@ -96,8 +96,8 @@ def set_limit(s: Settings, key: str, *, max_running: int | None = None, per_seco
 def delete_limit(s: Settings, key: str, *, by: str | None = None, via: str | None = None) -> Op[None]:
     """:meth:`leaseq.Queue.delete_limit`."""
     key = checks.check_name("key", key)
-    by, via = actor(by, via)
     yield BEGIN
+    by, via = yield from acting(by, via)
     if (yield one("delete_limit", key=key)) is None:
         raise NotFound(f"limit {key!r} does not exist")
     yield from audit(by, via, "delete_limit", f"limit:{key}")

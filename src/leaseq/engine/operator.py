@@ -14,7 +14,7 @@ from typing import Any
 from ..core import checks
 from ..core.errors import InvalidInput, InvalidTransition, UnknownWorker
 from ..core.model import Status, Task, Worker
-from .common import Settings, actor, audit, event, require_task, to_task, worker_id
+from .common import Settings, acting, audit, event, require_task, to_task, worker_id
 from .dependencies import settle_dependents
 from . import limits
 from .intents import cancel_with_parents
@@ -37,8 +37,8 @@ def revoke_worker(s: Settings, worker: Worker | str, *, by: str | None = None,
                   via: str | None = None) -> Op[dict[str, Any]]:
     """:meth:`leaseq.Queue.revoke_worker`."""
     wid = worker_id(worker)
-    by, via = actor(by, via)
     yield BEGIN
+    by, via = yield from acting(by, via)
     if (yield one("revoke_worker", worker_id=wid)) is None:
         if (yield one("get_worker", worker_id=wid)) is None:
             raise UnknownWorker(f"worker {wid!r} was never registered")
@@ -56,8 +56,8 @@ def cancel(s: Settings, task_id: int, reason: str = "cancelled", *, by: str | No
     """:meth:`leaseq.Queue.cancel`."""
     task_id = checks.check_task_id(task_id)
     checks.check_text("reason", reason, required=True)
-    by, via = actor(by, via)
     yield BEGIN
+    by, via = yield from acting(by, via)
     before = yield from require_task(task_id, lock=True)
     if (yield one("cancel_task", task_id=task_id, reason=f"cancelled: {reason}")) is None:
         raise InvalidTransition(f"task {task_id} is {before['status']}; only unfinished tasks can be cancelled")
@@ -94,8 +94,8 @@ def reconcile(s: Settings, task_id: int, outcome: str, note: str, *, result: Any
         raise InvalidInput("outcome", f"must be one of completed, requeue, cancel (got {outcome!r})")
     checks.check_text("note", note, required=True)
     checks.check_json("result", result)
-    by, via = actor(by, via)
     yield BEGIN
+    by, via = yield from acting(by, via)
     before = yield from require_task(task_id, lock=True)
     row = yield one("set_task_status", task_id=task_id, from_status=Status.NEEDS_RECONCILIATION.value,
                     status=_OUTCOMES[outcome].value, set_result=outcome == "completed", result=result,
@@ -132,8 +132,8 @@ def _resume(s: Settings, task_id: int, from_status: Status, event_type: str, act
             by: str | None, via: str | None, *, reset_attempts: bool) -> Op[Task]:
     task_id = checks.check_task_id(task_id)
     checks.check_text("note", note, required=True)
-    by, via = actor(by, via)
     yield BEGIN
+    by, via = yield from acting(by, via)
     before = yield from require_task(task_id, lock=True)
     row = yield one("set_task_status", task_id=task_id, from_status=from_status.value, status=Status.QUEUED.value,
                     set_result=False, result=None, reset_attempts=reset_attempts)
@@ -163,8 +163,8 @@ def set_paused(s: Settings, queue: str, paused: bool, *, create: bool = False, b
     checks.check_name("queue", queue)
     if not isinstance(create, bool):
         raise InvalidInput("create", f"must be true or false (got {create!r})")
-    by, via = actor(by, via)
     yield BEGIN
+    by, via = yield from acting(by, via)
     if (yield one("set_paused", queue=queue, paused=paused, actor=by, create=create)) is None:
         known = [r["name"] for r in (yield rows("known_queues", limit=KNOWN_QUEUES_SHOWN + 1))]
         raise InvalidInput("queue", unknown_queue(queue, known, "pause" if paused else "resume"))

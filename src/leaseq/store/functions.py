@@ -25,6 +25,9 @@ created for (``leaseq roles create``, :mod:`leaseq.roles`):
   held, writes an effect only under a live lease it holds, and writes
   events only for a task its transaction has just changed (through a
   guarded function);
+* an operator role acts under its own name: ``decided_by``, the audit's
+  actor and an event's ``by`` are the login role's (or the deadline's, once
+  a request's deadline has passed);
 * a claim's lease is capped at the task's own ``lease_seconds`` (in the
   query itself, for every caller).
 
@@ -204,6 +207,26 @@ IF _kind = 'worker' AND EXISTS (SELECT 1 FROM jsonb_to_recordset({items}) AS c(t
         WHERE d.waiter = c.task_id AND u.xmin = pg_current_xact_id()::xid)) THEN
   RAISE EXCEPTION USING ERRCODE = '42501', MESSAGE = 'a worker settles only tasks waiting for one its transaction ended';
 END IF;"""
+# An operator role acts under its own name: the name an action is recorded
+# under (decided_by, the audit's actor, an event's "by") is the login role's,
+# or the deadline's, which denies a request only once its deadline has passed.
+_SELF = "leaseq:deadline"
+_OWN_NAME = """
+IF _kind = 'operator' AND {name} IS DISTINCT FROM session_user::text AND {name} IS DISTINCT FROM '""" + _SELF + """' THEN
+  RAISE EXCEPTION USING ERRCODE = '42501', MESSAGE = format('role %s acts under its own name, not %s', session_user, {name});
+END IF;"""
+_DEADLINE_PASSED = """
+IF _kind = 'operator' AND {name} = '""" + _SELF + """' AND NOT EXISTS (SELECT 1 FROM leaseq_approvals a
+        WHERE a.task_id = {task} AND a.deadline_at <= clock_timestamp()) THEN
+  RAISE EXCEPTION USING ERRCODE = '42501', MESSAGE = format('the approval of task %s has not passed its deadline', {task});
+END IF;"""
+_OWN_NAMES = """
+IF _kind = 'operator' AND EXISTS (SELECT 1 FROM jsonb_to_recordset({events}) AS e(detail jsonb)
+        WHERE e.detail ? 'by' AND e.detail->>'by' IS DISTINCT FROM session_user::text
+          AND e.detail->>'by' IS DISTINCT FROM '""" + _SELF + """') THEN
+  RAISE EXCEPTION USING ERRCODE = '42501', MESSAGE = format('role %s acts under its own name', session_user);
+END IF;"""
+
 _ROW_RULES = {"hold_tasks": ("task_ids", _MADE_HERE), "insert_dependencies": ("waiters", _MADE_HERE),
               "settle_waiters": ("items", _WAITING_ON_ENDED_HERE)}
 
@@ -234,6 +257,16 @@ def _checks(q: NamedQuery, sig: Signature) -> str:
         if q.name in _ROW_RULES:
             param, rule = _ROW_RULES[q.name]
             out.append(rule.format(ids=pos[param], items=pos[param]))
+    if "operator" in q.callers:
+        for name in ("actor", "decided_by"):
+            if name in pos:
+                out.append(_OWN_NAME.format(name=pos[name]))
+        if "decided_by" in pos and "task_id" in pos:
+            out.append(_DEADLINE_PASSED.format(name=pos["decided_by"], task=pos["task_id"]))
+        if "detail" in pos and q.name == "insert_event":
+            out.append(_OWN_NAMES.format(events=f"jsonb_build_array(jsonb_build_object('detail', {pos['detail']}))"))
+        if "events" in pos:
+            out.append(_OWN_NAMES.format(events=pos["events"]))
     # The owner (the role that migrates, a superuser: the library's default) skips every check:
     # each IF with a subquery runs the executor (about 40 us), where a simple test does not.
     return ("IF NOT pg_has_role(session_user, 'leaseq_owner', 'MEMBER') THEN\n"

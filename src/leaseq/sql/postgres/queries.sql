@@ -90,8 +90,10 @@ SELECT now() AS now;
 -- name: caller_kind
 -- direct: leaseq_caller() is a definer function already
 -- What the database lets this connection do: admin (it owns leaseq's schema,
--- or is a superuser), worker, operator, viewer (see leaseq.store.functions).
-SELECT kind FROM leaseq_caller();
+-- or is a superuser), worker, operator, viewer (see leaseq.store.functions),
+-- and the name its actions are recorded under: the login role's, for every
+-- role but the administrator's (None: the caller names itself).
+SELECT kind, CASE WHEN kind = 'admin' THEN NULL ELSE session_user::text END AS principal FROM leaseq_caller();
 
 -- name: leader_elect
 -- Takes or renews the lease of leadership %(name)s for %(seconds)s, by the
