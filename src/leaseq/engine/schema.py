@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from ..core import checks
+from ..core.errors import ConfigError
 from ..store.base import load_migrations
 from ..store.functions import fingerprint, install_script
 from .common import Settings, actor, audit
@@ -13,15 +14,20 @@ def migrate(s: Settings, dialect: str) -> Op[list[int]]:
     """:meth:`leaseq.Queue.migrate`: every migration not applied yet, in one transaction."""
     applied_now: list[int] = []
     latest = max((m.version for m in load_migrations(dialect)), default=0)
+    schema = ""
     if dialect == "postgres":
         # current already (tables and functions): nothing to write, so no privilege needed
         yield BEGIN
         found = yield one("functions_installed")
+        schema = "" if found is None else found["schema"] or ""
         current = found is not None and found["present"] and found["fingerprint"] == fingerprint() and \
             max((r["version"] for r in (yield rows("migrations_applied"))), default=0) >= latest
         yield COMMIT
         if current:
             return applied_now
+        if not schema:
+            raise ConfigError("dsn: no schema on its search_path exists, so there is nowhere to create leaseq's "
+                              "tables; create the schema first (CREATE SCHEMA name), or name one that exists")
     yield BEGIN
     yield rows("migrations_lock")
     yield rows("migrations_create")
@@ -33,7 +39,7 @@ def migrate(s: Settings, dialect: str) -> Op[list[int]]:
             applied_now.append(mig.version)
     if dialect == "postgres":
         # not versioned: the functions, their owner and grants are made anew from the named queries
-        yield Script(install_script())
+        yield Script(install_script(schema))
     yield COMMIT
     return applied_now
 

@@ -347,17 +347,18 @@ def fingerprint() -> str:
     return hashlib.sha256(_install_body().encode()).hexdigest()[:32]
 
 
+def install_script(schema: str) -> str:
+    """:func:`_install_body` for ``schema``, recording its :func:`fingerprint`."""
+    body = _install_body() + f"\nCOMMENT ON FUNCTION @@schema@@.leaseq_caller() IS {_literal(fingerprint())};"
+    return body.replace("@@schema_literal@@", _literal(schema)).replace("@@schema@@", _qident(schema))
+
+
 @cache
-def install_script() -> str:
-    """:func:`_install_body`, recording its :func:`fingerprint`."""
-    body = _install_body()
-    mark = f"COMMENT ON FUNCTION @@schema@@.leaseq_caller() IS {_literal(fingerprint())}"
-    return body.replace("END\n$install$", f"EXECUTE replace({_literal(mark)}, '@@schema@@', quote_ident(s));\nEND\n$install$")
-
-
 def _install_body() -> str:
-    """One DO block, run by every ``migrate`` after the versioned migrations: the roles, the
-    ownership of every leaseq object, the functions (stale ones dropped) and their grants."""
+    """The script every ``migrate`` runs after the versioned migrations (``@@schema@@``: the
+    schema): the roles, the ownership of every leaseq object, then every function dropped and
+    made anew from the named queries, with its grants. Plain statements, sent as one script:
+    the same work as one DO block building each statement costs about four times as much."""
     queries = load_named_queries("postgres")
     sigs = load_signatures()
     statements = []
@@ -366,23 +367,18 @@ def _install_body() -> str:
             continue
         sig = sigs[name]
         args = ", ".join(_WIDEN.get(t, t) for _, t in sig.params)
-        proc = f"{function_name(name)}({args})"
-        grants = "".join(f" EXECUTE replace('GRANT EXECUTE ON FUNCTION @@schema@@.{proc} TO {GROUPS[r]}', '@@schema@@', quote_ident(s));"
-                         for r in sorted(q.callers))
-        statements.append(
-            f"BEGIN EXECUTE replace({_literal(_function(q, sig))}, '@@schema@@', quote_ident(s));\n"
-            f"EXCEPTION WHEN invalid_function_definition THEN\n"  # its result changed: replace it whole
-            f"  EXECUTE replace('DROP FUNCTION @@schema@@.{proc}', '@@schema@@', quote_ident(s)); EXECUTE replace({_literal(_function(q, sig))}, '@@schema@@', quote_ident(s));\n"
-            f"END;\n"
-            f"keep := keep || replace('@@schema@@.{proc}', '@@schema@@', quote_ident(s))::regprocedure::oid;\n"
-            f"EXECUTE replace('ALTER FUNCTION @@schema@@.{proc} OWNER TO {OWNER}', '@@schema@@', quote_ident(s));\n"
-            f"EXECUTE replace('REVOKE ALL ON FUNCTION @@schema@@.{proc} FROM PUBLIC', '@@schema@@', quote_ident(s));{grants}")
+        proc = f"@@schema@@.{function_name(name)}({args})"
+        statements.append(f"{_function(q, sig)};\nALTER FUNCTION {proc} OWNER TO {OWNER};\n"
+                          f"REVOKE ALL ON FUNCTION {proc} FROM PUBLIC;"
+                          + "".join(f"\nGRANT EXECUTE ON FUNCTION {proc} TO {GROUPS[r]};" for r in sorted(q.callers)))
     roles = "\n".join(
         f"IF NOT EXISTS (SELECT 1 FROM pg_roles WHERE rolname = {_literal(r)}) THEN "
         f"CREATE ROLE {r} NOLOGIN; END IF;" for r in (OWNER, *GROUPS.values()))
     groups = ", ".join(GROUPS.values())
+    # The query functions are dropped, not replaced: one whose result changed could not be,
+    # and one whose query is gone must go. The migrate's transaction hides the gap.
     return f"""DO $install$
-DECLARE s text := current_schema(); keep oid[] := '{{}}'; obj record;
+DECLARE s text := @@schema_literal@@; obj record;
 BEGIN
 {roles}
 IF NOT pg_has_role(current_user, '{OWNER}', 'MEMBER') THEN EXECUTE format('GRANT {OWNER} TO %I', current_user); END IF;
@@ -393,25 +389,25 @@ FOR obj IN SELECT c.relname, c.relkind FROM pg_class c WHERE c.relnamespace = s:
   EXECUTE format('REVOKE ALL ON %I.%I FROM PUBLIC', s, obj.relname);
 END LOOP;
 EXECUTE format('GRANT SELECT ON %I.leaseq_migrations TO {groups}', s);
-FOR obj IN SELECT p.oid::regprocedure AS proc FROM pg_proc p WHERE p.pronamespace = s::regnamespace
-           AND p.proname LIKE 'leaseq%' AND p.proname NOT LIKE 'leaseq_q_%' LOOP
-  EXECUTE format('ALTER FUNCTION %s OWNER TO {OWNER}', obj.proc);
-END LOOP;
-EXECUTE replace({_literal(_CALLER)}, '@@schema@@', quote_ident(s));
-EXECUTE replace('ALTER FUNCTION @@schema@@.leaseq_caller() OWNER TO {OWNER}', '@@schema@@', quote_ident(s));
-EXECUTE replace('REVOKE ALL ON FUNCTION @@schema@@.leaseq_caller() FROM PUBLIC', '@@schema@@', quote_ident(s));
-EXECUTE replace('GRANT EXECUTE ON FUNCTION @@schema@@.leaseq_caller() TO {groups}', '@@schema@@', quote_ident(s));
-EXECUTE replace({_literal(_LEASE_TRIGGER)}, '@@schema@@', quote_ident(s));
-EXECUTE replace('ALTER FUNCTION @@schema@@.leaseq_refuse_lease_write() OWNER TO {OWNER}', '@@schema@@', quote_ident(s));
-EXECUTE replace('DROP TRIGGER IF EXISTS leaseq_tasks_lease_guard ON @@schema@@.leaseq_tasks', '@@schema@@', quote_ident(s));
-EXECUTE replace({_literal(_LEASE_TRIGGER_ON)}, '@@schema@@', quote_ident(s));
-{chr(10).join(statements)}
-FOR obj IN SELECT p.oid::regprocedure AS proc FROM pg_proc p WHERE p.pronamespace = s::regnamespace
-           AND p.proname LIKE 'leaseq\\_q\\_%' AND NOT p.oid = ANY(keep) LOOP
-  EXECUTE format('DROP FUNCTION %s', obj.proc);
+FOR obj IN SELECT p.oid::regprocedure AS proc, p.proname LIKE 'leaseq\\_q\\_%' AS query
+           FROM pg_proc p WHERE p.pronamespace = s::regnamespace AND p.proname LIKE 'leaseq%' LOOP
+  IF obj.query THEN
+    EXECUTE format('DROP FUNCTION %s', obj.proc);
+  ELSE
+    EXECUTE format('ALTER FUNCTION %s OWNER TO {OWNER}', obj.proc);
+  END IF;
 END LOOP;
 END
-$install$"""
+$install$;
+{_CALLER.strip()};
+ALTER FUNCTION @@schema@@.leaseq_caller() OWNER TO {OWNER};
+REVOKE ALL ON FUNCTION @@schema@@.leaseq_caller() FROM PUBLIC;
+GRANT EXECUTE ON FUNCTION @@schema@@.leaseq_caller() TO {groups};
+{_LEASE_TRIGGER.strip()};
+ALTER FUNCTION @@schema@@.leaseq_refuse_lease_write() OWNER TO {OWNER};
+DROP TRIGGER IF EXISTS leaseq_tasks_lease_guard ON @@schema@@.leaseq_tasks;
+{_LEASE_TRIGGER_ON.strip()};
+{chr(10).join(statements)}"""
 
 
 # -- the record of signatures ------------------------------------------------------------------

@@ -61,7 +61,7 @@ SELECT pg_advisory_xact_lock(7431002201);
 -- schema has leaseq's tables at all: a migrate that finds both current
 -- changes nothing, and so needs no privilege to run (a worker role's App).
 SELECT obj_description(to_regprocedure('leaseq_caller()'), 'pg_proc') AS fingerprint,
-       to_regclass('leaseq_migrations') IS NOT NULL AS present;
+       to_regclass('leaseq_migrations') IS NOT NULL AS present, current_schema() AS schema;
 
 -- name: migrations_create
 -- direct: migration bookkeeping, run before the functions exist
