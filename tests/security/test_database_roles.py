@@ -210,6 +210,25 @@ def test_a_viewer_role_reads_only_its_queues_and_writes_nothing(admin, make_role
     assert admin.get(mine.id).status == "queued"
 
 
+def test_a_scoped_viewer_reads_across_queues_only_its_own(admin, make_role) -> None:
+    dsn = make_role("viewer", "default")
+    admin.enqueue("job", {"n": 1})
+    admin.enqueue("job", {"n": 2}, queue="payroll")
+    admin.pause("payroll")
+    with leaseq.connect(dsn) as q:
+        assert {s["queue"] for s in q.stats()} == {"default"}
+        assert {s["name"] for s in q.queues()} <= {"default"}
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        for query in ("leaseq_q_stats()", "leaseq_q_list_queues()", "leaseq_q_known_queues(100)",
+                      "leaseq_q_dashboard_completed_by_minute(3600)", "leaseq_q_dashboard_failures_by_minute(3600)",
+                      "leaseq_q_open_intents_by_queue()", "leaseq_q_dashboard_worker_leases(100)"):
+            assert "payroll" not in str(conn.execute(f"SELECT * FROM {query}").fetchall()), query
+    assert "covers every queue" in refused(dsn, "SELECT * FROM leaseq_q_audit_list(10)")
+    # unscoped, the same reads see every queue
+    with leaseq.connect(make_role("viewer")) as q:
+        assert {s["queue"] for s in q.stats()} == {"default", "payroll"}
+
+
 def test_an_operator_role_acts_but_cannot_pose_as_a_worker(admin, make_role) -> None:
     dsn = make_role("operator")
     task = admin.enqueue("job")

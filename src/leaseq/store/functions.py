@@ -211,6 +211,11 @@ END IF;"""
 # under (decided_by, the audit's actor, an event's "by") is the login role's,
 # or the deadline's, which denies a request only once its deadline has passed.
 _SELF = "leaseq:deadline"
+_UNSCOPED = """
+IF _queues IS NOT NULL THEN
+  RAISE EXCEPTION USING ERRCODE = '42501', MESSAGE = format('role %s reaches only queues %s; {what} covers every queue',
+                                                             session_user, array_to_string(_queues, ', '));
+END IF;"""
 _OWN_NAME = """
 IF _kind = 'operator' AND {name} IS DISTINCT FROM session_user::text AND {name} IS DISTINCT FROM '""" + _SELF + """' THEN
   RAISE EXCEPTION USING ERRCODE = '42501', MESSAGE = format('role %s acts under its own name, not %s', session_user, {name});
@@ -257,6 +262,8 @@ def _checks(q: NamedQuery, sig: Signature) -> str:
         if q.name in _ROW_RULES:
             param, rule = _ROW_RULES[q.name]
             out.append(rule.format(ids=pos[param], items=pos[param]))
+    if q.name in _UNSCOPED_ONLY:
+        out.append(_UNSCOPED.format(what=q.name))
     if "operator" in q.callers:
         for name in ("actor", "decided_by"):
             if name in pos:
@@ -273,13 +280,39 @@ def _checks(q: NamedQuery, sig: Signature) -> str:
             "SELECT c.kind, c.queues INTO _kind, _queues FROM leaseq_caller() c;" + "".join(out) + "\nEND IF;")
 
 
+# Reads across every queue whose rows name none: a scoped role is refused them.
+_UNSCOPED_ONLY = frozenset({"audit_list"})
+
+
+_WRITES = re.compile(r"\b(UPDATE|INSERT|DELETE)\b", re.IGNORECASE)
+
+
+def _body_only(sql: str) -> str:
+    return "\n".join(line for line in sql.splitlines() if not line.lstrip().startswith("--"))
+
+
+def _queue_column(q: NamedQuery, sig: Signature) -> str | None:
+    """The column by which a scoped caller's rows of ``q``, a read across every queue, are cut
+    to the caller's queues (None: not cut: the query names its queue or task, whose scope is
+    checked before it runs, or locks rows, or its rows name no queue)."""
+    params = {name for name, _ in sig.params}
+    if not q.callers or params & {"queue", "task_id"} or _WRITES.search(_body_only(q.sql)):
+        return None
+    if q.name not in ("list_queues", "known_queues"):
+        return "queue" if "queue" in dict(sig.returns) else None
+    return "name"
+
+
 def _function(q: NamedQuery, sig: Signature) -> str:
     """The ``CREATE OR REPLACE FUNCTION`` of one query (``@@schema@@``: the schema, filled in at install)."""
     args = ", ".join(_WIDEN.get(t, t) for _, t in sig.params)
     body = _numbered(q.sql, sig).rstrip().rstrip(";")
     if returns_rows(sig):
         result = "TABLE(" + ", ".join(f"{_qident(c)} {t}" for c, t in sig.returns) + ")"
-        run = f"RETURN QUERY {body};"
+        column = _queue_column(q, sig)
+        run = (f"RETURN QUERY {body};" if column is None else
+               f"RETURN QUERY SELECT * FROM ({_body_only(body).rstrip().rstrip(';')}) AS r\n"
+               f"WHERE _queues IS NULL OR r.{column} = ANY(_queues);")
     elif sig.returns:  # a SELECT of void functions (pg_notify): run for its effect
         result, run = "void", f"PERFORM * FROM ({body}) AS s;"
     else:

@@ -762,11 +762,11 @@ RETURNING t.id, t.queue, t.lease_owner, t.claim_generation, t.lease_expires_at, 
           t.heartbeat_count, t.last_heartbeat_at, t.longest_heartbeat_gap;
 
 -- name: take_limits
--- callers: worker, operator
 -- LIMITS: takes the slots and tokens of claimed tasks, one item per (task,
 -- limit key): {"key", "units"}. Not run on PostgreSQL, where claim_batch
 -- takes them in its own statement (it must: it locks and judges the rows);
--- written here too so both dialects hold the same statements.
+-- written here too so both dialects hold the same statements, and granted
+-- to no one (sent by hand, it would take any limit's slots).
 WITH taken AS (
     SELECT f.key, count(*) AS tasks, sum(f.units) AS units
     FROM jsonb_to_recordset(%(items)s::jsonb) AS f(key text, units bigint)
