@@ -65,9 +65,9 @@ def check_declarations(kinds: Any) -> list[dict[str, Any]]:
             raise InvalidInput("kinds", f"{kind!r} is declared twice")
         seen.add(kind)
         effect = checks.check_effect(d["effect"])
-        actions = d.get("actions")
+        actions = None if d.get("actions") is None else check_actions(d["actions"], effect)
         out.append({"kind": kind, "queue": checks.check_name("queue", d["queue"]), "effect": effect,
-                    "actions": None if actions is None else json.loads(check_actions(actions, effect)),
+                    "actions": None if actions is None else json.loads(actions),
                     "signature": None if d.get("signature") is None else check_spec(d["signature"], "kinds")})
     return out
 
