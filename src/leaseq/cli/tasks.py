@@ -163,13 +163,12 @@ def enqueue(ctx: click.Context, kind: str, payload: str | None, queue: str, effe
     if at is not None and ctx.get_parameter_source("delay") is not click.core.ParameterSource.DEFAULT:
         raise CliError("at", "give --at or --delay, not both")
     q = open_queue(ctx)
+    unserved = False
     if no_check:
         effect = effect or "read_only"
     else:
         declaration = q.kind_declaration(kind)
-        if declaration is None:
-            click.echo(f"warning: no registered worker serves kind {kind!r}: the task waits until one does "
-                       f"(--no-check for a kind served by workers that registered elsewhere)", err=True)
+        unserved = declaration is None
         effect = check_enqueue(declaration, document, effect)
     if at is not None:
         delay = _delay_until(q, at)
@@ -184,6 +183,9 @@ def enqueue(ctx: click.Context, kind: str, payload: str | None, queue: str, effe
         if at is not None and exc.field == "delay":
             raise CliError("at", f"{at.isoformat()} is too far ahead: the delay {exc.problem}") from None
         raise
+    if unserved:  # said once the task is written: a refused enqueue says only why
+        click.echo(f"warning: no registered worker serves kind {kind!r}: the task waits until one does "
+                   f"(--no-check for a kind served by workers that registered elsewhere)", err=True)
     # A key that names a task enqueued with other options was refused above
     # (IdempotencyKeyConflict, rendered as one line naming `key`): the rule is the engine's.
     existing = before is not None and as_datetime(task.created_at) < before

@@ -166,7 +166,8 @@ def workers_view(q: Queue) -> list[dict[str, Any]]:
         seen = [t for t in [w["registered_at"], w["last_heartbeat_at"], last.get(w["id"])]
                 + [x["last_heartbeat_at"] or x["claimed_at"] for x in held] if t is not None]
         out.append(dict(w, state=worker_from_row(w).state, last_seen_at=max(seen), live_leases=held))
-    out.sort(key=lambda w: (w["state"] in ("revoked", "stopped"), -w["last_seen_at"].timestamp()))
+    # the running ones first, then stopped, then revoked; the most recently seen first in each
+    out.sort(key=lambda w: ({"stopped": 1, "revoked": 2}.get(w["state"], 0), -w["last_seen_at"].timestamp()))
     return out
 
 
