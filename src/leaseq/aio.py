@@ -58,18 +58,34 @@ class AsyncQueue:
         """:meth:`Queue.schema_version`, awaited."""
         return await self._arun(engine.schema.schema_version(self.settings))
 
-    async def register_worker(self, name: str = "worker", *, token_id: str | None = None) -> Worker:
+    async def register_worker(self, name: str = "worker", *, token_id: str | None = None,
+                              kinds: list[dict[str, Any]] | None = None, heartbeat_seconds: float | None = None,
+                              lease_seconds: float | None = None) -> Worker:
         """:meth:`Queue.register_worker`, awaited."""
-        return await self._arun(engine.operator.register_worker(self.settings, name, token_id=token_id))
+        return await self._arun(engine.operator.register_worker(
+            self.settings, name, token_id=token_id, kinds=kinds, heartbeat_seconds=heartbeat_seconds,
+            lease_seconds=lease_seconds))
+
+    async def heartbeat_worker(self, worker: Worker | str) -> None:
+        """:meth:`Queue.heartbeat_worker`, awaited."""
+        await self._arun(engine.operator.heartbeat_worker(self.settings, worker))
+
+    async def stop_worker(self, worker: Worker | str, reason: str = "stopped") -> None:
+        """:meth:`Queue.stop_worker`, awaited."""
+        await self._arun(engine.operator.stop_worker(self.settings, worker, reason))
 
     async def revoke_worker(self, worker: Worker | str, *, by: str | None = None,
                             via: str | None = None) -> dict[str, Any]:
         """:meth:`Queue.revoke_worker`, awaited."""
         return await self._arun(engine.operator.revoke_worker(self.settings, worker, by=by, via=via))
 
-    async def workers(self) -> list[dict[str, Any]]:
+    async def workers(self) -> list[Worker]:
         """:meth:`Queue.workers`, awaited."""
         return await self._arun(engine.reads.workers(self.settings))
+
+    async def kind_declaration(self, kind: str) -> dict[str, Any] | None:
+        """:meth:`Queue.kind_declaration`, awaited."""
+        return await self._arun(engine.reads.kind_declaration(self.settings, kind))
 
     @atraced_enqueue
     async def enqueue(self, kind: str, payload: Any = None, *, effect: str = "read_only", queue: str = "default",

@@ -214,9 +214,26 @@ class RemoteQueue:
 
     # -- the worker transport --------------------------------------------------------------------
 
-    def register_worker(self, name: str = "worker") -> Worker:
-        """Register a worker under this client's token; the service issues the id."""
-        return worker_from(self._call("POST", "/v1/workers", {"name": name}))
+    def register_worker(self, name: str = "worker", *, kinds: list[dict[str, Any]] | None = None,
+                        heartbeat_seconds: float | None = None, lease_seconds: float | None = None) -> Worker:
+        """Register a worker under this client's token; the service issues the id.
+        ``kinds``, ``heartbeat_seconds``, ``lease_seconds``: see :meth:`leaseq.Queue.register_worker`."""
+        body: dict[str, Any] = {"name": name}
+        if kinds is not None:
+            body["kinds"] = kinds
+        if heartbeat_seconds is not None or lease_seconds is not None:
+            body.update(heartbeat_seconds=heartbeat_seconds, lease_seconds=lease_seconds)
+        return worker_from(self._call("POST", "/v1/workers", body))
+
+    def heartbeat_worker(self, worker: Worker | str) -> None:
+        """Say the worker process is alive; see :meth:`leaseq.Queue.heartbeat_worker`."""
+        _, path = self._worker_path(worker, None, "heartbeat")
+        self._call("POST", path, {})
+
+    def stop_worker(self, worker: Worker | str, reason: str = "stopped") -> None:
+        """Record the worker's clean exit; see :meth:`leaseq.Queue.stop_worker`."""
+        _, path = self._worker_path(worker, None, "stopped")
+        self._call("POST", path, {"reason": reason})
 
     def claim(self, worker: Worker | str, *, queue: str = "default", limit: int = 1,
               lease_seconds: float | None = None, kinds: list[str] | None = None, wait: float = 0.0) -> list[Claim]:

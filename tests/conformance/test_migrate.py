@@ -129,7 +129,9 @@ def test_version_12_gives_existing_entries_their_task_class_so_they_route_as_bef
             for mig in load_migrations(q.dialect)[:11]:
                 tx.script(mig.sql)
                 tx.rows("migrations_record", version=mig.version, name=mig.name)
-        w = q.register_worker("w")
+            # the worker as version 11 registered it (today's statement names columns of version 17)
+            tx.script("INSERT INTO leaseq_workers (id, name) VALUES ('w-1', 'w')")
+        w = leaseq.Worker(id="w-1", name="w")
         # running tasks as version 11 wrote them (written directly: today's statements name
         # columns of later versions)
         now = "now()" if q.dialect == "postgres" else "(julianday('now') - 2440587.5) * 86400.0"

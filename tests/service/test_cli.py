@@ -44,7 +44,7 @@ def test_tokens_create_list_revoke(q: leaseq.Queue, dsn: str) -> None:
 
     code, out, _ = run(dsn, "tokens", "revoke", principal.token_id)
     assert code == 0 and w.id in out
-    assert q.renew_leases(w, []) == {} and q.workers()[0]["revoked_at"] is not None
+    assert q.renew_leases(w, []) == {} and q.workers()[0].revoked_at is not None
     [entry, created] = auth.audit_log(q)[:2]
     assert entry["action"] == "token_revoked" and entry["actor"].startswith("cli")
     assert created["action"] == "token_created"

@@ -203,8 +203,11 @@ def test_viewer_sees_no_action_forms(browser, q: leaseq.Queue) -> None:
 
 
 def test_workers_page_shows_leases_and_revocations(browser, q: leaseq.Queue) -> None:
-    busy, idle = q.register_worker("busy"), q.register_worker("idle")
+    # busy heartbeats (as a runtime does); idle was registered by hand, with no heartbeat interval
+    busy, idle = q.register_worker("busy", heartbeat_seconds=300, lease_seconds=900), q.register_worker("idle")
     gone = q.register_worker("gone")
+    done = q.register_worker("done", heartbeat_seconds=300, lease_seconds=900)
+    q.stop_worker(done, "deploying v2")
     tasks = [q.enqueue("crawl", {"n": i}, lease_seconds=600) for i in range(2)]
     claims = q.claim(busy, limit=2)
     q.revoke_worker(gone, by="test")
@@ -216,7 +219,9 @@ def test_workers_page_shows_leases_and_revocations(browser, q: leaseq.Queue) -> 
             lease = row.locator(f'.lease[data-task="{c.task_id}"]')
             assert f"task {c.task_id}" in lease.inner_text() and "crawl" in lease.inner_text()
             assert f"generation {c.generation}" in lease.inner_text()
-        assert "active" in row.inner_text()
+        assert "alive" in row.inner_text()
+        assert "unknown" in page.inner_text(f'#worker-table tr[data-worker="{idle.id}"]')
+        assert "deploying v2" in page.inner_text(f'#worker-table tr[data-worker="{done.id}"] .worker-state + div')
         assert "revoked" in page.inner_text(f'#worker-table tr[data-worker="{gone.id}"]')
         assert "none" in page.inner_text(f'#worker-table tr[data-worker="{idle.id}"]')
         # revoked workers are listed last
@@ -295,3 +300,18 @@ def test_a_screenshot_of_each_page(browser, q: leaseq.Queue, tmp_path: Path) -> 
         assert width >= 1280 and height >= 300 and distinct_rows > 30, (name, width, height, distinct_rows)
         if out and q.dialect == "sqlite":
             shutil.copy(shot, Path(out) / shot.name)
+
+
+def test_a_queued_task_of_a_kind_no_worker_serves_is_flagged(browser, q: leaseq.Queue) -> None:
+    q.register_worker("w", kinds=[{"kind": "crawl", "queue": "default", "effect": "read_only"}],
+                      heartbeat_seconds=300, lease_seconds=900)
+    served, typo = q.enqueue("crawl", {"n": 1}), q.enqueue("crawll", {"n": 1})
+    with dashboard(browser, q) as page:
+        login(page, token(q, "viewer", "vera"))
+        page.goto("/tasks")
+        assert page.locator("span.unserved").count() == 1
+        assert "crawll" in page.inner_text("span.unserved >> xpath=..")
+        page.goto(f"/tasks/{typo.id}")
+        assert "no worker serves this kind" in page.inner_text("#task-title")
+        page.goto(f"/tasks/{served.id}")
+        assert "no worker serves this kind" not in page.inner_text("#task-title")

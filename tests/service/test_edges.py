@@ -248,7 +248,7 @@ def test_a_name_with_a_trailing_newline_is_refused_by_the_library(q: leaseq.Queu
             assert info.value.field in ("queue", "name")
     assert {k: v for k, v in snapshot(dsn).items() if k != "leaseq_workers"} == \
         {k: v for k, v in before.items() if k != "leaseq_workers"}
-    assert [w["name"] for w in q.workers()] == ["w"] * len(NEWLINE_NAMES)
+    assert [w.name for w in q.workers()] == ["w"] * len(NEWLINE_NAMES)
 
 
 def test_a_name_with_a_trailing_newline_is_refused_by_the_cli(q: leaseq.Queue, dsn: str) -> None:
@@ -325,7 +325,7 @@ def test_revoking_a_worker_with_its_token_stops_it_registering_again(q: leaseq.Q
     assert record["id"] in result.output and w2.id in result.output
     with pytest.raises(auth.Unauthorized, match="revoked"):
         auth.verify_token(q, token)
-    assert all(w["revoked_at"] is not None for w in q.workers())
+    assert all(w.revoked_at is not None for w in q.workers())
     for args in (["tokens", "revoke"], ["tokens", "revoke", record["id"], "--worker", w1.id],
                  ["tokens", "revoke", "--worker", "nobody-000000000000"]):
         bad = CliRunner().invoke(cli, ["--dsn", dsn, *args])

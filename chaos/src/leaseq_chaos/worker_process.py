@@ -89,9 +89,9 @@ class RecordingTransport:
             self._history.record("complete", "ok" if claim.task_id in held else "refused", worker=worker.id,
                                  task=claim.task_id, gen=claim.generation, result=result, t0=fields["t0"])
 
-    def register_worker(self, name: str = "worker") -> Any:
+    def register_worker(self, name: str = "worker", **options: Any) -> Any:
         """Register, and record the identity (the harness revokes workers by it)."""
-        worker = self._queue.register_worker(name)
+        worker = self._queue.register_worker(name, **options)
         self._history.record("register", "ok", worker=worker.id)
         return worker
 

@@ -48,7 +48,13 @@ def stats(ctx: click.Context, as_json: bool) -> None:
 @json_option
 @click.pass_context
 def workers(ctx: click.Context, as_json: bool) -> None:
-    """Registered workers and how many leases each holds."""
+    """Registered workers: state, last heartbeat, leases held, kinds served.
+
+    The state is judged now from the last heartbeat: alive (within its
+    renewal interval), late, lost (silent for a lease length: killed or cut
+    off), stopped (exited cleanly; the reason is shown), revoked, or unknown
+    (registered by hand, without a heartbeat interval).
+    """
     rows = open_queue(ctx).workers()
     if as_json:
         emit_json(rows)

@@ -244,14 +244,23 @@ def stats_table(rows: Iterable[Mapping[str, Any]], paused: set[str]) -> Table:
     return table
 
 
-def workers_table(rows: Iterable[Mapping[str, Any]]) -> Table:
-    """``leaseq workers``: identities issued by the queue and the leases each holds."""
+_WORKER_STYLE = {"alive": "green", "late": "yellow", "lost": "red", "stopped": "dim", "revoked": "red",
+                 "unknown": "dim"}
+
+
+def workers_table(workers: Iterable[Any]) -> Table:
+    """``leaseq workers``: identities issued by the queue, their state and the leases each holds."""
     table = Table(box=box.SIMPLE_HEAD, pad_edge=False, show_edge=False)
-    for name in ("id", "name", "registered", "revoked", "leases"):
+    for name in ("id", "name", "state", "last heartbeat", "registered", "leases", "kinds", "stop reason"):
         table.add_column(name, overflow="fold", justify="right" if name == "leases" else "left")
-    for r in rows:
-        table.add_row(Text(r["id"]), Text(r["name"]), fmt_time(r["registered_at"]),
-                      fmt_time(r["revoked_at"]) if r.get("revoked_at") else "", str(r["leases"]))
+    for w in workers:
+        state = Text(w.state or "", style=_WORKER_STYLE.get(w.state or "", ""))
+        when = w.revoked_at if w.state == "revoked" else w.stopped_at if w.state == "stopped" else None
+        if when is not None:
+            state.append(f" {fmt_time(when)}", style="dim")
+        table.add_row(Text(w.id), Text(w.name), state,
+                      fmt_time(w.last_heartbeat_at) if w.last_heartbeat_at else "", fmt_time(w.registered_at),
+                      str(w.leases), Text(", ".join(w.kinds or [])), Text(w.stop_reason or ""))
     return table
 
 

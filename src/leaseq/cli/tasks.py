@@ -14,6 +14,7 @@ from ..core import checks
 from ..core.errors import InvalidInput
 from ..engine.common import default_actor
 from ..queue import Queue
+from ..signature import check_enqueue
 from ..store.base import load_migrations, load_queries, parse_dsn
 from .render import effects_table, fmt_duration, make_console, status_text, task_details, task_table, timeline
 from .session import CliError, as_datetime, cli_state, emit_json, json_option, open_queue, parse_json_option
@@ -96,8 +97,12 @@ def _parse_deadline(text: str) -> datetime | timedelta:
 @click.option("--payload", metavar="JSON", default=None,
               help="The task's input, a JSON document (`-` reads stdin, `@file` a file).")
 @click.option("--queue", default="default", show_default=True, help="Queue to add the task to.")
-@click.option("--effect", default="read_only", show_default=True,
-              help="read_only, idempotent or side_effect: decides how an expired lease is routed.")
+@click.option("--effect", default=None,
+              help="read_only, idempotent or side_effect: decides how an expired lease is routed. Default: "
+                   "what the kind's worker declared, else read_only.")
+@click.option("--no-check", "no_check", is_flag=True, default=False,
+              help="Do not look the kind up among the registered workers' declarations (a kind served by "
+                   "workers elsewhere): no warning, no payload check, effect read_only unless given.")
 @click.option("--key", default=None, help="Idempotency key (stable across attempts; generated if omitted). "
                                           "Enqueueing the same key again in the queue returns the existing task; "
                                           "with a different kind, payload or option it is an error.")
@@ -131,7 +136,8 @@ def _parse_deadline(text: str) -> datetime | timedelta:
               help="The task's weight in limits that count units.")
 @json_option
 @click.pass_context
-def enqueue(ctx: click.Context, kind: str, payload: str | None, queue: str, effect: str, key: str | None,
+def enqueue(ctx: click.Context, kind: str, payload: str | None, queue: str, effect: str | None, no_check: bool,
+            key: str | None,
             priority: int, delay: float, at_text: str | None, max_attempts: int, lease_seconds: float,
             timeout: float | None, deadline_text: str | None, approval: str | None,
             approval_deadline: float | None, after_text: tuple[str, ...], on_dependency_failure: str,
@@ -144,6 +150,12 @@ def enqueue(ctx: click.Context, kind: str, payload: str | None, queue: str, effe
     --max-attempts, --lease-seconds, --timeout, --deadline, approval,
     --after, --limit, --units; not --delay or --at), that is an error
     naming what differs and the task (exit 2).
+
+    The kind is looked up among what registered workers declared: a kind no
+    worker has served is enqueued with a warning; a payload that does not fit
+    the declared handler's signature is refused, naming the argument (exit
+    2), and nothing is written; the effect defaults to the declared one.
+    --no-check skips the look-up.
     """
     document = parse_json_option("payload", payload)
     deadline = _parse_deadline(deadline_text) if deadline_text is not None else None
@@ -151,6 +163,13 @@ def enqueue(ctx: click.Context, kind: str, payload: str | None, queue: str, effe
     if at is not None and ctx.get_parameter_source("delay") is not click.core.ParameterSource.DEFAULT:
         raise CliError("at", "give --at or --delay, not both")
     q = open_queue(ctx)
+    unserved = False
+    if no_check:
+        effect = effect or "read_only"
+    else:
+        declaration = q.kind_declaration(kind)
+        unserved = declaration is None
+        effect = check_enqueue(declaration, document, effect)
     if at is not None:
         delay = _delay_until(q, at)
     before = q.now() if key is not None else None
@@ -164,6 +183,9 @@ def enqueue(ctx: click.Context, kind: str, payload: str | None, queue: str, effe
         if at is not None and exc.field == "delay":
             raise CliError("at", f"{at.isoformat()} is too far ahead: the delay {exc.problem}") from None
         raise
+    if unserved:  # said once the task is written: a refused enqueue says only why
+        click.echo(f"warning: no registered worker serves kind {kind!r}: the task waits until one does "
+                   f"(--no-check for a kind served by workers that registered elsewhere)", err=True)
     # A key that names a task enqueued with other options was refused above
     # (IdempotencyKeyConflict, rendered as one line naming `key`): the rule is the engine's.
     existing = before is not None and as_datetime(task.created_at) < before

@@ -41,13 +41,73 @@ class EffectKind(str, enum.Enum):
 TERMINAL = frozenset({Status.COMPLETED, Status.CANCELLED})
 
 
+class WorkerState(str, enum.Enum):
+    """Whether a worker process is there, judged from its heartbeats (:func:`worker_state`)."""
+
+    ALIVE = "alive"  # a heartbeat within its renewal interval
+    LATE = "late"  # its heartbeat is overdue, but for less than a lease length
+    LOST = "lost"  # no heartbeat for a lease length: killed, hung or cut off
+    STOPPED = "stopped"  # it exited cleanly, and said why (stop_reason)
+    REVOKED = "revoked"  # an operator revoked it
+    UNKNOWN = "unknown"  # registered without a heartbeat interval (by hand, or before version 17)
+
+    def __str__(self) -> str:  # pragma: no cover - cosmetic
+        return self.value
+
+
 @dataclass(frozen=True)
 class Worker:
-    """A worker identity issued by the queue. ``id`` is never chosen by the worker."""
+    """A worker identity issued by the queue. ``id`` is never chosen by the worker.
+
+    :meth:`leaseq.Queue.workers` fills the rest: its :class:`WorkerState`
+    (``state``), its last heartbeat, when and why it stopped, the leases it
+    holds and the kinds it serves."""
 
     id: str
     name: str
     registered_at: datetime | None = None
+    revoked_at: datetime | None = None
+    #: alive, late, lost, stopped, revoked or unknown (see :class:`WorkerState`)
+    state: str | None = None
+    last_heartbeat_at: datetime | None = None
+    #: seconds between two heartbeats at most, when alive (its renewal interval)
+    heartbeat_seconds: float | None = None
+    #: seconds without a heartbeat after which it is lost (its lease length)
+    lease_seconds: float | None = None
+    stopped_at: datetime | None = None
+    stop_reason: str | None = None
+    #: how many live leases it holds
+    leases: int | None = None
+    #: the kinds it serves, as it declared them at registration
+    kinds: list[str] | None = None
+
+
+def worker_state(revoked_at: datetime | None, stopped_at: datetime | None, last_heartbeat_at: datetime | None,
+                 heartbeat_seconds: float | None, lease_seconds: float | None, now: datetime) -> WorkerState:
+    """A worker's state at ``now`` (the database's clock), from its row: the one place the
+    rule is written. Computed when read, so a worker killed with SIGKILL shows as lost a
+    lease length after its last heartbeat, with no sweep needed."""
+    if revoked_at is not None:
+        return WorkerState.REVOKED
+    if stopped_at is not None:
+        return WorkerState.STOPPED
+    if last_heartbeat_at is None or heartbeat_seconds is None or lease_seconds is None:
+        return WorkerState.UNKNOWN
+    silent = (now - last_heartbeat_at).total_seconds()
+    if silent <= heartbeat_seconds:
+        return WorkerState.ALIVE
+    return WorkerState.LATE if silent < lease_seconds else WorkerState.LOST
+
+
+def worker_from_row(row: dict[str, Any]) -> Worker:
+    """A :class:`Worker` from a ``list_workers`` row, its state computed by :func:`worker_state`."""
+    state = worker_state(row["revoked_at"], row["stopped_at"], row["last_heartbeat_at"], row["heartbeat_seconds"],
+                         row["lease_seconds"], row["now"])
+    return Worker(id=row["id"], name=row["name"], registered_at=row["registered_at"], revoked_at=row["revoked_at"],
+                  state=state.value, last_heartbeat_at=row["last_heartbeat_at"],
+                  heartbeat_seconds=row["heartbeat_seconds"], lease_seconds=row["lease_seconds"],
+                  stopped_at=row["stopped_at"], stop_reason=row["stop_reason"], leases=int(row["leases"]),
+                  kinds=list(row["kinds"] or []))
 
 
 @dataclass(frozen=True)

@@ -9,28 +9,105 @@ over a task whoever holds it, and the holder's next guarded write is refused.
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 from ..core import checks
 from ..core.errors import InvalidInput, InvalidTransition, UnknownWorker
 from ..core.model import Status, Task, Worker
+from ..signature import check_spec
 from .common import Settings, acting, audit, event, require_task, to_task, worker_id
 from .dependencies import settle_dependents
+from .effects import check_actions
 from . import limits
 from .intents import cancel_with_parents
 from .leases import end_worker_leases
 from .steps import BEGIN, COMMIT, Op, one, rows
 
 
-def register_worker(s: Settings, name: str = "worker", *, token_id: str | None = None) -> Op[Worker]:
+def register_worker(s: Settings, name: str = "worker", *, token_id: str | None = None,
+                    kinds: list[dict[str, Any]] | None = None, heartbeat_seconds: float | None = None,
+                    lease_seconds: float | None = None) -> Op[Worker]:
     """:meth:`leaseq.Queue.register_worker`."""
     checks.check_name("name", name)
+    declared = check_declarations(kinds)
+    heartbeat, lease = check_liveness(heartbeat_seconds, lease_seconds)
     yield BEGIN
-    row = yield one("register_worker", name=name)
+    row = yield one("register_worker", name=name, heartbeat_seconds=heartbeat, lease_seconds=lease)
     if token_id is not None:
         yield rows("link_worker_token", worker_id=row["id"], token_id=checks.check_name("token_id", token_id))
+    if declared:
+        yield rows("declare_worker_kinds", worker_id=row["id"], declarations=declared)
     yield COMMIT
     return Worker(id=row["id"], name=row["name"], registered_at=row["registered_at"])
+
+
+#: The most kinds one registration may declare.
+MAX_KINDS = 1000
+
+
+def check_declarations(kinds: Any) -> list[dict[str, Any]]:
+    """The kinds a worker declares it serves (``[{kind, queue, effect, actions, signature}]``,
+    see :meth:`leaseq.worker.registry.Registry.declarations`), checked; raises
+    :class:`InvalidInput` naming ``kinds``."""
+    if kinds is None:
+        return []
+    if not isinstance(kinds, list) or len(kinds) > MAX_KINDS:
+        raise InvalidInput("kinds", f"must be a list of at most {MAX_KINDS} declarations")
+    out, seen = [], set()
+    for d in kinds:
+        if not isinstance(d, dict) or not {"kind", "queue", "effect"} <= d.keys() \
+                or not d.keys() <= {"kind", "queue", "effect", "actions", "signature"}:
+            raise InvalidInput("kinds", "each declaration is an object with kind, queue, effect, and "
+                                        "optionally actions and signature")
+        kind = checks.check_kind(d["kind"], "kinds")
+        if kind in seen:
+            raise InvalidInput("kinds", f"{kind!r} is declared twice")
+        seen.add(kind)
+        effect = checks.check_effect(d["effect"])
+        actions = None if d.get("actions") is None else check_actions(d["actions"], effect)
+        out.append({"kind": kind, "queue": checks.check_name("queue", d["queue"]), "effect": effect,
+                    "actions": None if actions is None else json.loads(actions),
+                    "signature": None if d.get("signature") is None else check_spec(d["signature"], "kinds")})
+    return out
+
+
+def check_liveness(heartbeat_seconds: Any, lease_seconds: Any) -> tuple[float | None, float | None]:
+    """A worker's heartbeat interval and lease length: both or neither (a worker
+    registered by hand does not heartbeat); the interval shorter than the lease."""
+    if heartbeat_seconds is None and lease_seconds is None:
+        return None, None
+    if heartbeat_seconds is None or lease_seconds is None:
+        raise InvalidInput("heartbeat_seconds", "give heartbeat_seconds and lease_seconds together, or neither")
+    heartbeat = checks.check_seconds("heartbeat_seconds", heartbeat_seconds, allow_zero=False)
+    lease = checks.check_seconds("lease_seconds", lease_seconds, allow_zero=False)
+    if heartbeat >= lease:
+        raise InvalidInput("heartbeat_seconds", f"must be shorter than lease_seconds ({heartbeat} >= {lease})")
+    return heartbeat, lease
+
+
+def heartbeat_worker(s: Settings, worker: Worker | str) -> Op[None]:
+    """:meth:`leaseq.Queue.heartbeat_worker`."""
+    wid = worker_id(worker)
+    yield BEGIN
+    if (yield one("worker_heartbeat", worker_id=wid)) is None and (yield one("get_worker", worker_id=wid)) is None:
+        raise UnknownWorker(f"worker {wid!r} was never registered")
+    yield COMMIT
+
+
+def stop_worker(s: Settings, worker: Worker | str, reason: str = "stopped") -> Op[None]:
+    """:meth:`leaseq.Queue.stop_worker`."""
+    wid = worker_id(worker)
+    checks.check_text("reason", reason, required=True)
+    yield BEGIN
+    if (yield one("worker_stopped", worker_id=wid, reason=reason[:MAX_STOP_REASON])) is None \
+            and (yield one("get_worker", worker_id=wid)) is None:
+        raise UnknownWorker(f"worker {wid!r} was never registered")
+    yield COMMIT
+
+
+#: A stop reason is kept to this many characters.
+MAX_STOP_REASON = 500
 
 
 def revoke_worker(s: Settings, worker: Worker | str, *, by: str | None = None,

@@ -6,7 +6,7 @@ from datetime import datetime
 from typing import Any
 
 from ..core import checks
-from ..core.model import Event, Task
+from ..core.model import Event, Task, Worker, worker_from_row
 from .common import Settings, require_task, rows_of_task, to_task
 from .steps import BEGIN_ONE, COMMIT, Op, one, rows
 
@@ -44,9 +44,15 @@ def events(s: Settings, task_id: int) -> Op[list[Event]]:
     return [Event(**r) for r in (yield from rows_of_task(task_id, "list_events"))]
 
 
-def workers(s: Settings) -> Op[list[dict[str, Any]]]:
+def workers(s: Settings) -> Op[list[Worker]]:
     """:meth:`leaseq.Queue.workers`."""
-    return (yield from _read("list_workers"))
+    return [worker_from_row(r) for r in (yield from _read("list_workers"))]
+
+
+def kind_declaration(s: Settings, kind: str) -> Op[dict[str, Any] | None]:
+    """:meth:`leaseq.Queue.kind_declaration`."""
+    found = yield from _read("kind_declaration", kind=checks.check_kind(kind))
+    return found[0] if found else None
 
 
 def queues(s: Settings) -> Op[list[dict[str, Any]]]:

@@ -34,13 +34,33 @@ class OperatorOps(QueueBase):
 
     # -- workers ---------------------------------------------------------------
 
-    def register_worker(self, name: str = "worker", *, token_id: str | None = None) -> Worker:
+    def register_worker(self, name: str = "worker", *, token_id: str | None = None,
+                        kinds: list[dict[str, Any]] | None = None, heartbeat_seconds: float | None = None,
+                        lease_seconds: float | None = None) -> Worker:
         """Issue a new worker identity. The queue picks the id; ``name`` is a label.
 
         ``token_id`` links the worker to the service credential that registered
-        it, so revoking that credential revokes the worker too.
+        it, so revoking that credential revokes the worker too. ``kinds``: the
+        kinds it serves with their declared options
+        (:meth:`leaseq.worker.registry.Registry.declarations`), which the CLI's
+        and the service's enqueue check against. ``heartbeat_seconds`` and
+        ``lease_seconds`` (both or neither): the worker promises a
+        :meth:`heartbeat_worker` at least every ``heartbeat_seconds``, and
+        counts as lost after ``lease_seconds`` without one (the runtime does
+        this; a worker registered without them has state ``unknown``).
         """
-        return self._run(engine.operator.register_worker(self.settings, name, token_id=token_id))
+        return self._run(engine.operator.register_worker(self.settings, name, token_id=token_id, kinds=kinds,
+                                                         heartbeat_seconds=heartbeat_seconds,
+                                                         lease_seconds=lease_seconds))
+
+    def heartbeat_worker(self, worker: Worker | str) -> None:
+        """Say the worker process is alive (it renews no lease). A stopped worker stays stopped."""
+        self._run(engine.operator.heartbeat_worker(self.settings, worker))
+
+    def stop_worker(self, worker: Worker | str, reason: str = "stopped") -> None:
+        """Record that the worker exited cleanly, and why: its state becomes ``stopped``.
+        Its leases are not touched (a clean shutdown releases them first)."""
+        self._run(engine.operator.stop_worker(self.settings, worker, reason))
 
     def revoke_worker(self, worker: Worker | str, *, by: str | None = None,
                       via: str | None = None) -> dict[str, Any]:

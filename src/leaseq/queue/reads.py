@@ -12,7 +12,7 @@ from typing import Any
 
 from .. import engine
 from ..core import checks
-from ..core.model import Approval, Event, Task
+from ..core.model import Approval, Event, Task, Worker
 from .base import QueueBase
 
 
@@ -71,9 +71,18 @@ class ReadOps(QueueBase):
         """Queues that have had their off-switch set, with its state."""
         return self._run(engine.reads.queues(self.settings))
 
-    def workers(self) -> list[dict[str, Any]]:
-        """Every registered worker with the number of leases it holds."""
+    def workers(self) -> list[Worker]:
+        """Every registered worker, oldest first: its state (alive, late, lost, stopped,
+        revoked; unknown for one registered without a heartbeat interval), last heartbeat,
+        when and why it stopped, the leases it holds and the kinds it serves. The state
+        is judged now, by the database's clock, from the last heartbeat."""
         return self._run(engine.reads.workers(self.settings))
+
+    def kind_declaration(self, kind: str) -> dict[str, Any] | None:
+        """What the newest registered worker serving ``kind`` declared for it (``queue``,
+        ``effect``, ``actions``, ``signature``, ``worker_id``), or None if no worker
+        has served it. See :func:`leaseq.signature.check_payload`."""
+        return self._run(engine.reads.kind_declaration(self.settings, kind))
 
     def limits(self, key: str | None = None) -> list[dict[str, Any]]:
         """Every limit (or the one named ``key``) with its usage: ``running`` (what

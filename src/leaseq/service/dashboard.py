@@ -290,7 +290,9 @@ def tasks_page(request: Request, s: Session = Depends(session)) -> HTMLResponse:
     q = _queue(request)
     page = stats.task_page(q, f)
     bulk = [a for a in BULK_ACTIONS if s.principal.can(a.name)]
+    unserved = stats.unserved_kinds(q, sorted({t.kind for t in page.tasks if t.status == "queued"}))
     return render("tasks.html", request, s, tasks=[present_task(t, s.principal) for t in page.tasks], page=page,
+                  unserved=unserved,
                   f=f, statuses=STATUSES, kinds=stats.kinds(q), page_sizes=stats.PAGE_SIZES, bulk=bulk,
                   here=f.url(),  # back to this very page after a bulk action, without old flash messages
                   live=live_view(request, "tasks"))
@@ -306,7 +308,9 @@ def task_page(request: Request, task_id: int = Path(ge=1, le=2**63 - 1), s: Sess
     view = task_timeline(task, q.events(task_id), q.effects(task_id), s.principal)
     # the digest an approval from this page is bound to: only for a reader who sees the payload
     digest = digest_of(task) if task.status == "awaiting_approval" and s.principal.read_payloads else None
-    return render("task.html", request, s, live=live_view(request, "task", id=str(task_id)), digest=digest, **view)
+    unserved = stats.unserved_kinds(q, [task.kind] if task.status == "queued" else [])
+    return render("task.html", request, s, live=live_view(request, "task", id=str(task_id)), digest=digest,
+                  unserved=unserved, **view)
 
 
 @router.get("/inbox", response_class=HTMLResponse)

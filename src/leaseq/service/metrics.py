@@ -27,7 +27,7 @@ from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 
 from ..core.errors import LeaseqError
-from ..core.model import Status
+from ..core.model import Status, Worker, WorkerState
 from ..observability import tracing
 from ..queue import Queue
 
@@ -66,6 +66,7 @@ class QueueCollector(Collector):
             stats = self.queue.stats()
             paused = self.queue.queues()
             limits = self.queue.limits()
+            workers = self.queue.workers()
             with self.queue.store.transaction() as tx:
                 intents = tx.rows("open_intents_by_queue")
         except LeaseqError as exc:
@@ -115,6 +116,38 @@ class QueueCollector(Collector):
             if row["tokens"] is not None:
                 tokens.add_metric([row["key"]], row["tokens"])
         yield from (tasks, oldest, expired, backlog, open_fx, off, in_use, cap, tokens)
+        yield from _worker_metrics(workers)
+
+
+#: A stopped, lost or revoked worker's own series are kept this long after its last heartbeat
+#: (every restart registers a new identity: they would pile up for ever).
+WORKER_SERIES_KEPT = 24 * 3600.0
+
+
+def _worker_metrics(workers: list[Worker]) -> Iterator[GaugeMetricFamily]:
+    """Workers by state (every state, zeros included), and each recent worker's last
+    heartbeat and state, with the reason it stopped."""
+    by_state = GaugeMetricFamily("leaseq_workers", "Registered workers by state, judged at the scrape",
+                                 labels=["state"])
+    counts = {state.value: 0 for state in WorkerState}
+    for w in workers:
+        counts[w.state or "unknown"] += 1
+    for state, count in counts.items():
+        by_state.add_metric([state], count)
+    beat = GaugeMetricFamily("leaseq_worker_last_heartbeat_timestamp_seconds",
+                             "When each worker last said it was alive (epoch seconds)",
+                             labels=["worker", "name", "state"])
+    info = GaugeMetricFamily("leaseq_worker_info", "1 per recent worker: its state and the reason it stopped",
+                             labels=["worker", "name", "state", "stop_reason"])
+    newest = max((w.last_heartbeat_at.timestamp() for w in workers if w.last_heartbeat_at), default=0.0)
+    for w in workers:
+        if w.last_heartbeat_at is None:
+            continue
+        at = w.last_heartbeat_at.timestamp()
+        if w.state in ("alive", "late") or newest - at <= WORKER_SERIES_KEPT:
+            beat.add_metric([w.id, w.name, w.state or "unknown"], at)
+            info.add_metric([w.id, w.name, w.state or "unknown", (w.stop_reason or "")[:200]], 1)
+    yield from (by_state, beat, info)
 
 
 class ServiceMetrics:

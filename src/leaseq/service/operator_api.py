@@ -20,6 +20,7 @@ from pydantic import create_model
 
 from .. import auth, authz
 from ..core import checks
+from ..signature import check_enqueue
 from ..core.errors import InvalidInput
 from ..core.model import Task
 from ..aio import AsyncQueue, await_task
@@ -37,9 +38,12 @@ LimitKey = Path(description="Limit key")  # checked by the Queue method: a clear
 class EnqueueBody(Body):
     kind: str
     payload: Any = None
-    effect: str = "read_only"
+    #: None: the effect the kind's worker declared (read_only when none did)
+    effect: str | None = None
     queue: str = "default"
     idempotency_key: str | None = None
+    #: true: skip the check against the kind's declaration (a kind served by workers elsewhere)
+    no_check: bool = False
     priority: int = 0
     delay: float = 0
     max_attempts: int = 5
@@ -100,7 +104,11 @@ async def enqueue(body: EnqueueBody, request: Request,
     # Awaited on the event loop on PostgreSQL (a thread on SQLite): the producers' hot call
     checks.check_name("queue", body.queue)
     authz.authorize(principal, "enqueue", queue=body.queue)
-    task = await AsyncQueue(_queue(request)).enqueue(body.kind, body.payload, effect=body.effect, queue=body.queue,
+    queue = AsyncQueue(_queue(request))
+    effect = body.effect or "read_only"
+    if not body.no_check:  # a payload that does not fit its kind's declared signature: 422, nothing written
+        effect = check_enqueue(await queue.kind_declaration(body.kind), body.payload, body.effect)
+    task = await queue.enqueue(body.kind, body.payload, effect=effect, queue=body.queue,
                                    idempotency_key=body.idempotency_key, priority=body.priority, delay=body.delay,
                                    max_attempts=body.max_attempts, lease_seconds=body.lease_seconds,
                                    actions=body.actions, timeout=body.timeout, deadline=_deadline(body.deadline),

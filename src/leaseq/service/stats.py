@@ -20,7 +20,7 @@ from urllib.parse import urlencode
 
 from ..core import checks
 from ..core.errors import InvalidInput
-from ..core.model import Task
+from ..core.model import Task, worker_from_row
 from ..queue import Queue
 
 #: Page sizes the task list offers; the largest is the limit.
@@ -163,11 +163,19 @@ def workers_view(q: Queue) -> list[dict[str, Any]]:
     out = []
     for w in workers:
         held = by_owner.get(w["id"], [])
-        seen = [t for t in [w["registered_at"], last.get(w["id"])]
+        seen = [t for t in [w["registered_at"], w["last_heartbeat_at"], last.get(w["id"])]
                 + [x["last_heartbeat_at"] or x["claimed_at"] for x in held] if t is not None]
-        out.append(dict(w, last_seen_at=max(seen), live_leases=held))
-    out.sort(key=lambda w: (w["revoked_at"] is not None, -w["last_seen_at"].timestamp()))
+        out.append(dict(w, state=worker_from_row(w).state, last_seen_at=max(seen), live_leases=held))
+    # the running ones first, then stopped, then revoked; the most recently seen first in each
+    out.sort(key=lambda w: ({"stopped": 1, "revoked": 2}.get(w["state"], 0), -w["last_seen_at"].timestamp()))
     return out
+
+
+def unserved_kinds(q: Queue, kinds: list[str]) -> set[str]:
+    """Which of ``kinds`` no registered worker has declared it serves (flagged "no worker serves this kind")."""
+    if not kinds:
+        return set()
+    return set(kinds) - {r["kind"] for r in _read(q, "served_kinds")}
 
 
 def chart_window(value: str | None) -> str:
@@ -244,7 +252,7 @@ def version(q: Queue, view: str, params: Mapping[str, str]) -> str:
         task_id = checks.check_task_id(params.get("id", ""))
         data = _read(q, "dashboard_task_version", task_id=task_id)
     elif view == "workers":
-        data = [(w["id"], str(w["revoked_at"]), [(x["id"], x["claim_generation"], str(x["lease_expires_at"]))
+        data = [(w["id"], w["state"], str(w["revoked_at"]), [(x["id"], x["claim_generation"], str(x["lease_expires_at"]))
                                                  for x in w["live_leases"]]) for w in workers_view(q)]
     elif view == "inbox":
         data = [(t.id, t.status, str(t.updated_at)) for status in ("needs_reconciliation", "blocked")

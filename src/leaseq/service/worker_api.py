@@ -124,6 +124,14 @@ def _clean_text(data: Any) -> bool:
 
 class RegisterBody(Body):
     name: str = "worker"
+    #: the kinds it serves, with their declared options (checked by the engine)
+    kinds: list[Any] | None = None
+    heartbeat_seconds: float | None = None
+    lease_seconds: float | None = None
+
+
+class StoppedBody(Body):
+    reason: str = "stopped"
 
 
 class CompleteBody(Body):
@@ -231,9 +239,26 @@ async def _guarded(request: Request, reason: str, worker_id: str, operation: Cal
 @router.post("/workers", status_code=201, summary="Register a worker under the calling token")
 def register_worker(body: RegisterBody, request: Request,
                     principal: auth.Principal = Depends(need("register_worker"))) -> dict[str, Any]:
-    worker = _queue(request).register_worker(body.name, token_id=principal.token_id)
+    worker = _queue(request).register_worker(body.name, token_id=principal.token_id, kinds=body.kinds,
+                                             heartbeat_seconds=body.heartbeat_seconds,
+                                             lease_seconds=body.lease_seconds)
     request.app.state.access.remember_worker(worker.id, principal.token_id)
     return record_json(worker)
+
+
+@router.post("/workers/{worker_id}/heartbeat", summary="Say the worker process is alive (renews no lease)")
+async def heartbeat_worker(request: Request, worker_id: str = WorkerId) -> dict[str, Any]:
+    # Authorized as a renewal: the same token, its own worker.
+    await serve_operation(request, "renew", worker_id,
+                          lambda view: engine.operator.heartbeat_worker(view.settings, worker_id))
+    return {"worker_id": worker_id}
+
+
+@router.post("/workers/{worker_id}/stopped", summary="Record the worker's clean exit and why")
+async def worker_stopped(body: StoppedBody, request: Request, worker_id: str = WorkerId) -> dict[str, Any]:
+    await serve_operation(request, "renew", worker_id,
+                          lambda view: engine.operator.stop_worker(view.settings, worker_id, body.reason))
+    return {"worker_id": worker_id, "stopped": True}
 
 
 @router.post("/workers/{worker_id}/tasks/{task_id}/complete", summary="Finish a task under its lease")

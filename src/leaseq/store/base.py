@@ -18,7 +18,8 @@ __all__ = ["BackendCapabilities", "DEFAULT_DSN", "JSON_COLUMNS", "JSON_PARAMS", 
 
 #: Parameters that carry JSON documents (encoded by each backend its own way);
 #: the plural ones are the row documents of batched statements.
-JSON_PARAMS = frozenset({"payload", "result", "detail", "response", "tasks", "items", "events", "keys", "leases"})
+JSON_PARAMS = frozenset({"payload", "result", "detail", "response", "tasks", "items", "events", "keys", "leases",
+                         "declarations"})
 
 
 class KeyConflict(Exception):
@@ -30,7 +31,7 @@ class JsonText(str):
 
 
 #: Columns that come back as JSON documents.
-JSON_COLUMNS = frozenset({"payload", "result", "detail", "response", "actions", "limits"})
+JSON_COLUMNS = frozenset({"payload", "result", "detail", "response", "actions", "limits", "signature", "kinds"})
 
 
 @dataclass(frozen=True)

@@ -20,6 +20,7 @@ from ..core.errors import LeaseLost, Permanent, QueuePaused
 from ..core.model import Claim
 from ..core.retry import Retry
 from ..observability.hooks import TaskLog
+from ..signature import call_problem, payload_arguments
 from . import tools
 from .completer import Outcome, Verdict
 from .context import TaskContext
@@ -125,9 +126,10 @@ class Handling(Losses):
             try:
                 if definition is None:
                     raise Permanent(f"no handler for task kind {ctx.task.kind!r} in this worker")
-                payload = ctx.task.payload
-                args, kwargs = ((), payload) if isinstance(payload, dict) else (
-                    ((payload,), {}) if payload is not None else ((), {}))
+                args, kwargs = payload_arguments(ctx.task.payload)
+                problem = call_problem(definition.fn, ctx, args, kwargs)
+                if problem is not None:  # the same payload would fail every attempt: not retried
+                    raise Permanent(f"the payload does not fit the handler for {ctx.task.kind!r}: {problem}")
                 # @leaseq.tool functions find the running handler's context here
                 current = tools.current_context.set(ctx)
                 try:

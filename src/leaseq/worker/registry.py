@@ -12,6 +12,7 @@ from collections.abc import Callable, Iterator
 from typing import Any, Protocol
 
 from ..core.errors import InvalidInput
+from ..signature import describe
 
 
 class Handler(Protocol):
@@ -49,6 +50,19 @@ class Registry:
     def kinds(self) -> list[str]:
         """The declared kinds, sorted (what a worker claims)."""
         return sorted(self.handlers)
+
+    def declarations(self) -> list[dict[str, Any]]:
+        """What a worker announces at registration: each kind with its queue and declared
+        options (effect, actions, and the payload signature, :func:`leaseq.signature.describe`)."""
+        out = []
+        for h in self.handlers.values():
+            try:
+                signature: dict[str, Any] | None = describe(h.fn)
+            except (TypeError, ValueError):  # no signature to read (a builtin): nothing to check against
+                signature = None
+            out.append({"kind": h.kind, "queue": h.queue, "effect": getattr(h, "effect", "read_only"),
+                        "actions": getattr(h, "actions", None), "signature": signature})
+        return out
 
     def queue_names(self) -> list[str]:
         """The queues the handlers' tasks are declared on, in declaration order."""

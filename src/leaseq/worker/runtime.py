@@ -36,6 +36,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import signal
+import sys
 import threading
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
@@ -48,6 +49,7 @@ from ..schedules import Scheduler
 from .claim_loop import CLAIMS_IN_FLIGHT, ClaimLoop
 from .completer import Completer
 from .listener import start_listener
+from .liveness import heartbeat, liveness, record_stop
 from .registry import HandlerSource, Registry
 from .renewer import Renewer
 from .shutdown import Shutdown
@@ -137,6 +139,7 @@ class WorkerRuntime(ClaimLoop, Shutdown):
         self._reserved = 0
         self._claims_closed = False
         self._signals = 0
+        self._stop_reason = None
         self.renewer = None
         self.completer = None
         self._handlers = ThreadPoolExecutor(max_workers=concurrency, thread_name_prefix="leaseq-task")
@@ -189,7 +192,9 @@ class WorkerRuntime(ClaimLoop, Shutdown):
                                        self._refill())
             self.renewer = Renewer(self.transport, self._registered, self._call, self.held, self._handling,
                                    self._lose, self._count_renewal)
-            background = [asyncio.create_task(self.renewer.run(), name="leaseq-renewer")]
+            background = [asyncio.create_task(self.renewer.run(), name="leaseq-renewer"),
+                          asyncio.create_task(heartbeat(self.transport, self._registered, self._call,
+                                                        liveness(self.lease_seconds)[0]), name="leaseq-heartbeat")]
             listener = self._start_listener()
             if self.registry.schedules:  # one task per slot, deduplicated by its key across workers
                 scheduler = Scheduler(self.registry.schedules.values(), self.transport, self._call)
@@ -217,6 +222,7 @@ class WorkerRuntime(ClaimLoop, Shutdown):
                 await asyncio.gather(*ending, return_exceptions=True)
                 if listener is not None:
                     listener.set()
+                await record_stop(self.transport, self._registered, self._call, self._why_stopped(until_idle))
                 if self._caps.native_async:
                     await self.transport.close_async()
         finally:
@@ -231,6 +237,17 @@ class WorkerRuntime(ClaimLoop, Shutdown):
         if self._fatal is not None:
             raise self._fatal
         return self.stats
+
+    def _why_stopped(self, until_idle: bool) -> str:
+        """The reason recorded with the clean exit."""
+        if self._fatal is not None:
+            return f"refused: {self._fatal}"
+        if self._stop_reason is not None:
+            return self._stop_reason
+        if until_idle and not self._stopping:
+            return "idle: no task due and none running (until_idle)"
+        exc = sys.exc_info()[1]
+        return f"error: {exc!r}"[:500] if exc is not None else "stopped"
 
     async def _warn_if_unbound(self) -> None:
         """A direct PostgreSQL worker logged in as the schema's owner (or a superuser) is held
@@ -261,7 +278,14 @@ class WorkerRuntime(ClaimLoop, Shutdown):
             if not ok:
                 return False
             self._bind(transport)
-        ok, worker = await until_done("registering", lambda: self._call(self.transport.register_worker, self.name),
+        heartbeat_seconds, lease_seconds = liveness(self.lease_seconds)
+        declarations = self.registry.declarations()
+
+        def register() -> Any:
+            return self._call(self.transport.register_worker, self.name, kinds=declarations,
+                              heartbeat_seconds=heartbeat_seconds, lease_seconds=lease_seconds)
+
+        ok, worker = await until_done("registering", register,
                                       name=self.name, wake=self._wake, stopping=stopping, on_retry=count)
         self.worker = worker
         return ok

@@ -99,6 +99,8 @@ class RuntimeBase:
     #: the claim loop has ended: nothing more is claimed beside it
     _claims_closed: bool
     _signals: int
+    #: why the worker stops (a signal, a stop request), recorded with its clean exit
+    _stop_reason: str | None
 
     # -- what run() sets up before any part runs ----------------------------------------------
     # worker, capabilities, completer, renewer and poll_interval may be None until

@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
+import signal
 import time
 from typing import Any
 
@@ -27,8 +28,11 @@ class Shutdown(Losses):
 
     # -- stop requests ---------------------------------------------------------------------
 
-    def stop(self) -> None:
-        """Ask the runtime to stop claiming and shut down (thread-safe)."""
+    def stop(self, reason: str = "stop requested") -> None:
+        """Ask the runtime to stop claiming and shut down (thread-safe); ``reason`` is
+        recorded with its clean exit (:meth:`leaseq.Queue.stop_worker`)."""
+        if self._stop_reason is None:
+            self._stop_reason = reason
         loop = self._loop
         if loop is None or loop.is_closed():
             self._stopping = True
@@ -50,6 +54,8 @@ class Shutdown(Losses):
 
     def _on_signal(self, signum: int) -> None:
         self._signals += 1
+        if self._stop_reason is None:
+            self._stop_reason = f"signal {signal.Signals(signum).name}"
         if self._signals == 1:
             logger.info("worker %s: signal %s: finishing running tasks (grace %.0fs); again to exit at once",
                         self.worker.id if self.worker else self.name, signum, self.grace)

@@ -140,9 +140,57 @@ SELECT pg_notify('leaseq_interrupt', %(worker_id)s);
 -- name: register_worker
 -- callers: worker
 -- The queue, not the worker, makes the identity: a name plus random suffix.
-INSERT INTO leaseq_workers (id, name)
-VALUES (%(name)s || '-' || substr(replace(gen_random_uuid()::text, '-', ''), 1, 12), %(name)s)
+-- The worker says how often it will heartbeat and after how long a silent
+-- worker is lost (NULL: it does not heartbeat); registering is its first heartbeat.
+INSERT INTO leaseq_workers (id, name, heartbeat_seconds, lease_seconds, last_heartbeat_at)
+VALUES (%(name)s || '-' || substr(replace(gen_random_uuid()::text, '-', ''), 1, 12), %(name)s,
+        %(heartbeat_seconds)s, %(lease_seconds)s, clock_timestamp())
 RETURNING id, name, registered_at, revoked_at;
+
+-- name: declare_worker_kinds
+-- callers: worker
+-- guard: none -- the worker's own declarations, written at its registration; no lease
+-- The kinds a worker serves, with their declared options (declarations: a
+-- JSON array of {kind, queue, effect, actions, signature}). The definer
+-- function lets a worker role write them only for a worker it registered.
+INSERT INTO leaseq_worker_kinds (worker_id, kind, queue, effect, actions, signature)
+SELECT %(worker_id)s, d.kind, d.queue, d.effect, d.actions, d.signature
+FROM jsonb_to_recordset(%(declarations)s::jsonb)
+     AS d(kind text, queue text, effect text, actions jsonb, signature jsonb)
+ON CONFLICT (worker_id, kind) DO UPDATE
+SET queue = excluded.queue, effect = excluded.effect, actions = excluded.actions, signature = excluded.signature
+RETURNING kind;
+
+-- name: worker_heartbeat
+-- callers: worker
+-- guard: none -- says the worker process is alive; renews no lease
+-- A stopped worker stays stopped: its late heartbeat changes nothing.
+UPDATE leaseq_workers SET last_heartbeat_at = clock_timestamp()
+WHERE id = %(worker_id)s AND stopped_at IS NULL
+RETURNING id, revoked_at;
+
+-- name: worker_stopped
+-- callers: worker
+-- guard: none -- the worker's own account of its clean exit; its leases end by their own rules
+UPDATE leaseq_workers SET stopped_at = clock_timestamp(), stop_reason = %(reason)s,
+                          last_heartbeat_at = clock_timestamp()
+WHERE id = %(worker_id)s AND stopped_at IS NULL
+RETURNING id;
+
+-- name: kind_declaration
+-- callers: worker, operator, viewer
+-- What the newest registration serving the kind declared for it (none: no
+-- registered worker has served it).
+SELECT k.kind, k.queue, k.effect, k.actions, k.signature, k.worker_id, w.registered_at
+FROM leaseq_worker_kinds k JOIN leaseq_workers w ON w.id = k.worker_id
+WHERE k.kind = %(kind)s
+ORDER BY w.registered_at DESC, k.worker_id
+LIMIT 1;
+
+-- name: served_kinds
+-- callers: operator, viewer
+-- Every kind some registered worker has served (the dashboard flags the others).
+SELECT DISTINCT kind FROM leaseq_worker_kinds ORDER BY kind;
 
 -- name: get_worker
 -- callers: worker, operator, viewer
@@ -159,8 +207,14 @@ SELECT id, name, registered_at, revoked_at FROM leaseq_workers WHERE id = %(work
 
 -- name: list_workers
 -- callers: operator, viewer
-SELECT w.id, w.name, w.registered_at, w.revoked_at,
-       (SELECT count(*) FROM leaseq_tasks t WHERE t.status = 'running' AND t.lease_owner = w.id) AS leases
+-- Each with what its state is computed from (leaseq.core.model.worker_state),
+-- the database's clock (now) included, and the kinds it serves.
+SELECT w.id, w.name, w.registered_at, w.revoked_at, w.last_heartbeat_at, w.heartbeat_seconds,
+       w.lease_seconds, w.stopped_at, w.stop_reason,
+       (SELECT count(*) FROM leaseq_tasks t WHERE t.status = 'running' AND t.lease_owner = w.id) AS leases,
+       (SELECT coalesce(jsonb_agg(k.kind ORDER BY k.kind), '[]'::jsonb) FROM leaseq_worker_kinds k
+        WHERE k.worker_id = w.id) AS kinds,
+       clock_timestamp() AS now
 FROM leaseq_workers w ORDER BY w.registered_at;
 
 -- name: revoke_worker

@@ -80,9 +80,45 @@ FROM leaseq_leader WHERE name = :name;
 -- no-op: SQLite has no notifications; only the process asked ends its waits
 
 -- name: register_worker
-INSERT INTO leaseq_workers (id, name)
-VALUES (:name || '-' || lower(hex(randomblob(6))), :name)
+-- See the PostgreSQL file: registering is the worker's first heartbeat.
+INSERT INTO leaseq_workers (id, name, heartbeat_seconds, lease_seconds, last_heartbeat_at)
+VALUES (:name || '-' || lower(hex(randomblob(6))), :name, :heartbeat_seconds, :lease_seconds,
+        (julianday('now') - 2440587.5) * 86400.0)
 RETURNING id, name, registered_at, revoked_at;
+
+-- name: declare_worker_kinds
+-- guard: none -- the worker's own declarations, written at its registration; no lease
+INSERT INTO leaseq_worker_kinds (worker_id, kind, queue, effect, actions, signature)
+SELECT :worker_id, json_extract(d.value, '$.kind'), json_extract(d.value, '$.queue'),
+       json_extract(d.value, '$.effect'), json(json_extract(d.value, '$.actions')),
+       json(json_extract(d.value, '$.signature'))
+FROM json_each(:declarations) AS d WHERE true
+ON CONFLICT (worker_id, kind) DO UPDATE
+SET queue = excluded.queue, effect = excluded.effect, actions = excluded.actions, signature = excluded.signature
+RETURNING kind;
+
+-- name: worker_heartbeat
+-- guard: none -- says the worker process is alive; renews no lease
+UPDATE leaseq_workers SET last_heartbeat_at = (julianday('now') - 2440587.5) * 86400.0
+WHERE id = :worker_id AND stopped_at IS NULL
+RETURNING id, revoked_at;
+
+-- name: worker_stopped
+-- guard: none -- the worker's own account of its clean exit; its leases end by their own rules
+UPDATE leaseq_workers SET stopped_at = (julianday('now') - 2440587.5) * 86400.0, stop_reason = :reason,
+                          last_heartbeat_at = (julianday('now') - 2440587.5) * 86400.0
+WHERE id = :worker_id AND stopped_at IS NULL
+RETURNING id;
+
+-- name: kind_declaration
+SELECT k.kind, k.queue, k.effect, k.actions, k.signature, k.worker_id, w.registered_at
+FROM leaseq_worker_kinds k JOIN leaseq_workers w ON w.id = k.worker_id
+WHERE k.kind = :kind
+ORDER BY w.registered_at DESC, k.worker_id
+LIMIT 1;
+
+-- name: served_kinds
+SELECT DISTINCT kind FROM leaseq_worker_kinds ORDER BY kind;
 
 -- name: get_worker
 -- guard: none -- a read of the worker row, not of a lease
@@ -94,8 +130,12 @@ SELECT id, name, registered_at, revoked_at FROM leaseq_workers WHERE id = :worke
 SELECT id, name, registered_at, revoked_at FROM leaseq_workers WHERE id = :worker_id;
 
 -- name: list_workers
-SELECT w.id, w.name, w.registered_at, w.revoked_at,
-       (SELECT count(*) FROM leaseq_tasks t WHERE t.status = 'running' AND t.lease_owner = w.id) AS leases
+SELECT w.id, w.name, w.registered_at, w.revoked_at, w.last_heartbeat_at, w.heartbeat_seconds,
+       w.lease_seconds, w.stopped_at, w.stop_reason,
+       (SELECT count(*) FROM leaseq_tasks t WHERE t.status = 'running' AND t.lease_owner = w.id) AS leases,
+       (SELECT coalesce(json_group_array(kind), '[]') FROM (SELECT k.kind FROM leaseq_worker_kinds k
+        WHERE k.worker_id = w.id ORDER BY k.kind)) AS kinds,
+       (julianday('now') - 2440587.5) * 86400.0 AS now
 FROM leaseq_workers w ORDER BY w.registered_at;
 
 -- name: revoke_worker
