@@ -30,7 +30,7 @@ class JsonText(str):
 
 
 #: Columns that come back as JSON documents.
-JSON_COLUMNS = frozenset({"payload", "result", "detail", "response", "actions", "limits"})
+JSON_COLUMNS = frozenset({"payload", "result", "detail", "response", "actions", "resources", "limits"})
 
 
 @dataclass(frozen=True)
