@@ -96,7 +96,8 @@ class AsyncQueue:
                       approval_deadline: float | None = None, by: str | None = None,
                       trace_context: str | None = None, after: Iterable[int] | None = None,
                       on_dependency_failure: str = "cancel", connection: Any = None,
-                      limits: Iterable[str] | None = None, units: int = 1, token_id: str | None = None) -> Task:
+                      limits: Iterable[str] | None = None, units: int = 1, token_id: str | None = None,
+                      resources: Iterable[str] | None = None) -> Task:
         """:meth:`Queue.enqueue`, awaited. ``connection``: a ``psycopg.AsyncConnection``
         on PostgreSQL, a ``sqlite3.Connection`` on SQLite."""
         op = engine.enqueue.enqueue(self.settings, kind, payload, effect=effect, queue=queue,
@@ -106,7 +107,7 @@ class AsyncQueue:
                                     approval_deadline=approval_deadline, by=by, trace_context=trace_context,
                                     after=after,
                                     on_dependency_failure=on_dependency_failure, limits=limits, units=units,
-                                    token_id=token_id)
+                                    token_id=token_id, resources=resources)
         return await (self._arun(op) if connection is None else self._arun_in(connection, op))
 
     async def enqueue_many(self, kind: str, payloads: Iterable[Any], *, effect: str = "read_only",
@@ -116,13 +117,15 @@ class AsyncQueue:
                            actions: Iterable[str] | None = None, timeout: float | None = None,
                            deadline: datetime | timedelta | None = None, after: Iterable[int] | None = None,
                            on_dependency_failure: str = "cancel", connection: Any = None,
-                           limits: Iterable[str] | None = None, units: int = 1) -> list[int]:
+                           limits: Iterable[str] | None = None, units: int = 1,
+                     resources: Iterable[str] | None = None) -> list[int]:
         """:meth:`Queue.enqueue_many`, awaited."""
         op = engine.enqueue.enqueue_many(self.settings, kind, payloads, effect=effect, queue=queue,
                                          idempotency_keys=idempotency_keys, priority=priority, delay=delay,
                                          max_attempts=max_attempts, lease_seconds=lease_seconds, actions=actions,
                                          timeout=timeout, deadline=deadline, after=after,
-                                         on_dependency_failure=on_dependency_failure, limits=limits, units=units)
+                                         on_dependency_failure=on_dependency_failure, limits=limits, units=units,
+                                         resources=resources)
         return await (self._arun(op) if connection is None else self._arun_in(connection, op))
 
     async def _arun_in(self, connection: Any, op: Op[T]) -> T:

@@ -88,7 +88,8 @@ class TaskDefinition(Generic[P, R]):
     def options(self, *, key: str | None = None, delay: float = 0, priority: int | None = None,
                 timeout: float | None = None, deadline: datetime | timedelta | None = None,
                 after: Iterable[int] | None = None, on_dependency_failure: str = "cancel",
-                connection: Any = None, units: int | None = None) -> TaskDefinition[P, R]:
+                connection: Any = None, units: int | None = None,
+                resources: Iterable[str] | None = None) -> TaskDefinition[P, R]:
         """This definition with enqueue options bound: ``key`` is the idempotency key (a
         repeat with the same payload and options returns the existing task; another
         payload or option is refused, see :meth:`leaseq.Queue.enqueue`), ``delay`` seconds before
@@ -96,11 +97,12 @@ class TaskDefinition(Generic[P, R]):
         timedelta from the enqueue) instead of the declared ones; ``after``, the tasks
         it waits for, and ``connection``, the application's own open transaction to
         write it in (see :meth:`leaseq.Queue.enqueue`); ``units``, the task's weight in
-        limits that count units (a token estimate, say), instead of the declared one.
+        limits that count units (a token estimate, say), instead of the declared one;
+        ``resources``, the resource keys its effects may name (see :meth:`leaseq.Queue.enqueue`).
         ``summarize.options(key="doc-1").enqueue(doc_id=1)``."""
         bound = {**self.bound, "key": key, "delay": delay, "priority": priority, "timeout": timeout,
                  "deadline": deadline, "after": after, "on_dependency_failure": on_dependency_failure,
-                 "connection": connection, "units": units}
+                 "connection": connection, "units": units, "resources": resources}
         return dataclasses.replace(self, bound=bound)
 
     def payload(self, *args: P.args, **kwargs: P.kwargs) -> dict[str, Any]:
@@ -127,7 +129,7 @@ class TaskDefinition(Generic[P, R]):
                                       deadline=self.deadline if deadline is None else deadline,
                                       approval=self.approval, approval_deadline=self.approval_deadline,
                                       limits=self.limits, units=self.units if units is None else units, **{
-                                          name: options[name] for name in ("after", "connection")
+                                          name: options[name] for name in ("after", "connection", "resources")
                                           if options.get(name) is not None},
                                       **({"on_dependency_failure": options["on_dependency_failure"]}
                                          if options.get("after") is not None else {}))

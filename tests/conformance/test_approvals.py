@@ -195,7 +195,7 @@ BENIGN: dict[str, Any] = dict(kind="payments.refund", payload={"order": 7, "cent
                               effect="side_effect", actions=["payments.refund"], priority=0, max_attempts=5,
                               lease_seconds=30.0, timeout=60.0,
                               deadline=datetime(2030, 1, 31, 9, 0, tzinfo=timezone.utc), limits=["payments"],
-                              units=1)
+                              units=1, resources=["order:7"])
 #: One variant per field the digest covers: the benign refund with that one field changed.
 VARIANTS: dict[str, dict[str, Any]] = {
     "kind": dict(kind="payments.refund_all"),
@@ -213,6 +213,8 @@ VARIANTS: dict[str, dict[str, Any]] = {
     "deadline (later)": dict(deadline=datetime(2031, 1, 31, 9, 0, tzinfo=timezone.utc)),
     "limits": dict(limits=None),
     "units": dict(units=500),
+    "resources (none)": dict(resources=None),
+    "resources (another)": dict(resources=["order:7", "order:8"]),
 }
 
 
@@ -226,7 +228,7 @@ def _task_digest(t: leaseq.Task) -> str:
     return leaseq.approval_digest(t.kind, t.payload, t.queue, effect=t.effect, actions=t.actions,
                                   priority=t.priority, max_attempts=t.max_attempts, lease_seconds=t.lease_seconds,
                                   timeout_seconds=t.timeout_seconds, deadline_at=t.deadline_at, limits=t.limits,
-                                  units=t.units)
+                                  units=t.units, resources=t.resources)
 
 
 def test_the_digest_covers_every_option_the_task_runs_with(q: leaseq.Queue, dsn: str) -> None:
@@ -300,7 +302,7 @@ def test_nothing_the_digest_covers_can_change_under_the_approval(q: leaseq.Queue
     q.approve(t.id, q.approval(t.id).digest, by="alice")
     changes = {"effect": "'idempotent'", "actions": "NULL", "priority": "100", "max_attempts": "10000",
                "lease_seconds": "604800", "timeout_seconds": "NULL", "deadline_at": "NULL", "limits": "NULL",
-               "units": "500"}
+               "units": "500", "resources": "NULL"}
     for column, value in changes.items():
         with pytest.raises(Exception, match="approval-gated"):
             with q.store.transaction() as tx:

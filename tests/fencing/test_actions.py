@@ -91,7 +91,8 @@ def test_an_app_task_declares_its_actions(dsn):
 
 
 def test_the_token_is_bound_to_task_generation_action_and_resource_and_ends_with_the_lease(sq):
-    task, w, claim = claim_one(sq, effect="idempotent", actions=["orders.pay"], lease_seconds=30)
+    task, w, claim = claim_one(sq, effect="idempotent", actions=["orders.pay"], lease_seconds=30,
+                              resources=["order:17"])
     fx = sq.begin_effect(w, claim, "orders.pay", "pay:17", resource="order:17")
     claims = SIGNER.verify(fx.token, action="orders.pay", resource="order:17", task_id=task.id, generation=1)
     deadline = sq.get(task.id).lease_expires_at.timestamp()
@@ -124,7 +125,7 @@ def test_the_runtime_hands_the_handler_a_current_token_after_each_renewal(dsn):
             later = SIGNER.verify(fx.token, now=now).expires_at   # would raise "expired" if stale
             seen.append((first, later, now))
 
-    task = slow_pay.enqueue()
+    task = slow_pay.options(resources=["order:1"]).enqueue()
     app.run_worker(until_idle=True, install_signals=False, concurrency=1)
     assert app.queue.get(task.id).status == "completed"
     [(first, later, now)] = seen

@@ -191,7 +191,7 @@ def test_concurrent_requests_with_one_key_run_the_handler_once(bank, store):
     assert len({r.content for r in responses}) == 1
     assert sum("idempotent-replayed" not in r.headers for r in responses) == 1
     assert ledger(store) == [("carol", 4, "1.2")]
-    assert store.outcome("same") is not None       # the quoted header form names key `same`
+    assert store.outcome("same", 1) is not None    # the quoted header form names key `same` (kept per task)
 
 
 def test_unfenced_writes_are_refused_by_default_even_when_trusting_callers(store):
@@ -301,16 +301,17 @@ def test_a_stored_response_is_replayed_only_to_the_task_that_caused_it(store):
             anonymous = client.post(path, headers=headers)
             assert anonymous.status_code == 403 and anonymous.json()["error"]["reason"] == "missing"
             assert first.content not in anonymous.content and "idempotent-replayed" not in anonymous.headers
-        # Another task's genuine token naming the same key gets no stored response either.
+        # Another task's genuine token naming the same key gets no stored response either: keys are
+        # kept per task, so its request is its own (and it could not have squatted task 7's key).
         thief = client.post(path, headers={"Leaseq-Action-Token": signer.issue(
             99, 1, "deposit", "pay-dave", 60, resource="account:dave")})
-        assert thief.status_code == 422 and thief.json()["error"]["code"] == "idempotency_key_reused"
-        assert "idempotent-replayed" not in thief.headers
+        assert thief.status_code == 200 and "idempotent-replayed" not in thief.headers
+        assert first.content != thief.content
         # The task that caused it gets it back.
         mine = client.post(path, headers={"Leaseq-Action-Token": owner})
         assert mine.headers["idempotent-replayed"] == "true" and mine.content == first.content
-        assert ledger(store) == [("dave", 1, "7.1")]
-        assert store.newest_generation("account:dave", 99) is None
+        assert ledger(store) == [("dave", 1, "7.1"), ("dave", 1, "99.1")]
+        assert store.newest_generation("account:dave", 99) == 1       # its own request was fenced
 
 
 def order_app(store: FencedStore, signer: ActionSigner) -> FastAPI:

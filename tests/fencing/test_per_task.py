@@ -42,16 +42,25 @@ def test_raising_one_tasks_generation_cannot_lock_out_another(store):
     assert store.apply("order:17", "4.1", write(store, "other")) == {"note": "other"}
 
 
-def test_an_outcome_is_replayed_only_to_its_own_task(store):
+def test_an_outcome_is_replayed_only_to_its_own_task_and_keys_are_kept_per_task(store):
     first = store.apply("order:17", "1.1", write(store, "charge"), idempotency_key="pay-17")
     assert store.apply("order:17", "1.2", write(store, "retry"), idempotency_key="pay-17") == first
-    for other in ("2.1", None):
-        with pytest.raises(IdempotencyKeyReused, match="belongs to task 1") as info:
-            store.apply("order:17", other, write(store, "thief"), idempotency_key="pay-17")
-        assert info.value.bound_task == 1
-    assert [row[2] for row in ledger(store)] == ["charge"]
-    assert store.newest_generation("order:17", 2) is None             # the refusal rolled back
-    assert store.outcome("pay-17").fencing_token == "1.1"
+    # Another task (or an unfenced caller) using the same key neither sees task 1's outcome
+    # nor is refused for it: its key is its own, so no task can squat another's.
+    for other, note in (("2.1", "task 2"), (None, "unfenced")):
+        assert store.apply("order:17", other, write(store, note), idempotency_key="pay-17") == {"note": note}
+    assert [row[2] for row in ledger(store)] == ["charge", "task 2", "unfenced"]
+    assert store.outcome("pay-17", 1).fencing_token == "1.1"
+    assert store.outcome("pay-17", 2).fencing_token == "2.1"
+    assert store.outcome("pay-17").fencing_token is None
+
+
+def test_a_task_cannot_make_another_get_idempotency_key_reused(store):
+    # Task 2 knows task 1 will use "pay-17" on order:17, and uses it first, even on another resource.
+    store.apply("order:99", "2.1", write(store, "squat"), idempotency_key="pay-17")
+    store.apply("order:17", "2.1", write(store, "squat again"), idempotency_key="1:pay-17")
+    assert store.apply("order:17", "1.1", write(store, "charge"), idempotency_key="pay-17") == {"note": "charge"}
+    assert store.apply("order:17", "1.2", write(store, "retry"), idempotency_key="pay-17") == {"note": "charge"}
 
 
 def test_fencing_token_names_task_and_generation():
@@ -76,8 +85,9 @@ def test_a_store_made_before_per_task_fences_is_upgraded_in_place(fence_dsn):
         old.migrate()
         with old.transaction() as conn:
             conn.execute("CREATE TABLE ledger (account TEXT NOT NULL, amount INTEGER NOT NULL, note TEXT)")
-        # The old outcome is kept, and (bound to no task, as it was) still replayed.
-        assert old.apply("order:1", "5.3", write(old, "again"), idempotency_key="old-key") == {"done": True}
+        # The old outcome is kept, bound to no task, as it was: an unfenced apply still replays it,
+        # while a fenced apply's key is its task's own (stored as "<task>:old-key").
+        assert old.apply("order:1", None, write(old, "again"), idempotency_key="old-key") == {"done": True}
         assert old.outcome("old-key").fencing_token is None
         assert old.apply("order:1", "5.4", write(old, "new"), idempotency_key="new-key") == {"note": "new"}
 

@@ -84,7 +84,7 @@ def test_an_idempotency_key_runs_the_write_once_and_replays_its_outcome(store):
     again = store.apply("acct", t(1), Write(store, 10, "other"), idempotency_key="pay-1")
     assert again == first
     assert [row[1] for row in ledger(store)] == [10]
-    stored = store.outcome("pay-1")
+    stored = store.outcome("pay-1", TASK)
     assert (stored.resource_key, stored.fencing_token, stored.value) == ("acct", "10.1", first)
     assert stored.recorded_at is not None
 
@@ -111,7 +111,7 @@ def test_a_key_cannot_be_reused_for_another_resource(store):
     assert "'k'" in str(info.value) and "'acct'" in str(info.value) and "'other'" in str(info.value)
     assert other.calls == 0
     assert store.newest_generation("other", TASK) is None       # rolled back with the refusal
-    assert store.outcome("k").resource_key == "acct"
+    assert store.outcome("k", TASK).resource_key == "acct"
 
 
 def test_without_a_token_only_idempotency_applies(store):

@@ -84,7 +84,7 @@ def test_a_resumed_zombie_is_refused_before_the_new_holder_wrote(dsn: str, tmp_p
         start("shop", "uvicorn", "tests.fencing.zombie_apps:shop", "--host", "127.0.0.1", "--port", str(port),
               "--log-level", "warning")
         task = q.enqueue("pay_order", {"order_id": 17}, effect="idempotent", lease_seconds=LEASE,
-                         actions=["orders.pay"])
+                         actions=["orders.pay"], resources=["order:17"])
         a = start("a", "leaseq.cli.main", "worker", "tests.fencing.zombie_apps:worker", "--name", "a",
                   "--concurrency", "1", "--poll-interval", "0.05")
         token = wait_for(lambda: (tmp_path / "token-1").exists() and (tmp_path / "token-1").read_text(),

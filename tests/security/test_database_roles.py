@@ -406,7 +406,7 @@ def test_a_worker_role_records_effects_and_evidence_only_under_a_live_lease(admi
         assert q.get(task.id).status == "completed"
     before = snapshot(admin)
     assert "holds no live lease" in refused(
-        dsn, "SELECT * FROM leaseq_q_insert_effect(%s, %s, %s, 'crm.update', 'k', 'idempotent', NULL)",
+        dsn, "SELECT * FROM leaseq_q_insert_effect(%s, %s, %s, 'crm.update', 'k', 'idempotent', NULL, NULL, false)",
         (task.id, claim.generation, w.id))
     assert "writes evidence only" in refused(
         dsn, "SELECT leaseq_q_insert_event(%s, 'completed', %s, %s, '{}')", (task.id, claim.generation, w.id))

@@ -195,7 +195,8 @@ def test_every_lease_guarded_call_of_one_task_is_one_transaction_with_the_token_
     was checked in one transaction and its ledger entry written in another, each in a thread)."""
     rq, w, _ = _worker(svc)
     for i in range(5):
-        svc.q.enqueue("job", {"n": i}, effect="side_effect", actions=["crm.update", "intend:mail.send"])
+        svc.q.enqueue("job", {"n": i}, effect="side_effect", actions=["crm.update", "intend:mail.send"],
+                       resources=["crm:1"])
     claims = rq.claim(w, limit=5)
     store = svc.q.store
     blocking, asyncio_side = _spy_transactions(store, monkeypatch)

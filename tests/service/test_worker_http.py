@@ -188,7 +188,7 @@ def test_undeclared_actions_are_refused_over_http(svc) -> None:
     token = svc.token("worker")
     rq, raw = svc.remote(token), svc.http(token)
     w = rq.register_worker("w")
-    declared = svc.q.enqueue("job", effect="side_effect", actions=["orders.pay"])
+    declared = svc.q.enqueue("job", effect="side_effect", actions=["orders.pay"], resources=["order:1"])
     svc.q.enqueue("job", effect="read_only")
     [claim] = rq.claim(w, lease_seconds=30)
     assert claim.task_id == declared.id

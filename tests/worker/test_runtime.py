@@ -304,7 +304,7 @@ def test_effect_is_replayed_not_repeated_on_the_next_attempt(app: leaseq.App, st
     final = app.queue.get(task.id)
     assert final.status == "completed"
     assert final.result == {"replayed": True, "response": {"message_id": "m-ada", "token": 1}}
-    assert calls == [f"{task.idempotency_key}:email.send"], "the email was sent exactly once"
+    assert calls == [f"{task.id}:{task.idempotency_key}:email.send"], "the email was sent exactly once"
 
 
 def test_call_effect_runs_once_and_returns_the_recorded_response(app: leaseq.App, start_worker) -> None:

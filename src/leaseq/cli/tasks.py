@@ -134,6 +134,12 @@ def _parse_deadline(text: str) -> datetime | timedelta:
               help="A limit the task counts against (see `leaseq limits`); repeat for more.")
 @click.option("--units", type=int, default=1, show_default=True,
               help="The task's weight in limits that count units.")
+@click.option("--action", "action_names", metavar="NAME", multiple=True,
+              help="An action the task may begin (ctx.effect); repeat for more. None given: any action of an "
+                   "idempotent or side_effect task.")
+@click.option("--resource", "resource_keys", metavar="KEY", multiple=True,
+              help="A resource the task's effects may name (an action token is bound to it); repeat for more. "
+                   "None given: its effects name none.")
 @json_option
 @click.pass_context
 def enqueue(ctx: click.Context, kind: str, payload: str | None, queue: str, effect: str | None, no_check: bool,
@@ -141,14 +147,15 @@ def enqueue(ctx: click.Context, kind: str, payload: str | None, queue: str, effe
             priority: int, delay: float, at_text: str | None, max_attempts: int, lease_seconds: float,
             timeout: float | None, deadline_text: str | None, approval: str | None,
             approval_deadline: float | None, after_text: tuple[str, ...], on_dependency_failure: str,
-            limit_keys: tuple[str, ...], units: int, as_json: bool) -> None:
+            limit_keys: tuple[str, ...], units: int, action_names: tuple[str, ...],
+            resource_keys: tuple[str, ...], as_json: bool) -> None:
     """Add a task of KIND to a queue.
 
     With --key, a task already holding that key in the queue is returned
     ("existing task N returned") and nothing is added; if it was enqueued
     with a different kind, payload or option (effect, priority,
     --max-attempts, --lease-seconds, --timeout, --deadline, approval,
-    --after, --limit, --units; not --delay or --at), that is an error
+    --after, --limit, --units, --action, --resource; not --delay or --at), that is an error
     naming what differs and the task (exit 2).
 
     The kind is looked up among what registered workers declared: a kind no
@@ -178,7 +185,8 @@ def enqueue(ctx: click.Context, kind: str, payload: str | None, queue: str, effe
                          delay=delay, max_attempts=max_attempts, lease_seconds=lease_seconds, timeout=timeout,
                          deadline=deadline, approval=approval, approval_deadline=approval_deadline,
                          by=f"cli:{default_actor()}", after=_parse_after(after_text),
-                         on_dependency_failure=on_dependency_failure, limits=list(limit_keys) or None, units=units)
+                         on_dependency_failure=on_dependency_failure, limits=list(limit_keys) or None, units=units,
+                         actions=list(action_names) or None, resources=list(resource_keys) or None)
     except InvalidInput as exc:
         if at is not None and exc.field == "delay":
             raise CliError("at", f"{at.isoformat()} is too far ahead: the delay {exc.problem}") from None

@@ -142,6 +142,8 @@ class Task:
     updated_at: datetime | None = None
     #: the actions the task declared it may take (None: undeclared; see Queue.begin_effect)
     actions: list[str] | None = None
+    #: the resources the task's effects may name (None: declared none; an effect names none)
+    resources: list[str] | None = None
     #: how long one attempt may run, in seconds (None: as long as its lease is renewed)
     timeout_seconds: float | None = None
     #: the latest time the task may start (None: no deadline); past it, it ends ``expired``
@@ -213,11 +215,28 @@ class Effect:
     effect: str = "side_effect"
     #: SHA-256 of a tool call's arguments (None: not a tool call), checked on replay
     args_digest: str | None = None
+    #: the resource the entry named, one its task declared; its action token is bound to it
+    resource: str | None = None
 
     @property
     def fencing_token(self) -> int:
         """The claim generation the intent was recorded under."""
         return self.generation
+
+    @property
+    def downstream_key(self) -> str:
+        """The idempotency key a downstream service sees: ``"<task_id>:<idempotency_key>"``.
+
+        Namespaced by the task, so no task can pick a key another task will
+        use (and squat it: the other task would be told ``idempotency_key_reused``
+        forever). Stable across attempts; the action token carries it.
+        """
+        return downstream_key(self.task_id, self.idempotency_key)
+
+
+def downstream_key(task_id: int, idempotency_key: str) -> str:
+    """The downstream idempotency key of a ledger key: ``"<task_id>:<idempotency_key>"`` (see Effect)."""
+    return f"{task_id}:{idempotency_key}"
 
 
 @dataclass(frozen=True)

@@ -83,7 +83,7 @@ def approval_digest(kind: str, payload: Any, queue: str, *, effect: str = "read_
                     actions: Iterable[str] | None = None, priority: int = 0, max_attempts: int = 5,
                     lease_seconds: float = checks.DEFAULT_LEASE_SECONDS, timeout_seconds: float | None = None,
                     deadline_at: datetime | str | None = None, limits: Iterable[str] | None = None,
-                    units: int = 1) -> str:
+                    units: int = 1, resources: Iterable[str] | None = None) -> str:
     """The digest an approver is shown and must pass back: ``v2:sha256:`` and
     the hex SHA-256 of the canonical JSON (keys sorted, no spaces, UTF-8) of
     everything the task runs with::
@@ -92,6 +92,8 @@ def approval_digest(kind: str, payload: Any, queue: str, *, effect: str = "read_
          "max_attempts", "lease_seconds", "timeout_seconds", "deadline_at",
          "limits", "units"}
 
+    plus ``"resources"`` (sorted, deduplicated) when the task declared any:
+    a task declaring none keeps the digest it had before resources existed.
     ``actions`` and ``limits`` are sorted and deduplicated (``actions=[]``,
     no action allowed, is not ``None``, any action); ``lease_seconds`` and
     ``timeout_seconds`` are written as floats; ``deadline_at`` (an aware
@@ -116,6 +118,8 @@ def approval_digest(kind: str, payload: Any, queue: str, *, effect: str = "read_
         "limits": (sorted(set(limits)) or None) if limits is not None else None,
         "units": int(units),
     }
+    if resources:
+        doc["resources"] = sorted(set(resources))
     return "v2:sha256:" + hashlib.sha256(_canonical(doc).encode("utf-8")).hexdigest()
 
 
@@ -123,7 +127,7 @@ def _field(task: Task | dict[str, Any], name: str, default: Any = None) -> Any:
     if isinstance(task, Task):
         return getattr(task, name)
     value = task.get(name, default)
-    if name in ("actions", "limits") and isinstance(value, str):  # a JSON column not yet decoded
+    if name in ("actions", "resources", "limits") and isinstance(value, str):  # a JSON column not yet decoded
         return json.loads(value)
     return value
 
@@ -137,7 +141,8 @@ def digest_of(task: Task | dict[str, Any]) -> str:
     return approval_digest(f("kind"), f("payload"), f("queue"), effect=f("effect"), actions=f("actions"),
                            priority=f("priority", 0), max_attempts=f("max_attempts"),
                            lease_seconds=f("lease_seconds"), timeout_seconds=f("timeout_seconds"),
-                           deadline_at=f("deadline_at"), limits=f("limits"), units=f("units", 1))
+                           deadline_at=f("deadline_at"), limits=f("limits"), units=f("units", 1),
+                           resources=f("resources"))
 
 
 def _digest_v1(task: Task | dict[str, Any]) -> str:

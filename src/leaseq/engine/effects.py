@@ -21,6 +21,8 @@ from .steps import BEGIN, COMMIT, Op, one, rows
 
 #: Most actions one task may declare.
 MAX_ACTIONS = 100
+#: Most resources one task may declare.
+MAX_RESOURCES = 1000
 #: The classes a ledger entry may have (a tool call's ``effect=``).
 EFFECT_CLASSES = tuple(k.value for k in EffectKind)
 
@@ -48,6 +50,41 @@ def check_actions(actions: Iterable[str] | None, effect: str) -> str | None:
         raise InvalidInput("actions", "a read_only task may take no actions; declare the task "
                                       "effect='idempotent' or effect='side_effect'")
     return json.dumps(names)
+
+
+def check_resources(resources: Iterable[str] | None, effect: str) -> str | None:
+    """The declared resources as JSON text for the task row (None: none declared), or InvalidInput.
+
+    An effect may name (bind its action token to) only a resource its task
+    declared; a task that declared none names none (an empty list says the
+    same and is stored as None). A read_only task takes no actions, so it
+    may declare none.
+    """
+    if resources is None:
+        return None
+    if isinstance(resources, (str, bytes)) or not isinstance(resources, Iterable):
+        raise InvalidInput("resources", f"must be a list of resource keys, or None (got {resources!r})")
+    keys = list(dict.fromkeys(checks.check_key(f"resources[{i}]", r) for i, r in enumerate(resources)))
+    if len(keys) > MAX_RESOURCES:
+        raise InvalidInput("resources", f"names {len(keys)} resources; at most {MAX_RESOURCES}")
+    if keys and effect == "read_only":
+        raise InvalidInput("resources", "a read_only task takes no actions on resources; declare the task "
+                                        "effect='idempotent' or effect='side_effect'")
+    return json.dumps(keys) if keys else None
+
+
+def effect_refusal(held: dict[str, Any], action: str, resource: str | None) -> tuple[str, str]:
+    """The field and the reason ``insert_effect`` refused an entry (its guard decides; this explains).
+
+    ``held`` is ``lock_lease``'s row.
+    """
+    refusal = action_refusal(held, action)
+    if refusal is not None:
+        return "action", refusal
+    declared = held.get("resources")
+    listed = ", ".join(repr(r) for r in declared or ()) or "none"
+    return "resource", (f"{resource!r} is not a resource task {held['id']} declared (declared: {listed}); "
+                        "enqueue it with resources=[...]")
 
 
 def action_refusal(held: dict[str, Any], action: str) -> str | None:
@@ -103,16 +140,13 @@ def begin_effect(s: Settings, worker: Worker | str, claim: Claim, action: str, k
     if resource is not None:
         checks.check_key("resource", resource)
     check_call(effect, args_digest)
+    if effect == "read_only" and resource is not None:
+        raise InvalidInput("resource", "a read_only call acts on no resource and gets no action token; "
+                                       "name a resource only for an idempotent or side_effect call")
     yield BEGIN
     held = yield one("lock_lease", task_id=claim.task_id, worker_id=wid, generation=claim.generation)
     if held is None:
         raise LeaseLost(claim.task_id, claim.generation, "begin_effect refused: lease no longer held")
-    # A read_only call (a model request, a lookup) takes no action: any task may
-    # make one, declared or not. Every other call is an action of the task.
-    if effect != "read_only":
-        refusal = action_refusal(held, action)
-        if refusal is not None:
-            raise InvalidInput("action", refusal)
     entry_class = effect if effect is not None else held["effect"]
     fx_key = key if key is not None else f"{held['idempotency_key']}:{action}"
     existing = yield one("get_effect", task_id=claim.task_id, idempotency_key=fx_key)
@@ -120,41 +154,58 @@ def begin_effect(s: Settings, worker: Worker | str, claim: Claim, action: str, k
         why = diverged(existing, action, entry_class, args_digest)
         if why is not None:
             raise ToolCallDiverged(fx_key, why)
+    if existing is not None and existing["resource"] != resource:
+        raise InvalidInput("resource", f"effect {fx_key!r} was begun naming resource {existing['resource']!r}, "
+                                       f"not {resource!r}: one key, one resource")
     if existing is not None and existing["status"] == "done":
         if effect is not None:  # a tool call answered from the ledger: the trail says so
             yield from event(s, claim.task_id, "tool_replayed", claim.generation, wid, action=action,
                              idempotency_key=fx_key, effect_id=existing["id"], effect=entry_class,
                              recorded_generation=existing["generation"])
         yield COMMIT
-        return signed(s, to_effect(existing, replayed=True), held, resource)
+        return signed(s, to_effect(existing, replayed=True), held)
     if existing is not None and existing["generation"] == claim.generation and existing["status"] == "pending":
         yield COMMIT
-        return signed(s, to_effect(existing), held, resource)
+        return signed(s, to_effect(existing), held)
     if held["paused"] and entry_class != "read_only":
         raise QueuePaused(f"queue {held['queue']!r} is paused: no new actions may start")
     if existing is None:
+        # insert_effect's own guard decides whether the task may begin this action on this
+        # resource (a worker role calling it directly is held to it too); no row: refused
         row = yield one("insert_effect", task_id=claim.task_id, generation=claim.generation, worker_id=wid,
-                        action=action, idempotency_key=fx_key, effect=entry_class, args_digest=args_digest)
+                        action=action, idempotency_key=fx_key, effect=entry_class, args_digest=args_digest,
+                        resource=resource, tool=effect is not None)
+        if row is None:
+            raise InvalidInput(*effect_refusal(held, action, resource))
     else:
         # Same key, earlier attempt, no response: an idempotent task reclaimed
         # with its intent open, or one an operator requeued after
         # reconciliation. The new attempt takes the intent over; the key
         # stays, so the downstream service can deduplicate.
-        row = yield one("rebind_effect", effect_id=existing["id"], generation=claim.generation, worker_id=wid)
+        row = yield one("rebind_effect", effect_id=existing["id"], task_id=claim.task_id,
+                        generation=claim.generation, worker_id=wid)
     if existing is None or existing["status"] != "pending":
         yield rows("adjust_open_effects", task_id=claim.task_id, delta=1)
     detail = dict(action=action, idempotency_key=fx_key, effect_id=row["id"])
     if effect is not None:
         detail["effect"] = entry_class
+    if resource is not None:
+        detail["resource"] = resource
     if existing is not None:
         detail["previous_generation"] = existing["generation"]
     yield from event(s, claim.task_id, "effect_intent", claim.generation, wid, **detail)
     yield COMMIT
-    return signed(s, to_effect(row), held, resource)
+    return signed(s, to_effect(row), held)
 
 
-def signed(s: Settings, effect: Effect, held: dict[str, Any], resource: str | None) -> Effect:
+def signed(s: Settings, effect: Effect, held: dict[str, Any]) -> Effect:
     """The effect with a signed action token scoped to it, when the queue has a key.
+
+    A read_only entry (a lookup, a model call) takes no action: it gets no
+    token, so no downstream accepts it for one. The token is bound to the
+    resource the entry recorded, which its task declared (insert_effect's
+    guard), and names the downstream key (``Effect.downstream_key``, namespaced
+    by the task), so no task holds a token for another task's key.
 
     ``held`` is ``lock_lease``'s row. The token is issued on the database's
     clock (the row's ``now``), as the lease is judged, never on the signing
@@ -164,10 +215,10 @@ def signed(s: Settings, effect: Effect, held: dict[str, Any], resource: str | No
     is wrong cannot mint a token that a downstream with a right clock finds
     expired at once, or valid for longer than the lease.
     """
-    if s.signer is None:
+    if s.signer is None or effect.effect == "read_only":
         return effect
-    token = s.signer.issue(effect.task_id, effect.generation, effect.action, effect.idempotency_key,
-                           s.action_token_ttl, resource=resource, now=held["now"].timestamp(),
+    token = s.signer.issue(effect.task_id, effect.generation, effect.action, effect.downstream_key,
+                           s.action_token_ttl, resource=effect.resource, now=held["now"].timestamp(),
                            not_after=held["lease_expires_at"].timestamp())
     return dataclasses.replace(effect, token=token)
 

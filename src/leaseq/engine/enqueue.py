@@ -26,7 +26,7 @@ from ..store.base import JsonText, KeyConflict
 from . import approvals
 from .common import Settings, default_actor, to_task
 from .dependencies import check_after, hold
-from .effects import check_actions
+from .effects import check_actions, check_resources
 from .limits import check_limits, check_units
 from .steps import BEGIN, BEGIN_ONE, COMMIT, Op, one, rows
 
@@ -77,7 +77,7 @@ def check_budgets(timeout: float | None, deadline: datetime | timedelta | None) 
 def _common(kind: str, effect: str, queue: str, priority: int, delay: float, max_attempts: int,
             lease_seconds: float, actions: Iterable[str] | None, timeout: float | None = None,
             deadline: datetime | timedelta | None = None, limits: Iterable[str] | None = None,
-            units: int = 1) -> dict[str, Any]:
+            units: int = 1, resources: Iterable[str] | None = None) -> dict[str, Any]:
     effect = checks.check_effect(effect)
     return dict(
         **check_budgets(timeout, deadline),
@@ -86,6 +86,7 @@ def _common(kind: str, effect: str, queue: str, priority: int, delay: float, max
         kind=checks.check_kind(kind),
         effect=effect,
         actions=check_actions(actions, effect),
+        resources=check_resources(resources, effect),
         queue=checks.check_name("queue", queue),
         priority=checks.check_int("priority", priority, minimum=-(2**31), maximum=2**31 - 1),
         delay=checks.check_seconds("delay", delay, allow_zero=True, maximum=10 * 365 * 86400.0),
@@ -98,7 +99,7 @@ def task_params(kind: str, payload: Any, *, effect: str, queue: str, idempotency
                 delay: float, max_attempts: int, lease_seconds: float, actions: Iterable[str] | None,
                 timeout: float | None = None, deadline: datetime | timedelta | None = None,
                 trace_context: str | None = None, limits: Iterable[str] | None = None,
-                units: int = 1) -> dict[str, Any]:
+                units: int = 1, resources: Iterable[str] | None = None) -> dict[str, Any]:
     """The parameters of ``insert_task`` for one task, checked (InvalidInput names the field)."""
     effect = checks.check_effect(effect)
     return dict(
@@ -109,6 +110,7 @@ def task_params(kind: str, payload: Any, *, effect: str, queue: str, idempotency
         payload=JsonText(checks.encode_json("payload", payload)),  # encoded once, here
         effect=effect,
         actions=check_actions(actions, effect),
+        resources=check_resources(resources, effect),
         queue=checks.check_name("queue", queue),
         idempotency_key=(fresh_keys(1)[0] if idempotency_key is None
                          else checks.check_key("idempotency_key", idempotency_key)),
@@ -142,6 +144,7 @@ def inserted_row(params: dict[str, Any], made: dict[str, Any]) -> dict[str, Any]
     for name in _AS_SENT:
         row[name] = params[name]
     row["actions"] = None if params["actions"] is None else json.loads(params["actions"])
+    row["resources"] = None if params["resources"] is None else json.loads(params["resources"])
     row["timeout_seconds"] = params["timeout"]
     row.update(made)
     return row
@@ -154,13 +157,13 @@ def enqueue(s: Settings, kind: str, payload: Any = None, *, effect: str = "read_
             approval: str | None = None, approval_deadline: float | None = None,
             by: str | None = None, trace_context: str | None = None, after: Iterable[int] | None = None,
             on_dependency_failure: str = "cancel", limits: Iterable[str] | None = None,
-            units: int = 1, token_id: str | None = None) -> Op[Task]:
+            units: int = 1, token_id: str | None = None, resources: Iterable[str] | None = None) -> Op[Task]:
     """:meth:`leaseq.Queue.enqueue`."""
     upstreams = check_after(after, on_dependency_failure)
     params = task_params(kind, payload, effect=effect, queue=queue, idempotency_key=idempotency_key,
                          priority=priority, delay=delay, max_attempts=max_attempts, lease_seconds=lease_seconds,
                          actions=actions, timeout=timeout, deadline=deadline, trace_context=trace_context,
-                         limits=limits, units=units)
+                         limits=limits, units=units, resources=resources)
     approval, approval_deadline = approvals.check_approval(approval, approval_deadline)
     by = checks.check_text("by", by)
     token_id = checks.check_text("token_id", token_id) or None
@@ -204,7 +207,7 @@ def enqueue_many(s: Settings, kind: str, payloads: Iterable[Any], *, effect: str
                  actions: Iterable[str] | None = None, timeout: float | None = None,
                  deadline: datetime | timedelta | None = None, after: Iterable[int] | None = None,
                  on_dependency_failure: str = "cancel", limits: Iterable[str] | None = None,
-                 units: int = 1) -> Op[list[int]]:
+                 units: int = 1, resources: Iterable[str] | None = None) -> Op[list[int]]:
     """:meth:`leaseq.Queue.enqueue_many`."""
     upstreams = check_after(after, on_dependency_failure)
     payloads = list(payloads)
@@ -214,7 +217,7 @@ def enqueue_many(s: Settings, kind: str, payloads: Iterable[Any], *, effect: str
             raise InvalidInput("idempotency_keys", f"needs one key per payload ({len(payloads)}), "
                                                    f"got {len(idempotency_keys)}")
     common = _common(kind, effect, queue, priority, delay, max_attempts, lease_seconds, actions, timeout, deadline,
-                     limits, units)
+                     limits, units, resources)
     wait = (upstreams, on_dependency_failure)
     given: list[str | None] = [None] * len(payloads) if idempotency_keys is None else [
         None if key is None else checks.check_key(f"idempotency_keys[{i}]", key)
@@ -348,7 +351,7 @@ def key_differences(row: dict[str, Any], params: dict[str, Any], *, approval: st
 
     Compared: everything that decides what runs and how: the queue, kind,
     payload (as JSON values: key order and number spelling aside), effect,
-    priority, max_attempts, lease_seconds, actions, timeout, deadline,
+    priority, max_attempts, lease_seconds, actions, resources, timeout, deadline,
     limits, units, the approval gate and its deadline, and the dependencies
     (``after``, ``on_dependency_failure``). A default compares equal whether
     it was passed or not. Not compared: ``delay`` (a repeat made a second
@@ -379,6 +382,9 @@ def key_differences(row: dict[str, Any], params: dict[str, Any], *, approval: st
     actions = None if params["actions"] is None else json.loads(params["actions"])
     if (row["actions"] is None) != (actions is None) or sorted(row["actions"] or ()) != sorted(actions or ()):
         differ("actions", _listed(row["actions"], "undeclared"), _listed(actions, "undeclared"))
+    resources = None if params["resources"] is None else json.loads(params["resources"])
+    if sorted(row["resources"] or ()) != sorted(resources or ()):
+        differ("resources", _listed(row["resources"], "none"), _listed(resources, "none"))
     if row["timeout_seconds"] != params["timeout"]:
         differ("timeout", _seconds(row["timeout_seconds"]), _seconds(params["timeout"]))
     stored_deadline: datetime | None = row["deadline_at"]

@@ -31,7 +31,7 @@ from ..core.model import Claim, Task, Worker
 from . import approvals
 from .common import Settings, check_claim, event, event_params, to_task, worker_id
 from .dependencies import settle_dependents
-from .effects import action_refusal
+from .effects import action_refusal, effect_refusal
 from .enqueue import existing_task, inserted_row, same_task, task_params
 from .steps import BEGIN, COMMIT, Op, one, rows
 
@@ -108,9 +108,13 @@ def intend(s: Settings, worker: Worker | str, claim: Claim, kind: str, payload: 
     response = {"task_id": row["id"], "kind": row["kind"], "queue": row["queue"]}
     if existing is None:
         fx = yield one("insert_effect", task_id=claim.task_id, generation=claim.generation, worker_id=wid,
-                       action=action, idempotency_key=fx_key, effect=held["effect"], args_digest=None)
+                       action=action, idempotency_key=fx_key, effect=held["effect"], args_digest=None,
+                       resource=None, tool=False)
+        if fx is None:  # insert_effect's guard refused it (action_refusal above says why, first)
+            raise InvalidInput("kind", effect_refusal(held, action, None)[1])
     else:  # an intent the ledger holds open (an operator requeued the task after reconciliation)
-        fx = yield one("rebind_effect", effect_id=existing["id"], generation=claim.generation, worker_id=wid)
+        fx = yield one("rebind_effect", effect_id=existing["id"], task_id=claim.task_id,
+                       generation=claim.generation, worker_id=wid)
         if existing["status"] == "pending":
             yield rows("adjust_open_effects", task_id=claim.task_id, delta=-1)
     yield one("finish_effect", effect_id=fx["id"], task_id=claim.task_id, generation=claim.generation,

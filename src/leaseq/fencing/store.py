@@ -69,6 +69,19 @@ def fencing_token(task_id: int, generation: int) -> str:
     return f"{task_id}.{generation}"
 
 
+def stored_key(idempotency_key: str, task_id: int | None) -> str:
+    """The key an outcome is stored under: per task, so no task can squat another's key.
+
+    A fenced apply's key is namespaced by its task, ``"<task_id>:<key>"``,
+    unless it already is (the key an action token names,
+    ``fx.idempotency_key``, is). Two tasks using the same key therefore never
+    meet; an unfenced apply (no task) keeps the key as given.
+    """
+    if task_id is None or idempotency_key.startswith(f"{task_id}:"):
+        return idempotency_key
+    return f"{task_id}:{idempotency_key}"
+
+
 def parse_token(field: str, token: Any) -> tuple[int, int]:
     """``(task_id, generation)`` of a fencing token, else :class:`InvalidInput` naming ``field``.
 
@@ -172,10 +185,11 @@ class FencedStore:
         3. The idempotency key, when given. If ``idempotency_key`` already
            has a stored outcome, that outcome is returned and ``write`` is
            not called (the fence still applies first: a stale token is
-           refused even for an action already done). A key is bound to the
-           resource and the task it was first applied with; reusing it for
-           another resource, or replaying it to another task (or to an
-           unfenced caller after a fenced one), raises
+           refused even for an action already done). Keys are kept per
+           task (:func:`stored_key`): another task's use of the same key is
+           another key, so no task can make another get
+           :class:`IdempotencyKeyReused`. A key is bound to the resource it
+           was first applied with; reusing it for another resource raises
            :class:`IdempotencyKeyReused` and changes nothing.
         4. ``write(conn)``. ``conn`` is the store's own connection inside the
            transaction: a ``psycopg.Connection`` (autocommit mode, inside a
@@ -211,11 +225,12 @@ class FencedStore:
                     if self.lease_check is not None:
                         lease_held.enter_context(self.lease_check.hold(conn, self.dialect, *attempt))
                 if idempotency_key is not None:
+                    given, idempotency_key = idempotency_key, stored_key(idempotency_key, attempt and attempt[0])
                     reserved = run(conn, "reserve_key", idempotency_key=idempotency_key,
                                    resource_key=resource_key, task_id=attempt and attempt[0],
                                    generation=attempt and attempt[1])
                     if not reserved:
-                        return self._replay(conn, idempotency_key, resource_key, attempt)
+                        return self._replay(conn, idempotency_key, given, resource_key, attempt)
                 value = write(conn)
                 if idempotency_key is None:
                     return value
@@ -231,11 +246,17 @@ class FencedStore:
             rows = self._backend.run(conn, "newest_generation", resource_key=resource_key, task_id=task_id)
         return rows[0]["newest_generation"] if rows else None
 
-    def outcome(self, idempotency_key: str) -> StoredOutcome | None:
-        """The stored outcome of ``idempotency_key``, or None if it was never applied."""
+    def outcome(self, idempotency_key: str, task_id: int | None = None) -> StoredOutcome | None:
+        """The stored outcome of ``idempotency_key``, or None if it was never applied.
+
+        ``task_id``: the task whose fenced apply stored it (keys are kept per
+        task; see :func:`stored_key`); None for an unfenced apply's key.
+        """
         check_key("idempotency_key", idempotency_key)
+        if task_id is not None:
+            fencing_token(task_id, 0)  # checks task_id
         with self._backend.connection() as conn:
-            rows = self._backend.run(conn, "get_outcome", idempotency_key=idempotency_key)
+            rows = self._backend.run(conn, "get_outcome", idempotency_key=stored_key(idempotency_key, task_id))
         if not rows:
             return None
         row = rows[0]
@@ -272,18 +293,19 @@ class FencedStore:
         if generation > newest:
             run(conn, "advance_fence", **where, generation=generation)
 
-    def _replay(self, conn: Any, idempotency_key: str, resource_key: str,
+    def _replay(self, conn: Any, idempotency_key: str, given: str, resource_key: str,
                 attempt: tuple[int, int] | None) -> Any:
+        """The outcome stored under ``idempotency_key`` (the caller's key ``given``, as stored)."""
         rows = self._backend.run(conn, "get_outcome", idempotency_key=idempotency_key)
         if not rows:  # pragma: no cover - outcomes are never deleted
             raise RuntimeError(f"idempotency key {idempotency_key!r} is reserved but has no outcome")
         row = rows[0]
         if row["resource_key"] != resource_key:
-            raise IdempotencyKeyReused(idempotency_key, row["resource_key"], resource_key)
+            raise IdempotencyKeyReused(given, row["resource_key"], resource_key)
         task_id = None if attempt is None else attempt[0]
         if row["task_id"] is not None and row["task_id"] != task_id:
             # Only the task that did the action may see its outcome again.
-            raise IdempotencyKeyReused(idempotency_key, row["resource_key"], resource_key,
+            raise IdempotencyKeyReused(given, row["resource_key"], resource_key,
                                        bound_task=row["task_id"], task_id=task_id)
         return row["outcome"]
 

@@ -25,14 +25,15 @@ class EnqueueOps(QueueBase):
                 approval_deadline: float | None = None, by: str | None = None,
                 trace_context: str | None = None, after: Iterable[int] | None = None,
                 on_dependency_failure: str = "cancel", connection: Any = None,
-                limits: Iterable[str] | None = None, units: int = 1, token_id: str | None = None) -> Task:
+                limits: Iterable[str] | None = None, units: int = 1, token_id: str | None = None,
+                resources: Iterable[str] | None = None) -> Task:
         """Add a task. A second enqueue with the same ``idempotency_key`` in the
         same queue returns the existing task instead of a duplicate, if it asks
         for the same kind, payload and options; with any difference it is
         refused with :class:`leaseq.IdempotencyKeyConflict`, which names the
         fields that differ and the existing task, and nothing is written.
         Compared: kind, payload (as JSON values), effect, priority,
-        max_attempts, lease_seconds, actions, timeout, deadline (a timedelta by
+        max_attempts, lease_seconds, actions, resources, timeout, deadline (a timedelta by
         its length), limits, units, ``approval`` and ``approval_deadline``,
         ``after`` and ``on_dependency_failure``, a default alike whether passed
         or not; not ``delay``, ``trace_context`` or ``by``.
@@ -40,6 +41,11 @@ class EnqueueOps(QueueBase):
         ``actions`` lists the actions the task may begin (:meth:`begin_effect`
         refuses any other); None leaves them undeclared: any action for an
         idempotent or side_effect task, none for a read_only one.
+
+        ``resources`` lists the resource keys the task's effects may name
+        (``begin_effect(..., resource=...)``, to which an action token is
+        bound); an effect naming any other is refused, and a task that
+        declares none may name none. Part of the approval digest.
 
         ``timeout``: seconds one attempt may run; the worker cancels an attempt
         that runs longer and gives its lease up with reason ``timeout`` (the
@@ -87,7 +93,7 @@ class EnqueueOps(QueueBase):
                                     approval_deadline=approval_deadline, by=by, trace_context=trace_context,
                                     after=after,
                                     on_dependency_failure=on_dependency_failure, limits=limits, units=units,
-                                    token_id=token_id)
+                                    token_id=token_id, resources=resources)
         return self._run(op) if connection is None else self._run_in(connection, op)
 
     def enqueue_many(self, kind: str, payloads: Iterable[Any], *, effect: str = "read_only",
@@ -97,7 +103,8 @@ class EnqueueOps(QueueBase):
                      actions: Iterable[str] | None = None, timeout: float | None = None,
                      deadline: datetime | timedelta | None = None, after: Iterable[int] | None = None,
                      on_dependency_failure: str = "cancel", connection: Any = None,
-                     limits: Iterable[str] | None = None, units: int = 1) -> list[int]:
+                     limits: Iterable[str] | None = None, units: int = 1,
+                     resources: Iterable[str] | None = None) -> list[int]:
         """Add many tasks of one ``kind`` at once; returns their ids, in order.
 
         The options are those of :meth:`enqueue`, shared by every task (with
@@ -115,5 +122,6 @@ class EnqueueOps(QueueBase):
                                          idempotency_keys=idempotency_keys, priority=priority, delay=delay,
                                          max_attempts=max_attempts, lease_seconds=lease_seconds, actions=actions,
                                          timeout=timeout, deadline=deadline, after=after,
-                                         on_dependency_failure=on_dependency_failure, limits=limits, units=units)
+                                         on_dependency_failure=on_dependency_failure, limits=limits, units=units,
+                                         resources=resources)
         return self._run(op) if connection is None else self._run_in(connection, op)

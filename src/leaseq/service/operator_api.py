@@ -49,6 +49,8 @@ class EnqueueBody(Body):
     max_attempts: int = 5
     lease_seconds: float = checks.DEFAULT_LEASE_SECONDS
     actions: list[str] | None = None
+    #: the resource keys the task's effects may name (None: none)
+    resources: list[str] | None = None
     timeout: float | None = None
     #: an ISO 8601 time with its offset: the latest time the task may start
     deadline: str | None = None
@@ -118,7 +120,7 @@ async def enqueue(body: EnqueueBody, request: Request,
                                    # ignored, as W3C Trace Context says a receiver must)
                                    trace_context=checks.parse_traceparent(request.headers.get("traceparent")),
                                    after=body.after, on_dependency_failure=body.on_dependency_failure,
-                                   limits=body.limits, units=body.units)
+                                   limits=body.limits, units=body.units, resources=body.resources)
     if task.status == "queued":
         request.app.state.work_signal.wake(task.queue)  # claims waiting in this process look at once
     return present_task(task, principal)

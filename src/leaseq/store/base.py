@@ -31,7 +31,8 @@ class JsonText(str):
 
 
 #: Columns that come back as JSON documents.
-JSON_COLUMNS = frozenset({"payload", "result", "detail", "response", "actions", "limits", "signature", "kinds"})
+JSON_COLUMNS = frozenset({"payload", "result", "detail", "response", "actions", "resources", "limits", "signature",
+                          "kinds"})
 
 
 @dataclass(frozen=True)

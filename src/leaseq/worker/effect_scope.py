@@ -135,7 +135,18 @@ class EffectScope:
 
     @property
     def idempotency_key(self) -> str:
-        """Stable across attempts: send it to the downstream API."""
+        """The key to send to the downstream API: ``"<task_id>:<ledger key>"``.
+
+        Stable across attempts and namespaced by the task, so no other task
+        can use it first (see :attr:`leaseq.Effect.downstream_key`); the
+        action token names the same key.
+        """
+        assert self.effect is not None
+        return self.effect.downstream_key
+
+    @property
+    def ledger_key(self) -> str:
+        """The entry's key in the task's action ledger (``key=``, or the default one)."""
         assert self.effect is not None
         return self.effect.idempotency_key
 

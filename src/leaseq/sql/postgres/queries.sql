@@ -261,11 +261,11 @@ RETURNING t.id, t.claim_generation;
 -- engine fills in the rest from what it sent (inserted_row).
 WITH added AS (
     INSERT INTO leaseq_tasks (queue, kind, payload, effect, priority, available_at,
-                              idempotency_key, max_attempts, lease_seconds, actions,
+                              idempotency_key, max_attempts, lease_seconds, actions, resources,
                               timeout_seconds, deadline_at, trace_context, limits, units)
     VALUES (%(queue)s, %(kind)s, %(payload)s::jsonb, %(effect)s, %(priority)s,
             now() + %(delay)s::float8 * interval '1 second',
-            %(idempotency_key)s, %(max_attempts)s, %(lease_seconds)s, %(actions)s::jsonb,
+            %(idempotency_key)s, %(max_attempts)s, %(lease_seconds)s, %(actions)s::jsonb, %(resources)s::jsonb,
             %(timeout)s::float8, coalesce(%(deadline_at)s::timestamptz, now() + %(deadline_in)s::float8 * interval '1 second'),
             %(trace_context)s::text, %(limits)s::text[], %(units)s)
     ON CONFLICT (queue, idempotency_key) DO NOTHING
@@ -281,11 +281,11 @@ FROM added a, LATERAL (SELECT pg_notify('leaseq_work', a.queue)) AS woke;
 -- {"payload", "idempotency_key"} objects. Duplicate keys are skipped exactly
 -- as in insert_task; the caller reads those with task_ids_by_key.
 INSERT INTO leaseq_tasks (queue, kind, payload, effect, priority, available_at,
-                          idempotency_key, max_attempts, lease_seconds, actions,
+                          idempotency_key, max_attempts, lease_seconds, actions, resources,
                           timeout_seconds, deadline_at, limits, units)
 SELECT %(queue)s, %(kind)s, coalesce(n.payload, 'null'::jsonb), %(effect)s, %(priority)s,
        now() + %(delay)s::float8 * interval '1 second',
-       n.idempotency_key, %(max_attempts)s, %(lease_seconds)s, %(actions)s::jsonb,
+       n.idempotency_key, %(max_attempts)s, %(lease_seconds)s, %(actions)s::jsonb, %(resources)s::jsonb,
        %(timeout)s::float8, coalesce(%(deadline_at)s::timestamptz, now() + %(deadline_in)s::float8 * interval '1 second'),
        %(limits)s::text[], %(units)s
 FROM jsonb_to_recordset(%(tasks)s::jsonb) AS n(payload jsonb, idempotency_key text)
@@ -301,11 +301,11 @@ RETURNING id, idempotency_key;
 -- stored one, the unique index refuses the whole statement and the caller
 -- runs insert_tasks instead.
 INSERT INTO leaseq_tasks (queue, kind, payload, effect, priority, available_at,
-                          idempotency_key, max_attempts, lease_seconds, actions,
+                          idempotency_key, max_attempts, lease_seconds, actions, resources,
                           timeout_seconds, deadline_at, limits, units)
 SELECT %(queue)s, %(kind)s, coalesce(n.payload, 'null'::jsonb), %(effect)s, %(priority)s,
        now() + %(delay)s::float8 * interval '1 second',
-       n.idempotency_key, %(max_attempts)s, %(lease_seconds)s, %(actions)s::jsonb,
+       n.idempotency_key, %(max_attempts)s, %(lease_seconds)s, %(actions)s::jsonb, %(resources)s::jsonb,
        %(timeout)s::float8, coalesce(%(deadline_at)s::timestamptz, now() + %(deadline_in)s::float8 * interval '1 second'),
        %(limits)s::text[], %(units)s
 FROM jsonb_to_recordset(%(tasks)s::jsonb) AS n(payload jsonb, idempotency_key text)
@@ -617,7 +617,7 @@ RETURNING t.id, t.claim_generation, t.lease_expires_at;
 -- plan: generic
 -- Checks the lease and locks the row for the rest of the transaction, so no
 -- cancel or expiry routing can slip between the check and the write after it.
-SELECT t.id, t.queue, t.idempotency_key, t.effect, t.actions, t.lease_expires_at,
+SELECT t.id, t.queue, t.idempotency_key, t.effect, t.actions, t.resources, t.lease_expires_at,
        coalesce((SELECT q.paused FROM leaseq_queues q WHERE q.name = t.queue), false) AS paused,
        clock_timestamp() AS now  -- an action token is issued on this clock, not the signing process's
 FROM leaseq_tasks t
@@ -943,9 +943,22 @@ SELECT * FROM leaseq_effects WHERE task_id = %(task_id)s ORDER BY id;
 -- callers: worker
 -- plan: generic
 -- guard: none -- runs after lock_lease has checked and locked the lease in the same transaction
-INSERT INTO leaseq_effects (task_id, generation, worker_id, action, idempotency_key, effect, args_digest)
-VALUES (%(task_id)s, %(generation)s, %(worker_id)s, %(action)s, %(idempotency_key)s, %(effect)s,
-        %(args_digest)s)
+-- THE DECLARED-EFFECT GUARD, the one place it is written (no row back: refused,
+-- nothing written; leaseq.engine.effects.effect_refusal says why). A read_only
+-- tool call (tool: the caller gave the entry's class; a lookup, a model call)
+-- takes no action: any task may make one, it names no resource and gets no
+-- action token. Every other entry is an action of its task: the task is not
+-- read_only, declared the action (or declared none), and declared the
+-- resource the entry names (a task that declared none names none).
+INSERT INTO leaseq_effects (task_id, generation, worker_id, action, idempotency_key, effect, args_digest, resource)
+SELECT %(task_id)s, %(generation)s, %(worker_id)s, %(action)s, %(idempotency_key)s, %(effect)s,
+       %(args_digest)s, %(resource)s::text
+FROM leaseq_tasks t
+WHERE t.id = %(task_id)s
+  AND ((%(effect)s = 'read_only' AND %(tool)s::boolean AND %(resource)s::text IS NULL)
+       OR (t.effect <> 'read_only'
+           AND (t.actions IS NULL OR t.actions ? %(action)s::text)
+           AND (%(resource)s::text IS NULL OR coalesce(t.resources ? %(resource)s::text, false))))
 RETURNING *;
 
 -- name: rebind_effect
@@ -956,7 +969,7 @@ RETURNING *;
 UPDATE leaseq_effects
 SET generation = %(generation)s, worker_id = %(worker_id)s, status = 'pending',
     intent_at = now(), response = NULL, response_at = NULL
-WHERE id = %(effect_id)s
+WHERE id = %(effect_id)s AND task_id = %(task_id)s
 RETURNING *;
 
 -- name: adjust_open_effects

@@ -159,11 +159,11 @@ RETURNING id, claim_generation;
 -- notifications to send. Like PostgreSQL's, it returns what the database
 -- made and the payload; the engine fills in the rest (inserted_row).
 INSERT INTO leaseq_tasks (queue, kind, payload, effect, priority, available_at,
-                          idempotency_key, max_attempts, lease_seconds, actions,
+                          idempotency_key, max_attempts, lease_seconds, actions, resources,
                           timeout_seconds, deadline_at, trace_context, limits, units)
 VALUES (:queue, :kind, :payload, :effect, :priority,
         (julianday('now') - 2440587.5) * 86400.0 + :delay,
-        :idempotency_key, :max_attempts, :lease_seconds, :actions, :timeout, coalesce(:deadline_at, (julianday('now') - 2440587.5) * 86400.0 + :deadline_in),
+        :idempotency_key, :max_attempts, :lease_seconds, :actions, :resources, :timeout, coalesce(:deadline_at, (julianday('now') - 2440587.5) * 86400.0 + :deadline_in),
         :trace_context, :limits, :units)
 ON CONFLICT (queue, idempotency_key) DO NOTHING
 RETURNING id, payload, available_at, created_at, updated_at, deadline_at;
@@ -171,11 +171,11 @@ RETURNING id, payload, available_at, created_at, updated_at, deadline_at;
 -- name: insert_tasks
 -- See the PostgreSQL file. json_each keeps the document's order.
 INSERT INTO leaseq_tasks (queue, kind, payload, effect, priority, available_at,
-                          idempotency_key, max_attempts, lease_seconds, actions,
+                          idempotency_key, max_attempts, lease_seconds, actions, resources,
                           timeout_seconds, deadline_at, limits, units)
 SELECT :queue, :kind, coalesce(n.value -> '$.payload', 'null'), :effect, :priority,
        (julianday('now') - 2440587.5) * 86400.0 + :delay,
-       n.value ->> '$.idempotency_key', :max_attempts, :lease_seconds, :actions,
+       n.value ->> '$.idempotency_key', :max_attempts, :lease_seconds, :actions, :resources,
        :timeout, coalesce(:deadline_at, (julianday('now') - 2440587.5) * 86400.0 + :deadline_in), :limits, :units
 FROM json_each(:tasks) AS n
 WHERE true  -- an INSERT ... SELECT needs a WHERE before ON CONFLICT in SQLite
@@ -186,11 +186,11 @@ RETURNING id, idempotency_key;
 -- See the PostgreSQL file: insert_tasks without ON CONFLICT, for keys leaseq
 -- just generated; a generated key meeting a stored one refuses the statement.
 INSERT INTO leaseq_tasks (queue, kind, payload, effect, priority, available_at,
-                          idempotency_key, max_attempts, lease_seconds, actions,
+                          idempotency_key, max_attempts, lease_seconds, actions, resources,
                           timeout_seconds, deadline_at, limits, units)
 SELECT :queue, :kind, coalesce(n.value -> '$.payload', 'null'), :effect, :priority,
        (julianday('now') - 2440587.5) * 86400.0 + :delay,
-       n.value ->> '$.idempotency_key', :max_attempts, :lease_seconds, :actions,
+       n.value ->> '$.idempotency_key', :max_attempts, :lease_seconds, :actions, :resources,
        :timeout, coalesce(:deadline_at, (julianday('now') - 2440587.5) * 86400.0 + :deadline_in), :limits, :units
 FROM json_each(:tasks) AS n
 RETURNING id, idempotency_key;
@@ -361,7 +361,7 @@ RETURNING id, claim_generation, lease_expires_at;
 
 -- name: lock_lease
 -- guard: lease
-SELECT t.id, t.queue, t.idempotency_key, t.effect, t.actions, t.lease_expires_at,
+SELECT t.id, t.queue, t.idempotency_key, t.effect, t.actions, t.resources, t.lease_expires_at,
        coalesce((SELECT q.paused FROM leaseq_queues q WHERE q.name = t.queue), 0) AS paused,
        (julianday('now') - 2440587.5) * 86400.0 AS now
 FROM leaseq_tasks AS t
@@ -553,8 +553,16 @@ SELECT * FROM leaseq_effects WHERE task_id = :task_id ORDER BY id;
 
 -- name: insert_effect
 -- guard: none -- runs after lock_lease has checked and locked the lease in the same transaction
-INSERT INTO leaseq_effects (task_id, generation, worker_id, action, idempotency_key, effect, args_digest)
-VALUES (:task_id, :generation, :worker_id, :action, :idempotency_key, :effect, :args_digest)
+-- The declared-effect guard (see the PostgreSQL file): no row back, refused.
+INSERT INTO leaseq_effects (task_id, generation, worker_id, action, idempotency_key, effect, args_digest, resource)
+SELECT :task_id, :generation, :worker_id, :action, :idempotency_key, :effect, :args_digest, :resource
+FROM leaseq_tasks AS t
+WHERE t.id = :task_id
+  AND ((:effect = 'read_only' AND :tool AND :resource IS NULL)
+       OR (t.effect <> 'read_only'
+           AND (t.actions IS NULL OR EXISTS (SELECT 1 FROM json_each(t.actions) AS a WHERE a.value = :action))
+           AND (:resource IS NULL
+                OR EXISTS (SELECT 1 FROM json_each(t.resources) AS r WHERE r.value = :resource))))
 RETURNING *;
 
 -- name: rebind_effect
@@ -563,7 +571,7 @@ RETURNING *;
 UPDATE leaseq_effects
 SET generation = :generation, worker_id = :worker_id, status = 'pending',
     intent_at = (julianday('now') - 2440587.5) * 86400.0, response = NULL, response_at = NULL
-WHERE id = :effect_id
+WHERE id = :effect_id AND task_id = :task_id
 RETURNING *;
 
 -- name: adjust_open_effects
