@@ -210,6 +210,27 @@ def test_a_viewer_role_reads_only_its_queues_and_writes_nothing(admin, make_role
     assert admin.get(mine.id).status == "queued"
 
 
+def test_a_worker_role_that_routes_a_strangers_expired_lease_cannot_read_that_task(admin, make_role) -> None:
+    """The expiry sweep a worker runs changes tasks it never held; changing one must not
+    make it readable (a row this transaction changed counts as the worker's only when the
+    transaction inserted it)."""
+    victim = admin.enqueue("job", {"secret": "of another task"}, lease_seconds=1)
+    admin.claim(admin.register_worker("other"), lease_seconds=1)
+    wait_for(lambda: lease_expired(admin, victim.id), what="the victim's lease expired")
+    dsn = make_role("worker")
+    with psycopg.connect(dsn) as conn:
+        locked = [r[0] for r in conn.execute("SELECT id FROM leaseq_q_lock_expired(10)").fetchall()]
+        assert locked == [victim.id]
+        conn.execute("SELECT * FROM leaseq_q_route_expired(%s)", ([victim.id],))
+        with pytest.raises(psycopg.errors.InsufficientPrivilege, match="never held task"):
+            conn.execute("SELECT payload FROM leaseq_q_get_task(%s)", (victim.id,))
+        conn.rollback()
+    # the library's own sweep, run as the role, still routes it
+    with leaseq.connect(dsn) as q:
+        q.sweep()
+    assert admin.get(victim.id).status == "queued"
+
+
 def test_a_scoped_viewer_reads_across_queues_only_its_own(admin, make_role) -> None:
     dsn = make_role("viewer", "default")
     admin.enqueue("job", {"n": 1})

@@ -170,6 +170,11 @@ IF _kind = 'worker' AND NOT EXISTS (SELECT 1 FROM leaseq_events e JOIN leaseq_wo
         AND NOT EXISTS (SELECT 1 FROM leaseq_tasks t WHERE t.id = {task} AND t.xmin = pg_current_xact_id()::xid) THEN
   RAISE EXCEPTION USING ERRCODE = '42501', MESSAGE = format('role %s never held task %s', session_user, {task});
 END IF;"""
+# A read (a row back, nothing written) counts only the rows its transaction inserted (no
+# claim yet), not one it changed: a worker's expiry sweep changes strangers' tasks, and
+# must not read them.
+_HELD_TASK_READ = _HELD_TASK.replace("t.xmin = pg_current_xact_id()::xid",
+                                     "t.xmin = pg_current_xact_id()::xid AND t.claim_generation = 0")
 _LIVE_LEASE = """
 IF _kind = 'worker' AND NOT EXISTS (SELECT 1 FROM leaseq_tasks t WHERE t.id = {task} AND t.status = 'running'
         AND t.lease_owner = {worker} AND t.claim_generation = {generation} AND t.lease_expires_at >= clock_timestamp()) THEN
@@ -252,7 +257,8 @@ def _checks(q: NamedQuery, sig: Signature) -> str:
             out.append(_LIVE_LEASE.format(task=pos["task_id"], worker=pos["worker_id"],
                                           generation=pos["generation"]))
         elif "task_id" in pos and "worker_id" not in pos:
-            out.append(_HELD_TASK.format(task=pos["task_id"]))
+            held = _HELD_TASK if _WRITES.search(_body_only(q.sql)) else _HELD_TASK_READ
+            out.append(held.format(task=pos["task_id"]))
         if "parent_task_id" in pos:
             out.append(_HELD_TASK.format(task=pos["parent_task_id"]))
         if q.name == "insert_event":
@@ -284,7 +290,7 @@ def _checks(q: NamedQuery, sig: Signature) -> str:
 _UNSCOPED_ONLY = frozenset({"audit_list"})
 
 
-_WRITES = re.compile(r"\b(UPDATE|INSERT|DELETE)\b", re.IGNORECASE)
+_WRITES = re.compile(r"(?<!FOR )(?<!KEY )\b(UPDATE|INSERT|DELETE)\b", re.IGNORECASE)  # not a row lock
 
 
 def _body_only(sql: str) -> str:
@@ -296,7 +302,8 @@ def _queue_column(q: NamedQuery, sig: Signature) -> str | None:
     to the caller's queues (None: not cut: the query names its queue or task, whose scope is
     checked before it runs, or locks rows, or its rows name no queue)."""
     params = {name for name, _ in sig.params}
-    if not q.callers or params & {"queue", "task_id"} or _WRITES.search(_body_only(q.sql)):
+    body = _body_only(q.sql)
+    if not q.callers or params & {"queue", "task_id"} or _WRITES.search(body) or "FOR UPDATE" in body.upper():
         return None
     if q.name not in ("list_queues", "known_queues"):
         return "queue" if "queue" in dict(sig.returns) else None
