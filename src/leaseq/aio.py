@@ -10,13 +10,16 @@ tests/conformance/test_async.py checks that every method's signature matches.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import AsyncIterator, Callable, Iterable, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from datetime import datetime, timedelta
 from typing import Any
 
 from . import engine
 from .core import checks
+from .core.errors import LeaseLost
 from .core.model import Approval, Claim, Effect, Event, Task, Worker
 from .engine.steps import Op, T
 from .observability.tracing import atraced_enqueue
@@ -151,6 +154,46 @@ class AsyncQueue:
         """:meth:`Queue.dependency_results`, awaited."""
         return await self._arun(engine.dependencies.dependency_results(self.settings, task_id))
 
+    @contextlib.asynccontextmanager
+    async def joined(self) -> AsyncIterator[tuple[AsyncQueue, Any]]:
+        """:meth:`Queue.joined`, awaited: one transaction, and a view of this queue whose
+        awaited operations all run in it, committed together when the block ends (rolled
+        back together if it raises).
+
+        On PostgreSQL the transaction is an asyncio one on the event loop, and ``tx`` is
+        its asyncio transaction (``await tx.rows(query, **params)``). On SQLite, whose
+        connections belong to the thread that opened them, it is held by a thread of its
+        own, where every operation of the view runs; ``tx`` is that thread's transaction,
+        for :meth:`run_in` (``await view.run_in(lambda tx: tx.rows(...))``).
+        """
+        if self.sync.native_async:
+            async with self.sync.ajoined() as (view, atx):
+                yield AsyncQueue(view), atx
+            return
+        async with _held_in_own_thread(self.sync.joined()) as ((view, tx), own):
+            yield _ThreadJoined(view, own, tx), tx
+
+    async def run_in(self, fn: Callable[[Any], T]) -> T:
+        """Run ``fn(tx)`` in the transaction of a :meth:`joined` view on SQLite (on its
+        thread); outside one, TypeError."""
+        raise TypeError("run_in() is for the view a joined() block yields on SQLite")
+
+    @contextlib.asynccontextmanager
+    async def hold_attempt(self, task_id: int, generation: int) -> AsyncIterator[None]:
+        """:meth:`Queue.hold_attempt`, awaited: :class:`LeaseLost` unless attempt
+        ``generation`` of ``task_id`` holds a live lease; else the task stays held (no claim,
+        cancel or expiry routing can take it) while the block runs. Keep the block short."""
+        task_id = checks.check_task_id(task_id)
+        generation = checks.check_int("generation", generation, minimum=0)
+        if not self.sync.native_async:
+            async with _held_in_own_thread(self.sync.hold_attempt(task_id, generation)):
+                yield
+            return
+        async with self.sync.store.atransaction() as atx:
+            if not await atx.rows("attempt_holds_lease", task_id=task_id, generation=generation):
+                raise LeaseLost(task_id, generation, "the attempt no longer holds its lease")
+            yield
+
     async def wait(self, task_id: int, *, timeout: float | None = None) -> Task:
         """:meth:`Queue.wait`, awaited: LISTEN/NOTIFY on the event loop (PostgreSQL), else a short poll."""
         return await await_task(self.sync, task_id, timeout=timeout)
@@ -199,7 +242,7 @@ class AsyncQueue:
 
     async def sweep(self) -> int:
         """:meth:`Queue.sweep`, awaited."""
-        return await self._arun(engine.leases.sweep(self.settings))
+        return await self._arun(engine.expiry.sweep(self.settings))
 
     async def begin_effect(self, worker: Worker | str, claim: Claim, action: str, key: str | None = None, *,
                            resource: str | None = None, effect: str | None = None,
@@ -370,3 +413,50 @@ async def await_task(queue: Queue, task_id: int, *, timeout: float | None = None
 async def connect_async(dsn: str | None = None, **options: Any) -> AsyncQueue:
     """Open a queue for asyncio code; see :func:`leaseq.connect` for ``dsn``."""
     return AsyncQueue(await asyncio.to_thread(connect, dsn, **options))
+
+
+class _OwnThread:
+    """One thread of its own: a sqlite3 connection belongs to the thread that opened it, so
+    a transaction held across awaits is entered, used and left on one thread."""
+
+    def __init__(self) -> None:
+        self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="leaseq-held")
+
+    async def call(self, fn: Callable[..., T], *args: Any) -> T:
+        return await asyncio.get_running_loop().run_in_executor(self._pool, fn, *args)
+
+    def close(self) -> None:
+        self._pool.shutdown(wait=False)
+
+
+@contextlib.asynccontextmanager
+async def _held_in_own_thread(cm: contextlib.AbstractContextManager[T]) -> AsyncIterator[tuple[T, _OwnThread]]:
+    """Enter the blocking context manager ``cm`` on a thread of its own, and leave it there."""
+    own = _OwnThread()
+    try:
+        value = await own.call(cm.__enter__)
+        try:
+            yield value, own
+        except BaseException as exc:
+            if not await own.call(cm.__exit__, type(exc), exc, exc.__traceback__):
+                raise
+        else:
+            await own.call(cm.__exit__, None, None, None)
+    finally:
+        own.close()
+
+
+class _ThreadJoined(AsyncQueue):
+    """The view a :meth:`AsyncQueue.joined` block yields on SQLite: every operation runs on
+    the thread that holds the block's transaction."""
+
+    def __init__(self, view: Queue, own: _OwnThread, tx: Any):
+        super().__init__(view)
+        self._own = own
+        self._tx = tx
+
+    async def _arun(self, op: Op[T]) -> T:
+        return await self._own.call(engine.drive, self.sync.store, op)
+
+    async def run_in(self, fn: Callable[[Any], T]) -> T:
+        return await self._own.call(fn, self._tx)

@@ -176,11 +176,17 @@ def test_every_async_method_has_its_queue_methods_typed_signature() -> None:
     # blocking helpers have no async twin by design
     # (joined, ajoined: the service's one transaction per request, a view of the queue in it)
     sync_only = {"aclaim", "acomplete_many", "abegin_effect", "afinish_effect", "ajoined", "close_async",
-                 "end_worker_leases", "hold_attempt", "joined", "listener"}
-    assert set(coros) - {"close"} == set(sync) - sync_only - {"close"}
+                 "end_worker_leases", "listener"}
+    # context managers: `async with` where the queue's are `with`; run_in: a joined view's raw statements
+    contexts, async_only = {"hold_attempt", "joined"}, {"run_in"}
+    assert set(coros) - {"close"} - async_only == set(sync) - sync_only - {"close"}
     for name, coro in coros.items():
+        if name in contexts:
+            assert inspect.isasyncgenfunction(inspect.unwrap(coro)), name
+            assert list(inspect.signature(coro).parameters) == list(inspect.signature(sync[name]).parameters), name
+            continue
         assert inspect.iscoroutinefunction(coro), name
-        if name == "close":
+        if name in {"close", *async_only}:
             continue
         got, want = inspect.signature(coro), inspect.signature(sync[name])
         assert got == want, f"AsyncQueue.{name}{got} != Queue.{name}{want}"
@@ -192,3 +198,34 @@ def test_the_signature_check_notices_a_difference() -> None:
         async def claim(self, worker, *, queue: str = "other") -> list:  # noqa: ANN001
             ...
     assert inspect.signature(Bad.claim) != inspect.signature(leaseq.Queue.claim)
+
+
+async def _joined_and_held(q: leaseq.AsyncQueue) -> None:
+    w = await q.register_worker("w")
+    kept = await q.enqueue("job", {"n": 1})
+    with pytest.raises(RuntimeError, match="roll back"):
+        async with q.joined() as (view, _tx):
+            await view.enqueue("job", {"n": 2})
+            raise RuntimeError("roll back both")
+    assert [t.payload for t in await q.list_tasks()] == [{"n": 1}]
+    async with q.joined() as (view, _tx):
+        await view.enqueue("job", {"n": 3})
+        (claim,) = await view.claim(w)
+    assert claim.task_id == kept.id and len(await q.list_tasks()) == 2
+    async with q.hold_attempt(claim.task_id, claim.generation):
+        pass
+    await q.complete(w, claim, {"ok": True})
+    with pytest.raises(leaseq.LeaseLost):
+        async with q.hold_attempt(claim.task_id, claim.generation):
+            pass
+
+
+def test_the_async_queue_joins_operations_in_one_transaction_and_holds_an_attempt(dsn: str) -> None:
+    async def main() -> None:
+        q = await leaseq.connect_async(dsn)
+        try:
+            await q.migrate()
+            await _joined_and_held(q)
+        finally:
+            await q.close()
+    asyncio.run(main())

@@ -305,7 +305,7 @@ def test_a_claim_routes_a_bounded_number_of_expired_leases_then_answers_and_the_
     from leaseq import engine
     from leaseq.service import worker_batch
 
-    monkeypatch.setattr(engine.leases, "ROUTE_BATCH", 2)
+    monkeypatch.setattr(engine.expiry, "ROUTE_BATCH", 2)
     passes = worker_batch.ROUTING_PASSES
     stalled = svc.q.register_worker("stalled")
     svc.q.enqueue_many("job", [{"n": n} for n in range(2 * passes + 1)], max_attempts=5)

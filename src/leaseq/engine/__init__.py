@@ -6,7 +6,8 @@ returns its result. :class:`leaseq.Queue` drives it synchronously,
 :class:`leaseq.AsyncQueue` on the event loop (:mod:`.drive`). Where each
 operation lives:
 
-- :mod:`.leases`: claim, renew, complete, fail, release, report a loss, sweep
+- :mod:`.leases`: claim, renew, complete, fail, release, report a loss
+- :mod:`.expiry`: leases that end without their holder: routing by the recovery policy, the sweep
 - :mod:`.effects`: begin and finish an effect, the action ledger
 - :mod:`.enqueue`: enqueue one task or many
 - :mod:`.approvals`: approval gates: request, approve, deny, deadlines
@@ -19,9 +20,9 @@ operation lives:
 - :mod:`.schema`: migrations and retention
 """
 
-from . import approvals, dependencies, effects, enqueue, intents, leases, limits, operator, reads, schema, waits
+from . import approvals, dependencies, effects, enqueue, expiry, intents, leases, limits, operator, reads, schema, waits
 from .common import Settings
 from .drive import adrive, adrive_in, drive, drive_in
 
 __all__ = ["Settings", "adrive", "adrive_in", "approvals", "dependencies", "drive", "drive_in", "effects", "enqueue",
-           "intents", "leases", "limits", "operator", "reads", "schema", "waits"]
+           "expiry", "intents", "leases", "limits", "operator", "reads", "schema", "waits"]

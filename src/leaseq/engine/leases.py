@@ -1,4 +1,4 @@
-"""Leases: claim, renew, complete, fail, release, report a loss, route expired leases.
+"""Leases: claim, renew, complete, fail, release, report a loss (expiry: :mod:`.expiry`).
 
 Every write here runs on the strength of a lease, and the lease guard is in
 the SQL (the ``lease_guard`` template of ``sql/<dialect>/queries.sql``): zero
@@ -20,10 +20,9 @@ from . import limits
 from .common import (Settings, check_claim, check_worker, event, event_params, heartbeats, require_task, to_task,
                      worker_id)
 from .dependencies import FAILED_ENDS, settle_dependents
+from .expiry import route, route_expired
 from .steps import BEGIN, BEGIN_ONE, COMMIT, Op, one, rows
 
-#: How many expired leases one claim transaction routes at most.
-ROUTE_BATCH = 500
 
 
 def check_kinds(kinds: Iterable[str] | None) -> list[str] | None:
@@ -122,7 +121,7 @@ def route_for_claim(s: Settings, worker: Worker | str) -> Op[int]:
     a claim must take limit rows only in key order. Returns how many leases were routed."""
     yield BEGIN
     yield from check_worker(worker_id(worker), lock=True)
-    routed = yield from _route_expired(s)
+    routed = yield from route_expired(s)
     yield COMMIT
     return routed
 
@@ -355,7 +354,7 @@ def release(s: Settings, worker: Worker | str, claim: Claim, reason: str = "rele
                     unstarted=not started)
     if row is None:
         raise LeaseLost(claim.task_id, claim.generation, "release refused: lease no longer held")
-    yield from _route(s, [row], event_type="lease_released", reason=reason,
+    yield from route(s, [row], event_type="lease_released", reason=reason,
                       **({} if started else {"started": False}))
     task = yield one("get_task", task_id=claim.task_id)
     yield COMMIT
@@ -385,81 +384,3 @@ def report_loss(s: Settings, worker: Worker | str, claim: Claim, reason: str) ->
                                 "its loss was already reported")
     raise InvalidTransition(f"task {claim.task_id} generation {claim.generation}: not lost, it ended "
                             f"by its holder ({why['ended']})")
-
-
-def sweep(s: Settings) -> Op[int]:
-    """:meth:`leaseq.Queue.sweep`: route every expired lease, then expire every task whose
-    deadline passed before it started, a batch per transaction. Returns how many leases
-    were routed."""
-    total = 0
-    while True:
-        yield BEGIN
-        n = yield from _route_expired(s)
-        yield COMMIT
-        total += n
-        if n < ROUTE_BATCH:
-            break
-    while True:
-        yield BEGIN
-        n = yield from _expire_overdue(s)
-        yield COMMIT
-        if n < ROUTE_BATCH:
-            return total
-
-
-def _expire_overdue(s: Settings) -> Op[int]:
-    """Tasks past their deadline that never started end ``expired``, with a ``deadline_passed`` event each."""
-    overdue = yield rows("lock_overdue", limit=ROUTE_BATCH)
-    if not overdue:
-        return 0
-    expired = {r["id"] for r in (yield rows("expire_overdue", task_ids=[r["id"] for r in overdue]))}
-    events = [event_params(s, r["id"], "deadline_passed", r["claim_generation"] or None, None,
-                           deadline_at=r["deadline_at"].isoformat(), previous_status=r["status"],
-                           reason="deadline passed before the task started")
-              for r in overdue if r["id"] in expired]
-    if events:
-        yield rows("insert_events", events=events)
-    if expired:  # the tasks waiting for them are cancelled (or blocked), in this transaction
-        yield from settle_dependents(s, expired)
-    return len(overdue)
-
-
-def _route_expired(s: Settings) -> Op[int]:
-    expired = yield rows("lock_expired", limit=ROUTE_BATCH)
-    if expired:
-        yield from _route(s, expired, event_type="lease_expired", reason="lease expired without renewal")
-    return len(expired)
-
-
-def _route(s: Settings, leases: list[dict[str, Any]], *, event_type: str, reason: str, **detail: Any) -> Op[None]:
-    """Apply the recovery policy (the ``route_expired`` query) to locked, expired leases, with their
-    evidence (``detail``: more fields for each routing event)."""
-    routed = {r["id"]: r for r in (yield rows("route_expired", task_ids=[r["id"] for r in leases]))}
-    yield from limits.release(routed.values())  # the leases ended: their slots come back
-    events = []
-    for lease in leases:
-        r = routed.get(lease["id"])
-        if r is None:
-            continue
-        events.append(event_params(
-            s, lease["id"], event_type, lease["claim_generation"], lease["lease_owner"], reason=reason,
-            routed_to=r["status"], open_intents=r["open_effects"], attempt=r["attempts"],
-            lease_expires_at=lease["lease_expires_at"].isoformat(), **heartbeats(lease), **detail))
-        if r["status"] != Status.QUEUED:  # the query says why it did not simply queue the task again
-            events.append(event_params(s, lease["id"], r["status"], lease["claim_generation"],
-                                       lease["lease_owner"], reason=r["reason"]))
-    if events:
-        yield rows("insert_events", events=events)
-    ended = [r["id"] for r in routed.values() if r["status"] in FAILED_ENDS]
-    if ended:
-        yield from settle_dependents(s, ended)
-
-
-def end_worker_leases(s: Settings, wid: str, reason: str) -> Op[int]:
-    """End every lease of a just-revoked worker, with a ``lease_revoked`` event each, in the open
-    transaction. Returns how many leases ended."""
-    ended = yield rows("end_worker_leases", worker_id=wid)
-    if ended:
-        yield rows("insert_events", events=[event_params(s, r["id"], "lease_revoked", r["claim_generation"], wid,
-                                                         reason=reason) for r in ended])
-    return len(ended)

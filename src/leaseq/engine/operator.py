@@ -21,7 +21,7 @@ from .dependencies import settle_dependents
 from .effects import check_actions
 from . import limits
 from .intents import cancel_with_parents
-from .leases import end_worker_leases
+from .expiry import end_worker_leases
 from .steps import BEGIN, COMMIT, Op, one, rows
 
 

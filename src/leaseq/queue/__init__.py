@@ -26,7 +26,7 @@ from typing import Any
 
 from ..engine.common import EVIDENCE_LEVELS, ROUTINE_EVENTS
 from ..engine.enqueue import ENQUEUE_CHUNK
-from ..engine.leases import ROUTE_BATCH
+from ..engine.expiry import ROUTE_BATCH
 from ..store import open_store
 from .effects import EffectOps
 from .enqueue import EnqueueOps

@@ -119,7 +119,7 @@ class LeaseOps(QueueBase):
 
     def sweep(self) -> int:
         """Route every expired lease now (claims do this too). Returns how many."""
-        return self._run(engine.leases.sweep(self.settings))
+        return self._run(engine.expiry.sweep(self.settings))
 
     def intend(self, worker: Worker | str, claim: Claim, kind: str, payload: Any = None, *, key: str,
                queue: str = "default", effect: str = "side_effect", approval: str | None = None,
@@ -176,4 +176,4 @@ class LeaseOps(QueueBase):
     def end_worker_leases(self, tx: Tx, wid: str, reason: str) -> int:
         """End every lease of a just-revoked worker, with a ``lease_revoked`` event each (in ``tx``).
         Returns how many leases ended."""
-        return engine.drive_in(tx, engine.leases.end_worker_leases(self.settings, wid, reason))
+        return engine.drive_in(tx, engine.expiry.end_worker_leases(self.settings, wid, reason))

@@ -93,7 +93,7 @@ def _signal(request: Request) -> WorkSignal:
 
 
 #: Batches of expired leases a claim routes, each in a transaction of its own, before it
-#: answers with nothing (engine.leases.ROUTE_BATCH a batch; the worker claims again).
+#: answers with nothing (engine.expiry.ROUTE_BATCH a batch; the worker claims again).
 ROUTING_PASSES = 5
 
 

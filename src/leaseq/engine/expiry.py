@@ -1,0 +1,98 @@
+"""Expiry: leases that end without their holder, by the recovery policy.
+
+An expired lease is not permission to retry: ``route_expired`` (the query)
+applies the recovery policy, and every routing leaves its evidence. The
+claim routes a batch before it claims; :func:`sweep` routes them all, and
+ends the tasks whose deadline passed before they started.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from ..core.model import Status
+from . import limits
+from .common import Settings, event_params, heartbeats
+from .dependencies import FAILED_ENDS, settle_dependents
+from .steps import BEGIN, COMMIT, Op, rows
+
+#: How many expired leases one claim transaction routes at most.
+ROUTE_BATCH = 500
+
+
+def sweep(s: Settings) -> Op[int]:
+    """:meth:`leaseq.Queue.sweep`: route every expired lease, then expire every task whose
+    deadline passed before it started, a batch per transaction. Returns how many leases
+    were routed."""
+    total = 0
+    while True:
+        yield BEGIN
+        n = yield from route_expired(s)
+        yield COMMIT
+        total += n
+        if n < ROUTE_BATCH:
+            break
+    while True:
+        yield BEGIN
+        n = yield from expire_overdue(s)
+        yield COMMIT
+        if n < ROUTE_BATCH:
+            return total
+
+
+def expire_overdue(s: Settings) -> Op[int]:
+    """Tasks past their deadline that never started end ``expired``, with a ``deadline_passed`` event each."""
+    overdue = yield rows("lock_overdue", limit=ROUTE_BATCH)
+    if not overdue:
+        return 0
+    expired = {r["id"] for r in (yield rows("expire_overdue", task_ids=[r["id"] for r in overdue]))}
+    events = [event_params(s, r["id"], "deadline_passed", r["claim_generation"] or None, None,
+                           deadline_at=r["deadline_at"].isoformat(), previous_status=r["status"],
+                           reason="deadline passed before the task started")
+              for r in overdue if r["id"] in expired]
+    if events:
+        yield rows("insert_events", events=events)
+    if expired:  # the tasks waiting for them are cancelled (or blocked), in this transaction
+        yield from settle_dependents(s, expired)
+    return len(overdue)
+
+
+def route_expired(s: Settings) -> Op[int]:
+    expired = yield rows("lock_expired", limit=ROUTE_BATCH)
+    if expired:
+        yield from route(s, expired, event_type="lease_expired", reason="lease expired without renewal")
+    return len(expired)
+
+
+def route(s: Settings, leases: list[dict[str, Any]], *, event_type: str, reason: str, **detail: Any) -> Op[None]:
+    """Apply the recovery policy (the ``route_expired`` query) to locked, expired leases, with their
+    evidence (``detail``: more fields for each routing event)."""
+    routed = {r["id"]: r for r in (yield rows("route_expired", task_ids=[r["id"] for r in leases]))}
+    yield from limits.release(routed.values())  # the leases ended: their slots come back
+    events = []
+    for lease in leases:
+        r = routed.get(lease["id"])
+        if r is None:
+            continue
+        events.append(event_params(
+            s, lease["id"], event_type, lease["claim_generation"], lease["lease_owner"], reason=reason,
+            routed_to=r["status"], open_intents=r["open_effects"], attempt=r["attempts"],
+            lease_expires_at=lease["lease_expires_at"].isoformat(), **heartbeats(lease), **detail))
+        if r["status"] != Status.QUEUED:  # the query says why it did not simply queue the task again
+            events.append(event_params(s, lease["id"], r["status"], lease["claim_generation"],
+                                       lease["lease_owner"], reason=r["reason"]))
+    if events:
+        yield rows("insert_events", events=events)
+    ended = [r["id"] for r in routed.values() if r["status"] in FAILED_ENDS]
+    if ended:
+        yield from settle_dependents(s, ended)
+
+
+def end_worker_leases(s: Settings, wid: str, reason: str) -> Op[int]:
+    """End every lease of a just-revoked worker, with a ``lease_revoked`` event each, in the open
+    transaction. Returns how many leases ended."""
+    ended = yield rows("end_worker_leases", worker_id=wid)
+    if ended:
+        yield rows("insert_events", events=[event_params(s, r["id"], "lease_revoked", r["claim_generation"], wid,
+                                                         reason=reason) for r in ended])
+    return len(ended)
