@@ -17,7 +17,7 @@ from .database import BenchDatabase, display_dsn, server_facts
 from .targets import check_targets
 
 WORKLOADS = ("enqueue", "drain", "latency", "heartbeat", "depth", "evidence", "agent", "leases", "limits")
-PEERS = ("leaseq", "pgqueuer", "pgqueuer-psycopg", "procrastinate", "raw")
+PEERS = ("leaseq", "leaseq-roles", "pgqueuer", "pgqueuer-psycopg", "procrastinate", "raw")
 
 
 @dataclass(frozen=True)
@@ -80,7 +80,7 @@ def plan(workload: str, sizes: Sizes, chosen: list[str], rnd: int = 1) -> list[t
         for processes in (1, 2):
             config = f"{processes} process{'es' if processes > 1 else ''} × 10"
             for s in peers:
-                if processes > 1 and s != "leaseq" and not sizes.two_processes_everywhere:
+                if processes > 1 and s not in ("leaseq", "leaseq-roles") and not sizes.two_processes_everywhere:
                     continue
                 n = sizes.drain_procrastinate if s == "procrastinate" else sizes.drain
                 trials.append((config, s, lambda db, sy, p=processes, n=n: workloads.drain(db, sy, tasks=n, processes=p)))

@@ -82,6 +82,7 @@ class BenchDatabase:
                 conn.execute("SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
                              "WHERE datname = current_database() AND pid <> pg_backend_pid()")
                 conn.execute(f"DROP SCHEMA IF EXISTS {name} CASCADE")
+                conn.execute(f'DROP ROLE IF EXISTS "bench_worker_{name}"')  # leaseq-roles' login role
 
     # -- measurements ----------------------------------------------------------
 

@@ -8,7 +8,7 @@ from collections import defaultdict
 from pathlib import Path
 from typing import Any
 
-LABELS = {"leaseq": "leaseq", "pgqueuer": "pgqueuer", "procrastinate": "procrastinate", "raw": "raw ceiling",
+LABELS = {"leaseq": "leaseq", "leaseq-roles": "leaseq, worker role", "pgqueuer": "pgqueuer", "procrastinate": "procrastinate", "raw": "raw ceiling",
           "leaseq-sqlite": "leaseq on SQLite", "leaseq-compact": "leaseq, compact evidence",
           "pgqueuer-psycopg": "pgqueuer on psycopg"}
 

@@ -109,7 +109,7 @@ class System(Protocol):
 
 def get(name: str) -> System:
     """The system registered under ``name``."""
-    if name in ("leaseq", "leaseq-compact", "leaseq-sqlite"):
+    if name in ("leaseq", "leaseq-compact", "leaseq-roles", "leaseq-sqlite"):
         from .leaseq_system import LeaseqSystem
 
         return LeaseqSystem(name)
@@ -133,4 +133,5 @@ def get(name: str) -> System:
     raise KeyError(name)
 
 
-NAMES = ("leaseq", "pgqueuer", "procrastinate", "raw", "leaseq-sqlite", "leaseq-compact", "pgqueuer-psycopg")
+NAMES = ("leaseq", "pgqueuer", "procrastinate", "raw", "leaseq-sqlite", "leaseq-compact", "leaseq-roles",
+         "pgqueuer-psycopg")

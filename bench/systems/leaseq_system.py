@@ -1,8 +1,11 @@
 """leaseq itself, through its public API only: Queue, App and the worker runtime.
 
 ``leaseq`` and ``leaseq-compact`` run on PostgreSQL (the second with the
-evidence trail at its most compact setting); ``leaseq-sqlite`` runs
-embedded on a SQLite file, the DSN then being ``sqlite:///…``.
+evidence trail at its most compact setting); ``leaseq-roles`` runs as the
+production set-up does, its workers and enqueuer logged in as a worker role
+made by ``leaseq roles create`` (the install alone runs as the owner);
+``leaseq-sqlite`` runs embedded on a SQLite file, the DSN then being
+``sqlite:///…``.
 """
 
 from __future__ import annotations
@@ -27,18 +30,35 @@ class LeaseqSystem:
         self.name = name
         self.dialect = "sqlite" if name == "leaseq-sqlite" else "postgres"
         self.label = {"leaseq": "leaseq", "leaseq-compact": "leaseq (compact evidence)",
-                      "leaseq-sqlite": "leaseq (SQLite, embedded)"}[name]
+                      "leaseq-roles": "leaseq (worker role)", "leaseq-sqlite": "leaseq (SQLite, embedded)"}[name]
         self.options: dict[str, Any] = {"evidence": "compact"} if name == "leaseq-compact" else {}
 
     def version(self) -> str:
         return leaseq.__version__ if hasattr(leaseq, "__version__") else "0.1.0 (this tree)"
 
     def _queue(self, dsn: str) -> leaseq.Queue:
-        return leaseq.connect(dsn, **self.options)
+        return leaseq.connect(self._login(dsn), **self.options)
+
+    def _login(self, dsn: str) -> str:
+        """The DSN the queue's users log in with: the owner's, or (``leaseq-roles``) the
+        bench's worker role's, named and keyed after the schema so every process finds it."""
+        if self.name != "leaseq-roles":
+            return dsn
+        from leaseq import roles
+
+        role = _role_name(dsn)
+        return roles.role_dsn(dsn, role, _password(role))
 
     def install(self, dsn: str) -> None:
-        with self._queue(dsn) as q:
+        with leaseq.connect(dsn, **self.options) as q:
             q.migrate()
+            if self.name == "leaseq-roles":
+                from leaseq import roles
+
+                role = _role_name(dsn)
+                with psycopg.connect(dsn, autocommit=True) as conn:  # left by an earlier run
+                    conn.execute(f'DROP ROLE IF EXISTS "{role}"')
+                roles.create_role(q, "worker", role, password=_password(role))
 
     def enqueue_one(self, dsn: str, n: int) -> None:
         with self._queue(dsn) as q:
@@ -87,7 +107,24 @@ class LeaseqSystem:
         return self._one(dsn, "SELECT count(*) FROM leaseq_tasks WHERE status = 'running'")[0]
 
     async def open_worker(self, dsn: str, control: Control) -> LeaseqRunner:
-        return LeaseqRunner(dsn, self.options, control)
+        return LeaseqRunner(self._login(dsn), self.options, control)
+
+
+def _password(role: str) -> str:
+    """The bench role's password: derived, so each worker process logs in without being told; the
+    role lives as long as its trial's schema (bench.database drops both)."""
+    import hashlib
+
+    return hashlib.sha256(f"leaseq-bench.{role}".encode()).hexdigest()
+
+
+def _role_name(dsn: str) -> str:
+    """The bench's worker role for the schema of ``dsn``."""
+    from psycopg.conninfo import conninfo_to_dict
+
+    options = str(conninfo_to_dict(dsn).get("options") or "")
+    schema = options.rsplit("search_path=", 1)[-1].split()[0] if "search_path=" in options else "public"
+    return f"bench_worker_{schema}"[:63]
 
 
 #: Set by the orchestrator for a remote run: the worker goes through ``leaseq serve`` at this URL.
