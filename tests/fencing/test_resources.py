@@ -21,25 +21,7 @@ from leaseq.cli.main import cli
 from leaseq.fencing import ActionSigner, FencedStore, FencingMiddleware, route_param
 from tests.service.conftest import serve
 
-SIGNER = ActionSigner({"k1": bytes(range(32))}, "k1")
-
-
-@pytest.fixture
-def sq(dsn: str) -> Iterator[leaseq.Queue]:
-    queue = leaseq.connect(dsn, signer=SIGNER)
-    queue.migrate()
-    try:
-        yield queue
-    finally:
-        queue.close()
-
-
-def claim_one(q, **enqueue):
-    task = q.enqueue("job", {}, **enqueue)
-    worker = q.register_worker("w")
-    [claim] = q.claim(worker, lease_seconds=30)
-    assert claim.task_id == task.id
-    return task, worker, claim
+from .test_actions import SIGNER, claim_one, sq  # noqa: F401 (sq: the queue fixture)
 
 
 def test_an_effect_may_name_only_a_resource_its_task_declared(sq) -> None:
