@@ -306,7 +306,13 @@ def task_page(request: Request, task_id: int = Path(ge=1, le=2**63 - 1), s: Sess
     view = task_timeline(task, q.events(task_id), q.effects(task_id), s.principal)
     # the digest an approval from this page is bound to: only for a reader who sees the payload
     digest = digest_of(task) if task.status == "awaiting_approval" and s.principal.read_payloads else None
-    return render("task.html", request, s, live=live_view(request, "task", id=str(task_id)), digest=digest, **view)
+    try:  # the approval request and its decision, a fact of the task beside its lease
+        approval = present_approval(q.approval(task_id), s.principal)
+    except NotFound:
+        approval = None
+    generations = {a["generation"]: a for a in view["attempts"]}
+    return render("task.html", request, s, live=live_view(request, "task", id=str(task_id)), digest=digest,
+                  approval=approval, generations=generations, **view)
 
 
 @router.get("/inbox", response_class=HTMLResponse)
@@ -339,12 +345,12 @@ async def _act(request: Request, s: Session, action: str, target: Any, default_b
     back = str(form.get("back") or default_back)
     spec = authz.ACTIONS[action]
     given: dict[str, Any] = {}
-    for f in spec.fields:
-        value = form.get(f.name)
-        if f.json or f.flag or value is None or (value == "" and not f.required):
-            continue  # not offered on the form, or left empty: the action's default
-        given[f.name] = value
     try:
+        for f in spec.fields:
+            value = form.get(f.name)
+            if f.flag or value is None or (str(value).strip() == "" and not f.required):
+                continue  # not offered on the form, or left empty: the action's default
+            given[f.name] = checks.parse_json_text(f.name, str(value)) if f.json else value
         await run_in_threadpool(authz.perform, _queue(request), s.principal, action, target, via="dashboard", **given)
     except LeaseqError as exc:
         return _back(back, err=str(exc))
