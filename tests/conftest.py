@@ -44,8 +44,16 @@ def _worker_database(dsn: str, worker: str) -> tuple[str, str, str] | None:
     base = parts.path.lstrip("/")
     if parts.scheme not in ("postgresql", "postgres") or not base or "/" in base:
         return None
-    name = f"{base}_{worker}"
+    # the run's own (its controller's pid): runs side by side on one server never share one
+    name = f"{base}_{worker}_{os.getppid()}"
     return dsn, name, urlunsplit(parts._replace(path=f"/{name}"))
+
+
+def _left_by_ended_runs(conn: object, base: str) -> list[str]:
+    """Worker databases of runs whose controller is gone (killed before it dropped them)."""
+    names = [r[0] for r in conn.execute(  # type: ignore[attr-defined]
+        "SELECT datname FROM pg_database WHERE datname LIKE %s", (f"{base}\\_gw%\\_%",)).fetchall()]
+    return [n for n in names if n.rsplit("_", 1)[1].isdigit() and not os.path.exists(f"/proc/{n.rsplit('_', 1)[1]}")]
 
 
 def pytest_configure(config: pytest.Config) -> None:
@@ -61,7 +69,9 @@ def pytest_configure(config: pytest.Config) -> None:
 
     admin, name, dsn = found
     with psycopg.connect(admin, autocommit=True) as conn:
-        conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')  # left by a run that was killed
+        for stale in _left_by_ended_runs(conn, urlsplit(PG_DSN).path.lstrip("/")):
+            conn.execute(f'DROP DATABASE IF EXISTS "{stale}" WITH (FORCE)')
+        conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
         conn.execute(f'CREATE DATABASE "{name}"')
     _WORKER_DB = (admin, name)
     PG_DSN = os.environ["LEASEQ_TEST_PG_DSN"] = dsn

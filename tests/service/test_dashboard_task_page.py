@@ -155,3 +155,28 @@ def test_cancel_and_deny_say_what_sets_them_apart(page, svc: Service) -> None:
     assert "ends cancelled" in cancel and "Approve or Deny" in cancel
     assert "ends denied" in deny and "decision" in deny
     assert "yes" in card.locator("form.approve .hint").inner_text()
+
+
+def test_the_overview_fits_1280_px_and_shows_the_last_hour(page, svc: Service) -> None:
+    q = svc.q
+    w = q.register_worker("w")
+    for i in range(9):
+        q.enqueue("summarize", {"i": i}, queue="default" if i < 6 else ("mail", "notifications-eu-west")[i % 2])
+    claims = q.claim(w, limit=6)
+    for c in claims[:4]:
+        q.complete(w, c, {"ok": True})
+    q.fail(w, claims[4], "provider down", retry=False)  # dead
+    q.enqueue("pay", {}, approval="required")
+    _parked(q)  # needs_reconciliation
+    login(page, svc.token("operator", "olga"))
+    page.goto("/")
+    assert page.evaluate("document.documentElement.scrollWidth") <= 1280  # no sideways scrolling
+    assert page.inner_text("#glance-throughput .big") == "4"
+    assert page.inner_text("#glance-failures .big") == "1"
+    assert page.locator("#glance-throughput svg.spark rect").count() >= 1
+    assert page.inner_text("#glance-depth .big") == "3"  # 9 enqueued, 6 claimed (the gated task awaits approval)
+    for status, n in (("needs_reconciliation", "1"), ("awaiting_approval", "1"), ("blocked", "0"), ("dead", "1")):
+        assert page.inner_text(f"#attention-{status}") == n, status
+    # the counts beside the attention pages, on every page
+    page.goto("/workers")
+    assert page.inner_text("#count-inbox") == "1" and page.inner_text("#count-approvals") == "1"

@@ -95,6 +95,18 @@ def queue_overview(q: Queue) -> list[dict[str, Any]]:
     return [queues[name] for name in sorted(queues)]
 
 
+#: The statuses that wait for a person, and the dashboard page that lists each.
+ATTENTION = {"needs_reconciliation": "/inbox", "awaiting_approval": "/approvals",
+             "blocked": "/tasks?status=blocked", "dead": "/tasks?status=dead"}
+#: Ended statuses the overview counts in one column beside completed.
+OTHER_ENDINGS = ("cancelled", "denied", "expired")
+
+
+def attention_counts(queues: list[dict[str, Any]]) -> dict[str, int]:
+    """Tasks waiting for a person, by status (see :data:`ATTENTION`), over every queue of :func:`queue_overview`."""
+    return {s: sum(e["counts"].get(s, 0) for e in queues) for s in ATTENTION}
+
+
 @dataclass
 class Attempt:
     """One claim generation of a task, as the timeline shows it."""
