@@ -3,10 +3,15 @@
 from __future__ import annotations
 
 from ..core import checks
+from ..core.errors import ConfigError
 from ..store.base import load_migrations
 from ..store.functions import fingerprint, install_script
 from .common import Settings, actor, audit
 from .steps import BEGIN, COMMIT, Op, Script, one, rows
+
+
+#: PostgreSQL's SQLSTATE for "no schema has been selected to create in" (and other missing schemas).
+_INVALID_SCHEMA_NAME = "3F000"
 
 
 def migrate(s: Settings, dialect: str) -> Op[list[int]]:
@@ -24,7 +29,14 @@ def migrate(s: Settings, dialect: str) -> Op[list[int]]:
             return applied_now
     yield BEGIN
     yield rows("migrations_lock")
-    yield rows("migrations_create")
+    try:
+        yield rows("migrations_create")
+    except Exception as exc:
+        if getattr(exc, "sqlstate", None) == _INVALID_SCHEMA_NAME:
+            raise ConfigError("dsn: no schema to create leaseq's tables in (no schema of the connection's "
+                              "search_path exists): create it first (CREATE SCHEMA name), or point the DSN's "
+                              "search_path at one that exists (?options=-csearch_path%3Dname)") from None
+        raise
     done = {r["version"] for r in (yield rows("migrations_applied"))}
     for mig in load_migrations(dialect):
         if mig.version not in done:
