@@ -139,8 +139,8 @@ ACTIONS: dict[str, Action] = {a.name: a for a in (
            help="A running holder loses its lease at its next guarded call.",
            fields=(Field("reason", "Why; recorded in the evidence trail.", placeholder="reason (required)"),),
            done="task {target} cancelled", statuses=_UNFINISHED, label="Cancel task", danger=True,
-           hint="Stops the task for good, whatever it is waiting for: it ends cancelled and a running holder "
-                "loses its lease. To answer an approval request, use Approve or Deny.",
+           hint="Stops the task for good, whatever it waits for: it ends cancelled, and a running holder "
+                "loses its lease.",
            dashboard=True, cli=True, bulk=True),
     Action("reconcile", "operate", "reconcile tasks", target="task", method="reconcile",
            title="Resolve a needs_reconciliation task",
@@ -153,7 +153,7 @@ ACTIONS: dict[str, Action] = {a.name: a for a in (
                    Field("note", "What you checked; recorded in the evidence trail.",
                          placeholder="what you checked (required)"),
                    Field("result", "The task's result, with outcome completed.", required=False, json=True,
-                         placeholder='result as JSON, with "the action happened" (optional), e.g. {"id": 42}')),
+                         placeholder='result as JSON (optional), e.g. {"id": 42}')),
            done="task {target} reconciled: {outcome}", statuses=("needs_reconciliation",), label="Reconcile",
            dashboard=True, cli=True),
     Action("unblock", "operate", "unblock tasks", target="task", method="unblock",
@@ -187,8 +187,8 @@ ACTIONS: dict[str, Action] = {a.name: a for a in (
            help="The task ends denied and never runs; the reason is recorded in the evidence trail.",
            fields=(Field("reason", "Why; recorded in the evidence trail.", placeholder="reason (required)"),),
            done="task {target} denied", statuses=("awaiting_approval",), label="Deny", danger=True,
-           hint="Answers the approval request no: the task ends denied, never runs, and you and your reason "
-                "are recorded as its decision.",
+           hint="Answers the approval request no: the task ends denied and never runs, and, unlike Cancel "
+                "task, you and your reason are recorded as its approval decision.",
            dashboard=True, cli=True, decision=True),
     Action("pause", "operate", "pause queues", target="queue", queue_scope=True, method="pause",
            title="Pause a queue (turn its off-switch on)",

@@ -152,8 +152,8 @@ def test_cancel_and_deny_say_what_sets_them_apart(page, svc: Service) -> None:
     page.goto("/approvals")
     card = page.locator(f'.approval-item[data-task="{task.id}"]')
     cancel, deny = card.locator("form.cancel .hint").inner_text(), card.locator("form.deny .hint").inner_text()
-    assert "ends cancelled" in cancel and "Approve or Deny" in cancel
-    assert "ends denied" in deny and "decision" in deny
+    assert "ends cancelled" in cancel
+    assert "ends denied" in deny and "unlike Cancel task" in deny and "approval decision" in deny
     assert "yes" in card.locator("form.approve .hint").inner_text()
 
 

@@ -207,8 +207,8 @@ def live_view(request: Request, view: str, **params: str) -> dict[str, Any] | No
 
 def render(name: str, request: Request, s: Session | None, status_code: int = 200, **context: Any) -> HTMLResponse:
     """Render a template with the shared context (session, flash messages, live-update view)."""
-    values = {"session": s, "request": request, "msg": request.query_params.get("msg"),
-              "err": request.query_params.get("err"), "live": None, "waiting": None}
+    values: dict[str, Any] = {"session": s, "request": request, "msg": request.query_params.get("msg"),
+                              "err": request.query_params.get("err"), "live": None, "waiting": None}
     if s is not None:  # the counts beside the pages that list tasks waiting for a person
         waiting = {status: 0 for status in ATTENTION}
         for row in _queue(request).stats():
