@@ -37,7 +37,7 @@ class Field:
     default: Any = None
     #: the values the dashboard offers, with their labels (the Queue method checks the value)
     choices: tuple[tuple[str, str], ...] = ()
-    #: a JSON document (the CLI reads JSON text, ``-`` or ``@file``); not offered on the dashboard
+    #: a JSON document (the CLI reads JSON text, ``-`` or ``@file``; the dashboard a text area)
     json: bool = False
     #: a yes/no switch (a JSON boolean in the API, a ``--NAME`` flag on the CLI); not offered on the dashboard
     flag: bool = False
@@ -77,6 +77,8 @@ class Action:
     #: queue actions: offered on the dashboard when the queue's off-switch is in this state
     paused: bool | None = None
     label: str = ""
+    #: what the dashboard's button does, shown beside it (where two buttons could be mistaken for each other)
+    hint: str = ""
     danger: bool = False
     #: offered as a dashboard form / a CLI command (every operator action has an API route)
     dashboard: bool = False
@@ -137,6 +139,8 @@ ACTIONS: dict[str, Action] = {a.name: a for a in (
            help="A running holder loses its lease at its next guarded call.",
            fields=(Field("reason", "Why; recorded in the evidence trail.", placeholder="reason (required)"),),
            done="task {target} cancelled", statuses=_UNFINISHED, label="Cancel task", danger=True,
+           hint="Stops the task for good, whatever it waits for: it ends cancelled, and a running holder "
+                "loses its lease.",
            dashboard=True, cli=True, bulk=True),
     Action("reconcile", "operate", "reconcile tasks", target="task", method="reconcile",
            title="Resolve a needs_reconciliation task",
@@ -148,7 +152,8 @@ ACTIONS: dict[str, Action] = {a.name: a for a in (
                                   ("requeue", "it did not happen: run again"), ("cancel", "cancel the task"))),
                    Field("note", "What you checked; recorded in the evidence trail.",
                          placeholder="what you checked (required)"),
-                   Field("result", "The task's result, with outcome completed.", required=False, json=True)),
+                   Field("result", "The task's result, with outcome completed.", required=False, json=True,
+                         placeholder='result as JSON (optional), e.g. {"id": 42}')),
            done="task {target} reconciled: {outcome}", statuses=("needs_reconciliation",), label="Reconcile",
            dashboard=True, cli=True),
     Action("unblock", "operate", "unblock tasks", target="task", method="unblock",
@@ -174,12 +179,16 @@ ACTIONS: dict[str, Action] = {a.name: a for a in (
                          placeholder="v2:sha256:... (the digest shown)"),
                    Field("note", _NOTE, required=False, placeholder="note (optional)")),
            done="task {target} approved", statuses=("awaiting_approval",), label="Approve", dashboard=True,
+           hint="Answers the approval request yes, for exactly the digest shown: the task is queued, with you "
+                "recorded as its approver.",
            cli=True, decision=True),
     Action("deny", "operate", "deny tasks", target="task", method="deny",
            title="Deny a task that awaits approval",
            help="The task ends denied and never runs; the reason is recorded in the evidence trail.",
            fields=(Field("reason", "Why; recorded in the evidence trail.", placeholder="reason (required)"),),
            done="task {target} denied", statuses=("awaiting_approval",), label="Deny", danger=True,
+           hint="Answers the approval request no: the task ends denied and never runs, and, unlike Cancel "
+                "task, you and your reason are recorded as its approval decision.",
            dashboard=True, cli=True, decision=True),
     Action("pause", "operate", "pause queues", target="queue", queue_scope=True, method="pause",
            title="Pause a queue (turn its off-switch on)",

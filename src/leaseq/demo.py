@@ -164,6 +164,14 @@ def act_two(q: Queue, story: _Story, queue: str, a: Worker, b: Worker) -> int:
     return task.id
 
 
+#: What the demo's last lines suggest doing next.
+NEXT_STEPS = (
+    "Next: declare your own handlers with leaseq.App and @app.task, and run them with",
+    "  leaseq worker yourmodule:app",
+    "(the tutorial, docs/tutorial.md in the leaseq repository, walks through it).",
+)
+
+
 def run_demo(dsn: str | None = None, *, keep: bool = False, console: Console | None = None) -> int:
     """Play the demo; returns the exit status (0 when the queue behaved as the story says).
 
@@ -217,4 +225,6 @@ def run_demo(dsn: str | None = None, *, keep: bool = False, console: Console | N
         # Paths are printed unwrapped, so they can be copied.
         console.print(Text("The database was kept. Look around:"))
         console.print(Text(f"  leaseq --dsn {dsn} show 1"), soft_wrap=True)
+    for line in NEXT_STEPS:
+        console.print(Text(line), soft_wrap=True)
     return 0

@@ -124,3 +124,13 @@ def test_usage_errors_stay_click_usage_errors(run_cli):
     proc = run_cli("cancel", "1")
     assert proc.returncode == 2 and "--reason" in proc.stderr
     assert list(run_cli.cwd.iterdir()) == []
+
+
+def test_migrate_into_a_schema_that_does_not_exist_says_how_to_fix_it(run_cli):
+    from conftest import _pg_or_skip, with_search_path
+
+    missing = with_search_path(_pg_or_skip(), "leaseq_no_such_schema")
+    line = assert_one_error_line(run_cli("--dsn", missing, "migrate"), "dsn")
+    assert "no schema to create leaseq's tables in" in line and "CREATE SCHEMA" in line and "internal" not in line
+    with pytest.raises(leaseq.ConfigError, match="CREATE SCHEMA"), leaseq.connect(missing) as q:
+        q.migrate()

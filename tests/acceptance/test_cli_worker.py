@@ -91,6 +91,16 @@ def test_worker_fails_at_once_for_what_waiting_cannot_heal(pg_schema_dsn, run_cl
     assert schema_version(pg_schema_dsn) == 0, "nothing was migrated"
 
 
+def test_a_mistyped_app_name_says_which_apps_the_module_has(run_cli, app_dir):
+    line = assert_one_error_line(run_cli("worker", "jobs:nope"), "app")
+    assert "module 'jobs' has no attribute 'nope'" in line and "jobs:app" in line and "NoneType" not in line
+    (app_dir / "plain.py").write_text("x = 1\n")
+    line = assert_one_error_line(run_cli("worker", "plain:app"), "app")
+    assert "defines no leaseq.App" in line
+    line = assert_one_error_line(run_cli("worker", "plain:x"), "app")
+    assert "'plain:x' is not a leaseq.App (it is of type int)" in line
+
+
 def test_worker_refuses_a_missing_sqlite_file(run_cli, app_dir):
     target = run_cli.cwd / "typo.db"
     line = assert_one_error_line(run_cli("--dsn", f"sqlite:///{target}", "worker", "jobs:app"), "dsn")

@@ -23,6 +23,10 @@ def check_story(stdout: str) -> None:
         assert words in stdout, words
     too_wide = [line for line in stdout.splitlines() if len(line.rstrip()) > 80 and "--dsn" not in line]
     assert too_wide == []
+    # piped, the tables break no word in two: the settled intent's key stays whole on its line
+    assert re.search(r"settled_intents=welcome-user-7:email\.send\s*$", stdout, re.M), stdout
+    # and the story ends with a next step
+    assert "leaseq worker yourmodule:app" in stdout.rstrip().splitlines()[-2], stdout[-400:]
 
 
 def check_database(q: leaseq.Queue, queue: str) -> None:

@@ -261,18 +261,3 @@ def test_upgrading_to_version_14_links_the_intents_recorded_before(dsn: str) -> 
         assert (req.requested_by, req.requested_worker, req.requested_token) == (f"task:{parent}", "worker-1", None)
         assert req.digest.startswith("v2:sha256:")  # shown as the version a decision takes
 
-
-def test_migrating_into_a_schema_that_does_not_exist_says_so_and_creates_nothing(pg_schema_dsn: str) -> None:
-    import psycopg
-    from click.testing import CliRunner
-
-    from leaseq.cli.main import cli
-
-    missing = pg_schema_dsn.replace("search_path%3D", "search_path%3Dno_such_")
-    with leaseq.connect(missing) as q, pytest.raises(leaseq.ConfigError, match="no schema on its search_path exists"):
-        q.migrate()
-    result = CliRunner().invoke(cli, ["migrate"], env={"LEASEQ_DSN": missing})
-    assert result.exit_code != 0
-    assert result.output.count("\n") == 1 and "CREATE SCHEMA" in result.output, result.output
-    with psycopg.connect(pg_schema_dsn) as conn:
-        assert conn.execute("SELECT count(*) FROM pg_namespace WHERE nspname LIKE 'no_such_%'").fetchone()[0] == 0

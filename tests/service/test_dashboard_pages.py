@@ -281,8 +281,13 @@ def test_a_screenshot_of_each_page(browser, q: leaseq.Queue, tmp_path: Path) -> 
     q.begin_effect(w2, fx_claim, "email.send", key="welcome:7")
     q.release(w2, fx_claim, "worker stopped")
     assert q.get(fx_claim.task_id).status == "needs_reconciliation"
+    gated = q.enqueue("refund", {"order": 7, "amount": 5}, queue="payments", effect="side_effect",
+                      approval="required", lease_seconds=600)
+    q.approve(gated.id, digest=q.approval(gated.id).digest, note="order 7 checked", by="alice")
+    [paid] = q.claim(w, queue="payments")
+    q.complete(w, paid, {"refund_id": "re_7"})
     q.pause("mail", by="test")
-    pages = {"login": "/login", "overview": "/", "tasks": "/tasks", "task": f"/tasks/{claims[0].task_id}",
+    pages = {"login": "/login", "overview": "/", "tasks": "/tasks", "task": f"/tasks/{gated.id}",
              "inbox": "/inbox", "workers": "/workers", "charts": "/charts?window=15m"}
     out = os.environ.get("LEASEQ_DASHBOARD_SCREENSHOTS")
     with dashboard(browser, q) as page:

@@ -186,6 +186,8 @@ def event_summary(event: Event, *, names: Mapping[str, str] | None = None) -> Te
             continue
         if isinstance(value, (int, float)) and key.endswith(("seconds", "gap")):
             value = f"{value:g}s"
+        elif isinstance(value, list) and all(isinstance(v, str) and v and "," not in v for v in value):
+            value = ",".join(value)  # keys and names: no JSON quotes, so a narrow column breaks no word
         elif not isinstance(value, str):
             value = json.dumps(value, ensure_ascii=False)
         parts.append(f"{key}={value}")

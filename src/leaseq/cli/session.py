@@ -14,7 +14,8 @@ from typing import Any, TypeVar
 
 import click
 
-from ..core.errors import BackendUnavailable, ConfigError, LeaseqError
+from ..core import checks
+from ..core.errors import BackendUnavailable, ConfigError, InvalidInput, LeaseqError
 from ..queue import Queue, connect
 from ..store.base import DEFAULT_DSN, load_migrations, parse_dsn
 
@@ -160,11 +161,9 @@ def parse_json_option(field: str, text: str | None) -> Any:
         except UnicodeDecodeError as exc:  # no strerror: its own text says which byte
             raise CliError(field, f"cannot read {text[1:]!r}: {exc}") from None
     try:
-        return json.loads(text)
-    except json.JSONDecodeError as exc:
-        raise CliError(field, f"not valid JSON ({exc.msg} at line {exc.lineno} column {exc.colno})") from None
-    except RecursionError:
-        raise CliError(field, "nested too deeply to be read") from None
+        return checks.parse_json_text(field, text)
+    except InvalidInput as exc:
+        raise CliError(field, exc.problem) from None
 
 
 def as_datetime(value: Any) -> Any:

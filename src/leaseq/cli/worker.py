@@ -32,9 +32,14 @@ def load_app(spec: str) -> App:
         module = importlib.import_module(module_name)
     except ImportError as exc:
         raise CliError("app", f"cannot import {module_name!r}: {exc}") from None
-    app = getattr(module, attribute, None)
+    if not hasattr(module, attribute):
+        apps = sorted(name for name, value in vars(module).items() if isinstance(value, App))
+        hint = f"; its App: {', '.join(f'{module_name}:{n}' for n in apps)}" if apps else \
+            "; it defines no leaseq.App (declare one: app = leaseq.App())"
+        raise CliError("app", f"module {module_name!r} has no attribute {attribute!r}{hint}")
+    app = getattr(module, attribute)
     if not isinstance(app, App):
-        raise CliError("app", f"{spec!r} is not a leaseq.App (got {type(app).__name__})")
+        raise CliError("app", f"{spec!r} is not a leaseq.App (it is of type {type(app).__name__})")
     try:
         app.check_runnable()
     except LeaseqError as exc:

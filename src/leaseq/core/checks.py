@@ -102,6 +102,16 @@ def check_json(field: str, value: Any) -> Any:
     return value
 
 
+def parse_json_text(field: str, text: str) -> Any:
+    """A JSON document typed by a person (a CLI option, a dashboard field); bad JSON names ``field``."""
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise InvalidInput(field, f"not valid JSON ({exc.msg} at line {exc.lineno} column {exc.colno})") from None
+    except RecursionError:
+        raise InvalidInput(field, "nested too deeply to be read") from None
+
+
 def encode_json(field: str, value: Any) -> str:
     """``value`` as JSON text, after the checks of :func:`check_json`."""
     try:

@@ -26,8 +26,9 @@ def migrate(s: Settings, dialect: str) -> Op[list[int]]:
         if current:
             return applied_now
         if not schema:
-            raise ConfigError("dsn: no schema on its search_path exists, so there is nowhere to create leaseq's "
-                              "tables; create the schema first (CREATE SCHEMA name), or name one that exists")
+            raise ConfigError("dsn: no schema to create leaseq's tables in (no schema of the connection's "
+                              "search_path exists): create it first (CREATE SCHEMA name), or point the DSN's "
+                              "search_path at one that exists (?options=-csearch_path%3Dname)")
     yield BEGIN
     yield rows("migrations_lock")
     yield rows("migrations_create")

@@ -117,3 +117,22 @@ def duration_bars(durations: dict[str, dict[str, float]], *, title: str) -> Mark
                      f"{top * frac:g}s</text>")
     parts.append("</svg>")
     return Markup("".join(parts))
+
+
+def sparkline(minutes: list[int], values: list[int], *, title: str, unit: str, colour: str = PALETTE[0]) -> Markup:
+    """A small bar per minute with no axes, for the overview's at-a-glance figures."""
+    width, height = 240, 36
+    top = max(max(values, default=0), 1)
+    slot = width / max(len(values), 1)
+    parts = [f'<svg xmlns="http://www.w3.org/2000/svg" viewBox="0 0 {width} {height}" width="{width}" '
+             f'height="{height}" role="img" aria-label="{escape(title)}" class="spark">',
+             f"<title>{escape(title)}</title>",
+             f'<line x1="0" x2="{width}" y1="{height - 0.5}" y2="{height - 0.5}" stroke="#e4e7ec"/>']
+    for i, (minute, v) in enumerate(zip(minutes, values)):
+        if not v:
+            continue
+        h = max((height - 2) * v / top, 1.0)
+        parts.append(f'<rect x="{i * slot:.1f}" y="{height - h:.1f}" width="{max(slot * 0.8, 1.0):.1f}" '
+                     f'height="{h:.1f}" fill="{colour}"><title>{_clock(minute)}: {v} {escape(unit)}</title></rect>')
+    parts.append("</svg>")
+    return Markup("".join(parts))

@@ -37,9 +37,10 @@ from ..core import checks
 from ..core.errors import InvalidInput, LeaseqError, NotFound
 from ..queue import Queue
 from .access import Access, client_address, csrf_token
-from . import stats
+from . import charts, stats
 from ..engine.approvals import digest_of
-from .views import STATUSES, present_approval, present_effect, present_task, queue_overview, task_timeline
+from .views import (ATTENTION, OTHER_ENDINGS, STATUSES, attention_counts, present_approval, present_effect,
+                    present_task, queue_overview, task_timeline)
 
 router = APIRouter(include_in_schema=False)
 COOKIE = "leaseq_session"
@@ -206,8 +207,14 @@ def live_view(request: Request, view: str, **params: str) -> dict[str, Any] | No
 
 def render(name: str, request: Request, s: Session | None, status_code: int = 200, **context: Any) -> HTMLResponse:
     """Render a template with the shared context (session, flash messages, live-update view)."""
-    values = {"session": s, "request": request, "msg": request.query_params.get("msg"),
-              "err": request.query_params.get("err"), "live": None}
+    values: dict[str, Any] = {"session": s, "request": request, "msg": request.query_params.get("msg"),
+                              "err": request.query_params.get("err"), "live": None, "waiting": None}
+    if s is not None:  # the counts beside the pages that list tasks waiting for a person
+        waiting = {status: 0 for status in ATTENTION}
+        for row in _queue(request).stats():
+            if row["status"] in waiting:
+                waiting[row["status"]] += int(row["count"])
+        values["waiting"] = waiting
     values.update(context)
     html = _env.get_template(name).render(**values)
     return HTMLResponse(html, status_code=status_code, headers=_HEADERS)
@@ -276,10 +283,32 @@ def logout(request: Request, s: Session = Depends(session), csrf: str = Form("")
 
 # -- pages ----------------------------------------------------------------------------
 
+def glance(q: Queue, queues: list[dict[str, Any]]) -> dict[str, Any]:
+    """The overview's last hour at a glance: per-minute throughput, failures and lost leases
+    (sparklines and totals), and the queue depth now."""
+    data = stats.chart_data(q, "1h", "queue")
+    minutes = data["minutes"]
+    out: dict[str, Any] = {}
+    for key, unit, colour in (("completed", "completed", charts.PALETTE[0]), ("failed", "failed attempts",
+                                                                               charts.PALETTE[3]),
+                              ("lost", "leases lost", charts.PALETTE[1])):
+        per_minute = [sum(series[i] for series in data[key].values()) for i in range(len(minutes))]
+        out[key] = {"total": sum(per_minute), "rate": sum(per_minute) / 60,
+                    "chart": charts.sparkline(minutes, per_minute, title=f"{unit} per minute, last hour",
+                                              unit=unit, colour=colour)}
+    ages = [e["oldest_queued_seconds"] for e in queues if e["oldest_queued_seconds"] is not None]
+    out["depth"] = {"queued": sum(e["counts"]["queued"] for e in queues),
+                    "running": sum(e["counts"]["running"] for e in queues),
+                    "oldest": max(ages) if ages else None}
+    return out
+
+
 @router.get("/", response_class=HTMLResponse)
 def overview(request: Request, s: Session = Depends(session)) -> HTMLResponse:
     q = _queue(request)
-    return render("overview.html", request, s, queues=queue_overview(q), limits=q.limits(), statuses=STATUSES,
+    queues = queue_overview(q)
+    return render("overview.html", request, s, queues=queues, limits=q.limits(), statuses=STATUSES,
+                  glance=glance(q, queues), attention=attention_counts(queues), other_endings=OTHER_ENDINGS,
                   live=live_view(request, "overview"))
 
 
@@ -309,8 +338,13 @@ def task_page(request: Request, task_id: int = Path(ge=1, le=2**63 - 1), s: Sess
     # the digest an approval from this page is bound to: only for a reader who sees the payload
     digest = digest_of(task) if task.status == "awaiting_approval" and s.principal.read_payloads else None
     unserved = stats.unserved_kinds(q, [task.kind] if task.status == "queued" else [])
+    try:  # the approval request and its decision, a fact of the task beside its lease
+        approval = present_approval(q.approval(task_id), s.principal)
+    except NotFound:
+        approval = None
+    generations = {a["generation"]: a for a in view["attempts"]}
     return render("task.html", request, s, live=live_view(request, "task", id=str(task_id)), digest=digest,
-                  unserved=unserved, **view)
+                  unserved=unserved, approval=approval, generations=generations, **view)
 
 
 @router.get("/inbox", response_class=HTMLResponse)
@@ -343,12 +377,12 @@ async def _act(request: Request, s: Session, action: str, target: Any, default_b
     back = str(form.get("back") or default_back)
     spec = authz.ACTIONS[action]
     given: dict[str, Any] = {}
-    for f in spec.fields:
-        value = form.get(f.name)
-        if f.json or f.flag or value is None or (value == "" and not f.required):
-            continue  # not offered on the form, or left empty: the action's default
-        given[f.name] = value
     try:
+        for f in spec.fields:
+            value = form.get(f.name)
+            if f.flag or value is None or (str(value).strip() == "" and not f.required):
+                continue  # not offered on the form, or left empty: the action's default
+            given[f.name] = checks.parse_json_text(f.name, str(value)) if f.json else value
         await run_in_threadpool(authz.perform, _queue(request), s.principal, action, target, via="dashboard", **given)
     except LeaseqError as exc:
         return _back(back, err=str(exc))

@@ -95,6 +95,18 @@ def queue_overview(q: Queue) -> list[dict[str, Any]]:
     return [queues[name] for name in sorted(queues)]
 
 
+#: The statuses that wait for a person, and the dashboard page that lists each.
+ATTENTION = {"needs_reconciliation": "/inbox", "awaiting_approval": "/approvals",
+             "blocked": "/tasks?status=blocked", "dead": "/tasks?status=dead"}
+#: Ended statuses the overview counts in one column beside completed.
+OTHER_ENDINGS = ("cancelled", "denied", "expired")
+
+
+def attention_counts(queues: list[dict[str, Any]]) -> dict[str, int]:
+    """Tasks waiting for a person, by status (see :data:`ATTENTION`), over every queue of :func:`queue_overview`."""
+    return {s: sum(e["counts"].get(s, 0) for e in queues) for s in ATTENTION}
+
+
 @dataclass
 class Attempt:
     """One claim generation of a task, as the timeline shows it."""
@@ -117,16 +129,24 @@ def task_timeline(task: Task, events: list[Event], effects: list[Effect], princi
 
     Each attempt shows who held it, its heartbeat summary, its effect intents
     and responses, and why the lease ended; events outside any claim
-    (enqueue, operator actions before a claim) are listed on their own.
+    (enqueue, an approval, operator actions between claims) are listed on
+    their own. ``order`` says how to read them in time order: each entry is
+    ``{"event": i}`` (the i-th of ``other_events``) or ``{"generation": g}``,
+    placed where the generation's first event falls (the evidence trail is
+    read in the order it was written, as ``leaseq show`` prints it).
     """
     attempts: dict[int, Attempt] = {}
     outside: list[dict[str, Any]] = []
+    order: list[dict[str, int]] = []
     for ev in events:
         shown = present_event(ev, principal)
         detail = shown.get("detail") or {}
         if not ev.generation:
+            order.append({"event": len(outside)})
             outside.append(shown)
             continue
+        if ev.generation not in attempts:
+            order.append({"generation": ev.generation})
         a = attempts.setdefault(ev.generation, Attempt(generation=ev.generation))
         a.events.append(shown)
         if ev.type == "claimed":
@@ -140,6 +160,8 @@ def task_timeline(task: Task, events: list[Event], effects: list[Effect], princi
             if detail.get("reason") and ev.type in ("lease_released", "cancelled"):
                 a.ended += f": {detail['reason']}"
     for fx in effects:
+        if fx.generation not in attempts:  # an effect whose claim left no event: after everything else
+            order.append({"generation": fx.generation})
         attempts.setdefault(fx.generation, Attempt(generation=fx.generation)).effects.append(
             present_effect(fx, principal))
     current = task.claim_generation
@@ -149,4 +171,4 @@ def task_timeline(task: Task, events: list[Event], effects: list[Effect], princi
                                         "longest_heartbeat_gap": round(task.longest_heartbeat_gap, 3)}
     return {"task": present_task(task, principal),
             "attempts": [to_json(attempts[g]) for g in sorted(attempts)],
-            "other_events": outside}
+            "other_events": outside, "order": order}

@@ -42,7 +42,9 @@ from __future__ import annotations
 import asyncio
 import enum
 import logging
+import os
 import random
+import sysconfig
 import time
 import traceback
 from collections.abc import Awaitable, Callable
@@ -144,11 +146,40 @@ def _decided(op: str, exc: BaseException, tries: int) -> Outcome:
     return Outcome(op, Verdict.UNRECORDABLE, f"{op} refused: {exc!r}")  # AccessDenied: no retry will help
 
 
+#: Where the frames that called a handler live (leaseq's worker, and the asyncio or thread
+#: pool that ran it): they are not the user's story.
+_OWN_SOURCE = os.path.realpath(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))) + os.sep
+_STDLIB = tuple(os.path.realpath(sysconfig.get_paths()[k]) + os.sep for k in ("stdlib", "platstdlib"))
+_INSTALLED = tuple(os.path.realpath(sysconfig.get_paths()[k]) + os.sep for k in ("purelib", "platlib"))
+
+
+def _caller_frame(filename: str) -> bool:
+    path = os.path.realpath(filename)
+    return path.startswith(_OWN_SOURCE) or (path.startswith(_STDLIB) and not path.startswith(_INSTALLED))
+#: Most frames an error text keeps: the handler's own frame and the innermost others.
+MAX_ERROR_FRAMES = 8
+
+
 def error_text(exc: BaseException) -> str:
-    """A handler's exception as the task's ``last_error``: its type, message and innermost frames."""
+    """A handler's exception as the task's ``last_error``: its type and message, then its frames.
+
+    The first line is the exception (the repeated-failure rule fingerprints it).
+    The frames start at the user's code: the frames that called the handler
+    (the worker's, the event loop's or the thread pool's) are left out; leaseq frames the handler itself called (``ctx.check``
+    raising ``LeaseLost``) stay, innermost last, as Python prints them. The
+    line breaks are kept, one frame and its source line per line.
+    """
     head = "".join(traceback.format_exception_only(type(exc), exc)).strip()
-    tail = "".join(traceback.format_tb(exc.__traceback__, limit=-3))
-    return (head + ("\n" + tail if tail else ""))[:MAX_ERROR_TEXT]
+    frames = traceback.extract_tb(exc.__traceback__)
+    first = next((i for i, f in enumerate(frames) if not _caller_frame(f.filename)), 0)
+    kept = list(frames[first:])
+    lines = traceback.format_list(kept)
+    if len(kept) > MAX_ERROR_FRAMES:
+        hidden = len(kept) - MAX_ERROR_FRAMES
+        lines = lines[:1] + [f"  ... {hidden} frame{'s' if hidden > 1 else ''} left out ...\n"] + \
+            lines[-(MAX_ERROR_FRAMES - 1):]
+    tail = "Traceback (most recent call last):\n" + "".join(lines) if lines else ""
+    return (head + ("\n" + tail if tail else "")).rstrip()[:MAX_ERROR_TEXT]
 
 
 def lease_deadline(ctx: TaskContext) -> float:
