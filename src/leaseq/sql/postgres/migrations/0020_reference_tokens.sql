@@ -21,3 +21,9 @@ CREATE TABLE leaseq_action_tokens (
 );
 CREATE INDEX leaseq_action_tokens_task ON leaseq_action_tokens (task_id);
 CREATE INDEX leaseq_action_tokens_effect ON leaseq_action_tokens (effect_id);
+
+-- A verifier role (leaseq roles create verifier NAME) is a downstream service's:
+-- it may call verify_action_token and nothing else.
+ALTER TABLE leaseq_db_roles DROP CONSTRAINT leaseq_db_roles_kind_check;
+ALTER TABLE leaseq_db_roles ADD CONSTRAINT leaseq_db_roles_kind_check
+    CHECK (kind IN ('worker', 'operator', 'viewer', 'verifier'));
