@@ -1,11 +1,14 @@
-"""Database roles on PostgreSQL: a login role per worker host (or pool), operator and viewer.
+"""Database roles on PostgreSQL: a login role per worker host (or pool), operator, viewer and verifier.
 
 ``leaseq roles create worker NAME`` makes a login role that is a member of
 ``leaseq_worker`` and of nothing else: it holds no privilege on any leaseq
 table, and reaches the queue only through the definer functions of
 :mod:`leaseq.store.functions`, which hold it to the leases its own worker
 identities were given. Operator roles (``leaseq_operator``) add the operator
-actions; viewer roles (``leaseq_viewer``) read. A role may be scoped to queues.
+actions; viewer roles (``leaseq_viewer``) read; verifier roles
+(``leaseq_verifier``), for downstream services, may check an action token
+online (``verify_action_token``) and do nothing else: they read no table and
+mint nothing. A role may be scoped to queues.
 Revoking a role takes its group away and its right to log in (one
 transaction: from its commit, the role can call nothing), ends its sessions,
 then revokes each worker identity it registered, which ends their leases with
@@ -85,7 +88,7 @@ def _check_name(name: str) -> str:
 
 def create_role(q: Any, kind: str, name: str, *, queues: list[str] | None = None,
                 password: str | None = None) -> str:
-    """Make login role ``name`` of ``kind`` (worker, operator, viewer), scoped to ``queues``
+    """Make login role ``name`` of ``kind`` (worker, operator, viewer, verifier), scoped to ``queues``
     if given; returns the DSN it logs in with (the password generated unless given)."""
     from psycopg import errors, sql
 

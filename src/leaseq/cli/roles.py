@@ -1,4 +1,4 @@
-"""``leaseq roles``: PostgreSQL login roles for worker hosts, operators and viewers (create, list, revoke)."""
+"""``leaseq roles``: PostgreSQL login roles for worker hosts, operators, viewers and verifiers (create, list, revoke)."""
 
 from __future__ import annotations
 
@@ -21,7 +21,7 @@ def roles() -> None:
 
 
 @roles.command("create")
-@click.argument("kind", metavar="worker|operator|viewer")
+@click.argument("kind", metavar="worker|operator|viewer|verifier")
 @click.argument("name")
 @click.option("--queue", "queues", multiple=True, metavar="QUEUE",
               help="Scope the role to this queue (repeat for several); default: every queue.")
@@ -37,7 +37,8 @@ def create(ctx: click.Context, kind: str, name: str, queues: tuple[str, ...], pa
 
     A worker role holds no privilege on any table: it claims, renews, completes
     and records effects only through leaseq's functions, as the worker
-    identities it registered, within its queues.
+    identities it registered, within its queues. A verifier role (for a
+    downstream service) checks action tokens online and can do nothing else.
     """
     from .. import roles as db_roles
 

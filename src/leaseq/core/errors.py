@@ -392,7 +392,9 @@ class InvalidActionToken(AccessDenied):
     ``expired``, ``wrong_action``, ``wrong_idempotency_key``,
     ``wrong_generation``, ``wrong_task``, ``wrong_resource``,
     ``unbound_resource`` (the middleware requires tokens that name their
-    resource).
+    resource); for reference tokens checked online, ``unknown_token`` (no
+    such token, or a wrong secret), ``superseded`` and ``lease_ended`` (the
+    attempt no longer holds its lease).
 
     A refinement of :class:`AccessDenied` with no code of its own: it travels
     as ``forbidden`` (403) with its ``reason`` beside it.

@@ -13,7 +13,7 @@ from collections.abc import Iterable
 from datetime import datetime
 from typing import Any, overload
 
-from ..core import checks
+from ..core import action_tokens, checks
 from ..core.errors import InvalidInput, InvalidTransition, LeaseLost, QueuePaused, ToolCallDiverged
 from ..core.model import Claim, Effect, EffectKind, Worker
 from .common import Settings, check_claim, event, require_task, rows_of_task, to_effect, worker_id
@@ -162,11 +162,14 @@ def begin_effect(s: Settings, worker: Worker | str, claim: Claim, action: str, k
             yield from event(s, claim.task_id, "tool_replayed", claim.generation, wid, action=action,
                              idempotency_key=fx_key, effect_id=existing["id"], effect=entry_class,
                              recorded_generation=existing["generation"])
+        answered = yield from signed(s, to_effect(existing, replayed=True), held, wid, claim.generation)
         yield COMMIT
-        return signed(s, to_effect(existing, replayed=True), held)
+        return answered
     if existing is not None and existing["generation"] == claim.generation and existing["status"] == "pending":
+        # the same attempt asks again (fx.token after a renewal): a token with the new deadline
+        current = yield from signed(s, to_effect(existing), held, wid, claim.generation)
         yield COMMIT
-        return signed(s, to_effect(existing), held)
+        return current
     if held["paused"] and entry_class != "read_only":
         raise QueuePaused(f"queue {held['queue']!r} is paused: no new actions may start")
     if existing is None:
@@ -194,12 +197,13 @@ def begin_effect(s: Settings, worker: Worker | str, claim: Claim, action: str, k
     if existing is not None:
         detail["previous_generation"] = existing["generation"]
     yield from event(s, claim.task_id, "effect_intent", claim.generation, wid, **detail)
+    begun = yield from signed(s, to_effect(row), held, wid, claim.generation)
     yield COMMIT
-    return signed(s, to_effect(row), held)
+    return begun
 
 
-def signed(s: Settings, effect: Effect, held: dict[str, Any]) -> Effect:
-    """The effect with a signed action token scoped to it, when the queue has a key.
+def signed(s: Settings, effect: Effect, held: dict[str, Any], wid: str, generation: int) -> Op[Effect]:
+    """The effect with an action token scoped to it, minted in the entry's own transaction.
 
     A read_only entry (a lookup, a model call) takes no action: it gets no
     token, so no downstream accepts it for one. The token is bound to the
@@ -207,16 +211,28 @@ def signed(s: Settings, effect: Effect, held: dict[str, Any]) -> Effect:
     guard), and names the downstream key (``Effect.downstream_key``, namespaced
     by the task), so no task holds a token for another task's key.
 
-    ``held`` is ``lock_lease``'s row. The token is issued on the database's
-    clock (the row's ``now``), as the lease is judged, never on the signing
-    process's own clock: it expires at the lease deadline it was issued
-    under, or ``action_token_ttl`` after issue if that is sooner. A worker
-    that outlives its lease holds an expired token, and a worker whose clock
-    is wrong cannot mint a token that a downstream with a right clock finds
-    expired at once, or valid for longer than the lease.
+    By default the token is a reference (:mod:`leaseq.core.action_tokens`):
+    ``mint_action_token`` writes its claims, read from the rows under the
+    lease guard, and the SHA-256 of a fresh secret; a downstream checks it
+    online, and it is refused from the moment its attempt loses the lease.
+    It expires at the lease deadline it was issued under, or
+    ``action_token_ttl`` after issue if that is sooner (the database's clock).
+
+    With a signer (the explicit offline mode, ``LEASEQ_ACTION_KEYS``), the
+    token is HMAC-signed instead, on the database's clock (``held``'s ``now``,
+    ``lock_lease``'s row) with the same expiry; whoever holds the key can
+    mint one, and a superseded attempt's token is good until it expires.
     """
-    if s.signer is None or effect.effect == "read_only":
+    if effect.effect == "read_only":
         return effect
+    if s.signer is None:
+        secret = action_tokens.new_secret()
+        minted = yield one("mint_action_token", token_hash=action_tokens.digest(secret), effect_id=effect.id,
+                           task_id=effect.task_id, generation=generation, worker_id=wid,
+                           ttl_seconds=s.action_token_ttl)
+        if minted is None:  # the mint's own guard refused: no token rather than a wrong one
+            return effect
+        return dataclasses.replace(effect, token=action_tokens.format_token(minted["id"], secret))
     token = s.signer.issue(effect.task_id, effect.generation, effect.action, effect.downstream_key,
                            s.action_token_ttl, resource=effect.resource, now=held["now"].timestamp(),
                            not_after=held["lease_expires_at"].timestamp())

@@ -30,27 +30,32 @@ What is here:
   connection; with ``lease_check=QueueLeaseCheck(...)`` it also asks the
   queue, in the same transaction, whether the attempt still holds its lease.
 - :class:`FencingMiddleware`: the same rules for an ASGI service, from a
-  signed ``Leaseq-Action-Token`` (required unless the loudly named
+  ``Leaseq-Action-Token`` (required unless the loudly named
   ``insecure_trust_all_callers=True``); :func:`route_param` names resources
   from the app's own routes, one key per record.
-- :class:`ActionSigner` / :class:`ActionClaims`: signed action tokens, so a
-  service can check without a database that a request comes from the
-  queue and is scoped to one action of one attempt (and one resource, when
-  the effect named it), and that the attempt's lease had not run out. Lease
-  authority stays separate from tool authority: a token authorises that
-  action, nothing else.
+- :class:`QueueVerifier`: the default check of an action token, online:
+  the queue's database minted it (a reference, of which it keeps only the
+  SHA-256) and answers whether it is genuine, in scope, and whether its
+  attempt still holds a live lease, through a verifier role that can do
+  nothing else. Lease authority stays separate from tool authority: a token
+  authorises one action of one attempt, nothing else.
+- :class:`ActionSigner` / :class:`ActionClaims`: the offline mode, HMAC
+  tokens a service checks without reaching the queue; every key holder can
+  mint one, and a superseded attempt's token is good until it expires, so
+  the middleware warns (:class:`UnsafeOfflineTokens`) when it runs so.
 """
 
 from ..core.errors import StaleToken
 from .errors import IdempotencyKeyReused, InvalidActionToken
 from .lease_check import LeaseCheck, QueueLeaseCheck
-from .middleware import FenceGrant, FencingMiddleware, fence_grant
+from .middleware import FenceGrant, FencingMiddleware, UnsafeOfflineTokens, fence_grant
+from .online import QueueVerifier
 from .routes import route_param
 from .store import FencedStore, StoredOutcome, fencing_token
 from .tokens import ActionClaims, ActionSigner
 
 __all__ = [
     "ActionClaims", "ActionSigner", "FenceGrant", "FencedStore", "FencingMiddleware", "IdempotencyKeyReused",
-    "InvalidActionToken", "LeaseCheck", "QueueLeaseCheck", "StaleToken", "StoredOutcome", "fence_grant",
-    "fencing_token", "route_param",
+    "InvalidActionToken", "LeaseCheck", "QueueLeaseCheck", "QueueVerifier", "StaleToken", "StoredOutcome",
+    "UnsafeOfflineTokens", "fence_grant", "fencing_token", "route_param",
 ]

@@ -2,18 +2,29 @@
 
 The safe set-up, for any ASGI framework (Starlette, FastAPI)::
 
-    from leaseq.fencing import ActionSigner, FencedStore, FencingMiddleware, route_param
+    from leaseq.fencing import FencedStore, FencingMiddleware, QueueVerifier, route_param
 
     app.add_middleware(FencingMiddleware, store=FencedStore(dsn),
-                       signer=ActionSigner.from_env(),           # LEASEQ_ACTION_KEYS, as the queue's
+                       verifier=QueueVerifier(verifier_dsn),     # leaseq roles create verifier NAME
                        resource=route_param("order_id", prefix="order:"),
                        action=lambda scope: "orders.pay")
+
+The verifier asks the queue about every token (:class:`QueueVerifier`):
+only the queue's database mints one, and the token of an attempt that no
+longer holds its lease (cancelled, revoked, superseded) is refused at once.
+A service that cannot reach the queue may instead pass
+``insecure_offline_signer=ActionSigner.from_env()`` (or the older
+``signer=``): HMAC tokens checked offline, which anyone holding the key can
+mint and which stay good until they expire (the lease deadline they were
+issued under, plus ``leeway_seconds``) after their attempt is superseded;
+the middleware logs and warns that it is running so.
 
 For a request whose method is guarded (POST, PUT, PATCH, DELETE by default)
 and whose ``resource(scope)`` is not None:
 
 - A valid ``Leaseq-Action-Token`` is required (``403``, code ``forbidden``,
-  with a ``reason``): signed by the queue, unexpired (its expiry is the
+  with a ``reason``): vouched for by the queue (online: its attempt still
+  holds a live lease; offline: signed), unexpired (its expiry is the
   lease deadline it was issued under; ``leeway_seconds``, default 1, covers
   clock skew), for the request's ``action(scope)`` when given, and naming
   the request's resource (a token that names another resource, or none while
@@ -33,7 +44,7 @@ and whose ``resource(scope)`` is not None:
 - With the store's ``lease_check`` (:class:`QueueLeaseCheck`), an attempt
   that no longer holds its lease -> ``409``.
 
-Without a signer the middleware refuses to start, unless
+Without a verifier or a signer the middleware refuses to start, unless
 ``insecure_trust_all_callers=True``: then any caller may name any task and
 generation in ``Leaseq-Fencing-Token: <task_id>.<generation>`` and replay
 any stored response by its key; use it only where every caller is trusted.
@@ -75,7 +86,9 @@ from __future__ import annotations
 
 import base64
 import json
+import logging
 import re
+import warnings
 from collections.abc import Awaitable, Callable, Iterable, MutableMapping
 from dataclasses import dataclass, field
 from functools import partial
@@ -89,7 +102,27 @@ from ..core.errors import BackendUnavailable, ConfigError, InvalidInput, LeaseqE
 from .errors import IdempotencyKeyReused, InvalidActionToken
 from .store import MAX_TOKEN, FencedStore
 from .routes import route_param  # noqa: F401 - re-exported: it was defined here
+from ..core import action_tokens
+from .online import QueueVerifier
 from .tokens import ActionClaims, ActionSigner
+
+logger = logging.getLogger("leaseq.fencing")
+
+
+class UnsafeOfflineTokens(UserWarning):
+    """A fence accepts offline (HMAC) action tokens: anyone holding the key can mint one, and a
+    superseded attempt's token is accepted until it expires."""
+
+
+def warn_offline(where: str) -> None:
+    """Say loudly that ``where`` trusts offline HMAC tokens."""
+    message = (f"{where}: UNSAFE offline action tokens (HMAC, LEASEQ_ACTION_KEYS): every holder of the key "
+               "(each worker, each verifier) can mint a token for anything, and a cancelled or superseded "
+               "attempt's token is accepted until it expires (its lease deadline plus leeway_seconds). "
+               "Check tokens online instead: verifier=QueueVerifier(dsn) with a role from "
+               "`leaseq roles create verifier NAME`")
+    logger.warning(message)
+    warnings.warn(message, UnsafeOfflineTokens, stacklevel=3)
 
 Scope = MutableMapping[str, Any]
 Message = MutableMapping[str, Any]
@@ -175,8 +208,13 @@ async def _send_json(send: Send, status: int, payload: dict[str, Any],
 class FencingMiddleware:
     """Refuse stale and unauthorised writers and replay repeated requests; see the module docstring.
 
-    ``signer`` (an :class:`ActionSigner` holding the queue's keys) is
-    required; ``insecure_trust_all_callers=True`` is the explicit opt-out
+    ``verifier`` (a :class:`QueueVerifier`: tokens checked online, the
+    lease with them) is the default to pass. ``insecure_offline_signer``
+    (an :class:`ActionSigner` holding the queue's HMAC keys; ``signer`` is
+    the older name) checks HMAC tokens offline, for services that cannot
+    reach the queue, and warns that it does; with both, reference tokens go
+    to the verifier and HMAC tokens to the signer.
+    ``insecure_trust_all_callers=True`` is the explicit opt-out
     for services whose every caller is trusted. ``resource(scope)`` names the
     fenced resource of a request (see :func:`route_param`), or returns None
     to leave the request alone. ``action(scope)``, with a signer, names the
@@ -188,6 +226,7 @@ class FencingMiddleware:
     """
 
     def __init__(self, app: ASGIApp, store: FencedStore, resource: Callable[[Scope], str | None], *,
+                 verifier: QueueVerifier | None = None, insecure_offline_signer: ActionSigner | None = None,
                  signer: ActionSigner | None = None, insecure_trust_all_callers: bool = False,
                  action: Callable[[Scope], str | None] | None = None, require_resource_binding: bool = True,
                  leeway_seconds: float = 1.0, require_token: bool = True,
@@ -199,14 +238,23 @@ class FencingMiddleware:
             raise InvalidInput("store", "must be a leaseq.fencing.FencedStore")
         if not callable(resource):
             raise InvalidInput("resource", "must be a callable taking the ASGI scope (e.g. route_param(...))")
+        if verifier is not None and not isinstance(verifier, QueueVerifier):
+            raise InvalidInput("verifier", "must be a leaseq.fencing.QueueVerifier")
+        if signer is not None and insecure_offline_signer is not None:
+            raise ConfigError("signer: the older name of insecure_offline_signer; pass one of them")
+        signer = insecure_offline_signer if insecure_offline_signer is not None else signer
+        field_name = "signer" if insecure_offline_signer is None else "insecure_offline_signer"
         if signer is not None and not isinstance(signer, ActionSigner):
-            raise InvalidInput("signer", "must be a leaseq.fencing.ActionSigner")
-        if signer is None and insecure_trust_all_callers is not True:
-            raise ConfigError("signer: FencingMiddleware needs an ActionSigner with the queue's keys "
-                              "(ActionSigner.from_env()); to trust every caller's headers instead, pass "
-                              "insecure_trust_all_callers=True")
-        if signer is not None and insecure_trust_all_callers:
-            raise ConfigError("insecure_trust_all_callers: contradicts signer=; pass one of them")
+            raise InvalidInput(field_name, "must be a leaseq.fencing.ActionSigner")
+        if signer is None and verifier is None and insecure_trust_all_callers is not True:
+            raise ConfigError("verifier: FencingMiddleware needs a QueueVerifier (tokens checked online against "
+                              "the queue, through a role from `leaseq roles create verifier NAME`), or for a "
+                              "service that cannot reach the queue insecure_offline_signer=ActionSigner.from_env(); "
+                              "to trust every caller's headers instead, pass insecure_trust_all_callers=True")
+        if (signer is not None or verifier is not None) and insecure_trust_all_callers:
+            raise ConfigError("insecure_trust_all_callers: contradicts verifier= and signer=; pass one of them")
+        if signer is not None:
+            warn_offline("FencingMiddleware")
         if (isinstance(leeway_seconds, bool) or not isinstance(leeway_seconds, (int, float))
                 or not 0 <= leeway_seconds <= 60):
             raise InvalidInput("leeway_seconds", f"must be between 0 and 60 seconds, not {leeway_seconds!r}")
@@ -220,8 +268,9 @@ class FencingMiddleware:
         self.replay_headers = frozenset(h.lower().encode("latin-1") for h in replay_headers)
         self.require_token = require_token
         self.signer = signer
+        self.verifier = verifier
         #: True only when explicitly asked for: callers' headers are believed as sent
-        self.insecure_trust_all_callers = signer is None
+        self.insecure_trust_all_callers = signer is None and verifier is None
         self.action = action
         self.require_resource_binding = require_resource_binding
         self.leeway_seconds = float(leeway_seconds)
@@ -243,7 +292,11 @@ class FencingMiddleware:
             if resource_key is None:
                 await self.app(scope, receive, send)
                 return
-            token, key, claims = self._read_headers(scope, resource_key)
+            if self.verifier is not None:  # a round trip to the queue: off the event loop
+                token, key, claims = await anyio.to_thread.run_sync(self._read_headers, scope, resource_key,
+                                                                    limiter=self._threads())
+            else:
+                token, key, claims = self._read_headers(scope, resource_key)
         except _Refused as refusal:
             await _send_json(send, refusal.status, {"error": {"code": refusal.code, "message": refusal.message,
                                                               **refusal.extra}})
@@ -283,7 +336,7 @@ class FencingMiddleware:
             if not _KEY.fullmatch(raw):
                 raise _Refused(400, "invalid", f"{self._names['key']}: must be 1-255 visible ASCII characters")
             key = raw
-        if self.signer is None:  # insecure_trust_all_callers: the headers are believed as sent
+        if self.insecure_trust_all_callers:  # the headers are believed as sent
             if token is not None and "." not in token:
                 raise _Refused(400, "invalid", f"{self._names['token']}: must name its task, "
                                "'<task_id>.<generation>'; a bare generation cannot be compared")
@@ -297,13 +350,16 @@ class FencingMiddleware:
 
     def _verify(self, scope: Scope, raw: str | None, resource_key: str, token: str | None,
                 key: str | None) -> ActionClaims:
-        assert self.signer is not None
         try:
             if not raw:
                 raise InvalidActionToken("missing", f"{self._names['action']} header is required")
             action = self.action(scope) if self.action is not None else None
-            claims = self.signer.verify(raw, action=action, idempotency_key=key, resource=resource_key,
-                                        leeway_seconds=self.leeway_seconds)
+            if self.verifier is not None and (self.signer is None or action_tokens.is_reference(raw)):
+                claims = self.verifier.verify(raw, action=action, idempotency_key=key, resource=resource_key)
+            else:
+                assert self.signer is not None
+                claims = self.signer.verify(raw, action=action, idempotency_key=key, resource=resource_key,
+                                            leeway_seconds=self.leeway_seconds)
             if claims.resource is None and self.require_resource_binding:
                 raise InvalidActionToken("unbound_resource", f"the token names no resource; this service "
                                          f"requires tokens bound to {resource_key!r} "
@@ -314,6 +370,8 @@ class FencingMiddleware:
             return claims
         except InvalidActionToken as exc:
             raise _Refused(403, exc.code, str(exc), reason=exc.reason) from None
+        except BackendUnavailable as exc:  # never let a request through unchecked
+            raise _Refused(503, exc.code, str(exc)) from None
 
     async def _guarded(self, scope: Scope, receive: Receive, send: Send, resource_key: str,
                        token: str | None, key: str | None, claims: ActionClaims | None) -> None:

@@ -13,7 +13,9 @@ a fix to its function), and the library calls them on every connection,
 whatever its role; there is one code path.
 
 Who may call what is the query's ``-- callers:`` annotation (worker,
-operator, viewer; none: only the owner). On top of the query's own
+operator, viewer, verifier; none: only the owner). A verifier role (a
+downstream service checking action tokens online) is granted
+``verify_action_token`` and nothing else. On top of the query's own
 conditions, each function holds its caller to what the caller's role was
 created for (``leaseq roles create``, :mod:`leaseq.roles`):
 
@@ -60,7 +62,8 @@ __all__ = ["GROUPS", "OWNER", "Signature", "call_sql", "fingerprint", "function_
 #: The role that owns the schema's objects and the functions' rights; no one logs in as it.
 OWNER = "leaseq_owner"
 #: The group role of each kind of caller; ``leaseq roles create`` makes login roles members.
-GROUPS = {"worker": "leaseq_worker", "operator": "leaseq_operator", "viewer": "leaseq_viewer"}
+GROUPS = {"worker": "leaseq_worker", "operator": "leaseq_operator", "viewer": "leaseq_viewer",
+          "verifier": "leaseq_verifier"}
 _PARAM = re.compile(r"%\((\w+)\)s")
 # integer parameters are declared bigint (what psycopg may send for any int) and cast back in the body
 _WIDEN = {"integer": "bigint", "smallint": "bigint", "integer[]": "bigint[]", "smallint[]": "bigint[]"}
@@ -358,6 +361,7 @@ BEGIN
   kind := coalesce(kind, CASE WHEN pg_has_role(session_user, 'leaseq_worker', 'MEMBER') THEN 'worker'
                               WHEN pg_has_role(session_user, 'leaseq_operator', 'MEMBER') THEN 'operator'
                               WHEN pg_has_role(session_user, 'leaseq_viewer', 'MEMBER') THEN 'viewer'
+                              WHEN pg_has_role(session_user, 'leaseq_verifier', 'MEMBER') THEN 'verifier'
                               ELSE 'none' END);
 END
 $c$"""
@@ -415,6 +419,9 @@ def _install_body() -> str:
         f"IF NOT EXISTS (SELECT 1 FROM pg_roles WHERE rolname = {_literal(r)}) THEN "
         f"CREATE ROLE {r} NOLOGIN; END IF;" for r in (OWNER, *GROUPS.values()))
     groups = ", ".join(GROUPS.values())
+    # a verifier (a downstream service) calls verify_action_token and nothing else: not even
+    # the migrations table the library reads on connecting is granted to it
+    readers = ", ".join(g for kind, g in GROUPS.items() if kind != "verifier")
     # The query functions are dropped, not replaced: one whose result changed could not be,
     # and one whose query is gone must go. The migrate's transaction hides the gap.
     return f"""DO $install$
@@ -428,7 +435,7 @@ FOR obj IN SELECT c.relname, c.relkind FROM pg_class c WHERE c.relnamespace = s:
   EXECUTE format('ALTER TABLE %I.%I OWNER TO {OWNER}', s, obj.relname);
   EXECUTE format('REVOKE ALL ON %I.%I FROM PUBLIC', s, obj.relname);
 END LOOP;
-EXECUTE format('GRANT SELECT ON %I.leaseq_migrations TO {groups}', s);
+EXECUTE format('GRANT SELECT ON %I.leaseq_migrations TO {readers}', s);
 FOR obj IN SELECT p.oid::regprocedure AS proc, p.proname LIKE 'leaseq\\_q\\_%' AS query
            FROM pg_proc p WHERE p.pronamespace = s::regnamespace AND p.proname LIKE 'leaseq%' LOOP
   IF obj.query THEN

@@ -62,7 +62,7 @@ _USE = re.compile(r"^(?P<indent>[ \t]*)/\* TEMPLATE: (?P<name>\w+)(?:\((?P<arg>.
                   re.MULTILINE)
 _ANNOTATION = re.compile(r"^-- (guard|plan|no-op|unused|callers|direct): (.*)$")
 #: the roles a PostgreSQL function may be granted to (``-- callers:``)
-CALLER_ROLES = ("worker", "operator", "viewer")
+CALLER_ROLES = ("worker", "operator", "viewer", "verifier")
 #: the guard every lease-backed query expands
 LEASE_GUARD = "lease_guard"
 

@@ -972,6 +972,71 @@ SET generation = %(generation)s, worker_id = %(worker_id)s, status = 'pending',
 WHERE id = %(effect_id)s AND task_id = %(task_id)s
 RETURNING *;
 
+-- name: mint_action_token
+-- callers: worker
+-- guard: lease
+-- plan: generic
+-- THE ACTION TOKEN'S MINT, the one place it is written: the claims of a
+-- reference token (leaseq.fencing.reference), whose SHA-256 alone is kept.
+-- Run in the transaction that began (or re-read) the effect entry, after
+-- lock_lease; the statement holds itself to the same rules, so a worker role
+-- that calls the function directly is too: a live lease of this worker, the
+-- entry belongs to the task and to this attempt (or holds a recorded
+-- response), it is an action (not a read_only call), the task declared the
+-- action (or none) and the resource the entry names. Every claim is read
+-- from the rows, none from the caller, whose only inputs are the hash of the
+-- secret it drew and the lifetime (capped by the lease deadline, by the
+-- database's clock). No row back: refused, nothing written.
+INSERT INTO leaseq_action_tokens (token_hash, effect_id, task_id, generation, action, idempotency_key, resource,
+                                  issued_at, expires_at)
+SELECT %(token_hash)s::text, e.id, t.id, t.claim_generation, e.action, t.id::text || ':' || e.idempotency_key,
+       e.resource, clock_timestamp(),
+       least(t.lease_expires_at, clock_timestamp() + make_interval(secs => %(ttl_seconds)s::float8))
+FROM leaseq_effects e JOIN leaseq_tasks t ON t.id = e.task_id
+WHERE e.id = %(effect_id)s
+  AND t.id = %(task_id)s
+  AND (e.generation = t.claim_generation OR e.status = 'done')
+  AND e.effect <> 'read_only'
+  AND t.effect <> 'read_only'
+  AND (t.actions IS NULL OR t.actions ? e.action)
+  AND (e.resource IS NULL OR coalesce(t.resources ? e.resource, false))
+  /* TEMPLATE: lease_guard */
+RETURNING id, issued_at, expires_at;
+
+-- name: verify_action_token
+-- callers: verifier
+-- A downstream's online check of a reference token (leaseq.fencing.QueueVerifier),
+-- the verifier group's only function. One row, always: refusal is NULL and
+-- the claims are given only when the hash matches the token's id, the token
+-- is unexpired, for the action, downstream key and resource asked about
+-- (NULL: not asked; a token naming no resource passes, the caller decides),
+-- and its attempt still holds a live lease (running, same generation, lease
+-- unexpired, by the database's clock): a cancelled, revoked or superseded
+-- attempt is refused at once. A wrong secret and an unknown id read alike.
+SELECT r.refusal,
+       CASE WHEN r.refusal IS NULL THEN r.task_id END AS task_id,
+       CASE WHEN r.refusal IS NULL THEN r.generation END AS generation,
+       CASE WHEN r.refusal IS NULL THEN r.action END AS action,
+       CASE WHEN r.refusal IS NULL THEN r.idempotency_key END AS idempotency_key,
+       CASE WHEN r.refusal IS NULL THEN r.resource END AS resource,
+       CASE WHEN r.refusal IS NULL THEN r.issued_at END AS issued_at,
+       CASE WHEN r.refusal IS NULL THEN r.expires_at END AS expires_at,
+       CASE WHEN r.refusal IS NULL THEN r.lease_expires_at END AS lease_expires_at
+FROM (SELECT CASE WHEN k.id IS NULL THEN 'unknown_token'
+                  WHEN k.expires_at < clock_timestamp() THEN 'expired'
+                  WHEN %(action)s::text IS NOT NULL AND k.action <> %(action)s::text THEN 'wrong_action'
+                  WHEN %(idempotency_key)s::text IS NOT NULL AND k.idempotency_key <> %(idempotency_key)s::text
+                      THEN 'wrong_idempotency_key'
+                  WHEN %(resource)s::text IS NOT NULL AND k.resource <> %(resource)s::text THEN 'wrong_resource'
+                  WHEN t.claim_generation IS DISTINCT FROM k.generation THEN 'superseded'
+                  WHEN t.status <> 'running' OR t.lease_expires_at < clock_timestamp() THEN 'lease_ended'
+             END AS refusal,
+             k.task_id, k.generation, k.action, k.idempotency_key, k.resource, k.issued_at, k.expires_at,
+             t.lease_expires_at
+      FROM (SELECT 1) AS one
+      LEFT JOIN leaseq_action_tokens k ON k.id = %(token_id)s AND k.token_hash = %(token_hash)s::text
+      LEFT JOIN leaseq_tasks t ON t.id = k.task_id) AS r;
+
 -- name: adjust_open_effects
 -- callers: worker, operator
 -- plan: generic

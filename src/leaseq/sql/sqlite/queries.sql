@@ -574,6 +574,52 @@ SET generation = :generation, worker_id = :worker_id, status = 'pending',
 WHERE id = :effect_id AND task_id = :task_id
 RETURNING *;
 
+-- name: mint_action_token
+-- guard: lease
+-- See the PostgreSQL file: the claims come from the rows, under the same rules.
+INSERT INTO leaseq_action_tokens (token_hash, effect_id, task_id, generation, action, idempotency_key, resource,
+                                  issued_at, expires_at)
+SELECT :token_hash, e.id, t.id, t.claim_generation, e.action, CAST(t.id AS TEXT) || ':' || e.idempotency_key,
+       e.resource, (julianday('now') - 2440587.5) * 86400.0,
+       min(t.lease_expires_at, (julianday('now') - 2440587.5) * 86400.0 + :ttl_seconds)
+FROM leaseq_effects AS e JOIN leaseq_tasks AS t ON t.id = e.task_id
+WHERE e.id = :effect_id
+  AND t.id = :task_id
+  AND (e.generation = t.claim_generation OR e.status = 'done')
+  AND e.effect <> 'read_only'
+  AND t.effect <> 'read_only'
+  AND (t.actions IS NULL OR EXISTS (SELECT 1 FROM json_each(t.actions) AS a WHERE a.value = e.action))
+  AND (e.resource IS NULL OR EXISTS (SELECT 1 FROM json_each(t.resources) AS r WHERE r.value = e.resource))
+  /* TEMPLATE: lease_guard */
+RETURNING id, issued_at, expires_at;
+
+-- name: verify_action_token
+-- See the PostgreSQL file: one row, the claims only when nothing refuses them.
+SELECT r.refusal,
+       CASE WHEN r.refusal IS NULL THEN r.task_id END AS task_id,
+       CASE WHEN r.refusal IS NULL THEN r.generation END AS generation,
+       CASE WHEN r.refusal IS NULL THEN r.action END AS action,
+       CASE WHEN r.refusal IS NULL THEN r.idempotency_key END AS idempotency_key,
+       CASE WHEN r.refusal IS NULL THEN r.resource END AS resource,
+       CASE WHEN r.refusal IS NULL THEN r.issued_at END AS issued_at,
+       CASE WHEN r.refusal IS NULL THEN r.expires_at END AS expires_at,
+       CASE WHEN r.refusal IS NULL THEN r.lease_expires_at END AS lease_expires_at
+FROM (SELECT CASE WHEN k.id IS NULL THEN 'unknown_token'
+                  WHEN k.expires_at < (julianday('now') - 2440587.5) * 86400.0 THEN 'expired'
+                  WHEN :action IS NOT NULL AND k.action <> :action THEN 'wrong_action'
+                  WHEN :idempotency_key IS NOT NULL AND k.idempotency_key <> :idempotency_key
+                      THEN 'wrong_idempotency_key'
+                  WHEN :resource IS NOT NULL AND k.resource <> :resource THEN 'wrong_resource'
+                  WHEN t.claim_generation IS NOT k.generation THEN 'superseded'
+                  WHEN t.status <> 'running' OR t.lease_expires_at < (julianday('now') - 2440587.5) * 86400.0
+                      THEN 'lease_ended'
+             END AS refusal,
+             k.task_id, k.generation, k.action, k.idempotency_key, k.resource, k.issued_at, k.expires_at,
+             t.lease_expires_at
+      FROM (SELECT 1) AS one
+      LEFT JOIN leaseq_action_tokens AS k ON k.id = :token_id AND k.token_hash = :token_hash
+      LEFT JOIN leaseq_tasks AS t ON t.id = k.task_id) AS r;
+
 -- name: adjust_open_effects
 UPDATE leaseq_tasks SET open_effects = open_effects + :delta,
                         updated_at = (julianday('now') - 2440587.5) * 86400.0
