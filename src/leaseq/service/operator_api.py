@@ -25,7 +25,7 @@ from ..core.errors import InvalidInput
 from ..core.model import Task
 from ..aio import AsyncQueue
 from ..queue import Queue
-from .access import WORKER_ID_PATTERN, api_principal, need
+from .access import WORKER_ID_PATTERN, api_principal, need, room_to_wait
 from .views import present_approval, present_effect, present_event, present_task, queue_overview, task_timeline
 from .wakeups import WorkSignal, wait_for_task
 from .wire import REDACTED, record_json, to_json
@@ -141,6 +141,7 @@ def dependency_results(request: Request, task_id: int = TaskId,
 async def wait_task(request: Request, task_id: int = TaskId,
                     timeout: float = Query(25.0, ge=0, description="Seconds to wait at most (cut to the "
                                                                   "service's wait_limit)"),
+                    _room: None = Depends(room_to_wait),
                     principal: auth.Principal = Depends(api_principal)) -> dict[str, Any]:
     """``settled``: true when the task reached completed, dead, cancelled,
     needs_reconciliation, blocked, denied or expired; false when the time ran

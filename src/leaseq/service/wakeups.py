@@ -55,8 +55,9 @@ LISTENER_RETRY = 0.5
 WAITS_PER_TOKEN = 100
 #: ...and all tokens together.
 WAITS_PER_PROCESS = 1000
-#: The ``Retry-After`` of a wait refused for being past a cap (seconds).
-CAP_RETRY_AFTER = 1.0
+#: The ``Retry-After`` of a wait refused for being past a cap (seconds): a slot frees
+#: only when a wait ends, seconds later, so asking again sooner is wasted.
+CAP_RETRY_AFTER = 5.0
 #: The longest a new task wait waits for the listener to listen on its task's channel
 #: before it looks anyway (it then relies on its re-check).
 SUBSCRIBE_SECONDS = 2.0
@@ -128,6 +129,8 @@ class WorkSignal:
         self._loop: asyncio.AbstractEventLoop | None = None
         self._thread: threading.Thread | None = None
         self._listener: Any = None
+        #: the listener connected once already: a new connection may have missed notifications
+        self._reconnecting = False
         self._lock = threading.Lock()
         self._closed = threading.Event()
         #: set while the shared listener is connected (tests wait on it)
@@ -287,7 +290,7 @@ class WorkSignal:
         for w in waiters:
             w.listening.set()
 
-    def _wake_all(self) -> None:
+    def _wake_all(self, _: None = None) -> None:
         self._wake(None)
         self._wake_task(None)
 
@@ -306,7 +309,11 @@ class WorkSignal:
                 listener = self._listener = self.queue.store.shared_listener()
                 listening: set[int] = set()
                 self.listening.set()
-                self._on_loop(self._wake_all)  # anything that changed while we were not listening
+                # Anything that changed while we were not listening: claims that looked before
+                # the first connection too; task waits only after a lost one (a new one waits
+                # for its channel to be listened on before it looks).
+                self._on_loop(self._wake_all if self._reconnecting else self._wake, None)
+                self._reconnecting = True
                 while not self._closed.is_set():
                     with self._lock:
                         wanted = set(self._tasks)

@@ -63,7 +63,7 @@ from .. import engine
 from ..engine.leases import MAX_CLAIM, check_kinds
 from ..engine.steps import Op, T
 from ..queue import Queue
-from .access import authorize_also, in_one_transaction, serve_operation
+from .access import authorize_also, in_one_transaction, room_to_wait, serve_operation
 from .metrics import ServiceMetrics, span
 from .wakeups import WorkSignal
 from .wire import to_json
@@ -159,6 +159,8 @@ async def claim(body: ClaimBody, request: Request, worker_id: str = WorkerId) ->
     checks.check_name("queue", body.queue)
     metrics, signal = _metrics(request), _signal(request)
     wait = min(body.wait, request.app.state.settings.claim_wait_limit)
+    if wait > 0:
+        await room_to_wait(request)  # a token at its cap of waits: refused before any claim runs
     deadline = time.monotonic() + wait
 
     with signal.waiter(body.queue, worker_id) as waiter, ExitStack() as holding:
