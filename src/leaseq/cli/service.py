@@ -94,6 +94,11 @@ def cli_actor() -> str:
 @click.option("--leader-lease", metavar="AGE", default="15s", show_default=True,
               help="Lease of the maintenance leadership: the sweep and retention run on one replica at a time, "
                    "and another takes over within about this long when it dies.")
+@click.option("--waits-per-token", default=100, show_default=True, type=click.IntRange(min=1),
+              help="Most requests one token may hold waiting at once per process (long-poll claims, task waits "
+                   "and live streams together); past it, 429 with Retry-After.")
+@click.option("--waits-per-process", default=1000, show_default=True, type=click.IntRange(min=1),
+              help="Most waiting requests one process holds for all tokens together.")
 @click.option("--processes", default=1, show_default=True, type=click.IntRange(1, 64),
               help="Serving processes sharing the port, under a supervisor that restarts one that dies. "
                    "Each is a replica of its own (rate limits and /metrics counters are per process).")
@@ -107,7 +112,7 @@ def serve(ctx: click.Context, host: str, port: int, migrate: bool, rate: float, 
           failed_auth_rate: float, failed_auth_burst: float, max_body_bytes: int, public_metrics: bool,
           secure_cookies: bool, forwarded_allow_ips: str, docs: bool, prune_older_than: str | None,
           prune_payloads_older_than: str | None, prune_every: str, sweep_every: str, leader_lease: str,
-          processes: int, log_level: str, log_format: str) -> None:
+          waits_per_token: int, waits_per_process: int, processes: int, log_level: str, log_format: str) -> None:
     """Serve the queue over HTTP: worker API, operator API, dashboard and /metrics.
 
     Stateless apart from the database: run several replicas behind a load
@@ -140,7 +145,8 @@ def serve(ctx: click.Context, host: str, port: int, migrate: bool, rate: float, 
         failed_auth_burst=failed_auth_burst, max_body_bytes=max_body_bytes, public_metrics=public_metrics,
         secure_cookies=secure_cookies, forwarded_allow_ips=forwarded_allow_ips, docs=docs,
         prune_older_than=older, prune_payloads_older_than=payloads, prune_every=every or 3600.0,
-        sweep_every=sweep, leader_lease_seconds=lease)
+        sweep_every=sweep, leader_lease_seconds=lease, waits_per_token=waits_per_token,
+        waits_per_process=waits_per_process)
     if processes > 1:
         _serve_processes(ctx, processes, options, host=host, port=port, migrate=migrate, log_level=log_level,
                          log_format=log_format, say=say)

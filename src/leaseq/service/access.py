@@ -296,6 +296,25 @@ def bearer_token(request: Request) -> str | None:
     return m.group(1)
 
 
+def named_token_id(request: Request) -> str | None:
+    """The token id the request's bearer token names, *unverified*: only for a refusal
+    that costs nothing (its token's waits are at their cap already), never for a grant."""
+    header = request.headers.get("authorization") or ""
+    m = _NAMED_ID.match(header)
+    return m.group(1) if m else None
+
+
+_NAMED_ID = re.compile(r"Bearer\s+lq_([0-9a-f]{12})_", re.IGNORECASE)
+
+
+async def room_to_wait(request: Request) -> None:
+    """FastAPI dependency of the routes that wait: a request whose token already holds its
+    most waiting requests is refused (429) before its token is looked up or anything runs."""
+    token_id = named_token_id(request)
+    if token_id is not None:
+        request.app.state.work_signal.check_room(token_id)
+
+
 def client_address(request: Request) -> str:
     """The client's address, as the server hands it over.
 

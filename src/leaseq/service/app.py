@@ -32,13 +32,13 @@ from starlette.concurrency import run_in_threadpool
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from .. import __version__, auth
-from ..core.errors import BackendUnavailable, LeaseqError
+from ..core.errors import BackendUnavailable, InvalidInput, LeaseqError
 from ..queue import Queue
 from .access import Access, BodyLimit, api_principal
 from .maintenance import (DEFAULT_APPROVALS_EVERY, DEFAULT_LEADER_LEASE_SECONDS, DEFAULT_SWEEP_EVERY, Maintenance,
                           MaintenanceCollector, MaintenanceConfig)
 from .metrics import ServiceMetrics
-from .wakeups import WorkSignal
+from .wakeups import WAITS_PER_PROCESS, WAITS_PER_TOKEN, WorkSignal
 
 logger = logging.getLogger("leaseq.service")
 
@@ -87,6 +87,12 @@ class ServiceSettings:
     #: How often a waiting claim looks again without being woken (None: 1 s where
     #: LISTEN/NOTIFY wakes it, 0.2 s on SQLite). See :mod:`leaseq.service.wakeups`.
     claim_recheck: float | None = None
+    #: Most requests one token may hold waiting at once in one process: long-poll claims,
+    #: task waits and live streams together (429 with Retry-After past it)...
+    waits_per_token: int = WAITS_PER_TOKEN
+    #: ...and all tokens together. A waiting request holds no database connection:
+    #: the process's one listener wakes them all (see :mod:`leaseq.service.wakeups`).
+    waits_per_process: int = WAITS_PER_PROCESS
     #: Dashboard pages update themselves (server-sent events on /live and a
     #: script served by the service itself). Off: the pages are static, reload to refresh.
     live_updates: bool = True
@@ -263,8 +269,16 @@ def create_app(queue: Queue, settings: ServiceSettings | None = None, **options:
     if unknown:
         raise TypeError(f"unknown service settings: {', '.join(sorted(unknown))}")
     settings = replace(settings, **options)
+    for name in ("waits_per_token", "waits_per_process"):
+        value = getattr(settings, name)
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise InvalidInput(name, f"must be a whole number, 1 or more (got {value!r})")
     metrics = ServiceMetrics(queue)
-    work_signal = WorkSignal(queue, recheck=settings.claim_recheck)
+    access = Access(queue, rate=settings.rate_per_second, burst=settings.burst,
+                    failed_rate=settings.failed_auth_per_second, failed_burst=settings.failed_auth_burst,
+                    max_keys=settings.rate_limit_keys)
+    work_signal = WorkSignal(queue, recheck=settings.claim_recheck, per_token=settings.waits_per_token,
+                             per_process=settings.waits_per_process, charge=access.buckets.take)
     maintenance = Maintenance(queue, MaintenanceConfig(
         leader_lease_seconds=settings.leader_lease_seconds, sweep_every=settings.sweep_every,
         approvals_every=settings.approvals_every,
@@ -289,9 +303,7 @@ def create_app(queue: Queue, settings: ServiceSettings | None = None, **options:
                               "`Authorization: Bearer <token>`; errors are `{\"error\": {\"code\", \"message\"}}`.")
     app.state.queue = queue
     app.state.settings = settings
-    app.state.access = Access(queue, rate=settings.rate_per_second, burst=settings.burst,
-                              failed_rate=settings.failed_auth_per_second, failed_burst=settings.failed_auth_burst,
-                              max_keys=settings.rate_limit_keys)
+    app.state.access = access
     app.state.metrics = metrics
     app.state.maintenance = maintenance
     app.state.work_signal = work_signal

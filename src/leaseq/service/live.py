@@ -26,9 +26,10 @@ from fastapi.responses import Response, StreamingResponse
 from starlette.concurrency import run_in_threadpool
 
 from .. import auth
-from ..core.errors import InvalidInput, LeaseqError, NotFound
+from ..core.errors import InvalidInput, LeaseqError, NotFound, RateLimited
 from . import stats
 from .dashboard import COOKIE, LoginRequired, Session, session
+from .wakeups import WorkSignal
 
 router = APIRouter(include_in_schema=False)
 VIEWS = ("overview", "tasks", "task", "workers", "inbox")
@@ -89,12 +90,20 @@ async def live(request: Request, s: Session | None = Depends(_live_session)) -> 
     # Computed before the stream starts, so a bad filter or task id is a 4xx, not a broken stream.
     first = await run_in_threadpool(stats.version, q, view, params)
     session_id = request.cookies.get(COOKIE, "")
+    # A stream is one of the token's waiting requests: refused (429, Retry-After) past
+    # its cap before it starts; held from its first event to its last.
+    signal: WorkSignal = request.app.state.work_signal
+    token_id = s.principal.token_id
+    signal.check_room(token_id)
 
     async def events() -> AsyncIterator[str]:
         request.app.state.live_streams += 1
         try:
-            async for event in _changes(request, view, params, seen or first, first, session_id):
-                yield event
+            with signal.slot(token_id):
+                async for event in _changes(request, view, params, seen or first, first, session_id, token_id):
+                    yield event
+        except RateLimited as exc:  # another stream took the last slot meanwhile: the page tries again later
+            yield f"retry: {int(exc.retry_after * 1000)}\n\nevent: reconnect\ndata: \n\n"
         finally:
             # Counted down only once no database call of this stream is in flight: the
             # thread-pool calls it awaits are not abandoned when the stream is cancelled.
@@ -105,7 +114,7 @@ async def live(request: Request, s: Session | None = Depends(_live_session)) -> 
 
 
 async def _changes(request: Request, view: str, params: dict[str, str], last: str, current: str,
-                   session_id: str) -> AsyncIterator[str]:
+                   session_id: str, token_id: str) -> AsyncIterator[str]:
     """The events of one stream: a change when the page's version moves, until it is time to reconnect."""
     settings = request.app.state.settings
     q = request.app.state.queue
@@ -125,6 +134,8 @@ async def _changes(request: Request, view: str, params: dict[str, str], last: st
         await asyncio.sleep(settings.live_interval)
         if await request.is_disconnected():
             return
+        if not await request.app.state.work_signal.paced(token_id, time.monotonic() + settings.live_interval):
+            continue  # the token's rate bucket is empty: this look is skipped
         try:
             await run_in_threadpool(auth.verify_session, q, session_id)
             current = await run_in_threadpool(stats.version, q, view, params)

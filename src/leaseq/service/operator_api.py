@@ -23,10 +23,11 @@ from ..core import checks
 from ..signature import check_enqueue
 from ..core.errors import InvalidInput
 from ..core.model import Task
-from ..aio import AsyncQueue, await_task
+from ..aio import AsyncQueue
 from ..queue import Queue
-from .access import WORKER_ID_PATTERN, api_principal, need
+from .access import WORKER_ID_PATTERN, api_principal, need, room_to_wait
 from .views import present_approval, present_effect, present_event, present_task, queue_overview, task_timeline
+from .wakeups import WorkSignal, wait_for_task
 from .wire import REDACTED, record_json, to_json
 from .worker_api import Body, TaskId
 
@@ -142,17 +143,18 @@ def dependency_results(request: Request, task_id: int = TaskId,
 async def wait_task(request: Request, task_id: int = TaskId,
                     timeout: float = Query(25.0, ge=0, description="Seconds to wait at most (cut to the "
                                                                   "service's wait_limit)"),
+                    _room: None = Depends(room_to_wait),
                     principal: auth.Principal = Depends(api_principal)) -> dict[str, Any]:
     """``settled``: true when the task reached completed, dead, cancelled,
     needs_reconciliation, blocked, denied or expired; false when the time ran
     out first (the client asks again)."""
-    q = _queue(request)
     await asyncio.to_thread(authz.authorize, principal, "read_task", task=task_id, facts=request.app.state.access)
-    try:
-        task = await await_task(q, task_id, timeout=min(timeout, request.app.state.settings.wait_limit))
-        settled = True
-    except TimeoutError:
-        task, settled = await asyncio.to_thread(q.get, task_id), False
+    # No connection of its own: the process's one listener wakes it (leaseq.service.wakeups),
+    # and it counts against what the token may hold waiting (429 past it).
+    signal: WorkSignal = request.app.state.work_signal
+    with signal.slot(principal.token_id):
+        task, settled = await wait_for_task(signal, task_id, min(timeout, request.app.state.settings.wait_limit),
+                                            principal.token_id)
     return {"settled": settled, "task": present_task(task, principal)}
 
 

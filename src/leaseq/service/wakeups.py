@@ -1,20 +1,32 @@
-"""Waking long-poll claims: one listener per service process, fanned out to waiting requests.
+"""Waking the requests that wait: one listener per service process, and what one token may hold.
 
-A claim request that finds nothing may wait (up to its ``wait``, capped by
-the service) for work to arrive. What wakes it:
+Three kinds of request wait in the service: a long-poll claim (``POST
+/v1/workers/{id}/claim`` with ``wait``), a wait for a task's end (``GET
+/v1/tasks/{id}/wait``) and a dashboard live stream (``GET /live``). What
+wakes them:
 
-* on PostgreSQL, the enqueue's ``NOTIFY`` (delivered at commit), heard by a
-  single ``LISTEN`` connection this process opens when the first claim
-  waits, which wakes every waiting request (each then claims again; the
-  claim statement decides who gets what);
+* on PostgreSQL, one ``LISTEN`` connection per process (opened when the first
+  request waits), whatever the number of waiting requests. An enqueue's
+  ``NOTIFY`` names its queue and wakes only the claims waiting on that queue
+  (each then claims again; the claim statement decides who gets what); a
+  watched task's end is notified on that task's own channel, which the
+  connection listens on while a request waits for the task, and wakes only
+  those requests;
 * anything enqueued or sent back to the queue through this same process
   (its enqueue route calls :meth:`WorkSignal.wake`), on either backend;
 * a re-check every ``recheck`` seconds, for what no notification announces:
-  a delayed task coming due, an expired lease to route, an enqueue on a
-  SQLite file by another process (SQLite cannot notify, so its re-check is
-  short), or a notification missed while the listener reconnected.
+  a delayed task coming due, an expired lease to route, a change to a SQLite
+  file (SQLite cannot notify, so its re-check is short), or a notification
+  missed while the listener reconnected (it wakes every waiting request once
+  it is back).
 
-The listener knows nothing of leases; it only says "look again".
+What one token may cost: it holds at most ``per_token`` waiting requests at
+once, and the process at most ``per_process`` (:meth:`WorkSignal.slot`; past
+either, 429 ``rate_limited`` with ``Retry-After``); and every look a waiting
+request takes after its first is charged to the token's rate bucket
+(:meth:`WorkSignal.paced`): an empty bucket makes the request look later,
+never more often. The listener knows nothing of leases; it only says "look
+again".
 """
 
 from __future__ import annotations
@@ -22,10 +34,12 @@ from __future__ import annotations
 import asyncio
 import logging
 import threading
+import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any
 
+from ..core.errors import RateLimited
 from ..core.timers import wait_event
 from ..queue import Queue
 
@@ -37,26 +51,25 @@ NOTIFIED_RECHECK = 1.0
 POLLED_RECHECK = 0.2
 #: Pause before the listener reconnects after its connection dropped.
 LISTENER_RETRY = 0.5
+#: Most waiting requests (claims, task waits, live streams) one token may hold in one process...
+WAITS_PER_TOKEN = 100
+#: ...and all tokens together.
+WAITS_PER_PROCESS = 1000
+#: The ``Retry-After`` of a wait refused for being past a cap (seconds): a slot frees
+#: only when a wait ends, seconds later, so asking again sooner is wasted.
+CAP_RETRY_AFTER = 5.0
+#: The longest a new task wait waits for the listener to listen on its task's channel
+#: before it looks anyway (it then relies on its re-check).
+SUBSCRIBE_SECONDS = 2.0
 
 
-class _AnyQueue(set):  # type: ignore[type-arg]
-    """The listener's queue set: every queue (waiters of every queue share one listener)."""
+class _Wakeable:
+    """A waiting request's wake-up."""
 
-    def __contains__(self, item: object) -> bool:
-        return True
+    __slots__ = ("event",)
 
-
-class Waiter:
-    """One waiting claim request."""
-
-    __slots__ = ("queue", "worker_id", "event", "interrupted")
-
-    def __init__(self, queue: str, worker_id: str):
-        self.queue = queue
-        self.worker_id = worker_id
+    def __init__(self) -> None:
         self.event = asyncio.Event()
-        #: the worker asked to stop waiting (it is shutting down): claim nothing more
-        self.interrupted = False
 
     async def wait(self, timeout: float) -> None:
         """Until woken or ``timeout`` seconds pass; then ready to be woken again (a
@@ -65,32 +78,126 @@ class Waiter:
         self.event.clear()
 
 
+class Waiter(_Wakeable):
+    """One waiting claim request."""
+
+    __slots__ = ("queue", "worker_id", "interrupted")
+
+    def __init__(self, queue: str, worker_id: str):
+        super().__init__()
+        self.queue = queue
+        self.worker_id = worker_id
+        #: the worker asked to stop waiting (it is shutting down): claim nothing more
+        self.interrupted = False
+
+
+class TaskWaiter(_Wakeable):
+    """One request waiting for a task's end."""
+
+    __slots__ = ("task_id", "listening")
+
+    def __init__(self, task_id: int):
+        super().__init__()
+        self.task_id = task_id
+        #: set once the shared listener listens on the task's channel (at once where nothing notifies)
+        self.listening = asyncio.Event()
+
+
 class WorkSignal:
-    """Wakes the waiting claims of one service process.
+    """Wakes the waiting requests of one service process, and bounds how many may wait.
 
     ``recheck`` (seconds): how often a waiting claim looks again on its own;
     by default :data:`NOTIFIED_RECHECK` where the backend notifies, else
-    :data:`POLLED_RECHECK`.
+    :data:`POLLED_RECHECK`. ``charge(token_id)``: takes one look from the
+    token's rate bucket, returning 0 or the seconds until it could (the
+    service's :class:`~leaseq.service.access.TokenBuckets`); None charges nothing.
     """
 
-    def __init__(self, queue: Queue, *, recheck: float | None = None):
+    def __init__(self, queue: Queue, *, recheck: float | None = None, per_token: int = WAITS_PER_TOKEN,
+                 per_process: int = WAITS_PER_PROCESS, charge: Callable[[str], float] | None = None):
         self.queue = queue
         self.notifies = queue.capabilities.listen_notify
         self.recheck = recheck if recheck is not None else (NOTIFIED_RECHECK if self.notifies else POLLED_RECHECK)
+        self.per_token = per_token
+        self.per_process = per_process
+        self._charge = charge
         self._waiters: set[Waiter] = set()
+        self._tasks: dict[int, set[TaskWaiter]] = {}
+        #: the tasks whose channels the shared listener listens on now
+        self._listened: set[int] = set()
+        self._held: dict[str, int] = {}
         self._loop: asyncio.AbstractEventLoop | None = None
         self._thread: threading.Thread | None = None
+        self._listener: Any = None
+        #: the listener connected once already: a new connection may have missed notifications
+        self._reconnecting = False
         self._lock = threading.Lock()
         self._closed = threading.Event()
         #: set while the shared listener is connected (tests wait on it)
         self.listening = threading.Event()
-        #: notifications heard (each woke every waiting claim)
+        #: work notifications heard (each woke the claims waiting on its queue)
         self.notifications = 0
+        #: task notifications heard (each woke the requests waiting for that task)
+        self.task_notifications = 0
 
     @property
     def waiting(self) -> int:
         """How many claim requests wait now."""
         return len(self._waiters)
+
+    @property
+    def held(self) -> int:
+        """How many waiting requests (claims, task waits, live streams) hold a slot now."""
+        return sum(self._held.values())
+
+    # -- what one token may hold ------------------------------------------------------
+
+    @contextmanager
+    def slot(self, token_id: str) -> Iterator[None]:
+        """One waiting request of ``token_id`` for as long as the block lasts; RateLimited
+        (429, ``Retry-After``) when the token, or the process, holds its most already."""
+        with self._lock:
+            self._check_room(token_id)
+            self._held[token_id] = self._held.get(token_id, 0) + 1
+        try:
+            yield
+        finally:
+            with self._lock:
+                left = self._held[token_id] - 1
+                if left:
+                    self._held[token_id] = left
+                else:
+                    del self._held[token_id]
+
+    def check_room(self, token_id: str) -> None:
+        """RateLimited when :meth:`slot` would refuse ``token_id`` now."""
+        with self._lock:
+            self._check_room(token_id)
+
+    def _check_room(self, token_id: str) -> None:
+        mine = self._held.get(token_id, 0)
+        if mine >= self.per_token:
+            raise RateLimited(f"token {token_id} already holds {mine} waiting requests (waits, long-poll "
+                              f"claims, live streams), the most one token may hold at once", CAP_RETRY_AFTER)
+        if sum(self._held.values()) >= self.per_process:
+            raise RateLimited(f"this service process already holds {self.per_process} waiting requests, "
+                              "the most it serves at once", CAP_RETRY_AFTER)
+
+    async def paced(self, token_id: str, deadline: float) -> bool:
+        """Charge one more look of a waiting request to ``token_id``'s rate bucket, waiting
+        while the bucket is empty; False when ``deadline`` (monotonic) passes first."""
+        if self._charge is None:
+            return time.monotonic() < deadline
+        while True:
+            owed = self._charge(token_id)
+            left = deadline - time.monotonic()
+            if not owed:
+                return left > 0
+            if owed >= left:
+                return False
+            await asyncio.sleep(owed)
+
+    # -- claims ---------------------------------------------------------------------
 
     @contextmanager
     def waiter(self, queue: str, worker_id: str) -> Iterator[Waiter]:
@@ -114,9 +221,9 @@ class WorkSignal:
         self._on_loop(self._wake, queue)
 
     def _on_loop(self, fn: Callable[..., object], *args: Any) -> None:
-        """Run ``fn(*args)`` on the waiting claims' loop, if any claim waits (from any thread)."""
+        """Run ``fn(*args)`` on the waiting requests' loop, if any request waits (from any thread)."""
         loop = self._loop
-        if loop is None or loop.is_closed() or not self._waiters:
+        if loop is None or loop.is_closed() or not (self._waiters or self._tasks):
             return
         try:
             loop.call_soon_threadsafe(fn, *args)
@@ -139,33 +246,96 @@ class WorkSignal:
                 n += 1
         return n
 
-    def _heard_interrupt(self, worker_id: str) -> None:
-        """Another process (or this one) was asked to end ``worker_id``'s waits (listener thread)."""
-        self._on_loop(self.interrupt, worker_id)
+    # -- task waits -------------------------------------------------------------------
+
+    @contextmanager
+    def task_waiter(self, task_id: int) -> Iterator[TaskWaiter]:
+        """Register a request waiting for task ``task_id``'s end (on the running event loop).
+
+        Await its ``listening`` before the first look: a change notified after
+        that look is then heard, and not missed."""
+        self._loop = asyncio.get_running_loop()
+        w = TaskWaiter(task_id)
+        with self._lock:
+            self._tasks.setdefault(task_id, set()).add(w)
+            if task_id in self._listened:
+                w.listening.set()
+        if self.notifies:
+            self._ensure_listener()
+            listener = self._listener
+            if listener is not None:
+                listener.poke()  # listen on the task's channel now, not at the next turn
+        else:
+            w.listening.set()  # nothing to listen to: the re-check looks
+        try:
+            yield w
+        finally:
+            with self._lock:
+                waiting = self._tasks.get(task_id)
+                if waiting is not None:
+                    waiting.discard(w)
+                    if not waiting:
+                        del self._tasks[task_id]
+
+    def _wake_task(self, task_id: int | None) -> None:
+        """Wake the requests waiting for ``task_id`` (None: every task's)."""
+        with self._lock:
+            found = [w for ws in self._tasks.values() for w in ws] if task_id is None else \
+                list(self._tasks.get(task_id, ()))
+        for w in found:
+            w.event.set()
+
+    @staticmethod
+    def _mark_listening(waiters: list[TaskWaiter]) -> None:
+        for w in waiters:
+            w.listening.set()
+
+    def _wake_all(self, _: None = None) -> None:
+        self._wake(None)
+        self._wake_task(None)
 
     # -- the shared listener ------------------------------------------------------
 
     def _ensure_listener(self) -> None:
         with self._lock:
             if self._thread is None and not self._closed.is_set():
-                self._thread = threading.Thread(target=self._listen, name="leaseq-claim-listener", daemon=True)
+                self._thread = threading.Thread(target=self._listen, name="leaseq-listener", daemon=True)
                 self._thread.start()
 
     def _listen(self) -> None:
         while not self._closed.is_set():
             listener = None
             try:
-                listener = self.queue.store.listener(_AnyQueue(), on_interrupt=self._heard_interrupt)
+                listener = self._listener = self.queue.store.shared_listener()
+                listening: set[int] = set()
                 self.listening.set()
-                self.wake()  # anything enqueued while we were not listening
+                # Anything that changed while we were not listening: claims that looked before
+                # the first connection too; task waits only after a lost one (a new one waits
+                # for its channel to be listened on before it looks).
+                self._on_loop(self._wake_all if self._reconnecting else self._wake, None)
+                self._reconnecting = True
                 while not self._closed.is_set():
-                    if listener.wait(0.5):
-                        self.notifications += 1
-                        self.wake()
+                    with self._lock:
+                        wanted = set(self._tasks)
+                    for task_id in wanted - listening:
+                        listener.listen_task(task_id)
+                    for task_id in listening - wanted:
+                        listener.unlisten_task(task_id)
+                    listening = wanted
+                    with self._lock:
+                        self._listened = wanted
+                        unmarked = [w for t in wanted for w in self._tasks.get(t, ()) if not w.listening.is_set()]
+                    if unmarked:
+                        self._on_loop(self._mark_listening, unmarked)
+                    for channel, payload in listener.wait(0.5):
+                        self._heard(channel, payload)
             except Exception as exc:  # the connection went away: the re-check covers the gap
-                logger.info("claim listener lost its connection (%s); reconnecting", exc)
+                logger.info("the service's listener lost its connection (%s); reconnecting", exc)
             finally:
                 self.listening.clear()
+                self._listener = None
+                with self._lock:
+                    self._listened = set()
                 if listener is not None:
                     try:
                         listener.close()
@@ -173,9 +343,51 @@ class WorkSignal:
                         pass
             self._closed.wait(LISTENER_RETRY)
 
+    def _heard(self, channel: str, payload: str) -> None:
+        """One notification (the listener's thread)."""
+        if channel == "leaseq_work":
+            self.notifications += 1
+            self.wake(payload)
+        elif channel == "leaseq_interrupt":
+            self._on_loop(self.interrupt, payload)
+        elif channel.startswith("leaseq_task_"):
+            self.task_notifications += 1
+            self._on_loop(self._wake_task, int(channel[len("leaseq_task_"):]))
+
     def close(self) -> None:
         """Stop the listener (the application's shutdown)."""
         self._closed.set()
+        listener = self._listener
+        if listener is not None:
+            listener.poke()
         thread = self._thread
         if thread is not None:
             thread.join(timeout=2)
+
+
+async def wait_for_task(signal: WorkSignal, task_id: int, timeout: float, token_id: str) -> tuple[Any, bool]:
+    """A request's wait for task ``task_id``'s end, up to ``timeout`` seconds: ``(task, settled)``.
+
+    Woken by the task's own notification (the shared listener), else by the
+    re-check; each look after the first is charged to ``token_id``'s bucket
+    (:meth:`WorkSignal.paced`). NotFound when there is no such task."""
+    from .. import engine
+
+    queue = signal.queue
+    deadline = time.monotonic() + timeout
+    recheck = signal.recheck if not signal.notifies else engine.waits.LONGEST_SLEEP
+    with signal.task_waiter(task_id) as w:
+        if not w.listening.is_set():
+            await wait_event(w.listening, min(SUBSCRIBE_SECONDS, timeout))
+            if not w.listening.is_set():
+                recheck = signal.recheck  # not heard by the listener (it is away): look on our own
+        task = await engine.adrive(queue.store, engine.waits.watch(queue.settings, task_id))
+        while task.status not in engine.waits.SETTLED:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                return task, False
+            await w.wait(min(left, recheck))
+            if not await signal.paced(token_id, deadline):
+                return task, False
+            task = await engine.adrive(queue.store, engine.reads.get(queue.settings, task_id))
+        return task, True

@@ -48,6 +48,7 @@ import asyncio
 import logging
 import time
 from collections.abc import Callable
+from contextlib import ExitStack
 from typing import Any
 
 from fastapi import APIRouter, Request
@@ -62,7 +63,7 @@ from .. import engine
 from ..engine.leases import MAX_CLAIM, check_kinds
 from ..engine.steps import Op, T
 from ..queue import Queue
-from .access import authorize_also, in_one_transaction, serve_operation
+from .access import authorize_also, in_one_transaction, room_to_wait, serve_operation
 from .metrics import ServiceMetrics, span
 from .wakeups import WorkSignal
 from .wire import to_json
@@ -158,14 +159,17 @@ async def claim(body: ClaimBody, request: Request, worker_id: str = WorkerId) ->
     checks.check_name("queue", body.queue)
     metrics, signal = _metrics(request), _signal(request)
     wait = min(body.wait, request.app.state.settings.claim_wait_limit)
+    if wait > 0:
+        await room_to_wait(request)  # a token at its cap of waits: refused before any claim runs
     deadline = time.monotonic() + wait
 
-    with signal.waiter(body.queue, worker_id) as waiter:
+    with signal.waiter(body.queue, worker_id) as waiter, ExitStack() as holding:
         attempts = 0
         while True:
             started = time.perf_counter()
-            # Every attempt checks the token again (it may have been revoked meanwhile);
-            # only the first is charged to the token's rate bucket: the request is one.
+            # Every attempt checks the token again (it may have been revoked meanwhile). The
+            # first is charged to the token's rate bucket as the request; each later look
+            # is charged by signal.paced, which waits while the bucket is empty.
             with span("leaseq.claim", queue=body.queue, worker_id=worker_id, limit=body.limit):
                 claims = await _claim_tasks(request, worker_id, body.queue, body.limit, body.lease_seconds,
                                             body.kinds, charge=attempts == 0)
@@ -174,11 +178,16 @@ async def claim(body: ClaimBody, request: Request, worker_id: str = WorkerId) ->
             left = deadline - time.monotonic()
             if claims or left <= 0 or waiter.interrupted:
                 break
+            token_id = request.state.principal.token_id
+            if attempts == 1:  # it waits: one of the token's waiting requests (429 past the cap; nothing leased)
+                holding.enter_context(signal.slot(token_id))
             # an empty rate bucket refills by the clock, with no notification: look again when it has a token
             hint = claims.limit_wait if isinstance(claims, Claims) else None
             await waiter.wait(min(left, signal.recheck) if hint is None else min(left, signal.recheck, max(0.02, hint)))
             if waiter.interrupted or await request.is_disconnected():
                 break  # nobody to hand a lease to: claim nothing more
+            if not await signal.paced(token_id, deadline):
+                break  # the token's bucket stayed empty until the wait's end
     return _json(_claimed(metrics, worker_id, body.queue, claims, started))
 
 

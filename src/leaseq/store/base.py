@@ -136,6 +136,11 @@ class Store(Protocol):
         (on the waiting thread) with the id of each worker whose waiting claims a service
         process was asked to end (``notify_interrupt``), where the backend notifies."""
 
+    def shared_listener(self) -> Any:
+        """The one connection every wait of a service process is woken through (work,
+        interrupts, and the tasks it is told to listen for). Only where
+        :attr:`capabilities` declares ``listen_notify``."""
+
     def task_listener(self, task_id: int) -> TaskListener:
         """A waiter woken when task ``task_id`` may have ended (see :meth:`leaseq.Queue.wait`)."""
 

@@ -41,6 +41,9 @@ class JoinedStore:
     def listener(self, queues: set[str], *, on_interrupt: Any = None) -> Any:
         return self._store.listener(queues, on_interrupt=on_interrupt)
 
+    def shared_listener(self) -> Any:
+        return self._store.shared_listener()
+
     def task_listener(self, task_id: int) -> TaskListener:
         return self._store.task_listener(task_id)
 

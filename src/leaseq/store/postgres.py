@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+import select
 from collections.abc import AsyncIterator, Callable, Iterator
 from contextlib import asynccontextmanager, contextmanager
 from typing import Any
@@ -179,6 +181,82 @@ class NotifyListener:
         self._conn.close()
 
 
+class SharedListener:
+    """The one dedicated connection a service process waits on: LISTENing on
+    ``leaseq_work`` and ``leaseq_interrupt`` always, and on ``leaseq_task_<id>``
+    for each task :meth:`listen_task` names (a waiting ``GET /v1/tasks/{id}/wait``).
+
+    One thread drives it: :meth:`wait` returns the notifications heard, as
+    ``(channel, payload)``; :meth:`poke`, from any thread, ends a wait early so
+    that thread can change what the connection listens to. However many
+    requests wait, the process holds this one connection for all of them.
+    """
+
+    CHANNELS = (NotifyListener.CHANNEL, NotifyListener.INTERRUPTS)
+
+    def __init__(self, dsn: str):
+        with map_driver_errors():
+            self._conn = psycopg.connect(dsn, autocommit=True)
+            for channel in self.CHANNELS:
+                self._conn.execute(f"LISTEN {channel}")
+        self._wake_r, self._wake_w = os.pipe()
+        os.set_blocking(self._wake_r, False)
+        os.set_blocking(self._wake_w, False)
+
+    def listen_task(self, task_id: int) -> None:
+        """Listen on task ``task_id``'s channel (the driving thread only)."""
+        self._run(f"LISTEN leaseq_task_{int(task_id)}")
+
+    def unlisten_task(self, task_id: int) -> None:
+        """Stop listening on task ``task_id``'s channel (the driving thread only)."""
+        self._run(f"UNLISTEN leaseq_task_{int(task_id)}")
+
+    def _run(self, statement: str) -> None:
+        try:
+            self._conn.execute(statement)
+        except psycopg.Error as exc:
+            raise BackendUnavailable(f"PostgreSQL listener: {str(exc).strip()}") from None
+
+    def poke(self) -> None:
+        """End the driving thread's :meth:`wait` now (callable from any thread)."""
+        try:
+            os.write(self._wake_w, b"\0")
+        except (BlockingIOError, OSError):  # already poked, or closed
+            pass
+
+    def wait(self, timeout: float) -> list[tuple[str, str]]:
+        """The notifications heard within ``timeout`` seconds (fewer: poked, or none came)."""
+        try:
+            notes = self._heard()  # what arrived while a statement of ours ran
+            if notes:
+                return notes
+            ready, _, _ = select.select([self._conn.fileno(), self._wake_r], [], [], timeout)
+            if self._wake_r in ready:
+                try:
+                    while os.read(self._wake_r, 4096):
+                        pass
+                except BlockingIOError:
+                    pass
+            return self._heard() if self._conn.fileno() in ready else []
+        except psycopg.Error as exc:
+            raise BackendUnavailable(f"PostgreSQL listener: {str(exc).strip()}") from None
+        except (OSError, ValueError) as exc:  # the socket went away under the select
+            raise BackendUnavailable(f"PostgreSQL listener: {exc}") from None
+
+    def _heard(self) -> list[tuple[str, str]]:
+        return [(n.channel, n.payload) for n in self._conn.notifies(timeout=0)]
+
+    def close(self) -> None:
+        try:
+            self._conn.close()
+        finally:
+            for fd in (self._wake_r, self._wake_w):
+                try:
+                    os.close(fd)
+                except OSError:  # pragma: no cover - closed already
+                    pass
+
+
 class TaskNotifications:
     """A dedicated connection LISTENing on ``leaseq_task_<id>``: woken when
     that task reaches a status :meth:`leaseq.Queue.wait` returns on (the
@@ -293,6 +371,10 @@ class PostgresStore:
 
     def listener(self, queues: set[str], *, on_interrupt: Callable[[str], None] | None = None) -> NotifyListener:
         return NotifyListener(self.dsn, queues, on_interrupt)
+
+    def shared_listener(self) -> SharedListener:
+        """The one connection every wait of a service process is woken through."""
+        return SharedListener(self.dsn)
 
     def task_listener(self, task_id: int) -> TaskNotifications:
         """A waiter woken when task ``task_id`` ends (or parks); see :meth:`leaseq.Queue.wait`."""

@@ -205,6 +205,10 @@ class SqliteStore:
     def listener(self, queues: set[str], *, on_interrupt: Callable[[str], None] | None = None) -> SleepingListener:
         return SleepingListener()
 
+    def shared_listener(self) -> Any:
+        """Not available: SQLite cannot notify (capabilities.listen_notify is False), so waits poll."""
+        raise NotImplementedError("SQLite cannot notify (capabilities.listen_notify is False)")
+
     def task_listener(self, task_id: int) -> PollingTaskListener:
         """A waiter for task ``task_id``'s end: a short sleep (SQLite cannot notify)."""
         return PollingTaskListener()

@@ -1,0 +1,180 @@
+"""What one token may hold waiting, and what wakes a wait (leaseq.service.wakeups).
+
+* Past ``waits_per_token`` waiting requests (task waits, long-poll claims,
+  live streams together) a token's next one is refused with 429 and
+  ``Retry-After``; another token still gets through, until the process
+  holds ``waits_per_process``.
+* A task wait is woken by its own task's notification, not by every
+  NOTIFY: each look after a wait's first is charged to its token's rate
+  bucket, so a token whose wait was never woken was charged once.
+* However many requests wait, the service holds one listening connection
+  for all of them (no connection per wait).
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from typing import Any
+
+import httpx
+import psycopg
+import pytest
+
+import leaseq
+
+from .conftest import Service, serve
+from .support import dashboard_login
+
+
+class Held(threading.Thread):
+    """One waiting request in a thread; ``response`` once it answered."""
+
+    def __init__(self, client: httpx.Client, method: str, path: str, **kwargs: Any):
+        super().__init__(daemon=True)
+        self.client, self.method, self.path, self.kwargs = client, method, path, kwargs
+        self.response: httpx.Response | None = None
+
+    def run(self) -> None:
+        self.response = self.client.request(self.method, self.path, **self.kwargs)
+
+
+def _until(predicate: Any, timeout: float = 10.0, what: str = "the condition") -> None:
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out waiting for {what}")
+        time.sleep(0.005)
+
+
+def _refused_past_the_cap(resp: httpx.Response) -> None:
+    assert resp.status_code == 429, (resp.status_code, resp.text[:300])
+    assert resp.json()["error"]["code"] == "rate_limited"
+    assert int(resp.headers["Retry-After"]) >= 1
+
+
+def test_a_token_past_its_cap_of_waits_and_claims_gets_429_with_retry_after(q: leaseq.Queue, dsn: str) -> None:
+    with serve(q, waits_per_token=2, waits_per_process=3, claim_recheck=0.2) as (url, app):
+        s = Service(url, app, q, dsn)
+        try:
+            signal = app.state.work_signal
+            viewer, worker = s.token("viewer"), s.token("worker")
+            task = q.enqueue("idle", {})
+            http = s.http(viewer)
+            held = [Held(s.http(viewer), "GET", f"/v1/tasks/{task.id}/wait", params={"timeout": 8})]
+            held[0].start()
+            wid = s.remote(worker).register_worker("poller").id
+            held.append(Held(s.http(worker), "POST", f"/v1/workers/{wid}/claim", json={"queue": "none", "wait": 8}))
+            held[1].start()
+            _until(lambda: signal.held == 2, what="two waiting requests")
+            held.append(Held(s.http(viewer), "GET", f"/v1/tasks/{task.id}/wait", params={"timeout": 8}))
+            held[2].start()
+            _until(lambda: signal.held == 3, what="the viewer's second wait")
+            # the viewer holds two: its third is refused at once, and so is a claim past the process's three
+            started = time.monotonic()
+            _refused_past_the_cap(http.get(f"/v1/tasks/{task.id}/wait", params={"timeout": 8}))
+            _refused_past_the_cap(s.http(worker).post(f"/v1/workers/{wid}/claim", json={"queue": "none", "wait": 8}))
+            _refused_past_the_cap(s.http(s.token("viewer")).get(f"/v1/tasks/{task.id}/wait", params={"timeout": 8}))
+            assert time.monotonic() - started < 3
+            # a refused claim leased nothing, and a wait that looks once (timeout 0) still answers
+            assert http.get(f"/v1/tasks/{task.id}/wait", params={"timeout": 0}).status_code == 429
+            q.cancel(task.id)  # the held waits end; the claim's time runs out
+            for h in held:
+                h.join(15)
+                assert h.response is not None and h.response.status_code == 200, h.response
+            _until(lambda: signal.held == 0, what="the slots given back")
+            assert http.get(f"/v1/tasks/{task.id}/wait", params={"timeout": 1}).json()["settled"] is True
+        finally:
+            s.close()
+
+
+def test_a_live_stream_past_the_cap_gets_429_with_retry_after(q: leaseq.Queue, dsn: str) -> None:
+    with serve(q, waits_per_token=1, live_interval=0.1, live_stream_seconds=30) as (url, app):
+        s = Service(url, app, q, dsn)
+        token = s.token("viewer")
+        browser = dashboard_login(url, token)
+        try:
+            with browser.stream("GET", "/live", params={"view": "overview"}) as first:
+                assert first.status_code == 200
+                _until(lambda: app.state.work_signal.held == 1, what="the stream holding its slot")
+                second = browser.get("/live", params={"view": "overview"})
+                _refused_past_the_cap(second)
+                # the token's long poll counts against the same cap
+                task = q.enqueue("idle", {})
+                _refused_past_the_cap(s.http(token).get(f"/v1/tasks/{task.id}/wait", params={"timeout": 5}))
+        finally:
+            browser.close()
+            s.close()
+
+
+def _bucket_level(app: Any, token: str) -> float:
+    token_id = token.split("_")[1]
+    level, _ = app.state.access.buckets._buckets[token_id]
+    return float(level)
+
+
+def test_a_wait_is_woken_by_its_own_task_not_by_every_notify(q: leaseq.Queue, dsn: str) -> None:
+    if not q.capabilities.listen_notify:
+        pytest.skip("SQLite cannot notify: its waits look again every re-check")
+    # a bucket that does not refill in the test's time: each look a wait takes after its first is counted
+    with serve(q, rate_per_second=0.001, burst=1000) as (url, app):
+        s = Service(url, app, q, dsn)
+        try:
+            signal = app.state.work_signal
+            mine, other = q.enqueue("mine", {}, queue="held"), q.enqueue("other", {}, queue="held")
+            token_mine, token_other = s.token("viewer"), s.token("viewer")
+            waits = [Held(s.http(token_mine), "GET", f"/v1/tasks/{mine.id}/wait", params={"timeout": 20}),
+                     Held(s.http(token_other), "GET", f"/v1/tasks/{other.id}/wait", params={"timeout": 20})]
+            for h in waits:
+                h.start()
+            _until(lambda: signal.held == 2 and len(signal._listened) == 2, what="both waits listened for")
+            # notifications, but none of the other task's own: work enqueued, tasks ending, its neighbour's end
+            noise = [q.enqueue("noise", {}) for _ in range(20)]
+            w = q.register_worker("w")
+            for c in q.claim(w, limit=20):
+                q.complete(w, c)
+            changed = time.monotonic()
+            q.cancel(mine.id)
+            waits[0].join(10)
+            assert waits[0].response is not None and waits[0].response.json()["settled"] is True
+            assert time.monotonic() - changed < 2.0  # woken by its task's channel: no re-check comes in 20 s
+            assert signal.notifications >= 1
+            # the other wait never looked again: its token was charged for the request alone
+            assert _bucket_level(app, token_other) > 1000 - 1.5, _bucket_level(app, token_other)
+            assert waits[1].is_alive()
+            q.cancel(other.id)
+            waits[1].join(10)
+            assert waits[1].response is not None and waits[1].response.json()["settled"] is True
+        finally:
+            s.close()
+
+
+def test_many_waits_hold_one_listening_connection(q: leaseq.Queue, dsn: str) -> None:
+    if not q.capabilities.listen_notify:
+        pytest.skip("SQLite has no server connections")
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        before = {r[0] for r in conn.execute("SELECT pid FROM pg_stat_activity").fetchall()}
+    with serve(q) as (url, app):
+        s = Service(url, app, q, dsn)
+        try:
+            tasks = [q.enqueue("idle", {}) for _ in range(60)]
+            token = s.token("viewer")
+            waits = [Held(s.http(token), "GET", f"/v1/tasks/{t.id}/wait", params={"timeout": 20}) for t in tasks]
+            for h in waits:
+                h.start()
+            _until(lambda: app.state.work_signal.held == 60, what="sixty waits")
+            _until(lambda: len(app.state.work_signal._listened) == 60, what="sixty tasks listened for")
+            with psycopg.connect(dsn, autocommit=True) as conn:
+                now = {r[0]: r[1] for r in conn.execute("SELECT pid, query FROM pg_stat_activity").fetchall()}
+            listening = [pid for pid, query in now.items() if pid not in before and "LISTEN" in (query or "")]
+            assert len(listening) == 1, listening
+            # the test's own queue and the service share this process: the pools (blocking and asyncio,
+            # 10 each) and the one listener are all the new connections sixty waits brought
+            assert len(set(now) - before) <= 10 + 10 + 1, len(set(now) - before)
+            for t in tasks:
+                q.cancel(t.id)
+            for h in waits:
+                h.join(10)
+                assert h.response is not None and h.response.json()["settled"] is True
+        finally:
+            s.close()
