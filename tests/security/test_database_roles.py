@@ -30,7 +30,7 @@ from fault.test_worker_processes import Workers, lease_expired
 
 TABLES = ("leaseq_tasks", "leaseq_events", "leaseq_effects", "leaseq_workers", "leaseq_approvals", "leaseq_tokens",
           "leaseq_audit", "leaseq_limits", "leaseq_queues", "leaseq_db_roles", "leaseq_dependencies",
-          "leaseq_migrations", "leaseq_leader", "leaseq_sessions", "leaseq_worker_kinds")
+          "leaseq_migrations", "leaseq_leader", "leaseq_sessions", "leaseq_worker_kinds", "leaseq_action_tokens")
 
 
 @pytest.fixture
@@ -110,7 +110,9 @@ def test_a_worker_role_runs_the_lease_protocol_through_the_functions(admin, make
                                                 ("leaseq_effects", "status"), ("leaseq_workers", "name"),
                                                 ("leaseq_approvals", "decision"), ("leaseq_db_roles", "kind"))],
     *[f"DELETE FROM {t}" for t in ("leaseq_tasks", "leaseq_events", "leaseq_effects", "leaseq_workers",
-                                   "leaseq_approvals", "leaseq_tokens", "leaseq_audit", "leaseq_db_roles")],
+                                   "leaseq_approvals", "leaseq_tokens", "leaseq_audit", "leaseq_db_roles",
+                                   "leaseq_action_tokens", "leaseq_worker_kinds")],
+    "SELECT token_hash FROM leaseq_action_tokens",
     "INSERT INTO leaseq_workers (id, name) VALUES ('forged', 'forged')",
     "INSERT INTO leaseq_events (task_id, type) VALUES (1, 'completed')",
     "INSERT INTO leaseq_tasks (queue, kind, payload, effect, idempotency_key) "
