@@ -86,6 +86,9 @@ class Action:
     #: an approval decision: its Queue method also takes the caller's token (``token_id=``),
     #: which may not decide a request it made
     decision: bool = False
+    #: it binds the caller to a payload, so it needs a token that may read payloads
+    #: (an approver approves what it has seen)
+    sees_payload: bool = False
 
     @property
     def roles(self) -> frozenset[str]:
@@ -174,7 +177,7 @@ ACTIONS: dict[str, Action] = {a.name: a for a in (
                          placeholder="v2:sha256:... (the digest shown)"),
                    Field("note", _NOTE, required=False, placeholder="note (optional)")),
            done="task {target} approved", statuses=("awaiting_approval",), label="Approve", dashboard=True,
-           cli=True, decision=True),
+           cli=True, decision=True, sees_payload=True),
     Action("deny", "operate", "deny tasks", target="task", method="deny",
            title="Deny a task that awaits approval",
            help="The task ends denied and never runs; the reason is recorded in the evidence trail.",
@@ -242,7 +245,8 @@ def _action(name: str) -> Action:
 
 
 def _role_allows(principal: Principal, spec: Action) -> bool:
-    return spec.right is None or spec.right in RIGHTS.get(principal.role, frozenset())
+    return ((spec.right is None or spec.right in RIGHTS.get(principal.role, frozenset()))
+            and (not spec.sees_payload or principal.read_payloads))
 
 
 def authorize(principal: Principal, action: str, *, queue: str | None = None, worker_id: str | None = None,
@@ -255,6 +259,9 @@ def authorize(principal: Principal, action: str, *, queue: str | None = None, wo
     The only place access is decided. Returns the action's table entry.
     """
     spec = _action(action)
+    if spec.sees_payload and not principal.read_payloads:
+        raise AccessDenied(f"this token may not read payloads, so it cannot {spec.summary}: a decision is bound "
+                           "to a payload its maker has seen")
     if not _role_allows(principal, spec):
         if not (spec.lease_holders and "work" in RIGHTS.get(principal.role, frozenset())):
             raise AccessDenied(f"the {principal.role} role cannot {spec.summary}")

@@ -126,8 +126,8 @@ def test_approvals_through_mcp_a_viewer_is_refused_an_operator_decides(q: leaseq
                                   ("approve", {"task_id": gated.id, "digest": digest}))
     assert {"approvals_inbox", "approve", "deny"} <= set(names)
     first = body(inbox)["approvals"][0]
-    assert (first["task_id"], first["digest"], first["requested_by"]) == (gated.id, digest, "agent-7")
-    assert first["task"]["payload"] == "[redacted]"
+    assert (first["task_id"], first["digest"], first["requested_by"]) == (gated.id, "[redacted]", "agent-7")
+    assert first["task"]["payload"] == "[redacted]"  # neither the payload nor its guessable digest
     assert "AccessDenied" in error_text(refused) and q.get(gated.id).status == "awaiting_approval"
 
     wrong = leaseq.approval_digest("payments.refund", {"order": 7, "cents": 999999}, "payments")
@@ -137,7 +137,7 @@ def test_approvals_through_mcp_a_viewer_is_refused_an_operator_decides(q: leaseq
         ("approve", {"task_id": gated.id, "digest": digest, "note": "checked the order"}),
         ("deny", {"task_id": other.id, "reason": "never paid"}))
     assert body(shown)["approvals"][0]["task"]["payload"] == {"order": 7, "cents": 1250}
-    assert "ApprovalMismatch" in error_text(mismatch)
+    assert "ApprovalMismatch" in error_text(mismatch) and digest not in error_text(mismatch)
     assert body(approved)["done"] == f"task {gated.id} approved" and q.get(gated.id).status == "queued"
     assert body(denied)["done"] == f"task {other.id} denied" and q.get(other.id).status == "denied"
     decided = q.approval(gated.id)

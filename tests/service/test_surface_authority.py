@@ -1,0 +1,95 @@
+"""Every surface re-checks authority: what a caller may name, read and decide, on both backends.
+
+* A task named in a request is authorized for the caller, dependencies
+  included: a queue-limited token may not wait for (``after=``) a task
+  outside its queues (refused exactly as a task that does not exist), nor
+  read such a task's result through ``dependency-results``.
+* Digests of payloads (an approval's digest, a tool call's ``args_digest``)
+  and idempotency keys are hidden from tokens without ``read_payloads``; a
+  wrong digest is refused without the right one; approving needs
+  ``read_payloads``.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+
+import leaseq
+from leaseq.client import RemoteQueue
+from snapshots import snapshot
+
+from .conftest import Service
+from .support import error_of
+
+
+def _gated(svc: Service, token: str, payload: dict) -> dict:
+    resp = svc.http(token).post("/v1/tasks", json={"kind": "payments.refund", "payload": payload,
+                                                   "effect": "side_effect", "queue": "payments",
+                                                   "approval": "required", "idempotency_key": "refund-73519"})
+    assert resp.status_code == 201, resp.text
+    return resp.json()
+
+
+def test_no_digest_or_key_reaches_a_reader_without_payloads(svc: Service) -> None:
+    operator, viewer = svc.token("operator", "olga"), svc.token("viewer", "vic")
+    task = _gated(svc, svc.token("operator", "asker"), {"customer_id": 73519})
+    digest = svc.q.approval(task["id"]).digest
+    # a tool call with an args digest, in the action ledger of another task
+    tool = svc.q.enqueue("lookup", {"customer_id": 73519}, effect="side_effect", idempotency_key="cust-73519")
+    w = svc.q.register_worker("w")
+    [claim] = svc.q.claim(w)
+    args = hashlib.sha256(json.dumps({"customer_id": 73519}).encode()).hexdigest()
+    svc.q.begin_effect(w, claim, "crm.lookup", key="crm-73519", effect="side_effect", args_digest=args)
+
+    seen = [svc.http(viewer).get(path).text for path in (
+        "/v1/approvals", f"/v1/tasks/{task['id']}/approval", f"/v1/tasks/{task['id']}",
+        f"/v1/tasks/{task['id']}/events", f"/v1/tasks/{task['id']}/timeline", f"/v1/tasks/{tool.id}",
+        f"/v1/tasks/{tool.id}/effects", f"/v1/tasks/{tool.id}/events", f"/v1/tasks/{tool.id}/timeline",
+        "/v1/tasks")]
+    for text in seen:
+        for secret in (digest, digest.split(":")[-1], args, "73519"):
+            assert secret not in text, (secret, text[:400])
+    # a reader of payloads sees them all
+    [shown] = svc.http(operator).get("/v1/approvals").json()["approvals"]
+    assert shown["digest"] == digest and shown["task"]["idempotency_key"] == "refund-73519"
+    [fx] = svc.http(operator).get(f"/v1/tasks/{tool.id}/effects").json()["effects"]
+    assert (fx["args_digest"], fx["idempotency_key"]) == (args, "crm-73519")
+
+
+def test_a_wrong_digest_is_refused_without_the_right_one(svc: Service) -> None:
+    olga = svc.token("operator", "olga")
+    task = _gated(svc, svc.token("operator", "asker"), {"customer_id": 73519})
+    right = svc.q.approval(task["id"]).digest
+    wrong = leaseq.approval_digest("payments.refund", {"customer_id": 1}, "payments", effect="side_effect")
+    svc.http(olga).get("/v1/whoami")
+    before = snapshot(svc.dsn)
+    refused = svc.http(olga).post(f"/v1/tasks/{task['id']}/approve", json={"digest": wrong})
+    assert refused.status_code == 409 and error_of(refused)["code"] == "approval_mismatch"
+    assert right not in refused.text and right.split(":")[-1] not in refused.text
+    remote = RemoteQueue(svc.url, token=olga)
+    try:
+        try:
+            remote._call("POST", f"/v1/tasks/{task['id']}/approve", {"digest": wrong})  # the error, decoded
+        except leaseq.ApprovalMismatch as exc:
+            assert right not in str(exc) and exc.given == wrong
+        else:
+            raise AssertionError("approved with a wrong digest")
+    finally:
+        remote.close()
+    assert snapshot(svc.dsn) == before
+
+
+def test_approving_needs_read_payloads(svc: Service) -> None:
+    blind = svc.token("operator", "blind", read_payloads=False)
+    task = _gated(svc, svc.token("operator", "asker"), {"customer_id": 73519})
+    right = svc.q.approval(task["id"]).digest  # even with the right digest, learnt elsewhere
+    svc.http(blind).get("/v1/whoami")
+    before = snapshot(svc.dsn)
+    refused = svc.http(blind).post(f"/v1/tasks/{task['id']}/approve", json={"digest": right})
+    assert refused.status_code == 403, refused.text
+    assert "read payloads" in error_of(refused)["message"]
+    assert "approve" not in svc.http(blind).get("/v1/whoami").json()["actions"]
+    assert snapshot(svc.dsn) == before
+    denied = svc.http(blind).post(f"/v1/tasks/{task['id']}/deny", json={"reason": "not mine to approve"})
+    assert denied.status_code == 200 and denied.json()["status"] == "denied"  # refusing needs no payload
