@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import getpass
 import hmac
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -298,6 +299,30 @@ def authorize_intent(principal: Principal, queue: str, approval: str | None) -> 
     if approval != "required" and not principal.may_use_queue(queue):
         raise AccessDenied(f"this token may record an intent on queue {queue!r}, outside its queues, only with "
                            "approval='required'")
+
+
+def authorize_upstreams(principal: Principal, after: list[int], queues: Mapping[int, str]) -> None:
+    """Allow ``principal`` to make a task wait for the tasks of ``after`` (checked ids, in order),
+    ``queues`` naming the queue of each that exists; raise otherwise.
+
+    A token limited to some queues may name only tasks on those queues: waiting for
+    a task is reading its result (:func:`readable_upstreams`). Any other is refused
+    exactly as a task that does not exist would be, so the refusal tells it nothing
+    (:func:`leaseq.engine.dependencies.no_such_upstream`)."""
+    from .engine.dependencies import no_such_upstream
+
+    for upstream in after:
+        queue = queues.get(upstream)
+        if queue is None:
+            return  # the enqueue itself refuses the first task that does not exist
+        if not principal.may_use_queue(queue):
+            raise no_such_upstream(upstream)
+
+
+def readable_upstreams(principal: Principal, queues: Mapping[int, str]) -> set[int]:
+    """Of the upstream tasks in ``queues`` (id: its queue), those whose results ``principal`` may
+    read through a task that waits for them: a token limited to some queues, those on its queues."""
+    return {upstream for upstream, queue in queues.items() if principal.may_use_queue(queue)}
 
 
 def perform(q: Queue, principal: Principal, action: str, target: Any, *, via: str | None = None,

@@ -93,3 +93,54 @@ def test_approving_needs_read_payloads(svc: Service) -> None:
     assert snapshot(svc.dsn) == before
     denied = svc.http(blind).post(f"/v1/tasks/{task['id']}/deny", json={"reason": "not mine to approve"})
     assert denied.status_code == 200 and denied.json()["status"] == "denied"  # refusing needs no payload
+
+
+def _completed(q: leaseq.Queue, queue: str, result: object) -> leaseq.Task:
+    task = q.enqueue("job", {"n": 1}, queue=queue)
+    w = q.register_worker("owner")
+    [claim] = q.claim(w, queue=queue)
+    q.complete(w, claim, result)
+    return task
+
+
+def test_a_queue_limited_token_may_not_wait_for_a_task_outside_its_queues(svc: Service) -> None:
+    victim = _completed(svc.q, "secret", {"customer_id": 73519})
+    mine = _completed(svc.q, "mine", {"ok": True})
+    scoped = svc.token("worker", "scoped", queues=["mine"])
+    client = svc.http(scoped)
+    client.get("/v1/whoami")
+    missing = victim.id + 1000
+    before = snapshot(svc.dsn)
+    answers = {}
+    for upstream in (victim.id, missing):
+        resp = client.post("/v1/tasks", json={"kind": "job", "queue": "mine", "after": [upstream], "no_check": True})
+        answers[upstream] = (resp.status_code, error_of(resp)["field"],
+                             error_of(resp)["message"].replace(str(upstream), "N"))
+    # the same answer for a task it may not name as for one that does not exist
+    assert answers[victim.id] == answers[missing] == (422, "after", "after: task N does not exist"), answers
+    assert snapshot(svc.dsn) == before  # nothing written
+    ok = client.post("/v1/tasks", json={"kind": "job", "queue": "mine", "after": [mine.id], "no_check": True})
+    assert ok.status_code == 201, ok.text
+    # an unlimited token may still wait for a task on any queue
+    anywhere = svc.http(svc.token("worker", "unlimited")).post(
+        "/v1/tasks", json={"kind": "job", "queue": "mine", "after": [victim.id], "no_check": True})
+    assert anywhere.status_code == 201, anywhere.text
+
+
+def test_dependency_results_hold_only_what_the_token_may_read(svc: Service) -> None:
+    victim = _completed(svc.q, "secret", {"customer_id": 73519})
+    mine = _completed(svc.q, "mine", {"ok": True})
+    # an operator made a task on "mine" wait for both (a pipeline across queues)
+    waiter = svc.q.enqueue("job", {"n": 2}, queue="mine", after=[victim.id, mine.id])
+    scoped = svc.token("worker", "scoped", queues=["mine"])
+    with RemoteQueue(svc.url, token=scoped) as remote:
+        w = remote.register_worker("scoped-worker")
+        [claim] = remote.claim(w, queue="mine")
+        assert claim.task.id == waiter.id
+        assert remote.dependency_results(waiter.id) == {mine.id: {"ok": True}}
+        raw = svc.http(scoped).get(f"/v1/tasks/{waiter.id}/dependency-results")
+        assert raw.status_code == 200 and "73519" not in raw.text and str(victim.id) not in raw.text
+    unlimited = svc.token("worker", "unlimited")
+    with RemoteQueue(svc.url, token=unlimited) as remote:
+        assert svc.http(unlimited).get(f"/v1/tasks/{waiter.id}/dependency-results").status_code == 403  # not held
+    assert svc.q.dependency_results(waiter.id) == {victim.id: {"customer_id": 73519}, mine.id: {"ok": True}}
