@@ -14,13 +14,17 @@ from __future__ import annotations
 
 import hashlib
 import json
+import secrets
+
+import httpx
 
 import leaseq
+from leaseq import auth
 from leaseq.client import RemoteQueue
 from snapshots import snapshot
 
-from .conftest import Service
-from .support import error_of
+from .conftest import Service, serve
+from .support import dashboard_login, error_of
 
 
 def _gated(svc: Service, token: str, payload: dict) -> dict:
@@ -144,3 +148,55 @@ def test_dependency_results_hold_only_what_the_token_may_read(svc: Service) -> N
     with RemoteQueue(svc.url, token=unlimited) as remote:
         assert svc.http(unlimited).get(f"/v1/tasks/{waiter.id}/dependency-results").status_code == 403  # not held
     assert svc.q.dependency_results(waiter.id) == {victim.id: {"customer_id": 73519}, mine.id: {"ok": True}}
+
+
+def test_a_flood_of_bogus_tokens_costs_no_lookup_each(q: leaseq.Queue, dsn: str, monkeypatch) -> None:
+    """Well-formed bogus tokens (unknown ids, or a real id with a forged secret) are
+    refused without a database lookup once they can be told bad without one; a valid
+    token keeps getting in."""
+    lookups: list[str] = []
+    looked_up = auth._looked_up
+    monkeypatch.setattr(auth, "_looked_up", lambda token: (lookups.append(token), looked_up(token))[1])
+    with serve(q, failed_auth_burst=5, failed_auth_per_second=0.01) as (url, app):
+        svc = Service(url, app, q, dsn)
+        good = svc.token("viewer", "good")
+        fresh = svc.token("viewer", "fresh")  # never presented before the flood
+        assert svc.http(good).get("/v1/queues").status_code == 200
+        good_id = good.split("_")[1]
+        forged = [f"lq_{good_id}_{secrets.token_hex(32)}" for _ in range(50)]
+        unknown = [f"lq_{secrets.token_hex(6)}_{secrets.token_hex(32)}" for _ in range(100)]
+        lookups.clear()
+        with httpx.Client(base_url=url, timeout=10) as client:
+            codes = [client.get("/v1/queues", headers={"Authorization": f"Bearer {t}"}).status_code
+                     for t in forged + unknown]
+            worker = [client.post("/v1/workers", json={"name": "w"},
+                                  headers={"Authorization": f"Bearer {t}"}).status_code for t in unknown[:20]]
+        assert set(codes) <= {401, 429} and codes.count(429) >= 100, codes
+        assert set(worker) == {429}, worker  # the worker API's transactions are guarded alike
+        # a forged secret for a known id is told bad by its hash; unknown ids are looked up only
+        # while the address has failures to spare (the burst of 5), never once per request
+        assert not set(lookups) & set(forged) and len(lookups) <= 5, len(lookups)
+        # the address is limited now, but a valid token still gets in
+        assert svc.http(good).get("/v1/queues").status_code == 200
+        assert svc.http(fresh).get("/v1/queues").status_code == 200  # and one never presented before
+        svc.close()
+
+
+def test_session_cookies_are_failure_limited(q: leaseq.Queue, dsn: str, monkeypatch) -> None:
+    with serve(q, failed_auth_burst=5, failed_auth_per_second=0.01) as (url, app):
+        svc = Service(url, app, q, dsn)
+        browser = dashboard_login(url, svc.token("viewer", "vic"))
+        assert browser.get("/").status_code == 200
+        lookups: list[object] = []
+        verify = auth.verify_session
+        monkeypatch.setattr(auth, "verify_session", lambda q_, sid: (lookups.append(sid), verify(q_, sid))[1])
+        codes = []
+        with httpx.Client(base_url=url, timeout=10) as client:
+            for _ in range(40):
+                client.cookies.set("leaseq_session", f"lqs_{secrets.token_urlsafe(32)}")
+                codes.append(client.get("/").status_code)
+        assert codes[:5] == [303] * 5 and set(codes[5:]) == {429}, codes  # to the login form, then refused
+        assert len(lookups) <= 6, len(lookups)  # refused before the lookup once the address has failed
+        assert browser.get("/").status_code == 200  # a session verified before still gets in
+        browser.close()
+        svc.close()

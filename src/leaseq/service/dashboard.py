@@ -140,7 +140,7 @@ def session(request: Request) -> Session:
         raise LoginRequired()
     access: Access = request.app.state.access
     try:
-        principal = access.charge(auth.verify_session(access.queue, session_id))
+        principal = access.verify_session(session_id, client_address(request))
     except auth.Unauthorized as exc:
         raise LoginRequired(f"session ended: {exc}", clear=True) from None
     if not principal.can("read"):
