@@ -200,3 +200,31 @@ def test_session_cookies_are_failure_limited(q: leaseq.Queue, dsn: str, monkeypa
         assert browser.get("/").status_code == 200  # a session verified before still gets in
         browser.close()
         svc.close()
+
+
+def test_requests_naming_another_host_are_refused(q: leaseq.Queue, dsn: str) -> None:
+    """DNS rebinding: a page on evil.example whose name now points at the service sends
+    ``Host: evil.example``; the service answers only the names it was given."""
+    with serve(q, trusted_hosts=("leaseq.internal.example", "*.svc.example")) as (url, app):
+        svc = Service(url, app, q, dsn)
+        token = svc.token("viewer", "vic")
+        port = url.rsplit(":", 1)[1]
+        with httpx.Client(base_url=url, timeout=10, headers={"Authorization": f"Bearer {token}"}) as client:
+            for host in ("evil.example", f"evil.example:{port}", "leaseq.internal.example.evil.example",
+                         "svc.example", "0x7f.1"):
+                assert client.get("/v1/queues", headers={"Host": host}).status_code == 400, host
+                assert client.get("/healthz", headers={"Host": host}).status_code == 400, host
+            for host in (f"127.0.0.1:{port}", f"localhost:{port}", "leaseq.internal.example",
+                         f"api.svc.example:{port}"):
+                assert client.get("/v1/queues", headers={"Host": host}).status_code == 200, host
+        svc.close()
+
+
+def test_serve_refuses_a_malformed_trusted_host(dsn: str) -> None:
+    import subprocess
+    import sys
+
+    proc = subprocess.run([sys.executable, "-m", "leaseq.cli", "--dsn", dsn, "serve", "--port", "0",
+                           "--trusted-host", "evil.*.example"], capture_output=True, text=True, timeout=60,
+                          stdin=subprocess.DEVNULL)
+    assert proc.returncode == 2 and "trusted_hosts" in proc.stderr and "Traceback" not in proc.stderr, proc.stderr
