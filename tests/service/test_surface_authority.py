@@ -228,3 +228,21 @@ def test_serve_refuses_a_malformed_trusted_host(dsn: str) -> None:
                            "--trusted-host", "evil.*.example"], capture_output=True, text=True, timeout=60,
                           stdin=subprocess.DEVNULL)
     assert proc.returncode == 2 and "trusted_hosts" in proc.stderr and "Traceback" not in proc.stderr, proc.stderr
+
+
+def test_the_dashboard_search_gives_no_hidden_key_away(svc: Service) -> None:
+    task = svc.q.enqueue("lookup", {"customer_id": 73519}, idempotency_key="cust-73519")
+    viewer = dashboard_login(svc.url, svc.token("viewer", "vic"))
+    reader = dashboard_login(svc.url, svc.token("operator", "olga"))
+    try:
+        refused = viewer.get("/tasks", params={"q": "cust-7"})
+        assert refused.status_code == 403 and "cust-73519" not in refused.text and "searches by task id" in refused.text
+        by_id = viewer.get("/tasks", params={"q": str(task.id)})
+        assert by_id.status_code == 303 and by_id.headers["location"] == f"/tasks/{task.id}"
+        listed = viewer.get("/tasks")
+        assert listed.status_code == 200 and "cust-73519" not in listed.text
+        found = reader.get("/tasks", params={"q": "cust-7"})
+        assert found.status_code == 200 and "cust-73519" in found.text
+    finally:
+        viewer.close()
+        reader.close()
