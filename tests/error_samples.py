@@ -26,7 +26,7 @@ SAMPLES: dict[type[LeaseqError], LeaseqError] = {
     errors.IdempotencyKeyReused: errors.IdempotencyKeyReused("k", "order:1", "order:2"),
     errors.IdempotencyKeyConflict: errors.IdempotencyKeyConflict(
         "doc-2", "default", 10, {"kind": "its kind is 'summarize', not 'send_welcome'", "payload": ""}),
-    errors.ApprovalMismatch: errors.ApprovalMismatch(7, "v2:sha256:00", "v2:sha256:ff"),
+    errors.ApprovalMismatch: errors.ApprovalMismatch(7, "v2:sha256:00"),
     errors.ApprovalExpired: errors.ApprovalExpired(7, "2030-01-31T09:00:00+00:00", "approve"),
     errors.ToolCallDiverged: errors.ToolCallDiverged("run-1:llm.chat:0"),
 }

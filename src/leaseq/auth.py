@@ -254,6 +254,23 @@ def _looked_up(token: str | None) -> Op[dict[str, Any]]:
     return row
 
 
+def token_id_of(token: Any) -> str | None:
+    """The id of a well-formed token (``lq_<id>_<secret>``), else None."""
+    m = _TOKEN.fullmatch(token) if isinstance(token, str) and len(token) < 200 else None
+    return m.group(1) if m is not None else None
+
+
+def session_hash(session_id: Any) -> str | None:
+    """The stored form of a well-formed dashboard session id, else None."""
+    return hash_token(session_id) if isinstance(session_id, str) and _SESSION.fullmatch(session_id) else None
+
+
+def token_hashes(q: Queue) -> dict[str, str]:
+    """Every token's id and stored hash (neither ever changes; revoked tokens included)."""
+    with q.store.transaction() as tx:
+        return {r["id"]: r["secret_hash"] for r in tx.rows("token_hashes")}
+
+
 def list_tokens(q: Queue) -> list[dict[str, Any]]:
     """Every token's record (never its secret or hash), oldest first, with its worker count."""
     with q.store.transaction() as tx:

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import getpass
 import hmac
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -88,6 +89,9 @@ class Action:
     #: an approval decision: its Queue method also takes the caller's token (``token_id=``),
     #: which may not decide a request it made
     decision: bool = False
+    #: it binds the caller to a payload, so it needs a token that may read payloads
+    #: (an approver approves what it has seen)
+    sees_payload: bool = False
 
     @property
     def roles(self) -> frozenset[str]:
@@ -181,7 +185,7 @@ ACTIONS: dict[str, Action] = {a.name: a for a in (
            done="task {target} approved", statuses=("awaiting_approval",), label="Approve", dashboard=True,
            hint="Answers the approval request yes, for exactly the digest shown: the task is queued, with you "
                 "recorded as its approver.",
-           cli=True, decision=True),
+           cli=True, decision=True, sees_payload=True),
     Action("deny", "operate", "deny tasks", target="task", method="deny",
            title="Deny a task that awaits approval",
            help="The task ends denied and never runs; the reason is recorded in the evidence trail.",
@@ -251,7 +255,8 @@ def _action(name: str) -> Action:
 
 
 def _role_allows(principal: Principal, spec: Action) -> bool:
-    return spec.right is None or spec.right in RIGHTS.get(principal.role, frozenset())
+    return ((spec.right is None or spec.right in RIGHTS.get(principal.role, frozenset()))
+            and (not spec.sees_payload or principal.read_payloads))
 
 
 def authorize(principal: Principal, action: str, *, queue: str | None = None, worker_id: str | None = None,
@@ -264,6 +269,9 @@ def authorize(principal: Principal, action: str, *, queue: str | None = None, wo
     The only place access is decided. Returns the action's table entry.
     """
     spec = _action(action)
+    if spec.sees_payload and not principal.read_payloads:
+        raise AccessDenied(f"this token may not read payloads, so it cannot {spec.summary}: a decision is bound "
+                           "to a payload its maker has seen")
     if not _role_allows(principal, spec):
         if not (spec.lease_holders and "work" in RIGHTS.get(principal.role, frozenset())):
             raise AccessDenied(f"the {principal.role} role cannot {spec.summary}")
@@ -300,6 +308,30 @@ def authorize_intent(principal: Principal, queue: str, approval: str | None) -> 
     if approval != "required" and not principal.may_use_queue(queue):
         raise AccessDenied(f"this token may record an intent on queue {queue!r}, outside its queues, only with "
                            "approval='required'")
+
+
+def authorize_upstreams(principal: Principal, after: list[int], queues: Mapping[int, str]) -> None:
+    """Allow ``principal`` to make a task wait for the tasks of ``after`` (checked ids, in order),
+    ``queues`` naming the queue of each that exists; raise otherwise.
+
+    A token limited to some queues may name only tasks on those queues: waiting for
+    a task is reading its result (:func:`readable_upstreams`). Any other is refused
+    exactly as a task that does not exist would be, so the refusal tells it nothing
+    (:func:`leaseq.engine.dependencies.no_such_upstream`)."""
+    from .engine.dependencies import no_such_upstream
+
+    for upstream in after:
+        queue = queues.get(upstream)
+        if queue is None:
+            return  # the enqueue itself refuses the first task that does not exist
+        if not principal.may_use_queue(queue):
+            raise no_such_upstream(upstream)
+
+
+def readable_upstreams(principal: Principal, queues: Mapping[int, str]) -> set[int]:
+    """Of the upstream tasks in ``queues`` (id: its queue), those whose results ``principal`` may
+    read through a task that waits for them: a token limited to some queues, those on its queues."""
+    return {upstream for upstream, queue in queues.items() if principal.may_use_queue(queue)}
 
 
 def perform(q: Queue, principal: Principal, action: str, target: Any, *, via: str | None = None,

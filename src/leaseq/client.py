@@ -58,6 +58,26 @@ from .service.wire import claim_from, effect_from, event_from, parse_time, task_
 WAIT_REQUEST = 25.0
 
 
+#: Set to 1 to let :class:`RemoteQueue` send its token over plain http:// to another machine.
+INSECURE_HTTP_ENV = "LEASEQ_ALLOW_INSECURE_HTTP"
+
+
+def _loopback(url: str) -> bool:
+    """Whether ``url`` names this machine: ``localhost`` or a loopback address."""
+    import ipaddress
+
+    try:
+        host = urlsplit(url).hostname or ""
+    except ValueError:
+        return False
+    if host == "localhost" or host.endswith(".localhost"):
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
 def _task_id(task_id: Any) -> int:
     if isinstance(task_id, bool) or not isinstance(task_id, int) or task_id < 1:
         raise InvalidInput("task_id", f"must be a positive integer (got {task_id!r})")
@@ -102,6 +122,12 @@ class RemoteQueue:
 
     ``url`` is the service's base address; ``token`` a ``worker`` token (or an
     operator token for :meth:`enqueue` and :meth:`get` only).
+
+    The token goes with every request, so a plain ``http://`` address is accepted
+    only on this machine (a loopback address or ``localhost``): anywhere else, use
+    ``https://``, or say you accept sending the token in clear text with
+    ``allow_insecure_http=True`` or ``LEASEQ_ALLOW_INSECURE_HTTP=1`` in the environment
+    (a private network you trust, say).
     """
 
     #: How the queue is reached: over HTTP, through the leaseq service (which
@@ -113,9 +139,15 @@ class RemoteQueue:
     capabilities = Capabilities(loss_reports=True, batched_completion=True, long_poll=True,
                                 claim_with_completion=True)
 
-    def __init__(self, url: str, token: str, *, timeout: float = 30.0, rate_limit_retries: int = 3):
+    def __init__(self, url: str, token: str, *, timeout: float = 30.0, rate_limit_retries: int = 3,
+                 allow_insecure_http: bool = False):
         if not isinstance(url, str) or not url.startswith(("http://", "https://")):
             raise ConfigError(f"server: must be an http:// or https:// address (got {url!r})")
+        if (url.startswith("http://") and not _loopback(url) and not allow_insecure_http
+                and os.environ.get(INSECURE_HTTP_ENV, "") not in ("1", "true", "yes")):
+            raise ConfigError(f"server: {urlsplit(url).hostname or url!r} is not this machine, and plain http:// "
+                              f"would send the token in clear text: use https://, or set {INSECURE_HTTP_ENV}=1 "
+                              "(allow_insecure_http=True) to accept that")
         if not isinstance(token, str) or not token.strip():
             raise ConfigError("token: must be a non-empty string")
         self.url = url.rstrip("/")

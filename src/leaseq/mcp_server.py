@@ -4,7 +4,9 @@ An MCP client (an agent, an IDE, Claude Desktop) starts ``leaseq mcp`` and talks
 to it over stdio. The server acts for exactly one queue-issued token, given when
 it starts: it offers the queue's read views (queue overview, tasks, one task with
 its evidence trail and action ledger, the reconciliation inbox, workers) and the
-operator actions of :data:`leaseq.authz.ACTIONS` as tools. Every call is decided by
+operator actions of :data:`leaseq.authz.ACTIONS` as tools. The token is verified
+again at every tool call (:func:`run_stdio`): once it is revoked or expired, the
+call is refused and the server stops. Every call is decided by
 :func:`leaseq.authz.authorize` for that token, exactly as the HTTP API decides it:
 a viewer token reads (payloads and results hidden unless the token may read them)
 and is refused every operator action; an operator action goes through
@@ -16,12 +18,14 @@ Errors come back as tool errors with the field and the problem, never a tracebac
 
 
 import inspect
+import os
+import sys
 from collections.abc import Callable
 from typing import Annotated, Any
 
 from pydantic import Field as PydanticField
 
-from . import authz
+from . import auth, authz
 from .auth import Principal
 from .core.errors import LeaseqError
 from .queue import Queue
@@ -47,12 +51,18 @@ _TARGETS: dict[str, tuple[str, Any, str]] = {
 
 
 
-def _guard(fn: Callable[..., Any]) -> Callable[..., Any]:
-    """Turn leaseq's errors into one-line tool errors (the MCP server reports them to the client)."""
+#: Seconds a server whose token was refused lets the refusal's answer reach the client before it stops.
+STOP_GRACE_SECONDS = 0.2
+
+
+def _guard(fn: Callable[..., Any], tools: "QueueTools") -> Callable[..., Any]:
+    """Verify the server's token again (:meth:`QueueTools.reverify`), then call ``fn``; turn
+    leaseq's errors into one-line tool errors (the MCP server reports them to the client)."""
     from mcp.server.mcpserver.exceptions import ToolError
 
     def call(*args: Any, **kwargs: Any) -> Any:
         try:
+            tools.reverify()
             return fn(*args, **kwargs)
         except LeaseqError as exc:
             field = getattr(exc, "field", None) or exc.code
@@ -65,11 +75,29 @@ def _guard(fn: Callable[..., Any]) -> Callable[..., Any]:
 
 
 class QueueTools:
-    """The tools of one server: reads and operator actions for ``principal`` on ``q``."""
+    """The tools of one server: reads and operator actions for ``principal`` on ``q``.
 
-    def __init__(self, q: Queue, principal: Principal):
+    With ``token``, each call first verifies it again (:meth:`reverify`): a revoked
+    or expired token is refused at its next call, and ``on_refused`` is told why
+    (:func:`run_stdio` stops the server then)."""
+
+    def __init__(self, q: Queue, principal: Principal, *, token: str | None = None,
+                 on_refused: Callable[[str], None] | None = None):
         self.q = q
         self.principal = principal
+        self.token = token
+        self.on_refused = on_refused
+
+    def reverify(self) -> None:
+        """Verify the token again (nothing without one); Unauthorized, and ``on_refused``, when refused."""
+        if self.token is None:
+            return
+        try:
+            self.principal = auth.verify_token(self.q, self.token)
+        except auth.Unauthorized as exc:
+            if self.on_refused is not None:
+                self.on_refused(str(exc))
+            raise
 
     # -- reads -----------------------------------------------------------------------
     def whoami(self) -> dict[str, Any]:
@@ -152,18 +180,56 @@ class QueueTools:
         return run
 
 
-def build_server(q: Queue, principal: Principal) -> Any:
-    """The MCP server (an ``mcp`` ``MCPServer``) acting for ``principal`` on ``q``."""
+def build_server(q: Queue, principal: Principal, *, token: str | None = None,
+                 on_refused: Callable[[str], None] | None = None) -> Any:
+    """The MCP server (an ``mcp`` ``MCPServer``) acting for ``principal`` on ``q``; with ``token``,
+    verified again at every tool call (see :class:`QueueTools`)."""
     from mcp.server.mcpserver import MCPServer
     from mcp.types import ToolAnnotations
 
-    tools = QueueTools(q, principal)
+    tools = QueueTools(q, principal, token=token, on_refused=on_refused)
     server = MCPServer("leaseq", instructions=INSTRUCTIONS)
     for name in QueueTools.READS:
-        server.add_tool(_guard(getattr(tools, name)), name=name,
+        server.add_tool(_guard(getattr(tools, name), tools), name=name,
                         annotations=ToolAnnotations(read_only_hint=True, open_world_hint=False))
     for action in authz.operator_actions():
-        server.add_tool(_guard(tools.action_tool(action)), name=action.name, title=action.title,
+        server.add_tool(_guard(tools.action_tool(action), tools), name=action.name, title=action.title,
                         annotations=ToolAnnotations(read_only_hint=False, destructive_hint=action.danger,
                                                     idempotent_hint=False, open_world_hint=False))
     return server
+
+
+def run_stdio(q: Queue, token: str) -> None:
+    """Serve the MCP client on stdin and stdout for ``token`` until it disconnects, or until
+    the token is refused at a tool call (revoked or expired): that call is answered with
+    the refusal, and the process then ends with status 1 and one line on stderr. Raises
+    Unauthorized when the token is refused at the start."""
+    import anyio
+    import anyio.from_thread
+
+    principal = auth.verify_token(q, token)
+
+    async def main() -> None:
+        stop = anyio.Event()
+        refused: list[str] = []
+
+        def on_refused(reason: str) -> None:  # in the tool's worker thread
+            refused.append(reason)
+            anyio.from_thread.run_sync(stop.set)
+
+        async def stopper() -> None:
+            await stop.wait()
+            await anyio.sleep(STOP_GRACE_SECONDS)  # the refusal's own answer goes out first
+            # The transport reads stdin in a thread that no cancellation reaches: end the process.
+            sys.stderr.write(f"error: token: refused ({refused[0]}): the server stopped\n")
+            sys.stderr.flush()
+            q.close()
+            os._exit(1)
+
+        server = build_server(q, principal, token=token, on_refused=on_refused)
+        async with anyio.create_task_group() as group:
+            group.start_soon(stopper)
+            await server.run_stdio_async()
+            group.cancel_scope.cancel()
+
+    anyio.run(main)

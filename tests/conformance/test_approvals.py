@@ -73,7 +73,9 @@ def test_an_approval_must_name_the_digest_that_was_shown(q: leaseq.Queue, dsn: s
     before = snapshot(dsn)
     with pytest.raises(leaseq.ApprovalMismatch) as refused:
         q.approve(t.id, other, by="alice")
-    assert (refused.value.given, refused.value.current) == (other, q.approval(t.id).digest)
+    right = q.approval(t.id).digest
+    assert refused.value.given == other and not hasattr(refused.value, "current")
+    assert right not in str(refused.value) and right not in repr(refused.value.wire_fields())  # not given away
     assert snapshot(dsn) == before  # nothing decided
     for bad in ("", "md5:abc", "sha256:xyz", None):
         with pytest.raises(leaseq.InvalidInput, match="digest"):
@@ -248,7 +250,7 @@ def test_the_digest_covers_every_option_the_task_runs_with(q: leaseq.Queue, dsn:
     for name, t in variants.items():
         with pytest.raises(leaseq.ApprovalMismatch) as refused:
             q.approve(t.id, shown[benign.id], by="alice")
-        assert (refused.value.given, refused.value.current) == (shown[benign.id], shown[t.id]), name
+        assert refused.value.given == shown[benign.id] and shown[t.id] not in str(refused.value), name
     assert snapshot(dsn) == before  # nothing decided
     assert q.approve(benign.id, shown[benign.id], by="alice").status == "queued"
 

@@ -189,3 +189,27 @@ def test_a_stopping_worker_ends_its_claim_waiting_on_another_replica(
     on_a.close()
     on_b.close()
     q.close()
+
+
+def test_serving_processes_get_the_dsn_in_a_private_file_not_their_environment(
+        pg_schema_dsn: str, tmp_path: Path, processes: list[subprocess.Popen]) -> None:  # noqa: F811
+    # trust authentication ignores the password; it stands for a real one
+    dsn = pg_schema_dsn.replace("postgresql://postgres@", "postgresql://postgres:hunter2-secret@", 1)
+    assert "hunter2-secret" in dsn
+    leaseq.connect(dsn).migrate()
+    service = Service(dsn, free_port(), tmp_path / "service.log", ("--processes", "2", "--public-metrics")).start()
+    processes.append(service.proc)
+    seen = wait_for(lambda: (lambda s: s if len(s) == 2 else None)(serving(service.url)), 30,
+                    "two serving processes")
+    files = set()
+    for pid in map(pid_of, seen):
+        environ = Path(f"/proc/{pid}/environ").read_bytes()
+        assert b"hunter2-secret" not in environ  # neither the DSN given nor any setting of leaseq's
+        [name] = [v.split(b"=", 1)[1] for v in environ.split(b"\0") if v.startswith(b"LEASEQ_SERVING_PROCESS_FILE=")]
+        files.add(Path(name.decode()))
+    [settings] = files
+    assert settings.stat().st_mode & 0o777 == 0o600 and settings.parent.stat().st_mode & 0o777 == 0o700
+    assert "hunter2-secret" in settings.read_text()  # where the password is, for the service's user only
+    service.proc.send_signal(signal.SIGTERM)
+    service.proc.wait(30)
+    assert not settings.parent.exists()  # removed when the service stops

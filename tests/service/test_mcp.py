@@ -126,8 +126,8 @@ def test_approvals_through_mcp_a_viewer_is_refused_an_operator_decides(q: leaseq
                                   ("approve", {"task_id": gated.id, "digest": digest}))
     assert {"approvals_inbox", "approve", "deny"} <= set(names)
     first = body(inbox)["approvals"][0]
-    assert (first["task_id"], first["digest"], first["requested_by"]) == (gated.id, digest, "agent-7")
-    assert first["task"]["payload"] == "[redacted]"
+    assert (first["task_id"], first["digest"], first["requested_by"]) == (gated.id, "[redacted]", "agent-7")
+    assert first["task"]["payload"] == "[redacted]"  # neither the payload nor its guessable digest
     assert "AccessDenied" in error_text(refused) and q.get(gated.id).status == "awaiting_approval"
 
     wrong = leaseq.approval_digest("payments.refund", {"order": 7, "cents": 999999}, "payments")
@@ -137,10 +137,57 @@ def test_approvals_through_mcp_a_viewer_is_refused_an_operator_decides(q: leaseq
         ("approve", {"task_id": gated.id, "digest": digest, "note": "checked the order"}),
         ("deny", {"task_id": other.id, "reason": "never paid"}))
     assert body(shown)["approvals"][0]["task"]["payload"] == {"order": 7, "cents": 1250}
-    assert "ApprovalMismatch" in error_text(mismatch)
+    assert "ApprovalMismatch" in error_text(mismatch) and digest not in error_text(mismatch)
     assert body(approved)["done"] == f"task {gated.id} approved" and q.get(gated.id).status == "queued"
     assert body(denied)["done"] == f"task {other.id} denied" and q.get(other.id).status == "denied"
     decided = q.approval(gated.id)
     assert decided.decided_by.startswith("oncall (operator token ") and decided.decided_via == "mcp"
     actions = sorted(a["action"] for a in auth.audit_log(q) if a["action"] in ("approve", "deny"))
     assert actions == ["approve", "deny"]
+
+
+def test_a_revoked_token_is_refused_at_its_next_call_and_the_server_stops(q: leaseq.Queue, dsn: str) -> None:
+    task = q.enqueue("refund", {"order": 42})
+    token, record = auth.create_token(q, name="oncall", role="operator", created_by="test")
+
+    async def session() -> tuple[Any, Any, BaseException | None]:
+        params = StdioServerParameters(command=sys.executable, args=["-m", "leaseq.cli", "--dsn", dsn, "mcp"],
+                                       env={**os.environ, "LEASEQ_MCP_TOKEN": token})
+        async with stdio_client(params) as (read, write), ClientSession(read, write) as client:
+            await client.initialize()
+            before = await client.call_tool("whoami", {})
+            auth.revoke_token(q, record["id"], by="test-admin")  # while the agent is connected
+            refused = await client.call_tool("cancel", {"task_id": task.id, "reason": "after revocation"})
+            after: BaseException | None = None
+            try:  # the server stops: every answer until then is a refusal, then nothing answers
+                async with asyncio.timeout(20):
+                    while True:
+                        assert "revoked" in error_text(await client.call_tool("queue_overview", {}))
+            except TimeoutError:
+                pass
+            except Exception as exc:  # the closed connection, as the client reports it
+                after = exc
+        return before, refused, after
+
+    try:
+        before, refused, after = asyncio.run(asyncio.wait_for(session(), timeout=60))
+    except BaseException as exc:  # the client's task group may report the closed pipe itself
+        pytest.fail(f"the session failed before the server stopped: {exc!r}")
+    assert body(before)["name"] == "oncall"
+    assert "revoked" in error_text(refused)
+    assert after is not None and not isinstance(after, asyncio.TimeoutError), after
+    assert q.get(task.id).status == "queued"  # nothing done under the revoked name
+    assert [a for a in auth.audit_log(q) if a["action"] == "cancel"] == []
+
+
+@pytest.mark.parametrize("dsn", ["sqlite"], indirect=True)
+def test_a_token_on_the_command_line_is_warned_about(q: leaseq.Queue, dsn: str) -> None:
+    env = {k: v for k, v in os.environ.items() if k != "LEASEQ_MCP_TOKEN"}
+    bogus = "lq_" + "0" * 12 + "_" + "0" * 64
+    proc = subprocess.run([sys.executable, "-m", "leaseq.cli", "--dsn", dsn, "mcp", "--token", bogus],
+                          capture_output=True, text=True, env=env, timeout=60, stdin=subprocess.DEVNULL)
+    assert proc.returncode != 0 and "warning: --token puts the token on the command line" in proc.stderr
+    quiet = subprocess.run([sys.executable, "-m", "leaseq.cli", "--dsn", dsn, "mcp"], capture_output=True,
+                           text=True, env={**env, "LEASEQ_MCP_TOKEN": bogus}, timeout=60, stdin=subprocess.DEVNULL)
+    assert quiet.returncode != 0 and "warning" not in quiet.stderr and "invalid token" in quiet.stderr, quiet.stderr
+    assert "Traceback" not in proc.stderr + quiet.stderr

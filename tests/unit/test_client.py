@@ -40,3 +40,46 @@ def test_proxies_are_taken_from_the_environment(monkeypatch: pytest.MonkeyPatch)
     assert _proxy_for("https://leaseq.test") is None  # no HTTPS_PROXY
     monkeypatch.delenv("HTTP_PROXY")
     assert _proxy_for("http://leaseq.test:8765") is None
+
+
+def test_plain_http_carries_the_token_only_to_this_machine(monkeypatch: pytest.MonkeyPatch) -> None:
+    import socket
+    import threading
+
+    from leaseq import ConfigError
+
+    monkeypatch.delenv("LEASEQ_ALLOW_INSECURE_HTTP", raising=False)
+    for url in ("http://127.0.0.1:9", "http://localhost:9", "http://[::1]:9", "https://leaseq.example.test"):
+        RemoteQueue(url, "token").close()
+    for url in ("http://leaseq.example.test:8765", "http://10.1.2.3:8765", "http://127.0.0.1.nip.io:8765"):
+        with pytest.raises(ConfigError, match="clear text"):
+            RemoteQueue(url, "token")
+    # opted in, loudly: by the parameter or the environment
+    RemoteQueue("http://10.1.2.3:8765", "token", allow_insecure_http=True).close()
+    monkeypatch.setenv("LEASEQ_ALLOW_INSECURE_HTTP", "1")
+    RemoteQueue("http://10.1.2.3:8765", "token").close()
+    monkeypatch.delenv("LEASEQ_ALLOW_INSECURE_HTTP")
+
+    # refused before any byte leaves: a listener on a non-loopback name of this host hears nothing
+    listener = socket.socket()
+    listener.bind(("127.0.0.1", 0))
+    listener.listen(1)
+    listener.settimeout(0.5)
+    heard: list[bytes] = []
+
+    def accept() -> None:
+        try:
+            conn, _ = listener.accept()
+            heard.append(conn.recv(4096))
+            conn.close()
+        except OSError:
+            pass
+
+    thread = threading.Thread(target=accept)
+    thread.start()
+    port = listener.getsockname()[1]
+    with pytest.raises(ConfigError):
+        RemoteQueue(f"http://127.0.0.1.nip.io:{port}", "lq_secret").whoami()
+    thread.join()
+    listener.close()
+    assert heard == []

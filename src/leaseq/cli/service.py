@@ -81,6 +81,10 @@ def cli_actor() -> str:
 @click.option("--forwarded-allow-ips", metavar="IPS", default="", show_default="none",
               help="Proxies whose X-Forwarded-For/-Proto headers are believed (comma-separated addresses or "
                    "networks, '*' for any). By default none: the TCP peer is the client.")
+@click.option("--trusted-host", "trusted_host", multiple=True, metavar="NAME",
+              help="A host name clients reach the service by (repeat for several; '*.example.com' for a "
+                   "domain's names, '*' for any). Requests naming any other Host get 400. Always trusted: "
+                   "localhost, 127.0.0.1, [::1] and the --host address.")
 @click.option("--docs", is_flag=True, help="Serve Swagger UI at /docs (it loads scripts from a CDN). "
                                            "/openapi.json is always served.")
 @click.option("--prune-older-than", metavar="AGE", default=None,
@@ -110,7 +114,7 @@ def cli_actor() -> str:
 @click.pass_context
 def serve(ctx: click.Context, host: str, port: int, migrate: bool, rate: float, burst: float,
           failed_auth_rate: float, failed_auth_burst: float, max_body_bytes: int, public_metrics: bool,
-          secure_cookies: bool, forwarded_allow_ips: str, docs: bool, prune_older_than: str | None,
+          secure_cookies: bool, forwarded_allow_ips: str, trusted_host: tuple[str, ...], docs: bool, prune_older_than: str | None,
           prune_payloads_older_than: str | None, prune_every: str, sweep_every: str, leader_lease: str,
           waits_per_token: int, waits_per_process: int, processes: int, log_level: str, log_format: str) -> None:
     """Serve the queue over HTTP: worker API, operator API, dashboard and /metrics.
@@ -123,7 +127,7 @@ def serve(ctx: click.Context, host: str, port: int, migrate: bool, rate: float, 
     import uvicorn
 
     from ..service import create_app
-    from ..service.app import server_config
+    from ..service.app import server_config, trusted_hosts
     from ..service.maintenance import MAX_LEADER_LEASE_SECONDS, MIN_LEADER_LEASE_SECONDS
 
     older = parse_duration("prune_older_than", prune_older_than)
@@ -138,12 +142,15 @@ def serve(ctx: click.Context, host: str, port: int, migrate: bool, rate: float, 
     if lease is None or not MIN_LEADER_LEASE_SECONDS <= lease <= MAX_LEADER_LEASE_SECONDS:
         raise CliError("leader_lease", f"must be from {MIN_LEADER_LEASE_SECONDS} to {MAX_LEADER_LEASE_SECONDS:g} "
                                        f"seconds (got {leader_lease!r})")
+    hosts = trusted_hosts(trusted_host)  # InvalidInput (field trusted_hosts) for a bad name
+    if host not in ("", "0.0.0.0", "::"):  # the address it listens on is a name clients use
+        hosts.append(f"[{host}]" if ":" in host else host.lower())
     log = service_logging(level=log_level, fmt=log_format)
     say = click.echo if log_format == "text" else (lambda text, err=True: log.info("%s", text))
     options: dict[str, Any] = dict(
         rate_per_second=rate, burst=burst, failed_auth_per_second=failed_auth_rate,
         failed_auth_burst=failed_auth_burst, max_body_bytes=max_body_bytes, public_metrics=public_metrics,
-        secure_cookies=secure_cookies, forwarded_allow_ips=forwarded_allow_ips, docs=docs,
+        secure_cookies=secure_cookies, forwarded_allow_ips=forwarded_allow_ips, trusted_hosts=tuple(hosts), docs=docs,
         prune_older_than=older, prune_payloads_older_than=payloads, prune_every=every or 3600.0,
         sweep_every=sweep, leader_lease_seconds=lease, waits_per_token=waits_per_token,
         waits_per_process=waits_per_process)
@@ -189,8 +196,12 @@ def _listening(addr: Any, dialect: str, processes: int = 1) -> str:
             f"({dialect}{several}; dashboard at /, API schema at /openapi.json)")
 
 
-#: Where the supervisor of ``leaseq serve --processes N`` hands each serving process its settings.
-PROCESS_SETTINGS_ENV = "LEASEQ_SERVING_PROCESS"
+#: Names the file in which the supervisor of ``leaseq serve --processes N`` hands each serving
+#: process its settings. The settings hold the DSN, password included: they go in a file only
+#: the service's user can read (0600, in a 0700 directory, removed when the service stops),
+#: never in the environment, which other processes of the machine may read (/proc/PID/environ
+#: under the same user, crash reports, process listings of some tools).
+PROCESS_SETTINGS_ENV = "LEASEQ_SERVING_PROCESS_FILE"
 
 
 def _serve_processes(ctx: click.Context, processes: int, options: dict[str, Any], *, host: str, port: int,
@@ -199,13 +210,9 @@ def _serve_processes(ctx: click.Context, processes: int, options: dict[str, Any]
     on it under uvicorn's supervisor, which restarts one that dies and stops them all
     on SIGTERM or SIGINT. Each process builds its own application and pool
     (:func:`process_app`): a replica, as behind a load balancer."""
-    import logging
+    import shutil
+    import tempfile
 
-    import uvicorn
-    from uvicorn.config import STARTUP_FAILURE
-    from uvicorn.supervisors import Multiprocess
-
-    from ..service.app import server_options
     from .session import cli_state, connect_checked
 
     state = cli_state(ctx)
@@ -219,8 +226,34 @@ def _serve_processes(ctx: click.Context, processes: int, options: dict[str, Any]
         dialect = q.dialect
     finally:
         q.close()
-    os.environ[PROCESS_SETTINGS_ENV] = json.dumps({"dsn": state.dsn, "options": options, "log_level": log_level,
-                                                   "log_format": log_format})
+    private = tempfile.mkdtemp(prefix="leaseq-serve-")  # 0700
+    settings_file = os.path.join(private, "settings.json")
+    fd = os.open(settings_file, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    with os.fdopen(fd, "w", encoding="utf-8") as fh:
+        json.dump({"dsn": state.dsn, "options": options, "log_level": log_level, "log_format": log_format}, fh)
+    # the serving processes inherit this environment: the file's name, and no DSN
+    given = os.environ.pop("LEASEQ_DSN", None)
+    os.environ[PROCESS_SETTINGS_ENV] = settings_file
+    try:
+        _supervise(processes, options, host=host, port=port, log_level=log_level, dialect=dialect, say=say)
+    finally:
+        os.environ.pop(PROCESS_SETTINGS_ENV, None)
+        if given is not None:
+            os.environ["LEASEQ_DSN"] = given
+        shutil.rmtree(private, ignore_errors=True)
+
+
+def _supervise(processes: int, options: dict[str, Any], *, host: str, port: int, log_level: str, dialect: str,
+               say: Any) -> None:
+    """Bind the port and run the serving processes under uvicorn's supervisor until it stops."""
+    import logging
+
+    import uvicorn
+    from uvicorn.config import STARTUP_FAILURE
+    from uvicorn.supervisors import Multiprocess
+
+    from ..service.app import server_options
+
     config = uvicorn.Config(f"{__name__}:process_app", factory=True, host=host, port=port, workers=processes,
                             log_level=log_level, access_log=log_level == "debug", log_config=None,
                             **server_options(options["forwarded_allow_ips"]))
@@ -253,7 +286,8 @@ def process_app() -> Any:
 
     from ..core.errors import BackendUnavailable
 
-    spec = json.loads(os.environ[PROCESS_SETTINGS_ENV])
+    with open(os.environ[PROCESS_SETTINGS_ENV], encoding="utf-8") as fh:
+        spec = json.load(fh)
     _stop_with_supervisor()
     log = service_logging(level=spec["log_level"], fmt=spec["log_format"])
     try:

@@ -329,28 +329,28 @@ class ApprovalMismatch(LeaseqError):
     """An approval named a digest other than the task's: what the approver was
     shown is not what would run. Nothing was decided.
 
-    ``given`` is the digest the approver passed, ``current`` the digest of the
-    task as stored: its kind, payload, queue and every option it runs with
-    (see :func:`leaseq.approval_digest`).
+    ``given`` is the digest the approver passed. The task's own digest (of its
+    kind, payload, queue and every option it runs with, see
+    :func:`leaseq.approval_digest`) is not said: it would hand whoever guesses
+    a digest the right one, and with it a way to test guesses at the payload.
     """
 
     code = "approval_mismatch"
     http_status = 409
     cli_field = "digest"
 
-    def __init__(self, task_id: int, given: str, current: str):
+    def __init__(self, task_id: int, given: str):
         self.task_id = task_id
         self.given = given
-        self.current = current
-        super().__init__(f"task {task_id}: the digest given ({given}) is not the task's ({current}); "
-                         "look at the task again before deciding")
+        super().__init__(f"task {task_id}: the digest given is not the task's; look at the task again "
+                         "(its payload and digest as shown to a reader of payloads) before deciding")
 
     def wire_fields(self) -> dict[str, Any]:
-        return {"task_id": self.task_id, "given": self.given, "current": self.current}
+        return {"task_id": self.task_id, "given": self.given}
 
     @classmethod
     def from_wire(cls, message: str, fields: dict[str, Any]) -> ApprovalMismatch:
-        return cls(int(fields.get("task_id", 0)), str(fields.get("given", "")), str(fields.get("current", "")))
+        return cls(int(fields.get("task_id", 0)), str(fields.get("given", "")))
 
 
 class ApprovalExpired(InvalidTransition):

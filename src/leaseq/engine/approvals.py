@@ -294,9 +294,9 @@ def approve(s: Settings, task_id: int, digest: str, note: str | None = None, *, 
     yield from _refuse_requester(before, req, decider)
     current = digest_of(before)
     if not hmac.compare_digest(digest, current):
-        raise ApprovalMismatch(task_id, digest, current)
+        raise ApprovalMismatch(task_id, digest)
     if not _recorded_matches(req["digest"], before):  # never, while the trigger of migration 14 stands
-        raise ApprovalMismatch(task_id, digest, req["digest"])
+        raise ApprovalMismatch(task_id, digest)
     if (yield from _decide(task_id, "approved", by, via, note)) is None:
         yield from _too_late(s, before, req, "approve", by)
     yield one("set_task_status", task_id=task_id, from_status=Status.AWAITING_APPROVAL.value,

@@ -51,6 +51,12 @@ def check_after(after: Iterable[int] | None, on_dependency_failure: str) -> list
     return ids
 
 
+def no_such_upstream(upstream: int) -> InvalidInput:
+    """The refusal of an ``after`` naming a task that does not exist, or that the caller may not
+    name (:func:`leaseq.authz.authorize_upstreams`): one answer for both, so it tells nothing."""
+    return InvalidInput("after", f"task {upstream} does not exist")
+
+
 def hold(s: Settings, task_ids: Sequence[int], after: list[int], on_failure: str) -> Op[None]:
     """Make the just-inserted ``task_ids`` wait for ``after``, in the enqueue's open transaction.
 
@@ -64,7 +70,7 @@ def hold(s: Settings, task_ids: Sequence[int], after: list[int], on_failure: str
     for upstream in after:
         status = found.get(upstream)
         if status is None:
-            raise InvalidInput("after", f"task {upstream} does not exist")
+            raise no_such_upstream(upstream)
         if status in FAILED_ENDS:
             raise InvalidInput("after", f"task {upstream} is {status}: a task waiting for it could never run")
     yield rows("insert_dependencies", waiters=list(task_ids), upstreams=after, on_failure=on_failure)

@@ -78,6 +78,16 @@ class TokenBuckets:
                 self._buckets.popitem(last=False)
             return 0.0 if allowed else (cost - level) / self.rate
 
+    def wait(self, key: str, cost: float = 1.0) -> float:
+        """The seconds until ``cost`` could be spent (0: now), spending nothing."""
+        if self.rate <= 0:
+            return 0.0
+        now = time.monotonic()
+        with self._lock:
+            level, last = self._buckets.get(key, (self.burst, now))
+        level = min(self.burst, level + (now - last) * self.rate)
+        return 0.0 if level >= cost else (cost - level) / self.rate
+
 
 class Access:
     """Authentication state of one application: the queue, rate buckets, worker links.
@@ -85,10 +95,20 @@ class Access:
     Failed authentications are limited by what failed: the token id presented
     when that token exists (a wrong secret, or a revoked or expired token),
     the client address only when the token is missing, malformed or unknown.
-    A credential is always verified before any failure limit is consulted, and
-    only a failing request is refused by one, so a valid credential is never
-    refused because of someone else's failures, even behind one shared address.
+    Only a failing request is refused by a failure limit, so a valid token is
+    never refused because of someone else's failures, even behind one shared
+    address.
+
+    A failing token costs no database lookup once it can be told bad without
+    one (:meth:`precheck`): token ids and stored hashes never change, so a
+    token whose id is known here and whose hash is not the stored one is
+    refused at once; one whose id is unknown, from an address that has failed
+    too often, is refused after a look at the list of token ids (at most once
+    a second). Dashboard sessions are limited the same way (:meth:`verify_session`).
     """
+
+    #: Seconds between two reads of the token list made for unknown ids (see :meth:`precheck`).
+    REFRESH_SECONDS = 1.0
 
     def __init__(self, queue: Queue, *, rate: float, burst: float, failed_rate: float = 2.0,
                  failed_burst: float = 20.0, max_keys: int = 50_000):
@@ -97,17 +117,78 @@ class Access:
         self.failures = TokenBuckets(failed_rate, failed_burst, max_keys=max_keys)
         self._owners: dict[str, str] = {}
         self._owners_lock = threading.Lock()
+        #: token id -> stored hash, of tokens looked up or listed here (both never change)
+        self._hashes: dict[str, str] = {}
+        self._hashes_read_at = float("-inf")
+        self._hashes_lock = threading.Lock()
+        #: hashes of dashboard sessions verified here lately: exempt from the address's failure limit
+        self._sessions: OrderedDict[str, None] = OrderedDict()
+
+    def precheck(self, token: str | None, client: str) -> None:
+        """Refuse, before any lookup, a well-formed token that can be told bad without one.
+
+        Counted as a failure (so RateLimited once its key has failed too often,
+        else Unauthorized). Missing and malformed tokens need no lookup to be
+        refused, and a token that may be valid is left to the lookup."""
+        token_id = auth.token_id_of(token)
+        if token is None or token_id is None:
+            return
+        stored = self._hashes.get(token_id)
+        if stored is None and self.failures.wait(f"addr:{client}"):
+            self._read_hashes()  # this address is failing: is the id one at all?
+            stored = self._hashes.get(token_id)
+            if stored is None:
+                self.failed(auth.Unauthorized("invalid token"), client)  # raises: the bucket is empty
+        if stored is not None and not hmac.compare_digest(auth.hash_token(token), stored):
+            exc = auth.Unauthorized("invalid token", token_id=token_id)
+            self.failed(exc, client)
+            raise exc
+
+    def verified(self, token: str | None, principal: auth.Principal) -> None:
+        """Remember a token that passed its lookup: its id and hash, which never change."""
+        if token is not None and len(self._hashes) < 100_000:
+            self._hashes[principal.token_id] = auth.hash_token(token)
+
+    def _read_hashes(self) -> None:
+        with self._hashes_lock:
+            if time.monotonic() - self._hashes_read_at < self.REFRESH_SECONDS:
+                return
+            self._hashes_read_at = time.monotonic()
+            self._hashes = auth.token_hashes(self.queue)
+
+    def verify_session(self, session_id: str | None, client: str) -> auth.Principal:
+        """The principal of a dashboard session (:func:`leaseq.auth.verify_session`), failure-limited
+        like tokens: a session that fails counts against its token's or its address's limit, and
+        from an address that has failed too often, only a session verified here before is looked up."""
+        key = auth.session_hash(session_id)
+        if key is None or key not in self._sessions:
+            wait = self.failures.wait(f"addr:{client}")
+            if wait:
+                raise RateLimited("too many failed authentications for this address", wait)
+        with self._counting_failures(client):
+            principal = auth.verify_session(self.queue, session_id)
+        if key is not None:
+            with self._owners_lock:
+                self._sessions[key] = None
+                self._sessions.move_to_end(key)
+                if len(self._sessions) > 10_000:
+                    self._sessions.popitem(last=False)
+        return self.charge(principal)
 
     def authenticate(self, token: str | None, client: str) -> auth.Principal:
         """Verify ``token`` and charge its rate bucket; raises Unauthorized or RateLimited."""
+        self.precheck(token, client)
         with self._counting_failures(client):
             principal = auth.verify_token(self.queue, token)
+        self.verified(token, principal)
         return self.charge(principal)
 
     async def aauthenticate(self, token: str | None, client: str) -> auth.Principal:
         """:meth:`authenticate` for the event loop (the lookup awaited there on PostgreSQL)."""
+        self.precheck(token, client)
         with self._counting_failures(client):
             principal = await auth.averify_token(self.queue, token)
+        self.verified(token, principal)
         return self.charge(principal)
 
     @contextmanager
@@ -190,6 +271,7 @@ def in_one_transaction(request: Request, action: str, worker_id: str, operation:
         except auth.Unauthorized as exc:
             _refused(request, access, exc, charge)
             raise
+        access.verified(token, principal)
         _admit(request, access, principal, action, worker_id, queue, _TxFacts(access, tx), charge)
         return operation(view)
 
@@ -208,6 +290,7 @@ async def ain_one_transaction(request: Request, action: str, worker_id: str,
         except auth.Unauthorized as exc:
             _refused(request, access, exc, charge)
             raise
+        access.verified(token, principal)
         owner = access._owners.get(worker_id)
         if owner is None:
             owner = _owner(access, worker_id, await atx.rows("worker_token", worker_id=worker_id))
@@ -277,12 +360,15 @@ class _Known:
 
 
 def _presented_token(request: Request, access: Access) -> str | None:
-    """The bearer token; a malformed header counts against the failed-authentication limit."""
+    """The bearer token; a malformed header, or a token told bad without a lookup
+    (:meth:`Access.precheck`), counts against the failed-authentication limit."""
     try:
-        return bearer_token(request)
+        token = bearer_token(request)
     except auth.Unauthorized as exc:
         access.failed(exc, client_address(request))
         raise
+    access.precheck(token, client_address(request))
+    return token
 
 
 def bearer_token(request: Request) -> str | None:
@@ -333,7 +419,11 @@ async def api_principal(request: Request) -> auth.Principal:
     lookup is awaited on PostgreSQL, rather than on a thread of its own
     before the route's (a hop each way per request)."""
     access: Access = request.app.state.access
-    token = _presented_token(request, access)
+    try:
+        token = bearer_token(request)
+    except auth.Unauthorized as exc:
+        access.failed(exc, client_address(request))
+        raise
     principal = await access.aauthenticate(token, client_address(request))
     request.state.principal = principal
     return principal

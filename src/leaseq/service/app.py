@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import json
 import logging
+import re
 import time
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, fields, replace
@@ -30,6 +31,7 @@ from fastapi.responses import JSONResponse, Response
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from starlette.concurrency import run_in_threadpool
 from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.middleware.trustedhost import TrustedHostMiddleware
 
 from .. import __version__, auth
 from ..core.errors import BackendUnavailable, InvalidInput, LeaseqError
@@ -41,6 +43,10 @@ from .metrics import ServiceMetrics
 from .wakeups import WAITS_PER_PROCESS, WAITS_PER_TOKEN, WorkSignal
 
 logger = logging.getLogger("leaseq.service")
+
+#: Host names every service answers: this machine's own.
+LOOPBACK_HOSTS = ("localhost", "127.0.0.1", "[::1]")
+
 
 @dataclass(frozen=True)
 class ServiceSettings:
@@ -62,6 +68,11 @@ class ServiceSettings:
     #: comma-separated addresses or networks, ``*`` for any. Empty: none (the
     #: TCP peer is the client). Applied by :func:`server_config`.
     forwarded_allow_ips: str = ""
+    #: Host names (the ``Host`` header, without its port) the service answers, besides
+    #: :data:`LOOPBACK_HOSTS`: the names clients reach it by (``*.example.com`` for a
+    #: domain's names, ``*`` for any). A request naming another host gets 400, so a
+    #: name an attacker points at the service (DNS rebinding) reaches nothing.
+    trusted_hosts: tuple[str, ...] = ()
     #: Serve /metrics without a token (else a viewer token or better is needed).
     public_metrics: bool = False
     #: Mark the dashboard cookie Secure even when a request arrives over plain
@@ -262,6 +273,22 @@ async def _warm_up(app: FastAPI, queue: Queue) -> None:
                            "the first request will open it", exc)
 
 
+def trusted_hosts(names: Any) -> list[str]:
+    """``names`` (host names, or one comma-separated string) checked: ``name``, ``*.domain`` or ``*``."""
+    if isinstance(names, str):
+        names = names.split(",")
+    out = []
+    for name in names or ():
+        name = str(name).strip().lower()
+        if not name:
+            continue
+        if name != "*" and ("*" in name[1:] or (name.startswith("*") and not name.startswith("*."))
+                            or not re.fullmatch(r"[a-z0-9.*\-\[\]:]{1,253}", name)):
+            raise InvalidInput("trusted_hosts", f"each must be a host name, '*.domain' or '*' (got {name!r})")
+        out.append(name)
+    return out
+
+
 def create_app(queue: Queue, settings: ServiceSettings | None = None, **options: Any) -> FastAPI:
     """The ASGI application serving ``queue``. ``options`` override fields of ``settings``."""
     settings = settings or ServiceSettings()
@@ -318,7 +345,9 @@ def create_app(queue: Queue, settings: ServiceSettings | None = None, **options:
     app.add_exception_handler(StarletteHTTPException, _http_error)
     app.add_exception_handler(Exception, _internal_error)
     app.add_middleware(RequestMetrics, metrics=metrics)
-    app.add_middleware(BodyLimit, max_bytes=settings.max_body_bytes)  # added last: runs first
+    app.add_middleware(BodyLimit, max_bytes=settings.max_body_bytes)
+    app.add_middleware(TrustedHostMiddleware, www_redirect=False,  # added last: runs first
+                       allowed_hosts=[*LOOPBACK_HOSTS, *trusted_hosts(settings.trusted_hosts)])
 
     app.include_router(worker_batch.router)
     app.include_router(worker_api.router)

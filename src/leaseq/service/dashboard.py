@@ -141,7 +141,7 @@ def session(request: Request) -> Session:
         raise LoginRequired()
     access: Access = request.app.state.access
     try:
-        principal = access.charge(auth.verify_session(access.queue, session_id))
+        principal = access.verify_session(session_id, client_address(request))
     except auth.Unauthorized as exc:
         raise LoginRequired(f"session ended: {exc}", clear=True) from None
     if not principal.can("read"):
@@ -313,9 +313,15 @@ def overview(request: Request, s: Session = Depends(session)) -> HTMLResponse:
 
 
 @router.get("/tasks", response_class=HTMLResponse)
-def tasks_page(request: Request, s: Session = Depends(session)) -> HTMLResponse:
+def tasks_page(request: Request, s: Session = Depends(session)) -> Response:
     """The task list: filters, a search of keys and ids, keyset paging; a bad parameter is a 422."""
     f = stats.TaskFilter.parse(request.query_params)
+    if f.search is not None and not s.principal.read_payloads:
+        # idempotency keys are hidden from this token: which tasks a piece of text matches would give them away
+        if f.search.strip().isdigit():
+            return RedirectResponse(f"/tasks/{int(f.search)}", status_code=303)
+        return render("error.html", request, s, status_code=403,
+                      message="this token may not read payloads, so it searches by task id only")
     q = _queue(request)
     page = stats.task_page(q, f)
     bulk = [a for a in BULK_ACTIONS if s.principal.can(a.name)]

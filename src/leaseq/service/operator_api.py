@@ -21,7 +21,8 @@ from pydantic import create_model
 from .. import auth, authz
 from ..core import checks
 from ..signature import check_enqueue
-from ..core.errors import InvalidInput
+from ..core.errors import InvalidInput, NotFound
+from ..engine.dependencies import check_after
 from ..core.model import Task
 from ..aio import AsyncQueue
 from ..queue import Queue
@@ -108,6 +109,9 @@ async def enqueue(body: EnqueueBody, request: Request,
     checks.check_name("queue", body.queue)
     authz.authorize(principal, "enqueue", queue=body.queue)
     queue = AsyncQueue(_queue(request))
+    if body.after and principal.queues is not None:  # a queue-limited token names tasks on its queues only
+        upstreams = check_after(body.after, body.on_dependency_failure)
+        authz.authorize_upstreams(principal, upstreams, await _queues_of(queue, upstreams))
     effect = body.effect or "read_only"
     if not body.no_check:  # a payload that does not fit its kind's declared signature: 422, nothing written
         effect = check_enqueue(await queue.kind_declaration(body.kind), body.payload, body.effect)
@@ -133,9 +137,24 @@ def dependency_results(request: Request, task_id: int = TaskId,
                        principal: auth.Principal = Depends(api_principal)) -> dict[str, Any]:
     # a worker token: for the tasks its own workers hold or have held (ctx.results() of a remote worker)
     authz.authorize(principal, "read_task", task=task_id, facts=request.app.state.access)
-    found = _queue(request).dependency_results(task_id)
+    q = _queue(request)
+    found = q.dependency_results(task_id)
+    if principal.queues is not None:  # a queue-limited token: only the upstreams on its queues
+        readable = authz.readable_upstreams(principal, {upstream: q.get(upstream).queue for upstream in found})
+        found = {upstream: result for upstream, result in found.items() if upstream in readable}
     return {"results": [{"task_id": upstream, "result": to_json(result) if principal.read_payloads or result is None
                          else REDACTED} for upstream, result in found.items()]}
+
+
+async def _queues_of(queue: AsyncQueue, task_ids: list[int]) -> dict[int, str]:
+    """The queue of each task of ``task_ids`` that exists."""
+    found = {}
+    for task_id in task_ids:
+        try:
+            found[task_id] = (await queue.get(task_id)).queue
+        except NotFound:
+            continue
+    return found
 
 
 @router.get("/tasks/{task_id}/wait", tags=["tasks"],

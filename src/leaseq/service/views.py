@@ -27,22 +27,27 @@ LEASE_ENDINGS = {
 
 
 def present_task(task: Task, principal: Principal) -> dict[str, Any]:
-    """A task as JSON, redacted unless the token may read payloads."""
+    """A task as JSON, redacted (payload, result, error, idempotency key) unless the token may read payloads."""
     data = to_json(task)
     return data if principal.read_payloads else redact_task(data)
 
 
 def present_approval(approval: Approval, principal: Principal) -> dict[str, Any]:
-    """An approval request as JSON: its task redacted (and its note hidden) unless the token may read payloads.
+    """An approval request as JSON: its task redacted, and its note and digest hidden, unless the
+    token may read payloads.
 
-    The digest is always shown: it is what an approver passes back, and it
-    reveals nothing of the payload.
+    The digest is a plain hash of the payload (with the kind, queue and options), so
+    a small payload is recovered from it by trying candidates: it is shown only to
+    those who may read the payload itself, who are also the only ones who may
+    approve (:func:`leaseq.authz.authorize`).
     """
     data = record_json(approval)
     if approval.task is not None:
         data["task"] = present_task(approval.task, principal)
-    if not principal.read_payloads and data.get("note") is not None:
-        data["note"] = REDACTED
+    if not principal.read_payloads:
+        for key in ("note", "digest"):
+            if data.get(key) is not None:
+                data[key] = REDACTED
     return data
 
 
@@ -67,11 +72,14 @@ def present_event(event: Event, principal: Principal) -> dict[str, Any]:
 
 
 def present_effect(effect: Effect, principal: Principal) -> dict[str, Any]:
-    """An effect as JSON, its response redacted unless the token may read payloads."""
+    """An effect as JSON, its response, idempotency key and arguments' digest redacted unless the
+    token may read payloads."""
     data = record_json(effect)
     data.pop("token", None)  # a signed action token authorises an action: never shown to readers
-    if not principal.read_payloads and data.get("response") is not None:
-        data["response"] = REDACTED
+    if not principal.read_payloads:  # a key or an arguments' digest gives a payload away as the payload would
+        for key in ("response", "idempotency_key", "args_digest"):
+            if data.get(key) is not None:
+                data[key] = REDACTED
     return data
 
 

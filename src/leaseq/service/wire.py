@@ -19,10 +19,13 @@ T = TypeVar("T")
 
 #: What a token without ``read_payloads`` sees instead of a payload, result or error.
 REDACTED = "[redacted]"
-#: Task fields hidden from tokens without ``read_payloads``.
-REDACTED_TASK_FIELDS = ("payload", "result", "last_error")
-#: Keys of event details hidden from tokens without ``read_payloads``.
-REDACTED_DETAIL_KEYS = ("error", "result", "response")
+#: Task fields hidden from tokens without ``read_payloads``. An idempotency key is
+#: often made of the payload ("charge-customer-73519"), so it is hidden like one.
+REDACTED_TASK_FIELDS = ("payload", "result", "last_error", "idempotency_key")
+#: Keys of event details hidden from tokens without ``read_payloads``. Digests of a
+#: payload (an approval's ``digest``, a tool call's ``args_digest``) are unsalted: a
+#: small payload is recovered from one by trying candidates, so they are hidden too.
+REDACTED_DETAIL_KEYS = ("error", "result", "response", "idempotency_key", "digest", "args_digest")
 
 
 #: Types passed through as they are (compared exactly: subclasses such as enums take the slow path).

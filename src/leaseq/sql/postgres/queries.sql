@@ -1345,6 +1345,11 @@ SELECT t.*, (t.expires_at IS NOT NULL AND t.expires_at <= now()) AS expired,
        (t.last_used_at IS NULL OR t.last_used_at < now() - interval '60 seconds') AS touch_due
 FROM leaseq_tokens t WHERE t.id = %(token_id)s;
 
+-- name: token_hashes
+-- Every token's id and stored hash (both never change): the service refuses a token whose
+-- id is not among them, or whose hash differs, without looking it up (see leaseq.service.access).
+SELECT t.id, t.secret_hash FROM leaseq_tokens t;
+
 -- name: token_touch
 -- Records use at most once a minute per token, so verification rarely writes.
 UPDATE leaseq_tokens SET last_used_at = now()

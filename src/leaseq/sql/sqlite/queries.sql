@@ -852,6 +852,9 @@ SELECT t.*, (t.expires_at IS NOT NULL AND t.expires_at <= (julianday('now') - 24
        (t.last_used_at IS NULL OR t.last_used_at < (julianday('now') - 2440587.5) * 86400.0 - 60) AS touch_due
 FROM leaseq_tokens t WHERE t.id = :token_id;
 
+-- name: token_hashes
+SELECT t.id, t.secret_hash FROM leaseq_tokens t;
+
 -- name: token_touch
 UPDATE leaseq_tokens SET last_used_at = (julianday('now') - 2440587.5) * 86400.0
 WHERE id = :token_id
