@@ -218,10 +218,11 @@ def test_an_enqueue_over_http_never_leaves_the_event_loop_on_postgresql(svc: Ser
     resp = ops.post("/v1/tasks", json={"kind": "job", "payload": {"n": 1}, "priority": 2})
     assert resp.status_code == 201, resp.text
     if svc.q.native_async:
-        assert blocking == [] and len(asyncio_side) == 2  # the token lookup, the insert
+        # the token lookup, the kind's declared signature (payload check), the insert
+        assert blocking == [] and len(asyncio_side) == 3
         assert len(set(asyncio_side)) == 1 and "AnyIO" not in asyncio_side[0]
     else:
-        assert asyncio_side == [] and len(blocking) == 2
+        assert asyncio_side == [] and len(blocking) == 3
     assert svc.q.get(resp.json()["id"]).payload == {"n": 1}
     refused = ops.post("/v1/tasks", json={"kind": "job", "priority": "high"})
     assert refused.status_code == 422 and "priority" in refused.text
