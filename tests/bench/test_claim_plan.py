@@ -142,8 +142,10 @@ SAMPLE = dict(
     trace_context=None, after=1.0, max_snoozes=100, with_dependents=False, lock_worker=True,
     # the tool-call ledger and the token check
     delta=1, effect_id=1, response={}, action="crm.update", args_digest=None, token_id="t1",
+    # declared resources, and the reference token minted for an effect
+    resource=None, tool=False, token_hash="0" * 64, ttl_seconds=300.0,
 )
-WRITE_PARAMS = {q: {"lease_seconds": 30.0, "actions": None, "limits": None, "units": 1}
+WRITE_PARAMS = {q: {"lease_seconds": 30.0, "actions": None, "resources": None, "limits": None, "units": 1}
                 for q in ("insert_task", "insert_tasks", "insert_fresh_tasks")}
 #: Tables a hot statement may read whole: one row per limit key, a handful.
 SMALL_TABLES = {"leaseq_limits"}

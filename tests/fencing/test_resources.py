@@ -19,7 +19,7 @@ from fastapi.testclient import TestClient
 import leaseq
 from leaseq.cli.main import cli
 from leaseq.fencing import ActionSigner, FencedStore, FencingMiddleware, route_param
-from tests.service.conftest import serve
+from service.conftest import serve
 
 from .test_actions import SIGNER, claim_one, sq  # noqa: F401 (sq: the queue fixture)
 

@@ -3,7 +3,8 @@
 tests/fencing covers each rule by example and with racing processes; this
 adds the sequences nobody thought to write: hypothesis generates runs of
 ``apply`` calls (two tasks' tokens rising, falling, repeating or absent;
-keys reused on the same or another resource, by the same or another task)
+keys reused on the same or another resource, by the same or another task: kept
+per task, so another task's use of a key is its own)
 and every call is checked against a reference model of the rules, on both
 backends: the result, whether the write ran, the newest generation per
 resource and task, and the stored outcomes.
@@ -62,7 +63,9 @@ def check_run(backend: str, calls: list[tuple[str, tuple[int, int] | None, str |
     fresh = FreshStore(backend)
     store = fresh.store
     newest: dict[tuple[str, int], int] = {}              # the model: newest generation per resource and task
-    outcomes: dict[str, tuple[str, int | None, object]] = {}  # key -> (resource, task, stored value)
+    # (task, key) -> (resource, stored value): keys are kept per task (None: an unfenced apply's),
+    # so two tasks using one key never meet
+    outcomes: dict[tuple[int | None, str], tuple[str, object]] = {}
     writes = 0
     try:
         for i, (resource, attempt, key) in enumerate(calls):
@@ -70,16 +73,15 @@ def check_run(backend: str, calls: list[tuple[str, tuple[int, int] | None, str |
             value = {"call": i}
             task = None if attempt is None else attempt[0]
             token = None if attempt is None else f"{attempt[0]}.{attempt[1]}"
+            mine = (task, key)
             if attempt is not None and attempt[1] < newest.get((resource, task), -1):
                 expect = "stale"
-            elif key is not None and key in outcomes and outcomes[key][0] != resource:
+            elif key is not None and mine in outcomes and outcomes[mine][0] != resource:
                 expect = "reused"
-            elif key is not None and key in outcomes and outcomes[key][1] not in (None, task):
-                expect = "reused"       # another task's outcome is never handed out
-            elif key is not None and key in outcomes:
+            elif key is not None and mine in outcomes:
                 expect = "replay"
             else:
-                expect = "write"
+                expect = "write"        # another task's outcome under the same key is never handed out
             try:
                 got = store.apply(resource, token, lambda conn: ran.append(1) or value, idempotency_key=key)
             except StaleToken:
@@ -93,14 +95,14 @@ def check_run(backend: str, calls: list[tuple[str, tuple[int, int] | None, str |
                 if expect == "write":
                     writes += 1
                     if key is not None:
-                        outcomes[key] = (resource, task, value)
-                assert got == (outcomes[key][2] if key is not None else value)
+                        outcomes[mine] = (resource, value)
+                assert got == (outcomes[mine][1] if key is not None else value)
             assert bool(ran) == (expect == "write"), "the write must run exactly when it is accepted and new"
             for res in ("acct:1", "acct:2"):
                 for t in (1, 2):
                     assert store.newest_generation(res, t) == newest.get((res, t))
-        for key, (resource, task, stored) in outcomes.items():
-            found = store.outcome(key)
+        for (task, key), (resource, stored) in outcomes.items():
+            found = store.outcome(key, task)
             assert (found.resource_key, found.value) == (resource, stored)
             assert (found.fencing_token or "").split(".")[0] == ("" if task is None else str(task))
     finally:

@@ -162,9 +162,9 @@ def begin_effect(s: Settings, worker: Worker | str, claim: Claim, action: str, k
             yield from event(s, claim.task_id, "tool_replayed", claim.generation, wid, action=action,
                              idempotency_key=fx_key, effect_id=existing["id"], effect=entry_class,
                              recorded_generation=existing["generation"])
-        answered = yield from signed(s, to_effect(existing, replayed=True), held, wid, claim.generation)
+        # answered already: nothing to send downstream, so no token (and nothing new recorded)
         yield COMMIT
-        return answered
+        return to_effect(existing, replayed=True)
     if existing is not None and existing["generation"] == claim.generation and existing["status"] == "pending":
         # the same attempt asks again (fx.token after a renewal): a token with the new deadline
         current = yield from signed(s, to_effect(existing), held, wid, claim.generation)
