@@ -234,7 +234,7 @@ def test_approvals_through_the_cli(dsn, run_cli):
     assert missing.returncode == 2 and "--digest" in missing.stderr
     wrong = leaseq.approval_digest("payments.refund", {"order": 7, "cents": 999999}, "payments")
     line = assert_one_error_line(cli("approve", str(gated["id"]), "--digest", wrong), "digest")
-    assert digest in line
+    assert digest not in line and "look at the task again" in line  # a refusal never tells the right digest
     out = ok(cli("approve", str(gated["id"]), "--digest", digest, "--note", "matches the order"))
     assert f"task {gated['id']} approved" in out and "queued" in out
     assert "denied" in ok(cli("deny", str(other["id"]), "--reason", "never paid"))

@@ -132,7 +132,10 @@ def test_generated_list_chart_and_live_parameters_get_a_page_or_a_4xx(dashboard,
     params = data.draw(st.dictionaries(st.sampled_from(names), PARAM_TEXT, max_size=4), label="params")
     before = snapshot(d.dsn)
     with d.viewer.stream("GET", path, params=params, headers={"Accept": "text/html"}) as resp:
-        assert resp.status_code in (200, 204, 404, 422), (path, params, resp.status_code)
+        # a viewer without read_payloads searches by id only: a number goes to its task (303),
+        # other text is refused (403), since what it matches would give hidden keys away
+        searched = (303, 403) if path == "/tasks" and params.get("q", "").strip() else ()
+        assert resp.status_code in (200, 204, 404, 422, *searched), (path, params, resp.status_code)
         if path == "/live" and resp.status_code == 200:
             assert resp.headers["content-type"].startswith("text/event-stream")
         else:

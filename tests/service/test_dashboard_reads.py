@@ -195,3 +195,37 @@ def test_chart_data_counts_by_kind_and_queue(q: leaseq.Queue) -> None:
         stats.chart_window("1y")
     with pytest.raises(leaseq.InvalidInput, match="by"):
         stats.chart_grouping("worker")
+
+
+def _age(dsn: str, sql_pg: str, sql_sqlite: str, *params: object) -> None:
+    """Move recorded times back, as if what they record happened minutes ago."""
+    if dsn.startswith("sqlite:"):
+        import sqlite3
+
+        with sqlite3.connect(dsn.removeprefix("sqlite:///")) as conn:
+            conn.execute(sql_sqlite, params)
+        return
+    import psycopg
+
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        conn.execute(sql_pg, params)
+
+
+def test_the_queue_depth_over_the_window_counts_what_waited_at_each_minutes_end(q: leaseq.Queue, dsn: str) -> None:
+    """Three tasks made ten minutes ago; one claimed five minutes ago, one cancelled three
+    minutes ago: 0 waiting before they were made, 3 after, then 2, then 1 (the overview's depth)."""
+    w = q.register_worker("w")
+    t1, t2, t3 = (q.enqueue("job", {"n": i}) for i in range(3))
+    [claim] = q.claim(w)
+    q.cancel(t2.id, reason="not needed")
+    _age(dsn, "UPDATE leaseq_tasks SET created_at = now() - interval '600 s', available_at = now() - interval '600 s'",
+         "UPDATE leaseq_tasks SET created_at = created_at - 600, available_at = available_at - 600")
+    _age(dsn, "UPDATE leaseq_tasks SET claimed_at = now() - interval '300 s' WHERE id = %s",
+         "UPDATE leaseq_tasks SET claimed_at = claimed_at - 300 WHERE id = ?", claim.task_id)
+    _age(dsn, "UPDATE leaseq_tasks SET updated_at = now() - interval '180 s' WHERE id = %s",
+         "UPDATE leaseq_tasks SET updated_at = updated_at - 180 WHERE id = ?", t2.id)
+    depth = [sum(v[i] for v in stats.chart_data(q, "15m", "queue")["depth"].values()) for i in range(15)]
+    assert claim.task_id == t1.id
+    assert depth[:3] == [0, 0, 0] and depth[-1] == 1 and max(depth) == 3, depth
+    assert depth.count(3) in (4, 5, 6) and depth.count(2) in (1, 2, 3), depth  # by whole minutes
+    assert stats.chart_data(q, "15m", "kind")["depth"].keys() == {"job"}

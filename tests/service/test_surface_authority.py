@@ -15,6 +15,7 @@ from __future__ import annotations
 import hashlib
 import json
 import secrets
+import socket
 
 import httpx
 
@@ -217,6 +218,11 @@ def test_requests_naming_another_host_are_refused(q: leaseq.Queue, dsn: str) -> 
             for host in (f"127.0.0.1:{port}", f"localhost:{port}", "leaseq.internal.example",
                          f"api.svc.example:{port}"):
                 assert client.get("/v1/queues", headers={"Host": host}).status_code == 200, host
+        # a load balancer's HTTP/1.0 health check names no host at all (HAProxy's option httpchk):
+        # answered, as no browser sends a request without one
+        with socket.create_connection(("127.0.0.1", int(port)), timeout=10) as raw:
+            raw.sendall(b"GET /healthz HTTP/1.0\r\n\r\n")
+            assert raw.makefile("rb").readline().split()[1] == b"200"
         svc.close()
 
 

@@ -122,6 +122,19 @@ class ServiceSettings:
     leader_lease_seconds: float = DEFAULT_LEADER_LEASE_SECONDS
 
 
+
+class HostCheck(TrustedHostMiddleware):
+    """Starlette's trusted-host check, for requests that name a host. A request with no
+    ``Host`` header at all (an HTTP/1.0 health check, as HAProxy's ``option httpchk``
+    sends) passes: the check stops a browser sent to this service under another name
+    (DNS rebinding), and a browser always names the host it was sent to."""
+
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        if scope["type"] in ("http", "websocket") and not any(k == b"host" for k, _ in scope["headers"]):
+            await self.app(scope, receive, send)
+            return
+        await super().__call__(scope, receive, send)
+
 def server_config(app: FastAPI, *, host: str = "127.0.0.1", port: int = 8765, **options: Any) -> Any:
     """The ``uvicorn.Config`` that serves ``app`` as its settings say.
 
@@ -346,7 +359,7 @@ def create_app(queue: Queue, settings: ServiceSettings | None = None, **options:
     app.add_exception_handler(Exception, _internal_error)
     app.add_middleware(RequestMetrics, metrics=metrics)
     app.add_middleware(BodyLimit, max_bytes=settings.max_body_bytes)
-    app.add_middleware(TrustedHostMiddleware, www_redirect=False,  # added last: runs first
+    app.add_middleware(HostCheck, www_redirect=False,  # added last: runs first
                        allowed_hosts=[*LOOPBACK_HOSTS, *trusted_hosts(settings.trusted_hosts)])
 
     app.include_router(worker_batch.router)

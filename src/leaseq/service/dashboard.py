@@ -285,7 +285,7 @@ def logout(request: Request, s: Session = Depends(session), csrf: str = Form("")
 
 def glance(q: Queue, queues: list[dict[str, Any]]) -> dict[str, Any]:
     """The overview's last hour at a glance: per-minute throughput, failures and lost leases
-    (sparklines and totals), and the queue depth now."""
+    (sparklines and totals), and the queue depth over it and now."""
     data = stats.chart_data(q, "1h", "queue")
     minutes = data["minutes"]
     out: dict[str, Any] = {}
@@ -297,9 +297,12 @@ def glance(q: Queue, queues: list[dict[str, Any]]) -> dict[str, Any]:
                     "chart": charts.sparkline(minutes, per_minute, title=f"{unit} per minute, last hour",
                                               unit=unit, colour=colour)}
     ages = [e["oldest_queued_seconds"] for e in queues if e["oldest_queued_seconds"] is not None]
+    depth = [sum(series[i] for series in data["depth"].values()) for i in range(len(minutes))]
     out["depth"] = {"queued": sum(e["counts"]["queued"] for e in queues),
                     "running": sum(e["counts"]["running"] for e in queues),
-                    "oldest": max(ages) if ages else None}
+                    "oldest": max(ages) if ages else None, "most": max(depth, default=0),
+                    "chart": charts.sparkline(minutes, depth, title="tasks due and waiting to start, last hour",
+                                              unit="waiting", colour=charts.PALETTE[2])}
     return out
 
 

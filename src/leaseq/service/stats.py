@@ -200,6 +200,7 @@ def chart_data(q: Queue, window: str, by: str) -> dict[str, Any]:
     ``minutes``: the minute starts (epoch seconds), oldest first;
     ``completed`` and ``failed``: ``{group: [count per minute]}`` (failed
     counts failed attempts); ``lost``: leases that expired or were revoked;
+    ``depth``: the tasks due and waiting to start at each minute's end;
     ``durations``: per group, the final attempt's claim-to-completion time
     (count, mean and longest, in seconds).
     """
@@ -208,10 +209,11 @@ def chart_data(q: Queue, window: str, by: str) -> dict[str, Any]:
         now = tx.rows("db_now")[0]["now"]
         done = tx.rows("dashboard_completed_by_minute", window=float(seconds))
         bad = tx.rows("dashboard_failures_by_minute", window=float(seconds))
+        waiting = tx.rows("dashboard_depth_by_minute", window=float(seconds))
     end = int(now.timestamp()) // 60 * 60
     minutes = list(range(end - seconds + 60, end + 60, 60))
     index = {m: i for i, m in enumerate(minutes)}
-    series: dict[str, dict[str, list[int]]] = {"completed": {}, "failed": {}, "lost": {}}
+    series: dict[str, dict[str, list[int]]] = {"completed": {}, "failed": {}, "lost": {}, "depth": {}}
     durations: dict[str, dict[str, float]] = {}
 
     def add(kind: str, group: str, minute: float, n: int) -> None:
@@ -227,6 +229,8 @@ def chart_data(q: Queue, window: str, by: str) -> dict[str, Any]:
         d["max"] = max(d["max"], float(r["seconds_max"] or 0.0))
     for r in bad:
         add("failed" if r["type"] == "failed" else "lost", r[by], r["minute"], r["count"])
+    for r in waiting:
+        add("depth", r[by], r["minute"], r["depth"])
     stats = {g: {"count": d["count"], "mean": d["sum"] / d["count"] if d["count"] else 0.0, "max": d["max"]}
              for g, d in sorted(durations.items())}
     return {"minutes": minutes, "window": window, "by": by, **{k: dict(sorted(v.items())) for k, v in series.items()},

@@ -1540,6 +1540,25 @@ WHERE status = 'completed' AND updated_at >= now() - make_interval(secs => %(win
 GROUP BY 1, 2, 3
 ORDER BY 1;
 
+-- name: dashboard_depth_by_minute
+-- callers: operator, viewer
+-- Queue depth over the window: at the end of each minute (now, for the current
+-- one), the tasks made and due by then that neither a claim (the latest) nor an
+-- end had reached, by kind and queue. Reads only the tasks queued now or changed
+-- within the window: no other can have been queued in it.
+WITH m AS (
+    SELECT s.minute, least(to_timestamp(s.minute + 60), now()) AS at
+    FROM generate_series(floor(extract(epoch FROM now()) / 60) * 60 - %(window)s + 60,
+                         floor(extract(epoch FROM now()) / 60) * 60, 60) AS s(minute)
+)
+SELECT m.minute::float8 AS minute, t.kind, t.queue, count(*) AS depth
+FROM m JOIN leaseq_tasks t
+  ON t.created_at <= m.at AND t.available_at <= m.at AND (t.claimed_at IS NULL OR t.claimed_at > m.at)
+ AND NOT (t.status NOT IN ('queued', 'running') AND t.updated_at <= m.at)
+WHERE t.status = 'queued' OR t.updated_at >= now() - make_interval(secs => %(window)s)
+GROUP BY 1, 2, 3
+ORDER BY 1;
+
 -- name: dashboard_failures_by_minute
 -- callers: operator, viewer
 -- Failed attempts and ended leases per minute over the window, by kind and queue.

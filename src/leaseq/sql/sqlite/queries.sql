@@ -1010,6 +1010,23 @@ WHERE status = 'completed' AND updated_at >= (julianday('now') - 2440587.5) * 86
 GROUP BY 1, 2, 3
 ORDER BY 1;
 
+-- name: dashboard_depth_by_minute
+WITH RECURSIVE m(minute) AS (
+    SELECT CAST(CAST((julianday('now') - 2440587.5) * 86400.0 / 60 AS INTEGER) * 60 AS REAL) - :window + 60
+    UNION ALL
+    SELECT minute + 60 FROM m
+    WHERE minute + 60 <= CAST(CAST((julianday('now') - 2440587.5) * 86400.0 / 60 AS INTEGER) * 60 AS REAL)
+), at AS (
+    SELECT minute, min(minute + 60, (julianday('now') - 2440587.5) * 86400.0) AS at FROM m
+)
+SELECT at.minute AS minute, t.kind, t.queue, count(*) AS depth
+FROM at JOIN leaseq_tasks t
+  ON t.created_at <= at.at AND t.available_at <= at.at AND (t.claimed_at IS NULL OR t.claimed_at > at.at)
+ AND NOT (t.status NOT IN ('queued', 'running') AND t.updated_at <= at.at)
+WHERE t.status = 'queued' OR t.updated_at >= (julianday('now') - 2440587.5) * 86400.0 - :window
+GROUP BY 1, 2, 3
+ORDER BY 1;
+
 -- name: dashboard_failures_by_minute
 SELECT CAST(CAST(e.at / 60 AS INTEGER) * 60 AS REAL) AS minute, e.type, t.kind, t.queue, count(*) AS count
 FROM leaseq_events e JOIN leaseq_tasks t ON t.id = e.task_id
