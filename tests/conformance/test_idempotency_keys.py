@@ -24,10 +24,9 @@ from typing import Any
 import pytest
 
 import leaseq
-from leaseq import auth
 
 from .support import snapshot
-from .test_transports import AsyncTransport
+from .test_transports import over
 
 PRODUCERS = ["sync", "async", "http"]
 #: Tables a served request may write without enqueueing anything (the token's record of use).
@@ -37,23 +36,8 @@ _NOT_TASKS = ("leaseq_tokens", "leaseq_leader")
 @pytest.fixture(params=PRODUCERS)
 def producer(request: pytest.FixtureRequest, q: leaseq.Queue) -> Iterator[Any]:
     """Something that enqueues onto the test's queue ``q``: the queue itself, an AsyncQueue, or HTTP."""
-    if request.param == "sync":
-        yield q
-    elif request.param == "async":
-        t = AsyncTransport(q)
-        try:
-            yield t
-        finally:
-            t.close()
-    else:
-        pytest.importorskip("uvicorn")
-        from leaseq.client import RemoteQueue
-        from service.conftest import serve  # the service tests' real uvicorn server, on a free port
-
-        with serve(q) as (url, _app):
-            token, _ = auth.create_token(q, name="producer", role="operator", created_by="test")
-            with RemoteQueue(url, token, timeout=10) as remote:
-                yield HttpProducer(remote)
+    with over(request.param, q, "operator") as p:
+        yield HttpProducer(p) if request.param == "http" else p
 
 
 class HttpProducer:

@@ -12,6 +12,7 @@ transport that lacks a capability (``capabilities``) skips what needs it.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -45,12 +46,13 @@ class AsyncTransport:
         self._loop.close()
 
 
-@pytest.fixture(params=TRANSPORTS)
-def transport(request: pytest.FixtureRequest, q: leaseq.Queue) -> Iterator[Any]:
-    """A worker-side transport onto the test's queue ``q``."""
-    if request.param == "sync":
+@contextlib.contextmanager
+def over(kind: str, q: leaseq.Queue, role: str) -> Iterator[Any]:
+    """``q`` reached ``kind`` way: itself (sync), an AsyncQueue on a loop of its own (async), or
+    a RemoteQueue through the service's real uvicorn server with a ``role`` token (http)."""
+    if kind == "sync":
         yield q
-    elif request.param == "async":
+    elif kind == "async":
         t = AsyncTransport(q)
         try:
             yield t
@@ -62,9 +64,16 @@ def transport(request: pytest.FixtureRequest, q: leaseq.Queue) -> Iterator[Any]:
         from service.conftest import serve  # the service tests' real uvicorn server, on a free port
 
         with serve(q) as (url, _app):
-            token, _ = auth.create_token(q, name="matrix", role="worker", created_by="test")
+            token, _ = auth.create_token(q, name=f"matrix-{role}", role=role, created_by="test")
             with RemoteQueue(url, token, timeout=10) as remote:
                 yield remote
+
+
+@pytest.fixture(params=TRANSPORTS)
+def transport(request: pytest.FixtureRequest, q: leaseq.Queue) -> Iterator[Any]:
+    """A worker-side transport onto the test's queue ``q``."""
+    with over(request.param, q, "worker") as t:
+        yield t
 
 
 GUARDED: dict[str, Callable[[Any, Any, leaseq.Claim, Any], Any]] = {

@@ -70,22 +70,29 @@ class TokenBuckets:
             return 0.0
         now = time.monotonic()
         with self._lock:
-            level, last = self._buckets.pop(key, (self.burst, now))
-            level = min(self.burst, level + (now - last) * self.rate)
+            level = self._level(self._buckets.pop(key, None), now)
             allowed = level >= cost
             self._buckets[key] = (level - cost if allowed else level, now)  # re-inserted: most recent
             if len(self._buckets) > self.max_keys:
                 self._buckets.popitem(last=False)
-            return 0.0 if allowed else (cost - level) / self.rate
+        return self._owed(level, cost)
 
     def wait(self, key: str, cost: float = 1.0) -> float:
         """The seconds until ``cost`` could be spent (0: now), spending nothing."""
         if self.rate <= 0:
             return 0.0
-        now = time.monotonic()
         with self._lock:
-            level, last = self._buckets.get(key, (self.burst, now))
-        level = min(self.burst, level + (now - last) * self.rate)
+            state = self._buckets.get(key)
+        return self._owed(self._level(state, time.monotonic()), cost)
+
+    def _level(self, state: tuple[float, float] | None, now: float) -> float:
+        """A bucket's tokens at ``now``: refilled since it was last touched, up to the burst."""
+        if state is None:
+            return self.burst
+        level, last = state
+        return min(self.burst, level + (now - last) * self.rate)
+
+    def _owed(self, level: float, cost: float) -> float:
         return 0.0 if level >= cost else (cost - level) / self.rate
 
 
