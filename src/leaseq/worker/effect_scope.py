@@ -166,8 +166,10 @@ class EffectScope:
 
     @property
     def token(self) -> str | None:
-        """A signed action token for this one action of this attempt, when the queue
-        has a signing key (``LEASEQ_ACTION_KEYS``); else None. See :meth:`fresh_token`."""
+        """The action token for this one action of this attempt: a reference the queue's
+        database minted (checked online downstream), or, in the offline mode (the queue has
+        ``LEASEQ_ACTION_KEYS``), an HMAC-signed one; None for a read_only entry or a replay
+        of an answered one. See :meth:`fresh_token`."""
         return self.fresh_token()
 
     def fresh_token(self) -> str | None:
@@ -175,8 +177,9 @@ class EffectScope:
 
         A token expires at the lease deadline it was issued under. Once the
         runtime has renewed the lease since, this asks the queue (one round
-        trip, under the lease guard, writing nothing) for a token carrying
-        the new deadline, so the downstream call always gets a current one.
+        trip, under the lease guard; a reference token is one new row) for a
+        token carrying the new deadline, so the downstream call always gets a
+        current one.
         Raises :class:`LeaseLost` if the lease is gone. Async handlers:
         ``await fx.atoken()``.
         """
