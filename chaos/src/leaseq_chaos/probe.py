@@ -109,19 +109,23 @@ class StaleWriterProbe:
                 rec(f"probe.{name}", "ok", **fields)
         self._finish(w, new)
 
-    def _claim(self, w: Any, task_id: int) -> Any:
-        """Claim the probe's task; tasks left over by a cycle the database broke are finished legitimately."""
-        claims = self.q.claim(w, queue=PROBE_QUEUE, limit=50)
-        mine = None
-        for c in claims:
-            self.history.record("claim", "ok", worker=w.id, task=c.task_id, gen=c.generation, lease=c.lease_seconds)
-            if c.task_id == task_id:
-                mine = c
-            else:
+    def _claim(self, w: Any, task_id: int, patience: float = 5.0) -> Any:
+        """Claim the probe's task; tasks left over by a cycle the database broke are finished legitimately.
+
+        A claim skips a row another transaction holds locked: the sweeper expiring the very lease
+        the probe let run out, say. The probe asks again until ``patience`` runs out."""
+        deadline = time.monotonic() + patience
+        while True:
+            for c in self.q.claim(w, queue=PROBE_QUEUE, limit=50):
+                self.history.record("claim", "ok", worker=w.id, task=c.task_id, gen=c.generation,
+                                    lease=c.lease_seconds)
+                if c.task_id == task_id:
+                    return c
                 self._finish(w, c)
-        if mine is None:
-            self.history.record("probe", "error", task=task_id, error="the probe task was not claimable")
-        return mine
+            if time.monotonic() > deadline or self.halt.is_set():
+                self.history.record("probe", "error", task=task_id, error="the probe task was not claimable")
+                return None
+            time.sleep(0.05)
 
     def _finish(self, w: Any, claim: Any) -> None:
         t0 = now()

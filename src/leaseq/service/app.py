@@ -149,10 +149,18 @@ def server_config(app: FastAPI, *, host: str = "127.0.0.1", port: int = 8765, **
                           **options)
 
 
+#: How long an idle keep-alive connection stays open (seconds). Longer than the ``Retry-After``
+#: the service sends most often (a wait past its cap: 5 s): a client that honours it sends its next
+#: request on the connection it has. With uvicorn's own 5 s the two met, and the server closed the
+#: connection just as the client wrote to it ("server disconnected without sending a response").
+KEEP_ALIVE_SECONDS = 15
+
+
 def server_options(forwarded_allow_ips: str) -> dict[str, Any]:
     """The ``uvicorn.Config`` options every leaseq service runs with."""
     trusted = forwarded_allow_ips.strip()
-    return {"proxy_headers": bool(trusted), "forwarded_allow_ips": trusted or "", "server_header": False}
+    return {"proxy_headers": bool(trusted), "forwarded_allow_ips": trusted or "", "server_header": False,
+            "timeout_keep_alive": KEEP_ALIVE_SECONDS}
 
 
 def error_body(code: str, message: str, **extra: Any) -> dict[str, Any]:
