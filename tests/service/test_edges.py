@@ -72,9 +72,10 @@ def test_a_flood_of_failed_authentications_never_refuses_a_valid_worker(slow_ref
 
     # first exhaust every failure bucket there is, one request after another
     seen = {401: 0, 429: 0}
-    for i in range(150):
-        resp = httpx.post(f"{svc.url}/v1/workers/{wid}/renew", json=renew, headers=bad[i % len(bad)])
-        seen[resp.status_code] += 1
+    with httpx.Client(base_url=svc.url, timeout=10) as client:
+        for i in range(150):
+            resp = client.post(f"/v1/workers/{wid}/renew", json=renew, headers=bad[i % len(bad)])
+            seen[resp.status_code] += 1
     assert seen[429] >= 150 - 2 * 20 - 2, seen  # the limit is in force for the failing requests...
     resp = worker.post(f"/v1/workers/{wid}/renew", json=renew)
     assert resp.status_code == 200, resp.text  # ...and not for the valid worker at the same address
