@@ -413,3 +413,32 @@ def test_a_worker_does_not_spin_on_a_full_limit(q: leaseq.Queue, dsn: str) -> No
         runtime.stop()
         thread.join(30)
     assert {t.status for t in q.list_tasks(limit=10)} == {"completed"}
+
+
+@pytest.mark.parametrize("ending", ["complete", "fail", "release", "cancel"])
+def test_an_ended_lease_gives_its_slots_back_once(q: leaseq.Queue, ending: str) -> None:
+    """Whatever ends a lease gives its slots back in that transaction, and naming the task
+    again (in a transaction of its own, or twice in one) gives nothing more back: the count
+    of running leases never drops below what live leases hold."""
+    from leaseq import engine
+    from leaseq.engine.steps import BEGIN, COMMIT
+
+    q.set_limit("api", max_running=3, by="ops")
+    w = q.register_worker("w")
+    ended, live = q.enqueue("job", {"n": 1}, limits=["api"]), q.enqueue("job", {"n": 2}, limits=["api"])
+    claims = {c.task_id: c for c in q.claim(w, limit=2)}
+    assert q.limits("api")[0]["running"] == 2
+    c = claims[ended.id]
+    {"complete": lambda: q.complete(w, c, None), "fail": lambda: q.fail(w, c, "boom", delay=0),
+     "release": lambda: q.release(w, c), "cancel": lambda: q.cancel(ended.id, by="ops")}[ending]()
+    assert q.limits("api")[0]["running"] == 1
+    rows = [{"id": ended.id, "limits": ["api"]}, {"id": live.id, "limits": ["api"]}]
+    def give_back_twice():  # as the engine gives slots back, named twice in one transaction
+        yield BEGIN
+        yield from engine.limits.release(q.settings, rows)
+        yield from engine.limits.release(q.settings, rows)
+        yield COMMIT
+
+    for _ in range(3):
+        q._run(give_back_twice())
+    assert q.limits("api")[0]["running"] == 1  # the live lease's slot, still held

@@ -419,6 +419,43 @@ def test_a_worker_role_holds_back_and_releases_only_the_tasks_its_own_work_touch
     assert admin.get(child.id).status == "queued"
 
 
+def test_a_worker_role_cannot_free_limit_slots_its_ended_leases_do_not_hold(admin, make_role) -> None:
+    """A limit's count of running leases is the truth whatever a worker role sends: slots are
+    given back by task (the task's own keys, once per claim generation), never by a key the
+    caller names. Freeing by key is granted to no one; naming a running stranger, a task that
+    already gave its slots back, or its own ended task twice gives nothing back."""
+    admin.set_limit("api", max_running=2, by="ops")
+    dsn = make_role("worker")
+    other = admin.register_worker("other")
+    held = admin.enqueue("job", {"n": "stranger"}, limits=["api"])
+    [strangers] = admin.claim(other)
+    mine = admin.enqueue("job", {"n": "mine"}, limits=["api"])
+
+    def running() -> int:
+        return next(l["running"] for l in admin.limits() if l["key"] == "api")
+
+    assert running() == 1
+    refused(dsn, "SELECT * FROM leaseq_q_release_limits('[{\"key\": \"api\", \"units\": 1, \"queue\": \"default\"}]')")
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        conn.execute("SELECT * FROM leaseq_q_give_back_slots(%s)", ([held.id, mine.id],))
+    assert running() == 1 and admin.get(held.id).status == "running"
+    with leaseq.connect(dsn) as q:
+        w = q.register_worker("w")
+        [claim] = q.claim(w)
+        assert claim.task_id == mine.id and running() == 2
+        assert q.fail(w, claim, "boom", delay=0).status == "queued"
+        assert running() == 1
+        # its own ended task named again, in transactions of its own and many times in one
+        with psycopg.connect(dsn) as conn:
+            for _ in range(5):
+                conn.execute("SELECT * FROM leaseq_q_give_back_slots(%s)", ([mine.id, mine.id],))
+            conn.commit()
+        assert running() == 1
+    admin.complete(other, strangers, None)
+    assert running() == 0
+    assert admin.claim(other, limit=5)[0].task_id == mine.id and running() == 1
+
+
 def test_a_worker_role_records_effects_and_evidence_only_under_a_live_lease(admin, make_role) -> None:
     dsn = make_role("worker")
     task = admin.enqueue("job", {"n": 1}, effect="idempotent", actions=["crm.update"])

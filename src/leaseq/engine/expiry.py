@@ -68,7 +68,7 @@ def route(s: Settings, leases: list[dict[str, Any]], *, event_type: str, reason:
     """Apply the recovery policy (the ``route_expired`` query) to locked, expired leases, with their
     evidence (``detail``: more fields for each routing event)."""
     routed = {r["id"]: r for r in (yield rows("route_expired", task_ids=[r["id"] for r in leases]))}
-    yield from limits.release(routed.values())  # the leases ended: their slots come back
+    yield from limits.release(s, routed.values())  # the leases ended: their slots come back
     events = []
     for lease in leases:
         r = routed.get(lease["id"])

@@ -264,7 +264,7 @@ def _complete_batch(s: Settings, wid: str, items: list[dict[str, Any]], *,
                            task_ids=[item["task_id"] for item in items],
                            with_dependents=with_dependents, lock_worker=lock_worker)
     if completed and not s.backend.own_limit_slots:
-        yield from limits.release(completed)
+        yield from limits.release(s, completed)
     if completed and not s.backend.writes_own_evidence:
         yield rows("insert_events", events=[
             event_params(s, r["id"], "completed", r["claim_generation"], wid, attempt=r["attempts"],
@@ -295,7 +295,7 @@ def fail(s: Settings, worker: Worker | str, claim: Claim, error: str, *, retry: 
                     max_same_error=s.max_same_error)
     if row is None:
         raise LeaseLost(claim.task_id, claim.generation, "fail refused: lease no longer held")
-    yield from limits.release([row])
+    yield from limits.release(s, [row])
     detail: dict[str, Any] = dict(error=error, attempt=row["attempts"], next_status=row["status"],
                                   error_streak=row["error_streak"], **heartbeats(row))
     if row["status"] == Status.QUEUED:
@@ -329,7 +329,7 @@ def retry(s: Settings, worker: Worker | str, claim: Claim, after: float, reason:
         return (yield from fail(s, worker, claim, f"retry requested more than max_snoozes={s.max_snoozes} "
                                                   f"times; last reason: {reason}", retry=True,
                                 delay=checks.backoff_seconds(claim.task.attempts)))
-    yield from limits.release([row])  # the attempt ended: its limit slots come back
+    yield from limits.release(s, [row])  # the attempt ended: its limit slots come back
     yield from event(s, claim.task_id, "retry_requested", claim.generation, wid, reason=reason, after=after,
                      retry_at=row["available_at"].isoformat(), snoozes=row["snoozes"], next_status=row["status"],
                      **heartbeats(row))

@@ -49,12 +49,21 @@ def slot_items(ended: Iterable[dict[str, Any]]) -> list[dict[str, Any]]:
             for r in ended if r.get("limits") for key in r["limits"]]
 
 
-def release(ended: Iterable[dict[str, Any]]) -> Op[None]:
+def release(s: Settings, ended: Iterable[dict[str, Any]]) -> Op[None]:
     """Give back the limit slots of leases that just ended, in the open transaction
-    (nothing to run when none of their tasks names a limit)."""
-    items = slot_items(ended)
-    if items:
-        yield rows("release_limits", items=items)
+    (nothing to run when none of their tasks names a limit).
+
+    The tasks are named, not their keys: ``give_back_slots`` gives back what each task's
+    own keys and units hold, once per claim generation (on PostgreSQL in its own statement;
+    on SQLite it answers the tasks, whose keys ``release_limits`` then gives back)."""
+    task_ids = [r["id"] for r in ended if r.get("limits")]
+    if not task_ids:
+        return
+    back = yield rows("give_back_slots", task_ids=task_ids)
+    if not s.backend.own_limit_slots:
+        items = slot_items(back)
+        if items:
+            yield rows("release_limits", items=items)
 
 
 def set_limit(s: Settings, key: str, *, max_running: int | None = None, per_second: float | None = None,

@@ -139,7 +139,7 @@ def cancel(s: Settings, task_id: int, reason: str = "cancelled", *, by: str | No
     if (yield one("cancel_task", task_id=task_id, reason=f"cancelled: {reason}")) is None:
         raise InvalidTransition(f"task {task_id} is {before['status']}; only unfinished tasks can be cancelled")
     if before["status"] == Status.RUNNING:  # the lease ends here: its limit slots come back
-        yield from limits.release([before])
+        yield from limits.release(s, [before])
     detail: dict[str, Any] = dict(by=by, reason=reason, previous_status=before["status"])
     if before["status"] == Status.RUNNING:
         detail["revoked_lease_of"] = before["lease_owner"]

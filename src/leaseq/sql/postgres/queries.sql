@@ -682,6 +682,7 @@ WITH worker AS (
         result = coalesce(c.result, 'null'::jsonb),
         lease_owner = NULL,
         lease_expires_at = NULL,
+        slots_released_generation = t.claim_generation,  -- given back below (see give_back_slots)
         updated_at = now()
     FROM jsonb_to_recordset(%(items)s::jsonb) AS c(task_id bigint, generation bigint, result jsonb)
     WHERE t.id = c.task_id
@@ -838,13 +839,50 @@ FROM taken f
 WHERE l.key = f.key AND l.key IN (SELECT key FROM held)
 RETURNING l.key;
 
--- name: release_limits
+-- name: give_back_slots
 -- callers: worker, operator
--- LIMITS: gives back the slots of ended leases, in the transaction that ends
--- them (fail, release and expiry routing, cancel; complete_batch does it in
--- its own statement): one item per (task, limit key), {"key", "units",
--- "queue"}. Rows are locked in key order, as claim_batch locks them. A freed
--- slot wakes the tasks' queues' idle workers (at commit).
+-- LIMITS: gives back the limit slots of leases that ended in this transaction
+-- (fail, release and expiry routing, cancel; complete_batch does it in its
+-- own statement), named by task: the keys and units are the task's own. A
+-- task gives back once per claim generation: only a task no longer running
+-- whose slots_released_generation is not yet its claim_generation, which it
+-- then becomes. So a task named twice, or named by a role that never held
+-- it, gives nothing back (every lease that ends gave its slots back in the
+-- transaction that ended it), and no caller can lower a limit's count of
+-- running leases below the truth. Limit rows are locked in key order, as
+-- claim_batch locks them. A freed slot wakes the tasks' queues' idle workers
+-- (at commit). The rows back are the tasks that gave slots back.
+WITH ended AS (
+    UPDATE leaseq_tasks t
+    SET slots_released_generation = t.claim_generation
+    WHERE t.id = ANY(%(task_ids)s::bigint[])
+      AND t.status <> 'running' AND t.claim_generation > 0 AND t.limits IS NOT NULL
+      AND t.slots_released_generation IS DISTINCT FROM t.claim_generation
+    RETURNING t.id, t.limits, t.units, t.queue
+), freed AS (
+    SELECT k.key, count(*) AS tasks, sum(e.units) AS units
+    FROM ended e CROSS JOIN LATERAL unnest(e.limits) AS k(key)
+    GROUP BY k.key
+), held AS (
+    SELECT l.key FROM leaseq_limits l WHERE l.key IN (SELECT key FROM freed) ORDER BY l.key FOR UPDATE
+), released AS (
+    UPDATE leaseq_limits l
+    SET running = greatest(0, l.running - CASE WHEN l.counts = 'units' THEN f.units ELSE f.tasks END)
+    FROM freed f
+    WHERE l.key = f.key AND l.key IN (SELECT key FROM held)
+    RETURNING l.key
+)
+SELECT e.id, e.limits, e.units, e.queue,
+       (SELECT count(*) FROM released) AS released,
+       (SELECT count(pg_notify('leaseq_work', w.queue)) FROM (SELECT DISTINCT queue FROM ended) w) AS woke
+FROM ended e;
+
+-- name: release_limits
+-- LIMITS: gives back slots by limit key, one item per (task, limit key):
+-- {"key", "units", "queue"}. Not run on PostgreSQL, where give_back_slots
+-- gives them back in its own statement (from the tasks' own keys, once per
+-- generation); written here too so both dialects hold the same statements,
+-- and granted to no one (sent by hand, it would free any limit's slots).
 WITH freed AS (
     SELECT f.key, count(*) AS tasks, sum(f.units) AS units
     FROM jsonb_to_recordset(%(items)s::jsonb) AS f(key text, units bigint)

@@ -483,9 +483,21 @@ FROM (SELECT i.value ->> '$.key' AS key, count(*) AS tasks, sum(i.value ->> '$.u
 WHERE l.key = f.key
 RETURNING key;
 
+-- name: give_back_slots
+-- LIMITS: the tasks whose ended lease still holds its limit slots, marked as
+-- having given them back (see the PostgreSQL file); release_limits then gives
+-- back their keys' slots (SQLite has no data-modifying CTE to do both in one).
+UPDATE leaseq_tasks
+SET slots_released_generation = claim_generation
+WHERE id IN (SELECT value FROM json_each(:task_ids))
+  AND status <> 'running' AND claim_generation > 0 AND limits IS NOT NULL
+  AND slots_released_generation IS NOT claim_generation
+RETURNING id, limits, units, queue;
+
 -- name: release_limits
--- LIMITS: gives back the slots of ended leases (see the PostgreSQL file).
--- SQLite has no notifications: idle workers poll.
+-- LIMITS: gives back slots by limit key, for the tasks give_back_slots
+-- answered (see the PostgreSQL file). SQLite has no notifications: idle
+-- workers poll.
 UPDATE leaseq_limits AS l
 SET running = max(0, l.running - CASE WHEN l.counts = 'units' THEN f.units ELSE f.tasks END)
 FROM (SELECT i.value ->> '$.key' AS key, count(*) AS tasks, sum(i.value ->> '$.units') AS units
