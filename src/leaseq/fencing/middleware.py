@@ -26,7 +26,8 @@ GET, HEAD and OPTIONS pass untouched) must say what it does and to what,
 or it is refused (``403``, code ``forbidden``, nothing runs):
 
 - Its route, as the app's own router matches it: a path no route takes ->
-  ``reason`` ``unknown_route``. A route listed in ``exempt=``
+  ``reason`` ``unknown_route`` (an app with no Starlette router names the
+  action and the resource through ``action=`` and ``resource=`` callables). A route listed in ``exempt=``
   (``"METHOD /path/template"``, as declared) is let through unfenced, as a
   safe method is: for guarded routes that change nothing the fence guards.
 - Its action: the one ``actions=`` declares for its route
