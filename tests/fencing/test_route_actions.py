@@ -22,8 +22,8 @@ from fastapi import APIRouter, FastAPI, Request
 from starlette.applications import Starlette
 
 import leaseq
-from leaseq.fencing import (FencedStore, FencingMiddleware, QueueVerifier, RouteActions, UnsafeAnyAction,
-                            UnsafeOfflineTokens, fence_grant, route_param)
+from leaseq.fencing import (FencedStore, FencingMiddleware, QueueVerifier, RouteActions, RouteMatch,
+                            UnsafeAnyAction, UnsafeOfflineTokens, fence_grant, match_route, route_param)
 
 from .test_middleware import serve
 
@@ -266,3 +266,47 @@ def test_contradictory_declarations_are_refused(shop_store, tmp_path, options, s
     with pytest.raises(leaseq.ConfigError, match=says):
         FencingMiddleware(Starlette(), store=shop_store, verifier=verifier, resource=route_param("order_id"),
                           actions=RouteActions(ACTIONS), **options)
+
+
+def test_routes_are_named_as_declared_under_included_routers_and_mounts(q, shop_store, verifier) -> None:
+    """``route_param`` and the table see the route the app will run: FastAPI's included routers
+    (matched through a router object of their own) and Starlette mounts, prefixes included."""
+    api = FastAPI()
+    outer, inner = APIRouter(), APIRouter()
+
+    @inner.post("/orders/{order_id:int}/pay")
+    def pay(order_id: int, request: Request) -> dict:
+        grant = fence_grant(request)
+        assert grant is not None, "an included route's request must be fenced"
+        grant.connection.execute("UPDATE orders SET paid = paid + 1 WHERE id = ?", (order_id,))
+        return {"order": order_id, "resource": grant.resource_key}
+
+    outer.include_router(inner, prefix="/shop")
+    api.include_router(outer, prefix="/v2")
+    sub = FastAPI()
+
+    @sub.post("/orders/{order_id}/refund")
+    def refund(order_id: int, request: Request) -> dict:
+        grant = fence_grant(request)
+        assert grant is not None
+        grant.connection.execute("UPDATE orders SET refunded = refunded + 1 WHERE id = ?", (order_id,))
+        return {"order": order_id, "resource": grant.resource_key}
+
+    api.mount("/legacy", sub)
+    # action= names the action here, as before this table existed: what is new is the resource found
+    api.add_middleware(FencingMiddleware, store=shop_store, verifier=verifier,
+                       resource=route_param("order_id", prefix="order:"),
+                       action=lambda scope: "orders.refund" if scope["path"].endswith("/refund") else "orders.pay")
+    token = tokens(q, "orders.pay", "orders.refund")
+    with serve(api) as client:
+        paid = client.post("/v2/shop/orders/017/pay", headers={"Leaseq-Action-Token": token["orders.pay"]})
+        assert paid.status_code == 200 and paid.json() == {"order": 17, "resource": "order:17"}, paid.text
+        back = client.post("/legacy/orders/17/refund", headers={"Leaseq-Action-Token": token["orders.refund"]})
+        assert back.status_code == 200 and back.json() == {"order": 17, "resource": "order:17"}, back.text
+    assert orders(shop_store) == [(17, 1, 1)]
+    scope = {"type": "http", "method": "POST", "path": "/v2/shop/orders/5/pay", "root_path": "", "headers": [],
+             "query_string": b"", "app": api}
+    assert match_route(scope) == RouteMatch("POST", "/v2/shop/orders/{order_id:int}/pay", {"order_id": 5}, "pay")
+    assert RouteActions({"post /v2/shop/orders/{order_id:int}/pay": "orders.pay"})(scope) == "orders.pay"
+    scope["path"] = "/legacy/orders/5/refund"
+    assert match_route(scope).key == "POST /legacy/orders/{order_id}/refund"
