@@ -27,9 +27,10 @@ or it is refused (``403``, code ``forbidden``, nothing runs):
 
 - Its route, as the app's own router matches it: a path no route takes ->
   ``reason`` ``unknown_route`` (an app with no Starlette router names the
-  action and the resource through ``action=`` and ``resource=`` callables). A route listed in ``exempt=``
-  (``"METHOD /path/template"``, as declared) is let through unfenced, as a
-  safe method is: for guarded routes that change nothing the fence guards.
+  action and the resource through ``action=`` and ``resource=`` callables).
+  A route listed in ``exempt=`` (``"METHOD /path/template"``, as declared)
+  is let through unfenced, as a safe method is: for guarded routes that
+  change nothing the fence guards.
 - Its action: the one ``actions=`` declares for its route
   (``"POST /orders/{order_id}/pay": "orders.pay"``, the template as the route
   was declared, mount and router prefixes included; see
@@ -197,6 +198,11 @@ def fence_grant(request_or_scope: Any) -> FenceGrant | None:
     scope = getattr(request_or_scope, "scope", request_or_scope)
     grant: FenceGrant | None = scope.get(SCOPE_KEY)
     return grant
+
+
+def _where(scope: Scope) -> str:
+    """The request as an error names it: its method and path (cut short)."""
+    return f"{scope['method']} {str(scope.get('path', ''))[:200]}"
 
 
 class _Refused(Exception):
@@ -368,7 +374,7 @@ class FencingMiddleware:
         try:
             routed, route = self._route(scope)
             if routed and route is None:
-                raise _Refused(403, "forbidden", f"{scope['method']} {scope.get('path', '')}: no route of this "
+                raise _Refused(403, "forbidden", f"{_where(scope)}: no route of this "
                                "service takes the request, so it performs no declared action",
                                reason="unknown_route")
             if route is not None and route.key in self.exempt:
@@ -377,7 +383,7 @@ class FencingMiddleware:
             action = self._action(scope, route)
             resource_key = self._resource(scope)
             if resource_key is None:
-                where = route.key if route is not None else f"{scope['method']} {scope.get('path', '')}"
+                where = route.key if route is not None else _where(scope)
                 raise _Refused(403, "forbidden", f"{where}: the fence cannot name the resource this request "
                                "changes (a guarded method on a route without the resource in its path); name "
                                "it with resource= (e.g. route_param(...)), or list the route in exempt= if "
@@ -419,8 +425,8 @@ class FencingMiddleware:
         if action is not None and (not isinstance(action, str) or not action):
             raise _Refused(500, "config", "action(scope) must return an action's name or None")
         if action is None:
-            where = route.key if route is not None else f"{scope['method']} {scope.get('path', '')}"
-            hint = (f"declare it in actions= ({where!r}: 'orders.refund', say)" if self.actions is not None
+            where = route.key if route is not None else _where(scope)
+            hint = (f"declare it in actions= ({where!r}: '<the action>')" if self.actions is not None
                     else "action(scope) named none")
             raise _Refused(403, "forbidden", f"{where} performs no declared action: {hint}, or list the route in "
                            "exempt= if it changes nothing the fence guards", reason="undeclared_action")
