@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import uuid
 from collections.abc import Iterator
 
 import pytest
 
+import leaseq
+from leaseq import roles
 from leaseq.fencing import FencedStore
 
 
@@ -45,3 +48,33 @@ def ledger(store: FencedStore) -> list[tuple]:
     """Every ledger row, in insertion order."""
     with store.transaction() as conn:
         return [tuple(r) for r in conn.execute("SELECT account, amount, note FROM ledger").fetchall()]
+
+
+@pytest.fixture
+def made_roles(q: leaseq.Queue) -> Iterator[list[str]]:
+    """Names of roles made by a test, dropped afterwards."""
+    made: list[str] = []
+    yield made
+    if made:
+        import psycopg
+
+        with psycopg.connect(q.store.dsn, autocommit=True) as conn:
+            for name in made:
+                conn.execute("SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE usename = %s", (name,))
+                conn.execute(f'DROP ROLE IF EXISTS "{name}"')
+
+
+def make_role(q: leaseq.Queue, made: list[str], kind: str) -> str:
+    """A new PostgreSQL role of ``kind`` (``leaseq roles create``), dropped after the test; its DSN."""
+    name = f"lq_{kind}_{uuid.uuid4().hex[:8]}"
+    dsn = roles.create_role(q, kind, name)
+    made.append(name)
+    return dsn
+
+
+@pytest.fixture
+def verifier_dsn(q: leaseq.Queue, made_roles: list[str]) -> str:
+    """What a downstream is given: a verifier role's DSN on PostgreSQL, the queue's file on SQLite."""
+    if q.dialect == "sqlite":
+        return q.store.dsn
+    return make_role(q, made_roles, "verifier")

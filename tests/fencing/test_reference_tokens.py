@@ -22,7 +22,6 @@ from fastapi import FastAPI, Request
 from fastapi.testclient import TestClient
 
 import leaseq
-from leaseq import roles
 from leaseq.core import action_tokens
 from leaseq.fencing import (ActionSigner, FencedStore, FencingMiddleware, InvalidActionToken, QueueVerifier,
                             UnsafeOfflineTokens,
@@ -30,32 +29,7 @@ from leaseq.fencing import (ActionSigner, FencedStore, FencingMiddleware, Invali
 from leaseq.store.functions import call_sql, load_signatures
 from leaseq.store.queries import load_named_queries
 
-
-@pytest.fixture
-def made_roles(q: leaseq.Queue) -> Iterator[list[str]]:
-    """Names of roles made by a test, dropped afterwards."""
-    made: list[str] = []
-    yield made
-    if made:
-        with psycopg.connect(q.store.dsn, autocommit=True) as conn:
-            for name in made:
-                conn.execute("SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE usename = %s", (name,))
-                conn.execute(f'DROP ROLE IF EXISTS "{name}"')
-
-
-def make_role(q: leaseq.Queue, made: list[str], kind: str) -> str:
-    name = f"lq_{kind}_{uuid.uuid4().hex[:8]}"
-    dsn = roles.create_role(q, kind, name)
-    made.append(name)
-    return dsn
-
-
-@pytest.fixture
-def verifier_dsn(q: leaseq.Queue, made_roles: list[str]) -> str:
-    """What a downstream is given: a verifier role's DSN on PostgreSQL, the queue's file on SQLite."""
-    if q.dialect == "sqlite":
-        return q.store.dsn
-    return make_role(q, made_roles, "verifier")
+from .conftest import make_role
 
 
 @pytest.fixture
@@ -224,7 +198,8 @@ def test_an_unreachable_queue_refuses_the_request(q: leaseq.Queue, tmp_path) -> 
             else "postgresql://nobody:x@127.0.0.1:1/none")
     api = FastAPI()
     api.add_middleware(FencingMiddleware, store=store, verifier=QueueVerifier(down),
-                       resource=route_param("order_id", prefix="order:"))
+                       resource=route_param("order_id", prefix="order:"),
+                       actions={"POST /orders/{order_id}/pay": "orders.pay"})
 
     @api.post("/orders/{order_id}/pay")
     def pay(order_id: int) -> dict:
@@ -239,7 +214,7 @@ def test_an_unreachable_queue_refuses_the_request(q: leaseq.Queue, tmp_path) -> 
 def test_an_offline_signer_alone_warns_loudly(tmp_path) -> None:
     store = FencedStore(f"sqlite:///{tmp_path / 'shop3.db'}")
     with pytest.warns(UnsafeOfflineTokens, match="superseded"):
-        FencingMiddleware(FastAPI(), store=store, resource=lambda scope: None,
+        FencingMiddleware(FastAPI(), store=store, resource=lambda scope: None, action=lambda scope: "orders.pay",
                           insecure_offline_signer=ActionSigner({"k": bytes(32)}, "k"))
     with pytest.raises(leaseq.ConfigError, match="verifier"):
         FencingMiddleware(FastAPI(), store=store, resource=lambda scope: None)

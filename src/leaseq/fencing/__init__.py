@@ -31,7 +31,10 @@ What is here:
   queue, in the same transaction, whether the attempt still holds its lease.
 - :class:`FencingMiddleware`: the same rules for an ASGI service, from a
   ``Leaseq-Action-Token`` (required unless the loudly named
-  ``insecure_trust_all_callers=True``); :func:`route_param` names resources
+  ``insecure_trust_all_callers=True``), each guarded route's action declared
+  in ``actions=`` (:class:`RouteActions`: a token for another action, a route
+  with no declared action and a request naming no resource are refused,
+  unless the route is in ``exempt=``); :func:`route_param` names resources
   from the app's own routes, one key per record.
 - :class:`QueueVerifier`: the default check of an action token, online:
   the queue's database minted it (a reference, of which it keeps only the
@@ -48,14 +51,15 @@ What is here:
 from ..core.errors import StaleToken
 from .errors import IdempotencyKeyReused, InvalidActionToken
 from .lease_check import LeaseCheck, QueueLeaseCheck
-from .middleware import FenceGrant, FencingMiddleware, UnsafeOfflineTokens, fence_grant
+from .middleware import FenceGrant, FencingMiddleware, UnsafeAnyAction, UnsafeOfflineTokens, fence_grant
 from .online import QueueVerifier
-from .routes import route_param
+from .routes import RouteActions, RouteMatch, match_route, route_param
 from .store import FencedStore, StoredOutcome, fencing_token
 from .tokens import ActionClaims, ActionSigner
 
 __all__ = [
     "ActionClaims", "ActionSigner", "FenceGrant", "FencedStore", "FencingMiddleware", "IdempotencyKeyReused",
-    "InvalidActionToken", "LeaseCheck", "QueueLeaseCheck", "QueueVerifier", "StaleToken", "StoredOutcome",
-    "UnsafeOfflineTokens", "fence_grant", "fencing_token", "route_param",
+    "InvalidActionToken", "LeaseCheck", "QueueLeaseCheck", "QueueVerifier", "RouteActions", "RouteMatch",
+    "StaleToken", "StoredOutcome", "UnsafeAnyAction", "UnsafeOfflineTokens", "fence_grant", "fencing_token",
+    "match_route", "route_param",
 ]

@@ -7,7 +7,9 @@ The safe set-up, for any ASGI framework (Starlette, FastAPI)::
     app.add_middleware(FencingMiddleware, store=FencedStore(dsn),
                        verifier=QueueVerifier(verifier_dsn),     # leaseq roles create verifier NAME
                        resource=route_param("order_id", prefix="order:"),
-                       action=lambda scope: "orders.pay")
+                       actions={"POST /orders/{order_id}/pay": "orders.pay",
+                                "POST /orders/{order_id}/refund": "orders.refund"},
+                       exempt=["POST /orders/search"])
 
 The verifier asks the queue about every token (:class:`QueueVerifier`):
 only the queue's database mints one, and the token of an attempt that no
@@ -19,14 +21,35 @@ mint and which stay good until they expire (the lease deadline they were
 issued under, plus ``leeway_seconds``) after their attempt is superseded;
 the middleware logs and warns that it is running so.
 
-For a request whose method is guarded (POST, PUT, PATCH, DELETE by default)
-and whose ``resource(scope)`` is not None:
+Every request whose method is guarded (POST, PUT, PATCH, DELETE by default;
+GET, HEAD and OPTIONS pass untouched) must say what it does and to what,
+or it is refused (``403``, code ``forbidden``, nothing runs):
+
+- Its route, as the app's own router matches it: a path no route takes ->
+  ``reason`` ``unknown_route`` (an app with no Starlette router names the
+  action and the resource through ``action=`` and ``resource=`` callables).
+  A route listed in ``exempt=`` (``"METHOD /path/template"``, as declared)
+  is let through unfenced, as a safe method is: for guarded routes that
+  change nothing the fence guards.
+- Its action: the one ``actions=`` declares for its route
+  (``"POST /orders/{order_id}/pay": "orders.pay"``, the template as the route
+  was declared, mount and router prefixes included; see
+  :class:`RouteActions`), or what an ``action=`` callable names instead. A
+  route that performs no declared action -> ``undeclared_action``. Only
+  ``insecure_any_action=True`` (loud, and warned of) accepts a token for any
+  action on every route.
+- Its resource, ``resource(scope)``: a request whose resource cannot be named
+  (a record identified in the body, a route without the path parameter) ->
+  ``no_resource``; exempt the route if it needs no fence.
+
+Then:
 
 - A valid ``Leaseq-Action-Token`` is required (``403``, code ``forbidden``,
   with a ``reason``): vouched for by the queue (online: its attempt still
   holds a live lease; offline: signed), unexpired (its expiry is the
   lease deadline it was issued under; ``leeway_seconds``, default 1, covers
-  clock skew), for the request's ``action(scope)`` when given, and naming
+  clock skew), issued for the request's action (``reason`` ``wrong_action``
+  otherwise: a token for ``orders.pay`` does not refund), and naming
   the request's resource (a token that names another resource, or none while
   ``require_resource_binding`` is on, is refused). The verified
   :class:`ActionClaims` are in ``scope["leaseq.action"]``.
@@ -49,12 +72,15 @@ Without a verifier or a signer the middleware refuses to start, unless
 generation in ``Leaseq-Fencing-Token: <task_id>.<generation>`` and replay
 any stored response by its key; use it only where every caller is trusted.
 There a request with no fencing token gets ``428`` (``token_required``)
-unless ``require_token=False``, which lets it through unfenced.
+unless ``require_token=False``, which lets it through unfenced; there is no
+token to hold to an action, so ``actions=`` is optional (given, it still
+refuses the routes it does not declare).
 
 ``resource(scope)`` must give one key per record, however the path spells
 it: :func:`route_param` reads a path parameter through the app's own router
 and normalises integers (``/orders/01`` and ``/orders/+1`` are ``order:1``).
-A callable that returns None leaves the request alone.
+A callable that returns None names no resource: the request is refused
+unless its route is exempt.
 
 The handler runs inside the fence, in :meth:`FencedStore.apply`'s
 transaction, with the fence row locked until it returns: requests of one
@@ -89,7 +115,7 @@ import json
 import logging
 import re
 import warnings
-from collections.abc import Awaitable, Callable, Iterable, MutableMapping
+from collections.abc import Awaitable, Callable, Iterable, Mapping, MutableMapping
 from dataclasses import dataclass, field
 from functools import partial
 from typing import Any
@@ -101,6 +127,7 @@ import anyio.to_thread
 from ..core.errors import BackendUnavailable, ConfigError, InvalidInput, LeaseqError, StaleToken
 from .errors import IdempotencyKeyReused, InvalidActionToken
 from .store import MAX_TOKEN, FencedStore
+from .routes import RouteActions, RouteMatch, match_route, route_key
 from .routes import route_param  # noqa: F401 - re-exported: it was defined here
 from ..core import action_tokens
 from .online import QueueVerifier
@@ -123,6 +150,20 @@ def warn_offline(where: str) -> None:
                "`leaseq roles create verifier NAME`")
     logger.warning(message)
     warnings.warn(message, UnsafeOfflineTokens, stacklevel=3)
+
+class UnsafeAnyAction(UserWarning):
+    """A fence accepts an action token issued for any action on every route (``insecure_any_action=True``)."""
+
+
+def warn_any_action(where: str) -> None:
+    """Say loudly that ``where`` accepts a token for any action on every route."""
+    message = (f"{where}: UNSAFE insecure_any_action=True: a token issued for one action (orders.pay) is "
+               "accepted on every guarded route (orders.refund, orders.delete), so a worker allowed one action "
+               "may perform all of them. Declare what each route does instead: "
+               "actions={'POST /orders/{order_id}/pay': 'orders.pay', ...}")
+    logger.warning(message)
+    warnings.warn(message, UnsafeAnyAction, stacklevel=3)
+
 
 Scope = MutableMapping[str, Any]
 Message = MutableMapping[str, Any]
@@ -157,6 +198,11 @@ def fence_grant(request_or_scope: Any) -> FenceGrant | None:
     scope = getattr(request_or_scope, "scope", request_or_scope)
     grant: FenceGrant | None = scope.get(SCOPE_KEY)
     return grant
+
+
+def _where(scope: Scope) -> str:
+    """The request as an error names it: its method and path (cut short)."""
+    return f"{scope['method']} {str(scope.get('path', ''))[:200]}"
 
 
 class _Refused(Exception):
@@ -216,10 +262,17 @@ class FencingMiddleware:
     to the verifier and HMAC tokens to the signer.
     ``insecure_trust_all_callers=True`` is the explicit opt-out
     for services whose every caller is trusted. ``resource(scope)`` names the
-    fenced resource of a request (see :func:`route_param`), or returns None
-    to leave the request alone. ``action(scope)``, with a signer, names the
-    action the request performs; tokens issued for another action are
-    refused (without it, any action is accepted). ``leeway_seconds`` is the
+    fenced resource of a request (see :func:`route_param`); a guarded request
+    whose resource it cannot name (None) is refused. ``actions`` maps each
+    guarded route, ``"METHOD /path/template"`` as declared, to the action it
+    performs (a :class:`RouteActions` or a plain dict); a token issued for
+    another action is refused, and so is a guarded request whose route
+    performs no declared action or that no route takes. ``action(scope)``, a
+    callable returning the action's name (None: no declared action), overrides
+    the table. One of the two is required with a verifier or a signer;
+    ``insecure_any_action=True`` is the explicit, warned-of opt-out that
+    accepts a token for any action on every route. ``exempt`` lists guarded
+    routes (same spelling) let through unfenced. ``leeway_seconds`` is the
     clock skew tolerated past a token's expiry. ``max_concurrency`` bounds
     the fenced requests in flight (each holds a thread and, on PostgreSQL, a
     pooled connection while its handler runs).
@@ -228,7 +281,9 @@ class FencingMiddleware:
     def __init__(self, app: ASGIApp, store: FencedStore, resource: Callable[[Scope], str | None], *,
                  verifier: QueueVerifier | None = None, insecure_offline_signer: ActionSigner | None = None,
                  signer: ActionSigner | None = None, insecure_trust_all_callers: bool = False,
-                 action: Callable[[Scope], str | None] | None = None, require_resource_binding: bool = True,
+                 actions: Mapping[str, str] | None = None, action: Callable[[Scope], str | None] | None = None,
+                 exempt: Iterable[str] = (), insecure_any_action: bool = False,
+                 require_resource_binding: bool = True,
                  leeway_seconds: float = 1.0, require_token: bool = True,
                  token_header: str = "Leaseq-Fencing-Token", key_header: str = "Idempotency-Key",
                  action_header: str = "Leaseq-Action-Token",
@@ -253,8 +308,31 @@ class FencingMiddleware:
                               "to trust every caller's headers instead, pass insecure_trust_all_callers=True")
         if (signer is not None or verifier is not None) and insecure_trust_all_callers:
             raise ConfigError("insecure_trust_all_callers: contradicts verifier= and signer=; pass one of them")
+        if action is not None and not callable(action):
+            raise InvalidInput("action", "must be a callable taking the ASGI scope and returning the action's name")
+        if action is not None and actions is not None:
+            raise ConfigError("action: overrides the table actions=; pass one of them")
+        table = RouteActions(actions) if actions is not None and not isinstance(actions, RouteActions) else actions
+        if insecure_any_action is not False and insecure_any_action is not True:
+            raise InvalidInput("insecure_any_action", "must be True or False")
+        if insecure_any_action and (table is not None or action is not None):
+            raise ConfigError("insecure_any_action: contradicts actions= and action=; pass one of them")
+        if (table is None and action is None and not insecure_any_action
+                and (signer is not None or verifier is not None)):
+            raise ConfigError("actions: FencingMiddleware needs the action each guarded route performs, so that "
+                              "a token issued for another action is refused: actions={'POST /orders/{order_id}/pay': "
+                              "'orders.pay', ...} (routes as declared), or an action=callable(scope); to accept a "
+                              "token for any action on every route, pass insecure_any_action=True")
+        if isinstance(exempt, str) or not isinstance(exempt, Iterable):
+            raise InvalidInput("exempt", "must be a list of routes, 'METHOD /path/template' as declared")
+        exempted = frozenset(route_key(route, "exempt") for route in exempt)
+        both = sorted(exempted & set(table or ()))
+        if both:
+            raise ConfigError(f"exempt: {both[0]!r} is also in actions=; a route is fenced or exempt, not both")
         if signer is not None:
             warn_offline("FencingMiddleware")
+        if insecure_any_action:
+            warn_any_action("FencingMiddleware")
         if (isinstance(leeway_seconds, bool) or not isinstance(leeway_seconds, (int, float))
                 or not 0 <= leeway_seconds <= 60):
             raise InvalidInput("leeway_seconds", f"must be between 0 and 60 seconds, not {leeway_seconds!r}")
@@ -271,7 +349,13 @@ class FencingMiddleware:
         self.verifier = verifier
         #: True only when explicitly asked for: callers' headers are believed as sent
         self.insecure_trust_all_callers = signer is None and verifier is None
-        self.action = action
+        #: The action of a request: the table's (``actions=``) or the ``action=`` callable's.
+        self.action: Callable[[Scope], str | None] | None = table if table is not None else action
+        self.actions: RouteActions | None = table
+        #: Guarded routes let through unfenced, as the safe methods are.
+        self.exempt = exempted
+        #: True only when explicitly asked for: a token for any action is accepted on every route
+        self.insecure_any_action = bool(insecure_any_action)
         self.require_resource_binding = require_resource_binding
         self.leeway_seconds = float(leeway_seconds)
         self._names = {"token": token_header, "key": key_header, "action": action_header}
@@ -288,15 +372,27 @@ class FencingMiddleware:
         scope["extensions"] = {k: v for k, v in (scope.get("extensions") or {}).items()
                                if k != "http.response.pathsend"}
         try:
-            resource_key = self._resource(scope)
-            if resource_key is None:
+            routed, route = self._route(scope)
+            if routed and route is None:
+                raise _Refused(403, "forbidden", f"{_where(scope)}: no route of this "
+                               "service takes the request, so it performs no declared action",
+                               reason="unknown_route")
+            if route is not None and route.key in self.exempt:
                 await self.app(scope, receive, send)
                 return
+            action = self._action(scope, route)
+            resource_key = self._resource(scope)
+            if resource_key is None:
+                where = route.key if route is not None else _where(scope)
+                raise _Refused(403, "forbidden", f"{where}: the fence cannot name the resource this request "
+                               "changes (a guarded method on a route without the resource in its path); name "
+                               "it with resource= (e.g. route_param(...)), or list the route in exempt= if "
+                               "it changes nothing the fence guards", reason="no_resource")
             if self.verifier is not None:  # a round trip to the queue: off the event loop
                 token, key, claims = await anyio.to_thread.run_sync(self._read_headers, scope, resource_key,
-                                                                    limiter=self._threads())
+                                                                    action, limiter=self._threads())
             else:
-                token, key, claims = self._read_headers(scope, resource_key)
+                token, key, claims = self._read_headers(scope, resource_key, action)
         except _Refused as refusal:
             await _send_json(send, refusal.status, {"error": {"code": refusal.code, "message": refusal.message,
                                                               **refusal.extra}})
@@ -305,6 +401,36 @@ class FencingMiddleware:
             await self.app(scope, receive, send)  # only with insecure_trust_all_callers and require_token=False
             return
         await self._guarded(scope, receive, send, resource_key, token, key, claims)
+
+    def _route(self, scope: Scope) -> tuple[bool, RouteMatch | None]:
+        """Whether the app has a router to ask, and the route the request reaches (None: no route
+        takes it). Without a router, only ``action=`` and ``resource=`` callables can say."""
+        try:
+            return True, match_route(scope)
+        except ConfigError as exc:
+            if self.actions is not None or self.exempt:
+                raise _Refused(500, exc.code, f"actions=, exempt=: {exc}") from None
+            return False, None
+
+    def _action(self, scope: Scope, route: RouteMatch | None) -> str | None:
+        """The action the request performs (None: any, with insecure_any_action or no tokens to check)."""
+        if self.action is None:
+            return None
+        try:
+            action = self.action(scope)
+        except InvalidInput as exc:
+            raise _Refused(400, exc.code, f"action: {exc}") from None
+        except LeaseqError as exc:
+            raise _Refused(500, exc.code, f"the request's action could not be named: {exc}") from None
+        if action is not None and (not isinstance(action, str) or not action):
+            raise _Refused(500, "config", "action(scope) must return an action's name or None")
+        if action is None:
+            where = route.key if route is not None else _where(scope)
+            hint = (f"declare it in actions= ({where!r}: '<the action>')" if self.actions is not None
+                    else "action(scope) named none")
+            raise _Refused(403, "forbidden", f"{where} performs no declared action: {hint}, or list the route in "
+                           "exempt= if it changes nothing the fence guards", reason="undeclared_action")
+        return action
 
     def _resource(self, scope: Scope) -> str | None:
         try:
@@ -317,7 +443,7 @@ class FencingMiddleware:
             raise _Refused(500, "config", "resource(scope) must return a string or None")
         return resource_key
 
-    def _read_headers(self, scope: Scope, resource_key: str
+    def _read_headers(self, scope: Scope, resource_key: str, action: str | None
                       ) -> tuple[str | None, str | None, ActionClaims | None]:
         found: dict[bytes, str] = {}
         for name, value in scope.get("headers", []):
@@ -344,16 +470,15 @@ class FencingMiddleware:
                 raise _Refused(428, "token_required", f"{self._names['token']}: this resource "
                                "requires a fencing token")
             return token, key, None
-        claims = self._verify(scope, found.get(self.action_header), resource_key, token, key)
+        claims = self._verify(found.get(self.action_header), action, resource_key, token, key)
         scope["leaseq.action"] = claims
         return claims.fencing_token, claims.idempotency_key, claims
 
-    def _verify(self, scope: Scope, raw: str | None, resource_key: str, token: str | None,
+    def _verify(self, raw: str | None, action: str | None, resource_key: str, token: str | None,
                 key: str | None) -> ActionClaims:
         try:
             if not raw:
                 raise InvalidActionToken("missing", f"{self._names['action']} header is required")
-            action = self.action(scope) if self.action is not None else None
             if self.verifier is not None and (self.signer is None or action_tokens.is_reference(raw)):
                 claims = self.verifier.verify(raw, action=action, idempotency_key=key, resource=resource_key)
             else:

@@ -27,7 +27,8 @@ worker act on its task in the queue; a token lets it ask for one named
 action, under one idempotency key, for one attempt (task and generation),
 until it expires. It is not a credential for the downstream system as a
 whole: the service still applies its own permissions, and a token for
-``email.send`` is refused for ``email.delete``. A token may be presented
+``email.send`` is refused for ``email.delete`` (:class:`FencingMiddleware`
+takes each request's action from its route, ``actions=``). A token may be presented
 again within its lifetime (a retry of the same action); pair it with the
 idempotency key and the fencing token (``claims.generation``) so a retry is
 replayed rather than repeated, and a superseded attempt is refused.
