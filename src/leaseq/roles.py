@@ -86,15 +86,27 @@ def _check_name(name: str) -> str:
     return name
 
 
+#: The most server connections one login role may hold at once (``CONNECTION LIMIT``), unless
+#: ``create_role(connection_limit=)`` says otherwise: a worker process holds at most its two pools
+#: (10 each by default) and a listening connection, so this is two such processes with room to
+#: spare, and a stolen credential cannot take every connection the server has (max_connections).
+DEFAULT_CONNECTION_LIMIT = 50
+
+
 def create_role(q: Any, kind: str, name: str, *, queues: list[str] | None = None,
-                password: str | None = None) -> str:
+                password: str | None = None, connection_limit: int = DEFAULT_CONNECTION_LIMIT) -> str:
     """Make login role ``name`` of ``kind`` (worker, operator, viewer, verifier), scoped to ``queues``
-    if given; returns the DSN it logs in with (the password generated unless given)."""
+    if given; returns the DSN it logs in with (the password generated unless given). The role
+    may hold at most ``connection_limit`` connections at once (-1: no limit of its own)."""
     from psycopg import errors, sql
 
     if kind not in GROUPS:
         raise InvalidInput("kind", f"must be one of {', '.join(GROUPS)} (got {kind!r})")
     _check_name(name)
+    if isinstance(connection_limit, bool) or not isinstance(connection_limit, int) or connection_limit < -1 \
+            or connection_limit == 0 or connection_limit > 100_000:
+        raise InvalidInput("connection_limit", f"must be a number of connections from 1 to 100000, or -1 for "
+                                               f"no limit of the role's own (got {connection_limit!r})")
     if queues is not None:
         queues = sorted({str(x) for x in queues})
         if not queues:
@@ -105,8 +117,9 @@ def create_role(q: Any, kind: str, name: str, *, queues: list[str] | None = None
     with _as_admin(q) as conn:
         try:
             with conn.transaction():
-                conn.execute(sql.SQL("CREATE ROLE {} LOGIN PASSWORD {} IN ROLE {}").format(
-                    sql.Identifier(name), sql.Literal(password), sql.Identifier(GROUPS[kind])))
+                conn.execute(sql.SQL("CREATE ROLE {} LOGIN PASSWORD {} CONNECTION LIMIT {} IN ROLE {}").format(
+                    sql.Identifier(name), sql.Literal(password), sql.Literal(connection_limit),
+                    sql.Identifier(GROUPS[kind])))
                 conn.execute("INSERT INTO leaseq_db_roles (role, kind, queues) VALUES (%s, %s, %s)",
                              (name, kind, queues))
         except errors.DuplicateObject:

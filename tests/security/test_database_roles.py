@@ -482,3 +482,37 @@ def test_a_worker_role_cannot_manage_roles_and_is_told_so_in_one_line(admin, mak
     assert result.exit_code == 2, result.output
     assert result.output.startswith("error: dsn: ") and "Traceback" not in result.output, result.output
     assert snapshot(admin) == before
+
+
+def test_a_role_holds_at_most_its_connection_limit(admin, make_role) -> None:
+    """A stolen credential cannot take every connection the server has: a role made by
+    ``leaseq roles create`` holds at most 50 at once, or what --connection-limit says. A limit
+    that is no number of connections is refused in one line, and no role is made."""
+    with psycopg.connect(admin.store.dsn) as conn:
+        def limit_of(role: str) -> int:
+            return conn.execute("SELECT rolconnlimit FROM pg_roles WHERE rolname = %s", (role,)).fetchone()[0]
+
+        default = psycopg.conninfo.conninfo_to_dict(make_role("worker"))["user"]
+        assert limit_of(default) == roles.DEFAULT_CONNECTION_LIMIT == 50
+    name = f"lq_worker_{uuid.uuid4().hex[:8]}"
+    result = CliRunner().invoke(cli, ["roles", "create", "worker", name, "--connection-limit", "2"],
+                                env={"LEASEQ_DSN": admin.store.dsn})
+    assert result.exit_code == 0, result.output
+    dsn = result.stdout.strip().splitlines()[0]
+    try:
+        held = [psycopg.connect(dsn) for _ in range(2)]
+        with pytest.raises(psycopg.OperationalError, match="too many connections"):
+            psycopg.connect(dsn)
+        for c in held:
+            c.close()
+    finally:
+        with psycopg.connect(admin.store.dsn, autocommit=True) as conn:
+            conn.execute(f'DROP ROLE IF EXISTS "{name}"')
+    for bad in ("0", "-2", "many"):
+        other = f"lq_worker_{uuid.uuid4().hex[:8]}"
+        result = CliRunner().invoke(cli, ["roles", "create", "worker", other, "--connection-limit", bad],
+                                    env={"LEASEQ_DSN": admin.store.dsn})
+        assert result.exit_code != 0 and "connection" in result.output.lower(), result.output
+        assert "Traceback" not in result.output and "connection" in result.output.splitlines()[-1].lower()
+        with psycopg.connect(admin.store.dsn) as conn:
+            assert conn.execute("SELECT 1 FROM pg_roles WHERE rolname = %s", (other,)).fetchone() is None

@@ -29,10 +29,13 @@ def roles() -> None:
               help="Read the role's password from FILE (first line) instead of generating one.")
 @click.option("--output", metavar="FILE", default=None,
               help="Write the DSN to FILE, created new with mode 0600, instead of printing it.")
+@click.option("--connection-limit", metavar="N", type=int, default=None,
+              help="The most server connections the role may hold at once (default 50: two worker "
+                   "processes' pools with room to spare; -1: no limit of its own).")
 @json_option
 @click.pass_context
 def create(ctx: click.Context, kind: str, name: str, queues: tuple[str, ...], password_file: str | None,
-           output: str | None, as_json: bool) -> None:
+           output: str | None, connection_limit: int | None, as_json: bool) -> None:
     """Create login role NAME of KIND and print its DSN once.
 
     A worker role holds no privilege on any table: it claims, renews, completes
@@ -51,7 +54,9 @@ def create(ctx: click.Context, kind: str, name: str, queues: tuple[str, ...], pa
             raise CliError("password_file", f"cannot read {password_file}: {exc.strerror}") from None
     sink = _private_file(output) if output is not None else None
     try:
-        dsn = db_roles.create_role(open_queue(ctx), kind, name, queues=list(queues) or None, password=password)
+        dsn = db_roles.create_role(open_queue(ctx), kind, name, queues=list(queues) or None, password=password,
+                                   connection_limit=(db_roles.DEFAULT_CONNECTION_LIMIT if connection_limit is None
+                                                     else connection_limit))
     except BaseException:
         if sink is not None and output is not None:
             import os
