@@ -21,7 +21,7 @@ from .support import error_of, snapshot, wait_until
 
 
 def _worker(svc: Any, name: str = "agent") -> tuple[Any, Any, str]:
-    token = svc.token("worker", name=f"{name}-token")
+    token = svc.token("worker", name=f"{name}-token", all_queues=True)
     rq = svc.remote(token)
     return rq, rq.register_worker(name), token
 

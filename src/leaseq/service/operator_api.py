@@ -75,7 +75,11 @@ class TokenBody(Body):
     name: str
     role: Literal["worker", "viewer", "operator", "admin"]
     queues: list[str] | None = None
+    #: a worker token without queues: the explicit opt-in to every queue
+    all_queues: bool = False
     read_payloads: bool | None = None
+    #: a worker token may record ungated intents on queues it claims from itself
+    own_intents: bool = False
     expires_in: float | None = None
 
 
@@ -188,26 +192,33 @@ def get_task(request: Request, task_id: int = TaskId,
 @router.get("/tasks", tags=["tasks"], summary="Tasks, newest first")
 def list_tasks(request: Request, status: str | None = Query(None), queue: str | None = Query(None),
                limit: int = Query(100, ge=1, le=1000),
-               principal: auth.Principal = Depends(need("read"))) -> dict[str, Any]:
-    tasks = _queue(request).list_tasks(status=status, queue=queue, limit=limit)
+               principal: auth.Principal = Depends(api_principal)) -> dict[str, Any]:
+    # a queue-limited token: the tasks of its queues only (another queue named: 403)
+    queues = authz.readable_queues(principal, queue)
+    q = _queue(request)
+    if queues is None:
+        tasks = q.list_tasks(status=status, limit=limit)
+    else:
+        tasks = sorted((t for name in queues for t in q.list_tasks(status=status, queue=name, limit=limit)),
+                       key=lambda t: t.id, reverse=True)[:limit]
     return {"tasks": [present_task(t, principal) for t in tasks]}
 
 
 @router.get("/tasks/{task_id}/events", tags=["tasks"], summary="A task's evidence trail")
 def task_events(request: Request, task_id: int = TaskId,
-                principal: auth.Principal = Depends(need("read"))) -> dict[str, Any]:
+                principal: auth.Principal = Depends(need("read_trail"))) -> dict[str, Any]:
     return {"events": [present_event(e, principal) for e in _queue(request).events(task_id)]}
 
 
 @router.get("/tasks/{task_id}/effects", tags=["tasks"], summary="A task's action ledger")
 def task_effects(request: Request, task_id: int = TaskId,
-                 principal: auth.Principal = Depends(need("read"))) -> dict[str, Any]:
+                 principal: auth.Principal = Depends(need("read_trail"))) -> dict[str, Any]:
     return {"effects": [present_effect(fx, principal) for fx in _queue(request).effects(task_id)]}
 
 
 @router.get("/tasks/{task_id}/timeline", tags=["tasks"], summary="The evidence trail by claim generation")
 def timeline(request: Request, task_id: int = TaskId,
-             principal: auth.Principal = Depends(need("read"))) -> dict[str, Any]:
+             principal: auth.Principal = Depends(need("read_trail"))) -> dict[str, Any]:
     q = _queue(request)
     task = q.get(task_id)
     return task_timeline(task, q.events(task_id), q.effects(task_id), principal)
@@ -215,20 +226,25 @@ def timeline(request: Request, task_id: int = TaskId,
 
 @router.get("/approvals", tags=["approvals"], summary="Tasks awaiting approval, oldest first, with their digests")
 def approvals(request: Request, queue: str | None = Query(None), limit: int = Query(100, ge=1, le=1000),
-              principal: auth.Principal = Depends(need("read"))) -> dict[str, Any]:
-    return {"approvals": [present_approval(a, principal)
-                          for a in _queue(request).approvals(queue=queue, limit=limit)]}
+              principal: auth.Principal = Depends(api_principal)) -> dict[str, Any]:
+    queues = authz.readable_queues(principal, queue)  # a queue-limited token: its queues only
+    q = _queue(request)
+    found = (q.approvals(limit=limit) if queues is None else
+             sorted((a for name in queues for a in q.approvals(queue=name, limit=limit)),
+                    key=lambda a: (a.requested_at, a.task_id))[:limit])
+    return {"approvals": [present_approval(a, principal) for a in found]}
 
 
 @router.get("/tasks/{task_id}/approval", tags=["approvals"], summary="A task's approval request and decision")
 def task_approval(request: Request, task_id: int = TaskId,
-                  principal: auth.Principal = Depends(need("read"))) -> dict[str, Any]:
+                  principal: auth.Principal = Depends(need("read_trail"))) -> dict[str, Any]:
     return present_approval(_queue(request).approval(task_id), principal)
 
 
 @router.get("/queues", tags=["queues"], summary="Counts by status, oldest queued age, paused state")
-def queues(request: Request, principal: auth.Principal = Depends(need("read"))) -> dict[str, Any]:
-    return {"queues": queue_overview(_queue(request))}
+def queues(request: Request, principal: auth.Principal = Depends(need("read_queues"))) -> dict[str, Any]:
+    # a queue-limited token: the rows of its queues only
+    return {"queues": [row for row in queue_overview(_queue(request)) if principal.may_use_queue(row["name"])]}
 
 
 @router.get("/workers", tags=["workers"], summary="Registered workers and the leases they hold")
@@ -328,7 +344,8 @@ def list_tokens(request: Request, principal: auth.Principal = Depends(need("list
 def create_token(body: TokenBody, request: Request,
                  principal: auth.Principal = Depends(need("create_token"))) -> dict[str, Any]:
     token, record = auth.create_token(_queue(request), name=body.name, role=body.role, queues=body.queues,
-                                      read_payloads=body.read_payloads, expires_in=body.expires_in,
+                                      all_queues=body.all_queues, read_payloads=body.read_payloads,
+                                      own_intents=body.own_intents, expires_in=body.expires_in,
                                       created_by=principal.actor)
     return {"token": token, **to_json(record)}
 
