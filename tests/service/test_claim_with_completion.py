@@ -29,7 +29,7 @@ from .support import error_of, snapshot
 
 
 def _worker(svc: Any, name: str = "agent", **options: Any) -> tuple[RemoteQueue, Any, str]:
-    token = svc.token("worker", name=f"{name}-token", **options, all_queues=True)
+    token = svc.token("worker", name=f"{name}-token", **(options or {"all_queues": True}))
     rq = svc.remote(token)
     return rq, rq.register_worker(name), token
 

@@ -134,6 +134,18 @@ class Session:
     csrf: str
 
 
+def _refusal(principal: auth.Principal) -> str | None:
+    """Why ``principal`` may not use the dashboard (None: it may). It reads every queue, so a
+    queue-limited token is refused too (:func:`leaseq.authz.authorize_role` decides)."""
+    try:
+        authz.authorize_role(principal, "read")
+    except auth.AccessDenied as exc:
+        if authz.ACTIONS["read"].right not in auth.RIGHTS.get(principal.role, frozenset()):
+            return f"the {principal.role} role cannot use the dashboard"
+        return f"{exc}: read its queues through the API"
+    return None
+
+
 def session(request: Request) -> Session:
     """Dependency: the verified session of the cookie, or a redirect to the login form."""
     session_id = request.cookies.get(COOKIE)
@@ -144,10 +156,9 @@ def session(request: Request) -> Session:
         principal = access.verify_session(session_id, client_address(request))
     except auth.Unauthorized as exc:
         raise LoginRequired(f"session ended: {exc}", clear=True) from None
-    try:
-        authz.authorize_role(principal, "read")  # refused to a queue-limited token too: it shows every queue
-    except auth.AccessDenied as exc:
-        raise LoginRequired(str(exc), clear=True) from None
+    refused = _refusal(principal)
+    if refused is not None:
+        raise LoginRequired(refused, clear=True)
     return Session(principal, csrf_token(session_id))
 
 
@@ -261,10 +272,9 @@ def login(request: Request, token: str = Form(""), csrf: str = Form("")) -> Resp
         principal = access.authenticate(token.strip(), client_address(request))
     except LeaseqError as exc:
         return _login_page(request, 401, str(exc))
-    try:
-        authz.authorize_role(principal, "read")  # refused to a queue-limited token too: it shows every queue
-    except auth.AccessDenied as exc:
-        return _login_page(request, 403, str(exc))
+    refused = _refusal(principal)
+    if refused is not None:
+        return _login_page(request, 403, refused)
     settings = request.app.state.settings
     session_id = auth.create_session(access.queue, principal, seconds=settings.session_seconds)
     response = RedirectResponse("/", status_code=303, headers={"Cache-Control": "no-store"})
