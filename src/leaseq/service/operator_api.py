@@ -27,7 +27,8 @@ from ..core.model import Task
 from ..aio import AsyncQueue
 from ..queue import Queue
 from .access import WORKER_ID_PATTERN, api_principal, need, room_to_wait
-from .views import present_approval, present_effect, present_event, present_task, queue_overview, task_timeline
+from .views import (present_approval, present_effect, present_event, present_task, readable_approvals,
+                    readable_overview, readable_tasks, task_timeline)
 from .wakeups import WorkSignal, wait_for_task
 from .wire import REDACTED, record_json, to_json
 from .worker_api import Body, TaskId
@@ -194,13 +195,7 @@ def list_tasks(request: Request, status: str | None = Query(None), queue: str | 
                limit: int = Query(100, ge=1, le=1000),
                principal: auth.Principal = Depends(api_principal)) -> dict[str, Any]:
     # a queue-limited token: the tasks of its queues only (another queue named: 403)
-    queues = authz.readable_queues(principal, queue)
-    q = _queue(request)
-    if queues is None:
-        tasks = q.list_tasks(status=status, limit=limit)
-    else:
-        tasks = sorted((t for name in queues for t in q.list_tasks(status=status, queue=name, limit=limit)),
-                       key=lambda t: t.id, reverse=True)[:limit]
+    tasks = readable_tasks(_queue(request), principal, status=status, queue=queue, limit=limit)
     return {"tasks": [present_task(t, principal) for t in tasks]}
 
 
@@ -227,11 +222,7 @@ def timeline(request: Request, task_id: int = TaskId,
 @router.get("/approvals", tags=["approvals"], summary="Tasks awaiting approval, oldest first, with their digests")
 def approvals(request: Request, queue: str | None = Query(None), limit: int = Query(100, ge=1, le=1000),
               principal: auth.Principal = Depends(api_principal)) -> dict[str, Any]:
-    queues = authz.readable_queues(principal, queue)  # a queue-limited token: its queues only
-    q = _queue(request)
-    found = (q.approvals(limit=limit) if queues is None else
-             sorted((a for name in queues for a in q.approvals(queue=name, limit=limit)),
-                    key=lambda a: (a.requested_at, a.task_id))[:limit])
+    found = readable_approvals(_queue(request), principal, queue=queue, limit=limit)  # its queues only
     return {"approvals": [present_approval(a, principal) for a in found]}
 
 
@@ -243,8 +234,7 @@ def task_approval(request: Request, task_id: int = TaskId,
 
 @router.get("/queues", tags=["queues"], summary="Counts by status, oldest queued age, paused state")
 def queues(request: Request, principal: auth.Principal = Depends(need("read_queues"))) -> dict[str, Any]:
-    # a queue-limited token: the rows of its queues only
-    return {"queues": [row for row in queue_overview(_queue(request)) if principal.may_use_queue(row["name"])]}
+    return {"queues": readable_overview(_queue(request), principal)}  # a queue-limited token: its queues only
 
 
 @router.get("/workers", tags=["workers"], summary="Registered workers and the leases they hold")
