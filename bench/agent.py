@@ -65,7 +65,7 @@ class _service:
         from .service_load import service
 
         with leaseq.connect(self.dsn) as q:
-            token, _ = auth.create_token(q, name="bench-agent", role="worker")
+            token, _ = auth.create_token(q, name="bench-agent", role="worker", all_queues=True)
         self._cm = service(self.dsn)
         url = self._cm.__enter__()
         return {SERVER_ENV: url, TOKEN_ENV: token}

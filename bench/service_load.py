@@ -195,7 +195,8 @@ def main(argv: list[str] | None = None) -> int:
         q = leaseq.connect(dsn)
         q.migrate()
         admin_token, _ = auth.create_token(q, name="bench-enqueue", role="operator")
-        worker_tokens = [auth.create_token(q, name=f"bench-{i}", role="worker")[0] for i in range(args.workers)]
+        worker_tokens = [auth.create_token(q, name=f"bench-{i}", role="worker", all_queues=True)[0]
+                         for i in range(args.workers)]
         rec = Recorder()
         with service(dsn) as url:
             started = time.perf_counter()

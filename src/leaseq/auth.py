@@ -8,15 +8,25 @@ a token away. Expiry is judged by the database clock, like leases.
 
 Roles, each a fixed set of rights (``RIGHTS``):
 
-* ``worker``: register workers and hold their leases (optionally limited to
-  named queues); enqueue; read only the tasks its own workers have held a
-  lease on;
+* ``worker``: register workers and hold their leases on its queues (a worker
+  token is limited to named queues unless created with ``all_queues=True``);
+  enqueue; read only the tasks its own workers have held a lease on;
 * ``viewer``: read tasks, events and stats; payloads, results, errors and
   free-text reasons and notes are redacted unless the token has
   ``read_payloads``;
 * ``operator``: a viewer that can also cancel, reconcile, unblock, requeue,
   pause and resume, revoke workers, and enqueue;
 * ``admin``: an operator that can also manage tokens and retention.
+
+A worker, viewer or operator token may be limited to named queues
+(``queues=``): it reads, enqueues, claims and acts on those queues only, and
+is refused what spans every queue (the overview, limits, revoking a worker).
+Worker tokens must say which: ``queues=`` or the explicit ``all_queues=True``.
+An admin token manages tokens, so it is never limited.
+
+The intent/executor split: a token may record an intent that runs without a
+person's approval only on a queue it may not claim from, so an agent never
+executes its own proposals, unless it was created with ``own_intents=True``.
 
 Authorization is decided in one place: :func:`leaseq.authz.authorize`, from
 the table :data:`leaseq.authz.ACTIONS` (each action's right, scope, Queue
@@ -86,6 +96,8 @@ class Principal:
     queues: frozenset[str] | None
     read_payloads: bool
     expires_at: datetime | None = None
+    #: may record intents that run without approval on queues it may claim from itself
+    own_intents: bool = False
     #: True for the local command line (database credentials, no token): acts as ``name``.
     local: bool = False
 
@@ -100,9 +112,9 @@ class Principal:
         Scope (queues, own workers, held tasks) is checked by :func:`leaseq.authz.authorize`
         for a concrete request; this answers "should the page offer it?".
         """
-        from .authz import _action, _role_allows  # the table imports this module
+        from .authz import _action, _offered  # the table imports this module
 
-        return _role_allows(self, _action(action))
+        return _offered(self, _action(action))
 
     def may_use_queue(self, queue: str) -> bool:
         """True unless the token is limited to queues that exclude ``queue``."""
@@ -118,35 +130,54 @@ def _principal(row: dict[str, Any]) -> Principal:
     queues = row.get("queues")
     return Principal(token_id=row["id"], name=row["name"], role=row["role"],
                      queues=frozenset(queues.split(",")) if queues else None,
-                     read_payloads=bool(row["read_payloads"]), expires_at=row.get("expires_at"))
+                     read_payloads=bool(row["read_payloads"]), expires_at=row.get("expires_at"),
+                     own_intents=bool(row.get("own_intents")))
 
 
 def _public(row: dict[str, Any]) -> dict[str, Any]:
     out = {k: v for k, v in row.items() if k != "secret_hash"}
     out["queues"] = sorted(row["queues"].split(",")) if row.get("queues") else None
     out["read_payloads"] = bool(row["read_payloads"])
+    out["own_intents"] = bool(row.get("own_intents"))
     out["expired"] = bool(row.get("expired"))
     return out
 
 
 def create_token(q: Queue, *, name: str, role: str, queues: list[str] | None = None,
-                 read_payloads: bool | None = None, expires_in: float | None = None,
-                 created_by: str | None = None) -> tuple[str, dict[str, Any]]:
+                 all_queues: bool = False, read_payloads: bool | None = None, own_intents: bool = False,
+                 expires_in: float | None = None, created_by: str | None = None) -> tuple[str, dict[str, Any]]:
     """Create a token. Returns ``(token, record)``: show the token once, it cannot be read back.
 
-    ``queues`` limits a worker token to those queues; ``read_payloads``
-    overrides the role's default (:data:`DEFAULT_READ_PAYLOADS`);
+    ``queues`` limits a worker, viewer or operator token to those queues
+    (an admin token cannot be limited). A worker token needs ``queues`` or
+    the explicit ``all_queues=True``; viewer and operator tokens without
+    ``queues`` use every queue. ``read_payloads`` overrides the role's
+    default (:data:`DEFAULT_READ_PAYLOADS`); ``own_intents=True`` lets a
+    worker token record intents that run without approval on queues it may
+    claim from itself (off: such an intent needs ``approval="required"``);
     ``expires_in`` is a lifetime in seconds (None: no expiry).
     """
     checks.check_name("name", name)
     if role not in ROLES:
         raise InvalidInput("role", f"must be one of {', '.join(ROLES)} (got {role!r})")
+    if not isinstance(all_queues, bool):
+        raise InvalidInput("all_queues", "must be true or false")
+    if not isinstance(own_intents, bool):
+        raise InvalidInput("own_intents", "must be true or false")
     if queues is not None:
-        if role != "worker":
-            raise InvalidInput("queues", "only worker tokens can be limited to queues")
+        if role == "admin":
+            raise InvalidInput("queues", "an admin token cannot be limited to queues (it manages every "
+                                         "token); use an operator token")
+        if all_queues:
+            raise InvalidInput("queues", "give queues or all_queues, not both")
         if isinstance(queues, str) or not queues:
             raise InvalidInput("queues", "must be a non-empty list of queue names")
         queues = sorted({checks.check_name("queues", name_) for name_ in queues})
+    elif role == "worker" and not all_queues:
+        raise InvalidInput("queues", "a worker token is limited to the queues it serves: name them (queues=[...], "
+                                     "--queue Q), or pass all_queues=True (--all-queues) for every queue")
+    if own_intents and role != "worker":
+        raise InvalidInput("own_intents", "only a worker token records intents")
     if read_payloads is not None and not isinstance(read_payloads, bool):
         raise InvalidInput("read_payloads", "must be true or false")
     if expires_in is not None:
@@ -160,10 +191,10 @@ def create_token(q: Queue, *, name: str, role: str, queues: list[str] | None = N
     with q.store.transaction() as tx:
         created = tx.rows("token_insert", token_id=token_id, name=name, role=role, secret_hash=hash_token(token),
                           queues=",".join(queues) if queues else None, read_payloads=grant,
-                          expires_in=expires_in, created_by=created_by)
+                          own_intents=own_intents, expires_in=expires_in, created_by=created_by)
         tx.rows("audit_insert", actor=created_by or "unknown", action="token_created", target=token_id,
                 detail={"name": name, "role": role, "queues": queues, "read_payloads": grant,
-                        "expires_in": expires_in})
+                        "own_intents": own_intents, "expires_in": expires_in})
     return token, _public(created[0])
 
 

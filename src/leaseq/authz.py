@@ -58,6 +58,12 @@ class Action:
     target: str | None = None
     #: the request names a queue, which a queue-limited token must be allowed to use
     queue_scope: bool = False
+    #: the request names a task, whose queue a queue-limited token must be allowed to use
+    #: (a task on another queue is refused exactly as one that does not exist)
+    task_scope: bool = False
+    #: it reads or changes what spans every queue (the overview, limits, workers): refused to a
+    #: queue-limited token
+    every_queue: bool = False
     #: the request names a worker, which the calling token must have registered
     own_worker: bool = False
     #: a worker token may also take it for a task its own workers hold or have held a lease on
@@ -136,17 +142,19 @@ ACTIONS: dict[str, Action] = {a.name: a for a in (
     Action("enqueue", "enqueue", "enqueue tasks", queue_scope=True),
     # reads
     Action("whoami", None, "say who it is"),
-    Action("read", "read", "read tasks, events and stats"),
-    Action("read_task", "read", "read tasks", lease_holders=True),
+    Action("read", "read", "read the dashboard, workers, limits and metrics", every_queue=True),
+    Action("read_queues", "read", "list tasks and approvals"),  # filtered by readable_queues
+    Action("read_task", "read", "read tasks", lease_holders=True, task_scope=True),
+    Action("read_trail", "read", "read tasks' evidence trails", task_scope=True),
     # operator actions: each an API route, most a dashboard form and a CLI command
-    Action("cancel", "operate", "cancel tasks", target="task", method="cancel", title="Cancel a task",
+    Action("cancel", "operate", "cancel tasks", target="task", task_scope=True, method="cancel", title="Cancel a task",
            help="A running holder loses its lease at its next guarded call.",
            fields=(Field("reason", "Why; recorded in the evidence trail.", placeholder="reason (required)"),),
            done="task {target} cancelled", statuses=_UNFINISHED, label="Cancel task", danger=True,
            hint="Stops the task for good, whatever it waits for: it ends cancelled, and a running holder "
                 "loses its lease.",
            dashboard=True, cli=True, bulk=True),
-    Action("reconcile", "operate", "reconcile tasks", target="task", method="reconcile",
+    Action("reconcile", "operate", "reconcile tasks", target="task", task_scope=True, method="reconcile",
            title="Resolve a needs_reconciliation task",
            help="Check the outside world first (did the action happen?), then record the outcome and a note; "
                 "open intents are marked reconciled.",
@@ -160,19 +168,19 @@ ACTIONS: dict[str, Action] = {a.name: a for a in (
                          placeholder='result as JSON (optional), e.g. {"id": 42}')),
            done="task {target} reconciled: {outcome}", statuses=("needs_reconciliation",), label="Reconcile",
            dashboard=True, cli=True),
-    Action("unblock", "operate", "unblock tasks", target="task", method="unblock",
+    Action("unblock", "operate", "unblock tasks", target="task", task_scope=True, method="unblock",
            title="Return a blocked task to the queue",
            help="Use it once the missing or revoked credential is repaired.",
            fields=(Field("note", "What was repaired; recorded in the evidence trail.",
                          placeholder="how the credential was repaired (required)"),),
            done="task {target} unblocked", statuses=("blocked",), label="Unblock", dashboard=True, cli=True),
-    Action("requeue", "operate", "requeue tasks", target="task", method="requeue",
+    Action("requeue", "operate", "requeue tasks", target="task", task_scope=True, method="requeue",
            title="Return a dead task to the queue", help="It gets a fresh attempt budget.",
            fields=(Field("note", _NOTE, required=False, default="requeued by operator",
                          placeholder="why it should run again (required)"),),
            done="task {target} requeued", statuses=("dead",), label="Requeue", dashboard=True, cli=True,
            bulk=True),
-    Action("approve", "operate", "approve tasks", target="task", method="approve",
+    Action("approve", "operate", "approve tasks", target="task", task_scope=True, method="approve",
            title="Approve a task that awaits approval",
            help="Pass the digest you were shown (leaseq approvals, the dashboard's approvals inbox, GET "
                 "/v1/approvals): the approval is bound to exactly that kind, payload, queue and every option "
@@ -186,7 +194,7 @@ ACTIONS: dict[str, Action] = {a.name: a for a in (
            hint="Answers the approval request yes, for exactly the digest shown: the task is queued, with you "
                 "recorded as its approver.",
            cli=True, decision=True, sees_payload=True),
-    Action("deny", "operate", "deny tasks", target="task", method="deny",
+    Action("deny", "operate", "deny tasks", target="task", task_scope=True, method="deny",
            title="Deny a task that awaits approval",
            help="The task ends denied and never runs; the reason is recorded in the evidence trail.",
            fields=(Field("reason", "Why; recorded in the evidence trail.", placeholder="reason (required)"),),
@@ -208,13 +216,14 @@ ACTIONS: dict[str, Action] = {a.name: a for a in (
            fields=(_CREATE,), done="queue {target} resumed", paused=True, label="Resume",
            dashboard=True, cli=True),
     Action("revoke_worker", "operate", "revoke workers", target="worker", verb="revoke", method="revoke_worker",
+           every_queue=True,
            title="Revoke one worker",
            help="It claims nothing more and the leases it holds end now. The token that registered it stays "
                 "valid (it may register a new worker): revoke the token to stop both.",
            done="worker {target} revoked", label="Revoke", danger=True, dashboard=True, cli=True),
     # limits shared by every worker: changed by operators (audited by the Queue method), read by viewers
-    Action("set_limit", "operate", "set limits"),
-    Action("delete_limit", "operate", "delete limits"),
+    Action("set_limit", "operate", "set limits", every_queue=True),
+    Action("delete_limit", "operate", "delete limits", every_queue=True),
     # admin
     Action("list_tokens", "admin", "manage tokens"),
     Action("create_token", "admin", "manage tokens"),
@@ -233,6 +242,9 @@ class Facts(Protocol):
     def token_held_task(self, token_id: str, task_id: int) -> bool:
         """Whether a worker of ``token_id`` holds or has held a lease on ``task_id``."""
 
+    def task_queue(self, task_id: int) -> str | None:
+        """The queue of task ``task_id`` (None: no such task)."""
+
 
 class QueueFacts:
     """:class:`Facts` read straight from the queue's database."""
@@ -245,6 +257,19 @@ class QueueFacts:
 
     def token_held_task(self, token_id: str, task_id: int) -> bool:
         return token_held_task(self.q, token_id, task_id)
+
+    def task_queue(self, task_id: int) -> str | None:
+        return task_queue(self.q, task_id)
+
+
+def task_queue(q: Queue, task_id: int) -> str | None:
+    """The queue of task ``task_id``, or None if there is no such task."""
+    from .core.errors import NotFound
+
+    try:
+        return q.get(task_id).queue
+    except NotFound:
+        return None
 
 
 def _action(name: str) -> Action:
@@ -259,22 +284,44 @@ def _role_allows(principal: Principal, spec: Action) -> bool:
             and (not spec.sees_payload or principal.read_payloads))
 
 
+def _offered(principal: Principal, spec: Action) -> bool:
+    """Whether ``principal`` may take ``spec`` at all: its role, and its scope for what spans every queue."""
+    return _role_allows(principal, spec) and not (spec.every_queue and principal.queues is not None)
+
+
+def _limited(principal: Principal) -> str:
+    return f"this token is limited to queues {', '.join(sorted(principal.queues or ()))}"
+
+
+def authorize_role(principal: Principal, action: str) -> Action:
+    """The part of :func:`authorize` a request's target does not change (its role, and a
+    queue-limited token's refusal of what spans every queue), for a check made before the
+    targets are known (a bulk action, a dashboard form); each target is then authorized in
+    full. Raises :class:`AccessDenied`."""
+    spec = _action(action)
+    if spec.sees_payload and not principal.read_payloads:
+        raise AccessDenied(f"this token may not read payloads, so it cannot {spec.summary}: a decision is bound "
+                           "to a payload its maker has seen")
+    if spec.every_queue and principal.queues is not None:
+        raise AccessDenied(f"{_limited(principal)}, so it cannot {spec.summary} (that spans every queue)")
+    if not _role_allows(principal, spec) and not (spec.lease_holders and "work" in RIGHTS.get(principal.role, ())):
+        raise AccessDenied(f"the {principal.role} role cannot {spec.summary}")
+    return spec
+
+
 def authorize(principal: Principal, action: str, *, queue: str | None = None, worker_id: str | None = None,
               task: int | None = None, facts: Facts | None = None) -> Action:
     """Allow ``principal`` to take ``action`` on what the request names, or raise :class:`AccessDenied`.
 
     ``queue``: the queue the request names (actions with ``queue_scope``);
     ``worker_id``: the worker it acts as (``own_worker``); ``task``: the task
-    it reads (``lease_holders``); ``facts`` looks up worker and lease links.
+    it reads or acts on (``lease_holders``, ``task_scope``: needed for a
+    worker or queue-limited token); ``facts`` looks up worker and lease
+    links and a task's queue.
     The only place access is decided. Returns the action's table entry.
     """
-    spec = _action(action)
-    if spec.sees_payload and not principal.read_payloads:
-        raise AccessDenied(f"this token may not read payloads, so it cannot {spec.summary}: a decision is bound "
-                           "to a payload its maker has seen")
-    if not _role_allows(principal, spec):
-        if not (spec.lease_holders and "work" in RIGHTS.get(principal.role, frozenset())):
-            raise AccessDenied(f"the {principal.role} role cannot {spec.summary}")
+    spec = authorize_role(principal, action)
+    if not _role_allows(principal, spec):  # a worker token reading a task (authorize_role let it through)
         if task is None or facts is None:
             raise TypeError(f"authorize({action!r}) for a worker token needs task= and facts=")
         # A worker token reads the tasks its own workers hold or have held, and no others
@@ -282,11 +329,19 @@ def authorize(principal: Principal, action: str, *, queue: str | None = None, wo
         if principal.local or not facts.token_held_task(principal.token_id, task):
             raise AccessDenied(f"a worker token may read only the tasks its own workers have held a lease on "
                                f"(not task {task})")
+    elif spec.task_scope and principal.queues is not None:
+        if task is None or facts is None:
+            raise TypeError(f"authorize({action!r}) for a queue-limited token needs task= and facts=")
+        # A task on another queue is refused exactly as one that does not exist: whether it
+        # exists is not this token's business.
+        queue_of = facts.task_queue(task)
+        if queue_of is None or not principal.may_use_queue(queue_of):
+            raise AccessDenied(f"{_limited(principal)}, and task {task} is not on them (or does not exist)")
     if spec.queue_scope:
         if queue is None:
             raise TypeError(f"authorize({action!r}) needs queue=")
         if not principal.may_use_queue(queue):
-            raise AccessDenied(f"this token may not use queue {queue!r}")
+            raise AccessDenied(f"this token may not use queue {queue!r} ({_limited(principal)})")
     if spec.own_worker:
         if worker_id is None or facts is None:
             raise TypeError(f"authorize({action!r}) needs worker_id= and facts=")
@@ -299,15 +354,25 @@ def authorize(principal: Principal, action: str, *, queue: str | None = None, wo
 def authorize_intent(principal: Principal, queue: str, approval: str | None) -> None:
     """Allow ``principal`` (already allowed ``intend`` for its worker) to record an intent on ``queue``.
 
-    An intent is written for an executor pool on a queue of its own, which
-    the calling token should not be able to claim from. A token limited to
-    some queues may record intents on other queues only approval-gated: a
-    person decides before anything runs there. Within its queues, or for an
-    unlimited token, any intent is allowed.
+    The intent/executor split: an intent is written for an executor pool,
+    and the token that proposes it must not be the one that performs it. An
+    intent gated by ``approval="required"`` may go to any queue: a person
+    decides before anything runs. An ungated one runs as soon as a worker
+    claims it, so it is refused on a queue the token may not use (that would
+    be an enqueue outside its queues) and on a queue it may claim from
+    itself (it would execute its own proposal), unless the token was created
+    with ``own_intents=True``. In short, without that opt-in every intent of
+    a token waits for a person.
     """
-    if approval != "required" and not principal.may_use_queue(queue):
+    if approval == "required":
+        return
+    if not principal.may_use_queue(queue):
         raise AccessDenied(f"this token may record an intent on queue {queue!r}, outside its queues, only with "
                            "approval='required'")
+    if not principal.own_intents:
+        raise AccessDenied(f"this token may claim from queue {queue!r} itself, so an intent it records there needs "
+                           "approval='required' (the intent/executor split; a token created with own_intents "
+                           "may execute its own intents)")
 
 
 def authorize_upstreams(principal: Principal, after: list[int], queues: Mapping[int, str]) -> None:
@@ -326,6 +391,20 @@ def authorize_upstreams(principal: Principal, after: list[int], queues: Mapping[
             return  # the enqueue itself refuses the first task that does not exist
         if not principal.may_use_queue(queue):
             raise no_such_upstream(upstream)
+
+
+def readable_queues(principal: Principal, queue: str | None) -> list[str] | None:
+    """The queues a listing for ``principal`` may show: None for every queue (an unlimited
+    token asking for none), else the queues to read, ``[queue]`` when one was asked for.
+    A queue-limited token asking for another queue is refused (:class:`AccessDenied`)."""
+    authorize(principal, "read_queues")
+    if principal.queues is None:
+        return None if queue is None else [queue]
+    if queue is None:
+        return sorted(principal.queues)
+    if not principal.may_use_queue(queue):
+        raise AccessDenied(f"this token may not use queue {queue!r} ({_limited(principal)})")
+    return [queue]
 
 
 def readable_upstreams(principal: Principal, queues: Mapping[int, str]) -> set[int]:
@@ -347,7 +426,8 @@ def perform(q: Queue, principal: Principal, action: str, target: Any, *, via: st
     spec = _action(action)
     if not spec.operator:
         raise ValueError(f"{action!r} is not an operator action")
-    authorize(principal, action, queue=target if spec.target == "queue" else None)
+    authorize(principal, action, queue=target if spec.target == "queue" else None,
+              task=target if spec.target == "task" else None, facts=QueueFacts(q))
     known = {f.name for f in spec.fields}
     for name in params:
         if name not in known:
@@ -384,8 +464,7 @@ def perform_many(q: Queue, principal: Principal, action: str, targets: list[Any]
     spec = _action(action)
     if not spec.bulk:
         raise ValueError(f"{action!r} is not a bulk action")
-    if spec.target != "queue":
-        authorize(principal, action)
+    authorize_role(principal, action)
     outcomes = []
     for target in targets:
         try:

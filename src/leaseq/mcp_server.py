@@ -29,7 +29,8 @@ from . import auth, authz
 from .auth import Principal
 from .core.errors import LeaseqError
 from .queue import Queue
-from .service.views import present_approval, present_effect, present_event, present_task, queue_overview, task_timeline
+from .service.views import (present_approval, present_effect, present_event, present_task, readable_approvals,
+                            readable_overview, readable_tasks, task_timeline)
 from .service.wire import to_json
 
 INSTRUCTIONS = (
@@ -109,8 +110,7 @@ class QueueTools:
 
     def queue_overview(self) -> dict[str, Any]:
         """Each queue: counts by status, the oldest queued task's age, paused or running."""
-        authz.authorize(self.principal, "read")
-        return {"queues": to_json(queue_overview(self.q))}
+        return {"queues": to_json(readable_overview(self.q, self.principal))}
 
     def list_tasks(self, status: Annotated[str | None, PydanticField(
                        description="queued, running, completed, dead, cancelled, blocked, needs_reconciliation, "
@@ -118,13 +118,12 @@ class QueueTools:
                    queue: str | None = None,
                    limit: Annotated[int, PydanticField(ge=1, le=500)] = 50) -> dict[str, Any]:
         """Tasks, newest first, optionally by status and queue."""
-        authz.authorize(self.principal, "read")
         return {"tasks": [present_task(t, self.principal)
-                          for t in self.q.list_tasks(status=status, queue=queue, limit=limit)]}
+                          for t in readable_tasks(self.q, self.principal, status=status, queue=queue, limit=limit)]}
 
     def get_task(self, task_id: int) -> dict[str, Any]:
         """One task with its evidence trail by claim generation and its action ledger."""
-        authz.authorize(self.principal, "read")
+        authz.authorize(self.principal, "read_trail", task=task_id, facts=authz.QueueFacts(self.q))
         task = self.q.get(task_id)
         return {"task": present_task(task, self.principal),
                 "events": [present_event(e, self.principal) for e in self.q.events(task_id)],
@@ -133,8 +132,7 @@ class QueueTools:
 
     def reconciliation_inbox(self, limit: Annotated[int, PydanticField(ge=1, le=500)] = 50) -> dict[str, Any]:
         """Tasks waiting for a person: an expired lease left a side effect whose outcome is unknown."""
-        authz.authorize(self.principal, "read")
-        tasks = self.q.list_tasks(status="needs_reconciliation", limit=limit)
+        tasks = readable_tasks(self.q, self.principal, status="needs_reconciliation", limit=limit)
         return {"tasks": [{**present_task(t, self.principal),
                            "open_effects": [present_effect(fx, self.principal) for fx in self.q.effects(t.id)
                                             if fx.status == "pending"]} for t in tasks]}
@@ -143,9 +141,8 @@ class QueueTools:
                         limit: Annotated[int, PydanticField(ge=1, le=500)] = 50) -> dict[str, Any]:
         """Tasks awaiting approval, oldest first: each with its payload, its digest (pass it to approve)
         and who asked for it."""
-        authz.authorize(self.principal, "read")
         return {"approvals": [present_approval(a, self.principal)
-                              for a in self.q.approvals(queue=queue, limit=limit)]}
+                              for a in readable_approvals(self.q, self.principal, queue=queue, limit=limit)]}
 
     def list_workers(self) -> dict[str, Any]:
         """Registered workers, revoked or not, and the leases they hold."""

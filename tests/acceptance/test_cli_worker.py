@@ -205,7 +205,7 @@ def test_worker_over_http_does_not_log_every_request(tmp_path, run_cli, app_dir)
     dsn = f"sqlite:///{tmp_path / 'served.db'}"
     with leaseq.connect(dsn) as q:
         q.migrate()
-        token, _ = auth.create_token(q, name="w", role="worker")
+        token, _ = auth.create_token(q, name="w", role="worker", all_queues=True)
         ids = [q.enqueue("quick", {"n": i}).id for i in range(3)]
     (tmp_path / "worker.token").write_text(token)
     server = subprocess.Popen([*CLI, "--dsn", dsn, "serve", "--port", "0", "--log-level", "warning"],

@@ -64,7 +64,7 @@ def over(kind: str, q: leaseq.Queue, role: str) -> Iterator[Any]:
         from service.conftest import serve  # the service tests' real uvicorn server, on a free port
 
         with serve(q) as (url, _app):
-            token, _ = auth.create_token(q, name=f"matrix-{role}", role=role, created_by="test")
+            token, _ = auth.create_token(q, name=f"matrix-{role}", role=role, created_by="test", all_queues=True)
             with RemoteQueue(url, token, timeout=10) as remote:
                 yield remote
 

@@ -109,7 +109,7 @@ def ledger_jobs(q: leaseq.Queue, tmp_path: Path) -> tuple[Path, Path]:
     with sqlite3.connect(ledger) as db:
         db.execute("CREATE TABLE runs (task_id INTEGER NOT NULL, generation INTEGER NOT NULL)")
     (tmp_path / "replica_jobs.py").write_text(HANDLERS.format(ledger=str(ledger)))
-    token, _ = auth.create_token(q, name="replica-workers", role="worker", created_by="test")
+    token, _ = auth.create_token(q, name="replica-workers", role="worker", created_by="test", all_queues=True)
     token_file = tmp_path / "worker.token"
     token_file.write_text(token)
     token_file.chmod(0o600)

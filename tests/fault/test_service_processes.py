@@ -158,7 +158,7 @@ def test_a_stopping_worker_ends_its_claim_waiting_on_another_replica(
     dsn = pg_schema_dsn
     q = leaseq.connect(dsn)
     q.migrate()
-    token, _ = auth.create_token(q, name="stopping", role="worker", created_by="test")
+    token, _ = auth.create_token(q, name="stopping", role="worker", created_by="test", all_queues=True)
     a = Service(dsn, free_port(), tmp_path / "a.log").start()
     processes.append(a.proc)
     b = Service(dsn, free_port(), tmp_path / "b.log").start()

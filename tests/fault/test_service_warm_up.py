@@ -30,7 +30,7 @@ def test_a_database_that_stalls_as_the_service_starts_holds_it_back_only_for_the
         pg_schema_dsn: str, monkeypatch, caplog) -> None:
     admin = leaseq.connect(pg_schema_dsn)
     admin.migrate()
-    token, _ = auth.create_token(admin, name="late", role="worker")
+    token, _ = auth.create_token(admin, name="late", role="worker", all_queues=True)
     task = admin.enqueue("job", {"n": 1})
     proxy = FaultyProxy(urlsplit(pg_schema_dsn).port or 5432)
     q = leaseq.connect(through(pg_schema_dsn, proxy.add_link("svc")), connect_timeout=2)

@@ -50,7 +50,7 @@ def test_a_remote_worker_started_before_the_service_registers_once_it_is_up(q: l
                                                                             service: Service) -> None:
     gate = Gate()
     gate.open.set()
-    token, _ = auth.create_token(q, name="early-worker", role="worker", created_by="test")
+    token, _ = auth.create_token(q, name="early-worker", role="worker", created_by="test", all_queues=True)
     runtime, rq = remote_runtime(service, token, gate)
     task_id = q.enqueue("job", {}, max_attempts=1, lease_seconds=30).id
     running = Runner(runtime, wait_registered=False)
@@ -96,7 +96,7 @@ def test_a_refused_login_ends_a_direct_worker_start_at_once(pg_schema_dsn: str) 
 
 
 def test_a_stop_request_ends_the_wait_for_an_unreachable_service(q: leaseq.Queue, service: Service) -> None:
-    token, _ = auth.create_token(q, name="never", role="worker", created_by="test")
+    token, _ = auth.create_token(q, name="never", role="worker", created_by="test", all_queues=True)
     runtime, rq = remote_runtime(service, token, Gate())
     running = Runner(runtime, wait_registered=False)
     try:

@@ -145,7 +145,7 @@ def test_over_http_an_undeclared_resource_is_422_and_a_read_only_call_has_no_tok
     from leaseq import auth
     from leaseq.client import RemoteQueue
 
-    token, _ = auth.create_token(sq, name="w", role="worker", created_by="test")
+    token, _ = auth.create_token(sq, name="w", role="worker", created_by="test", all_queues=True)
     task = sq.enqueue("job", {}, effect="idempotent", actions=["search.query", "orders.pay"],
                       resources=["order:1"])
     with RemoteQueue(signing_svc, token, timeout=10) as rq, \

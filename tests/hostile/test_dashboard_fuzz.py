@@ -106,7 +106,7 @@ def test_generated_dashboard_posts_never_break_it_nor_log_anyone_in_by_accident(
 
 
 def _login(d: Dashboard, role: str) -> httpx.Client:
-    secret = auth.create_token(d.q, name=f"fuzz-{role}", role=role, created_by="fuzz")[0]
+    secret = auth.create_token(d.q, name=f"fuzz-{role}", role=role, created_by="fuzz", all_queues=True)[0]
     client = httpx.Client(base_url=d.url, timeout=10, headers={"Origin": d.url})
     form = client.get("/login")
     csrf = re.search(r'name="csrf" value="([^"]+)"', form.text).group(1)

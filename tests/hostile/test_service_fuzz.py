@@ -41,7 +41,7 @@ class Running:
 
     def __init__(self, q: leaseq.Queue, dsn: str, url: str):
         self.q, self.dsn = q, dsn
-        tokens = {role: auth.create_token(q, name=f"fuzz-{role}", role=role, created_by="fuzz")[0]
+        tokens = {role: auth.create_token(q, name=f"fuzz-{role}", role=role, created_by="fuzz", all_queues=True)[0]
                   for role in ("worker", "operator", "admin")}
         self.http = {role: httpx.Client(base_url=url, headers={"Authorization": f"Bearer {t}"}, timeout=10)
                      for role, t in tokens.items()}

@@ -93,7 +93,7 @@ def test_a_given_trace_context_is_stored_as_given_and_a_bad_one_refused(q, spans
 def test_over_http_the_traceparent_header_carries_the_trace(q, spans):
     with serve(q) as (url, _app):
         operator, _ = auth.create_token(q, name="caller", role="operator")
-        worker_token, _ = auth.create_token(q, name="agent-worker", role="worker")
+        worker_token, _ = auth.create_token(q, name="agent-worker", role="worker", all_queues=True)
         caller = RemoteQueue(url, operator)
         remote = RemoteQueue(url, worker_token)
         try:

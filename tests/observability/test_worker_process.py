@@ -199,7 +199,7 @@ def test_metrics_of_a_remote_worker(dsn, tmp_path):
     (tmp_path / "obsjobs.py").write_text(APP)
     with leaseq.connect(dsn) as q:
         q.migrate()
-        token, _ = auth.create_token(q, name="obs-remote", role="worker", created_by="test")
+        token, _ = auth.create_token(q, name="obs-remote", role="worker", created_by="test", all_queues=True)
         ids = [q.enqueue("ok", {"n": i}).id for i in range(3)] + [q.enqueue("bad", {}).id]
     (tmp_path / "worker.token").write_text(token)
     svc = Service(dsn, free_port(), tmp_path / "service.log").start()

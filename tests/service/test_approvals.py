@@ -34,7 +34,7 @@ def _enqueue_gated(svc: Service, token: str, payload: dict, **extra: object) -> 
 
 def test_approve_and_deny_over_http(svc: Service) -> None:
     operator, viewer = svc.token("operator", "olga"), svc.token("viewer", "vic")
-    agent = svc.token("worker", "agent-token")
+    agent = svc.token("worker", "agent-token", all_queues=True)
     task = _enqueue_gated(svc, agent, {"order": 7, "cents": 1250})
     assert task["status"] == "awaiting_approval"
 
@@ -153,8 +153,9 @@ def test_intents_over_the_worker_api(svc: Service) -> None:
     with pytest.raises(leaseq.auth.AccessDenied, match="approval"):  # outside its queues: only gated
         agent.intend(w, c, "payments.refund", {"order": 8}, key="ungated", queue="payments")
     assert snapshot(svc.dsn) == before
-    inside = agent.intend(w, c, "agent.note", {"n": 1}, key="note", queue="agents")
-    assert inside.status == "queued"
+    with pytest.raises(leaseq.auth.AccessDenied, match="intent/executor split"):  # inside: it would run it
+        agent.intend(w, c, "agent.note", {"n": 1}, key="note", queue="agents")
+    assert snapshot(svc.dsn) == before
     agent.complete(w, c, {"proposed": child.id})
     with pytest.raises(leaseq.LeaseLost):
         agent.intend(w, c, "payments.refund", {"order": 9}, key="late", queue="payments", approval="required")

@@ -180,7 +180,7 @@ def test_the_cli_writes_its_audit_entry_in_the_action(q: leaseq.Queue, dsn: str)
 
 def test_worker_tokens_read_only_their_own_tasks(svc: Service) -> None:
     q = svc.q
-    token_a, token_b = svc.token("worker", "a"), svc.token("worker", "b")
+    token_a, token_b = svc.token("worker", "a", all_queues=True), svc.token("worker", "b", all_queues=True)
     a, b = svc.http(token_a), svc.http(token_b)
     wa = a.post("/v1/workers", json={"name": "a"}).json()["id"]
     wa2 = a.post("/v1/workers", json={"name": "a2"}).json()["id"]

@@ -14,7 +14,7 @@ from .support import error_of, snapshot
 
 
 def test_fail_with_retry_after_is_a_retry_on_request(svc) -> None:
-    token = svc.token("worker")
+    token = svc.token("worker", all_queues=True)
     rq, raw = svc.remote(token), svc.http(token)
     w = rq.register_worker("w")
     task = rq.enqueue("call.llm", max_attempts=1)
@@ -30,7 +30,7 @@ def test_fail_with_retry_after_is_a_retry_on_request(svc) -> None:
 
 
 def test_retry_after_with_bad_input_is_a_4xx_and_writes_nothing(svc) -> None:
-    token = svc.token("worker")
+    token = svc.token("worker", all_queues=True)
     rq, raw = svc.remote(token), svc.http(token)
     w = rq.register_worker("w")
     task = rq.enqueue("job")
@@ -47,7 +47,7 @@ def test_retry_after_with_bad_input_is_a_4xx_and_writes_nothing(svc) -> None:
 
 
 def test_a_stale_generation_cannot_retry_over_http(svc) -> None:
-    token = svc.token("worker")
+    token = svc.token("worker", all_queues=True)
     rq, raw = svc.remote(token), svc.http(token)
     w = rq.register_worker("w")
     task = rq.enqueue("job")
@@ -92,7 +92,8 @@ def test_a_remote_worker_honours_retry_and_timeouts(svc) -> None:
 
     snoozy, slow = call_llm.enqueue(), runaway.enqueue()
     started = time.monotonic()
-    stats = app.run_worker(transport=svc.remote(svc.token("worker")), until_idle=True, install_signals=False,
+    remote = svc.remote(svc.token("worker", all_queues=True))
+    stats = app.run_worker(transport=remote, until_idle=True, install_signals=False,
                            concurrency=2, name="remote")
     assert time.monotonic() - started < 10
     assert (svc.q.get(snoozy.id).status, svc.q.get(snoozy.id).snoozes) == ("completed", 1)

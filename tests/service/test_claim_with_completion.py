@@ -29,7 +29,7 @@ from .support import error_of, snapshot
 
 
 def _worker(svc: Any, name: str = "agent", **options: Any) -> tuple[RemoteQueue, Any, str]:
-    token = svc.token("worker", name=f"{name}-token", **options)
+    token = svc.token("worker", name=f"{name}-token", **(options or {"all_queues": True}))
     rq = svc.remote(token)
     return rq, rq.register_worker(name), token
 
@@ -160,7 +160,7 @@ class Ran(list[int]):
 
 
 def _runtime(svc: Any, concurrency: int) -> tuple[WorkerRuntime, Counting, Ran]:
-    rq = Counting(svc.url, svc.token("worker"), timeout=10)
+    rq = Counting(svc.url, svc.token("worker", all_queues=True), timeout=10)
     svc._clients.append(rq)
     app = leaseq.App(name="refill")
     ran = Ran()
@@ -218,7 +218,7 @@ def test_a_lease_refused_while_its_completion_is_answered_is_not_renewed_again(s
     late leaves its lease ended in the database and still held by the worker; the first
     renewal is refused and the worker renews it no more (before: thousands of requests)."""
     task = svc.q.enqueue("job", {"n": 0})
-    rq = Counting(svc.url, svc.token("worker"), timeout=10)
+    rq = Counting(svc.url, svc.token("worker", all_queues=True), timeout=10)
     svc._clients.append(rq)
     rq.answer_late = 1.5
     app = leaseq.App(name="late")
@@ -546,7 +546,7 @@ def test_an_unusable_result_fails_its_task_alone_and_keeps_the_refill(svc) -> No
     # A result the queue cannot store fails only its own task; the worker's other
     # completions still bring the next tasks.
     ids = svc.q.enqueue_many("job", [{"n": i} for i in range(12)])
-    rq = Counting(svc.url, svc.token("worker"), timeout=10)
+    rq = Counting(svc.url, svc.token("worker", all_queues=True), timeout=10)
     svc._clients.append(rq)
     app = leaseq.App(name="refill")
 

@@ -51,9 +51,13 @@ def test_tokens_create_list_revoke(q: leaseq.Queue, dsn: str) -> None:
 
 
 def test_tokens_bad_input_is_one_line_and_changes_nothing(q: leaseq.Queue, dsn: str) -> None:
-    for args, field in [(["create", "--role", "viewer", "--name", "v", "--queue", "a"], "queues"),
-                        (["create", "--role", "worker", "--name", "bad name!"], "name"),
-                        (["create", "--role", "worker", "--name", "w", "--expires-in", "soon"], "expires_in"),
+    for args, field in [(["create", "--role", "admin", "--name", "v", "--queue", "a"], "queues"),
+                        (["create", "--role", "worker", "--name", "w"], "queue"),
+                        (["create", "--role", "worker", "--name", "w", "--queue", "a", "--all-queues"], "queue"),
+                        (["create", "--role", "viewer", "--name", "v", "--own-intents"], "own_intents"),
+                        (["create", "--role", "worker", "--queue", "a", "--name", "bad name!"], "name"),
+                        (["create", "--role", "worker", "--queue", "a", "--name", "w", "--expires-in", "soon"],
+                         "expires_in"),
                         (["revoke", "nothex"], "token_id"),
                         (["revoke", "0123456789ab"], "task")]:
         code, out, err = run(dsn, "tokens", *args)
@@ -130,7 +134,7 @@ def test_serve_logs_json_lines_with_the_task_fields(tmp_path) -> None:
     dsn = f"sqlite:///{tmp_path / 'served.db'}"
     with leaseq.connect(dsn) as q:
         q.migrate()
-        token, _ = auth.create_token(q, name="w", role="worker")
+        token, _ = auth.create_token(q, name="w", role="worker", all_queues=True)
         ids = [q.enqueue("mail", {"n": i}).id for i in range(3)]
     proc = subprocess.Popen([sys.executable, "-m", "leaseq.cli", "--dsn", dsn, "serve", "--port", "0",
                              "--log-format", "json", "--log-level", "debug"], stderr=subprocess.PIPE, text=True)

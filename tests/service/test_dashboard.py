@@ -52,7 +52,7 @@ def test_login_session_and_logout_rules(page, svc: Service) -> None:
     page.fill("#token", "lq_000000000000_" + "0" * 64)
     page.click("#login")
     assert "invalid token" in page.inner_text("[role=alert]")
-    page.fill("#token", svc.token("worker"))
+    page.fill("#token", svc.token("worker", all_queues=True))
     page.click("#login")
     assert "worker role cannot use the dashboard" in page.inner_text("[role=alert]")
     assert session_cookie(page) is None and stored_sessions(svc.dsn) == 0

@@ -44,7 +44,7 @@ def dashboard(browser: Any, q: leaseq.Queue, **settings: Any) -> Iterator[Any]:
 
 
 def token(q: leaseq.Queue, role: str, name: str) -> str:
-    return auth.create_token(q, name=name, role=role, created_by="test")[0]
+    return auth.create_token(q, name=name, role=role, created_by="test", all_queues=True)[0]
 
 
 def appears(page: Any, selector: str, seconds: float) -> bool:

@@ -17,7 +17,7 @@ from .support import error_of
 
 
 def test_a_remote_worker_reads_the_results_of_the_tasks_its_task_waited_for(svc) -> None:
-    rq = svc.remote(svc.token("worker"))
+    rq = svc.remote(svc.token("worker", all_queues=True))
     w = rq.register_worker("agent")
     a, b = rq.enqueue("part", 1), rq.enqueue("part", 2)
     merge = rq.enqueue("merge", after=[a.id, b.id], on_dependency_failure="block")
@@ -28,7 +28,7 @@ def test_a_remote_worker_reads_the_results_of_the_tasks_its_task_waited_for(svc)
     [claim] = rq.claim(w, kinds=["merge"])
     assert rq.dependency_results(merge.id) == {a.id: {"part": 1}, b.id: {"part": 2}}
     # another worker token never held the task: refused, as for reading the task itself
-    stranger = svc.remote(svc.token("worker", name="stranger"))
+    stranger = svc.remote(svc.token("worker", name="stranger", all_queues=True))
     with pytest.raises(auth.AccessDenied):
         stranger.dependency_results(merge.id)
     viewer = svc.http(svc.token("viewer", read_payloads=False))

@@ -62,7 +62,7 @@ def test_a_flood_of_failed_authentications_never_refuses_a_valid_worker(slow_ref
     limited, and a valid worker's renewals keep being accepted, during the flood
     and after it: failures are counted by what failed, not by address."""
     svc = slow_refill
-    token = svc.token("worker", "steady")
+    token = svc.token("worker", "steady", all_queues=True)
     worker = svc.http(token)
     wid = worker.post("/v1/workers", json={"name": "steady"}).json()["id"]
     task = svc.q.enqueue("job", lease_seconds=60)
@@ -116,8 +116,8 @@ def test_failures_are_counted_per_failing_token_not_per_address(q: leaseq.Queue)
     with serve(q, failed_auth_burst=3, failed_auth_per_second=0.01) as (url, _):
         from leaseq import auth
 
-        a, _ = auth.create_token(q, name="a", role="worker", created_by="test")
-        b, _ = auth.create_token(q, name="b", role="worker", created_by="test")
+        a, _ = auth.create_token(q, name="a", role="worker", created_by="test", all_queues=True)
+        b, _ = auth.create_token(q, name="b", role="worker", created_by="test", all_queues=True)
 
         def status(token: str) -> int:
             return httpx.get(f"{url}/v1/whoami", headers={"Authorization": f"Bearer {token}"}).status_code
@@ -264,7 +264,7 @@ def test_a_name_with_a_trailing_newline_is_refused_by_the_cli(q: leaseq.Queue, d
 
 def test_a_name_with_a_trailing_newline_is_refused_over_http(svc: Service) -> None:
     operator = svc.http(svc.token("operator"))
-    worker = svc.http(svc.token("worker"))
+    worker = svc.http(svc.token("worker", all_queues=True))
     wid = worker.post("/v1/workers", json={"name": "w"}).json()["id"]
     operator.get("/v1/queues").raise_for_status()  # first use is recorded once; later requests write nothing
     before = snapshot(svc.dsn)
@@ -290,7 +290,8 @@ def test_tokens_create_output_writes_a_file_only_its_owner_can_read(q: leaseq.Qu
     target = tmp_path / "worker.token"
     old = os.umask(0o022)  # the usual umask: a shell redirect would make the file world-readable
     try:
-        result = CliRunner().invoke(cli, ["--dsn", dsn, "tokens", "create", "--role", "worker", "--name", "ci",
+        result = CliRunner().invoke(cli, ["--dsn", dsn, "tokens", "create", "--role", "worker", "--queue", "ci",
+                                          "--name", "ci",
                                           "--output", str(target)])
     finally:
         os.umask(old)
@@ -301,10 +302,12 @@ def test_tokens_create_output_writes_a_file_only_its_owner_can_read(q: leaseq.Qu
     assert auth.verify_token(q, token).name == "ci"
     # never overwritten, and a refused create leaves no token behind
     tokens_before = len(auth.list_tokens(q))
-    again = CliRunner().invoke(cli, ["--dsn", dsn, "tokens", "create", "--role", "worker", "--name", "ci2",
+    again = CliRunner().invoke(cli, ["--dsn", dsn, "tokens", "create", "--role", "worker", "--queue", "ci",
+                                     "--name", "ci2",
                                      "--output", str(target)])
     assert again.exit_code == 2 and again.stderr.startswith("error: output: ") and "already exists" in again.stderr
-    bad = CliRunner().invoke(cli, ["--dsn", dsn, "tokens", "create", "--role", "worker", "--name", "bad name",
+    bad = CliRunner().invoke(cli, ["--dsn", dsn, "tokens", "create", "--role", "worker", "--queue", "ci",
+                                   "--name", "bad name",
                                    "--output", str(tmp_path / "other.token")])
     assert bad.exit_code == 2 and bad.stderr.startswith("error: name: ")
     assert not (tmp_path / "other.token").exists()
@@ -316,7 +319,7 @@ def test_revoking_a_worker_with_its_token_stops_it_registering_again(q: leaseq.Q
     `leaseq tokens revoke --worker ID` revokes the token behind it, and all its workers."""
     from leaseq import auth
 
-    token, record = auth.create_token(q, name="ci", role="worker", created_by="test")
+    token, record = auth.create_token(q, name="ci", role="worker", created_by="test", all_queues=True)
     w1 = q.register_worker("w", token_id=record["id"])
     w2 = q.register_worker("w", token_id=record["id"])
     q.revoke_worker(w1)
@@ -335,7 +338,7 @@ def test_revoking_a_worker_with_its_token_stops_it_registering_again(q: leaseq.Q
 
 
 def test_remote_queue_goes_through_the_proxy_the_environment_names(svc, monkeypatch) -> None:
-    token = svc.token("worker")
+    token = svc.token("worker", all_queues=True)
     with socket.socket() as closed:  # a port nothing listens on: the proxy is down
         closed.bind(("127.0.0.1", 0))
         proxy = f"http://127.0.0.1:{closed.getsockname()[1]}"

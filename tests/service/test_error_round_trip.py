@@ -67,7 +67,7 @@ def both(q: leaseq.Queue, rq: RemoteQueue, call):
 
 def test_the_worker_calls_raise_the_same_classes_locally_and_remotely(svc):
     q = svc.q
-    rq = svc.remote(svc.token("worker"))
+    rq = svc.remote(svc.token("worker", all_queues=True))
     local_w, remote_w = q.register_worker("local"), rq.register_worker("remote")
     workers = {id(q): local_w, id(rq): remote_w}
     q.enqueue_many("job", [{"n": n} for n in range(4)], effect="side_effect")

@@ -16,7 +16,7 @@ EVIL_QUEUE = "default'; DROP TABLE leaseq_tasks; --"
 
 
 def _setup(svc: Service) -> tuple[Any, Any, str, int]:
-    worker = svc.http(svc.token("worker"))
+    worker = svc.http(svc.token("worker", all_queues=True))
     operator = svc.http(svc.token("operator"))
     wid = worker.post("/v1/workers", json={"name": "w"}).json()["id"]
     task = svc.q.enqueue("job", {"n": 1})

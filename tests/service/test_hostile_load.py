@@ -128,8 +128,8 @@ def test_one_hostile_token_cannot_degrade_the_service(q: leaseq.Queue, dsn: str)
     hostile = None
     said = ""
     try:
-        hostile_token, _ = auth.create_token(q, name="hostile", role="worker", created_by="test")
-        honest_token, _ = auth.create_token(q, name="honest", role="worker", created_by="test")
+        hostile_token, _ = auth.create_token(q, name="hostile", role="worker", created_by="test", all_queues=True)
+        honest_token, _ = auth.create_token(q, name="honest", role="worker", created_by="test", all_queues=True)
         bad = RemoteQueue(url, hostile_token, timeout=10)
         bad_worker = bad.register_worker("hostile")
         bait = q.enqueue("bait", {}, queue="bait", lease_seconds=300)

@@ -28,7 +28,7 @@ def test_an_operator_sets_and_deletes_a_limit_and_a_viewer_reads_it(svc: Service
 
 def test_only_operators_change_limits(svc: Service) -> None:
     for role in ("viewer", "worker"):
-        client = svc.http(svc.token(role))
+        client = svc.http(svc.token(role, all_queues=True))
         assert client.put("/v1/limits/k", json={"max_running": 1}).status_code == 403
         assert client.delete("/v1/limits/k").status_code == 403
     assert svc.http().get("/v1/limits").status_code == 401
@@ -54,7 +54,7 @@ def test_remote_workers_claim_under_a_limit_and_remote_enqueue_names_it(svc: Ser
     first = enq.enqueue("job", {"n": 1}, limits=["api"], units=2)
     assert (first.limits, first.units) == (["api"], 2)
     enq.enqueue("job", {"n": 2}, limits=["api"])
-    worker_client = svc.remote(svc.token("worker"))
+    worker_client = svc.remote(svc.token("worker", all_queues=True))
     w = worker_client.register_worker("remote")
     [c] = worker_client.claim(w, limit=5)
     assert worker_client.claim(w, limit=5) == []
@@ -70,7 +70,7 @@ def test_an_empty_bucket_tells_a_remote_worker_when_to_look_again(svc: Service) 
     svc.q.set_limit("rate", per_second=2, burst=1)
     for i in range(3):
         svc.q.enqueue("job", {"i": i}, limits=["rate"])
-    client = svc.remote(svc.token("worker"))
+    client = svc.remote(svc.token("worker", all_queues=True))
     w = client.register_worker("remote")
     assert len(client.claim(w, limit=5)) == 1
     empty = client.claim(w, limit=5)

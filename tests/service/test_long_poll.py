@@ -62,7 +62,7 @@ def slow_svc(q: leaseq.Queue, dsn: str) -> Any:
 
 
 def _start_poll(svc: Service, wait: float, **options: Any) -> tuple[Poll, RemoteQueue, leaseq.Worker]:
-    rq = svc.remote(svc.token("worker"))
+    rq = svc.remote(svc.token("worker", all_queues=True))
     w = rq.register_worker("poller")
     poll = Poll(rq, w, wait, **options)
     signal = svc.app.state.work_signal
@@ -118,7 +118,7 @@ def test_a_long_poll_ends_empty_at_the_service_cap(q: leaseq.Queue, dsn: str) ->
     with serve(q, claim_wait_limit=0.3, claim_recheck=SLOW_RECHECK) as (url, app):
         svc = Service(url, app, q, dsn)
         try:
-            rq = svc.remote(svc.token("worker"))
+            rq = svc.remote(svc.token("worker", all_queues=True))
             w = rq.register_worker("poller")
             started = time.monotonic()
             assert rq.claim(w, wait=20.0) == []
@@ -139,7 +139,7 @@ def test_interrupt_ends_a_waiting_claim_empty_handed(slow_svc: Service, q: lease
 
 
 def test_bad_waits_are_refused_naming_the_field(svc: Service) -> None:
-    token = svc.token("worker")
+    token = svc.token("worker", all_queues=True)
     rq = svc.remote(token)
     w = rq.register_worker("poller")
     with svc.http(token) as http:
@@ -163,7 +163,7 @@ def test_an_idle_remote_worker_does_not_poll_and_stops_promptly(slow_svc: Servic
             calls.append(time.monotonic())
             return super().claim(*args, **kwargs)
 
-    rq = Counting(slow_svc.url, slow_svc.token("worker"), timeout=10)
+    rq = Counting(slow_svc.url, slow_svc.token("worker", all_queues=True), timeout=10)
     app = leaseq.App(name="remote")
     done = threading.Event()
 
@@ -194,7 +194,7 @@ def test_an_idle_remote_worker_does_not_poll_and_stops_promptly(slow_svc: Servic
 def test_a_token_revoked_during_a_long_poll_leases_nothing(slow_svc: Service, q: leaseq.Queue) -> None:
     from leaseq import auth
 
-    token = slow_svc.token("worker", name="revoked-soon")
+    token = slow_svc.token("worker", name="revoked-soon", all_queues=True)
     rq = slow_svc.remote(token)
     w = rq.register_worker("poller")
     poll = Poll(rq, w, 10.0)

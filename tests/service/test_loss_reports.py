@@ -84,7 +84,7 @@ def test_racing_loss_reports_write_one(q: leaseq.Queue) -> None:
 
 
 def test_loss_reports_over_http(svc: Service) -> None:
-    rq = svc.remote(svc.token("worker"))
+    rq = svc.remote(svc.token("worker", all_queues=True))
     w = rq.register_worker("w")
     lost_task = rq.enqueue("job")
     done_task = rq.enqueue("job")
@@ -98,7 +98,7 @@ def test_loss_reports_over_http(svc: Service) -> None:
         rq.report_loss(w, claims[done_task.id], "worker saw: nothing")
     assert losses(svc.q, lost_task.id) == [(w.id, claims[lost_task.id].generation)]
     assert losses(svc.q, done_task.id) == []
-    raw = svc.http(svc.token("worker"))
+    raw = svc.http(svc.token("worker", all_queues=True))
     resp = raw.post(f"/v1/workers/{w.id}/tasks/{lost_task.id}/loss",
                     json={"generation": claims[lost_task.id].generation, "reason": "again"})
     assert resp.status_code == 403  # another token's worker

@@ -191,3 +191,24 @@ def test_a_token_on_the_command_line_is_warned_about(q: leaseq.Queue, dsn: str) 
                            text=True, env={**env, "LEASEQ_MCP_TOKEN": bogus}, timeout=60, stdin=subprocess.DEVNULL)
     assert quiet.returncode != 0 and "warning" not in quiet.stderr and "invalid token" in quiet.stderr, quiet.stderr
     assert "Traceback" not in proc.stderr + quiet.stderr
+
+
+def test_a_queue_limited_token_sees_and_acts_on_its_queues_only(q: leaseq.Queue, dsn: str) -> None:
+    task = needs_reconciliation(q)  # on queue "default"
+    mine = q.enqueue("job", {"n": 1}, queue="mine")
+    operator, _ = auth.create_token(q, name="oncall", role="operator", queues=["mine"], created_by="test")
+    trail = q.events(task.id)
+    _, (listed, inbox, overview, other, workers, cancel_other, cancel_mine) = run(
+        dsn, operator,
+        ("list_tasks", {}), ("reconciliation_inbox", {}), ("queue_overview", {}),
+        ("get_task", {"task_id": task.id}), ("list_workers", {}),
+        ("cancel", {"task_id": task.id, "reason": "not mine"}),
+        ("cancel", {"task_id": mine.id, "reason": "mine"}))
+    assert [t["id"] for t in body(listed)["tasks"]] == [mine.id]
+    assert body(inbox)["tasks"] == []
+    assert [row["name"] for row in body(overview)["queues"]] == ["mine"]
+    for refused in (other, workers, cancel_other):
+        assert "AccessDenied" in error_text(refused) and "limited to queues mine" in error_text(refused)
+    assert body(cancel_mine)["outcome"]["status"] == "cancelled"
+    assert q.get(task.id).status == "needs_reconciliation" and q.events(task.id) == trail
+    assert [e["target"] for e in auth.audit_log(q) if e["action"] == "cancel"] == [f"task:{mine.id}"]

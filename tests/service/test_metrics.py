@@ -18,7 +18,7 @@ def scrape(svc: Service, token: str) -> dict[tuple[str, tuple[tuple[str, str], .
 
 def test_metrics_after_real_work(svc: Service) -> None:
     q = svc.q
-    rq = svc.remote(svc.token("worker"))
+    rq = svc.remote(svc.token("worker", all_queues=True))
     w = rq.register_worker("w")
     for n in range(2):
         rq.enqueue("job", {"n": n}, effect="side_effect", queue="mail")
@@ -61,7 +61,7 @@ def test_metrics_after_real_work(svc: Service) -> None:
 
 def test_metrics_need_a_reader_unless_public(q: leaseq.Queue, dsn: str, svc: Service) -> None:
     assert svc.http().get("/metrics").status_code == 401
-    assert svc.http(svc.token("worker")).get("/metrics").status_code == 403
+    assert svc.http(svc.token("worker", all_queues=True)).get("/metrics").status_code == 403
     # a second app in the same process: its own registry, no clash with the first
     with serve(q, public_metrics=True) as (url, app):
         other = Service(url, app, q, dsn)

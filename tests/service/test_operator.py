@@ -170,8 +170,11 @@ def test_admin_prunes_and_manages_tokens_over_http(svc: Service) -> None:
     listed = {t["id"]: t for t in admin.get("/v1/tokens").json()["tokens"]}
     assert listed[created["id"]]["role"] == "worker"
     assert all("secret_hash" not in t and "token" not in t for t in listed.values())
-    bad = admin.post("/v1/tokens", json={"name": "x", "role": "viewer", "queues": ["a"]})
-    assert bad.status_code == 422 and error_of(bad)["field"] == "queues"
+    tokens = len(auth.list_tokens(svc.q))
+    for body in ({"name": "x", "role": "admin", "queues": ["a"]}, {"name": "x", "role": "worker"}):
+        bad = admin.post("/v1/tokens", json=body)
+        assert bad.status_code == 422 and error_of(bad)["field"] == "queues", bad.text
+    assert len(auth.list_tokens(svc.q)) == tokens
     assert admin.delete(f"/v1/tokens/{created['id']}").json()["revoked"] is True
     assert admin.delete("/v1/tokens/000000000000").status_code == 404
 

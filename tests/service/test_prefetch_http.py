@@ -34,7 +34,8 @@ def test_a_remote_worker_holds_renews_and_starts_what_it_claimed_ahead(svc) -> N
 
     ids = svc.q.enqueue_many("job", [{"n": n} for n in range(5)])
     q = svc.q
-    running = RunningWorker(WorkerRuntime(app, svc.remote(svc.token("worker")), concurrency=1, prefetch=2,
+    remote = svc.remote(svc.token("worker", all_queues=True))
+    running = RunningWorker(WorkerRuntime(app, remote, concurrency=1, prefetch=2,
                                           poll_interval=0.05, grace=20))
     try:
         wait_for(lambda: started == [0] and all(lease_live(q, i) for i in ids[:3]))

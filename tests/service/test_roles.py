@@ -100,15 +100,17 @@ def _cases(svc: Service, worker_id: str) -> dict[str, list[Call]]:
         "begin_effect": [on_lease("effects", lambda t, g: {"generation": g, "action": "email.send"})],
         "finish_effect": [open_effect],
         "report_loss": [on_lease("loss", lambda t, g: {"generation": g, "reason": "heartbeat refused"})],
-        "intend": [on_lease("intents", lambda t, g: {"generation": g, "kind": "child", "key": f"k-{t}"})],
+        "intend": [on_lease("intents", lambda t, g: {"generation": g, "kind": "child", "key": f"k-{t}",
+                                                     "approval": "required"})],
         "enqueue": [lambda c: c.post("/v1/tasks", json={"kind": "job"})],
         "whoami": [lambda c: c.get("/v1/whoami")],
-        "read": [lambda c: c.get("/v1/tasks"), lambda c: c.get(f"/v1/tasks/{fresh()}/events"),
-                 lambda c: c.get(f"/v1/tasks/{fresh()}/effects"), lambda c: c.get(f"/v1/tasks/{fresh()}/timeline"),
-                 lambda c: c.get("/v1/queues"), lambda c: c.get("/v1/workers"), lambda c: c.get("/metrics"),
-                 lambda c: c.get("/v1/approvals"),
-                 lambda c: c.get(f"/v1/tasks/{q.enqueue('job', approval='required').id}/approval"),
-                 lambda c: c.get("/v1/limits")],
+        "read": [lambda c: c.get("/v1/workers"), lambda c: c.get("/metrics"), lambda c: c.get("/v1/limits")],
+        "read_queues": [lambda c: c.get("/v1/tasks"), lambda c: c.get("/v1/queues"),
+                        lambda c: c.get("/v1/approvals")],
+        "read_trail": [lambda c: c.get(f"/v1/tasks/{fresh()}/events"),
+                       lambda c: c.get(f"/v1/tasks/{fresh()}/effects"),
+                       lambda c: c.get(f"/v1/tasks/{fresh()}/timeline"),
+                       lambda c: c.get(f"/v1/tasks/{q.enqueue('job', approval='required').id}/approval")],
         # a task no worker of the calling token ever held (see test_worker_tokens_read_only_their_own_tasks)
         "read_task": [lambda c: c.get(f"/v1/tasks/{fresh()}")],
         "list_tokens": [lambda c: c.get("/v1/tokens")],
@@ -126,7 +128,7 @@ def _cases(svc: Service, worker_id: str) -> dict[str, list[Call]]:
 
 
 def test_role_matrix(svc: Service) -> None:
-    tokens = {role: svc.token(role) for role in ROLES}
+    tokens = {role: svc.token(role, all_queues=True) for role in ROLES}
     clients = {role: svc.http(tokens[role]) for role in ROLES}
     worker_id = clients["worker"].post("/v1/workers", json={"name": "own"}).json()["id"]
     cases = _cases(svc, worker_id)
@@ -172,7 +174,7 @@ def test_viewer_sees_payloads_and_errors_only_when_granted(svc: Service) -> None
 
 
 def test_another_workers_claim_is_refused(svc: Service) -> None:
-    t1, t2 = svc.token("worker", "one"), svc.token("worker", "two")
+    t1, t2 = svc.token("worker", "one", all_queues=True), svc.token("worker", "two", all_queues=True)
     one, two = svc.http(t1), svc.http(t2)
     w1 = one.post("/v1/workers", json={"name": "one"}).json()["id"]
     w2 = two.post("/v1/workers", json={"name": "two"}).json()["id"]
@@ -227,7 +229,7 @@ def test_missing_forged_expired_and_revoked_tokens(svc: Service) -> None:
 
 
 def test_replayed_requests_change_nothing(svc: Service) -> None:
-    token = svc.token("worker")
+    token = svc.token("worker", all_queues=True)
     client = svc.http(token)
     wid = client.post("/v1/workers", json={"name": "w"}).json()["id"]
     first = client.post("/v1/tasks", json={"kind": "job", "idempotency_key": "order-1"})
@@ -261,7 +263,7 @@ def test_rate_limit_per_token(q: leaseq.Queue, dsn: str) -> None:
         assert error_of(resp)["code"] == "rate_limited" and int(resp.headers["retry-after"]) >= 1
         assert calm.get("/v1/queues").status_code == 200  # buckets are per token
         # RemoteQueue waits for Retry-After a few times, then raises RateLimited
-        rq = svc.remote(svc.token("worker"))
+        rq = svc.remote(svc.token("worker", all_queues=True))
         rq.rate_limit_retries = 0
         for _ in range(3):
             rq.register_worker("w")

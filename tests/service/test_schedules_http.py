@@ -23,8 +23,8 @@ def test_two_http_workers_enqueue_one_task_per_slot(svc, tmp_path, caplog) -> No
         return n
 
     app.schedule("tick", every=0.5, payload={"n": 1})
-    runtimes = [app.worker(transport=svc.remote(svc.token("worker", name=f"w{i}")), poll_interval=0.05,
-                           name=f"http-{i}") for i in range(2)]
+    runtimes = [app.worker(transport=svc.remote(svc.token("worker", name=f"w{i}", all_queues=True)),
+                           poll_interval=0.05, name=f"http-{i}") for i in range(2)]
     threads = [threading.Thread(target=asyncio.run, args=(r.run(),), daemon=True) for r in runtimes]
     for t in threads:
         t.start()

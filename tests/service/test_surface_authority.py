@@ -127,7 +127,7 @@ def test_a_queue_limited_token_may_not_wait_for_a_task_outside_its_queues(svc: S
     ok = client.post("/v1/tasks", json={"kind": "job", "queue": "mine", "after": [mine.id], "no_check": True})
     assert ok.status_code == 201, ok.text
     # an unlimited token may still wait for a task on any queue
-    anywhere = svc.http(svc.token("worker", "unlimited")).post(
+    anywhere = svc.http(svc.token("worker", "unlimited", all_queues=True)).post(
         "/v1/tasks", json={"kind": "job", "queue": "mine", "after": [victim.id], "no_check": True})
     assert anywhere.status_code == 201, anywhere.text
 
@@ -145,7 +145,7 @@ def test_dependency_results_hold_only_what_the_token_may_read(svc: Service) -> N
         assert remote.dependency_results(waiter.id) == {mine.id: {"ok": True}}
         raw = svc.http(scoped).get(f"/v1/tasks/{waiter.id}/dependency-results")
         assert raw.status_code == 200 and "73519" not in raw.text and str(victim.id) not in raw.text
-    unlimited = svc.token("worker", "unlimited")
+    unlimited = svc.token("worker", "unlimited", all_queues=True)
     with RemoteQueue(svc.url, token=unlimited) as remote:
         assert svc.http(unlimited).get(f"/v1/tasks/{waiter.id}/dependency-results").status_code == 403  # not held
     assert svc.q.dependency_results(waiter.id) == {victim.id: {"customer_id": 73519}, mine.id: {"ok": True}}

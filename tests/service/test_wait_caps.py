@@ -58,7 +58,7 @@ def test_a_token_past_its_cap_of_waits_and_claims_gets_429_with_retry_after(q: l
         s = Service(url, app, q, dsn)
         try:
             signal = app.state.work_signal
-            viewer, worker = s.token("viewer"), s.token("worker")
+            viewer, worker = s.token("viewer"), s.token("worker", all_queues=True)
             task = q.enqueue("idle", {})
             http = s.http(viewer)
             held = [Held(s.http(viewer), "GET", f"/v1/tasks/{task.id}/wait", params={"timeout": 8})]

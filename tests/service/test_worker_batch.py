@@ -20,8 +20,8 @@ import leaseq
 from .support import error_of, snapshot, wait_until
 
 
-def _worker(svc: Any, name: str = "agent") -> tuple[Any, Any, str]:
-    token = svc.token("worker", name=f"{name}-token")
+def _worker(svc: Any, name: str = "agent", **options: Any) -> tuple[Any, Any, str]:
+    token = svc.token("worker", name=f"{name}-token", all_queues=True, **options)
     rq = svc.remote(token)
     return rq, rq.register_worker(name), token
 
@@ -193,7 +193,7 @@ def test_every_lease_guarded_call_of_one_task_is_one_transaction_with_the_token_
     attempt) are one transaction each with the token check, as the batched calls are; on
     PostgreSQL on the service's event loop, never in a thread (before, a tool call's token
     was checked in one transaction and its ledger entry written in another, each in a thread)."""
-    rq, w, _ = _worker(svc)
+    rq, w, _ = _worker(svc, own_intents=True)  # its ungated intent goes to a queue it claims from
     for i in range(5):
         svc.q.enqueue("job", {"n": i}, effect="side_effect", actions=["crm.update", "intend:mail.send"],
                        resources=["crm:1"])

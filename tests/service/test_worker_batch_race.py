@@ -28,8 +28,8 @@ def _events(q: leaseq.Queue, task_id: int) -> list[leaseq.Event]:
 
 
 def test_overlapping_batches_never_complete_a_task_twice(svc) -> None:
-    a_rq = svc.remote(svc.token("worker", name="a"))
-    b_rq = svc.remote(svc.token("worker", name="b"))
+    a_rq = svc.remote(svc.token("worker", name="a", all_queues=True))
+    b_rq = svc.remote(svc.token("worker", name="b", all_queues=True))
     a, b = a_rq.register_worker("a"), b_rq.register_worker("b")
     all_ids: list[int] = []
     completed_by: dict[str, set[int]] = {"a": set(), "b": set()}

@@ -19,7 +19,7 @@ from .support import error_of, snapshot
 
 
 def test_remote_worker_runs_a_side_effect_task(svc) -> None:
-    rq = svc.remote(svc.token("worker"))
+    rq = svc.remote(svc.token("worker", all_queues=True))
     w = rq.register_worker("agent")
     assert w.id.startswith("agent-")
     task = rq.enqueue("send", {"to": "ada"}, effect="side_effect", idempotency_key="welcome-ada")
@@ -43,7 +43,7 @@ def test_remote_worker_runs_a_side_effect_task(svc) -> None:
 
 
 def test_replayed_effect_is_returned_not_repeated(svc) -> None:
-    rq = svc.remote(svc.token("worker"))
+    rq = svc.remote(svc.token("worker", all_queues=True))
     w = rq.register_worker("agent")
     task = rq.enqueue("send", None, effect="idempotent")
     [c1] = rq.claim(w, lease_seconds=5)
@@ -60,7 +60,7 @@ def test_replayed_effect_is_returned_not_repeated(svc) -> None:
 
 
 def test_guard_story_over_http(svc) -> None:
-    token_a, token_b = svc.token("worker", "a"), svc.token("worker", "b")
+    token_a, token_b = svc.token("worker", "a", all_queues=True), svc.token("worker", "b", all_queues=True)
     a, b = svc.remote(token_a), svc.remote(token_b)
     wa, wb = a.register_worker("a"), b.register_worker("b")
     task = a.enqueue("job", {"n": 1}, effect="idempotent")  # read_only tasks may begin no action
@@ -102,7 +102,7 @@ def test_guard_story_over_http(svc) -> None:
 
 
 def test_revoking_a_token_stops_its_leases_renewing_at_once(svc) -> None:
-    token = svc.token("worker")
+    token = svc.token("worker", all_queues=True)
     rq = svc.remote(token)
     w = rq.register_worker("doomed")
     rq.enqueue("job")
@@ -140,7 +140,7 @@ def test_a_worker_token_limited_to_queues(svc) -> None:
 def test_a_release_whose_started_field_is_not_a_boolean_is_refused_and_changes_nothing(svc) -> None:
     """``started`` gives an attempt back: only a JSON boolean may say so (no "false", 0 or null
     read as one), and a refusal names the field and writes nothing."""
-    token = svc.token("worker")
+    token = svc.token("worker", all_queues=True)
     rq = svc.remote(token)
     w = rq.register_worker("w")
     task = svc.q.enqueue("job", max_attempts=1)
@@ -158,7 +158,7 @@ def test_a_release_whose_started_field_is_not_a_boolean_is_refused_and_changes_n
 
 
 def test_fail_and_release_go_through_the_recovery_policy(svc) -> None:
-    rq = svc.remote(svc.token("worker"))
+    rq = svc.remote(svc.token("worker", all_queues=True))
     w = rq.register_worker("w")
     t1 = rq.enqueue("job", effect="side_effect")
     t2 = rq.enqueue("job", max_attempts=1)
@@ -174,7 +174,7 @@ def test_fail_and_release_go_through_the_recovery_policy(svc) -> None:
 
 
 def test_paused_queue_refuses_new_effects_over_http(svc) -> None:
-    rq = svc.remote(svc.token("worker"))
+    rq = svc.remote(svc.token("worker", all_queues=True))
     w = rq.register_worker("w")
     rq.enqueue("job", effect="side_effect")
     [claim] = rq.claim(w)
@@ -185,7 +185,7 @@ def test_paused_queue_refuses_new_effects_over_http(svc) -> None:
 
 
 def test_undeclared_actions_are_refused_over_http(svc) -> None:
-    token = svc.token("worker")
+    token = svc.token("worker", all_queues=True)
     rq, raw = svc.remote(token), svc.http(token)
     w = rq.register_worker("w")
     declared = svc.q.enqueue("job", effect="side_effect", actions=["orders.pay"], resources=["order:1"])
@@ -220,7 +220,7 @@ def test_worker_runtime_runs_real_tasks_through_the_service(svc) -> None:
         return {"square": n * n}
 
     tasks = [square.enqueue(n=n) for n in range(6)]
-    rq = svc.remote(svc.token("worker"))
+    rq = svc.remote(svc.token("worker", all_queues=True))
     stats = app.run_worker(transport=rq, until_idle=True, install_signals=False, concurrency=3, name="remote")
     assert stats.completed == 6 and sorted(seen) == list(range(6))
     for t in tasks:
@@ -230,7 +230,7 @@ def test_worker_runtime_runs_real_tasks_through_the_service(svc) -> None:
 
 
 def test_remote_claim_limited_to_kinds(svc) -> None:
-    rq = svc.remote(svc.token("worker"))
+    rq = svc.remote(svc.token("worker", all_queues=True))
     w = rq.register_worker("agent")
     mail = rq.enqueue("mail", {}).id
     other = rq.enqueue("resize", {}).id

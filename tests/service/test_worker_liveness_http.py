@@ -22,7 +22,7 @@ def _declarations() -> list[dict]:
 
 
 def test_a_remote_worker_records_its_kinds_heartbeat_and_stop(svc) -> None:
-    remote = svc.remote(svc.token("worker"))
+    remote = svc.remote(svc.token("worker", all_queues=True))
     w = remote.register_worker("remote", kinds=_declarations(), heartbeat_seconds=1.0, lease_seconds=3.0)
     [seen] = svc.q.workers()
     assert (seen.id, seen.kinds, seen.state) == (w.id, ["summarize"], "alive")
@@ -32,15 +32,16 @@ def test_a_remote_worker_records_its_kinds_heartbeat_and_stop(svc) -> None:
     [seen] = svc.q.workers()
     assert (seen.state, seen.stop_reason) == ("stopped", "deploy")
     # another token's worker: refused, nothing recorded
-    other = svc.remote(svc.token("worker", "other"))
+    other = svc.remote(svc.token("worker", "other", all_queues=True))
     stranger = other.register_worker("stranger", heartbeat_seconds=1.0, lease_seconds=3.0)
-    resp = svc.http(svc.token("worker", "third")).post(f"/v1/workers/{stranger.id}/stopped", json={"reason": "x"})
+    third = svc.http(svc.token("worker", "third", all_queues=True))
+    resp = third.post(f"/v1/workers/{stranger.id}/stopped", json={"reason": "x"})
     assert resp.status_code == 403, resp.text
     assert [x.state for x in svc.q.workers() if x.id == stranger.id] == ["alive"]
 
 
 def test_a_registration_with_a_malformed_declaration_is_refused_naming_kinds(svc) -> None:
-    http = svc.http(svc.token("worker"))
+    http = svc.http(svc.token("worker", all_queues=True))
     for kinds in ([{"kind": "x"}], [{"kind": "x", "queue": "default", "effect": "nope"}],
                   [{"kind": "x", "queue": "default", "effect": "read_only", "signature": {"params": 1}}]):
         resp = http.post("/v1/workers", json={"name": "w", "kinds": kinds})

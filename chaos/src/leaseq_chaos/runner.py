@@ -133,7 +133,8 @@ def _action_keys(seed: int) -> str:
 def _remote_workers(config: ChaosConfig, q: leaseq.Queue, service_dsn: str, env: dict[str, str], workdir: Path,
                     log_dir: Path, record: Callable[..., None], stack: ExitStack) -> tuple[Any, dict, Any]:
     """For ``--transport http`` or ``mixed``: start ``leaseq serve`` and give each remote slot a
-    worker token (as ``leaseq tokens create --role worker`` does) and, on PostgreSQL, a proxy link.
+    worker token for every queue (as ``leaseq tokens create --role worker --all-queues`` does) and,
+    on PostgreSQL, a proxy link.
 
     Returns ``(service, {slot: (url, token_file)}, http_proxy)``; ``(None, {}, None)`` when every
     worker is direct."""
@@ -155,7 +156,7 @@ def _remote_workers(config: ChaosConfig, q: leaseq.Queue, service_dsn: str, env:
         stack.callback(http_proxy.close)
     remote = {}
     for i in slots:
-        token, _ = auth.create_token(q, name=f"chaos-w{i}", role="worker", created_by="leaseq-chaos")
+        token, _ = auth.create_token(q, name=f"chaos-w{i}", role="worker", created_by="leaseq-chaos", all_queues=True)
         path = workdir / f"w{i}.token"
         path.write_text(token + "\n")
         path.chmod(0o600)

@@ -329,7 +329,13 @@ def tokens() -> None:
               help="worker: its own leases; viewer: read; operator: act on tasks; admin: tokens, retention.")
 @click.option("--name", required=True, help="A label: who or what holds the token.")
 @click.option("--queue", "queues", multiple=True, metavar="QUEUE",
-              help="Limit a worker token to this queue (repeat for several).")
+              help="Limit the token to this queue (repeat for several): a worker claims and enqueues, a viewer "
+                   "or operator reads and acts, on these queues only. A worker token needs it, or --all-queues.")
+@click.option("--all-queues", is_flag=True, default=False,
+              help="A worker token for every queue (worker tokens are limited to --queue otherwise).")
+@click.option("--own-intents", is_flag=True, default=False,
+              help="Let a worker token record intents that run without approval on queues it claims from "
+                   "itself (off: such an intent needs approval='required').")
 @click.option("--read-payloads/--no-read-payloads", default=None,
               help="Show payloads, results and errors (default: yes, except for viewers).")
 @click.option("--expires-in", metavar="AGE", default=None, help="Lifetime, e.g. 90d (default: no expiry).")
@@ -337,15 +343,25 @@ def tokens() -> None:
               help="Write the token to FILE, created new and readable by you only (0600), instead of printing it.")
 @json_option
 @click.pass_context
-def create(ctx: click.Context, role: str, name: str, queues: tuple[str, ...], read_payloads: bool | None,
-           expires_in: str | None, output: str | None, as_json: bool) -> None:
-    """Create a token and print it once (or write it to --output FILE). Only its hash is stored."""
+def create(ctx: click.Context, role: str, name: str, queues: tuple[str, ...], all_queues: bool,
+           own_intents: bool, read_payloads: bool | None, expires_in: str | None, output: str | None,
+           as_json: bool) -> None:
+    """Create a token and print it once (or write it to --output FILE). Only its hash is stored.
+
+    A worker token is limited to the queues it serves: give --queue Q (one or
+    more) or, to widen it to every queue, --all-queues."""
     from .. import auth
 
+    if role == "worker" and not queues and not all_queues:
+        raise CliError("queue", "a worker token is limited to the queues it serves: give --queue QUEUE (repeat "
+                                "for several), or --all-queues for every queue")
+    if queues and all_queues:
+        raise CliError("queue", "give --queue or --all-queues, not both")
     sink = _private_file(output) if output is not None else None  # before the token exists: nothing to lose
     try:
         token, record = auth.create_token(open_queue(ctx), name=name, role=role, queues=list(queues) or None,
-                                          read_payloads=read_payloads,
+                                          all_queues=all_queues, read_payloads=read_payloads,
+                                          own_intents=own_intents,
                                           expires_in=parse_duration("expires_in", expires_in), created_by=cli_actor())
     except BaseException:
         if sink is not None and output is not None:

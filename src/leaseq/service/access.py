@@ -33,7 +33,7 @@ from fastapi import Depends, Request
 from starlette.concurrency import run_in_threadpool
 
 from .. import auth, authz, engine
-from ..core.errors import BodyTooLarge
+from ..core.errors import BodyTooLarge, InvalidInput
 from ..auth import RateLimited
 from ..engine.steps import Op
 from ..queue import Queue
@@ -242,6 +242,10 @@ class Access:
         """Whether a worker of ``token_id`` holds or has held a lease on ``task_id``."""
         return auth.token_held_task(self.queue, token_id, task_id)
 
+    def task_queue(self, task_id: int) -> str | None:
+        """The queue of task ``task_id`` (None: no such task)."""
+        return authz.task_queue(self.queue, task_id)
+
 
 class _TxFacts:
     """:class:`leaseq.authz.Facts` read inside the request's transaction (cached by :class:`Access`)."""
@@ -258,6 +262,9 @@ class _TxFacts:
 
     def token_held_task(self, token_id: str, task_id: int) -> bool:
         return bool(self.tx.row("token_held_task", token_id=token_id, task_id=task_id)["held"])
+
+    def task_queue(self, task_id: int) -> str | None:  # pragma: no cover - no worker action asks
+        raise TypeError("a worker action's facts name no task's queue")
 
 
 def in_one_transaction(request: Request, action: str, worker_id: str, operation: Callable[[Queue], T], *,
@@ -365,6 +372,9 @@ class _Known:
     def token_held_task(self, token_id: str, task_id: int) -> bool:  # pragma: no cover - no worker action asks
         raise TypeError("a worker action's facts hold the worker's token only")
 
+    def task_queue(self, task_id: int) -> str | None:  # pragma: no cover - no worker action asks
+        raise TypeError("a worker action's facts hold the worker's token only")
+
 
 def _presented_token(request: Request, access: Access) -> str | None:
     """The bearer token; a malformed header, or a token told bad without a lookup
@@ -445,7 +455,11 @@ def need(action: str) -> Callable[..., auth.Principal]:
     authz.ACTIONS[action]  # a typo fails at import, not at the first request
 
     def dependency(request: Request, principal: auth.Principal = Depends(api_principal)) -> auth.Principal:
-        authz.authorize(principal, action, queue=request.path_params.get("name"), facts=request.app.state.access)
+        task = request.path_params.get("task_id")
+        if task is not None and not (str(task).isdigit() and 1 <= int(task) < 2**63):
+            raise InvalidInput("task_id", f"must be a task id, a positive integer (got {str(task)[:40]!r})")
+        authz.authorize(principal, action, queue=request.path_params.get("name"),
+                        task=int(task) if task is not None else None, facts=request.app.state.access)
         return principal
 
     dependency.__name__ = f"need_{action}"

@@ -33,7 +33,7 @@ from starlette.concurrency import run_in_threadpool
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.middleware.trustedhost import TrustedHostMiddleware
 
-from .. import __version__, auth
+from .. import __version__, auth, authz
 from ..core.errors import BackendUnavailable, InvalidInput, LeaseqError
 from ..queue import Queue
 from .access import Access, BodyLimit, api_principal
@@ -392,8 +392,7 @@ def create_app(queue: Queue, settings: ServiceSettings | None = None, **options:
     async def metrics_endpoint(request: Request) -> Response:
         if not settings.public_metrics:
             principal = await api_principal(request)
-            if not principal.can("read"):
-                raise auth.AccessDenied(f"the {principal.role} role cannot read metrics")
+            authz.authorize_role(principal, "read")  # metrics span every queue
         text = await run_in_threadpool(generate_latest, metrics.registry)
         return Response(text, media_type=CONTENT_TYPE_LATEST)
 

@@ -134,6 +134,18 @@ class Session:
     csrf: str
 
 
+def _refusal(principal: auth.Principal) -> str | None:
+    """Why ``principal`` may not use the dashboard (None: it may). It reads every queue, so a
+    queue-limited token is refused too (:func:`leaseq.authz.authorize_role` decides)."""
+    try:
+        authz.authorize_role(principal, "read")
+    except auth.AccessDenied as exc:
+        if authz.ACTIONS["read"].right not in auth.RIGHTS.get(principal.role, frozenset()):
+            return f"the {principal.role} role cannot use the dashboard"
+        return f"{exc}: read its queues through the API"
+    return None
+
+
 def session(request: Request) -> Session:
     """Dependency: the verified session of the cookie, or a redirect to the login form."""
     session_id = request.cookies.get(COOKIE)
@@ -144,8 +156,9 @@ def session(request: Request) -> Session:
         principal = access.verify_session(session_id, client_address(request))
     except auth.Unauthorized as exc:
         raise LoginRequired(f"session ended: {exc}", clear=True) from None
-    if not principal.can("read"):
-        raise LoginRequired(f"the {principal.role} role cannot use the dashboard", clear=True)
+    refused = _refusal(principal)
+    if refused is not None:
+        raise LoginRequired(refused, clear=True)
     return Session(principal, csrf_token(session_id))
 
 
@@ -187,7 +200,7 @@ def operator_session(request: Request, csrf: str = Form(""), s: Session = Depend
     if (spec is None or not spec.dashboard or spec.target != target
             or (not {"task_id", "name", "worker_id"} & set(path) and not spec.bulk)):
         raise NotFound("no such action")
-    authz.authorize(s.principal, spec.name, queue=request.path_params.get("name"))
+    authz.authorize_role(s.principal, spec.name)  # and each target in full, by authz.perform
     return s
 
 
@@ -259,8 +272,9 @@ def login(request: Request, token: str = Form(""), csrf: str = Form("")) -> Resp
         principal = access.authenticate(token.strip(), client_address(request))
     except LeaseqError as exc:
         return _login_page(request, 401, str(exc))
-    if not principal.can("read"):
-        return _login_page(request, 403, f"the {principal.role} role cannot use the dashboard")
+    refused = _refusal(principal)
+    if refused is not None:
+        return _login_page(request, 403, refused)
     settings = request.app.state.settings
     session_id = auth.create_session(access.queue, principal, seconds=settings.session_seconds)
     response = RedirectResponse("/", status_code=303, headers={"Cache-Control": "no-store"})

@@ -27,7 +27,8 @@ from ..core.model import Task
 from ..aio import AsyncQueue
 from ..queue import Queue
 from .access import WORKER_ID_PATTERN, api_principal, need, room_to_wait
-from .views import present_approval, present_effect, present_event, present_task, queue_overview, task_timeline
+from .views import (present_approval, present_effect, present_event, present_task, readable_approvals,
+                    readable_overview, readable_tasks, task_timeline)
 from .wakeups import WorkSignal, wait_for_task
 from .wire import REDACTED, record_json, to_json
 from .worker_api import Body, TaskId
@@ -75,7 +76,11 @@ class TokenBody(Body):
     name: str
     role: Literal["worker", "viewer", "operator", "admin"]
     queues: list[str] | None = None
+    #: a worker token without queues: the explicit opt-in to every queue
+    all_queues: bool = False
     read_payloads: bool | None = None
+    #: a worker token may record ungated intents on queues it claims from itself
+    own_intents: bool = False
     expires_in: float | None = None
 
 
@@ -188,26 +193,27 @@ def get_task(request: Request, task_id: int = TaskId,
 @router.get("/tasks", tags=["tasks"], summary="Tasks, newest first")
 def list_tasks(request: Request, status: str | None = Query(None), queue: str | None = Query(None),
                limit: int = Query(100, ge=1, le=1000),
-               principal: auth.Principal = Depends(need("read"))) -> dict[str, Any]:
-    tasks = _queue(request).list_tasks(status=status, queue=queue, limit=limit)
+               principal: auth.Principal = Depends(api_principal)) -> dict[str, Any]:
+    # a queue-limited token: the tasks of its queues only (another queue named: 403)
+    tasks = readable_tasks(_queue(request), principal, status=status, queue=queue, limit=limit)
     return {"tasks": [present_task(t, principal) for t in tasks]}
 
 
 @router.get("/tasks/{task_id}/events", tags=["tasks"], summary="A task's evidence trail")
 def task_events(request: Request, task_id: int = TaskId,
-                principal: auth.Principal = Depends(need("read"))) -> dict[str, Any]:
+                principal: auth.Principal = Depends(need("read_trail"))) -> dict[str, Any]:
     return {"events": [present_event(e, principal) for e in _queue(request).events(task_id)]}
 
 
 @router.get("/tasks/{task_id}/effects", tags=["tasks"], summary="A task's action ledger")
 def task_effects(request: Request, task_id: int = TaskId,
-                 principal: auth.Principal = Depends(need("read"))) -> dict[str, Any]:
+                 principal: auth.Principal = Depends(need("read_trail"))) -> dict[str, Any]:
     return {"effects": [present_effect(fx, principal) for fx in _queue(request).effects(task_id)]}
 
 
 @router.get("/tasks/{task_id}/timeline", tags=["tasks"], summary="The evidence trail by claim generation")
 def timeline(request: Request, task_id: int = TaskId,
-             principal: auth.Principal = Depends(need("read"))) -> dict[str, Any]:
+             principal: auth.Principal = Depends(need("read_trail"))) -> dict[str, Any]:
     q = _queue(request)
     task = q.get(task_id)
     return task_timeline(task, q.events(task_id), q.effects(task_id), principal)
@@ -215,20 +221,20 @@ def timeline(request: Request, task_id: int = TaskId,
 
 @router.get("/approvals", tags=["approvals"], summary="Tasks awaiting approval, oldest first, with their digests")
 def approvals(request: Request, queue: str | None = Query(None), limit: int = Query(100, ge=1, le=1000),
-              principal: auth.Principal = Depends(need("read"))) -> dict[str, Any]:
-    return {"approvals": [present_approval(a, principal)
-                          for a in _queue(request).approvals(queue=queue, limit=limit)]}
+              principal: auth.Principal = Depends(api_principal)) -> dict[str, Any]:
+    found = readable_approvals(_queue(request), principal, queue=queue, limit=limit)  # its queues only
+    return {"approvals": [present_approval(a, principal) for a in found]}
 
 
 @router.get("/tasks/{task_id}/approval", tags=["approvals"], summary="A task's approval request and decision")
 def task_approval(request: Request, task_id: int = TaskId,
-                  principal: auth.Principal = Depends(need("read"))) -> dict[str, Any]:
+                  principal: auth.Principal = Depends(need("read_trail"))) -> dict[str, Any]:
     return present_approval(_queue(request).approval(task_id), principal)
 
 
 @router.get("/queues", tags=["queues"], summary="Counts by status, oldest queued age, paused state")
-def queues(request: Request, principal: auth.Principal = Depends(need("read"))) -> dict[str, Any]:
-    return {"queues": queue_overview(_queue(request))}
+def queues(request: Request, principal: auth.Principal = Depends(need("read_queues"))) -> dict[str, Any]:
+    return {"queues": readable_overview(_queue(request), principal)}  # a queue-limited token: its queues only
 
 
 @router.get("/workers", tags=["workers"], summary="Registered workers and the leases they hold")
@@ -328,7 +334,8 @@ def list_tokens(request: Request, principal: auth.Principal = Depends(need("list
 def create_token(body: TokenBody, request: Request,
                  principal: auth.Principal = Depends(need("create_token"))) -> dict[str, Any]:
     token, record = auth.create_token(_queue(request), name=body.name, role=body.role, queues=body.queues,
-                                      read_payloads=body.read_payloads, expires_in=body.expires_in,
+                                      all_queues=body.all_queues, read_payloads=body.read_payloads,
+                                      own_intents=body.own_intents, expires_in=body.expires_in,
                                       created_by=principal.actor)
     return {"token": token, **to_json(record)}
 

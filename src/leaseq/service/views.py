@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
+from .. import authz
 from ..auth import Principal
 from ..core.model import Approval, Effect, Event, Status, Task
 from ..queue import Queue
@@ -101,6 +102,33 @@ def queue_overview(q: Queue) -> list[dict[str, Any]]:
     for row in q.queues():
         entry(row["name"])["paused"] = bool(row["paused"])
     return [queues[name] for name in sorted(queues)]
+
+
+def readable_tasks(q: Queue, principal: Principal, *, status: str | None = None, queue: str | None = None,
+                   limit: int = 100) -> list[Task]:
+    """Tasks, newest first, of the queues ``principal`` may read (:func:`leaseq.authz.readable_queues`
+    decides: a queue-limited token its queues only, another queue named is refused)."""
+    queues = authz.readable_queues(principal, queue)
+    if queues is None:
+        return q.list_tasks(status=status, limit=limit)
+    found = (t for name in queues for t in q.list_tasks(status=status, queue=name, limit=limit))
+    return sorted(found, key=lambda t: t.id, reverse=True)[:limit]
+
+
+def readable_approvals(q: Queue, principal: Principal, *, queue: str | None = None,
+                       limit: int = 100) -> list[Approval]:
+    """The undecided approval requests, oldest first, of the queues ``principal`` may read."""
+    queues = authz.readable_queues(principal, queue)
+    if queues is None:
+        return q.approvals(limit=limit)
+    found = (a for name in queues for a in q.approvals(queue=name, limit=limit))
+    return sorted(found, key=lambda a: (a.requested_at, a.task_id))[:limit]
+
+
+def readable_overview(q: Queue, principal: Principal) -> list[dict[str, Any]]:
+    """:func:`queue_overview`, the rows of the queues ``principal`` may read."""
+    authz.authorize(principal, "read_queues")
+    return [row for row in queue_overview(q) if principal.may_use_queue(row["name"])]
 
 
 #: The statuses that wait for a person, and the dashboard page that lists each.

@@ -1369,8 +1369,10 @@ RETURNING id;
 
 -- name: token_insert
 -- Only the hash of the token is stored; the caller shows the token once.
-INSERT INTO leaseq_tokens (id, name, role, secret_hash, queues, read_payloads, created_by, expires_at)
-VALUES (%(token_id)s, %(name)s, %(role)s, %(secret_hash)s, %(queues)s, %(read_payloads)s, %(created_by)s,
+INSERT INTO leaseq_tokens (id, name, role, secret_hash, queues, read_payloads, own_intents, created_by,
+                           expires_at)
+VALUES (%(token_id)s, %(name)s, %(role)s, %(secret_hash)s, %(queues)s, %(read_payloads)s, %(own_intents)s,
+        %(created_by)s,
         CASE WHEN %(expires_in)s::float8 IS NULL THEN NULL
              ELSE now() + %(expires_in)s::float8 * interval '1 second' END)
 RETURNING *, false AS expired;
@@ -1394,7 +1396,7 @@ UPDATE leaseq_tokens SET last_used_at = now()
 WHERE id = %(token_id)s AND (last_used_at IS NULL OR last_used_at < now() - interval '60 seconds');
 
 -- name: token_list
-SELECT t.id, t.name, t.role, t.queues, t.read_payloads, t.created_at, t.created_by, t.expires_at,
+SELECT t.id, t.name, t.role, t.queues, t.read_payloads, t.own_intents, t.created_at, t.created_by, t.expires_at,
        t.revoked_at, t.revoked_by, t.last_used_at,
        (t.expires_at IS NOT NULL AND t.expires_at <= now()) AS expired,
        (SELECT count(*) FROM leaseq_workers w WHERE w.token_id = t.id) AS workers

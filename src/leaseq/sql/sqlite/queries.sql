@@ -852,8 +852,9 @@ RETURNING id;
 -- Same names and parameters as the PostgreSQL section; see it for comments.
 
 -- name: token_insert
-INSERT INTO leaseq_tokens (id, name, role, secret_hash, queues, read_payloads, created_by, expires_at)
-VALUES (:token_id, :name, :role, :secret_hash, :queues, :read_payloads, :created_by,
+INSERT INTO leaseq_tokens (id, name, role, secret_hash, queues, read_payloads, own_intents, created_by,
+                           expires_at)
+VALUES (:token_id, :name, :role, :secret_hash, :queues, :read_payloads, :own_intents, :created_by,
         CASE WHEN :expires_in IS NULL THEN NULL
              ELSE (julianday('now') - 2440587.5) * 86400.0 + :expires_in END)
 RETURNING *, 0 AS expired;
@@ -873,7 +874,7 @@ WHERE id = :token_id
   AND (last_used_at IS NULL OR last_used_at < (julianday('now') - 2440587.5) * 86400.0 - 60);
 
 -- name: token_list
-SELECT t.id, t.name, t.role, t.queues, t.read_payloads, t.created_at, t.created_by, t.expires_at,
+SELECT t.id, t.name, t.role, t.queues, t.read_payloads, t.own_intents, t.created_at, t.created_by, t.expires_at,
        t.revoked_at, t.revoked_by, t.last_used_at,
        (t.expires_at IS NOT NULL AND t.expires_at <= (julianday('now') - 2440587.5) * 86400.0) AS expired,
        (SELECT count(*) FROM leaseq_workers w WHERE w.token_id = t.id) AS workers
