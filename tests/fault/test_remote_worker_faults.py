@@ -34,7 +34,8 @@ def service(q: leaseq.Queue, dsn: str, tmp_path: Path) -> Iterator[Service]:
 
 def remote_worker(q: leaseq.Queue, service: Service, gate: Gate, *, queues: list[str] | None = None,
                   token_queues: list[str] | None = None, **options) -> tuple[WorkerRuntime, RemoteQueue]:
-    token, _ = auth.create_token(q, name="remote-worker", role="worker", queues=token_queues, created_by="test")
+    token, _ = auth.create_token(q, name="remote-worker", role="worker", queues=token_queues,
+                                 all_queues=token_queues is None, created_by="test")
     rq = RemoteQueue(service.url, token, timeout=5)
     app = leaseq.App(name="remote")  # never connects: the worker goes through the service
 
