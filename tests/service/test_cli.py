@@ -130,6 +130,12 @@ def test_serve_refuses_bad_maintenance_options(q: leaseq.Queue, dsn: str) -> Non
 
 def test_serve_takes_its_retention_from_the_environment(q: leaseq.Queue, dsn: str) -> None:
     """Each option has its variable (LEASEQ_SERVE_<OPTION>), checked as the option is."""
+    shown = CliRunner().invoke(cli, ["serve", "--help"], terminal_width=200).stdout
+    for name in ("LEASEQ_SERVE_PRUNE_OLDER_THAN", "LEASEQ_SERVE_PRUNE_PAYLOADS_OLDER_THAN",
+                 "LEASEQ_SERVE_PRUNE_EVIDENCE_OLDER_THAN"):
+        assert name in shown, name
+    shown = CliRunner().invoke(cli, ["prune", "--help"], terminal_width=200).stdout
+    assert "LEASEQ_PRUNE_EVIDENCE_OLDER_THAN" in shown
     result = CliRunner().invoke(cli, ["--dsn", dsn, "serve", "--port", "0"],
                                 env={"LEASEQ_SERVE_PRUNE_OLDER_THAN": "30d",
                                      "LEASEQ_SERVE_PRUNE_EVIDENCE_OLDER_THAN": "7d"})

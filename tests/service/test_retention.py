@@ -20,12 +20,13 @@ from typing import Any
 import pytest
 
 import leaseq
-from leaseq.engine.schema import ENDED_STATUSES, EVIDENCE_KEYS
 from leaseq.store import parse_dsn
 
 from .support import age_tasks
 
 DAY = 86400.0
+#: Every status a task ends in (leaseq.engine.schema.ENDED_STATUSES says the same).
+ENDED_STATUSES = ("completed", "cancelled", "dead", "denied", "expired")
 ENDED = "ENDED-SECRET"
 LIVE = "LIVE-SECRET"
 
@@ -248,6 +249,22 @@ def _snapshot(q: leaseq.Queue, ids: dict[str, int]) -> dict[str, Any]:
     return {name: (q.get(i), q.events(i), q.effects(i)) for name, i in ids.items()}
 
 
+def _evidence_keys() -> set[str]:
+    from leaseq.engine.schema import EVIDENCE_KEYS
+
+    return set(EVIDENCE_KEYS)
+
+
+def test_the_ended_statuses_are_the_schemas(q: leaseq.Queue) -> None:
+    from leaseq.core.model import Status
+    from leaseq.engine.schema import ENDED_STATUSES as declared
+
+    assert set(declared) == set(ENDED_STATUSES)
+    waiting_for_a_person = {"blocked", "needs_reconciliation"}
+    live = {"queued", "running", "waiting", "awaiting_approval"}
+    assert {s.value for s in Status} == set(ENDED_STATUSES) | waiting_for_a_person | live
+
+
 def test_every_text_column_is_classified(q: leaseq.Queue, dsn: str) -> None:
     """Each column that can hold text is listed in COLUMNS with what retention does with it."""
     found = _text_columns(dsn)
@@ -264,14 +281,14 @@ def test_retention_clears_user_data_then_prunes_every_ended_status(q: leaseq.Que
 
     # 1. the payload cut-off: every ended task keeps its row, and no user data
     counts = q.prune(60 * DAY, payloads_older_than_seconds=30 * DAY, batch=2)
-    assert counts["tasks"] == 0 and counts["payloads"] == len(ended)
     assert _where(dsn, ENDED) == []
+    assert counts["tasks"] == 0 and counts["payloads"] == len(ended)
     for task_id in ended.values():
         task = q.get(task_id)
         assert task.payload is None and task.result is None and task.last_error is None
         assert all(fx.response is None and fx.args_digest is None for fx in q.effects(task_id))
         for e in q.events(task_id)[1:]:  # the first is the row's own "enqueued" entry
-            assert set(e.detail) <= set(EVIDENCE_KEYS), (e.type, e.detail)
+            assert set(e.detail) <= _evidence_keys(), (e.type, e.detail)
     assert _snapshot(q, live) == before  # live tasks untouched
     try:  # a cleared dead task has nothing left to run on
         q.requeue(ended["dead"], note="again", by="ops")
@@ -296,7 +313,7 @@ def test_retention_clears_user_data_then_prunes_every_ended_status(q: leaseq.Que
         assert entries[0]["type"] == "enqueued" and entries[0]["task_id"] == ended[name]
         assert {e["task_status"] for e in entries} == {q_status(name)}
         for e in entries:
-            assert set(e["detail"]) <= set(EVIDENCE_KEYS), e
+            assert set(e["detail"]) <= _evidence_keys(), e
     # who held which generation, and why each lease ended
     trail = [(e["type"], e["generation"], e["worker_id"] is not None) for e in record["completed"]]
     assert [t for t in trail if t[0] == "claimed"] == [("claimed", 1, True), ("claimed", 2, True),
