@@ -8,7 +8,7 @@ from ..core import checks
 from ..core.errors import ConfigError, InvalidInput
 from ..store.base import load_migrations
 from ..store.functions import fingerprint, install_script
-from .common import Settings, actor, audit
+from .common import Settings, acting, actor, audit
 from .steps import BEGIN, BEGIN_ONE, COMMIT, Op, Script, one, rows
 
 
@@ -116,7 +116,10 @@ def prune(s: Settings, older_than_seconds: float, *, payloads_older_than_seconds
     older, payloads, evidence = _retention(older_than_seconds, payloads_older_than_seconds,
                                            evidence_older_than_seconds)
     batch = checks.check_int("batch", batch, minimum=1, maximum=100_000)
-    by, via = actor(by, via)
+    actor(by, via)  # checked before anything runs
+    yield BEGIN
+    by, via = yield from acting(by, via)  # a database role acts under its own name
+    yield COMMIT
     settings = dict(older_than_seconds=older, payloads_older_than_seconds=payloads,
                     evidence_older_than_seconds=evidence)
     keys = list(EVIDENCE_KEYS)
