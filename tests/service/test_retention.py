@@ -289,6 +289,9 @@ def test_retention_clears_user_data_then_prunes_every_ended_status(q: leaseq.Que
         assert all(fx.response is None and fx.args_digest is None for fx in q.effects(task_id))
         for e in q.events(task_id)[1:]:  # the first is the row's own "enqueued" entry
             assert set(e.detail) <= _evidence_keys(), (e.type, e.detail)
+    approval = q.approval(ended["completed-approved"])
+    assert (approval.decision, approval.decided_by, approval.note, approval.digest) == \
+        ("approved", "bob", None, "cleared")
     assert _snapshot(q, live) == before  # live tasks untouched
     try:  # a cleared dead task has nothing left to run on
         q.requeue(ended["dead"], note="again", by="ops")
