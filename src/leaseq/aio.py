@@ -337,12 +337,17 @@ class AsyncQueue:
         return await self._arun(engine.reads.now(self.settings))
 
     async def prune(self, older_than_seconds: float, *, payloads_older_than_seconds: float | None = None,
-                    batch: int = 1000, by: str | None = None, via: str | None = None,
-                    record_empty: bool = True) -> dict[str, int]:
+                    evidence_older_than_seconds: float | None = None, batch: int = 1000, by: str | None = None,
+                    via: str | None = None, record_empty: bool = True) -> dict[str, int]:
         """:meth:`Queue.prune`, awaited."""
         return await self._arun(engine.schema.prune(self.settings, older_than_seconds,
                                                     payloads_older_than_seconds=payloads_older_than_seconds,
+                                                    evidence_older_than_seconds=evidence_older_than_seconds,
                                                     batch=batch, by=by, via=via, record_empty=record_empty))
+
+    async def evidence_record(self, task_id: int) -> list[dict[str, Any]]:
+        """:meth:`Queue.evidence_record`, awaited."""
+        return await self._arun(engine.schema.evidence_record(self.settings, task_id))
 
 
     async def approve(self, task_id: int, digest: str, note: str | None = None, *, by: str | None = None,

@@ -252,6 +252,26 @@ def test_a_scoped_viewer_reads_across_queues_only_its_own(admin, make_role) -> N
         assert {s["queue"] for s in q.stats()} == {"default", "payroll"}
 
 
+def test_a_scoped_operator_cannot_run_retention_over_other_queues(admin, make_role) -> None:
+    """Retention reaches every queue's ended tasks: a role limited to some queues is refused it,
+    and nothing of another queue is cleared or deleted."""
+    w = admin.register_worker("w")
+    task = admin.enqueue("job", {"salary": 1}, queue="payroll")
+    [claim] = admin.claim(w, queue="payroll")
+    admin.complete(w, claim, {"paid": True})
+    dsn = make_role("operator", "default")
+    with leaseq.connect(dsn) as q:
+        for kwargs in ({}, {"payloads_older_than_seconds": 0}):
+            with pytest.raises(Exception, match="covers every queue"):
+                q.prune(0, **kwargs)
+    for query in ("leaseq_q_prune_finished_ids(0, 10)", "leaseq_q_scrub_finished_ids(0, 10)",
+                  "leaseq_q_prune_evidence(0, 10)"):
+        assert "covers every queue" in refused(dsn, f"SELECT * FROM {query}"), query
+    assert admin.get(task.id).result == {"paid": True}
+    with leaseq.connect(make_role("operator")) as q:  # unscoped, it may
+        assert q.prune(0)["tasks"] == 1
+
+
 def test_an_operator_role_acts_but_cannot_pose_as_a_worker(admin, make_role) -> None:
     dsn = make_role("operator")
     task = admin.enqueue("job")

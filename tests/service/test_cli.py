@@ -73,10 +73,17 @@ def test_prune_command(q: leaseq.Queue, dsn: str) -> None:
     q.complete(w, c, {"r": 1})
     age_tasks(dsn, [t.id], 10 * 86400)
     code, out, _ = run(dsn, "prune", "--older-than", "30d", "--payloads-older-than", "7d", "--json")
-    assert code == 0 and json.loads(out) == {"tasks": 0, "events": 0, "effects": 0, "payloads": 1}
+    assert code == 0 and json.loads(out) == {"tasks": 0, "events": 0, "effects": 0, "payloads": 1, "evidence": 0,
+                                             "evidence_pruned": 0}
     assert q.get(t.id).payload is None and len(q.events(t.id)) == 3
     code, out, _ = run(dsn, "prune", "--older-than", "1w")
     assert code == 0 and out.startswith("pruned 1 task(s), 2 event(s)")  # the enqueued entry is the row itself
+    assert "kept 3 and pruned 0 evidence entries" in out
+    assert [e["type"] for e in q.evidence_record(t.id)] == ["enqueued", "claimed", "completed"]
+    code, _, err = run(dsn, "prune", "--older-than", "1w", "--evidence-older-than", "5d")
+    assert code == 2 and "evidence_older_than" in err and q.evidence_record(t.id)
+    code, out, _ = run(dsn, "prune", "--older-than", "1d", "--evidence-older-than", "5d", "--json")
+    assert code == 0 and json.loads(out)["evidence_pruned"] == 3 and q.evidence_record(t.id) == []
     code, _, err = run(dsn, "prune", "--older-than", "-3d")
     assert code == 2 and "older_than" in err
 
@@ -115,9 +122,28 @@ def test_serve_refuses_a_database_without_schema(tmp_path) -> None:
 
 def test_serve_refuses_bad_maintenance_options(q: leaseq.Queue, dsn: str) -> None:
     for args, field in ((["--leader-lease", "0"], "leader_lease"), (["--leader-lease", "2h"], "leader_lease"),
-                        (["--sweep-every", "soon"], "sweep_every")):
+                        (["--sweep-every", "soon"], "sweep_every"),
+                        (["--prune-evidence-older-than", "400d"], "prune_evidence_older_than"),
+                        (["--prune-older-than", "30d", "--prune-evidence-older-than", "7d"],
+                         "prune_evidence_older_than"),
+                        (["--prune-older-than", "30d", "--prune-evidence-older-than", "1y"],
+                         "prune_evidence_older_than")):
         code, out, err = run(dsn, "serve", "--port", "0", *args)
         assert code == 2 and err.startswith(f"error: {field}: "), (args, err)
+
+
+def test_serve_takes_its_retention_from_the_environment(q: leaseq.Queue, dsn: str) -> None:
+    """Each option has its variable (LEASEQ_SERVE_<OPTION>), checked as the option is."""
+    shown = CliRunner().invoke(cli, ["serve", "--help"], terminal_width=200).stdout
+    for name in ("LEASEQ_SERVE_PRUNE_OLDER_THAN", "LEASEQ_SERVE_PRUNE_PAYLOADS_OLDER_THAN",
+                 "LEASEQ_SERVE_PRUNE_EVIDENCE_OLDER_THAN"):
+        assert name in shown, name
+    shown = CliRunner().invoke(cli, ["prune", "--help"], terminal_width=200).stdout
+    assert "LEASEQ_PRUNE_EVIDENCE_OLDER_THAN" in shown
+    result = CliRunner().invoke(cli, ["--dsn", dsn, "serve", "--port", "0"],
+                                env={"LEASEQ_SERVE_PRUNE_OLDER_THAN": "30d",
+                                     "LEASEQ_SERVE_PRUNE_EVIDENCE_OLDER_THAN": "7d"})
+    assert result.exit_code == 2 and result.stderr.startswith("error: prune_evidence_older_than: "), result.stderr
 
 
 def test_serve_refuses_a_bad_process_count(q: leaseq.Queue, dsn: str) -> None:

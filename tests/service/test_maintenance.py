@@ -177,11 +177,19 @@ def test_leadership_shows_in_metrics_and_health(q: leaseq.Queue, dsn: str) -> No
 
 @pytest.mark.parametrize(("option", "value"), [("leader_lease_seconds", 0), ("leader_lease_seconds", 0.05),
                                                ("leader_lease_seconds", "15"), ("sweep_every", -1),
-                                               ("sweep_every", float("nan")), ("prune_every", 0)])
+                                               ("sweep_every", float("nan")), ("prune_every", 0),
+                                               ("prune_evidence_older_than", 400 * 86400.0),
+                                               ("prune_evidence_older_than", -1)])
 def test_bad_maintenance_settings_name_the_field(q: leaseq.Queue, option: str, value) -> None:
     with pytest.raises(leaseq.InvalidInput) as err:
         create_app(q, **{option: value})
     assert err.value.field == option
+
+
+def test_evidence_retention_shorter_than_the_task_retention_is_refused(q: leaseq.Queue) -> None:
+    with pytest.raises(leaseq.InvalidInput) as err:
+        create_app(q, prune_older_than=30 * 86400.0, prune_evidence_older_than=7 * 86400.0)
+    assert err.value.field == "prune_evidence_older_than" and "at least prune_older_than" in str(err.value)
 
 
 def test_a_stopped_replica_can_start_again(q: leaseq.Queue, replicas) -> None:

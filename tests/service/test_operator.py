@@ -116,22 +116,25 @@ def test_prune_keeps_what_incident_review_needs(q: leaseq.Queue, dsn: str) -> No
     events_before = {i: len(q.events(i)) for i in (*ids.values(), recent, payload_only, queued)}
 
     counts = q.prune(30 * DAY, payloads_older_than_seconds=7 * DAY, batch=1)
-    assert counts["tasks"] == 2 and counts["effects"] == 2 and counts["payloads"] == 1
+    ended = (ids["completed"], ids["cancelled"], ids["dead"])
+    assert counts["tasks"] == 3 and counts["effects"] == 3 and counts["payloads"] == 1
     # each trail's "enqueued" entry is the task row itself, pruned with it rather than counted as an event
-    assert counts["events"] == events_before[ids["completed"]] + events_before[ids["cancelled"]] - 2
-    for gone in (ids["completed"], ids["cancelled"]):
+    assert counts["events"] == sum(events_before[i] for i in ended) - 3
+    assert counts["evidence"] == sum(events_before[i] for i in ended)  # the evidence record keeps each entry
+    for gone in ended:
         try:
             q.get(gone)
         except leaseq.NotFound:
+            assert q.evidence_record(gone)[0]["type"] == "enqueued"  # what incident review needs stays
             continue
         raise AssertionError(f"task {gone} was not pruned")
-    for kept in (ids["dead"], ids["blocked"], ids["needs_reconciliation"], queued, recent, payload_only):
+    for kept in (ids["blocked"], ids["needs_reconciliation"], queued, recent, payload_only):
         assert len(q.events(kept)) == events_before[kept]
     blanked = q.get(payload_only)
     assert blanked.payload is None and blanked.result is None and len(q.effects(payload_only)) == 1
-    assert q.get(recent).result == {"answer": 42} and q.get(ids["dead"]).payload == {"doc": "dead"}
-    assert q.prune(30 * DAY, payloads_older_than_seconds=7 * DAY) == {"tasks": 0, "events": 0, "effects": 0,
-                                                                        "payloads": 0}
+    assert q.get(recent).result == {"answer": 42} and q.get(ids["blocked"]).payload == {"doc": "blocked"}
+    assert q.prune(30 * DAY, payloads_older_than_seconds=7 * DAY) == {
+        "tasks": 0, "events": 0, "effects": 0, "payloads": 0, "evidence": 0, "evidence_pruned": 0}
 
 
 def test_prune_refuses_bad_input(q: leaseq.Queue) -> None:
@@ -156,14 +159,33 @@ def test_the_service_applies_retention_on_its_own_schedule(q: leaseq.Queue, dsn:
         pass
     [entry] = [e for e in auth.audit_log(q) if e["action"] == "prune"]
     assert entry["actor"] == "service retention" and entry["detail"]["tasks"] == 1
+    assert entry["detail"]["evidence_older_than_seconds"] == 365 * DAY  # the default
+    assert [e["type"] for e in q.evidence_record(old)][:2] == ["enqueued", "claimed"]
+
+
+def test_the_service_applies_the_evidence_retention_it_is_given(q: leaseq.Queue, dsn: str) -> None:
+    old = _finished(q, "dead")
+    age_tasks(dsn, [old], 40 * DAY)
+    with serve(q, prune_older_than=30 * DAY, prune_payloads_older_than=DAY, prune_evidence_older_than=35 * DAY,
+               prune_every=3600) as (url, app):
+        assert app.state.maintenance.signals.wait("prune", timeout=10)
+    try:
+        q.get(old)
+        raise AssertionError("retention did not prune the old dead task")
+    except leaseq.NotFound:
+        pass
+    assert q.evidence_record(old) == []  # it ended 40 days ago: past the evidence retention too
 
 
 def test_admin_prunes_and_manages_tokens_over_http(svc: Service) -> None:
     admin = svc.http(svc.token("admin", "root"))
     old = _finished(svc.q, "completed")
     age_tasks(svc.dsn, [old], 2 * DAY)
-    resp = admin.post("/v1/prune", json={"older_than_seconds": DAY})
-    assert resp.status_code == 200 and resp.json()["tasks"] == 1
+    resp = admin.post("/v1/prune", json={"older_than_seconds": DAY, "evidence_older_than_seconds": 0.5 * DAY})
+    assert resp.status_code == 422 and error_of(resp)["field"] == "evidence_older_than_seconds"
+    resp = admin.post("/v1/prune", json={"older_than_seconds": DAY, "evidence_older_than_seconds": 30 * DAY})
+    assert resp.status_code == 200 and resp.json()["tasks"] == 1 and resp.json()["evidence_pruned"] == 0
+    assert svc.q.evidence_record(old)
     created = admin.post("/v1/tokens", json={"name": "ci", "role": "worker", "queues": ["builds"],
                                              "expires_in": 3600}).json()
     assert created["token"].startswith(f"lq_{created['id']}_") and created["queues"] == ["builds"]

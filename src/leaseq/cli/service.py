@@ -88,9 +88,13 @@ def cli_actor() -> str:
 @click.option("--docs", is_flag=True, help="Serve Swagger UI at /docs (it loads scripts from a CDN). "
                                            "/openapi.json is always served.")
 @click.option("--prune-older-than", metavar="AGE", default=None,
-              help="Retention the service applies: delete finished tasks and their evidence older than AGE.")
+              help="Retention the service applies: delete ended tasks (completed, cancelled, dead, denied, "
+                   "expired) older than AGE, each leaving an evidence record without user data.")
 @click.option("--prune-payloads-older-than", metavar="AGE", default=None,
-              help="Blank payloads and results of finished tasks older than AGE (evidence stays).")
+              help="Clear the user data of ended tasks older than AGE (payload, result, errors, effect "
+                   "responses, notes), keeping the rows.")
+@click.option("--prune-evidence-older-than", metavar="AGE", default=None, show_default="365d, or --prune-older-than "
+              "if longer", help="Delete the evidence records of tasks that ended more than AGE ago.")
 @click.option("--prune-every", metavar="AGE", default="1h", show_default=True, help="How often retention runs.")
 @click.option("--sweep-every", metavar="AGE", default="10s", show_default=True,
               help="How often expired leases are routed (needs_reconciliation, retries) without waiting for a "
@@ -115,7 +119,7 @@ def cli_actor() -> str:
 def serve(ctx: click.Context, host: str, port: int, migrate: bool, rate: float, burst: float,
           failed_auth_rate: float, failed_auth_burst: float, max_body_bytes: int, public_metrics: bool,
           secure_cookies: bool, forwarded_allow_ips: str, trusted_host: tuple[str, ...], docs: bool, prune_older_than: str | None,
-          prune_payloads_older_than: str | None, prune_every: str, sweep_every: str, leader_lease: str,
+          prune_payloads_older_than: str | None, prune_evidence_older_than: str | None, prune_every: str, sweep_every: str, leader_lease: str,
           waits_per_token: int, waits_per_process: int, processes: int, log_level: str, log_format: str) -> None:
     """Serve the queue over HTTP: worker API, operator API, dashboard and /metrics.
 
@@ -132,9 +136,15 @@ def serve(ctx: click.Context, host: str, port: int, migrate: bool, rate: float, 
 
     older = parse_duration("prune_older_than", prune_older_than)
     payloads = parse_duration("prune_payloads_older_than", prune_payloads_older_than)
+    evidence = parse_duration("prune_evidence_older_than", prune_evidence_older_than)
     every = parse_duration("prune_every", prune_every)
     if payloads is not None and older is None:
         raise CliError("prune_payloads_older_than", "needs --prune-older-than as well")
+    if evidence is not None and older is None:
+        raise CliError("prune_evidence_older_than", "needs --prune-older-than as well")
+    if evidence is not None and older is not None and evidence < older:
+        raise CliError("prune_evidence_older_than", f"must be at least --prune-older-than ({prune_older_than}): "
+                                                    f"the evidence record outlives its task")
     if every is not None and every <= 0:
         raise CliError("prune_every", "must be greater than 0")
     sweep = parse_duration("sweep_every", sweep_every) or None
@@ -151,7 +161,8 @@ def serve(ctx: click.Context, host: str, port: int, migrate: bool, rate: float, 
         rate_per_second=rate, burst=burst, failed_auth_per_second=failed_auth_rate,
         failed_auth_burst=failed_auth_burst, max_body_bytes=max_body_bytes, public_metrics=public_metrics,
         secure_cookies=secure_cookies, forwarded_allow_ips=forwarded_allow_ips, trusted_hosts=tuple(hosts), docs=docs,
-        prune_older_than=older, prune_payloads_older_than=payloads, prune_every=every or 3600.0,
+        prune_older_than=older, prune_payloads_older_than=payloads, prune_evidence_older_than=evidence,
+        prune_every=every or 3600.0,
         sweep_every=sweep, leader_lease_seconds=lease, waits_per_token=waits_per_token,
         waits_per_process=waits_per_process)
     if processes > 1:
@@ -450,20 +461,28 @@ def revoke(ctx: click.Context, token_id: str | None, worker_id: str | None, as_j
 
 @click.command()
 @click.option("--older-than", required=True, metavar="AGE",
-              help="Delete completed and cancelled tasks, with their evidence, untouched for AGE (e.g. 30d).")
+              help="Delete ended tasks (completed, cancelled, dead, denied, expired) untouched for AGE (e.g. 30d), "
+                   "each leaving an evidence record without user data.")
 @click.option("--payloads-older-than", metavar="AGE", default=None,
-              help="Also blank payloads and results of finished tasks older than AGE; their evidence stays.")
+              help="Also clear the user data of ended tasks older than AGE (payload, result, errors, effect "
+                   "responses, notes), keeping the rows.")
+@click.option("--evidence-older-than", metavar="AGE", default=None, show_default="365d, or --older-than if longer",
+              help="Delete the evidence records of tasks that ended more than AGE ago.")
 @json_option
 @click.pass_context
-def prune(ctx: click.Context, older_than: str, payloads_older_than: str | None, as_json: bool) -> None:
-    """Apply retention now. Dead, blocked and needs_reconciliation tasks are kept."""
+def prune(ctx: click.Context, older_than: str, payloads_older_than: str | None, evidence_older_than: str | None,
+          as_json: bool) -> None:
+    """Apply retention now. Blocked and needs_reconciliation tasks are kept for a person."""
     q = open_queue(ctx)
     older = parse_duration("older_than", older_than)
     payloads = parse_duration("payloads_older_than", payloads_older_than)
+    evidence = parse_duration("evidence_older_than", evidence_older_than)
     # audited by Queue.prune, each batch in its own transaction
-    counts = q.prune(older, payloads_older_than_seconds=payloads, by=cli_actor(), via="cli")  # type: ignore[arg-type]
+    counts = q.prune(older, payloads_older_than_seconds=payloads,  # type: ignore[arg-type]
+                     evidence_older_than_seconds=evidence, by=cli_actor(), via="cli")
     if as_json:
         emit_json(counts)
         return
     click.echo(f"pruned {counts['tasks']} task(s), {counts['events']} event(s), {counts['effects']} effect(s); "
-               f"blanked {counts['payloads']} payload(s)")
+               f"cleared {counts['payloads']} task(s)' user data; kept {counts['evidence']} and pruned "
+               f"{counts['evidence_pruned']} evidence entries")

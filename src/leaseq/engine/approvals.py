@@ -157,10 +157,17 @@ def _recorded_matches(recorded: str, task: dict[str, Any]) -> bool:
     return hmac.compare_digest(recorded, current)
 
 
+#: What retention leaves in place of an ended task's approval digest (the scrub_approvals query).
+CLEARED_DIGEST = "cleared"
+
+
 def shown_digest(recorded: str, task: Task | dict[str, Any]) -> str:
     """The digest an approver is shown: the one recorded, or for a request recorded
-    with a version 1 digest, the task's version 2 digest (the one a decision takes)."""
-    return recorded if _DIGEST.fullmatch(recorded) else digest_of(task)
+    with a version 1 digest, the task's version 2 digest (the one a decision takes).
+    A digest retention cleared stays cleared (never one made from the cleared task)."""
+    if recorded == CLEARED_DIGEST or _DIGEST.fullmatch(recorded):
+        return recorded
+    return digest_of(task)
 
 
 def check_approval(approval: str | None, approval_deadline: float | None) -> tuple[str | None, float | None]:

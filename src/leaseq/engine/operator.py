@@ -212,6 +212,10 @@ def _resume(s: Settings, task_id: int, from_status: Status, event_type: str, act
     yield BEGIN
     by, via = yield from acting(by, via)
     before = yield from require_task(task_id, lock=True)
+    if before.get("scrubbed_at") is not None and before["status"] == from_status.value:
+        # retention cleared its payload: another attempt would run on nothing
+        raise InvalidTransition(f"task {task_id} is {before['status']} and retention cleared its payload; "
+                                f"enqueue it anew instead")
     row = yield one("set_task_status", task_id=task_id, from_status=from_status.value, status=Status.QUEUED.value,
                     set_result=False, result=None, reset_attempts=reset_attempts)
     if row is None:

@@ -1,13 +1,15 @@
-"""Schema and retention: migrations, the schema version, pruning finished tasks."""
+"""Schema and retention: migrations, the schema version, clearing and pruning ended tasks, the evidence record."""
 
 from __future__ import annotations
 
+from typing import Any
+
 from ..core import checks
-from ..core.errors import ConfigError
+from ..core.errors import ConfigError, InvalidInput
 from ..store.base import load_migrations
 from ..store.functions import fingerprint, install_script
-from .common import Settings, actor, audit
-from .steps import BEGIN, COMMIT, Op, Script, one, rows
+from .common import Settings, acting, actor, audit
+from .steps import BEGIN, BEGIN_ONE, COMMIT, Op, Script, one, rows
 
 
 def migrate(s: Settings, dialect: str) -> Op[list[int]]:
@@ -58,43 +60,125 @@ def schema_version(s: Settings) -> Op[int]:
 
 _CENTURY = 100 * 365 * 86400.0
 
+#: The statuses a task ends in: retention clears and then deletes these, and
+#: only these (blocked and needs_reconciliation wait for a person; the others
+#: are live).
+ENDED_STATUSES = ("completed", "cancelled", "dead", "denied", "expired")
+
+#: How long the evidence record of a pruned task is kept by default, counted
+#: from when the task ended: a year, or the task retention if that is longer.
+DEFAULT_EVIDENCE_SECONDS = 365 * 86400.0
+
+#: The keys of an event's (or a task's audit entry's) ``detail`` that retention
+#: keeps: who held which generation, who decided what and why each lease ended,
+#: as identifiers, counts, times and statuses. Every other key goes: error
+#: texts, reasons, notes, approval digests (unsalted: a payload can be guessed
+#: from its digest), idempotency keys, resources, and whatever a future event
+#: adds until it is named here. Never add a key that can carry user data.
+EVIDENCE_KEYS: tuple[str, ...] = (
+    # the lease: its attempt, its term and its heartbeats
+    "attempt", "lease_seconds", "lease_expires_at", "heartbeats", "last_heartbeat_at", "longest_heartbeat_gap",
+    "started",
+    # where the attempt sent the task, and why in the words of the state machine
+    "next_status", "routed_to", "previous_status", "status", "open_intents", "error_streak", "retry_at", "after",
+    "snoozes", "revoked_lease_of", "previous_attempts", "outcome", "deadline_at",
+    # dependencies and intents, by task id
+    "dependency", "dependency_status", "on_dependency_failure", "parent_task_id", "child_task_id", "kind", "queue",
+    "priority",
+    # actions, by name and ledger id
+    "action", "effect", "effect_id", "recorded_generation", "previous_generation",
+    # approvals: who asked and who decided (not the digest: unsalted, a payload can be guessed from it)
+    "requested_by", "by", "via", "deadline_seconds", "approval",
+)
+
+
+def _retention(older_than_seconds: float, payloads_older_than_seconds: float | None,
+               evidence_older_than_seconds: float | None) -> tuple[float, float | None, float]:
+    older = checks.check_seconds("older_than_seconds", older_than_seconds, allow_zero=True, maximum=_CENTURY)
+    payloads = payloads_older_than_seconds
+    if payloads is not None:
+        payloads = checks.check_seconds("payloads_older_than_seconds", payloads, allow_zero=True, maximum=_CENTURY)
+    if evidence_older_than_seconds is None:
+        return older, payloads, max(DEFAULT_EVIDENCE_SECONDS, older)
+    evidence = checks.check_seconds("evidence_older_than_seconds", evidence_older_than_seconds, allow_zero=True,
+                                    maximum=_CENTURY)
+    if evidence < older:
+        raise InvalidInput("evidence_older_than_seconds",
+                           f"must be at least older_than_seconds ({older:g}): the evidence record outlives "
+                           f"its task (got {evidence:g})")
+    return older, payloads, evidence
+
 
 def prune(s: Settings, older_than_seconds: float, *, payloads_older_than_seconds: float | None = None,
-          batch: int = 1000, by: str | None = None, via: str | None = None,
-          record_empty: bool = True) -> Op[dict[str, int]]:
+          evidence_older_than_seconds: float | None = None, batch: int = 1000, by: str | None = None,
+          via: str | None = None, record_empty: bool = True) -> Op[dict[str, int]]:
     """:meth:`leaseq.Queue.prune`: one transaction per batch, each audited."""
-    older = checks.check_seconds("older_than_seconds", older_than_seconds, allow_zero=True, maximum=_CENTURY)
-    if payloads_older_than_seconds is not None:
-        payloads_older_than_seconds = checks.check_seconds(
-            "payloads_older_than_seconds", payloads_older_than_seconds, allow_zero=True, maximum=_CENTURY)
+    older, payloads, evidence = _retention(older_than_seconds, payloads_older_than_seconds,
+                                           evidence_older_than_seconds)
     batch = checks.check_int("batch", batch, minimum=1, maximum=100_000)
-    by, via = actor(by, via)
-    settings = dict(older_than_seconds=older, payloads_older_than_seconds=payloads_older_than_seconds)
-    counts = {"tasks": 0, "events": 0, "effects": 0, "payloads": 0}
-    while True:
-        yield BEGIN
-        ids = [r["id"] for r in (yield rows("prune_finished_ids", older_than=older, limit=batch))]
-        if ids:
-            done = {"tasks": 0, "events": len((yield rows("prune_events", task_ids=ids))),
-                    "effects": len((yield rows("prune_effects", task_ids=ids))), "payloads": 0}
-            done["tasks"] = len((yield rows("prune_tasks", task_ids=ids)))
-            yield from audit(by, via, "prune", "retention", **settings, **done)
-            for key, n in done.items():
-                counts[key] += n
-        yield COMMIT
-        if len(ids) < batch:
-            break
-    while payloads_older_than_seconds is not None:
-        yield BEGIN
-        n = len((yield rows("prune_payloads", older_than=payloads_older_than_seconds, limit=batch)))
-        if n:
-            yield from audit(by, via, "prune", "retention", **settings, tasks=0, events=0, effects=0, payloads=n)
-        yield COMMIT
-        counts["payloads"] += n
-        if n < batch:
-            break
+    actor(by, via)  # checked before anything runs
+    yield BEGIN
+    by, via = yield from acting(by, via)  # a database role acts under its own name
+    yield COMMIT
+    settings = dict(older_than_seconds=older, payloads_older_than_seconds=payloads,
+                    evidence_older_than_seconds=evidence)
+    keys = list(EVIDENCE_KEYS)
+    counts = dict.fromkeys(("tasks", "events", "effects", "payloads", "evidence", "evidence_pruned"), 0)
+
+    def passes(step: str, cut: float) -> Op[None]:
+        while True:
+            yield BEGIN
+            done = dict.fromkeys(counts, 0)
+            if step == "evidence":
+                n = len((yield rows("prune_evidence", older_than=cut, limit=batch)))
+                done["evidence_pruned"] = n
+            else:
+                ids = [r["id"] for r in (yield rows(f"{step}_finished_ids", older_than=cut, limit=batch))]
+                n = len(ids)
+                if ids:
+                    yield from _scrub(ids, keys, done, deleting=step == "prune")
+            if any(done.values()):
+                yield from audit(by, via, "prune", "retention", **settings, **done)
+                for key, value in done.items():
+                    counts[key] += value
+            yield COMMIT
+            if n < batch:
+                return
+
+    # deleting first: what is deleted now need not be cleared first
+    yield from passes("prune", older)
+    if payloads is not None:
+        yield from passes("scrub", payloads)
+    yield from passes("evidence", evidence)
     if record_empty and not any(counts.values()):
         yield BEGIN
         yield from audit(by, via, "prune", "retention", **settings, **counts)
         yield COMMIT
     return counts
+
+
+def _scrub(ids: list[int], keys: list[str], done: dict[str, int], *, deleting: bool) -> Op[None]:
+    """Clear the user data of the ended tasks ``ids`` in the open transaction (payload,
+    result, last error, effect responses, approval notes, event details and the tasks'
+    audit entries beyond :data:`EVIDENCE_KEYS`); with ``deleting``, then copy each
+    trail to the evidence record and delete the tasks with everything that hangs off them."""
+    yield rows("scrub_audit", task_ids=ids, kept_keys=keys)
+    if deleting:
+        done["evidence"] = len((yield rows("keep_evidence", task_ids=ids, kept_keys=keys)))
+        done["events"] = len((yield rows("prune_events", task_ids=ids)))
+        done["effects"] = len((yield rows("prune_effects", task_ids=ids)))
+        done["tasks"] = len((yield rows("prune_tasks", task_ids=ids)))
+        return
+    done["payloads"] = len((yield rows("scrub_tasks", task_ids=ids)))
+    yield rows("scrub_effects", task_ids=ids)
+    yield rows("scrub_approvals", task_ids=ids)
+    yield rows("scrub_events", task_ids=ids, kept_keys=keys)
+
+
+def evidence_record(s: Settings, task_id: int) -> Op[list[dict[str, Any]]]:
+    """:meth:`leaseq.Queue.evidence_record`: the evidence record a pruned task left, in order."""
+    task_id = checks.check_task_id(task_id)
+    yield BEGIN_ONE
+    found: list[dict[str, Any]] = yield rows("list_evidence", task_id=task_id)
+    yield COMMIT
+    return found

@@ -1,6 +1,8 @@
-"""The schema and retention: migrations, the applied version, and pruning finished tasks."""
+"""The schema and retention: migrations, the applied version, pruning ended tasks, the evidence record."""
 
 from __future__ import annotations
+
+from typing import Any
 
 from .. import engine
 from .base import QueueBase
@@ -18,21 +20,44 @@ class SchemaOps(QueueBase):
         return self._run(engine.schema.schema_version(self.settings))
 
     def prune(self, older_than_seconds: float, *, payloads_older_than_seconds: float | None = None,
-              batch: int = 1000, by: str | None = None, via: str | None = None,
-              record_empty: bool = True) -> dict[str, int]:
-        """Retention: delete finished tasks, with their evidence, older than the cut-off.
+              evidence_older_than_seconds: float | None = None, batch: int = 1000, by: str | None = None,
+              via: str | None = None, record_empty: bool = True) -> dict[str, int]:
+        """Retention: clear the user data of ended tasks, delete them, and later their evidence record.
 
-        Completed and cancelled tasks untouched for ``older_than_seconds`` are
-        deleted with their events and effects. ``payloads_older_than_seconds``
-        (usually shorter) only blanks the payload and result of finished
-        tasks, keeping the row and its evidence trail for incident review.
-        Dead, blocked and needs_reconciliation tasks are never pruned: they wait
-        for a person. Works in batches of ``batch`` tasks, one transaction each;
+        Ended tasks (completed, cancelled, dead, denied and expired) untouched
+        for ``older_than_seconds`` are deleted with their events, effects,
+        approval and action tokens; each leaves an evidence record (see
+        :meth:`evidence_record`): its trail with every detail reduced to
+        :data:`leaseq.engine.schema.EVIDENCE_KEYS` (who held which generation,
+        who decided what, why each lease ended; no payload, result, error text
+        or note). The evidence record is deleted once the task ended
+        ``evidence_older_than_seconds`` ago (default: a year, or
+        ``older_than_seconds`` if longer; never less than it).
+        ``payloads_older_than_seconds`` (usually shorter) clears the user data
+        of ended tasks and keeps the rows: payload, result and last error,
+        effect responses (model and tool output), approval notes, and every
+        event detail and audit entry of the task beyond those keys. Blocked and
+        needs_reconciliation tasks wait for a person, and live tasks are never
+        touched. Works in batches of ``batch`` tasks, one transaction each;
         each batch that changed something writes its audit entry (``by``, with
         that batch's counts) in its own transaction. A pass that changed
-        nothing is audited too, unless ``record_empty`` is false.
-        Returns counts: ``tasks``, ``events``, ``effects``, ``payloads``.
+        nothing is audited too, unless ``record_empty`` is false. Returns
+        counts: ``tasks``, ``events``, ``effects`` (deleted), ``payloads``
+        (tasks cleared), ``evidence`` (evidence entries kept) and
+        ``evidence_pruned`` (evidence entries deleted).
         """
         return self._run(engine.schema.prune(self.settings, older_than_seconds,
-                                             payloads_older_than_seconds=payloads_older_than_seconds, batch=batch,
+                                             payloads_older_than_seconds=payloads_older_than_seconds,
+                                             evidence_older_than_seconds=evidence_older_than_seconds, batch=batch,
                                              by=by, via=via, record_empty=record_empty))
+
+    def evidence_record(self, task_id: int) -> list[dict[str, Any]]:
+        """The evidence record retention kept of a pruned task, in order (empty if none).
+
+        One entry per event of its trail, the first the ``enqueued`` entry made
+        from the row: ``task_id``, ``queue``, ``kind``, ``task_status`` (how the
+        task ended), ``ended_at``, ``event_id``, ``type``, ``generation``,
+        ``worker_id``, ``at``, ``detail`` (only the keys of
+        :data:`leaseq.engine.schema.EVIDENCE_KEYS`) and ``kept_at``.
+        """
+        return self._run(engine.schema.evidence_record(self.settings, task_id))

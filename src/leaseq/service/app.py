@@ -84,10 +84,14 @@ class ServiceSettings:
     #: Serve Swagger UI at /docs. Off by default: it loads scripts from a CDN
     #: into the dashboard's origin. /openapi.json is always served.
     docs: bool = False
-    #: Retention the service applies itself: delete finished tasks older than this (seconds)...
+    #: Retention the service applies itself: delete ended tasks older than this (seconds),
+    #: each leaving its evidence record...
     prune_older_than: float | None = None
-    #: ...blank their payloads and results after this (seconds)...
+    #: ...clear their user data after this (seconds), keeping the rows...
     prune_payloads_older_than: float | None = None
+    #: ...delete the evidence records of tasks that ended longer ago than this (seconds;
+    #: None: a year, or prune_older_than if longer)...
+    prune_evidence_older_than: float | None = None
     #: ...checking this often (seconds).
     prune_every: float = 3600.0
     #: The longest a claim request may wait for work (its ``wait`` is cut to this).
@@ -331,7 +335,7 @@ def create_app(queue: Queue, settings: ServiceSettings | None = None, **options:
         leader_lease_seconds=settings.leader_lease_seconds, sweep_every=settings.sweep_every,
         approvals_every=settings.approvals_every,
         prune_older_than=settings.prune_older_than, prune_payloads_older_than=settings.prune_payloads_older_than,
-        prune_every=settings.prune_every))
+        prune_evidence_older_than=settings.prune_evidence_older_than, prune_every=settings.prune_every))
     metrics.registry.register(MaintenanceCollector(maintenance))
 
     @asynccontextmanager

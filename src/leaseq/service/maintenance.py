@@ -89,10 +89,14 @@ class MaintenanceConfig:
     #: Deny approval requests whose deadline passed this often (seconds); None: never
     #: (``Queue.expire_approvals`` still does, when called).
     approvals_every: float | None = DEFAULT_APPROVALS_EVERY
-    #: Retention: delete finished tasks older than this (seconds); None: no retention.
+    #: Retention: delete ended tasks older than this (seconds), each leaving its
+    #: evidence record; None: no retention.
     prune_older_than: float | None = None
-    #: ...blank payloads and results of finished tasks older than this (seconds)...
+    #: ...clear the user data of ended tasks older than this (seconds), keeping the rows...
     prune_payloads_older_than: float | None = None
+    #: ...delete evidence records of tasks that ended longer ago than this (seconds;
+    #: None: a year, or ``prune_older_than`` if longer)...
+    prune_evidence_older_than: float | None = None
     #: ...applied this often (seconds).
     prune_every: float = DEFAULT_PRUNE_EVERY
     #: This replica's id in ``leaseq_leader`` (unique per process by default).
@@ -119,13 +123,23 @@ class MaintenanceConfig:
                 raise InvalidInput("prune_payloads_older_than", "needs prune_older_than as well")
             payloads = checks.check_seconds("prune_payloads_older_than", payloads, allow_zero=True,
                                             maximum=_MAX_AGE)
+        evidence = self.prune_evidence_older_than
+        if evidence is not None:
+            if older is None:
+                raise InvalidInput("prune_evidence_older_than", "needs prune_older_than as well")
+            evidence = checks.check_seconds("prune_evidence_older_than", evidence, allow_zero=True,
+                                            maximum=_MAX_AGE)
+            if evidence < older:
+                raise InvalidInput("prune_evidence_older_than",
+                                   f"must be at least prune_older_than ({older:g} s): the evidence record "
+                                   f"outlives its task (got {evidence:g} s)")
         every = checks.check_seconds("prune_every", self.prune_every, allow_zero=False, maximum=_MAX_AGE)
         checks.check_text("replica_id", self.replica_id, required=True)
         if len(self.replica_id) > 200:
             raise InvalidInput("replica_id", "must be at most 200 characters")
         return replace(self, leader_lease_seconds=lease, sweep_every=sweep, approvals_every=approvals,
-                       prune_older_than=older,
-                       prune_payloads_older_than=payloads, prune_every=every)
+                       prune_older_than=older, prune_payloads_older_than=payloads,
+                       prune_evidence_older_than=evidence, prune_every=every)
 
 
 class Signals:
@@ -195,7 +209,8 @@ class Maintenance:
         if c.prune_older_than is not None:
             jobs.append(_Job("prune", c.prune_every, lambda: self.queue.prune(
                 c.prune_older_than or 0.0, payloads_older_than_seconds=c.prune_payloads_older_than,
-                by="service retention", record_empty=False)))
+                evidence_older_than_seconds=c.prune_evidence_older_than, by="service retention",
+                record_empty=False)))
         return jobs
 
     @property

@@ -87,6 +87,7 @@ class TokenBody(Body):
 class PruneBody(Body):
     older_than_seconds: float
     payloads_older_than_seconds: float | None = None
+    evidence_older_than_seconds: float | None = None
 
 
 def _queue(request: Request) -> Queue:
@@ -351,6 +352,7 @@ def revoke_token(request: Request, token_id: str = Path(pattern=r"^[0-9a-f]{12}$
 def prune(body: PruneBody, request: Request, principal: auth.Principal = Depends(need("prune"))) -> dict[str, Any]:
     # audited by Queue.prune, each batch in its own transaction
     return _queue(request).prune(body.older_than_seconds, payloads_older_than_seconds=body.payloads_older_than_seconds,
+                                 evidence_older_than_seconds=body.evidence_older_than_seconds,
                                  by=principal.actor, via="api")
 
 

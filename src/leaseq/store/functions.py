@@ -289,8 +289,9 @@ def _checks(q: NamedQuery, sig: Signature) -> str:
             "SELECT c.kind, c.queues INTO _kind, _queues FROM leaseq_caller() c;" + "".join(out) + "\nEND IF;")
 
 
-# Reads across every queue whose rows name none: a scoped role is refused them.
-_UNSCOPED_ONLY = frozenset({"audit_list"})
+# Reads across every queue whose rows name none, and retention (which reaches every
+# queue's ended tasks): a scoped role is refused them.
+_UNSCOPED_ONLY = frozenset({"audit_list", "prune_finished_ids", "scrub_finished_ids", "prune_evidence"})
 
 
 _WRITES = re.compile(r"(?<!FOR )(?<!KEY )\b(UPDATE|INSERT|DELETE)\b", re.IGNORECASE)  # not a row lock

@@ -1466,13 +1466,34 @@ DELETE FROM leaseq_sessions WHERE expires_at <= now();
 
 -- name: prune_finished_ids
 -- callers: operator
--- Finished (completed or cancelled) tasks untouched since the cut-off, in
--- batches. Dead, blocked and needs_reconciliation tasks wait for a person.
+-- Ended tasks (every ended status: completed, cancelled, dead, denied,
+-- expired) untouched since the cut-off, in batches. Blocked,
+-- needs_reconciliation and the live statuses are never pruned.
 SELECT id FROM leaseq_tasks
-WHERE status IN ('completed', 'cancelled') AND updated_at < now() - %(older_than)s::float8 * interval '1 second'
+WHERE status IN ('completed', 'cancelled', 'dead', 'denied', 'expired') AND updated_at < now() - %(older_than)s::float8 * interval '1 second'
 ORDER BY id
 LIMIT %(limit)s
 FOR UPDATE SKIP LOCKED;
+
+-- name: keep_evidence
+-- callers: operator
+-- The evidence record a pruned task leaves: its trail (the "enqueued" entry
+-- made from the row, then every event), each detail reduced to the keys named
+-- in kept_keys (leaseq.engine.schema.EVIDENCE_KEYS: never user data).
+INSERT INTO leaseq_evidence (task_id, queue, kind, task_status, ended_at, event_id, type, generation, worker_id,
+                             at, detail)
+SELECT t.id, t.queue, t.kind, t.status, t.updated_at, NULL::bigint, 'enqueued', NULL::bigint, NULL::text,
+       t.created_at, jsonb_build_object('effect', t.effect, 'priority', t.priority)
+FROM leaseq_tasks t
+WHERE t.id = ANY(%(task_ids)s::bigint[]) AND t.status IN ('completed', 'cancelled', 'dead', 'denied', 'expired')
+UNION ALL
+SELECT t.id, t.queue, t.kind, t.status, t.updated_at, e.id, e.type, e.generation, e.worker_id, e.at,
+       (SELECT coalesce(jsonb_object_agg(d.key, d.value), '{}'::jsonb)
+        FROM jsonb_each(e.detail) AS d WHERE d.key = ANY(%(kept_keys)s::text[]))
+FROM leaseq_events e JOIN leaseq_tasks t ON t.id = e.task_id
+WHERE e.task_id = ANY(%(task_ids)s::bigint[]) AND t.status IN ('completed', 'cancelled', 'dead', 'denied', 'expired')
+ORDER BY 1, 6 NULLS FIRST
+RETURNING id;
 
 -- name: prune_events
 -- callers: operator
@@ -1484,24 +1505,77 @@ DELETE FROM leaseq_effects WHERE task_id = ANY(%(task_ids)s::bigint[]) RETURNING
 
 -- name: prune_tasks
 -- callers: operator
-DELETE FROM leaseq_tasks WHERE id = ANY(%(task_ids)s::bigint[]) AND status IN ('completed', 'cancelled')
+-- Approvals, dependencies and action tokens go with the row (ON DELETE CASCADE).
+DELETE FROM leaseq_tasks WHERE id = ANY(%(task_ids)s::bigint[]) AND status IN ('completed', 'cancelled', 'dead', 'denied', 'expired')
 RETURNING id;
 
--- name: prune_payloads
+-- name: scrub_finished_ids
 -- callers: operator
--- Payloads and results on their own, shorter schedule: the task row and its
--- evidence trail stay for incident review. updated_at is left alone so the
--- task's own retention clock does not restart.
-UPDATE leaseq_tasks SET payload = 'null'::jsonb, result = NULL
-WHERE id IN (
-    SELECT id FROM leaseq_tasks
-    WHERE status IN ('completed', 'cancelled')
-      AND updated_at < now() - %(older_than)s::float8 * interval '1 second'
-      AND (payload <> 'null'::jsonb OR result IS NOT NULL)
-    ORDER BY id
-    LIMIT %(limit)s
-    FOR UPDATE SKIP LOCKED)
+-- Ended tasks past the payload cut-off whose user data is not cleared yet.
+-- updated_at is left alone by the scrub, so the task's own retention clock
+-- does not restart.
+SELECT id FROM leaseq_tasks
+WHERE status IN ('completed', 'cancelled', 'dead', 'denied', 'expired') AND updated_at < now() - %(older_than)s::float8 * interval '1 second'
+  AND scrubbed_at IS NULL
+ORDER BY id
+LIMIT %(limit)s
+FOR UPDATE SKIP LOCKED;
+
+-- name: scrub_tasks
+-- callers: operator
+UPDATE leaseq_tasks SET payload = 'null'::jsonb, result = NULL, last_error = NULL, scrubbed_at = now()
+WHERE id = ANY(%(task_ids)s::bigint[]) AND status IN ('completed', 'cancelled', 'dead', 'denied', 'expired')
 RETURNING id;
+
+-- name: scrub_effects
+-- callers: operator
+-- Model and tool output, an intent's recorded answer, a tool call's argument digest.
+UPDATE leaseq_effects SET response = NULL, args_digest = NULL
+WHERE task_id = ANY(%(task_ids)s::bigint[]) AND (response IS NOT NULL OR args_digest IS NOT NULL)
+RETURNING id;
+
+-- name: scrub_approvals
+-- callers: operator
+-- The decision and the decider stay; the free-text note goes, and so does the
+-- digest (unsalted: a payload can be guessed from it).
+UPDATE leaseq_approvals SET note = NULL, digest = 'cleared'
+WHERE task_id = ANY(%(task_ids)s::bigint[]) AND (note IS NOT NULL OR digest <> 'cleared')
+RETURNING task_id;
+
+-- name: scrub_events
+-- callers: operator
+UPDATE leaseq_events
+SET detail = (SELECT coalesce(jsonb_object_agg(d.key, d.value), '{}'::jsonb)
+        FROM jsonb_each(leaseq_events.detail) AS d WHERE d.key = ANY(%(kept_keys)s::text[]))
+WHERE task_id = ANY(%(task_ids)s::bigint[])
+RETURNING id;
+
+-- name: scrub_audit
+-- callers: operator
+-- The audit entries of these tasks keep who did what, not the notes and
+-- reasons typed with it.
+UPDATE leaseq_audit
+SET detail = (SELECT coalesce(jsonb_object_agg(d.key, d.value), '{}'::jsonb)
+        FROM jsonb_each(leaseq_audit.detail) AS d WHERE d.key = ANY(%(kept_keys)s::text[]))
+WHERE target = ANY(SELECT 'task:' || x FROM unnest(%(task_ids)s::bigint[]) AS x)
+RETURNING id;
+
+-- name: prune_evidence
+-- callers: operator
+-- Evidence records past their own retention, counted from when the task ended.
+DELETE FROM leaseq_evidence
+WHERE id IN (SELECT id FROM leaseq_evidence
+             WHERE ended_at < now() - %(older_than)s::float8 * interval '1 second'
+             ORDER BY id
+             LIMIT %(limit)s
+             FOR UPDATE SKIP LOCKED)
+RETURNING id;
+
+-- name: list_evidence
+-- callers: operator, viewer
+SELECT id, task_id, queue, kind, task_status, ended_at, event_id, type, generation, worker_id, at, detail, kept_at
+FROM leaseq_evidence WHERE task_id = %(task_id)s
+ORDER BY id;
 
 -- name: open_intents_by_queue
 -- callers: operator, viewer

@@ -939,10 +939,26 @@ DELETE FROM leaseq_sessions WHERE expires_at <= (julianday('now') - 2440587.5) *
 
 -- name: prune_finished_ids
 SELECT id FROM leaseq_tasks
-WHERE status IN ('completed', 'cancelled')
+WHERE status IN ('completed', 'cancelled', 'dead', 'denied', 'expired')
   AND updated_at < (julianday('now') - 2440587.5) * 86400.0 - :older_than
 ORDER BY id
 LIMIT :limit;
+
+-- name: keep_evidence
+INSERT INTO leaseq_evidence (task_id, queue, kind, task_status, ended_at, event_id, type, generation, worker_id,
+                             at, detail)
+SELECT t.id, t.queue, t.kind, t.status, t.updated_at, NULL, 'enqueued', NULL, NULL, t.created_at,
+       json_object('effect', t.effect, 'priority', t.priority)
+FROM leaseq_tasks t
+WHERE t.id IN (SELECT value FROM json_each(:task_ids)) AND t.status IN ('completed', 'cancelled', 'dead', 'denied', 'expired')
+UNION ALL
+SELECT t.id, t.queue, t.kind, t.status, t.updated_at, e.id, e.type, e.generation, e.worker_id, e.at,
+       (SELECT json_group_object(d.key, json(e.detail -> d.fullkey))
+        FROM json_each(e.detail) AS d WHERE d.key IN (SELECT value FROM json_each(:kept_keys)))
+FROM leaseq_events e JOIN leaseq_tasks t ON t.id = e.task_id
+WHERE e.task_id IN (SELECT value FROM json_each(:task_ids)) AND t.status IN ('completed', 'cancelled', 'dead', 'denied', 'expired')
+ORDER BY 1, 6
+RETURNING id;
 
 -- name: prune_events
 DELETE FROM leaseq_events WHERE task_id IN (SELECT value FROM json_each(:task_ids)) RETURNING id;
@@ -952,19 +968,58 @@ DELETE FROM leaseq_effects WHERE task_id IN (SELECT value FROM json_each(:task_i
 
 -- name: prune_tasks
 DELETE FROM leaseq_tasks
-WHERE id IN (SELECT value FROM json_each(:task_ids)) AND status IN ('completed', 'cancelled')
+WHERE id IN (SELECT value FROM json_each(:task_ids)) AND status IN ('completed', 'cancelled', 'dead', 'denied', 'expired')
 RETURNING id;
 
--- name: prune_payloads
-UPDATE leaseq_tasks SET payload = 'null', result = NULL
-WHERE id IN (
-    SELECT id FROM leaseq_tasks
-    WHERE status IN ('completed', 'cancelled')
-      AND updated_at < (julianday('now') - 2440587.5) * 86400.0 - :older_than
-      AND (payload <> 'null' OR result IS NOT NULL)
-    ORDER BY id
-    LIMIT :limit)
+-- name: scrub_finished_ids
+SELECT id FROM leaseq_tasks
+WHERE status IN ('completed', 'cancelled', 'dead', 'denied', 'expired')
+  AND updated_at < (julianday('now') - 2440587.5) * 86400.0 - :older_than
+  AND scrubbed_at IS NULL
+ORDER BY id
+LIMIT :limit;
+
+-- name: scrub_tasks
+UPDATE leaseq_tasks SET payload = 'null', result = NULL, last_error = NULL, scrubbed_at = (julianday('now') - 2440587.5) * 86400.0
+WHERE id IN (SELECT value FROM json_each(:task_ids)) AND status IN ('completed', 'cancelled', 'dead', 'denied', 'expired')
 RETURNING id;
+
+-- name: scrub_effects
+UPDATE leaseq_effects SET response = NULL, args_digest = NULL
+WHERE task_id IN (SELECT value FROM json_each(:task_ids)) AND (response IS NOT NULL OR args_digest IS NOT NULL)
+RETURNING id;
+
+-- name: scrub_approvals
+UPDATE leaseq_approvals SET note = NULL, digest = 'cleared'
+WHERE task_id IN (SELECT value FROM json_each(:task_ids)) AND (note IS NOT NULL OR digest <> 'cleared')
+RETURNING task_id;
+
+-- name: scrub_events
+UPDATE leaseq_events
+SET detail = (SELECT json_group_object(d.key, json(leaseq_events.detail -> d.fullkey))
+        FROM json_each(leaseq_events.detail) AS d WHERE d.key IN (SELECT value FROM json_each(:kept_keys)))
+WHERE task_id IN (SELECT value FROM json_each(:task_ids))
+RETURNING id;
+
+-- name: scrub_audit
+UPDATE leaseq_audit
+SET detail = (SELECT json_group_object(d.key, json(leaseq_audit.detail -> d.fullkey))
+        FROM json_each(leaseq_audit.detail) AS d WHERE d.key IN (SELECT value FROM json_each(:kept_keys)))
+WHERE target IN (SELECT 'task:' || value FROM json_each(:task_ids))
+RETURNING id;
+
+-- name: prune_evidence
+DELETE FROM leaseq_evidence
+WHERE id IN (SELECT id FROM leaseq_evidence
+             WHERE ended_at < (julianday('now') - 2440587.5) * 86400.0 - :older_than
+             ORDER BY id
+             LIMIT :limit)
+RETURNING id;
+
+-- name: list_evidence
+SELECT id, task_id, queue, kind, task_status, ended_at, event_id, type, generation, worker_id, at, detail, kept_at
+FROM leaseq_evidence WHERE task_id = :task_id
+ORDER BY id;
 
 -- name: open_intents_by_queue
 SELECT t.queue, count(*) AS count

@@ -1,0 +1,408 @@
+"""Retention: every column that can carry user data is cleared from ended tasks, every
+ended status is pruned, and an evidence record without user data outlives the task on
+a retention of its own. Live tasks are never touched.
+
+Each ended task below carries the marker ``ENDED-SECRET`` in every place a user's data
+can reach (payload, result, error text, effect and tool responses, reasons and notes,
+an intent's payload, a gated task's approval); each live task carries ``LIVE-SECRET``.
+The checks read every column of every table, so a column added later that keeps user
+data fails them.
+"""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+import time
+from datetime import timedelta
+from typing import Any
+
+import pytest
+
+import leaseq
+from leaseq.store import parse_dsn
+
+from .support import age_tasks
+
+DAY = 86400.0
+#: Every status a task ends in (leaseq.engine.schema.ENDED_STATUSES says the same).
+ENDED_STATUSES = ("completed", "cancelled", "dead", "denied", "expired")
+ENDED = "ENDED-SECRET"
+LIVE = "LIVE-SECRET"
+
+#: Every text or JSON column of the schema, and what retention does with it. A column
+#: that is not listed fails test_every_text_column_is_classified: decide, then list it.
+CLEARED = "cleared at the payload cut-off, deleted with the task"
+COLUMNS: dict[str, str] = {
+    # a task's own data
+    "leaseq_tasks.payload": CLEARED,
+    "leaseq_tasks.result": CLEARED,
+    "leaseq_tasks.last_error": CLEARED,
+    "leaseq_effects.response": CLEARED,  # model and tool output, an intent's answer
+    "leaseq_effects.args_digest": CLEARED,  # a tool call's arguments, hashed (guessable)
+    "leaseq_approvals.note": CLEARED,  # an approval's note, a denial's reason
+    "leaseq_approvals.digest": CLEARED,  # unsalted: a payload can be guessed from it
+    "leaseq_events.detail": "reduced to EVIDENCE_KEYS at the payload cut-off, copied so to the evidence record",
+    "leaseq_audit.detail": "a task's entries reduced to EVIDENCE_KEYS (reasons, notes, digests go)",
+    "leaseq_evidence.detail": "EVIDENCE_KEYS only, by construction",
+    # names, identifiers, states and declarations: not user data (deleted with the task)
+    **{f"leaseq_tasks.{c}": "identifier or declaration" for c in (
+        "queue", "kind", "effect", "status", "lease_owner", "idempotency_key", "error_fingerprint", "actions",
+        "trace_context", "limits", "resources")},
+    **{f"leaseq_effects.{c}": "identifier or state" for c in (
+        "worker_id", "action", "idempotency_key", "status", "effect", "resource")},
+    **{f"leaseq_approvals.{c}": "who asked and who decided" for c in (
+        "requested_by", "decision", "decided_by", "decided_via", "requested_worker", "requested_token")},
+    **{f"leaseq_action_tokens.{c}": "a token's hash and claims" for c in (
+        "token_hash", "action", "idempotency_key", "resource")},
+    "leaseq_events.type": "state", "leaseq_events.worker_id": "identifier",
+    **{f"leaseq_evidence.{c}": "identifier or state" for c in ("queue", "kind", "task_status", "type", "worker_id")},
+    "leaseq_dependencies.on_failure": "state",
+    **{f"leaseq_audit.{c}": "who, what, which target" for c in ("actor", "action", "target")},
+    # not task data
+    **{f"leaseq_tokens.{c}": "credentials (not task data)" for c in (
+        "id", "name", "role", "secret_hash", "queues", "created_by", "revoked_by")},
+    **{f"leaseq_workers.{c}": "worker identity (not task data)" for c in (
+        "id", "name", "token_id", "db_role", "stop_reason")},
+    **{f"leaseq_worker_kinds.{c}": "declaration (not task data)" for c in (
+        "worker_id", "kind", "queue", "effect", "actions", "signature")},
+    **{f"leaseq_db_roles.{c}": "database roles (not task data)" for c in ("role", "kind", "queues", "created_by")},
+    **{f"leaseq_sessions.{c}": "dashboard sessions (not task data)" for c in ("id_hash", "token_id")},
+    **{f"leaseq_leader.{c}": "maintenance leadership" for c in ("name", "holder")},
+    **{f"leaseq_limits.{c}": "declaration" for c in ("key", "counts", "changed_by")},
+    **{f"leaseq_queues.{c}": "queue switch" for c in ("name", "changed_by")},
+    "leaseq_migrations.name": "schema",
+}
+
+
+def _text_columns(dsn: str) -> set[str]:
+    dialect, target = parse_dsn(dsn)
+    if dialect == "sqlite":
+        conn = sqlite3.connect(target)
+        try:
+            tables = [r[0] for r in conn.execute(
+                "SELECT name FROM sqlite_master WHERE type = 'table' AND name LIKE 'leaseq_%'")]
+            return {f"{t}.{c[1]}" for t in tables for c in conn.execute(f"PRAGMA table_info({t})")
+                    if c[2].upper() == "TEXT"}
+        finally:
+            conn.close()
+    import psycopg
+
+    with psycopg.connect(target) as conn:
+        return {f"{t}.{c}" for t, c in conn.execute(
+            "SELECT table_name, column_name FROM information_schema.columns "
+            "WHERE table_schema = current_schema() AND table_name LIKE 'leaseq%%' "
+            "AND data_type IN ('text', 'jsonb', 'json', 'ARRAY', 'character varying')")}
+
+
+def _dump(dsn: str) -> dict[str, list[str]]:
+    """Every row of every leaseq table, as text."""
+    dialect, target = parse_dsn(dsn)
+    found: dict[str, list[str]] = {}
+    if dialect == "sqlite":
+        conn = sqlite3.connect(target)
+        try:
+            tables = [r[0] for r in conn.execute(
+                "SELECT name FROM sqlite_master WHERE type = 'table' AND name LIKE 'leaseq_%'")]
+            for t in tables:
+                found[t] = [repr(r) for r in conn.execute(f"SELECT * FROM {t}")]
+        finally:
+            conn.close()
+        return found
+    import psycopg
+
+    with psycopg.connect(target) as conn:
+        tables = [r[0] for r in conn.execute(
+            "SELECT table_name FROM information_schema.tables "
+            "WHERE table_schema = current_schema() AND table_name LIKE 'leaseq%%'")]
+        for t in tables:
+            found[t] = [r[0] for r in conn.execute(f"SELECT x::text FROM {t} x")]
+    return found
+
+
+def _where(dsn: str, marker: str) -> list[str]:
+    return [f"{t}: {row}" for t, rows in _dump(dsn).items() for row in rows if marker in row]
+
+
+def _age_evidence(dsn: str, seconds: float) -> None:
+    """Move every evidence record's ``ended_at`` back by ``seconds`` (a test's own write)."""
+    dialect, target = parse_dsn(dsn)
+    if dialect == "sqlite":
+        conn = sqlite3.connect(target)
+        try:
+            with conn:
+                conn.execute("UPDATE leaseq_evidence SET ended_at = ended_at - ?", (seconds,))
+        finally:
+            conn.close()
+        return
+    import psycopg
+
+    with psycopg.connect(target) as conn:
+        conn.execute("UPDATE leaseq_evidence SET ended_at = ended_at - %s * interval '1 second'", (seconds,))
+
+
+def _digest(q: leaseq.Queue, task_id: int) -> str:
+    [req] = [e for e in q.events(task_id) if e.type == "approval_requested"]
+    return str(req.detail["digest"])
+
+
+def _ended_tasks(q: leaseq.Queue) -> dict[str, int]:
+    """One task in each ended status (and a few ways into them), each carrying ENDED
+    wherever user data can go."""
+    w = q.register_worker("w")
+    s = f"{ENDED} the customer's words"
+    made: dict[str, int] = {}
+
+    # completed: effect response, tool call, retry reason, lost-lease report, release reason, intent
+    t = q.enqueue("job", {"text": s}, effect="side_effect", queue="ended")
+    [c] = q.claim(w, queue="ended")
+    q.retry(w, c, reason=s)
+    [c] = q.claim(w, queue="ended")
+    q.release(w, c, reason=s)
+    [c] = q.claim(w, queue="ended")
+    fx = q.begin_effect(w, c, "email.send")
+    q.finish_effect(w, c, fx, {"model_output": s})
+    tool = q.begin_effect(w, c, "search", effect="read_only", args_digest="ab" * 32)
+    q.finish_effect(w, c, tool, {"tool_output": s})
+    child = q.intend(w, c, "executor", {"intent": s}, key="k1", queue="ended-intents")
+    q.complete(w, c, {"answer": s})
+    made["completed"] = t.id
+    # the intent's own task ends too (cancelled by a person, with a reason)
+    q.cancel(child.id, reason=s, by="ops")
+    made["cancelled-intent"] = child.id
+
+    # completed after approval (note), and after reconciliation (note, result)
+    t = q.enqueue("job", {"text": s}, queue="ended", approval="required", by="alice")
+    q.approve(t.id, _digest(q, t.id), note=s, by="bob")
+    [c] = q.claim(w, queue="ended")
+    q.complete(w, c, {"answer": s})
+    made["completed-approved"] = t.id
+    t = q.enqueue("job", {"text": s}, effect="side_effect", queue="ended")
+    [c] = q.claim(w, queue="ended")
+    q.begin_effect(w, c, "payment.charge")
+    q.fail(w, c, s)  # an open intent: needs_reconciliation
+    q.reconcile(t.id, "completed", note=s, result={"answer": s}, by="ops")
+    made["completed-reconciled"] = t.id
+
+    # dead (error text), after a requeue (note)
+    t = q.enqueue("job", {"text": s}, queue="ended")
+    [c] = q.claim(w, queue="ended")
+    q.fail(w, c, s, retry=False)
+    q.requeue(t.id, note=s, by="ops")
+    [c] = q.claim(w, queue="ended")
+    q.report_loss(w, c, s)
+    q.fail(w, c, s, retry=False)
+    made["dead"] = t.id
+
+    # cancelled while running (reason)
+    t = q.enqueue("job", {"text": s}, queue="ended")
+    [c] = q.claim(w, queue="ended")
+    q.cancel(t.id, reason=s, by="ops")
+    made["cancelled"] = t.id
+
+    # denied (reason), by a person
+    t = q.enqueue("job", {"text": s}, queue="ended", approval="required", by="alice")
+    q.deny(t.id, reason=s, by="bob")
+    made["denied"] = t.id
+
+    # expired: its deadline passed before it started
+    t = q.enqueue("job", {"text": s}, queue="ended-late", deadline=timedelta(seconds=0.2))
+    deadline = time.monotonic() + 10
+    while q.get(t.id).status != "expired":
+        assert time.monotonic() < deadline, "the deadline did not pass"
+        time.sleep(0.05)
+        q.sweep()
+    made["expired"] = t.id
+    for name, task_id in made.items():
+        assert q.get(task_id).status in ENDED_STATUSES, (name, q.get(task_id).status)
+    assert {q.get(i).status for i in made.values()} == set(ENDED_STATUSES)
+    return made
+
+
+def _live_tasks(q: leaseq.Queue) -> dict[str, int]:
+    """A task in each live (or waiting-for-a-person) status, carrying LIVE."""
+    w = q.register_worker("live")
+    s = f"{LIVE} still needed"
+    made: dict[str, int] = {}
+    made["queued"] = q.enqueue("job", {"text": s}, queue="live-queued").id
+    t = q.enqueue("job", {"text": s}, effect="side_effect", queue="live-running", lease_seconds=3600)
+    [c] = q.claim(w, queue="live-running")
+    fx = q.begin_effect(w, c, "email.send")
+    q.finish_effect(w, c, fx, {"model_output": s})
+    made["running"] = t.id
+    made["awaiting_approval"] = q.enqueue("job", {"text": s}, queue="live-gated", approval="required",
+                                          by="alice").id
+    t = q.enqueue("job", {"text": s}, queue="live-blocked")
+    [c] = q.claim(w, queue="live-blocked")
+    made["blocked"] = q.fail(w, c, s, block=True).id
+    t = q.enqueue("job", {"text": s}, effect="side_effect", queue="live-recon")
+    [c] = q.claim(w, queue="live-recon")
+    q.begin_effect(w, c, "payment.charge")
+    made["needs_reconciliation"] = q.fail(w, c, s).id
+    made["waiting"] = q.enqueue("job", {"text": s}, queue="live-waiting", after=[made["queued"]]).id
+    for name, task_id in made.items():
+        assert q.get(task_id).status == name
+    return made
+
+
+def _snapshot(q: leaseq.Queue, ids: dict[str, int]) -> dict[str, Any]:
+    return {name: (q.get(i), q.events(i), q.effects(i)) for name, i in ids.items()}
+
+
+def _evidence_keys() -> set[str]:
+    from leaseq.engine.schema import EVIDENCE_KEYS
+
+    return set(EVIDENCE_KEYS)
+
+
+def test_the_ended_statuses_are_the_schemas(q: leaseq.Queue) -> None:
+    from leaseq.core.model import Status
+    from leaseq.engine.schema import ENDED_STATUSES as declared
+
+    assert set(declared) == set(ENDED_STATUSES)
+    waiting_for_a_person = {"blocked", "needs_reconciliation"}
+    live = {"queued", "running", "waiting", "awaiting_approval"}
+    assert {s.value for s in Status} == set(ENDED_STATUSES) | waiting_for_a_person | live
+
+
+def test_every_text_column_is_classified(q: leaseq.Queue, dsn: str) -> None:
+    """Each column that can hold text is listed in COLUMNS with what retention does with it."""
+    found = _text_columns(dsn)
+    assert found - COLUMNS.keys() == set(), "classify these columns in COLUMNS (user data or not)"
+    assert COLUMNS.keys() - found == set(), "these columns are gone: take them out of COLUMNS"
+
+
+def test_retention_clears_user_data_then_prunes_every_ended_status(q: leaseq.Queue, dsn: str) -> None:
+    ended = _ended_tasks(q)
+    live = _live_tasks(q)
+    age_tasks(dsn, [*ended.values(), *live.values()], 40 * DAY)
+    assert _where(dsn, ENDED) and _where(dsn, LIVE)
+    before = _snapshot(q, live)
+
+    # 1. the payload cut-off: every ended task keeps its row, and no user data
+    counts = q.prune(60 * DAY, payloads_older_than_seconds=30 * DAY, batch=2)
+    assert _where(dsn, ENDED) == []
+    assert counts["tasks"] == 0 and counts["payloads"] == len(ended)
+    for task_id in ended.values():
+        task = q.get(task_id)
+        assert task.payload is None and task.result is None and task.last_error is None
+        assert all(fx.response is None and fx.args_digest is None for fx in q.effects(task_id))
+        for e in q.events(task_id)[1:]:  # the first is the row's own "enqueued" entry
+            assert set(e.detail) <= _evidence_keys(), (e.type, e.detail)
+    approval = q.approval(ended["completed-approved"])
+    assert (approval.decision, approval.decided_by, approval.note, approval.digest) == \
+        ("approved", "bob", None, "cleared")
+    assert _snapshot(q, live) == before  # live tasks untouched
+    try:  # a cleared dead task has nothing left to run on
+        q.requeue(ended["dead"], note="again", by="ops")
+        raise AssertionError("a dead task whose payload was cleared was requeued")
+    except leaseq.InvalidTransition as exc:
+        assert "retention cleared" in str(exc)
+    assert q.prune(60 * DAY, payloads_older_than_seconds=30 * DAY)["payloads"] == 0  # cleared once
+
+    # 2. the task cut-off: every ended status is pruned, each leaving its evidence record
+    counts = q.prune(30 * DAY, batch=3)
+    assert counts["tasks"] == len(ended) and counts["evidence"] > len(ended)
+    for name, task_id in ended.items():
+        try:
+            q.get(task_id)
+            raise AssertionError(f"{name} task {task_id} was not pruned")
+        except leaseq.NotFound:
+            pass
+    assert _where(dsn, ENDED) == []
+    assert _snapshot(q, live) == before
+    record = {name: q.evidence_record(task_id) for name, task_id in ended.items()}
+    for name, entries in record.items():
+        assert entries[0]["type"] == "enqueued" and entries[0]["task_id"] == ended[name]
+        assert {e["task_status"] for e in entries} == {q_status(name)}
+        for e in entries:
+            assert set(e["detail"]) <= _evidence_keys(), e
+    # who held which generation, and why each lease ended
+    trail = [(e["type"], e["generation"], e["worker_id"] is not None) for e in record["completed"]]
+    assert [t for t in trail if t[0] == "claimed"] == [("claimed", 1, True), ("claimed", 2, True),
+                                                        ("claimed", 3, True)]
+    ends = [(e["type"], e["generation"]) for e in record["completed"]
+            if e["type"] in ("retry_requested", "lease_released", "completed")]
+    assert ends == [("retry_requested", 1), ("lease_released", 2), ("completed", 3)]
+    assert [(e["type"], e["detail"].get("next_status")) for e in record["dead"] if e["type"] == "failed"] == \
+        [("failed", "dead"), ("failed", "dead")]
+    assert [e["type"] for e in record["dead"]].count("lease_lost") == 1
+    # who decided what
+    decided = [(e["type"], e["detail"].get("by")) for e in record["completed-approved"]
+               if e["type"] in ("approval_requested", "approved")]
+    assert decided == [("approval_requested", None), ("approved", "bob")]
+    assert [e["detail"]["requested_by"] for e in record["completed-approved"]
+            if e["type"] == "approval_requested"] == ["alice"]
+    assert [(e["type"], e["detail"].get("by")) for e in record["denied"] if e["type"] == "denied"] == \
+        [("denied", "bob")]
+    assert [(e["type"], e["detail"].get("by"), e["detail"].get("outcome")) for e in record["completed-reconciled"]
+            if e["type"] == "reconciled"] == [("reconciled", "ops", "completed")]
+    assert "deadline_passed" in [e["type"] for e in record["expired"]]
+
+    # 3. the evidence record's own retention: kept until it passes, then gone
+    _age_evidence(dsn, 300 * DAY)  # ended 340 days ago: within the default year
+    assert q.prune(30 * DAY)["evidence_pruned"] == 0
+    assert all(q.evidence_record(i) for i in ended.values())
+    assert q.prune(30 * DAY, evidence_older_than_seconds=400 * DAY)["evidence_pruned"] == 0
+    counts = q.prune(30 * DAY, evidence_older_than_seconds=300 * DAY, batch=5)
+    assert counts["evidence_pruned"] == sum(len(r) for r in record.values())
+    assert all(q.evidence_record(i) == [] for i in ended.values())
+    assert _snapshot(q, live) == before
+
+
+def q_status(name: str) -> str:
+    return name.split("-")[0]
+
+
+def test_the_evidence_record_outlives_the_task_by_default(q: leaseq.Queue, dsn: str) -> None:
+    w = q.register_worker("w")
+    t = q.enqueue("job", {"text": ENDED})
+    [c] = q.claim(w)
+    q.complete(w, c, {"answer": ENDED})
+    age_tasks(dsn, [t.id], 40 * DAY)
+    assert q.prune(30 * DAY)["tasks"] == 1
+    assert [e["type"] for e in q.evidence_record(t.id)] == ["enqueued", "claimed", "completed"]
+    _age_evidence(dsn, 330 * DAY)  # ended 370 days ago: past the default year
+    assert q.prune(30 * DAY)["evidence_pruned"] == 3
+    assert q.evidence_record(t.id) == []
+
+
+def test_the_evidence_retention_is_checked(q: leaseq.Queue) -> None:
+    for bad in (-1, float("nan"), "1y", DAY):  # DAY: shorter than the task retention
+        with pytest.raises(leaseq.InvalidInput) as info:
+            q.prune(30 * DAY, evidence_older_than_seconds=bad)  # type: ignore[arg-type]
+        assert info.value.field == "evidence_older_than_seconds"
+    assert not [e for e in leaseq.auth.audit_log(q) if e["action"] == "prune"]  # refused: nothing ran
+
+
+def test_the_audit_entries_of_a_pruned_task_keep_who_not_what(q: leaseq.Queue, dsn: str) -> None:
+    t = q.enqueue("job", {"text": ENDED}, approval="required", by="alice")
+    q.deny(t.id, reason=f"{ENDED} refused", by="bob", via="cli")
+    age_tasks(dsn, [t.id], 40 * DAY)
+    q.prune(30 * DAY)
+    [entry] = [e for e in leaseq.auth.audit_log(q) if e["action"] == "deny"]
+    assert entry["actor"] == "bob" and entry["target"] == f"task:{t.id}" and entry["detail"] == {"via": "cli"}
+    assert _where(dsn, ENDED) == []
+
+
+def test_evidence_reads_alike_on_the_async_queue(dsn: str, q: leaseq.Queue) -> None:
+    import asyncio
+
+    w = q.register_worker("w")
+    t = q.enqueue("job", {"text": ENDED})
+    [c] = q.claim(w)
+    q.complete(w, c, None)
+    age_tasks(dsn, [t.id], 2 * DAY)
+
+    async def run() -> list[dict[str, Any]]:
+        aq = await leaseq.connect_async(dsn)
+        try:
+            counts = await aq.prune(DAY, evidence_older_than_seconds=10 * DAY)
+            assert counts["tasks"] == 1
+            return await aq.evidence_record(t.id)
+        finally:
+            await aq.close()
+
+    found = asyncio.run(run())
+    assert [e["type"] for e in found] == ["enqueued", "claimed", "completed"]
+    assert json.loads(json.dumps(found, default=str))  # plain data
