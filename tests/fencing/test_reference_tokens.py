@@ -108,6 +108,30 @@ def test_the_token_is_a_reference_the_queue_keeps_only_the_hash_of(q: leaseq.Que
     assert paid(shop) == 1
 
 
+def test_the_sweep_deletes_tokens_an_hour_past_their_expiry(q: leaseq.Queue, shop: TestClient) -> None:
+    """A token row is written per action and per renewal it is asked for under: the sweep
+    deletes those an hour and more past their expiry (refused anyway; a deleted one as
+    unknown), and keeps the live ones and the ones that have only just run out."""
+    tokens = [begin(q, f"w{n}")[2].token for n in range(3)]
+    ids = [int(action_tokens.parse(t)[0]) for t in tokens]
+    ago = {ids[0]: 7200, ids[1]: 1800}  # two hours past expiry, half an hour past; ids[2] live
+    for token_id, seconds in ago.items():
+        if q.dialect == "sqlite":
+            import sqlite3
+
+            with sqlite3.connect(q.store.dsn[len("sqlite:///"):]) as conn:
+                conn.execute("UPDATE leaseq_action_tokens SET expires_at = "
+                             "(julianday('now') - 2440587.5) * 86400.0 - ? WHERE id = ?", (seconds, token_id))
+        else:
+            with psycopg.connect(q.store.dsn) as conn:
+                conn.execute("UPDATE leaseq_action_tokens SET expires_at = now() - make_interval(secs => %s) "
+                             "WHERE id = %s", (seconds, token_id))
+    q.sweep()
+    assert sorted(r[0] for r in snapshot_tokens(q)) == ids[1:]
+    assert post(shop, tokens[0]).status_code == 403 and post(shop, tokens[1]).status_code == 403
+    assert post(shop, tokens[2]).status_code == 200
+
+
 def snapshot_tokens(q: leaseq.Queue) -> list:
     if q.dialect == "sqlite":
         import sqlite3

@@ -22,8 +22,8 @@ ROUTE_BATCH = 500
 
 def sweep(s: Settings) -> Op[int]:
     """:meth:`leaseq.Queue.sweep`: route every expired lease, then expire every task whose
-    deadline passed before it started, a batch per transaction. Returns how many leases
-    were routed."""
+    deadline passed before it started, then delete the action tokens an hour past their
+    expiry, a batch per transaction. Returns how many leases were routed."""
     total = 0
     while True:
         yield BEGIN
@@ -37,6 +37,12 @@ def sweep(s: Settings) -> Op[int]:
         n = yield from expire_overdue(s)
         yield COMMIT
         if n < ROUTE_BATCH:
+            break
+    while True:  # action tokens an hour past their expiry: refused anyway, so deleted
+        yield BEGIN
+        pruned = yield rows("prune_action_tokens", limit=ROUTE_BATCH)
+        yield COMMIT
+        if len(pruned) < ROUTE_BATCH:
             return total
 
 

@@ -408,6 +408,19 @@ ORDER BY deadline_at
 LIMIT %(limit)s
 FOR UPDATE SKIP LOCKED;
 
+-- name: prune_action_tokens
+-- callers: worker, operator
+-- A batch of action tokens that expired an hour ago or more (by the database's
+-- clock), deleted by the sweep: a token is minted per action and per renewal
+-- it is asked for under, and one expired is refused anyway (a deleted one is
+-- refused as unknown). The hour keeps "expired" the answer about a token
+-- that has just run out. Rows another sweep holds are skipped.
+DELETE FROM leaseq_action_tokens
+WHERE id IN (SELECT id FROM leaseq_action_tokens
+             WHERE expires_at < now() - interval '1 hour'
+             ORDER BY expires_at LIMIT %(limit)s FOR UPDATE SKIP LOCKED)
+RETURNING id;
+
 -- name: expire_overdue
 -- callers: worker, operator
 -- The tasks lock_overdue found end 'expired' and are never started

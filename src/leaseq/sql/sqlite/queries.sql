@@ -261,6 +261,14 @@ WHERE deadline_at IS NOT NULL AND status IN ('queued', 'waiting', 'awaiting_appr
 ORDER BY deadline_at
 LIMIT :limit;
 
+-- name: prune_action_tokens
+-- A batch of action tokens that expired an hour ago or more (see the PostgreSQL file).
+DELETE FROM leaseq_action_tokens
+WHERE id IN (SELECT id FROM leaseq_action_tokens
+             WHERE expires_at < (julianday('now') - 2440587.5) * 86400.0 - 3600
+             ORDER BY expires_at LIMIT :limit)
+RETURNING id;
+
 -- name: expire_overdue
 UPDATE leaseq_tasks
 SET status = 'expired',

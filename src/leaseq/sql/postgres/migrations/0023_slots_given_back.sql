@@ -12,3 +12,7 @@
 ALTER TABLE leaseq_tasks ADD COLUMN slots_released_generation bigint;
 UPDATE leaseq_tasks SET slots_released_generation = claim_generation
 WHERE status <> 'running' AND claim_generation > 0;
+
+-- Action tokens expired an hour and more are deleted by the sweep, a batch at
+-- a time (prune_action_tokens), found by their expiry.
+CREATE INDEX leaseq_action_tokens_expires ON leaseq_action_tokens (expires_at);
