@@ -58,7 +58,8 @@ __all__ = ["NamedQuery", "Template", "compact", "load_named_queries", "load_quer
 
 _BLOCK = re.compile(r"^-- (name|template): (\w+)(?:\((\w+)=(.*)\))?\s*$", re.MULTILINE)
 # The argument runs to the last ") */" of the line, so it may hold parentheses of its own.
-_USE = re.compile(r"^(?P<indent>[ \t]*)/\* TEMPLATE: (?P<name>\w+)(?:\((?P<arg>.*)\))? \*/(?P<tail>;?)[ \t]*$",
+# A use may end its line with ";" (the statement's end) or "," (more of a WITH follows).
+_USE = re.compile(r"^(?P<indent>[ \t]*)/\* TEMPLATE: (?P<name>\w+)(?:\((?P<arg>.*)\))? \*/(?P<tail>[;,]?)[ \t]*$",
                   re.MULTILINE)
 _ANNOTATION = re.compile(r"^-- (guard|plan|no-op|unused|callers|direct): (.*)$")
 #: the roles a PostgreSQL function may be granted to (``-- callers:``)

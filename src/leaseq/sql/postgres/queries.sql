@@ -49,6 +49,26 @@ AND t.lease_owner = %(worker_id)s
 AND t.claim_generation = {generation}
 AND t.lease_expires_at >= clock_timestamp()
 
+-- template: give_back_slots(ended=ended)
+-- LIMITS: THE SLOTS GIVEN BACK, the one place it is written: the limit slots
+-- the rows of {ended} (a CTE with the ended tasks' limits and units) held,
+-- as the CTEs that follow it in a WITH: freed (per key), held (the limit
+-- rows, locked in key order, as claim_batch locks them) and released (the
+-- keys whose count of running leases came down).
+freed AS (
+    SELECT k.key, count(*) AS tasks, sum(e.units) AS units
+    FROM {ended} e CROSS JOIN LATERAL unnest(e.limits) AS k(key)
+    GROUP BY k.key
+), held AS (
+    SELECT l.key FROM leaseq_limits l WHERE l.key IN (SELECT key FROM freed) ORDER BY l.key FOR UPDATE
+), released AS (
+    UPDATE leaseq_limits l
+    SET running = greatest(0, l.running - CASE WHEN l.counts = 'units' THEN f.units ELSE f.tasks END)
+    FROM freed f
+    WHERE l.key = f.key AND l.key IN (SELECT key FROM held)
+    RETURNING l.key
+)
+
 -- name: migrations_lock
 -- direct: migration bookkeeping, run before the functions exist
 -- Serialises concurrent `leaseq migrate` runs until the transaction ends.
@@ -704,20 +724,10 @@ WITH worker AS (
       /* TEMPLATE: lease_guard(c.generation) */
     RETURNING t.id, t.claim_generation, t.attempts, t.heartbeat_count, t.last_heartbeat_at, t.longest_heartbeat_gap,
               t.queue, t.limits, t.units
-), freed AS (
-    -- LIMITS: the slots the ended leases held, given back (see release_limits)
-    SELECT k.key, count(*) AS tasks, sum(d.units) AS units
-    FROM done d CROSS JOIN LATERAL unnest(d.limits) AS k(key)
-    GROUP BY k.key
-), held AS (
-    SELECT l.key FROM leaseq_limits l WHERE l.key IN (SELECT key FROM freed) ORDER BY l.key FOR UPDATE
-), released AS (
-    UPDATE leaseq_limits l
-    SET running = greatest(0, l.running - CASE WHEN l.counts = 'units' THEN f.units ELSE f.tasks END)
-    FROM freed f
-    WHERE l.key = f.key AND l.key IN (SELECT key FROM held)
-      AND EXISTS (SELECT 1 FROM done WHERE limits IS NOT NULL)  -- else nothing to give back, nothing run
-), logged AS (
+),
+-- LIMITS: the slots the ended leases held, given back (see give_back_slots)
+/* TEMPLATE: give_back_slots(done) */,
+logged AS (
     INSERT INTO leaseq_events (task_id, type, generation, worker_id, detail)
     SELECT d.id, 'completed', d.claim_generation, %(worker_id)s,
            CASE WHEN %(compact)s THEN '{}'::jsonb
@@ -872,19 +882,8 @@ WITH ended AS (
       AND t.status <> 'running' AND t.claim_generation > 0 AND t.limits IS NOT NULL
       AND t.slots_released_generation IS DISTINCT FROM t.claim_generation
     RETURNING t.id, t.limits, t.units, t.queue
-), freed AS (
-    SELECT k.key, count(*) AS tasks, sum(e.units) AS units
-    FROM ended e CROSS JOIN LATERAL unnest(e.limits) AS k(key)
-    GROUP BY k.key
-), held AS (
-    SELECT l.key FROM leaseq_limits l WHERE l.key IN (SELECT key FROM freed) ORDER BY l.key FOR UPDATE
-), released AS (
-    UPDATE leaseq_limits l
-    SET running = greatest(0, l.running - CASE WHEN l.counts = 'units' THEN f.units ELSE f.tasks END)
-    FROM freed f
-    WHERE l.key = f.key AND l.key IN (SELECT key FROM held)
-    RETURNING l.key
-)
+),
+/* TEMPLATE: give_back_slots(ended) */
 SELECT e.id, e.limits, e.units, e.queue,
        (SELECT count(*) FROM released) AS released,
        (SELECT count(pg_notify('leaseq_work', w.queue)) FROM (SELECT DISTINCT queue FROM ended) w) AS woke
