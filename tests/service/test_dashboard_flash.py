@@ -127,3 +127,19 @@ def test_the_login_page_shows_only_its_own_notices_once(svc: Service) -> None:
         assert _banner(_get(client, "/login").text) == []
     finally:
         client.close()
+
+
+def test_a_flash_cookie_fits_a_browser_and_goes_stale() -> None:
+    """A long bulk refusal is cut to fit a cookie; a flash older than its lifetime, or of another
+    session, reads as nothing."""
+    from leaseq.service import dashboard
+
+    session = "lqs_" + "a" * 43
+    long = {"msg": "requeue: " + "é" * 5000, "err": "refused: " + "x" * 5000}
+    value = dashboard.flash_value(session, long, now=1000.0)
+    assert len(value) <= dashboard.FLASH_MAX_CHARS
+    shown = dashboard.read_flash(session, value, now=1000.0)
+    assert shown["msg"].startswith("requeue: é") and shown["msg"].endswith("…") and shown["err"].endswith("…")
+    assert dashboard.read_flash(session, value, now=1000.0 + dashboard.FLASH_SECONDS + 1) == {}
+    assert dashboard.read_flash("lqs_" + "b" * 43, value, now=1000.0) == {}
+    assert dashboard.read_flash(session, "not.a-flash", now=1000.0) == {}
