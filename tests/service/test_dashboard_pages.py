@@ -126,8 +126,8 @@ def test_bulk_requeue_and_cancel_with_one_note(browser, q: leaseq.Queue) -> None
         for i in [*dead, done.id]:
             page.locator(f'input[name=ids][value="{i}"]').check()
         page.fill("#bulk input[name=note]", "provider is back")
-        page.click("#bulk button.bulk-requeue")
-        page.wait_for_url(re.compile(r"/tasks\?queue=bulk&msg="))
+        with page.expect_navigation(url=re.compile(r"/tasks\?queue=bulk$")):
+            page.click("#bulk button.bulk-requeue")
         assert "requeue: 3 of 4 tasks done" in page.inner_text("[role=status]")
         refusal = page.inner_text("[role=alert]")
         assert f"task {done.id}: " in refusal and "completed" in refusal and "1 task(s)" in refusal
@@ -148,8 +148,8 @@ def test_bulk_requeue_and_cancel_with_one_note(browser, q: leaseq.Queue) -> None
         for i in dead[:2]:
             page.locator(f'input[name=ids][value="{i}"]').check()
         page.fill("#bulk input[name=note]", "superseded by the new campaign")
-        page.click("#bulk button.bulk-cancel")
-        page.wait_for_url(re.compile(r"msg="))
+        with page.expect_navigation():
+            page.click("#bulk button.bulk-cancel")
         assert "cancel: 2 of 2 tasks done" in page.inner_text("[role=status]")
         assert [q.get(i).status for i in dead] == ["cancelled", "cancelled", "queued"]
         [ev] = [e for e in q.events(dead[0]) if e.type == "cancelled"]
@@ -235,8 +235,8 @@ def test_workers_page_shows_leases_and_revocations(browser, q: leaseq.Queue) -> 
         login(page, token(q, "operator", "olga"))
         page.goto("/workers")
         assert page.locator(f'tr[data-worker="{gone.id}"] form.revoke_worker').count() == 0  # already revoked
-        page.click(f'tr[data-worker="{busy.id}"] form.revoke_worker button')
-        page.wait_for_url(re.compile(r"/workers\?msg="))
+        with page.expect_navigation(url=re.compile(r"/workers$")):
+            page.click(f'tr[data-worker="{busy.id}"] form.revoke_worker button')
         assert f"worker {busy.id} revoked" in page.inner_text("[role=status]")
         # its leases ended at once; the next claim or sweep routes them
         assert page.inner_text(f'#worker-table tr[data-worker="{busy.id}"]').count("expired, not yet routed") == 2
@@ -256,8 +256,8 @@ def test_pause_label_and_charts(browser, q: leaseq.Queue) -> None:
         login(page, token(q, "operator", "olga"))
         state = page.locator('#queues tr[data-queue="jobs"] .state')
         assert state.inner_text() == "RUNNING"
-        page.click('#queues tr[data-queue="jobs"] form.pause button')
-        page.wait_for_url(re.compile(r"msg="))
+        with page.expect_navigation():
+            page.click('#queues tr[data-queue="jobs"] form.pause button')
         assert state.inner_text() == "PAUSED"
         assert q.claim(w, queue="jobs") == []
         page.goto("/charts?window=15m&by=kind")

@@ -15,17 +15,30 @@ the others one derived from the session (see
 are built from the action table (:data:`leaseq.authz.ACTIONS`):
 :func:`leaseq.authz.authorize` decides, and :func:`leaseq.authz.perform`
 acts, writing the audit entry in the action's own transaction.
+
+Flash messages (an action's outcome, "logged out", why a session ended) never
+travel in the URL, so a crafted link cannot make the dashboard say anything:
+an action's redirect sets a short-lived cookie holding its message, signed
+with a key derived from the session (:func:`flash_value`), and the next page
+of that session shows it once and deletes it. Another session, or a cookie
+tossed in from elsewhere, fails the signature and shows nothing. The login
+page, which has no session to sign with, takes only a code naming one of its
+own fixed notices (:data:`LOGIN_NOTICES`).
 """
 
 from __future__ import annotations
 
+import base64
+import binascii
+import hashlib
 import hmac
 import json
 import secrets
+import time
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
-from urllib.parse import urlencode, urlsplit
+from urllib.parse import urlsplit
 
 from fastapi import APIRouter, Depends, Form, Path, Query, Request
 from fastapi.responses import HTMLResponse, RedirectResponse, Response
@@ -46,6 +59,24 @@ router = APIRouter(include_in_schema=False)
 COOKIE = "leaseq_session"
 #: The login form's double-submit CSRF cookie (sent to /login only).
 LOGIN_COOKIE = "leaseq_login"
+#: An action's outcome, signed for the session, shown once by the next page (see :func:`flash_value`).
+FLASH_COOKIE = "leaseq_flash"
+#: The code of one of the login page's fixed notices (:data:`LOGIN_NOTICES`), sent to /login only.
+NOTICE_COOKIE = "leaseq_notice"
+#: Seconds a flash message or login notice waits for the page that shows it.
+FLASH_SECONDS = 300
+#: Longest encoded flash cookie value: browsers keep cookies of up to 4096 bytes.
+FLASH_MAX_CHARS = 3000
+#: The login page's notices, by the code its cookie carries: (kind, text); no other text is shown.
+LOGIN_NOTICES: dict[str, tuple[str, str]] = {
+    "logged-out": ("msg", "logged out"),
+    "ended": ("err", "session ended (logged out, replaced, or its token revoked): log in again"),
+    "session-expired": ("err", "session ended: it expired: log in again"),
+    "token-revoked": ("err", "session ended: the token it was made from was revoked"),
+    "token-expired": ("err", "session ended: the token it was made from has expired"),
+    "refused": ("err", "session ended: this token may not use the dashboard (a role without read, "
+                       "or limited to some queues): log in with another token"),
+}
 INBOX_STATUSES = ("needs_reconciliation", "blocked")
 _HEADERS = {
     # Scripts only from the service itself (the live-update script), and only it may be fetched.
@@ -108,22 +139,76 @@ _env.globals.update(task_actions=TASK_ACTIONS, queue_actions=QUEUE_ACTIONS, work
 
 
 class LoginRequired(Exception):
-    """No valid session: the browser is sent to the login form."""
+    """No valid session: the browser is sent to the login form, with the code of a notice saying why."""
 
-    def __init__(self, message: str = "", *, clear: bool = False):
-        super().__init__(message)
-        self.message = message
+    def __init__(self, notice: str = "", *, clear: bool = False):
+        assert not notice or notice in LOGIN_NOTICES, notice
+        super().__init__(notice)
+        self.notice = notice
         self.clear = clear
+
+
+def _set_notice(request: Request, response: Response, notice: str) -> None:
+    """Have the login page show one of its fixed notices, once."""
+    response.set_cookie(NOTICE_COOKIE, notice, httponly=True, samesite="strict", path="/login",
+                        secure=_secure(request), max_age=FLASH_SECONDS)
 
 
 def login_redirect(request: Request, exc: Exception) -> Response:
     """Exception handler: redirect to /login, dropping a dead session cookie."""
     assert isinstance(exc, LoginRequired)
-    target = "/login" + (f"?{urlencode({'err': exc.message})}" if exc.message else "")
-    response = RedirectResponse(target, status_code=303)
+    response = RedirectResponse("/login", status_code=303)
+    if exc.notice:
+        _set_notice(request, response, exc.notice)
     if exc.clear:
         response.delete_cookie(COOKIE, path="/")
     return response
+
+
+def _ended(exc: auth.Unauthorized) -> str:
+    """The login notice for a session that failed verification."""
+    text = str(exc)
+    for part, notice in (("was revoked", "token-revoked"), ("has expired", "token-expired"),
+                         ("session expired", "session-expired")):
+        if part in text:
+            return notice
+    return "ended"
+
+
+def _flash_mac(session_id: str, payload: str) -> str:
+    key = hashlib.sha256(session_id.encode()).digest()
+    return hmac.new(key, b"leaseq dashboard flash\0" + payload.encode(), hashlib.sha256).hexdigest()
+
+
+def flash_value(session_id: str, messages: dict[str, str], *, now: float | None = None) -> str:
+    """The flash cookie's value: the messages and when they were made, signed with the session's key.
+
+    Long messages are cut (ending in "…") to keep the cookie within what browsers store."""
+    at = int(time.time() if now is None else now)
+    limit = 1000
+    while True:
+        cut = {k: v if len(v) <= limit else v[:limit - 1] + "…" for k, v in messages.items()}
+        raw = json.dumps({"at": at, **cut}, ensure_ascii=False, separators=(",", ":")).encode()
+        payload = base64.urlsafe_b64encode(raw).decode().rstrip("=")
+        if len(payload) <= FLASH_MAX_CHARS - 65 or limit <= 50:
+            return f"{payload}.{_flash_mac(session_id, payload)}"
+        limit //= 2
+
+
+def read_flash(session_id: str, value: str, *, now: float | None = None) -> dict[str, str]:
+    """The messages of a flash cookie made for this session and not yet stale, else none."""
+    payload, _, mac = value.partition(".")
+    if not mac or not hmac.compare_digest(mac.encode(), _flash_mac(session_id, payload).encode()):
+        return {}
+    try:
+        data = json.loads(base64.urlsafe_b64decode(payload + "=" * (-len(payload) % 4)))
+    except (ValueError, binascii.Error):
+        return {}
+    current = time.time() if now is None else now
+    if not isinstance(data, dict) or not isinstance(data.get("at"), int) or \
+            not 0 <= current - data["at"] <= FLASH_SECONDS:
+        return {}
+    return {k: v for k, v in data.items() if k in ("msg", "err") and isinstance(v, str)}
 
 
 @dataclass(frozen=True)
@@ -155,10 +240,9 @@ def session(request: Request) -> Session:
     try:
         principal = access.verify_session(session_id, client_address(request))
     except auth.Unauthorized as exc:
-        raise LoginRequired(f"session ended: {exc}", clear=True) from None
-    refused = _refusal(principal)
-    if refused is not None:
-        raise LoginRequired(refused, clear=True)
+        raise LoginRequired(_ended(exc), clear=True) from None
+    if _refusal(principal) is not None:
+        raise LoginRequired("refused", clear=True)
     return Session(principal, csrf_token(session_id))
 
 
@@ -219,9 +303,15 @@ def live_view(request: Request, view: str, **params: str) -> dict[str, Any] | No
 
 
 def render(name: str, request: Request, s: Session | None, status_code: int = 200, **context: Any) -> HTMLResponse:
-    """Render a template with the shared context (session, flash messages, live-update view)."""
-    values: dict[str, Any] = {"session": s, "request": request, "msg": request.query_params.get("msg"),
-                              "err": request.query_params.get("err"), "live": None, "waiting": None}
+    """Render a template with the shared context (session, flash messages, live-update view).
+
+    The flash messages are the session's own (its signed cookie, shown once, then deleted) or the
+    context's; never the URL's."""
+    values: dict[str, Any] = {"session": s, "request": request, "msg": None, "err": None, "live": None,
+                              "waiting": None}
+    flash = request.cookies.get(FLASH_COOKIE) if s is not None else None
+    if flash:
+        values.update(read_flash(request.cookies.get(COOKIE, ""), flash))
     if s is not None:  # the counts beside the pages that list tasks waiting for a person
         waiting = {status: 0 for status in ATTENTION}
         for row in _queue(request).stats():
@@ -230,14 +320,21 @@ def render(name: str, request: Request, s: Session | None, status_code: int = 20
         values["waiting"] = waiting
     values.update(context)
     html = _env.get_template(name).render(**values)
-    return HTMLResponse(html, status_code=status_code, headers=_HEADERS)
+    response = HTMLResponse(html, status_code=status_code, headers=_HEADERS)
+    if flash:  # shown once: a reload shows nothing
+        response.delete_cookie(FLASH_COOKIE, path="/", secure=_secure(request), httponly=True, samesite="strict")
+    return response
 
 
-def _back(target: str, **flash: str) -> RedirectResponse:
+def _back(request: Request, target: str, **flash: str) -> RedirectResponse:
+    """Redirect to ``target`` (on this service), the messages in the session's flash cookie, not the URL."""
     if not target.startswith("/") or target.startswith("//") or "\\" in target:
         target = "/"  # never redirect off the service
-    sep = "&" if "?" in target else "?"
-    return RedirectResponse(target + (sep + urlencode(flash) if flash else ""), status_code=303)
+    response = RedirectResponse(target, status_code=303)
+    if flash:
+        response.set_cookie(FLASH_COOKIE, flash_value(request.cookies.get(COOKIE, ""), flash), httponly=True,
+                            samesite="strict", path="/", secure=_secure(request), max_age=FLASH_SECONDS)
+    return response
 
 
 # -- login ----------------------------------------------------------------------------
@@ -249,10 +346,17 @@ def _secure(request: Request) -> bool:
 def _login_page(request: Request, status_code: int = 200, err: str | None = None) -> HTMLResponse:
     # A fresh double-submit token with every form: the cookie only goes back to /login.
     token = secrets.token_urlsafe(32)
-    context = {"csrf": token} if err is None else {"csrf": token, "err": err}
+    context: dict[str, Any] = {"csrf": token, "err": err}
+    notice = request.cookies.get(NOTICE_COOKIE)
+    if err is None and notice in LOGIN_NOTICES:  # one of the page's own texts, named by code, shown once
+        kind, text = LOGIN_NOTICES[notice]
+        context[kind] = text
     response = render("login.html", request, None, status_code=status_code, **context)
     response.set_cookie(LOGIN_COOKIE, token, httponly=True, samesite="strict", path="/login",
                         secure=_secure(request), max_age=3600)
+    if notice is not None:
+        response.delete_cookie(NOTICE_COOKIE, path="/login", secure=_secure(request), httponly=True,
+                               samesite="strict")
     return response
 
 
@@ -290,8 +394,10 @@ def logout(request: Request, s: Session = Depends(session), csrf: str = Form("")
     if not hmac.compare_digest(csrf.encode(), s.csrf.encode()):
         raise auth.AccessDenied("CSRF check failed")
     auth.end_session(request.app.state.access.queue, request.cookies.get(COOKIE, ""))
-    response = RedirectResponse("/login?msg=logged+out", status_code=303)
+    response = RedirectResponse("/login", status_code=303)
+    _set_notice(request, response, "logged-out")
     response.delete_cookie(COOKIE, path="/")
+    response.delete_cookie(FLASH_COOKIE, path="/")
     return response
 
 
@@ -408,8 +514,8 @@ async def _act(request: Request, s: Session, action: str, target: Any, default_b
             given[f.name] = checks.parse_json_text(f.name, str(value)) if f.json else value
         await run_in_threadpool(authz.perform, _queue(request), s.principal, action, target, via="dashboard", **given)
     except LeaseqError as exc:
-        return _back(back, err=str(exc))
-    return _back(back, msg=authz.done_message(action, target, **given))
+        return _back(request, back, err=str(exc))
+    return _back(request, back, msg=authz.done_message(action, target, **given))
 
 
 def _bulk(q: Queue, s: Session, action: str, ids: list[str], note: str) -> tuple[list[str], list[str]]:
@@ -447,7 +553,7 @@ async def bulk_action(request: Request, action: str = Path(pattern=_choice(BULK_
     if refused:
         shown = refused[:20] + ([f"and {len(refused) - 20} more"] if len(refused) > 20 else [])
         flash["err"] = f"{action} refused for {len(refused)} task(s): " + "; ".join(shown)
-    return _back(back, **flash)
+    return _back(request, back, **flash)
 
 
 @router.post("/tasks/{task_id}/{action}")
