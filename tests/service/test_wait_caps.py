@@ -182,10 +182,11 @@ def test_many_waits_hold_one_listening_connection(q: leaseq.Queue, dsn: str) -> 
             s.close()
 
 
-def test_a_client_that_honours_retry_after_finds_its_connection_still_open(q: leaseq.Queue) -> None:
+def test_a_client_that_honours_retry_after_finds_its_connection_still_open(tmp_path) -> None:
     """Sleeping the cap's ``Retry-After`` on a keep-alive connection, then asking again on it, is
     answered: the server keeps an idle connection open longer than it asks clients to wait
-    (uvicorn's own 5 s equals the 5 s asked, and the close met the next request)."""
+    (uvicorn's own 5 s equals the 5 s asked, and the close met the next request). The
+    connection is the server's, whatever the backend: checked on one."""
     import socket
     from urllib.parse import urlsplit
 
@@ -193,12 +194,14 @@ def test_a_client_that_honours_retry_after_finds_its_connection_still_open(q: le
     from leaseq.service.wakeups import CAP_RETRY_AFTER
 
     assert KEEP_ALIVE_SECONDS >= CAP_RETRY_AFTER + 5
-    with serve(q) as (url, _app):
-        where = urlsplit(url)
-        request = f"GET /healthz HTTP/1.1\r\nHost: {where.netloc}\r\n\r\n".encode()
-        with socket.create_connection((where.hostname, where.port), timeout=10) as sock:
-            for _ in range(2):
-                sock.sendall(request)
-                head = sock.recv(65536)
-                assert head.startswith(b"HTTP/1.1 200"), head[:200]
-                time.sleep(CAP_RETRY_AFTER + 0.5)
+    with leaseq.connect(f"sqlite:///{tmp_path / 'leaseq.db'}") as q:
+        q.migrate()
+        with serve(q) as (url, _app):
+            where = urlsplit(url)
+            request = f"GET /healthz HTTP/1.1\r\nHost: {where.netloc}\r\n\r\n".encode()
+            with socket.create_connection((where.hostname, where.port), timeout=10) as sock:
+                for pause in (CAP_RETRY_AFTER + 0.5, 0):
+                    sock.sendall(request)
+                    head = sock.recv(65536)
+                    assert head.startswith(b"HTTP/1.1 200"), head[:200]
+                    time.sleep(pause)
