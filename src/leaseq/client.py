@@ -117,6 +117,22 @@ def _claims_from(data: dict[str, Any]) -> Claims:
     return out
 
 
+def _retry_after(resp: Any) -> float:
+    """How long to wait before asking again after a 429, at most 2 s: the error document's
+    ``retry_after`` (to the millisecond: a token bucket of 100 requests a second owes 10 ms),
+    else the ``Retry-After`` header (whole seconds, as HTTP writes it)."""
+    try:
+        owed = json.loads(resp.data)["error"]["retry_after"]
+        if isinstance(owed, (int, float)) and not isinstance(owed, bool) and owed >= 0:
+            return min(2.0, float(owed))
+    except (ValueError, KeyError, TypeError):
+        pass
+    try:
+        return min(2.0, max(0.0, float(resp.headers.get("Retry-After", "1") or 1)))
+    except ValueError:
+        return 1.0
+
+
 class RemoteQueue:
     """A queue reached through the leaseq service. Thread-safe; share one per process.
 
@@ -199,7 +215,7 @@ class RemoteQueue:
             except urllib3.exceptions.HTTPError as exc:
                 raise BackendUnavailable(f"leaseq service at {self.url}: {type(exc).__name__}: {exc}") from None
             if resp.status == RateLimited.http_status and attempt < self.rate_limit_retries:
-                time.sleep(min(2.0, float(resp.headers.get("Retry-After", "1") or 1)))
+                time.sleep(_retry_after(resp))
                 continue
             break
         if 200 <= resp.status < 300:

@@ -285,3 +285,18 @@ def test_failed_logins_are_limited_without_refusing_valid_tokens(q: leaseq.Queue
         # failures are throttled for the address; a valid token from it still gets in
         assert svc.http(good).get("/v1/queues").status_code == 200
         svc.close()
+
+
+def test_a_client_refused_by_the_rate_waits_what_it_owes_not_a_whole_second(q: leaseq.Queue, dsn: str) -> None:
+    """A 429's ``Retry-After`` header carries whole seconds; the error document's ``retry_after``
+    says what the bucket owes to the millisecond. RemoteQueue waits that: at 20 requests a
+    second past a burst of one, each refused request comes back 50 ms later, not 1 s."""
+    with serve(q, rate_per_second=20, burst=1) as (url, app):
+        svc = Service(url, app, q, dsn)
+        rq = svc.remote(svc.token("worker", all_queues=True))
+        rq.rate_limit_retries = 3
+        started = time.monotonic()
+        for _ in range(6):
+            rq.register_worker("w")
+        elapsed = time.monotonic() - started
+        assert 5 * 0.04 <= elapsed < 2.0, elapsed  # five waits of about 50 ms (whole seconds: five and more)

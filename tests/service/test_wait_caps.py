@@ -5,8 +5,10 @@
   ``Retry-After``; another token still gets through, until the process
   holds ``waits_per_process``.
 * A task wait is woken by its own task's notification, not by every
-  NOTIFY: each look after a wait's first is charged to its token's rate
-  bucket, so a token whose wait was never woken was charged once.
+  NOTIFY: each look after a wait's first is charged to its token's bucket
+  of looks, so a token whose wait was never woken was charged none.
+* The looks are paced by a bucket of their own: a worker whose long polls
+  are woken by a busy queue still gets its completions through.
 * However many requests wait, the service holds one listening connection
   for all of them (no connection per wait).
 """
@@ -107,10 +109,11 @@ def test_a_live_stream_past_the_cap_gets_429_with_retry_after(q: leaseq.Queue, d
             s.close()
 
 
-def _bucket_level(app: Any, token: str) -> float:
-    token_id = token.split("_")[1]
-    level, _ = app.state.access.buckets._buckets[token_id]
-    return float(level)
+def _looks_taken(app: Any, token: str) -> float:
+    """How much of its bucket of looks ``token``'s waiting requests have spent (the requests
+    themselves spend from another)."""
+    found = app.state.access.looks._buckets.get(token.split("_")[1])
+    return 0.0 if found is None else app.state.access.looks.burst - float(found[0])
 
 
 def test_a_wait_is_woken_by_its_own_task_not_by_every_notify(q: leaseq.Queue, dsn: str) -> None:
@@ -139,8 +142,8 @@ def test_a_wait_is_woken_by_its_own_task_not_by_every_notify(q: leaseq.Queue, ds
             assert waits[0].response is not None and waits[0].response.json()["settled"] is True
             assert time.monotonic() - changed < 2.0  # woken by its task's channel: no re-check comes in 20 s
             assert signal.notifications >= 1
-            # the other wait never looked again: its token was charged for the request alone
-            assert _bucket_level(app, token_other) > 1000 - 1.5, _bucket_level(app, token_other)
+            # the other wait never looked again: its token was charged no look
+            assert _looks_taken(app, token_other) < 0.5, _looks_taken(app, token_other)
             assert waits[1].is_alive()
             q.cancel(other.id)
             waits[1].join(10)
@@ -205,3 +208,36 @@ def test_a_client_that_honours_retry_after_finds_its_connection_still_open(tmp_p
                     head = sock.recv(65536)
                     assert head.startswith(b"HTTP/1.1 200"), head[:200]
                     time.sleep(pause)
+
+
+def test_a_workers_waiting_claims_never_spend_what_its_requests_may(q: leaseq.Queue, dsn: str) -> None:
+    """Looks taken by a token's waiting claims are paced by a bucket of their own: a worker
+    whose long polls keep being woken (a busy queue, tasks of kinds it has no handler for)
+    still gets its renewals and completions through, where they used to find the token's
+    bucket spent (429, and a second's wait in the client)."""
+    with serve(q, rate_per_second=1, burst=10, claim_recheck=0.05) as (url, app):
+        s = Service(url, app, q, dsn)
+        try:
+            token = s.token("worker", queues=["own", "busy"])
+            client = s.http(token)
+            wid = client.post("/v1/workers", json={"name": "busy"}).json()["id"]
+            task = q.enqueue("mine", {}, queue="own", lease_seconds=60)
+            [claim] = client.post(f"/v1/workers/{wid}/claim", json={"queue": "own"}).json()["claims"]
+            waits = [Held(s.http(token), "POST", f"/v1/workers/{wid}/claim",
+                          json={"queue": "busy", "kinds": ["no-such-kind"], "wait": 20}) for _ in range(3)]
+            for h in waits:
+                h.start()
+            _until(lambda: app.state.work_signal.waiting == 3, what="three waiting claims")
+            for n in range(30):  # woken again and again by work none of them may take
+                q.enqueue("other", {"n": n}, queue="busy")
+            _until(lambda: _looks_taken(app, token) >= 9, what="the looks to spend their bucket")
+            renew = {"leases": [{"task_id": task.id, "generation": claim["generation"]}]}
+            answer = client.post(f"/v1/workers/{wid}/renew", json=renew)
+            assert answer.status_code == 200, (answer.status_code, answer.text[:300])
+            assert [r["task_id"] for r in answer.json()["renewed"]] == [task.id]
+            assert client.post(f"/v1/workers/{wid}/claim/interrupt").status_code == 200
+            for h in waits:
+                h.join(10)
+                assert h.response is not None and h.response.status_code == 200
+        finally:
+            s.close()

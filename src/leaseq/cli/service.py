@@ -63,9 +63,9 @@ def cli_actor() -> str:
 @click.option("--host", default="127.0.0.1", show_default=True, help="Address to listen on.")
 @click.option("--port", default=8765, show_default=True, type=click.IntRange(0, 65535), help="0 picks a free port.")
 @click.option("--migrate", is_flag=True, help="Create or upgrade the schema before serving.")
-@click.option("--rate", default=100.0, show_default=True, type=click.FloatRange(min=0),
+@click.option("--rate", default=1000.0, show_default=True, type=click.FloatRange(min=0),
               help="Requests per second per token (0: no limit). Each replica limits on its own.")
-@click.option("--burst", default=200.0, show_default=True, type=click.FloatRange(min=1), help="Rate limit burst.")
+@click.option("--burst", default=2000.0, show_default=True, type=click.FloatRange(min=1), help="Rate limit burst.")
 @click.option("--failed-auth-rate", default=2.0, show_default=True, type=click.FloatRange(min=0),
               help="Failed authentications per second allowed per token id that failed (per client address "
                    "for missing, malformed or unknown tokens); past it they get 429. Valid tokens are never "

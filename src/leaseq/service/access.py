@@ -121,6 +121,11 @@ class Access:
                  failed_burst: float = 20.0, max_keys: int = 50_000):
         self.queue = queue
         self.buckets = TokenBuckets(rate, burst, max_keys=max_keys)
+        #: the looks a token's waiting requests take after their first (a long-poll claim or a
+        #: task wait looking again when woken): paced at the same rate, from a bucket of their
+        #: own, so that a worker's waits woken by a busy queue never spend what its requests
+        #: (the completions of what it claimed) may
+        self.looks = TokenBuckets(rate, burst, max_keys=max_keys)
         self.failures = TokenBuckets(failed_rate, failed_burst, max_keys=max_keys)
         self._owners: dict[str, str] = {}
         self._owners_lock = threading.Lock()

@@ -54,9 +54,12 @@ class ServiceSettings:
 
     #: Largest request body accepted (413 above it).
     max_body_bytes: int = 2 * 1024 * 1024
-    #: Requests per second per token, with bursts up to ``burst`` (0 disables). Per replica.
-    rate_per_second: float = 100.0
-    burst: float = 200.0
+    #: Requests per second per token, with bursts up to ``burst`` (0 disables). Per replica. A
+    #: remote worker that claims and completes one task at a time makes two requests a task: a
+    #: bound of 100 held a busy worker token to 50 tasks a second, and turned its own long polls'
+    #: wake-ups into 429s (they spend from another bucket now, ``Access.looks``).
+    rate_per_second: float = 1000.0
+    burst: float = 2000.0
     #: Failed authentications per second, with bursts, per token id that failed
     #: (per client address for missing, malformed or unknown tokens). Only failing
     #: requests are refused by it (429): a valid credential always gets through.
@@ -330,7 +333,7 @@ def create_app(queue: Queue, settings: ServiceSettings | None = None, **options:
                     failed_rate=settings.failed_auth_per_second, failed_burst=settings.failed_auth_burst,
                     max_keys=settings.rate_limit_keys)
     work_signal = WorkSignal(queue, recheck=settings.claim_recheck, per_token=settings.waits_per_token,
-                             per_process=settings.waits_per_process, charge=access.buckets.take)
+                             per_process=settings.waits_per_process, charge=access.looks.take)
     maintenance = Maintenance(queue, MaintenanceConfig(
         leader_lease_seconds=settings.leader_lease_seconds, sweep_every=settings.sweep_every,
         approvals_every=settings.approvals_every,
