@@ -157,8 +157,8 @@ def server_config(app: FastAPI, *, host: str = "127.0.0.1", port: int = 8765, **
 
 
 #: How long an idle keep-alive connection stays open (seconds). Longer than the ``Retry-After``
-#: the service sends most often (a wait past its cap: 5 s): a client that honours it sends its next
-#: request on the connection it has. With uvicorn's own 5 s the two met, and the server closed the
+#: the service sends most often (a wait past its cap: 5 to 10 s): a client that honours it sends
+#: its next request on the connection it has. With uvicorn's own 5 s the two met, and the server closed the
 #: connection just as the client wrote to it ("server disconnected without sending a response").
 KEEP_ALIVE_SECONDS = 15
 

@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import random
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -56,8 +57,15 @@ WAITS_PER_TOKEN = 100
 #: ...and all tokens together.
 WAITS_PER_PROCESS = 1000
 #: The ``Retry-After`` of a wait refused for being past a cap (seconds): a slot frees
-#: only when a wait ends, seconds later, so asking again sooner is wasted.
+#: only when a wait ends, seconds later, so asking again sooner is wasted. Each refusal
+#: asks for between this and twice this (:func:`cap_retry_after`): clients refused together
+#: come back spread out, not in one burst every five seconds.
 CAP_RETRY_AFTER = 5.0
+
+
+def cap_retry_after() -> float:
+    """A refused wait's ``retry_after``: :data:`CAP_RETRY_AFTER` to twice that, at random."""
+    return CAP_RETRY_AFTER * random.uniform(1.0, 2.0)
 #: The longest a new task wait waits for the listener to listen on its task's channel
 #: before it looks anyway (it then relies on its re-check).
 SUBSCRIBE_SECONDS = 2.0
@@ -178,10 +186,10 @@ class WorkSignal:
         mine = self._held.get(token_id, 0)
         if mine >= self.per_token:
             raise RateLimited(f"token {token_id} already holds {mine} waiting requests (waits, long-poll "
-                              f"claims, live streams), the most one token may hold at once", CAP_RETRY_AFTER)
+                              f"claims, live streams), the most one token may hold at once", cap_retry_after())
         if sum(self._held.values()) >= self.per_process:
             raise RateLimited(f"this service process already holds {self.per_process} waiting requests, "
-                              "the most it serves at once", CAP_RETRY_AFTER)
+                              "the most it serves at once", cap_retry_after())
 
     async def paced(self, token_id: str, deadline: float) -> bool:
         """Charge one more look of a waiting request to ``token_id``'s rate bucket, waiting
