@@ -92,20 +92,27 @@ EVIDENCE_KEYS: tuple[str, ...] = (
 )
 
 
-def _retention(older_than_seconds: float, payloads_older_than_seconds: float | None,
-               evidence_older_than_seconds: float | None) -> tuple[float, float | None, float]:
-    older = checks.check_seconds("older_than_seconds", older_than_seconds, allow_zero=True, maximum=_CENTURY)
+#: The retention settings' names, as :func:`retention_periods` reports them by default.
+RETENTION_FIELDS = ("older_than_seconds", "payloads_older_than_seconds", "evidence_older_than_seconds")
+
+
+def retention_periods(older_than_seconds: float, payloads_older_than_seconds: float | None,
+                      evidence_older_than_seconds: float | None,
+                      names: tuple[str, str, str] = RETENTION_FIELDS) -> tuple[float, float | None, float]:
+    """The three retention periods, checked (:class:`InvalidInput` names the field as ``names``
+    spells it): tasks, their payloads (None: kept until the task goes), and the evidence record,
+    which outlives its task (by default :data:`DEFAULT_EVIDENCE_SECONDS`, or the task's own)."""
+    older_name, payloads_name, evidence_name = names
+    older = checks.check_seconds(older_name, older_than_seconds, allow_zero=True, maximum=_CENTURY)
     payloads = payloads_older_than_seconds
     if payloads is not None:
-        payloads = checks.check_seconds("payloads_older_than_seconds", payloads, allow_zero=True, maximum=_CENTURY)
+        payloads = checks.check_seconds(payloads_name, payloads, allow_zero=True, maximum=_CENTURY)
     if evidence_older_than_seconds is None:
         return older, payloads, max(DEFAULT_EVIDENCE_SECONDS, older)
-    evidence = checks.check_seconds("evidence_older_than_seconds", evidence_older_than_seconds, allow_zero=True,
-                                    maximum=_CENTURY)
+    evidence = checks.check_seconds(evidence_name, evidence_older_than_seconds, allow_zero=True, maximum=_CENTURY)
     if evidence < older:
-        raise InvalidInput("evidence_older_than_seconds",
-                           f"must be at least older_than_seconds ({older:g}): the evidence record outlives "
-                           f"its task (got {evidence:g})")
+        raise InvalidInput(evidence_name, f"must be at least {older_name} ({older:g} s): the evidence record "
+                                          f"outlives its task (got {evidence:g} s)")
     return older, payloads, evidence
 
 
@@ -113,7 +120,7 @@ def prune(s: Settings, older_than_seconds: float, *, payloads_older_than_seconds
           evidence_older_than_seconds: float | None = None, batch: int = 1000, by: str | None = None,
           via: str | None = None, record_empty: bool = True) -> Op[dict[str, int]]:
     """:meth:`leaseq.Queue.prune`: one transaction per batch, each audited."""
-    older, payloads, evidence = _retention(older_than_seconds, payloads_older_than_seconds,
+    older, payloads, evidence = retention_periods(older_than_seconds, payloads_older_than_seconds,
                                            evidence_older_than_seconds)
     batch = checks.check_int("batch", batch, minimum=1, maximum=100_000)
     actor(by, via)  # checked before anything runs

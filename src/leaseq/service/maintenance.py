@@ -46,6 +46,7 @@ from prometheus_client.registry import Collector
 
 from ..core import checks
 from ..core.errors import InvalidInput, LeaseqError
+from ..engine.schema import retention_periods
 from ..queue import Queue
 
 logger = logging.getLogger("leaseq.service.maintenance")
@@ -114,25 +115,17 @@ class MaintenanceConfig:
         approvals = self.approvals_every
         if approvals is not None:
             approvals = checks.check_seconds("approvals_every", approvals, allow_zero=False, maximum=_MAX_AGE)
-        older = self.prune_older_than
+        older, payloads, evidence = self.prune_older_than, self.prune_payloads_older_than, \
+            self.prune_evidence_older_than
         if older is not None:
-            older = checks.check_seconds("prune_older_than", older, allow_zero=True, maximum=_MAX_AGE)
-        payloads = self.prune_payloads_older_than
-        if payloads is not None:
-            if older is None:
-                raise InvalidInput("prune_payloads_older_than", "needs prune_older_than as well")
-            payloads = checks.check_seconds("prune_payloads_older_than", payloads, allow_zero=True,
-                                            maximum=_MAX_AGE)
-        evidence = self.prune_evidence_older_than
-        if evidence is not None:
-            if older is None:
-                raise InvalidInput("prune_evidence_older_than", "needs prune_older_than as well")
-            evidence = checks.check_seconds("prune_evidence_older_than", evidence, allow_zero=True,
-                                            maximum=_MAX_AGE)
-            if evidence < older:
-                raise InvalidInput("prune_evidence_older_than",
-                                   f"must be at least prune_older_than ({older:g} s): the evidence record "
-                                   f"outlives its task (got {evidence:g} s)")
+            given = evidence
+            older, payloads, evidence = retention_periods(
+                older, payloads, evidence,
+                names=("prune_older_than", "prune_payloads_older_than", "prune_evidence_older_than"))
+            evidence = evidence if given is not None else None  # None: the record's default, at each pass
+        elif payloads is not None or evidence is not None:
+            raise InvalidInput("prune_payloads_older_than" if payloads is not None else "prune_evidence_older_than",
+                               "needs prune_older_than as well")
         every = checks.check_seconds("prune_every", self.prune_every, allow_zero=False, maximum=_MAX_AGE)
         checks.check_text("replica_id", self.replica_id, required=True)
         if len(self.replica_id) > 200:

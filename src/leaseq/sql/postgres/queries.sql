@@ -895,19 +895,10 @@ FROM ended e;
 -- gives them back in its own statement (from the tasks' own keys, once per
 -- generation); written here too so both dialects hold the same statements,
 -- and granted to no one (sent by hand, it would free any limit's slots).
-WITH freed AS (
-    SELECT f.key, count(*) AS tasks, sum(f.units) AS units
-    FROM jsonb_to_recordset(%(items)s::jsonb) AS f(key text, units bigint)
-    GROUP BY f.key
-), held AS (
-    SELECT l.key FROM leaseq_limits l WHERE l.key IN (SELECT key FROM freed) ORDER BY l.key FOR UPDATE
-), released AS (
-    UPDATE leaseq_limits l
-    SET running = greatest(0, l.running - CASE WHEN l.counts = 'units' THEN f.units ELSE f.tasks END)
-    FROM freed f
-    WHERE l.key = f.key AND l.key IN (SELECT key FROM held)
-    RETURNING l.key
-)
+WITH ended AS (  -- an item is one (task, key): a task of that one key
+    SELECT ARRAY[f.key] AS limits, f.units FROM jsonb_to_recordset(%(items)s::jsonb) AS f(key text, units bigint)
+),
+/* TEMPLATE: give_back_slots(ended) */
 SELECT (SELECT count(*) FROM released) AS released,
        (SELECT count(pg_notify('leaseq_work', q.queue))
         FROM (SELECT DISTINCT f.queue FROM jsonb_to_recordset(%(items)s::jsonb) AS f(queue text)) q) AS woke;
