@@ -215,7 +215,8 @@ def test_a_workers_waiting_claims_never_spend_what_its_requests_may(q: leaseq.Qu
     whose long polls keep being woken (a busy queue, tasks of kinds it has no handler for)
     still gets its renewals and completions through, where they used to find the token's
     bucket spent (429, and a second's wait in the client)."""
-    with serve(q, rate_per_second=1, burst=10, claim_recheck=0.05) as (url, app):
+    with serve(q, rate_per_second=1, burst=10, looks_per_second=1, looks_burst=10,
+               claim_recheck=0.05) as (url, app):
         s = Service(url, app, q, dsn)
         try:
             token = s.token("worker", queues=["own", "busy"])

@@ -118,14 +118,16 @@ class Access:
     REFRESH_SECONDS = 1.0
 
     def __init__(self, queue: Queue, *, rate: float, burst: float, failed_rate: float = 2.0,
-                 failed_burst: float = 20.0, max_keys: int = 50_000):
+                 failed_burst: float = 20.0, looks_rate: float | None = None, looks_burst: float | None = None,
+                 max_keys: int = 50_000):
         self.queue = queue
         self.buckets = TokenBuckets(rate, burst, max_keys=max_keys)
         #: the looks a token's waiting requests take after their first (a long-poll claim or a
-        #: task wait looking again when woken): paced at the same rate, from a bucket of their
-        #: own, so that a worker's waits woken by a busy queue never spend what its requests
-        #: (the completions of what it claimed) may
-        self.looks = TokenBuckets(rate, burst, max_keys=max_keys)
+        #: task wait looking again when woken): paced from a bucket of their own (by default at
+        #: the request rate), so that a worker's waits woken by a busy queue never spend what its
+        #: requests (the completions of what it claimed) may
+        self.looks = TokenBuckets(rate if looks_rate is None else looks_rate,
+                                  burst if looks_burst is None else looks_burst, max_keys=max_keys)
         self.failures = TokenBuckets(failed_rate, failed_burst, max_keys=max_keys)
         self._owners: dict[str, str] = {}
         self._owners_lock = threading.Lock()

@@ -57,9 +57,15 @@ class ServiceSettings:
     #: Requests per second per token, with bursts up to ``burst`` (0 disables). Per replica. A
     #: remote worker that claims and completes one task at a time makes two requests a task: a
     #: bound of 100 held a busy worker token to 50 tasks a second, and turned its own long polls'
-    #: wake-ups into 429s (they spend from another bucket now, ``Access.looks``).
+    #: wake-ups into 429s (they spend from another bucket now: ``looks_per_second``).
     rate_per_second: float = 1000.0
     burst: float = 2000.0
+    #: Looks per second per token that its waiting requests take when woken (a long-poll
+    #: claim or a task wait looking again), with bursts up to ``looks_burst``; past it a look
+    #: waits, it is never refused. Each look is a claim transaction or a read: this bounds what
+    #: one token's waits make every notification of a busy queue cost (0 disables).
+    looks_per_second: float = 100.0
+    looks_burst: float = 200.0
     #: Failed authentications per second, with bursts, per token id that failed
     #: (per client address for missing, malformed or unknown tokens). Only failing
     #: requests are refused by it (429): a valid credential always gets through.
@@ -330,6 +336,7 @@ def create_app(queue: Queue, settings: ServiceSettings | None = None, **options:
             raise InvalidInput(name, f"must be a whole number, 1 or more (got {value!r})")
     metrics = ServiceMetrics(queue)
     access = Access(queue, rate=settings.rate_per_second, burst=settings.burst,
+                    looks_rate=settings.looks_per_second, looks_burst=settings.looks_burst,
                     failed_rate=settings.failed_auth_per_second, failed_burst=settings.failed_auth_burst,
                     max_keys=settings.rate_limit_keys)
     work_signal = WorkSignal(queue, recheck=settings.claim_recheck, per_token=settings.waits_per_token,
