@@ -23,6 +23,7 @@ from click.testing import CliRunner
 
 import leaseq
 from leaseq import roles
+from leaseq.auth import AccessDenied
 from leaseq.cli.main import cli
 
 from fault.support import wait_for
@@ -536,3 +537,52 @@ def test_a_role_holds_at_most_its_connection_limit(admin, make_role) -> None:
         assert "Traceback" not in result.output and "connection" in result.output.splitlines()[-1].lower()
         with psycopg.connect(admin.store.dsn) as conn:
             assert conn.execute("SELECT 1 FROM pg_roles WHERE rolname = %s", (other,)).fetchone() is None
+
+
+@pytest.fixture
+def other_schema(admin: leaseq.Queue) -> Iterator[leaseq.Queue]:
+    """A second leaseq schema in the same database: another application's queue."""
+    from conftest import with_search_path
+    from psycopg.conninfo import conninfo_to_dict
+
+    schema = f"t_other_{uuid.uuid4().hex[:10]}"
+    base = admin.store.dsn
+    with psycopg.connect(base, autocommit=True) as conn:
+        conn.execute(f"CREATE SCHEMA {schema}")
+    options = str(conninfo_to_dict(base).get("options") or "")
+    plain = base.split("?", 1)[0] if "search_path" in options else base
+    q = leaseq.connect(with_search_path(plain, schema))
+    q.migrate()
+    try:
+        yield q
+    finally:
+        q.close()
+        with psycopg.connect(base, autocommit=True) as conn:
+            conn.execute(f"DROP SCHEMA IF EXISTS {schema} CASCADE")
+
+
+def test_a_role_made_for_one_schema_has_no_authority_in_another(admin, make_role, other_schema) -> None:
+    """Group roles are the database's, not the schema's: a worker role made for one
+    application's schema reaches another's functions through them. It is refused there:
+    it may not register a worker, claim, enqueue or read, and nothing changes."""
+    from psycopg.conninfo import conninfo_to_dict
+
+    from conftest import with_search_path
+
+    victim = other_schema.enqueue("payroll", {"account": 7}, lease_seconds=30)
+    dsn = make_role("worker")
+    other = str(conninfo_to_dict(other_schema.store.dsn)["options"]).rsplit("search_path=", 1)[-1].split()[0]
+    there = with_search_path(dsn.split("?", 1)[0], other)
+    before = snapshot(other_schema)
+    with psycopg.connect(there, autocommit=True) as conn:
+        assert conn.execute("SHOW search_path").fetchone()[0].startswith(other)
+    for statement in ("SELECT * FROM leaseq_q_register_worker('forged', NULL, NULL)",
+                      f"SELECT * FROM leaseq_q_get_task({victim.id})",
+                      "SELECT * FROM leaseq_q_list_queues()"):
+        refused(there, statement)
+    with leaseq.connect(there) as q:
+        with pytest.raises(AccessDenied, match="has no leaseq role in schema"):
+            q.register_worker("intruder")
+        with pytest.raises(AccessDenied, match="has no leaseq role in schema"):
+            q.enqueue("payroll", {"account": 8})
+    assert snapshot(other_schema) == before

@@ -240,6 +240,16 @@ IF _kind = 'operator' AND EXISTS (SELECT 1 FROM jsonb_to_recordset({events}) AS 
   RAISE EXCEPTION USING ERRCODE = '42501', MESSAGE = format('role %s acts under its own name', session_user);
 END IF;"""
 
+# The group roles that hold EXECUTE are the database's, shared by every leaseq schema in it; a
+# role's authority is what the registry of *this* schema says (leaseq_caller), so a role made
+# for one application's schema is no one in another's, and acts as nothing there.
+_IN_SCHEMA = """
+IF _kind IS NULL OR _kind NOT IN ({kinds}) THEN
+  RAISE EXCEPTION USING ERRCODE = '42501', MESSAGE = format(
+    'role %s has no leaseq role in schema %s that may call this (leaseq roles create against this schema makes one)',
+    session_user, current_schema());
+END IF;"""
+
 _ROW_RULES = {"hold_tasks": ("task_ids", _MADE_HERE), "insert_dependencies": ("waiters", _MADE_HERE),
               "settle_waiters": ("items", _WAITING_ON_ENDED_HERE)}
 
@@ -285,8 +295,10 @@ def _checks(q: NamedQuery, sig: Signature) -> str:
             out.append(_OWN_NAMES.format(events=pos["events"]))
     # The owner (the role that migrates, a superuser: the library's default) skips every check:
     # each IF with a subquery runs the executor (about 40 us), where a simple test does not.
+    # Anyone else acts here only as what this schema's registry made it (_IN_SCHEMA).
     return ("IF NOT pg_has_role(session_user, 'leaseq_owner', 'MEMBER') THEN\n"
-            "SELECT c.kind, c.queues INTO _kind, _queues FROM leaseq_caller() c;" + "".join(out) + "\nEND IF;")
+            "SELECT c.kind, c.queues INTO _kind, _queues FROM leaseq_caller() c;"
+            + _IN_SCHEMA.format(kinds=", ".join(_literal(k) for k in sorted(q.callers))) + "".join(out) + "\nEND IF;")
 
 
 # Reads across every queue whose rows name none, and retention (which reaches every
@@ -345,8 +357,9 @@ def _literal(text: str) -> str:
 
 
 # The caller's kind and queue scope: admin (the owner, or a member of it: the
-# role that migrates, a superuser), else what `leaseq roles create` recorded,
-# else the group it was made a member of by hand (unscoped). PL/pgSQL, not SQL:
+# role that migrates, a superuser), else what `leaseq roles create` recorded in
+# this schema, else none (a role made for another schema, or made a member of a
+# group by hand, has no authority here). PL/pgSQL, not SQL:
 # a SQL function that cannot be inlined is planned again at every call (about
 # 130 us each, on every statement a role sends).
 _CALLER = """
@@ -359,11 +372,7 @@ BEGIN
   END IF;
   SELECT r.kind, r.queues INTO kind, queues FROM leaseq_db_roles r
   WHERE r.role = session_user AND r.revoked_at IS NULL;
-  kind := coalesce(kind, CASE WHEN pg_has_role(session_user, 'leaseq_worker', 'MEMBER') THEN 'worker'
-                              WHEN pg_has_role(session_user, 'leaseq_operator', 'MEMBER') THEN 'operator'
-                              WHEN pg_has_role(session_user, 'leaseq_viewer', 'MEMBER') THEN 'viewer'
-                              WHEN pg_has_role(session_user, 'leaseq_verifier', 'MEMBER') THEN 'verifier'
-                              ELSE 'none' END);
+  kind := coalesce(kind, 'none');
 END
 $c$"""
 

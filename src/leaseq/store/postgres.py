@@ -14,7 +14,7 @@ from psycopg.rows import dict_row
 from psycopg.types.json import Jsonb
 
 from ..db.dsn import check_postgres_dsn
-from ..core.errors import BackendUnavailable, InvalidInput
+from ..core.errors import AccessDenied, BackendUnavailable, InvalidInput
 from ..db.errors import map_driver_errors
 from ..db.postgres import AsyncPools, achecked_connection, checked_connection, open_async_pool, open_pool
 from .base import JSON_PARAMS, BackendCapabilities, JsonText, KeyConflict, load_named_queries
@@ -66,6 +66,12 @@ def _check_in_transaction(autocommit: bool, status: pq.TransactionStatus) -> Non
     if autocommit and status == pq.TransactionStatus.IDLE:
         raise InvalidInput("connection", "is in autocommit mode with no transaction open: the task would be "
                                          "committed at once; open one (with conn.transaction(): ...)")
+
+
+def _refused(exc: psycopg.errors.InsufficientPrivilege) -> AccessDenied:
+    """What the database refused a role (a definer function's check, or a privilege it lacks),
+    as the library's own error: the same one the service answers with (403)."""
+    return AccessDenied(f"the database refused this role: {exc.diag.message_primary or str(exc).strip()}")
 
 
 class PostgresTx:
@@ -345,6 +351,8 @@ class PostgresStore:
                         yield PostgresTx(conn, self._queries)
         except psycopg.errors.UniqueViolation as exc:
             raise KeyConflict(str(exc).strip()) from None
+        except psycopg.errors.InsufficientPrivilege as exc:
+            raise _refused(exc) from None
 
     @asynccontextmanager
     async def atransaction(self, *, one_statement: bool = False) -> AsyncIterator[AsyncPostgresTx]:
@@ -364,6 +372,8 @@ class PostgresStore:
                         yield AsyncPostgresTx(conn, self._queries)
         except psycopg.errors.UniqueViolation as exc:
             raise KeyConflict(str(exc).strip()) from None
+        except psycopg.errors.InsufficientPrivilege as exc:
+            raise _refused(exc) from None
 
     async def close_async(self) -> None:
         """Close the running loop's asyncio pool (the worker does, before its loop ends)."""
