@@ -301,9 +301,13 @@ def _checks(q: NamedQuery, sig: Signature) -> str:
             + _IN_SCHEMA.format(kinds=", ".join(_literal(k) for k in sorted(q.callers))) + "".join(out) + "\nEND IF;")
 
 
-# Reads across every queue whose rows name none, and retention (which reaches every
-# queue's ended tasks): a scoped role is refused them.
-_UNSCOPED_ONLY = frozenset({"audit_list", "prune_finished_ids", "scrub_finished_ids", "prune_evidence"})
+# Reads across every queue whose rows name none (the audit log, the workers and the kinds
+# they serve, the kinds of every task, limits), limits (keys shared by every queue), and
+# retention (which reaches every queue's ended tasks): a scoped role is refused them, as the
+# service refuses a scoped token what spans every queue.
+_UNSCOPED_ONLY = frozenset({"audit_list", "prune_finished_ids", "scrub_finished_ids", "prune_evidence",
+                            "list_workers", "served_kinds", "dashboard_kinds", "dashboard_worker_last_events",
+                            "list_limits", "count_limit", "set_limit", "delete_limit"})
 
 
 _WRITES = re.compile(r"(?<!FOR )(?<!KEY )\b(UPDATE|INSERT|DELETE)\b", re.IGNORECASE)  # not a row lock
