@@ -20,6 +20,7 @@ from typing import Any
 import pytest
 
 import leaseq
+from leaseq import auth
 from leaseq.store import parse_dsn
 
 from .support import age_tasks
@@ -406,3 +407,37 @@ def test_evidence_reads_alike_on_the_async_queue(dsn: str, q: leaseq.Queue) -> N
     found = asyncio.run(run())
     assert [e["type"] for e in found] == ["enqueued", "claimed", "completed"]
     assert json.loads(json.dumps(found, default=str))  # plain data
+
+
+def _age_audit(dsn: str, seconds: float, ids: list[int]) -> None:
+    """Move the audit entries ``ids`` back by ``seconds`` (a test's own write)."""
+    dialect, target = parse_dsn(dsn)
+    if dialect == "sqlite":
+        conn = sqlite3.connect(target)
+        try:
+            with conn:
+                conn.executemany("UPDATE leaseq_audit SET at = at - ? WHERE id = ?", [(seconds, i) for i in ids])
+        finally:
+            conn.close()
+        return
+    import psycopg
+
+    with psycopg.connect(target) as conn:
+        conn.execute("UPDATE leaseq_audit SET at = at - %s * interval '1 second' WHERE id = ANY(%s)", (seconds, ids))
+
+
+def test_the_audit_log_is_kept_on_the_evidence_clock(q: leaseq.Queue, dsn: str) -> None:
+    """Audit entries are evidence: kept for the evidence record's retention (a year by
+    default), then deleted oldest first, in batches; newer ones stay."""
+    for name in ("a", "b", "c"):
+        q.pause(name, create=True, by="ops")
+    old = [e["id"] for e in auth.audit_log(q) if e["action"] == "pause"]
+    assert len(old) == 3
+    q.resume("a", by="ops")
+    _age_audit(dsn, 200 * DAY, old)
+    assert q.prune(30 * DAY)["audit_pruned"] == 0  # within the default year
+    assert q.prune(30 * DAY, evidence_older_than_seconds=300 * DAY)["audit_pruned"] == 0
+    counts = q.prune(30 * DAY, evidence_older_than_seconds=100 * DAY, batch=2)
+    assert counts["audit_pruned"] == 3
+    left = [e["action"] for e in auth.audit_log(q)]
+    assert "pause" not in left and "resume" in left and "prune" in left

@@ -94,7 +94,8 @@ def cli_actor() -> str:
               help="Clear the user data of ended tasks older than AGE (payload, result, errors, effect "
                    "responses, notes), keeping the rows.")
 @click.option("--prune-evidence-older-than", metavar="AGE", default=None, show_default="365d, or --prune-older-than "
-              "if longer", help="Delete the evidence records of tasks that ended more than AGE ago.")
+              "if longer", help="Delete the evidence records of tasks that ended more than AGE ago, and "
+              "audit entries written more than AGE ago.")
 @click.option("--prune-every", metavar="AGE", default="1h", show_default=True, help="How often retention runs.")
 @click.option("--sweep-every", metavar="AGE", default="10s", show_default=True,
               help="How often expired leases are routed (needs_reconciliation, retries) without waiting for a "
@@ -467,7 +468,8 @@ def revoke(ctx: click.Context, token_id: str | None, worker_id: str | None, as_j
               help="Also clear the user data of ended tasks older than AGE (payload, result, errors, effect "
                    "responses, notes), keeping the rows.")
 @click.option("--evidence-older-than", metavar="AGE", default=None, show_default="365d, or --older-than if longer",
-              help="Delete the evidence records of tasks that ended more than AGE ago.")
+              help="Delete the evidence records of tasks that ended more than AGE ago, and audit entries "
+                   "written more than AGE ago.")
 @json_option
 @click.pass_context
 def prune(ctx: click.Context, older_than: str, payloads_older_than: str | None, evidence_older_than: str | None,
@@ -485,4 +487,4 @@ def prune(ctx: click.Context, older_than: str, payloads_older_than: str | None, 
         return
     click.echo(f"pruned {counts['tasks']} task(s), {counts['events']} event(s), {counts['effects']} effect(s); "
                f"cleared {counts['payloads']} task(s)' user data; kept {counts['evidence']} and pruned "
-               f"{counts['evidence_pruned']} evidence entries")
+               f"{counts['evidence_pruned']} evidence entries and {counts['audit_pruned']} audit entries")

@@ -130,15 +130,16 @@ def prune(s: Settings, older_than_seconds: float, *, payloads_older_than_seconds
     settings = dict(older_than_seconds=older, payloads_older_than_seconds=payloads,
                     evidence_older_than_seconds=evidence)
     keys = list(EVIDENCE_KEYS)
-    counts = dict.fromkeys(("tasks", "events", "effects", "payloads", "evidence", "evidence_pruned"), 0)
+    counts = dict.fromkeys(("tasks", "events", "effects", "payloads", "evidence", "evidence_pruned",
+                            "audit_pruned"), 0)
 
     def passes(step: str, cut: float) -> Op[None]:
         while True:
             yield BEGIN
             done = dict.fromkeys(counts, 0)
-            if step == "evidence":
-                n = len((yield rows("prune_evidence", older_than=cut, limit=batch)))
-                done["evidence_pruned"] = n
+            if step in ("evidence", "audit"):  # the evidence record, then the audit log: one clock
+                n = len((yield rows(f"prune_{step}", older_than=cut, limit=batch)))
+                done[f"{step}_pruned"] = n
             else:
                 ids = [r["id"] for r in (yield rows(f"{step}_finished_ids", older_than=cut, limit=batch))]
                 n = len(ids)
@@ -157,6 +158,7 @@ def prune(s: Settings, older_than_seconds: float, *, payloads_older_than_seconds
     if payloads is not None:
         yield from passes("scrub", payloads)
     yield from passes("evidence", evidence)
+    yield from passes("audit", evidence)
     if record_empty and not any(counts.values()):
         yield BEGIN
         yield from audit(by, via, "prune", "retention", **settings, **counts)

@@ -32,7 +32,9 @@ class SchemaOps(QueueBase):
         who decided what, why each lease ended; no payload, result, error text
         or note). The evidence record is deleted once the task ended
         ``evidence_older_than_seconds`` ago (default: a year, or
-        ``older_than_seconds`` if longer; never less than it).
+        ``older_than_seconds`` if longer; never less than it), and so is
+        every audit entry written longer ago than that: the audit log is
+        evidence too, kept on the same clock.
         ``payloads_older_than_seconds`` (usually shorter) clears the user data
         of ended tasks and keeps the rows: payload, result and last error,
         effect responses (model and tool output), approval notes, and every
@@ -44,7 +46,8 @@ class SchemaOps(QueueBase):
         nothing is audited too, unless ``record_empty`` is false. Returns
         counts: ``tasks``, ``events``, ``effects`` (deleted), ``payloads``
         (tasks cleared), ``evidence`` (evidence entries kept) and
-        ``evidence_pruned`` (evidence entries deleted).
+        ``evidence_pruned`` (evidence entries deleted), ``audit_pruned`` (audit
+        entries deleted).
         """
         return self._run(engine.schema.prune(self.settings, older_than_seconds,
                                              payloads_older_than_seconds=payloads_older_than_seconds,

@@ -305,7 +305,7 @@ def _checks(q: NamedQuery, sig: Signature) -> str:
 # they serve, the kinds of every task, limits), limits (keys shared by every queue), and
 # retention (which reaches every queue's ended tasks): a scoped role is refused them, as the
 # service refuses a scoped token what spans every queue.
-_UNSCOPED_ONLY = frozenset({"audit_list", "prune_finished_ids", "scrub_finished_ids", "prune_evidence",
+_UNSCOPED_ONLY = frozenset({"audit_list", "prune_finished_ids", "scrub_finished_ids", "prune_evidence", "prune_audit",
                             "list_workers", "served_kinds", "dashboard_kinds", "dashboard_worker_last_events",
                             "list_limits", "count_limit", "set_limit", "delete_limit"})
 

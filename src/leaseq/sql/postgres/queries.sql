@@ -1574,6 +1574,18 @@ WHERE id IN (SELECT id FROM leaseq_evidence
              FOR UPDATE SKIP LOCKED)
 RETURNING id;
 
+-- name: prune_audit
+-- callers: operator
+-- Audit entries past the evidence record's retention (the audit log is evidence too:
+-- who did what, when), oldest first, counted from when each was written.
+DELETE FROM leaseq_audit
+WHERE id IN (SELECT id FROM leaseq_audit
+             WHERE at < now() - %(older_than)s::float8 * interval '1 second'
+             ORDER BY id
+             LIMIT %(limit)s
+             FOR UPDATE SKIP LOCKED)
+RETURNING id;
+
 -- name: list_evidence
 -- callers: operator, viewer
 SELECT id, task_id, queue, kind, task_status, ended_at, event_id, type, generation, worker_id, at, detail, kept_at

@@ -1024,6 +1024,14 @@ WHERE id IN (SELECT id FROM leaseq_evidence
              LIMIT :limit)
 RETURNING id;
 
+-- name: prune_audit
+DELETE FROM leaseq_audit
+WHERE id IN (SELECT id FROM leaseq_audit
+             WHERE at < (julianday('now') - 2440587.5) * 86400.0 - :older_than
+             ORDER BY id
+             LIMIT :limit)
+RETURNING id;
+
 -- name: list_evidence
 SELECT id, task_id, queue, kind, task_status, ended_at, event_id, type, generation, worker_id, at, detail, kept_at
 FROM leaseq_evidence WHERE task_id = :task_id
