@@ -1,18 +1,18 @@
-"""One hostile token cannot degrade `leaseq serve` on PostgreSQL.
+"""One hostile token cannot degrade `leaseq serve` on PostgreSQL: the issue's load, in CI.
 
 A ``leaseq serve`` process serves a queue while a client process, with one
-worker token, keeps HOSTILE waits (``GET /v1/tasks/{id}/wait`` on a task
-its worker holds) and HOSTILE long-poll claims open at once, asking again as
-soon as each is answered (after ``Retry-After`` when refused). Meanwhile an
-honest remote worker, with a token of its own, drains TASKS tasks that this
-test enqueues at a steady pace. Checked:
+worker token, keeps 1,000 waits (``GET /v1/tasks/{id}/wait`` on a task its
+worker holds) and 1,000 long-poll claims open at once, asking again as soon
+as each is answered (after ``Retry-After`` when refused). It speaks raw
+HTTP/1.1, as an attacker would. Meanwhile an honest remote worker, with a
+token of its own, drains 2,000 tasks that this test enqueues at 100 a
+second. Checked:
 
 * the honest drain finishes, and its pickup (the database's claim time
-  minus its enqueue time) is printed at the 99th percentile, measured once
-  the flood's first wave (every request opened at once) has been answered;
-  asserted under LEASEQ_LOAD_P99_MS (the issue's target is 50 ms; a CI
-  machine running the suite on four processes beside it is not a place to
-  time it);
+  minus its enqueue time) stays under 50 ms at the 99th percentile,
+  measured once the flood's first wave (every request opened at once) has
+  been answered; the test is marked serial, so nothing else of the suite
+  runs beside it;
 * the service's connections to the server (pg_stat_activity, by the
   ``application_name`` its DSN gives) never exceed its pools (the blocking
   one and the event loop's asyncio one, ``max_size`` each) plus one: the
@@ -20,11 +20,9 @@ test enqueues at a steady pace. Checked:
 * the hostile token was refused (429) past its cap, and no request of its
   failed.
 
-Scaled for a 2-core CI machine: 300 waits and 300 long-poll claims against
-1,000 tasks. The issue's load, on a quiet machine:
-``LEASEQ_LOAD_HOSTILE=1000 LEASEQ_LOAD_TASKS=2000 LEASEQ_LOAD_P99_MS=50``.
+``LEASEQ_LOAD_HOSTILE``, ``LEASEQ_LOAD_TASKS`` and ``LEASEQ_LOAD_P99_MS``
+change the load and the bound (a slower machine than CI's).
 """
-
 from __future__ import annotations
 
 import json
@@ -36,6 +34,7 @@ import textwrap
 import threading
 import time
 import uuid
+from collections.abc import Iterator
 
 import psycopg
 import pytest
@@ -44,12 +43,11 @@ import leaseq
 from leaseq import auth
 from leaseq.client import RemoteQueue
 
-#: the hostile token's waits, and as many long-poll claims (the issue's load is 1,000 of each and
-#: 2,000 tasks: LEASEQ_LOAD_HOSTILE=1000 LEASEQ_LOAD_TASKS=2000; CI runs a third of it)
-HOSTILE = int(os.environ.get("LEASEQ_LOAD_HOSTILE", "300"))
-TASKS = int(os.environ.get("LEASEQ_LOAD_TASKS", "1000"))
-#: the honest pickup's 99th percentile must stay under this (seconds); a shared, loaded machine may
-#: set LEASEQ_LOAD_P99_MS higher (the service's own latency there is not what this test is about)
+#: the hostile token's waits, and as many long-poll claims (the issue's load: 1,000 of each)
+HOSTILE = int(os.environ.get("LEASEQ_LOAD_HOSTILE", "1000"))
+#: the tasks the honest worker drains
+TASKS = int(os.environ.get("LEASEQ_LOAD_TASKS", "2000"))
+#: the honest pickup's 99th percentile must stay under this (seconds)
 P99_LIMIT = float(os.environ.get("LEASEQ_LOAD_P99_MS", "50")) / 1000
 #: tasks enqueued a second
 RATE = 100.0
@@ -57,27 +55,54 @@ RATE = 100.0
 POOL = 10
 
 _HOSTILE_CLIENT = textwrap.dedent('''
-    import asyncio, json, sys, httpx
+    # Raw HTTP/1.1 over asyncio streams, one kept-alive connection per request loop: what an
+    # attacker would send, at a fraction of an HTTP library's CPU (the test shares two cores).
+    import asyncio, json, sys
+    from urllib.parse import urlsplit
 
     url, token, worker_id, task_id, n, seconds = sys.argv[1:7]
     n, seconds = int(n), float(seconds)
+    where = urlsplit(url)
     counts = {"answered": 0, "refused": 0, "errors": 0}
     kinds = {}
 
-    async def keep_asking(client, method, path, **kw):
+    async def ask(reader, writer, method, path, body):
+        writer.write((f"{method} {path} HTTP/1.1\\r\\nHost: {where.netloc}\\r\\n"
+                      f"Authorization: Bearer {token}\\r\\nContent-Type: application/json\\r\\n"
+                      f"Content-Length: {len(body)}\\r\\n\\r\\n").encode() + body)
+        await writer.drain()
+        status = int((await reader.readline()).split()[1])
+        length, retry = 0, 1.0
+        while (line := await reader.readline()) not in (b"\\r\\n", b""):
+            name, _, value = line.decode().partition(":")
+            if name.lower() == "content-length":
+                length = int(value)
+            elif name.lower() == "retry-after":
+                retry = float(value)
+        await reader.readexactly(length)
+        return status, retry
+
+    async def keep_asking(method, path, body=b""):
         loop = asyncio.get_running_loop()
-        end = loop.time() + seconds
+        end, conn = loop.time() + seconds, None
         while loop.time() < end:
             try:
-                resp = await client.request(method, path, **kw)
-            except httpx.HTTPError as exc:
+                if conn is None:
+                    conn = await asyncio.open_connection(where.hostname, where.port)
+                status, retry = await ask(*conn, method, path, body)
+            except (OSError, EOFError, ValueError, IndexError) as exc:
                 counts["errors"] += 1
-                kinds[f"{type(exc).__name__}: {exc}"[:120]] = kinds.get(f"{type(exc).__name__}: {exc}"[:120], 0) + 1
+                kind = f"{type(exc).__name__}: {exc}"[:120]
+                kinds[kind] = kinds.get(kind, 0) + 1
+                conn = None
                 await asyncio.sleep(0.1)
                 continue
-            if resp.status_code == 429:
+            if status == 429:
                 counts["refused"] += 1
-                await asyncio.sleep(float(resp.headers.get("Retry-After", "1")))
+                await asyncio.sleep(retry)
+            elif status >= 400:
+                counts["errors"] += 1
+                kinds[f"HTTP {status}"] = kinds.get(f"HTTP {status}", 0) + 1
             else:
                 counts["answered"] += 1
 
@@ -88,14 +113,10 @@ _HOSTILE_CLIENT = textwrap.dedent('''
 
     async def main():
         asyncio.get_running_loop().create_task(report())
-        limits = httpx.Limits(max_connections=2 * n + 10, max_keepalive_connections=2 * n + 10)
-        async with httpx.AsyncClient(base_url=url, headers={"Authorization": f"Bearer {token}"},
-                                     timeout=60, limits=limits) as client:
-            jobs = [keep_asking(client, "GET", f"/v1/tasks/{task_id}/wait", params={"timeout": 25})
-                    for _ in range(n)]
-            jobs += [keep_asking(client, "POST", f"/v1/workers/{worker_id}/claim",
-                                 json={"queue": "bait", "wait": 30}) for _ in range(n)]
-            await asyncio.gather(*jobs)
+        claim = json.dumps({"queue": "bait", "wait": 30}).encode()
+        jobs = [keep_asking("GET", f"/v1/tasks/{task_id}/wait?timeout=25") for _ in range(n)]
+        jobs += [keep_asking("POST", f"/v1/workers/{worker_id}/claim", claim) for _ in range(n)]
+        await asyncio.gather(*jobs)
 
     asyncio.run(main())
 ''')
@@ -129,9 +150,19 @@ def _until_flooded(hostile: subprocess.Popen[str], answered: int, timeout: float
     raise AssertionError(f"the hostile client's first wave was not answered in {timeout:.0f} s: {said[-300:]}")
 
 
-def test_one_hostile_token_cannot_degrade_the_service(q: leaseq.Queue, dsn: str) -> None:
-    if not q.capabilities.listen_notify:
-        pytest.skip("the connection count is PostgreSQL's; SQLite's waits are capped the same way (test_wait_caps)")
+@pytest.fixture
+def q(pg_schema_dsn: str) -> Iterator[leaseq.Queue]:
+    """PostgreSQL's connection count is what is bounded here; SQLite's waits are capped the
+    same way (test_wait_caps)."""
+    queue = leaseq.connect(pg_schema_dsn)
+    queue.migrate()
+    yield queue
+    queue.close()
+
+
+@pytest.mark.serial
+def test_one_hostile_token_cannot_degrade_the_service(q: leaseq.Queue, pg_schema_dsn: str) -> None:
+    dsn = pg_schema_dsn
     app_name = f"leaseq-load-{uuid.uuid4().hex[:8]}"
     served_dsn = f"{dsn}{'&' if '?' in dsn else '?'}application_name={app_name}"
     proc, url = _serve(served_dsn)
@@ -218,9 +249,6 @@ def test_one_hostile_token_cannot_degrade_the_service(q: leaseq.Queue, dsn: str)
     assert 0 < most <= 2 * POOL + 1, f"the service held {most} connections (pools {2 * POOL}, plus one listener)"
     counts = json.loads(said.strip().splitlines()[-1])
     assert counts["refused"] > 0 and counts["errors"] == 0, counts  # past its cap of waits, refused
-    # The issue's target for the honest worker's pickup under this load is a p99 under 50 ms: met
-    # on a quiet machine, reported here (LEASEQ_LOAD_P99_MS asserts it).
     print(f"\nhonest {pickup} under {HOSTILE} hostile waits and claims (their first wave answered in "
           f"{first_wave:.1f} s)")
-    if "LEASEQ_LOAD_P99_MS" in os.environ:
-        assert p99 < P99_LIMIT, pickup
+    assert p99 < P99_LIMIT, pickup
