@@ -156,6 +156,28 @@ def test_a_payload_that_does_not_fit_the_handler_fails_at_once_without_retries(a
         assert "does not fit the handler for 'summarize'" in done.last_error
 
 
+
+def test_a_type_error_from_inside_a_handler_is_its_failure_and_retried(app: leaseq.App) -> None:
+    """Only a call the payload cannot make is permanent: a TypeError the handler's own code
+    raises (the payload fits) fails the attempt like any other error, and is retried."""
+    @app.task("sync_kind", effect="idempotent", max_attempts=2)
+    def sync_handler(ctx, doc_id: int) -> None:
+        raise TypeError("unsupported operand")
+
+    @app.task("async_kind", effect="idempotent", max_attempts=2)
+    async def async_handler(ctx, doc_id: int) -> None:
+        raise TypeError("unsupported operand")
+
+    tasks = [app.queue.enqueue(kind, {"doc_id": 1}, max_attempts=2) for kind in ("sync_kind", "async_kind")]
+    misfit = app.queue.enqueue("async_kind", {"doc": 1})
+    app.run_worker(until_idle=True, poll_interval=0.05)
+    for t in tasks:
+        done = app.queue.get(t.id)
+        assert (done.status, done.attempts) == ("queued", 1), done  # to be tried again, after its backoff
+        assert "does not fit" not in done.last_error and "unsupported operand" in done.last_error
+    done = app.queue.get(misfit.id)
+    assert (done.status, done.attempts) == ("dead", 1) and "does not fit the handler for 'async_kind'" in done.last_error
+
 # -- the CLI's enqueue ----------------------------------------------------------------------------
 
 def _enqueue(dsn: str, *args: str) -> object:

@@ -127,9 +127,6 @@ class Handling(Losses):
                 if definition is None:
                     raise Permanent(f"no handler for task kind {ctx.task.kind!r} in this worker")
                 args, kwargs = payload_arguments(ctx.task.payload)
-                problem = call_problem(definition.fn, ctx, args, kwargs)
-                if problem is not None:  # the same payload would fail every attempt: not retried
-                    raise Permanent(f"the payload does not fit the handler for {ctx.task.kind!r}: {problem}")
                 # @leaseq.tool functions find the running handler's context here
                 current = tools.current_context.set(ctx)
                 try:
@@ -140,6 +137,16 @@ class Handling(Losses):
                         self._threaded.add(ctx.key)
                         result = await loop.run_in_executor(self._handlers, contextvars.copy_context().run,
                                                             functools.partial(definition.fn, ctx, *args, **kwargs))
+                except TypeError as exc:
+                    # Asked only now, not before every call (a signature bind per task): a payload
+                    # that does not fit raises before the handler's first line runs, and would on
+                    # every attempt, so it is not retried; a TypeError from inside the handler is
+                    # the handler's failure, as any other.
+                    problem = call_problem(definition.fn, ctx, args, kwargs)
+                    if problem is None:
+                        raise
+                    raise Permanent(f"the payload does not fit the handler for {ctx.task.kind!r}: {problem}") \
+                        from exc
                 finally:
                     tools.current_context.reset(current)
             finally:
