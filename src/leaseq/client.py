@@ -51,7 +51,7 @@ from .core.model import Claim, Claims, Effect, Task, Worker
 from .engine.effects import check_effect_of
 from .engine.waits import check_timeout, timed_out
 from .observability.tracing import traced_enqueue
-from .worker.transport import Capabilities
+from .core.capabilities import Capabilities
 from .service.wire import claim_from, effect_from, event_from, parse_time, task_from, worker_from
 
 #: Seconds one wait request asks the service to wait (it may cut that to its ``wait_limit``).

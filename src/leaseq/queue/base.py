@@ -20,7 +20,7 @@ from ..engine.common import EVIDENCE_LEVELS, Settings
 from ..engine.steps import Op, T
 from ..store import Store, Tx
 from ..store.base import WorkListener
-from ..worker.transport import Capabilities
+from ..core.capabilities import Capabilities
 
 if TYPE_CHECKING:  # pragma: no cover
     from ..fencing.tokens import ActionSigner

@@ -13,7 +13,7 @@ from ..core import checks
 from ..core.model import Task, Worker
 from ..engine.approvals import Decider
 from ..engine.common import worker_id
-from ..worker.tools import current_context
+from ..core.context import current_context
 from .base import QueueBase
 
 

@@ -19,7 +19,6 @@ payments) wraps each tool once; every call then goes through the ledger of
 
 from __future__ import annotations
 
-import contextvars
 import dataclasses
 import datetime
 import enum
@@ -32,6 +31,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from ..core import checks
+from ..core.context import current_context as current_context
 from ..core.errors import InvalidInput
 from ..engine.effects import EFFECT_CLASSES
 from .effect_scope import EffectScope
@@ -39,10 +39,6 @@ from .effect_scope import EffectScope
 if TYPE_CHECKING:  # pragma: no cover
     from .context import TaskContext
 
-#: The context of the task handler running in this thread or asyncio task (None: none).
-#: The worker runtime sets it around each handler; ``@leaseq.tool`` functions read it.
-current_context: contextvars.ContextVar[TaskContext | None] = contextvars.ContextVar("leaseq_task_context",
-                                                                                      default=None)
 #: Ledger keys are at most this long; a longer one is replaced by its digest.
 _KEY_MAX = 255
 _ADDRESS = re.compile(r" at 0x[0-9a-fA-F]+")

@@ -12,50 +12,13 @@ flag names.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, Protocol
 
+from ..core.capabilities import Capabilities
 from ..core.model import Claim, Effect, Task, Worker
 
-
-@dataclass(frozen=True)
-class Capabilities:
-    """What a transport offers beyond the calls every transport has.
-
-    Each flag promises the calls it names; the defaults describe the smallest
-    transport (one call per outcome, polling, a thread per call).
-    """
-
-    #: ``aclaim``, ``acomplete_many``, ``abegin_effect``, ``afinish_effect`` and
-    #: ``close_async`` run on the event loop itself (no thread hop): the worker,
-    #: and an async handler's tool calls, await them directly.
-    native_async: bool = False
-    #: ``complete_many(worker, [(claim, result), ...]) -> set[task_id]`` finishes
-    #: many tasks in one guarded statement.
-    batched_completion: bool = False
-    #: ``listener(queues)`` gives a blocking waiter woken when work is enqueued,
-    #: so an idle worker need not poll often.
-    listen_notify: bool = False
-    #: ``report_loss(worker, claim, reason)`` adds the worker's account of a
-    #: lost lease to the evidence trail.
-    loss_reports: bool = False
-    #: the backend runs one write at a time: more database threads would only
-    #: hand the lock back and forth.
-    serial_writes: bool = False
-    #: ``claim(..., wait=seconds)`` waits on the queue's side for work when none
-    #: is due (an idle worker need not poll), and ``interrupt_claims(worker)``
-    #: ends such a wait at once, empty-handed.
-    long_poll: bool = False
-    #: ``complete_and_claim(worker, done, queue=, limit=, lease_seconds=, kinds=)
-    #: -> (completed ids, claims)`` records a batch of completions and leases the
-    #: next tasks in one round trip (a batch's freed slots refilled at once).
-    claim_with_completion: bool = False
-
-    @property
-    def idle_poll_interval(self) -> float:
-        """Seconds an idle worker waits between claims: long where a notification wakes it."""
-        return 2.0 if self.listen_notify else 0.2
+__all__ = ["Capabilities", "Transport"]
 
 
 class Transport(Protocol):
