@@ -197,3 +197,13 @@ def test_the_cli_warns_of_a_queue_other_than_the_one_a_kind_is_declared_on(q: le
     assert [t.queue for t in q.list_tasks()] == ["defualt"]  # written, as a kind no worker serves is
     declared = _enqueue(dsn, "summarize", "--payload", '{"doc_id": 2}')
     assert declared.exit_code == 0 and "warning" not in declared.stderr, declared.output
+
+
+def test_a_worker_started_on_other_queues_records_its_kinds_on_the_queue_it_claims_from(app: leaseq.App) -> None:
+    @app.task("summarize")
+    def handler(ctx, doc_id: int) -> None:
+        return None
+
+    app.run_worker(until_idle=True, poll_interval=0.05, queues=["batch"])  # `leaseq worker --queue batch`
+    declared = app.queue.kind_declaration("summarize")
+    assert declared is not None and declared["queue"] == "batch"

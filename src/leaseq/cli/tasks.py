@@ -159,8 +159,8 @@ def enqueue(ctx: click.Context, kind: str, payload: str | None, queue: str, effe
     naming what differs and the task (exit 2).
 
     The kind is looked up among what registered workers declared: a kind no
-    worker has served, or a queue other than the one its handler is declared
-    on, is enqueued with a warning; a payload that does not fit
+    worker has served, or a queue other than the one its newest worker
+    declared it on, is enqueued with a warning; a payload that does not fit
     the declared handler's signature is refused, naming the argument (exit
     2), and nothing is written; the effect defaults to the declared one.
     --no-check skips the look-up.
