@@ -36,7 +36,7 @@ import time
 import urllib.request
 import warnings
 from collections.abc import Sequence
-from datetime import datetime
+from datetime import datetime, timedelta
 from typing import Any
 from urllib.parse import quote, urlencode, urlsplit
 
@@ -440,10 +440,18 @@ class RemoteQueue:
 
     @traced_enqueue
     def enqueue(self, kind: str, payload: Any = None, **options: Any) -> Task:
-        """Add a task; options as for :meth:`leaseq.Queue.enqueue`. The trace context
+        """Add a task; options as for :meth:`leaseq.Queue.enqueue` (``deadline`` a datetime or a
+        timedelta, sent as ``deadline`` or ``deadline_in``). The trace context
         travels as the W3C ``traceparent`` header, which the service stores with the task."""
         traceparent = check_trace_context("trace_context", options.pop("trace_context", None))
         headers = {"traceparent": traceparent} if traceparent is not None else None
+        deadline = options.pop("deadline", None)
+        if isinstance(deadline, timedelta):  # a length from now, by the database's clock
+            options["deadline_in"] = deadline.total_seconds()
+        elif isinstance(deadline, datetime):  # without an offset, the service refuses it as Queue does
+            options["deadline"] = deadline.isoformat()
+        elif deadline is not None:
+            options["deadline"] = deadline
         return task_from(self._call("POST", "/v1/tasks", {"kind": kind, "payload": payload, **options},
                                     headers=headers))
 

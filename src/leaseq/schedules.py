@@ -30,7 +30,7 @@ from datetime import datetime, timedelta, timezone
 from typing import Any
 
 from .core import checks
-from .core.errors import IdempotencyKeyConflict, InvalidInput
+from .core.errors import IdempotencyKeyConflict, InvalidInput, install_line
 
 logger = logging.getLogger("leaseq.worker.schedules")
 
@@ -54,7 +54,7 @@ def _cron(expr: Any) -> str:
     try:
         from cronsim import CronSim, CronSimError
     except ImportError:  # pragma: no cover - the extra is not installed
-        raise InvalidInput("cron", "cron schedules need the cronsim package: pip install 'leaseq[schedules]'") from None
+        raise InvalidInput("cron", f"cron schedules need the cronsim package: {install_line('schedules')}") from None
     try:
         CronSim(expr, _EPOCH)
     except CronSimError as exc:

@@ -246,12 +246,13 @@ def test_missing_extras_are_one_line(tmp_path, run_cli, app_dir):
     proc = subprocess.run(blocked(SERVER_MODULES, "--dsn", dsn, "serve", "--port", "0"), capture_output=True,
                           text=True, timeout=60, cwd=run_cli.cwd, env=cli_env())
     line = assert_one_error_line(proc, "server")
-    assert "pip install 'leaseq[server]'" in line
+    # the words that work from a checkout too, where 'leaseq[server]' would look leaseq up on an index
+    assert "pip install 'leaseq[server]'" in line and "from a checkout of leaseq: pip install '.[server]'" in line
     (tmp_path / "worker.token").write_text("t")
     proc = subprocess.run(blocked(["urllib3"], "worker", "jobs:app", "--server", "http://127.0.0.1:1",
                                   "--token-file", str(tmp_path / "worker.token")), capture_output=True, text=True,
                           timeout=60, cwd=run_cli.cwd, env=cli_env())
-    assert "pip install 'leaseq[client]'" in assert_one_error_line(proc, "client")
+    assert "pip install '.[client]'" in assert_one_error_line(proc, "client")
 
 
 def test_library_and_demo_need_no_server_extra(tmp_path, run_cli):

@@ -544,6 +544,19 @@ def test_an_intent_is_a_child_task_recorded_once_per_key(q: leaseq.Queue) -> Non
     assert ev.detail["child_task_id"] == child.id
 
 
+def test_an_intent_whose_ended_child_retention_removed_is_refused_naming_it(q: leaseq.Queue, dsn: str) -> None:
+    w, c = _agent(q)
+    child = q.intend(w, c, "payments.refund", {"order": 7}, key="refund", queue="payments")
+    [cc] = q.claim(q.register_worker("executor"), queue="payments")
+    q.complete(cc.worker_id, cc, result={"refunded": True})
+    time.sleep(0.01)
+    assert q.prune(older_than_seconds=0.001)["tasks"] == 1  # the child ended and was removed
+    before = snapshot(dsn)
+    with pytest.raises(leaseq.NotFound, match=f"recorded task {child.id}, which has ended and was removed"):
+        q.intend(w, c, "payments.refund", {"order": 7}, key="refund", queue="payments")  # a replay
+    assert snapshot(dsn) == before
+
+
 def test_a_retried_parent_never_records_a_second_intent(q: leaseq.Queue) -> None:
     w, c = _agent(q)
     first = q.intend(w, c, "payments.refund", {"order": 7}, key="refund", queue="payments")

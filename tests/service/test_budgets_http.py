@@ -8,6 +8,8 @@ import asyncio
 import time
 from datetime import datetime, timedelta, timezone
 
+import pytest
+
 import leaseq
 
 from .support import error_of, snapshot
@@ -72,6 +74,30 @@ def test_enqueue_over_http_takes_timeout_and_deadline(svc) -> None:
         resp = raw.post("/v1/tasks", json={"kind": "job", **body})
         assert 400 <= resp.status_code < 500, (body, resp.text)
         assert field in resp.text
+    assert snapshot(svc.dsn) == before
+
+
+def test_remote_queue_enqueue_sends_a_datetime_or_timedelta_deadline(svc) -> None:
+    # RemoteQueue.enqueue takes the deadline Queue.enqueue takes (it failed in json.dumps)
+    token = svc.token("operator")
+    rq, raw = svc.remote(token), svc.http(token)
+    at = datetime.now(timezone.utc) + timedelta(hours=1)
+    task = rq.enqueue("job", deadline=at)
+    assert abs((svc.q.get(task.id).deadline_at - at).total_seconds()) < 0.001
+    relative = rq.enqueue("job", deadline=timedelta(minutes=5), idempotency_key="in-5m")
+    stored = svc.q.get(relative.id)
+    assert abs((stored.deadline_at - stored.created_at).total_seconds() - 300) < 0.01
+    # the relative deadline is compared by its length, as Queue.enqueue's is
+    assert rq.enqueue("job", deadline=timedelta(minutes=5), idempotency_key="in-5m").id == relative.id
+    with pytest.raises(leaseq.IdempotencyKeyConflict) as conflict:
+        rq.enqueue("job", deadline=timedelta(minutes=6), idempotency_key="in-5m")
+    assert conflict.value.fields == ("deadline",)
+    before = snapshot(svc.dsn)
+    with pytest.raises(leaseq.InvalidInput, match="timezone"):
+        rq.enqueue("job", deadline=datetime(2030, 1, 1))
+    for body in [{"deadline_in": -1}, {"deadline_in": 1e300}, {"deadline_in": 5, "deadline": at.isoformat()}]:
+        resp = raw.post("/v1/tasks", json={"kind": "job", **body})
+        assert resp.status_code == 422 and "deadline_in" in resp.text, (body, resp.text)
     assert snapshot(svc.dsn) == before
 
 

@@ -208,3 +208,24 @@ def test_the_cli_warns_of_a_kind_no_worker_serves_and_checks_a_declared_one(q: l
     escaped = _enqueue(dsn, "summarize", "--payload", '{"doc": 9}', "--no-check")
     assert escaped.exit_code == 0 and "warning" not in escaped.stderr, escaped.output
     assert (q.list_tasks()[0].payload, q.list_tasks()[0].effect) == ({"doc": 9}, "read_only")
+
+
+def test_the_cli_warns_of_a_queue_other_than_the_one_a_kind_is_declared_on(q: leaseq.Queue, dsn: str) -> None:
+    q.register_worker("w", kinds=summarize.app.registry.declarations(), heartbeat_seconds=1, lease_seconds=3)
+    typo = _enqueue(dsn, "summarize", "--payload", '{"doc_id": 1}', "--queue", "defualt")
+    assert typo.exit_code == 0, typo.output
+    assert ("warning: kind 'summarize' is declared on queue 'default', not 'defualt'" in typo.stderr
+            and "leaseq worker --queue defualt" in typo.stderr), typo.stderr
+    assert [t.queue for t in q.list_tasks()] == ["defualt"]  # written, as a kind no worker serves is
+    declared = _enqueue(dsn, "summarize", "--payload", '{"doc_id": 2}')
+    assert declared.exit_code == 0 and "warning" not in declared.stderr, declared.output
+
+
+def test_a_worker_started_on_other_queues_records_its_kinds_on_the_queue_it_claims_from(app: leaseq.App) -> None:
+    @app.task("summarize")
+    def handler(ctx, doc_id: int) -> None:
+        return None
+
+    app.run_worker(until_idle=True, poll_interval=0.05, queues=["batch"])  # `leaseq worker --queue batch`
+    declared = app.queue.kind_declaration("summarize")
+    assert declared is not None and declared["queue"] == "batch"

@@ -14,7 +14,7 @@ from typing import Any
 
 import click
 
-from ..core.errors import LeaseqError
+from ..core.errors import LeaseqError, install_line
 from .session import CliError, CliState, one_line
 
 #: Sibling modules whose ``register(group)`` adds commands, in help order.
@@ -61,7 +61,7 @@ def missing_extra(exc: ModuleNotFoundError) -> Exception:
     for extra, modules in EXTRA_MODULES.items():
         if top in modules:
             return CliError(extra, f"this command needs the {extra} extra ({top} is not installed); "
-                                   f"pip install 'leaseq[{extra}]'")
+                                   f"{install_line(extra)}")
     return exc
 
 

@@ -159,7 +159,8 @@ def enqueue(ctx: click.Context, kind: str, payload: str | None, queue: str, effe
     naming what differs and the task (exit 2).
 
     The kind is looked up among what registered workers declared: a kind no
-    worker has served is enqueued with a warning; a payload that does not fit
+    worker has served, or a queue other than the one its newest worker
+    declared it on, is enqueued with a warning; a payload that does not fit
     the declared handler's signature is refused, naming the argument (exit
     2), and nothing is written; the effect defaults to the declared one.
     --no-check skips the look-up.
@@ -170,12 +171,13 @@ def enqueue(ctx: click.Context, kind: str, payload: str | None, queue: str, effe
     if at is not None and ctx.get_parameter_source("delay") is not click.core.ParameterSource.DEFAULT:
         raise CliError("at", "give --at or --delay, not both")
     q = open_queue(ctx)
-    unserved = False
+    unserved, declared_queue = False, None
     if no_check:
         effect = effect or "read_only"
     else:
         declaration = q.kind_declaration(kind)
         unserved = declaration is None
+        declared_queue = None if declaration is None else declaration["queue"]
         effect = check_enqueue(declaration, document, effect)
     if at is not None:
         delay = _delay_until(q, at)
@@ -194,6 +196,10 @@ def enqueue(ctx: click.Context, kind: str, payload: str | None, queue: str, effe
     if unserved:  # said once the task is written: a refused enqueue says only why
         click.echo(f"warning: no registered worker serves kind {kind!r}: the task waits until one does "
                    f"(--no-check for a kind served by workers that registered elsewhere)", err=True)
+    elif declared_queue is not None and declared_queue != task.queue:  # a mistyped --queue, most likely
+        click.echo(f"warning: kind {kind!r} is declared on queue {declared_queue!r}, not {task.queue!r}: the task "
+                   f"waits for a worker that claims from {task.queue!r} (leaseq worker --queue {task.queue})",
+                   err=True)
     # A key that names a task enqueued with other options was refused above
     # (IdempotencyKeyConflict, rendered as one line naming `key`): the rule is the engine's.
     existing = before is not None and as_datetime(task.created_at) < before

@@ -15,7 +15,7 @@ from typing import Any
 import click
 
 from ..app import App
-from ..core.errors import LeaseqError
+from ..core.errors import LeaseqError, install_line
 from ..observability import WorkerObserver
 from .logs import WorkerLogging
 from .session import CliError, cli_state, connect_checked
@@ -114,7 +114,7 @@ def register(group: click.Group) -> None:
                        "generation, attempt, worker, duration and outcome.")
     @click.option("--metrics-port", type=click.IntRange(0, 65535), default=None, metavar="PORT",
                   help="Serve this worker's Prometheus metrics at http://ADDR:PORT/metrics (0: any free port, "
-                       "named in the log). Needs leaseq[metrics]. Default: off.")
+                       "named in the log). Needs the metrics extra. Default: off.")
     @click.option("--metrics-addr", default="127.0.0.1", show_default=True, metavar="ADDR",
                   help="Address the metrics endpoint binds (0.0.0.0 exposes it beyond this host).")
     @click.pass_context
@@ -155,7 +155,7 @@ def _observer(port: int | None, addr: str, log: logging.Logger) -> WorkerObserve
     try:
         from ..observability.metrics import WorkerMetrics
     except ImportError:
-        raise CliError("metrics_port", "needs prometheus-client: pip install 'leaseq[metrics]'") from None
+        raise CliError("metrics_port", f"needs prometheus-client: {install_line('metrics')}") from None
     metrics = WorkerMetrics()
     try:
         _server, bound = metrics.serve(port, addr)

@@ -23,6 +23,12 @@ import math
 from typing import Any
 
 
+def install_line(extra: str) -> str:
+    """How to install leaseq's ``extra``, in words that work from a package index and from a
+    checkout of the leaseq repository (where ``'leaseq[...]'`` would look leaseq up on an index)."""
+    return f"pip install 'leaseq[{extra}]' (from a checkout of leaseq: pip install '.[{extra}]')"
+
+
 class LeaseqError(Exception):
     """Base class for every error leaseq raises on purpose."""
 

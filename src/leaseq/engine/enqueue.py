@@ -46,7 +46,7 @@ def fresh_keys(n: int) -> list[str]:
 
 
 #: The longest timeout of one attempt, and the farthest relative deadline: ten years.
-_LONGEST = 10 * 365 * 86400.0
+LONGEST = 10 * 365 * 86400.0
 #: The range of absolute deadlines (every backend stores and reads these back).
 _EARLIEST = datetime(2000, 1, 1, tzinfo=timezone.utc)
 _LATEST = datetime(9000, 1, 1, tzinfo=timezone.utc)
@@ -56,7 +56,7 @@ def check_budgets(timeout: float | None, deadline: datetime | timedelta | None) 
     """The budget parameters of an insert: ``timeout`` (seconds one attempt may run) and
     ``deadline`` (an aware datetime, or a timedelta from now by the database's clock), checked."""
     if timeout is not None:
-        timeout = checks.check_seconds("timeout", timeout, allow_zero=False, maximum=_LONGEST)
+        timeout = checks.check_seconds("timeout", timeout, allow_zero=False, maximum=LONGEST)
     deadline_at, deadline_in = None, None
     if isinstance(deadline, datetime):
         if deadline.tzinfo is None or deadline.utcoffset() is None:
@@ -67,7 +67,7 @@ def check_budgets(timeout: float | None, deadline: datetime | timedelta | None) 
                                            f"(got {deadline.isoformat()})")
         deadline_at = deadline
     elif isinstance(deadline, timedelta):
-        deadline_in = checks.check_seconds("deadline", deadline.total_seconds(), allow_zero=True, maximum=_LONGEST)
+        deadline_in = checks.check_seconds("deadline", deadline.total_seconds(), allow_zero=True, maximum=LONGEST)
     elif deadline is not None:
         raise InvalidInput("deadline", "must be a timezone-aware datetime, or a timedelta from now "
                                        f"(got {type(deadline).__name__})")

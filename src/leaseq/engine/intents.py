@@ -26,7 +26,7 @@ from collections.abc import Iterable
 from typing import Any
 
 from ..core import checks
-from ..core.errors import InvalidInput, LeaseLost, QueuePaused
+from ..core.errors import InvalidInput, LeaseLost, NotFound, QueuePaused
 from ..core.model import Claim, Task, Worker
 from . import approvals
 from .common import Settings, check_claim, event, event_params, to_task, worker_id
@@ -93,6 +93,9 @@ def intend(s: Settings, worker: Worker | str, claim: Claim, kind: str, payload: 
             same_task(child, params, approval=approval, approval_deadline=approval_deadline)
         else:  # never in practice (the child keeps its key): read it by its id
             child = yield one("get_task", task_id=recorded["task_id"])
+        if child is None:  # it ended and retention deleted it: there is no task to return
+            raise NotFound(f"intent {key!r} of task {claim.task_id} recorded task {recorded['task_id']}, which "
+                           f"has ended and was removed by retention since; nothing was written")
         yield COMMIT
         return to_task(child)
     if held["paused"]:

@@ -79,8 +79,8 @@ class ReadOps(QueueBase):
         return self._run(engine.reads.workers(self.settings))
 
     def kind_declaration(self, kind: str) -> dict[str, Any] | None:
-        """What the newest registered worker serving ``kind`` declared for it (``queue``,
-        ``effect``, ``actions``, ``signature``, ``worker_id``), or None if no worker
+        """What the newest registered worker serving ``kind`` declared for it (``queue``, the
+        one it claims the kind from; ``effect``, ``actions``, ``signature``, ``worker_id``), or None if no worker
         has served it. See :func:`leaseq.signature.check_payload`."""
         return self._run(engine.reads.kind_declaration(self.settings, kind))
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import inspect
-from datetime import datetime
+from datetime import datetime, timedelta
 from typing import Any, Literal
 
 from fastapi import APIRouter, Depends, Path, Query, Request
@@ -23,6 +23,7 @@ from ..core import checks
 from ..signature import check_enqueue
 from ..core.errors import InvalidInput, NotFound
 from ..engine.dependencies import check_after
+from ..engine.enqueue import LONGEST
 from ..core.model import Task
 from ..aio import AsyncQueue
 from ..queue import Queue
@@ -57,6 +58,9 @@ class EnqueueBody(Body):
     timeout: float | None = None
     #: an ISO 8601 time with its offset: the latest time the task may start
     deadline: str | None = None
+    #: the latest time the task may start as seconds after the enqueue, by the database's clock
+    #: (not with ``deadline``)
+    deadline_in: float | None = None
     approval: Literal["required"] | None = None
     approval_deadline: float | None = None
     after: list[int] | None = None
@@ -95,8 +99,13 @@ def _queue(request: Request) -> Queue:
     return queue
 
 
-def _deadline(text: str | None) -> datetime | None:
-    """An enqueue's ``deadline``: an ISO 8601 time (with its offset; the engine refuses one without)."""
+def _deadline(text: str | None, seconds: float | None = None) -> datetime | timedelta | None:
+    """An enqueue's ``deadline``: an ISO 8601 time (with its offset; the engine refuses one without),
+    or ``deadline_in`` seconds after the enqueue (by the database's clock), as a timedelta."""
+    if seconds is not None:
+        if text is not None:
+            raise InvalidInput("deadline_in", "give deadline or deadline_in, not both")
+        return timedelta(seconds=checks.check_seconds("deadline_in", seconds, allow_zero=True, maximum=LONGEST))
     if text is None:
         return None
     try:
@@ -124,7 +133,8 @@ async def enqueue(body: EnqueueBody, request: Request,
     task = await queue.enqueue(body.kind, body.payload, effect=effect, queue=body.queue,
                                    idempotency_key=body.idempotency_key, priority=body.priority, delay=body.delay,
                                    max_attempts=body.max_attempts, lease_seconds=body.lease_seconds,
-                                   actions=body.actions, timeout=body.timeout, deadline=_deadline(body.deadline),
+                                   actions=body.actions, timeout=body.timeout,
+                                   deadline=_deadline(body.deadline, body.deadline_in),
                                    approval=body.approval, approval_deadline=body.approval_deadline,
                                    by=principal.actor, token_id=principal.token_id or None,
                                    # the caller's trace, which the task's spans join (an invalid header is

@@ -279,7 +279,10 @@ class WorkerRuntime(ClaimLoop, Shutdown):
                 return False
             self._bind(transport)
         heartbeat_seconds, lease_seconds = liveness(self.lease_seconds)
-        declarations = self.registry.declarations()
+        # Each kind is recorded on a queue this worker claims it from: the declared one, or the
+        # first of the queues it was started on (`leaseq worker --queue`) when those replace it.
+        declarations = [d if d["queue"] in self.queues else {**d, "queue": self.queues[0]}
+                        for d in self.registry.declarations()]
 
         def register() -> Any:
             return self._call(self.transport.register_worker, self.name, kinds=declarations,
