@@ -449,3 +449,56 @@ def test_a_stop_while_the_transport_is_still_connecting_raises_nothing_on_the_lo
         thread.join(10)
     assert not thread.is_alive() and runtime.worker is None
     assert [r.getMessage() for r in caplog.records if r.name == "asyncio"] == []
+
+
+class BrokenClaims(CountingTransport):
+    """The real queue, through a thread per call, whose claim raises ``error`` from its second
+    call on: a bug of a transport (or of what it calls), or one of the queue's answers."""
+
+    def __init__(self, queue: leaseq.Queue, error: BaseException):
+        super().__init__(queue)
+        self.capabilities = dataclasses.replace(queue.capabilities, native_async=False, serial_writes=False)
+        self.error, self.claims = error, 0
+
+    def claim(self, worker, **kwargs):
+        self.claims += 1
+        if self.claims > 1:
+            raise self.error
+        return self._queue.claim(worker, **kwargs)
+
+
+@pytest.mark.parametrize("error", [TypeError("unsupported operand"), leaseq.NotFound("queue went away")],
+                         ids=["a bug", "an answer"])
+def test_a_claim_that_raises_what_is_not_transient_stops_the_worker(app: leaseq.App, error) -> None:
+    """Only "out of reach for now" (leaseq.core.errors.is_transient) is retried: a TypeError
+    from a claim is a bug, and a refusal is an answer; either stops the worker at once, and
+    is raised from run(), rather than being retried forever."""
+    @app.task("job")
+    def job(ctx) -> None:
+        return None
+
+    job.enqueue()
+    transport = BrokenClaims(app.queue, error)
+    runtime = WorkerRuntime(app, transport, concurrency=1, poll_interval=0.05)
+    with pytest.raises(type(error)):
+        asyncio.run(asyncio.wait_for(runtime.run(), 20))
+    assert transport.claims == 2 and runtime.stats.transient_errors == 0
+
+
+def test_a_claim_out_of_reach_for_now_is_retried(app: leaseq.App) -> None:
+    @app.task("job")
+    def job(ctx) -> None:
+        return None
+
+    transport = BrokenClaims(app.queue, leaseq.BackendUnavailable("restarting"))
+    runtime = WorkerRuntime(app, transport, concurrency=1, poll_interval=0.05)
+
+    async def run() -> None:
+        running = asyncio.ensure_future(runtime.run())
+        while runtime.stats.transient_errors < 2:
+            await asyncio.sleep(0.02)
+        runtime.stop()
+        await asyncio.wait_for(running, 20)
+
+    asyncio.run(run())
+    assert transport.claims >= 3

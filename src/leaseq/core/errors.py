@@ -7,6 +7,10 @@ Each class is defined here once, with what every transport needs to carry it:
 * ``http_status``: the status the service answers with;
 * ``cli_field`` and ``cli_exit_code``: what ``leaseq`` prints
   (``error: <field>: <problem>``) and exits with;
+* ``transient``: whether the error says only that the queue is out of reach
+  for now, so the same call is worth making again (:func:`is_transient`, the
+  one answer to "retry?" for the worker's claims, its start-up and its
+  writes); every other error is an answer;
 * :meth:`LeaseqError.wire_fields` / :meth:`LeaseqError.from_wire`: the extra
   fields a class sends and how the HTTP client rebuilds the same class from
   them, so :class:`leaseq.client.RemoteQueue` raises what :class:`leaseq.Queue`
@@ -29,6 +33,16 @@ def install_line(extra: str) -> str:
     return f"pip install 'leaseq[{extra}]' (from a checkout of leaseq: pip install '.[{extra}]')"
 
 
+def is_transient(exc: BaseException) -> bool:
+    """Whether ``exc`` says only that the queue is out of reach for now, so the call is
+    worth making again: a leaseq error whose class is ``transient``, or an operating
+    system's network error. A leaseq error of any other class is an answer; any other
+    exception is a bug, never a reason to try again."""
+    if isinstance(exc, LeaseqError):
+        return exc.transient
+    return isinstance(exc, OSError)
+
+
 class LeaseqError(Exception):
     """Base class for every error leaseq raises on purpose."""
 
@@ -42,6 +56,9 @@ class LeaseqError(Exception):
     #: The CLI's exit status: 2 for refused input or state, 1 for trouble
     #: reaching the database.
     cli_exit_code = 2
+    #: The queue is out of reach for now (unreachable, restarting, rate
+    #: limited): the same call may succeed later. False: an answer, final.
+    transient = False
 
     def wire_fields(self) -> dict[str, Any]:
         """Fields sent beside ``code`` and ``message`` in the JSON error."""
@@ -160,6 +177,7 @@ class BackendUnavailable(LeaseqError):
 
     code = "unavailable"
     http_status = 503
+    transient = True
     cli_field = "database"
     cli_exit_code = 1
 
@@ -228,6 +246,7 @@ class RateLimited(LeaseqError):
 
     code = "rate_limited"
     http_status = 429
+    transient = True
 
     def __init__(self, message: str, retry_after: float = 1.0):
         super().__init__(message)

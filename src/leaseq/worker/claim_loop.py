@@ -16,8 +16,7 @@ import asyncio
 import logging
 import time
 
-from ..auth import AccessDenied
-from ..core.errors import InvalidInput, UnknownWorker
+from ..core.errors import LeaseqError, is_transient
 from ..core.model import Claim, Claims
 from ..core.timers import wait_event
 from .context import TaskContext
@@ -120,14 +119,20 @@ class ClaimLoop(Handling):
                 sent = time.monotonic()
                 try:
                     claims = await self._claim_reserving(queue, free - got, wait)
-                except (UnknownWorker, AccessDenied, InvalidInput) as exc:
-                    # Refused for good: no retry will help. Stop claiming; the
-                    # running tasks still get the graceful shutdown.
-                    logger.error("worker %s: claim refused, stopping: %s", self._registered.id, exc)
-                    self._fatal = exc
-                    self._stopping = True
-                    return
-                except Exception as exc:  # in transit (unreachable, rate limited, unexpected): retry
+                except Exception as exc:
+                    if not is_transient(exc):
+                        # An answer (refused for good: no retry will help), or a bug (an error no
+                        # transport raises on purpose: retrying it forever would hide it). Stop
+                        # claiming; the running tasks still get the graceful shutdown.
+                        if isinstance(exc, LeaseqError):
+                            logger.error("worker %s: claim refused, stopping: %s", self._registered.id, exc)
+                        else:
+                            logger.error("worker %s: claim raised %r, a bug, not the queue's answer: stopping",
+                                         self._registered.id, exc, exc_info=exc)
+                        self._fatal = exc
+                        self._stopping = True
+                        return
+                    # in transit (unreachable, restarting, rate limited): retry
                     self.stats.transient_errors += 1
                     pause, backoff = next_backoff(backoff, exc)
                     backoff = min(backoff, MAX_CLAIM_BACKOFF)

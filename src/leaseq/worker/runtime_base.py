@@ -14,7 +14,6 @@ from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from typing import TYPE_CHECKING, Any, TypeVar
 
-from ..core.errors import LeaseqError
 from ..core.model import Worker
 from ..observability.hooks import WorkerObserver
 from .context import TaskContext
@@ -86,8 +85,8 @@ class RuntimeBase:
 
     # -- claiming and stopping ----------------------------------------------------------------
     _stopping: bool
-    #: the refusal that stopped the claim loop (re-raised once shutdown is done)
-    _fatal: LeaseqError | None
+    #: the refusal (or the bug) that stopped the claim loop (re-raised once shutdown is done)
+    _fatal: Exception | None
     _stopped: threading.Event
     _loop: asyncio.AbstractEventLoop | None
     _wake: asyncio.Event

@@ -22,8 +22,7 @@ import time
 from collections.abc import Awaitable, Callable
 from typing import Any
 
-from ..auth import RateLimited
-from ..core.errors import BackendUnavailable
+from ..core import errors
 from ..core.timers import wait_event
 from .completer import INITIAL_BACKOFF, next_backoff
 
@@ -35,9 +34,8 @@ MAX_START_BACKOFF = 5.0
 
 def is_transient(exc: BaseException) -> bool:
     """Whether ``exc`` is the queue being out of reach for now (worth another try):
-    unreachable or restarting (:class:`BackendUnavailable`, an OS-level network
-    error) or rate limited. Anything else is an answer, and final."""
-    return isinstance(exc, (BackendUnavailable, RateLimited, OSError))
+    :func:`leaseq.core.errors.is_transient`, the one answer the runtime gives."""
+    return errors.is_transient(exc)
 
 
 async def until_done(what: str, attempt: Callable[[], Awaitable[Any]], *, name: str, wake: asyncio.Event,
