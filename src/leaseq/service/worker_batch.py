@@ -351,8 +351,12 @@ async def _claim_more(request: Request, worker_id: str, more: ClaimMore) -> dict
 
 def _claim_error(worker_id: str, exc: Exception) -> dict[str, Any]:
     """The answer's part for a claim with completions that was refused or failed."""
-    code = exc.code if isinstance(exc, LeaseqError) else "internal_error"
-    logger.info("worker %s: claim with completions failed: %r", worker_id, exc)
+    if isinstance(exc, LeaseqError):  # the queue's answer (or trouble reaching it): the worker decides
+        code = exc.code
+        logger.info("worker %s: claim with completions failed: %r", worker_id, exc)
+    else:  # no error raised on purpose: a bug, logged as the service logs any other
+        code = "internal_error"
+        logger.error("worker %s: claim with completions raised %r", worker_id, exc, exc_info=exc)
     return {"claims": [], "claim_error": {"code": code, "message": str(exc)}}
 
 
