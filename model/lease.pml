@@ -368,6 +368,7 @@ init {
     if :: eff = IDEMPOTENT :: eff = SIDE_EFFECT fi;
     if :: status = QUEUED :: status = AWAITING fi;
     if :: online = true :: online = false fi;
+    printf("EV enqueued %e %e\n", eff, status);
     do
     :: i < NW -> run worker(i); run claimer(i); i++
     :: else -> break

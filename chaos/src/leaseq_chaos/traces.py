@@ -188,6 +188,8 @@ class _Replay:
         elif t == "cancelled":
             if not s.can_cancel():
                 self.fail(f"cancelled while {s.status}")
+            if g is not None and g != s.gen:
+                self.fail(f"cancelled naming generation {g}, but the task is at generation {s.gen}")
             before = d.get("previous_status")
             if before is not None and before != s.status:
                 self.fail(f"cancelled from {before}, but the task was {s.status}")
@@ -255,7 +257,7 @@ class _Replay:
                 self.fail(f"worker {w} was revoked (committed by {bound:.6f}) while it held generation "
                           f"{s.gen}, and no lease_revoked ended it")
             self.expect = ("lease_revoked", s.gen, w)
-        s.revoked.add(w)
+        s.do_revoke(w)
 
 
 def validate_trail(events: Iterable[Any], *, task: dict[str, Any] | None = None,
