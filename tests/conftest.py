@@ -129,14 +129,41 @@ def dsn(request: pytest.FixtureRequest, tmp_path) -> str:
 
 
 @pytest.fixture
-def q(dsn: str) -> Iterator[leaseq.Queue]:
-    """A migrated queue on each backend."""
+def q(dsn: str, request: pytest.FixtureRequest) -> Iterator[leaseq.Queue]:
+    """A migrated queue on each backend. When the test passes, every task's evidence trail is
+    replayed against the model of the lease protocol (see :func:`check_trails`)."""
     queue = leaseq.connect(dsn)
     queue.migrate()
     try:
         yield queue
+        check_trails(queue, request)
     finally:
         queue.close()
+
+
+def check_trails(queue: leaseq.Queue, request: pytest.FixtureRequest) -> None:
+    """Fail the test if a task's evidence trail holds an event the model of the lease protocol
+    does not allow (leaseq_chaos.traces). A test that writes rows by hand, making a history no
+    transaction of leaseq could make, opts out with ``@pytest.mark.trails_unchecked("why")``."""
+    if request.node.get_closest_marker("trails_unchecked") is not None:
+        return
+    report = getattr(request.node, "rep_call", None)
+    if report is None or not report.passed:
+        return  # the test's own failure says more
+    from leaseq_chaos.traces import describe, validate_queue
+
+    found = validate_queue(queue)
+    if found:
+        pytest.fail("evidence trails the lease model does not allow:\n"
+                    + "\n".join(describe(v) for v in found[:10]), pytrace=False)
+
+
+@pytest.hookimpl(wrapper=True, tryfirst=True)
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) -> Iterator[None]:
+    """Each phase's report kept on the test item (``rep_setup``, ``rep_call``), for fixtures to read."""
+    report = yield
+    setattr(item, f"rep_{report.when}", report)
+    return report
 
 
 #: A test running longer than this (seconds) is taken for hung: its process prints every

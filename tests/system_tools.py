@@ -44,6 +44,9 @@ TOOLS: dict[str, Tool] = {t.name: t for t in (
     Tool("chromium", "Debian's chromium package", ("/usr/bin/chromium",), ("LEASEQ_REQUIRE_BROWSER",)),
     Tool("curl", "the curl package"),
     Tool("psql", "the postgresql-client package"),
+    # the model checker of the lease protocol's model (model/lease.pml), and the compiler of its verifiers
+    Tool("spin", "Debian's spin package"),
+    Tool("gcc", "Debian's gcc package"),
     # initdb and pg_ctl, for the tests that start a private PostgreSQL server
     Tool("pg_ctl", "the PostgreSQL server package, for initdb and pg_ctl", (), ("LEASEQ_REQUIRE_PG",)),
 )}

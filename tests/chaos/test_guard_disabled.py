@@ -64,3 +64,82 @@ def test_removing_the_generation_check_is_caught(tmp_path, backend):
     # The saved history convicts the broken copy again, with the intact checker.
     again = recheck_cli(tmp_path / "history.json")
     assert again.returncode == 1 and "VIOLATION single_completion" in again.stdout, describe(again)
+
+
+# -- the same, for trace validation: a guard missing in the SQL shows in the trails ---------------
+
+def scratch_copy(root: Path, dialects: tuple[str, ...], query: str, old: str, new: str) -> Path:
+    """A copy of the leaseq package whose named ``query`` has ``old`` replaced by ``new``."""
+    source = Path(leaseq.__file__).parent
+    target = root / "leaseq"
+    shutil.copytree(source, target, ignore=shutil.ignore_patterns("__pycache__"))
+    for dialect in dialects:
+        path = target / "sql" / dialect / "queries.sql"
+        text = path.read_text()
+        start = text.index(f"-- name: {query}\n")
+        end = text.index("-- name: ", start + 1)
+        block = text[start:end]
+        assert block.count(old) == 1, f"{dialect} {query} no longer holds {old!r} once"
+        path.write_text(text[:start] + block.replace(old, new) + text[end:])
+    return root
+
+
+def test_without_the_completion_guard_trace_validation_fails(tmp_path):
+    """The lease guard removed from complete_batch altogether: a short chaos run's trails hold a
+    completion the model does not allow, named with its task, generation and event. (Without only
+    the generation check, the trails alone cannot tell: the completed event records the task row's
+    generation, which is the newer claim's; the history convicts that one, above.)"""
+    scratch = scratch_copy(tmp_path / "scratch", ("sqlite",), "complete_batch",
+                           "  " + GUARD_USE + "\n", "")
+    proc, doc = run_chaos_cli(tmp_path, "--backend", "sqlite", "--duration", "20", "--workers", "1",
+                              "--tasks", "10", "--seed", "4", "--faults", "none", "--quiet", pythonpath=scratch)
+    assert proc.returncode == 1, describe(proc)
+    found = [v for v in doc["verdict"]["violations"] if v["invariant"] == "model_trace"]
+    assert found, doc["verdict"]["by_invariant"]
+    assert any("completed (generation" in v["detail"] for v in found), found
+    assert "VIOLATION model_trace" in proc.stdout
+    # the saved history convicts it again, with the intact checker
+    again = recheck_cli(tmp_path / "history.json")
+    assert again.returncode == 1 and "VIOLATION model_trace" in again.stdout, describe(again)
+
+
+def _race(tmp_path: Path, pythonpath: Path | None) -> list[dict]:
+    import json
+    import os
+    import subprocess
+    import sys
+    import uuid
+
+    from conftest import with_search_path
+
+    base = os.environ["LEASEQ_TEST_PG_DSN"]
+    import psycopg
+
+    schema = f"race_{uuid.uuid4().hex[:10]}"
+    with psycopg.connect(base, autocommit=True) as conn:
+        conn.execute(f"CREATE SCHEMA {schema}")
+    try:
+        env = dict(os.environ)
+        if pythonpath is not None:
+            env["PYTHONPATH"] = os.pathsep.join(p for p in (str(pythonpath), env.get("PYTHONPATH")) if p)
+        proc = subprocess.run([sys.executable, str(Path(__file__).with_name("revocation_race.py")),
+                               with_search_path(base, schema), "25"], env=env, capture_output=True, text=True,
+                              timeout=240, cwd=tmp_path)
+        assert proc.returncode == 0, proc.stderr[-3000:]
+        return [json.loads(line) for line in proc.stdout.splitlines() if line.strip()]
+    finally:
+        with psycopg.connect(base, autocommit=True) as conn:
+            conn.execute(f"DROP SCHEMA IF EXISTS {schema} CASCADE")
+
+
+def test_without_the_revocation_lock_trace_validation_fails(tmp_path, pg_schema_dsn):
+    """The worker row's FOR SHARE removed from claim_batch (PostgreSQL: SQLite writes one
+    transaction at a time): claims racing revocations leave a revoked worker a lease, which the
+    trails show. The intact package, raced the same way, leaves trails the model allows."""
+    assert _race(tmp_path, None) == []
+    scratch = scratch_copy(tmp_path / "scratch", ("postgres",), "claim_batch",
+                           "WHERE w.id = %(worker_id)s AND w.revoked_at IS NULL\n    FOR SHARE",
+                           "WHERE w.id = %(worker_id)s AND w.revoked_at IS NULL")
+    found = _race(tmp_path, scratch)
+    assert found, "no claim slipped past a revocation in 25 trials"
+    assert all("revoke" in v["why"] for v in found), [v["why"] for v in found if "revoke" not in v["why"]][:3]

@@ -21,6 +21,7 @@ import uuid
 from collections.abc import Iterator
 
 import pytest
+from conftest import check_trails
 
 import leaseq
 from leaseq_chaos.pgserver import ThrowawayPostgres
@@ -59,10 +60,13 @@ class Faulty:
 
 
 @pytest.fixture
-def faulty(pg_schema_dsn: str) -> Iterator[Faulty]:
+def faulty(pg_schema_dsn: str, request: pytest.FixtureRequest) -> Iterator[Faulty]:
     f = Faulty(pg_schema_dsn, os.environ["LEASEQ_TEST_PG_DSN"])
     yield f
-    f.close()
+    try:
+        check_trails(f.q, request)  # the trails the dropped connections left, replayed against the lease model
+    finally:
+        f.close()
 
 
 def assert_no_lease_lost(runtime) -> None:

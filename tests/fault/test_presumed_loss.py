@@ -24,6 +24,7 @@ from collections.abc import Iterator
 from urllib.parse import urlsplit, urlunsplit
 
 import pytest
+from conftest import check_trails
 
 import leaseq
 from leaseq_chaos.proxy import FaultyProxy
@@ -78,7 +79,10 @@ class Proxied:
 def proxied(request: pytest.FixtureRequest, pg_schema_dsn: str) -> Iterator[Proxied]:
     p = Proxied(pg_schema_dsn, max_attempts=request.param)
     yield p
-    p.close()
+    try:
+        check_trails(p.q, request)  # the trails the proxy's faults left, replayed against the lease model
+    finally:
+        p.close()
 
 
 @pytest.mark.parametrize("proxied", [1], indirect=True)

@@ -17,6 +17,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from conftest import check_trails
 
 import leaseq
 from leaseq.fencing import FencedStore
@@ -66,11 +67,14 @@ def workers(dsn: str, tmp_path: Path) -> Iterator[Workers]:
 
 
 @pytest.fixture
-def queue(dsn: str) -> Iterator[leaseq.Queue]:
+def queue(dsn: str, request: pytest.FixtureRequest) -> Iterator[leaseq.Queue]:
     q = leaseq.connect(dsn)
     q.migrate()
     yield q
-    q.close()
+    try:
+        check_trails(q, request)  # every trail the worker processes left, replayed against the lease model
+    finally:
+        q.close()
 
 
 def lease_expired(q: leaseq.Queue, task_id: int) -> bool:

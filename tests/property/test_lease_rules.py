@@ -33,6 +33,7 @@ import leaseq
 from leaseq.core.errors import InvalidInput, InvalidTransition, LeaseLost, QueuePaused
 
 from conformance.support import run_out
+from leaseq_chaos.traces import describe, validate_queue
 
 from .lease_model import LeaseModel, MLease, MTask
 
@@ -100,7 +101,12 @@ class LeaseRules(RuleBasedStateMachine):
         self.effects: dict[tuple[MLease, str], leaseq.Effect] = {}
 
     def teardown(self) -> None:
-        self.db.drop()
+        """Every trail the example left, replayed against the lease model (leaseq_chaos.traces)."""
+        try:
+            found = validate_queue(self.q)
+            assert found == [], "\n".join(describe(v) for v in found)
+        finally:
+            self.db.drop()
 
     def _worker(self, lease: MLease) -> leaseq.Worker:
         return next(w for w in self.workers if w.id == lease.worker_id)

@@ -27,6 +27,12 @@ Each invariant names the promise it checks:
     intent of its was open.
 ``cancel_final``
     a cancelled task stays cancelled and is never completed afterwards.
+``model_trace``
+    every task's evidence trail, replayed event by event against the model
+    of the lease protocol (``model/lease.pml``, transcribed in
+    :mod:`leaseq_chaos.model`), holds no event the model does not allow in
+    that order (:mod:`leaseq_chaos.traces`); a revocation is placed by the
+    database time read after ``revoke_worker()`` returned.
 ``no_attempt_charged``
     attempts consumed by infrastructure faults = 0: a handler that returned
     (the workload records "returned" as it returns) is recorded as completed
@@ -54,11 +60,13 @@ from datetime import datetime
 from typing import Any
 
 from .faults import OUTLASTS_LEASE
+from .traces import describe as describe_trace
+from .traces import validate_trail
 
 RESTING = frozenset({"completed", "dead", "cancelled", "needs_reconciliation", "blocked"})
 GUARDED_OPS = frozenset({"renew", "complete", "fail", "release", "begin_effect", "finish_effect"})
 INVARIANTS = ("no_task_lost", "single_completion", "stale_write_refused", "downstream_once",
-              "downstream_fenced", "reconciliation_evidence", "cancel_final", "no_attempt_charged")
+              "downstream_fenced", "reconciliation_evidence", "cancel_final", "model_trace", "no_attempt_charged")
 #: How long before a handler's return a fault that outlasts a lease can still
 #: cost it its lease: the longest chaos lease (1.5 s) plus the longest hold of
 #: a stop (4 s) or partition (3 s) is covered.
@@ -112,7 +120,9 @@ def check(obs: Observed) -> Report:
     _downstream(obs, violate)
     _reconciliation(obs, tasks, violate)
     _cancellations(obs, tasks, violate)
+    traces = _model_traces(obs, tasks, violate)
     counts = _counts(obs)
+    counts["trails replayed against the model"] = traces
     counts.update(_returned_attempts(obs, tasks, violate))
     return Report(counts=counts, statuses=dict(Counter(t["status"] for t in obs.tasks)),
                   violations=violations)
@@ -240,6 +250,21 @@ def _cancellations(obs: Observed, tasks: dict[int, dict], violate) -> None:
         t = tasks.get(task_id)
         if t is not None and t["status"] != "cancelled":
             violate("cancel_final", task_id, f"cancelled, but ended {t['status']}")
+
+
+def _model_traces(obs: Observed, tasks: dict[int, dict], violate) -> int:
+    """``model_trace``: each task's trail replayed against the model; returns how many were replayed."""
+    revoked = {}
+    for r in obs.history:
+        if r["op"] == "fault" and r.get("fault") == "revoke" and r["outcome"] == "ok" and r.get("committed_by"):
+            at = _epoch(r["committed_by"])
+            if at is not None:
+                revoked[r["worker"]] = at
+    for task_id, events in sorted(obs.events.items()):
+        found = validate_trail(events, task=tasks.get(task_id), revoked=revoked)
+        if found is not None:
+            violate("model_trace", task_id, describe_trace(found))
+    return len(obs.events)
 
 
 def _epoch(value: Any) -> float | None:

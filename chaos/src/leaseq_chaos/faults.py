@@ -213,7 +213,11 @@ class FaultInjector:
                 self.record("fault", "error", fault="revoke", slot=slot.index, worker=wid,
                             error=type(exc).__name__)
                 continue
-            self.record("fault", "ok", fault="revoke", slot=slot.index, worker=wid)
+            try:  # the database's time now: the revocation had committed by then (trace validation)
+                committed_by: str | None = self.queue.now().isoformat()
+            except Exception:
+                committed_by = None
+            self.record("fault", "ok", fault="revoke", slot=slot.index, worker=wid, committed_by=committed_by)
 
     def _service(self, rng: random.Random) -> None:
         for _ in self._every(rng, 6.0, 12.0):
