@@ -32,6 +32,13 @@ import leaseq
 
 PG_DSN = os.environ.get("LEASEQ_TEST_PG_DSN")
 REQUIRE_PG = os.environ.get("LEASEQ_REQUIRE_PG") == "1"
+#: How the PostgreSQL tests reach their schema (``LEASEQ_TEST_PG_MODE``): ``direct`` (the
+#: default); ``pgbouncer``, through a PgBouncer in transaction mode of the test's own
+#: (``?pooler=transaction``, waits polling); ``portable``, the portable mode (``?portable=true``).
+PG_MODES = ("direct", "pgbouncer", "portable")
+PG_MODE = os.environ.get("LEASEQ_TEST_PG_MODE") or "direct"
+if PG_MODE not in PG_MODES:
+    raise RuntimeError(f"LEASEQ_TEST_PG_MODE={PG_MODE!r}: must be one of {', '.join(PG_MODES)}")
 BACKENDS = ["sqlite", "postgres"]
 #: The database this xdist worker created for itself (dropped when it ends).
 _WORKER_DB: tuple[str, str] | None = None
@@ -106,18 +113,58 @@ def with_search_path(dsn: str, schema: str) -> str:
 
 @pytest.fixture
 def pg_schema_dsn() -> Iterator[str]:
-    """A DSN for a fresh, empty PostgreSQL schema (dropped after the test)."""
+    """A DSN for a fresh, empty PostgreSQL schema (dropped after the test), reached as
+    ``LEASEQ_TEST_PG_MODE`` says (directly by default)."""
     import psycopg
 
     base = _pg_or_skip()
     schema = f"t_{uuid.uuid4().hex[:12]}"
     with psycopg.connect(base, autocommit=True) as conn:
         conn.execute(f"CREATE SCHEMA {schema}")
+    bouncer = None
     try:
-        yield with_search_path(base, schema)
+        if PG_MODE == "pgbouncer":
+            from pgbouncer import PgBouncer
+            from system_tools import require_tool
+
+            bouncer = PgBouncer(require_tool("pgbouncer"), base, schema)
+            yield bouncer.dsn() + "?pooler=transaction"
+        elif PG_MODE == "portable":
+            yield with_search_path(base, schema) + "&portable=true"
+        else:
+            yield with_search_path(base, schema)
     finally:
+        if bouncer is not None:
+            bouncer.stop()
         with psycopg.connect(base, autocommit=True) as conn:
             conn.execute(f"DROP SCHEMA IF EXISTS {schema} CASCADE")
+
+
+@pytest.fixture
+def pgbouncer(pg_schema_dsn: str) -> Iterator[object]:
+    """A PgBouncer of this test's own in transaction mode, in front of a fresh schema
+    (its ``dsn()`` names no leaseq option: the test adds ``?pooler=transaction``)."""
+    from pgbouncer import PgBouncer
+    from system_tools import require_tool
+
+    binary = require_tool("pgbouncer")
+    schema = _schema_of(pg_schema_dsn)
+    bouncer = PgBouncer(binary, _pg_or_skip(), schema, pool_size=2)
+    try:
+        yield bouncer
+    finally:
+        bouncer.stop()
+
+
+def _schema_of(dsn: str) -> str:
+    import psycopg
+
+    from leaseq.db.dsn import split_leaseq_options
+
+    with psycopg.connect(split_leaseq_options(dsn)[0]) as conn:
+        row = conn.execute("SELECT current_schema()").fetchone()
+    assert row is not None and row[0], f"no schema behind {dsn}"
+    return str(row[0])
 
 
 @pytest.fixture(params=BACKENDS)
