@@ -180,3 +180,30 @@ def test_a_worker_role_has_a_pool_of_its_own(pg_schema_dsn: str, tmp_path: Any) 
                 conn.execute("SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE usename = %s", (name,))
                 conn.execute(f'DROP OWNED BY "{name}"')
                 conn.execute(f'DROP ROLE IF EXISTS "{name}"')
+
+
+def test_the_portable_mode_migrates_without_an_advisory_lock(pg_schema_dsn: str) -> None:
+    """A session holding the advisory lock ``migrate`` takes on PostgreSQL does not hold back a
+    portable migrate: it locks its bookkeeping table instead."""
+    from leaseq.db.dsn import split_leaseq_options
+
+    plain = split_leaseq_options(pg_schema_dsn)[0]
+    with psycopg.connect(plain, autocommit=True) as holder:
+        holder.execute("SELECT pg_advisory_lock(7431002201)")
+        finished = threading.Event()
+
+        def migrate() -> None:
+            with leaseq.connect(plain + "&portable=true") as q:
+                q.migrate()
+                finished.set()
+
+        thread = threading.Thread(target=migrate)
+        thread.start()
+        try:
+            assert finished.wait(20), "the portable migrate waited on the advisory lock"
+        finally:
+            holder.execute("SELECT pg_advisory_unlock(7431002201)")
+            thread.join(30)
+    with leaseq.connect(plain + "&portable=true") as q:
+        assert not q.capabilities.listen_notify and not q.store.capabilities.advisory_locks
+        assert q.schema_version() > 0

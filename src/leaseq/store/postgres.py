@@ -353,8 +353,9 @@ class PostgresStore:
         self.mode: PostgresMode = mode
         #: the DSN libpq is given (leaseq's own options removed)
         self.conninfo = conninfo
-        if not mode.listens:
-            self.capabilities = replace(type(self).capabilities, listen_notify=mode.listens)
+        if not mode.listens or mode.portable:
+            self.capabilities = replace(type(self).capabilities, listen_notify=mode.listens,
+                                        advisory_locks=not mode.portable)
         #: where LISTEN connections go: the pool's own server, or the direct connection named for them
         self._listen_dsn = mode.listen_dsn or conninfo
         self._queries = wire_queries()[0]
