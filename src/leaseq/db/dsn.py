@@ -138,8 +138,11 @@ def postgres_mode(dsn: str, *, pooler: str | None = None, portable: bool | None 
 
 def split_leaseq_options(dsn: str) -> tuple[str, dict[str, str]]:
     """``dsn`` without leaseq's own query options (``pooler``, ``portable``), and those options."""
-    parts = urlsplit(dsn)
-    if not parts.query:
+    if "?" not in dsn:
+        return dsn, {}
+    try:
+        parts = urlsplit(dsn)
+    except ValueError:  # not a URL: libpq says what is wrong with it
         return dsn, {}
     kept, found = [], {}
     for piece in parts.query.split("&"):
