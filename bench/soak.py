@@ -49,6 +49,7 @@ def _worker(dsn: str, index: int, batch: int, stop: Any, out: Any) -> None:
     """One claiming process: claim, complete, report each claim's (seconds, pickups) on ``out``."""
     import leaseq
 
+    out.cancel_join_thread()  # what is left unread at the end is dropped: the process exits at once
     q = leaseq.connect(dsn, max_size=2)
     w = q.register_worker(f"soak-{index}")
     try:
@@ -91,8 +92,9 @@ def _tables(conn: psycopg.Connection) -> dict[str, dict[str, int]]:
 
 
 def run(dsn: str, *, minutes: float, rate: float, workers: int, batch: int, retention: float,
-        report: Any = print) -> dict[str, Any]:
-    """The soak on the migrated schema at ``dsn``; returns the document written as soak.json."""
+        report: Any = print, minute_seconds: float = 60.0) -> dict[str, Any]:
+    """The soak on the migrated schema at ``dsn``; returns the document written as soak.json.
+    (``minute_seconds``: the length of a reported "minute", shorter in the test of this module.)"""
     import leaseq
     from leaseq.db.dsn import split_leaseq_options
 
@@ -104,7 +106,8 @@ def run(dsn: str, *, minutes: float, rate: float, workers: int, batch: int, rete
     for p in procs:
         p.start()
     q = leaseq.connect(dsn)
-    probe = psycopg.connect(split_leaseq_options(dsn)[0], autocommit=True)
+    # (prepares nothing: the DSN may reach the schema through a transaction-mode pooler)
+    probe = psycopg.connect(split_leaseq_options(dsn)[0], autocommit=True, prepare_threshold=None)
     halt = threading.Event()
     enqueued = [0]
     pruned = {"tasks": 0, "evidence_pruned": 0, "passes": 0}
@@ -123,7 +126,7 @@ def run(dsn: str, *, minutes: float, rate: float, workers: int, batch: int, rete
             halt.wait(max(0.0, next_at - time.monotonic()))
 
     def retain() -> None:
-        while not halt.wait(10.0):
+        while not halt.wait(min(10.0, minute_seconds / 3)):
             done = q.prune(retention, evidence_older_than_seconds=retention, batch=1000, by="soak",
                            record_empty=False)
             pruned["tasks"] += done["tasks"]
@@ -137,7 +140,7 @@ def run(dsn: str, *, minutes: float, rate: float, workers: int, batch: int, rete
     started = time.monotonic()
     try:
         for minute in range(1, int(minutes) + 1):
-            end = started + 60 * minute
+            end = started + minute_seconds * minute
             took: list[float] = []
             pickups: list[float] = []
             while time.monotonic() < end:
@@ -235,7 +238,10 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--dsn", default=os.environ.get("LEASEQ_BENCH_DSN") or os.environ.get("LEASEQ_TEST_PG_DSN")
                         or "postgresql://postgres@127.0.0.1:5432/postgres",
                         help="a PostgreSQL server URL; the run creates and drops its own database there")
+    parser.add_argument("--queue-dsn", help="run in this schema instead (migrated first, kept afterwards): "
+                                            "e.g. one reached through PgBouncer, with ?pooler=transaction")
     parser.add_argument("--out", default="bench-results/soak", help="folder for soak.json and soak.md")
+    parser.add_argument("--minute-seconds", type=float, default=60.0, help=argparse.SUPPRESS)  # its test's
     args = parser.parse_args(argv)
     if args.minutes < 1:
         parser.error("--minutes: at least 1")
@@ -243,12 +249,21 @@ def main(argv: list[str]) -> int:
 
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    with BenchDatabase(args.dsn) as db, db.schema("soak") as dsn:
+
+    def soak_in(dsn: str) -> dict[str, Any]:
         with leaseq.connect(dsn) as q:
             q.migrate()
-        document = run(dsn, minutes=args.minutes, rate=args.rate, workers=args.workers, batch=args.batch,
-                       retention=args.retention, report=lambda line: print(line, file=sys.stderr, flush=True))
-    document = {"command": "python -m bench soak " + " ".join(argv), "dsn": display_dsn(args.dsn),
+        return run(dsn, minutes=args.minutes, rate=args.rate, workers=args.workers, batch=args.batch,
+                   retention=args.retention, report=lambda line: print(line, file=sys.stderr, flush=True),
+                   minute_seconds=args.minute_seconds)
+
+    if args.queue_dsn:
+        document = soak_in(args.queue_dsn)
+    else:
+        with BenchDatabase(args.dsn) as db, db.schema("soak") as dsn:
+            document = soak_in(dsn)
+    document = {"command": "python -m bench soak " + " ".join(argv),
+                "dsn": display_dsn(args.queue_dsn or args.dsn),
                 "settings": {"minutes": args.minutes, "rate": args.rate, "workers": args.workers,
                              "batch": args.batch, "retention": args.retention}, **document}
     (out / "soak.json").write_text(json.dumps(document, indent=1))
