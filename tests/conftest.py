@@ -124,10 +124,10 @@ def pg_schema_dsn() -> Iterator[str]:
     bouncer = None
     try:
         if PG_MODE == "pgbouncer":
-            from pgbouncer import PgBouncer
+            from pgbouncer import SchemaBouncer
             from system_tools import require_tool
 
-            bouncer = PgBouncer(require_tool("pgbouncer"), base, schema)
+            bouncer = SchemaBouncer(require_tool("pgbouncer"), base, schema)
             yield bouncer.dsn() + "?pooler=transaction"
         elif PG_MODE == "portable":
             yield with_search_path(base, schema) + "&portable=true"
@@ -144,12 +144,12 @@ def pg_schema_dsn() -> Iterator[str]:
 def pgbouncer(pg_schema_dsn: str) -> Iterator[object]:
     """A PgBouncer of this test's own in transaction mode, in front of a fresh schema
     (its ``dsn()`` names no leaseq option: the test adds ``?pooler=transaction``)."""
-    from pgbouncer import PgBouncer
+    from pgbouncer import SchemaBouncer
     from system_tools import require_tool
 
     binary = require_tool("pgbouncer")
     schema = _schema_of(pg_schema_dsn)
-    bouncer = PgBouncer(binary, _pg_or_skip(), schema, pool_size=2)
+    bouncer = SchemaBouncer(binary, _pg_or_skip(), schema, pool_size=2)
     try:
         yield bouncer
     finally:

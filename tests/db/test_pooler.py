@@ -152,7 +152,7 @@ def test_a_listen_dsn_wakes_waiters_through_the_pooler(pgbouncer: Any, pg_schema
 def test_a_worker_role_has_a_pool_of_its_own(pg_schema_dsn: str, tmp_path: Any) -> None:
     """Per-role pools: a worker role logs in through the pooler and its calls are its own
     (the definer functions check ``session_user``: the pool's server connections are the role's)."""
-    from pgbouncer import PgBouncer
+    from pgbouncer import SchemaBouncer
     from system_tools import require_tool
 
     from conftest import _pg_or_skip, _schema_of
@@ -165,9 +165,9 @@ def test_a_worker_role_has_a_pool_of_its_own(pg_schema_dsn: str, tmp_path: Any) 
         roles.create_role(admin, "worker", name, queues=["jobs"], password="secret")
         admin.enqueue("job", queue="jobs")
         admin.enqueue("job", queue="other")
-        bouncer = PgBouncer(binary, _pg_or_skip(), _schema_of(pg_schema_dsn), users=("postgres", name))
+        bouncer = SchemaBouncer(binary, _pg_or_skip(), _schema_of(pg_schema_dsn), users=("postgres", name))
         try:
-            with leaseq.connect(bouncer.dsn(name, "secret") + "?pooler=transaction") as q:
+            with leaseq.connect(bouncer.dsn(user=name, password="secret") + "?pooler=transaction") as q:
                 w = q.register_worker("scoped")
                 claims = q.claim(w, queue="jobs", limit=5)
                 assert [c.task.queue for c in claims] == ["jobs"]
