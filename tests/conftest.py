@@ -32,13 +32,8 @@ import leaseq
 
 PG_DSN = os.environ.get("LEASEQ_TEST_PG_DSN")
 REQUIRE_PG = os.environ.get("LEASEQ_REQUIRE_PG") == "1"
-#: How the PostgreSQL tests reach their schema (``LEASEQ_TEST_PG_MODE``): ``direct`` (the
-#: default); ``pgbouncer``, through a PgBouncer in transaction mode of the test's own
-#: (``?pooler=transaction``, waits polling); ``portable``, the portable mode (``?portable=true``).
-PG_MODES = ("direct", "pgbouncer", "portable")
-PG_MODE = os.environ.get("LEASEQ_TEST_PG_MODE") or "direct"
-if PG_MODE not in PG_MODES:
-    raise RuntimeError(f"LEASEQ_TEST_PG_MODE={PG_MODE!r}: must be one of {', '.join(PG_MODES)}")
+#: How the PostgreSQL tests reach their schema (``LEASEQ_TEST_PG_MODE``: see pg_modes.py).
+from pg_modes import PG_MODE  # noqa: E402
 BACKENDS = ["sqlite", "postgres"]
 #: The database this xdist worker created for itself (dropped when it ends).
 _WORKER_DB: tuple[str, str] | None = None
