@@ -177,6 +177,16 @@ def run(dsn: str, *, minutes: float, rate: float, workers: int, batch: int, rete
     return {"samples": samples, "verdict": verdict(samples)}
 
 
+def server_settings(dsn: str) -> dict[str, str]:
+    """The server's version and the settings that decide whether dead rows are reclaimed."""
+    from leaseq.db.dsn import split_leaseq_options
+
+    with psycopg.connect(split_leaseq_options(dsn)[0], autocommit=True, prepare_threshold=None) as conn:
+        rows = conn.execute("SELECT name, setting FROM pg_settings WHERE name IN ('server_version', 'autovacuum', "
+                            "'autovacuum_naptime', 'autovacuum_vacuum_cost_delay', 'autovacuum_max_workers')")
+        return {name: value for name, value in rows.fetchall()}
+
+
 def _ms(seconds: float | None) -> float | None:
     return None if seconds is None else round(1000 * seconds, 3)
 
@@ -217,7 +227,11 @@ def markdown(document: dict[str, Any]) -> str:
                     f"| {e.get('dead', 0):,} | {(t.get('heap_bytes', 0) + t.get('index_bytes', 0)) / 2**20:.2f} "
                     f"| {s['hot_bytes'] / 2**20:.2f} |")
     v = document["verdict"]
+    server = document.get("server") or {}
     lines = ["\n".join(rows), ""]
+    if server:
+        lines += [f"Server: PostgreSQL {server.get('server_version', '?')}, autovacuum {server.get('autovacuum', '?')} "
+                  f"(naptime {server.get('autovacuum_naptime', '?')} s).", ""]
     if v.get("flat") is None:
         lines.append(f"Verdict: none ({v.get('why')}).")
     else:
@@ -253,10 +267,15 @@ def main(argv: list[str]) -> int:
     def soak_in(dsn: str) -> dict[str, Any]:
         with leaseq.connect(dsn) as q:
             q.migrate()
+        facts.update(server_settings(dsn))
+        if facts.get("autovacuum") != "on":
+            print("warning: autovacuum is off on this server: nothing reclaims dead rows, and the tables grow "
+                  "whatever the migrations set (run the soak where autovacuum is on)", file=sys.stderr, flush=True)
         return run(dsn, minutes=args.minutes, rate=args.rate, workers=args.workers, batch=args.batch,
                    retention=args.retention, report=lambda line: print(line, file=sys.stderr, flush=True),
                    minute_seconds=args.minute_seconds)
 
+    facts: dict[str, str] = {}
     if args.queue_dsn:
         document = soak_in(args.queue_dsn)
     else:
@@ -264,7 +283,7 @@ def main(argv: list[str]) -> int:
             document = soak_in(dsn)
     document = {"command": "python -m bench soak " + " ".join(argv),
                 "dsn": display_dsn(args.queue_dsn or args.dsn),
-                "settings": {"minutes": args.minutes, "rate": args.rate, "workers": args.workers,
+                "server": facts, "settings": {"minutes": args.minutes, "rate": args.rate, "workers": args.workers,
                              "batch": args.batch, "retention": args.retention}, **document}
     (out / "soak.json").write_text(json.dumps(document, indent=1))
     text = markdown(document)
