@@ -207,3 +207,22 @@ def test_the_portable_mode_migrates_without_an_advisory_lock(pg_schema_dsn: str)
     with leaseq.connect(plain + "&portable=true") as q:
         assert not q.capabilities.listen_notify and not q.store.capabilities.advisory_locks
         assert q.schema_version() > 0
+
+
+def test_the_generic_plan_travels_with_each_function(pg_schema_dsn: str) -> None:
+    """The ``plan: generic`` statements keep their generic plans where no session is configured
+    (a pooled or portable queue, an application's own connection): the setting is the function's."""
+    from leaseq.store.functions import function_name
+    from leaseq.store.postgres import CUSTOM_PLAN, GENERIC_PLAN
+
+    with leaseq.connect(pg_schema_dsn) as q:
+        q.migrate()
+    with psycopg.connect(split_leaseq_options(pg_schema_dsn)[0]) as conn:
+        config = {name: set(settings or ()) for name, settings in conn.execute(
+            "SELECT proname, proconfig FROM pg_proc WHERE pronamespace = current_schema()::regnamespace "
+            "AND proname LIKE 'leaseq\\_q\\_%'").fetchall()}
+    assert GENERIC_PLAN and CUSTOM_PLAN
+    for query in GENERIC_PLAN:
+        assert "plan_cache_mode=force_generic_plan" in config[function_name(query)], query
+    for query in CUSTOM_PLAN:
+        assert "plan_cache_mode=force_custom_plan" in config[function_name(query)], query
