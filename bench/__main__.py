@@ -161,7 +161,14 @@ def machine() -> dict[str, Any]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m bench", description=__doc__)
+    given = sys.argv[1:] if argv is None else argv
+    if given[:1] == ["soak"]:  # sustained churn, reported each minute: a command of its own (bench/soak.py)
+        from . import soak
+
+        return soak.main(given[1:])
+    parser = argparse.ArgumentParser(prog="python -m bench", description=__doc__,
+                                     epilog="python -m bench soak --minutes N: sustained enqueue and drain "
+                                            "at a fixed rate (python -m bench soak --help)")
     parser.add_argument("workloads", nargs="*", metavar="WORKLOAD",
                         help=f"which workloads (default: all of {', '.join(WORKLOADS)})")
     parser.add_argument("--quick", action="store_true", help="the small configuration CI runs (one round)")

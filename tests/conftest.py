@@ -32,6 +32,8 @@ import leaseq
 
 PG_DSN = os.environ.get("LEASEQ_TEST_PG_DSN")
 REQUIRE_PG = os.environ.get("LEASEQ_REQUIRE_PG") == "1"
+#: How the PostgreSQL tests reach their schema (``LEASEQ_TEST_PG_MODE``: see pg_modes.py).
+from pg_modes import PG_MODE  # noqa: E402
 BACKENDS = ["sqlite", "postgres"]
 #: The database this xdist worker created for itself (dropped when it ends).
 _WORKER_DB: tuple[str, str] | None = None
@@ -106,18 +108,58 @@ def with_search_path(dsn: str, schema: str) -> str:
 
 @pytest.fixture
 def pg_schema_dsn() -> Iterator[str]:
-    """A DSN for a fresh, empty PostgreSQL schema (dropped after the test)."""
+    """A DSN for a fresh, empty PostgreSQL schema (dropped after the test), reached as
+    ``LEASEQ_TEST_PG_MODE`` says (directly by default)."""
     import psycopg
 
     base = _pg_or_skip()
     schema = f"t_{uuid.uuid4().hex[:12]}"
     with psycopg.connect(base, autocommit=True) as conn:
         conn.execute(f"CREATE SCHEMA {schema}")
+    bouncer = None
     try:
-        yield with_search_path(base, schema)
+        if PG_MODE == "pgbouncer":
+            from pgbouncer import SchemaBouncer
+            from system_tools import require_tool
+
+            bouncer = SchemaBouncer(require_tool("pgbouncer"), base, schema)
+            yield bouncer.dsn() + "?pooler=transaction"
+        elif PG_MODE == "portable":
+            yield with_search_path(base, schema) + "&portable=true"
+        else:
+            yield with_search_path(base, schema)
     finally:
+        if bouncer is not None:
+            bouncer.stop()
         with psycopg.connect(base, autocommit=True) as conn:
             conn.execute(f"DROP SCHEMA IF EXISTS {schema} CASCADE")
+
+
+@pytest.fixture
+def pgbouncer(pg_schema_dsn: str) -> Iterator[object]:
+    """A PgBouncer of this test's own in transaction mode, in front of a fresh schema
+    (its ``dsn()`` names no leaseq option: the test adds ``?pooler=transaction``)."""
+    from pgbouncer import SchemaBouncer
+    from system_tools import require_tool
+
+    binary = require_tool("pgbouncer")
+    schema = _schema_of(pg_schema_dsn)
+    bouncer = SchemaBouncer(binary, _pg_or_skip(), schema, pool_size=2)
+    try:
+        yield bouncer
+    finally:
+        bouncer.stop()
+
+
+def _schema_of(dsn: str) -> str:
+    import psycopg
+
+    from leaseq.db.dsn import split_leaseq_options
+
+    with psycopg.connect(split_leaseq_options(dsn)[0]) as conn:
+        row = conn.execute("SELECT current_schema()").fetchone()
+    assert row is not None and row[0], f"no schema behind {dsn}"
+    return str(row[0])
 
 
 @pytest.fixture(params=BACKENDS)

@@ -14,6 +14,28 @@ from typing import Any
 
 from leaseq.store import parse_dsn
 
+def own_connection(dsn: str, **kwargs: Any) -> Any:
+    """A test's own ``psycopg.Connection`` to a PostgreSQL ``dsn`` that may carry leaseq's options
+    (``?pooler=transaction``, ``?portable=true``: removed; with either, nothing is prepared)."""
+    import psycopg
+
+    return psycopg.connect(**_own(dsn, kwargs))
+
+
+async def aown_connection(dsn: str, **kwargs: Any) -> Any:
+    """:func:`own_connection` for asyncio code."""
+    import psycopg
+
+    return await psycopg.AsyncConnection.connect(**_own(dsn, kwargs))
+
+
+def _own(dsn: str, kwargs: dict[str, Any]) -> dict[str, Any]:
+    from leaseq.db.dsn import postgres_mode
+
+    conninfo, mode = postgres_mode(dsn)
+    return {"conninfo": conninfo, **({} if mode.session_state else {"prepare_threshold": None}), **kwargs}
+
+
 #: Columns read per table, where not all of them: the leader's renewals are left out.
 _COLUMNS = {"leaseq_leader": "name, holder, term, elected_at"}
 
@@ -35,7 +57,7 @@ def snapshot(dsn: str) -> dict[str, list[tuple[Any, ...]]]:
         return out
     import psycopg
 
-    with psycopg.connect(target) as conn:
+    with own_connection(target) as conn:
         names = [r[0] for r in conn.execute(
             "SELECT table_name FROM information_schema.tables WHERE table_schema = current_schema() "
             "AND table_name LIKE 'leaseq%' ORDER BY table_name")]

@@ -41,6 +41,8 @@ class Tool:
 #: Every tool a test or a documentation example may need, by the name it is run as.
 TOOLS: dict[str, Tool] = {t.name: t for t in (
     Tool("haproxy", "Debian's haproxy package", ("/usr/sbin/haproxy",)),
+    # a pooler in transaction mode in front of the test server (tests/pgbouncer.py)
+    Tool("pgbouncer", "Debian's pgbouncer package", ("/usr/sbin/pgbouncer",)),
     Tool("chromium", "Debian's chromium package", ("/usr/bin/chromium",), ("LEASEQ_REQUIRE_BROWSER",)),
     Tool("curl", "the curl package"),
     Tool("psql", "the postgresql-client package"),

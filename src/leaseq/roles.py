@@ -74,7 +74,7 @@ def _postgres(q: Any) -> Any:
                                   "file has full authority (give untrusted workers the service: leaseq serve)")
     import psycopg
 
-    return psycopg.connect(q.store.dsn)
+    return psycopg.connect(q.store.conninfo)  # leaseq's own options removed
 
 
 def _check_name(name: str) -> str:

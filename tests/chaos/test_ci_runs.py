@@ -1,5 +1,5 @@
-"""The CI configurations of `leaseq chaos`: 60 s on PostgreSQL, 30 s on SQLite and 30 s with remote
-workers through `leaseq serve`, every fault on.
+"""The CI configurations of `leaseq chaos`: 60 s on PostgreSQL, 30 s on SQLite, 30 s with remote
+workers through `leaseq serve` and 30 s through PgBouncer in transaction mode, every fault on.
 
 Each run is bounded (the duration includes the settle phase) and stops by
 itself. The assertions check the verdict, and also that the run really was
@@ -11,6 +11,8 @@ minutes and more) is not run here; see docs/reliability.md.
 from __future__ import annotations
 
 import pytest
+
+from system_tools import require_tool
 
 from .support import describe, need_pg_binaries, recheck_cli, run_chaos_cli, violation_timelines
 
@@ -97,3 +99,16 @@ def test_thirty_seconds_of_remote_workers_through_a_restarted_service(tmp_path):
     assert sum(1 for r in doc["history"] if r["op"] == "complete" and r["outcome"] == "ok"
                and r["proc"] in remote) >= 10, "the remote workers completed next to nothing"
     assert sum(1 for r in doc["history"] if r["op"] == "service_start") >= 2, "the service was never restarted"
+
+
+def test_thirty_seconds_through_pgbouncer_in_transaction_mode(tmp_path):
+    """The workers' queue connections pass through a PgBouncer of the run's own (transaction mode,
+    four server connections for every worker, ``?pooler=transaction``): no server-side prepared
+    statement, no session setting, no LISTEN; idle workers poll. About 35 s."""
+    need_pg_binaries()
+    require_tool("pgbouncer")
+    proc, doc = run_chaos_cli(tmp_path, "--backend", "postgres", "--pooler", "pgbouncer", "--duration", "30",
+                              "--workers", "4", "--tasks", "150", "--seed", "4", "--faults", "all", "--quiet")
+    assert_clean_and_hostile(proc, doc, ["kill", "stop", "terminate", "restart", "partition", "drop_queue",
+                                         "revoke"])
+    assert doc["config"]["pooler"] == "pgbouncer"

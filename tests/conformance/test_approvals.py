@@ -17,6 +17,8 @@ from leaseq.auth import AccessDenied
 from leaseq.engine.approvals import DEADLINE_ACTOR, digest_of
 from leaseq.store.base import load_migrations
 
+from snapshots import own_connection
+
 from .support import run_out, snapshot, wait_until
 
 
@@ -404,9 +406,7 @@ def test_a_decision_that_waits_for_the_task_past_its_deadline_is_too_late(q: lea
     until_deadline = (deadline - q.now()).total_seconds()  # read now: SQLite's clock reads wait for its lock
     outcome: list[Any] = []
     if q.dialect == "postgres":
-        import psycopg
-
-        holder: Any = psycopg.connect(dsn)
+        holder: Any = own_connection(dsn)
         holder.execute("SELECT 1 FROM leaseq_tasks WHERE id = %s FOR UPDATE", (t.id,))
     else:
         import sqlite3

@@ -6,24 +6,24 @@ from __future__ import annotations
 import asyncio
 import sqlite3
 
-import psycopg
 import pytest
 
 import leaseq
 from leaseq.db.dsn import parse_dsn
+from snapshots import aown_connection, own_connection
 
 
 def _app_connection(q: leaseq.Queue, dsn: str):
     """The application's own connection to the queue's database, not in autocommit mode."""
     if q.dialect == "postgres":
-        return psycopg.connect(dsn)
+        return own_connection(dsn)
     return sqlite3.connect(parse_dsn(dsn)[1])
 
 
 def _committed_tasks(dsn: str) -> int:
     """How many tasks another connection sees."""
     dialect, target = parse_dsn(dsn)
-    conn = psycopg.connect(dsn) if dialect == "postgres" else sqlite3.connect(target)
+    conn = own_connection(dsn) if dialect == "postgres" else sqlite3.connect(target)
     try:
         return conn.execute("SELECT count(*) FROM leaseq_tasks").fetchone()[0]
     finally:
@@ -97,7 +97,7 @@ def test_a_connection_of_the_wrong_kind_is_refused(q: leaseq.Queue, dsn: str, tm
 def test_a_connection_without_a_transaction_or_to_another_file_is_refused(q: leaseq.Queue, dsn: str,
                                                                           tmp_path) -> None:
     if q.dialect == "postgres":
-        auto = psycopg.connect(dsn, autocommit=True)
+        auto = own_connection(dsn, autocommit=True)
     else:
         auto = sqlite3.connect(parse_dsn(dsn)[1], isolation_level=None)
         other = sqlite3.connect(tmp_path / "other.db")
@@ -124,13 +124,13 @@ def test_async_enqueue_in_the_callers_transaction(q: leaseq.Queue, dsn: str) -> 
     async def main() -> None:
         aq = leaseq.AsyncQueue(q)
         if q.dialect == "postgres":
-            conn = await psycopg.AsyncConnection.connect(dsn)
+            conn = await aown_connection(dsn)
             await aq.enqueue("ship", {"n": 1}, connection=conn)
             await conn.rollback()
             await aq.enqueue_many("ship", [{"n": 2}], connection=conn)
             await conn.commit()
             with pytest.raises(leaseq.InvalidInput) as err:
-                await aq.enqueue("ship", connection=psycopg.connect(dsn))
+                await aq.enqueue("ship", connection=own_connection(dsn))
             assert err.value.field == "connection"
             await conn.close()
         else:

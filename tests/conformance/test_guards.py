@@ -16,6 +16,8 @@ import pytest
 
 import leaseq
 
+from snapshots import own_connection
+
 from .support import WORKING_LEASE, seconds_between, snapshot, wait_expired, wait_until
 
 GUARDED: dict[str, Callable[[leaseq.Queue, Any, leaseq.Claim, Any], Any]] = {
@@ -251,15 +253,13 @@ def test_revocation_beats_a_write_already_on_its_way(q: leaseq.Queue, dsn: str) 
     generation can meet, whatever instant its transaction started at."""
     if q.dialect != "postgres":
         pytest.skip("SQLite runs one write transaction at a time: none is in flight beside a revocation")
-    import psycopg
-
     from leaseq.store.base import load_queries
     from leaseq.store.postgres import _encode
 
     a = q.register_worker("a")
     task = q.enqueue("job", lease_seconds=300)
     [c] = q.claim(a)
-    with psycopg.connect(dsn) as early:  # not autocommit: its transaction, and its now(), start here
+    with own_connection(dsn) as early:  # not autocommit: its transaction, and its now(), start here
         early.execute("SELECT now()")
         time.sleep(0.05)
         q.revoke_worker(a)

@@ -24,6 +24,8 @@ import pytest
 import leaseq
 from leaseq.core.errors import InvalidInput, NotFound
 
+from snapshots import own_connection
+
 from .support import wait_expired
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -38,9 +40,7 @@ def live_leases(dsn: str, key: str) -> int:
                                 "(SELECT 1 FROM json_each(limits) WHERE value = ?)", (key,)).fetchone()[0]
         finally:
             conn.close()
-    import psycopg
-
-    with psycopg.connect(dsn, autocommit=True) as conn:
+    with own_connection(dsn, autocommit=True) as conn:
         return conn.execute("SELECT count(*) FROM leaseq_tasks WHERE status = 'running' AND %s = ANY(limits)",
                             (key,)).fetchone()[0]
 

@@ -7,10 +7,10 @@ import asyncio
 import threading
 import time
 
-import psycopg
 import pytest
 
 import leaseq
+from snapshots import own_connection
 
 
 def _finish_later(q: leaseq.Queue, ready: threading.Event, act) -> threading.Thread:
@@ -101,7 +101,7 @@ def test_async_wait_returns_the_completed_task(dsn: str) -> None:
 
 
 def _watched(dsn: str, task_id: int) -> bool:
-    with psycopg.connect(dsn) as conn:
+    with own_connection(dsn) as conn:
         return conn.execute("SELECT watched FROM leaseq_tasks WHERE id = %s", (task_id,)).fetchone()[0]
 
 

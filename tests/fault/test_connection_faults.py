@@ -25,9 +25,15 @@ from conftest import check_trails
 
 import leaseq
 from leaseq_chaos.pgserver import ThrowawayPostgres
+from pg_modes import direct_only
 from system_tools import require_tool
 
 from .support import Gate, GatedCompletions, Runner, backends, drop_connections, first_attempt_completed, wait_for
+
+# The worker's own server connections are dropped: through PgBouncer they are PgBouncer's (which
+# replaces them by itself), and a client's application_name names none of them for long.
+pytestmark = direct_only("drops the worker's own server connections; through PgBouncer they are PgBouncer's",
+                         modes=("pgbouncer",))
 
 LEASE = 10.0  # generous: the faults below must cost no lease on a loaded machine
 
@@ -118,6 +124,7 @@ def test_every_connection_dropped_while_leases_are_renewed(faulty: Faulty) -> No
     assert_no_lease_lost(runtime)
 
 
+@direct_only("an idle worker waiting for a notification: the portable mode has none")
 def test_every_connection_dropped_before_a_claim(faulty: Faulty) -> None:
     """An idle worker waiting for a notification (polling only every 30 s) loses
     every connection, its listener's included; work enqueued then is still

@@ -26,6 +26,8 @@ import pytest
 from psycopg import connect as psycopg_connect
 from prometheus_client.parser import text_string_to_metric_families
 
+from pg_modes import direct_only
+
 import leaseq
 from leaseq import auth
 from leaseq.client import RemoteQueue
@@ -150,6 +152,7 @@ def test_serving_processes_do_not_outlive_a_killed_supervisor(tmp_path: Path,
         httpx.get(f"{service.url}/healthz", timeout=2)
 
 
+@direct_only("waits for the replica's LISTEN, which a queue that cannot notify never sends")
 def test_a_stopping_worker_ends_its_claim_waiting_on_another_replica(
         pg_schema_dsn: str, tmp_path: Path, processes: list[subprocess.Popen]) -> None:  # noqa: F811
     """A worker shutting down asks the service to end its waiting claim; behind a balancer

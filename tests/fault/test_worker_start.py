@@ -23,6 +23,7 @@ from leaseq_chaos.pgserver import free_port
 from leaseq_chaos.proxy import FaultyProxy
 from leaseq.client import RemoteQueue
 from leaseq.worker import WorkerRuntime
+from pg_modes import direct_only
 
 from .support import Gate, Runner, Service, first_attempt_completed, wait_for
 from .test_presumed_loss import through
@@ -77,6 +78,8 @@ def test_a_refused_token_ends_the_start_at_once(q: leaseq.Queue, service: Servic
     assert runtime.worker is None and runtime.stats.transient_errors == 0
 
 
+@direct_only("PgBouncer refuses a login it does not know itself, without the server's words naming the "
+             "role", modes=("pgbouncer",))
 def test_a_refused_login_ends_a_direct_worker_start_at_once(pg_schema_dsn: str) -> None:
     """A PostgreSQL server that answers but refuses the login (here: no such role) is no
     outage to wait out: the worker's start ends at once with ConfigError, tried once."""

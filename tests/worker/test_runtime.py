@@ -382,6 +382,9 @@ def test_a_worker_claims_only_the_kinds_it_has_handlers_for(app: leaseq.App) -> 
 def test_notification_wakes_an_idle_worker(app: leaseq.App, start_worker) -> None:
     if app.queue.dialect != "postgres":
         pytest.skip("LISTEN/NOTIFY is PostgreSQL's; SQLite workers poll")
+    if not app.queue.capabilities.listen_notify:
+        pytest.skip("this DSN declares that nothing notifies (a transaction-mode pooler with no "
+                    "LEASEQ_LISTEN_DSN, or the portable mode): its workers poll")
     done = threading.Event()
 
     @app.task("ping")

@@ -10,6 +10,9 @@ from leaseq.core.errors import InvalidInput
 from .faults import FAULTS, HTTP_ONLY, PG_ONLY
 
 BACKENDS = ("postgres", "sqlite")
+#: What stands between the workers and the PostgreSQL server: ``none``, or ``pgbouncer`` (a
+#: PgBouncer of the run's own in transaction mode, the workers' DSNs saying ``?pooler=transaction``).
+POOLERS = ("none", "pgbouncer")
 #: How workers reach the queue: ``direct`` (a database connection each),
 #: ``http`` (every worker through ``leaseq serve``), ``mixed`` (every other one).
 TRANSPORTS = ("direct", "http", "mixed")
@@ -60,8 +63,13 @@ class ChaosConfig:
     history_path: Path | None = None
     pg_bin: str | None = None
     transport: str = "direct"
+    pooler: str = "none"
 
     def __post_init__(self) -> None:
+        if self.pooler not in POOLERS:
+            raise InvalidInput("pooler", f"must be one of {', '.join(POOLERS)} (got {self.pooler!r})")
+        if self.pooler != "none" and self.backend != "postgres":
+            raise InvalidInput("pooler", "a pooler stands in front of PostgreSQL: it needs --backend postgres")
         if self.backend not in BACKENDS:
             raise InvalidInput("backend", f"must be postgres or sqlite (got {self.backend!r})")
         if self.transport not in TRANSPORTS:

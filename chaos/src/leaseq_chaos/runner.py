@@ -210,10 +210,21 @@ def run_chaos(config: ChaosConfig, *, progress: Callable[[str], None] | None = N
             server.start()
             server.create_database(QUEUE_DB)
             server.create_database(LEDGER_DB)
-            proxy = FaultyProxy(server.port)
+            pooled = ""
+            front = server.port
+            if config.pooler == "pgbouncer":
+                # the workers' queue connections: proxy link -> PgBouncer (4 server connections
+                # shared by every worker, transaction mode) -> server
+                from .pgbouncer import PgBouncer
+
+                bouncer = PgBouncer({"*": f"host=127.0.0.1 port={server.port}"}, pool_size=4)
+                stack.callback(bouncer.stop)
+                bouncer.wait_ready(QUEUE_DB)
+                front, pooled = bouncer.port, "&pooler=transaction"
+            proxy = FaultyProxy(front)
             stack.callback(proxy.close)
             ports = [proxy.add_link(f"w{i}") for i in range(config.workers)]
-            worker_dsns = [server.dsn(QUEUE_DB, port=p, application_name=f"{APP_PREFIX}{i}.queue")
+            worker_dsns = [server.dsn(QUEUE_DB, port=p, application_name=f"{APP_PREFIX}{i}.queue") + pooled
                            for i, p in enumerate(ports)]
             ledger_dsns = [server.dsn(LEDGER_DB, application_name=f"{APP_PREFIX}{i}.ledger")
                            for i in range(config.workers)]
@@ -225,7 +236,8 @@ def run_chaos(config: ChaosConfig, *, progress: Callable[[str], None] | None = N
             ledger_dsn = f"sqlite:///{workdir / 'ledger.db'}"
             worker_dsns, ledger_dsns = [queue_dsn] * config.workers, [ledger_dsn] * config.workers
             service_dsn = queue_dsn
-        say(f"chaos: {config.backend}, {config.transport} transport, {config.workers} workers, "
+        say(f"chaos: {config.backend}{' through pgbouncer' if config.pooler != 'none' else ''}, "
+            f"{config.transport} transport, {config.workers} workers, "
             f"{config.tasks} tasks, seed {config.seed}, "
             f"faults {','.join(config.faults) or 'none'}, {config.duration:g}s "
             f"({config.chaos_seconds:g}s of faults, then up to {config.settle_seconds:g}s to settle)")

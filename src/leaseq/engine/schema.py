@@ -32,8 +32,12 @@ def migrate(s: Settings, dialect: str) -> Op[list[int]]:
                               "search_path exists): create it first (CREATE SCHEMA name), or point the DSN's "
                               "search_path at one that exists (?options=-csearch_path%3Dname)")
     yield BEGIN
-    yield rows("migrations_lock")
-    yield rows("migrations_create")
+    if s.backend.advisory_locks:
+        yield rows("migrations_lock")
+        yield rows("migrations_create")
+    else:  # the portable mode: the bookkeeping table is the lock
+        yield rows("migrations_create")
+        yield rows("migrations_lock_table")
     done = {r["version"] for r in (yield rows("migrations_applied"))}
     for mig in load_migrations(dialect):
         if mig.version not in done:

@@ -50,13 +50,16 @@ class PostgresFence:
     dialect = "postgres"
 
     def __init__(self, dsn: str, *, min_size: int = 1, max_size: int = 10, connect_timeout: float = 10.0):
-        from ..db.dsn import check_postgres_dsn
+        from ..db.dsn import check_postgres_dsn, postgres_mode
         from ..db.postgres import open_pool
 
         self.dsn = dsn
         self._queries = load_fence_queries("postgres")
-        check_postgres_dsn(dsn, connect_timeout)
-        self._pool = open_pool(dsn, min_size=min_size, max_size=max_size, timeout=connect_timeout)
+        conninfo, mode = postgres_mode(dsn)
+        check_postgres_dsn(conninfo, connect_timeout)
+        # behind a transaction-mode pooler (?pooler=transaction) psycopg must prepare nothing
+        self._pool = open_pool(conninfo, min_size=min_size, max_size=max_size, timeout=connect_timeout,
+                               **({} if mode.session_state else {"prepare_threshold": None}))
 
     @contextmanager
     def transaction(self) -> Iterator[Any]:

@@ -74,6 +74,13 @@ class QueueVerifier:
             raise InvalidInput("dsn", "must be a verifier role's postgresql:// DSN or the queue's sqlite:///path")
         self.dsn = dsn
         self.dialect = "sqlite" if dsn.startswith("sqlite:") else "postgres"
+        self._conninfo = dsn
+        self._prepare_threshold: int | None = 5  # psycopg's default
+        if self.dialect == "postgres":
+            from ..db.dsn import postgres_mode
+
+            self._conninfo, mode = postgres_mode(dsn)
+            self._prepare_threshold = 5 if mode.session_state else None  # nothing prepared behind a pooler
         self._idle: list[Any] = []
         self._lock = threading.Lock()
 
@@ -116,7 +123,8 @@ class QueueVerifier:
             conn = self._idle.pop() if self._idle else None
         try:
             if conn is None:
-                conn = psycopg.connect(self.dsn, autocommit=True, row_factory=dict_row, connect_timeout=5)
+                conn = psycopg.connect(self._conninfo, autocommit=True, row_factory=dict_row, connect_timeout=5,
+                                       prepare_threshold=self._prepare_threshold)
             row = conn.execute(_statement("postgres"), params).fetchone()
         except psycopg.Error as exc:
             if conn is not None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from .. import engine
+from ..store.base import KeyConflict
 from .base import QueueBase
 
 
@@ -13,7 +14,15 @@ class SchemaOps(QueueBase):
 
     def migrate(self) -> list[int]:
         """Create or upgrade the schema. Idempotent; returns the versions applied now."""
-        return self._run(engine.schema.migrate(self.settings, self.dialect))
+        try:
+            return self._run(engine.schema.migrate(self.settings, self.dialect))
+        except KeyConflict:
+            if self.settings.backend.advisory_locks:
+                raise
+            # The portable mode locks the bookkeeping table, which the first migrate creates:
+            # two that both found none raced to create it, and this one lost. The winner has
+            # committed (the loser waited for it): this time the table is there to lock.
+            return self._run(engine.schema.migrate(self.settings, self.dialect))
 
     def schema_version(self) -> int:
         """The newest migration applied (0 for an empty database)."""

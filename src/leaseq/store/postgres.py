@@ -1,4 +1,15 @@
-"""PostgreSQL backend: psycopg 3 with a psycopg_pool connection pool."""
+"""PostgreSQL backend: psycopg 3 with a psycopg_pool connection pool.
+
+What leaseq may leave on a connection depends on what stands between it and
+the server, declared once by the DSN (:class:`~leaseq.db.dsn.PostgresMode`):
+directly connected, its hot statements are prepared and every pooled
+connection plans generically (``SET plan_cache_mode``); behind a
+transaction-mode pooler (``?pooler=transaction``) or in the portable mode
+(``?portable=true``) nothing outlives a transaction: no statement is prepared
+on the server, no session is configured (the definer functions carry their
+own ``plan_cache_mode``), and waits LISTEN on a direct connection
+(``listen_dsn``) or poll every :data:`POLL_SECONDS`.
+"""
 
 from __future__ import annotations
 
@@ -6,6 +17,7 @@ import os
 import select
 from collections.abc import AsyncIterator, Callable, Iterator
 from contextlib import asynccontextmanager, contextmanager
+from dataclasses import replace
 from typing import Any
 
 import psycopg
@@ -13,12 +25,18 @@ from psycopg import pq
 from psycopg.rows import dict_row
 from psycopg.types.json import Jsonb
 
-from ..db.dsn import check_postgres_dsn
+from ..db.dsn import PostgresMode, check_postgres_dsn, postgres_mode
 from ..core.errors import AccessDenied, BackendUnavailable, InvalidInput
 from ..db.errors import map_driver_errors
 from ..db.postgres import AsyncPools, achecked_connection, checked_connection, open_async_pool, open_pool
 from .base import JSON_PARAMS, BackendCapabilities, JsonText, KeyConflict, load_named_queries
 from .functions import wire_queries
+from .polling import AsyncPollingTaskListener, PollingTaskListener, SleepingListener
+
+#: How often a wait for a task's end looks again where nothing notifies (seconds): a pooled
+#: DSN with no ``listen_dsn``, or the portable mode. (An idle worker claims again every
+#: ``idle_poll_interval``, 0.2 s, likewise.)
+POLL_SECONDS = 0.2
 
 
 #: The statements annotated ``-- plan: generic`` in ``sql/postgres/queries.sql``:
@@ -85,12 +103,14 @@ class PostgresTx:
     # Any rows: the pool's connections make dicts (dict_row); a caller's connection
     # may make anything, and is read through a dict_row cursor of its own.
     def __init__(self, conn: psycopg.Connection[Any], queries: dict[str, str], *, one_statement: bool = False,
-                 caller: bool = False):
+                 caller: bool = False, prepare: bool = True):
         self._conn = conn
         self._queries = queries
         self._statements_left = 1 if one_statement else -1
         #: the application's own connection: its row factory is not ours, and nothing is prepared on it
         self._caller = caller
+        #: the "plan: generic" statements are prepared (not behind a transaction-mode pooler)
+        self._prepare = GENERIC_PLAN if prepare else frozenset()
 
     def rows(self, query: str, **params: Any) -> list[dict[str, Any]]:
         if self._statements_left == 0:
@@ -104,7 +124,7 @@ class PostgresTx:
             with psycopg.ClientCursor(self._conn) as client:
                 client.execute(self._queries[query], _encode(params))
                 return client.fetchall() if _rows(client, query) else []
-        cur = self._conn.execute(self._queries[query], _encode(params), prepare=query in GENERIC_PLAN)
+        cur = self._conn.execute(self._queries[query], _encode(params), prepare=query in self._prepare)
         return cur.fetchall() if _rows(cur, query) else []
 
     def row(self, query: str, **params: Any) -> dict[str, Any] | None:
@@ -126,11 +146,12 @@ class AsyncPostgresTx:
     """:class:`PostgresTx` on an asyncio connection: the same statements, awaited."""
 
     def __init__(self, conn: psycopg.AsyncConnection[Any], queries: dict[str, str], *, one_statement: bool = False,
-                 caller: bool = False):
+                 caller: bool = False, prepare: bool = True):
         self._conn = conn
         self._queries = queries
         self._statements_left = 1 if one_statement else -1
         self._caller = caller
+        self._prepare = GENERIC_PLAN if prepare else frozenset()
 
     async def rows(self, query: str, **params: Any) -> list[dict[str, Any]]:
         if self._statements_left == 0:
@@ -144,7 +165,7 @@ class AsyncPostgresTx:
             async with psycopg.AsyncClientCursor(self._conn) as client:
                 await client.execute(self._queries[query], _encode(params))
                 return await client.fetchall() if _rows(client, query) else []
-        cur = await self._conn.execute(self._queries[query], _encode(params), prepare=query in GENERIC_PLAN)
+        cur = await self._conn.execute(self._queries[query], _encode(params), prepare=query in self._prepare)
         return await cur.fetchall() if _rows(cur, query) else []
 
     async def script(self, sql: str) -> None:
@@ -329,26 +350,43 @@ class PostgresStore:
                                        listen_notify=True,
                                        serial_writes=False)
 
-    def __init__(self, dsn: str, *, min_size: int = 1, max_size: int = 10, connect_timeout: float = 10.0):
+    def __init__(self, dsn: str, *, min_size: int = 1, max_size: int = 10, connect_timeout: float = 10.0,
+                 pooler: str | None = None, portable: bool | None = None, listen_dsn: str | None = None):
+        #: the DSN as given (leaseq's own options included: what a process started from this one is given)
         self.dsn = dsn
+        conninfo, mode = postgres_mode(dsn, pooler=pooler, portable=portable, listen_dsn=listen_dsn)
+        #: what may be left on a connection, and whether waits are notified (see the module's docstring)
+        self.mode: PostgresMode = mode
+        #: the DSN libpq is given (leaseq's own options removed)
+        self.conninfo = conninfo
+        if not mode.listens or mode.portable:
+            self.capabilities = replace(type(self).capabilities, listen_notify=mode.listens,
+                                        advisory_locks=not mode.portable)
+        #: where LISTEN connections go: the pool's own server, or the direct connection named for them
+        self._listen_dsn = mode.listen_dsn or conninfo
         self._queries = wire_queries()[0]
-        check_postgres_dsn(dsn, connect_timeout)
-        self._pool = open_pool(dsn, min_size=min_size, max_size=max_size, timeout=connect_timeout,
-                               configure=_configure, row_factory=dict_row)
+        check_postgres_dsn(conninfo, connect_timeout)
+        # Behind a transaction-mode pooler a connection's next transaction may run in another
+        # server session: nothing is prepared on it (prepare_threshold=None: psycopg never
+        # prepares by itself either) and nothing is SET on it.
+        session = {} if mode.session_state else {"prepare_threshold": None}
+        self._pool = open_pool(conninfo, min_size=min_size, max_size=max_size, timeout=connect_timeout,
+                               configure=_configure if mode.session_state else None, row_factory=dict_row,
+                               **session)
         #: asyncio pools, one per event loop that opened an async transaction
         self._async_pools = AsyncPools(lambda: open_async_pool(
-            dsn, min_size=1, max_size=max_size, timeout=connect_timeout, configure=_aconfigure,
-            row_factory=dict_row))
+            conninfo, min_size=1, max_size=max_size, timeout=connect_timeout,
+            configure=_aconfigure if mode.session_state else None, row_factory=dict_row, **session))
 
     @contextmanager
     def transaction(self, *, one_statement: bool = False) -> Iterator[PostgresTx]:
         try:
             with checked_connection(self._pool) as conn:
                 if one_statement:  # the connection is in autocommit mode
-                    yield PostgresTx(conn, self._queries, one_statement=True)
+                    yield PostgresTx(conn, self._queries, one_statement=True, prepare=self.mode.session_state)
                 else:
                     with conn.transaction():
-                        yield PostgresTx(conn, self._queries)
+                        yield PostgresTx(conn, self._queries, prepare=self.mode.session_state)
         except psycopg.errors.UniqueViolation as exc:
             raise KeyConflict(str(exc).strip()) from None
         except psycopg.errors.InsufficientPrivilege as exc:
@@ -366,10 +404,10 @@ class PostgresStore:
                 pool = await self._async_pools.get()
             async with achecked_connection(pool) as conn:
                 if one_statement:  # the connection is in autocommit mode
-                    yield AsyncPostgresTx(conn, self._queries, one_statement=True)
+                    yield AsyncPostgresTx(conn, self._queries, one_statement=True, prepare=self.mode.session_state)
                 else:
                     async with conn.transaction():
-                        yield AsyncPostgresTx(conn, self._queries)
+                        yield AsyncPostgresTx(conn, self._queries, prepare=self.mode.session_state)
         except psycopg.errors.UniqueViolation as exc:
             raise KeyConflict(str(exc).strip()) from None
         except psycopg.errors.InsufficientPrivilege as exc:
@@ -379,20 +417,31 @@ class PostgresStore:
         """Close the running loop's asyncio pool (the worker does, before its loop ends)."""
         await self._async_pools.close_running()
 
-    def listener(self, queues: set[str], *, on_interrupt: Callable[[str], None] | None = None) -> NotifyListener:
-        return NotifyListener(self.dsn, queues, on_interrupt)
+    def listener(self, queues: set[str], *,
+                 on_interrupt: Callable[[str], None] | None = None) -> NotifyListener | SleepingListener:
+        """A waiter woken by NOTIFY (where nothing can notify: one that sleeps, and the worker polls)."""
+        if not self.mode.listens:
+            return SleepingListener()
+        return NotifyListener(self._listen_dsn, queues, on_interrupt)
 
     def shared_listener(self) -> SharedListener:
         """The one connection every wait of a service process is woken through."""
-        return SharedListener(self.dsn)
+        if not self.mode.listens:
+            raise NotImplementedError("nothing notifies through this DSN (capabilities.listen_notify is False)")
+        return SharedListener(self._listen_dsn)
 
-    def task_listener(self, task_id: int) -> TaskNotifications:
-        """A waiter woken when task ``task_id`` ends (or parks); see :meth:`leaseq.Queue.wait`."""
-        return TaskNotifications(self.dsn, task_id)
+    def task_listener(self, task_id: int) -> TaskNotifications | PollingTaskListener:
+        """A waiter woken when task ``task_id`` ends (or parks); see :meth:`leaseq.Queue.wait`.
+        Where nothing notifies, it sleeps :data:`POLL_SECONDS` and the waiter looks again."""
+        if not self.mode.listens:
+            return PollingTaskListener(POLL_SECONDS)
+        return TaskNotifications(self._listen_dsn, task_id)
 
-    async def atask_listener(self, task_id: int) -> AsyncTaskNotifications:
+    async def atask_listener(self, task_id: int) -> AsyncTaskNotifications | AsyncPollingTaskListener:
         """:meth:`task_listener` for asyncio code."""
-        return await AsyncTaskNotifications(self.dsn, task_id).open()
+        if not self.mode.listens:
+            return AsyncPollingTaskListener(POLL_SECONDS)
+        return await AsyncTaskNotifications(self._listen_dsn, task_id).open()
 
     def caller_tx(self, connection: Any) -> PostgresTx:
         """A transaction view of the application's own open psycopg ``connection``

@@ -2,14 +2,12 @@
 
 from __future__ import annotations
 
-import asyncio
 import functools
 import json
 import os
 import re
 import sqlite3
 import threading
-import time
 from collections.abc import Callable, Iterator
 from contextlib import AbstractAsyncContextManager, contextmanager
 from datetime import datetime, timezone
@@ -18,6 +16,7 @@ from typing import Any
 from ..core.errors import InvalidInput
 from ..db.sqlite import SqliteConnections
 from .base import JSON_COLUMNS, BackendCapabilities, JSON_PARAMS, JsonText, KeyConflict, load_named_queries
+from .polling import AsyncPollingTaskListener, PollingTaskListener, SleepingListener
 
 _BOOL_COLUMNS = frozenset({"paused"})
 
@@ -121,42 +120,6 @@ class SqliteTx:
         self._conn.execute(statement)
 
 
-class SleepingListener:
-    """SQLite cannot notify: waiting is sleeping, and workers poll."""
-
-    def __init__(self) -> None:
-        self._closed = threading.Event()
-
-    def wait(self, timeout: float) -> bool:
-        self._closed.wait(timeout)
-        return False
-
-    def close(self) -> None:
-        self._closed.set()
-
-
-class PollingTaskListener:
-    """SQLite cannot notify: :meth:`leaseq.Queue.wait` looks again every :data:`WAIT_POLL` seconds."""
-
-    def wait(self, timeout: float) -> bool:
-        time.sleep(max(0.0, min(timeout, WAIT_POLL)))
-        return False
-
-    def close(self) -> None:
-        """Nothing to release."""
-
-
-class AsyncPollingTaskListener:
-    """:class:`PollingTaskListener` for asyncio code."""
-
-    async def wait(self, timeout: float) -> bool:
-        await asyncio.sleep(max(0.0, min(timeout, WAIT_POLL)))
-        return False
-
-    async def close(self) -> None:
-        """Nothing to release."""
-
-
 #: How often a wait for a task's end looks again on SQLite (seconds).
 WAIT_POLL = 0.05
 
@@ -211,11 +174,11 @@ class SqliteStore:
 
     def task_listener(self, task_id: int) -> PollingTaskListener:
         """A waiter for task ``task_id``'s end: a short sleep (SQLite cannot notify)."""
-        return PollingTaskListener()
+        return PollingTaskListener(WAIT_POLL)
 
     async def atask_listener(self, task_id: int) -> AsyncPollingTaskListener:
         """:meth:`task_listener` for asyncio code."""
-        return AsyncPollingTaskListener()
+        return AsyncPollingTaskListener(WAIT_POLL)
 
     def caller_tx(self, connection: Any) -> SqliteTx:
         """A transaction view of the application's own ``sqlite3`` ``connection``

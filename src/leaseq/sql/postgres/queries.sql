@@ -74,6 +74,13 @@ freed AS (
 -- Serialises concurrent `leaseq migrate` runs until the transaction ends.
 SELECT pg_advisory_xact_lock(7431002201);
 
+-- name: migrations_lock_table
+-- direct: migration bookkeeping, run before the functions exist
+-- migrations_lock without an advisory lock (the portable mode): taken once
+-- migrations_create has made the table, it serialises the migrate runs that
+-- follow (two runs that both find no table can still race to create it).
+LOCK TABLE leaseq_migrations IN SHARE ROW EXCLUSIVE MODE;
+
 -- name: functions_installed
 -- direct: read before migrating, by a role that may not be able to migrate
 -- The fingerprint of the definer functions installed in this schema (the

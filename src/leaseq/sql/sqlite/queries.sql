@@ -19,6 +19,9 @@ AND t.lease_expires_at >= (julianday('now') - 2440587.5) * 86400.0
 -- name: migrations_lock
 -- no-op: SQLite runs one writer at a time (BEGIN IMMEDIATE): nothing to lock
 
+-- name: migrations_lock_table
+-- no-op: SQLite runs one writer at a time (BEGIN IMMEDIATE): nothing to lock
+
 -- name: functions_installed
 -- no-op: SQLite has no database functions (PostgreSQL's definer functions)
 
