@@ -42,7 +42,8 @@ _REASONS = {
     "wrong_action": "the token was issued for another action",
     "wrong_idempotency_key": "the token was issued for another idempotency key",
     "wrong_resource": "the token was issued for another resource",
-    "superseded": "the attempt that holds the token was superseded (its task was claimed again)",
+    "superseded": "the attempt that holds the token was superseded (its task was claimed again, or the "
+                  "database failed over and the attempt's claim is not the task's claim there)",
     "lease_ended": "the attempt that holds the token no longer holds its lease (cancelled, revoked, "
                    "finished or expired)",
 }
@@ -104,7 +105,7 @@ class QueueVerifier:
         return ActionClaims(key_id=REFERENCE_KEY_ID, task_id=int(row["task_id"]), generation=int(row["generation"]),
                             action=row["action"], idempotency_key=row["idempotency_key"],
                             issued_at=_seconds(row["issued_at"]), expires_at=_seconds(row["expires_at"]),
-                            resource=row["resource"])
+                            resource=row["resource"], epoch=int(row.get("claim_epoch") or 0))
 
     def _ask(self, params: dict[str, Any]) -> dict[str, Any]:
         if self.dialect == "sqlite":

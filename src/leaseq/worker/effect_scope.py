@@ -15,7 +15,7 @@ from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
 from ..core.errors import LeaseLost
-from ..core.model import Effect
+from ..core.model import Effect, format_fencing_token
 from ..observability import tracing
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -158,11 +158,12 @@ class EffectScope:
 
     @property
     def fencing_token(self) -> str:
-        """This attempt's fencing token, ``"<task_id>.<generation>"``, for
-        :meth:`leaseq.fencing.FencedStore.apply`. It names its task: a fence
-        compares it only with the same task's attempts."""
+        """This attempt's fencing token, ``"<task_id>.<epoch>.<generation>"`` (``"<task_id>.<generation>"``
+        when the claim's lease epoch is 0, as on SQLite), for :meth:`leaseq.fencing.FencedStore.apply`.
+        It names its task: a fence compares it only with the same task's attempts, the lease epoch
+        first, so an attempt made before the queue's database failed over is older than any after."""
         assert self.effect is not None
-        return f"{self.effect.task_id}.{self.effect.generation}"
+        return format_fencing_token(self.effect.task_id, self.effect.generation, self._ctx.claim.epoch)
 
     @property
     def token(self) -> str | None:
