@@ -30,7 +30,7 @@ from functools import cache
 from typing import Any
 
 from ..core import action_tokens
-from ..core.errors import BackendUnavailable, InvalidInput
+from ..core.errors import BackendUnavailable, ConfigError, InvalidInput
 from .errors import InvalidActionToken
 from .tokens import ActionClaims
 
@@ -71,10 +71,17 @@ class QueueVerifier:
     """
 
     def __init__(self, dsn: str):
-        if not isinstance(dsn, str) or not dsn.startswith(("postgresql://", "postgres://", "sqlite:///")):
-            raise InvalidInput("dsn", "must be a verifier role's postgresql:// DSN or the queue's sqlite:///path")
+        from ..db.dsn import parse_dsn
+
+        try:
+            dialect, _ = parse_dsn(dsn) if isinstance(dsn, str) and dsn.strip() else ("", "")
+        except ConfigError:
+            dialect = ""
+        if not dialect:
+            raise InvalidInput("dsn", "must be a verifier role's postgresql:// DSN (or libpq keyword string, "
+                               "e.g. 'host=a,b target_session_attrs=read-write') or the queue's sqlite:///path")
         self.dsn = dsn
-        self.dialect = "sqlite" if dsn.startswith("sqlite:") else "postgres"
+        self.dialect = dialect
         self._idle: list[Any] = []
         self._lock = threading.Lock()
 
@@ -115,14 +122,23 @@ class QueueVerifier:
 
         with self._lock:
             conn = self._idle.pop() if self._idle else None
-        try:
-            if conn is None:
-                conn = psycopg.connect(self.dsn, autocommit=True, row_factory=dict_row, connect_timeout=5)
-            row = conn.execute(_statement("postgres"), params).fetchone()
-        except psycopg.Error as exc:
-            if conn is not None:
-                conn.close()
-            raise BackendUnavailable(f"the queue could not check the action token: {str(exc).strip()}") from None
+        while True:
+            reused = conn is not None
+            try:
+                if conn is None:
+                    conn = psycopg.connect(self.dsn, autocommit=True, row_factory=dict_row, connect_timeout=5)
+                row = conn.execute(_statement("postgres"), params).fetchone()
+                break
+            except psycopg.Error as exc:
+                if conn is not None:
+                    conn.close()
+                    conn = None
+                if reused:
+                    # An idle connection that died meanwhile (a restart, a failover: a multi-host
+                    # DSN then finds the new primary): asked once more on a new connection.
+                    continue
+                raise BackendUnavailable(f"the queue could not check the action token: "
+                                         f"{str(exc).strip()}") from None
         with self._lock:
             self._idle.append(conn)
         assert row is not None  # the query answers one row, always
