@@ -121,9 +121,13 @@ class ThrowawayPostgres:
             pw = pwd.getpwnam("postgres")
             os.chown(standby.root, pw.pw_uid, pw.pw_gid)
         name = f"standby_{standby.port}"
-        self._run("pg_basebackup", "-h", "127.0.0.1", "-p", str(self.port), "-U", "postgres", "-D",
-                  str(standby.data), "-R", "-X", "stream", "--no-sync", "-c", "fast",
-                  "-d", f"application_name={name}")
+        try:
+            self._run("pg_basebackup", "-h", "127.0.0.1", "-p", str(self.port), "-U", "postgres", "-D",
+                      str(standby.data), "-R", "-X", "stream", "--no-sync", "-c", "fast",
+                      "-d", f"application_name={name}")
+        except BaseException:
+            standby.stop()
+            raise
         with open(standby.data / "postgresql.conf", "a") as conf:
             conf.write(f"\n# leaseq chaos: a streaming standby of port {self.port}\nport = {standby.port}\n"
                        f"unix_socket_directories = '{standby.root}'\nsynchronous_standby_names = ''\n")
@@ -135,8 +139,8 @@ class ThrowawayPostgres:
         return standby
 
     def kill(self) -> None:
-        """SIGKILL the postmaster: the server dies at once, as a crashed machine's would (its
-        backends exit when they notice; none accepts another statement)."""
+        """SIGKILL the postmaster and every backend at once: the server dies as a crashed machine's
+        would, and no backend commits another transaction or answers another statement."""
         pid = int((self.data / "postmaster.pid").read_text().split()[0])
         children = []
         for entry in os.listdir("/proc"):
