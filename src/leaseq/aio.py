@@ -179,18 +179,19 @@ class AsyncQueue:
         raise TypeError("run_in() is for the view a joined() block yields on SQLite")
 
     @contextlib.asynccontextmanager
-    async def hold_attempt(self, task_id: int, generation: int) -> AsyncIterator[None]:
+    async def hold_attempt(self, task_id: int, generation: int, *, epoch: int = 0) -> AsyncIterator[None]:
         """:meth:`Queue.hold_attempt`, awaited: :class:`LeaseLost` unless attempt
-        ``generation`` of ``task_id`` holds a live lease; else the task stays held (no claim,
-        cancel or expiry routing can take it) while the block runs. Keep the block short."""
+        ``generation`` of ``task_id`` (lease epoch ``epoch``) holds a live lease; else the task stays
+        held (no claim, cancel or expiry routing can take it) while the block runs. Keep the block short."""
         task_id = checks.check_task_id(task_id)
         generation = checks.check_int("generation", generation, minimum=0)
+        epoch = checks.check_int("epoch", epoch, minimum=0)
         if not self.sync.native_async:
-            async with _held_in_own_thread(self.sync.hold_attempt(task_id, generation)):
+            async with _held_in_own_thread(self.sync.hold_attempt(task_id, generation, epoch=epoch)):
                 yield
             return
         async with self.sync.store.atransaction() as atx:
-            if not await atx.rows("attempt_holds_lease", task_id=task_id, generation=generation):
+            if not await atx.rows("attempt_holds_lease", task_id=task_id, generation=generation, epoch=epoch):
                 raise LeaseLost(task_id, generation, "the attempt no longer holds its lease")
             yield
 

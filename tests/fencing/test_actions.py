@@ -7,7 +7,7 @@ import time
 import pytest
 
 import leaseq
-from leaseq.fencing import ActionSigner, InvalidActionToken
+from leaseq.fencing import ActionSigner, InvalidActionToken, fencing_token
 
 SIGNER = ActionSigner({"k1": bytes(range(32))}, "k1")
 
@@ -97,7 +97,7 @@ def test_the_token_is_bound_to_task_generation_action_and_resource_and_ends_with
     claims = SIGNER.verify(fx.token, action="orders.pay", resource="order:17", task_id=task.id, generation=1)
     deadline = sq.get(task.id).lease_expires_at.timestamp()
     assert deadline - 0.002 <= claims.expires_at <= deadline     # the lease deadline, not the 300 s TTL
-    assert claims.fencing_token == f"{task.id}.1"
+    assert claims.fencing_token == claim.fencing_token == fencing_token(task.id, 1, claim.epoch)
     for scope, reason in ((dict(resource="order:18"), "wrong_resource"), (dict(task_id=task.id + 1), "wrong_task")):
         with pytest.raises(leaseq.fencing.InvalidActionToken) as info:
             SIGNER.verify(fx.token, **scope)

@@ -136,7 +136,7 @@ def test_a_stale_token_gets_409_and_changes_nothing(bank, store):
 
 
 @pytest.mark.parametrize("header, value", [
-    ("Leaseq-Fencing-Token", "abc"), ("Leaseq-Fencing-Token", "-1"), ("Leaseq-Fencing-Token", "1.5.2"),
+    ("Leaseq-Fencing-Token", "abc"), ("Leaseq-Fencing-Token", "-1"), ("Leaseq-Fencing-Token", "1.5.2.3"),
     ("Leaseq-Fencing-Token", ""), ("Leaseq-Fencing-Token", "1.99999999999999999999"),
     ("Leaseq-Fencing-Token", "1.9223372036854775808"), ("Leaseq-Fencing-Token", "7"),
     ("Leaseq-Fencing-Token", "1.-2"), ("Leaseq-Fencing-Token", "+1.2"), ("Idempotency-Key", "x" * 256),

@@ -117,7 +117,7 @@ def test_same_database_lease_check_refuses_an_expired_attempt_before_anyone_else
         with store.transaction() as conn:
             conn.execute("CREATE TABLE ledger (account TEXT NOT NULL, amount INTEGER NOT NULL, note TEXT)")
         task, worker, claim = claimed(q, lease=30)
-        token = fencing_token(task.id, claim.generation)
+        token = claim.fencing_token
         assert store.apply("order:17", token, write(store, "live")) == {"note": "live"}
         q.release(worker, claim, "handing back")              # the attempt ends: no lease any more
         with pytest.raises(StaleToken, match="no longer holds its lease"):
@@ -127,7 +127,7 @@ def test_same_database_lease_check_refuses_an_expired_attempt_before_anyone_else
         assert claim2.task_id == task2.id
         wait_expired(q, task2.id)                             # expired, and nobody has reclaimed it
         with pytest.raises(StaleToken):
-            store.apply("order:18", fencing_token(task2.id, claim2.generation), write(store, "zombie"))
+            store.apply("order:18", claim2.fencing_token, write(store, "zombie"))
         assert [row[2] for row in ledger(store)] == ["live"]
         assert store.newest_generation("order:18", task2.id) is None
     finally:
@@ -142,7 +142,7 @@ def test_lease_check_through_a_queue_on_another_database(q, tmp_path):
         with store.transaction() as conn:
             conn.execute("CREATE TABLE ledger (account TEXT NOT NULL, amount INTEGER NOT NULL, note TEXT)")
         task, worker, claim = claimed(q, lease=0.4)
-        token = fencing_token(task.id, claim.generation)
+        token = claim.fencing_token
         assert store.apply("order:17", token, write(store, "live")) == {"note": "live"}
         wait_expired(q, task.id)
         with pytest.raises(StaleToken, match=f"task {task.id} generation 1"):

@@ -332,3 +332,29 @@ def test_a_worker_role_cannot_mint_beyond_its_lease_and_declarations(q: leaseq.Q
             assert admin.execute("SELECT count(*) FROM leaseq_action_tokens").fetchone()[0] == before + 1
     finally:
         mine.close()
+
+
+def test_a_token_of_another_lease_epoch_than_its_tasks_claim_is_superseded(q: leaseq.Queue, shop: TestClient) -> None:
+    """A failover can keep a token's row while the claim it was minted under is handed out again
+    in a new history (a new lease epoch, perhaps the same generation): the verifier and the
+    queue's lease check both compare the epoch, not only the generation."""
+    worker, claim, fx = begin(q)
+    assert post(shop, fx.token).status_code == 200
+    with q.hold_attempt(claim.task_id, claim.generation, epoch=claim.epoch):
+        pass
+    moved = "UPDATE leaseq_tasks SET claim_epoch = claim_epoch + 1 WHERE id = "
+    if q.dialect == "sqlite":
+        import sqlite3
+
+        with sqlite3.connect(q.store.dsn[len("sqlite:///"):]) as conn:
+            conn.execute(moved + "?", (claim.task_id,))
+    else:
+        with psycopg.connect(q.store.dsn) as conn:
+            conn.execute(moved + "%s", (claim.task_id,))
+    refused = post(shop, fx.token)
+    assert refused.status_code == 403 and refused.json()["error"]["reason"] == "superseded", refused.text
+    with pytest.raises(leaseq.LeaseLost):
+        with q.hold_attempt(claim.task_id, claim.generation, epoch=claim.epoch):
+            pass
+    with q.hold_attempt(claim.task_id, claim.generation, epoch=claim.epoch + 1):
+        pass

@@ -138,7 +138,7 @@ def test_an_outcome_that_is_not_json_is_refused_and_rolled_back(store):
     (("", "1.1"), "resource_key"), ((5, "1.1"), "resource_key"), (("x" * 1001, "1.1"), "resource_key"),
     (("a\x00b", "1.1"), "resource_key"), (("acct", "10.-1"), "fencing_token"), (("acct", True), "fencing_token"),
     (("acct", 3), "fencing_token"), (("acct", "3"), "fencing_token"), (("acct", f"10.{2**63}"), "fencing_token"),
-    (("acct", f"{2**63}.1"), "fencing_token"), (("acct", 1.0), "fencing_token"), (("acct", "10.1.2"), "fencing_token"),
+    (("acct", f"{2**63}.1"), "fencing_token"), (("acct", 1.0), "fencing_token"), (("acct", "10.1.2.3"), "fencing_token"),
     (("acct", " 10.1"), "fencing_token"), (("acct", "10.1\n"), "fencing_token"),
 ])
 def test_bad_arguments_name_the_field_and_change_nothing(store, args, field):

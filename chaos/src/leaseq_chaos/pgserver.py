@@ -11,10 +11,12 @@ operating-system user, since PostgreSQL refuses to run as root.
 
 from __future__ import annotations
 
+import contextlib
 import glob
 import os
 import pwd
 import shutil
+import signal
 import socket
 import subprocess
 import tempfile
@@ -30,7 +32,8 @@ def find_bindir(explicit: str | None = None) -> str | None:
         return explicit if os.path.exists(os.path.join(explicit, "pg_ctl")) else None
     on_path = shutil.which("pg_ctl")
     if on_path and shutil.which("initdb"):
-        return os.path.dirname(on_path)
+        # the folder the binaries are in, not a folder of links to some of them
+        return os.path.dirname(os.path.realpath(on_path))
     found = sorted(glob.glob("/usr/lib/postgresql/*/bin/pg_ctl"),
                    key=lambda p: int(p.split("/")[4]) if p.split("/")[4].isdigit() else 0)
     return os.path.dirname(found[-1]) if found else None
@@ -102,6 +105,59 @@ class ThrowawayPostgres:
                        # (the checker does flag that, as lost tasks and double completions).
                        "fsync = off\nfull_page_writes = off\n")
         return self
+
+    def standby(self, *, synchronous: bool = False) -> ThrowawayPostgres:
+        """A streaming standby of this (running) server, started: ``pg_basebackup -R`` into a new folder.
+
+        ``synchronous``: this server then waits, at every commit, for the
+        standby to have flushed the commit's WAL (``synchronous_standby_names``,
+        reloaded), so nothing acknowledged is missing on it.
+        """
+        import psycopg
+
+        standby = ThrowawayPostgres(bindir=self.bindir, max_connections=self.max_connections)
+        standby.root = Path(tempfile.mkdtemp(prefix="leaseq-chaos-pg-"))
+        if self._as_postgres:
+            pw = pwd.getpwnam("postgres")
+            os.chown(standby.root, pw.pw_uid, pw.pw_gid)
+        name = f"standby_{standby.port}"
+        try:
+            self._run("pg_basebackup", "-h", "127.0.0.1", "-p", str(self.port), "-U", "postgres", "-D",
+                      str(standby.data), "-R", "-X", "stream", "--no-sync", "-c", "fast",
+                      "-d", f"application_name={name}")
+        except BaseException:
+            standby.stop()
+            raise
+        with open(standby.data / "postgresql.conf", "a") as conf:
+            conf.write(f"\n# leaseq chaos: a streaming standby of port {self.port}\nport = {standby.port}\n"
+                       f"unix_socket_directories = '{standby.root}'\nsynchronous_standby_names = ''\n")
+        standby._pg_ctl("start")
+        if synchronous:
+            with psycopg.connect(self.dsn(), autocommit=True) as conn:
+                conn.execute(f"ALTER SYSTEM SET synchronous_standby_names = '{name}'")
+                conn.execute("SELECT pg_reload_conf()")
+        return standby
+
+    def kill(self) -> None:
+        """SIGKILL the postmaster and every backend at once: the server dies as a crashed machine's
+        would, and no backend commits another transaction or answers another statement."""
+        pid = int((self.data / "postmaster.pid").read_text().split()[0])
+        children = []
+        for entry in os.listdir("/proc"):
+            try:
+                if entry.isdigit() and int(Path(f"/proc/{entry}/stat").read_text().rsplit(")", 1)[1].split()[1]) == pid:
+                    children.append(int(entry))
+            except (OSError, IndexError, ValueError):
+                continue
+        # The postmaster first, then every backend at once: none commits another transaction.
+        os.kill(pid, signal.SIGKILL)
+        for child in children:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(child, signal.SIGKILL)
+
+    def promote(self) -> None:
+        """Promote this standby to a primary (``pg_ctl promote``, waiting until it accepts writes)."""
+        self._pg_ctl("promote")
 
     def _pg_ctl(self, action: str, *extra: str) -> None:
         self._run("pg_ctl", "-D", str(self.data), "-l", str(self.root / "server.log"), "-w", "-t", "60",

@@ -168,8 +168,9 @@ class Task:
 class Claim:
     """A lease on one task: who holds it, which acquisition, until when.
 
-    ``generation`` is the fencing token: it grows with every claim of the task,
-    and every guarded write carries it.
+    ``generation`` grows with every claim of the task, and every guarded
+    write carries it. ``epoch`` names the database history the claim was
+    made in (see :attr:`fencing_token`).
     """
 
     task_id: int
@@ -179,6 +180,22 @@ class Claim:
     task: Task
     #: the lease length this claim was given (each renewal extends it by this much)
     lease_seconds: float = 0.0
+    #: the lease epoch of the claim: on PostgreSQL it changes whenever the database's history
+    #: may have been cut (a standby promoted, a point-in-time restore); 0 on SQLite
+    epoch: int = 0
+
+    @property
+    def fencing_token(self) -> str:
+        """The attempt's fencing token: ``"<task_id>.<epoch>.<generation>"``, or
+        ``"<task_id>.<generation>"`` when the epoch is 0. A fence compares the epoch
+        before the generation, so an attempt made before a failover orders below
+        every attempt made after it."""
+        return format_fencing_token(self.task_id, self.generation, self.epoch)
+
+
+def format_fencing_token(task_id: int, generation: int, epoch: int = 0) -> str:
+    """The fencing token of an attempt (see :attr:`Claim.fencing_token`)."""
+    return f"{task_id}.{epoch}.{generation}" if epoch else f"{task_id}.{generation}"
 
 
 class Claims(list):  # type: ignore[type-arg]  # a list of Claim

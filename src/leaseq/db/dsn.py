@@ -10,6 +10,8 @@ from urllib.parse import unquote, urlsplit, urlunsplit
 from ..core.errors import BackendUnavailable, ConfigError
 
 DEFAULT_DSN = "sqlite:///leaseq.db"
+#: A libpq keyword/value connection string starts with a keyword and '='.
+_KEYWORDS = re.compile(r"[a-z_]+\s*=")
 
 #: What PostgreSQL (or libpq) says when it answered and refused the login: a wrong password or
 #: role, no pg_hba.conf entry, no such database, no right to connect. Waiting does not heal these,
@@ -25,14 +27,17 @@ def parse_dsn(dsn: str | None) -> tuple[str, str]:
     """``(dialect, target)`` for a DSN; None means ``$LEASEQ_DSN`` or the embedded default.
 
     ``sqlite:///relative.db`` and ``sqlite:////absolute/path.db`` name files;
-    ``postgresql://…`` and ``postgres://…`` name a PostgreSQL database.
+    ``postgresql://…`` and ``postgres://…`` name a PostgreSQL database, and so
+    does a libpq keyword/value string (``host=a,b port=5432,5432 dbname=app
+    target_session_attrs=read-write``: a primary and its standbys, the
+    connection following whichever accepts writes).
     """
     if dsn is None:
         dsn = os.environ.get("LEASEQ_DSN") or DEFAULT_DSN
     if not isinstance(dsn, str) or not dsn.strip():
         raise ConfigError("dsn: must be a non-empty string such as sqlite:///leaseq.db or postgresql://host/db")
     dsn = dsn.strip()
-    if dsn.startswith(("postgresql://", "postgres://")):
+    if dsn.startswith(("postgresql://", "postgres://")) or _KEYWORDS.match(dsn):
         return "postgres", dsn
     if dsn.startswith("sqlite://"):
         path = dsn[len("sqlite://"):]

@@ -234,7 +234,8 @@ def signed(s: Settings, effect: Effect, held: dict[str, Any], wid: str, generati
             return effect
         return dataclasses.replace(effect, token=action_tokens.format_token(minted["id"], secret))
     token = s.signer.issue(effect.task_id, effect.generation, effect.action, effect.downstream_key,
-                           s.action_token_ttl, resource=effect.resource, now=held["now"].timestamp(),
+                           s.action_token_ttl, resource=effect.resource, epoch=int(held.get("claim_epoch") or 0),
+                           now=held["now"].timestamp(),
                            not_after=held["lease_expires_at"].timestamp())
     return dataclasses.replace(effect, token=token)
 

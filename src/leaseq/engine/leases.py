@@ -93,7 +93,7 @@ def _claim(s: Settings, worker: Worker | str, *, queue: str = "default", limit: 
     claimed.sort(key=lambda r: (-r["priority"], r["available_at"], r["id"]))
     out = Claims(Claim(task_id=r["id"], generation=r["claim_generation"], worker_id=wid,
                        expires_at=r["lease_expires_at"], task=to_task(r),
-                       lease_seconds=r["lease_granted"])
+                       lease_seconds=r["lease_granted"], epoch=r.get("claim_epoch") or 0)
                  for r in claimed)
     if len(out) < limit and wait is not None:
         out.limit_wait = max(0.0, float(wait))

@@ -11,12 +11,15 @@ Fencing and idempotency answer different questions; use both when a task
 can be retried and reassigned:
 
 - A **fencing token** says "this worker's authority is newer than that
-  one's". It names the task and the claim generation of the attempt
-  (``fx.fencing_token`` is ``"<task_id>.<generation>"``); generations grow
-  with every claim of one task. The receiver remembers the newest
-  generation it accepted per resource *and task* and refuses that task's
-  older ones, so a worker that paused past its lease cannot overwrite the
-  work of the one that recovered the task. Generations of different tasks
+  one's". It names the task, the lease epoch and the claim generation of
+  the attempt (``fx.fencing_token`` is ``"<task_id>.<epoch>.<generation>"``,
+  or ``"<task_id>.<generation>"`` when the epoch is 0, as on SQLite);
+  generations grow with every claim of one task, and the epoch grows when
+  the queue's database fails over (docs: how-to/failover). The receiver
+  remembers the newest (epoch, generation) it accepted per resource *and
+  task* and refuses that task's older ones, so a worker that paused past
+  its lease, or whose claim a failover lost, cannot overwrite the work of
+  the one that recovered the task. Generations of different tasks
   are never compared: two tasks writing one record do not refuse each other.
 - An **idempotency key** says "these retries are the same logical action".
   It stays the same across attempts (``fx.idempotency_key``), and the
@@ -25,7 +28,7 @@ can be retried and reassigned:
 
 What is here:
 
-- :class:`FencedStore` (``apply``, ``newest_generation``, ``outcome``): the
+- :class:`FencedStore` (``apply``, ``newest_attempt``, ``outcome``): the
   fence and the idempotency records, atomic with writes made on its own
   connection; with ``lease_check=QueueLeaseCheck(...)`` it also asks the
   queue, in the same transaction, whether the attempt still holds its lease.
@@ -54,12 +57,12 @@ from .lease_check import LeaseCheck, QueueLeaseCheck
 from .middleware import FenceGrant, FencingMiddleware, UnsafeAnyAction, UnsafeOfflineTokens, fence_grant
 from .online import QueueVerifier
 from .routes import RouteActions, RouteMatch, match_route, route_param
-from .store import FencedStore, StoredOutcome, fencing_token
+from .store import Attempt, FencedStore, StoredOutcome, fencing_token, parse_token
 from .tokens import ActionClaims, ActionSigner
 
 __all__ = [
-    "ActionClaims", "ActionSigner", "FenceGrant", "FencedStore", "FencingMiddleware", "IdempotencyKeyReused",
+    "ActionClaims", "ActionSigner", "Attempt", "FenceGrant", "FencedStore", "FencingMiddleware", "IdempotencyKeyReused",
     "InvalidActionToken", "LeaseCheck", "QueueLeaseCheck", "QueueVerifier", "RouteActions", "RouteMatch",
     "StaleToken", "StoredOutcome", "UnsafeAnyAction", "UnsafeOfflineTokens", "fence_grant", "fencing_token",
-    "match_route", "route_param",
+    "match_route", "parse_token", "route_param",
 ]

@@ -6,8 +6,8 @@ lease deadline it carries has passed (plus leeway). A service that can
 reach the queue can close the window completely: with
 ``FencedStore(dsn, lease_check=QueueLeaseCheck())`` every fenced apply asks,
 inside its own transaction and before the write runs, whether that task's
-attempt is still the running one with a live lease, and keeps the answer
-true until it commits:
+attempt (its task, lease epoch and generation) is still the running one with
+a live lease, and keeps the answer true until it commits:
 
 - ``QueueLeaseCheck()``: leaseq's tables are in the store's own database.
   The question is a query on the fence's connection: on PostgreSQL it takes
@@ -43,8 +43,12 @@ def _queue_queries(dialect: str) -> dict[str, str]:
 class LeaseCheck:
     """Asks, inside a fenced apply, whether attempt ``generation`` of ``task_id`` still holds its lease."""
 
-    def hold(self, conn: Any, dialect: str, task_id: int, generation: int) -> AbstractContextManager[None]:
+    def hold(self, conn: Any, dialect: str, task_id: int, generation: int, *,
+             epoch: int = 0) -> AbstractContextManager[None]:
         """A context entered before the write and left after the fence commits.
+
+        ``epoch``: the lease epoch of the attempt's claim (its fencing
+        token's); an attempt of another epoch is not the one holding the lease.
 
         Raises :class:`leaseq.StaleToken` on entry if the lease is not held;
         while entered, the answer may not change.
@@ -52,8 +56,9 @@ class LeaseCheck:
         raise NotImplementedError
 
 
-def _not_held(task_id: int, generation: int) -> StaleToken:
-    exc = StaleToken(f"task {task_id} generation {generation} no longer holds its lease "
+def _not_held(task_id: int, generation: int, epoch: int) -> StaleToken:
+    what = f"generation {generation}" + (f" of lease epoch {epoch}" if epoch else "")
+    exc = StaleToken(f"task {task_id} {what} no longer holds its lease "
                      "(the queue says so); the write was refused")
     exc.task_id, exc.generation = task_id, generation
     return exc
@@ -72,17 +77,17 @@ class QueueLeaseCheck(LeaseCheck):
         return f"QueueLeaseCheck({'same database' if self.queue is None else self.queue!r})"
 
     @contextmanager
-    def hold(self, conn: Any, dialect: str, task_id: int, generation: int) -> Iterator[None]:
+    def hold(self, conn: Any, dialect: str, task_id: int, generation: int, *, epoch: int = 0) -> Iterator[None]:
         if self.queue is not None:
             with ExitStack() as held:
                 try:
-                    held.enter_context(self.queue.hold_attempt(task_id, generation))
+                    held.enter_context(self.queue.hold_attempt(task_id, generation, epoch=epoch))
                 except LeaseLost:
-                    raise _not_held(task_id, generation) from None
+                    raise _not_held(task_id, generation, epoch) from None
                 yield
             return
         sql = _queue_queries(dialect)["attempt_holds_lease"]
-        params = {"task_id": task_id, "generation": generation}
+        params = {"task_id": task_id, "generation": generation, "epoch": epoch}
         if not conn.execute(sql, params).fetchall():
-            raise _not_held(task_id, generation)
+            raise _not_held(task_id, generation, epoch)
         yield

@@ -173,7 +173,7 @@ ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]
 
 #: The scope key holding the :class:`FenceGrant` of a fenced request.
 SCOPE_KEY = "leaseq.fence"
-_TOKEN = re.compile(r"[0-9]{1,19}(?:\.[0-9]{1,19})?")
+_TOKEN = re.compile(r"[0-9]{1,19}(?:\.[0-9]{1,19}){0,2}")
 _KEY = re.compile(r"[\x21-\x7e]{1,255}")
 
 
@@ -453,7 +453,8 @@ class FencingMiddleware:
             raw = found[self.token_header]
             if not _TOKEN.fullmatch(raw) or any(int(part) > MAX_TOKEN for part in raw.split(".")):
                 raise _Refused(400, "invalid", f"{self._names['token']}: must be '<task_id>.<generation>' "
-                               f"(integers up to {MAX_TOKEN}), not {raw[:40]!r}")
+                               f"or '<task_id>.<epoch>.<generation>' (integers up to {MAX_TOKEN}), "
+                               f"not {raw[:40]!r}")
             token = raw
         if self.key_header in found:
             raw = found[self.key_header]

@@ -30,7 +30,7 @@ from functools import cache
 from typing import Any
 
 from ..core import action_tokens
-from ..core.errors import BackendUnavailable, InvalidInput
+from ..core.errors import BackendUnavailable, ConfigError, InvalidInput
 from .errors import InvalidActionToken
 from .tokens import ActionClaims
 
@@ -42,7 +42,8 @@ _REASONS = {
     "wrong_action": "the token was issued for another action",
     "wrong_idempotency_key": "the token was issued for another idempotency key",
     "wrong_resource": "the token was issued for another resource",
-    "superseded": "the attempt that holds the token was superseded (its task was claimed again)",
+    "superseded": "the attempt that holds the token was superseded (its task was claimed again, or the "
+                  "database failed over and the attempt's claim is not the task's claim there)",
     "lease_ended": "the attempt that holds the token no longer holds its lease (cancelled, revoked, "
                    "finished or expired)",
 }
@@ -70,10 +71,17 @@ class QueueVerifier:
     """
 
     def __init__(self, dsn: str):
-        if not isinstance(dsn, str) or not dsn.startswith(("postgresql://", "postgres://", "sqlite:///")):
-            raise InvalidInput("dsn", "must be a verifier role's postgresql:// DSN or the queue's sqlite:///path")
+        from ..db.dsn import parse_dsn
+
+        try:
+            dialect, _ = parse_dsn(dsn) if isinstance(dsn, str) and dsn.strip() else ("", "")
+        except ConfigError:
+            dialect = ""
+        if not dialect:
+            raise InvalidInput("dsn", "must be a verifier role's postgresql:// DSN (or libpq keyword string, "
+                               "e.g. 'host=a,b target_session_attrs=read-write') or the queue's sqlite:///path")
         self.dsn = dsn
-        self.dialect = "sqlite" if dsn.startswith("sqlite:") else "postgres"
+        self.dialect = dialect
         self._conninfo = dsn
         self._prepare_threshold: int | None = 5  # psycopg's default
         if self.dialect == "postgres":
@@ -111,7 +119,7 @@ class QueueVerifier:
         return ActionClaims(key_id=REFERENCE_KEY_ID, task_id=int(row["task_id"]), generation=int(row["generation"]),
                             action=row["action"], idempotency_key=row["idempotency_key"],
                             issued_at=_seconds(row["issued_at"]), expires_at=_seconds(row["expires_at"]),
-                            resource=row["resource"])
+                            resource=row["resource"], epoch=int(row.get("claim_epoch") or 0))
 
     def _ask(self, params: dict[str, Any]) -> dict[str, Any]:
         if self.dialect == "sqlite":
@@ -121,15 +129,24 @@ class QueueVerifier:
 
         with self._lock:
             conn = self._idle.pop() if self._idle else None
-        try:
-            if conn is None:
-                conn = psycopg.connect(self._conninfo, autocommit=True, row_factory=dict_row, connect_timeout=5,
-                                       prepare_threshold=self._prepare_threshold)
-            row = conn.execute(_statement("postgres"), params).fetchone()
-        except psycopg.Error as exc:
-            if conn is not None:
-                conn.close()
-            raise BackendUnavailable(f"the queue could not check the action token: {str(exc).strip()}") from None
+        while True:
+            reused = conn is not None
+            try:
+                if conn is None:
+                    conn = psycopg.connect(self._conninfo, autocommit=True, row_factory=dict_row, connect_timeout=5,
+                                           prepare_threshold=self._prepare_threshold)
+                row = conn.execute(_statement("postgres"), params).fetchone()
+                break
+            except psycopg.Error as exc:
+                if conn is not None:
+                    conn.close()
+                    conn = None
+                if reused:
+                    # An idle connection that died meanwhile (a restart, a failover: a multi-host
+                    # DSN then finds the new primary): asked once more on a new connection.
+                    continue
+                raise BackendUnavailable(f"the queue could not check the action token: "
+                                         f"{str(exc).strip()}") from None
         with self._lock:
             self._idle.append(conn)
         assert row is not None  # the query answers one row, always

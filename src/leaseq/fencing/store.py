@@ -14,11 +14,16 @@ routes every write it wants protected through :meth:`FencedStore.apply`::
     store.apply(f"order:{order_id}", fx.fencing_token, charge,
                 idempotency_key=fx.idempotency_key)
 
-A fencing token names its task: ``"<task_id>.<generation>"`` (what
+A fencing token names its task: ``"<task_id>.<epoch>.<generation>"``, or
+``"<task_id>.<generation>"`` when the lease epoch is 0 (what
 ``fx.fencing_token`` and ``ActionClaims.fencing_token`` give). Claim
 generations only order the attempts of one task, so the fence keeps the
-newest generation per resource *and task*: two tasks writing one record
-never refuse each other, and a task's superseded attempt is refused.
+newest (epoch, generation) per resource *and task*: two tasks writing one
+record never refuse each other, and a task's superseded attempt is refused.
+The epoch is compared first: it grows whenever the queue's database history
+may have been cut (a failover to a standby that had not received every
+claim can hand one generation out twice), so an attempt made before a
+failover is older than any made after it.
 """
 
 from __future__ import annotations
@@ -29,9 +34,10 @@ from collections.abc import Callable, Iterator
 from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Any, TypeVar
+from typing import Any, NamedTuple, TypeVar
 
 from ..core.errors import InvalidInput, StaleToken
+from ..core.model import format_fencing_token
 from .backends import open_fence_backend
 from .errors import IdempotencyKeyReused
 from .lease_check import LeaseCheck
@@ -40,7 +46,7 @@ T = TypeVar("T")
 
 #: Task ids and generations are stored as BIGINT.
 MAX_TOKEN = 2**63 - 1
-_FENCING_TOKEN = re.compile(r"([0-9]{1,19})\.([0-9]{1,19})")
+_FENCING_TOKEN = re.compile(r"([0-9]{1,19})\.(?:([0-9]{1,19})\.)?([0-9]{1,19})")
 #: Longest resource key or idempotency key accepted.
 MAX_KEY_LENGTH = 1000
 # An escaped NUL (\u0000 not preceded by an odd run of backslashes) in JSON text.
@@ -61,12 +67,13 @@ class StoredOutcome:
     recorded_at: datetime
 
 
-def fencing_token(task_id: int, generation: int) -> str:
-    """The fencing token of attempt ``generation`` of task ``task_id``: ``"<task_id>.<generation>"``."""
-    for field, value in (("task_id", task_id), ("generation", generation)):
+def fencing_token(task_id: int, generation: int, epoch: int = 0) -> str:
+    """The fencing token of attempt ``generation`` of task ``task_id`` claimed in lease epoch ``epoch``:
+    ``"<task_id>.<epoch>.<generation>"``, or ``"<task_id>.<generation>"`` when the epoch is 0."""
+    for field, value in (("task_id", task_id), ("generation", generation), ("epoch", epoch)):
         if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= MAX_TOKEN:
             raise InvalidInput(field, f"must be an integer between 0 and {MAX_TOKEN}, not {value!r}")
-    return f"{task_id}.{generation}"
+    return format_fencing_token(task_id, generation, epoch)
 
 
 def stored_key(idempotency_key: str, task_id: int | None) -> str:
@@ -82,9 +89,25 @@ def stored_key(idempotency_key: str, task_id: int | None) -> str:
     return f"{task_id}:{idempotency_key}"
 
 
-def parse_token(field: str, token: Any) -> tuple[int, int]:
-    """``(task_id, generation)`` of a fencing token, else :class:`InvalidInput` naming ``field``.
+class Attempt(NamedTuple):
+    """What a fencing token names: one attempt of one task."""
 
+    task_id: int
+    #: the lease epoch of the attempt's claim (0: a token of the form ``"<task_id>.<generation>"``)
+    epoch: int
+    generation: int
+
+    @property
+    def token(self) -> str:
+        """The fencing token's string form."""
+        return format_fencing_token(self.task_id, self.generation, self.epoch)
+
+
+def parse_token(field: str, token: Any) -> Attempt:
+    """The :class:`Attempt` a fencing token names, else :class:`InvalidInput` naming ``field``.
+
+    ``"<task_id>.<epoch>.<generation>"``, or ``"<task_id>.<generation>"``
+    (epoch 0: SQLite's claims, and PostgreSQL's made before schema 25).
     A bare integer is refused: a generation alone cannot be compared with
     anything, since generations only order the attempts of one task.
     """
@@ -95,12 +118,12 @@ def parse_token(field: str, token: Any) -> tuple[int, int]:
         raise InvalidInput(field, f"must be a string '<task_id>.<generation>', not {type(token).__name__}")
     match = _FENCING_TOKEN.fullmatch(token)
     if match is None:
-        raise InvalidInput(field, f"must be '<task_id>.<generation>' (two non-negative integers), "
-                           f"not {token[:40]!r}")
-    task_id, generation = int(match[1]), int(match[2])
-    if task_id > MAX_TOKEN or generation > MAX_TOKEN:
-        raise InvalidInput(field, f"task id and generation must each be at most {MAX_TOKEN}")
-    return task_id, generation
+        raise InvalidInput(field, f"must be '<task_id>.<generation>' or '<task_id>.<epoch>.<generation>' "
+                           f"(non-negative integers), not {token[:40]!r}")
+    attempt = Attempt(int(match[1]), int(match[2] or 0), int(match[3]))
+    if max(attempt) > MAX_TOKEN:
+        raise InvalidInput(field, f"task id, epoch and generation must each be at most {MAX_TOKEN}")
+    return attempt
 
 
 def check_token(field: str, token: Any) -> str:
@@ -152,6 +175,11 @@ class FencedStore:
             # Stores made before fences were per task: their outcomes gain the task column.
             if not self._backend.run(conn, "outcomes_have_task"):
                 self._backend.run(conn, "add_outcomes_task")
+            # Stores made before lease epochs: every attempt they accepted was of epoch 0.
+            if not self._backend.run(conn, "fences_have_epoch"):
+                self._backend.run(conn, "add_fence_epoch")
+            if not self._backend.run(conn, "outcomes_have_epoch"):
+                self._backend.run(conn, "add_outcomes_epoch")
 
     @contextmanager
     def transaction(self) -> Iterator[Any]:
@@ -166,14 +194,18 @@ class FencedStore:
               idempotency_key: str | None = None) -> T | Any:
         """Run ``write(conn)`` unless a newer attempt of the token's task already wrote to ``resource_key``.
 
-        ``fencing_token`` is ``"<task_id>.<generation>"`` (``fx.fencing_token``).
+        ``fencing_token`` is ``"<task_id>.<epoch>.<generation>"`` or
+        ``"<task_id>.<generation>"`` (epoch 0) (``fx.fencing_token``).
         One transaction holds, in order:
 
         1. The fence. The fence row of (``resource_key``, task) is locked to
-           the end of the transaction. If the generation is lower than the
-           newest one accepted for that task on that resource,
+           the end of the transaction. Attempts are ordered by lease epoch,
+           then generation: if the token's (epoch, generation) is lower than
+           the newest one accepted for that task on that resource,
            :class:`leaseq.StaleToken` is raised, ``write`` is not called and
-           nothing changes. A higher generation is recorded as the newest; an
+           nothing changes (an attempt made before a failover is refused once
+           an attempt made after it has written, whatever their generations).
+           A higher one is recorded as the newest; an
            equal one is accepted (the same attempt may write several times).
            Other tasks' generations are never compared: each task has its
            own row. ``None`` skips the fence: idempotency only.
@@ -221,14 +253,15 @@ class FencedStore:
         with ExitStack() as lease_held:  # left after the fence transaction has committed
             with self._backend.transaction() as conn:
                 if attempt is not None:
-                    self._pass_fence(conn, resource_key, *attempt)
+                    self._pass_fence(conn, resource_key, attempt)
                     if self.lease_check is not None:
-                        lease_held.enter_context(self.lease_check.hold(conn, self.dialect, *attempt))
+                        lease_held.enter_context(self.lease_check.hold(
+                            conn, self.dialect, attempt.task_id, attempt.generation, epoch=attempt.epoch))
                 if idempotency_key is not None:
                     given, idempotency_key = idempotency_key, stored_key(idempotency_key, attempt and attempt[0])
                     reserved = run(conn, "reserve_key", idempotency_key=idempotency_key,
-                                   resource_key=resource_key, task_id=attempt and attempt[0],
-                                   generation=attempt and attempt[1])
+                                   resource_key=resource_key, task_id=attempt and attempt.task_id,
+                                   generation=attempt and attempt.generation, epoch=attempt and attempt.epoch)
                     if not reserved:
                         return self._replay(conn, idempotency_key, given, resource_key, attempt)
                 value = write(conn)
@@ -239,12 +272,21 @@ class FencedStore:
                 return json.loads(encoded)
 
     def newest_generation(self, resource_key: str, task_id: int) -> int | None:
-        """The newest generation of task ``task_id`` accepted for ``resource_key``, or None if none was."""
+        """The generation of the newest attempt of task ``task_id`` accepted for ``resource_key``, or None
+        if none was (:meth:`newest_attempt` gives its lease epoch too)."""
+        newest = self.newest_attempt(resource_key, task_id)
+        return None if newest is None else newest.generation
+
+    def newest_attempt(self, resource_key: str, task_id: int) -> Attempt | None:
+        """The newest attempt of task ``task_id`` accepted for ``resource_key`` (highest lease epoch,
+        then generation), or None if none was."""
         check_key("resource_key", resource_key)
         fencing_token(task_id, 0)  # checks task_id
         with self._backend.connection() as conn:
             rows = self._backend.run(conn, "newest_generation", resource_key=resource_key, task_id=task_id)
-        return rows[0]["newest_generation"] if rows else None
+        if not rows:
+            return None
+        return Attempt(task_id, int(rows[0]["newest_epoch"]), int(rows[0]["newest_generation"]))
 
     def outcome(self, idempotency_key: str, task_id: int | None = None) -> StoredOutcome | None:
         """The stored outcome of ``idempotency_key``, or None if it was never applied.
@@ -260,7 +302,8 @@ class FencedStore:
         if not rows:
             return None
         row = rows[0]
-        token = None if row["task_id"] is None else f"{row['task_id']}.{row['fencing_token']}"
+        token = None if row["task_id"] is None else format_fencing_token(
+            row["task_id"], row["fencing_token"], row["fencing_epoch"] or 0)
         return StoredOutcome(idempotency_key=row["idempotency_key"], resource_key=row["resource_key"],
                              fencing_token=token, value=row["outcome"], recorded_at=row["recorded_at"])
 
@@ -274,27 +317,33 @@ class FencedStore:
     def __exit__(self, *exc: object) -> None:
         self.close()
 
-    def _pass_fence(self, conn: Any, resource_key: str, task_id: int, generation: int) -> None:
-        """Lock the fence row of (``resource_key``, task); raise StaleToken or record ``generation``."""
+    def _pass_fence(self, conn: Any, resource_key: str, attempt: Attempt) -> None:
+        """Lock the fence row of (``resource_key``, task); raise StaleToken or record ``attempt``."""
         run = self._backend.run
+        task_id = attempt.task_id
         where = dict(resource_key=resource_key, task_id=task_id)
         rows = run(conn, "lock_fence", **where)
         if not rows:
-            if run(conn, "create_fence", **where, generation=generation):
+            if run(conn, "create_fence", **where, epoch=attempt.epoch, generation=attempt.generation):
                 return  # the task's first write to this resource
             rows = run(conn, "lock_fence", **where)  # lost the race to create it
-        newest = rows[0]["newest_generation"]
-        if generation < newest:
-            exc = StaleToken(f"resource {resource_key!r}: task {task_id} generation {generation} is older "
-                             f"than its generation {newest} already accepted; the write was refused")
-            exc.resource_key, exc.token = resource_key, f"{task_id}.{generation}"
-            exc.newest_token = f"{task_id}.{newest}"
+        newest = Attempt(task_id, int(rows[0]["newest_epoch"]), int(rows[0]["newest_generation"]))
+        # The epoch first: an attempt from before a failover is older than any after it.
+        if (attempt.epoch, attempt.generation) < (newest.epoch, newest.generation):
+            what = (f"generation {attempt.generation} is older than its generation {newest.generation}"
+                    if attempt.epoch == newest.epoch else
+                    f"attempt {attempt.token} is from lease epoch {attempt.epoch}, before its attempt "
+                    f"{newest.token} of epoch {newest.epoch} (the queue's database failed over in between)")
+            exc = StaleToken(f"resource {resource_key!r}: task {task_id} {what} already accepted; "
+                             "the write was refused")
+            exc.resource_key, exc.token = resource_key, attempt.token
+            exc.newest_token = newest.token
             raise exc
-        if generation > newest:
-            run(conn, "advance_fence", **where, generation=generation)
+        if (attempt.epoch, attempt.generation) > (newest.epoch, newest.generation):
+            run(conn, "advance_fence", **where, epoch=attempt.epoch, generation=attempt.generation)
 
     def _replay(self, conn: Any, idempotency_key: str, given: str, resource_key: str,
-                attempt: tuple[int, int] | None) -> Any:
+                attempt: Attempt | None) -> Any:
         """The outcome stored under ``idempotency_key`` (the caller's key ``given``, as stored)."""
         rows = self._backend.run(conn, "get_outcome", idempotency_key=idempotency_key)
         if not rows:  # pragma: no cover - outcomes are never deleted

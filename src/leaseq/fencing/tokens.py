@@ -2,8 +2,8 @@
 
 A token is ``base64url(payload) + "." + base64url(HMAC-SHA256(secret, …))``
 with no padding. The payload is compact JSON naming the key id, the task,
-the claim generation, the action, the idempotency key, the resource when
-the effect named one, when it was issued and when it expires (Unix
+the claim generation (and the lease epoch of its claim, when not 0), the
+action, the idempotency key, the resource when the effect named one, when it was issued and when it expires (Unix
 milliseconds). A downstream service holding the same secrets checks it
 without any database access::
 
@@ -55,6 +55,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..core.errors import ConfigError, InvalidInput
+from ..core.model import format_fencing_token
 from .errors import InvalidActionToken
 
 #: The environment variable :meth:`ActionSigner.from_env` reads.
@@ -91,11 +92,14 @@ class ActionClaims:
     expires_at: float
     #: The resource the effect named (``ctx.effect(..., resource=…)``), or None.
     resource: str | None = None
+    #: The lease epoch of the attempt's claim (:attr:`leaseq.Claim.epoch`; 0 on SQLite).
+    epoch: int = 0
 
     @property
     def fencing_token(self) -> str:
-        """The attempt's fencing token, ``"<task_id>.<generation>"``, for :meth:`FencedStore.apply`."""
-        return f"{self.task_id}.{self.generation}"
+        """The attempt's fencing token, ``"<task_id>.<epoch>.<generation>"`` (``"<task_id>.<generation>"``
+        when the epoch is 0), for :meth:`FencedStore.apply`."""
+        return format_fencing_token(self.task_id, self.generation, self.epoch)
 
 
 def _b64encode(data: bytes) -> str:
@@ -195,15 +199,16 @@ class ActionSigner:
 
     def issue(self, task_id: int, generation: int, action: str, idempotency_key: str,
               ttl_seconds: float, *, resource: str | None = None, not_after: float | None = None,
-              now: float | None = None) -> str:
+              now: float | None = None, epoch: int = 0) -> str:
         """A token letting attempt ``generation`` of task ``task_id`` perform ``action``.
 
         The token expires ``ttl_seconds`` after ``now`` (default: the clock),
         or at ``not_after`` (Unix seconds: the lease deadline) if that is
         earlier, in whole milliseconds rounded down. ``resource``, when
-        given, binds the token to that resource key.
+        given, binds the token to that resource key. ``epoch``: the lease
+        epoch of the attempt's claim (written into the token when not 0).
         """
-        for field, value in (("task_id", task_id), ("generation", generation)):
+        for field, value in (("task_id", task_id), ("generation", generation), ("epoch", epoch)):
             if not _is_int(value) or value < 0:
                 raise InvalidInput(field, f"must be a non-negative integer, not {value!r}")
         for field, text in (("action", action), ("idempotency_key", idempotency_key)):
@@ -221,6 +226,8 @@ class ActionSigner:
                    "iat": math.floor(now * 1000), "exp": math.floor(expires * 1000)}
         if resource is not None:
             payload["res"] = resource
+        if epoch:
+            payload["ep"] = epoch
         body = _b64encode(json.dumps(payload, separators=(",", ":"), sort_keys=True).encode("utf-8"))
         if len(body) + 44 > MAX_TOKEN_LENGTH:
             raise InvalidInput("action", f"the token would exceed {MAX_TOKEN_LENGTH} characters; "
@@ -289,10 +296,10 @@ class ActionSigner:
         ints = ("task", "gen", "iat", "exp")
         if (payload.get("v") != TOKEN_VERSION or not all(_is_int(payload.get(k)) for k in ints)
                 or not all(isinstance(payload.get(k), str) for k in ("act", "key"))
-                or not isinstance(payload.get("res", ""), str)):
+                or not isinstance(payload.get("res", ""), str) or not _is_int(payload.get("ep", 0))):
             raise InvalidActionToken("malformed", "the payload does not name task, generation, action, "
                                      "idempotency key and expiry")
         return ActionClaims(key_id=payload["kid"], task_id=payload["task"], generation=payload["gen"],
                             action=payload["act"], idempotency_key=payload["key"],
                             issued_at=payload["iat"] / 1000, expires_at=payload["exp"] / 1000,
-                            resource=payload.get("res"))
+                            resource=payload.get("res"), epoch=payload.get("ep", 0))

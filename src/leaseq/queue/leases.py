@@ -156,8 +156,9 @@ class LeaseOps(QueueBase):
     # -- fences and revocation -------------------------------------------------
 
     @contextlib.contextmanager
-    def hold_attempt(self, task_id: int, generation: int) -> Iterator[None]:
-        """Hold attempt ``generation`` of ``task_id`` to its live lease while the block runs.
+    def hold_attempt(self, task_id: int, generation: int, *, epoch: int = 0) -> Iterator[None]:
+        """Hold attempt ``generation`` of ``task_id``, claimed in lease epoch ``epoch``, to its live lease
+        while the block runs.
 
         For a downstream fence on another database
         (:class:`leaseq.fencing.QueueLeaseCheck`): raises :class:`LeaseLost` if
@@ -168,8 +169,9 @@ class LeaseOps(QueueBase):
         """
         task_id = checks.check_task_id(task_id)
         generation = checks.check_int("generation", generation, minimum=0)
+        epoch = checks.check_int("epoch", epoch, minimum=0)
         with self.store.transaction() as tx:
-            if tx.row("attempt_holds_lease", task_id=task_id, generation=generation) is None:
+            if tx.row("attempt_holds_lease", task_id=task_id, generation=generation, epoch=epoch) is None:
                 raise LeaseLost(task_id, generation, "the attempt no longer holds its lease")
             yield
 

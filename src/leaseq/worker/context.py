@@ -29,6 +29,10 @@ if TYPE_CHECKING:  # pragma: no cover
 _LOSS_LOCK = threading.Lock()
 
 
+#: What names one attempt in a worker: (task id, lease epoch, generation).
+AttemptKey = tuple[int, int, int]
+
+
 class TaskContext:
     """The handler's view of one claimed task."""
 
@@ -86,10 +90,11 @@ class TaskContext:
         return self.claim.task_id
 
     @property
-    def key(self) -> tuple[int, int]:
-        """(task id, generation): one attempt. A worker may hold a stale and a new
-        attempt of the same task at once, so the runtime tracks attempts, not tasks."""
-        return (self.claim.task_id, self.claim.generation)
+    def key(self) -> AttemptKey:
+        """(task id, lease epoch, generation): one attempt. A worker may hold a stale and a new
+        attempt of the same task at once, so the runtime tracks attempts, not tasks; after a
+        failover lost its claim, the stale and the new one can even share the generation."""
+        return (self.claim.task_id, self.claim.epoch, self.claim.generation)
 
     @property
     def generation(self) -> int:

@@ -4,19 +4,29 @@ The intent is written under the lease guard on entry, the response on
 :meth:`EffectScope.record` (or an empty one on a clean exit); a response
 recorded by an earlier attempt is replayed instead. Created by
 :meth:`leaseq.TaskContext.effect` and :meth:`leaseq.TaskContext.tool`.
+
+A ledger write that meets the infrastructure's trouble (the database
+unreachable or failing over, the service restarting, rate limited) is tried
+again, with backoff, while the lease may still be live: the queue's trouble
+is never the handler's failure. Once the lease can no longer be met, the
+write raises :class:`leaseq.LeaseLost`: the attempt ends as a lost lease,
+and the recovery policy, not the handler's retry budget, routes the task.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import time
 from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
-from ..core.errors import LeaseLost
-from ..core.model import Effect
+from ..core.errors import InvalidTransition, LeaseLost
+from ..core.model import Effect, format_fencing_token
 from ..observability import tracing
+from .completer import INITIAL_BACKOFF, next_backoff
+from .startup import is_transient
 
 if TYPE_CHECKING:  # pragma: no cover
     from .context import TaskContext
@@ -62,16 +72,47 @@ class EffectScope:
             self._ctx._refused(exc)
             raise
 
+    def _pause(self, op: str, exc: BaseException, tries: int) -> float:
+        """After a ledger write's ``tries``-th failure in transit: how long to wait before the next try,
+        or :class:`LeaseLost` when the lease could run out first (never the handler's failure)."""
+        ctx = self._ctx
+        backoff = INITIAL_BACKOFF
+        for _ in range(tries):
+            delay, backoff = next_backoff(backoff, exc)
+        if ctx.lost or time.monotonic() + delay >= ctx.may_last_until():
+            reason = f"{op} could not be written before the lease could run out: {exc}"
+            ctx.mark_lost(reason, inferred=True)
+            raise LeaseLost(ctx.task_id, ctx.generation, reason) from exc
+        ctx.log.warning(f"{op} of {self.action!r} failed in transit (try {tries}), trying again: {exc}")
+        return delay
+
     def _call_begin(self, key: str | None) -> Effect:
         args, extra = self._begin_args(key)
-        with self._guarded():
-            return self._ctx._transport.begin_effect(*args, **extra)
+        tries = 0
+        while True:
+            try:
+                with self._guarded():
+                    return self._ctx._transport.begin_effect(*args, **extra)
+            except Exception as exc:
+                if not is_transient(exc):
+                    raise
+                tries += 1
+                time.sleep(self._pause("begin_effect", exc, tries))
 
     async def _acall_begin(self, key: str | None) -> Effect:
         args, extra = self._begin_args(key)
-        with self._guarded():
-            effect: Effect = await self._ctx._transport.abegin_effect(*args, **extra)  # type: ignore[attr-defined]
-            return effect
+        tries = 0
+        while True:
+            try:
+                with self._guarded():
+                    effect: Effect = await self._ctx._transport.abegin_effect(  # type: ignore[attr-defined]
+                        *args, **extra)
+                    return effect
+            except Exception as exc:
+                if not is_transient(exc):
+                    raise
+                tries += 1
+                await asyncio.sleep(self._pause("begin_effect", exc, tries))
 
     # The intent is written on entry, under the lease guard.
     @contextlib.contextmanager
@@ -158,11 +199,12 @@ class EffectScope:
 
     @property
     def fencing_token(self) -> str:
-        """This attempt's fencing token, ``"<task_id>.<generation>"``, for
-        :meth:`leaseq.fencing.FencedStore.apply`. It names its task: a fence
-        compares it only with the same task's attempts."""
+        """This attempt's fencing token, ``"<task_id>.<epoch>.<generation>"`` (``"<task_id>.<generation>"``
+        when the claim's lease epoch is 0, as on SQLite), for :meth:`leaseq.fencing.FencedStore.apply`.
+        It names its task: a fence compares it only with the same task's attempts, the lease epoch
+        first, so an attempt made before the queue's database failed over is older than any after."""
         assert self.effect is not None
-        return f"{self.effect.task_id}.{self.effect.generation}"
+        return format_fencing_token(self.effect.task_id, self.effect.generation, self._ctx.claim.epoch)
 
     @property
     def token(self) -> str | None:
@@ -211,9 +253,28 @@ class EffectScope:
         if self._recorded:
             return
         assert self.effect is not None, "record() outside the effect block"
-        with self._guarded():
-            self.effect = self._ctx._transport.finish_effect(self._ctx.worker, self._ctx.claim, self.effect, response)
+        tries = 0
+        while True:
+            try:
+                with self._guarded():
+                    self.effect = self._ctx._transport.finish_effect(self._ctx.worker, self._ctx.claim, self.effect,
+                                                                     response)
+                break
+            except Exception as exc:
+                if tries and isinstance(exc, InvalidTransition):
+                    self.effect = self._written_in_transit(response)
+                    break
+                if not is_transient(exc):
+                    raise
+                tries += 1
+                time.sleep(self._pause("finish_effect", exc, tries))
         self._recorded = True
+
+    def _written_in_transit(self, response: Any) -> Effect:
+        """A try lost in transit was written: the retry, under the lease guard still held by this
+        attempt, found the entry no longer open under it, and no other attempt can have closed it."""
+        assert self.effect is not None
+        return dataclasses.replace(self.effect, status="done", response=response)
 
     async def arecord(self, response: Any) -> None:
         """:meth:`record` for async handlers."""
@@ -226,8 +287,7 @@ class EffectScope:
         # The call was made: its response is recorded even if the handler is cancelled
         # meanwhile (a timeout), as a blocking call in a thread would be, so that the
         # next attempt replays it rather than sending the task to reconciliation.
-        writing = asyncio.ensure_future(self._ctx._transport.afinish_effect(  # type: ignore[attr-defined]
-            self._ctx.worker, self._ctx.claim, self.effect, response))
+        writing = asyncio.ensure_future(self._afinish(response))
         with self._guarded():
             try:
                 self.effect = await asyncio.shield(writing)
@@ -235,6 +295,23 @@ class EffectScope:
                 writing.add_done_callback(_retrieved)
                 raise
         self._recorded = True
+
+    async def _afinish(self, response: Any) -> Effect:
+        """finish_effect, awaited, tried again after a failure in transit (see :meth:`record`)."""
+        assert self.effect is not None
+        tries = 0
+        while True:
+            try:
+                effect: Effect = await self._ctx._transport.afinish_effect(  # type: ignore[attr-defined]
+                    self._ctx.worker, self._ctx.claim, self.effect, response)
+                return effect
+            except Exception as exc:
+                if tries and isinstance(exc, InvalidTransition):
+                    return self._written_in_transit(response)
+                if not is_transient(exc):
+                    raise
+                tries += 1
+                await asyncio.sleep(self._pause("finish_effect", exc, tries))
 
 
 def _retrieved(writing: asyncio.Future[Any]) -> None:

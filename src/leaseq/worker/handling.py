@@ -42,11 +42,11 @@ class Handling(Losses):
         loop = asyncio.get_running_loop()  # the runtime's: a claim's handlers start on it
         ctx.on_lost = lambda c, reason: loop.call_soon_threadsafe(self._after_loss, c, reason)
         older = self._generations.setdefault(claim.task_id, set())
-        for stale in [self.held[(claim.task_id, g)] for g in older if not self.held[(claim.task_id, g)].loss_told]:
+        for stale in [self.held[key] for key in older if not self.held[key].loss_told]:
             # This worker reclaimed a task it had not yet seen lost: the older
             # attempt's lease is certainly gone.
             self._lose(stale, f"reclaimed under generation {claim.generation}")
-        older.add(claim.generation)
+        older.add(ctx.key)
         self.held[ctx.key] = ctx
         self._handling.add(ctx.key)
         self.stats.claimed += 1
@@ -213,7 +213,7 @@ class Handling(Losses):
         if self.held.pop(ctx.key, None) is not None:
             generations = self._generations.get(ctx.task_id)
             if generations is not None:
-                generations.discard(ctx.generation)
+                generations.discard(ctx.key)
                 if not generations:
                     del self._generations[ctx.task_id]
         self._tasks.pop(ctx.key, None)

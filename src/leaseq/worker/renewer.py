@@ -35,7 +35,7 @@ from .completer import INITIAL_BACKOFF, MAX_BACKOFF, is_infrastructure, lease_de
 
 if TYPE_CHECKING:  # pragma: no cover
     from ..core.model import Worker
-    from .context import TaskContext
+    from .context import AttemptKey, TaskContext
 
 logger = logging.getLogger("leaseq.worker")
 
@@ -53,7 +53,7 @@ class Renewer:
     """Renews the leases in ``held``; reports the lost ones through ``lose``."""
 
     def __init__(self, transport: Any, worker: Worker, call: Callable[..., Awaitable[Any]],
-                 held: dict[tuple[int, int], TaskContext], running: set[tuple[int, int]],
+                 held: dict[AttemptKey, TaskContext], running: set[AttemptKey],
                  lose: Callable[..., None], count: Callable[[], None]):
         self.transport = transport
         self.worker = worker

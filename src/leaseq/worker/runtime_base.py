@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 from ..core.model import Worker
 from ..observability.hooks import WorkerObserver
-from .context import TaskContext
+from .context import AttemptKey, TaskContext
 from .registry import Registry
 from .stats import WorkerStats
 from .transport import Capabilities
@@ -60,25 +60,25 @@ class RuntimeBase:
     # -- the worker and its leases ------------------------------------------------------------
     worker: Worker | None
     stats: WorkerStats
-    held: dict[tuple[int, int], TaskContext]
-    #: the generations of each task held here (almost always one): finds an older
+    held: dict[AttemptKey, TaskContext]
+    #: the attempts of each task held here (almost always one): finds an older
     #: attempt of a reclaimed task without walking every held lease at each claim
-    _generations: dict[int, set[int]]
-    _tasks: dict[tuple[int, int], asyncio.Task[None]]
+    _generations: dict[int, set[AttemptKey]]
+    _tasks: dict[AttemptKey, asyncio.Task[None]]
     #: tasks ended so far (an idle exit needs a claim sent after the last of them)
     _ended: int
     #: tasks whose handler is running: what concurrency limits (a finished
     #: handler's lease stays held until its outcome is recorded)
-    _handling: set[tuple[int, int]]
+    _handling: set[AttemptKey]
     #: with prefetch, the handler slots (``concurrency`` of them) that leased tasks wait for,
     #: in the order they were claimed (a task in ``_handling`` without ``ctx.slot_held`` waits)
     _slots: asyncio.Semaphore | None
     #: tasks whose handler runs in a thread (cancelling its asyncio task would only drop its result)
-    _threaded: set[tuple[int, int]]
+    _threaded: set[AttemptKey]
     #: presumed-lost attempts whose success was sent and is not settled yet
-    _presumed_sent: set[tuple[int, int]]
+    _presumed_sent: set[AttemptKey]
     #: the timers of attempts with a timeout, and the recordings of those that ran past it
-    _timers: dict[tuple[int, int], asyncio.TimerHandle]
+    _timers: dict[AttemptKey, asyncio.TimerHandle]
     _timeouts: set[asyncio.Future[Any]]
     renewer: Renewer | None
     completer: Completer | None

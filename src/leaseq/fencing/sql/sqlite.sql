@@ -15,6 +15,7 @@ CREATE TABLE IF NOT EXISTS leaseq_fence_attempts (
     resource_key      TEXT NOT NULL,
     task_id           INTEGER NOT NULL CHECK (task_id >= 0),
     newest_generation INTEGER NOT NULL CHECK (newest_generation >= 0),
+    newest_epoch      INTEGER NOT NULL DEFAULT 0,
     accepted_at       REAL NOT NULL DEFAULT ((julianday('now') - 2440587.5) * 86400.0),
     PRIMARY KEY (resource_key, task_id)
 );
@@ -26,7 +27,8 @@ CREATE TABLE IF NOT EXISTS leaseq_fence_outcomes (
     fencing_token   INTEGER,
     outcome         TEXT NOT NULL,
     recorded_at     REAL NOT NULL DEFAULT ((julianday('now') - 2440587.5) * 86400.0),
-    task_id         INTEGER
+    task_id         INTEGER,
+    fencing_epoch   INTEGER
 );
 
 -- name: outcomes_have_task
@@ -36,27 +38,29 @@ SELECT 1 AS present FROM pragma_table_info('leaseq_fence_outcomes') WHERE name =
 ALTER TABLE leaseq_fence_outcomes ADD COLUMN task_id INTEGER;
 
 -- name: lock_fence
-SELECT newest_generation FROM leaseq_fence_attempts
+SELECT newest_epoch, newest_generation FROM leaseq_fence_attempts
 WHERE resource_key = :resource_key AND task_id = :task_id;
 
 -- name: create_fence
-INSERT INTO leaseq_fence_attempts (resource_key, task_id, newest_generation)
-VALUES (:resource_key, :task_id, :generation)
+INSERT INTO leaseq_fence_attempts (resource_key, task_id, newest_epoch, newest_generation)
+VALUES (:resource_key, :task_id, :epoch, :generation)
 ON CONFLICT (resource_key, task_id) DO NOTHING
-RETURNING newest_generation;
+RETURNING newest_epoch, newest_generation;
 
 -- name: advance_fence
 UPDATE leaseq_fence_attempts
-SET newest_generation = :generation, accepted_at = (julianday('now') - 2440587.5) * 86400.0
-WHERE resource_key = :resource_key AND task_id = :task_id AND newest_generation < :generation;
+SET newest_epoch = :epoch, newest_generation = :generation, accepted_at = (julianday('now') - 2440587.5) * 86400.0
+WHERE resource_key = :resource_key AND task_id = :task_id 
+  AND (newest_epoch, newest_generation) < (:epoch, :generation);
 
 -- name: newest_generation
-SELECT resource_key, task_id, newest_generation, accepted_at FROM leaseq_fence_attempts
+SELECT resource_key, task_id, newest_epoch, newest_generation, accepted_at FROM leaseq_fence_attempts
 WHERE resource_key = :resource_key AND task_id = :task_id;
 
 -- name: reserve_key
-INSERT INTO leaseq_fence_outcomes (idempotency_key, resource_key, task_id, fencing_token, outcome)
-VALUES (:idempotency_key, :resource_key, :task_id, :generation, 'null')
+INSERT INTO leaseq_fence_outcomes (idempotency_key, resource_key, task_id, fencing_token, fencing_epoch,
+                                   outcome)
+VALUES (:idempotency_key, :resource_key, :task_id, :generation, :epoch, 'null')
 ON CONFLICT (idempotency_key) DO NOTHING
 RETURNING idempotency_key;
 
@@ -66,6 +70,18 @@ SET outcome = :outcome, recorded_at = (julianday('now') - 2440587.5) * 86400.0
 WHERE idempotency_key = :idempotency_key;
 
 -- name: get_outcome
-SELECT idempotency_key, resource_key, task_id, fencing_token, outcome, recorded_at
+SELECT idempotency_key, resource_key, task_id, fencing_token, fencing_epoch, outcome, recorded_at
 FROM leaseq_fence_outcomes
 WHERE idempotency_key = :idempotency_key;
+
+-- name: fences_have_epoch
+SELECT 1 AS present FROM pragma_table_info('leaseq_fence_attempts') WHERE name = 'newest_epoch';
+
+-- name: add_fence_epoch
+ALTER TABLE leaseq_fence_attempts ADD COLUMN newest_epoch INTEGER NOT NULL DEFAULT 0;
+
+-- name: outcomes_have_epoch
+SELECT 1 AS present FROM pragma_table_info('leaseq_fence_outcomes') WHERE name = 'fencing_epoch';
+
+-- name: add_outcomes_epoch
+ALTER TABLE leaseq_fence_outcomes ADD COLUMN fencing_epoch INTEGER;

@@ -562,6 +562,17 @@ WITH worker AS (
         -- what the claim asked for, never more than the task's own: a worker cannot grant itself a longer lease
         lease_expires_at = now() + least(coalesce(%(lease_seconds)s::float8, t.lease_seconds), t.lease_seconds) * interval '1 second',
         claim_generation = t.claim_generation + 1,
+        -- THE LEASE EPOCH, the one place it is read: the database history this
+        -- claim is made in. The cluster's initdb time in seconds (the high 32
+        -- bits of its system identifier: a dump restored into a new cluster
+        -- gets a later one) times 1,000,000, plus the WAL timeline now
+        -- inserted on (a promotion or a point-in-time restore starts a higher
+        -- one, readable at once, unlike pg_control_checkpoint's). Fences compare
+        -- it before the generation (schema 25). Read once per statement, and
+        -- only when a row is claimed.
+        claim_epoch = (SELECT (s.system_identifier >> 32) * 1000000
+                              + ('x' || left(pg_walfile_name(pg_current_wal_insert_lsn()), 8))::bit(32)::bigint
+                       FROM pg_control_system() s),
         attempts = t.attempts + 1,
         claimed_at = now(),
         heartbeat_count = 0,
@@ -657,7 +668,7 @@ RETURNING t.id, t.claim_generation, t.lease_expires_at;
 -- plan: generic
 -- Checks the lease and locks the row for the rest of the transaction, so no
 -- cancel or expiry routing can slip between the check and the write after it.
-SELECT t.id, t.queue, t.idempotency_key, t.effect, t.actions, t.resources, t.lease_expires_at,
+SELECT t.id, t.queue, t.idempotency_key, t.effect, t.actions, t.resources, t.lease_expires_at, t.claim_epoch,
        coalesce((SELECT q.paused FROM leaseq_queues q WHERE q.name = t.queue), false) AS paused,
        clock_timestamp() AS now  -- an action token is issued on this clock, not the signing process's
 FROM leaseq_tasks t
@@ -678,6 +689,7 @@ SELECT t.id FROM leaseq_tasks t
 WHERE t.id = %(task_id)s
   AND t.status = 'running'
   AND t.claim_generation = %(generation)s
+  AND t.claim_epoch = %(epoch)s  -- an attempt of another history is not this one (schema 25)
   AND t.lease_expires_at >= clock_timestamp()
 FOR SHARE OF t;
 
@@ -1035,9 +1047,9 @@ RETURNING *;
 -- from the rows, none from the caller, whose only inputs are the hash of the
 -- secret it drew and the lifetime (capped by the lease deadline, by the
 -- database's clock). No row back: refused, nothing written.
-INSERT INTO leaseq_action_tokens (token_hash, effect_id, task_id, generation, action, idempotency_key, resource,
-                                  issued_at, expires_at)
-SELECT %(token_hash)s::text, e.id, t.id, t.claim_generation, e.action, t.id::text || ':' || e.idempotency_key,
+INSERT INTO leaseq_action_tokens (token_hash, effect_id, task_id, generation, claim_epoch, action, idempotency_key,
+                                  resource, issued_at, expires_at)
+SELECT %(token_hash)s::text, e.id, t.id, t.claim_generation, t.claim_epoch, e.action, t.id::text || ':' || e.idempotency_key,
        e.resource, clock_timestamp(),
        least(t.lease_expires_at, clock_timestamp() + make_interval(secs => %(ttl_seconds)s::float8))
 FROM leaseq_effects e JOIN leaseq_tasks t ON t.id = e.task_id
@@ -1058,12 +1070,14 @@ RETURNING id, issued_at, expires_at;
 -- the claims are given only when the hash matches the token's id, the token
 -- is unexpired, for the action, downstream key and resource asked about
 -- (NULL: not asked; a token naming no resource passes, the caller decides),
--- and its attempt still holds a live lease (running, same generation, lease
--- unexpired, by the database's clock): a cancelled, revoked or superseded
--- attempt is refused at once. A wrong secret and an unknown id read alike.
+-- and its attempt still holds a live lease (running, same generation and
+-- lease epoch, lease unexpired, by the database's clock): a cancelled, revoked
+-- or superseded attempt is refused at once, and so is one of a history cut by
+-- a failover whose token survived in the new one. A wrong secret and an unknown id read alike.
 SELECT r.refusal,
        CASE WHEN r.refusal IS NULL THEN r.task_id END AS task_id,
        CASE WHEN r.refusal IS NULL THEN r.generation END AS generation,
+       CASE WHEN r.refusal IS NULL THEN r.claim_epoch END AS claim_epoch,
        CASE WHEN r.refusal IS NULL THEN r.action END AS action,
        CASE WHEN r.refusal IS NULL THEN r.idempotency_key END AS idempotency_key,
        CASE WHEN r.refusal IS NULL THEN r.resource END AS resource,
@@ -1076,11 +1090,12 @@ FROM (SELECT CASE WHEN k.id IS NULL THEN 'unknown_token'
                   WHEN %(idempotency_key)s::text IS NOT NULL AND k.idempotency_key <> %(idempotency_key)s::text
                       THEN 'wrong_idempotency_key'
                   WHEN %(resource)s::text IS NOT NULL AND k.resource <> %(resource)s::text THEN 'wrong_resource'
-                  WHEN t.claim_generation IS DISTINCT FROM k.generation THEN 'superseded'
+                  WHEN t.claim_generation IS DISTINCT FROM k.generation
+                       OR t.claim_epoch IS DISTINCT FROM k.claim_epoch THEN 'superseded'
                   WHEN t.status <> 'running' OR t.lease_expires_at < clock_timestamp() THEN 'lease_ended'
              END AS refusal,
-             k.task_id, k.generation, k.action, k.idempotency_key, k.resource, k.issued_at, k.expires_at,
-             t.lease_expires_at
+             k.task_id, k.generation, k.claim_epoch, k.action, k.idempotency_key, k.resource, k.issued_at,
+             k.expires_at, t.lease_expires_at
       FROM (SELECT 1) AS one
       LEFT JOIN leaseq_action_tokens k ON k.id = %(token_id)s AND k.token_hash = %(token_hash)s::text
       LEFT JOIN leaseq_tasks t ON t.id = k.task_id) AS r;

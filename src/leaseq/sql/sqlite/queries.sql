@@ -372,7 +372,7 @@ RETURNING id, claim_generation, lease_expires_at;
 
 -- name: lock_lease
 -- guard: lease
-SELECT t.id, t.queue, t.idempotency_key, t.effect, t.actions, t.resources, t.lease_expires_at,
+SELECT t.id, t.queue, t.idempotency_key, t.effect, t.actions, t.resources, t.lease_expires_at, t.claim_epoch,
        coalesce((SELECT q.paused FROM leaseq_queues q WHERE q.name = t.queue), 0) AS paused,
        (julianday('now') - 2440587.5) * 86400.0 AS now
 FROM leaseq_tasks AS t
@@ -386,6 +386,7 @@ SELECT t.id FROM leaseq_tasks AS t
 WHERE t.id = :task_id
   AND t.status = 'running'
   AND t.claim_generation = :generation
+  AND t.claim_epoch = :epoch
   AND t.lease_expires_at >= (julianday('now') - 2440587.5) * 86400.0;
 
 -- name: complete_batch
@@ -600,9 +601,9 @@ RETURNING *;
 -- name: mint_action_token
 -- guard: lease
 -- See the PostgreSQL file: the claims come from the rows, under the same rules.
-INSERT INTO leaseq_action_tokens (token_hash, effect_id, task_id, generation, action, idempotency_key, resource,
-                                  issued_at, expires_at)
-SELECT :token_hash, e.id, t.id, t.claim_generation, e.action, CAST(t.id AS TEXT) || ':' || e.idempotency_key,
+INSERT INTO leaseq_action_tokens (token_hash, effect_id, task_id, generation, claim_epoch, action, idempotency_key,
+                                  resource, issued_at, expires_at)
+SELECT :token_hash, e.id, t.id, t.claim_generation, t.claim_epoch, e.action, CAST(t.id AS TEXT) || ':' || e.idempotency_key,
        e.resource, (julianday('now') - 2440587.5) * 86400.0,
        min(t.lease_expires_at, (julianday('now') - 2440587.5) * 86400.0 + :ttl_seconds)
 FROM leaseq_effects AS e JOIN leaseq_tasks AS t ON t.id = e.task_id
@@ -621,6 +622,7 @@ RETURNING id, issued_at, expires_at;
 SELECT r.refusal,
        CASE WHEN r.refusal IS NULL THEN r.task_id END AS task_id,
        CASE WHEN r.refusal IS NULL THEN r.generation END AS generation,
+       CASE WHEN r.refusal IS NULL THEN r.claim_epoch END AS claim_epoch,
        CASE WHEN r.refusal IS NULL THEN r.action END AS action,
        CASE WHEN r.refusal IS NULL THEN r.idempotency_key END AS idempotency_key,
        CASE WHEN r.refusal IS NULL THEN r.resource END AS resource,
@@ -633,11 +635,12 @@ FROM (SELECT CASE WHEN k.id IS NULL THEN 'unknown_token'
                   WHEN :idempotency_key IS NOT NULL AND k.idempotency_key <> :idempotency_key
                       THEN 'wrong_idempotency_key'
                   WHEN :resource IS NOT NULL AND k.resource <> :resource THEN 'wrong_resource'
-                  WHEN t.claim_generation IS NOT k.generation THEN 'superseded'
+                  WHEN t.claim_generation IS NOT k.generation OR t.claim_epoch IS NOT k.claim_epoch
+                      THEN 'superseded'
                   WHEN t.status <> 'running' OR t.lease_expires_at < (julianday('now') - 2440587.5) * 86400.0
                       THEN 'lease_ended'
              END AS refusal,
-             k.task_id, k.generation, k.action, k.idempotency_key, k.resource, k.issued_at, k.expires_at,
+             k.task_id, k.generation, k.claim_epoch, k.action, k.idempotency_key, k.resource, k.issued_at, k.expires_at,
              t.lease_expires_at
       FROM (SELECT 1) AS one
       LEFT JOIN leaseq_action_tokens AS k ON k.id = :token_id AND k.token_hash = :token_hash
