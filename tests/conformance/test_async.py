@@ -212,11 +212,11 @@ async def _joined_and_held(q: leaseq.AsyncQueue) -> None:
         await view.enqueue("job", {"n": 3})
         (claim,) = await view.claim(w)
     assert claim.task_id == kept.id and len(await q.list_tasks()) == 2
-    async with q.hold_attempt(claim.task_id, claim.generation):
+    async with q.hold_attempt(claim.task_id, claim.generation, epoch=claim.epoch):
         pass
     await q.complete(w, claim, {"ok": True})
     with pytest.raises(leaseq.LeaseLost):
-        async with q.hold_attempt(claim.task_id, claim.generation):
+        async with q.hold_attempt(claim.task_id, claim.generation, epoch=claim.epoch):
             pass
 
 
