@@ -43,7 +43,10 @@ KEYS = "k1:" + base64.b64encode(bytes(range(32))).decode()
 def wait_for(check, what: str, timeout: float = 60.0):
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
-        value = check()
+        try:
+            value = check()
+        except httpx.TransportError:  # the server is not listening yet
+            value = None
         if value:
             return value
         time.sleep(0.05)
