@@ -266,8 +266,11 @@ def _complete_batch(s: Settings, wid: str, items: list[dict[str, Any]], *,
     if completed and not s.backend.own_limit_slots:
         yield from limits.release(s, completed)
     if completed and not s.backend.writes_own_evidence:
+        # the generation the caller completed under (the guard made it the row's): a
+        # completion the guard should have refused is recorded as the stale attempt it was
+        claimed = {item["task_id"]: item["generation"] for item in items}
         yield rows("insert_events", events=[
-            event_params(s, r["id"], "completed", r["claim_generation"], wid, attempt=r["attempts"],
+            event_params(s, r["id"], "completed", claimed[r["id"]], wid, attempt=r["attempts"],
                          **heartbeats(r)) for r in completed])
     return completed
 

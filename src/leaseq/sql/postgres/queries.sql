@@ -741,14 +741,16 @@ WITH worker AS (
       AND (SELECT count(*) FROM locked) >= 0
       AND (%(with_dependents)s OR NOT t.has_dependents)
       /* TEMPLATE: lease_guard(c.generation) */
-    RETURNING t.id, t.claim_generation, t.attempts, t.heartbeat_count, t.last_heartbeat_at, t.longest_heartbeat_gap,
-              t.queue, t.limits, t.units
+    RETURNING t.id, t.claim_generation, c.generation AS completed_generation, t.attempts, t.heartbeat_count,
+              t.last_heartbeat_at, t.longest_heartbeat_gap, t.queue, t.limits, t.units
 ),
 -- LIMITS: the slots the ended leases held, given back (see give_back_slots)
 /* TEMPLATE: give_back_slots(done) */,
 logged AS (
     INSERT INTO leaseq_events (task_id, type, generation, worker_id, detail)
-    SELECT d.id, 'completed', d.claim_generation, %(worker_id)s,
+    -- the generation the caller completed under (the guard made it the row's): a completion
+    -- the guard should have refused is recorded as the stale attempt it was
+    SELECT d.id, 'completed', d.completed_generation, %(worker_id)s,
            CASE WHEN %(compact)s THEN '{}'::jsonb
                 ELSE jsonb_build_object('attempt', d.attempts, 'heartbeats', d.heartbeat_count,
                                         'last_heartbeat_at', d.last_heartbeat_at,
