@@ -45,7 +45,9 @@ class TraceViolation(Exception):
     """An event the model does not allow."""
 
 
-def _epoch(value: Any) -> float | None:
+def epoch_seconds(value: Any) -> float | None:
+    """A database time (a datetime, epoch seconds, or its string form in a saved history) as epoch
+    seconds; None for None or an unreadable one."""
     if value is None:
         return None
     if isinstance(value, (int, float)):
@@ -277,7 +279,7 @@ def validate_trail(events: Iterable[Any], *, task: dict[str, Any] | None = None,
     i = -1
     try:
         for i, e in enumerate(trail):
-            at = _epoch(e.get("at"))
+            at = epoch_seconds(e.get("at"))
             for w, bound in sorted(pending.items()):
                 if at is not None and at > bound and e.get("type") != "enqueued":
                     del pending[w]
@@ -312,7 +314,7 @@ def validate_queue(q: Any, *, revoked: dict[str, float] | None = None, limit: in
     bounds = dict(revoked or {})
     if q.store.capabilities.serial_writes:
         for w in q.workers():
-            at = _epoch(getattr(w, "revoked_at", None) if not isinstance(w, dict) else w.get("revoked_at"))
+            at = epoch_seconds(getattr(w, "revoked_at", None) if not isinstance(w, dict) else w.get("revoked_at"))
             wid = w.id if not isinstance(w, dict) else w["id"]
             if at is not None:
                 bounds.setdefault(wid, at)
