@@ -56,7 +56,6 @@ from __future__ import annotations
 
 from collections import Counter, defaultdict
 from dataclasses import dataclass, field
-from datetime import datetime
 from typing import Any
 
 from .faults import OUTLASTS_LEASE
