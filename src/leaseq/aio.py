@@ -100,7 +100,9 @@ class AsyncQueue:
                       trace_context: str | None = None, after: Iterable[int] | None = None,
                       on_dependency_failure: str = "cancel", connection: Any = None,
                       limits: Iterable[str] | None = None, units: int = 1, token_id: str | None = None,
-                      resources: Iterable[str] | None = None) -> Task:
+                      resources: Iterable[str] | None = None, singleton_key: str | None = None,
+                      on_conflict: str = "skip", debounce: float | None = None, key: str | None = None,
+                      debounce_mode: str = "trailing", max_delay: float | None = None) -> Task:
         """:meth:`Queue.enqueue`, awaited. ``connection``: a ``psycopg.AsyncConnection``
         on PostgreSQL, a ``sqlite3.Connection`` on SQLite."""
         op = engine.enqueue.enqueue(self.settings, kind, payload, effect=effect, queue=queue,
@@ -110,7 +112,9 @@ class AsyncQueue:
                                     approval_deadline=approval_deadline, by=by, trace_context=trace_context,
                                     after=after,
                                     on_dependency_failure=on_dependency_failure, limits=limits, units=units,
-                                    token_id=token_id, resources=resources)
+                                    token_id=token_id, resources=resources, singleton_key=singleton_key,
+                                    on_conflict=on_conflict, debounce=debounce, key=key,
+                                    debounce_mode=debounce_mode, max_delay=max_delay)
         return await (self._arun(op) if connection is None else self._arun_in(connection, op))
 
     async def enqueue_many(self, kind: str, payloads: Iterable[Any], *, effect: str = "read_only",

@@ -67,6 +67,12 @@ class EnqueueBody(Body):
     on_dependency_failure: str = "cancel"
     limits: list[str] | None = None
     units: int = 1
+    singleton_key: str | None = None
+    on_conflict: str = "skip"
+    debounce: float | None = None
+    key: str | None = None
+    debounce_mode: str = "trailing"
+    max_delay: float | None = None
 
 
 class LimitBody(Body):
@@ -141,7 +147,10 @@ async def enqueue(body: EnqueueBody, request: Request,
                                    # ignored, as W3C Trace Context says a receiver must)
                                    trace_context=checks.parse_traceparent(request.headers.get("traceparent")),
                                    after=body.after, on_dependency_failure=body.on_dependency_failure,
-                                   limits=body.limits, units=body.units, resources=body.resources)
+                                   limits=body.limits, units=body.units, resources=body.resources,
+                                   singleton_key=body.singleton_key, on_conflict=body.on_conflict,
+                                   debounce=body.debounce, key=body.key, debounce_mode=body.debounce_mode,
+                                   max_delay=body.max_delay)
     if task.status == "queued":
         request.app.state.work_signal.wake(task.queue)  # claims waiting in this process look at once
     return present_task(task, principal)
