@@ -285,6 +285,24 @@ class AsyncQueue:
         """:meth:`Queue.requeue`, awaited."""
         return await self._arun(engine.operator.requeue(self.settings, task_id, note, by=by, via=via))
 
+    async def redrive(self, *, status: str | list[str] = "dead", queue: str | None = None,
+                      kind: str | None = None, error: str | None = None, older_than: float | None = None,
+                      limit: int = 1000, dry_run: bool = False, note: str = "redriven", by: str | None = None,
+                      via: str | None = None) -> dict[str, Any]:
+        """:meth:`Queue.redrive`, awaited."""
+        return await self._arun(engine.operator.redrive(self.settings, status=status, queue=queue, kind=kind,
+                                                        error=error, older_than=older_than, limit=limit,
+                                                        dry_run=dry_run, note=note, by=by, via=via))
+
+    async def cancel_where(self, *, status: str | list[str], queue: str | None = None, kind: str | None = None,
+                           error: str | None = None, older_than: float | None = None, limit: int = 1000,
+                           dry_run: bool = False, reason: str = "cancelled", by: str | None = None,
+                           via: str | None = None) -> dict[str, Any]:
+        """:meth:`Queue.cancel_where`, awaited."""
+        return await self._arun(engine.operator.cancel_where(self.settings, status=status, queue=queue, kind=kind,
+                                                             error=error, older_than=older_than, limit=limit,
+                                                             dry_run=dry_run, reason=reason, by=by, via=via))
+
     async def pause(self, queue: str, *, create: bool = False, by: str | None = None,
                     via: str | None = None) -> dict[str, Any]:
         """:meth:`Queue.pause`, awaited (an unknown queue is refused unless ``create``)."""

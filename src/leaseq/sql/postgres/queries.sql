@@ -1219,6 +1219,23 @@ SET status = 'cancelled', last_error = %(reason)s, lease_owner = NULL, lease_exp
 WHERE id = %(task_id)s AND status NOT IN ('completed', 'cancelled', 'denied')
 RETURNING id, status, claim_generation;
 
+-- name: tasks_where
+-- callers: operator
+-- The tasks a bulk operator action acts on (Queue.redrive, Queue.cancel_where):
+-- in one of the statuses, and each other filter given (NULL: any): the
+-- queue, the kind, text in the last error (case aside), unchanged for
+-- older_than seconds. Oldest first, at most row_limit, locked for the
+-- action's transaction.
+SELECT t.* FROM leaseq_tasks t
+WHERE t.status = ANY(%(statuses)s::text[])
+  AND (%(queue)s::text IS NULL OR t.queue = %(queue)s::text)
+  AND (%(kind)s::text IS NULL OR t.kind = %(kind)s::text)
+  AND (%(error)s::text IS NULL OR strpos(lower(t.last_error), lower(%(error)s::text)) > 0)
+  AND (%(older_than)s::float8 IS NULL OR t.updated_at < now() - %(older_than)s::float8 * interval '1 second')
+ORDER BY t.id
+LIMIT %(row_limit)s
+FOR UPDATE;
+
 -- name: set_task_status
 -- callers: operator
 -- Operator moves between resting states (reconcile, unblock, requeue).

@@ -722,6 +722,16 @@ SET status = 'cancelled', last_error = :reason, lease_owner = NULL, lease_expire
 WHERE id = :task_id AND status NOT IN ('completed', 'cancelled', 'denied')
 RETURNING id, status, claim_generation;
 
+-- name: tasks_where
+SELECT t.* FROM leaseq_tasks t
+WHERE t.status IN (SELECT value FROM json_each(:statuses))
+  AND (:queue IS NULL OR t.queue = :queue)
+  AND (:kind IS NULL OR t.kind = :kind)
+  AND (:error IS NULL OR instr(lower(t.last_error), lower(:error)) > 0)
+  AND (:older_than IS NULL OR t.updated_at < (julianday('now') - 2440587.5) * 86400.0 - :older_than)
+ORDER BY t.id
+LIMIT :row_limit;
+
 -- name: set_task_status
 UPDATE leaseq_tasks
 SET status = :status,
