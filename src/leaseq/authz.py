@@ -222,6 +222,9 @@ ACTIONS: dict[str, Action] = {a.name: a for a in (
                 "valid (it may register a new worker): revoke the token to stop both.",
            done="worker {target} revoked", label="Revoke", danger=True, dashboard=True, cli=True),
     # limits shared by every worker: changed by operators (audited by the Queue method), read by viewers
+    # bulk actions by filter (Queue.redrive, Queue.cancel_where): a queue-limited token names a queue
+    Action("redrive", "operate", "redrive tasks", queue_scope=True),
+    Action("cancel_where", "operate", "cancel tasks by filter", queue_scope=True),
     Action("set_limit", "operate", "set limits", every_queue=True),
     Action("delete_limit", "operate", "delete limits", every_queue=True),
     # admin

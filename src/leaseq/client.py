@@ -455,6 +455,25 @@ class RemoteQueue:
         return task_from(self._call("POST", "/v1/tasks", {"kind": kind, "payload": payload, **options},
                                     headers=headers))
 
+    def redrive(self, *, status: str | list[str] = "dead", queue: str | None = None, kind: str | None = None,
+                error: str | None = None, older_than: float | None = None, limit: int = 1000,
+                dry_run: bool = False, note: str = "redriven") -> dict[str, Any]:
+        """Requeue the dead (or blocked) tasks matching a filter (an operator token); see
+        :meth:`leaseq.Queue.redrive`."""
+        done: dict[str, Any] = self._call("POST", "/v1/tasks/redrive", {
+            "status": status, "queue": queue, "kind": kind, "error": error, "older_than": older_than,
+            "limit": limit, "dry_run": dry_run, "note": note})
+        return done
+
+    def cancel_where(self, *, status: str | list[str], queue: str | None = None, kind: str | None = None,
+                     error: str | None = None, older_than: float | None = None, limit: int = 1000,
+                     dry_run: bool = False, reason: str = "cancelled") -> dict[str, Any]:
+        """Cancel the tasks matching a filter (an operator token); see :meth:`leaseq.Queue.cancel_where`."""
+        done: dict[str, Any] = self._call("POST", "/v1/tasks/cancel-where", {
+            "status": status, "queue": queue, "kind": kind, "error": error, "older_than": older_than,
+            "limit": limit, "dry_run": dry_run, "note": reason})
+        return done
+
     def set_limit(self, key: str, *, max_running: int | None = None, per_second: float | None = None,
                   burst: float | None = None, counts: str = "tasks") -> dict[str, Any]:
         """Create or change a limit (an operator token); see :meth:`leaseq.Queue.set_limit`."""

@@ -105,6 +105,10 @@ def event_types_of_a_run(tmp_path: Path) -> set[str]:
     ids.append(child.id)
     q.claim(w2, queue="executors")
     q.cancel(claim.task_id, reason="agent stopped")                    # parent_cancelled (its running intent)
+    ids.append(q.enqueue("k", queue="single", singleton_key="s").id)
+    q.enqueue("k", queue="single", singleton_key="s")                  # singleton_skipped
+    ids.append(q.enqueue("k", queue="calm", debounce=60, key="d").id)
+    q.enqueue("k", queue="calm", debounce=60, key="d")                 # debounced
     seen = {e.type for task_id in ids for e in q.events(task_id)}
     q.close()
     return seen

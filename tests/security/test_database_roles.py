@@ -591,3 +591,33 @@ def test_a_role_made_for_one_schema_has_no_authority_in_another(admin, make_role
         with pytest.raises(AccessDenied, match="has no leaseq role in schema"):
             q.enqueue("payroll", {"account": 8})
     assert snapshot(other_schema) == before
+
+
+def test_a_worker_role_enqueues_singletons_and_debounced_tasks_within_its_queues(admin, make_role) -> None:
+    """Singleton and debounced enqueues as a worker role: the key's lock, the reads of its
+    tasks, a cancel_running replacement and a collapse all run through granted functions;
+    a role scoped to one queue reaches no other queue's keys."""
+    dsn = make_role("worker")
+    holder = admin.enqueue("sync", {"v": 1}, singleton_key="cust")
+    with leaseq.connect(dsn) as q:
+        assert q.enqueue("sync", {"v": 2}, singleton_key="cust").id == holder.id  # skipped
+        w = q.register_worker("w")
+        [c] = q.claim(w)
+        new = q.enqueue("sync", {"v": 3}, singleton_key="cust", on_conflict="cancel_running")
+        assert new.enqueue_outcome == "created" and admin.get(holder.id).status == "cancelled"
+        with pytest.raises(leaseq.LeaseLost):
+            q.complete(w, c, None)
+        a = q.enqueue("reindex", {"n": 1}, debounce=60, key="repo")
+        b = q.enqueue("reindex", {"n": 2}, debounce=60, key="repo")
+        assert (b.id, b.enqueue_outcome, admin.get(a.id).payload) == (a.id, "collapsed", {"n": 2})
+    scoped = make_role("worker", "mine")
+    other = admin.enqueue("sync", queue="theirs", singleton_key="x")
+    before = snapshot(admin)
+    with leaseq.connect(scoped) as q:
+        with pytest.raises(Exception):
+            q.enqueue("sync", queue="theirs", singleton_key="x", on_conflict="cancel_running")
+    for statement in (f"SELECT * FROM leaseq_q_cancel_singleton('no', ARRAY[{other.id}]::bigint[], 'theirs', 'x')",
+                      "SELECT * FROM leaseq_q_flow_lock('singleton', 'theirs', 'x')"):
+        assert "may not reach queue" in refused(scoped, statement)
+    assert snapshot(admin) == before
+    assert admin.get(other.id).status == "queued"

@@ -37,8 +37,9 @@ _HOLDER_EVENTS = frozenset({"completed", "failed", "lease_released", "retry_requ
 _HOLDER_ENDS = frozenset({"completed", "failed", "lease_released", "lease_lost"})
 #: The status events that follow a routing to somewhere other than the queue.
 _REASON_EVENTS = frozenset({m.DEAD, m.BLOCKED, m.RECON})
-#: Evidence that changes nothing the model holds.
-_EVIDENCE_ONLY = frozenset({"parent_cancelled"})
+#: Evidence that changes nothing the model holds (singleton_skipped: an enqueue answered with
+#: the task that holds its singleton key, in whatever state that task is).
+_EVIDENCE_ONLY = frozenset({"parent_cancelled", "singleton_skipped"})
 
 
 class TraceViolation(Exception):
@@ -198,6 +199,9 @@ class _Replay:
             s.do_cancel()
         elif t in _EVIDENCE_ONLY:
             pass
+        elif t == "debounced":  # an enqueue collapsed into the task: trailing, only before its first claim
+            if d.get("mode") == "trailing" and (s.status != m.QUEUED or s.gen != 0):
+                self.fail(f"a trailing debounce collapsed into a task {s.status} at generation {s.gen}")
         elif t == "reconciled":
             if not s.can_reconcile():
                 self.fail(f"reconciled while {s.status}")

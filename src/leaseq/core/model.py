@@ -162,6 +162,15 @@ class Task:
     #: when that parent was cancelled while this intent had already started (or was parked for a
     #: person): the executor's signal; an intent that had not started is cancelled with its parent
     parent_cancelled_at: datetime | None = None
+    #: at most one unfinished task per singleton key in a queue (``enqueue(..., singleton_key=...)``)
+    singleton_key: str | None = None
+    #: the key whose debounced enqueues collapse into this task (``enqueue(..., debounce=..., key=...)``)
+    debounce_key: str | None = None
+    #: set only on what an enqueue returns: ``created`` (this enqueue wrote the task),
+    #: ``existing`` (its idempotency key named it), ``skipped`` (a singleton enqueue found it
+    #: holding the key and wrote nothing) or ``collapsed`` (a debounced enqueue folded into it)
+    #: (not compared: the same row read back is the same task)
+    enqueue_outcome: str | None = field(default=None, compare=False)
 
 
 @dataclass(frozen=True)

@@ -289,12 +289,13 @@ RETURNING t.id, t.claim_generation;
 WITH added AS (
     INSERT INTO leaseq_tasks (queue, kind, payload, effect, priority, available_at,
                               idempotency_key, max_attempts, lease_seconds, actions, resources,
-                              timeout_seconds, deadline_at, trace_context, limits, units)
+                              timeout_seconds, deadline_at, trace_context, limits, units, singleton_key,
+                              debounce_key)
     VALUES (%(queue)s, %(kind)s, %(payload)s::jsonb, %(effect)s, %(priority)s,
             now() + %(delay)s::float8 * interval '1 second',
             %(idempotency_key)s, %(max_attempts)s, %(lease_seconds)s, %(actions)s::jsonb, %(resources)s::jsonb,
             %(timeout)s::float8, coalesce(%(deadline_at)s::timestamptz, now() + %(deadline_in)s::float8 * interval '1 second'),
-            %(trace_context)s::text, %(limits)s::text[], %(units)s)
+            %(trace_context)s::text, %(limits)s::text[], %(units)s, %(singleton_key)s::text, %(debounce_key)s::text)
     ON CONFLICT (queue, idempotency_key) DO NOTHING
     RETURNING id, queue, payload, available_at, created_at, updated_at, deadline_at
 )
@@ -337,6 +338,82 @@ SELECT %(queue)s, %(kind)s, coalesce(n.payload, 'null'::jsonb), %(effect)s, %(pr
        %(limits)s::text[], %(units)s
 FROM jsonb_to_recordset(%(tasks)s::jsonb) AS n(payload jsonb, idempotency_key text)
 RETURNING id, idempotency_key;
+
+-- name: flow_lock
+-- callers: worker, operator
+-- plan: generic
+-- Serialises the singleton or debounced enqueues of one key (scope:
+-- singleton or debounce) until the transaction ends: the upsert locks the
+-- key's row, made by the first enqueue that names it. An enqueue reads the
+-- key's tasks after this, in a later statement, so it sees what the one
+-- before it committed.
+INSERT INTO leaseq_flow_keys AS f (scope, queue, key) VALUES (%(scope)s, %(queue)s, %(key)s)
+ON CONFLICT (scope, queue, key) DO UPDATE SET locked_at = now()
+RETURNING f.scope;
+
+-- name: singleton_holders
+-- callers: worker, operator
+-- The unfinished tasks with a singleton key in a queue, oldest first, locked
+-- (the caller holds the key's flow_lock). Read from leaseq_tasks_singleton.
+SELECT t.* FROM leaseq_tasks t
+WHERE t.queue = %(queue)s AND t.singleton_key = %(singleton_key)s
+  AND t.status NOT IN ('completed', 'cancelled', 'dead', 'denied', 'expired')
+ORDER BY t.id
+FOR UPDATE;
+
+-- name: cancel_singleton
+-- callers: worker, operator
+-- on_conflict="cancel_running": the enqueue cancels the unfinished tasks that
+-- hold its singleton key, as cancel_task does (the lease cleared: the
+-- holder's next guarded write is refused). Only tasks with that key in that
+-- queue: the key is the enqueue's authority over them.
+UPDATE leaseq_tasks
+SET status = 'cancelled', last_error = %(reason)s, lease_owner = NULL, lease_expires_at = NULL, updated_at = now()
+WHERE id = ANY(%(holder_ids)s::bigint[]) AND queue = %(queue)s AND singleton_key = %(singleton_key)s
+  AND status NOT IN ('completed', 'cancelled', 'dead', 'denied', 'expired')
+RETURNING id, status, claim_generation, limits;
+
+-- name: debounce_holder
+-- callers: worker, operator
+-- The newest task with a debounce key in a queue (the caller holds the key's
+-- flow_lock), locked: whether it has not started yet (queued, never claimed:
+-- a trailing enqueue collapses into it), and whether it was made less than
+-- window seconds ago (a leading enqueue is dropped).
+SELECT t.*, (t.status = 'queued' AND t.claim_generation = 0) AS pending,
+       t.created_at > now() - %(window_seconds)s::float8 * interval '1 second' AS recent
+FROM leaseq_tasks t
+WHERE t.queue = %(queue)s AND t.debounce_key = %(debounce_key)s
+ORDER BY t.id DESC
+LIMIT 1
+FOR UPDATE;
+
+-- name: debounce_task
+-- callers: worker, operator
+-- A trailing enqueue collapses into the pending task of its key: the last
+-- payload wins and the run moves to window seconds from now, never past
+-- max_delay seconds after the task was made. Only a task with that key in
+-- that queue that has not started.
+UPDATE leaseq_tasks
+SET payload = %(payload)s::jsonb,
+    available_at = least(now() + %(window_seconds)s::float8 * interval '1 second',
+                         created_at + %(max_delay)s::float8 * interval '1 second'),
+    updated_at = now()
+WHERE id = %(holder_id)s AND queue = %(queue)s AND debounce_key = %(debounce_key)s
+  AND status = 'queued' AND claim_generation = 0
+RETURNING *;
+
+-- name: flow_event
+-- callers: worker, operator
+-- guard: none -- evidence of an enqueue that wrote no task: only about the task that holds its key
+-- The evidence of an enqueue answered with another task: singleton_skipped
+-- (the task that holds its singleton key) or debounced (the task its
+-- debounce key collapsed into). Written only about a task with that key in
+-- that queue.
+INSERT INTO leaseq_events (task_id, type, generation, worker_id, detail)
+SELECT t.id, %(type)s, NULL, NULL, %(detail)s::jsonb FROM leaseq_tasks t
+WHERE t.id = %(holder_id)s AND t.queue = %(queue)s
+  AND ((%(type)s = 'singleton_skipped' AND t.singleton_key = %(key)s)
+       OR (%(type)s = 'debounced' AND t.debounce_key = %(key)s));
 
 -- name: tasks_by_key
 -- callers: worker, operator
@@ -506,6 +583,17 @@ WITH worker AS (
     SELECT id, limits, units, priority, available_at FROM leaseq_tasks
     WHERE status = 'queued' AND queue = %(queue)s AND available_at <= now()
       AND (%(kinds)s::text[] IS NULL OR kind = ANY(%(kinds)s::text[]))  -- only kinds the worker can run
+      -- SINGLETONS: a task with a singleton key only when no other task with
+      -- its key is running and no older one is queued (one waits behind the
+      -- running one, and a retried one keeps its turn). A claimer that read
+      -- the older one as queued or running passes over this one; one that
+      -- read it ended sees this one as the only candidate: never two running.
+      AND (singleton_key IS NULL OR NOT EXISTS (
+          SELECT 1 FROM leaseq_tasks o
+          WHERE o.queue = leaseq_tasks.queue AND o.singleton_key = leaseq_tasks.singleton_key
+            AND o.id <> leaseq_tasks.id
+            AND o.status NOT IN ('completed', 'cancelled', 'dead', 'denied', 'expired')  -- leaseq_tasks_singleton
+            AND (o.status = 'running' OR (o.status = 'queued' AND o.id < leaseq_tasks.id))))
       AND (deadline_at IS NULL OR deadline_at > now())  -- never started past its deadline (the sweep expires it)
       -- never one approved at or after its approval deadline (see late_approvals): the set
       -- is read once per claim, from leaseq_approvals_late, which holds no row unless such
@@ -1132,6 +1220,23 @@ UPDATE leaseq_tasks
 SET status = 'cancelled', last_error = %(reason)s, lease_owner = NULL, lease_expires_at = NULL, updated_at = now()
 WHERE id = %(task_id)s AND status NOT IN ('completed', 'cancelled', 'denied')
 RETURNING id, status, claim_generation;
+
+-- name: tasks_where
+-- callers: operator
+-- The tasks a bulk operator action acts on (Queue.redrive, Queue.cancel_where):
+-- in one of the statuses, and each other filter given (NULL: any): the
+-- queue, the kind, text in the last error (case aside), unchanged for
+-- older_than seconds. Oldest first, at most row_limit, locked for the
+-- action's transaction.
+SELECT t.* FROM leaseq_tasks t
+WHERE t.status = ANY(%(statuses)s::text[])
+  AND (%(queue)s::text IS NULL OR t.queue = %(queue)s::text)
+  AND (%(kind)s::text IS NULL OR t.kind = %(kind)s::text)
+  AND (%(error)s::text IS NULL OR strpos(lower(t.last_error), lower(%(error)s::text)) > 0)
+  AND (%(older_than)s::float8 IS NULL OR t.updated_at < now() - %(older_than)s::float8 * interval '1 second')
+ORDER BY t.id
+LIMIT %(row_limit)s
+FOR UPDATE;
 
 -- name: set_task_status
 -- callers: operator

@@ -163,11 +163,11 @@ RETURNING id, claim_generation;
 -- made and the payload; the engine fills in the rest (inserted_row).
 INSERT INTO leaseq_tasks (queue, kind, payload, effect, priority, available_at,
                           idempotency_key, max_attempts, lease_seconds, actions, resources,
-                          timeout_seconds, deadline_at, trace_context, limits, units)
+                          timeout_seconds, deadline_at, trace_context, limits, units, singleton_key, debounce_key)
 VALUES (:queue, :kind, :payload, :effect, :priority,
         (julianday('now') - 2440587.5) * 86400.0 + :delay,
         :idempotency_key, :max_attempts, :lease_seconds, :actions, :resources, :timeout, coalesce(:deadline_at, (julianday('now') - 2440587.5) * 86400.0 + :deadline_in),
-        :trace_context, :limits, :units)
+        :trace_context, :limits, :units, :singleton_key, :debounce_key)
 ON CONFLICT (queue, idempotency_key) DO NOTHING
 RETURNING id, payload, available_at, created_at, updated_at, deadline_at;
 
@@ -197,6 +197,52 @@ SELECT :queue, :kind, coalesce(n.value -> '$.payload', 'null'), :effect, :priori
        :timeout, coalesce(:deadline_at, (julianday('now') - 2440587.5) * 86400.0 + :deadline_in), :limits, :units
 FROM json_each(:tasks) AS n
 RETURNING id, idempotency_key;
+
+-- name: flow_lock
+-- See the PostgreSQL file. The write lock of BEGIN IMMEDIATE already runs
+-- these enqueues one at a time.
+INSERT INTO leaseq_flow_keys (scope, queue, key) VALUES (:scope, :queue, :key)
+ON CONFLICT (scope, queue, key) DO UPDATE SET locked_at = (julianday('now') - 2440587.5) * 86400.0
+RETURNING scope;
+
+-- name: singleton_holders
+SELECT t.* FROM leaseq_tasks t
+WHERE t.queue = :queue AND t.singleton_key = :singleton_key
+  AND t.status NOT IN ('completed', 'cancelled', 'dead', 'denied', 'expired')
+ORDER BY t.id;
+
+-- name: cancel_singleton
+UPDATE leaseq_tasks
+SET status = 'cancelled', last_error = :reason, lease_owner = NULL, lease_expires_at = NULL,
+    updated_at = (julianday('now') - 2440587.5) * 86400.0
+WHERE id IN (SELECT value FROM json_each(:holder_ids)) AND queue = :queue AND singleton_key = :singleton_key
+  AND status NOT IN ('completed', 'cancelled', 'dead', 'denied', 'expired')
+RETURNING id, status, claim_generation, limits;
+
+-- name: debounce_holder
+SELECT t.*, (t.status = 'queued' AND t.claim_generation = 0) AS pending,
+       t.created_at > (julianday('now') - 2440587.5) * 86400.0 - :window_seconds AS recent
+FROM leaseq_tasks t
+WHERE t.queue = :queue AND t.debounce_key = :debounce_key
+ORDER BY t.id DESC
+LIMIT 1;
+
+-- name: debounce_task
+UPDATE leaseq_tasks
+SET payload = :payload,
+    available_at = min((julianday('now') - 2440587.5) * 86400.0 + :window_seconds, created_at + :max_delay),
+    updated_at = (julianday('now') - 2440587.5) * 86400.0
+WHERE id = :holder_id AND queue = :queue AND debounce_key = :debounce_key
+  AND status = 'queued' AND claim_generation = 0
+RETURNING *;
+
+-- name: flow_event
+-- guard: none -- evidence of an enqueue that wrote no task: only about the task that holds its key
+INSERT INTO leaseq_events (task_id, type, generation, worker_id, detail)
+SELECT t.id, :type, NULL, NULL, :detail FROM leaseq_tasks t
+WHERE t.id = :holder_id AND t.queue = :queue
+  AND ((:type = 'singleton_skipped' AND t.singleton_key = :key)
+       OR (:type = 'debounced' AND t.debounce_key = :key));
 
 -- name: tasks_by_key
 -- See the PostgreSQL file: the tasks the keys name, with the compared
@@ -293,6 +339,13 @@ WITH candidate AS MATERIALIZED (
     SELECT id, limits, units, priority, available_at FROM leaseq_tasks
     WHERE status = 'queued' AND queue = :queue
       AND (:kinds IS NULL OR kind IN (SELECT value FROM json_each(:kinds)))  -- only kinds the worker can run
+      -- SINGLETONS: see the PostgreSQL file (writes run one at a time here)
+      AND (singleton_key IS NULL OR NOT EXISTS (
+          SELECT 1 FROM leaseq_tasks o
+          WHERE o.queue = leaseq_tasks.queue AND o.singleton_key = leaseq_tasks.singleton_key
+            AND o.id <> leaseq_tasks.id
+            AND o.status NOT IN ('completed', 'cancelled', 'dead', 'denied', 'expired')  -- leaseq_tasks_singleton
+            AND (o.status = 'running' OR (o.status = 'queued' AND o.id < leaseq_tasks.id))))
       AND (deadline_at IS NULL OR deadline_at > (julianday('now') - 2440587.5) * 86400.0)  -- see the PostgreSQL file
       AND id NOT IN (SELECT a.task_id FROM leaseq_approvals a  -- approved at or after its approval deadline:
                      WHERE a.decision = 'approved' AND a.decided_at >= a.deadline_at)  -- see the PostgreSQL file
@@ -668,6 +721,16 @@ SET status = 'cancelled', last_error = :reason, lease_owner = NULL, lease_expire
     updated_at = (julianday('now') - 2440587.5) * 86400.0
 WHERE id = :task_id AND status NOT IN ('completed', 'cancelled', 'denied')
 RETURNING id, status, claim_generation;
+
+-- name: tasks_where
+SELECT t.* FROM leaseq_tasks t
+WHERE t.status IN (SELECT value FROM json_each(:statuses))
+  AND (:queue IS NULL OR t.queue = :queue)
+  AND (:kind IS NULL OR t.kind = :kind)
+  AND (:error IS NULL OR instr(lower(t.last_error), lower(:error)) > 0)
+  AND (:older_than IS NULL OR t.updated_at < (julianday('now') - 2440587.5) * 86400.0 - :older_than)
+ORDER BY t.id
+LIMIT :row_limit;
 
 -- name: set_task_status
 UPDATE leaseq_tasks
