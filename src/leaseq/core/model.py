@@ -162,6 +162,11 @@ class Task:
     #: when that parent was cancelled while this intent had already started (or was parked for a
     #: person): the executor's signal; an intent that had not started is cancelled with its parent
     parent_cancelled_at: datetime | None = None
+    #: a waiting task's wake time (a durable sleep's end, a signal wait's timeout), by the
+    #: database's clock; None: no time (or not in a durable wait)
+    wake_at: datetime | None = None
+    #: the name of the signal a waiting task waits for (ctx.wait_for_signal); None: none
+    wait_signal: str | None = None
 
 
 @dataclass(frozen=True)
