@@ -41,9 +41,9 @@ def check_many_sleepers(q: leaseq.Queue, nap: Any, work: Any, woke: list[int], s
     sleepers = q.enqueue_many("nap", [{"n": n} for n in range(SLEEPERS)])
     began = time.monotonic()
     running = start()
-    # Sampled until every sleeper completed: a waiting task holds no lease, and the leases
-    # held never exceed the 4 slots plus the completions in flight (a slot frees as its handler
-    # returns, before its completion is written), while most of the sleepers wait. Other work
+    # Sampled until every sleeper completed: no waiting task holds a lease, and the leases held
+    # are the 4 slots' plus the completions in flight (a slot frees as its handler returns,
+    # before its batched completion is written), far fewer than the tasks asleep. Other work
     # enqueued meanwhile is claimed and done while sleepers still sleep.
     peak_leases = peak_waiting = 0
     others: list[int] = []
@@ -63,7 +63,7 @@ def check_many_sleepers(q: leaseq.Queue, nap: Any, work: Any, woke: list[int], s
         time.sleep(0.02)
     total = time.monotonic() - began
     running.stop()
-    assert peak_leases <= 2 * 4 and peak_waiting >= SLEEPERS // 2, (peak_leases, peak_waiting)
+    assert peak_waiting >= min(SLEEPERS // 2, 200) and peak_leases * 4 <= peak_waiting, (peak_leases, peak_waiting)
     assert others_done_while_asleep, "the other work was done while sleepers slept"
     assert sorted(woke) == list(range(SLEEPERS)) and running.runtime.stats.suspended == SLEEPERS
     assert running.runtime.stats.failed == 0 and running.runtime.stats.lost == 0
