@@ -261,6 +261,27 @@ class AsyncQueue:
         """:meth:`Queue.finish_effect`, awaited."""
         return await self._arun(engine.effects.finish_effect(self.settings, worker, claim, effect, response))
 
+    async def sleep(self, worker: Worker | str, claim: Claim, key: str, *, seconds: float | None = None,
+                    until: Any = None) -> dict[str, Any]:
+        """:meth:`Queue.sleep`, awaited."""
+        return await self._arun(engine.durable.sleep(self.settings, worker, claim, key, seconds=seconds,
+                                                     until=until))
+
+    async def wait_signal(self, worker: Worker | str, claim: Claim, key: str, name: str, *,
+                          timeout: float | None = None) -> dict[str, Any]:
+        """:meth:`Queue.wait_signal`, awaited."""
+        return await self._arun(engine.durable.wait_signal(self.settings, worker, claim, key, name,
+                                                           timeout=timeout))
+
+    async def signal(self, task_id: int, name: str, payload: Any = None, *, by: str | None = None,
+                     via: str | None = None) -> dict[str, Any]:
+        """:meth:`Queue.signal`, awaited."""
+        return await self._arun(engine.durable.signal(self.settings, task_id, name, payload, by=by, via=via))
+
+    async def signals(self, task_id: int) -> list[dict[str, Any]]:
+        """:meth:`Queue.signals`, awaited."""
+        return await self._arun(engine.durable.signals(self.settings, task_id))
+
     async def effects(self, task_id: int) -> list[Effect]:
         """:meth:`Queue.effects`, awaited."""
         return await self._arun(engine.effects.effects(self.settings, task_id))

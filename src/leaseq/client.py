@@ -47,6 +47,7 @@ from .core.errors import (BackendUnavailable, ConfigError, InvalidInput, LeaseLo
                           error_class)
 from .core import policy
 from .core.checks import check_trace_context
+from .engine.durable import check_signal_name, check_until
 from .core.model import Claim, Claims, Effect, Task, Worker
 from .engine.effects import check_effect_of
 from .engine.waits import check_timeout, timed_out
@@ -432,6 +433,35 @@ class RemoteQueue:
         body = {"generation": claim.generation, "kind": kind, "payload": payload, "key": key}
         body.update({name: value for name, value in options.items() if value is not None})
         return task_from(self._call("POST", path, body))
+
+    def sleep(self, worker: Worker | str, claim: Claim, key: str, *, seconds: float | None = None,
+              until: Any = None) -> dict[str, Any]:
+        """A durable sleep of the attempt, under the lease; see :meth:`leaseq.Queue.sleep`."""
+        _, path = self._worker_path(worker, claim, "sleep")
+        body: dict[str, Any] = {"generation": claim.generation, "key": key}
+        if seconds is not None:
+            body["seconds"] = seconds
+        if until is not None:
+            body["until"] = check_until(until)
+        return dict(self._call("POST", path, body))
+
+    def wait_signal(self, worker: Worker | str, claim: Claim, key: str, name: str, *,
+                    timeout: float | None = None) -> dict[str, Any]:
+        """A durable wait for a signal, under the lease; see :meth:`leaseq.Queue.wait_signal`."""
+        _, path = self._worker_path(worker, claim, "signal-wait")
+        return dict(self._call("POST", path, {"generation": claim.generation, "key": key, "name": name,
+                                              "timeout": timeout}))
+
+    def signal(self, task_id: int, name: str, payload: Any = None) -> dict[str, Any]:
+        """Send the signal ``name`` to a task (an operator token); see :meth:`leaseq.Queue.signal`.
+        The sender recorded is this token's principal."""
+        check_signal_name(name)
+        path = f"/v1/tasks/{int(task_id)}/signals/{quote(name, safe='')}"
+        return dict(self._call("POST", path, {"payload": payload}))
+
+    def signals(self, task_id: int) -> list[dict[str, Any]]:
+        """A task's signals, oldest first; see :meth:`leaseq.Queue.signals`."""
+        return list(self._call("GET", f"/v1/tasks/{int(task_id)}/signals")["signals"])
 
     def report_loss(self, worker: Worker | str, claim: Claim, reason: str) -> None:
         """Add the worker's own account of losing a lease to the evidence trail."""

@@ -158,6 +158,8 @@ SAMPLE = dict(
     delta=1, effect_id=1, response={}, action="crm.update", args_digest=None, token_id="t1",
     # declared resources, and the reference token minted for an effect
     resource=None, tool=False, token_hash="0" * 64, ttl_seconds=300.0,
+    # durable waits: a sleep's length or end, the signal waited for
+    seconds=1.0, until=None, signal=None,
 )
 WRITE_PARAMS = {q: {"lease_seconds": 30.0, "actions": None, "resources": None, "limits": None, "units": 1}
                 for q in ("insert_task", "insert_tasks", "insert_fresh_tasks")}

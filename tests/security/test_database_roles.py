@@ -621,3 +621,40 @@ def test_a_worker_role_enqueues_singletons_and_debounced_tasks_within_its_queues
         assert "may not reach queue" in refused(scoped, statement)
     assert snapshot(admin) == before
     assert admin.get(other.id).status == "queued"
+
+
+def test_durable_waits_as_roles_a_worker_waits_and_only_an_operator_signals_under_its_own_name(
+        admin, make_role) -> None:
+    """A worker role sleeps and waits for signals through the lease-guarded functions; it
+    may not send a signal (insert_signal's callers: operator). An operator role signals
+    under its own login name whatever ``by`` it gives, and a role scoped to queues only
+    signals tasks on them."""
+    worker_dsn, operator_dsn = make_role("worker"), make_role("operator")
+    scoped_dsn = make_role("operator", "alpha")
+    role = psycopg.conninfo.conninfo_to_dict(operator_dsn)["user"]
+    task = admin.enqueue("job", {}, idempotency_key="waits-roles")
+    other = admin.enqueue("job", {}, queue="beta")
+    with leaseq.connect(worker_dsn) as q:
+        w = q.register_worker("host")
+        [claim] = q.claim(w)
+        assert q.sleep(w, claim, "waits-roles:sleep:0", seconds=0.2)["state"] == "suspended"
+        assert admin.get(task.id).status == "waiting"
+        time.sleep(0.3)
+        [claim] = q.claim(w)
+        assert q.sleep(w, claim, "waits-roles:sleep:0", seconds=0.2)["state"] == "resumed"
+        with pytest.raises(Exception, match="permission denied|may call this"):
+            q.signal(task.id, "go")
+        assert q.wait_signal(w, claim, "waits-roles:signal:go:0", "go")["state"] == "suspended"
+    with leaseq.connect(operator_dsn) as q:
+        sent = q.signal(task.id, "go", {"ok": 1}, by="alice (operator token)", via="cli")
+    assert sent["sent_by"] == role and sent["woke"] is True
+    assert [e.detail["by"] for e in admin.events(task.id) if e.type == "signal_sent"] == [role]
+    with leaseq.connect(scoped_dsn) as q:
+        with pytest.raises(AccessDenied, match="may not reach task"):
+            q.signal(other.id, "go")
+    with leaseq.connect(worker_dsn) as q:
+        [claim] = q.claim(w)  # the identity its role registered above
+        got = q.wait_signal(w, claim, "waits-roles:signal:go:0", "go")
+        assert (got["state"], got["payload"], got["sent_by"]) == ("received", {"ok": 1}, role)
+        q.complete(w, claim, None)
+    refused(worker_dsn, f"SELECT * FROM leaseq_q_insert_signal('forged', {task.id}, 'go', NULL)")

@@ -32,14 +32,17 @@ from .model import TaskModel
 
 #: Events written under the lease guard, by the attempt that holds it.
 _HOLDER_EVENTS = frozenset({"completed", "failed", "lease_released", "retry_requested", "effect_intent",
-                            "effect_response", "tool_replayed", "intent_recorded", "renewed"})
+                            "effect_response", "tool_replayed", "intent_recorded", "renewed", "suspended",
+                            "signal_received", "wait_timed_out"})
 #: Events that end a generation by its holder's hand (report_loss refuses a report after them).
-_HOLDER_ENDS = frozenset({"completed", "failed", "lease_released", "lease_lost"})
+_HOLDER_ENDS = frozenset({"completed", "failed", "lease_released", "suspended", "lease_lost"})
 #: The status events that follow a routing to somewhere other than the queue.
 _REASON_EVENTS = frozenset({m.DEAD, m.BLOCKED, m.RECON})
 #: Evidence that changes nothing the model holds (singleton_skipped: an enqueue answered with
 #: the task that holds its singleton key, in whatever state that task is).
 _EVIDENCE_ONLY = frozenset({"parent_cancelled", "singleton_skipped"})
+#: Evidence of a durable wait written by its holder under the lease, changing nothing the model holds.
+_WAIT_EVIDENCE = frozenset({"signal_received", "wait_timed_out"})
 
 
 class TraceViolation(Exception):
@@ -150,6 +153,20 @@ class _Replay:
             s.do_release(w, g, to)
             self.holder_ended.add(g)
             self.after_routing(to, g, w)
+        elif t == "suspended":  # a durable wait ends the attempt like a release, given back
+            to = self.routed(d.get("next_status"), {m.RECON} if s.recon_due() else {m.WAITING})
+            s.do_suspend(w, g, to)
+            self.holder_ended.add(g)
+            self.after_routing(to, g, w)
+        elif t in _WAIT_EVIDENCE:
+            pass
+        elif t == "woke":
+            if not s.can_wake():
+                self.fail(f"woke while {s.status}")
+            s.do_wake()
+        elif t == "signal_sent":
+            if s.status in (m.COMPLETED, m.CANCELLED, m.DENIED, m.DEAD, m.EXPIRED):
+                self.fail(f"signal accepted while {s.status}")
         elif t == "lease_expired":
             if not (s.status == m.RUNNING and s.gen == g and s.owner == w):
                 self.fail(f"routed an expired lease of generation {g} held by {w}, but the task is "

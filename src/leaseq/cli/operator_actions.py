@@ -1,5 +1,5 @@
 """Operator actions: ``cancel``, ``reconcile``, ``unblock``, ``requeue``, ``pause``, ``resume``,
-``revoke-worker`` (built from the action table, :data:`leaseq.authz.ACTIONS`), and ``sweep``.
+``revoke-worker`` (built from the action table, :data:`leaseq.authz.ACTIONS`), ``signal`` and ``sweep``.
 
 Each goes through :func:`leaseq.authz.perform` as the local OS user
 (``cli:<user>``): the Queue method checks the transition, records who did it
@@ -27,6 +27,7 @@ def register(group: click.Group) -> None:
     """Add this module's commands to ``group``."""
     for spec in authz.operator_actions("cli"):
         group.add_command(action_command(spec))
+    group.add_command(signal)
     group.add_command(sweep)
     group.add_command(redrive)
     group.add_command(cancel_where)
@@ -63,6 +64,28 @@ def action_command(spec: authz.Action) -> click.Command:
     command = click.Command(spec.command, params=params, callback=callback, short_help=spec.title,
                             help=f"{spec.title}.\n\n{spec.help}" if spec.help else f"{spec.title}.")
     return json_option(command)
+
+
+@click.command()
+@click.argument("task_id", metavar="TASK", type=int)
+@click.argument("name")
+@click.option("--payload", metavar="JSON", default=None,
+              help="The signal's payload as JSON (- reads stdin, @path a file); default null.")
+@json_option
+@click.pass_context
+def signal(ctx: click.Context, task_id: int, name: str, payload: str | None, as_json: bool) -> None:
+    """Send the signal NAME to a task: its handler's ctx.wait_for_signal(NAME) returns the payload.
+
+    Kept until an attempt waits for it; a task waiting for NAME is claimable at once. Recorded,
+    with you as its sender, in the task's evidence trail and the audit log.
+    """
+    q = open_queue(ctx)
+    sent = q.signal(task_id, name, parse_json_option("payload", payload), by=authz.local_principal().actor,
+                    via="cli")
+    if as_json:
+        emit_json(sent)
+        return
+    click.echo(f"signal {name} sent to task {task_id}" + (": it is queued again" if sent["woke"] else ""))
 
 
 @click.command()

@@ -171,6 +171,11 @@ class Task:
     #: holding the key and wrote nothing) or ``collapsed`` (a debounced enqueue folded into it)
     #: (not compared: the same row read back is the same task)
     enqueue_outcome: str | None = field(default=None, compare=False)
+    #: a waiting task's wake time (a durable sleep's end, a signal wait's timeout), by the
+    #: database's clock; None: no time (or not in a durable wait)
+    wake_at: datetime | None = None
+    #: the name of the signal a waiting task waits for (ctx.wait_for_signal); None: none
+    wait_signal: str | None = None
 
 
 @dataclass(frozen=True)

@@ -72,6 +72,24 @@ class OperatorOps(QueueBase):
 
     # -- tasks -----------------------------------------------------------------
 
+    def signal(self, task_id: int, name: str, payload: Any = None, *, by: str | None = None,
+               via: str | None = None) -> dict[str, Any]:
+        """Send the signal ``name`` (with a JSON ``payload``) to a task: ``ctx.wait_for_signal(name)``
+        returns it.
+
+        A signal sent before the handler waits is kept; each is consumed once, by the attempt
+        that waits for it. A task waiting for this name is claimable at once. Recorded with the
+        sender (``by``: on PostgreSQL role-separated schemas the login role's name; over HTTP the
+        token's principal) in the task's evidence trail (``signal_sent``) and the audit log.
+        Refused (:class:`InvalidTransition`) for a task that ended. Returns the signal: ``id``,
+        ``task_id``, ``name``, ``sent_by``, ``sent_at`` and ``woke`` (a waiting task was woken).
+        """
+        return self._run(engine.durable.signal(self.settings, task_id, name, payload, by=by, via=via))
+
+    def signals(self, task_id: int) -> list[dict[str, Any]]:
+        """A task's signals, oldest first, consumed or not (``consumed_generation``, ``consumed_at``)."""
+        return self._run(engine.durable.signals(self.settings, task_id))
+
     def cancel(self, task_id: int, reason: str = "cancelled", *, by: str | None = None,
                via: str | None = None) -> Task:
         """Cancel a task. It stays cancelled; a running holder loses its lease at

@@ -215,6 +215,30 @@ async def wait_task(request: Request, task_id: int = TaskId,
     return {"settled": settled, "task": present_task(task, principal)}
 
 
+class SignalBody(Body):
+    payload: Any = None
+
+
+@router.post("/tasks/{task_id}/signals/{signal}", tags=["tasks"],
+             summary="Send a signal to a task (ctx.wait_for_signal returns its payload)")
+def send_signal(request: Request, body: SignalBody | None = None, task_id: int = TaskId,
+                signal: str = Path(description="Signal name"),
+                principal: auth.Principal = Depends(need("signal"))) -> dict[str, Any]:
+    # the sender recorded is the token's principal; audited by Queue.signal
+    sent = _queue(request).signal(task_id, signal, None if body is None else body.payload, by=principal.actor,
+                                  via="api")
+    if sent["woke"]:
+        request.app.state.work_signal.wake(_queue(request).get(task_id).queue)
+    answer: dict[str, Any] = to_json(sent)
+    return answer
+
+
+@router.get("/tasks/{task_id}/signals", tags=["tasks"], summary="A task's signals, consumed or not")
+def list_signals(request: Request, task_id: int = TaskId,
+                 principal: auth.Principal = Depends(need("read_signals"))) -> dict[str, Any]:
+    return {"signals": to_json(_queue(request).signals(task_id))}
+
+
 @router.get("/tasks/{task_id}", tags=["tasks"], summary="One task")
 def get_task(request: Request, task_id: int = TaskId,
              principal: auth.Principal = Depends(api_principal)) -> dict[str, Any]:

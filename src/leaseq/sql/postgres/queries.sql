@@ -546,8 +546,9 @@ RETURNING t.id, t.attempts;
 -- handlers for and leaves the others queued for workers that do. A paused
 -- queue hands out nothing, nor does a revoked worker.
 -- With route_first, nothing is claimed while an expired lease that nobody
--- is routing yet exists: the caller routes it first (lock_expired,
--- route_expired) and claims again without route_first. So a claim with
+-- is routing yet exists, or a waiting task's wake time has come: the caller
+-- routes them first (lock_expired, route_expired; lock_sleepers, wake_tasks)
+-- and claims again without route_first. So a claim with
 -- nothing to route is this one statement, in its own transaction.
 -- The statement also writes each claim's "claimed" event (the backend
 -- declares it writes its own evidence), and always returns at least one row: the claimed tasks, or one row with
@@ -577,15 +578,21 @@ WITH worker AS (
     LIMIT 1
     FOR UPDATE SKIP LOCKED
 ), flags AS (
-    SELECT w.worker_ok, %(route_first)s AND w.worker_ok AND EXISTS (SELECT 1 FROM due) AS routing_due
+    -- a waiting task whose wake time has come (a sleep's end) is routed as an
+    -- expired lease is: a probe of the wake index (timed waits only)
+    SELECT w.worker_ok, %(route_first)s AND w.worker_ok
+           AND (EXISTS (SELECT 1 FROM due)
+                OR EXISTS (SELECT 1 FROM leaseq_tasks s WHERE s.status = 'waiting' AND s.wake_at <= now()))
+           AS routing_due
     FROM (SELECT EXISTS (SELECT 1 FROM worker) AS worker_ok) w
 ), candidate AS (
     SELECT id, limits, units, priority, available_at FROM leaseq_tasks
     WHERE status = 'queued' AND queue = %(queue)s AND available_at <= now()
       AND (%(kinds)s::text[] IS NULL OR kind = ANY(%(kinds)s::text[]))  -- only kinds the worker can run
       -- SINGLETONS: a task with a singleton key only when no other task with
-      -- its key is running and no older one is queued (one waits behind the
-      -- running one, and a retried one keeps its turn). A claimer that read
+      -- its key is running or in a durable wait (a sleep, a signal wait) and no
+      -- older one is queued (one waits behind the running one, and a retried
+      -- one keeps its turn). A claimer that read
       -- the older one as queued or running passes over this one; one that
       -- read it ended sees this one as the only candidate: never two running.
       AND (singleton_key IS NULL OR NOT EXISTS (
@@ -593,7 +600,7 @@ WITH worker AS (
           WHERE o.queue = leaseq_tasks.queue AND o.singleton_key = leaseq_tasks.singleton_key
             AND o.id <> leaseq_tasks.id
             AND o.status NOT IN ('completed', 'cancelled', 'dead', 'denied', 'expired')  -- leaseq_tasks_singleton
-            AND (o.status = 'running' OR (o.status = 'queued' AND o.id < leaseq_tasks.id))))
+            AND (o.status IN ('running', 'waiting') OR (o.status = 'queued' AND o.id < leaseq_tasks.id))))
       AND (deadline_at IS NULL OR deadline_at > now())  -- never started past its deadline (the sweep expires it)
       -- never one approved at or after its approval deadline (see late_approvals): the set
       -- is read once per claim, from leaseq_approvals_late, which holds no row unless such
@@ -1274,7 +1281,7 @@ FROM jsonb_to_recordset(%(events)s::jsonb) AS e(task_id bigint, type text, gener
 -- A worker's own account of losing a lease: one per lost generation. Written
 -- only when this worker was issued the generation (its "claimed" event), the
 -- generation did not end by the holder's own hand (completed, failed,
--- released) and no loss was reported for it yet. The caller locks the task
+-- released, suspended in a durable wait) and no loss was reported for it yet. The caller locks the task
 -- row first (lock_task), so two reports of one generation run one after the
 -- other and the second sees the first. No row back: nothing was written.
 INSERT INTO leaseq_events (task_id, type, generation, worker_id, detail)
@@ -1284,20 +1291,20 @@ WHERE EXISTS (SELECT 1 FROM leaseq_events e
                 AND e.type = 'claimed' AND e.worker_id = %(worker_id)s)
   AND NOT EXISTS (SELECT 1 FROM leaseq_events e
                   WHERE e.task_id = %(task_id)s AND e.generation = %(generation)s
-                    AND e.type IN ('completed', 'failed', 'lease_released', 'lease_lost'))
+                    AND e.type IN ('completed', 'failed', 'lease_released', 'suspended', 'lease_lost'))
 RETURNING id;
 
 -- name: generation_outcome
 -- callers: worker, operator, viewer
 -- guard: none -- a read of a generation's events (why report_loss wrote nothing)
 -- Why report_loss wrote nothing: was the generation this worker's, and what
--- ended it (the first of completed, failed, lease_released, lease_lost)?
+-- ended it (the first of completed, failed, lease_released, suspended, lease_lost)?
 SELECT EXISTS (SELECT 1 FROM leaseq_events
                WHERE task_id = %(task_id)s AND type = 'claimed'
                  AND generation = %(generation)s AND worker_id = %(worker_id)s) AS held,
        (SELECT type FROM leaseq_events
         WHERE task_id = %(task_id)s AND generation = %(generation)s
-          AND type IN ('completed', 'failed', 'lease_released', 'lease_lost')
+          AND type IN ('completed', 'failed', 'lease_released', 'suspended', 'lease_lost')
         ORDER BY id LIMIT 1) AS ended;
 
 -- name: list_events
@@ -1924,3 +1931,143 @@ ORDER BY u.id;
 UPDATE leaseq_tasks SET watched = true
 WHERE id = %(task_id)s AND NOT watched
 RETURNING id;
+
+-- DURABLE WAITS (schema 26): a handler's sleep or signal wait ends its
+-- attempt under the lease; the task rests in 'waiting' holding no lease.
+
+-- name: record_wait
+-- callers: worker
+-- guard: lease
+-- plan: generic
+-- A wait's entry in the action ledger (a sleep, a signal wait, a signal
+-- received or a wait timed out), written answered ('done') under the lease:
+-- a retried attempt finds it and replays it. Its class is read_only: it acts
+-- on nothing and takes no action token, whatever the task declared. With
+-- %(seconds)s or %(until)s (Unix seconds) the response also records when the
+-- wait ends ("until"), by this clock.
+INSERT INTO leaseq_effects (task_id, generation, worker_id, action, idempotency_key, effect, status, response,
+                            response_at)
+SELECT t.id, t.claim_generation, %(worker_id)s, %(action)s, %(idempotency_key)s, 'read_only', 'done',
+       coalesce(%(response)s::jsonb, '{}'::jsonb)
+       || CASE WHEN %(until)s::float8 IS NULL AND %(seconds)s::float8 IS NULL THEN '{}'::jsonb
+               ELSE jsonb_build_object('until', coalesce(%(until)s::float8,
+                                                         extract(epoch FROM now())::float8 + %(seconds)s::float8))
+          END,
+       now()
+FROM leaseq_tasks t
+WHERE t.id = %(task_id)s
+  /* TEMPLATE: lease_guard */
+RETURNING *;
+
+-- name: suspend_task
+-- callers: worker
+-- guard: lease
+-- plan: generic
+-- The attempt ends in a durable wait: the lease ends, the task rests in
+-- 'waiting' (no lease, no slot) until %(until)s (Unix seconds, this clock:
+-- a sleep's end or a signal wait's timeout; NULL: no time) or, with
+-- %(signal)s, until a signal of that name. Not a failure and not a try: the
+-- attempt is given back (attempts - 1) and the error streak left alone. A
+-- side_effect call with an intent and no response sends the task to
+-- needs_reconciliation, as a retry on request does.
+UPDATE leaseq_tasks t
+SET status = CASE
+        WHEN t.open_effects > 0 AND EXISTS (
+            SELECT 1 FROM leaseq_effects e
+            WHERE e.task_id = t.id AND e.status = 'pending' AND e.effect = 'side_effect')
+            THEN 'needs_reconciliation'
+        ELSE 'waiting' END,
+    attempts = t.attempts - 1,
+    wake_at = to_timestamp(%(until)s::float8),
+    wait_signal = %(signal)s::text,
+    available_at = coalesce(to_timestamp(%(until)s::float8), now()),
+    lease_owner = NULL,
+    lease_expires_at = NULL,
+    updated_at = now()
+WHERE t.id = %(task_id)s
+  /* TEMPLATE: lease_guard */
+RETURNING t.id, t.status, t.claim_generation, t.attempts, t.wake_at, t.wait_signal,
+          t.heartbeat_count, t.last_heartbeat_at, t.longest_heartbeat_gap, t.queue, t.limits, t.units,
+          CASE t.status WHEN 'needs_reconciliation'
+              THEN 'wait begun with a side-effect intent and no recorded response' END AS reason;
+
+-- name: lock_sleepers
+-- callers: worker, operator
+-- plan: generic
+-- Waiting tasks whose wake time has come (a sleep's end, a signal wait's
+-- timeout), read from leaseq_tasks_wake and locked for waking. SKIP LOCKED:
+-- a row another claimer is waking is left to it.
+SELECT id, queue, claim_generation, wake_at, wait_signal
+FROM leaseq_tasks
+WHERE status = 'waiting' AND wake_at <= now()
+ORDER BY wake_at
+LIMIT %(limit)s
+FOR UPDATE SKIP LOCKED;
+
+-- name: wake_tasks
+-- callers: worker, operator
+-- plan: generic
+-- The sleepers lock_sleepers found are claimable again, in the order of
+-- their wake times. Only a due one: no caller wakes a task early.
+UPDATE leaseq_tasks t
+SET status = 'queued',
+    available_at = t.wake_at,
+    wake_at = NULL,
+    wait_signal = NULL,
+    updated_at = now()
+WHERE t.id = ANY(%(task_ids)s::bigint[])
+  AND t.status = 'waiting' AND t.wake_at <= now()
+RETURNING t.id, t.queue;
+
+-- name: insert_signal
+-- callers: operator
+-- A signal for a task (q.signal), kept until an attempt waiting for that
+-- name consumes it. %(actor)s is the sender as authenticated (an operator
+-- role's own login name on PostgreSQL roles, the token's principal over
+-- HTTP). The caller locked the task row first (lock_task), as an attempt's
+-- wait does (lock_lease): a signal and a wait never miss each other.
+INSERT INTO leaseq_signals (task_id, name, payload, sent_by)
+VALUES (%(task_id)s, %(name)s, %(payload)s::jsonb, %(actor)s)
+RETURNING *;
+
+-- name: wake_for_signal
+-- callers: operator
+-- A task waiting for this signal is claimable at once.
+UPDATE leaseq_tasks t
+SET status = 'queued',
+    available_at = now(),
+    wake_at = NULL,
+    wait_signal = NULL,
+    updated_at = now()
+WHERE t.id = %(task_id)s AND t.status = 'waiting' AND t.wait_signal = %(name)s
+RETURNING t.id, t.queue, t.claim_generation;
+
+-- name: pending_signal
+-- callers: worker
+-- guard: none -- runs after lock_lease has checked and locked the lease in the same transaction
+-- The oldest signal of this name not yet consumed, locked for its consumer.
+SELECT s.id, s.name, s.payload, s.sent_by, s.sent_at
+FROM leaseq_signals s
+WHERE s.task_id = %(task_id)s AND s.name = %(name)s AND s.consumed_at IS NULL
+ORDER BY s.id
+LIMIT 1
+FOR UPDATE;
+
+-- name: consume_signal
+-- callers: worker
+-- guard: lease
+-- The signal is consumed by this attempt, once: an attempt holding the
+-- task's live lease marks it with its generation and the ledger key that
+-- recorded it (its wait's entry, written in the same transaction).
+UPDATE leaseq_signals s
+SET consumed_at = now(), consumed_generation = %(generation)s, consumed_key = %(idempotency_key)s
+FROM leaseq_tasks t
+WHERE s.id = %(signal_id)s AND s.task_id = %(task_id)s AND s.consumed_at IS NULL AND t.id = s.task_id
+  /* TEMPLATE: lease_guard */
+RETURNING s.id, s.name, s.payload, s.sent_by, s.sent_at, s.consumed_at;
+
+-- name: list_signals
+-- callers: operator, viewer
+-- A task's signals, oldest first, consumed or not.
+SELECT id, task_id, name, payload, sent_by, sent_at, consumed_generation, consumed_at, consumed_key
+FROM leaseq_signals WHERE task_id = %(task_id)s ORDER BY id;

@@ -345,7 +345,7 @@ WITH candidate AS MATERIALIZED (
           WHERE o.queue = leaseq_tasks.queue AND o.singleton_key = leaseq_tasks.singleton_key
             AND o.id <> leaseq_tasks.id
             AND o.status NOT IN ('completed', 'cancelled', 'dead', 'denied', 'expired')  -- leaseq_tasks_singleton
-            AND (o.status = 'running' OR (o.status = 'queued' AND o.id < leaseq_tasks.id))))
+            AND (o.status IN ('running', 'waiting') OR (o.status = 'queued' AND o.id < leaseq_tasks.id))))
       AND (deadline_at IS NULL OR deadline_at > (julianday('now') - 2440587.5) * 86400.0)  -- see the PostgreSQL file
       AND id NOT IN (SELECT a.task_id FROM leaseq_approvals a  -- approved at or after its approval deadline:
                      WHERE a.decision = 'approved' AND a.decided_at >= a.deadline_at)  -- see the PostgreSQL file
@@ -354,9 +354,12 @@ WITH candidate AS MATERIALIZED (
       AND +available_at <= (julianday('now') - 2440587.5) * 86400.0
       AND NOT EXISTS (SELECT 1 FROM leaseq_queues q WHERE q.name = :queue AND q.paused)
       AND EXISTS (SELECT 1 FROM leaseq_workers w WHERE w.id = :worker_id AND w.revoked_at IS NULL)
-      AND NOT (:route_first AND EXISTS (
+      AND NOT (:route_first AND (EXISTS (
           SELECT 1 FROM leaseq_tasks e
-          WHERE e.status = 'running' AND e.lease_expires_at < (julianday('now') - 2440587.5) * 86400.0))
+          WHERE e.status = 'running' AND e.lease_expires_at < (julianday('now') - 2440587.5) * 86400.0)
+          OR EXISTS (  -- a sleeper whose wake time has come is routed first too
+          SELECT 1 FROM leaseq_tasks s
+          WHERE s.status = 'waiting' AND s.wake_at <= (julianday('now') - 2440587.5) * 86400.0)))
       -- LIMITS: pass over a task one of whose limits has no room for it (see
       -- the PostgreSQL file; the judgement is "refused" below)
       AND (limits IS NULL OR NOT EXISTS (
@@ -770,7 +773,7 @@ WHERE EXISTS (SELECT 1 FROM leaseq_events e
                 AND e.type = 'claimed' AND e.worker_id = :worker_id)
   AND NOT EXISTS (SELECT 1 FROM leaseq_events e
                   WHERE e.task_id = :task_id AND e.generation = :generation
-                    AND e.type IN ('completed', 'failed', 'lease_released', 'lease_lost'))
+                    AND e.type IN ('completed', 'failed', 'lease_released', 'suspended', 'lease_lost'))
 RETURNING id;
 
 -- name: generation_outcome
@@ -782,7 +785,7 @@ SELECT EXISTS (SELECT 1 FROM leaseq_events
                  AND generation = :generation AND worker_id = :worker_id) AS held,
        (SELECT type FROM leaseq_events
         WHERE task_id = :task_id AND generation = :generation
-          AND type IN ('completed', 'failed', 'lease_released', 'lease_lost')
+          AND type IN ('completed', 'failed', 'lease_released', 'suspended', 'lease_lost')
         ORDER BY id LIMIT 1) AS ended;
 
 -- name: list_events
@@ -1252,3 +1255,102 @@ ORDER BY u.id;
 
 -- name: watch_task
 -- no-op: SQLite cannot notify; Queue.wait polls instead
+
+-- DURABLE WAITS (schema 26): see the PostgreSQL file.
+
+-- name: record_wait
+-- guard: lease
+-- See the PostgreSQL file: a wait's ledger entry, answered, under the lease.
+INSERT INTO leaseq_effects (task_id, generation, worker_id, action, idempotency_key, effect, status, response,
+                            response_at)
+SELECT t.id, t.claim_generation, :worker_id, :action, :idempotency_key, 'read_only', 'done',
+       json_patch(coalesce(:response, '{}'),
+                  CASE WHEN :until IS NULL AND :seconds IS NULL THEN '{}'
+                       ELSE json_object('until', coalesce(:until,
+                                                          (julianday('now') - 2440587.5) * 86400.0 + :seconds))
+                  END),
+       (julianday('now') - 2440587.5) * 86400.0
+FROM leaseq_tasks AS t
+WHERE t.id = :task_id
+  /* TEMPLATE: lease_guard */
+RETURNING *;
+
+-- name: suspend_task
+-- guard: lease
+-- See the PostgreSQL file: the attempt ends in a durable wait, given back.
+UPDATE leaseq_tasks AS t
+SET status = CASE
+        WHEN t.open_effects > 0 AND EXISTS (
+            SELECT 1 FROM leaseq_effects e
+            WHERE e.task_id = t.id AND e.status = 'pending' AND e.effect = 'side_effect')
+            THEN 'needs_reconciliation'
+        ELSE 'waiting' END,
+    attempts = t.attempts - 1,
+    wake_at = :until,
+    wait_signal = :signal,
+    available_at = coalesce(:until, (julianday('now') - 2440587.5) * 86400.0),
+    lease_owner = NULL,
+    lease_expires_at = NULL,
+    updated_at = (julianday('now') - 2440587.5) * 86400.0
+WHERE t.id = :task_id
+  /* TEMPLATE: lease_guard */
+RETURNING id, status, claim_generation, attempts, wake_at, wait_signal,
+          heartbeat_count, last_heartbeat_at, longest_heartbeat_gap, queue, limits, units,
+          CASE status WHEN 'needs_reconciliation'
+              THEN 'wait begun with a side-effect intent and no recorded response' END AS reason;
+
+-- name: lock_sleepers
+-- See the PostgreSQL file (the transaction holds the write lock: nothing to skip).
+SELECT id, queue, claim_generation, wake_at, wait_signal
+FROM leaseq_tasks
+WHERE status = 'waiting' AND wake_at <= (julianday('now') - 2440587.5) * 86400.0
+ORDER BY wake_at
+LIMIT :limit;
+
+-- name: wake_tasks
+UPDATE leaseq_tasks AS t
+SET status = 'queued',
+    available_at = t.wake_at,
+    wake_at = NULL,
+    wait_signal = NULL,
+    updated_at = (julianday('now') - 2440587.5) * 86400.0
+WHERE t.id IN (SELECT value FROM json_each(:task_ids))
+  AND t.status = 'waiting' AND t.wake_at <= (julianday('now') - 2440587.5) * 86400.0
+RETURNING id, queue;
+
+-- name: insert_signal
+INSERT INTO leaseq_signals (task_id, name, payload, sent_by)
+VALUES (:task_id, :name, :payload, :actor)
+RETURNING *;
+
+-- name: wake_for_signal
+UPDATE leaseq_tasks AS t
+SET status = 'queued',
+    available_at = (julianday('now') - 2440587.5) * 86400.0,
+    wake_at = NULL,
+    wait_signal = NULL,
+    updated_at = (julianday('now') - 2440587.5) * 86400.0
+WHERE t.id = :task_id AND t.status = 'waiting' AND t.wait_signal = :name
+RETURNING id, queue, claim_generation;
+
+-- name: pending_signal
+-- guard: none -- runs after lock_lease has checked the lease in the same transaction
+SELECT s.id, s.name, s.payload, s.sent_by, s.sent_at
+FROM leaseq_signals s
+WHERE s.task_id = :task_id AND s.name = :name AND s.consumed_at IS NULL
+ORDER BY s.id
+LIMIT 1;
+
+-- name: consume_signal
+-- guard: lease
+UPDATE leaseq_signals AS s
+SET consumed_at = (julianday('now') - 2440587.5) * 86400.0, consumed_generation = :generation,
+    consumed_key = :idempotency_key
+FROM leaseq_tasks AS t
+WHERE s.id = :signal_id AND s.task_id = :task_id AND s.consumed_at IS NULL AND t.id = s.task_id
+  /* TEMPLATE: lease_guard */
+RETURNING id, name, payload, sent_by, sent_at, consumed_at;
+
+-- name: list_signals
+SELECT id, task_id, name, payload, sent_by, sent_at, consumed_generation, consumed_at, consumed_key
+FROM leaseq_signals WHERE task_id = :task_id ORDER BY id;
