@@ -43,13 +43,16 @@ COLUMNS: dict[str, str] = {
     "leaseq_effects.args_digest": CLEARED,  # a tool call's arguments, hashed (guessable)
     "leaseq_approvals.note": CLEARED,  # an approval's note, a denial's reason
     "leaseq_approvals.digest": CLEARED,  # unsalted: a payload can be guessed from it
+    "leaseq_signals.payload": CLEARED,  # what a person or a system sent the task
     "leaseq_events.detail": "reduced to EVIDENCE_KEYS at the payload cut-off, copied so to the evidence record",
     "leaseq_audit.detail": "a task's entries reduced to EVIDENCE_KEYS (reasons, notes, digests go)",
     "leaseq_evidence.detail": "EVIDENCE_KEYS only, by construction",
     # names, identifiers, states and declarations: not user data (deleted with the task)
     **{f"leaseq_tasks.{c}": "identifier or declaration" for c in (
         "queue", "kind", "effect", "status", "lease_owner", "idempotency_key", "error_fingerprint", "actions",
-        "trace_context", "limits", "resources")},
+        "trace_context", "limits", "resources", "singleton_key", "debounce_key", "wait_signal")},
+    **{f"leaseq_signals.{c}": "identifier or sender (deleted with the task)" for c in (
+        "name", "sent_by", "consumed_key")},
     **{f"leaseq_effects.{c}": "identifier or state" for c in (
         "worker_id", "action", "idempotency_key", "status", "effect", "resource")},
     **{f"leaseq_approvals.{c}": "who asked and who decided" for c in (
@@ -73,6 +76,9 @@ COLUMNS: dict[str, str] = {
     **{f"leaseq_limits.{c}": "declaration" for c in ("key", "counts", "changed_by")},
     **{f"leaseq_queues.{c}": "queue switch" for c in ("name", "changed_by")},
     "leaseq_migrations.name": "schema",
+    # one lock row per singleton or debounce key an enqueue named (not pruned yet: the keys are
+    # the application's own, as idempotency keys are)
+    **{f"leaseq_flow_keys.{c}": "flow-control key lock" for c in ("scope", "queue", "key")},
 }
 
 
@@ -166,6 +172,7 @@ def _ended_tasks(q: leaseq.Queue) -> dict[str, int]:
     tool = q.begin_effect(w, c, "search", effect="read_only", args_digest="ab" * 32)
     q.finish_effect(w, c, tool, {"tool_output": s})
     child = q.intend(w, c, "executor", {"intent": s}, key="k1", queue="ended-intents")
+    q.signal(t.id, "reply", {"text": s}, by="ops")  # kept for a wait that never comes
     q.complete(w, c, {"answer": s})
     made["completed"] = t.id
     # the intent's own task ends too (cancelled by a person, with a reason)

@@ -124,6 +124,14 @@ def _cases(svc: Service, worker_id: str) -> dict[str, list[Call]]:
     }
     for spec in authz.operator_actions():
         cases[spec.name] = [_operator_case(q, spec)]
+    cases.update({
+        "wait": [on_lease("sleep", lambda t, g: {"generation": g, "key": f"roles-{t}:sleep:0", "seconds": 60})],
+        "signal": [lambda c: c.post(f"/v1/tasks/{fresh()}/signals/go", json={"payload": 1})],
+        "read_signals": [lambda c: c.get(f"/v1/tasks/{fresh()}/signals")],
+        "redrive": [lambda c: c.post("/v1/tasks/redrive", json={"queue": "nothing-here", "dry_run": True})],
+        "cancel_where": [lambda c: c.post("/v1/tasks/cancel-where",
+                                          json={"status": "queued", "queue": "nothing-here", "dry_run": True})],
+    })
     return cases
 
 

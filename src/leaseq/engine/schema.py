@@ -184,6 +184,7 @@ def _scrub(ids: list[int], keys: list[str], done: dict[str, int], *, deleting: b
         return
     done["payloads"] = len((yield rows("scrub_tasks", task_ids=ids)))
     yield rows("scrub_effects", task_ids=ids)
+    yield rows("scrub_signals", task_ids=ids)
     yield rows("scrub_approvals", task_ids=ids)
     yield rows("scrub_events", task_ids=ids, kept_keys=keys)
 

@@ -1673,6 +1673,13 @@ UPDATE leaseq_effects SET response = NULL, args_digest = NULL
 WHERE task_id = ANY(%(task_ids)s::bigint[]) AND (response IS NOT NULL OR args_digest IS NOT NULL)
 RETURNING id;
 
+-- name: scrub_signals
+-- callers: operator
+-- What a person or a system sent the task with a signal.
+UPDATE leaseq_signals SET payload = NULL
+WHERE task_id = ANY(%(task_ids)s::bigint[]) AND payload IS NOT NULL
+RETURNING id;
+
 -- name: scrub_approvals
 -- callers: operator
 -- The decision and the decider stay; the free-text note goes, and so does the

@@ -1069,6 +1069,11 @@ UPDATE leaseq_effects SET response = NULL, args_digest = NULL
 WHERE task_id IN (SELECT value FROM json_each(:task_ids)) AND (response IS NOT NULL OR args_digest IS NOT NULL)
 RETURNING id;
 
+-- name: scrub_signals
+UPDATE leaseq_signals SET payload = NULL
+WHERE task_id IN (SELECT value FROM json_each(:task_ids)) AND payload IS NOT NULL
+RETURNING id;
+
 -- name: scrub_approvals
 UPDATE leaseq_approvals SET note = NULL, digest = 'cleared'
 WHERE task_id IN (SELECT value FROM json_each(:task_ids)) AND (note IS NOT NULL OR digest <> 'cleared')
