@@ -15,13 +15,10 @@ class Capabilities:
     """What a transport offers beyond the calls every transport has.
 
     Each flag promises the calls it names; the defaults describe the smallest
-    transport (one call per outcome, polling, a thread per call).
+    transport (one call per outcome, polling). Every call of the port is
+    awaited (:class:`leaseq.worker.transport.Transport`), whatever the flags.
     """
 
-    #: ``aclaim``, ``acomplete_many``, ``abegin_effect``, ``afinish_effect`` and
-    #: ``close_async`` run on the event loop itself (no thread hop): the worker,
-    #: and an async handler's tool calls, await them directly.
-    native_async: bool = False
     #: ``complete_many(worker, [(claim, result), ...]) -> set[task_id]`` finishes
     #: many tasks in one guarded statement.
     batched_completion: bool = False

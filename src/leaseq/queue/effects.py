@@ -53,19 +53,6 @@ class EffectOps(QueueBase):
         """Record the response of a tool call whose intent :meth:`begin_effect` recorded."""
         return self._run(engine.effects.finish_effect(self.settings, worker, claim, effect, response))
 
-    async def abegin_effect(self, worker: Worker | str, claim: Claim, action: str, key: str | None = None, *,
-                            resource: str | None = None, effect: str | None = None,
-                            args_digest: str | None = None) -> Effect:
-        """:meth:`begin_effect` for asyncio code (an async handler's tool call): the same
-        operation, awaited on the event loop where the backend can (PostgreSQL), else in a thread."""
-        return await engine.adrive(self.store, engine.effects.begin_effect(
-            self.settings, worker, claim, action, key, resource=resource, effect=effect, args_digest=args_digest))
-
-    async def afinish_effect(self, worker: Worker | str, claim: Claim, effect: Effect, response: Any = None) -> Effect:
-        """:meth:`finish_effect` for asyncio code."""
-        return await engine.adrive(self.store, engine.effects.finish_effect(self.settings, worker, claim, effect,
-                                                                             response))
-
     def effects(self, task_id: int) -> list[Effect]:
         """The action ledger of a task, oldest first."""
         return self._run(engine.effects.effects(self.settings, task_id))

@@ -5,6 +5,13 @@ the lease is lost, ``ctx.lost`` turns true, ``ctx.check()`` and every new
 ``ctx.effect(...)`` raise :class:`leaseq.LeaseLost`, and the handler's result
 will not be published. The guards in the database refuse a stale worker
 anyway; the context makes it stop early instead of wasting tool calls.
+
+In the worker runtime the context talks to the runtime's port, on the
+runtime's loop: awaited there by async handlers, and reached from a sync
+handler's thread through :func:`leaseq.worker.transport.call_on_loop`
+(:meth:`TaskContext.port_call`). A context made by hand around a blocking
+queue (``TaskContext(queue, worker, claim, log)``, no ``loop``: tests,
+adapters) calls it directly, and in a thread when awaited.
 """
 
 from __future__ import annotations
@@ -19,6 +26,7 @@ from typing import TYPE_CHECKING, Any
 from ..core.errors import InvalidInput, LeaseLost
 from ..core.model import Claim, Task, Worker
 from .effect_scope import EffectScope
+from .transport import call_on_loop
 
 if TYPE_CHECKING:  # pragma: no cover
     from .tools import Tool
@@ -36,8 +44,12 @@ AttemptKey = tuple[int, int, int]
 class TaskContext:
     """The handler's view of one claimed task."""
 
-    def __init__(self, transport: Transport, worker: Worker, claim: Claim, log: logging.LoggerAdapter[logging.Logger]):
+    def __init__(self, transport: Transport, worker: Worker, claim: Claim,
+                 log: logging.LoggerAdapter[logging.Logger], *, loop: asyncio.AbstractEventLoop | None = None):
+        #: the runtime's port (with ``loop``), or a blocking queue (without)
         self._transport = transport
+        #: the loop the port's calls are awaited on (None: ``transport`` blocks)
+        self._loop = loop
         self.worker = worker
         self.claim = claim
         self.log = log
@@ -77,6 +89,30 @@ class TaskContext:
         #: the runtime's: the handler returned and its slot waits, reserved, for the
         #: claim sent with this completion (claim_with_completion)
         self.refill_slot = False
+
+    # -- the queue ------------------------------------------------------------
+
+    def port_call(self, name: str, *args: Any, **kwargs: Any) -> Any:
+        """Call the queue's ``name`` from blocking code (a sync handler) and return its answer."""
+        loop = self._loop
+        if loop is None:  # made by hand around a blocking queue
+            return getattr(self._transport, name)(*args, **kwargs)
+        if _running_loop() is loop:
+            # Blocking code on the loop's own thread (an async handler's blocking call):
+            # waiting there for the loop would never end. The port's blocking twin answers.
+            return getattr(getattr(self._transport, "sync"), name)(*args, **kwargs)
+        return call_on_loop(loop, getattr(self._transport, name), *args, **kwargs)
+
+    async def aport_call(self, name: str, *args: Any, **kwargs: Any) -> Any:
+        """Await the queue's ``name`` (an async handler) and return its answer."""
+        loop = self._loop
+        if loop is None:  # made by hand around a blocking queue
+            return await asyncio.to_thread(getattr(self._transport, name), *args, **kwargs)
+        if _running_loop() is loop:
+            return await getattr(self._transport, name)(*args, **kwargs)
+        # awaited on a loop of the handler's own (asyncio.run in a sync handler): the port is the runtime's
+        return await asyncio.wrap_future(asyncio.run_coroutine_threadsafe(
+            getattr(self._transport, name)(*args, **kwargs), loop))
 
     # -- the lease ------------------------------------------------------------
 
@@ -173,7 +209,9 @@ class TaskContext:
             def merge(ctx):
                 return combine(ctx.results().values())
         """
-        found = self._transport.dependency_results(self.task_id)
+        return self._picked(self.port_call("dependency_results", self.task_id), after_ids)
+
+    def _picked(self, found: dict[int, Any], after_ids: Iterable[int] | None) -> dict[int, Any]:
         if after_ids is None:
             return found
         if isinstance(after_ids, (str, bytes)) or not isinstance(after_ids, Iterable):
@@ -187,7 +225,7 @@ class TaskContext:
 
     async def aresults(self, after_ids: Iterable[int] | None = None) -> dict[int, Any]:
         """:meth:`results` for async handlers."""
-        return await asyncio.to_thread(self.results, after_ids)
+        return self._picked(await self.aport_call("dependency_results", self.task_id), after_ids)
 
     # -- effects --------------------------------------------------------------
 
@@ -277,14 +315,30 @@ class TaskContext:
         """
         self.check()
         try:
-            child = self._transport.intend(self.worker, self.claim, kind, payload, key=key, queue=queue,
-                                           effect=effect, approval=approval, approval_deadline=approval_deadline,
-                                           **options)
+            child = self.port_call("intend", self.worker, self.claim, kind, payload, key=key, queue=queue,
+                                   effect=effect, approval=approval, approval_deadline=approval_deadline, **options)
         except LeaseLost as exc:
             self._refused(exc)
             raise
-        return child.id
+        return int(child.id)
 
-    async def aintend(self, kind: str, payload: Any = None, *, key: str, **options: Any) -> int:
+    async def aintend(self, kind: str, payload: Any = None, *, key: str, queue: str = "default",
+                      effect: str = "side_effect", approval: str | None = None,
+                      approval_deadline: float | None = None, **options: Any) -> int:
         """:meth:`intend` for async handlers."""
-        return await asyncio.to_thread(lambda: self.intend(kind, payload, key=key, **options))
+        self.check()
+        try:
+            child = await self.aport_call("intend", self.worker, self.claim, kind, payload, key=key, queue=queue,
+                                          effect=effect, approval=approval, approval_deadline=approval_deadline,
+                                          **options)
+        except LeaseLost as exc:
+            self._refused(exc)
+            raise
+        return int(child.id)
+
+
+def _running_loop() -> asyncio.AbstractEventLoop | None:
+    try:
+        return asyncio.get_running_loop()
+    except RuntimeError:
+        return None
