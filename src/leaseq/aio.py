@@ -30,7 +30,6 @@ from .engine.steps import Op, T
 from .observability.tracing import atraced_enqueue
 from .queue import Queue, connect
 from .queue.operator import deciding
-from .store.base import WorkListener
 
 
 class AsyncQueue:
@@ -68,9 +67,13 @@ class AsyncQueue:
         """Close the connections opened for the running event loop only (the queue stays open)."""
         await self.sync.close_async()
 
-    def listener(self, queues: list[str]) -> WorkListener:
-        """:meth:`Queue.listener`: a blocking waiter woken when work is enqueued on ``queues``."""
-        return self.sync.listener(queues)
+    async def listener(self, queues: list[str]) -> Any:
+        """:meth:`Queue.listener` for asyncio code: a waiter woken when work is enqueued on
+        ``queues``, whose ``wait(timeout)`` and ``close()`` are awaited (PostgreSQL LISTEN/NOTIFY
+        on the event loop; on SQLite it only sleeps, so workers poll)."""
+        for name in queues:
+            checks.check_name("queue", name)
+        return await self.sync.store.alistener(set(queues))
 
     async def migrate(self) -> list[int]:
         """:meth:`Queue.migrate`, awaited."""

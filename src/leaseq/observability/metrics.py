@@ -35,7 +35,7 @@ from ..core.errors import is_transient
 
 if TYPE_CHECKING:
     from ..core.model import Claim
-    from ..worker.transport import RefillingTransport
+    from ..worker.transport import Transport
 
 R = TypeVar("R")
 
@@ -86,7 +86,7 @@ class MeteredTransport:
 
     def __init__(self, transport: Any, metrics: WorkerMetrics):
         # Typed as the fullest port: only the calls its capabilities declare are made.
-        self._transport: RefillingTransport = transport
+        self._transport: Transport = transport
         self._metrics = metrics
 
     def __getattr__(self, name: str) -> Any:  # capabilities, listener, register_worker, effects, ...

@@ -50,7 +50,7 @@ from ..observability.hooks import WorkerObserver
 from ..schedules import Scheduler
 from .claim_loop import CLAIMS_IN_FLIGHT, ClaimLoop
 from .completer import Completer
-from .listener import start_listener
+from .listener import listen
 from .liveness import heartbeat, liveness, record_stop
 from .registry import HandlerSource, Registry
 from .renewer import Renewer
@@ -194,7 +194,10 @@ class WorkerRuntime(ClaimLoop, Shutdown):
             background = [asyncio.create_task(self.renewer.run(), name="leaseq-renewer"),
                           asyncio.create_task(heartbeat(self.transport, self._registered,
                                                         liveness(self.lease_seconds)[0]), name="leaseq-heartbeat")]
-            listener = self._start_listener()
+            if self._caps.listen_notify:  # woken by the queue's notifications (see .listener)
+                background.append(asyncio.create_task(
+                    listen(self.transport, self.queues, self._wake, stopping=lambda: self._stopping,
+                           name=self._registered.id), name="leaseq-listener"))
             if self.registry.schedules:  # one task per slot, deduplicated by its key across workers
                 scheduler = Scheduler(self.registry.schedules.values(), self.transport)
                 await scheduler.tick()  # due slots exist before the first claim (--until-idle runs them)
@@ -219,8 +222,6 @@ class WorkerRuntime(ClaimLoop, Shutdown):
                 for task in ending:
                     task.cancel()
                 await asyncio.gather(*ending, return_exceptions=True)
-                if listener is not None:
-                    listener.set()
                 await record_stop(self.transport, self._registered, self._why_stopped(until_idle))
         finally:
             if install_signals:
@@ -293,13 +294,6 @@ class WorkerRuntime(ClaimLoop, Shutdown):
                                       name=self.name, wake=self._wake, stopping=stopping, on_retry=count)
         self.worker = worker
         return ok
-
-    def _start_listener(self) -> threading.Event | None:
-        """Wake the claim loop on notifications (see :mod:`.listener`)."""
-        if not self._caps.listen_notify:
-            return None
-        return start_listener(self.transport, self.queues, asyncio.get_running_loop(), self._wake,
-                              stopping=lambda: self._stopping, name=self._registered.id)
 
     async def renew_now(self) -> None:
         """Renew every held lease now, in one call."""

@@ -55,7 +55,8 @@ class Transport(Protocol):
     async def heartbeat_worker(self, worker: Worker) -> None: ...
     async def stop_worker(self, worker: Worker, reason: str = "stopped") -> None: ...
     async def claim(self, worker: Worker, *, queue: str, limit: int, lease_seconds: float | None = None,
-                    kinds: list[str] | None = None) -> list[Claim]: ...
+                    kinds: list[str] | None = None, wait: float = 0.0) -> list[Claim]:
+        """``wait`` only where ``capabilities.long_poll`` says the queue waits for work."""
     async def renew_leases(self, worker: Worker, claims: list[Claim]) -> dict[int, datetime]: ...
     async def complete(self, worker: Worker, claim: Claim, result: Any = None) -> None: ...
     async def complete_many(self, worker: Worker, done: Sequence[tuple[Claim, Any]]) -> set[int]: ...
@@ -76,33 +77,18 @@ class Transport(Protocol):
     async def close_async(self) -> None:
         """Close the connections opened for the running event loop (the runtime does, as it ends)."""
 
-
-class RefillingTransport(Transport, Protocol):
-    """A port with ``capabilities.claim_with_completion``."""
+    # -- the calls a capability flag promises (made only where the port declares it) ---------
 
     async def complete_and_claim(self, worker: Worker, done: Sequence[tuple[Claim, Any]], *, queue: str,
                                  limit: int, lease_seconds: float | None = None,
-                                 kinds: list[str] | None = None) -> tuple[set[int], list[Claim]]: ...
-
-
-class ListeningTransport(Transport, Protocol):
-    """A port with ``capabilities.listen_notify``."""
-
-    def listener(self, queues: list[str]) -> Any: ...
-
-
-class LongPollTransport(Transport, Protocol):
-    """A port with ``capabilities.long_poll``."""
-
-    async def claim(self, worker: Worker, *, queue: str, limit: int, lease_seconds: float | None = None,
-                    kinds: list[str] | None = None, wait: float = 0.0) -> list[Claim]: ...
-    async def interrupt_claims(self, worker: Worker) -> None: ...
-
-
-class ReportingTransport(Transport, Protocol):
-    """A port with ``capabilities.loss_reports``."""
-
-    async def report_loss(self, worker: Worker, claim: Claim, reason: str) -> None: ...
+                                 kinds: list[str] | None = None) -> tuple[set[int], list[Claim]]:
+        """``capabilities.claim_with_completion``."""
+    async def interrupt_claims(self, worker: Worker) -> None:
+        """``capabilities.long_poll``."""
+    async def listener(self, queues: list[str]) -> Any:
+        """``capabilities.listen_notify``: a waiter whose ``wait(timeout)`` and ``close()`` are awaited."""
+    async def report_loss(self, worker: Worker, claim: Claim, reason: str) -> None:
+        """``capabilities.loss_reports``."""
 
 
 def worker_port(transport: Any) -> Any:
