@@ -27,13 +27,12 @@ service runs each request in one transaction and reports per task which
 leases were refused. ``claim(..., wait=s)`` is a long poll: the service
 answers as soon as work arrives, within ``s`` seconds.
 
-:class:`AsyncRemoteQueue` offers the same calls awaited, on an
-``httpx.AsyncClient`` whose connections stay open between calls: the worker
+:class:`AsyncRemoteQueue` offers the same calls awaited: the worker
 runtime's port onto the service (:meth:`RemoteQueue.worker_port`). Each
 operation is written once, as a generator of the requests it sends
-(:class:`_Request`) that parses their answers; :class:`RemoteQueue` sends
-those requests with urllib3 (half httpx's CPU per blocking request), the
-async client with httpx, and both read the answers and errors through
+(:class:`_Request`) that parses their answers; both clients send those
+requests with urllib3 (half httpx's CPU per request), the async one from a
+few threads of its own, and both read the answers and errors through
 :func:`_answer`.
 """
 
@@ -46,6 +45,7 @@ import time
 import urllib.request
 import warnings
 from collections.abc import Generator, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any, TypeVar
@@ -145,6 +145,10 @@ def _retry_after(data: bytes, headers: Mapping[str, str]) -> float:
 
 
 T = TypeVar("T")
+
+#: The threads an :class:`AsyncRemoteQueue` sends its requests from, as many as its
+#: connections (:class:`RemoteQueue` keeps 16 open): a long poll holds one.
+HTTP_THREADS = 16
 
 
 @dataclass(frozen=True, slots=True)
@@ -705,12 +709,13 @@ def _read_token_file(path: str | os.PathLike[str]) -> str:
 
 
 class AsyncRemoteQueue(_Operations):
-    """:class:`RemoteQueue`'s calls, awaited: on an ``httpx.AsyncClient`` whose connections stay
-    open between calls, on the running event loop (no thread per call).
+    """:class:`RemoteQueue`'s calls, awaited: each request is sent by a :class:`RemoteQueue`
+    (urllib3, connections kept open between calls) from one of :data:`HTTP_THREADS` threads
+    of this client's, while the event loop goes on.
 
     The worker runtime's port onto the service (:class:`leaseq.worker.transport.Transport`).
-    Its client belongs to the event loop that made the first call; :meth:`close_async`
-    closes it (a later call, on any loop, opens a new one).
+    Any event loop may await it; :meth:`close_async` closes the connections and ends the
+    threads (a later call opens new ones).
     """
 
     transport = "http"
@@ -725,8 +730,7 @@ class AsyncRemoteQueue(_Operations):
         self.rate_limit_retries = rate_limit_retries
         self._headers = {"Authorization": f"Bearer {self._token}", "User-Agent": f"leaseq/{__version__}",
                          "Content-Type": "application/json"}
-        self._client: Any = None
-        self._client_loop: asyncio.AbstractEventLoop | None = None
+        self._pool: ThreadPoolExecutor | None = None
         self._sync: RemoteQueue | None = None
 
     @property
@@ -745,19 +749,10 @@ class AsyncRemoteQueue(_Operations):
 
     # -- plumbing ---------------------------------------------------------------------------
 
-    def _http(self) -> Any:
-        loop = asyncio.get_running_loop()
-        if self._client is None or self._client_loop is not loop:
-            import httpx
-
-            # No retries here: a request that may have reached the service is the caller's to repeat.
-            # Proxies as the environment names them (HTTP_PROXY, HTTPS_PROXY, NO_PROXY).
-            self._client = httpx.AsyncClient(
-                base_url=self.url, headers=self._headers, follow_redirects=False, trust_env=True,
-                timeout=httpx.Timeout(self.timeout), limits=httpx.Limits(max_connections=16,
-                                                                         max_keepalive_connections=16))
-            self._client_loop = loop
-        return self._client
+    def _threads(self) -> ThreadPoolExecutor:
+        if self._pool is None:
+            self._pool = ThreadPoolExecutor(max_workers=HTTP_THREADS, thread_name_prefix="leaseq-http")
+        return self._pool
 
     async def _run(self, op: _Op[T]) -> T:
         """Send each request of ``op`` and hand it the answer; returns what ``op`` returns."""
@@ -775,29 +770,17 @@ class AsyncRemoteQueue(_Operations):
                 raise
 
     async def _send(self, request: _Request) -> Any:
-        import httpx
-
-        client = self._http()
-        content = None if request.body is None else json.dumps(request.body).encode()
-        timeout = (httpx.USE_CLIENT_DEFAULT if not request.wait  # a long poll may be held ``wait`` seconds
-                   else httpx.Timeout(self.timeout, read=self.timeout + request.wait))
-        for attempt in range(self.rate_limit_retries + 1):
-            try:
-                resp = await client.request(request.method, request.path, content=content, params=request.params,
-                                            headers=request.headers, timeout=timeout)
-            except httpx.HTTPError as exc:
-                raise _unreachable(self.url, exc) from None
-            if resp.status_code == RateLimited.http_status and attempt < self.rate_limit_retries:
-                await asyncio.sleep(_retry_after(resp.content, resp.headers))
-                continue
-            break
-        return _answer(self.url, resp.status_code, resp.content)
+        # urllib3 in a thread: an httpx.AsyncClient on the loop cost a remote worker twice the
+        # CPU per request, and a worker of no-op tasks spends most of its CPU on requests.
+        return await asyncio.get_running_loop().run_in_executor(self._threads(), self.sync._send, request)
 
     async def close_async(self) -> None:
-        """Close the HTTP connections (of the event loop that opened them)."""
-        client, self._client, self._client_loop = self._client, None, None
-        if client is not None:
-            await client.aclose()
+        """Close the HTTP connections (a later call opens new ones)."""
+        pool, self._pool = self._pool, None
+        if pool is not None:
+            pool.shutdown(wait=False)
+        if self._sync is not None:
+            self._sync.close()
 
     async def close(self) -> None:
         """:meth:`close_async`."""

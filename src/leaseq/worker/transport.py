@@ -8,8 +8,9 @@ is run in a thread on the runtime's behalf. Two ports implement it:
   engine operation with :func:`leaseq.engine.adrive` (psycopg's asyncio
   connections on PostgreSQL, so a worker process keeps one pool; sqlite3,
   which has no asyncio form, in a thread);
-* :class:`leaseq.client.AsyncRemoteQueue`, the HTTP one, on an
-  ``httpx.AsyncClient`` whose connections stay open.
+* :class:`leaseq.client.AsyncRemoteQueue`, the HTTP one: urllib3 with
+  kept-alive connections, each request sent from a thread of the client's
+  own while the loop goes on (an asyncio HTTP client cost twice the CPU).
 
 :func:`worker_port` turns what a user hands the runtime (a :class:`leaseq.Queue`,
 a :class:`leaseq.client.RemoteQueue`, or a port already) into the port.
