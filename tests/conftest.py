@@ -3,7 +3,9 @@
 PostgreSQL tests need ``LEASEQ_TEST_PG_DSN`` (for example
 ``postgresql://postgres@127.0.0.1:5432/test``); without it they skip, unless
 ``LEASEQ_REQUIRE_PG=1`` is set (CI sets it), in which case they fail.
-Each PostgreSQL test gets a schema of its own, dropped afterwards.
+Each PostgreSQL test gets a schema of its own, dropped afterwards; a test of the
+``q`` fixture gets a migrated one, emptied afterwards for a later test of the same
+process unless the test changed more than its rows (see ``pg_migrated_dsn``).
 
 Under pytest-xdist (``-n N``) each worker process gets a database of its own
 on that server (``<db>_gw0``, ``<db>_gw1``, ...: created afresh when the worker
@@ -80,6 +82,7 @@ def pytest_configure(config: pytest.Config) -> None:
 
 
 def pytest_unconfigure(config: pytest.Config) -> None:
+    _drop_emptied()
     if _WORKER_DB is None:
         return
     import psycopg
@@ -135,6 +138,108 @@ def pg_schema_dsn() -> Iterator[str]:
             conn.execute(f"DROP SCHEMA IF EXISTS {schema} CASCADE")
 
 
+#: Migrated schemas this process emptied after a test, each with its shape, ready for the next test
+#: that asks for a migrated queue: a migration costs about half a second of the server's time,
+#: emptying a schema a few milliseconds.
+_EMPTIED: list[tuple[str, str]] = []
+#: What a test could change of a schema beyond its rows: functions (bodies, rights, settings),
+#: relations (columns, options, rights, row security), triggers, constraints, policies, owners.
+#: A schema whose shape changed during a test is dropped, not used again.
+_SHAPE = """
+SELECT md5(concat_ws('|',
+    (SELECT string_agg(concat_ws(':', p.proname, md5(p.prosrc), p.proowner, p.prosecdef, p.proacl, p.proconfig),
+                       ',' ORDER BY p.oid)
+     FROM pg_proc p WHERE p.pronamespace = n.oid),
+    (SELECT string_agg(concat_ws(':', c.relname, c.relkind, c.relowner, c.relrowsecurity, c.relacl, c.reloptions),
+                       ',' ORDER BY c.oid)
+     FROM pg_class c WHERE c.relnamespace = n.oid),
+    (SELECT string_agg(concat_ws(':', a.attrelid, a.attname, a.atttypid), ',' ORDER BY a.attrelid, a.attnum)
+     FROM pg_attribute a JOIN pg_class c ON c.oid = a.attrelid
+     WHERE c.relnamespace = n.oid AND a.attnum > 0 AND NOT a.attisdropped),
+    (SELECT string_agg(concat_ws(':', tg.tgname, tg.tgenabled), ',' ORDER BY tg.oid)
+     FROM pg_trigger tg JOIN pg_class c ON c.oid = tg.tgrelid WHERE c.relnamespace = n.oid),
+    (SELECT string_agg(concat_ws(':', co.conname, md5(pg_get_constraintdef(co.oid))), ',' ORDER BY co.oid)
+     FROM pg_constraint co WHERE co.connamespace = n.oid),
+    (SELECT string_agg(po.polname, ',' ORDER BY po.oid)
+     FROM pg_policy po JOIN pg_class c ON c.oid = po.polrelid WHERE c.relnamespace = n.oid),
+    n.nspowner, n.nspacl))
+FROM pg_namespace n WHERE n.nspname = %s
+"""
+
+
+def _shape(conn: object, schema: str) -> str:
+    row = conn.execute(_SHAPE, (schema,)).fetchone()  # type: ignore[attr-defined]
+    return str(row[0]) if row else ""
+
+
+@pytest.fixture
+def pg_migrated_dsn() -> Iterator[str]:
+    """A DSN for a migrated PostgreSQL schema holding no rows but the migrations' own: the
+    ``q`` fixture's, in the direct mode. The schema is emptied after the test and used again
+    by a later test of this process, unless the test changed its shape (:data:`_SHAPE`) or left
+    a connection to it open (its connections carry the schema's name as their
+    ``application_name``); then it is dropped."""
+    import psycopg
+
+    base = _pg_or_skip()
+    if _EMPTIED:
+        schema, shape = _EMPTIED.pop()
+    else:
+        schema = f"t_{uuid.uuid4().hex[:12]}"
+        with psycopg.connect(base, autocommit=True) as conn:
+            conn.execute(f"CREATE SCHEMA {schema}")
+        dsn = with_search_path(base, schema)
+        queue = leaseq.connect(dsn)
+        try:
+            queue.migrate()
+        finally:
+            queue.close()
+        with psycopg.connect(base, autocommit=True) as conn:
+            shape = _shape(conn, schema)
+    try:
+        yield with_search_path(base, schema) + f"&application_name={schema}"
+    finally:
+        _empty_or_drop(base, schema, shape)
+
+
+def _empty_or_drop(base: str, schema: str, shape: str) -> None:
+    import psycopg
+
+    with psycopg.connect(base, autocommit=True) as conn:
+        busy = conn.execute("SELECT count(*) FROM pg_stat_activity WHERE application_name = %s",
+                            (schema,)).fetchone()
+        if (busy and busy[0]) or _shape(conn, schema) != shape:
+            conn.execute(f"DROP SCHEMA IF EXISTS {schema} CASCADE")
+            return
+        tables = [r[0] for r in conn.execute(
+            "SELECT tablename FROM pg_tables WHERE schemaname = %s AND tablename <> 'leaseq_migrations'",
+            (schema,)).fetchall()]
+        sequences = [r[0] for r in conn.execute(
+            "SELECT sequencename FROM pg_sequences WHERE schemaname = %s", (schema,)).fetchall()]
+        with conn.transaction():
+            # neither the triggers (the lease columns' guard) nor the foreign keys: every row goes
+            conn.execute("SET LOCAL session_replication_role = replica")
+            for table in tables:
+                conn.execute(f"DELETE FROM {schema}.{table}")
+            for sequence in sequences:
+                conn.execute(f"ALTER SEQUENCE {schema}.{sequence} RESTART")
+    _EMPTIED.append((schema, shape))
+
+
+def _drop_emptied() -> None:
+    if not _EMPTIED or not PG_DSN:
+        return
+    import psycopg
+
+    try:
+        with psycopg.connect(PG_DSN, autocommit=True) as conn:
+            for schema, _ in _EMPTIED:
+                conn.execute(f"DROP SCHEMA IF EXISTS {schema} CASCADE")
+    except psycopg.Error:  # the worker's database is dropped with it
+        pass
+    _EMPTIED.clear()
+
+
 @pytest.fixture
 def pgbouncer(pg_schema_dsn: str) -> Iterator[object]:
     """A PgBouncer of this test's own in transaction mode, in front of a fresh schema
@@ -167,6 +272,8 @@ def dsn(request: pytest.FixtureRequest, tmp_path) -> str:
     """A DSN for an empty database: a SQLite file, or a PostgreSQL schema."""
     if request.param == "sqlite":
         return f"sqlite:///{tmp_path / 'leaseq.db'}"
+    if "q" in request.fixturenames and PG_MODE == "direct":  # migrated anyway: one emptied after an earlier test
+        return request.getfixturevalue("pg_migrated_dsn")
     return request.getfixturevalue("pg_schema_dsn")
 
 

@@ -29,4 +29,5 @@ SAMPLES: dict[type[LeaseqError], LeaseqError] = {
     errors.ApprovalMismatch: errors.ApprovalMismatch(7, "v2:sha256:00"),
     errors.ApprovalExpired: errors.ApprovalExpired(7, "2030-01-31T09:00:00+00:00", "approve"),
     errors.ToolCallDiverged: errors.ToolCallDiverged("run-1:llm.chat:0"),
+    errors.WaitTimedOut: errors.WaitTimedOut("approval"),
 }

@@ -13,7 +13,7 @@ from .aio import AsyncQueue, connect_async
 from .app import App, TaskDefinition
 from .core.errors import (ApprovalExpired, ApprovalMismatch, BackendUnavailable, ConfigError, CredentialMissing,
                           IdempotencyKeyConflict, InvalidInput, InvalidTransition, LeaseLost, LeaseqError, NotFound,
-                          Permanent, QueuePaused, StaleToken, ToolCallDiverged, UnknownWorker)
+                          Permanent, QueuePaused, StaleToken, ToolCallDiverged, UnknownWorker, WaitTimedOut)
 from .core.retry import Retry, RetryPolicy
 from .core.model import Approval, Claim, Claims, Effect, EffectKind, Event, Status, Task, Worker
 from .engine.approvals import approval_digest
@@ -28,6 +28,6 @@ __all__ = [
     "AsyncQueue", "BackendUnavailable", "Claim", "Claims", "ConfigError", "Effect", "EffectKind", "Event",
     "IdempotencyKeyConflict", "InvalidInput", "InvalidTransition", "LeaseLost", "LeaseqError", "NotFound", "Queue", "QueuePaused",
     "Retry", "RetryPolicy",
-    "StaleToken", "Status", "Task", "Tool", "ToolCallDiverged", "UnknownWorker", "Worker", "connect",
+    "StaleToken", "Status", "Task", "Tool", "ToolCallDiverged", "UnknownWorker", "WaitTimedOut", "Worker", "connect",
     "connect_async", "tool",
 ]

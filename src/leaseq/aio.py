@@ -122,7 +122,9 @@ class AsyncQueue:
                       trace_context: str | None = None, after: Iterable[int] | None = None,
                       on_dependency_failure: str = "cancel", connection: Any = None,
                       limits: Iterable[str] | None = None, units: int = 1, token_id: str | None = None,
-                      resources: Iterable[str] | None = None) -> Task:
+                      resources: Iterable[str] | None = None, singleton_key: str | None = None,
+                      on_conflict: str = "skip", debounce: float | None = None, key: str | None = None,
+                      debounce_mode: str = "trailing", max_delay: float | None = None) -> Task:
         """:meth:`Queue.enqueue`, awaited. ``connection``: a ``psycopg.AsyncConnection``
         on PostgreSQL, a ``sqlite3.Connection`` on SQLite."""
         op = engine.enqueue.enqueue(self.settings, kind, payload, effect=effect, queue=queue,
@@ -132,7 +134,9 @@ class AsyncQueue:
                                     approval_deadline=approval_deadline, by=by, trace_context=trace_context,
                                     after=after,
                                     on_dependency_failure=on_dependency_failure, limits=limits, units=units,
-                                    token_id=token_id, resources=resources)
+                                    token_id=token_id, resources=resources, singleton_key=singleton_key,
+                                    on_conflict=on_conflict, debounce=debounce, key=key,
+                                    debounce_mode=debounce_mode, max_delay=max_delay)
         return await (self._arun(op) if connection is None else self._arun_in(connection, op))
 
     async def enqueue_many(self, kind: str, payloads: Iterable[Any], *, effect: str = "read_only",
@@ -279,6 +283,27 @@ class AsyncQueue:
         """:meth:`Queue.finish_effect`, awaited."""
         return await self._arun(engine.effects.finish_effect(self.settings, worker, claim, effect, response))
 
+    async def sleep(self, worker: Worker | str, claim: Claim, key: str, *, seconds: float | None = None,
+                    until: Any = None) -> dict[str, Any]:
+        """:meth:`Queue.sleep`, awaited."""
+        return await self._arun(engine.durable.sleep(self.settings, worker, claim, key, seconds=seconds,
+                                                     until=until))
+
+    async def wait_signal(self, worker: Worker | str, claim: Claim, key: str, name: str, *,
+                          timeout: float | None = None) -> dict[str, Any]:
+        """:meth:`Queue.wait_signal`, awaited."""
+        return await self._arun(engine.durable.wait_signal(self.settings, worker, claim, key, name,
+                                                           timeout=timeout))
+
+    async def signal(self, task_id: int, name: str, payload: Any = None, *, by: str | None = None,
+                     via: str | None = None) -> dict[str, Any]:
+        """:meth:`Queue.signal`, awaited."""
+        return await self._arun(engine.durable.signal(self.settings, task_id, name, payload, by=by, via=via))
+
+    async def signals(self, task_id: int) -> list[dict[str, Any]]:
+        """:meth:`Queue.signals`, awaited."""
+        return await self._arun(engine.durable.signals(self.settings, task_id))
+
     async def effects(self, task_id: int) -> list[Effect]:
         """:meth:`Queue.effects`, awaited."""
         return await self._arun(engine.effects.effects(self.settings, task_id))
@@ -302,6 +327,24 @@ class AsyncQueue:
                       via: str | None = None) -> Task:
         """:meth:`Queue.requeue`, awaited."""
         return await self._arun(engine.operator.requeue(self.settings, task_id, note, by=by, via=via))
+
+    async def redrive(self, *, status: str | list[str] = "dead", queue: str | None = None,
+                      kind: str | None = None, error: str | None = None, older_than: float | None = None,
+                      limit: int = 1000, dry_run: bool = False, note: str = "redriven", by: str | None = None,
+                      via: str | None = None) -> dict[str, Any]:
+        """:meth:`Queue.redrive`, awaited."""
+        return await self._arun(engine.operator.redrive(self.settings, status=status, queue=queue, kind=kind,
+                                                        error=error, older_than=older_than, limit=limit,
+                                                        dry_run=dry_run, note=note, by=by, via=via))
+
+    async def cancel_where(self, *, status: str | list[str], queue: str | None = None, kind: str | None = None,
+                           error: str | None = None, older_than: float | None = None, limit: int = 1000,
+                           dry_run: bool = False, reason: str = "cancelled", by: str | None = None,
+                           via: str | None = None) -> dict[str, Any]:
+        """:meth:`Queue.cancel_where`, awaited."""
+        return await self._arun(engine.operator.cancel_where(self.settings, status=status, queue=queue, kind=kind,
+                                                             error=error, older_than=older_than, limit=limit,
+                                                             dry_run=dry_run, reason=reason, by=by, via=via))
 
     async def pause(self, queue: str, *, create: bool = False, by: str | None = None,
                     via: str | None = None) -> dict[str, Any]:

@@ -139,6 +139,7 @@ ACTIONS: dict[str, Action] = {a.name: a for a in (
     Action("finish_effect", "work", "record effect responses", own_worker=True),
     Action("report_loss", "work", "report lease losses", own_worker=True),
     Action("intend", "work", "record intents", own_worker=True),
+    Action("wait", "work", "end attempts in durable waits (sleeps, signal waits)", own_worker=True),
     Action("enqueue", "enqueue", "enqueue tasks", queue_scope=True),
     # reads
     Action("whoami", None, "say who it is"),
@@ -221,7 +222,13 @@ ACTIONS: dict[str, Action] = {a.name: a for a in (
            help="It claims nothing more and the leases it holds end now. The token that registered it stays "
                 "valid (it may register a new worker): revoke the token to stop both.",
            done="worker {target} revoked", label="Revoke", danger=True, dashboard=True, cli=True),
+    # signals for tasks' durable waits: sent by operators, within their queues
+    Action("signal", "operate", "signal tasks", task_scope=True),
+    Action("read_signals", "read", "read tasks' signals", task_scope=True),
     # limits shared by every worker: changed by operators (audited by the Queue method), read by viewers
+    # bulk actions by filter (Queue.redrive, Queue.cancel_where): a queue-limited token names a queue
+    Action("redrive", "operate", "redrive tasks", queue_scope=True),
+    Action("cancel_where", "operate", "cancel tasks by filter", queue_scope=True),
     Action("set_limit", "operate", "set limits", every_queue=True),
     Action("delete_limit", "operate", "delete limits", every_queue=True),
     # admin

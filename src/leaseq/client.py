@@ -58,6 +58,7 @@ from .core.errors import (BackendUnavailable, ConfigError, InvalidInput, LeaseLo
                           error_class)
 from .core import policy
 from .core.checks import check_trace_context
+from .engine.durable import check_signal_name, check_until
 from .core.model import Claim, Claims, Effect, Task, Worker
 from .engine.effects import check_effect_of
 from .engine.waits import check_timeout, timed_out
@@ -364,6 +365,22 @@ class _Operations:
         body.update({name: value for name, value in options.items() if value is not None})
         return task_from((yield _Request("POST", path, body)))
 
+    def _sleep(self, worker: Worker | str, claim: Claim, key: str, seconds: float | None,
+               until: Any) -> _Op[dict[str, Any]]:
+        _, path = self._worker_path(worker, claim, "sleep")
+        body: dict[str, Any] = {"generation": claim.generation, "key": key}
+        if seconds is not None:
+            body["seconds"] = seconds
+        if until is not None:
+            body["until"] = check_until(until)
+        return dict((yield _Request("POST", path, body)))
+
+    def _wait_signal(self, worker: Worker | str, claim: Claim, key: str, name: str,
+                     timeout: float | None) -> _Op[dict[str, Any]]:
+        _, path = self._worker_path(worker, claim, "signal-wait")
+        return dict((yield _Request("POST", path, {"generation": claim.generation, "key": key, "name": name,
+                                                   "timeout": timeout})))
+
     def _report_loss(self, worker: Worker | str, claim: Claim, reason: str) -> _Op[None]:
         _, path = self._worker_path(worker, claim, "loss")
         yield _Request("POST", path, {"generation": claim.generation, "reason": reason})
@@ -419,6 +436,22 @@ class _Operations:
 
     def _events(self, task_id: int) -> _Op[list[Any]]:
         return [event_from(e) for e in (yield _Request("GET", f"/v1/tasks/{int(task_id)}/events"))["events"]]
+
+    def _signal(self, task_id: int, name: str, payload: Any) -> _Op[dict[str, Any]]:
+        check_signal_name(name)
+        path = f"/v1/tasks/{int(task_id)}/signals/{quote(name, safe='')}"
+        return dict((yield _Request("POST", path, {"payload": payload})))
+
+    def _signals(self, task_id: int) -> _Op[list[dict[str, Any]]]:
+        return list((yield _Request("GET", f"/v1/tasks/{int(task_id)}/signals"))["signals"])
+
+    def _bulk(self, path: str, status: str | list[str], queue: str | None, kind: str | None, error: str | None,
+              older_than: float | None, limit: int, dry_run: bool, note: str) -> _Op[dict[str, Any]]:
+        """A bulk operator action on the tasks a filter matches (redrive, cancel-where)."""
+        done: dict[str, Any] = yield _Request("POST", path, {
+            "status": status, "queue": queue, "kind": kind, "error": error, "older_than": older_than,
+            "limit": limit, "dry_run": dry_run, "note": note})
+        return done
 
     def _whoami(self) -> _Op[dict[str, Any]]:
         identity: dict[str, Any] = yield _Request("GET", "/v1/whoami")
@@ -637,6 +670,25 @@ class RemoteQueue(_Operations):
         """Record an intent for an executor under the lease; see :meth:`leaseq.Queue.intend`."""
         return self._run(self._intend(worker, claim, kind, payload, key, options))
 
+    def sleep(self, worker: Worker | str, claim: Claim, key: str, *, seconds: float | None = None,
+              until: Any = None) -> dict[str, Any]:
+        """A durable sleep of the attempt, under the lease; see :meth:`leaseq.Queue.sleep`."""
+        return self._run(self._sleep(worker, claim, key, seconds, until))
+
+    def wait_signal(self, worker: Worker | str, claim: Claim, key: str, name: str, *,
+                    timeout: float | None = None) -> dict[str, Any]:
+        """A durable wait for a signal, under the lease; see :meth:`leaseq.Queue.wait_signal`."""
+        return self._run(self._wait_signal(worker, claim, key, name, timeout))
+
+    def signal(self, task_id: int, name: str, payload: Any = None) -> dict[str, Any]:
+        """Send the signal ``name`` to a task (an operator token); see :meth:`leaseq.Queue.signal`.
+        The sender recorded is this token's principal."""
+        return self._run(self._signal(task_id, name, payload))
+
+    def signals(self, task_id: int) -> list[dict[str, Any]]:
+        """A task's signals, oldest first; see :meth:`leaseq.Queue.signals`."""
+        return self._run(self._signals(task_id))
+
     def report_loss(self, worker: Worker | str, claim: Claim, reason: str) -> None:
         """Add the worker's own account of losing a lease to the evidence trail."""
         self._run(self._report_loss(worker, claim, reason))
@@ -647,6 +699,21 @@ class RemoteQueue(_Operations):
         timedelta, sent as ``deadline`` or ``deadline_in``). The trace context
         travels as the W3C ``traceparent`` header, which the service stores with the task."""
         return self._run(self._enqueue(kind, payload, options))
+
+    def redrive(self, *, status: str | list[str] = "dead", queue: str | None = None, kind: str | None = None,
+                error: str | None = None, older_than: float | None = None, limit: int = 1000,
+                dry_run: bool = False, note: str = "redriven") -> dict[str, Any]:
+        """Requeue the dead (or blocked) tasks matching a filter (an operator token); see
+        :meth:`leaseq.Queue.redrive`."""
+        return self._run(self._bulk("/v1/tasks/redrive", status, queue, kind, error, older_than, limit, dry_run,
+                                    note))
+
+    def cancel_where(self, *, status: str | list[str], queue: str | None = None, kind: str | None = None,
+                     error: str | None = None, older_than: float | None = None, limit: int = 1000,
+                     dry_run: bool = False, reason: str = "cancelled") -> dict[str, Any]:
+        """Cancel the tasks matching a filter (an operator token); see :meth:`leaseq.Queue.cancel_where`."""
+        return self._run(self._bulk("/v1/tasks/cancel-where", status, queue, kind, error, older_than, limit,
+                                    dry_run, reason))
 
     def set_limit(self, key: str, *, max_running: int | None = None, per_second: float | None = None,
                   burst: float | None = None, counts: str = "tasks") -> dict[str, Any]:
@@ -874,6 +941,16 @@ class AsyncRemoteQueue(_Operations):
                      **options: Any) -> Task:
         """:meth:`RemoteQueue.intend`, awaited."""
         return await self._run(self._intend(worker, claim, kind, payload, key, options))
+
+    async def sleep(self, worker: Worker | str, claim: Claim, key: str, *, seconds: float | None = None,
+                    until: Any = None) -> dict[str, Any]:
+        """:meth:`RemoteQueue.sleep`, awaited."""
+        return await self._run(self._sleep(worker, claim, key, seconds, until))
+
+    async def wait_signal(self, worker: Worker | str, claim: Claim, key: str, name: str, *,
+                          timeout: float | None = None) -> dict[str, Any]:
+        """:meth:`RemoteQueue.wait_signal`, awaited."""
+        return await self._run(self._wait_signal(worker, claim, key, name, timeout))
 
     async def report_loss(self, worker: Worker | str, claim: Claim, reason: str) -> None:
         """:meth:`RemoteQueue.report_loss`, awaited."""

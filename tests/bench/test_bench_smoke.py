@@ -83,14 +83,14 @@ def test_remote_benchmark_measures_pickup_after_the_drains(tmp_path: Path) -> No
     tool calls' latency is read on both sides."""
     dsn = _server_dsn()
     out = tmp_path / "remote.json"
-    run = subprocess.run([sys.executable, "-m", "bench.remote", "--dsn", dsn, "--rounds", "1", "--tasks", "200",
-                          "--processes", "1", "--latency-tasks", "5", "--service-processes", "1,2",
+    run = subprocess.run([sys.executable, "-m", "bench.remote", "--dsn", dsn, "--rounds", "1", "--tasks", "100",
+                          "--processes", "1", "--latency-tasks", "5", "--service-processes", "2",
                           "--tool-calls", "1", "--json", str(out)],
                          cwd=ROOT, capture_output=True, text=True, timeout=180)
     assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-5000:]
     median = json.loads(out.read_text())["median"]
-    for key in ("direct_drain_per_s", "remote_drain_per_s", "direct_pickup_p50_ms", "remote_pickup_p50_ms",
-                "remote-2p_drain_per_s", "remote-2p_drain_ratio", "remote-2p_pickup_p50_ms",
-                "direct_tool_p50_ms", "remote_tool_p99_ms", "remote-2p_tool_p50_ms"):
+    # one remote trial (a service of two processes, the harder case) keeps the check short
+    for key in ("direct_drain_per_s", "direct_pickup_p50_ms", "remote-2p_drain_per_s", "remote-2p_drain_ratio",
+                "remote-2p_pickup_p50_ms", "direct_tool_p50_ms", "remote-2p_tool_p99_ms", "remote-2p_tool_p50_ms"):
         assert median[key] > 0
     assert "service × 2" in run.stdout

@@ -67,6 +67,19 @@ def _queued_scans(plan: dict[str, Any], sorted_above: bool = False, status: str 
     return found
 
 
+#: The singleton rule's probe (a task with a singleton key only when no other of its key is running
+#: or queued before it): a read of the singleton index, by the candidate's key.
+SINGLETON_PROBE = ("leaseq_tasks_singleton", False)
+
+
+def _candidate_scans(plan: dict[str, Any]) -> list[tuple[str, bool]]:
+    """The reads of queued tasks that find the claim's candidates: every one but the singleton
+    rule's probe, which must read its index and nothing else."""
+    scans = _queued_scans(plan)
+    assert all(s == SINGLETON_PROBE for s in scans if s[0] != "leaseq_tasks_claimable"), scans
+    return [s for s in scans if s != SINGLETON_PROBE]
+
+
 def _pg_plan(dsn: str, worker_id: str) -> dict[str, Any]:
     with psycopg.connect(dsn) as conn:
         [[doc]] = conn.execute("EXPLAIN (FORMAT JSON) " + load_queries("postgres")["claim_batch"],
@@ -94,12 +107,12 @@ def test_postgres_claims_from_the_claimable_index(pg_schema_dsn: str, shape: str
     worker = _pg_queue(pg_schema_dsn, *SHAPES[shape])
     plan = _pg_plan(pg_schema_dsn, worker)
     # Read in claim order straight from the partial index: no sort, no other index, no full scan.
-    assert _queued_scans(plan) == [("leaseq_tasks_claimable", False)], json.dumps(plan, indent=1)[:6000]
+    assert _candidate_scans(plan) == [("leaseq_tasks_claimable", False)], json.dumps(plan, indent=1)[:6000]
 
 
 def test_postgres_claims_from_the_claimable_index_before_any_analyze(pg_schema_dsn: str) -> None:
     worker = _pg_queue(pg_schema_dsn, 0, 40_000, analyze=False)
-    assert _queued_scans(_pg_plan(pg_schema_dsn, worker)) == [("leaseq_tasks_claimable", False)]
+    assert _candidate_scans(_pg_plan(pg_schema_dsn, worker)) == [("leaseq_tasks_claimable", False)]
 
 
 @pytest.mark.parametrize("analyze", [False, True], ids=["fresh", "analysed"])
@@ -138,12 +151,15 @@ SAMPLE = dict(
     max_same_error=3, error="e", delay=0.0, type="note", detail={}, events=[
         {"task_id": 1, "type": "note", "generation": 1, "worker_id": "w", "detail": {}}],
     kind="noop", payload={}, effect="read_only", priority=0, idempotency_key="k", max_attempts=5,
-    tasks=[{"payload": {}, "idempotency_key": "k"}], timeout=None, deadline_at=None, deadline_in=None,
+    tasks=[{"payload": {}, "idempotency_key": "k"}], singleton_key=None, debounce_key=None, scope="singleton",
+    key="k", timeout=None, deadline_at=None, deadline_in=None,
     trace_context=None, after=1.0, max_snoozes=100, with_dependents=False, lock_worker=True,
     # the tool-call ledger and the token check
     delta=1, effect_id=1, response={}, action="crm.update", args_digest=None, token_id="t1",
     # declared resources, and the reference token minted for an effect
     resource=None, tool=False, token_hash="0" * 64, ttl_seconds=300.0,
+    # durable waits: a sleep's length or end, the signal waited for
+    seconds=1.0, until=None, signal=None,
 )
 WRITE_PARAMS = {q: {"lease_seconds": 30.0, "actions": None, "resources": None, "limits": None, "units": 1}
                 for q in ("insert_task", "insert_tasks", "insert_fresh_tasks")}
@@ -190,9 +206,9 @@ def test_postgres_generic_plans_read_tasks_by_index(pg_schema_dsn: str, query: s
     assert not [s for s in scans if s[0] == "Seq Scan" and s[1].startswith("leaseq_") and s[1] not in SMALL_TABLES], \
         (scans, json.dumps(plan))
     if query == "claim_batch":
-        assert _queued_scans(plan) == [("leaseq_tasks_claimable", False)], json.dumps(plan, indent=1)[:6000]
+        assert _candidate_scans(plan) == [("leaseq_tasks_claimable", False)], json.dumps(plan, indent=1)[:6000]
         # the look for an expired lease reads the leases index in deadline order, no walk and sort
-        assert [s for s in _queued_scans(plan, status="running") if s[0] != "leaseq_tasks_pkey"] == \
+        assert [s for s in _queued_scans(plan, status="running") if s[0] != "leaseq_tasks_pkey" and s != SINGLETON_PROBE] == \
             [("leaseq_tasks_leases", False)], json.dumps(plan, indent=1)[:6000]
 
 

@@ -55,6 +55,9 @@ def test_removing_the_generation_check_is_caught(tmp_path, backend):
     assert not verdict["ok"]
     assert verdict["by_invariant"]["stale_write_refused"] >= 1, verdict["by_invariant"]
     assert verdict["by_invariant"]["single_completion"] >= 1, verdict["by_invariant"]
+    # the trails convict it too: the completed event records the generation the caller completed
+    # under, which the model does not let complete once a newer claim exists
+    assert verdict["by_invariant"].get("model_trace", 0) >= 1, verdict["by_invariant"]
     accepted = [r for r in doc["history"] if r["op"] == "probe.complete" and r["outcome"] == "ok"]
     assert accepted, "the probe's stale completion should have been accepted by the broken copy"
     assert "VIOLATION stale_write_refused" in proc.stdout
@@ -87,8 +90,7 @@ def scratch_copy(root: Path, dialects: tuple[str, ...], query: str, old: str, ne
 def test_without_the_completion_guard_trace_validation_fails(tmp_path):
     """The lease guard removed from complete_batch altogether: a short chaos run's trails hold a
     completion the model does not allow, named with its task, generation and event. (Without only
-    the generation check, the trails alone cannot tell: the completed event records the task row's
-    generation, which is the newer claim's; the history convicts that one, above.)"""
+    the generation check, the trails convict it as well: above.)"""
     scratch = scratch_copy(tmp_path / "scratch", ("sqlite",), "complete_batch",
                            "  " + GUARD_USE + "\n", "")
     proc, doc = run_chaos_cli(tmp_path, "--backend", "sqlite", "--duration", "20", "--workers", "1",

@@ -380,7 +380,8 @@ def _approve_late_by_hand(q: leaseq.Queue, task_id: int) -> None:
 
 
 def test_the_claim_never_takes_a_task_approved_after_its_deadline(q: leaseq.Queue) -> None:
-    late, in_time = _gated(q, approval_deadline=0.05), _gated(q, {"order": 8}, approval_deadline=0.05)
+    # the one approved in time has a deadline no slow machine reaches before its approval
+    late, in_time = _gated(q, approval_deadline=0.05), _gated(q, {"order": 8}, approval_deadline=60)
     q.approve(in_time.id, q.approval(in_time.id).digest, by="alice")
     _past_deadline(q, late.id)
     _approve_late_by_hand(q, late.id)
@@ -456,10 +457,10 @@ def test_decisions_racing_the_deadline_are_made_in_time_or_refused(dsn: str) -> 
 
     def approver() -> None:
         with leaseq.connect(dsn) as mine:
-            for n_, task_id in enumerate(ids):  # even: 25 ms before its deadline, odd: 25 ms after
+            for n_, task_id in enumerate(ids):  # even: 100 ms before its deadline, odd: 25 ms after
                 deadline = shown[task_id].deadline_at
                 assert deadline is not None
-                aim = deadline + timedelta(seconds=0.025 if n_ % 2 else -0.025)
+                aim = deadline + timedelta(seconds=0.025 if n_ % 2 else -0.1)
                 while mine.now() < aim:
                     time.sleep(0.002)
                 try:

@@ -86,6 +86,8 @@ GUARDED: dict[str, Callable[[Any, Any, leaseq.Claim, Any], Any]] = {
     "retry": lambda t, w, c, fx: t.retry(w, c, after=0, reason="told to come back"),
     "begin_effect": lambda t, w, c, fx: t.begin_effect(w, c, "email.send"),
     "finish_effect": lambda t, w, c, fx: t.finish_effect(w, c, fx, response={"sent": True}),
+    "sleep": lambda t, w, c, fx: t.sleep(w, c, "job:sleep:0", seconds=60),
+    "wait_signal": lambda t, w, c, fx: t.wait_signal(w, c, "job:signal:go:0", "go", timeout=60),
 }
 #: what a transport must declare to be asked an operation (batch calls answer with what they did)
 NEEDS: dict[str, Callable[[Capabilities], bool]] = {"complete_many": lambda caps: caps.batched_completion}

@@ -105,6 +105,18 @@ def event_types_of_a_run(tmp_path: Path) -> set[str]:
     ids.append(child.id)
     q.claim(w2, queue="executors")
     q.cancel(claim.task_id, reason="agent stopped")                    # parent_cancelled (its running intent)
+    ids.append(q.enqueue("k", queue="single", singleton_key="s").id)
+    q.enqueue("k", queue="single", singleton_key="s")                  # singleton_skipped
+    ids.append(q.enqueue("k", queue="calm", debounce=60, key="d").id)
+    q.enqueue("k", queue="calm", debounce=60, key="d")                 # debounced
+    ids.append(q.enqueue("k", {"n": "waits"}, queue="waits", idempotency_key="waits").id)
+    [claim] = q.claim(w2, queue="waits")
+    q.sleep(w2, claim, "waits:sleep:0", seconds=0.2)                    # suspended
+    time.sleep(0.3)
+    [claim] = q.claim(w2, queue="waits")                               # woke
+    q.signal(claim.task_id, "go", 1)                                   # signal_sent
+    q.wait_signal(w2, claim, "waits:signal:go:0", "go")                # signal_received
+    q.wait_signal(w2, claim, "waits:signal:late:0", "late", timeout=0)  # wait_timed_out
     seen = {e.type for task_id in ids for e in q.events(task_id)}
     q.close()
     return seen

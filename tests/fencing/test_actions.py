@@ -120,7 +120,7 @@ def test_the_runtime_hands_the_handler_a_current_token_after_each_renewal(dsn):
     def slow_pay(ctx):
         with ctx.effect("orders.pay", resource="order:1") as fx:
             first = SIGNER.verify(fx.token).expires_at
-            ctx.sleep(2.5)                           # several renewals; the first token has run out
+            ctx.pause(2.5)                           # several renewals; the first token has run out
             now = time.time()
             later = SIGNER.verify(fx.token, now=now).expires_at   # would raise "expired" if stale
             seen.append((first, later, now))

@@ -110,7 +110,7 @@ def test_a_lost_lease_ends_the_run_span_as_an_error(q, spans):
     def held(ctx):
         q.cancel(ctx.task_id, "taken away")  # the next renewal is refused
         while True:
-            ctx.sleep(0.05)
+            ctx.pause(0.05)
 
     task_id = held.enqueue().id
     stats = app.run_worker(until_idle=True, install_signals=False)

@@ -42,7 +42,7 @@ APP = textwrap.dedent('''
     @app.task("held")
     def held(ctx):
         while True:          # until the lease is lost (the test cancels the task)
-            ctx.sleep(0.05)
+            ctx.pause(0.05)
 ''')
 
 KINDS = {"ok": 5, "flaky": 3, "bad": 2}

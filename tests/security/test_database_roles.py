@@ -591,3 +591,70 @@ def test_a_role_made_for_one_schema_has_no_authority_in_another(admin, make_role
         with pytest.raises(AccessDenied, match="has no leaseq role in schema"):
             q.enqueue("payroll", {"account": 8})
     assert snapshot(other_schema) == before
+
+
+def test_a_worker_role_enqueues_singletons_and_debounced_tasks_within_its_queues(admin, make_role) -> None:
+    """Singleton and debounced enqueues as a worker role: the key's lock, the reads of its
+    tasks, a cancel_running replacement and a collapse all run through granted functions;
+    a role scoped to one queue reaches no other queue's keys."""
+    dsn = make_role("worker")
+    holder = admin.enqueue("sync", {"v": 1}, singleton_key="cust")
+    with leaseq.connect(dsn) as q:
+        assert q.enqueue("sync", {"v": 2}, singleton_key="cust").id == holder.id  # skipped
+        w = q.register_worker("w")
+        [c] = q.claim(w)
+        new = q.enqueue("sync", {"v": 3}, singleton_key="cust", on_conflict="cancel_running")
+        assert new.enqueue_outcome == "created" and admin.get(holder.id).status == "cancelled"
+        with pytest.raises(leaseq.LeaseLost):
+            q.complete(w, c, None)
+        a = q.enqueue("reindex", {"n": 1}, debounce=60, key="repo")
+        b = q.enqueue("reindex", {"n": 2}, debounce=60, key="repo")
+        assert (b.id, b.enqueue_outcome, admin.get(a.id).payload) == (a.id, "collapsed", {"n": 2})
+    scoped = make_role("worker", "mine")
+    other = admin.enqueue("sync", queue="theirs", singleton_key="x")
+    before = snapshot(admin)
+    with leaseq.connect(scoped) as q:
+        with pytest.raises(Exception):
+            q.enqueue("sync", queue="theirs", singleton_key="x", on_conflict="cancel_running")
+    for statement in (f"SELECT * FROM leaseq_q_cancel_singleton('no', ARRAY[{other.id}]::bigint[], 'theirs', 'x')",
+                      "SELECT * FROM leaseq_q_flow_lock('singleton', 'theirs', 'x')"):
+        assert "may not reach queue" in refused(scoped, statement)
+    assert snapshot(admin) == before
+    assert admin.get(other.id).status == "queued"
+
+
+def test_durable_waits_as_roles_a_worker_waits_and_only_an_operator_signals_under_its_own_name(
+        admin, make_role) -> None:
+    """A worker role sleeps and waits for signals through the lease-guarded functions; it
+    may not send a signal (insert_signal's callers: operator). An operator role signals
+    under its own login name whatever ``by`` it gives, and a role scoped to queues only
+    signals tasks on them."""
+    worker_dsn, operator_dsn = make_role("worker"), make_role("operator")
+    scoped_dsn = make_role("operator", "alpha")
+    role = psycopg.conninfo.conninfo_to_dict(operator_dsn)["user"]
+    task = admin.enqueue("job", {}, idempotency_key="waits-roles")
+    other = admin.enqueue("job", {}, queue="beta")
+    with leaseq.connect(worker_dsn) as q:
+        w = q.register_worker("host")
+        [claim] = q.claim(w)
+        assert q.sleep(w, claim, "waits-roles:sleep:0", seconds=0.2)["state"] == "suspended"
+        assert admin.get(task.id).status == "waiting"
+        time.sleep(0.3)
+        [claim] = q.claim(w)
+        assert q.sleep(w, claim, "waits-roles:sleep:0", seconds=0.2)["state"] == "resumed"
+        with pytest.raises(Exception, match="permission denied|may call this"):
+            q.signal(task.id, "go")
+        assert q.wait_signal(w, claim, "waits-roles:signal:go:0", "go")["state"] == "suspended"
+    with leaseq.connect(operator_dsn) as q:
+        sent = q.signal(task.id, "go", {"ok": 1}, by="alice (operator token)", via="cli")
+    assert sent["sent_by"] == role and sent["woke"] is True
+    assert [e.detail["by"] for e in admin.events(task.id) if e.type == "signal_sent"] == [role]
+    with leaseq.connect(scoped_dsn) as q:
+        with pytest.raises(AccessDenied, match="may not reach task"):
+            q.signal(other.id, "go")
+    with leaseq.connect(worker_dsn) as q:
+        [claim] = q.claim(w)  # the identity its role registered above
+        got = q.wait_signal(w, claim, "waits-roles:signal:go:0", "go")
+        assert (got["state"], got["payload"], got["sent_by"]) == ("received", {"ok": 1}, role)
+        q.complete(w, claim, None)
+    refused(worker_dsn, f"SELECT * FROM leaseq_q_insert_signal('forged', {task.id}, 'go', NULL)")

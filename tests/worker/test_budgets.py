@@ -115,7 +115,7 @@ def test_a_sync_handler_past_its_timeout_sees_ctx_lost_and_its_result_is_dropped
     def crunch(ctx) -> str:
         if ctx.task.attempts == 1:
             try:
-                ctx.sleep(10)  # wakes at once when the attempt is stopped
+                ctx.pause(10)  # wakes at once when the attempt is stopped
             except leaseq.LeaseLost as exc:
                 saw["lost"], saw["reason"] = ctx.lost, exc.reason
             return "too late"  # not published: the lease was given up

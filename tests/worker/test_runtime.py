@@ -55,7 +55,7 @@ def test_sync_and_async_handlers_complete(app: leaseq.App) -> None:
 def test_renewal_keeps_a_long_task_alive(app: leaseq.App) -> None:
     @app.task("long", lease_seconds=0.6)
     def long(ctx) -> str:
-        ctx.sleep(2.4)  # four lease lengths; renewed every 0.2 s, so a loaded machine has room
+        ctx.pause(2.4)  # four lease lengths; renewed every 0.2 s, so a loaded machine has room
         return "done"
 
     task = long.enqueue()
@@ -84,7 +84,7 @@ class CountingTransport:
 def test_all_leases_renewed_in_one_call_per_tick(app: leaseq.App) -> None:
     @app.task("hold", lease_seconds=0.4)
     def hold(ctx) -> None:
-        ctx.sleep(1.0)
+        ctx.pause(1.0)
 
     for _ in range(8):
         hold.enqueue()

@@ -56,11 +56,11 @@ from __future__ import annotations
 
 from collections import Counter, defaultdict
 from dataclasses import dataclass, field
-from datetime import datetime
 from typing import Any
 
 from .faults import OUTLASTS_LEASE
 from .traces import describe as describe_trace
+from .traces import epoch_seconds as _epoch
 from .traces import validate_trail
 
 RESTING = frozenset({"completed", "dead", "cancelled", "needs_reconciliation", "blocked"})
@@ -265,16 +265,6 @@ def _model_traces(obs: Observed, tasks: dict[int, dict], violate) -> int:
         if found is not None:
             violate("model_trace", task_id, describe_trace(found))
     return len(obs.events)
-
-
-def _epoch(value: Any) -> float | None:
-    """An event's database time (a datetime, or its string form in a saved history) as epoch seconds."""
-    if isinstance(value, datetime):
-        return value.timestamp()
-    try:
-        return datetime.fromisoformat(str(value)).timestamp()
-    except ValueError:
-        return None
 
 
 #: A handler that returns with less of its lease left than this (by the database's clock) cannot be

@@ -126,6 +126,24 @@ class TaskModel:
         self.end_lease()
         self.status, self.owner = to, None
 
+    def can_suspend(self, w: str, g: int) -> bool:
+        """A durable wait (ctx.sleep, ctx.wait_for_signal) ends the attempt like a release."""
+        return self.holds(w, g)
+
+    def do_suspend(self, w: str, g: int, to: str) -> None:
+        """The lease ends and the attempt is given back: the task waits (or, with a
+        side-effect intent open, goes to reconciliation)."""
+        self.end_lease()
+        self.status, self.owner = to, None
+        self.attempts = max(self.attempts - 1, 0)
+
+    def can_wake(self) -> bool:
+        """A waiting task's wake time came, or the signal it waits for."""
+        return self.status == WAITING
+
+    def do_wake(self) -> None:
+        self.status = QUEUED
+
     def can_begin(self, w: str, g: int) -> bool:
         return self.holds(w, g)
 

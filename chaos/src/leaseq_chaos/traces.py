@@ -32,20 +32,26 @@ from .model import TaskModel
 
 #: Events written under the lease guard, by the attempt that holds it.
 _HOLDER_EVENTS = frozenset({"completed", "failed", "lease_released", "retry_requested", "effect_intent",
-                            "effect_response", "tool_replayed", "intent_recorded", "renewed"})
+                            "effect_response", "tool_replayed", "intent_recorded", "renewed", "suspended",
+                            "signal_received", "wait_timed_out"})
 #: Events that end a generation by its holder's hand (report_loss refuses a report after them).
-_HOLDER_ENDS = frozenset({"completed", "failed", "lease_released", "lease_lost"})
+_HOLDER_ENDS = frozenset({"completed", "failed", "lease_released", "suspended", "lease_lost"})
 #: The status events that follow a routing to somewhere other than the queue.
 _REASON_EVENTS = frozenset({m.DEAD, m.BLOCKED, m.RECON})
-#: Evidence that changes nothing the model holds.
-_EVIDENCE_ONLY = frozenset({"parent_cancelled"})
+#: Evidence that changes nothing the model holds (singleton_skipped: an enqueue answered with
+#: the task that holds its singleton key, in whatever state that task is).
+_EVIDENCE_ONLY = frozenset({"parent_cancelled", "singleton_skipped"})
+#: Evidence of a durable wait written by its holder under the lease, changing nothing the model holds.
+_WAIT_EVIDENCE = frozenset({"signal_received", "wait_timed_out"})
 
 
 class TraceViolation(Exception):
     """An event the model does not allow."""
 
 
-def _epoch(value: Any) -> float | None:
+def epoch_seconds(value: Any) -> float | None:
+    """A database time (a datetime, epoch seconds, or its string form in a saved history) as epoch
+    seconds; None for None or an unreadable one."""
     if value is None:
         return None
     if isinstance(value, (int, float)):
@@ -147,6 +153,20 @@ class _Replay:
             s.do_release(w, g, to)
             self.holder_ended.add(g)
             self.after_routing(to, g, w)
+        elif t == "suspended":  # a durable wait ends the attempt like a release, given back
+            to = self.routed(d.get("next_status"), {m.RECON} if s.recon_due() else {m.WAITING})
+            s.do_suspend(w, g, to)
+            self.holder_ended.add(g)
+            self.after_routing(to, g, w)
+        elif t in _WAIT_EVIDENCE:
+            pass
+        elif t == "woke":
+            if not s.can_wake():
+                self.fail(f"woke while {s.status}")
+            s.do_wake()
+        elif t == "signal_sent":
+            if s.status in (m.COMPLETED, m.CANCELLED, m.DENIED, m.DEAD, m.EXPIRED):
+                self.fail(f"signal accepted while {s.status}")
         elif t == "lease_expired":
             if not (s.status == m.RUNNING and s.gen == g and s.owner == w):
                 self.fail(f"routed an expired lease of generation {g} held by {w}, but the task is "
@@ -196,6 +216,9 @@ class _Replay:
             s.do_cancel()
         elif t in _EVIDENCE_ONLY:
             pass
+        elif t == "debounced":  # an enqueue collapsed into the task: trailing, only before its first claim
+            if d.get("mode") == "trailing" and (s.status != m.QUEUED or s.gen != 0):
+                self.fail(f"a trailing debounce collapsed into a task {s.status} at generation {s.gen}")
         elif t == "reconciled":
             if not s.can_reconcile():
                 self.fail(f"reconciled while {s.status}")
@@ -277,7 +300,7 @@ def validate_trail(events: Iterable[Any], *, task: dict[str, Any] | None = None,
     i = -1
     try:
         for i, e in enumerate(trail):
-            at = _epoch(e.get("at"))
+            at = epoch_seconds(e.get("at"))
             for w, bound in sorted(pending.items()):
                 if at is not None and at > bound and e.get("type") != "enqueued":
                     del pending[w]
@@ -312,7 +335,7 @@ def validate_queue(q: Any, *, revoked: dict[str, float] | None = None, limit: in
     bounds = dict(revoked or {})
     if q.store.capabilities.serial_writes:
         for w in q.workers():
-            at = _epoch(getattr(w, "revoked_at", None) if not isinstance(w, dict) else w.get("revoked_at"))
+            at = epoch_seconds(getattr(w, "revoked_at", None) if not isinstance(w, dict) else w.get("revoked_at"))
             wid = w.id if not isinstance(w, dict) else w["id"]
             if at is not None:
                 bounds.setdefault(wid, at)

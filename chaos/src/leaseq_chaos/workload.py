@@ -149,7 +149,7 @@ def _work(ctx: leaseq.TaskContext, seconds: float) -> None:
     left = seconds
     while left > 0:  # in slices, checking the lease between them
         step = min(0.25, left)
-        ctx.sleep(step)
+        ctx.pause(step)
         ctx.check()
         left -= step
 

@@ -1,5 +1,5 @@
 """Operator actions: ``cancel``, ``reconcile``, ``unblock``, ``requeue``, ``pause``, ``resume``,
-``revoke-worker`` (built from the action table, :data:`leaseq.authz.ACTIONS`), and ``sweep``.
+``revoke-worker`` (built from the action table, :data:`leaseq.authz.ACTIONS`), ``signal`` and ``sweep``.
 
 Each goes through :func:`leaseq.authz.perform` as the local OS user
 (``cli:<user>``): the Queue method checks the transition, records who did it
@@ -17,6 +17,7 @@ from rich.text import Text
 from .. import authz
 from ..core.model import Task
 from .render import make_console, status_text
+from ..engine.common import default_actor
 from .session import emit_json, json_option, open_queue, parse_json_option
 
 _METAVARS = {"task": "TASK", "queue": "QUEUE", "worker": "WORKER"}
@@ -26,7 +27,10 @@ def register(group: click.Group) -> None:
     """Add this module's commands to ``group``."""
     for spec in authz.operator_actions("cli"):
         group.add_command(action_command(spec))
+    group.add_command(signal)
     group.add_command(sweep)
+    group.add_command(redrive)
+    group.add_command(cancel_where)
 
 
 def action_command(spec: authz.Action) -> click.Command:
@@ -63,6 +67,28 @@ def action_command(spec: authz.Action) -> click.Command:
 
 
 @click.command()
+@click.argument("task_id", metavar="TASK", type=int)
+@click.argument("name")
+@click.option("--payload", metavar="JSON", default=None,
+              help="The signal's payload as JSON (- reads stdin, @path a file); default null.")
+@json_option
+@click.pass_context
+def signal(ctx: click.Context, task_id: int, name: str, payload: str | None, as_json: bool) -> None:
+    """Send the signal NAME to a task: its handler's ctx.wait_for_signal(NAME) returns the payload.
+
+    Kept until an attempt waits for it; a task waiting for NAME is claimable at once. Recorded,
+    with you as its sender, in the task's evidence trail and the audit log.
+    """
+    q = open_queue(ctx)
+    sent = q.signal(task_id, name, parse_json_option("payload", payload), by=authz.local_principal().actor,
+                    via="cli")
+    if as_json:
+        emit_json(sent)
+        return
+    click.echo(f"signal {name} sent to task {task_id}" + (": it is queued again" if sent["woke"] else ""))
+
+
+@click.command()
 @click.pass_context
 def sweep(ctx: click.Context) -> None:
     """Route every expired lease now.
@@ -72,3 +98,81 @@ def sweep(ctx: click.Context) -> None:
     """
     routed = open_queue(ctx).sweep()
     click.echo(f"routed {routed} expired lease{'' if routed == 1 else 's'}")
+
+
+def _filter_options(command: Any) -> Any:
+    for option in reversed([
+        click.option("--status", "statuses", metavar="STATUS", multiple=True,
+                     help="Only tasks in this status; repeat for more."),
+        click.option("--queue", default=None, help="Only tasks on this queue."),
+        click.option("--kind", default=None, help="Only tasks of this kind."),
+        click.option("--error", default=None, metavar="TEXT",
+                     help="Only tasks whose last error holds this text (case aside)."),
+        click.option("--older-than", "older_than", default=None, metavar="AGE",
+                     help="Only tasks unchanged for this long (30d, 12h, 15m, 45s)."),
+        click.option("--limit", type=int, default=1000, show_default=True,
+                     help="At most this many tasks, oldest first (run again for more)."),
+        click.option("--dry-run", "dry_run", is_flag=True, default=False,
+                     help="Count and list the tasks; change nothing."),
+    ]):
+        command = option(command)
+    return command
+
+
+def _report(result: dict[str, Any], verb: str, as_json: bool) -> None:
+    if as_json:
+        emit_json(result)
+        return
+    ids = ", ".join(str(i) for i in result["task_ids"][:20]) + (", ..." if len(result["task_ids"]) > 20 else "")
+    n = len(result["task_ids"])
+    if result["dry_run"]:
+        click.echo(f"would {verb} {result['matched']} task(s){': ' + ids if ids else ''} (dry run: nothing changed)")
+    else:
+        click.echo(f"{verb} {n} task(s){': ' + ids if ids else ''}"
+                   + (f"; {len(result['skipped'])} skipped" if result["skipped"] else ""))
+    if result["more"]:
+        click.echo("the limit was reached: more tasks may match (run it again)")
+
+
+@click.command()
+@_filter_options
+@click.option("--note", default="redriven", show_default=True, help="Recorded in each task's evidence trail.")
+@json_option
+@click.pass_context
+def redrive(ctx: click.Context, statuses: tuple[str, ...], queue: str | None, kind: str | None,
+            error: str | None, older_than: str | None, limit: int, dry_run: bool, note: str,
+            as_json: bool) -> None:
+    """Requeue dead letters: every dead (or, with --status blocked, blocked) task matching the filter.
+
+    Each is returned to the queue as `leaseq requeue` (dead: a fresh attempt
+    budget) or `leaseq unblock` (blocked) would, in one transaction, each
+    audited and the whole audited as one redrive. --dry-run counts first.
+    """
+    from .service import parse_duration
+
+    result = open_queue(ctx).redrive(status=list(statuses) or "dead", queue=queue, kind=kind, error=error,
+                                     older_than=parse_duration("older_than", older_than), limit=limit,
+                                     dry_run=dry_run, note=note, by=f"cli:{default_actor()}", via="cli")
+    _report(result, "requeued" if not dry_run else "requeue", as_json)
+
+
+@click.command("cancel-where")
+@_filter_options
+@click.option("--reason", default="cancelled", show_default=True, help="Recorded in each task's evidence trail.")
+@json_option
+@click.pass_context
+def cancel_where(ctx: click.Context, statuses: tuple[str, ...], queue: str | None, kind: str | None,
+                 error: str | None, older_than: str | None, limit: int, dry_run: bool, reason: str,
+                 as_json: bool) -> None:
+    """Cancel every task matching the filter (--status is required).
+
+    Each is cancelled as `leaseq cancel` would (a running holder loses its
+    lease), in one transaction, each audited and the whole audited as one
+    cancel_where. --dry-run counts first.
+    """
+    from .service import parse_duration
+
+    result = open_queue(ctx).cancel_where(status=list(statuses), queue=queue, kind=kind, error=error,
+                                          older_than=parse_duration("older_than", older_than), limit=limit,
+                                          dry_run=dry_run, reason=reason, by=f"cli:{default_actor()}", via="cli")
+    _report(result, "cancelled" if not dry_run else "cancel", as_json)

@@ -140,10 +140,25 @@ def _parse_deadline(text: str) -> datetime | timedelta:
 @click.option("--resource", "resource_keys", metavar="KEY", multiple=True,
               help="A resource the task's effects may name (an action token is bound to it); repeat for more. "
                    "None given: its effects name none.")
+@click.option("--singleton", "singleton_key", metavar="KEY", default=None,
+              help="A singleton key: at most one unfinished task per key in the queue (see --on-conflict).")
+@click.option("--on-conflict", type=click.Choice(["skip", "cancel_running", "queue"]), default="skip",
+              show_default=True, help="With --singleton, when a task holds the key: skip (return it, add nothing), "
+                                      "cancel_running (cancel it, add this one) or queue (add this one behind a "
+                                      "running one; at most one waits).")
+@click.option("--debounce", type=float, default=None, metavar="SECONDS",
+              help="Collapse enqueues with the same --debounce-key inside this window into one task.")
+@click.option("--debounce-key", default=None, metavar="KEY", help="The key debounced enqueues collapse by.")
+@click.option("--debounce-mode", type=click.Choice(["trailing", "leading"]), default="trailing", show_default=True,
+              help="trailing: runs --debounce seconds after the last enqueue, with the last payload; leading: "
+                   "the first runs at once, the rest of the window is dropped.")
+@click.option("--max-delay", type=float, default=None, metavar="SECONDS",
+              help="With trailing --debounce: run no later than this many seconds after the first enqueue.")
 @json_option
 @click.pass_context
 def enqueue(ctx: click.Context, kind: str, payload: str | None, queue: str, effect: str | None, no_check: bool,
-            key: str | None,
+            key: str | None, singleton_key: str | None, on_conflict: str, debounce: float | None,
+            debounce_key: str | None, debounce_mode: str, max_delay: float | None,
             priority: int, delay: float, at_text: str | None, max_attempts: int, lease_seconds: float,
             timeout: float | None, deadline_text: str | None, approval: str | None,
             approval_deadline: float | None, after_text: tuple[str, ...], on_dependency_failure: str,
@@ -164,6 +179,10 @@ def enqueue(ctx: click.Context, kind: str, payload: str | None, queue: str, effe
     the declared handler's signature is refused, naming the argument (exit
     2), and nothing is written; the effect defaults to the declared one.
     --no-check skips the look-up.
+
+    With --singleton, a task holding the key is returned ("skipped") unless
+    --on-conflict says otherwise; with --debounce and --debounce-key,
+    repeated enqueues collapse into one task ("collapsed into task N").
     """
     document = parse_json_option("payload", payload)
     deadline = _parse_deadline(deadline_text) if deadline_text is not None else None
@@ -188,10 +207,14 @@ def enqueue(ctx: click.Context, kind: str, payload: str | None, queue: str, effe
                          deadline=deadline, approval=approval, approval_deadline=approval_deadline,
                          by=f"cli:{default_actor()}", after=_parse_after(after_text),
                          on_dependency_failure=on_dependency_failure, limits=list(limit_keys) or None, units=units,
-                         actions=list(action_names) or None, resources=list(resource_keys) or None)
+                         actions=list(action_names) or None, resources=list(resource_keys) or None,
+                         singleton_key=singleton_key, on_conflict=on_conflict, debounce=debounce,
+                         key=debounce_key, debounce_mode=debounce_mode, max_delay=max_delay)
     except InvalidInput as exc:
         if at is not None and exc.field == "delay":
             raise CliError("at", f"{at.isoformat()} is too far ahead: the delay {exc.problem}") from None
+        if exc.field == "key":  # the debounce key: --key is the idempotency key here
+            raise CliError("debounce_key", exc.problem) from None
         raise
     if unserved:  # said once the task is written: a refused enqueue says only why
         click.echo(f"warning: no registered worker serves kind {kind!r}: the task waits until one does "
@@ -209,6 +232,19 @@ def enqueue(ctx: click.Context, kind: str, payload: str | None, queue: str, effe
     if existing:
         line = Text.assemble(f"existing task {task.id} returned (key {task.idempotency_key} is taken in "
                              f"{task.queue}; nothing added): now ", status_text(task.status))
+        make_console().print(line, soft_wrap=True)
+        return
+    if task.enqueue_outcome == "skipped":
+        line = Text.assemble(f"existing task {task.id} returned (singleton key {task.singleton_key} is held in "
+                             f"{task.queue}; nothing added): now ", status_text(task.status))
+        make_console().print(line, soft_wrap=True)
+        return
+    if task.enqueue_outcome == "collapsed":
+        line = Text.assemble(f"collapsed into task {task.id} (debounce key {task.debounce_key} in {task.queue}): ",
+                             status_text(task.status))
+        wait = (as_datetime(task.available_at) - q.now()).total_seconds()
+        if wait > 0:
+            line.append(f", due in {fmt_duration(wait)}")
         make_console().print(line, soft_wrap=True)
         return
     line = Text.assemble(f"task {task.id} ", status_text(task.status),
@@ -310,6 +346,19 @@ def wait(ctx: click.Context, task_id: str, timeout: float | None, as_json: bool)
         raise CliError("timeout", str(exc), exit_code=3) from None
     if as_json:
         emit_json(task)
+        return
+    if task.enqueue_outcome == "skipped":
+        line = Text.assemble(f"existing task {task.id} returned (singleton key {task.singleton_key} is held in "
+                             f"{task.queue}; nothing added): now ", status_text(task.status))
+        make_console().print(line, soft_wrap=True)
+        return
+    if task.enqueue_outcome == "collapsed":
+        line = Text.assemble(f"collapsed into task {task.id} (debounce key {task.debounce_key} in {task.queue}): ",
+                             status_text(task.status))
+        wait = (as_datetime(task.available_at) - q.now()).total_seconds()
+        if wait > 0:
+            line.append(f", due in {fmt_duration(wait)}")
+        make_console().print(line, soft_wrap=True)
         return
     line = Text.assemble(f"task {task.id} ", status_text(task.status), Text(f" ({task.kind})"))
     if task.last_error and task.status != "completed":

@@ -464,10 +464,53 @@ class ToolCallDiverged(LeaseqError):
 #: Every error class that owns a code, once. A subclass that declares no
 #: ``code`` of its own (:class:`InvalidActionToken`) is a refinement that
 #: travels as its parent.
+class WaitTimedOut(LeaseqError):
+    """A handler's ``ctx.wait_for_signal(name, timeout=...)`` met its timeout with no signal.
+
+    Raised in the handler (not given ``default=``); the timeout is recorded in
+    the task's ledger, so a retried attempt raises it again at the same place
+    instead of waiting anew. Uncaught, it fails the attempt like any error.
+    """
+
+    code = "wait_timed_out"
+    http_status = 409
+    cli_field = "signal"
+
+    def __init__(self, name: str, message: str | None = None):
+        self.name = name
+        super().__init__(message or f"no signal {name!r} came before the wait's timeout")
+
+    def wire_fields(self) -> dict[str, Any]:
+        return {"name": self.name}
+
+    @classmethod
+    def from_wire(cls, message: str, fields: dict[str, Any]) -> WaitTimedOut:
+        return cls(str(fields.get("name", "")), message)
+
+
+class Suspended(BaseException):
+    """The attempt ended in a durable wait (``ctx.sleep``, ``ctx.wait_for_signal``): raised
+    through the handler, which stops there, and caught by the worker runtime.
+
+    A BaseException, like :class:`asyncio.CancelledError`: a handler's ``except
+    Exception`` does not swallow it. The lease was released by the guarded write
+    that began the wait; the next attempt runs the handler from the top and
+    replays what the ledger recorded.
+    """
+
+    def __init__(self, task_id: int, generation: int, until: float | None, waiting_for: str):
+        self.task_id = task_id
+        self.generation = generation
+        self.until = until
+        self.waiting_for = waiting_for
+        super().__init__(f"task {task_id} generation {generation} suspended: waits for {waiting_for}")
+
+
 ERRORS: tuple[type[LeaseqError], ...] = (
     LeaseqError, LeaseLost, InvalidInput, BodyTooLarge, NotFound, UnknownWorker, InvalidTransition, QueuePaused,
     ConfigError, BackendUnavailable, StaleToken, Permanent, CredentialMissing, AccessDenied, Unauthorized,
     RateLimited, IdempotencyKeyReused, IdempotencyKeyConflict, ApprovalMismatch, ApprovalExpired, ToolCallDiverged,
+    WaitTimedOut,
 )
 
 

@@ -162,6 +162,20 @@ class Task:
     #: when that parent was cancelled while this intent had already started (or was parked for a
     #: person): the executor's signal; an intent that had not started is cancelled with its parent
     parent_cancelled_at: datetime | None = None
+    #: at most one unfinished task per singleton key in a queue (``enqueue(..., singleton_key=...)``)
+    singleton_key: str | None = None
+    #: the key whose debounced enqueues collapse into this task (``enqueue(..., debounce=..., key=...)``)
+    debounce_key: str | None = None
+    #: set only on what an enqueue returns: ``created`` (this enqueue wrote the task),
+    #: ``existing`` (its idempotency key named it), ``skipped`` (a singleton enqueue found it
+    #: holding the key and wrote nothing) or ``collapsed`` (a debounced enqueue folded into it)
+    #: (not compared: the same row read back is the same task)
+    enqueue_outcome: str | None = field(default=None, compare=False)
+    #: a waiting task's wake time (a durable sleep's end, a signal wait's timeout), by the
+    #: database's clock; None: no time (or not in a durable wait)
+    wake_at: datetime | None = None
+    #: the name of the signal a waiting task waits for (ctx.wait_for_signal); None: none
+    wait_signal: str | None = None
 
 
 @dataclass(frozen=True)

@@ -24,7 +24,9 @@ EVIDENCE_LEVELS = ("full", "compact")
 ROUTINE_EVENTS = frozenset({"claimed", "completed"})
 
 _TASK_FIELDS = frozenset(Task.__dataclass_fields__)
-_TASK_ORDER = tuple(Task.__dataclass_fields__)
+#: Fields not every read of a task row carries (a claim's does not): the class's defaults stand in.
+_TASK_OPTIONAL = ("singleton_key", "debounce_key", "enqueue_outcome")
+_TASK_ORDER = tuple(k for k in Task.__dataclass_fields__ if k not in _TASK_OPTIONAL)
 _EFFECT_FIELDS = frozenset(Effect.__dataclass_fields__)
 
 
@@ -52,6 +54,9 @@ def to_task(row: dict[str, Any]) -> Task:
         values = {k: row[k] for k in _TASK_ORDER}
     except KeyError:  # a partial row: the dataclass supplies the defaults
         return Task(**{k: v for k, v in row.items() if k in _TASK_FIELDS})
+    for k in _TASK_OPTIONAL:
+        if k in row:
+            values[k] = row[k]
     task = object.__new__(Task)
     task.__dict__.update(values)
     return task

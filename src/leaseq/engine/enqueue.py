@@ -23,7 +23,7 @@ from ..core import checks
 from ..core.errors import IdempotencyKeyConflict, InvalidInput, NotFound
 from ..core.model import Status, Task
 from ..store.base import JsonText, KeyConflict
-from . import approvals
+from . import approvals, flow
 from .common import Settings, default_actor, to_task
 from .dependencies import check_after, hold
 from .effects import check_actions, check_resources
@@ -99,10 +99,14 @@ def task_params(kind: str, payload: Any, *, effect: str, queue: str, idempotency
                 delay: float, max_attempts: int, lease_seconds: float, actions: Iterable[str] | None,
                 timeout: float | None = None, deadline: datetime | timedelta | None = None,
                 trace_context: str | None = None, limits: Iterable[str] | None = None,
-                units: int = 1, resources: Iterable[str] | None = None) -> dict[str, Any]:
-    """The parameters of ``insert_task`` for one task, checked (InvalidInput names the field)."""
+                units: int = 1, resources: Iterable[str] | None = None, singleton_key: str | None = None,
+                debounce_key: str | None = None) -> dict[str, Any]:
+    """The parameters of ``insert_task`` for one task, checked (InvalidInput names the field;
+    ``singleton_key`` and ``debounce_key`` come checked, see :func:`leaseq.engine.flow.check_flow`)."""
     effect = checks.check_effect(effect)
     return dict(
+        singleton_key=singleton_key,
+        debounce_key=debounce_key,
         trace_context=checks.check_trace_context("trace_context", trace_context),
         limits=check_limits(limits),
         units=check_units(units),
@@ -130,7 +134,7 @@ _NEW_TASK: dict[str, Any] = dict(
     watched=False, parent_task_id=None, parent_cancelled_at=None)
 #: The parameters of insert_task stored as sent.
 _AS_SENT = ("queue", "kind", "effect", "priority", "idempotency_key", "max_attempts", "lease_seconds",
-            "trace_context", "limits", "units")
+            "trace_context", "limits", "units", "singleton_key", "debounce_key")
 
 
 def inserted_row(params: dict[str, Any], made: dict[str, Any]) -> dict[str, Any]:
@@ -157,20 +161,38 @@ def enqueue(s: Settings, kind: str, payload: Any = None, *, effect: str = "read_
             approval: str | None = None, approval_deadline: float | None = None,
             by: str | None = None, trace_context: str | None = None, after: Iterable[int] | None = None,
             on_dependency_failure: str = "cancel", limits: Iterable[str] | None = None,
-            units: int = 1, token_id: str | None = None, resources: Iterable[str] | None = None) -> Op[Task]:
+            units: int = 1, token_id: str | None = None, resources: Iterable[str] | None = None,
+            singleton_key: str | None = None, on_conflict: str = "skip", debounce: float | None = None,
+            key: str | None = None, debounce_mode: str = "trailing", max_delay: float | None = None) -> Op[Task]:
     """:meth:`leaseq.Queue.enqueue`."""
     upstreams = check_after(after, on_dependency_failure)
+    control = flow.check_flow(singleton_key=singleton_key, on_conflict=on_conflict, debounce=debounce, key=key,
+                              debounce_mode=debounce_mode, max_delay=max_delay, idempotency_key=idempotency_key,
+                              delay=delay, approval=approval, after=upstreams)
     params = task_params(kind, payload, effect=effect, queue=queue, idempotency_key=idempotency_key,
                          priority=priority, delay=delay, max_attempts=max_attempts, lease_seconds=lease_seconds,
                          actions=actions, timeout=timeout, deadline=deadline, trace_context=trace_context,
-                         limits=limits, units=units, resources=resources)
+                         limits=limits, units=units, resources=resources, singleton_key=control["singleton_key"],
+                         debounce_key=control["debounce_key"])
     approval, approval_deadline = approvals.check_approval(approval, approval_deadline)
     by = checks.check_text("by", by)
     token_id = checks.check_text("token_id", token_id) or None
     if approval is not None and upstreams:
         raise InvalidInput("after", "cannot be combined with an approval gate: enqueue the gated task first, "
                                     "and the waiting task after it")
-    if approval is not None:
+    outcome = "created"
+    row: dict[str, Any] | None
+    if control["singleton_key"] is not None or control["debounce_key"] is not None:
+        # the key's lock, its tasks read, and the decision, in one transaction (engine.flow)
+        yield BEGIN
+        if control["singleton_key"] is not None:
+            row, outcome = yield from flow.singleton(s, params, control["on_conflict"], by)
+        else:
+            row, outcome = yield from flow.debounced(s, params, control, by)
+        yield COMMIT
+        if row is not None and outcome == "created":
+            row = inserted_row(params, row)
+    elif approval is not None:
         # the task and its approval request in one transaction: no worker ever sees it queued
         yield BEGIN
         row = yield one("insert_task", **params)
@@ -198,7 +220,10 @@ def enqueue(s: Settings, kind: str, payload: Any = None, *, effect: str = "read_
         row = yield from existing_task(params, approval=approval, approval_deadline=approval_deadline,
                                        after=upstreams, on_dependency_failure=on_dependency_failure)
         yield COMMIT
-    return to_task(row)
+        outcome = "existing"
+    task = to_task(row)
+    task.__dict__["enqueue_outcome"] = outcome  # a frozen record, made here: not yet shared
+    return task
 
 
 def enqueue_many(s: Settings, kind: str, payloads: Iterable[Any], *, effect: str = "read_only",

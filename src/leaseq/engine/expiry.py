@@ -32,6 +32,12 @@ def sweep(s: Settings) -> Op[int]:
         total += n
         if n < ROUTE_BATCH:
             break
+    while True:  # sleepers whose wake time has come
+        yield BEGIN
+        n = yield from wake_due(s)
+        yield COMMIT
+        if n < ROUTE_BATCH:
+            break
     while True:
         yield BEGIN
         n = yield from expire_overdue(s)
@@ -68,6 +74,23 @@ def route_expired(s: Settings) -> Op[int]:
     if expired:
         yield from route(s, expired, event_type="lease_expired", reason="lease expired without renewal")
     return len(expired)
+
+
+def wake_due(s: Settings) -> Op[int]:
+    """Waiting tasks whose wake time has come (a sleep's end, a signal wait's timeout) are
+    claimable again, with a ``woke`` event each, in the open transaction. Returns how many."""
+    due = yield rows("lock_sleepers", limit=ROUTE_BATCH)
+    if not due:
+        return 0
+    woken = {r["id"] for r in (yield rows("wake_tasks", task_ids=[r["id"] for r in due]))}
+    events = [event_params(s, r["id"], "woke", r["claim_generation"] or None, None,
+                           reason="timeout" if r["wait_signal"] is not None else "timer",
+                           wake_at=r["wake_at"].isoformat(),
+                           **({"signal": r["wait_signal"]} if r["wait_signal"] is not None else {}))
+              for r in due if r["id"] in woken]
+    if events:
+        yield rows("insert_events", events=events)
+    return len(due)
 
 
 def route(s: Settings, leases: list[dict[str, Any]], *, event_type: str, reason: str, **detail: Any) -> Op[None]:

@@ -20,7 +20,7 @@ from . import limits
 from .common import (Settings, check_claim, check_worker, event, event_params, heartbeats, require_task, to_task,
                      worker_id)
 from .dependencies import FAILED_ENDS, settle_dependents
-from .expiry import route, route_expired
+from .expiry import route, route_expired, wake_due
 from .steps import BEGIN, BEGIN_ONE, COMMIT, Op, one, rows
 
 
@@ -116,12 +116,14 @@ def try_claim(s: Settings, worker: Worker | str, *, queue: str = "default", limi
 def route_for_claim(s: Settings, worker: Worker | str) -> Op[int]:
     """The first transaction of a claim's slow path: the worker checked (UnknownWorker if
     revoked or never registered) and a batch of expired leases routed. The worker row is
-    locked first, as revoke_worker locks it: never a lock cycle with a revocation. It
+    locked first, as revoke_worker locks it: never a lock cycle with a revocation; the
+    waiting tasks whose wake time has come are made claimable too. It
     commits before the claim: the routing gives limit slots back (locking their rows), and
     a claim must take limit rows only in key order. Returns how many leases were routed."""
     yield BEGIN
     yield from check_worker(worker_id(worker), lock=True)
     routed = yield from route_expired(s)
+    routed += yield from wake_due(s)
     yield COMMIT
     return routed
 
@@ -266,8 +268,11 @@ def _complete_batch(s: Settings, wid: str, items: list[dict[str, Any]], *,
     if completed and not s.backend.own_limit_slots:
         yield from limits.release(s, completed)
     if completed and not s.backend.writes_own_evidence:
+        # the generation the caller completed under (the guard made it the row's): a
+        # completion the guard should have refused is recorded as the stale attempt it was
+        claimed = {item["task_id"]: item["generation"] for item in items}
         yield rows("insert_events", events=[
-            event_params(s, r["id"], "completed", r["claim_generation"], wid, attempt=r["attempts"],
+            event_params(s, r["id"], "completed", claimed[r["id"]], wid, attempt=r["attempts"],
                          **heartbeats(r)) for r in completed])
     return completed
 

@@ -136,8 +136,19 @@ def cancel(s: Settings, task_id: int, reason: str = "cancelled", *, by: str | No
     yield BEGIN
     by, via = yield from acting(by, via)
     before = yield from require_task(task_id, lock=True)
-    if (yield one("cancel_task", task_id=task_id, reason=f"cancelled: {reason}")) is None:
+    if not (yield from _cancel_locked(s, before, reason, by, via)):
         raise InvalidTransition(f"task {task_id} is {before['status']}; only unfinished tasks can be cancelled")
+    task = yield one("get_task", task_id=task_id)
+    yield COMMIT
+    return to_task(task)
+
+
+def _cancel_locked(s: Settings, before: dict[str, Any], reason: str, by: str, via: str | None) -> Op[bool]:
+    """Cancel the task ``before`` (its row, locked in the open transaction), with its evidence and
+    audit entry; False (nothing written) when it has ended already."""
+    task_id = before["id"]
+    if (yield one("cancel_task", task_id=task_id, reason=f"cancelled: {reason}")) is None:
+        return False
     if before["status"] == Status.RUNNING:  # the lease ends here: its limit slots come back
         yield from limits.release(s, [before])
     detail: dict[str, Any] = dict(by=by, reason=reason, previous_status=before["status"])
@@ -150,9 +161,7 @@ def cancel(s: Settings, task_id: int, reason: str = "cancelled", *, by: str | No
     intents = yield from cancel_with_parents(s, [task_id], by, reason)
     yield from audit(by, via, "cancel", f"task:{task_id}", reason=reason, previous_status=before["status"],
                      **_intents_detail(intents))
-    task = yield one("get_task", task_id=task_id)
-    yield COMMIT
-    return to_task(task)
+    return True
 
 
 def _intents_detail(intents: dict[str, list[int]]) -> dict[str, list[int]]:
@@ -216,17 +225,93 @@ def _resume(s: Settings, task_id: int, from_status: Status, event_type: str, act
         # retention cleared its payload: another attempt would run on nothing
         raise InvalidTransition(f"task {task_id} is {before['status']} and retention cleared its payload; "
                                 f"enqueue it anew instead")
+    if not (yield from _resume_locked(s, before, from_status, event_type, action, note, by, via,
+                                      reset_attempts=reset_attempts)):
+        raise InvalidTransition(f"task {task_id} is {before['status']}, not {from_status.value}")
+    task = yield one("get_task", task_id=task_id)
+    yield COMMIT
+    return to_task(task)
+
+
+def _resume_locked(s: Settings, before: dict[str, Any], from_status: Status, event_type: str, action: str,
+                   note: str, by: str, via: str | None, *, reset_attempts: bool) -> Op[bool]:
+    """Return the task ``before`` (its row, locked in the open transaction) from ``from_status`` to
+    the queue, with its evidence and audit entry; False (nothing written) when it is not there."""
+    task_id = before["id"]
     row = yield one("set_task_status", task_id=task_id, from_status=from_status.value, status=Status.QUEUED.value,
                     set_result=False, result=None, reset_attempts=reset_attempts)
     if row is None:
-        raise InvalidTransition(f"task {task_id} is {before['status']}, not {from_status.value}")
+        return False
     yield from event(s, task_id, event_type, before["claim_generation"] or None, None, by=by, note=note,
                      previous_attempts=before["attempts"])
     yield from audit(by, via, action, f"task:{task_id}", note=note)
     yield rows("notify_work", queue=before["queue"])
-    task = yield one("get_task", task_id=task_id)
+    return True
+
+
+# -- bulk actions by filter: dead letters and redrive ---------------------------------------
+
+#: The statuses Queue.redrive returns to the queue: dead (a fresh attempt budget, as requeue)
+#: and blocked (as unblock).
+REDRIVE_STATUSES = ("dead", "blocked")
+#: The statuses Queue.cancel_where may cancel (those Queue.cancel may).
+CANCEL_STATUSES = ("queued", "running", "waiting", "awaiting_approval", "blocked", "needs_reconciliation", "dead")
+#: The most tasks one bulk action moves (a larger backlog: run it again).
+MAX_BULK = 10_000
+
+
+def check_filter(statuses: Any, allowed: tuple[str, ...], *, queue: Any, kind: Any, error: Any, older_than: Any,
+                 limit: Any) -> dict[str, Any]:
+    """A bulk action's filter, checked (InvalidInput names the field)."""
+    if isinstance(statuses, str):
+        statuses = [statuses]
+    if not isinstance(statuses, (list, tuple)) or not statuses or any(
+            not isinstance(x, str) or x not in allowed for x in statuses):
+        raise InvalidInput("status", f"must be one or more of {', '.join(allowed)} (got {statuses!r})")
+    return dict(statuses=sorted(set(statuses)),
+                queue=None if queue is None else checks.check_name("queue", queue),
+                kind=None if kind is None else checks.check_kind(kind),
+                error=None if error is None else checks.check_text("error", error, required=True),
+                older_than=None if older_than is None else checks.check_seconds(
+                    "older_than", older_than, allow_zero=True, maximum=100 * 365 * 86400.0),
+                row_limit=checks.check_int("limit", limit, minimum=1, maximum=MAX_BULK))
+
+
+def act_where(s: Settings, action: str, flt: dict[str, Any], text: str, *, dry_run: bool, by: str | None,
+              via: str | None) -> Op[dict[str, Any]]:
+    """:meth:`leaseq.Queue.redrive` (``action`` "redrive") and :meth:`leaseq.Queue.cancel_where`
+    (``action`` "cancel_where"), ``flt`` checked by :func:`check_filter`: in one transaction, the
+    matching tasks are locked and each is moved as the single action moves it (requeue or
+    unblock; cancel), with its evidence and audit entry, then one audit entry for the whole;
+    ``dry_run`` counts them and changes nothing."""
+    if not isinstance(dry_run, bool):
+        raise InvalidInput("dry_run", f"must be true or false (got {dry_run!r})")
+    checks.check_text("note" if action == "redrive" else "reason", text, required=True)
+    yield BEGIN
+    by, via = yield from acting(by, via)
+    found = list((yield rows("tasks_where", **flt)))
+    moved: list[int] = []
+    skipped: list[int] = []
+    if not dry_run:
+        for row in found:
+            if action == "cancel_where":
+                done = yield from _cancel_locked(s, row, text, by, via)
+            elif row.get("scrubbed_at") is not None:  # retention cleared its payload: nothing to run on
+                done = False
+            elif row["status"] == Status.DEAD.value:
+                done = yield from _resume_locked(s, row, Status.DEAD, "requeued", "requeue", text, by, via,
+                                                 reset_attempts=True)
+            else:
+                done = yield from _resume_locked(s, row, Status.BLOCKED, "unblocked", "unblock", text, by, via,
+                                                 reset_attempts=False)
+            (moved if done else skipped).append(row["id"])
+        shown = {k: v for k, v in flt.items() if v is not None and k != "row_limit"}
+        yield from audit(by, via, action, "tasks", filter=shown, limit=flt["row_limit"], matched=len(found),
+                         moved=len(moved), skipped=skipped, note=text)
     yield COMMIT
-    return to_task(task)
+    return {"action": action, "dry_run": dry_run, "matched": len(found),
+            "task_ids": [r["id"] for r in found] if dry_run else moved, "skipped": skipped,
+            "more": len(found) == flt["row_limit"]}
 
 
 #: The most known queues an "unknown queue" refusal names.
@@ -265,3 +350,21 @@ def unknown_queue(queue: str, known: list[str], verb: str) -> str:
     return (f"{queue!r} is not a known queue: it has had no task and has no off-switch ({names}); "
             f"to {verb} it before its first task, pass create=True (leaseq {verb} --create; "
             f'over HTTP "create": true)')
+
+
+def redrive(s: Settings, *, status: Any = "dead", queue: Any = None, kind: Any = None, error: Any = None,
+            older_than: Any = None, limit: Any = 1000, dry_run: Any = False, note: Any = "redriven",
+            by: str | None = None, via: str | None = None) -> Op[dict[str, Any]]:
+    """:meth:`leaseq.Queue.redrive`."""
+    flt = check_filter(status, REDRIVE_STATUSES, queue=queue, kind=kind, error=error, older_than=older_than,
+                       limit=limit)
+    return (yield from act_where(s, "redrive", flt, note, dry_run=dry_run, by=by, via=via))
+
+
+def cancel_where(s: Settings, *, status: Any, queue: Any = None, kind: Any = None, error: Any = None,
+                 older_than: Any = None, limit: Any = 1000, dry_run: Any = False, reason: Any = "cancelled",
+                 by: str | None = None, via: str | None = None) -> Op[dict[str, Any]]:
+    """:meth:`leaseq.Queue.cancel_where`."""
+    flt = check_filter(status, CANCEL_STATUSES, queue=queue, kind=kind, error=error, older_than=older_than,
+                       limit=limit)
+    return (yield from act_where(s, "cancel_where", flt, reason, dry_run=dry_run, by=by, via=via))

@@ -110,6 +110,10 @@ class WorkerObserver:
         if name is not None:
             self._ended(ctx, name, outcome.detail)
 
+    def suspended(self, ctx: TaskContext, detail: str) -> None:
+        """The attempt ended in a durable wait (ctx.sleep, ctx.wait_for_signal)."""
+        self._ended(ctx, "suspended", detail)
+
     def lost(self, ctx: TaskContext, reason: str) -> None:
         """The lease was lost: the attempt's outcome, unless one was already recorded."""
         self._ended(ctx, "lost", reason)

@@ -9,7 +9,8 @@ registry, never the process-wide default. The series:
   ``completed``; ``retried`` (the handler failed, the task is queued again);
   ``failed`` (dead); ``blocked``; ``needs_reconciliation``; ``released``;
   ``snoozed`` (the handler raised ``leaseq.Retry``); ``timed_out`` (it ran past
-  its timeout and the lease was given up); ``lost`` (the lease ended before an
+  its timeout and the lease was given up); ``suspended`` (it began a durable
+  wait: ``ctx.sleep``, ``ctx.wait_for_signal``); ``lost`` (the lease ended before an
   outcome was recorded); ``unconfirmed``;
 * ``leaseq_worker_handler_duration_seconds{kind,outcome}``: handler run time;
 * ``leaseq_worker_running_tasks``: handlers running now;

@@ -53,6 +53,36 @@ class EffectOps(QueueBase):
         """Record the response of a tool call whose intent :meth:`begin_effect` recorded."""
         return self._run(engine.effects.finish_effect(self.settings, worker, claim, effect, response))
 
+    # -- durable waits (a handler's ctx.sleep and ctx.wait_for_signal) --------
+
+    def sleep(self, worker: Worker | str, claim: Claim, key: str, *, seconds: float | None = None,
+              until: Any = None) -> dict[str, Any]:
+        """A durable sleep of the attempt, recorded in the ledger under ``key`` (what ``ctx.sleep`` sends).
+
+        The first attempt to reach ``key`` records the wake time: ``seconds`` from now by the
+        database's clock, or ``until`` (an aware datetime or Unix seconds). Once that time has
+        passed the answer is ``{"state": "resumed", "until": ...}`` and the handler goes on; before
+        it, the attempt ends under the lease guard (``{"state": "suspended"}``): the lease is
+        released, the attempt is given back (a sleep is no failure and no try), and the task waits
+        in ``waiting``, claimable again at its wake time. Raises :class:`LeaseLost` without
+        authority.
+        """
+        return self._run(engine.durable.sleep(self.settings, worker, claim, key, seconds=seconds, until=until))
+
+    def wait_signal(self, worker: Worker | str, claim: Claim, key: str, name: str, *,
+                    timeout: float | None = None) -> dict[str, Any]:
+        """A durable wait for the signal ``name`` (:meth:`signal`), recorded under ``key`` (what
+        ``ctx.wait_for_signal`` sends).
+
+        A signal of that name kept for the task is consumed now, once, under the lease guard,
+        and recorded in the ledger (``{"state": "received", "payload": ..., "sent_by": ...}``;
+        a later attempt gets the same answer, ``replayed``). Else, past ``timeout`` seconds from
+        the first attempt that waited, ``{"state": "timed_out"}``; else the attempt ends as a
+        sleep does (``{"state": "suspended"}``) and the task waits, claimable at once when the
+        signal comes, or at the timeout.
+        """
+        return self._run(engine.durable.wait_signal(self.settings, worker, claim, key, name, timeout=timeout))
+
     def effects(self, task_id: int) -> list[Effect]:
         """The action ledger of a task, oldest first."""
         return self._run(engine.effects.effects(self.settings, task_id))

@@ -26,7 +26,9 @@ class EnqueueOps(QueueBase):
                 trace_context: str | None = None, after: Iterable[int] | None = None,
                 on_dependency_failure: str = "cancel", connection: Any = None,
                 limits: Iterable[str] | None = None, units: int = 1, token_id: str | None = None,
-                resources: Iterable[str] | None = None) -> Task:
+                resources: Iterable[str] | None = None, singleton_key: str | None = None,
+                on_conflict: str = "skip", debounce: float | None = None, key: str | None = None,
+                debounce_mode: str = "trailing", max_delay: float | None = None) -> Task:
         """Add a task. A second enqueue with the same ``idempotency_key`` in the
         same queue returns the existing task instead of a duplicate, if it asks
         for the same kind, payload and options; with any difference it is
@@ -85,6 +87,28 @@ class EnqueueOps(QueueBase):
         :meth:`set_limit`): no claim hands it out while one of them has no
         room. ``units`` is its weight in limits that count units (a token
         budget, say); 1 by default.
+
+        ``singleton_key``: at most one unfinished task per key in the queue.
+        When a task holds the key, ``on_conflict`` decides: ``"skip"`` (the
+        default) writes nothing and returns that task; ``"cancel_running"``
+        cancels it (as :meth:`cancel` does: its lease is cleared, so its
+        holder's next guarded write is refused) and enqueues this one;
+        ``"queue"`` enqueues this one to wait behind a running one (at most
+        one queued and one running; with one already waiting, returns it).
+        The claim never runs two tasks of one key at once.
+
+        ``debounce`` (seconds) with ``key``: enqueues of the key inside the
+        window collapse into one task. ``debounce_mode="trailing"`` (the
+        default): the task runs ``debounce`` seconds after the last enqueue,
+        with the last payload, and never later than ``max_delay`` seconds
+        after the first; ``"leading"``: the first enqueue runs at once and the
+        others within ``debounce`` seconds of it are dropped.
+
+        The returned task's ``enqueue_outcome`` says what happened:
+        ``"created"``, ``"existing"`` (the idempotency key named it),
+        ``"skipped"`` (a singleton's key was held: this is the holder) or
+        ``"collapsed"`` (debounced into this task). See the how-to page
+        *Flow control*.
         """
         op = engine.enqueue.enqueue(self.settings, kind, payload, effect=effect, queue=queue,
                                     idempotency_key=idempotency_key, priority=priority, delay=delay,
@@ -93,7 +117,9 @@ class EnqueueOps(QueueBase):
                                     approval_deadline=approval_deadline, by=by, trace_context=trace_context,
                                     after=after,
                                     on_dependency_failure=on_dependency_failure, limits=limits, units=units,
-                                    token_id=token_id, resources=resources)
+                                    token_id=token_id, resources=resources, singleton_key=singleton_key,
+                                    on_conflict=on_conflict, debounce=debounce, key=key,
+                                    debounce_mode=debounce_mode, max_delay=max_delay)
         return self._run(op) if connection is None else self._run_in(connection, op)
 
     def enqueue_many(self, kind: str, payloads: Iterable[Any], *, effect: str = "read_only",

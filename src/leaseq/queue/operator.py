@@ -72,6 +72,24 @@ class OperatorOps(QueueBase):
 
     # -- tasks -----------------------------------------------------------------
 
+    def signal(self, task_id: int, name: str, payload: Any = None, *, by: str | None = None,
+               via: str | None = None) -> dict[str, Any]:
+        """Send the signal ``name`` (with a JSON ``payload``) to a task: ``ctx.wait_for_signal(name)``
+        returns it.
+
+        A signal sent before the handler waits is kept; each is consumed once, by the attempt
+        that waits for it. A task waiting for this name is claimable at once. Recorded with the
+        sender (``by``: on PostgreSQL role-separated schemas the login role's name; over HTTP the
+        token's principal) in the task's evidence trail (``signal_sent``) and the audit log.
+        Refused (:class:`InvalidTransition`) for a task that ended. Returns the signal: ``id``,
+        ``task_id``, ``name``, ``sent_by``, ``sent_at`` and ``woke`` (a waiting task was woken).
+        """
+        return self._run(engine.durable.signal(self.settings, task_id, name, payload, by=by, via=via))
+
+    def signals(self, task_id: int) -> list[dict[str, Any]]:
+        """A task's signals, oldest first, consumed or not (``consumed_generation``, ``consumed_at``)."""
+        return self._run(engine.durable.signals(self.settings, task_id))
+
     def cancel(self, task_id: int, reason: str = "cancelled", *, by: str | None = None,
                via: str | None = None) -> Task:
         """Cancel a task. It stays cancelled; a running holder loses its lease at
@@ -106,6 +124,45 @@ class OperatorOps(QueueBase):
                 via: str | None = None) -> Task:
         """Return a ``dead`` task to the queue with a fresh attempt budget."""
         return self._run(engine.operator.requeue(self.settings, task_id, note, by=by, via=via))
+
+    def redrive(self, *, status: str | list[str] = "dead", queue: str | None = None, kind: str | None = None,
+                error: str | None = None, older_than: float | None = None, limit: int = 1000,
+                dry_run: bool = False, note: str = "redriven", by: str | None = None,
+                via: str | None = None) -> dict[str, Any]:
+        """Bulk requeue of dead letters: return every task matching the filter to the queue,
+        as :meth:`requeue` (``dead``: a fresh attempt budget) or :meth:`unblock`
+        (``blocked``) does, each with its ``requeued`` or ``unblocked`` event and audit
+        entry, in one transaction, then one ``redrive`` audit entry naming the filter.
+
+        Filter (each given narrows it): ``status`` ("dead", the default, "blocked" or a
+        list of both), ``queue``, ``kind``, ``error`` (text in the last error, case
+        aside), ``older_than`` (seconds since the task last changed); at most ``limit``
+        tasks (oldest first; 1,000 by default, 10,000 at most: run it again for more).
+        ``dry_run=True`` counts and lists them and changes nothing. Returns
+        ``{"action", "dry_run", "matched", "task_ids" (moved, or matched in a dry run),
+        "skipped" (matched but not moved: retention cleared the payload), "more" (the
+        limit was reached)}``.
+        """
+        return self._run(engine.operator.redrive(self.settings, status=status, queue=queue, kind=kind, error=error,
+                                                 older_than=older_than, limit=limit, dry_run=dry_run, note=note,
+                                                 by=by, via=via))
+
+    def cancel_where(self, *, status: str | list[str], queue: str | None = None, kind: str | None = None,
+                     error: str | None = None, older_than: float | None = None, limit: int = 1000,
+                     dry_run: bool = False, reason: str = "cancelled", by: str | None = None,
+                     via: str | None = None) -> dict[str, Any]:
+        """Bulk cancel: cancel every task matching the filter as :meth:`cancel` does (a
+        running holder loses its lease; its intents that have not started end with it),
+        each with its ``cancelled`` event and audit entry, in one transaction, then one
+        ``cancel_where`` audit entry naming the filter. ``status`` is required (one or a
+        list of queued, running, waiting, awaiting_approval, blocked,
+        needs_reconciliation, dead); the other filters and the answer are
+        :meth:`redrive`'s (``skipped``: ended meanwhile by an earlier cancellation's
+        cascade).
+        """
+        return self._run(engine.operator.cancel_where(self.settings, status=status, queue=queue, kind=kind,
+                                                      error=error, older_than=older_than, limit=limit,
+                                                      dry_run=dry_run, reason=reason, by=by, via=via))
 
     # -- queues and limits -----------------------------------------------------
 

@@ -67,6 +67,25 @@ class EnqueueBody(Body):
     on_dependency_failure: str = "cancel"
     limits: list[str] | None = None
     units: int = 1
+    singleton_key: str | None = None
+    on_conflict: str = "skip"
+    debounce: float | None = None
+    key: str | None = None
+    debounce_mode: str = "trailing"
+    max_delay: float | None = None
+
+
+class WhereBody(Body):
+    """A bulk action's filter (Queue.redrive, Queue.cancel_where)."""
+    status: list[str] | str | None = None
+    queue: str | None = None
+    kind: str | None = None
+    error: str | None = None
+    older_than: float | None = None
+    limit: int = 1000
+    dry_run: bool = False
+    #: redrive's note, cancel's reason (recorded in each task's evidence trail)
+    note: str | None = None
 
 
 class LimitBody(Body):
@@ -141,7 +160,10 @@ async def enqueue(body: EnqueueBody, request: Request,
                                    # ignored, as W3C Trace Context says a receiver must)
                                    trace_context=checks.parse_traceparent(request.headers.get("traceparent")),
                                    after=body.after, on_dependency_failure=body.on_dependency_failure,
-                                   limits=body.limits, units=body.units, resources=body.resources)
+                                   limits=body.limits, units=body.units, resources=body.resources,
+                                   singleton_key=body.singleton_key, on_conflict=body.on_conflict,
+                                   debounce=body.debounce, key=body.key, debounce_mode=body.debounce_mode,
+                                   max_delay=body.max_delay)
     if task.status == "queued":
         request.app.state.work_signal.wake(task.queue)  # claims waiting in this process look at once
     return present_task(task, principal)
@@ -191,6 +213,30 @@ async def wait_task(request: Request, task_id: int = TaskId,
         task, settled = await wait_for_task(signal, task_id, min(timeout, request.app.state.settings.wait_limit),
                                             principal.token_id)
     return {"settled": settled, "task": present_task(task, principal)}
+
+
+class SignalBody(Body):
+    payload: Any = None
+
+
+@router.post("/tasks/{task_id}/signals/{signal}", tags=["tasks"],
+             summary="Send a signal to a task (ctx.wait_for_signal returns its payload)")
+def send_signal(request: Request, body: SignalBody | None = None, task_id: int = TaskId,
+                signal: str = Path(description="Signal name"),
+                principal: auth.Principal = Depends(need("signal"))) -> dict[str, Any]:
+    # the sender recorded is the token's principal; audited by Queue.signal
+    sent = _queue(request).signal(task_id, signal, None if body is None else body.payload, by=principal.actor,
+                                  via="api")
+    if sent["woke"]:
+        request.app.state.work_signal.wake(_queue(request).get(task_id).queue)
+    answer: dict[str, Any] = to_json(sent)
+    return answer
+
+
+@router.get("/tasks/{task_id}/signals", tags=["tasks"], summary="A task's signals, consumed or not")
+def list_signals(request: Request, task_id: int = TaskId,
+                 principal: auth.Principal = Depends(need("read_signals"))) -> dict[str, Any]:
+    return {"signals": to_json(_queue(request).signals(task_id))}
 
 
 @router.get("/tasks/{task_id}", tags=["tasks"], summary="One task")
@@ -256,6 +302,36 @@ def workers(request: Request, principal: auth.Principal = Depends(need("read")))
 @router.get("/limits", tags=["limits"], summary="Every limit with its usage")
 def limits(request: Request, principal: auth.Principal = Depends(need("read"))) -> dict[str, Any]:
     return {"limits": to_json(_queue(request).limits())}
+
+
+def _where(request: Request, principal: auth.Principal, action: str, body: WhereBody) -> dict[str, Any]:
+    authz.authorize_role(principal, action)
+    if principal.queues is not None and body.queue is None:
+        raise auth.AccessDenied(f"this token is limited to queues {', '.join(principal.queues)}: name one (queue)")
+    if body.queue is not None:
+        authz.authorize(principal, action, queue=checks.check_name("queue", body.queue))
+    q = _queue(request)
+    options: dict[str, Any] = dict(queue=body.queue, kind=body.kind, error=body.error, older_than=body.older_than,
+                                   limit=body.limit, dry_run=body.dry_run, by=principal.actor, via="api")
+    if action == "redrive":
+        return q.redrive(status="dead" if body.status is None else body.status,
+                         note="redriven" if body.note is None else body.note, **options)
+    if body.status is None:
+        raise InvalidInput("status", "name the statuses to cancel")
+    return q.cancel_where(status=body.status, reason="cancelled" if body.note is None else body.note, **options)
+
+
+@router.post("/tasks/redrive", tags=["tasks"], summary="Requeue dead (or blocked) tasks matching a filter")
+def redrive(body: WhereBody, request: Request,
+            principal: auth.Principal = Depends(api_principal)) -> dict[str, Any]:
+    # audited by Queue.redrive: each task, and the whole, in its one transaction
+    return _where(request, principal, "redrive", body)
+
+
+@router.post("/tasks/cancel-where", tags=["tasks"], summary="Cancel the tasks matching a filter")
+def cancel_where(body: WhereBody, request: Request,
+                 principal: auth.Principal = Depends(api_principal)) -> dict[str, Any]:
+    return _where(request, principal, "cancel_where", body)
 
 
 @router.put("/limits/{key}", tags=["limits"], summary="Create or change a limit shared by every worker")

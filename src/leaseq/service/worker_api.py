@@ -185,6 +185,21 @@ class IntentBody(Body):
     actions: list[str] | None = None
 
 
+class SleepBody(Body):
+    generation: int
+    key: str
+    seconds: float | None = None
+    #: Unix seconds
+    until: float | None = None
+
+
+class SignalWaitBody(Body):
+    generation: int
+    key: str
+    name: str
+    timeout: float | None = None
+
+
 class LossBody(Body):
     generation: int
     reason: str
@@ -357,6 +372,26 @@ async def intend(body: IntentBody, request: Request, task_id: int = TaskId,
     if child.status == "queued":
         request.app.state.work_signal.wake(child.queue)
     return record_json(child)
+
+
+@router.post("/workers/{worker_id}/tasks/{task_id}/sleep",
+             summary="Sleep durably: record the wait in the ledger and end the attempt until it is over")
+async def sleep(body: SleepBody, request: Request, task_id: int = TaskId,
+                worker_id: str = WorkerId) -> dict[str, Any]:
+    claim = _claim(worker_id, task_id, body.generation)
+    answer = await _guarded(request, "wait", worker_id, lambda view: engine.durable.sleep(
+        view.settings, worker_id, claim, body.key, seconds=body.seconds, until=body.until))
+    return record_json(answer)
+
+
+@router.post("/workers/{worker_id}/tasks/{task_id}/signal-wait",
+             summary="Wait durably for a signal: consume a kept one, or end the attempt until one comes")
+async def wait_signal(body: SignalWaitBody, request: Request, task_id: int = TaskId,
+                      worker_id: str = WorkerId) -> dict[str, Any]:
+    claim = _claim(worker_id, task_id, body.generation)
+    answer = await _guarded(request, "wait", worker_id, lambda view: engine.durable.wait_signal(
+        view.settings, worker_id, claim, body.key, body.name, timeout=body.timeout))
+    return record_json(answer)
 
 
 @router.post("/workers/{worker_id}/tasks/{task_id}/loss", status_code=202,

@@ -23,8 +23,9 @@ import time
 from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING, Any
 
-from ..core.errors import InvalidInput, LeaseLost
+from ..core.errors import InvalidInput, LeaseLost, Suspended, WaitTimedOut, is_transient
 from ..core.model import Claim, Task, Worker
+from ..engine.durable import check_signal_name
 from .effect_scope import EffectScope
 from .transport import call_on_loop
 
@@ -39,6 +40,15 @@ _LOSS_LOCK = threading.Lock()
 
 #: What names one attempt in a worker: (task id, lease epoch, generation).
 AttemptKey = tuple[int, int, int]
+
+#: ctx.wait_for_signal's default: none given (WaitTimedOut is raised on a timeout)
+_NO_DEFAULT: Any = object()
+
+
+def _ledger_key(task_key: str, what: str, position: int) -> str:
+    """The ledger key of a durable wait: ``<task key>:sleep:<position>``, ``<task key>:signal:<name>:<position>``."""
+    from .tools import tool_key
+    return tool_key(task_key, what, position)
 
 
 class TaskContext:
@@ -89,6 +99,11 @@ class TaskContext:
         #: the runtime's: the handler returned and its slot waits, reserved, for the
         #: claim sent with this completion (claim_with_completion)
         self.refill_slot = False
+        #: set by the runtime: the handler is a coroutine function (ctx.sleep and
+        #: ctx.wait_for_signal then return awaitables)
+        self.handler_is_async = False
+        #: the answer of the durable wait that ended this attempt (None: none did)
+        self.suspended: dict[str, Any] | None = None
 
     # -- the queue ------------------------------------------------------------
 
@@ -147,8 +162,9 @@ class TaskContext:
         if self._lost:
             raise LeaseLost(self.task_id, self.generation, self.lost_reason or "lease lost")
 
-    def sleep(self, seconds: float) -> None:
-        """Sleep (sync handlers), waking early with :class:`LeaseLost` if the lease is lost."""
+    def pause(self, seconds: float) -> None:
+        """Sleep in place, holding the lease and the slot (sync handlers), waking early with
+        :class:`LeaseLost` if the lease is lost. For a wait that frees both, :meth:`sleep`."""
         with _LOSS_LOCK:
             if self._lost_event is None:
                 self._lost_event = threading.Event()
@@ -157,6 +173,133 @@ class TaskContext:
             event = self._lost_event
         if event.wait(seconds):
             self.check()
+
+    # -- durable waits --------------------------------------------------------
+
+    def sleep(self, seconds: float) -> Any:
+        """Sleep durably for ``seconds``, holding no lease and no slot meanwhile.
+
+        ``await ctx.sleep(60)`` in an async handler, ``ctx.sleep(60)`` in a sync one.
+        The sleep is recorded in the task's ledger (keyed ``<task key>:sleep:<position>``)
+        with its wake time, by the database's clock, and the attempt ends: the lease is
+        released, the worker's slot freed, and the task waits in ``waiting`` until the
+        wake time, when it is claimable again. The next attempt runs the handler from the
+        top: tool calls and effects the ledger recorded replay without being made again,
+        a sleep whose wake time has passed returns at once, and the handler goes on after
+        it. A sleep is neither a failure nor a try (``max_attempts`` is not spent).
+        Code after the call runs only in the attempt that finds the sleep over. To wait
+        in place, holding the lease, use :meth:`pause`.
+        """
+        return self._wait("sleep", lambda: {"seconds": seconds})
+
+    def sleep_until(self, when: Any) -> Any:
+        """:meth:`sleep` until ``when`` (an aware datetime, or Unix seconds)."""
+        return self._wait("sleep", lambda: {"until": when})
+
+    def wait_for_signal(self, name: str, timeout: float | None = None, default: Any = _NO_DEFAULT) -> Any:
+        """Wait durably for the signal ``name`` and return its payload (``q.signal(task_id, name,
+        payload)``, ``leaseq signal``, ``POST /v1/tasks/{id}/signals/{name}``).
+
+        ``payload = await ctx.wait_for_signal("approved")`` in an async handler, without
+        ``await`` in a sync one. A signal sent before the wait is kept; each is consumed
+        once, by the attempt that waits for it, and recorded in the ledger with its sender.
+        With none kept, the attempt ends as in :meth:`sleep`: no lease, no slot, the task
+        ``waiting`` until the signal comes (then claimable at once) or ``timeout`` seconds
+        have passed since the first attempt that waited, when the next attempt raises
+        :class:`leaseq.WaitTimedOut` here, or returns ``default`` if one is given. The
+        next attempt replays the handler up to here from the ledger.
+        """
+        check_signal_name(name)
+        return self._wait("signal", lambda: {"name": name, "timeout": timeout}, default)
+
+    def _wait(self, what: str, args: Callable[[], dict[str, Any]], default: Any = None) -> Any:
+        """One durable wait: its ledger key taken in call order, the guarded call, its outcome."""
+        self.check()
+        params = args()
+        if what == "sleep":
+            key = _ledger_key(self.task.idempotency_key, "sleep", self.next_tool_position("leaseq:sleep"))
+        else:
+            name = params["name"]
+            key = _ledger_key(self.task.idempotency_key, f"signal:{name}",
+                              self.next_tool_position(f"leaseq:signal:{name}"))
+        if not self.handler_is_async:
+            return self._outcome(self._call_wait(what, key, params), default)
+        return self._await_wait(what, key, params, default)
+
+    async def _await_wait(self, what: str, key: str, params: dict[str, Any], default: Any) -> Any:
+        return self._outcome(await self._acall_wait(what, key, params), default)
+
+    def _call_wait(self, what: str, key: str, params: dict[str, Any]) -> dict[str, Any]:
+        tries = 0
+        while True:
+            try:
+                answer: dict[str, Any]
+                if what == "sleep":
+                    answer = self.port_call("sleep", self.worker, self.claim, key, **params)
+                else:
+                    answer = self.port_call("wait_signal", self.worker, self.claim, key, params["name"],
+                                            timeout=params["timeout"])
+                return answer
+            except LeaseLost as exc:
+                self._refused(exc)
+                raise
+            except Exception as exc:
+                if not is_transient(exc):
+                    raise
+                tries += 1
+                time.sleep(self._transit_pause(what, exc, tries))
+
+    async def _acall_wait(self, what: str, key: str, params: dict[str, Any]) -> dict[str, Any]:
+        tries = 0
+        while True:
+            try:
+                answer: dict[str, Any]
+                if what == "sleep":
+                    answer = await self.aport_call("sleep", self.worker, self.claim, key, **params)
+                else:
+                    answer = await self.aport_call("wait_signal", self.worker, self.claim, key, params["name"],
+                                                   timeout=params["timeout"])
+                return answer
+            except LeaseLost as exc:
+                self._refused(exc)
+                raise
+            except Exception as exc:
+                if not is_transient(exc):
+                    raise
+                tries += 1
+                await asyncio.sleep(self._transit_pause(what, exc, tries))
+
+    def _transit_pause(self, what: str, exc: BaseException, tries: int) -> float:
+        """How long to wait before trying a wait's write again, or LeaseLost when the lease could
+        run out first (the queue's trouble is never the handler's failure)."""
+        from .completer import INITIAL_BACKOFF, next_backoff
+        backoff = INITIAL_BACKOFF
+        delay = backoff
+        for _ in range(tries):
+            delay, backoff = next_backoff(backoff, exc)
+        if self.lost or time.monotonic() + delay >= self.may_last_until():
+            reason = f"{what} could not be written before the lease could run out: {exc}"
+            self.mark_lost(reason, inferred=True)
+            raise LeaseLost(self.task_id, self.generation, reason) from exc
+        self.log.warning(f"{what} failed in transit (try {tries}), trying again: {exc}")
+        return delay
+
+    def _outcome(self, answer: dict[str, Any], default: Any) -> Any:
+        state = answer.get("state")
+        if state == "resumed":
+            return None
+        if state == "received":
+            return answer.get("payload")
+        if state == "timed_out":
+            if default is not _NO_DEFAULT:
+                return default
+            raise WaitTimedOut(str(answer.get("signal")))
+        # suspended: the guarded write ended the lease; the handler stops here
+        self.suspended = answer
+        waiting_for = f"signal {answer['signal']!r}" if answer.get("signal") is not None else "its sleep"
+        self.mark_lost(f"suspended: waits for {waiting_for}")
+        until = answer.get("until")
+        raise Suspended(self.task_id, self.generation, None if until is None else float(until), waiting_for)
 
     @property
     def loss_told(self) -> bool:

@@ -16,7 +16,7 @@ import logging
 import sys
 from collections.abc import Awaitable
 
-from ..core.errors import LeaseLost, Permanent, QueuePaused
+from ..core.errors import LeaseLost, Permanent, QueuePaused, Suspended
 from ..core.model import Claim
 from ..core.retry import Retry
 from ..observability.hooks import TaskLog
@@ -129,8 +129,9 @@ class Handling(Losses):
                 args, kwargs = payload_arguments(ctx.task.payload)
                 # @leaseq.tool functions find the running handler's context here
                 current = tools.current_context.set(ctx)
+                ctx.handler_is_async = inspect.iscoroutinefunction(definition.fn)
                 try:
-                    if inspect.iscoroutinefunction(definition.fn):
+                    if ctx.handler_is_async:
                         result = await definition.fn(ctx, *args, **kwargs)
                     else:
                         loop = asyncio.get_running_loop()  # the thread runs in this task's context (its span)
@@ -167,6 +168,15 @@ class Handling(Losses):
                     # overlaps with recording this outcome.
                     self._wake.set()
                     self._freed.set()
+        except Suspended as ended:
+            # The handler began a durable wait: the guarded write that recorded it ended the
+            # lease (the task waits, holding no lease and no slot). Nothing more to record.
+            ctx.outcome_recorded = True
+            self.stats.suspended += 1
+            self.observe.suspended(ctx, str(ended))
+            if ctx.log.isEnabledFor(logging.INFO):
+                ctx.log.info(self._msg(ctx, f"suspended: waits for {ended.waiting_for}"))
+            return None
         except asyncio.CancelledError:
             if not ctx.lost:
                 raise

@@ -23,6 +23,8 @@ class WorkerStats:
     released: int = 0
     #: attempts that ended on the handler's request to run later (leaseq.Retry)
     snoozed: int = 0
+    #: attempts that ended in a durable wait (ctx.sleep, ctx.wait_for_signal)
+    suspended: int = 0
     #: attempts stopped for running past their timeout (their leases given up
     #: with reason "timeout"; each also counts in ``released`` once recorded)
     timed_out: int = 0

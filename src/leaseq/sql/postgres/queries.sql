@@ -289,12 +289,13 @@ RETURNING t.id, t.claim_generation;
 WITH added AS (
     INSERT INTO leaseq_tasks (queue, kind, payload, effect, priority, available_at,
                               idempotency_key, max_attempts, lease_seconds, actions, resources,
-                              timeout_seconds, deadline_at, trace_context, limits, units)
+                              timeout_seconds, deadline_at, trace_context, limits, units, singleton_key,
+                              debounce_key)
     VALUES (%(queue)s, %(kind)s, %(payload)s::jsonb, %(effect)s, %(priority)s,
             now() + %(delay)s::float8 * interval '1 second',
             %(idempotency_key)s, %(max_attempts)s, %(lease_seconds)s, %(actions)s::jsonb, %(resources)s::jsonb,
             %(timeout)s::float8, coalesce(%(deadline_at)s::timestamptz, now() + %(deadline_in)s::float8 * interval '1 second'),
-            %(trace_context)s::text, %(limits)s::text[], %(units)s)
+            %(trace_context)s::text, %(limits)s::text[], %(units)s, %(singleton_key)s::text, %(debounce_key)s::text)
     ON CONFLICT (queue, idempotency_key) DO NOTHING
     RETURNING id, queue, payload, available_at, created_at, updated_at, deadline_at
 )
@@ -337,6 +338,82 @@ SELECT %(queue)s, %(kind)s, coalesce(n.payload, 'null'::jsonb), %(effect)s, %(pr
        %(limits)s::text[], %(units)s
 FROM jsonb_to_recordset(%(tasks)s::jsonb) AS n(payload jsonb, idempotency_key text)
 RETURNING id, idempotency_key;
+
+-- name: flow_lock
+-- callers: worker, operator
+-- plan: generic
+-- Serialises the singleton or debounced enqueues of one key (scope:
+-- singleton or debounce) until the transaction ends: the upsert locks the
+-- key's row, made by the first enqueue that names it. An enqueue reads the
+-- key's tasks after this, in a later statement, so it sees what the one
+-- before it committed.
+INSERT INTO leaseq_flow_keys AS f (scope, queue, key) VALUES (%(scope)s, %(queue)s, %(key)s)
+ON CONFLICT (scope, queue, key) DO UPDATE SET locked_at = now()
+RETURNING f.scope;
+
+-- name: singleton_holders
+-- callers: worker, operator
+-- The unfinished tasks with a singleton key in a queue, oldest first, locked
+-- (the caller holds the key's flow_lock). Read from leaseq_tasks_singleton.
+SELECT t.* FROM leaseq_tasks t
+WHERE t.queue = %(queue)s AND t.singleton_key = %(singleton_key)s
+  AND t.status NOT IN ('completed', 'cancelled', 'dead', 'denied', 'expired')
+ORDER BY t.id
+FOR UPDATE;
+
+-- name: cancel_singleton
+-- callers: worker, operator
+-- on_conflict="cancel_running": the enqueue cancels the unfinished tasks that
+-- hold its singleton key, as cancel_task does (the lease cleared: the
+-- holder's next guarded write is refused). Only tasks with that key in that
+-- queue: the key is the enqueue's authority over them.
+UPDATE leaseq_tasks
+SET status = 'cancelled', last_error = %(reason)s, lease_owner = NULL, lease_expires_at = NULL, updated_at = now()
+WHERE id = ANY(%(holder_ids)s::bigint[]) AND queue = %(queue)s AND singleton_key = %(singleton_key)s
+  AND status NOT IN ('completed', 'cancelled', 'dead', 'denied', 'expired')
+RETURNING id, status, claim_generation, limits;
+
+-- name: debounce_holder
+-- callers: worker, operator
+-- The newest task with a debounce key in a queue (the caller holds the key's
+-- flow_lock), locked: whether it has not started yet (queued, never claimed:
+-- a trailing enqueue collapses into it), and whether it was made less than
+-- window seconds ago (a leading enqueue is dropped).
+SELECT t.*, (t.status = 'queued' AND t.claim_generation = 0) AS pending,
+       t.created_at > now() - %(window_seconds)s::float8 * interval '1 second' AS recent
+FROM leaseq_tasks t
+WHERE t.queue = %(queue)s AND t.debounce_key = %(debounce_key)s
+ORDER BY t.id DESC
+LIMIT 1
+FOR UPDATE;
+
+-- name: debounce_task
+-- callers: worker, operator
+-- A trailing enqueue collapses into the pending task of its key: the last
+-- payload wins and the run moves to window seconds from now, never past
+-- max_delay seconds after the task was made. Only a task with that key in
+-- that queue that has not started.
+UPDATE leaseq_tasks
+SET payload = %(payload)s::jsonb,
+    available_at = least(now() + %(window_seconds)s::float8 * interval '1 second',
+                         created_at + %(max_delay)s::float8 * interval '1 second'),
+    updated_at = now()
+WHERE id = %(holder_id)s AND queue = %(queue)s AND debounce_key = %(debounce_key)s
+  AND status = 'queued' AND claim_generation = 0
+RETURNING *;
+
+-- name: flow_event
+-- callers: worker, operator
+-- guard: none -- evidence of an enqueue that wrote no task: only about the task that holds its key
+-- The evidence of an enqueue answered with another task: singleton_skipped
+-- (the task that holds its singleton key) or debounced (the task its
+-- debounce key collapsed into). Written only about a task with that key in
+-- that queue.
+INSERT INTO leaseq_events (task_id, type, generation, worker_id, detail)
+SELECT t.id, %(type)s, NULL, NULL, %(detail)s::jsonb FROM leaseq_tasks t
+WHERE t.id = %(holder_id)s AND t.queue = %(queue)s
+  AND ((%(type)s = 'singleton_skipped' AND t.singleton_key = %(key)s)
+       OR (%(type)s = 'debounced' AND t.debounce_key = %(key)s));
 
 -- name: tasks_by_key
 -- callers: worker, operator
@@ -469,8 +546,9 @@ RETURNING t.id, t.attempts;
 -- handlers for and leaves the others queued for workers that do. A paused
 -- queue hands out nothing, nor does a revoked worker.
 -- With route_first, nothing is claimed while an expired lease that nobody
--- is routing yet exists: the caller routes it first (lock_expired,
--- route_expired) and claims again without route_first. So a claim with
+-- is routing yet exists, or a waiting task's wake time has come: the caller
+-- routes them first (lock_expired, route_expired; lock_sleepers, wake_tasks)
+-- and claims again without route_first. So a claim with
 -- nothing to route is this one statement, in its own transaction.
 -- The statement also writes each claim's "claimed" event (the backend
 -- declares it writes its own evidence), and always returns at least one row: the claimed tasks, or one row with
@@ -500,12 +578,29 @@ WITH worker AS (
     LIMIT 1
     FOR UPDATE SKIP LOCKED
 ), flags AS (
-    SELECT w.worker_ok, %(route_first)s AND w.worker_ok AND EXISTS (SELECT 1 FROM due) AS routing_due
+    -- a waiting task whose wake time has come (a sleep's end) is routed as an
+    -- expired lease is: a probe of the wake index (timed waits only)
+    SELECT w.worker_ok, %(route_first)s AND w.worker_ok
+           AND (EXISTS (SELECT 1 FROM due)
+                OR EXISTS (SELECT 1 FROM leaseq_tasks s WHERE s.status = 'waiting' AND s.wake_at <= now()))
+           AS routing_due
     FROM (SELECT EXISTS (SELECT 1 FROM worker) AS worker_ok) w
 ), candidate AS (
     SELECT id, limits, units, priority, available_at FROM leaseq_tasks
     WHERE status = 'queued' AND queue = %(queue)s AND available_at <= now()
       AND (%(kinds)s::text[] IS NULL OR kind = ANY(%(kinds)s::text[]))  -- only kinds the worker can run
+      -- SINGLETONS: a task with a singleton key only when no other task with
+      -- its key is running or in a durable wait (a sleep, a signal wait) and no
+      -- older one is queued (one waits behind the running one, and a retried
+      -- one keeps its turn). A claimer that read
+      -- the older one as queued or running passes over this one; one that
+      -- read it ended sees this one as the only candidate: never two running.
+      AND (singleton_key IS NULL OR NOT EXISTS (
+          SELECT 1 FROM leaseq_tasks o
+          WHERE o.queue = leaseq_tasks.queue AND o.singleton_key = leaseq_tasks.singleton_key
+            AND o.id <> leaseq_tasks.id
+            AND o.status NOT IN ('completed', 'cancelled', 'dead', 'denied', 'expired')  -- leaseq_tasks_singleton
+            AND (o.status IN ('running', 'waiting') OR (o.status = 'queued' AND o.id < leaseq_tasks.id))))
       AND (deadline_at IS NULL OR deadline_at > now())  -- never started past its deadline (the sweep expires it)
       -- never one approved at or after its approval deadline (see late_approvals): the set
       -- is read once per claim, from leaseq_approvals_late, which holds no row unless such
@@ -741,14 +836,16 @@ WITH worker AS (
       AND (SELECT count(*) FROM locked) >= 0
       AND (%(with_dependents)s OR NOT t.has_dependents)
       /* TEMPLATE: lease_guard(c.generation) */
-    RETURNING t.id, t.claim_generation, t.attempts, t.heartbeat_count, t.last_heartbeat_at, t.longest_heartbeat_gap,
-              t.queue, t.limits, t.units
+    RETURNING t.id, t.claim_generation, c.generation AS completed_generation, t.attempts, t.heartbeat_count,
+              t.last_heartbeat_at, t.longest_heartbeat_gap, t.queue, t.limits, t.units
 ),
 -- LIMITS: the slots the ended leases held, given back (see give_back_slots)
 /* TEMPLATE: give_back_slots(done) */,
 logged AS (
     INSERT INTO leaseq_events (task_id, type, generation, worker_id, detail)
-    SELECT d.id, 'completed', d.claim_generation, %(worker_id)s,
+    -- the generation the caller completed under (the guard made it the row's): a completion
+    -- the guard should have refused is recorded as the stale attempt it was
+    SELECT d.id, 'completed', d.completed_generation, %(worker_id)s,
            CASE WHEN %(compact)s THEN '{}'::jsonb
                 ELSE jsonb_build_object('attempt', d.attempts, 'heartbeats', d.heartbeat_count,
                                         'last_heartbeat_at', d.last_heartbeat_at,
@@ -1131,6 +1228,23 @@ SET status = 'cancelled', last_error = %(reason)s, lease_owner = NULL, lease_exp
 WHERE id = %(task_id)s AND status NOT IN ('completed', 'cancelled', 'denied')
 RETURNING id, status, claim_generation;
 
+-- name: tasks_where
+-- callers: operator
+-- The tasks a bulk operator action acts on (Queue.redrive, Queue.cancel_where):
+-- in one of the statuses, and each other filter given (NULL: any): the
+-- queue, the kind, text in the last error (case aside), unchanged for
+-- older_than seconds. Oldest first, at most row_limit, locked for the
+-- action's transaction.
+SELECT t.* FROM leaseq_tasks t
+WHERE t.status = ANY(%(statuses)s::text[])
+  AND (%(queue)s::text IS NULL OR t.queue = %(queue)s::text)
+  AND (%(kind)s::text IS NULL OR t.kind = %(kind)s::text)
+  AND (%(error)s::text IS NULL OR strpos(lower(t.last_error), lower(%(error)s::text)) > 0)
+  AND (%(older_than)s::float8 IS NULL OR t.updated_at < now() - %(older_than)s::float8 * interval '1 second')
+ORDER BY t.id
+LIMIT %(row_limit)s
+FOR UPDATE;
+
 -- name: set_task_status
 -- callers: operator
 -- Operator moves between resting states (reconcile, unblock, requeue).
@@ -1167,7 +1281,7 @@ FROM jsonb_to_recordset(%(events)s::jsonb) AS e(task_id bigint, type text, gener
 -- A worker's own account of losing a lease: one per lost generation. Written
 -- only when this worker was issued the generation (its "claimed" event), the
 -- generation did not end by the holder's own hand (completed, failed,
--- released) and no loss was reported for it yet. The caller locks the task
+-- released, suspended in a durable wait) and no loss was reported for it yet. The caller locks the task
 -- row first (lock_task), so two reports of one generation run one after the
 -- other and the second sees the first. No row back: nothing was written.
 INSERT INTO leaseq_events (task_id, type, generation, worker_id, detail)
@@ -1177,20 +1291,20 @@ WHERE EXISTS (SELECT 1 FROM leaseq_events e
                 AND e.type = 'claimed' AND e.worker_id = %(worker_id)s)
   AND NOT EXISTS (SELECT 1 FROM leaseq_events e
                   WHERE e.task_id = %(task_id)s AND e.generation = %(generation)s
-                    AND e.type IN ('completed', 'failed', 'lease_released', 'lease_lost'))
+                    AND e.type IN ('completed', 'failed', 'lease_released', 'suspended', 'lease_lost'))
 RETURNING id;
 
 -- name: generation_outcome
 -- callers: worker, operator, viewer
 -- guard: none -- a read of a generation's events (why report_loss wrote nothing)
 -- Why report_loss wrote nothing: was the generation this worker's, and what
--- ended it (the first of completed, failed, lease_released, lease_lost)?
+-- ended it (the first of completed, failed, lease_released, suspended, lease_lost)?
 SELECT EXISTS (SELECT 1 FROM leaseq_events
                WHERE task_id = %(task_id)s AND type = 'claimed'
                  AND generation = %(generation)s AND worker_id = %(worker_id)s) AS held,
        (SELECT type FROM leaseq_events
         WHERE task_id = %(task_id)s AND generation = %(generation)s
-          AND type IN ('completed', 'failed', 'lease_released', 'lease_lost')
+          AND type IN ('completed', 'failed', 'lease_released', 'suspended', 'lease_lost')
         ORDER BY id LIMIT 1) AS ended;
 
 -- name: list_events
@@ -1817,3 +1931,143 @@ ORDER BY u.id;
 UPDATE leaseq_tasks SET watched = true
 WHERE id = %(task_id)s AND NOT watched
 RETURNING id;
+
+-- DURABLE WAITS (schema 26): a handler's sleep or signal wait ends its
+-- attempt under the lease; the task rests in 'waiting' holding no lease.
+
+-- name: record_wait
+-- callers: worker
+-- guard: lease
+-- plan: generic
+-- A wait's entry in the action ledger (a sleep, a signal wait, a signal
+-- received or a wait timed out), written answered ('done') under the lease:
+-- a retried attempt finds it and replays it. Its class is read_only: it acts
+-- on nothing and takes no action token, whatever the task declared. With
+-- %(seconds)s or %(until)s (Unix seconds) the response also records when the
+-- wait ends ("until"), by this clock.
+INSERT INTO leaseq_effects (task_id, generation, worker_id, action, idempotency_key, effect, status, response,
+                            response_at)
+SELECT t.id, t.claim_generation, %(worker_id)s, %(action)s, %(idempotency_key)s, 'read_only', 'done',
+       coalesce(%(response)s::jsonb, '{}'::jsonb)
+       || CASE WHEN %(until)s::float8 IS NULL AND %(seconds)s::float8 IS NULL THEN '{}'::jsonb
+               ELSE jsonb_build_object('until', coalesce(%(until)s::float8,
+                                                         extract(epoch FROM now())::float8 + %(seconds)s::float8))
+          END,
+       now()
+FROM leaseq_tasks t
+WHERE t.id = %(task_id)s
+  /* TEMPLATE: lease_guard */
+RETURNING *;
+
+-- name: suspend_task
+-- callers: worker
+-- guard: lease
+-- plan: generic
+-- The attempt ends in a durable wait: the lease ends, the task rests in
+-- 'waiting' (no lease, no slot) until %(until)s (Unix seconds, this clock:
+-- a sleep's end or a signal wait's timeout; NULL: no time) or, with
+-- %(signal)s, until a signal of that name. Not a failure and not a try: the
+-- attempt is given back (attempts - 1) and the error streak left alone. A
+-- side_effect call with an intent and no response sends the task to
+-- needs_reconciliation, as a retry on request does.
+UPDATE leaseq_tasks t
+SET status = CASE
+        WHEN t.open_effects > 0 AND EXISTS (
+            SELECT 1 FROM leaseq_effects e
+            WHERE e.task_id = t.id AND e.status = 'pending' AND e.effect = 'side_effect')
+            THEN 'needs_reconciliation'
+        ELSE 'waiting' END,
+    attempts = t.attempts - 1,
+    wake_at = to_timestamp(%(until)s::float8),
+    wait_signal = %(signal)s::text,
+    available_at = coalesce(to_timestamp(%(until)s::float8), now()),
+    lease_owner = NULL,
+    lease_expires_at = NULL,
+    updated_at = now()
+WHERE t.id = %(task_id)s
+  /* TEMPLATE: lease_guard */
+RETURNING t.id, t.status, t.claim_generation, t.attempts, t.wake_at, t.wait_signal,
+          t.heartbeat_count, t.last_heartbeat_at, t.longest_heartbeat_gap, t.queue, t.limits, t.units,
+          CASE t.status WHEN 'needs_reconciliation'
+              THEN 'wait begun with a side-effect intent and no recorded response' END AS reason;
+
+-- name: lock_sleepers
+-- callers: worker, operator
+-- plan: generic
+-- Waiting tasks whose wake time has come (a sleep's end, a signal wait's
+-- timeout), read from leaseq_tasks_wake and locked for waking. SKIP LOCKED:
+-- a row another claimer is waking is left to it.
+SELECT id, queue, claim_generation, wake_at, wait_signal
+FROM leaseq_tasks
+WHERE status = 'waiting' AND wake_at <= now()
+ORDER BY wake_at
+LIMIT %(limit)s
+FOR UPDATE SKIP LOCKED;
+
+-- name: wake_tasks
+-- callers: worker, operator
+-- plan: generic
+-- The sleepers lock_sleepers found are claimable again, in the order of
+-- their wake times. Only a due one: no caller wakes a task early.
+UPDATE leaseq_tasks t
+SET status = 'queued',
+    available_at = t.wake_at,
+    wake_at = NULL,
+    wait_signal = NULL,
+    updated_at = now()
+WHERE t.id = ANY(%(task_ids)s::bigint[])
+  AND t.status = 'waiting' AND t.wake_at <= now()
+RETURNING t.id, t.queue;
+
+-- name: insert_signal
+-- callers: operator
+-- A signal for a task (q.signal), kept until an attempt waiting for that
+-- name consumes it. %(actor)s is the sender as authenticated (an operator
+-- role's own login name on PostgreSQL roles, the token's principal over
+-- HTTP). The caller locked the task row first (lock_task), as an attempt's
+-- wait does (lock_lease): a signal and a wait never miss each other.
+INSERT INTO leaseq_signals (task_id, name, payload, sent_by)
+VALUES (%(task_id)s, %(name)s, %(payload)s::jsonb, %(actor)s)
+RETURNING *;
+
+-- name: wake_for_signal
+-- callers: operator
+-- A task waiting for this signal is claimable at once.
+UPDATE leaseq_tasks t
+SET status = 'queued',
+    available_at = now(),
+    wake_at = NULL,
+    wait_signal = NULL,
+    updated_at = now()
+WHERE t.id = %(task_id)s AND t.status = 'waiting' AND t.wait_signal = %(name)s
+RETURNING t.id, t.queue, t.claim_generation;
+
+-- name: pending_signal
+-- callers: worker
+-- guard: none -- runs after lock_lease has checked and locked the lease in the same transaction
+-- The oldest signal of this name not yet consumed, locked for its consumer.
+SELECT s.id, s.name, s.payload, s.sent_by, s.sent_at
+FROM leaseq_signals s
+WHERE s.task_id = %(task_id)s AND s.name = %(name)s AND s.consumed_at IS NULL
+ORDER BY s.id
+LIMIT 1
+FOR UPDATE;
+
+-- name: consume_signal
+-- callers: worker
+-- guard: lease
+-- The signal is consumed by this attempt, once: an attempt holding the
+-- task's live lease marks it with its generation and the ledger key that
+-- recorded it (its wait's entry, written in the same transaction).
+UPDATE leaseq_signals s
+SET consumed_at = now(), consumed_generation = %(generation)s, consumed_key = %(idempotency_key)s
+FROM leaseq_tasks t
+WHERE s.id = %(signal_id)s AND s.task_id = %(task_id)s AND s.consumed_at IS NULL AND t.id = s.task_id
+  /* TEMPLATE: lease_guard */
+RETURNING s.id, s.name, s.payload, s.sent_by, s.sent_at, s.consumed_at;
+
+-- name: list_signals
+-- callers: operator, viewer
+-- A task's signals, oldest first, consumed or not.
+SELECT id, task_id, name, payload, sent_by, sent_at, consumed_generation, consumed_at, consumed_key
+FROM leaseq_signals WHERE task_id = %(task_id)s ORDER BY id;

@@ -163,11 +163,11 @@ RETURNING id, claim_generation;
 -- made and the payload; the engine fills in the rest (inserted_row).
 INSERT INTO leaseq_tasks (queue, kind, payload, effect, priority, available_at,
                           idempotency_key, max_attempts, lease_seconds, actions, resources,
-                          timeout_seconds, deadline_at, trace_context, limits, units)
+                          timeout_seconds, deadline_at, trace_context, limits, units, singleton_key, debounce_key)
 VALUES (:queue, :kind, :payload, :effect, :priority,
         (julianday('now') - 2440587.5) * 86400.0 + :delay,
         :idempotency_key, :max_attempts, :lease_seconds, :actions, :resources, :timeout, coalesce(:deadline_at, (julianday('now') - 2440587.5) * 86400.0 + :deadline_in),
-        :trace_context, :limits, :units)
+        :trace_context, :limits, :units, :singleton_key, :debounce_key)
 ON CONFLICT (queue, idempotency_key) DO NOTHING
 RETURNING id, payload, available_at, created_at, updated_at, deadline_at;
 
@@ -197,6 +197,52 @@ SELECT :queue, :kind, coalesce(n.value -> '$.payload', 'null'), :effect, :priori
        :timeout, coalesce(:deadline_at, (julianday('now') - 2440587.5) * 86400.0 + :deadline_in), :limits, :units
 FROM json_each(:tasks) AS n
 RETURNING id, idempotency_key;
+
+-- name: flow_lock
+-- See the PostgreSQL file. The write lock of BEGIN IMMEDIATE already runs
+-- these enqueues one at a time.
+INSERT INTO leaseq_flow_keys (scope, queue, key) VALUES (:scope, :queue, :key)
+ON CONFLICT (scope, queue, key) DO UPDATE SET locked_at = (julianday('now') - 2440587.5) * 86400.0
+RETURNING scope;
+
+-- name: singleton_holders
+SELECT t.* FROM leaseq_tasks t
+WHERE t.queue = :queue AND t.singleton_key = :singleton_key
+  AND t.status NOT IN ('completed', 'cancelled', 'dead', 'denied', 'expired')
+ORDER BY t.id;
+
+-- name: cancel_singleton
+UPDATE leaseq_tasks
+SET status = 'cancelled', last_error = :reason, lease_owner = NULL, lease_expires_at = NULL,
+    updated_at = (julianday('now') - 2440587.5) * 86400.0
+WHERE id IN (SELECT value FROM json_each(:holder_ids)) AND queue = :queue AND singleton_key = :singleton_key
+  AND status NOT IN ('completed', 'cancelled', 'dead', 'denied', 'expired')
+RETURNING id, status, claim_generation, limits;
+
+-- name: debounce_holder
+SELECT t.*, (t.status = 'queued' AND t.claim_generation = 0) AS pending,
+       t.created_at > (julianday('now') - 2440587.5) * 86400.0 - :window_seconds AS recent
+FROM leaseq_tasks t
+WHERE t.queue = :queue AND t.debounce_key = :debounce_key
+ORDER BY t.id DESC
+LIMIT 1;
+
+-- name: debounce_task
+UPDATE leaseq_tasks
+SET payload = :payload,
+    available_at = min((julianday('now') - 2440587.5) * 86400.0 + :window_seconds, created_at + :max_delay),
+    updated_at = (julianday('now') - 2440587.5) * 86400.0
+WHERE id = :holder_id AND queue = :queue AND debounce_key = :debounce_key
+  AND status = 'queued' AND claim_generation = 0
+RETURNING *;
+
+-- name: flow_event
+-- guard: none -- evidence of an enqueue that wrote no task: only about the task that holds its key
+INSERT INTO leaseq_events (task_id, type, generation, worker_id, detail)
+SELECT t.id, :type, NULL, NULL, :detail FROM leaseq_tasks t
+WHERE t.id = :holder_id AND t.queue = :queue
+  AND ((:type = 'singleton_skipped' AND t.singleton_key = :key)
+       OR (:type = 'debounced' AND t.debounce_key = :key));
 
 -- name: tasks_by_key
 -- See the PostgreSQL file: the tasks the keys name, with the compared
@@ -293,6 +339,13 @@ WITH candidate AS MATERIALIZED (
     SELECT id, limits, units, priority, available_at FROM leaseq_tasks
     WHERE status = 'queued' AND queue = :queue
       AND (:kinds IS NULL OR kind IN (SELECT value FROM json_each(:kinds)))  -- only kinds the worker can run
+      -- SINGLETONS: see the PostgreSQL file (writes run one at a time here)
+      AND (singleton_key IS NULL OR NOT EXISTS (
+          SELECT 1 FROM leaseq_tasks o
+          WHERE o.queue = leaseq_tasks.queue AND o.singleton_key = leaseq_tasks.singleton_key
+            AND o.id <> leaseq_tasks.id
+            AND o.status NOT IN ('completed', 'cancelled', 'dead', 'denied', 'expired')  -- leaseq_tasks_singleton
+            AND (o.status IN ('running', 'waiting') OR (o.status = 'queued' AND o.id < leaseq_tasks.id))))
       AND (deadline_at IS NULL OR deadline_at > (julianday('now') - 2440587.5) * 86400.0)  -- see the PostgreSQL file
       AND id NOT IN (SELECT a.task_id FROM leaseq_approvals a  -- approved at or after its approval deadline:
                      WHERE a.decision = 'approved' AND a.decided_at >= a.deadline_at)  -- see the PostgreSQL file
@@ -301,9 +354,12 @@ WITH candidate AS MATERIALIZED (
       AND +available_at <= (julianday('now') - 2440587.5) * 86400.0
       AND NOT EXISTS (SELECT 1 FROM leaseq_queues q WHERE q.name = :queue AND q.paused)
       AND EXISTS (SELECT 1 FROM leaseq_workers w WHERE w.id = :worker_id AND w.revoked_at IS NULL)
-      AND NOT (:route_first AND EXISTS (
+      AND NOT (:route_first AND (EXISTS (
           SELECT 1 FROM leaseq_tasks e
-          WHERE e.status = 'running' AND e.lease_expires_at < (julianday('now') - 2440587.5) * 86400.0))
+          WHERE e.status = 'running' AND e.lease_expires_at < (julianday('now') - 2440587.5) * 86400.0)
+          OR EXISTS (  -- a sleeper whose wake time has come is routed first too
+          SELECT 1 FROM leaseq_tasks s
+          WHERE s.status = 'waiting' AND s.wake_at <= (julianday('now') - 2440587.5) * 86400.0)))
       -- LIMITS: pass over a task one of whose limits has no room for it (see
       -- the PostgreSQL file; the judgement is "refused" below)
       AND (limits IS NULL OR NOT EXISTS (
@@ -669,6 +725,16 @@ SET status = 'cancelled', last_error = :reason, lease_owner = NULL, lease_expire
 WHERE id = :task_id AND status NOT IN ('completed', 'cancelled', 'denied')
 RETURNING id, status, claim_generation;
 
+-- name: tasks_where
+SELECT t.* FROM leaseq_tasks t
+WHERE t.status IN (SELECT value FROM json_each(:statuses))
+  AND (:queue IS NULL OR t.queue = :queue)
+  AND (:kind IS NULL OR t.kind = :kind)
+  AND (:error IS NULL OR instr(lower(t.last_error), lower(:error)) > 0)
+  AND (:older_than IS NULL OR t.updated_at < (julianday('now') - 2440587.5) * 86400.0 - :older_than)
+ORDER BY t.id
+LIMIT :row_limit;
+
 -- name: set_task_status
 UPDATE leaseq_tasks
 SET status = :status,
@@ -707,7 +773,7 @@ WHERE EXISTS (SELECT 1 FROM leaseq_events e
                 AND e.type = 'claimed' AND e.worker_id = :worker_id)
   AND NOT EXISTS (SELECT 1 FROM leaseq_events e
                   WHERE e.task_id = :task_id AND e.generation = :generation
-                    AND e.type IN ('completed', 'failed', 'lease_released', 'lease_lost'))
+                    AND e.type IN ('completed', 'failed', 'lease_released', 'suspended', 'lease_lost'))
 RETURNING id;
 
 -- name: generation_outcome
@@ -719,7 +785,7 @@ SELECT EXISTS (SELECT 1 FROM leaseq_events
                  AND generation = :generation AND worker_id = :worker_id) AS held,
        (SELECT type FROM leaseq_events
         WHERE task_id = :task_id AND generation = :generation
-          AND type IN ('completed', 'failed', 'lease_released', 'lease_lost')
+          AND type IN ('completed', 'failed', 'lease_released', 'suspended', 'lease_lost')
         ORDER BY id LIMIT 1) AS ended;
 
 -- name: list_events
@@ -1189,3 +1255,102 @@ ORDER BY u.id;
 
 -- name: watch_task
 -- no-op: SQLite cannot notify; Queue.wait polls instead
+
+-- DURABLE WAITS (schema 26): see the PostgreSQL file.
+
+-- name: record_wait
+-- guard: lease
+-- See the PostgreSQL file: a wait's ledger entry, answered, under the lease.
+INSERT INTO leaseq_effects (task_id, generation, worker_id, action, idempotency_key, effect, status, response,
+                            response_at)
+SELECT t.id, t.claim_generation, :worker_id, :action, :idempotency_key, 'read_only', 'done',
+       json_patch(coalesce(:response, '{}'),
+                  CASE WHEN :until IS NULL AND :seconds IS NULL THEN '{}'
+                       ELSE json_object('until', coalesce(:until,
+                                                          (julianday('now') - 2440587.5) * 86400.0 + :seconds))
+                  END),
+       (julianday('now') - 2440587.5) * 86400.0
+FROM leaseq_tasks AS t
+WHERE t.id = :task_id
+  /* TEMPLATE: lease_guard */
+RETURNING *;
+
+-- name: suspend_task
+-- guard: lease
+-- See the PostgreSQL file: the attempt ends in a durable wait, given back.
+UPDATE leaseq_tasks AS t
+SET status = CASE
+        WHEN t.open_effects > 0 AND EXISTS (
+            SELECT 1 FROM leaseq_effects e
+            WHERE e.task_id = t.id AND e.status = 'pending' AND e.effect = 'side_effect')
+            THEN 'needs_reconciliation'
+        ELSE 'waiting' END,
+    attempts = t.attempts - 1,
+    wake_at = :until,
+    wait_signal = :signal,
+    available_at = coalesce(:until, (julianday('now') - 2440587.5) * 86400.0),
+    lease_owner = NULL,
+    lease_expires_at = NULL,
+    updated_at = (julianday('now') - 2440587.5) * 86400.0
+WHERE t.id = :task_id
+  /* TEMPLATE: lease_guard */
+RETURNING id, status, claim_generation, attempts, wake_at, wait_signal,
+          heartbeat_count, last_heartbeat_at, longest_heartbeat_gap, queue, limits, units,
+          CASE status WHEN 'needs_reconciliation'
+              THEN 'wait begun with a side-effect intent and no recorded response' END AS reason;
+
+-- name: lock_sleepers
+-- See the PostgreSQL file (the transaction holds the write lock: nothing to skip).
+SELECT id, queue, claim_generation, wake_at, wait_signal
+FROM leaseq_tasks
+WHERE status = 'waiting' AND wake_at <= (julianday('now') - 2440587.5) * 86400.0
+ORDER BY wake_at
+LIMIT :limit;
+
+-- name: wake_tasks
+UPDATE leaseq_tasks AS t
+SET status = 'queued',
+    available_at = t.wake_at,
+    wake_at = NULL,
+    wait_signal = NULL,
+    updated_at = (julianday('now') - 2440587.5) * 86400.0
+WHERE t.id IN (SELECT value FROM json_each(:task_ids))
+  AND t.status = 'waiting' AND t.wake_at <= (julianday('now') - 2440587.5) * 86400.0
+RETURNING id, queue;
+
+-- name: insert_signal
+INSERT INTO leaseq_signals (task_id, name, payload, sent_by)
+VALUES (:task_id, :name, :payload, :actor)
+RETURNING *;
+
+-- name: wake_for_signal
+UPDATE leaseq_tasks AS t
+SET status = 'queued',
+    available_at = (julianday('now') - 2440587.5) * 86400.0,
+    wake_at = NULL,
+    wait_signal = NULL,
+    updated_at = (julianday('now') - 2440587.5) * 86400.0
+WHERE t.id = :task_id AND t.status = 'waiting' AND t.wait_signal = :name
+RETURNING id, queue, claim_generation;
+
+-- name: pending_signal
+-- guard: none -- runs after lock_lease has checked the lease in the same transaction
+SELECT s.id, s.name, s.payload, s.sent_by, s.sent_at
+FROM leaseq_signals s
+WHERE s.task_id = :task_id AND s.name = :name AND s.consumed_at IS NULL
+ORDER BY s.id
+LIMIT 1;
+
+-- name: consume_signal
+-- guard: lease
+UPDATE leaseq_signals AS s
+SET consumed_at = (julianday('now') - 2440587.5) * 86400.0, consumed_generation = :generation,
+    consumed_key = :idempotency_key
+FROM leaseq_tasks AS t
+WHERE s.id = :signal_id AND s.task_id = :task_id AND s.consumed_at IS NULL AND t.id = s.task_id
+  /* TEMPLATE: lease_guard */
+RETURNING id, name, payload, sent_by, sent_at, consumed_at;
+
+-- name: list_signals
+SELECT id, task_id, name, payload, sent_by, sent_at, consumed_generation, consumed_at, consumed_key
+FROM leaseq_signals WHERE task_id = :task_id ORDER BY id;
