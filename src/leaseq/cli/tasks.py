@@ -234,18 +234,7 @@ def enqueue(ctx: click.Context, kind: str, payload: str | None, queue: str, effe
                              f"{task.queue}; nothing added): now ", status_text(task.status))
         make_console().print(line, soft_wrap=True)
         return
-    if task.enqueue_outcome == "skipped":
-        line = Text.assemble(f"existing task {task.id} returned (singleton key {task.singleton_key} is held in "
-                             f"{task.queue}; nothing added): now ", status_text(task.status))
-        make_console().print(line, soft_wrap=True)
-        return
-    if task.enqueue_outcome == "collapsed":
-        line = Text.assemble(f"collapsed into task {task.id} (debounce key {task.debounce_key} in {task.queue}): ",
-                             status_text(task.status))
-        wait = (as_datetime(task.available_at) - q.now()).total_seconds()
-        if wait > 0:
-            line.append(f", due in {fmt_duration(wait)}")
-        make_console().print(line, soft_wrap=True)
+    if _told_flow_outcome(q, task):
         return
     line = Text.assemble(f"task {task.id} ", status_text(task.status),
                          Text(f" in {task.queue}: {task.kind} ({task.effect}), key {task.idempotency_key}"))
@@ -347,20 +336,26 @@ def wait(ctx: click.Context, task_id: str, timeout: float | None, as_json: bool)
     if as_json:
         emit_json(task)
         return
-    if task.enqueue_outcome == "skipped":
-        line = Text.assemble(f"existing task {task.id} returned (singleton key {task.singleton_key} is held in "
-                             f"{task.queue}; nothing added): now ", status_text(task.status))
-        make_console().print(line, soft_wrap=True)
-        return
-    if task.enqueue_outcome == "collapsed":
-        line = Text.assemble(f"collapsed into task {task.id} (debounce key {task.debounce_key} in {task.queue}): ",
-                             status_text(task.status))
-        wait = (as_datetime(task.available_at) - q.now()).total_seconds()
-        if wait > 0:
-            line.append(f", due in {fmt_duration(wait)}")
-        make_console().print(line, soft_wrap=True)
+    if _told_flow_outcome(q, task):
         return
     line = Text.assemble(f"task {task.id} ", status_text(task.status), Text(f" ({task.kind})"))
     if task.last_error and task.status != "completed":
         line.append(f": {task.last_error}")
     make_console().print(line, soft_wrap=True)
+
+
+def _told_flow_outcome(q: Any, task: Any) -> bool:
+    """Print what a singleton or debounced enqueue did instead of adding a task; False when it added one."""
+    if task.enqueue_outcome == "skipped":
+        line = Text.assemble(f"existing task {task.id} returned (singleton key {task.singleton_key} is held in "
+                             f"{task.queue}; nothing added): now ", status_text(task.status))
+    elif task.enqueue_outcome == "collapsed":
+        line = Text.assemble(f"collapsed into task {task.id} (debounce key {task.debounce_key} in {task.queue}): ",
+                             status_text(task.status))
+        wait = (as_datetime(task.available_at) - q.now()).total_seconds()
+        if wait > 0:
+            line.append(f", due in {fmt_duration(wait)}")
+    else:
+        return False
+    make_console().print(line, soft_wrap=True)
+    return True
