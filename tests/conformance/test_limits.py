@@ -363,16 +363,20 @@ class CountingQueue:
     """The queue, counting the claims a worker sends through it."""
 
     def __init__(self, q: leaseq.Queue):
-        self._q = leaseq.AsyncQueue(q)
+        self._q = q
         self.capabilities = q.capabilities
         self.claims = 0
 
     def __getattr__(self, name: str):
         return getattr(self._q, name)
 
-    async def claim(self, *args, **kwargs):
+    def claim(self, *args, **kwargs):
         self.claims += 1
-        return await self._q.claim(*args, **kwargs)
+        return self._q.claim(*args, **kwargs)
+
+    async def aclaim(self, *args, **kwargs):
+        self.claims += 1
+        return await self._q.aclaim(*args, **kwargs)
 
 
 def test_a_worker_does_not_spin_on_a_full_limit(q: leaseq.Queue, dsn: str) -> None:

@@ -109,20 +109,20 @@ def _run(schedule: Schedule, q: leaseq.Queue, seconds: float) -> tuple[list[date
     reads: list[datetime] = []
     fired: list[datetime] = []
 
-    port = leaseq.AsyncQueue(q)
-
-    async def clock() -> datetime:
-        now = await port.now()
+    def clock() -> datetime:
+        now = q.now()
         reads.append(now)
         return now
 
+    async def call(fn, *args, **kwargs):
+        return await asyncio.to_thread(fn, *args, **kwargs)
+
     async def main() -> None:
-        task = asyncio.create_task(run_schedules([schedule], port, clock=clock,
+        task = asyncio.create_task(run_schedules([schedule], q, call, clock=clock,
                                                  on_fire=lambda s, slot, t: fired.append(slot)))
         await asyncio.sleep(seconds)
         task.cancel()
         await asyncio.gather(task, return_exceptions=True)
-        await port.close_async()
 
     asyncio.run(main())
     return reads, fired
@@ -158,11 +158,13 @@ def test_a_repeated_slot_returns_the_same_task(q):
     """Two schedulers firing the same slots (two workers) leave one task per slot."""
     schedule = Schedule.declare("tick", every=0.25, catch_up=3)
 
-    port = leaseq.AsyncQueue(q)
+    async def call(fn, *args, **kwargs):
+        return await asyncio.to_thread(fn, *args, **kwargs)
+
     fired: dict[str, set[int]] = defaultdict(set)
 
     async def main() -> None:
-        runs = [asyncio.create_task(run_schedules([schedule], port, on_fire=lambda s, slot, t: fired[
+        runs = [asyncio.create_task(run_schedules([schedule], q, call, on_fire=lambda s, slot, t: fired[
             s.key(slot)].add(t.id))) for _ in range(2)]
         # at least five slots, however slowly a loaded machine lets them fire (about 1.2 s idle)
         deadline = time.monotonic() + 15
@@ -172,7 +174,6 @@ def test_a_repeated_slot_returns_the_same_task(q):
         for r in runs:
             r.cancel()
         await asyncio.gather(*runs, return_exceptions=True)
-        await port.close_async()
 
     asyncio.run(main())
     assert len(fired) >= 5 and all(len(ids) == 1 for ids in fired.values()), fired
@@ -189,20 +190,16 @@ def test_a_slot_fired_with_other_options_is_passed_over(q, caplog):
     new = Schedule.declare("tick", every=3600, payload={"n": 2})
     other = Schedule.declare("tock", every=3600)
 
-    async def clock() -> datetime:
-        return now
-
-    async def tick(scheduler: Scheduler) -> None:
-        await scheduler.tick()
-        await scheduler.transport.close_async()
+    async def call(fn, *args, **kwargs):
+        return await asyncio.to_thread(fn, *args, **kwargs)
 
     fired: list[tuple[str, int]] = []
-    asyncio.run(tick(Scheduler([old], leaseq.AsyncQueue(q), clock=clock)))
+    asyncio.run(Scheduler([old], q, call, clock=lambda: now).tick())
     [first] = q.list_tasks()
-    scheduler = Scheduler([new, other], leaseq.AsyncQueue(q), clock=clock,
+    scheduler = Scheduler([new, other], q, call, clock=lambda: now,
                           on_fire=lambda s, slot, t: fired.append((s.name, t.id)))
     with caplog.at_level("WARNING", logger="leaseq.worker.schedules"):
-        asyncio.run(tick(scheduler))
+        asyncio.run(scheduler.tick())
     assert [name for name, _ in fired] == ["tock"]
     assert scheduler.previous == {"tick": now, "tock": now}
     assert f"as task {first.id} with another payload" in caplog.text
