@@ -213,6 +213,9 @@ def test_leases_answered_to_a_stopping_worker_are_given_back_unstarted(svc) -> N
         assert released[-1].detail["started"] is False
 
 
+# a 0.3 s lease on a loaded machine runs out before the first completion is sent (seen: five
+# reclaims in a row, none completed): the test runs with the serial ones, alone
+@pytest.mark.serial
 def test_a_lease_refused_while_its_completion_is_answered_is_not_renewed_again(svc) -> None:
     """Over HTTP as directly (tests/worker/test_runtime.py): a completion whose answer is
     late leaves its lease ended in the database and still held by the worker; the first
