@@ -165,6 +165,7 @@ def test_a_task_past_its_deadline_is_never_started_and_the_sweep_expires_it(q: l
         [event] = [e for e in q.events(task.id) if e.type == "deadline_passed"]
         assert event.detail["previous_status"] == "queued"
         assert event.detail["deadline_at"] == task.deadline_at.isoformat()
+        assert event.detail["reason"] == expired.last_error == "deadline passed before the task started"
     q.sweep()  # nothing left to expire: no second event
     assert [e.type for e in q.events(late.id)] == ["enqueued", "deadline_passed"]
 
@@ -180,7 +181,8 @@ def test_a_deadline_ends_retries_too_but_never_a_running_attempt(q: leaseq.Queue
     wait_until(q, q.get(retried.id).deadline_at)
     assert q.claim(w) == []
     q.sweep()
-    assert q.get(retried.id).status == "expired"
+    expired = q.get(retried.id)
+    assert (expired.status, expired.last_error) == ("expired", "deadline passed before its next attempt")
     assert q.get(running.id).status == "running"  # started in time: the deadline no longer applies
     q.complete(w, by_id[running.id], "ok")
     assert q.get(running.id).status == "completed"

@@ -192,6 +192,23 @@ def test_a_waiting_task_can_be_cancelled_and_expiry_leaves_it_alone(q: leaseq.Qu
     assert transport.claim(w) == []
 
 
+def test_a_deadline_that_passes_while_the_task_waits_ends_it_and_says_so(q: leaseq.Queue,
+                                                                        transport: Any) -> None:  # noqa: F811
+    w = transport.register_worker("a")
+    task = q.enqueue("agent", {}, idempotency_key="nap-past-deadline", deadline=timedelta(seconds=0.5))
+    ctx = _attempt(transport, w)
+    with pytest.raises(Suspended):
+        ctx.sleep(3600)
+    deadline_at = q.get(task.id).deadline_at
+    while q.now() <= deadline_at:
+        time.sleep(0.05)
+    q.sweep()
+    ended = q.get(task.id)
+    assert (ended.status, ended.last_error) == ("expired", "deadline passed while the task waited")
+    [event] = [e for e in q.events(task.id) if e.type == "deadline_passed"]
+    assert (event.detail["previous_status"], event.detail["reason"]) == ("waiting", ended.last_error)
+
+
 def test_bad_waits_name_their_field(q: leaseq.Queue, transport: Any) -> None:  # noqa: F811
     w = transport.register_worker("a")
     q.enqueue("agent", {})

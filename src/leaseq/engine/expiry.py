@@ -53,14 +53,15 @@ def sweep(s: Settings) -> Op[int]:
 
 
 def expire_overdue(s: Settings) -> Op[int]:
-    """Tasks past their deadline that never started end ``expired``, with a ``deadline_passed`` event each."""
+    """Tasks past their deadline that are not running end ``expired``, with a ``deadline_passed`` event each
+    saying why (never started, waited past it, or retried too late)."""
     overdue = yield rows("lock_overdue", limit=ROUTE_BATCH)
     if not overdue:
         return 0
-    expired = {r["id"] for r in (yield rows("expire_overdue", task_ids=[r["id"] for r in overdue]))}
+    expired = {r["id"]: r["reason"] for r in (yield rows("expire_overdue", task_ids=[r["id"] for r in overdue]))}
     events = [event_params(s, r["id"], "deadline_passed", r["claim_generation"] or None, None,
                            deadline_at=r["deadline_at"].isoformat(), previous_status=r["status"],
-                           reason="deadline passed before the task started")
+                           reason=expired[r["id"]])
               for r in overdue if r["id"] in expired]
     if events:
         yield rows("insert_events", events=events)

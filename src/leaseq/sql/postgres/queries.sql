@@ -524,15 +524,17 @@ RETURNING id;
 
 -- name: expire_overdue
 -- callers: worker, operator
--- The tasks lock_overdue found end 'expired' and are never started
--- (claim_batch skips a task past its deadline meanwhile).
+-- The tasks lock_overdue found end 'expired' and are never started again
+-- (claim_batch skips a task past its deadline meanwhile); the reason says
+-- whether one had started.
 UPDATE leaseq_tasks t
 SET status = 'expired',
-    last_error = 'deadline passed before the task started',
+    last_error =
+        /* TEMPLATE: deadline_reason */,
     updated_at = now()
 WHERE t.id = ANY(%(task_ids)s::bigint[])
   AND t.status IN ('queued', 'waiting', 'awaiting_approval') AND t.deadline_at <= now()
-RETURNING t.id, t.attempts;
+RETURNING t.id, t.attempts, t.last_error AS reason;
 
 -- name: claim_batch
 -- callers: worker

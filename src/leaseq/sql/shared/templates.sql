@@ -20,3 +20,14 @@ WHEN t.open_effects > 0 AND EXISTS (
     SELECT 1 FROM leaseq_effects e
     WHERE e.task_id = t.id AND e.status = 'pending' AND e.effect = 'side_effect')
     THEN 'needs_reconciliation'
+
+-- template: deadline_reason
+-- Why a task past its deadline ends expired, as its last_error and its
+-- deadline_passed event say (the task is t, as it stood): it was never
+-- claimed (a claim is what advances the generation; a wait gives its
+-- attempt back, so the attempts do not tell);
+-- it started and then waited (a durable sleep, a signal, a person) past
+-- it; or it started and its next attempt (a retry's backoff) came too late.
+CASE WHEN t.claim_generation = 0 THEN 'deadline passed before the task started'
+     WHEN t.status = 'waiting' THEN 'deadline passed while the task waited'
+     ELSE 'deadline passed before its next attempt' END

@@ -316,13 +316,14 @@ WHERE id IN (SELECT id FROM leaseq_action_tokens
 RETURNING id;
 
 -- name: expire_overdue
-UPDATE leaseq_tasks
+UPDATE leaseq_tasks AS t
 SET status = 'expired',
-    last_error = 'deadline passed before the task started',
+    last_error =
+        /* TEMPLATE: deadline_reason */,
     updated_at = (julianday('now') - 2440587.5) * 86400.0
-WHERE id IN (SELECT value FROM json_each(:task_ids))
-  AND status IN ('queued', 'waiting', 'awaiting_approval') AND deadline_at <= (julianday('now') - 2440587.5) * 86400.0
-RETURNING id, attempts;
+WHERE t.id IN (SELECT value FROM json_each(:task_ids))
+  AND t.status IN ('queued', 'waiting', 'awaiting_approval') AND t.deadline_at <= (julianday('now') - 2440587.5) * 86400.0
+RETURNING id, attempts, last_error AS reason;
 
 -- name: claim_batch
 -- guard: none -- takes new leases: no lease exists yet to guard
