@@ -22,11 +22,10 @@ import time
 from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
-from ..core.errors import InvalidTransition, LeaseLost
+from ..core.errors import InvalidTransition, LeaseLost, is_transient
 from ..core.model import Effect, format_fencing_token
 from ..observability import tracing
 from .completer import INITIAL_BACKOFF, next_backoff
-from .startup import is_transient
 
 if TYPE_CHECKING:  # pragma: no cover
     from .context import TaskContext
@@ -50,11 +49,6 @@ class EffectScope:
         #: moved the lease deadline past the token's expiry
         self._token_asked = 0.0
         self._span: Any = None
-
-    @property
-    def _native(self) -> bool:
-        """Whether the transport's ledger calls are awaited on the event loop (no thread hop)."""
-        return bool(getattr(getattr(self._ctx._transport, "capabilities", None), "native_async", False))
 
     def _begin_args(self, key: str | None) -> tuple[tuple[Any, ...], dict[str, Any]]:
         """The begin_effect call's arguments; notes when the action token was asked for."""
@@ -92,7 +86,8 @@ class EffectScope:
         while True:
             try:
                 with self._guarded():
-                    return self._ctx._transport.begin_effect(*args, **extra)
+                    effect: Effect = self._ctx.port_call("begin_effect", *args, **extra)
+                    return effect
             except Exception as exc:
                 if not is_transient(exc):
                     raise
@@ -105,8 +100,7 @@ class EffectScope:
         while True:
             try:
                 with self._guarded():
-                    effect: Effect = await self._ctx._transport.abegin_effect(  # type: ignore[attr-defined]
-                        *args, **extra)
+                    effect: Effect = await self._ctx.aport_call("begin_effect", *args, **extra)
                     return effect
             except Exception as exc:
                 if not is_transient(exc):
@@ -147,8 +141,6 @@ class EffectScope:
             tracing.end_effect(self._span, error, replayed=self.replayed)
 
     async def __aenter__(self) -> EffectScope:
-        if not self._native:
-            return await asyncio.to_thread(self._begin)
         with self._opening():
             self.effect = await self._acall_begin(self._key)
         return self
@@ -241,8 +233,6 @@ class EffectScope:
 
     async def atoken(self) -> str | None:
         """:meth:`fresh_token` for async handlers."""
-        if not self._native:
-            return await asyncio.to_thread(self.fresh_token)
         if self._token_outdated():
             assert self.effect is not None
             self.effect = await self._acall_begin(self.effect.idempotency_key)
@@ -257,8 +247,8 @@ class EffectScope:
         while True:
             try:
                 with self._guarded():
-                    self.effect = self._ctx._transport.finish_effect(self._ctx.worker, self._ctx.claim, self.effect,
-                                                                     response)
+                    self.effect = self._ctx.port_call("finish_effect", self._ctx.worker, self._ctx.claim, self.effect,
+                                                      response)
                 break
             except Exception as exc:
                 if tries and isinstance(exc, InvalidTransition):
@@ -278,9 +268,6 @@ class EffectScope:
 
     async def arecord(self, response: Any) -> None:
         """:meth:`record` for async handlers."""
-        if not self._native:
-            await asyncio.to_thread(self.record, response)
-            return
         if self._recorded:
             return
         assert self.effect is not None, "arecord() outside the effect block"
@@ -302,8 +289,8 @@ class EffectScope:
         tries = 0
         while True:
             try:
-                effect: Effect = await self._ctx._transport.afinish_effect(  # type: ignore[attr-defined]
-                    self._ctx.worker, self._ctx.claim, self.effect, response)
+                effect: Effect = await self._ctx.aport_call("finish_effect", self._ctx.worker, self._ctx.claim,
+                                                            self.effect, response)
                 return effect
             except Exception as exc:
                 if tries and isinstance(exc, InvalidTransition):

@@ -37,9 +37,9 @@ class Handling(Losses):
     def _start(self, claim: Claim, sent: float) -> None:
         log = TaskLog(logger, {"task_id": claim.task_id, "kind": claim.task.kind, "generation": claim.generation,
                                "attempt": claim.task.attempts, "worker_id": self._registered.id})
-        ctx = TaskContext(self.transport, self._registered, claim, log)
+        loop = asyncio.get_running_loop()  # the runtime's: a claim's handlers start on it, its port is awaited on it
+        ctx = TaskContext(self.transport, self._registered, claim, log, loop=loop)
         ctx.renewed_at = sent  # the lease started no earlier than the claim was sent
-        loop = asyncio.get_running_loop()  # the runtime's: a claim's handlers start on it
         ctx.on_lost = lambda c, reason: loop.call_soon_threadsafe(self._after_loss, c, reason)
         older = self._generations.setdefault(claim.task_id, set())
         for stale in [self.held[key] for key in older if not self.held[key].loss_told]:
