@@ -45,6 +45,7 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from ..core.errors import InvalidInput
+from ..core.timers import cancel_all
 from ..engine.leases import MAX_CLAIM
 from ..observability.hooks import WorkerObserver
 from ..schedules import Scheduler
@@ -218,10 +219,7 @@ class WorkerRuntime(ClaimLoop, Shutdown):
             finally:
                 # the claim beside the loop's waits for a freed slot: one that the loop's end
                 # did not let go (the loop raised, or the run was cancelled) is cancelled here
-                ending = background + ([alongside] if alongside is not None else [])
-                for task in ending:
-                    task.cancel()
-                await asyncio.gather(*ending, return_exceptions=True)
+                await cancel_all(background + ([alongside] if alongside is not None else []))
                 await record_stop(self.transport, self._registered, self._why_stopped(until_idle))
         finally:
             if install_signals:
