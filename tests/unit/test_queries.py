@@ -311,3 +311,21 @@ def test_every_postgres_statement_fits_psycopgs_query_cache() -> None:
     for name, sql in wire_queries()[0].items():
         assert len(sql.encode()) <= _queries.MAX_CACHED_STATEMENT_LENGTH, (name, len(sql.encode()))
         assert len(set(re.findall(r"%\((\w+)\)s", sql))) <= _queries.MAX_CACHED_STATEMENT_PARAMS, name
+
+
+@pytest.mark.parametrize("dialect", DIALECTS)
+def test_the_unsettled_side_effect_rule_is_written_once_for_both_dialects(dialect: str) -> None:
+    # The recovery policy's first rule lives in sql/shared/templates.sql: every statement that
+    # ends an attempt on its own judgement expands it, and none writes the rule out again.
+    queries = load_named_queries(dialect)
+    users = {name for name, q in queries.items() if any(t == "unsettled_side_effect" for t, _ in q.templates)}
+    assert users == {"fail_task", "retry_task", "route_expired", "suspend_task"}
+    assert "e.effect = 'side_effect'" not in _code(_text(dialect))
+    for name in users:
+        assert "THEN 'needs_reconciliation'" in queries[name].sql
+
+
+def test_a_dialect_may_not_redefine_a_shared_template() -> None:
+    shared = resources.files("leaseq").joinpath("sql", "shared", "templates.sql").read_text()
+    with pytest.raises(RuntimeError, match="defined twice"):
+        parse_queries_file(shared + "\n" + shared, "postgres/queries.sql")

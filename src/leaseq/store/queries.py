@@ -261,7 +261,9 @@ def compact(sql: str) -> str:
 
 
 def _read(dialect: str) -> str:
-    return resources.files("leaseq").joinpath("sql", dialect, "queries.sql").read_text()
+    """The dialect's queries file, after the templates both dialects share (``sql/shared/templates.sql``)."""
+    sql = resources.files("leaseq").joinpath("sql")
+    return sql.joinpath("shared", "templates.sql").read_text() + "\n" + sql.joinpath(dialect, "queries.sql").read_text()
 
 
 def parse_named_blocks(text: str, source: str) -> dict[str, str]:

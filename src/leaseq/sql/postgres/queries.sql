@@ -480,10 +480,7 @@ FOR UPDATE SKIP LOCKED;
 -- Cancelled, blocked and dead tasks are not running, so expiry never touches them.
 UPDATE leaseq_tasks t
 SET status = CASE
-        WHEN t.open_effects > 0 AND EXISTS (
-            SELECT 1 FROM leaseq_effects e
-            WHERE e.task_id = t.id AND e.status = 'pending' AND e.effect = 'side_effect')
-            THEN 'needs_reconciliation'
+        /* TEMPLATE: unsettled_side_effect */
         WHEN t.attempts >= t.max_attempts THEN 'dead'
         ELSE 'queued' END,
     last_error = 'lease expired: ' || t.lease_owner || ' held generation ' || t.claim_generation,
@@ -876,10 +873,7 @@ FROM done d;
 --   otherwise                                      -> queued after the backoff delay
 UPDATE leaseq_tasks t
 SET status = CASE
-        WHEN t.open_effects > 0 AND EXISTS (
-            SELECT 1 FROM leaseq_effects e
-            WHERE e.task_id = t.id AND e.status = 'pending' AND e.effect = 'side_effect')
-            THEN 'needs_reconciliation'
+        /* TEMPLATE: unsettled_side_effect */
         WHEN %(block)s THEN 'blocked'
         WHEN NOT %(retry)s OR t.attempts >= t.max_attempts THEN 'dead'
         WHEN (CASE WHEN t.error_fingerprint = %(fingerprint)s THEN t.error_streak + 1 ELSE 1 END)
@@ -921,10 +915,7 @@ RETURNING t.id, t.status, t.claim_generation, t.attempts, t.max_attempts, t.erro
 -- held means the limit is reached, and the caller records a failure instead.
 UPDATE leaseq_tasks t
 SET status = CASE
-        WHEN t.open_effects > 0 AND EXISTS (
-            SELECT 1 FROM leaseq_effects e
-            WHERE e.task_id = t.id AND e.status = 'pending' AND e.effect = 'side_effect')
-            THEN 'needs_reconciliation'
+        /* TEMPLATE: unsettled_side_effect */
         ELSE 'queued' END,
     attempts = t.attempts - 1,
     snoozes = t.snoozes + 1,
@@ -1979,10 +1970,7 @@ RETURNING *;
 -- needs_reconciliation, as a retry on request does.
 UPDATE leaseq_tasks t
 SET status = CASE
-        WHEN t.open_effects > 0 AND EXISTS (
-            SELECT 1 FROM leaseq_effects e
-            WHERE e.task_id = t.id AND e.status = 'pending' AND e.effect = 'side_effect')
-            THEN 'needs_reconciliation'
+        /* TEMPLATE: unsettled_side_effect */
         ELSE 'waiting' END,
     attempts = t.attempts - 1,
     wake_at = to_timestamp(%(until)s::float8),

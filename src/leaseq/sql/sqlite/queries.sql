@@ -283,10 +283,7 @@ LIMIT :limit;
 -- The recovery policy; see the PostgreSQL file for the table it implements.
 UPDATE leaseq_tasks AS t
 SET status = CASE
-        WHEN t.open_effects > 0 AND EXISTS (
-            SELECT 1 FROM leaseq_effects e
-            WHERE e.task_id = t.id AND e.status = 'pending' AND e.effect = 'side_effect')
-            THEN 'needs_reconciliation'
+        /* TEMPLATE: unsettled_side_effect */
         WHEN t.attempts >= t.max_attempts THEN 'dead'
         ELSE 'queued' END,
     last_error = 'lease expired: ' || t.lease_owner || ' held generation ' || t.claim_generation,
@@ -472,10 +469,7 @@ RETURNING id, claim_generation, attempts, heartbeat_count, last_heartbeat_at, lo
 -- See the PostgreSQL file for the routing table this CASE implements.
 UPDATE leaseq_tasks AS t
 SET status = CASE
-        WHEN t.open_effects > 0 AND EXISTS (
-            SELECT 1 FROM leaseq_effects e
-            WHERE e.task_id = t.id AND e.status = 'pending' AND e.effect = 'side_effect')
-            THEN 'needs_reconciliation'
+        /* TEMPLATE: unsettled_side_effect */
         WHEN :block THEN 'blocked'
         WHEN NOT :retry OR t.attempts >= t.max_attempts THEN 'dead'
         WHEN (CASE WHEN t.error_fingerprint = :fingerprint THEN t.error_streak + 1 ELSE 1 END)
@@ -507,10 +501,7 @@ RETURNING id, status, claim_generation, attempts, max_attempts, error_streak, av
 -- See the PostgreSQL file: the attempt ends on request, given back, counted in snoozes.
 UPDATE leaseq_tasks AS t
 SET status = CASE
-        WHEN t.open_effects > 0 AND EXISTS (
-            SELECT 1 FROM leaseq_effects e
-            WHERE e.task_id = t.id AND e.status = 'pending' AND e.effect = 'side_effect')
-            THEN 'needs_reconciliation'
+        /* TEMPLATE: unsettled_side_effect */
         ELSE 'queued' END,
     attempts = t.attempts - 1,
     snoozes = t.snoozes + 1,
@@ -1285,10 +1276,7 @@ RETURNING *;
 -- See the PostgreSQL file: the attempt ends in a durable wait, given back.
 UPDATE leaseq_tasks AS t
 SET status = CASE
-        WHEN t.open_effects > 0 AND EXISTS (
-            SELECT 1 FROM leaseq_effects e
-            WHERE e.task_id = t.id AND e.status = 'pending' AND e.effect = 'side_effect')
-            THEN 'needs_reconciliation'
+        /* TEMPLATE: unsettled_side_effect */
         ELSE 'waiting' END,
     attempts = t.attempts - 1,
     wake_at = :until,
