@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Iterable
+from typing import Any
 
 
 async def wait_event(event: asyncio.Event, timeout: float) -> None:
@@ -20,7 +22,7 @@ async def wait_event(event: asyncio.Event, timeout: float) -> None:
         timer.cancel()
 
 
-async def cancel_all(tasks: list[asyncio.Task[object]], *, again_after: float = 0.5) -> None:
+async def cancel_all(tasks: Iterable[asyncio.Future[Any]], *, again_after: float = 0.5) -> None:
     """Cancel ``tasks`` and wait until every one has ended, cancelling again each
     ``again_after`` seconds a task that is still running.
 

@@ -247,7 +247,7 @@ class TaskContext:
                 if not is_transient(exc):
                     raise
                 tries += 1
-                time.sleep(self._transit_pause(what, exc, tries))
+                time.sleep(self.transit_pause(what, exc, tries))
 
     async def _acall_wait(self, what: str, key: str, params: dict[str, Any]) -> dict[str, Any]:
         tries = 0
@@ -267,11 +267,12 @@ class TaskContext:
                 if not is_transient(exc):
                     raise
                 tries += 1
-                await asyncio.sleep(self._transit_pause(what, exc, tries))
+                await asyncio.sleep(self.transit_pause(what, exc, tries))
 
-    def _transit_pause(self, what: str, exc: BaseException, tries: int) -> float:
-        """How long to wait before trying a wait's write again, or LeaseLost when the lease could
-        run out first (the queue's trouble is never the handler's failure)."""
+    def transit_pause(self, what: str, exc: BaseException, tries: int) -> float:
+        """After the ``tries``-th failure in transit of a write made for the handler (a ledger
+        entry, a wait): how long to wait before trying it again, or :class:`LeaseLost` when the
+        lease could run out first (the queue's trouble is never the handler's failure)."""
         from .completer import INITIAL_BACKOFF, next_backoff
         backoff = INITIAL_BACKOFF
         delay = backoff

@@ -25,7 +25,6 @@ from typing import TYPE_CHECKING, Any
 from ..core.errors import InvalidTransition, LeaseLost, is_transient
 from ..core.model import Effect, format_fencing_token
 from ..observability import tracing
-from .completer import INITIAL_BACKOFF, next_backoff
 
 if TYPE_CHECKING:  # pragma: no cover
     from .context import TaskContext
@@ -69,16 +68,7 @@ class EffectScope:
     def _pause(self, op: str, exc: BaseException, tries: int) -> float:
         """After a ledger write's ``tries``-th failure in transit: how long to wait before the next try,
         or :class:`LeaseLost` when the lease could run out first (never the handler's failure)."""
-        ctx = self._ctx
-        backoff = INITIAL_BACKOFF
-        for _ in range(tries):
-            delay, backoff = next_backoff(backoff, exc)
-        if ctx.lost or time.monotonic() + delay >= ctx.may_last_until():
-            reason = f"{op} could not be written before the lease could run out: {exc}"
-            ctx.mark_lost(reason, inferred=True)
-            raise LeaseLost(ctx.task_id, ctx.generation, reason) from exc
-        ctx.log.warning(f"{op} of {self.action!r} failed in transit (try {tries}), trying again: {exc}")
-        return delay
+        return self._ctx.transit_pause(f"{op} of {self.action!r}", exc, tries)
 
     def _call_begin(self, key: str | None) -> Effect:
         args, extra = self._begin_args(key)
