@@ -14,6 +14,7 @@ import functools
 import inspect
 import logging
 import sys
+import time
 from collections.abc import Awaitable
 
 from ..core.errors import LeaseLost, Permanent, QueuePaused, Suspended
@@ -25,6 +26,10 @@ from . import tools
 from .completer import Outcome, Verdict
 from .context import TaskContext
 from .losses import Losses
+
+#: How long after a suspended task's wake time its worker claims again: a little, so the
+#: database's clock has passed it too.
+WAKE_MARGIN = 0.01
 
 logger = logging.getLogger("leaseq.worker")
 
@@ -174,6 +179,13 @@ class Handling(Losses):
             ctx.outcome_recorded = True
             self.stats.suspended += 1
             self.observe.suspended(ctx, str(ended))
+            if ended.until is not None:
+                # Claimable again at its wake time: this worker claims then, not at its next poll
+                # (a PostgreSQL worker's poll is seconds apart; its notifications say nothing of
+                # a time that comes). The time is the database's; a clock of this host's that is
+                # behind it makes the claim early, and the poll finds the task instead.
+                delay = max(0.0, ended.until - time.time()) + WAKE_MARGIN
+                asyncio.get_running_loop().call_later(delay, self._wake.set)
             if ctx.log.isEnabledFor(logging.INFO):
                 ctx.log.info(self._msg(ctx, f"suspended: waits for {ended.waiting_for}"))
             return None
