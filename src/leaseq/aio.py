@@ -5,6 +5,10 @@ Each method drives the same operation as its :class:`leaseq.Queue` method
 on PostgreSQL on the event loop itself (psycopg's asyncio connections), on
 SQLite in a thread, as sqlite3 has no asyncio form.
 tests/conformance/test_async.py checks that every method's signature matches.
+
+It is also the worker runtime's port onto a database
+(:class:`leaseq.worker.transport.Transport`): the runtime awaits every call
+of a direct worker here, on its own event loop.
 """
 
 from __future__ import annotations
@@ -19,6 +23,7 @@ from typing import Any
 
 from . import engine
 from .core import checks
+from .core.capabilities import Capabilities
 from .core.errors import LeaseLost
 from .core.model import Approval, Claim, Effect, Event, Task, Worker
 from .engine.steps import Op, T
@@ -52,6 +57,23 @@ class AsyncQueue:
         """Close every connection, the event loop's own included."""
         await self.sync.close_async()
         await asyncio.to_thread(self.sync.close)
+
+    @property
+    def capabilities(self) -> Capabilities:
+        """What the worker runtime may rely on (those of the :class:`Queue` underneath)."""
+        return self.sync.capabilities
+
+    async def close_async(self) -> None:
+        """Close the connections opened for the running event loop only (the queue stays open)."""
+        await self.sync.close_async()
+
+    async def listener(self, queues: list[str]) -> Any:
+        """:meth:`Queue.listener` for asyncio code: a waiter woken when work is enqueued on
+        ``queues``, whose ``wait(timeout)`` and ``close()`` are awaited (PostgreSQL LISTEN/NOTIFY
+        on the event loop; on SQLite it only sleeps, so workers poll)."""
+        for name in queues:
+            checks.check_name("queue", name)
+        return await self.sync.store.alistener(set(queues))
 
     async def migrate(self) -> list[int]:
         """:meth:`Queue.migrate`, awaited."""

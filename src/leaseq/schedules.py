@@ -12,7 +12,7 @@ queue's, not a coordinator's.
 
 Every worker runtime whose app declares schedules runs :func:`run_schedules`
 next to its claim loop. Each tick it reads the clock (the database's when the
-transport is a :class:`leaseq.Queue`), enqueues the slots that started since
+worker's port is the direct one, :class:`leaseq.AsyncQueue`), enqueues the slots that started since
 its previous tick, and sleeps until the next slot. After a pause (nothing
 ran, or this worker was stopped) at most ``catch_up`` of the missed slots are
 enqueued, the most recent ones; older ones are skipped.
@@ -169,26 +169,30 @@ class Schedule:
                 "payload": self.payload, "catch_up": self.catch_up, "queue": self.options.get("queue", "default")}
 
 
-Clock = Callable[[], datetime]
-Call = Callable[..., Awaitable[Any]]
+#: An awaited clock read.
+Clock = Callable[[], Awaitable[datetime]]
+
+
+async def _host_clock() -> datetime:
+    return datetime.now(timezone.utc)
 
 
 def transport_clock(transport: Any) -> Clock:
-    """The clock slots are judged by: the database's for a :class:`leaseq.Queue`;
-    elsewhere (the HTTP transport) this host's, which decides only when a slot
-    is fired, never how many tasks it gets."""
-    from .queue import Queue  # late: the queue module imports the worker package
+    """The clock slots are judged by: the database's for the direct port (:class:`leaseq.AsyncQueue`);
+    elsewhere (the HTTP port) this host's, which decides only when a slot is fired,
+    never how many tasks it gets."""
+    from .aio import AsyncQueue  # late: the queue modules import the worker package
 
-    if isinstance(transport, Queue):
+    if isinstance(transport, AsyncQueue):
         return transport.now
-    return lambda: datetime.now(timezone.utc)
+    return _host_clock
 
 
 class Scheduler:
     """Fires ``schedules`` through ``transport.enqueue``: :meth:`tick` once, :meth:`run` until cancelled.
 
-    ``call(fn, *args, **kwargs)`` runs a blocking transport call (the worker's
-    database threads). A failed clock read or enqueue is logged and retried at
+    ``transport`` is the worker's port (its ``enqueue`` is awaited) and ``clock``
+    an awaited clock read (default: :func:`transport_clock`). A failed clock read or enqueue is logged and retried at
     the next tick; the slot's key makes a retry (or another worker's enqueue)
     harmless. A slot whose key already names a task enqueued with other
     options (another worker declares the schedule differently) was fired:
@@ -196,11 +200,10 @@ class Scheduler:
     of each enqueue.
     """
 
-    def __init__(self, schedules: Iterable[Schedule], transport: Any, call: Call, clock: Clock | None = None,
+    def __init__(self, schedules: Iterable[Schedule], transport: Any, clock: Clock | None = None,
                  on_fire: Callable[[Schedule, datetime, Any], None] | None = None):
         self.schedules = list(schedules)
         self.transport = transport
-        self.call = call
         self.clock = clock or transport_clock(transport)
         self.on_fire = on_fire
         #: per schedule, the clock at its last successful tick (None: not yet)
@@ -210,13 +213,13 @@ class Scheduler:
         """Enqueue the due slots; returns the seconds until the next slot (never raises)."""
         pause = MAX_SLEEP
         try:
-            now = await self.call(self.clock)
+            now = await self.clock()
             started = time.monotonic()
             for schedule in self.schedules:
                 for slot in schedule.due(self.previous[schedule.name], now):
                     try:
-                        task = await self.call(self.transport.enqueue, schedule.kind, schedule.payload,
-                                               idempotency_key=schedule.key(slot), **schedule.options)
+                        task = await self.transport.enqueue(schedule.kind, schedule.payload,
+                                                            idempotency_key=schedule.key(slot), **schedule.options)
                     except IdempotencyKeyConflict as exc:
                         # The slot was fired already, by a worker whose declaration of the schedule
                         # differs (a deploy changed its payload or options): it has its task. Trying
@@ -244,10 +247,10 @@ class Scheduler:
             await asyncio.sleep(await self.tick())
 
 
-async def run_schedules(schedules: Iterable[Schedule], transport: Any, call: Call, clock: Clock | None = None,
+async def run_schedules(schedules: Iterable[Schedule], transport: Any, clock: Clock | None = None,
                         on_fire: Callable[[Schedule, datetime, Any], None] | None = None) -> None:
     """Fire ``schedules`` until cancelled (see :class:`Scheduler`)."""
-    await Scheduler(schedules, transport, call, clock, on_fire).run()
+    await Scheduler(schedules, transport, clock, on_fire).run()
 
 
 def last_task(queue: Any, schedule: Schedule, now: datetime) -> tuple[datetime | None, Any]:

@@ -4,8 +4,8 @@ The database's guards keep both cases below safe: nothing stale is
 accepted. The tests check that the runtime also neither throws away a new
 attempt's work nor goes on acting past its lease. The stall is made real by holding renewal calls at a gate in
 front of a real queue, as the chaos proxy's black hole does to a connection.
-PostgreSQL only: there the runtime's claims and renewals run on separate
-database threads, so a stalled renewal does not also stall the claims.
+PostgreSQL only: there the runtime's claims and renewals are awaited on the
+loop over separate pooled connections, so a stalled renewal does not also stall the claims.
 """
 
 from __future__ import annotations
@@ -17,6 +17,7 @@ import time
 import pytest
 
 import leaseq
+from leaseq.worker.transport import worker_port
 
 LEASE = 0.4
 
@@ -25,15 +26,17 @@ class GatedRenewals:
     """A real queue whose lease renewals wait while the gate is closed."""
 
     def __init__(self, queue: leaseq.Queue):
-        self._queue = queue
+        self._queue = worker_port(queue)
         self.gate = threading.Event()
 
     def __getattr__(self, name):
         return getattr(self._queue, name)
 
-    def renew_leases(self, worker, claims):
-        self.gate.wait(30)
-        return self._queue.renew_leases(worker, claims)
+    async def renew_leases(self, worker, claims):
+        deadline = time.monotonic() + 30
+        while not self.gate.is_set() and time.monotonic() < deadline:
+            await asyncio.sleep(0.01)
+        return await self._queue.renew_leases(worker, claims)
 
 
 def wait_for(predicate, timeout: float = 10.0, what: str = "condition"):

@@ -363,20 +363,16 @@ class CountingQueue:
     """The queue, counting the claims a worker sends through it."""
 
     def __init__(self, q: leaseq.Queue):
-        self._q = q
+        self._q = leaseq.AsyncQueue(q)
         self.capabilities = q.capabilities
         self.claims = 0
 
     def __getattr__(self, name: str):
         return getattr(self._q, name)
 
-    def claim(self, *args, **kwargs):
+    async def claim(self, *args, **kwargs):
         self.claims += 1
-        return self._q.claim(*args, **kwargs)
-
-    async def aclaim(self, *args, **kwargs):
-        self.claims += 1
-        return await self._q.aclaim(*args, **kwargs)
+        return await self._q.claim(*args, **kwargs)
 
 
 def test_a_worker_does_not_spin_on_a_full_limit(q: leaseq.Queue, dsn: str) -> None:

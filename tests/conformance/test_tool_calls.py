@@ -114,6 +114,11 @@ def test_async_tools_and_framework_call_ids(q: leaseq.Queue, transport: Any) -> 
     assert [e.idempotency_key for e in q.effects(task.id)] == ["run-2:weather.get:call_b", "run-2:weather.get:call_a"]
 
 
+def _on_loop(q: leaseq.Queue, port: Any, w: leaseq.Worker, claim: leaseq.Claim) -> TaskContext:
+    """The context the worker runtime makes: its port awaited on the running loop."""
+    return TaskContext(port, w, claim, LOG, loop=asyncio.get_running_loop())
+
+
 def test_an_async_handlers_tool_calls_are_awaited_on_the_event_loop_where_the_backend_can(
         q: leaseq.Queue, monkeypatch: pytest.MonkeyPatch) -> None:
     """On PostgreSQL an async handler's tool calls (the ledger's begin and finish, an action
@@ -122,7 +127,8 @@ def test_an_async_handlers_tool_calls_are_awaited_on_the_event_loop_where_the_ba
     A refusal by the lease guard reaches the handler's context either way."""
     task = q.enqueue("agent", {}, effect="side_effect", actions=["crm.update"], max_attempts=5)
     w = q.register_worker("a")
-    ctx = _attempt(q, q, w)
+    [claim] = q.claim(w)
+    port = leaseq.AsyncQueue(q)
     blocking: list[str] = []
     real = q.store.transaction
 
@@ -136,11 +142,13 @@ def test_an_async_handlers_tool_calls_are_awaited_on_the_event_loop_where_the_ba
         return {"updated": record}
 
     async def attempt() -> list[Any]:
+        ctx = _on_loop(q, port, w, claim)
         crm = ctx.tool(update, action="crm.update", effect="side_effect")
         first = await crm("r-1")
         async with ctx.effect("crm.update", key="by-hand") as fx:
             await fx.atoken()
             await fx.arecord({"by": "hand"})
+        await port.close_async()
         return [first, fx.response]
 
     loop_thread: list[str] = []
@@ -155,15 +163,38 @@ def test_an_async_handlers_tool_calls_are_awaited_on_the_event_loop_where_the_ba
     else:
         assert len(blocking) == 4 and loop_thread[0] not in blocking  # begin, finish, twice: each in a thread
     assert [e.status for e in q.effects(task.id)] == ["done", "done"]
-    run_out(q, w, ctx.claim)
+    run_out(q, w, claim)
+    lost: list[TaskContext] = []
 
     async def late() -> None:
-        await ctx.tool(update, action="crm.update", effect="side_effect")("r-2")
+        ctx = _on_loop(q, port, w, claim)
+        lost.append(ctx)
+        try:
+            await ctx.tool(update, action="crm.update", effect="side_effect")("r-2")
+        finally:
+            await port.close_async()
 
     with pytest.raises(leaseq.LeaseLost):
         asyncio.run(late())
-    assert ctx.lost  # the refusal is the handler's lost lease, as for a blocking call
+    assert lost[0].lost  # the refusal is the handler's lost lease, as for a blocking call
     assert [e.status for e in q.effects(task.id)] == ["done", "done"]
+
+
+class _SlowResponses:
+    """The direct port, whose finish_effect waits for ``release`` once it has begun (``writing``)."""
+
+    def __init__(self, q: leaseq.Queue):
+        self._port = leaseq.AsyncQueue(q)
+        self.writing = asyncio.Event()
+        self.release = asyncio.Event()
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._port, name)
+
+    async def finish_effect(self, *args: Any, **kwargs: Any) -> Any:
+        self.writing.set()
+        await self.release.wait()
+        return await self._port.finish_effect(*args, **kwargs)
 
 
 def test_a_response_being_recorded_when_its_handler_is_cancelled_is_still_recorded(q: leaseq.Queue) -> None:
@@ -172,7 +203,7 @@ def test_a_response_being_recorded_when_its_handler_is_cancelled_is_still_record
     reconciliation with a side effect open."""
     task = q.enqueue("agent", {}, effect="side_effect", actions=["payments.charge"], max_attempts=5)
     w = q.register_worker("a")
-    ctx = _attempt(q, q, w)
+    [claim] = q.claim(w)
     ran: list[int] = []
 
     async def charge(amount: int) -> dict[str, Any]:
@@ -180,43 +211,25 @@ def test_a_response_being_recorded_when_its_handler_is_cancelled_is_still_record
         return {"charged": amount}
 
     async def main() -> None:
-        writing = asyncio.Event()
-        release = asyncio.Event()
-        if q.native_async:
-            real = q.afinish_effect
-
-            async def slow(*args: Any, **kwargs: Any) -> Any:
-                writing.set()
-                await release.wait()
-                return await real(*args, **kwargs)
-        else:
-            real_sync = q.finish_effect
-            loop = asyncio.get_running_loop()
-
-            def slow(*args: Any, **kwargs: Any) -> Any:  # type: ignore[misc]
-                loop.call_soon_threadsafe(writing.set)
-                asyncio.run_coroutine_threadsafe(release.wait(), loop).result(10)
-                return real_sync(*args, **kwargs)
-
-        name = "afinish_effect" if q.native_async else "finish_effect"
-        setattr(q, name, slow)
+        port = _SlowResponses(q)
+        ctx = _on_loop(q, port, w, claim)
         try:
             handler = asyncio.ensure_future(ctx.tool(charge, action="payments.charge")(5))
-            await writing.wait()
+            await port.writing.wait()
             handler.cancel()  # the attempt's timeout, while the response is on its way
             with pytest.raises(asyncio.CancelledError):
                 await handler
-            release.set()
+            port.release.set()
             for _ in range(500):
                 if q.effects(task.id)[0].status == "done":
                     break
                 await asyncio.sleep(0.01)
         finally:
-            delattr(q, name)
+            await port.close_async()
 
     asyncio.run(main())
     assert [e.status for e in q.effects(task.id)] == ["done"] and ran == [5]
-    q.fail(w, ctx.claim, "timeout", delay=0)
+    q.fail(w, claim, "timeout", delay=0)
     assert q.get(task.id).status == "queued"  # nothing ambiguous: not sent to reconciliation
     ctx2 = _attempt(q, q, w)
     assert asyncio.run(_call(ctx2, charge)) == {"charged": 5} and ran == [5]  # replayed, not charged again

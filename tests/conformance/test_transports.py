@@ -34,8 +34,7 @@ class AsyncTransport:
     def __init__(self, q: leaseq.Queue):
         self._loop = asyncio.new_event_loop()
         self._aq = leaseq.AsyncQueue(q)
-        # every call here blocks (awaited on this object's own loop): none is one to await on the caller's loop
-        self.capabilities = dataclasses.replace(q.capabilities, native_async=False)
+        self.capabilities = q.capabilities
 
     def __getattr__(self, name: str) -> Callable[..., Any]:
         method = getattr(self._aq, name)

@@ -72,19 +72,21 @@ def test_stale_pooled_connections_do_not_fail_the_next_async_calls(tagged_dsn):
         w = q.register_worker("w")
         q.enqueue_many("job", [{"n": n} for n in range(20)])
 
+        aq = leaseq.AsyncQueue(q)
+
         async def main() -> int:
-            got = len(await q.aclaim(w, limit=1))  # opens this loop's asyncio pool
+            got = len(await aq.claim(w, limit=1))  # opens this loop's asyncio pool
             # Grow the asyncio pool: several statements at once.
-            batches = await asyncio.gather(*(q.aclaim(w, limit=1) for _ in range(4)))
+            batches = await asyncio.gather(*(aq.claim(w, limit=1) for _ in range(4)))
             got += sum(len(b) for b in batches)
             before = backends(name)
             assert terminate(name=name) == len(before) >= 2  # the sync pool's and the asyncio pool's
             for _ in range(5):
-                claims = await q.aclaim(w, limit=2)
+                claims = await aq.claim(w, limit=2)
                 got += len(claims)
-                assert await q.acomplete_many(w, [(c, {"ok": True}) for c in claims]) == {c.task_id for c in claims}
+                assert await aq.complete_many(w, [(c, {"ok": True}) for c in claims]) == {c.task_id for c in claims}
             assert backends(name).isdisjoint(before)
-            await q.close_async()
+            await aq.close_async()
             return got
 
         assert asyncio.run(main()) == 15

@@ -30,6 +30,7 @@ from typing import Any
 import leaseq
 from leaseq.fencing import FencedStore
 from leaseq.worker import WorkerRuntime
+from leaseq.worker.transport import worker_port
 from leaseq.worker.tools import current_context
 
 FAULT_DIR = Path(os.environ.get("FAULT_DIR", "."))
@@ -229,7 +230,7 @@ class HoldingTransport:
     """The queue, except that the first attempt stops for good at the chosen point."""
 
     def __init__(self, queue: leaseq.Queue):
-        self._queue = queue
+        self._queue = worker_port(queue)
         self.capabilities = queue.capabilities
 
     def __getattr__(self, name: str) -> Any:
@@ -241,19 +242,10 @@ class HoldingTransport:
             return True
         return False
 
-    def finish_effect(self, worker: Any, claim: leaseq.Claim, effect: Any, response: Any = None) -> Any:
-        if self._held(claim, effect.action, "HOLD_BEFORE"):
-            threading.Event().wait()  # until SIGKILL
-        done = self._queue.finish_effect(worker, claim, effect, response)
-        if self._held(claim, effect.action, "HOLD_AFTER"):
-            threading.Event().wait()
-        return done
-
-    async def afinish_effect(self, worker: Any, claim: leaseq.Claim, effect: Any, response: Any = None) -> Any:
-        """The same, for an async tool call on PostgreSQL (awaited on the worker's loop)."""
+    async def finish_effect(self, worker: Any, claim: leaseq.Claim, effect: Any, response: Any = None) -> Any:
         if self._held(claim, effect.action, "HOLD_BEFORE"):
             await asyncio.Event().wait()  # until SIGKILL
-        done = await self._queue.afinish_effect(worker, claim, effect, response)
+        done = await self._queue.finish_effect(worker, claim, effect, response)
         if self._held(claim, effect.action, "HOLD_AFTER"):
             await asyncio.Event().wait()
         return done

@@ -15,6 +15,7 @@ from typing import Any
 
 import leaseq
 from leaseq.worker import WorkerRuntime
+from leaseq.worker.transport import worker_port
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -53,22 +54,17 @@ class GatedCompletions:
     so a fault can be made to land exactly on the completion."""
 
     def __init__(self, queue: leaseq.Queue):
-        self._queue = queue
+        self._queue = worker_port(queue)
         self.gate = threading.Event()
         self.held = threading.Event()
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self._queue, name)
 
-    def complete_many(self, worker: Any, done: Any) -> set[int]:
-        self.held.set()
-        self.gate.wait(60)
-        return self._queue.complete_many(worker, done)
-
-    async def acomplete_many(self, worker: Any, done: Any) -> set[int]:
+    async def complete_many(self, worker: Any, done: Any) -> set[int]:
         self.held.set()
         await asyncio.to_thread(self.gate.wait, 60)
-        return await self._queue.acomplete_many(worker, done)
+        return await self._queue.complete_many(worker, done)
 
 
 class Runner:

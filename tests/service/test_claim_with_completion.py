@@ -21,7 +21,7 @@ import pytest
 import leaseq
 from leaseq import engine
 from leaseq.auth import AccessDenied
-from leaseq.client import RemoteQueue
+from leaseq.client import AsyncRemoteQueue, RemoteQueue
 from leaseq.worker import WorkerRuntime
 from conformance.support import run_out
 
@@ -116,8 +116,8 @@ def test_hostile_claims_refuse_the_whole_request_and_change_nothing(svc) -> None
     assert snapshot(svc.dsn) == before  # not even the completion was written
 
 
-class Counting(RemoteQueue):
-    """The real client, counting the requests the runtime makes."""
+class Counting(AsyncRemoteQueue):
+    """The real client (the worker's port onto the service), counting the requests the runtime makes."""
 
     def __init__(self, *args: Any, **kwargs: Any):
         super().__init__(*args, **kwargs)
@@ -131,26 +131,27 @@ class Counting(RemoteQueue):
         with self.lock:
             self.calls[name] = self.calls.get(name, 0) + n
 
-    def claim(self, *args: Any, **kwargs: Any) -> list[leaseq.Claim]:
+    async def claim(self, *args: Any, **kwargs: Any) -> list[leaseq.Claim]:
         self._count("claim")
-        return super().claim(*args, **kwargs)
+        return await super().claim(*args, **kwargs)
 
-    def complete_many(self, *args: Any, **kwargs: Any) -> set[int]:
+    async def complete_many(self, *args: Any, **kwargs: Any) -> set[int]:
         self._count("complete")
-        return super().complete_many(*args, **kwargs)
+        return await super().complete_many(*args, **kwargs)
 
-    def complete_and_claim(self, *args: Any, **kwargs: Any) -> tuple[set[int], leaseq.Claims]:
+    async def complete_and_claim(self, *args: Any, **kwargs: Any) -> tuple[set[int], leaseq.Claims]:
         self._count("complete_and_claim")
         if self.on_refill is not None:
             self.on_refill()
-        done, claims = super().complete_and_claim(*args, **kwargs)
+            await asyncio.sleep(0)  # the stop request lands while the request is on its way
+        done, claims = await super().complete_and_claim(*args, **kwargs)
         self._count("refilled", len(claims))
-        time.sleep(self.answer_late)
+        await asyncio.sleep(self.answer_late)
         return done, claims
 
-    def renew_leases(self, *args: Any, **kwargs: Any) -> dict[int, Any]:
+    async def renew_leases(self, *args: Any, **kwargs: Any) -> dict[int, Any]:
         self._count("renew")
-        return super().renew_leases(*args, **kwargs)
+        return await super().renew_leases(*args, **kwargs)
 
 
 class Ran(list[int]):
@@ -160,8 +161,7 @@ class Ran(list[int]):
 
 
 def _runtime(svc: Any, concurrency: int) -> tuple[WorkerRuntime, Counting, Ran]:
-    rq = Counting(svc.url, svc.token("worker", all_queues=True), timeout=10)
-    svc._clients.append(rq)
+    rq = Counting(svc.url, svc.token("worker", all_queues=True), timeout=10)  # the runtime closes it
     app = leaseq.App(name="refill")
     ran = Ran()
 
@@ -221,8 +221,7 @@ def test_a_lease_refused_while_its_completion_is_answered_is_not_renewed_again(s
     late leaves its lease ended in the database and still held by the worker; the first
     renewal is refused and the worker renews it no more (before: thousands of requests)."""
     task = svc.q.enqueue("job", {"n": 0})
-    rq = Counting(svc.url, svc.token("worker", all_queues=True), timeout=10)
-    svc._clients.append(rq)
+    rq = Counting(svc.url, svc.token("worker", all_queues=True), timeout=10)  # the runtime closes it
     rq.answer_late = 1.5
     app = leaseq.App(name="late")
 
@@ -242,7 +241,7 @@ def test_a_lease_refused_while_its_completion_is_answered_is_not_renewed_again(s
 def test_a_service_that_refuses_the_claim_field_is_completed_plainly(svc, monkeypatch, refusal: str) -> None:
     # A service from before this field answers 422 naming it: the worker completes
     # without it from then on, and nothing is lost.
-    def refuse(self: Counting, *args: Any, **kwargs: Any) -> Any:
+    async def refuse(self: Counting, *args: Any, **kwargs: Any) -> Any:
         self._count("complete_and_claim")
         raise leaseq.InvalidInput("claim", "extra inputs are not permitted")
 
@@ -549,8 +548,7 @@ def test_an_unusable_result_fails_its_task_alone_and_keeps_the_refill(svc) -> No
     # A result the queue cannot store fails only its own task; the worker's other
     # completions still bring the next tasks.
     ids = svc.q.enqueue_many("job", [{"n": i} for i in range(12)])
-    rq = Counting(svc.url, svc.token("worker", all_queues=True), timeout=10)
-    svc._clients.append(rq)
+    rq = Counting(svc.url, svc.token("worker", all_queues=True), timeout=10)  # the runtime closes it
     app = leaseq.App(name="refill")
 
     @app.task("job")

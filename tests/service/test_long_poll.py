@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 
 import leaseq
-from leaseq.client import RemoteQueue
+from leaseq.client import AsyncRemoteQueue, RemoteQueue
 from leaseq.worker import WorkerRuntime
 
 from .conftest import Service, serve
@@ -158,10 +158,10 @@ def test_bad_waits_are_refused_naming_the_field(svc: Service) -> None:
 def test_an_idle_remote_worker_does_not_poll_and_stops_promptly(slow_svc: Service, q: leaseq.Queue) -> None:
     calls: list[float] = []
 
-    class Counting(RemoteQueue):
-        def claim(self, *args: Any, **kwargs: Any) -> list[leaseq.Claim]:
+    class Counting(AsyncRemoteQueue):
+        async def claim(self, *args: Any, **kwargs: Any) -> list[leaseq.Claim]:
             calls.append(time.monotonic())
-            return super().claim(*args, **kwargs)
+            return await super().claim(*args, **kwargs)
 
     rq = Counting(slow_svc.url, slow_svc.token("worker", all_queues=True), timeout=10)
     app = leaseq.App(name="remote")
@@ -185,8 +185,7 @@ def test_an_idle_remote_worker_does_not_poll_and_stops_promptly(slow_svc: Servic
     finally:
         stopped = time.monotonic()
         runtime.stop()
-        thread.join(10)
-        rq.close()
+        thread.join(10)  # the runtime closes its client as it ends
     assert not thread.is_alive()
     assert time.monotonic() - stopped < 3.0  # the waiting claim was interrupted, not waited out
 

@@ -283,12 +283,15 @@ def test_a_renewal_refused_for_a_revoked_token_is_counted_and_loses_its_leases(s
     lost: list[str] = []
     auth.revoke_token(svc.q, token.split("_")[1], by="test")
 
-    async def call(fn: Any, *args: Any) -> Any:
-        return await asyncio.to_thread(fn, *args)
+    async def renew() -> None:
+        port = rq.worker_port()
+        try:
+            await Renewer(port, w, {ctx.key: ctx}, {ctx.key}, lambda c, reason, **_: lost.append(reason),
+                          lambda: counted.append(1)).renew_now()
+        finally:
+            await port.close_async()
 
-    renewer = Renewer(rq, w, call, {ctx.key: ctx}, {ctx.key}, lambda c, reason, **_: lost.append(reason),
-                      lambda: counted.append(1))
-    asyncio.run(renewer.renew_now())
+    asyncio.run(renew())
     assert counted == [1]
     assert len(lost) == 1 and lost[0].startswith("heartbeat refused: ")
 

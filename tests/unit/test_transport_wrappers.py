@@ -1,9 +1,10 @@
 """Transports that wrap another take every argument the port names.
 
-The runtime calls a transport through :class:`leaseq.worker.transport.Transport`;
+The runtime awaits every call on its port, :class:`leaseq.worker.transport.Transport`;
 a wrapper (the worker's metrics, the chaos harness's recorder) that spells a
 method out must accept each of that method's parameters, by name or through
-``**kwargs``, or the runtime's call fails in the wrapper, not in the queue. (A
+``**kwargs``, and be awaited as the port's is, or the runtime's call fails in
+the wrapper, not in the queue. (A
 keyword added to the port, such as ``release(..., started=False)``, once met a
 wrapper that did not pass it on.)
 """
@@ -39,6 +40,7 @@ def test_each_spelled_out_method_takes_every_parameter_of_the_port(wrapper: type
         if own is None:  # forwarded as it is (__getattr__): nothing to check
             continue
         checked += 1
+        assert inspect.iscoroutinefunction(own), f"{wrapper.__name__}.{name} is not awaited as the port's is"
         port = inspect.signature(getattr(Transport, name)).parameters
         mine = inspect.signature(own).parameters
         takes_any = any(p.kind is p.VAR_KEYWORD for p in mine.values())

@@ -15,6 +15,7 @@ import threading
 import time
 
 import leaseq
+from leaseq.worker.transport import worker_port
 
 CONCURRENCY = 4
 #: how long each claim's answer is held on its way back: longer than any handler here
@@ -25,7 +26,7 @@ class SlowClaims:
     """The real queue; each claim's answer comes back ``CLAIM_DELAY`` late. Counts claims in flight."""
 
     def __init__(self, queue: leaseq.Queue):
-        self._queue = queue
+        self._queue = worker_port(queue)
         self.lock = threading.Lock()
         self.in_flight = self.most_in_flight = 0
         self.asked = 0          # slots the claims in flight asked for
@@ -48,19 +49,10 @@ class SlowClaims:
             self.in_flight -= 1
             self.asked -= limit
 
-    def claim(self, worker, **options):
+    async def claim(self, worker, **options):
         self._enter(options["limit"])
         try:
-            claims = self._queue.claim(worker, **options)
-            time.sleep(CLAIM_DELAY)
-            return claims
-        finally:
-            self._leave(options["limit"])
-
-    async def aclaim(self, worker, **options):
-        self._enter(options["limit"])
-        try:
-            claims = await self._queue.aclaim(worker, **options)
+            claims = await self._queue.claim(worker, **options)
             await asyncio.sleep(CLAIM_DELAY)
             return claims
         finally:
@@ -100,7 +92,7 @@ class WatchedClaims:
     handlers have not begun yet."""
 
     def __init__(self, queue: leaseq.Queue, started: set[int]):
-        self._queue = queue
+        self._queue = worker_port(queue)
         self.started = started
         self.returned: set[int] = set()
         self.waiting_at_claim: list[set[int]] = []
@@ -115,13 +107,9 @@ class WatchedClaims:
         self.returned.update(c.task_id for c in claims)
         return claims
 
-    def claim(self, worker, **options):
+    async def claim(self, worker, **options):
         self._sent()
-        return self._back(self._queue.claim(worker, **options))
-
-    async def aclaim(self, worker, **options):
-        self._sent()
-        return self._back(await self._queue.aclaim(worker, **options))
+        return self._back(await self._queue.claim(worker, **options))
 
 
 def test_claimed_handlers_begin_before_the_next_claim_is_sent(app: leaseq.App) -> None:

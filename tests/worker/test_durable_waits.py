@@ -63,7 +63,9 @@ def check_many_sleepers(q: leaseq.Queue, nap: Any, work: Any, woke: list[int], s
         time.sleep(0.02)
     total = time.monotonic() - began
     running.stop()
-    assert peak_waiting >= min(SLEEPERS // 2, 200) and peak_leases * 4 <= peak_waiting, (peak_leases, peak_waiting)
+    # (Sleepers are claimed again as they wake, beside the ones not yet started: how many sleep
+    # at once depends on the machine's speed; always many times the 4 slots.)
+    assert peak_waiting >= min(SLEEPERS // 4, 200) and peak_leases * 4 <= peak_waiting, (peak_leases, peak_waiting)
     assert others_done_while_asleep, "the other work was done while sleepers slept"
     assert sorted(woke) == list(range(SLEEPERS)) and running.runtime.stats.suspended == SLEEPERS
     assert running.runtime.stats.failed == 0 and running.runtime.stats.lost == 0
@@ -121,3 +123,20 @@ def test_a_signal_reaches_a_waiting_handler(app: leaseq.App, start_worker: Any) 
     running.stop()
     assert app.queue.get(task.id).result == {"doc": "d-1", "verdict": {"ok": True}}
     assert validate_queue(app.queue) == []
+
+
+def test_a_sleeper_wakes_at_its_time_not_at_the_workers_next_poll(app: leaseq.App, start_worker: Any) -> None:
+    # A poll a minute apart: the sleeper is claimed again because its worker knows when it wakes,
+    # not because the worker happened to look.
+    @app.task("nap", max_attempts=1)
+    async def nap(ctx: leaseq.TaskContext) -> float:
+        await ctx.sleep(0.5)
+        return time.time()
+
+    task = nap.enqueue()
+    running = start_worker(concurrency=1, poll_interval=60.0)  # its first claim takes the task
+    wait_for(lambda: app.queue.get(task.id).status == "waiting")
+    done = wait_for(lambda: (t := app.queue.get(task.id)).status == "completed" and t, timeout=10)
+    running.stop()
+    assert running.runtime.stats.suspended == 1
+    assert (done.updated_at - done.created_at).total_seconds() < 5.0  # a poll would have taken 60 s

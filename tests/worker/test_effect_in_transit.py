@@ -17,6 +17,7 @@ import pytest
 
 import leaseq
 from leaseq.worker import WorkerRuntime
+from leaseq.worker.transport import worker_port
 
 
 class InTransit:
@@ -24,7 +25,7 @@ class InTransit:
     half of them after the queue committed the write (its answer lost on the way back)."""
 
     def __init__(self, queue: leaseq.Queue, failures: dict[str, int]):
-        self._queue = queue
+        self._queue = worker_port(queue)
         self.failures = dict(failures)
         self.calls: dict[str, int] = {"begin_effect": 0, "finish_effect": 0}
 
@@ -42,38 +43,20 @@ class InTransit:
     def _lost(self, op: str) -> leaseq.BackendUnavailable:
         return leaseq.BackendUnavailable(f"{op}: the connection dropped (test)")
 
-    def begin_effect(self, *args, **kwargs):
+    async def begin_effect(self, *args, **kwargs):
         when = self._fails("begin_effect")
         if when == "before":
             raise self._lost("begin_effect")
-        effect = self._queue.begin_effect(*args, **kwargs)
+        effect = await self._queue.begin_effect(*args, **kwargs)
         if when == "after":
             raise self._lost("begin_effect")
         return effect
 
-    def finish_effect(self, *args, **kwargs):
+    async def finish_effect(self, *args, **kwargs):
         when = self._fails("finish_effect")
         if when == "before":
             raise self._lost("finish_effect")
-        effect = self._queue.finish_effect(*args, **kwargs)
-        if when == "after":
-            raise self._lost("finish_effect")
-        return effect
-
-    async def abegin_effect(self, *args, **kwargs):
-        when = self._fails("begin_effect")
-        if when == "before":
-            raise self._lost("begin_effect")
-        effect = await self._queue.abegin_effect(*args, **kwargs)
-        if when == "after":
-            raise self._lost("begin_effect")
-        return effect
-
-    async def afinish_effect(self, *args, **kwargs):
-        when = self._fails("finish_effect")
-        if when == "before":
-            raise self._lost("finish_effect")
-        effect = await self._queue.afinish_effect(*args, **kwargs)
+        effect = await self._queue.finish_effect(*args, **kwargs)
         if when == "after":
             raise self._lost("finish_effect")
         return effect

@@ -15,6 +15,7 @@ import pytest
 
 import leaseq
 from leaseq.worker import WorkerRuntime
+from leaseq.worker.transport import worker_port
 
 from .conftest import RunningWorker, wait_for
 
@@ -23,22 +24,17 @@ class GatedCompletions:
     """A real queue whose batched completions wait while the gate is closed."""
 
     def __init__(self, queue: leaseq.Queue):
-        self._queue = queue
+        self._queue = worker_port(queue)
         self.gate = threading.Event()
         self.batches: list[list[int]] = []
 
     def __getattr__(self, name):
         return getattr(self._queue, name)
 
-    def complete_many(self, worker, done):
-        self.batches.append([c.task_id for c, _ in done])
-        self.gate.wait(30)
-        return self._queue.complete_many(worker, done)
-
-    async def acomplete_many(self, worker, done):
+    async def complete_many(self, worker, done):
         self.batches.append([c.task_id for c, _ in done])
         await asyncio.to_thread(self.gate.wait, 30)
-        return await self._queue.acomplete_many(worker, done)
+        return await self._queue.complete_many(worker, done)
 
 
 def test_a_handler_cancelled_while_its_completion_is_in_flight_does_not_stop_the_batch(app: leaseq.App) -> None:

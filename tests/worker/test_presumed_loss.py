@@ -19,6 +19,7 @@ import pytest
 
 import leaseq
 from leaseq.core.errors import BackendUnavailable
+from leaseq.worker.transport import worker_port
 
 from .conftest import RunningWorker, wait_for
 
@@ -29,15 +30,15 @@ class LostAnswers:
     """A real queue whose renewals, once ``losing`` is set, commit and then fail in transit."""
 
     def __init__(self, queue: leaseq.Queue):
-        self._queue = queue
+        self._queue = worker_port(queue)
         self.losing = threading.Event()
         self.committed = 0
 
     def __getattr__(self, name):
         return getattr(self._queue, name)
 
-    def renew_leases(self, worker, claims):
-        renewed = self._queue.renew_leases(worker, claims)
+    async def renew_leases(self, worker, claims):
+        renewed = await self._queue.renew_leases(worker, claims)
         if self.losing.is_set():
             self.committed += len(renewed)
             raise BackendUnavailable("the answer was lost on the way back")
@@ -49,11 +50,8 @@ class OneAttempt(LostAnswers):
     follows one attempt (on a slow box the lease could run out and be claimed again
     before the worker stops)."""
 
-    def claim(self, worker, **options):
-        return [] if self.losing.is_set() else self._queue.claim(worker, **options)
-
-    async def aclaim(self, worker, **options):
-        return [] if self.losing.is_set() else await self._queue.aclaim(worker, **options)
+    async def claim(self, worker, **options):
+        return [] if self.losing.is_set() else await self._queue.claim(worker, **options)
 
 
 def test_a_sync_handler_returning_after_a_presumed_loss_is_completed_on_its_first_attempt(app) -> None:

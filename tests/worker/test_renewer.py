@@ -33,13 +33,15 @@ def test_a_renewer_cancelled_as_its_call_returns_stops(q: leaseq.Queue) -> None:
         renewer: Renewer | None = None
         runner: asyncio.Task[None] | None = None
 
-        async def call(fn: Any, *args: Any) -> Any:
-            answer = fn(*args)  # the real renewal, on the real queue
-            assert runner is not None
-            runner.cancel()  # the shutdown's cancellation arrives as the call returns
-            return answer
+        class CancelledAsItReturns:
+            async def renew_leases(self, *args: Any) -> Any:
+                answer = q.renew_leases(*args)  # the real renewal, on the real queue
+                assert runner is not None
+                runner.cancel()  # the shutdown's cancellation arrives as the call returns
+                return answer
 
-        renewer = Renewer(q, worker, call, held, {ctx.key}, lambda *a, **k: None, lambda: counted.append(1))
+        renewer = Renewer(CancelledAsItReturns(), worker, held, {ctx.key}, lambda *a, **k: None,
+                          lambda: counted.append(1))
         runner = asyncio.create_task(renewer.renew_now())
         with pytest.raises(asyncio.CancelledError):
             await asyncio.wait_for(asyncio.shield(runner), 10)

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 import logging
 import threading
 import time
@@ -13,6 +12,7 @@ import pytest
 
 import leaseq
 from leaseq.worker import Registry, WorkerRuntime
+from leaseq.worker.transport import worker_port
 
 from .conftest import wait_for
 
@@ -70,15 +70,15 @@ class CountingTransport:
     """The real queue, with renew_leases calls counted (not replaced)."""
 
     def __init__(self, queue: leaseq.Queue):
-        self._queue = queue
+        self._queue = worker_port(queue)
         self.renew_batches: list[int] = []
 
     def __getattr__(self, name: str):
         return getattr(self._queue, name)
 
-    def renew_leases(self, worker, claims):
+    async def renew_leases(self, worker, claims):
         self.renew_batches.append(len(claims))
-        return self._queue.renew_leases(worker, claims)
+        return await self._queue.renew_leases(worker, claims)
 
 
 def test_all_leases_renewed_in_one_call_per_tick(app: leaseq.App) -> None:
@@ -100,18 +100,15 @@ def test_all_leases_renewed_in_one_call_per_tick(app: leaseq.App) -> None:
 class LateAnswers(CountingTransport):
     """The real queue, answering completions ``delay`` seconds after they committed (a slow
     link or a loaded service): meanwhile the lease is gone from the database, while the
-    worker still holds it, waiting to hear how its write ended. Through a thread per call,
-    as a remote transport runs."""
+    worker still holds it, waiting to hear how its write ended."""
 
     def __init__(self, queue: leaseq.Queue, delay: float):
         super().__init__(queue)
         self.delay = delay
-        # calls in threads of their own, as over HTTP (not one SQLite thread behind another)
-        self.capabilities = dataclasses.replace(queue.capabilities, native_async=False, serial_writes=False)
 
-    def complete_many(self, worker, done):
-        completed = self._queue.complete_many(worker, done)
-        time.sleep(self.delay)
+    async def complete_many(self, worker, done):
+        completed = await self._queue.complete_many(worker, done)
+        await asyncio.sleep(self.delay)
         return completed
 
 
@@ -119,10 +116,10 @@ class StuckRenewals(LateAnswers):
     """:class:`LateAnswers`, and renewals that hang for ``delay`` seconds before they are
     even sent (a connection gone dead under them)."""
 
-    def renew_leases(self, worker, claims):
+    async def renew_leases(self, worker, claims):
         self.renew_batches.append(len(claims))
-        time.sleep(self.delay)
-        return self._queue.renew_leases(worker, claims)
+        await asyncio.sleep(self.delay)
+        return await self._queue.renew_leases(worker, claims)
 
 
 @pytest.mark.parametrize("transport_class", [LateAnswers, StuckRenewals], ids=["refused", "past_deadline"])
@@ -152,19 +149,19 @@ def test_a_lease_whose_outcome_is_being_recorded_is_not_renewed_again(app: lease
 
 
 class StopWhileClaiming(CountingTransport):
-    """The real queue, through a thread per call; its first claim that leases anything asks
-    the worker to stop before it answers (a SIGTERM landing while the claim is on its way)."""
+    """The real queue; its first claim that leases anything asks the worker to stop before
+    it answers (a SIGTERM landing while the claim is on its way)."""
 
     def __init__(self, queue: leaseq.Queue):
         super().__init__(queue)
-        self.capabilities = dataclasses.replace(queue.capabilities, native_async=False, serial_writes=False)
         self.on_claim: Any = None
 
-    def claim(self, worker, **kwargs):
-        claims = self._queue.claim(worker, **kwargs)
+    async def claim(self, worker, **kwargs):
+        claims = await self._queue.claim(worker, **kwargs)
         if claims and self.on_claim is not None:
             self.on_claim()
             self.on_claim = None
+            await asyncio.sleep(0)  # the stop request lands before the answer does
         return claims
 
 
@@ -455,19 +452,18 @@ def test_a_stop_while_the_transport_is_still_connecting_raises_nothing_on_the_lo
 
 
 class BrokenClaims(CountingTransport):
-    """The real queue, through a thread per call, whose claim raises ``error`` from its second
-    call on: a bug of a transport (or of what it calls), or one of the queue's answers."""
+    """The real queue, whose claim raises ``error`` from its second call on: a bug of a
+    transport (or of what it calls), or one of the queue's answers."""
 
     def __init__(self, queue: leaseq.Queue, error: BaseException):
         super().__init__(queue)
-        self.capabilities = dataclasses.replace(queue.capabilities, native_async=False, serial_writes=False)
         self.error, self.claims = error, 0
 
-    def claim(self, worker, **kwargs):
+    async def claim(self, worker, **kwargs):
         self.claims += 1
         if self.claims > 1:
             raise self.error
-        return self._queue.claim(worker, **kwargs)
+        return await self._queue.claim(worker, **kwargs)
 
 
 @pytest.mark.parametrize("error", [TypeError("unsupported operand"), leaseq.NotFound("queue went away")],

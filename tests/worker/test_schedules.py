@@ -109,20 +109,20 @@ def _run(schedule: Schedule, q: leaseq.Queue, seconds: float) -> tuple[list[date
     reads: list[datetime] = []
     fired: list[datetime] = []
 
-    def clock() -> datetime:
-        now = q.now()
+    port = leaseq.AsyncQueue(q)
+
+    async def clock() -> datetime:
+        now = await port.now()
         reads.append(now)
         return now
 
-    async def call(fn, *args, **kwargs):
-        return await asyncio.to_thread(fn, *args, **kwargs)
-
     async def main() -> None:
-        task = asyncio.create_task(run_schedules([schedule], q, call, clock=clock,
+        task = asyncio.create_task(run_schedules([schedule], port, clock=clock,
                                                  on_fire=lambda s, slot, t: fired.append(slot)))
         await asyncio.sleep(seconds)
         task.cancel()
         await asyncio.gather(task, return_exceptions=True)
+        await port.close_async()
 
     asyncio.run(main())
     return reads, fired
@@ -158,13 +158,11 @@ def test_a_repeated_slot_returns_the_same_task(q):
     """Two schedulers firing the same slots (two workers) leave one task per slot."""
     schedule = Schedule.declare("tick", every=0.25, catch_up=3)
 
-    async def call(fn, *args, **kwargs):
-        return await asyncio.to_thread(fn, *args, **kwargs)
-
+    port = leaseq.AsyncQueue(q)
     fired: dict[str, set[int]] = defaultdict(set)
 
     async def main() -> None:
-        runs = [asyncio.create_task(run_schedules([schedule], q, call, on_fire=lambda s, slot, t: fired[
+        runs = [asyncio.create_task(run_schedules([schedule], port, on_fire=lambda s, slot, t: fired[
             s.key(slot)].add(t.id))) for _ in range(2)]
         # at least five slots, however slowly a loaded machine lets them fire (about 1.2 s idle)
         deadline = time.monotonic() + 15
@@ -174,6 +172,7 @@ def test_a_repeated_slot_returns_the_same_task(q):
         for r in runs:
             r.cancel()
         await asyncio.gather(*runs, return_exceptions=True)
+        await port.close_async()
 
     asyncio.run(main())
     assert len(fired) >= 5 and all(len(ids) == 1 for ids in fired.values()), fired
@@ -190,16 +189,20 @@ def test_a_slot_fired_with_other_options_is_passed_over(q, caplog):
     new = Schedule.declare("tick", every=3600, payload={"n": 2})
     other = Schedule.declare("tock", every=3600)
 
-    async def call(fn, *args, **kwargs):
-        return await asyncio.to_thread(fn, *args, **kwargs)
+    async def clock() -> datetime:
+        return now
+
+    async def tick(scheduler: Scheduler) -> None:
+        await scheduler.tick()
+        await scheduler.transport.close_async()
 
     fired: list[tuple[str, int]] = []
-    asyncio.run(Scheduler([old], q, call, clock=lambda: now).tick())
+    asyncio.run(tick(Scheduler([old], leaseq.AsyncQueue(q), clock=clock)))
     [first] = q.list_tasks()
-    scheduler = Scheduler([new, other], q, call, clock=lambda: now,
+    scheduler = Scheduler([new, other], leaseq.AsyncQueue(q), clock=clock,
                           on_fire=lambda s, slot, t: fired.append((s.name, t.id)))
     with caplog.at_level("WARNING", logger="leaseq.worker.schedules"):
-        asyncio.run(scheduler.tick())
+        asyncio.run(tick(scheduler))
     assert [name for name, _ in fired] == ["tock"]
     assert scheduler.previous == {"tick": now, "tock": now}
     assert f"as task {first.id} with another payload" in caplog.text

@@ -38,42 +38,41 @@ def _outcome(exc: BaseException) -> str:
 
 
 class RecordingTransport:
-    """A :class:`leaseq.Queue` whose guarded calls are written to the history."""
+    """The worker's port onto a :class:`leaseq.Queue` (or a RemoteQueue), whose guarded calls
+    are written to the history: each awaited on the runtime's loop, as the port's are."""
 
     def __init__(self, queue: Any, history: history_module.HistoryWriter):
-        self._queue = queue
+        from leaseq.worker.transport import worker_port
+
+        self._queue = worker_port(queue)
         self._history = history
 
-    def __getattr__(self, name: str) -> Any:  # dialect, listener, native_async, report_loss...
-        value = getattr(self._queue, name)
-        if name == "complete_many":  # the batched completion, where the queue offers it
-            return self._complete_many
+    def __getattr__(self, name: str) -> Any:  # capabilities, listener, report_loss, close_async...
+        return getattr(self._queue, name)
+
+    async def _call(self, op: str, fields: dict[str, Any], fn: Any, *args: Any, **kwargs: Any) -> Any:
+        fields["t0"] = history_module.now()  # when the call was made; "t" says when it returned
+        try:
+            value = await fn(*args, **kwargs)
+        except Exception as exc:
+            self._history.record(op, _outcome(exc), **fields, error=type(exc).__name__)
+            raise
         return value
 
-    def _complete_many(self, worker: Any, done: list) -> set:
+    async def complete_many(self, worker: Any, done: list) -> set:
+        """The batched completion, recorded per task."""
         fields = {"worker": worker.id, "tasks": [[c.task_id, c.generation] for c, _ in done]}
-        held = self._call("complete", fields, self._queue.complete_many, worker, done)
+        held = await self._call("complete", fields, self._queue.complete_many, worker, done)
         self._completed(worker, done, held, fields)
         return held
 
-    async def acomplete_many(self, worker: Any, done: list) -> set:
-        """The batched completion awaited on the event loop (PostgreSQL), recorded like the rest."""
-        fields = {"worker": worker.id, "tasks": [[c.task_id, c.generation] for c, _ in done],
-                  "t0": history_module.now()}
-        try:
-            held = await self._queue.acomplete_many(worker, done)
-        except Exception as exc:
-            self._history.record("complete", _outcome(exc), **fields, error=type(exc).__name__)
-            raise
-        self._completed(worker, done, held, fields)
-        return held
-
-    def complete_and_claim(self, worker: Any, done: list, **kwargs: Any) -> tuple[set, list]:
+    async def complete_and_claim(self, worker: Any, done: list, **kwargs: Any) -> tuple[set, list]:
         """Completions that lease the next tasks in the same request (remote workers): recorded
         as the completions and the claim they are; a broken call leaves both unknown."""
         fields = {"worker": worker.id, "tasks": [[c.task_id, c.generation] for c, _ in done]}
         try:
-            held, claims = self._call("complete", fields, self._queue.complete_and_claim, worker, done, **kwargs)
+            held, claims = await self._call("complete", fields, self._queue.complete_and_claim, worker, done,
+                                            **kwargs)
         except Exception as exc:
             self._history.record("claim", _outcome(exc), worker=worker.id, t0=fields["t0"],
                                  error=type(exc).__name__)
@@ -89,89 +88,68 @@ class RecordingTransport:
             self._history.record("complete", "ok" if claim.task_id in held else "refused", worker=worker.id,
                                  task=claim.task_id, gen=claim.generation, result=result, t0=fields["t0"])
 
-    def register_worker(self, name: str = "worker", **options: Any) -> Any:
+    async def register_worker(self, name: str = "worker", **options: Any) -> Any:
         """Register, and record the identity (the harness revokes workers by it)."""
-        worker = self._queue.register_worker(name, **options)
+        worker = await self._queue.register_worker(name, **options)
         self._history.record("register", "ok", worker=worker.id)
         return worker
 
-    def _call(self, op: str, fields: dict[str, Any], fn: Any, *args: Any, **kwargs: Any) -> Any:
-        fields["t0"] = history_module.now()  # when the call was made; "t" says when it returned
-        try:
-            value = fn(*args, **kwargs)
-        except Exception as exc:
-            self._history.record(op, _outcome(exc), **fields, error=type(exc).__name__)
-            raise
-        return value
-
-    def claim(self, worker: Any, **kwargs: Any) -> list:
+    async def claim(self, worker: Any, **kwargs: Any) -> list:
         fields = {"worker": worker.id}
-        claims = self._call("claim", fields, self._queue.claim, worker, **kwargs)
+        claims = await self._call("claim", fields, self._queue.claim, worker, **kwargs)
         for c in claims:
             self._history.record("claim", "ok", worker=worker.id, task=c.task_id, gen=c.generation,
                                  lease=c.lease_seconds, t0=fields["t0"])
         return claims
 
-    async def aclaim(self, worker: Any, **kwargs: Any) -> list:
-        """The claim awaited on the event loop (PostgreSQL), recorded as :meth:`claim` is."""
-        t0 = history_module.now()
-        try:
-            claims = await self._queue.aclaim(worker, **kwargs)
-        except Exception as exc:
-            self._history.record("claim", _outcome(exc), worker=worker.id, t0=t0, error=type(exc).__name__)
-            raise
-        for c in claims:
-            self._history.record("claim", "ok", worker=worker.id, task=c.task_id, gen=c.generation,
-                                 lease=c.lease_seconds, t0=t0)
-        return claims
-
-    def renew_leases(self, worker: Any, claims: list) -> dict:
+    async def renew_leases(self, worker: Any, claims: list) -> dict:
         fields = {"worker": worker.id, "leases": [[c.task_id, c.generation] for c in claims]}
-        renewed = self._call("renew", fields, self._queue.renew_leases, worker, claims)
+        renewed = await self._call("renew", fields, self._queue.renew_leases, worker, claims)
         for c in claims:
             self._history.record("renew", "ok" if c.task_id in renewed else "refused", worker=worker.id,
                                  task=c.task_id, gen=c.generation, t0=fields["t0"])
         return renewed
 
-    def complete(self, worker: Any, claim: Any, result: Any = None) -> None:
+    async def complete(self, worker: Any, claim: Any, result: Any = None) -> None:
         fields = {"worker": worker.id, "task": claim.task_id, "gen": claim.generation, "result": result}
-        self._call("complete", fields, self._queue.complete, worker, claim, result)
+        await self._call("complete", fields, self._queue.complete, worker, claim, result)
         self._history.record("complete", "ok", **fields)
 
-    def fail(self, worker: Any, claim: Any, error: str, **kwargs: Any) -> Any:
+    async def fail(self, worker: Any, claim: Any, error: str, **kwargs: Any) -> Any:
         fields = {"worker": worker.id, "task": claim.task_id, "gen": claim.generation}
-        task = self._call("fail", fields, self._queue.fail, worker, claim, error, **kwargs)
+        task = await self._call("fail", fields, self._queue.fail, worker, claim, error, **kwargs)
         self._history.record("fail", "ok", **fields, next_status=task.status)
         return task
 
-    def release(self, worker: Any, claim: Any, reason: str = "released", **kwargs: Any) -> Any:
+    async def release(self, worker: Any, claim: Any, reason: str = "released", **kwargs: Any) -> Any:
         fields = {"worker": worker.id, "task": claim.task_id, "gen": claim.generation}
-        task = self._call("release", fields, self._queue.release, worker, claim, reason, **kwargs)
+        task = await self._call("release", fields, self._queue.release, worker, claim, reason, **kwargs)
         self._history.record("release", "ok", **fields, next_status=task.status)
         return task
 
-    def retry(self, worker: Any, claim: Any, after: float = 0.0, reason: str = "retry requested") -> Any:
+    async def retry(self, worker: Any, claim: Any, after: float = 0.0, reason: str = "retry requested") -> Any:
         fields = {"worker": worker.id, "task": claim.task_id, "gen": claim.generation}
-        task = self._call("retry", fields, self._queue.retry, worker, claim, after, reason)
+        task = await self._call("retry", fields, self._queue.retry, worker, claim, after, reason)
         self._history.record("retry", "ok", **fields, next_status=task.status)
         return task
 
-    def begin_effect(self, worker: Any, claim: Any, action: str, key: str | None = None, **kwargs: Any) -> Any:
+    async def begin_effect(self, worker: Any, claim: Any, action: str, key: str | None = None,
+                           **kwargs: Any) -> Any:
         fields = {"worker": worker.id, "task": claim.task_id, "gen": claim.generation, "action": action}
-        fx = self._call("begin_effect", fields, self._queue.begin_effect, worker, claim, action, key, **kwargs)
+        fx = await self._call("begin_effect", fields, self._queue.begin_effect, worker, claim, action, key, **kwargs)
         self._history.record("begin_effect", "ok", **fields, key=fx.idempotency_key, effect_id=fx.id,
                              replayed=fx.replayed)
         return fx
 
-    def finish_effect(self, worker: Any, claim: Any, effect: Any, response: Any = None) -> Any:
+    async def finish_effect(self, worker: Any, claim: Any, effect: Any, response: Any = None) -> Any:
         fields = {"worker": worker.id, "task": claim.task_id, "gen": claim.generation, "effect_id": effect.id}
-        fx = self._call("finish_effect", fields, self._queue.finish_effect, worker, claim, effect, response)
+        fx = await self._call("finish_effect", fields, self._queue.finish_effect, worker, claim, effect, response)
         self._history.record("finish_effect", "ok", **fields)
         return fx
 
-    def dependency_results(self, task_id: int) -> dict:
+    async def dependency_results(self, task_id: int) -> dict:
         """A read: passed through unrecorded."""
-        return self._queue.dependency_results(task_id)
+        return await self._queue.dependency_results(task_id)
 
 
 def main() -> None:

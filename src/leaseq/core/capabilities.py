@@ -15,24 +15,21 @@ class Capabilities:
     """What a transport offers beyond the calls every transport has.
 
     Each flag promises the calls it names; the defaults describe the smallest
-    transport (one call per outcome, polling, a thread per call).
+    transport (one call per outcome, polling). Every call of the port is
+    awaited (:class:`leaseq.worker.transport.Transport`), whatever the flags.
     """
 
-    #: ``aclaim``, ``acomplete_many``, ``abegin_effect``, ``afinish_effect`` and
-    #: ``close_async`` run on the event loop itself (no thread hop): the worker,
-    #: and an async handler's tool calls, await them directly.
-    native_async: bool = False
     #: ``complete_many(worker, [(claim, result), ...]) -> set[task_id]`` finishes
     #: many tasks in one guarded statement.
     batched_completion: bool = False
-    #: ``listener(queues)`` gives a blocking waiter woken when work is enqueued,
-    #: so an idle worker need not poll often.
+    #: ``await listener(queues)`` gives a waiter (``await wait(timeout)``) woken
+    #: when work is enqueued, so an idle worker need not poll often.
     listen_notify: bool = False
     #: ``report_loss(worker, claim, reason)`` adds the worker's account of a
     #: lost lease to the evidence trail.
     loss_reports: bool = False
-    #: the backend runs one write at a time: more database threads would only
-    #: hand the lock back and forth.
+    #: the backend runs one write at a time: a second claim in flight beside the
+    #: claim loop's would only wait for the lock.
     serial_writes: bool = False
     #: ``claim(..., wait=seconds)`` waits on the queue's side for work when none
     #: is due (an idle worker need not poll), and ``interrupt_claims(worker)``

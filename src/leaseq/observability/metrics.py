@@ -28,15 +28,15 @@ from __future__ import annotations
 import time
 from collections.abc import Awaitable, Callable
 from datetime import datetime
-from typing import TYPE_CHECKING, Any, TypeVar, cast
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
-from ..worker.completer import is_infrastructure
+from ..core.errors import is_transient
 
 if TYPE_CHECKING:
     from ..core.model import Claim
-    from ..worker.transport import NativeTransport, RefillingTransport
+    from ..worker.transport import Transport
 
 R = TypeVar("R")
 
@@ -79,15 +79,15 @@ class WorkerMetrics:
 
 
 class MeteredTransport:
-    """A transport whose calls to the queue are counted and timed; everything else is forwarded.
+    """A port whose calls to the queue are counted and timed; everything else is forwarded.
 
-    It forwards the wrapped transport's ``capabilities`` and with them the
-    promise of the calls each flag names (``aclaim``, ``listener``, …).
+    It forwards the wrapped port's ``capabilities`` and with them the promise
+    of the calls each flag names (``complete_and_claim``, ``listener``, …).
     """
 
     def __init__(self, transport: Any, metrics: WorkerMetrics):
-        # Typed as the fullest transport: only the calls its capabilities declare are made.
-        self._transport: NativeTransport = transport
+        # Typed as the fullest port: only the calls its capabilities declare are made.
+        self._transport: Transport = transport
         self._metrics = metrics
 
     def __getattr__(self, name: str) -> Any:  # capabilities, listener, register_worker, effects, ...
@@ -98,19 +98,9 @@ class MeteredTransport:
         m.calls.labels(call).inc()
         m.call_duration.labels(call).observe(time.monotonic() - started)
         if exc is not None:
-            m.call_errors.labels(call, "infrastructure" if is_infrastructure(exc) else "refused").inc()
+            m.call_errors.labels(call, "infrastructure" if is_transient(exc) else "refused").inc()
 
-    def _sync(self, call: str, fn: Callable[..., R], *args: Any, **kwargs: Any) -> R:
-        started = time.monotonic()
-        try:
-            value = fn(*args, **kwargs)
-        except Exception as exc:
-            self._done(call, started, exc)
-            raise
-        self._done(call, started, None)
-        return value
-
-    async def _async(self, call: str, fn: Callable[..., Awaitable[R]], *args: Any, **kwargs: Any) -> R:
+    async def _timed(self, call: str, fn: Callable[..., Awaitable[R]], *args: Any, **kwargs: Any) -> R:
         started = time.monotonic()
         try:
             value = await fn(*args, **kwargs)
@@ -120,36 +110,29 @@ class MeteredTransport:
         self._done(call, started, None)
         return value
 
-    def claim(self, worker: Any, **kwargs: Any) -> list[Claim]:
-        return self._sync("claim", self._transport.claim, worker, **kwargs)
+    async def claim(self, worker: Any, **kwargs: Any) -> list[Claim]:
+        return await self._timed("claim", self._transport.claim, worker, **kwargs)
 
-    async def aclaim(self, worker: Any, **kwargs: Any) -> list[Claim]:
-        return await self._async("claim", self._transport.aclaim, worker, **kwargs)
-
-    def renew_leases(self, worker: Any, claims: list[Claim]) -> dict[int, datetime]:
-        renewed = self._sync("renew", self._transport.renew_leases, worker, claims)
+    async def renew_leases(self, worker: Any, claims: list[Claim]) -> dict[int, datetime]:
+        renewed = await self._timed("renew", self._transport.renew_leases, worker, claims)
         self._metrics.renewed.inc(len(renewed))
         return renewed
 
-    def complete(self, worker: Any, claim: Any, result: Any = None) -> Any:
-        return self._sync("complete", self._transport.complete, worker, claim, result)
+    async def complete(self, worker: Any, claim: Any, result: Any = None) -> Any:
+        return await self._timed("complete", self._transport.complete, worker, claim, result)
 
-    def complete_many(self, worker: Any, done: list[tuple[Claim, Any]]) -> set[int]:
-        return self._sync("complete", self._transport.complete_many, worker, done)
+    async def complete_many(self, worker: Any, done: list[tuple[Claim, Any]]) -> set[int]:
+        return await self._timed("complete", self._transport.complete_many, worker, done)
 
-    def complete_and_claim(self, worker: Any, done: list[tuple[Claim, Any]],
-                           **claim: Any) -> tuple[set[int], list[Claim]]:
-        refilling = cast("RefillingTransport", self._transport)
-        return self._sync("complete", refilling.complete_and_claim, worker, done, **claim)
+    async def complete_and_claim(self, worker: Any, done: list[tuple[Claim, Any]],
+                                 **claim: Any) -> tuple[set[int], list[Claim]]:
+        return await self._timed("complete", self._transport.complete_and_claim, worker, done, **claim)
 
-    async def acomplete_many(self, worker: Any, done: list[tuple[Claim, Any]]) -> set[int]:
-        return await self._async("complete", self._transport.acomplete_many, worker, done)
+    async def fail(self, worker: Any, claim: Any, error: str, **kwargs: Any) -> Any:
+        return await self._timed("fail", self._transport.fail, worker, claim, error, **kwargs)
 
-    def fail(self, worker: Any, claim: Any, error: str, **kwargs: Any) -> Any:
-        return self._sync("fail", self._transport.fail, worker, claim, error, **kwargs)
+    async def release(self, worker: Any, claim: Any, reason: str = "released", **kwargs: Any) -> Any:
+        return await self._timed("release", self._transport.release, worker, claim, reason, **kwargs)
 
-    def release(self, worker: Any, claim: Any, reason: str = "released", **kwargs: Any) -> Any:
-        return self._sync("release", self._transport.release, worker, claim, reason, **kwargs)
-
-    def retry(self, worker: Any, claim: Any, after: float = 0.0, reason: str = "retry requested") -> Any:
-        return self._sync("retry", self._transport.retry, worker, claim, after, reason)
+    async def retry(self, worker: Any, claim: Any, after: float = 0.0, reason: str = "retry requested") -> Any:
+        return await self._timed("retry", self._transport.retry, worker, claim, after, reason)

@@ -53,7 +53,7 @@ class QueueBase:
         backend = store.capabilities
         #: what the worker runtime may rely on (see :class:`leaseq.worker.Capabilities`)
         self.capabilities = Capabilities(
-            native_async=backend.native_async, batched_completion=True, listen_notify=backend.listen_notify,
+            batched_completion=True, listen_notify=backend.listen_notify,
             loss_reports=True, serial_writes=backend.serial_writes)
 
     def _run(self, op: Op[T]) -> T:
@@ -104,7 +104,7 @@ class QueueBase:
     def native_async(self) -> bool:
         """Whether async operations run on the event loop itself (PostgreSQL)
         rather than in a thread (SQLite)."""
-        return self.capabilities.native_async
+        return self.store.capabilities.native_async
 
     async def close_async(self) -> None:
         """Close the connections the async operations opened for the running event loop."""
@@ -153,7 +153,7 @@ class QueueBase:
     @contextlib.asynccontextmanager
     async def ajoined(self) -> AsyncIterator[tuple[Self, Any]]:
         """:meth:`joined` for asyncio code, on the event loop: one asyncio transaction,
-        and a view whose awaited operations (``aclaim``, ``acomplete_many``) all run in
+        and a view whose awaited operations (driven with :func:`leaseq.engine.adrive`) all run in
         it. Only where the backend has an asyncio driver (``native_async``: PostgreSQL).
         """
         from ..store.joined import CallerStore

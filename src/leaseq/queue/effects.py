@@ -53,19 +53,6 @@ class EffectOps(QueueBase):
         """Record the response of a tool call whose intent :meth:`begin_effect` recorded."""
         return self._run(engine.effects.finish_effect(self.settings, worker, claim, effect, response))
 
-    async def abegin_effect(self, worker: Worker | str, claim: Claim, action: str, key: str | None = None, *,
-                            resource: str | None = None, effect: str | None = None,
-                            args_digest: str | None = None) -> Effect:
-        """:meth:`begin_effect` for asyncio code (an async handler's tool call): the same
-        operation, awaited on the event loop where the backend can (PostgreSQL), else in a thread."""
-        return await engine.adrive(self.store, engine.effects.begin_effect(
-            self.settings, worker, claim, action, key, resource=resource, effect=effect, args_digest=args_digest))
-
-    async def afinish_effect(self, worker: Worker | str, claim: Claim, effect: Effect, response: Any = None) -> Effect:
-        """:meth:`finish_effect` for asyncio code."""
-        return await engine.adrive(self.store, engine.effects.finish_effect(self.settings, worker, claim, effect,
-                                                                             response))
-
     # -- durable waits (a handler's ctx.sleep and ctx.wait_for_signal) --------
 
     def sleep(self, worker: Worker | str, claim: Claim, key: str, *, seconds: float | None = None,
@@ -82,12 +69,6 @@ class EffectOps(QueueBase):
         """
         return self._run(engine.durable.sleep(self.settings, worker, claim, key, seconds=seconds, until=until))
 
-    async def asleep(self, worker: Worker | str, claim: Claim, key: str, *, seconds: float | None = None,
-                     until: Any = None) -> dict[str, Any]:
-        """:meth:`sleep` for asyncio code."""
-        return await engine.adrive(self.store, engine.durable.sleep(self.settings, worker, claim, key,
-                                                                    seconds=seconds, until=until))
-
     def wait_signal(self, worker: Worker | str, claim: Claim, key: str, name: str, *,
                     timeout: float | None = None) -> dict[str, Any]:
         """A durable wait for the signal ``name`` (:meth:`signal`), recorded under ``key`` (what
@@ -101,12 +82,6 @@ class EffectOps(QueueBase):
         signal comes, or at the timeout.
         """
         return self._run(engine.durable.wait_signal(self.settings, worker, claim, key, name, timeout=timeout))
-
-    async def await_signal(self, worker: Worker | str, claim: Claim, key: str, name: str, *,
-                           timeout: float | None = None) -> dict[str, Any]:
-        """:meth:`wait_signal` for asyncio code."""
-        return await engine.adrive(self.store, engine.durable.wait_signal(self.settings, worker, claim, key, name,
-                                                                          timeout=timeout))
 
     def effects(self, task_id: int) -> list[Effect]:
         """The action ledger of a task, oldest first."""

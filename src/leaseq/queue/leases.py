@@ -140,19 +140,6 @@ class LeaseOps(QueueBase):
                                                max_attempts=max_attempts, lease_seconds=lease_seconds,
                                                actions=actions))
 
-    # -- the worker runtime's awaited calls (Capabilities.native_async) --------
-
-    async def aclaim(self, worker: Worker | str, *, queue: str = "default", limit: int = 1,
-                     lease_seconds: float | None = None, kinds: Iterable[str] | None = None) -> list[Claim]:
-        """:meth:`claim` for asyncio code: the same operation, awaited on the
-        event loop where the backend can (PostgreSQL), else run in a thread."""
-        return await engine.adrive(self.store, engine.leases.claim(
-            self.settings, worker, queue=queue, limit=limit, lease_seconds=lease_seconds, kinds=kinds))
-
-    async def acomplete_many(self, worker: Worker | str, done: Sequence[tuple[Claim, Any]]) -> set[int]:
-        """:meth:`complete_many` for asyncio code (awaited on the loop where the backend can)."""
-        return await engine.adrive(self.store, engine.leases.complete_many(self.settings, worker, done))
-
     # -- fences and revocation -------------------------------------------------
 
     @contextlib.contextmanager

@@ -139,6 +139,10 @@ class Store(Protocol):
         (on the waiting thread) with the id of each worker whose waiting claims a service
         process was asked to end (``notify_interrupt``), where the backend notifies."""
 
+    async def alistener(self, queues: set[str]) -> Any:
+        """:meth:`listener` for asyncio code: its ``wait`` and ``close`` are awaited, on the
+        running event loop (the worker runtime's LISTEN)."""
+
     def shared_listener(self) -> Any:
         """The one connection every wait of a service process is woken through (work,
         interrupts, and the tasks it is told to listen for). Only where

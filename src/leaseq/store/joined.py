@@ -41,6 +41,9 @@ class JoinedStore:
     def listener(self, queues: set[str], *, on_interrupt: Any = None) -> Any:
         return self._store.listener(queues, on_interrupt=on_interrupt)
 
+    async def alistener(self, queues: set[str]) -> Any:
+        return await self._store.alistener(queues)
+
     def shared_listener(self) -> Any:
         return self._store.shared_listener()
 

@@ -30,6 +30,18 @@ class SleepingListener:
         self._closed.set()
 
 
+class AsyncSleepingListener:
+    """:class:`SleepingListener` for asyncio code."""
+
+    async def wait(self, timeout: float) -> bool:
+        """Sleep ``timeout`` seconds; never notified."""
+        await asyncio.sleep(timeout)
+        return False
+
+    async def close(self) -> None:
+        """Nothing to release."""
+
+
 class PollingTaskListener:
     """A task listener that sleeps ``interval`` seconds per wait, so the waiter looks again that often."""
 

@@ -31,7 +31,7 @@ from ..db.errors import map_driver_errors
 from ..db.postgres import AsyncPools, achecked_connection, checked_connection, open_async_pool, open_pool
 from .base import JSON_PARAMS, BackendCapabilities, JsonText, KeyConflict, load_named_queries
 from .functions import wire_queries
-from .polling import AsyncPollingTaskListener, PollingTaskListener, SleepingListener
+from .polling import AsyncPollingTaskListener, AsyncSleepingListener, PollingTaskListener, SleepingListener
 
 #: How often a wait for a task's end looks again where nothing notifies (seconds): a pooled
 #: DSN with no ``listen_dsn``, or the portable mode. (An idle worker claims again every
@@ -206,6 +206,37 @@ class NotifyListener:
 
     def close(self) -> None:
         self._conn.close()
+
+
+class AsyncNotifyListener:
+    """:class:`NotifyListener` for asyncio code (open it with :meth:`open`): the connection's
+    socket is waited on by the event loop itself, no thread of its own."""
+
+    def __init__(self, dsn: str, queues: set[str]):
+        self._dsn = dsn
+        self._queues = queues
+        self._conn: psycopg.AsyncConnection[Any] | None = None
+
+    async def open(self) -> AsyncNotifyListener:
+        with map_driver_errors():
+            self._conn = await psycopg.AsyncConnection.connect(self._dsn, autocommit=True)
+            await self._conn.execute(f"LISTEN {NotifyListener.CHANNEL}")
+        return self
+
+    async def wait(self, timeout: float) -> bool:
+        """True when work was enqueued on one of the queues, False after ``timeout`` seconds."""
+        assert self._conn is not None
+        try:
+            async for note in self._conn.notifies(timeout=timeout):
+                if note.payload in self._queues:
+                    return True
+        except psycopg.Error as exc:
+            raise BackendUnavailable(f"PostgreSQL listener: {str(exc).strip()}") from None
+        return False
+
+    async def close(self) -> None:
+        if self._conn is not None:
+            await self._conn.close()
 
 
 class SharedListener:
@@ -423,6 +454,12 @@ class PostgresStore:
         if not self.mode.listens:
             return SleepingListener()
         return NotifyListener(self._listen_dsn, queues, on_interrupt)
+
+    async def alistener(self, queues: set[str]) -> AsyncNotifyListener | AsyncSleepingListener:
+        """:meth:`listener` for asyncio code."""
+        if not self.mode.listens:
+            return AsyncSleepingListener()
+        return await AsyncNotifyListener(self._listen_dsn, queues).open()
 
     def shared_listener(self) -> SharedListener:
         """The one connection every wait of a service process is woken through."""

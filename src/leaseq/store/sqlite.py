@@ -16,7 +16,7 @@ from typing import Any
 from ..core.errors import InvalidInput
 from ..db.sqlite import SqliteConnections
 from .base import JSON_COLUMNS, BackendCapabilities, JSON_PARAMS, JsonText, KeyConflict, load_named_queries
-from .polling import AsyncPollingTaskListener, PollingTaskListener, SleepingListener
+from .polling import AsyncPollingTaskListener, AsyncSleepingListener, PollingTaskListener, SleepingListener
 
 _BOOL_COLUMNS = frozenset({"paused"})
 
@@ -167,6 +167,9 @@ class SqliteStore:
 
     def listener(self, queues: set[str], *, on_interrupt: Callable[[str], None] | None = None) -> SleepingListener:
         return SleepingListener()
+
+    async def alistener(self, queues: set[str]) -> AsyncSleepingListener:
+        return AsyncSleepingListener()
 
     def shared_listener(self) -> Any:
         """Not available: SQLite cannot notify (capabilities.listen_notify is False), so waits poll."""

@@ -42,14 +42,9 @@ class ClaimLoop(Handling):
     """Claiming, a part of :class:`~leaseq.worker.WorkerRuntime` (whose state it reads and updates)."""
 
     async def _claim(self, queue: str, limit: int, wait: float = 0.0) -> list[Claim]:
-        claims: list[Claim]
-        if self._caps.native_async:
-            claims = await self.transport.aclaim(self.worker, queue=queue, limit=limit,
-                                                 lease_seconds=self.lease_seconds, kinds=self.kinds)
-            return claims
-        waiting = {"wait": wait} if wait else {}  # only long-poll transports take it
-        claims = await self._call(self.transport.claim, self.worker, queue=queue, limit=limit,
-                                  lease_seconds=self.lease_seconds, kinds=self.kinds, **waiting)
+        waiting = {"wait": wait} if wait else {}  # only long-poll ports take it
+        claims: list[Claim] = await self.transport.claim(self.worker, queue=queue, limit=limit,
+                                                         lease_seconds=self.lease_seconds, kinds=self.kinds, **waiting)
         return claims
 
     async def _claim_reserving(self, queue: str, limit: int, wait: float) -> list[Claim]:

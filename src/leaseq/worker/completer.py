@@ -14,6 +14,12 @@ two kinds of trouble, and they must never be confused:
   a success that cannot be recorded in time is reported as a loss (the
   recovery policy in SQL routes the task when its lease ends).
 
+Which is which is decided in one place, :func:`leaseq.core.errors.is_transient`
+(the error registry's ``transient`` classes, and the operating system's
+network errors). Any other error of the registry is the queue's answer; an
+exception outside the registry is a bug, not an answer: the write ends
+unrecorded and the worker stops, with its traceback, as the claim loop does.
+
 A lease the worker only *presumed* lost on its own clock (no successful
 renewal within its length) may still be live in the database: a renewal
 whose answer was lost can have extended it. Its success is still sent, at
@@ -51,9 +57,8 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol
 
-from ..auth import AccessDenied, RateLimited
-from ..core.errors import (CredentialMissing, InvalidInput, InvalidTransition, LeaseLost, NotFound, Permanent,
-                           ToolCallDiverged, UnknownWorker)
+from ..core.errors import (CredentialMissing, InvalidInput, InvalidTransition, LeaseLost, LeaseqError, NotFound,
+                           Permanent, RateLimited, ToolCallDiverged, UnknownWorker, is_transient)
 from ..core.retry import Retry, RetryPolicy
 from .transport import Capabilities
 
@@ -125,17 +130,6 @@ class Outcome:
     value: Any = None
 
 
-def is_infrastructure(exc: BaseException) -> bool:
-    """Whether ``exc`` says nothing about the lease, so the write may be retried.
-
-    Decisive answers are the guard's refusals and refused input or rights;
-    everything else (BackendUnavailable, RateLimited, a connection error, an
-    unexpected status from the service, a driver error) is the
-    infrastructure's trouble.
-    """
-    return not isinstance(exc, (LeaseLost, UnknownWorker, NotFound, InvalidTransition, InvalidInput, AccessDenied))
-
-
 def _decided(op: str, exc: BaseException, tries: int) -> Outcome:
     """The outcome of a decisive refusal after ``tries`` failed tries in transit."""
     if isinstance(exc, (LeaseLost, UnknownWorker, NotFound, InvalidTransition)):
@@ -143,7 +137,7 @@ def _decided(op: str, exc: BaseException, tries: int) -> Outcome:
         return Outcome(op, Verdict.UNCONFIRMED if tries else Verdict.LOST, reason)
     if isinstance(exc, InvalidInput):
         return Outcome(op, Verdict.UNUSABLE, str(exc))
-    return Outcome(op, Verdict.UNRECORDABLE, f"{op} refused: {exc!r}")  # AccessDenied: no retry will help
+    return Outcome(op, Verdict.UNRECORDABLE, f"{op} refused: {exc!r}")  # AccessDenied, a bug: no retry will help
 
 
 #: Where the frames that called a handler live (leaseq's worker, and the asyncio or thread
@@ -196,17 +190,18 @@ class Completer:
     """Records the outcomes of one worker's tasks through its transport."""
 
     def __init__(self, transport: Any, capabilities: Capabilities, worker: Worker,
-                 call: Callable[..., Awaitable[Any]], settle: Callable[[TaskContext, Outcome], None],
-                 refill: Refill | None = None):
+                 settle: Callable[[TaskContext, Outcome], None], refill: Refill | None = None,
+                 bug: Callable[[str, BaseException], None] | None = None):
+        #: the port every write is awaited on
         self.transport = transport
         self.capabilities = capabilities
         self.worker = worker
-        #: claims sent with batched completions, where the transport can
-        self._refill = refill if (capabilities.claim_with_completion and capabilities.batched_completion
-                                  and not capabilities.native_async) else None
-        #: runs a blocking transport call off the event loop
-        self._call = call
+        #: claims sent with batched completions, where the port can
+        self._refill = refill if (capabilities.claim_with_completion and capabilities.batched_completion) else None
         self._settle = settle
+        #: ``bug(what, exc)``: a write raised what no port raises on purpose (outside the error
+        #: registry): the worker stops with its traceback rather than retrying it
+        self._bug = bug if bug is not None else _log_bug
         self._pending: list[_Pending] = []
         #: the task writing batches, one at a time (done once none is left)
         self._flusher: asyncio.Task[None] | None = None
@@ -237,23 +232,22 @@ class Completer:
     async def release(self, ctx: TaskContext, reason: str, *, until: float | None = None) -> Outcome:
         """Give the lease back (through the recovery policy); retried until ``until`` at the
         latest (a monotonic time), after which the lease is left to expire instead."""
-        attempt = self._attempts(ctx, "release", lambda: self._call(self.transport.release, self.worker,
-                                                                       ctx.claim, reason),
+        attempt = self._attempts(ctx, "release", lambda: self.transport.release(self.worker, ctx.claim, reason),
                                  until=until, stop_when_lost=False)
         return await self._track(ctx, asyncio.ensure_future(attempt), "release")
 
     async def retry(self, ctx: TaskContext, request: Retry) -> Outcome:
         """Record a handler's :class:`leaseq.Retry`: the attempt ends and the task runs again
         ``request.after`` seconds later; retried through outages as a failure is."""
-        attempt = self._attempts(ctx, "retry", lambda: self._call(self.transport.retry, self.worker, ctx.claim,
-                                                                     request.after, request.reason))
+        attempt = self._attempts(ctx, "retry", lambda: self.transport.retry(self.worker, ctx.claim, request.after,
+                                                                                      request.reason))
         return await self._track(ctx, asyncio.ensure_future(attempt), "retry")
 
     async def time_out(self, ctx: TaskContext) -> Outcome:
         """Give the lease of an attempt that ran past its timeout back, with reason ``timeout``:
         the recovery policy routes the task. Retried while the lease lasts."""
-        attempt = self._attempts(ctx, "timeout", lambda: self._call(self.transport.release, self.worker,
-                                                                       ctx.claim, TIMEOUT_REASON),
+        attempt = self._attempts(ctx, "timeout", lambda: self.transport.release(self.worker, ctx.claim,
+                                                                                        TIMEOUT_REASON),
                                  stop_when_lost=False)
         return await self._track(ctx, asyncio.ensure_future(attempt), "timeout")
 
@@ -296,7 +290,9 @@ class Completer:
             try:
                 value = await send()
             except Exception as exc:
-                if not is_infrastructure(exc):
+                if not is_transient(exc):
+                    if not isinstance(exc, LeaseqError):
+                        self._bug(op, exc)
                     return _decided(op, exc, tries)
                 tries += 1
                 left = (lease_deadline(ctx) if until is None else min(until, lease_deadline(ctx))) - time.monotonic()
@@ -311,8 +307,8 @@ class Completer:
                 return Outcome(op, Verdict.RECORDED, value=value)
 
     async def _complete_one(self, ctx: TaskContext, result: Any) -> Outcome:
-        outcome = await self._attempts(ctx, "complete", lambda: self._call(self.transport.complete, self.worker,
-                                                                          ctx.claim, result))
+        outcome = await self._attempts(ctx, "complete", lambda: self.transport.complete(self.worker, ctx.claim,
+                                                                                            result))
         if outcome.verdict is Verdict.UNUSABLE:  # only this task's result was refused: fail it, no retry
             return await self._fail_one(ctx, Permanent(f"handler returned an unusable result: {outcome.detail}"))
         return outcome
@@ -328,15 +324,16 @@ class Completer:
             retry = policy.retries(exc)
             if retry:
                 options["delay"] = policy.delay(ctx.task.attempts)
-        outcome = await self._attempts(ctx, "fail", lambda: self._call(self.transport.fail, self.worker, ctx.claim,
-                                                                      text, retry=retry, block=block, **options))
+        outcome = await self._attempts(ctx, "fail", lambda: self.transport.fail(self.worker, ctx.claim, text,
+                                                                                        retry=retry, block=block,
+                                                                                        **options))
         if outcome.verdict is Verdict.RECORDED:  # the log line names the handler's error
             outcome = Outcome(outcome.op, outcome.verdict, repr(exc), outcome.value)
         return outcome
 
     async def _report(self, ctx: TaskContext, reason: str) -> None:
         try:
-            await self._call(self.transport.report_loss, self.worker, ctx.claim, f"worker saw: {reason}")
+            await self.transport.report_loss(self.worker, ctx.claim, f"worker saw: {reason}")
         except Exception as exc:  # evidence is best effort; the guards already held
             ctx.log.debug("task=%s gen=%s: could not record the loss: %s", ctx.task_id, ctx.generation, exc)
 
@@ -362,28 +359,26 @@ class Completer:
     async def _send_batch(self, batch: list[_Pending]) -> set[int]:
         pairs = [(item.ctx.claim, item.result) for item in batch]
         done: set[int]
-        if self.capabilities.native_async:
-            done = await self.transport.acomplete_many(self.worker, pairs)
-            return done
         refill = self._refill
         ask = refill.reserve([item.ctx for item in batch]) if refill is not None else None
         if refill is None or ask is None:
-            done = await self._call(self.transport.complete_many, self.worker, pairs)
+            done = await self.transport.complete_many(self.worker, pairs)
             return done
         try:
-            done, claims = await self._call(self.transport.complete_and_claim, self.worker, pairs, queue=ask.queue,
-                                            limit=ask.limit, lease_seconds=ask.lease_seconds, kinds=ask.kinds)
+            done, claims = await self.transport.complete_and_claim(self.worker, pairs, queue=ask.queue,
+                                                                   limit=ask.limit, lease_seconds=ask.lease_seconds,
+                                                                   kinds=ask.kinds)
         except BaseException as exc:
             refill.cancel(ask)
             if isinstance(exc, InvalidInput) and not exc.field.startswith("claim"):
                 raise  # one of the batch's results: handled as without a claim
-            if isinstance(exc, Exception) and not is_infrastructure(exc):
+            if isinstance(exc, LeaseqError) and not is_transient(exc):
                 # Refused as a whole (an old service, a right withdrawn): nothing was written.
                 # Complete plainly from now on; the claim loop claims on its own.
                 logger.info("worker %s: completions with a claim refused (%r); completing without",
                             self.worker.id, exc)
                 self._refill = None
-                done = await self._call(self.transport.complete_many, self.worker, pairs)
+                done = await self.transport.complete_many(self.worker, pairs)
                 return done
             raise
         refill.deliver(ask, claims)
@@ -398,7 +393,7 @@ class Completer:
         """Release a lease the worker was handed but will not start (it is stopping), in the
         background, with the attempt it was counted (``started=False``); :meth:`drain` waits
         for it. A failure leaves the lease to expire (the attempt then stays counted)."""
-        task = asyncio.ensure_future(self._call(self.transport.release, self.worker, claim, reason, started=False))
+        task = asyncio.ensure_future(self.transport.release(self.worker, claim, reason, started=False))
         self.in_flight.add(task)
         task.add_done_callback(self._given_back)
 
@@ -420,7 +415,9 @@ class Completer:
                     self._resolve(item, outcome)
                 return
             except Exception as exc:
-                if not is_infrastructure(exc):
+                if not is_transient(exc):
+                    if not isinstance(exc, LeaseqError):
+                        self._bug("complete", exc)
                     for item in batch:
                         self._resolve(item, _decided("complete", exc, tries))
                     return
@@ -465,6 +462,10 @@ class Completer:
         if not item.done.done():
             item.done.set_result(outcome)
         self._settle(item.ctx, outcome)
+
+
+def _log_bug(op: str, exc: BaseException) -> None:
+    logger.error("%s raised %r, a bug, not the queue's answer", op, exc, exc_info=exc)
 
 
 @dataclass(slots=True)

@@ -5,6 +5,13 @@ the lease is lost, ``ctx.lost`` turns true, ``ctx.check()`` and every new
 ``ctx.effect(...)`` raise :class:`leaseq.LeaseLost`, and the handler's result
 will not be published. The guards in the database refuse a stale worker
 anyway; the context makes it stop early instead of wasting tool calls.
+
+In the worker runtime the context talks to the runtime's port, on the
+runtime's loop: awaited there by async handlers, and reached from a sync
+handler's thread through :func:`leaseq.worker.transport.call_on_loop`
+(:meth:`TaskContext.port_call`). A context made by hand around a blocking
+queue (``TaskContext(queue, worker, claim, log)``, no ``loop``: tests,
+adapters) calls it directly, and in a thread when awaited.
 """
 
 from __future__ import annotations
@@ -16,11 +23,11 @@ import time
 from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING, Any
 
-from ..core.errors import InvalidInput, LeaseLost, Suspended, WaitTimedOut
+from ..core.errors import InvalidInput, LeaseLost, Suspended, WaitTimedOut, is_transient
 from ..core.model import Claim, Task, Worker
 from ..engine.durable import check_signal_name
 from .effect_scope import EffectScope
-from .startup import is_transient
+from .transport import call_on_loop
 
 if TYPE_CHECKING:  # pragma: no cover
     from .tools import Tool
@@ -47,8 +54,12 @@ def _ledger_key(task_key: str, what: str, position: int) -> str:
 class TaskContext:
     """The handler's view of one claimed task."""
 
-    def __init__(self, transport: Transport, worker: Worker, claim: Claim, log: logging.LoggerAdapter[logging.Logger]):
+    def __init__(self, transport: Transport, worker: Worker, claim: Claim,
+                 log: logging.LoggerAdapter[logging.Logger], *, loop: asyncio.AbstractEventLoop | None = None):
+        #: the runtime's port (with ``loop``), or a blocking queue (without)
         self._transport = transport
+        #: the loop the port's calls are awaited on (None: ``transport`` blocks)
+        self._loop = loop
         self.worker = worker
         self.claim = claim
         self.log = log
@@ -93,6 +104,30 @@ class TaskContext:
         self.handler_is_async = False
         #: the answer of the durable wait that ended this attempt (None: none did)
         self.suspended: dict[str, Any] | None = None
+
+    # -- the queue ------------------------------------------------------------
+
+    def port_call(self, name: str, *args: Any, **kwargs: Any) -> Any:
+        """Call the queue's ``name`` from blocking code (a sync handler) and return its answer."""
+        loop = self._loop
+        if loop is None:  # made by hand around a blocking queue
+            return getattr(self._transport, name)(*args, **kwargs)
+        if _running_loop() is loop:
+            # Blocking code on the loop's own thread (an async handler's blocking call):
+            # waiting there for the loop would never end. The port's blocking twin answers.
+            return getattr(getattr(self._transport, "sync"), name)(*args, **kwargs)
+        return call_on_loop(loop, getattr(self._transport, name), *args, **kwargs)
+
+    async def aport_call(self, name: str, *args: Any, **kwargs: Any) -> Any:
+        """Await the queue's ``name`` (an async handler) and return its answer."""
+        loop = self._loop
+        if loop is None:  # made by hand around a blocking queue
+            return await asyncio.to_thread(getattr(self._transport, name), *args, **kwargs)
+        if _running_loop() is loop:
+            return await getattr(self._transport, name)(*args, **kwargs)
+        # awaited on a loop of the handler's own (asyncio.run in a sync handler): the port is the runtime's
+        return await asyncio.wrap_future(asyncio.run_coroutine_threadsafe(
+            getattr(self._transport, name)(*args, **kwargs), loop))
 
     # -- the lease ------------------------------------------------------------
 
@@ -192,21 +227,19 @@ class TaskContext:
         return self._await_wait(what, key, params, default)
 
     async def _await_wait(self, what: str, key: str, params: dict[str, Any], default: Any) -> Any:
-        native = bool(getattr(getattr(self._transport, "capabilities", None), "native_async", False))
-        if native:
-            answer = await self._acall_wait(what, key, params)
-        else:
-            answer = await asyncio.to_thread(self._call_wait, what, key, params)
-        return self._outcome(answer, default)
+        return self._outcome(await self._acall_wait(what, key, params), default)
 
     def _call_wait(self, what: str, key: str, params: dict[str, Any]) -> dict[str, Any]:
         tries = 0
         while True:
             try:
+                answer: dict[str, Any]
                 if what == "sleep":
-                    return self._transport.sleep(self.worker, self.claim, key, **params)
-                return self._transport.wait_signal(self.worker, self.claim, key, params["name"],
-                                                   timeout=params["timeout"])
+                    answer = self.port_call("sleep", self.worker, self.claim, key, **params)
+                else:
+                    answer = self.port_call("wait_signal", self.worker, self.claim, key, params["name"],
+                                            timeout=params["timeout"])
+                return answer
             except LeaseLost as exc:
                 self._refused(exc)
                 raise
@@ -214,16 +247,19 @@ class TaskContext:
                 if not is_transient(exc):
                     raise
                 tries += 1
-                time.sleep(self._transit_pause(what, exc, tries))
+                time.sleep(self.transit_pause(what, exc, tries))
 
     async def _acall_wait(self, what: str, key: str, params: dict[str, Any]) -> dict[str, Any]:
         tries = 0
         while True:
             try:
+                answer: dict[str, Any]
                 if what == "sleep":
-                    return await self._transport.asleep(self.worker, self.claim, key, **params)  # type: ignore[attr-defined,no-any-return]
-                return await self._transport.await_signal(  # type: ignore[attr-defined,no-any-return]
-                    self.worker, self.claim, key, params["name"], timeout=params["timeout"])
+                    answer = await self.aport_call("sleep", self.worker, self.claim, key, **params)
+                else:
+                    answer = await self.aport_call("wait_signal", self.worker, self.claim, key, params["name"],
+                                                   timeout=params["timeout"])
+                return answer
             except LeaseLost as exc:
                 self._refused(exc)
                 raise
@@ -231,11 +267,12 @@ class TaskContext:
                 if not is_transient(exc):
                     raise
                 tries += 1
-                await asyncio.sleep(self._transit_pause(what, exc, tries))
+                await asyncio.sleep(self.transit_pause(what, exc, tries))
 
-    def _transit_pause(self, what: str, exc: BaseException, tries: int) -> float:
-        """How long to wait before trying a wait's write again, or LeaseLost when the lease could
-        run out first (the queue's trouble is never the handler's failure)."""
+    def transit_pause(self, what: str, exc: BaseException, tries: int) -> float:
+        """After the ``tries``-th failure in transit of a write made for the handler (a ledger
+        entry, a wait): how long to wait before trying it again, or :class:`LeaseLost` when the
+        lease could run out first (the queue's trouble is never the handler's failure)."""
         from .completer import INITIAL_BACKOFF, next_backoff
         backoff = INITIAL_BACKOFF
         delay = backoff
@@ -316,7 +353,9 @@ class TaskContext:
             def merge(ctx):
                 return combine(ctx.results().values())
         """
-        found = self._transport.dependency_results(self.task_id)
+        return self._picked(self.port_call("dependency_results", self.task_id), after_ids)
+
+    def _picked(self, found: dict[int, Any], after_ids: Iterable[int] | None) -> dict[int, Any]:
         if after_ids is None:
             return found
         if isinstance(after_ids, (str, bytes)) or not isinstance(after_ids, Iterable):
@@ -330,7 +369,7 @@ class TaskContext:
 
     async def aresults(self, after_ids: Iterable[int] | None = None) -> dict[int, Any]:
         """:meth:`results` for async handlers."""
-        return await asyncio.to_thread(self.results, after_ids)
+        return self._picked(await self.aport_call("dependency_results", self.task_id), after_ids)
 
     # -- effects --------------------------------------------------------------
 
@@ -420,14 +459,30 @@ class TaskContext:
         """
         self.check()
         try:
-            child = self._transport.intend(self.worker, self.claim, kind, payload, key=key, queue=queue,
-                                           effect=effect, approval=approval, approval_deadline=approval_deadline,
-                                           **options)
+            child = self.port_call("intend", self.worker, self.claim, kind, payload, key=key, queue=queue,
+                                   effect=effect, approval=approval, approval_deadline=approval_deadline, **options)
         except LeaseLost as exc:
             self._refused(exc)
             raise
-        return child.id
+        return int(child.id)
 
-    async def aintend(self, kind: str, payload: Any = None, *, key: str, **options: Any) -> int:
+    async def aintend(self, kind: str, payload: Any = None, *, key: str, queue: str = "default",
+                      effect: str = "side_effect", approval: str | None = None,
+                      approval_deadline: float | None = None, **options: Any) -> int:
         """:meth:`intend` for async handlers."""
-        return await asyncio.to_thread(lambda: self.intend(kind, payload, key=key, **options))
+        self.check()
+        try:
+            child = await self.aport_call("intend", self.worker, self.claim, kind, payload, key=key, queue=queue,
+                                          effect=effect, approval=approval, approval_deadline=approval_deadline,
+                                          **options)
+        except LeaseLost as exc:
+            self._refused(exc)
+            raise
+        return int(child.id)
+
+
+def _running_loop() -> asyncio.AbstractEventLoop | None:
+    try:
+        return asyncio.get_running_loop()
+    except RuntimeError:
+        return None

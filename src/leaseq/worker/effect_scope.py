@@ -22,11 +22,9 @@ import time
 from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
-from ..core.errors import InvalidTransition, LeaseLost
+from ..core.errors import InvalidTransition, LeaseLost, is_transient
 from ..core.model import Effect, format_fencing_token
 from ..observability import tracing
-from .completer import INITIAL_BACKOFF, next_backoff
-from .startup import is_transient
 
 if TYPE_CHECKING:  # pragma: no cover
     from .context import TaskContext
@@ -51,11 +49,6 @@ class EffectScope:
         self._token_asked = 0.0
         self._span: Any = None
 
-    @property
-    def _native(self) -> bool:
-        """Whether the transport's ledger calls are awaited on the event loop (no thread hop)."""
-        return bool(getattr(getattr(self._ctx._transport, "capabilities", None), "native_async", False))
-
     def _begin_args(self, key: str | None) -> tuple[tuple[Any, ...], dict[str, Any]]:
         """The begin_effect call's arguments; notes when the action token was asked for."""
         ctx = self._ctx
@@ -75,16 +68,7 @@ class EffectScope:
     def _pause(self, op: str, exc: BaseException, tries: int) -> float:
         """After a ledger write's ``tries``-th failure in transit: how long to wait before the next try,
         or :class:`LeaseLost` when the lease could run out first (never the handler's failure)."""
-        ctx = self._ctx
-        backoff = INITIAL_BACKOFF
-        for _ in range(tries):
-            delay, backoff = next_backoff(backoff, exc)
-        if ctx.lost or time.monotonic() + delay >= ctx.may_last_until():
-            reason = f"{op} could not be written before the lease could run out: {exc}"
-            ctx.mark_lost(reason, inferred=True)
-            raise LeaseLost(ctx.task_id, ctx.generation, reason) from exc
-        ctx.log.warning(f"{op} of {self.action!r} failed in transit (try {tries}), trying again: {exc}")
-        return delay
+        return self._ctx.transit_pause(f"{op} of {self.action!r}", exc, tries)
 
     def _call_begin(self, key: str | None) -> Effect:
         args, extra = self._begin_args(key)
@@ -92,7 +76,8 @@ class EffectScope:
         while True:
             try:
                 with self._guarded():
-                    return self._ctx._transport.begin_effect(*args, **extra)
+                    effect: Effect = self._ctx.port_call("begin_effect", *args, **extra)
+                    return effect
             except Exception as exc:
                 if not is_transient(exc):
                     raise
@@ -105,8 +90,7 @@ class EffectScope:
         while True:
             try:
                 with self._guarded():
-                    effect: Effect = await self._ctx._transport.abegin_effect(  # type: ignore[attr-defined]
-                        *args, **extra)
+                    effect: Effect = await self._ctx.aport_call("begin_effect", *args, **extra)
                     return effect
             except Exception as exc:
                 if not is_transient(exc):
@@ -147,8 +131,6 @@ class EffectScope:
             tracing.end_effect(self._span, error, replayed=self.replayed)
 
     async def __aenter__(self) -> EffectScope:
-        if not self._native:
-            return await asyncio.to_thread(self._begin)
         with self._opening():
             self.effect = await self._acall_begin(self._key)
         return self
@@ -241,8 +223,6 @@ class EffectScope:
 
     async def atoken(self) -> str | None:
         """:meth:`fresh_token` for async handlers."""
-        if not self._native:
-            return await asyncio.to_thread(self.fresh_token)
         if self._token_outdated():
             assert self.effect is not None
             self.effect = await self._acall_begin(self.effect.idempotency_key)
@@ -257,8 +237,8 @@ class EffectScope:
         while True:
             try:
                 with self._guarded():
-                    self.effect = self._ctx._transport.finish_effect(self._ctx.worker, self._ctx.claim, self.effect,
-                                                                     response)
+                    self.effect = self._ctx.port_call("finish_effect", self._ctx.worker, self._ctx.claim, self.effect,
+                                                      response)
                 break
             except Exception as exc:
                 if tries and isinstance(exc, InvalidTransition):
@@ -278,9 +258,6 @@ class EffectScope:
 
     async def arecord(self, response: Any) -> None:
         """:meth:`record` for async handlers."""
-        if not self._native:
-            await asyncio.to_thread(self.record, response)
-            return
         if self._recorded:
             return
         assert self.effect is not None, "arecord() outside the effect block"
@@ -302,8 +279,8 @@ class EffectScope:
         tries = 0
         while True:
             try:
-                effect: Effect = await self._ctx._transport.afinish_effect(  # type: ignore[attr-defined]
-                    self._ctx.worker, self._ctx.claim, self.effect, response)
+                effect: Effect = await self._ctx.aport_call("finish_effect", self._ctx.worker, self._ctx.claim,
+                                                            self.effect, response)
                 return effect
             except Exception as exc:
                 if tries and isinstance(exc, InvalidTransition):

@@ -14,6 +14,7 @@ import functools
 import inspect
 import logging
 import sys
+import time
 from collections.abc import Awaitable
 
 from ..core.errors import LeaseLost, Permanent, QueuePaused, Suspended
@@ -26,6 +27,10 @@ from .completer import Outcome, Verdict
 from .context import TaskContext
 from .losses import Losses
 
+#: How long after a suspended task's wake time its worker claims again: a little, so the
+#: database's clock has passed it too.
+WAKE_MARGIN = 0.01
+
 logger = logging.getLogger("leaseq.worker")
 
 
@@ -37,9 +42,9 @@ class Handling(Losses):
     def _start(self, claim: Claim, sent: float) -> None:
         log = TaskLog(logger, {"task_id": claim.task_id, "kind": claim.task.kind, "generation": claim.generation,
                                "attempt": claim.task.attempts, "worker_id": self._registered.id})
-        ctx = TaskContext(self.transport, self._registered, claim, log)
+        loop = asyncio.get_running_loop()  # the runtime's: a claim's handlers start on it, its port is awaited on it
+        ctx = TaskContext(self.transport, self._registered, claim, log, loop=loop)
         ctx.renewed_at = sent  # the lease started no earlier than the claim was sent
-        loop = asyncio.get_running_loop()  # the runtime's: a claim's handlers start on it
         ctx.on_lost = lambda c, reason: loop.call_soon_threadsafe(self._after_loss, c, reason)
         older = self._generations.setdefault(claim.task_id, set())
         for stale in [self.held[key] for key in older if not self.held[key].loss_told]:
@@ -174,6 +179,13 @@ class Handling(Losses):
             ctx.outcome_recorded = True
             self.stats.suspended += 1
             self.observe.suspended(ctx, str(ended))
+            if ended.until is not None:
+                # Claimable again at its wake time: this worker claims then, not at its next poll
+                # (a PostgreSQL worker's poll is seconds apart; its notifications say nothing of
+                # a time that comes). The time is the database's; a clock of this host's that is
+                # behind it makes the claim early, and the poll finds the task instead.
+                delay = max(0.0, ended.until - time.time()) + WAKE_MARGIN
+                asyncio.get_running_loop().call_later(delay, self._wake.set)
             if ctx.log.isEnabledFor(logging.INFO):
                 ctx.log.info(self._msg(ctx, f"suspended: waits for {ended.waiting_for}"))
             return None

@@ -1,16 +1,16 @@
 """The listener: wakes an idle worker's claim loop on the queue's notifications.
 
-On a transport that offers LISTEN/NOTIFY it runs on a thread of its own,
-reconnecting after a dropped connection. Each (re)connection wakes the claim
-loop at once: notifications sent while it was away were missed, and polling
-covers the gap until it is back.
+On a port that offers LISTEN/NOTIFY (``capabilities.listen_notify``) it runs
+as a task on the runtime's loop (psycopg's asyncio connection: no thread of
+its own), reconnecting after a dropped connection. Each (re)connection wakes
+the claim loop at once: notifications sent while it was away were missed, and
+polling covers the gap until it is back.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
-import threading
 from collections.abc import Callable
 from typing import Any
 
@@ -18,38 +18,35 @@ logger = logging.getLogger("leaseq.worker")
 
 #: How long the listener waits before reconnecting after its connection dropped.
 LISTENER_RETRY = 0.5
+#: The longest one wait lasts before the listener looks whether the worker is stopping.
+WAIT = 5.0
 
 
-def start_listener(transport: Any, queues: list[str], loop: asyncio.AbstractEventLoop, wake: asyncio.Event, *,
-                   stopping: Callable[[], bool], name: str) -> threading.Event:
-    """Start listening for ``queues`` on a daemon thread, setting ``wake`` (on ``loop``)
-    at each notification; returns the event that stops it."""
-    done = threading.Event()
-
-    def listen() -> None:
-        listener = None
-        while not done.is_set() and not stopping():
+async def listen(transport: Any, queues: list[str], wake: asyncio.Event, *, stopping: Callable[[], bool],
+                 name: str) -> None:
+    """Listen for ``queues`` until cancelled (or the worker stops), setting ``wake`` at each notification."""
+    listener = None
+    try:
+        while not stopping():
             try:
                 if listener is None:
-                    listener = transport.listener(queues)
-                    loop.call_soon_threadsafe(wake.set)
-                if listener.wait(1.0):
-                    loop.call_soon_threadsafe(wake.set)
+                    listener = await transport.listener(queues)
+                    wake.set()
+                if await listener.wait(WAIT):
+                    wake.set()
             except Exception as exc:  # the connection went away: polling covers the gap
                 logger.info("worker %s: listener lost its connection (%s); reconnecting", name, exc)
-                _close_quietly(listener)
+                await _close_quietly(listener)
                 listener = None
-                done.wait(LISTENER_RETRY)
-        _close_quietly(listener)
-
-    threading.Thread(target=listen, name="leaseq-listener", daemon=True).start()
-    return done
+                await asyncio.sleep(LISTENER_RETRY)
+    finally:
+        await _close_quietly(listener)
 
 
-def _close_quietly(listener: Any) -> None:
+async def _close_quietly(listener: Any) -> None:
     if listener is None:
         return
     try:
-        listener.close()
+        await listener.close()
     except Exception:  # pragma: no cover - already closed under our feet
         pass

@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Awaitable, Callable
 from typing import Any
 
 from ..core import checks
@@ -36,22 +35,22 @@ def liveness(lease_seconds: float | None) -> tuple[float, float]:
     return lease * RENEW_FRACTION, lease
 
 
-async def heartbeat(transport: Any, worker: Worker, call: Callable[..., Awaitable[Any]], interval: float) -> None:
+async def heartbeat(transport: Any, worker: Worker, interval: float) -> None:
     """Write the worker's heartbeat twice per ``interval`` until cancelled."""
     while True:
         await asyncio.sleep(interval / 2)
         try:
-            await asyncio.wait_for(call(transport.heartbeat_worker, worker), timeout=interval)
+            await asyncio.wait_for(transport.heartbeat_worker(worker), timeout=interval)
         except asyncio.CancelledError:
             raise
         except Exception as exc:  # noqa: BLE001 - logged; the next heartbeat tries again
             logger.warning("worker %s: heartbeat failed: %r", worker.id, exc)
 
 
-async def record_stop(transport: Any, worker: Worker, call: Callable[..., Awaitable[Any]], reason: str) -> None:
+async def record_stop(transport: Any, worker: Worker, reason: str) -> None:
     """Record the clean exit and its reason, within :data:`STOP_BUDGET`; a failure is logged
     (the worker is then seen as lost a lease length after its last heartbeat)."""
     try:
-        await asyncio.wait_for(call(transport.stop_worker, worker, reason), timeout=STOP_BUDGET)
+        await asyncio.wait_for(transport.stop_worker(worker, reason), timeout=STOP_BUDGET)
     except Exception as exc:  # noqa: BLE001 - best effort, at exit
         logger.warning("worker %s: could not record that it stopped (%s): %r", worker.id, reason, exc)

@@ -9,7 +9,12 @@ the worker only inferred it, and a renewal whose answer was lost may have
 extended the lease after all, so the runtime still sends a success the
 handler returns, and the queue's guard decides. A renewal that fails in
 transit (a dropped connection, a restarting server) is retried with backoff,
-not at once in a loop, for as long as the leases last.
+not at once in a loop, for as long as the leases last. What is in transit is
+decided by :func:`leaseq.core.errors.is_transient`, as everywhere in the
+runtime: any other answer (a right withdrawn), or an exception outside the
+error registry (a bug), stops the worker (``stop``) and is logged, the bug
+with its traceback; the renewals go on meanwhile, for the leases still held
+through the graceful shutdown.
 
 Leases whose handler has returned are still renewed while their outcome is
 being recorded, but the renewer does not judge them: the completer's guarded
@@ -26,12 +31,12 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from ..core.errors import UnknownWorker
+from ..core.errors import LeaseqError, UnknownWorker, is_transient
 from ..core.timers import wait_event
-from .completer import INITIAL_BACKOFF, MAX_BACKOFF, is_infrastructure, lease_deadline, next_backoff
+from .completer import INITIAL_BACKOFF, MAX_BACKOFF, lease_deadline, next_backoff
 
 if TYPE_CHECKING:  # pragma: no cover
     from ..core.model import Worker
@@ -52,13 +57,15 @@ def renew_interval(ctx: TaskContext) -> float:
 class Renewer:
     """Renews the leases in ``held``; reports the lost ones through ``lose``."""
 
-    def __init__(self, transport: Any, worker: Worker, call: Callable[..., Awaitable[Any]],
-                 held: dict[AttemptKey, TaskContext], running: set[AttemptKey],
-                 lose: Callable[..., None], count: Callable[[], None]):
+    def __init__(self, transport: Any, worker: Worker, held: dict[AttemptKey, TaskContext],
+                 running: set[AttemptKey], lose: Callable[..., None], count: Callable[[], None],
+                 stop: Callable[[BaseException], None] | None = None):
+        #: the port renewals are awaited on
         self.transport = transport
         self.worker = worker
-        self._call = call
         self._held = held
+        #: ``stop(exc)``: a renewal met what no retry will help (an answer, or a bug)
+        self._stop = stop
         #: leases whose handler still runs (the others are being recorded)
         self._running = running
         #: ``lose(ctx, reason, inferred=False)``
@@ -116,7 +123,7 @@ class Renewer:
         # locally: wait no longer than the most urgent lease has left.
         budget = max(MIN_RENEW_INTERVAL, min(c.renewed_at + c.claim.lease_seconds for c in live) - sent)
         renewed: dict[int, Any] | None = None
-        call = asyncio.ensure_future(self._call(self.transport.renew_leases, self.worker, [ctx.claim for ctx in live]))
+        call = asyncio.ensure_future(self.transport.renew_leases(self.worker, [ctx.claim for ctx in live]))
         try:
             # asyncio.wait, not wait_for: on Python 3.11 wait_for returns the answer of a call
             # that ended just as the renewer was cancelled and drops the cancellation, and a
@@ -142,8 +149,14 @@ class Renewer:
                     self._lose(ctx, f"heartbeat refused: {exc}")
             return
         except Exception as exc:
-            if not is_infrastructure(exc):
-                logger.error("worker %s: renewal refused: %r", self.worker.id, exc)
+            if not is_transient(exc):
+                if isinstance(exc, LeaseqError):
+                    logger.error("worker %s: renewal refused, stopping: %s", self.worker.id, exc)
+                else:
+                    logger.error("worker %s: renewal raised %r, a bug, not the queue's answer: stopping",
+                                 self.worker.id, exc, exc_info=exc)
+                if self._stop is not None:
+                    self._stop(exc)
             pause, self._backoff = next_backoff(self._backoff, exc)
             self._backoff = min(self._backoff, MAX_BACKOFF)
             self._retry_at = time.monotonic() + pause

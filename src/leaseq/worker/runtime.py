@@ -28,7 +28,9 @@ state declared in :mod:`.runtime_base` (each part builds on the one it
 calls: losses, then handling, then the claim loop; shutdown on losses). It
 talks to a *transport* (:mod:`.transport`) and reads what it can do from
 its declared capabilities; it runs the handlers of a registry
-(:mod:`.registry`). The lease rules live behind the transport, never here.
+(:mod:`.registry`). Every call to the queue is awaited on the port
+(:func:`.transport.worker_port`) on the runtime's loop; no call is run in a
+thread on its behalf. The lease rules live behind the port, never here.
 """
 
 from __future__ import annotations
@@ -43,19 +45,20 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from ..core.errors import InvalidInput
+from ..core.timers import cancel_all
 from ..engine.leases import MAX_CLAIM
 from ..observability.hooks import WorkerObserver
 from ..schedules import Scheduler
 from .claim_loop import CLAIMS_IN_FLIGHT, ClaimLoop
 from .completer import Completer
-from .listener import start_listener
+from .listener import listen
 from .liveness import heartbeat, liveness, record_stop
 from .registry import HandlerSource, Registry
 from .renewer import Renewer
 from .shutdown import Shutdown
 from .startup import until_done
 from .stats import WorkerStats
-from .transport import Capabilities, Transport
+from .transport import Capabilities, Transport, worker_port
 
 logger = logging.getLogger("leaseq.worker")
 
@@ -72,7 +75,9 @@ class WorkerRuntime(ClaimLoop, Shutdown):
     registry (then ``transport`` or ``connect`` is required). ``connect``, a
     function returning the transport, defers opening it to :meth:`run`, where
     it is retried through infrastructure errors as registration is; an app
-    without ``transport`` connects to its queue that way.
+    without ``transport`` connects to its queue that way. The transport is a
+    :class:`leaseq.Queue`, a :class:`leaseq.client.RemoteQueue` or a port
+    (:class:`~leaseq.worker.transport.Transport`); the runtime awaits its port.
     """
 
     # -- set-up ----------------------------------------------------------------------------
@@ -110,7 +115,6 @@ class WorkerRuntime(ClaimLoop, Shutdown):
         self.poll_interval = poll_interval
         self.transport = None
         self.capabilities = None
-        self._db = None
         if transport is not None:
             self._bind(transport)
         self.queues = list(queues or self.registry.queue_names() or ["default"])
@@ -145,8 +149,8 @@ class WorkerRuntime(ClaimLoop, Shutdown):
         self._handlers = ThreadPoolExecutor(max_workers=concurrency, thread_name_prefix="leaseq-task")
 
     def _bind(self, transport: Any) -> None:
-        """Use ``transport``: read its declared capabilities and size the database threads."""
-        transport = self.observe.wrap(transport)
+        """Use ``transport``'s port and read its declared capabilities."""
+        transport = self.observe.wrap(worker_port(transport))
         try:
             caps = transport.capabilities  # the one declaration every transport makes
         except AttributeError:
@@ -156,10 +160,6 @@ class WorkerRuntime(ClaimLoop, Shutdown):
                                             "(a leaseq.worker.transport.Capabilities as .capabilities)")
         self.transport, self.capabilities = transport, caps
         self.poll_interval = self._poll_option if self._poll_option is not None else caps.idle_poll_interval
-        # A backend that writes one transaction at a time gets one database
-        # thread: more would only hand the GIL and the lock back and forth.
-        self._db = ThreadPoolExecutor(max_workers=1 if caps.serial_writes else min(32, self.concurrency + 4),
-                                      thread_name_prefix="leaseq-db")
 
     # -- the loop --------------------------------------------------------------------------
 
@@ -188,16 +188,19 @@ class WorkerRuntime(ClaimLoop, Shutdown):
             logger.info("worker %s started: queues=%s concurrency=%d prefetch=%d", self._registered.id,
                         ",".join(self.queues), self.concurrency, self.prefetch)
             await self._warn_if_unbound()
-            self.completer = Completer(self.transport, self._caps, self._registered, self._call, self._settled,
-                                       self._refill())
-            self.renewer = Renewer(self.transport, self._registered, self._call, self.held, self._handling,
-                                   self._lose, self._count_renewal)
+            self.completer = Completer(self.transport, self._caps, self._registered, self._settled, self._refill(),
+                                       bug=self._bug)
+            self.renewer = Renewer(self.transport, self._registered, self.held, self._handling, self._lose,
+                                   self._count_renewal, stop=self._stop_for)
             background = [asyncio.create_task(self.renewer.run(), name="leaseq-renewer"),
-                          asyncio.create_task(heartbeat(self.transport, self._registered, self._call,
+                          asyncio.create_task(heartbeat(self.transport, self._registered,
                                                         liveness(self.lease_seconds)[0]), name="leaseq-heartbeat")]
-            listener = self._start_listener()
+            if self._caps.listen_notify:  # woken by the queue's notifications (see .listener)
+                background.append(asyncio.create_task(
+                    listen(self.transport, self.queues, self._wake, stopping=lambda: self._stopping,
+                           name=self._registered.id), name="leaseq-listener"))
             if self.registry.schedules:  # one task per slot, deduplicated by its key across workers
-                scheduler = Scheduler(self.registry.schedules.values(), self.transport, self._call)
+                scheduler = Scheduler(self.registry.schedules.values(), self.transport)
                 await scheduler.tick()  # due slots exist before the first claim (--until-idle runs them)
                 background.append(asyncio.create_task(scheduler.run(), name="leaseq-schedules"))
             if progress is not None:
@@ -216,21 +219,17 @@ class WorkerRuntime(ClaimLoop, Shutdown):
             finally:
                 # the claim beside the loop's waits for a freed slot: one that the loop's end
                 # did not let go (the loop raised, or the run was cancelled) is cancelled here
-                ending = background + ([alongside] if alongside is not None else [])
-                for task in ending:
-                    task.cancel()
-                await asyncio.gather(*ending, return_exceptions=True)
-                if listener is not None:
-                    listener.set()
-                await record_stop(self.transport, self._registered, self._call, self._why_stopped(until_idle))
-                if self._caps.native_async:
-                    await self.transport.close_async()
+                await cancel_all(background + ([alongside] if alongside is not None else []))
+                await record_stop(self.transport, self._registered, self._why_stopped(until_idle))
         finally:
             if install_signals:
                 for sig in (signal.SIGTERM, signal.SIGINT):
                     self._loop.remove_signal_handler(sig)
-            if self._db is not None:
-                self._db.shutdown(wait=False)
+            if self.transport is not None:
+                try:  # the connections this loop opened: they cannot outlive it
+                    await self.transport.close_async()
+                except Exception as exc:  # noqa: BLE001 - at exit, best effort
+                    logger.debug("worker %s: closing its connections failed: %r", self.name, exc)
             self._handlers.shutdown(wait=False)
             self._stopped.set()
         logger.info("worker %s stopped: %s", self.worker.id if self.worker else self.name, self.stats)
@@ -252,11 +251,12 @@ class WorkerRuntime(ClaimLoop, Shutdown):
     async def _warn_if_unbound(self) -> None:
         """A direct PostgreSQL worker logged in as the schema's owner (or a superuser) is held
         to its leases by nothing but this library: say so, loudly, once."""
-        from ..queue import Queue
+        from ..aio import AsyncQueue
 
-        if not isinstance(self.transport, Queue) or self.transport.dialect != "postgres":
+        port = self.transport
+        if not isinstance(port, AsyncQueue) or port.dialect != "postgres":
             return
-        if await asyncio.to_thread(self.transport.database_authority) == "admin":
+        if await port.database_authority() == "admin":
             logger.warning("UNSAFE FOR PRODUCTION: worker %s connects to PostgreSQL as a role that owns leaseq's "
                            "schema (or a superuser): the database does not hold it to its leases. Give each "
                            "worker host a role of its own: leaseq roles create worker NAME (docs/how-to/postgresql.md)",
@@ -285,24 +285,32 @@ class WorkerRuntime(ClaimLoop, Shutdown):
                         for d in self.registry.declarations()]
 
         def register() -> Any:
-            return self._call(self.transport.register_worker, self.name, kinds=declarations,
-                              heartbeat_seconds=heartbeat_seconds, lease_seconds=lease_seconds)
+            return self.transport.register_worker(self.name, kinds=declarations, heartbeat_seconds=heartbeat_seconds,
+                                                  lease_seconds=lease_seconds)
 
         ok, worker = await until_done("registering", register,
                                       name=self.name, wake=self._wake, stopping=stopping, on_retry=count)
         self.worker = worker
         return ok
 
-    def _start_listener(self) -> threading.Event | None:
-        """Wake the claim loop on notifications (see :mod:`.listener`)."""
-        if not self._caps.listen_notify:
-            return None
-        return start_listener(self.transport, self.queues, asyncio.get_running_loop(), self._wake,
-                              stopping=lambda: self._stopping, name=self._registered.id)
-
     async def renew_now(self) -> None:
         """Renew every held lease now, in one call."""
         await self._renewer.renew_now()
+
+    def _bug(self, op: str, exc: BaseException) -> None:
+        """A write raised what no port raises on purpose (outside the error registry): a bug.
+        Logged with its traceback; the worker stops, and run() raises it once shut down."""
+        logger.error("worker %s: %s raised %r, a bug, not the queue's answer: stopping", self._registered.id, op,
+                     exc, exc_info=exc)
+        self._stop_for(exc)
+
+    def _stop_for(self, exc: BaseException) -> None:
+        """Stop claiming for good because of ``exc`` (raised from run() after the graceful shutdown)."""
+        if self._fatal is None and isinstance(exc, Exception):
+            self._fatal = exc
+        self._stopping = True
+        self._wake.set()
+        self._freed.set()
 
     def _count_renewal(self) -> None:
         self.stats.renewals += 1

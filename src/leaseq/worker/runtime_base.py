@@ -8,9 +8,7 @@ in its ``__init__``; the parts (:mod:`.losses`, :mod:`.handling`,
 from __future__ import annotations
 
 import asyncio
-import functools
 import threading
-from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from typing import TYPE_CHECKING, Any, TypeVar
 
@@ -50,10 +48,9 @@ class RuntimeBase:
     lease_seconds: float | None
     #: the idle poll interval (the transport's default once it is open, unless given)
     poll_interval: float | None
+    #: the port every call is awaited on (:class:`~leaseq.worker.transport.Transport`)
     transport: Any
     capabilities: Capabilities | None
-    #: the database threads (sized by the transport's capabilities once it is open)
-    _db: ThreadPoolExecutor | None
     #: the threads sync handlers run in
     _handlers: ThreadPoolExecutor
 
@@ -132,11 +129,6 @@ class RuntimeBase:
         later count). It claims no others, so workers running different handlers can
         share a queue."""
         return self.registry.kinds() or None
-
-    async def _call(self, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
-        """Run a blocking transport call on the database threads."""
-        loop = asyncio.get_running_loop()
-        return await loop.run_in_executor(self._db, functools.partial(fn, *args, **kwargs))
 
     @property
     def _free(self) -> int:

@@ -47,8 +47,8 @@ class Shutdown(Losses):
         if caps is not None and caps.long_poll and self.worker is not None and self._loop is not None:
             # A claim waiting on the queue's side would hold the shutdown up: end it now.
             try:
-                self._loop.run_in_executor(self._db, self.transport.interrupt_claims,
-                                           self.worker).add_done_callback(_ignore_failure)
+                self._loop.create_task(self.transport.interrupt_claims(self.worker),
+                                       name="leaseq-interrupt-claims").add_done_callback(_ignore_failure)
             except RuntimeError:  # the runtime already finished: nothing waits
                 pass
 

@@ -32,12 +32,6 @@ logger = logging.getLogger("leaseq.worker")
 MAX_START_BACKOFF = 5.0
 
 
-def is_transient(exc: BaseException) -> bool:
-    """Whether ``exc`` is the queue being out of reach for now (worth another try):
-    :func:`leaseq.core.errors.is_transient`, the one answer the runtime gives."""
-    return errors.is_transient(exc)
-
-
 async def until_done(what: str, attempt: Callable[[], Awaitable[Any]], *, name: str, wake: asyncio.Event,
                      stopping: Callable[[], bool], on_retry: Callable[[], None]) -> tuple[bool, Any]:
     """Await ``attempt()`` until it succeeds: ``(True, value)``; or until ``stopping()``
@@ -49,7 +43,7 @@ async def until_done(what: str, attempt: Callable[[], Awaitable[Any]], *, name: 
         try:
             value = await attempt()
         except Exception as exc:
-            if not is_transient(exc):
+            if not errors.is_transient(exc):
                 raise
             tries += 1
             on_retry()
