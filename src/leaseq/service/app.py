@@ -108,6 +108,10 @@ class ServiceSettings:
     #: The longest one ``GET /v1/tasks/{id}/wait`` request waits (its ``timeout`` is cut to this);
     #: RemoteQueue.wait asks again until its own timeout.
     wait_limit: float = 25.0
+    #: The longest one ``GET /v1/tasks/{id}/stream`` response follows a stream, and the most
+    #: entries it sends (then ``event: reconnect``: the client asks again after its last id).
+    stream_seconds: float = 25.0
+    stream_items: int = 1000
     #: How often a waiting claim looks again without being woken (None: 1 s where
     #: LISTEN/NOTIFY wakes it, 0.2 s on SQLite). See :mod:`leaseq.service.wakeups`.
     claim_recheck: float | None = None
