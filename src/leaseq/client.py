@@ -50,7 +50,7 @@ from .core.checks import check_trace_context
 from .engine.durable import check_signal_name, check_until
 from .core.model import Claim, Claims, Effect, StreamItem, Task, Worker
 from .engine.effects import check_effect_of
-from .engine.streams import check_cursor, check_follow
+from .engine.streams import check_cursor, check_follow, check_item
 from .engine.waits import check_timeout, timed_out
 from .observability.tracing import traced_enqueue
 from .core.capabilities import Capabilities
@@ -480,6 +480,7 @@ class RemoteQueue:
     def emit(self, worker: Worker | str, claim: Claim, item: Any, *, key: str | None = None) -> dict[str, Any]:
         """Append ``item`` to the task's stream under the lease; see :meth:`leaseq.Queue.emit`."""
         _, path = self._worker_path(worker, claim, "stream")
+        check_item(item)  # JSON, and not too large: refused here, as the queue would
         body: dict[str, Any] = {"generation": claim.generation, "item": item}
         if key is not None:
             body["key"] = key

@@ -113,6 +113,7 @@ class PruneBody(Body):
     older_than_seconds: float
     payloads_older_than_seconds: float | None = None
     evidence_older_than_seconds: float | None = None
+    streams_older_than_seconds: float | None = None
 
 
 def _queue(request: Request) -> Queue:
@@ -271,6 +272,7 @@ async def task_stream(request: Request, task_id: int = TaskId,
 
     async def events() -> Any:
         last = begin
+        request.app.state.task_streams += 1
         try:
             with signal.slot(token_id):
                 yield "retry: 2000\n\n"
@@ -290,6 +292,8 @@ async def task_stream(request: Request, task_id: int = TaskId,
         except LeaseqError as exc:  # the task went (pruned) or the database is away: say so, and end
             yield sse_event("error", {"code": exc.code, "message": str(exc), "after": last})
             return
+        finally:  # counted down once no statement of this stream is in flight
+            request.app.state.task_streams -= 1
         if cursor.done:
             yield sse_event("end", {"task_id": task_id, "status": cursor.status, "settled": cursor.settled,
                                     "after": last})
@@ -524,6 +528,7 @@ def prune(body: PruneBody, request: Request, principal: auth.Principal = Depends
     # audited by Queue.prune, each batch in its own transaction
     return _queue(request).prune(body.older_than_seconds, payloads_older_than_seconds=body.payloads_older_than_seconds,
                                  evidence_older_than_seconds=body.evidence_older_than_seconds,
+                                 streams_older_than_seconds=body.streams_older_than_seconds,
                                  by=principal.actor, via="api")
 
 

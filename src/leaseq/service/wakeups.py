@@ -40,6 +40,8 @@ from collections.abc import AsyncGenerator, Callable, Iterator
 from contextlib import contextmanager
 from typing import Any
 
+import anyio
+
 from ..core.errors import RateLimited
 from ..core.timers import wait_event
 from ..queue import Queue
@@ -431,7 +433,7 @@ async def follow_stream(signal: WorkSignal, cursor: Any, token_id: str) -> Async
             await wait_event(w.listening, SUBSCRIBE_SECONDS)
             if not w.listening.is_set():
                 recheck = signal.recheck  # not heard by the listener (it is away): look on our own
-        page = await engine.adrive(queue.store, cursor.read(queue.settings, first=True))
+        page = await _read(queue, cursor.read(queue.settings, first=True))
         quiet_since = time.monotonic()
         while True:
             for item in cursor.take(page):
@@ -450,4 +452,15 @@ async def follow_stream(signal: WorkSignal, cursor: Any, token_id: str) -> Async
             deadline = cursor.deadline if cursor.deadline is not None else time.monotonic() + STREAM_KEEPALIVE
             if not await signal.paced(token_id, deadline):
                 return
-            page = await engine.adrive(queue.store, cursor.read(queue.settings))
+            page = await _read(queue, cursor.read(queue.settings))
+
+
+async def _read(queue: Queue, op: Any) -> Any:
+    """A stream's read, on the event loop where the backend has an asyncio driver; else in a
+    thread the request waits for even when it is cancelled (its client went away), so no
+    statement of a stream outlives the stream."""
+    from .. import engine
+
+    if queue.store.capabilities.native_async:
+        return await engine.adrive(queue.store, op)
+    return await anyio.to_thread.run_sync(engine.drive, queue.store, op)
