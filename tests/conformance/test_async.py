@@ -176,12 +176,19 @@ def test_every_async_method_has_its_queue_methods_typed_signature() -> None:
     # blocking helpers have no async twin by design
     # (joined, ajoined: the service's one transaction per request, a view of the queue in it)
     sync_only = {"aclaim", "acomplete_many", "abegin_effect", "afinish_effect", "asleep", "await_signal", "ajoined",
-                 "close_async",
+                 "aemit", "close_async",
                  "end_worker_leases", "listener"}
     # context managers: `async with` where the queue's are `with`; run_in: a joined view's raw statements
     contexts, async_only = {"hold_attempt", "joined"}, {"run_in"}
+    # iterators: `async for` where the queue's are `for`, with the same parameters
+    iterators = {"stream"}
     assert set(coros) - {"close"} - async_only == set(sync) - sync_only - {"close"}
     for name, coro in coros.items():
+        if name in iterators:
+            got, want = inspect.signature(coro), inspect.signature(sync[name])
+            assert got.parameters == want.parameters, name
+            assert "AsyncIterator" in str(got.return_annotation) and "Iterator" in str(want.return_annotation), name
+            continue
         if name in contexts:
             assert inspect.isasyncgenfunction(inspect.unwrap(coro)), name
             assert list(inspect.signature(coro).parameters) == list(inspect.signature(sync[name]).parameters), name

@@ -1375,7 +1375,7 @@ SELECT t.id,
 FROM leaseq_tasks AS t
 LEFT JOIN (SELECT s.seq, s.generation FROM leaseq_stream_items AS s
            WHERE s.task_id = :task_id ORDER BY s.seq DESC LIMIT 1) AS l ON 1
-JOIN (SELECT 'reset' AS type UNION ALL SELECT 'item') AS n
+JOIN (SELECT column1 AS type FROM (VALUES ('reset'), ('item'))) AS n
   ON n.type = 'item' OR l.generation IS NOT t.claim_generation
 WHERE t.id = :task_id
   /* TEMPLATE: lease_guard */
