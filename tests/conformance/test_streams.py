@@ -254,3 +254,46 @@ def test_bad_emits_and_reads_name_their_field_and_change_nothing(q: leaseq.Queue
     with pytest.raises(leaseq.NotFound):
         q.stream_stats(10**9)
     transport.complete(w, claim, None)
+
+
+def test_concurrent_emits_and_a_following_reader_agree_on_one_order(dsn: str, q: leaseq.Queue) -> None:
+    """Writers in threads append to one attempt's stream at once while a reader follows it: the
+    cursors are 1..N with no gap and no repeat, each writer's items keep its own order, and the
+    reader, which resumes after the last cursor it read each time, gets every entry once (the
+    appends of one task are written one after the other: seq order is commit order)."""
+    w = q.register_worker("a")
+    task = q.enqueue("agent", {})
+    [claim] = q.claim(w, lease_seconds=120)
+    writers, each = 4, 25
+    got: list[leaseq.StreamItem] = []
+    reader = threading.Thread(target=lambda: got.extend(q.stream(task.id, timeout=120)))
+    reader.start()
+    barrier = threading.Barrier(writers)
+    errors: list[BaseException] = []
+
+    def write(n: int) -> None:
+        own = leaseq.connect(dsn)  # a connection (a SQLite file handle, a pool) of its own
+        try:
+            barrier.wait(30)
+            for i in range(each):
+                own.emit(w, claim, {"writer": n, "i": i})
+        except BaseException as exc:  # pragma: no cover - reported below
+            errors.append(exc)
+        finally:
+            own.close()
+
+    threads = [threading.Thread(target=write, args=(n,)) for n in range(writers)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(120)
+    assert not errors, errors
+    q.complete(w, claim, None)
+    reader.join(120)
+    assert not reader.is_alive()
+    stored = list(q.stream(task.id))
+    assert [e.seq for e in stored] == list(range(1, writers * each + 2))  # the reset, then every item
+    assert [e.type for e in stored].count("reset") == 1
+    for n in range(writers):
+        assert [e.item["i"] for e in stored if not e.reset and e.item["writer"] == n] == list(range(each))
+    assert _shape(got) == _shape(stored)  # the live reader saw each entry once, in order
