@@ -193,9 +193,13 @@ class TaskContext:
             return self._outcome(self._call_wait(what, key, params), default)
         return self._await_wait(what, key, params, default)
 
+    @property
+    def _native(self) -> bool:
+        """Whether the transport's guarded writes are awaited on the event loop (no thread hop)."""
+        return bool(getattr(getattr(self._transport, "capabilities", None), "native_async", False))
+
     async def _await_wait(self, what: str, key: str, params: dict[str, Any], default: Any) -> Any:
-        native = bool(getattr(getattr(self._transport, "capabilities", None), "native_async", False))
-        if native:
+        if self._native:
             answer = await self._acall_wait(what, key, params)
         else:
             answer = await asyncio.to_thread(self._call_wait, what, key, params)
@@ -307,7 +311,7 @@ class TaskContext:
         return int(answer["seq"])
 
     async def _await_emit(self, item: Any, key: str | None) -> int:
-        if not bool(getattr(getattr(self._transport, "capabilities", None), "native_async", False)):
+        if not self._native:
             return await asyncio.to_thread(self._call_emit, item, key)
         port: Any = self._transport
         answer = await self._aretried("emit", lambda: port.aemit(self.worker, self.claim, item, key=key))
