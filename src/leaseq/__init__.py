@@ -15,7 +15,7 @@ from .core.errors import (ApprovalExpired, ApprovalMismatch, BackendUnavailable,
                           IdempotencyKeyConflict, InvalidInput, InvalidTransition, LeaseLost, LeaseqError, NotFound,
                           Permanent, QueuePaused, StaleToken, ToolCallDiverged, UnknownWorker, WaitTimedOut)
 from .core.retry import Retry, RetryPolicy
-from .core.model import Approval, Claim, Claims, Effect, EffectKind, Event, Status, Task, Worker
+from .core.model import Approval, Claim, Claims, Effect, EffectKind, Event, Status, StreamItem, Task, Worker
 from .engine.approvals import approval_digest
 from .queue import Queue, connect
 from .worker.context import TaskContext
@@ -28,6 +28,6 @@ __all__ = [
     "AsyncQueue", "BackendUnavailable", "Claim", "Claims", "ConfigError", "Effect", "EffectKind", "Event",
     "IdempotencyKeyConflict", "InvalidInput", "InvalidTransition", "LeaseLost", "LeaseqError", "NotFound", "Queue", "QueuePaused",
     "Retry", "RetryPolicy",
-    "StaleToken", "Status", "Task", "Tool", "ToolCallDiverged", "UnknownWorker", "WaitTimedOut", "Worker", "connect",
+    "StaleToken", "Status", "StreamItem", "Task", "Tool", "ToolCallDiverged", "UnknownWorker", "WaitTimedOut", "Worker", "connect",
     "connect_async", "tool",
 ]

@@ -25,7 +25,7 @@ from . import engine
 from .core import checks
 from .core.capabilities import Capabilities
 from .core.errors import LeaseLost
-from .core.model import Approval, Claim, Effect, Event, Task, Worker
+from .core.model import Approval, Claim, Effect, Event, StreamItem, Task, Worker
 from .engine.steps import Op, T
 from .observability.tracing import atraced_enqueue
 from .queue import Queue, connect
@@ -304,6 +304,20 @@ class AsyncQueue:
         """:meth:`Queue.signals`, awaited."""
         return await self._arun(engine.durable.signals(self.settings, task_id))
 
+    async def emit(self, worker: Worker | str, claim: Claim, item: Any, *, key: str | None = None) -> dict[str, Any]:
+        """:meth:`Queue.emit`, awaited."""
+        return await self._arun(engine.streams.emit(self.settings, worker, claim, item, key=key))
+
+    def stream(self, task_id: int, *, after: int = 0, follow: bool = True,
+               timeout: float | None = None) -> AsyncIterator[StreamItem]:
+        """:meth:`Queue.stream` for asyncio code: ``async for entry in aq.stream(task_id):``,
+        following on LISTEN/NOTIFY on the event loop (PostgreSQL), else a short poll."""
+        return astream(self.sync, engine.streams.Cursor(task_id, after=after, follow=follow, timeout=timeout))
+
+    async def stream_stats(self, task_id: int) -> dict[str, Any]:
+        """:meth:`Queue.stream_stats`, awaited."""
+        return await self._arun(engine.streams.stats(self.settings, task_id))
+
     async def effects(self, task_id: int) -> list[Effect]:
         """:meth:`Queue.effects`, awaited."""
         return await self._arun(engine.effects.effects(self.settings, task_id))
@@ -404,12 +418,14 @@ class AsyncQueue:
 
     async def prune(self, older_than_seconds: float, *, payloads_older_than_seconds: float | None = None,
                     evidence_older_than_seconds: float | None = None, batch: int = 1000, by: str | None = None,
-                    via: str | None = None, record_empty: bool = True) -> dict[str, int]:
+                    via: str | None = None, record_empty: bool = True,
+                    streams_older_than_seconds: float | None = None) -> dict[str, int]:
         """:meth:`Queue.prune`, awaited."""
         return await self._arun(engine.schema.prune(self.settings, older_than_seconds,
                                                     payloads_older_than_seconds=payloads_older_than_seconds,
                                                     evidence_older_than_seconds=evidence_older_than_seconds,
-                                                    batch=batch, by=by, via=via, record_empty=record_empty))
+                                                    batch=batch, by=by, via=via, record_empty=record_empty,
+                                                    streams_older_than_seconds=streams_older_than_seconds))
 
     async def evidence_record(self, task_id: int) -> list[dict[str, Any]]:
         """:meth:`Queue.evidence_record`, awaited."""
@@ -479,6 +495,28 @@ async def await_task(queue: Queue, task_id: int, *, timeout: float | None = None
         return task
     finally:
         await listener.close()
+
+
+async def astream(queue: Queue, cursor: engine.streams.Cursor) -> AsyncIterator[StreamItem]:
+    """:meth:`Queue.stream` for asyncio code, on ``queue``, as ``cursor`` says."""
+    # listening before the first look: no entry, and no end, slips by
+    listener = await queue.store.atask_listener(cursor.task_id, streams=True) if cursor.follow else None
+    try:
+        page = await engine.adrive(queue.store, cursor.read(queue.settings, first=True))
+        while True:
+            for item in cursor.take(page):
+                yield item
+            if cursor.done or cursor.capped:
+                return
+            pause = cursor.pause()
+            if pause is None:
+                return
+            if pause and listener is not None:
+                await listener.wait(pause)
+            page = await engine.adrive(queue.store, cursor.read(queue.settings))
+    finally:
+        if listener is not None:
+            await listener.close()
 
 
 async def connect_async(dsn: str | None = None, **options: Any) -> AsyncQueue:

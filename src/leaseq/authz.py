@@ -140,6 +140,7 @@ ACTIONS: dict[str, Action] = {a.name: a for a in (
     Action("report_loss", "work", "report lease losses", own_worker=True),
     Action("intend", "work", "record intents", own_worker=True),
     Action("wait", "work", "end attempts in durable waits (sleeps, signal waits)", own_worker=True),
+    Action("emit", "work", "append to tasks' streams", own_worker=True),
     Action("enqueue", "enqueue", "enqueue tasks", queue_scope=True),
     # reads
     Action("whoami", None, "say who it is"),

@@ -44,7 +44,7 @@ import os
 import time
 import urllib.request
 import warnings
-from collections.abc import Generator, Mapping, Sequence
+from collections.abc import Generator, Iterator, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from datetime import datetime, timedelta
@@ -59,15 +59,20 @@ from .core.errors import (BackendUnavailable, ConfigError, InvalidInput, LeaseLo
 from .core import policy
 from .core.checks import check_trace_context
 from .engine.durable import check_signal_name, check_until
-from .core.model import Claim, Claims, Effect, Task, Worker
+from .core.model import Claim, Claims, Effect, StreamItem, Task, Worker
 from .engine.effects import check_effect_of
+from .engine.streams import check_cursor, check_follow, check_item
 from .engine.waits import check_timeout, timed_out
 from .observability.tracing import traced_enqueue
 from .core.capabilities import Capabilities
-from .service.wire import claim_from, effect_from, event_from, parse_time, task_from, worker_from
+from .service.wire import (SseReader, claim_from, effect_from, event_from, parse_time, stream_item_from, task_from,
+                           worker_from)
 
 #: Seconds one wait request asks the service to wait (it may cut that to its ``wait_limit``).
 WAIT_REQUEST = 25.0
+#: Seconds a stream's response may stay silent before the client gives up on it (the service
+#: sends a keep-alive every 15 s).
+STREAM_READ = 30.0
 
 
 #: Set to 1 to let :class:`RemoteQueue` send its token over plain http:// to another machine.
@@ -381,6 +386,14 @@ class _Operations:
         return dict((yield _Request("POST", path, {"generation": claim.generation, "key": key, "name": name,
                                                    "timeout": timeout})))
 
+    def _emit(self, worker: Worker | str, claim: Claim, item: Any, key: str | None) -> _Op[dict[str, Any]]:
+        _, path = self._worker_path(worker, claim, "stream")
+        check_item(item)  # JSON, and not too large: refused here, as the queue would
+        body: dict[str, Any] = {"generation": claim.generation, "item": item}
+        if key is not None:
+            body["key"] = key
+        return dict((yield _Request("POST", path, body)))
+
     def _report_loss(self, worker: Worker | str, claim: Claim, reason: str) -> _Op[None]:
         _, path = self._worker_path(worker, claim, "loss")
         yield _Request("POST", path, {"generation": claim.generation, "reason": reason})
@@ -543,6 +556,14 @@ class RemoteQueue(_Operations):
 
     def _call(self, method: str, path: str, body: Any = None, params: dict[str, Any] | None = None, *,
               wait: float = 0.0, headers: dict[str, str] | None = None) -> Any:
+        resp = self._urlopen(method, path, body, params, wait=wait, headers=headers)
+        return _answer(self.url, resp.status, resp.data)
+
+    def _urlopen(self, method: str, path: str, body: Any = None, params: dict[str, Any] | None = None, *,
+              wait: float = 0.0, headers: dict[str, str] | None = None,
+              preload: bool = True) -> urllib3.BaseHTTPResponse:
+        """The response to one request, after the 429s it may be retried for (``preload=False``:
+        its body is read as it arrives)."""
         # A long poll may take ``wait`` seconds before the service answers at all.
         timeout = self._timeout if not wait else urllib3.Timeout(connect=self.timeout, read=self.timeout + wait)
         url = self._url(path) if not params else f"{self._url(path)}?{urlencode(params)}"
@@ -550,14 +571,15 @@ class RemoteQueue(_Operations):
         sent = self._headers if headers is None else {**self._headers, **headers}
         for attempt in range(self.rate_limit_retries + 1):
             try:
-                resp = self._http.urlopen(method, url, body=data, headers=sent, timeout=timeout, redirect=False)
+                resp = self._http.urlopen(method, url, body=data, headers=sent, timeout=timeout, redirect=False,
+                                          preload_content=preload)
             except urllib3.exceptions.HTTPError as exc:
                 raise _unreachable(self.url, exc) from None
             if resp.status == RateLimited.http_status and attempt < self.rate_limit_retries:
                 time.sleep(_retry_after(resp.data, resp.headers))
                 continue
             break
-        return _answer(self.url, resp.status, resp.data)
+        return resp
 
     def _url(self, path: str) -> str:
         """The absolute URL of ``path`` (kept: a worker calls the same few paths again and again)."""
@@ -688,6 +710,61 @@ class RemoteQueue(_Operations):
     def signals(self, task_id: int) -> list[dict[str, Any]]:
         """A task's signals, oldest first; see :meth:`leaseq.Queue.signals`."""
         return self._run(self._signals(task_id))
+
+    def emit(self, worker: Worker | str, claim: Claim, item: Any, *, key: str | None = None) -> dict[str, Any]:
+        """Append ``item`` to the task's stream under the lease; see :meth:`leaseq.Queue.emit`."""
+        return self._run(self._emit(worker, claim, item, key))
+
+    def stream(self, task_id: int, *, after: int = 0, follow: bool = True,
+               timeout: float | None = None) -> Iterator[StreamItem]:
+        """A task's stream after the cursor ``after``; see :meth:`leaseq.Queue.stream` (a token that
+        may read the task; a token that may not read payloads gets each item redacted).
+
+        Server-sent events from ``GET /v1/tasks/{id}/stream``: each response follows for
+        the service's ``stream_seconds`` at most (or sends its ``stream_items``), then this
+        asks again after the last entry it got, until the stream is over or ``timeout``
+        seconds have passed."""
+        cursor = check_cursor(after)
+        check_follow(follow)
+        timeout = check_timeout(timeout)
+        return self._follow(_task_id(task_id), cursor, follow,
+                            None if timeout is None else time.monotonic() + timeout)
+
+    def _follow(self, task_id: int, cursor: int, follow: bool, deadline: float | None) -> Iterator[StreamItem]:
+        while True:
+            left = None if deadline is None else deadline - time.monotonic()
+            if left is not None and left <= 0:
+                return
+            params: dict[str, Any] = {"after": cursor, "follow": "true" if follow else "false"}
+            if left is not None:
+                params["timeout"] = left
+            resp = self._urlopen("GET", f"/v1/tasks/{task_id}/stream", params=params, preload=False,
+                              headers={"Accept": "text/event-stream", "Last-Event-ID": str(cursor)},
+                              wait=STREAM_READ)
+            try:
+                if not 200 <= resp.status < 300:
+                    _answer(self.url, resp.status, resp.data)  # raises the service's error
+                reader = SseReader()
+                try:
+                    for chunk in resp.stream(65536):
+                        for event, event_id, data in reader.feed(chunk):
+                            if event in ("item", "reset"):
+                                entry = stream_item_from(data)
+                                cursor = event_id if event_id is not None else entry.seq
+                                yield entry
+                            elif event == "end":
+                                return
+                            elif event == "error":
+                                cls = error_class(str(data.get("code")))
+                                if cls is not None:
+                                    raise cls.from_wire(str(data.get("message")), {})
+                                raise BackendUnavailable(f"leaseq service at {self.url}: {data.get('message')}")
+                except urllib3.exceptions.HTTPError as exc:
+                    raise BackendUnavailable(f"leaseq service at {self.url}: {type(exc).__name__}: {exc}") from None
+            finally:  # closed, not kept: a stream left early has unread entries on its connection
+                resp.close()
+                resp.release_conn()
+            # the response ended without "end" (its time or its count was up): ask again after the last entry
 
     def report_loss(self, worker: Worker | str, claim: Claim, reason: str) -> None:
         """Add the worker's own account of losing a lease to the evidence trail."""
@@ -951,6 +1028,11 @@ class AsyncRemoteQueue(_Operations):
                           timeout: float | None = None) -> dict[str, Any]:
         """:meth:`RemoteQueue.wait_signal`, awaited."""
         return await self._run(self._wait_signal(worker, claim, key, name, timeout))
+
+    async def emit(self, worker: Worker | str, claim: Claim, item: Any, *,
+                   key: str | None = None) -> dict[str, Any]:
+        """Append ``item`` to the task's stream under the lease; see :meth:`leaseq.Queue.emit`."""
+        return await self._run(self._emit(worker, claim, item, key))
 
     async def report_loss(self, worker: Worker | str, claim: Claim, reason: str) -> None:
         """:meth:`RemoteQueue.report_loss`, awaited."""

@@ -181,8 +181,15 @@ def test_every_async_method_has_its_queue_methods_typed_signature() -> None:
     # context managers: `async with` where the queue's are `with`; run_in: a joined view's raw statements
     contexts, async_only = {"hold_attempt", "joined"}, {"run_in"}
     own_return = {"listener"}  # a waiter whose wait and close are awaited
+    # iterators: `async for` where the queue's are `for`, with the same parameters
+    iterators = {"stream"}
     assert set(coros) - {"close"} - async_only == set(sync) - sync_only - {"close"}
     for name, coro in coros.items():
+        if name in iterators:
+            got, want = inspect.signature(coro), inspect.signature(sync[name])
+            assert got.parameters == want.parameters, name
+            assert "AsyncIterator" in str(got.return_annotation) and "Iterator" in str(want.return_annotation), name
+            continue
         if name in contexts:
             assert inspect.isasyncgenfunction(inspect.unwrap(coro)), name
             assert list(inspect.signature(coro).parameters) == list(inspect.signature(sync[name]).parameters), name

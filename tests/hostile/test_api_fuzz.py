@@ -176,6 +176,20 @@ def test_reads_switches_and_housekeeping(world, data, op):
     world.refused_or_ok(fields, call, *args, **kwargs)
 
 
+@FUZZ
+@given(data=st.data(), op=st.sampled_from(["emit", "stream"]))
+def test_streams_with_hostile_arguments(world, data, op):
+    q = world.q
+    if op == "emit":  # an item or a ledger key the stream cannot take: refused, nothing written
+        kwargs, fields = hostile_kwargs(data, {"item": {"progress": 1}, "key": None})
+        world.refused_or_ok(fields, q.emit, world.worker, world.claim, **kwargs)
+        assert q.get(world.running.id).status == "running"
+        return
+    # a read of a completed task's stream: following ends at once, whatever was asked
+    kwargs, fields = hostile_kwargs(data, {"after": 0, "follow": False, "timeout": None})
+    world.refused_or_ok(fields, lambda **kw: list(q.stream(world.done.id, **kw)), **kwargs)
+
+
 def test_begin_effect_names_the_action_field(world):
     with pytest.raises(InvalidInput) as info:
         world.q.begin_effect(world.worker, world.claim, "")

@@ -33,7 +33,8 @@ JSON_VALUE = st.one_of(JSONISH, ODD_TEXT, NUMBERS.filter(lambda v: v == v and ab
                        st.sampled_from(["a\x00b", "\ud800", {"k\x00": 1}, ["\udc00"], 2**64, -(2**63) - 1]))
 FIELDS = ["kind", "payload", "effect", "queue", "idempotency_key", "priority", "delay", "max_attempts",
           "lease_seconds", "limit", "generation", "result", "error", "retry", "block", "reason", "action", "key",
-          "response", "leases", "name", "note", "outcome", "by", "older_than_seconds"]
+          "response", "leases", "name", "note", "outcome", "by", "older_than_seconds", "item", "after", "follow",
+          "timeout"]
 
 
 class Running:
@@ -61,12 +62,15 @@ class Running:
                 f"/v1/workers/{w}/claim", f"/v1/workers/{w}/renew", f"/v1/workers/{w}/tasks/{r}/complete",
                 f"/v1/workers/{w}/tasks/{r}/fail", f"/v1/workers/{w}/tasks/{r}/release",
                 f"/v1/workers/{w}/tasks/{r}/effects", f"/v1/workers/{w}/tasks/{r}/effects/1/response",
-                "/v1/tokens", "/v1/prune", f"/v1/workers/{w}/revoke"]
+                "/v1/tokens", "/v1/prune", f"/v1/workers/{w}/revoke", f"/v1/workers/{w}/tasks/{r}/stream",
+                f"/v1/tasks/{t}/stream", f"/v1/tasks/{r}/stream"]
 
 
 @pytest.fixture
 def service(q: leaseq.Queue, dsn: str) -> Iterator[Running]:
-    server = uvicorn.Server(uvicorn.Config(create_app(q), host="127.0.0.1", port=0, log_level="critical",
+    # a stream that follows answers within half a second (then "reconnect"), not the default 25 s
+    server = uvicorn.Server(uvicorn.Config(create_app(q, stream_seconds=0.5), host="127.0.0.1", port=0,
+                                           log_level="critical",
                                            lifespan="on", access_log=False))
     thread = threading.Thread(target=server.run, daemon=True)
     thread.start()

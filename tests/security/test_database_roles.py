@@ -31,7 +31,8 @@ from fault.test_worker_processes import Workers, lease_expired
 
 TABLES = ("leaseq_tasks", "leaseq_events", "leaseq_effects", "leaseq_workers", "leaseq_approvals", "leaseq_tokens",
           "leaseq_audit", "leaseq_limits", "leaseq_queues", "leaseq_db_roles", "leaseq_dependencies",
-          "leaseq_migrations", "leaseq_leader", "leaseq_sessions", "leaseq_worker_kinds", "leaseq_action_tokens")
+          "leaseq_migrations", "leaseq_leader", "leaseq_sessions", "leaseq_worker_kinds", "leaseq_action_tokens",
+          "leaseq_stream_items")
 
 
 @pytest.fixture
@@ -658,3 +659,37 @@ def test_durable_waits_as_roles_a_worker_waits_and_only_an_operator_signals_unde
         assert (got["state"], got["payload"], got["sent_by"]) == ("received", {"ok": 1}, role)
         q.complete(w, claim, None)
     refused(worker_dsn, f"SELECT * FROM leaseq_q_insert_signal('forged', {task.id}, 'go', NULL)")
+
+
+def test_streams_as_roles_a_worker_emits_under_its_lease_and_readers_read_within_their_scope(
+        admin, make_role) -> None:
+    """A worker role appends to a task's stream through the lease-guarded function, as an
+    identity its role registered; another worker role may neither read that stream (it never
+    held the task) nor append under the first one's identity; a viewer role reads it, a viewer
+    scoped to other queues does not, and neither writes."""
+    worker_dsn, stranger_dsn = make_role("worker"), make_role("worker")
+    viewer_dsn, scoped_dsn = make_role("viewer"), make_role("viewer", "alpha")
+    task = admin.enqueue("job", {}, idempotency_key="streams-roles")
+    with leaseq.connect(worker_dsn) as q:
+        w = q.register_worker("host")
+        [claim] = q.claim(w, lease_seconds=60)
+        assert q.emit(w, claim, {"n": 1})["seq"] == 2
+        assert q.emit(w, claim, {"plan": 1}, key="streams-roles:emit:0")["replayed"] is False
+        assert [e.seq for e in q.stream(task.id, follow=False)] == [1, 2, 3]  # the task its identity holds
+    before = snapshot(admin)
+    with leaseq.connect(stranger_dsn) as q:
+        with pytest.raises(AccessDenied, match="never held task"):
+            list(q.stream(task.id, follow=False))
+        with pytest.raises(AccessDenied, match="was not registered by role"):
+            q.emit(w, claim, "written under another role's identity")
+    refused(stranger_dsn, "SELECT * FROM leaseq_q_append_stream('1'::jsonb, NULL, %s, %s, %s)",
+            (w.id, task.id, claim.generation))
+    with leaseq.connect(viewer_dsn) as q:
+        assert [e.item for e in q.stream(task.id, follow=False)] == [None, {"n": 1}, {"plan": 1}]
+        with pytest.raises(AccessDenied, match="permission denied|may call this"):
+            q.emit(w, claim, "as a viewer")
+    with leaseq.connect(scoped_dsn) as q:
+        with pytest.raises(AccessDenied, match="may not reach task"):
+            list(q.stream(task.id, follow=False))
+    assert snapshot(admin) == before
+    admin.complete(w, claim, None)

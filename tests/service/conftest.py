@@ -46,9 +46,10 @@ def serve(q: leaseq.Queue, **settings: Any) -> Iterator[tuple[str, Any]]:
         # A dashboard live stream whose browser went away ends at its next tick; wait for
         # that, since its database calls must not outlive the queue the test closes next.
         deadline = time.monotonic() + 5
-        while app.state.live_streams and time.monotonic() < deadline:
+        while (app.state.live_streams or app.state.task_streams) and time.monotonic() < deadline:
             time.sleep(0.01)
         assert not app.state.live_streams, "a live stream outlived its client by 5 s"
+        assert not app.state.task_streams, "a task's stream outlived its client by 5 s"
         # Maintenance stops here, before the test closes the queue: its threads use the
         # queue's connections, and a SQLite connection closed under a running statement
         # crashes the process. Clients are closed and no request is in flight; uvicorn

@@ -44,6 +44,7 @@ COLUMNS: dict[str, str] = {
     "leaseq_approvals.note": CLEARED,  # an approval's note, a denial's reason
     "leaseq_approvals.digest": CLEARED,  # unsalted: a payload can be guessed from it
     "leaseq_signals.payload": CLEARED,  # what a person or a system sent the task
+    "leaseq_stream_items.item": "deleted at the payload cut-off (or by the streams' own retention), with the task",
     "leaseq_events.detail": "reduced to EVIDENCE_KEYS at the payload cut-off, copied so to the evidence record",
     "leaseq_audit.detail": "a task's entries reduced to EVIDENCE_KEYS (reasons, notes, digests go)",
     "leaseq_evidence.detail": "EVIDENCE_KEYS only, by construction",
@@ -53,6 +54,8 @@ COLUMNS: dict[str, str] = {
         "trace_context", "limits", "resources", "singleton_key", "debounce_key", "wait_signal")},
     **{f"leaseq_signals.{c}": "identifier or sender (deleted with the task)" for c in (
         "name", "sent_by", "consumed_key")},
+    **{f"leaseq_stream_items.{c}": "state or identifier (deleted with the entry)" for c in (
+        "type", "ledger_key", "worker_id")},
     **{f"leaseq_effects.{c}": "identifier or state" for c in (
         "worker_id", "action", "idempotency_key", "status", "effect", "resource")},
     **{f"leaseq_approvals.{c}": "who asked and who decided" for c in (
@@ -173,6 +176,8 @@ def _ended_tasks(q: leaseq.Queue) -> dict[str, int]:
     q.finish_effect(w, c, tool, {"tool_output": s})
     child = q.intend(w, c, "executor", {"intent": s}, key="k1", queue="ended-intents")
     q.signal(t.id, "reply", {"text": s}, by="ops")  # kept for a wait that never comes
+    q.emit(w, c, {"progress": s})  # the task's stream: what the handler emitted
+    q.emit(w, c, {"plan": s}, key=f"{t.idempotency_key}:emit:0")  # durable: in the ledger too
     q.complete(w, c, {"answer": s})
     made["completed"] = t.id
     # the intent's own task ends too (cancelled by a person, with a reason)
@@ -237,6 +242,7 @@ def _live_tasks(q: leaseq.Queue) -> dict[str, int]:
     [c] = q.claim(w, queue="live-running")
     fx = q.begin_effect(w, c, "email.send")
     q.finish_effect(w, c, fx, {"model_output": s})
+    q.emit(w, c, {"progress": s})
     made["running"] = t.id
     made["awaiting_approval"] = q.enqueue("job", {"text": s}, queue="live-gated", approval="required",
                                           by="alice").id
@@ -254,7 +260,7 @@ def _live_tasks(q: leaseq.Queue) -> dict[str, int]:
 
 
 def _snapshot(q: leaseq.Queue, ids: dict[str, int]) -> dict[str, Any]:
-    return {name: (q.get(i), q.events(i), q.effects(i)) for name, i in ids.items()}
+    return {name: (q.get(i), q.events(i), q.effects(i), list(q.stream(i, follow=False))) for name, i in ids.items()}
 
 
 def _evidence_keys() -> set[str]:
@@ -294,6 +300,7 @@ def test_retention_clears_user_data_then_prunes_every_ended_status(q: leaseq.Que
     for task_id in ended.values():
         task = q.get(task_id)
         assert task.payload is None and task.result is None and task.last_error is None
+        assert list(q.stream(task_id)) == []  # the stream, what the handler emitted, is gone
         assert all(fx.response is None and fx.args_digest is None for fx in q.effects(task_id))
         for e in q.events(task_id)[1:]:  # the first is the row's own "enqueued" entry
             assert set(e.detail) <= _evidence_keys(), (e.type, e.detail)
@@ -448,3 +455,37 @@ def test_the_audit_log_is_kept_on_the_evidence_clock(q: leaseq.Queue, dsn: str) 
     assert counts["audit_pruned"] == 3
     left = [e["action"] for e in auth.audit_log(q)]
     assert "pause" not in left and "resume" in left and "prune" in left
+
+
+def test_streams_have_a_retention_of_their_own(q: leaseq.Queue, dsn: str) -> None:
+    """``streams_older_than_seconds`` deletes the streams of tasks that ended longer ago than
+    that, and nothing else: the task, its trail (where each attempt's stream began) and a
+    stream of a task still running or ended more recently stay."""
+    w = q.register_worker("w")
+    made = {}
+    for name in ("old", "recent", "running"):
+        t = q.enqueue("job", {"text": name}, queue=f"st-{name}", idempotency_key=f"st-{name}")
+        [c] = q.claim(w, queue=f"st-{name}")
+        q.emit(w, c, {"progress": ENDED if name != "running" else LIVE})
+        q.emit(w, c, {"plan": name}, key=f"st-{name}:emit:0")
+        if name != "running":
+            q.complete(w, c, {"answer": name})
+        made[name] = t.id
+    age_tasks(dsn, [made["old"], made["running"]], 3 * DAY)
+    age_tasks(dsn, [made["recent"]], DAY / 2)
+    for bad in (-1, float("nan"), "2d"):
+        with pytest.raises(leaseq.InvalidInput) as info:
+            q.prune(30 * DAY, streams_older_than_seconds=bad)  # type: ignore[arg-type]
+        assert info.value.field == "streams_older_than_seconds"
+    assert q.prune(30 * DAY)["streams"] == 0  # not asked for: streams stay with their tasks
+    counts = q.prune(30 * DAY, streams_older_than_seconds=DAY, batch=1)
+    assert counts["streams"] == 1 and counts["tasks"] == 0 and counts["payloads"] == 0
+    assert list(q.stream(made["old"])) == []
+    assert len(list(q.stream(made["recent"]))) == 3 and len(list(q.stream(made["running"], follow=False))) == 3
+    old = q.get(made["old"])
+    assert old.result == {"answer": "old"}  # the task and its other data stay
+    assert [e.detail for e in q.events(old.id) if e.type == "stream_started"] == [{"seq": 1}]
+    assert q.stream_stats(old.id)["attempts"] == []
+    assert q.prune(30 * DAY, streams_older_than_seconds=DAY)["streams"] == 0  # deleted once
+    [entry] = [e for e in auth.audit_log(q) if e["action"] == "prune" and e["detail"].get("streams")]
+    assert entry["detail"]["streams_older_than_seconds"] == DAY

@@ -112,7 +112,8 @@ def _cases(svc: Service, worker_id: str) -> dict[str, list[Call]]:
                        lambda c: c.get(f"/v1/tasks/{fresh()}/timeline"),
                        lambda c: c.get(f"/v1/tasks/{q.enqueue('job', approval='required').id}/approval")],
         # a task no worker of the calling token ever held (see test_worker_tokens_read_only_their_own_tasks)
-        "read_task": [lambda c: c.get(f"/v1/tasks/{fresh()}")],
+        "read_task": [lambda c: c.get(f"/v1/tasks/{fresh()}"),
+                      lambda c: c.get(f"/v1/tasks/{fresh()}/stream", params={"follow": "false"})],
         "list_tokens": [lambda c: c.get("/v1/tokens")],
         "create_token": [lambda c: c.post("/v1/tokens", json={"name": "x", "role": "viewer"})],
         "revoke_token": [lambda c: c.delete(
@@ -126,6 +127,7 @@ def _cases(svc: Service, worker_id: str) -> dict[str, list[Call]]:
         cases[spec.name] = [_operator_case(q, spec)]
     cases.update({
         "wait": [on_lease("sleep", lambda t, g: {"generation": g, "key": f"roles-{t}:sleep:0", "seconds": 60})],
+        "emit": [on_lease("stream", lambda t, g: {"generation": g, "item": {"progress": 1}})],
         "signal": [lambda c: c.post(f"/v1/tasks/{fresh()}/signals/go", json={"payload": 1})],
         "read_signals": [lambda c: c.get(f"/v1/tasks/{fresh()}/signals")],
         "redrive": [lambda c: c.post("/v1/tasks/redrive", json={"queue": "nothing-here", "dry_run": True})],

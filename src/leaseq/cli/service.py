@@ -96,6 +96,9 @@ def cli_actor() -> str:
 @click.option("--prune-evidence-older-than", metavar="AGE", default=None, show_default="365d, or --prune-older-than "
               "if longer", help="Delete the evidence records of tasks that ended more than AGE ago, and "
               "audit entries written more than AGE ago.")
+@click.option("--prune-streams-older-than", metavar="AGE", default=None,
+              help="Delete the streams (what handlers emitted) of tasks that ended more than AGE ago; without it "
+                   "a stream goes with the task's other user data.")
 @click.option("--prune-every", metavar="AGE", default="1h", show_default=True, help="How often retention runs.")
 @click.option("--sweep-every", metavar="AGE", default="10s", show_default=True,
               help="How often expired leases are routed (needs_reconciliation, retries) without waiting for a "
@@ -120,7 +123,8 @@ def cli_actor() -> str:
 def serve(ctx: click.Context, host: str, port: int, migrate: bool, rate: float, burst: float,
           failed_auth_rate: float, failed_auth_burst: float, max_body_bytes: int, public_metrics: bool,
           secure_cookies: bool, forwarded_allow_ips: str, trusted_host: tuple[str, ...], docs: bool, prune_older_than: str | None,
-          prune_payloads_older_than: str | None, prune_evidence_older_than: str | None, prune_every: str, sweep_every: str, leader_lease: str,
+          prune_payloads_older_than: str | None, prune_evidence_older_than: str | None,
+          prune_streams_older_than: str | None, prune_every: str, sweep_every: str, leader_lease: str,
           waits_per_token: int, waits_per_process: int, processes: int, log_level: str, log_format: str) -> None:
     """Serve the queue over HTTP: worker API, operator API, dashboard and /metrics.
 
@@ -138,7 +142,10 @@ def serve(ctx: click.Context, host: str, port: int, migrate: bool, rate: float, 
     older = parse_duration("prune_older_than", prune_older_than)
     payloads = parse_duration("prune_payloads_older_than", prune_payloads_older_than)
     evidence = parse_duration("prune_evidence_older_than", prune_evidence_older_than)
+    streams = parse_duration("prune_streams_older_than", prune_streams_older_than)
     every = parse_duration("prune_every", prune_every)
+    if streams is not None and older is None:
+        raise CliError("prune_streams_older_than", "needs --prune-older-than as well")
     if payloads is not None and older is None:
         raise CliError("prune_payloads_older_than", "needs --prune-older-than as well")
     if evidence is not None and older is None:
@@ -163,7 +170,7 @@ def serve(ctx: click.Context, host: str, port: int, migrate: bool, rate: float, 
         failed_auth_burst=failed_auth_burst, max_body_bytes=max_body_bytes, public_metrics=public_metrics,
         secure_cookies=secure_cookies, forwarded_allow_ips=forwarded_allow_ips, trusted_hosts=tuple(hosts), docs=docs,
         prune_older_than=older, prune_payloads_older_than=payloads, prune_evidence_older_than=evidence,
-        prune_every=every or 3600.0,
+        prune_streams_older_than=streams, prune_every=every or 3600.0,
         sweep_every=sweep, leader_lease_seconds=lease, waits_per_token=waits_per_token,
         waits_per_process=waits_per_process)
     if processes > 1:
@@ -470,21 +477,27 @@ def revoke(ctx: click.Context, token_id: str | None, worker_id: str | None, as_j
 @click.option("--evidence-older-than", metavar="AGE", default=None, show_default="365d, or --older-than if longer",
               help="Delete the evidence records of tasks that ended more than AGE ago, and audit entries "
                    "written more than AGE ago.")
+@click.option("--streams-older-than", metavar="AGE", default=None,
+              help="Delete the streams (what handlers emitted) of tasks that ended more than AGE ago; without it "
+                   "a stream goes with the task's other user data.")
 @json_option
 @click.pass_context
 def prune(ctx: click.Context, older_than: str, payloads_older_than: str | None, evidence_older_than: str | None,
-          as_json: bool) -> None:
+          streams_older_than: str | None, as_json: bool) -> None:
     """Apply retention now. Blocked and needs_reconciliation tasks are kept for a person."""
     q = open_queue(ctx)
     older = parse_duration("older_than", older_than)
     payloads = parse_duration("payloads_older_than", payloads_older_than)
     evidence = parse_duration("evidence_older_than", evidence_older_than)
+    streams = parse_duration("streams_older_than", streams_older_than)
     # audited by Queue.prune, each batch in its own transaction
     counts = q.prune(older, payloads_older_than_seconds=payloads,  # type: ignore[arg-type]
-                     evidence_older_than_seconds=evidence, by=cli_actor(), via="cli")
+                     evidence_older_than_seconds=evidence, streams_older_than_seconds=streams, by=cli_actor(),
+                     via="cli")
     if as_json:
         emit_json(counts)
         return
     click.echo(f"pruned {counts['tasks']} task(s), {counts['events']} event(s), {counts['effects']} effect(s); "
                f"cleared {counts['payloads']} task(s)' user data; kept {counts['evidence']} and pruned "
-               f"{counts['evidence_pruned']} evidence entries and {counts['audit_pruned']} audit entries")
+               f"{counts['evidence_pruned']} evidence entries and {counts['audit_pruned']} audit entries"
+               + (f"; deleted {counts['streams']} task(s)' streams" if streams is not None else ""))

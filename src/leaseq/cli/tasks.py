@@ -1,8 +1,9 @@
-"""``leaseq migrate``, ``enqueue``, ``ls``, ``show`` and ``wait``."""
+"""``leaseq migrate``, ``enqueue``, ``ls``, ``show``, ``wait`` and ``stream``."""
 
 from __future__ import annotations
 
 import dataclasses
+import json
 import os
 from datetime import datetime, timedelta, timezone
 from typing import Any
@@ -17,12 +18,13 @@ from ..queue import Queue
 from ..signature import check_enqueue
 from ..store.base import load_migrations, load_queries, parse_dsn
 from .render import effects_table, fmt_duration, make_console, status_text, task_details, task_table, timeline
-from .session import CliError, as_datetime, cli_state, emit_json, json_option, open_queue, parse_json_option
+from .session import (CliError, as_datetime, cli_state, emit_json, json_option, jsonable, open_queue,
+                      parse_json_option)
 
 
 def register(group: click.Group) -> None:
     """Add this module's commands to ``group``."""
-    for command in (migrate, enqueue, ls, show, wait):
+    for command in (migrate, enqueue, ls, show, wait, stream):
         group.add_command(command)
 
 
@@ -300,8 +302,9 @@ def show(ctx: click.Context, task_id: str, as_json: bool) -> None:
     task = q.get(checks.check_task_id(task_id))  # the argument is text: "abc" names the field
     events = [dataclasses.replace(e, at=as_datetime(e.at)) for e in q.events(task.id)]
     effects = q.effects(task.id)
+    streamed = q.stream_stats(task.id)
     if as_json:
-        emit_json({"task": task, "events": events, "effects": effects})
+        emit_json({"task": task, "events": events, "effects": effects, "stream": streamed})
         return
     console = make_console()
     console.print(task_details(task, now=q.now()))
@@ -312,6 +315,21 @@ def show(ctx: click.Context, task_id: str, as_json: bool) -> None:
         console.print()
         console.print(Text("effects ledger", style="bold"))
         console.print(effects_table(effects))
+    if streamed["attempts"]:
+        console.print()
+        console.print(Text("stream", style="bold"))
+        console.print(stream_summary(streamed), soft_wrap=True)
+
+
+def stream_summary(streamed: dict[str, Any]) -> str:
+    """What ``leaseq show`` says of a task's stream: its size, and each attempt's part of it."""
+    attempts = streamed["attempts"]
+    lines = [f"{streamed['items']} item(s), {streamed['durable']} durable, in {len(attempts)} attempt(s); "
+             f"last cursor {streamed['last_seq']} (leaseq stream {streamed['task_id']})"]
+    for a in attempts:
+        lines.append(f"  generation {a['generation']}: {a['items']} item(s) ({a['durable']} durable), "
+                     f"cursors {a['first_seq']}-{a['last_seq']}")
+    return "\n".join(lines)
 
 
 @click.command()
@@ -342,6 +360,48 @@ def wait(ctx: click.Context, task_id: str, timeout: float | None, as_json: bool)
     if task.last_error and task.status != "completed":
         line.append(f": {task.last_error}")
     make_console().print(line, soft_wrap=True)
+
+
+@click.command()
+@click.argument("task_id", metavar="TASK")
+@click.option("--after", default="0", show_default=True, metavar="CURSOR",
+              help="Print the entries after this cursor (an entry's number, as printed): resume where you stopped.")
+@click.option("--follow/--no-follow", default=True, show_default=True,
+              help="Wait for new entries until the task has ended or is parked for a person (like tail -f); "
+                   "--no-follow prints what is there and exits.")
+@click.option("--timeout", type=float, default=None,
+              help="Stop following after this many seconds (default: no limit).")
+@click.option("--json", "as_json", is_flag=True, help="One JSON object per entry, one per line.")
+@click.pass_context
+def stream(ctx: click.Context, task_id: str, after: str, follow: bool, timeout: float | None, as_json: bool) -> None:
+    """Print TASK's stream: what its handler emits (ctx.emit), entry by entry.
+
+    Each line is an entry: its cursor (#N), the attempt (generation) that wrote it,
+    and the item as JSON. Every attempt begins with a reset entry: the items the
+    earlier attempts emitted are void then, except durable ones (emitted with
+    durable=True), which stand. Follows by default until the task has ended or is
+    parked for a person; the last line (on stderr) says how it stands.
+    """
+    q = open_queue(ctx)
+    tid = checks.check_task_id(task_id)
+    try:
+        cursor = int(after.strip())
+    except ValueError:
+        raise CliError("after", f"must be a cursor, an integer 0 or more (got {after!r})") from None
+    last = None
+    for entry in q.stream(tid, after=cursor, follow=follow, timeout=timeout):
+        last = entry.seq
+        if as_json:
+            click.echo(json.dumps(jsonable(entry), ensure_ascii=False))
+        elif entry.reset:
+            click.echo(f"#{entry.seq} generation {entry.generation} reset: attempt {entry.generation} begins "
+                       "(the items of earlier attempts are void unless durable)")
+        else:
+            durable = " durable" if entry.durable else ""
+            click.echo(f"#{entry.seq} generation {entry.generation}{durable} item "
+                       f"{json.dumps(entry.item, ensure_ascii=False)}")
+    where = "" if last is None else f"; resume with --after {last}"
+    click.echo(f"task {tid} is {q.get(tid).status}{where}", err=True)
 
 
 def _told_flow_outcome(q: Any, task: Any) -> bool:

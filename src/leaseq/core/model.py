@@ -312,3 +312,30 @@ class Event:
     worker_id: str | None
     at: datetime
     detail: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class StreamItem:
+    """One entry of a task's stream (``ctx.emit``), as :meth:`leaseq.Queue.stream` reads it.
+
+    ``seq`` is its place in the task's stream (1, 2, ...): the cursor to resume
+    after (``q.stream(task_id, after=seq)``, SSE's ``Last-Event-ID``).
+    ``type`` is ``"item"`` (``item`` holds what the handler emitted) or
+    ``"reset"``: attempt ``generation`` begins, and the items of earlier
+    attempts that are not ``durable`` are void (that attempt's handler runs
+    from the top and emits them again). A durable item (``ctx.emit(item,
+    durable=True)``) stands across attempts and is in the stream once.
+    """
+
+    task_id: int
+    seq: int
+    generation: int
+    type: str
+    item: Any = None
+    durable: bool = False
+    at: datetime | None = None
+
+    @property
+    def reset(self) -> bool:
+        """Whether this entry begins an attempt (``type == "reset"``)."""
+        return self.type == "reset"

@@ -91,6 +91,8 @@ EVIDENCE_KEYS: tuple[str, ...] = (
     "priority",
     # actions, by name and ledger id
     "action", "effect", "effect_id", "recorded_generation", "previous_generation",
+    # streams: where an attempt's entries begin (a cursor)
+    "seq",
     # approvals: who asked and who decided (not the digest: unsalted, a payload can be guessed from it)
     "requested_by", "by", "via", "deadline_seconds", "approval",
 )
@@ -120,12 +122,21 @@ def retention_periods(older_than_seconds: float, payloads_older_than_seconds: fl
     return older, payloads, evidence
 
 
+def check_streams_retention(value: float | None, name: str = "streams_older_than_seconds") -> float | None:
+    """The streams' own retention (seconds since the task ended; None: kept with the task's other user data)."""
+    if value is None:
+        return None
+    return checks.check_seconds(name, value, allow_zero=True, maximum=_CENTURY)
+
+
 def prune(s: Settings, older_than_seconds: float, *, payloads_older_than_seconds: float | None = None,
           evidence_older_than_seconds: float | None = None, batch: int = 1000, by: str | None = None,
-          via: str | None = None, record_empty: bool = True) -> Op[dict[str, int]]:
+          via: str | None = None, record_empty: bool = True,
+          streams_older_than_seconds: float | None = None) -> Op[dict[str, int]]:
     """:meth:`leaseq.Queue.prune`: one transaction per batch, each audited."""
     older, payloads, evidence = retention_periods(older_than_seconds, payloads_older_than_seconds,
                                            evidence_older_than_seconds)
+    streams = check_streams_retention(streams_older_than_seconds)
     batch = checks.check_int("batch", batch, minimum=1, maximum=100_000)
     actor(by, via)  # checked before anything runs
     yield BEGIN
@@ -133,9 +144,11 @@ def prune(s: Settings, older_than_seconds: float, *, payloads_older_than_seconds
     yield COMMIT
     settings = dict(older_than_seconds=older, payloads_older_than_seconds=payloads,
                     evidence_older_than_seconds=evidence)
+    if streams is not None:
+        settings["streams_older_than_seconds"] = streams
     keys = list(EVIDENCE_KEYS)
     counts = dict.fromkeys(("tasks", "events", "effects", "payloads", "evidence", "evidence_pruned",
-                            "audit_pruned"), 0)
+                            "audit_pruned", "streams"), 0)
 
     def passes(step: str, cut: float) -> Op[None]:
         while True:
@@ -144,6 +157,11 @@ def prune(s: Settings, older_than_seconds: float, *, payloads_older_than_seconds
             if step in ("evidence", "audit"):  # the evidence record, then the audit log: one clock
                 n = len((yield rows(f"prune_{step}", older_than=cut, limit=batch)))
                 done[f"{step}_pruned"] = n
+            elif step == "streams":  # the streams of ended tasks, on a retention of their own
+                ids = [r["id"] for r in (yield rows("streams_finished_ids", older_than=cut, limit=batch))]
+                n = done["streams"] = len(ids)
+                if ids:
+                    yield rows("prune_streams", task_ids=ids)
             else:
                 ids = [r["id"] for r in (yield rows(f"{step}_finished_ids", older_than=cut, limit=batch))]
                 n = len(ids)
@@ -159,6 +177,8 @@ def prune(s: Settings, older_than_seconds: float, *, payloads_older_than_seconds
 
     # deleting first: what is deleted now need not be cleared first
     yield from passes("prune", older)
+    if streams is not None:
+        yield from passes("streams", streams)
     if payloads is not None:
         yield from passes("scrub", payloads)
     yield from passes("evidence", evidence)
@@ -172,7 +192,7 @@ def prune(s: Settings, older_than_seconds: float, *, payloads_older_than_seconds
 
 def _scrub(ids: list[int], keys: list[str], done: dict[str, int], *, deleting: bool) -> Op[None]:
     """Clear the user data of the ended tasks ``ids`` in the open transaction (payload,
-    result, last error, effect responses, approval notes, event details and the tasks'
+    result, last error, streams, effect responses, approval notes, event details and the tasks'
     audit entries beyond :data:`EVIDENCE_KEYS`); with ``deleting``, then copy each
     trail to the evidence record and delete the tasks with everything that hangs off them."""
     yield rows("scrub_audit", task_ids=ids, kept_keys=keys)
@@ -183,6 +203,7 @@ def _scrub(ids: list[int], keys: list[str], done: dict[str, int], *, deleting: b
         done["tasks"] = len((yield rows("prune_tasks", task_ids=ids)))
         return
     done["payloads"] = len((yield rows("scrub_tasks", task_ids=ids)))
+    yield rows("prune_streams", task_ids=ids)  # what the handler emitted: user data
     yield rows("scrub_effects", task_ids=ids)
     yield rows("scrub_signals", task_ids=ids)
     yield rows("scrub_approvals", task_ids=ids)

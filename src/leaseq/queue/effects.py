@@ -83,6 +83,21 @@ class EffectOps(QueueBase):
         """
         return self._run(engine.durable.wait_signal(self.settings, worker, claim, key, name, timeout=timeout))
 
+    # -- streams (a handler's ctx.emit) ----------------------------------------
+
+    def emit(self, worker: Worker | str, claim: Claim, item: Any, *, key: str | None = None) -> dict[str, Any]:
+        """Append ``item`` (JSON, at most 64 KiB) to the task's stream, under the lease guard (what
+        ``ctx.emit`` sends). Answers ``{"seq": ..., "generation": ..., "replayed": False}``: ``seq``
+        is the entry's cursor in the stream (see :meth:`stream`).
+
+        The first entry an attempt appends comes after a ``reset`` entry of its generation.
+        With ``key`` the item is durable: it is recorded in the action ledger under ``key`` in
+        the same transaction, and a later attempt that emits under the same key gets the
+        recorded entry back (``"replayed": True``) and appends nothing. Raises
+        :class:`LeaseLost` without authority.
+        """
+        return self._run(engine.streams.emit(self.settings, worker, claim, item, key=key))
+
     def effects(self, task_id: int) -> list[Effect]:
         """The action ledger of a task, oldest first."""
         return self._run(engine.effects.effects(self.settings, task_id))

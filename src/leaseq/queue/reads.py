@@ -7,12 +7,13 @@ from __future__ import annotations
 
 import time
 import warnings
+from collections.abc import Iterator
 from datetime import datetime
 from typing import Any
 
 from .. import engine
 from ..core import checks
-from ..core.model import Approval, Event, Task, Worker
+from ..core.model import Approval, Event, StreamItem, Task, Worker
 from .base import QueueBase
 
 
@@ -62,6 +63,51 @@ class ReadOps(QueueBase):
             return task
         finally:
             listener.close()
+
+    def stream(self, task_id: int, *, after: int = 0, follow: bool = True,
+               timeout: float | None = None) -> Iterator[StreamItem]:
+        """The entries of a task's stream (what its handler emitted with ``ctx.emit``) after the
+        cursor ``after`` (an entry's ``seq``; 0: from the start), oldest first.
+
+        ``follow=True`` (the default) follows the stream as ``tail -f`` does: once the
+        entries there are read it waits for the next, woken by the emit itself (PostgreSQL
+        LISTEN/NOTIFY on a dedicated connection; SQLite looks every 50 ms), until the task
+        has ended or is parked for a person (the statuses :meth:`wait` returns on); then the
+        entries left are read and the iteration ends. ``timeout``: stop following after that
+        many seconds (None: no limit). ``follow=False`` reads the entries there now and ends.
+
+        Each attempt's entries begin with a ``reset`` entry (:class:`StreamItem`): the items
+        of earlier attempts that are not ``durable`` are then void. Raises
+        :class:`NotFound` (when iterated) for a task that does not exist.
+        """
+        cursor = engine.streams.Cursor(task_id, after=after, follow=follow, timeout=timeout)
+        return self._follow(cursor)
+
+    def _follow(self, cursor: engine.streams.Cursor) -> Iterator[StreamItem]:
+        # listening before the first look: no entry, and no end, slips by
+        listener = self.store.task_listener(cursor.task_id, streams=True) if cursor.follow else None
+        try:
+            page = self._run(cursor.read(self.settings, first=True))
+            while True:
+                yield from cursor.take(page)
+                if cursor.done or cursor.capped:
+                    return
+                pause = cursor.pause()
+                if pause is None:
+                    return
+                if pause and listener is not None:
+                    listener.wait(pause)
+                page = self._run(cursor.read(self.settings))
+        finally:
+            if listener is not None:
+                listener.close()
+
+    def stream_stats(self, task_id: int) -> dict[str, Any]:
+        """What a task's stream holds: ``items`` (entries of type item), ``durable`` (those
+        among them that are durable), ``last_seq`` (its last cursor), and ``attempts``: per
+        generation that emitted, its ``items``, ``durable``, ``first_seq``, ``last_seq``,
+        ``first_at`` and ``last_at``. ``leaseq show`` prints it."""
+        return self._run(engine.streams.stats(self.settings, task_id))
 
     def stats(self) -> list[dict[str, Any]]:
         """Counts by queue and status, with the oldest due task's age and unrouted expired leases."""

@@ -30,7 +30,8 @@ class SchemaOps(QueueBase):
 
     def prune(self, older_than_seconds: float, *, payloads_older_than_seconds: float | None = None,
               evidence_older_than_seconds: float | None = None, batch: int = 1000, by: str | None = None,
-              via: str | None = None, record_empty: bool = True) -> dict[str, int]:
+              via: str | None = None, record_empty: bool = True,
+              streams_older_than_seconds: float | None = None) -> dict[str, int]:
         """Retention: clear the user data of ended tasks, delete them, and later their evidence record.
 
         Ended tasks (completed, cancelled, dead, denied and expired) untouched
@@ -46,22 +47,26 @@ class SchemaOps(QueueBase):
         evidence too, kept on the same clock.
         ``payloads_older_than_seconds`` (usually shorter) clears the user data
         of ended tasks and keeps the rows: payload, result and last error,
-        effect responses (model and tool output), approval notes, and every
+        the stream (:meth:`stream`: deleted), effect responses (model and tool output), approval notes, and every
         event detail and audit entry of the task beyond those keys. Blocked and
         needs_reconciliation tasks wait for a person, and live tasks are never
-        touched. Works in batches of ``batch`` tasks, one transaction each;
+        touched. ``streams_older_than_seconds`` deletes the streams of tasks that
+        ended longer ago than that (counted in ``streams``: the tasks whose stream
+        went), on a retention of their own, usually the shortest: a stream is
+        read while its task runs. Works in batches of ``batch`` tasks, one transaction each;
         each batch that changed something writes its audit entry (``by``, with
         that batch's counts) in its own transaction. A pass that changed
         nothing is audited too, unless ``record_empty`` is false. Returns
         counts: ``tasks``, ``events``, ``effects`` (deleted), ``payloads``
         (tasks cleared), ``evidence`` (evidence entries kept) and
         ``evidence_pruned`` (evidence entries deleted), ``audit_pruned`` (audit
-        entries deleted).
+        entries deleted), ``streams`` (tasks whose stream was deleted by its retention).
         """
         return self._run(engine.schema.prune(self.settings, older_than_seconds,
                                              payloads_older_than_seconds=payloads_older_than_seconds,
                                              evidence_older_than_seconds=evidence_older_than_seconds, batch=batch,
-                                             by=by, via=via, record_empty=record_empty))
+                                             by=by, via=via, record_empty=record_empty,
+                                             streams_older_than_seconds=streams_older_than_seconds))
 
     def evidence_record(self, task_id: int) -> list[dict[str, Any]]:
         """The evidence record retention kept of a pruned task, in order (empty if none).

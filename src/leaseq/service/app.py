@@ -101,6 +101,9 @@ class ServiceSettings:
     #: ...delete the evidence records of tasks that ended longer ago than this (seconds;
     #: None: a year, or prune_older_than if longer)...
     prune_evidence_older_than: float | None = None
+    #: ...delete the streams of tasks that ended longer ago than this (seconds; None: with
+    #: the task's other user data)...
+    prune_streams_older_than: float | None = None
     #: ...checking this often (seconds).
     prune_every: float = 3600.0
     #: The longest a claim request may wait for work (its ``wait`` is cut to this).
@@ -108,6 +111,10 @@ class ServiceSettings:
     #: The longest one ``GET /v1/tasks/{id}/wait`` request waits (its ``timeout`` is cut to this);
     #: RemoteQueue.wait asks again until its own timeout.
     wait_limit: float = 25.0
+    #: The longest one ``GET /v1/tasks/{id}/stream`` response follows a stream, and the most
+    #: entries it sends (then ``event: reconnect``: the client asks again after its last id).
+    stream_seconds: float = 25.0
+    stream_items: int = 1000
     #: How often a waiting claim looks again without being woken (None: 1 s where
     #: LISTEN/NOTIFY wakes it, 0.2 s on SQLite). See :mod:`leaseq.service.wakeups`.
     claim_recheck: float | None = None
@@ -345,7 +352,8 @@ def create_app(queue: Queue, settings: ServiceSettings | None = None, **options:
         leader_lease_seconds=settings.leader_lease_seconds, sweep_every=settings.sweep_every,
         approvals_every=settings.approvals_every,
         prune_older_than=settings.prune_older_than, prune_payloads_older_than=settings.prune_payloads_older_than,
-        prune_evidence_older_than=settings.prune_evidence_older_than, prune_every=settings.prune_every))
+        prune_evidence_older_than=settings.prune_evidence_older_than,
+        prune_streams_older_than=settings.prune_streams_older_than, prune_every=settings.prune_every))
     metrics.registry.register(MaintenanceCollector(maintenance))
 
     @asynccontextmanager
@@ -371,6 +379,8 @@ def create_app(queue: Queue, settings: ServiceSettings | None = None, **options:
     app.state.work_signal = work_signal
     #: Open live-update streams (see leaseq.service.live); changed on the event loop only.
     app.state.live_streams = 0
+    #: open GET /v1/tasks/{id}/stream responses
+    app.state.task_streams = 0
 
     from . import dashboard, insight, live, operator_api, worker_api, worker_batch
 

@@ -46,7 +46,7 @@ from prometheus_client.registry import Collector
 
 from ..core import checks
 from ..core.errors import InvalidInput, LeaseqError
-from ..engine.schema import retention_periods
+from ..engine.schema import check_streams_retention, retention_periods
 from ..queue import Queue
 
 logger = logging.getLogger("leaseq.service.maintenance")
@@ -98,6 +98,9 @@ class MaintenanceConfig:
     #: ...delete evidence records of tasks that ended longer ago than this (seconds;
     #: None: a year, or ``prune_older_than`` if longer)...
     prune_evidence_older_than: float | None = None
+    #: ...delete the streams of tasks that ended longer ago than this (seconds; None: with the
+    #: task's other user data)...
+    prune_streams_older_than: float | None = None
     #: ...applied this often (seconds).
     prune_every: float = DEFAULT_PRUNE_EVERY
     #: This replica's id in ``leaseq_leader`` (unique per process by default).
@@ -123,16 +126,17 @@ class MaintenanceConfig:
                 older, payloads, evidence,
                 names=("prune_older_than", "prune_payloads_older_than", "prune_evidence_older_than"))
             evidence = evidence if given is not None else None  # None: the record's default, at each pass
-        elif payloads is not None or evidence is not None:
-            raise InvalidInput("prune_payloads_older_than" if payloads is not None else "prune_evidence_older_than",
-                               "needs prune_older_than as well")
+        elif payloads is not None or evidence is not None or self.prune_streams_older_than is not None:
+            raise InvalidInput("prune_payloads_older_than" if payloads is not None else "prune_evidence_older_than"
+                               if evidence is not None else "prune_streams_older_than", "needs prune_older_than as well")
+        streams = check_streams_retention(self.prune_streams_older_than, "prune_streams_older_than")
         every = checks.check_seconds("prune_every", self.prune_every, allow_zero=False, maximum=_MAX_AGE)
         checks.check_text("replica_id", self.replica_id, required=True)
         if len(self.replica_id) > 200:
             raise InvalidInput("replica_id", "must be at most 200 characters")
         return replace(self, leader_lease_seconds=lease, sweep_every=sweep, approvals_every=approvals,
                        prune_older_than=older, prune_payloads_older_than=payloads,
-                       prune_evidence_older_than=evidence, prune_every=every)
+                       prune_evidence_older_than=evidence, prune_streams_older_than=streams, prune_every=every)
 
 
 class Signals:
@@ -202,7 +206,8 @@ class Maintenance:
         if c.prune_older_than is not None:
             jobs.append(_Job("prune", c.prune_every, lambda: self.queue.prune(
                 c.prune_older_than or 0.0, payloads_older_than_seconds=c.prune_payloads_older_than,
-                evidence_older_than_seconds=c.prune_evidence_older_than, by="service retention",
+                evidence_older_than_seconds=c.prune_evidence_older_than,
+                streams_older_than_seconds=c.prune_streams_older_than, by="service retention",
                 record_empty=False)))
         return jobs
 

@@ -15,23 +15,25 @@ import inspect
 from datetime import datetime, timedelta
 from typing import Any, Literal
 
-from fastapi import APIRouter, Depends, Path, Query, Request
+from fastapi import APIRouter, Depends, Header, Path, Query, Request
+from fastapi.responses import StreamingResponse
 from pydantic import create_model
 
 from .. import auth, authz
 from ..core import checks
 from ..signature import check_enqueue
-from ..core.errors import InvalidInput, NotFound
+from ..core.errors import InvalidInput, LeaseqError, NotFound, RateLimited
 from ..engine.dependencies import check_after
 from ..engine.enqueue import LONGEST
-from ..core.model import Task
+from ..core.model import StreamItem, Task
+from ..engine.streams import Cursor, check_cursor
 from ..aio import AsyncQueue
 from ..queue import Queue
 from .access import WORKER_ID_PATTERN, api_principal, need, room_to_wait
 from .views import (present_approval, present_effect, present_event, present_task, readable_approvals,
                     readable_overview, readable_tasks, task_timeline)
-from .wakeups import WorkSignal, wait_for_task
-from .wire import REDACTED, record_json, to_json
+from .wakeups import WorkSignal, follow_stream, wait_for_task
+from .wire import REDACTED, record_json, sse_event, to_json
 from .worker_api import Body, TaskId
 
 router = APIRouter(prefix="/v1")
@@ -111,6 +113,7 @@ class PruneBody(Body):
     older_than_seconds: float
     payloads_older_than_seconds: float | None = None
     evidence_older_than_seconds: float | None = None
+    streams_older_than_seconds: float | None = None
 
 
 def _queue(request: Request) -> Queue:
@@ -213,6 +216,92 @@ async def wait_task(request: Request, task_id: int = TaskId,
         task, settled = await wait_for_task(signal, task_id, min(timeout, request.app.state.settings.wait_limit),
                                             principal.token_id)
     return {"settled": settled, "task": present_task(task, principal)}
+
+
+def _cursor_param(text: str | None, field: str) -> int | None:
+    """A stream cursor given as text (a query parameter, a header): InvalidInput naming ``field``."""
+    if text is None:
+        return None
+    value = text.strip()
+    if not value.isdigit() or len(value) > 19:
+        raise InvalidInput(field, f"must be a stream cursor, an integer 0 or more (got {text[:40]!r})")
+    return check_cursor(int(value), field)
+
+
+def _present_entry(item: StreamItem, principal: auth.Principal) -> dict[str, Any]:
+    data: dict[str, Any] = to_json(item)
+    if item.type == "item" and not principal.read_payloads and item.item is not None:
+        data["item"] = REDACTED
+    return data
+
+
+@router.get("/tasks/{task_id}/stream", tags=["tasks"],
+            summary="A task's stream (ctx.emit) as server-sent events, resumable with Last-Event-ID")
+async def task_stream(request: Request, task_id: int = TaskId,
+                      after: str | None = Query(None, description="The cursor (an event's id) to begin after; "
+                                                                  "Last-Event-ID wins when both are given"),
+                      follow: bool = Query(True, description="Wait for new entries until the task has ended or "
+                                                             "is parked for a person; false: what is there now"),
+                      timeout: float | None = Query(None, ge=0, description="Seconds to follow at most (cut to "
+                                                                            "the service's stream_seconds)"),
+                      last_event_id: str | None = Header(None, alias="Last-Event-ID"),
+                      _room: None = Depends(room_to_wait),
+                      principal: auth.Principal = Depends(api_principal)) -> StreamingResponse:
+    """``text/event-stream``. Each entry is an event named ``item`` or ``reset`` whose ``id:``
+    is its cursor (its ``seq``) and whose data is the entry as JSON (``task_id``, ``seq``,
+    ``generation``, ``type``, ``item``, ``durable``, ``at``; ``item`` redacted for a token
+    that may not read payloads). The response ends with ``event: end`` (data: the task's
+    ``status``, ``settled``, and ``after``, the last cursor): the task has ended or is
+    parked for a person and everything was sent, or, with ``follow=false``, everything
+    there was; or with ``event: reconnect`` once it has followed for the service's
+    ``stream_seconds`` or sent ``stream_items`` entries: ask again after the last id
+    (an ``EventSource`` does so by itself, sending ``Last-Event-ID``)."""
+    await asyncio.to_thread(authz.authorize, principal, "read_task", task=task_id, facts=request.app.state.access)
+    begin = _cursor_param(last_event_id, "Last-Event-ID")
+    if begin is None:
+        begin = _cursor_param(after, "after") or 0
+    settings = request.app.state.settings
+    cursor = Cursor(task_id, after=begin, follow=follow,
+                    timeout=settings.stream_seconds if timeout is None else min(timeout, settings.stream_seconds),
+                    limit=settings.stream_items)
+    queue = AsyncQueue(_queue(request))
+    await queue.get(task_id)  # no such task: a 404, before the stream starts
+    signal: WorkSignal = request.app.state.work_signal
+    token_id = principal.token_id
+    signal.check_room(token_id)  # one of the token's waiting requests: 429 past its cap, before it starts
+
+    async def events() -> Any:
+        last = begin
+        request.app.state.task_streams += 1
+        try:
+            with signal.slot(token_id):
+                yield "retry: 2000\n\n"
+                entries = follow_stream(signal, cursor, token_id)
+                try:
+                    async for item in entries:
+                        if item is None:
+                            yield ": still here\n\n"
+                            continue
+                        last = item.seq
+                        yield sse_event(item.type, _present_entry(item, principal), event_id=item.seq)
+                finally:
+                    await entries.aclose()
+        except RateLimited as exc:  # another request took the token's last slot meanwhile
+            yield f"retry: {int(exc.retry_after * 1000)}\n\n" + sse_event("reconnect", {"after": last})
+            return
+        except LeaseqError as exc:  # the task went (pruned) or the database is away: say so, and end
+            yield sse_event("error", {"code": exc.code, "message": str(exc), "after": last})
+            return
+        finally:  # counted down once no statement of this stream is in flight
+            request.app.state.task_streams -= 1
+        if cursor.done:
+            yield sse_event("end", {"task_id": task_id, "status": cursor.status, "settled": cursor.settled,
+                                    "after": last})
+        else:
+            yield sse_event("reconnect", {"after": last})
+
+    return StreamingResponse(events(), media_type="text/event-stream",
+                             headers={"Cache-Control": "no-store", "X-Accel-Buffering": "no"})
 
 
 class SignalBody(Body):
@@ -439,6 +528,7 @@ def prune(body: PruneBody, request: Request, principal: auth.Principal = Depends
     # audited by Queue.prune, each batch in its own transaction
     return _queue(request).prune(body.older_than_seconds, payloads_older_than_seconds=body.payloads_older_than_seconds,
                                  evidence_older_than_seconds=body.evidence_older_than_seconds,
+                                 streams_older_than_seconds=body.streams_older_than_seconds,
                                  by=principal.actor, via="api")
 
 

@@ -36,13 +36,16 @@ import logging
 import random
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import AsyncGenerator, Callable, Iterator
 from contextlib import contextmanager
 from typing import Any
+
+import anyio
 
 from ..core.errors import RateLimited
 from ..core.timers import wait_event
 from ..queue import Queue
+from ..store.base import STREAM_PAYLOAD
 
 logger = logging.getLogger("leaseq.service")
 
@@ -69,6 +72,9 @@ def cap_retry_after() -> float:
 #: The longest a new task wait waits for the listener to listen on its task's channel
 #: before it looks anyway (it then relies on its re-check).
 SUBSCRIBE_SECONDS = 2.0
+#: A stream's reader that got nothing new for this long is given a keep-alive (seconds), so
+#: proxies keep its connection open.
+STREAM_KEEPALIVE = 15.0
 
 
 class _Wakeable:
@@ -100,13 +106,15 @@ class Waiter(_Wakeable):
 
 
 class TaskWaiter(_Wakeable):
-    """One request waiting for a task's end."""
+    """One request waiting for a task's end (``streams``: or following its stream)."""
 
-    __slots__ = ("task_id", "listening")
+    __slots__ = ("task_id", "listening", "streams")
 
-    def __init__(self, task_id: int):
+    def __init__(self, task_id: int, streams: bool = False):
         super().__init__()
         self.task_id = task_id
+        #: woken by the task's emits too (a stream's reader), not only by its end
+        self.streams = streams
         #: set once the shared listener listens on the task's channel (at once where nothing notifies)
         self.listening = asyncio.Event()
 
@@ -257,13 +265,14 @@ class WorkSignal:
     # -- task waits -------------------------------------------------------------------
 
     @contextmanager
-    def task_waiter(self, task_id: int) -> Iterator[TaskWaiter]:
-        """Register a request waiting for task ``task_id``'s end (on the running event loop).
+    def task_waiter(self, task_id: int, *, streams: bool = False) -> Iterator[TaskWaiter]:
+        """Register a request waiting for task ``task_id``'s end (on the running event loop);
+        ``streams``: following its stream, woken by its emits too.
 
         Await its ``listening`` before the first look: a change notified after
         that look is then heard, and not missed."""
         self._loop = asyncio.get_running_loop()
-        w = TaskWaiter(task_id)
+        w = TaskWaiter(task_id, streams)
         with self._lock:
             self._tasks.setdefault(task_id, set()).add(w)
             if task_id in self._listened:
@@ -285,13 +294,20 @@ class WorkSignal:
                     if not waiting:
                         del self._tasks[task_id]
 
-    def _wake_task(self, task_id: int | None) -> None:
-        """Wake the requests waiting for ``task_id`` (None: every task's)."""
+    def _wake_task(self, task_id: int | None, streams_only: bool = False) -> None:
+        """Wake the requests waiting for ``task_id`` (None: every task's); ``streams_only``: an
+        emit, which wakes only the stream's readers."""
         with self._lock:
             found = [w for ws in self._tasks.values() for w in ws] if task_id is None else \
                 list(self._tasks.get(task_id, ()))
         for w in found:
-            w.event.set()
+            if w.streams or not streams_only:
+                w.event.set()
+
+    def wake_stream(self, task_id: int) -> None:
+        """Wake the readers of task ``task_id``'s stream (an emit through this process). Callable
+        from any thread."""
+        self._on_loop(self._wake_task, task_id, True)
 
     @staticmethod
     def _mark_listening(waiters: list[TaskWaiter]) -> None:
@@ -360,7 +376,7 @@ class WorkSignal:
             self._on_loop(self.interrupt, payload)
         elif channel.startswith("leaseq_task_"):
             self.task_notifications += 1
-            self._on_loop(self._wake_task, int(channel[len("leaseq_task_"):]))
+            self._on_loop(self._wake_task, int(channel[len("leaseq_task_"):]), payload == STREAM_PAYLOAD)
 
     def close(self) -> None:
         """Stop the listener (the application's shutdown)."""
@@ -399,3 +415,52 @@ async def wait_for_task(signal: WorkSignal, task_id: int, timeout: float, token_
                 return task, False
             task = await engine.adrive(queue.store, engine.reads.get(queue.settings, task_id))
         return task, True
+
+
+async def follow_stream(signal: WorkSignal, cursor: Any, token_id: str) -> AsyncGenerator[Any, None]:
+    """A request's reading of a task's stream (``GET /v1/tasks/{id}/stream``): the entries after
+    ``cursor`` (a :class:`leaseq.engine.streams.Cursor`: where to begin, whether to follow, for
+    how long and how many), page by page, and None now and then while nothing comes (a
+    keep-alive). Woken by the task's emits and its end (the shared listener), else by the
+    re-check; each look after the first is charged to ``token_id``'s bucket. NotFound when
+    there is no such task."""
+    from .. import engine
+
+    queue = signal.queue
+    recheck = signal.recheck if not signal.notifies else STREAM_KEEPALIVE
+    with signal.task_waiter(cursor.task_id, streams=True) as w:
+        if cursor.follow and not w.listening.is_set():
+            await wait_event(w.listening, SUBSCRIBE_SECONDS)
+            if not w.listening.is_set():
+                recheck = signal.recheck  # not heard by the listener (it is away): look on our own
+        page = await _read(queue, cursor.read(queue.settings, first=True))
+        quiet_since = time.monotonic()
+        while True:
+            for item in cursor.take(page):
+                quiet_since = time.monotonic()
+                yield item
+            if cursor.done or cursor.capped:
+                return
+            pause = cursor.pause()
+            if pause is None:
+                return
+            if pause:
+                await w.wait(min(pause, recheck, STREAM_KEEPALIVE))
+                if time.monotonic() - quiet_since >= STREAM_KEEPALIVE:
+                    quiet_since = time.monotonic()
+                    yield None
+            deadline = cursor.deadline if cursor.deadline is not None else time.monotonic() + STREAM_KEEPALIVE
+            if not await signal.paced(token_id, deadline):
+                return
+            page = await _read(queue, cursor.read(queue.settings))
+
+
+async def _read(queue: Queue, op: Any) -> Any:
+    """A stream's read, on the event loop where the backend has an asyncio driver; else in a
+    thread the request waits for even when it is cancelled (its client went away), so no
+    statement of a stream outlives the stream."""
+    from .. import engine
+
+    if queue.store.capabilities.native_async:
+        return await engine.adrive(queue.store, op)
+    return await anyio.to_thread.run_sync(engine.drive, queue.store, op)

@@ -10,10 +10,12 @@ from __future__ import annotations
 
 import dataclasses
 import enum
+import json
+from collections.abc import Iterator
 from datetime import date, datetime, timezone
 from typing import Any, TypeVar
 
-from ..core.model import Claim, Effect, Event, Task, Worker
+from ..core.model import Claim, Effect, Event, StreamItem, Task, Worker
 
 T = TypeVar("T")
 
@@ -145,6 +147,54 @@ def worker_from(data: dict[str, Any]) -> Worker:
 def event_from(data: dict[str, Any]) -> Event:
     """An :class:`Event` from its JSON form."""
     return _build(Event, data)
+
+
+def stream_item_from(data: dict[str, Any]) -> StreamItem:
+    """A :class:`StreamItem` from its JSON form."""
+    return _build(StreamItem, data)
+
+
+# -- server-sent events (GET /v1/tasks/{id}/stream) ------------------------------------
+
+def sse_event(event: str, data: Any, *, event_id: int | None = None) -> str:
+    """One server-sent event: its ``id:`` (a stream's cursor), its name and its JSON data on one line."""
+    head = "" if event_id is None else f"id: {event_id}\n"
+    return f"{head}event: {event}\ndata: {json.dumps(data, separators=(',', ':'))}\n\n"
+
+
+class SseReader:
+    """Server-sent events from the lines of a response, as ``(event, id, data)``: the data
+    decoded from JSON, the id None when the event carries none. Comments and ``retry:`` are
+    skipped. Feed it bytes as they arrive (:meth:`feed`); it keeps what is not a whole line."""
+
+    def __init__(self) -> None:
+        self._buffer = b""
+        self._event = "message"
+        self._id: str | None = None
+        self._data: list[str] = []
+
+    def feed(self, chunk: bytes) -> Iterator[tuple[str, int | None, Any]]:
+        self._buffer += chunk
+        *lines, self._buffer = self._buffer.split(b"\n")
+        for raw in lines:
+            line = raw.decode("utf-8").rstrip("\r")
+            if not line:
+                if self._data:
+                    text = "\n".join(self._data)
+                    event_id = int(self._id) if self._id is not None and self._id.isdigit() else None
+                    yield self._event, event_id, json.loads(text)
+                self._event, self._id, self._data = "message", None, []
+                continue
+            if line.startswith(":"):
+                continue
+            name, _, value = line.partition(":")
+            value = value[1:] if value.startswith(" ") else value
+            if name == "event":
+                self._event = value
+            elif name == "data":
+                self._data.append(value)
+            elif name == "id":
+                self._id = value
 
 
 def redact_task(data: dict[str, Any]) -> dict[str, Any]:

@@ -200,6 +200,13 @@ class SignalWaitBody(Body):
     timeout: float | None = None
 
 
+class EmitBody(Body):
+    generation: int
+    item: Any = None
+    #: a durable item's ledger key (None: not durable)
+    key: str | None = None
+
+
 class LossBody(Body):
     generation: int
     reason: str
@@ -392,6 +399,18 @@ async def wait_signal(body: SignalWaitBody, request: Request, task_id: int = Tas
     answer = await _guarded(request, "wait", worker_id, lambda view: engine.durable.wait_signal(
         view.settings, worker_id, claim, body.key, body.name, timeout=body.timeout))
     return record_json(answer)
+
+
+@router.post("/workers/{worker_id}/tasks/{task_id}/stream",
+             summary="Append an item to the task's stream (ctx.emit), under the lease")
+async def emit(body: EmitBody, request: Request, task_id: int = TaskId,
+               worker_id: str = WorkerId) -> dict[str, Any]:
+    claim = _claim(worker_id, task_id, body.generation)
+    answer = await _guarded(request, "emit", worker_id, lambda view: engine.streams.emit(
+        view.settings, worker_id, claim, body.item, key=body.key))
+    if not answer["replayed"]:
+        request.app.state.work_signal.wake_stream(task_id)  # its readers in this process look at once
+    return answer
 
 
 @router.post("/workers/{worker_id}/tasks/{task_id}/loss", status_code=202,

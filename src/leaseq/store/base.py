@@ -13,13 +13,17 @@ from typing import Any, Protocol
 from ..db.dsn import DEFAULT_DSN, parse_dsn
 from .queries import load_named_queries, load_queries, parse_named_blocks
 
-__all__ = ["BackendCapabilities", "DEFAULT_DSN", "JSON_COLUMNS", "JSON_PARAMS", "JsonText", "KeyConflict", "Migration", "Store", "TaskListener", "Tx",
+__all__ = ["BackendCapabilities", "DEFAULT_DSN", "JSON_COLUMNS", "JSON_PARAMS", "JsonText", "STREAM_PAYLOAD", "KeyConflict", "Migration", "Store", "TaskListener", "Tx",
            "WorkListener", "load_migrations", "load_named_queries", "load_queries", "open_store", "parse_dsn", "parse_named_blocks"]
 
 #: Parameters that carry JSON documents (encoded by each backend its own way);
 #: the plural ones are the row documents of batched statements.
 JSON_PARAMS = frozenset({"payload", "result", "detail", "response", "tasks", "items", "events", "keys", "leases",
-                         "declarations"})
+                         "declarations", "item"})
+
+#: The payload of a notification on a task's channel (``leaseq_task_<id>``) saying its
+#: handler emitted (``notify_stream``); a settled task's says its status.
+STREAM_PAYLOAD = "stream"
 
 
 class KeyConflict(Exception):
@@ -32,7 +36,7 @@ class JsonText(str):
 
 #: Columns that come back as JSON documents.
 JSON_COLUMNS = frozenset({"payload", "result", "detail", "response", "actions", "resources", "limits", "signature",
-                          "kinds"})
+                          "kinds", "item"})
 
 
 @dataclass(frozen=True)
@@ -148,10 +152,11 @@ class Store(Protocol):
         interrupts, and the tasks it is told to listen for). Only where
         :attr:`capabilities` declares ``listen_notify``."""
 
-    def task_listener(self, task_id: int) -> TaskListener:
-        """A waiter woken when task ``task_id`` may have ended (see :meth:`leaseq.Queue.wait`)."""
+    def task_listener(self, task_id: int, *, streams: bool = False) -> TaskListener:
+        """A waiter woken when task ``task_id`` may have ended (see :meth:`leaseq.Queue.wait`);
+        with ``streams``, also when its handler emits (see :meth:`leaseq.Queue.stream`)."""
 
-    async def atask_listener(self, task_id: int) -> Any:
+    async def atask_listener(self, task_id: int, *, streams: bool = False) -> Any:
         """:meth:`task_listener` for asyncio code: its ``wait`` and ``close`` are awaited."""
 
     def caller_tx(self, connection: Any) -> Tx:

@@ -47,11 +47,11 @@ class JoinedStore:
     def shared_listener(self) -> Any:
         return self._store.shared_listener()
 
-    def task_listener(self, task_id: int) -> TaskListener:
-        return self._store.task_listener(task_id)
+    def task_listener(self, task_id: int, *, streams: bool = False) -> TaskListener:
+        return self._store.task_listener(task_id, streams=streams)
 
-    async def atask_listener(self, task_id: int) -> Any:
-        return await self._store.atask_listener(task_id)
+    async def atask_listener(self, task_id: int, *, streams: bool = False) -> Any:
+        return await self._store.atask_listener(task_id, streams=streams)
 
     def caller_tx(self, connection: Any) -> Tx:
         return self._store.caller_tx(connection)

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import os
 import select
+import time
 from collections.abc import AsyncIterator, Callable, Iterator
 from contextlib import asynccontextmanager, contextmanager
 from dataclasses import replace
@@ -29,7 +30,7 @@ from ..db.dsn import PostgresMode, check_postgres_dsn, postgres_mode
 from ..core.errors import AccessDenied, BackendUnavailable, InvalidInput
 from ..db.errors import map_driver_errors
 from ..db.postgres import AsyncPools, achecked_connection, checked_connection, open_async_pool, open_pool
-from .base import JSON_PARAMS, BackendCapabilities, JsonText, KeyConflict, load_named_queries
+from .base import JSON_PARAMS, STREAM_PAYLOAD, BackendCapabilities, JsonText, KeyConflict, load_named_queries
 from .functions import wire_queries
 from .polling import AsyncPollingTaskListener, AsyncSleepingListener, PollingTaskListener, SleepingListener
 
@@ -315,24 +316,42 @@ class SharedListener:
                     pass
 
 
+def heard(payload: str, streams: bool) -> bool:
+    """Whether a task channel's notification wakes a waiter: every one wakes a stream's reader
+    (``streams``); a wait for the task's end passes over its emits."""
+    return streams or payload != STREAM_PAYLOAD
+
+
 class TaskNotifications:
     """A dedicated connection LISTENing on ``leaseq_task_<id>``: woken when
     that task reaches a status :meth:`leaseq.Queue.wait` returns on (the
-    ``leaseq_tasks_settled`` trigger of a watched task). No polling."""
+    ``leaseq_tasks_settled`` trigger of a watched task) and, with ``streams``,
+    when its handler emits (``notify_stream``). No polling."""
 
-    def __init__(self, dsn: str, task_id: int):
+    def __init__(self, dsn: str, task_id: int, *, streams: bool = False):
+        self._streams = streams
         with map_driver_errors():
             self._conn = psycopg.connect(dsn, autocommit=True)
             self._conn.execute(f"LISTEN leaseq_task_{int(task_id)}")
 
     def wait(self, timeout: float) -> bool:
-        """True when notified, False after ``timeout`` seconds."""
+        """True when notified, False after ``timeout`` seconds (what else arrived with the
+        notification is taken with it: one wake for a burst of emits)."""
+        deadline = time.monotonic() + timeout
         try:
-            for _ in self._conn.notifies(timeout=timeout, stop_after=1):
-                return True
+            while True:
+                woken = False
+                for note in self._conn.notifies(timeout=max(0.0, deadline - time.monotonic()), stop_after=1):
+                    woken = heard(note.payload, self._streams)
+                    break
+                else:
+                    return False
+                if woken:
+                    for _ in self._conn.notifies(timeout=0):
+                        pass
+                    return True
         except psycopg.Error as exc:
             raise BackendUnavailable(f"PostgreSQL listener: {str(exc).strip()}") from None
-        return False
 
     def close(self) -> None:
         self._conn.close()
@@ -341,9 +360,10 @@ class TaskNotifications:
 class AsyncTaskNotifications:
     """:class:`TaskNotifications` for asyncio code (open it with :meth:`open`)."""
 
-    def __init__(self, dsn: str, task_id: int):
+    def __init__(self, dsn: str, task_id: int, *, streams: bool = False):
         self._dsn = dsn
         self._task_id = int(task_id)
+        self._streams = streams
         self._conn: psycopg.AsyncConnection | None = None
 
     async def open(self) -> AsyncTaskNotifications:
@@ -353,14 +373,23 @@ class AsyncTaskNotifications:
         return self
 
     async def wait(self, timeout: float) -> bool:
-        """True when notified, False after ``timeout`` seconds."""
+        """True when notified, False after ``timeout`` seconds (see :meth:`TaskNotifications.wait`)."""
         assert self._conn is not None
+        deadline = time.monotonic() + timeout
         try:
-            async for _ in self._conn.notifies(timeout=timeout, stop_after=1):
-                return True
+            while True:
+                woken = None
+                async for note in self._conn.notifies(timeout=max(0.0, deadline - time.monotonic()),
+                                                      stop_after=1):
+                    woken = heard(note.payload, self._streams)
+                if woken is None:
+                    return False
+                if woken:
+                    async for _ in self._conn.notifies(timeout=0):
+                        pass
+                    return True
         except psycopg.Error as exc:
             raise BackendUnavailable(f"PostgreSQL listener: {str(exc).strip()}") from None
-        return False
 
     async def close(self) -> None:
         if self._conn is not None:
@@ -467,18 +496,20 @@ class PostgresStore:
             raise NotImplementedError("nothing notifies through this DSN (capabilities.listen_notify is False)")
         return SharedListener(self._listen_dsn)
 
-    def task_listener(self, task_id: int) -> TaskNotifications | PollingTaskListener:
-        """A waiter woken when task ``task_id`` ends (or parks); see :meth:`leaseq.Queue.wait`.
+    def task_listener(self, task_id: int, *, streams: bool = False) -> TaskNotifications | PollingTaskListener:
+        """A waiter woken when task ``task_id`` ends (or parks); see :meth:`leaseq.Queue.wait`;
+        with ``streams``, also when its handler emits (:meth:`leaseq.Queue.stream`).
         Where nothing notifies, it sleeps :data:`POLL_SECONDS` and the waiter looks again."""
         if not self.mode.listens:
             return PollingTaskListener(POLL_SECONDS)
-        return TaskNotifications(self._listen_dsn, task_id)
+        return TaskNotifications(self._listen_dsn, task_id, streams=streams)
 
-    async def atask_listener(self, task_id: int) -> AsyncTaskNotifications | AsyncPollingTaskListener:
+    async def atask_listener(self, task_id: int, *,
+                             streams: bool = False) -> AsyncTaskNotifications | AsyncPollingTaskListener:
         """:meth:`task_listener` for asyncio code."""
         if not self.mode.listens:
             return AsyncPollingTaskListener(POLL_SECONDS)
-        return await AsyncTaskNotifications(self._listen_dsn, task_id).open()
+        return await AsyncTaskNotifications(self._listen_dsn, task_id, streams=streams).open()
 
     def caller_tx(self, connection: Any) -> PostgresTx:
         """A transaction view of the application's own open psycopg ``connection``

@@ -175,11 +175,12 @@ class SqliteStore:
         """Not available: SQLite cannot notify (capabilities.listen_notify is False), so waits poll."""
         raise NotImplementedError("SQLite cannot notify (capabilities.listen_notify is False)")
 
-    def task_listener(self, task_id: int) -> PollingTaskListener:
-        """A waiter for task ``task_id``'s end: a short sleep (SQLite cannot notify)."""
+    def task_listener(self, task_id: int, *, streams: bool = False) -> PollingTaskListener:
+        """A waiter for task ``task_id``'s end (and its stream's next entry): a short sleep
+        (SQLite cannot notify)."""
         return PollingTaskListener(WAIT_POLL)
 
-    async def atask_listener(self, task_id: int) -> AsyncPollingTaskListener:
+    async def atask_listener(self, task_id: int, *, streams: bool = False) -> AsyncPollingTaskListener:
         """:meth:`task_listener` for asyncio code."""
         return AsyncPollingTaskListener(WAIT_POLL)
 

@@ -20,8 +20,8 @@ import asyncio
 import logging
 import threading
 import time
-from collections.abc import Callable, Iterable
-from typing import TYPE_CHECKING, Any
+from collections.abc import Awaitable, Callable, Iterable
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from ..core.errors import InvalidInput, LeaseLost, Suspended, WaitTimedOut, is_transient
 from ..core.model import Claim, Task, Worker
@@ -43,6 +43,8 @@ AttemptKey = tuple[int, int, int]
 
 #: ctx.wait_for_signal's default: none given (WaitTimedOut is raised on a timeout)
 _NO_DEFAULT: Any = object()
+
+_T = TypeVar("_T")
 
 
 def _ledger_key(task_key: str, what: str, position: int) -> str:
@@ -230,16 +232,25 @@ class TaskContext:
         return self._outcome(await self._acall_wait(what, key, params), default)
 
     def _call_wait(self, what: str, key: str, params: dict[str, Any]) -> dict[str, Any]:
+        if what == "sleep":
+            return self._retried(what, lambda: self.port_call("sleep", self.worker, self.claim, key, **params))
+        return self._retried(what, lambda: self.port_call("wait_signal", self.worker, self.claim, key,
+                                                          params["name"], timeout=params["timeout"]))
+
+    async def _acall_wait(self, what: str, key: str, params: dict[str, Any]) -> dict[str, Any]:
+        if what == "sleep":
+            return await self._aretried(what, lambda: self.aport_call("sleep", self.worker, self.claim, key,
+                                                                      **params))
+        return await self._aretried(what, lambda: self.aport_call("wait_signal", self.worker, self.claim, key,
+                                                                  params["name"], timeout=params["timeout"]))
+
+    def _retried(self, what: str, call: Callable[[], _T]) -> _T:
+        """A guarded write of this context: a refusal is the lost lease; the queue's trouble in
+        transit is tried again while the lease may be live (:meth:`_transit_pause`)."""
         tries = 0
         while True:
             try:
-                answer: dict[str, Any]
-                if what == "sleep":
-                    answer = self.port_call("sleep", self.worker, self.claim, key, **params)
-                else:
-                    answer = self.port_call("wait_signal", self.worker, self.claim, key, params["name"],
-                                            timeout=params["timeout"])
-                return answer
+                return call()
             except LeaseLost as exc:
                 self._refused(exc)
                 raise
@@ -249,17 +260,12 @@ class TaskContext:
                 tries += 1
                 time.sleep(self.transit_pause(what, exc, tries))
 
-    async def _acall_wait(self, what: str, key: str, params: dict[str, Any]) -> dict[str, Any]:
+    async def _aretried(self, what: str, call: Callable[[], Awaitable[_T]]) -> _T:
+        """:meth:`_retried`, awaited."""
         tries = 0
         while True:
             try:
-                answer: dict[str, Any]
-                if what == "sleep":
-                    answer = await self.aport_call("sleep", self.worker, self.claim, key, **params)
-                else:
-                    answer = await self.aport_call("wait_signal", self.worker, self.claim, key, params["name"],
-                                                   timeout=params["timeout"])
-                return answer
+                return await call()
             except LeaseLost as exc:
                 self._refused(exc)
                 raise
@@ -301,6 +307,40 @@ class TaskContext:
         self.mark_lost(f"suspended: waits for {waiting_for}")
         until = answer.get("until")
         raise Suspended(self.task_id, self.generation, None if until is None else float(until), waiting_for)
+
+    # -- the task's stream ----------------------------------------------------
+
+    def emit(self, item: Any, *, durable: bool = False) -> Any:
+        """Append ``item`` (JSON, at most 64 KiB) to the task's stream, under the lease; returns
+        its cursor (``seq``). ``await ctx.emit(...)`` in an async handler.
+
+        Readers follow the stream with ``q.stream(task_id)``, ``leaseq stream ID`` or ``GET
+        /v1/tasks/{id}/stream`` (server-sent events). Each attempt's entries begin with a
+        ``reset`` entry: a retried attempt runs the handler from the top and emits again,
+        and the reset tells a reader to drop what the earlier attempt emitted. With
+        ``durable=True`` the item is also recorded in the task's ledger (keyed ``<task
+        key>:emit:<position>``, in the order of the handler's durable emits): a retried
+        attempt that reaches it again gets it replayed and appends nothing, so it is in the
+        stream once, and a reset leaves it standing. Raises :class:`leaseq.LeaseLost` once
+        the lease is gone: a stale attempt cannot append.
+        """
+        self.check()
+        if not isinstance(durable, bool):
+            raise InvalidInput("durable", f"must be true or false (got {durable!r})")
+        key = _ledger_key(self.task.idempotency_key, "emit", self.next_tool_position("leaseq:emit")) \
+            if durable else None
+        if not self.handler_is_async:
+            return self._call_emit(item, key)
+        return self._await_emit(item, key)
+
+    def _call_emit(self, item: Any, key: str | None) -> int:
+        answer = self._retried("emit", lambda: self.port_call("emit", self.worker, self.claim, item, key=key))
+        return int(answer["seq"])
+
+    async def _await_emit(self, item: Any, key: str | None) -> int:
+        answer = await self._aretried("emit", lambda: self.aport_call("emit", self.worker, self.claim, item,
+                                                                      key=key))
+        return int(answer["seq"])
 
     @property
     def loss_told(self) -> bool:

@@ -2068,3 +2068,81 @@ RETURNING s.id, s.name, s.payload, s.sent_by, s.sent_at, s.consumed_at;
 -- A task's signals, oldest first, consumed or not.
 SELECT id, task_id, name, payload, sent_by, sent_at, consumed_generation, consumed_at, consumed_key
 FROM leaseq_signals WHERE task_id = %(task_id)s ORDER BY id;
+
+-- STREAMS (schema 28): a handler's ctx.emit appends to its task's stream
+-- under the lease; readers follow it after a cursor (its seq).
+
+-- name: append_stream
+-- callers: worker
+-- guard: lease
+-- One entry of the task's stream (ctx.emit), written under the lease after
+-- lock_lease locked the task row in this transaction: the appends of one task
+-- are written one after the other, so their seq order is their commit order
+-- and a reader resuming after a seq misses none. The first entry an attempt
+-- writes comes after its 'reset' entry (the stream's last entry is another
+-- generation's, or there is none): both rows come back then. watched: someone
+-- follows the task (notify_stream wakes them).
+INSERT INTO leaseq_stream_items (task_id, seq, generation, type, item, ledger_key, worker_id)
+SELECT t.id,
+       coalesce(l.seq, 0) + CASE WHEN n.type = 'reset' OR l.generation IS NOT DISTINCT FROM t.claim_generation
+                                 THEN 1 ELSE 2 END,
+       t.claim_generation, n.type,
+       CASE WHEN n.type = 'item' THEN %(item)s::jsonb END,
+       CASE WHEN n.type = 'item' THEN %(ledger_key)s::text END,
+       %(worker_id)s
+FROM leaseq_tasks t
+LEFT JOIN (SELECT s.seq, s.generation FROM leaseq_stream_items s
+           WHERE s.task_id = %(task_id)s ORDER BY s.seq DESC LIMIT 1) l ON true
+JOIN (VALUES ('reset'), ('item')) AS n(type)
+  ON n.type = 'item' OR l.generation IS DISTINCT FROM t.claim_generation
+WHERE t.id = %(task_id)s
+  /* TEMPLATE: lease_guard */
+RETURNING leaseq_stream_items.task_id, leaseq_stream_items.seq, leaseq_stream_items.generation,
+          leaseq_stream_items.type, leaseq_stream_items.at,
+          (SELECT w.watched FROM leaseq_tasks w WHERE w.id = leaseq_stream_items.task_id) AS watched;
+
+-- name: notify_stream
+-- callers: worker
+-- Wakes the readers following the task's stream (Queue.stream, GET
+-- /v1/tasks/{id}/stream), on the task's own channel with the payload
+-- 'stream' (a wait for the task's end passes over it). Sent only for a
+-- watched task (append_stream says); delivered at commit.
+SELECT pg_notify('leaseq_task_' || %(task_id)s::bigint, 'stream');
+
+-- name: list_stream
+-- callers: worker, operator, viewer
+-- A task's stream after a cursor (seq), oldest first, a page at a time.
+SELECT task_id, seq, generation, type, item, ledger_key IS NOT NULL AS durable, at
+FROM leaseq_stream_items
+WHERE task_id = %(task_id)s AND seq > %(after)s
+ORDER BY seq
+LIMIT %(limit)s;
+
+-- name: stream_stats
+-- callers: worker, operator, viewer
+-- A task's stream by attempt: its items (the durable ones among them), its
+-- first and last entries.
+SELECT generation, count(*) FILTER (WHERE type = 'item') AS items,
+       count(*) FILTER (WHERE type = 'item' AND ledger_key IS NOT NULL) AS durable,
+       min(seq) AS first_seq, max(seq) AS last_seq, min(at) AS first_at, max(at) AS last_at
+FROM leaseq_stream_items
+WHERE task_id = %(task_id)s
+GROUP BY generation
+ORDER BY generation;
+
+-- name: streams_finished_ids
+-- callers: operator
+-- Ended tasks past the streams' cut-off whose stream is not deleted yet.
+SELECT t.id FROM leaseq_tasks t
+WHERE t.status IN ('completed', 'cancelled', 'dead', 'denied', 'expired')
+  AND t.updated_at < now() - %(older_than)s::float8 * interval '1 second'
+  AND EXISTS (SELECT 1 FROM leaseq_stream_items s WHERE s.task_id = t.id)
+ORDER BY t.id
+LIMIT %(limit)s
+FOR UPDATE OF t SKIP LOCKED;
+
+-- name: prune_streams
+-- callers: operator
+-- The streams of these tasks (user data): by the streams' own retention, and
+-- with the rest of the task's user data at the payload cut-off.
+DELETE FROM leaseq_stream_items WHERE task_id = ANY(%(task_ids)s::bigint[]);

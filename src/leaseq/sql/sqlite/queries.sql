@@ -1348,3 +1348,54 @@ RETURNING id, name, payload, sent_by, sent_at, consumed_at;
 -- name: list_signals
 SELECT id, task_id, name, payload, sent_by, sent_at, consumed_generation, consumed_at, consumed_key
 FROM leaseq_signals WHERE task_id = :task_id ORDER BY id;
+
+-- STREAMS (schema 28): see the PostgreSQL file.
+
+-- name: append_stream
+-- guard: lease
+-- See the PostgreSQL file: one entry of the stream, after its attempt's reset entry if it is the attempt's first.
+INSERT INTO leaseq_stream_items (task_id, seq, generation, type, item, ledger_key, worker_id)
+SELECT t.id,
+       coalesce(l.seq, 0) + CASE WHEN n.type = 'reset' OR l.generation IS t.claim_generation THEN 1 ELSE 2 END,
+       t.claim_generation, n.type,
+       CASE WHEN n.type = 'item' THEN :item END,
+       CASE WHEN n.type = 'item' THEN :ledger_key END,
+       :worker_id
+FROM leaseq_tasks AS t
+LEFT JOIN (SELECT s.seq, s.generation FROM leaseq_stream_items AS s
+           WHERE s.task_id = :task_id ORDER BY s.seq DESC LIMIT 1) AS l ON 1
+JOIN (SELECT column1 AS type FROM (VALUES ('reset'), ('item'))) AS n
+  ON n.type = 'item' OR l.generation IS NOT t.claim_generation
+WHERE t.id = :task_id
+  /* TEMPLATE: lease_guard */
+RETURNING task_id, seq, generation, type, at, 0 AS watched;
+
+-- name: notify_stream
+-- no-op: SQLite cannot notify; a reader looks again every 50 ms
+
+-- name: list_stream
+SELECT task_id, seq, generation, type, item, ledger_key IS NOT NULL AS durable, at
+FROM leaseq_stream_items
+WHERE task_id = :task_id AND seq > :after
+ORDER BY seq
+LIMIT :limit;
+
+-- name: stream_stats
+SELECT generation, sum(CASE WHEN type = 'item' THEN 1 ELSE 0 END) AS items,
+       sum(CASE WHEN type = 'item' AND ledger_key IS NOT NULL THEN 1 ELSE 0 END) AS durable,
+       min(seq) AS first_seq, max(seq) AS last_seq, min(at) AS first_at, max(at) AS last_at
+FROM leaseq_stream_items
+WHERE task_id = :task_id
+GROUP BY generation
+ORDER BY generation;
+
+-- name: streams_finished_ids
+SELECT t.id FROM leaseq_tasks AS t
+WHERE t.status IN ('completed', 'cancelled', 'dead', 'denied', 'expired')
+  AND t.updated_at < (julianday('now') - 2440587.5) * 86400.0 - :older_than
+  AND EXISTS (SELECT 1 FROM leaseq_stream_items AS s WHERE s.task_id = t.id)
+ORDER BY t.id
+LIMIT :limit;
+
+-- name: prune_streams
+DELETE FROM leaseq_stream_items WHERE task_id IN (SELECT value FROM json_each(:task_ids));
