@@ -178,7 +178,7 @@ def test_a_stale_worker_cannot_take_its_lease_back_by_hand(admin, make_role) -> 
         a, b = qa.register_worker("a"), qb.register_worker("b")
         [claim_a] = qa.claim(a)
         wait_for(lambda: lease_expired(admin, task.id), what="A's lease to run out")
-        [claim_b] = qb.claim(b)
+        [claim_b] = qb.claim(b, lease_seconds=30.0)  # long enough for a loaded machine to finish
         assert claim_b.generation == 2
         refused(dsn_a, "UPDATE leaseq_tasks SET lease_owner = %s, claim_generation = claim_generation + 1, "
                        "lease_expires_at = now() + interval '1 hour' WHERE id = %s", (a.id, task.id))
