@@ -446,11 +446,14 @@ class RemoteQueue:
         return dict(self._call("POST", path, body))
 
     def wait_signal(self, worker: Worker | str, claim: Claim, key: str, name: str, *,
-                    timeout: float | None = None) -> dict[str, Any]:
-        """A durable wait for a signal, under the lease; see :meth:`leaseq.Queue.wait_signal`."""
+                    timeout: float | None = None, ask: dict[str, Any] | None = None) -> dict[str, Any]:
+        """A durable wait for a signal (or, with ``ask``, a person's answer), under the lease; see
+        :meth:`leaseq.Queue.wait_signal`."""
         _, path = self._worker_path(worker, claim, "signal-wait")
-        return dict(self._call("POST", path, {"generation": claim.generation, "key": key, "name": name,
-                                              "timeout": timeout}))
+        body: dict[str, Any] = {"generation": claim.generation, "key": key, "name": name, "timeout": timeout}
+        if ask is not None:
+            body["ask"] = ask
+        return dict(self._call("POST", path, body))
 
     def signal(self, task_id: int, name: str, payload: Any = None) -> dict[str, Any]:
         """Send the signal ``name`` to a task (an operator token); see :meth:`leaseq.Queue.signal`.
@@ -462,6 +465,19 @@ class RemoteQueue:
     def signals(self, task_id: int) -> list[dict[str, Any]]:
         """A task's signals, oldest first; see :meth:`leaseq.Queue.signals`."""
         return list(self._call("GET", f"/v1/tasks/{int(task_id)}/signals")["signals"])
+
+    def asks(self, *, queue: str | None = None, limit: int = 100) -> list[dict[str, Any]]:
+        """The open questions of the queues this token may read; see :meth:`leaseq.Queue.asks`
+        (times as ISO 8601 text; the question redacted for a token that may not read payloads)."""
+        params: dict[str, Any] = {"limit": limit}
+        if queue is not None:
+            params["queue"] = queue
+        return list(self._call("GET", "/v1/asks", params=params)["asks"])
+
+    def answer(self, task_id: int, answer: Any) -> dict[str, Any]:
+        """Answer a task's question (an operator token); see :meth:`leaseq.Queue.answer`. The
+        answerer recorded is this token's principal."""
+        return dict(self._call("POST", f"/v1/tasks/{int(task_id)}/answer", {"answer": answer}))
 
     def report_loss(self, worker: Worker | str, claim: Claim, reason: str) -> None:
         """Add the worker's own account of losing a lease to the evidence trail."""

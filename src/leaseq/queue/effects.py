@@ -89,7 +89,7 @@ class EffectOps(QueueBase):
                                                                     seconds=seconds, until=until))
 
     def wait_signal(self, worker: Worker | str, claim: Claim, key: str, name: str, *,
-                    timeout: float | None = None) -> dict[str, Any]:
+                    timeout: float | None = None, ask: dict[str, Any] | None = None) -> dict[str, Any]:
         """A durable wait for the signal ``name`` (:meth:`signal`), recorded under ``key`` (what
         ``ctx.wait_for_signal`` sends).
 
@@ -99,14 +99,20 @@ class EffectOps(QueueBase):
         the first attempt that waited, ``{"state": "timed_out"}``; else the attempt ends as a
         sleep does (``{"state": "suspended"}``) and the task waits, claimable at once when the
         signal comes, or at the timeout.
+
+        With ``ask`` (``{"question": text, "schema": JSON schema}``: what ``ctx.ask`` sends)
+        the wait is for a person's answer (``name`` is ``"leaseq.answer"``): the question and
+        its schema are recorded with the wait, listed by :meth:`asks` while it is open, and
+        :meth:`answer` sends the answer once it fits the schema.
         """
-        return self._run(engine.durable.wait_signal(self.settings, worker, claim, key, name, timeout=timeout))
+        return self._run(engine.durable.wait_signal(self.settings, worker, claim, key, name, timeout=timeout,
+                                                    ask=ask))
 
     async def await_signal(self, worker: Worker | str, claim: Claim, key: str, name: str, *,
-                           timeout: float | None = None) -> dict[str, Any]:
+                           timeout: float | None = None, ask: dict[str, Any] | None = None) -> dict[str, Any]:
         """:meth:`wait_signal` for asyncio code."""
         return await engine.adrive(self.store, engine.durable.wait_signal(self.settings, worker, claim, key, name,
-                                                                          timeout=timeout))
+                                                                          timeout=timeout, ask=ask))
 
     def effects(self, task_id: int) -> list[Effect]:
         """The action ledger of a task, oldest first."""

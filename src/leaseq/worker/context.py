@@ -18,7 +18,8 @@ from typing import TYPE_CHECKING, Any
 
 from ..core.errors import InvalidInput, LeaseLost, Suspended, WaitTimedOut
 from ..core.model import Claim, Task, Worker
-from ..engine.durable import check_signal_name
+from ..core import answers
+from ..engine.durable import ANSWER_SIGNAL, check_signal_name
 from .effect_scope import EffectScope
 from .startup import is_transient
 
@@ -42,6 +43,11 @@ def _ledger_key(task_key: str, what: str, position: int) -> str:
     """The ledger key of a durable wait: ``<task key>:sleep:<position>``, ``<task key>:signal:<name>:<position>``."""
     from .tools import tool_key
     return tool_key(task_key, what, position)
+
+
+def _asked(params: dict[str, Any]) -> dict[str, Any]:
+    """What ``ctx.ask`` records: the question and its JSON schema."""
+    return {"question": params["question"], "schema": params["schema"]}
 
 
 class TaskContext:
@@ -177,18 +183,46 @@ class TaskContext:
         check_signal_name(name)
         return self._wait("signal", lambda: {"name": name, "timeout": timeout}, default)
 
+    def ask(self, question: str, schema: Any = None, *, timeout: float | None = None,
+            default: Any = _NO_DEFAULT) -> Any:
+        """Ask a person ``question`` and return the answer, waiting durably for it.
+
+        ``answer = await ctx.ask("Refund order 7?", schema=Decision)`` in an async handler,
+        without ``await`` in a sync one. ``schema`` is a pydantic model class (the answer is
+        returned as an instance of it), a JSON schema (a dict; the answer is returned as
+        JSON), or None: a line of text. The question and its JSON schema are recorded in the
+        task's ledger (``<task key>:ask:<position>``) and the attempt ends as in
+        :meth:`wait_for_signal`: no lease, no slot, the task ``waiting`` until a person
+        answers (``q.answer(task_id, answer)``, ``leaseq answer``, ``POST
+        /v1/tasks/{id}/answer``, the dashboard's inbox; ``q.asks()`` and ``leaseq asks``
+        list the open questions), then claimable at once. An answer is checked against the
+        schema before it is accepted, and taken once. With ``timeout`` (seconds from the
+        first attempt that asked) the question closes unanswered when it passes: the next
+        attempt raises :class:`leaseq.WaitTimedOut` here, or returns ``default`` if one is
+        given (the "deny unless answered" of an approval). The next attempt replays the
+        handler up to here from the ledger.
+        """
+        json_schema, model = answers.schema_of(schema)
+        if not isinstance(question, str) or not question.strip():
+            raise InvalidInput("question", "must be a non-empty string")
+        answers.check_schema(json_schema)
+        params = {"question": question, "schema": json_schema, "timeout": timeout, "model": model}
+        return self._wait("ask", lambda: params, default)
+
     def _wait(self, what: str, args: Callable[[], dict[str, Any]], default: Any = None) -> Any:
         """One durable wait: its ledger key taken in call order, the guarded call, its outcome."""
         self.check()
         params = args()
         if what == "sleep":
             key = _ledger_key(self.task.idempotency_key, "sleep", self.next_tool_position("leaseq:sleep"))
+        elif what == "ask":
+            key = _ledger_key(self.task.idempotency_key, "ask", self.next_tool_position("leaseq:ask"))
         else:
             name = params["name"]
             key = _ledger_key(self.task.idempotency_key, f"signal:{name}",
                               self.next_tool_position(f"leaseq:signal:{name}"))
         if not self.handler_is_async:
-            return self._outcome(self._call_wait(what, key, params), default)
+            return self._outcome(self._call_wait(what, key, params), default, params.get("model"))
         return self._await_wait(what, key, params, default)
 
     async def _await_wait(self, what: str, key: str, params: dict[str, Any], default: Any) -> Any:
@@ -197,7 +231,7 @@ class TaskContext:
             answer = await self._acall_wait(what, key, params)
         else:
             answer = await asyncio.to_thread(self._call_wait, what, key, params)
-        return self._outcome(answer, default)
+        return self._outcome(answer, default, params.get("model"))
 
     def _call_wait(self, what: str, key: str, params: dict[str, Any]) -> dict[str, Any]:
         tries = 0
@@ -205,6 +239,9 @@ class TaskContext:
             try:
                 if what == "sleep":
                     return self._transport.sleep(self.worker, self.claim, key, **params)
+                if what == "ask":
+                    return self._transport.wait_signal(self.worker, self.claim, key, ANSWER_SIGNAL,
+                                                       timeout=params["timeout"], ask=_asked(params))
                 return self._transport.wait_signal(self.worker, self.claim, key, params["name"],
                                                    timeout=params["timeout"])
             except LeaseLost as exc:
@@ -222,6 +259,9 @@ class TaskContext:
             try:
                 if what == "sleep":
                     return await self._transport.asleep(self.worker, self.claim, key, **params)  # type: ignore[attr-defined,no-any-return]
+                if what == "ask":
+                    return await self._transport.await_signal(  # type: ignore[attr-defined,no-any-return]
+                        self.worker, self.claim, key, ANSWER_SIGNAL, timeout=params["timeout"], ask=_asked(params))
                 return await self._transport.await_signal(  # type: ignore[attr-defined,no-any-return]
                     self.worker, self.claim, key, params["name"], timeout=params["timeout"])
             except LeaseLost as exc:
@@ -248,19 +288,24 @@ class TaskContext:
         self.log.warning(f"{what} failed in transit (try {tries}), trying again: {exc}")
         return delay
 
-    def _outcome(self, answer: dict[str, Any], default: Any) -> Any:
+    def _outcome(self, answer: dict[str, Any], default: Any, model: Any = None) -> Any:
         state = answer.get("state")
+        asked = answer.get("signal") == ANSWER_SIGNAL
         if state == "resumed":
             return None
         if state == "received":
-            return answer.get("payload")
+            payload = answer.get("payload")
+            return payload if model is None else model.model_validate(payload)
         if state == "timed_out":
             if default is not _NO_DEFAULT:
                 return default
+            if asked:
+                raise WaitTimedOut(ANSWER_SIGNAL, "no answer to the question came before its deadline")
             raise WaitTimedOut(str(answer.get("signal")))
         # suspended: the guarded write ended the lease; the handler stops here
         self.suspended = answer
-        waiting_for = f"signal {answer['signal']!r}" if answer.get("signal") is not None else "its sleep"
+        waiting_for = ("an answer to its question" if asked else f"signal {answer['signal']!r}"
+                       if answer.get("signal") is not None else "its sleep")
         self.mark_lost(f"suspended: waits for {waiting_for}")
         until = answer.get("until")
         raise Suspended(self.task_id, self.generation, None if until is None else float(until), waiting_for)
