@@ -117,6 +117,8 @@ def event_types_of_a_run(tmp_path: Path) -> set[str]:
     q.signal(claim.task_id, "go", 1)                                   # signal_sent
     q.wait_signal(w2, claim, "waits:signal:go:0", "go")                # signal_received
     q.wait_signal(w2, claim, "waits:signal:late:0", "late", timeout=0)  # wait_timed_out
+    q.wait_signal(w2, claim, "waits:ask:0", "leaseq.answer", ask={"question": "ok?", "schema": {"type": "boolean"}})
+    q.answer(claim.task_id, True)                                      # answered
     seen = {e.type for task_id in ids for e in q.events(task_id)}
     q.close()
     return seen
