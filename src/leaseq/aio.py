@@ -290,10 +290,10 @@ class AsyncQueue:
                                                      until=until))
 
     async def wait_signal(self, worker: Worker | str, claim: Claim, key: str, name: str, *,
-                          timeout: float | None = None) -> dict[str, Any]:
+                          timeout: float | None = None, ask: dict[str, Any] | None = None) -> dict[str, Any]:
         """:meth:`Queue.wait_signal`, awaited."""
         return await self._arun(engine.durable.wait_signal(self.settings, worker, claim, key, name,
-                                                           timeout=timeout))
+                                                           timeout=timeout, ask=ask))
 
     async def signal(self, task_id: int, name: str, payload: Any = None, *, by: str | None = None,
                      via: str | None = None) -> dict[str, Any]:
@@ -317,6 +317,15 @@ class AsyncQueue:
     async def stream_stats(self, task_id: int) -> dict[str, Any]:
         """:meth:`Queue.stream_stats`, awaited."""
         return await self._arun(engine.streams.stats(self.settings, task_id))
+
+    async def answer(self, task_id: int, answer: Any, *, by: str | None = None,
+                     via: str | None = None) -> dict[str, Any]:
+        """:meth:`Queue.answer`, awaited."""
+        return await self._arun(engine.asks.answer(self.settings, task_id, answer, by=by, via=via))
+
+    async def asks(self, *, queue: str | None = None, limit: int = 100) -> list[dict[str, Any]]:
+        """:meth:`Queue.asks`, awaited."""
+        return await self._arun(engine.asks.asks(self.settings, queue=queue, limit=limit))
 
     async def effects(self, task_id: int) -> list[Effect]:
         """:meth:`Queue.effects`, awaited."""

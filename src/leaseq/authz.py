@@ -226,6 +226,8 @@ ACTIONS: dict[str, Action] = {a.name: a for a in (
     # signals for tasks' durable waits: sent by operators, within their queues
     Action("signal", "operate", "signal tasks", task_scope=True),
     Action("read_signals", "read", "read tasks' signals", task_scope=True),
+    # a person's answer to a task's question (ctx.ask): an operator who may read what was asked
+    Action("answer", "operate", "answer tasks' questions", task_scope=True, sees_payload=True),
     # limits shared by every worker: changed by operators (audited by the Queue method), read by viewers
     # bulk actions by filter (Queue.redrive, Queue.cancel_where): a queue-limited token names a queue
     Action("redrive", "operate", "redrive tasks", queue_scope=True),

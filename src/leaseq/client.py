@@ -381,10 +381,12 @@ class _Operations:
         return dict((yield _Request("POST", path, body)))
 
     def _wait_signal(self, worker: Worker | str, claim: Claim, key: str, name: str,
-                     timeout: float | None) -> _Op[dict[str, Any]]:
+                     timeout: float | None, ask: dict[str, Any] | None = None) -> _Op[dict[str, Any]]:
         _, path = self._worker_path(worker, claim, "signal-wait")
-        return dict((yield _Request("POST", path, {"generation": claim.generation, "key": key, "name": name,
-                                                   "timeout": timeout})))
+        body: dict[str, Any] = {"generation": claim.generation, "key": key, "name": name, "timeout": timeout}
+        if ask is not None:
+            body["ask"] = ask
+        return dict((yield _Request("POST", path, body)))
 
     def _emit(self, worker: Worker | str, claim: Claim, item: Any, key: str | None) -> _Op[dict[str, Any]]:
         _, path = self._worker_path(worker, claim, "stream")
@@ -698,9 +700,10 @@ class RemoteQueue(_Operations):
         return self._run(self._sleep(worker, claim, key, seconds, until))
 
     def wait_signal(self, worker: Worker | str, claim: Claim, key: str, name: str, *,
-                    timeout: float | None = None) -> dict[str, Any]:
-        """A durable wait for a signal, under the lease; see :meth:`leaseq.Queue.wait_signal`."""
-        return self._run(self._wait_signal(worker, claim, key, name, timeout))
+                    timeout: float | None = None, ask: dict[str, Any] | None = None) -> dict[str, Any]:
+        """A durable wait for a signal (or, with ``ask``, a person's answer), under the lease; see
+        :meth:`leaseq.Queue.wait_signal`."""
+        return self._run(self._wait_signal(worker, claim, key, name, timeout, ask))
 
     def signal(self, task_id: int, name: str, payload: Any = None) -> dict[str, Any]:
         """Send the signal ``name`` to a task (an operator token); see :meth:`leaseq.Queue.signal`.
@@ -765,6 +768,19 @@ class RemoteQueue(_Operations):
                 resp.close()
                 resp.release_conn()
             # the response ended without "end" (its time or its count was up): ask again after the last entry
+
+    def asks(self, *, queue: str | None = None, limit: int = 100) -> list[dict[str, Any]]:
+        """The open questions of the queues this token may read; see :meth:`leaseq.Queue.asks`
+        (times as ISO 8601 text; the question redacted for a token that may not read payloads)."""
+        params: dict[str, Any] = {"limit": limit}
+        if queue is not None:
+            params["queue"] = queue
+        return list(self._call("GET", "/v1/asks", params=params)["asks"])
+
+    def answer(self, task_id: int, answer: Any) -> dict[str, Any]:
+        """Answer a task's question (an operator token); see :meth:`leaseq.Queue.answer`. The
+        answerer recorded is this token's principal."""
+        return dict(self._call("POST", f"/v1/tasks/{int(task_id)}/answer", {"answer": answer}))
 
     def report_loss(self, worker: Worker | str, claim: Claim, reason: str) -> None:
         """Add the worker's own account of losing a lease to the evidence trail."""
@@ -1025,9 +1041,9 @@ class AsyncRemoteQueue(_Operations):
         return await self._run(self._sleep(worker, claim, key, seconds, until))
 
     async def wait_signal(self, worker: Worker | str, claim: Claim, key: str, name: str, *,
-                          timeout: float | None = None) -> dict[str, Any]:
+                          timeout: float | None = None, ask: dict[str, Any] | None = None) -> dict[str, Any]:
         """:meth:`RemoteQueue.wait_signal`, awaited."""
-        return await self._run(self._wait_signal(worker, claim, key, name, timeout))
+        return await self._run(self._wait_signal(worker, claim, key, name, timeout, ask))
 
     async def emit(self, worker: Worker | str, claim: Claim, item: Any, *,
                    key: str | None = None) -> dict[str, Any]:

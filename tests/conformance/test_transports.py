@@ -88,6 +88,8 @@ GUARDED: dict[str, Callable[[Any, Any, leaseq.Claim, Any], Any]] = {
     "finish_effect": lambda t, w, c, fx: t.finish_effect(w, c, fx, response={"sent": True}),
     "sleep": lambda t, w, c, fx: t.sleep(w, c, "job:sleep:0", seconds=60),
     "wait_signal": lambda t, w, c, fx: t.wait_signal(w, c, "job:signal:go:0", "go", timeout=60),
+    "ask": lambda t, w, c, fx: t.wait_signal(w, c, "job:ask:0", "leaseq.answer", timeout=60,
+                                             ask={"question": "go ahead?", "schema": {"type": "boolean"}}),
 }
 #: what a transport must declare to be asked an operation (batch calls answer with what they did)
 NEEDS: dict[str, Callable[[Capabilities], bool]] = {"complete_many": lambda caps: caps.batched_completion}

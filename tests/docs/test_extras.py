@@ -36,7 +36,7 @@ NEEDS: dict[str, tuple[str, ...]] = {
     "opentelemetry": ("extra:otel",), "opentelemetry.sdk": ("extra:otel", "opentelemetry-sdk"),
     "pydantic_ai": ("extra:pydantic-ai",), "agents": ("extra:openai-agents",),
     "openai": ("extra:openai-agents",), "langgraph": ("extra:langgraph",), "langchain_core": ("extra:langgraph",),
-    "django": ("django",), "pytest": ("pytest",), "urllib3": ("extra:client",),
+    "django": ("django",), "pytest": ("pytest",), "urllib3": ("extra:client",), "pydantic": ("pydantic",),
     "leaseq.integrations.pydantic_ai": ("extra:pydantic-ai",),
     "leaseq.integrations.openai_agents": ("extra:openai-agents",),
     "leaseq.integrations.langgraph": ("extra:langgraph",),

@@ -118,6 +118,8 @@ def event_types_of_a_run(tmp_path: Path) -> set[str]:
     q.wait_signal(w2, claim, "waits:signal:go:0", "go")                # signal_received
     q.wait_signal(w2, claim, "waits:signal:late:0", "late", timeout=0)  # wait_timed_out
     q.emit(w2, claim, {"progress": 1})                                 # stream_started
+    q.wait_signal(w2, claim, "waits:ask:0", "leaseq.answer", ask={"question": "ok?", "schema": {"type": "boolean"}})
+    q.answer(claim.task_id, True)                                      # answered
     seen = {e.type for task_id in ids for e in q.events(task_id)}
     q.close()
     return seen

@@ -2,7 +2,7 @@
 
 ``HOLD_AFTER_SIGNAL=1``: a handler stops after its signal wait returned (the signal
 consumed and recorded) and before its next step, holding its lease, for the test to
-SIGKILL the process there. Each real step appends a line to ``$FAULT_DIR/<step>-<task>.log``.
+SIGKILL the process there; ``HOLD_AFTER_ANSWER=1`` the same after ``ctx.ask`` returned. Each real step appends a line to ``$FAULT_DIR/<step>-<task>.log``.
 """
 
 from __future__ import annotations
@@ -12,6 +12,8 @@ import os
 import time
 from pathlib import Path
 from typing import Any
+
+from pydantic import BaseModel
 
 import leaseq
 from leaseq.worker import WorkerRuntime
@@ -40,6 +42,34 @@ def approve_refund(ctx: leaseq.TaskContext, amount: int) -> dict[str, Any]:
 
     done = ctx.tool(refund, action="payments.refund", effect="side_effect")(amount)
     return {"verdict": verdict, **done}
+
+
+class Decision(BaseModel):
+    approve: bool
+    note: str = ""
+
+
+@app.task("expense", effect="side_effect", max_attempts=3)
+def expense(ctx: leaseq.TaskContext, amount: int) -> dict[str, Any]:
+    def lookup(n: int) -> dict[str, Any]:
+        count("looked_up", ctx.task_id)
+        return {"amount": n, "budget": 1000}
+
+    found = ctx.tool(lookup, action="budget.lookup", effect="read_only")(amount)
+    count("asking", ctx.task_id)
+    decision = ctx.ask(f"Pay an expense of {found['amount']} (budget {found['budget']})?", schema=Decision)
+    assert isinstance(decision, Decision)
+    count("answered", ctx.task_id)
+    if os.environ.get("HOLD_AFTER_ANSWER"):
+        (FAULT_DIR / f"held-{ctx.task_id}").write_text(str(os.getpid()))
+        time.sleep(3600)  # killed here: the answer is consumed, the payment not begun
+
+    def pay(n: int) -> dict[str, Any]:
+        count("paid", ctx.task_id)
+        return {"paid": n}
+
+    done = ctx.tool(pay, action="payments.pay", effect="side_effect")(amount) if decision.approve else {"paid": 0}
+    return {"approve": decision.approve, "note": decision.note, **done}
 
 
 @app.task("nap", max_attempts=1)

@@ -693,3 +693,38 @@ def test_streams_as_roles_a_worker_emits_under_its_lease_and_readers_read_within
             list(q.stream(task.id, follow=False))
     assert snapshot(admin) == before
     admin.complete(w, claim, None)
+
+
+def test_asks_as_roles_a_worker_asks_and_only_an_operator_answers_under_its_own_name(admin, make_role) -> None:
+    """A worker role asks a question (ctx.ask) through the lease-guarded wait; it may not answer
+    one (open_ask's callers: operator). An operator role answers under its own login name, a
+    viewer role lists the open questions, and a role scoped to queues answers only on them."""
+    worker_dsn, operator_dsn, viewer_dsn = make_role("worker"), make_role("operator"), make_role("viewer")
+    scoped_dsn = make_role("operator", "alpha")
+    role = psycopg.conninfo.conninfo_to_dict(operator_dsn)["user"]
+    task = admin.enqueue("job", {}, idempotency_key="asks-roles")
+    ask = {"question": "go ahead?", "schema": {"type": "boolean"}}
+    with leaseq.connect(worker_dsn) as q:
+        w = q.register_worker("host")
+        [claim] = q.claim(w)
+        assert q.wait_signal(w, claim, "asks-roles:ask:0", "leaseq.answer", ask=ask)["state"] == "suspended"
+        with pytest.raises(Exception, match="permission denied|may call this"):
+            q.answer(task.id, True)
+    with leaseq.connect(viewer_dsn) as q:
+        assert [a["task_id"] for a in q.asks()] == [task.id]
+        with pytest.raises(Exception, match="permission denied|may call this"):
+            q.answer(task.id, True)
+    with leaseq.connect(scoped_dsn) as q:
+        with pytest.raises(AccessDenied, match="may not reach task"):
+            q.answer(task.id, True)
+    with leaseq.connect(operator_dsn) as q:
+        with pytest.raises(leaseq.InvalidInput):
+            q.answer(task.id, "yes")
+        answered = q.answer(task.id, True, by="alice (operator token)", via="cli")
+    assert answered["answered_by"] == role and answered["woke"] is True
+    assert [e.detail["by"] for e in admin.events(task.id) if e.type == "answered"] == [role]
+    with leaseq.connect(worker_dsn) as q:
+        [claim] = q.claim(w)
+        got = q.wait_signal(w, claim, "asks-roles:ask:0", "leaseq.answer", ask=ask)
+        assert (got["state"], got["payload"], got["sent_by"]) == ("received", True, role)
+        q.complete(w, claim, None)

@@ -84,6 +84,15 @@ def _cases(svc: Service, worker_id: str) -> dict[str, list[Call]]:
             return c.post(f"/v1/workers/{worker_id}/tasks/{lc.task_id}/{verb}", json=body(lc.task_id, lc.generation))
         return call
 
+    def asked() -> int:  # a task whose handler asked a question (ctx.ask) and waits for the answer
+        queue = f"ask-{secrets.token_hex(4)}"
+        task = q.enqueue("job", queue=queue)
+        w = q.register_worker("asker")
+        [c] = q.claim(w, queue=queue)
+        q.wait_signal(w, c, f"ask-{task.id}:ask:0", "leaseq.answer",
+                      ask={"question": "go ahead?", "schema": {"type": "boolean"}})
+        return task.id
+
     def open_effect(c: httpx.Client) -> Any:
         lc = lease()
         fx = q.begin_effect(worker_id, lc, "email.send")
@@ -106,7 +115,7 @@ def _cases(svc: Service, worker_id: str) -> dict[str, list[Call]]:
         "whoami": [lambda c: c.get("/v1/whoami")],
         "read": [lambda c: c.get("/v1/workers"), lambda c: c.get("/metrics"), lambda c: c.get("/v1/limits")],
         "read_queues": [lambda c: c.get("/v1/tasks"), lambda c: c.get("/v1/queues"),
-                        lambda c: c.get("/v1/approvals")],
+                        lambda c: c.get("/v1/approvals"), lambda c: c.get("/v1/asks")],
         "read_trail": [lambda c: c.get(f"/v1/tasks/{fresh()}/events"),
                        lambda c: c.get(f"/v1/tasks/{fresh()}/effects"),
                        lambda c: c.get(f"/v1/tasks/{fresh()}/timeline"),
@@ -130,6 +139,7 @@ def _cases(svc: Service, worker_id: str) -> dict[str, list[Call]]:
         "emit": [on_lease("stream", lambda t, g: {"generation": g, "item": {"progress": 1}})],
         "signal": [lambda c: c.post(f"/v1/tasks/{fresh()}/signals/go", json={"payload": 1})],
         "read_signals": [lambda c: c.get(f"/v1/tasks/{fresh()}/signals")],
+        "answer": [lambda c: c.post(f"/v1/tasks/{asked()}/answer", json={"answer": True})],
         "redrive": [lambda c: c.post("/v1/tasks/redrive", json={"queue": "nothing-here", "dry_run": True})],
         "cancel_where": [lambda c: c.post("/v1/tasks/cancel-where",
                                           json={"status": "queued", "queue": "nothing-here", "dry_run": True})],

@@ -168,6 +168,9 @@ class _Replay:
         elif t == "signal_sent":
             if s.status in (m.COMPLETED, m.CANCELLED, m.DENIED, m.DEAD, m.EXPIRED):
                 self.fail(f"signal accepted while {s.status}")
+        elif t == "answered":  # a person's answer to ctx.ask: taken only by a task that waits for it
+            if s.status != m.WAITING:
+                self.fail(f"answer accepted while {s.status}")
         elif t == "lease_expired":
             if not (s.status == m.RUNNING and s.gen == g and s.owner == w):
                 self.fail(f"routed an expired lease of generation {g} held by {w}, but the task is "

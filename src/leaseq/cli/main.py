@@ -22,6 +22,7 @@ COMMAND_MODULES = (
     "tasks",             # migrate, enqueue, ls, show
     "operator_actions",  # cancel, reconcile, unblock, requeue, approve, deny, pause, resume, sweep
     "approvals",         # approvals
+    "asks",              # asks, answer
     "overview",          # stats, workers, queues
     "demo_command",      # demo
     "worker",            # worker

@@ -11,6 +11,7 @@ operation lives:
 - :mod:`.effects`: begin and finish an effect, the action ledger
 - :mod:`.durable`: durable waits (a handler's sleep and signal wait) and signals
 - :mod:`.streams`: task progress streams (a handler's emit, reading a stream after a cursor)
+- :mod:`.asks`: questions put to a person (``ctx.ask``) and their answers
 - :mod:`.enqueue`: enqueue one task or many
 - :mod:`.approvals`: approval gates: request, approve, deny, deadlines
 - :mod:`.intents`: intents a task records for an executor
@@ -22,10 +23,10 @@ operation lives:
 - :mod:`.schema`: migrations and retention
 """
 
-from . import (approvals, dependencies, durable, effects, enqueue, expiry, intents, leases, limits, operator, reads, schema,
-               streams, waits)
+from . import (approvals, asks, dependencies, durable, effects, enqueue, expiry, intents, leases, limits, operator, reads,
+               schema, streams, waits)
 from .common import Settings
 from .drive import adrive, adrive_in, drive, drive_in
 
-__all__ = ["Settings", "adrive", "adrive_in", "approvals", "dependencies", "drive", "durable", "drive_in", "effects", "enqueue",
-           "expiry", "intents", "leases", "limits", "operator", "reads", "schema", "streams", "waits"]
+__all__ = ["Settings", "adrive", "adrive_in", "approvals", "asks", "dependencies", "drive", "durable", "drive_in", "effects",
+           "enqueue", "expiry", "intents", "leases", "limits", "operator", "reads", "schema", "streams", "waits"]

@@ -22,7 +22,7 @@ import math
 from datetime import datetime
 from typing import Any
 
-from ..core import checks
+from ..core import answers, checks
 from ..core.errors import InvalidInput, InvalidTransition, LeaseLost, ToolCallDiverged
 from ..core.model import Claim, Status, Worker
 from . import limits
@@ -32,6 +32,10 @@ from .steps import BEGIN, COMMIT, Op, one, rows
 #: The ledger actions of the waits.
 SLEEP_ACTION = "leaseq.sleep"
 SIGNAL_ACTION = "leaseq.signal"
+#: A question put to a person (ctx.ask): its wait and its answer.
+ASK_ACTION = "leaseq.ask"
+#: The signal an accepted answer comes as (reserved: q.signal refuses it; q.answer sends it).
+ANSWER_SIGNAL = "leaseq.answer"
 #: The longest a wait may last (seconds).
 MAX_WAIT_SECONDS = 10 * 365 * 86400.0
 #: How far a recorded wake time may sit past the clock it was read from (seconds): SQLite's
@@ -43,8 +47,20 @@ _ENDED = frozenset(s.value for s in (Status.COMPLETED, Status.CANCELLED, Status.
 
 
 def check_signal_name(name: Any) -> str:
-    """A signal's name: as a task kind, 1-200 characters."""
-    return checks.check_kind(name, "name")
+    """A signal's name: as a task kind, 1-200 characters; not :data:`ANSWER_SIGNAL`."""
+    checked: str = checks.check_kind(name, "name")
+    if checked == ANSWER_SIGNAL:
+        raise InvalidInput("name", f"{ANSWER_SIGNAL!r} is reserved for the answers to ctx.ask: answer a question "
+                                   "with q.answer(task_id, answer) (leaseq answer, POST /v1/tasks/{id}/answer)")
+    return checked
+
+
+def check_ask(ask: Any) -> dict[str, Any]:
+    """A question put to a person: ``{"question": text, "schema": JSON schema}``."""
+    if not isinstance(ask, dict) or set(ask) - {"question", "schema"}:
+        raise InvalidInput("ask", "must be an object of question and schema")
+    question = checks.check_text("question", ask.get("question"), required=True)
+    return {"question": question, "schema": answers.check_schema(ask.get("schema", answers.TEXT))}
 
 
 def check_until(until: Any) -> float:
@@ -86,18 +102,21 @@ def _record(claim: Claim, wid: str, key: str, action: str, response: dict[str, A
 
 
 def _suspend(s: Settings, claim: Claim, wid: str, key: str, *, until: float | None,
-             signal: str | None) -> Op[dict[str, Any]]:
+             signal: str | None, question: str | None = None) -> Op[dict[str, Any]]:
     """End the attempt in a wait (the lease ends, the slot and the attempt come back)."""
     row: dict[str, Any] | None = yield one("suspend_task", task_id=claim.task_id, worker_id=wid,
                                            generation=claim.generation, until=until, signal=signal)
     if row is None:
         raise LeaseLost(claim.task_id, claim.generation, "suspend refused: lease no longer held")
     yield from limits.release(s, [row])
-    detail: dict[str, Any] = dict(waiting_for="signal" if signal is not None else "sleep", key=key,
+    waiting_for = "answer" if question is not None else "signal" if signal is not None else "sleep"
+    detail: dict[str, Any] = dict(waiting_for=waiting_for, key=key,
                                   until=None if row["wake_at"] is None else row["wake_at"].isoformat(),
                                   next_status=row["status"], attempts=row["attempts"], **heartbeats(row))
     if signal is not None:
         detail["signal"] = signal
+    if question is not None:
+        detail["question"] = question
     yield from event(s, claim.task_id, "suspended", claim.generation, wid, **detail)
     if row["status"] != Status.WAITING:
         yield from event(s, claim.task_id, row["status"], claim.generation, wid, reason=row["reason"])
@@ -134,23 +153,34 @@ def sleep(s: Settings, worker: Worker | str, claim: Claim, key: str, *, seconds:
 
 
 def wait_signal(s: Settings, worker: Worker | str, claim: Claim, key: str, name: str, *,
-                timeout: float | None = None) -> Op[dict[str, Any]]:
+                timeout: float | None = None, ask: dict[str, Any] | None = None) -> Op[dict[str, Any]]:
     """:meth:`leaseq.Queue.wait_signal`: the wait for a signal ``name`` recorded under ``key``.
 
     Answers ``{"state": "received", "payload": ..., "sent_by": ...}`` (a signal kept for
     the task is consumed now, or was by an earlier attempt: replayed), ``{"state":
     "timed_out"}`` (``timeout`` seconds from the first attempt that waited have
     passed), or ``{"state": "suspended"}``: the attempt ended, the task waits.
+
+    With ``ask`` (``{"question": ..., "schema": ...}``, ``ctx.ask``) the wait is for a
+    person's answer, the signal :data:`ANSWER_SIGNAL` that :func:`leaseq.engine.asks.answer`
+    sends once the answer fits the schema; the question and its schema are recorded with
+    the wait's beginning (action :data:`ASK_ACTION`), where ``q.asks()`` finds them.
     """
     wid = worker_id(worker)
     check_claim(wid, claim)
     checks.check_key("key", key)
-    name = check_signal_name(name)
+    action = SIGNAL_ACTION
+    if ask is None:
+        name = check_signal_name(name)
+    else:
+        if name != ANSWER_SIGNAL:
+            raise InvalidInput("name", f"a question's answer comes as the signal {ANSWER_SIGNAL!r} (got {name!r})")
+        ask, action = check_ask(ask), ASK_ACTION
     if timeout is not None:
         timeout = checks.check_seconds("timeout", timeout, allow_zero=True, maximum=MAX_WAIT_SECONDS)
     yield BEGIN
-    held = yield from _lease(claim, wid, "wait_for_signal")
-    outcome = yield from _entry(claim, key, SIGNAL_ACTION)
+    held = yield from _lease(claim, wid, "wait_for_signal" if ask is None else "ask")
+    outcome = yield from _entry(claim, key, action)
     if outcome is not None:  # received (or timed out) on an earlier attempt: replayed
         yield COMMIT
         return {**outcome["response"], "key": key, "replayed": True}
@@ -163,28 +193,31 @@ def wait_signal(s: Settings, worker: Worker | str, claim: Claim, key: str, name:
         response = {"state": "received", "signal": name, "signal_id": consumed["id"],
                     "payload": consumed["payload"], "sent_by": consumed["sent_by"],
                     "sent_at": consumed["sent_at"].isoformat()}
-        yield from _record(claim, wid, key, SIGNAL_ACTION, response)
+        yield from _record(claim, wid, key, action, response)
         yield from event(s, claim.task_id, "signal_received", claim.generation, wid, signal=name,
                          signal_id=consumed["id"], sent_by=consumed["sent_by"], key=key)
         yield COMMIT
         return {**response, "key": key, "replayed": False}
     wait_key = _wait_key(key)
-    begun = yield from _entry(claim, wait_key, SIGNAL_ACTION)
+    begun = yield from _entry(claim, wait_key, action)
     if begun is None:
-        begun = yield from _record(claim, wid, wait_key, SIGNAL_ACTION, {"state": "waiting", "signal": name},
-                                   seconds=timeout)
+        waiting: dict[str, Any] = {"state": "waiting", "signal": name}
+        if ask is not None:  # what q.asks() shows, and q.answer() checks an answer against
+            waiting.update(question=ask["question"], schema=answers.stored(ask["schema"]), key=key)
+        begun = yield from _record(claim, wid, wait_key, action, waiting, seconds=timeout)
         now = max(held["now"].timestamp(), begun["response_at"].timestamp())
     else:
         now = held["now"].timestamp()
     deadline = begun["response"].get("until")
     if deadline is not None and float(deadline) <= now + _PRECISION:
         response = {"state": "timed_out", "signal": name, "until": float(deadline)}
-        yield from _record(claim, wid, key, SIGNAL_ACTION, response)
+        yield from _record(claim, wid, key, action, response)
         yield from event(s, claim.task_id, "wait_timed_out", claim.generation, wid, signal=name, key=key,
                          until=datetime.fromtimestamp(float(deadline), held["now"].tzinfo).isoformat())
         yield COMMIT
         return {**response, "key": key, "replayed": False}
-    yield from _suspend(s, claim, wid, key, until=None if deadline is None else float(deadline), signal=name)
+    yield from _suspend(s, claim, wid, key, until=None if deadline is None else float(deadline), signal=name,
+                        question=None if ask is None else begun["response"].get("question"))
     yield COMMIT
     return {"state": "suspended", "signal": name, "until": deadline, "key": key}
 

@@ -70,7 +70,7 @@ class EffectOps(QueueBase):
         return self._run(engine.durable.sleep(self.settings, worker, claim, key, seconds=seconds, until=until))
 
     def wait_signal(self, worker: Worker | str, claim: Claim, key: str, name: str, *,
-                    timeout: float | None = None) -> dict[str, Any]:
+                    timeout: float | None = None, ask: dict[str, Any] | None = None) -> dict[str, Any]:
         """A durable wait for the signal ``name`` (:meth:`signal`), recorded under ``key`` (what
         ``ctx.wait_for_signal`` sends).
 
@@ -80,8 +80,14 @@ class EffectOps(QueueBase):
         the first attempt that waited, ``{"state": "timed_out"}``; else the attempt ends as a
         sleep does (``{"state": "suspended"}``) and the task waits, claimable at once when the
         signal comes, or at the timeout.
+
+        With ``ask`` (``{"question": text, "schema": JSON schema}``: what ``ctx.ask`` sends)
+        the wait is for a person's answer (``name`` is ``"leaseq.answer"``): the question and
+        its schema are recorded with the wait, listed by :meth:`asks` while it is open, and
+        :meth:`answer` sends the answer once it fits the schema.
         """
-        return self._run(engine.durable.wait_signal(self.settings, worker, claim, key, name, timeout=timeout))
+        return self._run(engine.durable.wait_signal(self.settings, worker, claim, key, name, timeout=timeout,
+                                                    ask=ask))
 
     # -- streams (a handler's ctx.emit) ----------------------------------------
 

@@ -90,6 +90,22 @@ class OperatorOps(QueueBase):
         """A task's signals, oldest first, consumed or not (``consumed_generation``, ``consumed_at``)."""
         return self._run(engine.durable.signals(self.settings, task_id))
 
+    def answer(self, task_id: int, answer: Any, *, by: str | None = None,
+               via: str | None = None) -> dict[str, Any]:
+        """Answer the question a task asked (``ctx.ask``): its handler's ``ctx.ask`` returns ``answer``.
+
+        The answer is checked against the question's schema first: one that does not fit is
+        refused with :class:`InvalidInput` naming the field (``answer.priority``), and nothing
+        changes. A task that waits for no answer (none asked, answered already, its deadline
+        passed, ended) refuses it with :class:`InvalidTransition`: an answer is taken once.
+        The task is claimable at once; the answer is recorded with ``by`` (on PostgreSQL
+        role-separated schemas the login role's name; over HTTP the token's principal) in the
+        task's evidence trail (``answered``) and the audit log. Returns ``task_id``, ``key``
+        (the ask's ledger key), ``question``, ``answered_by``, ``answered_at``, ``signal_id``
+        and ``woke``.
+        """
+        return self._run(engine.asks.answer(self.settings, task_id, answer, by=by, via=via))
+
     def cancel(self, task_id: int, reason: str = "cancelled", *, by: str | None = None,
                via: str | None = None) -> Task:
         """Cancel a task. It stays cancelled; a running holder loses its lease at

@@ -137,6 +137,12 @@ class ReadOps(QueueBase):
         rate bucket now, by the database clock)."""
         return self._run(engine.limits.limits(self.settings, key))
 
+    def asks(self, *, queue: str | None = None, limit: int = 100) -> list[dict[str, Any]]:
+        """The questions put to a person (``ctx.ask``) that wait for an answer, oldest first: each
+        ``task_id``, ``queue``, ``kind``, ``question``, ``schema`` (JSON schema), ``key`` (the ask's
+        ledger key), ``asked_at`` and ``deadline_at`` (None: no deadline). Answer with :meth:`answer`."""
+        return self._run(engine.asks.asks(self.settings, queue=queue, limit=limit))
+
     def approvals(self, *, queue: str | None = None, limit: int = 100) -> list[Approval]:
         """The undecided approval requests, oldest first, each with its task."""
         return self._run(engine.approvals.approvals(self.settings, queue=queue, limit=limit))

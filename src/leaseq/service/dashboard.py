@@ -1,4 +1,4 @@
-"""Server-rendered dashboard: queues, tasks, the evidence timeline, the reconciliation and approvals inboxes.
+"""Server-rendered dashboard: queues, tasks, the evidence timeline, the inbox (reconciliation, questions) and approvals.
 
 Login: a token (viewer or better) is entered once in a form; the service
 answers with a session of its own (:func:`leaseq.auth.create_session`), kept
@@ -50,6 +50,7 @@ from ..core import checks
 from ..core.errors import InvalidInput, LeaseqError, NotFound
 from ..queue import Queue
 from .access import Access, client_address, csrf_token
+from .asks import answer_from_form, form_of, open_question, present_ask, readable_asks
 from . import charts, stats
 from ..engine.approvals import digest_of
 from .views import (ATTENTION, OTHER_ENDINGS, STATUSES, attention_counts, present_approval, present_effect,
@@ -484,7 +485,11 @@ def inbox(request: Request, s: Session = Depends(session)) -> HTMLResponse:
         for task in q.list_tasks(status=status, limit=200):
             open_fx = [present_effect(fx, s.principal) for fx in q.effects(task.id) if fx.status == "pending"]
             items.append({"task": present_task(task, s.principal), "open_effects": open_fx})
-    return render("inbox.html", request, s, items=items, live=live_view(request, "inbox"))
+    # the questions handlers put to a person (ctx.ask), each with a form built from its schema
+    questions = [{"ask": present_ask(a, s.principal), "form": form_of(a["schema"])}
+                 for a in readable_asks(q, s.principal, limit=200)]
+    return render("inbox.html", request, s, items=items, questions=questions,
+                  may_answer=s.principal.can("answer"), live=live_view(request, "inbox"))
 
 
 @router.get("/approvals", response_class=HTMLResponse)
@@ -554,6 +559,35 @@ async def bulk_action(request: Request, action: str = Path(pattern=_choice(BULK_
         shown = refused[:20] + ([f"and {len(refused) - 20} more"] if len(refused) > 20 else [])
         flash["err"] = f"{action} refused for {len(refused)} task(s): " + "; ".join(shown)
     return _back(request, back, **flash)
+
+
+@router.post("/tasks/{task_id}/answer")
+async def answer_question(request: Request, task_id: int = Path(ge=1, le=2**63 - 1), csrf: str = Form(""),
+                          s: Session = Depends(session)) -> Response:
+    """Answer a task's question from its form in the inbox: the form's fields become the JSON
+    answer, which the queue checks against the question's schema (a bad one: the error, nothing
+    changed). Authorized as ``answer`` (an operator who may read payloads), for this task."""
+    same_origin(request)
+    if not hmac.compare_digest(csrf.encode(), s.csrf.encode()):
+        raise auth.AccessDenied("CSRF check failed: reload the page and try again")
+    form = {k: str(v) for k, v in (await request.form()).items()}
+    back = form.get("back") or "/inbox"
+    q = _queue(request)
+
+    def answering() -> dict[str, Any]:
+        authz.authorize(s.principal, "answer", task=task_id, facts=authz.QueueFacts(q))
+        asked = open_question(q, task_id)
+        if asked is None:
+            raise InvalidInput("task_id", f"task {task_id} has asked no question")
+        return q.answer(task_id, answer_from_form(asked["schema"], form), by=s.principal.actor, via="dashboard")
+
+    try:
+        answered = await run_in_threadpool(answering)
+    except LeaseqError as exc:
+        return _back(request, back, err=str(exc))
+    if answered["woke"]:
+        request.app.state.work_signal.wake(q.get(task_id).queue)
+    return _back(request, back, msg=f"task {task_id} answered: it runs again with your answer")
 
 
 @router.post("/tasks/{task_id}/{action}")

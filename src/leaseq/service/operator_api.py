@@ -30,6 +30,7 @@ from ..engine.streams import Cursor, check_cursor
 from ..aio import AsyncQueue
 from ..queue import Queue
 from .access import WORKER_ID_PATTERN, api_principal, need, room_to_wait
+from .asks import present_ask, readable_asks
 from .views import (present_approval, present_effect, present_event, present_task, readable_approvals,
                     readable_overview, readable_tasks, task_timeline)
 from .wakeups import WorkSignal, follow_stream, wait_for_task
@@ -320,6 +321,31 @@ def send_signal(request: Request, body: SignalBody | None = None, task_id: int =
         request.app.state.work_signal.wake(_queue(request).get(task_id).queue)
     answer: dict[str, Any] = to_json(sent)
     return answer
+
+
+class AnswerBody(Body):
+    answer: Any
+
+
+@router.post("/tasks/{task_id}/answer", tags=["asks"],
+             summary="Answer a task's question (ctx.ask returns the answer)")
+def answer_question(body: AnswerBody, request: Request, task_id: int = TaskId,
+                    principal: auth.Principal = Depends(need("answer"))) -> dict[str, Any]:
+    """The answer is checked against the question's schema first: one that does not fit is
+    refused (422, naming the field) and changes nothing; a task that waits for no answer
+    refuses it (409). The answerer recorded is the token's principal."""
+    answered = _queue(request).answer(task_id, body.answer, by=principal.actor, via="api")
+    if answered["woke"]:
+        request.app.state.work_signal.wake(_queue(request).get(task_id).queue)
+    result: dict[str, Any] = to_json(answered)
+    return result
+
+
+@router.get("/asks", tags=["asks"], summary="Questions put to a person that wait for an answer, oldest first")
+def list_asks(request: Request, queue: str | None = Query(None), limit: int = Query(100, ge=1, le=1000),
+              principal: auth.Principal = Depends(api_principal)) -> dict[str, Any]:
+    found = readable_asks(_queue(request), principal, queue=queue, limit=limit)  # its queues only
+    return {"asks": [present_ask(a, principal) for a in found]}
 
 
 @router.get("/tasks/{task_id}/signals", tags=["tasks"], summary="A task's signals, consumed or not")

@@ -261,6 +261,7 @@ def version(q: Queue, view: str, params: Mapping[str, str]) -> str:
     elif view == "inbox":
         data = [(t.id, t.status, str(t.updated_at)) for status in ("needs_reconciliation", "blocked")
                 for t in q.list_tasks(status=status, limit=200)]
+        data.append([(a["task_id"], a["key"]) for a in q.asks(limit=200)])  # the open questions
     else:
         raise InvalidInput("view", "must be one of overview, tasks, task, workers, inbox")
     return hashlib.sha256(json.dumps(data, default=str, sort_keys=True).encode()).hexdigest()[:16]

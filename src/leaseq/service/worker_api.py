@@ -198,6 +198,8 @@ class SignalWaitBody(Body):
     key: str
     name: str
     timeout: float | None = None
+    #: a question put to a person (ctx.ask): {"question": ..., "schema": ...}
+    ask: dict[str, Any] | None = None
 
 
 class EmitBody(Body):
@@ -397,7 +399,7 @@ async def wait_signal(body: SignalWaitBody, request: Request, task_id: int = Tas
                       worker_id: str = WorkerId) -> dict[str, Any]:
     claim = _claim(worker_id, task_id, body.generation)
     answer = await _guarded(request, "wait", worker_id, lambda view: engine.durable.wait_signal(
-        view.settings, worker_id, claim, body.key, body.name, timeout=body.timeout))
+        view.settings, worker_id, claim, body.key, body.name, timeout=body.timeout, ask=body.ask))
     return record_json(answer)
 
 

@@ -25,7 +25,8 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 from ..core.errors import InvalidInput, LeaseLost, Suspended, WaitTimedOut, is_transient
 from ..core.model import Claim, Task, Worker
-from ..engine.durable import check_signal_name
+from ..core import answers
+from ..engine.durable import ANSWER_SIGNAL, check_signal_name
 from .effect_scope import EffectScope
 from .transport import call_on_loop
 
@@ -51,6 +52,11 @@ def _ledger_key(task_key: str, what: str, position: int) -> str:
     """The ledger key of a durable wait: ``<task key>:sleep:<position>``, ``<task key>:signal:<name>:<position>``."""
     from .tools import tool_key
     return tool_key(task_key, what, position)
+
+
+def _asked(params: dict[str, Any]) -> dict[str, Any]:
+    """What ``ctx.ask`` records: the question and its JSON schema."""
+    return {"question": params["question"], "schema": params["schema"]}
 
 
 class TaskContext:
@@ -214,39 +220,71 @@ class TaskContext:
         check_signal_name(name)
         return self._wait("signal", lambda: {"name": name, "timeout": timeout}, default)
 
+    def ask(self, question: str, schema: Any = None, *, timeout: float | None = None,
+            default: Any = _NO_DEFAULT) -> Any:
+        """Ask a person ``question`` and return the answer, waiting durably for it.
+
+        ``answer = await ctx.ask("Refund order 7?", schema=Decision)`` in an async handler,
+        without ``await`` in a sync one. ``schema`` is a pydantic model class (the answer is
+        returned as an instance of it), a JSON schema (a dict; the answer is returned as
+        JSON), or None: a line of text. The question and its JSON schema are recorded in the
+        task's ledger (``<task key>:ask:<position>``) and the attempt ends as in
+        :meth:`wait_for_signal`: no lease, no slot, the task ``waiting`` until a person
+        answers (``q.answer(task_id, answer)``, ``leaseq answer``, ``POST
+        /v1/tasks/{id}/answer``, the dashboard's inbox; ``q.asks()`` and ``leaseq asks``
+        list the open questions), then claimable at once. An answer is checked against the
+        schema before it is accepted, and taken once. With ``timeout`` (seconds from the
+        first attempt that asked) the question closes unanswered when it passes: the next
+        attempt raises :class:`leaseq.WaitTimedOut` here, or returns ``default`` if one is
+        given (the "deny unless answered" of an approval). The next attempt replays the
+        handler up to here from the ledger.
+        """
+        json_schema, model = answers.schema_of(schema)
+        if not isinstance(question, str) or not question.strip():
+            raise InvalidInput("question", "must be a non-empty string")
+        answers.check_schema(json_schema)
+        params = {"question": question, "schema": json_schema, "timeout": timeout, "model": model}
+        return self._wait("ask", lambda: params, default)
+
     def _wait(self, what: str, args: Callable[[], dict[str, Any]], default: Any = None) -> Any:
         """One durable wait: its ledger key taken in call order, the guarded call, its outcome."""
         self.check()
         params = args()
         if what == "sleep":
             key = _ledger_key(self.task.idempotency_key, "sleep", self.next_tool_position("leaseq:sleep"))
+        elif what == "ask":
+            key = _ledger_key(self.task.idempotency_key, "ask", self.next_tool_position("leaseq:ask"))
         else:
             name = params["name"]
             key = _ledger_key(self.task.idempotency_key, f"signal:{name}",
                               self.next_tool_position(f"leaseq:signal:{name}"))
         if not self.handler_is_async:
-            return self._outcome(self._call_wait(what, key, params), default)
+            return self._outcome(self._call_wait(what, key, params), default, params.get("model"))
         return self._await_wait(what, key, params, default)
 
     async def _await_wait(self, what: str, key: str, params: dict[str, Any], default: Any) -> Any:
-        return self._outcome(await self._acall_wait(what, key, params), default)
+        return self._outcome(await self._acall_wait(what, key, params), default, params.get("model"))
+
+    def _wait_call(self, what: str, key: str, params: dict[str, Any]) -> tuple[str, tuple[Any, ...], dict[str, Any]]:
+        """The queue's call that records the wait ``what`` under the lease: its name and arguments."""
+        if what == "sleep":
+            return "sleep", (self.worker, self.claim, key), params
+        if what == "ask":
+            return "wait_signal", (self.worker, self.claim, key, ANSWER_SIGNAL), \
+                {"timeout": params["timeout"], "ask": _asked(params)}
+        return "wait_signal", (self.worker, self.claim, key, params["name"]), {"timeout": params["timeout"]}
 
     def _call_wait(self, what: str, key: str, params: dict[str, Any]) -> dict[str, Any]:
-        if what == "sleep":
-            return self._retried(what, lambda: self.port_call("sleep", self.worker, self.claim, key, **params))
-        return self._retried(what, lambda: self.port_call("wait_signal", self.worker, self.claim, key,
-                                                          params["name"], timeout=params["timeout"]))
+        name, args, kwargs = self._wait_call(what, key, params)
+        return self._retried(what, lambda: self.port_call(name, *args, **kwargs))
 
     async def _acall_wait(self, what: str, key: str, params: dict[str, Any]) -> dict[str, Any]:
-        if what == "sleep":
-            return await self._aretried(what, lambda: self.aport_call("sleep", self.worker, self.claim, key,
-                                                                      **params))
-        return await self._aretried(what, lambda: self.aport_call("wait_signal", self.worker, self.claim, key,
-                                                                  params["name"], timeout=params["timeout"]))
+        name, args, kwargs = self._wait_call(what, key, params)
+        return await self._aretried(what, lambda: self.aport_call(name, *args, **kwargs))
 
     def _retried(self, what: str, call: Callable[[], _T]) -> _T:
         """A guarded write of this context: a refusal is the lost lease; the queue's trouble in
-        transit is tried again while the lease may be live (:meth:`_transit_pause`)."""
+        transit is tried again while the lease may be live (:meth:`transit_pause`)."""
         tries = 0
         while True:
             try:
@@ -291,19 +329,24 @@ class TaskContext:
         self.log.warning(f"{what} failed in transit (try {tries}), trying again: {exc}")
         return delay
 
-    def _outcome(self, answer: dict[str, Any], default: Any) -> Any:
+    def _outcome(self, answer: dict[str, Any], default: Any, model: Any = None) -> Any:
         state = answer.get("state")
+        asked = answer.get("signal") == ANSWER_SIGNAL
         if state == "resumed":
             return None
         if state == "received":
-            return answer.get("payload")
+            payload = answer.get("payload")
+            return payload if model is None else model.model_validate(payload)
         if state == "timed_out":
             if default is not _NO_DEFAULT:
                 return default
+            if asked:
+                raise WaitTimedOut(ANSWER_SIGNAL, "no answer to the question came before its deadline")
             raise WaitTimedOut(str(answer.get("signal")))
         # suspended: the guarded write ended the lease; the handler stops here
         self.suspended = answer
-        waiting_for = f"signal {answer['signal']!r}" if answer.get("signal") is not None else "its sleep"
+        waiting_for = ("an answer to its question" if asked else f"signal {answer['signal']!r}"
+                       if answer.get("signal") is not None else "its sleep")
         self.mark_lost(f"suspended: waits for {waiting_for}")
         until = answer.get("until")
         raise Suspended(self.task_id, self.generation, None if until is None else float(until), waiting_for)

@@ -2063,6 +2063,43 @@ WHERE s.id = %(signal_id)s AND s.task_id = %(task_id)s AND s.consumed_at IS NULL
   /* TEMPLATE: lease_guard */
 RETURNING s.id, s.name, s.payload, s.sent_by, s.sent_at, s.consumed_at;
 
+-- name: list_asks
+-- callers: operator, viewer
+-- The questions put to a person (ctx.ask) that wait for an answer, oldest
+-- first: each task waiting for the answer signal %(signal)s, before its
+-- deadline, with the latest question it asked (the beginning of its ask in
+-- the ledger, action %(action)s: the question, its schema, its key).
+SELECT t.id AS task_id, t.queue, t.kind, e.response, e.response_at AS asked_at, t.wake_at AS deadline_at
+FROM leaseq_tasks t
+JOIN LATERAL (SELECT x.response, x.response_at FROM leaseq_effects x
+              WHERE x.task_id = t.id AND x.action = %(action)s AND x.response ->> 'state' = 'waiting'
+              ORDER BY x.id DESC LIMIT 1) e ON true
+WHERE t.status = 'waiting' AND t.wait_signal = %(signal)s AND (t.wake_at IS NULL OR t.wake_at > now())
+  AND (%(queue)s::text IS NULL OR t.queue = %(queue)s)
+ORDER BY e.response_at, t.id
+LIMIT %(limit)s;
+
+-- name: open_ask
+-- callers: operator
+-- The latest question task %(task_id)s asked (its ask's beginning in the
+-- ledger), whether it is open (the task waits for its answer, the signal
+-- %(signal)s, before the deadline), who answered it if someone did, and the
+-- clock. The caller locked the task row (lock_task), as an attempt's ask
+-- does (lock_lease): an answer and an ask never miss each other.
+SELECT e.response, e.response_at AS asked_at,
+       to_timestamp((e.response ->> 'until')::float8) AS deadline_at,
+       (t.status = 'waiting' AND t.wait_signal = %(signal)s
+        AND (t.wake_at IS NULL OR t.wake_at > clock_timestamp())) AS open,
+       s.sent_by AS answered_by, s.sent_at AS answered_at, clock_timestamp() AS now
+FROM leaseq_tasks t
+JOIN LATERAL (SELECT x.response, x.response_at FROM leaseq_effects x
+              WHERE x.task_id = t.id AND x.action = %(action)s AND x.response ->> 'state' = 'waiting'
+              ORDER BY x.id DESC LIMIT 1) e ON true
+LEFT JOIN LATERAL (SELECT y.sent_by, y.sent_at FROM leaseq_signals y
+                   WHERE y.task_id = t.id AND y.name = %(signal)s AND y.sent_at >= e.response_at
+                   ORDER BY y.id DESC LIMIT 1) s ON true
+WHERE t.id = %(task_id)s;
+
 -- name: list_signals
 -- callers: operator, viewer
 -- A task's signals, oldest first, consumed or not.

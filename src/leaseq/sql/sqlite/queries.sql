@@ -1345,6 +1345,37 @@ WHERE s.id = :signal_id AND s.task_id = :task_id AND s.consumed_at IS NULL AND t
   /* TEMPLATE: lease_guard */
 RETURNING id, name, payload, sent_by, sent_at, consumed_at;
 
+-- name: list_asks
+-- See the PostgreSQL file: the open questions (ctx.ask), oldest first.
+SELECT t.id AS task_id, t.queue, t.kind, e.response, e.response_at AS asked_at, t.wake_at AS deadline_at
+FROM leaseq_tasks t
+JOIN leaseq_effects e ON e.id = (SELECT max(x.id) FROM leaseq_effects x
+                                 WHERE x.task_id = t.id AND x.action = :action
+                                   AND x.response ->> '$.state' = 'waiting')
+WHERE t.status = 'waiting' AND t.wait_signal = :signal
+  AND (t.wake_at IS NULL OR t.wake_at > (julianday('now') - 2440587.5) * 86400.0)
+  AND (:queue IS NULL OR t.queue = :queue)
+ORDER BY e.response_at, t.id
+LIMIT :limit;
+
+-- name: open_ask
+-- See the PostgreSQL file: a task's latest question, open or not, and who answered it.
+SELECT e.response, e.response_at AS asked_at, e.response ->> '$.until' AS deadline_at,
+       (t.status = 'waiting' AND t.wait_signal = :signal
+        AND (t.wake_at IS NULL OR t.wake_at > (julianday('now') - 2440587.5) * 86400.0)) AS open,
+       (SELECT y.sent_by FROM leaseq_signals y
+        WHERE y.task_id = t.id AND y.name = :signal AND y.sent_at >= e.response_at
+        ORDER BY y.id DESC LIMIT 1) AS answered_by,
+       (SELECT y.sent_at FROM leaseq_signals y
+        WHERE y.task_id = t.id AND y.name = :signal AND y.sent_at >= e.response_at
+        ORDER BY y.id DESC LIMIT 1) AS answered_at,
+       (julianday('now') - 2440587.5) * 86400.0 AS now
+FROM leaseq_tasks t
+JOIN leaseq_effects e ON e.id = (SELECT max(x.id) FROM leaseq_effects x
+                                 WHERE x.task_id = t.id AND x.action = :action
+                                   AND x.response ->> '$.state' = 'waiting')
+WHERE t.id = :task_id;
+
 -- name: list_signals
 SELECT id, task_id, name, payload, sent_by, sent_at, consumed_generation, consumed_at, consumed_key
 FROM leaseq_signals WHERE task_id = :task_id ORDER BY id;
