@@ -47,6 +47,7 @@ from .core.errors import (BackendUnavailable, ConfigError, InvalidInput, LeaseLo
                           error_class)
 from .core import policy
 from .core.checks import check_trace_context
+from .engine.children import check_children
 from .engine.durable import check_signal_name, check_until
 from .core.model import Claim, Claims, Effect, Task, Worker
 from .engine.effects import check_effect_of
@@ -451,6 +452,32 @@ class RemoteQueue:
         _, path = self._worker_path(worker, claim, "signal-wait")
         return dict(self._call("POST", path, {"generation": claim.generation, "key": key, "name": name,
                                               "timeout": timeout}))
+
+    def spawn(self, worker: Worker | str, claim: Claim, kind: str, payload: Any = None, *, key: str,
+              **options: Any) -> Task:
+        """Enqueue a child task of the claimed one under its lease; see :meth:`leaseq.Queue.spawn`."""
+        _, path = self._worker_path(worker, claim, "children")
+        body = {"generation": claim.generation, "kind": kind, "payload": payload, "key": key}
+        body.update({name: list(value) if name in ("actions", "limits", "resources") else value
+                     for name, value in options.items() if value is not None})
+        return task_from(self._call("POST", path, body))
+
+    def wait_children(self, worker: Worker | str, claim: Claim, key: str,
+                      child_ids: Sequence[int]) -> dict[str, Any]:
+        """A durable wait for children of the claimed task, under its lease; see
+        :meth:`leaseq.Queue.wait_children`."""
+        _, path = self._worker_path(worker, claim, "children-wait")
+        return dict(self._call("POST", path, {"generation": claim.generation, "key": key,
+                                              "children": check_children(child_ids)}))
+
+    def cancel(self, task_id: int, reason: str = "cancelled", *, tree: bool = False) -> Task | dict[str, Any]:
+        """Cancel a task (an operator token), recorded under this token's principal; with
+        ``tree=True`` answer the cancel tree's report. See :meth:`leaseq.Queue.cancel`."""
+        body: dict[str, Any] = {"reason": reason}
+        if tree:
+            body["tree"] = True
+        answer = self._call("POST", f"/v1/tasks/{_task_id(task_id)}/cancel", body)
+        return dict(answer) if tree else task_from(answer)
 
     def signal(self, task_id: int, name: str, payload: Any = None) -> dict[str, Any]:
         """Send the signal ``name`` to a task (an operator token); see :meth:`leaseq.Queue.signal`.

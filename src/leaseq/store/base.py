@@ -32,7 +32,7 @@ class JsonText(str):
 
 #: Columns that come back as JSON documents.
 JSON_COLUMNS = frozenset({"payload", "result", "detail", "response", "actions", "resources", "limits", "signature",
-                          "kinds"})
+                          "kinds", "wait_children"})
 
 
 @dataclass(frozen=True)

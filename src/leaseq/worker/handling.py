@@ -38,6 +38,7 @@ class Handling(Losses):
         log = TaskLog(logger, {"task_id": claim.task_id, "kind": claim.task.kind, "generation": claim.generation,
                                "attempt": claim.task.attempts, "worker_id": self._registered.id})
         ctx = TaskContext(self.transport, self._registered, claim, log)
+        ctx.registry = self.registry  # ctx.spawn takes a declared kind's options from it
         ctx.renewed_at = sent  # the lease started no earlier than the claim was sent
         loop = asyncio.get_running_loop()  # the runtime's: a claim's handlers start on it
         ctx.on_lost = lambda c, reason: loop.call_soon_threadsafe(self._after_loss, c, reason)

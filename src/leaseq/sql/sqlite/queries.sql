@@ -1293,13 +1293,14 @@ SET status = CASE
     attempts = t.attempts - 1,
     wake_at = :until,
     wait_signal = :signal,
+    wait_children = :children,
     available_at = coalesce(:until, (julianday('now') - 2440587.5) * 86400.0),
     lease_owner = NULL,
     lease_expires_at = NULL,
     updated_at = (julianday('now') - 2440587.5) * 86400.0
 WHERE t.id = :task_id
   /* TEMPLATE: lease_guard */
-RETURNING id, status, claim_generation, attempts, wake_at, wait_signal,
+RETURNING id, status, claim_generation, attempts, wake_at, wait_signal, wait_children,
           heartbeat_count, last_heartbeat_at, longest_heartbeat_gap, queue, limits, units,
           CASE status WHEN 'needs_reconciliation'
               THEN 'wait begun with a side-effect intent and no recorded response' END AS reason;
@@ -1359,3 +1360,57 @@ RETURNING id, name, payload, sent_by, sent_at, consumed_at;
 -- name: list_signals
 SELECT id, task_id, name, payload, sent_by, sent_at, consumed_generation, consumed_at, consumed_key
 FROM leaseq_signals WHERE task_id = :task_id ORDER BY id;
+
+-- CHILD TASKS (ctx.spawn, ctx.wait_for) and cancel trees: see the PostgreSQL
+-- file. SQLite's transaction holds the write lock: the locks are plain reads.
+
+-- name: set_child_parent
+UPDATE leaseq_tasks SET parent_id = :parent_task_id, has_dependents = 1
+WHERE id = :task_id
+RETURNING *;
+
+-- name: lock_children
+SELECT c.id, c.kind, c.queue, c.status, c.result, c.last_error
+FROM leaseq_tasks c
+WHERE c.parent_id = :task_id AND c.id IN (SELECT value FROM json_each(:child_ids))
+ORDER BY c.id;
+
+-- name: lock_waiting_parents
+SELECT p.id, p.queue, p.claim_generation, p.wait_children
+FROM leaseq_tasks p
+WHERE p.status = 'waiting' AND p.wait_children IS NOT NULL
+  AND EXISTS (SELECT 1 FROM json_each(p.wait_children) w
+              WHERE w.value IN (SELECT value FROM json_each(:task_ids)))
+  AND p.id IN (SELECT c.parent_id FROM leaseq_tasks c
+               WHERE c.id IN (SELECT value FROM json_each(:task_ids)) AND c.parent_id IS NOT NULL)
+ORDER BY p.id;
+
+-- name: wake_parents
+UPDATE leaseq_tasks AS p
+SET status = 'queued', wait_children = NULL, available_at = (julianday('now') - 2440587.5) * 86400.0,
+    updated_at = (julianday('now') - 2440587.5) * 86400.0
+WHERE p.status = 'waiting' AND p.wait_children IS NOT NULL
+  AND EXISTS (SELECT 1 FROM json_each(p.wait_children) w
+              WHERE w.value IN (SELECT value FROM json_each(:task_ids)))
+  AND p.id IN (SELECT c.parent_id FROM leaseq_tasks c
+               WHERE c.id IN (SELECT value FROM json_each(:task_ids)) AND c.parent_id IS NOT NULL)
+  AND NOT EXISTS (SELECT 1 FROM leaseq_tasks c
+                  WHERE c.id IN (SELECT value FROM json_each(p.wait_children))
+                    AND c.status NOT IN ('completed', 'cancelled', 'dead', 'denied', 'expired'))
+RETURNING id, queue;
+
+-- name: lock_children_of
+SELECT * FROM leaseq_tasks
+WHERE parent_id IS NOT NULL AND parent_id IN (SELECT value FROM json_each(:task_ids))
+ORDER BY id;
+
+-- name: open_effects_of
+SELECT e.id, e.task_id, e.action, e.effect, e.idempotency_key, e.generation
+FROM leaseq_effects e
+WHERE e.task_id IN (SELECT value FROM json_each(:task_ids)) AND e.status = 'pending'
+ORDER BY e.task_id, e.id;
+
+-- name: intents_of
+SELECT id, parent_task_id, kind, queue, status, claim_generation FROM leaseq_tasks
+WHERE parent_task_id IS NOT NULL AND parent_task_id IN (SELECT value FROM json_each(:task_ids))
+ORDER BY id;
