@@ -89,6 +89,8 @@ GUARDED: dict[str, Callable[[Any, Any, leaseq.Claim, Any], Any]] = {
     "finish_effect": lambda t, w, c, fx: t.finish_effect(w, c, fx, response={"sent": True}),
     "sleep": lambda t, w, c, fx: t.sleep(w, c, "job:sleep:0", seconds=60),
     "wait_signal": lambda t, w, c, fx: t.wait_signal(w, c, "job:signal:go:0", "go", timeout=60),
+    "spawn": lambda t, w, c, fx: t.spawn(w, c, "job.child", {"n": 1}, key="child-1"),
+    "wait_children": lambda t, w, c, fx: t.wait_children(w, c, "job:children:0", [c.task_id]),
 }
 #: what a transport must declare to be asked an operation (batch calls answer with what they did)
 NEEDS: dict[str, Callable[[Capabilities], bool]] = {"complete_many": lambda caps: caps.batched_completion}

@@ -109,12 +109,15 @@ def spawn(s: Settings, worker: Worker | str, claim: Claim, kind: str, payload: A
     params["idempotency_key"] = child_key(held["idempotency_key"], key)
     recorded = yield from _entry(claim, fx_key, SPAWN_ACTION)
     if recorded is not None:  # an earlier attempt spawned it: the same child
-        child = yield one("get_task", task_id=recorded["response"]["task_id"])
-        if child is None:  # it ended and retention deleted it: there is no task to return
-            raise NotFound(f"child {key!r} of task {claim.task_id} was task {recorded['response']['task_id']}, "
-                           "which has ended and was removed by retention since; nothing was written")
-        if child["idempotency_key"] == params["idempotency_key"] and child["queue"] == params["queue"]:
+        child_id = recorded["response"]["task_id"]
+        child = yield one("tasks_by_key", queue=params["queue"], keys=[params["idempotency_key"]])
+        if child is not None and child["id"] == child_id:
             same_task(child, params)  # the same child, if asked for the same way
+        else:  # spawned on another queue than asked now: read it by its id
+            child = yield one("get_task", task_id=child_id)
+        if child is None:  # it ended and retention deleted it: there is no task to return
+            raise NotFound(f"child {key!r} of task {claim.task_id} was task {child_id}, which has ended and was "
+                           "removed by retention since; nothing was written")
         yield COMMIT
         return to_task(child)
     row = yield one("insert_task", **params)
