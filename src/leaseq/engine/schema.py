@@ -91,6 +91,8 @@ EVIDENCE_KEYS: tuple[str, ...] = (
     "priority",
     # actions, by name and ledger id
     "action", "effect", "effect_id", "recorded_generation", "previous_generation",
+    # child tasks and cancel trees, by task id, with each one's disposition (no keys, no reasons)
+    "children", "ended", "intents", "effects", "waits", "disposition", "waiting_for", "waited_seconds",
     # approvals: who asked and who decided (not the digest: unsalted, a payload can be guessed from it)
     "requested_by", "by", "via", "deadline_seconds", "approval",
 )
