@@ -509,14 +509,14 @@ class ChildFailed(LeaseqError):
         super().__init__(message or f"child task {child_id} ended {status}" + (f": {error}" if error else ""))
 
     def wire_fields(self) -> dict[str, Any]:
-        return {"child_id": self.child_id, "status": self.status, "error": self.error}
+        return {"child_id": self.child_id, "child_status": self.status, "child_error": self.error}
 
     @classmethod
     def from_wire(cls, message: str, fields: dict[str, Any]) -> ChildFailed:
         child_id = fields.get("child_id")
-        error = fields.get("error")
+        error = fields.get("child_error")
         return cls(child_id if isinstance(child_id, int) and not isinstance(child_id, bool) else 0,
-                   str(fields.get("status", "")), None if error is None else str(error), message)
+                   str(fields.get("child_status", "")), None if error is None else str(error), message)
 
 
 class Suspended(BaseException):
