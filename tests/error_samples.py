@@ -30,4 +30,5 @@ SAMPLES: dict[type[LeaseqError], LeaseqError] = {
     errors.ApprovalExpired: errors.ApprovalExpired(7, "2030-01-31T09:00:00+00:00", "approve"),
     errors.ToolCallDiverged: errors.ToolCallDiverged("run-1:llm.chat:0"),
     errors.WaitTimedOut: errors.WaitTimedOut("approval"),
+    errors.ChildFailed: errors.ChildFailed(12, "dead", "boom"),
 }

@@ -19,7 +19,7 @@ import time
 from collections.abc import AsyncIterator, Callable, Iterable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from datetime import datetime, timedelta
-from typing import Any
+from typing import Any, Literal, overload
 
 from . import engine
 from .core import checks
@@ -295,6 +295,22 @@ class AsyncQueue:
         return await self._arun(engine.durable.wait_signal(self.settings, worker, claim, key, name,
                                                            timeout=timeout, ask=ask))
 
+    async def spawn(self, worker: Worker | str, claim: Claim, kind: str, payload: Any = None, *, key: str,
+                    queue: str | None = None, effect: str = "read_only", priority: int = 0, max_attempts: int = 5,
+                    lease_seconds: float = checks.DEFAULT_LEASE_SECONDS, actions: Iterable[str] | None = None,
+                    timeout: float | None = None, limits: Iterable[str] | None = None, units: int = 1,
+                    resources: Iterable[str] | None = None) -> Task:
+        """:meth:`Queue.spawn`, awaited."""
+        return await self._arun(engine.children.spawn(
+            self.settings, worker, claim, kind, payload, key=key, queue=queue, effect=effect, priority=priority,
+            max_attempts=max_attempts, lease_seconds=lease_seconds, actions=actions, timeout=timeout,
+            limits=limits, units=units, resources=resources))
+
+    async def wait_children(self, worker: Worker | str, claim: Claim, key: str,
+                            child_ids: Sequence[int]) -> dict[str, Any]:
+        """:meth:`Queue.wait_children`, awaited."""
+        return await self._arun(engine.children.wait_children(self.settings, worker, claim, key, child_ids))
+
     async def signal(self, task_id: int, name: str, payload: Any = None, *, by: str | None = None,
                      via: str | None = None) -> dict[str, Any]:
         """:meth:`Queue.signal`, awaited."""
@@ -331,10 +347,18 @@ class AsyncQueue:
         """:meth:`Queue.effects`, awaited."""
         return await self._arun(engine.effects.effects(self.settings, task_id))
 
+    @overload
+    async def cancel(self, task_id: int, reason: str = ..., *, by: str | None = ..., via: str | None = ...,
+                     tree: Literal[False] = ...) -> Task: ...
+
+    @overload
+    async def cancel(self, task_id: int, reason: str = ..., *, by: str | None = ..., via: str | None = ...,
+                     tree: Literal[True]) -> dict[str, Any]: ...
+
     async def cancel(self, task_id: int, reason: str = "cancelled", *, by: str | None = None,
-                     via: str | None = None) -> Task:
-        """:meth:`Queue.cancel`, awaited."""
-        return await self._arun(engine.operator.cancel(self.settings, task_id, reason, by=by, via=via))
+                     via: str | None = None, tree: bool = False) -> Task | dict[str, Any]:
+        """:meth:`Queue.cancel`, awaited (``tree=True``: the cancel tree's report)."""
+        return await self._arun(engine.operator.cancel(self.settings, task_id, reason, by=by, via=via, tree=tree))
 
     async def reconcile(self, task_id: int, outcome: str, note: str, *, result: Any = None, by: str | None = None,
                         via: str | None = None) -> Task:

@@ -139,7 +139,9 @@ ACTIONS: dict[str, Action] = {a.name: a for a in (
     Action("finish_effect", "work", "record effect responses", own_worker=True),
     Action("report_loss", "work", "report lease losses", own_worker=True),
     Action("intend", "work", "record intents", own_worker=True),
-    Action("wait", "work", "end attempts in durable waits (sleeps, signal waits)", own_worker=True),
+    Action("wait", "work", "end attempts in durable waits (sleeps, signal waits, waits for child tasks)",
+           own_worker=True),
+    Action("spawn", "work", "spawn child tasks", own_worker=True),
     Action("emit", "work", "append to tasks' streams", own_worker=True),
     Action("enqueue", "enqueue", "enqueue tasks", queue_scope=True),
     # reads
@@ -150,8 +152,13 @@ ACTIONS: dict[str, Action] = {a.name: a for a in (
     Action("read_trail", "read", "read tasks' evidence trails", task_scope=True),
     # operator actions: each an API route, most a dashboard form and a CLI command
     Action("cancel", "operate", "cancel tasks", target="task", task_scope=True, method="cancel", title="Cancel a task",
-           help="A running holder loses its lease at its next guarded call.",
-           fields=(Field("reason", "Why; recorded in the evidence trail.", placeholder="reason (required)"),),
+           help="A running holder loses its lease at its next guarded call. The children it spawned that have "
+                "not ended are cancelled too, and theirs; with tree, the answer is the cancel tree's report: "
+                "each child, intent and open effect with its disposition (completed, unknown, not_started).",
+           fields=(Field("reason", "Why; recorded in the evidence trail.", placeholder="reason (required)"),
+                   Field("tree", "Answer with the cancel tree: each child, intent and open effect of the task "
+                                 "and its disposition (also kept in the evidence trail).",
+                         required=False, default=False, flag=True)),
            done="task {target} cancelled", statuses=_UNFINISHED, label="Cancel task", danger=True,
            hint="Stops the task for good, whatever it waits for: it ends cancelled, and a running holder "
                 "loses its lease.",
@@ -383,6 +390,14 @@ def authorize_intent(principal: Principal, queue: str, approval: str | None) -> 
         raise AccessDenied(f"this token may claim from queue {queue!r} itself, so an intent it records there needs "
                            "approval='required' (the intent/executor split; a token created with own_intents "
                            "may execute its own intents)")
+
+
+def authorize_spawn(principal: Principal, queue: str) -> None:
+    """Allow ``principal`` (already allowed ``spawn`` for its worker) to spawn a child task on
+    ``queue``: a child is an enqueue, so only on a queue the token may use (a child on the
+    spawning task's own queue, the default, is always within it)."""
+    if not principal.may_use_queue(queue):
+        raise AccessDenied(f"this token may not spawn a child task on queue {queue!r}, outside its queues")
 
 
 def authorize_upstreams(principal: Principal, after: list[int], queues: Mapping[int, str]) -> None:

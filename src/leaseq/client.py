@@ -58,6 +58,7 @@ from .core.errors import (BackendUnavailable, ConfigError, InvalidInput, LeaseLo
                           error_class)
 from .core import policy
 from .core.checks import check_trace_context
+from .engine.children import check_children
 from .engine.durable import check_signal_name, check_until
 from .core.model import Claim, Claims, Effect, StreamItem, Task, Worker
 from .engine.effects import check_effect_of
@@ -396,6 +397,20 @@ class _Operations:
             body["key"] = key
         return dict((yield _Request("POST", path, body)))
 
+    def _spawn(self, worker: Worker | str, claim: Claim, kind: str, payload: Any, key: str,
+               options: dict[str, Any]) -> _Op[Task]:
+        _, path = self._worker_path(worker, claim, "children")
+        body = {"generation": claim.generation, "kind": kind, "payload": payload, "key": key}
+        body.update({name: list(value) if name in ("actions", "limits", "resources") else value
+                     for name, value in options.items() if value is not None})
+        return task_from((yield _Request("POST", path, body)))
+
+    def _wait_children(self, worker: Worker | str, claim: Claim, key: str,
+                       child_ids: Sequence[int]) -> _Op[dict[str, Any]]:
+        _, path = self._worker_path(worker, claim, "children-wait")
+        return dict((yield _Request("POST", path, {"generation": claim.generation, "key": key,
+                                                   "children": check_children(child_ids)})))
+
     def _report_loss(self, worker: Worker | str, claim: Claim, reason: str) -> _Op[None]:
         _, path = self._worker_path(worker, claim, "loss")
         yield _Request("POST", path, {"generation": claim.generation, "reason": reason})
@@ -704,6 +719,26 @@ class RemoteQueue(_Operations):
         """A durable wait for a signal (or, with ``ask``, a person's answer), under the lease; see
         :meth:`leaseq.Queue.wait_signal`."""
         return self._run(self._wait_signal(worker, claim, key, name, timeout, ask))
+
+    def spawn(self, worker: Worker | str, claim: Claim, kind: str, payload: Any = None, *, key: str,
+              **options: Any) -> Task:
+        """Enqueue a child task of the claimed one under its lease; see :meth:`leaseq.Queue.spawn`."""
+        return self._run(self._spawn(worker, claim, kind, payload, key, options))
+
+    def wait_children(self, worker: Worker | str, claim: Claim, key: str,
+                      child_ids: Sequence[int]) -> dict[str, Any]:
+        """A durable wait for children of the claimed task, under its lease; see
+        :meth:`leaseq.Queue.wait_children`."""
+        return self._run(self._wait_children(worker, claim, key, child_ids))
+
+    def cancel(self, task_id: int, reason: str = "cancelled", *, tree: bool = False) -> Task | dict[str, Any]:
+        """Cancel a task (an operator token), recorded under this token's principal; with
+        ``tree=True`` answer the cancel tree's report. See :meth:`leaseq.Queue.cancel`."""
+        body: dict[str, Any] = {"reason": reason}
+        if tree:
+            body["tree"] = True
+        answer = self._call("POST", f"/v1/tasks/{_task_id(task_id)}/cancel", body)
+        return dict(answer) if tree else task_from(answer)
 
     def signal(self, task_id: int, name: str, payload: Any = None) -> dict[str, Any]:
         """Send the signal ``name`` to a task (an operator token); see :meth:`leaseq.Queue.signal`.
@@ -1049,6 +1084,16 @@ class AsyncRemoteQueue(_Operations):
                    key: str | None = None) -> dict[str, Any]:
         """Append ``item`` to the task's stream under the lease; see :meth:`leaseq.Queue.emit`."""
         return await self._run(self._emit(worker, claim, item, key))
+
+    async def spawn(self, worker: Worker | str, claim: Claim, kind: str, payload: Any = None, *, key: str,
+                    **options: Any) -> Task:
+        """:meth:`RemoteQueue.spawn`, awaited."""
+        return await self._run(self._spawn(worker, claim, kind, payload, key, options))
+
+    async def wait_children(self, worker: Worker | str, claim: Claim, key: str,
+                            child_ids: Sequence[int]) -> dict[str, Any]:
+        """:meth:`RemoteQueue.wait_children`, awaited."""
+        return await self._run(self._wait_children(worker, claim, key, child_ids))
 
     async def report_loss(self, worker: Worker | str, claim: Claim, reason: str) -> None:
         """:meth:`RemoteQueue.report_loss`, awaited."""

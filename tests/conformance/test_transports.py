@@ -90,6 +90,8 @@ GUARDED: dict[str, Callable[[Any, Any, leaseq.Claim, Any], Any]] = {
     "wait_signal": lambda t, w, c, fx: t.wait_signal(w, c, "job:signal:go:0", "go", timeout=60),
     "ask": lambda t, w, c, fx: t.wait_signal(w, c, "job:ask:0", "leaseq.answer", timeout=60,
                                              ask={"question": "go ahead?", "schema": {"type": "boolean"}}),
+    "spawn": lambda t, w, c, fx: t.spawn(w, c, "job.child", {"n": 1}, key="child-1"),
+    "wait_children": lambda t, w, c, fx: t.wait_children(w, c, "job:children:0", [c.task_id]),
 }
 #: what a transport must declare to be asked an operation (batch calls answer with what they did)
 NEEDS: dict[str, Callable[[Capabilities], bool]] = {"complete_many": lambda caps: caps.batched_completion}

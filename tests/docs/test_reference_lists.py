@@ -120,6 +120,16 @@ def event_types_of_a_run(tmp_path: Path) -> set[str]:
     q.emit(w2, claim, {"progress": 1})                                 # stream_started
     q.wait_signal(w2, claim, "waits:ask:0", "leaseq.answer", ask={"question": "ok?", "schema": {"type": "boolean"}})
     q.answer(claim.task_id, True)                                      # answered
+    ids.append(q.enqueue("k", {"n": "parent"}, queue="parents", idempotency_key="parent").id)
+    [claim] = q.claim(w2, queue="parents")
+    child = q.spawn(w2, claim, "k", {"n": "child"}, key="child")        # child_spawned
+    q.wait_children(w2, claim, "parent:children:0", [child.id])         # suspended (children)
+    [kid] = q.claim(w2, queue="parents")
+    q.complete(w2, kid, "done")                                        # woke (children)
+    [claim] = q.claim(w2, queue="parents")
+    q.wait_children(w2, claim, "parent:children:0", [child.id])         # children_awaited
+    q.spawn(w2, claim, "k", {"n": "second"}, key="second")
+    q.cancel(claim.task_id, reason="enough", tree=True)                # tree_cancelled
     seen = {e.type for task_id in ids for e in q.events(task_id)}
     q.close()
     return seen

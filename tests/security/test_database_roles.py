@@ -728,3 +728,38 @@ def test_asks_as_roles_a_worker_asks_and_only_an_operator_answers_under_its_own_
         got = q.wait_signal(w, claim, "asks-roles:ask:0", "leaseq.answer", ask=ask)
         assert (got["state"], got["payload"], got["sent_by"]) == ("received", True, role)
         q.complete(w, claim, None)
+
+
+def test_child_tasks_as_roles_a_worker_spawns_waits_and_wakes_its_parent_and_cannot_wake_a_strangers(
+        admin, make_role) -> None:
+    """A worker role spawns a child and waits for it through the lease-guarded functions, and the
+    transaction that completes the child wakes the parent; it may not wake the parents of tasks
+    its transaction did not end (wake_parents), nor name a stranger as a child's parent. An
+    operator role cancels the tree."""
+    worker_dsn, operator_dsn = make_role("worker"), make_role("operator")
+    parent = admin.enqueue("plan", {}, idempotency_key="children-roles")
+    with leaseq.connect(worker_dsn) as q:
+        w = q.register_worker("host")
+        [claim] = q.claim(w, kinds=["plan"])
+        child = q.spawn(w, claim, "step", {"n": 1}, key="one")
+        assert child.parent_id == parent.id
+        assert q.spawn(w, claim, "step", {"n": 1}, key="one").id == child.id  # the same child
+        assert q.wait_children(w, claim, "children-roles:children:0", [child.id])["state"] == "suspended"
+        [lease] = q.claim(w, kinds=["step"])
+        q.complete(w, lease, "done")
+        assert admin.get(parent.id).status == "queued"  # woken by the worker role's completion
+        [claim] = q.claim(w, kinds=["plan"])
+        assert q.wait_children(w, claim, "children-roles:children:0", [child.id])["results"] == ["done"]
+        second = q.spawn(w, claim, "step", {"n": 2}, key="two")
+    stranger = admin.enqueue("other", {})
+    before = snapshot(admin)
+    assert "wakes only the parents" in refused(
+        worker_dsn, f"SELECT * FROM leaseq_q_wake_parents(ARRAY[{second.id}]::bigint[])")
+    assert "never held task" in refused(
+        worker_dsn, f"SELECT * FROM leaseq_q_set_child_parent({parent.id}, {stranger.id})")
+    refused(worker_dsn, f"SELECT * FROM leaseq_q_lock_children_of(ARRAY[{parent.id}]::bigint[])")
+    assert snapshot(admin) == before
+    with leaseq.connect(operator_dsn) as q:
+        report = q.cancel(parent.id, "stop", tree=True)
+    assert [(c["task_id"], c["disposition"]) for c in report["children"]] == [(child.id, "completed"),
+                                                                               (second.id, "not_started")]

@@ -51,7 +51,7 @@ COLUMNS: dict[str, str] = {
     # names, identifiers, states and declarations: not user data (deleted with the task)
     **{f"leaseq_tasks.{c}": "identifier or declaration" for c in (
         "queue", "kind", "effect", "status", "lease_owner", "idempotency_key", "error_fingerprint", "actions",
-        "trace_context", "limits", "resources", "singleton_key", "debounce_key", "wait_signal")},
+        "trace_context", "limits", "resources", "singleton_key", "debounce_key", "wait_signal", "wait_children")},
     **{f"leaseq_signals.{c}": "identifier or sender (deleted with the task)" for c in (
         "name", "sent_by", "consumed_key")},
     **{f"leaseq_stream_items.{c}": "state or identifier (deleted with the entry)" for c in (

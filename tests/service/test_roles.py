@@ -134,8 +134,17 @@ def _cases(svc: Service, worker_id: str) -> dict[str, list[Call]]:
     }
     for spec in authz.operator_actions():
         cases[spec.name] = [_operator_case(q, spec)]
+    def wait_for_child(c: httpx.Client) -> Any:
+        lc = lease()
+        child = q.spawn(worker_id, lc, "child", key="child")
+        return c.post(f"/v1/workers/{worker_id}/tasks/{lc.task_id}/children-wait",
+                      json={"generation": lc.generation, "key": f"roles-{lc.task_id}:children:0",
+                            "children": [child.id]})
+
     cases.update({
-        "wait": [on_lease("sleep", lambda t, g: {"generation": g, "key": f"roles-{t}:sleep:0", "seconds": 60})],
+        "wait": [on_lease("sleep", lambda t, g: {"generation": g, "key": f"roles-{t}:sleep:0", "seconds": 60}),
+                 wait_for_child],
+        "spawn": [on_lease("children", lambda t, g: {"generation": g, "kind": "child", "key": f"k-{t}"})],
         "emit": [on_lease("stream", lambda t, g: {"generation": g, "item": {"progress": 1}})],
         "signal": [lambda c: c.post(f"/v1/tasks/{fresh()}/signals/go", json={"payload": 1})],
         "read_signals": [lambda c: c.get(f"/v1/tasks/{fresh()}/signals")],

@@ -33,17 +33,18 @@ from .model import TaskModel
 #: Events written under the lease guard, by the attempt that holds it.
 _HOLDER_EVENTS = frozenset({"completed", "failed", "lease_released", "retry_requested", "effect_intent",
                             "effect_response", "tool_replayed", "intent_recorded", "renewed", "suspended",
-                            "signal_received", "wait_timed_out", "stream_started"})
+                            "signal_received", "wait_timed_out", "stream_started", "child_spawned", "children_awaited"})
 #: Events that end a generation by its holder's hand (report_loss refuses a report after them).
 _HOLDER_ENDS = frozenset({"completed", "failed", "lease_released", "suspended", "lease_lost"})
 #: The status events that follow a routing to somewhere other than the queue.
 _REASON_EVENTS = frozenset({m.DEAD, m.BLOCKED, m.RECON})
 #: Evidence that changes nothing the model holds (singleton_skipped: an enqueue answered with
-#: the task that holds its singleton key, in whatever state that task is).
-_EVIDENCE_ONLY = frozenset({"parent_cancelled", "singleton_skipped"})
+#: the task that holds its singleton key, in whatever state that task is; tree_cancelled: the
+#: dispositions of a cancelled task's children and open effects, after its cancelled event).
+_EVIDENCE_ONLY = frozenset({"parent_cancelled", "singleton_skipped", "tree_cancelled"})
 #: Evidence of a durable wait (or of an attempt's first stream entry) written by its holder under
 #: the lease, changing nothing the model holds.
-_WAIT_EVIDENCE = frozenset({"signal_received", "wait_timed_out", "stream_started"})
+_WAIT_EVIDENCE = frozenset({"signal_received", "wait_timed_out", "stream_started", "child_spawned", "children_awaited"})
 
 
 class TraceViolation(Exception):

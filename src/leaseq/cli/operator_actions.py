@@ -16,7 +16,7 @@ from rich.text import Text
 
 from .. import authz
 from ..core.model import Task
-from .render import make_console, status_text
+from .render import cancel_tree_table, make_console, status_text
 from ..engine.common import default_actor
 from .session import emit_json, json_option, open_queue, parse_json_option
 
@@ -55,6 +55,11 @@ def action_command(spec: authz.Action) -> click.Command:
         result = authz.perform(open_queue(ctx), authz.local_principal(), spec.name, target, via="cli", **given)
         if as_json:
             emit_json(result if result is not None else {"target": target})
+        elif spec.name == "cancel" and isinstance(result, dict):  # --tree: the cancel tree's report
+            console = make_console()
+            console.print(Text.assemble(authz.done_message(spec.name, target, **given) + ": now ",
+                                        status_text(result["status"])))
+            console.print(cancel_tree_table(result))
         elif isinstance(result, Task):
             make_console().print(Text.assemble(authz.done_message(spec.name, target, **given) + ": now ",
                                                status_text(result.status)))

@@ -44,6 +44,9 @@ _EVENT_FIELDS: dict[str, tuple[str, ...]] = {
     "retry_requested": ("reason", "after", "retry_at", "snoozes"),
     "deadline_passed": ("deadline_at", "previous_status"),
     "cancelled": ("by", "reason", "previous_status", "revoked_lease_of", "open_intents"),
+    "child_spawned": ("child_task_id", "kind", "queue"),
+    "children_awaited": ("children", "outcome", "waited_seconds", "child_task_id", "status"),
+    "tree_cancelled": ("by",),
     "reconciled": ("by", "outcome", "note", "settled_intents"),
     "unblocked": ("by", "note"),
     "requeued": ("by", "note", "previous_attempts"),
@@ -228,6 +231,42 @@ def effects_table(effects: Iterable[Effect]) -> Table:
         if fx.response is not None:
             detail.append("\n" + fmt_json(fx.response, limit=300))
         table.add_row(str(fx.id), str(fx.generation), Text(fx.action), Text(fx.status, style=style), detail)
+    return table
+
+
+_DISPOSITION_STYLE = {"completed": "green", "unknown": "magenta", "not_started": "cyan"}
+
+
+def cancel_tree_table(report: Mapping[str, Any]) -> Table:
+    """``leaseq cancel --tree``: each child, intent and open effect of a cancelled task with its
+    disposition (completed, unknown, not_started), and each durable wait that ended with it."""
+    table = Table(box=box.SIMPLE_HEAD, pad_edge=False, show_edge=False)
+    for name in ("task", "parent", "what", "kind / action", "was", "now", "disposition"):
+        table.add_column(name, overflow="fold", justify="right" if name in ("task", "parent") else "left")
+
+    def disposition(value: str | None) -> Text:
+        return Text(value or "", style=_DISPOSITION_STYLE.get(value or "", ""))
+
+    table.add_row(str(report["task_id"]), "", "task", "", status_text(report["previous_status"]),
+                  status_text(report["status"]), "")
+    for c in report.get("children", []):
+        table.add_row(str(c["task_id"]), str(c["parent_id"]), Text("  " * (c.get("depth", 1) - 1) + "child"),
+                      Text(c["kind"]), status_text(c["previous_status"]), status_text(c["status"]),
+                      disposition(c["disposition"]))
+    for i in report.get("intents", []):
+        table.add_row(str(i["task_id"]), str(i["parent_task_id"]), "intent", Text(i["kind"]),
+                      status_text(i["previous_status"]), status_text(i["status"]), disposition(i["disposition"]))
+    for e in report.get("effects", []):
+        table.add_row(str(e["task_id"]), "", f"effect {e['effect_id']}", Text(f"{e['action']} ({e['effect']})"),
+                      Text("pending", style="magenta"), "", disposition(e["disposition"]))
+    for w in report.get("waits", []):
+        what = w["waiting_for"]
+        if w.get("children"):
+            what += " " + ", ".join(str(c) for c in w["children"])
+        elif w.get("signal"):
+            what += " " + str(w["signal"])
+        table.add_row(str(w["task_id"]), "", "wait", Text(what), status_text("waiting"), status_text("cancelled"),
+                      "")
     return table
 
 

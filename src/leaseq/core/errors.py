@@ -488,8 +488,39 @@ class WaitTimedOut(LeaseqError):
         return cls(str(fields.get("name", "")), message)
 
 
+class ChildFailed(LeaseqError):
+    """A child task a handler waits for (``ctx.wait_for``, ``ctx.wait_for_all``) ended without
+    success: ``status`` is ``dead``, ``cancelled``, ``denied`` or ``expired``, ``error`` its
+    last error (None: none recorded).
+
+    Raised in the handler at the wait, where it may be caught. The outcome is
+    recorded in the task's ledger, so a retried attempt raises it again at the
+    same place. Uncaught, it fails the attempt like any error.
+    """
+
+    code = "child_failed"
+    http_status = 409
+    cli_field = "child"
+
+    def __init__(self, child_id: int, status: str, error: str | None = None, message: str | None = None):
+        self.child_id = child_id
+        self.status = status
+        self.error = error
+        super().__init__(message or f"child task {child_id} ended {status}" + (f": {error}" if error else ""))
+
+    def wire_fields(self) -> dict[str, Any]:
+        return {"child_id": self.child_id, "child_status": self.status, "child_error": self.error}
+
+    @classmethod
+    def from_wire(cls, message: str, fields: dict[str, Any]) -> ChildFailed:
+        child_id = fields.get("child_id")
+        error = fields.get("child_error")
+        return cls(child_id if isinstance(child_id, int) and not isinstance(child_id, bool) else 0,
+                   str(fields.get("child_status", "")), None if error is None else str(error), message)
+
+
 class Suspended(BaseException):
-    """The attempt ended in a durable wait (``ctx.sleep``, ``ctx.wait_for_signal``): raised
+    """The attempt ended in a durable wait (``ctx.sleep``, ``ctx.wait_for_signal``, ``ctx.wait_for``): raised
     through the handler, which stops there, and caught by the worker runtime.
 
     A BaseException, like :class:`asyncio.CancelledError`: a handler's ``except
@@ -510,7 +541,7 @@ ERRORS: tuple[type[LeaseqError], ...] = (
     LeaseqError, LeaseLost, InvalidInput, BodyTooLarge, NotFound, UnknownWorker, InvalidTransition, QueuePaused,
     ConfigError, BackendUnavailable, StaleToken, Permanent, CredentialMissing, AccessDenied, Unauthorized,
     RateLimited, IdempotencyKeyReused, IdempotencyKeyConflict, ApprovalMismatch, ApprovalExpired, ToolCallDiverged,
-    WaitTimedOut,
+    WaitTimedOut, ChildFailed,
 )
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import enum
+from collections.abc import Generator
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
@@ -176,6 +177,30 @@ class Task:
     wake_at: datetime | None = None
     #: the name of the signal a waiting task waits for (ctx.wait_for_signal); None: none
     wait_signal: str | None = None
+    #: the task whose handler spawned this one (``ctx.spawn``); None for any other task
+    parent_id: int | None = None
+    #: the child tasks a waiting task waits for (``ctx.wait_for``); None: none
+    wait_children: list[int] | None = None
+
+
+@dataclass(frozen=True)
+class ChildHandle:
+    """A child task a handler spawned (``ctx.spawn``): what ``ctx.wait_for`` takes.
+
+    ``id`` is the child's task id, ``key`` its name within the parent (the
+    ``key=`` given to ``ctx.spawn``, or one made from its kind and position).
+    Awaiting it (``await ctx.spawn(...)``) gives the handle itself, so async
+    handlers may write either form.
+    """
+
+    id: int
+    kind: str
+    queue: str
+    key: str
+
+    def __await__(self) -> Generator[Any, None, ChildHandle]:
+        return self
+        yield  # pragma: no cover - makes this a generator: awaiting returns at once
 
 
 @dataclass(frozen=True)

@@ -15,6 +15,7 @@ operation lives:
 - :mod:`.enqueue`: enqueue one task or many
 - :mod:`.approvals`: approval gates: request, approve, deny, deadlines
 - :mod:`.intents`: intents a task records for an executor
+- :mod:`.children`: child tasks a handler spawns and waits for, and cancel trees
 - :mod:`.dependencies`: tasks that wait for others, and moving them on when those end
 - :mod:`.waits`: what waiting for a task's end returns on
 - :mod:`.operator`: workers in and out, cancel, reconcile, unblock, requeue, pause
@@ -23,10 +24,11 @@ operation lives:
 - :mod:`.schema`: migrations and retention
 """
 
-from . import (approvals, asks, dependencies, durable, effects, enqueue, expiry, intents, leases, limits, operator, reads,
-               schema, streams, waits)
+from . import (approvals, asks, children, dependencies, durable, effects, enqueue, expiry, intents, leases, limits,
+               operator, reads, schema, streams, waits)
 from .common import Settings
 from .drive import adrive, adrive_in, drive, drive_in
 
-__all__ = ["Settings", "adrive", "adrive_in", "approvals", "asks", "dependencies", "drive", "durable", "drive_in", "effects",
-           "enqueue", "expiry", "intents", "leases", "limits", "operator", "reads", "schema", "streams", "waits"]
+__all__ = ["Settings", "adrive", "adrive_in", "approvals", "asks", "children", "dependencies", "drive", "durable",
+           "drive_in", "effects", "enqueue", "expiry", "intents", "leases", "limits", "operator", "reads", "schema",
+           "streams", "waits"]

@@ -84,14 +84,16 @@ def hold(s: Settings, task_ids: Sequence[int], after: list[int], on_failure: str
 def settle_dependents(s: Settings, task_ids: Iterable[int]) -> Op[list[int]]:
     """Move on the waiters of ``task_ids``, which just ended, in the open transaction.
 
-    Called by every operation that ends a task. Waiters whose upstreams all
-    completed are queued; waiters with an upstream that ended without success
+    Called by every operation that ends a task. A parent waiting for the task
+    (``ctx.wait_for``) is woken once the last child it waits for has ended
+    (:func:`wake_parents`). Waiters whose upstreams all completed are queued; waiters with an upstream that ended without success
     are cancelled (then their own waiters, and so on) or blocked. Returns the
     ids of the waiters it moved.
     """
     frontier = sorted(set(task_ids))
     moved: list[int] = []
     while frontier:
+        yield from wake_parents(s, frontier)
         locked = [r["id"] for r in (yield rows("lock_waiters", task_ids=frontier))]
         if not locked:
             break
@@ -123,6 +125,30 @@ def settle_dependents(s: Settings, task_ids: Iterable[int]) -> Op[list[int]]:
         # a cancelled waiter has ended without success too: its own waiters are next
         frontier = sorted(r["id"] for r in settled if r["status"] == Status.CANCELLED.value)
     return moved
+
+
+def wake_parents(s: Settings, task_ids: list[int]) -> Op[list[int]]:
+    """Make claimable, in the open transaction, the parents waiting (``ctx.wait_for``) for the
+    just-ended ``task_ids`` whose every awaited child has now ended, each with a ``woke`` event
+    (reason ``children``). The parents are locked first, in id order, and their children read
+    by the next statement: two transactions ending two children of one parent take turns, and
+    the second sees the first's end. Returns the ids of the parents woken."""
+    waiting: list[dict[str, Any]] = yield rows("lock_waiting_parents", task_ids=task_ids)
+    if not waiting:
+        return []
+    woken = yield rows("wake_parents", task_ids=task_ids)
+    if not woken:
+        return []
+    ids = {r["id"] for r in woken}
+    ended = set(task_ids)
+    yield rows("insert_events", events=[
+        event_params(s, r["id"], "woke", r["claim_generation"] or None, None, reason="children",
+                     children=list(r["wait_children"] or []),
+                     ended=[c for c in (r["wait_children"] or []) if c in ended])
+        for r in waiting if r["id"] in ids])
+    for queue in sorted({r["queue"] for r in woken}):
+        yield rows("notify_work", queue=queue)
+    return sorted(ids)
 
 
 def dependency_results(s: Settings, task_id: int) -> Op[dict[int, Any]]:

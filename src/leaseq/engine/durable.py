@@ -102,14 +102,19 @@ def _record(claim: Claim, wid: str, key: str, action: str, response: dict[str, A
 
 
 def _suspend(s: Settings, claim: Claim, wid: str, key: str, *, until: float | None,
-             signal: str | None, question: str | None = None) -> Op[dict[str, Any]]:
-    """End the attempt in a wait (the lease ends, the slot and the attempt come back)."""
+             signal: str | None, question: str | None = None,
+             children: list[int] | None = None) -> Op[dict[str, Any]]:
+    """End the attempt in a wait (the lease ends, the slot and the attempt come back): until
+    ``until``, a signal ``signal`` (a person's answer to ``question``), or the end of the last
+    of the child tasks ``children``."""
     row: dict[str, Any] | None = yield one("suspend_task", task_id=claim.task_id, worker_id=wid,
-                                           generation=claim.generation, until=until, signal=signal)
+                                           generation=claim.generation, until=until, signal=signal,
+                                           children=children)
     if row is None:
         raise LeaseLost(claim.task_id, claim.generation, "suspend refused: lease no longer held")
     yield from limits.release(s, [row])
-    waiting_for = "answer" if question is not None else "signal" if signal is not None else "sleep"
+    waiting_for = ("children" if children is not None else "answer" if question is not None
+                   else "signal" if signal is not None else "sleep")
     detail: dict[str, Any] = dict(waiting_for=waiting_for, key=key,
                                   until=None if row["wake_at"] is None else row["wake_at"].isoformat(),
                                   next_status=row["status"], attempts=row["attempts"], **heartbeats(row))
@@ -117,6 +122,8 @@ def _suspend(s: Settings, claim: Claim, wid: str, key: str, *, until: float | No
         detail["signal"] = signal
     if question is not None:
         detail["question"] = question
+    if children is not None:
+        detail["children"] = children
     yield from event(s, claim.task_id, "suspended", claim.generation, wid, **detail)
     if row["status"] != Status.WAITING:
         yield from event(s, claim.task_id, row["status"], claim.generation, wid, reason=row["reason"])

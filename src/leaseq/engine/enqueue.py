@@ -131,7 +131,7 @@ _NEW_TASK: dict[str, Any] = dict(
     status="queued", lease_owner=None, lease_expires_at=None, claim_generation=0, attempts=0, last_error=None,
     result=None, open_effects=0, claimed_at=None, heartbeat_count=0, last_heartbeat_at=None,
     longest_heartbeat_gap=0.0, error_fingerprint=None, error_streak=0, snoozes=0, has_dependents=False,
-    watched=False, parent_task_id=None, parent_cancelled_at=None)
+    watched=False, parent_task_id=None, parent_cancelled_at=None, parent_id=None, wait_children=None)
 #: The parameters of insert_task stored as sent.
 _AS_SENT = ("queue", "kind", "effect", "priority", "idempotency_key", "max_attempts", "lease_seconds",
             "trace_context", "limits", "units", "singleton_key", "debounce_key")

@@ -20,7 +20,7 @@ from .common import Settings, acting, audit, event, require_task, to_task, worke
 from .dependencies import settle_dependents
 from .effects import check_actions
 from . import limits
-from .intents import cancel_with_parents
+from . import children
 from .expiry import end_worker_leases
 from .steps import BEGIN, COMMIT, Op, one, rows
 
@@ -129,26 +129,35 @@ def revoke_worker(s: Settings, worker: Worker | str, *, by: str | None = None,
 
 
 def cancel(s: Settings, task_id: int, reason: str = "cancelled", *, by: str | None = None,
-           via: str | None = None) -> Op[Task]:
-    """:meth:`leaseq.Queue.cancel`."""
+           via: str | None = None, tree: bool = False) -> Op[Task | dict[str, Any]]:
+    """:meth:`leaseq.Queue.cancel`: the task, or with ``tree`` the cancel tree's report."""
     task_id = checks.check_task_id(task_id)
     checks.check_text("reason", reason, required=True)
+    if type(tree) is not bool:
+        raise InvalidInput("tree", f"must be true or false, not {tree!r}")
     yield BEGIN
     by, via = yield from acting(by, via)
     before = yield from require_task(task_id, lock=True)
-    if not (yield from _cancel_locked(s, before, reason, by, via)):
+    report = yield from _cancel_locked(s, before, reason, by, via, tree=tree)
+    if report is None:
         raise InvalidTransition(f"task {task_id} is {before['status']}; only unfinished tasks can be cancelled")
     task = yield one("get_task", task_id=task_id)
     yield COMMIT
+    if tree:
+        return {"task_id": task_id, "status": task["status"], "previous_status": before["status"], **report}
     return to_task(task)
 
 
-def _cancel_locked(s: Settings, before: dict[str, Any], reason: str, by: str, via: str | None) -> Op[bool]:
-    """Cancel the task ``before`` (its row, locked in the open transaction), with its evidence and
-    audit entry; False (nothing written) when it has ended already."""
+def _cancel_locked(s: Settings, before: dict[str, Any], reason: str, by: str, via: str | None, *,
+                   tree: bool = False) -> Op[dict[str, Any] | None]:
+    """Cancel the task ``before`` (its row, locked in the open transaction) and what it leaves
+    under way (:func:`leaseq.engine.children.cancel_below`), with its evidence and audit entry;
+    the cancel tree's report, or None (nothing written) when it has ended already. The report
+    goes into the evidence trail (``tree_cancelled``) when the task spawned children, or with
+    ``tree``."""
     task_id = before["id"]
     if (yield one("cancel_task", task_id=task_id, reason=f"cancelled: {reason}")) is None:
-        return False
+        return None
     if before["status"] == Status.RUNNING:  # the lease ends here: its limit slots come back
         yield from limits.release(s, [before])
     detail: dict[str, Any] = dict(by=by, reason=reason, previous_status=before["status"])
@@ -157,11 +166,18 @@ def _cancel_locked(s: Settings, before: dict[str, Any], reason: str, by: str, vi
         detail["open_intents"] = before["open_effects"]
     yield from event(s, task_id, "cancelled", before["claim_generation"] or None, None, **detail)
     yield from settle_dependents(s, [task_id])
-    # the intents it recorded (ctx.intend): those not started end with it, the others are told
-    intents = yield from cancel_with_parents(s, [task_id], by, reason)
+    # its intents (ctx.intend): those not started end with it, the others are told; its
+    # children (ctx.spawn) that have not ended end with it, and theirs
+    report, intents = yield from children.cancel_below(s, before, by, reason)
+    if tree or report["children"]:
+        yield from event(s, task_id, "tree_cancelled", before["claim_generation"] or None, None, by=by,
+                         **children.tree_detail(report))
+    extra: dict[str, Any] = {}
+    if report["children"]:
+        extra["cancelled_children"] = [c["task_id"] for c in report["children"] if c["status"] != c["previous_status"]]
     yield from audit(by, via, "cancel", f"task:{task_id}", reason=reason, previous_status=before["status"],
-                     **_intents_detail(intents))
-    return True
+                     **_intents_detail(intents), **extra)
+    return report
 
 
 def _intents_detail(intents: dict[str, list[int]]) -> dict[str, list[int]]:
@@ -194,8 +210,8 @@ def reconcile(s: Settings, task_id: int, outcome: str, note: str, *, result: Any
     if outcome != "requeue":  # completed or cancelled: the task has ended, and its waiters move on
         yield from settle_dependents(s, [task_id])
     intents: dict[str, list[int]] = {}
-    if outcome == "cancel":  # cancelled: so are the intents it recorded that have not started
-        intents = yield from cancel_with_parents(s, [task_id], by, note)
+    if outcome == "cancel":  # cancelled: so are the intents it recorded that have not started, and its children
+        _, intents = yield from children.cancel_below(s, before, by, note)
     yield from audit(by, via, "reconcile", f"task:{task_id}", outcome=outcome, note=note, **_intents_detail(intents))
     task = yield one("get_task", task_id=task_id)
     yield COMMIT
@@ -295,7 +311,7 @@ def act_where(s: Settings, action: str, flt: dict[str, Any], text: str, *, dry_r
     if not dry_run:
         for row in found:
             if action == "cancel_where":
-                done = yield from _cancel_locked(s, row, text, by, via)
+                done = (yield from _cancel_locked(s, row, text, by, via)) is not None
             elif row.get("scrubbed_at") is not None:  # retention cleared its payload: nothing to run on
                 done = False
             elif row["status"] == Status.DEAD.value:

@@ -93,6 +93,8 @@ EVIDENCE_KEYS: tuple[str, ...] = (
     "action", "effect", "effect_id", "recorded_generation", "previous_generation",
     # streams: where an attempt's entries begin (a cursor)
     "seq",
+    # child tasks and cancel trees, by task id, with each one's disposition (no keys, no reasons)
+    "children", "ended", "intents", "effects", "waits", "disposition", "waiting_for", "waited_seconds",
     # approvals: who asked and who decided (not the digest: unsalted, a payload can be guessed from it)
     "requested_by", "by", "via", "deadline_seconds", "approval",
 )

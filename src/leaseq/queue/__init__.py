@@ -12,6 +12,7 @@ The class is assembled from one module per concern:
 - :mod:`.leases`: claim, heartbeat, renew, complete, fail, retry, release,
   report a loss, sweep, intend (guarded by the lease)
 - :mod:`.effects`: the action ledger (``begin_effect``, ``finish_effect``)
+- :mod:`.children`: child tasks (``spawn``, ``wait_children``, guarded by the lease)
 - :mod:`.enqueue`: adding tasks
 - :mod:`.operator`: operator actions (cancel, reconcile, pause, limits,
   approvals, workers)
@@ -28,6 +29,7 @@ from ..engine.common import EVIDENCE_LEVELS, ROUTINE_EVENTS
 from ..engine.enqueue import ENQUEUE_CHUNK
 from ..engine.expiry import ROUTE_BATCH
 from ..store import open_store
+from .children import ChildOps
 from .effects import EffectOps
 from .enqueue import EnqueueOps
 from .leases import LeaseOps
@@ -38,7 +40,7 @@ from .schema import SchemaOps
 __all__ = ["ENQUEUE_CHUNK", "EVIDENCE_LEVELS", "ROUTE_BATCH", "ROUTINE_EVENTS", "Queue", "connect"]
 
 
-class Queue(ReadOps, OperatorOps, EffectOps, LeaseOps, EnqueueOps, SchemaOps):
+class Queue(ReadOps, OperatorOps, ChildOps, EffectOps, LeaseOps, EnqueueOps, SchemaOps):
     """A leaseq queue on one database. Thread-safe; share one per process.
 
     Create it with :func:`leaseq.connect`. Worker-side calls (``claim``,

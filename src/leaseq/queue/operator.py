@@ -6,7 +6,7 @@ None is guarded by a lease; each is audited with ``by`` (who) and ``via``
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Literal, overload
 
 from .. import engine
 from ..core import checks
@@ -106,19 +106,42 @@ class OperatorOps(QueueBase):
         """
         return self._run(engine.asks.answer(self.settings, task_id, answer, by=by, via=via))
 
+    @overload
+    def cancel(self, task_id: int, reason: str = ..., *, by: str | None = ..., via: str | None = ...,
+               tree: Literal[False] = ...) -> Task: ...
+
+    @overload
+    def cancel(self, task_id: int, reason: str = ..., *, by: str | None = ..., via: str | None = ...,
+               tree: Literal[True]) -> dict[str, Any]: ...
+
     def cancel(self, task_id: int, reason: str = "cancelled", *, by: str | None = None,
-               via: str | None = None) -> Task:
+               via: str | None = None, tree: bool = False) -> Task | dict[str, Any]:
         """Cancel a task. It stays cancelled; a running holder loses its lease at
-        its next guarded call, and expiry never revives it.
+        its next guarded call, and expiry never revives it. A durable wait it was
+        in (a sleep, a signal wait, a wait for children) ends with it.
 
         The intents the task recorded (``ctx.intend``) that have not started
         (queued, waiting, awaiting approval) are cancelled in the same
         transaction, each with a ``cancelled`` event naming its parent; an
         intent already running is left to its lease, and it (like one parked
         for a person) gets ``parent_cancelled_at`` and a ``parent_cancelled``
-        event, which its executor can read.
+        event, which its executor can read. The children it spawned
+        (``ctx.spawn``) that have not ended are cancelled too, running or not,
+        and so, level by level, are theirs.
+
+        Returns the task; with ``tree=True`` the cancel tree's report instead:
+        ``task_id``, ``status``, ``previous_status``, and lists of ``children``
+        (each spawned child of the tree, with ``depth``, ``parent_id``,
+        ``previous_status``, ``status``), ``intents``, ``effects`` (the open
+        entries of the cancelled tasks' ledgers) and ``waits`` (the durable
+        waits cancelled), each child, intent and effect with its
+        ``disposition``: ``completed`` (done before the cancel), ``unknown``
+        (it had started and may have acted: it held a lease, or a side effect
+        was begun with no response recorded) or ``not_started``. The report
+        is kept in the evidence trail (a ``tree_cancelled`` event) with
+        ``tree=True``, and whenever the task had spawned children.
         """
-        return self._run(engine.operator.cancel(self.settings, task_id, reason, by=by, via=via))
+        return self._run(engine.operator.cancel(self.settings, task_id, reason, by=by, via=via, tree=tree))
 
     def reconcile(self, task_id: int, outcome: str, note: str, *, result: Any = None, by: str | None = None,
                   via: str | None = None) -> Task:

@@ -209,6 +209,30 @@ class EmitBody(Body):
     key: str | None = None
 
 
+class SpawnBody(Body):
+    generation: int
+    kind: str
+    payload: Any = None
+    key: str
+    #: None: the spawning task's own queue
+    queue: str | None = None
+    effect: str = "read_only"
+    priority: int = 0
+    max_attempts: int = 5
+    lease_seconds: float = checks.DEFAULT_LEASE_SECONDS
+    actions: list[str] | None = None
+    timeout: float | None = None
+    limits: list[str] | None = None
+    units: int = 1
+    resources: list[str] | None = None
+
+
+class ChildrenWaitBody(Body):
+    generation: int
+    key: str
+    children: list[int]
+
+
 class LossBody(Body):
     generation: int
     reason: str
@@ -381,6 +405,37 @@ async def intend(body: IntentBody, request: Request, task_id: int = TaskId,
     if child.status == "queued":
         request.app.state.work_signal.wake(child.queue)
     return record_json(child)
+
+
+@router.post("/workers/{worker_id}/tasks/{task_id}/children",
+             summary="Spawn a child task under the lease (ctx.spawn): the same child on every attempt")
+async def spawn(body: SpawnBody, request: Request, task_id: int = TaskId,
+                worker_id: str = WorkerId) -> dict[str, Any]:
+    options = body.model_dump(exclude={"generation", "kind", "payload", "key"})
+    claim = _claim(worker_id, task_id, body.generation)
+
+    def spawning(view: Queue) -> Op[Task]:
+        # a child on another queue is an enqueue there: only on a queue the token may use
+        if body.queue is not None:
+            checks.check_name("queue", body.queue)
+            authz.authorize_spawn(request.state.principal, body.queue)
+        return engine.children.spawn(view.settings, worker_id, claim, body.kind, body.payload, key=body.key,
+                                     **options)
+
+    child = await _guarded(request, "spawn", worker_id, spawning)
+    if child.status == "queued":
+        request.app.state.work_signal.wake(child.queue)
+    return record_json(child)
+
+
+@router.post("/workers/{worker_id}/tasks/{task_id}/children-wait",
+             summary="Wait durably for child tasks: their outcome once all have ended, else end the attempt")
+async def wait_children(body: ChildrenWaitBody, request: Request, task_id: int = TaskId,
+                        worker_id: str = WorkerId) -> dict[str, Any]:
+    claim = _claim(worker_id, task_id, body.generation)
+    answer = await _guarded(request, "wait", worker_id, lambda view: engine.children.wait_children(
+        view.settings, worker_id, claim, body.key, body.children))
+    return record_json(answer)
 
 
 @router.post("/workers/{worker_id}/tasks/{task_id}/sleep",

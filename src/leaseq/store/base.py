@@ -36,7 +36,7 @@ class JsonText(str):
 
 #: Columns that come back as JSON documents.
 JSON_COLUMNS = frozenset({"payload", "result", "detail", "response", "actions", "resources", "limits", "signature",
-                          "kinds", "item"})
+                          "kinds", "item", "wait_children"})
 
 
 @dataclass(frozen=True)

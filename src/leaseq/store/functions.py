@@ -250,8 +250,16 @@ IF _kind IS NULL OR _kind NOT IN ({kinds}) THEN
     session_user, current_schema());
 END IF;"""
 
+# A parent waiting for children (ctx.wait_for) is woken by the transaction that ends its last
+# child: a worker wakes only the parents of tasks its transaction changed.
+_ENDED_HERE = """
+IF _kind = 'worker' AND EXISTS (SELECT 1 FROM unnest({ids}) AS x(id) WHERE NOT EXISTS (
+        SELECT 1 FROM leaseq_tasks t WHERE t.id = x.id AND t.xmin = pg_current_xact_id()::xid)) THEN
+  RAISE EXCEPTION USING ERRCODE = '42501', MESSAGE = 'a worker wakes only the parents of tasks its transaction ended';
+END IF;"""
+
 _ROW_RULES = {"hold_tasks": ("task_ids", _MADE_HERE), "insert_dependencies": ("waiters", _MADE_HERE),
-              "settle_waiters": ("items", _WAITING_ON_ENDED_HERE)}
+              "settle_waiters": ("items", _WAITING_ON_ENDED_HERE), "wake_parents": ("task_ids", _ENDED_HERE)}
 
 
 def _checks(q: NamedQuery, sig: Signature) -> str:

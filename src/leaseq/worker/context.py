@@ -23,9 +23,9 @@ import time
 from collections.abc import Awaitable, Callable, Iterable
 from typing import TYPE_CHECKING, Any, TypeVar
 
-from ..core.errors import InvalidInput, LeaseLost, Suspended, WaitTimedOut, is_transient
-from ..core.model import Claim, Task, Worker
-from ..core import answers
+from ..core import answers, checks
+from ..core.errors import ChildFailed, InvalidInput, LeaseLost, Suspended, WaitTimedOut, is_transient
+from ..core.model import ChildHandle, Claim, Task, Worker
 from ..engine.durable import ANSWER_SIGNAL, check_signal_name
 from .effect_scope import EffectScope
 from .transport import call_on_loop
@@ -46,6 +46,19 @@ AttemptKey = tuple[int, int, int]
 _NO_DEFAULT: Any = object()
 
 _T = TypeVar("_T")
+
+
+def _child_id(handle: Any) -> int:
+    """The task id of a child handle (a :class:`ChildHandle`, a child :class:`Task` or its id)."""
+    value = handle.id if isinstance(handle, (ChildHandle, Task)) else handle
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise InvalidInput("handle", f"must be a handle ctx.spawn returned (got {handle!r})")
+    return value
+
+
+async def _first(found: Any) -> Any:
+    """The first of the results an awaited :meth:`TaskContext.wait_for_all` answers."""
+    return (await found)[0]
 
 
 def _ledger_key(task_key: str, what: str, position: int) -> str:
@@ -112,6 +125,8 @@ class TaskContext:
         self.handler_is_async = False
         #: the answer of the durable wait that ended this attempt (None: none did)
         self.suspended: dict[str, Any] | None = None
+        #: set by the runtime: the handlers it runs (ctx.spawn takes a declared kind's options from it)
+        self.registry: Any = None
 
     # -- the queue ------------------------------------------------------------
 
@@ -254,6 +269,8 @@ class TaskContext:
             key = _ledger_key(self.task.idempotency_key, "sleep", self.next_tool_position("leaseq:sleep"))
         elif what == "ask":
             key = _ledger_key(self.task.idempotency_key, "ask", self.next_tool_position("leaseq:ask"))
+        elif what == "children":
+            key = _ledger_key(self.task.idempotency_key, "children", self.next_tool_position("leaseq:children"))
         else:
             name = params["name"]
             key = _ledger_key(self.task.idempotency_key, f"signal:{name}",
@@ -272,6 +289,8 @@ class TaskContext:
         if what == "ask":
             return "wait_signal", (self.worker, self.claim, key, ANSWER_SIGNAL), \
                 {"timeout": params["timeout"], "ask": _asked(params)}
+        if what == "children":
+            return "wait_children", (self.worker, self.claim, key, params["children"]), {}
         return "wait_signal", (self.worker, self.claim, key, params["name"]), {"timeout": params["timeout"]}
 
     def _call_wait(self, what: str, key: str, params: dict[str, Any]) -> dict[str, Any]:
@@ -343,10 +362,17 @@ class TaskContext:
             if asked:
                 raise WaitTimedOut(ANSWER_SIGNAL, "no answer to the question came before its deadline")
             raise WaitTimedOut(str(answer.get("signal")))
+        if state == "done":  # every child it waits for completed: their results, in order
+            return list(answer["results"])
+        if state == "failed":
+            raise ChildFailed(int(answer["child"]), str(answer["status"]), answer.get("error"))
         # suspended: the guarded write ended the lease; the handler stops here
         self.suspended = answer
-        waiting_for = ("an answer to its question" if asked else f"signal {answer['signal']!r}"
-                       if answer.get("signal") is not None else "its sleep")
+        if answer.get("children") is not None:
+            waiting_for = "child tasks " + ", ".join(str(c) for c in answer.get("pending") or answer["children"])
+        else:
+            waiting_for = ("an answer to its question" if asked else f"signal {answer['signal']!r}"
+                           if answer.get("signal") is not None else "its sleep")
         self.mark_lost(f"suspended: waits for {waiting_for}")
         until = answer.get("until")
         raise Suspended(self.task_id, self.generation, None if until is None else float(until), waiting_for)
@@ -562,6 +588,86 @@ class TaskContext:
             self._refused(exc)
             raise
         return int(child.id)
+
+    # -- child tasks ----------------------------------------------------------
+
+    def spawn(self, kind: str, payload: Any = None, *, key: str | None = None, **options: Any) -> ChildHandle:
+        """Enqueue a child task of ``kind`` with ``payload``, under this task's lease; returns
+        its :class:`leaseq.ChildHandle`, for :meth:`wait_for`.
+
+        ``key`` names the child within this task (default: its kind and its position among
+        this attempt's spawns of that kind, ``<kind>:<n>``): the spawn is recorded in the
+        task's ledger (``spawn:<key>``) in one transaction with the child, so a retried
+        attempt that spawns the same ``key`` gets the same child back and never enqueues a
+        second one. The child records its parent (``parent_id``). Options (``queue``,
+        ``effect``, ``priority``, ``max_attempts``, ``lease_seconds``, ``actions``,
+        ``timeout``, ``limits``, ``units``, ``resources``) default to those the kind is
+        declared with in this worker's app (``@app.task``), else to the task's own queue and
+        a read_only task. In an async handler ``await ctx.spawn(...)`` works too (the handle
+        awaits to itself); :meth:`aspawn` does not block the event loop.
+        """
+        self.check()
+        checks.check_kind(kind)
+        if key is None:
+            key = f"{kind}:{self.next_tool_position(f'leaseq:spawn:{kind}')}"
+        try:
+            child = self.port_call("spawn", self.worker, self.claim, kind, payload, key=key,
+                                   **{**self._declared(kind), **options})
+        except LeaseLost as exc:
+            self._refused(exc)
+            raise
+        return ChildHandle(id=child.id, kind=child.kind, queue=child.queue, key=key)
+
+    async def aspawn(self, kind: str, payload: Any = None, *, key: str | None = None,
+                     **options: Any) -> ChildHandle:
+        """:meth:`spawn`, awaited on the worker's event loop (no thread, no blocking)."""
+        self.check()
+        checks.check_kind(kind)
+        if key is None:
+            key = f"{kind}:{self.next_tool_position(f'leaseq:spawn:{kind}')}"
+        try:
+            child = await self.aport_call("spawn", self.worker, self.claim, kind, payload, key=key,
+                                          **{**self._declared(kind), **options})
+        except LeaseLost as exc:
+            self._refused(exc)
+            raise
+        return ChildHandle(id=child.id, kind=child.kind, queue=child.queue, key=key)
+
+    def _declared(self, kind: str) -> dict[str, Any]:
+        """The enqueue options ``kind`` is declared with in this worker's app (none: not declared)."""
+        definition = None if self.registry is None else self.registry.get(kind)
+        if definition is None:
+            return {}
+        names = ("effect", "queue", "priority", "max_attempts", "lease_seconds", "actions", "timeout", "limits",
+                 "units")
+        return {name: getattr(definition, name) for name in names if getattr(definition, name, None) is not None}
+
+    def wait_for(self, handle: ChildHandle | Task | int) -> Any:
+        """Wait durably for a child task (``ctx.spawn``) to end, and return its result.
+
+        ``result = await ctx.wait_for(handle)`` in an async handler, without ``await`` in a
+        sync one. A child that has ended answers at once. Else the attempt ends as in
+        :meth:`sleep`: no lease, no slot, the task ``waiting`` until the child ends, when it
+        is claimable again; the next attempt replays the handler up to here from the ledger
+        (the spawn included: no second child) and gets the child's result, recorded in the
+        ledger (``<task key>:children:<position>``). A child that ended without success
+        (dead, cancelled, denied, expired) raises :class:`leaseq.ChildFailed` here, which the
+        handler may catch.
+        """
+        found = self.wait_for_all([handle])
+        if not self.handler_is_async:
+            return found[0]
+        return _first(found)
+
+    def wait_for_all(self, handles: Iterable[ChildHandle | Task | int]) -> Any:
+        """:meth:`wait_for` for several children (a fan-in): their results, in the order given,
+        once every one has ended (``results = await ctx.wait_for_all([h1, h2, h3])``). If any
+        ended without success, :class:`leaseq.ChildFailed` names the first of them in that
+        order."""
+        if isinstance(handles, (str, bytes, dict)) or not isinstance(handles, Iterable):
+            raise InvalidInput("handles", f"must be a list of handles ctx.spawn returned (got {handles!r})")
+        ids = [_child_id(h) for h in handles]
+        return self._wait("children", lambda: {"children": ids})
 
 
 def _running_loop() -> asyncio.AbstractEventLoop | None:

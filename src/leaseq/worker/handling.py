@@ -44,6 +44,7 @@ class Handling(Losses):
                                "attempt": claim.task.attempts, "worker_id": self._registered.id})
         loop = asyncio.get_running_loop()  # the runtime's: a claim's handlers start on it, its port is awaited on it
         ctx = TaskContext(self.transport, self._registered, claim, log, loop=loop)
+        ctx.registry = self.registry  # ctx.spawn takes a declared kind's options from it
         ctx.renewed_at = sent  # the lease started no earlier than the claim was sent
         ctx.on_lost = lambda c, reason: loop.call_soon_threadsafe(self._after_loss, c, reason)
         older = self._generations.setdefault(claim.task_id, set())

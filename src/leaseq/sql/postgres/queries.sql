@@ -1966,7 +1966,8 @@ RETURNING *;
 -- The attempt ends in a durable wait: the lease ends, the task rests in
 -- 'waiting' (no lease, no slot) until %(until)s (Unix seconds, this clock:
 -- a sleep's end or a signal wait's timeout; NULL: no time) or, with
--- %(signal)s, until a signal of that name. Not a failure and not a try: the
+-- %(signal)s, until a signal of that name, or, with %(children)s (ctx.wait_for),
+-- until the last of those child tasks ends (wake_parents). Not a failure and not a try: the
 -- attempt is given back (attempts - 1) and the error streak left alone. A
 -- side_effect call with an intent and no response sends the task to
 -- needs_reconciliation, as a retry on request does.
@@ -1977,13 +1978,14 @@ SET status = CASE
     attempts = t.attempts - 1,
     wake_at = to_timestamp(%(until)s::float8),
     wait_signal = %(signal)s::text,
+    wait_children = %(children)s::bigint[],
     available_at = coalesce(to_timestamp(%(until)s::float8), now()),
     lease_owner = NULL,
     lease_expires_at = NULL,
     updated_at = now()
 WHERE t.id = %(task_id)s
   /* TEMPLATE: lease_guard */
-RETURNING t.id, t.status, t.claim_generation, t.attempts, t.wake_at, t.wait_signal,
+RETURNING t.id, t.status, t.claim_generation, t.attempts, t.wake_at, t.wait_signal, t.wait_children,
           t.heartbeat_count, t.last_heartbeat_at, t.longest_heartbeat_gap, t.queue, t.limits, t.units,
           CASE t.status WHEN 'needs_reconciliation'
               THEN 'wait begun with a side-effect intent and no recorded response' END AS reason;
@@ -2183,3 +2185,88 @@ FOR UPDATE OF t SKIP LOCKED;
 -- The streams of these tasks (user data): by the streams' own retention, and
 -- with the rest of the task's user data at the payload cut-off.
 DELETE FROM leaseq_stream_items WHERE task_id = ANY(%(task_ids)s::bigint[]);
+
+-- CHILD TASKS (ctx.spawn, ctx.wait_for) and cancel trees (leaseq.engine.children).
+
+-- name: set_child_parent
+-- callers: worker
+-- A child task spawned by a handler (ctx.spawn), inserted in this
+-- transaction under the lease of the task that spawns it (locked by
+-- lock_lease before): the child records its parent. has_dependents sends
+-- its end down the settling path (complete_batch), which wakes the parent
+-- when it waits for it (wake_parents).
+UPDATE leaseq_tasks SET parent_id = %(parent_task_id)s, has_dependents = true
+WHERE id = %(task_id)s
+RETURNING *;
+
+-- name: lock_children
+-- callers: worker
+-- plan: generic
+-- The children a handler waits for (ctx.wait_for), of this task only, read
+-- after the task's own row (lock_lease) and FOR SHARE: an end of one in
+-- flight (which found this task running, so woke nothing) is waited for and
+-- then seen, so no wait begins for a child that has just ended. Locked in id
+-- order, after the parent, as renewals and completions lock rows.
+SELECT c.id, c.kind, c.queue, c.status, c.result, c.last_error
+FROM leaseq_tasks c
+WHERE c.parent_id = %(task_id)s AND c.id = ANY(%(child_ids)s::bigint[])
+ORDER BY c.id
+FOR SHARE;
+
+-- name: lock_waiting_parents
+-- callers: worker, operator
+-- The tasks waiting for any of these just-ended tasks (their children),
+-- locked in id order before the children they wait for are read
+-- (wake_parents, a later statement with a later snapshot): two
+-- transactions ending two children of one parent take turns here, and the
+-- second sees the first's end (as lock_waiters does for dependencies).
+SELECT p.id, p.queue, p.claim_generation, p.wait_children
+FROM leaseq_tasks p
+WHERE p.status = 'waiting' AND p.wait_children && %(task_ids)s::bigint[]
+  AND p.id IN (SELECT c.parent_id FROM leaseq_tasks c
+               WHERE c.id = ANY(%(task_ids)s::bigint[]) AND c.parent_id IS NOT NULL)
+ORDER BY p.id
+FOR UPDATE;
+
+-- name: wake_parents
+-- callers: worker, operator
+-- plan: generic
+-- A parent waiting for children (ctx.wait_for) is claimable again once the
+-- last of them has ended (completed, or ended without success: the handler
+-- is told, ChildFailed), in the transaction that ended it. task_ids: the
+-- tasks this transaction just ended.
+UPDATE leaseq_tasks p
+SET status = 'queued', wait_children = NULL, available_at = now(), updated_at = now()
+WHERE p.status = 'waiting' AND p.wait_children && %(task_ids)s::bigint[]
+  AND p.id IN (SELECT c.parent_id FROM leaseq_tasks c
+               WHERE c.id = ANY(%(task_ids)s::bigint[]) AND c.parent_id IS NOT NULL)
+  AND NOT EXISTS (SELECT 1 FROM leaseq_tasks c
+                  WHERE c.id = ANY(p.wait_children)
+                    AND c.status NOT IN ('completed', 'cancelled', 'dead', 'denied', 'expired'))
+RETURNING p.id, p.queue;
+
+-- name: lock_children_of
+-- callers: operator
+-- The children the given tasks spawned (ctx.spawn), whatever their status
+-- (a cancel tree reports each), locked in id order after their parents.
+SELECT * FROM leaseq_tasks
+WHERE parent_id IS NOT NULL AND parent_id = ANY(%(task_ids)s::bigint[])
+ORDER BY id
+FOR UPDATE;
+
+-- name: open_effects_of
+-- callers: operator
+-- The open entries of these tasks' ledgers (an intent recorded, no response
+-- yet): what a cancel tree reports as in flight.
+SELECT e.id, e.task_id, e.action, e.effect, e.idempotency_key, e.generation
+FROM leaseq_effects e
+WHERE e.task_id = ANY(%(task_ids)s::bigint[]) AND e.status = 'pending'
+ORDER BY e.task_id, e.id;
+
+-- name: intents_of
+-- callers: operator
+-- The intents the given tasks recorded (ctx.intend), whatever their status:
+-- a cancel tree reports each.
+SELECT id, parent_task_id, kind, queue, status, claim_generation FROM leaseq_tasks
+WHERE parent_task_id IS NOT NULL AND parent_task_id = ANY(%(task_ids)s::bigint[])
+ORDER BY id;

@@ -1282,13 +1282,14 @@ SET status = CASE
     attempts = t.attempts - 1,
     wake_at = :until,
     wait_signal = :signal,
+    wait_children = :children,
     available_at = coalesce(:until, (julianday('now') - 2440587.5) * 86400.0),
     lease_owner = NULL,
     lease_expires_at = NULL,
     updated_at = (julianday('now') - 2440587.5) * 86400.0
 WHERE t.id = :task_id
   /* TEMPLATE: lease_guard */
-RETURNING id, status, claim_generation, attempts, wake_at, wait_signal,
+RETURNING id, status, claim_generation, attempts, wake_at, wait_signal, wait_children,
           heartbeat_count, last_heartbeat_at, longest_heartbeat_gap, queue, limits, units,
           CASE status WHEN 'needs_reconciliation'
               THEN 'wait begun with a side-effect intent and no recorded response' END AS reason;
@@ -1430,3 +1431,57 @@ LIMIT :limit;
 
 -- name: prune_streams
 DELETE FROM leaseq_stream_items WHERE task_id IN (SELECT value FROM json_each(:task_ids));
+
+-- CHILD TASKS (ctx.spawn, ctx.wait_for) and cancel trees: see the PostgreSQL
+-- file. SQLite's transaction holds the write lock: the locks are plain reads.
+
+-- name: set_child_parent
+UPDATE leaseq_tasks SET parent_id = :parent_task_id, has_dependents = 1
+WHERE id = :task_id
+RETURNING *;
+
+-- name: lock_children
+SELECT c.id, c.kind, c.queue, c.status, c.result, c.last_error
+FROM leaseq_tasks c
+WHERE c.parent_id = :task_id AND c.id IN (SELECT value FROM json_each(:child_ids))
+ORDER BY c.id;
+
+-- name: lock_waiting_parents
+SELECT p.id, p.queue, p.claim_generation, p.wait_children
+FROM leaseq_tasks p
+WHERE p.status = 'waiting' AND p.wait_children IS NOT NULL
+  AND EXISTS (SELECT 1 FROM json_each(p.wait_children) w
+              WHERE w.value IN (SELECT value FROM json_each(:task_ids)))
+  AND p.id IN (SELECT c.parent_id FROM leaseq_tasks c
+               WHERE c.id IN (SELECT value FROM json_each(:task_ids)) AND c.parent_id IS NOT NULL)
+ORDER BY p.id;
+
+-- name: wake_parents
+UPDATE leaseq_tasks AS p
+SET status = 'queued', wait_children = NULL, available_at = (julianday('now') - 2440587.5) * 86400.0,
+    updated_at = (julianday('now') - 2440587.5) * 86400.0
+WHERE p.status = 'waiting' AND p.wait_children IS NOT NULL
+  AND EXISTS (SELECT 1 FROM json_each(p.wait_children) w
+              WHERE w.value IN (SELECT value FROM json_each(:task_ids)))
+  AND p.id IN (SELECT c.parent_id FROM leaseq_tasks c
+               WHERE c.id IN (SELECT value FROM json_each(:task_ids)) AND c.parent_id IS NOT NULL)
+  AND NOT EXISTS (SELECT 1 FROM leaseq_tasks c
+                  WHERE c.id IN (SELECT value FROM json_each(p.wait_children))
+                    AND c.status NOT IN ('completed', 'cancelled', 'dead', 'denied', 'expired'))
+RETURNING id, queue;
+
+-- name: lock_children_of
+SELECT * FROM leaseq_tasks
+WHERE parent_id IS NOT NULL AND parent_id IN (SELECT value FROM json_each(:task_ids))
+ORDER BY id;
+
+-- name: open_effects_of
+SELECT e.id, e.task_id, e.action, e.effect, e.idempotency_key, e.generation
+FROM leaseq_effects e
+WHERE e.task_id IN (SELECT value FROM json_each(:task_ids)) AND e.status = 'pending'
+ORDER BY e.task_id, e.id;
+
+-- name: intents_of
+SELECT id, parent_task_id, kind, queue, status, claim_generation FROM leaseq_tasks
+WHERE parent_task_id IS NOT NULL AND parent_task_id IN (SELECT value FROM json_each(:task_ids))
+ORDER BY id;
