@@ -452,6 +452,12 @@ class RemoteQueue:
         return dict(self._call("POST", path, {"generation": claim.generation, "key": key, "name": name,
                                               "timeout": timeout}))
 
+    def consume(self, worker: Worker | str, claim: Claim, key: str, limit_key: str, units: int) -> dict[str, Any]:
+        """Usage settled after the call, under the lease; see :meth:`leaseq.Queue.consume`."""
+        _, path = self._worker_path(worker, claim, "consume")
+        return dict(self._call("POST", path, {"generation": claim.generation, "key": key, "limit_key": limit_key,
+                                              "units": units}))
+
     def signal(self, task_id: int, name: str, payload: Any = None) -> dict[str, Any]:
         """Send the signal ``name`` to a task (an operator token); see :meth:`leaseq.Queue.signal`.
         The sender recorded is this token's principal."""
@@ -505,10 +511,12 @@ class RemoteQueue:
         return done
 
     def set_limit(self, key: str, *, max_running: int | None = None, per_second: float | None = None,
-                  burst: float | None = None, counts: str = "tasks") -> dict[str, Any]:
+                  burst: float | None = None, counts: str = "tasks", per_minute: int | None = None,
+                  per_hour: int | None = None, per_day: int | None = None) -> dict[str, Any]:
         """Create or change a limit (an operator token); see :meth:`leaseq.Queue.set_limit`."""
         limit: dict[str, Any] = self._call("PUT", f"/v1/limits/{_limit_key(key)}", {
-            "max_running": max_running, "per_second": per_second, "burst": burst, "counts": counts})
+            "max_running": max_running, "per_second": per_second, "burst": burst, "counts": counts,
+            "per_minute": per_minute, "per_hour": per_hour, "per_day": per_day})
         return limit
 
     def delete_limit(self, key: str) -> None:

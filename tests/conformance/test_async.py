@@ -175,7 +175,7 @@ def test_every_async_method_has_its_queue_methods_typed_signature() -> None:
     # the worker runtime's awaited calls (an async handler's tool calls among them) and the
     # blocking helpers have no async twin by design
     # (joined, ajoined: the service's one transaction per request, a view of the queue in it)
-    sync_only = {"aclaim", "acomplete_many", "abegin_effect", "afinish_effect", "asleep", "await_signal", "ajoined",
+    sync_only = {"aclaim", "acomplete_many", "abegin_effect", "afinish_effect", "asleep", "await_signal", "aconsume", "ajoined",
                  "close_async",
                  "end_worker_leases", "listener"}
     # context managers: `async with` where the queue's are `with`; run_in: a joined view's raw statements

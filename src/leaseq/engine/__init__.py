@@ -10,6 +10,7 @@ operation lives:
 - :mod:`.expiry`: leases that end without their holder: routing by the recovery policy, the sweep
 - :mod:`.effects`: begin and finish an effect, the action ledger
 - :mod:`.durable`: durable waits (a handler's sleep and signal wait) and signals
+- :mod:`.budgets`: usage settled after the call (``ctx.consume``), task budgets, spend per day
 - :mod:`.enqueue`: enqueue one task or many
 - :mod:`.approvals`: approval gates: request, approve, deny, deadlines
 - :mod:`.intents`: intents a task records for an executor
@@ -21,9 +22,9 @@ operation lives:
 - :mod:`.schema`: migrations and retention
 """
 
-from . import approvals, dependencies, durable, effects, enqueue, expiry, intents, leases, limits, operator, reads, schema, waits
+from . import approvals, budgets, dependencies, durable, effects, enqueue, expiry, intents, leases, limits, operator, reads, schema, waits
 from .common import Settings
 from .drive import adrive, adrive_in, drive, drive_in
 
-__all__ = ["Settings", "adrive", "adrive_in", "approvals", "dependencies", "drive", "durable", "drive_in", "effects", "enqueue",
+__all__ = ["Settings", "adrive", "adrive_in", "approvals", "budgets", "dependencies", "drive", "durable", "drive_in", "effects", "enqueue",
            "expiry", "intents", "leases", "limits", "operator", "reads", "schema", "waits"]

@@ -200,6 +200,13 @@ class SignalWaitBody(Body):
     timeout: float | None = None
 
 
+class ConsumeBody(Body):
+    generation: int
+    key: str
+    limit_key: str
+    units: int
+
+
 class LossBody(Body):
     generation: int
     reason: str
@@ -391,6 +398,16 @@ async def wait_signal(body: SignalWaitBody, request: Request, task_id: int = Tas
     claim = _claim(worker_id, task_id, body.generation)
     answer = await _guarded(request, "wait", worker_id, lambda view: engine.durable.wait_signal(
         view.settings, worker_id, claim, body.key, body.name, timeout=body.timeout))
+    return record_json(answer)
+
+
+@router.post("/workers/{worker_id}/tasks/{task_id}/consume",
+             summary="Charge the usage a call reported to a limit and the task's budget, recorded in the ledger")
+async def consume(body: ConsumeBody, request: Request, task_id: int = TaskId,
+                  worker_id: str = WorkerId) -> dict[str, Any]:
+    claim = _claim(worker_id, task_id, body.generation)
+    answer = await _guarded(request, "consume", worker_id, lambda view: engine.budgets.consume(
+        view.settings, worker_id, claim, body.key, body.limit_key, body.units))
     return record_json(answer)
 
 

@@ -19,7 +19,7 @@ __all__ = ["BackendCapabilities", "DEFAULT_DSN", "JSON_COLUMNS", "JSON_PARAMS", 
 #: Parameters that carry JSON documents (encoded by each backend its own way);
 #: the plural ones are the row documents of batched statements.
 JSON_PARAMS = frozenset({"payload", "result", "detail", "response", "tasks", "items", "events", "keys", "leases",
-                         "declarations"})
+                         "declarations", "budget"})
 
 
 class KeyConflict(Exception):
@@ -32,7 +32,7 @@ class JsonText(str):
 
 #: Columns that come back as JSON documents.
 JSON_COLUMNS = frozenset({"payload", "result", "detail", "response", "actions", "resources", "limits", "signature",
-                          "kinds"})
+                          "kinds", "budget", "spent"})
 
 
 @dataclass(frozen=True)
