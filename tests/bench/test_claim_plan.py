@@ -160,6 +160,8 @@ SAMPLE = dict(
     resource=None, tool=False, token_hash="0" * 64, ttl_seconds=300.0,
     # durable waits: a sleep's length or end, the signal waited for
     seconds=1.0, until=None, signal=None,
+    # a durable wait that waits for a person (a budget spent)
+    approval=False,
 )
 WRITE_PARAMS = {q: {"lease_seconds": 30.0, "actions": None, "resources": None, "limits": None, "units": 1}
                 for q in ("insert_task", "insert_tasks", "insert_fresh_tasks")}

@@ -126,6 +126,8 @@ def _cases(svc: Service, worker_id: str) -> dict[str, list[Call]]:
         cases[spec.name] = [_operator_case(q, spec)]
     cases.update({
         "wait": [on_lease("sleep", lambda t, g: {"generation": g, "key": f"roles-{t}:sleep:0", "seconds": 60})],
+        "consume": [on_lease("consume", lambda t, g: {"generation": g, "key": f"roles-{t}:consume:tokens:0",
+                                                      "limit_key": "tokens", "units": 10})],
         "signal": [lambda c: c.post(f"/v1/tasks/{fresh()}/signals/go", json={"payload": 1})],
         "read_signals": [lambda c: c.get(f"/v1/tasks/{fresh()}/signals")],
         "redrive": [lambda c: c.post("/v1/tasks/redrive", json={"queue": "nothing-here", "dry_run": True})],

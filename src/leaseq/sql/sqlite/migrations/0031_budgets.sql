@@ -27,7 +27,7 @@ CREATE TABLE leaseq_limit_charges (
 
 CREATE TABLE leaseq_limit_spend (
     key   TEXT NOT NULL,
-    day   TEXT NOT NULL,
+    day   DATE NOT NULL,  -- the ISO date, as text
     units INTEGER NOT NULL DEFAULT 0,
     PRIMARY KEY (key, day)
 );
