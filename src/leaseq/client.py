@@ -528,6 +528,12 @@ class RemoteQueue:
         limits: list[dict[str, Any]] = self._call("GET", "/v1/limits")["limits"]
         return limits
 
+    def limit_spend(self, key: str | None = None, *, days: int = 7) -> list[dict[str, Any]]:
+        """Usage settled per key and day (a viewer token or better); see :meth:`leaseq.Queue.limit_spend`."""
+        params: dict[str, Any] = {"days": days} if key is None else {"days": days, "key": key}
+        spend: list[dict[str, Any]] = self._call("GET", "/v1/limits/spend", params=params)["spend"]
+        return spend
+
     def get(self, task_id: int) -> Task:
         """One task; raises :class:`NotFound`."""
         return task_from(self._call("GET", f"/v1/tasks/{_task_id(task_id)}"))

@@ -403,7 +403,8 @@ def approvals(s: Settings, *, queue: str | None = None, limit: int = 100) -> Op[
 
 def _detail(value: Any) -> dict[str, Any] | None:
     """A request's figures (a JSON object; text where the read left it undecoded)."""
-    return json.loads(value) if isinstance(value, str) else value
+    found: dict[str, Any] | None = json.loads(value) if isinstance(value, str) else value
+    return found
 
 
 def approval(s: Settings, task_id: int) -> Op[Approval]:
