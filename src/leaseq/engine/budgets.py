@@ -9,8 +9,9 @@ actually used, once it has returned, under the lease:
   entry and charges nothing again;
 - for a limit the task names (whose claim reserved its cost in the rate
   bucket and the windows), consumption draws that reservation down first and
-  charges the limit only past it; the statement that ends the lease gives the
-  unused rest back (``leaseq_limit_charges``, settled by the
+  charges the limit only past it (an attempt that replays a recorded consume
+  settles too: its own usage is what it consumes anew); the statement that
+  ends the lease gives the unused rest back (``leaseq_limit_charges``, settled by the
   ``give_back_slots`` template on PostgreSQL, by :func:`settle` on SQLite);
   for any other key the units are charged as they come;
 - the units are added to the key's spend of the day and to the task's
@@ -121,8 +122,11 @@ def consume(s: Settings, worker: Worker | str, claim: Claim, key: str, limit_key
         if entry["action"] != CONSUME_ACTION:
             raise ToolCallDiverged(key, f"ledger entry {key!r} was recorded as action {entry['action']!r}, not "
                                         f"{CONSUME_ACTION!r}: the retried handler diverged from the recorded run")
-        yield COMMIT
         recorded = entry["response"] or {}
+        # an attempt that replays a consume settles its usage of the key: its claim's
+        # reservation is reconciled to what it consumes itself (nothing, so far)
+        yield one("charge_attempt", **guard, key=recorded.get("limit", limit_key), units=0)
+        yield COMMIT
         return {"state": "replayed", "limit_key": recorded.get("limit", limit_key),
                 "units": recorded.get("units", units), "key": key}
     yield one("record_wait", **guard, action=CONSUME_ACTION, idempotency_key=key,
