@@ -117,6 +117,9 @@ def event_types_of_a_run(tmp_path: Path) -> set[str]:
     q.signal(claim.task_id, "go", 1)                                   # signal_sent
     q.wait_signal(w2, claim, "waits:signal:go:0", "go")                # signal_received
     q.wait_signal(w2, claim, "waits:signal:late:0", "late", timeout=0)  # wait_timed_out
+    ids.append(q.enqueue("k", {"n": "spends"}, queue="spends", budget={"tokens": 1}).id)
+    [claim] = q.claim(w2, queue="spends")
+    q.consume(w2, claim, "spends:consume:0", "tokens", 2)              # budget_exceeded
     seen = {e.type for task_id in ids for e in q.events(task_id)}
     q.close()
     return seen
