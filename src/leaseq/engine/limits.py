@@ -1,11 +1,14 @@
 """Limits shared by every worker: their settings, their usage, and the slots leases hold.
 
 A limit is a row of ``leaseq_limits`` named by a key: at most ``max_running``
-live leases (or units in them) at once, and a rate bucket of ``per_second``
-tokens holding at most ``burst``. A task names the keys it counts against
-(``limits=``) and its weight (``units=``). The claim statement judges them
-(``claim_batch``); the slot a claim takes belongs to its lease and is given
-back by the statement that ends the lease, in the same transaction.
+live leases (or units in them) at once, a rate bucket of ``per_second``
+tokens holding at most ``burst``, and totals over fixed windows of the
+database's clock (``per_minute``, ``per_hour``, ``per_day``). A task names the
+keys it counts against (``limits=``) and its weight (``units=``). The claim
+statement judges them (``claim_batch``); the slot a claim takes belongs to its
+lease and is given back by the statement that ends the lease, in the same
+transaction, which also reconciles the claim's reservation in the bucket and
+the windows to the usage the attempt settled (:mod:`leaseq.engine.budgets`).
 """
 
 from __future__ import annotations
