@@ -2000,7 +2000,8 @@ RETURNING id;
 -- guard: lease
 -- plan: generic
 -- A wait's entry in the action ledger (a sleep, a signal wait, a signal
--- received or a wait timed out), written answered ('done') under the lease:
+-- received or a wait timed out; or, schema 31, a consume: the usage a call
+-- reported, leaseq.engine.budgets), written answered ('done') under the lease:
 -- a retried attempt finds it and replays it. Its class is read_only: it acts
 -- on nothing and takes no action token, whatever the task declared. With
 -- %(seconds)s or %(until)s (Unix seconds) the response also records when the
