@@ -12,11 +12,11 @@ from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from . import agent, report, systems, workloads
+from . import agent, budgets, report, systems, workloads
 from .database import BenchDatabase, display_dsn, server_facts
 from .targets import check_targets
 
-WORKLOADS = ("enqueue", "drain", "latency", "heartbeat", "depth", "evidence", "agent", "leases", "limits")
+WORKLOADS = ("enqueue", "drain", "latency", "heartbeat", "depth", "evidence", "agent", "leases", "limits", "budgets")
 PEERS = ("leaseq", "leaseq-roles", "pgqueuer", "pgqueuer-psycopg", "procrastinate", "raw")
 
 
@@ -56,6 +56,13 @@ class Sizes:
     #: limits: a drain of this many tasks with no limit key, a limit that never binds, a binding cap
     limits_tasks: int = 10_000
     limits_cap: int = 4
+    #: budgets: tasks reserving one call's worth of a per_minute window, worked by threads that
+    #: settle each call's usage; and claims timed one at a time, with and without the window
+    budgets_tasks: int = 2_000
+    budgets_threads: int = 4
+    budgets_total: int = 50_000
+    budgets_units: int = 100
+    budgets_claims: int = 2_000
 
 
 FULL = Sizes()
@@ -64,7 +71,7 @@ QUICK = Sizes(rounds=1, enqueue_one=100, enqueue_batch=2_000, drain=1_000, drain
               heartbeat_everything=False, two_processes_everywhere=False,
               depths=(1_000, 5_000), depth_sample=1_000, evidence_tasks=1_000,
               agent_tasks=200, agent_concurrency=50, agent_io=0.05, leases_held=200, leases_workers=2,
-              limits_tasks=1_000)
+              limits_tasks=1_000, budgets_tasks=200, budgets_total=5_000, budgets_claims=200)
 
 
 def plan(workload: str, sizes: Sizes, chosen: list[str], rnd: int = 1) -> list[tuple[str, str, Any]]:
@@ -137,6 +144,19 @@ def plan(workload: str, sizes: Sizes, chosen: list[str], rnd: int = 1) -> list[t
             for s in [s for s in ("leaseq", "leaseq-sqlite") if s in chosen]:
                 trials.append((f"1 process × 10, {config}", s, lambda db, sy, limit=limit: workloads.drain(
                     db, sy, tasks=sizes.limits_tasks, limit=limit)))
+    elif workload == "budgets":
+        # the worst overshoot of a per_minute window with usage settled after each call, and what the
+        # window costs a claim (one at a time, timed: no limit key, then a window and its settlement)
+        over = (f"{sizes.budgets_tasks:,} tasks × {sizes.budgets_units} units, per_minute "
+                f"{sizes.budgets_total:,}, {sizes.budgets_threads} workers")
+        for s in [s for s in ("leaseq", "leaseq-sqlite") if s in chosen]:
+            trials.append((over, s, lambda db, sy: budgets.overshoot(
+                db, sy, tasks=sizes.budgets_tasks, threads=sizes.budgets_threads, total=sizes.budgets_total,
+                units=sizes.budgets_units)))
+            for config, windows in (("claim cost, no limit key", False),
+                                    ("claim cost, per_minute window, usage settled", True)):
+                trials.append((config, s, lambda db, sy, windows=windows: budgets.claim_cost(
+                    db, sy, claims=sizes.budgets_claims, windows=windows)))
     elif workload == "leases" and "leaseq" in chosen:
         held = f"{sizes.leases_held:,} / {sizes.leases_workers}"
         for config, lease in ((f"{held}, 30 s leases", None),

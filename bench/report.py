@@ -148,6 +148,22 @@ def markdown(summary: dict) -> str:
                            f"{_cell(get('leases', c, s, 'db_cpu_percent'))} |")
         out.append("")
 
+    if _configs(summary, "budgets"):
+        out.append("### budgets settled after the call\n")
+        out.append("| trial | system | worst window overshoot (units) | (calls' worth) | tasks done / queued | "
+                   "claim p10 (ms) | claim p50 (ms) | claim p99 (ms) |")
+        out.append("|---|---|---|---|---|---|---|---|")
+        for c in _configs(summary, "budgets"):
+            for s in _systems(summary, "budgets", c):
+                done, queued = get("budgets", c, s, "completed"), get("budgets", c, s, "tasks")
+                out.append(f"| {c} | {LABELS[s]} | {_cell(get('budgets', c, s, 'max_overshoot_units'))} | "
+                           f"{_cell(get('budgets', c, s, 'max_overshoot_calls'))} | "
+                           f"{_fmt(done['median']) + ' / ' + _fmt(queued['median']) if done and queued else '–'} | "
+                           f"{_cell(get('budgets', c, s, 'claim_p10_ms'))} | "
+                           f"{_cell(get('budgets', c, s, 'claim_p50_ms'))} | "
+                           f"{_cell(get('budgets', c, s, 'claim_p99_ms'))} |")
+        out.append("")
+
     if _configs(summary, "depth"):
         out.append("### drain against depth (1 process, concurrency 10)\n")
         out.append("| queue | system | tasks/s | ÷ shallowest |")

@@ -16,7 +16,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
-from collections.abc import AsyncIterator, Callable, Iterable, Sequence
+from collections.abc import AsyncIterator, Callable, Iterable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from datetime import datetime, timedelta
 from typing import Any, Literal, overload
@@ -124,7 +124,8 @@ class AsyncQueue:
                       limits: Iterable[str] | None = None, units: int = 1, token_id: str | None = None,
                       resources: Iterable[str] | None = None, singleton_key: str | None = None,
                       on_conflict: str = "skip", debounce: float | None = None, key: str | None = None,
-                      debounce_mode: str = "trailing", max_delay: float | None = None) -> Task:
+                      debounce_mode: str = "trailing", max_delay: float | None = None,
+                      budget: Mapping[str, int] | None = None) -> Task:
         """:meth:`Queue.enqueue`, awaited. ``connection``: a ``psycopg.AsyncConnection``
         on PostgreSQL, a ``sqlite3.Connection`` on SQLite."""
         op = engine.enqueue.enqueue(self.settings, kind, payload, effect=effect, queue=queue,
@@ -136,7 +137,7 @@ class AsyncQueue:
                                     on_dependency_failure=on_dependency_failure, limits=limits, units=units,
                                     token_id=token_id, resources=resources, singleton_key=singleton_key,
                                     on_conflict=on_conflict, debounce=debounce, key=key,
-                                    debounce_mode=debounce_mode, max_delay=max_delay)
+                                    debounce_mode=debounce_mode, max_delay=max_delay, budget=budget)
         return await (self._arun(op) if connection is None else self._arun_in(connection, op))
 
     async def enqueue_many(self, kind: str, payloads: Iterable[Any], *, effect: str = "read_only",
@@ -410,12 +411,14 @@ class AsyncQueue:
         return await self._arun(engine.reads.queues(self.settings))
 
     async def set_limit(self, key: str, *, max_running: int | None = None, per_second: float | None = None,
-                        burst: float | None = None, counts: str = "tasks", by: str | None = None,
+                        burst: float | None = None, counts: str = "tasks", per_minute: int | None = None,
+                        per_hour: int | None = None, per_day: int | None = None, by: str | None = None,
                         via: str | None = None) -> dict[str, Any]:
         """:meth:`Queue.set_limit`, awaited."""
         return await self._arun(engine.limits.set_limit(self.settings, key, max_running=max_running,
-                                                        per_second=per_second, burst=burst, counts=counts, by=by,
-                                                        via=via))
+                                                        per_second=per_second, burst=burst, counts=counts,
+                                                        per_minute=per_minute, per_hour=per_hour, per_day=per_day,
+                                                        by=by, via=via))
 
     async def delete_limit(self, key: str, *, by: str | None = None, via: str | None = None) -> None:
         """:meth:`Queue.delete_limit`, awaited."""
@@ -424,6 +427,15 @@ class AsyncQueue:
     async def limits(self, key: str | None = None) -> list[dict[str, Any]]:
         """:meth:`Queue.limits`, awaited."""
         return await self._arun(engine.limits.limits(self.settings, key))
+
+    async def limit_spend(self, key: str | None = None, *, days: int = 7) -> list[dict[str, Any]]:
+        """:meth:`Queue.limit_spend`, awaited."""
+        return await self._arun(engine.budgets.limit_spend(self.settings, key, days=days))
+
+    async def consume(self, worker: Worker | str, claim: Claim, key: str, limit_key: str,
+                      units: int) -> dict[str, Any]:
+        """:meth:`Queue.consume`, awaited."""
+        return await self._arun(engine.budgets.consume(self.settings, worker, claim, key, limit_key, units))
 
     async def get(self, task_id: int) -> Task:
         """:meth:`Queue.get`, awaited."""
@@ -467,10 +479,11 @@ class AsyncQueue:
 
     async def approve(self, task_id: int, digest: str, note: str | None = None, *, by: str | None = None,
                       via: str | None = None, worker: Worker | str | None = None,
-                      token_id: str | None = None) -> Task:
+                      token_id: str | None = None, raise_budget: Mapping[str, int] | None = None) -> Task:
         """:meth:`Queue.approve`, awaited (from an async handler, on behalf of its worker and task)."""
         return await self._arun(engine.approvals.approve(self.settings, task_id, digest, note, by=by, via=via,
-                                                         decider=deciding(worker, token_id)))
+                                                         decider=deciding(worker, token_id),
+                                                         raise_budget=raise_budget))
 
     async def deny(self, task_id: int, reason: str, *, by: str | None = None, via: str | None = None,
                    worker: Worker | str | None = None, token_id: str | None = None) -> Task:

@@ -18,7 +18,7 @@ import json
 import sys
 import threading
 import warnings
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any, Concatenate, Generic, ParamSpec, TypeVar
@@ -28,6 +28,7 @@ from .core.errors import InvalidInput
 from .core.model import Task
 from .core.retry import RetryPolicy
 from .engine.approvals import check_approval
+from .engine.budgets import check_budget
 from .engine.effects import check_actions
 from .engine.enqueue import check_budgets
 from .engine.limits import check_limits, check_units
@@ -78,6 +79,8 @@ class TaskDefinition(Generic[P, R]):
     limits: list[str] | None = None
     #: its tasks' weight in limits that count units (see Queue.enqueue)
     units: int = 1
+    #: what each of its tasks may consume, by key, over all its attempts (None: no budget)
+    budget: dict[str, int] | None = None
     #: enqueue options bound by :meth:`options`
     bound: dict[str, Any] = field(default_factory=dict)
 
@@ -89,7 +92,8 @@ class TaskDefinition(Generic[P, R]):
                 timeout: float | None = None, deadline: datetime | timedelta | None = None,
                 after: Iterable[int] | None = None, on_dependency_failure: str = "cancel",
                 connection: Any = None, units: int | None = None,
-                resources: Iterable[str] | None = None) -> TaskDefinition[P, R]:
+                resources: Iterable[str] | None = None,
+                budget: Mapping[str, int] | None = None) -> TaskDefinition[P, R]:
         """This definition with enqueue options bound: ``key`` is the idempotency key (a
         repeat with the same payload and options returns the existing task; another
         payload or option is refused, see :meth:`leaseq.Queue.enqueue`), ``delay`` seconds before
@@ -98,11 +102,13 @@ class TaskDefinition(Generic[P, R]):
         it waits for, and ``connection``, the application's own open transaction to
         write it in (see :meth:`leaseq.Queue.enqueue`); ``units``, the task's weight in
         limits that count units (a token estimate, say), instead of the declared one;
-        ``resources``, the resource keys its effects may name (see :meth:`leaseq.Queue.enqueue`).
+        ``resources``, the resource keys its effects may name (see :meth:`leaseq.Queue.enqueue`);
+        ``budget``, what the task may consume (``ctx.consume``), instead of the declared one.
         ``summarize.options(key="doc-1").enqueue(doc_id=1)``."""
         bound = {**self.bound, "key": key, "delay": delay, "priority": priority, "timeout": timeout,
                  "deadline": deadline, "after": after, "on_dependency_failure": on_dependency_failure,
-                 "connection": connection, "units": units, "resources": resources}
+                 "connection": connection, "units": units, "resources": resources,
+                 "budget": check_budget(budget)}
         return dataclasses.replace(self, bound=bound)
 
     def payload(self, *args: P.args, **kwargs: P.kwargs) -> dict[str, Any]:
@@ -121,6 +127,7 @@ class TaskDefinition(Generic[P, R]):
         payload = bind_payload(self.fn, args, kwargs)
         priority, timeout, deadline = options.get("priority"), options.get("timeout"), options.get("deadline")
         units = options.get("units")
+        budget = options.get("budget")
         return self.app.queue.enqueue(self.kind, payload, effect=self.effect, queue=self.queue,
                                       idempotency_key=options.get("key"), delay=options.get("delay", 0),
                                       priority=self.priority if priority is None else priority,
@@ -128,7 +135,8 @@ class TaskDefinition(Generic[P, R]):
                                       actions=self.actions, timeout=self.timeout if timeout is None else timeout,
                                       deadline=self.deadline if deadline is None else deadline,
                                       approval=self.approval, approval_deadline=self.approval_deadline,
-                                      limits=self.limits, units=self.units if units is None else units, **{
+                                      limits=self.limits, units=self.units if units is None else units,
+                                      budget=self.budget if budget is None else budget, **{
                                           name: options[name] for name in ("after", "connection", "resources")
                                           if options.get(name) is not None},
                                       **({"on_dependency_failure": options["on_dependency_failure"]}
@@ -183,6 +191,7 @@ class App:
              priority: int = 0, actions: list[str] | None = None, retry: RetryPolicy | None = None,
              timeout: float | None = None, deadline: timedelta | None = None, approval: str | None = None,
              approval_deadline: float | None = None, limits: list[str] | None = None, units: int = 1,
+             budget: Mapping[str, int] | None = None,
              ) -> Callable[[Callable[Concatenate[Any, P], R]], TaskDefinition[P, R]]:
         """Decorator declaring a handler ``fn(ctx, **payload)``, sync or async.
 
@@ -203,7 +212,10 @@ class App:
         waits in ``awaiting_approval`` until an operator approves it, denied
         after ``approval_deadline`` seconds if given (see :meth:`Queue.enqueue`).
         ``limits`` names the limits its tasks count against, ``units`` their
-        weight in limits that count units (see :meth:`Queue.set_limit`)."""
+        weight in limits that count units (see :meth:`Queue.set_limit`).
+        ``budget`` (``{"tokens": 200_000}``): what each task may consume over all its
+        attempts (``ctx.consume``); past it the task pauses for an approval (see
+        :meth:`Queue.enqueue`)."""
         declared = None if actions is None else json.loads(check_actions(actions, checks.check_effect(effect)))
         if retry is not None and not isinstance(retry, RetryPolicy):
             raise InvalidInput("retry", f"must be a leaseq.RetryPolicy (got {type(retry).__name__})")
@@ -213,6 +225,7 @@ class App:
                                            "one task: .options(deadline=...) or Queue.enqueue(deadline=...))")
         approval, approval_deadline = check_approval(approval, approval_deadline)
         limit_keys, weight = check_limits(limits), check_units(units)
+        spend = check_budget(budget)
 
         def register(fn: Callable[Concatenate[Any, P], R]) -> TaskDefinition[P, R]:
             name = checks.check_kind(kind or f"{fn.__module__}.{fn.__qualname__}")
@@ -225,7 +238,7 @@ class App:
                 max_attempts=checks.check_int("max_attempts", max_attempts, minimum=1),
                 priority=checks.check_int("priority", priority), actions=declared, retry=retry,
                 timeout=budgets["timeout"], deadline=deadline, approval=approval,
-                approval_deadline=approval_deadline, limits=limit_keys, units=weight)
+                approval_deadline=approval_deadline, limits=limit_keys, units=weight, budget=spend)
             self.registry.add(definition)
             return definition
 
@@ -250,6 +263,8 @@ class App:
             limits=definition.limits, units=definition.units)
         if definition is not None and definition.timeout is not None:
             options["timeout"] = definition.timeout
+        if definition is not None and definition.budget is not None:
+            options["budget"] = definition.budget
         if queue is not None:
             options["queue"] = checks.check_name("queue", queue)
         declared = Schedule.declare(kind, cron=cron, every=every, payload=payload, name=name, catch_up=catch_up,

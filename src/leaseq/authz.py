@@ -143,6 +143,7 @@ ACTIONS: dict[str, Action] = {a.name: a for a in (
            own_worker=True),
     Action("spawn", "work", "spawn child tasks", own_worker=True),
     Action("emit", "work", "append to tasks' streams", own_worker=True),
+    Action("consume", "work", "charge the usage their calls report to limits and budgets", own_worker=True),
     Action("enqueue", "enqueue", "enqueue tasks", queue_scope=True),
     # reads
     Action("whoami", None, "say who it is"),
@@ -198,7 +199,10 @@ ACTIONS: dict[str, Action] = {a.name: a for a in (
                 "denies it).",
            fields=(Field("digest", "The task's approval digest as you were shown it (v2:sha256:...).",
                          placeholder="v2:sha256:... (the digest shown)"),
-                   Field("note", _NOTE, required=False, placeholder="note (optional)")),
+                   Field("note", _NOTE, required=False, placeholder="note (optional)"),
+                   Field("raise_budget", "Units to add to the task's budget, by key, as JSON "
+                                         "({\"tokens\": 100000}): for a task paused on its budget.",
+                         required=False, json=True, placeholder='{"tokens": 100000} (optional)')),
            done="task {target} approved", statuses=("awaiting_approval",), label="Approve", dashboard=True,
            hint="Answers the approval request yes, for exactly the digest shown: the task is queued, with you "
                 "recorded as its approver.",

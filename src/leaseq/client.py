@@ -411,6 +411,12 @@ class _Operations:
         return dict((yield _Request("POST", path, {"generation": claim.generation, "key": key,
                                                    "children": check_children(child_ids)})))
 
+    def _consume(self, worker: Worker | str, claim: Claim, key: str, limit_key: str,
+                 units: int) -> _Op[dict[str, Any]]:
+        _, path = self._worker_path(worker, claim, "consume")
+        return dict((yield _Request("POST", path, {"generation": claim.generation, "key": key,
+                                                   "limit_key": limit_key, "units": units})))
+
     def _report_loss(self, worker: Worker | str, claim: Claim, reason: str) -> _Op[None]:
         _, path = self._worker_path(worker, claim, "loss")
         yield _Request("POST", path, {"generation": claim.generation, "reason": reason})
@@ -431,9 +437,11 @@ class _Operations:
                                          headers=headers)))
 
     def _set_limit(self, key: str, max_running: int | None, per_second: float | None, burst: float | None,
-                   counts: str) -> _Op[dict[str, Any]]:
+                   counts: str, per_minute: int | None = None, per_hour: int | None = None,
+                   per_day: int | None = None) -> _Op[dict[str, Any]]:
         limit: dict[str, Any] = yield _Request("PUT", f"/v1/limits/{_limit_key(key)}", {
-            "max_running": max_running, "per_second": per_second, "burst": burst, "counts": counts})
+            "max_running": max_running, "per_second": per_second, "burst": burst, "counts": counts,
+            "per_minute": per_minute, "per_hour": per_hour, "per_day": per_day})
         return limit
 
     def _delete_limit(self, key: str) -> _Op[None]:
@@ -740,6 +748,10 @@ class RemoteQueue(_Operations):
         answer = self._call("POST", f"/v1/tasks/{_task_id(task_id)}/cancel", body)
         return dict(answer) if tree else task_from(answer)
 
+    def consume(self, worker: Worker | str, claim: Claim, key: str, limit_key: str, units: int) -> dict[str, Any]:
+        """Usage settled after the call, under the lease; see :meth:`leaseq.Queue.consume`."""
+        return self._run(self._consume(worker, claim, key, limit_key, units))
+
     def signal(self, task_id: int, name: str, payload: Any = None) -> dict[str, Any]:
         """Send the signal ``name`` to a task (an operator token); see :meth:`leaseq.Queue.signal`.
         The sender recorded is this token's principal."""
@@ -844,9 +856,11 @@ class RemoteQueue(_Operations):
                                     dry_run, reason))
 
     def set_limit(self, key: str, *, max_running: int | None = None, per_second: float | None = None,
-                  burst: float | None = None, counts: str = "tasks") -> dict[str, Any]:
+                  burst: float | None = None, counts: str = "tasks", per_minute: int | None = None,
+                  per_hour: int | None = None, per_day: int | None = None) -> dict[str, Any]:
         """Create or change a limit (an operator token); see :meth:`leaseq.Queue.set_limit`."""
-        return self._run(self._set_limit(key, max_running, per_second, burst, counts))
+        return self._run(self._set_limit(key, max_running, per_second, burst, counts, per_minute, per_hour,
+                                         per_day))
 
     def delete_limit(self, key: str) -> None:
         """Remove a limit (an operator token); see :meth:`leaseq.Queue.delete_limit`."""
@@ -855,6 +869,12 @@ class RemoteQueue(_Operations):
     def limits(self) -> list[dict[str, Any]]:
         """Every limit with its usage (a viewer token or better); see :meth:`leaseq.Queue.limits`."""
         return self._run(self._limits())
+
+    def limit_spend(self, key: str | None = None, *, days: int = 7) -> list[dict[str, Any]]:
+        """Usage settled per key and day (a viewer token or better); see :meth:`leaseq.Queue.limit_spend`."""
+        params: dict[str, Any] = {"days": days} if key is None else {"days": days, "key": key}
+        spend: list[dict[str, Any]] = self._call("GET", "/v1/limits/spend", params=params)["spend"]
+        return spend
 
     def get(self, task_id: int) -> Task:
         """One task; raises :class:`NotFound`."""
@@ -1094,6 +1114,11 @@ class AsyncRemoteQueue(_Operations):
                             child_ids: Sequence[int]) -> dict[str, Any]:
         """:meth:`RemoteQueue.wait_children`, awaited."""
         return await self._run(self._wait_children(worker, claim, key, child_ids))
+
+    async def consume(self, worker: Worker | str, claim: Claim, key: str, limit_key: str,
+                      units: int) -> dict[str, Any]:
+        """:meth:`RemoteQueue.consume`, awaited."""
+        return await self._run(self._consume(worker, claim, key, limit_key, units))
 
     async def report_loss(self, worker: Worker | str, claim: Claim, reason: str) -> None:
         """:meth:`RemoteQueue.report_loss`, awaited."""

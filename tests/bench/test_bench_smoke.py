@@ -19,7 +19,8 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
-WORKLOADS = {"enqueue", "drain", "latency", "heartbeat", "depth", "evidence", "agent", "leases", "limits"}
+WORKLOADS = {"enqueue", "drain", "latency", "heartbeat", "depth", "evidence", "agent", "leases", "limits",
+             "budgets"}
 
 
 def _server_dsn() -> str:
@@ -94,3 +95,27 @@ def test_remote_benchmark_measures_pickup_after_the_drains(tmp_path: Path) -> No
                 "remote-2p_pickup_p50_ms", "direct_tool_p50_ms", "remote-2p_tool_p99_ms", "remote-2p_tool_p50_ms"):
         assert median[key] > 0
     assert "service × 2" in run.stdout
+
+
+def test_budgets_benchmark_reports_the_overshoot_and_the_claims_cost(tmp_path: Path) -> None:
+    """``python -m bench budgets``: concurrent workers settling each call's usage never take a
+    per_minute window past its total by more than one call's worth, and the claim is timed with
+    and without the window, on both backends."""
+    dsn = _server_dsn()
+    out = tmp_path / "results"
+    run = subprocess.run([sys.executable, "-m", "bench", "budgets", "--quick", "--dsn", dsn, "--out", str(out),
+                          "--systems", "leaseq,leaseq-sqlite"],
+                         cwd=ROOT, capture_output=True, text=True, timeout=180)
+    assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-5000:]
+    trials = json.loads((out / "results.json").read_text())["trials"]
+    assert not [t for t in trials if "error" in t] and {t["workload"] for t in trials} == {"budgets"}
+    over = [t["metrics"] for t in trials if t["config"].startswith("200 tasks")]
+    assert len(over) == 2
+    for m in over:
+        assert 0 < m["completed"] < m["tasks"]  # the window held some back
+        assert m["max_overshoot_units"] <= m["call_units"] and m["max_overshoot_calls"] <= 1
+    costs = {(t["config"], t["system"]): t["metrics"] for t in trials if t["config"].startswith("claim cost")}
+    assert set(costs) == {(c, s) for c in ("claim cost, no limit key", "claim cost, per_minute window, usage settled")
+                          for s in ("leaseq", "leaseq-sqlite")}
+    assert all(m["claims"] == 200 and m["claim_p50_ms"] > 0 for m in costs.values())
+    assert "### budgets settled after the call" in (out / "results.md").read_text()

@@ -162,6 +162,8 @@ SAMPLE = dict(
     seconds=1.0, until=None, signal=None,
     # child tasks: the children a wait names (a parent waits for them)
     children=[2], child_ids=[2],
+    # a durable wait that waits for a person (a budget spent)
+    approval=False,
 )
 WRITE_PARAMS = {q: {"lease_seconds": 30.0, "actions": None, "resources": None, "limits": None, "units": 1}
                 for q in ("insert_task", "insert_tasks", "insert_fresh_tasks")}

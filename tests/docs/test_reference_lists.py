@@ -130,6 +130,9 @@ def event_types_of_a_run(tmp_path: Path) -> set[str]:
     q.wait_children(w2, claim, "parent:children:0", [child.id])         # children_awaited
     q.spawn(w2, claim, "k", {"n": "second"}, key="second")
     q.cancel(claim.task_id, reason="enough", tree=True)                # tree_cancelled
+    ids.append(q.enqueue("k", {"n": "spends"}, queue="spends", budget={"tokens": 1}).id)
+    [claim] = q.claim(w2, queue="spends")
+    q.consume(w2, claim, "spends:consume:0", "tokens", 2)              # budget_exceeded
     seen = {e.type for task_id in ids for e in q.events(task_id)}
     q.close()
     return seen

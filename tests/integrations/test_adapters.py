@@ -205,3 +205,147 @@ def test_tool_classes_are_checked(q: leaseq.Queue) -> None:
     world = World()
     with pytest.raises(leaseq.InvalidInput, match="effect"):
         LeaseqToolNode([tool(world.lookup)], effects={"lookup": "harmless"})
+
+
+# -- token usage charged to a limit (usage_limit=, ctx.consume) ---------------------------
+
+USAGE_LIMIT = "llm-tokens"
+
+
+def check_charged(q: leaseq.Queue, task: leaseq.Task, world: World) -> None:
+    """Two model responses of 110 tokens each were charged once, though two attempts ran them."""
+    assert world.model_calls == 2  # the second attempt replayed both
+    assert q.get(task.id).spent == {USAGE_LIMIT: 220}
+    assert [(r["key"], r["units"]) for r in q.limit_spend(USAGE_LIMIT)] == [(USAGE_LIMIT, 220)]
+    [row] = q.limits(USAGE_LIMIT)
+    assert row["day_used"] == 220 and row["spent_today"] == 220
+    consumed = [e for e in q.effects(task.id) if e.action == "leaseq.consume"]
+    assert [e.response for e in consumed] == [{"limit": USAGE_LIMIT, "units": 110}] * 2
+    assert {e.generation for e in consumed} == {1}  # written by the first attempt, replayed by the second
+
+
+def _pydantic_agent(world: World, usage_limit: str | None) -> Any:
+    from pydantic_ai import Agent
+    from pydantic_ai.messages import ModelResponse, TextPart, ToolCallPart, ToolReturnPart
+    from pydantic_ai.models.function import FunctionModel
+    from pydantic_ai.toolsets import FunctionToolset
+    from pydantic_ai.usage import RequestUsage
+
+    from leaseq.integrations.pydantic_ai import LeaseqModel, LeaseqToolset
+
+    def respond(messages: list[Any], info: Any) -> ModelResponse:
+        world.model_calls += 1
+        usage = RequestUsage(input_tokens=100, output_tokens=10)
+        if any(isinstance(p, ToolReturnPart) for m in messages for p in getattr(m, "parts", [])):
+            return ModelResponse(parts=[TextPart("refunded")], usage=usage)
+        return ModelResponse(parts=[ToolCallPart(n, a, tool_call_id=i) for n, a, i in CALLS], usage=usage)
+
+    toolset = FunctionToolset([world.lookup, world.save_note, world.refund])
+    return Agent(LeaseqModel(FunctionModel(respond), usage_limit=usage_limit),
+                 toolsets=[LeaseqToolset(toolset, effects=EFFECTS)])
+
+
+def test_pydantic_ai_charges_each_responses_tokens_to_its_limit_once(q: leaseq.Queue) -> None:
+    pytest.importorskip("pydantic_ai")
+    q.set_limit(USAGE_LIMIT, per_day=100_000, counts="units")
+    world = World()
+    agent = _pydantic_agent(world, USAGE_LIMIT)
+    task, answers = attempts(q, lambda ctx: agent.run_sync("refund order 7").output)
+    assert answers == ["refunded", "refunded"]
+    check_charged(q, task, world)
+
+
+def test_pydantic_ai_charges_a_recorded_response_its_attempt_died_before_charging(q: leaseq.Queue) -> None:
+    pytest.importorskip("pydantic_ai")
+    world = World()
+    uncharged, charging = _pydantic_agent(world, None), _pydantic_agent(world, USAGE_LIMIT)
+    runs = iter([uncharged, charging])  # the first attempt records the responses and charges nothing
+    task, answers = attempts(q, lambda ctx: next(runs).run_sync("refund order 7").output)
+    assert answers == ["refunded", "refunded"] and world.model_calls == 2
+    consumed = [e for e in q.effects(task.id) if e.action == "leaseq.consume"]
+    assert [(e.generation, e.response["units"]) for e in consumed] == [(2, 110), (2, 110)]
+    assert q.get(task.id).spent == {USAGE_LIMIT: 220}
+
+
+def test_openai_agents_charge_each_responses_tokens_to_its_limit_once(q: leaseq.Queue) -> None:
+    pytest.importorskip("agents")
+    from agents import Agent, Runner, function_tool, set_tracing_disabled
+    from agents.items import ModelResponse
+    from agents.models.interface import Model
+    from agents.usage import Usage
+    from openai.types.responses import ResponseFunctionToolCall, ResponseOutputMessage, ResponseOutputText
+
+    from leaseq.integrations.openai_agents import LeaseqModel, ledgered_tools
+
+    set_tracing_disabled(True)
+    q.set_limit(USAGE_LIMIT, per_day=100_000, counts="units")
+    world = World()
+
+    class ScriptedModel(Model):
+        async def get_response(self, system_instructions: Any, input: Any, *args: Any, **kwargs: Any) -> Any:
+            world.model_calls += 1
+            usage = Usage(requests=1, input_tokens=100, output_tokens=10, total_tokens=110)
+            if not isinstance(input, str) and any(
+                    (i.get("type") if isinstance(i, dict) else i.type) == "function_call_output" for i in input):
+                return ModelResponse(output=[ResponseOutputMessage(
+                    type="message", id="msg_1", role="assistant", status="completed",
+                    content=[ResponseOutputText(type="output_text", text="refunded", annotations=[])])],
+                    usage=usage, response_id=None)
+            return ModelResponse(output=[ResponseFunctionToolCall(
+                type="function_call", name=n, arguments=json.dumps(a), call_id=i, id=f"fc_{i}", status="completed")
+                for n, a, i in CALLS], usage=usage, response_id=None)
+
+        def stream_response(self, *args: Any, **kwargs: Any) -> Any:
+            raise NotImplementedError
+
+    agent = Agent(name="refunds", model=LeaseqModel(ScriptedModel(), usage_limit=USAGE_LIMIT),
+                  tools=ledgered_tools([function_tool(world.lookup), function_tool(world.save_note),
+                                        function_tool(world.refund)], effects=EFFECTS))
+    task, answers = attempts(q, lambda ctx: asyncio.run(Runner.run(agent, "refund order 7")).final_output)
+    assert answers == ["refunded", "refunded"]
+    check_charged(q, task, world)
+
+
+def test_langgraph_charges_each_messages_tokens_to_its_limit_once(q: leaseq.Queue) -> None:
+    pytest.importorskip("langgraph")
+    from langchain_core.language_models.fake_chat_models import GenericFakeChatModel
+    from langchain_core.messages import AIMessage
+    from langchain_core.tools import tool
+    from langgraph.graph import END, START, MessagesState, StateGraph
+
+    from leaseq.integrations.langgraph import LeaseqToolNode, model_node, tools_condition
+
+    q.set_limit(USAGE_LIMIT, per_day=100_000, counts="units")
+    world = World()
+    usage = {"input_tokens": 100, "output_tokens": 10, "total_tokens": 110}
+    script = [AIMessage(content="", tool_calls=[{"name": n, "args": a, "id": i} for n, a, i in CALLS],
+                        usage_metadata=usage),
+              AIMessage(content="refunded", usage_metadata=usage)]
+
+    class Counting(GenericFakeChatModel):
+        def invoke(self, *args: Any, **kwargs: Any) -> Any:
+            world.model_calls += 1
+            return super().invoke(*args, **kwargs)
+
+    graph = StateGraph(MessagesState)
+    graph.add_node("model", model_node(Counting(messages=iter(script)), usage_limit=USAGE_LIMIT))
+    graph.add_node("tools", LeaseqToolNode([tool(world.lookup), tool(world.save_note), tool(world.refund)],
+                                           effects=EFFECTS))
+    graph.add_edge(START, "model")
+    graph.add_conditional_edges("model", tools_condition, {"tools": "tools", END: END})
+    graph.add_edge("tools", "model")
+    agent = graph.compile()
+    task, answers = attempts(q, lambda ctx: agent.invoke({"messages": [("user", "refund order 7")]}))
+    assert [a["messages"][-1].content for a in answers] == ["refunded", "refunded"]
+    check_charged(q, task, world)
+
+
+def test_a_bad_usage_limit_is_refused_naming_the_field() -> None:
+    pytest.importorskip("pydantic_ai")
+    from pydantic_ai.models.test import TestModel
+
+    from leaseq.integrations.pydantic_ai import LeaseqModel
+
+    with pytest.raises(leaseq.InvalidInput) as err:
+        LeaseqModel(TestModel(), usage_limit="not a key")
+    assert err.value.field == "usage_limit"

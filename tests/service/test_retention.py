@@ -77,6 +77,11 @@ COLUMNS: dict[str, str] = {
     **{f"leaseq_sessions.{c}": "dashboard sessions (not task data)" for c in ("id_hash", "token_id")},
     **{f"leaseq_leader.{c}": "maintenance leadership" for c in ("name", "holder")},
     **{f"leaseq_limits.{c}": "declaration" for c in ("key", "counts", "changed_by")},
+    # budgets settled after the call (schema 31): usage by limit key, not task data
+    "leaseq_tasks.budget": "declaration (units by limit key)", "leaseq_tasks.spent": "usage (units by limit key)",
+    "leaseq_limit_charges.key": "limit key (deleted when the attempt ends, or with the task)",
+    "leaseq_limit_spend.key": "usage by limit key and day (not task data)",
+    "leaseq_approvals.reason": "why a person is asked", "leaseq_approvals.detail": "a budget's figures",
     **{f"leaseq_queues.{c}": "queue switch" for c in ("name", "changed_by")},
     "leaseq_migrations.name": "schema",
     # one lock row per singleton or debounce key an enqueue named (not pruned yet: the keys are

@@ -33,7 +33,8 @@ from .model import TaskModel
 #: Events written under the lease guard, by the attempt that holds it.
 _HOLDER_EVENTS = frozenset({"completed", "failed", "lease_released", "retry_requested", "effect_intent",
                             "effect_response", "tool_replayed", "intent_recorded", "renewed", "suspended",
-                            "signal_received", "wait_timed_out", "stream_started", "child_spawned", "children_awaited"})
+                            "signal_received", "wait_timed_out", "stream_started", "child_spawned", "children_awaited",
+                            "budget_exceeded"})
 #: Events that end a generation by its holder's hand (report_loss refuses a report after them).
 _HOLDER_ENDS = frozenset({"completed", "failed", "lease_released", "suspended", "lease_lost"})
 #: The status events that follow a routing to somewhere other than the queue.
@@ -44,7 +45,8 @@ _REASON_EVENTS = frozenset({m.DEAD, m.BLOCKED, m.RECON})
 _EVIDENCE_ONLY = frozenset({"parent_cancelled", "singleton_skipped", "tree_cancelled"})
 #: Evidence of a durable wait (or of an attempt's first stream entry) written by its holder under
 #: the lease, changing nothing the model holds.
-_WAIT_EVIDENCE = frozenset({"signal_received", "wait_timed_out", "stream_started", "child_spawned", "children_awaited"})
+_WAIT_EVIDENCE = frozenset({"signal_received", "wait_timed_out", "stream_started", "child_spawned", "children_awaited",
+                            "budget_exceeded"})
 
 
 class TraceViolation(Exception):
@@ -156,7 +158,9 @@ class _Replay:
             self.holder_ended.add(g)
             self.after_routing(to, g, w)
         elif t == "suspended":  # a durable wait ends the attempt like a release, given back
-            to = self.routed(d.get("next_status"), {m.RECON} if s.recon_due() else {m.WAITING})
+            # (a budget spent waits for a person: awaiting_approval)
+            rests = m.AWAITING if d.get("waiting_for") == "approval" else m.WAITING
+            to = self.routed(d.get("next_status"), {m.RECON} if s.recon_due() else {rests})
             s.do_suspend(w, g, to)
             self.holder_ended.add(g)
             self.after_routing(to, g, w)

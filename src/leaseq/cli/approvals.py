@@ -50,7 +50,11 @@ def approvals(ctx: click.Context, queue: str | None, limit: int, as_json: bool) 
         task = a.task
         assert task is not None
         deadline = as_datetime(a.deadline_at).isoformat(timespec="seconds") if a.deadline_at else "none"
-        table.add_row(str(a.task_id), f"{task.kind}\n{task.queue}", a.requested_by, deadline,
+        requested = a.requested_by
+        if a.reason == "budget" and a.detail:  # a budget spent: the figures, and how to raise it
+            requested += (f"\nbudget of {a.detail.get('key')} spent: {a.detail.get('spent')} of "
+                          f"{a.detail.get('budget')} (--raise-budget)")
+        table.add_row(str(a.task_id), f"{task.kind}\n{task.queue}", requested, deadline,
                       Text.assemble(json.dumps(task.payload, ensure_ascii=False, sort_keys=True), "\n",
                                     (a.digest, "bold")))
     console.print(table)

@@ -168,6 +168,11 @@ def task_details(task: Task, *, now: datetime | None = None) -> Table:
                f"retries on request {task.snoozes}" if task.snoozes else ""]
     if any(budgets):
         grid.add_row("budgets", Text("   ".join(b for b in budgets if b)))
+    spent, budget = task.spent or {}, task.budget or {}
+    if spent or budget:  # usage settled after the call (ctx.consume), of the task's budget
+        grid.add_row("spent", Text("   ".join(
+            f"{key} {spent.get(key, 0)}" + (f" of {budget[key]}" if key in budget else "")
+            for key in sorted(set(spent) | set(budget)))))
     if task.open_effects:
         grid.add_row("open intents", Text(str(task.open_effects), style="magenta"))
     grid.add_row("payload", Text(fmt_json(task.payload)))

@@ -13,6 +13,7 @@ from rich.text import Text
 
 from ..core import checks
 from ..core.errors import InvalidInput
+from ..engine.budgets import parse_budget
 from ..engine.common import default_actor
 from ..queue import Queue
 from ..signature import check_enqueue
@@ -136,6 +137,10 @@ def _parse_deadline(text: str) -> datetime | timedelta:
               help="A limit the task counts against (see `leaseq limits`); repeat for more.")
 @click.option("--units", type=int, default=1, show_default=True,
               help="The task's weight in limits that count units.")
+@click.option("--budget", "budget_items", metavar="KEY=UNITS", multiple=True,
+              help="What the task may consume of KEY over all its attempts (ctx.consume), as tokens=200000; "
+                   "repeat for more keys. Past it, the task pauses for an approval (leaseq approve "
+                   "--raise-budget).")
 @click.option("--action", "action_names", metavar="NAME", multiple=True,
               help="An action the task may begin (ctx.effect); repeat for more. None given: any action of an "
                    "idempotent or side_effect task.")
@@ -164,7 +169,7 @@ def enqueue(ctx: click.Context, kind: str, payload: str | None, queue: str, effe
             priority: int, delay: float, at_text: str | None, max_attempts: int, lease_seconds: float,
             timeout: float | None, deadline_text: str | None, approval: str | None,
             approval_deadline: float | None, after_text: tuple[str, ...], on_dependency_failure: str,
-            limit_keys: tuple[str, ...], units: int, action_names: tuple[str, ...],
+            limit_keys: tuple[str, ...], units: int, budget_items: tuple[str, ...], action_names: tuple[str, ...],
             resource_keys: tuple[str, ...], as_json: bool) -> None:
     """Add a task of KIND to a queue.
 
@@ -187,6 +192,7 @@ def enqueue(ctx: click.Context, kind: str, payload: str | None, queue: str, effe
     repeated enqueues collapse into one task ("collapsed into task N").
     """
     document = parse_json_option("payload", payload)
+    budget = parse_budget(budget_items)
     deadline = _parse_deadline(deadline_text) if deadline_text is not None else None
     at = _parse_at(at_text) if at_text is not None else None
     if at is not None and ctx.get_parameter_source("delay") is not click.core.ParameterSource.DEFAULT:
@@ -211,7 +217,7 @@ def enqueue(ctx: click.Context, kind: str, payload: str | None, queue: str, effe
                          on_dependency_failure=on_dependency_failure, limits=list(limit_keys) or None, units=units,
                          actions=list(action_names) or None, resources=list(resource_keys) or None,
                          singleton_key=singleton_key, on_conflict=on_conflict, debounce=debounce,
-                         key=debounce_key, debounce_mode=debounce_mode, max_delay=max_delay)
+                         key=debounce_key, debounce_mode=debounce_mode, max_delay=max_delay, budget=budget)
     except InvalidInput as exc:
         if at is not None and exc.field == "delay":
             raise CliError("at", f"{at.isoformat()} is too far ahead: the delay {exc.problem}") from None

@@ -177,6 +177,11 @@ class Task:
     wake_at: datetime | None = None
     #: the name of the signal a waiting task waits for (ctx.wait_for_signal); None: none
     wait_signal: str | None = None
+    #: what the task may consume, by key, over all its attempts (``enqueue(..., budget=...)``);
+    #: a ``ctx.consume`` past it pauses the task for an approval (None: no budget)
+    budget: dict[str, int] | None = None
+    #: what its attempts consumed (``ctx.consume``), by key (None: nothing yet)
+    spent: dict[str, int] | None = None
     #: the task whose handler spawned this one (``ctx.spawn``); None for any other task
     parent_id: int | None = None
     #: the child tasks a waiting task waits for (``ctx.wait_for``); None: none
@@ -324,6 +329,11 @@ class Approval:
     requested_worker: str | None = None
     #: the service token that enqueued the task, or whose worker recorded the intent (None: none)
     requested_token: str | None = None
+    #: why a person is asked: None for an approval gate, ``"budget"`` for a task whose
+    #: ``ctx.consume`` went past its budget (then ``detail`` holds the figures: ``key``,
+    #: ``budget``, ``spent``, ``units``); approving it may raise the budget (``raise_budget=``)
+    reason: str | None = None
+    detail: dict[str, Any] | None = None
 
 
 @dataclass(frozen=True)

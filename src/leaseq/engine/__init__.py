@@ -12,6 +12,7 @@ operation lives:
 - :mod:`.durable`: durable waits (a handler's sleep and signal wait) and signals
 - :mod:`.streams`: task progress streams (a handler's emit, reading a stream after a cursor)
 - :mod:`.asks`: questions put to a person (``ctx.ask``) and their answers
+- :mod:`.budgets`: usage settled after the call (``ctx.consume``), task budgets, spend per day
 - :mod:`.enqueue`: enqueue one task or many
 - :mod:`.approvals`: approval gates: request, approve, deny, deadlines
 - :mod:`.intents`: intents a task records for an executor
@@ -24,11 +25,11 @@ operation lives:
 - :mod:`.schema`: migrations and retention
 """
 
-from . import (approvals, asks, children, dependencies, durable, effects, enqueue, expiry, intents, leases, limits,
-               operator, reads, schema, streams, waits)
+from . import (approvals, asks, budgets, children, dependencies, durable, effects, enqueue, expiry, intents, leases,
+               limits, operator, reads, schema, streams, waits)
 from .common import Settings
 from .drive import adrive, adrive_in, drive, drive_in
 
-__all__ = ["Settings", "adrive", "adrive_in", "approvals", "asks", "children", "dependencies", "drive", "durable",
-           "drive_in", "effects", "enqueue", "expiry", "intents", "leases", "limits", "operator", "reads", "schema",
-           "streams", "waits"]
+__all__ = ["Settings", "adrive", "adrive_in", "approvals", "asks", "budgets", "children", "dependencies", "drive",
+           "durable", "drive_in", "effects", "enqueue", "expiry", "intents", "leases", "limits", "operator", "reads",
+           "schema", "streams", "waits"]

@@ -257,7 +257,8 @@ def _refuse_requester(before: dict[str, Any], req: dict[str, Any], decider: Deci
     who = None
     if worker is not None and worker in decider.workers:
         who = f"worker {worker}"
-    elif decider.task is not None and decider.task == before.get("parent_task_id"):
+    elif decider.task is not None and (decider.task == before.get("parent_task_id")
+                                       or (req.get("reason") == "budget" and decider.task == before["id"])):
         who = f"task {decider.task}, whose handler makes this decision"
     elif decider.token and token is not None and hmac.compare_digest(decider.token, token):
         who = f"token {token}"
@@ -290,15 +291,18 @@ def _too_late(s: Settings, before: dict[str, Any], req: dict[str, Any], action: 
 
 
 def approve(s: Settings, task_id: int, digest: str, note: str | None = None, *, by: str | None = None,
-            via: str | None = None, decider: Decider | None = None) -> Op[Task]:
+            via: str | None = None, decider: Decider | None = None, raise_budget: Any = None) -> Op[Task]:
     """:meth:`leaseq.Queue.approve`."""
+    from .budgets import check_budget, raised
     task_id = checks.check_task_id(task_id)
     digest = _check_digest(digest)
     checks.check_text("note", note)
+    check_budget(raise_budget, "raise_budget")
     yield BEGIN
     by, via = yield from acting(by, via)
     before, req = yield from _pending(task_id)
     yield from _refuse_requester(before, req, decider)
+    budget = raised(before.get("budget"), raise_budget)  # InvalidInput for a key the budget does not name
     current = digest_of(before)
     if not hmac.compare_digest(digest, current):
         raise ApprovalMismatch(task_id, digest)
@@ -306,10 +310,14 @@ def approve(s: Settings, task_id: int, digest: str, note: str | None = None, *, 
         raise ApprovalMismatch(task_id, digest)
     if (yield from _decide(task_id, "approved", by, via, note)) is None:
         yield from _too_late(s, before, req, "approve", by)
+    raise_detail: dict[str, Any] = {}
+    if budget is not None:  # BUDGETS: the approval raises the task's budget (schema 31)
+        yield one("raise_budget", task_id=task_id, budget=budget)
+        raise_detail = {"raise_budget": check_budget(raise_budget, "raise_budget"), "budget": budget}
     yield one("set_task_status", task_id=task_id, from_status=Status.AWAITING_APPROVAL.value,
               status=Status.QUEUED.value, set_result=False, result=None, reset_attempts=False)
-    yield from event(s, task_id, "approved", None, None, by=by, digest=digest, note=note)
-    yield from audit(by, via, "approve", f"task:{task_id}", digest=digest, note=note)
+    yield from event(s, task_id, "approved", None, None, by=by, digest=digest, note=note, **raise_detail)
+    yield from audit(by, via, "approve", f"task:{task_id}", digest=digest, note=note, **raise_detail)
     yield rows("notify_work", queue=before["queue"])
     task = yield one("get_task", task_id=task_id)
     yield COMMIT
@@ -389,7 +397,14 @@ def approvals(s: Settings, *, queue: str | None = None, limit: int = 100) -> Op[
     return [Approval(task_id=r["id"], digest=shown_digest(r["approval_digest"], r),
                      requested_by=r["approval_requested_by"], requested_at=r["approval_requested_at"],
                      deadline_at=r["approval_deadline_at"], requested_worker=r["approval_requested_worker"],
-                     requested_token=r["approval_requested_token"], task=to_task(r)) for r in found]
+                     requested_token=r["approval_requested_token"], reason=r.get("approval_reason"),
+                     detail=_detail(r.get("detail")), task=to_task(r)) for r in found]
+
+
+def _detail(value: Any) -> dict[str, Any] | None:
+    """A request's figures (a JSON object; text where the read left it undecoded)."""
+    found: dict[str, Any] | None = json.loads(value) if isinstance(value, str) else value
+    return found
 
 
 def approval(s: Settings, task_id: int) -> Op[Approval]:

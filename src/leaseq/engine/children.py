@@ -40,7 +40,7 @@ from ..core.model import Claim, Status, Task, Worker
 from .limits import release as release_slots
 from .common import Settings, check_claim, event, event_params, to_task, worker_id
 from .dependencies import settle_dependents
-from .durable import _entry, _lease, _record, _suspend, _wait_key
+from .durable import _entry, _lease, _record, _wait_key, suspend
 from .enqueue import existing_task, same_task, task_params
 from .intents import cancel_with_parents
 from .steps import BEGIN, COMMIT, Op, one, rows
@@ -188,7 +188,7 @@ def wait_children(s: Settings, worker: Worker | str, claim: Claim, key: str,
         return {**response, "waited_seconds": round(waited, 3), "key": key, "replayed": False}
     if begun is None:
         yield from _record(claim, wid, wait_key, CHILDREN_ACTION, {"state": "waiting", "children": ids})
-    yield from _suspend(s, claim, wid, key, until=None, signal=None, children=pending)
+    yield from suspend(s, claim, wid, key, until=None, signal=None, children=pending)
     yield COMMIT
     return {"state": "suspended", "children": ids, "pending": pending, "key": key}
 

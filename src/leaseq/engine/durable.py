@@ -101,20 +101,21 @@ def _record(claim: Claim, wid: str, key: str, action: str, response: dict[str, A
     return row
 
 
-def _suspend(s: Settings, claim: Claim, wid: str, key: str, *, until: float | None,
-             signal: str | None, question: str | None = None,
-             children: list[int] | None = None) -> Op[dict[str, Any]]:
+def suspend(s: Settings, claim: Claim, wid: str, key: str, *, until: float | None,
+            signal: str | None, question: str | None = None, children: list[int] | None = None,
+            approval: bool = False) -> Op[dict[str, Any]]:
     """End the attempt in a wait (the lease ends, the slot and the attempt come back): until
-    ``until``, a signal ``signal`` (a person's answer to ``question``), or the end of the last
-    of the child tasks ``children``."""
+    ``until``, a signal ``signal`` (a person's answer to ``question``), the end of the last of
+    the child tasks ``children``, or with ``approval`` a person's approval (a budget spent: see
+    :mod:`leaseq.engine.budgets`)."""
     row: dict[str, Any] | None = yield one("suspend_task", task_id=claim.task_id, worker_id=wid,
                                            generation=claim.generation, until=until, signal=signal,
-                                           children=children)
+                                           children=children, approval=approval)
     if row is None:
         raise LeaseLost(claim.task_id, claim.generation, "suspend refused: lease no longer held")
     yield from limits.release(s, [row])
-    waiting_for = ("children" if children is not None else "answer" if question is not None
-                   else "signal" if signal is not None else "sleep")
+    waiting_for = ("approval" if approval else "children" if children is not None
+                   else "answer" if question is not None else "signal" if signal is not None else "sleep")
     detail: dict[str, Any] = dict(waiting_for=waiting_for, key=key,
                                   until=None if row["wake_at"] is None else row["wake_at"].isoformat(),
                                   next_status=row["status"], attempts=row["attempts"], **heartbeats(row))
@@ -125,7 +126,7 @@ def _suspend(s: Settings, claim: Claim, wid: str, key: str, *, until: float | No
     if children is not None:
         detail["children"] = children
     yield from event(s, claim.task_id, "suspended", claim.generation, wid, **detail)
-    if row["status"] != Status.WAITING:
+    if row["status"] != (Status.AWAITING_APPROVAL if approval else Status.WAITING):
         yield from event(s, claim.task_id, row["status"], claim.generation, wid, reason=row["reason"])
     return row
 
@@ -154,7 +155,7 @@ def sleep(s: Settings, worker: Worker | str, claim: Claim, key: str, *, seconds:
     if wake_at <= now + _PRECISION:
         yield COMMIT
         return {"state": "resumed", "until": wake_at, "key": key}
-    yield from _suspend(s, claim, wid, key, until=wake_at, signal=None)
+    yield from suspend(s, claim, wid, key, until=wake_at, signal=None)
     yield COMMIT
     return {"state": "suspended", "until": wake_at, "key": key}
 
@@ -223,8 +224,8 @@ def wait_signal(s: Settings, worker: Worker | str, claim: Claim, key: str, name:
                          until=datetime.fromtimestamp(float(deadline), held["now"].tzinfo).isoformat())
         yield COMMIT
         return {**response, "key": key, "replayed": False}
-    yield from _suspend(s, claim, wid, key, until=None if deadline is None else float(deadline), signal=name,
-                        question=None if ask is None else begun["response"].get("question"))
+    yield from suspend(s, claim, wid, key, until=None if deadline is None else float(deadline), signal=name,
+                       question=None if ask is None else begun["response"].get("question"))
     yield COMMIT
     return {"state": "suspended", "signal": name, "until": deadline, "key": key}
 

@@ -14,7 +14,7 @@ from __future__ import annotations
 import json
 import secrets
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from datetime import datetime, timedelta, timezone
 from decimal import Decimal
 from typing import Any
@@ -131,13 +131,21 @@ _NEW_TASK: dict[str, Any] = dict(
     status="queued", lease_owner=None, lease_expires_at=None, claim_generation=0, attempts=0, last_error=None,
     result=None, open_effects=0, claimed_at=None, heartbeat_count=0, last_heartbeat_at=None,
     longest_heartbeat_gap=0.0, error_fingerprint=None, error_streak=0, snoozes=0, has_dependents=False,
-    watched=False, parent_task_id=None, parent_cancelled_at=None, parent_id=None, wait_children=None)
+    watched=False, parent_task_id=None, parent_cancelled_at=None, parent_id=None, wait_children=None, budget=None,
+    spent=None)
 #: The parameters of insert_task stored as sent.
 _AS_SENT = ("queue", "kind", "effect", "priority", "idempotency_key", "max_attempts", "lease_seconds",
             "trace_context", "limits", "units", "singleton_key", "debounce_key")
 
 
-def inserted_row(params: dict[str, Any], made: dict[str, Any]) -> dict[str, Any]:
+def _set_budget(row: dict[str, Any], budget: dict[str, int] | None) -> Op[None]:
+    """The budget of a task this enqueue just inserted (in its transaction); nothing without one."""
+    if budget is not None:
+        yield one("set_budget", task_id=row["id"], budget=budget)
+
+
+def inserted_row(params: dict[str, Any], made: dict[str, Any],
+                 budget: dict[str, int] | None = None) -> dict[str, Any]:
     """The whole row insert_task wrote with ``params``: ``made`` (what it returns: the
     id, the times and the payload the database made or stored) over what it sent.
 
@@ -151,6 +159,8 @@ def inserted_row(params: dict[str, Any], made: dict[str, Any]) -> dict[str, Any]
     row["resources"] = None if params["resources"] is None else json.loads(params["resources"])
     row["timeout_seconds"] = params["timeout"]
     row.update(made)
+    if budget is not None:
+        row["budget"] = budget
     return row
 
 
@@ -163,8 +173,11 @@ def enqueue(s: Settings, kind: str, payload: Any = None, *, effect: str = "read_
             on_dependency_failure: str = "cancel", limits: Iterable[str] | None = None,
             units: int = 1, token_id: str | None = None, resources: Iterable[str] | None = None,
             singleton_key: str | None = None, on_conflict: str = "skip", debounce: float | None = None,
-            key: str | None = None, debounce_mode: str = "trailing", max_delay: float | None = None) -> Op[Task]:
+            key: str | None = None, debounce_mode: str = "trailing", max_delay: float | None = None,
+            budget: Mapping[str, int] | None = None) -> Op[Task]:
     """:meth:`leaseq.Queue.enqueue`."""
+    from .budgets import check_budget
+    budget = check_budget(budget)
     upstreams = check_after(after, on_dependency_failure)
     control = flow.check_flow(singleton_key=singleton_key, on_conflict=on_conflict, debounce=debounce, key=key,
                               debounce_mode=debounce_mode, max_delay=max_delay, idempotency_key=idempotency_key,
@@ -189,32 +202,39 @@ def enqueue(s: Settings, kind: str, payload: Any = None, *, effect: str = "read_
             row, outcome = yield from flow.singleton(s, params, control["on_conflict"], by)
         else:
             row, outcome = yield from flow.debounced(s, params, control, by)
+        if row is not None and outcome == "created":
+            yield from _set_budget(row, budget)
         yield COMMIT
         if row is not None and outcome == "created":
-            row = inserted_row(params, row)
+            row = inserted_row(params, row, budget)
     elif approval is not None:
         # the task and its approval request in one transaction: no worker ever sees it queued
         yield BEGIN
         row = yield one("insert_task", **params)
         if row is not None:
-            row = yield from approvals.request(s, inserted_row(params, row), by or default_actor(),
+            yield from _set_budget(row, budget)
+            row = yield from approvals.request(s, inserted_row(params, row, budget), by or default_actor(),
                                                approval_deadline, token=token_id)
         yield COMMIT
     elif upstreams:  # the task and its dependencies, in one transaction
         yield BEGIN
         row = yield one("insert_task", **params)
         if row is not None:
+            yield from _set_budget(row, budget)
             yield from hold(s, [row["id"]], upstreams, on_dependency_failure)
             row = yield one("get_task", task_id=row["id"])
         yield COMMIT
     else:
         # the row is the enqueue's evidence (list_events); insert_task wakes
-        # listening workers itself where the backend has LISTEN/NOTIFY
-        yield BEGIN_ONE
+        # listening workers itself where the backend has LISTEN/NOTIFY (with a
+        # budget, its statement follows in the same transaction)
+        yield BEGIN_ONE if budget is None else BEGIN
         row = yield one("insert_task", **params)
+        if row is not None:
+            yield from _set_budget(row, budget)
         yield COMMIT
         if row is not None:
-            row = inserted_row(params, row)
+            row = inserted_row(params, row, budget)
     if row is None:  # the key was taken: the same logical task, if asked for the same way
         yield BEGIN
         row = yield from existing_task(params, approval=approval, approval_deadline=approval_deadline,

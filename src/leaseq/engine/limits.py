@@ -1,11 +1,14 @@
 """Limits shared by every worker: their settings, their usage, and the slots leases hold.
 
 A limit is a row of ``leaseq_limits`` named by a key: at most ``max_running``
-live leases (or units in them) at once, and a rate bucket of ``per_second``
-tokens holding at most ``burst``. A task names the keys it counts against
-(``limits=``) and its weight (``units=``). The claim statement judges them
-(``claim_batch``); the slot a claim takes belongs to its lease and is given
-back by the statement that ends the lease, in the same transaction.
+live leases (or units in them) at once, a rate bucket of ``per_second``
+tokens holding at most ``burst``, and totals over fixed windows of the
+database's clock (``per_minute``, ``per_hour``, ``per_day``). A task names the
+keys it counts against (``limits=``) and its weight (``units=``). The claim
+statement judges them (``claim_batch``); the slot a claim takes belongs to its
+lease and is given back by the statement that ends the lease, in the same
+transaction, which also reconciles the claim's reservation in the bucket and
+the windows to the usage the attempt settled (:mod:`leaseq.engine.budgets`).
 """
 
 from __future__ import annotations
@@ -64,13 +67,25 @@ def release(s: Settings, ended: Iterable[dict[str, Any]]) -> Op[None]:
         items = slot_items(back)
         if items:
             yield rows("release_limits", items=items)
+        # BUDGETS: the ended attempts' reservations, reconciled to what they consumed
+        from .budgets import settle
+        yield from settle(s, [r["id"] for r in back])
+
+
+#: The fixed windows a limit may total over, by their parameter: their length in seconds.
+WINDOWS = {"per_minute": 60, "per_hour": 3600, "per_day": 86400}
 
 
 def set_limit(s: Settings, key: str, *, max_running: int | None = None, per_second: float | None = None,
-              burst: float | None = None, counts: str = "tasks", by: str | None = None,
+              burst: float | None = None, counts: str = "tasks", per_minute: int | None = None,
+              per_hour: int | None = None, per_day: int | None = None, by: str | None = None,
               via: str | None = None) -> Op[dict[str, Any]]:
     """:meth:`leaseq.Queue.set_limit`."""
     key = checks.check_name("key", key)
+    totals = {"per_minute": per_minute, "per_hour": per_hour, "per_day": per_day}
+    for name, total in totals.items():
+        if total is not None:
+            checks.check_int(name, total, minimum=1, maximum=MAX_UNITS)
     if max_running is not None:
         checks.check_int("max_running", max_running, minimum=1, maximum=MAX_UNITS)
     if per_second is not None:
@@ -85,18 +100,20 @@ def set_limit(s: Settings, key: str, *, max_running: int | None = None, per_seco
         burst = float(burst)
     elif per_second is not None:
         burst = max(1.0, per_second)  # one second's worth
-    if max_running is None and per_second is None:
-        raise InvalidInput("max_running", "a limit needs max_running, per_second, or both")
+    if max_running is None and per_second is None and all(t is None for t in totals.values()):
+        raise InvalidInput("max_running", "a limit needs max_running, per_second, or a window's total "
+                                          "(per_minute, per_hour, per_day)")
     if not isinstance(counts, str) or counts not in COUNTS:
         raise InvalidInput("counts", f"must be one of {', '.join(COUNTS)} (got {counts!r})")
     yield BEGIN
     by, via = yield from acting(by, via)
     yield one("set_limit", key=key, max_running=max_running, per_second=per_second, burst=burst, counts=counts,
-              actor=by)
+              actor=by, **totals)
     # a statement of its own, after the row is locked: see count_limit
     yield one("count_limit", key=key)
+    windows = {name: total for name, total in totals.items() if total is not None}
     yield from audit(by, via, "set_limit", f"limit:{key}", max_running=max_running, per_second=per_second,
-                     burst=burst, counts=counts)
+                     burst=burst, counts=counts, **windows)
     found = yield rows("list_limits", key=key)
     yield COMMIT
     return _usage(found[0])
@@ -137,4 +154,11 @@ def _usage(row: dict[str, Any]) -> dict[str, Any]:
         "tokens": None if tokens is None else round(float(tokens), 3),
         "changed_at": row["changed_at"],
         "changed_by": row["changed_by"],
+        # WINDOWS: each total and what its window holds now (reservations of live claims, and
+        # usage settled), and the usage settled today (ctx.consume), by the database's UTC day
+        **{name: row[name] for name in WINDOWS},
+        "minute_used": int(row["minute_used"]),
+        "hour_used": int(row["hour_used"]),
+        "day_used": int(row["day_used"]),
+        "spent_today": int(row["spent_today"]),
     }

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from typing import TYPE_CHECKING, Any
+from collections.abc import Callable, Mapping
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from ..core.errors import InvalidInput
 from ..worker.tools import check_effect, context_for
@@ -42,3 +42,25 @@ class ToolClasses:
 
     def __call__(self, name: str) -> str:
         return self.by_name.get(name, self.default)
+
+
+R = TypeVar("R")
+
+
+class UsageSeen:
+    """The token usage of the model response a ledgered request returned, read from the
+    recorded response: the same whether it was made now or replayed (a replay reports
+    zero usage to the framework, but the adapter's ``ctx.consume`` entry must still be
+    reached, and charges what was recorded if an earlier attempt died before it did)."""
+
+    def __init__(self, tokens: Callable[[Any], Any]):
+        self._tokens = tokens
+        self.units = 0
+
+    def of(self, decode: Callable[[Any], R], then: Callable[[R], R] | None = None) -> Callable[[Any], R]:
+        """``decode``, noting the decoded response's usage (``then``: what is returned instead)."""
+        def seen(recorded: Any) -> R:
+            response = decode(recorded)
+            self.units = max(0, int(self._tokens(response) or 0))
+            return response if then is None else then(response)
+        return seen

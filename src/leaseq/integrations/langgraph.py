@@ -22,7 +22,10 @@ entry (``llm.invoke`` at its position) and each tool call an entry keyed by
 its tool-call id, of the class ``effects`` gives it (default
 ``side_effect``). On a retry the recorded ones are replayed; a replayed
 model message reports no token usage (``usage_metadata`` is dropped: its
-tokens were counted when it was made). The tool node runs a message's tool
+tokens were counted when it was made). ``model_node(...,
+usage_limit="openai-tokens")`` charges each message's token usage to that
+limit after the call (``ctx.consume``, an entry of the ledger: a replayed
+run charges nothing twice). The tool node runs a message's tool
 calls one after another in the order the model emitted them. Outside a
 handler both nodes call straight through.
 """
@@ -38,9 +41,10 @@ from langchain_core.messages import AIMessage, BaseMessage, ToolMessage, message
 from langchain_core.tools import BaseTool
 from langgraph.graph import END
 
+from ..core.checks import check_name
 from ..core.errors import InvalidInput
 from ..worker.tools import Tool
-from ._common import VOLATILE_KEYS, ToolClasses, running_context, stable_view
+from ._common import VOLATILE_KEYS, ToolClasses, UsageSeen, running_context, stable_view
 
 if TYPE_CHECKING:  # pragma: no cover
     from ..worker.context import TaskContext
@@ -62,16 +66,23 @@ def _decode(recorded: dict[str, Any]) -> BaseMessage:
     return messages_from_dict([recorded])[0]
 
 
-def _replayed(recorded: dict[str, Any]) -> BaseMessage:
-    message = _decode(recorded)
+def _zeroed(message: BaseMessage) -> BaseMessage:
     if isinstance(message, AIMessage):
         message.usage_metadata = None
     return message
 
 
-def model_node(model: Any, *, ctx: TaskContext | None = None, action: str = "llm.invoke") -> Callable[[Any], Any]:
+def _tokens(message: BaseMessage) -> int:
+    usage = getattr(message, "usage_metadata", None) or {}
+    return int(usage.get("total_tokens") or 0)
+
+
+def model_node(model: Any, *, ctx: TaskContext | None = None, action: str = "llm.invoke",
+               usage_limit: str | None = None) -> Callable[[Any], Any]:
     """A graph node that invokes ``model`` (a chat model, or any runnable answering a message list
-    with a message) on the state's messages, as a ``read_only`` ledger entry."""
+    with a message) on the state's messages, as a ``read_only`` ledger entry; with ``usage_limit``,
+    each message's token usage (``usage_metadata``) is charged to that limit (``ctx.consume``)."""
+    limit = None if usage_limit is None else check_name("usage_limit", usage_limit)
 
     def call_model(state: Any) -> dict[str, Any]:
         messages = _messages(state)
@@ -79,8 +90,12 @@ def model_node(model: Any, *, ctx: TaskContext | None = None, action: str = "llm
         if task_ctx is None:
             return {"messages": [model.invoke(messages)]}
         view = stable_view([message_to_dict(m) for m in messages], _VOLATILE)
+        used = UsageSeen(_tokens)
         answer = Tool(task_ctx, lambda _view: model.invoke(messages), action=action, effect="read_only",
-                      encode=message_to_dict, decode=_decode, decode_replayed=_replayed)(view)
+                      encode=message_to_dict, decode=used.of(_decode),
+                      decode_replayed=used.of(_decode, then=_zeroed))(view)
+        if limit is not None:
+            task_ctx.consume_blocking(limit, used.units)
         return {"messages": [answer]}
 
     return call_model

@@ -17,6 +17,9 @@ Inside a leaseq handler each model response is a ``read_only`` ledger entry
 keyed by its ``call_id``, of the class ``effects`` gives it (default
 ``side_effect``). On a retry the recorded ones are replayed; a replayed
 response reports zero usage (its tokens were counted when it was made).
+With ``usage_limit="openai-tokens"``, each response's token usage is charged
+to that limit after the call (``ctx.consume``, an entry of the ledger: a
+replayed run charges nothing twice).
 Parallel tool calls are made one at a time in the order the model emitted
 them. Outside a handler everything passes straight through. Streamed runs
 (``Runner.run_streamed``) are not recorded and are refused inside a handler.
@@ -37,9 +40,10 @@ from agents.items import ModelResponse, TResponseOutputItem
 from agents.models.interface import Model
 from agents.usage import Usage
 
+from ..core.checks import check_name
 from ..core.errors import InvalidInput
 from ..worker.tools import Tool
-from ._common import ToolClasses, running_context, stable_view
+from ._common import ToolClasses, UsageSeen, running_context, stable_view
 
 if TYPE_CHECKING:  # pragma: no cover
     from ..worker.context import TaskContext
@@ -62,17 +66,20 @@ def _decode(recorded: dict[str, Any]) -> ModelResponse:
                          usage=_USAGE.validate_python(recorded["usage"]), response_id=recorded["response_id"])
 
 
-def _replayed(recorded: dict[str, Any]) -> ModelResponse:
-    return dataclasses.replace(_decode(recorded), usage=Usage())
+def _zeroed(response: ModelResponse) -> ModelResponse:
+    return dataclasses.replace(response, usage=Usage())
 
 
 class LeaseqModel(Model):
     """An Agents SDK model whose responses are ``read_only`` entries of the running task's ledger."""
 
-    def __init__(self, wrapped: Model, *, ctx: TaskContext | None = None, action: str = "llm.response"):
+    def __init__(self, wrapped: Model, *, ctx: TaskContext | None = None, action: str = "llm.response",
+                 usage_limit: str | None = None):
         self.wrapped = wrapped
         self._ctx = ctx
         self.action = action
+        #: the limit each response's token usage is charged to (ctx.consume); None: not charged
+        self.usage_limit = None if usage_limit is None else check_name("usage_limit", usage_limit)
 
     async def get_response(self, system_instructions: str | None, input: Any, model_settings: Any, tools: Any,
                            output_schema: Any, handoffs: Any, tracing: Any, *, previous_response_id: str | None,
@@ -89,8 +96,12 @@ class LeaseqModel(Model):
         view = stable_view(pydantic_core.to_jsonable_python(
             {"instructions": system_instructions, "input": input, "tools": [t.name for t in tools]},
             fallback=repr))
+        used = UsageSeen(lambda r: r.usage.total_tokens)
         response: ModelResponse = await Tool(ctx, call, action=self.action, effect="read_only", encode=_encode,
-                                             decode=_decode, decode_replayed=_replayed)(view)
+                                             decode=used.of(_decode),
+                                             decode_replayed=used.of(_decode, then=_zeroed))(view)
+        if self.usage_limit is not None:
+            await ctx.aconsume(self.usage_limit, used.units)
         return response
 
     def stream_response(self, *args: Any, **kwargs: Any) -> AsyncIterator[Any]:

@@ -18,6 +18,11 @@ tool-call id, of the class ``effects`` gives it (default ``side_effect``).
 On a retry the recorded ones are replayed, so the resumed run sees the same
 history without paying for its model requests again; a replayed response
 reports zero token usage (its tokens were counted when it was made).
+With ``usage_limit="openai-tokens"``, each response's token usage is charged
+to that limit after the request (``ctx.consume``: its entry follows the
+request's in the ledger, so a replayed run charges nothing twice, and a
+response recorded by an attempt that died before charging it is charged by
+the next).
 Outside a handler both wrappers pass every call straight through.
 
 Tool calls run one after another in the order the model emitted them, so
@@ -42,9 +47,10 @@ from pydantic_ai.models.wrapper import WrapperModel
 from pydantic_ai.toolsets import AbstractToolset, WrapperToolset
 from pydantic_ai.usage import RequestUsage
 
+from ..core.checks import check_name
 from ..core.errors import InvalidInput
 from ..worker.tools import Tool
-from ._common import ToolClasses, running_context, stable_view
+from ._common import ToolClasses, UsageSeen, running_context, stable_view
 
 if TYPE_CHECKING:  # pragma: no cover
     from ..worker.context import TaskContext
@@ -54,17 +60,20 @@ __all__ = ["LeaseqModel", "LeaseqToolset"]
 _RESPONSE = pydantic.TypeAdapter(ModelResponse)
 
 
-def _replayed(recorded: Any) -> ModelResponse:
-    return dataclasses.replace(_RESPONSE.validate_python(recorded), usage=RequestUsage())
+def _zeroed(response: ModelResponse) -> ModelResponse:
+    return dataclasses.replace(response, usage=RequestUsage())
 
 
 class LeaseqModel(WrapperModel):
     """A pydantic-ai model whose requests are ``read_only`` entries of the running task's ledger."""
 
-    def __init__(self, wrapped: Model | str, *, ctx: TaskContext | None = None, action: str = "llm.request"):
+    def __init__(self, wrapped: Model | str, *, ctx: TaskContext | None = None, action: str = "llm.request",
+                 usage_limit: str | None = None):
         super().__init__(wrapped)
         self._ctx = ctx
         self.action = action
+        #: the limit each response's token usage is charged to (ctx.consume); None: not charged
+        self.usage_limit = None if usage_limit is None else check_name("usage_limit", usage_limit)
 
     async def request(self, messages: list[ModelMessage], model_settings: Any,
                       model_request_parameters: ModelRequestParameters) -> ModelResponse:
@@ -75,11 +84,15 @@ class LeaseqModel(WrapperModel):
         async def call(view: Any) -> ModelResponse:
             return await self.wrapped.request(messages, model_settings, model_request_parameters)
 
+        used = UsageSeen(lambda r: r.usage.total_tokens)  # replayed or not: what the request used
         tool = Tool(ctx, call, action=self.action, effect="read_only",
                     encode=lambda r: _RESPONSE.dump_python(r, mode="json"),
-                    decode=_RESPONSE.validate_python, decode_replayed=_replayed)
+                    decode=used.of(_RESPONSE.validate_python), decode_replayed=used.of(_RESPONSE.validate_python,
+                                                                                      then=_zeroed))
         view = stable_view(ModelMessagesTypeAdapter.dump_python(messages, mode="json"))
         response: ModelResponse = await tool(view)
+        if self.usage_limit is not None:
+            await ctx.aconsume(self.usage_limit, used.units)
         return response
 
     @asynccontextmanager

@@ -104,6 +104,25 @@ class EffectOps(QueueBase):
         """
         return self._run(engine.streams.emit(self.settings, worker, claim, item, key=key))
 
+    # -- usage settled after the call (a handler's ctx.consume) ---------------
+
+    def consume(self, worker: Worker | str, claim: Claim, key: str, limit_key: str, units: int) -> dict[str, Any]:
+        """Charge ``units`` of ``limit_key`` that this attempt actually used, under the lease guard,
+        recorded in the ledger under ``key`` (what ``ctx.consume`` sends).
+
+        The entry is written once: an attempt that reaches a recorded ``key`` is answered
+        ``{"state": "replayed"}`` and nothing is charged again. Otherwise the units are
+        charged (``{"state": "charged", "spent": ..., "budget": ...}``): for a limit the task
+        names, its claim's reservation is drawn down first and only the rest is charged to the
+        limit's bucket and windows now (the reservation left unused comes back when the
+        attempt ends); for any other key, all of them. They count in the key's spend of the day
+        (:meth:`limit_spend`) and the task's ``spent``. When that passes the task's
+        ``budget`` of the key, the attempt ends too (``{"state": "paused"}``): the lease and the
+        attempt are given back and the task waits in ``awaiting_approval`` (the request's
+        ``reason`` is ``"budget"``). Raises :class:`LeaseLost` without authority.
+        """
+        return self._run(engine.budgets.consume(self.settings, worker, claim, key, limit_key, units))
+
     def effects(self, task_id: int) -> list[Effect]:
         """The action ledger of a task, oldest first."""
         return self._run(engine.effects.effects(self.settings, task_id))

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from datetime import datetime, timedelta
 from typing import Any
 
@@ -28,7 +28,8 @@ class EnqueueOps(QueueBase):
                 limits: Iterable[str] | None = None, units: int = 1, token_id: str | None = None,
                 resources: Iterable[str] | None = None, singleton_key: str | None = None,
                 on_conflict: str = "skip", debounce: float | None = None, key: str | None = None,
-                debounce_mode: str = "trailing", max_delay: float | None = None) -> Task:
+                debounce_mode: str = "trailing", max_delay: float | None = None,
+                budget: Mapping[str, int] | None = None) -> Task:
         """Add a task. A second enqueue with the same ``idempotency_key`` in the
         same queue returns the existing task instead of a duplicate, if it asks
         for the same kind, payload and options; with any difference it is
@@ -109,6 +110,14 @@ class EnqueueOps(QueueBase):
         ``"skipped"`` (a singleton's key was held: this is the holder) or
         ``"collapsed"`` (debounced into this task). See the how-to page
         *Flow control*.
+
+        ``budget`` (``{"tokens": 200_000}``): what the task may consume, by key, over all
+        its attempts, as its handler reports it (``ctx.consume(key, units)``). A consume
+        that takes it past the budget ends the attempt cleanly and the task waits in
+        ``awaiting_approval`` with the figures; :meth:`approve` with ``raise_budget=``
+        resumes it, repeating nothing its ledger recorded. Not part of the approval digest
+        nor compared with a repeat's (an approval may raise it). See the how-to page
+        *Share a provider's quota*, "Budgets settled after the call".
         """
         op = engine.enqueue.enqueue(self.settings, kind, payload, effect=effect, queue=queue,
                                     idempotency_key=idempotency_key, priority=priority, delay=delay,
@@ -119,7 +128,7 @@ class EnqueueOps(QueueBase):
                                     on_dependency_failure=on_dependency_failure, limits=limits, units=units,
                                     token_id=token_id, resources=resources, singleton_key=singleton_key,
                                     on_conflict=on_conflict, debounce=debounce, key=key,
-                                    debounce_mode=debounce_mode, max_delay=max_delay)
+                                    debounce_mode=debounce_mode, max_delay=max_delay, budget=budget)
         return self._run(op) if connection is None else self._run_in(connection, op)
 
     def enqueue_many(self, kind: str, payloads: Iterable[Any], *, effect: str = "read_only",

@@ -6,6 +6,7 @@ None is guarded by a lease; each is audited with ``by`` (who) and ``via``
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any, Literal, overload
 
 from .. import engine
@@ -223,7 +224,8 @@ class OperatorOps(QueueBase):
         return self._run(engine.operator.set_paused(self.settings, queue, False, create=create, by=by, via=via))
 
     def set_limit(self, key: str, *, max_running: int | None = None, per_second: float | None = None,
-                  burst: float | None = None, counts: str = "tasks", by: str | None = None,
+                  burst: float | None = None, counts: str = "tasks", per_minute: int | None = None,
+                  per_hour: int | None = None, per_day: int | None = None, by: str | None = None,
                   via: str | None = None) -> dict[str, Any]:
         """Create or change the limit ``key``, shared by every worker.
 
@@ -234,12 +236,21 @@ class OperatorOps(QueueBase):
         (each lease costs 1) or ``"units"`` (each costs its task's
         ``units``, e.g. a token budget). A task larger than the limit is
         handed out alone (no other lease of the key, or a full bucket).
+
+        ``per_minute``, ``per_hour``, ``per_day``: totals over fixed windows of
+        the database's clock (UTC minutes, hours, days). Each claim counts its
+        cost in them, and usage settled after the call (``ctx.consume``) counts
+        too; no claim hands out a task whose limit has a window already spent,
+        so the last task admitted may take it past its total by one task's cost.
+
         Claims judge limits inside the claim statement, exactly under
         concurrent claims. Audited (``by``). Returns the limit's usage, as
         :meth:`limits` reports it.
         """
         return self._run(engine.limits.set_limit(self.settings, key, max_running=max_running,
-                                                 per_second=per_second, burst=burst, counts=counts, by=by, via=via))
+                                                 per_second=per_second, burst=burst, counts=counts,
+                                                 per_minute=per_minute, per_hour=per_hour, per_day=per_day,
+                                                 by=by, via=via))
 
     def delete_limit(self, key: str, *, by: str | None = None, via: str | None = None) -> None:
         """Remove the limit ``key``: tasks naming it are no longer limited by it.
@@ -249,7 +260,8 @@ class OperatorOps(QueueBase):
     # -- approval gates --------------------------------------------------------
 
     def approve(self, task_id: int, digest: str, note: str | None = None, *, by: str | None = None,
-                via: str | None = None, worker: Worker | str | None = None, token_id: str | None = None) -> Task:
+                via: str | None = None, worker: Worker | str | None = None, token_id: str | None = None,
+                raise_budget: Mapping[str, int] | None = None) -> Task:
         """Approve a task waiting in ``awaiting_approval``: it becomes ``queued``.
 
         ``digest`` is the task's approval digest as the approver was shown it
@@ -269,9 +281,14 @@ class OperatorOps(QueueBase):
         After the request's deadline (by the database clock) the decision is
         refused with :class:`ApprovalExpired`; the request is then denied by
         the deadline, as :meth:`expire_approvals` would deny it.
+
+        ``raise_budget`` (``{"tokens": 100_000}``): units added to the task's budget
+        (keys it names), for a task paused because a ``ctx.consume`` went past it
+        (:attr:`Approval.reason` ``"budget"``, the figures in :attr:`Approval.detail`).
+        Approved without a raise, it resumes and pauses again at its next consume.
         """
         return self._run(engine.approvals.approve(self.settings, task_id, digest, note, by=by, via=via,
-                                                  decider=deciding(worker, token_id)))
+                                                  decider=deciding(worker, token_id), raise_budget=raise_budget))
 
     def deny(self, task_id: int, reason: str, *, by: str | None = None, via: str | None = None,
              worker: Worker | str | None = None, token_id: str | None = None) -> Task:

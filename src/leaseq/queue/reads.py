@@ -134,7 +134,10 @@ class ReadOps(QueueBase):
         """Every limit (or the one named ``key``) with its usage: ``running`` (what
         live leases hold: leases, or units when it counts units), ``leases``,
         ``available`` (room left under ``max_running``) and ``tokens`` (the
-        rate bucket now, by the database clock)."""
+        rate bucket now, by the database clock); each window's total
+        (``per_minute``, ``per_hour``, ``per_day``) and what it holds now
+        (``minute_used``, ``hour_used``, ``day_used``); and ``spent_today``, the
+        usage settled today by ``ctx.consume`` (the database's UTC day)."""
         return self._run(engine.limits.limits(self.settings, key))
 
     def asks(self, *, queue: str | None = None, limit: int = 100) -> list[dict[str, Any]]:
@@ -142,6 +145,12 @@ class ReadOps(QueueBase):
         ``task_id``, ``queue``, ``kind``, ``question``, ``schema`` (JSON schema), ``key`` (the ask's
         ledger key), ``asked_at`` and ``deadline_at`` (None: no deadline). Answer with :meth:`answer`."""
         return self._run(engine.asks.asks(self.settings, queue=queue, limit=limit))
+
+    def limit_spend(self, key: str | None = None, *, days: int = 7) -> list[dict[str, Any]]:
+        """Usage settled by ``ctx.consume``, per key and UTC day, newest first, over the
+        last ``days`` days (today included): ``{"key", "day": "YYYY-MM-DD", "units"}``.
+        Keys without a limit set are listed too."""
+        return self._run(engine.budgets.limit_spend(self.settings, key, days=days))
 
     def approvals(self, *, queue: str | None = None, limit: int = 100) -> list[Approval]:
         """The undecided approval requests, oldest first, each with its task."""

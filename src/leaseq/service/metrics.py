@@ -9,7 +9,8 @@ Two kinds of series:
 * read from the database at scrape time (the same on every replica): tasks
   by queue and status, oldest queued age, expired leases not yet routed,
   the reconciliation backlog, effect intents without a response, paused queues,
-  and each limit's usage (what live leases hold, its cap, its rate bucket's tokens).
+  and each limit's usage (what live leases hold, its cap, its rate bucket's tokens, what each
+  window holds of its total, and the usage settled today by ``ctx.consume``).
 
 Spans are made only when the application set an OpenTelemetry tracer provider
 (:func:`leaseq.observability.tracing.enabled`); it is not a dependency.
@@ -109,13 +110,26 @@ class QueueCollector(Collector):
                                    labels=["limit"])
         cap = GaugeMetricFamily("leaseq_limit_max_running", "A limit's max_running", labels=["limit"])
         tokens = GaugeMetricFamily("leaseq_limit_tokens", "Tokens in a limit's rate bucket now", labels=["limit"])
+        used = GaugeMetricFamily("leaseq_limit_window_used",
+                                 "What a limit's fixed window holds now: the claims' reservations and the usage "
+                                 "settled after the call", labels=["limit", "window"])
+        total = GaugeMetricFamily("leaseq_limit_window_total", "A limit's total over a fixed window",
+                                  labels=["limit", "window"])
+        spent = GaugeMetricFamily("leaseq_limit_spent_today",
+                                  "Usage settled after the call (ctx.consume) today, by the database's UTC day",
+                                  labels=["limit"])
         for row in limits:
             in_use.add_metric([row["key"]], row["running"])
             if row["max_running"] is not None:
                 cap.add_metric([row["key"]], row["max_running"])
             if row["tokens"] is not None:
                 tokens.add_metric([row["key"]], row["tokens"])
-        yield from (tasks, oldest, expired, backlog, open_fx, off, in_use, cap, tokens)
+            for window in ("minute", "hour", "day"):
+                if row[f"per_{window}"] is not None:
+                    used.add_metric([row["key"], window], row[f"{window}_used"])
+                    total.add_metric([row["key"], window], row[f"per_{window}"])
+            spent.add_metric([row["key"]], row["spent_today"])
+        yield from (tasks, oldest, expired, backlog, open_fx, off, in_use, cap, tokens, used, total, spent)
         yield from _worker_metrics(workers)
 
 

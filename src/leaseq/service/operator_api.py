@@ -76,6 +76,8 @@ class EnqueueBody(Body):
     key: str | None = None
     debounce_mode: str = "trailing"
     max_delay: float | None = None
+    #: what the task may consume, by key, over all its attempts ({"tokens": 200000})
+    budget: dict[str, int] | None = None
 
 
 class WhereBody(Body):
@@ -96,6 +98,10 @@ class LimitBody(Body):
     per_second: float | None = None
     burst: float | None = None
     counts: str = "tasks"
+    #: totals over fixed windows of the database's clock
+    per_minute: int | None = None
+    per_hour: int | None = None
+    per_day: int | None = None
 
 
 class TokenBody(Body):
@@ -167,7 +173,7 @@ async def enqueue(body: EnqueueBody, request: Request,
                                    limits=body.limits, units=body.units, resources=body.resources,
                                    singleton_key=body.singleton_key, on_conflict=body.on_conflict,
                                    debounce=body.debounce, key=body.key, debounce_mode=body.debounce_mode,
-                                   max_delay=body.max_delay)
+                                   max_delay=body.max_delay, budget=body.budget)
     if task.status == "queued":
         request.app.state.work_signal.wake(task.queue)  # claims waiting in this process look at once
     return present_task(task, principal)
@@ -419,6 +425,13 @@ def limits(request: Request, principal: auth.Principal = Depends(need("read"))) 
     return {"limits": to_json(_queue(request).limits())}
 
 
+@router.get("/limits/spend", tags=["limits"],
+            summary="Usage settled after the call (ctx.consume), per key and UTC day, newest first")
+def limit_spend(request: Request, key: str | None = Query(None), days: int = Query(7, ge=1, le=3660),
+                principal: auth.Principal = Depends(need("read"))) -> dict[str, Any]:
+    return {"spend": to_json(_queue(request).limit_spend(key, days=days))}
+
+
 def _where(request: Request, principal: auth.Principal, action: str, body: WhereBody) -> dict[str, Any]:
     authz.authorize_role(principal, action)
     if principal.queues is not None and body.queue is None:
@@ -454,7 +467,8 @@ def set_limit(body: LimitBody, request: Request, key: str = LimitKey,
               principal: auth.Principal = Depends(need("set_limit"))) -> dict[str, Any]:
     # audited by Queue.set_limit, in its own transaction
     return record_json(_queue(request).set_limit(key, max_running=body.max_running, per_second=body.per_second,
-                                                 burst=body.burst, counts=body.counts, by=principal.actor,
+                                                 burst=body.burst, counts=body.counts, per_minute=body.per_minute,
+                                                 per_hour=body.per_hour, per_day=body.per_day, by=principal.actor,
                                                  via="api"))
 
 

@@ -233,6 +233,13 @@ class ChildrenWaitBody(Body):
     children: list[int]
 
 
+class ConsumeBody(Body):
+    generation: int
+    key: str
+    limit_key: str
+    units: int
+
+
 class LossBody(Body):
     generation: int
     reason: str
@@ -468,6 +475,16 @@ async def emit(body: EmitBody, request: Request, task_id: int = TaskId,
     if not answer["replayed"]:
         request.app.state.work_signal.wake_stream(task_id)  # its readers in this process look at once
     return answer
+
+
+@router.post("/workers/{worker_id}/tasks/{task_id}/consume",
+             summary="Charge the usage a call reported to a limit and the task's budget, recorded in the ledger")
+async def consume(body: ConsumeBody, request: Request, task_id: int = TaskId,
+                  worker_id: str = WorkerId) -> dict[str, Any]:
+    claim = _claim(worker_id, task_id, body.generation)
+    answer = await _guarded(request, "consume", worker_id, lambda view: engine.budgets.consume(
+        view.settings, worker_id, claim, body.key, body.limit_key, body.units))
+    return record_json(answer)
 
 
 @router.post("/workers/{worker_id}/tasks/{task_id}/loss", status_code=202,

@@ -19,7 +19,7 @@ __all__ = ["BackendCapabilities", "DEFAULT_DSN", "JSON_COLUMNS", "JSON_PARAMS", 
 #: Parameters that carry JSON documents (encoded by each backend its own way);
 #: the plural ones are the row documents of batched statements.
 JSON_PARAMS = frozenset({"payload", "result", "detail", "response", "tasks", "items", "events", "keys", "leases",
-                         "declarations", "item"})
+                         "declarations", "item", "budget"})
 
 #: The payload of a notification on a task's channel (``leaseq_task_<id>``) saying its
 #: handler emitted (``notify_stream``); a settled task's says its status.
@@ -36,7 +36,7 @@ class JsonText(str):
 
 #: Columns that come back as JSON documents.
 JSON_COLUMNS = frozenset({"payload", "result", "detail", "response", "actions", "resources", "limits", "signature",
-                          "kinds", "item", "wait_children"})
+                          "kinds", "item", "wait_children", "budget", "spent"})
 
 
 @dataclass(frozen=True)

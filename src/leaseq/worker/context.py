@@ -411,6 +411,76 @@ class TaskContext:
                                                                       key=key))
         return int(answer["seq"])
 
+    # -- usage settled after the call -------------------------------------------
+
+    def consume(self, limit_key: str, units: int, *, key: str | None = None) -> Any:
+        """Charge what a call actually used, once it has returned: ``units`` of ``limit_key``.
+
+        ``ctx.consume("openai-tokens", response.usage.total_tokens)`` in a sync handler,
+        ``await ctx.consume(...)`` in an async one (or ``await ctx.aconsume(...)`` anywhere
+        async). The charge is an entry of the task's ledger (keyed ``<task key>:consume:
+        <limit key>:<position>``, or ``<task key>:consume:<key>`` with ``key=``), written
+        under the lease: an attempt that replays the handler reaches the entry and charges
+        nothing twice. For a limit the task names (``limits=``), the claim reserved its
+        ``units`` in the limit's rate bucket and windows; consumption draws that reservation
+        down first and only charges past it, and what it leaves unused comes back when the
+        attempt ends. Any other key is charged as it comes (a key without a limit set only
+        counts against the task's budget and the day's spend).
+
+        Returns ``{"state": "charged" | "replayed", "units", "spent", "budget", ...}``
+        (``spent`` and ``budget``: the task's, of this key). When ``spent`` goes past the
+        task's ``budget`` (``enqueue(..., budget={...})``), the attempt stops here, cleanly:
+        the task waits in ``awaiting_approval`` with the figures, and an approval (with
+        ``raise_budget=``) resumes it; the next attempt replays the handler from its ledger.
+        Raises :class:`leaseq.LeaseLost` once the lease is gone (a stale attempt charges
+        nothing); :class:`leaseq.InvalidInput` for a bad key or a negative ``units``.
+        """
+        limit_key, units, ledger = self._consume_args(limit_key, units, key)
+        if not self.handler_is_async:
+            return self._consumed(self._call_consume(ledger, limit_key, units))
+        return self._await_consume(ledger, limit_key, units)
+
+    async def aconsume(self, limit_key: str, units: int, *, key: str | None = None) -> dict[str, Any]:
+        """:meth:`consume`, awaited (from any async code of the handler)."""
+        limit_key, units, ledger = self._consume_args(limit_key, units, key)
+        return await self._await_consume(ledger, limit_key, units)
+
+    def consume_blocking(self, limit_key: str, units: int, *, key: str | None = None) -> dict[str, Any]:
+        """:meth:`consume`, blocking the calling thread even in an async handler's code (a sync
+        framework's node or callback); never on the event loop of an async handler."""
+        limit_key, units, ledger = self._consume_args(limit_key, units, key)
+        return self._consumed(self._call_consume(ledger, limit_key, units))
+
+    def _consume_args(self, limit_key: Any, units: Any, key: str | None) -> tuple[str, int, str]:
+        from ..engine.budgets import check_consume
+        from .tools import tool_key
+        self.check()
+        limit_key, units = check_consume(limit_key, units)
+        if key is None:
+            return limit_key, units, _ledger_key(self.task.idempotency_key, f"consume:{limit_key}",
+                                                 self.next_tool_position(f"leaseq:consume:{limit_key}"))
+        if not isinstance(key, str) or not key:
+            raise InvalidInput("key", f"must be a non-empty string naming the entry (got {key!r})")
+        return limit_key, units, tool_key(self.task.idempotency_key, "consume", key)
+
+    async def _await_consume(self, ledger: str, limit_key: str, units: int) -> dict[str, Any]:
+        return self._consumed(await self._aretried("consume", lambda: self.aport_call(
+            "consume", self.worker, self.claim, ledger, limit_key, units)))
+
+    def _call_consume(self, ledger: str, limit_key: str, units: int) -> dict[str, Any]:
+        return self._retried("consume", lambda: self.port_call("consume", self.worker, self.claim, ledger,
+                                                               limit_key, units))
+
+    def _consumed(self, answer: dict[str, Any]) -> dict[str, Any]:
+        if answer.get("state") != "paused":
+            return answer
+        # the guarded write that charged the units ended the lease: the task waits for a person
+        self.suspended = answer
+        waiting_for = (f"an approval: its budget of {answer.get('limit_key')} is spent "
+                       f"({answer.get('spent')} of {answer.get('budget')})")
+        self.mark_lost(f"suspended: waits for {waiting_for}")
+        raise Suspended(self.task_id, self.generation, None, waiting_for)
+
     @property
     def loss_told(self) -> bool:
         """True once the lease is known to be gone: the queue refused it (heartbeat

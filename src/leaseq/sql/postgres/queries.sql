@@ -51,11 +51,20 @@ AND t.lease_expires_at >= clock_timestamp()
 
 -- template: give_back_slots(ended=ended)
 -- LIMITS: THE SLOTS GIVEN BACK, the one place it is written: the limit slots
--- the rows of {ended} (a CTE with the ended tasks' limits and units) held,
--- as the CTEs that follow it in a WITH: freed (per key), held (the limit
--- rows, locked in key order, as claim_batch locks them) and released (the
--- keys whose count of running leases came down).
-freed AS (
+-- the rows of {ended} (a CTE with the ended tasks' id, claim_generation,
+-- limits and units) held, as the CTEs that follow it in a WITH: settled (the
+-- reservations of the ended attempts that settled their usage), freed (per
+-- key), held (the limit rows, locked in key order, as claim_batch locks
+-- them) and released (the keys whose count of running leases came down).
+-- BUDGETS (schema 31): an attempt that consumed (ctx.consume) against a
+-- limit it names drew its claim's reservation down; what it left unused
+-- comes back here, to the bucket and to each window still the claim's.
+settled AS (
+    DELETE FROM leaseq_limit_charges c
+    USING {ended} e
+    WHERE e.limits IS NOT NULL AND c.task_id = e.id AND c.generation = e.claim_generation
+    RETURNING c.key, greatest(0, c.reserved - c.consumed) AS credit, extract(epoch FROM c.claimed_at) AS claimed
+), freed AS (
     SELECT k.key, count(*) AS tasks, sum(e.units) AS units
     FROM {ended} e CROSS JOIN LATERAL unnest(e.limits) AS k(key)
     GROUP BY k.key
@@ -63,7 +72,15 @@ freed AS (
     SELECT l.key FROM leaseq_limits l WHERE l.key IN (SELECT key FROM freed) ORDER BY l.key FOR UPDATE
 ), released AS (
     UPDATE leaseq_limits l
-    SET running = greatest(0, l.running - CASE WHEN l.counts = 'units' THEN f.units ELSE f.tasks END)
+    SET running = greatest(0, l.running - CASE WHEN l.counts = 'units' THEN f.units ELSE f.tasks END),
+        tokens = l.tokens + CASE WHEN l.per_second IS NULL THEN 0
+                                 ELSE coalesce((SELECT sum(s.credit) FROM settled s WHERE s.key = l.key), 0) END,
+        minute_used = greatest(0, l.minute_used - coalesce((SELECT sum(s.credit) FROM settled s
+                                   WHERE s.key = l.key AND floor(s.claimed / 60) = l.minute_window), 0)),
+        hour_used = greatest(0, l.hour_used - coalesce((SELECT sum(s.credit) FROM settled s
+                                 WHERE s.key = l.key AND floor(s.claimed / 3600) = l.hour_window), 0)),
+        day_used = greatest(0, l.day_used - coalesce((SELECT sum(s.credit) FROM settled s
+                               WHERE s.key = l.key AND floor(s.claimed / 86400) = l.day_window), 0))
     FROM freed f
     WHERE l.key = f.key AND l.key IN (SELECT key FROM held)
     RETURNING l.key
@@ -617,7 +634,11 @@ WITH worker AS (
             AND ((l.max_running IS NOT NULL AND l.running > 0
                   AND l.running + CASE WHEN l.counts = 'units' THEN units ELSE 1 END > l.max_running)
                  OR least(l.burst, l.tokens + extract(epoch FROM now() - l.refilled_at)::float8 * l.per_second)
-                    < least(l.burst, CASE WHEN l.counts = 'units' THEN units ELSE 1 END) - 1e-9)))
+                    < least(l.burst, CASE WHEN l.counts = 'units' THEN units ELSE 1 END) - 1e-9
+                 -- WINDOWS (schema 31): a window of this one already spent
+                 OR l.minute_used >= l.per_minute AND l.minute_window = floor(extract(epoch FROM now()) / 60)
+                 OR l.hour_used >= l.per_hour AND l.hour_window = floor(extract(epoch FROM now()) / 3600)
+                 OR l.day_used >= l.per_day AND l.day_window = floor(extract(epoch FROM now()) / 86400))))
     ORDER BY priority DESC, available_at, id
     LIMIT %(limit)s
     FOR UPDATE SKIP LOCKED
@@ -627,7 +648,11 @@ WITH worker AS (
     -- each read as last committed, so concurrent claims never overshoot.
     -- tokens: the rate bucket refilled to now by the database clock.
     SELECT l.key, l.max_running, l.running, l.counts, l.per_second, l.burst,
-           least(l.burst, l.tokens + extract(epoch FROM now() - l.refilled_at)::float8 * l.per_second) AS tokens
+           least(l.burst, l.tokens + extract(epoch FROM now() - l.refilled_at)::float8 * l.per_second) AS tokens,
+           -- WINDOWS: each total, and what its window holds now (an older window's count is 0)
+           l.per_minute, CASE WHEN l.minute_window = floor(extract(epoch FROM now()) / 60) THEN l.minute_used ELSE 0 END AS minute_used,
+           l.per_hour, CASE WHEN l.hour_window = floor(extract(epoch FROM now()) / 3600) THEN l.hour_used ELSE 0 END AS hour_used,
+           l.per_day, CASE WHEN l.day_window = floor(extract(epoch FROM now()) / 86400) THEN l.day_used ELSE 0 END AS day_used
     FROM leaseq_limits l
     WHERE l.key IN (SELECT unnest(c.limits) FROM candidate c)
     ORDER BY l.key
@@ -636,6 +661,7 @@ WITH worker AS (
     -- each (candidate, limit) pair: its cost, and the limit's demand up to
     -- and including it in claim order
     SELECT c.id, h.key, h.running, h.max_running, h.per_second, h.burst, h.tokens, x.cost,
+           h.per_minute, h.minute_used, h.per_hour, h.hour_used, h.per_day, h.day_used,
            sum(x.cost) OVER (PARTITION BY h.key ORDER BY c.priority DESC, c.available_at, c.id) AS upto
     FROM candidate c
     CROSS JOIN LATERAL unnest(c.limits) AS k(key)
@@ -649,6 +675,10 @@ WITH worker AS (
     SELECT d.id FROM demand d
     WHERE NOT (d.max_running IS NULL OR d.running + d.upto <= d.max_running OR (d.running = 0 AND d.upto = d.cost))
        OR NOT (d.per_second IS NULL OR d.upto <= d.tokens + 1e-9 OR (d.tokens >= d.burst AND d.upto = d.cost))
+       -- WINDOWS: a window spent before this candidate's turn (the last one admitted may
+       -- take it past its total by one task's cost, never more)
+       OR d.minute_used + d.upto - d.cost >= d.per_minute OR d.hour_used + d.upto - d.cost >= d.per_hour
+       OR d.day_used + d.upto - d.cost >= d.per_day
 ), claimed AS (
     UPDATE leaseq_tasks t
     SET status = 'running',
@@ -687,7 +717,14 @@ WITH worker AS (
     UPDATE leaseq_limits l
     SET running = h.running + u.cost,
         tokens = coalesce(h.tokens - u.cost, l.tokens),
-        refilled_at = CASE WHEN h.per_second IS NULL THEN l.refilled_at ELSE now() END
+        refilled_at = CASE WHEN h.per_second IS NULL THEN l.refilled_at ELSE now() END,
+        -- WINDOWS: the cost counts in each window this limit has (in the window of now)
+        minute_used = CASE WHEN h.per_minute IS NULL THEN l.minute_used ELSE h.minute_used + u.cost END,
+        minute_window = CASE WHEN h.per_minute IS NULL THEN l.minute_window ELSE floor(extract(epoch FROM now()) / 60) END,
+        hour_used = CASE WHEN h.per_hour IS NULL THEN l.hour_used ELSE h.hour_used + u.cost END,
+        hour_window = CASE WHEN h.per_hour IS NULL THEN l.hour_window ELSE floor(extract(epoch FROM now()) / 3600) END,
+        day_used = CASE WHEN h.per_day IS NULL THEN l.day_used ELSE h.day_used + u.cost END,
+        day_window = CASE WHEN h.per_day IS NULL THEN l.day_window ELSE floor(extract(epoch FROM now()) / 86400) END
     FROM (SELECT d.key, sum(d.cost) AS cost FROM demand d WHERE d.id IN (SELECT id FROM claimed) GROUP BY d.key) u
     JOIN held h ON h.key = u.key
     WHERE l.key = u.key
@@ -966,7 +1003,19 @@ SET running = l.running + CASE WHEN l.counts = 'units' THEN f.units ELSE f.tasks
     tokens = CASE WHEN l.per_second IS NULL THEN l.tokens
                   ELSE least(l.burst, l.tokens + extract(epoch FROM now() - l.refilled_at)::float8 * l.per_second)
                        - CASE WHEN l.counts = 'units' THEN f.units ELSE f.tasks END END,
-    refilled_at = CASE WHEN l.per_second IS NULL THEN l.refilled_at ELSE now() END
+    refilled_at = CASE WHEN l.per_second IS NULL THEN l.refilled_at ELSE now() END,
+    minute_used = CASE WHEN l.per_minute IS NULL THEN l.minute_used
+                       ELSE CASE WHEN l.minute_window = floor(extract(epoch FROM now()) / 60) THEN l.minute_used ELSE 0 END
+                            + CASE WHEN l.counts = 'units' THEN f.units ELSE f.tasks END END,
+    minute_window = CASE WHEN l.per_minute IS NULL THEN l.minute_window ELSE floor(extract(epoch FROM now()) / 60) END,
+    hour_used = CASE WHEN l.per_hour IS NULL THEN l.hour_used
+                     ELSE CASE WHEN l.hour_window = floor(extract(epoch FROM now()) / 3600) THEN l.hour_used ELSE 0 END
+                          + CASE WHEN l.counts = 'units' THEN f.units ELSE f.tasks END END,
+    hour_window = CASE WHEN l.per_hour IS NULL THEN l.hour_window ELSE floor(extract(epoch FROM now()) / 3600) END,
+    day_used = CASE WHEN l.per_day IS NULL THEN l.day_used
+                    ELSE CASE WHEN l.day_window = floor(extract(epoch FROM now()) / 86400) THEN l.day_used ELSE 0 END
+                         + CASE WHEN l.counts = 'units' THEN f.units ELSE f.tasks END END,
+    day_window = CASE WHEN l.per_day IS NULL THEN l.day_window ELSE floor(extract(epoch FROM now()) / 86400) END
 FROM taken f
 WHERE l.key = f.key AND l.key IN (SELECT key FROM held)
 RETURNING l.key;
@@ -990,7 +1039,7 @@ WITH ended AS (
     WHERE t.id = ANY(%(task_ids)s::bigint[])
       AND t.status <> 'running' AND t.claim_generation > 0 AND t.limits IS NOT NULL
       AND t.slots_released_generation IS DISTINCT FROM t.claim_generation
-    RETURNING t.id, t.limits, t.units, t.queue
+    RETURNING t.id, t.claim_generation, t.limits, t.units, t.queue
 ),
 /* TEMPLATE: give_back_slots(ended) */
 SELECT e.id, e.limits, e.units, e.queue,
@@ -1004,8 +1053,9 @@ FROM ended e;
 -- gives them back in its own statement (from the tasks' own keys, once per
 -- generation); written here too so both dialects hold the same statements,
 -- and granted to no one (sent by hand, it would free any limit's slots).
-WITH ended AS (  -- an item is one (task, key): a task of that one key
-    SELECT ARRAY[f.key] AS limits, f.units FROM jsonb_to_recordset(%(items)s::jsonb) AS f(key text, units bigint)
+WITH ended AS (  -- an item is one (task, key): a task of that one key (no attempt's reservation to settle)
+    SELECT NULL::bigint AS id, NULL::bigint AS claim_generation, ARRAY[f.key] AS limits, f.units
+    FROM jsonb_to_recordset(%(items)s::jsonb) AS f(key text, units bigint)
 ),
 /* TEMPLATE: give_back_slots(ended) */
 SELECT (SELECT count(*) FROM released) AS released,
@@ -1029,15 +1079,19 @@ WHERE l.per_second IS NOT NULL
 -- keeps its tokens (at most the new burst). running is recounted next
 -- (count_limit), in the same transaction.
 INSERT INTO leaseq_limits AS l (key, max_running, per_second, burst, counts, tokens, refilled_at, changed_at,
-                                changed_by)
+                                changed_by, per_minute, per_hour, per_day)
 VALUES (%(key)s, %(max_running)s::bigint, %(per_second)s::float8, %(burst)s::float8, %(counts)s,
         coalesce(%(burst)s::float8, 0), now(), now(),
-        %(actor)s)
+        %(actor)s, %(per_minute)s::bigint, %(per_hour)s::bigint, %(per_day)s::bigint)
 ON CONFLICT (key) DO UPDATE
 SET max_running = excluded.max_running,
     per_second = excluded.per_second,
     burst = excluded.burst,
     counts = excluded.counts,
+    -- WINDOWS: a changed total keeps what its window holds
+    per_minute = excluded.per_minute,
+    per_hour = excluded.per_hour,
+    per_day = excluded.per_day,
     tokens = CASE WHEN excluded.per_second IS NULL THEN 0
                   WHEN l.per_second IS NULL THEN excluded.burst
                   ELSE least(excluded.burst,
@@ -1069,13 +1123,20 @@ DELETE FROM leaseq_limits WHERE key = %(key)s RETURNING key;
 -- name: list_limits
 -- callers: operator, viewer
 -- LIMITS: every limit with its usage; tokens refilled to now, by the database clock.
+-- WINDOWS: what each window holds now (an older window's count is 0), and the
+-- usage settled today (ctx.consume), by the database's UTC day.
 SELECT l.key, l.max_running, l.per_second, l.burst, l.counts, l.running,
        CASE WHEN l.per_second IS NULL THEN NULL
             ELSE least(l.burst, l.tokens + extract(epoch FROM now() - l.refilled_at)::float8 * l.per_second) END
            AS tokens,
        (SELECT count(*) FROM leaseq_tasks t
         WHERE t.status = 'running' AND t.limits IS NOT NULL AND l.key = ANY(t.limits)) AS leases,
-       l.changed_at, l.changed_by
+       l.changed_at, l.changed_by, l.per_minute, l.per_hour, l.per_day,
+       CASE WHEN l.minute_window = floor(extract(epoch FROM now()) / 60) THEN l.minute_used ELSE 0 END AS minute_used,
+       CASE WHEN l.hour_window = floor(extract(epoch FROM now()) / 3600) THEN l.hour_used ELSE 0 END AS hour_used,
+       CASE WHEN l.day_window = floor(extract(epoch FROM now()) / 86400) THEN l.day_used ELSE 0 END AS day_used,
+       coalesce((SELECT s.units FROM leaseq_limit_spend s
+                 WHERE s.key = l.key AND s.day = (now() AT TIME ZONE 'UTC')::date), 0) AS spent_today
 FROM leaseq_limits l
 WHERE %(key)s::text IS NULL OR l.key = %(key)s
 ORDER BY l.key;
@@ -1418,7 +1479,8 @@ FOR UPDATE OF t SKIP LOCKED;
 -- The approvals inbox: each waiting task with its request, oldest first.
 SELECT t.*, a.digest AS approval_digest, a.requested_by AS approval_requested_by,
        a.requested_at AS approval_requested_at, a.deadline_at AS approval_deadline_at,
-       a.requested_worker AS approval_requested_worker, a.requested_token AS approval_requested_token
+       a.requested_worker AS approval_requested_worker, a.requested_token AS approval_requested_token,
+       a.reason AS approval_reason, a.detail
 FROM leaseq_tasks t JOIN leaseq_approvals a ON a.task_id = t.id
 WHERE t.status = 'awaiting_approval' AND a.decision IS NULL
   AND (%(queue)s::text IS NULL OR t.queue = %(queue)s)
@@ -1940,7 +2002,8 @@ RETURNING id;
 -- guard: lease
 -- plan: generic
 -- A wait's entry in the action ledger (a sleep, a signal wait, a signal
--- received or a wait timed out), written answered ('done') under the lease:
+-- received or a wait timed out; or, schema 31, a consume: the usage a call
+-- reported, leaseq.engine.budgets), written answered ('done') under the lease:
 -- a retried attempt finds it and replays it. Its class is read_only: it acts
 -- on nothing and takes no action token, whatever the task declared. With
 -- %(seconds)s or %(until)s (Unix seconds) the response also records when the
@@ -1974,6 +2037,7 @@ RETURNING *;
 UPDATE leaseq_tasks t
 SET status = CASE
         /* TEMPLATE: unsettled_side_effect */
+        WHEN %(approval)s::boolean THEN 'awaiting_approval'  -- a budget spent (schema 31): a person decides
         ELSE 'waiting' END,
     attempts = t.attempts - 1,
     wake_at = to_timestamp(%(until)s::float8),
@@ -2270,3 +2334,159 @@ ORDER BY e.task_id, e.id;
 SELECT id, parent_task_id, kind, queue, status, claim_generation FROM leaseq_tasks
 WHERE parent_task_id IS NOT NULL AND parent_task_id = ANY(%(task_ids)s::bigint[])
 ORDER BY id;
+
+-- BUDGETS SETTLED AFTER THE CALL (schema 31, leaseq.engine.budgets): a
+-- handler's ctx.consume(limit, units) charges what a call used, under the
+-- lease, after lock_lease has locked the task row and the ledger entry is
+-- written (record_wait): the attempt's own reservation first
+-- (charge_attempt), the rest to the limit (charge_limit), the day's spend
+-- (record_spend) and the task's budget (charge_task).
+
+-- name: charge_attempt
+-- callers: worker
+-- guard: lease
+-- The units this attempt consumed against a limit its task names, which
+-- holds a rate or a window: the claim reserved the task's cost there, and
+-- consumption draws that reservation down before it charges the limit. One
+-- row per attempt and key, deleted by the statement that ends the lease,
+-- which credits back what was reserved and not consumed (the
+-- give_back_slots template). No row back: the key reserved nothing (the
+-- task does not name it, or the limit has no rate and no window).
+INSERT INTO leaseq_limit_charges AS c (task_id, generation, key, reserved, consumed, claimed_at)
+SELECT t.id, t.claim_generation, l.key, CASE WHEN l.counts = 'units' THEN t.units ELSE 1 END,
+       %(units)s::bigint, t.claimed_at
+FROM leaseq_tasks t JOIN leaseq_limits l ON l.key = %(key)s
+WHERE t.id = %(task_id)s
+  AND l.key = ANY(t.limits)
+  AND (l.per_second IS NOT NULL OR l.per_minute IS NOT NULL OR l.per_hour IS NOT NULL OR l.per_day IS NOT NULL)
+  /* TEMPLATE: lease_guard */
+ON CONFLICT (task_id, generation, key) DO UPDATE SET consumed = c.consumed + excluded.consumed
+RETURNING c.reserved, c.consumed;
+
+-- name: charge_limit
+-- callers: worker
+-- guard: lease
+-- Units consumed beyond the attempt's reservation, charged to the limit now:
+-- taken from its rate bucket (which may go below zero: the next claims wait
+-- until it refills) and counted in each of its windows, in the window of now.
+UPDATE leaseq_limits l
+SET tokens = CASE WHEN l.per_second IS NULL THEN l.tokens
+                  ELSE least(l.burst, l.tokens + extract(epoch FROM now() - l.refilled_at)::float8 * l.per_second)
+                       - %(units)s::bigint END,
+    refilled_at = CASE WHEN l.per_second IS NULL THEN l.refilled_at ELSE now() END,
+    minute_used = CASE WHEN l.per_minute IS NULL THEN l.minute_used
+                       WHEN l.minute_window = floor(extract(epoch FROM now()) / 60) THEN l.minute_used + %(units)s::bigint
+                       ELSE %(units)s::bigint END,
+    minute_window = CASE WHEN l.per_minute IS NULL THEN l.minute_window ELSE floor(extract(epoch FROM now()) / 60) END,
+    hour_used = CASE WHEN l.per_hour IS NULL THEN l.hour_used
+                     WHEN l.hour_window = floor(extract(epoch FROM now()) / 3600) THEN l.hour_used + %(units)s::bigint
+                     ELSE %(units)s::bigint END,
+    hour_window = CASE WHEN l.per_hour IS NULL THEN l.hour_window ELSE floor(extract(epoch FROM now()) / 3600) END,
+    day_used = CASE WHEN l.per_day IS NULL THEN l.day_used
+                    WHEN l.day_window = floor(extract(epoch FROM now()) / 86400) THEN l.day_used + %(units)s::bigint
+                    ELSE %(units)s::bigint END,
+    day_window = CASE WHEN l.per_day IS NULL THEN l.day_window ELSE floor(extract(epoch FROM now()) / 86400) END
+FROM leaseq_tasks t
+WHERE l.key = %(key)s AND t.id = %(task_id)s
+  /* TEMPLATE: lease_guard */
+RETURNING l.key;
+
+-- name: record_spend
+-- callers: worker
+-- guard: lease
+-- The usage settled by a consume, added to its key's spend of the day (the
+-- database's UTC day), whether or not the key has a limit.
+INSERT INTO leaseq_limit_spend AS s (key, day, units)
+SELECT %(key)s, (now() AT TIME ZONE 'UTC')::date, %(units)s::bigint
+FROM leaseq_tasks t
+WHERE t.id = %(task_id)s
+  /* TEMPLATE: lease_guard */
+ON CONFLICT (key, day) DO UPDATE SET units = s.units + excluded.units
+RETURNING s.units;
+
+-- name: charge_task
+-- callers: worker
+-- guard: lease
+-- The units a consume settled, added to what the task's attempts have spent
+-- of the key (spent); answers that and the task's budget of it (NULL: none).
+UPDATE leaseq_tasks t
+SET spent = jsonb_set(coalesce(t.spent, '{}'::jsonb), ARRAY[%(key)s::text],
+                      to_jsonb(coalesce((t.spent ->> %(key)s::text)::bigint, 0) + %(units)s::bigint))
+WHERE t.id = %(task_id)s
+  /* TEMPLATE: lease_guard */
+RETURNING (t.budget ->> %(key)s::text)::bigint AS budget_units, (t.spent ->> %(key)s::text)::bigint AS spent_units;
+
+-- name: budget_request
+-- callers: worker
+-- guard: lease
+-- A budget spent: the attempt asks a person for more, under its lease (the
+-- lease ends next, in this transaction: suspend_task). The task's one
+-- request row is written afresh (a gate it passed, or an earlier budget's
+-- request, is decided already): reason 'budget', the figures in detail, the
+-- worker holding the lease as its requester (it may not decide it).
+INSERT INTO leaseq_approvals AS a (task_id, digest, requested_by, requested_worker, reason, detail)
+SELECT t.id, %(digest)s, %(requested_by)s, %(worker_id)s, 'budget', %(detail)s::jsonb
+FROM leaseq_tasks t
+WHERE t.id = %(task_id)s
+  /* TEMPLATE: lease_guard */
+ON CONFLICT (task_id) DO UPDATE
+SET digest = excluded.digest, requested_by = excluded.requested_by, requested_at = now(), deadline_at = NULL,
+    decision = NULL, decided_by = NULL, decided_via = NULL, note = NULL, decided_at = NULL,
+    requested_worker = excluded.requested_worker, requested_token = NULL, reason = excluded.reason,
+    detail = excluded.detail
+RETURNING a.task_id;
+
+-- name: set_budget
+-- callers: worker, operator
+-- A task's budget, written by the enqueue that inserted it (in the same
+-- transaction): only a task without one gets one.
+UPDATE leaseq_tasks SET budget = %(budget)s::jsonb
+WHERE id = %(task_id)s AND budget IS NULL
+RETURNING id, budget;
+
+-- name: raise_budget
+-- callers: operator
+-- A budget raised by the approval of a task waiting for a person (the
+-- caller locked the task and holds its request); %(budget)s is the new whole.
+UPDATE leaseq_tasks SET budget = %(budget)s::jsonb, updated_at = now()
+WHERE id = %(task_id)s AND status = 'awaiting_approval'
+RETURNING id, budget;
+
+-- name: drop_charges
+-- BUDGETS: the charges of the ended attempts of tasks whose slots came back,
+-- deleted, each with the reservation it left unused (credit). Not run on
+-- PostgreSQL, where the give_back_slots template settles them in the
+-- statement that ends the lease; written here too so both dialects hold the
+-- same statements, and granted to no one (as take_limits).
+DELETE FROM leaseq_limit_charges c
+USING leaseq_tasks t
+WHERE c.task_id = ANY(%(task_ids)s::bigint[]) AND t.id = c.task_id AND c.generation = t.claim_generation
+RETURNING c.key, greatest(0, c.reserved - c.consumed) AS credit, extract(epoch FROM c.claimed_at)::float8 AS claimed;
+
+-- name: settle_charges
+-- BUDGETS: the credits drop_charges answered ({"key", "credit", "claimed"}),
+-- back to each limit's bucket and to its windows still the claim's. Not run
+-- on PostgreSQL (see drop_charges); granted to no one.
+WITH s AS (
+    SELECT f.key, f.credit, f.claimed FROM jsonb_to_recordset(%(items)s::jsonb) AS f(key text, credit bigint, claimed float8)
+)
+UPDATE leaseq_limits l
+SET tokens = l.tokens + CASE WHEN l.per_second IS NULL THEN 0
+                             ELSE coalesce((SELECT sum(s.credit) FROM s WHERE s.key = l.key), 0) END,
+    minute_used = greatest(0, l.minute_used - coalesce((SELECT sum(s.credit) FROM s
+                               WHERE s.key = l.key AND floor(s.claimed / 60) = l.minute_window), 0)),
+    hour_used = greatest(0, l.hour_used - coalesce((SELECT sum(s.credit) FROM s
+                             WHERE s.key = l.key AND floor(s.claimed / 3600) = l.hour_window), 0)),
+    day_used = greatest(0, l.day_used - coalesce((SELECT sum(s.credit) FROM s
+                           WHERE s.key = l.key AND floor(s.claimed / 86400) = l.day_window), 0))
+WHERE l.key IN (SELECT key FROM s)
+RETURNING l.key;
+
+-- name: limit_spend
+-- callers: operator, viewer
+-- Settled usage per key and UTC day, newest first, over the last %(days)s days.
+SELECT s.key, s.day, s.units
+FROM leaseq_limit_spend s
+WHERE (%(key)s::text IS NULL OR s.key = %(key)s)
+  AND s.day > (now() AT TIME ZONE 'UTC')::date - %(days)s::integer
+ORDER BY s.day DESC, s.key;

@@ -365,7 +365,11 @@ WITH candidate AS MATERIALIZED (
           WHERE (l.max_running IS NOT NULL AND l.running > 0
                  AND l.running + CASE WHEN l.counts = 'units' THEN units ELSE 1 END > l.max_running)
              OR min(l.burst, l.tokens + ((julianday('now') - 2440587.5) * 86400.0 - l.refilled_at) * l.per_second)
-                < min(l.burst, CASE WHEN l.counts = 'units' THEN units ELSE 1 END) - 1e-9))
+                < min(l.burst, CASE WHEN l.counts = 'units' THEN units ELSE 1 END) - 1e-9
+             -- WINDOWS (schema 31): a window of this one already spent
+             OR l.minute_used >= l.per_minute AND l.minute_window = CAST((julianday('now') - 2440587.5) * 86400.0 / 60 AS INTEGER)
+             OR l.hour_used >= l.per_hour AND l.hour_window = CAST((julianday('now') - 2440587.5) * 86400.0 / 3600 AS INTEGER)
+             OR l.day_used >= l.per_day AND l.day_window = CAST((julianday('now') - 2440587.5) * 86400.0 / 86400 AS INTEGER)))
     ORDER BY priority DESC, available_at, id
     LIMIT :limit
 ), demand AS (
@@ -376,7 +380,11 @@ WITH candidate AS MATERIALIZED (
            CASE WHEN l.counts = 'units' THEN c.units ELSE 1 END AS cost,
            min(l.burst, l.tokens + ((julianday('now') - 2440587.5) * 86400.0 - l.refilled_at) * l.per_second) AS tokens,
            sum(CASE WHEN l.counts = 'units' THEN c.units ELSE 1 END)
-               OVER (PARTITION BY l.key ORDER BY c.priority DESC, c.available_at, c.id) AS upto
+               OVER (PARTITION BY l.key ORDER BY c.priority DESC, c.available_at, c.id) AS upto,
+           -- WINDOWS: each total, and what its window holds now (an older window's count is 0)
+           l.per_minute, CASE WHEN l.minute_window = CAST((julianday('now') - 2440587.5) * 86400.0 / 60 AS INTEGER) THEN l.minute_used ELSE 0 END AS minute_used,
+           l.per_hour, CASE WHEN l.hour_window = CAST((julianday('now') - 2440587.5) * 86400.0 / 3600 AS INTEGER) THEN l.hour_used ELSE 0 END AS hour_used,
+           l.per_day, CASE WHEN l.day_window = CAST((julianday('now') - 2440587.5) * 86400.0 / 86400 AS INTEGER) THEN l.day_used ELSE 0 END AS day_used
     FROM candidate c
     JOIN json_each(c.limits) AS k
     JOIN leaseq_limits l ON l.key = k.value
@@ -384,6 +392,9 @@ WITH candidate AS MATERIALIZED (
     SELECT d.id FROM demand d
     WHERE NOT (d.max_running IS NULL OR d.running + d.upto <= d.max_running OR (d.running = 0 AND d.upto = d.cost))
        OR NOT (d.per_second IS NULL OR d.upto <= d.tokens + 1e-9 OR (d.tokens >= d.burst AND d.upto = d.cost))
+       -- WINDOWS: a window spent before this candidate's turn (see the PostgreSQL file)
+       OR d.minute_used + d.upto - d.cost >= d.per_minute OR d.hour_used + d.upto - d.cost >= d.per_hour
+       OR d.day_used + d.upto - d.cost >= d.per_day
 )
 UPDATE leaseq_tasks AS t
 SET status = 'running',
@@ -537,7 +548,20 @@ SET running = l.running + CASE WHEN l.counts = 'units' THEN f.units ELSE f.tasks
     tokens = CASE WHEN l.per_second IS NULL THEN l.tokens
                   ELSE min(l.burst, l.tokens + ((julianday('now') - 2440587.5) * 86400.0 - l.refilled_at) * l.per_second)
                        - CASE WHEN l.counts = 'units' THEN f.units ELSE f.tasks END END,
-    refilled_at = CASE WHEN l.per_second IS NULL THEN l.refilled_at ELSE (julianday('now') - 2440587.5) * 86400.0 END
+    refilled_at = CASE WHEN l.per_second IS NULL THEN l.refilled_at ELSE (julianday('now') - 2440587.5) * 86400.0 END,
+    -- WINDOWS: the cost counts in each window this limit has (in the window of now)
+    minute_used = CASE WHEN l.per_minute IS NULL THEN l.minute_used
+                       ELSE CASE WHEN l.minute_window = CAST((julianday('now') - 2440587.5) * 86400.0 / 60 AS INTEGER) THEN l.minute_used ELSE 0 END
+                            + CASE WHEN l.counts = 'units' THEN f.units ELSE f.tasks END END,
+    minute_window = CASE WHEN l.per_minute IS NULL THEN l.minute_window ELSE CAST((julianday('now') - 2440587.5) * 86400.0 / 60 AS INTEGER) END,
+    hour_used = CASE WHEN l.per_hour IS NULL THEN l.hour_used
+                     ELSE CASE WHEN l.hour_window = CAST((julianday('now') - 2440587.5) * 86400.0 / 3600 AS INTEGER) THEN l.hour_used ELSE 0 END
+                          + CASE WHEN l.counts = 'units' THEN f.units ELSE f.tasks END END,
+    hour_window = CASE WHEN l.per_hour IS NULL THEN l.hour_window ELSE CAST((julianday('now') - 2440587.5) * 86400.0 / 3600 AS INTEGER) END,
+    day_used = CASE WHEN l.per_day IS NULL THEN l.day_used
+                    ELSE CASE WHEN l.day_window = CAST((julianday('now') - 2440587.5) * 86400.0 / 86400 AS INTEGER) THEN l.day_used ELSE 0 END
+                         + CASE WHEN l.counts = 'units' THEN f.units ELSE f.tasks END END,
+    day_window = CASE WHEN l.per_day IS NULL THEN l.day_window ELSE CAST((julianday('now') - 2440587.5) * 86400.0 / 86400 AS INTEGER) END
 FROM (SELECT i.value ->> '$.key' AS key, count(*) AS tasks, sum(i.value ->> '$.units') AS units
       FROM json_each(:items) AS i GROUP BY 1) AS f
 WHERE l.key = f.key
@@ -552,7 +576,7 @@ SET slots_released_generation = claim_generation
 WHERE id IN (SELECT value FROM json_each(:task_ids))
   AND status <> 'running' AND claim_generation > 0 AND limits IS NOT NULL
   AND slots_released_generation IS NOT claim_generation
-RETURNING id, limits, units, queue;
+RETURNING id, claim_generation, limits, units, queue;
 
 -- name: release_limits
 -- LIMITS: gives back slots by limit key, for the tasks give_back_slots
@@ -575,13 +599,17 @@ WHERE l.per_second IS NOT NULL
 -- name: set_limit
 -- LIMITS: see the PostgreSQL file.
 INSERT INTO leaseq_limits (key, max_running, per_second, burst, counts, tokens, refilled_at, changed_at,
-                           changed_by)
-VALUES (:key, :max_running, :per_second, :burst, :counts, coalesce(:burst, 0), (julianday('now') - 2440587.5) * 86400.0, (julianday('now') - 2440587.5) * 86400.0, :actor)
+                           changed_by, per_minute, per_hour, per_day)
+VALUES (:key, :max_running, :per_second, :burst, :counts, coalesce(:burst, 0), (julianday('now') - 2440587.5) * 86400.0, (julianday('now') - 2440587.5) * 86400.0, :actor,
+        :per_minute, :per_hour, :per_day)
 ON CONFLICT (key) DO UPDATE
 SET max_running = excluded.max_running,
     per_second = excluded.per_second,
     burst = excluded.burst,
     counts = excluded.counts,
+    per_minute = excluded.per_minute,
+    per_hour = excluded.per_hour,
+    per_day = excluded.per_day,
     tokens = CASE WHEN excluded.per_second IS NULL THEN 0
                   WHEN leaseq_limits.per_second IS NULL THEN excluded.burst
                   ELSE min(excluded.burst, leaseq_limits.tokens
@@ -612,7 +640,12 @@ SELECT l.key, l.max_running, l.per_second, l.burst, l.counts, l.running,
        (SELECT count(*) FROM leaseq_tasks t
         WHERE t.status = 'running' AND t.limits IS NOT NULL
           AND EXISTS (SELECT 1 FROM json_each(t.limits) k WHERE k.value = l.key)) AS leases,
-       l.changed_at, l.changed_by
+       l.changed_at, l.changed_by, l.per_minute, l.per_hour, l.per_day,
+       CASE WHEN l.minute_window = CAST((julianday('now') - 2440587.5) * 86400.0 / 60 AS INTEGER) THEN l.minute_used ELSE 0 END AS minute_used,
+       CASE WHEN l.hour_window = CAST((julianday('now') - 2440587.5) * 86400.0 / 3600 AS INTEGER) THEN l.hour_used ELSE 0 END AS hour_used,
+       CASE WHEN l.day_window = CAST((julianday('now') - 2440587.5) * 86400.0 / 86400 AS INTEGER) THEN l.day_used ELSE 0 END AS day_used,
+       coalesce((SELECT s.units FROM leaseq_limit_spend s WHERE s.key = l.key AND s.day = date('now')), 0)
+           AS spent_today
 FROM leaseq_limits l
 WHERE :key IS NULL OR l.key = :key
 ORDER BY l.key;
@@ -869,7 +902,8 @@ LIMIT :limit;
 -- name: list_awaiting_approval
 SELECT t.*, a.digest AS approval_digest, a.requested_by AS approval_requested_by,
        a.requested_at AS approval_requested_at, a.deadline_at AS approval_deadline_at,
-       a.requested_worker AS approval_requested_worker, a.requested_token AS approval_requested_token
+       a.requested_worker AS approval_requested_worker, a.requested_token AS approval_requested_token,
+       a.reason AS approval_reason, a.detail
 FROM leaseq_tasks t JOIN leaseq_approvals a ON a.task_id = t.id
 WHERE t.status = 'awaiting_approval' AND a.decision IS NULL
   AND (:queue IS NULL OR t.queue = :queue)
@@ -1278,6 +1312,7 @@ RETURNING *;
 UPDATE leaseq_tasks AS t
 SET status = CASE
         /* TEMPLATE: unsettled_side_effect */
+        WHEN :approval THEN 'awaiting_approval'  -- a budget spent (see the PostgreSQL file)
         ELSE 'waiting' END,
     attempts = t.attempts - 1,
     wake_at = :until,
@@ -1485,3 +1520,118 @@ ORDER BY e.task_id, e.id;
 SELECT id, parent_task_id, kind, queue, status, claim_generation FROM leaseq_tasks
 WHERE parent_task_id IS NOT NULL AND parent_task_id IN (SELECT value FROM json_each(:task_ids))
 ORDER BY id;
+
+-- BUDGETS SETTLED AFTER THE CALL (schema 31): see the PostgreSQL file.
+
+-- name: charge_attempt
+-- guard: lease
+INSERT INTO leaseq_limit_charges (task_id, generation, key, reserved, consumed, claimed_at)
+SELECT t.id, t.claim_generation, l.key, CASE WHEN l.counts = 'units' THEN t.units ELSE 1 END, :units, t.claimed_at
+FROM leaseq_tasks AS t JOIN leaseq_limits l ON l.key = :key
+WHERE t.id = :task_id
+  AND EXISTS (SELECT 1 FROM json_each(t.limits) k WHERE k.value = l.key)
+  AND (l.per_second IS NOT NULL OR l.per_minute IS NOT NULL OR l.per_hour IS NOT NULL OR l.per_day IS NOT NULL)
+  /* TEMPLATE: lease_guard */
+ON CONFLICT (task_id, generation, key) DO UPDATE SET consumed = consumed + excluded.consumed
+RETURNING reserved, consumed;
+
+-- name: charge_limit
+-- guard: lease
+UPDATE leaseq_limits AS l
+SET tokens = CASE WHEN l.per_second IS NULL THEN l.tokens
+                  ELSE min(l.burst, l.tokens + ((julianday('now') - 2440587.5) * 86400.0 - l.refilled_at) * l.per_second) - :units END,
+    refilled_at = CASE WHEN l.per_second IS NULL THEN l.refilled_at ELSE (julianday('now') - 2440587.5) * 86400.0 END,
+    minute_used = CASE WHEN l.per_minute IS NULL THEN l.minute_used
+                       WHEN l.minute_window = CAST((julianday('now') - 2440587.5) * 86400.0 / 60 AS INTEGER) THEN l.minute_used + :units ELSE :units END,
+    minute_window = CASE WHEN l.per_minute IS NULL THEN l.minute_window ELSE CAST((julianday('now') - 2440587.5) * 86400.0 / 60 AS INTEGER) END,
+    hour_used = CASE WHEN l.per_hour IS NULL THEN l.hour_used
+                     WHEN l.hour_window = CAST((julianday('now') - 2440587.5) * 86400.0 / 3600 AS INTEGER) THEN l.hour_used + :units ELSE :units END,
+    hour_window = CASE WHEN l.per_hour IS NULL THEN l.hour_window ELSE CAST((julianday('now') - 2440587.5) * 86400.0 / 3600 AS INTEGER) END,
+    day_used = CASE WHEN l.per_day IS NULL THEN l.day_used
+                    WHEN l.day_window = CAST((julianday('now') - 2440587.5) * 86400.0 / 86400 AS INTEGER) THEN l.day_used + :units ELSE :units END,
+    day_window = CASE WHEN l.per_day IS NULL THEN l.day_window ELSE CAST((julianday('now') - 2440587.5) * 86400.0 / 86400 AS INTEGER) END
+FROM leaseq_tasks AS t
+WHERE l.key = :key AND t.id = :task_id
+  /* TEMPLATE: lease_guard */
+RETURNING key;
+
+-- name: record_spend
+-- guard: lease
+INSERT INTO leaseq_limit_spend (key, day, units)
+SELECT :key, date('now'), :units
+FROM leaseq_tasks AS t
+WHERE t.id = :task_id
+  /* TEMPLATE: lease_guard */
+ON CONFLICT (key, day) DO UPDATE SET units = units + excluded.units
+RETURNING units;
+
+-- name: charge_task
+-- guard: lease
+UPDATE leaseq_tasks AS t
+SET spent = json_set(coalesce(t.spent, '{}'), '$."' || :key || '"',
+                     coalesce(json_extract(t.spent, '$."' || :key || '"'), 0) + :units)
+WHERE t.id = :task_id
+  /* TEMPLATE: lease_guard */
+RETURNING json_extract(budget, '$."' || :key || '"') AS budget_units,
+          json_extract(spent, '$."' || :key || '"') AS spent_units;
+
+-- name: budget_request
+-- guard: lease
+INSERT INTO leaseq_approvals (task_id, digest, requested_by, requested_worker, reason, detail)
+SELECT t.id, :digest, :requested_by, :worker_id, 'budget', :detail
+FROM leaseq_tasks AS t
+WHERE t.id = :task_id
+  /* TEMPLATE: lease_guard */
+ON CONFLICT (task_id) DO UPDATE
+SET digest = excluded.digest, requested_by = excluded.requested_by, requested_at = (julianday('now') - 2440587.5) * 86400.0,
+    deadline_at = NULL, decision = NULL, decided_by = NULL, decided_via = NULL, note = NULL, decided_at = NULL,
+    requested_worker = excluded.requested_worker, requested_token = NULL, reason = excluded.reason,
+    detail = excluded.detail
+RETURNING task_id;
+
+-- name: set_budget
+UPDATE leaseq_tasks SET budget = :budget
+WHERE id = :task_id AND budget IS NULL
+RETURNING id, budget;
+
+-- name: raise_budget
+UPDATE leaseq_tasks SET budget = :budget, updated_at = (julianday('now') - 2440587.5) * 86400.0
+WHERE id = :task_id AND status = 'awaiting_approval'
+RETURNING id, budget;
+
+-- name: drop_charges
+-- The charges of the ended attempts of the tasks give_back_slots answered
+-- (see the PostgreSQL file's give_back_slots template), deleted: each with
+-- what its attempt reserved and did not consume (credit) and when it was
+-- claimed. settle_charges then credits those back.
+DELETE FROM leaseq_limit_charges
+WHERE task_id IN (SELECT value FROM json_each(:task_ids))
+  AND generation = (SELECT t.claim_generation FROM leaseq_tasks t WHERE t.id = leaseq_limit_charges.task_id)
+RETURNING key, max(0, reserved - consumed) AS credit, claimed_at AS claimed;
+
+-- name: settle_charges
+-- The credits drop_charges answered, one item per charge ({"key", "credit",
+-- "claimed"}), back to each limit's bucket and to each of its windows still
+-- the window of the claim that reserved them.
+WITH s AS (
+    SELECT i.value ->> '$.key' AS key, i.value ->> '$.credit' AS credit, i.value ->> '$.claimed' AS claimed
+    FROM json_each(:items) AS i
+)
+UPDATE leaseq_limits AS l
+SET tokens = l.tokens + CASE WHEN l.per_second IS NULL THEN 0
+                             ELSE coalesce((SELECT sum(s.credit) FROM s WHERE s.key = l.key), 0) END,
+    minute_used = max(0, l.minute_used - coalesce((SELECT sum(s.credit) FROM s
+                         WHERE s.key = l.key AND CAST(s.claimed / 60 AS INTEGER) = l.minute_window), 0)),
+    hour_used = max(0, l.hour_used - coalesce((SELECT sum(s.credit) FROM s
+                       WHERE s.key = l.key AND CAST(s.claimed / 3600 AS INTEGER) = l.hour_window), 0)),
+    day_used = max(0, l.day_used - coalesce((SELECT sum(s.credit) FROM s
+                     WHERE s.key = l.key AND CAST(s.claimed / 86400 AS INTEGER) = l.day_window), 0))
+WHERE l.key IN (SELECT key FROM s)
+RETURNING key;
+
+-- name: limit_spend
+SELECT key, day, units
+FROM leaseq_limit_spend
+WHERE (:key IS NULL OR key = :key)
+  AND day > date('now', '-' || :days || ' days')
+ORDER BY day DESC, key;

@@ -1,0 +1,117 @@
+"""Budgets settled after the call over HTTP: a remote worker's ``ctx.consume`` goes through the
+worker API (the lease guard in the same code as directly), a budget arrives with an enqueue
+(``POST /v1/tasks``, RemoteQueue), an operator raises it with the approval, windows are set with
+``PUT /v1/limits/{key}``, and the spend is read from ``GET /v1/limits/spend`` and ``/metrics``."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import leaseq
+from leaseq.worker import WorkerRuntime
+from leaseq_chaos.traces import validate_queue
+from worker.conftest import RunningWorker, wait_for
+
+from .conftest import Service
+from .support import error_of
+
+TOK = "llm-tokens"
+
+
+def test_a_remote_worker_consumes_and_an_operator_raises_the_budget(svc: Service) -> None:
+    app = leaseq.App(name="budgets-http")
+    made: list[int] = []
+
+    @app.task("agent", limits=[TOK], units=100)
+    async def agent(ctx: leaseq.TaskContext, steps: int) -> list[int]:
+        def call(step: int) -> int:
+            made.append(step)
+            return step
+
+        model = ctx.tool(call, action="llm.call", effect="read_only")
+        for step in range(steps):
+            model(step)
+            await ctx.consume(TOK, 100)
+        return list(range(steps))
+
+    q = svc.q
+    ops = svc.http(svc.token("operator", "alice"))
+    resp = ops.put(f"/v1/limits/{TOK}", json={"per_day": 1_000_000, "per_hour": 500_000, "counts": "units"})
+    assert resp.status_code == 200 and (resp.json()["per_day"], resp.json()["per_hour"]) == (1_000_000, 500_000)
+    producer = svc.remote(svc.token("admin"))
+    task = producer.enqueue("agent", {"steps": 4}, limits=[TOK], units=100, budget={TOK: 150})
+    assert task.budget == {TOK: 150}
+    remote = svc.remote(svc.token("worker", all_queues=True))
+    running = RunningWorker(WorkerRuntime(app, remote, concurrency=2, poll_interval=0.05, grace=20))
+    try:
+        wait_for(lambda: q.get(task.id).status == "awaiting_approval", timeout=30)
+        assert made == [0, 1]
+        listed = ops.get("/v1/approvals").json()
+        [request] = listed if isinstance(listed, list) else listed["approvals"]
+        assert request["reason"] == "budget" and request["detail"]["spent"] == 200
+        bad = ops.post(f"/v1/tasks/{task.id}/approve", json={"digest": request["digest"],
+                                                              "raise_budget": {"other": 5}})
+        assert bad.status_code == 422 and error_of(bad)["field"] == "raise_budget"
+        ok = ops.post(f"/v1/tasks/{task.id}/approve", json={"digest": request["digest"],
+                                                             "raise_budget": {TOK: 300}})
+        assert ok.status_code == 200, ok.text
+        wait_for(lambda: q.get(task.id).status == "completed", timeout=30)
+    finally:
+        running.stop()
+    done = q.get(task.id)
+    assert done.result == [0, 1, 2, 3] and made == [0, 1, 2, 3] and done.spent == {TOK: 400}
+    viewer = svc.http(svc.token("viewer"))
+    assert viewer.get("/v1/limits/spend").json()["spend"][0]["units"] == 400
+    assert svc.remote(svc.token("viewer")).limit_spend(TOK)[0]["units"] == 400
+    [row] = viewer.get("/v1/limits").json()["limits"]
+    assert (row["day_used"], row["hour_used"], row["spent_today"]) == (400, 400, 400)
+    text = viewer.get("/metrics").text
+    assert f'leaseq_limit_window_used{{limit="{TOK}",window="day"}} 400.0' in text
+    assert f'leaseq_limit_window_total{{limit="{TOK}",window="hour"}} 500000.0' in text
+    assert f'leaseq_limit_spent_today{{limit="{TOK}"}} 400.0' in text
+    assert running.runtime.stats.suspended == 1 and running.runtime.stats.lost == 0
+    assert validate_queue(q) == []
+
+
+def test_bad_budget_input_over_http_is_a_4xx_naming_the_field(svc: Service) -> None:
+    admin = svc.http(svc.token("admin"))
+    for body, field in (({"kind": "job", "budget": {"tokens": 0}}, "budget"),
+                        ({"kind": "job", "budget": {"a b": 5}}, "budget")):
+        resp = admin.post("/v1/tasks", json=body)
+        assert 400 <= resp.status_code < 500, resp.text
+        assert error_of(resp)["field"].startswith(field)
+    for body, field in (({"per_minute": 0}, "per_minute"), ({"per_day": -5}, "per_day")):
+        resp = admin.put("/v1/limits/k", json=body)
+        assert 400 <= resp.status_code < 500 and error_of(resp)["field"] == field, resp.text
+    assert svc.q.list_tasks() == [] and svc.q.limits() == []
+    worker = svc.remote(svc.token("worker", all_queues=True))
+    w = worker.register_worker("remote")
+    svc.q.enqueue("job", {})
+    [claim] = worker.claim(w)
+    for limit_key, units, field in (("a b", 1, "limit_key"), (TOK, -1, "units")):
+        try:
+            worker.consume(w, claim, "job:consume:0", limit_key, units)
+        except leaseq.InvalidInput as exc:
+            assert exc.field == field
+        else:
+            raise AssertionError("a bad consume was accepted")
+    assert [e for e in svc.q.effects(claim.task_id)] == []
+
+
+def test_a_worker_token_consumes_only_under_its_own_live_lease(svc: Service) -> None:
+    q = svc.q
+    task = q.enqueue("job", {}, budget={TOK: 10})
+    mine = svc.remote(svc.token("worker", all_queues=True))
+    w = mine.register_worker("mine")
+    [claim] = mine.claim(w)
+    other = svc.http(svc.token("worker", all_queues=True))
+    stolen = other.post(f"/v1/workers/{w.id}/tasks/{task.id}/consume",
+                        json={"generation": claim.generation, "key": "k:0", "limit_key": TOK, "units": 5})
+    assert stolen.status_code == 403
+    answer: dict[str, Any] = mine.consume(w, claim, "k:0", TOK, 5)
+    assert answer["state"] == "charged" and answer["spent"] == 5
+    stale = svc.http(svc.token("worker", all_queues=True))
+    assert stale.post(f"/v1/workers/{w.id}/tasks/{task.id}/consume",
+                      json={"generation": claim.generation + 1, "key": "k:1", "limit_key": TOK,
+                            "units": 5}).status_code in (403, 409)
+    assert q.get(task.id).spent == {TOK: 5}
