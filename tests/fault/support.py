@@ -165,3 +165,35 @@ class Service:
         if self.proc is not None and self.proc.poll() is None:
             self.proc.kill()
             self.proc.wait(10)
+
+
+class AppWorkers:
+    """Worker processes of one test app (``python -m tests.fault.<module>``), each logging to
+    ``<fault_dir>/<name>.log``; the app reads ``LEASEQ_DSN`` and ``FAULT_DIR`` and may write
+    ``<name>-<task>.log`` lines (counted by :meth:`count`). :meth:`close` kills what is left."""
+
+    def __init__(self, module: str, dsn: str, fault_dir: Path):
+        self.module, self.dsn, self.fault_dir = module, dsn, fault_dir
+        self.procs: list[subprocess.Popen[bytes]] = []
+
+    def start(self, name: str, **env: str) -> subprocess.Popen[bytes]:
+        full = dict(os.environ, LEASEQ_DSN=self.dsn, FAULT_DIR=str(self.fault_dir),
+                    PYTHONPATH=os.pathsep.join([str(ROOT / "src"), str(ROOT)]), **env)
+        with open(self.fault_dir / f"{name}.log", "w") as log:
+            proc = subprocess.Popen([sys.executable, "-m", f"tests.fault.{self.module}"], cwd=ROOT, env=full,
+                                    stdout=log, stderr=subprocess.STDOUT)
+        self.procs.append(proc)
+        return proc
+
+    def log(self, name: str) -> str:
+        return (self.fault_dir / f"{name}.log").read_text()
+
+    def count(self, name: str, task_id: int) -> int:
+        path = self.fault_dir / f"{name}-{task_id}.log"
+        return len(path.read_text().splitlines()) if path.exists() else 0
+
+    def close(self) -> None:
+        for proc in self.procs:
+            if proc.poll() is None:
+                proc.kill()
+            proc.wait(10)

@@ -11,9 +11,6 @@ comes back as the pydantic model, and the refund is made once.
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -22,41 +19,15 @@ import pytest
 import leaseq
 from leaseq_chaos.traces import validate_queue
 
-from .support import wait_for
+from .support import AppWorkers, wait_for
 from .test_durable_waits import _kill
 
-ROOT = Path(__file__).resolve().parents[2]
 LEASE = 2.0
 
 pytest.importorskip("pydantic_ai")
 
 
-class Workers:
-    def __init__(self, dsn: str, fault_dir: Path):
-        self.dsn, self.fault_dir = dsn, fault_dir
-        self.procs: list[subprocess.Popen] = []
-
-    def start(self, name: str) -> subprocess.Popen:
-        env = dict(os.environ, LEASEQ_DSN=self.dsn, FAULT_DIR=str(self.fault_dir),
-                   PYTHONPATH=os.pathsep.join([str(ROOT / "src"), str(ROOT)]))
-        log = open(self.fault_dir / f"{name}.log", "w")
-        proc = subprocess.Popen([sys.executable, "-m", "tests.fault.ask_agent_app"], cwd=ROOT, env=env, stdout=log,
-                                stderr=subprocess.STDOUT)
-        self.procs.append(proc)
-        return proc
-
-    def log(self, name: str) -> str:
-        return (self.fault_dir / f"{name}.log").read_text()
-
-    def count(self, name: str, task_id: int) -> int:
-        path = self.fault_dir / f"{name}-{task_id}.log"
-        return len(path.read_text().splitlines()) if path.exists() else 0
-
-    def close(self) -> None:
-        for proc in self.procs:
-            if proc.poll() is None:
-                proc.kill()
-            proc.wait(10)
+Workers = AppWorkers
 
 
 @pytest.fixture
@@ -69,7 +40,7 @@ def queue(dsn: str) -> Iterator[leaseq.Queue]:
 
 @pytest.fixture
 def workers(dsn: str, tmp_path: Path) -> Iterator[Workers]:
-    w = Workers(dsn, tmp_path)
+    w = Workers("ask_agent_app", dsn, tmp_path)
     yield w
     w.close()
 

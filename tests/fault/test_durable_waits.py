@@ -9,10 +9,8 @@ process finishes it once it is due.
 
 from __future__ import annotations
 
-import os
 import signal
 import subprocess
-import sys
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -21,38 +19,12 @@ import pytest
 import leaseq
 from leaseq_chaos.traces import validate_queue
 
-from .support import wait_for
+from .support import AppWorkers, wait_for
 
-ROOT = Path(__file__).resolve().parents[2]
 LEASE = 2.0
 
 
-class Workers:
-    def __init__(self, dsn: str, fault_dir: Path):
-        self.dsn, self.fault_dir = dsn, fault_dir
-        self.procs: list[subprocess.Popen] = []
-
-    def start(self, name: str, **env: str) -> subprocess.Popen:
-        full = dict(os.environ, LEASEQ_DSN=self.dsn, FAULT_DIR=str(self.fault_dir),
-                    PYTHONPATH=os.pathsep.join([str(ROOT / "src"), str(ROOT)]), **env)
-        log = open(self.fault_dir / f"{name}.log", "w")
-        proc = subprocess.Popen([sys.executable, "-m", "tests.fault.waits_app"], cwd=ROOT, env=full, stdout=log,
-                                stderr=subprocess.STDOUT)
-        self.procs.append(proc)
-        return proc
-
-    def log(self, name: str) -> str:
-        return (self.fault_dir / f"{name}.log").read_text()
-
-    def count(self, name: str, task_id: int) -> int:
-        path = self.fault_dir / f"{name}-{task_id}.log"
-        return len(path.read_text().splitlines()) if path.exists() else 0
-
-    def close(self) -> None:
-        for proc in self.procs:
-            if proc.poll() is None:
-                proc.kill()
-            proc.wait(10)
+Workers = AppWorkers
 
 
 @pytest.fixture
@@ -65,7 +37,7 @@ def queue(dsn: str) -> Iterator[leaseq.Queue]:
 
 @pytest.fixture
 def workers(dsn: str, tmp_path: Path) -> Iterator[Workers]:
-    w = Workers(dsn, tmp_path)
+    w = Workers("waits_app", dsn, tmp_path)
     yield w
     w.close()
 

@@ -9,10 +9,7 @@ attempt emitted is replayed by the new attempt from the ledger, not emitted agai
 
 from __future__ import annotations
 
-import os
 import signal
-import subprocess
-import sys
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -25,11 +22,10 @@ from leaseq import auth
 from leaseq.service.wire import SseReader
 from leaseq_chaos.traces import validate_queue
 
-from .support import wait_for
+from .support import AppWorkers, wait_for
 
 pytest.importorskip("uvicorn")
 
-ROOT = Path(__file__).resolve().parents[2]
 LEASE = 2.0
 
 
@@ -41,33 +37,12 @@ def queue(dsn: str) -> Iterator[leaseq.Queue]:
     q.close()
 
 
-class Workers:
-    def __init__(self, dsn: str, fault_dir: Path):
-        self.dsn, self.fault_dir = dsn, fault_dir
-        self.procs: list[subprocess.Popen[bytes]] = []
-
-    def start(self, name: str, **env: str) -> subprocess.Popen[bytes]:
-        full = dict(os.environ, LEASEQ_DSN=self.dsn, FAULT_DIR=str(self.fault_dir),
-                    PYTHONPATH=os.pathsep.join([str(ROOT / "src"), str(ROOT)]), **env)
-        log = open(self.fault_dir / f"{name}.log", "w")
-        proc = subprocess.Popen([sys.executable, "-m", "tests.fault.streams_app"], cwd=ROOT, env=full, stdout=log,
-                                stderr=subprocess.STDOUT)
-        self.procs.append(proc)
-        return proc
-
-    def log(self, name: str) -> str:
-        return (self.fault_dir / f"{name}.log").read_text()
-
-    def close(self) -> None:
-        for proc in self.procs:
-            if proc.poll() is None:
-                proc.kill()
-            proc.wait(10)
+Workers = AppWorkers
 
 
 @pytest.fixture
 def workers(dsn: str, tmp_path: Path) -> Iterator[Workers]:
-    w = Workers(dsn, tmp_path)
+    w = Workers("streams_app", dsn, tmp_path)
     yield w
     w.close()
 
