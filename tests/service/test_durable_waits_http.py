@@ -71,8 +71,13 @@ def test_who_may_signal(svc: Any) -> None:
     assert viewer.post(f"/v1/tasks/{task.id}/signals/go", json={}).status_code == 403
     worker = svc.http(svc.token("worker", all_queues=True))
     assert worker.post(f"/v1/tasks/{task.id}/signals/go", json={}).status_code == 403
-    listed = viewer.get(f"/v1/tasks/{task.id}/signals")
+    listed = svc.http(svc.token("viewer", name="reader", read_payloads=True)).get(f"/v1/tasks/{task.id}/signals")
     assert listed.status_code == 200 and [s["payload"] for s in listed.json()["signals"]] == [[1]]
+    # a token that may not read payloads (a viewer's default) sees that a signal came, and from
+    # whom, not what it carries
+    blind = viewer.get(f"/v1/tasks/{task.id}/signals")
+    assert blind.status_code == 200
+    assert [(s["payload"], s["sent_by"]) for s in blind.json()["signals"]] == [("[redacted]", ok.json()["sent_by"])]
     bad = operator.post(f"/v1/tasks/{task.id}/signals/go", json={"payload": 1, "extra": 2})
     assert bad.status_code == 422
     missing = svc.http(svc.token("operator")).post("/v1/tasks/999999/signals/go", json={})

@@ -357,7 +357,12 @@ def list_asks(request: Request, queue: str | None = Query(None), limit: int = Qu
 @router.get("/tasks/{task_id}/signals", tags=["tasks"], summary="A task's signals, consumed or not")
 def list_signals(request: Request, task_id: int = TaskId,
                  principal: auth.Principal = Depends(need("read_signals"))) -> dict[str, Any]:
-    return {"signals": to_json(_queue(request).signals(task_id))}
+    signals: list[dict[str, Any]] = to_json(_queue(request).signals(task_id))
+    if not principal.read_payloads:  # a signal's payload is user data (an answer to a question, too)
+        for entry in signals:
+            if entry.get("payload") is not None:
+                entry["payload"] = REDACTED
+    return {"signals": signals}
 
 
 @router.get("/tasks/{task_id}", tags=["tasks"], summary="One task")
