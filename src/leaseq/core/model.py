@@ -176,6 +176,11 @@ class Task:
     wake_at: datetime | None = None
     #: the name of the signal a waiting task waits for (ctx.wait_for_signal); None: none
     wait_signal: str | None = None
+    #: the tenant (or any group) the task is served for: within one priority the claim serves
+    #: the keys in weighted round robin (``enqueue(..., fairness_key=...)``); None: no key
+    fairness_key: str | None = None
+    #: the key's share against other keys' for this task (1 by default); None without a key
+    fairness_weight: float | None = None
 
 
 @dataclass(frozen=True)

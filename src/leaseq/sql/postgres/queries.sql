@@ -69,6 +69,67 @@ freed AS (
     RETURNING l.key
 )
 
+-- template: claimable
+-- THE CLAIMABLE TEST, the one place it is written: what a queued task of the
+-- claim's queue, due now, must also pass to be handed out. claim_batch reads
+-- its candidates with it: the tasks without a fairness key, and, when the
+-- queue uses fairness keys, each key's tasks. The task is the unaliased
+-- leaseq_tasks of the read that expands it.
+AND (%(kinds)s::text[] IS NULL OR kind = ANY(%(kinds)s::text[]))  -- only kinds the worker can run
+-- SINGLETONS: a task with a singleton key only when no other task with
+-- its key is running or in a durable wait (a sleep, a signal wait) and no
+-- older one is queued (one waits behind the running one, and a retried
+-- one keeps its turn). A claimer that read
+-- the older one as queued or running passes over this one; one that
+-- read it ended sees this one as the only candidate: never two running.
+AND (singleton_key IS NULL OR NOT EXISTS (
+    SELECT 1 FROM leaseq_tasks o
+    WHERE o.queue = leaseq_tasks.queue AND o.singleton_key = leaseq_tasks.singleton_key
+      AND o.id <> leaseq_tasks.id
+      AND o.status NOT IN ('completed', 'cancelled', 'dead', 'denied', 'expired')  -- leaseq_tasks_singleton
+      AND (o.status IN ('running', 'waiting') OR (o.status = 'queued' AND o.id < leaseq_tasks.id))))
+AND (deadline_at IS NULL OR deadline_at > now())  -- never started past its deadline (the sweep expires it)
+-- never one approved at or after its approval deadline (see late_approvals): the set
+-- is read once per claim, from leaseq_approvals_late, which holds no row unless such
+-- a decision was written (a per-row probe could be planned as a scan of every request)
+AND id <> ALL (ARRAY(SELECT a.task_id FROM leaseq_approvals a
+                     WHERE a.decision = 'approved' AND a.decided_at >= a.deadline_at))
+AND NOT EXISTS (SELECT 1 FROM leaseq_queues q WHERE q.name = %(queue)s AND q.paused)
+AND (SELECT f.worker_ok AND NOT f.routing_due FROM flags f)
+-- LIMITS: pass over a task one of whose limits has no room for it (a
+-- read without locks, so a full limit does not stop the tasks behind
+-- it; the exact judgement is "refused" below)
+AND (limits IS NULL OR NOT EXISTS (
+    SELECT 1 FROM leaseq_limits l
+    WHERE l.key = ANY(limits)
+      AND ((l.max_running IS NOT NULL AND l.running > 0
+            AND l.running + CASE WHEN l.counts = 'units' THEN units ELSE 1 END > l.max_running)
+           OR least(l.burst, l.tokens + extract(epoch FROM now() - l.refilled_at)::float8 * l.per_second)
+              < least(l.burst, CASE WHEN l.counts = 'units' THEN units ELSE 1 END) - 1e-9)))
+
+-- template: charge_fair_share(served=served)
+-- FAIR SHARE: THE CHARGE, the one place it is written. {served}: one row
+-- (key, start, cost) per task a claim handed out under a fairness key ('':
+-- the tasks without one), with the start the claim gave its key and the
+-- task's cost (1/weight). Each key's virtual time moves on by the cost of
+-- its tasks, from that start or from where a claim beside this one left it
+-- (the row is read as last committed, locked in key order), whichever is
+-- later; vstart: about the virtual time at which the key was last served
+-- (the queue's virtual time is the latest of these).
+INSERT INTO leaseq_fairness AS s (queue, key, vtime, vstart, service, claimed, served_at)
+SELECT %(queue)s, x.key, max(x.start) + sum(x.cost), max(x.start) + sum(x.cost) - avg(x.cost), sum(x.cost),
+       count(*), now()
+FROM {served}
+GROUP BY x.key
+ORDER BY x.key
+ON CONFLICT (queue, key) DO UPDATE
+SET vtime = greatest(s.vtime, excluded.vtime - excluded.service) + excluded.service,
+    vstart = greatest(s.vstart, greatest(s.vtime, excluded.vtime - excluded.service) + excluded.service
+                                - excluded.service / excluded.claimed),
+    service = s.service + excluded.service,
+    claimed = s.claimed + excluded.claimed,
+    served_at = excluded.served_at
+
 -- name: migrations_lock
 -- direct: migration bookkeeping, run before the functions exist
 -- Serialises concurrent `leaseq migrate` runs until the transaction ends.
@@ -290,12 +351,13 @@ WITH added AS (
     INSERT INTO leaseq_tasks (queue, kind, payload, effect, priority, available_at,
                               idempotency_key, max_attempts, lease_seconds, actions, resources,
                               timeout_seconds, deadline_at, trace_context, limits, units, singleton_key,
-                              debounce_key)
+                              debounce_key, fairness_key, fairness_weight)
     VALUES (%(queue)s, %(kind)s, %(payload)s::jsonb, %(effect)s, %(priority)s,
             now() + %(delay)s::float8 * interval '1 second',
             %(idempotency_key)s, %(max_attempts)s, %(lease_seconds)s, %(actions)s::jsonb, %(resources)s::jsonb,
             %(timeout)s::float8, coalesce(%(deadline_at)s::timestamptz, now() + %(deadline_in)s::float8 * interval '1 second'),
-            %(trace_context)s::text, %(limits)s::text[], %(units)s, %(singleton_key)s::text, %(debounce_key)s::text)
+            %(trace_context)s::text, %(limits)s::text[], %(units)s, %(singleton_key)s::text, %(debounce_key)s::text,
+            %(fairness_key)s::text, %(fairness_weight)s::float8)
     ON CONFLICT (queue, idempotency_key) DO NOTHING
     RETURNING id, queue, payload, available_at, created_at, updated_at, deadline_at
 )
@@ -310,12 +372,12 @@ FROM added a, LATERAL (SELECT pg_notify('leaseq_work', a.queue)) AS woke;
 -- as in insert_task; the caller reads those with task_ids_by_key.
 INSERT INTO leaseq_tasks (queue, kind, payload, effect, priority, available_at,
                           idempotency_key, max_attempts, lease_seconds, actions, resources,
-                          timeout_seconds, deadline_at, limits, units)
+                          timeout_seconds, deadline_at, limits, units, fairness_key, fairness_weight)
 SELECT %(queue)s, %(kind)s, coalesce(n.payload, 'null'::jsonb), %(effect)s, %(priority)s,
        now() + %(delay)s::float8 * interval '1 second',
        n.idempotency_key, %(max_attempts)s, %(lease_seconds)s, %(actions)s::jsonb, %(resources)s::jsonb,
        %(timeout)s::float8, coalesce(%(deadline_at)s::timestamptz, now() + %(deadline_in)s::float8 * interval '1 second'),
-       %(limits)s::text[], %(units)s
+       %(limits)s::text[], %(units)s, %(fairness_key)s::text, %(fairness_weight)s::float8
 FROM jsonb_to_recordset(%(tasks)s::jsonb) AS n(payload jsonb, idempotency_key text)
 ON CONFLICT (queue, idempotency_key) DO NOTHING
 RETURNING id, idempotency_key;
@@ -330,12 +392,12 @@ RETURNING id, idempotency_key;
 -- runs insert_tasks instead.
 INSERT INTO leaseq_tasks (queue, kind, payload, effect, priority, available_at,
                           idempotency_key, max_attempts, lease_seconds, actions, resources,
-                          timeout_seconds, deadline_at, limits, units)
+                          timeout_seconds, deadline_at, limits, units, fairness_key, fairness_weight)
 SELECT %(queue)s, %(kind)s, coalesce(n.payload, 'null'::jsonb), %(effect)s, %(priority)s,
        now() + %(delay)s::float8 * interval '1 second',
        n.idempotency_key, %(max_attempts)s, %(lease_seconds)s, %(actions)s::jsonb, %(resources)s::jsonb,
        %(timeout)s::float8, coalesce(%(deadline_at)s::timestamptz, now() + %(deadline_in)s::float8 * interval '1 second'),
-       %(limits)s::text[], %(units)s
+       %(limits)s::text[], %(units)s, %(fairness_key)s::text, %(fairness_weight)s::float8
 FROM jsonb_to_recordset(%(tasks)s::jsonb) AS n(payload jsonb, idempotency_key text)
 RETURNING id, idempotency_key;
 
@@ -567,7 +629,14 @@ RETURNING t.id, t.attempts;
 -- same statement. Task rows (skipped when locked, never waited on) come
 -- before limit rows (waited on, in key order), as in every statement that
 -- gives slots back, so no two of them wait on each other in a cycle.
-WITH worker AS (
+-- FAIR SHARE (the steps so marked): in a queue with tasks that name a
+-- fairness key queued, the claim serves the keys in weighted round robin
+-- within each priority (virtual time: each key's runs on by 1/weight per
+-- task claimed, and the lowest is served first); the tasks without a key
+-- are one more key (''). In a queue without, the claim reads as it always
+-- did, and none of these steps reads a row. The keys' rows are locked after
+-- the limit rows (waited on, in key order), and only claims lock them.
+WITH RECURSIVE worker AS (
     SELECT w.id FROM leaseq_workers w
     WHERE w.id = %(worker_id)s AND w.revoked_at IS NULL
     FOR SHARE
@@ -583,45 +652,79 @@ WITH worker AS (
     SELECT w.worker_ok, %(route_first)s AND w.worker_ok
            AND (EXISTS (SELECT 1 FROM due)
                 OR EXISTS (SELECT 1 FROM leaseq_tasks s WHERE s.status = 'waiting' AND s.wake_at <= now()))
-           AS routing_due
+           AS routing_due,
+           -- FAIR SHARE: the first fairness key with a task queued here (a probe of
+           -- leaseq_tasks_fair, which holds no entry in a queue without keys;
+           -- NULL: none, and the claim reads as it always did)
+           (SELECT k.fairness_key FROM leaseq_tasks k
+            WHERE k.status = 'queued' AND k.queue = %(queue)s AND k.fairness_key IS NOT NULL
+            ORDER BY k.fairness_key LIMIT 1) AS first_key
     FROM (SELECT EXISTS (SELECT 1 FROM worker) AS worker_ok) w
-), candidate AS (
+), plain AS (
+    -- the claim of a queue without fairness keys: the claimable index in claim order
     SELECT id, limits, units, priority, available_at FROM leaseq_tasks
-    WHERE status = 'queued' AND queue = %(queue)s AND available_at <= now()
-      AND (%(kinds)s::text[] IS NULL OR kind = ANY(%(kinds)s::text[]))  -- only kinds the worker can run
-      -- SINGLETONS: a task with a singleton key only when no other task with
-      -- its key is running or in a durable wait (a sleep, a signal wait) and no
-      -- older one is queued (one waits behind the running one, and a retried
-      -- one keeps its turn). A claimer that read
-      -- the older one as queued or running passes over this one; one that
-      -- read it ended sees this one as the only candidate: never two running.
-      AND (singleton_key IS NULL OR NOT EXISTS (
-          SELECT 1 FROM leaseq_tasks o
-          WHERE o.queue = leaseq_tasks.queue AND o.singleton_key = leaseq_tasks.singleton_key
-            AND o.id <> leaseq_tasks.id
-            AND o.status NOT IN ('completed', 'cancelled', 'dead', 'denied', 'expired')  -- leaseq_tasks_singleton
-            AND (o.status IN ('running', 'waiting') OR (o.status = 'queued' AND o.id < leaseq_tasks.id))))
-      AND (deadline_at IS NULL OR deadline_at > now())  -- never started past its deadline (the sweep expires it)
-      -- never one approved at or after its approval deadline (see late_approvals): the set
-      -- is read once per claim, from leaseq_approvals_late, which holds no row unless such
-      -- a decision was written (a per-row probe could be planned as a scan of every request)
-      AND id <> ALL (ARRAY(SELECT a.task_id FROM leaseq_approvals a
-                           WHERE a.decision = 'approved' AND a.decided_at >= a.deadline_at))
-      AND NOT EXISTS (SELECT 1 FROM leaseq_queues q WHERE q.name = %(queue)s AND q.paused)
-      AND (SELECT f.worker_ok AND NOT f.routing_due FROM flags f)
-      -- LIMITS: pass over a task one of whose limits has no room for it (a
-      -- read without locks, so a full limit does not stop the tasks behind
-      -- it; the exact judgement is "refused" below)
-      AND (limits IS NULL OR NOT EXISTS (
-          SELECT 1 FROM leaseq_limits l
-          WHERE l.key = ANY(limits)
-            AND ((l.max_running IS NOT NULL AND l.running > 0
-                  AND l.running + CASE WHEN l.counts = 'units' THEN units ELSE 1 END > l.max_running)
-                 OR least(l.burst, l.tokens + extract(epoch FROM now() - l.refilled_at)::float8 * l.per_second)
-                    < least(l.burst, CASE WHEN l.counts = 'units' THEN units ELSE 1 END) - 1e-9)))
+    WHERE status = 'queued' AND queue = %(queue)s AND fairness_key IS NULL AND available_at <= now()
+      AND (SELECT f.first_key IS NULL FROM flags f)
+      /* TEMPLATE: claimable */
     ORDER BY priority DESC, available_at, id
     LIMIT %(limit)s
     FOR UPDATE SKIP LOCKED
+), fair_keys(key) AS (
+    -- FAIR SHARE: the keys with tasks queued, one probe of leaseq_tasks_fair each
+    SELECT f.first_key FROM flags f WHERE f.first_key IS NOT NULL
+    UNION ALL
+    SELECT (SELECT k.fairness_key FROM leaseq_tasks k
+            WHERE k.status = 'queued' AND k.queue = %(queue)s AND k.fairness_key > g.key
+            ORDER BY k.fairness_key LIMIT 1)
+    FROM fair_keys g WHERE g.key IS NOT NULL
+), fair_ready AS (
+    -- FAIR SHARE: each key's first tasks in claim order, and the first of the
+    -- tasks without a key; twice the claim's size, so a claim running beside
+    -- this one (whose rows are skipped below) leaves enough
+    SELECT g.key, r.* FROM fair_keys g CROSS JOIN LATERAL (
+        SELECT id, priority, available_at, 1.0::float8 / coalesce(fairness_weight, 1) AS cost FROM leaseq_tasks
+        WHERE status = 'queued' AND queue = %(queue)s AND fairness_key = g.key AND available_at <= now()
+          /* TEMPLATE: claimable */
+        ORDER BY priority DESC, available_at, id
+        LIMIT 2 * %(limit)s) r
+    WHERE g.key IS NOT NULL
+    UNION ALL
+    SELECT '', r.* FROM (
+        SELECT id, priority, available_at, 1.0::float8 AS cost FROM leaseq_tasks
+        WHERE status = 'queued' AND queue = %(queue)s AND fairness_key IS NULL AND available_at <= now()
+          AND (SELECT f.first_key IS NOT NULL FROM flags f)
+          /* TEMPLATE: claimable */
+        ORDER BY priority DESC, available_at, id
+        LIMIT 2 * %(limit)s) r
+), fair_start AS (
+    -- FAIR SHARE: where each key's virtual time starts: its own, never behind
+    -- the queue's (the latest at which any key was served), so a key new or
+    -- back from idle starts level with the others and is owed nothing
+    SELECT g.key, greatest((SELECT s.vtime FROM leaseq_fairness s WHERE s.queue = %(queue)s AND s.key = g.key),
+                           (SELECT coalesce(max(s.vstart), 0) FROM leaseq_fairness s WHERE s.queue = %(queue)s))
+           AS start
+    FROM (SELECT DISTINCT key FROM fair_ready) g
+), fair_order AS (
+    -- FAIR SHARE: each task's virtual finish: its key's start plus the cost
+    -- (1/weight) of it and of the key's tasks before it
+    SELECT r.id, r.key, r.cost, s.start,
+           s.start + sum(r.cost) OVER (PARTITION BY r.key ORDER BY r.priority DESC, r.available_at, r.id) AS tag
+    FROM fair_ready r JOIN fair_start s ON s.key = r.key
+), fair_pick AS (
+    -- FAIR SHARE: priority first, then the lowest virtual finish; locked as
+    -- read, so a claim beside this one skips these and takes the next in the
+    -- same order, as it would have after this one
+    SELECT t.id, t.limits, t.units, t.priority, t.available_at, o.key, o.cost, o.start, o.tag
+    FROM leaseq_tasks t JOIN fair_order o ON o.id = t.id
+    WHERE t.id = ANY(ARRAY(SELECT o.id FROM fair_order o))  -- by the primary key (see claimed)
+      AND t.status = 'queued' AND t.queue = %(queue)s AND t.available_at <= now()
+    ORDER BY t.priority DESC, o.tag, t.available_at, t.id
+    LIMIT %(limit)s
+    FOR UPDATE OF t SKIP LOCKED
+), candidate AS (
+    SELECT id, limits, units, priority, available_at, NULL::float8 AS tag FROM plain
+    UNION ALL
+    SELECT id, limits, units, priority, available_at, tag FROM fair_pick
 ), held AS (
     -- LIMITS: the rows of the candidates' limits, locked in key order (every
     -- statement that changes them locks them in this order: no deadlock),
@@ -637,7 +740,7 @@ WITH worker AS (
     -- each (candidate, limit) pair: its cost, and the limit's demand up to
     -- and including it in claim order
     SELECT c.id, h.key, h.running, h.max_running, h.per_second, h.burst, h.tokens, x.cost,
-           sum(x.cost) OVER (PARTITION BY h.key ORDER BY c.priority DESC, c.available_at, c.id) AS upto
+           sum(x.cost) OVER (PARTITION BY h.key ORDER BY c.priority DESC, c.tag, c.available_at, c.id) AS upto
     FROM candidate c
     CROSS JOIN LATERAL unnest(c.limits) AS k(key)
     JOIN held h ON h.key = k.key
@@ -693,6 +796,10 @@ WITH worker AS (
     JOIN held h ON h.key = u.key
     WHERE l.key = u.key
       AND EXISTS (SELECT 1 FROM claimed c WHERE c.limits IS NOT NULL)  -- else nothing to take, nothing run
+), charged AS (
+    -- FAIR SHARE: the keys served pay for it (their rows locked in key order;
+    -- a claim beside this one that charged a key first moved its start on)
+    /* TEMPLATE: charge_fair_share((SELECT p.key, p.start, p.cost FROM fair_pick p WHERE p.id IN (SELECT id FROM claimed)) x) */
 ), logged AS (
     INSERT INTO leaseq_events (task_id, type, generation, worker_id, detail)
     SELECT c.id, 'claimed', c.claim_generation, %(worker_id)s,
@@ -703,6 +810,9 @@ WITH worker AS (
     FROM claimed c
 )
 SELECT c.*, f.routing_due, f.worker_ok,
+       -- FAIR SHARE: the key a task was served under ('': none) and its virtual
+       -- start, cost and finish (NULL: the queue uses no fairness keys)
+       p.key AS fair_key, p.start AS fair_start, p.cost AS fair_cost, p.tag AS fair_tag,
        -- LIMITS: when nothing was claimed, seconds until the emptiest rate
        -- bucket holds a token (NULL: none is empty), so a worker refused by a
        -- rate does not poll blindly; not read at all when a task was claimed
@@ -711,7 +821,7 @@ SELECT c.*, f.routing_due, f.worker_ok,
         FROM leaseq_limits l
         WHERE l.per_second IS NOT NULL
           AND l.tokens + extract(epoch FROM now() - l.refilled_at)::float8 * l.per_second < 1) END AS limit_wait
-FROM flags f LEFT JOIN claimed c ON true;
+FROM flags f LEFT JOIN claimed c ON true LEFT JOIN fair_pick p ON p.id = c.id;
 
 -- name: renew_leases
 -- callers: worker
@@ -977,6 +1087,14 @@ SET running = l.running + CASE WHEN l.counts = 'units' THEN f.units ELSE f.tasks
 FROM taken f
 WHERE l.key = f.key AND l.key IN (SELECT key FROM held)
 RETURNING l.key;
+
+-- name: charge_fair_share
+-- FAIR SHARE: charges the keys of claimed tasks, one item per task claimed
+-- under a fairness key: {"key", "start", "cost"}. Not run on PostgreSQL,
+-- where claim_batch charges them in its own statement (it must: the order it
+-- decides rests on them); written here too so both dialects hold the same
+-- statements, and granted to no one (sent by hand, it would move any key's turn).
+/* TEMPLATE: charge_fair_share(jsonb_to_recordset(%(items)s::jsonb) AS x(key text, start float8, cost float8)) */;
 
 -- name: give_back_slots
 -- callers: worker, operator

@@ -1,0 +1,74 @@
+"""Fair share across tenants: weighted round robin between fairness keys, decided in the claim.
+
+A task may name a **fairness key** (a tenant, a customer, any group) and a
+**weight** (``enqueue(..., fairness_key=..., fairness_weight=...)``, 1 by
+default). Within one priority, the claim serves the keys that have tasks
+ready in weighted round robin, by virtual time (start-time fair queueing):
+
+- each key has a virtual time (``leaseq_fairness.vtime``); every task
+  claimed under it moves it on by the task's cost, ``1 / weight``;
+- a task's place is its key's start plus the cost of it and of the key's
+  tasks before it (its virtual finish); the claim hands out the lowest
+  finishes first, priority before all of it, FIFO within a key;
+- a key's start is its own virtual time, but never behind the queue's (the
+  latest virtual time at which any key was served): a key new, or back
+  from idle, starts level with the others and is owed nothing, so a deep
+  backlog of one key delays another key's next task by about one claim;
+- the tasks without a key are one more key (``''``) between them.
+
+All of it is decided in ``claim_batch``, in the same statement that leases
+the tasks: on PostgreSQL the candidates are locked as they are read in this
+order (a claim beside it skips them and takes the next ones in the same
+order, as it would have after it) and the keys' rows are charged in the
+statement, locked in key order; SQLite writes one transaction at a time, and
+the caller charges the keys (``charge_fair_share``) in the claim's
+transaction. A queue that names no fairness key reads its claimable index as
+before: the only cost is one probe of an empty index.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+from ..core import checks
+from ..core.errors import InvalidInput
+from .common import Settings
+from .steps import Op, rows
+
+#: The range of a fairness weight: a key's share against another's, up to a million to one.
+MIN_WEIGHT, MAX_WEIGHT = 0.001, 1000.0
+
+
+def check_fairness(fairness_key: Any, fairness_weight: Any) -> dict[str, Any]:
+    """An enqueue's ``fairness_key`` and ``fairness_weight``, checked (InvalidInput names the
+    field), as the task columns: the weight is stored with a key only (None without one)."""
+    if isinstance(fairness_weight, bool) or not isinstance(fairness_weight, (int, float)) \
+            or not math.isfinite(fairness_weight):
+        raise InvalidInput("fairness_weight", f"must be a positive number (got {fairness_weight!r})")
+    if not MIN_WEIGHT <= fairness_weight <= MAX_WEIGHT:
+        raise InvalidInput("fairness_weight", f"must be between {MIN_WEIGHT:g} and {MAX_WEIGHT:g} "
+                                              f"(got {fairness_weight!r})")
+    if fairness_key is None:
+        if fairness_weight != 1:
+            raise InvalidInput("fairness_weight", "applies to a fairness key: give fairness_key with it")
+        return dict(fairness_key=None, fairness_weight=None)
+    return dict(fairness_key=checks.check_key("fairness_key", fairness_key), fairness_weight=float(fairness_weight))
+
+
+def charge(s: Settings, claimed: list[dict[str, Any]]) -> Op[None]:
+    """Charge the keys of the tasks a claim handed out, in the claim's transaction, where
+    the backend's claim statement does not (``own_fair_share``); nothing to run otherwise,
+    nor for a claim of a queue without fairness keys (its rows carry no ``fair_key``)."""
+    if s.backend.own_fair_share:
+        return
+    items = [{"key": r["fair_key"], "start": r["fair_start"], "cost": r["fair_cost"]}
+             for r in claimed if r.get("fair_key") is not None]
+    if items:
+        yield rows("charge_fair_share", queue=claimed[0]["queue"], items=items)
+
+
+def service_order(row: dict[str, Any]) -> tuple[Any, ...]:
+    """A claimed row's place in its claim's answer: priority, then its virtual finish
+    (None: the queue uses no fairness keys), then when it was due and its id."""
+    return (-row["priority"], row.get("fair_tag") or 0.0, row["available_at"], row["id"])
