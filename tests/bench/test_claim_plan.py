@@ -306,7 +306,7 @@ def _rows_read(plan: dict[str, Any], relation: str = "leaseq_tasks") -> int:
 @pytest.mark.parametrize("queued", [4_000, 40_000])
 def test_postgres_fair_claim_reads_a_claim_of_each_key_however_deep(pg_schema_dsn: str, queued: int) -> None:
     """With fairness keys in use, the claim reads by index, and each key only as far as one
-    claim's worth (twice the batch): never the deep key's whole backlog."""
+    few claims' worth (four batches): never the deep key's whole backlog."""
     worker = _pg_queue(pg_schema_dsn, 20_000, queued)
     with psycopg.connect(pg_schema_dsn, autocommit=True) as conn:
         conn.execute(FAIR_FILL["postgres"])
@@ -318,9 +318,10 @@ def test_postgres_fair_claim_reads_a_claim_of_each_key_however_deep(pg_schema_ds
     analysed = _explain_analyze_as_the_store_runs(pg_schema_dsn, "claim_batch", params)
     claimed = _subplan(analysed, "CTE claimed")
     assert claimed["Actual Rows"] == CLAIM_PARAMS["limit"], json.dumps(analysed, indent=1)[:4000]
-    # Two keys, each read twice the batch at most (4x), those candidates again by id to lock
-    # them (4x), the claimed rows updated (1x), and a few probes: the same at either depth.
-    assert _rows_read(analysed) <= 10 * CLAIM_PARAMS["limit"], json.dumps(analysed, indent=1)[:8000]
+    # Two keys, the deep one read four batches deep (4x) and the other whole (its few tasks),
+    # those candidates again by id to lock them, the claimed rows updated (1x), and a few
+    # probes: the same at either depth.
+    assert _rows_read(analysed) <= 15 * CLAIM_PARAMS["limit"], json.dumps(analysed, indent=1)[:8000]
 
 
 def test_sqlite_fair_claim_work_does_not_grow_with_a_key_backlog(tmp_path) -> None:

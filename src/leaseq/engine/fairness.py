@@ -3,17 +3,21 @@
 A task may name a **fairness key** (a tenant, a customer, any group) and a
 **weight** (``enqueue(..., fairness_key=..., fairness_weight=...)``, 1 by
 default). Within one priority, the claim serves the keys that have tasks
-ready in weighted round robin, by virtual time (start-time fair queueing):
+ready in weighted round robin, by virtual time (start-time fair queueing),
+each priority on its own:
 
-- each key has a virtual time (``leaseq_fairness.vtime``); every task
-  claimed under it moves it on by the task's cost, ``1 / weight``;
+- each key has a virtual time at each priority (``leaseq_fairness.vtime``);
+  every task claimed under it moves it on by the task's cost, ``1 / weight``;
 - a task's place is its key's start plus the cost of it and of the key's
   tasks before it (its virtual finish); the claim hands out the lowest
   finishes first, priority before all of it, FIFO within a key;
-- a key's start is its own virtual time, but never behind the queue's (the
-  latest virtual time at which any key was served): a key new, or back
-  from idle, starts level with the others and is owed nothing, so a deep
-  backlog of one key delays another key's next task by about one claim;
+- a key's start is its own virtual time, but never more than one task's
+  cost behind the priority's (the latest virtual time at which a task of it
+  was served): a key new, or back from idle, starts level with the others
+  and is owed nothing, so a deep backlog of one key delays another key's
+  next task by about one claim; a key waiting its turn never falls that far
+  behind (every task served before it started before its turn), so it keeps
+  its place;
 - the tasks without a key are one more key (``''``) between them.
 
 All of it is decided in ``claim_batch``, in the same statement that leases
@@ -40,20 +44,26 @@ from .steps import Op, rows
 MIN_WEIGHT, MAX_WEIGHT = 0.001, 1000.0
 
 
-def check_fairness(fairness_key: Any, fairness_weight: Any) -> dict[str, Any]:
-    """An enqueue's ``fairness_key`` and ``fairness_weight``, checked (InvalidInput names the
-    field), as the task columns: the weight is stored with a key only (None without one)."""
+def check_weight(fairness_weight: Any) -> float:
+    """A fairness weight, checked: a positive number within the range above."""
     if isinstance(fairness_weight, bool) or not isinstance(fairness_weight, (int, float)) \
             or not math.isfinite(fairness_weight):
         raise InvalidInput("fairness_weight", f"must be a positive number (got {fairness_weight!r})")
     if not MIN_WEIGHT <= fairness_weight <= MAX_WEIGHT:
         raise InvalidInput("fairness_weight", f"must be between {MIN_WEIGHT:g} and {MAX_WEIGHT:g} "
                                               f"(got {fairness_weight!r})")
+    return float(fairness_weight)
+
+
+def check_fairness(fairness_key: Any, fairness_weight: Any) -> dict[str, Any]:
+    """An enqueue's ``fairness_key`` and ``fairness_weight``, checked (InvalidInput names the
+    field), as the task columns: the weight is stored with a key only (None without one)."""
+    weight = check_weight(fairness_weight)
     if fairness_key is None:
-        if fairness_weight != 1:
+        if weight != 1:
             raise InvalidInput("fairness_weight", "applies to a fairness key: give fairness_key with it")
         return dict(fairness_key=None, fairness_weight=None)
-    return dict(fairness_key=checks.check_key("fairness_key", fairness_key), fairness_weight=float(fairness_weight))
+    return dict(fairness_key=checks.check_key("fairness_key", fairness_key), fairness_weight=weight)
 
 
 def charge(s: Settings, claimed: list[dict[str, Any]]) -> Op[None]:
@@ -62,7 +72,7 @@ def charge(s: Settings, claimed: list[dict[str, Any]]) -> Op[None]:
     nor for a claim of a queue without fairness keys (its rows carry no ``fair_key``)."""
     if s.backend.own_fair_share:
         return
-    items = [{"key": r["fair_key"], "start": r["fair_start"], "cost": r["fair_cost"]}
+    items = [{"key": r["fair_key"], "priority": r["priority"], "start": r["fair_start"], "cost": r["fair_cost"]}
              for r in claimed if r.get("fair_key") is not None]
     if items:
         yield rows("charge_fair_share", queue=claimed[0]["queue"], items=items)

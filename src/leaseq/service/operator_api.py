@@ -73,6 +73,8 @@ class EnqueueBody(Body):
     key: str | None = None
     debounce_mode: str = "trailing"
     max_delay: float | None = None
+    fairness_key: str | None = None
+    fairness_weight: float = 1.0
 
 
 class WhereBody(Body):
@@ -163,7 +165,8 @@ async def enqueue(body: EnqueueBody, request: Request,
                                    limits=body.limits, units=body.units, resources=body.resources,
                                    singleton_key=body.singleton_key, on_conflict=body.on_conflict,
                                    debounce=body.debounce, key=body.key, debounce_mode=body.debounce_mode,
-                                   max_delay=body.max_delay)
+                                   max_delay=body.max_delay, fairness_key=body.fairness_key,
+                                   fairness_weight=body.fairness_weight)
     if task.status == "queued":
         request.app.state.work_signal.wake(task.queue)  # claims waiting in this process look at once
     return present_task(task, principal)

@@ -109,20 +109,20 @@ AND (limits IS NULL OR NOT EXISTS (
 
 -- template: charge_fair_share(served=served)
 -- FAIR SHARE: THE CHARGE, the one place it is written. {served}: one row
--- (key, start, cost) per task a claim handed out under a fairness key ('':
--- the tasks without one), with the start the claim gave its key and the
--- task's cost (1/weight). Each key's virtual time moves on by the cost of
--- its tasks, from that start or from where a claim beside this one left it
--- (the row is read as last committed, locked in key order), whichever is
--- later; vstart: about the virtual time at which the key was last served
--- (the queue's virtual time is the latest of these).
-INSERT INTO leaseq_fairness AS s (queue, key, vtime, vstart, service, claimed, served_at)
-SELECT %(queue)s, x.key, max(x.start) + sum(x.cost), max(x.start) + sum(x.cost) - avg(x.cost), sum(x.cost),
-       count(*), now()
+-- (key, priority, start, cost) per task a claim handed out under a fairness
+-- key ('': the tasks without one), with the start the claim gave its key at
+-- the task's priority and the task's cost (1/weight). Each key's virtual
+-- time there moves on by the cost of its tasks, from that start or from
+-- where a claim beside this one left it (the row is read as last committed,
+-- locked in key order), whichever is later; vstart: about the virtual time
+-- at which the key was last served (the priority's is the latest of these).
+INSERT INTO leaseq_fairness AS s (queue, priority, key, vtime, vstart, service, claimed, served_at)
+SELECT %(queue)s, x.priority, x.key, max(x.start) + sum(x.cost), max(x.start) + sum(x.cost) - avg(x.cost),
+       sum(x.cost), count(*), now()
 FROM {served}
-GROUP BY x.key
-ORDER BY x.key
-ON CONFLICT (queue, key) DO UPDATE
+GROUP BY x.priority, x.key
+ORDER BY x.priority, x.key
+ON CONFLICT (queue, priority, key) DO UPDATE
 SET vtime = greatest(s.vtime, excluded.vtime - excluded.service) + excluded.service,
     vstart = greatest(s.vstart, greatest(s.vtime, excluded.vtime - excluded.service) + excluded.service
                                 - excluded.service / excluded.claimed),
@@ -635,7 +635,8 @@ RETURNING t.id, t.attempts;
 -- task claimed, and the lowest is served first); the tasks without a key
 -- are one more key (''). In a queue without, the claim reads as it always
 -- did, and none of these steps reads a row. The keys' rows are locked after
--- the limit rows (waited on, in key order), and only claims lock them.
+-- the limit rows (waited on, in priority and key order), and only claims
+-- lock them.
 WITH RECURSIVE worker AS (
     SELECT w.id FROM leaseq_workers w
     WHERE w.id = %(worker_id)s AND w.revoked_at IS NULL
@@ -679,14 +680,14 @@ WITH RECURSIVE worker AS (
     FROM fair_keys g WHERE g.key IS NOT NULL
 ), fair_ready AS (
     -- FAIR SHARE: each key's first tasks in claim order, and the first of the
-    -- tasks without a key; twice the claim's size, so a claim running beside
-    -- this one (whose rows are skipped below) leaves enough
+    -- tasks without a key: four claims' worth, so the claims running beside
+    -- this one (whose rows are skipped below) leave each key enough
     SELECT g.key, r.* FROM fair_keys g CROSS JOIN LATERAL (
         SELECT id, priority, available_at, 1.0::float8 / coalesce(fairness_weight, 1) AS cost FROM leaseq_tasks
         WHERE status = 'queued' AND queue = %(queue)s AND fairness_key = g.key AND available_at <= now()
           /* TEMPLATE: claimable */
         ORDER BY priority DESC, available_at, id
-        LIMIT 2 * %(limit)s) r
+        LIMIT 4 * %(limit)s) r
     WHERE g.key IS NOT NULL
     UNION ALL
     SELECT '', r.* FROM (
@@ -695,21 +696,26 @@ WITH RECURSIVE worker AS (
           AND (SELECT f.first_key IS NOT NULL FROM flags f)
           /* TEMPLATE: claimable */
         ORDER BY priority DESC, available_at, id
-        LIMIT 2 * %(limit)s) r
+        LIMIT 4 * %(limit)s) r
 ), fair_start AS (
-    -- FAIR SHARE: where each key's virtual time starts: its own, never behind
-    -- the queue's (the latest at which any key was served), so a key new or
-    -- back from idle starts level with the others and is owed nothing
-    SELECT g.key, greatest((SELECT s.vtime FROM leaseq_fairness s WHERE s.queue = %(queue)s AND s.key = g.key),
-                           (SELECT coalesce(max(s.vstart), 0) FROM leaseq_fairness s WHERE s.queue = %(queue)s))
-           AS start
-    FROM (SELECT DISTINCT key FROM fair_ready) g
+    -- FAIR SHARE: where each key's virtual time starts, at each priority: its
+    -- own, but never more than one task's cost behind the priority's (the
+    -- latest virtual time at which a task of it was served): a key new, or
+    -- back from idle, starts level with the others and is owed nothing, and
+    -- a key waiting its turn never falls that far behind (the others' tasks
+    -- served before it all started before its turn)
+    SELECT g.key, g.priority,
+           greatest((SELECT s.vtime FROM leaseq_fairness s
+                     WHERE s.queue = %(queue)s AND s.priority = g.priority AND s.key = g.key),
+                    (SELECT coalesce(max(s.vstart), 0) FROM leaseq_fairness s
+                     WHERE s.queue = %(queue)s AND s.priority = g.priority) - g.cost) AS start
+    FROM (SELECT key, priority, max(cost) AS cost FROM fair_ready GROUP BY key, priority) g
 ), fair_order AS (
     -- FAIR SHARE: each task's virtual finish: its key's start plus the cost
-    -- (1/weight) of it and of the key's tasks before it
+    -- (1/weight) of it and of the key's tasks before it at its priority
     SELECT r.id, r.key, r.cost, s.start,
-           s.start + sum(r.cost) OVER (PARTITION BY r.key ORDER BY r.priority DESC, r.available_at, r.id) AS tag
-    FROM fair_ready r JOIN fair_start s ON s.key = r.key
+           s.start + sum(r.cost) OVER (PARTITION BY r.key, r.priority ORDER BY r.available_at, r.id) AS tag
+    FROM fair_ready r JOIN fair_start s ON s.key = r.key AND s.priority = r.priority
 ), fair_pick AS (
     -- FAIR SHARE: priority first, then the lowest virtual finish; locked as
     -- read, so a claim beside this one skips these and takes the next in the
@@ -799,7 +805,7 @@ WITH RECURSIVE worker AS (
 ), charged AS (
     -- FAIR SHARE: the keys served pay for it (their rows locked in key order;
     -- a claim beside this one that charged a key first moved its start on)
-    /* TEMPLATE: charge_fair_share((SELECT p.key, p.start, p.cost FROM fair_pick p WHERE p.id IN (SELECT id FROM claimed)) x) */
+    /* TEMPLATE: charge_fair_share((SELECT p.key, p.priority, p.start, p.cost FROM fair_pick p WHERE p.id IN (SELECT id FROM claimed)) x) */
 ), logged AS (
     INSERT INTO leaseq_events (task_id, type, generation, worker_id, detail)
     SELECT c.id, 'claimed', c.claim_generation, %(worker_id)s,
@@ -1090,11 +1096,11 @@ RETURNING l.key;
 
 -- name: charge_fair_share
 -- FAIR SHARE: charges the keys of claimed tasks, one item per task claimed
--- under a fairness key: {"key", "start", "cost"}. Not run on PostgreSQL,
+-- under a fairness key: {"key", "priority", "start", "cost"}. Not run on PostgreSQL,
 -- where claim_batch charges them in its own statement (it must: the order it
 -- decides rests on them); written here too so both dialects hold the same
 -- statements, and granted to no one (sent by hand, it would move any key's turn).
-/* TEMPLATE: charge_fair_share(jsonb_to_recordset(%(items)s::jsonb) AS x(key text, start float8, cost float8)) */;
+/* TEMPLATE: charge_fair_share(jsonb_to_recordset(%(items)s::jsonb) AS x(key text, priority integer, start float8, cost float8)) */;
 
 -- name: give_back_slots
 -- callers: worker, operator

@@ -53,13 +53,13 @@ AND (limits IS NULL OR NOT EXISTS (
 
 -- template: charge_fair_share(served=served)
 -- FAIR SHARE: THE CHARGE, SQLite's form (see the PostgreSQL file).
-INSERT INTO leaseq_fairness (queue, key, vtime, vstart, service, claimed, served_at)
-SELECT :queue, x.key, max(x.start) + sum(x.cost), max(x.start) + sum(x.cost) - avg(x.cost), sum(x.cost),
-       count(*), (julianday('now') - 2440587.5) * 86400.0
+INSERT INTO leaseq_fairness (queue, priority, key, vtime, vstart, service, claimed, served_at)
+SELECT :queue, x.priority, x.key, max(x.start) + sum(x.cost), max(x.start) + sum(x.cost) - avg(x.cost),
+       sum(x.cost), count(*), (julianday('now') - 2440587.5) * 86400.0
 FROM {served}
 WHERE true  -- an INSERT ... SELECT needs a WHERE before ON CONFLICT in SQLite
-GROUP BY x.key
-ON CONFLICT (queue, key) DO UPDATE
+GROUP BY x.priority, x.key
+ON CONFLICT (queue, priority, key) DO UPDATE
 SET vtime = max(vtime, excluded.vtime - excluded.service) + excluded.service,
     vstart = max(vstart, max(vtime, excluded.vtime - excluded.service) + excluded.service
                          - excluded.service / excluded.claimed),
@@ -426,7 +426,7 @@ WITH RECURSIVE flags AS MATERIALIZED (
         WHERE status = 'queued' AND queue = :queue AND fairness_key = g.key
           /* TEMPLATE: claimable */
         ORDER BY priority DESC, available_at, id
-        LIMIT 2 * :limit)
+        LIMIT 4 * :limit)
     WHERE g.key IS NOT NULL
     UNION ALL
     SELECT '', id, priority, available_at, 1.0 FROM (
@@ -435,19 +435,23 @@ WITH RECURSIVE flags AS MATERIALIZED (
           AND (SELECT f.fair FROM flags f)
           /* TEMPLATE: claimable */
         ORDER BY priority DESC, available_at, id
-        LIMIT 2 * :limit)
+        LIMIT 4 * :limit)
 ), fair_start AS MATERIALIZED (
-    -- FAIR SHARE: where each key's virtual time starts (see the PostgreSQL file)
-    SELECT g.key, max(coalesce(kv.vtime, 0), v.at) AS start
-    FROM (SELECT DISTINCT key FROM fair_ready) g
-    CROSS JOIN (SELECT coalesce(max(qv.vstart), 0) AS at FROM leaseq_fairness qv WHERE qv.queue = :queue) v
-    LEFT JOIN leaseq_fairness kv ON kv.queue = :queue AND kv.key = g.key
+    -- FAIR SHARE: where each key's virtual time starts, at each priority (see the PostgreSQL file)
+    SELECT g.key, g.priority,
+           max(coalesce(kv.vtime, v.at - g.cost),
+               v.at - g.cost) AS start
+    FROM (SELECT key, priority, max(cost) AS cost FROM fair_ready GROUP BY key, priority) g
+    JOIN (SELECT p.priority, (SELECT coalesce(max(qv.vstart), 0) FROM leaseq_fairness qv
+                              WHERE qv.queue = :queue AND qv.priority = p.priority) AS at
+          FROM (SELECT DISTINCT priority FROM fair_ready) p) v ON v.priority = g.priority
+    LEFT JOIN leaseq_fairness kv ON kv.queue = :queue AND kv.priority = g.priority AND kv.key = g.key
 ), fair_pick AS MATERIALIZED (
     -- FAIR SHARE: priority first, then the lowest virtual finish
     SELECT t.id, t.limits, t.units, t.priority, t.available_at, o.key, o.cost, o.start, o.tag
     FROM (SELECT r.id, r.key, r.cost, fs.start,
-                 fs.start + sum(r.cost) OVER (PARTITION BY r.key ORDER BY r.priority DESC, r.available_at, r.id) AS tag
-          FROM fair_ready r JOIN fair_start fs ON fs.key = r.key) o
+                 fs.start + sum(r.cost) OVER (PARTITION BY r.key, r.priority ORDER BY r.available_at, r.id) AS tag
+          FROM fair_ready r JOIN fair_start fs ON fs.key = r.key AND fs.priority = r.priority) o
     JOIN leaseq_tasks t ON t.id = o.id
     ORDER BY t.priority DESC, o.tag, t.available_at, t.id
     LIMIT :limit
@@ -669,8 +673,8 @@ RETURNING key;
 -- FAIR SHARE: the keys of the tasks a claim handed out pay for it, in the
 -- claim's transaction (which holds the write lock since claim_batch read
 -- their virtual times): one item per task claimed under a key, {"key",
--- "start", "cost"}.
-/* TEMPLATE: charge_fair_share((SELECT i.value ->> '$.key' AS key, i.value ->> '$.start' AS start, i.value ->> '$.cost' AS cost FROM json_each(:items) AS i) AS x) */;
+-- "priority", "start", "cost"}.
+/* TEMPLATE: charge_fair_share((SELECT i.value ->> '$.key' AS key, i.value ->> '$.priority' AS priority, i.value ->> '$.start' AS start, i.value ->> '$.cost' AS cost FROM json_each(:items) AS i) AS x) */;
 
 -- name: limit_wait
 -- LIMITS: seconds until the emptiest rate bucket holds a token (NULL: none is empty).

@@ -15,12 +15,12 @@
 -- migration's transaction (seconds for a few million finished tasks): run
 -- `leaseq migrate` when a pause of that length is acceptable.
 --
--- leaseq_fairness: one row per (queue, key) a claim has served: the key's
--- virtual time (vtime), about the virtual time at which it was last served
--- (vstart: the queue's virtual time is the latest of these, and no key
--- starts behind it), and what it was served (service: the sum of 1/weight;
--- claimed: tasks). Only claims write it, each locking the rows of the keys
--- it served in key order.
+-- leaseq_fairness: one row per (queue, priority, key) a claim has served:
+-- the key's virtual time at that priority (vtime), about the virtual time at
+-- which it was last served there (vstart: the priority's virtual time is the
+-- latest of these, and no key starts more than one task's cost behind it),
+-- and what it was served (service: the sum of 1/weight; claimed: tasks).
+-- Only claims write it, each locking the rows it charges in key order.
 
 ALTER TABLE leaseq_tasks ADD COLUMN fairness_key text, ADD COLUMN fairness_weight double precision;
 
@@ -32,12 +32,13 @@ CREATE INDEX leaseq_tasks_fair ON leaseq_tasks (queue, fairness_key, priority DE
 
 CREATE TABLE leaseq_fairness (
     queue     text NOT NULL,
+    priority  integer NOT NULL,
     key       text NOT NULL,
     vtime     double precision NOT NULL DEFAULT 0,
     vstart    double precision NOT NULL DEFAULT 0,
     service   double precision NOT NULL DEFAULT 0,
     claimed   bigint NOT NULL DEFAULT 0,
     served_at timestamptz NOT NULL DEFAULT now(),
-    PRIMARY KEY (queue, key)
+    PRIMARY KEY (queue, priority, key)
 );
-CREATE INDEX leaseq_fairness_vstart ON leaseq_fairness (queue, vstart);
+CREATE INDEX leaseq_fairness_vstart ON leaseq_fairness (queue, priority, vstart);

@@ -12,12 +12,13 @@ CREATE INDEX leaseq_tasks_fair ON leaseq_tasks (queue, fairness_key, priority DE
 
 CREATE TABLE leaseq_fairness (
     queue     TEXT NOT NULL,
+    priority  INTEGER NOT NULL,
     key       TEXT NOT NULL,
     vtime     REAL NOT NULL DEFAULT 0,
     vstart    REAL NOT NULL DEFAULT 0,
     service   REAL NOT NULL DEFAULT 0,
     claimed   INTEGER NOT NULL DEFAULT 0,
     served_at REAL NOT NULL DEFAULT ((julianday('now') - 2440587.5) * 86400.0),
-    PRIMARY KEY (queue, key)
+    PRIMARY KEY (queue, priority, key)
 );
-CREATE INDEX leaseq_fairness_vstart ON leaseq_fairness (queue, vstart);
+CREATE INDEX leaseq_fairness_vstart ON leaseq_fairness (queue, priority, vstart);
