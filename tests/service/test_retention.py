@@ -50,7 +50,8 @@ COLUMNS: dict[str, str] = {
     # names, identifiers, states and declarations: not user data (deleted with the task)
     **{f"leaseq_tasks.{c}": "identifier or declaration" for c in (
         "queue", "kind", "effect", "status", "lease_owner", "idempotency_key", "error_fingerprint", "actions",
-        "trace_context", "limits", "resources", "singleton_key", "debounce_key", "wait_signal")},
+        "trace_context", "limits", "resources", "singleton_key", "debounce_key", "wait_signal",
+        "fairness_key")},
     **{f"leaseq_signals.{c}": "identifier or sender (deleted with the task)" for c in (
         "name", "sent_by", "consumed_key")},
     **{f"leaseq_effects.{c}": "identifier or state" for c in (
@@ -79,6 +80,8 @@ COLUMNS: dict[str, str] = {
     # one lock row per singleton or debounce key an enqueue named (not pruned yet: the keys are
     # the application's own, as idempotency keys are)
     **{f"leaseq_flow_keys.{c}": "flow-control key lock" for c in ("scope", "queue", "key")},
+    # one row per fairness key a claim served, with its virtual time (not pruned yet, as above)
+    **{f"leaseq_fairness.{c}": "fair-share key's turn" for c in ("queue", "key")},
 }
 
 
