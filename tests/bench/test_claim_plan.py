@@ -114,6 +114,12 @@ def _task_reads(plan: dict[str, Any], limited: bool = False) -> list[tuple[str, 
     return found
 
 
+def _fair_steps_in(plan: dict[str, Any]) -> list[str]:
+    """The fair-share steps a plan holds."""
+    found = [plan["Subplan Name"]] if plan.get("Subplan Name") in FAIR_STEPS else []
+    return found + [s for child in plan.get("Plans", []) for s in _fair_steps_in(child)]
+
+
 def _check_fair_steps(plan: dict[str, Any]) -> None:
     """The fair-share steps read tasks by index only, each key's (and the keyless tasks') under
     a Limit: no step walks a key's whole backlog, let alone the table."""
@@ -155,7 +161,7 @@ def test_postgres_claims_from_the_claimable_index(pg_schema_dsn: str, shape: str
     plan = _pg_plan(pg_schema_dsn, worker)
     # Read in claim order straight from the partial index: no sort, no other index, no full scan.
     assert _candidate_scans(plan) == [("leaseq_tasks_claimable", False)], json.dumps(plan, indent=1)[:6000]
-    _check_fair_steps(plan)
+    assert not _fair_steps_in(plan)  # the claim of a queue without keys: no fair-share step at all
 
 
 def test_postgres_claims_from_the_claimable_index_before_any_analyze(pg_schema_dsn: str) -> None:
@@ -276,9 +282,11 @@ def test_postgres_generic_plans_read_tasks_by_index(pg_schema_dsn: str, query: s
     scans = _scans(plan)
     assert not [s for s in scans if s[0] == "Seq Scan" and s[1].startswith("leaseq_") and s[1] not in SMALL_TABLES], \
         (scans, json.dumps(plan))
-    if query == "claim_batch":
+    if query in ("claim_batch", "claim_fair"):
         assert _candidate_scans(plan) == [("leaseq_tasks_claimable", False)], json.dumps(plan, indent=1)[:6000]
-        _check_fair_steps(plan)
+        assert bool(_fair_steps_in(plan)) == (query == "claim_fair")
+        if query == "claim_fair":
+            _check_fair_steps(plan)
         # the look for an expired lease reads the leases index in deadline order, no walk and sort
         assert [s for s in _queued_scans(plan, status="running") if s[0] != "leaseq_tasks_pkey" and s != SINGLETON_PROBE] == \
             [("leaseq_tasks_leases", False)], json.dumps(plan, indent=1)[:6000]
@@ -305,17 +313,17 @@ def _rows_read(plan: dict[str, Any], relation: str = "leaseq_tasks") -> int:
 
 @pytest.mark.parametrize("queued", [4_000, 40_000])
 def test_postgres_fair_claim_reads_a_claim_of_each_key_however_deep(pg_schema_dsn: str, queued: int) -> None:
-    """With fairness keys in use, the claim reads by index, and each key only as far as one
-    few claims' worth (four batches): never the deep key's whole backlog."""
+    """With fairness keys in use, the claim (claim_fair) reads by index, and each key only as
+    far as a few claims' worth (four batches): never the deep key's whole backlog."""
     worker = _pg_queue(pg_schema_dsn, 20_000, queued)
     with psycopg.connect(pg_schema_dsn, autocommit=True) as conn:
         conn.execute(FAIR_FILL["postgres"])
         conn.execute("VACUUM (ANALYZE) leaseq_tasks")
     params = dict(SAMPLE, worker_id=worker)
-    plan = _generic_plan(pg_schema_dsn, "claim_batch", params)
+    plan = _generic_plan(pg_schema_dsn, "claim_fair", params)
     assert _candidate_scans(plan) == [("leaseq_tasks_claimable", False)], json.dumps(plan, indent=1)[:6000]
     _check_fair_steps(plan)
-    analysed = _explain_analyze_as_the_store_runs(pg_schema_dsn, "claim_batch", params)
+    analysed = _explain_analyze_as_the_store_runs(pg_schema_dsn, "claim_fair", params)
     claimed = _subplan(analysed, "CTE claimed")
     assert claimed["Actual Rows"] == CLAIM_PARAMS["limit"], json.dumps(analysed, indent=1)[:4000]
     # Two keys, the deep one read four batches deep (4x) and the other whole (its few tasks),

@@ -4,7 +4,7 @@ evidence and audit entries, and the checks of a worker and a claim."""
 from __future__ import annotations
 
 import getpass
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
@@ -41,6 +41,9 @@ class Settings:
     max_snoozes: int = DEFAULT_MAX_SNOOZES
     signer: ActionSigner | None = None
     action_token_ttl: float = 300.0
+    #: the queues whose last claim found a fairness key queued: their next claim runs
+    #: claim_fair at once (a hint, see :mod:`leaseq.engine.fairness`; never part of equality)
+    fair_queues: set[str] = field(default_factory=set, compare=False, hash=False, repr=False)
 
     @property
     def compact(self) -> bool:

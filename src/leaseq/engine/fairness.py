@@ -20,14 +20,22 @@ each priority on its own:
   its place;
 - the tasks without a key are one more key (``''``) between them.
 
-All of it is decided in ``claim_batch``, in the same statement that leases
-the tasks: on PostgreSQL the candidates are locked as they are read in this
-order (a claim beside it skips them and takes the next ones in the same
-order, as it would have after it) and the keys' rows are charged in the
-statement, locked in key order; SQLite writes one transaction at a time, and
-the caller charges the keys (``charge_fair_share``) in the claim's
-transaction. A queue that names no fairness key reads its claimable index as
-before: the only cost is one probe of an empty index.
+All of it is decided in the claim statement, the one that leases the
+tasks: on PostgreSQL ``claim_fair``, where the candidates are locked as they
+are read in this order (a claim beside it skips them and takes the next ones
+in the same order, as it would have after it) and the keys' rows are charged
+in the statement, locked in key order; SQLite writes one transaction at a
+time, and the caller charges the keys (``charge_fair_share``) in the claim's
+transaction.
+
+A queue that names no fairness key pays one probe of an empty index: on
+PostgreSQL ``claim_batch`` reads its claimable index as before, and only
+when it finds a key queued does it claim nothing and answer ``fair_due``;
+the claim then runs ``claim_fair``, and the queue's next claims run it at
+once (:attr:`Settings.fair_queues`) until it finds no key queued. SQLite's
+``claim_batch`` is ``claim_fair`` (a second statement costs no round trip
+there, and the claim of a queue without keys reads none of the fair steps'
+rows).
 """
 
 from __future__ import annotations
@@ -38,7 +46,7 @@ from typing import Any
 from ..core import checks
 from ..core.errors import InvalidInput
 from .common import Settings
-from .steps import Op, rows
+from .steps import BEGIN_ONE, COMMIT, Op, rows
 
 #: The range of a fairness weight: a key's share against another's, up to a million to one.
 MIN_WEIGHT, MAX_WEIGHT = 0.001, 1000.0
@@ -82,3 +90,27 @@ def service_order(row: dict[str, Any]) -> tuple[Any, ...]:
     """A claimed row's place in its claim's answer: priority, then its virtual finish
     (None: the queue uses no fairness keys), then when it was due and its id."""
     return (-row["priority"], row.get("fair_tag") or 0.0, row["available_at"], row["id"])
+
+
+def claim_rows(s: Settings, params: dict[str, Any], *, route_first: bool,
+               one_statement: bool) -> Op[list[dict[str, Any]]]:
+    """The claim statement's answer, in the open transaction: ``claim_batch``, or
+    ``claim_fair`` where the queue uses fairness keys (its last claim found one, or
+    ``claim_batch`` finds one now and stands aside, having claimed nothing).
+    ``one_statement``: the transaction was opened for one statement, so a second one
+    runs in a transaction of its own."""
+    queue = params["queue"]
+    fair = queue in s.fair_queues
+    found: list[dict[str, Any]] = yield rows("claim_fair" if fair else "claim_batch", route_first=route_first,
+                                             **params)
+    if not fair and found and found[0]["id"] is None and found[0].get("fair_due"):
+        if one_statement:
+            yield COMMIT
+            yield BEGIN_ONE
+        found = yield rows("claim_fair", route_first=route_first, **params)
+        fair = True
+    if fair and found and not found[0].get("fair_due", True):  # no key queued any more
+        s.fair_queues.discard(queue)
+    elif fair:
+        s.fair_queues.add(queue)
+    return found

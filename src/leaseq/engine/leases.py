@@ -73,7 +73,7 @@ def _claim(s: Settings, worker: Worker | str, *, queue: str = "default", limit: 
     # Fast path: one statement, which claims nothing while an expired lease
     # awaits routing.
     yield BEGIN_ONE
-    found = yield rows("claim_batch", route_first=True, **params)
+    found = yield from fairness.claim_rows(s, params, route_first=True, one_statement=True)
     claimed = yield from _record_claims(s, wid, found)
     yield COMMIT
     # PostgreSQL's statement answers how long an empty rate bucket needs (every row says it)
@@ -84,7 +84,7 @@ def _claim(s: Settings, worker: Worker | str, *, queue: str = "default", limit: 
         # Slow path: route expired leases, then claim, in two transactions.
         yield from route_for_claim(s, wid)
         yield BEGIN
-        found = yield rows("claim_batch", route_first=False, **params)
+        found = yield from fairness.claim_rows(s, params, route_first=False, one_statement=False)
         claimed = yield from _record_claims(s, wid, found)
         wait = found[0].get("limit_wait") if found else None
         if len(claimed) < limit and not s.backend.own_limit_slots:

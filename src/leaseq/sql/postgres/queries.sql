@@ -130,6 +130,144 @@ SET vtime = greatest(s.vtime, excluded.vtime - excluded.service) + excluded.serv
     claimed = s.claimed + excluded.claimed,
     served_at = excluded.served_at
 
+-- template: claim_head
+-- THE CLAIM'S FIRST STEPS, shared by claim_batch and claim_fair: the
+-- worker's row read FOR SHARE, an expired lease awaiting routing, the
+-- claim's flags (first_key: the first fairness key with a task queued
+-- here, NULL when none is), and the candidates of a queue with no fairness
+-- key queued ("plain": nothing when one is; claim_fair serves those).
+worker AS (
+    SELECT w.id FROM leaseq_workers w
+    WHERE w.id = %(worker_id)s AND w.revoked_at IS NULL
+    FOR SHARE
+), due AS (
+    SELECT id FROM leaseq_tasks
+    WHERE status = 'running' AND lease_expires_at < now()
+    ORDER BY lease_expires_at  -- read from the leases index, never by scanning every running task
+    LIMIT 1
+    FOR UPDATE SKIP LOCKED
+), flags AS (
+    -- a waiting task whose wake time has come (a sleep's end) is routed as an
+    -- expired lease is: a probe of the wake index (timed waits only)
+    SELECT w.worker_ok, %(route_first)s AND w.worker_ok
+           AND (EXISTS (SELECT 1 FROM due)
+                OR EXISTS (SELECT 1 FROM leaseq_tasks s WHERE s.status = 'waiting' AND s.wake_at <= now()))
+           AS routing_due,
+           -- FAIR SHARE: the first fairness key with a task queued here (a probe of
+           -- leaseq_tasks_fair, which holds no entry in a queue without keys;
+           -- NULL: none, and the claim reads as it always did)
+           (SELECT k.fairness_key FROM leaseq_tasks k
+            WHERE k.status = 'queued' AND k.queue = %(queue)s AND k.fairness_key IS NOT NULL
+            ORDER BY k.fairness_key LIMIT 1) AS first_key
+    FROM (SELECT EXISTS (SELECT 1 FROM worker) AS worker_ok) w
+), plain AS (
+    -- the claim of a queue without fairness keys: the claimable index in claim order
+    SELECT id, limits, units, priority, available_at FROM leaseq_tasks
+    WHERE status = 'queued' AND queue = %(queue)s AND fairness_key IS NULL AND available_at <= now()
+      AND (SELECT f.first_key IS NULL FROM flags f)
+      /* TEMPLATE: claimable */
+    ORDER BY priority DESC, available_at, id
+    LIMIT %(limit)s
+    FOR UPDATE SKIP LOCKED
+)
+
+-- template: claim_lease
+-- THE CLAIM'S LEASES, shared by claim_batch and claim_fair: the candidates'
+-- limits judged (LIMITS), the candidates leased, their limit slots and
+-- tokens taken, and each claim's "claimed" event written. The query that
+-- expands it names the CTE "candidate" (id, limits, units, priority,
+-- available_at, tag: the virtual finish, NULL for a claim in FIFO order).
+held AS (
+    -- LIMITS: the rows of the candidates' limits, locked in key order (every
+    -- statement that changes them locks them in this order: no deadlock),
+    -- each read as last committed, so concurrent claims never overshoot.
+    -- tokens: the rate bucket refilled to now by the database clock.
+    SELECT l.key, l.max_running, l.running, l.counts, l.per_second, l.burst,
+           least(l.burst, l.tokens + extract(epoch FROM now() - l.refilled_at)::float8 * l.per_second) AS tokens
+    FROM leaseq_limits l
+    WHERE l.key IN (SELECT unnest(c.limits) FROM candidate c)
+    ORDER BY l.key
+    FOR UPDATE
+), demand AS (
+    -- each (candidate, limit) pair: its cost, and the limit's demand up to
+    -- and including it in claim order
+    SELECT c.id, h.key, h.running, h.max_running, h.per_second, h.burst, h.tokens, x.cost,
+           sum(x.cost) OVER (PARTITION BY h.key ORDER BY c.priority DESC, c.tag, c.available_at, c.id) AS upto
+    FROM candidate c
+    CROSS JOIN LATERAL unnest(c.limits) AS k(key)
+    JOIN held h ON h.key = k.key
+    CROSS JOIN LATERAL (SELECT CASE WHEN h.counts = 'units' THEN c.units ELSE 1 END AS cost) x
+), refused AS (
+    -- a candidate no limit it names has room for: at max_running (a task
+    -- larger than the limit runs alone), or the bucket short of its cost (a
+    -- task larger than the bucket takes it full). Demand counts candidates
+    -- refused for another limit too: a batch may take fewer, never more.
+    SELECT d.id FROM demand d
+    WHERE NOT (d.max_running IS NULL OR d.running + d.upto <= d.max_running OR (d.running = 0 AND d.upto = d.cost))
+       OR NOT (d.per_second IS NULL OR d.upto <= d.tokens + 1e-9 OR (d.tokens >= d.burst AND d.upto = d.cost))
+), claimed AS (
+    UPDATE leaseq_tasks t
+    SET status = 'running',
+        lease_owner = %(worker_id)s,
+        -- what the claim asked for, never more than the task's own: a worker cannot grant itself a longer lease
+        lease_expires_at = now() + least(coalesce(%(lease_seconds)s::float8, t.lease_seconds), t.lease_seconds) * interval '1 second',
+        claim_generation = t.claim_generation + 1,
+        -- THE LEASE EPOCH, the one place it is read: the database history this
+        -- claim is made in. The cluster's initdb time in seconds (the high 32
+        -- bits of its system identifier: a dump restored into a new cluster
+        -- gets a later one) times 1,000,000, plus the WAL timeline now
+        -- inserted on (a promotion or a point-in-time restore starts a higher
+        -- one, readable at once, unlike pg_control_checkpoint's). Fences compare
+        -- it before the generation (schema 25). Read once per statement, and
+        -- only when a row is claimed.
+        claim_epoch = (SELECT (s.system_identifier >> 32) * 1000000
+                              + ('x' || left(pg_walfile_name(pg_current_wal_insert_lsn()), 8))::bit(32)::bigint
+                       FROM pg_control_system() s),
+        attempts = t.attempts + 1,
+        claimed_at = now(),
+        heartbeat_count = 0,
+        last_heartbeat_at = NULL,
+        longest_heartbeat_gap = 0,
+        updated_at = now()
+    -- = ANY(ARRAY(...)) keeps the update on the primary key whatever LIMIT
+    -- the planner assumes, so the prepared statement's generic plan is good
+    -- and PostgreSQL can stop planning the claim at every call
+    -- (a candidate naming no limit is never judged: the claim of tasks
+    -- without limits runs none of the limits' steps)
+    WHERE t.id = ANY(ARRAY(SELECT c.id FROM candidate c
+                           WHERE c.limits IS NULL OR c.id NOT IN (SELECT r.id FROM refused r)))
+    -- the lease this claim was given, as the renewal derives it (deadline minus when it was set)
+    RETURNING t.*, extract(epoch FROM t.lease_expires_at - t.claimed_at)::float8 AS lease_granted
+), taken AS (
+    -- LIMITS: the claimed tasks take their slots and tokens (rows held above)
+    UPDATE leaseq_limits l
+    SET running = h.running + u.cost,
+        tokens = coalesce(h.tokens - u.cost, l.tokens),
+        refilled_at = CASE WHEN h.per_second IS NULL THEN l.refilled_at ELSE now() END
+    FROM (SELECT d.key, sum(d.cost) AS cost FROM demand d WHERE d.id IN (SELECT id FROM claimed) GROUP BY d.key) u
+    JOIN held h ON h.key = u.key
+    WHERE l.key = u.key
+      AND EXISTS (SELECT 1 FROM claimed c WHERE c.limits IS NOT NULL)  -- else nothing to take, nothing run
+), logged AS (
+    INSERT INTO leaseq_events (task_id, type, generation, worker_id, detail)
+    SELECT c.id, 'claimed', c.claim_generation, %(worker_id)s,
+           CASE WHEN %(compact)s THEN '{}'::jsonb
+                ELSE jsonb_build_object('attempt', c.attempts,
+                                        'lease_seconds', c.lease_granted,
+                                        'lease_expires_at', c.lease_expires_at) END
+    FROM claimed c
+)
+
+-- template: claim_limit_wait
+-- LIMITS: when nothing was claimed, seconds until the emptiest rate bucket
+-- holds a token (NULL: none is empty), so a worker refused by a rate does
+-- not poll blindly; not read at all when a task was claimed.
+CASE WHEN c.id IS NULL THEN (SELECT min((1 - least(l.burst, l.tokens + extract(epoch FROM now() - l.refilled_at)::float8 * l.per_second))
+                   / l.per_second)
+        FROM leaseq_limits l
+        WHERE l.per_second IS NOT NULL
+          AND l.tokens + extract(epoch FROM now() - l.refilled_at)::float8 * l.per_second < 1) END AS limit_wait
+
 -- name: migrations_lock
 -- direct: migration bookkeeping, run before the functions exist
 -- Serialises concurrent `leaseq migrate` runs until the transaction ends.
@@ -629,6 +767,28 @@ RETURNING t.id, t.attempts;
 -- same statement. Task rows (skipped when locked, never waited on) come
 -- before limit rows (waited on, in key order), as in every statement that
 -- gives slots back, so no two of them wait on each other in a cycle.
+-- FAIR SHARE: when a task with a fairness key is queued here (fair_due),
+-- this statement claims nothing, and the caller claims with claim_fair: a
+-- queue that uses no fairness key pays one probe of an empty index.
+WITH
+    /* TEMPLATE: claim_head */,
+candidate AS (
+    SELECT id, limits, units, priority, available_at, NULL::float8 AS tag FROM plain
+),
+    /* TEMPLATE: claim_lease */
+SELECT c.*, f.routing_due, f.worker_ok, f.first_key IS NOT NULL AS fair_due,
+       /* TEMPLATE: claim_limit_wait */
+FROM flags f LEFT JOIN claimed c ON true;
+
+-- name: claim_fair
+-- callers: worker
+-- guard: none -- takes new leases: no lease exists yet to guard
+-- plan: generic
+-- claim_batch for a queue with a task that names a fairness key queued: the
+-- same steps (claim_head, claim_lease), with the candidates chosen by fair
+-- share. Run where claim_batch answered fair_due (or the queue used keys at
+-- its last claim); in a queue with no key queued (any more) it claims as
+-- claim_batch does, and answers fair_due false.
 -- FAIR SHARE (the steps so marked): in a queue with tasks that name a
 -- fairness key queued, the claim serves the keys in weighted round robin
 -- within each priority (virtual time: each key's runs on by 1/weight per
@@ -637,40 +797,9 @@ RETURNING t.id, t.attempts;
 -- did, and none of these steps reads a row. The keys' rows are locked after
 -- the limit rows (waited on, in priority and key order), and only claims
 -- lock them.
-WITH RECURSIVE worker AS (
-    SELECT w.id FROM leaseq_workers w
-    WHERE w.id = %(worker_id)s AND w.revoked_at IS NULL
-    FOR SHARE
-), due AS (
-    SELECT id FROM leaseq_tasks
-    WHERE status = 'running' AND lease_expires_at < now()
-    ORDER BY lease_expires_at  -- read from the leases index, never by scanning every running task
-    LIMIT 1
-    FOR UPDATE SKIP LOCKED
-), flags AS (
-    -- a waiting task whose wake time has come (a sleep's end) is routed as an
-    -- expired lease is: a probe of the wake index (timed waits only)
-    SELECT w.worker_ok, %(route_first)s AND w.worker_ok
-           AND (EXISTS (SELECT 1 FROM due)
-                OR EXISTS (SELECT 1 FROM leaseq_tasks s WHERE s.status = 'waiting' AND s.wake_at <= now()))
-           AS routing_due,
-           -- FAIR SHARE: the first fairness key with a task queued here (a probe of
-           -- leaseq_tasks_fair, which holds no entry in a queue without keys;
-           -- NULL: none, and the claim reads as it always did)
-           (SELECT k.fairness_key FROM leaseq_tasks k
-            WHERE k.status = 'queued' AND k.queue = %(queue)s AND k.fairness_key IS NOT NULL
-            ORDER BY k.fairness_key LIMIT 1) AS first_key
-    FROM (SELECT EXISTS (SELECT 1 FROM worker) AS worker_ok) w
-), plain AS (
-    -- the claim of a queue without fairness keys: the claimable index in claim order
-    SELECT id, limits, units, priority, available_at FROM leaseq_tasks
-    WHERE status = 'queued' AND queue = %(queue)s AND fairness_key IS NULL AND available_at <= now()
-      AND (SELECT f.first_key IS NULL FROM flags f)
-      /* TEMPLATE: claimable */
-    ORDER BY priority DESC, available_at, id
-    LIMIT %(limit)s
-    FOR UPDATE SKIP LOCKED
-), fair_keys(key) AS (
+WITH RECURSIVE
+    /* TEMPLATE: claim_head */,
+fair_keys(key) AS (
     -- FAIR SHARE: the keys with tasks queued, one probe of leaseq_tasks_fair each
     SELECT f.first_key FROM flags f WHERE f.first_key IS NOT NULL
     UNION ALL
@@ -697,7 +826,7 @@ WITH RECURSIVE worker AS (
           /* TEMPLATE: claimable */
         ORDER BY priority DESC, available_at, id
         LIMIT 4 * %(limit)s) r
-), fair_start AS (
+), fair_start AS MATERIALIZED (  -- once per key, not per task
     -- FAIR SHARE: where each key's virtual time starts, at each priority: its
     -- own, but never more than one task's cost behind the priority's (the
     -- latest virtual time at which a task of it was served): a key new, or
@@ -713,120 +842,38 @@ WITH RECURSIVE worker AS (
 ), fair_order AS (
     -- FAIR SHARE: each task's virtual finish: its key's start plus the cost
     -- (1/weight) of it and of the key's tasks before it at its priority
-    SELECT r.id, r.key, r.cost, s.start,
+    SELECT r.id, r.key, r.cost, r.priority, r.available_at, s.start,
            s.start + sum(r.cost) OVER (PARTITION BY r.key, r.priority ORDER BY r.available_at, r.id) AS tag
     FROM fair_ready r JOIN fair_start s ON s.key = r.key AND s.priority = r.priority
 ), fair_pick AS (
-    -- FAIR SHARE: priority first, then the lowest virtual finish; locked as
-    -- read, so a claim beside this one skips these and takes the next in the
-    -- same order, as it would have after this one
+    -- FAIR SHARE: priority first, then the lowest virtual finish; each row
+    -- locked as it is reached in that order, until the claim has enough: a
+    -- claim beside this one skips these and takes the next in the same
+    -- order, as it would have after this one
     SELECT t.id, t.limits, t.units, t.priority, t.available_at, o.key, o.cost, o.start, o.tag
-    FROM leaseq_tasks t JOIN fair_order o ON o.id = t.id
-    WHERE t.id = ANY(ARRAY(SELECT o.id FROM fair_order o))  -- by the primary key (see claimed)
-      AND t.status = 'queued' AND t.queue = %(queue)s AND t.available_at <= now()
-    ORDER BY t.priority DESC, o.tag, t.available_at, t.id
+    FROM (SELECT * FROM fair_order ORDER BY priority DESC, tag, available_at, id) o
+    CROSS JOIN LATERAL (
+        SELECT t.id, t.limits, t.units, t.priority, t.available_at FROM leaseq_tasks t
+        WHERE t.id = o.id AND t.status = 'queued' AND t.queue = %(queue)s AND t.available_at <= now()
+        FOR UPDATE SKIP LOCKED) t
+    ORDER BY o.priority DESC, o.tag, o.available_at, o.id
     LIMIT %(limit)s
-    FOR UPDATE OF t SKIP LOCKED
 ), candidate AS (
     SELECT id, limits, units, priority, available_at, NULL::float8 AS tag FROM plain
     UNION ALL
     SELECT id, limits, units, priority, available_at, tag FROM fair_pick
-), held AS (
-    -- LIMITS: the rows of the candidates' limits, locked in key order (every
-    -- statement that changes them locks them in this order: no deadlock),
-    -- each read as last committed, so concurrent claims never overshoot.
-    -- tokens: the rate bucket refilled to now by the database clock.
-    SELECT l.key, l.max_running, l.running, l.counts, l.per_second, l.burst,
-           least(l.burst, l.tokens + extract(epoch FROM now() - l.refilled_at)::float8 * l.per_second) AS tokens
-    FROM leaseq_limits l
-    WHERE l.key IN (SELECT unnest(c.limits) FROM candidate c)
-    ORDER BY l.key
-    FOR UPDATE
-), demand AS (
-    -- each (candidate, limit) pair: its cost, and the limit's demand up to
-    -- and including it in claim order
-    SELECT c.id, h.key, h.running, h.max_running, h.per_second, h.burst, h.tokens, x.cost,
-           sum(x.cost) OVER (PARTITION BY h.key ORDER BY c.priority DESC, c.tag, c.available_at, c.id) AS upto
-    FROM candidate c
-    CROSS JOIN LATERAL unnest(c.limits) AS k(key)
-    JOIN held h ON h.key = k.key
-    CROSS JOIN LATERAL (SELECT CASE WHEN h.counts = 'units' THEN c.units ELSE 1 END AS cost) x
-), refused AS (
-    -- a candidate no limit it names has room for: at max_running (a task
-    -- larger than the limit runs alone), or the bucket short of its cost (a
-    -- task larger than the bucket takes it full). Demand counts candidates
-    -- refused for another limit too: a batch may take fewer, never more.
-    SELECT d.id FROM demand d
-    WHERE NOT (d.max_running IS NULL OR d.running + d.upto <= d.max_running OR (d.running = 0 AND d.upto = d.cost))
-       OR NOT (d.per_second IS NULL OR d.upto <= d.tokens + 1e-9 OR (d.tokens >= d.burst AND d.upto = d.cost))
-), claimed AS (
-    UPDATE leaseq_tasks t
-    SET status = 'running',
-        lease_owner = %(worker_id)s,
-        -- what the claim asked for, never more than the task's own: a worker cannot grant itself a longer lease
-        lease_expires_at = now() + least(coalesce(%(lease_seconds)s::float8, t.lease_seconds), t.lease_seconds) * interval '1 second',
-        claim_generation = t.claim_generation + 1,
-        -- THE LEASE EPOCH, the one place it is read: the database history this
-        -- claim is made in. The cluster's initdb time in seconds (the high 32
-        -- bits of its system identifier: a dump restored into a new cluster
-        -- gets a later one) times 1,000,000, plus the WAL timeline now
-        -- inserted on (a promotion or a point-in-time restore starts a higher
-        -- one, readable at once, unlike pg_control_checkpoint's). Fences compare
-        -- it before the generation (schema 25). Read once per statement, and
-        -- only when a row is claimed.
-        claim_epoch = (SELECT (s.system_identifier >> 32) * 1000000
-                              + ('x' || left(pg_walfile_name(pg_current_wal_insert_lsn()), 8))::bit(32)::bigint
-                       FROM pg_control_system() s),
-        attempts = t.attempts + 1,
-        claimed_at = now(),
-        heartbeat_count = 0,
-        last_heartbeat_at = NULL,
-        longest_heartbeat_gap = 0,
-        updated_at = now()
-    -- = ANY(ARRAY(...)) keeps the update on the primary key whatever LIMIT
-    -- the planner assumes, so the prepared statement's generic plan is good
-    -- and PostgreSQL can stop planning the claim at every call
-    -- (a candidate naming no limit is never judged: the claim of tasks
-    -- without limits runs none of the limits' steps)
-    WHERE t.id = ANY(ARRAY(SELECT c.id FROM candidate c
-                           WHERE c.limits IS NULL OR c.id NOT IN (SELECT r.id FROM refused r)))
-    -- the lease this claim was given, as the renewal derives it (deadline minus when it was set)
-    RETURNING t.*, extract(epoch FROM t.lease_expires_at - t.claimed_at)::float8 AS lease_granted
-), taken AS (
-    -- LIMITS: the claimed tasks take their slots and tokens (rows held above)
-    UPDATE leaseq_limits l
-    SET running = h.running + u.cost,
-        tokens = coalesce(h.tokens - u.cost, l.tokens),
-        refilled_at = CASE WHEN h.per_second IS NULL THEN l.refilled_at ELSE now() END
-    FROM (SELECT d.key, sum(d.cost) AS cost FROM demand d WHERE d.id IN (SELECT id FROM claimed) GROUP BY d.key) u
-    JOIN held h ON h.key = u.key
-    WHERE l.key = u.key
-      AND EXISTS (SELECT 1 FROM claimed c WHERE c.limits IS NOT NULL)  -- else nothing to take, nothing run
-), charged AS (
+),
+    /* TEMPLATE: claim_lease */,
+charged AS (
     -- FAIR SHARE: the keys served pay for it (their rows locked in key order;
     -- a claim beside this one that charged a key first moved its start on)
     /* TEMPLATE: charge_fair_share((SELECT p.key, p.priority, p.start, p.cost FROM fair_pick p WHERE p.id IN (SELECT id FROM claimed)) x) */
-), logged AS (
-    INSERT INTO leaseq_events (task_id, type, generation, worker_id, detail)
-    SELECT c.id, 'claimed', c.claim_generation, %(worker_id)s,
-           CASE WHEN %(compact)s THEN '{}'::jsonb
-                ELSE jsonb_build_object('attempt', c.attempts,
-                                        'lease_seconds', c.lease_granted,
-                                        'lease_expires_at', c.lease_expires_at) END
-    FROM claimed c
 )
-SELECT c.*, f.routing_due, f.worker_ok,
+SELECT c.*, f.routing_due, f.worker_ok, f.first_key IS NOT NULL AS fair_due,
        -- FAIR SHARE: the key a task was served under ('': none) and its virtual
-       -- start, cost and finish (NULL: the queue uses no fairness keys)
+       -- start, cost and finish (NULL: claimed in FIFO order, no key queued)
        p.key AS fair_key, p.start AS fair_start, p.cost AS fair_cost, p.tag AS fair_tag,
-       -- LIMITS: when nothing was claimed, seconds until the emptiest rate
-       -- bucket holds a token (NULL: none is empty), so a worker refused by a
-       -- rate does not poll blindly; not read at all when a task was claimed
-       CASE WHEN c.id IS NULL THEN (SELECT min((1 - least(l.burst, l.tokens + extract(epoch FROM now() - l.refilled_at)::float8 * l.per_second))
-                   / l.per_second)
-        FROM leaseq_limits l
-        WHERE l.per_second IS NOT NULL
-          AND l.tokens + extract(epoch FROM now() - l.refilled_at)::float8 * l.per_second < 1) END AS limit_wait
+       /* TEMPLATE: claim_limit_wait */
 FROM flags f LEFT JOIN claimed c ON true LEFT JOIN fair_pick p ON p.id = c.id;
 
 -- name: renew_leases
