@@ -134,8 +134,7 @@ SET vtime = greatest(s.vtime, excluded.vtime - excluded.service) + excluded.serv
 -- THE CLAIM'S FIRST STEPS, shared by claim_batch and claim_fair: the
 -- worker's row read FOR SHARE, an expired lease awaiting routing, the
 -- claim's flags (first_key: the first fairness key with a task queued
--- here, NULL when none is), and the candidates of a queue with no fairness
--- key queued ("plain": nothing when one is; claim_fair serves those).
+-- here, NULL when none is).
 worker AS (
     SELECT w.id FROM leaseq_workers w
     WHERE w.id = %(worker_id)s AND w.revoked_at IS NULL
@@ -160,15 +159,6 @@ worker AS (
             WHERE k.status = 'queued' AND k.queue = %(queue)s AND k.fairness_key IS NOT NULL
             ORDER BY k.fairness_key LIMIT 1) AS first_key
     FROM (SELECT EXISTS (SELECT 1 FROM worker) AS worker_ok) w
-), plain AS (
-    -- the claim of a queue without fairness keys: the claimable index in claim order
-    SELECT id, limits, units, priority, available_at FROM leaseq_tasks
-    WHERE status = 'queued' AND queue = %(queue)s AND fairness_key IS NULL AND available_at <= now()
-      AND (SELECT f.first_key IS NULL FROM flags f)
-      /* TEMPLATE: claimable */
-    ORDER BY priority DESC, available_at, id
-    LIMIT %(limit)s
-    FOR UPDATE SKIP LOCKED
 )
 
 -- template: claim_lease
@@ -772,7 +762,16 @@ RETURNING t.id, t.attempts;
 -- queue that uses no fairness key pays one probe of an empty index.
 WITH
     /* TEMPLATE: claim_head */,
-candidate AS (
+plain AS (
+    -- the claim of a queue without fairness keys: the claimable index in claim order
+    SELECT id, limits, units, priority, available_at FROM leaseq_tasks
+    WHERE status = 'queued' AND queue = %(queue)s AND fairness_key IS NULL AND available_at <= now()
+      AND (SELECT f.first_key IS NULL FROM flags f)
+      /* TEMPLATE: claimable */
+    ORDER BY priority DESC, available_at, id
+    LIMIT %(limit)s
+    FOR UPDATE SKIP LOCKED
+), candidate AS (
     SELECT id, limits, units, priority, available_at, NULL::float8 AS tag FROM plain
 ),
     /* TEMPLATE: claim_lease */
@@ -787,16 +786,13 @@ FROM flags f LEFT JOIN claimed c ON true;
 -- claim_batch for a queue with a task that names a fairness key queued: the
 -- same steps (claim_head, claim_lease), with the candidates chosen by fair
 -- share. Run where claim_batch answered fair_due (or the queue used keys at
--- its last claim); in a queue with no key queued (any more) it claims as
--- claim_batch does, and answers fair_due false.
--- FAIR SHARE (the steps so marked): in a queue with tasks that name a
--- fairness key queued, the claim serves the keys in weighted round robin
--- within each priority (virtual time: each key's runs on by 1/weight per
--- task claimed, and the lowest is served first); the tasks without a key
--- are one more key (''). In a queue without, the claim reads as it always
--- did, and none of these steps reads a row. The keys' rows are locked after
--- the limit rows (waited on, in priority and key order), and only claims
--- lock them.
+-- its last claim, until a claim answers fair_due false: no key queued).
+-- FAIR SHARE (the steps so marked): the claim serves the keys with tasks
+-- ready in weighted round robin within each priority (virtual time: each
+-- key's runs on by 1/weight per task claimed, and the lowest is served
+-- first); the tasks without a key are one more key (''). The keys' rows are
+-- locked after the limit rows (waited on, in priority and key order), and
+-- only claims lock them.
 WITH RECURSIVE
     /* TEMPLATE: claim_head */,
 fair_keys(key) AS (
@@ -822,7 +818,6 @@ fair_keys(key) AS (
     SELECT '', r.* FROM (
         SELECT id, priority, available_at, 1.0::float8 AS cost FROM leaseq_tasks
         WHERE status = 'queued' AND queue = %(queue)s AND fairness_key IS NULL AND available_at <= now()
-          AND (SELECT f.first_key IS NOT NULL FROM flags f)
           /* TEMPLATE: claimable */
         ORDER BY priority DESC, available_at, id
         LIMIT 4 * %(limit)s) r
@@ -838,7 +833,10 @@ fair_keys(key) AS (
                      WHERE s.queue = %(queue)s AND s.priority = g.priority AND s.key = g.key),
                     (SELECT coalesce(max(s.vstart), 0) FROM leaseq_fairness s
                      WHERE s.queue = %(queue)s AND s.priority = g.priority) - g.cost) AS start
-    FROM (SELECT key, priority, max(cost) AS cost FROM fair_ready GROUP BY key, priority) g
+    -- (DISTINCT ON, sorted: a hash of the rows the planner guesses is sized
+    -- for thousands of keys at every call)
+    FROM (SELECT DISTINCT ON (key, priority) key, priority, cost FROM fair_ready
+          ORDER BY key, priority, cost DESC) g
 ), fair_order AS (
     -- FAIR SHARE: each task's virtual finish: its key's start plus the cost
     -- (1/weight) of it and of the key's tasks before it at its priority
@@ -859,20 +857,21 @@ fair_keys(key) AS (
     ORDER BY o.priority DESC, o.tag, o.available_at, o.id
     LIMIT %(limit)s
 ), candidate AS (
-    SELECT id, limits, units, priority, available_at, NULL::float8 AS tag FROM plain
-    UNION ALL
     SELECT id, limits, units, priority, available_at, tag FROM fair_pick
 ),
     /* TEMPLATE: claim_lease */,
 charged AS (
     -- FAIR SHARE: the keys served pay for it (their rows locked in key order;
-    -- a claim beside this one that charged a key first moved its start on)
-    /* TEMPLATE: charge_fair_share((SELECT p.key, p.priority, p.start, p.cost FROM fair_pick p WHERE p.id IN (SELECT id FROM claimed)) x) */
+    -- a claim beside this one that charged a key first moved its start on).
+    -- With no key queued any more, the tasks without one were claimed in
+    -- FIFO order, as claim_batch claims them, and nothing is charged.
+    /* TEMPLATE: charge_fair_share((SELECT p.key, p.priority, p.start, p.cost FROM fair_pick p WHERE p.id IN (SELECT id FROM claimed) AND (SELECT f.first_key IS NOT NULL FROM flags f)) x) */
 )
 SELECT c.*, f.routing_due, f.worker_ok, f.first_key IS NOT NULL AS fair_due,
        -- FAIR SHARE: the key a task was served under ('': none) and its virtual
        -- start, cost and finish (NULL: claimed in FIFO order, no key queued)
-       p.key AS fair_key, p.start AS fair_start, p.cost AS fair_cost, p.tag AS fair_tag,
+       CASE WHEN f.first_key IS NOT NULL THEN p.key END AS fair_key, p.start AS fair_start, p.cost AS fair_cost,
+       p.tag AS fair_tag,
        /* TEMPLATE: claim_limit_wait */
 FROM flags f LEFT JOIN claimed c ON true LEFT JOIN fair_pick p ON p.id = c.id;
 
