@@ -46,7 +46,7 @@ from typing import Any
 from ..core import checks
 from ..core.errors import InvalidInput
 from .common import Settings
-from .steps import BEGIN_ONE, COMMIT, Op, rows
+from .steps import BEGIN_ONE, COMMIT, Op, one, rows
 
 #: The range of a fairness weight: a key's share against another's, up to a million to one.
 MIN_WEIGHT, MAX_WEIGHT = 0.001, 1000.0
@@ -103,14 +103,31 @@ def claim_rows(s: Settings, params: dict[str, Any], *, route_first: bool,
     fair = queue in s.fair_queues
     found: list[dict[str, Any]] = yield rows("claim_fair" if fair else "claim_batch", route_first=route_first,
                                              **params)
-    if not fair and found and found[0]["id"] is None and found[0].get("fair_due"):
-        if one_statement:
+    if not fair:
+        # claim_batch stood aside: its row of flags says so (PostgreSQL), or it claimed
+        # nothing and fair_due tells (SQLite, whose statement answers no row then)
+        if found:
+            due = found[0]["id"] is None and bool(found[0].get("fair_due"))
+        else:
+            due = bool(((yield one("fair_due", queue=queue)) or {}).get("fair_due"))
+        if not due:
+            return found
+        if one_statement and found:
             yield COMMIT
             yield BEGIN_ONE
         found = yield rows("claim_fair", route_first=route_first, **params)
-        fair = True
-    if fair and found and not found[0].get("fair_due", True):  # no key queued any more
-        s.fair_queues.discard(queue)
-    elif fair:
+    if _keys_left(found):
         s.fair_queues.add(queue)
+    else:
+        s.fair_queues.discard(queue)
     return found
+
+
+def _keys_left(found: list[dict[str, Any]]) -> bool:
+    """Whether claim_fair's answer leaves the queue using fairness keys: its flag
+    (PostgreSQL's rows carry fair_due), or a task served under a key (SQLite's claimed
+    rows: none was, in FIFO order, when no key is queued). Nothing claimed on SQLite
+    says nothing: the queue's next claim runs claim_fair again."""
+    if found and "fair_due" in found[0]:
+        return bool(found[0]["fair_due"])
+    return not found or any(r.get("fair_key") is not None for r in found)

@@ -875,6 +875,15 @@ SELECT c.*, f.routing_due, f.worker_ok, f.first_key IS NOT NULL AS fair_due,
        /* TEMPLATE: claim_limit_wait */
 FROM flags f LEFT JOIN claimed c ON true LEFT JOIN fair_pick p ON p.id = c.id;
 
+-- name: fair_due
+-- callers: worker
+-- FAIR SHARE: whether a task with a fairness key is queued in the queue. The
+-- claim asks it only where claim_batch answers no row when it claims nothing
+-- (SQLite); here claim_batch's row of flags says it (its fair_due column).
+SELECT (SELECT k.fairness_key FROM leaseq_tasks k
+        WHERE k.status = 'queued' AND k.queue = %(queue)s AND k.fairness_key IS NOT NULL
+        ORDER BY k.fairness_key LIMIT 1) IS NOT NULL AS fair_due;
+
 -- name: renew_leases
 -- callers: worker
 -- guard: lease

@@ -67,18 +67,24 @@ SET vtime = max(vtime, excluded.vtime - excluded.service) + excluded.service,
     claimed = claimed + excluded.claimed,
     served_at = excluded.served_at
 
--- template: claim
--- THE CLAIM, SQLite's form: claim_batch and claim_fair are this one statement
--- (see the PostgreSQL file). With no data-modifying CTEs, a second statement
--- would cost no round trip here, but the claim of a queue without fairness
--- keys reads none of the FAIR SHARE steps' rows either way.
-WITH RECURSIVE flags AS MATERIALIZED (
+-- template: claim_flags
+-- THE CLAIM'S FLAGS, SQLite's form (see claim_head in the PostgreSQL file):
+-- fair, whether a task with a fairness key is queued here (a probe of
+-- leaseq_tasks_fair, which holds no entry in a queue without keys; INDEXED
+-- BY: a table scan would stop at the first match, after every finished task).
+flags AS MATERIALIZED (
     -- FAIR SHARE: whether a task with a fairness key is queued here (a probe
     -- of leaseq_tasks_fair, which holds no entry in a queue without keys)
     -- (INDEXED BY: a table scan would stop at the first match, after every finished task)
     SELECT EXISTS (SELECT 1 FROM leaseq_tasks k INDEXED BY leaseq_tasks_fair
                    WHERE k.status = 'queued' AND k.queue = :queue AND k.fairness_key IS NOT NULL) AS fair
-), plain AS MATERIALIZED (
+)
+
+-- template: claim_plain
+-- THE CLAIM'S FIFO CANDIDATES, SQLite's form: a queue with no fairness key
+-- queued, in claim order from the claimable index; none when one is queued
+-- (the flag gates the LIMIT: a term of the WHERE would be tested row by row).
+plain AS MATERIALIZED (
     -- the claim of a queue without fairness keys: the claimable index in claim order
     -- (the flag gates the LIMIT: a term of the WHERE would be tested row by row)
     SELECT id, limits, units, priority, available_at FROM leaseq_tasks
@@ -86,62 +92,14 @@ WITH RECURSIVE flags AS MATERIALIZED (
       /* TEMPLATE: claimable */
     ORDER BY priority DESC, available_at, id
     LIMIT CASE WHEN (SELECT f.fair FROM flags f) THEN 0 ELSE :limit END
-), fair_keys(key) AS (
-    -- FAIR SHARE: the keys with tasks queued, one probe of leaseq_tasks_fair each
-    SELECT (SELECT k.fairness_key FROM leaseq_tasks k INDEXED BY leaseq_tasks_fair
-            WHERE k.status = 'queued' AND k.queue = :queue AND k.fairness_key IS NOT NULL
-            ORDER BY k.fairness_key LIMIT 1)
-    WHERE (SELECT f.fair FROM flags f)
-    UNION ALL
-    SELECT (SELECT k.fairness_key FROM leaseq_tasks k INDEXED BY leaseq_tasks_fair
-            WHERE k.status = 'queued' AND k.queue = :queue AND k.fairness_key IS NOT NULL
-              AND k.fairness_key > g.key
-            ORDER BY k.fairness_key LIMIT 1)
-    FROM fair_keys g WHERE g.key IS NOT NULL
-), fair_ready AS MATERIALIZED (
-    -- FAIR SHARE: each key's first tasks in claim order, and the first of the
-    -- tasks without a key (see the PostgreSQL file): one claim's worth, as no
-    -- claim runs beside this one here
-    SELECT g.key, t.id, t.priority, t.available_at, 1.0 / coalesce(t.fairness_weight, 1) AS cost
-    FROM fair_keys g JOIN leaseq_tasks t ON t.id IN (
-        SELECT id FROM leaseq_tasks
-        WHERE status = 'queued' AND queue = :queue AND fairness_key = g.key
-          /* TEMPLATE: claimable */
-        ORDER BY priority DESC, available_at, id
-        LIMIT :limit)
-    WHERE g.key IS NOT NULL
-    UNION ALL
-    SELECT '', id, priority, available_at, 1.0 FROM (
-        SELECT id, priority, available_at FROM leaseq_tasks
-        WHERE status = 'queued' AND queue = :queue AND fairness_key IS NULL
-          /* TEMPLATE: claimable */
-        ORDER BY priority DESC, available_at, id
-        LIMIT CASE WHEN (SELECT f.fair FROM flags f) THEN :limit ELSE 0 END)
-), fair_start AS MATERIALIZED (
-    -- FAIR SHARE: where each key's virtual time starts, at each priority (see the PostgreSQL file)
-    SELECT g.key, g.priority,
-           max(coalesce(kv.vtime, v.at - g.cost),
-               v.at - g.cost) AS start
-    FROM (SELECT key, priority, max(cost) AS cost FROM fair_ready GROUP BY key, priority) g
-    JOIN (SELECT p.priority, (SELECT coalesce(max(qv.vstart), 0) FROM leaseq_fairness qv
-                              WHERE qv.queue = :queue AND qv.priority = p.priority) AS at
-          FROM (SELECT DISTINCT priority FROM fair_ready) p) v ON v.priority = g.priority
-    LEFT JOIN leaseq_fairness kv ON kv.queue = :queue AND kv.priority = g.priority AND kv.key = g.key
-), fair_pick AS MATERIALIZED (
-    -- FAIR SHARE: priority first, then the lowest virtual finish
-    SELECT t.id, t.limits, t.units, t.priority, t.available_at, o.key, o.cost, o.start, o.tag
-    FROM (SELECT r.id, r.key, r.cost, fs.start,
-                 fs.start + sum(r.cost) OVER (PARTITION BY r.key, r.priority ORDER BY r.available_at, r.id) AS tag
-          FROM fair_ready r JOIN fair_start fs ON fs.key = r.key AND fs.priority = r.priority) o
-    JOIN leaseq_tasks t ON t.id = o.id
-    ORDER BY t.priority DESC, o.tag, t.available_at, t.id
-    LIMIT :limit
-), candidate AS MATERIALIZED (
-    SELECT id, limits, units, priority, available_at, NULL AS key, NULL AS cost, NULL AS start, NULL AS tag
-    FROM plain
-    UNION ALL
-    SELECT id, limits, units, priority, available_at, key, cost, start, tag FROM fair_pick
-), demand AS (
+)
+
+-- template: claim_judge
+-- LIMITS: each (candidate, limit) pair with its cost and the limit's demand
+-- up to it in claim order, and the candidates no limit has room for. The
+-- transaction holds the write lock: the rows read here stay as read until
+-- it commits (take_limits).
+demand AS (
     -- LIMITS: each (candidate, limit) pair with its cost and the limit's
     -- demand up to it in claim order. The transaction holds the write lock:
     -- the rows read here stay as read until it commits (take_limits).
@@ -158,6 +116,11 @@ WITH RECURSIVE flags AS MATERIALIZED (
     WHERE NOT (d.max_running IS NULL OR d.running + d.upto <= d.max_running OR (d.running = 0 AND d.upto = d.cost))
        OR NOT (d.per_second IS NULL OR d.upto <= d.tokens + 1e-9 OR (d.tokens >= d.burst AND d.upto = d.cost))
 )
+
+-- template: claim_update
+-- THE CLAIM'S LEASES, SQLite's form: the candidates not refused, leased (a
+-- candidate naming no limit is never judged: the claim of tasks without
+-- limits runs none of the limits' steps).
 UPDATE leaseq_tasks AS t
 SET status = 'running',
     lease_owner = :worker_id,
@@ -173,14 +136,6 @@ SET status = 'running',
 -- (a candidate naming no limit is never judged: the claim of tasks without
 -- limits runs none of the limits' steps)
 WHERE t.id IN (SELECT c.id FROM candidate c WHERE c.limits IS NULL OR c.id NOT IN (SELECT r.id FROM refused r))
--- the lease this claim was given (both times are the one 'now' of this statement);
--- FAIR SHARE: the key a task was served under and its virtual start, cost and
--- finish (NULL: the queue uses no fairness keys; read only when it does)
-RETURNING *, round(lease_expires_at - claimed_at, 6) AS lease_granted,
-          CASE WHEN (SELECT f.fair FROM flags f) THEN (SELECT p.key FROM fair_pick p WHERE p.id = leaseq_tasks.id) END AS fair_key,
-          CASE WHEN (SELECT f.fair FROM flags f) THEN (SELECT p.start FROM fair_pick p WHERE p.id = leaseq_tasks.id) END AS fair_start,
-          CASE WHEN (SELECT f.fair FROM flags f) THEN (SELECT p.cost FROM fair_pick p WHERE p.id = leaseq_tasks.id) END AS fair_cost,
-          CASE WHEN (SELECT f.fair FROM flags f) THEN (SELECT p.tag FROM fair_pick p WHERE p.id = leaseq_tasks.id) END AS fair_tag
 
 -- name: migrations_lock
 -- no-op: SQLite runs one writer at a time (BEGIN IMMEDIATE): nothing to lock
@@ -506,15 +461,101 @@ RETURNING id, attempts;
 -- in it too; nothing comes back when nothing was claimed, and the caller
 -- then takes the slow path. The transaction holds the write lock: what the
 -- FAIR SHARE steps read stays as read until it commits.
--- FAIR SHARE: the claim serves fairness keys itself here (claim_fair is the
--- same statement), so it never answers fair_due.
-/* TEMPLATE: claim */;
+-- FAIR SHARE: when a task with a fairness key is queued here, this statement
+-- claims nothing, and the caller asks fair_due, then claims with claim_fair.
+WITH
+    /* TEMPLATE: claim_flags */,
+    /* TEMPLATE: claim_plain */,
+candidate AS MATERIALIZED (
+    SELECT id, limits, units, priority, available_at, NULL AS tag FROM plain
+),
+    /* TEMPLATE: claim_judge */
+/* TEMPLATE: claim_update */
+-- the lease this claim was given (both times are the one 'now' of this statement)
+RETURNING *, round(lease_expires_at - claimed_at, 6) AS lease_granted;
 
 -- name: claim_fair
 -- guard: none -- takes new leases: no lease exists yet to guard
 -- unused: compact -- the caller writes the "claimed" events (no data-modifying CTEs in SQLite)
--- claim_batch's statement (see the PostgreSQL file for why it is two there).
-/* TEMPLATE: claim */;
+-- See the PostgreSQL file: the claim of a queue with a fairness key queued,
+-- the same steps with the candidates chosen by fair share; the caller
+-- charges the keys (charge_fair_share) in the same transaction. With no key
+-- queued (any more) it claims in FIFO order, as claim_batch does.
+WITH RECURSIVE
+    /* TEMPLATE: claim_flags */,
+    /* TEMPLATE: claim_plain */,
+fair_keys(key) AS (
+    -- FAIR SHARE: the keys with tasks queued, one probe of leaseq_tasks_fair each
+    SELECT (SELECT k.fairness_key FROM leaseq_tasks k INDEXED BY leaseq_tasks_fair
+            WHERE k.status = 'queued' AND k.queue = :queue AND k.fairness_key IS NOT NULL
+            ORDER BY k.fairness_key LIMIT 1)
+    WHERE (SELECT f.fair FROM flags f)
+    UNION ALL
+    SELECT (SELECT k.fairness_key FROM leaseq_tasks k INDEXED BY leaseq_tasks_fair
+            WHERE k.status = 'queued' AND k.queue = :queue AND k.fairness_key IS NOT NULL
+              AND k.fairness_key > g.key
+            ORDER BY k.fairness_key LIMIT 1)
+    FROM fair_keys g WHERE g.key IS NOT NULL
+), fair_ready AS MATERIALIZED (
+    -- FAIR SHARE: each key's first tasks in claim order, and the first of the
+    -- tasks without a key (see the PostgreSQL file): one claim's worth, as no
+    -- claim runs beside this one here
+    SELECT g.key, t.id, t.priority, t.available_at, 1.0 / coalesce(t.fairness_weight, 1) AS cost
+    FROM fair_keys g JOIN leaseq_tasks t ON t.id IN (
+        SELECT id FROM leaseq_tasks
+        WHERE status = 'queued' AND queue = :queue AND fairness_key = g.key
+          /* TEMPLATE: claimable */
+        ORDER BY priority DESC, available_at, id
+        LIMIT :limit)
+    WHERE g.key IS NOT NULL
+    UNION ALL
+    SELECT '', id, priority, available_at, 1.0 FROM (
+        SELECT id, priority, available_at FROM leaseq_tasks
+        WHERE status = 'queued' AND queue = :queue AND fairness_key IS NULL
+          /* TEMPLATE: claimable */
+        ORDER BY priority DESC, available_at, id
+        LIMIT CASE WHEN (SELECT f.fair FROM flags f) THEN :limit ELSE 0 END)
+), fair_start AS MATERIALIZED (
+    -- FAIR SHARE: where each key's virtual time starts, at each priority (see the PostgreSQL file)
+    SELECT g.key, g.priority,
+           max(coalesce(kv.vtime, v.at - g.cost),
+               v.at - g.cost) AS start
+    FROM (SELECT key, priority, max(cost) AS cost FROM fair_ready GROUP BY key, priority) g
+    JOIN (SELECT p.priority, (SELECT coalesce(max(qv.vstart), 0) FROM leaseq_fairness qv
+                              WHERE qv.queue = :queue AND qv.priority = p.priority) AS at
+          FROM (SELECT DISTINCT priority FROM fair_ready) p) v ON v.priority = g.priority
+    LEFT JOIN leaseq_fairness kv ON kv.queue = :queue AND kv.priority = g.priority AND kv.key = g.key
+), fair_pick AS MATERIALIZED (
+    -- FAIR SHARE: priority first, then the lowest virtual finish
+    SELECT t.id, t.limits, t.units, t.priority, t.available_at, o.key, o.cost, o.start, o.tag
+    FROM (SELECT r.id, r.key, r.cost, fs.start,
+                 fs.start + sum(r.cost) OVER (PARTITION BY r.key, r.priority ORDER BY r.available_at, r.id) AS tag
+          FROM fair_ready r JOIN fair_start fs ON fs.key = r.key AND fs.priority = r.priority) o
+    JOIN leaseq_tasks t ON t.id = o.id
+    ORDER BY t.priority DESC, o.tag, t.available_at, t.id
+    LIMIT :limit
+), candidate AS MATERIALIZED (
+    SELECT id, limits, units, priority, available_at, NULL AS tag FROM plain
+    UNION ALL
+    SELECT id, limits, units, priority, available_at, tag FROM fair_pick
+),
+    /* TEMPLATE: claim_judge */
+/* TEMPLATE: claim_update */
+-- the lease this claim was given (both times are the one 'now' of this statement);
+-- FAIR SHARE: the key a task was served under and its virtual start, cost and
+-- finish (NULL: the queue uses no fairness keys; read only when it does)
+RETURNING *, round(lease_expires_at - claimed_at, 6) AS lease_granted,
+          CASE WHEN (SELECT f.fair FROM flags f) THEN (SELECT p.key FROM fair_pick p WHERE p.id = leaseq_tasks.id) END AS fair_key,
+          CASE WHEN (SELECT f.fair FROM flags f) THEN (SELECT p.start FROM fair_pick p WHERE p.id = leaseq_tasks.id) END AS fair_start,
+          CASE WHEN (SELECT f.fair FROM flags f) THEN (SELECT p.cost FROM fair_pick p WHERE p.id = leaseq_tasks.id) END AS fair_cost,
+          CASE WHEN (SELECT f.fair FROM flags f) THEN (SELECT p.tag FROM fair_pick p WHERE p.id = leaseq_tasks.id) END AS fair_tag;
+
+-- name: fair_due
+-- FAIR SHARE: whether a task with a fairness key is queued here, asked when
+-- claim_batch claimed nothing (it answers no row then): the claim then runs
+-- claim_fair.
+SELECT EXISTS (SELECT 1 FROM leaseq_tasks k INDEXED BY leaseq_tasks_fair
+               WHERE k.status = 'queued' AND k.queue = :queue AND k.fairness_key IS NOT NULL) AS fair_due;
 
 -- name: renew_leases
 -- guard: lease
