@@ -286,6 +286,9 @@ def test_racing_claimers_interleave_fairly_and_claim_each_task_once(dsn: str, q:
         row = rows[("default", 0, key)]
         assert row["claimed"] == served[key]
         assert math.isclose(row["service"], served[key] / weight, rel_tol=1e-9)
+        # its virtual time: where it started (new: one task's cost behind 0), moved on by
+        # every claim's charge, each from where the claim before it left it
+        assert math.isclose(row["vtime"], -1 / weight + served[key] / weight, rel_tol=1e-9), (key, row)
     total = sum(served.values())
     slack = THREADS * BATCH  # the claims in flight when the count was reached
     for key, weight in RACED.items():
