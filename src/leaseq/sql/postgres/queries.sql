@@ -133,7 +133,7 @@ SET vtime = greatest(s.vtime, excluded.vtime - excluded.service) + excluded.serv
 -- template: claim_head
 -- THE CLAIM'S FIRST STEPS, shared by claim_batch and claim_fair: the
 -- worker's row read FOR SHARE, an expired lease awaiting routing, the
--- claim's flags (first_key: the first fairness key with a task queued
+-- claim's flags (last_key: the last fairness key with a task queued
 -- here, NULL when none is).
 worker AS (
     SELECT w.id FROM leaseq_workers w
@@ -152,12 +152,13 @@ worker AS (
            AND (EXISTS (SELECT 1 FROM due)
                 OR EXISTS (SELECT 1 FROM leaseq_tasks s WHERE s.status = 'waiting' AND s.wake_at <= now()))
            AS routing_due,
-           -- FAIR SHARE: the first fairness key with a task queued here (a probe of
+           -- FAIR SHARE: the last fairness key with a task queued here (a probe of
            -- leaseq_tasks_fair, which holds no entry in a queue without keys;
-           -- NULL: none, and the claim reads as it always did)
+           -- NULL: none, and the claim reads as it always did). From the end:
+           -- its first entries are those of tasks claimed since the last vacuum
            (SELECT k.fairness_key FROM leaseq_tasks k
             WHERE k.status = 'queued' AND k.queue = %(queue)s AND k.fairness_key IS NOT NULL
-            ORDER BY k.fairness_key LIMIT 1) AS first_key
+            ORDER BY k.fairness_key DESC LIMIT 1) AS last_key
     FROM (SELECT EXISTS (SELECT 1 FROM worker) AS worker_ok) w
 )
 
@@ -766,7 +767,7 @@ plain AS (
     -- the claim of a queue without fairness keys: the claimable index in claim order
     SELECT id, limits, units, priority, available_at FROM leaseq_tasks
     WHERE status = 'queued' AND queue = %(queue)s AND fairness_key IS NULL AND available_at <= now()
-      AND (SELECT f.first_key IS NULL FROM flags f)
+      AND (SELECT f.last_key IS NULL FROM flags f)
       /* TEMPLATE: claimable */
     ORDER BY priority DESC, available_at, id
     LIMIT %(limit)s
@@ -775,7 +776,7 @@ plain AS (
     SELECT id, limits, units, priority, available_at, NULL::float8 AS tag FROM plain
 ),
     /* TEMPLATE: claim_lease */
-SELECT c.*, f.routing_due, f.worker_ok, f.first_key IS NOT NULL AS fair_due,
+SELECT c.*, f.routing_due, f.worker_ok, f.last_key IS NOT NULL AS fair_due,
        /* TEMPLATE: claim_limit_wait */
 FROM flags f LEFT JOIN claimed c ON true;
 
@@ -796,12 +797,14 @@ FROM flags f LEFT JOIN claimed c ON true;
 WITH RECURSIVE
     /* TEMPLATE: claim_head */,
 fair_keys(key) AS (
-    -- FAIR SHARE: the keys with tasks queued, one probe of leaseq_tasks_fair each
-    SELECT f.first_key FROM flags f WHERE f.first_key IS NOT NULL
+    -- FAIR SHARE: the keys with tasks queued, one probe of leaseq_tasks_fair
+    -- each, last to first: each probe lands on a key's newest task, never
+    -- walking the entries its claimed tasks left behind (until a vacuum)
+    SELECT f.last_key FROM flags f WHERE f.last_key IS NOT NULL
     UNION ALL
     SELECT (SELECT k.fairness_key FROM leaseq_tasks k
-            WHERE k.status = 'queued' AND k.queue = %(queue)s AND k.fairness_key > g.key
-            ORDER BY k.fairness_key LIMIT 1)
+            WHERE k.status = 'queued' AND k.queue = %(queue)s AND k.fairness_key < g.key
+            ORDER BY k.fairness_key DESC LIMIT 1)
     FROM fair_keys g WHERE g.key IS NOT NULL
 ), fair_ready AS (
     -- FAIR SHARE: each key's first tasks in claim order, and the first of the
@@ -865,12 +868,12 @@ charged AS (
     -- a claim beside this one that charged a key first moved its start on).
     -- With no key queued any more, the tasks without one were claimed in
     -- FIFO order, as claim_batch claims them, and nothing is charged.
-    /* TEMPLATE: charge_fair_share((SELECT p.key, p.priority, p.start, p.cost FROM fair_pick p WHERE p.id IN (SELECT id FROM claimed) AND (SELECT f.first_key IS NOT NULL FROM flags f)) x) */
+    /* TEMPLATE: charge_fair_share((SELECT p.key, p.priority, p.start, p.cost FROM fair_pick p WHERE p.id IN (SELECT id FROM claimed) AND (SELECT f.last_key IS NOT NULL FROM flags f)) x) */
 )
-SELECT c.*, f.routing_due, f.worker_ok, f.first_key IS NOT NULL AS fair_due,
+SELECT c.*, f.routing_due, f.worker_ok, f.last_key IS NOT NULL AS fair_due,
        -- FAIR SHARE: the key a task was served under ('': none) and its virtual
        -- start, cost and finish (NULL: claimed in FIFO order, no key queued)
-       CASE WHEN f.first_key IS NOT NULL THEN p.key END AS fair_key, p.start AS fair_start, p.cost AS fair_cost,
+       CASE WHEN f.last_key IS NOT NULL THEN p.key END AS fair_key, p.start AS fair_start, p.cost AS fair_cost,
        p.tag AS fair_tag,
        /* TEMPLATE: claim_limit_wait */
 FROM flags f LEFT JOIN claimed c ON true LEFT JOIN fair_pick p ON p.id = c.id;
@@ -882,7 +885,7 @@ FROM flags f LEFT JOIN claimed c ON true LEFT JOIN fair_pick p ON p.id = c.id;
 -- (SQLite); here claim_batch's row of flags says it (its fair_due column).
 SELECT (SELECT k.fairness_key FROM leaseq_tasks k
         WHERE k.status = 'queued' AND k.queue = %(queue)s AND k.fairness_key IS NOT NULL
-        ORDER BY k.fairness_key LIMIT 1) IS NOT NULL AS fair_due;
+        ORDER BY k.fairness_key DESC LIMIT 1) IS NOT NULL AS fair_due;
 
 -- name: renew_leases
 -- callers: worker

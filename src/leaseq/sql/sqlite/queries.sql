@@ -488,13 +488,13 @@ fair_keys(key) AS (
     -- FAIR SHARE: the keys with tasks queued, one probe of leaseq_tasks_fair each
     SELECT (SELECT k.fairness_key FROM leaseq_tasks k INDEXED BY leaseq_tasks_fair
             WHERE k.status = 'queued' AND k.queue = :queue AND k.fairness_key IS NOT NULL
-            ORDER BY k.fairness_key LIMIT 1)
+            ORDER BY k.fairness_key DESC LIMIT 1)
     WHERE (SELECT f.fair FROM flags f)
     UNION ALL
     SELECT (SELECT k.fairness_key FROM leaseq_tasks k INDEXED BY leaseq_tasks_fair
             WHERE k.status = 'queued' AND k.queue = :queue AND k.fairness_key IS NOT NULL
-              AND k.fairness_key > g.key
-            ORDER BY k.fairness_key LIMIT 1)
+              AND k.fairness_key < g.key
+            ORDER BY k.fairness_key DESC LIMIT 1)
     FROM fair_keys g WHERE g.key IS NOT NULL
 ), fair_ready AS MATERIALIZED (
     -- FAIR SHARE: each key's first tasks in claim order, and the first of the
