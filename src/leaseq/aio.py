@@ -24,7 +24,7 @@ from typing import Any, Literal, overload
 from . import engine
 from .core import checks
 from .core.capabilities import Capabilities
-from .core.errors import LeaseLost
+from .core.errors import BackendUnavailable, LeaseLost
 from .core.model import Approval, Claim, Effect, Event, StreamItem, Task, Worker
 from .engine.steps import Op, T
 from .observability.tracing import atraced_enqueue
@@ -41,6 +41,17 @@ class AsyncQueue:
 
     async def _arun(self, op: Op[T]) -> T:
         return await engine.adrive(self.sync.store, op)
+
+    async def _arun_again(self, make: Callable[[], Op[T]]) -> T:
+        """:meth:`Queue._run_again`, awaited."""
+        attempt = 1
+        while True:
+            try:
+                return await self._arun(make())
+            except BackendUnavailable as exc:
+                if not self.sync._run_again_after(exc, attempt):
+                    raise
+                attempt += 1
 
     @property
     def dialect(self) -> str:
@@ -359,13 +370,14 @@ class AsyncQueue:
     async def cancel(self, task_id: int, reason: str = "cancelled", *, by: str | None = None,
                      via: str | None = None, tree: bool = False) -> Task | dict[str, Any]:
         """:meth:`Queue.cancel`, awaited (``tree=True``: the cancel tree's report)."""
-        return await self._arun(engine.operator.cancel(self.settings, task_id, reason, by=by, via=via, tree=tree))
+        return await self._arun_again(lambda: engine.operator.cancel(self.settings, task_id, reason, by=by,
+                                                                          via=via, tree=tree))
 
     async def reconcile(self, task_id: int, outcome: str, note: str, *, result: Any = None, by: str | None = None,
                         via: str | None = None) -> Task:
         """:meth:`Queue.reconcile`, awaited."""
-        return await self._arun(engine.operator.reconcile(self.settings, task_id, outcome, note, result=result,
-                                                          by=by, via=via))
+        return await self._arun_again(lambda: engine.operator.reconcile(self.settings, task_id, outcome, note,
+                                                                        result=result, by=by, via=via))
 
     async def unblock(self, task_id: int, note: str, *, by: str | None = None, via: str | None = None) -> Task:
         """:meth:`Queue.unblock`, awaited."""
@@ -390,9 +402,9 @@ class AsyncQueue:
                            dry_run: bool = False, reason: str = "cancelled", by: str | None = None,
                            via: str | None = None) -> dict[str, Any]:
         """:meth:`Queue.cancel_where`, awaited."""
-        return await self._arun(engine.operator.cancel_where(self.settings, status=status, queue=queue, kind=kind,
-                                                             error=error, older_than=older_than, limit=limit,
-                                                             dry_run=dry_run, reason=reason, by=by, via=via))
+        return await self._arun_again(lambda: engine.operator.cancel_where(
+            self.settings, status=status, queue=queue, kind=kind, error=error, older_than=older_than, limit=limit,
+            dry_run=dry_run, reason=reason, by=by, via=via))
 
     async def pause(self, queue: str, *, create: bool = False, by: str | None = None,
                     via: str | None = None) -> dict[str, Any]:

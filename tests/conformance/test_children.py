@@ -362,3 +362,64 @@ def test_a_wait_racing_its_childs_end_never_misses_it(q: leaseq.Queue, dsn: str)
                 q.complete(w, claim, None)
     finally:
         other.close()
+
+
+def test_a_cancel_racing_the_last_childs_end_always_succeeds(q: leaseq.Queue, dsn: str) -> None:
+    """An operator cancels a waiting parent while its child's worker completes the child, at
+    once. The cancel locks the parent and then its children; the child's end locks the child
+    and then wakes its parent: on PostgreSQL the two can close a lock cycle, which the
+    database breaks by rolling one of them back. Whichever it is, nothing of it was written,
+    and it runs again: the cancel always succeeds and takes the tree, and the child's
+    completion either came first (the child completed) or is refused as a lost lease (it was
+    cancelled). Real threads on separate connections, many rounds (most of them meet the
+    cycle on PostgreSQL, each costing the database's deadlock_timeout, a second)."""
+    operator, worker_conn = leaseq.connect(dsn), leaseq.connect(dsn)
+    try:
+        w = q.register_worker("w")
+        for round_ in range(10):
+            parent = q.enqueue(f"tree-{round_}", {})
+            [claim] = q.claim(w, kinds=[f"tree-{round_}"])
+            ctx = TaskContext(q, w, claim, LOG)
+            child = ctx.spawn("leaf", {}, key="leaf")
+            with pytest.raises(Suspended):
+                ctx.wait_for(child)
+            [lease] = q.claim(w, kinds=["leaf"])
+            start = threading.Barrier(2)
+            outcomes: dict[str, Any] = {}
+
+            def cancel() -> None:
+                start.wait(timeout=30)
+                try:
+                    outcomes["cancel"] = operator.cancel(parent.id, reason="stop", by="ops", tree=True)
+                except BaseException as exc:  # noqa: BLE001 - reported to the test thread
+                    outcomes["cancel"] = exc
+
+            def end() -> None:  # as the worker's completer does: a call in transit is made again
+                start.wait(timeout=30)
+                for _ in range(5):
+                    try:
+                        worker_conn.complete(w, lease, "leaf done")
+                        outcomes["end"] = "completed"
+                    except leaseq.LeaseLost:
+                        outcomes["end"] = "refused"
+                    except leaseq.BackendUnavailable as exc:  # rolled back to break the lock cycle
+                        outcomes["end"] = exc
+                        continue
+                    except BaseException as exc:  # noqa: BLE001 - reported to the test thread
+                        outcomes["end"] = exc
+                    return
+
+            threads = [threading.Thread(target=cancel), threading.Thread(target=end)]
+            for t in threads:
+                t.start()
+            for t in threads:
+                t.join(timeout=60)
+            assert not isinstance(outcomes["cancel"], BaseException), (round_, outcomes)
+            assert outcomes["end"] in ("completed", "refused"), (round_, outcomes)
+            assert q.get(parent.id).status == "cancelled", round_
+            assert q.get(child.id).status == {"completed": "completed", "refused": "cancelled"}[outcomes["end"]]
+            [reported] = outcomes["cancel"]["children"]
+            assert reported["disposition"] == ("completed" if outcomes["end"] == "completed" else "unknown"), round_
+    finally:
+        operator.close()
+        worker_conn.close()

@@ -51,6 +51,20 @@ def unavailable(exc: BaseException, where: str | None = None) -> BackendUnavaila
     return None
 
 
+def rolled_back(exc: BaseException) -> bool:
+    """Whether ``exc`` says PostgreSQL rolled a whole transaction back to break a lock cycle
+    (``deadlock_detected``) or a serialization conflict (``serialization_failure``): nothing
+    of it was written, so running the same operation again from its start is correct, and
+    it then meets the other transaction's outcome. Such an error reaches callers as
+    :class:`BackendUnavailable` (retried by workers); an operator's call that can lock a
+    tree of tasks retries it itself (:meth:`leaseq.Queue.cancel`)."""
+    psycopg = sys.modules.get("psycopg")
+    if psycopg is None:
+        return False
+    cause = exc.__cause__ if isinstance(exc, BackendUnavailable) else exc
+    return isinstance(cause, (psycopg.errors.DeadlockDetected, psycopg.errors.SerializationFailure))
+
+
 @contextmanager
 def map_driver_errors(where: str | None = None) -> Iterator[None]:
     """Re-raise driver errors that mean "database unavailable" as :class:`BackendUnavailable`.

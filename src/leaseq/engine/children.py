@@ -235,9 +235,9 @@ def cancel_below(s: Settings, root: dict[str, Any], by: str,
 
     The children are locked after their parent, in id order, as renewals and completions
     lock rows. A child's end racing this cancel locks its waiting parent after the child
-    (:func:`leaseq.engine.dependencies.wake_parents`): of the two, PostgreSQL's deadlock
-    detector then ends the one that waited first, the child's end (its writer, the worker,
-    tries again and is refused: the child is cancelled)."""
+    (:func:`leaseq.engine.dependencies.wake_parents`): PostgreSQL breaks that cycle by
+    rolling one of the two back, and each runs again (the worker's call as any call in
+    transit, the operator's by :meth:`leaseq.Queue._run_again`), to meet the other's outcome."""
     report: dict[str, Any] = {"children": [], "intents": [], "effects": [], "waits": []}
     root_wait = _waiting_for(root)
     if root_wait is not None:

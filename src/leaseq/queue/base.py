@@ -9,18 +9,23 @@ from __future__ import annotations
 
 import contextlib
 import copy
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator
 from typing import TYPE_CHECKING, Any, Self
 
 from .. import engine
 from ..core import checks
-from ..core.errors import InvalidInput
+from ..core.errors import BackendUnavailable, InvalidInput
 from ..core.retry import DEFAULT_MAX_SNOOZES
 from ..engine.common import EVIDENCE_LEVELS, Settings
 from ..engine.steps import Op, T
 from ..store import Store, Tx
 from ..store.base import WorkListener
 from ..core.capabilities import Capabilities
+from ..db.errors import rolled_back
+
+#: How many times an operation the database rolled back to break a lock cycle is run
+#: (see :meth:`QueueBase._run_again`).
+ROLLED_BACK_ATTEMPTS = 5
 
 if TYPE_CHECKING:  # pragma: no cover
     from ..fencing.tokens import ActionSigner
@@ -58,6 +63,36 @@ class QueueBase:
 
     def _run(self, op: Op[T]) -> T:
         return engine.drive(self.store, op)
+
+    def _run_again(self, make: Callable[[], Op[T]]) -> T:
+        """``self._run(make())``, run again from its start when PostgreSQL rolled it back to
+        break a lock cycle (:func:`leaseq.db.errors.rolled_back`: nothing was written). For
+        the operator's calls that lock a tree of tasks from the top (a cancel, and its
+        children level by level), while a child's end locks the child and then wakes its
+        parent: the two orders cannot agree, and the database ends one of them. The
+        worker's side is retried as any call in transit is; this is the operator's side.
+        Inside a :meth:`joined` block the caller's transaction is the one rolled back, and
+        the error is the caller's."""
+        attempt = 1
+        while True:
+            try:
+                return self._run(make())
+            except BackendUnavailable as exc:
+                if not self._run_again_after(exc, attempt):
+                    raise
+                attempt += 1
+
+    def _run_again_after(self, exc: BaseException, attempt: int) -> bool:
+        """Whether :meth:`_run_again` (and its awaited twin) runs the operation once more after
+        ``exc`` ended its ``attempt``-th run."""
+        return attempt < ROLLED_BACK_ATTEMPTS and rolled_back(exc) and not self._in_joined
+
+    @property
+    def _in_joined(self) -> bool:
+        """Whether this is the view of a :meth:`joined` block (its calls share the block's transaction)."""
+        from ..store.joined import JoinedStore
+
+        return isinstance(self.store, JoinedStore)
 
     def _run_in(self, connection: Any, op: Op[T]) -> T:
         """Run ``op`` in the application's own open transaction on ``connection``; never commits."""

@@ -142,7 +142,8 @@ class OperatorOps(QueueBase):
         is kept in the evidence trail (a ``tree_cancelled`` event) with
         ``tree=True``, and whenever the task had spawned children.
         """
-        return self._run(engine.operator.cancel(self.settings, task_id, reason, by=by, via=via, tree=tree))
+        return self._run_again(lambda: engine.operator.cancel(self.settings, task_id, reason, by=by, via=via,
+                                                              tree=tree))
 
     def reconcile(self, task_id: int, outcome: str, note: str, *, result: Any = None, by: str | None = None,
                   via: str | None = None) -> Task:
@@ -153,8 +154,8 @@ class OperatorOps(QueueBase):
         Open intents are marked ``reconciled``. With ``cancel``, the intents the
         task recorded (``ctx.intend``) are cancelled or marked as by :meth:`cancel`.
         """
-        return self._run(engine.operator.reconcile(self.settings, task_id, outcome, note, result=result, by=by,
-                                                   via=via))
+        return self._run_again(lambda: engine.operator.reconcile(self.settings, task_id, outcome, note,
+                                                                 result=result, by=by, via=via))
 
     def unblock(self, task_id: int, note: str, *, by: str | None = None, via: str | None = None) -> Task:
         """Return a ``blocked`` task to the queue once its credential is repaired."""
@@ -200,9 +201,9 @@ class OperatorOps(QueueBase):
         :meth:`redrive`'s (``skipped``: ended meanwhile by an earlier cancellation's
         cascade).
         """
-        return self._run(engine.operator.cancel_where(self.settings, status=status, queue=queue, kind=kind,
-                                                      error=error, older_than=older_than, limit=limit,
-                                                      dry_run=dry_run, reason=reason, by=by, via=via))
+        return self._run_again(lambda: engine.operator.cancel_where(
+            self.settings, status=status, queue=queue, kind=kind, error=error, older_than=older_than, limit=limit,
+            dry_run=dry_run, reason=reason, by=by, via=via))
 
     # -- queues and limits -----------------------------------------------------
 
