@@ -9,6 +9,7 @@ Usage is read back from the database (``limits()``, the ledger, the task's ``spe
 
 from __future__ import annotations
 
+import logging
 import random
 import threading
 import time
@@ -18,6 +19,7 @@ import pytest
 
 import leaseq
 from leaseq.core.errors import AccessDenied, InvalidInput, LeaseLost
+from leaseq.worker.context import TaskContext
 
 from .support import WORKING_LEASE, wait_expired
 
@@ -411,3 +413,26 @@ def test_concurrent_workers_never_overshoot_a_per_minute_window_by_more_than_one
     current = int(q.now().timestamp() // 60)
     if current in by_window:
         assert window_row(q)["minute_used"] == by_window[current]  # the reservations were reconciled
+
+
+def test_denying_a_task_paused_for_its_budget_cancels_the_children_it_spawned(q: leaseq.Queue) -> None:
+    """A task that spent its budget waits for a person; denying it ends it, and the children
+    it spawned before (one running, one queued) end with it, as a cancel takes its tree."""
+    q.set_limit(TOK, per_day=100_000, counts="units")
+    w = q.register_worker("w")
+    task = q.enqueue("agent", limits=[TOK], units=10, budget={TOK: 50})
+    [claim] = q.claim(w, kinds=["agent"])
+    ctx = TaskContext(q, w, claim, logging.LoggerAdapter(logging.getLogger("test"), {}))
+    running, queued = ctx.spawn("step", {"n": 1}, key="one"), ctx.spawn("step", {"n": 2}, key="two")
+    [child_lease] = q.claim(w, kinds=["step"])
+    assert child_lease.task_id == running.id
+    assert q.consume(w, claim, "agent:consume:0", TOK, 80)["state"] == "paused"
+    assert q.get(task.id).status == "awaiting_approval"
+    q.deny(task.id, "too expensive", by="ops")
+    assert q.get(task.id).status == "denied"
+    assert [q.get(c.id).status for c in (running, queued)] == ["cancelled", "cancelled"]
+    with pytest.raises(LeaseLost):  # the running child's holder has lost its lease
+        q.complete(w, child_lease, "late")
+    [tree] = [e for e in q.events(task.id) if e.type == "tree_cancelled"]
+    assert [(c["task_id"], c["disposition"]) for c in tree.detail["children"]] == \
+        [(running.id, "unknown"), (queued.id, "not_started")]

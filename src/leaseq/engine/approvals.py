@@ -344,12 +344,20 @@ def deny(s: Settings, task_id: int, reason: str, *, by: str | None = None, via: 
 
 def _end_denied(s: Settings, before: dict[str, Any], req: dict[str, Any], reason: str, by: str, *,
                 from_status: Status = Status.AWAITING_APPROVAL) -> Op[None]:
-    """The task of a denied request ends ``denied``; the tasks waiting for it move on."""
+    """The task of a denied request ends ``denied``; the tasks waiting for it move on, and
+    what it left under way (a task paused for its budget may have spawned children, recorded
+    intents) ends with it, as a cancel takes its tree."""
+    from .children import cancel_below, tree_detail  # children imports enqueue, which imports this module
+
     task_id = before["id"]
     yield one("set_task_status", task_id=task_id, from_status=from_status.value,
               status=Status.DENIED.value, set_result=False, result=None, reset_attempts=False)
     yield from event(s, task_id, "denied", None, None, by=by, reason=reason, digest=req["digest"])
     yield from settle_dependents(s, [task_id])  # the tasks waiting for it are cancelled (or blocked)
+    report, _ = yield from cancel_below(s, before, by, f"denied: {reason}")
+    if report["children"]:
+        yield from event(s, task_id, "tree_cancelled", before["claim_generation"] or None, None, by=by,
+                         **tree_detail(report))
 
 
 def _deny_by_deadline(s: Settings, before: dict[str, Any], req: dict[str, Any], reason: str) -> Op[None]:
