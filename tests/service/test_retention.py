@@ -462,6 +462,52 @@ def test_the_audit_log_is_kept_on_the_evidence_clock(q: leaseq.Queue, dsn: str) 
     assert "pause" not in left and "resume" in left and "prune" in left
 
 
+def _age_rows(dsn: str, table: str, column: str, seconds: float) -> None:
+    """Move every row's ``column`` of ``table`` ``seconds`` into the past (a time, or an ISO day)."""
+    if dsn.startswith("sqlite"):
+        conn = sqlite3.connect(dsn.removeprefix("sqlite:///"))
+        try:
+            shift = (f"date({column}, '-{int(seconds // DAY)} days')" if column == "day"
+                     else f"{column} - {seconds}")
+            conn.execute(f"UPDATE {table} SET {column} = {shift}")
+            conn.commit()
+        finally:
+            conn.close()
+        return
+    import psycopg
+
+    with psycopg.connect(dsn) as conn:
+        conn.execute("SET ROLE leaseq_owner")
+        conn.execute(f"UPDATE {table} SET {column} = {column} - %s * interval '1 second'", (seconds,))
+
+
+def test_flow_keys_and_spend_per_day_are_pruned(q: leaseq.Queue, dsn: str) -> None:
+    """The lock rows of singleton and debounce keys no enqueue named within the retention are
+    forgotten (and made again by the next enqueue of the key, which still serializes); each
+    limit's spend per day goes with the evidence record's retention. Recent ones stay."""
+    q.set_limit("tok", per_day=1_000, counts="units")
+    w = q.register_worker("w")
+    q.enqueue("sync", singleton_key="customer-1")
+    q.enqueue("reindex", debounce=60, key="repo-1")
+    task = q.enqueue("call", limits=["tok"], units=10)
+    [claim] = q.claim(w, kinds=["call"])
+    q.consume(w, claim, "call:consume:0", "tok", 7)
+    q.complete(w, claim, None)
+    assert [r["units"] for r in q.limit_spend()] == [7]
+    counts = q.prune(30 * DAY)
+    assert (counts["flow_keys_pruned"], counts["spend_pruned"]) == (0, 0)  # all recent
+    _age_rows(dsn, "leaseq_flow_keys", "locked_at", 40 * DAY)
+    _age_rows(dsn, "leaseq_limit_spend", "day", 40 * DAY)
+    counts = q.prune(30 * DAY)  # the spend is within the evidence record's year
+    assert (counts["flow_keys_pruned"], counts["spend_pruned"]) == (2, 0)
+    counts = q.prune(30 * DAY, evidence_older_than_seconds=35 * DAY)
+    assert (counts["flow_keys_pruned"], counts["spend_pruned"]) == (0, 1)
+    assert q.limit_spend() == [] and q.get(task.id).status == "completed"
+    # the key works as before: its row is made again, and the singleton still holds
+    assert q.enqueue("sync", singleton_key="customer-1").enqueue_outcome == "skipped"
+    assert q.enqueue("sync", singleton_key="customer-2").enqueue_outcome == "created"
+
+
 def test_streams_have_a_retention_of_their_own(q: leaseq.Queue, dsn: str) -> None:
     """``streams_older_than_seconds`` deletes the streams of tasks that ended longer ago than
     that, and nothing else: the task, its trail (where each attempt's stream began) and a

@@ -500,4 +500,6 @@ def prune(ctx: click.Context, older_than: str, payloads_older_than: str | None, 
     click.echo(f"pruned {counts['tasks']} task(s), {counts['events']} event(s), {counts['effects']} effect(s); "
                f"cleared {counts['payloads']} task(s)' user data; kept {counts['evidence']} and pruned "
                f"{counts['evidence_pruned']} evidence entries and {counts['audit_pruned']} audit entries"
-               + (f"; deleted {counts['streams']} task(s)' streams" if streams is not None else ""))
+               + (f"; deleted {counts['streams']} task(s)' streams" if streams is not None else "")
+               + (f"; forgot {counts['spend_pruned']} day(s) of limit spend and {counts['flow_keys_pruned']} "
+                  "singleton or debounce key(s)" if counts["spend_pruned"] or counts["flow_keys_pruned"] else ""))

@@ -150,13 +150,15 @@ def prune(s: Settings, older_than_seconds: float, *, payloads_older_than_seconds
         settings["streams_older_than_seconds"] = streams
     keys = list(EVIDENCE_KEYS)
     counts = dict.fromkeys(("tasks", "events", "effects", "payloads", "evidence", "evidence_pruned",
-                            "audit_pruned", "streams"), 0)
+                            "audit_pruned", "streams", "flow_keys_pruned", "spend_pruned"), 0)
 
     def passes(step: str, cut: float) -> Op[None]:
         while True:
             yield BEGIN
             done = dict.fromkeys(counts, 0)
-            if step in ("evidence", "audit"):  # the evidence record, then the audit log: one clock
+            if step in ("evidence", "audit", "flow_keys", "spend"):
+                # the evidence record, the audit log and the spend per day (one clock), and the
+                # lock rows of singleton and debounce keys no enqueue named within the retention
                 n = len((yield rows(f"prune_{step}", older_than=cut, limit=batch)))
                 done[f"{step}_pruned"] = n
             elif step == "streams":  # the streams of ended tasks, on a retention of their own
@@ -185,6 +187,8 @@ def prune(s: Settings, older_than_seconds: float, *, payloads_older_than_seconds
         yield from passes("scrub", payloads)
     yield from passes("evidence", evidence)
     yield from passes("audit", evidence)
+    yield from passes("spend", evidence)
+    yield from passes("flow_keys", older)
     if record_empty and not any(counts.values()):
         yield BEGIN
         yield from audit(by, via, "prune", "retention", **settings, **counts)

@@ -60,7 +60,10 @@ class SchemaOps(QueueBase):
         counts: ``tasks``, ``events``, ``effects`` (deleted), ``payloads``
         (tasks cleared), ``evidence`` (evidence entries kept) and
         ``evidence_pruned`` (evidence entries deleted), ``audit_pruned`` (audit
-        entries deleted), ``streams`` (tasks whose stream was deleted by its retention).
+        entries deleted), ``streams`` (tasks whose stream was deleted by its retention),
+        ``spend_pruned`` (days of a limit's settled spend older than the evidence retention,
+        deleted) and ``flow_keys_pruned`` (singleton and debounce keys no enqueue named within
+        ``older_than_seconds``, forgotten: the next enqueue of a key makes its row again).
         """
         return self._run(engine.schema.prune(self.settings, older_than_seconds,
                                              payloads_older_than_seconds=payloads_older_than_seconds,

@@ -1784,6 +1784,34 @@ WHERE id IN (SELECT id FROM leaseq_audit
              FOR UPDATE SKIP LOCKED)
 RETURNING id;
 
+-- name: prune_flow_keys
+-- callers: operator
+-- The lock rows of singleton and debounce keys (leaseq_flow_keys) no enqueue
+-- has named within the retention: each carries nothing but the lock an
+-- enqueue of its key takes (flow_lock), which the next one makes again. A row
+-- an enqueue holds now is skipped, never waited for; one deleted under a
+-- waiting enqueue is inserted again by its upsert.
+DELETE FROM leaseq_flow_keys
+WHERE (scope, queue, key) IN (SELECT f.scope, f.queue, f.key FROM leaseq_flow_keys f
+                              WHERE f.locked_at < now() - %(older_than)s::float8 * interval '1 second'
+                              ORDER BY f.locked_at
+                              LIMIT %(limit)s
+                              FOR UPDATE SKIP LOCKED)
+RETURNING scope;
+
+-- name: prune_spend
+-- callers: operator
+-- Each limit's settled spend per UTC day (leaseq_limit_spend), for the days
+-- past the evidence record's retention: what leaseq limits spend, the
+-- dashboard and /metrics report is today's and the recent days'.
+DELETE FROM leaseq_limit_spend
+WHERE (key, day) IN (SELECT s.key, s.day FROM leaseq_limit_spend s
+                     WHERE s.day < (now() - %(older_than)s::float8 * interval '1 second')::date
+                     ORDER BY s.day
+                     LIMIT %(limit)s
+                     FOR UPDATE SKIP LOCKED)
+RETURNING key;
+
 -- name: list_evidence
 -- callers: operator, viewer
 SELECT id, task_id, queue, kind, task_status, ended_at, event_id, type, generation, worker_id, at, detail, kept_at

@@ -1135,6 +1135,24 @@ WHERE id IN (SELECT id FROM leaseq_audit
              LIMIT :limit)
 RETURNING id;
 
+-- name: prune_flow_keys
+-- See the PostgreSQL file (a write transaction of SQLite holds the file: no row to skip).
+DELETE FROM leaseq_flow_keys
+WHERE rowid IN (SELECT rowid FROM leaseq_flow_keys
+                WHERE locked_at < (julianday('now') - 2440587.5) * 86400.0 - :older_than
+                ORDER BY locked_at
+                LIMIT :limit)
+RETURNING scope;
+
+-- name: prune_spend
+-- See the PostgreSQL file. The day is the ISO date, as text: it orders as the date does.
+DELETE FROM leaseq_limit_spend
+WHERE rowid IN (SELECT rowid FROM leaseq_limit_spend
+                WHERE day < date((julianday('now') - 2440587.5) * 86400.0 - :older_than, 'unixepoch')
+                ORDER BY day
+                LIMIT :limit)
+RETURNING key;
+
 -- name: list_evidence
 SELECT id, task_id, queue, kind, task_status, ended_at, event_id, type, generation, worker_id, at, detail, kept_at
 FROM leaseq_evidence WHERE task_id = :task_id
