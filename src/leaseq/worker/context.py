@@ -261,8 +261,22 @@ class TaskContext:
         params = {"question": question, "schema": json_schema, "timeout": timeout, "model": model}
         return self._wait("ask", lambda: params, default)
 
-    def _wait(self, what: str, args: Callable[[], dict[str, Any]], default: Any = None) -> Any:
-        """One durable wait: its ledger key taken in call order, the guarded call, its outcome."""
+    def await_for_signal(self, name: str, timeout: float | None = None, default: Any = _NO_DEFAULT) -> Any:
+        """:meth:`wait_for_signal`, awaited from any async code of the handler (a framework's
+        async hook in a sync handler too): ``payload = await ctx.await_for_signal("approved")``."""
+        check_signal_name(name)
+        return self._wait("signal", lambda: {"name": name, "timeout": timeout}, default, blocking=False)
+
+    def wait_for_signal_blocking(self, name: str, timeout: float | None = None, default: Any = _NO_DEFAULT) -> Any:
+        """:meth:`wait_for_signal`, blocking the calling thread even in an async handler's code (a
+        sync framework's node); never on the event loop of an async handler."""
+        check_signal_name(name)
+        return self._wait("signal", lambda: {"name": name, "timeout": timeout}, default, blocking=True)
+
+    def _wait(self, what: str, args: Callable[[], dict[str, Any]], default: Any = None, *,
+              blocking: bool | None = None) -> Any:
+        """One durable wait: its ledger key taken in call order, the guarded call, its outcome
+        (``blocking``: answered in place, else awaitable; None: as the handler is)."""
         self.check()
         params = args()
         if what == "sleep":
@@ -275,7 +289,9 @@ class TaskContext:
             name = params["name"]
             key = _ledger_key(self.task.idempotency_key, f"signal:{name}",
                               self.next_tool_position(f"leaseq:signal:{name}"))
-        if not self.handler_is_async:
+        if blocking is None:
+            blocking = not self.handler_is_async
+        if blocking:
             return self._outcome(self._call_wait(what, key, params), default, params.get("model"))
         return self._await_wait(what, key, params, default)
 
