@@ -74,3 +74,15 @@ def test_a_viewer_gets_no_signal_form_and_cannot_post_one(page: Any, svc: Servic
     no_csrf = operator.post(f"/tasks/{task.id}/signal", data={"name": "go", "payload": "1"})
     assert no_csrf.status_code == 403
     assert snapshot(svc.dsn) == before and q.signals(task.id) == []
+
+
+def test_each_generation_shows_what_it_streamed(page: Any, svc: Service) -> None:
+    q = svc.q
+    task = q.enqueue("agent")
+    w = q.register_worker("w")
+    [c] = q.claim(w)
+    q.emit(w, c, {"step": 1})
+    q.emit(w, c, {"step": 2}, key=f"{task.idempotency_key}:emit:0")
+    login(page, svc.token("viewer", "vera"))
+    page.goto(f"/tasks/{task.id}")
+    assert page.inner_text('[data-generation="1"] .stream-size').startswith("Stream: 2 items (1 durable), seq ")

@@ -180,3 +180,24 @@ def test_a_stream_is_one_of_its_tokens_waiting_requests(q: leaseq.Queue, dsn: st
             thread.join(10)
         finally:
             svc.close()
+
+
+def test_the_timeline_gives_the_streams_size_per_attempt(svc: Service) -> None:
+    q = svc.q
+    w, first = _running(q, {"step": 1})
+    q.emit(w, first, {"step": 2}, key=f"{first.task.idempotency_key}:emit:0")  # durable: kept across the reset
+    q.fail(w, first, "boom", delay=0)
+    [second] = q.claim(w, queue=first.task.queue)
+    q.emit(w, second, {"step": 1})
+    view = svc.http(svc.token("viewer")).get(f"/v1/tasks/{first.task_id}/timeline").json()
+    sizes = {a["generation"]: a["stream"] for a in view["attempts"]}
+    assert {g: (s["items"], s["durable"]) for g, s in sizes.items()} == {1: (2, 1), 2: (1, 0)}
+    assert sizes[2]["first_seq"] > sizes[1]["last_seq"] and sizes[1]["first_at"] <= sizes[1]["last_at"]
+    stats = q.stream_stats(first.task_id)
+    assert view["stream"] == {"items": 3, "durable": 1, "last_seq": stats["last_seq"]}
+    assert [(a["generation"], a["items"], a["first_seq"], a["last_seq"]) for a in stats["attempts"]] == \
+        [(g, s["items"], s["first_seq"], s["last_seq"]) for g, s in sorted(sizes.items())]
+    # a task that emitted nothing: no attempt has a stream, and its size is zero
+    quiet = q.enqueue("quiet")
+    view = svc.http(svc.token("viewer")).get(f"/v1/tasks/{quiet.id}/timeline").json()
+    assert view["stream"] == {"items": 0, "durable": 0, "last_seq": 0} and view["attempts"] == []

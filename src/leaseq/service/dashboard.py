@@ -464,7 +464,7 @@ def task_page(request: Request, task_id: int = Path(ge=1, le=2**63 - 1), s: Sess
         task = q.get(task_id)
     except LeaseqError as exc:
         return render("error.html", request, s, status_code=404, message=str(exc))
-    view = task_timeline(task, q.events(task_id), q.effects(task_id), s.principal)
+    view = task_timeline(task, q.events(task_id), q.effects(task_id), s.principal, q.stream_stats(task_id))
     # the digest an approval from this page is bound to: only for a reader who sees the payload
     digest = digest_of(task) if task.status == "awaiting_approval" and s.principal.read_payloads else None
     unserved = stats.unserved_kinds(q, [task.kind] if task.status == "queued" else [])
