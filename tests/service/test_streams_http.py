@@ -8,6 +8,7 @@ entries and in time (then ``event: reconnect``), and counts among its token's wa
 
 from __future__ import annotations
 
+import asyncio
 import threading
 import time
 from typing import Any
@@ -16,6 +17,7 @@ import httpx
 import pytest
 
 import leaseq
+from leaseq.client import AsyncRemoteQueue
 from leaseq.service.wire import SseReader
 
 from .conftest import Service, serve
@@ -201,3 +203,40 @@ def test_the_timeline_gives_the_streams_size_per_attempt(svc: Service) -> None:
     quiet = q.enqueue("quiet")
     view = svc.http(svc.token("viewer")).get(f"/v1/tasks/{quiet.id}/timeline").json()
     assert view["stream"] == {"items": 0, "durable": 0, "last_seq": 0} and view["attempts"] == []
+
+
+def test_async_remote_queue_follows_a_stream_as_remote_queue_does(svc: Service) -> None:
+    q = svc.q
+    w, claim = _running(q, {"step": 1})
+    token = svc.token("viewer", read_payloads=True)
+
+    async def read() -> tuple[list[Any], list[int], list[Any]]:
+        async with AsyncRemoteQueue(svc.url, token, timeout=10) as arq:
+            live: list[Any] = []
+            async for entry in arq.stream(claim.task_id):  # follows until the task ends
+                live.append((entry.type, entry.item))
+                if entry.item == {"step": 1}:
+                    await asyncio.to_thread(q.emit, w, claim, {"step": 2})
+                elif entry.item == {"step": 2}:
+                    await asyncio.to_thread(q.complete, w, claim, None)
+            resumed = [e.seq async for e in arq.stream(claim.task_id, after=2)]
+            with pytest.raises(leaseq.InvalidInput) as bad:
+                arq.stream(claim.task_id, after=-1)  # checked at the call, as RemoteQueue does
+            assert bad.value.field == "after"
+            with pytest.raises(leaseq.NotFound):
+                [e async for e in arq.stream(10**9)]
+            # left early while following a live task: closed, nothing hangs
+            other_w, other = _running(q, "a", "b")
+            early = arq.stream(other.task_id)
+            first = [(await anext(early)).type, (await anext(early)).type, (await anext(early)).item]
+            with pytest.raises(asyncio.TimeoutError):  # cancelled while a thread waits for the next entry
+                await asyncio.wait_for(anext(early), 0.3)
+            await early.aclose()
+            await asyncio.to_thread(q.complete, other_w, other, None)
+            return live, resumed, first
+
+    live, resumed, first = asyncio.run(asyncio.wait_for(read(), 30))
+    assert live == [("reset", None), ("item", {"step": 1}), ("item", {"step": 2})]
+    assert resumed == [3]
+    assert first == ["reset", "item", "b"]
+
