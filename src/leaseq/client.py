@@ -415,11 +415,13 @@ class _Operations:
                      for name, value in options.items() if value is not None})
         return task_from((yield _Request("POST", path, body)))
 
-    def _wait_children(self, worker: Worker | str, claim: Claim, key: str,
-                       child_ids: Sequence[int]) -> _Op[dict[str, Any]]:
+    def _wait_children(self, worker: Worker | str, claim: Claim, key: str, child_ids: Sequence[int],
+                       timeout: float | None = None) -> _Op[dict[str, Any]]:
         _, path = self._worker_path(worker, claim, "children-wait")
-        return dict((yield _Request("POST", path, {"generation": claim.generation, "key": key,
-                                                   "children": check_children(child_ids)})))
+        body: dict[str, Any] = {"generation": claim.generation, "key": key, "children": check_children(child_ids)}
+        if timeout is not None:  # sent only when given: a service from before timeouts takes the rest
+            body["timeout"] = timeout
+        return dict((yield _Request("POST", path, body)))
 
     def _consume(self, worker: Worker | str, claim: Claim, key: str, limit_key: str,
                  units: int) -> _Op[dict[str, Any]]:
@@ -744,10 +746,10 @@ class RemoteQueue(_Operations):
         return self._run(self._spawn(worker, claim, kind, payload, key, options))
 
     def wait_children(self, worker: Worker | str, claim: Claim, key: str,
-                      child_ids: Sequence[int]) -> dict[str, Any]:
+                      child_ids: Sequence[int], *, timeout: float | None = None) -> dict[str, Any]:
         """A durable wait for children of the claimed task, under its lease; see
         :meth:`leaseq.Queue.wait_children`."""
-        return self._run(self._wait_children(worker, claim, key, child_ids))
+        return self._run(self._wait_children(worker, claim, key, child_ids, timeout))
 
     def cancel(self, task_id: int, reason: str = "cancelled", *, tree: bool = False) -> Task | dict[str, Any]:
         """Cancel a task (an operator token), recorded under this token's principal; with
@@ -1147,9 +1149,9 @@ class AsyncRemoteQueue(_Operations):
         return await self._run(self._spawn(worker, claim, kind, payload, key, options))
 
     async def wait_children(self, worker: Worker | str, claim: Claim, key: str,
-                            child_ids: Sequence[int]) -> dict[str, Any]:
+                            child_ids: Sequence[int], *, timeout: float | None = None) -> dict[str, Any]:
         """:meth:`RemoteQueue.wait_children`, awaited."""
-        return await self._run(self._wait_children(worker, claim, key, child_ids))
+        return await self._run(self._wait_children(worker, claim, key, child_ids, timeout))
 
     async def consume(self, worker: Worker | str, claim: Claim, key: str, limit_key: str,
                       units: int) -> dict[str, Any]:
