@@ -378,7 +378,8 @@ def decided(q: leaseq.Queue, task_id: int, signal: str, by: str) -> None:
     assert entry.response["sent_by"] == by and entry.response["signal"] == signal
 
 
-def test_pydantic_ai_approval_waits_durably_for_a_signal(app: leaseq.App, start_worker: Any) -> None:
+@pytest.mark.parametrize("handler", ["async", "sync"])
+def test_pydantic_ai_approval_waits_durably_for_a_signal(app: leaseq.App, start_worker: Any, handler: str) -> None:
     pytest.importorskip("pydantic_ai")
     from pydantic_ai import Agent
     from pydantic_ai.messages import ModelResponse, TextPart, ToolCallPart, ToolReturnPart
@@ -400,9 +401,14 @@ def test_pydantic_ai_approval_waits_durably_for_a_signal(app: leaseq.App, start_
     agent = Agent(LeaseqModel(FunctionModel(respond)), toolsets=[LeaseqToolset(toolset, effects=EFFECTS)],
                   capabilities=[LeaseqApprovals()])
 
-    @app.task("support.refund", effect="side_effect", actions=["refund"])
-    async def refund(ctx: leaseq.TaskContext, ticket: str) -> str:
-        return str((await agent.run(ticket)).output)
+    if handler == "async":
+        @app.task("support.refund", effect="side_effect", actions=["refund"])
+        async def refund(ctx: leaseq.TaskContext, ticket: str) -> str:
+            return str((await agent.run(ticket)).output)
+    else:  # the capability's async hook on the agent's own loop, in the handler's thread
+        @app.task("support.refund", effect="side_effect", actions=["refund"])
+        def refund(ctx: leaseq.TaskContext, ticket: str) -> str:
+            return str(agent.run_sync(ticket).output)
 
     yes, no = refund.enqueue(ticket="refund order 7"), refund.enqueue(ticket="refund order 8")
     running = start_worker(concurrency=2)
@@ -473,7 +479,8 @@ def test_openai_agents_tool_approval_waits_durably_for_a_signal(app: leaseq.App,
     assert any(e.type == "tool_replayed" for e in app.queue.events(yes.id))
 
 
-def test_langgraph_interrupt_waits_durably_for_a_signal(app: leaseq.App, start_worker: Any) -> None:
+@pytest.mark.parametrize("handler", ["sync", "async"])
+def test_langgraph_interrupt_waits_durably_for_a_signal(app: leaseq.App, start_worker: Any, handler: str) -> None:
     pytest.importorskip("langgraph")
     from langchain_core.messages import AIMessage, ToolMessage
     from langchain_core.runnables import RunnableLambda
@@ -481,7 +488,7 @@ def test_langgraph_interrupt_waits_durably_for_a_signal(app: leaseq.App, start_w
     from langgraph.graph import END, START, MessagesState, StateGraph
     from langgraph.types import interrupt
 
-    from leaseq.integrations.langgraph import LeaseqToolNode, invoke, model_node
+    from leaseq.integrations.langgraph import LeaseqToolNode, ainvoke, invoke, model_node
 
     world = World()
 
@@ -512,9 +519,14 @@ def test_langgraph_interrupt_waits_durably_for_a_signal(app: leaseq.App, start_w
     graph.add_edge("tools", "model")
     agent = graph.compile()
 
-    @app.task("support.refund", effect="side_effect", actions=["refund"])
-    def refund(ctx: leaseq.TaskContext, ticket: str) -> str:  # a sync handler: the blocking wait
-        return str(invoke(agent, {"messages": [("user", ticket)]})["messages"][-1].content)
+    if handler == "sync":
+        @app.task("support.refund", effect="side_effect", actions=["refund"])
+        def refund(ctx: leaseq.TaskContext, ticket: str) -> str:  # the blocking wait
+            return str(invoke(agent, {"messages": [("user", ticket)]})["messages"][-1].content)
+    else:
+        @app.task("support.refund", effect="side_effect", actions=["refund"])
+        async def refund(ctx: leaseq.TaskContext, ticket: str) -> str:  # the awaited wait
+            return str((await ainvoke(agent, {"messages": [("user", ticket)]}))["messages"][-1].content)
 
     yes, no = refund.enqueue(ticket="refund order 7"), refund.enqueue(ticket="refund order 8")
     running = start_worker(concurrency=2)
