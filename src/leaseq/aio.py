@@ -319,9 +319,10 @@ class AsyncQueue:
             limits=limits, units=units, resources=resources))
 
     async def wait_children(self, worker: Worker | str, claim: Claim, key: str,
-                            child_ids: Sequence[int]) -> dict[str, Any]:
+                            child_ids: Sequence[int], *, timeout: float | None = None) -> dict[str, Any]:
         """:meth:`Queue.wait_children`, awaited."""
-        return await self._arun(engine.children.wait_children(self.settings, worker, claim, key, child_ids))
+        return await self._arun(engine.children.wait_children(self.settings, worker, claim, key, child_ids,
+                                                              timeout=timeout))
 
     async def signal(self, task_id: int, name: str, payload: Any = None, *, by: str | None = None,
                      via: str | None = None) -> dict[str, Any]:

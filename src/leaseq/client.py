@@ -44,8 +44,8 @@ import os
 import time
 import urllib.request
 import warnings
-from collections.abc import Generator, Iterator, Mapping, Sequence
-from concurrent.futures import ThreadPoolExecutor
+from collections.abc import AsyncIterator, Generator, Iterator, Mapping, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any, TypeVar
@@ -169,6 +169,16 @@ class _Request:
     #: a long poll: the service may hold the request this many seconds before it answers
     wait: float = 0.0
     headers: dict[str, str] | None = None
+
+
+#: What ``next`` answers for an iterator that has no more entries (AsyncRemoteQueue.stream)
+_ENDED: Any = object()
+
+def _close(entries: Iterator[Any]) -> None:
+    """Close a generator of entries (its open response with it)."""
+    close = getattr(entries, "close", None)
+    if close is not None:
+        close()
 
 
 #: An operation: yields the requests it sends, is sent each one's decoded answer, returns its value.
@@ -405,11 +415,13 @@ class _Operations:
                      for name, value in options.items() if value is not None})
         return task_from((yield _Request("POST", path, body)))
 
-    def _wait_children(self, worker: Worker | str, claim: Claim, key: str,
-                       child_ids: Sequence[int]) -> _Op[dict[str, Any]]:
+    def _wait_children(self, worker: Worker | str, claim: Claim, key: str, child_ids: Sequence[int],
+                       timeout: float | None = None) -> _Op[dict[str, Any]]:
         _, path = self._worker_path(worker, claim, "children-wait")
-        return dict((yield _Request("POST", path, {"generation": claim.generation, "key": key,
-                                                   "children": check_children(child_ids)})))
+        body: dict[str, Any] = {"generation": claim.generation, "key": key, "children": check_children(child_ids)}
+        if timeout is not None:  # sent only when given: a service from before timeouts takes the rest
+            body["timeout"] = timeout
+        return dict((yield _Request("POST", path, body)))
 
     def _consume(self, worker: Worker | str, claim: Claim, key: str, limit_key: str,
                  units: int) -> _Op[dict[str, Any]]:
@@ -734,10 +746,10 @@ class RemoteQueue(_Operations):
         return self._run(self._spawn(worker, claim, kind, payload, key, options))
 
     def wait_children(self, worker: Worker | str, claim: Claim, key: str,
-                      child_ids: Sequence[int]) -> dict[str, Any]:
+                      child_ids: Sequence[int], *, timeout: float | None = None) -> dict[str, Any]:
         """A durable wait for children of the claimed task, under its lease; see
         :meth:`leaseq.Queue.wait_children`."""
-        return self._run(self._wait_children(worker, claim, key, child_ids))
+        return self._run(self._wait_children(worker, claim, key, child_ids, timeout))
 
     def cancel(self, task_id: int, reason: str = "cancelled", *, tree: bool = False) -> Task | dict[str, Any]:
         """Cancel a task (an operator token), recorded under this token's principal; with
@@ -1105,15 +1117,41 @@ class AsyncRemoteQueue(_Operations):
         """Append ``item`` to the task's stream under the lease; see :meth:`leaseq.Queue.emit`."""
         return await self._run(self._emit(worker, claim, item, key))
 
+    def stream(self, task_id: int, *, after: int = 0, follow: bool = True,
+               timeout: float | None = None) -> AsyncIterator[StreamItem]:
+        """:meth:`RemoteQueue.stream` for asyncio code: ``async for entry in arq.stream(task_id):``.
+
+        The same server-sent events, read by :meth:`RemoteQueue.stream` in this client's
+        threads (one is held while the stream waits for entries); the arguments are
+        checked now, as there."""
+        return self._in_threads(self.sync.stream(task_id, after=after, follow=follow, timeout=timeout))
+
+    async def _in_threads(self, entries: Iterator[StreamItem]) -> AsyncIterator[StreamItem]:
+        """Each entry of the blocking iterator ``entries``, read in this client's threads; it is
+        closed (its response with it) when the loop is left, once a read in flight returns."""
+        reading: Future[Any] | None = None
+        try:
+            while True:
+                reading = self._threads().submit(next, entries, _ENDED)
+                entry = await asyncio.wrap_future(reading)
+                if entry is _ENDED:
+                    return
+                yield entry
+        finally:
+            if reading is not None and not reading.done():  # left while a thread reads: close after it
+                reading.add_done_callback(lambda _read: _close(entries))
+            else:
+                self._threads().submit(_close, entries)
+
     async def spawn(self, worker: Worker | str, claim: Claim, kind: str, payload: Any = None, *, key: str,
                     **options: Any) -> Task:
         """:meth:`RemoteQueue.spawn`, awaited."""
         return await self._run(self._spawn(worker, claim, kind, payload, key, options))
 
     async def wait_children(self, worker: Worker | str, claim: Claim, key: str,
-                            child_ids: Sequence[int]) -> dict[str, Any]:
+                            child_ids: Sequence[int], *, timeout: float | None = None) -> dict[str, Any]:
         """:meth:`RemoteQueue.wait_children`, awaited."""
-        return await self._run(self._wait_children(worker, claim, key, child_ids))
+        return await self._run(self._wait_children(worker, claim, key, child_ids, timeout))
 
     async def consume(self, worker: Worker | str, claim: Claim, key: str, limit_key: str,
                       units: int) -> dict[str, Any]:

@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import threading
+import time
 from typing import Any
 
 import pytest
@@ -423,3 +424,41 @@ def test_a_cancel_racing_the_last_childs_end_always_succeeds(q: leaseq.Queue, ds
     finally:
         operator.close()
         worker_conn.close()
+
+
+def test_a_wait_for_children_times_out_and_a_retry_times_out_again(q: leaseq.Queue, transport: Any) -> None:  # noqa: F811
+    w = transport.register_worker("a")
+    parent = q.enqueue("plan", {}, idempotency_key="plan-t", max_attempts=3)
+
+    def handler(ctx: TaskContext) -> dict[str, Any]:
+        child = ctx.spawn("step", {"n": 1}, key="slow")  # never claimed here: it does not end
+        try:
+            return {"result": ctx.wait_for(child, timeout=0.3)}
+        except leaseq.WaitTimedOut as exc:
+            return {"timed_out": exc.name, "late": ctx.wait_for_all([child], timeout=0, default="late")}
+
+    ctx = _attempt(transport, w, ["plan"])
+    with pytest.raises(Suspended):
+        handler(ctx)
+    waiting = q.get(parent.id)
+    assert waiting.status == "waiting" and waiting.lease_owner is None and waiting.wake_at is not None
+    time.sleep(0.4)  # its timeout passes: the claim routes it as a due sleeper
+    again = _attempt(transport, w, ["plan"])
+    assert q.get(parent.id).wait_children is None  # woken by its timeout, not by its children
+    assert handler(again) == {"timed_out": "children", "late": "late"}
+    # recorded: an attempt after a failure times out again at the same place, waiting for nothing
+    transport.fail(w, again.claim, "crashed after the timeout", delay=0)
+    third = _attempt(transport, w, ["plan"])
+    assert handler(third) == {"timed_out": "children", "late": "late"}
+    [child] = [t for t in q.list_tasks(limit=100) if t.kind == "step"]  # no second child
+    assert child.status == "queued"  # the child runs on: only the wait ended
+    timed_out = [e for e in q.events(parent.id) if e.type == "wait_timed_out"]
+    assert [(e.generation, e.detail["children"], e.detail["pending"]) for e in timed_out] == \
+        [(2, [child.id], [child.id])] * 2
+    entries = [e for e in q.effects(parent.id) if e.response.get("state") == "timed_out"]
+    assert [(e.idempotency_key, e.generation) for e in entries] == [("plan-t:children:0", 2), ("plan-t:children:1", 2)]
+    with pytest.raises(leaseq.InvalidInput) as bad:
+        third.wait_for(child, timeout=-1)
+    assert bad.value.field == "timeout"
+    transport.complete(w, third.claim, None)
+    assert validate_queue(q) == []

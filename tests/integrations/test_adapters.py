@@ -349,3 +349,208 @@ def test_a_bad_usage_limit_is_refused_naming_the_field() -> None:
     with pytest.raises(leaseq.InvalidInput) as err:
         LeaseqModel(TestModel(), usage_limit="not a key")
     assert err.value.field == "usage_limit"
+
+
+# -- human in the loop: a framework's approval or interrupt is a durable wait ---------------
+#
+# Under a real worker on both backends: the task suspends (waiting, no lease), a signal carries
+# the person's decision, and the next attempt replays the run from the ledger and goes on.
+
+from tests.worker.conftest import RunningWorker, app, start_worker, wait_for  # noqa: E402,F401
+
+
+def suspended_without_lease(q: leaseq.Queue, *task_ids: int) -> None:
+    """Each task waits for a signal, holding no lease: wait until they all do."""
+    for task_id in task_ids:
+        wait_for(lambda: q.get(task_id).status == "waiting", timeout=20)
+        task = q.get(task_id)
+        assert task.lease_owner is None and task.lease_expires_at is None
+    assert sum(r["count"] for r in q.stats() if r["status"] == "running") == 0
+
+
+def decided(q: leaseq.Queue, task_id: int, signal: str, by: str) -> None:
+    """The task completed, having consumed ``signal`` once, recorded with its sender."""
+    wait_for(lambda: q.get(task_id).status in ("completed", "dead", "failed"), timeout=20)
+    assert q.get(task_id).status == "completed", q.get(task_id).last_error
+    received = [e for e in q.events(task_id) if e.type == "signal_received"]
+    assert [(e.detail["signal"], e.detail["sent_by"]) for e in received] == [(signal, by)]
+    [entry] = [e for e in q.effects(task_id) if e.action == "leaseq.signal" and e.response.get("state") == "received"]
+    assert entry.response["sent_by"] == by and entry.response["signal"] == signal
+
+
+@pytest.mark.parametrize("handler", ["async", "sync"])
+def test_pydantic_ai_approval_waits_durably_for_a_signal(app: leaseq.App, start_worker: Any, handler: str) -> None:
+    pytest.importorskip("pydantic_ai")
+    from pydantic_ai import Agent
+    from pydantic_ai.messages import ModelResponse, TextPart, ToolCallPart, ToolReturnPart
+    from pydantic_ai.models.function import FunctionModel
+    from pydantic_ai.toolsets import FunctionToolset
+
+    from leaseq.integrations.pydantic_ai import LeaseqApprovals, LeaseqModel, LeaseqToolset
+
+    world = World()
+
+    def respond(messages: list[Any], info: Any) -> ModelResponse:
+        world.model_calls += 1
+        returns = [p for m in messages for p in getattr(m, "parts", []) if isinstance(p, ToolReturnPart)]
+        if returns:
+            return ModelResponse(parts=[TextPart(f"done: {returns[-1].model_response_str()}")])
+        return ModelResponse(parts=[ToolCallPart("refund", {"amount": 5}, tool_call_id="call_b")])
+
+    toolset = FunctionToolset([world.refund], requires_approval=True)
+    agent = Agent(LeaseqModel(FunctionModel(respond)), toolsets=[LeaseqToolset(toolset, effects=EFFECTS)],
+                  capabilities=[LeaseqApprovals()])
+
+    if handler == "async":
+        @app.task("support.refund", effect="side_effect", actions=["refund"])
+        async def refund(ctx: leaseq.TaskContext, ticket: str) -> str:
+            return str((await agent.run(ticket)).output)
+    else:  # the capability's async hook on the agent's own loop, in the handler's thread
+        @app.task("support.refund", effect="side_effect", actions=["refund"])
+        def refund(ctx: leaseq.TaskContext, ticket: str) -> str:
+            return str(agent.run_sync(ticket).output)
+
+    yes, no = refund.enqueue(ticket="refund order 7"), refund.enqueue(ticket="refund order 8")
+    running = start_worker(concurrency=2)
+    suspended_without_lease(app.queue, yes.id, no.id)
+    assert world.ran == [] and world.model_calls == 2
+    app.queue.signal(yes.id, "approval:call_b", {"approved": True}, by="ann")
+    app.queue.signal(no.id, "approval:call_b", {"approved": False, "message": "not this one"}, by="bob")
+    decided(app.queue, yes.id, "approval:call_b", "ann")
+    decided(app.queue, no.id, "approval:call_b", "bob")
+    running.stop()
+    assert app.queue.get(yes.id).result == 'done: {"refunded":5}'
+    assert app.queue.get(no.id).result == "done: not this one"
+    assert world.ran == ["refund"] and world.model_calls == 4  # the first request of each replayed
+    assert any(e.type == "tool_replayed" for e in app.queue.events(yes.id))
+
+
+def test_openai_agents_tool_approval_waits_durably_for_a_signal(app: leaseq.App, start_worker: Any) -> None:
+    pytest.importorskip("agents")
+    from agents import Agent, function_tool, set_tracing_disabled
+    from agents.items import ModelResponse
+    from agents.models.interface import Model
+    from agents.usage import Usage
+    from openai.types.responses import ResponseFunctionToolCall, ResponseOutputMessage, ResponseOutputText
+
+    from leaseq.integrations.openai_agents import LeaseqModel, ledgered_tools, run
+
+    set_tracing_disabled(True)
+    world = World()
+
+    class ScriptedModel(Model):
+        async def get_response(self, system_instructions: Any, input: Any, *args: Any, **kwargs: Any) -> Any:
+            world.model_calls += 1
+            outputs = [i for i in input if (i.get("type") if isinstance(i, dict) else i.type)
+                       == "function_call_output"] if not isinstance(input, str) else []
+            if outputs:
+                last = outputs[-1]
+                said = last.get("output") if isinstance(last, dict) else last.output
+                return ModelResponse(output=[ResponseOutputMessage(
+                    type="message", id="msg_1", role="assistant", status="completed",
+                    content=[ResponseOutputText(type="output_text", text=f"done: {said}", annotations=[])])],
+                    usage=Usage(), response_id=None)
+            return ModelResponse(output=[ResponseFunctionToolCall(
+                type="function_call", name="refund", arguments=json.dumps({"amount": 5}), call_id="call_b",
+                id="fc_call_b", status="completed")], usage=Usage(), response_id=None)
+
+        def stream_response(self, *args: Any, **kwargs: Any) -> Any:
+            raise NotImplementedError
+
+    agent = Agent(name="refunds", model=LeaseqModel(ScriptedModel()),
+                  tools=ledgered_tools([function_tool(world.refund, needs_approval=True)], effects=EFFECTS))
+
+    @app.task("support.refund", effect="side_effect", actions=["refund"])
+    async def refund(ctx: leaseq.TaskContext, ticket: str) -> str:
+        return str((await run(agent, ticket)).final_output)
+
+    yes, no = refund.enqueue(ticket="refund order 7"), refund.enqueue(ticket="refund order 8")
+    running = start_worker(concurrency=2)
+    suspended_without_lease(app.queue, yes.id, no.id)
+    assert world.ran == [] and world.model_calls == 2
+    app.queue.signal(yes.id, "approval:call_b", True, by="ann")
+    app.queue.signal(no.id, "approval:call_b", {"approved": False, "message": "not this one"}, by="bob")
+    decided(app.queue, yes.id, "approval:call_b", "ann")
+    decided(app.queue, no.id, "approval:call_b", "bob")
+    running.stop()
+    assert app.queue.get(yes.id).result == "done: {'refunded': 5}"
+    assert app.queue.get(no.id).result == "done: not this one"
+    assert world.ran == ["refund"] and world.model_calls == 4  # the first response of each replayed
+    assert any(e.type == "tool_replayed" for e in app.queue.events(yes.id))
+
+
+@pytest.mark.parametrize("handler", ["sync", "async"])
+def test_langgraph_interrupt_waits_durably_for_a_signal(app: leaseq.App, start_worker: Any, handler: str) -> None:
+    pytest.importorskip("langgraph")
+    from langchain_core.messages import AIMessage, ToolMessage
+    from langchain_core.runnables import RunnableLambda
+    from langchain_core.tools import tool
+    from langgraph.graph import END, START, MessagesState, StateGraph
+    from langgraph.types import interrupt
+
+    from leaseq.integrations.langgraph import LeaseqToolNode, ainvoke, invoke, model_node
+
+    world = World()
+
+    def respond(messages: list[Any]) -> AIMessage:
+        world.model_calls += 1
+        said = [m.content for m in messages if isinstance(m, ToolMessage)]
+        if said:
+            return AIMessage(content=f"done: {said[-1]}")
+        return AIMessage(content="", tool_calls=[{"name": "refund", "args": {"amount": 5}, "id": "call_b"}])
+
+    def review(state: Any) -> dict[str, Any]:
+        decision = interrupt({"tool_calls": state["messages"][-1].tool_calls})  # a person decides
+        if decision.get("approved"):
+            return {"messages": []}
+        return {"messages": [AIMessage(content=f"denied: {decision.get('message')}")]}
+
+    def route(state: Any) -> str:
+        last = state["messages"][-1]
+        return "tools" if isinstance(last, AIMessage) and last.tool_calls else END
+
+    graph = StateGraph(MessagesState)
+    graph.add_node("model", model_node(RunnableLambda(respond)))
+    graph.add_node("review", review)
+    graph.add_node("tools", LeaseqToolNode([tool(world.refund)], effects=EFFECTS))
+    graph.add_edge(START, "model")
+    graph.add_conditional_edges("model", route, {"tools": "review", END: END})
+    graph.add_conditional_edges("review", route, {"tools": "tools", END: END})
+    graph.add_edge("tools", "model")
+    agent = graph.compile()
+
+    if handler == "sync":
+        @app.task("support.refund", effect="side_effect", actions=["refund"])
+        def refund(ctx: leaseq.TaskContext, ticket: str) -> str:  # the blocking wait
+            return str(invoke(agent, {"messages": [("user", ticket)]})["messages"][-1].content)
+    else:
+        @app.task("support.refund", effect="side_effect", actions=["refund"])
+        async def refund(ctx: leaseq.TaskContext, ticket: str) -> str:  # the awaited wait
+            return str((await ainvoke(agent, {"messages": [("user", ticket)]}))["messages"][-1].content)
+
+    yes, no = refund.enqueue(ticket="refund order 7"), refund.enqueue(ticket="refund order 8")
+    running = start_worker(concurrency=2)
+    suspended_without_lease(app.queue, yes.id, no.id)
+    assert world.ran == [] and world.model_calls == 2
+    app.queue.signal(yes.id, "interrupt", {"approved": True}, by="ann")
+    app.queue.signal(no.id, "interrupt", {"approved": False, "message": "not this one"}, by="bob")
+    decided(app.queue, yes.id, "interrupt", "ann")
+    decided(app.queue, no.id, "interrupt", "bob")
+    running.stop()
+    assert app.queue.get(yes.id).result == 'done: {"refunded": 5}'
+    assert app.queue.get(no.id).result == "denied: not this one"
+    assert world.ran == ["refund"] and world.model_calls == 3  # the first request of each replayed
+    assert any(e.type == "tool_replayed" for e in app.queue.events(yes.id))
+
+
+def test_a_decision_is_true_false_or_approved_with_a_message() -> None:
+    from leaseq.integrations._common import Decision
+
+    assert Decision.of("approval:c", True).approved and not Decision.of("approval:c", False).approved
+    denied = Decision.of("approval:c", {"approved": False, "message": "no"})
+    assert (denied.approved, denied.message) == (False, "no")
+    assert not Decision.of("approval:c", None).approved  # no decision before the deadline: denied
+    for bad in ("yes", 1, {"approved": "yes"}, {"approved": True, "args": {}}, {"approved": True, "message": 3}):
+        with pytest.raises(leaseq.InvalidInput) as err:
+            Decision.of("approval:c", bad)
+        assert err.value.field == "payload" and "approval:c" in str(err.value)

@@ -8,6 +8,7 @@ entries and in time (then ``event: reconnect``), and counts among its token's wa
 
 from __future__ import annotations
 
+import asyncio
 import threading
 import time
 from typing import Any
@@ -16,6 +17,7 @@ import httpx
 import pytest
 
 import leaseq
+from leaseq.client import AsyncRemoteQueue
 from leaseq.service.wire import SseReader
 
 from .conftest import Service, serve
@@ -180,3 +182,61 @@ def test_a_stream_is_one_of_its_tokens_waiting_requests(q: leaseq.Queue, dsn: st
             thread.join(10)
         finally:
             svc.close()
+
+
+def test_the_timeline_gives_the_streams_size_per_attempt(svc: Service) -> None:
+    q = svc.q
+    w, first = _running(q, {"step": 1})
+    q.emit(w, first, {"step": 2}, key=f"{first.task.idempotency_key}:emit:0")  # durable: kept across the reset
+    q.fail(w, first, "boom", delay=0)
+    [second] = q.claim(w, queue=first.task.queue)
+    q.emit(w, second, {"step": 1})
+    view = svc.http(svc.token("viewer")).get(f"/v1/tasks/{first.task_id}/timeline").json()
+    sizes = {a["generation"]: a["stream"] for a in view["attempts"]}
+    assert {g: (s["items"], s["durable"]) for g, s in sizes.items()} == {1: (2, 1), 2: (1, 0)}
+    assert sizes[2]["first_seq"] > sizes[1]["last_seq"] and sizes[1]["first_at"] <= sizes[1]["last_at"]
+    stats = q.stream_stats(first.task_id)
+    assert view["stream"] == {"items": 3, "durable": 1, "last_seq": stats["last_seq"]}
+    assert [(a["generation"], a["items"], a["first_seq"], a["last_seq"]) for a in stats["attempts"]] == \
+        [(g, s["items"], s["first_seq"], s["last_seq"]) for g, s in sorted(sizes.items())]
+    # a task that emitted nothing: no attempt has a stream, and its size is zero
+    quiet = q.enqueue("quiet")
+    view = svc.http(svc.token("viewer")).get(f"/v1/tasks/{quiet.id}/timeline").json()
+    assert view["stream"] == {"items": 0, "durable": 0, "last_seq": 0} and view["attempts"] == []
+
+
+def test_async_remote_queue_follows_a_stream_as_remote_queue_does(svc: Service) -> None:
+    q = svc.q
+    w, claim = _running(q, {"step": 1})
+    token = svc.token("viewer", read_payloads=True)
+
+    async def read() -> tuple[list[Any], list[int], list[Any]]:
+        async with AsyncRemoteQueue(svc.url, token, timeout=10) as arq:
+            live: list[Any] = []
+            async for entry in arq.stream(claim.task_id):  # follows until the task ends
+                live.append((entry.type, entry.item))
+                if entry.item == {"step": 1}:
+                    await asyncio.to_thread(q.emit, w, claim, {"step": 2})
+                elif entry.item == {"step": 2}:
+                    await asyncio.to_thread(q.complete, w, claim, None)
+            resumed = [e.seq async for e in arq.stream(claim.task_id, after=2)]
+            with pytest.raises(leaseq.InvalidInput) as bad:
+                arq.stream(claim.task_id, after=-1)  # checked at the call, as RemoteQueue does
+            assert bad.value.field == "after"
+            with pytest.raises(leaseq.NotFound):
+                [e async for e in arq.stream(10**9)]
+            # left early while following a live task: closed, nothing hangs
+            other_w, other = _running(q, "a", "b")
+            early = arq.stream(other.task_id)
+            first = [(await anext(early)).type, (await anext(early)).type, (await anext(early)).item]
+            with pytest.raises(asyncio.TimeoutError):  # cancelled while a thread waits for the next entry
+                await asyncio.wait_for(anext(early), 0.3)
+            await early.aclose()
+            await asyncio.to_thread(q.complete, other_w, other, None)
+            return live, resumed, first
+
+    live, resumed, first = asyncio.run(asyncio.wait_for(read(), 30))
+    assert live == [("reset", None), ("item", {"step": 1}), ("item", {"step": 2})]
+    assert resumed == [3]
+    assert first == ["reset", "item", "b"]
+

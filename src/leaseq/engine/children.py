@@ -40,7 +40,7 @@ from ..core.model import Claim, Status, Task, Worker
 from .limits import release as release_slots
 from .common import Settings, check_claim, event, event_params, to_task, worker_id
 from .dependencies import settle_dependents
-from .durable import _entry, _lease, _record, _wait_key, suspend
+from .durable import _PRECISION, MAX_WAIT_SECONDS, _entry, _lease, _record, _wait_key, suspend
 from .enqueue import existing_task, same_task, task_params
 from .intents import cancel_with_parents
 from .steps import BEGIN, COMMIT, Op, one, rows
@@ -137,20 +137,25 @@ def spawn(s: Settings, worker: Worker | str, claim: Claim, kind: str, payload: A
 
 
 def wait_children(s: Settings, worker: Worker | str, claim: Claim, key: str,
-                  child_ids: Sequence[int]) -> Op[dict[str, Any]]:
+                  child_ids: Sequence[int], *, timeout: float | None = None) -> Op[dict[str, Any]]:
     """:meth:`leaseq.Queue.wait_children`: the wait for the children ``child_ids``, recorded under ``key``.
 
     Answers ``{"state": "done", "results": [...]}`` (every child completed: their
     results, in the order named), ``{"state": "failed", "child": id, "status": ...,
     "error": ...}`` (every child has ended, and this one, the first in that order
-    that did not complete, ended without success), or ``{"state": "suspended"}``:
-    the attempt ended, and the task waits for the last of them to end. The first
-    two are recorded in the ledger under ``key`` and replayed (``replayed``).
+    that did not complete, ended without success), ``{"state": "timed_out",
+    "pending": [...]}`` (``timeout`` seconds from the first attempt that waited have
+    passed, and these children had not ended), or ``{"state": "suspended"}``: the
+    attempt ended, and the task waits for the last of them to end (or its
+    timeout). The first three are recorded in the ledger under ``key`` and
+    replayed (``replayed``): a retry times out again at the same place.
     """
     wid = worker_id(worker)
     check_claim(wid, claim)
     checks.check_key("key", key)
     ids = check_children(child_ids)
+    if timeout is not None:
+        timeout = checks.check_seconds("timeout", timeout, allow_zero=True, maximum=MAX_WAIT_SECONDS)
     yield BEGIN
     held = yield from _lease(claim, wid, "wait_for")
     outcome = yield from _entry(claim, key, CHILDREN_ACTION)
@@ -187,10 +192,25 @@ def wait_children(s: Settings, worker: Worker | str, claim: Claim, key: str,
         yield COMMIT
         return {**response, "waited_seconds": round(waited, 3), "key": key, "replayed": False}
     if begun is None:
-        yield from _record(claim, wid, wait_key, CHILDREN_ACTION, {"state": "waiting", "children": ids})
-    yield from suspend(s, claim, wid, key, until=None, signal=None, children=pending)
+        begun = yield from _record(claim, wid, wait_key, CHILDREN_ACTION, {"state": "waiting", "children": ids},
+                                   seconds=timeout)
+        now_at = max(held["now"].timestamp(), begun["response_at"].timestamp())
+    else:
+        now_at = held["now"].timestamp()
+    deadline = begun["response"].get("until")
+    if deadline is not None and float(deadline) <= now_at + _PRECISION:
+        waited = max(0.0, (held["now"] - begun["response_at"]).total_seconds())
+        timed_out = {"state": "timed_out", "children": ids, "pending": pending, "until": float(deadline),
+                     "waited_seconds": round(waited, 3)}
+        yield from _record(claim, wid, key, CHILDREN_ACTION, timed_out)
+        yield from event(s, claim.task_id, "wait_timed_out", claim.generation, wid, children=ids, pending=pending,
+                         key=key, until=datetime.fromtimestamp(float(deadline), held["now"].tzinfo).isoformat())
+        yield COMMIT
+        return {**timed_out, "key": key, "replayed": False}
+    yield from suspend(s, claim, wid, key, until=None if deadline is None else float(deadline), signal=None,
+                       children=pending)
     yield COMMIT
-    return {"state": "suspended", "children": ids, "pending": pending, "key": key}
+    return {"state": "suspended", "children": ids, "pending": pending, "until": deadline, "key": key}
 
 
 # -- cancel trees -------------------------------------------------------------------

@@ -64,3 +64,46 @@ class UsageSeen:
             self.units = max(0, int(self._tokens(response) or 0))
             return response if then is None else then(response)
         return seen
+
+
+# -- a person's decision, waited for durably ------------------------------------------
+
+#: The signal a LangGraph ``interrupt`` waits for: its payload is the value ``interrupt()`` returns.
+INTERRUPT_SIGNAL = "interrupt"
+#: The prefix of the signal a tool call needing approval waits for: ``approval:<tool call id>``.
+APPROVAL_PREFIX = "approval:"
+
+
+def approval_signal(call_id: str) -> str:
+    """The signal the approval of the tool call ``call_id`` waits for: ``approval:<call id>``."""
+    return APPROVAL_PREFIX + call_id
+
+
+class Decision:
+    """A person's decision on a tool call, from a signal's payload: ``true`` or ``false``, or
+    ``{"approved": true | false, "message": "why"}`` (``message``: what the model is told of a
+    denial). A wait that timed out is a denial."""
+
+    def __init__(self, approved: bool, message: str | None = None):
+        self.approved = approved
+        self.message = message
+
+    @classmethod
+    def of(cls, signal: str, payload: Any) -> Decision:
+        """The decision the payload of ``signal`` carries; anything else is refused, naming the signal."""
+        if payload is None:  # the wait's deadline passed: deny unless approved
+            return cls(False, "No decision on this tool call came before its deadline.")
+        if isinstance(payload, bool):
+            return cls(payload)
+        if isinstance(payload, dict) and isinstance(payload.get("approved"), bool) \
+                and set(payload) <= {"approved", "message"} \
+                and isinstance(payload.get("message"), (str, type(None))):
+            return cls(payload["approved"], payload.get("message"))
+        raise InvalidInput("payload", f"the signal {signal!r} must carry true, false or "
+                                      f'{{"approved": true|false, "message": "..."}} (got {payload!r})')
+
+
+async def await_decision(ctx: TaskContext, call_id: str, timeout: float | None) -> Decision:
+    """Wait durably for the decision on the tool call ``call_id`` (the signal ``approval:<call id>``)."""
+    name = approval_signal(call_id)
+    return Decision.of(name, await ctx.await_for_signal(name, timeout=timeout, default=None))

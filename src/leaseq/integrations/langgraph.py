@@ -25,7 +25,16 @@ model message reports no token usage (``usage_metadata`` is dropped: its
 tokens were counted when it was made). ``model_node(...,
 usage_limit="openai-tokens")`` charges each message's token usage to that
 limit after the call (``ctx.consume``, an entry of the ledger: a replayed
-run charges nothing twice). The tool node runs a message's tool
+run charges nothing twice).
+
+A node that calls LangGraph's ``interrupt(value)`` to ask a person stops the
+graph; run the graph with :func:`invoke` (or :func:`ainvoke`) in place of
+``graph.invoke`` and each interrupt becomes a durable wait for the signal
+``interrupt``: the attempt ends, holding no lease and no slot, until a person
+sends it (``q.signal(task_id, "interrupt", payload)``); the next attempt
+replays the graph from the ledger and resumes it with the payload, which
+``interrupt()`` returns. Call ``interrupt`` in a node of its own (a review
+step before the tool node), not inside a ledgered tool. The tool node runs a message's tool
 calls one after another in the order the model emitted them. Outside a
 handler both nodes call straight through.
 """
@@ -39,17 +48,19 @@ from typing import TYPE_CHECKING, Any
 import pydantic_core
 from langchain_core.messages import AIMessage, BaseMessage, ToolMessage, message_to_dict, messages_from_dict
 from langchain_core.tools import BaseTool
+from langgraph.checkpoint.memory import InMemorySaver
 from langgraph.graph import END
+from langgraph.types import Command
 
 from ..core.checks import check_name
 from ..core.errors import InvalidInput
 from ..worker.tools import Tool
-from ._common import VOLATILE_KEYS, ToolClasses, UsageSeen, running_context, stable_view
+from ._common import INTERRUPT_SIGNAL, VOLATILE_KEYS, ToolClasses, UsageSeen, running_context, stable_view
 
 if TYPE_CHECKING:  # pragma: no cover
     from ..worker.context import TaskContext
 
-__all__ = ["LeaseqToolNode", "model_node", "tools_condition"]
+__all__ = ["LeaseqToolNode", "ainvoke", "invoke", "model_node", "tools_condition"]
 
 #: LangGraph gives each new message a random id: not part of what was asked
 _VOLATILE = VOLATILE_KEYS | {"id"}
@@ -146,3 +157,60 @@ class LeaseqToolNode:
             content = result if isinstance(result, str) else json.dumps(pydantic_core.to_jsonable_python(result))
             out.append(ToolMessage(content=content, name=tool.name, tool_call_id=call["id"]))
         return {"messages": out}
+
+
+def _resumable(graph: Any, config: Mapping[str, Any] | None, task_ctx: TaskContext) -> tuple[Any, dict[str, Any]]:
+    """The graph with a checkpointer of this attempt's own (interrupts need one to resume; the ledger,
+    not a checkpoint, carries a run across attempts) and the config naming its thread."""
+    copy = graph.copy(update={"checkpointer": InMemorySaver()})
+    given = dict(config or {})
+    configurable = {**given.get("configurable", {}), "thread_id": f"leaseq:{task_ctx.task_id}"}
+    return copy, {**given, "configurable": configurable}
+
+
+def _interrupts(graph: Any, config: dict[str, Any]) -> list[Any]:
+    return list(graph.get_state(config).interrupts)
+
+
+def invoke(graph: Any, input: Any, config: Mapping[str, Any] | None = None, *, ctx: TaskContext | None = None,
+           timeout: float | None = None, **options: Any) -> Any:
+    """``graph.invoke(input, config, **options)``, with each ``interrupt`` a durable wait for a person.
+
+    In a leaseq handler the graph runs with a checkpointer of the attempt's own; when
+    it stops on interrupts, each (in the order LangGraph lists them) waits durably for
+    the signal ``interrupt`` (:meth:`leaseq.TaskContext.wait_for_signal`), and the graph
+    resumes with the payloads (``Command(resume=...)``), until it ends without one.
+    Until a signal comes the attempt ends, with no lease and no slot; the next attempt
+    replays the graph from the ledger and gets the recorded payloads. With ``timeout``
+    (seconds) an interrupt no signal reached in time resumes with None. Outside a
+    handler: ``graph.invoke``.
+    """
+    task_ctx = running_context(ctx)
+    if task_ctx is None:
+        return graph.invoke(input, config, **options)
+    runnable, run_config = _resumable(graph, config, task_ctx)
+    result = runnable.invoke(input, run_config, **options)
+    while pending := _interrupts(runnable, run_config):
+        resume = {i.id: task_ctx.wait_for_signal_blocking(INTERRUPT_SIGNAL, timeout=timeout, default=None)
+                  for i in pending}
+        result = runnable.invoke(Command(resume=resume), run_config, **options)
+    return result
+
+
+async def ainvoke(graph: Any, input: Any, config: Mapping[str, Any] | None = None, *,
+                  ctx: TaskContext | None = None, timeout: float | None = None, **options: Any) -> Any:
+    """:func:`invoke` for async code: ``await graph.ainvoke(...)``, each interrupt awaited durably."""
+    task_ctx = running_context(ctx)
+    if task_ctx is None:
+        return await graph.ainvoke(input, config, **options)
+    runnable, run_config = _resumable(graph, config, task_ctx)
+    result = await runnable.ainvoke(input, run_config, **options)
+    while pending := await _ainterrupts(runnable, run_config):
+        resume = {i.id: await task_ctx.await_for_signal(INTERRUPT_SIGNAL, timeout=timeout, default=None)
+                  for i in pending}
+        result = await runnable.ainvoke(Command(resume=resume), run_config, **options)
+    return result
+
+
+async def _ainterrupts(graph: Any, config: dict[str, Any]) -> list[Any]:
+    return list((await graph.aget_state(config)).interrupts)

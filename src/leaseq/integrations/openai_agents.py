@@ -20,6 +20,13 @@ response reports zero usage (its tokens were counted when it was made).
 With ``usage_limit="openai-tokens"``, each response's token usage is charged
 to that limit after the call (``ctx.consume``, an entry of the ledger: a
 replayed run charges nothing twice).
+A function tool with ``needs_approval`` interrupts the run; :func:`run` (in
+place of ``Runner.run``) turns each interruption into a durable wait for the
+signal ``approval:<call id>``: the attempt ends, holding no lease and no slot,
+until a person sends the decision (``q.signal(task_id, "approval:call_7",
+{"approved": true})``); the next attempt replays the run from the ledger,
+approves or rejects the call (``{"approved": false, "message": "why"}``: what the
+model is told) and resumes the run.
 Parallel tool calls are made one at a time in the order the model emitted
 them. Outside a handler everything passes straight through. Streamed runs
 (``Runner.run_streamed``) are not recorded and are refused inside a handler.
@@ -35,7 +42,7 @@ from typing import TYPE_CHECKING, Any
 
 import pydantic
 import pydantic_core
-from agents import FunctionTool
+from agents import FunctionTool, Runner
 from agents.items import ModelResponse, TResponseOutputItem
 from agents.models.interface import Model
 from agents.usage import Usage
@@ -43,12 +50,12 @@ from agents.usage import Usage
 from ..core.checks import check_name
 from ..core.errors import InvalidInput
 from ..worker.tools import Tool
-from ._common import ToolClasses, UsageSeen, running_context, stable_view
+from ._common import ToolClasses, UsageSeen, await_decision, running_context, stable_view
 
 if TYPE_CHECKING:  # pragma: no cover
     from ..worker.context import TaskContext
 
-__all__ = ["LeaseqModel", "ledgered_tools"]
+__all__ = ["LeaseqModel", "ledgered_tools", "run"]
 
 _ITEM: pydantic.TypeAdapter[Any] = pydantic.TypeAdapter(TResponseOutputItem)
 _USAGE = pydantic.TypeAdapter(Usage)
@@ -149,3 +156,41 @@ def _ledgered(tool: FunctionTool, effect: str, given: TaskContext | None) -> Any
             return await ledgered(input_json)
 
     return on_invoke_tool
+
+
+def _call_id(item: Any) -> str:
+    """The call id of an interruption's tool call (the key of its approval's signal)."""
+    raw = item.raw_item
+    found = raw.get("call_id") or raw.get("id") if isinstance(raw, dict) else \
+        getattr(raw, "call_id", None) or getattr(raw, "id", None)
+    if not isinstance(found, str) or not found:
+        raise InvalidInput("interruption", f"a tool call awaiting approval carries no call id ({raw!r})")
+    return found
+
+
+async def run(agent: Any, input: Any, *, ctx: TaskContext | None = None, timeout: float | None = None,
+              **options: Any) -> Any:
+    """``Runner.run(agent, input, **options)``, with each tool approval a durable wait for a person.
+
+    When the run stops on interruptions (tools with ``needs_approval``), each is
+    waited for as the signal ``approval:<call id>`` (in the order the SDK lists them),
+    approved or rejected as its payload says (``true``, ``false``, ``{"approved": ...,
+    "message": ...}``), and the run resumed from its state, until it ends without one.
+    Until a decision comes the attempt ends, holding no lease and no slot; the next
+    attempt replays the run from the ledger. With ``timeout`` (seconds) a call no
+    decision reached in time is rejected. Outside a handler: ``Runner.run``, whose
+    result carries the interruptions.
+    """
+    result = await Runner.run(agent, input, **options)
+    task_ctx = running_context(ctx)
+    resume = {k: v for k, v in options.items() if k != "context"}  # the state carries the context
+    while task_ctx is not None and result.interruptions:
+        state = result.to_state()
+        for item in result.interruptions:
+            decision = await await_decision(task_ctx, _call_id(item), timeout)
+            if decision.approved:
+                state.approve(item)
+            else:
+                state.reject(item, rejection_message=decision.message)
+        result = await Runner.run(agent, state, **resume)
+    return result

@@ -25,6 +25,16 @@ response recorded by an attempt that died before charging it is charged by
 the next).
 Outside a handler both wrappers pass every call straight through.
 
+A tool that needs approval (``requires_approval=True``, or one raising
+``ApprovalRequired``) ends in pydantic-ai's deferred tool requests; with
+:class:`LeaseqApprovals` among the agent's capabilities, each such call becomes a
+durable wait for the signal ``approval:<tool call id>`` instead: the attempt ends,
+holding no lease and no slot, and the task waits until a person sends the decision
+(``q.signal(task_id, "approval:call_7", {"approved": true})``, ``leaseq signal``,
+the dashboard); the next attempt replays the run from the ledger and the approved
+call is made, or the denial is told to the model (``{"approved": false,
+"message": "why"}``).
+
 Tool calls run one after another in the order the model emitted them, so
 the ledger records them in that order on every attempt. A tool's result is
 recorded in its JSON form (``pydantic_core.to_jsonable_python``) and the
@@ -41,21 +51,23 @@ from typing import TYPE_CHECKING, Any
 
 import pydantic
 import pydantic_core
+from pydantic_ai.capabilities import AbstractCapability, CapabilityOrdering
 from pydantic_ai.messages import ModelMessage, ModelMessagesTypeAdapter, ModelResponse
 from pydantic_ai.models import Model, ModelRequestParameters
 from pydantic_ai.models.wrapper import WrapperModel
+from pydantic_ai.tools import DeferredToolRequests, DeferredToolResults, ToolApproved, ToolDenied
 from pydantic_ai.toolsets import AbstractToolset, WrapperToolset
 from pydantic_ai.usage import RequestUsage
 
 from ..core.checks import check_name
 from ..core.errors import InvalidInput
 from ..worker.tools import Tool
-from ._common import ToolClasses, UsageSeen, running_context, stable_view
+from ._common import ToolClasses, UsageSeen, await_decision, running_context, stable_view
 
 if TYPE_CHECKING:  # pragma: no cover
     from ..worker.context import TaskContext
 
-__all__ = ["LeaseqModel", "LeaseqToolset"]
+__all__ = ["LeaseqApprovals", "LeaseqModel", "LeaseqToolset"]
 
 _RESPONSE = pydantic.TypeAdapter(ModelResponse)
 
@@ -147,3 +159,44 @@ class LeaseqToolset(WrapperToolset[Any]):
 
     def visit_and_replace(self, visitor: Any) -> AbstractToolset[Any]:
         return dataclasses.replace(self, wrapped=self.wrapped.visit_and_replace(visitor))
+
+
+@dataclasses.dataclass
+class LeaseqApprovals(AbstractCapability[Any]):
+    """A pydantic-ai capability that turns each tool call needing approval into a durable wait.
+
+    ``Agent(..., capabilities=[LeaseqApprovals(timeout=3600)])``: in a leaseq
+    handler, each call in the run's deferred approvals waits for the signal
+    ``approval:<tool call id>`` (:meth:`leaseq.TaskContext.wait_for_signal`), one
+    after another in the model's order. The payload is the person's decision:
+    ``true``, ``false`` or ``{"approved": ..., "message": ...}``. Until it comes the
+    attempt ends, with no lease and no slot; the next attempt replays the run from
+    the ledger and gets the recorded decision. With ``timeout`` (seconds) a call
+    no decision reached in time is denied. Outside a handler it answers nothing
+    (the run ends with ``DeferredToolRequests`` as without it).
+    """
+
+    timeout: float | None = None
+    ctx: Any = None
+
+    def get_ordering(self) -> CapabilityOrdering | None:
+        """Answers last: every handler that can resolve a call without waiting goes first."""
+        return CapabilityOrdering(position="innermost")
+
+    @classmethod
+    def get_serialization_name(cls) -> str | None:
+        """Not part of agent specs."""
+        return None
+
+    async def handle_deferred_tool_calls(self, ctx: Any, *,
+                                         requests: DeferredToolRequests) -> DeferredToolResults | None:
+        """Each pending approval, waited for durably; external calls are left to others."""
+        task_ctx = running_context(self.ctx)
+        if task_ctx is None or not requests.approvals:
+            return None
+        approvals: dict[str, ToolApproved | ToolDenied] = {}
+        for call in requests.approvals:  # in the model's order: the same waits on every attempt
+            decision = await await_decision(task_ctx, call.tool_call_id, self.timeout)
+            approvals[call.tool_call_id] = ToolApproved() if decision.approved else \
+                ToolDenied(decision.message) if decision.message else ToolDenied()
+        return requests.build_results(approvals=approvals)

@@ -35,7 +35,7 @@ class ChildOps(QueueBase):
             limits=limits, units=units, resources=resources))
 
     def wait_children(self, worker: Worker | str, claim: Claim, key: str,
-                      child_ids: Sequence[int]) -> dict[str, Any]:
+                      child_ids: Sequence[int], *, timeout: float | None = None) -> dict[str, Any]:
         """A durable wait for the claimed task's children ``child_ids``, recorded in the ledger under
         ``key`` (what ``ctx.wait_for`` and ``ctx.wait_for_all`` send).
 
@@ -45,7 +45,11 @@ class ChildOps(QueueBase):
         "error": ...}`` (the first in that order that ended without success). Before, the
         attempt ends under the lease guard (``{"state": "suspended"}``) and the task waits in
         ``waiting``, holding no lease and no slot, until the end of the last of them makes it
-        claimable again. Raises :class:`LeaseLost` without the lease, :class:`InvalidInput`
-        (field ``children``) for a task that is not a child of the claimed one.
+        claimable again. With ``timeout`` (seconds from the first attempt that waited) the wait
+        ends when it passes: ``{"state": "timed_out", "pending": [...]}``, recorded, so a later
+        attempt is answered the same. Raises :class:`LeaseLost` without the lease,
+        :class:`InvalidInput` (field ``children``) for a task that is not a child of the
+        claimed one, (field ``timeout``) for a bad timeout.
         """
-        return self._run(engine.children.wait_children(self.settings, worker, claim, key, child_ids))
+        return self._run(engine.children.wait_children(self.settings, worker, claim, key, child_ids,
+                                                       timeout=timeout))

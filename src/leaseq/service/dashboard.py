@@ -464,7 +464,7 @@ def task_page(request: Request, task_id: int = Path(ge=1, le=2**63 - 1), s: Sess
         task = q.get(task_id)
     except LeaseqError as exc:
         return render("error.html", request, s, status_code=404, message=str(exc))
-    view = task_timeline(task, q.events(task_id), q.effects(task_id), s.principal)
+    view = task_timeline(task, q.events(task_id), q.effects(task_id), s.principal, q.stream_stats(task_id))
     # the digest an approval from this page is bound to: only for a reader who sees the payload
     digest = digest_of(task) if task.status == "awaiting_approval" and s.principal.read_payloads else None
     unserved = stats.unserved_kinds(q, [task.kind] if task.status == "queued" else [])
@@ -588,6 +588,37 @@ async def answer_question(request: Request, task_id: int = Path(ge=1, le=2**63 -
     if answered["woke"]:
         request.app.state.work_signal.wake(q.get(task_id).queue)
     return _back(request, back, msg=f"task {task_id} answered: it runs again with your answer")
+
+
+@router.post("/tasks/{task_id}/signal")
+async def send_signal(request: Request, task_id: int = Path(ge=1, le=2**63 - 1), csrf: str = Form(""),
+                      s: Session = Depends(session)) -> Response:
+    """Send a task a signal from its page: a name and a JSON payload (left empty: none), what
+    ``ctx.wait_for_signal(name)`` returns. Authorized as ``signal`` (an operator, within its queues)
+    for this task; a bad name or payload is refused naming the field, and nothing changes. The
+    sender recorded is the session's principal."""
+    same_origin(request)
+    if not hmac.compare_digest(csrf.encode(), s.csrf.encode()):
+        raise auth.AccessDenied("CSRF check failed: reload the page and try again")
+    authz.authorize_role(s.principal, "signal")  # and this task's queue, below
+    form = {k: str(v) for k, v in (await request.form()).items()}
+    back = form.get("back") or f"/tasks/{task_id}"
+    q = _queue(request)
+
+    def sending() -> dict[str, Any]:
+        authz.authorize(s.principal, "signal", task=task_id, facts=authz.QueueFacts(q))
+        text = form.get("payload", "")
+        payload = checks.parse_json_text("payload", text) if text.strip() else None
+        return q.signal(task_id, form.get("name", ""), payload, by=s.principal.actor, via="dashboard")
+
+    try:
+        sent = await run_in_threadpool(sending)
+    except LeaseqError as exc:
+        return _back(request, back, err=str(exc))
+    if sent["woke"]:
+        request.app.state.work_signal.wake(q.get(task_id).queue)
+    woke = "it runs again" if sent["woke"] else "kept until the task waits for it"
+    return _back(request, back, msg=f"signal {sent['name']!r} sent to task {task_id}: {woke}")
 
 
 @router.post("/tasks/{task_id}/{action}")

@@ -399,7 +399,7 @@ def timeline(request: Request, task_id: int = TaskId,
              principal: auth.Principal = Depends(need("read_trail"))) -> dict[str, Any]:
     q = _queue(request)
     task = q.get(task_id)
-    return task_timeline(task, q.events(task_id), q.effects(task_id), principal)
+    return task_timeline(task, q.events(task_id), q.effects(task_id), principal, q.stream_stats(task_id))
 
 
 @router.get("/approvals", tags=["approvals"], summary="Tasks awaiting approval, oldest first, with their digests")

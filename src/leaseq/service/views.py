@@ -158,13 +158,19 @@ class Attempt:
     ended: str | None = None
     ended_at: datetime | None = None
     routed_to: str | None = None
+    #: what the attempt appended to the task's stream (ctx.emit): items, durable, first_seq,
+    #: last_seq, first_at, last_at; None: nothing
+    stream: dict[str, Any] | None = None
 
 
-def task_timeline(task: Task, events: list[Event], effects: list[Effect], principal: Principal) -> dict[str, Any]:
+def task_timeline(task: Task, events: list[Event], effects: list[Effect], principal: Principal,
+                  streamed: dict[str, Any] | None = None) -> dict[str, Any]:
     """The evidence trail grouped by claim generation.
 
     Each attempt shows who held it, its heartbeat summary, its effect intents
-    and responses, and why the lease ended; events outside any claim
+    and responses, what it appended to the task's stream (``stream``, from
+    ``streamed``: :meth:`leaseq.Queue.stream_stats`; the whole stream's size is
+    ``stream`` beside the attempts), and why the lease ended; events outside any claim
     (enqueue, an approval, operator actions between claims) are listed on
     their own. ``order`` says how to read them in time order: each entry is
     ``{"event": i}`` (the i-th of ``other_events``) or ``{"generation": g}``,
@@ -200,11 +206,20 @@ def task_timeline(task: Task, events: list[Event], effects: list[Effect], princi
             order.append({"generation": fx.generation})
         attempts.setdefault(fx.generation, Attempt(generation=fx.generation)).effects.append(
             present_effect(fx, principal))
+    for emitted in (streamed or {}).get("attempts", []):
+        generation = emitted["generation"]
+        if generation not in attempts:
+            order.append({"generation": generation})
+        attempts.setdefault(generation, Attempt(generation=generation)).stream = {
+            k: emitted[k] for k in ("items", "durable", "first_seq", "last_seq", "first_at", "last_at")}
     current = task.claim_generation
     if task.status == Status.RUNNING and current in attempts and not attempts[current].heartbeats:
         attempts[current].heartbeats = {"heartbeats": task.heartbeat_count,
                                         "last_heartbeat_at": to_json(task.last_heartbeat_at),
                                         "longest_heartbeat_gap": round(task.longest_heartbeat_gap, 3)}
-    return {"task": present_task(task, principal),
-            "attempts": [to_json(attempts[g]) for g in sorted(attempts)],
-            "other_events": outside, "order": order}
+    found: dict[str, Any] = {"task": present_task(task, principal),
+                             "attempts": [to_json(attempts[g]) for g in sorted(attempts)],
+                             "other_events": outside, "order": order}
+    if streamed is not None:
+        found["stream"] = to_json({k: streamed[k] for k in ("items", "durable", "last_seq")})
+    return found

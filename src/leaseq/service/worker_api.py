@@ -231,6 +231,7 @@ class ChildrenWaitBody(Body):
     generation: int
     key: str
     children: list[int]
+    timeout: float | None = None
 
 
 class ConsumeBody(Body):
@@ -441,7 +442,7 @@ async def wait_children(body: ChildrenWaitBody, request: Request, task_id: int =
                         worker_id: str = WorkerId) -> dict[str, Any]:
     claim = _claim(worker_id, task_id, body.generation)
     answer = await _guarded(request, "wait", worker_id, lambda view: engine.children.wait_children(
-        view.settings, worker_id, claim, body.key, body.children))
+        view.settings, worker_id, claim, body.key, body.children, timeout=body.timeout))
     return record_json(answer)
 
 

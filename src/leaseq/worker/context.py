@@ -26,7 +26,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 from ..core import answers, checks
 from ..core.errors import ChildFailed, InvalidInput, LeaseLost, Suspended, WaitTimedOut, is_transient
 from ..core.model import ChildHandle, Claim, Task, Worker
-from ..engine.durable import ANSWER_SIGNAL, check_signal_name
+from ..engine.durable import ANSWER_SIGNAL, MAX_WAIT_SECONDS, check_signal_name
 from .effect_scope import EffectScope
 from .transport import call_on_loop
 
@@ -54,11 +54,6 @@ def _child_id(handle: Any) -> int:
     if isinstance(value, bool) or not isinstance(value, int):
         raise InvalidInput("handle", f"must be a handle ctx.spawn returned (got {handle!r})")
     return value
-
-
-async def _first(found: Any) -> Any:
-    """The first of the results an awaited :meth:`TaskContext.wait_for_all` answers."""
-    return (await found)[0]
 
 
 def _ledger_key(task_key: str, what: str, position: int) -> str:
@@ -261,8 +256,22 @@ class TaskContext:
         params = {"question": question, "schema": json_schema, "timeout": timeout, "model": model}
         return self._wait("ask", lambda: params, default)
 
-    def _wait(self, what: str, args: Callable[[], dict[str, Any]], default: Any = None) -> Any:
-        """One durable wait: its ledger key taken in call order, the guarded call, its outcome."""
+    def await_for_signal(self, name: str, timeout: float | None = None, default: Any = _NO_DEFAULT) -> Any:
+        """:meth:`wait_for_signal`, awaited from any async code of the handler (a framework's
+        async hook in a sync handler too): ``payload = await ctx.await_for_signal("approved")``."""
+        check_signal_name(name)
+        return self._wait("signal", lambda: {"name": name, "timeout": timeout}, default, blocking=False)
+
+    def wait_for_signal_blocking(self, name: str, timeout: float | None = None, default: Any = _NO_DEFAULT) -> Any:
+        """:meth:`wait_for_signal`, blocking the calling thread even in an async handler's code (a
+        sync framework's node); never on the event loop of an async handler."""
+        check_signal_name(name)
+        return self._wait("signal", lambda: {"name": name, "timeout": timeout}, default, blocking=True)
+
+    def _wait(self, what: str, args: Callable[[], dict[str, Any]], default: Any = None, *,
+              blocking: bool | None = None) -> Any:
+        """One durable wait: its ledger key taken in call order, the guarded call, its outcome
+        (``blocking``: answered in place, else awaitable; None: as the handler is)."""
         self.check()
         params = args()
         if what == "sleep":
@@ -275,12 +284,14 @@ class TaskContext:
             name = params["name"]
             key = _ledger_key(self.task.idempotency_key, f"signal:{name}",
                               self.next_tool_position(f"leaseq:signal:{name}"))
-        if not self.handler_is_async:
-            return self._outcome(self._call_wait(what, key, params), default, params.get("model"))
+        if blocking is None:
+            blocking = not self.handler_is_async
+        if blocking:
+            return self._outcome(self._call_wait(what, key, params), default, params)
         return self._await_wait(what, key, params, default)
 
     async def _await_wait(self, what: str, key: str, params: dict[str, Any], default: Any) -> Any:
-        return self._outcome(await self._acall_wait(what, key, params), default, params.get("model"))
+        return self._outcome(await self._acall_wait(what, key, params), default, params)
 
     def _wait_call(self, what: str, key: str, params: dict[str, Any]) -> tuple[str, tuple[Any, ...], dict[str, Any]]:
         """The queue's call that records the wait ``what`` under the lease: its name and arguments."""
@@ -290,7 +301,8 @@ class TaskContext:
             return "wait_signal", (self.worker, self.claim, key, ANSWER_SIGNAL), \
                 {"timeout": params["timeout"], "ask": _asked(params)}
         if what == "children":
-            return "wait_children", (self.worker, self.claim, key, params["children"]), {}
+            return "wait_children", (self.worker, self.claim, key, params["children"]), \
+                {} if params["timeout"] is None else {"timeout": params["timeout"]}
         return "wait_signal", (self.worker, self.claim, key, params["name"]), {"timeout": params["timeout"]}
 
     def _call_wait(self, what: str, key: str, params: dict[str, Any]) -> dict[str, Any]:
@@ -348,8 +360,9 @@ class TaskContext:
         self.log.warning(f"{what} failed in transit (try {tries}), trying again: {exc}")
         return delay
 
-    def _outcome(self, answer: dict[str, Any], default: Any, model: Any = None) -> Any:
+    def _outcome(self, answer: dict[str, Any], default: Any, params: dict[str, Any]) -> Any:
         state = answer.get("state")
+        model = params.get("model")
         asked = answer.get("signal") == ANSWER_SIGNAL
         if state == "resumed":
             return None
@@ -361,9 +374,13 @@ class TaskContext:
                 return default
             if asked:
                 raise WaitTimedOut(ANSWER_SIGNAL, "no answer to the question came before its deadline")
+            if answer.get("children") is not None:
+                pending = ", ".join(str(c) for c in answer.get("pending") or answer["children"])
+                raise WaitTimedOut("children", f"child tasks {pending} had not ended before the wait's timeout")
             raise WaitTimedOut(str(answer.get("signal")))
         if state == "done":  # every child it waits for completed: their results, in order
-            return list(answer["results"])
+            results = list(answer["results"])
+            return results[0] if params.get("one") else results
         if state == "failed":
             raise ChildFailed(int(answer["child"]), str(answer["status"]), answer.get("error"))
         # suspended: the guarded write ended the lease; the handler stops here
@@ -712,7 +729,8 @@ class TaskContext:
                  "units")
         return {name: getattr(definition, name) for name in names if getattr(definition, name, None) is not None}
 
-    def wait_for(self, handle: ChildHandle | Task | int) -> Any:
+    def wait_for(self, handle: ChildHandle | Task | int, timeout: float | None = None,
+                 default: Any = _NO_DEFAULT) -> Any:
         """Wait durably for a child task (``ctx.spawn``) to end, and return its result.
 
         ``result = await ctx.wait_for(handle)`` in an async handler, without ``await`` in a
@@ -722,22 +740,30 @@ class TaskContext:
         (the spawn included: no second child) and gets the child's result, recorded in the
         ledger (``<task key>:children:<position>``). A child that ended without success
         (dead, cancelled, denied, expired) raises :class:`leaseq.ChildFailed` here, which the
-        handler may catch.
+        handler may catch. With ``timeout`` (seconds from the first attempt that waited) a
+        child that has not ended by then ends the wait: the next attempt raises
+        :class:`leaseq.WaitTimedOut` here, or returns ``default`` if one is given; the
+        timeout is recorded in the ledger, so a retried attempt raises it (or returns the
+        default) again at the same place instead of waiting anew. The child itself runs on.
         """
-        found = self.wait_for_all([handle])
-        if not self.handler_is_async:
-            return found[0]
-        return _first(found)
+        return self._children([handle], timeout, default, one=True)
 
-    def wait_for_all(self, handles: Iterable[ChildHandle | Task | int]) -> Any:
+    def wait_for_all(self, handles: Iterable[ChildHandle | Task | int], timeout: float | None = None,
+                     default: Any = _NO_DEFAULT) -> Any:
         """:meth:`wait_for` for several children (a fan-in): their results, in the order given,
         once every one has ended (``results = await ctx.wait_for_all([h1, h2, h3])``). If any
         ended without success, :class:`leaseq.ChildFailed` names the first of them in that
-        order."""
+        order. With ``timeout``, as :meth:`wait_for`: :class:`leaseq.WaitTimedOut` (or
+        ``default``, in place of the list) when some had not ended in time."""
         if isinstance(handles, (str, bytes, dict)) or not isinstance(handles, Iterable):
             raise InvalidInput("handles", f"must be a list of handles ctx.spawn returned (got {handles!r})")
+        return self._children(list(handles), timeout, default, one=False)
+
+    def _children(self, handles: list[Any], timeout: float | None, default: Any, *, one: bool) -> Any:
         ids = [_child_id(h) for h in handles]
-        return self._wait("children", lambda: {"children": ids})
+        if timeout is not None:
+            checks.check_seconds("timeout", timeout, allow_zero=True, maximum=MAX_WAIT_SECONDS)
+        return self._wait("children", lambda: {"children": ids, "timeout": timeout, "one": one}, default)
 
 
 def _running_loop() -> asyncio.AbstractEventLoop | None:

@@ -2105,6 +2105,7 @@ SET status = 'queued',
     available_at = t.wake_at,
     wake_at = NULL,
     wait_signal = NULL,
+    wait_children = NULL,  -- a wait for children whose timeout passed
     updated_at = now()
 WHERE t.id = ANY(%(task_ids)s::bigint[])
   AND t.status = 'waiting' AND t.wake_at <= now()

@@ -1361,6 +1361,7 @@ SET status = 'queued',
     available_at = t.wake_at,
     wake_at = NULL,
     wait_signal = NULL,
+    wait_children = NULL,  -- a wait for children whose timeout passed
     updated_at = (julianday('now') - 2440587.5) * 86400.0
 WHERE t.id IN (SELECT value FROM json_each(:task_ids))
   AND t.status = 'waiting' AND t.wake_at <= (julianday('now') - 2440587.5) * 86400.0
