@@ -95,12 +95,12 @@ def test_a_retried_handler_with_other_tool_calls_ends_in_needs_reconciliation(q:
     assert "plan-1:web.search:0" in (held.last_error or "") and held.code_version == "1"
     events = q.events(task.id)
     [event] = [e for e in events if e.type == "diverged"]
-    assert event.generation == claim.generation and event.detail["key"] == "plan-1:web.search:0"
+    assert event.generation == claim.generation and event.detail["idempotency_key"] == "plan-1:web.search:0"
     assert event.detail["recorded"]["args_digest"] != event.detail["requested"]["args_digest"]
     assert event.detail["recorded"]["action"] == event.detail["requested"]["action"] == "web.search"
     # the second attempt: claimed, diverged, to reconciliation (no failure recorded)
     assert [e.type for e in events][-3:] == ["claimed", "diverged", "needs_reconciliation"]
-    assert "plan-1:web.search:0" in events[-1].detail["reason"]
+    assert "diverged from its recorded run" in events[-1].detail["reason"]
     with pytest.raises(leaseq.LeaseLost):  # the attempt has ended
         transport.complete(w, claim, ["late"])
     # a person resolves it: requeued once the code is fixed, it runs again

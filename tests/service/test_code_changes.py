@@ -68,7 +68,7 @@ def test_a_deployed_handler_whose_tool_calls_changed_leaves_its_task_to_reconcil
     types = [e.type for e in q.events(task.id)]
     assert "failed" not in types and types[-2:] == ["diverged", "needs_reconciliation"]
     [diverged] = [e for e in q.events(task.id) if e.type == "diverged"]
-    assert diverged.detail["key"] == key and diverged.detail["code_version"] == "1"
+    assert diverged.detail["idempotency_key"] == key and diverged.detail["code_version"] == "1"
     assert diverged.detail["recorded"]["args_digest"] != diverged.detail["requested"]["args_digest"]
     # a person resolves it with the existing operator action
     assert q.reconcile(task.id, "cancel", "the run cannot be replayed by the new code", by="ann").status == "cancelled"

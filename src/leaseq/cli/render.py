@@ -42,7 +42,7 @@ _EVENT_FIELDS: dict[str, tuple[str, ...]] = {
     "completed": ("attempt", "heartbeats", "longest_heartbeat_gap"),
     "failed": ("error", "next_status", "retry_at", "error_streak"),
     "retry_requested": ("reason", "after", "retry_at", "snoozes"),
-    "diverged": ("key", "recorded", "requested", "code_version"),
+    "diverged": ("idempotency_key", "recorded", "requested", "code_version"),
     "deadline_passed": ("deadline_at", "previous_status"),
     "cancelled": ("by", "reason", "previous_status", "revoked_lease_of", "open_intents"),
     "child_spawned": ("child_task_id", "kind", "queue"),

@@ -30,11 +30,11 @@ def diverge(s: Settings, claim: Claim, wid: str, key: str, message: str, *, reco
     diverged from the recorded run at the ledger entry ``key``; commits, then raises
     :class:`ToolCallDiverged`. Nothing of the diverging call is written."""
     row: dict[str, Any] | None = yield one("diverge_task", task_id=claim.task_id, worker_id=wid,
-                                           generation=claim.generation, error=message, idempotency_key=key)
+                                           generation=claim.generation, error=message)
     if row is None:  # the caller holds the lease in this transaction: never
         raise LeaseLost(claim.task_id, claim.generation, "diverge refused: lease no longer held")
     yield from limits.release(s, [row])
-    yield from event(s, claim.task_id, "diverged", claim.generation, wid, key=key, recorded=recorded,
+    yield from event(s, claim.task_id, "diverged", claim.generation, wid, idempotency_key=key, recorded=recorded,
                      requested=requested, error=message, code_version=row["code_version"],
                      next_status=row["status"], attempts=row["attempts"], **heartbeats(row))
     yield from event(s, claim.task_id, row["status"], claim.generation, wid, reason=row["reason"])

@@ -2091,7 +2091,7 @@ WHERE t.id = %(task_id)s
   /* TEMPLATE: lease_guard */
 RETURNING t.id, t.status, t.claim_generation, t.attempts, t.code_version,
           t.heartbeat_count, t.last_heartbeat_at, t.longest_heartbeat_gap, t.queue, t.limits, t.units,
-          'the handler diverged from its recorded run at ledger entry ' || %(idempotency_key)s::text AS reason;
+          'the handler diverged from its recorded run (its diverged event and last_error name the entry)' AS reason;
 
 -- name: lock_sleepers
 -- callers: worker, operator

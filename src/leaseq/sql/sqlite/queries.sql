@@ -1352,7 +1352,7 @@ WHERE t.id = :task_id
   /* TEMPLATE: lease_guard */
 RETURNING id, status, claim_generation, attempts, code_version,
           heartbeat_count, last_heartbeat_at, longest_heartbeat_gap, queue, limits, units,
-          'the handler diverged from its recorded run at ledger entry ' || :idempotency_key AS reason;
+          'the handler diverged from its recorded run (its diverged event and last_error name the entry)' AS reason;
 
 -- name: lock_sleepers
 -- See the PostgreSQL file (the transaction holds the write lock: nothing to skip).
