@@ -54,5 +54,5 @@ def test_the_worker_runs_its_apps_version_and_show_tells_it(dsn, run_cli):
     detail = json.loads(run_cli("--dsn", dsn, "show", str(diverged.id), "--json").stdout)
     assert detail["task"]["code_version"] == "6" and detail["task"]["status"] == "needs_reconciliation"
     [event] = [e for e in detail["events"] if e["type"] == "diverged"]
-    assert event["detail"]["key"] == "trip-rome:weather.get:0"
+    assert event["detail"]["idempotency_key"] == "trip-rome:weather.get:0"
     assert json.loads(run_cli("--dsn", dsn, "show", str(done.id), "--json").stdout)["task"]["code_version"] == "6"

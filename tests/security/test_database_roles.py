@@ -786,7 +786,7 @@ def test_code_changes_as_roles_a_worker_registers_its_versions_and_ends_only_its
     with leaseq.connect(other_dsn) as q:
         stranger = q.register_worker("intruder")
     before = snapshot(admin)
-    call = ("SELECT * FROM leaseq_q_diverge_task('forged', %s, %s, %s, 'versions-roles:web.search:0')")
+    call = "SELECT * FROM leaseq_q_diverge_task('forged', %s, %s, %s)"
     with psycopg.connect(other_dsn, autocommit=True) as conn:  # its own identity: no lease, no row
         assert conn.execute(call, (task.id, stranger.id, claim.generation)).fetchall() == []
     for dsn, why in ((other_dsn, "was not registered by role"), (operator_dsn, "permission denied"),

@@ -70,6 +70,11 @@ def test_a_deployed_handler_whose_tool_calls_changed_leaves_its_task_to_reconcil
     [diverged] = [e for e in q.events(task.id) if e.type == "diverged"]
     assert diverged.detail["idempotency_key"] == key and diverged.detail["code_version"] == "1"
     assert diverged.detail["recorded"]["args_digest"] != diverged.detail["requested"]["args_digest"]
+    # a token that may not read payloads sees that the run diverged, not where nor with what
+    events = svc.http(svc.token("viewer")).get(f"/v1/tasks/{task.id}/events")
+    assert events.status_code == 200
+    [hidden] = [e["detail"] for e in events.json()["events"] if e["type"] == "diverged"]
+    assert {hidden[k] for k in ("idempotency_key", "recorded", "requested", "error")} == {"[redacted]"}
     # a person resolves it with the existing operator action
     assert q.reconcile(task.id, "cancel", "the run cannot be replayed by the new code", by="ann").status == "cancelled"
     assert validate_queue(q) == []
