@@ -96,11 +96,12 @@ class AsyncQueue:
 
     async def register_worker(self, name: str = "worker", *, token_id: str | None = None,
                               kinds: list[dict[str, Any]] | None = None, heartbeat_seconds: float | None = None,
-                              lease_seconds: float | None = None) -> Worker:
+                              lease_seconds: float | None = None, version: str | None = None,
+                              compatible_versions: list[str] | None = None) -> Worker:
         """:meth:`Queue.register_worker`, awaited."""
         return await self._arun(engine.operator.register_worker(
             self.settings, name, token_id=token_id, kinds=kinds, heartbeat_seconds=heartbeat_seconds,
-            lease_seconds=lease_seconds))
+            lease_seconds=lease_seconds, version=version, compatible_versions=compatible_versions))
 
     async def heartbeat_worker(self, worker: Worker | str) -> None:
         """:meth:`Queue.heartbeat_worker`, awaited."""

@@ -32,6 +32,7 @@ from .engine.budgets import check_budget
 from .engine.effects import check_actions
 from .engine.enqueue import check_budgets
 from .engine.limits import check_limits, check_units
+from .engine.operator import check_versions
 from .queue import Queue, connect
 from .schedules import Schedule
 from .signature import bind_payload, check_handler
@@ -159,9 +160,18 @@ class App:
     """A set of task handlers bound to one queue database.
 
     ``name`` labels the app in messages (default: the module that created it).
+
+    ``version`` names the version of the handlers' code (a release, a commit):
+    each task records the version it started under (its first claim's worker's),
+    and a worker of this app claims a task already started only under one of
+    ``compatible_versions`` (default: only ``version`` itself, always among
+    them), so a ledger recorded by one version of a handler is replayed only by
+    code that declares it can. Tasks not yet started go to any worker; an app
+    without a version serves tasks of every version.
     """
 
     def __init__(self, dsn: str | None = None, *, queue: Queue | None = None, name: str | None = None,
+                 version: str | None = None, compatible_versions: Iterable[str] | None = None,
                  **connect_options: Any):
         self.dsn = dsn
         self._queue = queue
@@ -170,6 +180,17 @@ class App:
         self.name = name if name is not None else _caller_module()
         #: the handlers, by kind: what a worker of this app runs
         self.registry = Registry(f"app {self.name!r}")
+        self.registry.version, self.registry.compatible_versions = check_versions(version, compatible_versions)
+
+    @property
+    def version(self) -> str | None:
+        """The version of the handlers' code (None: none declared)."""
+        return self.registry.version
+
+    @property
+    def compatible_versions(self) -> list[str] | None:
+        """The versions whose started tasks this app's workers serve (None: any)."""
+        return self.registry.compatible_versions
 
     @property
     def definitions(self) -> dict[str, TaskDefinition[..., Any]]:

@@ -252,10 +252,13 @@ class _Operations:
     # -- the worker transport --------------------------------------------------------------------
 
     def _register_worker(self, name: str, kinds: list[dict[str, Any]] | None, heartbeat_seconds: float | None,
-                         lease_seconds: float | None) -> _Op[Worker]:
+                         lease_seconds: float | None, version: str | None = None,
+                         compatible_versions: list[str] | None = None) -> _Op[Worker]:
         body: dict[str, Any] = {"name": name}
         if kinds is not None:
             body["kinds"] = kinds
+        if version is not None or compatible_versions is not None:
+            body.update(version=version, compatible_versions=compatible_versions)
         if heartbeat_seconds is not None or lease_seconds is not None:
             body.update(heartbeat_seconds=heartbeat_seconds, lease_seconds=lease_seconds)
         return worker_from((yield _Request("POST", "/v1/workers", body)))
@@ -630,10 +633,13 @@ class RemoteQueue(_Operations):
     # -- the worker transport --------------------------------------------------------------------
 
     def register_worker(self, name: str = "worker", *, kinds: list[dict[str, Any]] | None = None,
-                        heartbeat_seconds: float | None = None, lease_seconds: float | None = None) -> Worker:
+                        heartbeat_seconds: float | None = None, lease_seconds: float | None = None,
+                        version: str | None = None, compatible_versions: list[str] | None = None) -> Worker:
         """Register a worker under this client's token; the service issues the id.
-        ``kinds``, ``heartbeat_seconds``, ``lease_seconds``: see :meth:`leaseq.Queue.register_worker`."""
-        return self._run(self._register_worker(name, kinds, heartbeat_seconds, lease_seconds))
+        ``kinds``, ``heartbeat_seconds``, ``lease_seconds``, ``version``, ``compatible_versions``:
+        see :meth:`leaseq.Queue.register_worker`."""
+        return self._run(self._register_worker(name, kinds, heartbeat_seconds, lease_seconds, version,
+                                               compatible_versions))
 
     def heartbeat_worker(self, worker: Worker | str) -> None:
         """Say the worker process is alive; see :meth:`leaseq.Queue.heartbeat_worker`."""
@@ -1022,9 +1028,11 @@ class AsyncRemoteQueue(_Operations):
     # -- the worker transport --------------------------------------------------------------------
 
     async def register_worker(self, name: str = "worker", *, kinds: list[dict[str, Any]] | None = None,
-                              heartbeat_seconds: float | None = None, lease_seconds: float | None = None) -> Worker:
+                              heartbeat_seconds: float | None = None, lease_seconds: float | None = None,
+                              version: str | None = None, compatible_versions: list[str] | None = None) -> Worker:
         """:meth:`RemoteQueue.register_worker`, awaited."""
-        return await self._run(self._register_worker(name, kinds, heartbeat_seconds, lease_seconds))
+        return await self._run(self._register_worker(name, kinds, heartbeat_seconds, lease_seconds, version,
+                                                     compatible_versions))
 
     async def heartbeat_worker(self, worker: Worker | str) -> None:
         """:meth:`RemoteQueue.heartbeat_worker`, awaited."""

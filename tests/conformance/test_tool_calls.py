@@ -81,15 +81,20 @@ def test_a_call_with_other_arguments_at_a_recorded_position_diverges(q: leaseq.Q
     ctx.tool(calls.llm, action="llm.chat", effect="read_only")("first prompt")
     transport.fail(w, ctx.claim, "crashed", delay=0)
     ctx2 = _attempt(q, transport, w)
-    before = snapshot(dsn)
+    effects_before = q.effects(task.id)
     with pytest.raises(leaseq.ToolCallDiverged, match="other arguments") as caught:
         ctx2.tool(calls.llm, action="llm.chat", effect="read_only")("another prompt")
     assert caught.value.idempotency_key.endswith(":llm.chat:0") and caught.value.code == "tool_call_diverged"
-    assert snapshot(dsn) == before and calls.n == {"llm": 1}  # refused before anything was written or called
-    # the same position under another class is no replay either
-    with pytest.raises(leaseq.ToolCallDiverged, match="recorded as read_only"):
+    assert caught.value.recorded["args_digest"] != caught.value.requested["args_digest"]
+    # nothing of the call was written or made; the attempt ended there, the task awaits a person
+    assert q.effects(task.id) == effects_before and calls.n == {"llm": 1}
+    ended = q.get(task.id)
+    assert (ended.status, ended.lease_owner, ended.attempts) == ("needs_reconciliation", None, 1)
+    assert caught.value.idempotency_key in (ended.last_error or "")
+    # the attempt is over: the same position under another class is refused with the lease
+    with pytest.raises(leaseq.LeaseLost):
         ctx2.tool(calls.llm, action="llm.chat", effect="idempotent").keyed("0")("first prompt")
-    assert task.id == ctx2.task_id
+    assert task.id == ctx2.task_id and calls.n == {"llm": 1}
 
 
 def test_async_tools_and_framework_call_ids(q: leaseq.Queue, transport: Any) -> None:  # noqa: F811

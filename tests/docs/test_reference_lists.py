@@ -9,6 +9,8 @@ every kind of event happen.
 
 from __future__ import annotations
 
+import contextlib
+
 import ast
 import re
 import time
@@ -133,6 +135,11 @@ def event_types_of_a_run(tmp_path: Path) -> set[str]:
     ids.append(q.enqueue("k", {"n": "spends"}, queue="spends", budget={"tokens": 1}).id)
     [claim] = q.claim(w2, queue="spends")
     q.consume(w2, claim, "spends:consume:0", "tokens", 2)              # budget_exceeded
+    ids.append(q.enqueue("k", {"n": "replays"}, queue="replays", idempotency_key="replays").id)
+    [claim] = q.claim(w2, queue="replays")
+    q.sleep(w2, claim, "replays:sleep:0", seconds=0)
+    with contextlib.suppress(leaseq.ToolCallDiverged):                 # diverged
+        q.consume(w2, claim, "replays:sleep:0", "tokens", 1)  # a consume where a sleep was recorded
     seen = {e.type for task_id in ids for e in q.events(task_id)}
     q.close()
     return seen

@@ -764,3 +764,42 @@ def test_child_tasks_as_roles_a_worker_spawns_waits_and_wakes_its_parent_and_can
         report = q.cancel(parent.id, "stop", tree=True)
     assert [(c["task_id"], c["disposition"]) for c in report["children"]] == [(child.id, "completed"),
                                                                                (second.id, "not_started")]
+
+
+def test_code_changes_as_roles_a_worker_registers_its_versions_and_ends_only_its_own_diverged_attempt(
+        admin, make_role) -> None:
+    """A worker role registers its code version (the claim stamps it on the task) and ends an
+    attempt whose handler diverged from its recorded run through the lease-guarded diverge_task:
+    the task goes to needs_reconciliation with its evidence. Another worker role cannot end a
+    lease it does not hold that way, nor can an operator or a viewer role call it."""
+    worker_dsn, other_dsn = make_role("worker"), make_role("worker")
+    operator_dsn, viewer_dsn = make_role("operator"), make_role("viewer")
+    task = admin.enqueue("job", {}, idempotency_key="versions-roles", max_attempts=3)
+    with leaseq.connect(worker_dsn) as q:
+        w = q.register_worker("host", version="2", compatible_versions=["1"])
+        [claim] = q.claim(w)
+        assert claim.task.code_version == "2"
+        fx = q.begin_effect(w, claim, "web.search", "versions-roles:web.search:0", effect="read_only",
+                            args_digest="aa" * 16)
+        q.finish_effect(w, claim, fx, ["found"])
+        q.fail(w, claim, "crashed", delay=0)
+        [claim] = q.claim(w)
+    with leaseq.connect(other_dsn) as q:
+        stranger = q.register_worker("intruder")
+    before = snapshot(admin)
+    call = "SELECT * FROM leaseq_q_diverge_task('forged', %s, %s, %s)"
+    with psycopg.connect(other_dsn, autocommit=True) as conn:  # its own identity: no lease, no row
+        assert conn.execute(call, (task.id, stranger.id, claim.generation)).fetchall() == []
+    for dsn, why in ((other_dsn, "was not registered by role"), (operator_dsn, "permission denied"),
+                     (viewer_dsn, "permission denied")):
+        with pytest.raises(psycopg.errors.InsufficientPrivilege, match=why):
+            with psycopg.connect(dsn, autocommit=True) as conn:
+                conn.execute(call, (task.id, w.id, claim.generation))
+    assert snapshot(admin) == before  # refused, or no row: nothing changed
+    with leaseq.connect(worker_dsn) as q:
+        with pytest.raises(leaseq.ToolCallDiverged):
+            q.begin_effect(w, claim, "web.search", "versions-roles:web.search:0", effect="read_only",
+                           args_digest="bb" * 16)
+    held = admin.get(task.id)
+    assert (held.status, held.attempts, held.code_version) == ("needs_reconciliation", 1, "2")
+    assert [e.type for e in admin.events(task.id)][-2:] == ["diverged", "needs_reconciliation"]

@@ -51,7 +51,8 @@ COLUMNS: dict[str, str] = {
     # names, identifiers, states and declarations: not user data (deleted with the task)
     **{f"leaseq_tasks.{c}": "identifier or declaration" for c in (
         "queue", "kind", "effect", "status", "lease_owner", "idempotency_key", "error_fingerprint", "actions",
-        "trace_context", "limits", "resources", "singleton_key", "debounce_key", "wait_signal", "wait_children")},
+        "trace_context", "limits", "resources", "singleton_key", "debounce_key", "wait_signal", "wait_children",
+        "code_version")},
     **{f"leaseq_signals.{c}": "identifier or sender (deleted with the task)" for c in (
         "name", "sent_by", "consumed_key")},
     **{f"leaseq_stream_items.{c}": "state or identifier (deleted with the entry)" for c in (
@@ -70,7 +71,7 @@ COLUMNS: dict[str, str] = {
     **{f"leaseq_tokens.{c}": "credentials (not task data)" for c in (
         "id", "name", "role", "secret_hash", "queues", "created_by", "revoked_by")},
     **{f"leaseq_workers.{c}": "worker identity (not task data)" for c in (
-        "id", "name", "token_id", "db_role", "stop_reason")},
+        "id", "name", "token_id", "db_role", "stop_reason", "code_version", "compatible_versions")},
     **{f"leaseq_worker_kinds.{c}": "declaration (not task data)" for c in (
         "worker_id", "kind", "queue", "effect", "actions", "signature")},
     **{f"leaseq_db_roles.{c}": "database roles (not task data)" for c in ("role", "kind", "queues", "created_by")},

@@ -34,9 +34,9 @@ from .model import TaskModel
 _HOLDER_EVENTS = frozenset({"completed", "failed", "lease_released", "retry_requested", "effect_intent",
                             "effect_response", "tool_replayed", "intent_recorded", "renewed", "suspended",
                             "signal_received", "wait_timed_out", "stream_started", "child_spawned", "children_awaited",
-                            "budget_exceeded"})
+                            "budget_exceeded", "diverged"})
 #: Events that end a generation by its holder's hand (report_loss refuses a report after them).
-_HOLDER_ENDS = frozenset({"completed", "failed", "lease_released", "suspended", "lease_lost"})
+_HOLDER_ENDS = frozenset({"completed", "failed", "lease_released", "suspended", "diverged", "lease_lost"})
 #: The status events that follow a routing to somewhere other than the queue.
 _REASON_EVENTS = frozenset({m.DEAD, m.BLOCKED, m.RECON})
 #: Evidence that changes nothing the model holds (singleton_skipped: an enqueue answered with
@@ -161,6 +161,12 @@ class _Replay:
             # (a budget spent waits for a person: awaiting_approval)
             rests = m.AWAITING if d.get("waiting_for") == "approval" else m.WAITING
             to = self.routed(d.get("next_status"), {m.RECON} if s.recon_due() else {rests})
+            s.do_suspend(w, g, to)
+            self.holder_ended.add(g)
+            self.after_routing(to, g, w)
+        elif t == "diverged":  # the handler diverged from its recorded run: the attempt ends like a
+            # durable wait's, given back, and the task goes to reconciliation
+            to = self.routed(d.get("next_status"), {m.RECON})
             s.do_suspend(w, g, to)
             self.holder_ended.add(g)
             self.after_routing(to, g, w)

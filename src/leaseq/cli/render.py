@@ -42,6 +42,7 @@ _EVENT_FIELDS: dict[str, tuple[str, ...]] = {
     "completed": ("attempt", "heartbeats", "longest_heartbeat_gap"),
     "failed": ("error", "next_status", "retry_at", "error_streak"),
     "retry_requested": ("reason", "after", "retry_at", "snoozes"),
+    "diverged": ("idempotency_key", "recorded", "requested", "code_version"),
     "deadline_passed": ("deadline_at", "previous_status"),
     "cancelled": ("by", "reason", "previous_status", "revoked_lease_of", "open_intents"),
     "child_spawned": ("child_task_id", "kind", "queue"),
@@ -149,6 +150,8 @@ def task_details(task: Task, *, now: datetime | None = None) -> Table:
     grid.add_row("idempotency key", Text(task.idempotency_key))
     grid.add_row("generation", Text(f"{task.claim_generation}   attempts {task.attempts}/{task.max_attempts}"
                                     f"   default lease {task.lease_seconds:g}s"))
+    if task.code_version is not None:  # App(version=...): the code it started under
+        grid.add_row("code version", Text(task.code_version))
     if task.lease_owner:
         left = _since(as_datetime(task.lease_expires_at), now) if now else None
         expiry = fmt_time(task.lease_expires_at)

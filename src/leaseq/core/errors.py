@@ -434,31 +434,42 @@ class InvalidActionToken(AccessDenied):
 
 
 class ToolCallDiverged(LeaseqError):
-    """A retried handler reached a recorded tool call with other arguments.
+    """A retried handler no longer matches the run its ledger recorded.
 
-    Tool calls (``ctx.tool``) are keyed by the task's attempt-stable key, the
-    action and the call's position (or the framework's tool-call id); the
-    ledger holds a digest of the arguments each was made with. A retry that
-    reaches the same call with other arguments is no longer the recorded run:
-    replaying the recorded response, or making the call anew, would both be
-    wrong. Nothing is written; the attempt fails (and is retried, or routed
-    to reconciliation if a side effect is open).
+    Tool calls (``ctx.tool``), waits, spawns and consumes are ledger entries
+    keyed by the task's attempt-stable key and the entry's position (or the
+    framework's tool-call id); a tool call's entry holds a digest of the
+    arguments it was made with. A retry that reaches a recorded entry asking
+    for something else (other arguments, another action, a wait where a call
+    was recorded: the handler's code changed) is no longer the recorded run:
+    replaying the recorded response, or acting anew, would both be wrong, and
+    every retry would diverge again. Nothing of the diverging call is
+    written; the attempt ends there, under its lease, and the task goes to
+    ``needs_reconciliation`` naming the entry (its ``diverged`` event holds
+    what was recorded and what the code asked for), for a person to
+    reconcile or requeue. ``idempotency_key`` names the first diverging
+    entry; ``recorded`` and ``requested`` say what differs (None when not
+    known).
     """
 
     code = "tool_call_diverged"
     http_status = 409
     cli_field = "tool_call"
 
-    def __init__(self, idempotency_key: str, message: str | None = None):
+    def __init__(self, idempotency_key: str, message: str | None = None, *, recorded: Any = None,
+                 requested: Any = None):
         self.idempotency_key = idempotency_key
+        self.recorded = recorded
+        self.requested = requested
         super().__init__(message or f"tool call {idempotency_key!r} was recorded with other arguments")
 
     def wire_fields(self) -> dict[str, Any]:
-        return {"idempotency_key": self.idempotency_key}
+        return {"idempotency_key": self.idempotency_key, "recorded": self.recorded, "requested": self.requested}
 
     @classmethod
     def from_wire(cls, message: str, fields: dict[str, Any]) -> ToolCallDiverged:
-        return cls(str(fields.get("idempotency_key", "")), message)
+        return cls(str(fields.get("idempotency_key", "")), message, recorded=fields.get("recorded"),
+                   requested=fields.get("requested"))
 
 
 #: Every error class that owns a code, once. A subclass that declares no

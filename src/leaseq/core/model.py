@@ -81,6 +81,10 @@ class Worker:
     leases: int | None = None
     #: the kinds it serves, as it declared them at registration
     kinds: list[str] | None = None
+    #: the version of the code it runs (``App(version=...)``; None: none declared)
+    code_version: str | None = None
+    #: the versions whose started tasks it claims (None: any)
+    compatible_versions: list[str] | None = None
 
 
 def worker_state(revoked_at: datetime | None, stopped_at: datetime | None, last_heartbeat_at: datetime | None,
@@ -186,6 +190,9 @@ class Task:
     parent_id: int | None = None
     #: the child tasks a waiting task waits for (``ctx.wait_for``); None: none
     wait_children: list[int] | None = None
+    #: the version of the code the task started under (``App(version=...)``): its first claim's
+    #: worker's; None until it starts, or when that worker declared no version
+    code_version: str | None = None
 
 
 @dataclass(frozen=True)

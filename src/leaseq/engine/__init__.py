@@ -16,6 +16,7 @@ operation lives:
 - :mod:`.enqueue`: enqueue one task or many
 - :mod:`.approvals`: approval gates: request, approve, deny, deadlines
 - :mod:`.intents`: intents a task records for an executor
+- :mod:`.replay`: a retried handler that diverged from its recorded run (code changes under replay)
 - :mod:`.children`: child tasks a handler spawns and waits for, and cancel trees
 - :mod:`.dependencies`: tasks that wait for others, and moving them on when those end
 - :mod:`.waits`: what waiting for a task's end returns on
@@ -26,10 +27,10 @@ operation lives:
 """
 
 from . import (approvals, asks, budgets, children, dependencies, durable, effects, enqueue, expiry, intents, leases,
-               limits, operator, reads, schema, streams, waits)
+               limits, operator, reads, replay, schema, streams, waits)
 from .common import Settings
 from .drive import adrive, adrive_in, drive, drive_in
 
 __all__ = ["Settings", "adrive", "adrive_in", "approvals", "asks", "budgets", "children", "dependencies", "drive",
            "durable", "drive_in", "effects", "enqueue", "expiry", "intents", "leases", "limits", "operator", "reads",
-           "schema", "streams", "waits"]
+           "replay", "schema", "streams", "waits"]

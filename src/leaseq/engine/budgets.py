@@ -28,11 +28,12 @@ from collections.abc import Iterable, Mapping
 from typing import Any
 
 from ..core import checks
-from ..core.errors import InvalidInput, LeaseLost, ToolCallDiverged
+from ..core.errors import InvalidInput, LeaseLost
 from ..core.model import Claim, Worker
 from . import durable
 from .approvals import digest_of
 from .common import Settings, check_claim, event, require_task, worker_id
+from .replay import diverge
 from .limits import MAX_UNITS
 from .steps import BEGIN, COMMIT, Op, one, rows
 
@@ -120,8 +121,10 @@ def consume(s: Settings, worker: Worker | str, claim: Claim, key: str, limit_key
     entry = yield one("get_effect", task_id=claim.task_id, idempotency_key=key)
     if entry is not None:
         if entry["action"] != CONSUME_ACTION:
-            raise ToolCallDiverged(key, f"ledger entry {key!r} was recorded as action {entry['action']!r}, not "
-                                        f"{CONSUME_ACTION!r}: the retried handler diverged from the recorded run")
+            yield from diverge(s, claim, wid, key, f"ledger entry {key!r} was recorded as action "
+                                                   f"{entry['action']!r}, not {CONSUME_ACTION!r}: the retried "
+                                                   "handler diverged from the recorded run",
+                               recorded={"action": entry["action"]}, requested={"action": CONSUME_ACTION})
         recorded = entry["response"] or {}
         # an attempt that replays a consume settles its usage of the key: its claim's
         # reservation is reconciled to what it consumes itself (nothing, so far)

@@ -35,7 +35,7 @@ from datetime import datetime
 from typing import Any
 
 from ..core import checks
-from ..core.errors import InvalidInput, NotFound, ToolCallDiverged
+from ..core.errors import InvalidInput, NotFound
 from ..core.model import Claim, Status, Task, Worker
 from .limits import release as release_slots
 from .common import Settings, check_claim, event, event_params, to_task, worker_id
@@ -43,6 +43,7 @@ from .dependencies import settle_dependents
 from .durable import _PRECISION, MAX_WAIT_SECONDS, _entry, _lease, _record, _wait_key, suspend
 from .enqueue import existing_task, same_task, task_params
 from .intents import cancel_with_parents
+from .replay import diverge
 from .steps import BEGIN, COMMIT, Op, one, rows
 
 #: The ledger actions of a spawn and of a wait for children.
@@ -107,7 +108,7 @@ def spawn(s: Settings, worker: Worker | str, claim: Claim, kind: str, payload: A
     if queue is None:
         params["queue"] = held["queue"]
     params["idempotency_key"] = child_key(held["idempotency_key"], key)
-    recorded = yield from _entry(claim, fx_key, SPAWN_ACTION)
+    recorded = yield from _entry(s, claim, wid, fx_key, SPAWN_ACTION)
     if recorded is not None:  # an earlier attempt spawned it: the same child
         child_id = recorded["response"]["task_id"]
         child = yield one("tasks_by_key", queue=params["queue"], keys=[params["idempotency_key"]])
@@ -158,11 +159,14 @@ def wait_children(s: Settings, worker: Worker | str, claim: Claim, key: str,
         timeout = checks.check_seconds("timeout", timeout, allow_zero=True, maximum=MAX_WAIT_SECONDS)
     yield BEGIN
     held = yield from _lease(claim, wid, "wait_for")
-    outcome = yield from _entry(claim, key, CHILDREN_ACTION)
+    outcome = yield from _entry(s, claim, wid, key, CHILDREN_ACTION)
     if outcome is not None:  # over on an earlier attempt: replayed
         if outcome["response"].get("children") != ids:
-            raise ToolCallDiverged(key, f"ledger entry {key!r} waited for tasks {outcome['response'].get('children')}, "
-                                        f"not {ids}: the retried handler diverged from the recorded run")
+            yield from diverge(s, claim, wid, key, f"ledger entry {key!r} waited for tasks "
+                                                   f"{outcome['response'].get('children')}, not {ids}: the retried "
+                                                   "handler diverged from the recorded run",
+                               recorded={"children": outcome["response"].get("children")},
+                               requested={"children": ids})
         yield COMMIT
         return {**outcome["response"], "key": key, "replayed": True}
     found = {r["id"]: r for r in (yield rows("lock_children", task_id=claim.task_id, child_ids=sorted(set(ids))))}
@@ -171,7 +175,7 @@ def wait_children(s: Settings, worker: Worker | str, claim: Claim, key: str,
             raise InvalidInput("children", f"task {child} is not a child of task {claim.task_id} "
                                            "(ctx.wait_for takes the handles ctx.spawn returned)")
     wait_key = _wait_key(key)
-    begun = yield from _entry(claim, wait_key, CHILDREN_ACTION)
+    begun = yield from _entry(s, claim, wid, wait_key, CHILDREN_ACTION)
     pending = [c for c in ids if found[c]["status"] not in ENDED]
     if not pending:
         now: datetime = held["now"]

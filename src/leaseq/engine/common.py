@@ -25,7 +25,8 @@ ROUTINE_EVENTS = frozenset({"claimed", "completed"})
 
 _TASK_FIELDS = frozenset(Task.__dataclass_fields__)
 #: Fields not every read of a task row carries (a claim's does not): the class's defaults stand in.
-_TASK_OPTIONAL = ("singleton_key", "debounce_key", "enqueue_outcome", "parent_id", "wait_children")
+_TASK_OPTIONAL = ("singleton_key", "debounce_key", "enqueue_outcome", "parent_id", "wait_children",
+                  "code_version")
 _TASK_ORDER = tuple(k for k in Task.__dataclass_fields__ if k not in _TASK_OPTIONAL)
 _EFFECT_FIELDS = frozenset(Effect.__dataclass_fields__)
 

@@ -23,10 +23,11 @@ from datetime import datetime
 from typing import Any
 
 from ..core import answers, checks
-from ..core.errors import InvalidInput, InvalidTransition, LeaseLost, ToolCallDiverged
+from ..core.errors import InvalidInput, InvalidTransition, LeaseLost
 from ..core.model import Claim, Status, Worker
 from . import limits
 from .common import Settings, acting, audit, check_claim, event, heartbeats, require_task, worker_id
+from .replay import diverge
 from .steps import BEGIN, COMMIT, Op, one, rows
 
 #: The ledger actions of the waits.
@@ -82,12 +83,14 @@ def _lease(claim: Claim, wid: str, what: str) -> Op[dict[str, Any]]:
     return held
 
 
-def _entry(claim: Claim, key: str, action: str) -> Op[dict[str, Any] | None]:
-    """The ledger entry recorded under ``key``, which must be this kind of wait's."""
+def _entry(s: Settings, claim: Claim, wid: str, key: str, action: str) -> Op[dict[str, Any] | None]:
+    """The ledger entry recorded under ``key``, which must be this kind of wait's (else the
+    handler diverged from its recorded run: :func:`leaseq.engine.replay.diverge`)."""
     found: dict[str, Any] | None = yield one("get_effect", task_id=claim.task_id, idempotency_key=key)
     if found is not None and found["action"] != action:
-        raise ToolCallDiverged(key, f"ledger entry {key!r} was recorded as action {found['action']!r}, not "
-                                    f"{action!r}: the retried handler diverged from the recorded run")
+        yield from diverge(s, claim, wid, key, f"ledger entry {key!r} was recorded as action {found['action']!r}, "
+                                               f"not {action!r}: the retried handler diverged from the recorded run",
+                           recorded={"action": found["action"]}, requested={"action": action})
     return found
 
 
@@ -147,7 +150,7 @@ def sleep(s: Settings, worker: Worker | str, claim: Claim, key: str, *, seconds:
     yield BEGIN
     held = yield from _lease(claim, wid, "sleep")
     now = held["now"].timestamp()
-    entry = yield from _entry(claim, key, SLEEP_ACTION)
+    entry = yield from _entry(s, claim, wid, key, SLEEP_ACTION)
     if entry is None:
         entry = yield from _record(claim, wid, key, SLEEP_ACTION, {}, seconds=seconds, until=wake)
         now = max(now, entry["response_at"].timestamp())  # the clock the wake time was read from
@@ -188,7 +191,7 @@ def wait_signal(s: Settings, worker: Worker | str, claim: Claim, key: str, name:
         timeout = checks.check_seconds("timeout", timeout, allow_zero=True, maximum=MAX_WAIT_SECONDS)
     yield BEGIN
     held = yield from _lease(claim, wid, "wait_for_signal" if ask is None else "ask")
-    outcome = yield from _entry(claim, key, action)
+    outcome = yield from _entry(s, claim, wid, key, action)
     if outcome is not None:  # received (or timed out) on an earlier attempt: replayed
         yield COMMIT
         return {**outcome["response"], "key": key, "replayed": True}
@@ -207,7 +210,7 @@ def wait_signal(s: Settings, worker: Worker | str, claim: Claim, key: str, name:
         yield COMMIT
         return {**response, "key": key, "replayed": False}
     wait_key = _wait_key(key)
-    begun = yield from _entry(claim, wait_key, action)
+    begun = yield from _entry(s, claim, wid, wait_key, action)
     if begun is None:
         waiting: dict[str, Any] = {"state": "waiting", "signal": name}
         if ask is not None:  # what q.asks() shows, and q.answer() checks an answer against

@@ -14,9 +14,10 @@ from datetime import datetime
 from typing import Any, overload
 
 from ..core import action_tokens, checks
-from ..core.errors import InvalidInput, InvalidTransition, LeaseLost, QueuePaused, ToolCallDiverged
+from ..core.errors import InvalidInput, InvalidTransition, LeaseLost, QueuePaused
 from ..core.model import Claim, Effect, EffectKind, Worker
 from .common import Settings, check_claim, event, require_task, rows_of_task, to_effect, worker_id
+from .replay import diverge
 from .steps import BEGIN, COMMIT, Op, one, rows
 
 #: Most actions one task may declare.
@@ -115,16 +116,22 @@ def check_call(effect: str | None, args_digest: str | None) -> None:
             raise InvalidInput("args_digest", "is given only with a tool call's effect class")
 
 
-def diverged(existing: dict[str, Any], action: str, effect: str, args_digest: str | None) -> str | None:
-    """Why a recorded entry is not the call being made under its key, or None if it is."""
+def diverged(existing: dict[str, Any], action: str, effect: str,
+             args_digest: str | None) -> tuple[str, dict[str, Any], dict[str, Any]] | None:
+    """Why a recorded entry is not the call being made under its key, with what was recorded and
+    what is asked (the fields that differ), or None if it is the same call."""
     key = existing["idempotency_key"]
     if existing["action"] != action:
-        return f"tool call {key!r} was recorded as action {existing['action']!r}, not {action!r}"
+        return (f"tool call {key!r} was recorded as action {existing['action']!r}, not {action!r}",
+                {"action": existing["action"]}, {"action": action})
     if existing["effect"] != effect:
-        return f"tool call {key!r} was recorded as {existing['effect']}, not {effect}"
+        return (f"tool call {key!r} was recorded as {existing['effect']}, not {effect}",
+                {"effect": existing["effect"]}, {"effect": effect})
     if args_digest is not None and existing["args_digest"] not in (None, args_digest):
         return (f"tool call {key!r} (action {action!r}) was recorded with other arguments: the retried "
-                "handler diverged from the recorded run, so neither replaying nor calling again is safe")
+                "handler diverged from the recorded run, so neither replaying nor calling again is safe",
+                {"action": action, "args_digest": existing["args_digest"]},
+                {"action": action, "args_digest": args_digest})
     return None
 
 
@@ -152,8 +159,8 @@ def begin_effect(s: Settings, worker: Worker | str, claim: Claim, action: str, k
     existing = yield one("get_effect", task_id=claim.task_id, idempotency_key=fx_key)
     if existing is not None and effect is not None:
         why = diverged(existing, action, entry_class, args_digest)
-        if why is not None:
-            raise ToolCallDiverged(fx_key, why)
+        if why is not None:  # the attempt ends here, the task to needs_reconciliation
+            yield from diverge(s, claim, wid, fx_key, why[0], recorded=why[1], requested=why[2])
     if existing is not None and existing["resource"] != resource:
         raise InvalidInput("resource", f"effect {fx_key!r} was begun naming resource {existing['resource']!r}, "
                                        f"not {resource!r}: one key, one resource")

@@ -27,19 +27,47 @@ from .steps import BEGIN, COMMIT, Op, one, rows
 
 def register_worker(s: Settings, name: str = "worker", *, token_id: str | None = None,
                     kinds: list[dict[str, Any]] | None = None, heartbeat_seconds: float | None = None,
-                    lease_seconds: float | None = None) -> Op[Worker]:
+                    lease_seconds: float | None = None, version: str | None = None,
+                    compatible_versions: list[str] | None = None) -> Op[Worker]:
     """:meth:`leaseq.Queue.register_worker`."""
     checks.check_name("name", name)
     declared = check_declarations(kinds)
     heartbeat, lease = check_liveness(heartbeat_seconds, lease_seconds)
+    version, compatible = check_versions(version, compatible_versions)
     yield BEGIN
-    row = yield one("register_worker", name=name, heartbeat_seconds=heartbeat, lease_seconds=lease)
+    row = yield one("register_worker", name=name, heartbeat_seconds=heartbeat, lease_seconds=lease,
+                    code_version=version, compatible_versions=compatible)
     if token_id is not None:
         yield rows("link_worker_token", worker_id=row["id"], token_id=checks.check_name("token_id", token_id))
     if declared:
         yield rows("declare_worker_kinds", worker_id=row["id"], declarations=declared)
     yield COMMIT
-    return Worker(id=row["id"], name=row["name"], registered_at=row["registered_at"])
+    return Worker(id=row["id"], name=row["name"], registered_at=row["registered_at"], code_version=version,
+                  compatible_versions=compatible)
+
+
+#: The most versions a worker may declare compatible.
+MAX_VERSIONS = 100
+
+
+def check_versions(version: Any, compatible: Any) -> tuple[str | None, list[str] | None]:
+    """A worker's code version and the versions whose started tasks it serves, checked: its own
+    version is always among them (default: only it); no version, no list (it serves any task).
+    Raises :class:`InvalidInput` naming ``version`` or ``compatible_versions``."""
+    if version is None:
+        if compatible is not None:
+            raise InvalidInput("compatible_versions", "is given only with a version (a worker without a "
+                                                      "version serves tasks of any version)")
+        return None, None
+    version = checks.check_name("version", version)
+    if compatible is None:
+        return version, [version]
+    if isinstance(compatible, (str, bytes)) or not isinstance(compatible, (list, tuple, set, frozenset)) \
+            or len(compatible) > MAX_VERSIONS:
+        raise InvalidInput("compatible_versions", f"must be a list of at most {MAX_VERSIONS} versions "
+                                                  f"(got {compatible!r})")
+    out = sorted({checks.check_name("compatible_versions", v) for v in compatible} | {version})
+    return version, out
 
 
 #: The most kinds one registration may declare.

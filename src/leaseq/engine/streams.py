@@ -89,7 +89,7 @@ def emit(s: Settings, worker: Worker | str, claim: Claim, item: Any, *, key: str
     yield BEGIN
     yield from _lease(claim, wid, "emit")  # the task row is locked: this task's appends go one at a time
     if key is not None:
-        found = yield from _entry(claim, key, EMIT_ACTION)
+        found = yield from _entry(s, claim, wid, key, EMIT_ACTION)
         if found is not None:
             yield COMMIT
             recorded = found["response"] or {}

@@ -43,8 +43,9 @@ class EffectOps(QueueBase):
         only an open side_effect entry sends an expired or failed attempt to
         reconciliation. A read_only call is no action: any task may make it.
         A replayed tool call writes a ``tool_replayed`` event, and one whose
-        recorded action, class or ``args_digest`` differs raises
-        :class:`leaseq.ToolCallDiverged`.
+        recorded action, class or ``args_digest`` differs ends the attempt (the
+        task goes to needs_reconciliation, with a ``diverged`` event naming the
+        entry) and raises :class:`leaseq.ToolCallDiverged`.
         """
         return self._run(engine.effects.begin_effect(self.settings, worker, claim, action, key, resource=resource,
                                                      effect=effect, args_digest=args_digest))

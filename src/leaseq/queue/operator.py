@@ -37,7 +37,8 @@ class OperatorOps(QueueBase):
 
     def register_worker(self, name: str = "worker", *, token_id: str | None = None,
                         kinds: list[dict[str, Any]] | None = None, heartbeat_seconds: float | None = None,
-                        lease_seconds: float | None = None) -> Worker:
+                        lease_seconds: float | None = None, version: str | None = None,
+                        compatible_versions: list[str] | None = None) -> Worker:
         """Issue a new worker identity. The queue picks the id; ``name`` is a label.
 
         ``token_id`` links the worker to the service credential that registered
@@ -49,10 +50,16 @@ class OperatorOps(QueueBase):
         :meth:`heartbeat_worker` at least every ``heartbeat_seconds``, and
         counts as lost after ``lease_seconds`` without one (the runtime does
         this; a worker registered without them has state ``unknown``).
+        ``version``: the version of the code it runs (``App(version=...)``), stamped on each
+        task it is the first to claim; ``compatible_versions``: the versions whose started
+        tasks it claims (default: only its own; its own always among them). A task started
+        under another version is left to a worker that serves it; a task not yet started is
+        claimable by any worker, and a worker without a version claims any task.
         """
         return self._run(engine.operator.register_worker(self.settings, name, token_id=token_id, kinds=kinds,
                                                          heartbeat_seconds=heartbeat_seconds,
-                                                         lease_seconds=lease_seconds))
+                                                         lease_seconds=lease_seconds, version=version,
+                                                         compatible_versions=compatible_versions))
 
     def heartbeat_worker(self, worker: Worker | str) -> None:
         """Say the worker process is alive (it renews no lease). A stopped worker stays stopped."""

@@ -33,7 +33,7 @@ from fastapi import Depends, Request
 from starlette.concurrency import run_in_threadpool
 
 from .. import auth, authz, engine
-from ..core.errors import BodyTooLarge, InvalidInput
+from ..core.errors import BodyTooLarge, InvalidInput, ToolCallDiverged
 from ..auth import RateLimited
 from ..engine.steps import Op
 from ..queue import Queue
@@ -327,13 +327,32 @@ async def serve_operation(request: Request, action: str, worker_id: str, operati
     thread. Under load, threads that hand the interpreter lock back and forth at every
     statement cost a request more than its SQL (measured: 418 µs of CPU a transaction
     against 159). ``queue``: the queue the action is authorized for."""
+    ended: list[ToolCallDiverged] = []
+
+    def kept(view: Queue) -> Any:
+        try:
+            return engine.drive(view.store, operation(view))
+        except ToolCallDiverged as exc:
+            ended.append(exc)
+            return None
+
+    async def akept(view: Queue) -> Any:
+        try:
+            return await engine.adrive(view.store, operation(view))
+        except ToolCallDiverged as exc:
+            ended.append(exc)
+            return None
+
+    # A diverged handler's operation ends its attempt and commits that before it raises
+    # (leaseq.engine.replay): the request's transaction commits it too, then the error is told.
     if request.app.state.queue.native_async:
-        return await ain_one_transaction(request, action, worker_id,
-                                         lambda view: engine.adrive(view.store, operation(view)),
-                                         queue=queue, charge=charge)
-    return await run_in_threadpool(in_one_transaction, request, action, worker_id,
-                                   lambda view: engine.drive(view.store, operation(view)), queue=queue,
-                                   charge=charge)
+        result: T = await ain_one_transaction(request, action, worker_id, akept, queue=queue, charge=charge)
+    else:
+        result = await run_in_threadpool(in_one_transaction, request, action, worker_id, kept, queue=queue,
+                                         charge=charge)
+    if ended:
+        raise ended[0]
+    return result
 
 
 def authorize_also(request: Request, action: str, worker_id: str, queue: str | None) -> None:

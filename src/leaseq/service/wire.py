@@ -27,8 +27,10 @@ REDACTED_TASK_FIELDS = ("payload", "result", "last_error", "idempotency_key")
 #: Keys of event details hidden from tokens without ``read_payloads``. Digests of a
 #: payload (an approval's ``digest``, a tool call's ``args_digest``) are unsalted: a
 #: small payload is recovered from one by trying candidates, so they are hidden too; a question
-#: put to a person (ctx.ask) may quote the payload.
-REDACTED_DETAIL_KEYS = ("error", "result", "response", "idempotency_key", "digest", "args_digest", "question")
+#: put to a person (ctx.ask) may quote the payload; what a diverged run recorded and what its
+#: code asked for (``recorded``, ``requested``) hold such digests.
+REDACTED_DETAIL_KEYS = ("error", "result", "response", "idempotency_key", "digest", "args_digest", "question",
+                        "recorded", "requested")
 
 
 #: Types passed through as they are (compared exactly: subclasses such as enums take the slow path).

@@ -128,6 +128,10 @@ class RegisterBody(Body):
     kinds: list[Any] | None = None
     heartbeat_seconds: float | None = None
     lease_seconds: float | None = None
+    #: the version of the code it runs, and the versions whose started tasks it serves
+    #: (checked by the engine)
+    version: Any = None
+    compatible_versions: Any = None
 
 
 class StoppedBody(Body):
@@ -297,7 +301,8 @@ def register_worker(body: RegisterBody, request: Request,
                     principal: auth.Principal = Depends(need("register_worker"))) -> dict[str, Any]:
     worker = _queue(request).register_worker(body.name, token_id=principal.token_id, kinds=body.kinds,
                                              heartbeat_seconds=body.heartbeat_seconds,
-                                             lease_seconds=body.lease_seconds)
+                                             lease_seconds=body.lease_seconds, version=body.version,
+                                             compatible_versions=body.compatible_versions)
     request.app.state.access.remember_worker(worker.id, principal.token_id)
     return record_json(worker)
 

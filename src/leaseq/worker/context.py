@@ -604,7 +604,8 @@ class TaskContext:
         arguments is stored with it. On a retry a call whose response was
         recorded is not made again: its recorded response is returned (a
         ``tool_replayed`` event says so). A call with other arguments at a
-        recorded position raises :class:`leaseq.ToolCallDiverged`. A
+        recorded position raises :class:`leaseq.ToolCallDiverged`: the attempt ends
+        there and the task goes to ``needs_reconciliation`` naming the call. A
         ``side_effect`` call that began and never recorded its response sends
         the task to reconciliation instead of being repeated; an open
         ``read_only`` or ``idempotent`` call is simply made again.

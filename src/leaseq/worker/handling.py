@@ -17,7 +17,7 @@ import sys
 import time
 from collections.abc import Awaitable
 
-from ..core.errors import LeaseLost, Permanent, QueuePaused, Suspended
+from ..core.errors import LeaseLost, Permanent, QueuePaused, Suspended, ToolCallDiverged
 from ..core.model import Claim
 from ..core.retry import Retry
 from ..observability.hooks import TaskLog
@@ -189,6 +189,13 @@ class Handling(Losses):
                 asyncio.get_running_loop().call_later(delay, self._wake.set)
             if ctx.log.isEnabledFor(logging.INFO):
                 ctx.log.info(self._msg(ctx, f"suspended: waits for {ended.waiting_for}"))
+            return None
+        except ToolCallDiverged as exc:
+            # The handler's code no longer matches its recorded run: the guarded write that
+            # found it ended the attempt (the task needs reconciliation). Nothing more to record.
+            ctx.outcome_recorded = True
+            ctx.mark_lost(f"diverged from its recorded run at {exc.idempotency_key!r}")
+            ctx.log.warning(self._msg(ctx, f"needs reconciliation: {exc}"))
             return None
         except asyncio.CancelledError:
             if not ctx.lost:

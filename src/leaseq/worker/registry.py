@@ -36,6 +36,10 @@ class Registry:
         self.handlers: dict[str, Handler] = {}
         #: name -> :class:`leaseq.schedules.Schedule`: what the worker fires (see :mod:`leaseq.schedules`)
         self.schedules: dict[str, Any] = {}
+        #: the version of the handlers' code (``App(version=...)``; None: none declared) and the
+        #: versions whose started tasks a worker of it serves (None: any)
+        self.version: str | None = None
+        self.compatible_versions: list[str] | None = None
 
     def add(self, handler: Handler) -> None:
         """Declare ``handler`` for its kind; a kind is declared once."""

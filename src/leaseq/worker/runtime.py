@@ -185,8 +185,10 @@ class WorkerRuntime(ClaimLoop, Shutdown):
             if not await self._start_up():
                 logger.info("worker %s: stopped before it could register", self.name)
                 return self.stats
-            logger.info("worker %s started: queues=%s concurrency=%d prefetch=%d", self._registered.id,
-                        ",".join(self.queues), self.concurrency, self.prefetch)
+            logger.info("worker %s started: queues=%s concurrency=%d prefetch=%d%s", self._registered.id,
+                        ",".join(self.queues), self.concurrency, self.prefetch,
+                        "" if self.registry.version is None else
+                        f" version={self.registry.version} serves={','.join(self.registry.compatible_versions or [])}")
             await self._warn_if_unbound()
             self.completer = Completer(self.transport, self._caps, self._registered, self._settled, self._refill(),
                                        bug=self._bug)
@@ -285,8 +287,12 @@ class WorkerRuntime(ClaimLoop, Shutdown):
                         for d in self.registry.declarations()]
 
         def register() -> Any:
+            versions: dict[str, Any] = {}
+            if self.registry.version is not None:  # App(version=...): an older transport need not know it
+                versions = dict(version=self.registry.version,
+                                compatible_versions=self.registry.compatible_versions)
             return self.transport.register_worker(self.name, kinds=declarations, heartbeat_seconds=heartbeat_seconds,
-                                                  lease_seconds=lease_seconds)
+                                                  lease_seconds=lease_seconds, **versions)
 
         ok, worker = await until_done("registering", register,
                                       name=self.name, wake=self._wake, stopping=stopping, on_retry=count)

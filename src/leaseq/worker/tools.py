@@ -9,7 +9,9 @@ payments) wraps each tool once; every call then goes through the ledger of
   action's calls within the attempt), or ``<task key>:<action>:<call id>``
   when a framework names its tool calls;
 - a digest of its arguments is stored with it, and a retry that reaches the
-  same key with other arguments raises :class:`leaseq.ToolCallDiverged`;
+  same key with other arguments raises :class:`leaseq.ToolCallDiverged`, its
+  attempt ended and the task sent to reconciliation (the code changed under
+  the recorded run);
 - on a retry, a call whose response was recorded returns that response
   without running (``tool_replayed`` in the trail);
 - a ``side_effect`` call left without a response (the worker died in it, or

@@ -186,10 +186,14 @@ SELECT pg_notify('leaseq_interrupt', %(worker_id)s);
 -- The queue, not the worker, makes the identity: a name plus random suffix.
 -- The worker says how often it will heartbeat and after how long a silent
 -- worker is lost (NULL: it does not heartbeat); registering is its first heartbeat.
-INSERT INTO leaseq_workers (id, name, heartbeat_seconds, lease_seconds, last_heartbeat_at)
+-- CODE VERSIONS (schema 32): the version of the code it runs and the versions
+-- whose started tasks it serves (NULL, NULL: none declared, it serves any).
+INSERT INTO leaseq_workers (id, name, heartbeat_seconds, lease_seconds, last_heartbeat_at, code_version,
+                            compatible_versions)
 VALUES (%(name)s || '-' || substr(replace(gen_random_uuid()::text, '-', ''), 1, 12), %(name)s,
-        %(heartbeat_seconds)s, %(lease_seconds)s, clock_timestamp())
-RETURNING id, name, registered_at, revoked_at;
+        %(heartbeat_seconds)s, %(lease_seconds)s, clock_timestamp(), %(code_version)s::text,
+        %(compatible_versions)s::text[])
+RETURNING id, name, registered_at, revoked_at, code_version, compatible_versions;
 
 -- name: declare_worker_kinds
 -- callers: worker
@@ -584,7 +588,7 @@ RETURNING t.id, t.attempts, t.last_error AS reason;
 -- before limit rows (waited on, in key order), as in every statement that
 -- gives slots back, so no two of them wait on each other in a cycle.
 WITH worker AS (
-    SELECT w.id FROM leaseq_workers w
+    SELECT w.id, w.code_version, w.compatible_versions FROM leaseq_workers w
     WHERE w.id = %(worker_id)s AND w.revoked_at IS NULL
     FOR SHARE
 ), due AS (
@@ -618,6 +622,13 @@ WITH worker AS (
             AND o.status NOT IN ('completed', 'cancelled', 'dead', 'denied', 'expired')  -- leaseq_tasks_singleton
             AND (o.status IN ('running', 'waiting') OR (o.status = 'queued' AND o.id < leaseq_tasks.id))))
       AND (deadline_at IS NULL OR deadline_at > now())  -- never started past its deadline (the sweep expires it)
+      -- CODE VERSIONS (schema 32): a task started under a version of the code
+      -- this worker does not serve is left to a worker that does (its ledger
+      -- was written by that code); one not started yet (NULL) goes to any
+      -- worker, and a worker that declared no versions serves any task. The
+      -- worker's row is read once per claim (a plan's init step), not per row.
+      AND (code_version IS NULL OR (SELECT w.compatible_versions IS NULL FROM worker w)
+           OR code_version = ANY((SELECT w.compatible_versions FROM worker w)::text[]))
       -- never one approved at or after its approval deadline (see late_approvals): the set
       -- is read once per claim, from leaseq_approvals_late, which holds no row unless such
       -- a decision was written (a per-row probe could be planned as a scan of every request)
@@ -698,6 +709,8 @@ WITH worker AS (
                               + ('x' || left(pg_walfile_name(pg_current_wal_insert_lsn()), 8))::bit(32)::bigint
                        FROM pg_control_system() s),
         attempts = t.attempts + 1,
+        -- CODE VERSIONS: the first claim stamps the version the task starts under; later ones keep it
+        code_version = coalesce(t.code_version, (SELECT w.code_version FROM worker w)),
         claimed_at = now(),
         heartbeat_count = 0,
         last_heartbeat_at = NULL,
@@ -1335,7 +1348,7 @@ FROM jsonb_to_recordset(%(events)s::jsonb) AS e(task_id bigint, type text, gener
 -- A worker's own account of losing a lease: one per lost generation. Written
 -- only when this worker was issued the generation (its "claimed" event), the
 -- generation did not end by the holder's own hand (completed, failed,
--- released, suspended in a durable wait) and no loss was reported for it yet. The caller locks the task
+-- released, suspended in a durable wait, diverged from its recorded run) and no loss was reported for it yet. The caller locks the task
 -- row first (lock_task), so two reports of one generation run one after the
 -- other and the second sees the first. No row back: nothing was written.
 INSERT INTO leaseq_events (task_id, type, generation, worker_id, detail)
@@ -1345,20 +1358,20 @@ WHERE EXISTS (SELECT 1 FROM leaseq_events e
                 AND e.type = 'claimed' AND e.worker_id = %(worker_id)s)
   AND NOT EXISTS (SELECT 1 FROM leaseq_events e
                   WHERE e.task_id = %(task_id)s AND e.generation = %(generation)s
-                    AND e.type IN ('completed', 'failed', 'lease_released', 'suspended', 'lease_lost'))
+                    AND e.type IN ('completed', 'failed', 'lease_released', 'suspended', 'diverged', 'lease_lost'))
 RETURNING id;
 
 -- name: generation_outcome
 -- callers: worker, operator, viewer
 -- guard: none -- a read of a generation's events (why report_loss wrote nothing)
 -- Why report_loss wrote nothing: was the generation this worker's, and what
--- ended it (the first of completed, failed, lease_released, suspended, lease_lost)?
+-- ended it (the first of completed, failed, lease_released, suspended, diverged, lease_lost)?
 SELECT EXISTS (SELECT 1 FROM leaseq_events
                WHERE task_id = %(task_id)s AND type = 'claimed'
                  AND generation = %(generation)s AND worker_id = %(worker_id)s) AS held,
        (SELECT type FROM leaseq_events
         WHERE task_id = %(task_id)s AND generation = %(generation)s
-          AND type IN ('completed', 'failed', 'lease_released', 'suspended', 'lease_lost')
+          AND type IN ('completed', 'failed', 'lease_released', 'suspended', 'diverged', 'lease_lost')
         ORDER BY id LIMIT 1) AS ended;
 
 -- name: list_events
@@ -2081,6 +2094,32 @@ RETURNING t.id, t.status, t.claim_generation, t.attempts, t.wake_at, t.wait_sign
           t.heartbeat_count, t.last_heartbeat_at, t.longest_heartbeat_gap, t.queue, t.limits, t.units,
           CASE t.status WHEN 'needs_reconciliation'
               THEN 'wait begun with a side-effect intent and no recorded response' END AS reason;
+
+-- name: diverge_task
+-- callers: worker
+-- guard: lease
+-- plan: generic
+-- CODE CHANGES UNDER REPLAY (schema 32): the attempt ends because the
+-- handler's code no longer matches the run its ledger recorded (a tool call
+-- with other arguments, a wait where a call was recorded: ToolCallDiverged).
+-- Replaying the recorded answers, or acting anew, would both be wrong, and
+-- every retry would diverge again: the task goes to needs_reconciliation,
+-- %(error)s (naming the first diverging entry) its last_error, for a person
+-- to reconcile (completed, requeue once the code is fixed, or cancel). Not a
+-- failure: the attempt is given back (attempts - 1) and the error streak left
+-- alone.
+UPDATE leaseq_tasks t
+SET status = 'needs_reconciliation',
+    attempts = t.attempts - 1,
+    last_error = %(error)s::text,
+    lease_owner = NULL,
+    lease_expires_at = NULL,
+    updated_at = now()
+WHERE t.id = %(task_id)s
+  /* TEMPLATE: lease_guard */
+RETURNING t.id, t.status, t.claim_generation, t.attempts, t.code_version,
+          t.heartbeat_count, t.last_heartbeat_at, t.longest_heartbeat_gap, t.queue, t.limits, t.units,
+          'the handler diverged from its recorded run (its diverged event and last_error name the entry)' AS reason;
 
 -- name: lock_sleepers
 -- callers: worker, operator

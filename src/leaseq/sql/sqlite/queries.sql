@@ -84,10 +84,12 @@ FROM leaseq_leader WHERE name = :name;
 
 -- name: register_worker
 -- See the PostgreSQL file: registering is the worker's first heartbeat.
-INSERT INTO leaseq_workers (id, name, heartbeat_seconds, lease_seconds, last_heartbeat_at)
+-- CODE VERSIONS (schema 32): compatible_versions is a JSON array (NULL: any).
+INSERT INTO leaseq_workers (id, name, heartbeat_seconds, lease_seconds, last_heartbeat_at, code_version,
+                            compatible_versions)
 VALUES (:name || '-' || lower(hex(randomblob(6))), :name, :heartbeat_seconds, :lease_seconds,
-        (julianday('now') - 2440587.5) * 86400.0)
-RETURNING id, name, registered_at, revoked_at;
+        (julianday('now') - 2440587.5) * 86400.0, :code_version, :compatible_versions)
+RETURNING id, name, registered_at, revoked_at, code_version, compatible_versions;
 
 -- name: declare_worker_kinds
 -- guard: none -- the worker's own declarations, written at its registration; no lease
@@ -345,6 +347,11 @@ WITH candidate AS MATERIALIZED (
             AND o.status NOT IN ('completed', 'cancelled', 'dead', 'denied', 'expired')  -- leaseq_tasks_singleton
             AND (o.status IN ('running', 'waiting') OR (o.status = 'queued' AND o.id < leaseq_tasks.id))))
       AND (deadline_at IS NULL OR deadline_at > (julianday('now') - 2440587.5) * 86400.0)  -- see the PostgreSQL file
+      -- CODE VERSIONS: see the PostgreSQL file (the worker's row read once per claim)
+      AND (code_version IS NULL
+           OR (SELECT w.compatible_versions IS NULL FROM leaseq_workers w WHERE w.id = :worker_id)
+           OR code_version IN (SELECT v.value FROM leaseq_workers w, json_each(w.compatible_versions) AS v
+                               WHERE w.id = :worker_id))
       AND id NOT IN (SELECT a.task_id FROM leaseq_approvals a  -- approved at or after its approval deadline:
                      WHERE a.decision = 'approved' AND a.decided_at >= a.deadline_at)  -- see the PostgreSQL file
       -- the unary + keeps available_at out of the index lookup: the claimable
@@ -403,6 +410,8 @@ SET status = 'running',
     lease_expires_at = (julianday('now') - 2440587.5) * 86400.0 + min(coalesce(:lease_seconds, t.lease_seconds), t.lease_seconds),
     claim_generation = t.claim_generation + 1,
     attempts = t.attempts + 1,
+    -- CODE VERSIONS: the first claim stamps the version the task starts under; later ones keep it
+    code_version = coalesce(t.code_version, (SELECT w.code_version FROM leaseq_workers w WHERE w.id = :worker_id)),
     claimed_at = (julianday('now') - 2440587.5) * 86400.0,
     heartbeat_count = 0,
     last_heartbeat_at = NULL,
@@ -798,7 +807,7 @@ WHERE EXISTS (SELECT 1 FROM leaseq_events e
                 AND e.type = 'claimed' AND e.worker_id = :worker_id)
   AND NOT EXISTS (SELECT 1 FROM leaseq_events e
                   WHERE e.task_id = :task_id AND e.generation = :generation
-                    AND e.type IN ('completed', 'failed', 'lease_released', 'suspended', 'lease_lost'))
+                    AND e.type IN ('completed', 'failed', 'lease_released', 'suspended', 'diverged', 'lease_lost'))
 RETURNING id;
 
 -- name: generation_outcome
@@ -810,7 +819,7 @@ SELECT EXISTS (SELECT 1 FROM leaseq_events
                  AND generation = :generation AND worker_id = :worker_id) AS held,
        (SELECT type FROM leaseq_events
         WHERE task_id = :task_id AND generation = :generation
-          AND type IN ('completed', 'failed', 'lease_released', 'suspended', 'lease_lost')
+          AND type IN ('completed', 'failed', 'lease_released', 'suspended', 'diverged', 'lease_lost')
         ORDER BY id LIMIT 1) AS ended;
 
 -- name: list_events
@@ -1346,6 +1355,22 @@ RETURNING id, status, claim_generation, attempts, wake_at, wait_signal, wait_chi
           heartbeat_count, last_heartbeat_at, longest_heartbeat_gap, queue, limits, units,
           CASE status WHEN 'needs_reconciliation'
               THEN 'wait begun with a side-effect intent and no recorded response' END AS reason;
+
+-- name: diverge_task
+-- guard: lease
+-- See the PostgreSQL file: the handler diverged from its recorded run.
+UPDATE leaseq_tasks AS t
+SET status = 'needs_reconciliation',
+    attempts = t.attempts - 1,
+    last_error = :error,
+    lease_owner = NULL,
+    lease_expires_at = NULL,
+    updated_at = (julianday('now') - 2440587.5) * 86400.0
+WHERE t.id = :task_id
+  /* TEMPLATE: lease_guard */
+RETURNING id, status, claim_generation, attempts, code_version,
+          heartbeat_count, last_heartbeat_at, longest_heartbeat_gap, queue, limits, units,
+          'the handler diverged from its recorded run (its diverged event and last_error name the entry)' AS reason;
 
 -- name: lock_sleepers
 -- See the PostgreSQL file (the transaction holds the write lock: nothing to skip).
