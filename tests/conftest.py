@@ -24,6 +24,7 @@ import gc
 import os
 import sys
 import threading
+import time
 import uuid
 from collections.abc import Iterator
 from urllib.parse import quote, urlsplit, urlunsplit
@@ -178,7 +179,8 @@ def pg_migrated_dsn() -> Iterator[str]:
     ``q`` fixture's, in the direct mode. The schema is emptied after the test and used again
     by a later test of this process, unless the test changed its shape (:data:`_SHAPE`) or left
     a connection to it open (its connections carry the schema's name as their
-    ``application_name``); then it is dropped."""
+    ``application_name``; one still closing has :data:`CLOSING_SECONDS` to go); then it is
+    dropped."""
     import psycopg
 
     base = _pg_or_skip()
@@ -202,13 +204,32 @@ def pg_migrated_dsn() -> Iterator[str]:
         _empty_or_drop(base, schema, shape)
 
 
+#: How long the teardown waits for a test's last connections to its schema to close before it
+#: drops the schema instead of emptying it: a service the test stopped closes its pool and its
+#: listener a moment after the test (uvicorn winds down in ticks of 0.1 s), and a migration
+#: for the next test costs several times that wait.
+CLOSING_SECONDS = 2.0
+
+
+def _connections_closed(conn: object, schema: str) -> bool:
+    """Whether every connection to ``schema`` (named by its ``application_name``) has closed,
+    waiting up to :data:`CLOSING_SECONDS` for those still closing."""
+    deadline = time.monotonic() + CLOSING_SECONDS
+    while True:
+        busy = conn.execute("SELECT count(*) FROM pg_stat_activity WHERE application_name = %s",  # type: ignore[attr-defined]
+                            (schema,)).fetchone()
+        if not (busy and busy[0]):
+            return True
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.01)
+
+
 def _empty_or_drop(base: str, schema: str, shape: str) -> None:
     import psycopg
 
     with psycopg.connect(base, autocommit=True) as conn:
-        busy = conn.execute("SELECT count(*) FROM pg_stat_activity WHERE application_name = %s",
-                            (schema,)).fetchone()
-        if (busy and busy[0]) or _shape(conn, schema) != shape:
+        if not _connections_closed(conn, schema) or _shape(conn, schema) != shape:
             conn.execute(f"DROP SCHEMA IF EXISTS {schema} CASCADE")
             return
         tables = [r[0] for r in conn.execute(

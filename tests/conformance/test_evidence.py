@@ -142,3 +142,32 @@ def test_the_enqueued_entry_is_the_task_row_itself(q: leaseq.Queue, dsn: str) ->
         assert entry.at == q.get(task_id).created_at
         assert entry.detail == {"queue": "out", "kind": "mail", "effect": effect, "idempotency_key": key,
                                 "priority": priority}
+
+
+def test_every_trail_read_at_once_is_each_tasks_own(q: leaseq.Queue) -> None:
+    """The trails the lease model's replay reads in two statements (engine.reads.trails):
+    every task newest first, each with exactly the trail q.events reads for it, in order."""
+    from leaseq import engine
+
+    a = q.register_worker("a")
+    first = q.enqueue("job", {"n": 1}, queue="one")
+    q.enqueue("job", {"n": 2}, queue="two", effect="idempotent")
+    q.enqueue("job", {"n": 3})  # no event of its own: its trail is its enqueued entry
+    [c] = q.claim(a, queue="one")
+    q.heartbeat(a, c)
+    q.complete(a, c, {"ok": True})
+    [c] = q.claim(a, queue="two")
+    q.fail(a, c, "try again", delay=0)
+    [c] = q.claim(a, queue="two")
+    q.release(a, c)
+
+    tasks = q.list_tasks()
+    read = engine.drive(q.store, engine.reads.trails(q.settings))
+    assert [t for t, _ in read] == tasks
+    assert {t.id: trail for t, trail in read} == {t.id: q.events(t.id) for t in tasks}
+    assert [[e.type for e in trail] for _, trail in read] == [
+        ["enqueued"], ["enqueued", "claimed", "failed", "claimed", "lease_released"], ["enqueued", "claimed", "completed"]]
+    newest = engine.drive(q.store, engine.reads.trails(q.settings, limit=2))
+    assert [(t.id, trail) for t, trail in newest] == [(t.id, q.events(t.id)) for t in tasks[:2]]
+    with pytest.raises(leaseq.InvalidInput, match="limit"):
+        engine.drive(q.store, engine.reads.trails(q.settings, limit=0))

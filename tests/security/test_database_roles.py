@@ -135,6 +135,7 @@ def test_a_worker_role_runs_the_lease_protocol_through_the_functions(admin, make
     "SELECT * FROM leaseq_q_prune_tasks(ARRAY[1]::bigint[])",
     "SELECT * FROM leaseq_q_get_task(1)",
     "SELECT * FROM leaseq_q_list_events(1)",
+    "SELECT * FROM leaseq_q_list_trails(100)",
     "SELECT leaseq_q_insert_event(1, 'completed', 1, NULL, '{}')",
     "SELECT leaseq_q_insert_events('[{\"task_id\": 1, \"type\": \"completed\"}]')",
 ])
@@ -212,6 +213,17 @@ def test_a_viewer_role_reads_only_its_queues_and_writes_nothing(admin, make_role
         with pytest.raises(Exception, match="permission denied"):
             q.enqueue("job")
     assert admin.get(mine.id).status == "queued"
+
+
+def test_a_viewer_role_reads_every_trail_of_its_queues_and_no_other(admin, make_role) -> None:
+    """list_trails, a read across every task, is cut to a scoped role's queues."""
+    mine = admin.enqueue("job", {"n": 1})
+    admin.enqueue("job", {"n": 2}, queue="payroll")
+    read = "SELECT task_id, type FROM leaseq_q_list_trails(100)"
+    with psycopg.connect(make_role("viewer", "default")) as conn:
+        assert conn.execute(read).fetchall() == [(mine.id, "enqueued")]
+    with psycopg.connect(make_role("viewer")) as conn:
+        assert sorted(conn.execute(read).fetchall()) == [(1, "enqueued"), (2, "enqueued")]
 
 
 def test_a_worker_role_that_routes_a_strangers_expired_lease_cannot_read_that_task(admin, make_role) -> None:

@@ -355,11 +355,21 @@ def validate_queue(q: Any, *, revoked: dict[str, float] | None = None, limit: in
             if at is not None:
                 bounds.setdefault(wid, at)
     found = []
-    for t in q.list_tasks(limit=limit):
-        v = validate_trail(q.events(t.id), task=dataclasses.asdict(t), revoked=bounds)
+    for t, trail in _trails(q, limit):
+        v = validate_trail(trail, task=dataclasses.asdict(t), revoked=bounds)
         if v is not None:
             found.append(v)
     return found
+
+
+def _trails(q: Any, limit: int) -> Iterable[tuple[Any, list[Any]]]:
+    """Every task of ``q`` with its trail: read in two statements from a :class:`leaseq.Queue`
+    (``list_trails``), else one read per task (a queue of another kind)."""
+    from leaseq import Queue, engine
+
+    if isinstance(q, Queue):
+        return engine.drive(q.store, engine.reads.trails(q.settings, limit=limit))
+    return ((t, q.events(t.id)) for t in q.list_tasks(limit=limit))
 
 
 __all__ = ["TraceViolation", "describe", "validate_queue", "validate_trail"]

@@ -44,6 +44,22 @@ def events(s: Settings, task_id: int) -> Op[list[Event]]:
     return [Event(**r) for r in (yield from rows_of_task(task_id, "list_events"))]
 
 
+def trails(s: Settings, *, limit: int = 100_000) -> Op[list[tuple[Task, list[Event]]]]:
+    """Every task (the newest ``limit``, newest first), each with its evidence trail as
+    :func:`events` reads it: two statements, however many tasks (the replay of every trail
+    against the lease model, ``leaseq_chaos.traces.validate_queue``, reads them all). The tasks
+    are read first: each trail holds at least what a read of :func:`events` after the task's
+    would."""
+    checks.check_int("limit", limit, minimum=1, maximum=100_000)
+    tasks = yield from _read("list_tasks", status=None, queue=None, limit=limit)
+    by_task: dict[int, list[Event]] = {}
+    found = yield from _read("list_trails", limit=limit)
+    for r in sorted(found, key=lambda r: (r["task_id"], r["id"])):  # a scope's cut may reorder them
+        del r["queue"]  # the scope's cut (PostgreSQL), not part of an event
+        by_task.setdefault(r["task_id"], []).append(Event(**r))
+    return [(to_task(t), by_task.get(t["id"], [])) for t in tasks]
+
+
 def workers(s: Settings) -> Op[list[Worker]]:
     """:meth:`leaseq.Queue.workers`."""
     return [worker_from_row(r) for r in (yield from _read("list_workers"))]

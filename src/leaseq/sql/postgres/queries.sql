@@ -1389,6 +1389,26 @@ UNION ALL
 SELECT id, task_id, type, generation, worker_id, at, detail FROM leaseq_events WHERE task_id = %(task_id)s
 ORDER BY id;
 
+-- name: list_trails
+-- callers: operator, viewer
+-- Every task's evidence trail (the newest %(limit)s tasks'), in one statement:
+-- the rows list_events reads for one task, for each of them, ordered by task
+-- and then as list_events orders them (a replay of every trail against the
+-- lease model reads them all, where one read per task costs a transaction
+-- each). The queue column cuts a scoped caller's rows to its queues.
+WITH t AS (SELECT id, queue, kind, effect, idempotency_key, priority, created_at
+           FROM leaseq_tasks ORDER BY id DESC LIMIT %(limit)s)
+SELECT 0::bigint AS id, t.id AS task_id, 'enqueued' AS type, NULL::bigint AS generation,
+       NULL::text AS worker_id, t.created_at AS at,
+       jsonb_build_object('queue', t.queue, 'kind', t.kind, 'effect', t.effect,
+                          'idempotency_key', t.idempotency_key, 'priority', t.priority) AS detail,
+       t.queue
+FROM t
+UNION ALL
+SELECT e.id, e.task_id, e.type, e.generation, e.worker_id, e.at, e.detail, t.queue
+FROM leaseq_events e JOIN t ON t.id = e.task_id
+ORDER BY task_id, id;
+
 -- name: set_paused
 -- callers: operator
 -- A queue's off-switch, for a known queue only unless %(create)s: one that has had a task

@@ -833,6 +833,21 @@ UNION ALL
 SELECT id, task_id, type, generation, worker_id, at, detail FROM leaseq_events WHERE task_id = :task_id
 ORDER BY id;
 
+-- name: list_trails
+-- See the PostgreSQL file: list_events for every task (the newest :limit), by task and id.
+WITH t AS (SELECT id, queue, kind, effect, idempotency_key, priority, created_at
+           FROM leaseq_tasks ORDER BY id DESC LIMIT :limit)
+SELECT 0 AS id, t.id AS task_id, 'enqueued' AS type, NULL AS generation, NULL AS worker_id,
+       t.created_at AS at,
+       json_object('queue', t.queue, 'kind', t.kind, 'effect', t.effect,
+                   'idempotency_key', t.idempotency_key, 'priority', t.priority) AS detail,
+       t.queue AS queue
+FROM t
+UNION ALL
+SELECT e.id, e.task_id, e.type, e.generation, e.worker_id, e.at, e.detail, t.queue
+FROM leaseq_events e JOIN t ON t.id = e.task_id
+ORDER BY task_id, id;
+
 -- name: set_paused
 -- (see the PostgreSQL file; the WHERE also keeps SQLite from reading ON CONFLICT as a join)
 INSERT INTO leaseq_queues (name, paused, changed_at, changed_by)
