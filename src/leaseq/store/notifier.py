@@ -114,6 +114,8 @@ class Notifier:
         self._closed = threading.Event()
         #: how many times the notifier connected (tests read it)
         self.connections = 0
+        #: set while the notifier is connected and listening on every channel wanted
+        self.connected = threading.Event()
 
     @property
     def waiting(self) -> int:
@@ -193,6 +195,7 @@ class Notifier:
                 logger.info("the notifier lost its connection (%s); reconnecting", exc)
                 reconnected = True
             finally:
+                self.connected.clear()
                 with self._lock:
                     if self._connection is connection:
                         self._connection = None
@@ -219,6 +222,7 @@ class Notifier:
                 ready = [i for i in self._pending if i.channel in listening]
                 self._pending.difference_update(ready)
                 everyone = [i for s in self._interests.values() for i in s] if reconnected else []
+            self.connected.set()
             for interest in ready:
                 interest.ready(None)
             if reconnected:  # listening again on every channel wanted: now each waiter looks again

@@ -360,8 +360,7 @@ class PostgresStore:
         self._listen_dsn = mode.listen_dsn or conninfo
         self._connect_timeout = connect_timeout
         #: the one LISTEN connection every task wait and stream follow of this store is woken through
-        self.notifier = Notifier(lambda: SharedListener(self._listen_dsn, (), connect_timeout=connect_timeout),
-                                 name="leaseq-task-notifier")
+        self.notifier = Notifier(self.shared_listener, name="leaseq-task-notifier")
         self._queries = wire_queries()[0]
         check_postgres_dsn(conninfo, connect_timeout)
         # Behind a transaction-mode pooler a connection's next transaction may run in another
@@ -429,10 +428,11 @@ class PostgresStore:
         return await AsyncNotifyListener(self._listen_dsn, queues).open()
 
     def shared_listener(self) -> SharedListener:
-        """The one connection every wait of a service process is woken through."""
+        """A new connection for a :class:`~leaseq.store.notifier.Notifier` to drive, listening
+        on nothing yet (the store's own :attr:`notifier`; a service process's ``WorkSignal``)."""
         if not self.mode.listens:
             raise NotImplementedError("nothing notifies through this DSN (capabilities.listen_notify is False)")
-        return SharedListener(self._listen_dsn)
+        return SharedListener(self._listen_dsn, (), connect_timeout=self._connect_timeout)
 
     def task_listener(self, task_id: int, *, streams: bool = False) -> TaskWait | PollingTaskListener:
         """A waiter woken when task ``task_id`` ends (or parks); see :meth:`leaseq.Queue.wait`;
