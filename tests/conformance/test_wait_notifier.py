@@ -115,6 +115,10 @@ def test_fifty_blocking_waits_share_one_listen_connection(q: leaseq.Queue, dsn: 
     for thread in threads:
         thread.join(10)
     assert len(_listening(dsn, app)) <= 1
+    notifier = queue.store.notifier  # type: ignore[attr-defined]
+    queue.close()  # stops the thread and closes its connection
+    assert notifier._thread is None or not notifier._thread.is_alive()
+    assert _listening(dsn, app) == []
 
 
 def test_fifty_async_waits_share_one_listen_connection(q: leaseq.Queue, dsn: str,

@@ -6,7 +6,9 @@ Three kinds of request wait in the service: a long-poll claim (``POST
 wakes them:
 
 * on PostgreSQL, one ``LISTEN`` connection per process (opened when the first
-  request waits), whatever the number of waiting requests. An enqueue's
+  request waits), whatever the number of waiting requests: a
+  :class:`~leaseq.store.notifier.Notifier`, the piece a queue's own waits and
+  streams are woken through too. An enqueue's
   ``NOTIFY`` names its queue and wakes only the claims waiting on that queue
   (each then claims again; the claim statement decides who gets what); a
   watched task's end is notified on that task's own channel, which the

@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 import re
 import threading
 import time
@@ -116,6 +117,7 @@ class Notifier:
         self.connections = 0
         #: set while the notifier is connected and listening on every channel wanted
         self.connected = threading.Event()
+        self._pid = os.getpid()
 
     @property
     def waiting(self) -> int:
@@ -131,6 +133,11 @@ class Notifier:
         with self._lock:
             if self._closed.is_set():
                 raise BackendUnavailable("the queue is closed")
+            if self._pid != os.getpid():  # a forked child: the thread and its connection stayed behind
+                self._pid = os.getpid()
+                self._interests, self._pending = {}, set()
+                self._thread = self._connection = None
+                self.connected.clear()
             self._interests.setdefault(interest.channel, set()).add(interest)
             self._pending.add(interest)
             if self._thread is None:
