@@ -34,7 +34,6 @@ again".
 from __future__ import annotations
 
 import asyncio
-import logging
 import random
 import threading
 import time
@@ -49,8 +48,6 @@ from ..core.timers import wait_event
 from ..queue import Queue
 from ..store.base import STREAM_PAYLOAD
 from ..store.notifier import Interest, Notifier, task_channel
-
-logger = logging.getLogger("leaseq.service")
 
 #: Re-check period of a waiting claim where LISTEN/NOTIFY wakes it (PostgreSQL)...
 NOTIFIED_RECHECK = 1.0

@@ -359,13 +359,15 @@ class AsyncTaskWait(Interest):
     async def open(self, timeout: float) -> AsyncTaskWait:
         """:meth:`TaskWait.open`, awaited."""
         self._notifier.subscribe(self)
+        # a timer, not asyncio.wait_for (see leaseq.core.timers.wait_event)
+        timer = self._loop.call_later(timeout, self._set_ready, TimeoutError(f"not listening after {timeout:g} s"))
         try:
-            error = await asyncio.wait_for(asyncio.shield(self._listening), timeout)
-        except TimeoutError:
-            error = TimeoutError(f"not listening after {timeout:g} s")
+            error = await self._listening
         except BaseException:
             self._notifier.unsubscribe(self)
             raise
+        finally:
+            timer.cancel()
         if error is not None:
             self._notifier.unsubscribe(self)
             raise _unavailable(error)
