@@ -185,6 +185,43 @@ def test_many_waits_hold_one_listening_connection(q: leaseq.Queue, dsn: str) -> 
             s.close()
 
 
+def test_waits_end_when_the_listening_connection_is_terminated(q: leaseq.Queue, dsn: str) -> None:
+    """The service's one listening connection is terminated while requests wait: a task that
+    ends before it is back (its NOTIFY goes nowhere) and one that ends after both answer
+    settled, woken (their re-check is an hour away), and one connection listens again."""
+    if not q.capabilities.listen_notify:
+        pytest.skip("SQLite has no server connections")
+    with serve(q) as (url, app):
+        s = Service(url, app, q, dsn)
+        try:
+            signal = app.state.work_signal
+            early, late = q.enqueue("early", {}), q.enqueue("late", {})
+            token = s.token("viewer")
+            waits = {t.id: Held(s.http(token), "GET", f"/v1/tasks/{t.id}/wait", params={"timeout": 20})
+                     for t in (early, late)}
+            for h in waits.values():
+                h.start()
+            _until(lambda: len(signal._listened) == 2, what="both waits listened for")
+            with psycopg.connect(dsn, autocommit=True) as conn:
+                [pid] = [r[0] for r in conn.execute(  # the queue's connections carry its schema's name
+                    "SELECT pid FROM pg_stat_activity WHERE datname = current_database() AND "
+                    "application_name = current_setting('application_name') AND query ~ '^(UN)?LISTEN'"
+                ).fetchall()]
+                assert conn.execute("SELECT pg_terminate_backend(%s)", (pid,)).fetchone()[0]
+            q.cancel(early.id)
+            waits[early.id].join(10)
+            assert waits[early.id].response is not None and waits[early.id].response.json()["settled"] is True
+            _until(lambda: signal.listening.is_set(), what="the listener back")
+            assert waits[late.id].is_alive()
+            changed = time.monotonic()
+            q.cancel(late.id)
+            waits[late.id].join(10)
+            assert waits[late.id].response is not None and waits[late.id].response.json()["settled"] is True
+            assert time.monotonic() - changed < 2.0
+        finally:
+            s.close()
+
+
 def test_a_client_that_honours_retry_after_finds_its_connection_still_open(tmp_path) -> None:
     """Sleeping the cap's ``Retry-After`` on a keep-alive connection, then asking again on it, is
     answered: the server keeps an idle connection open longer than it asks clients to wait

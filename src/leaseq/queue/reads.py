@@ -45,8 +45,10 @@ class ReadOps(QueueBase):
         ``cancelled``, ``needs_reconciliation``, ``blocked``, ``denied``,
         ``expired``; raises :class:`TimeoutError` after ``timeout`` seconds
         (None: no limit; 0: one look). On PostgreSQL the wait is woken by
-        LISTEN/NOTIFY on the task's own channel (a dedicated connection for
-        the wait, no polling); on SQLite it looks again every 50 ms.
+        LISTEN/NOTIFY on the task's own channel, no polling: every wait and
+        stream of the queue, from any thread or event loop, shares one LISTEN
+        connection (see :mod:`leaseq.store.notifier`); on SQLite it looks again
+        every 50 ms.
         """
         task_id = checks.check_task_id(task_id)
         timeout = engine.waits.check_timeout(timeout)
@@ -71,7 +73,7 @@ class ReadOps(QueueBase):
 
         ``follow=True`` (the default) follows the stream as ``tail -f`` does: once the
         entries there are read it waits for the next, woken by the emit itself (PostgreSQL
-        LISTEN/NOTIFY on a dedicated connection; SQLite looks every 50 ms), until the task
+        LISTEN/NOTIFY, on the queue's one LISTEN connection; SQLite looks every 50 ms), until the task
         has ended or is parked for a person (the statuses :meth:`wait` returns on); then the
         entries left are read and the iteration ends. ``timeout``: stop following after that
         many seconds (None: no limit). ``follow=False`` reads the entries there now and ends.

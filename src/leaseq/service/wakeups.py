@@ -6,7 +6,9 @@ Three kinds of request wait in the service: a long-poll claim (``POST
 wakes them:
 
 * on PostgreSQL, one ``LISTEN`` connection per process (opened when the first
-  request waits), whatever the number of waiting requests. An enqueue's
+  request waits), whatever the number of waiting requests: a
+  :class:`~leaseq.store.notifier.Notifier`, the piece a queue's own waits and
+  streams are woken through too. An enqueue's
   ``NOTIFY`` names its queue and wakes only the claims waiting on that queue
   (each then claims again; the claim statement decides who gets what); a
   watched task's end is notified on that task's own channel, which the
@@ -32,7 +34,6 @@ again".
 from __future__ import annotations
 
 import asyncio
-import logging
 import random
 import threading
 import time
@@ -46,8 +47,7 @@ from ..core.errors import RateLimited
 from ..core.timers import wait_event
 from ..queue import Queue
 from ..store.base import STREAM_PAYLOAD
-
-logger = logging.getLogger("leaseq.service")
+from ..store.notifier import Interest, Notifier, task_channel
 
 #: Re-check period of a waiting claim where LISTEN/NOTIFY wakes it (PostgreSQL)...
 NOTIFIED_RECHECK = 1.0
@@ -119,6 +119,51 @@ class TaskWaiter(_Wakeable):
         self.listening = asyncio.Event()
 
 
+class _Channel(Interest):
+    """What the service's notifier tells :class:`WorkSignal` of a channel it always listens on
+    (``leaseq_work``: ``on_note`` with the queue; ``leaseq_interrupt``: with the worker)."""
+
+    def __init__(self, channel: str, on_ready: Callable[[], None], on_note: Callable[[str], None],
+                 on_reconnect: Callable[[], None]):
+        self.channel = channel
+        self._on_ready = on_ready
+        self._on_note = on_note
+        self._on_reconnect = on_reconnect
+
+    def ready(self, error: BaseException | None) -> None:
+        """See :meth:`Interest.ready`."""
+        if error is None:
+            self._on_ready()
+
+    def heard(self, payload: str | None) -> None:
+        """See :meth:`Interest.heard`."""
+        if payload is None:
+            self._on_reconnect()
+        else:
+            self._on_note(payload)
+
+
+class _TaskChannel(Interest):
+    """A :class:`TaskWaiter`'s interest in its task's channel (the service's notifier)."""
+
+    def __init__(self, signal: WorkSignal, waiter: TaskWaiter):
+        self.channel = task_channel(waiter.task_id)
+        self._signal = signal
+        self._waiter = waiter
+
+    def ready(self, error: BaseException | None) -> None:
+        """See :meth:`Interest.ready` (not listening: the waiter's re-check looks)."""
+        if error is None:
+            self._signal._on_loop(self._waiter.listening.set)
+
+    def heard(self, payload: str | None) -> None:
+        """See :meth:`Interest.heard`."""
+        if payload is not None:
+            self._signal.task_notifications += 1
+        if payload is None or self._waiter.streams or payload != STREAM_PAYLOAD:
+            self._signal._on_loop(self._waiter.event.set)
+
+
 class WorkSignal:
     """Wakes the waiting requests of one service process, and bounds how many may wait.
 
@@ -139,18 +184,18 @@ class WorkSignal:
         self._charge = charge
         self._waiters: set[Waiter] = set()
         self._tasks: dict[int, set[TaskWaiter]] = {}
-        #: the tasks whose channels the shared listener listens on now
-        self._listened: set[int] = set()
         self._held: dict[str, int] = {}
         self._loop: asyncio.AbstractEventLoop | None = None
-        self._thread: threading.Thread | None = None
-        self._listener: Any = None
-        #: the listener connected once already: a new connection may have missed notifications
-        self._reconnecting = False
+        #: the one LISTEN connection of the process (its own thread), opened when a request first waits
+        self._notifier: Notifier | None = None
+        if self.notifies:
+            self._notifier = Notifier(queue.store.shared_listener, name="leaseq-listener", retry=LISTENER_RETRY)
+        #: this process's interests in the channels it always listens on, once a request waited
+        self._channels: list[_Channel] = []
         self._lock = threading.Lock()
         self._closed = threading.Event()
         #: set while the shared listener is connected (tests wait on it)
-        self.listening = threading.Event()
+        self.listening = self._notifier.connected if self._notifier is not None else threading.Event()
         #: work notifications heard (each woke the claims waiting on its queue)
         self.notifications = 0
         #: task notifications heard (each woke the requests waiting for that task)
@@ -275,24 +320,34 @@ class WorkSignal:
         w = TaskWaiter(task_id, streams)
         with self._lock:
             self._tasks.setdefault(task_id, set()).add(w)
-            if task_id in self._listened:
-                w.listening.set()
-        if self.notifies:
+        interest = None
+        if self._notifier is not None:
             self._ensure_listener()
-            listener = self._listener
-            if listener is not None:
-                listener.poke()  # listen on the task's channel now, not at the next turn
+            interest = _TaskChannel(self, w)
+            try:
+                self._notifier.subscribe(interest)  # listened on at once, not at the next turn
+            except Exception:  # closed (the application is stopping): the re-check looks
+                interest = None
         else:
             w.listening.set()  # nothing to listen to: the re-check looks
         try:
             yield w
         finally:
+            if interest is not None and self._notifier is not None:
+                self._notifier.unsubscribe(interest)
             with self._lock:
                 waiting = self._tasks.get(task_id)
                 if waiting is not None:
                     waiting.discard(w)
                     if not waiting:
                         del self._tasks[task_id]
+
+    @property
+    def _listened(self) -> set[int]:
+        """The tasks whose channels the shared listener listens on for a waiting request now."""
+        with self._lock:
+            return {t for t, ws in self._tasks.items() if any(w.listening.is_set() for w in ws)} \
+                if self._notifier is not None else set()
 
     def _wake_task(self, task_id: int | None, streams_only: bool = False) -> None:
         """Wake the requests waiting for ``task_id`` (None: every task's); ``streams_only``: an
@@ -309,11 +364,6 @@ class WorkSignal:
         from any thread."""
         self._on_loop(self._wake_task, task_id, True)
 
-    @staticmethod
-    def _mark_listening(waiters: list[TaskWaiter]) -> None:
-        for w in waiters:
-            w.listening.set()
-
     def _wake_all(self, _: None = None) -> None:
         self._wake(None)
         self._wake_task(None)
@@ -321,72 +371,37 @@ class WorkSignal:
     # -- the shared listener ------------------------------------------------------
 
     def _ensure_listener(self) -> None:
+        """Listen on ``leaseq_work`` and ``leaseq_interrupt`` from now on (the first waiting request)."""
+        notifier = self._notifier
+        if notifier is None:
+            return
         with self._lock:
-            if self._thread is None and not self._closed.is_set():
-                self._thread = threading.Thread(target=self._listen, name="leaseq-listener", daemon=True)
-                self._thread.start()
-
-    def _listen(self) -> None:
-        while not self._closed.is_set():
-            listener = None
+            if self._channels or self._closed.is_set():
+                return
+            self._channels = [
+                # claims that looked before the listener connected look again once it has
+                _Channel("leaseq_work", lambda: self._on_loop(self._wake, None), self._heard_work,
+                         lambda: self._on_loop(self._wake_all)),
+                _Channel("leaseq_interrupt", lambda: None, lambda worker: self._on_loop(self.interrupt, worker),
+                         lambda: None),
+            ]
+            channels = list(self._channels)
+        for channel in channels:
             try:
-                listener = self._listener = self.queue.store.shared_listener()
-                listening: set[int] = set()
-                self.listening.set()
-                # Anything that changed while we were not listening: claims that looked before
-                # the first connection too; task waits only after a lost one (a new one waits
-                # for its channel to be listened on before it looks).
-                self._on_loop(self._wake_all if self._reconnecting else self._wake, None)
-                self._reconnecting = True
-                while not self._closed.is_set():
-                    with self._lock:
-                        wanted = set(self._tasks)
-                    for task_id in wanted - listening:
-                        listener.listen_task(task_id)
-                    for task_id in listening - wanted:
-                        listener.unlisten_task(task_id)
-                    listening = wanted
-                    with self._lock:
-                        self._listened = wanted
-                        unmarked = [w for t in wanted for w in self._tasks.get(t, ()) if not w.listening.is_set()]
-                    if unmarked:
-                        self._on_loop(self._mark_listening, unmarked)
-                    for channel, payload in listener.wait(0.5):
-                        self._heard(channel, payload)
-            except Exception as exc:  # the connection went away: the re-check covers the gap
-                logger.info("the service's listener lost its connection (%s); reconnecting", exc)
-            finally:
-                self.listening.clear()
-                self._listener = None
-                with self._lock:
-                    self._listened = set()
-                if listener is not None:
-                    try:
-                        listener.close()
-                    except Exception:  # pragma: no cover - already closed under our feet
-                        pass
-            self._closed.wait(LISTENER_RETRY)
+                notifier.subscribe(channel)
+            except Exception:  # closed meanwhile (the application is stopping)
+                pass
 
-    def _heard(self, channel: str, payload: str) -> None:
-        """One notification (the listener's thread)."""
-        if channel == "leaseq_work":
-            self.notifications += 1
-            self.wake(payload)
-        elif channel == "leaseq_interrupt":
-            self._on_loop(self.interrupt, payload)
-        elif channel.startswith("leaseq_task_"):
-            self.task_notifications += 1
-            self._on_loop(self._wake_task, int(channel[len("leaseq_task_"):]), payload == STREAM_PAYLOAD)
+    def _heard_work(self, queue: str) -> None:
+        """Work was enqueued on ``queue`` (the listener's thread)."""
+        self.notifications += 1
+        self.wake(queue)
 
     def close(self) -> None:
         """Stop the listener (the application's shutdown)."""
         self._closed.set()
-        listener = self._listener
-        if listener is not None:
-            listener.poke()
-        thread = self._thread
-        if thread is not None:
-            thread.join(timeout=2)
+        if self._notifier is not None:
+            self._notifier.close()
 
 
 async def wait_for_task(signal: WorkSignal, task_id: int, timeout: float, token_id: str) -> tuple[Any, bool]:

@@ -148,9 +148,10 @@ class Store(Protocol):
         running event loop (the worker runtime's LISTEN)."""
 
     def shared_listener(self) -> Any:
-        """The one connection every wait of a service process is woken through (work,
-        interrupts, and the tasks it is told to listen for). Only where
-        :attr:`capabilities` declares ``listen_notify``."""
+        """A new connection for a :class:`~leaseq.store.notifier.Notifier` to drive: the one
+        every wait of a queue, or of a service process, is woken through (work, interrupts,
+        and the tasks it is told to listen for). Only where :attr:`capabilities` declares
+        ``listen_notify``."""
 
     def task_listener(self, task_id: int, *, streams: bool = False) -> TaskListener:
         """A waiter woken when task ``task_id`` may have ended (see :meth:`leaseq.Queue.wait`);

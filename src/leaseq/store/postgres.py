@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import os
 import select
-import time
 from collections.abc import AsyncIterator, Callable, Iterator
 from contextlib import asynccontextmanager, contextmanager
 from dataclasses import replace
@@ -30,14 +29,18 @@ from ..db.dsn import PostgresMode, check_postgres_dsn, postgres_mode
 from ..core.errors import AccessDenied, BackendUnavailable, InvalidInput
 from ..db.errors import map_driver_errors
 from ..db.postgres import AsyncPools, achecked_connection, checked_connection, open_async_pool, open_pool
-from .base import JSON_PARAMS, STREAM_PAYLOAD, BackendCapabilities, JsonText, KeyConflict, load_named_queries
+from .base import JSON_PARAMS, BackendCapabilities, JsonText, KeyConflict, load_named_queries
 from .functions import wire_queries
+from .notifier import AsyncTaskWait, Notifier, TaskWait, task_channel
 from .polling import AsyncPollingTaskListener, AsyncSleepingListener, PollingTaskListener, SleepingListener
 
 #: How often a wait for a task's end looks again where nothing notifies (seconds): a pooled
 #: DSN with no ``listen_dsn``, or the portable mode. (An idle worker claims again every
 #: ``idle_poll_interval``, 0.2 s, likewise.)
 POLL_SECONDS = 0.2
+#: How long a new wait waits for the notifier to listen on its task's channel beyond the
+#: store's ``connect_timeout`` (seconds) before it fails with BackendUnavailable.
+LISTEN_GRACE = 5.0
 
 
 #: The statements annotated ``-- plan: generic`` in ``sql/postgres/queries.sql``:
@@ -241,34 +244,45 @@ class AsyncNotifyListener:
 
 
 class SharedListener:
-    """The one dedicated connection a service process waits on: LISTENing on
-    ``leaseq_work`` and ``leaseq_interrupt`` always, and on ``leaseq_task_<id>``
-    for each task :meth:`listen_task` names (a waiting ``GET /v1/tasks/{id}/wait``).
+    """One dedicated connection many waiters are woken through: LISTENing on ``channels``
+    always (by default ``leaseq_work`` and ``leaseq_interrupt``: a service process's), and on
+    the channels :meth:`listen` adds (a task's ``leaseq_task_<id>``).
 
     One thread drives it: :meth:`wait` returns the notifications heard, as
     ``(channel, payload)``; :meth:`poke`, from any thread, ends a wait early so
     that thread can change what the connection listens to. However many
-    requests wait, the process holds this one connection for all of them.
+    requests wait, the process holds this one connection for all of them
+    (:class:`leaseq.store.notifier.Notifier` drives the one of a store).
     """
 
     CHANNELS = (NotifyListener.CHANNEL, NotifyListener.INTERRUPTS)
 
-    def __init__(self, dsn: str):
+    def __init__(self, dsn: str, channels: tuple[str, ...] = CHANNELS, *, connect_timeout: float | None = None):
         with map_driver_errors():
-            self._conn = psycopg.connect(dsn, autocommit=True)
-            for channel in self.CHANNELS:
+            timeout: dict[str, Any] = {} if connect_timeout is None else \
+                {"connect_timeout": max(1, round(connect_timeout))}
+            self._conn = psycopg.connect(dsn, autocommit=True, **timeout)
+            for channel in channels:
                 self._conn.execute(f"LISTEN {channel}")
         self._wake_r, self._wake_w = os.pipe()
         os.set_blocking(self._wake_r, False)
         os.set_blocking(self._wake_w, False)
 
+    def listen(self, channel: str) -> None:
+        """LISTEN on ``channel``, a plain identifier (the driving thread only)."""
+        self._run(f"LISTEN {channel}")
+
+    def unlisten(self, channel: str) -> None:
+        """UNLISTEN ``channel`` (the driving thread only)."""
+        self._run(f"UNLISTEN {channel}")
+
     def listen_task(self, task_id: int) -> None:
         """Listen on task ``task_id``'s channel (the driving thread only)."""
-        self._run(f"LISTEN leaseq_task_{int(task_id)}")
+        self.listen(task_channel(task_id))
 
     def unlisten_task(self, task_id: int) -> None:
         """Stop listening on task ``task_id``'s channel (the driving thread only)."""
-        self._run(f"UNLISTEN leaseq_task_{int(task_id)}")
+        self.unlisten(task_channel(task_id))
 
     def _run(self, statement: str) -> None:
         try:
@@ -316,86 +330,6 @@ class SharedListener:
                     pass
 
 
-def heard(payload: str, streams: bool) -> bool:
-    """Whether a task channel's notification wakes a waiter: every one wakes a stream's reader
-    (``streams``); a wait for the task's end passes over its emits."""
-    return streams or payload != STREAM_PAYLOAD
-
-
-class TaskNotifications:
-    """A dedicated connection LISTENing on ``leaseq_task_<id>``: woken when
-    that task reaches a status :meth:`leaseq.Queue.wait` returns on (the
-    ``leaseq_tasks_settled`` trigger of a watched task) and, with ``streams``,
-    when its handler emits (``notify_stream``). No polling."""
-
-    def __init__(self, dsn: str, task_id: int, *, streams: bool = False):
-        self._streams = streams
-        with map_driver_errors():
-            self._conn = psycopg.connect(dsn, autocommit=True)
-            self._conn.execute(f"LISTEN leaseq_task_{int(task_id)}")
-
-    def wait(self, timeout: float) -> bool:
-        """True when notified, False after ``timeout`` seconds (what else arrived with the
-        notification is taken with it: one wake for a burst of emits)."""
-        deadline = time.monotonic() + timeout
-        try:
-            while True:
-                woken = False
-                for note in self._conn.notifies(timeout=max(0.0, deadline - time.monotonic()), stop_after=1):
-                    woken = heard(note.payload, self._streams)
-                    break
-                else:
-                    return False
-                if woken:
-                    for _ in self._conn.notifies(timeout=0):
-                        pass
-                    return True
-        except psycopg.Error as exc:
-            raise BackendUnavailable(f"PostgreSQL listener: {str(exc).strip()}") from None
-
-    def close(self) -> None:
-        self._conn.close()
-
-
-class AsyncTaskNotifications:
-    """:class:`TaskNotifications` for asyncio code (open it with :meth:`open`)."""
-
-    def __init__(self, dsn: str, task_id: int, *, streams: bool = False):
-        self._dsn = dsn
-        self._task_id = int(task_id)
-        self._streams = streams
-        self._conn: psycopg.AsyncConnection | None = None
-
-    async def open(self) -> AsyncTaskNotifications:
-        with map_driver_errors():
-            self._conn = await psycopg.AsyncConnection.connect(self._dsn, autocommit=True)
-            await self._conn.execute(f"LISTEN leaseq_task_{self._task_id}")
-        return self
-
-    async def wait(self, timeout: float) -> bool:
-        """True when notified, False after ``timeout`` seconds (see :meth:`TaskNotifications.wait`)."""
-        assert self._conn is not None
-        deadline = time.monotonic() + timeout
-        try:
-            while True:
-                woken = None
-                async for note in self._conn.notifies(timeout=max(0.0, deadline - time.monotonic()),
-                                                      stop_after=1):
-                    woken = heard(note.payload, self._streams)
-                if woken is None:
-                    return False
-                if woken:
-                    async for _ in self._conn.notifies(timeout=0):
-                        pass
-                    return True
-        except psycopg.Error as exc:
-            raise BackendUnavailable(f"PostgreSQL listener: {str(exc).strip()}") from None
-
-    async def close(self) -> None:
-        if self._conn is not None:
-            await self._conn.close()
-
-
 class PostgresStore:
     """leaseq's tables in a PostgreSQL database, reached through a pool.
 
@@ -424,6 +358,9 @@ class PostgresStore:
                                         advisory_locks=not mode.portable)
         #: where LISTEN connections go: the pool's own server, or the direct connection named for them
         self._listen_dsn = mode.listen_dsn or conninfo
+        self._connect_timeout = connect_timeout
+        #: the one LISTEN connection every task wait and stream follow of this store is woken through
+        self.notifier = Notifier(self.shared_listener, name="leaseq-task-notifier")
         self._queries = wire_queries()[0]
         check_postgres_dsn(conninfo, connect_timeout)
         # Behind a transaction-mode pooler a connection's next transaction may run in another
@@ -491,25 +428,29 @@ class PostgresStore:
         return await AsyncNotifyListener(self._listen_dsn, queues).open()
 
     def shared_listener(self) -> SharedListener:
-        """The one connection every wait of a service process is woken through."""
+        """A new connection for a :class:`~leaseq.store.notifier.Notifier` to drive, listening
+        on nothing yet (the store's own :attr:`notifier`; a service process's ``WorkSignal``)."""
         if not self.mode.listens:
             raise NotImplementedError("nothing notifies through this DSN (capabilities.listen_notify is False)")
-        return SharedListener(self._listen_dsn)
+        return SharedListener(self._listen_dsn, (), connect_timeout=self._connect_timeout)
 
-    def task_listener(self, task_id: int, *, streams: bool = False) -> TaskNotifications | PollingTaskListener:
+    def task_listener(self, task_id: int, *, streams: bool = False) -> TaskWait | PollingTaskListener:
         """A waiter woken when task ``task_id`` ends (or parks); see :meth:`leaseq.Queue.wait`;
-        with ``streams``, also when its handler emits (:meth:`leaseq.Queue.stream`).
-        Where nothing notifies, it sleeps :data:`POLL_SECONDS` and the waiter looks again."""
+        with ``streams``, also when its handler emits (:meth:`leaseq.Queue.stream`). It is
+        listening when returned, through the store's one :attr:`notifier` connection
+        (however many wait). Where nothing notifies, it sleeps :data:`POLL_SECONDS` and
+        the waiter looks again."""
         if not self.mode.listens:
             return PollingTaskListener(POLL_SECONDS)
-        return TaskNotifications(self._listen_dsn, task_id, streams=streams)
+        return TaskWait(self.notifier, task_id, streams=streams).open(self._connect_timeout + LISTEN_GRACE)
 
     async def atask_listener(self, task_id: int, *,
-                             streams: bool = False) -> AsyncTaskNotifications | AsyncPollingTaskListener:
-        """:meth:`task_listener` for asyncio code."""
+                             streams: bool = False) -> AsyncTaskWait | AsyncPollingTaskListener:
+        """:meth:`task_listener` for asyncio code (woken on the running event loop)."""
         if not self.mode.listens:
             return AsyncPollingTaskListener(POLL_SECONDS)
-        return await AsyncTaskNotifications(self._listen_dsn, task_id, streams=streams).open()
+        return await AsyncTaskWait(self.notifier, task_id, streams=streams).open(
+            self._connect_timeout + LISTEN_GRACE)
 
     def caller_tx(self, connection: Any) -> PostgresTx:
         """A transaction view of the application's own open psycopg ``connection``
@@ -531,4 +472,5 @@ class PostgresStore:
         return AsyncPostgresTx(connection, self._queries, caller=True)
 
     def close(self) -> None:
+        self.notifier.close()
         self._pool.close()

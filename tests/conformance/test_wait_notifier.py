@@ -1,0 +1,273 @@
+"""On PostgreSQL every task wait and stream follow of one queue is woken through one LISTEN
+connection (the store's notifier), however many wait at once, sync and async alike; each is
+woken by its own task only, and a listener connection that drops is replaced without a wait
+missing its task's end."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+import uuid
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+
+import leaseq
+from snapshots import own_connection
+
+N = 50
+
+#: the connections of a queue that LISTEN (their last statement was a LISTEN or an UNLISTEN)
+LISTENING = ("SELECT pid FROM pg_stat_activity WHERE application_name = %s "
+             "AND query ~ '^(UN)?LISTEN' ORDER BY pid")
+
+
+@pytest.fixture
+def named(q: leaseq.Queue, dsn: str) -> Iterator[tuple[leaseq.Queue, str]]:
+    """A second queue on ``q``'s PostgreSQL schema whose connections carry a name of their
+    own (``application_name``), so pg_stat_activity tells which are its, and that name."""
+    if q.dialect != "postgres" or not q.capabilities.listen_notify:
+        pytest.skip("only PostgreSQL notifies")
+    app = f"notifier_{uuid.uuid4().hex[:10]}"
+    queue = leaseq.connect(f"{dsn}{'&' if '?' in dsn else '?'}application_name={app}")
+    try:
+        yield queue, app
+    finally:
+        queue.close()
+
+
+def _listening(dsn: str, app: str) -> list[int]:
+    with own_connection(dsn) as conn:
+        return [r[0] for r in conn.execute(LISTENING, (app,)).fetchall()]
+
+
+def _watched(dsn: str, ids: list[int] | None = None) -> int:
+    """How many tasks (of ``ids``) a wait has looked at, listening already."""
+    with own_connection(dsn) as conn:
+        return int(conn.execute("SELECT count(*) FROM leaseq_tasks WHERE watched AND (%s::bigint[] IS NULL "
+                                "OR id = ANY(%s))", (ids, ids)).fetchone()[0])
+
+
+def _until(check: Any, what: str, seconds: float = 30) -> None:
+    deadline = time.monotonic() + seconds
+    while not check():
+        assert time.monotonic() < deadline, what
+        time.sleep(0.05)
+
+
+def _claimed(q: leaseq.Queue, n: int) -> tuple[str, dict[int, leaseq.Claim]]:
+    w = q.register_worker("w").id
+    for i in range(n):
+        q.enqueue("job", {"i": i})
+    claims = q.claim(w, limit=n)
+    assert len(claims) == n
+    return w, {c.task_id: c for c in claims}
+
+
+def _thread_waits(queue: leaseq.Queue, ids: list[int], returned: dict[int, tuple[str, float]],
+                  errors: list[BaseException]) -> list[threading.Thread]:
+    def wait(task_id: int) -> None:
+        try:
+            task = queue.wait(task_id, timeout=90)
+            returned[task_id] = (task.status, time.monotonic())
+        except BaseException as exc:  # pragma: no cover - reported by the test
+            errors.append(exc)
+
+    threads = [threading.Thread(target=wait, args=(i,), daemon=True) for i in ids]
+    for thread in threads:
+        thread.start()
+    return threads
+
+
+def _end_and_check(q: leaseq.Queue, w: str, claims: dict[int, leaseq.Claim], ids: list[int],
+                   returned: dict[int, tuple[str, float]], errors: list[BaseException]) -> None:
+    """End the first half of ``ids``: exactly their waits return, each after its task's end;
+    then the rest."""
+    first, rest = ids[:len(ids) // 2], ids[len(ids) // 2:]
+    ended: dict[int, float] = {}
+    for batch in (first, rest):
+        for task_id in batch:
+            ended[task_id] = time.monotonic()
+            q.complete(w, claims[task_id], result=task_id)
+        _until(lambda: set(batch) <= set(returned) or errors, f"waits of {batch} did not all return")
+        assert not errors, errors
+        time.sleep(0.3)  # a wait woken by another task's end would have returned by now
+        assert set(returned) == set(ended), sorted(set(returned) - set(ended))
+    for task_id, (status, at) in returned.items():
+        assert status == "completed" and at >= ended[task_id]
+
+
+def test_fifty_blocking_waits_share_one_listen_connection(q: leaseq.Queue, dsn: str,
+                                                           named: tuple[leaseq.Queue, str]) -> None:
+    queue, app = named
+    w, claims = _claimed(q, N)
+    ids = sorted(claims)
+    returned: dict[int, tuple[str, float]] = {}
+    errors: list[BaseException] = []
+    threads = _thread_waits(queue, ids, returned, errors)
+    _until(lambda: _watched(dsn) == N or errors, "the waits never all looked")
+    assert not errors, errors
+    assert len(_listening(dsn, app)) == 1
+    assert not returned
+    _end_and_check(q, w, claims, ids, returned, errors)
+    for thread in threads:
+        thread.join(10)
+    assert len(_listening(dsn, app)) <= 1
+    notifier = queue.store.notifier  # type: ignore[attr-defined]
+    queue.close()  # stops the thread and closes its connection
+    assert notifier._thread is None or not notifier._thread.is_alive()
+    assert _listening(dsn, app) == []
+
+
+def test_fifty_async_waits_share_one_listen_connection(q: leaseq.Queue, dsn: str,
+                                                       named: tuple[leaseq.Queue, str]) -> None:
+    queue, app = named
+    w, claims = _claimed(q, N)
+    ids = sorted(claims)
+    returned: dict[int, tuple[str, float]] = {}
+
+    async def main() -> None:
+        aq = leaseq.AsyncQueue(queue)
+
+        async def wait(task_id: int) -> None:
+            task = await aq.wait(task_id, timeout=90)
+            returned[task_id] = (task.status, time.monotonic())
+
+        waits = [asyncio.ensure_future(wait(i)) for i in ids]
+        try:
+            deadline = time.monotonic() + 30
+            while await asyncio.to_thread(_watched, dsn) < N:
+                assert time.monotonic() < deadline, "the waits never all looked"
+                for done in (f for f in waits if f.done()):
+                    done.result()
+                await asyncio.sleep(0.05)
+            assert len(await asyncio.to_thread(_listening, dsn, app)) == 1
+            assert not returned
+            await asyncio.to_thread(_end_and_check, q, w, claims, ids, returned, [])
+            await asyncio.wait_for(asyncio.gather(*waits), 10)
+        finally:
+            for f in waits:
+                f.cancel()
+            await aq.close_async()
+
+    asyncio.run(main())
+
+
+def test_stream_followers_and_waits_share_it_and_emits_wake_the_followers(
+        q: leaseq.Queue, dsn: str, named: tuple[leaseq.Queue, str]) -> None:
+    queue, app = named
+    w, claims = _claimed(q, 12)
+    followed, ids = sorted(claims)[:2], sorted(claims)[2:]
+    returned: dict[int, tuple[str, float]] = {}
+    errors: list[BaseException] = []
+    got: dict[str, list[Any]] = {"sync": [], "async": []}
+    seen = threading.Condition()
+
+    def follow_sync() -> None:
+        try:
+            for entry in queue.stream(followed[0], timeout=60):
+                with seen:
+                    got["sync"].append(entry.item)
+                    seen.notify_all()
+        except BaseException as exc:  # pragma: no cover - reported by the test
+            errors.append(exc)
+
+    def follow_async() -> None:
+        async def run() -> None:
+            async for entry in leaseq.AsyncQueue(queue).stream(followed[1], timeout=60):
+                with seen:
+                    got["async"].append(entry.item)
+                    seen.notify_all()
+        try:
+            asyncio.run(run())
+        except BaseException as exc:  # pragma: no cover - reported by the test
+            errors.append(exc)
+
+    for task_id in followed:
+        q.emit(w, claims[task_id], "before the readers came")
+    readers = [threading.Thread(target=f, daemon=True) for f in (follow_sync, follow_async)]
+    for reader in readers:
+        reader.start()
+    threads = _thread_waits(queue, ids, returned, errors)
+    _until(lambda: _watched(dsn, ids) == len(ids) or errors, "the waits never all looked")
+    with seen:  # each reader has read what was there: it follows now
+        assert seen.wait_for(lambda: ("before the readers came" in got["sync"]
+                                      and "before the readers came" in got["async"]) or errors, 30), got
+    assert len(_listening(dsn, app)) == 1
+    for n in (1, 2):
+        for task_id in followed:
+            q.emit(w, claims[task_id], {"n": n})
+        with seen:  # woken by the emit itself: the readers' timeouts are a minute long
+            assert seen.wait_for(lambda: sum(1 for i in got["sync"] if isinstance(i, dict)) >= n
+                                 and sum(1 for i in got["async"] if isinstance(i, dict)) >= n or errors, 5), got
+    assert not errors and not returned, (errors, returned)  # no emit woke a wait for another task's end
+    for task_id in followed:
+        q.complete(w, claims[task_id], result="done")
+    for reader in readers:
+        reader.join(10)
+        assert not reader.is_alive()
+    assert [i for i in got["sync"] if isinstance(i, dict)] == [{"n": 1}, {"n": 2}]
+    assert [i for i in got["async"] if isinstance(i, dict)] == [{"n": 1}, {"n": 2}]
+    for task_id in ids:
+        q.complete(w, claims[task_id], result=task_id)
+    for thread in threads:
+        thread.join(10)
+    assert not errors and sorted(returned) == ids
+
+
+def test_waits_end_when_the_listener_connection_is_terminated(q: leaseq.Queue, dsn: str,
+                                                              named: tuple[leaseq.Queue, str]) -> None:
+    """The one listener's backend is terminated mid-wait: tasks that end before it is back
+    (their NOTIFY goes nowhere) and after are all returned, by sync and async waits alike."""
+    queue, app = named
+    w, claims = _claimed(q, 20)
+    ids = sorted(claims)
+    sync_ids, async_ids = ids[:10], ids[10:]
+    returned: dict[int, tuple[str, float]] = {}
+    errors: list[BaseException] = []
+    threads = _thread_waits(queue, sync_ids, returned, errors)
+
+    def async_waits() -> None:
+        async def run() -> None:
+            aq = leaseq.AsyncQueue(queue)
+
+            async def wait(task_id: int) -> None:
+                task = await aq.wait(task_id, timeout=90)
+                returned[task_id] = (task.status, time.monotonic())
+
+            try:
+                await asyncio.gather(*(wait(i) for i in async_ids))
+            finally:
+                await aq.close_async()
+        try:
+            asyncio.run(run())
+        except BaseException as exc:  # pragma: no cover - reported by the test
+            errors.append(exc)
+
+    threads.append(threading.Thread(target=async_waits, daemon=True))
+    threads[-1].start()
+    _until(lambda: _watched(dsn) == len(ids) or errors, "the waits never all looked")
+    assert not errors, errors
+    [pid] = _listening(dsn, app)
+    with own_connection(dsn) as conn:
+        assert conn.execute("SELECT pg_terminate_backend(%s)", (pid,)).fetchone()[0]
+    ended: dict[int, float] = {}
+    for task_id in ids[::2]:  # at once: most, if not all, while no listener is connected
+        ended[task_id] = time.monotonic()
+        q.complete(w, claims[task_id], result=task_id)
+    _until(lambda: set(ended) <= set(returned) or errors, "a wait missed its task's end while the listener was away")
+    _until(lambda: (p := _listening(dsn, app)) != [] and pid not in p, "the listener never came back")
+    assert len(_listening(dsn, app)) == 1
+    time.sleep(0.3)
+    assert set(returned) == set(ended) and not errors, (sorted(set(returned) - set(ended)), errors)
+    for task_id in ids[1::2]:  # after: woken by NOTIFY on the new connection
+        ended[task_id] = time.monotonic()
+        q.complete(w, claims[task_id], result=task_id)
+    for thread in threads:
+        thread.join(15)
+    assert not errors, errors
+    assert sorted(returned) == ids
+    for task_id, (status, at) in returned.items():
+        assert status == "completed" and at >= ended[task_id]
