@@ -177,9 +177,11 @@ def test_a_stopping_worker_ends_its_claim_waiting_on_another_replica(
 
     waiting = threading.Thread(target=claim_waiting_on_a)
     waiting.start()
-    with psycopg_connect(dsn, autocommit=True) as conn:  # a's listener is up once its connection has listened for interrupts
+    # a's listener is up once its connection has listened for interrupts and for work (the
+    # notifier LISTENs on the channels it wants in name order: work is the last of the two)
+    with psycopg_connect(dsn, autocommit=True) as conn:
         wait_for(lambda: conn.execute("SELECT 1 FROM pg_stat_activity WHERE datname = current_database() "
-                                      "AND query = 'LISTEN leaseq_interrupt'").fetchall(), 15,
+                                      "AND query = 'LISTEN leaseq_work'").fetchall(), 15,
                  "replica a listening while the claim waits")
     time.sleep(0.3)  # the claim's first attempt found nothing and waits
     assert waiting.is_alive()

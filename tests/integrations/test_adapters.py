@@ -356,7 +356,7 @@ def test_a_bad_usage_limit_is_refused_naming_the_field() -> None:
 # Under a real worker on both backends: the task suspends (waiting, no lease), a signal carries
 # the person's decision, and the next attempt replays the run from the ledger and goes on.
 
-from tests.worker.conftest import RunningWorker, app, start_worker, wait_for  # noqa: E402,F401
+from worker.conftest import RunningWorker, app, start_worker, wait_for  # noqa: E402,F401
 
 
 def suspended_without_lease(q: leaseq.Queue, *task_ids: int) -> None:

@@ -220,9 +220,9 @@ class Notifier:
         while not self._closed.is_set():
             with self._lock:
                 wanted = set(self._interests)
-            for channel in wanted - listening:
+            for channel in sorted(wanted - listening):  # in one order: what a reader of pg_stat_activity sees last
                 connection.listen(channel)
-            for channel in listening - wanted:
+            for channel in sorted(listening - wanted):
                 connection.unlisten(channel)
             listening = wanted
             with self._lock:
