@@ -167,6 +167,42 @@ def test_limits_kinds_and_queues_pass_over_a_key_without_stopping_the_others(dsn
     assert [c.task.queue for c in q.claim(w, queue="elsewhere", limit=5)] == ["elsewhere"] * 5
 
 
+def test_the_fair_claim_refuses_a_spent_window_and_passes_over_it_for_the_other_keys(dsn: str,
+                                                                                      q: leaseq.Queue) -> None:
+    """A limit's window (per_day) is judged in the fair claim as in the plain one: a batch
+    takes the window to its total and no further, the other key is served in full, and once
+    the window is spent its key's tasks are passed over while the others' are claimed."""
+    w = q.register_worker("w")
+    q.set_limit("daily", per_day=2)
+    q.enqueue_many("k", [{"n": i} for i in range(5)], fairness_key="a", limits=["daily"], queue="windows")
+    q.enqueue_many("k", [{"n": i} for i in range(5)], fairness_key="b", queue="windows")
+    claims = q.claim(w, queue="windows", limit=10)  # one statement: the judgement is its own
+    assert Counter(c.task.fairness_key for c in claims) == {"a": 2, "b": 5}
+    [row] = q.limits("daily")
+    assert row["day_used"] == 2
+    assert fair_rows(dsn)[("windows", 0, "a")]["claimed"] == 2  # refused: not charged
+    q.enqueue("k", {"n": 9}, fairness_key="b", queue="windows")
+    assert [c.task.fairness_key for c in q.claim(w, queue="windows", limit=10)] == ["b"]  # a's passed over
+    assert q.limits("daily")[0]["day_used"] == 2
+
+
+def test_the_fair_claim_serves_a_started_task_only_under_a_version_its_worker_serves(q: leaseq.Queue) -> None:
+    """Code versions hold in the fair claim: a task started under version 1 is passed over by
+    a worker that serves only 2 (which takes the other key's task, stamping its own version),
+    and claimed, keeping its version, by one that declares 1 compatible."""
+    v1 = q.register_worker("v1", version="1")
+    v2 = q.register_worker("v2", version="2")
+    both = q.register_worker("v2-reads-1", version="2", compatible_versions=["1"])
+    started = q.enqueue("k", {"n": 1}, fairness_key="a", max_attempts=10, queue="versions")
+    [first] = q.claim(v1, queue="versions")
+    assert first.task_id == started.id and first.task.code_version == "1"  # the fair claim stamps it
+    q.fail(v1, first, "crashed", delay=0)
+    fresh = q.enqueue("k", {"n": 2}, fairness_key="b", queue="versions")
+    assert [(c.task_id, c.task.code_version) for c in q.claim(v2, queue="versions", limit=5)] == [(fresh.id, "2")]
+    [served] = q.claim(both, queue="versions", limit=5)
+    assert (served.task_id, served.task.code_version, served.task.fairness_key) == (started.id, "1", "a")
+
+
 def test_bad_parameters_name_their_field_and_write_nothing(q: leaseq.Queue) -> None:
     bad: list[tuple[dict[str, Any], str]] = [
         ({"fairness_weight": 2}, "fairness_weight"),  # a weight without a key
