@@ -16,7 +16,8 @@ from . import agent, budgets, report, systems, workloads
 from .database import BenchDatabase, display_dsn, server_facts
 from .targets import check_targets
 
-WORKLOADS = ("enqueue", "drain", "latency", "heartbeat", "depth", "evidence", "agent", "leases", "limits", "budgets")
+WORKLOADS = ("enqueue", "drain", "latency", "heartbeat", "depth", "evidence", "agent", "leases", "limits", "budgets",
+             "starvation")
 PEERS = ("leaseq", "leaseq-roles", "pgqueuer", "pgqueuer-psycopg", "procrastinate", "raw")
 
 
@@ -63,6 +64,9 @@ class Sizes:
     budgets_total: int = 50_000
     budgets_units: int = 100
     budgets_claims: int = 2_000
+    #: starvation: one tenant's backlog, then another's few tasks, drained by 4 processes × 10
+    starvation_backlog: int = 100_000
+    starvation_late: int = 10
 
 
 FULL = Sizes()
@@ -71,7 +75,8 @@ QUICK = Sizes(rounds=1, enqueue_one=100, enqueue_batch=2_000, drain=1_000, drain
               heartbeat_everything=False, two_processes_everywhere=False,
               depths=(1_000, 5_000), depth_sample=1_000, evidence_tasks=1_000,
               agent_tasks=200, agent_concurrency=50, agent_io=0.05, leases_held=200, leases_workers=2,
-              limits_tasks=1_000, budgets_tasks=200, budgets_total=5_000, budgets_claims=200)
+              limits_tasks=1_000, budgets_tasks=200, budgets_total=5_000, budgets_claims=200,
+              starvation_backlog=2_000)
 
 
 def plan(workload: str, sizes: Sizes, chosen: list[str], rnd: int = 1) -> list[tuple[str, str, Any]]:
@@ -157,6 +162,17 @@ def plan(workload: str, sizes: Sizes, chosen: list[str], rnd: int = 1) -> list[t
                                     ("claim cost, per_minute window, usage settled", True)):
                 trials.append((config, s, lambda db, sy, windows=windows: budgets.claim_cost(
                     db, sy, claims=sizes.budgets_claims, windows=windows)))
+    elif workload == "starvation":
+        # a tenant's deep backlog, then another tenant's few tasks: how long those wait, with
+        # fairness keys and without, and what the keys cost the drain
+        for fair in (True, False):
+            keys = "fairness keys" if fair else "no keys"
+            for s, processes in (("leaseq", 4), ("leaseq-sqlite", 1)):
+                if s in chosen:
+                    trials.append((f"{processes} process{'es' if processes > 1 else ''} × 10, {keys}", s,
+                                   lambda db, sy, fair=fair, processes=processes: workloads.starvation(
+                                       db, sy, backlog=sizes.starvation_backlog, late=sizes.starvation_late,
+                                       processes=processes, fair=fair)))
     elif workload == "leases" and "leaseq" in chosen:
         held = f"{sizes.leases_held:,} / {sizes.leases_workers}"
         for config, lease in ((f"{held}, 30 s leases", None),

@@ -162,6 +162,19 @@ def markdown(summary: dict) -> str:
                            f"{_cell(get('budgets', c, s, 'claim_p10_ms'))} | "
                            f"{_cell(get('budgets', c, s, 'claim_p50_ms'))} | "
                            f"{_cell(get('budgets', c, s, 'claim_p99_ms'))} |")
+    if _configs(summary, "starvation"):
+        out.append("### starvation: one tenant's backlog, another's few tasks\n")
+        out.append("| workers | system | tasks/s | with keys ÷ without | late tenant's pickup p50 (ms) | "
+                   "p99 (ms) | max (ms) |")
+        out.append("|---|---|---|---|---|---|---|")
+        for c in _configs(summary, "starvation"):
+            base = c.replace("fairness keys", "no keys")
+            for s in _systems(summary, "starvation", c):
+                ratio = (_ratio(get("starvation", c, s, "per_s"), get("starvation", base, s, "per_s"))
+                         if base != c else "–")
+                out.append(f"| {c} | {LABELS[s]} | {_cell(get('starvation', c, s, 'per_s'))} | {ratio} | "
+                           + " | ".join(_cell(get("starvation", c, s, m))
+                                        for m in ("late_p50_ms", "late_p99_ms", "late_max_ms")) + " |")
         out.append("")
 
     if _configs(summary, "depth"):

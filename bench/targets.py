@@ -98,6 +98,21 @@ def check_targets(summary: Summary) -> list[dict[str, Any]]:
     rows.append(_row("leases held: database CPU ≤ 5% of a core", f"{cpu:.2f}%" if cpu is not None else "–",
                      cpu <= 5 if cpu is not None else None))
 
+    for system in ("leaseq", "leaseq-sqlite"):
+        fair = [k for k in summary if k[0] == "starvation" and k[2] == system and k[1].endswith("fairness keys")]
+        if not fair:
+            continue
+        base = (fair[0][0], fair[0][1].replace("fairness keys", "no keys"), system)
+        ours, theirs = _median(summary, *fair[0], "per_s"), _median(summary, *base, "per_s")
+        rows.append(_row(f"starvation, {fair[0][1]} ({system}): drain with fairness keys ≥ 90% of the same "
+                         "drain without",
+                         f"{ours / theirs:.0%} ({ours:,.0f} vs {theirs:,.0f}/s)" if ours and theirs else "–",
+                         ours >= 0.9 * theirs if ours and theirs else None))
+        late, unfair = _median(summary, *fair[0], "late_p99_ms"), _median(summary, *base, "late_p99_ms")
+        rows.append(_row(f"(no bar) starvation ({system}): the late tenant's pickup p99, with keys and without",
+                         f"{late:,.0f} ms vs {unfair:,.0f} ms" if late is not None and unfair is not None else "–",
+                         None if late is None or unfair is None else late < unfair))
+
     rss = _median(summary, "drain", "1 process × 10", "leaseq", "worker_rss_mb")
     rows.append(_row("worker process RSS < 80 MB at concurrency 10", f"{rss:.0f} MB" if rss else "–",
                      rss < 80 if rss else None))

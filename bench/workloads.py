@@ -117,6 +117,44 @@ def drain(db: BenchDatabase, system: systems.System, *, tasks: int, processes: i
             "worker_cpu_s": sum(r["cpu_s"] for r in results)}
 
 
+def starvation(db: BenchDatabase, system: systems.System, *, backlog: int, late: int = 10, processes: int = 4,
+               concurrency: int = 10, fair: bool = True) -> dict[str, Any]:
+    """Tenant A's ``backlog`` tasks are queued; once the workers have drained a tenth of them,
+    tenant B enqueues ``late`` tasks, one at a time. How long B's tasks waited to be picked up
+    (enqueue to claim, by the database's clock), and the drain's rate, start to last
+    completion: with fairness keys (``fair``: A's and B's), or the same drain without any."""
+    with _schema_or_file(db, system) as dsn:
+        system.install(dsn)
+        system.enqueue_batch(dsn, backlog, fairness_key="A" if fair else None)  # type: ignore[call-arg]
+        if system.dialect == "postgres":
+            _analyze(dsn)
+        group = WorkerGroup(system.name, dsn, count=processes, concurrency=concurrency).start()
+        postgres = system.dialect == "postgres"
+        before = db.backend_cpu() if postgres else {}
+        seen: dict[int, float] = {}
+
+        def finished(target: int) -> bool:
+            if postgres:  # backends go when their worker exits: sample their CPU while they live
+                seen.update(db.backend_cpu())
+            return system.finished(dsn)[0] >= target
+
+        started = _clock(db, system)
+        group.go()
+        deadline = time.monotonic() + 600
+        while not finished(backlog // 10) and time.monotonic() < deadline:
+            time.sleep(0.005)
+        ids = system.enqueue_each(dsn, late, fairness_key="B" if fair else None)  # type: ignore[attr-defined]
+        results = group.wait(finished=lambda: finished(backlog + late))
+        count, _, last = system.finished(dsn)
+        waits = sorted(system.pickups_ms(dsn, ids))  # type: ignore[attr-defined]
+    if count != backlog + late:
+        raise RuntimeError(f"{system.name}: {count} of {backlog + late} tasks completed")
+    return {"tasks": count, "seconds": last - started, "per_s": count / (last - started),
+            "late_p50_ms": _pct(waits, 50), "late_p99_ms": _pct(waits, 99), "late_max_ms": waits[-1],
+            "db_cpu_s": sum(cpu - before.get(pid, 0.0) for pid, cpu in seen.items()) if postgres else None,
+            "worker_cpu_s": sum(r["cpu_s"] for r in results)}
+
+
 def depth(db: BenchDatabase, system: systems.System, *, queued: int, finished: int, sample: int,
           concurrency: int = 10) -> dict[str, Any]:
     """Drain rate over the first ``sample`` tasks of a queue ``queued`` deep over ``finished`` history."""

@@ -65,11 +65,28 @@ class LeaseqSystem:
             for i in range(n):
                 q.enqueue("noop", {"i": i})
 
-    def enqueue_batch(self, dsn: str, n: int, *, limits: list[str] | None = None) -> None:
+    def enqueue_batch(self, dsn: str, n: int, *, limits: list[str] | None = None,
+                      fairness_key: str | None = None) -> None:
         with self._queue(dsn) as q:
             for start in range(0, n, ENQUEUE_BATCH):
                 q.enqueue_many("noop", [{"i": i} for i in range(start, min(n, start + ENQUEUE_BATCH))],
-                               limits=limits)
+                               limits=limits, fairness_key=fairness_key)
+
+    def enqueue_each(self, dsn: str, n: int, *, fairness_key: str | None = None) -> list[int]:
+        """``n`` tasks, one enqueue (one commit) each: a tenant's few requests; their ids."""
+        with self._queue(dsn) as q:
+            return [q.enqueue("noop", {"i": -1 - i}, fairness_key=fairness_key).id for i in range(n)]
+
+    def pickups_ms(self, dsn: str, ids: list[int]) -> list[float]:
+        """Milliseconds from each task's enqueue to its (first) claim, by the database's clock."""
+        listed = ",".join(str(int(i)) for i in ids)
+        if self.dialect == "sqlite":
+            sql = f"SELECT (claimed_at - created_at) * 1000 FROM leaseq_tasks WHERE id IN ({listed})"
+            with sqlite3.connect(dsn.removeprefix("sqlite:///")) as conn:
+                return [float(r[0]) for r in conn.execute(sql)]
+        sql = f"SELECT extract(epoch FROM claimed_at - created_at)::float8 * 1000 FROM leaseq_tasks WHERE id IN ({listed})"
+        with psycopg.connect(dsn, autocommit=True) as conn:
+            return [float(r[0]) for r in conn.execute(sql).fetchall()]
 
     def set_limit(self, dsn: str, key: str, **limit: Any) -> None:
         with self._queue(dsn) as q:

@@ -137,7 +137,8 @@ class AsyncQueue:
                       resources: Iterable[str] | None = None, singleton_key: str | None = None,
                       on_conflict: str = "skip", debounce: float | None = None, key: str | None = None,
                       debounce_mode: str = "trailing", max_delay: float | None = None,
-                      budget: Mapping[str, int] | None = None) -> Task:
+                      budget: Mapping[str, int] | None = None,
+                      fairness_key: str | None = None, fairness_weight: float = 1.0) -> Task:
         """:meth:`Queue.enqueue`, awaited. ``connection``: a ``psycopg.AsyncConnection``
         on PostgreSQL, a ``sqlite3.Connection`` on SQLite."""
         op = engine.enqueue.enqueue(self.settings, kind, payload, effect=effect, queue=queue,
@@ -149,7 +150,8 @@ class AsyncQueue:
                                     on_dependency_failure=on_dependency_failure, limits=limits, units=units,
                                     token_id=token_id, resources=resources, singleton_key=singleton_key,
                                     on_conflict=on_conflict, debounce=debounce, key=key,
-                                    debounce_mode=debounce_mode, max_delay=max_delay, budget=budget)
+                                    debounce_mode=debounce_mode, max_delay=max_delay, budget=budget,
+                                    fairness_key=fairness_key, fairness_weight=fairness_weight)
         return await (self._arun(op) if connection is None else self._arun_in(connection, op))
 
     async def enqueue_many(self, kind: str, payloads: Iterable[Any], *, effect: str = "read_only",
@@ -160,14 +162,16 @@ class AsyncQueue:
                            deadline: datetime | timedelta | None = None, after: Iterable[int] | None = None,
                            on_dependency_failure: str = "cancel", connection: Any = None,
                            limits: Iterable[str] | None = None, units: int = 1,
-                     resources: Iterable[str] | None = None) -> list[int]:
+                     resources: Iterable[str] | None = None, fairness_key: str | None = None,
+                     fairness_weight: float = 1.0) -> list[int]:
         """:meth:`Queue.enqueue_many`, awaited."""
         op = engine.enqueue.enqueue_many(self.settings, kind, payloads, effect=effect, queue=queue,
                                          idempotency_keys=idempotency_keys, priority=priority, delay=delay,
                                          max_attempts=max_attempts, lease_seconds=lease_seconds, actions=actions,
                                          timeout=timeout, deadline=deadline, after=after,
                                          on_dependency_failure=on_dependency_failure, limits=limits, units=units,
-                                         resources=resources)
+                                         resources=resources, fairness_key=fairness_key,
+                                         fairness_weight=fairness_weight)
         return await (self._arun(op) if connection is None else self._arun_in(connection, op))
 
     async def _arun_in(self, connection: Any, op: Op[T]) -> T:

@@ -31,6 +31,7 @@ from .engine.approvals import check_approval
 from .engine.budgets import check_budget
 from .engine.effects import check_actions
 from .engine.enqueue import check_budgets
+from .engine.fairness import check_weight
 from .engine.limits import check_limits, check_units
 from .engine.operator import check_versions
 from .queue import Queue, connect
@@ -82,6 +83,10 @@ class TaskDefinition(Generic[P, R]):
     units: int = 1
     #: what each of its tasks may consume, by key, over all its attempts (None: no budget)
     budget: dict[str, int] | None = None
+    #: the fairness key its tasks are enqueued with (None: none; see Queue.enqueue)
+    fairness_key: str | None = None
+    #: their share against other keys' (see Queue.enqueue)
+    fairness_weight: float = 1.0
     #: enqueue options bound by :meth:`options`
     bound: dict[str, Any] = field(default_factory=dict)
 
@@ -94,7 +99,8 @@ class TaskDefinition(Generic[P, R]):
                 after: Iterable[int] | None = None, on_dependency_failure: str = "cancel",
                 connection: Any = None, units: int | None = None,
                 resources: Iterable[str] | None = None,
-                budget: Mapping[str, int] | None = None) -> TaskDefinition[P, R]:
+                budget: Mapping[str, int] | None = None, fairness_key: str | None = None,
+                fairness_weight: float | None = None) -> TaskDefinition[P, R]:
         """This definition with enqueue options bound: ``key`` is the idempotency key (a
         repeat with the same payload and options returns the existing task; another
         payload or option is refused, see :meth:`leaseq.Queue.enqueue`), ``delay`` seconds before
@@ -104,12 +110,15 @@ class TaskDefinition(Generic[P, R]):
         write it in (see :meth:`leaseq.Queue.enqueue`); ``units``, the task's weight in
         limits that count units (a token estimate, say), instead of the declared one;
         ``resources``, the resource keys its effects may name (see :meth:`leaseq.Queue.enqueue`);
-        ``budget``, what the task may consume (``ctx.consume``), instead of the declared one.
+        ``budget``, what the task may consume (``ctx.consume``), instead of the declared one;
+        ``fairness_key`` and ``fairness_weight``, the tenant it is served for and its share,
+        instead of the declared ones (see :meth:`leaseq.Queue.enqueue`).
         ``summarize.options(key="doc-1").enqueue(doc_id=1)``."""
         bound = {**self.bound, "key": key, "delay": delay, "priority": priority, "timeout": timeout,
                  "deadline": deadline, "after": after, "on_dependency_failure": on_dependency_failure,
                  "connection": connection, "units": units, "resources": resources,
-                 "budget": check_budget(budget)}
+                 "budget": check_budget(budget), "fairness_key": fairness_key,
+                 "fairness_weight": fairness_weight}
         return dataclasses.replace(self, bound=bound)
 
     def payload(self, *args: P.args, **kwargs: P.kwargs) -> dict[str, Any]:
@@ -129,6 +138,11 @@ class TaskDefinition(Generic[P, R]):
         priority, timeout, deadline = options.get("priority"), options.get("timeout"), options.get("deadline")
         units = options.get("units")
         budget = options.get("budget")
+        fairness_key = self.fairness_key if options.get("fairness_key") is None else options["fairness_key"]
+        # the declared weight goes with a key; a weight bound without one is refused by the enqueue
+        fairness_weight = options.get("fairness_weight")
+        if fairness_weight is None:
+            fairness_weight = self.fairness_weight if fairness_key is not None else 1.0
         return self.app.queue.enqueue(self.kind, payload, effect=self.effect, queue=self.queue,
                                       idempotency_key=options.get("key"), delay=options.get("delay", 0),
                                       priority=self.priority if priority is None else priority,
@@ -137,7 +151,8 @@ class TaskDefinition(Generic[P, R]):
                                       deadline=self.deadline if deadline is None else deadline,
                                       approval=self.approval, approval_deadline=self.approval_deadline,
                                       limits=self.limits, units=self.units if units is None else units,
-                                      budget=self.budget if budget is None else budget, **{
+                                      budget=self.budget if budget is None else budget,
+                                      fairness_key=fairness_key, fairness_weight=fairness_weight, **{
                                           name: options[name] for name in ("after", "connection", "resources")
                                           if options.get(name) is not None},
                                       **({"on_dependency_failure": options["on_dependency_failure"]}
@@ -213,6 +228,7 @@ class App:
              timeout: float | None = None, deadline: timedelta | None = None, approval: str | None = None,
              approval_deadline: float | None = None, limits: list[str] | None = None, units: int = 1,
              budget: Mapping[str, int] | None = None,
+             fairness_key: str | None = None, fairness_weight: float = 1.0,
              ) -> Callable[[Callable[Concatenate[Any, P], R]], TaskDefinition[P, R]]:
         """Decorator declaring a handler ``fn(ctx, **payload)``, sync or async.
 
@@ -236,7 +252,11 @@ class App:
         weight in limits that count units (see :meth:`Queue.set_limit`).
         ``budget`` (``{"tokens": 200_000}``): what each task may consume over all its
         attempts (``ctx.consume``); past it the task pauses for an approval (see
-        :meth:`Queue.enqueue`)."""
+        :meth:`Queue.enqueue`).
+
+        ``fairness_key`` and ``fairness_weight``: the tenant its tasks are served
+        for and its share (see :meth:`Queue.enqueue`); the key is usually given per
+        task (:meth:`TaskDefinition.options`), the declared weight then applying to it."""
         declared = None if actions is None else json.loads(check_actions(actions, checks.check_effect(effect)))
         if retry is not None and not isinstance(retry, RetryPolicy):
             raise InvalidInput("retry", f"must be a leaseq.RetryPolicy (got {type(retry).__name__})")
@@ -247,6 +267,8 @@ class App:
         approval, approval_deadline = check_approval(approval, approval_deadline)
         limit_keys, weight = check_limits(limits), check_units(units)
         spend = check_budget(budget)
+        fair_key = None if fairness_key is None else checks.check_key("fairness_key", fairness_key)
+        fair_weight = check_weight(fairness_weight)
 
         def register(fn: Callable[Concatenate[Any, P], R]) -> TaskDefinition[P, R]:
             name = checks.check_kind(kind or f"{fn.__module__}.{fn.__qualname__}")
@@ -259,7 +281,8 @@ class App:
                 max_attempts=checks.check_int("max_attempts", max_attempts, minimum=1),
                 priority=checks.check_int("priority", priority), actions=declared, retry=retry,
                 timeout=budgets["timeout"], deadline=deadline, approval=approval,
-                approval_deadline=approval_deadline, limits=limit_keys, units=weight, budget=spend)
+                approval_deadline=approval_deadline, limits=limit_keys, units=weight, budget=spend,
+                fairness_key=fair_key, fairness_weight=fair_weight)
             self.registry.add(definition)
             return definition
 
@@ -275,7 +298,7 @@ class App:
 
         ``name`` (default: the kind) must be unique in the app. A kind declared
         with ``@app.task`` before the schedule gives its tasks its options
-        (queue, effect, lease, attempts, priority, actions); ``queue`` overrides
+        (queue, effect, lease, attempts, priority, actions, fairness key); ``queue`` overrides
         the queue. Bad input raises :class:`InvalidInput` naming the field."""
         definition = self.definition(kind) if isinstance(kind, str) else None
         options: dict[str, Any] = {} if definition is None else dict(
@@ -286,6 +309,8 @@ class App:
             options["timeout"] = definition.timeout
         if definition is not None and definition.budget is not None:
             options["budget"] = definition.budget
+        if definition is not None and definition.fairness_key is not None:
+            options.update(fairness_key=definition.fairness_key, fairness_weight=definition.fairness_weight)
         if queue is not None:
             options["queue"] = checks.check_name("queue", queue)
         declared = Schedule.declare(kind, cron=cron, every=every, payload=payload, name=name, catch_up=catch_up,

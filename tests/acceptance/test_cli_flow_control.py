@@ -58,3 +58,16 @@ def test_redrive_and_cancel_where_from_the_command_line(dsn, run_cli):
     assert_one_error_line(bad, "status")
     bad = run_cli("--dsn", dsn, "redrive", "--older-than", "soon")
     assert_one_error_line(bad, "older_than")
+
+
+def test_fairness_key_and_weight_from_the_command_line(dsn, run_cli):
+    assert run_cli("--dsn", dsn, "migrate").returncode == 0
+    made = run_cli("--dsn", dsn, "enqueue", "sync", "--no-check", "--fairness-key", "acme", "--fairness-weight", "2.5",
+                   "--json")
+    assert made.returncode == 0, made.stderr
+    task = json.loads(made.stdout)
+    assert (task["fairness_key"], task["fairness_weight"]) == ("acme", 2.5)
+    bad = run_cli("--dsn", dsn, "enqueue", "sync", "--no-check", "--fairness-weight", "2")
+    assert_one_error_line(bad, "fairness_weight")
+    bad = run_cli("--dsn", dsn, "enqueue", "sync", "--no-check", "--fairness-key", "acme", "--fairness-weight", "0")
+    assert_one_error_line(bad, "fairness_weight")

@@ -20,7 +20,7 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
 WORKLOADS = {"enqueue", "drain", "latency", "heartbeat", "depth", "evidence", "agent", "leases", "limits",
-             "budgets"}
+             "budgets", "starvation"}
 
 
 def _server_dsn() -> str:
@@ -70,7 +70,7 @@ def test_quick_benchmark_writes_tables_json_and_plots(tmp_path: Path) -> None:
     tables = (out / "results.md").read_text()
     for heading in ("### enqueue", "### drain", "### pickup latency", "### heartbeat load",
                     "### drain against depth", "### evidence", "### agent-shaped", "### leases held",
-                    "### targets"):
+                    "### starvation", "### targets"):
         assert heading in tables
     assert run.stdout.count("| leaseq |") >= 3  # the tables are printed too
     for plot in ("drain.png", "latency.png", "drain_vs_depth.png"):
@@ -119,3 +119,26 @@ def test_budgets_benchmark_reports_the_overshoot_and_the_claims_cost(tmp_path: P
                           for s in ("leaseq", "leaseq-sqlite")}
     assert all(m["claims"] == 200 and m["claim_p50_ms"] > 0 for m in costs.values())
     assert "### budgets settled after the call" in (out / "results.md").read_text()
+
+
+def test_starvation_benchmark_measures_the_late_tenant_with_and_without_keys(tmp_path: Path) -> None:
+    """``python -m bench starvation --quick``: a tenant's backlog, then another tenant's few
+    tasks, drained with fairness keys and without, on PostgreSQL (4 worker processes) and
+    SQLite; the late tenant is picked up behind the backlog without keys, and at once with."""
+    dsn = _server_dsn()
+    out = tmp_path / "results"
+    run = subprocess.run([sys.executable, "-m", "bench", "starvation", "--quick", "--dsn", dsn, "--out", str(out),
+                          "--systems", "leaseq,leaseq-sqlite"],
+                         cwd=ROOT, capture_output=True, text=True, timeout=240)
+    assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-5000:]
+    trials = json.loads((out / "results.json").read_text())["trials"]
+    assert not [t for t in trials if "error" in t]
+    found = {(t["config"], t["system"]): t["metrics"] for t in trials}
+    assert set(found) == {(f"{w}, {keys}", s) for w, s in (("4 processes × 10", "leaseq"), ("1 process × 10", "leaseq-sqlite"))
+                          for keys in ("fairness keys", "no keys")}
+    for (config, system), metrics in found.items():
+        assert metrics["tasks"] == 2_010 and metrics["per_s"] > 0 and metrics["late_p99_ms"] >= metrics["late_p50_ms"]
+        if config.endswith("fairness keys"):  # served beside the backlog, not behind it
+            behind = found[(config.replace("fairness keys", "no keys"), system)]
+            assert metrics["late_p99_ms"] < behind["late_p99_ms"], (metrics, behind)
+    assert "### starvation" in run.stdout and "late tenant's pickup p99" in run.stdout

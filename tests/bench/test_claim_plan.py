@@ -72,12 +72,65 @@ def _queued_scans(plan: dict[str, Any], sorted_above: bool = False, status: str 
 SINGLETON_PROBE = ("leaseq_tasks_singleton", False)
 
 
+def _subplan(plan: dict[str, Any], name: str) -> dict[str, Any]:
+    """The node of a JSON plan named ``name`` (a CTE: "CTE <name>")."""
+    if plan.get("Subplan Name") == name:
+        return plan
+    for child in plan.get("Plans", []):
+        try:
+            return _subplan(child, name)
+        except LookupError:
+            pass
+    raise LookupError(name)
+
+
 def _candidate_scans(plan: dict[str, Any]) -> list[tuple[str, bool]]:
-    """The reads of queued tasks that find the claim's candidates: every one but the singleton
-    rule's probe, which must read its index and nothing else."""
-    scans = _queued_scans(plan)
+    """The reads of queued tasks that find the candidates of a queue without fairness keys (the
+    claim's ``plain`` step): every one but the singleton rule's probe, which must read its index
+    and nothing else."""
+    scans = _queued_scans(_subplan(plan, "CTE plain"))
     assert all(s == SINGLETON_PROBE for s in scans if s[0] != "leaseq_tasks_claimable"), scans
     return [s for s in scans if s != SINGLETON_PROBE]
+
+
+#: The claim's FAIR SHARE steps, which read only in a queue with a task that names a fairness
+#: key queued (the claim's flags say whether: one probe of leaseq_tasks_fair).
+FAIR_STEPS = ("CTE fair_keys", "CTE fair_ready", "CTE fair_start", "CTE fair_pick")
+#: The indexes they may read tasks by: each key's tasks, the tasks without a key, the singleton
+#: rule's probe, and the chosen candidates by id.
+FAIR_INDEXES = {"leaseq_tasks_fair", "leaseq_tasks_claimable", "leaseq_tasks_singleton", "leaseq_tasks_pkey"}
+
+
+def _task_reads(plan: dict[str, Any], limited: bool = False) -> list[tuple[str, str, bool]]:
+    """``(node type, index, under a Limit)`` of every read of the task table in a JSON plan."""
+    limited = limited or plan["Node Type"] == "Limit"
+    found = []
+    if plan.get("Relation Name") == "leaseq_tasks":
+        found.append((plan["Node Type"], plan.get("Index Name", ""), limited))
+    for child in plan.get("Plans", []):
+        if child["Node Type"] == "Bitmap Index Scan" and plan.get("Relation Name") == "leaseq_tasks":
+            found[-1] = (plan["Node Type"], child.get("Index Name", ""), limited)
+        found += _task_reads(child, limited)
+    return found
+
+
+def _fair_steps_in(plan: dict[str, Any]) -> list[str]:
+    """The fair-share steps a plan holds."""
+    found = [plan["Subplan Name"]] if plan.get("Subplan Name") in FAIR_STEPS else []
+    return found + [s for child in plan.get("Plans", []) for s in _fair_steps_in(child)]
+
+
+def _check_fair_steps(plan: dict[str, Any]) -> None:
+    """The fair-share steps read tasks by index only, each key's (and the keyless tasks') under
+    a Limit: no step walks a key's whole backlog, let alone the table."""
+    probe = _task_reads(_subplan(plan, "CTE flags"))
+    assert ("Index Only Scan", "leaseq_tasks_fair", True) in probe, probe
+    for step in FAIR_STEPS:
+        reads = _task_reads(_subplan(plan, step))
+        assert all(kind != "Seq Scan" and index in FAIR_INDEXES for kind, index, _ in reads), (step, reads)
+        if step == "CTE fair_ready":
+            walks = [r for r in reads if r[1] in ("leaseq_tasks_fair", "leaseq_tasks_claimable")]
+            assert len(walks) == 2 and all(limited for _, _, limited in walks), walks
 
 
 def _pg_plan(dsn: str, worker_id: str) -> dict[str, Any]:
@@ -108,6 +161,7 @@ def test_postgres_claims_from_the_claimable_index(pg_schema_dsn: str, shape: str
     plan = _pg_plan(pg_schema_dsn, worker)
     # Read in claim order straight from the partial index: no sort, no other index, no full scan.
     assert _candidate_scans(plan) == [("leaseq_tasks_claimable", False)], json.dumps(plan, indent=1)[:6000]
+    assert not _fair_steps_in(plan)  # the claim of a queue without keys: no fair-share step at all
 
 
 def test_postgres_claims_from_the_claimable_index_before_any_analyze(pg_schema_dsn: str) -> None:
@@ -131,16 +185,39 @@ def test_sqlite_claims_from_the_claimable_index(tmp_path, shape: str, analyze: b
             conn.execute("ANALYZE")
         rows = conn.execute("EXPLAIN QUERY PLAN " + load_queries("sqlite")["claim_batch"],
                             dict(CLAIM_PARAMS, worker_id=worker)).fetchall()
+        fair_rows = conn.execute("EXPLAIN QUERY PLAN " + load_queries("sqlite")["claim_fair"],
+                                 dict(CLAIM_PARAMS, worker_id=worker)).fetchall()
     # The limits' judgement sorts the candidates it judges (at most `limit` rows, in claim
     # order for a running sum): not a read of the task table, so left out here.
-    judged = {row[0] for row in rows if row[3] == "CO-ROUTINE demand"}
-    for row in rows:
-        if row[1] in judged:
-            judged.add(row[0])
+    judged = _sqlite_subtree(rows, "CO-ROUTINE demand")
     plan = [row[3] for row in rows if row[0] not in judged]
     candidate = [step for step in plan if "leaseq_tasks USING" in step and "INTEGER PRIMARY KEY" not in step]
     assert any("INDEX leaseq_tasks_claimable" in step for step in candidate), plan
     assert not [step for step in plan if "TEMP B-TREE" in step or step.startswith("SCAN leaseq_tasks")], plan
+    assert not _sqlite_subtree(rows, "MATERIALIZE fair_pick")  # no fair-share step in the claim
+    _check_sqlite_fair_steps(fair_rows)
+
+
+def _sqlite_subtree(rows: list[tuple[Any, ...]], label: str) -> set[int]:
+    """The ids of an EXPLAIN QUERY PLAN's step ``label`` and of every step under it."""
+    ids = {row[0] for row in rows if row[3] == label}
+    for row in rows:
+        if row[1] in ids:
+            ids.add(row[0])
+    return ids
+
+
+def _check_sqlite_fair_steps(rows: list[tuple[Any, ...]]) -> None:
+    """The fair-share steps read tasks by index only (each key's by leaseq_tasks_fair), never a
+    scan of the table; what they sort is the few candidates they read."""
+    fair = _sqlite_subtree(rows, "MATERIALIZE fair_pick") | _sqlite_subtree(rows, "MATERIALIZE flags")
+    steps = [row[3] for row in rows if row[0] in fair]
+    # the probe that says whether the queue uses fairness keys, and the walk of its keys
+    assert any(step.startswith("SEARCH k USING") and "INDEX leaseq_tasks_fair (queue=? AND fairness_key>?)" in step
+               for step in steps), steps
+    assert any("USING INDEX leaseq_tasks_fair (queue=? AND fairness_key=?)" in step for step in steps), steps
+    tables = re.compile(r"SCAN (leaseq_tasks|t|k|kv|qv)\b(?! VIRTUAL TABLE)")  # the tasks; the keys' times
+    assert not [step for step in steps if tables.match(step)], steps
 
 
 #: Parameters for reading each generic plan; their values do not shape it.
@@ -152,6 +229,7 @@ SAMPLE = dict(
         {"task_id": 1, "type": "note", "generation": 1, "worker_id": "w", "detail": {}}],
     kind="noop", payload={}, effect="read_only", priority=0, idempotency_key="k", max_attempts=5,
     tasks=[{"payload": {}, "idempotency_key": "k"}], singleton_key=None, debounce_key=None, scope="singleton",
+    fairness_key=None, fairness_weight=None,
     key="k", timeout=None, deadline_at=None, deadline_in=None,
     trace_context=None, after=1.0, max_snoozes=100, with_dependents=False, lock_worker=True,
     # the tool-call ledger and the token check
@@ -211,9 +289,86 @@ def test_postgres_generic_plans_read_tasks_by_index(pg_schema_dsn: str, query: s
         (scans, json.dumps(plan))
     if query == "claim_batch":
         assert _candidate_scans(plan) == [("leaseq_tasks_claimable", False)], json.dumps(plan, indent=1)[:6000]
+        assert not _fair_steps_in(plan)
+    if query == "claim_fair":
+        _check_fair_steps(plan)
+    if query in ("claim_batch", "claim_fair"):
         # the look for an expired lease reads the leases index in deadline order, no walk and sort
         assert [s for s in _queued_scans(plan, status="running") if s[0] != "leaseq_tasks_pkey" and s != SINGLETON_PROBE] == \
             [("leaseq_tasks_leases", False)], json.dumps(plan, indent=1)[:6000]
+
+
+#: A queue that uses fairness keys: one key's deep backlog, and another key's few tasks.
+FAIR_FILL = {"postgres": """
+UPDATE leaseq_tasks SET fairness_key = CASE WHEN id % 4000 = 0 THEN 'b' ELSE 'a' END, fairness_weight = 1
+WHERE status = 'queued'
+""", "sqlite": """
+UPDATE leaseq_tasks SET fairness_key = CASE WHEN id % 4000 = 0 THEN 'b' ELSE 'a' END, fairness_weight = 1
+WHERE status = 'queued'
+"""}
+
+
+def _rows_read(plan: dict[str, Any], relation: str = "leaseq_tasks") -> int:
+    """Rows an analysed plan's reads of ``relation`` returned or threw away, loops counted."""
+    here = 0
+    if plan.get("Relation Name") == relation:
+        here = plan.get("Actual Loops", 1) * (plan.get("Actual Rows", 0) + plan.get("Rows Removed by Filter", 0)
+                                              + plan.get("Rows Removed by Index Recheck", 0))
+    return here + sum(_rows_read(child, relation) for child in plan.get("Plans", []))
+
+
+@pytest.mark.parametrize("queued", [4_000, 40_000])
+def test_postgres_fair_claim_reads_a_claim_of_each_key_however_deep(pg_schema_dsn: str, queued: int) -> None:
+    """With fairness keys in use, the claim (claim_fair) reads by index, and each key only as
+    far as a few claims' worth (four batches): never the deep key's whole backlog."""
+    worker = _pg_queue(pg_schema_dsn, 20_000, queued)
+    with psycopg.connect(pg_schema_dsn, autocommit=True) as conn:
+        conn.execute(FAIR_FILL["postgres"])
+        conn.execute("VACUUM (ANALYZE) leaseq_tasks")
+    params = dict(SAMPLE, worker_id=worker)
+    plan = _generic_plan(pg_schema_dsn, "claim_fair", params)
+    _check_fair_steps(plan)
+    analysed = _explain_analyze_as_the_store_runs(pg_schema_dsn, "claim_fair", params)
+    claimed = _subplan(analysed, "CTE claimed")
+    assert claimed["Actual Rows"] == CLAIM_PARAMS["limit"], json.dumps(analysed, indent=1)[:4000]
+    # Two keys, the deep one read four batches deep (4x) and the other whole (its few tasks),
+    # those candidates again by id to lock them, the claimed rows updated (1x), and a few
+    # probes: the same at either depth.
+    assert _rows_read(analysed) <= 15 * CLAIM_PARAMS["limit"], json.dumps(analysed, indent=1)[:8000]
+
+
+def test_sqlite_fair_claim_work_does_not_grow_with_a_key_backlog(tmp_path) -> None:
+    """SQLite's fair claim does the same work over a backlog ten times deeper (counted in
+    virtual machine steps): it reads each key by index, a claim's worth at most."""
+    steps = {}
+    for queued in (4_000, 40_000):
+        path = tmp_path / f"fair-{queued}.db"
+        q = leaseq.connect(f"sqlite:///{path}")
+        q.migrate()
+        worker = q.register_worker("plan").id
+        q.close()
+        with sqlite3.connect(path) as conn:
+            conn.execute(SQLITE_FILL, {"status": "completed", "n": 20_000})
+            conn.execute(SQLITE_FILL, {"status": "queued", "n": queued})
+            conn.execute(FAIR_FILL["sqlite"])
+            conn.execute("ANALYZE")
+            conn.commit()
+            plan = conn.execute("EXPLAIN QUERY PLAN " + load_queries("sqlite")["claim_fair"],
+                                dict(CLAIM_PARAMS, worker_id=worker)).fetchall()
+            _check_sqlite_fair_steps(plan)
+            counted = [0]
+
+            def count() -> int:
+                counted[0] += 1
+                return 0
+
+            conn.set_progress_handler(count, 100)
+            found = conn.execute(load_queries("sqlite")["claim_fair"], dict(CLAIM_PARAMS, worker_id=worker)).fetchall()
+            conn.set_progress_handler(None, 0)
+            conn.rollback()
+        assert len(found) == CLAIM_PARAMS["limit"]
+        steps[queued] = counted[0]
+    assert steps[40_000] < 1.5 * steps[4_000], steps
 
 
 #: Leases held by one worker in the renewal plan tests: enough that a walk of
@@ -264,6 +419,8 @@ def _explain_analyze_as_the_store_runs(dsn: str, query: str, params: dict[str, A
         _configure(conn)
         with conn.transaction(force_rollback=True):
             conn.execute(AS_OWNER)
+            if query in GENERIC_PLAN:  # as its function runs it (leaseq.store.functions)
+                conn.execute("SET LOCAL jit = off")
             if query in CUSTOM_PLAN:
                 with psycopg.ClientCursor(conn) as cur:
                     cur.execute("EXPLAIN (ANALYZE, FORMAT JSON) " + sql, _encode(params))

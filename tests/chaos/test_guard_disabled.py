@@ -72,15 +72,18 @@ def test_removing_the_generation_check_is_caught(tmp_path, backend):
 # -- the same, for trace validation: a guard missing in the SQL shows in the trails ---------------
 
 def scratch_copy(root: Path, dialects: tuple[str, ...], query: str, old: str, new: str) -> Path:
-    """A copy of the leaseq package whose named ``query`` has ``old`` replaced by ``new``."""
+    """A copy of the leaseq package whose named ``query`` (or ``template: <name>``, a template
+    of the dialect's file) has ``old`` replaced by ``new``."""
     source = Path(leaseq.__file__).parent
     target = root / "leaseq"
     shutil.copytree(source, target, ignore=shutil.ignore_patterns("__pycache__"))
+    header = query if query.startswith("template: ") else f"name: {query}"
     for dialect in dialects:
         path = target / "sql" / dialect / "queries.sql"
         text = path.read_text()
-        start = text.index(f"-- name: {query}\n")
-        end = text.index("-- name: ", start + 1)
+        start = text.index(f"-- {header}\n")
+        end = min(i for i in (text.find("\n-- name: ", start + 1), text.find("\n-- template: ", start + 1))
+                  if i >= 0) + 1
         block = text[start:end]
         assert block.count(old) == 1, f"{dialect} {query} no longer holds {old!r} once"
         path.write_text(text[:start] + block.replace(old, new) + text[end:])
@@ -135,11 +138,12 @@ def _race(tmp_path: Path, pythonpath: Path | None) -> list[dict]:
 
 
 def test_without_the_revocation_lock_trace_validation_fails(tmp_path, pg_schema_dsn):
-    """The worker row's FOR SHARE removed from claim_batch (PostgreSQL: SQLite writes one
-    transaction at a time): claims racing revocations leave a revoked worker a lease, which the
-    trails show. The intact package, raced the same way, leaves trails the model allows."""
+    """The worker row's FOR SHARE removed from the claim (claim_head, the first steps of
+    claim_batch and claim_fair; PostgreSQL: SQLite writes one transaction at a time): claims
+    racing revocations leave a revoked worker a lease, which the trails show. The intact
+    package, raced the same way, leaves trails the model allows."""
     assert _race(tmp_path, None) == []
-    scratch = scratch_copy(tmp_path / "scratch", ("postgres",), "claim_batch",
+    scratch = scratch_copy(tmp_path / "scratch", ("postgres",), "template: claim_head",
                            "WHERE w.id = %(worker_id)s AND w.revoked_at IS NULL\n    FOR SHARE",
                            "WHERE w.id = %(worker_id)s AND w.revoked_at IS NULL")
     found = _race(tmp_path, scratch)

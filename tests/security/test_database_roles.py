@@ -32,7 +32,7 @@ from fault.test_worker_processes import Workers, lease_expired
 TABLES = ("leaseq_tasks", "leaseq_events", "leaseq_effects", "leaseq_workers", "leaseq_approvals", "leaseq_tokens",
           "leaseq_audit", "leaseq_limits", "leaseq_queues", "leaseq_db_roles", "leaseq_dependencies",
           "leaseq_migrations", "leaseq_leader", "leaseq_sessions", "leaseq_worker_kinds", "leaseq_action_tokens",
-          "leaseq_stream_items")
+          "leaseq_stream_items", "leaseq_fairness")
 
 
 @pytest.fixture
@@ -815,3 +815,31 @@ def test_code_changes_as_roles_a_worker_registers_its_versions_and_ends_only_its
     held = admin.get(task.id)
     assert (held.status, held.attempts, held.code_version) == ("needs_reconciliation", 1, "2")
     assert [e.type for e in admin.events(task.id)][-2:] == ["diverged", "needs_reconciliation"]
+
+
+def test_a_worker_role_claims_by_fair_share_within_its_queues(admin, make_role) -> None:
+    """A worker role enqueues tasks with fairness keys and claims them by fair share (the
+    claim stands aside for claim_fair, which charges the keys' rows it cannot touch
+    otherwise); a role scoped to one queue claims nothing of another, and cannot charge a
+    key by hand."""
+    dsn = make_role("worker")
+    with leaseq.connect(dsn) as q:
+        q.enqueue_many("sync", [{"n": n} for n in range(6)], fairness_key="big")
+        q.enqueue("sync", {"n": 99}, fairness_key="small")
+        w = q.register_worker("w")
+        served = [c.task.fairness_key for c in q.claim(w, limit=4)]
+        assert served.count("small") == 1 and served.count("big") == 3, served
+    with psycopg.connect(admin.store.dsn) as conn:
+        charged = dict(conn.execute("SELECT key, claimed FROM leaseq_fairness").fetchall())
+    assert charged == {"big": 3, "small": 1}
+    scoped = make_role("worker", "mine")
+    admin.enqueue("sync", queue="theirs", fairness_key="t")
+    before = snapshot(admin)
+    with leaseq.connect(scoped) as q:
+        w = q.register_worker("w")
+        with pytest.raises(Exception):
+            q.claim(w, queue="theirs")
+    assert snapshot(admin) == {**before, "leaseq_workers": snapshot(admin)["leaseq_workers"]}
+    statement = ("SELECT * FROM leaseq_q_charge_fair_share('theirs', "
+                 "'[{\"key\": \"t\", \"priority\": 0, \"start\": 0, \"cost\": 100}]'::jsonb)")
+    assert "permission denied" in refused(scoped, statement)

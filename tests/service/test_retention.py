@@ -52,7 +52,7 @@ COLUMNS: dict[str, str] = {
     **{f"leaseq_tasks.{c}": "identifier or declaration" for c in (
         "queue", "kind", "effect", "status", "lease_owner", "idempotency_key", "error_fingerprint", "actions",
         "trace_context", "limits", "resources", "singleton_key", "debounce_key", "wait_signal", "wait_children",
-        "code_version")},
+        "code_version", "fairness_key")},
     **{f"leaseq_signals.{c}": "identifier or sender (deleted with the task)" for c in (
         "name", "sent_by", "consumed_key")},
     **{f"leaseq_stream_items.{c}": "state or identifier (deleted with the entry)" for c in (
@@ -88,6 +88,8 @@ COLUMNS: dict[str, str] = {
     # one lock row per singleton or debounce key an enqueue named (not pruned yet: the keys are
     # the application's own, as idempotency keys are)
     **{f"leaseq_flow_keys.{c}": "flow-control key lock" for c in ("scope", "queue", "key")},
+    # one row per fairness key a claim served, with its virtual time (not pruned yet, as above)
+    **{f"leaseq_fairness.{c}": "fair-share key's turn" for c in ("queue", "key")},
 }
 
 

@@ -43,8 +43,10 @@ DEFAULT_GENERATION = {"postgres": "%(generation)s", "sqlite": ":generation"}
 BATCH_GENERATION = "c.generation"
 WORKER_PARAM = "worker_id"
 
+#: The claims: the claim, and the claim of a queue that uses fairness keys (engine.fairness).
+CLAIMS = {"claim_batch", "claim_fair"}
 #: The only queries allowed to set a deadline that is not NULL.
-DEADLINE_WRITERS = {"claim_batch", "renew_leases", "expire_lease", "end_worker_leases"}
+DEADLINE_WRITERS = CLAIMS | {"renew_leases", "expire_lease", "end_worker_leases"}
 
 _PARAM = {"postgres": re.compile(r"%\((\w+)\)s"), "sqlite": re.compile(r"(?<![:\w]):([A-Za-z_]\w*)")}
 
@@ -254,12 +256,13 @@ def test_revocation_only_moves_deadlines_into_the_past(dialect: str) -> None:
 def test_only_a_claim_advances_the_generation(dialect: str) -> None:
     advancing = {name for name, sql in load_queries(dialect).items()
                  if re.search(r"claim_generation\s*=\s*t\.claim_generation\s*\+", _code(sql))}
-    assert advancing == {"claim_batch"}
+    assert advancing == CLAIMS
 
 
+@pytest.mark.parametrize("claim", sorted(CLAIMS))
 @pytest.mark.parametrize("dialect", DIALECTS)
-def test_claims_take_only_due_queued_tasks(dialect: str) -> None:
-    lines = _lines(load_queries(dialect)["claim_batch"])
+def test_claims_take_only_due_queued_tasks(dialect: str, claim: str) -> None:
+    lines = _lines(load_queries(dialect)[claim])
     assert any(line.startswith("AND status = 'queued' AND queue = ") for line in lines)
     assert any("available_at <=" in line for line in lines)
 

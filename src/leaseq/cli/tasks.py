@@ -161,6 +161,12 @@ def _parse_deadline(text: str) -> datetime | timedelta:
                    "the first runs at once, the rest of the window is dropped.")
 @click.option("--max-delay", type=float, default=None, metavar="SECONDS",
               help="With trailing --debounce: run no later than this many seconds after the first enqueue.")
+@click.option("--fairness-key", default=None, metavar="KEY",
+              help="The tenant (or any group) the task is served for: within one priority, claims serve the keys "
+                   "with tasks queued in weighted round robin.")
+@click.option("--fairness-weight", type=float, default=1.0, show_default=True, metavar="WEIGHT",
+              help="With --fairness-key: the key's share against other keys' (2: twice as many tasks as a key "
+                   "of weight 1).")
 @json_option
 @click.pass_context
 def enqueue(ctx: click.Context, kind: str, payload: str | None, queue: str, effect: str | None, no_check: bool,
@@ -170,13 +176,14 @@ def enqueue(ctx: click.Context, kind: str, payload: str | None, queue: str, effe
             timeout: float | None, deadline_text: str | None, approval: str | None,
             approval_deadline: float | None, after_text: tuple[str, ...], on_dependency_failure: str,
             limit_keys: tuple[str, ...], units: int, budget_items: tuple[str, ...], action_names: tuple[str, ...],
-            resource_keys: tuple[str, ...], as_json: bool) -> None:
+            resource_keys: tuple[str, ...], fairness_key: str | None, fairness_weight: float,
+            as_json: bool) -> None:
     """Add a task of KIND to a queue.
 
     With --key, a task already holding that key in the queue is returned
     ("existing task N returned") and nothing is added; if it was enqueued
     with a different kind, payload or option (effect, priority,
-    --max-attempts, --lease-seconds, --timeout, --deadline, approval,
+    --fairness-key, --fairness-weight, --max-attempts, --lease-seconds, --timeout, --deadline, approval,
     --after, --limit, --units, --action, --resource; not --delay or --at), that is an error
     naming what differs and the task (exit 2).
 
@@ -217,7 +224,8 @@ def enqueue(ctx: click.Context, kind: str, payload: str | None, queue: str, effe
                          on_dependency_failure=on_dependency_failure, limits=list(limit_keys) or None, units=units,
                          actions=list(action_names) or None, resources=list(resource_keys) or None,
                          singleton_key=singleton_key, on_conflict=on_conflict, debounce=debounce,
-                         key=debounce_key, debounce_mode=debounce_mode, max_delay=max_delay, budget=budget)
+                         key=debounce_key, debounce_mode=debounce_mode, max_delay=max_delay, budget=budget,
+                         fairness_key=fairness_key, fairness_weight=fairness_weight)
     except InvalidInput as exc:
         if at is not None and exc.field == "delay":
             raise CliError("at", f"{at.isoformat()} is too far ahead: the delay {exc.problem}") from None

@@ -193,6 +193,11 @@ class Task:
     #: the version of the code the task started under (``App(version=...)``): its first claim's
     #: worker's; None until it starts, or when that worker declared no version
     code_version: str | None = None
+    #: the tenant (or any group) the task is served for: within one priority the claim serves
+    #: the keys in weighted round robin (``enqueue(..., fairness_key=...)``); None: no key
+    fairness_key: str | None = None
+    #: the key's share against other keys' for this task (1 by default); None without a key
+    fairness_weight: float | None = None
 
 
 @dataclass(frozen=True)

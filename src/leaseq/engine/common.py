@@ -4,7 +4,7 @@ evidence and audit entries, and the checks of a worker and a claim."""
 from __future__ import annotations
 
 import getpass
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
@@ -26,7 +26,7 @@ ROUTINE_EVENTS = frozenset({"claimed", "completed"})
 _TASK_FIELDS = frozenset(Task.__dataclass_fields__)
 #: Fields not every read of a task row carries (a claim's does not): the class's defaults stand in.
 _TASK_OPTIONAL = ("singleton_key", "debounce_key", "enqueue_outcome", "parent_id", "wait_children",
-                  "code_version")
+                  "code_version", "fairness_key", "fairness_weight")
 _TASK_ORDER = tuple(k for k in Task.__dataclass_fields__ if k not in _TASK_OPTIONAL)
 _EFFECT_FIELDS = frozenset(Effect.__dataclass_fields__)
 
@@ -42,6 +42,9 @@ class Settings:
     max_snoozes: int = DEFAULT_MAX_SNOOZES
     signer: ActionSigner | None = None
     action_token_ttl: float = 300.0
+    #: the queues whose last claim found a fairness key queued: their next claim runs
+    #: claim_fair at once (a hint, see :mod:`leaseq.engine.fairness`; never part of equality)
+    fair_queues: set[str] = field(default_factory=set, compare=False, hash=False, repr=False)
 
     @property
     def compact(self) -> bool:

@@ -23,7 +23,7 @@ from ..core import checks
 from ..core.errors import IdempotencyKeyConflict, InvalidInput, NotFound
 from ..core.model import Status, Task
 from ..store.base import JsonText, KeyConflict
-from . import approvals, flow
+from . import approvals, fairness, flow
 from .common import Settings, default_actor, to_task
 from .dependencies import check_after, hold
 from .effects import check_actions, check_resources
@@ -77,10 +77,12 @@ def check_budgets(timeout: float | None, deadline: datetime | timedelta | None) 
 def _common(kind: str, effect: str, queue: str, priority: int, delay: float, max_attempts: int,
             lease_seconds: float, actions: Iterable[str] | None, timeout: float | None = None,
             deadline: datetime | timedelta | None = None, limits: Iterable[str] | None = None,
-            units: int = 1, resources: Iterable[str] | None = None) -> dict[str, Any]:
+            units: int = 1, resources: Iterable[str] | None = None, fairness_key: str | None = None,
+            fairness_weight: float = 1.0) -> dict[str, Any]:
     effect = checks.check_effect(effect)
     return dict(
         **check_budgets(timeout, deadline),
+        **fairness.check_fairness(fairness_key, fairness_weight),
         limits=check_limits(limits),
         units=check_units(units),
         kind=checks.check_kind(kind),
@@ -100,11 +102,13 @@ def task_params(kind: str, payload: Any, *, effect: str, queue: str, idempotency
                 timeout: float | None = None, deadline: datetime | timedelta | None = None,
                 trace_context: str | None = None, limits: Iterable[str] | None = None,
                 units: int = 1, resources: Iterable[str] | None = None, singleton_key: str | None = None,
-                debounce_key: str | None = None) -> dict[str, Any]:
+                debounce_key: str | None = None, fairness_key: str | None = None,
+                fairness_weight: float = 1.0) -> dict[str, Any]:
     """The parameters of ``insert_task`` for one task, checked (InvalidInput names the field;
     ``singleton_key`` and ``debounce_key`` come checked, see :func:`leaseq.engine.flow.check_flow`)."""
     effect = checks.check_effect(effect)
     return dict(
+        **fairness.check_fairness(fairness_key, fairness_weight),
         singleton_key=singleton_key,
         debounce_key=debounce_key,
         trace_context=checks.check_trace_context("trace_context", trace_context),
@@ -135,7 +139,7 @@ _NEW_TASK: dict[str, Any] = dict(
     spent=None)
 #: The parameters of insert_task stored as sent.
 _AS_SENT = ("queue", "kind", "effect", "priority", "idempotency_key", "max_attempts", "lease_seconds",
-            "trace_context", "limits", "units", "singleton_key", "debounce_key")
+            "trace_context", "limits", "units", "singleton_key", "debounce_key", "fairness_key", "fairness_weight")
 
 
 def _set_budget(row: dict[str, Any], budget: dict[str, int] | None) -> Op[None]:
@@ -174,7 +178,8 @@ def enqueue(s: Settings, kind: str, payload: Any = None, *, effect: str = "read_
             units: int = 1, token_id: str | None = None, resources: Iterable[str] | None = None,
             singleton_key: str | None = None, on_conflict: str = "skip", debounce: float | None = None,
             key: str | None = None, debounce_mode: str = "trailing", max_delay: float | None = None,
-            budget: Mapping[str, int] | None = None) -> Op[Task]:
+            budget: Mapping[str, int] | None = None,
+            fairness_key: str | None = None, fairness_weight: float = 1.0) -> Op[Task]:
     """:meth:`leaseq.Queue.enqueue`."""
     from .budgets import check_budget
     budget = check_budget(budget)
@@ -186,7 +191,8 @@ def enqueue(s: Settings, kind: str, payload: Any = None, *, effect: str = "read_
                          priority=priority, delay=delay, max_attempts=max_attempts, lease_seconds=lease_seconds,
                          actions=actions, timeout=timeout, deadline=deadline, trace_context=trace_context,
                          limits=limits, units=units, resources=resources, singleton_key=control["singleton_key"],
-                         debounce_key=control["debounce_key"])
+                         debounce_key=control["debounce_key"], fairness_key=fairness_key,
+                         fairness_weight=fairness_weight)
     approval, approval_deadline = approvals.check_approval(approval, approval_deadline)
     by = checks.check_text("by", by)
     token_id = checks.check_text("token_id", token_id) or None
@@ -252,7 +258,8 @@ def enqueue_many(s: Settings, kind: str, payloads: Iterable[Any], *, effect: str
                  actions: Iterable[str] | None = None, timeout: float | None = None,
                  deadline: datetime | timedelta | None = None, after: Iterable[int] | None = None,
                  on_dependency_failure: str = "cancel", limits: Iterable[str] | None = None,
-                 units: int = 1, resources: Iterable[str] | None = None) -> Op[list[int]]:
+                 units: int = 1, resources: Iterable[str] | None = None, fairness_key: str | None = None,
+                 fairness_weight: float = 1.0) -> Op[list[int]]:
     """:meth:`leaseq.Queue.enqueue_many`."""
     upstreams = check_after(after, on_dependency_failure)
     payloads = list(payloads)
@@ -262,7 +269,7 @@ def enqueue_many(s: Settings, kind: str, payloads: Iterable[Any], *, effect: str
             raise InvalidInput("idempotency_keys", f"needs one key per payload ({len(payloads)}), "
                                                    f"got {len(idempotency_keys)}")
     common = _common(kind, effect, queue, priority, delay, max_attempts, lease_seconds, actions, timeout, deadline,
-                     limits, units, resources)
+                     limits, units, resources, fairness_key, fairness_weight)
     wait = (upstreams, on_dependency_failure)
     given: list[str | None] = [None] * len(payloads) if idempotency_keys is None else [
         None if key is None else checks.check_key(f"idempotency_keys[{i}]", key)
@@ -396,7 +403,8 @@ def key_differences(row: dict[str, Any], params: dict[str, Any], *, approval: st
 
     Compared: everything that decides what runs and how: the queue, kind,
     payload (as JSON values: key order and number spelling aside), effect,
-    priority, max_attempts, lease_seconds, actions, resources, timeout, deadline,
+    priority, the fairness key and weight, max_attempts, lease_seconds, actions,
+    resources, timeout, deadline,
     limits, units, the approval gate and its deadline, and the dependencies
     (``after``, ``on_dependency_failure``). A default compares equal whether
     it was passed or not. Not compared: ``delay`` (a repeat made a second
@@ -422,6 +430,10 @@ def key_differences(row: dict[str, Any], params: dict[str, Any], *, approval: st
     for name in ("priority", "max_attempts"):
         if row[name] != params[name]:
             differ(name, str(row[name]), str(params[name]))
+    if row.get("fairness_key") != params["fairness_key"]:
+        differ("fairness_key", repr(row.get("fairness_key")), repr(params["fairness_key"]))
+    elif row.get("fairness_weight") != params["fairness_weight"]:
+        differ("fairness_weight", f"{row.get('fairness_weight'):g}", f"{params['fairness_weight']:g}")
     if float(row["lease_seconds"]) != params["lease_seconds"]:
         differ("lease_seconds", _seconds(row["lease_seconds"]), _seconds(params["lease_seconds"]))
     actions = None if params["actions"] is None else json.loads(params["actions"])

@@ -16,7 +16,7 @@ from ..core import checks
 from ..core.errors import InvalidInput, InvalidTransition, LeaseLost
 from ..core.model import Claim, Claims, Status, Task, Worker
 from ..core.retry import MAX_RETRY_SECONDS
-from . import limits
+from . import fairness, limits
 from .common import (Settings, check_claim, check_worker, event, event_params, heartbeats, require_task, to_task,
                      worker_id)
 from .dependencies import FAILED_ENDS, settle_dependents
@@ -73,7 +73,7 @@ def _claim(s: Settings, worker: Worker | str, *, queue: str = "default", limit: 
     # Fast path: one statement, which claims nothing while an expired lease
     # awaits routing.
     yield BEGIN_ONE
-    found = yield rows("claim_batch", route_first=True, **params)
+    found = yield from fairness.claim_rows(s, params, route_first=True, one_statement=True)
     claimed = yield from _record_claims(s, wid, found)
     yield COMMIT
     # PostgreSQL's statement answers how long an empty rate bucket needs (every row says it)
@@ -84,13 +84,13 @@ def _claim(s: Settings, worker: Worker | str, *, queue: str = "default", limit: 
         # Slow path: route expired leases, then claim, in two transactions.
         yield from route_for_claim(s, wid)
         yield BEGIN
-        found = yield rows("claim_batch", route_first=False, **params)
+        found = yield from fairness.claim_rows(s, params, route_first=False, one_statement=False)
         claimed = yield from _record_claims(s, wid, found)
         wait = found[0].get("limit_wait") if found else None
         if len(claimed) < limit and not s.backend.own_limit_slots:
             wait = (yield one("limit_wait"))["limit_wait"]
         yield COMMIT
-    claimed.sort(key=lambda r: (-r["priority"], r["available_at"], r["id"]))
+    claimed.sort(key=fairness.service_order)
     out = Claims(Claim(task_id=r["id"], generation=r["claim_generation"], worker_id=wid,
                        expires_at=r["lease_expires_at"], task=to_task(r),
                        lease_seconds=r["lease_granted"], epoch=r.get("claim_epoch") or 0)
@@ -130,12 +130,14 @@ def route_for_claim(s: Settings, worker: Worker | str) -> Op[int]:
 
 def _record_claims(s: Settings, wid: str, found: list[dict[str, Any]]) -> Op[list[dict[str, Any]]]:
     """The claimed rows of a claim_batch answer, their events written (and their limit
-    slots taken) if the backend's statement did not."""
+    slots taken, their fairness keys charged) if the backend's statement did not."""
     claimed = [r for r in found if r["id"] is not None]
     if claimed and not s.backend.own_limit_slots:
         taken = limits.slot_items(claimed)
         if taken:
             yield rows("take_limits", items=taken)
+    if claimed:
+        yield from fairness.charge(s, claimed)
     if claimed and not s.backend.writes_own_evidence:
         yield rows("insert_events", events=[
             event_params(s, r["id"], "claimed", r["claim_generation"], wid, attempt=r["attempts"],

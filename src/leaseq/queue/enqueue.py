@@ -29,14 +29,15 @@ class EnqueueOps(QueueBase):
                 resources: Iterable[str] | None = None, singleton_key: str | None = None,
                 on_conflict: str = "skip", debounce: float | None = None, key: str | None = None,
                 debounce_mode: str = "trailing", max_delay: float | None = None,
-                budget: Mapping[str, int] | None = None) -> Task:
+                budget: Mapping[str, int] | None = None,
+                fairness_key: str | None = None, fairness_weight: float = 1.0) -> Task:
         """Add a task. A second enqueue with the same ``idempotency_key`` in the
         same queue returns the existing task instead of a duplicate, if it asks
         for the same kind, payload and options; with any difference it is
         refused with :class:`leaseq.IdempotencyKeyConflict`, which names the
         fields that differ and the existing task, and nothing is written.
         Compared: kind, payload (as JSON values), effect, priority,
-        max_attempts, lease_seconds, actions, resources, timeout, deadline (a timedelta by
+        fairness_key and fairness_weight, max_attempts, lease_seconds, actions, resources, timeout, deadline (a timedelta by
         its length), limits, units, ``approval`` and ``approval_deadline``,
         ``after`` and ``on_dependency_failure``, a default alike whether passed
         or not; not ``delay``, ``trace_context`` or ``by``.
@@ -118,6 +119,14 @@ class EnqueueOps(QueueBase):
         resumes it, repeating nothing its ledger recorded. Not part of the approval digest
         nor compared with a repeat's (an approval may raise it). See the how-to page
         *Share a provider's quota*, "Budgets settled after the call".
+
+        ``fairness_key``: the tenant (or any group) the task is served for.
+        Within one priority, claims serve the keys that have tasks ready in
+        weighted round robin, each key's share in proportion to
+        ``fairness_weight`` (a positive number, 1 by default), first in first
+        out within a key; the tasks without a key share one more key. A queue
+        in which no task names a key is claimed as it always was. See the
+        how-to page *Flow control*, "Fair share across tenants".
         """
         op = engine.enqueue.enqueue(self.settings, kind, payload, effect=effect, queue=queue,
                                     idempotency_key=idempotency_key, priority=priority, delay=delay,
@@ -128,7 +137,8 @@ class EnqueueOps(QueueBase):
                                     on_dependency_failure=on_dependency_failure, limits=limits, units=units,
                                     token_id=token_id, resources=resources, singleton_key=singleton_key,
                                     on_conflict=on_conflict, debounce=debounce, key=key,
-                                    debounce_mode=debounce_mode, max_delay=max_delay, budget=budget)
+                                    debounce_mode=debounce_mode, max_delay=max_delay, budget=budget,
+                                    fairness_key=fairness_key, fairness_weight=fairness_weight)
         return self._run(op) if connection is None else self._run_in(connection, op)
 
     def enqueue_many(self, kind: str, payloads: Iterable[Any], *, effect: str = "read_only",
@@ -139,7 +149,8 @@ class EnqueueOps(QueueBase):
                      deadline: datetime | timedelta | None = None, after: Iterable[int] | None = None,
                      on_dependency_failure: str = "cancel", connection: Any = None,
                      limits: Iterable[str] | None = None, units: int = 1,
-                     resources: Iterable[str] | None = None) -> list[int]:
+                     resources: Iterable[str] | None = None, fairness_key: str | None = None,
+                     fairness_weight: float = 1.0) -> list[int]:
         """Add many tasks of one ``kind`` at once; returns their ids, in order.
 
         The options are those of :meth:`enqueue`, shared by every task (with
@@ -158,5 +169,6 @@ class EnqueueOps(QueueBase):
                                          max_attempts=max_attempts, lease_seconds=lease_seconds, actions=actions,
                                          timeout=timeout, deadline=deadline, after=after,
                                          on_dependency_failure=on_dependency_failure, limits=limits, units=units,
-                                         resources=resources)
+                                         resources=resources, fairness_key=fairness_key,
+                                         fairness_weight=fairness_weight)
         return self._run(op) if connection is None else self._run_in(connection, op)

@@ -78,6 +78,8 @@ class EnqueueBody(Body):
     max_delay: float | None = None
     #: what the task may consume, by key, over all its attempts ({"tokens": 200000})
     budget: dict[str, int] | None = None
+    fairness_key: str | None = None
+    fairness_weight: float = 1.0
 
 
 class WhereBody(Body):
@@ -173,7 +175,8 @@ async def enqueue(body: EnqueueBody, request: Request,
                                    limits=body.limits, units=body.units, resources=body.resources,
                                    singleton_key=body.singleton_key, on_conflict=body.on_conflict,
                                    debounce=body.debounce, key=body.key, debounce_mode=body.debounce_mode,
-                                   max_delay=body.max_delay, budget=body.budget)
+                                   max_delay=body.max_delay, budget=body.budget, fairness_key=body.fairness_key,
+                                   fairness_weight=body.fairness_weight)
     if task.status == "queued":
         request.app.state.work_signal.wake(task.queue)  # claims waiting in this process look at once
     return present_task(task, principal)

@@ -58,6 +58,9 @@ class BackendCapabilities:
     #: slots in the same statement (else the caller does, with take_limits and
     #: release_limits, in the same transaction)
     own_limit_slots: bool = False
+    #: claim_fair charges the fairness keys of the tasks it claims in the same
+    #: statement (else the caller does, with charge_fair_share, in the same transaction)
+    own_fair_share: bool = False
     #: migrations are serialised by an advisory lock (else by a lock on their bookkeeping
     #: table: the portable mode, for servers without advisory locks)
     advisory_locks: bool = True

@@ -5,8 +5,9 @@ A queries file holds two kinds of block:
 ``-- template: <name>(<param>=<default>)``
     A fragment of SQL written once and expanded wherever a query writes
     ``/* TEMPLATE: <name> */`` (or ``/* TEMPLATE: <name>(<argument>) */``)
-    on a line of its own. The lease guard is one: each dialect defines it
-    once, and every lease-backed write expands it.
+    on a line of its own (in a query, or in another template). The lease
+    guard is one: each dialect defines it once, and every lease-backed write
+    expands it.
 
 ``-- name: <query>``
     One statement. Its leading comment lines may carry annotations, each
@@ -177,12 +178,17 @@ def parse_queries_file(text: str, source: str) -> tuple[dict[str, Template], dic
             raise RuntimeError(f"query {name!r} defined twice in {source}")
         uses: list[tuple[str, str | None]] = []
 
-        def expand(m: re.Match[str], name: str = name, uses: list[tuple[str, str | None]] = uses) -> str:
+        def expand(m: re.Match[str], name: str = name, uses: list[tuple[str, str | None]] = uses,
+                   depth: int = 0) -> str:
             template = templates.get(m.group("name"))
             if template is None:
                 raise RuntimeError(f"{source}: query {name!r} uses unknown template {m.group('name')!r}")
+            if depth > 5:
+                raise RuntimeError(f"{source}: query {name!r}: templates nested too deep at {template.name!r}")
             uses.append((template.name, m.group("arg")))
-            return template.expand(m.group("arg"), m.group("indent")) + m.group("tail")
+            # a template may use others (the claim's head expands the claimable test)
+            text = _USE.sub(lambda inner: expand(inner, depth=depth + 1), template.expand(m.group("arg"), m.group("indent")))
+            return text + m.group("tail")
 
         sql = _USE.sub(expand, body)
         queries[name] = NamedQuery(name=name, source=body, sql=sql, templates=tuple(uses),

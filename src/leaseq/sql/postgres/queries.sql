@@ -86,6 +86,225 @@ settled AS (
     RETURNING l.key
 )
 
+-- template: claimable
+-- THE CLAIMABLE TEST, the one place it is written: what a queued task of the
+-- claim's queue, due now, must also pass to be handed out. claim_batch reads
+-- its candidates with it: the tasks without a fairness key, and, when the
+-- queue uses fairness keys, each key's tasks. The task is the unaliased
+-- leaseq_tasks of the read that expands it.
+AND (%(kinds)s::text[] IS NULL OR kind = ANY(%(kinds)s::text[]))  -- only kinds the worker can run
+-- SINGLETONS: a task with a singleton key only when no other task with
+-- its key is running or in a durable wait (a sleep, a signal wait) and no
+-- older one is queued (one waits behind the running one, and a retried
+-- one keeps its turn). A claimer that read
+-- the older one as queued or running passes over this one; one that
+-- read it ended sees this one as the only candidate: never two running.
+AND (singleton_key IS NULL OR NOT EXISTS (
+    SELECT 1 FROM leaseq_tasks o
+    WHERE o.queue = leaseq_tasks.queue AND o.singleton_key = leaseq_tasks.singleton_key
+      AND o.id <> leaseq_tasks.id
+      AND o.status NOT IN ('completed', 'cancelled', 'dead', 'denied', 'expired')  -- leaseq_tasks_singleton
+      AND (o.status IN ('running', 'waiting') OR (o.status = 'queued' AND o.id < leaseq_tasks.id))))
+AND (deadline_at IS NULL OR deadline_at > now())  -- never started past its deadline (the sweep expires it)
+-- CODE VERSIONS (schema 32): a task started under a version of the code
+-- this worker does not serve is left to a worker that does (its ledger
+-- was written by that code); one not started yet (NULL) goes to any
+-- worker, and a worker that declared no versions serves any task. The
+-- worker's row is read once per claim (a plan's init step), not per row.
+AND (code_version IS NULL OR (SELECT w.compatible_versions IS NULL FROM worker w)
+     OR code_version = ANY((SELECT w.compatible_versions FROM worker w)::text[]))
+-- never one approved at or after its approval deadline (see late_approvals): the set
+-- is read once per claim, from leaseq_approvals_late, which holds no row unless such
+-- a decision was written (a per-row probe could be planned as a scan of every request)
+AND id <> ALL (ARRAY(SELECT a.task_id FROM leaseq_approvals a
+                     WHERE a.decision = 'approved' AND a.decided_at >= a.deadline_at))
+AND NOT EXISTS (SELECT 1 FROM leaseq_queues q WHERE q.name = %(queue)s AND q.paused)
+AND (SELECT f.worker_ok AND NOT f.routing_due FROM flags f)
+-- LIMITS: pass over a task one of whose limits has no room for it (a
+-- read without locks, so a full limit does not stop the tasks behind
+-- it; the exact judgement is "refused" below)
+AND (limits IS NULL OR NOT EXISTS (
+    SELECT 1 FROM leaseq_limits l
+    WHERE l.key = ANY(limits)
+      AND ((l.max_running IS NOT NULL AND l.running > 0
+            AND l.running + CASE WHEN l.counts = 'units' THEN units ELSE 1 END > l.max_running)
+           OR least(l.burst, l.tokens + extract(epoch FROM now() - l.refilled_at)::float8 * l.per_second)
+              < least(l.burst, CASE WHEN l.counts = 'units' THEN units ELSE 1 END) - 1e-9
+           -- WINDOWS (schema 31): a window of this one already spent
+           OR l.minute_used >= l.per_minute AND l.minute_window = floor(extract(epoch FROM now()) / 60)
+           OR l.hour_used >= l.per_hour AND l.hour_window = floor(extract(epoch FROM now()) / 3600)
+           OR l.day_used >= l.per_day AND l.day_window = floor(extract(epoch FROM now()) / 86400))))
+
+-- template: charge_fair_share(served=served)
+-- FAIR SHARE: THE CHARGE, the one place it is written. {served}: one row
+-- (key, priority, start, cost) per task a claim handed out under a fairness
+-- key ('': the tasks without one), with the start the claim gave its key at
+-- the task's priority and the task's cost (1/weight). Each key's virtual
+-- time there moves on by the cost of its tasks, from that start or from
+-- where a claim beside this one left it (the row is read as last committed,
+-- locked in key order), whichever is later; vstart: about the virtual time
+-- at which the key was last served (the priority's is the latest of these).
+INSERT INTO leaseq_fairness AS s (queue, priority, key, vtime, vstart, service, claimed, served_at)
+SELECT %(queue)s, x.priority, x.key, max(x.start) + sum(x.cost), max(x.start) + sum(x.cost) - avg(x.cost),
+       sum(x.cost), count(*), now()
+FROM {served}
+GROUP BY x.priority, x.key
+ORDER BY x.priority, x.key
+ON CONFLICT (queue, priority, key) DO UPDATE
+SET vtime = greatest(s.vtime, excluded.vtime - excluded.service) + excluded.service,
+    vstart = greatest(s.vstart, greatest(s.vtime, excluded.vtime - excluded.service) + excluded.service
+                                - excluded.service / excluded.claimed),
+    service = s.service + excluded.service,
+    claimed = s.claimed + excluded.claimed,
+    served_at = excluded.served_at
+
+-- template: claim_head
+-- THE CLAIM'S FIRST STEPS, shared by claim_batch and claim_fair: the
+-- worker's row read FOR SHARE, an expired lease awaiting routing, the
+-- claim's flags (last_key: the last fairness key with a task queued
+-- here, NULL when none is).
+worker AS (
+    SELECT w.id, w.code_version, w.compatible_versions FROM leaseq_workers w
+    WHERE w.id = %(worker_id)s AND w.revoked_at IS NULL
+    FOR SHARE
+), due AS (
+    SELECT id FROM leaseq_tasks
+    WHERE status = 'running' AND lease_expires_at < now()
+    ORDER BY lease_expires_at  -- read from the leases index, never by scanning every running task
+    LIMIT 1
+    FOR UPDATE SKIP LOCKED
+), flags AS (
+    -- a waiting task whose wake time has come (a sleep's end) is routed as an
+    -- expired lease is: a probe of the wake index (timed waits only)
+    SELECT w.worker_ok, %(route_first)s AND w.worker_ok
+           AND (EXISTS (SELECT 1 FROM due)
+                OR EXISTS (SELECT 1 FROM leaseq_tasks s WHERE s.status = 'waiting' AND s.wake_at <= now()))
+           AS routing_due,
+           -- FAIR SHARE: the last fairness key with a task queued here (a probe of
+           -- leaseq_tasks_fair, which holds no entry in a queue without keys;
+           -- NULL: none, and the claim reads as it always did). From the end:
+           -- its first entries are those of tasks claimed since the last vacuum
+           (SELECT k.fairness_key FROM leaseq_tasks k
+            WHERE k.status = 'queued' AND k.queue = %(queue)s AND k.fairness_key IS NOT NULL
+            ORDER BY k.fairness_key DESC LIMIT 1) AS last_key
+    FROM (SELECT EXISTS (SELECT 1 FROM worker) AS worker_ok) w
+)
+
+-- template: claim_lease
+-- THE CLAIM'S LEASES, shared by claim_batch and claim_fair: the candidates'
+-- limits judged (LIMITS), the candidates leased, their limit slots and
+-- tokens taken, and each claim's "claimed" event written. The query that
+-- expands it names the CTE "candidate" (id, limits, units, priority,
+-- available_at, tag: the virtual finish, NULL for a claim in FIFO order).
+held AS (
+    -- LIMITS: the rows of the candidates' limits, locked in key order (every
+    -- statement that changes them locks them in this order: no deadlock),
+    -- each read as last committed, so concurrent claims never overshoot.
+    -- tokens: the rate bucket refilled to now by the database clock.
+    SELECT l.key, l.max_running, l.running, l.counts, l.per_second, l.burst,
+           least(l.burst, l.tokens + extract(epoch FROM now() - l.refilled_at)::float8 * l.per_second) AS tokens,
+           -- WINDOWS: each total, and what its window holds now (an older window's count is 0)
+           l.per_minute, CASE WHEN l.minute_window = floor(extract(epoch FROM now()) / 60) THEN l.minute_used ELSE 0 END AS minute_used,
+           l.per_hour, CASE WHEN l.hour_window = floor(extract(epoch FROM now()) / 3600) THEN l.hour_used ELSE 0 END AS hour_used,
+           l.per_day, CASE WHEN l.day_window = floor(extract(epoch FROM now()) / 86400) THEN l.day_used ELSE 0 END AS day_used
+    FROM leaseq_limits l
+    WHERE l.key IN (SELECT unnest(c.limits) FROM candidate c)
+    ORDER BY l.key
+    FOR UPDATE
+), demand AS (
+    -- each (candidate, limit) pair: its cost, and the limit's demand up to
+    -- and including it in claim order
+    SELECT c.id, h.key, h.running, h.max_running, h.per_second, h.burst, h.tokens, x.cost,
+           h.per_minute, h.minute_used, h.per_hour, h.hour_used, h.per_day, h.day_used,
+           sum(x.cost) OVER (PARTITION BY h.key ORDER BY c.priority DESC, c.tag, c.available_at, c.id) AS upto
+    FROM candidate c
+    CROSS JOIN LATERAL unnest(c.limits) AS k(key)
+    JOIN held h ON h.key = k.key
+    CROSS JOIN LATERAL (SELECT CASE WHEN h.counts = 'units' THEN c.units ELSE 1 END AS cost) x
+), refused AS (
+    -- a candidate no limit it names has room for: at max_running (a task
+    -- larger than the limit runs alone), or the bucket short of its cost (a
+    -- task larger than the bucket takes it full). Demand counts candidates
+    -- refused for another limit too: a batch may take fewer, never more.
+    SELECT d.id FROM demand d
+    WHERE NOT (d.max_running IS NULL OR d.running + d.upto <= d.max_running OR (d.running = 0 AND d.upto = d.cost))
+       OR NOT (d.per_second IS NULL OR d.upto <= d.tokens + 1e-9 OR (d.tokens >= d.burst AND d.upto = d.cost))
+       -- WINDOWS: a window spent before this candidate's turn (the last one admitted may
+       -- take it past its total by one task's cost, never more)
+       OR d.minute_used + d.upto - d.cost >= d.per_minute OR d.hour_used + d.upto - d.cost >= d.per_hour
+       OR d.day_used + d.upto - d.cost >= d.per_day
+), claimed AS (
+    UPDATE leaseq_tasks t
+    SET status = 'running',
+        lease_owner = %(worker_id)s,
+        -- what the claim asked for, never more than the task's own: a worker cannot grant itself a longer lease
+        lease_expires_at = now() + least(coalesce(%(lease_seconds)s::float8, t.lease_seconds), t.lease_seconds) * interval '1 second',
+        claim_generation = t.claim_generation + 1,
+        -- THE LEASE EPOCH, the one place it is read: the database history this
+        -- claim is made in. The cluster's initdb time in seconds (the high 32
+        -- bits of its system identifier: a dump restored into a new cluster
+        -- gets a later one) times 1,000,000, plus the WAL timeline now
+        -- inserted on (a promotion or a point-in-time restore starts a higher
+        -- one, readable at once, unlike pg_control_checkpoint's). Fences compare
+        -- it before the generation (schema 25). Read once per statement, and
+        -- only when a row is claimed.
+        claim_epoch = (SELECT (s.system_identifier >> 32) * 1000000
+                              + ('x' || left(pg_walfile_name(pg_current_wal_insert_lsn()), 8))::bit(32)::bigint
+                       FROM pg_control_system() s),
+        attempts = t.attempts + 1,
+        -- CODE VERSIONS: the first claim stamps the version the task starts under; later ones keep it
+        code_version = coalesce(t.code_version, (SELECT w.code_version FROM worker w)),
+        claimed_at = now(),
+        heartbeat_count = 0,
+        last_heartbeat_at = NULL,
+        longest_heartbeat_gap = 0,
+        updated_at = now()
+    -- = ANY(ARRAY(...)) keeps the update on the primary key whatever LIMIT
+    -- the planner assumes, so the prepared statement's generic plan is good
+    -- and PostgreSQL can stop planning the claim at every call
+    -- (a candidate naming no limit is never judged: the claim of tasks
+    -- without limits runs none of the limits' steps)
+    WHERE t.id = ANY(ARRAY(SELECT c.id FROM candidate c
+                           WHERE c.limits IS NULL OR c.id NOT IN (SELECT r.id FROM refused r)))
+    -- the lease this claim was given, as the renewal derives it (deadline minus when it was set)
+    RETURNING t.*, extract(epoch FROM t.lease_expires_at - t.claimed_at)::float8 AS lease_granted
+), taken AS (
+    -- LIMITS: the claimed tasks take their slots and tokens (rows held above)
+    UPDATE leaseq_limits l
+    SET running = h.running + u.cost,
+        tokens = coalesce(h.tokens - u.cost, l.tokens),
+        refilled_at = CASE WHEN h.per_second IS NULL THEN l.refilled_at ELSE now() END,
+        -- WINDOWS: the cost counts in each window this limit has (in the window of now)
+        minute_used = CASE WHEN h.per_minute IS NULL THEN l.minute_used ELSE h.minute_used + u.cost END,
+        minute_window = CASE WHEN h.per_minute IS NULL THEN l.minute_window ELSE floor(extract(epoch FROM now()) / 60) END,
+        hour_used = CASE WHEN h.per_hour IS NULL THEN l.hour_used ELSE h.hour_used + u.cost END,
+        hour_window = CASE WHEN h.per_hour IS NULL THEN l.hour_window ELSE floor(extract(epoch FROM now()) / 3600) END,
+        day_used = CASE WHEN h.per_day IS NULL THEN l.day_used ELSE h.day_used + u.cost END,
+        day_window = CASE WHEN h.per_day IS NULL THEN l.day_window ELSE floor(extract(epoch FROM now()) / 86400) END
+    FROM (SELECT d.key, sum(d.cost) AS cost FROM demand d WHERE d.id IN (SELECT id FROM claimed) GROUP BY d.key) u
+    JOIN held h ON h.key = u.key
+    WHERE l.key = u.key
+      AND EXISTS (SELECT 1 FROM claimed c WHERE c.limits IS NOT NULL)  -- else nothing to take, nothing run
+), logged AS (
+    INSERT INTO leaseq_events (task_id, type, generation, worker_id, detail)
+    SELECT c.id, 'claimed', c.claim_generation, %(worker_id)s,
+           CASE WHEN %(compact)s THEN '{}'::jsonb
+                ELSE jsonb_build_object('attempt', c.attempts,
+                                        'lease_seconds', c.lease_granted,
+                                        'lease_expires_at', c.lease_expires_at) END
+    FROM claimed c
+)
+
+-- template: claim_limit_wait
+-- LIMITS: when nothing was claimed, seconds until the emptiest rate bucket
+-- holds a token (NULL: none is empty), so a worker refused by a rate does
+-- not poll blindly; not read at all when a task was claimed.
+CASE WHEN c.id IS NULL THEN (SELECT min((1 - least(l.burst, l.tokens + extract(epoch FROM now() - l.refilled_at)::float8 * l.per_second))
+                   / l.per_second)
+        FROM leaseq_limits l
+        WHERE l.per_second IS NOT NULL
+          AND l.tokens + extract(epoch FROM now() - l.refilled_at)::float8 * l.per_second < 1) END AS limit_wait
+
 -- name: migrations_lock
 -- direct: migration bookkeeping, run before the functions exist
 -- Serialises concurrent `leaseq migrate` runs until the transaction ends.
@@ -311,12 +530,13 @@ WITH added AS (
     INSERT INTO leaseq_tasks (queue, kind, payload, effect, priority, available_at,
                               idempotency_key, max_attempts, lease_seconds, actions, resources,
                               timeout_seconds, deadline_at, trace_context, limits, units, singleton_key,
-                              debounce_key)
+                              debounce_key, fairness_key, fairness_weight)
     VALUES (%(queue)s, %(kind)s, %(payload)s::jsonb, %(effect)s, %(priority)s,
             now() + %(delay)s::float8 * interval '1 second',
             %(idempotency_key)s, %(max_attempts)s, %(lease_seconds)s, %(actions)s::jsonb, %(resources)s::jsonb,
             %(timeout)s::float8, coalesce(%(deadline_at)s::timestamptz, now() + %(deadline_in)s::float8 * interval '1 second'),
-            %(trace_context)s::text, %(limits)s::text[], %(units)s, %(singleton_key)s::text, %(debounce_key)s::text)
+            %(trace_context)s::text, %(limits)s::text[], %(units)s, %(singleton_key)s::text, %(debounce_key)s::text,
+            %(fairness_key)s::text, %(fairness_weight)s::float8)
     ON CONFLICT (queue, idempotency_key) DO NOTHING
     RETURNING id, queue, payload, available_at, created_at, updated_at, deadline_at
 )
@@ -331,12 +551,12 @@ FROM added a, LATERAL (SELECT pg_notify('leaseq_work', a.queue)) AS woke;
 -- as in insert_task; the caller reads those with task_ids_by_key.
 INSERT INTO leaseq_tasks (queue, kind, payload, effect, priority, available_at,
                           idempotency_key, max_attempts, lease_seconds, actions, resources,
-                          timeout_seconds, deadline_at, limits, units)
+                          timeout_seconds, deadline_at, limits, units, fairness_key, fairness_weight)
 SELECT %(queue)s, %(kind)s, coalesce(n.payload, 'null'::jsonb), %(effect)s, %(priority)s,
        now() + %(delay)s::float8 * interval '1 second',
        n.idempotency_key, %(max_attempts)s, %(lease_seconds)s, %(actions)s::jsonb, %(resources)s::jsonb,
        %(timeout)s::float8, coalesce(%(deadline_at)s::timestamptz, now() + %(deadline_in)s::float8 * interval '1 second'),
-       %(limits)s::text[], %(units)s
+       %(limits)s::text[], %(units)s, %(fairness_key)s::text, %(fairness_weight)s::float8
 FROM jsonb_to_recordset(%(tasks)s::jsonb) AS n(payload jsonb, idempotency_key text)
 ON CONFLICT (queue, idempotency_key) DO NOTHING
 RETURNING id, idempotency_key;
@@ -351,12 +571,12 @@ RETURNING id, idempotency_key;
 -- runs insert_tasks instead.
 INSERT INTO leaseq_tasks (queue, kind, payload, effect, priority, available_at,
                           idempotency_key, max_attempts, lease_seconds, actions, resources,
-                          timeout_seconds, deadline_at, limits, units)
+                          timeout_seconds, deadline_at, limits, units, fairness_key, fairness_weight)
 SELECT %(queue)s, %(kind)s, coalesce(n.payload, 'null'::jsonb), %(effect)s, %(priority)s,
        now() + %(delay)s::float8 * interval '1 second',
        n.idempotency_key, %(max_attempts)s, %(lease_seconds)s, %(actions)s::jsonb, %(resources)s::jsonb,
        %(timeout)s::float8, coalesce(%(deadline_at)s::timestamptz, now() + %(deadline_in)s::float8 * interval '1 second'),
-       %(limits)s::text[], %(units)s
+       %(limits)s::text[], %(units)s, %(fairness_key)s::text, %(fairness_weight)s::float8
 FROM jsonb_to_recordset(%(tasks)s::jsonb) AS n(payload jsonb, idempotency_key text)
 RETURNING id, idempotency_key;
 
@@ -587,180 +807,134 @@ RETURNING t.id, t.attempts, t.last_error AS reason;
 -- same statement. Task rows (skipped when locked, never waited on) come
 -- before limit rows (waited on, in key order), as in every statement that
 -- gives slots back, so no two of them wait on each other in a cycle.
-WITH worker AS (
-    SELECT w.id, w.code_version, w.compatible_versions FROM leaseq_workers w
-    WHERE w.id = %(worker_id)s AND w.revoked_at IS NULL
-    FOR SHARE
-), due AS (
-    SELECT id FROM leaseq_tasks
-    WHERE status = 'running' AND lease_expires_at < now()
-    ORDER BY lease_expires_at  -- read from the leases index, never by scanning every running task
-    LIMIT 1
-    FOR UPDATE SKIP LOCKED
-), flags AS (
-    -- a waiting task whose wake time has come (a sleep's end) is routed as an
-    -- expired lease is: a probe of the wake index (timed waits only)
-    SELECT w.worker_ok, %(route_first)s AND w.worker_ok
-           AND (EXISTS (SELECT 1 FROM due)
-                OR EXISTS (SELECT 1 FROM leaseq_tasks s WHERE s.status = 'waiting' AND s.wake_at <= now()))
-           AS routing_due
-    FROM (SELECT EXISTS (SELECT 1 FROM worker) AS worker_ok) w
-), candidate AS (
+-- FAIR SHARE: when a task with a fairness key is queued here (fair_due),
+-- this statement claims nothing, and the caller claims with claim_fair: a
+-- queue that uses no fairness key pays one probe of an empty index.
+WITH
+    /* TEMPLATE: claim_head */,
+plain AS (
+    -- the claim of a queue without fairness keys: the claimable index in claim order
     SELECT id, limits, units, priority, available_at FROM leaseq_tasks
-    WHERE status = 'queued' AND queue = %(queue)s AND available_at <= now()
-      AND (%(kinds)s::text[] IS NULL OR kind = ANY(%(kinds)s::text[]))  -- only kinds the worker can run
-      -- SINGLETONS: a task with a singleton key only when no other task with
-      -- its key is running or in a durable wait (a sleep, a signal wait) and no
-      -- older one is queued (one waits behind the running one, and a retried
-      -- one keeps its turn). A claimer that read
-      -- the older one as queued or running passes over this one; one that
-      -- read it ended sees this one as the only candidate: never two running.
-      AND (singleton_key IS NULL OR NOT EXISTS (
-          SELECT 1 FROM leaseq_tasks o
-          WHERE o.queue = leaseq_tasks.queue AND o.singleton_key = leaseq_tasks.singleton_key
-            AND o.id <> leaseq_tasks.id
-            AND o.status NOT IN ('completed', 'cancelled', 'dead', 'denied', 'expired')  -- leaseq_tasks_singleton
-            AND (o.status IN ('running', 'waiting') OR (o.status = 'queued' AND o.id < leaseq_tasks.id))))
-      AND (deadline_at IS NULL OR deadline_at > now())  -- never started past its deadline (the sweep expires it)
-      -- CODE VERSIONS (schema 32): a task started under a version of the code
-      -- this worker does not serve is left to a worker that does (its ledger
-      -- was written by that code); one not started yet (NULL) goes to any
-      -- worker, and a worker that declared no versions serves any task. The
-      -- worker's row is read once per claim (a plan's init step), not per row.
-      AND (code_version IS NULL OR (SELECT w.compatible_versions IS NULL FROM worker w)
-           OR code_version = ANY((SELECT w.compatible_versions FROM worker w)::text[]))
-      -- never one approved at or after its approval deadline (see late_approvals): the set
-      -- is read once per claim, from leaseq_approvals_late, which holds no row unless such
-      -- a decision was written (a per-row probe could be planned as a scan of every request)
-      AND id <> ALL (ARRAY(SELECT a.task_id FROM leaseq_approvals a
-                           WHERE a.decision = 'approved' AND a.decided_at >= a.deadline_at))
-      AND NOT EXISTS (SELECT 1 FROM leaseq_queues q WHERE q.name = %(queue)s AND q.paused)
-      AND (SELECT f.worker_ok AND NOT f.routing_due FROM flags f)
-      -- LIMITS: pass over a task one of whose limits has no room for it (a
-      -- read without locks, so a full limit does not stop the tasks behind
-      -- it; the exact judgement is "refused" below)
-      AND (limits IS NULL OR NOT EXISTS (
-          SELECT 1 FROM leaseq_limits l
-          WHERE l.key = ANY(limits)
-            AND ((l.max_running IS NOT NULL AND l.running > 0
-                  AND l.running + CASE WHEN l.counts = 'units' THEN units ELSE 1 END > l.max_running)
-                 OR least(l.burst, l.tokens + extract(epoch FROM now() - l.refilled_at)::float8 * l.per_second)
-                    < least(l.burst, CASE WHEN l.counts = 'units' THEN units ELSE 1 END) - 1e-9
-                 -- WINDOWS (schema 31): a window of this one already spent
-                 OR l.minute_used >= l.per_minute AND l.minute_window = floor(extract(epoch FROM now()) / 60)
-                 OR l.hour_used >= l.per_hour AND l.hour_window = floor(extract(epoch FROM now()) / 3600)
-                 OR l.day_used >= l.per_day AND l.day_window = floor(extract(epoch FROM now()) / 86400))))
+    WHERE status = 'queued' AND queue = %(queue)s AND fairness_key IS NULL AND available_at <= now()
+      AND (SELECT f.last_key IS NULL FROM flags f)
+      /* TEMPLATE: claimable */
     ORDER BY priority DESC, available_at, id
     LIMIT %(limit)s
     FOR UPDATE SKIP LOCKED
-), held AS (
-    -- LIMITS: the rows of the candidates' limits, locked in key order (every
-    -- statement that changes them locks them in this order: no deadlock),
-    -- each read as last committed, so concurrent claims never overshoot.
-    -- tokens: the rate bucket refilled to now by the database clock.
-    SELECT l.key, l.max_running, l.running, l.counts, l.per_second, l.burst,
-           least(l.burst, l.tokens + extract(epoch FROM now() - l.refilled_at)::float8 * l.per_second) AS tokens,
-           -- WINDOWS: each total, and what its window holds now (an older window's count is 0)
-           l.per_minute, CASE WHEN l.minute_window = floor(extract(epoch FROM now()) / 60) THEN l.minute_used ELSE 0 END AS minute_used,
-           l.per_hour, CASE WHEN l.hour_window = floor(extract(epoch FROM now()) / 3600) THEN l.hour_used ELSE 0 END AS hour_used,
-           l.per_day, CASE WHEN l.day_window = floor(extract(epoch FROM now()) / 86400) THEN l.day_used ELSE 0 END AS day_used
-    FROM leaseq_limits l
-    WHERE l.key IN (SELECT unnest(c.limits) FROM candidate c)
-    ORDER BY l.key
-    FOR UPDATE
-), demand AS (
-    -- each (candidate, limit) pair: its cost, and the limit's demand up to
-    -- and including it in claim order
-    SELECT c.id, h.key, h.running, h.max_running, h.per_second, h.burst, h.tokens, x.cost,
-           h.per_minute, h.minute_used, h.per_hour, h.hour_used, h.per_day, h.day_used,
-           sum(x.cost) OVER (PARTITION BY h.key ORDER BY c.priority DESC, c.available_at, c.id) AS upto
-    FROM candidate c
-    CROSS JOIN LATERAL unnest(c.limits) AS k(key)
-    JOIN held h ON h.key = k.key
-    CROSS JOIN LATERAL (SELECT CASE WHEN h.counts = 'units' THEN c.units ELSE 1 END AS cost) x
-), refused AS (
-    -- a candidate no limit it names has room for: at max_running (a task
-    -- larger than the limit runs alone), or the bucket short of its cost (a
-    -- task larger than the bucket takes it full). Demand counts candidates
-    -- refused for another limit too: a batch may take fewer, never more.
-    SELECT d.id FROM demand d
-    WHERE NOT (d.max_running IS NULL OR d.running + d.upto <= d.max_running OR (d.running = 0 AND d.upto = d.cost))
-       OR NOT (d.per_second IS NULL OR d.upto <= d.tokens + 1e-9 OR (d.tokens >= d.burst AND d.upto = d.cost))
-       -- WINDOWS: a window spent before this candidate's turn (the last one admitted may
-       -- take it past its total by one task's cost, never more)
-       OR d.minute_used + d.upto - d.cost >= d.per_minute OR d.hour_used + d.upto - d.cost >= d.per_hour
-       OR d.day_used + d.upto - d.cost >= d.per_day
-), claimed AS (
-    UPDATE leaseq_tasks t
-    SET status = 'running',
-        lease_owner = %(worker_id)s,
-        -- what the claim asked for, never more than the task's own: a worker cannot grant itself a longer lease
-        lease_expires_at = now() + least(coalesce(%(lease_seconds)s::float8, t.lease_seconds), t.lease_seconds) * interval '1 second',
-        claim_generation = t.claim_generation + 1,
-        -- THE LEASE EPOCH, the one place it is read: the database history this
-        -- claim is made in. The cluster's initdb time in seconds (the high 32
-        -- bits of its system identifier: a dump restored into a new cluster
-        -- gets a later one) times 1,000,000, plus the WAL timeline now
-        -- inserted on (a promotion or a point-in-time restore starts a higher
-        -- one, readable at once, unlike pg_control_checkpoint's). Fences compare
-        -- it before the generation (schema 25). Read once per statement, and
-        -- only when a row is claimed.
-        claim_epoch = (SELECT (s.system_identifier >> 32) * 1000000
-                              + ('x' || left(pg_walfile_name(pg_current_wal_insert_lsn()), 8))::bit(32)::bigint
-                       FROM pg_control_system() s),
-        attempts = t.attempts + 1,
-        -- CODE VERSIONS: the first claim stamps the version the task starts under; later ones keep it
-        code_version = coalesce(t.code_version, (SELECT w.code_version FROM worker w)),
-        claimed_at = now(),
-        heartbeat_count = 0,
-        last_heartbeat_at = NULL,
-        longest_heartbeat_gap = 0,
-        updated_at = now()
-    -- = ANY(ARRAY(...)) keeps the update on the primary key whatever LIMIT
-    -- the planner assumes, so the prepared statement's generic plan is good
-    -- and PostgreSQL can stop planning the claim at every call
-    -- (a candidate naming no limit is never judged: the claim of tasks
-    -- without limits runs none of the limits' steps)
-    WHERE t.id = ANY(ARRAY(SELECT c.id FROM candidate c
-                           WHERE c.limits IS NULL OR c.id NOT IN (SELECT r.id FROM refused r)))
-    -- the lease this claim was given, as the renewal derives it (deadline minus when it was set)
-    RETURNING t.*, extract(epoch FROM t.lease_expires_at - t.claimed_at)::float8 AS lease_granted
-), taken AS (
-    -- LIMITS: the claimed tasks take their slots and tokens (rows held above)
-    UPDATE leaseq_limits l
-    SET running = h.running + u.cost,
-        tokens = coalesce(h.tokens - u.cost, l.tokens),
-        refilled_at = CASE WHEN h.per_second IS NULL THEN l.refilled_at ELSE now() END,
-        -- WINDOWS: the cost counts in each window this limit has (in the window of now)
-        minute_used = CASE WHEN h.per_minute IS NULL THEN l.minute_used ELSE h.minute_used + u.cost END,
-        minute_window = CASE WHEN h.per_minute IS NULL THEN l.minute_window ELSE floor(extract(epoch FROM now()) / 60) END,
-        hour_used = CASE WHEN h.per_hour IS NULL THEN l.hour_used ELSE h.hour_used + u.cost END,
-        hour_window = CASE WHEN h.per_hour IS NULL THEN l.hour_window ELSE floor(extract(epoch FROM now()) / 3600) END,
-        day_used = CASE WHEN h.per_day IS NULL THEN l.day_used ELSE h.day_used + u.cost END,
-        day_window = CASE WHEN h.per_day IS NULL THEN l.day_window ELSE floor(extract(epoch FROM now()) / 86400) END
-    FROM (SELECT d.key, sum(d.cost) AS cost FROM demand d WHERE d.id IN (SELECT id FROM claimed) GROUP BY d.key) u
-    JOIN held h ON h.key = u.key
-    WHERE l.key = u.key
-      AND EXISTS (SELECT 1 FROM claimed c WHERE c.limits IS NOT NULL)  -- else nothing to take, nothing run
-), logged AS (
-    INSERT INTO leaseq_events (task_id, type, generation, worker_id, detail)
-    SELECT c.id, 'claimed', c.claim_generation, %(worker_id)s,
-           CASE WHEN %(compact)s THEN '{}'::jsonb
-                ELSE jsonb_build_object('attempt', c.attempts,
-                                        'lease_seconds', c.lease_granted,
-                                        'lease_expires_at', c.lease_expires_at) END
-    FROM claimed c
-)
-SELECT c.*, f.routing_due, f.worker_ok,
-       -- LIMITS: when nothing was claimed, seconds until the emptiest rate
-       -- bucket holds a token (NULL: none is empty), so a worker refused by a
-       -- rate does not poll blindly; not read at all when a task was claimed
-       CASE WHEN c.id IS NULL THEN (SELECT min((1 - least(l.burst, l.tokens + extract(epoch FROM now() - l.refilled_at)::float8 * l.per_second))
-                   / l.per_second)
-        FROM leaseq_limits l
-        WHERE l.per_second IS NOT NULL
-          AND l.tokens + extract(epoch FROM now() - l.refilled_at)::float8 * l.per_second < 1) END AS limit_wait
+), candidate AS (
+    SELECT id, limits, units, priority, available_at, NULL::float8 AS tag FROM plain
+),
+    /* TEMPLATE: claim_lease */
+SELECT c.*, f.routing_due, f.worker_ok, f.last_key IS NOT NULL AS fair_due,
+       /* TEMPLATE: claim_limit_wait */
 FROM flags f LEFT JOIN claimed c ON true;
+
+-- name: claim_fair
+-- callers: worker
+-- guard: none -- takes new leases: no lease exists yet to guard
+-- plan: generic
+-- claim_batch for a queue with a task that names a fairness key queued: the
+-- same steps (claim_head, claim_lease), with the candidates chosen by fair
+-- share. Run where claim_batch answered fair_due (or the queue used keys at
+-- its last claim, until a claim answers fair_due false: no key queued).
+-- FAIR SHARE (the steps so marked): the claim serves the keys with tasks
+-- ready in weighted round robin within each priority (virtual time: each
+-- key's runs on by 1/weight per task claimed, and the lowest is served
+-- first); the tasks without a key are one more key (''). The keys' rows are
+-- locked after the limit rows (waited on, in priority and key order), and
+-- only claims lock them.
+WITH RECURSIVE
+    /* TEMPLATE: claim_head */,
+fair_keys(key) AS (
+    -- FAIR SHARE: the keys with tasks queued, one probe of leaseq_tasks_fair
+    -- each, last to first: each probe lands on a key's newest task, never
+    -- walking the entries its claimed tasks left behind (until a vacuum)
+    SELECT f.last_key FROM flags f WHERE f.last_key IS NOT NULL
+    UNION ALL
+    SELECT (SELECT k.fairness_key FROM leaseq_tasks k
+            WHERE k.status = 'queued' AND k.queue = %(queue)s AND k.fairness_key < g.key
+            ORDER BY k.fairness_key DESC LIMIT 1)
+    FROM fair_keys g WHERE g.key IS NOT NULL
+), fair_ready AS (
+    -- FAIR SHARE: each key's first tasks in claim order, and the first of the
+    -- tasks without a key: four claims' worth, so the claims running beside
+    -- this one (whose rows are skipped below) leave each key enough
+    SELECT g.key, r.* FROM fair_keys g CROSS JOIN LATERAL (
+        SELECT id, priority, available_at, 1.0::float8 / coalesce(fairness_weight, 1) AS cost FROM leaseq_tasks
+        WHERE status = 'queued' AND queue = %(queue)s AND fairness_key = g.key AND available_at <= now()
+          /* TEMPLATE: claimable */
+        ORDER BY priority DESC, available_at, id
+        LIMIT 4 * %(limit)s) r
+    WHERE g.key IS NOT NULL
+    UNION ALL
+    SELECT '', r.* FROM (
+        SELECT id, priority, available_at, 1.0::float8 AS cost FROM leaseq_tasks
+        WHERE status = 'queued' AND queue = %(queue)s AND fairness_key IS NULL AND available_at <= now()
+          /* TEMPLATE: claimable */
+        ORDER BY priority DESC, available_at, id
+        LIMIT 4 * %(limit)s) r
+), fair_start AS MATERIALIZED (  -- once per key, not per task
+    -- FAIR SHARE: where each key's virtual time starts, at each priority: its
+    -- own, but never more than one task's cost behind the priority's (the
+    -- latest virtual time at which a task of it was served): a key new, or
+    -- back from idle, starts level with the others and is owed nothing, and
+    -- a key waiting its turn never falls that far behind (the others' tasks
+    -- served before it all started before its turn)
+    SELECT g.key, g.priority,
+           greatest((SELECT s.vtime FROM leaseq_fairness s
+                     WHERE s.queue = %(queue)s AND s.priority = g.priority AND s.key = g.key),
+                    (SELECT coalesce(max(s.vstart), 0) FROM leaseq_fairness s
+                     WHERE s.queue = %(queue)s AND s.priority = g.priority) - g.cost) AS start
+    -- (DISTINCT ON, sorted: a hash of the rows the planner guesses is sized
+    -- for thousands of keys at every call)
+    FROM (SELECT DISTINCT ON (key, priority) key, priority, cost FROM fair_ready
+          ORDER BY key, priority, cost DESC) g
+), fair_order AS (
+    -- FAIR SHARE: each task's virtual finish: its key's start plus the cost
+    -- (1/weight) of it and of the key's tasks before it at its priority
+    SELECT r.id, r.key, r.cost, r.priority, r.available_at, s.start,
+           s.start + sum(r.cost) OVER (PARTITION BY r.key, r.priority ORDER BY r.available_at, r.id) AS tag
+    FROM fair_ready r JOIN fair_start s ON s.key = r.key AND s.priority = r.priority
+), fair_pick AS (
+    -- FAIR SHARE: priority first, then the lowest virtual finish; each row
+    -- locked as it is reached in that order, until the claim has enough: a
+    -- claim beside this one skips these and takes the next in the same
+    -- order, as it would have after this one
+    SELECT t.id, t.limits, t.units, t.priority, t.available_at, o.key, o.cost, o.start, o.tag
+    FROM (SELECT * FROM fair_order ORDER BY priority DESC, tag, available_at, id) o
+    CROSS JOIN LATERAL (
+        SELECT t.id, t.limits, t.units, t.priority, t.available_at FROM leaseq_tasks t
+        WHERE t.id = o.id AND t.status = 'queued' AND t.queue = %(queue)s AND t.available_at <= now()
+        FOR UPDATE SKIP LOCKED) t
+    ORDER BY o.priority DESC, o.tag, o.available_at, o.id
+    LIMIT %(limit)s
+), candidate AS (
+    SELECT id, limits, units, priority, available_at, tag FROM fair_pick
+),
+    /* TEMPLATE: claim_lease */,
+charged AS (
+    -- FAIR SHARE: the keys served pay for it (their rows locked in key order;
+    -- a claim beside this one that charged a key first moved its start on).
+    -- With no key queued any more, the tasks without one were claimed in
+    -- FIFO order, as claim_batch claims them, and nothing is charged.
+    /* TEMPLATE: charge_fair_share((SELECT p.key, p.priority, p.start, p.cost FROM fair_pick p WHERE p.id IN (SELECT id FROM claimed) AND (SELECT f.last_key IS NOT NULL FROM flags f)) x) */
+)
+SELECT c.*, f.routing_due, f.worker_ok, f.last_key IS NOT NULL AS fair_due,
+       -- FAIR SHARE: the key a task was served under ('': none) and its virtual
+       -- start, cost and finish (NULL: claimed in FIFO order, no key queued)
+       CASE WHEN f.last_key IS NOT NULL THEN p.key END AS fair_key, p.start AS fair_start, p.cost AS fair_cost,
+       p.tag AS fair_tag,
+       /* TEMPLATE: claim_limit_wait */
+FROM flags f LEFT JOIN claimed c ON true LEFT JOIN fair_pick p ON p.id = c.id;
+
+-- name: fair_due
+-- callers: worker
+-- FAIR SHARE: whether a task with a fairness key is queued in the queue. The
+-- claim asks it only where claim_batch answers no row when it claims nothing
+-- (SQLite); here claim_batch's row of flags says it (its fair_due column).
+SELECT (SELECT k.fairness_key FROM leaseq_tasks k
+        WHERE k.status = 'queued' AND k.queue = %(queue)s AND k.fairness_key IS NOT NULL
+        ORDER BY k.fairness_key DESC LIMIT 1) IS NOT NULL AS fair_due;
 
 -- name: renew_leases
 -- callers: worker
@@ -1032,6 +1206,14 @@ SET running = l.running + CASE WHEN l.counts = 'units' THEN f.units ELSE f.tasks
 FROM taken f
 WHERE l.key = f.key AND l.key IN (SELECT key FROM held)
 RETURNING l.key;
+
+-- name: charge_fair_share
+-- FAIR SHARE: charges the keys of claimed tasks, one item per task claimed
+-- under a fairness key: {"key", "priority", "start", "cost"}. Not run on PostgreSQL,
+-- where claim_batch charges them in its own statement (it must: the order it
+-- decides rests on them); written here too so both dialects hold the same
+-- statements, and granted to no one (sent by hand, it would move any key's turn).
+/* TEMPLATE: charge_fair_share(jsonb_to_recordset(%(items)s::jsonb) AS x(key text, priority integer, start float8, cost float8)) */;
 
 -- name: give_back_slots
 -- callers: worker, operator

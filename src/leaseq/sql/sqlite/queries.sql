@@ -16,6 +16,145 @@ AND t.lease_owner = :worker_id
 AND t.claim_generation = {generation}
 AND t.lease_expires_at >= (julianday('now') - 2440587.5) * 86400.0
 
+-- template: claimable
+-- THE CLAIMABLE TEST, SQLite's form (see the PostgreSQL file): what a queued
+-- task of the claim's queue must also pass to be handed out, the task being
+-- the unaliased leaseq_tasks of the read that expands it.
+AND (:kinds IS NULL OR kind IN (SELECT value FROM json_each(:kinds)))  -- only kinds the worker can run
+-- SINGLETONS: see the PostgreSQL file (writes run one at a time here)
+AND (singleton_key IS NULL OR NOT EXISTS (
+    SELECT 1 FROM leaseq_tasks o
+    WHERE o.queue = leaseq_tasks.queue AND o.singleton_key = leaseq_tasks.singleton_key
+      AND o.id <> leaseq_tasks.id
+      AND o.status NOT IN ('completed', 'cancelled', 'dead', 'denied', 'expired')  -- leaseq_tasks_singleton
+      AND (o.status IN ('running', 'waiting') OR (o.status = 'queued' AND o.id < leaseq_tasks.id))))
+AND (deadline_at IS NULL OR deadline_at > (julianday('now') - 2440587.5) * 86400.0)  -- see the PostgreSQL file
+-- CODE VERSIONS: see the PostgreSQL file (the worker's row read once per claim)
+AND (code_version IS NULL
+     OR (SELECT w.compatible_versions IS NULL FROM leaseq_workers w WHERE w.id = :worker_id)
+     OR code_version IN (SELECT v.value FROM leaseq_workers w, json_each(w.compatible_versions) AS v
+                         WHERE w.id = :worker_id))
+AND id NOT IN (SELECT a.task_id FROM leaseq_approvals a  -- approved at or after its approval deadline:
+               WHERE a.decision = 'approved' AND a.decided_at >= a.deadline_at)  -- see the PostgreSQL file
+-- the unary + keeps available_at out of the index lookup: the claimable
+-- index is walked in claim order, never range-scanned and then sorted
+AND +available_at <= (julianday('now') - 2440587.5) * 86400.0
+AND NOT EXISTS (SELECT 1 FROM leaseq_queues q WHERE q.name = :queue AND q.paused)
+AND EXISTS (SELECT 1 FROM leaseq_workers w WHERE w.id = :worker_id AND w.revoked_at IS NULL)
+AND NOT (:route_first AND (EXISTS (
+    SELECT 1 FROM leaseq_tasks e
+    WHERE e.status = 'running' AND e.lease_expires_at < (julianday('now') - 2440587.5) * 86400.0)
+    OR EXISTS (  -- a sleeper whose wake time has come is routed first too
+    SELECT 1 FROM leaseq_tasks s
+    WHERE s.status = 'waiting' AND s.wake_at <= (julianday('now') - 2440587.5) * 86400.0)))
+-- LIMITS: pass over a task one of whose limits has no room for it (see
+-- the PostgreSQL file; the judgement is "refused" below)
+AND (limits IS NULL OR NOT EXISTS (
+    SELECT 1 FROM json_each(leaseq_tasks.limits) AS k JOIN leaseq_limits l ON l.key = k.value
+    WHERE (l.max_running IS NOT NULL AND l.running > 0
+           AND l.running + CASE WHEN l.counts = 'units' THEN units ELSE 1 END > l.max_running)
+       OR min(l.burst, l.tokens + ((julianday('now') - 2440587.5) * 86400.0 - l.refilled_at) * l.per_second)
+          < min(l.burst, CASE WHEN l.counts = 'units' THEN units ELSE 1 END) - 1e-9
+       -- WINDOWS (schema 31): a window of this one already spent
+       OR l.minute_used >= l.per_minute AND l.minute_window = CAST((julianday('now') - 2440587.5) * 86400.0 / 60 AS INTEGER)
+       OR l.hour_used >= l.per_hour AND l.hour_window = CAST((julianday('now') - 2440587.5) * 86400.0 / 3600 AS INTEGER)
+       OR l.day_used >= l.per_day AND l.day_window = CAST((julianday('now') - 2440587.5) * 86400.0 / 86400 AS INTEGER)))
+
+-- template: charge_fair_share(served=served)
+-- FAIR SHARE: THE CHARGE, SQLite's form (see the PostgreSQL file).
+INSERT INTO leaseq_fairness (queue, priority, key, vtime, vstart, service, claimed, served_at)
+SELECT :queue, x.priority, x.key, max(x.start) + sum(x.cost), max(x.start) + sum(x.cost) - avg(x.cost),
+       sum(x.cost), count(*), (julianday('now') - 2440587.5) * 86400.0
+FROM {served}
+WHERE true  -- an INSERT ... SELECT needs a WHERE before ON CONFLICT in SQLite
+GROUP BY x.priority, x.key
+ON CONFLICT (queue, priority, key) DO UPDATE
+SET vtime = max(vtime, excluded.vtime - excluded.service) + excluded.service,
+    vstart = max(vstart, max(vtime, excluded.vtime - excluded.service) + excluded.service
+                         - excluded.service / excluded.claimed),
+    service = service + excluded.service,
+    claimed = claimed + excluded.claimed,
+    served_at = excluded.served_at
+
+-- template: claim_flags
+-- THE CLAIM'S FLAGS, SQLite's form (see claim_head in the PostgreSQL file):
+-- fair, whether a task with a fairness key is queued here (a probe of
+-- leaseq_tasks_fair, which holds no entry in a queue without keys; INDEXED
+-- BY: a table scan would stop at the first match, after every finished task).
+flags AS MATERIALIZED (
+    -- FAIR SHARE: whether a task with a fairness key is queued here (a probe
+    -- of leaseq_tasks_fair, which holds no entry in a queue without keys)
+    -- (INDEXED BY: a table scan would stop at the first match, after every finished task)
+    SELECT EXISTS (SELECT 1 FROM leaseq_tasks k INDEXED BY leaseq_tasks_fair
+                   WHERE k.status = 'queued' AND k.queue = :queue AND k.fairness_key IS NOT NULL) AS fair
+)
+
+-- template: claim_plain
+-- THE CLAIM'S FIFO CANDIDATES, SQLite's form: a queue with no fairness key
+-- queued, in claim order from the claimable index; none when one is queued
+-- (the flag gates the LIMIT: a term of the WHERE would be tested row by row).
+plain AS MATERIALIZED (
+    -- the claim of a queue without fairness keys: the claimable index in claim order
+    -- (the flag gates the LIMIT: a term of the WHERE would be tested row by row)
+    SELECT id, limits, units, priority, available_at FROM leaseq_tasks
+    WHERE status = 'queued' AND queue = :queue AND fairness_key IS NULL
+      /* TEMPLATE: claimable */
+    ORDER BY priority DESC, available_at, id
+    LIMIT CASE WHEN (SELECT f.fair FROM flags f) THEN 0 ELSE :limit END
+)
+
+-- template: claim_judge
+-- LIMITS: each (candidate, limit) pair with its cost and the limit's demand
+-- up to it in claim order, and the candidates no limit has room for. The
+-- transaction holds the write lock: the rows read here stay as read until
+-- it commits (take_limits).
+demand AS (
+    -- LIMITS: each (candidate, limit) pair with its cost and the limit's
+    -- demand up to it in claim order. The transaction holds the write lock:
+    -- the rows read here stay as read until it commits (take_limits).
+    SELECT c.id, l.running, l.max_running, l.per_second, l.burst,
+           CASE WHEN l.counts = 'units' THEN c.units ELSE 1 END AS cost,
+           min(l.burst, l.tokens + ((julianday('now') - 2440587.5) * 86400.0 - l.refilled_at) * l.per_second) AS tokens,
+           sum(CASE WHEN l.counts = 'units' THEN c.units ELSE 1 END)
+               OVER (PARTITION BY l.key ORDER BY c.priority DESC, c.tag, c.available_at, c.id) AS upto,
+           -- WINDOWS: each total, and what its window holds now (an older window's count is 0)
+           l.per_minute, CASE WHEN l.minute_window = CAST((julianday('now') - 2440587.5) * 86400.0 / 60 AS INTEGER) THEN l.minute_used ELSE 0 END AS minute_used,
+           l.per_hour, CASE WHEN l.hour_window = CAST((julianday('now') - 2440587.5) * 86400.0 / 3600 AS INTEGER) THEN l.hour_used ELSE 0 END AS hour_used,
+           l.per_day, CASE WHEN l.day_window = CAST((julianday('now') - 2440587.5) * 86400.0 / 86400 AS INTEGER) THEN l.day_used ELSE 0 END AS day_used
+    FROM candidate c
+    JOIN json_each(c.limits) AS k
+    JOIN leaseq_limits l ON l.key = k.value
+), refused AS (
+    SELECT d.id FROM demand d
+    WHERE NOT (d.max_running IS NULL OR d.running + d.upto <= d.max_running OR (d.running = 0 AND d.upto = d.cost))
+       OR NOT (d.per_second IS NULL OR d.upto <= d.tokens + 1e-9 OR (d.tokens >= d.burst AND d.upto = d.cost))
+       -- WINDOWS: a window spent before this candidate's turn (see the PostgreSQL file)
+       OR d.minute_used + d.upto - d.cost >= d.per_minute OR d.hour_used + d.upto - d.cost >= d.per_hour
+       OR d.day_used + d.upto - d.cost >= d.per_day
+)
+
+-- template: claim_update
+-- THE CLAIM'S LEASES, SQLite's form: the candidates not refused, leased (a
+-- candidate naming no limit is never judged: the claim of tasks without
+-- limits runs none of the limits' steps).
+UPDATE leaseq_tasks AS t
+SET status = 'running',
+    lease_owner = :worker_id,
+    -- what the claim asked for, never more than the task's own: a worker cannot grant itself a longer lease
+    lease_expires_at = (julianday('now') - 2440587.5) * 86400.0 + min(coalesce(:lease_seconds, t.lease_seconds), t.lease_seconds),
+    claim_generation = t.claim_generation + 1,
+    attempts = t.attempts + 1,
+    -- CODE VERSIONS: the first claim stamps the version the task starts under; later ones keep it
+    code_version = coalesce(t.code_version, (SELECT w.code_version FROM leaseq_workers w WHERE w.id = :worker_id)),
+    claimed_at = (julianday('now') - 2440587.5) * 86400.0,
+    heartbeat_count = 0,
+    last_heartbeat_at = NULL,
+    longest_heartbeat_gap = 0,
+    updated_at = (julianday('now') - 2440587.5) * 86400.0
+-- (a candidate naming no limit is never judged: the claim of tasks without
+-- limits runs none of the limits' steps)
+WHERE t.id IN (SELECT c.id FROM candidate c WHERE c.limits IS NULL OR c.id NOT IN (SELECT r.id FROM refused r))
+
 -- name: migrations_lock
 -- no-op: SQLite runs one writer at a time (BEGIN IMMEDIATE): nothing to lock
 
@@ -165,11 +304,12 @@ RETURNING id, claim_generation;
 -- made and the payload; the engine fills in the rest (inserted_row).
 INSERT INTO leaseq_tasks (queue, kind, payload, effect, priority, available_at,
                           idempotency_key, max_attempts, lease_seconds, actions, resources,
-                          timeout_seconds, deadline_at, trace_context, limits, units, singleton_key, debounce_key)
+                          timeout_seconds, deadline_at, trace_context, limits, units, singleton_key, debounce_key,
+                          fairness_key, fairness_weight)
 VALUES (:queue, :kind, :payload, :effect, :priority,
         (julianday('now') - 2440587.5) * 86400.0 + :delay,
         :idempotency_key, :max_attempts, :lease_seconds, :actions, :resources, :timeout, coalesce(:deadline_at, (julianday('now') - 2440587.5) * 86400.0 + :deadline_in),
-        :trace_context, :limits, :units, :singleton_key, :debounce_key)
+        :trace_context, :limits, :units, :singleton_key, :debounce_key, :fairness_key, :fairness_weight)
 ON CONFLICT (queue, idempotency_key) DO NOTHING
 RETURNING id, payload, available_at, created_at, updated_at, deadline_at;
 
@@ -177,11 +317,12 @@ RETURNING id, payload, available_at, created_at, updated_at, deadline_at;
 -- See the PostgreSQL file. json_each keeps the document's order.
 INSERT INTO leaseq_tasks (queue, kind, payload, effect, priority, available_at,
                           idempotency_key, max_attempts, lease_seconds, actions, resources,
-                          timeout_seconds, deadline_at, limits, units)
+                          timeout_seconds, deadline_at, limits, units, fairness_key, fairness_weight)
 SELECT :queue, :kind, coalesce(n.value -> '$.payload', 'null'), :effect, :priority,
        (julianday('now') - 2440587.5) * 86400.0 + :delay,
        n.value ->> '$.idempotency_key', :max_attempts, :lease_seconds, :actions, :resources,
-       :timeout, coalesce(:deadline_at, (julianday('now') - 2440587.5) * 86400.0 + :deadline_in), :limits, :units
+       :timeout, coalesce(:deadline_at, (julianday('now') - 2440587.5) * 86400.0 + :deadline_in), :limits, :units,
+       :fairness_key, :fairness_weight
 FROM json_each(:tasks) AS n
 WHERE true  -- an INSERT ... SELECT needs a WHERE before ON CONFLICT in SQLite
 ON CONFLICT (queue, idempotency_key) DO NOTHING
@@ -192,11 +333,12 @@ RETURNING id, idempotency_key;
 -- just generated; a generated key meeting a stored one refuses the statement.
 INSERT INTO leaseq_tasks (queue, kind, payload, effect, priority, available_at,
                           idempotency_key, max_attempts, lease_seconds, actions, resources,
-                          timeout_seconds, deadline_at, limits, units)
+                          timeout_seconds, deadline_at, limits, units, fairness_key, fairness_weight)
 SELECT :queue, :kind, coalesce(n.value -> '$.payload', 'null'), :effect, :priority,
        (julianday('now') - 2440587.5) * 86400.0 + :delay,
        n.value ->> '$.idempotency_key', :max_attempts, :lease_seconds, :actions, :resources,
-       :timeout, coalesce(:deadline_at, (julianday('now') - 2440587.5) * 86400.0 + :deadline_in), :limits, :units
+       :timeout, coalesce(:deadline_at, (julianday('now') - 2440587.5) * 86400.0 + :deadline_in), :limits, :units,
+       :fairness_key, :fairness_weight
 FROM json_each(:tasks) AS n
 RETURNING id, idempotency_key;
 
@@ -333,95 +475,105 @@ RETURNING id, attempts, last_error AS reason;
 -- See the PostgreSQL file. SQLite has no data-modifying CTEs, so the caller
 -- writes the "claimed" events in the same transaction (the backend declares
 -- it does not write its own evidence), and takes the claimed tasks' limit
--- slots (take_limits) in it too; nothing comes back when nothing was
--- claimed, and the caller then takes the slow path.
-WITH candidate AS MATERIALIZED (
-    SELECT id, limits, units, priority, available_at FROM leaseq_tasks
-    WHERE status = 'queued' AND queue = :queue
-      AND (:kinds IS NULL OR kind IN (SELECT value FROM json_each(:kinds)))  -- only kinds the worker can run
-      -- SINGLETONS: see the PostgreSQL file (writes run one at a time here)
-      AND (singleton_key IS NULL OR NOT EXISTS (
-          SELECT 1 FROM leaseq_tasks o
-          WHERE o.queue = leaseq_tasks.queue AND o.singleton_key = leaseq_tasks.singleton_key
-            AND o.id <> leaseq_tasks.id
-            AND o.status NOT IN ('completed', 'cancelled', 'dead', 'denied', 'expired')  -- leaseq_tasks_singleton
-            AND (o.status IN ('running', 'waiting') OR (o.status = 'queued' AND o.id < leaseq_tasks.id))))
-      AND (deadline_at IS NULL OR deadline_at > (julianday('now') - 2440587.5) * 86400.0)  -- see the PostgreSQL file
-      -- CODE VERSIONS: see the PostgreSQL file (the worker's row read once per claim)
-      AND (code_version IS NULL
-           OR (SELECT w.compatible_versions IS NULL FROM leaseq_workers w WHERE w.id = :worker_id)
-           OR code_version IN (SELECT v.value FROM leaseq_workers w, json_each(w.compatible_versions) AS v
-                               WHERE w.id = :worker_id))
-      AND id NOT IN (SELECT a.task_id FROM leaseq_approvals a  -- approved at or after its approval deadline:
-                     WHERE a.decision = 'approved' AND a.decided_at >= a.deadline_at)  -- see the PostgreSQL file
-      -- the unary + keeps available_at out of the index lookup: the claimable
-      -- index is walked in claim order, never range-scanned and then sorted
-      AND +available_at <= (julianday('now') - 2440587.5) * 86400.0
-      AND NOT EXISTS (SELECT 1 FROM leaseq_queues q WHERE q.name = :queue AND q.paused)
-      AND EXISTS (SELECT 1 FROM leaseq_workers w WHERE w.id = :worker_id AND w.revoked_at IS NULL)
-      AND NOT (:route_first AND (EXISTS (
-          SELECT 1 FROM leaseq_tasks e
-          WHERE e.status = 'running' AND e.lease_expires_at < (julianday('now') - 2440587.5) * 86400.0)
-          OR EXISTS (  -- a sleeper whose wake time has come is routed first too
-          SELECT 1 FROM leaseq_tasks s
-          WHERE s.status = 'waiting' AND s.wake_at <= (julianday('now') - 2440587.5) * 86400.0)))
-      -- LIMITS: pass over a task one of whose limits has no room for it (see
-      -- the PostgreSQL file; the judgement is "refused" below)
-      AND (limits IS NULL OR NOT EXISTS (
-          SELECT 1 FROM json_each(leaseq_tasks.limits) AS k JOIN leaseq_limits l ON l.key = k.value
-          WHERE (l.max_running IS NOT NULL AND l.running > 0
-                 AND l.running + CASE WHEN l.counts = 'units' THEN units ELSE 1 END > l.max_running)
-             OR min(l.burst, l.tokens + ((julianday('now') - 2440587.5) * 86400.0 - l.refilled_at) * l.per_second)
-                < min(l.burst, CASE WHEN l.counts = 'units' THEN units ELSE 1 END) - 1e-9
-             -- WINDOWS (schema 31): a window of this one already spent
-             OR l.minute_used >= l.per_minute AND l.minute_window = CAST((julianday('now') - 2440587.5) * 86400.0 / 60 AS INTEGER)
-             OR l.hour_used >= l.per_hour AND l.hour_window = CAST((julianday('now') - 2440587.5) * 86400.0 / 3600 AS INTEGER)
-             OR l.day_used >= l.per_day AND l.day_window = CAST((julianday('now') - 2440587.5) * 86400.0 / 86400 AS INTEGER)))
-    ORDER BY priority DESC, available_at, id
-    LIMIT :limit
-), demand AS (
-    -- LIMITS: each (candidate, limit) pair with its cost and the limit's
-    -- demand up to it in claim order. The transaction holds the write lock:
-    -- the rows read here stay as read until it commits (take_limits).
-    SELECT c.id, l.running, l.max_running, l.per_second, l.burst,
-           CASE WHEN l.counts = 'units' THEN c.units ELSE 1 END AS cost,
-           min(l.burst, l.tokens + ((julianday('now') - 2440587.5) * 86400.0 - l.refilled_at) * l.per_second) AS tokens,
-           sum(CASE WHEN l.counts = 'units' THEN c.units ELSE 1 END)
-               OVER (PARTITION BY l.key ORDER BY c.priority DESC, c.available_at, c.id) AS upto,
-           -- WINDOWS: each total, and what its window holds now (an older window's count is 0)
-           l.per_minute, CASE WHEN l.minute_window = CAST((julianday('now') - 2440587.5) * 86400.0 / 60 AS INTEGER) THEN l.minute_used ELSE 0 END AS minute_used,
-           l.per_hour, CASE WHEN l.hour_window = CAST((julianday('now') - 2440587.5) * 86400.0 / 3600 AS INTEGER) THEN l.hour_used ELSE 0 END AS hour_used,
-           l.per_day, CASE WHEN l.day_window = CAST((julianday('now') - 2440587.5) * 86400.0 / 86400 AS INTEGER) THEN l.day_used ELSE 0 END AS day_used
-    FROM candidate c
-    JOIN json_each(c.limits) AS k
-    JOIN leaseq_limits l ON l.key = k.value
-), refused AS (
-    SELECT d.id FROM demand d
-    WHERE NOT (d.max_running IS NULL OR d.running + d.upto <= d.max_running OR (d.running = 0 AND d.upto = d.cost))
-       OR NOT (d.per_second IS NULL OR d.upto <= d.tokens + 1e-9 OR (d.tokens >= d.burst AND d.upto = d.cost))
-       -- WINDOWS: a window spent before this candidate's turn (see the PostgreSQL file)
-       OR d.minute_used + d.upto - d.cost >= d.per_minute OR d.hour_used + d.upto - d.cost >= d.per_hour
-       OR d.day_used + d.upto - d.cost >= d.per_day
-)
-UPDATE leaseq_tasks AS t
-SET status = 'running',
-    lease_owner = :worker_id,
-    -- what the claim asked for, never more than the task's own: a worker cannot grant itself a longer lease
-    lease_expires_at = (julianday('now') - 2440587.5) * 86400.0 + min(coalesce(:lease_seconds, t.lease_seconds), t.lease_seconds),
-    claim_generation = t.claim_generation + 1,
-    attempts = t.attempts + 1,
-    -- CODE VERSIONS: the first claim stamps the version the task starts under; later ones keep it
-    code_version = coalesce(t.code_version, (SELECT w.code_version FROM leaseq_workers w WHERE w.id = :worker_id)),
-    claimed_at = (julianday('now') - 2440587.5) * 86400.0,
-    heartbeat_count = 0,
-    last_heartbeat_at = NULL,
-    longest_heartbeat_gap = 0,
-    updated_at = (julianday('now') - 2440587.5) * 86400.0
--- (a candidate naming no limit is never judged: the claim of tasks without
--- limits runs none of the limits' steps)
-WHERE t.id IN (SELECT c.id FROM candidate c WHERE c.limits IS NULL OR c.id NOT IN (SELECT r.id FROM refused r))
+-- slots (take_limits) and charges their fairness keys (charge_fair_share)
+-- in it too; nothing comes back when nothing was claimed, and the caller
+-- then takes the slow path. The transaction holds the write lock: what the
+-- FAIR SHARE steps read stays as read until it commits.
+-- FAIR SHARE: when a task with a fairness key is queued here, this statement
+-- claims nothing, and the caller asks fair_due, then claims with claim_fair.
+WITH
+    /* TEMPLATE: claim_flags */,
+    /* TEMPLATE: claim_plain */,
+candidate AS MATERIALIZED (
+    SELECT id, limits, units, priority, available_at, NULL AS tag FROM plain
+),
+    /* TEMPLATE: claim_judge */
+/* TEMPLATE: claim_update */
 -- the lease this claim was given (both times are the one 'now' of this statement)
 RETURNING *, round(lease_expires_at - claimed_at, 6) AS lease_granted;
+
+-- name: claim_fair
+-- guard: none -- takes new leases: no lease exists yet to guard
+-- unused: compact -- the caller writes the "claimed" events (no data-modifying CTEs in SQLite)
+-- See the PostgreSQL file: the claim of a queue with a fairness key queued,
+-- the same steps with the candidates chosen by fair share; the caller
+-- charges the keys (charge_fair_share) in the same transaction. With no key
+-- queued (any more) it claims in FIFO order, as claim_batch does.
+WITH RECURSIVE
+    /* TEMPLATE: claim_flags */,
+    /* TEMPLATE: claim_plain */,
+fair_keys(key) AS (
+    -- FAIR SHARE: the keys with tasks queued, one probe of leaseq_tasks_fair each
+    SELECT (SELECT k.fairness_key FROM leaseq_tasks k INDEXED BY leaseq_tasks_fair
+            WHERE k.status = 'queued' AND k.queue = :queue AND k.fairness_key IS NOT NULL
+            ORDER BY k.fairness_key DESC LIMIT 1)
+    WHERE (SELECT f.fair FROM flags f)
+    UNION ALL
+    SELECT (SELECT k.fairness_key FROM leaseq_tasks k INDEXED BY leaseq_tasks_fair
+            WHERE k.status = 'queued' AND k.queue = :queue AND k.fairness_key IS NOT NULL
+              AND k.fairness_key < g.key
+            ORDER BY k.fairness_key DESC LIMIT 1)
+    FROM fair_keys g WHERE g.key IS NOT NULL
+), fair_ready AS MATERIALIZED (
+    -- FAIR SHARE: each key's first tasks in claim order, and the first of the
+    -- tasks without a key (see the PostgreSQL file): one claim's worth, as no
+    -- claim runs beside this one here
+    SELECT g.key, t.id, t.priority, t.available_at, 1.0 / coalesce(t.fairness_weight, 1) AS cost
+    FROM fair_keys g JOIN leaseq_tasks t ON t.id IN (
+        SELECT id FROM leaseq_tasks
+        WHERE status = 'queued' AND queue = :queue AND fairness_key = g.key
+          /* TEMPLATE: claimable */
+        ORDER BY priority DESC, available_at, id
+        LIMIT :limit)
+    WHERE g.key IS NOT NULL
+    UNION ALL
+    SELECT '', id, priority, available_at, 1.0 FROM (
+        SELECT id, priority, available_at FROM leaseq_tasks
+        WHERE status = 'queued' AND queue = :queue AND fairness_key IS NULL
+          /* TEMPLATE: claimable */
+        ORDER BY priority DESC, available_at, id
+        LIMIT CASE WHEN (SELECT f.fair FROM flags f) THEN :limit ELSE 0 END)
+), fair_start AS MATERIALIZED (
+    -- FAIR SHARE: where each key's virtual time starts, at each priority (see the PostgreSQL file)
+    SELECT g.key, g.priority,
+           max(coalesce(kv.vtime, v.at - g.cost),
+               v.at - g.cost) AS start
+    FROM (SELECT key, priority, max(cost) AS cost FROM fair_ready GROUP BY key, priority) g
+    JOIN (SELECT p.priority, (SELECT coalesce(max(qv.vstart), 0) FROM leaseq_fairness qv
+                              WHERE qv.queue = :queue AND qv.priority = p.priority) AS at
+          FROM (SELECT DISTINCT priority FROM fair_ready) p) v ON v.priority = g.priority
+    LEFT JOIN leaseq_fairness kv ON kv.queue = :queue AND kv.priority = g.priority AND kv.key = g.key
+), fair_pick AS MATERIALIZED (
+    -- FAIR SHARE: priority first, then the lowest virtual finish
+    SELECT t.id, t.limits, t.units, t.priority, t.available_at, o.key, o.cost, o.start, o.tag
+    FROM (SELECT r.id, r.key, r.cost, fs.start,
+                 fs.start + sum(r.cost) OVER (PARTITION BY r.key, r.priority ORDER BY r.available_at, r.id) AS tag
+          FROM fair_ready r JOIN fair_start fs ON fs.key = r.key AND fs.priority = r.priority) o
+    JOIN leaseq_tasks t ON t.id = o.id
+    ORDER BY t.priority DESC, o.tag, t.available_at, t.id
+    LIMIT :limit
+), candidate AS MATERIALIZED (
+    SELECT id, limits, units, priority, available_at, NULL AS tag FROM plain
+    UNION ALL
+    SELECT id, limits, units, priority, available_at, tag FROM fair_pick
+),
+    /* TEMPLATE: claim_judge */
+/* TEMPLATE: claim_update */
+-- the lease this claim was given (both times are the one 'now' of this statement);
+-- FAIR SHARE: the key a task was served under and its virtual start, cost and
+-- finish (NULL: the queue uses no fairness keys; read only when it does)
+RETURNING *, round(lease_expires_at - claimed_at, 6) AS lease_granted,
+          CASE WHEN (SELECT f.fair FROM flags f) THEN (SELECT p.key FROM fair_pick p WHERE p.id = leaseq_tasks.id) END AS fair_key,
+          CASE WHEN (SELECT f.fair FROM flags f) THEN (SELECT p.start FROM fair_pick p WHERE p.id = leaseq_tasks.id) END AS fair_start,
+          CASE WHEN (SELECT f.fair FROM flags f) THEN (SELECT p.cost FROM fair_pick p WHERE p.id = leaseq_tasks.id) END AS fair_cost,
+          CASE WHEN (SELECT f.fair FROM flags f) THEN (SELECT p.tag FROM fair_pick p WHERE p.id = leaseq_tasks.id) END AS fair_tag;
+
+-- name: fair_due
+-- FAIR SHARE: whether a task with a fairness key is queued here, asked when
+-- claim_batch claimed nothing (it answers no row then): the claim then runs
+-- claim_fair.
+SELECT EXISTS (SELECT 1 FROM leaseq_tasks k INDEXED BY leaseq_tasks_fair
+               WHERE k.status = 'queued' AND k.queue = :queue AND k.fairness_key IS NOT NULL) AS fair_due;
 
 -- name: renew_leases
 -- guard: lease
@@ -597,6 +749,13 @@ FROM (SELECT i.value ->> '$.key' AS key, count(*) AS tasks, sum(i.value ->> '$.u
       FROM json_each(:items) AS i GROUP BY 1) AS f
 WHERE l.key = f.key
 RETURNING key;
+
+-- name: charge_fair_share
+-- FAIR SHARE: the keys of the tasks a claim handed out pay for it, in the
+-- claim's transaction (which holds the write lock since claim_batch read
+-- their virtual times): one item per task claimed under a key, {"key",
+-- "priority", "start", "cost"}.
+/* TEMPLATE: charge_fair_share((SELECT i.value ->> '$.key' AS key, i.value ->> '$.priority' AS priority, i.value ->> '$.start' AS start, i.value ->> '$.cost' AS cost FROM json_each(:items) AS i) AS x) */;
 
 -- name: limit_wait
 -- LIMITS: seconds until the emptiest rate bucket holds a token (NULL: none is empty).

@@ -1,0 +1,133 @@
+"""Fair share across tenants: weighted round robin between fairness keys, decided in the claim.
+
+A task may name a **fairness key** (a tenant, a customer, any group) and a
+**weight** (``enqueue(..., fairness_key=..., fairness_weight=...)``, 1 by
+default). Within one priority, the claim serves the keys that have tasks
+ready in weighted round robin, by virtual time (start-time fair queueing),
+each priority on its own:
+
+- each key has a virtual time at each priority (``leaseq_fairness.vtime``);
+  every task claimed under it moves it on by the task's cost, ``1 / weight``;
+- a task's place is its key's start plus the cost of it and of the key's
+  tasks before it (its virtual finish); the claim hands out the lowest
+  finishes first, priority before all of it, FIFO within a key;
+- a key's start is its own virtual time, but never more than one task's
+  cost behind the priority's (the latest virtual time at which a task of it
+  was served): a key new, or back from idle, starts level with the others
+  and is owed nothing, so a deep backlog of one key delays another key's
+  next task by about one claim; a key waiting its turn never falls that far
+  behind (every task served before it started before its turn), so it keeps
+  its place;
+- the tasks without a key are one more key (``''``) between them.
+
+All of it is decided in the claim statement, the one that leases the
+tasks: on PostgreSQL ``claim_fair``, where the candidates are locked as they
+are read in this order (a claim beside it skips them and takes the next ones
+in the same order, as it would have after it) and the keys' rows are charged
+in the statement, locked in key order; SQLite writes one transaction at a
+time, and the caller charges the keys (``charge_fair_share``) in the claim's
+transaction.
+
+A queue that names no fairness key pays one probe of an empty index: on
+PostgreSQL ``claim_batch`` reads its claimable index as before, and only
+when it finds a key queued does it claim nothing and answer ``fair_due``;
+the claim then runs ``claim_fair``, and the queue's next claims run it at
+once (:attr:`Settings.fair_queues`) until it finds no key queued. SQLite's
+``claim_batch`` is ``claim_fair`` (a second statement costs no round trip
+there, and the claim of a queue without keys reads none of the fair steps'
+rows).
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+from ..core import checks
+from ..core.errors import InvalidInput
+from .common import Settings
+from .steps import BEGIN_ONE, COMMIT, Op, one, rows
+
+#: The range of a fairness weight: a key's share against another's, up to a million to one.
+MIN_WEIGHT, MAX_WEIGHT = 0.001, 1000.0
+
+
+def check_weight(fairness_weight: Any) -> float:
+    """A fairness weight, checked: a positive number within the range above."""
+    if isinstance(fairness_weight, bool) or not isinstance(fairness_weight, (int, float)) \
+            or not math.isfinite(fairness_weight):
+        raise InvalidInput("fairness_weight", f"must be a positive number (got {fairness_weight!r})")
+    if not MIN_WEIGHT <= fairness_weight <= MAX_WEIGHT:
+        raise InvalidInput("fairness_weight", f"must be between {MIN_WEIGHT:g} and {MAX_WEIGHT:g} "
+                                              f"(got {fairness_weight!r})")
+    return float(fairness_weight)
+
+
+def check_fairness(fairness_key: Any, fairness_weight: Any) -> dict[str, Any]:
+    """An enqueue's ``fairness_key`` and ``fairness_weight``, checked (InvalidInput names the
+    field), as the task columns: the weight is stored with a key only (None without one)."""
+    weight = check_weight(fairness_weight)
+    if fairness_key is None:
+        if weight != 1:
+            raise InvalidInput("fairness_weight", "applies to a fairness key: give fairness_key with it")
+        return dict(fairness_key=None, fairness_weight=None)
+    return dict(fairness_key=checks.check_key("fairness_key", fairness_key), fairness_weight=weight)
+
+
+def charge(s: Settings, claimed: list[dict[str, Any]]) -> Op[None]:
+    """Charge the keys of the tasks a claim handed out, in the claim's transaction, where
+    the backend's claim statement does not (``own_fair_share``); nothing to run otherwise,
+    nor for a claim of a queue without fairness keys (its rows carry no ``fair_key``)."""
+    if s.backend.own_fair_share:
+        return
+    items = [{"key": r["fair_key"], "priority": r["priority"], "start": r["fair_start"], "cost": r["fair_cost"]}
+             for r in claimed if r.get("fair_key") is not None]
+    if items:
+        yield rows("charge_fair_share", queue=claimed[0]["queue"], items=items)
+
+
+def service_order(row: dict[str, Any]) -> tuple[Any, ...]:
+    """A claimed row's place in its claim's answer: priority, then its virtual finish
+    (None: the queue uses no fairness keys), then when it was due and its id."""
+    return (-row["priority"], row.get("fair_tag") or 0.0, row["available_at"], row["id"])
+
+
+def claim_rows(s: Settings, params: dict[str, Any], *, route_first: bool,
+               one_statement: bool) -> Op[list[dict[str, Any]]]:
+    """The claim statement's answer, in the open transaction: ``claim_batch``, or
+    ``claim_fair`` where the queue uses fairness keys (its last claim found one, or
+    ``claim_batch`` finds one now and stands aside, having claimed nothing).
+    ``one_statement``: the transaction was opened for one statement, so a second one
+    runs in a transaction of its own."""
+    queue = params["queue"]
+    fair = queue in s.fair_queues
+    found: list[dict[str, Any]] = yield rows("claim_fair" if fair else "claim_batch", route_first=route_first,
+                                             **params)
+    if not fair:
+        # claim_batch stood aside: its row of flags says so (PostgreSQL), or it claimed
+        # nothing and fair_due tells (SQLite, whose statement answers no row then)
+        if found:
+            due = found[0]["id"] is None and bool(found[0].get("fair_due"))
+        else:
+            due = bool(((yield one("fair_due", queue=queue)) or {}).get("fair_due"))
+        if not due:
+            return found
+        if one_statement and found:
+            yield COMMIT
+            yield BEGIN_ONE
+        found = yield rows("claim_fair", route_first=route_first, **params)
+    if _keys_left(found):
+        s.fair_queues.add(queue)
+    else:
+        s.fair_queues.discard(queue)
+    return found
+
+
+def _keys_left(found: list[dict[str, Any]]) -> bool:
+    """Whether claim_fair's answer leaves the queue using fairness keys: its flag
+    (PostgreSQL's rows carry fair_due), or a task served under a key (SQLite's claimed
+    rows: none was, in FIFO order, when no key is queued). Nothing claimed on SQLite
+    says nothing: the queue's next claim runs claim_fair again."""
+    if found and "fair_due" in found[0]:
+        return bool(found[0]["fair_due"])
+    return not found or any(r.get("fair_key") is not None for r in found)
