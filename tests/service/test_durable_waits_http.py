@@ -88,3 +88,30 @@ def test_who_may_signal(svc: Any) -> None:
     with pytest.raises(AccessDenied):
         svc.remote(svc.token("viewer")).signal(other.id, "go")
     assert [e.detail["by"] for e in q.events(task.id) if e.type == "signal_sent"] == [ok.json()["sent_by"]]
+
+
+def test_a_waits_ledger_key_is_hidden_from_a_token_that_may_not_read_payloads(svc: Any) -> None:
+    """A durable wait's events name its ledger key, made from the task's idempotency key (which
+    a caller may have built from user data): shown to a token that may read payloads, hidden
+    from one that may not, as idempotency keys are everywhere else."""
+    import logging
+
+    from leaseq.core.errors import Suspended
+    from leaseq.worker.context import TaskContext
+
+    q = svc.q
+    task = q.enqueue("job", {}, idempotency_key="customer-73519-refund")
+    w = q.register_worker("w")
+    [claim] = q.claim(w)
+    with pytest.raises(Suspended):
+        TaskContext(q, w, claim, logging.LoggerAdapter(logging.getLogger("test"), {})).wait_for_signal("go")
+
+    def suspended(token: str) -> dict[str, Any]:
+        answer = svc.http(token).get(f"/v1/tasks/{task.id}/events")
+        assert answer.status_code == 200
+        [event] = [e for e in answer.json()["events"] if e["type"] == "suspended"]
+        return event["detail"]
+
+    assert suspended(svc.token("viewer", name="reader", read_payloads=True))["key"].startswith("customer-73519-refund")
+    hidden = suspended(svc.token("viewer"))
+    assert hidden["key"] == "[redacted]" and hidden["signal"] == "go"

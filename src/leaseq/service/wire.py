@@ -30,7 +30,10 @@ REDACTED_TASK_FIELDS = ("payload", "result", "last_error", "idempotency_key")
 #: put to a person (ctx.ask) may quote the payload; what a diverged run recorded and what its
 #: code asked for (``recorded``, ``requested``) hold such digests.
 REDACTED_DETAIL_KEYS = ("error", "result", "response", "idempotency_key", "digest", "args_digest", "question",
-                        "recorded", "requested")
+                        "recorded", "requested",
+                        # a durable wait's ledger key (suspended, answered, wait_timed_out): made from the
+                        # task's idempotency key
+                        "key")
 
 
 #: Types passed through as they are (compared exactly: subclasses such as enums take the slow path).
