@@ -54,6 +54,9 @@ class OneAttempt(LostAnswers):
         return [] if self.losing.is_set() else await self._queue.claim(worker, **options)
 
 
+# A 1.5 s lease kept alive by renewals whose answers are lost: on a loaded machine the completion
+# can come after the lease ran out in the database (seen once in CI). Run alone, with the serial tests.
+@pytest.mark.serial
 def test_a_sync_handler_returning_after_a_presumed_loss_is_completed_on_its_first_attempt(app) -> None:
     release, seen = threading.Event(), []
 
