@@ -462,3 +462,35 @@ def test_a_wait_for_children_times_out_and_a_retry_times_out_again(q: leaseq.Que
     assert bad.value.field == "timeout"
     transport.complete(w, third.claim, None)
     assert validate_queue(q) == []
+
+
+def test_only_a_transaction_the_database_rolled_back_is_run_again_and_never_inside_a_joined_block(
+        q: leaseq.Queue) -> None:
+    """The rule behind the cancel's second run (Queue._run_again), on its own: an operation rolled
+    back to break a lock cycle runs again, up to a bound; any other unavailability is the caller's
+    at once; and inside a joined() block, whose transaction is the caller's, it is never run again."""
+    import psycopg
+
+    from leaseq.queue.base import ROLLED_BACK_ATTEMPTS
+
+    def failing(calls: list[int], cause: BaseException | None) -> Any:
+        def make() -> Any:
+            calls.append(1)
+            try:
+                raise cause if cause is not None else OSError("connection refused")
+            except BaseException as exc:
+                raise leaseq.BackendUnavailable(f"PostgreSQL: {exc}") from exc
+        return make
+
+    for cause, runs in ((psycopg.errors.DeadlockDetected("deadlock detected"), ROLLED_BACK_ATTEMPTS),
+                        (psycopg.errors.SerializationFailure("could not serialize access"), ROLLED_BACK_ATTEMPTS),
+                        (None, 1)):
+        calls: list[int] = []
+        with pytest.raises(leaseq.BackendUnavailable):
+            q._run_again(failing(calls, cause))
+        assert len(calls) == runs, cause
+    with q.joined() as (view, _):
+        calls = []
+        with pytest.raises(leaseq.BackendUnavailable):
+            view._run_again(failing(calls, psycopg.errors.DeadlockDetected("deadlock detected")))
+        assert calls == [1]
