@@ -211,3 +211,42 @@ def test_both_dialect_files_define_the_same_queries_with_the_same_parameters():
     assert pg.keys() == lite.keys()
     for name in pg:
         assert set(re.findall(r"%\((\w+)\)s", pg[name])) == set(re.findall(r"(?<!:):(\w+)", lite[name])), name
+
+
+def test_the_portable_mode_migrates_without_an_advisory_lock_and_is_safe_to_race(pg_schema_dsn):
+    """``?portable=true`` (servers without advisory locks): another session holding the
+    advisory lock a direct migrate takes does not hold it up, and eight first runs racing
+    on an empty schema all succeed (the attempts table is the lock; a loser of the race to
+    create it runs again)."""
+    import threading
+
+    import psycopg
+
+    if "pooler=" in pg_schema_dsn:
+        pytest.skip("the advisory lock is held on the server itself: a direct schema DSN")
+    base = pg_schema_dsn.removesuffix("&portable=true")
+    portable = base + "&portable=true"
+    with psycopg.connect(base.split("?")[0], autocommit=True) as holder:
+        holder.execute("SELECT pg_advisory_lock(7431002301)")  # the lock a direct migrate waits for
+        errors: list[BaseException] = []
+        stores = [FencedStore(portable) for _ in range(8)]
+        start = threading.Barrier(len(stores))
+
+        def run(store: FencedStore) -> None:
+            try:
+                start.wait()
+                store.migrate()
+            except BaseException as exc:  # noqa: BLE001 - reported below
+                errors.append(exc)
+
+        threads = [threading.Thread(target=run, args=(s,)) for s in stores]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join(30)
+        assert not any(thread.is_alive() for thread in threads), "a portable migrate waited for the advisory lock"
+        assert errors == []
+        stores[0].apply("acct", t(1), lambda conn: None)
+        assert stores[0].newest_generation("acct", TASK) == 1
+        for store in stores:
+            store.close()

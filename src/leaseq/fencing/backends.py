@@ -57,6 +57,8 @@ class PostgresFence:
         self._queries = load_fence_queries("postgres")
         conninfo, mode = postgres_mode(dsn)
         check_postgres_dsn(conninfo, connect_timeout)
+        #: False in the portable mode (``?portable=true``): migrate() locks a table instead
+        self.advisory_locks: bool = not mode.portable
         # behind a transaction-mode pooler (?pooler=transaction) psycopg must prepare nothing
         self._pool = open_pool(conninfo, min_size=min_size, max_size=max_size, timeout=connect_timeout,
                                **({} if mode.session_state else {"prepare_threshold": None}))
@@ -105,6 +107,8 @@ class SqliteFence:
     """
 
     dialect = "sqlite"
+    #: SQLite's write lock serialises migrate() runs; its schema_lock is a no-op
+    advisory_locks = True
 
     def __init__(self, path: str, *, busy_timeout: float = 30.0):
         self.path = path

@@ -169,8 +169,24 @@ class FencedStore:
 
     def migrate(self) -> None:
         """Create the fencing tables if they do not exist. Idempotent and safe to race."""
+        try:
+            self._migrate()
+        except Exception as exc:
+            # 23505: a unique violation, here on the catalogue (psycopg may not be installed)
+            if self._backend.advisory_locks or getattr(exc, "sqlstate", None) != "23505":
+                raise
+            # The portable mode locks the attempts table, which the first migrate creates: two
+            # that both found none raced to create it, and this one lost. The winner has
+            # committed (the loser waited for it): this time the table is there to lock.
+            self._migrate()
+
+    def _migrate(self) -> None:
         with self._backend.transaction() as conn:
-            for query in ("schema_lock", "create_attempts_table", "create_outcomes_table"):
+            if self._backend.advisory_locks:
+                queries = ("schema_lock", "create_attempts_table", "create_outcomes_table")
+            else:  # no advisory lock (the portable mode): the attempts table is the lock
+                queries = ("create_attempts_table", "schema_lock_table", "create_outcomes_table")
+            for query in queries:
                 self._backend.run(conn, query)
             # Stores made before fences were per task: their outcomes gain the task column.
             if not self._backend.run(conn, "outcomes_have_task"):

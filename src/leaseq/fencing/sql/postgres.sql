@@ -28,6 +28,13 @@
 -- race on the catalogue) until the transaction ends.
 SELECT pg_advisory_xact_lock(7431002301);
 
+-- name: schema_lock_table
+-- schema_lock without an advisory lock (the portable mode, ?portable=true):
+-- taken once create_attempts_table has made the table, it serialises the
+-- migrate() runs that follow (two first runs can still race to create it:
+-- the loser runs again).
+LOCK TABLE leaseq_fence_attempts IN SHARE ROW EXCLUSIVE MODE;
+
 -- name: create_attempts_table
 CREATE TABLE IF NOT EXISTS leaseq_fence_attempts (
     resource_key      text NOT NULL,
