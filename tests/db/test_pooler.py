@@ -94,6 +94,22 @@ def test_clients_sharing_two_server_connections_complete_every_task(pgbouncer: A
         assert {t.status for t in q.list_tasks(limit=200)} == {"completed"}
 
 
+def test_an_undeclared_pooler_is_named_in_the_error(pgbouncer: Any) -> None:
+    """The same clients without ``?pooler=transaction``: they meet each other's prepared
+    statements on the shared server connections, and each one's error names the cause and
+    the DSN option (a ``ConfigError``, which stops a worker) instead of a driver error that
+    reads as an outage and is retried."""
+    dsn = pgbouncer.dsn()
+    with leaseq.connect(dsn + "?pooler=transaction") as q:
+        q.migrate()
+    _, errors = _clients(dsn, clients=6, tasks=15)
+    assert errors, "no client met another's prepared statement"
+    for error in errors:
+        assert error.startswith("ConfigError: dsn: the server connection changed between prepared "
+                                "statements"), error
+        assert "?pooler=transaction" in error
+
+
 def test_no_setting_is_left_on_a_shared_server_connection(pgbouncer: Any) -> None:
     dsn = pgbouncer.dsn() + "?pooler=transaction"
     with leaseq.connect(dsn) as q:

@@ -16,7 +16,7 @@ import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
 
-from ..core.errors import BackendUnavailable, LeaseqError
+from ..core.errors import BackendUnavailable, ConfigError, LeaseqError
 
 #: sqlite3.OperationalError messages that mean the file cannot be used right
 #: now (locked past the busy timeout, missing, unreadable, full), as opposed
@@ -65,6 +65,26 @@ def rolled_back(exc: BaseException) -> bool:
     return isinstance(cause, (psycopg.errors.DeadlockDetected, psycopg.errors.SerializationFailure))
 
 
+#: SQLSTATEs of a statement psycopg prepared (``_pg3_<n>``) missing on, or already on, the
+#: server connection: invalid_sql_statement_name, duplicate_prepared_statement, and the
+#: protocol violation of a bind whose parameters are another statement's.
+_PREPARED_MISMATCH = ("26000", "42P05", "08P01")
+
+
+def pooler_undeclared(exc: BaseException) -> ConfigError | None:
+    """The :class:`ConfigError` a driver error stands for when the server connection changed
+    under psycopg's prepared statements, or None. Directly connected, that never happens: it
+    is a pooler in transaction mode (PgBouncer, RDS Proxy) the DSN did not declare, and a
+    retry cannot help (with equal parameter counts it could run another client's statement)."""
+    if getattr(exc, "sqlstate", None) not in _PREPARED_MISMATCH or '"_pg3_' not in str(exc):
+        return None
+    return ConfigError(
+        f"dsn: the server connection changed between prepared statements ({str(exc).strip()}): a pooler "
+        "in transaction mode (PgBouncer, RDS Proxy) is in front of the server. Declare it in the DSN "
+        "(?pooler=transaction), and leaseq prepares nothing and keeps no session state "
+        "(docs/how-to/poolers.md)")
+
+
 @contextmanager
 def map_driver_errors(where: str | None = None) -> Iterator[None]:
     """Re-raise driver errors that mean "database unavailable" as :class:`BackendUnavailable`.
@@ -75,7 +95,7 @@ def map_driver_errors(where: str | None = None) -> Iterator[None]:
     try:
         yield
     except Exception as exc:
-        mapped = unavailable(exc, where)
+        mapped: LeaseqError | None = pooler_undeclared(exc) or unavailable(exc, where)
         if mapped is None:
             raise
         raise mapped from exc
