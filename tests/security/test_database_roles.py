@@ -285,7 +285,8 @@ def test_a_scoped_operator_cannot_run_retention_over_other_queues(admin, make_ro
                 q.prune(0, **kwargs)
     for query in ("leaseq_q_prune_finished_ids(0, 10)", "leaseq_q_scrub_finished_ids(0, 10)",
                   "leaseq_q_prune_evidence(0, 10)", "leaseq_q_prune_audit(0, 10)",
-                  "leaseq_q_prune_flow_keys(0, 10)", "leaseq_q_prune_spend(0, 10)"):
+                  "leaseq_q_prune_flow_keys(0, 10)", "leaseq_q_prune_spend(0, 10)",
+                  "leaseq_q_prune_fairness(0, 10)"):
         assert "covers every queue" in refused(dsn, f"SELECT * FROM {query}"), query
     assert admin.get(task.id).result == {"paid": True}
     with leaseq.connect(make_role("operator")) as q:  # unscoped, it may

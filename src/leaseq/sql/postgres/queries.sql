@@ -2014,6 +2014,32 @@ WHERE (scope, queue, key) IN (SELECT f.scope, f.queue, f.key FROM leaseq_flow_ke
                               FOR UPDATE SKIP LOCKED)
 RETURNING scope;
 
+-- name: prune_fairness
+-- callers: operator
+-- The fair-share rows (leaseq_fairness) of keys idle for the retention: no
+-- claim has served the key at that priority within older_than seconds, and
+-- no task of it is queued in the row's queue ('': the tasks without a key).
+-- A key back after its row went starts level with the keys being served, as
+-- a key back from idle does with its row kept: the claim starts a key never
+-- more than one task's cost behind the priority's virtual time. That time is
+-- the latest vstart of the priority's rows, so the row holding it is kept and
+-- the priority's clock never runs back. A row a claim holds now is skipped;
+-- one deleted under a waiting claim is inserted again by its charge.
+DELETE FROM leaseq_fairness
+WHERE (queue, priority, key) IN (
+    SELECT f.queue, f.priority, f.key FROM leaseq_fairness f
+    WHERE f.served_at < now() - %(older_than)s::float8 * interval '1 second'
+      AND f.vstart < (SELECT max(m.vstart) FROM leaseq_fairness m
+                      WHERE m.queue = f.queue AND m.priority = f.priority)
+      AND NOT EXISTS (SELECT 1 FROM leaseq_tasks t
+                      WHERE t.status = 'queued' AND t.queue = f.queue AND t.fairness_key = f.key)
+      AND (f.key <> '' OR NOT EXISTS (SELECT 1 FROM leaseq_tasks t
+                                      WHERE t.status = 'queued' AND t.queue = f.queue AND t.fairness_key IS NULL))
+    ORDER BY f.served_at
+    LIMIT %(limit)s
+    FOR UPDATE SKIP LOCKED)
+RETURNING key;
+
 -- name: prune_spend
 -- callers: operator
 -- Each limit's settled spend per UTC day (leaseq_limit_spend), for the days

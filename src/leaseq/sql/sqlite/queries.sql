@@ -1327,6 +1327,22 @@ WHERE rowid IN (SELECT rowid FROM leaseq_flow_keys
                 LIMIT :limit)
 RETURNING scope;
 
+-- name: prune_fairness
+-- See the PostgreSQL file (a write transaction of SQLite holds the file: no row to skip).
+DELETE FROM leaseq_fairness
+WHERE rowid IN (SELECT f.rowid FROM leaseq_fairness f
+                WHERE f.served_at < (julianday('now') - 2440587.5) * 86400.0 - :older_than
+                  AND f.vstart < (SELECT max(m.vstart) FROM leaseq_fairness m
+                                  WHERE m.queue = f.queue AND m.priority = f.priority)
+                  AND NOT EXISTS (SELECT 1 FROM leaseq_tasks t INDEXED BY leaseq_tasks_fair
+                                  WHERE t.status = 'queued' AND t.queue = f.queue AND t.fairness_key = f.key)
+                  AND (f.key <> '' OR NOT EXISTS (SELECT 1 FROM leaseq_tasks t INDEXED BY leaseq_tasks_claimable
+                                                  WHERE t.status = 'queued' AND t.queue = f.queue
+                                                    AND t.fairness_key IS NULL))
+                ORDER BY f.served_at
+                LIMIT :limit)
+RETURNING key;
+
 -- name: prune_spend
 -- See the PostgreSQL file. The day is the ISO date, as text: it orders as the date does.
 DELETE FROM leaseq_limit_spend
