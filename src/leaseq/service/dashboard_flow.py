@@ -1,5 +1,6 @@
-"""Dashboard pages for flow control: redrive and bulk cancel by filter, limits with their
-windows and spend per day, and each fairness key's share of the claims.
+"""Dashboard pages for flow control: redrive and bulk cancel by filter (``/redrive``), limits
+with their windows and spend per day (``/limits``), and each fairness key's share of the
+recent claims (``/fairness``).
 
 The redrive page is an operator's: the filter (status, kind, queue, error text, age) is
 first counted by a dry run, and only then offered as one form that requeues or cancels the
@@ -14,6 +15,7 @@ from __future__ import annotations
 import hmac
 import re
 from dataclasses import replace
+from datetime import timedelta
 from typing import Any
 from urllib.parse import urlencode
 
@@ -22,7 +24,7 @@ from fastapi.responses import HTMLResponse, Response
 from starlette.concurrency import run_in_threadpool
 from starlette.datastructures import FormData, QueryParams
 
-from .. import authz
+from .. import auth, authz
 from ..core.errors import AccessDenied, InvalidInput, LeaseqError
 from ..engine.operator import CANCEL_STATUSES, MAX_BULK, REDRIVE_STATUSES
 from ..queue import Queue
@@ -155,3 +157,82 @@ async def redrive_action(request: Request, action: str = Path(pattern="^(redrive
         flash["err"] = f"{len(done['skipped'])} not {verb}: " + ", ".join(str(i) for i in done["skipped"][:SHOWN_IDS])
     return _back(request, back, **flash)
 
+
+
+# -- limits: each window and the spend per day ----------------------------------------
+
+#: Days of settled spend the limits page shows, today included.
+SPEND_DAYS = 7
+
+
+@router.get("/limits", response_class=HTMLResponse)
+def limits_page(request: Request, s: Session = Depends(session)) -> HTMLResponse:
+    """Every limit with its windows (each total and what it holds now) and today's spend, and the
+    settled spend per limit and UTC day over the last :data:`SPEND_DAYS` days."""
+    try:
+        authz.authorize(s.principal, "read")  # limits span every queue
+    except LeaseqError as exc:
+        return render("error.html", request, s, status_code=exc.http_status, message=str(exc))
+    q = _queue(request)
+    today = q.now().date()
+    days = [(today - timedelta(days=n)).isoformat() for n in range(SPEND_DAYS)]
+    spend: dict[str, dict[str, int]] = {}
+    for row in q.limit_spend(days=SPEND_DAYS):
+        spend.setdefault(row["key"], {})[str(row["day"])[:10]] = int(row["units"])
+    return render("limits.html", request, s, limits=q.limits(), days=days, spend=spend)
+
+
+# -- fair share: each key's queued tasks, weight and share of the recent claims -------
+
+#: The most fairness keys the fair-share page reads: the most queued, and the most claimed.
+FAIR_KEYS_SHOWN = 50
+#: The recent claims it counts: within this many seconds, among the most recent events.
+FAIR_WINDOW = 3600.0
+FAIR_RECENT_EVENTS = 50_000
+
+
+def fair_share(q: Queue, principal: auth.Principal) -> list[dict[str, Any]]:
+    """Per queue that uses fairness keys (of those ``principal`` may read): its keys with the
+    most tasks queued and the most claimed in the last :data:`FAIR_WINDOW` seconds (at most
+    :data:`FAIR_KEYS_SHOWN` of each), each with its queued tasks, weight, claims and share of
+    the queue's claims (``""``: the tasks without a key)."""
+    with q.store.transaction() as tx:
+        queued = tx.rows("dashboard_fair_queued", limit=FAIR_KEYS_SHOWN)
+        claims = tx.rows("dashboard_fair_claims", window=FAIR_WINDOW, recent=FAIR_RECENT_EVENTS,
+                         limit=FAIR_KEYS_SHOWN)
+    queues: dict[str, dict[str, Any]] = {}
+
+    def entry(queue: str, key: str) -> dict[str, Any]:
+        found = queues.setdefault(queue, {"name": queue, "claims": 0, "keys": {}})
+        keys: dict[str, dict[str, Any]] = found["keys"]
+        return keys.setdefault(key, {"key": key, "queued": None, "weight": None, "claims": 0, "share": None})
+
+    for row in queued:
+        e = entry(row["queue"], row["key"])
+        e["queued"], e["weight"] = int(row["queued"]), row["weight"]
+    for row in claims:
+        e = entry(row["queue"], row["key"])
+        e["claims"] = int(row["claims"])
+        e["share"] = int(row["claims"]) / int(row["queue_claims"])
+        queues[row["queue"]]["claims"] = int(row["queue_claims"])
+        if e["weight"] is None:
+            e["weight"] = row["weight"]
+    out = []
+    for name in sorted(queues):
+        if not principal.may_use_queue(name):
+            continue
+        found = queues[name]
+        for e in found["keys"].values():
+            e["weight"] = 1.0 if e["weight"] is None else float(e["weight"])
+        found["keys"] = sorted(found["keys"].values(), key=lambda e: (-(e["queued"] or 0), -e["claims"], e["key"]))
+        out.append(found)
+    return out
+
+
+@router.get("/fairness", response_class=HTMLResponse)
+def fairness_page(request: Request, s: Session = Depends(session)) -> HTMLResponse:
+    """The queues that use fairness keys, and each key's queued tasks, weight and share of the
+    recent claims."""
+    authz.authorize(s.principal, "read_queues")
+    return render("fairness.html", request, s, queues=fair_share(_queue(request), s.principal),
+                  window=FAIR_WINDOW, shown=FAIR_KEYS_SHOWN)

@@ -2164,6 +2164,41 @@ WHERE e.type IN ('failed', 'lease_expired', 'lease_revoked') AND e.at >= now() -
 GROUP BY 1, 2, 3, 4
 ORDER BY 1;
 
+-- name: dashboard_fair_queued
+-- callers: operator, viewer
+-- FAIR SHARE, for the dashboard: the fairness keys with the most tasks queued
+-- (due or not), per queue, each with the weight its queued tasks carry (the
+-- largest, where they differ); at most limit keys. Reads leaseq_tasks_fair,
+-- which holds the queued tasks with a key only.
+SELECT t.queue, t.fairness_key AS key, count(*) AS queued, max(t.fairness_weight) AS weight
+FROM leaseq_tasks t
+WHERE t.status = 'queued' AND t.fairness_key IS NOT NULL
+GROUP BY t.queue, t.fairness_key
+ORDER BY count(*) DESC, t.queue, t.fairness_key
+LIMIT %(limit)s;
+
+-- name: dashboard_fair_claims
+-- callers: operator, viewer
+-- FAIR SHARE, for the dashboard: the claims of the last `window` seconds
+-- among the most recent `recent` events (a bounded read of the primary key's
+-- tail), per queue and fairness key ('': the tasks without one), in the
+-- queues where a task claimed had a key: each key's claims and weight, and
+-- its queue's claims; at most limit keys, the most claimed first.
+WITH served AS (
+    SELECT t.queue, coalesce(t.fairness_key, '') AS key, count(*) AS claims, max(t.fairness_weight) AS weight
+    FROM leaseq_events e JOIN leaseq_tasks t ON t.id = e.task_id
+    WHERE e.id > (SELECT coalesce(max(id), 0) FROM leaseq_events) - %(recent)s
+      AND e.type = 'claimed' AND e.at >= now() - make_interval(secs => %(window)s)
+    GROUP BY 1, 2
+), totals AS (
+    SELECT queue, sum(claims) AS total, bool_or(key <> '') AS keyed FROM served GROUP BY queue
+)
+SELECT s.queue, s.key, s.claims, s.weight, x.total::bigint AS queue_claims
+FROM served s JOIN totals x ON x.queue = s.queue
+WHERE x.keyed
+ORDER BY s.claims DESC, s.queue, s.key
+LIMIT %(limit)s;
+
 -- name: dashboard_task_version
 -- callers: operator, viewer
 -- What a task page shows changes when one of these does (live updates).

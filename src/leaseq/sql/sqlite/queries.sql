@@ -1439,6 +1439,32 @@ WHERE e.type IN ('failed', 'lease_expired', 'lease_revoked')
 GROUP BY 1, 2, 3, 4
 ORDER BY 1;
 
+-- name: dashboard_fair_queued
+-- See the PostgreSQL file.
+SELECT t.queue, t.fairness_key AS key, count(*) AS queued, max(t.fairness_weight) AS weight
+FROM leaseq_tasks t INDEXED BY leaseq_tasks_fair
+WHERE t.status = 'queued' AND t.fairness_key IS NOT NULL
+GROUP BY t.queue, t.fairness_key
+ORDER BY count(*) DESC, t.queue, t.fairness_key
+LIMIT :limit;
+
+-- name: dashboard_fair_claims
+-- See the PostgreSQL file.
+WITH served AS (
+    SELECT t.queue, coalesce(t.fairness_key, '') AS key, count(*) AS claims, max(t.fairness_weight) AS weight
+    FROM leaseq_events e JOIN leaseq_tasks t ON t.id = e.task_id
+    WHERE e.id > (SELECT coalesce(max(id), 0) FROM leaseq_events) - :recent
+      AND e.type = 'claimed' AND e.at >= (julianday('now') - 2440587.5) * 86400.0 - :window
+    GROUP BY 1, 2
+), totals AS (
+    SELECT queue, sum(claims) AS total, max(key <> '') AS keyed FROM served GROUP BY queue
+)
+SELECT s.queue, s.key, s.claims, s.weight, x.total AS queue_claims
+FROM served s JOIN totals x ON x.queue = s.queue
+WHERE x.keyed
+ORDER BY s.claims DESC, s.queue, s.key
+LIMIT :limit;
+
 -- name: dashboard_task_version
 SELECT t.status, t.updated_at, t.claim_generation, t.heartbeat_count, t.open_effects,
        (SELECT count(*) FROM leaseq_events e WHERE e.task_id = t.id) AS events,
