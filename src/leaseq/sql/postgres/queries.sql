@@ -2031,10 +2031,15 @@ WHERE (queue, priority, key) IN (
     WHERE f.served_at < now() - %(older_than)s::float8 * interval '1 second'
       AND f.vstart < (SELECT max(m.vstart) FROM leaseq_fairness m
                       WHERE m.queue = f.queue AND m.priority = f.priority)
-      AND NOT EXISTS (SELECT 1 FROM leaseq_tasks t
-                      WHERE t.status = 'queued' AND t.queue = f.queue AND t.fairness_key = f.key)
-      AND (f.key <> '' OR NOT EXISTS (SELECT 1 FROM leaseq_tasks t
-                                      WHERE t.status = 'queued' AND t.queue = f.queue AND t.fairness_key IS NULL))
+      -- a probe of leaseq_tasks_fair (or of the claimable index) per row: a scalar
+      -- subquery, which the planner keeps as one (an anti-join of every queued
+      -- task of the queue with every row of it, as NOT EXISTS may be planned, is
+      -- quadratic in the keys)
+      AND (SELECT t.id FROM leaseq_tasks t
+           WHERE t.status = 'queued' AND t.queue = f.queue AND t.fairness_key = f.key LIMIT 1) IS NULL
+      AND (f.key <> '' OR (SELECT t.id FROM leaseq_tasks t
+                           WHERE t.status = 'queued' AND t.queue = f.queue AND t.fairness_key IS NULL
+                           LIMIT 1) IS NULL)
     ORDER BY f.served_at
     LIMIT %(limit)s
     FOR UPDATE SKIP LOCKED)

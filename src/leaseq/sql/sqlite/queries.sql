@@ -1334,11 +1334,11 @@ WHERE rowid IN (SELECT f.rowid FROM leaseq_fairness f
                 WHERE f.served_at < (julianday('now') - 2440587.5) * 86400.0 - :older_than
                   AND f.vstart < (SELECT max(m.vstart) FROM leaseq_fairness m
                                   WHERE m.queue = f.queue AND m.priority = f.priority)
-                  AND NOT EXISTS (SELECT 1 FROM leaseq_tasks t INDEXED BY leaseq_tasks_fair
-                                  WHERE t.status = 'queued' AND t.queue = f.queue AND t.fairness_key = f.key)
-                  AND (f.key <> '' OR NOT EXISTS (SELECT 1 FROM leaseq_tasks t INDEXED BY leaseq_tasks_claimable
-                                                  WHERE t.status = 'queued' AND t.queue = f.queue
-                                                    AND t.fairness_key IS NULL))
+                  AND (SELECT t.id FROM leaseq_tasks t INDEXED BY leaseq_tasks_fair
+                       WHERE t.status = 'queued' AND t.queue = f.queue AND t.fairness_key = f.key LIMIT 1) IS NULL
+                  AND (f.key <> '' OR (SELECT t.id FROM leaseq_tasks t INDEXED BY leaseq_tasks_claimable
+                                       WHERE t.status = 'queued' AND t.queue = f.queue AND t.fairness_key IS NULL
+                                       LIMIT 1) IS NULL)
                 ORDER BY f.served_at
                 LIMIT :limit)
 RETURNING key;
