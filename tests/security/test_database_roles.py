@@ -251,6 +251,8 @@ def test_a_scoped_viewer_reads_across_queues_only_its_own(admin, make_role) -> N
     dsn = make_role("viewer", "default")
     admin.enqueue("job", {"n": 1})
     admin.enqueue("job", {"n": 2}, queue="payroll")
+    admin.enqueue_many("job", [{"n": 3}, {"n": 4}], queue="payroll", fairness_key="acme")  # for the fair-share reads
+    assert admin.claim(admin.register_worker("w2"), queue="payroll", limit=2)
     admin.pause("payroll")
     with leaseq.connect(dsn) as q:
         assert {s["queue"] for s in q.stats()} == {"default"}
@@ -258,7 +260,8 @@ def test_a_scoped_viewer_reads_across_queues_only_its_own(admin, make_role) -> N
     with psycopg.connect(dsn, autocommit=True) as conn:
         for query in ("leaseq_q_stats()", "leaseq_q_list_queues()", "leaseq_q_known_queues(100)",
                       "leaseq_q_dashboard_completed_by_minute(3600)", "leaseq_q_dashboard_failures_by_minute(3600)",
-                      "leaseq_q_open_intents_by_queue()", "leaseq_q_dashboard_worker_leases(100)"):
+                      "leaseq_q_open_intents_by_queue()", "leaseq_q_dashboard_worker_leases(100)",
+                      "leaseq_q_dashboard_fair_queued(100)", "leaseq_q_dashboard_fair_claims(1000, 3600, 100)"):
             assert "payroll" not in str(conn.execute(f"SELECT * FROM {query}").fetchall()), query
     for query in ("leaseq_q_audit_list(10)", "leaseq_q_list_workers()", "leaseq_q_served_kinds()",
                   "leaseq_q_dashboard_kinds()", "leaseq_q_dashboard_worker_last_events(100)",
@@ -269,6 +272,9 @@ def test_a_scoped_viewer_reads_across_queues_only_its_own(admin, make_role) -> N
     # unscoped, the same reads see every queue
     with leaseq.connect(make_role("viewer")) as q:
         assert {s["queue"] for s in q.stats()} == {"default", "payroll"}
+    with psycopg.connect(make_role("viewer"), autocommit=True) as conn:
+        for query in ("leaseq_q_dashboard_fair_queued(100)", "leaseq_q_dashboard_fair_claims(1000, 3600, 100)"):
+            assert "payroll" in str(conn.execute(f"SELECT * FROM {query}").fetchall()), query
 
 
 def test_a_scoped_operator_cannot_run_retention_over_other_queues(admin, make_role) -> None:
@@ -285,7 +291,8 @@ def test_a_scoped_operator_cannot_run_retention_over_other_queues(admin, make_ro
                 q.prune(0, **kwargs)
     for query in ("leaseq_q_prune_finished_ids(0, 10)", "leaseq_q_scrub_finished_ids(0, 10)",
                   "leaseq_q_prune_evidence(0, 10)", "leaseq_q_prune_audit(0, 10)",
-                  "leaseq_q_prune_flow_keys(0, 10)", "leaseq_q_prune_spend(0, 10)"):
+                  "leaseq_q_prune_flow_keys(0, 10)", "leaseq_q_prune_spend(0, 10)",
+                  "leaseq_q_prune_fairness(0, 10)"):
         assert "covers every queue" in refused(dsn, f"SELECT * FROM {query}"), query
     assert admin.get(task.id).result == {"paid": True}
     with leaseq.connect(make_role("operator")) as q:  # unscoped, it may

@@ -296,6 +296,10 @@ def test_forms_routes_and_commands_come_from_the_table(svc: Service) -> None:
         assert ("signal" in offered) == (status != "dead"), status
         assert offered - {"signal"} == expected, status
         assert "<form method=\"post\" action=\"/tasks/" not in viewer.get(f"/tasks/{task}").text
+    # the redrive page offers the bulk actions by filter the role may take, and no page to a role that may take none
+    offered = set(re.findall(r'<option value="(redrive|cancel_where)"', operator.get("/redrive").text))
+    assert offered == {a for a in ("redrive", "cancel_where") if authz.ACTIONS[a].right in auth.RIGHTS["operator"]}
+    assert offered and viewer.get("/redrive").status_code == 403
     svc.q.enqueue("job", queue="mail")
     assert 'action="/queues/mail/pause"' in operator.get("/").text
     # an action posted to the route of another kind of target (a worker action on a task) has no route there

@@ -75,7 +75,7 @@ def test_prune_command(q: leaseq.Queue, dsn: str) -> None:
     code, out, _ = run(dsn, "prune", "--older-than", "30d", "--payloads-older-than", "7d", "--json")
     assert code == 0 and json.loads(out) == {"tasks": 0, "events": 0, "effects": 0, "payloads": 1, "evidence": 0,
                                              "evidence_pruned": 0, "audit_pruned": 0, "streams": 0,
-                                             "spend_pruned": 0, "flow_keys_pruned": 0}
+                                             "spend_pruned": 0, "flow_keys_pruned": 0, "fairness_pruned": 0}
     assert q.get(t.id).payload is None and len(q.events(t.id)) == 3
     code, out, _ = run(dsn, "prune", "--older-than", "1w")
     assert code == 0 and out.startswith("pruned 1 task(s), 2 event(s)")  # the enqueued entry is the row itself

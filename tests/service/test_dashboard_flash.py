@@ -43,7 +43,8 @@ def test_a_crafted_link_shows_none_of_its_text(svc: Service) -> None:
     task = svc.q.enqueue("job", {"n": 1}, queue="mail")
     client = dashboard_login(svc.url, svc.token("operator", "olga"))
     try:
-        for path in ("/", "/tasks", f"/tasks/{task.id}", "/inbox", "/approvals", "/workers"):
+        for path in ("/", "/tasks", f"/tasks/{task.id}", "/inbox", "/approvals", "/workers", "/limits",
+                     "/fairness", "/redrive"):
             html = _get(client, path, **CRAFTED).text
             assert "evil.example" not in html and _banner(html) == [], path
         refused = client.get("/charts", params=CRAFTED)  # the charts page takes no unknown parameter

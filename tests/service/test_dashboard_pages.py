@@ -198,7 +198,8 @@ def test_viewer_sees_no_action_forms(browser, q: leaseq.Queue) -> None:
     with dashboard(browser, q) as page:
         login(page, token(q, "viewer", "vera"))
         assert page.locator("#queues form").count() == 0
-        for path in ("/tasks", f"/tasks/{dead}", f"/tasks/{blocked.id}", "/inbox", "/workers", "/charts"):
+        for path in ("/tasks", f"/tasks/{dead}", f"/tasks/{blocked.id}", "/inbox", "/workers", "/charts",
+                     "/limits", "/fairness", "/redrive?action=redrive&status=dead"):
             page.goto(path)
             assert page.locator("main form[method=post]").count() == 0, path
             assert page.locator("input[name=ids]").count() == 0, path
@@ -290,8 +291,20 @@ def test_a_screenshot_of_each_page(browser, q: leaseq.Queue, tmp_path: Path) -> 
     [paid] = q.claim(w, queue="payments")
     q.complete(w, paid, {"refund_id": "re_7"})
     q.pause("mail", by="test")
+    # a limit with windows and a day's spend, and a queue served by fair share
+    q.set_limit("llm-tokens", counts="units", per_minute=90_000, per_day=2_000_000, max_running=8)
+    llm = q.enqueue("summarize", {"doc": 99}, queue="agents", limits=["llm-tokens"], units=4000)
+    [call] = q.claim(w, queue="agents")
+    q.consume(w, call, f"{llm.idempotency_key}:consume:0", "llm-tokens", 3600)
+    q.complete(w, call, {"ok": True})
+    for tenant, weight, n in (("acme", 1, 40), ("globex", 2, 12), ("initech", 1, 3)):
+        q.enqueue_many("summarize", [{"doc": i} for i in range(n)], queue="agents", fairness_key=tenant,
+                       fairness_weight=weight)
+    q.claim(w, queue="agents", limit=12)
     pages = {"login": "/login", "overview": "/", "tasks": "/tasks", "task": f"/tasks/{gated.id}",
-             "inbox": "/inbox", "workers": "/workers", "charts": "/charts?window=15m"}
+             "inbox": "/inbox", "workers": "/workers", "charts": "/charts?window=15m",
+             "redrive": "/redrive?action=redrive&status=dead&older_than=0s", "limits": "/limits",
+             "fairness": "/fairness"}
     out = os.environ.get("LEASEQ_DASHBOARD_SCREENSHOTS")
     with dashboard(browser, q) as page:
         page.goto("/login")

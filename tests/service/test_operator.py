@@ -135,7 +135,7 @@ def test_prune_keeps_what_incident_review_needs(q: leaseq.Queue, dsn: str) -> No
     assert q.get(recent).result == {"answer": 42} and q.get(ids["blocked"]).payload == {"doc": "blocked"}
     assert q.prune(30 * DAY, payloads_older_than_seconds=7 * DAY) == {
         "tasks": 0, "events": 0, "effects": 0, "payloads": 0, "evidence": 0, "evidence_pruned": 0, "audit_pruned": 0,
-        "streams": 0, "spend_pruned": 0, "flow_keys_pruned": 0}
+        "streams": 0, "spend_pruned": 0, "flow_keys_pruned": 0, "fairness_pruned": 0}
 
 
 def test_prune_refuses_bad_input(q: leaseq.Queue) -> None:

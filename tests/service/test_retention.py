@@ -88,7 +88,7 @@ COLUMNS: dict[str, str] = {
     # one lock row per singleton or debounce key an enqueue named (not pruned yet: the keys are
     # the application's own, as idempotency keys are)
     **{f"leaseq_flow_keys.{c}": "flow-control key lock" for c in ("scope", "queue", "key")},
-    # one row per fairness key a claim served, with its virtual time (not pruned yet, as above)
+    # one row per fairness key a claim served, with its virtual time (pruned once idle)
     **{f"leaseq_fairness.{c}": "fair-share key's turn" for c in ("queue", "key")},
 }
 
@@ -509,6 +509,56 @@ def test_flow_keys_and_spend_per_day_are_pruned(q: leaseq.Queue, dsn: str) -> No
     # the key works as before: its row is made again, and the singleton still holds
     assert q.enqueue("sync", singleton_key="customer-1").enqueue_outcome == "skipped"
     assert q.enqueue("sync", singleton_key="customer-2").enqueue_outcome == "created"
+
+
+def _fair_rows(dsn: str) -> dict[tuple[str, str], float]:
+    """Every fair-share row: (queue, key) -> the key's virtual time (one priority is used here)."""
+    if dsn.startswith("sqlite"):
+        conn = sqlite3.connect(dsn.removeprefix("sqlite:///"))
+        try:
+            return {(r[0], r[1]): r[2] for r in conn.execute("SELECT queue, key, vtime FROM leaseq_fairness")}
+        finally:
+            conn.close()
+    import psycopg
+
+    with psycopg.connect(dsn) as conn:
+        conn.execute("SET ROLE leaseq_owner")
+        return {(r[0], r[1]): r[2] for r in conn.execute("SELECT queue, key, vtime FROM leaseq_fairness")}
+
+
+def test_idle_fairness_keys_are_pruned_and_start_level_when_back(q: leaseq.Queue, dsn: str) -> None:
+    """A fair-share key's row (its virtual time) goes once no task of the key is queued and no
+    claim served it within the retention; a key with a task queued (due or not) stays, and so
+    does the row holding the priority's virtual time (the latest served), so the clock never runs
+    back. A key back after its row went starts level with the keys being served: its first task
+    goes out at once, however deep the others' backlog."""
+    w = q.register_worker("w")
+    q.enqueue_many("job", [{"n": n} for n in range(40)], queue="fq", fairness_key="acme")  # a deep backlog
+    q.enqueue("job", queue="fq", fairness_key="gone")   # served, then nothing queued: pruned
+    q.enqueue("job", queue="fq", fairness_key="held")   # served, then one queued for later: kept
+    q.enqueue("job", queue="fq")                        # the tasks without a key: pruned likewise
+    q.enqueue("job", queue="solo", fairness_key="only")  # the latest served of its queue: kept
+    served = [c.task.fairness_key for c in q.claim(w, queue="fq", limit=10)]
+    assert {"gone", "held", None} <= set(served), served
+    q.claim(w, queue="solo")
+    q.enqueue("job", queue="fq", fairness_key="held", delay=3600)
+    assert set(_fair_rows(dsn)) == {("fq", "acme"), ("fq", "gone"), ("fq", "held"), ("fq", ""),
+                                    ("solo", "only")}
+    assert q.prune(30 * DAY)["fairness_pruned"] == 0  # all recent
+    _age_rows(dsn, "leaseq_fairness", "served_at", 40 * DAY)
+    counts = q.prune(30 * DAY, batch=1)
+    assert counts["fairness_pruned"] == 2
+    assert set(_fair_rows(dsn)) == {("fq", "acme"), ("fq", "held"), ("solo", "only")}
+    assert q.prune(30 * DAY)["fairness_pruned"] == 0
+    # back after its row went: level with acme, whose backlog is still 30 deep
+    back = q.enqueue("job", queue="fq", fairness_key="gone")
+    claimed = [c.task.id for c in q.claim(w, queue="fq", limit=2)]
+    assert back.id in claimed, claimed
+    # and is owed nothing: with a backlog of its own it takes every other turn (level within a
+    # task's cost), not a run of the turns it missed while idle
+    q.enqueue_many("job", [{"n": n} for n in range(10)], queue="fq", fairness_key="gone")
+    served = [c.task.fairness_key for c in q.claim(w, queue="fq", limit=10)]
+    assert served.count("gone") in (5, 6) and "acme" in served[:3], served
 
 
 def test_streams_have_a_retention_of_their_own(q: leaseq.Queue, dsn: str) -> None:

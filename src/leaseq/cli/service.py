@@ -501,5 +501,6 @@ def prune(ctx: click.Context, older_than: str, payloads_older_than: str | None, 
                f"cleared {counts['payloads']} task(s)' user data; kept {counts['evidence']} and pruned "
                f"{counts['evidence_pruned']} evidence entries and {counts['audit_pruned']} audit entries"
                + (f"; deleted {counts['streams']} task(s)' streams" if streams is not None else "")
-               + (f"; forgot {counts['spend_pruned']} day(s) of limit spend and {counts['flow_keys_pruned']} "
-                  "singleton or debounce key(s)" if counts["spend_pruned"] or counts["flow_keys_pruned"] else ""))
+               + (f"; forgot {counts['spend_pruned']} day(s) of limit spend, {counts['flow_keys_pruned']} "
+                  f"singleton or debounce key(s) and {counts['fairness_pruned']} fair-share key row(s)"
+                  if counts["spend_pruned"] or counts["flow_keys_pruned"] or counts["fairness_pruned"] else ""))

@@ -150,15 +150,16 @@ def prune(s: Settings, older_than_seconds: float, *, payloads_older_than_seconds
         settings["streams_older_than_seconds"] = streams
     keys = list(EVIDENCE_KEYS)
     counts = dict.fromkeys(("tasks", "events", "effects", "payloads", "evidence", "evidence_pruned",
-                            "audit_pruned", "streams", "flow_keys_pruned", "spend_pruned"), 0)
+                            "audit_pruned", "streams", "flow_keys_pruned", "spend_pruned", "fairness_pruned"), 0)
 
     def passes(step: str, cut: float) -> Op[None]:
         while True:
             yield BEGIN
             done = dict.fromkeys(counts, 0)
-            if step in ("evidence", "audit", "flow_keys", "spend"):
-                # the evidence record, the audit log and the spend per day (one clock), and the
-                # lock rows of singleton and debounce keys no enqueue named within the retention
+            if step in ("evidence", "audit", "flow_keys", "spend", "fairness"):
+                # the evidence record, the audit log and the spend per day (one clock), the
+                # lock rows of singleton and debounce keys no enqueue named within the retention,
+                # and the fair-share rows of keys idle for it
                 n = len((yield rows(f"prune_{step}", older_than=cut, limit=batch)))
                 done[f"{step}_pruned"] = n
             elif step == "streams":  # the streams of ended tasks, on a retention of their own
@@ -189,6 +190,7 @@ def prune(s: Settings, older_than_seconds: float, *, payloads_older_than_seconds
     yield from passes("audit", evidence)
     yield from passes("spend", evidence)
     yield from passes("flow_keys", older)
+    yield from passes("fairness", older)
     if record_empty and not any(counts.values()):
         yield BEGIN
         yield from audit(by, via, "prune", "retention", **settings, **counts)

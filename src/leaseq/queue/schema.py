@@ -62,8 +62,10 @@ class SchemaOps(QueueBase):
         ``evidence_pruned`` (evidence entries deleted), ``audit_pruned`` (audit
         entries deleted), ``streams`` (tasks whose stream was deleted by its retention),
         ``spend_pruned`` (days of a limit's settled spend older than the evidence retention,
-        deleted) and ``flow_keys_pruned`` (singleton and debounce keys no enqueue named within
-        ``older_than_seconds``, forgotten: the next enqueue of a key makes its row again).
+        deleted), ``flow_keys_pruned`` (singleton and debounce keys no enqueue named within
+        ``older_than_seconds``, forgotten: the next enqueue of a key makes its row again) and
+        ``fairness_pruned`` (fair-share rows of keys with no task queued that no claim served
+        within ``older_than_seconds``: a key back later starts level with the keys served).
         """
         return self._run(engine.schema.prune(self.settings, older_than_seconds,
                                              payloads_older_than_seconds=payloads_older_than_seconds,

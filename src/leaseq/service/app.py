@@ -382,7 +382,7 @@ def create_app(queue: Queue, settings: ServiceSettings | None = None, **options:
     #: open GET /v1/tasks/{id}/stream responses
     app.state.task_streams = 0
 
-    from . import dashboard, insight, live, operator_api, worker_api, worker_batch
+    from . import dashboard, dashboard_flow, insight, live, operator_api, worker_api, worker_batch
 
     app.add_exception_handler(dashboard.LoginRequired, dashboard.login_redirect)
     app.add_exception_handler(LeaseqError, _leaseq_error)
@@ -398,6 +398,7 @@ def create_app(queue: Queue, settings: ServiceSettings | None = None, **options:
     app.include_router(worker_api.router)
     app.include_router(operator_api.router)
     app.include_router(dashboard.router)
+    app.include_router(dashboard_flow.router)
     app.include_router(insight.router)
     app.include_router(live.router)
 

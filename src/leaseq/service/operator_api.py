@@ -31,6 +31,7 @@ from ..aio import AsyncQueue
 from ..queue import Queue
 from .access import WORKER_ID_PATTERN, api_principal, need, room_to_wait
 from .asks import present_ask, readable_asks
+from .redrive import Where, act_where
 from .views import (present_approval, present_effect, present_event, present_task, readable_approvals,
                     readable_overview, readable_tasks, task_timeline)
 from .wakeups import WorkSignal, follow_stream, wait_for_task
@@ -441,20 +442,9 @@ def limit_spend(request: Request, key: str | None = Query(None), days: int = Que
 
 
 def _where(request: Request, principal: auth.Principal, action: str, body: WhereBody) -> dict[str, Any]:
-    authz.authorize_role(principal, action)
-    if principal.queues is not None and body.queue is None:
-        raise auth.AccessDenied(f"this token is limited to queues {', '.join(principal.queues)}: name one (queue)")
-    if body.queue is not None:
-        authz.authorize(principal, action, queue=checks.check_name("queue", body.queue))
-    q = _queue(request)
-    options: dict[str, Any] = dict(queue=body.queue, kind=body.kind, error=body.error, older_than=body.older_than,
-                                   limit=body.limit, dry_run=body.dry_run, by=principal.actor, via="api")
-    if action == "redrive":
-        return q.redrive(status="dead" if body.status is None else body.status,
-                         note="redriven" if body.note is None else body.note, **options)
-    if body.status is None:
-        raise InvalidInput("status", "name the statuses to cancel")
-    return q.cancel_where(status=body.status, reason="cancelled" if body.note is None else body.note, **options)
+    where = Where(status=body.status, queue=body.queue, kind=body.kind, error=body.error,
+                  older_than=body.older_than, limit=body.limit, note=body.note)
+    return act_where(_queue(request), principal, action, where, dry_run=body.dry_run, via="api")
 
 
 @router.post("/tasks/redrive", tags=["tasks"], summary="Requeue dead (or blocked) tasks matching a filter")

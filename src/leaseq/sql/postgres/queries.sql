@@ -2014,6 +2014,37 @@ WHERE (scope, queue, key) IN (SELECT f.scope, f.queue, f.key FROM leaseq_flow_ke
                               FOR UPDATE SKIP LOCKED)
 RETURNING scope;
 
+-- name: prune_fairness
+-- callers: operator
+-- The fair-share rows (leaseq_fairness) of keys idle for the retention: no
+-- claim has served the key at that priority within older_than seconds, and
+-- no task of it is queued in the row's queue ('': the tasks without a key).
+-- A key back after its row went starts level with the keys being served, as
+-- a key back from idle does with its row kept: the claim starts a key never
+-- more than one task's cost behind the priority's virtual time. That time is
+-- the latest vstart of the priority's rows, so the row holding it is kept and
+-- the priority's clock never runs back. A row a claim holds now is skipped;
+-- one deleted under a waiting claim is inserted again by its charge.
+DELETE FROM leaseq_fairness
+WHERE (queue, priority, key) IN (
+    SELECT f.queue, f.priority, f.key FROM leaseq_fairness f
+    WHERE f.served_at < now() - %(older_than)s::float8 * interval '1 second'
+      AND f.vstart < (SELECT max(m.vstart) FROM leaseq_fairness m
+                      WHERE m.queue = f.queue AND m.priority = f.priority)
+      -- a probe of leaseq_tasks_fair (or of the claimable index) per row: a scalar
+      -- subquery, which the planner keeps as one (an anti-join of every queued
+      -- task of the queue with every row of it, as NOT EXISTS may be planned, is
+      -- quadratic in the keys)
+      AND (SELECT t.id FROM leaseq_tasks t
+           WHERE t.status = 'queued' AND t.queue = f.queue AND t.fairness_key = f.key LIMIT 1) IS NULL
+      AND (f.key <> '' OR (SELECT t.id FROM leaseq_tasks t
+                           WHERE t.status = 'queued' AND t.queue = f.queue AND t.fairness_key IS NULL
+                           LIMIT 1) IS NULL)
+    ORDER BY f.served_at
+    LIMIT %(limit)s
+    FOR UPDATE SKIP LOCKED)
+RETURNING key;
+
 -- name: prune_spend
 -- callers: operator
 -- Each limit's settled spend per UTC day (leaseq_limit_spend), for the days
@@ -2137,6 +2168,41 @@ FROM leaseq_events e JOIN leaseq_tasks t ON t.id = e.task_id
 WHERE e.type IN ('failed', 'lease_expired', 'lease_revoked') AND e.at >= now() - make_interval(secs => %(window)s)
 GROUP BY 1, 2, 3, 4
 ORDER BY 1;
+
+-- name: dashboard_fair_queued
+-- callers: operator, viewer
+-- FAIR SHARE, for the dashboard: the fairness keys with the most tasks queued
+-- (due or not), per queue, each with the weight its queued tasks carry (the
+-- largest, where they differ); at most limit keys. Reads leaseq_tasks_fair,
+-- which holds the queued tasks with a key only.
+SELECT t.queue, t.fairness_key AS key, count(*) AS queued, max(t.fairness_weight) AS weight
+FROM leaseq_tasks t
+WHERE t.status = 'queued' AND t.fairness_key IS NOT NULL
+GROUP BY t.queue, t.fairness_key
+ORDER BY count(*) DESC, t.queue, t.fairness_key
+LIMIT %(limit)s;
+
+-- name: dashboard_fair_claims
+-- callers: operator, viewer
+-- FAIR SHARE, for the dashboard: the claims of the last `window` seconds
+-- among the most recent `recent` events (a bounded read of the primary key's
+-- tail), per queue and fairness key ('': the tasks without one), in the
+-- queues where a task claimed had a key: each key's claims and weight, and
+-- its queue's claims; at most limit keys, the most claimed first.
+WITH served AS (
+    SELECT t.queue, coalesce(t.fairness_key, '') AS key, count(*) AS claims, max(t.fairness_weight) AS weight
+    FROM leaseq_events e JOIN leaseq_tasks t ON t.id = e.task_id
+    WHERE e.id > (SELECT coalesce(max(id), 0) FROM leaseq_events) - %(recent)s
+      AND e.type = 'claimed' AND e.at >= now() - make_interval(secs => %(window)s)
+    GROUP BY 1, 2
+), totals AS (
+    SELECT queue, sum(claims) AS total, bool_or(key <> '') AS keyed FROM served GROUP BY queue
+)
+SELECT s.queue, s.key, s.claims, s.weight, x.total::bigint AS queue_claims
+FROM served s JOIN totals x ON x.queue = s.queue
+WHERE x.keyed
+ORDER BY s.claims DESC, s.queue, s.key
+LIMIT %(limit)s;
 
 -- name: dashboard_task_version
 -- callers: operator, viewer

@@ -1327,6 +1327,22 @@ WHERE rowid IN (SELECT rowid FROM leaseq_flow_keys
                 LIMIT :limit)
 RETURNING scope;
 
+-- name: prune_fairness
+-- See the PostgreSQL file (a write transaction of SQLite holds the file: no row to skip).
+DELETE FROM leaseq_fairness
+WHERE rowid IN (SELECT f.rowid FROM leaseq_fairness f
+                WHERE f.served_at < (julianday('now') - 2440587.5) * 86400.0 - :older_than
+                  AND f.vstart < (SELECT max(m.vstart) FROM leaseq_fairness m
+                                  WHERE m.queue = f.queue AND m.priority = f.priority)
+                  AND (SELECT t.id FROM leaseq_tasks t INDEXED BY leaseq_tasks_fair
+                       WHERE t.status = 'queued' AND t.queue = f.queue AND t.fairness_key = f.key LIMIT 1) IS NULL
+                  AND (f.key <> '' OR (SELECT t.id FROM leaseq_tasks t INDEXED BY leaseq_tasks_claimable
+                                       WHERE t.status = 'queued' AND t.queue = f.queue AND t.fairness_key IS NULL
+                                       LIMIT 1) IS NULL)
+                ORDER BY f.served_at
+                LIMIT :limit)
+RETURNING key;
+
 -- name: prune_spend
 -- See the PostgreSQL file. The day is the ISO date, as text: it orders as the date does.
 DELETE FROM leaseq_limit_spend
@@ -1422,6 +1438,32 @@ WHERE e.type IN ('failed', 'lease_expired', 'lease_revoked')
   AND e.at >= (julianday('now') - 2440587.5) * 86400.0 - :window
 GROUP BY 1, 2, 3, 4
 ORDER BY 1;
+
+-- name: dashboard_fair_queued
+-- See the PostgreSQL file.
+SELECT t.queue, t.fairness_key AS key, count(*) AS queued, max(t.fairness_weight) AS weight
+FROM leaseq_tasks t INDEXED BY leaseq_tasks_fair
+WHERE t.status = 'queued' AND t.fairness_key IS NOT NULL
+GROUP BY t.queue, t.fairness_key
+ORDER BY count(*) DESC, t.queue, t.fairness_key
+LIMIT :limit;
+
+-- name: dashboard_fair_claims
+-- See the PostgreSQL file.
+WITH served AS (
+    SELECT t.queue, coalesce(t.fairness_key, '') AS key, count(*) AS claims, max(t.fairness_weight) AS weight
+    FROM leaseq_events e JOIN leaseq_tasks t ON t.id = e.task_id
+    WHERE e.id > (SELECT coalesce(max(id), 0) FROM leaseq_events) - :recent
+      AND e.type = 'claimed' AND e.at >= (julianday('now') - 2440587.5) * 86400.0 - :window
+    GROUP BY 1, 2
+), totals AS (
+    SELECT queue, sum(claims) AS total, max(key <> '') AS keyed FROM served GROUP BY queue
+)
+SELECT s.queue, s.key, s.claims, s.weight, x.total AS queue_claims
+FROM served s JOIN totals x ON x.queue = s.queue
+WHERE x.keyed
+ORDER BY s.claims DESC, s.queue, s.key
+LIMIT :limit;
 
 -- name: dashboard_task_version
 SELECT t.status, t.updated_at, t.claim_generation, t.heartbeat_count, t.open_effects,
