@@ -31,4 +31,5 @@ SAMPLES: dict[type[LeaseqError], LeaseqError] = {
     errors.ToolCallDiverged: errors.ToolCallDiverged("run-1:llm.chat:0"),
     errors.WaitTimedOut: errors.WaitTimedOut("approval"),
     errors.ChildFailed: errors.ChildFailed(12, "dead", "boom"),
+    errors.BudgetSpent: errors.BudgetSpent(7, 2, {"key": "tokens", "budget": 10, "spent": 12, "owner": 3}),
 }

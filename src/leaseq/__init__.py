@@ -11,7 +11,7 @@
 
 from .aio import AsyncQueue, connect_async
 from .app import App, TaskDefinition
-from .core.errors import (ApprovalExpired, ApprovalMismatch, BackendUnavailable, ChildFailed, ConfigError, CredentialMissing,
+from .core.errors import (ApprovalExpired, ApprovalMismatch, BackendUnavailable, BudgetSpent, ChildFailed, ConfigError, CredentialMissing,
                           IdempotencyKeyConflict, InvalidInput, InvalidTransition, LeaseLost, LeaseqError, NotFound,
                           Permanent, QueuePaused, StaleToken, ToolCallDiverged, UnknownWorker, WaitTimedOut)
 from .core.retry import Retry, RetryPolicy
@@ -26,7 +26,7 @@ __version__ = "0.1.0"
 
 __all__ = [
     "App", "Approval", "ApprovalExpired", "ApprovalMismatch", "approval_digest", "CredentialMissing", "Permanent", "TaskDefinition", "TaskContext",
-    "AsyncQueue", "BackendUnavailable", "ChildFailed", "ChildHandle", "Claim", "Claims", "ConfigError", "Effect", "EffectKind", "Event",
+    "AsyncQueue", "BackendUnavailable", "BudgetSpent", "ChildFailed", "ChildHandle", "Claim", "Claims", "ConfigError", "Effect", "EffectKind", "Event",
     "IdempotencyKeyConflict", "InvalidInput", "InvalidTransition", "LeaseLost", "LeaseqError", "NotFound", "Queue", "QueuePaused",
     "Retry", "RetryPolicy",
     "StaleToken", "Status", "StreamItem", "Task", "Tool", "ToolCallDiverged", "UnknownWorker", "WaitTimedOut", "Worker", "connect",

@@ -162,8 +162,8 @@ class AsyncQueue:
                            deadline: datetime | timedelta | None = None, after: Iterable[int] | None = None,
                            on_dependency_failure: str = "cancel", connection: Any = None,
                            limits: Iterable[str] | None = None, units: int = 1,
-                     resources: Iterable[str] | None = None, fairness_key: str | None = None,
-                     fairness_weight: float = 1.0) -> list[int]:
+                           resources: Iterable[str] | None = None, fairness_key: str | None = None,
+                           fairness_weight: float = 1.0, budget: Mapping[str, int] | None = None) -> list[int]:
         """:meth:`Queue.enqueue_many`, awaited."""
         op = engine.enqueue.enqueue_many(self.settings, kind, payloads, effect=effect, queue=queue,
                                          idempotency_keys=idempotency_keys, priority=priority, delay=delay,
@@ -171,7 +171,7 @@ class AsyncQueue:
                                          timeout=timeout, deadline=deadline, after=after,
                                          on_dependency_failure=on_dependency_failure, limits=limits, units=units,
                                          resources=resources, fairness_key=fairness_key,
-                                         fairness_weight=fairness_weight)
+                                         fairness_weight=fairness_weight, budget=budget)
         return await (self._arun(op) if connection is None else self._arun_in(connection, op))
 
     async def _arun_in(self, connection: Any, op: Op[T]) -> T:

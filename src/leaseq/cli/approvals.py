@@ -52,7 +52,8 @@ def approvals(ctx: click.Context, queue: str | None, limit: int, as_json: bool) 
         deadline = as_datetime(a.deadline_at).isoformat(timespec="seconds") if a.deadline_at else "none"
         requested = a.requested_by
         if a.reason == "budget" and a.detail:  # a budget spent: the figures, and how to raise it
-            requested += (f"\nbudget of {a.detail.get('key')} spent: {a.detail.get('spent')} of "
+            whose = "" if a.detail.get("owner") is None else f" (task {a.detail['owner']}'s tree)"
+            requested += (f"\nbudget of {a.detail.get('key')}{whose} spent: {a.detail.get('spent')} of "
                           f"{a.detail.get('budget')} (--raise-budget)")
         table.add_row(str(a.task_id), f"{task.kind}\n{task.queue}", requested, deadline,
                       Text.assemble(json.dumps(task.payload, ensure_ascii=False, sort_keys=True), "\n",

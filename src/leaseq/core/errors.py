@@ -472,6 +472,42 @@ class ToolCallDiverged(LeaseqError):
                    requested=fields.get("requested"))
 
 
+class BudgetSpent(LeaseLost):
+    """A budget covering the task is spent: the attempt stopped at the ledger step it was
+    about to begin (a tool call, a wait, a spawn, an intent), and the task waits for a person.
+
+    Budgets cover the tree (schema 34): a budget on a task covers everything it spawns and
+    intends, so a sibling's, a child's or the task's own consumption may take it past. The
+    step is not begun; the operation that found it ended the attempt under its lease (the
+    task is ``awaiting_approval``, its request's reason ``"budget"`` with the figures) and
+    committed that. A handler sees it as its attempt suspended; an approval (``raise_budget=``
+    raises the budget that ran out, ``owner``'s) resumes it from its ledger. A refinement of
+    :class:`LeaseLost`: the caller's lease is gone.
+    """
+
+    code = "budget_spent"
+    http_status = 409
+    cli_field = "budget"
+
+    def __init__(self, task_id: int, generation: int, figures: dict[str, Any] | None = None,
+                 reason: str | None = None):
+        self.figures = dict(figures or {})
+        key, spent, budget = self.figures.get("key"), self.figures.get("spent"), self.figures.get("budget")
+        owner = self.figures.get("owner")
+        whose = "its budget" if owner is None else f"the budget of task {owner}"
+        super().__init__(task_id, generation, reason or f"{whose} of {key} is spent ({spent} of {budget}): "
+                                                        "the task waits for an approval")
+
+    def wire_fields(self) -> dict[str, Any]:
+        return {**super().wire_fields(), "figures": self.figures}
+
+    @classmethod
+    def from_wire(cls, message: str, fields: dict[str, Any]) -> BudgetSpent:
+        figures = fields.get("figures")
+        return cls(fields.get("task_id", 0), fields.get("generation", 0),
+                   figures if isinstance(figures, dict) else None, fields.get("reason", message))
+
+
 #: Every error class that owns a code, once. A subclass that declares no
 #: ``code`` of its own (:class:`InvalidActionToken`) is a refinement that
 #: travels as its parent.
@@ -552,7 +588,7 @@ ERRORS: tuple[type[LeaseqError], ...] = (
     LeaseqError, LeaseLost, InvalidInput, BodyTooLarge, NotFound, UnknownWorker, InvalidTransition, QueuePaused,
     ConfigError, BackendUnavailable, StaleToken, Permanent, CredentialMissing, AccessDenied, Unauthorized,
     RateLimited, IdempotencyKeyReused, IdempotencyKeyConflict, ApprovalMismatch, ApprovalExpired, ToolCallDiverged,
-    WaitTimedOut, ChildFailed,
+    WaitTimedOut, ChildFailed, BudgetSpent,
 )
 
 

@@ -272,6 +272,14 @@ def _refuse_requester(before: dict[str, Any], req: dict[str, Any], decider: Deci
                            "a request is decided by someone other than its requester")
 
 
+def _budget_owner(before: dict[str, Any], req: dict[str, Any]) -> int:
+    """The task whose budget a request for more names: the requester's own, or (budgets cover
+    the tree) the budgeted ancestor's whose tree spent it (``owner`` in the figures)."""
+    detail = _detail(req.get("detail")) if req.get("reason") == "budget" else None
+    owner = None if detail is None else detail.get("owner")
+    return owner if isinstance(owner, int) and not isinstance(owner, bool) else int(before["id"])
+
+
 def _decide(task_id: int, decision: str, by: str, via: str | None, note: str | None) -> Op[dict[str, Any] | None]:
     """Record a person's decision while the request's deadline has not passed (None: it has)."""
     decided: dict[str, Any] | None = yield one("decide_approval_in_time", task_id=task_id, decision=decision,
@@ -302,7 +310,15 @@ def approve(s: Settings, task_id: int, digest: str, note: str | None = None, *, 
     by, via = yield from acting(by, via)
     before, req = yield from _pending(task_id)
     yield from _refuse_requester(before, req, decider)
-    budget = raised(before.get("budget"), raise_budget)  # InvalidInput for a key the budget does not name
+    owner = _budget_owner(before, req)  # whose budget a raise raises: the one that ran out
+    if owner != task_id and raise_budget is not None:
+        found = yield one("lock_task", task_id=owner)  # the ancestor, locked after its descendant
+        if found is None:
+            raise InvalidInput("raise_budget", f"the budget that ran out was task {owner}'s, which retention "
+                                               "has removed since: approve without a raise")
+        budget = raised(found.get("budget"), raise_budget)
+    else:
+        budget = raised(before.get("budget"), raise_budget)  # InvalidInput for a key the budget does not name
     current = digest_of(before)
     if not hmac.compare_digest(digest, current):
         raise ApprovalMismatch(task_id, digest)
@@ -311,9 +327,12 @@ def approve(s: Settings, task_id: int, digest: str, note: str | None = None, *, 
     if (yield from _decide(task_id, "approved", by, via, note)) is None:
         yield from _too_late(s, before, req, "approve", by)
     raise_detail: dict[str, Any] = {}
-    if budget is not None:  # BUDGETS: the approval raises the task's budget (schema 31)
-        yield one("raise_budget", task_id=task_id, budget=budget)
+    if budget is not None:  # BUDGETS: the approval raises the task's budget (schema 31), or its tree's (34)
+        yield one("raise_budget" if owner == task_id else "raise_owner_budget", task_id=owner, budget=budget)
+        yield rows("raise_budget_rows", task_id=owner, budget=budget)
         raise_detail = {"raise_budget": check_budget(raise_budget, "raise_budget"), "budget": budget}
+        if owner != task_id:
+            raise_detail["owner"] = owner
     yield one("set_task_status", task_id=task_id, from_status=Status.AWAITING_APPROVAL.value,
               status=Status.QUEUED.value, set_result=False, result=None, reset_attempts=False)
     yield from event(s, task_id, "approved", None, None, by=by, digest=digest, note=note, **raise_detail)

@@ -20,6 +20,22 @@ actually used, once it has returned, under the lease:
   ``budget``) and the figures, and approving it may raise the budget
   (:func:`leaseq.engine.approvals.approve`, ``raise_budget=``). The next
   attempt replays the handler from its ledger and repeats nothing.
+
+BUDGETS COVER THE TREE (schema 34). A budget on a task covers the task and
+every task it spawns (``ctx.spawn``) or intends (``ctx.intend``), and theirs:
+each task carries ``budget_owners``, the budgeted tasks that cover it,
+root-first (a child is born with its parent's), and ``leaseq_budgets`` holds
+one row per owner and key: the budget and what the owner's tree has spent.
+A consume charges every owner's row that names the key (``charge_budgets``,
+which locks them root-first: concurrent consumers of one tree never
+deadlock), and pauses its task when any owner's tree is past its budget,
+the root's first. Every other task of that tree stops at its next ledger
+step (:func:`gate`: a tool call or effect begun, a wait, a spawn, an
+intent; a step replayed from the ledger is not new work and passes): each
+paused task asks for an approval of its own, the figures naming the owner
+whose budget ran out (``owner``, when it is an ancestor's), and approving
+it with ``raise_budget=`` raises that owner's budget. A task that no budget
+covers pays nothing: its ``budget_owners`` is NULL, and neither statement runs.
 """
 
 from __future__ import annotations
@@ -28,7 +44,7 @@ from collections.abc import Iterable, Mapping
 from typing import Any
 
 from ..core import checks
-from ..core.errors import InvalidInput, LeaseLost
+from ..core.errors import BudgetSpent, InvalidInput, LeaseLost
 from ..core.model import Claim, Worker
 from . import durable
 from .approvals import digest_of
@@ -106,17 +122,19 @@ def consume(s: Settings, worker: Worker | str, claim: Claim, key: str, limit_key
     under the lease and recorded in the ledger under ``key``.
 
     Answers ``{"state": "charged", ...}``, or ``"replayed"`` (an earlier attempt recorded
-    this entry: nothing is charged again), or ``"paused"``: the task's budget of the key is
-    spent, the attempt has ended and the task awaits an approval. Each answer names
-    ``limit_key``, ``units`` (as recorded), and, when charged, the task's ``spent`` and
-    ``budget`` of the key (None: no budget)."""
+    this entry: nothing is charged again), or ``"paused"``: a budget covering the task (its
+    own, or an ancestor's: see the module's doc) is spent, the attempt has ended and the
+    task awaits an approval; ``figures`` are its request's. Each answer names
+    ``limit_key``, ``units`` (as recorded), and, when charged, the task's own ``spent`` and
+    ``budget`` of the key (None: no budget of its own)."""
     wid = worker_id(worker)
     check_claim(wid, claim)
     checks.check_key("key", key)
     limit_key, units = check_consume(limit_key, units)
     guard = dict(task_id=claim.task_id, worker_id=wid, generation=claim.generation)
     yield BEGIN
-    if (yield one("lock_lease", **guard)) is None:
+    held = yield one("lock_lease", **guard)
+    if held is None:
         raise LeaseLost(claim.task_id, claim.generation, "consume refused: lease no longer held")
     entry = yield one("get_effect", task_id=claim.task_id, idempotency_key=key)
     if entry is not None:
@@ -150,20 +168,55 @@ def consume(s: Settings, worker: Worker | str, claim: Claim, key: str, limit_key
     spent = int(task["spent_units"])
     answer: dict[str, Any] = {"state": "charged", "limit_key": limit_key, "units": units, "key": key,
                               "spent": spent, "budget": budget}
-    if budget is not None and spent > budget:
-        yield from _pause(s, claim, wid, key, limit_key, units, budget, spent)
-        answer["state"] = "paused"
+    if held["budget_owners"] is not None:
+        # the budgets that cover the task (its own, its ancestors'), charged root-first
+        charged = yield rows("charge_budgets", **guard, key=limit_key, units=units)
+        over = next((r for r in sorted(charged, key=lambda r: int(r["owner_id"]))
+                     if int(r["spent_units"]) > int(r["budget_units"])), None)
+        if over is None:  # a budget of another key of the tree's, spent by another task
+            over = yield one("budget_spent", **guard)
+        if over is not None:
+            figures = _figures(claim.task_id, over)
+            if over["key"] == limit_key:
+                figures["units"] = units
+            yield from _pause(s, claim, wid, key, figures)
+            answer.update(state="paused", figures=figures)
     yield COMMIT
     return answer
 
 
-def _pause(s: Settings, claim: Claim, wid: str, key: str, limit_key: str, units: int, budget: int,
-           spent: int) -> Op[None]:
-    """The budget of ``limit_key`` is spent: the attempt asks a person for more and ends
-    (its lease, slots and reservation given back, the attempt given back too: a pause is no
-    failure); the task waits in awaiting_approval."""
+def _figures(task_id: int, row: dict[str, Any]) -> dict[str, Any]:
+    """An approval request's figures for the budget row ``row`` spent: its key, the budget,
+    what its tree has spent, and its ``owner`` when that is another task (an ancestor)."""
+    figures: dict[str, Any] = {"key": row["key"], "budget": int(row["budget_units"]),
+                               "spent": int(row["spent_units"])}
+    if int(row["owner_id"]) != task_id:
+        figures["owner"] = int(row["owner_id"])
+    return figures
+
+
+def gate(s: Settings, claim: Claim, wid: str, held: dict[str, Any], key: str) -> Op[None]:
+    """Before the ledger entry ``key`` is begun under the lease (``held``: lock_lease's row, in
+    the open transaction): if a budget covering the task is spent, by this task or another of
+    its tree, the attempt stops here, nothing of the step written: it asks a person (reason
+    ``budget``, the figures) and ends, the transaction commits, and :class:`BudgetSpent` is
+    raised. A task no budget covers pays nothing."""
+    if held.get("budget_owners") is None:
+        return
+    over = yield one("budget_spent", task_id=claim.task_id, worker_id=wid, generation=claim.generation)
+    if over is None:
+        return
+    figures = _figures(claim.task_id, over)
+    yield from _pause(s, claim, wid, key, figures)
+    yield COMMIT
+    raise BudgetSpent(claim.task_id, claim.generation, figures)
+
+
+def _pause(s: Settings, claim: Claim, wid: str, key: str, figures: dict[str, Any]) -> Op[None]:
+    """A budget covering the task is spent (``figures``): the attempt asks a person for more
+    and ends (its lease, slots and reservation given back, the attempt given back too: a
+    pause is no failure); the task waits in awaiting_approval."""
     task = yield from require_task(claim.task_id)
-    figures = {"key": limit_key, "budget": budget, "spent": spent, "units": units}
     requested = yield one("budget_request", task_id=claim.task_id, worker_id=wid, generation=claim.generation,
                           digest=digest_of(task), requested_by=f"task:{claim.task_id}", detail=figures)
     if requested is None:  # lock_lease holds the row in this transaction: never

@@ -121,6 +121,8 @@ def spawn(s: Settings, worker: Worker | str, claim: Claim, kind: str, payload: A
                            "removed by retention since; nothing was written")
         yield COMMIT
         return to_task(child)
+    from .budgets import gate
+    yield from gate(s, claim, wid, held, fx_key)  # a spent budget of the tree stops the attempt here
     row = yield one("insert_task", **params)
     if row is None:  # the derived key is taken in that queue (enqueued by hand?): only our own child will do
         row = yield from existing_task(params)
@@ -169,6 +171,10 @@ def wait_children(s: Settings, worker: Worker | str, claim: Claim, key: str,
                                requested={"children": ids})
         yield COMMIT
         return {**outcome["response"], "key": key, "replayed": True}
+    if held["budget_owners"] is not None and \
+            (yield one("get_effect", task_id=claim.task_id, idempotency_key=_wait_key(key))) is None:
+        from .budgets import gate  # a new wait: a spent budget of the tree stops the attempt here
+        yield from gate(s, claim, wid, held, key)
     found = {r["id"]: r for r in (yield rows("lock_children", task_id=claim.task_id, child_ids=sorted(set(ids))))}
     for child in ids:
         if child not in found:

@@ -152,6 +152,8 @@ def sleep(s: Settings, worker: Worker | str, claim: Claim, key: str, *, seconds:
     now = held["now"].timestamp()
     entry = yield from _entry(s, claim, wid, key, SLEEP_ACTION)
     if entry is None:
+        from .budgets import gate  # a new wait: a spent budget of the tree stops the attempt here
+        yield from gate(s, claim, wid, held, key)
         entry = yield from _record(claim, wid, key, SLEEP_ACTION, {}, seconds=seconds, until=wake)
         now = max(now, entry["response_at"].timestamp())  # the clock the wake time was read from
     wake_at = float(entry["response"]["until"])
@@ -195,6 +197,11 @@ def wait_signal(s: Settings, worker: Worker | str, claim: Claim, key: str, name:
     if outcome is not None:  # received (or timed out) on an earlier attempt: replayed
         yield COMMIT
         return {**outcome["response"], "key": key, "replayed": True}
+    wait_key = _wait_key(key)
+    if held["budget_owners"] is not None and \
+            (yield one("get_effect", task_id=claim.task_id, idempotency_key=wait_key)) is None:
+        from .budgets import gate  # a new wait: a spent budget of the tree stops the attempt here
+        yield from gate(s, claim, wid, held, key)
     pending = yield one("pending_signal", task_id=claim.task_id, name=name)
     if pending is not None:
         consumed = yield one("consume_signal", signal_id=pending["id"], task_id=claim.task_id, worker_id=wid,
@@ -209,7 +216,6 @@ def wait_signal(s: Settings, worker: Worker | str, claim: Claim, key: str, name:
                          signal_id=consumed["id"], sent_by=consumed["sent_by"], key=key)
         yield COMMIT
         return {**response, "key": key, "replayed": False}
-    wait_key = _wait_key(key)
     begun = yield from _entry(s, claim, wid, wait_key, action)
     if begun is None:
         waiting: dict[str, Any] = {"state": "waiting", "signal": name}

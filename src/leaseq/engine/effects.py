@@ -179,6 +179,8 @@ def begin_effect(s: Settings, worker: Worker | str, claim: Claim, action: str, k
         return current
     if held["paused"] and entry_class != "read_only":
         raise QueuePaused(f"queue {held['queue']!r} is paused: no new actions may start")
+    from .budgets import gate  # budgets -> durable -> limits: imported when used
+    yield from gate(s, claim, wid, held, fx_key)  # a spent budget of the tree stops the attempt here
     if existing is None:
         # insert_effect's own guard decides whether the task may begin this action on this
         # resource (a worker role calling it directly is held to it too); no row: refused

@@ -145,7 +145,15 @@ _AS_SENT = ("queue", "kind", "effect", "priority", "idempotency_key", "max_attem
 def _set_budget(row: dict[str, Any], budget: dict[str, int] | None) -> Op[None]:
     """The budget of a task this enqueue just inserted (in its transaction); nothing without one."""
     if budget is not None:
-        yield one("set_budget", task_id=row["id"], budget=budget)
+        yield from set_budgets([row["id"]], budget)
+
+
+def set_budgets(task_ids: list[int], budget: dict[str, int] | None) -> Op[None]:
+    """Each of the tasks this enqueue just inserted gets ``budget`` (in its transaction): the
+    budget covers the task and its tree (:mod:`leaseq.engine.budgets`); nothing without one."""
+    if budget is not None and task_ids:
+        yield rows("set_budget", task_ids=task_ids, budget=budget)
+        yield rows("open_budgets", task_ids=task_ids)
 
 
 def inserted_row(params: dict[str, Any], made: dict[str, Any],
@@ -259,8 +267,10 @@ def enqueue_many(s: Settings, kind: str, payloads: Iterable[Any], *, effect: str
                  deadline: datetime | timedelta | None = None, after: Iterable[int] | None = None,
                  on_dependency_failure: str = "cancel", limits: Iterable[str] | None = None,
                  units: int = 1, resources: Iterable[str] | None = None, fairness_key: str | None = None,
-                 fairness_weight: float = 1.0) -> Op[list[int]]:
+                 fairness_weight: float = 1.0, budget: Mapping[str, int] | None = None) -> Op[list[int]]:
     """:meth:`leaseq.Queue.enqueue_many`."""
+    from .budgets import check_budget
+    budget = check_budget(budget)
     upstreams = check_after(after, on_dependency_failure)
     payloads = list(payloads)
     if idempotency_keys is not None:
@@ -280,19 +290,22 @@ def enqueue_many(s: Settings, kind: str, payloads: Iterable[Any], *, effect: str
         _check_repeated_keys(given, encoded)
         fresh = fresh_keys(len(payloads))
         return (yield from _insert_tasks(s, [fresh[i] if key is None else key for i, key in enumerate(given)],
-                                         encoded, common, wait, generated=False))
+                                         encoded, common, wait, generated=False, budget=budget))
     for _ in range(3):
         try:  # every key is generated here: no ON CONFLICT needed
-            return (yield from _insert_tasks(s, fresh_keys(len(payloads)), encoded, common, wait, generated=True))
+            return (yield from _insert_tasks(s, fresh_keys(len(payloads)), encoded, common, wait, generated=True,
+                                             budget=budget))
         except KeyConflict:  # a generated key met a stored one (never seen); nothing was written
             continue
     raise KeyConflict("generated idempotency keys met stored ones three times")
 
 
 def _insert_tasks(s: Settings, keys: list[str], encoded: list[str], common: dict[str, Any],
-                  wait: tuple[list[int], str], *, generated: bool) -> Op[list[int]]:
+                  wait: tuple[list[int], str], *, generated: bool,
+                  budget: dict[str, int] | None = None) -> Op[list[int]]:
     """Write the tasks in chunks, in one transaction; ``generated``: every key was made by :func:`fresh_keys`.
-    ``wait``: the upstreams every new task waits for, and what it does if one fails."""
+    ``wait``: the upstreams every new task waits for, and what it does if one fails. ``budget``:
+    each new task's own (a task that was there already keeps its own)."""
     query = "insert_fresh_tasks" if generated else "insert_tasks"
     quote = '"{}"'.format if generated else json.dumps  # generated keys are plain hex
     entries = [f'{{"payload":{text},"idempotency_key":{quote(key)}}}' for text, key in zip(encoded, keys)]
@@ -314,6 +327,8 @@ def _insert_tasks(s: Settings, keys: list[str], encoded: list[str], common: dict
                 ids[r["idempotency_key"]] = r["id"]
     if wait[0]:
         yield from hold(s, new_ids, *wait)
+    for start in range(0, len(new_ids), ENQUEUE_CHUNK):
+        yield from set_budgets(new_ids[start:start + ENQUEUE_CHUNK], budget)
     if keys:
         yield rows("notify_work", queue=common["queue"])
     yield COMMIT

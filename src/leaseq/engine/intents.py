@@ -100,6 +100,8 @@ def intend(s: Settings, worker: Worker | str, claim: Claim, kind: str, payload: 
         return to_task(child)
     if held["paused"]:
         raise QueuePaused(f"queue {held['queue']!r} is paused: no new actions may start")
+    from .budgets import gate
+    yield from gate(s, claim, wid, held, fx_key)  # a spent budget of the tree stops the attempt here
     row = yield one("insert_task", **params)
     if row is None:  # the derived key is taken in that queue: the intent exists, if asked for the same way
         row = yield from existing_task(params, approval=approval, approval_deadline=approval_deadline)

@@ -150,7 +150,7 @@ class EnqueueOps(QueueBase):
                      on_dependency_failure: str = "cancel", connection: Any = None,
                      limits: Iterable[str] | None = None, units: int = 1,
                      resources: Iterable[str] | None = None, fairness_key: str | None = None,
-                     fairness_weight: float = 1.0) -> list[int]:
+                     fairness_weight: float = 1.0, budget: Mapping[str, int] | None = None) -> list[int]:
         """Add many tasks of one ``kind`` at once; returns their ids, in order.
 
         The options are those of :meth:`enqueue`, shared by every task (with
@@ -161,6 +161,8 @@ class EnqueueOps(QueueBase):
         if that task is what this call asks for, else
         :class:`leaseq.IdempotencyKeyConflict` and nothing is written; a key
         given twice with different payloads is an InvalidInput.
+        ``budget``: each task written gets its own, as :meth:`enqueue` gives one (a task
+        its key already names keeps its own); it covers the task and its tree.
         Rows are written by multi-row statements in one transaction, so
         either every task is added or none is.
         """
@@ -170,5 +172,5 @@ class EnqueueOps(QueueBase):
                                          timeout=timeout, deadline=deadline, after=after,
                                          on_dependency_failure=on_dependency_failure, limits=limits, units=units,
                                          resources=resources, fairness_key=fairness_key,
-                                         fairness_weight=fairness_weight)
+                                         fairness_weight=fairness_weight, budget=budget)
         return self._run(op) if connection is None else self._run_in(connection, op)

@@ -33,7 +33,7 @@ from fastapi import Depends, Request
 from starlette.concurrency import run_in_threadpool
 
 from .. import auth, authz, engine
-from ..core.errors import BodyTooLarge, InvalidInput, ToolCallDiverged
+from ..core.errors import BodyTooLarge, BudgetSpent, InvalidInput, ToolCallDiverged
 from ..auth import RateLimited
 from ..engine.steps import Op
 from ..queue import Queue
@@ -327,24 +327,25 @@ async def serve_operation(request: Request, action: str, worker_id: str, operati
     thread. Under load, threads that hand the interpreter lock back and forth at every
     statement cost a request more than its SQL (measured: 418 µs of CPU a transaction
     against 159). ``queue``: the queue the action is authorized for."""
-    ended: list[ToolCallDiverged] = []
+    ended: list[ToolCallDiverged | BudgetSpent] = []
 
     def kept(view: Queue) -> Any:
         try:
             return engine.drive(view.store, operation(view))
-        except ToolCallDiverged as exc:
+        except (ToolCallDiverged, BudgetSpent) as exc:
             ended.append(exc)
             return None
 
     async def akept(view: Queue) -> Any:
         try:
             return await engine.adrive(view.store, operation(view))
-        except ToolCallDiverged as exc:
+        except (ToolCallDiverged, BudgetSpent) as exc:
             ended.append(exc)
             return None
 
-    # A diverged handler's operation ends its attempt and commits that before it raises
-    # (leaseq.engine.replay): the request's transaction commits it too, then the error is told.
+    # A diverged handler's operation, or a ledger step of a task whose tree's budget is spent,
+    # ends its attempt and commits that before it raises (leaseq.engine.replay,
+    # leaseq.engine.budgets.gate): the request's transaction commits it too, then the error is told.
     if request.app.state.queue.native_async:
         result: T = await ain_one_transaction(request, action, worker_id, akept, queue=queue, charge=charge)
     else:

@@ -30,7 +30,7 @@ from pydantic_core import PydanticCustomError
 
 from .. import auth, authz, engine
 from ..core import checks
-from ..core.errors import InvalidInput, LeaseLost, NotFound
+from ..core.errors import BudgetSpent, InvalidInput, LeaseLost, NotFound
 from ..core.model import Claim, Effect, Task
 from ..engine.steps import Op, T
 from ..queue import Queue
@@ -289,6 +289,8 @@ async def _guarded(request: Request, reason: str, worker_id: str, operation: Cal
     started = time.perf_counter()
     try:
         return await serve_operation(request, reason, worker_id, operation)
+    except BudgetSpent:  # the attempt ended waiting for an approval: no refusal
+        raise
     except LeaseLost as exc:
         _metrics(request).lost(reason)
         _log(logging.INFO, f"{reason} refused: lease no longer held", worker_id, started, exc.task_id,

@@ -36,7 +36,7 @@ class JsonText(str):
 
 #: Columns that come back as JSON documents.
 JSON_COLUMNS = frozenset({"payload", "result", "detail", "response", "actions", "resources", "limits", "signature",
-                          "kinds", "item", "wait_children", "budget", "spent"})
+                          "kinds", "item", "wait_children", "budget", "spent", "budget_owners"})
 
 
 @dataclass(frozen=True)

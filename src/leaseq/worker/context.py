@@ -24,7 +24,7 @@ from collections.abc import Awaitable, Callable, Iterable
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from ..core import answers, checks
-from ..core.errors import ChildFailed, InvalidInput, LeaseLost, Suspended, WaitTimedOut, is_transient
+from ..core.errors import BudgetSpent, ChildFailed, InvalidInput, LeaseLost, Suspended, WaitTimedOut, is_transient
 from ..core.model import ChildHandle, Claim, Task, Worker
 from ..engine.durable import ANSWER_SIGNAL, MAX_WAIT_SECONDS, check_signal_name
 from .effect_scope import EffectScope
@@ -126,7 +126,34 @@ class TaskContext:
     # -- the queue ------------------------------------------------------------
 
     def port_call(self, name: str, *args: Any, **kwargs: Any) -> Any:
-        """Call the queue's ``name`` from blocking code (a sync handler) and return its answer."""
+        """Call the queue's ``name`` from blocking code (a sync handler) and return its answer.
+
+        A ledger step refused because a budget covering the task is spent (:class:`BudgetSpent`:
+        the queue ended the attempt, the task waits for an approval) stops the handler as a
+        durable wait does (:class:`Suspended`)."""
+        try:
+            return self._port_call(name, *args, **kwargs)
+        except BudgetSpent as exc:
+            raise self._budget_spent(exc.figures) from None
+
+    async def aport_call(self, name: str, *args: Any, **kwargs: Any) -> Any:
+        """Await the queue's ``name`` (an async handler) and return its answer (see :meth:`port_call`)."""
+        try:
+            return await self._aport_call(name, *args, **kwargs)
+        except BudgetSpent as exc:
+            raise self._budget_spent(exc.figures) from None
+
+    def _budget_spent(self, figures: dict[str, Any]) -> Suspended:
+        """The attempt ended because a budget covering the task is spent (``figures``)."""
+        self.suspended = {"state": "paused", "figures": figures}
+        owner = figures.get("owner")
+        whose = "its budget" if owner is None else f"the budget of task {owner}"
+        waiting_for = (f"an approval: {whose} of {figures.get('key')} is spent "
+                       f"({figures.get('spent')} of {figures.get('budget')})")
+        self.mark_lost(f"suspended: waits for {waiting_for}")
+        return Suspended(self.task_id, self.generation, None, waiting_for)
+
+    def _port_call(self, name: str, *args: Any, **kwargs: Any) -> Any:
         loop = self._loop
         if loop is None:  # made by hand around a blocking queue
             return getattr(self._transport, name)(*args, **kwargs)
@@ -136,8 +163,7 @@ class TaskContext:
             return getattr(getattr(self._transport, "sync"), name)(*args, **kwargs)
         return call_on_loop(loop, getattr(self._transport, name), *args, **kwargs)
 
-    async def aport_call(self, name: str, *args: Any, **kwargs: Any) -> Any:
-        """Await the queue's ``name`` (an async handler) and return its answer."""
+    async def _aport_call(self, name: str, *args: Any, **kwargs: Any) -> Any:
         loop = self._loop
         if loop is None:  # made by hand around a blocking queue
             return await asyncio.to_thread(getattr(self._transport, name), *args, **kwargs)
@@ -492,11 +518,11 @@ class TaskContext:
         if answer.get("state") != "paused":
             return answer
         # the guarded write that charged the units ended the lease: the task waits for a person
+        figures = answer.get("figures") or {"key": answer.get("limit_key"), "spent": answer.get("spent"),
+                                            "budget": answer.get("budget")}
+        ended = self._budget_spent(figures)
         self.suspended = answer
-        waiting_for = (f"an approval: its budget of {answer.get('limit_key')} is spent "
-                       f"({answer.get('spent')} of {answer.get('budget')})")
-        self.mark_lost(f"suspended: waits for {waiting_for}")
-        raise Suspended(self.task_id, self.generation, None, waiting_for)
+        raise ended
 
     @property
     def loss_told(self) -> bool:

@@ -662,8 +662,10 @@ WHERE t.id = %(holder_id)s AND t.queue = %(queue)s
 -- enqueue compares beside the row (leaseq.engine.enqueue.key_differences):
 -- whether it is approval-gated and its approval deadline's length in
 -- seconds, and the tasks it waits for (ids in order, comma-separated) with
--- what it does if one of them fails.
-SELECT t.*, a.task_id IS NOT NULL AS gated,
+-- what it does if one of them fails. A task's request for more budget
+-- (reason 'budget') is no gate it was enqueued with: a retried spawn names
+-- the child that paused for its tree's budget as it was asked for.
+SELECT t.*, a.task_id IS NOT NULL AND a.reason IS DISTINCT FROM 'budget' AS gated,
        extract(epoch FROM a.deadline_at - a.requested_at)::float8 AS approval_seconds,
        d.upstreams, d.on_failure
 FROM leaseq_tasks t
@@ -987,6 +989,7 @@ RETURNING t.id, t.claim_generation, t.lease_expires_at;
 -- Checks the lease and locks the row for the rest of the transaction, so no
 -- cancel or expiry routing can slip between the check and the write after it.
 SELECT t.id, t.queue, t.idempotency_key, t.effect, t.actions, t.resources, t.lease_expires_at, t.claim_epoch,
+       t.budget_owners,
        coalesce((SELECT q.paused FROM leaseq_queues q WHERE q.name = t.queue), false) AS paused,
        clock_timestamp() AS now  -- an action token is issued on this clock, not the signing process's
 FROM leaseq_tasks t
@@ -1734,7 +1737,9 @@ FOR UPDATE OF t SKIP LOCKED;
 -- callers: worker
 -- An intent's child task, inserted in this transaction: the task whose
 -- handler recorded it.
-UPDATE leaseq_tasks SET parent_task_id = %(parent_task_id)s
+UPDATE leaseq_tasks SET parent_task_id = %(parent_task_id)s,
+    -- TREE BUDGETS (schema 34): the budgets that cover the parent cover its intent
+    budget_owners = (SELECT p.budget_owners FROM leaseq_tasks p WHERE p.id = %(parent_task_id)s)
 WHERE id = %(task_id)s
 RETURNING *;
 
@@ -2595,7 +2600,9 @@ DELETE FROM leaseq_stream_items WHERE task_id = ANY(%(task_ids)s::bigint[]);
 -- lock_lease before): the child records its parent. has_dependents sends
 -- its end down the settling path (complete_batch), which wakes the parent
 -- when it waits for it (wake_parents).
-UPDATE leaseq_tasks SET parent_id = %(parent_task_id)s, has_dependents = true
+UPDATE leaseq_tasks SET parent_id = %(parent_task_id)s, has_dependents = true,
+    -- TREE BUDGETS (schema 34): the budgets that cover the parent cover its child
+    budget_owners = (SELECT p.budget_owners FROM leaseq_tasks p WHERE p.id = %(parent_task_id)s)
 WHERE id = %(task_id)s
 RETURNING *;
 
@@ -2774,11 +2781,66 @@ RETURNING a.task_id;
 
 -- name: set_budget
 -- callers: worker, operator
--- A task's budget, written by the enqueue that inserted it (in the same
--- transaction): only a task without one gets one.
-UPDATE leaseq_tasks SET budget = %(budget)s::jsonb
-WHERE id = %(task_id)s AND budget IS NULL
+-- The tasks' budget (one for each: enqueue_many gives each task the same),
+-- written by the enqueue that inserted them (in the same transaction): only
+-- a task without one gets one. Each becomes an owner of its budget
+-- (budget_owners, schema 34: after the budgeted tasks that cover it, none
+-- at an enqueue); open_budgets writes its rows.
+UPDATE leaseq_tasks SET budget = %(budget)s::jsonb,
+                        budget_owners = array_append(budget_owners, id)
+WHERE id = ANY(%(task_ids)s::bigint[]) AND budget IS NULL
 RETURNING id, budget;
+
+-- name: open_budgets
+-- callers: worker, operator
+-- TREE BUDGETS (schema 34): the rows that count what the trees of these
+-- tasks (just given their budgets by set_budget) consume, one per key of
+-- each task's own budget, nothing spent yet.
+INSERT INTO leaseq_budgets (owner_id, key, budget, spent)
+SELECT t.id, b.key, b.value::bigint, 0
+FROM leaseq_tasks t, jsonb_each_text(t.budget) b
+WHERE t.id = ANY(%(task_ids)s::bigint[]) AND t.budget IS NOT NULL AND t.id = ANY(t.budget_owners)
+ON CONFLICT (owner_id, key) DO NOTHING
+RETURNING owner_id;
+
+-- name: charge_budgets
+-- callers: worker
+-- guard: lease
+-- TREE BUDGETS (schema 34): the units a consume settled, charged to every
+-- budget that covers the task (its own and its budgeted ancestors', by
+-- budget_owners) and names the key; answers each owner's budget and what
+-- its tree has spent now. The rows are locked in owner order (the root
+-- first) before any is changed, so consumers of one tree, each holding its
+-- own task row, never wait on one another in a cycle; each sees the others'
+-- committed charges, so the consume that takes a tree past its budget knows
+-- it, whoever charged before. Run only for a task some budget covers.
+WITH owners AS (
+    SELECT b.owner_id
+    FROM leaseq_tasks t JOIN leaseq_budgets b ON b.owner_id = ANY(t.budget_owners) AND b.key = %(key)s
+    WHERE t.id = %(task_id)s
+      /* TEMPLATE: lease_guard */
+    ORDER BY b.owner_id
+    FOR UPDATE OF b)
+UPDATE leaseq_budgets b SET spent = b.spent + %(units)s::bigint
+FROM owners o
+WHERE b.owner_id = o.owner_id AND b.key = %(key)s
+RETURNING b.owner_id, b.key, b.budget AS budget_units, b.spent AS spent_units;
+
+-- name: budget_spent
+-- callers: worker
+-- guard: lease
+-- TREE BUDGETS (schema 34): a budget covering the task (its own or a
+-- budgeted ancestor's) that its tree has consumed past, the root's first;
+-- no row: none. Asked when a ledger entry is begun (a tool call, a wait, a
+-- spawn, an intent) by a task some budget covers: a task of a spent tree
+-- stops there and asks for an approval.
+SELECT b.owner_id, b.key, b.budget AS budget_units, b.spent AS spent_units
+FROM leaseq_tasks t JOIN leaseq_budgets b ON b.owner_id = ANY(t.budget_owners)
+WHERE t.id = %(task_id)s
+  /* TEMPLATE: lease_guard */
+  AND b.spent > b.budget
+ORDER BY b.owner_id, b.key
+LIMIT 1;
 
 -- name: raise_budget
 -- callers: operator
@@ -2787,6 +2849,23 @@ RETURNING id, budget;
 UPDATE leaseq_tasks SET budget = %(budget)s::jsonb, updated_at = now()
 WHERE id = %(task_id)s AND status = 'awaiting_approval'
 RETURNING id, budget;
+
+-- name: raise_owner_budget
+-- callers: operator
+-- TREE BUDGETS (schema 34): the budget of a task that covers the one whose
+-- request is approved (an ancestor: it may be running or waiting), raised
+-- by the approval; the caller locked both. %(budget)s is the new whole.
+UPDATE leaseq_tasks SET budget = %(budget)s::jsonb, updated_at = now()
+WHERE id = %(task_id)s AND budget IS NOT NULL
+RETURNING id, budget;
+
+-- name: raise_budget_rows
+-- callers: operator
+-- TREE BUDGETS (schema 34): a raised budget's rows (raise_budget,
+-- raise_owner_budget wrote the task's), each key to its new whole.
+UPDATE leaseq_budgets b SET budget = (%(budget)s::jsonb ->> b.key)::bigint
+WHERE b.owner_id = %(task_id)s AND %(budget)s::jsonb ? b.key
+RETURNING b.owner_id, b.key, b.budget AS budget_units, b.spent AS spent_units;
 
 -- name: drop_charges
 -- BUDGETS: the charges of the ended attempts of tasks whose slots came back,

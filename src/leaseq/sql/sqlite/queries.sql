@@ -391,7 +391,7 @@ WHERE t.id = :holder_id AND t.queue = :queue
 -- name: tasks_by_key
 -- See the PostgreSQL file: the tasks the keys name, with the compared
 -- options the task table does not hold.
-SELECT t.*, a.task_id IS NOT NULL AS gated, a.deadline_at - a.requested_at AS approval_seconds,
+SELECT t.*, a.task_id IS NOT NULL AND a.reason IS NOT 'budget' AS gated, a.deadline_at - a.requested_at AS approval_seconds,
        (SELECT group_concat(upstream, ',')
         FROM (SELECT upstream FROM leaseq_dependencies WHERE waiter = t.id ORDER BY upstream)) AS upstreams,
        (SELECT min(on_failure) FROM leaseq_dependencies WHERE waiter = t.id) AS on_failure
@@ -599,6 +599,7 @@ RETURNING id, claim_generation, lease_expires_at;
 -- name: lock_lease
 -- guard: lease
 SELECT t.id, t.queue, t.idempotency_key, t.effect, t.actions, t.resources, t.lease_expires_at, t.claim_epoch,
+       t.budget_owners,
        coalesce((SELECT q.paused FROM leaseq_queues q WHERE q.name = t.queue), 0) AS paused,
        (julianday('now') - 2440587.5) * 86400.0 AS now
 FROM leaseq_tasks AS t
@@ -1111,7 +1112,8 @@ ORDER BY t.id
 LIMIT :limit;
 
 -- name: set_parent_task
-UPDATE leaseq_tasks SET parent_task_id = :parent_task_id
+UPDATE leaseq_tasks SET parent_task_id = :parent_task_id,
+    budget_owners = (SELECT p.budget_owners FROM leaseq_tasks AS p WHERE p.id = :parent_task_id)
 WHERE id = :task_id
 RETURNING *;
 
@@ -1731,7 +1733,8 @@ DELETE FROM leaseq_stream_items WHERE task_id IN (SELECT value FROM json_each(:t
 -- file. SQLite's transaction holds the write lock: the locks are plain reads.
 
 -- name: set_child_parent
-UPDATE leaseq_tasks SET parent_id = :parent_task_id, has_dependents = 1
+UPDATE leaseq_tasks SET parent_id = :parent_task_id, has_dependents = 1,
+    budget_owners = (SELECT p.budget_owners FROM leaseq_tasks AS p WHERE p.id = :parent_task_id)
 WHERE id = :task_id
 RETURNING *;
 
@@ -1850,14 +1853,56 @@ SET digest = excluded.digest, requested_by = excluded.requested_by, requested_at
 RETURNING task_id;
 
 -- name: set_budget
-UPDATE leaseq_tasks SET budget = :budget
-WHERE id = :task_id AND budget IS NULL
+UPDATE leaseq_tasks SET budget = :budget,
+                        budget_owners = json_insert(coalesce(budget_owners, '[]'), '$[#]', id)
+WHERE id IN (SELECT value FROM json_each(:task_ids)) AND budget IS NULL
 RETURNING id, budget;
+
+-- name: open_budgets
+INSERT INTO leaseq_budgets (owner_id, key, budget, spent)
+SELECT t.id, b.key, b.value, 0
+FROM leaseq_tasks AS t, json_each(t.budget) AS b
+WHERE t.id IN (SELECT value FROM json_each(:task_ids)) AND t.budget IS NOT NULL
+  AND t.id IN (SELECT value FROM json_each(t.budget_owners))
+ON CONFLICT (owner_id, key) DO NOTHING
+RETURNING owner_id;
+
+-- name: charge_budgets
+-- guard: lease
+-- See the PostgreSQL file. The transaction holds SQLite's write lock: no
+-- other consumer charges between the read and the write.
+UPDATE leaseq_budgets SET spent = spent + :units
+WHERE key = :key
+  AND owner_id IN (SELECT o.value FROM leaseq_tasks AS t, json_each(t.budget_owners) AS o
+                   WHERE t.id = :task_id
+  /* TEMPLATE: lease_guard */
+                  )
+RETURNING owner_id, key, budget AS budget_units, spent AS spent_units;
+
+-- name: budget_spent
+-- guard: lease
+SELECT b.owner_id, b.key, b.budget AS budget_units, b.spent AS spent_units
+FROM leaseq_tasks AS t, json_each(t.budget_owners) AS o JOIN leaseq_budgets AS b ON b.owner_id = o.value
+WHERE t.id = :task_id
+  /* TEMPLATE: lease_guard */
+  AND b.spent > b.budget
+ORDER BY b.owner_id, b.key
+LIMIT 1;
 
 -- name: raise_budget
 UPDATE leaseq_tasks SET budget = :budget, updated_at = (julianday('now') - 2440587.5) * 86400.0
 WHERE id = :task_id AND status = 'awaiting_approval'
 RETURNING id, budget;
+
+-- name: raise_owner_budget
+UPDATE leaseq_tasks SET budget = :budget, updated_at = (julianday('now') - 2440587.5) * 86400.0
+WHERE id = :task_id AND budget IS NOT NULL
+RETURNING id, budget;
+
+-- name: raise_budget_rows
+UPDATE leaseq_budgets SET budget = json_extract(:budget, '$."' || key || '"')
+WHERE owner_id = :task_id AND json_extract(:budget, '$."' || key || '"') IS NOT NULL
+RETURNING owner_id, key, budget AS budget_units, spent AS spent_units;
 
 -- name: drop_charges
 -- The charges of the ended attempts of the tasks give_back_slots answered
