@@ -147,7 +147,7 @@ ACTIONS: dict[str, Action] = {a.name: a for a in (
     Action("enqueue", "enqueue", "enqueue tasks", queue_scope=True),
     # reads
     Action("whoami", None, "say who it is"),
-    Action("read", "read", "read the dashboard, workers, limits and metrics", every_queue=True),
+    Action("read", "read", "read workers, limits and metrics", every_queue=True),
     Action("read_queues", "read", "list tasks and approvals"),  # filtered by readable_queues
     Action("read_task", "read", "read tasks", lease_holders=True, task_scope=True),
     Action("read_trail", "read", "read tasks' evidence trails", task_scope=True),

@@ -259,12 +259,12 @@ def test_a_scoped_viewer_reads_across_queues_only_its_own(admin, make_role) -> N
         assert {s["name"] for s in q.queues()} <= {"default"}
     with psycopg.connect(dsn, autocommit=True) as conn:
         for query in ("leaseq_q_stats()", "leaseq_q_list_queues()", "leaseq_q_known_queues(100)",
-                      "leaseq_q_dashboard_completed_by_minute(3600)", "leaseq_q_dashboard_failures_by_minute(3600)",
-                      "leaseq_q_open_intents_by_queue()", "leaseq_q_dashboard_worker_leases(100)",
+                      "leaseq_q_dashboard_completed_by_minute(NULL, 3600)", "leaseq_q_dashboard_failures_by_minute(NULL, 3600)",
+                      "leaseq_q_open_intents_by_queue()", "leaseq_q_dashboard_worker_leases(NULL, 100)",
                       "leaseq_q_dashboard_fair_queued(100)", "leaseq_q_dashboard_fair_claims(1000, 3600, 100)"):
             assert "payroll" not in str(conn.execute(f"SELECT * FROM {query}").fetchall()), query
     for query in ("leaseq_q_audit_list(10)", "leaseq_q_list_workers()", "leaseq_q_served_kinds()",
-                  "leaseq_q_dashboard_kinds()", "leaseq_q_dashboard_worker_last_events(100)",
+                  "leaseq_q_dashboard_kinds(NULL)", "leaseq_q_dashboard_workers(NULL)", "leaseq_q_dashboard_worker_last_events(100)",
                   "leaseq_q_list_limits(NULL)"):
         assert "covers every queue" in refused(dsn, f"SELECT * FROM {query}"), query
     with leaseq.connect(dsn) as q, pytest.raises(AccessDenied, match="covers every queue"):

@@ -279,3 +279,63 @@ def test_a_workers_waiting_claims_never_spend_what_its_requests_may(q: leaseq.Qu
                 assert h.response is not None and h.response.status_code == 200
         finally:
             s.close()
+
+
+def test_a_refusal_past_the_cap_is_answered_before_routing(q: leaseq.Queue) -> None:
+    """A waiting request past its token's cap is refused by the service's first layer
+    (leaseq.service.app.WaitCapGate), before routing, validation, dependencies or the
+    token's lookup: a flood of them costs the process little. A request that does not
+    wait, or whose token has room, reaches its route, its body whole."""
+    import asyncio
+    import json
+
+    from leaseq import auth
+    from leaseq.service import create_app
+
+    app = create_app(q, waits_per_token=1)
+    token, record = auth.create_token(q, name="w", role="worker", created_by="test", all_queues=True)
+    other, _ = auth.create_token(q, name="v", role="viewer", created_by="test")
+
+    async def call(secret: str, method: str, path: str, query: bytes = b"", body: Any = None) -> dict[str, Any]:
+        raw = b"" if body is None else json.dumps(body).encode()
+        scope: dict[str, Any] = {
+            "type": "http", "asgi": {"version": "3.0"}, "http_version": "1.1", "method": method, "scheme": "http",
+            "path": path, "raw_path": path.encode(), "query_string": query, "root_path": "",
+            "headers": [(b"host", b"127.0.0.1"), (b"authorization", f"Bearer {secret}".encode()),
+                        (b"content-type", b"application/json"), (b"content-length", str(len(raw)).encode())],
+            "client": ("127.0.0.1", 5555), "server": ("127.0.0.1", 80)}
+        given, out = [{"type": "http.request", "body": raw, "more_body": False}], {"body": b""}
+
+        async def receive() -> dict[str, Any]:
+            return given.pop(0) if given else {"type": "http.disconnect"}
+
+        async def send(message: dict[str, Any]) -> None:
+            if message["type"] == "http.response.start":
+                out["status"], out["headers"] = message["status"], dict(message["headers"])
+            else:
+                out["body"] += message.get("body", b"")
+
+        await app(scope, receive, send)
+        return {**out, "routed": "endpoint" in scope}  # the router names the endpoint it matched
+
+    async def check() -> None:
+        async with app.router.lifespan_context(app):
+            worker = q.register_worker("w", token_id=record["id"])
+            with app.state.work_signal.slot(record["id"]):
+                # past the cap: refused unrouted, even a claim whose body its route would refuse (limit 0)
+                for method, path, query, body in (
+                        ("GET", "/v1/tasks/1/wait", b"timeout=25", None),
+                        ("GET", "/v1/tasks/1/stream", b"", None),
+                        ("POST", f"/v1/workers/{worker.id}/claim", b"", {"queue": "bait", "wait": 30}),
+                        ("POST", f"/v1/workers/{worker.id}/claim", b"", {"queue": "bait", "wait": 5, "limit": 0})):
+                    answer = await call(token, method, path, query, body)
+                    assert (answer["status"], answer["routed"]) == (429, False), (path, body, answer)
+                    assert json.loads(answer["body"])["error"]["code"] == "rate_limited"
+                    assert int(answer["headers"][b"retry-after"]) >= 5
+                # a claim that does not wait reaches its route, body whole; so does another token's wait
+                answer = await call(token, "POST", f"/v1/workers/{worker.id}/claim", body={"queue": "bait", "limit": 3})
+                assert (answer["status"], answer["routed"]) == (200, True), answer
+                answer = await call(other, "GET", "/v1/tasks/1/wait", b"timeout=0")
+                assert answer["routed"] and answer["status"] == 404, answer  # routed: there is no task 1
+
+    asyncio.run(check())

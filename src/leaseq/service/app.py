@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 import re
 import time
 from contextlib import asynccontextmanager
@@ -34,7 +35,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.middleware.trustedhost import TrustedHostMiddleware
 
 from .. import __version__, auth, authz
-from ..core.errors import BackendUnavailable, InvalidInput, LeaseqError
+from ..core.errors import BackendUnavailable, InvalidInput, LeaseqError, RateLimited
 from ..queue import Queue
 from .access import Access, BodyLimit, api_principal
 from .maintenance import (DEFAULT_APPROVALS_EVERY, DEFAULT_LEADER_LEASE_SECONDS, DEFAULT_SWEEP_EVERY, Maintenance,
@@ -282,6 +283,104 @@ class RequestMetrics:
             self.metrics.request_latency.labels(route=route).observe(time.perf_counter() - started)
 
 
+class _Refused:
+    """What :class:`WaitCapGate` puts in the scope as the route it answered (for the metrics' label)."""
+
+    def __init__(self, path: str):
+        self.path = path
+
+
+class WaitCapGate:
+    """ASGI middleware: a waiting request (a task wait, a task's stream, a claim that waits)
+    whose token already holds its most waiting requests is refused here (429, ``Retry-After``),
+    before routing, validation, dependencies or the token's lookup.
+
+    It is the refusal :func:`leaseq.service.access.room_to_wait` makes (which the routes still
+    make, for the requests that pass here), made as cheaply as it can be: a flood of waits
+    past its cap comes back every few seconds, and each refusal that went through the router
+    took CPU from every other request of the process. It reads the token id the header names,
+    unverified: it only ever refuses, never grants, and a token at its cap is refused whoever
+    presents its id (as before). A claim's body (bounded by :class:`BodyLimit`) is read to
+    see whether it waits, and handed on whole to the route when it is not refused.
+    """
+
+    _WAITS = re.compile(r"/v1/tasks/[0-9]{1,19}/(wait|stream)")
+    _CLAIM = re.compile(r"/v1/workers/[A-Za-z0-9_.:\-]{1,120}/claim")
+
+    def __init__(self, app: Any):
+        self.app = app
+
+    async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        path, method = scope["path"], scope["method"]
+        if method == "GET" and (m := self._WAITS.fullmatch(path)):
+            route = f"/v1/tasks/{{task_id}}/{m.group(1)}"
+        elif method == "POST" and self._CLAIM.fullmatch(path):
+            route = "/v1/workers/{worker_id}/claim"
+        else:
+            await self.app(scope, receive, send)
+            return
+        token_id = _named_token_id(scope)
+        if token_id is None:
+            await self.app(scope, receive, send)
+            return
+        state = scope["app"].state
+        if route.endswith("/claim"):
+            receive, waits = await _claim_waits(receive, state.settings.claim_wait_limit)
+            if not waits:
+                await self.app(scope, receive, send)
+                return
+        try:
+            state.work_signal.check_room(token_id)
+        except RateLimited as exc:
+            scope["route"] = _Refused(route)
+            response = _error(exc.http_status, exc.code, str(exc), exc.http_headers(), **exc.wire_fields())
+            await response(scope, receive, send)
+            return
+        await self.app(scope, receive, send)
+
+
+_NAMED_ID = re.compile(rb"Bearer\s+lq_([0-9a-f]{12})_", re.IGNORECASE)
+
+
+def _named_token_id(scope: dict[str, Any]) -> str | None:
+    """The token id the request's bearer token names, unverified (see :func:`leaseq.service.access.named_token_id`)."""
+    for name, value in scope["headers"]:
+        if name == b"authorization":
+            m = _NAMED_ID.match(value)
+            return m.group(1).decode() if m else None
+    return None
+
+
+async def _claim_waits(receive: Any, wait_limit: float) -> tuple[Any, bool]:
+    """Read a claim's body: whether it asks to wait, and a ``receive`` that hands the body on."""
+    messages: list[dict[str, Any]] = []
+    chunks: list[bytes] = []
+    while True:
+        message = await receive()
+        messages.append(message)
+        if message["type"] != "http.request":
+            break
+        chunks.append(message.get("body", b""))
+        if not message.get("more_body", False):
+            break
+    try:
+        wait = json.loads(b"".join(chunks)).get("wait", 0)
+        waits = (isinstance(wait, (int, float)) and not isinstance(wait, bool)
+                 and math.isfinite(wait) and min(wait, wait_limit) > 0)
+    except (ValueError, AttributeError, TypeError):
+        waits = False  # the route says what is wrong with it
+
+    async def replay() -> dict[str, Any]:
+        if messages:
+            return messages.pop(0)
+        return await receive()  # type: ignore[no-any-return]
+
+    return replay, waits
+
+
 #: How long the warm-up waits for the database before the service starts without it.
 WARM_UP_SECONDS = 5.0
 
@@ -389,6 +488,7 @@ def create_app(queue: Queue, settings: ServiceSettings | None = None, **options:
     app.add_exception_handler(RequestValidationError, _validation_error)
     app.add_exception_handler(StarletteHTTPException, _http_error)
     app.add_exception_handler(Exception, _internal_error)
+    app.add_middleware(WaitCapGate)  # inside the metrics: its refusals are counted by route
     app.add_middleware(RequestMetrics, metrics=metrics)
     app.add_middleware(BodyLimit, max_bytes=settings.max_body_bytes)
     app.add_middleware(HostCheck, www_redirect=False,  # added last: runs first

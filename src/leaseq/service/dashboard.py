@@ -6,6 +6,12 @@ in an HttpOnly, SameSite=Strict cookie (Secure over HTTPS). The browser never
 holds the API token. Every page re-checks the session in the database, so
 logout, expiry and revoking the token end it on every replica.
 
+A token limited to some queues (``--queue``) sees and acts on its queues only:
+every page, count, chart and live stream reads its queues' rows alone (the
+scoped reads of :mod:`leaseq.service.stats` and :mod:`leaseq.service.views`),
+a task of another queue is a 404 exactly as one that does not exist, and what
+spans every queue (limits, revoking a worker) is not offered.
+
 Forms are posted only from the dashboard itself: a POST whose
 ``Sec-Fetch-Site`` is not ``same-origin``, or whose ``Origin`` is another
 origin or ``null``, is refused, and each form carries a CSRF token: the login
@@ -54,7 +60,7 @@ from .asks import answer_from_form, form_of, open_question, present_ask, readabl
 from . import charts, stats
 from ..engine.approvals import digest_of
 from .views import (ATTENTION, OTHER_ENDINGS, STATUSES, attention_counts, present_approval, present_effect,
-                    present_task, queue_overview, task_timeline)
+                    present_task, readable_approvals, readable_overview, readable_tasks, task_timeline)
 
 router = APIRouter(include_in_schema=False)
 COOKIE = "leaseq_session"
@@ -75,8 +81,8 @@ LOGIN_NOTICES: dict[str, tuple[str, str]] = {
     "session-expired": ("err", "session ended: it expired: log in again"),
     "token-revoked": ("err", "session ended: the token it was made from was revoked"),
     "token-expired": ("err", "session ended: the token it was made from has expired"),
-    "refused": ("err", "session ended: this token may not use the dashboard (a role without read, "
-                       "or limited to some queues): log in with another token"),
+    "refused": ("err", "session ended: this token may not use the dashboard (a role without read): "
+                       "log in with another token"),
 }
 INBOX_STATUSES = ("needs_reconciliation", "blocked")
 _HEADERS = {
@@ -221,14 +227,13 @@ class Session:
 
 
 def _refusal(principal: auth.Principal) -> str | None:
-    """Why ``principal`` may not use the dashboard (None: it may). It reads every queue, so a
-    queue-limited token is refused too (:func:`leaseq.authz.authorize_role` decides)."""
+    """Why ``principal`` may not use the dashboard (None: it may): a role that may not list its
+    queues' tasks (:func:`leaseq.authz.authorize_role` decides). A queue-limited token may: the
+    pages read its queues only."""
     try:
-        authz.authorize_role(principal, "read")
-    except auth.AccessDenied as exc:
-        if authz.ACTIONS["read"].right not in auth.RIGHTS.get(principal.role, frozenset()):
-            return f"the {principal.role} role cannot use the dashboard"
-        return f"{exc}: read its queues through the API"
+        authz.authorize_role(principal, "read_queues")
+    except auth.AccessDenied:
+        return f"the {principal.role} role cannot use the dashboard"
     return None
 
 
@@ -294,13 +299,15 @@ def _queue(request: Request) -> Queue:
     return queue
 
 
-def live_view(request: Request, view: str, **params: str) -> dict[str, Any] | None:
-    """What a page tells the live-update script: its view, its data's version and its task id."""
+def live_view(request: Request, s: Session, view: str, **params: str) -> dict[str, Any] | None:
+    """What a page tells the live-update script: its view, its data's version (as the session's
+    token sees it) and its task id."""
     if not request.app.state.settings.live_updates:
         return None
     query = dict(request.query_params) if view == "tasks" else {}
     query.update(params)
-    return {"view": view, "version": stats.version(_queue(request), view, query), "id": params.get("id")}
+    return {"view": view, "version": stats.version(_queue(request), view, query, s.principal),
+            "id": params.get("id")}
 
 
 def render(name: str, request: Request, s: Session | None, status_code: int = 200, **context: Any) -> HTMLResponse:
@@ -315,8 +322,8 @@ def render(name: str, request: Request, s: Session | None, status_code: int = 20
         values.update(read_flash(request.cookies.get(COOKIE, ""), flash))
     if s is not None:  # the counts beside the pages that list tasks waiting for a person
         waiting = {status: 0 for status in ATTENTION}
-        for row in _queue(request).stats():
-            if row["status"] in waiting:
+        for row in _queue(request).stats():  # per queue and status: a queue-limited token counts its own
+            if row["status"] in waiting and s.principal.may_use_queue(row["queue"]):
                 waiting[row["status"]] += int(row["count"])
         values["waiting"] = waiting
     values.update(context)
@@ -404,10 +411,10 @@ def logout(request: Request, s: Session = Depends(session), csrf: str = Form("")
 
 # -- pages ----------------------------------------------------------------------------
 
-def glance(q: Queue, queues: list[dict[str, Any]]) -> dict[str, Any]:
+def glance(q: Queue, queues: list[dict[str, Any]], principal: auth.Principal) -> dict[str, Any]:
     """The overview's last hour at a glance: per-minute throughput, failures and lost leases
-    (sparklines and totals), and the queue depth over it and now."""
-    data = stats.chart_data(q, "1h", "queue")
+    (sparklines and totals), and the queue depth over it and now; of ``principal``'s queues."""
+    data = stats.chart_data(q, "1h", "queue", queues=stats.scope(principal))
     minutes = data["minutes"]
     out: dict[str, Any] = {}
     for key, unit, colour in (("completed", "completed", charts.PALETTE[0]), ("failed", "failed attempts",
@@ -430,10 +437,11 @@ def glance(q: Queue, queues: list[dict[str, Any]]) -> dict[str, Any]:
 @router.get("/", response_class=HTMLResponse)
 def overview(request: Request, s: Session = Depends(session)) -> HTMLResponse:
     q = _queue(request)
-    queues = queue_overview(q)
-    return render("overview.html", request, s, queues=queues, limits=q.limits(), statuses=STATUSES,
-                  glance=glance(q, queues), attention=attention_counts(queues), other_endings=OTHER_ENDINGS,
-                  live=live_view(request, "overview"))
+    queues = readable_overview(q, s.principal)  # a queue-limited token: its queues only
+    limits = q.limits() if s.principal.can("read") else []  # limits span every queue
+    return render("overview.html", request, s, queues=queues, limits=limits, statuses=STATUSES,
+                  glance=glance(q, queues, s.principal), attention=attention_counts(queues),
+                  other_endings=OTHER_ENDINGS, live=live_view(request, s, "overview"))
 
 
 @router.get("/tasks", response_class=HTMLResponse)
@@ -447,14 +455,15 @@ def tasks_page(request: Request, s: Session = Depends(session)) -> Response:
         return render("error.html", request, s, status_code=403,
                       message="this token may not read payloads, so it searches by task id only")
     q = _queue(request)
-    page = stats.task_page(q, f)
+    # a queue-limited token: its queues' tasks only (another queue named: refused, as by the API)
+    page = stats.task_page(q, f, queues=authz.readable_queues(s.principal, f.queue))
     bulk = [a for a in BULK_ACTIONS if s.principal.can(a.name)]
     unserved = stats.unserved_kinds(q, sorted({t.kind for t in page.tasks if t.status == "queued"}))
     return render("tasks.html", request, s, tasks=[present_task(t, s.principal) for t in page.tasks], page=page,
                   unserved=unserved,
-                  f=f, statuses=STATUSES, kinds=stats.kinds(q), page_sizes=stats.PAGE_SIZES, bulk=bulk,
+                  f=f, statuses=STATUSES, kinds=stats.kinds(q, queues=stats.scope(s.principal)), page_sizes=stats.PAGE_SIZES, bulk=bulk,
                   here=f.url(),  # back to this very page after a bulk action, without old flash messages
-                  live=live_view(request, "tasks"))
+                  live=live_view(request, s, "tasks"))
 
 
 @router.get("/tasks/{task_id}", response_class=HTMLResponse)
@@ -462,6 +471,8 @@ def task_page(request: Request, task_id: int = Path(ge=1, le=2**63 - 1), s: Sess
     q = _queue(request)
     try:
         task = q.get(task_id)
+        if not s.principal.may_use_queue(task.queue):  # refused exactly as a task that does not exist
+            raise NotFound(f"task {task_id} does not exist")
     except LeaseqError as exc:
         return render("error.html", request, s, status_code=404, message=str(exc))
     view = task_timeline(task, q.events(task_id), q.effects(task_id), s.principal, q.stream_stats(task_id))
@@ -473,7 +484,7 @@ def task_page(request: Request, task_id: int = Path(ge=1, le=2**63 - 1), s: Sess
     except NotFound:
         approval = None
     generations = {a["generation"]: a for a in view["attempts"]}
-    return render("task.html", request, s, live=live_view(request, "task", id=str(task_id)), digest=digest,
+    return render("task.html", request, s, live=live_view(request, s, "task", id=str(task_id)), digest=digest,
                   unserved=unserved, approval=approval, generations=generations, **view)
 
 
@@ -481,22 +492,22 @@ def task_page(request: Request, task_id: int = Path(ge=1, le=2**63 - 1), s: Sess
 def inbox(request: Request, s: Session = Depends(session)) -> HTMLResponse:
     q = _queue(request)
     items = []
-    for status in INBOX_STATUSES:
-        for task in q.list_tasks(status=status, limit=200):
+    for status in INBOX_STATUSES:  # a queue-limited token: its queues' tasks only
+        for task in readable_tasks(q, s.principal, status=status, limit=200):
             open_fx = [present_effect(fx, s.principal) for fx in q.effects(task.id) if fx.status == "pending"]
             items.append({"task": present_task(task, s.principal), "open_effects": open_fx})
     # the questions handlers put to a person (ctx.ask), each with a form built from its schema
     questions = [{"ask": present_ask(a, s.principal), "form": form_of(a["schema"])}
                  for a in readable_asks(q, s.principal, limit=200)]
     return render("inbox.html", request, s, items=items, questions=questions,
-                  may_answer=s.principal.can("answer"), live=live_view(request, "inbox"))
+                  may_answer=s.principal.can("answer"), live=live_view(request, s, "inbox"))
 
 
 @router.get("/approvals", response_class=HTMLResponse)
 def approvals_page(request: Request, s: Session = Depends(session)) -> HTMLResponse:
     """The approvals inbox: each task awaiting approval with its payload, digest and requester."""
     items = [{"approval": present_approval(a, s.principal), "task": present_task(a.task, s.principal)}
-             for a in _queue(request).approvals(limit=200) if a.task is not None]
+             for a in readable_approvals(_queue(request), s.principal, limit=200) if a.task is not None]
     return render("approvals.html", request, s, items=items)
 
 

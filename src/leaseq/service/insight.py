@@ -19,9 +19,10 @@ router = APIRouter(include_in_schema=False)
 @router.get("/workers", response_class=HTMLResponse)
 def workers_page(request: Request, s: Session = Depends(session)) -> HTMLResponse:
     """Registered workers, revoked or not, when each was last seen, and the leases each holds."""
-    workers = stats.workers_view(request.app.state.queue)
+    # a queue-limited token: the workers serving or holding leases on its queues, those kinds and leases only
+    workers = stats.workers_view(request.app.state.queue, queues=stats.scope(s.principal))
     return render("workers.html", request, s, workers=workers, max_leases=stats.MAX_LEASES_SHOWN,
-                  live=live_view(request, "workers"))
+                  live=live_view(request, s, "workers"))
 
 
 @router.get("/charts", response_class=HTMLResponse)
@@ -32,7 +33,7 @@ def charts_page(request: Request, s: Session = Depends(session)) -> HTMLResponse
         raise InvalidInput(unknown[0][:40], "unknown parameter")
     window = stats.chart_window(request.query_params.get("window"))
     by = stats.chart_grouping(request.query_params.get("by"))
-    data = stats.chart_data(request.app.state.queue, window, by)
+    data = stats.chart_data(request.app.state.queue, window, by, queues=stats.scope(s.principal))
     per = f"per minute, by {by}"
     return render(
         "charts.html", request, s, window=window, by=by, windows=list(stats.WINDOWS), groupings=stats.GROUPINGS,

@@ -88,7 +88,7 @@ async def live(request: Request, s: Session | None = Depends(_live_session)) -> 
     view, seen, params = _params(request)
     q = request.app.state.queue
     # Computed before the stream starts, so a bad filter or task id is a 4xx, not a broken stream.
-    first = await run_in_threadpool(stats.version, q, view, params)
+    first = await run_in_threadpool(stats.version, q, view, params, s.principal)
     session_id = request.cookies.get(COOKIE, "")
     # A stream is one of the token's waiting requests: refused (429, Retry-After) past
     # its cap before it starts; held from its first event to its last.
@@ -100,7 +100,7 @@ async def live(request: Request, s: Session | None = Depends(_live_session)) -> 
         request.app.state.live_streams += 1
         try:
             with signal.slot(token_id):
-                async for event in _changes(request, view, params, seen or first, first, session_id, token_id):
+                async for event in _changes(request, view, params, seen or first, first, session_id, s.principal):
                     yield event
         except RateLimited as exc:  # another stream took the last slot meanwhile: the page tries again later
             yield f"retry: {int(exc.retry_after * 1000)}\n\nevent: reconnect\ndata: \n\n"
@@ -114,7 +114,7 @@ async def live(request: Request, s: Session | None = Depends(_live_session)) -> 
 
 
 async def _changes(request: Request, view: str, params: dict[str, str], last: str, current: str,
-                   session_id: str, token_id: str) -> AsyncIterator[str]:
+                   session_id: str, principal: auth.Principal) -> AsyncIterator[str]:
     """The events of one stream: a change when the page's version moves, until it is time to reconnect."""
     settings = request.app.state.settings
     q = request.app.state.queue
@@ -134,11 +134,11 @@ async def _changes(request: Request, view: str, params: dict[str, str], last: st
         await asyncio.sleep(settings.live_interval)
         if await request.is_disconnected():
             return
-        if not await request.app.state.work_signal.paced(token_id, time.monotonic() + settings.live_interval):
+        if not await request.app.state.work_signal.paced(principal.token_id, time.monotonic() + settings.live_interval):
             continue  # the token's rate bucket is empty: this look is skipped
         try:
             await run_in_threadpool(auth.verify_session, q, session_id)
-            current = await run_in_threadpool(stats.version, q, view, params)
+            current = await run_in_threadpool(stats.version, q, view, params, principal)
         except auth.Unauthorized:
             yield "event: end\ndata: session ended\n\n"
             return

@@ -2,7 +2,10 @@
 chart series, and the versions that live updates compare.
 
 Each read runs named queries of ``sql/<dialect>/queries.sql`` (the
-``dashboard_*`` blocks) in one read transaction; nothing here writes. Input
+``dashboard_*`` blocks) in one read transaction; nothing here writes. A read
+given ``queues`` (a queue-limited token's queues, :func:`scope`) reads the rows
+of those queues only, in its query: what a page shows, counts and charts for
+such a token is its queues' alone. Input
 from the query string is checked here and refused with an
 :class:`~leaseq.core.errors.InvalidInput` naming the parameter, so a bad
 cursor or page size is a 422, never a 500 and never a silently different page.
@@ -18,6 +21,8 @@ from dataclasses import dataclass
 from typing import Any
 from urllib.parse import urlencode
 
+from .. import authz
+from ..auth import Principal
 from ..core import checks
 from ..core.errors import InvalidInput
 from ..core.model import Task, worker_from_row
@@ -41,6 +46,11 @@ _TASK_FIELDS = frozenset(Task.__dataclass_fields__)
 
 def _task(row: dict[str, Any]) -> Task:
     return Task(**{k: v for k, v in row.items() if k in _TASK_FIELDS})
+
+
+def scope(principal: Principal) -> list[str] | None:
+    """The queues ``principal`` reads (a queue-limited token's), or None for every queue."""
+    return None if principal.queues is None else sorted(principal.queues)
 
 
 def _read(q: Queue, query: str, **params: Any) -> list[dict[str, Any]]:
@@ -117,10 +127,11 @@ class TaskPage:
     newer: str | None
 
 
-def task_page(q: Queue, f: TaskFilter) -> TaskPage:
-    """The page of tasks ``f`` names. Keyset paging on the id: a page's URL keeps naming
-    the same tasks (and never skips or repeats one) however many arrive meanwhile."""
-    common = {"status": f.status, "kind": f.kind, "queue": f.queue, "search": f.search, "limit": f.limit + 1}
+def task_page(q: Queue, f: TaskFilter, *, queues: list[str] | None = None) -> TaskPage:
+    """The page of tasks ``f`` names (of ``queues`` only, when given). Keyset paging on the id: a
+    page's URL keeps naming the same tasks (and never skips or repeats one) however many arrive meanwhile."""
+    common = {"status": f.status, "kind": f.kind, "queue": f.queue, "queues": queues, "search": f.search,
+              "limit": f.limit + 1}
     if f.after is not None:
         rows = _read(q, "dashboard_tasks_newer", after=f.after, **common)
         more_newer = len(rows) > f.limit
@@ -139,13 +150,16 @@ def task_page(q: Queue, f: TaskFilter) -> TaskPage:
     return TaskPage(tasks, older, newer)
 
 
-def kinds(q: Queue) -> list[str]:
-    """Task kinds in the queue (up to 200), for the filter's choices."""
-    return [r["kind"] for r in _read(q, "dashboard_kinds")]
+def kinds(q: Queue, *, queues: list[str] | None = None) -> list[str]:
+    """Task kinds in the queue (of ``queues`` only, when given; up to 200), for the filter's choices."""
+    return [r["kind"] for r in _read(q, "dashboard_kinds", queues=queues)]
 
 
-def workers_view(q: Queue) -> list[dict[str, Any]]:
+def workers_view(q: Queue, *, queues: list[str] | None = None) -> list[dict[str, Any]]:
     """Every registered worker, revoked or not, with when it was last seen and its live leases.
+
+    Given ``queues``: only the workers that declared a kind on one of them or hold a
+    lease there, with those kinds and those leases only.
 
     "Last seen" is the latest of its registration, its newest event among the
     most recent :data:`RECENT_EVENTS` (claims, completions, failures...) and
@@ -153,8 +167,8 @@ def workers_view(q: Queue) -> list[dict[str, Any]]:
     worker idle for long shows when it last did something.
     """
     with q.store.transaction() as tx:
-        workers = tx.rows("list_workers")
-        leases = tx.rows("dashboard_worker_leases", limit=MAX_LEASES_SHOWN)
+        workers = tx.rows("dashboard_workers", queues=queues)
+        leases = tx.rows("dashboard_worker_leases", queues=queues, limit=MAX_LEASES_SHOWN)
         last = {r["worker_id"]: r["last_event_at"] for r in tx.rows("dashboard_worker_last_events",
                                                                       recent=RECENT_EVENTS)}
     by_owner: dict[str, list[dict[str, Any]]] = {}
@@ -194,8 +208,8 @@ def chart_grouping(value: str | None) -> str:
     return value
 
 
-def chart_data(q: Queue, window: str, by: str) -> dict[str, Any]:
-    """Per-minute series over ``window``, grouped ``by`` kind or queue.
+def chart_data(q: Queue, window: str, by: str, *, queues: list[str] | None = None) -> dict[str, Any]:
+    """Per-minute series over ``window``, grouped ``by`` kind or queue (of ``queues`` only, when given).
 
     ``minutes``: the minute starts (epoch seconds), oldest first;
     ``completed`` and ``failed``: ``{group: [count per minute]}`` (failed
@@ -207,9 +221,9 @@ def chart_data(q: Queue, window: str, by: str) -> dict[str, Any]:
     seconds = WINDOWS[window]
     with q.store.transaction() as tx:
         now = tx.rows("db_now")[0]["now"]
-        done = tx.rows("dashboard_completed_by_minute", window=float(seconds))
-        bad = tx.rows("dashboard_failures_by_minute", window=float(seconds))
-        waiting = tx.rows("dashboard_depth_by_minute", window=float(seconds))
+        done = tx.rows("dashboard_completed_by_minute", window=float(seconds), queues=queues)
+        bad = tx.rows("dashboard_failures_by_minute", window=float(seconds), queues=queues)
+        waiting = tx.rows("dashboard_depth_by_minute", window=float(seconds), queues=queues)
     end = int(now.timestamp()) // 60 * 60
     minutes = list(range(end - seconds + 60, end + 60, 60))
     index = {m: i for i, m in enumerate(minutes)}
@@ -237,31 +251,39 @@ def chart_data(q: Queue, window: str, by: str) -> dict[str, Any]:
             "durations": stats}
 
 
-def version(q: Queue, view: str, params: Mapping[str, str]) -> str:
-    """A fingerprint of what ``view`` shows; live updates send an event when it changes.
+def version(q: Queue, view: str, params: Mapping[str, str], principal: Principal) -> str:
+    """A fingerprint of what ``view`` shows ``principal`` (a queue-limited token: its queues' only);
+    live updates send an event when it changes.
 
     Ages and other clock-driven text are left out, so an idle page stays quiet.
     """
-    from .views import queue_overview
+    from .asks import readable_asks
+    from .views import readable_overview, readable_tasks
 
+    queues = scope(principal)
     if view == "overview":
-        data: Any = [{k: v for k, v in e.items() if k != "oldest_queued_seconds"} for e in queue_overview(q)]
-        # limits' usage, not their tokens: a refilling bucket is clock-driven text
-        data.append([(r["key"], r["running"], r["max_running"], r["per_second"], r["burst"]) for r in q.limits()])
+        data: Any = [{k: v for k, v in e.items() if k != "oldest_queued_seconds"}
+                     for e in readable_overview(q, principal)]
+        # limits' usage, not their tokens: a refilling bucket is clock-driven text; limits span
+        # every queue, so a queue-limited token is shown none
+        limits = q.limits() if principal.can("read") else []
+        data.append([(r["key"], r["running"], r["max_running"], r["per_second"], r["burst"]) for r in limits])
     elif view == "tasks":
-        page = task_page(q, TaskFilter.parse(params))
+        f = TaskFilter.parse(params)
+        page = task_page(q, f, queues=authz.readable_queues(principal, f.queue))
         data = [(t.id, t.status, t.claim_generation, t.attempts, str(t.updated_at)) for t in page.tasks]
         data.append((page.older, page.newer))
     elif view == "task":
         task_id = checks.check_task_id(params.get("id", ""))
-        data = _read(q, "dashboard_task_version", task_id=task_id)
+        data = _read(q, "dashboard_task_version", task_id=task_id, queues=queues)  # another queue's: as none
     elif view == "workers":
         data = [(w["id"], w["state"], str(w["revoked_at"]), [(x["id"], x["claim_generation"], str(x["lease_expires_at"]))
-                                                 for x in w["live_leases"]]) for w in workers_view(q)]
+                                                 for x in w["live_leases"]]) for w in workers_view(q, queues=queues)]
     elif view == "inbox":
         data = [(t.id, t.status, str(t.updated_at)) for status in ("needs_reconciliation", "blocked")
-                for t in q.list_tasks(status=status, limit=200)]
-        data.append([(a["task_id"], a["key"]) for a in q.asks(limit=200)])  # the open questions
+                for t in readable_tasks(q, principal, status=status, limit=200)]
+        data.append([(a["task_id"], a["key"]) for a in readable_asks(q, principal, limit=200)])  # the open questions
     else:
         raise InvalidInput("view", "must be one of overview, tasks, task, workers, inbox")
     return hashlib.sha256(json.dumps(data, default=str, sort_keys=True).encode()).hexdigest()[:16]
+

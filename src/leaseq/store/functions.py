@@ -315,7 +315,8 @@ def _checks(q: NamedQuery, sig: Signature) -> str:
 # service refuses a scoped token what spans every queue.
 _UNSCOPED_ONLY = frozenset({"audit_list", "prune_finished_ids", "scrub_finished_ids", "prune_evidence", "prune_audit",
                             "prune_flow_keys", "prune_spend", "prune_fairness",
-                            "list_workers", "served_kinds", "dashboard_kinds", "dashboard_worker_last_events",
+                            "list_workers", "dashboard_workers", "served_kinds", "dashboard_kinds",
+                            "dashboard_worker_last_events",
                             "list_limits", "count_limit", "set_limit", "delete_limit"})
 
 

@@ -2081,7 +2081,9 @@ GROUP BY t.queue ORDER BY t.queue;
 -- ============================================================================
 -- Dashboard reads: task pages, workers, charts, live-update versions
 -- ============================================================================
--- Read by leaseq.service.stats only. None of these writes.
+-- Read by leaseq.service.stats only. None of these writes. `queues`, where a
+-- query takes it, is the queues a queue-limited dashboard token reads (NULL:
+-- every queue): its rows, counts and series are those of its queues only.
 
 -- name: dashboard_tasks_older
 -- callers: operator, viewer
@@ -2093,6 +2095,7 @@ SELECT * FROM leaseq_tasks
 WHERE (%(status)s::text IS NULL OR status = %(status)s)
   AND (%(kind)s::text IS NULL OR kind = %(kind)s)
   AND (%(queue)s::text IS NULL OR queue = %(queue)s)
+  AND (%(queues)s::text[] IS NULL OR queue = ANY(%(queues)s::text[]))
   AND (%(search)s::text IS NULL OR strpos(idempotency_key, %(search)s) > 0 OR strpos(id::text, %(search)s) > 0)
   AND (%(before)s::bigint IS NULL OR id < %(before)s)
 ORDER BY id DESC
@@ -2105,6 +2108,7 @@ SELECT * FROM leaseq_tasks
 WHERE (%(status)s::text IS NULL OR status = %(status)s)
   AND (%(kind)s::text IS NULL OR kind = %(kind)s)
   AND (%(queue)s::text IS NULL OR queue = %(queue)s)
+  AND (%(queues)s::text[] IS NULL OR queue = ANY(%(queues)s::text[]))
   AND (%(search)s::text IS NULL OR strpos(idempotency_key, %(search)s) > 0 OR strpos(id::text, %(search)s) > 0)
   AND id > %(after)s
 ORDER BY id
@@ -2112,7 +2116,9 @@ LIMIT %(limit)s;
 
 -- name: dashboard_kinds
 -- callers: operator, viewer
-SELECT DISTINCT kind FROM leaseq_tasks ORDER BY kind LIMIT 200;
+SELECT DISTINCT kind FROM leaseq_tasks
+WHERE (%(queues)s::text[] IS NULL OR queue = ANY(%(queues)s::text[]))
+ORDER BY kind LIMIT 200;
 
 -- name: dashboard_worker_leases
 -- callers: operator, viewer
@@ -2120,9 +2126,28 @@ SELECT DISTINCT kind FROM leaseq_tasks ORDER BY kind LIMIT 200;
 SELECT id, queue, kind, claim_generation, lease_owner, lease_expires_at, claimed_at, last_heartbeat_at,
        lease_expires_at < now() AS expired
 FROM leaseq_tasks
-WHERE status = 'running'
+WHERE status = 'running' AND (%(queues)s::text[] IS NULL OR queue = ANY(%(queues)s::text[]))
 ORDER BY lease_owner, id
 LIMIT %(limit)s;
+
+-- name: dashboard_workers
+-- callers: operator, viewer
+-- The workers the worker page lists: list_workers' columns, for a
+-- queue-limited token (`queues`) only the workers that declared a kind on one
+-- of its queues or hold a lease there, with those kinds and leases only.
+SELECT w.id, w.name, w.registered_at, w.revoked_at, w.last_heartbeat_at, w.heartbeat_seconds,
+       w.lease_seconds, w.stopped_at, w.stop_reason,
+       (SELECT count(*) FROM leaseq_tasks t WHERE t.status = 'running' AND t.lease_owner = w.id
+          AND (%(queues)s::text[] IS NULL OR t.queue = ANY(%(queues)s::text[]))) AS leases,
+       (SELECT coalesce(jsonb_agg(k.kind ORDER BY k.kind), '[]'::jsonb) FROM leaseq_worker_kinds k
+        WHERE k.worker_id = w.id AND (%(queues)s::text[] IS NULL OR k.queue = ANY(%(queues)s::text[]))) AS kinds,
+       clock_timestamp() AS now
+FROM leaseq_workers w
+WHERE %(queues)s::text[] IS NULL
+   OR EXISTS (SELECT 1 FROM leaseq_worker_kinds k WHERE k.worker_id = w.id AND k.queue = ANY(%(queues)s::text[]))
+   OR EXISTS (SELECT 1 FROM leaseq_tasks t WHERE t.status = 'running' AND t.lease_owner = w.id
+                                             AND t.queue = ANY(%(queues)s::text[]))
+ORDER BY w.registered_at;
 
 -- name: dashboard_worker_last_events
 -- callers: operator, viewer
@@ -2142,7 +2167,8 @@ SELECT (floor(extract(epoch FROM updated_at) / 60) * 60)::float8 AS minute, kind
        sum(extract(epoch FROM updated_at - claimed_at))::float8 AS seconds_sum,
        max(extract(epoch FROM updated_at - claimed_at))::float8 AS seconds_max
 FROM leaseq_tasks
-WHERE status = 'completed' AND updated_at >= now() - make_interval(secs => %(window)s)
+WHERE status = 'completed' AND (%(queues)s::text[] IS NULL OR queue = ANY(%(queues)s::text[]))
+  AND updated_at >= now() - make_interval(secs => %(window)s)
 GROUP BY 1, 2, 3
 ORDER BY 1;
 
@@ -2161,7 +2187,8 @@ SELECT m.minute::float8 AS minute, t.kind, t.queue, count(*) AS depth
 FROM m JOIN leaseq_tasks t
   ON t.created_at <= m.at AND t.available_at <= m.at AND (t.claimed_at IS NULL OR t.claimed_at > m.at)
  AND NOT (t.status NOT IN ('queued', 'running') AND t.updated_at <= m.at)
-WHERE t.status = 'queued' OR t.updated_at >= now() - make_interval(secs => %(window)s)
+WHERE (t.status = 'queued' OR t.updated_at >= now() - make_interval(secs => %(window)s))
+  AND (%(queues)s::text[] IS NULL OR t.queue = ANY(%(queues)s::text[]))
 GROUP BY 1, 2, 3
 ORDER BY 1;
 
@@ -2170,7 +2197,8 @@ ORDER BY 1;
 -- Failed attempts and ended leases per minute over the window, by kind and queue.
 SELECT (floor(extract(epoch FROM e.at) / 60) * 60)::float8 AS minute, e.type, t.kind, t.queue, count(*) AS count
 FROM leaseq_events e JOIN leaseq_tasks t ON t.id = e.task_id
-WHERE e.type IN ('failed', 'lease_expired', 'lease_revoked') AND e.at >= now() - make_interval(secs => %(window)s)
+WHERE e.type IN ('failed', 'lease_expired', 'lease_revoked')
+  AND (%(queues)s::text[] IS NULL OR t.queue = ANY(%(queues)s::text[])) AND e.at >= now() - make_interval(secs => %(window)s)
 GROUP BY 1, 2, 3, 4
 ORDER BY 1;
 
@@ -2215,7 +2243,7 @@ LIMIT %(limit)s;
 SELECT t.status, t.updated_at, t.claim_generation, t.heartbeat_count, t.open_effects,
        (SELECT count(*) FROM leaseq_events e WHERE e.task_id = t.id) AS events,
        (SELECT count(*) FROM leaseq_effects f WHERE f.task_id = t.id AND f.status <> 'pending') AS answered
-FROM leaseq_tasks t WHERE t.id = %(task_id)s;
+FROM leaseq_tasks t WHERE t.id = %(task_id)s AND (%(queues)s::text[] IS NULL OR t.queue = ANY(%(queues)s::text[]));
 
 
 -- ============================================================================

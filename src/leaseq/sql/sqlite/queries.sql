@@ -1376,6 +1376,7 @@ SELECT * FROM leaseq_tasks
 WHERE (:status IS NULL OR status = :status)
   AND (:kind IS NULL OR kind = :kind)
   AND (:queue IS NULL OR queue = :queue)
+  AND (:queues IS NULL OR queue IN (SELECT value FROM json_each(:queues)))
   AND (:search IS NULL OR instr(idempotency_key, :search) > 0 OR instr(CAST(id AS TEXT), :search) > 0)
   AND (:before IS NULL OR id < :before)
 ORDER BY id DESC
@@ -1386,21 +1387,41 @@ SELECT * FROM leaseq_tasks
 WHERE (:status IS NULL OR status = :status)
   AND (:kind IS NULL OR kind = :kind)
   AND (:queue IS NULL OR queue = :queue)
+  AND (:queues IS NULL OR queue IN (SELECT value FROM json_each(:queues)))
   AND (:search IS NULL OR instr(idempotency_key, :search) > 0 OR instr(CAST(id AS TEXT), :search) > 0)
   AND id > :after
 ORDER BY id
 LIMIT :limit;
 
 -- name: dashboard_kinds
-SELECT DISTINCT kind FROM leaseq_tasks ORDER BY kind LIMIT 200;
+SELECT DISTINCT kind FROM leaseq_tasks
+WHERE (:queues IS NULL OR queue IN (SELECT value FROM json_each(:queues)))
+ORDER BY kind LIMIT 200;
 
 -- name: dashboard_worker_leases
 SELECT id, queue, kind, claim_generation, lease_owner, lease_expires_at, claimed_at, last_heartbeat_at,
        lease_expires_at < (julianday('now') - 2440587.5) * 86400.0 AS expired
 FROM leaseq_tasks
-WHERE status = 'running'
+WHERE status = 'running' AND (:queues IS NULL OR queue IN (SELECT value FROM json_each(:queues)))
 ORDER BY lease_owner, id
 LIMIT :limit;
+
+-- name: dashboard_workers
+SELECT w.id, w.name, w.registered_at, w.revoked_at, w.last_heartbeat_at, w.heartbeat_seconds,
+       w.lease_seconds, w.stopped_at, w.stop_reason,
+       (SELECT count(*) FROM leaseq_tasks t WHERE t.status = 'running' AND t.lease_owner = w.id
+          AND (:queues IS NULL OR t.queue IN (SELECT value FROM json_each(:queues)))) AS leases,
+       (SELECT coalesce(json_group_array(kind), '[]') FROM (SELECT k.kind FROM leaseq_worker_kinds k
+        WHERE k.worker_id = w.id AND (:queues IS NULL OR k.queue IN (SELECT value FROM json_each(:queues)))
+        ORDER BY k.kind)) AS kinds,
+       (julianday('now') - 2440587.5) * 86400.0 AS now
+FROM leaseq_workers w
+WHERE :queues IS NULL
+   OR EXISTS (SELECT 1 FROM leaseq_worker_kinds k WHERE k.worker_id = w.id
+                                                    AND k.queue IN (SELECT value FROM json_each(:queues)))
+   OR EXISTS (SELECT 1 FROM leaseq_tasks t WHERE t.status = 'running' AND t.lease_owner = w.id
+                                             AND t.queue IN (SELECT value FROM json_each(:queues)))
+ORDER BY w.registered_at;
 
 -- name: dashboard_worker_last_events
 SELECT worker_id, max(at) AS last_event_at
@@ -1412,7 +1433,8 @@ GROUP BY worker_id;
 SELECT CAST(CAST(updated_at / 60 AS INTEGER) * 60 AS REAL) AS minute, kind, queue, count(*) AS completed,
        sum(updated_at - claimed_at) AS seconds_sum, max(updated_at - claimed_at) AS seconds_max
 FROM leaseq_tasks
-WHERE status = 'completed' AND updated_at >= (julianday('now') - 2440587.5) * 86400.0 - :window
+WHERE status = 'completed' AND (:queues IS NULL OR queue IN (SELECT value FROM json_each(:queues)))
+  AND updated_at >= (julianday('now') - 2440587.5) * 86400.0 - :window
 GROUP BY 1, 2, 3
 ORDER BY 1;
 
@@ -1429,7 +1451,8 @@ SELECT at.minute AS minute, t.kind, t.queue, count(*) AS depth
 FROM at JOIN leaseq_tasks t
   ON t.created_at <= at.at AND t.available_at <= at.at AND (t.claimed_at IS NULL OR t.claimed_at > at.at)
  AND NOT (t.status NOT IN ('queued', 'running') AND t.updated_at <= at.at)
-WHERE t.status = 'queued' OR t.updated_at >= (julianday('now') - 2440587.5) * 86400.0 - :window
+WHERE (t.status = 'queued' OR t.updated_at >= (julianday('now') - 2440587.5) * 86400.0 - :window)
+  AND (:queues IS NULL OR t.queue IN (SELECT value FROM json_each(:queues)))
 GROUP BY 1, 2, 3
 ORDER BY 1;
 
@@ -1437,6 +1460,7 @@ ORDER BY 1;
 SELECT CAST(CAST(e.at / 60 AS INTEGER) * 60 AS REAL) AS minute, e.type, t.kind, t.queue, count(*) AS count
 FROM leaseq_events e JOIN leaseq_tasks t ON t.id = e.task_id
 WHERE e.type IN ('failed', 'lease_expired', 'lease_revoked')
+  AND (:queues IS NULL OR t.queue IN (SELECT value FROM json_each(:queues)))
   AND e.at >= (julianday('now') - 2440587.5) * 86400.0 - :window
 GROUP BY 1, 2, 3, 4
 ORDER BY 1;
@@ -1471,7 +1495,7 @@ LIMIT :limit;
 SELECT t.status, t.updated_at, t.claim_generation, t.heartbeat_count, t.open_effects,
        (SELECT count(*) FROM leaseq_events e WHERE e.task_id = t.id) AS events,
        (SELECT count(*) FROM leaseq_effects f WHERE f.task_id = t.id AND f.status <> 'pending') AS answered
-FROM leaseq_tasks t WHERE t.id = :task_id;
+FROM leaseq_tasks t WHERE t.id = :task_id AND (:queues IS NULL OR t.queue IN (SELECT value FROM json_each(:queues)));
 
 
 -- ============================================================================
