@@ -320,7 +320,7 @@ def _rows_read(plan: dict[str, Any], relation: str = "leaseq_tasks") -> int:
 @pytest.mark.parametrize("queued", [4_000, 40_000])
 def test_postgres_fair_claim_reads_a_claim_of_each_key_however_deep(pg_schema_dsn: str, queued: int) -> None:
     """With fairness keys in use, the claim (claim_fair) reads by index, and each key only as
-    far as a few claims' worth (four batches): never the deep key's whole backlog."""
+    far as a few claims' worth (four batches and 64 rows): never the deep key's whole backlog."""
     worker = _pg_queue(pg_schema_dsn, 20_000, queued)
     with psycopg.connect(pg_schema_dsn, autocommit=True) as conn:
         conn.execute(FAIR_FILL["postgres"])
@@ -331,7 +331,7 @@ def test_postgres_fair_claim_reads_a_claim_of_each_key_however_deep(pg_schema_ds
     analysed = _explain_analyze_as_the_store_runs(pg_schema_dsn, "claim_fair", params)
     claimed = _subplan(analysed, "CTE claimed")
     assert claimed["Actual Rows"] == CLAIM_PARAMS["limit"], json.dumps(analysed, indent=1)[:4000]
-    # Two keys, the deep one read four batches deep (4x) and the other whole (its few tasks),
+    # Two keys, the deep one read four batches and 64 rows deep (4x + 64) and the other whole (its few tasks),
     # those candidates again by id to lock them, the claimed rows updated (1x), and a few
     # probes: the same at either depth.
     assert _rows_read(analysed) <= 15 * CLAIM_PARAMS["limit"], json.dumps(analysed, indent=1)[:8000]

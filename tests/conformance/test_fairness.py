@@ -373,3 +373,35 @@ def test_claims_on_two_connections_charge_one_key_without_waiting_on_each_other(
     row = fair_rows(pg_schema_dsn)[("default", 0, "a")]
     assert (row["claimed"], row["service"], row["vtime"]) == (8, 8.0, -1.0 + 8)
 
+
+def test_racing_claims_of_a_slot_at_a_time_never_come_back_empty_from_a_deep_key(dsn: str, q: leaseq.Queue) -> None:
+    """Claimers racing for one or two tasks at a time (a worker's free slots), each completing
+    what it claimed: while a key's backlog is deep, no claim comes back empty. (The rows of the
+    claims beside one, and of those committed since it began, are skipped: with too few rows
+    read per key, every one of them could be taken.)"""
+    claimers, rounds = 8, 40
+    q.enqueue_many("k", [{"n": i} for i in range(claimers * rounds * 2 + 200)], fairness_key="deep")
+    barrier = threading.Barrier(claimers)
+    empty: list[int] = []
+    errors: list[BaseException] = []
+
+    def claimer(n: int) -> None:
+        try:
+            with leaseq.connect(dsn) as mine:
+                w = mine.register_worker("racer")
+                barrier.wait()
+                for i in range(rounds):
+                    claims = mine.claim(w, limit=1 + (n + i) % 2)
+                    if not claims:
+                        empty.append(n)
+                    mine.complete_many(w, [(c, None) for c in claims])
+        except BaseException as exc:  # pragma: no cover - reported below
+            errors.append(exc)
+
+    threads = [threading.Thread(target=claimer, args=(n,)) for n in range(claimers)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not errors, errors
+    assert not empty, f"{len(empty)} of {claimers * rounds} claims came back empty"

@@ -863,14 +863,17 @@ fair_keys(key) AS (
     FROM fair_keys g WHERE g.key IS NOT NULL
 ), fair_ready AS (
     -- FAIR SHARE: each key's first tasks in claim order, and the first of the
-    -- tasks without a key: four claims' worth, so the claims running beside
-    -- this one (whose rows are skipped below) leave each key enough
+    -- tasks without a key: four claims' worth and 64 more, so the claims
+    -- running beside this one (whose rows are skipped below, as are those
+    -- claimed since this statement began) leave each key enough: a worker's
+    -- claims of a slot or two at a time, beside a few other workers', found
+    -- every row of four claims' worth taken, and came back empty
     SELECT g.key, r.* FROM fair_keys g CROSS JOIN LATERAL (
         SELECT id, priority, available_at, 1.0::float8 / coalesce(fairness_weight, 1) AS cost FROM leaseq_tasks
         WHERE status = 'queued' AND queue = %(queue)s AND fairness_key = g.key AND available_at <= now()
           /* TEMPLATE: claimable */
         ORDER BY priority DESC, available_at, id
-        LIMIT 4 * %(limit)s) r
+        LIMIT 4 * %(limit)s + 64) r
     WHERE g.key IS NOT NULL
     UNION ALL
     SELECT '', r.* FROM (
@@ -878,7 +881,7 @@ fair_keys(key) AS (
         WHERE status = 'queued' AND queue = %(queue)s AND fairness_key IS NULL AND available_at <= now()
           /* TEMPLATE: claimable */
         ORDER BY priority DESC, available_at, id
-        LIMIT 4 * %(limit)s) r
+        LIMIT 4 * %(limit)s + 64) r
 ), fair_start AS MATERIALIZED (  -- once per key, not per task
     -- FAIR SHARE: where each key's virtual time starts, at each priority: its
     -- own, but never more than one task's cost behind the priority's (the
