@@ -320,7 +320,7 @@ def _rows_read(plan: dict[str, Any], relation: str = "leaseq_tasks") -> int:
 @pytest.mark.parametrize("queued", [4_000, 40_000])
 def test_postgres_fair_claim_reads_a_claim_of_each_key_however_deep(pg_schema_dsn: str, queued: int) -> None:
     """With fairness keys in use, the claim (claim_fair) reads by index, and each key only as
-    far as a few claims' worth (four batches): never the deep key's whole backlog."""
+    far as a few claims' worth (four batches and 64 rows): never the deep key's whole backlog."""
     worker = _pg_queue(pg_schema_dsn, 20_000, queued)
     with psycopg.connect(pg_schema_dsn, autocommit=True) as conn:
         conn.execute(FAIR_FILL["postgres"])
@@ -331,10 +331,47 @@ def test_postgres_fair_claim_reads_a_claim_of_each_key_however_deep(pg_schema_ds
     analysed = _explain_analyze_as_the_store_runs(pg_schema_dsn, "claim_fair", params)
     claimed = _subplan(analysed, "CTE claimed")
     assert claimed["Actual Rows"] == CLAIM_PARAMS["limit"], json.dumps(analysed, indent=1)[:4000]
-    # Two keys, the deep one read four batches deep (4x) and the other whole (its few tasks),
+    # Two keys, the deep one read four batches and 64 rows deep (4x + 64) and the other whole (its few tasks),
     # those candidates again by id to lock them, the claimed rows updated (1x), and a few
     # probes: the same at either depth.
     assert _rows_read(analysed) <= 15 * CLAIM_PARAMS["limit"], json.dumps(analysed, indent=1)[:8000]
+
+
+def _share_reads(plan: dict[str, Any]) -> list[tuple[str, str]]:
+    """``(node type, index)`` of every read of the keys' shares in a JSON plan."""
+    found = []
+    if plan.get("Relation Name") == "leaseq_fairness_shares" and plan["Node Type"] != "ModifyTable":
+        found.append((plan["Node Type"], plan.get("Index Name", "")))
+    for child in plan.get("Plans", []):
+        if child["Node Type"] == "Bitmap Index Scan" and found and plan.get("Relation Name") == "leaseq_fairness_shares":
+            found[-1] = (plan["Node Type"], child.get("Index Name", ""))
+        found += _share_reads(child)
+    return found
+
+
+def test_postgres_fair_claim_reads_and_charges_the_keys_shares_by_index(pg_schema_dsn: str) -> None:
+    """The fair claim's one plan reads each key's shares (schema 37) by the shares' primary key
+    (queue, priority, key, share), the priority's virtual time by leaseq_fairness_shares_vstart
+    (one probe), and charges its connection's share of each key through the primary key: never
+    a scan of every key's shares, however many keys a queue has served."""
+    worker = _pg_queue(pg_schema_dsn, 20_000, 4_000)
+    with psycopg.connect(pg_schema_dsn, autocommit=True) as conn:
+        conn.execute(FAIR_FILL["postgres"])
+        conn.execute("""
+            INSERT INTO leaseq_fairness_shares (queue, priority, key, shard, base, vstart, service, claimed)
+            SELECT 'default', 0, 'k' || k, s, 0, k, 1, 1 FROM generate_series(1, 5000) k, generate_series(0, 3) s
+        """)
+        conn.execute("VACUUM (ANALYZE) leaseq_fairness_shares")
+        conn.execute("VACUUM (ANALYZE) leaseq_tasks")
+    plan = _generic_plan(pg_schema_dsn, "claim_fair", dict(SAMPLE, worker_id=worker))
+    shown = json.dumps(plan, indent=1)[:8000]
+    reads = _share_reads(_subplan(plan, "CTE fair_start"))
+    assert ("Index Scan", "leaseq_fairness_shares_pkey") in reads, (reads, shown)
+    assert any(index == "leaseq_fairness_shares_vstart" for _, index in reads), (reads, shown)
+    assert {index for _, index in reads} <= {"leaseq_fairness_shares_pkey", "leaseq_fairness_shares_vstart"}, reads
+    charge = _subplan(plan, "CTE charged")
+    assert charge["Node Type"] == "ModifyTable" and charge["Relation Name"] == "leaseq_fairness_shares", shown
+    assert charge["Conflict Arbiter Indexes"] == ["leaseq_fairness_shares_pkey"], shown
 
 
 def test_sqlite_fair_claim_work_does_not_grow_with_a_key_backlog(tmp_path) -> None:

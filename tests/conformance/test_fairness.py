@@ -333,3 +333,75 @@ def test_racing_claimers_interleave_fairly_and_claim_each_task_once(dsn: str, q:
     # the keys' virtual times stayed level: none ran ahead of another by more than a batch
     times = [rows[("default", 0, key)]["vtime"] for key in RACED]
     assert max(times) - min(times) <= BATCH, times
+
+
+def test_claims_on_two_connections_charge_one_key_without_waiting_on_each_other(pg_schema_dsn: str) -> None:
+    """PostgreSQL: a claim whose transaction is still open holds no lock another connection's
+    claim of the same key waits for (each charges the key in its connection's share, schema
+    37); once both commit, the key is charged what both were served, as one claim after the
+    other would have. (SQLite writes one transaction at a time: its claims never overlap.)"""
+    import psycopg
+
+    from leaseq.store.base import load_queries
+
+    with leaseq.connect(pg_schema_dsn) as q:
+        q.migrate()
+        w = q.register_worker("w").id
+        q.enqueue_many("k", [{"n": i} for i in range(40)], fairness_key="a")
+    sql = load_queries("postgres")["claim_fair"]
+    params = dict(queue="default", limit=4, lease_seconds=None, compact=False, route_first=True, kinds=None,
+                  worker_id=w)
+    first = psycopg.connect(pg_schema_dsn)
+    seconds = []  # another connection, in another share than the first's (process ids modulo 64)
+    try:
+        pid = first.execute("SELECT pg_backend_pid()").fetchone()[0]  # type: ignore[index]
+        while not seconds or seconds[-1].info.backend_pid % 64 == pid % 64:
+            seconds.append(psycopg.connect(pg_schema_dsn, autocommit=True))
+        second = seconds[-1]
+        first.execute("SET LOCAL ROLE leaseq_owner")  # the statement as its function runs it
+        assert len(first.execute(sql, params).fetchall()) == 4  # claimed and charged, not committed
+        second.execute("SET lock_timeout = '5s'")
+        with second.transaction():
+            second.execute("SET LOCAL ROLE leaseq_owner")
+            # the claim skips the first's rows and charges the key without waiting for it
+            assert len(second.execute(sql, params).fetchall()) == 4
+        first.commit()
+    finally:
+        first.close()
+        for conn in seconds:
+            conn.close()
+    row = fair_rows(pg_schema_dsn)[("default", 0, "a")]
+    assert (row["claimed"], row["service"], row["vtime"]) == (8, 8.0, -1.0 + 8)
+
+
+def test_racing_claims_of_a_slot_at_a_time_never_come_back_empty_from_a_deep_key(dsn: str, q: leaseq.Queue) -> None:
+    """Claimers racing for one or two tasks at a time (a worker's free slots), each completing
+    what it claimed: while a key's backlog is deep, no claim comes back empty. (The rows of the
+    claims beside one, and of those committed since it began, are skipped: with too few rows
+    read per key, every one of them could be taken.)"""
+    claimers, rounds = 8, 40
+    q.enqueue_many("k", [{"n": i} for i in range(claimers * rounds * 2 + 200)], fairness_key="deep")
+    barrier = threading.Barrier(claimers)
+    empty: list[int] = []
+    errors: list[BaseException] = []
+
+    def claimer(n: int) -> None:
+        try:
+            with leaseq.connect(dsn) as mine:
+                w = mine.register_worker("racer")
+                barrier.wait()
+                for i in range(rounds):
+                    claims = mine.claim(w, limit=1 + (n + i) % 2)
+                    if not claims:
+                        empty.append(n)
+                    mine.complete_many(w, [(c, None) for c in claims])
+        except BaseException as exc:  # pragma: no cover - reported below
+            errors.append(exc)
+
+    threads = [threading.Thread(target=claimer, args=(n,)) for n in range(claimers)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not errors, errors
+    assert not empty, f"{len(empty)} of {claimers * rounds} claims came back empty"

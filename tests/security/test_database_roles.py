@@ -32,7 +32,7 @@ from fault.test_worker_processes import Workers, lease_expired
 TABLES = ("leaseq_tasks", "leaseq_events", "leaseq_effects", "leaseq_workers", "leaseq_approvals", "leaseq_tokens",
           "leaseq_audit", "leaseq_limits", "leaseq_queues", "leaseq_db_roles", "leaseq_dependencies",
           "leaseq_migrations", "leaseq_leader", "leaseq_sessions", "leaseq_worker_kinds", "leaseq_action_tokens",
-          "leaseq_stream_items", "leaseq_fairness")
+          "leaseq_stream_items", "leaseq_fairness", "leaseq_fairness_shares")
 
 
 @pytest.fixture

@@ -23,10 +23,11 @@ each priority on its own:
 All of it is decided in the claim statement, the one that leases the
 tasks: on PostgreSQL ``claim_fair``, where the candidates are locked as they
 are read in this order (a claim beside it skips them and takes the next ones
-in the same order, as it would have after it) and the keys' rows are charged
-in the statement, locked in key order; SQLite writes one transaction at a
-time, and the caller charges the keys (``charge_fair_share``) in the claim's
-transaction.
+in the same order, as it would have after it) and the keys are charged in
+the statement, each in the share of the claim's connection (schema 37:
+``leaseq_fairness`` is a view summing the shares, and no claim waits on
+another's to charge a key); SQLite writes one transaction at a time, and the
+caller charges the keys (``charge_fair_share``) in the claim's transaction.
 
 A queue that names no fairness key pays one probe of an empty index: on
 PostgreSQL ``claim_batch`` reads its claimable index as before, and only

@@ -137,23 +137,28 @@ AND (limits IS NULL OR NOT EXISTS (
 
 -- template: charge_fair_share(served=served)
 -- FAIR SHARE: THE CHARGE, the one place it is written. {served}: one row
--- (key, priority, start, cost) per task a claim handed out under a fairness
--- key ('': the tasks without one), with the start the claim gave its key at
--- the task's priority and the task's cost (1/weight). Each key's virtual
--- time there moves on by the cost of its tasks, from that start or from
--- where a claim beside this one left it (the row is read as last committed,
--- locked in key order), whichever is later; vstart: about the virtual time
--- at which the key was last served (the priority's is the latest of these).
-INSERT INTO leaseq_fairness AS s (queue, priority, key, vtime, vstart, service, claimed, served_at)
-SELECT %(queue)s, x.priority, x.key, max(x.start) + sum(x.cost), max(x.start) + sum(x.cost) - avg(x.cost),
-       sum(x.cost), count(*), now()
+-- (key, priority, base, vstart, cost) per task a claim handed out under a
+-- fairness key ('': the tasks without one): base, the start the claim gave
+-- its key at the task's priority less the service the key had been charged
+-- then (as the claim read it); vstart, the task's virtual start (its virtual
+-- finish less its cost); cost, 1/weight. Each key is charged in its share
+-- for this connection (schema 37: its backend's process id modulo 64, and a
+-- backend runs one transaction at a time): the largest base and vstart, the
+-- sum of the costs and the count. A key's virtual time is the largest base
+-- of its shares plus the service of all of them (the view leaseq_fairness),
+-- so claims on different connections charge a key without waiting on each
+-- other, and in either order with the same outcome: a claim beside this one
+-- that claimed the key's earlier tasks adds its service, and this claim's
+-- tasks were placed after those (their rows were read, and skipped, here).
+INSERT INTO leaseq_fairness_shares AS s (queue, priority, key, shard, base, vstart, service, claimed, served_at)
+SELECT %(queue)s, x.priority, x.key, mod(pg_backend_pid(), 64), max(x.base),
+       max(x.origin) + sum(x.cost) - avg(x.cost), sum(x.cost), count(*), now()
 FROM {served}
 GROUP BY x.priority, x.key
 ORDER BY x.priority, x.key
-ON CONFLICT (queue, priority, key) DO UPDATE
-SET vtime = greatest(s.vtime, excluded.vtime - excluded.service) + excluded.service,
-    vstart = greatest(s.vstart, greatest(s.vtime, excluded.vtime - excluded.service) + excluded.service
-                                - excluded.service / excluded.claimed),
+ON CONFLICT (queue, priority, key, shard) DO UPDATE
+SET base = greatest(s.base, excluded.base),
+    vstart = greatest(s.vstart, excluded.vstart),
     service = s.service + excluded.service,
     claimed = s.claimed + excluded.claimed,
     served_at = excluded.served_at
@@ -842,9 +847,10 @@ FROM flags f LEFT JOIN claimed c ON true;
 -- FAIR SHARE (the steps so marked): the claim serves the keys with tasks
 -- ready in weighted round robin within each priority (virtual time: each
 -- key's runs on by 1/weight per task claimed, and the lowest is served
--- first); the tasks without a key are one more key (''). The keys' rows are
--- locked after the limit rows (waited on, in priority and key order), and
--- only claims lock them.
+-- first); the tasks without a key are one more key (''). The keys' shares
+-- of this connection (schema 37) are locked after the limit rows, in
+-- priority and key order; only this connection's claims lock them, so no
+-- claim waits on another's to charge a key.
 WITH RECURSIVE
     /* TEMPLATE: claim_head */,
 fair_keys(key) AS (
@@ -859,14 +865,17 @@ fair_keys(key) AS (
     FROM fair_keys g WHERE g.key IS NOT NULL
 ), fair_ready AS (
     -- FAIR SHARE: each key's first tasks in claim order, and the first of the
-    -- tasks without a key: four claims' worth, so the claims running beside
-    -- this one (whose rows are skipped below) leave each key enough
+    -- tasks without a key: four claims' worth and 64 more, so the claims
+    -- running beside this one (whose rows are skipped below, as are those
+    -- claimed since this statement began) leave each key enough: a worker's
+    -- claims of a slot or two at a time, beside a few other workers', found
+    -- every row of four claims' worth taken, and came back empty
     SELECT g.key, r.* FROM fair_keys g CROSS JOIN LATERAL (
         SELECT id, priority, available_at, 1.0::float8 / coalesce(fairness_weight, 1) AS cost FROM leaseq_tasks
         WHERE status = 'queued' AND queue = %(queue)s AND fairness_key = g.key AND available_at <= now()
           /* TEMPLATE: claimable */
         ORDER BY priority DESC, available_at, id
-        LIMIT 4 * %(limit)s) r
+        LIMIT 4 * %(limit)s + 64) r
     WHERE g.key IS NOT NULL
     UNION ALL
     SELECT '', r.* FROM (
@@ -874,7 +883,7 @@ fair_keys(key) AS (
         WHERE status = 'queued' AND queue = %(queue)s AND fairness_key IS NULL AND available_at <= now()
           /* TEMPLATE: claimable */
         ORDER BY priority DESC, available_at, id
-        LIMIT 4 * %(limit)s) r
+        LIMIT 4 * %(limit)s + 64) r
 ), fair_start AS MATERIALIZED (  -- once per key, not per task
     -- FAIR SHARE: where each key's virtual time starts, at each priority: its
     -- own, but never more than one task's cost behind the priority's (the
@@ -882,27 +891,35 @@ fair_keys(key) AS (
     -- back from idle, starts level with the others and is owed nothing, and
     -- a key waiting its turn never falls that far behind (the others' tasks
     -- served before it all started before its turn)
-    SELECT g.key, g.priority,
-           greatest((SELECT s.vtime FROM leaseq_fairness s
-                     WHERE s.queue = %(queue)s AND s.priority = g.priority AND s.key = g.key),
-                    (SELECT coalesce(max(s.vstart), 0) FROM leaseq_fairness s
+    -- (its own: the largest base of its shares plus the service of all of
+    -- them, schema 37; seen: that service, which the charge takes off)
+    SELECT g.key, g.priority, k.seen, k.vtime AS own,
+           greatest(k.vtime,
+                    (SELECT coalesce(max(s.vstart), 0) FROM leaseq_fairness_shares s
                      WHERE s.queue = %(queue)s AND s.priority = g.priority) - g.cost) AS start
     -- (DISTINCT ON, sorted: a hash of the rows the planner guesses is sized
     -- for thousands of keys at every call)
     FROM (SELECT DISTINCT ON (key, priority) key, priority, cost FROM fair_ready
           ORDER BY key, priority, cost DESC) g
+    CROSS JOIN LATERAL (
+        SELECT max(s.base) + sum(s.service) AS vtime, coalesce(sum(s.service), 0) AS seen
+        FROM leaseq_fairness_shares s
+        WHERE s.queue = %(queue)s AND s.priority = g.priority AND s.key = g.key) k
 ), fair_order AS (
     -- FAIR SHARE: each task's virtual finish: its key's start plus the cost
     -- (1/weight) of it and of the key's tasks before it at its priority
-    SELECT r.id, r.key, r.cost, r.priority, r.available_at, s.start,
-           s.start + sum(r.cost) OVER (PARTITION BY r.key, r.priority ORDER BY r.available_at, r.id) AS tag
+    -- (pos: its place among them)
+    SELECT r.id, r.key, r.cost, r.priority, r.available_at, s.start, s.seen, s.own,
+           s.start + sum(r.cost) OVER (PARTITION BY r.key, r.priority ORDER BY r.available_at, r.id) AS tag,
+           row_number() OVER (PARTITION BY r.key, r.priority ORDER BY r.available_at, r.id) AS pos
     FROM fair_ready r JOIN fair_start s ON s.key = r.key AND s.priority = r.priority
 ), fair_pick AS (
     -- FAIR SHARE: priority first, then the lowest virtual finish; each row
     -- locked as it is reached in that order, until the claim has enough: a
     -- claim beside this one skips these and takes the next in the same
     -- order, as it would have after this one
-    SELECT t.id, t.limits, t.units, t.priority, t.available_at, o.key, o.cost, o.start, o.tag
+    SELECT t.id, t.limits, t.units, t.priority, t.available_at, o.key, o.cost, o.start, o.seen, o.own,
+           o.pos, o.tag
     FROM (SELECT * FROM fair_order ORDER BY priority DESC, tag, available_at, id) o
     CROSS JOIN LATERAL (
         SELECT t.id, t.limits, t.units, t.priority, t.available_at FROM leaseq_tasks t
@@ -915,11 +932,11 @@ fair_keys(key) AS (
 ),
     /* TEMPLATE: claim_lease */,
 charged AS (
-    -- FAIR SHARE: the keys served pay for it (their rows locked in key order;
-    -- a claim beside this one that charged a key first moved its start on).
+    -- FAIR SHARE: the keys served pay for it, each in this connection's share
+    -- (its rows locked in key order; no other connection's claim charges it).
     -- With no key queued any more, the tasks without one were claimed in
     -- FIFO order, as claim_batch claims them, and nothing is charged.
-    /* TEMPLATE: charge_fair_share((SELECT p.key, p.priority, p.start, p.cost FROM fair_pick p WHERE p.id IN (SELECT id FROM claimed) AND (SELECT f.last_key IS NOT NULL FROM flags f)) x) */
+    /* TEMPLATE: charge_fair_share((SELECT p.key, p.priority, CASE WHEN p.pos = 1 THEN p.start - p.seen END AS base, CASE WHEN p.pos = 1 THEN p.start ELSE p.own END AS origin, p.cost FROM fair_pick p WHERE p.id IN (SELECT id FROM claimed) AND (SELECT f.last_key IS NOT NULL FROM flags f)) x) */
 )
 SELECT c.*, f.routing_due, f.worker_ok, f.last_key IS NOT NULL AS fair_due,
        -- FAIR SHARE: the key a task was served under ('': none) and its virtual
@@ -1216,7 +1233,8 @@ RETURNING l.key;
 -- where claim_batch charges them in its own statement (it must: the order it
 -- decides rests on them); written here too so both dialects hold the same
 -- statements, and granted to no one (sent by hand, it would move any key's turn).
-/* TEMPLATE: charge_fair_share(jsonb_to_recordset(%(items)s::jsonb) AS x(key text, priority integer, start float8, cost float8)) */;
+-- (Each item's base as claim_fair derives it: the key's service read here.)
+/* TEMPLATE: charge_fair_share((SELECT i.key, i.priority, i.start - coalesce((SELECT sum(s.service) FROM leaseq_fairness_shares s WHERE s.queue = %(queue)s AND s.priority = i.priority AND s.key = i.key), 0) AS base, i.start AS origin, i.cost FROM jsonb_to_recordset(%(items)s::jsonb) AS i(key text, priority integer, start float8, cost float8)) x) */;
 
 -- name: give_back_slots
 -- callers: worker, operator
@@ -2021,20 +2039,23 @@ RETURNING scope;
 
 -- name: prune_fairness
 -- callers: operator
--- The fair-share rows (leaseq_fairness) of keys idle for the retention: no
--- claim has served the key at that priority within older_than seconds, and
--- no task of it is queued in the row's queue ('': the tasks without a key).
--- A key back after its row went starts level with the keys being served, as
--- a key back from idle does with its row kept: the claim starts a key never
--- more than one task's cost behind the priority's virtual time. That time is
--- the latest vstart of the priority's rows, so the row holding it is kept and
--- the priority's clock never runs back. A row a claim holds now is skipped;
--- one deleted under a waiting claim is inserted again by its charge.
-DELETE FROM leaseq_fairness
-WHERE (queue, priority, key) IN (
+-- The fair-share rows of keys idle for the retention (all the shares of each,
+-- leaseq_fairness_shares; leaseq_fairness is their sum per key): no claim has
+-- served the key at that priority within older_than seconds, and no task of
+-- it is queued in the row's queue ('': the tasks without a key). A key back
+-- after its shares went starts level with the keys being served, as a key back
+-- from idle does with its shares kept: the claim starts a key never more than
+-- one task's cost behind the priority's virtual time. That time is the latest
+-- vstart of the priority's keys, so the key holding it is kept and the
+-- priority's clock never runs back. A share a claim is charging now is
+-- deleted once that claim commits; its key, served again, starts level.
+-- One row per key whose shares went.
+WITH gone AS (
+DELETE FROM leaseq_fairness_shares s
+USING (
     SELECT f.queue, f.priority, f.key FROM leaseq_fairness f
     WHERE f.served_at < now() - %(older_than)s::float8 * interval '1 second'
-      AND f.vstart < (SELECT max(m.vstart) FROM leaseq_fairness m
+      AND f.vstart < (SELECT max(m.vstart) FROM leaseq_fairness_shares m
                       WHERE m.queue = f.queue AND m.priority = f.priority)
       -- a probe of leaseq_tasks_fair (or of the claimable index) per row: a scalar
       -- subquery, which the planner keeps as one (an anti-join of every queued
@@ -2046,9 +2067,10 @@ WHERE (queue, priority, key) IN (
                            WHERE t.status = 'queued' AND t.queue = f.queue AND t.fairness_key IS NULL
                            LIMIT 1) IS NULL)
     ORDER BY f.served_at
-    LIMIT %(limit)s
-    FOR UPDATE SKIP LOCKED)
-RETURNING key;
+    LIMIT %(limit)s) idle
+WHERE s.queue = idle.queue AND s.priority = idle.priority AND s.key = idle.key
+RETURNING s.queue, s.priority, s.key)
+SELECT DISTINCT key, queue, priority FROM gone;
 
 -- name: prune_spend
 -- callers: operator
