@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import hmac
 import re
-from dataclasses import replace
 from datetime import timedelta
 from typing import Any
 from urllib.parse import urlencode
@@ -140,7 +139,8 @@ async def redrive_action(request: Request, action: str = Path(pattern="^(redrive
         if not expected.isdigit() or int(expected) < 1:
             raise InvalidInput("expected", "count the matching tasks first (the page's dry run)")
         note = str(form.get("note") or "")
-        where = replace(where, limit=min(where.limit, int(expected)), note=note if note.strip() else None)
+        where = where.model_copy(update={"limit": min(where.limit, int(expected)),
+                                          "note": note if note.strip() else None})
         if action == "cancel_where" and where.note is None:
             raise InvalidInput("note", "required field is missing: the reason, recorded in each task's trail")
         done = await run_in_threadpool(act_where, _queue(request), s.principal, action, where, dry_run=False,

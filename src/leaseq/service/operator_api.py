@@ -83,19 +83,6 @@ class EnqueueBody(Body):
     fairness_weight: float = 1.0
 
 
-class WhereBody(Body):
-    """A bulk action's filter (Queue.redrive, Queue.cancel_where)."""
-    status: list[str] | str | None = None
-    queue: str | None = None
-    kind: str | None = None
-    error: str | None = None
-    older_than: float | None = None
-    limit: int = 1000
-    dry_run: bool = False
-    #: redrive's note, cancel's reason (recorded in each task's evidence trail)
-    note: str | None = None
-
-
 class LimitBody(Body):
     max_running: int | None = None
     per_second: float | None = None
@@ -441,21 +428,19 @@ def limit_spend(request: Request, key: str | None = Query(None), days: int = Que
     return {"spend": to_json(_queue(request).limit_spend(key, days=days))}
 
 
-def _where(request: Request, principal: auth.Principal, action: str, body: WhereBody) -> dict[str, Any]:
-    where = Where(status=body.status, queue=body.queue, kind=body.kind, error=body.error,
-                  older_than=body.older_than, limit=body.limit, note=body.note)
-    return act_where(_queue(request), principal, action, where, dry_run=body.dry_run, via="api")
+def _where(request: Request, principal: auth.Principal, action: str, body: Where) -> dict[str, Any]:
+    return act_where(_queue(request), principal, action, body, dry_run=body.dry_run, via="api")
 
 
 @router.post("/tasks/redrive", tags=["tasks"], summary="Requeue dead (or blocked) tasks matching a filter")
-def redrive(body: WhereBody, request: Request,
+def redrive(body: Where, request: Request,
             principal: auth.Principal = Depends(api_principal)) -> dict[str, Any]:
     # audited by Queue.redrive: each task, and the whole, in its one transaction
     return _where(request, principal, "redrive", body)
 
 
 @router.post("/tasks/cancel-where", tags=["tasks"], summary="Cancel the tasks matching a filter")
-def cancel_where(body: WhereBody, request: Request,
+def cancel_where(body: Where, request: Request,
                  principal: auth.Principal = Depends(api_principal)) -> dict[str, Any]:
     return _where(request, principal, "cancel_where", body)
 

@@ -9,21 +9,22 @@ and the whole in the action's own transaction.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Any
 
 from .. import auth, authz
 from ..core import checks
 from ..core.errors import InvalidInput
 from ..queue import Queue
+from .worker_api import Body
 
 #: The bulk actions by filter, by name: the Queue method's name is the action's.
 WHERE_ACTIONS = ("redrive", "cancel_where")
 
 
-@dataclass(frozen=True)
-class Where:
-    """A bulk action's filter and its note (the Queue method checks each value)."""
+class Where(Body):
+    """A bulk action's filter and its note: the body of ``POST /v1/tasks/redrive`` and
+    ``/v1/tasks/cancel_where``, and what the dashboard's form makes (the Queue method checks
+    each value)."""
 
     status: list[str] | str | None = None
     queue: str | None = None
@@ -31,6 +32,8 @@ class Where:
     error: str | None = None
     older_than: float | None = None
     limit: int = 1000
+    #: count the tasks the filter matches, change nothing
+    dry_run: bool = False
     #: redrive's note, cancel's reason (recorded in each task's evidence trail); None: the default
     note: str | None = None
 
