@@ -107,6 +107,34 @@ def test_a_worker_role_runs_the_lease_protocol_through_the_functions(admin, make
     assert [e.type for e in admin.events(t1.id)][-1] == "completed"
 
 
+def test_a_worker_roles_calls_read_its_authority_in_their_own_statements(admin, make_role) -> None:
+    """Enqueue, claim and completion as a worker role read the role's registry row (and whether
+    the worker is the role's) in the function called, not through a nested call of
+    leaseq_caller(), a definer function of its own that cost each call about 60 us. Counted by
+    PostgreSQL's function statistics, turned on for the role's sessions."""
+    dsn = make_role("worker")
+    role = psycopg.conninfo.conninfo_to_dict(dsn)["user"]
+    with psycopg.connect(admin.store.dsn, autocommit=True) as conn:
+        conn.execute(f"ALTER ROLE \"{role}\" SET track_functions = 'all'")
+
+    def calls(function: str) -> int:
+        with psycopg.connect(admin.store.dsn, autocommit=True) as conn:
+            row = conn.execute("SELECT calls FROM pg_stat_user_functions WHERE schemaname = current_schema() "
+                               "AND funcname = %s", (function,)).fetchone()
+        return row[0] if row else 0
+
+    with leaseq.connect(dsn) as q:
+        w = q.register_worker("host")
+        for i in range(5):
+            q.enqueue("job", {"n": i})
+        for claim in q.claim(w, limit=5):
+            q.complete(w, claim, {"ok": True})
+    # the role's backend reports its counts as it ends
+    wait_for(lambda: calls("leaseq_q_complete_batch") == 5, what="the role's function counts")
+    assert calls("leaseq_q_insert_task") == 5 and calls("leaseq_q_claim_batch") >= 1
+    assert calls("leaseq_caller") <= 1  # at most the connection's own question: what may I do?
+
+
 @pytest.mark.parametrize("statement", [
     *[f"UPDATE {t} SET {c} = {c}" for t, c in (("leaseq_tasks", "status"), ("leaseq_events", "type"),
                                                 ("leaseq_effects", "status"), ("leaseq_workers", "name"),

@@ -162,8 +162,9 @@ _SCOPE_TASK = """
 IF _queues IS NOT NULL AND NOT EXISTS (SELECT 1 FROM leaseq_tasks t WHERE t.id = {task} AND t.queue = ANY(_queues)) THEN
   RAISE EXCEPTION USING ERRCODE = '42501', MESSAGE = format('role %s may not reach task %s', session_user, {task});
 END IF;"""
+# (_own: whether the worker row is the role's, read with the role's kind: see _checks)
 _OWN_WORKER = """
-IF _kind = 'worker' AND NOT EXISTS (SELECT 1 FROM leaseq_workers w WHERE w.id = {worker} AND w.db_role = session_user) THEN
+IF _kind = 'worker' AND NOT _own THEN
   RAISE EXCEPTION USING ERRCODE = '42501', MESSAGE = format('worker %s was not registered by role %s', {worker}, session_user);
 END IF;"""
 # (or made by this transaction: an intent's child, just inserted through a granted function)
@@ -303,9 +304,15 @@ def _checks(q: NamedQuery, sig: Signature) -> str:
             out.append(_OWN_NAMES.format(events=pos["events"]))
     # The owner (the role that migrates, a superuser: the library's default) skips every check:
     # each IF with a subquery runs the executor (about 40 us), where a simple test does not.
-    # Anyone else acts here only as what this schema's registry made it (_IN_SCHEMA).
+    # Anyone else acts here only as what this schema's registry made it (_IN_SCHEMA): the
+    # registry's row is read here, as leaseq_caller() reads it for a non-owner, not through a
+    # call of it (a nested definer function: its own settings, role test and executor run,
+    # about 60 us a call), and in the same statement whether the worker named is the role's.
+    own = (f", EXISTS (SELECT 1 FROM leaseq_workers w WHERE w.id = {pos['worker_id']} AND w.db_role = session_user)"
+           if "worker" in q.callers and "worker_id" in pos else ", NULL::boolean")
     return ("IF NOT pg_has_role(session_user, 'leaseq_owner', 'MEMBER') THEN\n"
-            "SELECT c.kind, c.queues INTO _kind, _queues FROM leaseq_caller() c;"
+            f"SELECT r.kind, r.queues{own} INTO _kind, _queues, _own FROM leaseq_db_roles r\n"
+            "WHERE r.role = session_user AND r.revoked_at IS NULL;"
             + _IN_SCHEMA.format(kinds=", ".join(_literal(k) for k in sorted(q.callers))) + "".join(out) + "\nEND IF;")
 
 
@@ -361,7 +368,7 @@ def _function(q: NamedQuery, sig: Signature) -> str:
     # the compilation, seconds, would be paid at every call.
     settings = (" SET plan_cache_mode = force_custom_plan" if q.custom_plan else
                 " SET plan_cache_mode = force_generic_plan SET jit = off" if q.generic_plan else "")
-    code = f"#variable_conflict use_column\nDECLARE _kind text; _queues text[];\nBEGIN\n{_checks(q, sig)}\n{run}\nEND"
+    code = f"#variable_conflict use_column\nDECLARE _kind text; _queues text[]; _own boolean;\nBEGIN\n{_checks(q, sig)}\n{run}\nEND"
     return (f"CREATE OR REPLACE FUNCTION @@schema@@.{function_name(q.name)}({args}) RETURNS {result} "
             f"LANGUAGE plpgsql SECURITY DEFINER SET search_path = @@schema@@, pg_temp{settings} AS {_dollar(code)}")
 
