@@ -10,6 +10,10 @@
 -- name: schema_lock
 SELECT 1;
 
+-- name: schema_lock_table
+-- (the portable mode's lock on PostgreSQL; SQLite's write lock serialises migrate() already)
+SELECT 1;
+
 -- name: create_attempts_table
 CREATE TABLE IF NOT EXISTS leaseq_fence_attempts (
     resource_key      TEXT NOT NULL,
