@@ -1,7 +1,8 @@
-"""A gated task paused for its budget, on both backends and every transport: the request
-for more budget is a request of its own (schema 38). The gate the task was enqueued with
-keeps its record (decision, approver, note, digest) beside it; a decision of the one never
-stands for the other; a retried enqueue still finds the task it asked for, gated."""
+"""A gated task paused for its budget, on both backends and every transport (the worker's
+consume and the operator's approvals alike): the request for more budget is a request of
+its own (schema 38). The gate the task was enqueued with keeps its record (decision,
+approver, note, digest) beside it; a decision of the one never stands for the other; a
+retried enqueue still finds the task it asked for, gated."""
 
 from __future__ import annotations
 
@@ -16,6 +17,8 @@ import pytest
 import leaseq
 from leaseq import auth
 from leaseq.store import parse_dsn
+
+from .test_transports import over
 
 TOK = "tok"
 
@@ -76,12 +79,13 @@ def deciding(kind: str, q: leaseq.Queue) -> Iterator[tuple[Callable[..., Any], s
                 yield approve, "alice"
 
 
-def pause_for_budget(q: leaseq.Queue, task_id: int) -> dict[str, Any]:
-    """A worker claims the task and consumes past its budget: the task pauses, asking for more."""
-    w = q.register_worker("w")
-    [claim] = q.claim(w)
+def pause_for_budget(t: Any, task_id: int) -> dict[str, Any]:
+    """A worker (on transport ``t``) claims the task and consumes past its budget: the task
+    pauses, asking for more."""
+    w = t.register_worker("w")
+    [claim] = t.claim(w)
     assert claim.task_id == task_id
-    answer = q.consume(w, claim, "job:consume:0", TOK, 150)
+    answer = t.consume(w, claim, "job:consume:0", TOK, 150)
     assert answer["state"] == "paused"
     return answer
 
@@ -92,9 +96,9 @@ def test_a_budget_request_never_overwrites_the_gate_the_task_was_enqueued_with(q
     task = q.enqueue("job", {"n": 1}, approval="required", budget={TOK: 100}, idempotency_key="job-1",
                      effect="idempotent")
     digest = q.approval(task.id).digest
-    with deciding(kind, q) as (approve, who):
+    with deciding(kind, q) as (approve, who), over(kind, q, "worker") as worker_side:
         approve(task.id, digest, "gate: looks right")
-        pause_for_budget(q, task.id)
+        pause_for_budget(worker_side, task.id)  # the worker's side on the same transport
         assert q.get(task.id).status == "awaiting_approval"
         rows = requests_of(dsn, task.id)
         # the gate's record stands as decided, the budget's request beside it, undecided
