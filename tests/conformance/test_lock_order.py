@@ -13,6 +13,11 @@ Real threads on separate connections, started together, many rounds; the
 batch is in descending id order, the opposite of the renewal's, and before
 the rows were locked in order about one round in twelve deadlocked. SQLite
 runs one writer at a time (no row locks); it runs anyway.
+
+An operator's calls on a tree of tasks take the same care: approving a child's request
+for more budget with a raise locks the ancestor whose budget it raises before the child,
+as a cancel of that ancestor locks it before its tree (before, about one round in a few
+deadlocked and the approval reached its caller as an error).
 """
 
 from __future__ import annotations
