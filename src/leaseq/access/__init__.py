@@ -26,7 +26,9 @@ Where each part lives, each importing only those before it:
 
 - :mod:`.actions`: the roles and the table of actions (:data:`ACTIONS`)
 - :mod:`.principals`: :class:`Principal`, the one :func:`authorize` and :func:`can`
-- :mod:`.tokens`: tokens and dashboard sessions, the token check as an engine operation
+- :mod:`.tokens`: tokens and dashboard sessions; the token check, creating and revoking a
+  token are engine operations (``verifying``, ``creating_token``, ``revoking_token``), driven
+  blocking by the functions beside them or awaited with :func:`leaseq.engine.adrive`
 - :mod:`.operator`: operator actions, authorized and audited (:func:`perform`)
 
 The HTTP pieces (bearer tokens, rate limits, the FastAPI dependencies) are
@@ -40,15 +42,15 @@ from .operator import Outcome, QueueFacts, done_message, operator_actions, perfo
 from .principals import (Facts, Principal, authorize, authorize_intent, authorize_role, authorize_spawn,
                          authorize_upstreams, can, local_principal, readable_queues, readable_upstreams)
 from .tokens import (MAX_SESSION_SECONDS, acheck_token, audit_log, averify_token, check_token, create_session,
-                     create_token, end_session, hash_token, list_tokens, record_action, revoke_token,
-                     revoke_worker_token, session_hash, token_check, token_hashes, token_held_task, token_id_of,
+                     create_token, creating_token, end_session, hash_token, list_tokens, record_action, revoke_token,
+                     revoke_worker_token, revoking_token, session_hash, token_check, token_hashes, token_held_task, token_id_of,
                      verify_session, verify_token, verifying, worker_token)
 
 __all__ = ["ACTIONS", "AccessDenied", "Action", "DEFAULT_READ_PAYLOADS", "Facts", "Field", "MAX_SESSION_SECONDS",
            "Outcome", "Principal", "QueueFacts", "RIGHTS", "ROLES", "RateLimited", "Unauthorized", "acheck_token",
            "audit_log", "authorize", "authorize_intent", "authorize_role", "authorize_spawn", "authorize_upstreams",
-           "averify_token", "can", "check_token", "create_session", "create_token", "done_message", "end_session",
+           "averify_token", "can", "check_token", "create_session", "create_token", "creating_token", "done_message", "end_session",
            "hash_token", "list_tokens", "local_principal", "operator_actions", "perform", "perform_many",
-           "readable_queues", "readable_upstreams", "record_action", "revoke_token", "revoke_worker_token",
+           "readable_queues", "readable_upstreams", "record_action", "revoke_token", "revoke_worker_token", "revoking_token",
            "session_hash", "task_queue", "token_check", "token_hashes", "token_held_task", "token_id_of",
            "verify_session", "verify_token", "verifying", "worker_token"]

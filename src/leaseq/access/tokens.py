@@ -34,7 +34,8 @@ from ..core import checks
 from ..core.errors import InvalidInput, NotFound, Unauthorized
 from ..engine import common
 from ..engine.drive import adrive, adrive_in, drive, drive_in
-from ..engine.steps import BEGIN_ONE, COMMIT, Op, T, one, rows
+from ..engine.expiry import end_worker_leases
+from ..engine.steps import BEGIN, BEGIN_ONE, COMMIT, One, Op, Rows, T, one, rows
 from .actions import DEFAULT_READ_PAYLOADS, ROLES
 from .principals import Principal
 
@@ -74,6 +75,15 @@ def _public(row: dict[str, Any]) -> dict[str, Any]:
 def create_token(q: Queue, *, name: str, role: str, queues: list[str] | None = None,
                  all_queues: bool = False, read_payloads: bool | None = None, own_intents: bool = False,
                  expires_in: float | None = None, created_by: str | None = None) -> tuple[str, dict[str, Any]]:
+    """Create a token (:func:`creating_token`). Returns ``(token, record)``: show the token once."""
+    return drive(q.store, creating_token(name=name, role=role, queues=queues, all_queues=all_queues,
+                                         read_payloads=read_payloads, own_intents=own_intents,
+                                         expires_in=expires_in, created_by=created_by))
+
+
+def creating_token(*, name: str, role: str, queues: list[str] | None = None, all_queues: bool = False,
+                   read_payloads: bool | None = None, own_intents: bool = False, expires_in: float | None = None,
+                   created_by: str | None = None) -> Op[tuple[str, dict[str, Any]]]:
     """Create a token. Returns ``(token, record)``: show the token once, it cannot be read back.
 
     ``queues`` limits a worker, viewer or operator token to those queues
@@ -116,13 +126,14 @@ def create_token(q: Queue, *, name: str, role: str, queues: list[str] | None = N
     token_id = secrets.token_hex(6)
     token = f"lq_{token_id}_{secrets.token_hex(32)}"
     grant = DEFAULT_READ_PAYLOADS[role] if read_payloads is None else read_payloads
-    with q.store.transaction() as tx:
-        created = tx.rows("token_insert", token_id=token_id, name=name, role=role, secret_hash=hash_token(token),
-                          queues=",".join(queues) if queues else None, read_payloads=grant,
-                          own_intents=own_intents, expires_in=expires_in, created_by=created_by)
-        tx.rows("audit_insert", actor=created_by or "unknown", action="token_created", target=token_id,
-                detail={"name": name, "role": role, "queues": queues, "read_payloads": grant,
-                        "own_intents": own_intents, "expires_in": expires_in})
+    yield BEGIN
+    created = yield rows("token_insert", token_id=token_id, name=name, role=role, secret_hash=hash_token(token),
+                         queues=",".join(queues) if queues else None, read_payloads=grant,
+                         own_intents=own_intents, expires_in=expires_in, created_by=created_by)
+    yield rows("audit_insert", actor=created_by or "unknown", action="token_created", target=token_id,
+               detail={"name": name, "role": role, "queues": queues, "read_payloads": grant,
+                       "own_intents": own_intents, "expires_in": expires_in})
+    yield COMMIT
     return token, _public(created[0])
 
 
@@ -184,19 +195,24 @@ def _looked_up(token: str | None) -> Op[dict[str, Any]]:
     """The stored record of a valid, live ``token`` (one statement); Unauthorized otherwise."""
     if not token:
         raise Unauthorized("missing credential: send 'Authorization: Bearer <token>'")
-    m = _TOKEN.fullmatch(token) if isinstance(token, str) and len(token) < 200 else None
-    if m is None:
+    token_id = token_id_of(token)
+    if token_id is None:
         raise Unauthorized("malformed token: expected lq_<id>_<secret>")
     presented = hash_token(token)
-    row: dict[str, Any] | None = yield one("token_get", token_id=m.group(1))
+    row: dict[str, Any] | None = yield one("token_get", token_id=token_id)
     stored = row["secret_hash"] if row is not None else _DUMMY_HASH
     if not hmac.compare_digest(presented, stored) or row is None:
         raise Unauthorized("invalid token", token_id=row["id"] if row is not None else None)
+    _refuse_ended(row)
+    return row
+
+
+def _refuse_ended(row: dict[str, Any]) -> None:
+    """Unauthorized if the token of ``row`` (a token's or a session's record) was revoked or has expired."""
     if row["revoked_at"] is not None:
         raise Unauthorized(f"token {row['id']} was revoked", token_id=row["id"])
     if row["expired"]:
         raise Unauthorized(f"token {row['id']} has expired", token_id=row["id"])
-    return row
 
 
 def token_id_of(token: Any) -> str | None:
@@ -212,34 +228,39 @@ def session_hash(session_id: Any) -> str | None:
 
 def token_hashes(q: Queue) -> dict[str, str]:
     """Every token's id and stored hash (neither ever changes; revoked tokens included)."""
-    with q.store.transaction() as tx:
-        return {r["id"]: r["secret_hash"] for r in tx.rows("token_hashes")}
+    return {r["id"]: r["secret_hash"] for r in drive(q.store, _read("token_hashes"))}
 
 
 def list_tokens(q: Queue) -> list[dict[str, Any]]:
     """Every token's record (never its secret or hash), oldest first, with its worker count."""
-    with q.store.transaction() as tx:
-        return [_public(r) for r in tx.rows("token_list")]
+    return [_public(r) for r in drive(q.store, _read("token_list"))]
 
 
 def revoke_token(q: Queue, token_id: str, *, by: str) -> list[str]:
-    """Revoke a token and every worker it registered. Returns the worker ids revoked.
+    """Revoke a token and every worker it registered (:func:`revoking_token`). Returns the worker ids revoked."""
+    return drive(q.store, revoking_token(q.settings, token_id, by=by))
+
+
+def revoking_token(s: common.Settings, token_id: str, *, by: str) -> Op[list[str]]:
+    """Revoke a token and every worker it registered, ending their leases and the token's
+    dashboard sessions, in one transaction. Returns the worker ids revoked.
 
     Revoking an already revoked token changes nothing and is not an error.
     """
     if not isinstance(token_id, str) or not re.fullmatch(r"[0-9a-f]{12}", token_id):
         raise InvalidInput("token_id", f"must be the 12 hex digits of a token id (got {token_id!r})")
     checks.check_text("by", by, required=True)
-    with q.store.transaction() as tx:
-        if tx.row("token_get", token_id=token_id) is None:
-            raise NotFound(f"token {token_id} does not exist")
-        tx.rows("token_revoke", token_id=token_id, actor=by)
-        workers = [r["id"] for r in tx.rows("token_revoke_workers", token_id=token_id)]
-        for wid in workers:
-            q.end_worker_leases(tx, wid, f"token {token_id} revoked")
-        sessions = tx.rows("session_delete_for_token", token_id=token_id)
-        tx.rows("audit_insert", actor=by, action="token_revoked", target=token_id,
-                detail={"revoked_workers": workers, "ended_sessions": len(sessions)})
+    yield BEGIN
+    if (yield one("token_get", token_id=token_id)) is None:
+        raise NotFound(f"token {token_id} does not exist")
+    yield rows("token_revoke", token_id=token_id, actor=by)
+    workers = [r["id"] for r in (yield rows("token_revoke_workers", token_id=token_id))]
+    for wid in workers:
+        yield from end_worker_leases(s, wid, f"token {token_id} revoked")
+    sessions = yield rows("session_delete_for_token", token_id=token_id)
+    yield rows("audit_insert", actor=by, action="token_revoked", target=token_id,
+               detail={"revoked_workers": workers, "ended_sessions": len(sessions)})
+    yield COMMIT
     return workers
 
 
@@ -266,9 +287,8 @@ def create_session(q: Queue, principal: Principal, *, seconds: float) -> str:
     """
     seconds = checks.check_seconds("session_seconds", seconds, allow_zero=False, maximum=MAX_SESSION_SECONDS)
     session_id = f"lqs_{secrets.token_urlsafe(32)}"
-    with q.store.transaction() as tx:
-        tx.rows("session_prune")
-        tx.row("session_insert", id_hash=hash_token(session_id), token_id=principal.token_id, seconds=seconds)
+    drive(q.store, _written(rows("session_prune"), one("session_insert", id_hash=hash_token(session_id),
+                                                        token_id=principal.token_id, seconds=seconds)))
     return session_id
 
 
@@ -281,14 +301,11 @@ def verify_session(q: Queue, session_id: str | None) -> Principal:
         raise Unauthorized("no session: log in")
     if not isinstance(session_id, str) or not _SESSION.fullmatch(session_id):
         raise Unauthorized("malformed session id: log in again")
-    with q.store.transaction() as tx:
-        row = tx.row("session_get", id_hash=hash_token(session_id))
+    found = drive(q.store, _read("session_get", id_hash=hash_token(session_id)))
+    row = found[0] if found else None
     if row is None:
         raise Unauthorized("session ended (logged out or replaced): log in again")
-    if row["revoked_at"] is not None:
-        raise Unauthorized(f"token {row['id']} was revoked", token_id=row["id"])
-    if row["expired"]:
-        raise Unauthorized(f"token {row['id']} has expired", token_id=row["id"])
+    _refuse_ended(row)
     if row["session_expired"]:
         raise Unauthorized("session expired: log in again")
     return _principal(row)
@@ -297,8 +314,7 @@ def verify_session(q: Queue, session_id: str | None) -> Principal:
 def end_session(q: Queue, session_id: str) -> None:
     """Log out: the session ends for every replica (an unknown id changes nothing)."""
     if isinstance(session_id, str) and _SESSION.fullmatch(session_id):
-        with q.store.transaction() as tx:
-            tx.rows("session_delete", id_hash=hash_token(session_id))
+        drive(q.store, _written(rows("session_delete", id_hash=hash_token(session_id))))
 
 
 def worker_token(q: Queue, worker_id: str) -> str | None:
@@ -318,6 +334,22 @@ def token_held(token_id: str, task_id: int) -> Op[bool]:
     return bool(found["held"])
 
 
+def _read(query: str, **params: Any) -> Op[list[dict[str, Any]]]:
+    """The rows of one read, in a transaction of its own."""
+    yield BEGIN
+    found: list[dict[str, Any]] = yield rows(query, **params)
+    yield COMMIT
+    return found
+
+
+def _written(*steps: Rows | One) -> Op[None]:
+    """``steps``, writes whose answers nobody needs, in one transaction of their own."""
+    yield BEGIN
+    for step in steps:
+        yield step
+    yield COMMIT
+
+
 def alone(op: Op[T]) -> Op[T]:
     """``op``, a read inside a transaction, as a statement of its own (one round trip on PostgreSQL)."""
     yield BEGIN_ONE
@@ -333,16 +365,14 @@ def record_action(q: Queue, actor: str, action: str, target: str | None = None, 
     :func:`leaseq.access.perform`, whose Queue method writes the entry in the action's own
     transaction. This is for entries that accompany no other write.
     """
-    with q.store.transaction() as tx:
-        tx.rows("audit_insert", actor=actor, action=action, target=target, detail=detail)
+    drive(q.store, _written(rows("audit_insert", actor=actor, action=action, target=target, detail=detail)))
 
 
 def audit_log(q: Queue, limit: int = 100) -> list[dict[str, Any]]:
     """The newest audit entries first."""
     checks.check_int("limit", limit, minimum=1, maximum=10_000)
-    with q.store.transaction() as tx:
-        rows = tx.rows("audit_list", limit=limit)
-    for r in rows:  # SQLite hands back a column named plainly "at" as epoch seconds
+    entries = drive(q.store, _read("audit_list", limit=limit))
+    for r in entries:  # SQLite hands back a column named plainly "at" as epoch seconds
         if isinstance(r["at"], (int, float)):
             r["at"] = datetime.fromtimestamp(r["at"], tz=timezone.utc)
-    return rows
+    return entries
