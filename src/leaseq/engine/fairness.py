@@ -37,6 +37,13 @@ once (:attr:`Settings.fair_queues`) until it finds no key queued. SQLite's
 ``claim_batch`` is ``claim_fair`` (a second statement costs no round trip
 there, and the claim of a queue without keys reads none of the fair steps'
 rows).
+
+A queue none of whose tasks ever named a fairness key, a limit or a
+singleton key does not pay that probe on PostgreSQL: it is claimed by
+``claim_plain`` (the backend's ``lean_claim``), which reads whether the queue
+was ever given such a task (schema 39) in its own snapshot, and claims
+nothing when it was; the queue's claims are ``claim_batch`` from then on
+(:attr:`Settings.full_queues`).
 """
 
 from __future__ import annotations
