@@ -134,9 +134,9 @@ def test_a_long_poll_ends_empty_at_the_service_cap(q: leaseq.Queue, dsn: str) ->
 def test_waits_opened_together_do_not_all_end_together_at_the_service_cap(q: leaseq.Queue, dsn: str) -> None:
     """The service's cap on a waiting request is drawn for each request from its last fifth:
     a flood's waits, opened at once, end spread out, and are not all asked again in one burst
-    that holds every other request up (issue 29). Capped at exactly 2 s, every one of these
-    twenty claims and ten task waits would last 2 s and more."""
-    limit = 2.0
+    that holds every other request up (issue 29). Capped at exactly 4 s, every one of these
+    twenty claims and ten task waits would last 4 s and more."""
+    limit = 4.0
     with serve(q, claim_wait_limit=limit, wait_limit=limit, claim_recheck=SLOW_RECHECK) as (url, app):
         svc = Service(url, app, q, dsn)
         try:
@@ -158,13 +158,15 @@ def test_waits_opened_together_do_not_all_end_together_at_the_service_cap(q: lea
             for t in [*polls, *waiters]:
                 t.start()
             for t in [*polls, *waiters]:
-                t.join(15)
+                t.join(20)
             assert all(p.claims == [] for p in polls), [p.error for p in polls]
-            lasted = sorted([p.answered_at - p.asked_at for p in polls])
-            assert len(waits) == 10 and lasted[-1] < limit + 3.0
-            for spent in (lasted, sorted(waits)):
-                assert spent[0] >= limit * (1 - LIMIT_SPREAD)  # never shorter than the cap's last fifth
-                assert spent[0] < limit * (1 - LIMIT_SPREAD / 4), spent  # some end in its first three quarters
+            assert len(waits) == 10
+            spent = sorted([p.answered_at - p.asked_at for p in polls] + waits)
+            assert spent[0] >= limit * (1 - LIMIT_SPREAD)  # never shorter than the cap's last fifth
+            # some end in the first half of it (each request's own time to start waiting, under
+            # a loaded machine's scheduling, only adds to what it lasts)
+            assert spent[0] < limit * (1 - LIMIT_SPREAD / 2), spent
+            assert spent[-1] < limit + 3.0
         finally:
             svc.close()
 
