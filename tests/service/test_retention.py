@@ -83,6 +83,7 @@ COLUMNS: dict[str, str] = {
     "leaseq_limit_charges.key": "limit key (deleted when the attempt ends, or with the task)",
     "leaseq_limit_spend.key": "usage by limit key and day (not task data)",
     "leaseq_approvals.reason": "why a person is asked", "leaseq_approvals.detail": "a budget's figures",
+    "leaseq_approvals.request": "which request: the gate or more budget (schema 38)",
     # budgets that cover the tree (schema 34): one row per budget owner and key, deleted with the owner
     "leaseq_tasks.budget_owners": "task ids (the budgets that cover the task)",
     "leaseq_budgets.key": "limit key (deleted with the task whose budget it is)",

@@ -667,14 +667,15 @@ WHERE t.id = %(holder_id)s AND t.queue = %(queue)s
 -- enqueue compares beside the row (leaseq.engine.enqueue.key_differences):
 -- whether it is approval-gated and its approval deadline's length in
 -- seconds, and the tasks it waits for (ids in order, comma-separated) with
--- what it does if one of them fails. A task's request for more budget
--- (reason 'budget') is no gate it was enqueued with: a retried spawn names
--- the child that paused for its tree's budget as it was asked for.
-SELECT t.*, a.task_id IS NOT NULL AND a.reason IS DISTINCT FROM 'budget' AS gated,
+-- what it does if one of them fails. Only the gate's request is read (schema
+-- 38): a request for more budget is no gate the task was enqueued with, and
+-- never hides the one it was (a retried spawn names the child that paused
+-- for its tree's budget as it was asked for, gated or not).
+SELECT t.*, a.task_id IS NOT NULL AS gated,
        extract(epoch FROM a.deadline_at - a.requested_at)::float8 AS approval_seconds,
        d.upstreams, d.on_failure
 FROM leaseq_tasks t
-LEFT JOIN leaseq_approvals a ON a.task_id = t.id
+LEFT JOIN leaseq_approvals a ON a.task_id = t.id AND a.request = 'gate'
 LEFT JOIN LATERAL (SELECT string_agg(upstream::text, ',' ORDER BY upstream) AS upstreams,
                           min(on_failure) AS on_failure
                    FROM leaseq_dependencies WHERE waiter = t.id) d ON true
@@ -1687,7 +1688,12 @@ RETURNING *;
 
 -- name: get_approval
 -- callers: worker, operator, viewer
-SELECT * FROM leaseq_approvals WHERE task_id = %(task_id)s;
+-- The task's request a decision is for: its undecided one (a task has at most
+-- one, leaseq_approvals_open), else the latest (a request for more budget
+-- comes after the gate the task was enqueued with). The gate's row stays.
+SELECT * FROM leaseq_approvals WHERE task_id = %(task_id)s
+ORDER BY decision IS NOT NULL, request <> 'budget'
+LIMIT 1;
 
 -- name: decide_approval
 -- callers: operator
@@ -2813,16 +2819,17 @@ RETURNING (t.budget ->> %(key)s::text)::bigint AS budget_units, (t.spent ->> %(k
 -- callers: worker
 -- guard: lease
 -- A budget spent: the attempt asks a person for more, under its lease (the
--- lease ends next, in this transaction: suspend_task). The task's one
--- request row is written afresh (a gate it passed, or an earlier budget's
--- request, is decided already): reason 'budget', the figures in detail, the
--- worker holding the lease as its requester (it may not decide it).
-INSERT INTO leaseq_approvals AS a (task_id, digest, requested_by, requested_worker, reason, detail)
-SELECT t.id, %(digest)s, %(requested_by)s, %(worker_id)s, 'budget', %(detail)s::jsonb
+-- lease ends next, in this transaction: suspend_task). The task's budget
+-- request (request 'budget', schema 38: never the row of the gate it was
+-- enqueued with, which stays as decided) is written afresh (an earlier
+-- budget's request is decided already): reason 'budget', the figures in
+-- detail, the worker holding the lease as its requester (it may not decide it).
+INSERT INTO leaseq_approvals AS a (task_id, request, digest, requested_by, requested_worker, reason, detail)
+SELECT t.id, 'budget', %(digest)s, %(requested_by)s, %(worker_id)s, 'budget', %(detail)s::jsonb
 FROM leaseq_tasks t
 WHERE t.id = %(task_id)s
   /* TEMPLATE: lease_guard */
-ON CONFLICT (task_id) DO UPDATE
+ON CONFLICT (task_id, request) DO UPDATE
 SET digest = excluded.digest, requested_by = excluded.requested_by, requested_at = now(), deadline_at = NULL,
     decision = NULL, decided_by = NULL, decided_via = NULL, note = NULL, decided_at = NULL,
     requested_worker = excluded.requested_worker, requested_token = NULL, reason = excluded.reason,
