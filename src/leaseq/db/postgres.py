@@ -173,17 +173,17 @@ class Turns:
         """How many wait for a place now."""
         return sum(len(q) for q in self._waiting.values())
 
-    @asynccontextmanager
-    async def turn(self, party: str | None, timeout: float) -> AsyncIterator[None]:
-        """One place for as long as the block lasts; PoolTimeout when none came in ``timeout`` seconds."""
+    async def take(self, party: str | None, timeout: float) -> None:
+        """One place, given back with :meth:`give_back`; PoolTimeout when none came in
+        ``timeout`` seconds."""
         if self._free and not self._waiting:
             self._free -= 1
         else:
             await self._wait(party, timeout)
-        try:
-            yield
-        finally:
-            self._release()
+
+    def give_back(self) -> None:
+        """The place :meth:`take` gave: to the next party's first waiter, or free."""
+        self._release()
 
     async def _wait(self, party: str | None, timeout: float) -> None:
         loop = asyncio.get_running_loop()
@@ -248,9 +248,12 @@ class AsyncPools:
             turns = self._turns.get(loop)
             if turns is None:
                 turns = self._turns[loop] = Turns(self._size)
-            async with turns.turn(pool_party.get(), self._timeout):
-                async with achecked_connection(pool) as conn:
-                    yield conn
+            await turns.take(pool_party.get(), self._timeout)
+        try:
+            async with achecked_connection(pool) as conn:  # which maps the block's driver errors
+                yield conn
+        finally:
+            turns.give_back()
 
     async def get(self) -> AsyncConnectionPool:
         """The running loop's pool."""
