@@ -97,9 +97,12 @@ COLUMNS: dict[str, str] = {
     # PostgreSQL (schema 37): the keys' turns in shares, one per claiming connection (the view
     # leaseq_fairness above sums them)
     **{f"leaseq_fairness_shares.{c}": "fair-share key's turn" for c in ("queue", "key")},
+    # PostgreSQL (schema 39): one row per queue a task naming a key was written to (its claims
+    # run in full); a queue name, kept as leaseq_queues keeps one
+    "leaseq_full_claims.queue": "queue switch",
 }
 #: Columns of tables only PostgreSQL has.
-POSTGRES_ONLY = {"leaseq_fairness_shares.queue", "leaseq_fairness_shares.key"}
+POSTGRES_ONLY = {"leaseq_fairness_shares.queue", "leaseq_fairness_shares.key", "leaseq_full_claims.queue"}
 
 
 def _text_columns(dsn: str) -> set[str]:

@@ -469,6 +469,9 @@ WHERE t.id IN (SELECT value FROM json_each(:task_ids))
   AND t.status IN ('queued', 'waiting', 'awaiting_approval') AND t.deadline_at <= (julianday('now') - 2440587.5) * 86400.0
 RETURNING id, attempts, last_error AS reason;
 
+-- name: claim_plain
+-- no-op: SQLite's claim reads none of the steps a queue without fairness keys, limits or singleton keys does not use, and plans each statement once per connection: it has no lean claim (the backend declares none)
+
 -- name: claim_batch
 -- guard: none -- takes new leases: no lease exists yet to guard
 -- unused: compact -- the caller writes the "claimed" events (no data-modifying CTEs in SQLite)
