@@ -22,11 +22,13 @@ import asyncio
 import faulthandler
 import gc
 import os
+import shutil
 import sys
 import threading
 import time
 import uuid
 from collections.abc import Iterator
+from pathlib import Path
 from urllib.parse import quote, urlsplit, urlunsplit
 
 import pytest
@@ -298,10 +300,29 @@ def dsn(request: pytest.FixtureRequest, tmp_path) -> str:
     return request.getfixturevalue("pg_schema_dsn")
 
 
+@pytest.fixture(scope="session")
+def sqlite_migrated_file(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A SQLite database every migration has run on, made once per test process and copied by
+    the ``q`` fixture: migrating a new SQLite file costs about 35 ms of CPU, a copy about 1 ms (the
+    same reuse as :func:`pg_migrated_dsn` on PostgreSQL). Only the migrations' own timestamps
+    differ from a file migrated by the test itself."""
+    path = tmp_path_factory.mktemp("sqlite-migrated") / "leaseq.db"
+    queue = leaseq.connect(f"sqlite:///{path}")
+    try:
+        queue.migrate()
+    finally:
+        queue.close()
+    leftovers = [p.name for p in path.parent.iterdir() if p != path]
+    assert leftovers == [], f"the closed database left {leftovers}: a copy of the file alone would miss them"
+    return path
+
+
 @pytest.fixture
 def q(dsn: str, request: pytest.FixtureRequest) -> Iterator[leaseq.Queue]:
     """A migrated queue on each backend. When the test passes, every task's evidence trail is
     replayed against the model of the lease protocol (see :func:`check_trails`)."""
+    if dsn.startswith("sqlite:///") and "?" not in dsn and not Path(dsn[len("sqlite:///"):]).exists():
+        shutil.copyfile(request.getfixturevalue("sqlite_migrated_file"), dsn[len("sqlite:///"):])
     queue = leaseq.connect(dsn)
     queue.migrate()
     try:

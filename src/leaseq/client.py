@@ -44,7 +44,7 @@ import os
 import time
 import urllib.request
 import warnings
-from collections.abc import AsyncIterator, Generator, Iterator, Mapping, Sequence
+from collections.abc import AsyncIterator, Generator, Iterable, Iterator, Mapping, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from datetime import datetime, timedelta
@@ -112,6 +112,19 @@ def _proxy_for(url: str) -> str | None:
 def _limit_key(key: str) -> str:
     """A limit key, checked here as the queue checks it (a key that is no path segment never leaves)."""
     return policy.check_name("key", key)
+
+
+def _deadline_option(options: dict[str, Any]) -> None:
+    """An enqueue's ``deadline`` as the service takes it: a timedelta as ``deadline_in`` (a length
+    from now, by the database's clock), a datetime as ISO 8601 text (without an offset, the
+    service refuses it as Queue does)."""
+    deadline = options.pop("deadline", None)
+    if isinstance(deadline, timedelta):
+        options["deadline_in"] = deadline.total_seconds()
+    elif isinstance(deadline, datetime):
+        options["deadline"] = deadline.isoformat()
+    elif deadline is not None:
+        options["deadline"] = deadline
 
 
 def _wid(worker: Worker | str) -> str:
@@ -441,15 +454,17 @@ class _Operations:
     def _enqueue(self, kind: str, payload: Any, options: dict[str, Any]) -> _Op[Task]:
         traceparent = check_trace_context("trace_context", options.pop("trace_context", None))
         headers = {"traceparent": traceparent} if traceparent is not None else None
-        deadline = options.pop("deadline", None)
-        if isinstance(deadline, timedelta):  # a length from now, by the database's clock
-            options["deadline_in"] = deadline.total_seconds()
-        elif isinstance(deadline, datetime):  # without an offset, the service refuses it as Queue does
-            options["deadline"] = deadline.isoformat()
-        elif deadline is not None:
-            options["deadline"] = deadline
+        _deadline_option(options)
         return task_from((yield _Request("POST", "/v1/tasks", {"kind": kind, "payload": payload, **options},
                                          headers=headers)))
+
+    def _enqueue_many(self, kind: str, payloads: Iterable[Any], options: dict[str, Any]) -> _Op[list[int]]:
+        _deadline_option(options)
+        for name in ("idempotency_keys", "actions", "resources", "limits", "after"):
+            if options.get(name) is not None:
+                options[name] = list(options[name])
+        answer = yield _Request("POST", "/v1/tasks/batch", {"kind": kind, "payloads": list(payloads), **options})
+        return [int(task_id) for task_id in answer["task_ids"]]
 
     def _set_limit(self, key: str, max_running: int | None, per_second: float | None, burst: float | None,
                    counts: str, per_minute: int | None = None, per_hour: int | None = None,
@@ -858,6 +873,13 @@ class RemoteQueue(_Operations):
         travels as the W3C ``traceparent`` header, which the service stores with the task."""
         return self._run(self._enqueue(kind, payload, options))
 
+    def enqueue_many(self, kind: str, payloads: Iterable[Any], **options: Any) -> list[int]:
+        """Add many tasks of one ``kind`` at once (``POST /v1/tasks/batch``); returns their ids, in
+        order. Options as for :meth:`leaseq.Queue.enqueue_many` (``idempotency_keys``, one per
+        payload; ``budget``, each task's own; the others shared), every task or none, in one
+        transaction; at most 1000 payloads per call."""
+        return self._run(self._enqueue_many(kind, payloads, options))
+
     def redrive(self, *, status: str | list[str] = "dead", queue: str | None = None, kind: str | None = None,
                 error: str | None = None, older_than: float | None = None, limit: int = 1000,
                 dry_run: bool = False, note: str = "redriven") -> dict[str, Any]:
@@ -1173,6 +1195,10 @@ class AsyncRemoteQueue(_Operations):
     async def enqueue(self, kind: str, payload: Any = None, **options: Any) -> Task:
         """:meth:`RemoteQueue.enqueue`, awaited."""
         return await self._run(self._enqueue(kind, payload, options))
+
+    async def enqueue_many(self, kind: str, payloads: Iterable[Any], **options: Any) -> list[int]:
+        """:meth:`RemoteQueue.enqueue_many`, awaited."""
+        return await self._run(self._enqueue_many(kind, payloads, options))
 
     async def get(self, task_id: int) -> Task:
         """:meth:`RemoteQueue.get`, awaited."""

@@ -294,7 +294,16 @@ def test_postgres_generic_plans_read_tasks_by_index(pg_schema_dsn: str, query: s
         assert not _fair_steps_in(plan)
     if query == "claim_fair":
         _check_fair_steps(plan)
-    if query in ("claim_batch", "claim_fair"):
+    if query == "claim_plain":
+        # the lean claim: the claimable index in claim order, and none of the steps of
+        # fairness keys, limits or singleton keys
+        assert _queued_scans(_subplan(plan, "CTE candidate")) == [("leaseq_tasks_claimable", False)], \
+            json.dumps(plan, indent=1)[:6000]
+        assert not _fair_steps_in(plan)
+        steps = json.dumps(plan)
+        assert not [n for n in ("CTE held", "CTE demand", "CTE refused", "CTE taken", "leaseq_limits",
+                                "leaseq_tasks_singleton", "leaseq_tasks_fair") if n in steps], steps[:6000]
+    if query in ("claim_batch", "claim_fair", "claim_plain"):
         # the look for an expired lease reads the leases index in deadline order, no walk and sort
         assert [s for s in _queued_scans(plan, status="running") if s[0] != "leaseq_tasks_pkey" and s != SINGLETON_PROBE] == \
             [("leaseq_tasks_leases", False)], json.dumps(plan, indent=1)[:6000]

@@ -13,6 +13,11 @@ Real threads on separate connections, started together, many rounds; the
 batch is in descending id order, the opposite of the renewal's, and before
 the rows were locked in order about one round in twelve deadlocked. SQLite
 runs one writer at a time (no row locks); it runs anyway.
+
+An operator's calls on a tree of tasks take the same care: approving a child's request
+for more budget with a raise locks the ancestor whose budget it raises before the child,
+as a cancel of that ancestor locks it before its tree (before, about one round in a few
+deadlocked and the approval reached its caller as an error).
 """
 
 from __future__ import annotations
@@ -110,3 +115,40 @@ def test_a_revocation_racing_the_workers_renewal_and_completion_never_deadlocks(
     finally:
         renewer.close()
         completer.close()
+
+
+BUDGET_ROUNDS = 200
+
+
+def _paused_child(q: leaseq.Queue, worker: Any, n: int) -> tuple[int, int]:
+    """A budgeted root whose child spent the root's budget and waits for an approval (its
+    request names the root as the owner whose budget ran out). The root keeps its lease."""
+    queue = f"budget-race-{n}"
+    root = q.enqueue("root", budget={"tok": 10}, queue=queue, effect="idempotent")
+    [held] = q.claim(worker, queue=queue, kinds=["root"], lease_seconds=LEASE_SECONDS)
+    child = q.spawn(worker, held, "child", queue=queue, key=f"c{n}", effect="idempotent")
+    [lease] = q.claim(worker, queue=queue, kinds=["child"], lease_seconds=LEASE_SECONDS)
+    paused = q.consume(worker, lease, f"c{n}:consume:0", "tok", 50)
+    assert paused["state"] == "paused" and paused["figures"]["owner"] == root.id
+    return root.id, child.id
+
+
+def test_approving_a_childs_budget_request_racing_a_cancel_of_its_root_never_deadlocks(q: leaseq.Queue):
+    """Approving a child's request for more budget with a raise writes its owner's (the root's)
+    budget; cancelling the root takes its tree, the root first and the children after. Both
+    lock the root first, so neither waits on the other in a cycle: each round ends with the
+    approval made before the cancel (then cancelled with the tree) or refused after it (the
+    child cancelled), and never with an error PostgreSQL raised to break a deadlock."""
+    w = q.register_worker("budget-race")
+    outcomes: dict[str, int] = {"approved": 0, "refused": 0}
+    for n in range(BUDGET_ROUNDS):
+        root, child = _paused_child(q, w, n)
+        digest = q.approval(child).digest
+        answers, errors = _race(
+            lambda: q.approve(child, digest, by="alice", raise_budget={"tok": 100}),
+            lambda: q.cancel(root, "stop the tree", by="bob", tree=True))
+        unexpected = [e for e in errors if not isinstance(e, leaseq.InvalidTransition)]
+        assert unexpected == [], f"round {n}: {unexpected!r}"
+        outcomes["refused" if errors else "approved"] += 1
+        assert q.get(root).status == "cancelled" and q.get(child).status == "cancelled", f"round {n}"
+    assert sum(outcomes.values()) == BUDGET_ROUNDS, outcomes

@@ -195,3 +195,21 @@ def test_every_transport_accepts_a_live_lease(q: leaseq.Queue, transport: Any, o
     GUARDED[op](transport, a, claim, fx)
     if op == "complete":
         assert q.get(task.id).status == "completed"
+
+
+@pytest.mark.parametrize("kind", TRANSPORTS)
+def test_enqueue_many_adds_the_same_tasks_on_every_transport(q: leaseq.Queue, kind: str) -> None:
+    """``enqueue_many`` on the sync Queue, the AsyncQueue and over HTTP (``POST /v1/tasks/batch``):
+    the same tasks, the same dedupe by key, the same refusal naming the field, nothing written."""
+    with over(kind, q, "operator") as t:
+        ids = t.enqueue_many("job", [{"n": 0}, {"n": 1}], queue="many", idempotency_keys=["k0", None],
+                             budget={"tok": 5}, fairness_key="tenant", priority=2)
+        assert t.enqueue_many("job", [{"n": 0}], queue="many", idempotency_keys=["k0"], budget={"tok": 5},
+                              fairness_key="tenant", priority=2) == ids[:1]
+        with pytest.raises(leaseq.InvalidInput) as refused:  # the first item fine, the second not: neither added
+            t.enqueue_many("job", [1, 2], queue="many", idempotency_keys=["a", "b" * 300])
+        assert refused.value.field == "idempotency_keys[1]"
+    tasks = [q.get(task_id) for task_id in ids]
+    assert [(t.payload, t.queue, t.budget, t.fairness_key, t.priority) for t in tasks] == [
+        ({"n": n}, "many", {"tok": 5}, "tenant", 2) for n in range(2)]
+    assert len(q.list_tasks(queue="many")) == 2

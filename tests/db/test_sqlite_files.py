@@ -139,3 +139,28 @@ def test_a_database_locked_past_the_busy_timeout_is_backend_unavailable(tmp_path
     finally:
         holder.close()
         q.close()
+
+
+def test_the_q_fixtures_copied_file_is_a_fresh_migration(q, dsn, tmp_path):
+    """tests/conftest.py's ``q`` copies one migrated SQLite file per test process instead of
+    migrating each test's file: the copy must hold what a migration of a new file holds (the
+    migrations' own timestamps apart), or every SQLite test would run on another schema."""
+    if not dsn.startswith("sqlite:///"):
+        pytest.skip("the copy is SQLite's; PostgreSQL schemas are emptied and reused (pg_migrated_dsn)")
+    fresh = tmp_path / "fresh.db"
+    queue = leaseq.connect(f"sqlite:///{fresh}")
+    try:
+        queue.migrate()
+    finally:
+        queue.close()
+
+    def contents(path: str) -> list[str]:
+        conn = sqlite3.connect(path)
+        try:
+            conn.execute("UPDATE leaseq_migrations SET applied_at = 0")
+            return list(conn.iterdump())
+        finally:
+            conn.rollback()
+            conn.close()
+
+    assert contents(dsn[len("sqlite:///"):]) == contents(str(fresh))

@@ -15,6 +15,7 @@ import signal
 import time
 import uuid
 from collections.abc import Callable, Iterator
+from datetime import timedelta
 from pathlib import Path
 
 import psycopg
@@ -131,7 +132,8 @@ def test_a_worker_roles_calls_read_its_authority_in_their_own_statements(admin, 
             q.complete(w, claim, {"ok": True})
     # the role's backend reports its counts as it ends
     wait_for(lambda: calls("leaseq_q_complete_batch") == 5, what="the role's function counts")
-    assert calls("leaseq_q_insert_task") == 5 and calls("leaseq_q_claim_batch") >= 1
+    # (a queue whose tasks name no key: the lean claim)
+    assert calls("leaseq_q_insert_task") == 5 and calls("leaseq_q_claim_plain") >= 1
     assert calls("leaseq_caller") <= 1  # at most the connection's own question: what may I do?
 
 
@@ -367,6 +369,25 @@ def test_an_operator_role_decides_under_its_own_name_and_cannot_write_another(ad
         assert "acts under its own name" in refused(dsn, statement) or \
             "has not passed its deadline" in refused(dsn, statement), statement
     assert snapshot(admin) == before
+
+
+def test_a_gates_passed_deadline_never_lets_the_deadlines_name_decide_a_budget_request(admin, make_role) -> None:
+    """The deadline's name decides only an undecided request whose own deadline has passed: a
+    gate approved in time, whose deadline passed since, does not lend it to the task's later
+    request for more budget (a request of its own, schema 38)."""
+    dsn = make_role("operator")
+    task = admin.enqueue("job", approval="required", approval_deadline=1.0, budget={"tok": 10},
+                         effect="idempotent")
+    admin.approve(task.id, admin.approval(task.id).digest, by="alice")
+    w = admin.register_worker("w")
+    [claim] = admin.claim(w)
+    assert admin.consume(w, claim, "job:consume:0", "tok", 50)["state"] == "paused"
+    while admin.now() < admin.approval(task.id).task.created_at + timedelta(seconds=1.5):
+        time.sleep(0.05)
+    before = snapshot(admin)
+    statement = f"SELECT * FROM leaseq_q_decide_approval('denied', 'leaseq:deadline', 'deadline', 'late', {task.id})"
+    assert "has not passed its deadline" in refused(dsn, statement)
+    assert snapshot(admin) == before and admin.get(task.id).status == "awaiting_approval"
 
 
 def _claim_forever(dsn: str, queue_name: str, stop_at: float) -> None:

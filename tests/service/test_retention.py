@@ -83,6 +83,7 @@ COLUMNS: dict[str, str] = {
     "leaseq_limit_charges.key": "limit key (deleted when the attempt ends, or with the task)",
     "leaseq_limit_spend.key": "usage by limit key and day (not task data)",
     "leaseq_approvals.reason": "why a person is asked", "leaseq_approvals.detail": "a budget's figures",
+    "leaseq_approvals.request": "which request: the gate or more budget (schema 38)",
     # budgets that cover the tree (schema 34): one row per budget owner and key, deleted with the owner
     "leaseq_tasks.budget_owners": "task ids (the budgets that cover the task)",
     "leaseq_budgets.key": "limit key (deleted with the task whose budget it is)",
@@ -96,9 +97,12 @@ COLUMNS: dict[str, str] = {
     # PostgreSQL (schema 37): the keys' turns in shares, one per claiming connection (the view
     # leaseq_fairness above sums them)
     **{f"leaseq_fairness_shares.{c}": "fair-share key's turn" for c in ("queue", "key")},
+    # PostgreSQL (schema 39): one row per queue a task naming a key was written to (its claims
+    # run in full); a queue name, kept as leaseq_queues keeps one
+    "leaseq_full_claims.queue": "queue switch",
 }
 #: Columns of tables only PostgreSQL has.
-POSTGRES_ONLY = {"leaseq_fairness_shares.queue", "leaseq_fairness_shares.key"}
+POSTGRES_ONLY = {"leaseq_fairness_shares.queue", "leaseq_fairness_shares.key", "leaseq_full_claims.queue"}
 
 
 def _text_columns(dsn: str) -> set[str]:

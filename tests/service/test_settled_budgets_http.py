@@ -24,13 +24,13 @@ def test_a_remote_worker_consumes_and_an_operator_raises_the_budget(svc: Service
 
     @app.task("agent", limits=[TOK], units=100)
     async def agent(ctx: leaseq.TaskContext, steps: int) -> list[int]:
-        def call(step: int) -> int:
+        async def call(step: int) -> int:
             made.append(step)
             return step
 
         model = ctx.tool(call, action="llm.call", effect="read_only")
         for step in range(steps):
-            model(step)
+            await model(step)
             await ctx.consume(TOK, 100)
         return list(range(steps))
 

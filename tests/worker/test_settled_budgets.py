@@ -22,13 +22,16 @@ def agent_app(app: leaseq.App, made: list[int], *, is_async: bool) -> Any:
         made.append(step)
         return {"step": step, "tokens": 100}
 
+    async def acall_model(step: int) -> dict[str, Any]:
+        return call_model(step)
+
     if is_async:
         @app.task("agent", limits=[TOK], units=100, budget={TOK: 250})
         async def agent(ctx: leaseq.TaskContext, steps: int) -> list[int]:
-            model = ctx.tool(call_model, action="llm.call", effect="read_only")
+            model = ctx.tool(acall_model, action="llm.call", effect="read_only")  # awaited on the loop
             out = []
             for step in range(steps):
-                reply = model(step)
+                reply = await model(step)
                 answer = await ctx.consume(TOK, reply["tokens"])
                 assert answer["state"] in ("charged", "replayed")
                 out.append(reply["step"])

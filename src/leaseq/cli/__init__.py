@@ -21,7 +21,8 @@ Adding commands
 ---------------
 Write a sibling module with a ``register(group)`` function that adds its
 commands to the group (``@group.command()`` or ``group.add_command``), then
-add the module's name to ``COMMAND_MODULES`` in ``main.py``: one line. In the
+add the module's name and its commands' names to ``COMMAND_MODULES`` in ``main.py``:
+one line (the module is imported only when one of its commands runs). In the
 module, open the queue with ``open_queue(ctx)``; a :class:`leaseq.LeaseqError`
 raised by a command becomes a one-line ``error: <field>: <problem>`` on
 stderr (exit 2, or 1 when the database is unreachable). Every option gets an

@@ -2,7 +2,7 @@
 
 Commands live in sibling modules listed in :data:`COMMAND_MODULES`; each has
 a ``register(group)`` function. To add a module (say ``cli/worker.py``),
-add its name to that tuple: one line. See the package docstring.
+add its name and its commands to that table: one line. See the package docstring.
 """
 
 from __future__ import annotations
@@ -10,6 +10,7 @@ from __future__ import annotations
 import importlib
 import os
 import sys
+from collections.abc import Iterator
 from typing import Any
 
 import click
@@ -17,22 +18,25 @@ import click
 from ..core.errors import LeaseqError, install_line
 from .session import CliError, CliState, one_line
 
-#: Sibling modules whose ``register(group)`` adds commands, in help order.
-COMMAND_MODULES = (
-    "tasks",             # migrate, enqueue, ls, show
-    "operator_actions",  # cancel, reconcile, unblock, requeue, approve, deny, pause, resume, sweep
-    "approvals",         # approvals
-    "asks",              # asks, answer
-    "overview",          # stats, workers, queues
-    "demo_command",      # demo
-    "worker",            # worker
-    "schedules",         # schedules
-    "limits",            # limits (list, set, delete)
-    "service",           # serve, tokens, prune
-    "roles",             # roles (create, list, revoke)
-    "mcp_command",       # mcp
-    "chaos",             # chaos
-)
+#: Sibling modules whose ``register(group)`` adds commands, in help order, with the commands each adds.
+#: A module is imported when one of its commands is run (or ``--help`` lists them all): ``leaseq ls``
+#: does not pay for the worker, the service or the chaos kit.
+COMMAND_MODULES = {
+    "tasks": ("migrate", "enqueue", "ls", "show", "wait", "stream"),
+    "operator_actions": ("cancel", "reconcile", "unblock", "requeue", "approve", "deny", "pause", "resume",
+                         "revoke-worker", "signal", "sweep", "redrive", "cancel-where"),
+    "approvals": ("approvals",),
+    "asks": ("asks", "answer"),
+    "overview": ("stats", "workers", "queues"),
+    "demo_command": ("demo",),
+    "worker": ("worker",),
+    "schedules": ("schedules",),
+    "limits": ("limits",),
+    "service": ("serve", "tokens", "prune"),
+    "roles": ("roles",),
+    "mcp_command": ("mcp",),
+    "chaos": ("chaos",),
+}
 
 
 #: Top-level modules of each optional extra: a command that needs a missing one
@@ -100,14 +104,84 @@ def cli(ctx: click.Context, dsn: str | None) -> None:
     ctx.obj = CliState(dsn=dsn)
 
 
+class LazyCommands(dict[str, click.Command]):
+    """A group's commands, each module of :data:`COMMAND_MODULES` imported on the first look-up of one of its
+    commands; listing them all (``--help``, ``cli.commands.items()``) imports every module.
+
+    Each command loaded gets its environment variables (:func:`add_envvars`) as it arrives.
+    """
+
+    def __init__(self, modules: dict[str, tuple[str, ...]]):
+        super().__init__()
+        self._module_of = {name: module for module, names in modules.items() for name in names}
+        self._pending = list(modules)
+
+    def _load(self, module: str) -> None:
+        if module not in self._pending:
+            return
+        self._pending.remove(module)
+        staging = click.Group()
+        importlib.import_module(f"{__package__}.{module}").register(staging)
+        for name, command in staging.commands.items():
+            if self._module_of.get(name) != module:
+                raise RuntimeError(f"cli.{module} added the command {name!r}: list it in COMMAND_MODULES")
+            add_envvars(command, (name,))
+            dict.__setitem__(self, name, command)
+
+    def _load_all(self) -> None:
+        for module in list(self._pending):
+            self._load(module)
+
+    def _load_for(self, name: object) -> None:
+        module = self._module_of.get(name) if isinstance(name, str) else None
+        if module is not None:
+            self._load(module)
+
+    def __getitem__(self, name: str) -> click.Command:
+        self._load_for(name)
+        return super().__getitem__(name)
+
+    def get(self, name: str, default: Any = None) -> Any:
+        self._load_for(name)
+        return super().get(name, default)
+
+    def __contains__(self, name: object) -> bool:
+        self._load_for(name)
+        return super().__contains__(name)
+
+    def __iter__(self) -> Iterator[str]:
+        self._load_all()
+        return iter(self._ordered())
+
+    def __len__(self) -> int:
+        self._load_all()
+        return super().__len__()
+
+    def keys(self) -> Any:
+        self._load_all()
+        return self._ordered().keys()
+
+    def values(self) -> Any:
+        self._load_all()
+        return self._ordered().values()
+
+    def items(self) -> Any:
+        self._load_all()
+        return self._ordered().items()
+
+    def _ordered(self) -> dict[str, click.Command]:
+        """Every command, in the order of :data:`COMMAND_MODULES` (help order), whatever order they loaded in."""
+        loaded = dict(super().items())
+        return {name: loaded[name] for name in self._module_of if name in loaded}
+
+
 def register_commands(group: click.Group) -> None:
-    """Import every module of :data:`COMMAND_MODULES` and let it add its commands."""
-    for name in COMMAND_MODULES:
-        importlib.import_module(f"{__package__}.{name}").register(group)
+    """Give the group its commands: each module of :data:`COMMAND_MODULES` imported when first needed."""
+    group.commands = LazyCommands(COMMAND_MODULES)
 
 
-register_commands(cli)
 add_envvars(cli)
+register_commands(cli)
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -308,11 +308,23 @@ def approve(s: Settings, task_id: int, digest: str, note: str | None = None, *, 
     check_budget(raise_budget, "raise_budget")
     yield BEGIN
     by, via = yield from acting(by, via)
+    found: dict[str, Any] | None = None
+    if raise_budget is not None:
+        # A raise writes the budget of the owner that ran out, an ancestor for a child's request:
+        # the tree is locked root first, as a cancel takes it and charge_budgets charges it, so
+        # the owner the request names (read unlocked) is locked before the task.
+        peek = yield one("get_approval", task_id=task_id)
+        first = None if peek is None else _budget_owner({"id": task_id}, peek)
+        if first is not None and first != task_id:
+            found = yield one("lock_task", task_id=first)
     before, req = yield from _pending(task_id)
     yield from _refuse_requester(before, req, decider)
     owner = _budget_owner(before, req)  # whose budget a raise raises: the one that ran out
     if owner != task_id and raise_budget is not None:
-        found = yield one("lock_task", task_id=owner)  # the ancestor, locked after its descendant
+        if found is None or found["id"] != owner:
+            # the request changed since it was read (decided, and a later pause names another
+            # owner): that owner is locked after the task, the one order this rare case breaks
+            found = yield one("lock_task", task_id=owner)
         if found is None:
             raise InvalidInput("raise_budget", f"the budget that ran out was task {owner}'s, which retention "
                                                "has removed since: approve without a raise")

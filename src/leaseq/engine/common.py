@@ -45,6 +45,9 @@ class Settings:
     #: the queues whose last claim found a fairness key queued: their next claim runs
     #: claim_fair at once (a hint, see :mod:`leaseq.engine.fairness`; never part of equality)
     fair_queues: set[str] = field(default_factory=set, compare=False, hash=False, repr=False)
+    #: the queues whose lean claim (claim_plain) answered that they need the full one:
+    #: their claims run claim_batch at once (a hint, see :mod:`leaseq.engine.fairness`)
+    full_queues: set[str] = field(default_factory=set, compare=False, hash=False, repr=False)
 
     @property
     def compact(self) -> bool:

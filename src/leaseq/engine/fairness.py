@@ -37,6 +37,13 @@ once (:attr:`Settings.fair_queues`) until it finds no key queued. SQLite's
 ``claim_batch`` is ``claim_fair`` (a second statement costs no round trip
 there, and the claim of a queue without keys reads none of the fair steps'
 rows).
+
+A queue none of whose tasks ever named a fairness key, a limit or a
+singleton key does not pay that probe on PostgreSQL: it is claimed by
+``claim_plain`` (the backend's ``lean_claim``), which reads whether the queue
+was ever given such a task (schema 39) in its own snapshot, and claims
+nothing when it was; the queue's claims are ``claim_batch`` from then on
+(:attr:`Settings.full_queues`).
 """
 
 from __future__ import annotations
@@ -95,15 +102,27 @@ def service_order(row: dict[str, Any]) -> tuple[Any, ...]:
 
 def claim_rows(s: Settings, params: dict[str, Any], *, route_first: bool,
                one_statement: bool) -> Op[list[dict[str, Any]]]:
-    """The claim statement's answer, in the open transaction: ``claim_batch``, or
-    ``claim_fair`` where the queue uses fairness keys (its last claim found one, or
-    ``claim_batch`` finds one now and stands aside, having claimed nothing).
+    """The claim statement's answer, in the open transaction: ``claim_plain`` where the
+    backend has a lean claim and the queue's tasks never named a key (it stands aside,
+    having claimed nothing, when they have); else ``claim_batch``, or ``claim_fair`` where
+    the queue uses fairness keys (its last claim found one, or ``claim_batch`` finds one
+    now and stands aside, having claimed nothing).
     ``one_statement``: the transaction was opened for one statement, so a second one
     runs in a transaction of its own."""
     queue = params["queue"]
     fair = queue in s.fair_queues
-    found: list[dict[str, Any]] = yield rows("claim_fair" if fair else "claim_batch", route_first=route_first,
-                                             **params)
+    if not fair and s.backend.lean_claim and queue not in s.full_queues:
+        # the lean claim, for a queue whose tasks never named a key (a fairness key, a
+        # limit, a singleton key); its row of flags says when the queue has one
+        # (full_due: it claimed nothing), and the queue's claims run in full from then on
+        found: list[dict[str, Any]] = yield rows("claim_plain", route_first=route_first, **params)
+        if not found[0]["full_due"]:
+            return found
+        s.full_queues.add(queue)
+        if one_statement:
+            yield COMMIT
+            yield BEGIN_ONE
+    found = yield rows("claim_fair" if fair else "claim_batch", route_first=route_first, **params)
     if not fair:
         # claim_batch stood aside: its row of flags says so (PostgreSQL), or it claimed
         # nothing and fair_due tells (SQLite, whose statement answers no row then)

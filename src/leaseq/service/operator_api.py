@@ -83,6 +83,39 @@ class EnqueueBody(Body):
     fairness_weight: float = 1.0
 
 
+#: The most tasks one POST /v1/tasks/batch adds (a larger batch: 422, nothing written).
+MAX_BATCH = 1000
+
+
+class EnqueueManyBody(Body):
+    """POST /v1/tasks/batch: :meth:`leaseq.Queue.enqueue_many` over HTTP. Tasks of one kind
+    on one queue, one per payload, the other options shared by every task."""
+
+    kind: str
+    payloads: list[Any]
+    #: one per payload (None: a fresh key), deduped as by a single enqueue
+    idempotency_keys: list[str | None] | None = None
+    effect: str | None = None
+    queue: str = "default"
+    no_check: bool = False
+    priority: int = 0
+    delay: float = 0
+    max_attempts: int = 5
+    lease_seconds: float = checks.DEFAULT_LEASE_SECONDS
+    actions: list[str] | None = None
+    resources: list[str] | None = None
+    timeout: float | None = None
+    deadline: str | None = None
+    deadline_in: float | None = None
+    after: list[int] | None = None
+    on_dependency_failure: str = "cancel"
+    limits: list[str] | None = None
+    units: int = 1
+    budget: dict[str, int] | None = None
+    fairness_key: str | None = None
+    fairness_weight: float = 1.0
+
+
 class LimitBody(Body):
     max_running: int | None = None
     per_second: float | None = None
@@ -168,6 +201,42 @@ async def enqueue(body: EnqueueBody, request: Request,
     if task.status == "queued":
         request.app.state.work_signal.wake(task.queue)  # claims waiting in this process look at once
     return present_task(task, principal)
+
+
+@router.post("/tasks/batch", status_code=201, tags=["tasks"], summary="Enqueue many tasks of one kind at once")
+async def enqueue_many(body: EnqueueManyBody, request: Request,
+                       principal: auth.Principal = Depends(api_principal)) -> dict[str, Any]:
+    """Every task or none, in one transaction: :meth:`leaseq.Queue.enqueue_many` (the same
+    operation). Answers ``{"task_ids": [...]}``, in the order of ``payloads``. A bad item is
+    refused (422) naming its index (``payloads[3]``, ``idempotency_keys[1]``), nothing written."""
+    checks.check_name("queue", body.queue)
+    authz.authorize(principal, "enqueue", queue=body.queue)  # the one queue every task of the batch is on
+    if not body.payloads:
+        raise InvalidInput("payloads", "is empty: give at least one payload")
+    if len(body.payloads) > MAX_BATCH:
+        raise InvalidInput("payloads", f"holds {len(body.payloads)} tasks; at most {MAX_BATCH} per batch")
+    queue = AsyncQueue(_queue(request))
+    if body.after and principal.queues is not None:  # a queue-limited token names tasks on its queues only
+        upstreams = check_after(body.after, body.on_dependency_failure)
+        authz.authorize_upstreams(principal, upstreams, await _queues_of(queue, upstreams))
+    effect = body.effect or "read_only"
+    if not body.no_check:  # each payload against its kind's declared signature: 422 naming it, nothing written
+        declaration = await queue.kind_declaration(body.kind)
+        for i, payload in enumerate(body.payloads):
+            try:
+                effect = check_enqueue(declaration, payload, body.effect)
+            except InvalidInput as exc:
+                raise InvalidInput(f"payloads[{i}].{exc.field}", exc.problem) from None
+    ids = await queue.enqueue_many(body.kind, body.payloads, effect=effect, queue=body.queue,
+                                   idempotency_keys=body.idempotency_keys, priority=body.priority,
+                                   delay=body.delay, max_attempts=body.max_attempts,
+                                   lease_seconds=body.lease_seconds, actions=body.actions, timeout=body.timeout,
+                                   deadline=_deadline(body.deadline, body.deadline_in), after=body.after,
+                                   on_dependency_failure=body.on_dependency_failure, limits=body.limits,
+                                   units=body.units, resources=body.resources, fairness_key=body.fairness_key,
+                                   fairness_weight=body.fairness_weight, budget=body.budget)
+    request.app.state.work_signal.wake(body.queue)  # claims waiting in this process look at once
+    return {"task_ids": ids}
 
 
 @router.get("/tasks/{task_id}/dependency-results", tags=["tasks"],

@@ -231,7 +231,7 @@ IF _kind = 'operator' AND {name} IS DISTINCT FROM session_user::text AND {name} 
 END IF;"""
 _DEADLINE_PASSED = """
 IF _kind = 'operator' AND {name} = '""" + _SELF + """' AND NOT EXISTS (SELECT 1 FROM leaseq_approvals a
-        WHERE a.task_id = {task} AND a.deadline_at <= clock_timestamp()) THEN
+        WHERE a.task_id = {task} AND a.decision IS NULL AND a.deadline_at <= clock_timestamp()) THEN
   RAISE EXCEPTION USING ERRCODE = '42501', MESSAGE = format('the approval of task %s has not passed its deadline', {task});
 END IF;"""
 _OWN_NAMES = """

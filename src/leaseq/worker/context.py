@@ -153,6 +153,11 @@ class TaskContext:
         self.mark_lost(f"suspended: waits for {waiting_for}")
         return Suspended(self.task_id, self.generation, None, waiting_for)
 
+    def on_worker_loop(self) -> bool:
+        """Whether the caller runs on the worker's event loop (an async handler's own code), where
+        a blocking call stalls every handler and renewal of the worker."""
+        return self._loop is not None and _running_loop() is self._loop
+
     def _port_call(self, name: str, *args: Any, **kwargs: Any) -> Any:
         loop = self._loop
         if loop is None:  # made by hand around a blocking queue

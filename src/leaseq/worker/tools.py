@@ -34,7 +34,7 @@ from typing import TYPE_CHECKING, Any
 
 from ..core import checks
 from ..core.context import current_context as current_context
-from ..core.errors import InvalidInput
+from ..core.errors import InvalidInput, Permanent
 from ..engine.effects import EFFECT_CLASSES
 from .effect_scope import EffectScope
 
@@ -143,6 +143,15 @@ class Tool:
 
     def call(self, call_id: str | None, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
         """Make (or replay) one call; a coroutine when the tool is async."""
+        if not self.is_async and self.ctx.on_worker_loop():
+            # A blocking call on the worker's event loop (an async handler calling a sync tool)
+            # stops every other handler and the lease renewals while it runs, and its guarded
+            # writes wait on that loop: refused before anything is recorded or called.
+            name = getattr(self.fn, "__name__", repr(self.fn))
+            raise Permanent(f"tool {self.action!r} wraps a blocking function ({name}) and was called on the "
+                            "worker's event loop from an async handler: the call would stall the loop (its other "
+                            "handlers, its lease renewals) and can deadlock it. Wrap a coroutine function and "
+                            "await the tool, or call it off the loop: await asyncio.to_thread(tool, ...)")
         scope = self._scope(call_id, args, kwargs)
         return self._acall(scope, args, kwargs) if self.is_async else self._call(scope, args, kwargs)
 

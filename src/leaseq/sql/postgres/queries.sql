@@ -86,25 +86,14 @@ settled AS (
     RETURNING l.key
 )
 
--- template: claimable
+-- template: claimable_plain
 -- THE CLAIMABLE TEST, the one place it is written: what a queued task of the
--- claim's queue, due now, must also pass to be handed out. claim_batch reads
--- its candidates with it: the tasks without a fairness key, and, when the
--- queue uses fairness keys, each key's tasks. The task is the unaliased
--- leaseq_tasks of the read that expands it.
+-- claim's queue, due now, must pass to be handed out, whatever the queue
+-- uses. claim_plain reads its candidates with it alone (a task of its
+-- candidates names no singleton key and no limit); claimable adds the
+-- tests of those. The task is the unaliased leaseq_tasks of the read that
+-- expands it.
 AND (%(kinds)s::text[] IS NULL OR kind = ANY(%(kinds)s::text[]))  -- only kinds the worker can run
--- SINGLETONS: a task with a singleton key only when no other task with
--- its key is running or in a durable wait (a sleep, a signal wait) and no
--- older one is queued (one waits behind the running one, and a retried
--- one keeps its turn). A claimer that read
--- the older one as queued or running passes over this one; one that
--- read it ended sees this one as the only candidate: never two running.
-AND (singleton_key IS NULL OR NOT EXISTS (
-    SELECT 1 FROM leaseq_tasks o
-    WHERE o.queue = leaseq_tasks.queue AND o.singleton_key = leaseq_tasks.singleton_key
-      AND o.id <> leaseq_tasks.id
-      AND o.status NOT IN ('completed', 'cancelled', 'dead', 'denied', 'expired')  -- leaseq_tasks_singleton
-      AND (o.status IN ('running', 'waiting') OR (o.status = 'queued' AND o.id < leaseq_tasks.id))))
 AND (deadline_at IS NULL OR deadline_at > now())  -- never started past its deadline (the sweep expires it)
 -- CODE VERSIONS (schema 32): a task started under a version of the code
 -- this worker does not serve is left to a worker that does (its ledger
@@ -120,6 +109,25 @@ AND id <> ALL (ARRAY(SELECT a.task_id FROM leaseq_approvals a
                      WHERE a.decision = 'approved' AND a.decided_at >= a.deadline_at))
 AND NOT EXISTS (SELECT 1 FROM leaseq_queues q WHERE q.name = %(queue)s AND q.paused)
 AND (SELECT f.worker_ok AND NOT f.routing_due FROM flags f)
+
+-- template: claimable
+-- THE CLAIMABLE TEST of a full claim: claimable_plain, and the tests of a
+-- task's singleton key and limits. claim_batch reads its candidates with it:
+-- the tasks without a fairness key, and, when the queue uses fairness keys,
+-- each key's tasks.
+/* TEMPLATE: claimable_plain */
+-- SINGLETONS: a task with a singleton key only when no other task with
+-- its key is running or in a durable wait (a sleep, a signal wait) and no
+-- older one is queued (one waits behind the running one, and a retried
+-- one keeps its turn). A claimer that read
+-- the older one as queued or running passes over this one; one that
+-- read it ended sees this one as the only candidate: never two running.
+AND (singleton_key IS NULL OR NOT EXISTS (
+    SELECT 1 FROM leaseq_tasks o
+    WHERE o.queue = leaseq_tasks.queue AND o.singleton_key = leaseq_tasks.singleton_key
+      AND o.id <> leaseq_tasks.id
+      AND o.status NOT IN ('completed', 'cancelled', 'dead', 'denied', 'expired')  -- leaseq_tasks_singleton
+      AND (o.status IN ('running', 'waiting') OR (o.status = 'queued' AND o.id < leaseq_tasks.id))))
 -- LIMITS: pass over a task one of whose limits has no room for it (a
 -- read without locks, so a full limit does not stop the tasks behind
 -- it; the exact judgement is "refused" below)
@@ -163,11 +171,16 @@ SET base = greatest(s.base, excluded.base),
     claimed = s.claimed + excluded.claimed,
     served_at = excluded.served_at
 
--- template: claim_head
--- THE CLAIM'S FIRST STEPS, shared by claim_batch and claim_fair: the
--- worker's row read FOR SHARE, an expired lease awaiting routing, the
--- claim's flags (last_key: the last fairness key with a task queued
--- here, NULL when none is).
+-- template: claim_head(flag=(SELECT k.fairness_key FROM leaseq_tasks k WHERE k.status = 'queued' AND k.queue = %(queue)s AND k.fairness_key IS NOT NULL ORDER BY k.fairness_key DESC LIMIT 1) AS last_key)
+-- THE CLAIM'S FIRST STEPS, shared by claim_plain, claim_batch and
+-- claim_fair: the worker's row read FOR SHARE, an expired lease awaiting
+-- routing, the claim's flags: worker_ok, routing_due and {flag}, the
+-- statement's own. By default last_key, the full claims' (FAIR SHARE: the
+-- last fairness key with a task queued here, NULL when none is: a probe of
+-- leaseq_tasks_fair, which holds no entry in a queue without keys; NULL:
+-- none, and the claim reads as it always did. From the end: its first
+-- entries are those of tasks claimed since the last vacuum); claim_plain's
+-- is full_due.
 worker AS (
     SELECT w.id, w.code_version, w.compatible_versions FROM leaseq_workers w
     WHERE w.id = %(worker_id)s AND w.revoked_at IS NULL
@@ -185,13 +198,7 @@ worker AS (
            AND (EXISTS (SELECT 1 FROM due)
                 OR EXISTS (SELECT 1 FROM leaseq_tasks s WHERE s.status = 'waiting' AND s.wake_at <= now()))
            AS routing_due,
-           -- FAIR SHARE: the last fairness key with a task queued here (a probe of
-           -- leaseq_tasks_fair, which holds no entry in a queue without keys;
-           -- NULL: none, and the claim reads as it always did). From the end:
-           -- its first entries are those of tasks claimed since the last vacuum
-           (SELECT k.fairness_key FROM leaseq_tasks k
-            WHERE k.status = 'queued' AND k.queue = %(queue)s AND k.fairness_key IS NOT NULL
-            ORDER BY k.fairness_key DESC LIMIT 1) AS last_key
+           {flag}
     FROM (SELECT EXISTS (SELECT 1 FROM worker) AS worker_ok) w
 )
 
@@ -201,6 +208,14 @@ worker AS (
 -- tokens taken, and each claim's "claimed" event written. The query that
 -- expands it names the CTE "candidate" (id, limits, units, priority,
 -- available_at, tag: the virtual finish, NULL for a claim in FIFO order).
+-- (a candidate naming no limit is never judged: the claim of tasks without
+-- limits runs none of the limits' steps)
+/* TEMPLATE: claim_limits */,
+/* TEMPLATE: claim_leased(SELECT c.id FROM candidate c WHERE c.limits IS NULL OR c.id NOT IN (SELECT r.id FROM refused r)) */,
+/* TEMPLATE: claim_taken */
+
+-- template: claim_limits
+-- LIMITS: THE CANDIDATES' LIMITS JUDGED (held, demand, refused), for claim_lease.
 held AS (
     -- LIMITS: the rows of the candidates' limits, locked in key order (every
     -- statement that changes them locks them in this order: no deadlock),
@@ -238,7 +253,13 @@ held AS (
        -- take it past its total by one task's cost, never more)
        OR d.minute_used + d.upto - d.cost >= d.per_minute OR d.hour_used + d.upto - d.cost >= d.per_hour
        OR d.day_used + d.upto - d.cost >= d.per_day
-), claimed AS (
+)
+
+-- template: claim_leased(picked=SELECT c.id FROM candidate c)
+-- THE LEASES TAKEN, the one place a claim writes them: the tasks {picked}
+-- names (claim_plain: every candidate; claim_lease: those no limit refused)
+-- leased (claimed), and each one's "claimed" event written (logged).
+claimed AS (
     UPDATE leaseq_tasks t
     SET status = 'running',
         lease_owner = %(worker_id)s,
@@ -267,13 +288,22 @@ held AS (
     -- = ANY(ARRAY(...)) keeps the update on the primary key whatever LIMIT
     -- the planner assumes, so the prepared statement's generic plan is good
     -- and PostgreSQL can stop planning the claim at every call
-    -- (a candidate naming no limit is never judged: the claim of tasks
-    -- without limits runs none of the limits' steps)
-    WHERE t.id = ANY(ARRAY(SELECT c.id FROM candidate c
-                           WHERE c.limits IS NULL OR c.id NOT IN (SELECT r.id FROM refused r)))
+    WHERE t.id = ANY(ARRAY({picked}))
     -- the lease this claim was given, as the renewal derives it (deadline minus when it was set)
     RETURNING t.*, extract(epoch FROM t.lease_expires_at - t.claimed_at)::float8 AS lease_granted
-), taken AS (
+), logged AS (
+    INSERT INTO leaseq_events (task_id, type, generation, worker_id, detail)
+    SELECT c.id, 'claimed', c.claim_generation, %(worker_id)s,
+           CASE WHEN %(compact)s THEN '{}'::jsonb
+                ELSE jsonb_build_object('attempt', c.attempts,
+                                        'lease_seconds', c.lease_granted,
+                                        'lease_expires_at', c.lease_expires_at) END
+    FROM claimed c
+)
+
+-- template: claim_taken
+-- LIMITS: the claimed tasks take their slots and tokens (rows held by claim_limits)
+taken AS (
     -- LIMITS: the claimed tasks take their slots and tokens (rows held above)
     UPDATE leaseq_limits l
     SET running = h.running + u.cost,
@@ -290,14 +320,6 @@ held AS (
     JOIN held h ON h.key = u.key
     WHERE l.key = u.key
       AND EXISTS (SELECT 1 FROM claimed c WHERE c.limits IS NOT NULL)  -- else nothing to take, nothing run
-), logged AS (
-    INSERT INTO leaseq_events (task_id, type, generation, worker_id, detail)
-    SELECT c.id, 'claimed', c.claim_generation, %(worker_id)s,
-           CASE WHEN %(compact)s THEN '{}'::jsonb
-                ELSE jsonb_build_object('attempt', c.attempts,
-                                        'lease_seconds', c.lease_granted,
-                                        'lease_expires_at', c.lease_expires_at) END
-    FROM claimed c
 )
 
 -- template: claim_limit_wait
@@ -667,14 +689,15 @@ WHERE t.id = %(holder_id)s AND t.queue = %(queue)s
 -- enqueue compares beside the row (leaseq.engine.enqueue.key_differences):
 -- whether it is approval-gated and its approval deadline's length in
 -- seconds, and the tasks it waits for (ids in order, comma-separated) with
--- what it does if one of them fails. A task's request for more budget
--- (reason 'budget') is no gate it was enqueued with: a retried spawn names
--- the child that paused for its tree's budget as it was asked for.
-SELECT t.*, a.task_id IS NOT NULL AND a.reason IS DISTINCT FROM 'budget' AS gated,
+-- what it does if one of them fails. Only the gate's request is read (schema
+-- 38): a request for more budget is no gate the task was enqueued with, and
+-- never hides the one it was (a retried spawn names the child that paused
+-- for its tree's budget as it was asked for, gated or not).
+SELECT t.*, a.task_id IS NOT NULL AS gated,
        extract(epoch FROM a.deadline_at - a.requested_at)::float8 AS approval_seconds,
        d.upstreams, d.on_failure
 FROM leaseq_tasks t
-LEFT JOIN leaseq_approvals a ON a.task_id = t.id
+LEFT JOIN leaseq_approvals a ON a.task_id = t.id AND a.request = 'gate'
 LEFT JOIN LATERAL (SELECT string_agg(upstream::text, ',' ORDER BY upstream) AS upstreams,
                           min(on_failure) AS on_failure
                    FROM leaseq_dependencies WHERE waiter = t.id) d ON true
@@ -783,6 +806,45 @@ SET status = 'expired',
 WHERE t.id = ANY(%(task_ids)s::bigint[])
   AND t.status IN ('queued', 'waiting', 'awaiting_approval') AND t.deadline_at <= now()
 RETURNING t.id, t.attempts, t.last_error AS reason;
+
+-- name: claim_plain
+-- callers: worker
+-- guard: none -- takes new leases: no lease exists yet to guard
+-- plan: generic
+-- THE LEAN CLAIM: claim_batch for a queue none of whose tasks ever named a
+-- fairness key, a limit or a singleton key (the common case), with none of
+-- the steps those need: a plan a fraction of claim_batch's, to build and to
+-- start at every call. The same worker row read FOR SHARE, routing first,
+-- claimable test (claimable_plain), claim order, leases and events as
+-- claim_batch (the templates they share).
+-- Which queues it may claim from is leaseq_full_claims (schema 39): a row
+-- per queue a task with such a key was ever written to, by a trigger on
+-- leaseq_tasks in the writing transaction. Read in this statement's
+-- snapshot, with the tasks: a row there (full_due) and this statement claims
+-- nothing, and the caller claims with claim_batch (and so does every later
+-- claim of the queue on that connection's queue object). A task with a key
+-- committed after this statement's snapshot is not seen by it, nor is its
+-- queue's row: the claim is as one made before that enqueue. A candidate
+-- row changed meanwhile is judged again as it now is (FOR UPDATE), and one
+-- that names a key or a limit by then is passed over.
+-- As claim_batch, it always returns at least one row; its limit_wait is
+-- NULL: its queue's tasks name no limit for a rate to refuse.
+WITH
+    /* TEMPLATE: claim_head(EXISTS (SELECT 1 FROM leaseq_full_claims q WHERE q.queue = %(queue)s) AS full_due) */,
+candidate AS (
+    -- the claimable index in claim order, as claim_batch reads it
+    SELECT id FROM leaseq_tasks
+    WHERE status = 'queued' AND queue = %(queue)s AND fairness_key IS NULL AND available_at <= now()
+      AND (SELECT NOT f.full_due FROM flags f)
+      AND limits IS NULL AND singleton_key IS NULL
+      /* TEMPLATE: claimable_plain */
+    ORDER BY priority DESC, available_at, id
+    LIMIT %(limit)s
+    FOR UPDATE SKIP LOCKED
+),
+    /* TEMPLATE: claim_leased */
+SELECT c.*, f.routing_due, f.worker_ok, f.full_due, NULL::float8 AS limit_wait
+FROM flags f LEFT JOIN claimed c ON true;
 
 -- name: claim_batch
 -- callers: worker
@@ -1734,7 +1796,12 @@ RETURNING *;
 
 -- name: get_approval
 -- callers: worker, operator, viewer
-SELECT * FROM leaseq_approvals WHERE task_id = %(task_id)s;
+-- The task's request a decision is for: its undecided one (a task has at most
+-- one, leaseq_approvals_open), else the latest (a request for more budget
+-- comes after the gate the task was enqueued with). The gate's row stays.
+SELECT * FROM leaseq_approvals WHERE task_id = %(task_id)s
+ORDER BY decision IS NOT NULL, request <> 'budget'
+LIMIT 1;
 
 -- name: decide_approval
 -- callers: operator
@@ -2860,16 +2927,17 @@ RETURNING (t.budget ->> %(key)s::text)::bigint AS budget_units, (t.spent ->> %(k
 -- callers: worker
 -- guard: lease
 -- A budget spent: the attempt asks a person for more, under its lease (the
--- lease ends next, in this transaction: suspend_task). The task's one
--- request row is written afresh (a gate it passed, or an earlier budget's
--- request, is decided already): reason 'budget', the figures in detail, the
--- worker holding the lease as its requester (it may not decide it).
-INSERT INTO leaseq_approvals AS a (task_id, digest, requested_by, requested_worker, reason, detail)
-SELECT t.id, %(digest)s, %(requested_by)s, %(worker_id)s, 'budget', %(detail)s::jsonb
+-- lease ends next, in this transaction: suspend_task). The task's budget
+-- request (request 'budget', schema 38: never the row of the gate it was
+-- enqueued with, which stays as decided) is written afresh (an earlier
+-- budget's request is decided already): reason 'budget', the figures in
+-- detail, the worker holding the lease as its requester (it may not decide it).
+INSERT INTO leaseq_approvals AS a (task_id, request, digest, requested_by, requested_worker, reason, detail)
+SELECT t.id, 'budget', %(digest)s, %(requested_by)s, %(worker_id)s, 'budget', %(detail)s::jsonb
 FROM leaseq_tasks t
 WHERE t.id = %(task_id)s
   /* TEMPLATE: lease_guard */
-ON CONFLICT (task_id) DO UPDATE
+ON CONFLICT (task_id, request) DO UPDATE
 SET digest = excluded.digest, requested_by = excluded.requested_by, requested_at = now(), deadline_at = NULL,
     decision = NULL, decided_by = NULL, decided_via = NULL, note = NULL, decided_at = NULL,
     requested_worker = excluded.requested_worker, requested_token = NULL, reason = excluded.reason,

@@ -391,12 +391,12 @@ WHERE t.id = :holder_id AND t.queue = :queue
 -- name: tasks_by_key
 -- See the PostgreSQL file: the tasks the keys name, with the compared
 -- options the task table does not hold.
-SELECT t.*, a.task_id IS NOT NULL AND a.reason IS NOT 'budget' AS gated, a.deadline_at - a.requested_at AS approval_seconds,
+SELECT t.*, a.task_id IS NOT NULL AS gated, a.deadline_at - a.requested_at AS approval_seconds,
        (SELECT group_concat(upstream, ',')
         FROM (SELECT upstream FROM leaseq_dependencies WHERE waiter = t.id ORDER BY upstream)) AS upstreams,
        (SELECT min(on_failure) FROM leaseq_dependencies WHERE waiter = t.id) AS on_failure
 FROM leaseq_tasks t
-LEFT JOIN leaseq_approvals a ON a.task_id = t.id
+LEFT JOIN leaseq_approvals a ON a.task_id = t.id AND a.request = 'gate'
 WHERE t.queue = :queue AND t.idempotency_key IN (SELECT value FROM json_each(:keys));
 
 -- name: get_task
@@ -468,6 +468,9 @@ SET status = 'expired',
 WHERE t.id IN (SELECT value FROM json_each(:task_ids))
   AND t.status IN ('queued', 'waiting', 'awaiting_approval') AND t.deadline_at <= (julianday('now') - 2440587.5) * 86400.0
 RETURNING id, attempts, last_error AS reason;
+
+-- name: claim_plain
+-- no-op: SQLite's claim reads none of the steps a queue without fairness keys, limits or singleton keys does not use, and plans each statement once per connection: it has no lean claim (the backend declares none)
 
 -- name: claim_batch
 -- guard: none -- takes new leases: no lease exists yet to guard
@@ -1066,7 +1069,10 @@ VALUES (:task_id, :digest, :requested_by,
 RETURNING *;
 
 -- name: get_approval
-SELECT * FROM leaseq_approvals WHERE task_id = :task_id;
+-- See the PostgreSQL file: the undecided request, else the latest.
+SELECT * FROM leaseq_approvals WHERE task_id = :task_id
+ORDER BY decision IS NOT NULL, request <> 'budget'
+LIMIT 1;
 
 -- name: decide_approval
 UPDATE leaseq_approvals
@@ -1864,12 +1870,12 @@ RETURNING json_extract(budget, '$."' || :key || '"') AS budget_units,
 
 -- name: budget_request
 -- guard: lease
-INSERT INTO leaseq_approvals (task_id, digest, requested_by, requested_worker, reason, detail)
-SELECT t.id, :digest, :requested_by, :worker_id, 'budget', :detail
+INSERT INTO leaseq_approvals (task_id, request, digest, requested_by, requested_worker, reason, detail)
+SELECT t.id, 'budget', :digest, :requested_by, :worker_id, 'budget', :detail
 FROM leaseq_tasks AS t
 WHERE t.id = :task_id
   /* TEMPLATE: lease_guard */
-ON CONFLICT (task_id) DO UPDATE
+ON CONFLICT (task_id, request) DO UPDATE
 SET digest = excluded.digest, requested_by = excluded.requested_by, requested_at = (julianday('now') - 2440587.5) * 86400.0,
     deadline_at = NULL, decision = NULL, decided_by = NULL, decided_via = NULL, note = NULL, decided_at = NULL,
     requested_worker = excluded.requested_worker, requested_token = NULL, reason = excluded.reason,
