@@ -95,7 +95,8 @@ def _candidate_scans(plan: dict[str, Any]) -> list[tuple[str, bool]]:
 
 #: The claim's FAIR SHARE steps, which read only in a queue with a task that names a fairness
 #: key queued (the claim's flags say whether: one probe of leaseq_tasks_fair).
-FAIR_STEPS = ("CTE fair_keys", "CTE fair_ready", "CTE fair_start", "CTE fair_pick")
+FAIR_STEPS = ("CTE fair_keys", "CTE fair_mode", "CTE fair_ready", "CTE fair_one", "CTE fair_start",
+              "CTE fair_pick")
 #: The indexes they may read tasks by: each key's tasks, the tasks without a key, the singleton
 #: rule's probe, and the chosen candidates by id.
 FAIR_INDEXES = {"leaseq_tasks_fair", "leaseq_tasks_claimable", "leaseq_tasks_singleton", "leaseq_tasks_pkey"}
@@ -128,9 +129,10 @@ def _check_fair_steps(plan: dict[str, Any]) -> None:
     for step in FAIR_STEPS:
         reads = _task_reads(_subplan(plan, step))
         assert all(kind != "Seq Scan" and index in FAIR_INDEXES for kind, index, _ in reads), (step, reads)
-        if step == "CTE fair_ready":
+        if step in ("CTE fair_ready", "CTE fair_one"):  # fair_one: the one key's walk, locking as it goes
             walks = [r for r in reads if r[1] in ("leaseq_tasks_fair", "leaseq_tasks_claimable")]
-            assert len(walks) == 2 and all(limited for _, _, limited in walks), walks
+            assert len(walks) == (2 if step == "CTE fair_ready" else 1), walks
+            assert all(limited for _, _, limited in walks), walks
 
 
 def _pg_plan(dsn: str, worker_id: str) -> dict[str, Any]:
@@ -344,6 +346,23 @@ def test_postgres_fair_claim_reads_a_claim_of_each_key_however_deep(pg_schema_ds
     # those candidates again by id to lock them, the claimed rows updated (1x), and a few
     # probes: the same at either depth.
     assert _rows_read(analysed) <= 15 * CLAIM_PARAMS["limit"], json.dumps(analysed, indent=1)[:8000]
+
+
+@pytest.mark.parametrize("queued", [4_000, 40_000])
+def test_postgres_fair_claim_of_one_key_alone_reads_a_claim_worth(pg_schema_dsn: str, queued: int) -> None:
+    """With one fairness key alone queued (one tenant's backlog), the fair claim reads that key's
+    tasks in claim order only as far as its batch (fair_one): not four batches and 64 rows of it,
+    ordered by virtual finish, as where keys are weighed against each other."""
+    worker = _pg_queue(pg_schema_dsn, 20_000, queued)
+    with psycopg.connect(pg_schema_dsn, autocommit=True) as conn:
+        conn.execute("UPDATE leaseq_tasks SET fairness_key = 'a', fairness_weight = 1 WHERE status = 'queued'")
+        conn.execute("VACUUM (ANALYZE) leaseq_tasks")
+    analysed = _explain_analyze_as_the_store_runs(pg_schema_dsn, "claim_fair", dict(SAMPLE, worker_id=worker))
+    assert _subplan(analysed, "CTE claimed")["Actual Rows"] == CLAIM_PARAMS["limit"]
+    assert _subplan(analysed, "CTE fair_one")["Actual Rows"] == CLAIM_PARAMS["limit"]
+    # the batch read and locked, the claimed rows updated, each first at its priority looked up
+    # again, and a few probes (the keys, the tasks without one): the same at either depth
+    assert _rows_read(analysed) <= 4 * CLAIM_PARAMS["limit"], json.dumps(analysed, indent=1)[:8000]
 
 
 def _share_reads(plan: dict[str, Any]) -> list[tuple[str, str]]:

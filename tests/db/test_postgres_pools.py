@@ -114,3 +114,39 @@ def test_statements_go_to_the_server_without_their_comments(pg_schema_dsn):
         q.migrate()
         q.enqueue("job")
         assert len(q.claim(q.register_worker("w"))) == 1
+
+
+def test_the_asyncio_pool_serves_the_parties_waiting_in_turn(pg_schema_dsn):
+    """A burst of one party's transactions (a token's hundred waits ending at once, asked
+    again) queues behind itself: another party's transaction asked for after the whole burst
+    gets one of the next connections that free, not the burst's last (issue 29). First come
+    first served, it entered after all twenty of the burst's."""
+    from leaseq.db.postgres import pool_party
+
+    q = leaseq.connect(pg_schema_dsn, min_size=2, max_size=2)
+    entered: list[str] = []
+
+    async def one(party: str, n: int) -> None:
+        pool_party.set(party)  # this task's own context
+        async with q.ajoined() as (_, tx):
+            entered.append(f"{party}{n}")
+            await tx.rows("db_now")
+            await asyncio.sleep(0.02)  # holds its connection a while, as a claim under load does
+
+    async def burst() -> None:
+        async with q.ajoined() as (_, tx):  # the asyncio pool open, its two connections too
+            await tx.rows("db_now")
+        loop = asyncio.get_running_loop()
+        tasks = [loop.create_task(one("hostile", n)) for n in range(20)]
+        await asyncio.sleep(0.005)  # every one of them asked (two entered, eighteen wait)
+        tasks.append(loop.create_task(one("honest", 0)))
+        await asyncio.gather(*tasks)
+        await q.close_async()
+
+    try:
+        q.migrate()
+        asyncio.run(burst())
+    finally:
+        q.close()
+    assert len(entered) == 21
+    assert entered.index("honest0") <= 3, entered  # the two holding, then at most one more of the burst

@@ -10,9 +10,8 @@ second. Checked:
 
 * the honest drain finishes, and its pickup (the database's claim time
   minus its enqueue time) stays under 50 ms at the median and under 10 s at
-  the 99th percentile (the issue's target, a p99 of 50 ms, is met on a quiet
-  machine unless a run meets a stall of the whole service, see MEDIAN_LIMIT;
-  ``LEASEQ_LOAD_P99_MS=50`` asserts it), measured once the flood's first wave
+  the 99th percentile (the issue's target, a p99 of 50 ms, is asserted with
+  ``LEASEQ_LOAD_P99_MS=50``; see MEDIAN_LIMIT), measured once the flood's first wave
   (every request opened at once) has been answered; the test is marked
   serial, so nothing else of the suite runs beside it;
 * the service's connections to the server (pg_stat_activity, by the
@@ -50,10 +49,14 @@ HOSTILE = int(os.environ.get("LEASEQ_LOAD_HOSTILE", "1000"))
 #: the tasks the honest worker drains
 TASKS = int(os.environ.get("LEASEQ_LOAD_TASKS", "2000"))
 #: the honest pickup's median must stay under this (seconds), and its 99th percentile under
-#: P99_LIMIT. The issue's target is a p99 of 50 ms, met alone on a quiet machine (9.7 to 25 ms); on
-#: some machines a run meets one stall of the whole service of 1.1 to 2.4 s, which holds up
-#: second's worth of pickups (over 1 % of them) with the median untouched (5 to 9 ms), on this tree
-#: and the one before it alike, cause not found. CI holds the median to 50 ms, which a flood that
+#: P99_LIMIT. The issue's target is a p99 of 50 ms. A run used to meet, about every other time, one
+#: stall of 1.1 to 2.4 s (p99 1.1-2.4 s, median 5 to 9 ms): the hundred waits the first wave had
+#: opened all ended together at the service's wait_limit, were all asked again at once, and their
+#: first transactions queued for the asyncio pool ahead of the honest worker's. Each waiting
+#: request's cap is drawn from its last fifth now, and the pool serves the tokens waiting in turn
+#: (issue 29). On a shared machine the service is also starved of CPU for seconds by other loads
+#: (load average 8 to 15 on two cores: the process got a fifth to a third of a core, and pickups
+#: waited up to 7 s), so CI holds the median to 50 ms, which a flood that
 #: degrades every pickup breaks, and the p99 to 10 s, which a starved drain breaks; the issue's
 #: target is asserted with LEASEQ_LOAD_P99_MS=50.
 MEDIAN_LIMIT = float(os.environ.get("LEASEQ_LOAD_MEDIAN_MS", "50")) / 1000

@@ -36,6 +36,7 @@ from starlette.middleware.trustedhost import TrustedHostMiddleware
 
 from .. import __version__, access
 from ..core.errors import BackendUnavailable, InvalidInput, LeaseqError, RateLimited
+from ..db.postgres import pool_party
 from ..queue import Queue
 from .access import Access, BodyLimit, api_principal
 from .maintenance import (DEFAULT_APPROVALS_EVERY, DEFAULT_LEADER_LEASE_SECONDS, DEFAULT_SWEEP_EVERY, Maintenance,
@@ -283,6 +284,30 @@ class RequestMetrics:
             self.metrics.request_latency.labels(route=route).observe(time.perf_counter() - started)
 
 
+class PoolParty:
+    """ASGI middleware: the database work of a request is done as its client's party
+    (:data:`leaseq.db.postgres.pool_party`): the token id its bearer token names (unverified:
+    it only decides whose turn a connection is, never what is allowed), else its address. The
+    asyncio pool hands its connections out in turn among the parties waiting, so a burst of
+    one token's requests waits behind itself, not in front of every other token's."""
+
+    def __init__(self, app: Any):
+        self.app = app
+
+    async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        token_id = _named_token_id(scope)
+        client = scope.get("client")
+        party = f"token {token_id}" if token_id is not None else f"client {client[0] if client else '?'}"
+        reset = pool_party.set(party)
+        try:
+            await self.app(scope, receive, send)
+        finally:
+            pool_party.reset(reset)
+
+
 class _Refused:
     """What :class:`WaitCapGate` puts in the scope as the route it answered (for the metrics' label)."""
 
@@ -488,6 +513,7 @@ def create_app(queue: Queue, settings: ServiceSettings | None = None, **options:
     app.add_exception_handler(RequestValidationError, _validation_error)
     app.add_exception_handler(StarletteHTTPException, _http_error)
     app.add_exception_handler(Exception, _internal_error)
+    app.add_middleware(PoolParty)  # whose turn the database connection of a request's work is
     app.add_middleware(WaitCapGate)  # inside the metrics: its refusals are counted by route
     app.add_middleware(RequestMetrics, metrics=metrics)
     app.add_middleware(BodyLimit, max_bytes=settings.max_body_bytes)

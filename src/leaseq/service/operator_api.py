@@ -34,7 +34,7 @@ from .asks import present_ask, readable_asks
 from .redrive import Where, act_where
 from .views import (present_approval, present_effect, present_event, present_task, readable_approvals,
                     readable_overview, readable_tasks, task_timeline)
-from .wakeups import WorkSignal, follow_stream, wait_for_task
+from .wakeups import WorkSignal, drawn_limit, follow_stream, wait_for_task
 from .wire import REDACTED, record_json, sse_event, to_json
 from .worker_api import Body, TaskId
 
@@ -280,7 +280,7 @@ async def wait_task(request: Request, task_id: int = TaskId,
     # and it counts against what the token may hold waiting (429 past it).
     signal: WorkSignal = request.app.state.work_signal
     with signal.slot(principal.token_id):
-        task, settled = await wait_for_task(signal, task_id, min(timeout, request.app.state.settings.wait_limit),
+        task, settled = await wait_for_task(signal, task_id, min(timeout, drawn_limit(request.app.state.settings.wait_limit)),
                                             principal.token_id)
     return {"settled": settled, "task": present_task(task, principal)}
 
@@ -328,8 +328,8 @@ async def task_stream(request: Request, task_id: int = TaskId,
     if begin is None:
         begin = _cursor_param(after, "after") or 0
     settings = request.app.state.settings
-    cursor = Cursor(task_id, after=begin, follow=follow,
-                    timeout=settings.stream_seconds if timeout is None else min(timeout, settings.stream_seconds),
+    longest = drawn_limit(settings.stream_seconds)
+    cursor = Cursor(task_id, after=begin, follow=follow, timeout=longest if timeout is None else min(timeout, longest),
                     limit=settings.stream_items)
     queue = AsyncQueue(_queue(request))
     await queue.get(task_id)  # no such task: a 404, before the stream starts

@@ -69,6 +69,23 @@ CAP_RETRY_AFTER = 5.0
 def cap_retry_after() -> float:
     """A refused wait's ``retry_after``: :data:`CAP_RETRY_AFTER` to twice that, at random."""
     return CAP_RETRY_AFTER * random.uniform(1.0, 2.0)
+
+
+#: The part of the service's limit on a waiting request that is drawn at random for each
+#: request (:func:`drawn_limit`).
+LIMIT_SPREAD = 0.2
+
+
+def drawn_limit(limit: float) -> float:
+    """The service's ``limit`` on one waiting request (``wait_limit``, ``claim_wait_limit``,
+    ``stream_seconds``), drawn for each request from its last :data:`LIMIT_SPREAD`.
+
+    Requests that began waiting together (a flood's first wave, opened at once) would all
+    end together at the limit, and their client ask again all at once: a hundred waits'
+    first transactions queued in one burst, which held every other request up by a second
+    and more (issue 29). Drawn, they end spread over a fifth of the limit. A request asking
+    for less than the draw waits what it asked."""
+    return limit * random.uniform(1.0 - LIMIT_SPREAD, 1.0)
 #: The longest a new task wait waits for the listener to listen on its task's channel
 #: before it looks anyway (it then relies on its re-check).
 SUBSCRIBE_SECONDS = 2.0

@@ -65,7 +65,7 @@ from ..engine.steps import Op, T
 from ..queue import Queue
 from .access import authorize_also, in_one_transaction, room_to_wait, serve_operation
 from .metrics import ServiceMetrics, span
-from .wakeups import WorkSignal
+from .wakeups import WorkSignal, drawn_limit
 from .wire import to_json
 from .worker_api import Body, Item, WorkerId, _claim, _log, logger
 
@@ -158,7 +158,7 @@ class ClaimBody(Body):
 async def claim(body: ClaimBody, request: Request, worker_id: str = WorkerId) -> JSONResponse:
     checks.check_name("queue", body.queue)
     metrics, signal = _metrics(request), _signal(request)
-    wait = min(body.wait, request.app.state.settings.claim_wait_limit)
+    wait = min(body.wait, drawn_limit(request.app.state.settings.claim_wait_limit))
     if wait > 0:
         await room_to_wait(request)  # a token at its cap of waits: refused before any claim runs
     deadline = time.monotonic() + wait

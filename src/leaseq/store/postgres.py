@@ -28,7 +28,7 @@ from psycopg.types.json import Jsonb
 from ..db.dsn import PostgresMode, check_postgres_dsn, postgres_mode
 from ..core.errors import AccessDenied, BackendUnavailable, InvalidInput
 from ..db.errors import map_driver_errors
-from ..db.postgres import AsyncPools, achecked_connection, checked_connection, open_async_pool, open_pool
+from ..db.postgres import AsyncPools, checked_connection, open_async_pool, open_pool
 from .base import JSON_PARAMS, BackendCapabilities, JsonText, KeyConflict, load_named_queries
 from .functions import wire_queries
 from .notifier import AsyncTaskWait, Notifier, TaskWait, task_channel
@@ -373,7 +373,8 @@ class PostgresStore:
         #: asyncio pools, one per event loop that opened an async transaction
         self._async_pools = AsyncPools(lambda: open_async_pool(
             conninfo, min_size=1, max_size=max_size, timeout=connect_timeout,
-            configure=_aconfigure if mode.session_state else None, row_factory=dict_row, **session))
+            configure=_aconfigure if mode.session_state else None, row_factory=dict_row, **session),
+            size=max_size, timeout=connect_timeout)
 
     @contextmanager
     def transaction(self, *, one_statement: bool = False) -> Iterator[PostgresTx]:
@@ -397,9 +398,7 @@ class PostgresStore:
         the event loop and the database (the worker's claims and completions
         come through here)."""
         try:
-            with map_driver_errors():
-                pool = await self._async_pools.get()
-            async with achecked_connection(pool) as conn:
+            async with self._async_pools.connection() as conn:
                 if one_statement:  # the connection is in autocommit mode
                     yield AsyncPostgresTx(conn, self._queries, one_statement=True, prepare=self.mode.session_state)
                 else:

@@ -925,6 +925,16 @@ fair_keys(key) AS (
             WHERE k.status = 'queued' AND k.queue = %(queue)s AND k.fairness_key < g.key
             ORDER BY k.fairness_key DESC LIMIT 1)
     FROM fair_keys g WHERE g.key IS NOT NULL
+), fair_mode AS MATERIALIZED (
+    -- FAIR SHARE: one key alone has tasks queued and no task without a key is
+    -- ready (one tenant's backlog): the fair order is then that key's own
+    -- claim order, and fair_one claims it as the plain claim reads its index,
+    -- none of the steps that weigh keys against each other reading a row
+    SELECT (SELECT count(*) FROM fair_keys g WHERE g.key IS NOT NULL) = 1
+           -- (a probe of the claimable index in its order: an EXISTS may be planned as a scan)
+           AND (SELECT n.id FROM leaseq_tasks n
+                WHERE n.status = 'queued' AND n.queue = %(queue)s AND n.fairness_key IS NULL AND n.available_at <= now()
+                ORDER BY n.priority DESC, n.available_at, n.id LIMIT 1) IS NULL AS one_key
 ), fair_ready AS (
     -- FAIR SHARE: each key's first tasks in claim order, and the first of the
     -- tasks without a key: four claims' worth and 64 more, so the claims
@@ -932,9 +942,11 @@ fair_keys(key) AS (
     -- claimed since this statement began) leave each key enough: a worker's
     -- claims of a slot or two at a time, beside a few other workers', found
     -- every row of four claims' worth taken, and came back empty
+    -- (nothing read where one key alone is queued: fair_one claims it)
     SELECT g.key, r.* FROM fair_keys g CROSS JOIN LATERAL (
         SELECT id, priority, available_at, 1.0::float8 / coalesce(fairness_weight, 1) AS cost FROM leaseq_tasks
         WHERE status = 'queued' AND queue = %(queue)s AND fairness_key = g.key AND available_at <= now()
+          AND NOT (SELECT m.one_key FROM fair_mode m)
           /* TEMPLATE: claimable */
         ORDER BY priority DESC, available_at, id
         LIMIT 4 * %(limit)s + 64) r
@@ -943,9 +955,24 @@ fair_keys(key) AS (
     SELECT '', r.* FROM (
         SELECT id, priority, available_at, 1.0::float8 AS cost FROM leaseq_tasks
         WHERE status = 'queued' AND queue = %(queue)s AND fairness_key IS NULL AND available_at <= now()
+          AND NOT (SELECT m.one_key FROM fair_mode m)
           /* TEMPLATE: claimable */
         ORDER BY priority DESC, available_at, id
         LIMIT 4 * %(limit)s + 64) r
+), fair_one AS (
+    -- FAIR SHARE: the claim where one key alone is queued (fair_mode): its
+    -- tasks read from its index in claim order and locked as they are
+    -- reached, as the plain claim reads its own (a claim beside this one
+    -- skips them and takes the next), only as far as the claim needs
+    SELECT id, limits, units, priority, available_at, fairness_key AS key,
+           1.0::float8 / coalesce(fairness_weight, 1) AS cost
+    FROM leaseq_tasks
+    WHERE status = 'queued' AND queue = %(queue)s AND fairness_key = (SELECT f.last_key FROM flags f)
+      AND available_at <= now() AND (SELECT m.one_key FROM fair_mode m)
+      /* TEMPLATE: claimable */
+    ORDER BY priority DESC, available_at, id
+    LIMIT %(limit)s
+    FOR UPDATE SKIP LOCKED
 ), fair_start AS MATERIALIZED (  -- once per key, not per task
     -- FAIR SHARE: where each key's virtual time starts, at each priority: its
     -- own, but never more than one task's cost behind the priority's (the
@@ -961,7 +988,9 @@ fair_keys(key) AS (
                      WHERE s.queue = %(queue)s AND s.priority = g.priority) - g.cost) AS start
     -- (DISTINCT ON, sorted: a hash of the rows the planner guesses is sized
     -- for thousands of keys at every call)
-    FROM (SELECT DISTINCT ON (key, priority) key, priority, cost FROM fair_ready
+    -- (fair_one's keys: the tasks it claimed)
+    FROM (SELECT DISTINCT ON (key, priority) key, priority, cost
+          FROM (SELECT key, priority, cost FROM fair_ready UNION ALL SELECT key, priority, cost FROM fair_one) a
           ORDER BY key, priority, cost DESC) g
     CROSS JOIN LATERAL (
         SELECT max(s.base) + sum(s.service) AS vtime, coalesce(sum(s.service), 0) AS seen
@@ -989,8 +1018,26 @@ fair_keys(key) AS (
         FOR UPDATE SKIP LOCKED) t
     ORDER BY o.priority DESC, o.tag, o.available_at, o.id
     LIMIT %(limit)s
+), fair_chosen AS (
+    -- FAIR SHARE: the candidates, weighed (fair_pick) or of one key alone
+    -- (fair_one, in its claim order: pos 1 for the key's first task ready at
+    -- its priority, and a finish that orders the claim's answer)
+    SELECT * FROM fair_pick
+    UNION ALL
+    SELECT n.id, n.limits, n.units, n.priority, n.available_at, n.key, n.cost, s.start, s.seen, s.own,
+           -- pos 1: the key's first task ready at its priority as this statement sees it
+           -- (looked up for the first claimed at each priority only)
+           CASE WHEN row_number() OVER (PARTITION BY n.priority ORDER BY n.available_at, n.id) = 1
+                 AND n.id = (SELECT id FROM leaseq_tasks
+                             WHERE status = 'queued' AND queue = %(queue)s AND fairness_key = n.key
+                               AND priority = n.priority AND available_at <= now()
+                               /* TEMPLATE: claimable */
+                             ORDER BY priority DESC, available_at, id LIMIT 1)
+                THEN 1 ELSE 2 END AS pos,
+           s.start + sum(n.cost) OVER (PARTITION BY n.priority ORDER BY n.available_at, n.id) AS tag
+    FROM fair_one n JOIN fair_start s ON s.key = n.key AND s.priority = n.priority
 ), candidate AS (
-    SELECT id, limits, units, priority, available_at, tag FROM fair_pick
+    SELECT id, limits, units, priority, available_at, tag FROM fair_chosen
 ),
     /* TEMPLATE: claim_lease */,
 charged AS (
@@ -998,7 +1045,7 @@ charged AS (
     -- (its rows locked in key order; no other connection's claim charges it).
     -- With no key queued any more, the tasks without one were claimed in
     -- FIFO order, as claim_batch claims them, and nothing is charged.
-    /* TEMPLATE: charge_fair_share((SELECT p.key, p.priority, CASE WHEN p.pos = 1 THEN p.start - p.seen END AS base, CASE WHEN p.pos = 1 THEN p.start ELSE p.own END AS origin, p.cost FROM fair_pick p WHERE p.id IN (SELECT id FROM claimed) AND (SELECT f.last_key IS NOT NULL FROM flags f)) x) */
+    /* TEMPLATE: charge_fair_share((SELECT p.key, p.priority, CASE WHEN p.pos = 1 THEN p.start - p.seen END AS base, CASE WHEN p.pos = 1 THEN p.start ELSE p.own END AS origin, p.cost FROM fair_chosen p WHERE p.id IN (SELECT id FROM claimed) AND (SELECT f.last_key IS NOT NULL FROM flags f)) x) */
 )
 SELECT c.*, f.routing_due, f.worker_ok, f.last_key IS NOT NULL AS fair_due,
        -- FAIR SHARE: the key a task was served under ('': none) and its virtual
@@ -1006,7 +1053,7 @@ SELECT c.*, f.routing_due, f.worker_ok, f.last_key IS NOT NULL AS fair_due,
        CASE WHEN f.last_key IS NOT NULL THEN p.key END AS fair_key, p.start AS fair_start, p.cost AS fair_cost,
        p.tag AS fair_tag,
        /* TEMPLATE: claim_limit_wait */
-FROM flags f LEFT JOIN claimed c ON true LEFT JOIN fair_pick p ON p.id = c.id;
+FROM flags f LEFT JOIN claimed c ON true LEFT JOIN fair_chosen p ON p.id = c.id;
 
 -- name: fair_due
 -- callers: worker
