@@ -43,13 +43,12 @@ QueueName = Path(pattern=r"^[A-Za-z0-9_.:\-]{1,100}$", description="Queue name")
 LimitKey = Path(description="Limit key")  # checked by the Queue method: a clear InvalidInput
 
 
-class EnqueueBody(Body):
-    kind: str
-    payload: Any = None
+class TaskOptions(Body):
+    """The options POST /v1/tasks and POST /v1/tasks/batch share: each task's."""
+
     #: None: the effect the kind's worker declared (read_only when none did)
     effect: str | None = None
     queue: str = "default"
-    idempotency_key: str | None = None
     #: true: skip the check against the kind's declaration (a kind served by workers elsewhere)
     no_check: bool = False
     priority: int = 0
@@ -65,29 +64,37 @@ class EnqueueBody(Body):
     #: the latest time the task may start as seconds after the enqueue, by the database's clock
     #: (not with ``deadline``)
     deadline_in: float | None = None
-    approval: Literal["required"] | None = None
-    approval_deadline: float | None = None
     after: list[int] | None = None
     on_dependency_failure: str = "cancel"
     limits: list[str] | None = None
     units: int = 1
-    singleton_key: str | None = None
-    on_conflict: str = "skip"
-    debounce: float | None = None
-    key: str | None = None
-    debounce_mode: str = "trailing"
-    max_delay: float | None = None
     #: what the task may consume, by key, over all its attempts ({"tokens": 200000})
     budget: dict[str, int] | None = None
     fairness_key: str | None = None
     fairness_weight: float = 1.0
 
 
+class EnqueueBody(TaskOptions):
+    """POST /v1/tasks: one task."""
+
+    kind: str
+    payload: Any = None
+    idempotency_key: str | None = None
+    approval: Literal["required"] | None = None
+    approval_deadline: float | None = None
+    singleton_key: str | None = None
+    on_conflict: str = "skip"
+    debounce: float | None = None
+    key: str | None = None
+    debounce_mode: str = "trailing"
+    max_delay: float | None = None
+
+
 #: The most tasks one POST /v1/tasks/batch adds (a larger batch: 422, nothing written).
 MAX_BATCH = 1000
 
 
-class EnqueueManyBody(Body):
+class EnqueueManyBody(TaskOptions):
     """POST /v1/tasks/batch: :meth:`leaseq.Queue.enqueue_many` over HTTP. Tasks of one kind
     on one queue, one per payload, the other options shared by every task."""
 
@@ -95,25 +102,6 @@ class EnqueueManyBody(Body):
     payloads: list[Any]
     #: one per payload (None: a fresh key), deduped as by a single enqueue
     idempotency_keys: list[str | None] | None = None
-    effect: str | None = None
-    queue: str = "default"
-    no_check: bool = False
-    priority: int = 0
-    delay: float = 0
-    max_attempts: int = 5
-    lease_seconds: float = checks.DEFAULT_LEASE_SECONDS
-    actions: list[str] | None = None
-    resources: list[str] | None = None
-    timeout: float | None = None
-    deadline: str | None = None
-    deadline_in: float | None = None
-    after: list[int] | None = None
-    on_dependency_failure: str = "cancel"
-    limits: list[str] | None = None
-    units: int = 1
-    budget: dict[str, int] | None = None
-    fairness_key: str | None = None
-    fairness_weight: float = 1.0
 
 
 class LimitBody(Body):
