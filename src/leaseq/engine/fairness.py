@@ -122,6 +122,17 @@ def claim_rows(s: Settings, params: dict[str, Any], *, route_first: bool,
         if one_statement:
             yield COMMIT
             yield BEGIN_ONE
+    if fair and queue in s.fair_one_queues:
+        # the one-key claim, while one key alone is queued (claim_fair's fair_one said
+        # so); its row of flags says when that no longer holds (fair_one false: it
+        # claimed nothing), and claim_fair claims then
+        found = yield rows("claim_fair_one", route_first=route_first, **params)
+        if found[0]["fair_one"]:
+            return found
+        s.fair_one_queues.discard(queue)
+        if one_statement:
+            yield COMMIT
+            yield BEGIN_ONE
     found = yield rows("claim_fair" if fair else "claim_batch", route_first=route_first, **params)
     if not fair:
         # claim_batch stood aside: its row of flags says so (PostgreSQL), or it claimed
@@ -140,6 +151,9 @@ def claim_rows(s: Settings, params: dict[str, Any], *, route_first: bool,
         s.fair_queues.add(queue)
     else:
         s.fair_queues.discard(queue)
+    # one key alone queued (PostgreSQL's claim_fair says so): the next claim is claim_fair_one
+    if s.backend.lean_claim and found and found[0].get("fair_one"):
+        s.fair_one_queues.add(queue)
     return found
 
 
