@@ -29,6 +29,13 @@ the statement, each in the share of the claim's connection (schema 37:
 another's to charge a key); SQLite writes one transaction at a time, and the
 caller charges the keys (``charge_fair_share``) in the claim's transaction.
 
+Where one key alone is queued and no task without a key is ready (one
+tenant's backlog), PostgreSQL's ``claim_fair`` answers ``fair_one``, and the
+queue's next claims run ``claim_fair_one`` (:attr:`Settings.fair_one_queues`),
+its steps for that case alone, the key charged by the same templates; it
+claims nothing and answers ``fair_one`` false when another key (or a task
+without one) is ready, and the claim then runs ``claim_fair``.
+
 A queue that names no fairness key pays one probe of an empty index: on
 PostgreSQL ``claim_batch`` reads its claimable index as before, and only
 when it finds a key queued does it claim nothing and answer ``fair_due``;
