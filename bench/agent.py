@@ -60,12 +60,12 @@ class _service:
         if self.processes != 1:
             raise ValueError("a remote agent run uses one worker process (one worker token)")
         import leaseq
-        from leaseq import auth
+        from leaseq import access
 
         from .service_load import service
 
         with leaseq.connect(self.dsn) as q:
-            token, _ = auth.create_token(q, name="bench-agent", role="worker", all_queues=True)
+            token, _ = access.create_token(q, name="bench-agent", role="worker", all_queues=True)
         self._cm = service(self.dsn)
         url = self._cm.__enter__()
         return {SERVER_ENV: url, TOKEN_ENV: token}

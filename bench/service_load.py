@@ -35,7 +35,7 @@ from typing import Any
 from urllib.parse import quote
 
 import leaseq
-from leaseq import auth
+from leaseq import access
 from leaseq.client import RemoteQueue
 
 
@@ -194,8 +194,8 @@ def main(argv: list[str] | None = None) -> int:
     with database(args.dsn) as dsn:
         q = leaseq.connect(dsn)
         q.migrate()
-        admin_token, _ = auth.create_token(q, name="bench-enqueue", role="operator")
-        worker_tokens = [auth.create_token(q, name=f"bench-{i}", role="worker", all_queues=True)[0]
+        admin_token, _ = access.create_token(q, name="bench-enqueue", role="operator")
+        worker_tokens = [access.create_token(q, name=f"bench-{i}", role="worker", all_queues=True)[0]
                          for i in range(args.workers)]
         rec = Recorder()
         with service(dsn) as url:

@@ -21,7 +21,7 @@ import re
 import subprocess
 import sys
 
-from leaseq import auth
+from leaseq import access
 
 from . import Control
 from .leaseq_system import SERVER_ENV, TOKEN_ENV, LeaseqRunner, LeaseqSystem
@@ -41,7 +41,7 @@ class RemoteSystem(LeaseqSystem):
         super().install(dsn)
         self.close_service()
         with self._queue(dsn) as q:
-            token, _ = auth.create_token(q, name="bench-remote", role="worker", created_by="bench", all_queues=True)
+            token, _ = access.create_token(q, name="bench-remote", role="worker", created_by="bench", all_queues=True)
         self._service = subprocess.Popen(
             [sys.executable, "-m", "leaseq.cli", "--dsn", dsn, "serve", "--host", "127.0.0.1", "--port", "0",
              "--rate", "0", "--log-level", "warning", "--processes", str(self.processes)],

@@ -17,9 +17,9 @@ library's exceptions, rebuilt from their code by the error registry
 :class:`QueuePaused`, :class:`UnknownWorker`, :class:`InvalidInput`,
 :class:`NotFound`, :class:`InvalidTransition`; a network failure or a 5xx is
 :class:`BackendUnavailable`; a refused credential is
-:class:`leaseq.auth.Unauthorized` (also an :class:`UnknownWorker`), a refused
-role :class:`leaseq.auth.AccessDenied`. A 429 is retried after the service's
-``Retry-After`` (a few times, briefly) before :class:`leaseq.auth.RateLimited`.
+:class:`leaseq.access.Unauthorized` (also an :class:`UnknownWorker`), a refused
+role :class:`leaseq.access.AccessDenied`. A 429 is retried after the service's
+``Retry-After`` (a few times, briefly) before :class:`leaseq.access.RateLimited`.
 
 Batched calls (:meth:`RemoteQueue.complete_many`, :meth:`RemoteQueue.fail_many`,
 :meth:`RemoteQueue.renew_leases`) take many leases in one request; the

@@ -4,13 +4,13 @@ An MCP client (an agent, an IDE, Claude Desktop) starts ``leaseq mcp`` and talks
 to it over stdio. The server acts for exactly one queue-issued token, given when
 it starts: it offers the queue's read views (queue overview, tasks, one task with
 its evidence trail and action ledger, the reconciliation inbox, workers) and the
-operator actions of :data:`leaseq.authz.ACTIONS` as tools. The token is verified
+operator actions of :data:`leaseq.access.ACTIONS` as tools. The token is verified
 again at every tool call (:func:`run_stdio`): once it is revoked or expired, the
 call is refused and the server stops. Every call is decided by
-:func:`leaseq.authz.authorize` for that token, exactly as the HTTP API decides it:
+:func:`leaseq.access.authorize` for that token, exactly as the HTTP API decides it:
 a viewer token reads (payloads and results hidden unless the token may read them)
 and is refused every operator action; an operator action goes through
-:func:`leaseq.authz.perform`, which records the token's name in the evidence trail
+:func:`leaseq.access.perform`, which records the token's name in the evidence trail
 and writes the audit entry (``via`` "mcp") in the action's own transaction.
 
 Errors come back as tool errors with the field and the problem, never a traceback.
@@ -25,8 +25,8 @@ from typing import Annotated, Any
 
 from pydantic import Field as PydanticField
 
-from . import auth, authz
-from .auth import Principal
+from . import access
+from .access import Principal
 from .core.errors import LeaseqError
 from .queue import Queue
 from .service.views import (present_approval, present_effect, present_event, present_task, readable_approvals,
@@ -94,8 +94,8 @@ class QueueTools:
         if self.token is None:
             return
         try:
-            self.principal = auth.verify_token(self.q, self.token)
-        except auth.Unauthorized as exc:
+            self.principal = access.verify_token(self.q, self.token)
+        except access.Unauthorized as exc:
             if self.on_refused is not None:
                 self.on_refused(str(exc))
             raise
@@ -106,7 +106,7 @@ class QueueTools:
         p = self.principal
         return {"token_id": p.token_id, "name": p.name, "role": p.role,
                 "queues": sorted(p.queues) if p.queues is not None else None,
-                "may": sorted(a.name for a in authz.operator_actions() if p.can(a.name))}
+                "may": sorted(a.name for a in access.operator_actions() if p.can(a.name))}
 
     def queue_overview(self) -> dict[str, Any]:
         """Each queue: counts by status, the oldest queued task's age, paused or running."""
@@ -123,7 +123,7 @@ class QueueTools:
 
     def get_task(self, task_id: int) -> dict[str, Any]:
         """One task with its evidence trail by claim generation and its action ledger."""
-        authz.authorize(self.principal, "read_trail", task=task_id, facts=authz.QueueFacts(self.q))
+        access.authorize(self.principal, "read_trail", task=task_id, facts=access.QueueFacts(self.q))
         task = self.q.get(task_id)
         return {"task": present_task(task, self.principal),
                 "events": [present_event(e, self.principal) for e in self.q.events(task_id)],
@@ -146,14 +146,14 @@ class QueueTools:
 
     def list_workers(self) -> dict[str, Any]:
         """Registered workers, revoked or not, and the leases they hold."""
-        authz.authorize(self.principal, "read")
+        access.authorize(self.principal, "read")
         return {"workers": to_json(self.q.workers())}
 
     READS = ("whoami", "queue_overview", "list_tasks", "get_task", "reconciliation_inbox", "approvals_inbox",
              "list_workers")
 
     # -- operator actions ------------------------------------------------------------
-    def action_tool(self, action: authz.Action) -> Callable[..., Any]:
+    def action_tool(self, action: access.Action) -> Callable[..., Any]:
         """A tool for one operator action: its target and fields as parameters."""
         target_name, target_type, target_help = _TARGETS[action.target or "task"]
         params = [inspect.Parameter(target_name, inspect.Parameter.KEYWORD_ONLY,
@@ -167,8 +167,8 @@ class QueueTools:
 
         def run(**arguments: Any) -> dict[str, Any]:
             target = arguments.pop(target_name)
-            outcome = authz.perform(self.q, self.principal, action.name, target, via="mcp", **arguments)
-            return {"done": authz.done_message(action.name, target, **arguments), "outcome": to_json(outcome)}
+            outcome = access.perform(self.q, self.principal, action.name, target, via="mcp", **arguments)
+            return {"done": access.done_message(action.name, target, **arguments), "outcome": to_json(outcome)}
 
         run.__name__ = action.name
         run.__doc__ = "\n\n".join(p for p in (action.title, action.help,
@@ -189,7 +189,7 @@ def build_server(q: Queue, principal: Principal, *, token: str | None = None,
     for name in QueueTools.READS:
         server.add_tool(_guard(getattr(tools, name), tools), name=name,
                         annotations=ToolAnnotations(read_only_hint=True, open_world_hint=False))
-    for action in authz.operator_actions():
+    for action in access.operator_actions():
         server.add_tool(_guard(tools.action_tool(action), tools), name=action.name, title=action.title,
                         annotations=ToolAnnotations(read_only_hint=False, destructive_hint=action.danger,
                                                     idempotent_hint=False, open_world_hint=False))
@@ -204,7 +204,7 @@ def run_stdio(q: Queue, token: str) -> None:
     import anyio
     import anyio.from_thread
 
-    principal = auth.verify_token(q, token)
+    principal = access.verify_token(q, token)
 
     async def main() -> None:
         stop = anyio.Event()

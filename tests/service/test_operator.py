@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import leaseq
 from leaseq import auth
+from leaseq.access import tokens
 
 from .conftest import Service, serve
 from .support import age_tasks, error_of
@@ -213,13 +214,13 @@ def test_the_operator_api_checks_its_token_on_the_event_loop(svc: Service, monke
     ops = svc.http(svc.token("operator", "alice"))
     blocking, asyncio_side = _spy_transactions(svc.q.store, monkeypatch)
     loop_threads: set[str] = set()
-    real_verify = auth.averify_token
+    real_verify = tokens.averify_token
 
     async def watched(q: leaseq.Queue, token: str | None) -> auth.Principal:
         loop_threads.add(threading.current_thread().name)
         return await real_verify(q, token)
 
-    monkeypatch.setattr(auth, "averify_token", watched)
+    monkeypatch.setattr(tokens, "averify_token", watched)
     for _ in range(3):
         resp = ops.get(f"/v1/tasks/{task.id}")
         assert resp.status_code == 200 and resp.json()["id"] == task.id

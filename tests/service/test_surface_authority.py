@@ -21,6 +21,7 @@ import httpx
 
 import leaseq
 from leaseq import auth
+from leaseq.access import tokens
 from leaseq.client import RemoteQueue
 from snapshots import snapshot
 
@@ -156,8 +157,8 @@ def test_a_flood_of_bogus_tokens_costs_no_lookup_each(q: leaseq.Queue, dsn: str,
     refused without a database lookup once they can be told bad without one; a valid
     token keeps getting in."""
     lookups: list[str] = []
-    looked_up = auth._looked_up
-    monkeypatch.setattr(auth, "_looked_up", lambda token: (lookups.append(token), looked_up(token))[1])
+    looked_up = tokens._looked_up
+    monkeypatch.setattr(tokens, "_looked_up", lambda token: (lookups.append(token), looked_up(token))[1])
     with serve(q, failed_auth_burst=5, failed_auth_per_second=0.01) as (url, app):
         svc = Service(url, app, q, dsn)
         good = svc.token("viewer", "good")
@@ -189,8 +190,8 @@ def test_session_cookies_are_failure_limited(q: leaseq.Queue, dsn: str, monkeypa
         browser = dashboard_login(url, svc.token("viewer", "vic"))
         assert browser.get("/").status_code == 200
         lookups: list[object] = []
-        verify = auth.verify_session
-        monkeypatch.setattr(auth, "verify_session", lambda q_, sid: (lookups.append(sid), verify(q_, sid))[1])
+        verify = tokens.verify_session
+        monkeypatch.setattr(tokens, "verify_session", lambda q_, sid: (lookups.append(sid), verify(q_, sid))[1])
         codes = []
         with httpx.Client(base_url=url, timeout=10) as client:
             for _ in range(40):

@@ -141,7 +141,7 @@ def _remote_workers(config: ChaosConfig, q: leaseq.Queue, service_dsn: str, env:
     slots = [i for i in range(config.workers) if config.remote(i)]
     if not slots:
         return None, {}, None
-    from leaseq import auth
+    from leaseq import access
 
     from .service_process import ServiceProcess
 
@@ -156,7 +156,7 @@ def _remote_workers(config: ChaosConfig, q: leaseq.Queue, service_dsn: str, env:
         stack.callback(http_proxy.close)
     remote = {}
     for i in slots:
-        token, _ = auth.create_token(q, name=f"chaos-w{i}", role="worker", created_by="leaseq-chaos", all_queues=True)
+        token, _ = access.create_token(q, name=f"chaos-w{i}", role="worker", created_by="leaseq-chaos", all_queues=True)
         path = workdir / f"w{i}.token"
         path.write_text(token + "\n")
         path.chmod(0o600)

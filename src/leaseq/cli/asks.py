@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import click
 
-from .. import authz
+from .. import access
 from ..core import answers
 from .session import emit_json, json_option, open_queue, parse_json_option
 
@@ -78,5 +78,5 @@ def answer(ctx: click.Context, task_id: int, answer_json: str) -> None:
     """
     q = open_queue(ctx)
     value = parse_json_option("json", answer_json)
-    done = q.answer(task_id, value, by=authz.local_principal().actor, via="cli")
+    done = q.answer(task_id, value, by=access.local_principal().actor, via="cli")
     click.echo(f"task {task_id} answered" + (": it is queued again" if done["woke"] else ""))

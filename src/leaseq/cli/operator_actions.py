@@ -1,7 +1,7 @@
 """Operator actions: ``cancel``, ``reconcile``, ``unblock``, ``requeue``, ``pause``, ``resume``,
-``revoke-worker`` (built from the action table, :data:`leaseq.authz.ACTIONS`), ``signal`` and ``sweep``.
+``revoke-worker`` (built from the action table, :data:`leaseq.access.ACTIONS`), ``signal`` and ``sweep``.
 
-Each goes through :func:`leaseq.authz.perform` as the local OS user
+Each goes through :func:`leaseq.access.perform` as the local OS user
 (``cli:<user>``): the Queue method checks the transition, records who did it
 in the task's evidence trail, and writes the audit entry in the same
 transaction. The service's routes and dashboard forms come from the same table.
@@ -14,7 +14,7 @@ from typing import Any
 import click
 from rich.text import Text
 
-from .. import authz
+from .. import access
 from ..core.model import Task
 from .render import cancel_tree_table, make_console, status_text
 from ..engine.common import default_actor
@@ -25,7 +25,7 @@ _METAVARS = {"task": "TASK", "queue": "QUEUE", "worker": "WORKER"}
 
 def register(group: click.Group) -> None:
     """Add this module's commands to ``group``."""
-    for spec in authz.operator_actions("cli"):
+    for spec in access.operator_actions("cli"):
         group.add_command(action_command(spec))
     group.add_command(signal)
     group.add_command(sweep)
@@ -33,7 +33,7 @@ def register(group: click.Group) -> None:
     group.add_command(cancel_where)
 
 
-def action_command(spec: authz.Action) -> click.Command:
+def action_command(spec: access.Action) -> click.Command:
     """The CLI command of one operator action: an argument for its target, an option per field."""
     params: list[click.Parameter] = [click.Argument(["target"], metavar=_METAVARS[spec.target or ""])]
     for f in spec.fields:
@@ -52,19 +52,19 @@ def action_command(spec: authz.Action) -> click.Command:
         for f in spec.fields:
             if f.json and f.name in given:
                 given[f.name] = parse_json_option(f.name, given[f.name])
-        result = authz.perform(open_queue(ctx), authz.local_principal(), spec.name, target, via="cli", **given)
+        result = access.perform(open_queue(ctx), access.local_principal(), spec.name, target, via="cli", **given)
         if as_json:
             emit_json(result if result is not None else {"target": target})
         elif spec.name == "cancel" and isinstance(result, dict):  # --tree: the cancel tree's report
             console = make_console()
-            console.print(Text.assemble(authz.done_message(spec.name, target, **given) + ": now ",
+            console.print(Text.assemble(access.done_message(spec.name, target, **given) + ": now ",
                                         status_text(result["status"])))
             console.print(cancel_tree_table(result))
         elif isinstance(result, Task):
-            make_console().print(Text.assemble(authz.done_message(spec.name, target, **given) + ": now ",
+            make_console().print(Text.assemble(access.done_message(spec.name, target, **given) + ": now ",
                                                status_text(result.status)))
         else:
-            click.echo(authz.done_message(spec.name, target, **given))
+            click.echo(access.done_message(spec.name, target, **given))
 
     command = click.Command(spec.command, params=params, callback=callback, short_help=spec.title,
                             help=f"{spec.title}.\n\n{spec.help}" if spec.help else f"{spec.title}.")
@@ -85,7 +85,7 @@ def signal(ctx: click.Context, task_id: int, name: str, payload: str | None, as_
     with you as its sender, in the task's evidence trail and the audit log.
     """
     q = open_queue(ctx)
-    sent = q.signal(task_id, name, parse_json_option("payload", payload), by=authz.local_principal().actor,
+    sent = q.signal(task_id, name, parse_json_option("payload", payload), by=access.local_principal().actor,
                     via="cli")
     if as_json:
         emit_json(sent)

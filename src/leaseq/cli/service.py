@@ -369,7 +369,7 @@ def create(ctx: click.Context, role: str, name: str, queues: tuple[str, ...], al
 
     A worker token is limited to the queues it serves: give --queue Q (one or
     more) or, to widen it to every queue, --all-queues."""
-    from .. import auth
+    from .. import access
 
     if role == "worker" and not queues and not all_queues:
         raise CliError("queue", "a worker token is limited to the queues it serves: give --queue QUEUE (repeat "
@@ -378,7 +378,7 @@ def create(ctx: click.Context, role: str, name: str, queues: tuple[str, ...], al
         raise CliError("queue", "give --queue or --all-queues, not both")
     sink = _private_file(output) if output is not None else None  # before the token exists: nothing to lose
     try:
-        token, record = auth.create_token(open_queue(ctx), name=name, role=role, queues=list(queues) or None,
+        token, record = access.create_token(open_queue(ctx), name=name, role=role, queues=list(queues) or None,
                                           all_queues=all_queues, read_payloads=read_payloads,
                                           own_intents=own_intents,
                                           expires_in=parse_duration("expires_in", expires_in), created_by=cli_actor())
@@ -420,9 +420,9 @@ def _private_file(path: str) -> TextIO:
 @click.pass_context
 def list_(ctx: click.Context, as_json: bool) -> None:
     """Every token: id, name, role, scope and state (never a secret)."""
-    from .. import auth
+    from .. import access
 
-    rows = auth.list_tokens(open_queue(ctx))
+    rows = access.list_tokens(open_queue(ctx))
     if as_json:
         emit_json(rows)
         return
@@ -452,14 +452,14 @@ def revoke(ctx: click.Context, token_id: str | None, worker_id: str | None, as_j
     Name the token by its id, or with --worker by a worker it registered:
     revoking only a worker leaves its token free to register a new one.
     """
-    from .. import auth
+    from .. import access
 
     if (token_id is None) == (worker_id is None):
         raise CliError("token_id", "name a token id or --worker WORKER_ID (one of them)")
     if worker_id is not None:
-        token_id, workers = auth.revoke_worker_token(open_queue(ctx), worker_id, by=cli_actor())
+        token_id, workers = access.revoke_worker_token(open_queue(ctx), worker_id, by=cli_actor())
     else:
-        workers = auth.revoke_token(open_queue(ctx), token_id, by=cli_actor())  # type: ignore[arg-type]
+        workers = access.revoke_token(open_queue(ctx), token_id, by=cli_actor())  # type: ignore[arg-type]
     if as_json:
         emit_json({"token_id": token_id, "revoked": True, "revoked_workers": workers})
         return

@@ -40,7 +40,7 @@ from ..core import checks
 from ..core.errors import (AccessDenied, ApprovalExpired, ApprovalMismatch, InvalidInput, InvalidTransition,
                            NotFound)
 from ..core.model import Approval, Status, Task
-from .common import Settings, acting, audit, event, require_task, to_task
+from .common import Settings, acting, audit, event, require_task, to_task, worker_token
 from .dependencies import settle_dependents
 from .steps import BEGIN, COMMIT, Op, one, rows
 
@@ -263,9 +263,8 @@ def _refuse_requester(before: dict[str, Any], req: dict[str, Any], decider: Deci
     elif decider.token and token is not None and hmac.compare_digest(decider.token, token):
         who = f"token {token}"
     elif decider.token and worker is not None:
-        link = yield one("worker_token", worker_id=worker)
-        if link is not None and link["token_id"] is not None and hmac.compare_digest(decider.token,
-                                                                                    link["token_id"]):
+        link = yield from worker_token(worker)
+        if link is not None and hmac.compare_digest(decider.token, link):
             who = f"worker {worker}, registered with token {decider.token}"
     if who is not None:
         raise AccessDenied(f"task {before['id']}: its approval was requested by {who}, which may not decide it: "

@@ -176,6 +176,16 @@ def check_worker(wid: str, *, lock: bool = False) -> Op[None]:
         raise UnknownWorker(f"worker {wid!r} was revoked")
 
 
+def worker_token(wid: str) -> Op[str | None]:
+    """The id of the token that registered worker ``wid`` (None: none did, or no such worker).
+
+    The one read of that link, inside the caller's transaction: the access checks
+    (:mod:`leaseq.access`) and an approval's requester check run it. The link never
+    changes once written, so callers may cache what it returns."""
+    link = yield one("worker_token", worker_id=wid)
+    return link["token_id"] if link is not None else None
+
+
 def rows_of_task(task_id: int, query: str) -> Op[list[dict[str, Any]]]:
     """The rows ``query`` reads for one task (NotFound if there is no such task)."""
     task_id = checks.check_task_id(task_id)

@@ -53,7 +53,7 @@ def check_after(after: Iterable[int] | None, on_dependency_failure: str) -> list
 
 def no_such_upstream(upstream: int) -> InvalidInput:
     """The refusal of an ``after`` naming a task that does not exist, or that the caller may not
-    name (:func:`leaseq.authz.authorize_upstreams`): one answer for both, so it tells nothing."""
+    name (:func:`leaseq.access.authorize_upstreams`): one answer for both, so it tells nothing."""
     return InvalidInput("after", f"task {upstream} does not exist")
 
 

@@ -1,7 +1,7 @@
 """Who may call the service, how often, and with how large a body.
 
-* :class:`Access` verifies bearer tokens (through :mod:`leaseq.auth`),
-  rate-limits per token, and answers :func:`leaseq.authz.authorize`'s
+* :class:`Access` verifies bearer tokens (through :mod:`leaseq.access.tokens`),
+  rate-limits per token, and answers :func:`leaseq.access.authorize`'s
   look-ups (which token registered a worker, whether a token's workers held
   a task), caching the permanent worker-to-token links.
 * :func:`in_one_transaction` checks a worker's token and runs its request
@@ -9,7 +9,7 @@
   engine operation, on the event loop where the backend has an asyncio
   driver (every lease-guarded route of the worker API).
 * :func:`need` builds the FastAPI dependency that authorizes one action
-  (the decision itself is :func:`leaseq.authz.authorize`'s).
+  (the decision itself is :func:`leaseq.access.authorize`'s).
 * :class:`BodyLimit` is ASGI middleware refusing oversized bodies with 413.
 * :func:`csrf_token` derives the dashboard's CSRF token from the session.
 
@@ -32,9 +32,11 @@ from typing import Any, TypeVar
 from fastapi import Depends, Request
 from starlette.concurrency import run_in_threadpool
 
-from .. import auth, authz, engine
-from ..core.errors import BodyTooLarge, BudgetSpent, InvalidInput, ToolCallDiverged
-from ..auth import RateLimited
+from .. import engine
+from ..access import actions, operator, principals, tokens
+from ..access.principals import Principal
+from ..core.errors import BodyTooLarge, BudgetSpent, InvalidInput, RateLimited, ToolCallDiverged, Unauthorized
+from ..engine import common
 from ..engine.steps import Op
 from ..queue import Queue
 
@@ -144,7 +146,7 @@ class Access:
         Counted as a failure (so RateLimited once its key has failed too often,
         else Unauthorized). Missing and malformed tokens need no lookup to be
         refused, and a token that may be valid is left to the lookup."""
-        token_id = auth.token_id_of(token)
+        token_id = tokens.token_id_of(token)
         if token is None or token_id is None:
             return
         stored = self._hashes.get(token_id)
@@ -152,35 +154,35 @@ class Access:
             self._read_hashes()  # this address is failing: is the id one at all?
             stored = self._hashes.get(token_id)
             if stored is None:
-                self.failed(auth.Unauthorized("invalid token"), client)  # raises: the bucket is empty
-        if stored is not None and not hmac.compare_digest(auth.hash_token(token), stored):
-            exc = auth.Unauthorized("invalid token", token_id=token_id)
+                self.failed(Unauthorized("invalid token"), client)  # raises: the bucket is empty
+        if stored is not None and not hmac.compare_digest(tokens.hash_token(token), stored):
+            exc = Unauthorized("invalid token", token_id=token_id)
             self.failed(exc, client)
             raise exc
 
-    def verified(self, token: str | None, principal: auth.Principal) -> None:
+    def verified(self, token: str | None, principal: Principal) -> None:
         """Remember a token that passed its lookup: its id and hash, which never change."""
         if token is not None and len(self._hashes) < 100_000:
-            self._hashes[principal.token_id] = auth.hash_token(token)
+            self._hashes[principal.token_id] = tokens.hash_token(token)
 
     def _read_hashes(self) -> None:
         with self._hashes_lock:
             if time.monotonic() - self._hashes_read_at < self.REFRESH_SECONDS:
                 return
             self._hashes_read_at = time.monotonic()
-            self._hashes = auth.token_hashes(self.queue)
+            self._hashes = tokens.token_hashes(self.queue)
 
-    def verify_session(self, session_id: str | None, client: str) -> auth.Principal:
-        """The principal of a dashboard session (:func:`leaseq.auth.verify_session`), failure-limited
+    def verify_session(self, session_id: str | None, client: str) -> Principal:
+        """The principal of a dashboard session (:func:`leaseq.access.verify_session`), failure-limited
         like tokens: a session that fails counts against its token's or its address's limit, and
         from an address that has failed too often, only a session verified here before is looked up."""
-        key = auth.session_hash(session_id)
+        key = tokens.session_hash(session_id)
         if key is None or key not in self._sessions:
             wait = self.failures.wait(f"addr:{client}")
             if wait:
                 raise RateLimited("too many failed authentications for this address", wait)
         with self._counting_failures(client):
-            principal = auth.verify_session(self.queue, session_id)
+            principal = tokens.verify_session(self.queue, session_id)
         if key is not None:
             with self._owners_lock:
                 self._sessions[key] = None
@@ -189,19 +191,19 @@ class Access:
                     self._sessions.popitem(last=False)
         return self.charge(principal)
 
-    def authenticate(self, token: str | None, client: str) -> auth.Principal:
+    def authenticate(self, token: str | None, client: str) -> Principal:
         """Verify ``token`` and charge its rate bucket; raises Unauthorized or RateLimited."""
         self.precheck(token, client)
         with self._counting_failures(client):
-            principal = auth.verify_token(self.queue, token)
+            principal = tokens.verify_token(self.queue, token)
         self.verified(token, principal)
         return self.charge(principal)
 
-    async def aauthenticate(self, token: str | None, client: str) -> auth.Principal:
+    async def aauthenticate(self, token: str | None, client: str) -> Principal:
         """:meth:`authenticate` for the event loop (the lookup awaited there on PostgreSQL)."""
         self.precheck(token, client)
         with self._counting_failures(client):
-            principal = await auth.averify_token(self.queue, token)
+            principal = await tokens.averify_token(self.queue, token)
         self.verified(token, principal)
         return self.charge(principal)
 
@@ -210,11 +212,11 @@ class Access:
         """A verification whose refusal counts against the failed-authentication limit."""
         try:
             yield
-        except auth.Unauthorized as exc:
+        except Unauthorized as exc:
             self.failed(exc, client)
             raise
 
-    def failed(self, exc: auth.Unauthorized, client: str) -> None:
+    def failed(self, exc: Unauthorized, client: str) -> None:
         """Count a failed authentication; raises RateLimited once its key has failed too often."""
         key = f"token:{exc.token_id}" if exc.token_id else f"addr:{client}"
         wait = self.failures.take(key)
@@ -222,7 +224,7 @@ class Access:
             what = f"token {exc.token_id}" if exc.token_id else "this address"
             raise RateLimited(f"too many failed authentications for {what} ({exc})", wait) from None
 
-    def charge(self, principal: auth.Principal) -> auth.Principal:
+    def charge(self, principal: Principal) -> Principal:
         """Charge ``principal``'s request-rate bucket; raises RateLimited when it is empty."""
         wait = self.buckets.take(principal.token_id)
         if wait:
@@ -236,39 +238,43 @@ class Access:
                 self._owners.clear()
             self._owners[worker_id] = token_id
 
-    def worker_token(self, worker_id: str) -> str | None:
-        """The token that registered ``worker_id`` (cached: the link never changes)."""
+    def owner(self, worker_id: str) -> Op[str | None]:
+        """The token that registered ``worker_id``, as a step of the caller's transaction:
+        remembered (the link never changes), else read (:func:`leaseq.engine.common.worker_token`)
+        and remembered."""
         owner = self._owners.get(worker_id)
         if owner is None:
-            owner = auth.worker_token(self.queue, worker_id)
+            owner = yield from common.worker_token(worker_id)
             if owner is not None:
                 self.remember_worker(worker_id, owner)
         return owner
 
+    def worker_token(self, worker_id: str) -> str | None:
+        """The token that registered ``worker_id`` (:meth:`owner`, in a statement of its own when not remembered)."""
+        owner = self._owners.get(worker_id)
+        return owner if owner is not None else engine.drive(self.queue.store, tokens.alone(self.owner(worker_id)))
+
     def token_held_task(self, token_id: str, task_id: int) -> bool:
         """Whether a worker of ``token_id`` holds or has held a lease on ``task_id``."""
-        return auth.token_held_task(self.queue, token_id, task_id)
+        return tokens.token_held_task(self.queue, token_id, task_id)
 
     def task_queue(self, task_id: int) -> str | None:
         """The queue of task ``task_id`` (None: no such task)."""
-        return authz.task_queue(self.queue, task_id)
+        return operator.task_queue(self.queue, task_id)
 
 
 class _TxFacts:
-    """:class:`leaseq.authz.Facts` read inside the request's transaction (cached by :class:`Access`)."""
+    """:class:`leaseq.access.Facts` read inside the request's transaction (cached by :class:`Access`)."""
 
     def __init__(self, access: Access, tx: Any):
         self.access = access
         self.tx = tx
 
     def worker_token(self, worker_id: str) -> str | None:
-        owner = self.access._owners.get(worker_id)
-        if owner is None:
-            owner = _owner(self.access, worker_id, self.tx.rows("worker_token", worker_id=worker_id))
-        return owner
+        return engine.drive_in(self.tx, self.access.owner(worker_id))
 
     def token_held_task(self, token_id: str, task_id: int) -> bool:
-        return bool(self.tx.row("token_held_task", token_id=token_id, task_id=task_id)["held"])
+        return engine.drive_in(self.tx, tokens.token_held(token_id, task_id))
 
     def task_queue(self, task_id: int) -> str | None:  # pragma: no cover - no worker action asks
         raise TypeError("a worker action's facts name no task's queue")
@@ -288,8 +294,8 @@ def in_one_transaction(request: Request, action: str, worker_id: str, operation:
     token = _presented_token(request, access) if charge else bearer_token(request)
     with request.app.state.queue.joined() as (view, tx):
         try:
-            principal = auth.check_token(tx, token)
-        except auth.Unauthorized as exc:
+            principal = tokens.check_token(tx, token)
+        except Unauthorized as exc:
             _refused(request, access, exc, charge)
             raise
         access.verified(token, principal)
@@ -307,14 +313,12 @@ async def ain_one_transaction(request: Request, action: str, worker_id: str,
     token = _presented_token(request, access) if charge else bearer_token(request)
     async with request.app.state.queue.ajoined() as (view, atx):
         try:
-            principal = await auth.acheck_token(atx, token)
-        except auth.Unauthorized as exc:
+            principal = await tokens.acheck_token(atx, token)
+        except Unauthorized as exc:
             _refused(request, access, exc, charge)
             raise
         access.verified(token, principal)
-        owner = access._owners.get(worker_id)
-        if owner is None:
-            owner = _owner(access, worker_id, await atx.rows("worker_token", worker_id=worker_id))
+        owner = await engine.adrive_in(atx, access.owner(worker_id))
         _admit(request, access, principal, action, worker_id, queue, _Known(owner), charge)
         return await operation(view)
 
@@ -360,35 +364,27 @@ def authorize_also(request: Request, action: str, worker_id: str, queue: str | N
     """Authorize a second ``action`` of a request already admitted by :func:`in_one_transaction`
     or :func:`ain_one_transaction` (its principal and the worker's token known by then)."""
     access: Access = request.app.state.access
-    authz.authorize(request.state.principal, action, worker_id=worker_id, queue=queue,
+    principals.authorize(request.state.principal, action, worker_id=worker_id, queue=queue,
                     facts=_Known(access._owners.get(worker_id)))
 
 
-def _owner(access: Access, worker_id: str, found: list[dict[str, Any]]) -> str | None:
-    """The token that registered ``worker_id``, from its ``worker_token`` rows (remembered)."""
-    owner: str | None = found[0]["token_id"] if found else None
-    if owner is not None:
-        access.remember_worker(worker_id, owner)
-    return owner
-
-
-def _refused(request: Request, access: Access, exc: auth.Unauthorized, charge: bool) -> None:
+def _refused(request: Request, access: Access, exc: Unauthorized, charge: bool) -> None:
     """A refused credential counts against the failed-authentication limit (once a request)."""
     if charge:
         access.failed(exc, client_address(request))
 
 
-def _admit(request: Request, access: Access, principal: auth.Principal, action: str, worker_id: str,
+def _admit(request: Request, access: Access, principal: Principal, action: str, worker_id: str,
            queue: str | None, facts: Any, charge: bool) -> None:
     """Charge a valid credential to its rate bucket (once a request) and authorize ``action``."""
     if charge:
         access.charge(principal)
     request.state.principal = principal
-    authz.authorize(principal, action, worker_id=worker_id, queue=queue, facts=facts)
+    principals.authorize(principal, action, worker_id=worker_id, queue=queue, facts=facts)
 
 
 class _Known:
-    """:class:`leaseq.authz.Facts` for a worker action, the worker's token already looked up."""
+    """:class:`leaseq.access.Facts` for a worker action, the worker's token already looked up."""
 
     def __init__(self, owner: str | None):
         self.owner = owner
@@ -408,7 +404,7 @@ def _presented_token(request: Request, access: Access) -> str | None:
     (:meth:`Access.precheck`), counts against the failed-authentication limit."""
     try:
         token = bearer_token(request)
-    except auth.Unauthorized as exc:
+    except Unauthorized as exc:
         access.failed(exc, client_address(request))
         raise
     access.precheck(token, client_address(request))
@@ -422,7 +418,7 @@ def bearer_token(request: Request) -> str | None:
         return None
     m = _BEARER.fullmatch(header)
     if m is None:
-        raise auth.Unauthorized("the Authorization header must be 'Bearer <token>'")
+        raise Unauthorized("the Authorization header must be 'Bearer <token>'")
     return m.group(1)
 
 
@@ -456,7 +452,7 @@ def client_address(request: Request) -> str:
     return request.client.host if request.client else "unknown"
 
 
-async def api_principal(request: Request) -> auth.Principal:
+async def api_principal(request: Request) -> Principal:
     """FastAPI dependency: the verified caller of a JSON API request (bearer token only).
 
     Asynchronous, so that FastAPI runs it on the event loop, where the token
@@ -465,7 +461,7 @@ async def api_principal(request: Request) -> auth.Principal:
     access: Access = request.app.state.access
     try:
         token = bearer_token(request)
-    except auth.Unauthorized as exc:
+    except Unauthorized as exc:
         access.failed(exc, client_address(request))
         raise
     principal = await access.aauthenticate(token, client_address(request))
@@ -473,19 +469,19 @@ async def api_principal(request: Request) -> auth.Principal:
     return principal
 
 
-def need(action: str) -> Callable[..., auth.Principal]:
-    """A dependency authorizing ``action`` (see :data:`leaseq.authz.ACTIONS`) for the caller.
+def need(action: str) -> Callable[..., Principal]:
+    """A dependency authorizing ``action`` (see :data:`leaseq.access.ACTIONS`) for the caller.
 
     For actions whose scope is in the request's body (a queue to claim from
-    or enqueue on) the route calls :func:`leaseq.authz.authorize` itself.
+    or enqueue on) the route calls :func:`leaseq.access.authorize` itself.
     """
-    authz.ACTIONS[action]  # a typo fails at import, not at the first request
+    actions.ACTIONS[action]  # a typo fails at import, not at the first request
 
-    def dependency(request: Request, principal: auth.Principal = Depends(api_principal)) -> auth.Principal:
+    def dependency(request: Request, principal: Principal = Depends(api_principal)) -> Principal:
         task = request.path_params.get("task_id")
         if task is not None and not (str(task).isdigit() and 1 <= int(task) < 2**63):
             raise InvalidInput("task_id", f"must be a task id, a positive integer (got {str(task)[:40]!r})")
-        authz.authorize(principal, action, queue=request.path_params.get("name"),
+        principals.authorize(principal, action, queue=request.path_params.get("name"),
                         task=int(task) if task is not None else None, facts=request.app.state.access)
         return principal
 

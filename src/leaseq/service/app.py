@@ -34,7 +34,7 @@ from starlette.concurrency import run_in_threadpool
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.middleware.trustedhost import TrustedHostMiddleware
 
-from .. import __version__, auth, authz
+from .. import __version__, access
 from ..core.errors import BackendUnavailable, InvalidInput, LeaseqError, RateLimited
 from ..db.postgres import pool_party
 from ..queue import Queue
@@ -466,12 +466,12 @@ def create_app(queue: Queue, settings: ServiceSettings | None = None, **options:
         if isinstance(value, bool) or not isinstance(value, int) or value < 1:
             raise InvalidInput(name, f"must be a whole number, 1 or more (got {value!r})")
     metrics = ServiceMetrics(queue)
-    access = Access(queue, rate=settings.rate_per_second, burst=settings.burst,
+    gate = Access(queue, rate=settings.rate_per_second, burst=settings.burst,
                     looks_rate=settings.looks_per_second, looks_burst=settings.looks_burst,
                     failed_rate=settings.failed_auth_per_second, failed_burst=settings.failed_auth_burst,
                     max_keys=settings.rate_limit_keys)
     work_signal = WorkSignal(queue, recheck=settings.claim_recheck, per_token=settings.waits_per_token,
-                             per_process=settings.waits_per_process, charge=access.looks.take)
+                             per_process=settings.waits_per_process, charge=gate.looks.take)
     maintenance = Maintenance(queue, MaintenanceConfig(
         leader_lease_seconds=settings.leader_lease_seconds, sweep_every=settings.sweep_every,
         approvals_every=settings.approvals_every,
@@ -497,7 +497,7 @@ def create_app(queue: Queue, settings: ServiceSettings | None = None, **options:
                               "`Authorization: Bearer <token>`; errors are `{\"error\": {\"code\", \"message\"}}`.")
     app.state.queue = queue
     app.state.settings = settings
-    app.state.access = access
+    app.state.access = gate
     app.state.metrics = metrics
     app.state.maintenance = maintenance
     app.state.work_signal = work_signal
@@ -543,7 +543,7 @@ def create_app(queue: Queue, settings: ServiceSettings | None = None, **options:
     async def metrics_endpoint(request: Request) -> Response:
         if not settings.public_metrics:
             principal = await api_principal(request)
-            authz.authorize_role(principal, "read")  # metrics span every queue
+            access.authorize_role(principal, "read")  # metrics span every queue
         text = await run_in_threadpool(generate_latest, metrics.registry)
         return Response(text, media_type=CONTENT_TYPE_LATEST)
 

@@ -15,8 +15,8 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
-from .. import authz
-from ..auth import Principal
+from .. import access
+from ..access import Principal
 from ..core import answers, checks
 from ..core.errors import InvalidInput
 from ..queue import Queue
@@ -37,7 +37,7 @@ def present_ask(ask: dict[str, Any], principal: Principal) -> dict[str, Any]:
 def readable_asks(q: Queue, principal: Principal, *, queue: str | None = None,
                   limit: int = 100) -> list[dict[str, Any]]:
     """The open questions, oldest first, of the queues ``principal`` may read."""
-    queues = authz.readable_queues(principal, queue)
+    queues = access.readable_queues(principal, queue)
     if queues is None:
         return q.asks(limit=limit)
     found = [a for name in queues for a in q.asks(queue=name, limit=limit)]

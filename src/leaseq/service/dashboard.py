@@ -1,7 +1,7 @@
 """Server-rendered dashboard: queues, tasks, the evidence timeline, the inbox (reconciliation, questions) and approvals.
 
 Login: a token (viewer or better) is entered once in a form; the service
-answers with a session of its own (:func:`leaseq.auth.create_session`), kept
+answers with a session of its own (:func:`leaseq.access.create_session`), kept
 in an HttpOnly, SameSite=Strict cookie (Secure over HTTPS). The browser never
 holds the API token. Every page re-checks the session in the database, so
 logout, expiry and revoking the token end it on every replica.
@@ -18,8 +18,8 @@ origin or ``null``, is refused, and each form carries a CSRF token: the login
 form a double-submit token (a cookie set with the form, echoed in a field),
 the others one derived from the session (see
 :func:`leaseq.service.access.csrf_token`). The action forms and their POST routes
-are built from the action table (:data:`leaseq.authz.ACTIONS`):
-:func:`leaseq.authz.authorize` decides, and :func:`leaseq.authz.perform`
+are built from the action table (:data:`leaseq.access.ACTIONS`):
+:func:`leaseq.access.authorize` decides, and :func:`leaseq.access.perform`
 acts, writing the audit entry in the action's own transaction.
 
 Flash messages (an action's outcome, "logged out", why a session ended) never
@@ -51,7 +51,7 @@ from fastapi.responses import HTMLResponse, RedirectResponse, Response
 from jinja2 import Environment, PackageLoader, select_autoescape
 from starlette.concurrency import run_in_threadpool
 
-from .. import auth, authz
+from .. import access
 from ..core import checks
 from ..core.errors import InvalidInput, LeaseqError, NotFound
 from ..queue import Queue
@@ -132,13 +132,13 @@ _env = Environment(loader=PackageLoader("leaseq.service", "templates"), autoesca
                    trim_blocks=True, lstrip_blocks=True)
 _env.filters.update(age=_age, when=_when, pretty=_pretty)
 #: The dashboard's action forms, from the action table.
-TASK_ACTIONS = [a for a in authz.operator_actions("dashboard") if a.target == "task"]
-QUEUE_ACTIONS = [a for a in authz.operator_actions("dashboard") if a.target == "queue"]
-WORKER_ACTIONS = [a for a in authz.operator_actions("dashboard") if a.target == "worker"]
+TASK_ACTIONS = [a for a in access.operator_actions("dashboard") if a.target == "task"]
+QUEUE_ACTIONS = [a for a in access.operator_actions("dashboard") if a.target == "queue"]
+WORKER_ACTIONS = [a for a in access.operator_actions("dashboard") if a.target == "worker"]
 #: Actions the task list offers on the ticked tasks, with one note for all.
 BULK_ACTIONS = [a for a in TASK_ACTIONS if a.bulk]
 #: Dashboard actions by the path segment that names them (the verb, else the name).
-_BY_SEGMENT = {a.verb or a.name: a for a in authz.operator_actions("dashboard")}
+_BY_SEGMENT = {a.verb or a.name: a for a in access.operator_actions("dashboard")}
 #: Most tasks one bulk form may name.
 MAX_BULK = 200
 _env.globals.update(task_actions=TASK_ACTIONS, queue_actions=QUEUE_ACTIONS, worker_actions=WORKER_ACTIONS,
@@ -172,7 +172,7 @@ def login_redirect(request: Request, exc: Exception) -> Response:
     return response
 
 
-def _ended(exc: auth.Unauthorized) -> str:
+def _ended(exc: access.Unauthorized) -> str:
     """The login notice for a session that failed verification."""
     text = str(exc)
     for part, notice in (("was revoked", "token-revoked"), ("has expired", "token-expired"),
@@ -222,17 +222,17 @@ def read_flash(session_id: str, value: str, *, now: float | None = None) -> dict
 class Session:
     """A verified dashboard session."""
 
-    principal: auth.Principal
+    principal: access.Principal
     csrf: str
 
 
-def _refusal(principal: auth.Principal) -> str | None:
+def _refusal(principal: access.Principal) -> str | None:
     """Why ``principal`` may not use the dashboard (None: it may): a role that may not list its
-    queues' tasks (:func:`leaseq.authz.authorize_role` decides). A queue-limited token may: the
+    queues' tasks (:func:`leaseq.access.authorize_role` decides). A queue-limited token may: the
     pages read its queues only."""
     try:
-        authz.authorize_role(principal, "read_queues")
-    except auth.AccessDenied:
+        access.authorize_role(principal, "read_queues")
+    except access.AccessDenied:
         return f"the {principal.role} role cannot use the dashboard"
     return None
 
@@ -242,10 +242,10 @@ def session(request: Request) -> Session:
     session_id = request.cookies.get(COOKIE)
     if not session_id:
         raise LoginRequired()
-    access: Access = request.app.state.access
+    gate: Access = request.app.state.access
     try:
-        principal = access.verify_session(session_id, client_address(request))
-    except auth.Unauthorized as exc:
+        principal = gate.verify_session(session_id, client_address(request))
+    except access.Unauthorized as exc:
         raise LoginRequired(_ended(exc), clear=True) from None
     if _refusal(principal) is not None:
         raise LoginRequired("refused", clear=True)
@@ -265,23 +265,23 @@ def same_origin(request: Request) -> None:
     """
     site = request.headers.get("sec-fetch-site")
     if site is not None and site != "same-origin":
-        raise auth.AccessDenied(f"form posted from another site (Sec-Fetch-Site: {site})")
+        raise access.AccessDenied(f"form posted from another site (Sec-Fetch-Site: {site})")
     origin = request.headers.get("origin")
     if origin is None:
         if site is None:
-            raise auth.AccessDenied("form posted without an Origin header: post it from the dashboard page")
+            raise access.AccessDenied("form posted without an Origin header: post it from the dashboard page")
         return
     parts = urlsplit(origin) if origin != "null" else None
     if (parts is None or parts.netloc != request.headers.get("host", "")
             or parts.scheme not in ("http", "https") or (request.url.scheme == "https" and parts.scheme != "https")):
-        raise auth.AccessDenied(f"form posted from another origin ({origin})")
+        raise access.AccessDenied(f"form posted from another origin ({origin})")
 
 
 def operator_session(request: Request, csrf: str = Form(""), s: Session = Depends(session)) -> Session:
     """Dependency for POST actions: same origin, matching CSRF token, and the action authorized."""
     same_origin(request)
     if not hmac.compare_digest(csrf.encode(), s.csrf.encode()):
-        raise auth.AccessDenied("CSRF check failed: reload the page and try again")
+        raise access.AccessDenied("CSRF check failed: reload the page and try again")
     path = request.path_params
     spec = _BY_SEGMENT.get(path.get("action", ""))
     # The route's own pattern is checked after the dependencies run: check here that the
@@ -290,7 +290,7 @@ def operator_session(request: Request, csrf: str = Form(""), s: Session = Depend
     if (spec is None or not spec.dashboard or spec.target != target
             or (not {"task_id", "name", "worker_id"} & set(path) and not spec.bulk)):
         raise NotFound("no such action")
-    authz.authorize_role(s.principal, spec.name)  # and each target in full, by authz.perform
+    access.authorize_role(s.principal, spec.name)  # and each target in full, by access.perform
     return s
 
 
@@ -379,16 +379,16 @@ def login(request: Request, token: str = Form(""), csrf: str = Form("")) -> Resp
     expected = request.cookies.get(LOGIN_COOKIE, "")
     if not expected or not hmac.compare_digest(csrf.encode(), expected.encode()):
         return _login_page(request, 403, "the login form expired or was not posted from this page: try again")
-    access: Access = request.app.state.access
+    gate: Access = request.app.state.access
     try:
-        principal = access.authenticate(token.strip(), client_address(request))
+        principal = gate.authenticate(token.strip(), client_address(request))
     except LeaseqError as exc:
         return _login_page(request, 401, str(exc))
     refused = _refusal(principal)
     if refused is not None:
         return _login_page(request, 403, refused)
     settings = request.app.state.settings
-    session_id = auth.create_session(access.queue, principal, seconds=settings.session_seconds)
+    session_id = access.create_session(gate.queue, principal, seconds=settings.session_seconds)
     response = RedirectResponse("/", status_code=303, headers={"Cache-Control": "no-store"})
     response.set_cookie(COOKIE, session_id, httponly=True, samesite="strict", path="/",
                         secure=_secure(request), max_age=int(settings.session_seconds))
@@ -400,8 +400,8 @@ def login(request: Request, token: str = Form(""), csrf: str = Form("")) -> Resp
 def logout(request: Request, s: Session = Depends(session), csrf: str = Form("")) -> Response:
     same_origin(request)
     if not hmac.compare_digest(csrf.encode(), s.csrf.encode()):
-        raise auth.AccessDenied("CSRF check failed")
-    auth.end_session(request.app.state.access.queue, request.cookies.get(COOKIE, ""))
+        raise access.AccessDenied("CSRF check failed")
+    access.end_session(request.app.state.access.queue, request.cookies.get(COOKIE, ""))
     response = RedirectResponse("/login", status_code=303)
     _set_notice(request, response, "logged-out")
     response.delete_cookie(COOKIE, path="/")
@@ -411,7 +411,7 @@ def logout(request: Request, s: Session = Depends(session), csrf: str = Form("")
 
 # -- pages ----------------------------------------------------------------------------
 
-def glance(q: Queue, queues: list[dict[str, Any]], principal: auth.Principal) -> dict[str, Any]:
+def glance(q: Queue, queues: list[dict[str, Any]], principal: access.Principal) -> dict[str, Any]:
     """The overview's last hour at a glance: per-minute throughput, failures and lost leases
     (sparklines and totals), and the queue depth over it and now; of ``principal``'s queues."""
     data = stats.chart_data(q, "1h", "queue", queues=stats.scope(principal))
@@ -456,7 +456,7 @@ def tasks_page(request: Request, s: Session = Depends(session)) -> Response:
                       message="this token may not read payloads, so it searches by task id only")
     q = _queue(request)
     # a queue-limited token: its queues' tasks only (another queue named: refused, as by the API)
-    page = stats.task_page(q, f, queues=authz.readable_queues(s.principal, f.queue))
+    page = stats.task_page(q, f, queues=access.readable_queues(s.principal, f.queue))
     bulk = [a for a in BULK_ACTIONS if s.principal.can(a.name)]
     unserved = stats.unserved_kinds(q, sorted({t.kind for t in page.tasks if t.status == "queued"}))
     return render("tasks.html", request, s, tasks=[present_task(t, s.principal) for t in page.tasks], page=page,
@@ -470,9 +470,10 @@ def tasks_page(request: Request, s: Session = Depends(session)) -> Response:
 def task_page(request: Request, task_id: int = Path(ge=1, le=2**63 - 1), s: Session = Depends(session)) -> HTMLResponse:
     q = _queue(request)
     try:
+        access.authorize(s.principal, "read_task", task=task_id, facts=access.QueueFacts(q))
         task = q.get(task_id)
-        if not s.principal.may_use_queue(task.queue):  # refused exactly as a task that does not exist
-            raise NotFound(f"task {task_id} does not exist")
+    except access.AccessDenied:  # a task outside the token's queues is refused as one that does not exist
+        return render("error.html", request, s, status_code=404, message=f"task {task_id} does not exist")
     except LeaseqError as exc:
         return render("error.html", request, s, status_code=404, message=str(exc))
     view = task_timeline(task, q.events(task_id), q.effects(task_id), s.principal, q.stream_stats(task_id))
@@ -513,14 +514,14 @@ def approvals_page(request: Request, s: Session = Depends(session)) -> HTMLRespo
 
 # -- actions (authorized, CSRF-checked), one form and route per entry of the action table --
 
-def _choice(actions: list[authz.Action]) -> str:
+def _choice(actions: list[access.Action]) -> str:
     return "^(" + "|".join(a.verb or a.name for a in actions) + ")$"
 
 
 async def _act(request: Request, s: Session, action: str, target: Any, default_back: str) -> RedirectResponse:
     form = await request.form()
     back = str(form.get("back") or default_back)
-    spec = authz.ACTIONS[action]
+    spec = access.ACTIONS[action]
     given: dict[str, Any] = {}
     try:
         for f in spec.fields:
@@ -528,10 +529,10 @@ async def _act(request: Request, s: Session, action: str, target: Any, default_b
             if f.flag or value is None or (str(value).strip() == "" and not f.required):
                 continue  # not offered on the form, or left empty: the action's default
             given[f.name] = checks.parse_json_text(f.name, str(value)) if f.json else value
-        await run_in_threadpool(authz.perform, _queue(request), s.principal, action, target, via="dashboard", **given)
+        await run_in_threadpool(access.perform, _queue(request), s.principal, action, target, via="dashboard", **given)
     except LeaseqError as exc:
         return _back(request, back, err=str(exc))
-    return _back(request, back, msg=authz.done_message(action, target, **given))
+    return _back(request, back, msg=access.done_message(action, target, **given))
 
 
 def _bulk(q: Queue, s: Session, action: str, ids: list[str], note: str) -> tuple[list[str], list[str]]:
@@ -541,13 +542,13 @@ def _bulk(q: Queue, s: Session, action: str, ids: list[str], note: str) -> tuple
     if len(ids) > MAX_BULK:
         raise InvalidInput("ids", f"at most {MAX_BULK} tasks at once (got {len(ids)})")
     targets = list(dict.fromkeys(checks.check_task_id(i) for i in ids))
-    spec = authz.ACTIONS[action]
+    spec = access.ACTIONS[action]
     [text] = [f for f in spec.fields if not f.json and not f.flag and not f.choices]  # the one note the form offers
     checks.check_text(text.name, note)  # once for all, not once per task
     given = {text.name: note} if note.strip() else {}
     if text.required and not given:
         raise InvalidInput(text.name, "required field is missing: one note for all the ticked tasks")
-    outcomes = authz.perform_many(q, s.principal, action, targets, via="dashboard", **given)
+    outcomes = access.perform_many(q, s.principal, action, targets, via="dashboard", **given)
     done = [str(o.target) for o in outcomes if o.error is None]
     refused = [f"task {o.target}: {o.error}" for o in outcomes if o.error is not None]
     return done, refused
@@ -580,13 +581,13 @@ async def answer_question(request: Request, task_id: int = Path(ge=1, le=2**63 -
     changed). Authorized as ``answer`` (an operator who may read payloads), for this task."""
     same_origin(request)
     if not hmac.compare_digest(csrf.encode(), s.csrf.encode()):
-        raise auth.AccessDenied("CSRF check failed: reload the page and try again")
+        raise access.AccessDenied("CSRF check failed: reload the page and try again")
     form = {k: str(v) for k, v in (await request.form()).items()}
     back = form.get("back") or "/inbox"
     q = _queue(request)
 
     def answering() -> dict[str, Any]:
-        authz.authorize(s.principal, "answer", task=task_id, facts=authz.QueueFacts(q))
+        access.authorize(s.principal, "answer", task=task_id, facts=access.QueueFacts(q))
         asked = open_question(q, task_id)
         if asked is None:
             raise InvalidInput("task_id", f"task {task_id} has asked no question")
@@ -610,14 +611,14 @@ async def send_signal(request: Request, task_id: int = Path(ge=1, le=2**63 - 1),
     sender recorded is the session's principal."""
     same_origin(request)
     if not hmac.compare_digest(csrf.encode(), s.csrf.encode()):
-        raise auth.AccessDenied("CSRF check failed: reload the page and try again")
-    authz.authorize_role(s.principal, "signal")  # and this task's queue, below
+        raise access.AccessDenied("CSRF check failed: reload the page and try again")
+    access.authorize_role(s.principal, "signal")  # and this task's queue, below
     form = {k: str(v) for k, v in (await request.form()).items()}
     back = form.get("back") or f"/tasks/{task_id}"
     q = _queue(request)
 
     def sending() -> dict[str, Any]:
-        authz.authorize(s.principal, "signal", task=task_id, facts=authz.QueueFacts(q))
+        access.authorize(s.principal, "signal", task=task_id, facts=access.QueueFacts(q))
         text = form.get("payload", "")
         payload = checks.parse_json_text("payload", text) if text.strip() else None
         return q.signal(task_id, form.get("name", ""), payload, by=s.principal.actor, via="dashboard")

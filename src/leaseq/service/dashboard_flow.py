@@ -23,7 +23,7 @@ from fastapi.responses import HTMLResponse, Response
 from starlette.concurrency import run_in_threadpool
 from starlette.datastructures import FormData, QueryParams
 
-from .. import auth, authz
+from .. import access
 from ..core.errors import AccessDenied, InvalidInput, LeaseqError
 from ..engine.operator import CANCEL_STATUSES, MAX_BULK, REDRIVE_STATUSES
 from ..queue import Queue
@@ -83,7 +83,7 @@ def _may(s: Session) -> list[str]:
 def _page(request: Request, s: Session, *, action: str, shown: dict[str, Any], found: dict[str, Any] | None = None,
           err: str | None = None, status_code: int = 200) -> HTMLResponse:
     q = _queue(request)
-    kinds = stats.kinds(q) if s.principal.queues is None else []  # the kinds of every queue: unscoped only
+    kinds = stats.kinds(q) if s.principal.can("read") else []  # the kinds of every queue: what spans them all
     context: dict[str, Any] = {}
     if err is not None:
         context["err"] = err
@@ -129,7 +129,7 @@ async def redrive_action(request: Request, action: str = Path(pattern="^(redrive
     same_origin(request)
     if not hmac.compare_digest(csrf.encode(), s.csrf.encode()):
         raise AccessDenied("CSRF check failed: reload the page and try again")
-    authz.authorize_role(s.principal, action)  # and its queue, with the filter
+    access.authorize_role(s.principal, action)  # and its queue, with the filter
     form = await request.form()
     back = "/redrive"
     try:
@@ -170,7 +170,7 @@ def limits_page(request: Request, s: Session = Depends(session)) -> HTMLResponse
     """Every limit with its windows (each total and what it holds now) and today's spend, and the
     settled spend per limit and UTC day over the last :data:`SPEND_DAYS` days."""
     try:
-        authz.authorize(s.principal, "read")  # limits span every queue
+        access.authorize(s.principal, "read")  # limits span every queue
     except LeaseqError as exc:
         return render("error.html", request, s, status_code=exc.http_status, message=str(exc))
     q = _queue(request)
@@ -191,7 +191,7 @@ FAIR_WINDOW = 3600.0
 FAIR_RECENT_EVENTS = 50_000
 
 
-def fair_share(q: Queue, principal: auth.Principal) -> list[dict[str, Any]]:
+def fair_share(q: Queue, principal: access.Principal) -> list[dict[str, Any]]:
     """Per queue that uses fairness keys (of those ``principal`` may read): its keys with the
     most tasks queued and the most claimed in the last :data:`FAIR_WINDOW` seconds (at most
     :data:`FAIR_KEYS_SHOWN` of each), each with its queued tasks, weight, claims and share of
@@ -233,6 +233,6 @@ def fair_share(q: Queue, principal: auth.Principal) -> list[dict[str, Any]]:
 def fairness_page(request: Request, s: Session = Depends(session)) -> HTMLResponse:
     """The queues that use fairness keys, and each key's queued tasks, weight and share of the
     recent claims."""
-    authz.authorize(s.principal, "read_queues")
+    access.authorize(s.principal, "read_queues")
     return render("fairness.html", request, s, queues=fair_share(_queue(request), s.principal),
                   window=FAIR_WINDOW, shown=FAIR_KEYS_SHOWN)

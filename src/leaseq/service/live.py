@@ -25,7 +25,7 @@ from fastapi import APIRouter, Depends, Request
 from fastapi.responses import Response, StreamingResponse
 from starlette.concurrency import run_in_threadpool
 
-from .. import auth
+from .. import access
 from ..core.errors import InvalidInput, LeaseqError, NotFound, RateLimited
 from . import stats
 from .dashboard import COOKIE, LoginRequired, Session, session
@@ -114,7 +114,7 @@ async def live(request: Request, s: Session | None = Depends(_live_session)) -> 
 
 
 async def _changes(request: Request, view: str, params: dict[str, str], last: str, current: str,
-                   session_id: str, principal: auth.Principal) -> AsyncIterator[str]:
+                   session_id: str, principal: access.Principal) -> AsyncIterator[str]:
     """The events of one stream: a change when the page's version moves, until it is time to reconnect."""
     settings = request.app.state.settings
     q = request.app.state.queue
@@ -137,9 +137,9 @@ async def _changes(request: Request, view: str, params: dict[str, str], last: st
         if not await request.app.state.work_signal.paced(principal.token_id, time.monotonic() + settings.live_interval):
             continue  # the token's rate bucket is empty: this look is skipped
         try:
-            await run_in_threadpool(auth.verify_session, q, session_id)
+            await run_in_threadpool(access.verify_session, q, session_id)
             current = await run_in_threadpool(stats.version, q, view, params, principal)
-        except auth.Unauthorized:
+        except access.Unauthorized:
             yield "event: end\ndata: session ended\n\n"
             return
         except LeaseqError:

@@ -1,9 +1,9 @@
 """The JSON API for everyone but the worker loop: enqueue and read, operator actions, admin.
 
-Each route names its action in :data:`leaseq.authz.ACTIONS` and
-:func:`leaseq.authz.authorize` decides. The operator action routes are built
+Each route names its action in :data:`leaseq.access.ACTIONS` and
+:func:`leaseq.access.authorize` decides. The operator action routes are built
 from that table (:func:`_operator_route`), as are the dashboard's forms and
-the CLI's commands; each goes through :func:`leaseq.authz.perform`, whose
+the CLI's commands; each goes through :func:`leaseq.access.perform`, whose
 Queue method records the caller's identity in the task's evidence trail and
 writes the audit entry in the action's own transaction.
 """
@@ -19,7 +19,7 @@ from fastapi import APIRouter, Depends, Header, Path, Query, Request
 from fastapi.responses import StreamingResponse
 from pydantic import create_model
 
-from .. import auth, authz
+from .. import access
 from ..core import checks
 from ..signature import check_enqueue
 from ..core.errors import InvalidInput, LeaseqError, NotFound, RateLimited
@@ -171,14 +171,14 @@ def _deadline(text: str | None, seconds: float | None = None) -> datetime | time
 
 @router.post("/tasks", status_code=201, tags=["tasks"], summary="Enqueue a task")
 async def enqueue(body: EnqueueBody, request: Request,
-                  principal: auth.Principal = Depends(api_principal)) -> dict[str, Any]:
+                  principal: access.Principal = Depends(api_principal)) -> dict[str, Any]:
     # Awaited on the event loop on PostgreSQL (a thread on SQLite): the producers' hot call
     checks.check_name("queue", body.queue)
-    authz.authorize(principal, "enqueue", queue=body.queue)
+    access.authorize(principal, "enqueue", queue=body.queue)
     queue = AsyncQueue(_queue(request))
     if body.after and principal.queues is not None:  # a queue-limited token names tasks on its queues only
         upstreams = check_after(body.after, body.on_dependency_failure)
-        authz.authorize_upstreams(principal, upstreams, await _queues_of(queue, upstreams))
+        access.authorize_upstreams(principal, upstreams, await _queues_of(queue, upstreams))
     effect = body.effect or "read_only"
     if not body.no_check:  # a payload that does not fit its kind's declared signature: 422, nothing written
         effect = check_enqueue(await queue.kind_declaration(body.kind), body.payload, body.effect)
@@ -205,12 +205,12 @@ async def enqueue(body: EnqueueBody, request: Request,
 
 @router.post("/tasks/batch", status_code=201, tags=["tasks"], summary="Enqueue many tasks of one kind at once")
 async def enqueue_many(body: EnqueueManyBody, request: Request,
-                       principal: auth.Principal = Depends(api_principal)) -> dict[str, Any]:
+                       principal: access.Principal = Depends(api_principal)) -> dict[str, Any]:
     """Every task or none, in one transaction: :meth:`leaseq.Queue.enqueue_many` (the same
     operation). Answers ``{"task_ids": [...]}``, in the order of ``payloads``. A bad item is
     refused (422) naming its index (``payloads[3]``, ``idempotency_keys[1]``), nothing written."""
     checks.check_name("queue", body.queue)
-    authz.authorize(principal, "enqueue", queue=body.queue)  # the one queue every task of the batch is on
+    access.authorize(principal, "enqueue", queue=body.queue)  # the one queue every task of the batch is on
     if not body.payloads:
         raise InvalidInput("payloads", "is empty: give at least one payload")
     if len(body.payloads) > MAX_BATCH:
@@ -218,7 +218,7 @@ async def enqueue_many(body: EnqueueManyBody, request: Request,
     queue = AsyncQueue(_queue(request))
     if body.after and principal.queues is not None:  # a queue-limited token names tasks on its queues only
         upstreams = check_after(body.after, body.on_dependency_failure)
-        authz.authorize_upstreams(principal, upstreams, await _queues_of(queue, upstreams))
+        access.authorize_upstreams(principal, upstreams, await _queues_of(queue, upstreams))
     effect = body.effect or "read_only"
     if not body.no_check:  # each payload against its kind's declared signature: 422 naming it, nothing written
         declaration = await queue.kind_declaration(body.kind)
@@ -242,13 +242,13 @@ async def enqueue_many(body: EnqueueManyBody, request: Request,
 @router.get("/tasks/{task_id}/dependency-results", tags=["tasks"],
             summary="The results of the tasks a task waits (or waited) for")
 def dependency_results(request: Request, task_id: int = TaskId,
-                       principal: auth.Principal = Depends(api_principal)) -> dict[str, Any]:
+                       principal: access.Principal = Depends(api_principal)) -> dict[str, Any]:
     # a worker token: for the tasks its own workers hold or have held (ctx.results() of a remote worker)
-    authz.authorize(principal, "read_task", task=task_id, facts=request.app.state.access)
+    access.authorize(principal, "read_task", task=task_id, facts=request.app.state.access)
     q = _queue(request)
     found = q.dependency_results(task_id)
     if principal.queues is not None:  # a queue-limited token: only the upstreams on its queues
-        readable = authz.readable_upstreams(principal, {upstream: q.get(upstream).queue for upstream in found})
+        readable = access.readable_upstreams(principal, {upstream: q.get(upstream).queue for upstream in found})
         found = {upstream: result for upstream, result in found.items() if upstream in readable}
     return {"results": [{"task_id": upstream, "result": to_json(result) if principal.read_payloads or result is None
                          else REDACTED} for upstream, result in found.items()]}
@@ -271,11 +271,11 @@ async def wait_task(request: Request, task_id: int = TaskId,
                     timeout: float = Query(25.0, ge=0, description="Seconds to wait at most (cut to the "
                                                                   "service's wait_limit)"),
                     _room: None = Depends(room_to_wait),
-                    principal: auth.Principal = Depends(api_principal)) -> dict[str, Any]:
+                    principal: access.Principal = Depends(api_principal)) -> dict[str, Any]:
     """``settled``: true when the task reached completed, dead, cancelled,
     needs_reconciliation, blocked, denied or expired; false when the time ran
     out first (the client asks again)."""
-    await asyncio.to_thread(authz.authorize, principal, "read_task", task=task_id, facts=request.app.state.access)
+    await asyncio.to_thread(access.authorize, principal, "read_task", task=task_id, facts=request.app.state.access)
     # No connection of its own: the process's one listener wakes it (leaseq.service.wakeups),
     # and it counts against what the token may hold waiting (429 past it).
     signal: WorkSignal = request.app.state.work_signal
@@ -295,7 +295,7 @@ def _cursor_param(text: str | None, field: str) -> int | None:
     return check_cursor(int(value), field)
 
 
-def _present_entry(item: StreamItem, principal: auth.Principal) -> dict[str, Any]:
+def _present_entry(item: StreamItem, principal: access.Principal) -> dict[str, Any]:
     data: dict[str, Any] = to_json(item)
     if item.type == "item" and not principal.read_payloads and item.item is not None:
         data["item"] = REDACTED
@@ -313,7 +313,7 @@ async def task_stream(request: Request, task_id: int = TaskId,
                                                                             "the service's stream_seconds)"),
                       last_event_id: str | None = Header(None, alias="Last-Event-ID"),
                       _room: None = Depends(room_to_wait),
-                      principal: auth.Principal = Depends(api_principal)) -> StreamingResponse:
+                      principal: access.Principal = Depends(api_principal)) -> StreamingResponse:
     """``text/event-stream``. Each entry is an event named ``item`` or ``reset`` whose ``id:``
     is its cursor (its ``seq``) and whose data is the entry as JSON (``task_id``, ``seq``,
     ``generation``, ``type``, ``item``, ``durable``, ``at``; ``item`` redacted for a token
@@ -323,7 +323,7 @@ async def task_stream(request: Request, task_id: int = TaskId,
     there was; or with ``event: reconnect`` once it has followed for the service's
     ``stream_seconds`` or sent ``stream_items`` entries: ask again after the last id
     (an ``EventSource`` does so by itself, sending ``Last-Event-ID``)."""
-    await asyncio.to_thread(authz.authorize, principal, "read_task", task=task_id, facts=request.app.state.access)
+    await asyncio.to_thread(access.authorize, principal, "read_task", task=task_id, facts=request.app.state.access)
     begin = _cursor_param(last_event_id, "Last-Event-ID")
     if begin is None:
         begin = _cursor_param(after, "after") or 0
@@ -379,7 +379,7 @@ class SignalBody(Body):
              summary="Send a signal to a task (ctx.wait_for_signal returns its payload)")
 def send_signal(request: Request, body: SignalBody | None = None, task_id: int = TaskId,
                 signal: str = Path(description="Signal name"),
-                principal: auth.Principal = Depends(need("signal"))) -> dict[str, Any]:
+                principal: access.Principal = Depends(need("signal"))) -> dict[str, Any]:
     # the sender recorded is the token's principal; audited by Queue.signal
     sent = _queue(request).signal(task_id, signal, None if body is None else body.payload, by=principal.actor,
                                   via="api")
@@ -396,7 +396,7 @@ class AnswerBody(Body):
 @router.post("/tasks/{task_id}/answer", tags=["asks"],
              summary="Answer a task's question (ctx.ask returns the answer)")
 def answer_question(body: AnswerBody, request: Request, task_id: int = TaskId,
-                    principal: auth.Principal = Depends(need("answer"))) -> dict[str, Any]:
+                    principal: access.Principal = Depends(need("answer"))) -> dict[str, Any]:
     """The answer is checked against the question's schema first: one that does not fit is
     refused (422, naming the field) and changes nothing; a task that waits for no answer
     refuses it (409). The answerer recorded is the token's principal."""
@@ -409,14 +409,14 @@ def answer_question(body: AnswerBody, request: Request, task_id: int = TaskId,
 
 @router.get("/asks", tags=["asks"], summary="Questions put to a person that wait for an answer, oldest first")
 def list_asks(request: Request, queue: str | None = Query(None), limit: int = Query(100, ge=1, le=1000),
-              principal: auth.Principal = Depends(api_principal)) -> dict[str, Any]:
+              principal: access.Principal = Depends(api_principal)) -> dict[str, Any]:
     found = readable_asks(_queue(request), principal, queue=queue, limit=limit)  # its queues only
     return {"asks": [present_ask(a, principal) for a in found]}
 
 
 @router.get("/tasks/{task_id}/signals", tags=["tasks"], summary="A task's signals, consumed or not")
 def list_signals(request: Request, task_id: int = TaskId,
-                 principal: auth.Principal = Depends(need("read_signals"))) -> dict[str, Any]:
+                 principal: access.Principal = Depends(need("read_signals"))) -> dict[str, Any]:
     signals: list[dict[str, Any]] = to_json(_queue(request).signals(task_id))
     if not principal.read_payloads:  # a signal's payload is user data (an answer to a question, too)
         for entry in signals:
@@ -427,16 +427,16 @@ def list_signals(request: Request, task_id: int = TaskId,
 
 @router.get("/tasks/{task_id}", tags=["tasks"], summary="One task")
 def get_task(request: Request, task_id: int = TaskId,
-             principal: auth.Principal = Depends(api_principal)) -> dict[str, Any]:
+             principal: access.Principal = Depends(api_principal)) -> dict[str, Any]:
     # a worker token: only tasks its own workers hold or have held (403 for any other, existing or not)
-    authz.authorize(principal, "read_task", task=task_id, facts=request.app.state.access)
+    access.authorize(principal, "read_task", task=task_id, facts=request.app.state.access)
     return present_task(_queue(request).get(task_id), principal)
 
 
 @router.get("/tasks", tags=["tasks"], summary="Tasks, newest first")
 def list_tasks(request: Request, status: str | None = Query(None), queue: str | None = Query(None),
                limit: int = Query(100, ge=1, le=1000),
-               principal: auth.Principal = Depends(api_principal)) -> dict[str, Any]:
+               principal: access.Principal = Depends(api_principal)) -> dict[str, Any]:
     # a queue-limited token: the tasks of its queues only (another queue named: 403)
     tasks = readable_tasks(_queue(request), principal, status=status, queue=queue, limit=limit)
     return {"tasks": [present_task(t, principal) for t in tasks]}
@@ -444,19 +444,19 @@ def list_tasks(request: Request, status: str | None = Query(None), queue: str | 
 
 @router.get("/tasks/{task_id}/events", tags=["tasks"], summary="A task's evidence trail")
 def task_events(request: Request, task_id: int = TaskId,
-                principal: auth.Principal = Depends(need("read_trail"))) -> dict[str, Any]:
+                principal: access.Principal = Depends(need("read_trail"))) -> dict[str, Any]:
     return {"events": [present_event(e, principal) for e in _queue(request).events(task_id)]}
 
 
 @router.get("/tasks/{task_id}/effects", tags=["tasks"], summary="A task's action ledger")
 def task_effects(request: Request, task_id: int = TaskId,
-                 principal: auth.Principal = Depends(need("read_trail"))) -> dict[str, Any]:
+                 principal: access.Principal = Depends(need("read_trail"))) -> dict[str, Any]:
     return {"effects": [present_effect(fx, principal) for fx in _queue(request).effects(task_id)]}
 
 
 @router.get("/tasks/{task_id}/timeline", tags=["tasks"], summary="The evidence trail by claim generation")
 def timeline(request: Request, task_id: int = TaskId,
-             principal: auth.Principal = Depends(need("read_trail"))) -> dict[str, Any]:
+             principal: access.Principal = Depends(need("read_trail"))) -> dict[str, Any]:
     q = _queue(request)
     task = q.get(task_id)
     return task_timeline(task, q.events(task_id), q.effects(task_id), principal, q.stream_stats(task_id))
@@ -464,59 +464,59 @@ def timeline(request: Request, task_id: int = TaskId,
 
 @router.get("/approvals", tags=["approvals"], summary="Tasks awaiting approval, oldest first, with their digests")
 def approvals(request: Request, queue: str | None = Query(None), limit: int = Query(100, ge=1, le=1000),
-              principal: auth.Principal = Depends(api_principal)) -> dict[str, Any]:
+              principal: access.Principal = Depends(api_principal)) -> dict[str, Any]:
     found = readable_approvals(_queue(request), principal, queue=queue, limit=limit)  # its queues only
     return {"approvals": [present_approval(a, principal) for a in found]}
 
 
 @router.get("/tasks/{task_id}/approval", tags=["approvals"], summary="A task's approval request and decision")
 def task_approval(request: Request, task_id: int = TaskId,
-                  principal: auth.Principal = Depends(need("read_trail"))) -> dict[str, Any]:
+                  principal: access.Principal = Depends(need("read_trail"))) -> dict[str, Any]:
     return present_approval(_queue(request).approval(task_id), principal)
 
 
 @router.get("/queues", tags=["queues"], summary="Counts by status, oldest queued age, paused state")
-def queues(request: Request, principal: auth.Principal = Depends(need("read_queues"))) -> dict[str, Any]:
+def queues(request: Request, principal: access.Principal = Depends(need("read_queues"))) -> dict[str, Any]:
     return {"queues": readable_overview(_queue(request), principal)}  # a queue-limited token: its queues only
 
 
 @router.get("/workers", tags=["workers"], summary="Registered workers and the leases they hold")
-def workers(request: Request, principal: auth.Principal = Depends(need("read"))) -> dict[str, Any]:
+def workers(request: Request, principal: access.Principal = Depends(need("read"))) -> dict[str, Any]:
     return {"workers": to_json(_queue(request).workers())}
 
 
 @router.get("/limits", tags=["limits"], summary="Every limit with its usage")
-def limits(request: Request, principal: auth.Principal = Depends(need("read"))) -> dict[str, Any]:
+def limits(request: Request, principal: access.Principal = Depends(need("read"))) -> dict[str, Any]:
     return {"limits": to_json(_queue(request).limits())}
 
 
 @router.get("/limits/spend", tags=["limits"],
             summary="Usage settled after the call (ctx.consume), per key and UTC day, newest first")
 def limit_spend(request: Request, key: str | None = Query(None), days: int = Query(7, ge=1, le=3660),
-                principal: auth.Principal = Depends(need("read"))) -> dict[str, Any]:
+                principal: access.Principal = Depends(need("read"))) -> dict[str, Any]:
     return {"spend": to_json(_queue(request).limit_spend(key, days=days))}
 
 
-def _where(request: Request, principal: auth.Principal, action: str, body: Where) -> dict[str, Any]:
+def _where(request: Request, principal: access.Principal, action: str, body: Where) -> dict[str, Any]:
     return act_where(_queue(request), principal, action, body, dry_run=body.dry_run, via="api")
 
 
 @router.post("/tasks/redrive", tags=["tasks"], summary="Requeue dead (or blocked) tasks matching a filter")
 def redrive(body: Where, request: Request,
-            principal: auth.Principal = Depends(api_principal)) -> dict[str, Any]:
+            principal: access.Principal = Depends(api_principal)) -> dict[str, Any]:
     # audited by Queue.redrive: each task, and the whole, in its one transaction
     return _where(request, principal, "redrive", body)
 
 
 @router.post("/tasks/cancel-where", tags=["tasks"], summary="Cancel the tasks matching a filter")
 def cancel_where(body: Where, request: Request,
-                 principal: auth.Principal = Depends(api_principal)) -> dict[str, Any]:
+                 principal: access.Principal = Depends(api_principal)) -> dict[str, Any]:
     return _where(request, principal, "cancel_where", body)
 
 
 @router.put("/limits/{key}", tags=["limits"], summary="Create or change a limit shared by every worker")
 def set_limit(body: LimitBody, request: Request, key: str = LimitKey,
-              principal: auth.Principal = Depends(need("set_limit"))) -> dict[str, Any]:
+              principal: access.Principal = Depends(need("set_limit"))) -> dict[str, Any]:
     # audited by Queue.set_limit, in its own transaction
     return record_json(_queue(request).set_limit(key, max_running=body.max_running, per_second=body.per_second,
                                                  burst=body.burst, counts=body.counts, per_minute=body.per_minute,
@@ -526,17 +526,17 @@ def set_limit(body: LimitBody, request: Request, key: str = LimitKey,
 
 @router.delete("/limits/{key}", tags=["limits"], summary="Remove a limit")
 def delete_limit(request: Request, key: str = LimitKey,
-                 principal: auth.Principal = Depends(need("delete_limit"))) -> dict[str, Any]:
+                 principal: access.Principal = Depends(need("delete_limit"))) -> dict[str, Any]:
     _queue(request).delete_limit(key, by=principal.actor, via="api")
     return {"key": key, "deleted": True}
 
 
 @router.get("/whoami", tags=["access"], summary="The calling token's identity and rights")
-def whoami(principal: auth.Principal = Depends(need("whoami"))) -> dict[str, Any]:
+def whoami(principal: access.Principal = Depends(need("whoami"))) -> dict[str, Any]:
     return {"token_id": principal.token_id, "name": principal.name, "role": principal.role,
             "queues": sorted(principal.queues) if principal.queues is not None else None,
-            "read_payloads": principal.read_payloads, "rights": sorted(auth.RIGHTS[principal.role]),
-            "actions": sorted(name for name in authz.ACTIONS if principal.can(name)),
+            "read_payloads": principal.read_payloads, "rights": sorted(access.RIGHTS[principal.role]),
+            "actions": sorted(name for name in access.ACTIONS if principal.can(name)),
             "expires_at": to_json(principal.expires_at)}
 
 
@@ -549,7 +549,7 @@ _TARGETS: dict[str, tuple[str, Any, Any]] = {
 }
 
 
-def _body_model(spec: authz.Action) -> Any:
+def _body_model(spec: access.Action) -> Any:
     """The request body of an operator action, from its fields (None if it has none)."""
     if not spec.fields:
         return None
@@ -563,22 +563,22 @@ def _body_model(spec: authz.Action) -> Any:
     return create_model(f"{spec.name.title().replace('_', '')}Body", __base__=Body, **fields)
 
 
-def _operator_route(spec: authz.Action) -> None:
+def _operator_route(spec: access.Action) -> None:
     """Add the POST route of one operator action: authorize, perform (audited), present."""
     model = _body_model(spec)
     target, annotation, default = _TARGETS[spec.target or ""]
     kw = inspect.Parameter.KEYWORD_ONLY
     params = [inspect.Parameter("request", kw, annotation=Request),
               inspect.Parameter(target, kw, annotation=annotation, default=default),
-              inspect.Parameter("principal", kw, annotation=auth.Principal, default=Depends(need(spec.name)))]
+              inspect.Parameter("principal", kw, annotation=access.Principal, default=Depends(need(spec.name)))]
     if model is not None:
         optional = not any(f.required for f in spec.fields)  # then the body itself may be left out
         params.append(inspect.Parameter("body", kw, annotation=model | None if optional else model,
                                         default=None if optional else inspect.Parameter.empty))
 
-    def endpoint(request: Request, principal: auth.Principal, body: Any = None, **path: Any) -> Any:
+    def endpoint(request: Request, principal: access.Principal, body: Any = None, **path: Any) -> Any:
         given = body.model_dump(exclude_unset=True) if body is not None else {}
-        result = authz.perform(_queue(request), principal, spec.name, path[target], via="api", **given)
+        result = access.perform(_queue(request), principal, spec.name, path[target], via="api", **given)
         return present_task(result, principal) if isinstance(result, Task) else to_json(result)
 
     endpoint.__signature__ = inspect.Signature(params)  # type: ignore[attr-defined]
@@ -587,21 +587,21 @@ def _operator_route(spec: authz.Action) -> None:
                          description=spec.help or None)
 
 
-for _spec in authz.operator_actions():
+for _spec in access.operator_actions():
     _operator_route(_spec)
 
 
 # -- admin -----------------------------------------------------------------------------
 
 @router.get("/tokens", tags=["admin"], summary="Every token (never a secret)")
-def list_tokens(request: Request, principal: auth.Principal = Depends(need("list_tokens"))) -> dict[str, Any]:
-    return {"tokens": to_json(auth.list_tokens(_queue(request)))}
+def list_tokens(request: Request, principal: access.Principal = Depends(need("list_tokens"))) -> dict[str, Any]:
+    return {"tokens": to_json(access.list_tokens(_queue(request)))}
 
 
 @router.post("/tokens", status_code=201, tags=["admin"], summary="Create a token; it is shown once")
 def create_token(body: TokenBody, request: Request,
-                 principal: auth.Principal = Depends(need("create_token"))) -> dict[str, Any]:
-    token, record = auth.create_token(_queue(request), name=body.name, role=body.role, queues=body.queues,
+                 principal: access.Principal = Depends(need("create_token"))) -> dict[str, Any]:
+    token, record = access.create_token(_queue(request), name=body.name, role=body.role, queues=body.queues,
                                       all_queues=body.all_queues, read_payloads=body.read_payloads,
                                       own_intents=body.own_intents, expires_in=body.expires_in,
                                       created_by=principal.actor)
@@ -610,13 +610,13 @@ def create_token(body: TokenBody, request: Request,
 
 @router.delete("/tokens/{token_id}", tags=["admin"], summary="Revoke a token and its workers")
 def revoke_token(request: Request, token_id: str = Path(pattern=r"^[0-9a-f]{12}$"),
-                 principal: auth.Principal = Depends(need("revoke_token"))) -> dict[str, Any]:
-    workers_ = auth.revoke_token(_queue(request), token_id, by=principal.actor)
+                 principal: access.Principal = Depends(need("revoke_token"))) -> dict[str, Any]:
+    workers_ = access.revoke_token(_queue(request), token_id, by=principal.actor)
     return {"token_id": token_id, "revoked": True, "revoked_workers": workers_}
 
 
 @router.post("/prune", tags=["admin"], summary="Apply retention now")
-def prune(body: PruneBody, request: Request, principal: auth.Principal = Depends(need("prune"))) -> dict[str, Any]:
+def prune(body: PruneBody, request: Request, principal: access.Principal = Depends(need("prune"))) -> dict[str, Any]:
     # audited by Queue.prune, each batch in its own transaction
     return _queue(request).prune(body.older_than_seconds, payloads_older_than_seconds=body.payloads_older_than_seconds,
                                  evidence_older_than_seconds=body.evidence_older_than_seconds,
@@ -626,6 +626,6 @@ def prune(body: PruneBody, request: Request, principal: auth.Principal = Depends
 
 @router.get("/audit", tags=["admin"], summary="The newest audit entries")
 def audit(request: Request, limit: int = Query(100, ge=1, le=10_000),
-          principal: auth.Principal = Depends(need("read_audit"))) -> dict[str, Any]:
-    return {"entries": to_json(auth.audit_log(_queue(request), limit))}
+          principal: access.Principal = Depends(need("read_audit"))) -> dict[str, Any]:
+    return {"entries": to_json(access.audit_log(_queue(request), limit))}
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from .. import auth, authz
+from .. import access
 from ..core import checks
 from ..core.errors import InvalidInput
 from ..queue import Queue
@@ -38,19 +38,19 @@ class Where(Body):
     note: str | None = None
 
 
-def act_where(q: Queue, principal: auth.Principal, action: str, where: Where, *, dry_run: bool,
+def act_where(q: Queue, principal: access.Principal, action: str, where: Where, *, dry_run: bool,
               via: str) -> dict[str, Any]:
     """Authorize ``action`` ("redrive" or "cancel_where") for ``principal`` over ``where`` and
     take it (``dry_run``: count and list the matching tasks, change nothing). A queue-limited
     token that names no queue, or another queue, is refused (:class:`leaseq.AccessDenied`)."""
     if action not in WHERE_ACTIONS:
         raise ValueError(f"not a bulk action by filter: {action!r}")
-    authz.authorize_role(principal, action)
+    access.authorize_role(principal, action)
     if principal.queues is not None and where.queue is None:
-        raise auth.AccessDenied(f"this token is limited to queues {', '.join(sorted(principal.queues))}: "
+        raise access.AccessDenied(f"this token is limited to queues {', '.join(sorted(principal.queues))}: "
                                 "name one (queue)")
     if where.queue is not None:
-        authz.authorize(principal, action, queue=checks.check_name("queue", where.queue))
+        access.authorize(principal, action, queue=checks.check_name("queue", where.queue))
     options: dict[str, Any] = dict(queue=where.queue, kind=where.kind, error=where.error,
                                    older_than=where.older_than, limit=where.limit, dry_run=dry_run,
                                    by=principal.actor, via=via)

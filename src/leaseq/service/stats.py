@@ -21,8 +21,8 @@ from dataclasses import dataclass
 from typing import Any
 from urllib.parse import urlencode
 
-from .. import authz
-from ..auth import Principal
+from .. import access
+from ..access import Principal
 from ..core import checks
 from ..core.errors import InvalidInput
 from ..core.model import Task, worker_from_row
@@ -49,8 +49,9 @@ def _task(row: dict[str, Any]) -> Task:
 
 
 def scope(principal: Principal) -> list[str] | None:
-    """The queues ``principal`` reads (a queue-limited token's), or None for every queue."""
-    return None if principal.queues is None else sorted(principal.queues)
+    """The queues ``principal`` reads (a queue-limited token's), or None for every queue
+    (:func:`leaseq.access.readable_queues`: a principal that may not list tasks is refused)."""
+    return access.readable_queues(principal, None)
 
 
 def _read(q: Queue, query: str, **params: Any) -> list[dict[str, Any]]:
@@ -270,7 +271,7 @@ def version(q: Queue, view: str, params: Mapping[str, str], principal: Principal
         data.append([(r["key"], r["running"], r["max_running"], r["per_second"], r["burst"]) for r in limits])
     elif view == "tasks":
         f = TaskFilter.parse(params)
-        page = task_page(q, f, queues=authz.readable_queues(principal, f.queue))
+        page = task_page(q, f, queues=access.readable_queues(principal, f.queue))
         data = [(t.id, t.status, t.claim_generation, t.attempts, str(t.updated_at)) for t in page.tasks]
         data.append((page.older, page.newer))
     elif view == "task":

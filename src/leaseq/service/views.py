@@ -10,8 +10,8 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
-from .. import authz
-from ..auth import Principal
+from .. import access
+from ..access import Principal
 from ..core.model import Approval, Effect, Event, Status, Task
 from ..queue import Queue
 from .wire import REDACTED, parse_time, record_json, redact_detail, redact_task, to_json
@@ -40,7 +40,7 @@ def present_approval(approval: Approval, principal: Principal) -> dict[str, Any]
     The digest is a plain hash of the payload (with the kind, queue and options), so
     a small payload is recovered from it by trying candidates: it is shown only to
     those who may read the payload itself, who are also the only ones who may
-    approve (:func:`leaseq.authz.authorize`).
+    approve (:func:`leaseq.access.authorize`).
     """
     data = record_json(approval)
     if approval.task is not None:
@@ -106,9 +106,9 @@ def queue_overview(q: Queue) -> list[dict[str, Any]]:
 
 def readable_tasks(q: Queue, principal: Principal, *, status: str | None = None, queue: str | None = None,
                    limit: int = 100) -> list[Task]:
-    """Tasks, newest first, of the queues ``principal`` may read (:func:`leaseq.authz.readable_queues`
+    """Tasks, newest first, of the queues ``principal`` may read (:func:`leaseq.access.readable_queues`
     decides: a queue-limited token its queues only, another queue named is refused)."""
-    queues = authz.readable_queues(principal, queue)
+    queues = access.readable_queues(principal, queue)
     if queues is None:
         return q.list_tasks(status=status, limit=limit)
     found = (t for name in queues for t in q.list_tasks(status=status, queue=name, limit=limit))
@@ -118,7 +118,7 @@ def readable_tasks(q: Queue, principal: Principal, *, status: str | None = None,
 def readable_approvals(q: Queue, principal: Principal, *, queue: str | None = None,
                        limit: int = 100) -> list[Approval]:
     """The undecided approval requests, oldest first, of the queues ``principal`` may read."""
-    queues = authz.readable_queues(principal, queue)
+    queues = access.readable_queues(principal, queue)
     if queues is None:
         return q.approvals(limit=limit)
     found = (a for name in queues for a in q.approvals(queue=name, limit=limit))
@@ -127,7 +127,7 @@ def readable_approvals(q: Queue, principal: Principal, *, queue: str | None = No
 
 def readable_overview(q: Queue, principal: Principal) -> list[dict[str, Any]]:
     """:func:`queue_overview`, the rows of the queues ``principal`` may read."""
-    authz.authorize(principal, "read_queues")
+    access.authorize(principal, "read_queues")
     return [row for row in queue_overview(q) if principal.may_use_queue(row["name"])]
 
 

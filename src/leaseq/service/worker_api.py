@@ -3,7 +3,7 @@
 Every route needs a ``worker`` token. A worker id in the path must have been
 registered by the calling token (else 403): the identity comes from the
 credential, never from the body. Each route names its action in
-:data:`leaseq.authz.ACTIONS`; :func:`leaseq.authz.authorize` decides. The generation a request names is checked
+:data:`leaseq.access.ACTIONS`; :func:`leaseq.access.authorize` decides. The generation a request names is checked
 by the lease guard in SQL, so a worker can only act under a generation it
 was issued and still holds; nothing here decides lease questions.
 
@@ -28,7 +28,7 @@ from fastapi import APIRouter, Depends, Path, Request
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 from pydantic_core import PydanticCustomError
 
-from .. import auth, authz, engine
+from .. import access, engine
 from ..core import checks
 from ..core.errors import BudgetSpent, InvalidInput, LeaseLost, NotFound
 from ..core.model import Claim, Effect, Task
@@ -300,7 +300,7 @@ async def _guarded(request: Request, reason: str, worker_id: str, operation: Cal
 
 @router.post("/workers", status_code=201, summary="Register a worker under the calling token")
 def register_worker(body: RegisterBody, request: Request,
-                    principal: auth.Principal = Depends(need("register_worker"))) -> dict[str, Any]:
+                    principal: access.Principal = Depends(need("register_worker"))) -> dict[str, Any]:
     worker = _queue(request).register_worker(body.name, token_id=principal.token_id, kinds=body.kinds,
                                              heartbeat_seconds=body.heartbeat_seconds,
                                              lease_seconds=body.lease_seconds, version=body.version,
@@ -412,7 +412,7 @@ async def intend(body: IntentBody, request: Request, task_id: int = TaskId,
     def intending(view: Queue) -> Op[Task]:
         # the caller is known once the token was checked, in this transaction
         principal = request.state.principal
-        authz.authorize_intent(principal, body.queue, body.approval)
+        access.authorize_intent(principal, body.queue, body.approval)
         return engine.intents.intend(view.settings, worker_id, claim, body.kind, body.payload, key=body.key,
                                      token_id=principal.token_id or None, **options)
 
@@ -433,7 +433,7 @@ async def spawn(body: SpawnBody, request: Request, task_id: int = TaskId,
         # a child on another queue is an enqueue there: only on a queue the token may use
         if body.queue is not None:
             checks.check_name("queue", body.queue)
-            authz.authorize_spawn(request.state.principal, body.queue)
+            access.authorize_spawn(request.state.principal, body.queue)
         return engine.children.spawn(view.settings, worker_id, claim, body.kind, body.payload, key=body.key,
                                      **options)
 
