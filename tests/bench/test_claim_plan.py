@@ -127,6 +127,8 @@ def _check_fair_steps(plan: dict[str, Any]) -> None:
     probe = _task_reads(_subplan(plan, "CTE flags"))
     assert ("Index Only Scan", "leaseq_tasks_fair", True) in probe, probe
     for step in FAIR_STEPS:
+        if step not in _fair_steps_in(plan):
+            continue  # claim_fair_one has only the one key's steps
         reads = _task_reads(_subplan(plan, step))
         assert all(kind != "Seq Scan" and index in FAIR_INDEXES for kind, index, _ in reads), (step, reads)
         if step in ("CTE fair_ready", "CTE fair_one"):  # fair_one: the one key's walk, locking as it goes
@@ -303,7 +305,13 @@ def test_postgres_generic_plans_read_tasks_by_index(pg_schema_dsn: str, query: s
         steps = json.dumps(plan)
         assert not [n for n in ("CTE held", "CTE demand", "CTE refused", "CTE taken", "leaseq_limits",
                                 "leaseq_tasks_singleton", "leaseq_tasks_fair") if n in steps], steps[:6000]
-    if query in ("claim_batch", "claim_fair", "claim_plain"):
+    if query == "claim_fair_one":
+        # the one-key claim: the one key's walk (fair_one) and its charge, none of the steps that
+        # weigh keys against each other
+        _check_fair_steps(plan)
+        assert sorted(set(_fair_steps_in(plan))) == ["CTE fair_mode", "CTE fair_one", "CTE fair_start"], \
+            json.dumps(plan, indent=1)[:6000]
+    if query in ("claim_batch", "claim_fair", "claim_fair_one", "claim_plain"):
         # the look for an expired lease reads the leases index in deadline order, no walk and sort
         assert [s for s in _queued_scans(plan, status="running") if s[0] != "leaseq_tasks_pkey" and s != SINGLETON_PROBE] == \
             [("leaseq_tasks_leases", False)], json.dumps(plan, indent=1)[:6000]
@@ -363,6 +371,28 @@ def test_postgres_fair_claim_of_one_key_alone_reads_a_claim_worth(pg_schema_dsn:
     # the batch read and locked, the claimed rows updated, each first at its priority looked up
     # again, and a few probes (the keys, the tasks without one): the same at either depth
     assert _rows_read(analysed) <= 4 * CLAIM_PARAMS["limit"], json.dumps(analysed, indent=1)[:8000]
+
+
+@pytest.mark.parametrize("queued", [4_000, 40_000])
+def test_postgres_one_key_claim_reads_a_claim_worth_and_stands_aside_for_two(pg_schema_dsn: str,
+                                                                            queued: int) -> None:
+    """The one-key claim (claim_fair_one) of one tenant's backlog reads that key's tasks in claim
+    order only as far as its batch, whatever the depth; with a second key queued it claims
+    nothing and answers fair_one false (the caller claims with claim_fair)."""
+    worker = _pg_queue(pg_schema_dsn, 20_000, queued)
+    with psycopg.connect(pg_schema_dsn, autocommit=True) as conn:
+        conn.execute("UPDATE leaseq_tasks SET fairness_key = 'a', fairness_weight = 1 WHERE status = 'queued'")
+        conn.execute("VACUUM (ANALYZE) leaseq_tasks")
+    params = dict(SAMPLE, worker_id=worker)
+    analysed = _explain_analyze_as_the_store_runs(pg_schema_dsn, "claim_fair_one", params)
+    assert _subplan(analysed, "CTE claimed")["Actual Rows"] == CLAIM_PARAMS["limit"]
+    assert _subplan(analysed, "CTE fair_one")["Actual Rows"] == CLAIM_PARAMS["limit"]
+    assert _rows_read(analysed) <= 4 * CLAIM_PARAMS["limit"], json.dumps(analysed, indent=1)[:8000]
+    with psycopg.connect(pg_schema_dsn, autocommit=True) as conn:
+        conn.execute(FAIR_FILL["postgres"])
+    analysed = _explain_analyze_as_the_store_runs(pg_schema_dsn, "claim_fair_one", params)
+    assert _subplan(analysed, "CTE claimed")["Actual Rows"] == 0
+    assert _rows_read(analysed) <= 2 * CLAIM_PARAMS["limit"], json.dumps(analysed, indent=1)[:8000]
 
 
 def _share_reads(plan: dict[str, Any]) -> list[tuple[str, str]]:

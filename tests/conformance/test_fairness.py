@@ -19,6 +19,8 @@ import leaseq
 from leaseq import IdempotencyKeyConflict, InvalidInput
 from leaseq.aio import AsyncQueue
 
+from .test_transports import TRANSPORTS, over
+
 
 def fair_rows(dsn: str) -> dict[tuple[str, int, str], dict[str, Any]]:
     """The keys' rows (leaseq_fairness), read by the test's own connection."""
@@ -405,3 +407,63 @@ def test_racing_claims_of_a_slot_at_a_time_never_come_back_empty_from_a_deep_key
         t.join()
     assert not errors, errors
     assert not empty, f"{len(empty)} of {claimers * rounds} claims came back empty"
+
+
+@pytest.mark.parametrize("kind", TRANSPORTS)
+def test_one_keys_backlog_is_charged_exactly_and_a_second_key_is_served_next(dsn: str, q: leaseq.Queue,
+                                                                              kind: str) -> None:
+    """One key alone queued (on PostgreSQL its claims after the first run claim_fair_one): each
+    claim charges the key exactly what it served, as claim_fair does; a second key enqueued
+    is served at the next claim, and the first resumes after it."""
+    with over(kind, q, "worker") as t:
+        w = t.register_worker("w")
+        a = q.enqueue_many("k", [{"n": i} for i in range(30)], fairness_key="a", fairness_weight=2)
+        served = [c.task_id for _ in range(6) for c in t.claim(w, limit=2)]
+        assert served == a[:12]
+        row = fair_rows(dsn)[("default", 0, "a")]
+        assert (row["claimed"], row["service"], row["vtime"]) == (12, 6.0, -0.5 + 6.0)
+        b = q.enqueue("k", {"n": 0}, fairness_key="b")
+        assert [c.task_id for c in t.claim(w)] == [b.id]
+        assert [c.task_id for c in t.claim(w, limit=2)] == a[12:14]
+        rows = fair_rows(dsn)
+        assert (rows[("default", 0, "a")]["claimed"], rows[("default", 0, "b")]["claimed"]) == (14, 1)
+        assert rows[("default", 0, "a")]["service"] == 7.0
+
+
+def test_a_key_enqueued_during_a_one_key_claim_is_served_next(pg_schema_dsn: str) -> None:
+    """PostgreSQL, the race: a second key's task is enqueued while a one-key claim
+    (claim_fair_one) runs, held at the worker row's lock with its snapshot taken. The claim
+    answers as one made before the enqueue; the queue's next claim serves the new key."""
+    import time
+
+    import psycopg
+
+    from leaseq.db.dsn import split_leaseq_options
+
+    with leaseq.connect(pg_schema_dsn) as q:
+        q.migrate()
+        w = q.register_worker("w")
+        a = q.enqueue_many("k", [{"n": i} for i in range(10)], fairness_key="a")
+        assert [c.task_id for c in q.claim(w)] == a[:1]  # claim_fair: one key alone
+        assert "default" in q.settings.fair_one_queues
+        got: list[list[int]] = []
+        with psycopg.connect(split_leaseq_options(pg_schema_dsn)[0]) as locker:
+            locker.execute("SELECT 1 FROM leaseq_workers WHERE id = %s FOR UPDATE", (w.id,))
+            [[pid]] = locker.execute("SELECT pg_backend_pid()").fetchall()
+            claimer = threading.Thread(target=lambda: got.append([c.task_id for c in q.claim(w)]))
+            claimer.start()
+            with psycopg.connect(split_leaseq_options(pg_schema_dsn)[0], autocommit=True) as watch:
+                deadline = time.monotonic() + 10
+                while not watch.execute("SELECT count(*) FROM pg_stat_activity WHERE %s = ANY(pg_blocking_pids(pid))",
+                                        (pid,)).fetchone()[0]:  # type: ignore[index]
+                    assert time.monotonic() < deadline, "the claim never reached the worker row"
+                    time.sleep(0.01)
+            b = q.enqueue("k", {"n": 0}, fairness_key="b")
+            locker.rollback()
+            claimer.join(timeout=10)
+        assert got == [a[1:2]]  # as before the enqueue
+        assert [c.task_id for c in q.claim(w)] == [b.id]  # the new key at once
+        assert "default" not in q.settings.fair_one_queues
+        assert [c.task_id for c in q.claim(w, limit=3)] == a[2:5]
+        row = fair_rows(pg_schema_dsn)[("default", 0, "a")]
+        assert (row["claimed"], row["service"]) == (5, 5.0)

@@ -48,6 +48,9 @@ class Settings:
     #: the queues whose lean claim (claim_plain) answered that they need the full one:
     #: their claims run claim_batch at once (a hint, see :mod:`leaseq.engine.fairness`)
     full_queues: set[str] = field(default_factory=set, compare=False, hash=False, repr=False)
+    #: the queues whose last fair claim found one fairness key alone queued (and no task
+    #: without a key ready): their claims run claim_fair_one (a hint, as fair_queues)
+    fair_one_queues: set[str] = field(default_factory=set, compare=False, hash=False, repr=False)
 
     @property
     def compact(self) -> bool:

@@ -29,6 +29,13 @@ the statement, each in the share of the claim's connection (schema 37:
 another's to charge a key); SQLite writes one transaction at a time, and the
 caller charges the keys (``charge_fair_share``) in the claim's transaction.
 
+Where one key alone is queued and no task without a key is ready (one
+tenant's backlog), PostgreSQL's ``claim_fair`` answers ``fair_one``, and the
+queue's next claims run ``claim_fair_one`` (:attr:`Settings.fair_one_queues`),
+its steps for that case alone, the key charged by the same templates; it
+claims nothing and answers ``fair_one`` false when another key (or a task
+without one) is ready, and the claim then runs ``claim_fair``.
+
 A queue that names no fairness key pays one probe of an empty index: on
 PostgreSQL ``claim_batch`` reads its claimable index as before, and only
 when it finds a key queued does it claim nothing and answer ``fair_due``;
@@ -122,6 +129,17 @@ def claim_rows(s: Settings, params: dict[str, Any], *, route_first: bool,
         if one_statement:
             yield COMMIT
             yield BEGIN_ONE
+    if fair and queue in s.fair_one_queues:
+        # the one-key claim, while one key alone is queued (claim_fair's fair_one said
+        # so); its row of flags says when that no longer holds (fair_one false: it
+        # claimed nothing), and claim_fair claims then
+        found = yield rows("claim_fair_one", route_first=route_first, **params)
+        if found[0]["fair_one"]:
+            return found
+        s.fair_one_queues.discard(queue)
+        if one_statement:
+            yield COMMIT
+            yield BEGIN_ONE
     found = yield rows("claim_fair" if fair else "claim_batch", route_first=route_first, **params)
     if not fair:
         # claim_batch stood aside: its row of flags says so (PostgreSQL), or it claimed
@@ -140,6 +158,9 @@ def claim_rows(s: Settings, params: dict[str, Any], *, route_first: bool,
         s.fair_queues.add(queue)
     else:
         s.fair_queues.discard(queue)
+    # one key alone queued (PostgreSQL's claim_fair says so): the next claim is claim_fair_one
+    if s.backend.lean_claim and found and found[0].get("fair_one"):
+        s.fair_one_queues.add(queue)
     return found
 
 

@@ -61,9 +61,11 @@ class BackendCapabilities:
     #: claim_fair charges the fairness keys of the tasks it claims in the same
     #: statement (else the caller does, with charge_fair_share, in the same transaction)
     own_fair_share: bool = False
-    #: a lean claim statement (claim_plain) for a queue whose tasks never named a
+    #: lean claim statements: claim_plain for a queue whose tasks never named a
     #: fairness key, a limit or a singleton key, which says in its answer when the
-    #: queue needs the full one (else every claim runs claim_batch)
+    #: queue needs the full one (else every claim runs claim_batch), and
+    #: claim_fair_one for a queue where one fairness key alone is queued, which
+    #: says when the queue needs claim_fair again (else claim_fair serves it)
     lean_claim: bool = False
     #: migrations are serialised by an advisory lock (else by a lock on their bookkeeping
     #: table: the portable mode, for servers without advisory locks)

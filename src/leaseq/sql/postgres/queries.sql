@@ -332,6 +332,91 @@ CASE WHEN c.id IS NULL THEN (SELECT min((1 - least(l.burst, l.tokens + extract(e
         WHERE l.per_second IS NOT NULL
           AND l.tokens + extract(epoch FROM now() - l.refilled_at)::float8 * l.per_second < 1) END AS limit_wait
 
+-- template: fair_mode(others=(SELECT count(*) FROM fair_keys g WHERE g.key IS NOT NULL) = 1)
+-- FAIR SHARE: ONE KEY ALONE, shared by claim_fair and claim_fair_one: {others}
+-- (no key queued but flags' last_key), and no task without a key ready
+-- (one tenant's backlog): the fair order is then that key's own claim
+-- order, and fair_one claims it as the plain claim reads its index, none of
+-- the steps that weigh keys against each other reading a row
+fair_mode AS MATERIALIZED (
+    SELECT {others}
+           -- (a probe of the claimable index in its order: an EXISTS may be planned as a scan)
+           AND (SELECT n.id FROM leaseq_tasks n
+                WHERE n.status = 'queued' AND n.queue = %(queue)s AND n.fairness_key IS NULL AND n.available_at <= now()
+                ORDER BY n.priority DESC, n.available_at, n.id LIMIT 1) IS NULL AS one_key
+)
+
+-- template: fair_one
+-- FAIR SHARE: the claim where one key alone is queued (fair_mode): its
+-- tasks read from its index in claim order and locked as they are
+-- reached, as the plain claim reads its own (a claim beside this one
+-- skips them and takes the next), only as far as the claim needs
+fair_one AS (
+    SELECT id, limits, units, priority, available_at, fairness_key AS key,
+           1.0::float8 / coalesce(fairness_weight, 1) AS cost
+    FROM leaseq_tasks
+    WHERE status = 'queued' AND queue = %(queue)s AND fairness_key = (SELECT f.last_key FROM flags f)
+      AND available_at <= now() AND (SELECT m.one_key FROM fair_mode m)
+      /* TEMPLATE: claimable */
+    ORDER BY priority DESC, available_at, id
+    LIMIT %(limit)s
+    FOR UPDATE SKIP LOCKED
+)
+
+-- template: fair_start(keys=SELECT key, priority, cost FROM fair_one)
+-- FAIR SHARE: THE KEYS' STARTS, shared by claim_fair and claim_fair_one.
+fair_start AS MATERIALIZED (  -- once per key, not per task
+    -- FAIR SHARE: where each key's virtual time starts, at each priority: its
+    -- own, but never more than one task's cost behind the priority's (the
+    -- latest virtual time at which a task of it was served): a key new, or
+    -- back from idle, starts level with the others and is owed nothing, and
+    -- a key waiting its turn never falls that far behind (the others' tasks
+    -- served before it all started before its turn)
+    -- (its own: the largest base of its shares plus the service of all of
+    -- them, schema 37; seen: that service, which the charge takes off)
+    SELECT g.key, g.priority, k.seen, k.vtime AS own,
+           greatest(k.vtime,
+                    (SELECT coalesce(max(s.vstart), 0) FROM leaseq_fairness_shares s
+                     WHERE s.queue = %(queue)s AND s.priority = g.priority) - g.cost) AS start
+    -- (DISTINCT ON, sorted: a hash of the rows the planner guesses is sized
+    -- for thousands of keys at every call)
+    -- ({keys}: the keys of the candidates; fair_one's: the tasks it claimed)
+    FROM (SELECT DISTINCT ON (key, priority) key, priority, cost
+          FROM ({keys}) a
+          ORDER BY key, priority, cost DESC) g
+    CROSS JOIN LATERAL (
+        SELECT max(s.base) + sum(s.service) AS vtime, coalesce(sum(s.service), 0) AS seen
+        FROM leaseq_fairness_shares s
+        WHERE s.queue = %(queue)s AND s.priority = g.priority AND s.key = g.key) k
+)
+
+-- template: fair_one_chosen
+-- FAIR SHARE: fair_one's candidates as claim_fair's fair_chosen gives them (in
+-- its claim order: pos 1 for the key's first task ready at its priority,
+-- and a finish that orders the claim's answer), for the charge.
+SELECT n.id, n.limits, n.units, n.priority, n.available_at, n.key, n.cost, s.start, s.seen, s.own,
+       -- pos 1: the key's first task ready at its priority as this statement sees it
+       -- (looked up for the first claimed at each priority only)
+       CASE WHEN row_number() OVER (PARTITION BY n.priority ORDER BY n.available_at, n.id) = 1
+             AND n.id = (SELECT id FROM leaseq_tasks
+                         WHERE status = 'queued' AND queue = %(queue)s AND fairness_key = n.key
+                           AND priority = n.priority AND available_at <= now()
+                           /* TEMPLATE: claimable */
+                         ORDER BY priority DESC, available_at, id LIMIT 1)
+            THEN 1 ELSE 2 END AS pos,
+       s.start + sum(n.cost) OVER (PARTITION BY n.priority ORDER BY n.available_at, n.id) AS tag
+FROM fair_one n JOIN fair_start s ON s.key = n.key AND s.priority = n.priority
+
+-- template: fair_charged
+-- FAIR SHARE: THE CHARGE of a fair claim, shared by claim_fair and claim_fair_one.
+charged AS (
+    -- FAIR SHARE: the keys served pay for it, each in this connection's share
+    -- (its rows locked in key order; no other connection's claim charges it).
+    -- With no key queued any more, the tasks without one were claimed in
+    -- FIFO order, as claim_batch claims them, and nothing is charged.
+    /* TEMPLATE: charge_fair_share((SELECT p.key, p.priority, CASE WHEN p.pos = 1 THEN p.start - p.seen END AS base, CASE WHEN p.pos = 1 THEN p.start ELSE p.own END AS origin, p.cost FROM fair_chosen p WHERE p.id IN (SELECT id FROM claimed) AND (SELECT f.last_key IS NOT NULL FROM flags f)) x) */
+)
+
 -- name: migrations_lock
 -- direct: migration bookkeeping, run before the functions exist
 -- Serialises concurrent `leaseq migrate` runs until the transaction ends.
@@ -925,17 +1010,9 @@ fair_keys(key) AS (
             WHERE k.status = 'queued' AND k.queue = %(queue)s AND k.fairness_key < g.key
             ORDER BY k.fairness_key DESC LIMIT 1)
     FROM fair_keys g WHERE g.key IS NOT NULL
-), fair_mode AS MATERIALIZED (
-    -- FAIR SHARE: one key alone has tasks queued and no task without a key is
-    -- ready (one tenant's backlog): the fair order is then that key's own
-    -- claim order, and fair_one claims it as the plain claim reads its index,
-    -- none of the steps that weigh keys against each other reading a row
-    SELECT (SELECT count(*) FROM fair_keys g WHERE g.key IS NOT NULL) = 1
-           -- (a probe of the claimable index in its order: an EXISTS may be planned as a scan)
-           AND (SELECT n.id FROM leaseq_tasks n
-                WHERE n.status = 'queued' AND n.queue = %(queue)s AND n.fairness_key IS NULL AND n.available_at <= now()
-                ORDER BY n.priority DESC, n.available_at, n.id LIMIT 1) IS NULL AS one_key
-), fair_ready AS (
+),
+    /* TEMPLATE: fair_mode((SELECT count(*) FROM fair_keys g WHERE g.key IS NOT NULL) = 1) */,
+fair_ready AS (
     -- FAIR SHARE: each key's first tasks in claim order, and the first of the
     -- tasks without a key: four claims' worth and 64 more, so the claims
     -- running beside this one (whose rows are skipped below, as are those
@@ -959,44 +1036,10 @@ fair_keys(key) AS (
           /* TEMPLATE: claimable */
         ORDER BY priority DESC, available_at, id
         LIMIT 4 * %(limit)s + 64) r
-), fair_one AS (
-    -- FAIR SHARE: the claim where one key alone is queued (fair_mode): its
-    -- tasks read from its index in claim order and locked as they are
-    -- reached, as the plain claim reads its own (a claim beside this one
-    -- skips them and takes the next), only as far as the claim needs
-    SELECT id, limits, units, priority, available_at, fairness_key AS key,
-           1.0::float8 / coalesce(fairness_weight, 1) AS cost
-    FROM leaseq_tasks
-    WHERE status = 'queued' AND queue = %(queue)s AND fairness_key = (SELECT f.last_key FROM flags f)
-      AND available_at <= now() AND (SELECT m.one_key FROM fair_mode m)
-      /* TEMPLATE: claimable */
-    ORDER BY priority DESC, available_at, id
-    LIMIT %(limit)s
-    FOR UPDATE SKIP LOCKED
-), fair_start AS MATERIALIZED (  -- once per key, not per task
-    -- FAIR SHARE: where each key's virtual time starts, at each priority: its
-    -- own, but never more than one task's cost behind the priority's (the
-    -- latest virtual time at which a task of it was served): a key new, or
-    -- back from idle, starts level with the others and is owed nothing, and
-    -- a key waiting its turn never falls that far behind (the others' tasks
-    -- served before it all started before its turn)
-    -- (its own: the largest base of its shares plus the service of all of
-    -- them, schema 37; seen: that service, which the charge takes off)
-    SELECT g.key, g.priority, k.seen, k.vtime AS own,
-           greatest(k.vtime,
-                    (SELECT coalesce(max(s.vstart), 0) FROM leaseq_fairness_shares s
-                     WHERE s.queue = %(queue)s AND s.priority = g.priority) - g.cost) AS start
-    -- (DISTINCT ON, sorted: a hash of the rows the planner guesses is sized
-    -- for thousands of keys at every call)
-    -- (fair_one's keys: the tasks it claimed)
-    FROM (SELECT DISTINCT ON (key, priority) key, priority, cost
-          FROM (SELECT key, priority, cost FROM fair_ready UNION ALL SELECT key, priority, cost FROM fair_one) a
-          ORDER BY key, priority, cost DESC) g
-    CROSS JOIN LATERAL (
-        SELECT max(s.base) + sum(s.service) AS vtime, coalesce(sum(s.service), 0) AS seen
-        FROM leaseq_fairness_shares s
-        WHERE s.queue = %(queue)s AND s.priority = g.priority AND s.key = g.key) k
-), fair_order AS (
+),
+    /* TEMPLATE: fair_one */,
+    /* TEMPLATE: fair_start(SELECT key, priority, cost FROM fair_ready UNION ALL SELECT key, priority, cost FROM fair_one) */,
+fair_order AS (
     -- FAIR SHARE: each task's virtual finish: its key's start plus the cost
     -- (1/weight) of it and of the key's tasks before it at its priority
     -- (pos: its place among them)
@@ -1024,34 +1067,49 @@ fair_keys(key) AS (
     -- its priority, and a finish that orders the claim's answer)
     SELECT * FROM fair_pick
     UNION ALL
-    SELECT n.id, n.limits, n.units, n.priority, n.available_at, n.key, n.cost, s.start, s.seen, s.own,
-           -- pos 1: the key's first task ready at its priority as this statement sees it
-           -- (looked up for the first claimed at each priority only)
-           CASE WHEN row_number() OVER (PARTITION BY n.priority ORDER BY n.available_at, n.id) = 1
-                 AND n.id = (SELECT id FROM leaseq_tasks
-                             WHERE status = 'queued' AND queue = %(queue)s AND fairness_key = n.key
-                               AND priority = n.priority AND available_at <= now()
-                               /* TEMPLATE: claimable */
-                             ORDER BY priority DESC, available_at, id LIMIT 1)
-                THEN 1 ELSE 2 END AS pos,
-           s.start + sum(n.cost) OVER (PARTITION BY n.priority ORDER BY n.available_at, n.id) AS tag
-    FROM fair_one n JOIN fair_start s ON s.key = n.key AND s.priority = n.priority
+    /* TEMPLATE: fair_one_chosen */
 ), candidate AS (
     SELECT id, limits, units, priority, available_at, tag FROM fair_chosen
 ),
     /* TEMPLATE: claim_lease */,
-charged AS (
-    -- FAIR SHARE: the keys served pay for it, each in this connection's share
-    -- (its rows locked in key order; no other connection's claim charges it).
-    -- With no key queued any more, the tasks without one were claimed in
-    -- FIFO order, as claim_batch claims them, and nothing is charged.
-    /* TEMPLATE: charge_fair_share((SELECT p.key, p.priority, CASE WHEN p.pos = 1 THEN p.start - p.seen END AS base, CASE WHEN p.pos = 1 THEN p.start ELSE p.own END AS origin, p.cost FROM fair_chosen p WHERE p.id IN (SELECT id FROM claimed) AND (SELECT f.last_key IS NOT NULL FROM flags f)) x) */
-)
+    /* TEMPLATE: fair_charged */
 SELECT c.*, f.routing_due, f.worker_ok, f.last_key IS NOT NULL AS fair_due,
        -- FAIR SHARE: the key a task was served under ('': none) and its virtual
        -- start, cost and finish (NULL: claimed in FIFO order, no key queued)
        CASE WHEN f.last_key IS NOT NULL THEN p.key END AS fair_key, p.start AS fair_start, p.cost AS fair_cost,
-       p.tag AS fair_tag,
+       p.tag AS fair_tag, (SELECT m.one_key FROM fair_mode m) AS fair_one,
+       /* TEMPLATE: claim_limit_wait */
+FROM flags f LEFT JOIN claimed c ON true LEFT JOIN fair_chosen p ON p.id = c.id;
+
+-- name: claim_fair_one
+-- callers: worker
+-- guard: none -- takes new leases: no lease exists yet to guard
+-- plan: generic
+-- claim_fair for a queue where one fairness key alone has tasks queued and
+-- no task without a key is ready (one tenant's backlog; claim_fair answered
+-- fair_one): only claim_fair's steps for that case (fair_mode, fair_one,
+-- fair_start, the charge: the same templates, so the key is charged exactly
+-- as claim_fair charges it), a plan a fraction of claim_fair's to build and
+-- to start at every call. Another key queued, or a task without a key ready
+-- (fair_one false): this statement claims nothing, and the caller claims
+-- with claim_fair, as claim_batch hands over on fair_due. A task enqueued
+-- after this statement's snapshot is not seen by it: the claim is as one
+-- made before that enqueue, as claim_fair's would be.
+WITH
+    /* TEMPLATE: claim_head */,
+    /* TEMPLATE: fair_mode((SELECT f.last_key IS NOT NULL FROM flags f) AND (SELECT k.fairness_key FROM leaseq_tasks k WHERE k.status = 'queued' AND k.queue = %(queue)s AND k.fairness_key < (SELECT f.last_key FROM flags f) ORDER BY k.fairness_key DESC LIMIT 1) IS NULL) */,
+    /* TEMPLATE: fair_one */,
+    /* TEMPLATE: fair_start */,
+fair_chosen AS (
+    /* TEMPLATE: fair_one_chosen */
+), candidate AS (
+    SELECT id, limits, units, priority, available_at, tag FROM fair_chosen
+),
+    /* TEMPLATE: claim_lease */,
+    /* TEMPLATE: fair_charged */
+SELECT c.*, f.routing_due, f.worker_ok, f.last_key IS NOT NULL AS fair_due,
+       CASE WHEN f.last_key IS NOT NULL THEN p.key END AS fair_key, p.start AS fair_start, p.cost AS fair_cost,
+       p.tag AS fair_tag, (SELECT m.one_key FROM fair_mode m) AS fair_one,
        /* TEMPLATE: claim_limit_wait */
 FROM flags f LEFT JOIN claimed c ON true LEFT JOIN fair_chosen p ON p.id = c.id;
 

@@ -472,6 +472,9 @@ RETURNING id, attempts, last_error AS reason;
 -- name: claim_plain
 -- no-op: SQLite's claim reads none of the steps a queue without fairness keys, limits or singleton keys does not use, and plans each statement once per connection: it has no lean claim (the backend declares none)
 
+-- name: claim_fair_one
+-- no-op: SQLite's claim_fair plans each statement once per connection and reads none of the steps that weigh keys where one key alone is queued: it has no one-key claim (the backend declares none)
+
 -- name: claim_batch
 -- guard: none -- takes new leases: no lease exists yet to guard
 -- unused: compact -- the caller writes the "claimed" events (no data-modifying CTEs in SQLite)
