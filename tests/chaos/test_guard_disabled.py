@@ -73,7 +73,7 @@ def test_removing_the_generation_check_is_caught(tmp_path, backend):
 
 def scratch_copy(root: Path, dialects: tuple[str, ...], query: str, old: str, new: str) -> Path:
     """A copy of the leaseq package whose named ``query`` (or ``template: <name>``, a template
-    of the dialect's file) has ``old`` replaced by ``new``."""
+    of the dialect's file, with or without declared parameters) has ``old`` replaced by ``new``."""
     source = Path(leaseq.__file__).parent
     target = root / "leaseq"
     shutil.copytree(source, target, ignore=shutil.ignore_patterns("__pycache__"))
@@ -81,7 +81,10 @@ def scratch_copy(root: Path, dialects: tuple[str, ...], query: str, old: str, ne
     for dialect in dialects:
         path = target / "sql" / dialect / "queries.sql"
         text = path.read_text()
-        start = text.index(f"-- {header}\n")
+        # a template's header may declare its parameters: "-- template: name(param=default)"
+        found = [text.find(f"-- {header}{after}") for after in ("\n", "(")]
+        assert max(found) >= 0, f"{dialect}: no block headed {header!r}"
+        start = min(i for i in found if i >= 0)
         end = min(i for i in (text.find("\n-- name: ", start + 1), text.find("\n-- template: ", start + 1))
                   if i >= 0) + 1
         block = text[start:end]
