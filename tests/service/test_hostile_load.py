@@ -9,9 +9,8 @@ token of its own, drains 2,000 tasks that this test enqueues at 100 a
 second. Checked:
 
 * the honest drain finishes, and its pickup (the database's claim time
-  minus its enqueue time) stays under 50 ms at the median and under 10 s at
-  the 99th percentile (the issue's target, a p99 of 50 ms, is asserted with
-  ``LEASEQ_LOAD_P99_MS=50``; see MEDIAN_LIMIT), measured once the flood's first wave
+  minus its enqueue time) stays under 50 ms at the median and at the 99th
+  percentile (the issue's target; see P99_LIMIT), measured once the flood's first wave
   (every request opened at once) has been answered; the test is marked
   serial, so nothing else of the suite runs beside it;
 * the service's connections to the server (pg_stat_activity, by the
@@ -48,19 +47,17 @@ from leaseq.client import RemoteQueue
 HOSTILE = int(os.environ.get("LEASEQ_LOAD_HOSTILE", "1000"))
 #: the tasks the honest worker drains
 TASKS = int(os.environ.get("LEASEQ_LOAD_TASKS", "2000"))
-#: the honest pickup's median must stay under this (seconds), and its 99th percentile under
-#: P99_LIMIT. The issue's target is a p99 of 50 ms. A run used to meet, about every other time, one
-#: stall of 1.1 to 2.4 s (p99 1.1-2.4 s, median 5 to 9 ms): the hundred waits the first wave had
-#: opened all ended together at the service's wait_limit, were all asked again at once, and their
-#: first transactions queued for the asyncio pool ahead of the honest worker's. Each waiting
-#: request's cap is drawn from its last fifth now, and the pool serves the tokens waiting in turn
-#: (issue 29). On a shared machine the service is also starved of CPU for seconds by other loads
-#: (load average 8 to 15 on two cores: the process got a fifth to a third of a core, and pickups
-#: waited up to 7 s), so CI holds the median to 50 ms, which a flood that
-#: degrades every pickup breaks, and the p99 to 10 s, which a starved drain breaks; the issue's
-#: target is asserted with LEASEQ_LOAD_P99_MS=50.
+#: the honest pickup's median and its 99th percentile must stay under these (seconds): the
+#: issue's target, a p99 of 50 ms. A run used to meet, about every other time, one stall of 1.1 to
+#: 2.4 s (p99 1.1-2.4 s, median 5 to 9 ms): the hundred waits the first wave had opened all ended
+#: together at the service's wait_limit, were all asked again at once, and their first
+#: transactions queued for the asyncio pool ahead of the honest worker's. Each waiting request's
+#: cap is drawn from its last fifth now, and the pool serves the tokens waiting in turn (issue 29):
+#: on a quiet machine three runs in a row gave a p99 of 4.6, 2.8 and 3.7 ms. The test is marked
+#: serial, as the bound needs the machine: a machine shared with other loads starves the service
+#: of CPU for seconds (LEASEQ_LOAD_P99_MS and LEASEQ_LOAD_MEDIAN_MS raise the bounds there).
 MEDIAN_LIMIT = float(os.environ.get("LEASEQ_LOAD_MEDIAN_MS", "50")) / 1000
-P99_LIMIT = float(os.environ.get("LEASEQ_LOAD_P99_MS", "10000")) / 1000
+P99_LIMIT = float(os.environ.get("LEASEQ_LOAD_P99_MS", "50")) / 1000
 #: tasks enqueued a second
 RATE = 100.0
 #: the PostgreSQL pool size of the service (leaseq.connect's default): blocking and asyncio pools each
