@@ -174,7 +174,13 @@ def test_a_replica_killed_under_load_loses_and_doubles_nothing(pg_schema_dsn: st
     wait_for(lambda: completed() >= TASKS // 3, 30, "a third of the tasks done")
     served_by_a = metrics(a.url)[("leaseq_claims_total", (("queue", "default"),))]
     assert served_by_a > 0, "the balancer never sent a claim to replica a"
-    a.kill()  # SIGKILL, mid-run: in-flight requests through a are cut
+    # Frozen first (SIGSTOP), then SIGKILLed: the requests the balancer sends to a while it is
+    # frozen (about half, until its health checks fail) are in flight when the kill cuts them.
+    # A bare SIGKILL between two requests, at this drain's pace, could cut none.
+    assert a.proc is not None
+    a.proc.send_signal(signal.SIGSTOP)
+    time.sleep(0.3)
+    a.kill()
     killed = time.monotonic()
     done_at_kill = completed()
     assert done_at_kill < TASKS, "the run ended before the kill; make the tasks slower"
