@@ -7,6 +7,7 @@ a 422 naming its index and field, nothing written."""
 from __future__ import annotations
 
 import asyncio
+import time
 
 import pytest
 
@@ -15,7 +16,7 @@ from leaseq.client import AsyncRemoteQueue
 from leaseq.service.operator_api import MAX_BATCH
 from worker.liveness_app import summarize
 
-from .conftest import Service
+from .conftest import Service, serve
 from .support import error_of, snapshot
 
 
@@ -93,3 +94,32 @@ def test_a_bad_item_is_refused_naming_its_index_and_field_and_nothing_is_written
     assert resp.status_code == 422, resp.text
     assert error_of(resp)["field"] == field, resp.text
     assert written(svc.dsn) == before
+
+
+def test_a_batch_costs_the_tokens_request_rate_a_task_each(q: leaseq.Queue, dsn: str) -> None:
+    """As an attacker with an operator token would: a batch is no way around the token's rate.
+    With 10 requests a second and a burst of 10, a batch of 8 passes (8 of the 10), the next
+    batch of 8 is refused (429, Retry-After, nothing written), and a batch larger than the
+    burst costs the whole burst, so it passes once the bucket is full again."""
+    with serve(q, rate_per_second=10.0, burst=10.0) as (url, app):
+        svc = Service(url, app, q, dsn)
+        try:
+            http = svc.http(svc.token("operator"))
+            ok = http.post("/v1/tasks/batch", json={"kind": "job", "payloads": list(range(8))})
+            assert ok.status_code == 201, ok.text
+            before = written(dsn)
+            refused = http.post("/v1/tasks/batch", json={"kind": "job", "payloads": list(range(8))})
+            assert refused.status_code == 429 and error_of(refused)["code"] == "rate_limited", refused.text
+            assert float(refused.headers["Retry-After"]) > 0
+            assert written(dsn) == before
+            # a batch past the burst waits for a full bucket, then passes
+            deadline = time.monotonic() + 5
+            while True:
+                big = http.post("/v1/tasks/batch", json={"kind": "job", "payloads": list(range(50))})
+                if big.status_code != 429 or time.monotonic() > deadline:
+                    break
+                time.sleep(0.2)
+            assert big.status_code == 201, big.text
+            assert len(big.json()["task_ids"]) == 50
+        finally:
+            svc.close()

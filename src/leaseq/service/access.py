@@ -224,11 +224,13 @@ class Access:
             what = f"token {exc.token_id}" if exc.token_id else "this address"
             raise RateLimited(f"too many failed authentications for {what} ({exc})", wait) from None
 
-    def charge(self, principal: Principal) -> Principal:
-        """Charge ``principal``'s request-rate bucket; raises RateLimited when it is empty."""
-        wait = self.buckets.take(principal.token_id)
+    def charge(self, principal: Principal, cost: float = 1.0) -> Principal:
+        """Charge ``principal``'s request-rate bucket ``cost`` requests' worth; raises
+        RateLimited when the bucket holds less."""
+        wait = self.buckets.take(principal.token_id, cost)
         if wait:
-            raise RateLimited(f"rate limit for token {principal.token_id} exceeded", wait)
+            worth = f" (this request costs {cost:g} requests' worth)" if cost != 1 else ""
+            raise RateLimited(f"rate limit for token {principal.token_id} exceeded{worth}", wait)
         return principal
 
     def remember_worker(self, worker_id: str, token_id: str) -> None:

@@ -203,6 +203,13 @@ async def enqueue_many(body: EnqueueManyBody, request: Request,
         raise InvalidInput("payloads", "is empty: give at least one payload")
     if len(body.payloads) > MAX_BATCH:
         raise InvalidInput("payloads", f"holds {len(body.payloads)} tasks; at most {MAX_BATCH} per batch")
+    gate = request.app.state.access
+    # a task's worth of the token's request rate for each task, the request itself paid for one:
+    # a batch is no way around the rate a token may add tasks at one by one (a batch larger than
+    # the bucket's burst costs the whole burst, so that it passes once the bucket is full)
+    extra = min(len(body.payloads), gate.buckets.burst or len(body.payloads)) - 1
+    if principal.token_id and extra > 0:
+        gate.charge(principal, extra)
     queue = AsyncQueue(_queue(request))
     if body.after and principal.queues is not None:  # a queue-limited token names tasks on its queues only
         upstreams = check_after(body.after, body.on_dependency_failure)
