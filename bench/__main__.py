@@ -16,7 +16,7 @@ from . import agent, budgets, report, systems, workloads
 from .database import BenchDatabase, display_dsn, server_facts
 from .targets import check_targets
 
-WORKLOADS = ("enqueue", "drain", "latency", "heartbeat", "depth", "evidence", "agent", "leases", "limits", "budgets",
+WORKLOADS = ("enqueue", "async-enqueue", "drain", "latency", "heartbeat", "depth", "evidence", "agent", "leases", "limits", "budgets",
              "starvation")
 PEERS = ("leaseq", "leaseq-roles", "pgqueuer", "pgqueuer-psycopg", "procrastinate", "raw")
 
@@ -28,6 +28,9 @@ class Sizes:
     rounds: int = 3
     enqueue_one: int = 2_000
     enqueue_batch: int = 20_000
+    #: async-enqueue: tasks enqueued one per call from asyncio callers, by 1 and by many at once
+    enqueue_async: int = 4_000
+    enqueue_callers: tuple[int, ...] = (1, 50)
     drain: int = 20_000
     #: procrastinate drains about a hundred tasks a second here: a smaller
     #: queue gives the same rate without a quarter of an hour per round
@@ -70,7 +73,7 @@ class Sizes:
 
 
 FULL = Sizes()
-QUICK = Sizes(rounds=1, enqueue_one=100, enqueue_batch=2_000, drain=1_000, drain_procrastinate=200,
+QUICK = Sizes(rounds=1, enqueue_one=100, enqueue_batch=2_000, enqueue_async=200, drain=1_000, drain_procrastinate=200,
               latency_tasks=20, latency_gap=0.01, heartbeat_leases=40, heartbeat_workers=2, heartbeat_seconds=1.0,
               heartbeat_everything=False, two_processes_everywhere=False,
               depths=(1_000, 5_000), depth_sample=1_000, evidence_tasks=1_000,
@@ -88,6 +91,12 @@ def plan(workload: str, sizes: Sizes, chosen: list[str], rnd: int = 1) -> list[t
         for s in peers + [s for s in ("leaseq-sqlite",) if s in chosen]:
             trials.append((config, s, lambda db, sy: workloads.enqueue(db, sy, one=sizes.enqueue_one,
                                                                          batch=sizes.enqueue_batch)))
+    elif workload == "async-enqueue":
+        for callers in sizes.enqueue_callers:
+            config = f"{sizes.enqueue_async:,} tasks, {callers} caller{'s' if callers > 1 else ''}"
+            for s in [s for s in peers if s != "procrastinate"]:
+                trials.append((config, s, lambda db, sy, c=callers: workloads.enqueue_async(
+                    db, sy, tasks=sizes.enqueue_async, callers=c)))
     elif workload == "drain":
         for processes in (1, 2):
             config = f"{processes} process{'es' if processes > 1 else ''} × 10"

@@ -97,8 +97,18 @@ def markdown(summary: dict) -> str:
                                f"{_cell(get(workload, c, s, 'worker_rss_mb'))} |")
         out.append("")
 
+    if _configs(summary, "async-enqueue"):
+        out.append("### async enqueue: one task per call, from asyncio callers\n")
+        out.append("| callers | system | tasks/s | leaseq ÷ system |")
+        out.append("|---|---|---|---|")
+        for c in _configs(summary, "async-enqueue"):
+            for s in _systems(summary, "async-enqueue", c):
+                out.append(f"| {c} | {LABELS[s]} | {_cell(get('async-enqueue', c, s, 'per_s'))} | "
+                           f"{_ratio(get('async-enqueue', c, 'leaseq', 'per_s'), get('async-enqueue', c, s, 'per_s'))} |")
+        out.append("")
+
     if _configs(summary, "latency"):
-        out.append("### pickup latency\n")
+        out.append("### pickup latency (from the enqueue call to the handler's start)\n")
         out.append("| system | p50 (ms) | p90 (ms) | p99 (ms) | max (ms) |")
         out.append("|---|---|---|---|---|")
         c = _configs(summary, "latency")[0]

@@ -41,12 +41,29 @@ def check_targets(summary: Summary) -> list[dict[str, Any]]:
                      f"{ours / theirs:.2f}× ({ours:,.0f} vs {theirs:,.0f}/s)" if ours and theirs else "–",
                      ours >= 1.5 * theirs if ours and theirs else None))
 
+    for callers, factor in ((1, 1.2), (50, 2.0)):
+        config = next((k[1] for k in summary if k[0] == "async-enqueue" and k[2] == "leaseq"
+                       and k[1].endswith(f" {callers} caller{'s' if callers > 1 else ''}")), None)
+        ours = _median(summary, "async-enqueue", config, "leaseq", "per_s") if config else None
+        theirs = _median(summary, "async-enqueue", config, "pgqueuer", "per_s") if config else None
+        rows.append(_row(f"async enqueue, {callers} caller{'s' if callers > 1 else ''}: ≥ {factor}× pgqueuer",
+                         f"{ours / theirs:.2f}× ({ours:,.0f} vs {theirs:,.0f}/s)" if ours and theirs else "–",
+                         ours >= factor * theirs if ours and theirs else None))
+
+    theirs_p50 = _median(summary, "latency", "idle worker", "pgqueuer", "p50_ms")
+    theirs_p99 = _median(summary, "latency", "idle worker", "pgqueuer", "p99_ms")
     p50 = _median(summary, "latency", "idle worker", "leaseq", "p50_ms")
     p99 = _median(summary, "latency", "idle worker", "leaseq", "p99_ms")
     rows.append(_row("pickup latency p50 ≤ 3 ms (LISTEN/NOTIFY)", f"{p50:.2f} ms" if p50 is not None else "–",
                      p50 <= 3 if p50 is not None else None))
     rows.append(_row("pickup latency p99 ≤ 15 ms", f"{p99:.2f} ms" if p99 is not None else "–",
                      p99 <= 15 if p99 is not None else None))
+    if p50 is not None and p99 is not None and theirs_p50 is not None and theirs_p99 is not None:
+        rows.append(_row("pickup from the enqueue call ≤ pgqueuer's and ≤ 2.5 / 8 ms (p50 / p99)",
+                         f"{p50:.2f} / {p99:.2f} ms (pgqueuer {theirs_p50:.2f} / {theirs_p99:.2f} ms)",
+                         p50 <= min(2.5, theirs_p50) and p99 <= min(8, theirs_p99)))
+    else:
+        rows.append(_row("pickup from the enqueue call ≤ pgqueuer's and ≤ 2.5 / 8 ms (p50 / p99)", "–", None))
 
     depth = sorted((summary[k]["queued"]["median"], summary[k]["finished"]["median"], summary[k]["per_s"]["median"])
                    for k in summary if k[0] == "depth" and k[2] == "leaseq")

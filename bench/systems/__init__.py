@@ -90,6 +90,31 @@ class Runner(Protocol):
     async def close(self) -> None: ...
 
 
+#: connections an asyncio caller's pool holds in the async enqueue workload, the same for every system
+ASYNC_POOL = 10
+
+
+async def timed_callers(n: int, callers: int, enqueue) -> float:  # type: ignore[no-untyped-def]
+    """Seconds ``callers`` coroutines take to await ``enqueue(i)`` for ``i`` in ``range(n)``
+    between them, each one call at a time (a web server's request handlers, say). The clock
+    starts after a warm-up (as many calls at once as there are callers, up to the pool's size,
+    then a pause for a pool that grows in the background), so opening connections is not counted."""
+    import asyncio
+    import time
+
+    await asyncio.gather(*(enqueue(-1 - w) for w in range(min(callers, ASYNC_POOL))))
+    await asyncio.sleep(0.3)
+    shares = [range(c, n, callers) for c in range(callers)]
+
+    async def caller(share: range) -> None:
+        for i in share:
+            await enqueue(i)
+
+    started = time.perf_counter()
+    await asyncio.gather(*(caller(share) for share in shares))
+    return time.perf_counter() - started
+
+
 class System(Protocol):
     """One queue implementation."""
 
@@ -102,6 +127,7 @@ class System(Protocol):
     def enqueue_one(self, dsn: str, n: int) -> None: ...
     def enqueue_batch(self, dsn: str, n: int) -> None: ...
     def enqueue_timed(self, dsn: str, index: int) -> None: ...
+    async def enqueue_async(self, dsn: str, n: int, callers: int) -> float: ...
     def finished(self, dsn: str) -> tuple[int, float | None, float | None]: ...
     def running(self, dsn: str) -> int: ...
     async def open_worker(self, dsn: str, control: Control) -> Runner: ...

@@ -20,7 +20,7 @@ import psycopg
 
 import leaseq
 
-from . import ENQUEUE_BATCH, Control
+from . import ENQUEUE_BATCH, Control, timed_callers
 
 
 class LeaseqSystem:
@@ -64,6 +64,16 @@ class LeaseqSystem:
         with self._queue(dsn) as q:
             for i in range(n):
                 q.enqueue("noop", {"i": i})
+
+    def enqueue_async(self, dsn: str, n: int, callers: int) -> float:
+        """``AsyncQueue.enqueue`` from ``callers`` coroutines (:func:`timed_callers`)."""
+        async def go() -> float:
+            q = await leaseq.connect_async(self._login(dsn), **self.options)
+            try:
+                return await timed_callers(n, callers, lambda i: q.enqueue("noop", {"i": i}))
+            finally:
+                await q.close()
+        return asyncio.run(go())
 
     def enqueue_batch(self, dsn: str, n: int, *, limits: list[str] | None = None,
                       fairness_key: str | None = None) -> None:

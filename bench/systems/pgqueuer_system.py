@@ -21,7 +21,7 @@ from urllib.parse import parse_qsl, unquote, urlencode, urlsplit, urlunsplit
 
 import psycopg
 
-from . import ENQUEUE_BATCH, Control
+from . import ASYNC_POOL, ENQUEUE_BATCH, Control, timed_callers
 
 
 def _run(coro: Any) -> Any:
@@ -93,6 +93,38 @@ class PgqueuerSystem:
                 await queries.enqueue("noop", str(i).encode())
             await conn.close()
         _run(go())
+
+    def enqueue_async(self, dsn: str, n: int, callers: int) -> float:
+        """``Queries.enqueue`` from ``callers`` coroutines (:func:`timed_callers`), over a pool of
+        ASYNC_POOL connections (pgqueuer's pool driver: asyncpg's pool, or psycopg's)."""
+        async def go() -> float:
+            from pgqueuer import Queries
+
+            if self.driver == "asyncpg":
+                import asyncpg
+                from pgqueuer import AsyncpgPoolDriver
+
+                target, settings = _asyncpg_target(dsn)
+                pool = await asyncpg.create_pool(target, min_size=ASYNC_POOL, max_size=ASYNC_POOL,
+                                                 server_settings=settings)
+                try:
+                    queries = Queries(AsyncpgPoolDriver(pool))
+                    return await timed_callers(n, callers, lambda i: queries.enqueue("noop", str(i).encode()))
+                finally:
+                    await pool.close()
+            from pgqueuer import PsycopgDriver
+            from psycopg_pool import AsyncConnectionPool
+
+            # pgqueuer's psycopg driver takes one connection: one per caller's turn, from a pool
+            async with AsyncConnectionPool(dsn, min_size=ASYNC_POOL, max_size=ASYNC_POOL, open=False,
+                                           kwargs={"autocommit": True}) as pool:
+                await pool.wait()
+
+                async def enqueue(i: int) -> None:
+                    async with pool.connection() as conn:
+                        await Queries(PsycopgDriver(conn)).enqueue("noop", str(i).encode())
+                return await timed_callers(n, callers, enqueue)
+        return _run(go())
 
     def enqueue_batch(self, dsn: str, n: int) -> None:
         async def go() -> None:

@@ -26,7 +26,7 @@ from psycopg.types.json import Jsonb
 
 import leaseq
 
-from . import ENQUEUE_BATCH, Control
+from . import ASYNC_POOL, ENQUEUE_BATCH, Control, timed_callers
 
 CLAIM = """
 UPDATE leaseq_tasks t
@@ -81,6 +81,22 @@ class RawSystem:
         with psycopg.connect(dsn, autocommit=True) as conn:
             for i in range(n):
                 conn.execute(INSERT_ONE, (Jsonb({"i": i}), uuid.uuid4().hex))
+
+    def enqueue_async(self, dsn: str, n: int, callers: int) -> float:
+        """One INSERT per call from ``callers`` coroutines sharing a pool of ASYNC_POOL
+        connections (:func:`timed_callers`)."""
+        from psycopg_pool import AsyncConnectionPool
+
+        async def go() -> float:
+            async with AsyncConnectionPool(dsn, min_size=ASYNC_POOL, max_size=ASYNC_POOL, open=False,
+                                           kwargs={"autocommit": True}) as pool:
+                await pool.wait()
+
+                async def enqueue(i: int) -> None:
+                    async with pool.connection() as conn:
+                        await conn.execute(INSERT_ONE, (Jsonb({"i": i}), uuid.uuid4().hex))
+                return await timed_callers(n, callers, enqueue)
+        return asyncio.run(go())
 
     def enqueue_batch(self, dsn: str, n: int) -> None:
         with psycopg.connect(dsn, autocommit=True) as conn:

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import time
 from collections.abc import AsyncIterator, Callable, Iterable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -26,6 +27,7 @@ from .core import checks
 from .core.capabilities import Capabilities
 from .core.errors import BackendUnavailable, LeaseLost
 from .core.model import Approval, Claim, Effect, Event, StreamItem, Task, Worker
+from .engine.shared import SharedCommits
 from .engine.steps import Op, T
 from .observability.tracing import atraced_enqueue
 from .queue import Queue, connect
@@ -41,6 +43,18 @@ class AsyncQueue:
 
     async def _arun(self, op: Op[T]) -> T:
         return await engine.adrive(self.sync.store, op)
+
+    async def _ashared(self, make: Callable[[], Op[T]]) -> T:
+        """Run ``make()``'s operation in a transaction shared with the calls of this event loop
+        made while others are being written (:mod:`leaseq.engine.shared`), where the backend has
+        an asyncio driver; else as :meth:`_arun`."""
+        if not self.sync.store.capabilities.native_async:
+            return await self._arun(make())
+        loop = asyncio.get_running_loop()
+        shared = self.sync.shared_commits.get(loop)
+        if shared is None:
+            shared = self.sync.shared_commits[loop] = SharedCommits(self.sync.store)
+        return await shared.run(make)
 
     async def _arun_again(self, make: Callable[[], Op[T]]) -> T:
         """:meth:`Queue._run_again`, awaited."""
@@ -141,18 +155,22 @@ class AsyncQueue:
                       fairness_key: str | None = None, fairness_weight: float = 1.0) -> Task:
         """:meth:`Queue.enqueue`, awaited. ``connection``: a ``psycopg.AsyncConnection``
         on PostgreSQL, a ``sqlite3.Connection`` on SQLite."""
-        op = engine.enqueue.enqueue(self.settings, kind, payload, effect=effect, queue=queue,
-                                    idempotency_key=idempotency_key, priority=priority, delay=delay,
-                                    max_attempts=max_attempts, lease_seconds=lease_seconds, actions=actions,
-                                    timeout=timeout, deadline=deadline, approval=approval,
-                                    approval_deadline=approval_deadline, by=by, trace_context=trace_context,
-                                    after=after,
-                                    on_dependency_failure=on_dependency_failure, limits=limits, units=units,
-                                    token_id=token_id, resources=resources, singleton_key=singleton_key,
-                                    on_conflict=on_conflict, debounce=debounce, key=key,
-                                    debounce_mode=debounce_mode, max_delay=max_delay, budget=budget,
-                                    fairness_key=fairness_key, fairness_weight=fairness_weight)
-        return await (self._arun(op) if connection is None else self._arun_in(connection, op))
+        # the iterables read once: the operation may be made again (engine.shared)
+        actions = None if actions is None else list(actions)
+        after = None if after is None else list(after)
+        limits = None if limits is None else list(limits)
+        resources = None if resources is None else list(resources)
+        make = functools.partial(
+            engine.enqueue.enqueue, self.settings, kind, payload, effect=effect, queue=queue,
+            idempotency_key=idempotency_key, priority=priority, delay=delay, max_attempts=max_attempts,
+            lease_seconds=lease_seconds, actions=actions, timeout=timeout, deadline=deadline, approval=approval,
+            approval_deadline=approval_deadline, by=by, trace_context=trace_context, after=after,
+            on_dependency_failure=on_dependency_failure, limits=limits, units=units, token_id=token_id,
+            resources=resources, singleton_key=singleton_key, on_conflict=on_conflict, debounce=debounce, key=key,
+            debounce_mode=debounce_mode, max_delay=max_delay, budget=budget, fairness_key=fairness_key,
+            fairness_weight=fairness_weight)
+        # concurrent enqueues of this loop share a transaction, its commit and its NOTIFY
+        return await (self._ashared(make) if connection is None else self._arun_in(connection, make()))
 
     async def enqueue_many(self, kind: str, payloads: Iterable[Any], *, effect: str = "read_only",
                            queue: str = "default", idempotency_keys: Sequence[str | None] | None = None,

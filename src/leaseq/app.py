@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import inspect
 import json
 import sys
 import threading
@@ -128,11 +129,27 @@ class TaskDefinition(Generic[P, R]):
     def enqueue(self, *args: P.args, **kwargs: P.kwargs) -> Task:
         """Enqueue one task whose handler will be called as ``fn(ctx, *args, **kwargs)``
         (sent as keyword arguments). Use :meth:`options` for a key, delay or priority."""
+        payload, options = self._enqueue_call(args, kwargs)
+        return self.app.queue.enqueue(self.kind, payload, **options)
+
+    async def enqueue_async(self, *args: P.args, **kwargs: P.kwargs) -> Task:
+        """:meth:`enqueue` for asyncio code: :meth:`leaseq.AsyncQueue.enqueue`, so on PostgreSQL
+        it is awaited on the event loop and shares its commit with the enqueues made beside it
+        (an ``options(connection=...)`` of the blocking kind is used from a thread)."""
+        payload, options = self._enqueue_call(args, kwargs)
+        if options.get("connection") is not None and not _is_async_connection(options["connection"]):
+            return await asyncio.to_thread(self.app.queue.enqueue, self.kind, payload, **options)
+        from .aio import AsyncQueue
+
+        return await AsyncQueue(self.app.queue).enqueue(self.kind, payload, **options)
+
+    def _enqueue_call(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
+        """The payload and the queue's enqueue options for a call of :meth:`enqueue`."""
         options = dict(self.bound)
         for legacy, name in _LEGACY_OPTIONS.items():
             if legacy in kwargs:
                 warnings.warn(f"{legacy}= is deprecated: use .options({name}=...).enqueue(...)",
-                              DeprecationWarning, stacklevel=2)
+                              DeprecationWarning, stacklevel=3)
                 options[name] = kwargs.pop(legacy)
         payload = bind_payload(self.fn, args, kwargs)
         priority, timeout, deadline = options.get("priority"), options.get("timeout"), options.get("deadline")
@@ -143,24 +160,22 @@ class TaskDefinition(Generic[P, R]):
         fairness_weight = options.get("fairness_weight")
         if fairness_weight is None:
             fairness_weight = self.fairness_weight if fairness_key is not None else 1.0
-        return self.app.queue.enqueue(self.kind, payload, effect=self.effect, queue=self.queue,
-                                      idempotency_key=options.get("key"), delay=options.get("delay", 0),
-                                      priority=self.priority if priority is None else priority,
-                                      max_attempts=self.max_attempts, lease_seconds=self.lease_seconds,
-                                      actions=self.actions, timeout=self.timeout if timeout is None else timeout,
-                                      deadline=self.deadline if deadline is None else deadline,
-                                      approval=self.approval, approval_deadline=self.approval_deadline,
-                                      limits=self.limits, units=self.units if units is None else units,
-                                      budget=self.budget if budget is None else budget,
-                                      fairness_key=fairness_key, fairness_weight=fairness_weight, **{
-                                          name: options[name] for name in ("after", "connection", "resources")
-                                          if options.get(name) is not None},
-                                      **({"on_dependency_failure": options["on_dependency_failure"]}
-                                         if options.get("after") is not None else {}))
+        return payload, dict(
+            effect=self.effect, queue=self.queue, idempotency_key=options.get("key"), delay=options.get("delay", 0),
+            priority=self.priority if priority is None else priority, max_attempts=self.max_attempts,
+            lease_seconds=self.lease_seconds, actions=self.actions,
+            timeout=self.timeout if timeout is None else timeout,
+            deadline=self.deadline if deadline is None else deadline, approval=self.approval,
+            approval_deadline=self.approval_deadline, limits=self.limits,
+            units=self.units if units is None else units, budget=self.budget if budget is None else budget,
+            fairness_key=fairness_key, fairness_weight=fairness_weight,
+            **{name: options[name] for name in ("after", "connection", "resources") if options.get(name) is not None},
+            **({"on_dependency_failure": options["on_dependency_failure"]} if options.get("after") is not None else {}))
 
-    async def enqueue_async(self, *args: P.args, **kwargs: P.kwargs) -> Task:
-        """:meth:`enqueue` for asyncio code."""
-        return await asyncio.to_thread(self.enqueue, *args, **kwargs)
+
+def _is_async_connection(connection: Any) -> bool:
+    """Whether ``connection`` is an asyncio driver's (psycopg's ``AsyncConnection``)."""
+    return inspect.iscoroutinefunction(getattr(connection, "execute", None))
 
 
 def _caller_module() -> str:

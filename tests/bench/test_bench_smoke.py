@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
-WORKLOADS = {"enqueue", "drain", "latency", "heartbeat", "depth", "evidence", "agent", "leases", "limits",
+WORKLOADS = {"enqueue", "async-enqueue", "drain", "latency", "heartbeat", "depth", "evidence", "agent", "leases", "limits",
              "budgets", "starvation"}
 
 
@@ -53,6 +53,10 @@ def test_quick_benchmark_writes_tables_json_and_plots(tmp_path: Path) -> None:
     assert {t["config"] for t in trials if t["workload"] == "drain" and t["system"] == "leaseq"} == {
         "1 process × 10", "2 processes × 10"}
     assert {t["system"] for t in trials if t["workload"] == "latency"} == {"leaseq", *peers, "raw"}
+    asynchronous = {(t["config"], t["system"]) for t in trials if t["workload"] == "async-enqueue"}
+    assert asynchronous == {(f"200 tasks, {c}", s) for c in ("1 caller", "50 callers")
+                            for s in {"leaseq", *peers, "raw"} - {"procrastinate"}}
+    assert all(t["metrics"]["per_s"] > 0 for t in trials if t["workload"] == "async-enqueue")
     agent = {(t["config"].split(",")[0], t["system"]) for t in trials if t["workload"] == "agent"}
     assert agent == {("direct", "leaseq"), ("direct", "leaseq-sqlite"), ("remote (leaseq serve)", "leaseq")}
     assert all(0 < t["metrics"]["of_ideal_percent"] <= 100 for t in trials if t["workload"] == "agent")
@@ -68,7 +72,7 @@ def test_quick_benchmark_writes_tables_json_and_plots(tmp_path: Path) -> None:
     assert document["machine"]["nproc"] and document["server"]["postgresql"]
 
     tables = (out / "results.md").read_text()
-    for heading in ("### enqueue", "### drain", "### pickup latency", "### heartbeat load",
+    for heading in ("### enqueue", "### async enqueue", "### drain", "### pickup latency", "### heartbeat load",
                     "### drain against depth", "### evidence", "### agent-shaped", "### leases held",
                     "### starvation", "### targets"):
         assert heading in tables

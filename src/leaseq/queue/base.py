@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import weakref
 from collections.abc import AsyncIterator, Callable, Iterator
 from typing import TYPE_CHECKING, Any, Self
 
@@ -28,6 +29,9 @@ from ..db.errors import rolled_back
 ROLLED_BACK_ATTEMPTS = 5
 
 if TYPE_CHECKING:  # pragma: no cover
+    from asyncio import AbstractEventLoop
+
+    from ..engine.shared import SharedCommits
     from ..fencing.tokens import ActionSigner
 
 
@@ -60,6 +64,11 @@ class QueueBase:
         self.capabilities = Capabilities(
             batched_completion=True, listen_notify=backend.listen_notify,
             loss_reports=True, serial_writes=backend.serial_writes)
+        #: per event loop, the asyncio enqueues waiting to share a transaction
+        #: (:mod:`leaseq.engine.shared`): one set per queue, so every AsyncQueue over it (the
+        #: service makes one per request) shares
+        self.shared_commits: weakref.WeakKeyDictionary[AbstractEventLoop, SharedCommits] = (
+            weakref.WeakKeyDictionary())
 
     def _run(self, op: Op[T]) -> T:
         return engine.drive(self.store, op)

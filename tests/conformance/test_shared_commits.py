@@ -1,0 +1,108 @@
+"""Concurrent ``AsyncQueue.enqueue`` calls share transactions (leaseq.engine.shared), and each
+call still gets what it would have had alone: its own task, its own error, the order of the
+calls before it. The outcomes are checked on both backends (SQLite has no asyncio driver: its
+calls run one by one); that calls did share a commit is checked on PostgreSQL, where rows
+written by one transaction carry its id (``xmin``)."""
+
+from __future__ import annotations
+
+import asyncio
+
+import psycopg
+import pytest
+
+import leaseq
+
+
+def _transactions(dsn: str, ids: list[int]) -> int:
+    """How many transactions wrote the tasks ``ids`` (PostgreSQL)."""
+    from leaseq.db.dsn import split_leaseq_options
+
+    with psycopg.connect(split_leaseq_options(dsn)[0]) as conn:
+        row = conn.execute("SELECT count(DISTINCT xmin::text) FROM leaseq_tasks WHERE id = ANY(%s)",
+                           (ids,)).fetchone()
+    assert row is not None
+    return int(row[0])
+
+
+def _callers(aq: leaseq.AsyncQueue, calls: int, callers: int, **options: object) -> list[leaseq.Task]:
+    async def caller(c: int) -> list[leaseq.Task]:
+        return [await aq.enqueue("job", {"i": i}, **options) for i in range(c, calls, callers)]  # type: ignore[arg-type]
+
+    async def together() -> list[leaseq.Task]:
+        return [t for share in await asyncio.gather(*(caller(c) for c in range(callers))) for t in share]
+
+    return asyncio.run(together())
+
+
+def test_concurrent_enqueues_each_get_their_own_task_and_share_commits(dsn: str) -> None:
+    async def migrate() -> leaseq.AsyncQueue:
+        aq = await leaseq.connect_async(dsn)
+        await aq.migrate()
+        return aq
+
+    aq = asyncio.run(migrate())
+    try:
+        tasks = _callers(aq, 400, 40)
+        assert len({t.id for t in tasks}) == 400
+        assert sorted(t.payload["i"] for t in tasks) == list(range(400))
+        assert {t.enqueue_outcome for t in tasks} == {"created"}
+        for t in tasks[::37]:  # each returned task is the row written for that call
+            assert aq.sync.get(t.id).payload == t.payload
+        assert len(aq.sync.events(tasks[0].id)) >= 1
+        if aq.dialect == "postgres":
+            assert _transactions(dsn, [t.id for t in tasks]) < 200  # shared: each alone would be 400
+            alone = [aq.sync.enqueue("job", {"alone": i}).id for i in range(3)]
+            assert _transactions(dsn, alone) == 3
+    finally:
+        asyncio.run(aq.close())
+
+
+def test_a_refused_call_fails_alone_and_a_key_reused_in_the_same_transaction_finds_the_first(dsn: str) -> None:
+    async def story() -> None:
+        async with await leaseq.connect_async(dsn) as aq:
+            await aq.migrate()
+            blocker = asyncio.create_task(aq.enqueue("job", {"first": True}))  # writing: the rest wait together
+            calls = [aq.enqueue("job", {"i": i}) for i in range(5)]
+            calls.append(aq.enqueue("job", {"k": 1}, idempotency_key="same"))
+            calls.append(aq.enqueue("job", {"k": 1}, idempotency_key="same"))
+            calls.append(aq.enqueue("job", {"bad": 1}, max_attempts=0))  # refused before any statement
+            calls.append(aq.enqueue("job", {"k": 2}, idempotency_key="same"))  # reused: another task
+            calls += [aq.enqueue("job", {"j": i}) for i in range(5)]
+            results = await asyncio.gather(blocker, *calls, return_exceptions=True)
+            first, rest = results[0], results[1:]
+            assert isinstance(first, leaseq.Task)
+            made = [r for r in rest[:5] + rest[-5:]]
+            assert all(isinstance(r, leaseq.Task) and r.enqueue_outcome == "created" for r in made)
+            keyed_a, keyed_b, bad, reused = rest[5], rest[6], rest[7], rest[8]
+            assert isinstance(keyed_a, leaseq.Task) and isinstance(keyed_b, leaseq.Task)
+            assert keyed_a.id == keyed_b.id
+            assert {keyed_a.enqueue_outcome, keyed_b.enqueue_outcome} == {"created", "existing"}
+            assert isinstance(bad, leaseq.InvalidInput) and bad.field == "max_attempts"
+            assert isinstance(reused, leaseq.IdempotencyKeyConflict), reused
+            everything = await aq.list_tasks(limit=100)
+            assert len(everything) == 1 + 10 + 1  # the refused and the reused wrote nothing
+            assert {t.id for t in everything} == {first.id, keyed_a.id} | {r.id for r in made}
+
+    asyncio.run(story())
+
+
+@pytest.mark.parametrize("cancel_at", ["waiting"])
+def test_a_call_cancelled_while_it_waits_writes_nothing(dsn: str, cancel_at: str) -> None:
+    async def story() -> None:
+        async with await leaseq.connect_async(dsn) as aq:
+            await aq.migrate()
+            blocker = asyncio.create_task(aq.enqueue("job", {"first": True}))
+            await asyncio.sleep(0)  # the blocker is writing
+            waiting = asyncio.create_task(aq.enqueue("job", {"cancelled": True}))
+            await asyncio.sleep(0)
+            if aq.dialect == "postgres":  # on SQLite each call is in a thread of its own, unshared
+                waiting.cancel()
+                with pytest.raises(asyncio.CancelledError):
+                    await waiting
+                await blocker
+                assert [t.payload for t in await aq.list_tasks()] == [{"first": True}]
+            else:
+                await asyncio.gather(blocker, waiting)
+
+    asyncio.run(story())
