@@ -1,3 +1,4 @@
+# Generated from enqueue_async.py by `python -m leaseq.queue.generate`: do not edit.
 """Adding tasks: one or many, in the queue's own transaction or the caller's (the outbox pattern)."""
 
 from __future__ import annotations
@@ -81,9 +82,10 @@ class EnqueueOps(QueueBase):
         (field ``after``) and nothing is written.
 
         ``connection``: the application's own open database connection (a
-        ``psycopg.Connection`` on PostgreSQL, a ``sqlite3.Connection`` to the
-        queue's file on SQLite). The task is written in the caller's
-        transaction and exists only if the caller commits (the outbox pattern).
+        ``psycopg.Connection`` on PostgreSQL, a ``psycopg.AsyncConnection`` for the
+        awaited call; a ``sqlite3.Connection`` to the queue's file on SQLite). The task is
+        written in the caller's transaction and exists only if the caller commits (the
+        outbox pattern).
 
         ``limits`` names the limits the task counts against (see
         :meth:`set_limit`): no claim hands it out while one of them has no
@@ -139,7 +141,7 @@ class EnqueueOps(QueueBase):
                                     on_conflict=on_conflict, debounce=debounce, key=key,
                                     debounce_mode=debounce_mode, max_delay=max_delay, budget=budget,
                                     fairness_key=fairness_key, fairness_weight=fairness_weight)
-        return self._run(op) if connection is None else self._run_in(connection, op)
+        return (self._run(op) if connection is None else self._run_in(connection, op))
 
     def enqueue_many(self, kind: str, payloads: Iterable[Any], *, effect: str = "read_only",
                      queue: str = "default", idempotency_keys: Sequence[str | None] | None = None,
@@ -173,4 +175,4 @@ class EnqueueOps(QueueBase):
                                          on_dependency_failure=on_dependency_failure, limits=limits, units=units,
                                          resources=resources, fairness_key=fairness_key,
                                          fairness_weight=fairness_weight, budget=budget)
-        return self._run(op) if connection is None else self._run_in(connection, op)
+        return (self._run(op) if connection is None else self._run_in(connection, op))
