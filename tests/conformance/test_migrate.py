@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import threading
 
 import pytest
@@ -80,6 +81,22 @@ def test_concurrent_migrations_on_a_fresh_database_both_succeed(dsn: str) -> Non
     finally:
         for q in queues:
             q.close()
+
+
+def test_concurrent_awaited_migrations_on_a_fresh_database_both_succeed(dsn: str) -> None:
+    """The awaited migrate is the source of the blocking one (one method): two at once on a
+    fresh database end as two blocking ones do, the loser of the race to create the
+    bookkeeping table (SQLite) running again rather than raising."""
+    async def both() -> tuple[str, list[list[int]]]:
+        queues = [await leaseq.connect_async(dsn) for _ in range(2)]
+        try:
+            return queues[0].dialect, list(await asyncio.gather(*(q.migrate() for q in queues)))
+        finally:
+            for q in queues:
+                await q.close()
+
+    dialect, applied = asyncio.run(both())
+    assert sorted(applied, key=len) == [[], _latest(dialect)]
 
 
 def test_upgrading_a_version_2_database_keeps_one_enqueued_entry_per_task(dsn: str) -> None:

@@ -6,11 +6,17 @@ runs them on the backend, blocking. :class:`leaseq.AsyncQueue` drives the
 same operations on the event loop, with the same signatures. The lease
 guard itself is in SQL (``sql/<dialect>/queries.sql``).
 
+The methods that run an operation are written once, awaited, in the ``*_async``
+modules (those of :class:`leaseq.AsyncQueue`); the blocking modules below are
+generated from them (``python -m leaseq.queue.generate``, see :mod:`.generate`),
+except :mod:`.base` and :mod:`.fences`, written by hand.
+
 The class is assembled from one module per concern:
 
 - :mod:`.base`: settings, the backend, running an operation, ``joined``
 - :mod:`.leases`: claim, heartbeat, renew, complete, fail, retry, release,
   report a loss, sweep, intend (guarded by the lease)
+- :mod:`.fences`: ``hold_attempt`` and ending a revoked worker's leases
 - :mod:`.effects`: the action ledger (``begin_effect``, ``finish_effect``)
 - :mod:`.children`: child tasks (``spawn``, ``wait_children``, guarded by the lease)
 - :mod:`.enqueue`: adding tasks
@@ -32,6 +38,7 @@ from ..store import open_store
 from .children import ChildOps
 from .effects import EffectOps
 from .enqueue import EnqueueOps
+from .fences import FenceOps
 from .leases import LeaseOps
 from .operator import OperatorOps
 from .reads import ReadOps
@@ -40,7 +47,7 @@ from .schema import SchemaOps
 __all__ = ["ENQUEUE_CHUNK", "EVIDENCE_LEVELS", "ROUTE_BATCH", "ROUTINE_EVENTS", "Queue", "connect"]
 
 
-class Queue(ReadOps, OperatorOps, ChildOps, EffectOps, LeaseOps, EnqueueOps, SchemaOps):
+class Queue(ReadOps, OperatorOps, ChildOps, EffectOps, LeaseOps, FenceOps, EnqueueOps, SchemaOps):
     """A leaseq queue on one database. Thread-safe; share one per process.
 
     Create it with :func:`leaseq.connect`. Worker-side calls (``claim``,

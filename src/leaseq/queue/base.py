@@ -1,8 +1,10 @@
 """The queue's foundation: its settings, its backend and how an operation runs on it.
 
 Every operation module of this package (:mod:`.leases`, :mod:`.effects`,
-:mod:`.enqueue`, :mod:`.operator`, :mod:`.reads`, :mod:`.schema`) adds its
-methods to :class:`QueueBase`; :class:`leaseq.Queue` is all of them together.
+:mod:`.children`, :mod:`.enqueue`, :mod:`.operator`, :mod:`.reads`, :mod:`.schema`,
+each generated from its awaited source by :mod:`.generate`; :mod:`.fences`, written by
+hand) adds its methods to :class:`QueueBase`; :class:`leaseq.Queue` is all of them together.
+:class:`.base_async.AsyncQueueBase` is this class for the awaited methods.
 """
 
 from __future__ import annotations
@@ -20,7 +22,7 @@ from ..core.retry import DEFAULT_MAX_SNOOZES
 from ..engine.common import EVIDENCE_LEVELS, Settings
 from ..engine.steps import Op, T
 from ..store import Store, Tx
-from ..store.base import WorkListener
+from ..store.base import TaskListener, WorkListener
 from ..core.capabilities import Capabilities
 from ..db.errors import rolled_back
 
@@ -73,6 +75,11 @@ class QueueBase:
     def _run(self, op: Op[T]) -> T:
         return engine.drive(self.store, op)
 
+    def _shared(self, make: Callable[[], Op[T]]) -> T:
+        """``self._run(make())``: the blocking twin of :meth:`.base_async.AsyncQueueBase._ashared`
+        (a blocking call waits for its own commit; threads do not share one)."""
+        return self._run(make())
+
     def _run_again(self, make: Callable[[], Op[T]]) -> T:
         """``self._run(make())``, run again from its start when PostgreSQL rolled it back to
         break a lock cycle (:func:`leaseq.db.errors.rolled_back`: nothing was written). For
@@ -95,6 +102,11 @@ class QueueBase:
         """Whether :meth:`_run_again` (and its awaited twin) runs the operation once more after
         ``exc`` ended its ``attempt``-th run."""
         return attempt < ROLLED_BACK_ATTEMPTS and rolled_back(exc) and not self._in_joined
+
+    def _task_listener(self, task_id: int, *, streams: bool = False) -> TaskListener:
+        """A waiter woken when task ``task_id`` may have ended (``streams``: or its handler emitted);
+        the blocking twin of :meth:`.base_async.AsyncQueueBase._atask_listener`."""
+        return self.store.task_listener(task_id, streams=streams)
 
     @property
     def _in_joined(self) -> bool:

@@ -1,3 +1,4 @@
+# Generated from children_async.py by `python -m leaseq.queue.generate`: do not edit.
 """Child tasks: what ``ctx.spawn`` and ``ctx.wait_for`` send, guarded by the spawning task's lease."""
 
 from __future__ import annotations

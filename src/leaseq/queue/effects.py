@@ -1,3 +1,4 @@
+# Generated from effects_async.py by `python -m leaseq.queue.generate`: do not edit.
 """The action ledger: a tool call's intent recorded before it is made, its response after.
 
 Both writes are guarded by the lease; a response recorded under a key is
@@ -47,8 +48,9 @@ class EffectOps(QueueBase):
         task goes to needs_reconciliation, with a ``diverged`` event naming the
         entry) and raises :class:`leaseq.ToolCallDiverged`.
         """
-        return self._run(engine.effects.begin_effect(self.settings, worker, claim, action, key, resource=resource,
-                                                     effect=effect, args_digest=args_digest))
+        return self._run(engine.effects.begin_effect(self.settings, worker, claim, action, key,
+                                                     resource=resource, effect=effect,
+                                                     args_digest=args_digest))
 
     def finish_effect(self, worker: Worker | str, claim: Claim, effect: Effect, response: Any = None) -> Effect:
         """Record the response of a tool call whose intent :meth:`begin_effect` recorded."""

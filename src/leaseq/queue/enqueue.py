@@ -1,7 +1,9 @@
+# Generated from enqueue_async.py by `python -m leaseq.queue.generate`: do not edit.
 """Adding tasks: one or many, in the queue's own transaction or the caller's (the outbox pattern)."""
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Iterable, Mapping, Sequence
 from datetime import datetime, timedelta
 from typing import Any
@@ -81,9 +83,10 @@ class EnqueueOps(QueueBase):
         (field ``after``) and nothing is written.
 
         ``connection``: the application's own open database connection (a
-        ``psycopg.Connection`` on PostgreSQL, a ``sqlite3.Connection`` to the
-        queue's file on SQLite). The task is written in the caller's
-        transaction and exists only if the caller commits (the outbox pattern).
+        ``psycopg.Connection`` on PostgreSQL, a ``psycopg.AsyncConnection`` for the
+        awaited call; a ``sqlite3.Connection`` to the queue's file on SQLite). The task is
+        written in the caller's transaction and exists only if the caller commits (the
+        outbox pattern).
 
         ``limits`` names the limits the task counts against (see
         :meth:`set_limit`): no claim hands it out while one of them has no
@@ -128,18 +131,22 @@ class EnqueueOps(QueueBase):
         in which no task names a key is claimed as it always was. See the
         how-to page *Flow control*, "Fair share across tenants".
         """
-        op = engine.enqueue.enqueue(self.settings, kind, payload, effect=effect, queue=queue,
-                                    idempotency_key=idempotency_key, priority=priority, delay=delay,
-                                    max_attempts=max_attempts, lease_seconds=lease_seconds, actions=actions,
-                                    timeout=timeout, deadline=deadline, approval=approval,
-                                    approval_deadline=approval_deadline, by=by, trace_context=trace_context,
-                                    after=after,
-                                    on_dependency_failure=on_dependency_failure, limits=limits, units=units,
-                                    token_id=token_id, resources=resources, singleton_key=singleton_key,
-                                    on_conflict=on_conflict, debounce=debounce, key=key,
-                                    debounce_mode=debounce_mode, max_delay=max_delay, budget=budget,
-                                    fairness_key=fairness_key, fairness_weight=fairness_weight)
-        return self._run(op) if connection is None else self._run_in(connection, op)
+        # the iterables read once: the operation may be made again (leaseq.engine.shared)
+        actions = None if actions is None else list(actions)
+        after = None if after is None else list(after)
+        limits = None if limits is None else list(limits)
+        resources = None if resources is None else list(resources)
+        make = functools.partial(
+            engine.enqueue.enqueue, self.settings, kind, payload, effect=effect, queue=queue,
+            idempotency_key=idempotency_key, priority=priority, delay=delay, max_attempts=max_attempts,
+            lease_seconds=lease_seconds, actions=actions, timeout=timeout, deadline=deadline, approval=approval,
+            approval_deadline=approval_deadline, by=by, trace_context=trace_context, after=after,
+            on_dependency_failure=on_dependency_failure, limits=limits, units=units, token_id=token_id,
+            resources=resources, singleton_key=singleton_key, on_conflict=on_conflict, debounce=debounce, key=key,
+            debounce_mode=debounce_mode, max_delay=max_delay, budget=budget, fairness_key=fairness_key,
+            fairness_weight=fairness_weight)
+        # awaited, concurrent enqueues of one event loop share a transaction, its commit and its NOTIFY
+        return (self._shared(make) if connection is None else self._run_in(connection, make()))
 
     def enqueue_many(self, kind: str, payloads: Iterable[Any], *, effect: str = "read_only",
                      queue: str = "default", idempotency_keys: Sequence[str | None] | None = None,
@@ -173,4 +180,4 @@ class EnqueueOps(QueueBase):
                                          on_dependency_failure=on_dependency_failure, limits=limits, units=units,
                                          resources=resources, fairness_key=fairness_key,
                                          fairness_weight=fairness_weight, budget=budget)
-        return self._run(op) if connection is None else self._run_in(connection, op)
+        return (self._run(op) if connection is None else self._run_in(connection, op))

@@ -1,3 +1,4 @@
+# Generated from leases_async.py by `python -m leaseq.queue.generate`: do not edit.
 """Lease operations: what a worker does with the tasks it holds.
 
 Claim, renew, complete, fail, retry, release, report a loss, record an
@@ -7,16 +8,13 @@ lease), and a refused one raises :class:`leaseq.LeaseLost`.
 
 from __future__ import annotations
 
-import contextlib
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Iterable, Sequence
 from datetime import datetime
 from typing import Any
 
 from .. import engine
 from ..core import checks
-from ..core.errors import LeaseLost
 from ..core.model import Claim, Task, Worker
-from ..store import Tx
 from .base import QueueBase
 
 
@@ -79,7 +77,8 @@ class LeaseOps(QueueBase):
         return self._run(engine.leases.fail(self.settings, worker, claim, error, retry=retry, block=block,
                                             delay=delay))
 
-    def retry(self, worker: Worker | str, claim: Claim, after: float = 0.0, reason: str = "retry requested") -> Task:
+    def retry(self, worker: Worker | str, claim: Claim, after: float = 0.0,
+              reason: str = "retry requested") -> Task:
         """End the attempt on request: run the task again ``after`` seconds from now (the database's clock).
 
         Not a failure (what a handler's :class:`leaseq.Retry` sends): the attempt
@@ -139,30 +138,3 @@ class LeaseOps(QueueBase):
                                                approval_deadline=approval_deadline, priority=priority,
                                                max_attempts=max_attempts, lease_seconds=lease_seconds,
                                                actions=actions))
-
-    # -- fences and revocation -------------------------------------------------
-
-    @contextlib.contextmanager
-    def hold_attempt(self, task_id: int, generation: int, *, epoch: int = 0) -> Iterator[None]:
-        """Hold attempt ``generation`` of ``task_id``, claimed in lease epoch ``epoch``, to its live lease
-        while the block runs.
-
-        For a downstream fence on another database
-        (:class:`leaseq.fencing.QueueLeaseCheck`): raises :class:`LeaseLost` if
-        the attempt is not the running one with a live lease; otherwise keeps
-        a transaction open (the row ``FOR SHARE`` on PostgreSQL, the write
-        lock on SQLite) so no claim, cancel or expiry routing can take the
-        task until the block ends. Keep the block short.
-        """
-        task_id = checks.check_task_id(task_id)
-        generation = checks.check_int("generation", generation, minimum=0)
-        epoch = checks.check_int("epoch", epoch, minimum=0)
-        with self.store.transaction() as tx:
-            if tx.row("attempt_holds_lease", task_id=task_id, generation=generation, epoch=epoch) is None:
-                raise LeaseLost(task_id, generation, "the attempt no longer holds its lease")
-            yield
-
-    def end_worker_leases(self, tx: Tx, wid: str, reason: str) -> int:
-        """End every lease of a just-revoked worker, with a ``lease_revoked`` event each (in ``tx``).
-        Returns how many leases ended."""
-        return engine.drive_in(tx, engine.expiry.end_worker_leases(self.settings, wid, reason))

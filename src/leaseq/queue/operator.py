@@ -1,3 +1,4 @@
+# Generated from operator_async.py by `python -m leaseq.queue.generate`: do not edit.
 """Operator actions: what a person (or the service on their behalf) does to tasks, queues and workers.
 
 None is guarded by a lease; each is audited with ``by`` (who) and ``via``
@@ -10,24 +11,9 @@ from collections.abc import Mapping
 from typing import Any, Literal, overload
 
 from .. import engine
-from ..core import checks
 from ..core.model import Task, Worker
-from ..engine.approvals import Decider
-from ..engine.common import worker_id
-from ..core.context import current_context
 from .base import QueueBase
-
-
-def deciding(worker: Worker | str | None, token_id: str | None) -> Decider:
-    """Who makes an approval decision: ``worker`` and ``token_id`` as given and, when the
-    call is made from a task handler (the worker runtime's context, sync or async),
-    that handler's worker and task. A request's requester may not decide it."""
-    workers = [] if worker is None else [worker_id(worker)]
-    ctx = current_context.get()
-    if ctx is not None and ctx.worker.id not in workers:
-        workers.append(ctx.worker.id)
-    return Decider(workers=tuple(workers), task=None if ctx is None else ctx.task_id,
-                   token=checks.check_text("token_id", token_id) or None)
+from .decisions import deciding
 
 
 class OperatorOps(QueueBase):
@@ -191,9 +177,9 @@ class OperatorOps(QueueBase):
         "skipped" (matched but not moved: retention cleared the payload), "more" (the
         limit was reached)}``.
         """
-        return self._run(engine.operator.redrive(self.settings, status=status, queue=queue, kind=kind, error=error,
-                                                 older_than=older_than, limit=limit, dry_run=dry_run, note=note,
-                                                 by=by, via=via))
+        return self._run(engine.operator.redrive(self.settings, status=status, queue=queue, kind=kind,
+                                                 error=error, older_than=older_than, limit=limit,
+                                                 dry_run=dry_run, note=note, by=by, via=via))
 
     def cancel_where(self, *, status: str | list[str], queue: str | None = None, kind: str | None = None,
                      error: str | None = None, older_than: float | None = None, limit: int = 1000,

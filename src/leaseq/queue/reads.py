@@ -1,3 +1,4 @@
+# Generated from reads_async.py by `python -m leaseq.queue.generate`: do not edit.
 """Reads: tasks, their evidence, queues, workers, limits, approvals, the database clock, and waiting for an end.
 
 Nothing here writes (``wait`` only listens and looks again).
@@ -53,7 +54,7 @@ class ReadOps(QueueBase):
         task_id = checks.check_task_id(task_id)
         timeout = engine.waits.check_timeout(timeout)
         deadline = None if timeout is None else time.monotonic() + timeout
-        listener = self.store.task_listener(task_id)  # listening before the first look: no end slips by
+        listener = self._task_listener(task_id)  # listening before the first look: no end slips by
         try:
             task = self._run(engine.waits.watch(self.settings, task_id))
             while task.status not in engine.waits.SETTLED:
@@ -81,17 +82,19 @@ class ReadOps(QueueBase):
         Each attempt's entries begin with a ``reset`` entry (:class:`StreamItem`): the items
         of earlier attempts that are not ``durable`` are then void. Raises
         :class:`NotFound` (when iterated) for a task that does not exist.
+        Awaited, the iteration is an ``async for``: ``async for entry in aq.stream(task_id):``.
         """
         cursor = engine.streams.Cursor(task_id, after=after, follow=follow, timeout=timeout)
         return self._follow(cursor)
 
     def _follow(self, cursor: engine.streams.Cursor) -> Iterator[StreamItem]:
         # listening before the first look: no entry, and no end, slips by
-        listener = self.store.task_listener(cursor.task_id, streams=True) if cursor.follow else None
+        listener = self._task_listener(cursor.task_id, streams=True) if cursor.follow else None
         try:
             page = self._run(cursor.read(self.settings, first=True))
             while True:
-                yield from cursor.take(page)
+                for item in cursor.take(page):
+                    yield item
                 if cursor.done or cursor.capped:
                     return
                 pause = cursor.pause()
@@ -175,5 +178,6 @@ class ReadOps(QueueBase):
 
     def list(self, *, status: str | None = None, queue: str | None = None, limit: int = 100) -> list[Task]:
         """Deprecated name of :meth:`list_tasks` (it shadowed the builtin inside the class)."""
-        warnings.warn("Queue.list() is deprecated; use Queue.list_tasks()", DeprecationWarning, stacklevel=2)
+        warnings.warn("Queue.list() is deprecated; use Queue.list_tasks()", DeprecationWarning,
+                      stacklevel=2)
         return self.list_tasks(status=status, queue=queue, limit=limit)

@@ -1,3 +1,4 @@
+# Generated from schema_async.py by `python -m leaseq.queue.generate`: do not edit.
 """The schema and retention: migrations, the applied version, pruning ended tasks, the evidence record."""
 
 from __future__ import annotations
@@ -69,8 +70,8 @@ class SchemaOps(QueueBase):
         """
         return self._run(engine.schema.prune(self.settings, older_than_seconds,
                                              payloads_older_than_seconds=payloads_older_than_seconds,
-                                             evidence_older_than_seconds=evidence_older_than_seconds, batch=batch,
-                                             by=by, via=via, record_empty=record_empty,
+                                             evidence_older_than_seconds=evidence_older_than_seconds,
+                                             batch=batch, by=by, via=via, record_empty=record_empty,
                                              streams_older_than_seconds=streams_older_than_seconds))
 
     def evidence_record(self, task_id: int) -> list[dict[str, Any]]:
