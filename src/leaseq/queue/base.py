@@ -204,6 +204,7 @@ class QueueBase:
         with self.store.transaction() as tx:
             view = copy.copy(self)
             view.store = JoinedStore(self.store, tx)  # type: ignore[assignment]
+            view.shared_commits = weakref.WeakKeyDictionary()  # its calls are in tx, never in the queue's
             yield view, tx
 
     @contextlib.asynccontextmanager
@@ -220,4 +221,5 @@ class QueueBase:
         async with self.store.atransaction() as atx:
             view = copy.copy(self)
             view.store = CallerStore(self.store, atx=atx)
+            view.shared_commits = weakref.WeakKeyDictionary()  # its calls are in atx, never in the queue's
             yield view, atx
