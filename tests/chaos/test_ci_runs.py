@@ -10,8 +10,8 @@ minutes and more) is not run here; see docs/reliability.md.
 The selected runs start with the module's first test, in two lanes side by
 side (``LANES``), and each test then reads its run: about 100 s for the four,
 not 160. Their processes wait on leases, sleeps and the database most of the
-time: the four runs take about 35 s of CPU, their private PostgreSQL servers
-included, so two at once use about half of one of CI's two cores (a worker
+time: the four take about 50 s of CPU in all, their private PostgreSQL servers
+included, so two side by side stay under one of CI's two cores (a worker
 starved of CPU would rightly lose a lease the run then counts against it).
 """
 
@@ -56,6 +56,9 @@ LANES = (("test_sixty_seconds_on_postgres_with_every_fault",
           "test_thirty_seconds_on_sqlite_with_every_fault_it_supports"),
          ("test_thirty_seconds_of_remote_workers_through_a_restarted_service",
           "test_thirty_seconds_through_pgbouncer_in_transaction_mode"))
+#: Seconds between the lanes' starts: a run's first seconds (a dozen Python processes importing
+#: leaseq, initdb) are its busiest, and two at once would fill both cores while leases are taken.
+STAGGER = 8.0
 
 
 class Lanes:
@@ -66,20 +69,21 @@ class Lanes:
     def __init__(self, names: set[str], factory: pytest.TempPathFactory):
         self.factory, self.runs = factory, {}
         self.ready = {name: threading.Event() for name in names}
-        self.stopping = False
-        self.threads = [threading.Thread(target=self._lane, args=([n for n in lane if n in names],), daemon=True)
-                        for lane in LANES]
+        self.stopped = threading.Event()
+        self.threads = [threading.Thread(target=self._lane, args=([n for n in lane if n in names], i * STAGGER),
+                                         daemon=True) for i, lane in enumerate(LANES)]
         for thread in self.threads:
             thread.start()
 
-    def _lane(self, names: list[str]) -> None:
+    def _lane(self, names: list[str], delay: float) -> None:
         try:
+            self.stopped.wait(delay)
             for name in names:
-                if self.stopping or not all(find_tool(tool) for tool in RUNS[name][1]):
+                if self.stopped.is_set() or not all(find_tool(tool) for tool in RUNS[name][1]):
                     continue
                 run = self.runs[name] = start(name, self.factory)
                 self.ready[name].set()
-                if self.stopping:  # stop() came while this run started: it may not have seen it
+                if self.stopped.is_set():  # stop() came while this run started: it may not have seen it
                     run.stop()
                 try:  # the next run of the lane starts when this one ends, or at its deadline
                     run.proc.wait(max(0.0, run.deadline - time.monotonic()))
@@ -97,7 +101,7 @@ class Lanes:
         return self.runs[name]
 
     def stop(self) -> None:
-        self.stopping = True
+        self.stopped.set()
         for run in list(self.runs.values()):
             run.stop()
         for thread in self.threads:
