@@ -6,6 +6,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 from system_tools import require_tool
@@ -19,17 +20,48 @@ def need_pg_binaries() -> None:
     require_tool("pg_ctl")
 
 
+class ChaosRun:
+    """``leaseq chaos ARGS --history …`` started in a subprocess; :meth:`result` waits for it.
+
+    Its output goes to files in its folder, not pipes: runs started side by side are read one
+    after another, and a pipe nobody reads would stall a run that printed more than it holds."""
+
+    def __init__(self, tmp_path: Path, *args: str, pythonpath: Path | None = None, timeout: float = 240):
+        self.folder, self.history = tmp_path, tmp_path / "history.json"
+        self.deadline = time.monotonic() + timeout
+        env = {k: v for k, v in os.environ.items() if k != "LEASEQ_DSN"}
+        if pythonpath is not None:  # first; leaseq_chaos still comes from where it was found
+            env["PYTHONPATH"] = os.pathsep.join(p for p in (str(pythonpath), env.get("PYTHONPATH")) if p)
+        self.args = [sys.executable, "-m", "leaseq.cli.main", "chaos", *args, "--history", str(self.history)]
+        with open(tmp_path / "stdout", "wb") as out, open(tmp_path / "stderr", "wb") as err:
+            self.proc = subprocess.Popen(self.args, cwd=tmp_path, env=env, stdout=out, stderr=err,
+                                         stdin=subprocess.DEVNULL)
+
+    def result(self) -> tuple[subprocess.CompletedProcess, dict]:
+        """The finished process (its output read back) and the parsed history file; a run still
+        going at its deadline is killed and raises ``subprocess.TimeoutExpired``, as
+        ``subprocess.run`` would."""
+        try:
+            self.proc.wait(max(0.0, self.deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            self.stop()
+            raise
+        read = lambda name: (self.folder / name).read_text(errors="replace")  # noqa: E731
+        proc = subprocess.CompletedProcess(self.args, self.proc.returncode, read("stdout"), read("stderr"))
+        document = json.loads(self.history.read_text()) if self.history.exists() else {}
+        return proc, document
+
+    def stop(self) -> None:
+        """Kill the run if it is still going (a test that ended before reading it)."""
+        if self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait()
+
+
 def run_chaos_cli(tmp_path: Path, *args: str, pythonpath: Path | None = None,
                   timeout: float = 240) -> tuple[subprocess.CompletedProcess, dict]:
     """Run ``leaseq chaos ARGS --history …`` and return the process and the parsed history file."""
-    history = tmp_path / "history.json"
-    env = {k: v for k, v in os.environ.items() if k != "LEASEQ_DSN"}
-    if pythonpath is not None:  # first; leaseq_chaos still comes from where it was found
-        env["PYTHONPATH"] = os.pathsep.join(p for p in (str(pythonpath), env.get("PYTHONPATH")) if p)
-    proc = subprocess.run([sys.executable, "-m", "leaseq.cli.main", "chaos", *args, "--history", str(history)],
-                          cwd=tmp_path, env=env, capture_output=True, text=True, timeout=timeout)
-    document = json.loads(history.read_text()) if history.exists() else {}
-    return proc, document
+    return ChaosRun(tmp_path, *args, pythonpath=pythonpath, timeout=timeout).result()
 
 
 def recheck_cli(history: Path) -> subprocess.CompletedProcess:
