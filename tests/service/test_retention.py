@@ -100,9 +100,13 @@ COLUMNS: dict[str, str] = {
     # PostgreSQL (schema 39): one row per queue a task naming a key was written to (its claims
     # run in full); a queue name, kept as leaseq_queues keeps one
     "leaseq_full_claims.queue": "queue switch",
+    # PostgreSQL (schema 40): one row per queue a task naming a limit or a singleton key was
+    # written to (its one-key claims test them); a queue name, as above
+    "leaseq_limited_claims.queue": "queue switch",
 }
 #: Columns of tables only PostgreSQL has.
-POSTGRES_ONLY = {"leaseq_fairness_shares.queue", "leaseq_fairness_shares.key", "leaseq_full_claims.queue"}
+POSTGRES_ONLY = {"leaseq_fairness_shares.queue", "leaseq_fairness_shares.key", "leaseq_full_claims.queue",
+                 "leaseq_limited_claims.queue"}
 
 
 def _text_columns(dsn: str) -> set[str]:

@@ -475,6 +475,9 @@ RETURNING id, attempts, last_error AS reason;
 -- name: claim_fair_one
 -- no-op: SQLite's claim_fair plans each statement once per connection and reads none of the steps that weigh keys where one key alone is queued: it has no one-key claim (the backend declares none)
 
+-- name: claim_fair_one_plain
+-- no-op: SQLite has no one-key claim (the backend declares no lean claims), nor a record of the queues whose tasks name limits or singleton keys: its claim_fair tests them only for a task that names one
+
 -- name: claim_batch
 -- guard: none -- takes new leases: no lease exists yet to guard
 -- unused: compact -- the caller writes the "claimed" events (no data-modifying CTEs in SQLite)
