@@ -163,7 +163,8 @@ class AsyncQueue:
                            on_dependency_failure: str = "cancel", connection: Any = None,
                            limits: Iterable[str] | None = None, units: int = 1,
                            resources: Iterable[str] | None = None, fairness_key: str | None = None,
-                           fairness_weight: float = 1.0, budget: Mapping[str, int] | None = None) -> list[int]:
+                           fairness_weight: float = 1.0, budget: Mapping[str, int] | None = None,
+                           trace_context: str | None = None) -> list[int]:
         """:meth:`Queue.enqueue_many`, awaited."""
         op = engine.enqueue.enqueue_many(self.settings, kind, payloads, effect=effect, queue=queue,
                                          idempotency_keys=idempotency_keys, priority=priority, delay=delay,
@@ -171,7 +172,8 @@ class AsyncQueue:
                                          timeout=timeout, deadline=deadline, after=after,
                                          on_dependency_failure=on_dependency_failure, limits=limits, units=units,
                                          resources=resources, fairness_key=fairness_key,
-                                         fairness_weight=fairness_weight, budget=budget)
+                                         fairness_weight=fairness_weight, budget=budget,
+                                         trace_context=trace_context)
         return await (self._arun(op) if connection is None else self._arun_in(connection, op))
 
     async def _arun_in(self, connection: Any, op: Op[T]) -> T:

@@ -317,12 +317,12 @@ RETURNING id, payload, available_at, created_at, updated_at, deadline_at;
 -- See the PostgreSQL file. json_each keeps the document's order.
 INSERT INTO leaseq_tasks (queue, kind, payload, effect, priority, available_at,
                           idempotency_key, max_attempts, lease_seconds, actions, resources,
-                          timeout_seconds, deadline_at, limits, units, fairness_key, fairness_weight)
+                          timeout_seconds, deadline_at, limits, units, fairness_key, fairness_weight, trace_context)
 SELECT :queue, :kind, coalesce(n.value -> '$.payload', 'null'), :effect, :priority,
        (julianday('now') - 2440587.5) * 86400.0 + :delay,
        n.value ->> '$.idempotency_key', :max_attempts, :lease_seconds, :actions, :resources,
        :timeout, coalesce(:deadline_at, (julianday('now') - 2440587.5) * 86400.0 + :deadline_in), :limits, :units,
-       :fairness_key, :fairness_weight
+       :fairness_key, :fairness_weight, :trace_context
 FROM json_each(:tasks) AS n
 WHERE true  -- an INSERT ... SELECT needs a WHERE before ON CONFLICT in SQLite
 ON CONFLICT (queue, idempotency_key) DO NOTHING
@@ -333,12 +333,12 @@ RETURNING id, idempotency_key;
 -- just generated; a generated key meeting a stored one refuses the statement.
 INSERT INTO leaseq_tasks (queue, kind, payload, effect, priority, available_at,
                           idempotency_key, max_attempts, lease_seconds, actions, resources,
-                          timeout_seconds, deadline_at, limits, units, fairness_key, fairness_weight)
+                          timeout_seconds, deadline_at, limits, units, fairness_key, fairness_weight, trace_context)
 SELECT :queue, :kind, coalesce(n.value -> '$.payload', 'null'), :effect, :priority,
        (julianday('now') - 2440587.5) * 86400.0 + :delay,
        n.value ->> '$.idempotency_key', :max_attempts, :lease_seconds, :actions, :resources,
        :timeout, coalesce(:deadline_at, (julianday('now') - 2440587.5) * 86400.0 + :deadline_in), :limits, :units,
-       :fairness_key, :fairness_weight
+       :fairness_key, :fairness_weight, :trace_context
 FROM json_each(:tasks) AS n
 RETURNING id, idempotency_key;
 
