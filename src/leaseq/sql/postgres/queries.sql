@@ -3012,13 +3012,14 @@ RETURNING l.key;
 -- callers: worker
 -- guard: lease
 -- The usage settled by a consume, added to its key's spend of the day (the
--- database's UTC day), whether or not the key has a limit.
-INSERT INTO leaseq_limit_spend AS s (key, day, units)
-SELECT %(key)s, (now() AT TIME ZONE 'UTC')::date, %(units)s::bigint
+-- database's UTC day) by the task's tenant (its fairness key; '': none,
+-- schema 40), whether or not the key has a limit.
+INSERT INTO leaseq_limit_spend AS s (key, day, tenant, units)
+SELECT %(key)s, (now() AT TIME ZONE 'UTC')::date, coalesce(t.fairness_key, ''), %(units)s::bigint
 FROM leaseq_tasks t
 WHERE t.id = %(task_id)s
   /* TEMPLATE: lease_guard */
-ON CONFLICT (key, day) DO UPDATE SET units = s.units + excluded.units
+ON CONFLICT (key, day, tenant) DO UPDATE SET units = s.units + excluded.units
 RETURNING s.units;
 
 -- name: charge_task
@@ -3174,9 +3175,12 @@ RETURNING l.key;
 
 -- name: limit_spend
 -- callers: operator, viewer
--- Settled usage per key and UTC day, newest first, over the last %(days)s days.
-SELECT s.key, s.day, s.units
+-- Settled usage per key and UTC day, newest first, over the last %(days)s days,
+-- and its split by tenant (schema 40: {tenant: units}, '' for the tasks without
+-- a fairness key).
+SELECT s.key, s.day, sum(s.units)::bigint AS units, jsonb_object_agg(s.tenant, s.units) AS tenants
 FROM leaseq_limit_spend s
 WHERE (%(key)s::text IS NULL OR s.key = %(key)s)
   AND s.day > (now() AT TIME ZONE 'UTC')::date - %(days)s::integer
+GROUP BY s.key, s.day
 ORDER BY s.day DESC, s.key;

@@ -1856,12 +1856,12 @@ RETURNING key;
 
 -- name: record_spend
 -- guard: lease
-INSERT INTO leaseq_limit_spend (key, day, units)
-SELECT :key, date('now'), :units
+INSERT INTO leaseq_limit_spend (key, day, tenant, units)
+SELECT :key, date('now'), coalesce(t.fairness_key, ''), :units
 FROM leaseq_tasks AS t
 WHERE t.id = :task_id
   /* TEMPLATE: lease_guard */
-ON CONFLICT (key, day) DO UPDATE SET units = units + excluded.units
+ON CONFLICT (key, day, tenant) DO UPDATE SET units = units + excluded.units
 RETURNING units;
 
 -- name: charge_task
@@ -1971,8 +1971,10 @@ WHERE l.key IN (SELECT key FROM s)
 RETURNING key;
 
 -- name: limit_spend
-SELECT key, day, units
+-- See the PostgreSQL file; the split by tenant is a JSON text.
+SELECT key, day, sum(units) AS units, json_group_object(tenant, units) AS tenants
 FROM leaseq_limit_spend
 WHERE (:key IS NULL OR key = :key)
   AND day > date('now', '-' || :days || ' days')
+GROUP BY key, day
 ORDER BY day DESC, key;

@@ -1,5 +1,5 @@
 -- leaseq schema, version 40, PostgreSQL: the queues whose claims test limits
--- and singleton keys.
+-- and singleton keys; the settled spend per tenant.
 --
 -- A queue of one tenant's backlog (one fairness key queued) is claimed by
 -- claim_fair_one; where none of the queue's tasks names a limit or a
@@ -37,3 +37,10 @@ SELECT DISTINCT queue FROM leaseq_tasks
 WHERE limits IS NOT NULL OR singleton_key IS NOT NULL
 ON CONFLICT (queue) DO NOTHING;
 
+-- The usage settled by ctx.consume per limit key and UTC day (schema 31), now
+-- also per tenant: the fairness key of the task that consumed ('' for a task
+-- without one), so a team sees what each tenant spent (leaseq limits spend,
+-- /metrics). The rows so far are no tenant's.
+ALTER TABLE leaseq_limit_spend ADD COLUMN tenant text NOT NULL DEFAULT '';
+ALTER TABLE leaseq_limit_spend DROP CONSTRAINT leaseq_limit_spend_pkey;
+ALTER TABLE leaseq_limit_spend ADD PRIMARY KEY (key, day, tenant);
