@@ -1570,7 +1570,7 @@ SELECT l.key, l.max_running, l.per_second, l.burst, l.counts, l.running,
        CASE WHEN l.minute_window = floor(extract(epoch FROM now()) / 60) THEN l.minute_used ELSE 0 END AS minute_used,
        CASE WHEN l.hour_window = floor(extract(epoch FROM now()) / 3600) THEN l.hour_used ELSE 0 END AS hour_used,
        CASE WHEN l.day_window = floor(extract(epoch FROM now()) / 86400) THEN l.day_used ELSE 0 END AS day_used,
-       coalesce((SELECT s.units FROM leaseq_limit_spend s
+       coalesce((SELECT sum(s.units)::bigint FROM leaseq_limit_spend s  -- every tenant's (schema 40)
                  WHERE s.key = l.key AND s.day = (now() AT TIME ZONE 'UTC')::date), 0) AS spent_today
 FROM leaseq_limits l
 WHERE %(key)s::text IS NULL OR l.key = %(key)s

@@ -822,7 +822,7 @@ SELECT l.key, l.max_running, l.per_second, l.burst, l.counts, l.running,
        CASE WHEN l.minute_window = CAST((julianday('now') - 2440587.5) * 86400.0 / 60 AS INTEGER) THEN l.minute_used ELSE 0 END AS minute_used,
        CASE WHEN l.hour_window = CAST((julianday('now') - 2440587.5) * 86400.0 / 3600 AS INTEGER) THEN l.hour_used ELSE 0 END AS hour_used,
        CASE WHEN l.day_window = CAST((julianday('now') - 2440587.5) * 86400.0 / 86400 AS INTEGER) THEN l.day_used ELSE 0 END AS day_used,
-       coalesce((SELECT s.units FROM leaseq_limit_spend s WHERE s.key = l.key AND s.day = date('now')), 0)
+       coalesce((SELECT sum(s.units) FROM leaseq_limit_spend s WHERE s.key = l.key AND s.day = date('now')), 0)
            AS spent_today
 FROM leaseq_limits l
 WHERE :key IS NULL OR l.key = :key
