@@ -9,6 +9,11 @@ of each variant's first call on a fresh connection, less a steady call: the buil
 generic plan. Run against a PostgreSQL on this machine (the backends' /proc must be readable)::
 
     python -m bench.claim_replay --dsn postgresql://postgres@127.0.0.1:5432/test
+
+With ``--one-key``, the claims of one tenant's backlog instead, as the schema's owner:
+``claim_fair_one`` and ``claim_fair_one_plain`` on a queue of one fairness key's tasks,
+beside ``claim_plain`` on a queue of the same tasks without a key (``--limit``: the claim's
+size; the starvation benchmark's workers claim a slot or two at a time).
 """
 
 from __future__ import annotations
@@ -24,8 +29,9 @@ import psycopg
 
 import leaseq
 from leaseq import roles
+from leaseq.store.functions import call_sql, load_signatures
+from leaseq.store.queries import load_named_queries
 
-CLAIM = "SELECT * FROM {fn}(%s, false, 'default', NULL::text[], 10, NULL::float8, true)"
 COMPLETE = "SELECT * FROM leaseq_q_complete_batch(false, %s, %s::bigint[], %s::jsonb, false, true)"
 
 
@@ -40,22 +46,27 @@ def _cpu_ns(pid: int) -> int:
 
 
 class Session:
-    """One variant's connection: ``claim_<statement>`` called as ``who``."""
+    """One variant's connection: ``claim_<statement>`` of ``queue`` called as ``who``."""
 
-    def __init__(self, dsn: str, worker: str, statement: str, complete: bool):
+    def __init__(self, dsn: str, worker: str, statement: str, complete: bool, queue: str = "default",
+                 limit: int = 10):
         self.conn = psycopg.connect(dsn)
         self.conn.execute("SET plan_cache_mode = force_generic_plan")  # as leaseq's pool sets it
         self.conn.commit()
         self.pid = self.conn.execute("SELECT pg_backend_pid()").fetchone()[0]  # type: ignore[index]
         self.conn.rollback()
-        self.worker, self.complete = worker, complete
-        self.sql = CLAIM.format(fn=f"leaseq_q_claim_{statement}")
+        self.complete, self.limit = complete, limit
+        name = f"claim_{statement}"
+        self.sql = call_sql(load_named_queries("postgres")[name], load_signatures()[name])  # as the store sends it
+        self.params = dict(worker_id=worker, route_first=False, queue=queue, kinds=None, limit=limit,
+                           lease_seconds=None, compact=True)
+        self.worker = worker
 
     def call(self) -> None:
-        cur = self.conn.execute(self.sql, (self.worker,), prepare=True)
+        cur = self.conn.execute(self.sql, self.params, prepare=True)
         rows = cur.fetchall()
         ids = [r[0] for r in rows if r[0] is not None]
-        assert len(ids) == 10, rows[:1]
+        assert len(ids) == self.limit, rows[:1]
         if self.complete:
             gen = [c.name for c in cur.description].index("claim_generation")  # type: ignore[union-attr]
             items = [{"task_id": r[0], "generation": r[gen], "result": None} for r in rows]
@@ -79,7 +90,13 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--rounds", type=int, default=7)
     p.add_argument("--calls", type=int, default=150)
     p.add_argument("--complete", action="store_true", help="complete the claimed tasks in each call")
+    p.add_argument("--one-key", action="store_true",
+                   help="claim_fair_one and claim_fair_one_plain of one key's backlog, beside claim_plain")
+    p.add_argument("--limit", type=int, default=10, help="tasks per claim")
     args = p.parse_args(argv)
+    if args.one_key:
+        one_key(args)
+        return
     schema = f"claim_replay_{uuid.uuid4().hex[:8]}"
     role = f"{schema}_worker"
     with psycopg.connect(args.dsn, autocommit=True) as conn:
@@ -100,12 +117,12 @@ def main(argv: list[str] | None = None) -> None:
         first: dict[tuple[str, str], list[float]] = {v: [] for v in variants}
         for _ in range(3):  # the first call on a fresh connection: its plan built
             for who, st in variants:
-                s = Session(*logins[who], st, args.complete)
+                s = Session(*logins[who], st, args.complete, limit=args.limit)
                 one = s.timed(1)
                 steady = s.timed(20)
                 first[(who, st)].append(one - steady)
                 s.close()
-        sessions = {v: Session(*logins[v[0]], v[1], args.complete) for v in variants}
+        sessions = {v: Session(*logins[v[0]], v[1], args.complete, limit=args.limit) for v in variants}
         for s in sessions.values():
             s.timed(20)  # warm
         per: dict[tuple[str, str], list[float]] = {v: [] for v in variants}
@@ -128,6 +145,41 @@ def main(argv: list[str] | None = None) -> None:
             conn.execute(f"DROP SCHEMA IF EXISTS {schema} CASCADE")
             conn.execute(f'DROP OWNED BY "{role}"')
             conn.execute(f'DROP ROLE IF EXISTS "{role}"')
+
+
+def one_key(args: argparse.Namespace) -> None:
+    """The claims of one tenant's backlog against the lean claim of the same tasks without a key
+    (``--one-key``), as the schema's owner; the variants alternate, round after round."""
+    schema = f"claim_replay_{uuid.uuid4().hex[:8]}"
+    with psycopg.connect(args.dsn, autocommit=True) as conn:
+        conn.execute(f"CREATE SCHEMA {schema}")
+    dsn = with_search_path(args.dsn, schema)
+    try:
+        with leaseq.connect(dsn) as q:
+            q.migrate()
+            worker = q.register_worker("owner").id
+            q.enqueue_many("job", [{"i": i} for i in range(1000)], queue="plain")
+            q.enqueue_many("job", [{"i": i} for i in range(1000)], fairness_key="a")
+            w = q.register_worker("first")
+            q.claim(w, queue="default")  # the key's shares exist, as in a drain
+        variants = {"claim_plain": ("plain", "plain"), "claim_fair_one": ("fair_one", "default"),
+                    "claim_fair_one_plain": ("fair_one_plain", "default")}
+        sessions = {v: Session(dsn, worker, st, args.complete, queue, args.limit) for v, (st, queue) in variants.items()}
+        for s in sessions.values():
+            s.timed(20)  # warm
+        per: dict[str, list[float]] = {v: [] for v in variants}
+        for _ in range(args.rounds):
+            for v, s in sessions.items():
+                with psycopg.connect(dsn, autocommit=True) as conn:
+                    conn.execute("VACUUM leaseq_tasks, leaseq_events, leaseq_fairness_shares")
+                per[v].append(s.timed(args.calls))
+        for s in sessions.values():
+            s.close()
+        print(json.dumps({v: {"ms_per_call_median": round(statistics.median(per[v]), 3),
+                              "rounds": [round(x, 3) for x in per[v]]} for v in variants}, indent=1))
+    finally:
+        with psycopg.connect(args.dsn, autocommit=True) as conn:
+            conn.execute(f"DROP SCHEMA IF EXISTS {schema} CASCADE")
 
 
 if __name__ == "__main__":

@@ -459,11 +459,14 @@ class _Operations:
                                          headers=headers)))
 
     def _enqueue_many(self, kind: str, payloads: Iterable[Any], options: dict[str, Any]) -> _Op[list[int]]:
+        traceparent = check_trace_context("trace_context", options.pop("trace_context", None))
+        headers = {"traceparent": traceparent} if traceparent is not None else None
         _deadline_option(options)
         for name in ("idempotency_keys", "actions", "resources", "limits", "after"):
             if options.get(name) is not None:
                 options[name] = list(options[name])
-        answer = yield _Request("POST", "/v1/tasks/batch", {"kind": kind, "payloads": list(payloads), **options})
+        answer = yield _Request("POST", "/v1/tasks/batch", {"kind": kind, "payloads": list(payloads), **options},
+                                headers=headers)
         return [int(task_id) for task_id in answer["task_ids"]]
 
     def _set_limit(self, key: str, max_running: int | None, per_second: float | None, burst: float | None,
@@ -877,7 +880,8 @@ class RemoteQueue(_Operations):
         """Add many tasks of one ``kind`` at once (``POST /v1/tasks/batch``); returns their ids, in
         order. Options as for :meth:`leaseq.Queue.enqueue_many` (``idempotency_keys``, one per
         payload; ``budget``, each task's own; the others shared), every task or none, in one
-        transaction; at most 1000 payloads per call."""
+        transaction; at most 1000 payloads per call. ``trace_context`` travels as the W3C
+        ``traceparent`` header, which the service stores with every task."""
         return self._run(self._enqueue_many(kind, payloads, options))
 
     def redrive(self, *, status: str | list[str] = "dead", queue: str | None = None, kind: str | None = None,

@@ -311,7 +311,16 @@ def test_postgres_generic_plans_read_tasks_by_index(pg_schema_dsn: str, query: s
         _check_fair_steps(plan)
         assert sorted(set(_fair_steps_in(plan))) == ["CTE fair_mode", "CTE fair_one", "CTE fair_start"], \
             json.dumps(plan, indent=1)[:6000]
-    if query in ("claim_batch", "claim_fair", "claim_fair_one", "claim_plain"):
+    if query == "claim_fair_one_plain":
+        # the one-key claim of a queue whose tasks never named a limit or a singleton key:
+        # claim_fair_one's steps, and none of the limits' nor the singleton rule's
+        _check_fair_steps(plan)
+        assert sorted(set(_fair_steps_in(plan))) == ["CTE fair_mode", "CTE fair_one", "CTE fair_start"], \
+            json.dumps(plan, indent=1)[:6000]
+        steps = json.dumps(plan)
+        assert not [n for n in ("CTE held", "CTE demand", "CTE refused", "CTE taken", "leaseq_limits",
+                                "leaseq_tasks_singleton") if n in steps], steps[:6000]
+    if query in ("claim_batch", "claim_fair", "claim_fair_one", "claim_fair_one_plain", "claim_plain"):
         # the look for an expired lease reads the leases index in deadline order, no walk and sort
         assert [s for s in _queued_scans(plan, status="running") if s[0] != "leaseq_tasks_pkey" and s != SINGLETON_PROBE] == \
             [("leaseq_tasks_leases", False)], json.dumps(plan, indent=1)[:6000]
@@ -373,26 +382,55 @@ def test_postgres_fair_claim_of_one_key_alone_reads_a_claim_worth(pg_schema_dsn:
     assert _rows_read(analysed) <= 4 * CLAIM_PARAMS["limit"], json.dumps(analysed, indent=1)[:8000]
 
 
+@pytest.mark.parametrize("query", ["claim_fair_one", "claim_fair_one_plain"])
 @pytest.mark.parametrize("queued", [4_000, 40_000])
 def test_postgres_one_key_claim_reads_a_claim_worth_and_stands_aside_for_two(pg_schema_dsn: str,
-                                                                            queued: int) -> None:
-    """The one-key claim (claim_fair_one) of one tenant's backlog reads that key's tasks in claim
-    order only as far as its batch, whatever the depth; with a second key queued it claims
-    nothing and answers fair_one false (the caller claims with claim_fair)."""
+                                                                            queued: int, query: str) -> None:
+    """The one-key claim (claim_fair_one, and its form for a queue without limits and singleton
+    keys) of one tenant's backlog reads that key's tasks in claim order only as far as its
+    batch, whatever the depth; with a second key queued it claims nothing and answers
+    fair_one false (the caller claims with claim_fair)."""
     worker = _pg_queue(pg_schema_dsn, 20_000, queued)
     with psycopg.connect(pg_schema_dsn, autocommit=True) as conn:
         conn.execute("UPDATE leaseq_tasks SET fairness_key = 'a', fairness_weight = 1 WHERE status = 'queued'")
         conn.execute("VACUUM (ANALYZE) leaseq_tasks")
     params = dict(SAMPLE, worker_id=worker)
-    analysed = _explain_analyze_as_the_store_runs(pg_schema_dsn, "claim_fair_one", params)
+    analysed = _explain_analyze_as_the_store_runs(pg_schema_dsn, query, params)
     assert _subplan(analysed, "CTE claimed")["Actual Rows"] == CLAIM_PARAMS["limit"]
     assert _subplan(analysed, "CTE fair_one")["Actual Rows"] == CLAIM_PARAMS["limit"]
     assert _rows_read(analysed) <= 4 * CLAIM_PARAMS["limit"], json.dumps(analysed, indent=1)[:8000]
     with psycopg.connect(pg_schema_dsn, autocommit=True) as conn:
         conn.execute(FAIR_FILL["postgres"])
-    analysed = _explain_analyze_as_the_store_runs(pg_schema_dsn, "claim_fair_one", params)
+    analysed = _explain_analyze_as_the_store_runs(pg_schema_dsn, query, params)
     assert _subplan(analysed, "CTE claimed")["Actual Rows"] == 0
     assert _rows_read(analysed) <= 2 * CLAIM_PARAMS["limit"], json.dumps(analysed, indent=1)[:8000]
+
+
+def test_postgres_lean_one_key_claim_stands_aside_for_a_limited_task(pg_schema_dsn: str) -> None:
+    """claim_fair_one_plain claims nothing, and answers limited_due, once a task of its queue
+    names a limit (the trigger of schema 40 records the queue as the task is written), though
+    one key alone is queued: the caller claims with claim_fair_one, which tests it."""
+    worker = _pg_queue(pg_schema_dsn, 0, 400)
+    with psycopg.connect(pg_schema_dsn, autocommit=True) as conn:
+        conn.execute("UPDATE leaseq_tasks SET fairness_key = 'a', fairness_weight = 1 WHERE status = 'queued'")
+        conn.execute("VACUUM (ANALYZE) leaseq_tasks")
+    params = dict(SAMPLE, worker_id=worker)
+    sql = load_queries("postgres")["claim_fair_one_plain"]
+    with psycopg.connect(pg_schema_dsn, autocommit=True) as conn, conn.transaction(force_rollback=True):
+        conn.execute(AS_OWNER)
+        cur = conn.execute(sql, _encode(params))
+        found = [dict(zip([c.name for c in cur.description or []], r)) for r in cur.fetchall()]
+        assert len(found) == CLAIM_PARAMS["limit"] and not found[0]["limited_due"] and found[0]["fair_one"]
+    with psycopg.connect(pg_schema_dsn, autocommit=True) as conn:
+        conn.execute("UPDATE leaseq_tasks SET limits = ARRAY['cap'] WHERE id = (SELECT max(id) FROM leaseq_tasks)")
+        assert conn.execute("SELECT count(*) FROM leaseq_limited_claims WHERE queue = 'default'").fetchone() == (1,)
+    analysed = _explain_analyze_as_the_store_runs(pg_schema_dsn, "claim_fair_one_plain", params)
+    assert _subplan(analysed, "CTE claimed")["Actual Rows"] == 0
+    with psycopg.connect(pg_schema_dsn, autocommit=True) as conn, conn.transaction(force_rollback=True):
+        conn.execute(AS_OWNER)
+        cur = conn.execute(sql, _encode(params))
+        found = [dict(zip([c.name for c in cur.description or []], r)) for r in cur.fetchall()]
+        assert len(found) == 1 and found[0]["id"] is None and found[0]["limited_due"] and found[0]["fair_one"]
 
 
 def _share_reads(plan: dict[str, Any]) -> list[tuple[str, str]]:

@@ -467,3 +467,80 @@ def test_a_key_enqueued_during_a_one_key_claim_is_served_next(pg_schema_dsn: str
         assert [c.task_id for c in q.claim(w, limit=3)] == a[2:5]
         row = fair_rows(pg_schema_dsn)[("default", 0, "a")]
         assert (row["claimed"], row["service"]) == (5, 5.0)
+
+
+#: each way a task makes its queue's one-key claim test limits and singleton keys
+LIMITED: dict[str, dict[str, Any]] = {
+    "limit": dict(limits=["one-key-cap"]),
+    "singleton_key": dict(singleton_key="only-one"),
+}
+
+
+@pytest.mark.parametrize("limited", sorted(LIMITED))
+@pytest.mark.parametrize("kind", TRANSPORTS)
+def test_one_keys_backlog_that_gains_a_limited_task_is_claimed_with_its_tests_at_once(
+        dsn: str, q: leaseq.Queue, kind: str, limited: str) -> None:
+    """One key's backlog of tasks that name no limit and no singleton key (on PostgreSQL
+    claimed by claim_fair_one_plain, which reads neither): a task of the key that names one,
+    enqueued at a higher priority, is the next claim's (priority first: a claim that passed
+    over it would hand out the backlog's next task), with its limit's slot taken; and the
+    key is charged as before."""
+    q.set_limit("one-key-cap", max_running=1)
+    with over(kind, q, "worker") as t:
+        w = t.register_worker("w")
+        a = q.enqueue_many("k", [{"n": i} for i in range(10)], fairness_key="a")
+        assert [c.task_id for _ in range(3) for c in t.claim(w)] == a[:3]
+        hi = q.enqueue("k", {"n": 99}, fairness_key="a", priority=5, **LIMITED[limited])
+        assert [c.task_id for c in t.claim(w)] == [hi.id]
+        assert [c.task_id for c in t.claim(w, limit=2)] == a[3:5]
+        assert q.limits("one-key-cap")[0]["running"] == (1 if limited == "limit" else 0)
+        rows = fair_rows(dsn)
+        assert rows[("default", 0, "a")]["claimed"] == 5 and rows[("default", 5, "a")]["claimed"] == 1
+
+
+def test_a_limited_task_enqueued_during_a_lean_one_key_claim_is_held_by_its_limit(pg_schema_dsn: str) -> None:
+    """PostgreSQL, the race: a task of the queue's one key that names a limit is enqueued while
+    the lean one-key claim (claim_fair_one_plain, which tests no limit) runs, held at the
+    worker row's lock with its snapshot taken. The claim answers as one made before the
+    enqueue; the queue's next claim tests limits (claim_fair_one): it takes the task by its
+    priority and its limit's slot, and a second such task, its limit full, is held back."""
+    import time
+
+    import psycopg
+
+    from leaseq.db.dsn import split_leaseq_options
+
+    with leaseq.connect(pg_schema_dsn) as q:
+        q.migrate()
+        q.set_limit("cap", max_running=1)
+        w = q.register_worker("w")
+        a = q.enqueue_many("k", [{"n": i} for i in range(10)], fairness_key="a")
+        assert [c.task_id for _ in range(2) for c in q.claim(w)] == a[:2]  # claim_fair, then the lean one
+        assert "default" in q.settings.fair_one_queues and "default" not in q.settings.limited_queues
+        got: list[list[int]] = []
+        with psycopg.connect(split_leaseq_options(pg_schema_dsn)[0]) as locker:
+            locker.execute("SELECT 1 FROM leaseq_workers WHERE id = %s FOR UPDATE", (w.id,))
+            [[pid]] = locker.execute("SELECT pg_backend_pid()").fetchall()
+            claimer = threading.Thread(target=lambda: got.append([c.task_id for c in q.claim(w)]))
+            claimer.start()
+            with psycopg.connect(split_leaseq_options(pg_schema_dsn)[0], autocommit=True) as watch:
+                deadline = time.monotonic() + 10
+                while not watch.execute("SELECT count(*) FROM pg_stat_activity WHERE %s = ANY(pg_blocking_pids(pid))",
+                                        (pid,)).fetchone()[0]:  # type: ignore[index]
+                    assert time.monotonic() < deadline, "the claim never reached the worker row"
+                    time.sleep(0.01)
+            capped = q.enqueue("k", {"n": 99}, fairness_key="a", priority=5, limits=["cap"])
+            locker.rollback()
+            claimer.join(timeout=10)
+        assert got == [a[2:3]]  # as before the enqueue
+        [taken] = q.claim(w)
+        assert taken.task_id == capped.id  # the limits' tests at once: priority first
+        assert "default" in q.settings.limited_queues
+        assert q.limits("cap")[0]["running"] == 1
+        held = q.enqueue("k", {"n": 100}, fairness_key="a", priority=5, limits=["cap"])
+        assert [c.task_id for c in q.claim(w, limit=2)] == a[3:5]  # the limit is full: held back
+        assert q.get(held.id).status == "queued" and q.limits("cap")[0]["running"] == 1
+        q.complete(w, taken)
+        assert [c.task_id for c in q.claim(w)] == [held.id]
+        row = fair_rows(pg_schema_dsn)[("default", 0, "a")]
+        assert (row["claimed"], row["service"]) == (5, 5.0)

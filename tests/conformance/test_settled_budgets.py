@@ -213,6 +213,22 @@ def test_a_key_the_task_does_not_name_is_charged_on_top_of_its_reservations(q: l
     assert sorted((r["key"], r["units"]) for r in q.limit_spend()) == [("no-limit-set", 7), (TOK, 300)]
 
 
+def test_the_spend_is_split_by_the_tenant_of_the_task_that_consumed(q: leaseq.Queue) -> None:
+    """Each consume counts in its key's spend of the day under the task's tenant (its fairness
+    key; "" for a task without one): limit_spend gives the day's total and its split, and the
+    limit's spent_today is the total."""
+    q.set_limit(TOK, per_day=10_000, counts="units")
+    w = q.register_worker("w")
+    for n, (tenant, units) in enumerate((("acme", 30), ("globex", 12), (None, 5), ("acme", 3))):
+        q.enqueue("call", {"n": n}, fairness_key=tenant, queue="tenants")
+        [claim] = q.claim(w, queue="tenants")
+        q.consume(w, claim, f"call:consume:{n}", TOK, units)
+        q.complete(w, claim)
+    [day] = q.limit_spend(TOK)
+    assert (day["units"], day["tenants"]) == (50, {"": 5, "acme": 33, "globex": 12})
+    assert window_row(q)["spent_today"] == 50
+
+
 @pytest.mark.parametrize("ending", ["fail", "retry", "release", "expiry", "cancel"])
 def test_every_end_of_an_attempt_reconciles_its_reservation(q: leaseq.Queue, ending: str) -> None:
     q.set_limit(TOK, per_day=10_000, counts="units")

@@ -73,6 +73,40 @@ def test_a_queue_limited_token_adds_a_batch_to_its_queues_only(svc: Service) -> 
     assert [svc.q.get(i).queue for i in ok.json()["task_ids"]] == ["mine", "mine"]
 
 
+#: a W3C traceparent, as a traced caller sends it
+CALLER = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"
+
+
+def test_a_batch_records_the_callers_traceparent_as_the_single_enqueue_does(svc: Service) -> None:
+    """The ``traceparent`` header of a batch is stored with every task it adds (the claim hands
+    it to the worker, whose spans join the caller's trace), as ``POST /v1/tasks`` stores it; an
+    invalid one is ignored, as W3C Trace Context says a receiver must. RemoteQueue.enqueue_many
+    sends ``trace_context`` as the header, and Queue.enqueue_many takes it too."""
+    http = svc.http(svc.token("operator", all_queues=True))
+    sent = http.post("/v1/tasks/batch", json={"kind": "job", "payloads": [1, 2]}, headers={"traceparent": CALLER})
+    assert sent.status_code == 201, sent.text
+    assert [svc.q.get(i).trace_context for i in sent.json()["task_ids"]] == [CALLER, CALLER]
+    single = http.post("/v1/tasks", json={"kind": "job", "payload": 3}, headers={"traceparent": CALLER})
+    assert single.json()["trace_context"] == CALLER
+    ignored = http.post("/v1/tasks/batch", json={"kind": "job", "payloads": [4]},
+                        headers={"traceparent": "00-zz-bad-01"})
+    assert ignored.status_code == 201, ignored.text
+    assert svc.q.get(ignored.json()["task_ids"][0]).trace_context is None
+    remote = svc.remote(svc.token("operator", all_queues=True))
+    ids = remote.enqueue_many("job", [5, 6], trace_context=CALLER)
+    assert {svc.q.get(i).trace_context for i in ids} == {CALLER}
+    assert {svc.q.get(i).trace_context for i in svc.q.enqueue_many("job", [7], trace_context=CALLER)} == {CALLER}
+    with pytest.raises(leaseq.InvalidInput) as bad:
+        remote.enqueue_many("job", [8], trace_context="nonsense")
+    assert bad.value.field == "trace_context"
+    with pytest.raises(leaseq.InvalidInput) as bad:
+        svc.q.enqueue_many("job", [8], trace_context="nonsense")
+    assert bad.value.field == "trace_context"
+    w = svc.q.register_worker("reader")
+    claimed = {c.task_id: c.task.trace_context for c in svc.q.claim(w, limit=10)}
+    assert claimed[sent.json()["task_ids"][0]] == CALLER
+
+
 @pytest.mark.parametrize("body, field", [
     ({"kind": "job", "payloads": []}, "payloads"),
     ({"kind": "job", "payloads": list(range(MAX_BATCH + 1))}, "payloads"),

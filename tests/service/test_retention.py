@@ -82,6 +82,8 @@ COLUMNS: dict[str, str] = {
     "leaseq_tasks.budget": "declaration (units by limit key)", "leaseq_tasks.spent": "usage (units by limit key)",
     "leaseq_limit_charges.key": "limit key (deleted when the attempt ends, or with the task)",
     "leaseq_limit_spend.key": "usage by limit key and day (not task data)",
+    # schema 40: the tenant the usage was settled for (a fairness key), pruned with its day
+    "leaseq_limit_spend.tenant": "usage by limit key, tenant and day (a fair-share key)",
     "leaseq_approvals.reason": "why a person is asked", "leaseq_approvals.detail": "a budget's figures",
     "leaseq_approvals.request": "which request: the gate or more budget (schema 38)",
     # budgets that cover the tree (schema 34): one row per budget owner and key, deleted with the owner
@@ -100,9 +102,13 @@ COLUMNS: dict[str, str] = {
     # PostgreSQL (schema 39): one row per queue a task naming a key was written to (its claims
     # run in full); a queue name, kept as leaseq_queues keeps one
     "leaseq_full_claims.queue": "queue switch",
+    # PostgreSQL (schema 40): one row per queue a task naming a limit or a singleton key was
+    # written to (its one-key claims test them); a queue name, as above
+    "leaseq_limited_claims.queue": "queue switch",
 }
 #: Columns of tables only PostgreSQL has.
-POSTGRES_ONLY = {"leaseq_fairness_shares.queue", "leaseq_fairness_shares.key", "leaseq_full_claims.queue"}
+POSTGRES_ONLY = {"leaseq_fairness_shares.queue", "leaseq_fairness_shares.key", "leaseq_full_claims.queue",
+                 "leaseq_limited_claims.queue"}
 
 
 def _text_columns(dsn: str) -> set[str]:

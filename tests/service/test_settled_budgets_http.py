@@ -69,6 +69,10 @@ def test_a_remote_worker_consumes_and_an_operator_raises_the_budget(svc: Service
     assert f'leaseq_limit_window_used{{limit="{TOK}",window="day"}} 400.0' in text
     assert f'leaseq_limit_window_total{{limit="{TOK}",window="hour"}} 500000.0' in text
     assert f'leaseq_limit_spent_today{{limit="{TOK}"}} 400.0' in text
+    # and per tenant (the task named no fairness key) and UTC day
+    [day] = viewer.get("/v1/limits/spend").json()["spend"]
+    assert day["tenants"] == {"": 400}
+    assert f'leaseq_limit_spend{{day="{day["day"]}",limit="{TOK}",tenant=""}} 400.0' in text
     assert running.runtime.stats.suspended == 1 and running.runtime.stats.lost == 0
     assert validate_queue(q) == []
 

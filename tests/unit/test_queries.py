@@ -46,7 +46,7 @@ WORKER_PARAM = "worker_id"
 #: The claims: the claim, the claim of a queue that uses fairness keys (engine.fairness), and
 #: the lean claims: of a queue whose tasks never named a key, and of one key alone queued
 #: (no-ops where the backend has none).
-CLAIMS = {"claim_batch", "claim_fair", "claim_fair_one", "claim_plain"}
+CLAIMS = {"claim_batch", "claim_fair", "claim_fair_one", "claim_fair_one_plain", "claim_plain"}
 #: The only queries allowed to set a deadline that is not NULL.
 DEADLINE_WRITERS = CLAIMS | {"renew_leases", "expire_lease", "end_worker_leases"}
 

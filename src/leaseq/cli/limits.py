@@ -113,7 +113,8 @@ def delete_limit(ctx: click.Context, key: str) -> None:
 @click.pass_context
 def spend(ctx: click.Context, key: str | None, days: int, as_json: bool) -> None:
     """The usage settled after the call (ctx.consume) per key and day (UTC),
-    newest first: every key, or KEY's."""
+    newest first: every key, or KEY's, and each day's by tenant (the
+    fairness key of the tasks that consumed it; "-": tasks without one)."""
     rows = open_queue(ctx).limit_spend(key, days=days)
     if as_json:
         emit_json(rows)
@@ -122,7 +123,12 @@ def spend(ctx: click.Context, key: str | None, days: int, as_json: bool) -> None
     if not rows:
         console.print("no usage settled" + (f" for {key}" if key else "") + f" in the last {days} days")
         return
-    table = Table("day", "key", "units")
+    table = Table("day", "key", "units", "by tenant")
     for r in rows:
-        table.add_row(r["day"], r["key"], str(r["units"]))
+        table.add_row(r["day"], r["key"], str(r["units"]), _tenants(r["tenants"]))
     console.print(table)
+
+
+def _tenants(spend: dict[str, int]) -> str:
+    """A day's spend by tenant, the largest first ("-": the tasks without a fairness key)."""
+    return ", ".join(f"{tenant or '-'} {units}" for tenant, units in sorted(spend.items(), key=lambda kv: -kv[1]))

@@ -40,6 +40,7 @@ covers pays nothing: its ``budget_owners`` is NULL, and neither statement runs.
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterable, Mapping
 from typing import Any
 
@@ -245,4 +246,11 @@ def limit_spend(s: Settings, key: str | None = None, *, days: int = 7) -> Op[lis
     yield BEGIN
     found = yield rows("limit_spend", key=key, days=days)
     yield COMMIT
-    return [{"key": r["key"], "day": str(r["day"]), "units": int(r["units"])} for r in found]
+    return [{"key": r["key"], "day": str(r["day"]), "units": int(r["units"]),
+             "tenants": {tenant: int(units) for tenant, units in sorted(_json(r["tenants"]).items())}}
+            for r in found]
+
+
+def _json(value: Any) -> dict[str, Any]:
+    """A JSON object column: decoded by the driver (PostgreSQL's jsonb) or JSON text (SQLite)."""
+    return json.loads(value) if isinstance(value, str) else dict(value)

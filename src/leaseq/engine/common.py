@@ -51,6 +51,9 @@ class Settings:
     #: the queues whose last fair claim found one fairness key alone queued (and no task
     #: without a key ready): their claims run claim_fair_one (a hint, as fair_queues)
     fair_one_queues: set[str] = field(default_factory=set, compare=False, hash=False, repr=False)
+    #: the queues whose lean one-key claim (claim_fair_one_plain) answered that a task of
+    #: theirs names a limit or a singleton key: their one-key claims run claim_fair_one
+    limited_queues: set[str] = field(default_factory=set, compare=False, hash=False, repr=False)
 
     @property
     def compact(self) -> bool:

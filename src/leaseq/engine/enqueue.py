@@ -78,10 +78,11 @@ def _common(kind: str, effect: str, queue: str, priority: int, delay: float, max
             lease_seconds: float, actions: Iterable[str] | None, timeout: float | None = None,
             deadline: datetime | timedelta | None = None, limits: Iterable[str] | None = None,
             units: int = 1, resources: Iterable[str] | None = None, fairness_key: str | None = None,
-            fairness_weight: float = 1.0) -> dict[str, Any]:
+            fairness_weight: float = 1.0, trace_context: str | None = None) -> dict[str, Any]:
     effect = checks.check_effect(effect)
     return dict(
         **check_budgets(timeout, deadline),
+        trace_context=checks.check_trace_context("trace_context", trace_context),
         **fairness.check_fairness(fairness_key, fairness_weight),
         limits=check_limits(limits),
         units=check_units(units),
@@ -267,7 +268,8 @@ def enqueue_many(s: Settings, kind: str, payloads: Iterable[Any], *, effect: str
                  deadline: datetime | timedelta | None = None, after: Iterable[int] | None = None,
                  on_dependency_failure: str = "cancel", limits: Iterable[str] | None = None,
                  units: int = 1, resources: Iterable[str] | None = None, fairness_key: str | None = None,
-                 fairness_weight: float = 1.0, budget: Mapping[str, int] | None = None) -> Op[list[int]]:
+                 fairness_weight: float = 1.0, budget: Mapping[str, int] | None = None,
+                 trace_context: str | None = None) -> Op[list[int]]:
     """:meth:`leaseq.Queue.enqueue_many`."""
     from .budgets import check_budget
     budget = check_budget(budget)
@@ -279,7 +281,7 @@ def enqueue_many(s: Settings, kind: str, payloads: Iterable[Any], *, effect: str
             raise InvalidInput("idempotency_keys", f"needs one key per payload ({len(payloads)}), "
                                                    f"got {len(idempotency_keys)}")
     common = _common(kind, effect, queue, priority, delay, max_attempts, lease_seconds, actions, timeout, deadline,
-                     limits, units, resources, fairness_key, fairness_weight)
+                     limits, units, resources, fairness_key, fairness_weight, trace_context)
     wait = (upstreams, on_dependency_failure)
     given: list[str | None] = [None] * len(payloads) if idempotency_keys is None else [
         None if key is None else checks.check_key(f"idempotency_keys[{i}]", key)

@@ -34,7 +34,12 @@ tenant's backlog), PostgreSQL's ``claim_fair`` answers ``fair_one``, and the
 queue's next claims run ``claim_fair_one`` (:attr:`Settings.fair_one_queues`),
 its steps for that case alone, the key charged by the same templates; it
 claims nothing and answers ``fair_one`` false when another key (or a task
-without one) is ready, and the claim then runs ``claim_fair``.
+without one) is ready, and the claim then runs ``claim_fair``. While none of
+the queue's tasks ever named a limit or a singleton key (schema 40), it is
+``claim_fair_one_plain``, the same claim without the steps of those; it claims
+nothing and answers ``limited_due`` once the queue has such a task, and the
+queue's one-key claims are ``claim_fair_one`` from then on
+(:attr:`Settings.limited_queues`).
 
 A queue that names no fairness key pays one probe of an empty index: on
 PostgreSQL ``claim_batch`` reads its claimable index as before, and only
@@ -132,9 +137,20 @@ def claim_rows(s: Settings, params: dict[str, Any], *, route_first: bool,
     if fair and queue in s.fair_one_queues:
         # the one-key claim, while one key alone is queued (claim_fair's fair_one said
         # so); its row of flags says when that no longer holds (fair_one false: it
-        # claimed nothing), and claim_fair claims then
-        found = yield rows("claim_fair_one", route_first=route_first, **params)
-        if found[0]["fair_one"]:
+        # claimed nothing), and claim_fair claims then. Its lean form while the queue's
+        # tasks never named a limit or a singleton key: its flags say when they have
+        # (limited_due: it claimed nothing), and claim_fair_one claims from then on
+        lean = queue not in s.limited_queues
+        found = yield rows("claim_fair_one_plain" if lean else "claim_fair_one", route_first=route_first, **params)
+        if lean and found[0]["limited_due"]:
+            s.limited_queues.add(queue)
+            if found[0]["fair_one"]:
+                if one_statement:
+                    yield COMMIT
+                    yield BEGIN_ONE
+                found = yield rows("claim_fair_one", route_first=route_first, **params)
+                lean = False
+        if found[0]["fair_one"] and not (lean and found[0]["limited_due"]):
             return found
         s.fair_one_queues.discard(queue)
         if one_statement:

@@ -157,7 +157,8 @@ class EnqueueOps(QueueBase):
                      on_dependency_failure: str = "cancel", connection: Any = None,
                      limits: Iterable[str] | None = None, units: int = 1,
                      resources: Iterable[str] | None = None, fairness_key: str | None = None,
-                     fairness_weight: float = 1.0, budget: Mapping[str, int] | None = None) -> list[int]:
+                     fairness_weight: float = 1.0, budget: Mapping[str, int] | None = None,
+                     trace_context: str | None = None) -> list[int]:
         """Add many tasks of one ``kind`` at once; returns their ids, in order.
 
         The options are those of :meth:`enqueue`, shared by every task (with
@@ -170,6 +171,8 @@ class EnqueueOps(QueueBase):
         given twice with different payloads is an InvalidInput.
         ``budget``: each task written gets its own, as :meth:`enqueue` gives one (a task
         its key already names keeps its own); it covers the task and its tree.
+        ``trace_context``: a W3C traceparent stored with every task written, as
+        :meth:`enqueue` stores one.
         Rows are written by multi-row statements in one transaction, so
         either every task is added or none is.
         """
@@ -179,5 +182,6 @@ class EnqueueOps(QueueBase):
                                          timeout=timeout, deadline=deadline, after=after,
                                          on_dependency_failure=on_dependency_failure, limits=limits, units=units,
                                          resources=resources, fairness_key=fairness_key,
-                                         fairness_weight=fairness_weight, budget=budget)
+                                         fairness_weight=fairness_weight, budget=budget,
+                                         trace_context=trace_context)
         return (self._run(op) if connection is None else self._run_in(connection, op))

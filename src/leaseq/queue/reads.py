@@ -153,8 +153,10 @@ class ReadOps(QueueBase):
 
     def limit_spend(self, key: str | None = None, *, days: int = 7) -> list[dict[str, Any]]:
         """Usage settled by ``ctx.consume``, per key and UTC day, newest first, over the
-        last ``days`` days (today included): ``{"key", "day": "YYYY-MM-DD", "units"}``.
-        Keys without a limit set are listed too."""
+        last ``days`` days (today included): ``{"key", "day": "YYYY-MM-DD", "units",
+        "tenants"}``, ``tenants`` the day's units by the tenant of the task that consumed
+        them (its ``fairness_key``; ``""`` for the tasks without one). Keys without a
+        limit set are listed too."""
         return self._run(engine.budgets.limit_spend(self.settings, key, days=days))
 
     def approvals(self, *, queue: str | None = None, limit: int = 100) -> list[Approval]:

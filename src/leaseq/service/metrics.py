@@ -10,7 +10,8 @@ Two kinds of series:
   by queue and status, oldest queued age, expired leases not yet routed,
   the reconciliation backlog, effect intents without a response, paused queues,
   and each limit's usage (what live leases hold, its cap, its rate bucket's tokens, what each
-  window holds of its total, and the usage settled today by ``ctx.consume``).
+  window holds of its total, and the usage settled today by ``ctx.consume``, and per tenant
+  and day).
 
 Spans are made only when the application set an OpenTelemetry tracer provider
 (:func:`leaseq.observability.tracing.enabled`); it is not a dependency.
@@ -36,6 +37,10 @@ logger = logging.getLogger("leaseq.service")
 
 #: The instrumentation name of the service's spans.
 TRACER_NAME = "leaseq.service"
+
+#: Days of settled spend the ``leaseq_limit_spend`` series shows, today included: yesterday's
+#: total stays readable for a day after the UTC midnight that ends it.
+SPEND_DAYS = 2
 
 _LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
 
@@ -67,6 +72,7 @@ class QueueCollector(Collector):
             stats = self.queue.stats()
             paused = self.queue.queues()
             limits = self.queue.limits()
+            spend = self.queue.limit_spend(days=SPEND_DAYS)
             workers = self.queue.workers()
             with self.queue.store.transaction() as tx:
                 intents = tx.rows("open_intents_by_queue")
@@ -129,7 +135,14 @@ class QueueCollector(Collector):
                     used.add_metric([row["key"], window], row[f"{window}_used"])
                     total.add_metric([row["key"], window], row[f"per_{window}"])
             spent.add_metric([row["key"]], row["spent_today"])
-        yield from (tasks, oldest, expired, backlog, open_fx, off, in_use, cap, tokens, used, total, spent)
+        by_tenant = GaugeMetricFamily("leaseq_limit_spend",
+                                      "Usage settled after the call (ctx.consume) per limit key, tenant (the "
+                                      "fairness key of the tasks that consumed it; empty: none) and UTC day, "
+                                      f"over the last {SPEND_DAYS} days", labels=["limit", "tenant", "day"])
+        for row in spend:
+            for tenant, units in row["tenants"].items():
+                by_tenant.add_metric([row["key"], tenant, row["day"]], units)
+        yield from (tasks, oldest, expired, backlog, open_fx, off, in_use, cap, tokens, used, total, spent, by_tenant)
         yield from _worker_metrics(workers)
 
 

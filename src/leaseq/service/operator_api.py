@@ -229,7 +229,9 @@ async def enqueue_many(body: EnqueueManyBody, request: Request,
                                    deadline=_deadline(body.deadline, body.deadline_in), after=body.after,
                                    on_dependency_failure=body.on_dependency_failure, limits=body.limits,
                                    units=body.units, resources=body.resources, fairness_key=body.fairness_key,
-                                   fairness_weight=body.fairness_weight, budget=body.budget)
+                                   fairness_weight=body.fairness_weight, budget=body.budget,
+                                   # the caller's trace, as the single enqueue takes it
+                                   trace_context=checks.parse_traceparent(request.headers.get("traceparent")))
     request.app.state.work_signal.wake(body.queue)  # claims waiting in this process look at once
     return {"task_ids": ids}
 

@@ -65,7 +65,9 @@ class BackendCapabilities:
     #: fairness key, a limit or a singleton key, which says in its answer when the
     #: queue needs the full one (else every claim runs claim_batch), and
     #: claim_fair_one for a queue where one fairness key alone is queued, which
-    #: says when the queue needs claim_fair again (else claim_fair serves it)
+    #: says when the queue needs claim_fair again (else claim_fair serves it), and
+    #: claim_fair_one_plain, its form for a queue whose tasks never named a limit or
+    #: a singleton key, which says when the queue needs claim_fair_one
     lean_claim: bool = False
     #: migrations are serialised by an advisory lock (else by a lock on their bookkeeping
     #: table: the portable mode, for servers without advisory locks)

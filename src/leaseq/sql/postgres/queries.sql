@@ -143,6 +143,19 @@ AND (limits IS NULL OR NOT EXISTS (
            OR l.hour_used >= l.per_hour AND l.hour_window = floor(extract(epoch FROM now()) / 3600)
            OR l.day_used >= l.per_day AND l.day_window = floor(extract(epoch FROM now()) / 86400))))
 
+-- template: claimable_unlimited
+-- THE CLAIMABLE TEST of a claim of a queue none of whose tasks ever named a
+-- limit or a singleton key (claim_fair_one_plain): claimable_plain, and the
+-- task names neither. Which queues those are is leaseq_limited_claims
+-- (schema 40, a row per queue such a task was ever written to, by a trigger
+-- in the writing transaction), read by the claim's flags (limited_due) in
+-- the statement's snapshot, with the tasks: a row there, and no task passes.
+-- A task that names one committed after the snapshot is not seen; a row
+-- changed to name one since is judged again as it now is (FOR UPDATE), and
+-- passed over.
+AND limits IS NULL AND singleton_key IS NULL AND (SELECT NOT f.limited_due FROM flags f)
+/* TEMPLATE: claimable_plain */
+
 -- template: charge_fair_share(served=served)
 -- FAIR SHARE: THE CHARGE, the one place it is written. {served}: one row
 -- (key, priority, base, vstart, cost) per task a claim handed out under a
@@ -346,18 +359,19 @@ fair_mode AS MATERIALIZED (
                 ORDER BY n.priority DESC, n.available_at, n.id LIMIT 1) IS NULL AS one_key
 )
 
--- template: fair_one
+-- template: fair_one(test=/* TEMPLATE: claimable */)
 -- FAIR SHARE: the claim where one key alone is queued (fair_mode): its
 -- tasks read from its index in claim order and locked as they are
 -- reached, as the plain claim reads its own (a claim beside this one
--- skips them and takes the next), only as far as the claim needs
+-- skips them and takes the next), only as far as the claim needs. {test}:
+-- the claimable test (claim_fair_one_plain's: claimable_unlimited)
 fair_one AS (
     SELECT id, limits, units, priority, available_at, fairness_key AS key,
            1.0::float8 / coalesce(fairness_weight, 1) AS cost
     FROM leaseq_tasks
     WHERE status = 'queued' AND queue = %(queue)s AND fairness_key = (SELECT f.last_key FROM flags f)
       AND available_at <= now() AND (SELECT m.one_key FROM fair_mode m)
-      /* TEMPLATE: claimable */
+      {test}
     ORDER BY priority DESC, available_at, id
     LIMIT %(limit)s
     FOR UPDATE SKIP LOCKED
@@ -390,19 +404,23 @@ fair_start AS MATERIALIZED (  -- once per key, not per task
         WHERE s.queue = %(queue)s AND s.priority = g.priority AND s.key = g.key) k
 )
 
--- template: fair_one_chosen
+-- template: fair_one_chosen(test=/* TEMPLATE: claimable */)
 -- FAIR SHARE: fair_one's candidates as claim_fair's fair_chosen gives them (in
 -- its claim order: pos 1 for the key's first task ready at its priority,
--- and a finish that orders the claim's answer), for the charge.
+-- and a finish that orders the claim's answer), for the charge. {test}: the
+-- claimable test, fair_one's.
 SELECT n.id, n.limits, n.units, n.priority, n.available_at, n.key, n.cost, s.start, s.seen, s.own,
        -- pos 1: the key's first task ready at its priority as this statement sees it
-       -- (looked up for the first claimed at each priority only)
+       -- (looked up for the first claimed at each priority only, and only where the
+       -- key starts ahead of its own virtual time, new or back from idle: where it
+       -- starts at its own, pos 1 and pos 2 charge it alike, the same largest base
+       -- and the same virtual start, and a key served alone always does)
        CASE WHEN row_number() OVER (PARTITION BY n.priority ORDER BY n.available_at, n.id) = 1
-             AND n.id = (SELECT id FROM leaseq_tasks
+             AND (s.start IS NOT DISTINCT FROM s.own OR n.id = (SELECT id FROM leaseq_tasks
                          WHERE status = 'queued' AND queue = %(queue)s AND fairness_key = n.key
                            AND priority = n.priority AND available_at <= now()
-                           /* TEMPLATE: claimable */
-                         ORDER BY priority DESC, available_at, id LIMIT 1)
+                           {test}
+                         ORDER BY priority DESC, available_at, id LIMIT 1))
             THEN 1 ELSE 2 END AS pos,
        s.start + sum(n.cost) OVER (PARTITION BY n.priority ORDER BY n.available_at, n.id) AS tag
 FROM fair_one n JOIN fair_start s ON s.key = n.key AND s.priority = n.priority
@@ -663,12 +681,12 @@ FROM added a, LATERAL (SELECT pg_notify('leaseq_work', a.queue)) AS woke;
 -- as in insert_task; the caller reads those with task_ids_by_key.
 INSERT INTO leaseq_tasks (queue, kind, payload, effect, priority, available_at,
                           idempotency_key, max_attempts, lease_seconds, actions, resources,
-                          timeout_seconds, deadline_at, limits, units, fairness_key, fairness_weight)
+                          timeout_seconds, deadline_at, limits, units, fairness_key, fairness_weight, trace_context)
 SELECT %(queue)s, %(kind)s, coalesce(n.payload, 'null'::jsonb), %(effect)s, %(priority)s,
        now() + %(delay)s::float8 * interval '1 second',
        n.idempotency_key, %(max_attempts)s, %(lease_seconds)s, %(actions)s::jsonb, %(resources)s::jsonb,
        %(timeout)s::float8, coalesce(%(deadline_at)s::timestamptz, now() + %(deadline_in)s::float8 * interval '1 second'),
-       %(limits)s::text[], %(units)s, %(fairness_key)s::text, %(fairness_weight)s::float8
+       %(limits)s::text[], %(units)s, %(fairness_key)s::text, %(fairness_weight)s::float8, %(trace_context)s::text
 FROM jsonb_to_recordset(%(tasks)s::jsonb) AS n(payload jsonb, idempotency_key text)
 ON CONFLICT (queue, idempotency_key) DO NOTHING
 RETURNING id, idempotency_key;
@@ -683,12 +701,12 @@ RETURNING id, idempotency_key;
 -- runs insert_tasks instead.
 INSERT INTO leaseq_tasks (queue, kind, payload, effect, priority, available_at,
                           idempotency_key, max_attempts, lease_seconds, actions, resources,
-                          timeout_seconds, deadline_at, limits, units, fairness_key, fairness_weight)
+                          timeout_seconds, deadline_at, limits, units, fairness_key, fairness_weight, trace_context)
 SELECT %(queue)s, %(kind)s, coalesce(n.payload, 'null'::jsonb), %(effect)s, %(priority)s,
        now() + %(delay)s::float8 * interval '1 second',
        n.idempotency_key, %(max_attempts)s, %(lease_seconds)s, %(actions)s::jsonb, %(resources)s::jsonb,
        %(timeout)s::float8, coalesce(%(deadline_at)s::timestamptz, now() + %(deadline_in)s::float8 * interval '1 second'),
-       %(limits)s::text[], %(units)s, %(fairness_key)s::text, %(fairness_weight)s::float8
+       %(limits)s::text[], %(units)s, %(fairness_key)s::text, %(fairness_weight)s::float8, %(trace_context)s::text
 FROM jsonb_to_recordset(%(tasks)s::jsonb) AS n(payload jsonb, idempotency_key text)
 RETURNING id, idempotency_key;
 
@@ -1113,6 +1131,40 @@ SELECT c.*, f.routing_due, f.worker_ok, f.last_key IS NOT NULL AS fair_due,
        /* TEMPLATE: claim_limit_wait */
 FROM flags f LEFT JOIN claimed c ON true LEFT JOIN fair_chosen p ON p.id = c.id;
 
+-- name: claim_fair_one_plain
+-- callers: worker
+-- guard: none -- takes new leases: no lease exists yet to guard
+-- plan: generic
+-- claim_fair_one for a queue none of whose tasks ever named a limit or a
+-- singleton key (one tenant's backlog of plain tasks, the common case):
+-- the same steps (the same templates: the key is charged exactly as
+-- claim_fair_one and claim_fair charge it), with the claimable test of
+-- claim_plain (claimable_unlimited) and none of the limits' steps (judged,
+-- slots taken, the rate's wait): a plan about half of claim_fair_one's, to
+-- start at every call. Which queues it may claim from is
+-- leaseq_limited_claims (schema 40), read in this statement's snapshot
+-- with the tasks: a row there (limited_due) and this statement claims
+-- nothing, and the caller claims with claim_fair_one (and so does every
+-- later one-key claim of the queue on that connection's queue object).
+-- Another key queued, or a task without a key ready (fair_one false): it
+-- claims nothing, and the caller claims with claim_fair, as after
+-- claim_fair_one. Its limit_wait is NULL: its tasks name no limit.
+WITH
+    /* TEMPLATE: claim_head((SELECT k.fairness_key FROM leaseq_tasks k WHERE k.status = 'queued' AND k.queue = %(queue)s AND k.fairness_key IS NOT NULL ORDER BY k.fairness_key DESC LIMIT 1) AS last_key, EXISTS (SELECT 1 FROM leaseq_limited_claims l WHERE l.queue = %(queue)s) AS limited_due) */,
+    /* TEMPLATE: fair_mode((SELECT f.last_key IS NOT NULL FROM flags f) AND (SELECT k.fairness_key FROM leaseq_tasks k WHERE k.status = 'queued' AND k.queue = %(queue)s AND k.fairness_key < (SELECT f.last_key FROM flags f) ORDER BY k.fairness_key DESC LIMIT 1) IS NULL) */,
+    /* TEMPLATE: fair_one(/* TEMPLATE: claimable_unlimited */) */,
+    /* TEMPLATE: fair_start */,
+fair_chosen AS (
+    /* TEMPLATE: fair_one_chosen(/* TEMPLATE: claimable_unlimited */) */
+),
+    /* TEMPLATE: claim_leased(SELECT p.id FROM fair_chosen p) */,
+    /* TEMPLATE: fair_charged */
+SELECT c.*, f.routing_due, f.worker_ok, f.last_key IS NOT NULL AS fair_due,
+       CASE WHEN f.last_key IS NOT NULL THEN p.key END AS fair_key, p.start AS fair_start, p.cost AS fair_cost,
+       p.tag AS fair_tag, (SELECT m.one_key FROM fair_mode m) AS fair_one, f.limited_due,
+       NULL::float8 AS limit_wait
+FROM flags f LEFT JOIN claimed c ON true LEFT JOIN fair_chosen p ON p.id = c.id;
+
 -- name: fair_due
 -- callers: worker
 -- FAIR SHARE: whether a task with a fairness key is queued in the queue. The
@@ -1518,7 +1570,7 @@ SELECT l.key, l.max_running, l.per_second, l.burst, l.counts, l.running,
        CASE WHEN l.minute_window = floor(extract(epoch FROM now()) / 60) THEN l.minute_used ELSE 0 END AS minute_used,
        CASE WHEN l.hour_window = floor(extract(epoch FROM now()) / 3600) THEN l.hour_used ELSE 0 END AS hour_used,
        CASE WHEN l.day_window = floor(extract(epoch FROM now()) / 86400) THEN l.day_used ELSE 0 END AS day_used,
-       coalesce((SELECT s.units FROM leaseq_limit_spend s
+       coalesce((SELECT sum(s.units)::bigint FROM leaseq_limit_spend s  -- every tenant's (schema 40)
                  WHERE s.key = l.key AND s.day = (now() AT TIME ZONE 'UTC')::date), 0) AS spent_today
 FROM leaseq_limits l
 WHERE %(key)s::text IS NULL OR l.key = %(key)s
@@ -2960,13 +3012,14 @@ RETURNING l.key;
 -- callers: worker
 -- guard: lease
 -- The usage settled by a consume, added to its key's spend of the day (the
--- database's UTC day), whether or not the key has a limit.
-INSERT INTO leaseq_limit_spend AS s (key, day, units)
-SELECT %(key)s, (now() AT TIME ZONE 'UTC')::date, %(units)s::bigint
+-- database's UTC day) by the task's tenant (its fairness key; '': none,
+-- schema 40), whether or not the key has a limit.
+INSERT INTO leaseq_limit_spend AS s (key, day, tenant, units)
+SELECT %(key)s, (now() AT TIME ZONE 'UTC')::date, coalesce(t.fairness_key, ''), %(units)s::bigint
 FROM leaseq_tasks t
 WHERE t.id = %(task_id)s
   /* TEMPLATE: lease_guard */
-ON CONFLICT (key, day) DO UPDATE SET units = s.units + excluded.units
+ON CONFLICT (key, day, tenant) DO UPDATE SET units = s.units + excluded.units
 RETURNING s.units;
 
 -- name: charge_task
@@ -3122,9 +3175,12 @@ RETURNING l.key;
 
 -- name: limit_spend
 -- callers: operator, viewer
--- Settled usage per key and UTC day, newest first, over the last %(days)s days.
-SELECT s.key, s.day, s.units
+-- Settled usage per key and UTC day, newest first, over the last %(days)s days,
+-- and its split by tenant (schema 40: {tenant: units}, '' for the tasks without
+-- a fairness key).
+SELECT s.key, s.day, sum(s.units)::bigint AS units, jsonb_object_agg(s.tenant, s.units) AS tenants
 FROM leaseq_limit_spend s
 WHERE (%(key)s::text IS NULL OR s.key = %(key)s)
   AND s.day > (now() AT TIME ZONE 'UTC')::date - %(days)s::integer
+GROUP BY s.key, s.day
 ORDER BY s.day DESC, s.key;

@@ -317,12 +317,12 @@ RETURNING id, payload, available_at, created_at, updated_at, deadline_at;
 -- See the PostgreSQL file. json_each keeps the document's order.
 INSERT INTO leaseq_tasks (queue, kind, payload, effect, priority, available_at,
                           idempotency_key, max_attempts, lease_seconds, actions, resources,
-                          timeout_seconds, deadline_at, limits, units, fairness_key, fairness_weight)
+                          timeout_seconds, deadline_at, limits, units, fairness_key, fairness_weight, trace_context)
 SELECT :queue, :kind, coalesce(n.value -> '$.payload', 'null'), :effect, :priority,
        (julianday('now') - 2440587.5) * 86400.0 + :delay,
        n.value ->> '$.idempotency_key', :max_attempts, :lease_seconds, :actions, :resources,
        :timeout, coalesce(:deadline_at, (julianday('now') - 2440587.5) * 86400.0 + :deadline_in), :limits, :units,
-       :fairness_key, :fairness_weight
+       :fairness_key, :fairness_weight, :trace_context
 FROM json_each(:tasks) AS n
 WHERE true  -- an INSERT ... SELECT needs a WHERE before ON CONFLICT in SQLite
 ON CONFLICT (queue, idempotency_key) DO NOTHING
@@ -333,12 +333,12 @@ RETURNING id, idempotency_key;
 -- just generated; a generated key meeting a stored one refuses the statement.
 INSERT INTO leaseq_tasks (queue, kind, payload, effect, priority, available_at,
                           idempotency_key, max_attempts, lease_seconds, actions, resources,
-                          timeout_seconds, deadline_at, limits, units, fairness_key, fairness_weight)
+                          timeout_seconds, deadline_at, limits, units, fairness_key, fairness_weight, trace_context)
 SELECT :queue, :kind, coalesce(n.value -> '$.payload', 'null'), :effect, :priority,
        (julianday('now') - 2440587.5) * 86400.0 + :delay,
        n.value ->> '$.idempotency_key', :max_attempts, :lease_seconds, :actions, :resources,
        :timeout, coalesce(:deadline_at, (julianday('now') - 2440587.5) * 86400.0 + :deadline_in), :limits, :units,
-       :fairness_key, :fairness_weight
+       :fairness_key, :fairness_weight, :trace_context
 FROM json_each(:tasks) AS n
 RETURNING id, idempotency_key;
 
@@ -474,6 +474,9 @@ RETURNING id, attempts, last_error AS reason;
 
 -- name: claim_fair_one
 -- no-op: SQLite's claim_fair plans each statement once per connection and reads none of the steps that weigh keys where one key alone is queued: it has no one-key claim (the backend declares none)
+
+-- name: claim_fair_one_plain
+-- no-op: SQLite has no one-key claim (the backend declares no lean claims), nor a record of the queues whose tasks name limits or singleton keys: its claim_fair tests them only for a task that names one
 
 -- name: claim_batch
 -- guard: none -- takes new leases: no lease exists yet to guard
@@ -819,7 +822,7 @@ SELECT l.key, l.max_running, l.per_second, l.burst, l.counts, l.running,
        CASE WHEN l.minute_window = CAST((julianday('now') - 2440587.5) * 86400.0 / 60 AS INTEGER) THEN l.minute_used ELSE 0 END AS minute_used,
        CASE WHEN l.hour_window = CAST((julianday('now') - 2440587.5) * 86400.0 / 3600 AS INTEGER) THEN l.hour_used ELSE 0 END AS hour_used,
        CASE WHEN l.day_window = CAST((julianday('now') - 2440587.5) * 86400.0 / 86400 AS INTEGER) THEN l.day_used ELSE 0 END AS day_used,
-       coalesce((SELECT s.units FROM leaseq_limit_spend s WHERE s.key = l.key AND s.day = date('now')), 0)
+       coalesce((SELECT sum(s.units) FROM leaseq_limit_spend s WHERE s.key = l.key AND s.day = date('now')), 0)
            AS spent_today
 FROM leaseq_limits l
 WHERE :key IS NULL OR l.key = :key
@@ -1853,12 +1856,12 @@ RETURNING key;
 
 -- name: record_spend
 -- guard: lease
-INSERT INTO leaseq_limit_spend (key, day, units)
-SELECT :key, date('now'), :units
+INSERT INTO leaseq_limit_spend (key, day, tenant, units)
+SELECT :key, date('now'), coalesce(t.fairness_key, ''), :units
 FROM leaseq_tasks AS t
 WHERE t.id = :task_id
   /* TEMPLATE: lease_guard */
-ON CONFLICT (key, day) DO UPDATE SET units = units + excluded.units
+ON CONFLICT (key, day, tenant) DO UPDATE SET units = units + excluded.units
 RETURNING units;
 
 -- name: charge_task
@@ -1968,8 +1971,10 @@ WHERE l.key IN (SELECT key FROM s)
 RETURNING key;
 
 -- name: limit_spend
-SELECT key, day, units
+-- See the PostgreSQL file; the split by tenant is a JSON text.
+SELECT key, day, sum(units) AS units, json_group_object(tenant, units) AS tenants
 FROM leaseq_limit_spend
 WHERE (:key IS NULL OR key = :key)
   AND day > date('now', '-' || :days || ' days')
+GROUP BY key, day
 ORDER BY day DESC, key;
