@@ -5,7 +5,8 @@ PostgreSQL tests need ``LEASEQ_TEST_PG_DSN`` (for example
 ``LEASEQ_REQUIRE_PG=1`` is set (CI sets it), in which case they fail.
 Each PostgreSQL test gets a schema of its own, dropped afterwards; a test of the
 ``q`` fixture gets a migrated one, emptied afterwards for a later test of the same
-process unless the test changed more than its rows (see ``pg_migrated_dsn``).
+process unless the test changed more than its rows (see ``pg_migrated_dsn``), in
+every mode (``LEASEQ_TEST_PG_MODE``: see ``pg_mode_migrated_dsn``).
 
 Under pytest-xdist (``-n N``) each worker process gets a database of its own
 on that server (``<db>_gw0``, ``<db>_gw1``, ...: created afresh when the worker
@@ -177,12 +178,12 @@ def _shape(conn: object, schema: str) -> str:
 
 @pytest.fixture
 def pg_migrated_dsn() -> Iterator[str]:
-    """A DSN for a migrated PostgreSQL schema holding no rows but the migrations' own: the
-    ``q`` fixture's, in the direct mode. The schema is emptied after the test and used again
-    by a later test of this process, unless the test changed its shape (:data:`_SHAPE`) or left
-    a connection to it open (its connections carry the schema's name as their
-    ``application_name``; one still closing has :data:`CLOSING_SECONDS` to go); then it is
-    dropped."""
+    """A DSN for a migrated PostgreSQL schema holding no rows but the migrations' own, reached
+    directly (:func:`pg_mode_migrated_dsn`, the ``q`` fixture's: as the mode says). The schema
+    is emptied after the test and used again by a later test of this process, unless the test
+    changed its shape (:data:`_SHAPE`) or left a connection to it open (its connections carry
+    the schema's name as their ``application_name``; one still closing has
+    :data:`CLOSING_SECONDS` to go); then it is dropped."""
     import psycopg
 
     base = _pg_or_skip()
@@ -204,6 +205,40 @@ def pg_migrated_dsn() -> Iterator[str]:
         yield with_search_path(base, schema) + f"&application_name={schema}"
     finally:
         _empty_or_drop(base, schema, shape)
+
+
+@pytest.fixture
+def pg_mode_migrated_dsn(pg_migrated_dsn: str) -> Iterator[str]:
+    """:func:`pg_migrated_dsn` (a migrated schema emptied after an earlier test of this process),
+    reached as ``LEASEQ_TEST_PG_MODE`` says: the ``q`` fixture's in every mode. The portable mode
+    has the same schema as the direct one, reached with ``&portable=true``; through PgBouncer, a
+    PgBouncer of this test's own in front of it, stopped before the schema is emptied, so no
+    server connection, and nothing left on one, outlives the test (starting one costs a few
+    milliseconds, a migration about half a second)."""
+    if PG_MODE == "portable":
+        yield pg_migrated_dsn + "&portable=true"
+        return
+    if PG_MODE != "pgbouncer":
+        yield pg_migrated_dsn
+        return
+    from pgbouncer import SchemaBouncer
+    from system_tools import require_tool
+
+    schema = _option(pg_migrated_dsn, "application_name")
+    bouncer = SchemaBouncer(require_tool("pgbouncer"), _pg_or_skip(), schema)
+    try:
+        # the application_name reaches the server connections: the teardown's wait for the
+        # test's connections to close finds them until the PgBouncer is gone
+        yield bouncer.dsn() + f"?pooler=transaction&application_name={schema}"
+    finally:
+        bouncer.stop()
+
+
+def _option(dsn: str, name: str) -> str:
+    """The value of query option ``name`` of ``dsn``."""
+    from urllib.parse import parse_qs
+
+    return parse_qs(urlsplit(dsn).query)[name][0]
 
 
 #: How long the teardown waits for a test's last connections to its schema to close before it
@@ -295,8 +330,8 @@ def dsn(request: pytest.FixtureRequest, tmp_path) -> str:
     """A DSN for an empty database: a SQLite file, or a PostgreSQL schema."""
     if request.param == "sqlite":
         return f"sqlite:///{tmp_path / 'leaseq.db'}"
-    if "q" in request.fixturenames and PG_MODE == "direct":  # migrated anyway: one emptied after an earlier test
-        return request.getfixturevalue("pg_migrated_dsn")
+    if "q" in request.fixturenames:  # migrated anyway: one emptied after an earlier test
+        return request.getfixturevalue("pg_mode_migrated_dsn")
     return request.getfixturevalue("pg_schema_dsn")
 
 
