@@ -32,6 +32,7 @@ ACROSS_QUEUES = {
     "claim_batch": "its routing check (claim_head's due): an expired lease of any queue",
     "claim_fair": "its routing check (claim_head's due): an expired lease of any queue",
     "claim_fair_one": "its routing check (claim_head's due): an expired lease of any queue",
+    "claim_fair_one_plain": "its routing check (claim_head's due): an expired lease of any queue",
     "claim_plain": "its routing check (claim_head's due): an expired lease of any queue",
     "lock_expired": "the expiry sweep: the expired leases of every queue",
     "lock_overdue": "the deadline sweep: the overdue tasks of every queue",
@@ -92,7 +93,7 @@ def test_the_worker_path_reads_across_queues_only_where_listed() -> None:
 
 def test_every_claim_takes_its_candidates_from_its_own_queue_only() -> None:
     statements = worker_statements()
-    for name in ("claim_batch", "claim_fair", "claim_fair_one", "claim_plain"):
+    for name in ("claim_batch", "claim_fair", "claim_fair_one", "claim_fair_one_plain", "claim_plain"):
         reads = skip_locked_reads(statements[name])
         candidates = [r for r in reads if "status = 'queued'" in r or "t.status = 'queued'" in r]
         assert candidates, f"{name}: no claim of queued tasks found among its SKIP LOCKED reads"
