@@ -31,13 +31,15 @@ def scratch_copy_without_generation_check(root: Path) -> Path:
     source = Path(leaseq.__file__).parent
     target = root / "leaseq"
     shutil.copytree(source, target, ignore=shutil.ignore_patterns("__pycache__"))
-    for dialect in ("sqlite", "postgres"):
+    # (on PostgreSQL the completion's lease guard is in the template complete_batch and
+    # complete_plain, the lean completion every task without a limit gets, both expand)
+    for dialect, where in (("sqlite", "-- name: complete_batch\n"), ("postgres", "-- template: completion(")):
         path = target / "sql" / dialect / "queries.sql"
         text = path.read_text()
-        start = text.index("-- name: complete_batch\n")
-        end = text.index("-- name: ", start + 1)
+        start = text.index(where)
+        end = min(text.index(marker, start + 1) for marker in ("-- name: ", "-- template: ") if marker in text[start + 1:])
         block = text[start:end]
-        assert block.count(GUARD_USE) == 1, f"{dialect} complete_batch no longer expands the guard once"
+        assert block.count(GUARD_USE) == 1, f"{dialect} {where.strip()} no longer expands the guard once"
         path.write_text(text[:start] + block.replace(GUARD_USE, NO_GENERATION_CHECK) + text[end:])
         assert (source / "sql" / dialect / "queries.sql").read_text().count(GUARD_USE) >= 1  # the real file is intact
     return root

@@ -118,3 +118,51 @@ def test_a_keyed_task_enqueued_during_a_lean_claim(q: leaseq.Queue, dsn: str, ke
     assert got == [[first.id]]  # as before the enqueue
     assert [c.task_id for c in q.claim(w)] == [hi.id]  # in full at once: priority first
     assert [c.task_id for c in q.claim(w)] == [second.id]
+
+
+# -- the lean completion ------------------------------------------------------------------------
+
+@pytest.mark.parametrize("kind", ["sync", "async"])
+def test_a_completion_believing_a_task_names_no_limit_still_gives_its_slot_back(q: leaseq.Queue,
+                                                                                kind: str) -> None:
+    """The lean completion (``complete_plain``, PostgreSQL) is chosen from the caller's claims;
+    the row decides: a task that names a limit is left to ``complete_batch``, which gives its
+    slot back, in the same call. A claim that says otherwise (stale, or forged) changes nothing."""
+    from dataclasses import replace
+
+    q.set_limit("lean-complete", max_running=1)
+    task = q.enqueue("job", {"n": 0}, limits=["lean-complete"])
+    plain = q.enqueue("job", {"n": 1})
+    with over(kind, q, "worker") as t:
+        w = t.register_worker("a")
+        claims = t.claim(w, limit=2)
+        assert sorted(c.task_id for c in claims) == [task.id, plain.id]
+        assert q.limits("lean-complete")[0]["running"] == 1
+        believed = [replace(c, task=replace(c.task, limits=None)) for c in claims]
+        assert t.complete_many(w, [(c, {"n": c.task_id}) for c in believed]) == {task.id, plain.id}
+    assert q.limits("lean-complete")[0]["running"] == 0
+    assert q.get(task.id).status == q.get(plain.id).status == "completed"
+    assert q.get(task.id).result == {"n": task.id}
+
+
+def test_the_lean_completion_sent_by_hand_leaves_a_task_with_a_limit_running(q: leaseq.Queue) -> None:
+    """Sent by hand for a task that names a limit, complete_plain completes nothing and
+    writes nothing: its slot could otherwise be kept by a lease that ended."""
+    if q.dialect != "postgres":
+        pytest.skip("the lean completion is PostgreSQL's (SQLite's completion has no limit steps)")
+    import json
+
+    import psycopg
+
+    q.set_limit("lean-complete", max_running=1)
+    task = q.enqueue("job", {"n": 0}, limits=["lean-complete"])
+    w = q.register_worker("a")
+    [claim] = q.claim(w)
+    items = json.dumps([{"task_id": task.id, "generation": claim.generation, "result": None}])
+    with psycopg.connect(split_leaseq_options(q.store.dsn)[0], autocommit=True) as conn:
+        rows = conn.execute("SELECT * FROM leaseq_q_complete_plain(false, %s, %s::bigint[], %s::jsonb, false, false)",
+                            (w.id, [task.id], items)).fetchall()
+    assert rows == []
+    assert q.get(task.id).status == "running" and q.limits("lean-complete")[0]["running"] == 1
+    q.complete(w, claim)
+    assert q.limits("lean-complete")[0]["running"] == 0

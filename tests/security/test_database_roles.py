@@ -131,7 +131,8 @@ def test_a_worker_roles_calls_read_its_authority_in_their_own_statements(admin, 
         for claim in q.claim(w, limit=5):
             q.complete(w, claim, {"ok": True})
     # the role's backend reports its counts as it ends
-    wait_for(lambda: calls("leaseq_q_complete_batch") == 5, what="the role's function counts")
+    # (tasks that name no limit: the lean completion)
+    wait_for(lambda: calls("leaseq_q_complete_plain") == 5, what="the role's function counts")
     # (a queue whose tasks name no key: the lean claim)
     assert calls("leaseq_q_insert_task") == 5 and calls("leaseq_q_claim_plain") >= 1
     assert calls("leaseq_caller") <= 1  # at most the connection's own question: what may I do?
@@ -228,6 +229,22 @@ def test_not_even_a_superuser_moves_a_lease_with_an_ad_hoc_update(admin) -> None
                                      "claim_generation = 7 WHERE id = %s", (task.id,))
     assert "leases change only through leaseq's functions" in error
     assert admin.get(task.id).status == "queued"
+
+
+@pytest.mark.parametrize("column", ["status", "lease_owner", "lease_expires_at", "claim_generation"])
+def test_a_superusers_update_naming_a_lease_column_is_refused_even_one_that_changes_nothing(admin, column) -> None:
+    """The trigger judges the statement's SET list (its WHEN is one comparison, cheap on the hot
+    path): a lease column named by anyone but the owner is refused, its value changed or not;
+    a claim's own update, made as the owner, passes; a column that holds no lease stays writable."""
+    task = admin.enqueue("job")
+    error = refused(admin.store.dsn, f"UPDATE leaseq_tasks SET {column} = {column} WHERE id = %s", (task.id,))
+    assert "leases change only through leaseq's functions" in error
+    worker = admin.register_worker("w")
+    [claim] = admin.claim(worker)
+    with psycopg.connect(admin.store.dsn, autocommit=True) as conn:
+        conn.execute("UPDATE leaseq_tasks SET priority = 5 WHERE id = %s", (task.id,))
+    admin.complete(worker, claim)
+    assert admin.get(task.id).status == "completed"
 
 
 def test_a_viewer_role_reads_only_its_queues_and_writes_nothing(admin, make_role) -> None:

@@ -236,6 +236,8 @@ def test_each_query_takes_the_same_parameters_in_both_dialects(name: str) -> Non
 def test_the_guard_check_notices_a_deleted_line(dialect: str, name: str) -> None:
     """The check is not vacuous: removing any one line of the expanded guard is caught."""
     query = load_named_queries(dialect)[name]
+    if query.noop:
+        pytest.skip(f"{name} is a no-op on {dialect}: no statement to guard")
     sql = query.sql
     for guard in guard_lines(dialect, query):
         kept = [line for line in sql.splitlines() if " ".join(line.split()).rstrip(";") != guard]

@@ -243,14 +243,20 @@ def _complete_many(s: Settings, worker: Worker | str, done: Sequence[tuple[Claim
     # a backend that can skip BEGIN acts on). Tasks that others wait for are
     # left out of this statement...
     yield BEGIN_ONE
-    found = yield from _complete_batch(s, wid, items, with_dependents=False, lock_worker=lock_worker)
+    # the lean completion where no task the caller holds names a limit (or it cannot say:
+    # the service's claims are rebuilt from a request, without their task); a task that
+    # names one after all (the row decides) is left out of its answer, and completed below
+    lean = s.backend.lean_complete and not any(claim_.task is not None and claim_.task.limits
+                                               for claim_, _ in done)
+    found = yield from _complete_batch(s, wid, items, with_dependents=False, lock_worker=lock_worker, lean=lean)
     yield COMMIT
     completed: set[int] = {r["id"] for r in found}
     held_limits = any(r["limits"] for r in found)
     rest = [item for item in items if item["task_id"] not in completed]
     if rest:
-        # ...and completed here, in a transaction that also settles their
-        # waiters (a task missing from both answers had lost its lease)
+        # ...and completed here (with a task the lean completion left out: it names
+        # a limit), in a transaction that also settles their waiters (a task
+        # missing from both answers had lost its lease)
         yield BEGIN
         found = yield from _complete_batch(s, wid, rest, with_dependents=True, lock_worker=lock_worker)
         settled = [r["id"] for r in found]
@@ -263,8 +269,9 @@ def _complete_many(s: Settings, worker: Worker | str, done: Sequence[tuple[Claim
 
 
 def _complete_batch(s: Settings, wid: str, items: list[dict[str, Any]], *,
-                    with_dependents: bool, lock_worker: bool = False) -> Op[list[dict[str, Any]]]:
-    completed: list[dict[str, Any]] = yield rows("complete_batch", worker_id=wid, items=items, compact=s.compact,
+                    with_dependents: bool, lock_worker: bool = False, lean: bool = False) -> Op[list[dict[str, Any]]]:
+    completed: list[dict[str, Any]] = yield rows("complete_plain" if lean else "complete_batch", worker_id=wid,
+                           items=items, compact=s.compact,
                            task_ids=[item["task_id"] for item in items],
                            with_dependents=with_dependents, lock_worker=lock_worker)
     if completed and not s.backend.own_limit_slots:

@@ -69,6 +69,10 @@ class BackendCapabilities:
     #: claim_fair_one_plain, its form for a queue whose tasks never named a limit or
     #: a singleton key, which says when the queue needs claim_fair_one
     lean_claim: bool = False
+    #: a lean completion: complete_plain for leases whose tasks name no limit,
+    #: without complete_batch's steps that give limit slots back (it leaves a task
+    #: that names one to complete_batch); else every completion runs complete_batch
+    lean_complete: bool = False
     #: migrations are serialised by an advisory lock (else by a lock on their bookkeeping
     #: table: the portable mode, for servers without advisory locks)
     advisory_locks: bool = True

@@ -341,7 +341,8 @@ class PostgresStore:
 
     dialect = "postgres"
     capabilities = BackendCapabilities(native_async=True, writes_own_evidence=True, own_limit_slots=True,
-                                       own_fair_share=True, lean_claim=True, listen_notify=True,
+                                       own_fair_share=True, lean_claim=True, lean_complete=True,
+                                       listen_notify=True,
                                        serial_writes=False)
 
     def __init__(self, dsn: str, *, min_size: int = 1, max_size: int = 10, connect_timeout: float = 10.0,

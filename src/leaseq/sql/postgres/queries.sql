@@ -59,10 +59,15 @@ AND t.lease_expires_at >= clock_timestamp()
 -- BUDGETS (schema 31): an attempt that consumed (ctx.consume) against a
 -- limit it names drew its claim's reservation down; what it left unused
 -- comes back here, to the bucket and to each window still the claim's.
+-- Where no ended lease names a limit (the common case), neither write runs:
+-- the EXISTS names no row of the write, so it is judged once, before the
+-- first row is read, and the steps under it (the charges' join, freed's
+-- keys, the limit rows) are never started.
 settled AS (
     DELETE FROM leaseq_limit_charges c
     USING {ended} e
     WHERE e.limits IS NOT NULL AND c.task_id = e.id AND c.generation = e.claim_generation
+      AND EXISTS (SELECT 1 FROM {ended} x WHERE x.limits IS NOT NULL)
     RETURNING c.key, greatest(0, c.reserved - c.consumed) AS credit, extract(epoch FROM c.claimed_at) AS claimed
 ), freed AS (
     SELECT k.key, count(*) AS tasks, sum(e.units) AS units
@@ -83,6 +88,7 @@ settled AS (
                                WHERE s.key = l.key AND floor(s.claimed / 86400) = l.day_window), 0))
     FROM freed f
     WHERE l.key = f.key AND l.key IN (SELECT key FROM held)
+      AND EXISTS (SELECT 1 FROM {ended} x WHERE x.limits IS NOT NULL)
     RETURNING l.key
 )
 
@@ -285,11 +291,12 @@ claimed AS (
         -- gets a later one) times 1,000,000, plus the WAL timeline now
         -- inserted on (a promotion or a point-in-time restore starts a higher
         -- one, readable at once, unlike pg_control_checkpoint's). Fences compare
-        -- it before the generation (schema 25). Read once per statement, and
-        -- only when a row is claimed.
-        claim_epoch = (SELECT (s.system_identifier >> 32) * 1000000
-                              + ('x' || left(pg_walfile_name(pg_current_wal_insert_lsn()), 8))::bit(32)::bigint
-                       FROM pg_control_system() s),
+        -- it before the generation (schema 25). Read once per statement (an
+        -- init plan), and only when a row is claimed; the system identifier is
+        -- a field of pg_control_system()'s one row, taken as a value, not read
+        -- as a table (a function scan would keep its row in a tuple store).
+        claim_epoch = (SELECT ((pg_control_system()).system_identifier >> 32) * 1000000
+                              + ('x' || left(pg_walfile_name(pg_current_wal_insert_lsn()), 8))::bit(32)::bigint),
         attempts = t.attempts + 1,
         -- CODE VERSIONS: the first claim stamps the version the task starts under; later ones keep it
         code_version = coalesce(t.code_version, (SELECT w.code_version FROM worker w)),
@@ -433,6 +440,53 @@ charged AS (
     -- With no key queued any more, the tasks without one were claimed in
     -- FIFO order, as claim_batch claims them, and nothing is charged.
     /* TEMPLATE: charge_fair_share((SELECT p.key, p.priority, CASE WHEN p.pos = 1 THEN p.start - p.seen END AS base, CASE WHEN p.pos = 1 THEN p.start ELSE p.own END AS origin, p.cost FROM fair_chosen p WHERE p.id IN (SELECT id FROM claimed) AND (SELECT f.last_key IS NOT NULL FROM flags f)) x) */
+)
+
+-- template: completion(only=true)
+-- THE COMPLETION, shared by complete_batch and complete_plain: the worker row
+-- (with lock_worker), the tasks locked in id order (locked), and the leases
+-- ended under the lease guard (done), each row also passing {only} (true:
+-- every task; complete_plain: only tasks that name no limit). See
+-- complete_batch for the order of the locks.
+worker AS (
+    SELECT w.id FROM leaseq_workers w WHERE %(lock_worker)s AND w.id = %(worker_id)s FOR SHARE
+), locked AS (
+    SELECT t.id FROM leaseq_tasks t
+    WHERE (NOT %(lock_worker)s OR EXISTS (SELECT 1 FROM worker))
+      AND t.id = ANY(%(task_ids)s::bigint[])
+    ORDER BY t.id
+    FOR UPDATE
+), done AS (
+    UPDATE leaseq_tasks t
+    SET status = 'completed',
+        result = coalesce(c.result, 'null'::jsonb),
+        lease_owner = NULL,
+        lease_expires_at = NULL,
+        slots_released_generation = t.claim_generation,  -- given back now (complete_plain's tasks hold none)
+        updated_at = now()
+    FROM jsonb_to_recordset(%(items)s::jsonb) AS c(task_id bigint, generation bigint, result jsonb)
+    WHERE t.id = c.task_id
+      AND (SELECT count(*) FROM locked) >= 0
+      AND (%(with_dependents)s OR NOT t.has_dependents)
+      AND {only}
+      /* TEMPLATE: lease_guard(c.generation) */
+    RETURNING t.id, t.claim_generation, c.generation AS completed_generation, t.attempts, t.heartbeat_count,
+              t.last_heartbeat_at, t.longest_heartbeat_gap, t.queue, t.limits, t.units
+)
+
+-- template: completion_logged
+-- THE COMPLETION'S EVIDENCE, shared by complete_batch and complete_plain: each
+-- ended lease's "completed" event.
+logged AS (
+    INSERT INTO leaseq_events (task_id, type, generation, worker_id, detail)
+    -- the generation the caller completed under (the guard made it the row's): a completion
+    -- the guard should have refused is recorded as the stale attempt it was
+    SELECT d.id, 'completed', d.completed_generation, %(worker_id)s,
+           CASE WHEN %(compact)s THEN '{}'::jsonb
+                ELSE jsonb_build_object('attempt', d.attempts, 'heartbeats', d.heartbeat_count,
+                                        'last_heartbeat_at', d.last_heartbeat_at,
+                                        'longest_heartbeat_gap', round(d.longest_heartbeat_gap::numeric, 3)) END
+    FROM done d
 )
 
 -- name: migrations_lock
@@ -1277,43 +1331,11 @@ FOR SHARE OF t;
 -- The task rows are then locked in id order (locked) before any is written,
 -- as renew_leases locks them: a completion and a renewal of the same leases
 -- never deadlock. task_ids: the items' task ids.
-WITH worker AS (
-    SELECT w.id FROM leaseq_workers w WHERE %(lock_worker)s AND w.id = %(worker_id)s FOR SHARE
-), locked AS (
-    SELECT t.id FROM leaseq_tasks t
-    WHERE (NOT %(lock_worker)s OR EXISTS (SELECT 1 FROM worker))
-      AND t.id = ANY(%(task_ids)s::bigint[])
-    ORDER BY t.id
-    FOR UPDATE
-), done AS (
-    UPDATE leaseq_tasks t
-    SET status = 'completed',
-        result = coalesce(c.result, 'null'::jsonb),
-        lease_owner = NULL,
-        lease_expires_at = NULL,
-        slots_released_generation = t.claim_generation,  -- given back below (see give_back_slots)
-        updated_at = now()
-    FROM jsonb_to_recordset(%(items)s::jsonb) AS c(task_id bigint, generation bigint, result jsonb)
-    WHERE t.id = c.task_id
-      AND (SELECT count(*) FROM locked) >= 0
-      AND (%(with_dependents)s OR NOT t.has_dependents)
-      /* TEMPLATE: lease_guard(c.generation) */
-    RETURNING t.id, t.claim_generation, c.generation AS completed_generation, t.attempts, t.heartbeat_count,
-              t.last_heartbeat_at, t.longest_heartbeat_gap, t.queue, t.limits, t.units
-),
+WITH
+    /* TEMPLATE: completion */,
 -- LIMITS: the slots the ended leases held, given back (see give_back_slots)
 /* TEMPLATE: give_back_slots(done) */,
-logged AS (
-    INSERT INTO leaseq_events (task_id, type, generation, worker_id, detail)
-    -- the generation the caller completed under (the guard made it the row's): a completion
-    -- the guard should have refused is recorded as the stale attempt it was
-    SELECT d.id, 'completed', d.completed_generation, %(worker_id)s,
-           CASE WHEN %(compact)s THEN '{}'::jsonb
-                ELSE jsonb_build_object('attempt', d.attempts, 'heartbeats', d.heartbeat_count,
-                                        'last_heartbeat_at', d.last_heartbeat_at,
-                                        'longest_heartbeat_gap', round(d.longest_heartbeat_gap::numeric, 3)) END
-    FROM done d
-)
+    /* TEMPLATE: completion_logged */
 -- the events are written: the ids, and the limits whose slots came back
 -- (their rows are locked until commit), are all a caller needs. A freed limit
 -- slot wakes the queues' idle workers (at commit), from a column of its own
@@ -1321,6 +1343,25 @@ logged AS (
 SELECT d.id, d.limits,
        (SELECT count(pg_notify('leaseq_work', f.queue))
         FROM (SELECT DISTINCT queue FROM done WHERE limits IS NOT NULL) f) AS woke
+FROM done d;
+
+-- name: complete_plain
+-- callers: worker
+-- guard: lease
+-- plan: generic
+-- THE LEAN COMPLETION: complete_batch for leases whose tasks name no limit
+-- (the common case), without the steps that give limit slots back
+-- (give_back_slots): a plan a fraction of complete_batch's to start at every
+-- call, and to build once per connection. The same locks in the same order,
+-- the same lease guard, the same events (the templates complete_batch
+-- expands). A task that names a limit is left alone, whatever the caller
+-- believed (the row decides), and missing from the answer: the caller
+-- completes it with complete_batch, as it completes a task others wait for,
+-- so no completion ever keeps a limit's slot.
+WITH
+    /* TEMPLATE: completion(t.limits IS NULL) */,
+    /* TEMPLATE: completion_logged */
+SELECT d.id, d.limits, 0::bigint AS woke
 FROM done d;
 
 -- name: fail_task

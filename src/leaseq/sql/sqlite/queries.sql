@@ -647,6 +647,10 @@ WHERE t.id = c.task_id
 RETURNING id, claim_generation, attempts, heartbeat_count, last_heartbeat_at, longest_heartbeat_gap,
           queue, limits, units;
 
+-- name: complete_plain
+-- guard: lease
+-- no-op: SQLite's complete_batch has no limit steps to leave out (the caller gives limit slots back): it has no lean completion (the backend declares none)
+
 -- name: fail_task
 -- guard: lease
 -- See the PostgreSQL file for the routing table this CASE implements.
