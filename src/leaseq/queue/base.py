@@ -13,7 +13,7 @@ import contextlib
 import copy
 import weakref
 from collections.abc import AsyncIterator, Callable, Iterator
-from typing import TYPE_CHECKING, Any, Self
+from typing import TYPE_CHECKING, Any, Self, TypeVar
 
 from .. import engine
 from ..core import checks
@@ -30,11 +30,21 @@ from ..db.errors import rolled_back
 #: (see :meth:`QueueBase._run_again`).
 ROLLED_BACK_ATTEMPTS = 5
 
+V = TypeVar("V")
+
 if TYPE_CHECKING:  # pragma: no cover
     from asyncio import AbstractEventLoop
 
     from ..engine.shared import SharedCommits
     from ..fencing.tokens import ActionSigner
+
+
+def replayable(value: V) -> V:
+    """``value``, or the list of its items where it is an iterator (a generator, say), which
+    could be read only once: the argument of an operation that may be made twice."""
+    if isinstance(value, Iterator):
+        return list(value)  # type: ignore[return-value]
+    return value
 
 
 class QueueBase:

@@ -18,6 +18,7 @@ from ..core.errors import BackendUnavailable
 from ..engine.shared import SharedCommits
 from ..engine.steps import Op, T
 from .base import QueueBase
+from .base import replayable as replayable  # the generated modules import it from either
 
 
 class AsyncQueueBase:

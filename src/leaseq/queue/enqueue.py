@@ -12,7 +12,7 @@ from .. import engine
 from ..core import checks
 from ..core.model import Task
 from ..observability.tracing import traced_enqueue
-from .base import QueueBase
+from .base import QueueBase, replayable
 
 
 class EnqueueOps(QueueBase):
@@ -131,11 +131,9 @@ class EnqueueOps(QueueBase):
         in which no task names a key is claimed as it always was. See the
         how-to page *Flow control*, "Fair share across tenants".
         """
-        # the iterables read once: the operation may be made again (leaseq.engine.shared)
-        actions = None if actions is None else list(actions)
-        after = None if after is None else list(after)
-        limits = None if limits is None else list(limits)
-        resources = None if resources is None else list(resources)
+        # iterators read once: the operation may be made again (leaseq.engine.shared)
+        actions, after = replayable(actions), replayable(after)
+        limits, resources = replayable(limits), replayable(resources)
         make = functools.partial(
             engine.enqueue.enqueue, self.settings, kind, payload, effect=effect, queue=queue,
             idempotency_key=idempotency_key, priority=priority, delay=delay, max_attempts=max_attempts,
