@@ -210,7 +210,11 @@ def test_a_stale_worker_cannot_take_its_lease_back_by_hand(admin, make_role) -> 
         a, b = qa.register_worker("a"), qb.register_worker("b")
         [claim_a] = qa.claim(a)
         wait_for(lambda: lease_expired(admin, task.id), what="A's lease to run out")
-        [claim_b] = qb.claim(b, lease_seconds=30.0)  # long enough for a loaded machine to finish
+        # B's lease long enough for a loaded machine to finish (a claim's lease is capped at the
+        # task's own, which had to be short for A's to run out): not a lease column, the owner's to set
+        with psycopg.connect(admin.store.dsn, autocommit=True) as conn:
+            conn.execute("UPDATE leaseq_tasks SET lease_seconds = 30 WHERE id = %s", (task.id,))
+        [claim_b] = qb.claim(b, lease_seconds=30.0)
         assert claim_b.generation == 2
         refused(dsn_a, "UPDATE leaseq_tasks SET lease_owner = %s, claim_generation = claim_generation + 1, "
                        "lease_expires_at = now() + interval '1 hour' WHERE id = %s", (a.id, task.id))
