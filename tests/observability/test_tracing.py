@@ -168,7 +168,7 @@ def test_a_task_claimed_ahead_marks_where_its_handler_began(q, spans):
 
     @app.task("step", lease_seconds=5)
     async def step(ctx):
-        await asyncio.sleep(0.3)
+        await asyncio.sleep(0.6)
 
     step.enqueue(), step.enqueue()
     stats = app.run_worker(until_idle=True, install_signals=False, concurrency=1, prefetch=1)
@@ -177,5 +177,6 @@ def test_a_task_claimed_ahead_marks_where_its_handler_began(q, spans):
     waits = sorted(event.timestamp - run.start_time for run in runs for event in run.events
                    if event.name == "leaseq.handler_started")
     assert len(waits) == 2
-    # one began at once; the other waited, leased, for the first one's 0.3 s handler
-    assert waits[0] < 0.1e9 and waits[1] >= 0.25e9
+    # one began at once (a loaded machine may take a tenth of a second or more to start it); the
+    # other waited, leased, for the first one's 0.6 s handler
+    assert waits[0] < 0.3e9 and waits[1] >= 0.55e9, waits
