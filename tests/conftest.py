@@ -39,7 +39,7 @@ import leaseq
 PG_DSN = os.environ.get("LEASEQ_TEST_PG_DSN")
 REQUIRE_PG = os.environ.get("LEASEQ_REQUIRE_PG") == "1"
 #: How the PostgreSQL tests reach their schema (``LEASEQ_TEST_PG_MODE``: see pg_modes.py).
-from pg_modes import PG_MODE  # noqa: E402
+from pg_modes import POOLED, PORTABLE  # noqa: E402
 BACKENDS = ["sqlite", "postgres"]
 #: The database this xdist worker created for itself (dropped when it ends).
 _WORKER_DB: tuple[str, str] | None = None
@@ -125,13 +125,13 @@ def pg_schema_dsn() -> Iterator[str]:
         conn.execute(f"CREATE SCHEMA {schema}")
     bouncer = None
     try:
-        if PG_MODE == "pgbouncer":
+        if POOLED:
             from pgbouncer import SchemaBouncer
             from system_tools import require_tool
 
             bouncer = SchemaBouncer(require_tool("pgbouncer"), base, schema)
-            yield bouncer.dsn() + "?pooler=transaction"
-        elif PG_MODE == "portable":
+            yield bouncer.dsn() + "?pooler=transaction" + ("&portable=true" if PORTABLE else "")
+        elif PORTABLE:
             yield with_search_path(base, schema) + "&portable=true"
         else:
             yield with_search_path(base, schema)
@@ -215,11 +215,8 @@ def pg_mode_migrated_dsn(pg_migrated_dsn: str) -> Iterator[str]:
     PgBouncer of this test's own in front of it, stopped before the schema is emptied, so no
     server connection, and nothing left on one, outlives the test (starting one costs a few
     milliseconds, a migration about half a second)."""
-    if PG_MODE == "portable":
-        yield pg_migrated_dsn + "&portable=true"
-        return
-    if PG_MODE != "pgbouncer":
-        yield pg_migrated_dsn
+    if not POOLED:
+        yield pg_migrated_dsn + ("&portable=true" if PORTABLE else "")
         return
     from pgbouncer import SchemaBouncer
     from system_tools import require_tool
@@ -229,7 +226,7 @@ def pg_mode_migrated_dsn(pg_migrated_dsn: str) -> Iterator[str]:
     try:
         # the application_name reaches the server connections: the teardown's wait for the
         # test's connections to close finds them until the PgBouncer is gone
-        yield bouncer.dsn() + f"?pooler=transaction&application_name={schema}"
+        yield bouncer.dsn() + f"?pooler=transaction&application_name={schema}" + ("&portable=true" if PORTABLE else "")
     finally:
         bouncer.stop()
 
