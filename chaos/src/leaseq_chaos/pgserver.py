@@ -82,7 +82,13 @@ class ThrowawayPostgres:
         """Start the server, first creating it (:meth:`create`) unless that was done; returns self."""
         if self.root is None:
             self.create()
-        self._pg_ctl("start")
+        try:
+            self._pg_ctl("start")
+        except BaseException:
+            # pg_ctl gave up waiting (a loaded machine) but the server may still come up: no one
+            # would stop it (``with`` calls no __exit__ when __enter__ raises)
+            self.stop()
+            raise
         return self
 
     def create(self) -> ThrowawayPostgres:
@@ -179,7 +185,10 @@ class ThrowawayPostgres:
             if (self.data / "postmaster.pid").exists():
                 self._pg_ctl("stop", "-m", "immediate")
         except (ConfigError, subprocess.TimeoutExpired):
-            pass
+            # pg_ctl could not stop it in time: a postmaster left behind, its folder deleted below,
+            # would run on with no parent; end it and its backends as a crash would
+            with contextlib.suppress(OSError, ValueError, IndexError):
+                self.kill()
         shutil.rmtree(self.root, ignore_errors=True)
         self.root = None
 
