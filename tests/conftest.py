@@ -30,6 +30,7 @@ import time
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 from urllib.parse import quote, urlsplit, urlunsplit
 
 import pytest
@@ -83,6 +84,29 @@ def pytest_configure(config: pytest.Config) -> None:
         conn.execute(f'CREATE DATABASE "{name}"')
     _WORKER_DB = (admin, name)
     PG_DSN = os.environ["LEASEQ_TEST_PG_DSN"] = dsn
+
+
+#: Seconds each test file took (setup, call and teardown of its tests, summed across the run's
+#: processes), gathered where reports arrive (the xdist controller, or the one process).
+_FILE_SECONDS: dict[str, float] = {}
+#: How many of the slowest files the summary names (``LEASEQ_TEST_SLOWEST_FILES``; 0: none).
+SLOWEST_FILES = int(os.environ.get("LEASEQ_TEST_SLOWEST_FILES", "15"))
+
+
+def pytest_runtest_logreport(report: pytest.TestReport) -> None:
+    path = report.nodeid.split("::", 1)[0]
+    _FILE_SECONDS[path] = _FILE_SECONDS.get(path, 0.0) + report.duration
+
+
+def pytest_terminal_summary(terminalreporter: Any) -> None:
+    """The files the run spent most time in (a test's slowness is --durations'; a file's many
+    tests that are each quick add up where the time budget goes)."""
+    if SLOWEST_FILES <= 0 or os.environ.get("PYTEST_XDIST_WORKER") or not _FILE_SECONDS:
+        return
+    total = sum(_FILE_SECONDS.values())
+    terminalreporter.write_sep("=", f"slowest {SLOWEST_FILES} files (of {total:.0f} s in tests)")
+    for path, seconds in sorted(_FILE_SECONDS.items(), key=lambda kv: -kv[1])[:SLOWEST_FILES]:
+        terminalreporter.write_line(f"{seconds:8.1f}s {100 * seconds / total:5.1f}%  {path}")
 
 
 def pytest_unconfigure(config: pytest.Config) -> None:
