@@ -19,6 +19,7 @@ from __future__ import annotations
 import json
 import re
 import sqlite3
+from collections.abc import Callable
 from typing import Any
 
 import psycopg
@@ -26,6 +27,7 @@ import pytest
 
 import leaseq
 from leaseq.store.base import load_queries
+from leaseq.store.queries import load_named_queries
 from leaseq.store.postgres import CUSTOM_PLAN, GENERIC_PLAN, _configure, _encode
 
 CLAIM_PARAMS = dict(queue="default", limit=10, lease_seconds=None, compact=False, route_first=True, kinds=None)
@@ -266,7 +268,7 @@ def _scans(plan: dict[str, Any]) -> list[tuple[str, str]]:
     return found
 
 
-def _generic_plan(dsn: str, query: str, params: dict[str, Any]) -> dict[str, Any]:
+def _generic_plan(dsn: str, query: str, params: dict[str, Any], *, verbose: bool = False) -> dict[str, Any]:
     """Prepare ``query`` as leaseq's store does and read the generic plan that every call then runs."""
     sql = load_queries("postgres")[query]
     order = list(dict.fromkeys(re.findall(r"%\((\w+)\)s", sql)))  # psycopg numbers names in this order
@@ -277,7 +279,7 @@ def _generic_plan(dsn: str, query: str, params: dict[str, Any]) -> dict[str, Any
             [[name]] = conn.execute("SELECT name FROM pg_prepared_statements ORDER BY prepare_time DESC LIMIT 1")
             conn.execute("SET LOCAL plan_cache_mode = force_generic_plan")
             with psycopg.ClientCursor(conn) as cur:
-                cur.execute(f"EXPLAIN (FORMAT JSON) EXECUTE {name}(" + ", ".join(["%s"] * len(order)) + ")",
+                cur.execute(f"EXPLAIN (FORMAT JSON{', VERBOSE' if verbose else ''}) EXECUTE {name}(" + ", ".join(["%s"] * len(order)) + ")",
                             [_encode(params)[k] for k in order])
                 [[doc]] = cur.fetchall()
     return doc[0]["Plan"]
@@ -545,7 +547,8 @@ def _explain_analyze_as_the_store_runs(dsn: str, query: str, params: dict[str, A
 
     On leaseq's connections (``plan_cache_mode = force_generic_plan``) every
     statement sent with parameters runs a generic plan, prepared or not; a
-    ``plan: custom`` statement is sent with its values bound into its text.
+    ``plan: custom`` statement is sent with its values bound into its text, and a
+    ``plan: generic up to`` one given a longer list is planned for its values too.
     """
     sql = load_queries("postgres")[query]
     with psycopg.connect(dsn, autocommit=True) as conn:
@@ -554,7 +557,8 @@ def _explain_analyze_as_the_store_runs(dsn: str, query: str, params: dict[str, A
             conn.execute(AS_OWNER)
             if query in GENERIC_PLAN:  # as its function runs it (leaseq.store.functions)
                 conn.execute("SET LOCAL jit = off")
-            if query in CUSTOM_PLAN:
+            sized = load_named_queries("postgres")[query].custom_above
+            if query in CUSTOM_PLAN or (sized is not None and len(params[sized[0]]) > sized[1]):
                 with psycopg.ClientCursor(conn) as cur:
                     cur.execute("EXPLAIN (ANALYZE, FORMAT JSON) " + sql, _encode(params))
                     [[doc]] = cur.fetchall()
@@ -589,14 +593,76 @@ def test_postgres_renewal_of_many_leases_reads_each_row_once(pg_schema_dsn: str,
     # Each running row is looked at once: no walk of the pairs for every row.
     assert _rows_looked_at(plan) <= HELD, (_rows_looked_at(plan), shown)
     assert not [n for n in _nodes(plan) if n["Node Type"] == "Function Scan"], shown
-    # The id list reaches the planner as a value (counted, and probed by hash), not as a parameter.
+    # The id list reaches the planner as a value (counted, and probed by hash), not as a parameter:
+    # HELD is above the renewal's generic plan's batch (plan: generic up to).
     tasks = [n for n in _nodes(plan) if n.get("Relation Name") == "leaseq_tasks"]
     assert not [n for n in tasks if "$" in n.get("Index Cond", "") + n.get("Filter", "")], shown
 
 
-def test_the_renewal_is_planned_for_its_values() -> None:
-    """Not forced onto a generic plan: how many leases it names decides its plan."""
-    assert "renew_leases" in CUSTOM_PLAN and "renew_leases" not in GENERIC_PLAN
+def test_the_renewal_runs_one_plan_for_a_workers_batch_and_plans_a_long_list_for_its_values() -> None:
+    """A worker's usual batch runs the cached generic plan; a longer list is planned for its values."""
+    assert "renew_leases" in GENERIC_PLAN and "renew_leases" not in CUSTOM_PLAN
+    assert load_named_queries("postgres")["renew_leases"].custom_above == ("task_ids", RENEW_GENERIC_UP_TO)
+
+
+#: How many leases a renewal names at most and still runs its function's generic plan.
+RENEW_GENERIC_UP_TO = 32
+
+
+def _nested_plans(q: leaseq.Queue, call: Callable[[], object]) -> list[str]:
+    """The plans of the statements ``call`` runs inside the functions, on ``q``'s one
+    pooled connection (auto_explain, nested statements)."""
+    notes: list[str] = []
+    with q.store._pool.connection() as conn:
+        for sql in ("LOAD 'auto_explain'", "SET auto_explain.log_min_duration = 0",
+                    "SET auto_explain.log_nested_statements = on", "SET auto_explain.log_level = notice",
+                    "SET auto_explain.log_verbose = on"):
+            conn.execute(sql)
+        conn.add_notice_handler(lambda d: notes.append(d.message_primary or ""))
+    call()
+    with q.store._pool.connection() as conn:
+        conn.execute("SET auto_explain.log_min_duration = -1")
+    return notes
+
+
+@pytest.mark.parametrize("held", [RENEW_GENERIC_UP_TO, RENEW_GENERIC_UP_TO + 1])
+def test_postgres_renewal_function_plans_a_list_longer_than_a_batch_for_its_values(pg_schema_dsn: str,
+                                                                                    held: int) -> None:
+    """The renewal's function, as the library calls it: up to 32 leases the id list stays a
+    parameter (the session's one plan), above that it reaches the planner as a value."""
+    q = leaseq.connect(pg_schema_dsn, max_size=1)
+    try:
+        q.migrate()
+        q.enqueue_many("noop", [{"i": i} for i in range(held)])
+        worker = q.register_worker("renewer")
+        claims = q.claim(worker, limit=held, lease_seconds=3600)
+        assert len(claims) == held
+        renewed: dict[int, Any] = {}
+        plans = _nested_plans(q, lambda: renewed.update(q.renew_leases(worker, claims)))
+        assert set(renewed) == {c.task_id for c in claims}  # either way, every lease renewed
+    finally:
+        q.close()
+    [renewal] = [p for p in plans if "Update on" in p and "leaseq_tasks" in p]
+    ids = ",".join(str(c.task_id) for c in sorted(claims, key=lambda c: c.task_id))
+    if held <= RENEW_GENERIC_UP_TO:
+        assert "ANY ($1)" in renewal and ids not in renewal, renewal
+    else:
+        assert "ANY ($1)" not in renewal and ids in renewal, renewal
+
+
+def test_postgres_claims_hold_the_epochs_cluster_part_as_a_value(pg_schema_dsn: str) -> None:
+    """The claims' generic plans carry the cluster part of the lease epoch as a constant,
+    read when the session planned them (schema 42): no claim reads pg_control."""
+    worker = _pg_queue(pg_schema_dsn, 0, 10)
+    with psycopg.connect(pg_schema_dsn, autocommit=True) as conn:
+        [[cluster]] = conn.execute("SELECT ((pg_control_system()).system_identifier >> 32) * 1000000").fetchall()
+    claims = [name for name in sorted(GENERIC_PLAN) if name.startswith("claim_") and name != "claim_fair"]
+    assert "claim_batch" in claims and "claim_plain" in claims
+    for name in claims:
+        plan = json.dumps(_generic_plan(pg_schema_dsn, name, dict(SAMPLE, worker_id=worker), verbose=True))
+        assert "claim_epoch" in load_queries("postgres")[name], name
+        assert f"'{cluster}'::bigint" in plan and "pg_control_system" not in plan \
+            and "leaseq_cluster_epoch" not in plan, (name, plan[:3000])
 
 
 @pytest.mark.parametrize("analyze", [False, True], ids=["fresh", "analysed"])

@@ -237,7 +237,7 @@ def test_the_generic_plan_travels_with_each_function(pg_schema_dsn: str) -> None
         config = {name: set(settings or ()) for name, settings in conn.execute(
             "SELECT proname, proconfig FROM pg_proc WHERE pronamespace = current_schema()::regnamespace "
             "AND proname LIKE 'leaseq\\_q\\_%'").fetchall()}
-    assert GENERIC_PLAN and CUSTOM_PLAN
+    assert GENERIC_PLAN  # (no query is planned for its values at every call now: CUSTOM_PLAN may be empty)
     for query in GENERIC_PLAN:
         assert "plan_cache_mode=force_generic_plan" in config[function_name(query)], query
     for query in CUSTOM_PLAN:

@@ -226,6 +226,33 @@ def test_a_stale_worker_cannot_take_its_lease_back_by_hand(admin, make_role) -> 
     assert admin.get(task.id).result == {"from": "b"}
 
 
+#: The lease epoch as schema 25 defines it, read from the server itself.
+TRUE_EPOCH = ("SELECT ((pg_control_system()).system_identifier >> 32) * 1000000"
+              " + ('x' || left(pg_walfile_name(pg_current_wal_insert_lsn()), 8))::bit(32)::bigint")
+
+
+def test_a_worker_role_cannot_forge_the_lease_epoch_its_session_caches(admin, make_role) -> None:
+    """The epoch's cluster part is read once per server session (schema 42): a worker role,
+    in the very session its claims run in, shadows the function that reads it, sets a
+    setting named after it, and tries to replace it; its claims still carry the server's epoch."""
+    dsn = make_role("worker")
+    tasks = [admin.enqueue("job", {"n": n}) for n in range(2)]
+    with psycopg.connect(admin.store.dsn, autocommit=True) as conn:
+        [[epoch]] = conn.execute(TRUE_EPOCH).fetchall()
+        schema = conn.execute("SELECT current_schema()").fetchone()[0]
+    refused(dsn, "CREATE OR REPLACE FUNCTION leaseq_cluster_epoch() RETURNS bigint LANGUAGE sql AS 'SELECT 7'")
+    refused(dsn, f'CREATE FUNCTION "{schema}".leaseq_cluster_epoch(integer) RETURNS bigint LANGUAGE sql AS \'SELECT 7\'')
+    with leaseq.connect(dsn, max_size=1) as q:
+        w = q.register_worker("forger")
+        with q.store._pool.connection() as conn:  # the one session the claims below run in
+            conn.execute("CREATE FUNCTION pg_temp.leaseq_cluster_epoch() RETURNS bigint LANGUAGE sql AS 'SELECT 7'")
+            conn.execute("SET leaseq.cluster_epoch = '7'")
+            conn.commit()
+        claims = [*q.claim(w), *q.claim(w)]  # the first plans the claim, the second runs the cached plan
+        assert [c.epoch for c in claims] == [epoch, epoch] and sorted(c.task_id for c in claims) == \
+            sorted(t.id for t in tasks)
+
+
 def test_not_even_a_superuser_moves_a_lease_with_an_ad_hoc_update(admin) -> None:
     """The trigger: lease columns change only through the functions (owner's rights)."""
     task = admin.enqueue("job")

@@ -198,13 +198,17 @@ def test_a_guard_argument_may_hold_parentheses(dialect: str) -> None:
 
 
 def test_plan_annotations() -> None:
-    """``plan: generic`` and ``plan: custom`` are read; any other plan is refused."""
+    """``plan: generic``, ``plan: generic up to <n> <param>`` and ``plan: custom`` are read; any other plan is refused."""
     body = "-- name: q\n-- plan: {}\nSELECT 1;\n"
     assert parse_queries_file(_HEADER["postgres"] + body.format("generic"), "synthetic")[1]["q"].generic_plan
     custom = parse_queries_file(_HEADER["postgres"] + body.format("custom"), "synthetic")[1]["q"]
     assert custom.custom_plan and not custom.generic_plan
-    with pytest.raises(RuntimeError, match="plan: generic' or 'plan: custom"):
-        parse_queries_file(_HEADER["postgres"] + body.format("fast"), "synthetic")
+    sized = parse_queries_file(_HEADER["postgres"] + body.format("generic up to 32 ids"), "synthetic")[1]["q"]
+    assert sized.generic_plan and not sized.custom_plan and sized.custom_above == ("ids", 32)
+    for bad in ("fast", "generic up to many ids", "generic up to 32"):
+        with pytest.raises(RuntimeError, match="plan: generic', 'plan: generic up to <n> <array parameter>' or "
+                                               "'plan: custom'"):
+            parse_queries_file(_HEADER["postgres"] + body.format(bad), "synthetic")
 
 
 def test_a_guard_annotation_without_a_reason_is_refused() -> None:

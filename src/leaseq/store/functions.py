@@ -376,6 +376,8 @@ def _function(q: NamedQuery, sig: Signature) -> str:
         run = (f"RETURN QUERY {body};" if column is None else
                f"RETURN QUERY SELECT * FROM ({_body_only(body).rstrip().rstrip(';')}) AS r\n"
                f"WHERE _queues IS NULL OR r.{column} = ANY(_queues);")
+        if q.custom_above is not None:
+            run = _sized(run, q, sig)
     elif sig.returns:  # a SELECT of void functions (pg_notify): run for its effect
         result, run = "void", f"PERFORM * FROM ({body}) AS s;"
     else:
@@ -390,6 +392,25 @@ def _function(q: NamedQuery, sig: Signature) -> str:
     code = f"#variable_conflict use_column\nDECLARE _kind text; _queues text[]; _own boolean;\nBEGIN\n{_checks(q, sig)}\n{run}\nEND"
     return (f"CREATE OR REPLACE FUNCTION @@schema@@.{function_name(q.name)}({args}) RETURNS {result} "
             f"LANGUAGE plpgsql SECURITY DEFINER SET search_path = @@schema@@, pg_temp{settings} AS {_dollar(code)}")
+
+
+def _sized(run: str, q: NamedQuery, sig: Signature) -> str:
+    """``run`` (a ``RETURN QUERY``) for a ``plan: generic up to <n> <param>`` query: the
+    statement's cached generic plan while the array names at most n elements, else the
+    statement as dynamic SQL (``EXECUTE ... USING``), planned for its values at that call: a
+    one-shot plan, whose parameters the planner sees as values (a long id list counted, and
+    probed by hash), whatever the function's plan_cache_mode."""
+    assert q.custom_above is not None and run.startswith("RETURN QUERY ")
+    param, n = q.custom_above
+    names = [name for name, _ in sig.params]
+    if param not in names or not sig.params[names.index(param)][1].endswith("[]"):
+        raise RuntimeError(f"query {q.name!r}: 'plan: generic up to' names {param!r}, not an array parameter")
+    statement = _body_only(run.removeprefix("RETURN QUERY ")).strip().rstrip(";")
+    tag = "$sized$"
+    assert tag not in statement
+    using = ", ".join(f"${i + 1}" for i in range(len(sig.params)))
+    return (f"IF cardinality(${names.index(param) + 1}) > {n} THEN\n"
+            f"RETURN QUERY EXECUTE {tag}{statement}{tag} USING {using};\nELSE\n{run}\nEND IF;")
 
 
 def _dollar(code: str) -> str:

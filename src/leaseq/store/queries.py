@@ -21,6 +21,11 @@ A queries file holds two kinds of block:
     ``-- plan: generic``
         prepared on its first use on a connection and always run with the
         prepared statement's generic plan (PostgreSQL);
+    ``-- plan: generic up to <n> <array parameter>``
+        as ``plan: generic`` while the array parameter names at most ``n``
+        elements; above that, planned for its values at that call (in its
+        PostgreSQL function: the statement run as dynamic SQL), so a long
+        list reaches the planner as a value (counted, and probed by hash);
     ``-- plan: custom``
         planned for the values it is given at every call: sent with its
         parameters bound into the text, so no generic plan is forced on it
@@ -99,6 +104,8 @@ class NamedQuery:
     guard_reason: str = ""
     generic_plan: bool = False
     custom_plan: bool = False
+    #: (array parameter, n): generic while the parameter names at most n elements (``plan: generic up to``)
+    custom_above: tuple[str, int] | None = None
     noop: str | None = None           # the reason, when the statement is a no-op on this backend
     unused: frozenset[str] = field(default_factory=frozenset)
     callers: frozenset[str] = field(default_factory=frozenset)   # roles granted its function (PostgreSQL)
@@ -109,6 +116,9 @@ class NamedQuery:
     def lease_guarded(self) -> bool:
         """Whether the query is annotated ``guard: lease``."""
         return self.guard == "lease"
+
+
+_SIZED_PLAN = re.compile(r"generic up to (\d+) (\w+)")
 
 
 def _annotations(name: str, body: str, where: str) -> dict[str, object]:
@@ -134,9 +144,14 @@ def _annotations(name: str, body: str, where: str) -> dict[str, object]:
             raise RuntimeError(f"{where}: query {name!r}: 'guard: none' needs a reason ('-- guard: none -- why')")
         out["guard"], out["guard_reason"] = kind, reason
     if "plan" in found:
-        if found["plan"] not in ("generic", "custom"):
-            raise RuntimeError(f"{where}: query {name!r}: a plan annotation is 'plan: generic' or 'plan: custom'")
-        out[f"{found['plan']}_plan"] = True
+        sized = _SIZED_PLAN.fullmatch(str(found["plan"]))
+        if sized is not None:
+            out["generic_plan"], out["custom_above"] = True, (sized.group(2), int(sized.group(1)))
+        elif found["plan"] not in ("generic", "custom"):
+            raise RuntimeError(f"{where}: query {name!r}: a plan annotation is 'plan: generic', "
+                               "'plan: generic up to <n> <array parameter>' or 'plan: custom'")
+        else:
+            out[f"{found['plan']}_plan"] = True
     if "no-op" in found:
         out["noop"] = str(found["no-op"]) or "no-op"
     if "callers" in found:

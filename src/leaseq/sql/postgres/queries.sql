@@ -9,6 +9,9 @@
 --                              a lease: expands the lease guard below
 --   -- guard: none -- <why>    takes a worker id, is not lease-backed, says why
 --   -- plan: generic           prepared, and always run with its generic plan
+--   -- plan: generic up to <n> <array parameter>
+--                              generic while the array names at most n
+--                              elements, else planned for its values then
 --   -- plan: custom            planned for its values at every call (bound client-side)
 --   -- no-op: <why>            nothing to run on this backend
 --   -- unused: <params> -- <why>  parameters this dialect does not need
@@ -288,14 +291,15 @@ claimed AS (
         -- THE LEASE EPOCH, the one place it is read: the database history this
         -- claim is made in. The cluster's initdb time in seconds (the high 32
         -- bits of its system identifier: a dump restored into a new cluster
-        -- gets a later one) times 1,000,000, plus the WAL timeline now
-        -- inserted on (a promotion or a point-in-time restore starts a higher
-        -- one, readable at once, unlike pg_control_checkpoint's). Fences compare
-        -- it before the generation (schema 25). Read once per statement (an
-        -- init plan), and only when a row is claimed; the system identifier is
-        -- a field of pg_control_system()'s one row, taken as a value, not read
-        -- as a table (a function scan would keep its row in a tuple store).
-        claim_epoch = (SELECT ((pg_control_system()).system_identifier >> 32) * 1000000
+        -- gets a later one) times 1,000,000 (leaseq_cluster_epoch(), schema
+        -- 42: read once per server session, when the session plans this
+        -- statement, as no running server's system identifier changes), plus
+        -- the WAL timeline now inserted on (a promotion or a point-in-time
+        -- restore starts a higher one, readable at once, unlike
+        -- pg_control_checkpoint's), read at every claim. Fences compare it
+        -- before the generation (schema 25). Read once per statement (an init
+        -- plan), and only when a row is claimed.
+        claim_epoch = (SELECT leaseq_cluster_epoch()
                               + ('x' || left(pg_walfile_name(pg_current_wal_insert_lsn()), 8))::bit(32)::bigint),
         attempts = t.attempts + 1,
         -- CODE VERSIONS: the first claim stamps the version the task starts under; later ones keep it
@@ -1231,7 +1235,7 @@ SELECT (SELECT k.fairness_key FROM leaseq_tasks k
 -- name: renew_leases
 -- callers: worker
 -- guard: lease
--- plan: custom
+-- plan: generic up to 32 task_ids
 -- One statement renews every lease a worker names: the rows back are the
 -- leases still held. The tasks are found by id (= ANY of the id list) and
 -- each row's generation is looked up in the {"<task id>": generation} map
@@ -1239,9 +1243,15 @@ SELECT (SELECT k.fairness_key FROM leaseq_tasks k
 -- many there are. Not a join against the (task, generation) pairs: a
 -- worker holding ten thousand leases, planned generically or on statistics
 -- taken before those tasks ran (the planner then expects one running row),
--- got a nested loop over every pair for every running row, 10^8 steps. It
--- is planned for its values at every call (plan: custom): the id list is
--- then a constant, which the planner counts and probes by hash.
+-- got a nested loop over every pair for every running row, 10^8 steps.
+-- A renewal of up to 32 leases (a worker's usual batch) runs the function's
+-- cached generic plan: planning the statement anew cost more than running
+-- it (about 15 us a lease of a renewal of 10). A longer one is planned for
+-- its values at that call (plan: generic up to): the id list is then a
+-- constant, which the planner counts and, where it filters rows by it (a
+-- read of every running lease, planned on statistics taken while they were
+-- queued), probes by hash; a list read as a parameter is searched from end
+-- to end for each row, at most 32 comparisons here.
 -- The new deadline comes from the lease length this claim was given (its
 -- deadline minus when that deadline was set), never from the caller; a
 -- claim's lease_seconds override is not written onto the task.
