@@ -7,11 +7,38 @@ written by one transaction carry its id (``xmin``)."""
 from __future__ import annotations
 
 import asyncio
+import sqlite3
 
 import psycopg
 import pytest
 
 import leaseq
+from leaseq.store import parse_dsn
+
+POISONED = "refused by the trigger of this test"
+
+
+def refuse_poison(dsn: str) -> None:
+    """Make the database refuse the insert of a task whose payload has the key ``poison``
+    (a trigger in the test's own schema): a statement that fails inside a transaction."""
+    dialect, target = parse_dsn(dsn)
+    if dialect == "sqlite":
+        conn = sqlite3.connect(target)
+        try:
+            with conn:
+                conn.execute("CREATE TRIGGER leaseq_test_poison BEFORE INSERT ON leaseq_tasks "
+                             "WHEN json_extract(NEW.payload, '$.poison') IS NOT NULL "
+                             f"BEGIN SELECT RAISE(ABORT, '{POISONED}'); END")
+        finally:
+            conn.close()
+        return
+    from leaseq.db.dsn import split_leaseq_options
+
+    with psycopg.connect(split_leaseq_options(dsn)[0]) as pg:
+        pg.execute(f"CREATE FUNCTION leaseq_test_poison() RETURNS trigger LANGUAGE plpgsql AS "
+                   f"$$ BEGIN RAISE EXCEPTION '{POISONED}'; END $$")
+        pg.execute("CREATE TRIGGER leaseq_test_poison BEFORE INSERT ON leaseq_tasks FOR EACH ROW "
+                   "WHEN (NEW.payload ? 'poison') EXECUTE FUNCTION leaseq_test_poison()")
 
 
 def _transactions(dsn: str, ids: list[int]) -> int:
@@ -108,5 +135,63 @@ def test_a_call_cancelled_while_it_waits_writes_nothing(dsn: str, cancel_at: str
                 assert [t.payload for t in await aq.list_tasks()] == [{"first": True}]
             else:
                 await asyncio.gather(blocker, waiting)
+
+    asyncio.run(story())
+
+
+def test_a_statement_the_database_refuses_fails_its_call_alone(dsn: str) -> None:
+    # The inserts of a shared transaction are sent together (PostgreSQL's pipeline): one the
+    # database refuses fails the transaction, and each call runs again alone, so only it fails.
+    async def story() -> None:
+        async with await leaseq.connect_async(dsn) as aq:
+            await aq.migrate()
+            refuse_poison(dsn)
+            blocker = asyncio.create_task(aq.enqueue("job", {"first": True}))  # writing: the rest wait together
+            await asyncio.sleep(0)
+            calls = [aq.enqueue("job", {"i": i}) for i in range(6)]
+            calls.insert(3, aq.enqueue("job", {"poison": 1}))
+            results = await asyncio.gather(blocker, *calls, return_exceptions=True)
+            poisoned = results.pop(4)
+            assert isinstance(poisoned, Exception) and POISONED in str(poisoned), poisoned
+            assert all(isinstance(r, leaseq.Task) and r.enqueue_outcome == "created" for r in results), results
+            stored = await aq.list_tasks(limit=100)
+            assert sorted(t.id for t in stored) == sorted(r.id for r in results if isinstance(r, leaseq.Task))
+            assert all("poison" not in t.payload for t in stored)
+
+    asyncio.run(story())
+
+
+def test_calls_of_several_statements_share_a_transaction_with_calls_of_one(dsn: str) -> None:
+    # A call whose transaction has several statements (a budget, a singleton key, a wait on
+    # another task) runs them whole, in its turn, among the single inserts sent together; a
+    # call naming the same key, in whichever order their transactions took them, sees all of it.
+    async def story() -> None:
+        async with await leaseq.connect_async(dsn) as aq:
+            await aq.migrate()
+            upstream = await aq.enqueue("job", {"up": 1})
+            blocker = asyncio.create_task(aq.enqueue("job", {"first": True}))
+            await asyncio.sleep(0)
+            budget = {"tokens": 500}
+            calls = [aq.enqueue("job", {"i": 0}),
+                     aq.enqueue("job", {"b": 1}, idempotency_key="kb", budget=budget),
+                     aq.enqueue("job", {"i": 1}),
+                     aq.enqueue("job", {"b": 1}, idempotency_key="kb", budget=budget),
+                     aq.enqueue("job", {"s": 1}, singleton_key="one"),
+                     aq.enqueue("job", {"i": 2}),
+                     aq.enqueue("job", {"s": 2}, singleton_key="one"),
+                     aq.enqueue("job", {"w": 1}, after=[upstream.id]),
+                     aq.enqueue("job", {"i": 3})]
+            results = await asyncio.gather(blocker, *calls)
+            first, plain0, keyed0, plain1, keyed1, single0, plain2, single1, waiting, plain3 = results
+            assert [t.payload["i"] for t in (plain0, plain1, plain2, plain3)] == [0, 1, 2, 3]
+            assert keyed0.id == keyed1.id and keyed0.budget == keyed1.budget == budget
+            assert sorted([keyed0.enqueue_outcome, keyed1.enqueue_outcome]) == ["created", "existing"]
+            assert single0.id == single1.id
+            assert sorted([single0.enqueue_outcome, single1.enqueue_outcome]) == ["created", "skipped"]
+            assert waiting.status == "waiting" and waiting.enqueue_outcome == "created"
+            stored = {t.id: t for t in await aq.list_tasks(limit=100)}
+            made = [first, plain0, keyed0, plain1, single0, plain2, waiting, plain3]
+            assert set(stored) == {upstream.id} | {t.id for t in made}
+            assert stored[keyed0.id].budget == budget and stored[waiting.id].status == "waiting"
 
     asyncio.run(story())

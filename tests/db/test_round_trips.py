@@ -83,3 +83,45 @@ def test_a_token_check_outside_a_transaction_is_one_round_trip(traced) -> None:
     auth.revoke_token(q, record["id"], by="test")
     with pytest.raises(auth.Unauthorized, match="revoked"):
         auth.verify_token(q, token)
+
+
+def test_concurrent_enqueues_sharing_a_transaction_send_their_statements_together(
+        pg_schema_dsn: str, tmp_path: Path) -> None:
+    # Fifty enqueues waiting while one is written share transactions (leaseq.engine.shared);
+    # the inserts of each transaction go in one exchange between its BEGIN and its COMMIT,
+    # not one exchange each.
+    import asyncio
+
+    import psycopg
+
+    from leaseq.db.dsn import split_leaseq_options
+
+    async def story() -> tuple[int, list[leaseq.Task]]:
+        async with await leaseq.connect_async(pg_schema_dsn, max_size=1) as aq:
+            await aq.migrate()
+            await aq.enqueue("job", {"warm": 1})  # prepares the insert on the pool's only connection
+            pool = await aq.sync.store._async_pools.get()
+            conn = await pool.getconn()
+            await pool.putconn(conn)
+            trace = (tmp_path / "libpq.trace").open("w")
+            conn.pgconn.trace(trace.fileno())
+            conn.pgconn.set_trace_flags(pq.Trace.SUPPRESS_TIMESTAMPS)
+            try:
+                blocker = asyncio.create_task(aq.enqueue("job", {"first": True}))
+                await asyncio.sleep(0)  # it is being written: the calls below wait together
+                tasks = await asyncio.gather(*(aq.enqueue("job", {"i": i}) for i in range(50)))
+                await blocker
+            finally:
+                trace.flush()
+                conn.pgconn.untrace()
+                trace.close()
+        return (tmp_path / "libpq.trace").read_text().count("\tReadyForQuery\t"), tasks
+
+    exchanges, tasks = asyncio.run(story())
+    assert sorted(t.payload["i"] for t in tasks) == list(range(50))
+    with psycopg.connect(split_leaseq_options(pg_schema_dsn)[0]) as conn:
+        sizes = [n for (n,) in conn.execute("SELECT count(*) FROM leaseq_tasks WHERE id = ANY(%s) GROUP BY xmin::text",
+                                            ([t.id for t in tasks],))]
+    assert sum(sizes) == 50 and max(sizes) > 1, sizes
+    # the blocker's one; then per transaction: a call alone, one; several: BEGIN, the inserts, COMMIT
+    assert exchanges == 1 + sum(1 if n == 1 else 3 for n in sizes), (exchanges, sizes)

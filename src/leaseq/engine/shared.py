@@ -6,7 +6,9 @@ from its notification until its commit is on disk). Fifty coroutines each awaiti
 enqueue of its own (a web server under load) therefore commit one after another, each
 waiting out the one before it: as fast as one caller, whatever the pool. Here the calls
 that arrive while earlier ones are being written go together in the next transaction, so
-they pay for one commit, and one NOTIFY, between them.
+they pay for one commit, and one NOTIFY, between them. Their statements of one statement
+each (an enqueue's insert) are sent together and answered in one round trip (psycopg's
+pipeline mode), so a transaction of fifty enqueues costs about what one enqueue's does.
 
 Each call keeps what it had alone:
 
@@ -43,8 +45,8 @@ from .steps import Begin, Commit, One, Op, Rows, Script, T
 #: the most calls one transaction holds
 MOST = 100
 #: transactions of shared calls in flight at once, per event loop; each takes this share of the
-#: calls waiting when it starts (their statements run one after another in it, while the others'
-#: run beside it: the commits are what must take turns)
+#: calls waiting when it starts (their statements run in it while the others' run beside it: the
+#: commits are what must take turns)
 FLUSHERS = 4
 
 
@@ -128,13 +130,119 @@ class SharedCommits:
     async def _shared(self, batch: list[tuple[Callable[[], Op[Any]], asyncio.Future[Any]]],
                       written: list[tuple[asyncio.Future[Any], Any]],
                       refused: list[tuple[asyncio.Future[Any], BaseException]]) -> None:
-        """The calls of ``batch`` in one transaction, committed."""
-        async with self._store.atransaction() as tx:
-            for make, done in batch:
-                try:
-                    written.append((done, await _inside(tx, make())))
-                except _Refused as exc:
-                    refused.append((done, exc.cause))
+        """The calls of ``batch`` in one transaction, committed.
+
+        Its calls' own transactions run in rounds: in each, every call's next one, in the
+        calls' order. The one-statement transactions of a round (an enqueue's insert) are
+        sent together and answered in one round trip where the backend's transaction can
+        (``rows_together``); a call's transaction of several statements runs alone, its
+        statements one after another, each answered before the next is made. So each call's
+        transactions run in its own order and whole, each seeing those before it, as
+        concurrent calls' transactions committed one after another would."""
+        calls = [_Call(make(), done) for make, done in batch]
+        try:
+            async with self._store.atransaction() as tx:
+                together = getattr(tx, "rows_together", None)
+                ready = [call for call in calls if _advance(call, None, written, refused)]
+                while ready:
+                    ready = await _round(tx, together, ready, written, refused)
+        finally:
+            for call in calls:
+                call.op.close()
+
+
+class _Call:
+    """A call of a shared transaction: its operation, its future, the statement it waits on."""
+
+    __slots__ = ("op", "done", "step", "sent", "inside", "ended")
+
+    def __init__(self, op: Op[Any], done: asyncio.Future[Any]):
+        self.op = op
+        self.done = done
+        self.step: Any = None
+        #: it ran a statement: a failure now breaks the shared transaction
+        self.sent = False
+        #: it is in a transaction of its own of several statements (Begin, not one_statement)
+        self.inside = False
+        #: how many of its own transactions it ended
+        self.ended = 0
+
+
+def _advance(call: _Call, answer: Any, written: list[tuple[asyncio.Future[Any], Any]],
+             refused: list[tuple[asyncio.Future[Any], BaseException]]) -> bool:
+    """Give ``call`` the answer to its statement; True when it waits on a statement again
+    (``call.step``), False when it ended (its result in ``written``, or its refusal in
+    ``refused``). Raises :class:`_Broken` when it failed after a statement of its ran."""
+    op = call.op
+    while True:
+        try:
+            step = op.send(answer)
+        except StopIteration as stop:
+            written.append((call.done, stop.value))
+            return False
+        except Exception as exc:
+            if call.sent:
+                raise _Broken(exc) from None
+            refused.append((call.done, exc))  # before its first statement: it alone fails
+            return False
+        answer = None
+        if type(step) is Rows or type(step) is One or type(step) is Script:
+            call.step = step
+            return True
+        if type(step) is Begin:
+            call.inside = not step.one_statement
+        elif type(step) is Commit:
+            call.inside = False
+            call.ended += 1
+        else:  # pragma: no cover
+            raise _Broken(TypeError(f"an operation yielded {step!r}, not a step"))
+
+
+async def _round(tx: Any, together: Any, calls: list[_Call], written: list[tuple[asyncio.Future[Any], Any]],
+                 refused: list[tuple[asyncio.Future[Any], BaseException]]) -> list[_Call]:
+    """Each of ``calls``' next transaction, in order (see :meth:`SharedCommits._shared`);
+    the calls that wait on a statement of a later one, in order."""
+    later: list[_Call] = []
+    queued: list[_Call] = []  # one-statement transactions, to be sent together
+
+    async def send_queued() -> None:
+        if not queued:
+            return
+        steps = [call.step for call in queued]
+        try:
+            if together is not None and len(steps) > 1:
+                found = await together([(step.query, step.params) for step in steps])
+                answers = [(rows[0] if rows else None) if type(step) is One else rows
+                           for step, rows in zip(steps, found)]
+            else:
+                answers = [await _aanswer(tx, step) for step in steps]
+        except Exception as exc:
+            raise _Broken(exc) from None
+        for call, answer in zip(queued, answers):
+            call.sent = True
+            if _advance(call, answer, written, refused):
+                later.append(call)
+        queued.clear()
+
+    for call in calls:
+        if not call.inside and type(call.step) is not Script:
+            queued.append(call)
+            continue
+        await send_queued()  # the transactions before this one first
+        ended = call.ended
+        while True:  # its own transaction, its statements in turn
+            try:
+                answer = await _aanswer(tx, call.step)
+            except Exception as exc:
+                raise _Broken(exc) from None
+            call.sent = True
+            if not _advance(call, answer, written, refused):
+                break
+            if call.ended != ended:  # its next transaction: in the next round
+                later.append(call)
+                break
+    await send_queued()
+    return later
 
 
 async def _one_by_one(store: Store, batch: list[tuple[Callable[[], Op[Any]], asyncio.Future[Any]]]) -> None:
@@ -152,14 +260,6 @@ async def _one_by_one(store: Store, batch: list[tuple[Callable[[], Op[Any]], asy
             unreachable = error
 
 
-class _Refused(Exception):
-    """The operation failed before it sent a statement: it alone fails."""
-
-    def __init__(self, cause: BaseException):
-        super().__init__(str(cause))
-        self.cause = cause
-
-
 async def _alone(store: Store, make: Callable[[], Op[Any]], done: asyncio.Future[Any]) -> None:
     try:
         value = await adrive(store, make())
@@ -172,30 +272,3 @@ async def _alone(store: Store, make: Callable[[], Op[Any]], done: asyncio.Future
     else:
         if not done.done():
             done.set_result(value)
-
-
-async def _inside(tx: Any, op: Op[T]) -> T:
-    """Run ``op`` inside the shared transaction ``tx``: its own transactions' bounds are the
-    shared one's (its statements run in it, in order). Raises :class:`_Refused` when it failed
-    before its first statement, :class:`_Broken` when the shared transaction cannot commit."""
-    answer: Any = None
-    sent = False
-    while True:
-        try:
-            step = op.send(answer)
-        except StopIteration as stop:
-            result: T = stop.value
-            return result
-        except Exception as exc:
-            raise (_Broken(exc) if sent else _Refused(exc)) from None
-        answer = None
-        if type(step) is Rows or type(step) is One or type(step) is Script:
-            sent = True
-            try:
-                answer = await _aanswer(tx, step)
-            except Exception as exc:
-                op.close()
-                raise _Broken(exc) from None
-        elif type(step) is not Begin and type(step) is not Commit:  # pragma: no cover
-            op.close()
-            raise TypeError(f"an operation yielded {step!r}, not a step")

@@ -172,6 +172,26 @@ class AsyncPostgresTx:
         cur = await self._conn.execute(self._queries[query], _encode(params), prepare=query in self._prepare)
         return await cur.fetchall() if _rows(cur, query) else []
 
+    async def rows_together(self, steps: list[tuple[str, dict[str, Any]]]) -> list[list[dict[str, Any]]]:
+        """The rows of each of ``steps`` (``(query, params)``), run one after another as
+        :meth:`rows` runs each, sent together and answered in one round trip (psycopg's
+        pipeline mode) rather than one each. A statement that fails raises its error here
+        once all were sent; the statements after it did not run, and the transaction is failed."""
+        if len(steps) > self._statements_left >= 0:
+            raise RuntimeError(f"{steps[0][0]}: a one-statement transaction runs one statement")
+        if self._caller or not psycopg.AsyncPipeline.is_supported():  # pragma: no cover - libpq < 14
+            return [await self.rows(query, **params) for query, params in steps]
+        sent: list[tuple[psycopg.AsyncCursor[Any], str]] = []
+        async with self._conn.pipeline():
+            for query, params in steps:
+                cur: psycopg.AsyncCursor[Any] = (psycopg.AsyncClientCursor(self._conn) if query in CUSTOM_PLAN
+                                                 else self._conn.cursor())
+                await cur.execute(self._queries[query], _encode(params),
+                                  prepare=None if query in CUSTOM_PLAN else query in self._prepare)
+                sent.append((cur, query))
+        # the pipeline's end synced it: every answer is in
+        return [await cur.fetchall() if _rows(cur, query) else [] for cur, query in sent]
+
     async def script(self, sql: str) -> None:
         await self._conn.execute(sql)
 
