@@ -3225,3 +3225,27 @@ WHERE (%(key)s::text IS NULL OR s.key = %(key)s)
   AND s.day > (now() AT TIME ZONE 'UTC')::date - %(days)s::integer
 GROUP BY s.key, s.day
 ORDER BY s.day DESC, s.key;
+
+-- name: limit_spend_top
+-- callers: operator, viewer
+-- limit_spend's split by tenant with its tenants bounded, for /metrics and the
+-- dashboard (a tenant is a fairness key: whoever may enqueue chooses it): per
+-- key and UTC day over the last %(days)s days, the %(top)s tenants that settled
+-- the most (ties by name, in byte order on both backends) each on its own row,
+-- and the rest summed on one row whose tenant is %(other)s: at most top + 1 rows
+-- per key and day, the largest first, the rest's row last. A tenant of that
+-- very name ranks last, so it takes no place of the top and counts in that
+-- row (no two rows share a name).
+WITH ranked AS (
+    SELECT s.key, s.day, s.tenant, s.units,
+           row_number() OVER (PARTITION BY s.key, s.day
+                              ORDER BY s.tenant = %(other)s::text, s.units DESC, s.tenant COLLATE "C") AS rank
+    FROM leaseq_limit_spend s
+    WHERE s.day > (now() AT TIME ZONE 'UTC')::date - %(days)s::integer
+)
+SELECT r.key, r.day,
+       (CASE WHEN r.rank <= %(top)s::integer THEN r.tenant ELSE %(other)s::text END) COLLATE "C" AS tenant,
+       sum(r.units)::bigint AS units
+FROM ranked r
+GROUP BY 1, 2, 3
+ORDER BY 2 DESC, 1, bool_or(r.rank > %(top)s::integer), 4 DESC, 3;

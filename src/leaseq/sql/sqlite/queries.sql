@@ -1982,3 +1982,17 @@ WHERE (:key IS NULL OR key = :key)
   AND day > date('now', '-' || :days || ' days')
 GROUP BY key, day
 ORDER BY day DESC, key;
+
+-- name: limit_spend_top
+-- See the PostgreSQL file (text compares in byte order here).
+WITH ranked AS (
+    SELECT key, day, tenant, units,
+           row_number() OVER (PARTITION BY key, day ORDER BY tenant = :other, units DESC, tenant) AS rank
+    FROM leaseq_limit_spend
+    WHERE day > date('now', '-' || :days || ' days')
+)
+SELECT key, day, CASE WHEN rank <= :top THEN tenant ELSE :other END AS tenant,
+       sum(units) AS units
+FROM ranked
+GROUP BY 1, 2, 3
+ORDER BY 2 DESC, 1, max(rank > :top), 4 DESC, 3;
