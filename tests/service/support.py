@@ -10,7 +10,7 @@ from typing import Any
 import leaseq
 from leaseq.store import parse_dsn
 
-from snapshots import snapshot  # noqa: E402,F401  (shared with the other folders)
+from snapshots import own_connection, snapshot  # noqa: E402,F401  (shared with the other folders)
 
 
 def wait_until(q: leaseq.Queue, moment: datetime, *, timeout: float = 5.0) -> None:
@@ -96,8 +96,6 @@ def move_spend_back(dsn: str, days: int) -> None:
         finally:
             conn.close()
         return
-    import psycopg
-
-    with psycopg.connect(target) as conn:
+    with own_connection(target) as conn:  # the DSN may carry leaseq's pooler options
         conn.execute("SET ROLE leaseq_owner")
         conn.execute("UPDATE leaseq_limit_spend SET day = day - %s", (days,))
