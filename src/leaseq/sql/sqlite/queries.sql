@@ -1984,7 +1984,8 @@ GROUP BY key, day
 ORDER BY day DESC, key;
 
 -- name: limit_spend_top
--- See the PostgreSQL file (text compares in byte order here).
+-- See the PostgreSQL file: the same rows, by a window over each day's tenants
+-- (no LATERAL here; text compares in byte order).
 WITH ranked AS (
     SELECT key, day, tenant, units,
            row_number() OVER (PARTITION BY key, day ORDER BY tenant = :other, units DESC, tenant) AS rank
@@ -1992,7 +1993,7 @@ WITH ranked AS (
     WHERE day > date('now', '-' || :days || ' days')
 )
 SELECT key, day, CASE WHEN rank <= :top THEN tenant ELSE :other END AS tenant,
-       sum(units) AS units
+       sum(units) AS units, max(rank > :top OR tenant = :other) AS rest
 FROM ranked
 GROUP BY 1, 2, 3
-ORDER BY 2 DESC, 1, max(rank > :top), 4 DESC, 3;
+ORDER BY 2 DESC, 1, 5, 4 DESC, 3;
