@@ -64,7 +64,7 @@ from .core.model import Claim, Claims, Effect, StreamItem, Task, Worker
 from .engine.effects import check_effect_of
 from .engine.streams import check_cursor, check_follow, check_item
 from .engine.waits import check_timeout, timed_out
-from .observability.tracing import traced_enqueue
+from .observability.tracing import atraced_enqueue_many, traced_enqueue, traced_enqueue_many
 from .core.capabilities import Capabilities
 from .service.wire import (SseReader, claim_from, effect_from, event_from, parse_time, stream_item_from, task_from,
                            worker_from)
@@ -876,12 +876,14 @@ class RemoteQueue(_Operations):
         travels as the W3C ``traceparent`` header, which the service stores with the task."""
         return self._run(self._enqueue(kind, payload, options))
 
+    @traced_enqueue_many
     def enqueue_many(self, kind: str, payloads: Iterable[Any], **options: Any) -> list[int]:
         """Add many tasks of one ``kind`` at once (``POST /v1/tasks/batch``); returns their ids, in
         order. Options as for :meth:`leaseq.Queue.enqueue_many` (``idempotency_keys``, one per
         payload; ``budget``, each task's own; the others shared), every task or none, in one
         transaction; at most 1000 payloads per call. ``trace_context`` travels as the W3C
-        ``traceparent`` header, which the service stores with every task."""
+        ``traceparent`` header, which the service stores with every task (by default, with
+        OpenTelemetry tracing on, that of this call's own ``leaseq.enqueue_many`` span)."""
         return self._run(self._enqueue_many(kind, payloads, options))
 
     def redrive(self, *, status: str | list[str] = "dead", queue: str | None = None, kind: str | None = None,
@@ -1200,6 +1202,7 @@ class AsyncRemoteQueue(_Operations):
         """:meth:`RemoteQueue.enqueue`, awaited."""
         return await self._run(self._enqueue(kind, payload, options))
 
+    @atraced_enqueue_many
     async def enqueue_many(self, kind: str, payloads: Iterable[Any], **options: Any) -> list[int]:
         """:meth:`RemoteQueue.enqueue_many`, awaited."""
         return await self._run(self._enqueue_many(kind, payloads, options))

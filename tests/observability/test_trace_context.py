@@ -16,7 +16,7 @@ import pytest
 
 import leaseq
 from leaseq import auth
-from leaseq.client import RemoteQueue
+from leaseq.client import AsyncRemoteQueue, RemoteQueue
 from leaseq.observability.tracing import traceparent
 
 from service.conftest import serve
@@ -132,3 +132,82 @@ def test_over_http_the_traceparent_header_carries_the_trace(q, spans):
         finally:
             caller.close()
             remote.close()
+
+
+def _many_spans(finished: list) -> list:
+    return [s for s in finished if s.name == "leaseq.enqueue_many agent"]
+
+
+def test_enqueue_many_has_one_span_for_the_batch_and_its_tasks_join_its_trace(q, spans):
+    """One ``leaseq.enqueue_many {kind}`` span per call (its queue, kind and count), under the
+    caller's span; every task written carries its trace context, so their claims nest under it.
+    The payloads may be an iterator: counted and written alike."""
+    with trace.get_tracer("caller").start_as_current_span("web request") as request:
+        ids = q.enqueue_many("agent", ({"n": n} for n in range(3)), effect="side_effect")
+    finished = spans.get_finished_spans()
+    [many] = _many_spans(finished)
+    assert not [s for s in finished if s.name == "leaseq.enqueue agent"]  # not a span per task
+    assert many.kind == trace.SpanKind.PRODUCER and many.parent.span_id == request.get_span_context().span_id
+    assert dict(many.attributes) == {"leaseq.kind": "agent", "leaseq.queue": "default", "leaseq.count": 3}
+    assert len(ids) == 3 and {q.get(i).trace_context for i in ids} == {traceparent(many)}
+    stats = agent_app(q).run_worker(until_idle=True, install_signals=False, name="batch-traced")
+    assert stats.completed == 3
+    for task_id in ids:
+        chain = one_trace(spans.get_finished_spans(), task_id)
+        assert chain["claim"].parent.span_id == many.context.span_id
+        assert chain["run"].context.trace_id == request.get_span_context().trace_id
+
+
+def test_the_async_enqueue_many_has_its_span_and_a_given_context_parents_it(q, spans):
+    async def go() -> tuple[list[int], list[int]]:
+        aq = leaseq.AsyncQueue(q)
+        with trace.get_tracer("caller").start_as_current_span("async request"):
+            mine = await aq.enqueue_many("agent", [{"n": 1}, {"n": 2}])
+        return mine, await aq.enqueue_many("agent", [{"n": 3}], queue="given", trace_context=CALLER)
+    mine, given = asyncio.run(go())
+    own, passed = sorted(_many_spans(spans.get_finished_spans()), key=lambda s: s.attributes["leaseq.count"],
+                         reverse=True)
+    assert (own.attributes["leaseq.count"], own.attributes["leaseq.queue"]) == (2, "default")
+    assert {q.get(i).trace_context for i in mine} == {traceparent(own)}
+    assert (passed.attributes["leaseq.count"], passed.attributes["leaseq.queue"]) == (1, "given")
+    assert q.get(given[0]).trace_context == CALLER  # stored as given, and it parents the span
+    assert f"{passed.parent.span_id:016x}" == CALLER.split("-")[2]
+
+
+def test_a_refused_enqueue_many_ends_its_span_as_an_error(q, spans):
+    with pytest.raises(leaseq.InvalidInput) as err:
+        q.enqueue_many("agent", [{"n": 1}, {"n": 2}], idempotency_keys=["only-one"])
+    assert err.value.field == "idempotency_keys"
+    [many] = _many_spans(spans.get_finished_spans())
+    assert many.status.status_code == trace.StatusCode.ERROR and many.attributes["leaseq.count"] == 2
+    assert q.list_tasks() == []
+
+
+def test_over_http_enqueue_many_sends_its_span_as_the_traceparent(q, spans):
+    with serve(q) as (url, _app):
+        operator, _ = auth.create_token(q, name="caller", role="operator")
+        caller = RemoteQueue(url, operator)
+        try:
+            with trace.get_tracer("caller").start_as_current_span("web request") as request:
+                ids = caller.enqueue_many("agent", [{"n": n} for n in range(4)], queue="remote")
+        finally:
+            caller.close()
+        many = _many_spans(spans.get_finished_spans())
+
+        async def awaited() -> list[int]:
+            aremote = AsyncRemoteQueue(url, operator)
+            try:
+                return await aremote.enqueue_many("agent", [{"n": 9}], queue="awaited")
+            finally:
+                await aremote.close_async()
+        spans.clear()
+        [awaited_id] = asyncio.run(awaited())
+        [sent, _served] = sorted(_many_spans(spans.get_finished_spans()), key=lambda s: s.start_time)
+        assert sent.parent is None and sent.attributes["leaseq.queue"] == "awaited"
+        assert q.get(awaited_id).trace_context == traceparent(sent)
+    # the client's span, and the service's own under it (same process here), each counting the batch
+    [client_side] = [s for s in many if s.parent.span_id == request.get_span_context().span_id]
+    [served] = [s for s in many if s.parent.span_id == client_side.context.span_id]
+    for span in (client_side, served):
+        assert (span.attributes["leaseq.count"], span.attributes["leaseq.queue"]) == (4, "remote")
+    assert {q.get(i).trace_context for i in ids} == {traceparent(client_side)}

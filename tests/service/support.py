@@ -10,7 +10,7 @@ from typing import Any
 import leaseq
 from leaseq.store import parse_dsn
 
-from snapshots import snapshot  # noqa: E402,F401  (shared with the other folders)
+from snapshots import own_connection, snapshot  # noqa: E402,F401  (shared with the other folders)
 
 
 def wait_until(q: leaseq.Queue, moment: datetime, *, timeout: float = 5.0) -> None:
@@ -68,3 +68,34 @@ def page_csrf(client: Any, path: str = "/") -> str:
     import re
 
     return re.search(r'name="csrf" value="([0-9a-f]{64})"', client.get(path).text).group(1)
+
+
+def settle_by_tenant(q: leaseq.Queue, limit_key: str, spend: dict[str, int]) -> None:
+    """Settle ``spend[tenant]`` units of ``limit_key`` today under each tenant: a task with that
+    fairness key (``""``: none) consumes them (``ctx.consume``'s call) and completes."""
+    w = q.register_worker("spender")
+    for tenant in spend:
+        q.enqueue("spend", {"tenant": tenant}, queue="spend", fairness_key=tenant or None)
+    left = dict(spend)
+    while left:
+        claims = q.claim(w, queue="spend", limit=100)
+        assert claims, f"no task left to claim for {sorted(left)[:5]}"
+        for c in claims:
+            q.consume(w, c, f"spend:{c.task_id}:consume:0", limit_key, left.pop(c.task.payload["tenant"]))
+            q.complete(w, c)
+
+
+def move_spend_back(dsn: str, days: int) -> None:
+    """Move every settled spend row ``days`` days into the past (a test's own write)."""
+    dialect, target = parse_dsn(dsn)
+    if dialect == "sqlite":
+        conn = sqlite3.connect(target)
+        try:
+            with conn:
+                conn.execute(f"UPDATE leaseq_limit_spend SET day = date(day, '-{int(days)} days')")
+        finally:
+            conn.close()
+        return
+    with own_connection(target) as conn:  # the DSN may carry leaseq's pooler options
+        conn.execute("SET ROLE leaseq_owner")
+        conn.execute("UPDATE leaseq_limit_spend SET day = day - %s", (days,))

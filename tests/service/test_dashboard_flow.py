@@ -6,7 +6,6 @@ queued tasks, weight and share of the recent claims, the keys read bounded (the 
 from __future__ import annotations
 
 import re
-import sqlite3
 from typing import Any
 
 import pytest
@@ -14,29 +13,13 @@ import pytest
 import leaseq
 from leaseq import auth, authz
 from leaseq.service.dashboard_flow import fair_share
+from leaseq.service.stats import OTHER_TENANT, SPEND_TENANTS
 
 from .browser import browser, chromium, login, needs_browser, page  # noqa: F401  (fixtures)
 from .conftest import Service
-from .support import dashboard_login
+from .support import dashboard_login, move_spend_back, settle_by_tenant
 
 DAY = 86400
-
-
-def _move_spend_back(dsn: str, days: int) -> None:
-    """Move every settled spend row ``days`` days into the past (a test's own write)."""
-    if dsn.startswith("sqlite"):
-        conn = sqlite3.connect(dsn.removeprefix("sqlite:///"))
-        try:
-            with conn:
-                conn.execute(f"UPDATE leaseq_limit_spend SET day = date(day, '-{days} days')")
-        finally:
-            conn.close()
-        return
-    import psycopg
-
-    with psycopg.connect(dsn) as conn:
-        conn.execute("SET ROLE leaseq_owner")
-        conn.execute("UPDATE leaseq_limit_spend SET day = day - %s", (days,))
 
 
 def _spend(q: leaseq.Queue, units: int) -> None:
@@ -59,7 +42,7 @@ def test_each_limit_shows_its_windows_and_the_spend_per_day(svc: Service) -> Non
     q.set_limit("tok", counts="units", per_minute=100, per_day=1000, max_running=3)
     q.set_limit("plain", per_second=2, burst=5)
     _spend(q, 7)
-    _move_spend_back(svc.dsn, 2)
+    move_spend_back(svc.dsn, 2)
     _spend(q, 5)
     viewer = dashboard_login(svc.url, svc.token("viewer"))
     overview = viewer.get("/").text
@@ -77,6 +60,25 @@ def test_each_limit_shows_its_windows_and_the_spend_per_day(svc: Service) -> Non
     spend = _cells(page.text, 'data-spend="tok"')
     assert spend == ["tok", "5", "0", "7", "0", "0", "0", "0", "12"]
     assert [r["units"] for r in q.limit_spend("tok")] == [5, 7]  # what leaseq limits spend says
+
+
+def test_the_limits_page_splits_each_days_spend_by_tenant_bounded(svc: Service) -> None:
+    """Each day's spend per limit split by tenant, the largest first: the SPEND_TENANTS tenants
+    that settled the most, exactly, and the rest summed under "(other)" (as /metrics has it)."""
+    q = svc.q
+    spend = {f"t{n:03d}": n + 1 for n in range(SPEND_TENANTS + 10)} | {"": 100}
+    settle_by_tenant(q, "tok", spend)
+    html = dashboard_login(svc.url, svc.token("viewer")).get("/limits").text
+    [(day, row)] = re.findall(r'<tr data-tenants="tok" data-on="([0-9-]+)">(.*?)</tr>', html, re.S)
+    assert day == q.now().date().isoformat()
+    shown = [(t, int(n)) for t, n in re.findall(r'data-tenant="([^"]*)">[^<]*<b class="units">(\d+)</b>', row)]
+    ranked = sorted(spend.items(), key=lambda kv: -kv[1])
+    assert len(shown) == SPEND_TENANTS + 1
+    assert shown[:SPEND_TENANTS] == ranked[:SPEND_TENANTS]  # exact, the largest first ("" the largest)
+    assert shown[-1] == (OTHER_TENANT, sum(n for _, n in ranked[SPEND_TENANTS:]))  # 1 + ... + 10
+    assert _cells(html, 'data-tenants="tok" data-on="' + day + '"')[:3] == ["today", "tok", str(sum(spend.values()))]
+    assert _cells(html, 'data-spend="tok"')[1] == str(sum(spend.values()))
+    assert len(q.limit_spend("tok")[0]["tenants"]) == len(spend)  # leaseq limits spend: every tenant
 
 
 def test_the_limits_page_without_limits(svc: Service) -> None:
@@ -147,12 +149,17 @@ def test_the_limits_and_fair_share_pages_in_a_browser(page: Any, svc: Service) -
     q = svc.q
     q.set_limit("tok", counts="units", per_hour=500)
     _spend(q, 40)
+    settle_by_tenant(q, "calls", {"globex": 12, "acme": 30})
     _fair_queue(q)
     login(page, svc.token("viewer", "vera"))
     assert page.inner_text('#limits tr[data-limit="tok"] [data-window="hour"]') == "hour 40 / 500"
     page.click("header >> text=Limits")
     page.wait_for_url(re.compile(r"/limits$"))
     assert page.inner_text('#spend tr[data-spend="tok"] .total') == "40"
+    assert page.inner_text('#spend-tenants tr[data-tenants="tok"] .tenants') == "no key 40"
+    calls = page.locator('#spend-tenants tr[data-tenants="calls"]')
+    assert calls.locator(".tenants").inner_text() == "acme 30 · globex 12"
+    assert calls.locator('[data-tenant="globex"] .units').inner_text() == "12"
     page.click("header >> text=Fair share")
     page.wait_for_url(re.compile(r"/fairness$"))
     row = page.locator('[data-queue="fq"] tr[data-key="pro"]')

@@ -5,15 +5,19 @@ worker API (the lease guard in the same code as directly), a budget arrives with
 
 from __future__ import annotations
 
+from datetime import timedelta
 from typing import Any
 
+from prometheus_client.parser import text_string_to_metric_families
+
 import leaseq
+from leaseq.service.stats import OTHER_TENANT, SPEND_TENANTS
 from leaseq.worker import WorkerRuntime
 from leaseq_chaos.traces import validate_queue
 from worker.conftest import RunningWorker, wait_for
 
 from .conftest import Service
-from .support import error_of
+from .support import error_of, move_spend_back, settle_by_tenant
 
 TOK = "llm-tokens"
 
@@ -119,3 +123,46 @@ def test_a_worker_token_consumes_only_under_its_own_live_lease(svc: Service) -> 
                       json={"generation": claim.generation + 1, "key": "k:1", "limit_key": TOK,
                             "units": 5}).status_code in (403, 409)
     assert q.get(task.id).spent == {TOK: 5}
+
+
+def _spend_series(text: str) -> dict[tuple[str, str, str], float]:
+    """``leaseq_limit_spend``'s series of a scrape: (limit, day, tenant) -> units."""
+    [family] = [f for f in text_string_to_metric_families(text) if f.name == "leaseq_limit_spend"]
+    series = {(s.labels["limit"], s.labels["day"], s.labels["tenant"]): s.value for s in family.samples}
+    assert len(series) == len(family.samples)  # no two series share their labels
+    return series
+
+
+def test_the_spend_series_are_bounded_whatever_the_tenants(svc: Service) -> None:
+    """A tenant is a fairness key, chosen by whoever may enqueue: /metrics shows the
+    SPEND_TENANTS tenants that settled the most per limit and day, exactly, and sums the rest
+    under tenant="(other)" (a tenant of that very name too), so a scrape holds at most
+    SPEND_TENANTS + 1 series per limit and day. limit_spend (leaseq limits spend) gives all."""
+    q, many = svc.q, SPEND_TENANTS + 10
+    yesterday = {f"t{n:03d}": n + 1 for n in range(many)}  # t000 settled 1 unit ... t059 60
+    settle_by_tenant(q, TOK, yesterday | {"": 7, OTHER_TENANT: 1000})
+    move_spend_back(svc.dsn, 1)
+    today = {"acme": 5, "globex": 3}
+    settle_by_tenant(q, TOK, today)
+    settle_by_tenant(q, "calls", {f"c{n:03d}": 2 for n in range(many)})  # ties: by name
+    day0, day1 = str(q.now().date()), str(q.now().date() - timedelta(days=1))
+    series = _spend_series(svc.http(svc.token("viewer")).get("/metrics").text)
+
+    old = {t: v for (k, d, t), v in series.items() if (k, d) == (TOK, day1)}
+    ranked = sorted(yesterday.items(), key=lambda kv: -kv[1])  # the empty tenant's 7 is folded too
+    assert len(old) == SPEND_TENANTS + 1
+    assert {t: v for t, v in old.items() if t != OTHER_TENANT} == dict(ranked[:SPEND_TENANTS])
+    folded = sum(v for _, v in ranked[SPEND_TENANTS:]) + 7 + 1000
+    assert old[OTHER_TENANT] == folded
+    assert sum(old.values()) == sum(yesterday.values()) + 7 + 1000  # nothing lost
+    assert {t: v for (k, d, t), v in series.items() if (k, d) == (TOK, day0)} == today  # nothing to fold
+    calls = {t: v for (k, d, t), v in series.items() if k == "calls"}
+    assert set(calls) == {f"c{n:03d}" for n in range(SPEND_TENANTS)} | {OTHER_TENANT}
+    assert calls[OTHER_TENANT] == 2 * 10
+    assert len(series) == 2 * (SPEND_TENANTS + 1) + 2
+
+    # the API and leaseq limits spend are not capped (bounded by the days asked)
+    spend = {(r["key"], r["day"]): r["tenants"] for r in q.limit_spend(days=2)}
+    assert len(spend[(TOK, day1)]) == many + 2 and len(spend[("calls", day0)]) == many
+    [remote] = svc.remote(svc.token("viewer")).limit_spend(TOK, days=2)[1:]
+    assert remote["tenants"] == yesterday | {"": 7, OTHER_TENANT: 1000}

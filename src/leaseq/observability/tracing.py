@@ -1,4 +1,4 @@
-"""OpenTelemetry spans for enqueue, claim, the handler run and each effect.
+"""OpenTelemetry spans for enqueue (one task or many), claim, the handler run and each effect.
 
 OpenTelemetry is optional (``pip install 'leaseq[otel]'``) and never imported
 here: spans are made only once the application has imported it and set a
@@ -12,7 +12,8 @@ The spans of one attempt form one tree::
       leaseq.run {kind}          the handler, until its outcome is recorded (or the lease lost)
         leaseq.effect {action}   each ctx.effect(...) block
 
-``leaseq.enqueue {kind}`` is made on the caller's side, and the task
+``leaseq.enqueue {kind}`` is made on the caller's side (one
+``leaseq.enqueue_many {kind}`` for a batch, with ``leaseq.count``), and the task
 carries its trace context: the enqueue stores the W3C traceparent of its
 span with the task (``Task.trace_context``; over HTTP, RemoteQueue sends it
 as the ``traceparent`` header and the service stores it), the claim hands
@@ -200,16 +201,18 @@ def end_effect(span: Any, exc: BaseException | None, *, replayed: bool = False) 
     span.end()
 
 
-def _enqueue_span(trace: Any, kind: str, kwargs: dict[str, Any]) -> Any:
-    """The ``leaseq.enqueue`` span (as a context manager), and the task's trace context in ``kwargs``.
+def _enqueue_span(trace: Any, kind: str, kwargs: dict[str, Any], name: str = "leaseq.enqueue",
+                  **more: Any) -> Any:
+    """The ``leaseq.enqueue`` span (or ``name``'s, with the attributes ``more``), as a context manager.
 
     A trace context the caller gives (the service passes the one its client
     sent) is stored as given and parents the span; otherwise the span's own
-    is stored, so the task's spans nest under this enqueue."""
+    is stored (the caller puts it in ``kwargs``), so the task's spans nest
+    under this enqueue."""
     given = kwargs.get("trace_context")
     parent = _context_from(given) if isinstance(given, str) and _valid(given) else None
-    attributes = {"leaseq.kind": str(kind), "leaseq.queue": str(kwargs.get("queue", "default"))}
-    return _tracer().start_as_current_span(f"leaseq.enqueue {kind}", context=parent, attributes=attributes,
+    attributes = {"leaseq.kind": str(kind), "leaseq.queue": str(kwargs.get("queue", "default")), **more}
+    return _tracer().start_as_current_span(f"{name} {kind}", context=parent, attributes=attributes,
                                            kind=trace.SpanKind.PRODUCER)
 
 
@@ -255,3 +258,45 @@ def atraced_enqueue(fn: F) -> F:
             return _named(span, await fn(self, kind, *args, **kwargs))
 
     return enqueue  # type: ignore[return-value]
+
+
+def _many_span(trace: Any, kind: str, payloads: Any, kwargs: dict[str, Any]) -> tuple[Any, Any]:
+    """The ``leaseq.enqueue_many`` span (as a context manager), counting ``payloads``, and the
+    payloads as a list (an iterator is read here, once)."""
+    payloads = payloads if isinstance(payloads, (list, tuple)) else list(payloads)
+    return _enqueue_span(trace, kind, kwargs, "leaseq.enqueue_many", **{"leaseq.count": len(payloads)}), payloads
+
+
+def traced_enqueue_many(fn: F) -> F:
+    """Decorate an ``enqueue_many(kind, payloads, ...)`` method: one ``leaseq.enqueue_many {kind}``
+    span on the caller's side for the whole batch (attributes ``leaseq.kind``, ``leaseq.queue``
+    and ``leaseq.count``, the payloads given), its trace context carried by every task, as
+    :func:`traced_enqueue` does for one."""
+    @functools.wraps(fn)
+    def enqueue_many(self: Any, kind: str, payloads: Any, **kwargs: Any) -> Any:
+        trace = api()
+        if trace is None:
+            return fn(self, kind, payloads, **kwargs)
+        made, payloads = _many_span(trace, kind, payloads, kwargs)
+        with made as span:
+            if kwargs.get("trace_context") is None:
+                kwargs["trace_context"] = traceparent(span)
+            return fn(self, kind, payloads, **kwargs)
+
+    return enqueue_many  # type: ignore[return-value]
+
+
+def atraced_enqueue_many(fn: F) -> F:
+    """:func:`traced_enqueue_many` for an ``async def enqueue_many``."""
+    @functools.wraps(fn)
+    async def enqueue_many(self: Any, kind: str, payloads: Any, **kwargs: Any) -> Any:
+        trace = api()
+        if trace is None:
+            return await fn(self, kind, payloads, **kwargs)
+        made, payloads = _many_span(trace, kind, payloads, kwargs)
+        with made as span:
+            if kwargs.get("trace_context") is None:
+                kwargs["trace_context"] = traceparent(span)
+            return await fn(self, kind, payloads, **kwargs)
+
+    return enqueue_many  # type: ignore[return-value]

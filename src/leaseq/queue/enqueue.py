@@ -11,7 +11,7 @@ from typing import Any
 from .. import engine
 from ..core import checks
 from ..core.model import Task
-from ..observability.tracing import traced_enqueue
+from ..observability.tracing import traced_enqueue, traced_enqueue_many
 from .base import QueueBase, replayable
 
 
@@ -146,6 +146,7 @@ class EnqueueOps(QueueBase):
         # awaited, concurrent enqueues of one event loop share a transaction, its commit and its NOTIFY
         return (self._shared(make) if connection is None else self._run_in(connection, make()))
 
+    @traced_enqueue_many
     def enqueue_many(self, kind: str, payloads: Iterable[Any], *, effect: str = "read_only",
                      queue: str = "default", idempotency_keys: Sequence[str | None] | None = None,
                      priority: int = 0, delay: float = 0, max_attempts: int = 5,
@@ -170,7 +171,8 @@ class EnqueueOps(QueueBase):
         ``budget``: each task written gets its own, as :meth:`enqueue` gives one (a task
         its key already names keeps its own); it covers the task and its tree.
         ``trace_context``: a W3C traceparent stored with every task written, as
-        :meth:`enqueue` stores one.
+        :meth:`enqueue` stores one; by default, with OpenTelemetry tracing on, that of
+        this call's own span (``leaseq.enqueue_many {kind}``, one for the batch).
         Rows are written by multi-row statements in one transaction, so
         either every task is added or none is.
         """

@@ -10,7 +10,7 @@ from typing import Any
 from .. import engine
 from ..core import checks
 from ..core.model import Task
-from ..observability.tracing import atraced_enqueue
+from ..observability.tracing import atraced_enqueue, atraced_enqueue_many
 from .base_async import AsyncQueueBase, replayable
 
 
@@ -145,6 +145,7 @@ class AsyncEnqueueOps(AsyncQueueBase):
         # awaited, concurrent enqueues of one event loop share a transaction, its commit and its NOTIFY
         return await (self._ashared(make) if connection is None else self._arun_in(connection, make()))
 
+    @atraced_enqueue_many
     async def enqueue_many(self, kind: str, payloads: Iterable[Any], *, effect: str = "read_only",
                            queue: str = "default", idempotency_keys: Sequence[str | None] | None = None,
                            priority: int = 0, delay: float = 0, max_attempts: int = 5,
@@ -169,7 +170,8 @@ class AsyncEnqueueOps(AsyncQueueBase):
         ``budget``: each task written gets its own, as :meth:`enqueue` gives one (a task
         its key already names keeps its own); it covers the task and its tree.
         ``trace_context``: a W3C traceparent stored with every task written, as
-        :meth:`enqueue` stores one.
+        :meth:`enqueue` stores one; by default, with OpenTelemetry tracing on, that of
+        this call's own span (``leaseq.enqueue_many {kind}``, one for the batch).
         Rows are written by multi-row statements in one transaction, so
         either every task is added or none is.
         """

@@ -68,6 +68,7 @@ RENAMES: dict[str, str] = {
     "_ashared": "_shared",
     "_atask_listener": "_task_listener",
     "atraced_enqueue": "traced_enqueue",
+    "atraced_enqueue_many": "traced_enqueue_many",
     # the standard library's
     "AsyncIterator": "Iterator",
     "asynccontextmanager": "contextmanager",

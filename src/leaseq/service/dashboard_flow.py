@@ -168,7 +168,9 @@ SPEND_DAYS = 7
 @router.get("/limits", response_class=HTMLResponse)
 def limits_page(request: Request, s: Session = Depends(session)) -> HTMLResponse:
     """Every limit with its windows (each total and what it holds now) and today's spend, and the
-    settled spend per limit and UTC day over the last :data:`SPEND_DAYS` days."""
+    settled spend per limit and UTC day over the last :data:`SPEND_DAYS` days, with each day's
+    split by tenant (at most :data:`~leaseq.service.stats.SPEND_TENANTS` tenants per limit and
+    day, the rest summed as one: :func:`~leaseq.service.stats.spend_by_tenant`)."""
     try:
         access.authorize(s.principal, "read")  # limits span every queue
     except LeaseqError as exc:
@@ -176,10 +178,16 @@ def limits_page(request: Request, s: Session = Depends(session)) -> HTMLResponse
     q = _queue(request)
     today = q.now().date()
     days = [(today - timedelta(days=n)).isoformat() for n in range(SPEND_DAYS)]
-    spend: dict[str, dict[str, int]] = {}
-    for row in q.limit_spend(days=SPEND_DAYS):
-        spend.setdefault(row["key"], {})[str(row["day"])[:10]] = int(row["units"])
-    return render("limits.html", request, s, limits=q.limits(), days=days, spend=spend)
+    spend: dict[str, dict[str, int]] = {}  # key -> day -> units
+    split: dict[tuple[str, str], list[dict[str, Any]]] = {}  # (day, key) -> its tenants, largest first
+    for row in stats.spend_by_tenant(q, SPEND_DAYS):  # newest day first
+        by_day = spend.setdefault(row["key"], {})
+        by_day[row["day"]] = by_day.get(row["day"], 0) + row["units"]
+        split.setdefault((row["day"], row["key"]), []).append(row)
+    tenants = [{"day": day, "key": key, "units": spend[key][day], "tenants": rows}
+               for (day, key), rows in split.items()]
+    return render("limits.html", request, s, limits=q.limits(), days=days, spend=spend, tenants=tenants,
+                  shown=stats.SPEND_TENANTS, other=stats.OTHER_TENANT)
 
 
 # -- fair share: each key's queued tasks, weight and share of the recent claims -------

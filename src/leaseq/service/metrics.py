@@ -11,7 +11,8 @@ Two kinds of series:
   the reconciliation backlog, effect intents without a response, paused queues,
   and each limit's usage (what live leases hold, its cap, its rate bucket's tokens, what each
   window holds of its total, and the usage settled today by ``ctx.consume``, and per tenant
-  and day).
+  and day: the :data:`~leaseq.service.stats.SPEND_TENANTS` tenants that settled the most,
+  the rest summed as one).
 
 Spans are made only when the application set an OpenTelemetry tracer provider
 (:func:`leaseq.observability.tracing.enabled`); it is not a dependency.
@@ -32,6 +33,7 @@ from ..core.errors import LeaseqError
 from ..core.model import Status, Worker, WorkerState
 from ..observability import tracing
 from ..queue import Queue
+from . import stats as reads
 
 logger = logging.getLogger("leaseq.service")
 
@@ -72,7 +74,7 @@ class QueueCollector(Collector):
             stats = self.queue.stats()
             paused = self.queue.queues()
             limits = self.queue.limits()
-            spend = self.queue.limit_spend(days=SPEND_DAYS)
+            spend = reads.spend_by_tenant(self.queue, SPEND_DAYS)
             workers = self.queue.workers()
             with self.queue.store.transaction() as tx:
                 intents = tx.rows("open_intents_by_queue")
@@ -138,10 +140,11 @@ class QueueCollector(Collector):
         by_tenant = GaugeMetricFamily("leaseq_limit_spend",
                                       "Usage settled after the call (ctx.consume) per limit key, tenant (the "
                                       "fairness key of the tasks that consumed it; empty: none) and UTC day, "
-                                      f"over the last {SPEND_DAYS} days", labels=["limit", "tenant", "day"])
+                                      f"over the last {SPEND_DAYS} days: the {reads.SPEND_TENANTS} tenants "
+                                      f"that settled the most per limit and day, the rest summed under "
+                                      f'tenant="{reads.OTHER_TENANT}"', labels=["limit", "tenant", "day"])
         for row in spend:
-            for tenant, units in row["tenants"].items():
-                by_tenant.add_metric([row["key"], tenant, row["day"]], units)
+            by_tenant.add_metric([row["key"], row["tenant"], row["day"]], row["units"])
         yield from (tasks, oldest, expired, backlog, open_fx, off, in_use, cap, tokens, used, total, spent, by_tenant)
         yield from _worker_metrics(workers)
 

@@ -186,6 +186,26 @@ def workers_view(q: Queue, *, queues: list[str] | None = None) -> list[dict[str,
     return out
 
 
+#: The most tenants a limit's spend of one day is split into where a page or a scrape lists them
+#: (``/metrics``' ``leaseq_limit_spend``, the limits page): the tenants that settled the most;
+#: the rest are summed under :data:`OTHER_TENANT`. A tenant is a fairness key, which anyone who
+#: may enqueue chooses: unbounded, every key would be a series of every scrape.
+SPEND_TENANTS = 50
+#: The tenant under which the rest of a day's spend is summed (a tenant of this very name too).
+OTHER_TENANT = "(other)"
+
+
+def spend_by_tenant(q: Queue, days: int) -> list[dict[str, Any]]:
+    """The spend settled per limit key, UTC day (``YYYY-MM-DD``) and tenant over the last ``days``
+    days (``key``, ``day``, ``tenant``, ``units``; ``""``: tasks without a fairness key), newest
+    day first, each day's largest first: at most :data:`SPEND_TENANTS` tenants per key and day,
+    and the rest summed under :data:`OTHER_TENANT` (the rule is the query's, ``limit_spend_top``).
+    :meth:`leaseq.Queue.limit_spend` (``leaseq limits spend``) gives every tenant."""
+    rows = _read(q, "limit_spend_top", days=days, top=SPEND_TENANTS, other=OTHER_TENANT)
+    return [{"key": r["key"], "day": str(r["day"])[:10], "tenant": r["tenant"], "units": int(r["units"])}
+            for r in rows]
+
+
 def unserved_kinds(q: Queue, kinds: list[str]) -> set[str]:
     """Which of ``kinds`` no registered worker has declared it serves (flagged "no worker serves this kind")."""
     if not kinds:

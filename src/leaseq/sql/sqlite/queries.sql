@@ -1982,3 +1982,18 @@ WHERE (:key IS NULL OR key = :key)
   AND day > date('now', '-' || :days || ' days')
 GROUP BY key, day
 ORDER BY day DESC, key;
+
+-- name: limit_spend_top
+-- See the PostgreSQL file: the same rows, by a window over each day's tenants
+-- (no LATERAL here; text compares in byte order).
+WITH ranked AS (
+    SELECT key, day, tenant, units,
+           row_number() OVER (PARTITION BY key, day ORDER BY tenant = :other, units DESC, tenant) AS rank
+    FROM leaseq_limit_spend
+    WHERE day > date('now', '-' || :days || ' days')
+)
+SELECT key, day, CASE WHEN rank <= :top THEN tenant ELSE :other END AS tenant,
+       sum(units) AS units, max(rank > :top OR tenant = :other) AS rest
+FROM ranked
+GROUP BY 1, 2, 3
+ORDER BY 2 DESC, 1, 5, 4 DESC, 3;
