@@ -64,7 +64,7 @@ from .core.model import Claim, Claims, Effect, StreamItem, Task, Worker
 from .engine.effects import check_effect_of
 from .engine.streams import check_cursor, check_follow, check_item
 from .engine.waits import check_timeout, timed_out
-from .observability.tracing import atraced_enqueue_many, traced_enqueue, traced_enqueue_many
+from .observability.tracing import atraced_enqueue, atraced_enqueue_many, traced_enqueue, traced_enqueue_many
 from .core.capabilities import Capabilities
 from .service.wire import (SseReader, claim_from, effect_from, event_from, parse_time, stream_item_from, task_from,
                            worker_from)
@@ -1198,6 +1198,7 @@ class AsyncRemoteQueue(_Operations):
         """:meth:`RemoteQueue.report_loss`, awaited."""
         await self._run(self._report_loss(worker, claim, reason))
 
+    @atraced_enqueue
     async def enqueue(self, kind: str, payload: Any = None, **options: Any) -> Task:
         """:meth:`RemoteQueue.enqueue`, awaited."""
         return await self._run(self._enqueue(kind, payload, options))

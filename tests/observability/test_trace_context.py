@@ -211,3 +211,25 @@ def test_over_http_enqueue_many_sends_its_span_as_the_traceparent(q, spans):
     for span in (client_side, served):
         assert (span.attributes["leaseq.count"], span.attributes["leaseq.queue"]) == (4, "remote")
     assert {q.get(i).trace_context for i in ids} == {traceparent(client_side)}
+
+
+def test_the_awaited_remote_enqueue_has_its_span_and_sends_it_as_the_traceparent(q, spans):
+    """``AsyncRemoteQueue.enqueue`` makes the ``leaseq.enqueue`` span ``RemoteQueue.enqueue``
+    makes, under the caller's, and the task carries it."""
+    with serve(q) as (url, _app):
+        operator, _ = auth.create_token(q, name="caller", role="operator")
+
+        async def awaited() -> leaseq.Task:
+            aremote = AsyncRemoteQueue(url, operator)
+            try:
+                with trace.get_tracer("caller").start_as_current_span("async web request"):
+                    return await aremote.enqueue("agent", {"n": 1}, queue="awaited")
+            finally:
+                await aremote.close_async()
+        task = asyncio.run(awaited())
+        finished = spans.get_finished_spans()
+    [request] = [s for s in finished if s.name == "async web request"]
+    [sent] = [s for s in finished if s.name.startswith("leaseq.enqueue ") and s.parent is not None
+              and s.parent.span_id == request.context.span_id]
+    assert sent.kind == trace.SpanKind.PRODUCER and sent.attributes["leaseq.kind"] == "agent"
+    assert q.get(task.id).trace_context == traceparent(sent)
