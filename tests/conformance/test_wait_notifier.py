@@ -1,7 +1,8 @@
-"""On PostgreSQL every task wait and stream follow of one queue is woken through one LISTEN
-connection (the store's notifier), however many wait at once, sync and async alike; each is
-woken by its own task only, and a listener connection that drops is replaced without a wait
-missing its task's end."""
+"""On PostgreSQL every waiter of a process is woken through one LISTEN connection (the
+process's notifier for its DSN): a worker's claim loop, task waits in its handlers, and
+every task wait and stream follow, however many wait at once, sync and async alike,
+whichever queue object they came through; each is woken by its own task only, and a
+listener connection that drops is replaced without a wait missing its task's end."""
 
 from __future__ import annotations
 
@@ -115,8 +116,8 @@ def test_fifty_blocking_waits_share_one_listen_connection(q: leaseq.Queue, dsn: 
     for thread in threads:
         thread.join(10)
     assert len(_listening(dsn, app)) <= 1
-    notifier = queue.store.notifier  # type: ignore[attr-defined]
-    queue.close()  # stops the thread and closes its connection
+    notifier = queue.store.notifier.notifier  # type: ignore[attr-defined]
+    queue.close()  # the last store on its DSN: stops the thread and closes its connection
     assert notifier._thread is None or not notifier._thread.is_alive()
     assert _listening(dsn, app) == []
 
@@ -271,3 +272,69 @@ def test_waits_end_when_the_listener_connection_is_terminated(q: leaseq.Queue, d
     assert sorted(returned) == ids
     for task_id, (status, at) in returned.items():
         assert status == "completed" and at >= ended[task_id]
+
+
+def test_a_worker_a_handlers_wait_and_a_stream_share_one_listen_connection(
+        q: leaseq.Queue, dsn: str, named: tuple[leaseq.Queue, str]) -> None:
+    """A process running a worker (its claim loop waits for work), whose handler waits for
+    another task, while a stream is followed through another queue object on the same DSN:
+    one LISTEN connection for all three, and an enqueue still wakes the idle claim loop."""
+    queue, app = named
+    application = leaseq.App(queue.store.dsn)  # a queue object of its own: the worker's
+    w = q.register_worker("elsewhere").id
+    child, followed = q.enqueue("child", queue="later"), q.enqueue("followed", queue="later")
+    claims = {c.task_id: c for c in q.claim(w, queue="later", limit=2)}
+    q.emit(w, claims[followed.id], "before the reader came")
+    pinged = threading.Event()
+
+    @application.task("parent")
+    def parent(ctx: Any, child_id: int) -> str:
+        return application.queue.wait(child_id, timeout=60).status
+
+    @application.task("ping")
+    def ping(ctx: Any) -> None:
+        pinged.set()
+
+    waiting = parent.enqueue(child_id=child.id)
+    runtime = application.worker(concurrency=2, poll_interval=30)
+    errors: list[BaseException] = []
+    got: list[Any] = []
+
+    def run() -> None:
+        try:
+            asyncio.run(runtime.run())
+        except BaseException as exc:  # pragma: no cover - reported by the test
+            errors.append(exc)
+
+    def follow() -> None:
+        try:
+            for entry in queue.stream(followed.id, timeout=60):
+                got.append(entry.item)
+        except BaseException as exc:  # pragma: no cover - reported by the test
+            errors.append(exc)
+
+    threads = [threading.Thread(target=f, daemon=True) for f in (run, follow)]
+    for thread in threads:
+        thread.start()
+    try:
+        _until(lambda: _watched(dsn, [child.id]) == 1 or errors, "the handler's wait never looked")
+        _until(lambda: "before the reader came" in got or errors, "the reader never read")
+        assert not errors, errors
+        time.sleep(0.5)  # the worker's claim loop has long been waiting for work
+        assert len(_listening(dsn, app)) == 1
+        pinged_at = time.monotonic()
+        ping.enqueue()  # the idle claim loop is woken through that one connection, not by its 30 s poll
+        assert pinged.wait(10), "the claim loop never woke"
+        assert time.monotonic() - pinged_at < 10
+        q.complete(w, claims[child.id], result="done")
+        _until(lambda: q.get(waiting.id).status == "completed" or errors, "the handler's wait never returned")
+        assert q.get(waiting.id).result == "completed"
+        q.complete(w, claims[followed.id], result="done")
+        threads[1].join(10)
+        assert not threads[1].is_alive() and [i for i in got if i is not None] == ["before the reader came"]
+    finally:
+        runtime.stop()
+        threads[0].join(15)
+        application.queue.close()
+    assert not errors, errors
+    assert len(_listening(dsn, app)) == 1  # the stream's queue still holds its share
