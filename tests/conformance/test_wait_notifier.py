@@ -338,3 +338,130 @@ def test_a_worker_a_handlers_wait_and_a_stream_share_one_listen_connection(
         application.queue.close()
     assert not errors, errors
     assert len(_listening(dsn, app)) == 1  # the stream's queue still holds its share
+
+
+def test_closing_one_queue_ends_its_waits_and_leaves_another_queues_on_the_connection(
+        q: leaseq.Queue, dsn: str, named: tuple[leaseq.Queue, str]) -> None:
+    """Two queue objects on one DSN share the process's connection: closing one ends its
+    waits at once (BackendUnavailable: they look again, on a closed queue) and refuses new
+    ones, while the other's wait is still woken by its task's end, through the same
+    connection, which stays open until the last of them closes."""
+    queue, app = named
+    other = leaseq.connect(queue.store.dsn)  # type: ignore[attr-defined]
+    w, claims = _claimed(q, 2)
+    mine, theirs = sorted(claims)
+    outcome: dict[str, Any] = {}
+
+    def wait(name: str, on: leaseq.Queue, task_id: int) -> None:
+        try:
+            outcome[name] = on.wait(task_id, timeout=60).status
+        except BaseException as exc:
+            outcome[name] = exc
+
+    threads = [threading.Thread(target=wait, args=a, daemon=True)
+               for a in (("closed", other, mine), ("open", queue, theirs))]
+    try:
+        for thread in threads:
+            thread.start()
+        _until(lambda: _watched(dsn, [mine, theirs]) == 2, "the waits never looked")
+        assert len(_listening(dsn, app)) == 1
+        closed_at = time.monotonic()
+        other.close()
+        threads[0].join(10)
+        assert isinstance(outcome.get("closed"), leaseq.BackendUnavailable), outcome
+        assert time.monotonic() - closed_at < 5
+        with pytest.raises(leaseq.BackendUnavailable):
+            other.wait(theirs, timeout=1)
+        assert "open" not in outcome and len(_listening(dsn, app)) == 1
+        q.complete(w, claims[theirs], result="done")
+        threads[1].join(10)
+        assert outcome["open"] == "completed"
+    finally:
+        other.close()
+
+
+class _Gated:
+    """The notifier's real connection, whose LISTENs wait for ``gate`` (so a test sees what
+    the notifier says while a channel is not listened on yet)."""
+
+    def __init__(self, dsn: str, gate: threading.Event):
+        from leaseq.store.postgres import SharedListener
+
+        self._listener = SharedListener(dsn)
+        self._gate = gate
+
+    def listen(self, channel: str) -> None:
+        assert self._gate.wait(30)
+        self._listener.listen(channel)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._listener, name)
+
+
+class _Heard:
+    def __init__(self, channel: str):
+        self.channel = channel
+        self.listening = threading.Event()
+        self.payloads: list[str | None] = []
+
+    def ready(self, error: BaseException | None) -> None:
+        assert error is None
+        self.listening.set()
+
+    def heard(self, payload: str | None) -> None:
+        self.payloads.append(payload)
+
+
+def test_the_notifier_is_connected_only_once_it_listens_on_every_channel_wanted(
+        named: tuple[leaseq.Queue, str]) -> None:
+    """``connected`` (what the service's ``WorkSignal.listening`` is) is set only while every
+    channel wanted is listened on: a channel one waiter adds to a connection already serving
+    others clears it until the LISTEN is done, so a notification sent once it is set again
+    is heard."""
+    from leaseq.store.notifier import Notifier
+
+    queue, _ = named
+    conninfo = queue.store.conninfo  # type: ignore[attr-defined]
+    gate = threading.Event()
+    gate.set()
+    notifier = Notifier(lambda: _Gated(conninfo, gate))  # type: ignore[arg-type, return-value]
+    first, second = _Heard("leaseq_test_first"), _Heard("leaseq_test_second")
+    try:
+        notifier.subscribe(first)  # type: ignore[arg-type]
+        assert first.listening.wait(10) and notifier.connected.wait(10)
+        gate.clear()
+        notifier.subscribe(second)  # type: ignore[arg-type]
+        time.sleep(0.2)  # the thread is held at the second channel's LISTEN
+        assert not notifier.connected.is_set() and not second.listening.is_set()
+        gate.set()
+        assert notifier.connected.wait(10) and second.listening.wait(10)
+        with own_connection(conninfo, autocommit=True) as conn:
+            conn.execute("SELECT pg_notify('leaseq_test_second', 'hello')")
+        _until(lambda: second.payloads == ["hello"], "the second channel's notification never came")
+    finally:
+        gate.set()
+        notifier.close()
+
+
+def test_a_blocking_work_listener_is_told_interrupts_on_its_own_thread(named: tuple[leaseq.Queue, str]) -> None:
+    """``store.listener(queues, on_interrupt=...)``: an interrupt (``notify_interrupt``) is
+    handed to ``on_interrupt`` on the thread that waits, without ending the wait as work
+    would; work on one of its queues ends it (True), work on another does not."""
+    queue, _ = named
+    conninfo = queue.store.conninfo  # type: ignore[attr-defined]
+    told: list[tuple[str, str]] = []
+    listener = queue.store.listener({"mine"}, on_interrupt=lambda worker: told.append(  # type: ignore[attr-defined]
+        (worker, threading.current_thread().name)))
+    try:
+        with own_connection(conninfo, autocommit=True) as conn:
+            conn.execute("SELECT pg_notify('leaseq_interrupt', 'w-1')")
+            conn.execute("SELECT pg_notify('leaseq_work', 'theirs')")
+        started = time.monotonic()
+        assert listener.wait(1.0) is False
+        assert time.monotonic() - started >= 0.9
+        assert told == [("w-1", threading.current_thread().name)]
+        with own_connection(conninfo, autocommit=True) as conn:
+            conn.execute("SELECT pg_notify('leaseq_work', 'mine')")
+        assert listener.wait(10) is True
+    finally:
+        listener.close()
