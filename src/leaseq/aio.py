@@ -73,8 +73,9 @@ class AsyncQueue(AsyncReadOps, AsyncOperatorOps, AsyncChildOps, AsyncEffectOps, 
 
     async def listener(self, queues: list[str]) -> Any:
         """:meth:`Queue.listener` for asyncio code: a waiter woken when work is enqueued on
-        ``queues``, whose ``wait(timeout)`` and ``close()`` are awaited (PostgreSQL LISTEN/NOTIFY
-        on the event loop; on SQLite it only sleeps, so workers poll)."""
+        ``queues``, whose ``wait(timeout)`` and ``close()`` are awaited (PostgreSQL LISTEN/NOTIFY,
+        woken on the event loop through the process's one notifier connection; on SQLite it
+        only sleeps, so workers poll)."""
         for name in queues:
             checks.check_name("queue", name)
         return await self.sync.store.alistener(set(queues))

@@ -1,7 +1,8 @@
-"""On PostgreSQL every task wait and stream follow of one queue is woken through one LISTEN
-connection (the store's notifier), however many wait at once, sync and async alike; each is
-woken by its own task only, and a listener connection that drops is replaced without a wait
-missing its task's end."""
+"""On PostgreSQL every waiter of a process is woken through one LISTEN connection (the
+process's notifier for its DSN): a worker's claim loop, task waits in its handlers, and
+every task wait and stream follow, however many wait at once, sync and async alike,
+whichever queue object they came through; each is woken by its own task only, and a
+listener connection that drops is replaced without a wait missing its task's end."""
 
 from __future__ import annotations
 
@@ -115,8 +116,8 @@ def test_fifty_blocking_waits_share_one_listen_connection(q: leaseq.Queue, dsn: 
     for thread in threads:
         thread.join(10)
     assert len(_listening(dsn, app)) <= 1
-    notifier = queue.store.notifier  # type: ignore[attr-defined]
-    queue.close()  # stops the thread and closes its connection
+    notifier = queue.store.notifier.notifier  # type: ignore[attr-defined]
+    queue.close()  # the last store on its DSN: stops the thread and closes its connection
     assert notifier._thread is None or not notifier._thread.is_alive()
     assert _listening(dsn, app) == []
 
@@ -271,3 +272,196 @@ def test_waits_end_when_the_listener_connection_is_terminated(q: leaseq.Queue, d
     assert sorted(returned) == ids
     for task_id, (status, at) in returned.items():
         assert status == "completed" and at >= ended[task_id]
+
+
+def test_a_worker_a_handlers_wait_and_a_stream_share_one_listen_connection(
+        q: leaseq.Queue, dsn: str, named: tuple[leaseq.Queue, str]) -> None:
+    """A process running a worker (its claim loop waits for work), whose handler waits for
+    another task, while a stream is followed through another queue object on the same DSN:
+    one LISTEN connection for all three, and an enqueue still wakes the idle claim loop."""
+    queue, app = named
+    application = leaseq.App(queue.store.dsn)  # a queue object of its own: the worker's
+    w = q.register_worker("elsewhere").id
+    child, followed = q.enqueue("child", queue="later"), q.enqueue("followed", queue="later")
+    claims = {c.task_id: c for c in q.claim(w, queue="later", limit=2)}
+    q.emit(w, claims[followed.id], "before the reader came")
+    pinged = threading.Event()
+
+    @application.task("parent")
+    def parent(ctx: Any, child_id: int) -> str:
+        return application.queue.wait(child_id, timeout=60).status
+
+    @application.task("ping")
+    def ping(ctx: Any) -> None:
+        pinged.set()
+
+    waiting = parent.enqueue(child_id=child.id)
+    runtime = application.worker(concurrency=2, poll_interval=30)
+    errors: list[BaseException] = []
+    got: list[Any] = []
+
+    def run() -> None:
+        try:
+            asyncio.run(runtime.run())
+        except BaseException as exc:  # pragma: no cover - reported by the test
+            errors.append(exc)
+
+    def follow() -> None:
+        try:
+            for entry in queue.stream(followed.id, timeout=60):
+                got.append(entry.item)
+        except BaseException as exc:  # pragma: no cover - reported by the test
+            errors.append(exc)
+
+    threads = [threading.Thread(target=f, daemon=True) for f in (run, follow)]
+    for thread in threads:
+        thread.start()
+    try:
+        _until(lambda: _watched(dsn, [child.id]) == 1 or errors, "the handler's wait never looked")
+        _until(lambda: "before the reader came" in got or errors, "the reader never read")
+        assert not errors, errors
+        time.sleep(0.5)  # the worker's claim loop has long been waiting for work
+        assert len(_listening(dsn, app)) == 1
+        pinged_at = time.monotonic()
+        ping.enqueue()  # the idle claim loop is woken through that one connection, not by its 30 s poll
+        assert pinged.wait(10), "the claim loop never woke"
+        assert time.monotonic() - pinged_at < 10
+        q.complete(w, claims[child.id], result="done")
+        _until(lambda: q.get(waiting.id).status == "completed" or errors, "the handler's wait never returned")
+        assert q.get(waiting.id).result == "completed"
+        q.complete(w, claims[followed.id], result="done")
+        threads[1].join(10)
+        assert not threads[1].is_alive() and [i for i in got if i is not None] == ["before the reader came"]
+    finally:
+        runtime.stop()
+        threads[0].join(15)
+        application.queue.close()
+    assert not errors, errors
+    assert len(_listening(dsn, app)) == 1  # the stream's queue still holds its share
+
+
+def test_closing_one_queue_ends_its_waits_and_leaves_another_queues_on_the_connection(
+        q: leaseq.Queue, dsn: str, named: tuple[leaseq.Queue, str]) -> None:
+    """Two queue objects on one DSN share the process's connection: closing one ends its
+    waits at once (BackendUnavailable: they look again, on a closed queue) and refuses new
+    ones, while the other's wait is still woken by its task's end, through the same
+    connection, which stays open until the last of them closes."""
+    queue, app = named
+    other = leaseq.connect(queue.store.dsn)  # type: ignore[attr-defined]
+    w, claims = _claimed(q, 2)
+    mine, theirs = sorted(claims)
+    outcome: dict[str, Any] = {}
+
+    def wait(name: str, on: leaseq.Queue, task_id: int) -> None:
+        try:
+            outcome[name] = on.wait(task_id, timeout=60).status
+        except BaseException as exc:
+            outcome[name] = exc
+
+    threads = [threading.Thread(target=wait, args=a, daemon=True)
+               for a in (("closed", other, mine), ("open", queue, theirs))]
+    try:
+        for thread in threads:
+            thread.start()
+        _until(lambda: _watched(dsn, [mine, theirs]) == 2, "the waits never looked")
+        assert len(_listening(dsn, app)) == 1
+        closed_at = time.monotonic()
+        other.close()
+        threads[0].join(10)
+        assert isinstance(outcome.get("closed"), leaseq.BackendUnavailable), outcome
+        assert time.monotonic() - closed_at < 5
+        with pytest.raises(leaseq.BackendUnavailable):
+            other.wait(theirs, timeout=1)
+        assert "open" not in outcome and len(_listening(dsn, app)) == 1
+        q.complete(w, claims[theirs], result="done")
+        threads[1].join(10)
+        assert outcome["open"] == "completed"
+    finally:
+        other.close()
+
+
+class _Gated:
+    """The notifier's real connection, whose LISTENs wait for ``gate`` (so a test sees what
+    the notifier says while a channel is not listened on yet)."""
+
+    def __init__(self, dsn: str, gate: threading.Event):
+        from leaseq.store.postgres import SharedListener
+
+        self._listener = SharedListener(dsn)
+        self._gate = gate
+
+    def listen(self, channel: str) -> None:
+        assert self._gate.wait(30)
+        self._listener.listen(channel)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._listener, name)
+
+
+class _Heard:
+    def __init__(self, channel: str):
+        self.channel = channel
+        self.listening = threading.Event()
+        self.payloads: list[str | None] = []
+
+    def ready(self, error: BaseException | None) -> None:
+        assert error is None
+        self.listening.set()
+
+    def heard(self, payload: str | None) -> None:
+        self.payloads.append(payload)
+
+
+def test_the_notifier_is_connected_only_once_it_listens_on_every_channel_wanted(
+        named: tuple[leaseq.Queue, str]) -> None:
+    """``connected`` (what the service's ``WorkSignal.listening`` is) is set only while every
+    channel wanted is listened on: a channel one waiter adds to a connection already serving
+    others clears it until the LISTEN is done, so a notification sent once it is set again
+    is heard."""
+    from leaseq.store.notifier import Notifier
+
+    queue, _ = named
+    conninfo = queue.store.conninfo  # type: ignore[attr-defined]
+    gate = threading.Event()
+    gate.set()
+    notifier = Notifier(lambda: _Gated(conninfo, gate))  # type: ignore[arg-type, return-value]
+    first, second = _Heard("leaseq_test_first"), _Heard("leaseq_test_second")
+    try:
+        notifier.subscribe(first)  # type: ignore[arg-type]
+        assert first.listening.wait(10) and notifier.connected.wait(10)
+        gate.clear()
+        notifier.subscribe(second)  # type: ignore[arg-type]
+        time.sleep(0.2)  # the thread is held at the second channel's LISTEN
+        assert not notifier.connected.is_set() and not second.listening.is_set()
+        gate.set()
+        assert notifier.connected.wait(10) and second.listening.wait(10)
+        with own_connection(conninfo, autocommit=True) as conn:
+            conn.execute("SELECT pg_notify('leaseq_test_second', 'hello')")
+        _until(lambda: second.payloads == ["hello"], "the second channel's notification never came")
+    finally:
+        gate.set()
+        notifier.close()
+
+
+def test_a_blocking_work_listener_is_told_interrupts_on_its_own_thread(named: tuple[leaseq.Queue, str]) -> None:
+    """``store.listener(queues, on_interrupt=...)``: an interrupt (``notify_interrupt``) is
+    handed to ``on_interrupt`` on the thread that waits, without ending the wait as work
+    would; work on one of its queues ends it (True), work on another does not."""
+    queue, _ = named
+    conninfo = queue.store.conninfo  # type: ignore[attr-defined]
+    told: list[tuple[str, str]] = []
+    listener = queue.store.listener({"mine"}, on_interrupt=lambda worker: told.append(  # type: ignore[attr-defined]
+        (worker, threading.current_thread().name)))
+    try:
+        with own_connection(conninfo, autocommit=True) as conn:
+            conn.execute("SELECT pg_notify('leaseq_interrupt', 'w-1')")
+            conn.execute("SELECT pg_notify('leaseq_work', 'theirs')")
+        started = time.monotonic()
+        assert listener.wait(1.0) is False
+        assert time.monotonic() - started >= 0.9
+        assert told == [("w-1", threading.current_thread().name)]
+        with own_connection(conninfo, autocommit=True) as conn:
+            conn.execute("SELECT pg_notify('leaseq_work', 'mine')")
+        assert listener.wait(10) is True
+    finally:
+        listener.close()

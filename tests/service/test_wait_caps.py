@@ -10,7 +10,8 @@
 * The looks are paced by a bucket of their own: a worker whose long polls
   are woken by a busy queue still gets its completions through.
 * However many requests wait, the service holds one listening connection
-  for all of them (no connection per wait).
+  for all of them (no connection per wait), the one the process's own waits
+  (through the queue itself) share.
 """
 
 from __future__ import annotations
@@ -166,8 +167,15 @@ def test_many_waits_hold_one_listening_connection(q: leaseq.Queue, dsn: str) -> 
             waits = [Held(s.http(token), "GET", f"/v1/tasks/{t.id}/wait", params={"timeout": 20}) for t in tasks]
             for h in waits:
                 h.start()
+            # and the application's own wait in the same process, through the queue itself
+            own = q.enqueue("own", {})
+            own_wait = threading.Thread(target=q.wait, args=(own.id,), kwargs={"timeout": 20}, daemon=True)
+            own_wait.start()
             _until(lambda: app.state.work_signal.held == 60, what="sixty waits")
             _until(lambda: len(app.state.work_signal._listened) == 60, what="sixty tasks listened for")
+            with psycopg.connect(dsn, autocommit=True) as conn:
+                _until(lambda: conn.execute("SELECT watched FROM leaseq_tasks WHERE id = %s",
+                                            (own.id,)).fetchone()[0], what="the application's own wait")
             with psycopg.connect(dsn, autocommit=True) as conn:
                 now = {r[0]: r[1] for r in conn.execute(
                     "SELECT pid, query FROM pg_stat_activity WHERE datname = current_database()").fetchall()}
@@ -176,11 +184,13 @@ def test_many_waits_hold_one_listening_connection(q: leaseq.Queue, dsn: str) -> 
             # the test's own queue and the service share this process: the pools (blocking and asyncio,
             # 10 each) and the one listener are all the new connections sixty waits brought
             assert len(set(now) - before) <= 10 + 10 + 1, len(set(now) - before)
-            for t in tasks:
+            for t in [*tasks, own]:
                 q.cancel(t.id)
             for h in waits:
                 h.join(10)
                 assert h.response is not None and h.response.json()["settled"] is True
+            own_wait.join(10)
+            assert not own_wait.is_alive()
         finally:
             s.close()
 

@@ -191,7 +191,8 @@ class QueueBase:
 
     def listener(self, queues: list[str]) -> WorkListener:
         """A blocking waiter woken when work is enqueued on ``queues``
-        (PostgreSQL LISTEN/NOTIFY; on SQLite it only sleeps, so workers poll)."""
+        (PostgreSQL LISTEN/NOTIFY, through the process's one notifier connection, however many
+        listen; on SQLite it only sleeps, so workers poll)."""
         for name in queues:
             checks.check_name("queue", name)
         return self.store.listener(set(queues))

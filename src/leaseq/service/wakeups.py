@@ -6,9 +6,9 @@ Three kinds of request wait in the service: a long-poll claim (``POST
 wakes them:
 
 * on PostgreSQL, one ``LISTEN`` connection per process (opened when the first
-  request waits), whatever the number of waiting requests: a
-  :class:`~leaseq.store.notifier.Notifier`, the piece a queue's own waits and
-  streams are woken through too. An enqueue's
+  request waits), whatever the number of waiting requests: the process's
+  :class:`~leaseq.store.notifier.Notifier`, the one its queue's own waits and
+  streams, and an in-process worker's claim loop, are woken through too. An enqueue's
   ``NOTIFY`` names its queue and wakes only the claims waiting on that queue
   (each then claims again; the claim statement decides who gets what); a
   watched task's end is notified on that task's own channel, which the
@@ -47,14 +47,12 @@ from ..core.errors import RateLimited
 from ..core.timers import wait_event
 from ..queue import Queue
 from ..store.base import STREAM_PAYLOAD
-from ..store.notifier import Interest, Notifier, task_channel
+from ..store.notifier import INTERRUPT_CHANNEL, WORK_CHANNEL, Interest, Share, task_channel
 
 #: Re-check period of a waiting claim where LISTEN/NOTIFY wakes it (PostgreSQL)...
 NOTIFIED_RECHECK = 1.0
 #: ...and where nothing but this process's own enqueues can (SQLite).
 POLLED_RECHECK = 0.2
-#: Pause before the listener reconnects after its connection dropped.
-LISTENER_RETRY = 0.5
 #: Most waiting requests (claims, task waits, live streams) one token may hold in one process...
 WAITS_PER_TOKEN = 100
 #: ...and all tokens together.
@@ -203,10 +201,9 @@ class WorkSignal:
         self._tasks: dict[int, set[TaskWaiter]] = {}
         self._held: dict[str, int] = {}
         self._loop: asyncio.AbstractEventLoop | None = None
-        #: the one LISTEN connection of the process (its own thread), opened when a request first waits
-        self._notifier: Notifier | None = None
-        if self.notifies:
-            self._notifier = Notifier(queue.store.shared_listener, name="leaseq-listener", retry=LISTENER_RETRY)
+        #: the queue's share of the process's one LISTEN connection (its own thread), which listens
+        #: for the waiting requests once one first waits
+        self._notifier: Share | None = queue.store.notifier if self.notifies else None
         #: this process's interests in the channels it always listens on, once a request waited
         self._channels: list[_Channel] = []
         self._lock = threading.Lock()
@@ -338,15 +335,15 @@ class WorkSignal:
         with self._lock:
             self._tasks.setdefault(task_id, set()).add(w)
         interest = None
-        if self._notifier is not None:
+        if self._notifier is None:
+            w.listening.set()  # nothing to listen to: the re-check looks
+        elif not self._closed.is_set():  # else the application is stopping: the re-check looks
             self._ensure_listener()
             interest = _TaskChannel(self, w)
             try:
                 self._notifier.subscribe(interest)  # listened on at once, not at the next turn
-            except Exception:  # closed (the application is stopping): the re-check looks
+            except Exception:  # the queue is closed (the application is stopping): the re-check looks
                 interest = None
-        else:
-            w.listening.set()  # nothing to listen to: the re-check looks
         try:
             yield w
         finally:
@@ -397,9 +394,9 @@ class WorkSignal:
                 return
             self._channels = [
                 # claims that looked before the listener connected look again once it has
-                _Channel("leaseq_work", lambda: self._on_loop(self._wake, None), self._heard_work,
+                _Channel(WORK_CHANNEL, lambda: self._on_loop(self._wake, None), self._heard_work,
                          lambda: self._on_loop(self._wake_all)),
-                _Channel("leaseq_interrupt", lambda: None, lambda worker: self._on_loop(self.interrupt, worker),
+                _Channel(INTERRUPT_CHANNEL, lambda: None, lambda worker: self._on_loop(self.interrupt, worker),
                          lambda: None),
             ]
             channels = list(self._channels)
@@ -415,10 +412,15 @@ class WorkSignal:
         self.wake(queue)
 
     def close(self) -> None:
-        """Stop the listener (the application's shutdown)."""
-        self._closed.set()
+        """Stop listening for the waiting requests (the application's shutdown), and wake
+        them: each looks again. The queue's own waiters are the queue's (its ``close()``)."""
+        with self._lock:
+            self._closed.set()
+            channels, self._channels = self._channels, []
         if self._notifier is not None:
-            self._notifier.close()
+            for channel in channels:
+                self._notifier.unsubscribe(channel)
+        self._on_loop(self._wake_all)
 
 
 async def wait_for_task(signal: WorkSignal, task_id: int, timeout: float, token_id: str) -> tuple[Any, bool]:

@@ -140,6 +140,10 @@ class Store(Protocol):
     dialect: str
     dsn: str
     capabilities: BackendCapabilities
+    #: the store's share of its process's one LISTEN connection
+    #: (:class:`leaseq.store.notifier.Share`), which every waiter of the process is woken
+    #: through; None where :attr:`capabilities` declares no ``listen_notify``
+    notifier: Any
 
     def transaction(self, *, one_statement: bool = False) -> AbstractContextManager[Tx]:
         """A read-write transaction that commits on success, rolls back on error.
@@ -161,12 +165,6 @@ class Store(Protocol):
     async def alistener(self, queues: set[str]) -> Any:
         """:meth:`listener` for asyncio code: its ``wait`` and ``close`` are awaited, on the
         running event loop (the worker runtime's LISTEN)."""
-
-    def shared_listener(self) -> Any:
-        """A new connection for a :class:`~leaseq.store.notifier.Notifier` to drive: the one
-        every wait of a queue, or of a service process, is woken through (work, interrupts,
-        and the tasks it is told to listen for). Only where :attr:`capabilities` declares
-        ``listen_notify``."""
 
     def task_listener(self, task_id: int, *, streams: bool = False) -> TaskListener:
         """A waiter woken when task ``task_id`` may have ended (see :meth:`leaseq.Queue.wait`);

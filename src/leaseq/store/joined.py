@@ -33,6 +33,8 @@ class JoinedStore:
         self.dsn = store.dsn
         #: what the wrapped backend declares (its statements run as they always do)
         self.capabilities = store.capabilities
+        #: the wrapped store's share of the process's notifier
+        self.notifier = store.notifier
 
     @contextmanager
     def transaction(self, *, one_statement: bool = False) -> Iterator[Tx]:
@@ -43,9 +45,6 @@ class JoinedStore:
 
     async def alistener(self, queues: set[str]) -> Any:
         return await self._store.alistener(queues)
-
-    def shared_listener(self) -> Any:
-        return self._store.shared_listener()
 
     def task_listener(self, task_id: int, *, streams: bool = False) -> TaskListener:
         return self._store.task_listener(task_id, streams=streams)

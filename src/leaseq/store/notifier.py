@@ -1,39 +1,48 @@
-"""One LISTEN connection for every wait of a store: the notifier.
+"""One LISTEN connection for every waiter of a process: the notifier.
 
-Each :meth:`leaseq.Queue.wait`, each following :meth:`leaseq.Queue.stream`
-(and their asyncio forms) on PostgreSQL is woken through the one connection
-of its store's :class:`Notifier`, however many wait at once: a waiter
-registers its interest in a channel (``leaseq_task_<id>``), the notifier's
-thread LISTENs on that channel while at least one waiter wants it and
-UNLISTENs after, and wakes only the waiters of the channel it hears
-(a :class:`threading.Event` for blocking code; ``loop.call_soon_threadsafe``
-for asyncio code).
+Everything in a process that waits for a PostgreSQL notification is woken
+through the one connection of its database's :class:`Notifier`, however many
+wait at once and whichever queue object they came through: a worker's claim
+loop (``leaseq_work``, for its queues), the service's waiting requests (work,
+``leaseq_interrupt``, and the tasks they wait for), each :meth:`leaseq.Queue.wait`
+and each following :meth:`leaseq.Queue.stream` (a task's ``leaseq_task_<id>``),
+sync and async alike. A waiter registers its interest in a channel; the
+notifier's thread LISTENs on that channel while at least one waiter wants it
+and UNLISTENs after, and wakes only the waiters of the channel it hears (a
+:class:`threading.Event` for blocking code; ``loop.call_soon_threadsafe`` for
+asyncio code).
+
+There is one notifier per listening DSN per process (:func:`share`): each
+store opened on that DSN holds a :class:`Share` of it, and the notifier closes
+with the last share.
 
 What it keeps of a dedicated connection per wait:
 
 * listening starts before the waiter's first look: registering returns (is
-  awaited) once the channel is listened on, so no end slips by between the
-  look and the wait;
+  awaited) once the channel is listened on, so nothing notified between the
+  look and the wait slips by;
 * a connection that drops is opened again, LISTENs on every channel wanted,
   and then wakes every waiter once: each looks again, so nothing notified
   while it was away is missed;
-* ``close()`` stops the thread and its connection (the queue's ``close()``).
+* ``close()`` of a share (the queue's ``close()``) wakes that store's waiters
+  and forgets them; the last one stops the thread and its connection.
 
 The connection is opened when the first waiter registers and closed after
-:data:`IDLE_SECONDS` with no waiter. Nothing here knows a task's statuses: a
-waiter woken only looks again.
+:data:`IDLE_SECONDS` with no waiter. Nothing here knows a task's statuses or a
+lease: a waiter woken only looks again.
 """
 
 from __future__ import annotations
 
 import asyncio
+import collections
 import logging
 import os
 import re
 import threading
 import time
-from collections.abc import Callable
-from typing import Any, Protocol
+from collections.abc import Callable, Iterable
+from typing import Any, Protocol, Self
 
 from ..core.errors import BackendUnavailable
 from ..core.timers import wait_event
@@ -47,6 +56,11 @@ RETRY_SECONDS = 0.5
 IDLE_SECONDS = 30.0
 #: The longest the notifier's thread waits on its connection before it looks at what is wanted.
 TURN_SECONDS = 5.0
+
+#: The channel an enqueue notifies, its payload the queue's name (the claim loops' wake-up).
+WORK_CHANNEL = "leaseq_work"
+#: The channel ``notify_interrupt`` notifies, its payload a worker's id: end its waiting claims.
+INTERRUPT_CHANNEL = "leaseq_interrupt"
 
 _CHANNEL = re.compile(r"^[a-z_][a-z0-9_]*$")
 
@@ -98,7 +112,8 @@ class Interest:
 
 class Notifier:
     """One LISTEN connection, opened by ``connect()``, serving every :class:`Interest`
-    registered with :meth:`subscribe`. Thread-safe; one thread of its own."""
+    registered with :meth:`subscribe`. Thread-safe; one thread of its own. A store reaches
+    it through its :class:`Share` (:func:`share`)."""
 
     def __init__(self, connect: Callable[[], Connection], *, name: str = "leaseq-notifier",
                  retry: float = RETRY_SECONDS, idle: float = IDLE_SECONDS):
@@ -125,6 +140,11 @@ class Notifier:
         with self._lock:
             return sum(len(s) for s in self._interests.values())
 
+    @property
+    def closed(self) -> bool:
+        """Whether :meth:`close` was called."""
+        return self._closed.is_set()
+
     def subscribe(self, interest: Interest) -> None:
         """Register ``interest``: its channel is listened on soon, and it is told so
         (:meth:`Interest.ready`). BackendUnavailable once the notifier is closed."""
@@ -138,6 +158,8 @@ class Notifier:
                 self._interests, self._pending = {}, set()
                 self._thread = self._connection = None
                 self.connected.clear()
+            if interest.channel not in self._interests:
+                self.connected.clear()  # not listening on every channel wanted until the thread LISTENs
             self._interests.setdefault(interest.channel, set()).add(interest)
             self._pending.add(interest)
             if self._thread is None:
@@ -147,20 +169,23 @@ class Notifier:
         if connection is not None:
             connection.poke()  # listen on the channel now, not at the next turn
 
-    def unsubscribe(self, interest: Interest) -> None:
-        """Forget ``interest``: its channel is UNLISTENed once no other interest wants it."""
+    def unsubscribe(self, interest: Interest) -> bool:
+        """Forget ``interest``: its channel is UNLISTENed once no other interest wants it.
+        Returns whether it had not yet been told :meth:`Interest.ready`."""
         with self._lock:
+            pending = interest in self._pending
             self._pending.discard(interest)
             same = self._interests.get(interest.channel)
             if same is None or interest not in same:
-                return
+                return pending
             same.discard(interest)
             if same:
-                return
+                return pending
             del self._interests[interest.channel]
             connection = self._connection
         if connection is not None:
             connection.poke()
+        return pending
 
     def close(self) -> None:
         """Stop the thread and close its connection; every waiter is woken (to look again)."""
@@ -229,7 +254,8 @@ class Notifier:
                 ready = [i for i in self._pending if i.channel in listening]
                 self._pending.difference_update(ready)
                 everyone = [i for s in self._interests.values() for i in s] if reconnected else []
-            self.connected.set()
+                if set(self._interests) <= listening:  # else a channel came meanwhile: it is LISTENed next turn
+                    self.connected.set()
             for interest in ready:
                 interest.ready(None)
             if reconnected:  # listening again on every channel wanted: now each waiter looks again
@@ -271,64 +297,213 @@ class Notifier:
             interest.heard(None)
 
 
+# -- one notifier per listening DSN per process ------------------------------------------
+
+_shared: dict[str, tuple[Notifier, int]] = {}
+_shared_lock = threading.Lock()
+
+
+def share(key: str, connect: Callable[[], Connection]) -> Share:
+    """A share of this process's notifier for ``key`` (the DSN its connection LISTENs
+    through), made with ``connect`` when there is none yet. Every store opened on that DSN
+    holds one; the notifier closes with the last (:meth:`Share.close`)."""
+    with _shared_lock:
+        found = _shared.get(key)
+        notifier, holders = found if found is not None and not found[0].closed else \
+            (Notifier(connect, name="leaseq-notifier"), 0)
+        _shared[key] = (notifier, holders + 1)
+    return Share(notifier, key)
+
+
+def _release(key: str, notifier: Notifier) -> None:
+    with _shared_lock:
+        found = _shared.get(key)
+        if found is None or found[0] is not notifier:
+            return
+        if found[1] > 1:
+            _shared[key] = (notifier, found[1] - 1)
+            return
+        del _shared[key]
+    notifier.close()
+
+
+class Share:
+    """One store's hold on its process's :class:`Notifier` (:func:`share`): waiters of the
+    store subscribe through it; :meth:`close` (the store's) wakes those still registered,
+    forgets them, and lets the notifier go (closed with the last share)."""
+
+    def __init__(self, notifier: Notifier, key: str):
+        #: the process's notifier for this store's listening DSN
+        self.notifier = notifier
+        self._key = key
+        self._lock = threading.Lock()
+        self._mine: set[Interest] = set()
+        self._closed = False
+        self._pid = os.getpid()
+
+    @property
+    def connected(self) -> threading.Event:
+        """:attr:`Notifier.connected`: set while listening on every channel wanted."""
+        return self.notifier.connected
+
+    @property
+    def connections(self) -> int:
+        """How many times the process's notifier connected."""
+        return self.notifier.connections
+
+    @property
+    def waiting(self) -> int:
+        """How many interests this store's waiters have registered now."""
+        with self._lock:
+            return len(self._mine)
+
+    def subscribe(self, interest: Interest) -> None:
+        """:meth:`Notifier.subscribe`; BackendUnavailable once this share is closed."""
+        with self._lock:
+            if self._closed:
+                raise BackendUnavailable("the queue is closed")
+            if self._pid != os.getpid():  # a forked child: the parent's waiters are not here
+                self._pid, self._mine = os.getpid(), set()
+            self.notifier.subscribe(interest)
+            self._mine.add(interest)
+
+    def unsubscribe(self, interest: Interest) -> None:
+        """:meth:`Notifier.unsubscribe`."""
+        with self._lock:
+            self._mine.discard(interest)
+        self.notifier.unsubscribe(interest)
+
+    def close(self) -> None:
+        """Wake this store's waiters (a waiter about to look is told the queue is closed)
+        and forget them; the notifier closes once no store holds a share."""
+        with self._lock:
+            if self._closed:
+                return
+            self._closed = True
+            mine, self._mine = list(self._mine), set()
+        pending = [i for i in mine if self.notifier.unsubscribe(i)]
+        for interest in pending:
+            interest.ready(BackendUnavailable("the queue is closed"))
+        for interest in mine:
+            interest.heard(None)
+        _release(self._key, self.notifier)
+
+
+# -- the waiters ------------------------------------------------------------------------
+
 def _unavailable(error: BaseException) -> BackendUnavailable:
     if isinstance(error, BackendUnavailable):
         return BackendUnavailable(str(error))
     return BackendUnavailable(f"PostgreSQL listener: {error}")
 
 
-class TaskWait(Interest):
-    """A blocking wait's interest in task ``task_id`` (``streams``: its emits wake it too), as
-    :meth:`leaseq.Queue.wait` and :meth:`leaseq.Queue.stream` use it: :meth:`open` returns once
-    the task's channel is listened on; :meth:`wait` until notified; :meth:`close` to forget it."""
+class _Part(Interest):
+    """One channel of a waiter (a waiter may want several)."""
 
-    def __init__(self, notifier: Notifier, task_id: int, *, streams: bool = False):
-        self.channel = task_channel(task_id)
+    __slots__ = ("channel", "_owner")
+
+    def __init__(self, owner: _Waiter, channel: str):
+        self.channel = channel
+        self._owner = owner
+
+    def ready(self, error: BaseException | None) -> None:
+        """See :meth:`Interest.ready`."""
+        self._owner._ready(error)
+
+    def heard(self, payload: str | None) -> None:
+        """See :meth:`Interest.heard`."""
+        if self._owner._wakes(self.channel, payload):
+            self._owner._wake_soon()
+
+
+class _Waiter:
+    """What the blocking and the asyncio waiters share: the channels, and which
+    notification wakes the waiter (:meth:`_wakes`, on the notifier's thread)."""
+
+    def __init__(self, notifier: Share, channels: Iterable[str]):
         self._notifier = notifier
-        self._streams = streams
+        self._parts = [_Part(self, c) for c in channels]
+
+    def _wakes(self, channel: str, payload: str | None) -> bool:
+        """Whether a notification on ``channel`` (None: the listener connected again) wakes
+        the waiter; called on the notifier's thread."""
+        return True
+
+    def _ready(self, error: BaseException | None) -> None:
+        raise NotImplementedError
+
+    def _wake_soon(self) -> None:
+        raise NotImplementedError
+
+    def _subscribe(self) -> None:
+        done: list[_Part] = []
+        try:
+            for part in self._parts:
+                self._notifier.subscribe(part)
+                done.append(part)
+        except BaseException:
+            for part in done:
+                self._notifier.unsubscribe(part)
+            raise
+
+    def _unsubscribe(self) -> None:
+        for part in self._parts:
+            self._notifier.unsubscribe(part)
+
+
+class Wait(_Waiter):
+    """A blocking waiter on the process's notifier: :meth:`open` returns once each of its
+    channels is listened on; :meth:`wait` until woken; :meth:`close` to forget it."""
+
+    def __init__(self, notifier: Share, channels: Iterable[str]):
+        super().__init__(notifier, channels)
+        self._state = threading.Lock()
+        self._unready = len(self._parts)
         self._listening = threading.Event()
         self._woken = threading.Event()
         self._error: BaseException | None = None
 
-    def ready(self, error: BaseException | None) -> None:
-        """See :meth:`Interest.ready`."""
-        self._error = error
-        self._listening.set()
+    def _ready(self, error: BaseException | None) -> None:
+        with self._state:
+            if error is not None:
+                self._error = self._error or error
+            else:
+                self._unready -= 1
+            done = self._error is not None or self._unready <= 0
+        if done:
+            self._listening.set()
 
-    def heard(self, payload: str | None) -> None:
-        """See :meth:`Interest.heard`."""
-        if payload is None or heard(payload, self._streams):
-            self._woken.set()
+    def _wake_soon(self) -> None:
+        self._woken.set()
 
-    def open(self, timeout: float) -> TaskWait:
-        """Register with the notifier and return once the channel is listened on;
-        BackendUnavailable when it could not be within ``timeout`` seconds."""
-        self._notifier.subscribe(self)
+    def open(self, timeout: float) -> Self:
+        """Register with the notifier and return (this waiter) once every channel is
+        listened on; BackendUnavailable when that could not be within ``timeout`` seconds."""
+        self._subscribe()
         if not self._listening.wait(timeout) or self._error is not None:
-            self._notifier.unsubscribe(self)
+            self._unsubscribe()
             raise _unavailable(self._error or TimeoutError(f"not listening after {timeout:g} s"))
         return self
 
     def wait(self, timeout: float) -> bool:
-        """True when notified (a burst of notifications wakes it once), False after ``timeout`` seconds."""
+        """True when woken (a burst of notifications wakes it once), False after ``timeout`` seconds."""
         woken = self._woken.wait(max(0.0, timeout))
         self._woken.clear()
         return woken
 
     def close(self) -> None:
-        """Stop listening for the task (the channel is UNLISTENed once no other waiter wants it)."""
-        self._notifier.unsubscribe(self)
+        """Stop listening (each channel is UNLISTENed once no other waiter wants it)."""
+        self._unsubscribe()
 
 
-class AsyncTaskWait(Interest):
-    """:class:`TaskWait` for asyncio code, on the running event loop (open it with :meth:`open`):
+class AsyncWait(_Waiter):
+    """:class:`Wait` for asyncio code, on the running event loop (open it with :meth:`open`):
     the notifier's thread wakes it with ``loop.call_soon_threadsafe``."""
 
-    def __init__(self, notifier: Notifier, task_id: int, *, streams: bool = False):
-        self.channel = task_channel(task_id)
-        self._notifier = notifier
-        self._streams = streams
+    def __init__(self, notifier: Share, channels: Iterable[str]):
+        super().__init__(notifier, channels)
         self._loop = asyncio.get_running_loop()
+        self._unready = len(self._parts)
         self._listening: asyncio.Future[BaseException | None] = self._loop.create_future()
         self._woken = asyncio.Event()
         self._notified = False
@@ -339,42 +514,45 @@ class AsyncTaskWait(Interest):
         except RuntimeError:  # its loop closed: nobody waits any more
             pass
 
-    def ready(self, error: BaseException | None) -> None:
-        """See :meth:`Interest.ready`."""
+    def _ready(self, error: BaseException | None) -> None:
         self._soon(self._set_ready, error)
 
     def _set_ready(self, error: BaseException | None) -> None:
-        if not self._listening.done():
+        if self._listening.done():
+            return
+        if error is not None:
             self._listening.set_result(error)
+            return
+        self._unready -= 1
+        if self._unready <= 0:
+            self._listening.set_result(None)
 
-    def heard(self, payload: str | None) -> None:
-        """See :meth:`Interest.heard`."""
-        if payload is None or heard(payload, self._streams):
-            self._soon(self._wake)
+    def _wake_soon(self) -> None:
+        self._soon(self._wake)
 
     def _wake(self) -> None:
         self._notified = True
         self._woken.set()
 
-    async def open(self, timeout: float) -> AsyncTaskWait:
-        """:meth:`TaskWait.open`, awaited."""
-        self._notifier.subscribe(self)
+    async def open(self, timeout: float) -> Self:
+        """:meth:`Wait.open`, awaited."""
+        self._subscribe()
         # a timer, not asyncio.wait_for (see leaseq.core.timers.wait_event)
         timer = self._loop.call_later(timeout, self._set_ready, TimeoutError(f"not listening after {timeout:g} s"))
         try:
             error = await self._listening
         except BaseException:
-            self._notifier.unsubscribe(self)
+            self._unsubscribe()
             raise
         finally:
             timer.cancel()
         if error is not None:
-            self._notifier.unsubscribe(self)
+            self._unsubscribe()
             raise _unavailable(error)
         return self
 
     async def wait(self, timeout: float) -> bool:
-        """:meth:`TaskWait.wait`, awaited."""
+        """:meth:`Wait.wait`, awaited."""
         if not self._notified:
             await wait_event(self._woken, max(0.0, timeout))
         self._woken.clear()
@@ -382,5 +560,80 @@ class AsyncTaskWait(Interest):
         return woken
 
     async def close(self) -> None:
-        """:meth:`TaskWait.close`, awaited."""
-        self._notifier.unsubscribe(self)
+        """:meth:`Wait.close`, awaited."""
+        self._unsubscribe()
+
+
+class TaskWait(Wait):
+    """A blocking wait's interest in task ``task_id`` (``streams``: its emits wake it too), as
+    :meth:`leaseq.Queue.wait` and :meth:`leaseq.Queue.stream` use it."""
+
+    def __init__(self, notifier: Share, task_id: int, *, streams: bool = False):
+        super().__init__(notifier, (task_channel(task_id),))
+        self._streams = streams
+
+    def _wakes(self, channel: str, payload: str | None) -> bool:
+        return payload is None or heard(payload, self._streams)
+
+
+class AsyncTaskWait(AsyncWait):
+    """:class:`TaskWait` for asyncio code."""
+
+    def __init__(self, notifier: Share, task_id: int, *, streams: bool = False):
+        super().__init__(notifier, (task_channel(task_id),))
+        self._streams = streams
+
+    def _wakes(self, channel: str, payload: str | None) -> bool:
+        return payload is None or heard(payload, self._streams)
+
+
+class WorkWait(Wait):
+    """A blocking waiter woken when work is enqueued on one of ``queues`` (and after the
+    listener connected again); see :meth:`leaseq.Queue.listener`. With ``on_interrupt``,
+    also told (on the waiting thread, within :meth:`wait`) the id of each worker whose
+    waiting claims a service process was asked to end (``notify_interrupt``).
+
+    A notification heard between two waits is kept: the next wait returns at once."""
+
+    def __init__(self, notifier: Share, queues: Iterable[str],
+                 on_interrupt: Callable[[str], None] | None = None):
+        super().__init__(notifier, (WORK_CHANNEL,) if on_interrupt is None else (WORK_CHANNEL, INTERRUPT_CHANNEL))
+        self._queues = frozenset(queues)
+        self._on_interrupt = on_interrupt
+        self._interrupts: collections.deque[str] = collections.deque()
+        self._work = False
+
+    def _wakes(self, channel: str, payload: str | None) -> bool:
+        if channel == INTERRUPT_CHANNEL:
+            if payload is None:
+                return False
+            self._interrupts.append(payload)
+            return True
+        if payload is None or payload in self._queues:
+            self._work = True
+            return True
+        return False
+
+    def wait(self, timeout: float) -> bool:
+        """True when work may be waiting on one of the queues, False after ``timeout`` seconds."""
+        deadline = time.monotonic() + max(0.0, timeout)
+        while True:
+            woken = super().wait(deadline - time.monotonic())
+            while self._interrupts and self._on_interrupt is not None:
+                self._on_interrupt(self._interrupts.popleft())
+            if self._work:
+                self._work = False
+                return True
+            if not woken or time.monotonic() >= deadline:
+                return False
+
+
+class AsyncWorkWait(AsyncWait):
+    """:class:`WorkWait` for asyncio code (the worker runtime's claim loop)."""
+
+    def __init__(self, notifier: Share, queues: Iterable[str]):
+        super().__init__(notifier, (WORK_CHANNEL,))
+        self._queues = frozenset(queues)
+
+    def _wakes(self, channel: str, payload: str | None) -> bool:
+        return payload is None or payload in self._queues

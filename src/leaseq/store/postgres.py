@@ -31,14 +31,14 @@ from ..db.errors import map_driver_errors
 from ..db.postgres import AsyncPools, checked_connection, open_async_pool, open_pool
 from .base import JSON_PARAMS, BackendCapabilities, JsonText, KeyConflict, load_named_queries
 from .functions import wire_queries
-from .notifier import AsyncTaskWait, Notifier, TaskWait, task_channel
+from .notifier import AsyncTaskWait, AsyncWorkWait, Share, TaskWait, WorkWait, share
 from .polling import AsyncPollingTaskListener, AsyncSleepingListener, PollingTaskListener, SleepingListener
 
 #: How often a wait for a task's end looks again where nothing notifies (seconds): a pooled
 #: DSN with no ``listen_dsn``, or the portable mode. (An idle worker claims again every
 #: ``idle_poll_interval``, 0.2 s, likewise.)
 POLL_SECONDS = 0.2
-#: How long a new wait waits for the notifier to listen on its task's channel beyond the
+#: How long a new waiter waits for the notifier to listen on its channels beyond the
 #: store's ``connect_timeout`` (seconds) before it fails with BackendUnavailable.
 LISTEN_GRACE = 5.0
 
@@ -196,94 +196,22 @@ class AsyncPostgresTx:
         await self._conn.execute(sql)
 
 
-class NotifyListener:
-    """A dedicated connection LISTENing on ``leaseq_work`` for a set of queues
-    (and, with ``on_interrupt``, on ``leaseq_interrupt``: see ``notify_interrupt``).
-
-    Notifications that arrive between two waits are buffered by the
-    connection, so none is missed while the worker is busy.
-    """
-
-    CHANNEL = "leaseq_work"
-    INTERRUPTS = "leaseq_interrupt"
-
-    def __init__(self, dsn: str, queues: set[str], on_interrupt: Callable[[str], None] | None = None):
-        self._queues = queues
-        self._on_interrupt = on_interrupt
-        with map_driver_errors():
-            self._conn = psycopg.connect(dsn, autocommit=True)
-            self._conn.execute(f"LISTEN {self.CHANNEL}")
-            if on_interrupt is not None:
-                self._conn.execute(f"LISTEN {self.INTERRUPTS}")
-
-    def wait(self, timeout: float) -> bool:
-        try:
-            for note in self._conn.notifies(timeout=timeout):
-                if note.channel == self.INTERRUPTS:
-                    if self._on_interrupt is not None:
-                        self._on_interrupt(note.payload)
-                elif note.payload in self._queues:
-                    return True
-        except psycopg.Error as exc:
-            raise BackendUnavailable(f"PostgreSQL listener: {str(exc).strip()}") from None
-        return False
-
-    def close(self) -> None:
-        self._conn.close()
-
-
-class AsyncNotifyListener:
-    """:class:`NotifyListener` for asyncio code (open it with :meth:`open`): the connection's
-    socket is waited on by the event loop itself, no thread of its own."""
-
-    def __init__(self, dsn: str, queues: set[str]):
-        self._dsn = dsn
-        self._queues = queues
-        self._conn: psycopg.AsyncConnection[Any] | None = None
-
-    async def open(self) -> AsyncNotifyListener:
-        with map_driver_errors():
-            self._conn = await psycopg.AsyncConnection.connect(self._dsn, autocommit=True)
-            await self._conn.execute(f"LISTEN {NotifyListener.CHANNEL}")
-        return self
-
-    async def wait(self, timeout: float) -> bool:
-        """True when work was enqueued on one of the queues, False after ``timeout`` seconds."""
-        assert self._conn is not None
-        try:
-            async for note in self._conn.notifies(timeout=timeout):
-                if note.payload in self._queues:
-                    return True
-        except psycopg.Error as exc:
-            raise BackendUnavailable(f"PostgreSQL listener: {str(exc).strip()}") from None
-        return False
-
-    async def close(self) -> None:
-        if self._conn is not None:
-            await self._conn.close()
-
-
 class SharedListener:
-    """One dedicated connection many waiters are woken through: LISTENing on ``channels``
-    always (by default ``leaseq_work`` and ``leaseq_interrupt``: a service process's), and on
-    the channels :meth:`listen` adds (a task's ``leaseq_task_<id>``).
+    """The connection of a process's :class:`~leaseq.store.notifier.Notifier`: a dedicated
+    one (autocommit, outside the pools), LISTENing on the channels its thread asks for
+    (``leaseq_work``, ``leaseq_interrupt``, a task's ``leaseq_task_<id>``).
 
     One thread drives it: :meth:`wait` returns the notifications heard, as
     ``(channel, payload)``; :meth:`poke`, from any thread, ends a wait early so
     that thread can change what the connection listens to. However many
-    requests wait, the process holds this one connection for all of them
-    (:class:`leaseq.store.notifier.Notifier` drives the one of a store).
+    waiters a process has, it holds this one connection for all of them.
     """
 
-    CHANNELS = (NotifyListener.CHANNEL, NotifyListener.INTERRUPTS)
-
-    def __init__(self, dsn: str, channels: tuple[str, ...] = CHANNELS, *, connect_timeout: float | None = None):
+    def __init__(self, dsn: str, *, connect_timeout: float | None = None):
         with map_driver_errors():
             timeout: dict[str, Any] = {} if connect_timeout is None else \
                 {"connect_timeout": max(1, round(connect_timeout))}
             self._conn = psycopg.connect(dsn, autocommit=True, **timeout)
-            for channel in channels:
-                self._conn.execute(f"LISTEN {channel}")
         self._wake_r, self._wake_w = os.pipe()
         os.set_blocking(self._wake_r, False)
         os.set_blocking(self._wake_w, False)
@@ -295,14 +223,6 @@ class SharedListener:
     def unlisten(self, channel: str) -> None:
         """UNLISTEN ``channel`` (the driving thread only)."""
         self._run(f"UNLISTEN {channel}")
-
-    def listen_task(self, task_id: int) -> None:
-        """Listen on task ``task_id``'s channel (the driving thread only)."""
-        self.listen(task_channel(task_id))
-
-    def unlisten_task(self, task_id: int) -> None:
-        """Stop listening on task ``task_id``'s channel (the driving thread only)."""
-        self.unlisten(task_channel(task_id))
 
     def _run(self, statement: str) -> None:
         try:
@@ -380,8 +300,6 @@ class PostgresStore:
         #: where LISTEN connections go: the pool's own server, or the direct connection named for them
         self._listen_dsn = mode.listen_dsn or conninfo
         self._connect_timeout = connect_timeout
-        #: the one LISTEN connection every task wait and stream follow of this store is woken through
-        self.notifier = Notifier(self.shared_listener, name="leaseq-task-notifier")
         self._queries = wire_queries()[0]
         check_postgres_dsn(conninfo, connect_timeout)
         # Behind a transaction-mode pooler a connection's next transaction may run in another
@@ -396,6 +314,12 @@ class PostgresStore:
             conninfo, min_size=1, max_size=max_size, timeout=connect_timeout,
             configure=_aconfigure if mode.session_state else None, row_factory=dict_row, **session),
             size=max_size, timeout=connect_timeout)
+        #: this store's share of the process's one LISTEN connection for its listening DSN, which
+        #: every waiter of the process is woken through (None where nothing notifies)
+        self.notifier: Share | None = None
+        if mode.listens:
+            listen_dsn = self._listen_dsn
+            self.notifier = share(listen_dsn, lambda: SharedListener(listen_dsn, connect_timeout=connect_timeout))
 
     @contextmanager
     def transaction(self, *, one_statement: bool = False) -> Iterator[PostgresTx]:
@@ -435,42 +359,40 @@ class PostgresStore:
         await self._async_pools.close_running()
 
     def listener(self, queues: set[str], *,
-                 on_interrupt: Callable[[str], None] | None = None) -> NotifyListener | SleepingListener:
-        """A waiter woken by NOTIFY (where nothing can notify: one that sleeps, and the worker polls)."""
-        if not self.mode.listens:
+                 on_interrupt: Callable[[str], None] | None = None) -> WorkWait | SleepingListener:
+        """A waiter woken by NOTIFY (where nothing can notify: one that sleeps, and the worker polls),
+        listening when returned, through the process's one notifier connection."""
+        if self.notifier is None:
             return SleepingListener()
-        return NotifyListener(self._listen_dsn, queues, on_interrupt)
+        return WorkWait(self.notifier, queues, on_interrupt).open(self._listen_timeout)
 
-    async def alistener(self, queues: set[str]) -> AsyncNotifyListener | AsyncSleepingListener:
-        """:meth:`listener` for asyncio code."""
-        if not self.mode.listens:
+    async def alistener(self, queues: set[str]) -> AsyncWorkWait | AsyncSleepingListener:
+        """:meth:`listener` for asyncio code (woken on the running event loop)."""
+        if self.notifier is None:
             return AsyncSleepingListener()
-        return await AsyncNotifyListener(self._listen_dsn, queues).open()
+        return await AsyncWorkWait(self.notifier, queues).open(self._listen_timeout)
 
-    def shared_listener(self) -> SharedListener:
-        """A new connection for a :class:`~leaseq.store.notifier.Notifier` to drive, listening
-        on nothing yet (the store's own :attr:`notifier`; a service process's ``WorkSignal``)."""
-        if not self.mode.listens:
-            raise NotImplementedError("nothing notifies through this DSN (capabilities.listen_notify is False)")
-        return SharedListener(self._listen_dsn, (), connect_timeout=self._connect_timeout)
+    @property
+    def _listen_timeout(self) -> float:
+        """How long a new waiter waits for the notifier to listen on its channels."""
+        return self._connect_timeout + LISTEN_GRACE
 
     def task_listener(self, task_id: int, *, streams: bool = False) -> TaskWait | PollingTaskListener:
         """A waiter woken when task ``task_id`` ends (or parks); see :meth:`leaseq.Queue.wait`;
         with ``streams``, also when its handler emits (:meth:`leaseq.Queue.stream`). It is
-        listening when returned, through the store's one :attr:`notifier` connection
+        listening when returned, through the process's one :attr:`notifier` connection
         (however many wait). Where nothing notifies, it sleeps :data:`POLL_SECONDS` and
         the waiter looks again."""
-        if not self.mode.listens:
+        if self.notifier is None:
             return PollingTaskListener(POLL_SECONDS)
-        return TaskWait(self.notifier, task_id, streams=streams).open(self._connect_timeout + LISTEN_GRACE)
+        return TaskWait(self.notifier, task_id, streams=streams).open(self._listen_timeout)
 
     async def atask_listener(self, task_id: int, *,
                              streams: bool = False) -> AsyncTaskWait | AsyncPollingTaskListener:
         """:meth:`task_listener` for asyncio code (woken on the running event loop)."""
-        if not self.mode.listens:
+        if self.notifier is None:
             return AsyncPollingTaskListener(POLL_SECONDS)
-        return await AsyncTaskWait(self.notifier, task_id, streams=streams).open(
-            self._connect_timeout + LISTEN_GRACE)
+        return await AsyncTaskWait(self.notifier, task_id, streams=streams).open(self._listen_timeout)
 
     def caller_tx(self, connection: Any) -> PostgresTx:
         """A transaction view of the application's own open psycopg ``connection``
@@ -492,5 +414,6 @@ class PostgresStore:
         return AsyncPostgresTx(connection, self._queries, caller=True)
 
     def close(self) -> None:
-        self.notifier.close()
+        if self.notifier is not None:
+            self.notifier.close()
         self._pool.close()

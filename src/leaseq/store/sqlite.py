@@ -134,6 +134,8 @@ class SqliteStore:
     """
 
     dialect = "sqlite"
+    #: nothing notifies (see :attr:`leaseq.store.base.Store.notifier`): waiters poll
+    notifier = None
     capabilities = BackendCapabilities(native_async=False, writes_own_evidence=False, listen_notify=False,
                                        serial_writes=True)
 
@@ -170,10 +172,6 @@ class SqliteStore:
 
     async def alistener(self, queues: set[str]) -> AsyncSleepingListener:
         return AsyncSleepingListener()
-
-    def shared_listener(self) -> Any:
-        """Not available: SQLite cannot notify (capabilities.listen_notify is False), so waits poll."""
-        raise NotImplementedError("SQLite cannot notify (capabilities.listen_notify is False)")
 
     def task_listener(self, task_id: int, *, streams: bool = False) -> PollingTaskListener:
         """A waiter for task ``task_id``'s end (and its stream's next entry): a short sleep

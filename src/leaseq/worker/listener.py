@@ -1,10 +1,13 @@
 """The listener: wakes an idle worker's claim loop on the queue's notifications.
 
 On a port that offers LISTEN/NOTIFY (``capabilities.listen_notify``) it runs
-as a task on the runtime's loop (psycopg's asyncio connection: no thread of
-its own), reconnecting after a dropped connection. Each (re)connection wakes
+as a task on the runtime's loop, waiting on a waiter registered with the
+process's one notifier (:mod:`leaseq.store.notifier`: the connection every
+other waiter of the process shares, task waits and streams in handlers
+included). The notifier reconnects after a dropped connection and then wakes
 the claim loop at once: notifications sent while it was away were missed, and
-polling covers the gap until it is back.
+polling covers the gap until it is back. A waiter that cannot be registered
+(the notifier cannot connect) is asked for again after :data:`LISTENER_RETRY`.
 """
 
 from __future__ import annotations
@@ -34,8 +37,8 @@ async def listen(transport: Any, queues: list[str], wake: asyncio.Event, *, stop
                     wake.set()
                 if await listener.wait(WAIT):
                     wake.set()
-            except Exception as exc:  # the connection went away: polling covers the gap
-                logger.info("worker %s: listener lost its connection (%s); reconnecting", name, exc)
+            except Exception as exc:  # not listening (yet): polling covers the gap
+                logger.info("worker %s: not listening for work (%s); trying again", name, exc)
                 await _close_quietly(listener)
                 listener = None
                 await asyncio.sleep(LISTENER_RETRY)
