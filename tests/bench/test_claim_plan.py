@@ -435,6 +435,35 @@ def test_postgres_lean_one_key_claim_stands_aside_for_a_limited_task(pg_schema_d
         assert len(found) == 1 and found[0]["id"] is None and found[0]["limited_due"] and found[0]["fair_one"]
 
 
+#: The lean one-key claim's generic plan at most: its nodes, and its steps (CTEs, init plans
+#: and sub plans). A claim starts every node at every call and, where a row it reaches was
+#: claimed beside it since its snapshot, every step again (PostgreSQL's EvalPlanQual recheck
+#: starts a copy of each), so the drain of one tenant's backlog pays for its size twice.
+ONE_KEY_PLAN = {"nodes": 69, "steps": 35}
+
+
+def _plan_size(plan: dict[str, Any]) -> dict[str, int]:
+    """A JSON plan's nodes, and its steps (the nodes that head a CTE, an init plan or a sub plan)."""
+    nodes = _nodes(plan)
+    return {"nodes": len(nodes), "steps": len([n for n in nodes if "Subplan Name" in n])}
+
+
+def test_postgres_lean_one_key_claim_plan_stays_small(pg_schema_dsn: str) -> None:
+    """claim_fair_one_plain's generic plan, which the drain of one tenant's backlog starts at
+    every claim: whether one key alone is queued, and whether a task of the queue ever named a
+    limit, read by its flags (no step of its own), and its charge made from its candidates (it
+    leases every one): at most ONE_KEY_PLAN, and under claim_fair_one's."""
+    worker = _pg_queue(pg_schema_dsn, 0, 400)
+    with psycopg.connect(pg_schema_dsn, autocommit=True) as conn:
+        conn.execute("UPDATE leaseq_tasks SET fairness_key = 'a', fairness_weight = 1 WHERE status = 'queued'")
+        conn.execute("VACUUM (ANALYZE) leaseq_tasks")
+    params = dict(SAMPLE, worker_id=worker)
+    sizes = {q: _plan_size(_generic_plan(pg_schema_dsn, q, params)) for q in ("claim_fair_one", "claim_fair_one_plain")}
+    lean = sizes["claim_fair_one_plain"]
+    assert lean["nodes"] <= ONE_KEY_PLAN["nodes"] and lean["steps"] <= ONE_KEY_PLAN["steps"], sizes
+    assert lean["nodes"] < sizes["claim_fair_one"]["nodes"], sizes
+
+
 def _share_reads(plan: dict[str, Any]) -> list[tuple[str, str]]:
     """``(node type, index)`` of every read of the keys' shares in a JSON plan."""
     found = []

@@ -95,10 +95,20 @@ settled AS (
 -- template: claimable_plain
 -- THE CLAIMABLE TEST, the one place it is written: what a queued task of the
 -- claim's queue, due now, must pass to be handed out, whatever the queue
--- uses. claim_plain reads its candidates with it alone (a task of its
--- candidates names no singleton key and no limit); claimable adds the
--- tests of those. The task is the unaliased leaseq_tasks of the read that
--- expands it.
+-- uses: the task's own tests (claimable_row), and the claim's, the same for
+-- every task it reads (claimable_now). claim_plain reads its candidates with
+-- it alone (a task of its candidates names no singleton key and no limit);
+-- claimable adds the tests of those. The task is the unaliased leaseq_tasks
+-- of the read that expands it.
+/* TEMPLATE: claimable_row */
+/* TEMPLATE: claimable_now */
+
+-- template: claimable_row
+-- THE CLAIMABLE TEST, the task's own part (claimable_plain): its kind, its
+-- deadline, its code version, a late approval. Alone only where the claim's
+-- part was passed already by the same statement: claim_fair_one_plain's
+-- look-up of its key's first task (fair_one_chosen), made only for a task
+-- its own read (with the whole test) handed out.
 AND (%(kinds)s::text[] IS NULL OR kind = ANY(%(kinds)s::text[]))  -- only kinds the worker can run
 AND (deadline_at IS NULL OR deadline_at > now())  -- never started past its deadline (the sweep expires it)
 -- CODE VERSIONS (schema 32): a task started under a version of the code
@@ -113,6 +123,11 @@ AND (code_version IS NULL OR (SELECT w.compatible_versions IS NULL FROM worker w
 -- a decision was written (a per-row probe could be planned as a scan of every request)
 AND id <> ALL (ARRAY(SELECT a.task_id FROM leaseq_approvals a
                      WHERE a.decision = 'approved' AND a.decided_at >= a.deadline_at))
+
+-- template: claimable_now
+-- THE CLAIMABLE TEST, the claim's part (claimable_plain): the queue not
+-- paused, the worker not revoked, nothing to route first; the same for
+-- every task a statement reads (its snapshot, its flags).
 AND NOT EXISTS (SELECT 1 FROM leaseq_queues q WHERE q.name = %(queue)s AND q.paused)
 AND (SELECT f.worker_ok AND NOT f.routing_due FROM flags f)
 
@@ -152,15 +167,22 @@ AND (limits IS NULL OR NOT EXISTS (
 -- template: claimable_unlimited
 -- THE CLAIMABLE TEST of a claim of a queue none of whose tasks ever named a
 -- limit or a singleton key (claim_fair_one_plain): claimable_plain, and the
--- task names neither. Which queues those are is leaseq_limited_claims
--- (schema 40, a row per queue such a task was ever written to, by a trigger
--- in the writing transaction), read by the claim's flags (limited_due) in
--- the statement's snapshot, with the tasks: a row there, and no task passes.
--- A task that names one committed after the snapshot is not seen; a row
--- changed to name one since is judged again as it now is (FOR UPDATE), and
--- passed over.
-AND limits IS NULL AND singleton_key IS NULL AND (SELECT NOT f.limited_due FROM flags f)
-/* TEMPLATE: claimable_plain */
+-- task names neither (unlimited_row). Which queues those are is
+-- leaseq_limited_claims (schema 40, a row per queue such a task was ever
+-- written to, by a trigger in the writing transaction), read by the claim's
+-- flags (limited_due) in the statement's snapshot, with the tasks: a row
+-- there, and no task passes. A task that names one committed after the
+-- snapshot is not seen; a row changed to name one since is judged again as
+-- it now is (FOR UPDATE), and passed over.
+AND (SELECT NOT f.limited_due FROM flags f)
+/* TEMPLATE: unlimited_row */
+/* TEMPLATE: claimable_now */
+
+-- template: unlimited_row
+-- claimable_unlimited, the task's own part: it names no limit and no
+-- singleton key, and passes claimable_row.
+AND limits IS NULL AND singleton_key IS NULL
+/* TEMPLATE: claimable_row */
 
 -- template: charge_fair_share(served=served)
 -- FAIR SHARE: THE CHARGE, the one place it is written. {served}: one row
@@ -433,7 +455,9 @@ fair_start AS MATERIALIZED (  -- once per key, not per task
 -- FAIR SHARE: fair_one's candidates as claim_fair's fair_chosen gives them (in
 -- its claim order: pos 1 for the key's first task ready at its priority,
 -- and a finish that orders the claim's answer), for the charge. {test}: the
--- claimable test, fair_one's.
+-- claimable test, fair_one's (claim_fair_one_plain's: the task's own part,
+-- unlimited_row, as the look-up is made only for a task fair_one handed
+-- out, which passed the claim's part, claimable_now, in the same snapshot).
 SELECT n.id, n.limits, n.units, n.priority, n.available_at, n.key, n.cost, s.start, s.seen, s.own,
        -- pos 1: the key's first task ready at its priority as this statement sees it
        -- (looked up for the first claimed at each priority only, and only where the
@@ -1237,7 +1261,7 @@ fair_mode AS (
     /* TEMPLATE: fair_one(/* TEMPLATE: claimable_unlimited */) */,
     /* TEMPLATE: fair_start */,
 fair_chosen AS (
-    /* TEMPLATE: fair_one_chosen(/* TEMPLATE: claimable_unlimited */) */
+    /* TEMPLATE: fair_one_chosen(/* TEMPLATE: unlimited_row */) */
 ),
     /* TEMPLATE: claim_leased(SELECT p.id FROM fair_chosen p) */,
     /* TEMPLATE: fair_charged(fair_chosen p) */
