@@ -436,9 +436,9 @@ def test_postgres_lean_one_key_claim_stands_aside_for_a_limited_task(pg_schema_d
 
 
 #: The lean one-key claim's generic plan at most: its nodes, and its steps (CTEs, init plans
-#: and sub plans). A claim starts every node at every call and, where a row it reaches was
-#: claimed beside it since its snapshot, every step again (PostgreSQL's EvalPlanQual recheck
-#: starts a copy of each), so the drain of one tenant's backlog pays for its size twice.
+#: and sub plans). A claim starts every node at every call, every step again where a row it
+#: reaches was claimed beside it since its snapshot (PostgreSQL's EvalPlanQual recheck starts
+#: a copy of each), and plans it all again whenever its cached plan is invalidated.
 ONE_KEY_PLAN = {"nodes": 69, "steps": 35}
 
 

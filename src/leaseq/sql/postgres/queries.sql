@@ -1241,10 +1241,10 @@ FROM flags f LEFT JOIN claimed c ON true LEFT JOIN fair_chosen p ON p.id = c.id;
 -- claim_plain (claimable_unlimited) and none of the limits' steps (judged,
 -- slots taken, the rate's wait), and what it claims decided in its first
 -- step (its flags, fair_one_flags: the key, whether it is alone, whether a
--- task of the queue ever named a limit): a plan under half of
--- claim_fair_one's, to start at every call (and again, whole, when a row it
--- reaches was just claimed beside it: PostgreSQL judges that row again in a
--- copy of the plan). Which queues it may claim from is
+-- task of the queue ever named a limit): a plan about three fifths of
+-- claim_fair_one's (tests/bench/test_claim_plan.py pins its size), to start
+-- at every call, and to build again whenever its cached plan is
+-- invalidated. Which queues it may claim from is
 -- leaseq_limited_claims (schema 40), read in this statement's snapshot
 -- with the tasks: a row there (limited_due) and this statement claims
 -- nothing, and the caller claims with claim_fair_one (and so does every
