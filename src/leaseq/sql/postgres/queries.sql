@@ -98,10 +98,20 @@ settled AS (
 -- template: claimable_plain
 -- THE CLAIMABLE TEST, the one place it is written: what a queued task of the
 -- claim's queue, due now, must pass to be handed out, whatever the queue
--- uses. claim_plain reads its candidates with it alone (a task of its
--- candidates names no singleton key and no limit); claimable adds the
--- tests of those. The task is the unaliased leaseq_tasks of the read that
--- expands it.
+-- uses: the task's own tests (claimable_row), and the claim's, the same for
+-- every task it reads (claimable_now). claim_plain reads its candidates with
+-- it alone (a task of its candidates names no singleton key and no limit);
+-- claimable adds the tests of those. The task is the unaliased leaseq_tasks
+-- of the read that expands it.
+/* TEMPLATE: claimable_row */
+/* TEMPLATE: claimable_now */
+
+-- template: claimable_row
+-- THE CLAIMABLE TEST, the task's own part (claimable_plain): its kind, its
+-- deadline, its code version, a late approval. Alone only where the claim's
+-- part was passed already by the same statement: claim_fair_one_plain's
+-- look-up of its key's first task (fair_one_chosen), made only for a task
+-- its own read (with the whole test) handed out.
 AND (%(kinds)s::text[] IS NULL OR kind = ANY(%(kinds)s::text[]))  -- only kinds the worker can run
 AND (deadline_at IS NULL OR deadline_at > now())  -- never started past its deadline (the sweep expires it)
 -- CODE VERSIONS (schema 32): a task started under a version of the code
@@ -116,6 +126,11 @@ AND (code_version IS NULL OR (SELECT w.compatible_versions IS NULL FROM worker w
 -- a decision was written (a per-row probe could be planned as a scan of every request)
 AND id <> ALL (ARRAY(SELECT a.task_id FROM leaseq_approvals a
                      WHERE a.decision = 'approved' AND a.decided_at >= a.deadline_at))
+
+-- template: claimable_now
+-- THE CLAIMABLE TEST, the claim's part (claimable_plain): the queue not
+-- paused, the worker not revoked, nothing to route first; the same for
+-- every task a statement reads (its snapshot, its flags).
 AND NOT EXISTS (SELECT 1 FROM leaseq_queues q WHERE q.name = %(queue)s AND q.paused)
 AND (SELECT f.worker_ok AND NOT f.routing_due FROM flags f)
 
@@ -155,15 +170,22 @@ AND (limits IS NULL OR NOT EXISTS (
 -- template: claimable_unlimited
 -- THE CLAIMABLE TEST of a claim of a queue none of whose tasks ever named a
 -- limit or a singleton key (claim_fair_one_plain): claimable_plain, and the
--- task names neither. Which queues those are is leaseq_limited_claims
--- (schema 40, a row per queue such a task was ever written to, by a trigger
--- in the writing transaction), read by the claim's flags (limited_due) in
--- the statement's snapshot, with the tasks: a row there, and no task passes.
--- A task that names one committed after the snapshot is not seen; a row
--- changed to name one since is judged again as it now is (FOR UPDATE), and
--- passed over.
-AND limits IS NULL AND singleton_key IS NULL AND (SELECT NOT f.limited_due FROM flags f)
-/* TEMPLATE: claimable_plain */
+-- task names neither (unlimited_row). Which queues those are is
+-- leaseq_limited_claims (schema 40, a row per queue such a task was ever
+-- written to, by a trigger in the writing transaction), read by the claim's
+-- flags (limited_due) in the statement's snapshot, with the tasks: a row
+-- there, and no task passes. A task that names one committed after the
+-- snapshot is not seen; a row changed to name one since is judged again as
+-- it now is (FOR UPDATE), and passed over.
+AND (SELECT NOT f.limited_due FROM flags f)
+/* TEMPLATE: unlimited_row */
+/* TEMPLATE: claimable_now */
+
+-- template: unlimited_row
+-- claimable_unlimited, the task's own part: it names no limit and no
+-- singleton key, and passes claimable_row.
+AND limits IS NULL AND singleton_key IS NULL
+/* TEMPLATE: claimable_row */
 
 -- template: charge_fair_share(served=served)
 -- FAIR SHARE: THE CHARGE, the one place it is written. {served}: one row
@@ -357,18 +379,36 @@ CASE WHEN c.id IS NULL THEN (SELECT min((1 - least(l.burst, l.tokens + extract(e
           AND l.tokens + extract(epoch FROM now() - l.refilled_at)::float8 * l.per_second < 1) END AS limit_wait
 
 -- template: fair_mode(others=(SELECT count(*) FROM fair_keys g WHERE g.key IS NOT NULL) = 1)
--- FAIR SHARE: ONE KEY ALONE, shared by claim_fair and claim_fair_one: {others}
--- (no key queued but flags' last_key), and no task without a key ready
--- (one tenant's backlog): the fair order is then that key's own claim
--- order, and fair_one claims it as the plain claim reads its index, none of
--- the steps that weigh keys against each other reading a row
+-- FAIR SHARE: ONE KEY ALONE (fair_alone), as the CTE claim_fair and
+-- claim_fair_one read it
 fair_mode AS MATERIALIZED (
-    SELECT {others}
-           -- (a probe of the claimable index in its order: an EXISTS may be planned as a scan)
-           AND (SELECT n.id FROM leaseq_tasks n
-                WHERE n.status = 'queued' AND n.queue = %(queue)s AND n.fairness_key IS NULL AND n.available_at <= now()
-                ORDER BY n.priority DESC, n.available_at, n.id LIMIT 1) IS NULL AS one_key
+    SELECT
+    /* TEMPLATE: fair_alone({others}) */
 )
+
+-- template: fair_alone(others=(SELECT count(*) FROM fair_keys g WHERE g.key IS NOT NULL) = 1)
+-- FAIR SHARE: ONE KEY ALONE, the one place it is written (one_key), for
+-- claim_fair and claim_fair_one (fair_mode) and claim_fair_one_plain (its
+-- flags): {others} (no key queued but flags' last_key), and no task without
+-- a key ready (one tenant's backlog): the fair order is then that key's own
+-- claim order, and fair_one claims it as the plain claim reads its index,
+-- none of the steps that weigh keys against each other reading a row
+{others}
+-- (a probe of the claimable index in its order: an EXISTS may be planned as a scan)
+AND (SELECT n.id FROM leaseq_tasks n
+     WHERE n.status = 'queued' AND n.queue = %(queue)s AND n.fairness_key IS NULL AND n.available_at <= now()
+     ORDER BY n.priority DESC, n.available_at, n.id LIMIT 1) IS NULL AS one_key
+
+-- template: fair_one_flags
+-- FAIR SHARE: claim_fair_one_plain's flags (claim_head's {flag}): last_key
+-- (claim_head's own probe), limited_due (a row of leaseq_limited_claims,
+-- schema 40) and one_key (fair_alone: no key queued before last_key, the
+-- probe of claim_fair_one's fair_mode, here made from last_key's own probe,
+-- as the flags cannot read a column of their own), all read in the claim's
+-- first step, so the claim has no step of its own to decide what it claims
+(SELECT k.fairness_key FROM leaseq_tasks k WHERE k.status = 'queued' AND k.queue = %(queue)s AND k.fairness_key IS NOT NULL ORDER BY k.fairness_key DESC LIMIT 1) AS last_key,
+EXISTS (SELECT 1 FROM leaseq_limited_claims l WHERE l.queue = %(queue)s) AS limited_due,
+/* TEMPLATE: fair_alone((SELECT k.fairness_key FROM leaseq_tasks k WHERE k.status = 'queued' AND k.queue = %(queue)s AND k.fairness_key < (SELECT k.fairness_key FROM leaseq_tasks k WHERE k.status = 'queued' AND k.queue = %(queue)s AND k.fairness_key IS NOT NULL ORDER BY k.fairness_key DESC LIMIT 1) ORDER BY k.fairness_key DESC LIMIT 1) IS NULL) */
 
 -- template: fair_one(test=/* TEMPLATE: claimable */)
 -- FAIR SHARE: the claim where one key alone is queued (fair_mode): its
@@ -419,7 +459,9 @@ fair_start AS MATERIALIZED (  -- once per key, not per task
 -- FAIR SHARE: fair_one's candidates as claim_fair's fair_chosen gives them (in
 -- its claim order: pos 1 for the key's first task ready at its priority,
 -- and a finish that orders the claim's answer), for the charge. {test}: the
--- claimable test, fair_one's.
+-- claimable test, fair_one's (claim_fair_one_plain's: the task's own part,
+-- unlimited_row, as the look-up is made only for a task fair_one handed
+-- out, which passed the claim's part, claimable_now, in the same snapshot).
 SELECT n.id, n.limits, n.units, n.priority, n.available_at, n.key, n.cost, s.start, s.seen, s.own,
        -- pos 1: the key's first task ready at its priority as this statement sees it
        -- (looked up for the first claimed at each priority only, and only where the
@@ -436,14 +478,17 @@ SELECT n.id, n.limits, n.units, n.priority, n.available_at, n.key, n.cost, s.sta
        s.start + sum(n.cost) OVER (PARTITION BY n.priority ORDER BY n.available_at, n.id) AS tag
 FROM fair_one n JOIN fair_start s ON s.key = n.key AND s.priority = n.priority
 
--- template: fair_charged
--- FAIR SHARE: THE CHARGE of a fair claim, shared by claim_fair and claim_fair_one.
+-- template: fair_charged(served=fair_chosen p WHERE p.id IN (SELECT id FROM claimed) AND (SELECT f.last_key IS NOT NULL FROM flags f))
+-- FAIR SHARE: THE CHARGE of a fair claim, shared by claim_fair, claim_fair_one
+-- and claim_fair_one_plain. {served}: the candidates (fair_chosen) the claim
+-- leased (claim_fair_one_plain leases every one: its fair_chosen is its
+-- claimed, and is empty when no key is queued).
 charged AS (
     -- FAIR SHARE: the keys served pay for it, each in this connection's share
     -- (its rows locked in key order; no other connection's claim charges it).
     -- With no key queued any more, the tasks without one were claimed in
     -- FIFO order, as claim_batch claims them, and nothing is charged.
-    /* TEMPLATE: charge_fair_share((SELECT p.key, p.priority, CASE WHEN p.pos = 1 THEN p.start - p.seen END AS base, CASE WHEN p.pos = 1 THEN p.start ELSE p.own END AS origin, p.cost FROM fair_chosen p WHERE p.id IN (SELECT id FROM claimed) AND (SELECT f.last_key IS NOT NULL FROM flags f)) x) */
+    /* TEMPLATE: charge_fair_share((SELECT p.key, p.priority, CASE WHEN p.pos = 1 THEN p.start - p.seen END AS base, CASE WHEN p.pos = 1 THEN p.start ELSE p.own END AS origin, p.cost FROM {served}) x) */
 )
 
 -- template: completion(only=true)
@@ -1198,8 +1243,12 @@ FROM flags f LEFT JOIN claimed c ON true LEFT JOIN fair_chosen p ON p.id = c.id;
 -- the same steps (the same templates: the key is charged exactly as
 -- claim_fair_one and claim_fair charge it), with the claimable test of
 -- claim_plain (claimable_unlimited) and none of the limits' steps (judged,
--- slots taken, the rate's wait): a plan about half of claim_fair_one's, to
--- start at every call. Which queues it may claim from is
+-- slots taken, the rate's wait), and what it claims decided in its first
+-- step (its flags, fair_one_flags: the key, whether it is alone, whether a
+-- task of the queue ever named a limit): a plan about three fifths of
+-- claim_fair_one's (tests/bench/test_claim_plan.py pins its size), to start
+-- at every call, and to build again whenever its cached plan is
+-- invalidated. Which queues it may claim from is
 -- leaseq_limited_claims (schema 40), read in this statement's snapshot
 -- with the tasks: a row there (limited_due) and this statement claims
 -- nothing, and the caller claims with claim_fair_one (and so does every
@@ -1208,18 +1257,21 @@ FROM flags f LEFT JOIN claimed c ON true LEFT JOIN fair_chosen p ON p.id = c.id;
 -- claims nothing, and the caller claims with claim_fair, as after
 -- claim_fair_one. Its limit_wait is NULL: its tasks name no limit.
 WITH
-    /* TEMPLATE: claim_head((SELECT k.fairness_key FROM leaseq_tasks k WHERE k.status = 'queued' AND k.queue = %(queue)s AND k.fairness_key IS NOT NULL ORDER BY k.fairness_key DESC LIMIT 1) AS last_key, EXISTS (SELECT 1 FROM leaseq_limited_claims l WHERE l.queue = %(queue)s) AS limited_due) */,
-    /* TEMPLATE: fair_mode((SELECT f.last_key IS NOT NULL FROM flags f) AND (SELECT k.fairness_key FROM leaseq_tasks k WHERE k.status = 'queued' AND k.queue = %(queue)s AND k.fairness_key < (SELECT f.last_key FROM flags f) ORDER BY k.fairness_key DESC LIMIT 1) IS NULL) */,
+    /* TEMPLATE: claim_head(/* TEMPLATE: fair_one_flags */) */,
+fair_mode AS (
+    -- one key alone, as the flags found it (read by fair_one only: not a step of its own)
+    SELECT f.one_key FROM flags f
+),
     /* TEMPLATE: fair_one(/* TEMPLATE: claimable_unlimited */) */,
     /* TEMPLATE: fair_start */,
 fair_chosen AS (
-    /* TEMPLATE: fair_one_chosen(/* TEMPLATE: claimable_unlimited */) */
+    /* TEMPLATE: fair_one_chosen(/* TEMPLATE: unlimited_row */) */
 ),
     /* TEMPLATE: claim_leased(SELECT p.id FROM fair_chosen p) */,
-    /* TEMPLATE: fair_charged */
+    /* TEMPLATE: fair_charged(fair_chosen p) */
 SELECT c.*, f.routing_due, f.worker_ok, f.last_key IS NOT NULL AS fair_due,
        CASE WHEN f.last_key IS NOT NULL THEN p.key END AS fair_key, p.start AS fair_start, p.cost AS fair_cost,
-       p.tag AS fair_tag, (SELECT m.one_key FROM fair_mode m) AS fair_one, f.limited_due,
+       p.tag AS fair_tag, f.one_key AND f.last_key IS NOT NULL AS fair_one, f.limited_due,
        NULL::float8 AS limit_wait
 FROM flags f LEFT JOIN claimed c ON true LEFT JOIN fair_chosen p ON p.id = c.id;
 
