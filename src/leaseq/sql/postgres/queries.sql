@@ -687,7 +687,8 @@ RETURNING id, name, registered_at, revoked_at;
 -- the revocation and reaches the row after it (a deadline of "now" could
 -- still be met by that transaction's earlier now()). So every guarded write
 -- the worker sends (renew, complete, fail, effect) is refused, and the next
--- claim routes the tasks by the recovery policy. The rows are locked in id
+-- claim of each task's queue (or the sweep) routes the tasks by the recovery
+-- policy. The rows are locked in id
 -- order before any is written, as renew_leases locks them.
 WITH locked AS (
     SELECT t.id FROM leaseq_tasks t
