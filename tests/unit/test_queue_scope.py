@@ -20,6 +20,8 @@ from __future__ import annotations
 
 import re
 
+import pytest
+
 from leaseq.store.queries import compact, load_named_queries
 
 #: A read's restriction to the statement's queue.
@@ -102,3 +104,25 @@ def test_every_claim_takes_its_candidates_from_its_own_queue_only() -> None:
         assert candidates, f"{name}: no claim of queued tasks found among its SKIP LOCKED reads"
         for read in candidates:
             assert SCOPED.search(read), f"{name}: a claim of queued tasks not scoped by queue: {read[:300]}"
+
+
+#: The statements that take a queue for the rule's sake (the sweeps), and their queue parameter's text.
+SWEEPS = ("lock_expired", "lock_sleepers", "lock_overdue", "prune_action_tokens")
+PARAM = {"postgres": "%(queue)s", "sqlite": ":queue"}
+
+
+@pytest.mark.parametrize("dialect", ["postgres", "sqlite"])
+def test_one_rule_in_both_dialects_the_sweeps_and_the_routing_check_name_their_queue(dialect: str) -> None:
+    """SQLite locks no row (a transaction holds the write lock), but its statements are the
+    same: each sweep reads one queue, and so does the claim's check for work to route."""
+    queries = {name: compact(q.sql) for name, q in load_named_queries(dialect).items()}
+    scoped = re.compile(r"\bqueue\s*=\s*" + re.escape(PARAM[dialect]))
+    for name in SWEEPS:
+        assert scoped.search(queries[name]), f"{dialect} {name} reads every queue"
+    for name in ("claim_batch", "claim_fair"):
+        running = re.findall(r"\bstatus = 'running' AND.*?(?:now\(\)|86400\.0)", queries[name], re.DOTALL)
+        waiting = re.findall(r"\bstatus = 'waiting' AND.*?(?:now\(\)|86400\.0)", queries[name], re.DOTALL)
+        assert running and waiting, f"{dialect} {name}: no routing check found"
+        for probe in running + waiting:
+            assert scoped.search(probe), \
+                f"{dialect} {name}: a routing check reads every queue: {probe}"
