@@ -35,42 +35,45 @@ def sweep(s: Settings) -> Op[int]:
     delete the action tokens an hour past their expiry, a batch per transaction and
     queue. Returns how many leases were routed."""
     yield BEGIN_ONE
-    queues = [r["queue"] for r in (yield rows("sweep_queues"))]
+    due = yield rows("sweep_queues")
     yield COMMIT
     total = 0
-    for queue in queues:
-        total += yield from sweep_queue(s, queue)
+    for work in due:
+        total += yield from sweep_queue(s, work)
     return total
 
 
-def sweep_queue(s: Settings, queue: str) -> Op[int]:
-    """The sweep of one queue (see :func:`sweep`). Returns how many leases were routed."""
+def sweep_queue(s: Settings, work: dict[str, Any]) -> Op[int]:
+    """The sweep of one queue, the steps ``work`` (a row of ``sweep_queues``) says have work.
+    Returns how many leases were routed."""
+    queue = work["queue"]
     total = 0
-    while True:
+    while work["expired"]:
         yield BEGIN
         n = yield from route_expired(s, queue)
         yield COMMIT
         total += n
         if n < ROUTE_BATCH:
             break
-    while True:  # sleepers whose wake time has come
+    while work["sleepers"]:  # sleepers whose wake time has come
         yield BEGIN
         n = yield from wake_due(s, queue)
         yield COMMIT
         if n < ROUTE_BATCH:
             break
-    while True:
+    while work["overdue"]:
         yield BEGIN
         n = yield from expire_overdue(s, queue)
         yield COMMIT
         if n < ROUTE_BATCH:
             break
-    while True:  # action tokens an hour past their expiry: refused anyway, so deleted
+    while work["tokens"]:  # action tokens an hour past their expiry: refused anyway, so deleted
         yield BEGIN
         pruned = yield rows("prune_action_tokens", queue=queue, limit=ROUTE_BATCH)
         yield COMMIT
         if len(pruned) < ROUTE_BATCH:
-            return total
+            break
+    return total
 
 
 def expire_overdue(s: Settings, queue: str) -> Op[int]:

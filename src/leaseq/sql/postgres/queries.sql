@@ -912,25 +912,30 @@ FOR UPDATE SKIP LOCKED;
 -- queue has one), then probed along the sweeps' own indexes, which lead
 -- with the queue (schema 41). Nothing is locked here: each sweep then locks
 -- its one queue's rows (lock_expired, lock_sleepers, lock_overdue,
--- prune_action_tokens). A queue no worker claims from is swept as any other.
+-- prune_action_tokens), the ones a queue's flags here say have work. A
+-- queue no worker claims from is swept as any other.
 WITH RECURSIVE seen(name) AS (
     SELECT min(queue) FROM leaseq_tasks
     UNION ALL
     SELECT (SELECT min(t.queue) FROM leaseq_tasks t WHERE t.queue > seen.name) FROM seen
     WHERE seen.name IS NOT NULL
 )
-SELECT q.name AS queue FROM seen q
-WHERE q.name IS NOT NULL
-  AND (EXISTS (SELECT 1 FROM leaseq_tasks t
-               WHERE t.status = 'running' AND t.queue = q.name AND t.lease_expires_at < now())
-       OR EXISTS (SELECT 1 FROM leaseq_tasks t
-                  WHERE t.status = 'waiting' AND t.queue = q.name AND t.wake_at <= now())
-       OR EXISTS (SELECT 1 FROM leaseq_tasks t
-                  WHERE t.deadline_at IS NOT NULL AND t.status IN ('queued', 'waiting', 'awaiting_approval')
-                    AND t.queue = q.name AND t.deadline_at <= now())
-       OR EXISTS (SELECT 1 FROM leaseq_action_tokens k
-                  WHERE k.queue = q.name AND k.expires_at < now() - interval '1 hour'))
-ORDER BY q.name;
+SELECT * FROM (
+    SELECT q.name AS queue,
+           EXISTS (SELECT 1 FROM leaseq_tasks t
+                   WHERE t.status = 'running' AND t.queue = q.name AND t.lease_expires_at < now()) AS expired,
+           EXISTS (SELECT 1 FROM leaseq_tasks t
+                   WHERE t.status = 'waiting' AND t.queue = q.name AND t.wake_at <= now()) AS sleepers,
+           EXISTS (SELECT 1 FROM leaseq_tasks t
+                   WHERE t.deadline_at IS NOT NULL AND t.status IN ('queued', 'waiting', 'awaiting_approval')
+                     AND t.queue = q.name AND t.deadline_at <= now()) AS overdue,
+           EXISTS (SELECT 1 FROM leaseq_action_tokens k
+                   WHERE k.queue = q.name AND k.expires_at < now() - interval '1 hour') AS tokens
+    FROM seen q
+    WHERE q.name IS NOT NULL
+) w
+WHERE w.expired OR w.sleepers OR w.overdue OR w.tokens
+ORDER BY w.queue;
 
 -- name: route_expired
 -- callers: worker, operator

@@ -431,18 +431,22 @@ WITH RECURSIVE seen(name) AS (
     SELECT (SELECT min(t.queue) FROM leaseq_tasks t WHERE t.queue > seen.name) FROM seen
     WHERE seen.name IS NOT NULL
 )
-SELECT q.name AS queue FROM seen q
-WHERE q.name IS NOT NULL
-  AND (EXISTS (SELECT 1 FROM leaseq_tasks t
-               WHERE t.status = 'running' AND t.queue = q.name AND t.lease_expires_at < (julianday('now') - 2440587.5) * 86400.0)
-       OR EXISTS (SELECT 1 FROM leaseq_tasks t
-                  WHERE t.status = 'waiting' AND t.queue = q.name AND t.wake_at <= (julianday('now') - 2440587.5) * 86400.0)
-       OR EXISTS (SELECT 1 FROM leaseq_tasks t
-                  WHERE t.deadline_at IS NOT NULL AND t.status IN ('queued', 'waiting', 'awaiting_approval')
-                    AND t.queue = q.name AND t.deadline_at <= (julianday('now') - 2440587.5) * 86400.0)
-       OR EXISTS (SELECT 1 FROM leaseq_action_tokens k
-                  WHERE k.queue = q.name AND k.expires_at < (julianday('now') - 2440587.5) * 86400.0 - 3600))
-ORDER BY q.name;
+SELECT * FROM (
+    SELECT q.name AS queue,
+           EXISTS (SELECT 1 FROM leaseq_tasks t
+                   WHERE t.status = 'running' AND t.queue = q.name AND t.lease_expires_at < (julianday('now') - 2440587.5) * 86400.0) AS expired,
+           EXISTS (SELECT 1 FROM leaseq_tasks t
+                   WHERE t.status = 'waiting' AND t.queue = q.name AND t.wake_at <= (julianday('now') - 2440587.5) * 86400.0) AS sleepers,
+           EXISTS (SELECT 1 FROM leaseq_tasks t
+                   WHERE t.deadline_at IS NOT NULL AND t.status IN ('queued', 'waiting', 'awaiting_approval')
+                     AND t.queue = q.name AND t.deadline_at <= (julianday('now') - 2440587.5) * 86400.0) AS overdue,
+           EXISTS (SELECT 1 FROM leaseq_action_tokens k
+                   WHERE k.queue = q.name AND k.expires_at < (julianday('now') - 2440587.5) * 86400.0 - 3600) AS tokens
+    FROM seen q
+    WHERE q.name IS NOT NULL
+) w
+WHERE w.expired OR w.sleepers OR w.overdue OR w.tokens
+ORDER BY w.queue;
 
 -- name: route_expired
 -- The recovery policy; see the PostgreSQL file for the table it implements.
