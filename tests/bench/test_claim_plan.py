@@ -279,7 +279,8 @@ def _generic_plan(dsn: str, query: str, params: dict[str, Any], *, verbose: bool
             [[name]] = conn.execute("SELECT name FROM pg_prepared_statements ORDER BY prepare_time DESC LIMIT 1")
             conn.execute("SET LOCAL plan_cache_mode = force_generic_plan")
             with psycopg.ClientCursor(conn) as cur:
-                cur.execute(f"EXPLAIN (FORMAT JSON{', VERBOSE' if verbose else ''}) EXECUTE {name}(" + ", ".join(["%s"] * len(order)) + ")",
+                args = "(" + ", ".join(["%s"] * len(order)) + ")" if order else ""
+                cur.execute(f"EXPLAIN (FORMAT JSON{', VERBOSE' if verbose else ''}) EXECUTE {name}{args}",
                             [_encode(params)[k] for k in order])
                 [[doc]] = cur.fetchall()
     return doc[0]["Plan"]
@@ -717,3 +718,72 @@ def test_sqlite_renewal_of_many_leases_finds_each_row_by_id(tmp_path, analyze: b
         assert set(q.renew_leases(worker, claims)) == {c.task_id for c in claims}
     finally:
         q.close()
+
+
+def _index_reads(plan: dict[str, Any], sorted_above: bool = False) -> list[tuple[str, str, str, bool]]:
+    """``(relation, index or node type, index condition, sorted_above)`` for every read of a table."""
+    sorted_here = sorted_above or plan["Node Type"] in ("Sort", "Incremental Sort")
+    found = []
+    if "Relation Name" in plan and plan["Node Type"] != "ModifyTable":
+        found.append((plan["Relation Name"], plan.get("Index Name", plan["Node Type"]), plan.get("Index Cond", ""),
+                      sorted_here))
+    for child in plan.get("Plans", []):
+        found += _index_reads(child, sorted_here)
+    return found
+
+
+#: The sweeps' reads, each of one queue (schema 41): the index each walks, in its own order.
+SWEEP_INDEX = {"lock_expired": ("leaseq_tasks", "leaseq_tasks_leases"),
+               "lock_sleepers": ("leaseq_tasks", "leaseq_tasks_wake"),
+               "lock_overdue": ("leaseq_tasks", "leaseq_tasks_deadline"),
+               "prune_action_tokens": ("leaseq_action_tokens", "leaseq_action_tokens_expires")}
+
+
+@pytest.mark.parametrize("query", sorted(SWEEP_INDEX))
+def test_postgres_sweeps_read_one_queue_from_their_index_in_its_order(pg_schema_dsn: str, query: str) -> None:
+    """BY QUEUE: each sweep locks rows of its one queue, read from an index that leads with the
+    queue, in the order the sweep takes them (no sort): never the entries of every queue."""
+    worker = _pg_queue(pg_schema_dsn, 20_000, 20_000)
+    plan = _generic_plan(pg_schema_dsn, query, dict(SAMPLE, worker_id=worker))
+    relation, index = SWEEP_INDEX[query]
+    reads = [r for r in _index_reads(plan) if r[0] == relation and r[1] != f"{relation}_pkey"]
+    assert [(r[1], r[3]) for r in reads] == [(index, False)], json.dumps(plan, indent=1)[:6000]
+    assert "queue = $" in reads[0][2], json.dumps(plan, indent=1)[:6000]
+
+
+def test_postgres_claims_routing_check_reads_its_own_queue(pg_schema_dsn: str) -> None:
+    """The claim's routing check (claim_head): its expired lease and its due sleeper are looked
+    for in the claiming queue's entries of the leases and wake indexes only."""
+    worker = _pg_queue(pg_schema_dsn, 20_000, 20_000)
+    for query in ("claim_batch", "claim_fair", "claim_fair_one", "claim_fair_one_plain", "claim_plain"):
+        plan = _generic_plan(pg_schema_dsn, query, dict(SAMPLE, worker_id=worker))
+        routing = [r for r in _index_reads(plan) if r[1] in ("leaseq_tasks_leases", "leaseq_tasks_wake")]
+        assert sorted(r[1] for r in routing) == ["leaseq_tasks_leases", "leaseq_tasks_wake"], \
+            (query, json.dumps(plan, indent=1)[:6000])
+        assert all("queue = $" in r[2] and not r[3] for r in routing), (query, routing)
+
+
+#: Twenty thousand action tokens of one task's entry (their rows' contents do not shape the plan).
+TOKEN_FILL = """
+WITH e AS (INSERT INTO leaseq_effects (task_id, generation, action, idempotency_key)
+           SELECT id, 1, 'a', 'k' FROM leaseq_tasks ORDER BY id LIMIT 1 RETURNING id, task_id)
+INSERT INTO leaseq_action_tokens (token_hash, effect_id, task_id, generation, action, idempotency_key, issued_at,
+                                  expires_at, queue)
+SELECT repeat('a', 64), e.id, e.task_id, 1, 'a', 'k', now(), now() + i * interval '1 second', 'default'
+FROM e, generate_series(1, 20000) i
+"""
+
+
+def test_postgres_sweep_queues_probes_each_queue_by_index(pg_schema_dsn: str) -> None:
+    """The sweep's list of queues: a skip from one queue to the next and probes of the sweeps'
+    indexes by queue, never a read of every task."""
+    worker = _pg_queue(pg_schema_dsn, 20_000, 20_000)
+    with psycopg.connect(pg_schema_dsn, autocommit=True) as conn:  # action tokens, as a busy queue has
+        conn.execute(AS_OWNER)
+        conn.execute(TOKEN_FILL)
+        conn.execute("ANALYZE leaseq_action_tokens")
+    plan = _generic_plan(pg_schema_dsn, "sweep_queues", dict(SAMPLE, worker_id=worker))
+    reads = _index_reads(plan)
+    assert not [r for r in reads if not r[1].startswith("leaseq_")], json.dumps(plan, indent=1)[:6000]
+    assert {r[1] for r in reads} == {"leaseq_tasks_queue_key", "leaseq_tasks_leases", "leaseq_tasks_wake",
+                                     "leaseq_tasks_deadline", "leaseq_action_tokens_expires"}, reads

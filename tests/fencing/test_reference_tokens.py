@@ -66,11 +66,11 @@ def paid(shop: TestClient) -> int:
         return int(conn.execute("SELECT paid FROM orders WHERE id = 17").fetchone()[0])
 
 
-def begin(q: leaseq.Queue, name: str = "a", lease_seconds: float = 30, key: str = "pay:17"):
+def begin(q: leaseq.Queue, name: str = "a", lease_seconds: float = 30, key: str = "pay:17", queue: str = "default"):
     q.enqueue("pay", {}, effect="idempotent", actions=["orders.pay"], resources=["order:17"],
-              lease_seconds=lease_seconds, idempotency_key=f"pay-{uuid.uuid4().hex[:6]}")
+              lease_seconds=lease_seconds, idempotency_key=f"pay-{uuid.uuid4().hex[:6]}", queue=queue)
     worker = q.register_worker(name)
-    [claim] = q.claim(worker)
+    [claim] = q.claim(worker, queue=queue)
     fx = q.begin_effect(worker, claim, "orders.pay", key, resource="order:17")
     return worker, claim, fx
 
@@ -111,8 +111,9 @@ def test_the_token_is_a_reference_the_queue_keeps_only_the_hash_of(q: leaseq.Que
 def test_the_sweep_deletes_tokens_an_hour_past_their_expiry(q: leaseq.Queue, shop: TestClient) -> None:
     """A token row is written per action and per renewal it is asked for under: the sweep
     deletes those an hour and more past their expiry (refused anyway; a deleted one as
-    unknown), and keeps the live ones and the ones that have only just run out."""
-    tokens = [begin(q, f"w{n}")[2].token for n in range(3)]
+    unknown), and keeps the live ones and the ones that have only just run out, in every
+    queue (a token carries its task's queue: the sweep reads one queue at a time)."""
+    tokens = [begin(q, f"w{n}", queue=queue)[2].token for n, queue in enumerate(("orders", "default", "orders"))]
     ids = [int(action_tokens.parse(t)[0]) for t in tokens]
     ago = {ids[0]: 7200, ids[1]: 1800}  # two hours past expiry, half an hour past; ids[2] live
     for token_id, seconds in ago.items():

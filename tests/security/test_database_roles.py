@@ -304,6 +304,25 @@ def test_a_viewer_role_reads_every_trail_of_its_queues_and_no_other(admin, make_
         assert sorted(conn.execute(read).fetchall()) == [(1, "enqueued"), (2, "enqueued")]
 
 
+def test_a_worker_role_scoped_to_queues_sweeps_those_queues_only(admin, make_role) -> None:
+    """Every sweep takes its queue (schema 41), checked against a scoped role's queues: the
+    role's sweep routes its queues' expired leases, and another queue's are not its to route."""
+    mine = admin.enqueue("job", {"n": 1}, lease_seconds=1)
+    theirs = admin.enqueue("job", {"n": 2}, queue="payroll", lease_seconds=1)
+    other = admin.register_worker("other")
+    admin.claim(other, lease_seconds=1)
+    admin.claim(other, queue="payroll", lease_seconds=1)
+    wait_for(lambda: lease_expired(admin, mine.id) and lease_expired(admin, theirs.id), what="both leases expired")
+    dsn = make_role("worker", "default")
+    with psycopg.connect(dsn) as conn:
+        with pytest.raises(psycopg.errors.InsufficientPrivilege):
+            conn.execute("SELECT id FROM leaseq_q_lock_expired('payroll', 10)")
+    with leaseq.connect(dsn) as q:
+        assert q.sweep() == 1
+    assert (admin.get(mine.id).status, admin.get(theirs.id).status) == ("queued", "running")
+    assert admin.sweep() == 1 and admin.get(theirs.id).status == "queued"
+
+
 def test_a_worker_role_that_routes_a_strangers_expired_lease_cannot_read_that_task(admin, make_role) -> None:
     """The expiry sweep a worker runs changes tasks it never held; changing one must not
     make it readable (a row this transaction changed counts as the worker's only when the
@@ -313,7 +332,7 @@ def test_a_worker_role_that_routes_a_strangers_expired_lease_cannot_read_that_ta
     wait_for(lambda: lease_expired(admin, victim.id), what="the victim's lease expired")
     dsn = make_role("worker")
     with psycopg.connect(dsn) as conn:
-        locked = [r[0] for r in conn.execute("SELECT id FROM leaseq_q_lock_expired(10)").fetchall()]
+        locked = [r[0] for r in conn.execute("SELECT id FROM leaseq_q_lock_expired('default', 10)").fetchall()]
         assert locked == [victim.id]
         conn.execute("SELECT * FROM leaseq_q_route_expired(%s)", ([victim.id],))
         with pytest.raises(psycopg.errors.InsufficientPrivilege, match="never held task"):

@@ -155,6 +155,27 @@ def test_only_the_leader_sweeps_expired_leases(q: leaseq.Queue, replicas) -> Non
     assert standby.signals.count("sweep") == 0 and standby.signals.count("elected") == 0
 
 
+def test_the_sweep_routes_every_queue_one_nobody_claims_from_included(q: leaseq.Queue, replicas) -> None:
+    """A claim routes its own queue's expired leases only: those of queues no worker claims
+    from (here, none claims at all) are routed by the maintenance sweep, queue by queue."""
+    w = q.register_worker("w")
+    tasks = []
+    for queue in ("exports", "reports"):
+        task = q.enqueue("send", {}, queue=queue, lease_seconds=30)
+        [claim] = q.claim(w, queue=queue)
+        run_out(q, w, claim)
+        tasks.append(task)
+    leader = replicas(sweep_every=0.1, leader_lease_seconds=3)
+    leader.start()
+    assert leader.signals.wait("elected")
+    deadline = time.monotonic() + 10
+    while [q.get(t.id).status for t in tasks] != ["queued", "queued"]:
+        assert time.monotonic() < deadline, [q.get(t.id).status for t in tasks]
+        assert leader.signals.wait("sweep", leader.signals.count("sweep") + 1, timeout=5)
+    for t in tasks:
+        assert "lease_expired" in [e.type for e in q.events(t.id)]
+
+
 def test_leadership_shows_in_metrics_and_health(q: leaseq.Queue, dsn: str) -> None:
     # A lease long enough that a loaded machine never lets leadership lapse: this
     # test reads the two replicas' reports, not how leadership moves.

@@ -62,7 +62,7 @@ COLUMNS: dict[str, str] = {
     **{f"leaseq_approvals.{c}": "who asked and who decided" for c in (
         "requested_by", "decision", "decided_by", "decided_via", "requested_worker", "requested_token")},
     **{f"leaseq_action_tokens.{c}": "a token's hash and claims" for c in (
-        "token_hash", "action", "idempotency_key", "resource")},
+        "token_hash", "action", "idempotency_key", "resource", "queue")},
     "leaseq_events.type": "state", "leaseq_events.worker_id": "identifier",
     **{f"leaseq_evidence.{c}": "identifier or state" for c in ("queue", "kind", "task_status", "type", "worker_id")},
     "leaseq_dependencies.on_failure": "state",

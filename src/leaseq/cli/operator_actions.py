@@ -96,10 +96,12 @@ def signal(ctx: click.Context, task_id: int, name: str, payload: str | None, as_
 @click.command()
 @click.pass_context
 def sweep(ctx: click.Context) -> None:
-    """Route every expired lease now.
+    """Route every expired lease now, in every queue.
 
     The recovery policy decides where each goes (queued, needs_reconciliation
-    or dead); every claim does this too, so this is only needed to see it now.
+    or dead). A claim routes its own queue's expired leases, so this is needed
+    for a queue no worker claims from (as `leaseq serve` does every
+    --sweep-every), or to see it now.
     """
     routed = open_queue(ctx).sweep()
     click.echo(f"routed {routed} expired lease{'' if routed == 1 else 's'}")

@@ -2,8 +2,16 @@
 
 An expired lease is not permission to retry: ``route_expired`` (the query)
 applies the recovery policy, and every routing leaves its evidence. The
-claim routes a batch before it claims; :func:`sweep` routes them all, and
-ends the tasks whose deadline passed before they started.
+claim routes a batch of its own queue's before it claims; :func:`sweep` routes
+them all, queue by queue, and ends the tasks whose deadline passed before they
+started.
+
+BY QUEUE: every statement here that locks rows (``FOR UPDATE SKIP LOCKED``)
+reads one queue, so that a server distributing the tables by queue (Citus)
+runs each on one shard. A claim routes its own queue's expired leases and
+sleepers only; those of a queue no worker claims from are routed by the sweep
+(:meth:`leaseq.Queue.sweep`, ``leaseq sweep``, ``leaseq serve``'s maintenance),
+which asks ``sweep_queues`` which queues have work, then sweeps each.
 """
 
 from __future__ import annotations
@@ -14,48 +22,64 @@ from ..core.model import Status
 from . import limits
 from .common import Settings, event_params, heartbeats
 from .dependencies import FAILED_ENDS, settle_dependents
-from .steps import BEGIN, COMMIT, Op, rows
+from .steps import BEGIN, BEGIN_ONE, COMMIT, Op, rows
 
 #: How many expired leases one claim transaction routes at most.
 ROUTE_BATCH = 500
 
 
 def sweep(s: Settings) -> Op[int]:
-    """:meth:`leaseq.Queue.sweep`: route every expired lease, then expire every task whose
-    deadline passed before it started, then delete the action tokens an hour past their
-    expiry, a batch per transaction. Returns how many leases were routed."""
+    """:meth:`leaseq.Queue.sweep`: in every queue with work (``sweep_queues``, whether a
+    worker claims from it or not), route every expired lease, wake the sleepers whose
+    wake time has come, expire every task whose deadline passed before it started, then
+    delete the action tokens an hour past their expiry, a batch per transaction and
+    queue. Returns how many leases were routed."""
+    yield BEGIN_ONE
+    due = yield rows("sweep_queues")
+    yield COMMIT
     total = 0
-    while True:
+    for work in due:
+        total += yield from sweep_queue(s, work)
+    return total
+
+
+def sweep_queue(s: Settings, work: dict[str, Any]) -> Op[int]:
+    """The sweep of one queue, the steps ``work`` (a row of ``sweep_queues``) says have work.
+    Returns how many leases were routed."""
+    queue = work["queue"]
+    total = 0
+    while work["expired"]:
         yield BEGIN
-        n = yield from route_expired(s)
+        n = yield from route_expired(s, queue)
         yield COMMIT
         total += n
         if n < ROUTE_BATCH:
             break
-    while True:  # sleepers whose wake time has come
+    while work["sleepers"]:  # sleepers whose wake time has come
         yield BEGIN
-        n = yield from wake_due(s)
+        n = yield from wake_due(s, queue)
         yield COMMIT
         if n < ROUTE_BATCH:
             break
-    while True:
+    while work["overdue"]:
         yield BEGIN
-        n = yield from expire_overdue(s)
+        n = yield from expire_overdue(s, queue)
         yield COMMIT
         if n < ROUTE_BATCH:
             break
-    while True:  # action tokens an hour past their expiry: refused anyway, so deleted
+    while work["tokens"]:  # action tokens an hour past their expiry: refused anyway, so deleted
         yield BEGIN
-        pruned = yield rows("prune_action_tokens", limit=ROUTE_BATCH)
+        pruned = yield rows("prune_action_tokens", queue=queue, limit=ROUTE_BATCH)
         yield COMMIT
         if len(pruned) < ROUTE_BATCH:
-            return total
+            break
+    return total
 
 
-def expire_overdue(s: Settings) -> Op[int]:
-    """Tasks past their deadline that are not running end ``expired``, with a ``deadline_passed`` event each
-    saying why (never started, waited past it, or retried too late)."""
-    overdue = yield rows("lock_overdue", limit=ROUTE_BATCH)
+def expire_overdue(s: Settings, queue: str) -> Op[int]:
+    """Tasks of ``queue`` past their deadline that are not running end ``expired``, with a
+    ``deadline_passed`` event each saying why (never started, waited past it, or retried too late)."""
+    overdue = yield rows("lock_overdue", queue=queue, limit=ROUTE_BATCH)
     if not overdue:
         return 0
     expired = {r["id"]: r["reason"] for r in (yield rows("expire_overdue", task_ids=[r["id"] for r in overdue]))}
@@ -70,17 +94,20 @@ def expire_overdue(s: Settings) -> Op[int]:
     return len(overdue)
 
 
-def route_expired(s: Settings) -> Op[int]:
-    expired = yield rows("lock_expired", limit=ROUTE_BATCH)
+def route_expired(s: Settings, queue: str) -> Op[int]:
+    """A batch of ``queue``'s expired leases routed by the recovery policy, in the open
+    transaction. Returns how many."""
+    expired = yield rows("lock_expired", queue=queue, limit=ROUTE_BATCH)
     if expired:
         yield from route(s, expired, event_type="lease_expired", reason="lease expired without renewal")
     return len(expired)
 
 
-def wake_due(s: Settings) -> Op[int]:
-    """Waiting tasks whose wake time has come (a sleep's end, a signal wait's timeout) are
-    claimable again, with a ``woke`` event each, in the open transaction. Returns how many."""
-    due = yield rows("lock_sleepers", limit=ROUTE_BATCH)
+def wake_due(s: Settings, queue: str) -> Op[int]:
+    """Waiting tasks of ``queue`` whose wake time has come (a sleep's end, a signal wait's
+    timeout) are claimable again, with a ``woke`` event each, in the open transaction.
+    Returns how many."""
+    due = yield rows("lock_sleepers", queue=queue, limit=ROUTE_BATCH)
     if not due:
         return 0
     woken = {r["id"] for r in (yield rows("wake_tasks", task_ids=[r["id"] for r in due]))}

@@ -82,7 +82,7 @@ def _claim(s: Settings, worker: Worker | str, *, queue: str = "default", limit: 
         if fast_only:
             return None
         # Slow path: route expired leases, then claim, in two transactions.
-        yield from route_for_claim(s, wid)
+        yield from route_for_claim(s, wid, queue)
         yield BEGIN
         found = yield from fairness.claim_rows(s, params, route_first=False, one_statement=False)
         claimed = yield from _record_claims(s, wid, found)
@@ -113,17 +113,19 @@ def try_claim(s: Settings, worker: Worker | str, *, queue: str = "default", limi
                               fast_only=not s.backend.serial_writes))
 
 
-def route_for_claim(s: Settings, worker: Worker | str) -> Op[int]:
+def route_for_claim(s: Settings, worker: Worker | str, queue: str) -> Op[int]:
     """The first transaction of a claim's slow path: the worker checked (UnknownWorker if
-    revoked or never registered) and a batch of expired leases routed. The worker row is
+    revoked or never registered) and a batch of the claimed queue's expired leases routed
+    (only its own: another queue's are its claims' or the sweep's). The worker row is
     locked first, as revoke_worker locks it: never a lock cycle with a revocation; the
-    waiting tasks whose wake time has come are made claimable too. It
+    queue's waiting tasks whose wake time has come are made claimable too. It
     commits before the claim: the routing gives limit slots back (locking their rows), and
     a claim must take limit rows only in key order. Returns how many leases were routed."""
+    checks.check_name("queue", queue)
     yield BEGIN
     yield from check_worker(worker_id(worker), lock=True)
-    routed = yield from route_expired(s)
-    routed += yield from wake_due(s)
+    routed = yield from route_expired(s, queue)
+    routed += yield from wake_due(s, queue)
     yield COMMIT
     return routed
 

@@ -117,7 +117,9 @@ class LeaseOps(QueueBase):
         return self._run(engine.leases.report_loss(self.settings, worker, claim, reason))
 
     def sweep(self) -> int:
-        """Route every expired lease now (claims do this too). Returns how many."""
+        """Route every expired lease now, in every queue (a claim routes its own queue's),
+        wake the sleepers whose time has come, expire the tasks past their deadline and
+        delete the action tokens an hour past theirs. Returns how many leases were routed."""
         return self._run(engine.expiry.sweep(self.settings))
 
     def intend(self, worker: Worker | str, claim: Claim, kind: str, payload: Any = None, *, key: str,

@@ -116,7 +116,9 @@ class AsyncLeaseOps(AsyncQueueBase):
         return await self._arun(engine.leases.report_loss(self.settings, worker, claim, reason))
 
     async def sweep(self) -> int:
-        """Route every expired lease now (claims do this too). Returns how many."""
+        """Route every expired lease now, in every queue (a claim routes its own queue's),
+        wake the sleepers whose time has come, expire the tasks past their deadline and
+        delete the action tokens an hour past theirs. Returns how many leases were routed."""
         return await self._arun(engine.expiry.sweep(self.settings))
 
     async def intend(self, worker: Worker | str, claim: Claim, kind: str, payload: Any = None, *, key: str,

@@ -120,7 +120,7 @@ async def _claim_tasks(request: Request, worker_id: str, queue: str, limit: int,
             return claims
         charge = False  # the request is one
         await serve_operation(request, "claim", worker_id,
-                              lambda view: engine.leases.route_for_claim(view.settings, worker_id), queue=queue,
+                              lambda view: engine.leases.route_for_claim(view.settings, worker_id, queue), queue=queue,
                               charge=False)
     return Claims()
 

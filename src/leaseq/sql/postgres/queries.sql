@@ -217,8 +217,10 @@ SET base = greatest(s.base, excluded.base),
 
 -- template: claim_head(flag=(SELECT k.fairness_key FROM leaseq_tasks k WHERE k.status = 'queued' AND k.queue = %(queue)s AND k.fairness_key IS NOT NULL ORDER BY k.fairness_key DESC LIMIT 1) AS last_key)
 -- THE CLAIM'S FIRST STEPS, shared by claim_plain, claim_batch and
--- claim_fair: the worker's row read FOR SHARE, an expired lease awaiting
--- routing, the claim's flags: worker_ok, routing_due and {flag}, the
+-- claim_fair: the worker's row read FOR SHARE, an expired lease of this
+-- queue awaiting routing (BY QUEUE: the claim routes its own queue's leases
+-- and sleepers only; another queue's are its own claims' or the sweep's to
+-- route), the claim's flags: worker_ok, routing_due and {flag}, the
 -- statement's own. By default last_key, the full claims' (FAIR SHARE: the
 -- last fairness key with a task queued here, NULL when none is: a probe of
 -- leaseq_tasks_fair, which holds no entry in a queue without keys; NULL:
@@ -231,16 +233,17 @@ worker AS (
     FOR SHARE
 ), due AS (
     SELECT id FROM leaseq_tasks
-    WHERE status = 'running' AND lease_expires_at < now()
-    ORDER BY lease_expires_at  -- read from the leases index, never by scanning every running task
+    WHERE status = 'running' AND queue = %(queue)s AND lease_expires_at < now()
+    ORDER BY lease_expires_at  -- read from the leases index (schema 41: by queue), never by scanning every running task
     LIMIT 1
     FOR UPDATE SKIP LOCKED
 ), flags AS (
-    -- a waiting task whose wake time has come (a sleep's end) is routed as an
-    -- expired lease is: a probe of the wake index (timed waits only)
+    -- a waiting task of this queue whose wake time has come (a sleep's end) is
+    -- routed as an expired lease is: a probe of the wake index (timed waits only, by queue)
     SELECT w.worker_ok, %(route_first)s AND w.worker_ok
            AND (EXISTS (SELECT 1 FROM due)
-                OR EXISTS (SELECT 1 FROM leaseq_tasks s WHERE s.status = 'waiting' AND s.wake_at <= now()))
+                OR EXISTS (SELECT 1 FROM leaseq_tasks s
+                           WHERE s.status = 'waiting' AND s.queue = %(queue)s AND s.wake_at <= now()))
            AS routing_due,
            {flag}
     FROM (SELECT EXISTS (SELECT 1 FROM worker) AS worker_ok) w
@@ -733,7 +736,8 @@ RETURNING id, name, registered_at, revoked_at;
 -- the revocation and reaches the row after it (a deadline of "now" could
 -- still be met by that transaction's earlier now()). So every guarded write
 -- the worker sends (renew, complete, fail, effect) is refused, and the next
--- claim routes the tasks by the recovery policy. The rows are locked in id
+-- claim of each task's queue (or the sweep) routes the tasks by the recovery
+-- policy. The rows are locked in id
 -- order before any is written, as renew_leases locks them.
 WITH locked AS (
     SELECT t.id FROM leaseq_tasks t
@@ -934,15 +938,53 @@ LIMIT %(limit)s;
 -- name: lock_expired
 -- callers: worker, operator
 -- plan: generic
--- Running tasks whose lease has run out, locked for routing. SKIP LOCKED:
--- another claimer already routing a row keeps it; we take the rest.
+-- Running tasks of the queue whose lease has run out, locked for routing.
+-- SKIP LOCKED: another claimer already routing a row keeps it; we take the
+-- rest. BY QUEUE: every sweep reads one queue (the leases index leads with
+-- it, schema 41); the sweep of every queue asks sweep_queues which.
 SELECT id, queue, lease_owner, claim_generation, lease_expires_at, claimed_at,
        heartbeat_count, last_heartbeat_at, longest_heartbeat_gap
 FROM leaseq_tasks
-WHERE status = 'running' AND lease_expires_at < now()
+WHERE status = 'running' AND queue = %(queue)s AND lease_expires_at < now()
 ORDER BY lease_expires_at
 LIMIT %(limit)s
 FOR UPDATE SKIP LOCKED;
+
+-- name: sweep_queues
+-- callers: worker, operator
+-- The queues the sweep of every queue (leaseq.Queue.sweep, leaseq serve's
+-- maintenance) has work in: an expired lease, a sleeper whose wake time has
+-- come, a task past its deadline that has not started, an action token an
+-- hour past its expiry. Each queue that has a task is reached by skipping
+-- from one queue name to the next along leaseq_tasks_queue_key (one index
+-- probe per queue, as known_queues; a token goes with its task, so its
+-- queue has one), then probed along the sweeps' own indexes, which lead
+-- with the queue (schema 41). Nothing is locked here: each sweep then locks
+-- its one queue's rows (lock_expired, lock_sleepers, lock_overdue,
+-- prune_action_tokens), the ones a queue's flags here say have work. A
+-- queue no worker claims from is swept as any other.
+WITH RECURSIVE seen(name) AS (
+    SELECT min(queue) FROM leaseq_tasks
+    UNION ALL
+    SELECT (SELECT min(t.queue) FROM leaseq_tasks t WHERE t.queue > seen.name) FROM seen
+    WHERE seen.name IS NOT NULL
+)
+SELECT * FROM (
+    SELECT q.name AS queue,
+           EXISTS (SELECT 1 FROM leaseq_tasks t
+                   WHERE t.status = 'running' AND t.queue = q.name AND t.lease_expires_at < now()) AS expired,
+           EXISTS (SELECT 1 FROM leaseq_tasks t
+                   WHERE t.status = 'waiting' AND t.queue = q.name AND t.wake_at <= now()) AS sleepers,
+           EXISTS (SELECT 1 FROM leaseq_tasks t
+                   WHERE t.deadline_at IS NOT NULL AND t.status IN ('queued', 'waiting', 'awaiting_approval')
+                     AND t.queue = q.name AND t.deadline_at <= now()) AS overdue,
+           EXISTS (SELECT 1 FROM leaseq_action_tokens k
+                   WHERE k.queue = q.name AND k.expires_at < now() - interval '1 hour') AS tokens
+    FROM seen q
+    WHERE q.name IS NOT NULL
+) w
+WHERE w.expired OR w.sleepers OR w.overdue OR w.tokens
+ORDER BY w.queue;
 
 -- name: route_expired
 -- callers: worker, operator
@@ -974,28 +1016,30 @@ RETURNING t.id, t.status, t.claim_generation, t.open_effects, t.attempts, t.queu
 
 -- name: lock_overdue
 -- callers: worker, operator
--- Tasks whose deadline passed before they started, locked for expiry:
--- queued (never claimed, or waiting for a retry), waiting or awaiting
--- approval. Read from the deadline index. SKIP LOCKED: a row another sweep
--- or an operator holds is left to them.
+-- Tasks of the queue whose deadline passed before they started, locked for
+-- expiry: queued (never claimed, or waiting for a retry), waiting or
+-- awaiting approval. Read from the deadline index (by queue, schema 41).
+-- SKIP LOCKED: a row another sweep or an operator holds is left to them.
 SELECT id, queue, status, claim_generation, deadline_at
 FROM leaseq_tasks
 WHERE deadline_at IS NOT NULL AND status IN ('queued', 'waiting', 'awaiting_approval')
-  AND deadline_at <= now()
+  AND queue = %(queue)s AND deadline_at <= now()
 ORDER BY deadline_at
 LIMIT %(limit)s
 FOR UPDATE SKIP LOCKED;
 
 -- name: prune_action_tokens
 -- callers: worker, operator
--- A batch of action tokens that expired an hour ago or more (by the database's
--- clock), deleted by the sweep: a token is minted per action and per renewal
--- it is asked for under, and one expired is refused anyway (a deleted one is
--- refused as unknown). The hour keeps "expired" the answer about a token
--- that has just run out. Rows another sweep holds are skipped.
+-- A batch of the queue's action tokens that expired an hour ago or more (by
+-- the database's clock), deleted by the sweep: a token is minted per action
+-- and per renewal it is asked for under, and one expired is refused anyway
+-- (a deleted one is refused as unknown). The hour keeps "expired" the
+-- answer about a token that has just run out. Rows another sweep holds are
+-- skipped. A token carries its task's queue (schema 41; a task never
+-- changes queue), so the sweep reads one queue at a time.
 DELETE FROM leaseq_action_tokens
 WHERE id IN (SELECT id FROM leaseq_action_tokens
-             WHERE expires_at < now() - interval '1 hour'
+             WHERE queue = %(queue)s AND expires_at < now() - interval '1 hour'
              ORDER BY expires_at LIMIT %(limit)s FOR UPDATE SKIP LOCKED)
 RETURNING id;
 
@@ -1737,10 +1781,10 @@ RETURNING *;
 -- secret it drew and the lifetime (capped by the lease deadline, by the
 -- database's clock). No row back: refused, nothing written.
 INSERT INTO leaseq_action_tokens (token_hash, effect_id, task_id, generation, claim_epoch, action, idempotency_key,
-                                  resource, issued_at, expires_at)
+                                  resource, issued_at, expires_at, queue)
 SELECT %(token_hash)s::text, e.id, t.id, t.claim_generation, t.claim_epoch, e.action, t.id::text || ':' || e.idempotency_key,
        e.resource, clock_timestamp(),
-       least(t.lease_expires_at, clock_timestamp() + make_interval(secs => %(ttl_seconds)s::float8))
+       least(t.lease_expires_at, clock_timestamp() + make_interval(secs => %(ttl_seconds)s::float8)), t.queue
 FROM leaseq_effects e JOIN leaseq_tasks t ON t.id = e.task_id
 WHERE e.id = %(effect_id)s
   AND t.id = %(task_id)s
@@ -2774,12 +2818,13 @@ RETURNING t.id, t.status, t.claim_generation, t.attempts, t.code_version,
 -- name: lock_sleepers
 -- callers: worker, operator
 -- plan: generic
--- Waiting tasks whose wake time has come (a sleep's end, a signal wait's
--- timeout), read from leaseq_tasks_wake and locked for waking. SKIP LOCKED:
--- a row another claimer is waking is left to it.
+-- Waiting tasks of the queue whose wake time has come (a sleep's end, a
+-- signal wait's timeout), read from leaseq_tasks_wake (by queue, schema 41)
+-- and locked for waking. SKIP LOCKED: a row another claimer is waking is
+-- left to it.
 SELECT id, queue, claim_generation, wake_at, wait_signal
 FROM leaseq_tasks
-WHERE status = 'waiting' AND wake_at <= now()
+WHERE status = 'waiting' AND queue = %(queue)s AND wake_at <= now()
 ORDER BY wake_at
 LIMIT %(limit)s
 FOR UPDATE SKIP LOCKED;

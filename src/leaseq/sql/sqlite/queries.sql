@@ -41,12 +41,12 @@ AND id NOT IN (SELECT a.task_id FROM leaseq_approvals a  -- approved at or after
 AND +available_at <= (julianday('now') - 2440587.5) * 86400.0
 AND NOT EXISTS (SELECT 1 FROM leaseq_queues q WHERE q.name = :queue AND q.paused)
 AND EXISTS (SELECT 1 FROM leaseq_workers w WHERE w.id = :worker_id AND w.revoked_at IS NULL)
-AND NOT (:route_first AND (EXISTS (
+AND NOT (:route_first AND (EXISTS (  -- BY QUEUE: this queue's (see claim_head in the PostgreSQL file)
     SELECT 1 FROM leaseq_tasks e
-    WHERE e.status = 'running' AND e.lease_expires_at < (julianday('now') - 2440587.5) * 86400.0)
+    WHERE e.status = 'running' AND e.queue = :queue AND e.lease_expires_at < (julianday('now') - 2440587.5) * 86400.0)
     OR EXISTS (  -- a sleeper whose wake time has come is routed first too
     SELECT 1 FROM leaseq_tasks s
-    WHERE s.status = 'waiting' AND s.wake_at <= (julianday('now') - 2440587.5) * 86400.0)))
+    WHERE s.status = 'waiting' AND s.queue = :queue AND s.wake_at <= (julianday('now') - 2440587.5) * 86400.0)))
 -- LIMITS: pass over a task one of whose limits has no room for it (see
 -- the PostgreSQL file; the judgement is "refused" below)
 AND (limits IS NULL OR NOT EXISTS (
@@ -419,9 +419,34 @@ LIMIT :limit;
 SELECT id, queue, lease_owner, claim_generation, lease_expires_at, claimed_at,
        heartbeat_count, last_heartbeat_at, longest_heartbeat_gap
 FROM leaseq_tasks
-WHERE status = 'running' AND lease_expires_at < (julianday('now') - 2440587.5) * 86400.0
+WHERE status = 'running' AND queue = :queue AND lease_expires_at < (julianday('now') - 2440587.5) * 86400.0
 ORDER BY lease_expires_at
 LIMIT :limit;
+
+-- name: sweep_queues
+-- See the PostgreSQL file: the queues the sweep has work in.
+WITH RECURSIVE seen(name) AS (
+    SELECT min(queue) FROM leaseq_tasks
+    UNION ALL
+    SELECT (SELECT min(t.queue) FROM leaseq_tasks t WHERE t.queue > seen.name) FROM seen
+    WHERE seen.name IS NOT NULL
+)
+SELECT * FROM (
+    SELECT q.name AS queue,
+           EXISTS (SELECT 1 FROM leaseq_tasks t
+                   WHERE t.status = 'running' AND t.queue = q.name AND t.lease_expires_at < (julianday('now') - 2440587.5) * 86400.0) AS expired,
+           EXISTS (SELECT 1 FROM leaseq_tasks t
+                   WHERE t.status = 'waiting' AND t.queue = q.name AND t.wake_at <= (julianday('now') - 2440587.5) * 86400.0) AS sleepers,
+           EXISTS (SELECT 1 FROM leaseq_tasks t
+                   WHERE t.deadline_at IS NOT NULL AND t.status IN ('queued', 'waiting', 'awaiting_approval')
+                     AND t.queue = q.name AND t.deadline_at <= (julianday('now') - 2440587.5) * 86400.0) AS overdue,
+           EXISTS (SELECT 1 FROM leaseq_action_tokens k
+                   WHERE k.queue = q.name AND k.expires_at < (julianday('now') - 2440587.5) * 86400.0 - 3600) AS tokens
+    FROM seen q
+    WHERE q.name IS NOT NULL
+) w
+WHERE w.expired OR w.sleepers OR w.overdue OR w.tokens
+ORDER BY w.queue;
 
 -- name: route_expired
 -- The recovery policy; see the PostgreSQL file for the table it implements.
@@ -447,7 +472,7 @@ RETURNING id, status, claim_generation, open_effects, attempts, queue, limits, u
 SELECT id, queue, status, claim_generation, deadline_at
 FROM leaseq_tasks
 WHERE deadline_at IS NOT NULL AND status IN ('queued', 'waiting', 'awaiting_approval')
-  AND deadline_at <= (julianday('now') - 2440587.5) * 86400.0
+  AND queue = :queue AND deadline_at <= (julianday('now') - 2440587.5) * 86400.0
 ORDER BY deadline_at
 LIMIT :limit;
 
@@ -455,7 +480,7 @@ LIMIT :limit;
 -- A batch of action tokens that expired an hour ago or more (see the PostgreSQL file).
 DELETE FROM leaseq_action_tokens
 WHERE id IN (SELECT id FROM leaseq_action_tokens
-             WHERE expires_at < (julianday('now') - 2440587.5) * 86400.0 - 3600
+             WHERE queue = :queue AND expires_at < (julianday('now') - 2440587.5) * 86400.0 - 3600
              ORDER BY expires_at LIMIT :limit)
 RETURNING id;
 
@@ -865,10 +890,10 @@ RETURNING *;
 -- guard: lease
 -- See the PostgreSQL file: the claims come from the rows, under the same rules.
 INSERT INTO leaseq_action_tokens (token_hash, effect_id, task_id, generation, claim_epoch, action, idempotency_key,
-                                  resource, issued_at, expires_at)
+                                  resource, issued_at, expires_at, queue)
 SELECT :token_hash, e.id, t.id, t.claim_generation, t.claim_epoch, e.action, CAST(t.id AS TEXT) || ':' || e.idempotency_key,
        e.resource, (julianday('now') - 2440587.5) * 86400.0,
-       min(t.lease_expires_at, (julianday('now') - 2440587.5) * 86400.0 + :ttl_seconds)
+       min(t.lease_expires_at, (julianday('now') - 2440587.5) * 86400.0 + :ttl_seconds), t.queue
 FROM leaseq_effects AS e JOIN leaseq_tasks AS t ON t.id = e.task_id
 WHERE e.id = :effect_id
   AND t.id = :task_id
@@ -1634,7 +1659,7 @@ RETURNING id, status, claim_generation, attempts, code_version,
 -- See the PostgreSQL file (the transaction holds the write lock: nothing to skip).
 SELECT id, queue, claim_generation, wake_at, wait_signal
 FROM leaseq_tasks
-WHERE status = 'waiting' AND wake_at <= (julianday('now') - 2440587.5) * 86400.0
+WHERE status = 'waiting' AND queue = :queue AND wake_at <= (julianday('now') - 2440587.5) * 86400.0
 ORDER BY wake_at
 LIMIT :limit;
 
