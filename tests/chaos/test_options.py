@@ -73,3 +73,14 @@ def test_without_the_chaos_package_the_command_says_what_to_install(args, tmp_pa
     help_text = subprocess.run([sys.executable, "-c", WITHOUT_CHAOS, "chaos", "--help"], cwd=tmp_path,
                                capture_output=True, text=True, timeout=60)
     assert help_text.returncode == 0 and "--faults" in help_text.stdout  # the options are still described
+
+
+@pytest.mark.parametrize("args, field, says", [
+    (["--backend", "sqlite", "--portable"], "portable", "the portable mode is PostgreSQL's: it needs --backend postgres"),
+    (["--backend", "sqlite", "--pooler", "pgbouncer"], "pooler", "it needs --backend postgres"),
+])
+def test_a_mode_the_backend_does_not_have_is_refused_naming_it(args, field, says, tmp_path):
+    result = CliRunner().invoke(cli, ["chaos", *args, "--faults", "kill", "--history", str(tmp_path / "h.json")])
+    assert result.exit_code == 2, result.output
+    assert result.stderr.startswith(f"error: {field}: ") and says in result.stderr, result.stderr
+    assert not (tmp_path / "h.json").exists()

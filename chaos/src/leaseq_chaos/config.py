@@ -64,12 +64,16 @@ class ChaosConfig:
     pg_bin: str | None = None
     transport: str = "direct"
     pooler: str = "none"
+    #: the workers and the service in the portable mode (``?portable=true``)
+    portable: bool = False
 
     def __post_init__(self) -> None:
         if self.pooler not in POOLERS:
             raise InvalidInput("pooler", f"must be one of {', '.join(POOLERS)} (got {self.pooler!r})")
         if self.pooler != "none" and self.backend != "postgres":
             raise InvalidInput("pooler", "a pooler stands in front of PostgreSQL: it needs --backend postgres")
+        if self.portable and self.backend != "postgres":
+            raise InvalidInput("portable", "the portable mode is PostgreSQL's: it needs --backend postgres")
         if self.backend not in BACKENDS:
             raise InvalidInput("backend", f"must be postgres or sqlite (got {self.backend!r})")
         if self.transport not in TRANSPORTS:

@@ -221,22 +221,26 @@ def run_chaos(config: ChaosConfig, *, progress: Callable[[str], None] | None = N
                 stack.callback(bouncer.stop)
                 bouncer.wait_ready(QUEUE_DB)
                 front, pooled = bouncer.port, "&pooler=transaction"
+            # the portable mode: nothing prepared, no advisory lock, no LISTEN (the harness, which
+            # checks, reads the server directly as it always does)
+            portable = "&portable=true" if config.portable else ""
             proxy = FaultyProxy(front)
             stack.callback(proxy.close)
             ports = [proxy.add_link(f"w{i}") for i in range(config.workers)]
             worker_dsns = [server.dsn(QUEUE_DB, port=p, application_name=f"{APP_PREFIX}{i}.queue") + pooled
-                           for i, p in enumerate(ports)]
+                           + portable for i, p in enumerate(ports)]
             ledger_dsns = [server.dsn(LEDGER_DB, application_name=f"{APP_PREFIX}{i}.ledger")
                            for i in range(config.workers)]
             queue_dsn = server.dsn(QUEUE_DB, application_name="leaseq-chaos-harness")
             ledger_dsn = server.dsn(LEDGER_DB, application_name="leaseq-chaos-harness")
-            service_dsn = server.dsn(QUEUE_DB, application_name="leaseq-chaos-service")
+            service_dsn = server.dsn(QUEUE_DB, application_name="leaseq-chaos-service") + portable
         else:
             queue_dsn = f"sqlite:///{workdir / 'queue.db'}"
             ledger_dsn = f"sqlite:///{workdir / 'ledger.db'}"
             worker_dsns, ledger_dsns = [queue_dsn] * config.workers, [ledger_dsn] * config.workers
             service_dsn = queue_dsn
-        say(f"chaos: {config.backend}{' through pgbouncer' if config.pooler != 'none' else ''}, "
+        say(f"chaos: {config.backend}{' through pgbouncer' if config.pooler != 'none' else ''}"
+            f"{' in the portable mode' if config.portable else ''}, "
             f"{config.transport} transport, {config.workers} workers, "
             f"{config.tasks} tasks, seed {config.seed}, "
             f"faults {','.join(config.faults) or 'none'}, {config.duration:g}s "

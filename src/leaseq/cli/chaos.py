@@ -45,6 +45,9 @@ def register(group: click.Group) -> None:
 @click.option("--pooler", type=click.Choice(["none", "pgbouncer"]), default="none", show_default=True,
               help="pgbouncer puts a PgBouncer of the run's own in transaction mode (4 server connections, "
                    "Debian's pgbouncer) between the workers and the server; their DSNs say ?pooler=transaction.")
+@click.option("--portable", is_flag=True,
+              help="Run the workers (and the service) in the portable mode (?portable=true: nothing "
+                   "prepared, no advisory lock, no LISTEN; waits poll). Needs --backend postgres.")
 @click.option("--concurrency", type=int, default=4, show_default=True, help="Tasks each worker runs at once.")
 @click.option("--prefetch", type=int, default=0, show_default=True,
               help="Tasks each worker leases ahead of its handler slots (leaseq worker --prefetch).")
@@ -57,7 +60,7 @@ def register(group: click.Group) -> None:
 @click.option("--recheck", type=click.Path(exists=True, dir_okay=False, path_type=Path), default=None,
               metavar="HISTORY", help="Run nothing: check a history file written by an earlier run again.")
 def chaos(duration: float, workers: int, tasks: int, seed: int, faults: str, transport: str, backend: str,
-          pooler: str, concurrency: int, prefetch: int, history_path: Path | None, pg_bin: str | None, keep_logs: bool, quiet: bool,
+          pooler: str, portable: bool, concurrency: int, prefetch: int, history_path: Path | None, pg_bin: str | None, keep_logs: bool, quiet: bool,
           recheck: Path | None) -> None:
     """Run worker processes under injected faults, then check every invariant.
 
@@ -86,7 +89,7 @@ def chaos(duration: float, workers: int, tasks: int, seed: int, faults: str, tra
         config = ChaosConfig(duration=duration, workers=workers, tasks=tasks, seed=seed,
                              faults=parse_faults(faults, backend, transport), backend=backend,
                              concurrency=concurrency, prefetch=prefetch, history_path=history_path, pg_bin=pg_bin,
-                             transport=transport, pooler=pooler)
+                             transport=transport, pooler=pooler, portable=portable)
     except LeaseqError as exc:
         raise CliError.from_leaseq(exc) from None
     say = None if quiet else (lambda line: click.echo(line, err=True))
