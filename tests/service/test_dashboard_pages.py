@@ -300,7 +300,8 @@ def test_a_screenshot_of_each_page(browser, q: leaseq.Queue, tmp_path: Path) -> 
     for tenant, weight, n in (("acme", 1, 40), ("globex", 2, 12), ("initech", 1, 3)):
         q.enqueue_many("summarize", [{"doc": i} for i in range(n)], queue="agents", fairness_key=tenant,
                        fairness_weight=weight)
-    q.claim(w, queue="agents", limit=12)
+    for i, fair in enumerate(q.claim(w, queue="agents", limit=12)[:6]):  # spend split by tenant
+        q.consume(w, fair, f"fair-{fair.task_id}:consume:0", "llm-tokens", 1500 + 700 * i)
     pages = {"login": "/login", "overview": "/", "tasks": "/tasks", "task": f"/tasks/{gated.id}",
              "inbox": "/inbox", "workers": "/workers", "charts": "/charts?window=15m",
              "redrive": "/redrive?action=redrive&status=dead&older_than=0s", "limits": "/limits",
