@@ -28,7 +28,7 @@ import pytest
 import leaseq
 from leaseq.store.base import load_queries
 from leaseq.store.queries import load_named_queries
-from leaseq.store.postgres import CUSTOM_PLAN, GENERIC_PLAN, _configure, _encode
+from leaseq.store.postgres import GENERIC_PLAN, _configure, _encode
 
 CLAIM_PARAMS = dict(queue="default", limit=10, lease_seconds=None, compact=False, route_first=True, kinds=None)
 
@@ -579,8 +579,7 @@ def _explain_analyze_as_the_store_runs(dsn: str, query: str, params: dict[str, A
 
     On leaseq's connections (``plan_cache_mode = force_generic_plan``) every
     statement sent with parameters runs a generic plan, prepared or not; a
-    ``plan: custom`` statement is sent with its values bound into its text, and a
-    ``plan: generic up to`` one given a longer list is planned for its values too.
+    ``plan: generic up to`` one given a longer list is planned for its values.
     """
     sql = load_queries("postgres")[query]
     with psycopg.connect(dsn, autocommit=True) as conn:
@@ -590,7 +589,7 @@ def _explain_analyze_as_the_store_runs(dsn: str, query: str, params: dict[str, A
             if query in GENERIC_PLAN:  # as its function runs it (leaseq.store.functions)
                 conn.execute("SET LOCAL jit = off")
             sized = load_named_queries("postgres")[query].custom_above
-            if query in CUSTOM_PLAN or (sized is not None and len(params[sized[0]]) > sized[1]):
+            if sized is not None and len(params[sized[0]]) > sized[1]:
                 with psycopg.ClientCursor(conn) as cur:
                     cur.execute("EXPLAIN (ANALYZE, FORMAT JSON) " + sql, _encode(params))
                     [[doc]] = cur.fetchall()
@@ -633,7 +632,7 @@ def test_postgres_renewal_of_many_leases_reads_each_row_once(pg_schema_dsn: str,
 
 def test_the_renewal_runs_one_plan_for_a_workers_batch_and_plans_a_long_list_for_its_values() -> None:
     """A worker's usual batch runs the cached generic plan; a longer list is planned for its values."""
-    assert "renew_leases" in GENERIC_PLAN and "renew_leases" not in CUSTOM_PLAN
+    assert "renew_leases" in GENERIC_PLAN
     assert load_named_queries("postgres")["renew_leases"].custom_above == ("task_ids", RENEW_GENERIC_UP_TO)
 
 

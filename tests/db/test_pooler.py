@@ -229,7 +229,7 @@ def test_the_generic_plan_travels_with_each_function(pg_schema_dsn: str) -> None
     """The ``plan: generic`` statements keep their generic plans where no session is configured
     (a pooled or portable queue, an application's own connection): the setting is the function's."""
     from leaseq.store.functions import function_name
-    from leaseq.store.postgres import CUSTOM_PLAN, GENERIC_PLAN
+    from leaseq.store.postgres import GENERIC_PLAN
 
     with leaseq.connect(pg_schema_dsn) as q:
         q.migrate()
@@ -237,8 +237,6 @@ def test_the_generic_plan_travels_with_each_function(pg_schema_dsn: str) -> None
         config = {name: set(settings or ()) for name, settings in conn.execute(
             "SELECT proname, proconfig FROM pg_proc WHERE pronamespace = current_schema()::regnamespace "
             "AND proname LIKE 'leaseq\\_q\\_%'").fetchall()}
-    assert GENERIC_PLAN  # (no query is planned for its values at every call now: CUSTOM_PLAN may be empty)
+    assert GENERIC_PLAN
     for query in GENERIC_PLAN:
         assert "plan_cache_mode=force_generic_plan" in config[function_name(query)], query
-    for query in CUSTOM_PLAN:
-        assert "plan_cache_mode=force_custom_plan" in config[function_name(query)], query

@@ -387,8 +387,7 @@ def _function(q: NamedQuery, sig: Signature) -> str:
     # A hot statement is never compiled (JIT): a generic plan's estimates (a claim's
     # fair-share reads, sized by parameters it cannot see) can pass jit_above_cost, and
     # the compilation, seconds, would be paid at every call.
-    settings = (" SET plan_cache_mode = force_custom_plan" if q.custom_plan else
-                " SET plan_cache_mode = force_generic_plan SET jit = off" if q.generic_plan else "")
+    settings = " SET plan_cache_mode = force_generic_plan SET jit = off" if q.generic_plan else ""
     code = f"#variable_conflict use_column\nDECLARE _kind text; _queues text[]; _own boolean;\nBEGIN\n{_checks(q, sig)}\n{run}\nEND"
     return (f"CREATE OR REPLACE FUNCTION @@schema@@.{function_name(q.name)}({args}) RETURNS {result} "
             f"LANGUAGE plpgsql SECURITY DEFINER SET search_path = @@schema@@, pg_temp{settings} AS {_dollar(code)}")

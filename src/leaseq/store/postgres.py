@@ -47,11 +47,6 @@ LISTEN_GRACE = 5.0
 #: prepared on their first use on a connection and run with the prepared
 #: statement's generic plan (the file's header says why).
 GENERIC_PLAN = frozenset(name for name, q in load_named_queries("postgres").items() if q.generic_plan)
-#: The statements annotated ``-- plan: custom``: sent with their parameters
-#: bound into the text (one round trip still), so that the connection's
-#: forced generic plan, which holds for every statement sent with
-#: parameters, does not apply and each call is planned for its values.
-CUSTOM_PLAN = frozenset(name for name, q in load_named_queries("postgres").items() if q.custom_plan)
 #: The statements sent as a call of their definer function that answer no rows
 #: (the call itself answers one row, of the function's void result).
 SILENT = wire_queries()[1]
@@ -124,10 +119,6 @@ class PostgresTx:
             with self._conn.cursor(row_factory=dict_row) as own:
                 own.execute(self._queries[query], _encode(params), prepare=False)
                 return own.fetchall() if _rows(own, query) else []
-        if query in CUSTOM_PLAN:
-            with psycopg.ClientCursor(self._conn) as client:
-                client.execute(self._queries[query], _encode(params))
-                return client.fetchall() if _rows(client, query) else []
         cur = self._conn.execute(self._queries[query], _encode(params), prepare=query in self._prepare)
         return cur.fetchall() if _rows(cur, query) else []
 
@@ -165,10 +156,6 @@ class AsyncPostgresTx:
             async with self._conn.cursor(row_factory=dict_row) as own:
                 await own.execute(self._queries[query], _encode(params), prepare=False)
                 return await own.fetchall() if _rows(own, query) else []
-        if query in CUSTOM_PLAN:
-            async with psycopg.AsyncClientCursor(self._conn) as client:
-                await client.execute(self._queries[query], _encode(params))
-                return await client.fetchall() if _rows(client, query) else []
         cur = await self._conn.execute(self._queries[query], _encode(params), prepare=query in self._prepare)
         return await cur.fetchall() if _rows(cur, query) else []
 
@@ -184,10 +171,8 @@ class AsyncPostgresTx:
         sent: list[tuple[psycopg.AsyncCursor[Any], str]] = []
         async with self._conn.pipeline():
             for query, params in steps:
-                cur: psycopg.AsyncCursor[Any] = (psycopg.AsyncClientCursor(self._conn) if query in CUSTOM_PLAN
-                                                 else self._conn.cursor())
-                await cur.execute(self._queries[query], _encode(params),
-                                  prepare=None if query in CUSTOM_PLAN else query in self._prepare)
+                cur = self._conn.cursor()
+                await cur.execute(self._queries[query], _encode(params), prepare=query in self._prepare)
                 sent.append((cur, query))
         # the pipeline's end synced it: every answer is in
         return [await cur.fetchall() if _rows(cur, query) else [] for cur, query in sent]
