@@ -48,6 +48,17 @@ def test_the_dsn_declares_the_mode_and_libpq_never_sees_it(monkeypatch: pytest.M
         postgres_mode("postgresql://h/db?portable=1", listen_dsn="postgresql://h/db")
 
 
+def test_a_roles_dsn_keeps_the_mode_of_the_dsn_it_was_made_on() -> None:
+    """``leaseq roles create`` on a pooled or portable DSN prints one the role reaches the server
+    the same way with (libpq refused the options: the role was made, and its DSN never printed)."""
+    from leaseq import roles
+
+    made = roles.role_dsn("postgresql://admin@h:6432/db?application_name=a&pooler=transaction&portable=true",
+                          "lq_w", "s3cret")
+    assert made == "postgresql://lq_w:s3cret@h:6432/db?application_name=a&pooler=transaction&portable=true"
+    assert postgres_mode(made)[1] == PostgresMode(pooled=True, portable=True)
+
+
 def _clients(dsn: str, clients: int, tasks: int) -> tuple[list[int], list[str]]:
     """``clients`` queues, each enqueuing ``tasks`` then claiming and completing until none is left."""
     done: list[int] = []
