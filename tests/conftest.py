@@ -335,12 +335,17 @@ def pgbouncer(pg_schema_dsn: str) -> Iterator[object]:
         bouncer.stop()
 
 
+@pytest.fixture
+def pg_direct_schema_dsn(pg_schema_dsn: str) -> str:
+    """A DSN reaching :func:`pg_schema_dsn`'s schema directly, in every mode (no PgBouncer, no
+    leaseq option): for what a pooler cannot carry (LISTEN, a session's advisory lock)."""
+    return with_search_path(_pg_or_skip(), _schema_of(pg_schema_dsn))
+
+
 def _schema_of(dsn: str) -> str:
-    import psycopg
+    from pg_modes import own_connection
 
-    from leaseq.db.dsn import split_leaseq_options
-
-    with psycopg.connect(split_leaseq_options(dsn)[0]) as conn:
+    with own_connection(dsn) as conn:
         row = conn.execute("SELECT current_schema()").fetchone()
     assert row is not None and row[0], f"no schema behind {dsn}"
     return str(row[0])

@@ -6,7 +6,8 @@ through :func:`system_tools.require_tool`). It serves one database name,
 ``leaseq``, whose server connections go to the test server's database with
 ``search_path`` set to the test's schema: PgBouncer 1.18 passes no
 ``options`` startup parameter through, so ``connect_query`` sets it, once per
-server connection.
+server connection. A role made during the test (``leaseq roles create``) logs
+in through it too: users it does not list are looked up as ``postgres``.
 """
 
 from __future__ import annotations
@@ -26,7 +27,8 @@ class SchemaBouncer(PgBouncer):
         server = urlsplit(server_dsn)
         target = (f"host={server.hostname or '127.0.0.1'} port={server.port or 5432} "
                   f"dbname={server.path.lstrip('/')} connect_query='SET search_path = {schema}'")
-        super().__init__({DATABASE: target}, binary=binary, pool_size=pool_size, users=users)
+        super().__init__({DATABASE: target}, binary=binary, pool_size=pool_size, users=users,
+                         auth_user="postgres")
         try:
             self.wait_ready(DATABASE)
         except BaseException:

@@ -13,28 +13,7 @@ import sqlite3
 from typing import Any
 
 from leaseq.store import parse_dsn
-
-def own_connection(dsn: str, **kwargs: Any) -> Any:
-    """A test's own ``psycopg.Connection`` to a PostgreSQL ``dsn`` that may carry leaseq's options
-    (``?pooler=transaction``, ``?portable=true``: removed; with either, nothing is prepared)."""
-    import psycopg
-
-    return psycopg.connect(**_own(dsn, kwargs))
-
-
-async def aown_connection(dsn: str, **kwargs: Any) -> Any:
-    """:func:`own_connection` for asyncio code."""
-    import psycopg
-
-    return await psycopg.AsyncConnection.connect(**_own(dsn, kwargs))
-
-
-def _own(dsn: str, kwargs: dict[str, Any]) -> dict[str, Any]:
-    from leaseq.db.dsn import postgres_mode
-
-    conninfo, mode = postgres_mode(dsn)
-    return {"conninfo": conninfo, **({} if mode.session_state else {"prepare_threshold": None}), **kwargs}
-
+from pg_modes import own_connection
 
 #: Columns read per table, where not all of them: the leader's renewals are left out.
 _COLUMNS = {"leaseq_leader": "name, holder, term, elected_at"}
@@ -55,8 +34,6 @@ def snapshot(dsn: str) -> dict[str, list[tuple[Any, ...]]]:
         finally:
             conn.close()
         return out
-    import psycopg
-
     with own_connection(target) as conn:
         names = [r[0] for r in conn.execute(
             "SELECT table_name FROM information_schema.tables WHERE table_schema = current_schema() "

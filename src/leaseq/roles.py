@@ -128,15 +128,20 @@ def create_role(q: Any, kind: str, name: str, *, queues: list[str] | None = None
 
 
 def role_dsn(dsn: str, user: str, password: str) -> str:
-    """``dsn`` (URL or key=value form) logging in as ``user`` with ``password``."""
+    """``dsn`` (URL or key=value form) logging in as ``user`` with ``password``; leaseq's own
+    options (``pooler``, ``portable``) are kept, so the role reaches the server the same way."""
     from psycopg.conninfo import conninfo_to_dict
 
-    params = {k: str(v) for k, v in conninfo_to_dict(dsn).items() if v is not None}
+    from .db.dsn import split_leaseq_options
+
+    conninfo, options = split_leaseq_options(dsn)
+    params = {k: str(v) for k, v in conninfo_to_dict(conninfo).items() if v is not None}
     host = params.pop("host", "localhost")
     port = params.pop("port", "")
     dbname = params.pop("dbname", "")
     params.pop("user", None)
     params.pop("password", None)
+    params.update(options)
     netloc = f"{quote(user, safe='')}:{quote(password, safe='')}@{host}" + (f":{port}" if port else "")
     query = f"?{urlencode(params)}" if params else ""
     return f"postgresql://{netloc}/{quote(dbname, safe='')}{query}"

@@ -28,7 +28,8 @@ import pytest
 import leaseq
 from leaseq.store.base import load_queries
 from leaseq.store.queries import load_named_queries
-from leaseq.store.postgres import CUSTOM_PLAN, GENERIC_PLAN, _configure, _encode
+from leaseq.store.postgres import GENERIC_PLAN, _configure, _encode
+from pg_modes import own_connection
 
 CLAIM_PARAMS = dict(queue="default", limit=10, lease_seconds=None, compact=False, route_first=True, kinds=None)
 
@@ -140,7 +141,7 @@ def _check_fair_steps(plan: dict[str, Any]) -> None:
 
 
 def _pg_plan(dsn: str, worker_id: str) -> dict[str, Any]:
-    with psycopg.connect(dsn) as conn:
+    with own_connection(dsn) as conn:
         [[doc]] = conn.execute("EXPLAIN (FORMAT JSON) " + load_queries("postgres")["claim_batch"],
                                dict(CLAIM_PARAMS, worker_id=worker_id)).fetchall()
     return doc[0]["Plan"]
@@ -151,7 +152,7 @@ def _pg_queue(dsn: str, finished: int, queued: int, *, analyze: bool = True) -> 
     q.migrate()
     worker = q.register_worker("plan").id
     q.close()
-    with psycopg.connect(dsn, autocommit=True) as conn:
+    with own_connection(dsn, autocommit=True) as conn:
         if not analyze:  # keep autovacuum from analysing behind the test's back
             conn.execute("ALTER TABLE leaseq_tasks SET (autovacuum_enabled = false)")
         conn.execute(PG_FILL, {"status": "completed", "n": finished})
@@ -272,7 +273,7 @@ def _generic_plan(dsn: str, query: str, params: dict[str, Any], *, verbose: bool
     """Prepare ``query`` as leaseq's store does and read the generic plan that every call then runs."""
     sql = load_queries("postgres")[query]
     order = list(dict.fromkeys(re.findall(r"%\((\w+)\)s", sql)))  # psycopg numbers names in this order
-    with psycopg.connect(dsn, autocommit=True) as conn:
+    with own_connection(dsn, autocommit=True) as conn:
         with conn.transaction(force_rollback=True):  # preparing runs the statement once: undo it
             conn.execute(AS_OWNER)
             conn.execute(sql, _encode(params), prepare=True)
@@ -355,7 +356,7 @@ def test_postgres_fair_claim_reads_a_claim_of_each_key_however_deep(pg_schema_ds
     """With fairness keys in use, the claim (claim_fair) reads by index, and each key only as
     far as a few claims' worth (four batches and 64 rows): never the deep key's whole backlog."""
     worker = _pg_queue(pg_schema_dsn, 20_000, queued)
-    with psycopg.connect(pg_schema_dsn, autocommit=True) as conn:
+    with own_connection(pg_schema_dsn, autocommit=True) as conn:
         conn.execute(FAIR_FILL["postgres"])
         conn.execute("VACUUM (ANALYZE) leaseq_tasks")
     params = dict(SAMPLE, worker_id=worker)
@@ -376,7 +377,7 @@ def test_postgres_fair_claim_of_one_key_alone_reads_a_claim_worth(pg_schema_dsn:
     tasks in claim order only as far as its batch (fair_one): not four batches and 64 rows of it,
     ordered by virtual finish, as where keys are weighed against each other."""
     worker = _pg_queue(pg_schema_dsn, 20_000, queued)
-    with psycopg.connect(pg_schema_dsn, autocommit=True) as conn:
+    with own_connection(pg_schema_dsn, autocommit=True) as conn:
         conn.execute("UPDATE leaseq_tasks SET fairness_key = 'a', fairness_weight = 1 WHERE status = 'queued'")
         conn.execute("VACUUM (ANALYZE) leaseq_tasks")
     analysed = _explain_analyze_as_the_store_runs(pg_schema_dsn, "claim_fair", dict(SAMPLE, worker_id=worker))
@@ -396,7 +397,7 @@ def test_postgres_one_key_claim_reads_a_claim_worth_and_stands_aside_for_two(pg_
     batch, whatever the depth; with a second key queued it claims nothing and answers
     fair_one false (the caller claims with claim_fair)."""
     worker = _pg_queue(pg_schema_dsn, 20_000, queued)
-    with psycopg.connect(pg_schema_dsn, autocommit=True) as conn:
+    with own_connection(pg_schema_dsn, autocommit=True) as conn:
         conn.execute("UPDATE leaseq_tasks SET fairness_key = 'a', fairness_weight = 1 WHERE status = 'queued'")
         conn.execute("VACUUM (ANALYZE) leaseq_tasks")
     params = dict(SAMPLE, worker_id=worker)
@@ -404,7 +405,7 @@ def test_postgres_one_key_claim_reads_a_claim_worth_and_stands_aside_for_two(pg_
     assert _subplan(analysed, "CTE claimed")["Actual Rows"] == CLAIM_PARAMS["limit"]
     assert _subplan(analysed, "CTE fair_one")["Actual Rows"] == CLAIM_PARAMS["limit"]
     assert _rows_read(analysed) <= 4 * CLAIM_PARAMS["limit"], json.dumps(analysed, indent=1)[:8000]
-    with psycopg.connect(pg_schema_dsn, autocommit=True) as conn:
+    with own_connection(pg_schema_dsn, autocommit=True) as conn:
         conn.execute(FAIR_FILL["postgres"])
     analysed = _explain_analyze_as_the_store_runs(pg_schema_dsn, query, params)
     assert _subplan(analysed, "CTE claimed")["Actual Rows"] == 0
@@ -416,22 +417,22 @@ def test_postgres_lean_one_key_claim_stands_aside_for_a_limited_task(pg_schema_d
     names a limit (the trigger of schema 40 records the queue as the task is written), though
     one key alone is queued: the caller claims with claim_fair_one, which tests it."""
     worker = _pg_queue(pg_schema_dsn, 0, 400)
-    with psycopg.connect(pg_schema_dsn, autocommit=True) as conn:
+    with own_connection(pg_schema_dsn, autocommit=True) as conn:
         conn.execute("UPDATE leaseq_tasks SET fairness_key = 'a', fairness_weight = 1 WHERE status = 'queued'")
         conn.execute("VACUUM (ANALYZE) leaseq_tasks")
     params = dict(SAMPLE, worker_id=worker)
     sql = load_queries("postgres")["claim_fair_one_plain"]
-    with psycopg.connect(pg_schema_dsn, autocommit=True) as conn, conn.transaction(force_rollback=True):
+    with own_connection(pg_schema_dsn, autocommit=True) as conn, conn.transaction(force_rollback=True):
         conn.execute(AS_OWNER)
         cur = conn.execute(sql, _encode(params))
         found = [dict(zip([c.name for c in cur.description or []], r)) for r in cur.fetchall()]
         assert len(found) == CLAIM_PARAMS["limit"] and not found[0]["limited_due"] and found[0]["fair_one"]
-    with psycopg.connect(pg_schema_dsn, autocommit=True) as conn:
+    with own_connection(pg_schema_dsn, autocommit=True) as conn:
         conn.execute("UPDATE leaseq_tasks SET limits = ARRAY['cap'] WHERE id = (SELECT max(id) FROM leaseq_tasks)")
         assert conn.execute("SELECT count(*) FROM leaseq_limited_claims WHERE queue = 'default'").fetchone() == (1,)
     analysed = _explain_analyze_as_the_store_runs(pg_schema_dsn, "claim_fair_one_plain", params)
     assert _subplan(analysed, "CTE claimed")["Actual Rows"] == 0
-    with psycopg.connect(pg_schema_dsn, autocommit=True) as conn, conn.transaction(force_rollback=True):
+    with own_connection(pg_schema_dsn, autocommit=True) as conn, conn.transaction(force_rollback=True):
         conn.execute(AS_OWNER)
         cur = conn.execute(sql, _encode(params))
         found = [dict(zip([c.name for c in cur.description or []], r)) for r in cur.fetchall()]
@@ -457,7 +458,7 @@ def test_postgres_lean_one_key_claim_plan_stays_small(pg_schema_dsn: str) -> Non
     limit, read by its flags (no step of its own), and its charge made from its candidates (it
     leases every one): at most ONE_KEY_PLAN, and under claim_fair_one's."""
     worker = _pg_queue(pg_schema_dsn, 0, 400)
-    with psycopg.connect(pg_schema_dsn, autocommit=True) as conn:
+    with own_connection(pg_schema_dsn, autocommit=True) as conn:
         conn.execute("UPDATE leaseq_tasks SET fairness_key = 'a', fairness_weight = 1 WHERE status = 'queued'")
         conn.execute("VACUUM (ANALYZE) leaseq_tasks")
     params = dict(SAMPLE, worker_id=worker)
@@ -485,7 +486,7 @@ def test_postgres_fair_claim_reads_and_charges_the_keys_shares_by_index(pg_schem
     (one probe), and charges its connection's share of each key through the primary key: never
     a scan of every key's shares, however many keys a queue has served."""
     worker = _pg_queue(pg_schema_dsn, 20_000, 4_000)
-    with psycopg.connect(pg_schema_dsn, autocommit=True) as conn:
+    with own_connection(pg_schema_dsn, autocommit=True) as conn:
         conn.execute(FAIR_FILL["postgres"])
         conn.execute("""
             INSERT INTO leaseq_fairness_shares (queue, priority, key, shard, base, vstart, service, claimed)
@@ -549,12 +550,12 @@ def _held_leases(dsn: str, *, analyze: bool) -> tuple[str, list[leaseq.Claim]]:
     try:
         q.migrate()
         if dsn.startswith("postgresql"):
-            with psycopg.connect(dsn, autocommit=True) as conn:
+            with own_connection(dsn, autocommit=True) as conn:
                 conn.execute("ALTER TABLE leaseq_tasks SET (autovacuum_enabled = false)")
         q.enqueue_many("noop", [{"i": i} for i in range(HELD)])
         if analyze:
             if dsn.startswith("postgresql"):
-                with psycopg.connect(dsn, autocommit=True) as conn:
+                with own_connection(dsn, autocommit=True) as conn:
                     conn.execute("ANALYZE leaseq_tasks")
             else:
                 with sqlite3.connect(dsn.removeprefix("sqlite:///")) as conn:
@@ -579,18 +580,17 @@ def _explain_analyze_as_the_store_runs(dsn: str, query: str, params: dict[str, A
 
     On leaseq's connections (``plan_cache_mode = force_generic_plan``) every
     statement sent with parameters runs a generic plan, prepared or not; a
-    ``plan: custom`` statement is sent with its values bound into its text, and a
-    ``plan: generic up to`` one given a longer list is planned for its values too.
+    ``plan: generic up to`` one given a longer list is planned for its values.
     """
     sql = load_queries("postgres")[query]
-    with psycopg.connect(dsn, autocommit=True) as conn:
+    with own_connection(dsn, autocommit=True) as conn:
         _configure(conn)
         with conn.transaction(force_rollback=True):
             conn.execute(AS_OWNER)
             if query in GENERIC_PLAN:  # as its function runs it (leaseq.store.functions)
                 conn.execute("SET LOCAL jit = off")
             sized = load_named_queries("postgres")[query].custom_above
-            if query in CUSTOM_PLAN or (sized is not None and len(params[sized[0]]) > sized[1]):
+            if sized is not None and len(params[sized[0]]) > sized[1]:
                 with psycopg.ClientCursor(conn) as cur:
                     cur.execute("EXPLAIN (ANALYZE, FORMAT JSON) " + sql, _encode(params))
                     [[doc]] = cur.fetchall()
@@ -633,7 +633,7 @@ def test_postgres_renewal_of_many_leases_reads_each_row_once(pg_schema_dsn: str,
 
 def test_the_renewal_runs_one_plan_for_a_workers_batch_and_plans_a_long_list_for_its_values() -> None:
     """A worker's usual batch runs the cached generic plan; a longer list is planned for its values."""
-    assert "renew_leases" in GENERIC_PLAN and "renew_leases" not in CUSTOM_PLAN
+    assert "renew_leases" in GENERIC_PLAN
     assert load_named_queries("postgres")["renew_leases"].custom_above == ("task_ids", RENEW_GENERIC_UP_TO)
 
 
@@ -686,7 +686,7 @@ def test_postgres_claims_hold_the_epochs_cluster_part_as_a_value(pg_schema_dsn: 
     """The claims' generic plans carry the cluster part of the lease epoch as a constant,
     read when the session planned them (schema 42): no claim reads pg_control."""
     worker = _pg_queue(pg_schema_dsn, 0, 10)
-    with psycopg.connect(pg_schema_dsn, autocommit=True) as conn:
+    with own_connection(pg_schema_dsn, autocommit=True) as conn:
         [[cluster]] = conn.execute("SELECT ((pg_control_system()).system_identifier >> 32) * 1000000").fetchall()
     claims = [name for name in sorted(GENERIC_PLAN) if name.startswith("claim_") and name != "claim_fair"]
     assert "claim_batch" in claims and "claim_plain" in claims
@@ -778,7 +778,7 @@ def test_postgres_sweep_queues_probes_each_queue_by_index(pg_schema_dsn: str) ->
     """The sweep's list of queues: a skip from one queue to the next and probes of the sweeps'
     indexes by queue, never a read of every task."""
     worker = _pg_queue(pg_schema_dsn, 20_000, 20_000)
-    with psycopg.connect(pg_schema_dsn, autocommit=True) as conn:  # action tokens, as a busy queue has
+    with own_connection(pg_schema_dsn, autocommit=True) as conn:  # action tokens, as a busy queue has
         conn.execute(AS_OWNER)
         conn.execute(TOKEN_FILL)
         conn.execute("ANALYZE leaseq_action_tokens")

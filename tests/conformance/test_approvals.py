@@ -17,7 +17,7 @@ from leaseq.auth import AccessDenied
 from leaseq.engine.approvals import DEADLINE_ACTOR, digest_of
 from leaseq.store.base import load_migrations
 
-from snapshots import own_connection
+from pg_modes import own_connection
 
 from .support import run_out, snapshot, wait_until
 

@@ -36,7 +36,7 @@ def requests_of(dsn: str, task_id: int) -> dict[str, dict[str, Any]]:
         finally:
             conn.close()
     else:
-        from snapshots import own_connection
+        from pg_modes import own_connection
 
         with own_connection(target) as pg:
             cur = pg.execute(sql)

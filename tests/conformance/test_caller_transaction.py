@@ -10,7 +10,7 @@ import pytest
 
 import leaseq
 from leaseq.db.dsn import parse_dsn
-from snapshots import aown_connection, own_connection
+from pg_modes import aown_connection, own_connection
 
 
 def _app_connection(q: leaseq.Queue, dsn: str):

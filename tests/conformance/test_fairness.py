@@ -13,7 +13,7 @@ from collections import Counter
 from typing import Any
 
 import pytest
-from snapshots import own_connection
+from pg_modes import own_connection
 
 import leaseq
 from leaseq import IdempotencyKeyConflict, InvalidInput
@@ -436,9 +436,6 @@ def test_a_key_enqueued_during_a_one_key_claim_is_served_next(pg_schema_dsn: str
     answers as one made before the enqueue; the queue's next claim serves the new key."""
     import time
 
-    import psycopg
-
-    from leaseq.db.dsn import split_leaseq_options
 
     with leaseq.connect(pg_schema_dsn) as q:
         q.migrate()
@@ -447,12 +444,12 @@ def test_a_key_enqueued_during_a_one_key_claim_is_served_next(pg_schema_dsn: str
         assert [c.task_id for c in q.claim(w)] == a[:1]  # claim_fair: one key alone
         assert "default" in q.settings.fair_one_queues
         got: list[list[int]] = []
-        with psycopg.connect(split_leaseq_options(pg_schema_dsn)[0]) as locker:
+        with own_connection(pg_schema_dsn) as locker:
             locker.execute("SELECT 1 FROM leaseq_workers WHERE id = %s FOR UPDATE", (w.id,))
             [[pid]] = locker.execute("SELECT pg_backend_pid()").fetchall()
             claimer = threading.Thread(target=lambda: got.append([c.task_id for c in q.claim(w)]))
             claimer.start()
-            with psycopg.connect(split_leaseq_options(pg_schema_dsn)[0], autocommit=True) as watch:
+            with own_connection(pg_schema_dsn, autocommit=True) as watch:
                 deadline = time.monotonic() + 10
                 while not watch.execute("SELECT count(*) FROM pg_stat_activity WHERE %s = ANY(pg_blocking_pids(pid))",
                                         (pid,)).fetchone()[0]:  # type: ignore[index]
@@ -506,9 +503,6 @@ def test_a_limited_task_enqueued_during_a_lean_one_key_claim_is_held_by_its_limi
     priority and its limit's slot, and a second such task, its limit full, is held back."""
     import time
 
-    import psycopg
-
-    from leaseq.db.dsn import split_leaseq_options
 
     with leaseq.connect(pg_schema_dsn) as q:
         q.migrate()
@@ -518,12 +512,12 @@ def test_a_limited_task_enqueued_during_a_lean_one_key_claim_is_held_by_its_limi
         assert [c.task_id for _ in range(2) for c in q.claim(w)] == a[:2]  # claim_fair, then the lean one
         assert "default" in q.settings.fair_one_queues and "default" not in q.settings.limited_queues
         got: list[list[int]] = []
-        with psycopg.connect(split_leaseq_options(pg_schema_dsn)[0]) as locker:
+        with own_connection(pg_schema_dsn) as locker:
             locker.execute("SELECT 1 FROM leaseq_workers WHERE id = %s FOR UPDATE", (w.id,))
             [[pid]] = locker.execute("SELECT pg_backend_pid()").fetchall()
             claimer = threading.Thread(target=lambda: got.append([c.task_id for c in q.claim(w)]))
             claimer.start()
-            with psycopg.connect(split_leaseq_options(pg_schema_dsn)[0], autocommit=True) as watch:
+            with own_connection(pg_schema_dsn, autocommit=True) as watch:
                 deadline = time.monotonic() + 10
                 while not watch.execute("SELECT count(*) FROM pg_stat_activity WHERE %s = ANY(pg_blocking_pids(pid))",
                                         (pid,)).fetchone()[0]:  # type: ignore[index]

@@ -16,7 +16,7 @@ import pytest
 
 import leaseq
 
-from snapshots import own_connection
+from pg_modes import own_connection
 
 from .support import WORKING_LEASE, seconds_between, snapshot, wait_expired, wait_until
 

@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 
 import leaseq
-from leaseq.db.dsn import split_leaseq_options
+from pg_modes import own_connection
 
 from .test_transports import TRANSPORTS, over
 
@@ -70,15 +70,13 @@ def test_a_task_changed_to_name_a_key_switches_its_queue(q: leaseq.Queue, dsn: s
     sends its queue's next claim down the full path, which takes it by its priority."""
     if not dsn.startswith("postgres"):
         pytest.skip("the queues that need the full claim are recorded on PostgreSQL only")
-    import psycopg
-
     q.set_limit("lean-claim", max_running=5)
     w = q.register_worker("a")
     q.enqueue("job", {"n": 0})
     q.claim(w)  # lean from now on
     plain = q.enqueue("job", {"n": 1})
     capped = q.enqueue("job", {"n": 2}, priority=5)
-    with psycopg.connect(split_leaseq_options(dsn)[0], autocommit=True) as conn:
+    with own_connection(dsn, autocommit=True) as conn:
         conn.execute("UPDATE leaseq_tasks SET limits = ARRAY['lean-claim'] WHERE id = %s", (capped.id,))
     assert [c.task_id for c in q.claim(w)] == [capped.id]
     assert [c.task_id for c in q.claim(w)] == [plain.id]
@@ -92,8 +90,6 @@ def test_a_keyed_task_enqueued_during_a_lean_claim(q: leaseq.Queue, dsn: str, ke
     before the enqueue; the queue's next claim, at once, is the full one."""
     if not dsn.startswith("postgres"):
         pytest.skip("SQLite writes one transaction at a time: a claim and an enqueue never overlap")
-    import psycopg
-
     q.set_limit("lean-claim", max_running=5)
     w = q.register_worker("a")
     q.enqueue("job", {"n": 0})
@@ -101,12 +97,12 @@ def test_a_keyed_task_enqueued_during_a_lean_claim(q: leaseq.Queue, dsn: str, ke
     first = q.enqueue("job", {"n": 1})
     second = q.enqueue("job", {"n": 2})
     got: list[list[int]] = []
-    with psycopg.connect(split_leaseq_options(dsn)[0]) as locker:
+    with own_connection(dsn) as locker:
         locker.execute("SELECT 1 FROM leaseq_workers WHERE id = %s FOR UPDATE", (w.id,))
         [[pid]] = locker.execute("SELECT pg_backend_pid()").fetchall()
         claimer = threading.Thread(target=lambda: got.append([c.task_id for c in q.claim(w)]))
         claimer.start()
-        with psycopg.connect(split_leaseq_options(dsn)[0], autocommit=True) as watch:
+        with own_connection(dsn, autocommit=True) as watch:
             deadline = time.monotonic() + 10
             while not watch.execute("SELECT count(*) FROM pg_stat_activity WHERE %s = ANY(pg_blocking_pids(pid))",
                                     (pid,)).fetchone()[0]:  # type: ignore[index]
@@ -152,14 +148,12 @@ def test_the_lean_completion_sent_by_hand_leaves_a_task_with_a_limit_running(q: 
         pytest.skip("the lean completion is PostgreSQL's (SQLite's completion has no limit steps)")
     import json
 
-    import psycopg
-
     q.set_limit("lean-complete", max_running=1)
     task = q.enqueue("job", {"n": 0}, limits=["lean-complete"])
     w = q.register_worker("a")
     [claim] = q.claim(w)
     items = json.dumps([{"task_id": task.id, "generation": claim.generation, "result": None}])
-    with psycopg.connect(split_leaseq_options(q.store.dsn)[0], autocommit=True) as conn:
+    with own_connection(q.store.dsn, autocommit=True) as conn:
         rows = conn.execute("SELECT * FROM leaseq_q_complete_plain(false, %s, %s::bigint[], %s::jsonb, false, false)",
                             (w.id, [task.id], items)).fetchall()
     assert rows == []

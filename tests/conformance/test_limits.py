@@ -24,7 +24,7 @@ import pytest
 import leaseq
 from leaseq.core.errors import InvalidInput, NotFound
 
-from snapshots import own_connection
+from pg_modes import own_connection
 
 from .support import wait_expired
 

@@ -9,7 +9,6 @@ from __future__ import annotations
 import asyncio
 import sqlite3
 
-import psycopg
 import pytest
 
 import leaseq
@@ -32,9 +31,9 @@ def refuse_poison(dsn: str) -> None:
         finally:
             conn.close()
         return
-    from leaseq.db.dsn import split_leaseq_options
+    from pg_modes import own_connection
 
-    with psycopg.connect(split_leaseq_options(dsn)[0]) as pg:
+    with own_connection(dsn) as pg:
         pg.execute(f"CREATE FUNCTION leaseq_test_poison() RETURNS trigger LANGUAGE plpgsql AS "
                    f"$$ BEGIN RAISE EXCEPTION '{POISONED}'; END $$")
         pg.execute("CREATE TRIGGER leaseq_test_poison BEFORE INSERT ON leaseq_tasks FOR EACH ROW "
@@ -43,9 +42,9 @@ def refuse_poison(dsn: str) -> None:
 
 def _transactions(dsn: str, ids: list[int]) -> int:
     """How many transactions wrote the tasks ``ids`` (PostgreSQL)."""
-    from leaseq.db.dsn import split_leaseq_options
+    from pg_modes import own_connection
 
-    with psycopg.connect(split_leaseq_options(dsn)[0]) as conn:
+    with own_connection(dsn) as conn:
         row = conn.execute("SELECT count(DISTINCT xmin::text) FROM leaseq_tasks WHERE id = ANY(%s)",
                            (ids,)).fetchone()
     assert row is not None

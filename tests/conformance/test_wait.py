@@ -10,7 +10,7 @@ import time
 import pytest
 
 import leaseq
-from snapshots import own_connection
+from pg_modes import own_connection
 
 
 def _finish_later(q: leaseq.Queue, ready: threading.Event, act) -> threading.Thread:

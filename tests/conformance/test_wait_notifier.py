@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 
 import leaseq
-from snapshots import own_connection
+from pg_modes import own_connection
 
 N = 50
 

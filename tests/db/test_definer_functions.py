@@ -2,11 +2,10 @@
 
 from __future__ import annotations
 
-import psycopg
-
 import leaseq
 from leaseq.store.functions import function_name, infer_signatures, load_signatures, routed, wire_queries
 from leaseq.store.queries import load_named_queries
+from pg_modes import own_connection
 
 
 def _base(dsn: str) -> str:
@@ -22,7 +21,7 @@ def test_the_recorded_signatures_are_what_postgresql_infers_for_the_queries(pg_s
 def test_every_query_but_the_migration_bookkeeping_runs_as_a_definer_function_of_the_owner(pg_schema_dsn) -> None:
     with leaseq.connect(pg_schema_dsn) as q:
         q.migrate()
-        with psycopg.connect(pg_schema_dsn) as conn:
+        with own_connection(pg_schema_dsn) as conn:
             found = {name: (definer, owner, config) for name, definer, owner, config in conn.execute(
                 "SELECT p.proname, p.prosecdef, pg_get_userbyid(p.proowner), p.proconfig FROM pg_proc p "
                 "WHERE p.pronamespace = current_schema()::regnamespace AND p.proname LIKE 'leaseq_q_%'")}

@@ -22,6 +22,7 @@ import pytest
 import leaseq
 from leaseq.core.errors import ConfigError
 from leaseq.db.dsn import LISTEN_DSN_ENV, PostgresMode, postgres_mode, split_leaseq_options
+from pg_modes import own_connection
 
 pytestmark = pytest.mark.filterwarnings("ignore::pytest.PytestUnhandledThreadExceptionWarning")
 
@@ -45,6 +46,17 @@ def test_the_dsn_declares_the_mode_and_libpq_never_sees_it(monkeypatch: pytest.M
         postgres_mode("postgresql://h/db?portable=maybe")
     with pytest.raises(ConfigError, match="does not LISTEN"):
         postgres_mode("postgresql://h/db?portable=1", listen_dsn="postgresql://h/db")
+
+
+def test_a_roles_dsn_keeps_the_mode_of_the_dsn_it_was_made_on() -> None:
+    """``leaseq roles create`` on a pooled or portable DSN prints one the role reaches the server
+    the same way with (libpq refused the options: the role was made, and its DSN never printed)."""
+    from leaseq import roles
+
+    made = roles.role_dsn("postgresql://admin@h:6432/db?application_name=a&pooler=transaction&portable=true",
+                          "lq_w", "s3cret")
+    assert made == "postgresql://lq_w:s3cret@h:6432/db?application_name=a&pooler=transaction&portable=true"
+    assert postgres_mode(made)[1] == PostgresMode(pooled=True, portable=True)
 
 
 def _clients(dsn: str, clients: int, tasks: int) -> tuple[list[int], list[str]]:
@@ -149,10 +161,10 @@ def test_waits_poll_without_a_listen_dsn(pgbouncer: Any, monkeypatch: pytest.Mon
         assert time.monotonic() - started < 2.0
 
 
-def test_a_listen_dsn_wakes_waiters_through_the_pooler(pgbouncer: Any, pg_schema_dsn: str) -> None:
+def test_a_listen_dsn_wakes_waiters_through_the_pooler(pgbouncer: Any, pg_direct_schema_dsn: str) -> None:
     """Notifications sent through the pooler (at commit) reach a LISTEN on the direct connection."""
     dsn = pgbouncer.dsn() + "?pooler=transaction"
-    with leaseq.connect(dsn, listen_dsn=split_leaseq_options(pg_schema_dsn)[0]) as q:
+    with leaseq.connect(dsn, listen_dsn=pg_direct_schema_dsn) as q:
         q.migrate()
         assert q.capabilities.listen_notify
         listener = q.listener(["default"])
@@ -163,6 +175,23 @@ def test_a_listen_dsn_wakes_waiters_through_the_pooler(pgbouncer: Any, pg_schema
             assert time.monotonic() - started < 5
         finally:
             listener.close()
+
+
+def test_a_commit_whose_server_connection_dropped_is_backend_unavailable(pgbouncer: Any) -> None:
+    """PgBouncer answers a COMMIT whose server connection was dropped under it with two results
+    (psycopg's InternalError, with no SQLSTATE): that is BackendUnavailable, retried as a dropped
+    direct connection is, not an unknown error that stops a worker; the next transaction works."""
+    from pg_faults import tagged, terminate
+
+    dsn, name = tagged(pgbouncer.dsn() + "?pooler=transaction")
+    with leaseq.connect(dsn) as q:
+        q.migrate()
+        task = q.enqueue("job")
+        with pytest.raises(leaseq.BackendUnavailable, match="the connection broke during received 2 results"):
+            with q.store.transaction() as tx:
+                assert tx.row("get_task", task_id=task.id) is not None
+                assert terminate(name=name) >= 1  # the server connection this transaction runs on
+        assert q.get(task.id).status == "queued"
 
 
 def test_a_worker_role_has_a_pool_of_its_own(pg_schema_dsn: str, tmp_path: Any) -> None:
@@ -192,18 +221,17 @@ def test_a_worker_role_has_a_pool_of_its_own(pg_schema_dsn: str, tmp_path: Any) 
                     q.claim(w, queue="other", limit=5)  # the role's scope holds through the pooler
         finally:
             bouncer.stop()
-            with psycopg.connect(pg_schema_dsn, autocommit=True) as conn:
+            with own_connection(pg_schema_dsn, autocommit=True) as conn:
                 conn.execute("SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE usename = %s", (name,))
                 conn.execute(f'DROP OWNED BY "{name}"')
                 conn.execute(f'DROP ROLE IF EXISTS "{name}"')
 
 
-def test_the_portable_mode_migrates_without_an_advisory_lock(pg_schema_dsn: str) -> None:
+def test_the_portable_mode_migrates_without_an_advisory_lock(pg_direct_schema_dsn: str) -> None:
     """A session holding the advisory lock ``migrate`` takes on PostgreSQL does not hold back a
-    portable migrate: it locks its bookkeeping table instead."""
-    from leaseq.db.dsn import split_leaseq_options
-
-    plain = split_leaseq_options(pg_schema_dsn)[0]
+    portable migrate: it locks its bookkeeping table instead. (The holder's session is a direct
+    one in every mode: a transaction-mode pooler would hand its lock's server connection on.)"""
+    plain = pg_direct_schema_dsn
     with psycopg.connect(plain, autocommit=True) as holder:
         holder.execute("SELECT pg_advisory_lock(7431002201)")
         finished = threading.Event()
@@ -229,16 +257,14 @@ def test_the_generic_plan_travels_with_each_function(pg_schema_dsn: str) -> None
     """The ``plan: generic`` statements keep their generic plans where no session is configured
     (a pooled or portable queue, an application's own connection): the setting is the function's."""
     from leaseq.store.functions import function_name
-    from leaseq.store.postgres import CUSTOM_PLAN, GENERIC_PLAN
+    from leaseq.store.postgres import GENERIC_PLAN
 
     with leaseq.connect(pg_schema_dsn) as q:
         q.migrate()
-    with psycopg.connect(split_leaseq_options(pg_schema_dsn)[0]) as conn:
+    with own_connection(pg_schema_dsn) as conn:
         config = {name: set(settings or ()) for name, settings in conn.execute(
             "SELECT proname, proconfig FROM pg_proc WHERE pronamespace = current_schema()::regnamespace "
             "AND proname LIKE 'leaseq\\_q\\_%'").fetchall()}
-    assert GENERIC_PLAN  # (no query is planned for its values at every call now: CUSTOM_PLAN may be empty)
+    assert GENERIC_PLAN
     for query in GENERIC_PLAN:
         assert "plan_cache_mode=force_generic_plan" in config[function_name(query)], query
-    for query in CUSTOM_PLAN:
-        assert "plan_cache_mode=force_custom_plan" in config[function_name(query)], query

@@ -92,9 +92,7 @@ def test_concurrent_enqueues_sharing_a_transaction_send_their_statements_togethe
     # not one exchange each.
     import asyncio
 
-    import psycopg
-
-    from leaseq.db.dsn import split_leaseq_options
+    from pg_modes import own_connection
 
     async def story() -> tuple[int, list[leaseq.Task]]:
         async with await leaseq.connect_async(pg_schema_dsn, max_size=1) as aq:
@@ -119,7 +117,7 @@ def test_concurrent_enqueues_sharing_a_transaction_send_their_statements_togethe
 
     exchanges, tasks = asyncio.run(story())
     assert sorted(t.payload["i"] for t in tasks) == list(range(50))
-    with psycopg.connect(split_leaseq_options(pg_schema_dsn)[0]) as conn:
+    with own_connection(pg_schema_dsn) as conn:
         sizes = [n for (n,) in conn.execute("SELECT count(*) FROM leaseq_tasks WHERE id = ANY(%s) GROUP BY xmin::text",
                                             ([t.id for t in tasks],))]
     assert sum(sizes) == 50 and max(sizes) > 1, sizes

@@ -56,9 +56,9 @@ def made_roles(q: leaseq.Queue) -> Iterator[list[str]]:
     made: list[str] = []
     yield made
     if made:
-        import psycopg
+        from pg_modes import own_connection
 
-        with psycopg.connect(q.store.dsn, autocommit=True) as conn:
+        with own_connection(q.store.dsn, autocommit=True) as conn:
             for name in made:
                 conn.execute("SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE usename = %s", (name,))
                 conn.execute(f'DROP ROLE IF EXISTS "{name}"')

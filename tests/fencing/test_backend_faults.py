@@ -17,6 +17,7 @@ from starlette.routing import Route
 import leaseq
 from leaseq.fencing import ActionSigner, FencedStore, FencingMiddleware, fence_grant
 from pg_faults import backends, tagged, terminate
+from pg_modes import POOLED
 
 from .conftest import add_entry, ledger
 from .test_middleware import serve
@@ -39,8 +40,11 @@ def pg_store(pg_schema_dsn: str) -> Iterator[tuple[FencedStore, str]]:
 
 
 def drop_own_connection(conn) -> None:
-    """End the server backend behind ``conn`` from another connection, as a failover would."""
-    terminate(pid=conn.info.backend_pid)
+    """End the server backend behind ``conn`` from another connection, as a failover would (the
+    backend's own pid: through PgBouncer, ``conn.info.backend_pid`` is the pooler's, not the
+    server's, and the transaction holds its server connection until it ends)."""
+    [[pid]] = conn.execute("SELECT pg_backend_pid()").fetchall()
+    terminate(pid=pid)
 
 
 @pytest.mark.parametrize("key", [None, "dep-1"])
@@ -79,7 +83,8 @@ def test_idle_pool_connections_dropped_by_the_server_do_not_fail_the_next_apply(
     store, name = pg_store
     store.apply("account:carol", "1.1", lambda conn: None)
     before = backends(name)
-    assert terminate(name=name) == len(before) >= 2
+    # through PgBouncer the pool's two connections may share one server connection
+    assert terminate(name=name) == len(before) >= (1 if POOLED else 2)
     for token in (1, 2, 3):
         store.apply("account:carol", f"1.{token}", lambda conn: add_entry(conn, store, "carol", 1))
     assert len(ledger(store)) == 3 and backends(name).isdisjoint(before)

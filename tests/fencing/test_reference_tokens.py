@@ -28,6 +28,7 @@ from leaseq.fencing import (ActionSigner, FencedStore, FencingMiddleware, Invali
                             fence_grant, route_param)
 from leaseq.store.functions import call_sql, load_signatures
 from leaseq.store.queries import load_named_queries
+from pg_modes import own_connection
 
 from .conftest import make_role
 
@@ -124,7 +125,7 @@ def test_the_sweep_deletes_tokens_an_hour_past_their_expiry(q: leaseq.Queue, sho
                 conn.execute("UPDATE leaseq_action_tokens SET expires_at = "
                              "(julianday('now') - 2440587.5) * 86400.0 - ? WHERE id = ?", (seconds, token_id))
         else:
-            with psycopg.connect(q.store.dsn) as conn:
+            with own_connection(q.store.dsn) as conn:
                 conn.execute("UPDATE leaseq_action_tokens SET expires_at = now() - make_interval(secs => %s) "
                              "WHERE id = %s", (seconds, token_id))
     q.sweep()
@@ -139,7 +140,7 @@ def snapshot_tokens(q: leaseq.Queue) -> list:
 
         with sqlite3.connect(q.store.dsn[len("sqlite:///"):]) as conn:
             return conn.execute("SELECT * FROM leaseq_action_tokens").fetchall()
-    with psycopg.connect(q.store.dsn) as conn:
+    with own_connection(q.store.dsn) as conn:
         return conn.execute("SELECT * FROM leaseq_action_tokens").fetchall()
 
 
@@ -259,7 +260,7 @@ def mint_params(claim, worker_id: str, effect_id: int) -> dict:
 @pytest.mark.parametrize("dsn", ["postgres"], indirect=True)
 def test_a_verifier_role_can_verify_and_nothing_else(q: leaseq.Queue, verifier_dsn: str) -> None:
     worker, claim, fx = begin(q)
-    with psycopg.connect(verifier_dsn, autocommit=True) as conn:
+    with own_connection(verifier_dsn, autocommit=True) as conn:
         token_id, token_hash = action_tokens.parse(fx.token)
         row = conn.execute(function_call("verify_action_token"),
                            {"token_id": token_id, "token_hash": token_hash, "action": None,
@@ -298,14 +299,14 @@ def test_a_worker_role_cannot_mint_beyond_its_lease_and_declarations(q: leaseq.Q
         # an entry of the attacker's task naming an undeclared action and an undeclared resource: the
         # worker role cannot write one (insert_effect's guard), so the owner writes them to prove the
         # mint re-checks the declarations itself
-        with psycopg.connect(q.store.dsn, autocommit=True) as admin:
+        with own_connection(q.store.dsn, autocommit=True) as admin:
             undeclared = [admin.execute(
                 "INSERT INTO leaseq_effects (task_id, generation, worker_id, action, idempotency_key, effect, resource)"
                 " VALUES (%s, %s, %s, %s, %s, 'idempotent', %s) RETURNING id",
                 (claim.task_id, claim.generation, w.id, action, key, resource)).fetchone()[0]
                 for action, key, resource in (("orders.refund", "x1", "order:17"), ("orders.pay", "x2", "order:99"))]
             before = admin.execute("SELECT count(*) FROM leaseq_action_tokens").fetchone()[0]
-        with psycopg.connect(worker_dsn, autocommit=True) as conn:
+        with own_connection(worker_dsn, autocommit=True) as conn:
             with pytest.raises(psycopg.errors.InsufficientPrivilege):
                 conn.execute("INSERT INTO leaseq_action_tokens (token_hash, effect_id, task_id, generation, action, "
                              "idempotency_key, issued_at, expires_at) VALUES (repeat('0', 64), %s, %s, %s, "
@@ -329,7 +330,7 @@ def test_a_worker_role_cannot_mint_beyond_its_lease_and_declarations(q: leaseq.Q
                 assert conn.execute(mint, mint_params(claim, w.id, effect_id)).fetchall() == []
             # its own lease, its own declared entry: minted
             assert len(conn.execute(mint, mint_params(claim, w.id, fx.id)).fetchall()) == 1
-        with psycopg.connect(q.store.dsn, autocommit=True) as admin:
+        with own_connection(q.store.dsn, autocommit=True) as admin:
             assert admin.execute("SELECT count(*) FROM leaseq_action_tokens").fetchone()[0] == before + 1
     finally:
         mine.close()
@@ -350,7 +351,7 @@ def test_a_token_of_another_lease_epoch_than_its_tasks_claim_is_superseded(q: le
         with sqlite3.connect(q.store.dsn[len("sqlite:///"):]) as conn:
             conn.execute(moved + "?", (claim.task_id,))
     else:
-        with psycopg.connect(q.store.dsn) as conn:
+        with own_connection(q.store.dsn) as conn:
             conn.execute(moved + "%s", (claim.task_id,))
     refused = post(shop, fx.token)
     assert refused.status_code == 403 and refused.json()["error"]["reason"] == "superseded", refused.text

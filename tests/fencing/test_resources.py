@@ -19,6 +19,7 @@ from fastapi.testclient import TestClient
 import leaseq
 from leaseq.cli.main import cli
 from leaseq.fencing import ActionSigner, FencedStore, FencingMiddleware, route_param
+from pg_modes import own_connection
 from service.conftest import serve
 
 from .test_actions import SIGNER, claim_one, sq  # noqa: F401 (sq: the queue fixture)
@@ -181,13 +182,13 @@ def worker_role(pg_schema_dsn: str) -> Iterator[tuple[str, leaseq.Queue]]:
         yield result.stdout.strip().splitlines()[0], admin
     finally:
         admin.close()
-        with psycopg.connect(pg_schema_dsn, autocommit=True) as conn:
+        with own_connection(pg_schema_dsn, autocommit=True) as conn:
             conn.execute("SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE usename = %s", (name,))
             conn.execute(f'DROP ROLE IF EXISTS "{name}"')
 
 
 def effects_of(admin: leaseq.Queue) -> list[tuple]:
-    with psycopg.connect(admin.store.dsn) as conn:
+    with own_connection(admin.store.dsn) as conn:
         return conn.execute("SELECT id, task_id, generation, action, resource, effect FROM leaseq_effects "
                             "ORDER BY id").fetchall()
 
@@ -199,7 +200,7 @@ def test_a_worker_role_cannot_insert_an_effect_its_task_did_not_declare(worker_r
         w = q.register_worker("w")
         [claim] = q.claim(w, lease_seconds=30)
         insert = "SELECT * FROM leaseq_q_insert_effect(%s, %s, %s, %s, %s, %s, NULL, %s, %s)"
-        with psycopg.connect(dsn, autocommit=True) as conn:
+        with own_connection(dsn, autocommit=True) as conn:
             for action, resource, effect, tool in (("orders.pay", "order:2", "idempotent", False),   # resource
                                                    ("orders.refund", "order:1", "idempotent", False),  # action
                                                    ("orders.refund", None, "side_effect", True),
@@ -227,7 +228,7 @@ def test_a_worker_role_cannot_rebind_another_tasks_effect(worker_role) -> None:
         [claim] = q.claim(w, lease_seconds=30)
         assert claim.task_id == mine.id
         before = effects_of(admin)
-        with psycopg.connect(dsn, autocommit=True) as conn:
+        with own_connection(dsn, autocommit=True) as conn:
             # the victim's effect, named with the attacker's own live lease
             rows = conn.execute("SELECT * FROM leaseq_q_rebind_effect(%s, %s, %s, %s)",
                                 (claim.generation, w.id, vfx.id, mine.id)).fetchall()

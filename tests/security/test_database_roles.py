@@ -26,6 +26,7 @@ import leaseq
 from leaseq import roles
 from leaseq.auth import AccessDenied
 from leaseq.cli.main import cli
+from pg_modes import own_connection
 
 from fault.support import wait_for
 from fault.test_worker_processes import Workers, lease_expired
@@ -58,7 +59,7 @@ def make_role(admin: leaseq.Queue) -> Iterator[Callable[..., str]]:
         return result.stdout.strip().splitlines()[0]
 
     yield make
-    with psycopg.connect(admin.store.dsn, autocommit=True) as conn:
+    with own_connection(admin.store.dsn, autocommit=True) as conn:
         for name in made:
             conn.execute("SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE usename = %s", (name,))
             conn.execute(f'DROP ROLE IF EXISTS "{name}"')
@@ -67,7 +68,7 @@ def make_role(admin: leaseq.Queue) -> Iterator[Callable[..., str]]:
 def snapshot(admin: leaseq.Queue) -> dict[str, list]:
     """Every row of every leaseq table, read as the admin."""
     out = {}
-    with psycopg.connect(admin.store.dsn) as conn:
+    with own_connection(admin.store.dsn) as conn:
         for table in TABLES:
             if conn.execute("SELECT to_regclass(%s)", (table,)).fetchone()[0] is not None:
                 out[table] = conn.execute(f"SELECT * FROM {table} ORDER BY 1").fetchall()
@@ -76,7 +77,7 @@ def snapshot(admin: leaseq.Queue) -> dict[str, list]:
 
 def refused(dsn: str, statement: str, params: tuple = ()) -> str:
     """Run ``statement`` as the role of ``dsn``; it must fail. Returns the error."""
-    with psycopg.connect(dsn, autocommit=True) as conn:
+    with own_connection(dsn, autocommit=True) as conn:
         try:
             conn.execute(statement, params)
         except psycopg.Error as exc:
@@ -115,11 +116,11 @@ def test_a_worker_roles_calls_read_its_authority_in_their_own_statements(admin, 
     PostgreSQL's function statistics, turned on for the role's sessions."""
     dsn = make_role("worker")
     role = psycopg.conninfo.conninfo_to_dict(dsn)["user"]
-    with psycopg.connect(admin.store.dsn, autocommit=True) as conn:
+    with own_connection(admin.store.dsn, autocommit=True) as conn:
         conn.execute(f"ALTER ROLE \"{role}\" SET track_functions = 'all'")
 
     def calls(function: str) -> int:
-        with psycopg.connect(admin.store.dsn, autocommit=True) as conn:
+        with own_connection(admin.store.dsn, autocommit=True) as conn:
             row = conn.execute("SELECT calls FROM pg_stat_user_functions WHERE schemaname = current_schema() "
                                "AND funcname = %s", (function,)).fetchone()
         return row[0] if row else 0
@@ -212,7 +213,7 @@ def test_a_stale_worker_cannot_take_its_lease_back_by_hand(admin, make_role) -> 
         wait_for(lambda: lease_expired(admin, task.id), what="A's lease to run out")
         # B's lease long enough for a loaded machine to finish (a claim's lease is capped at the
         # task's own, which had to be short for A's to run out): not a lease column, the owner's to set
-        with psycopg.connect(admin.store.dsn, autocommit=True) as conn:
+        with own_connection(admin.store.dsn, autocommit=True) as conn:
             conn.execute("UPDATE leaseq_tasks SET lease_seconds = 30 WHERE id = %s", (task.id,))
         [claim_b] = qb.claim(b, lease_seconds=30.0)
         assert claim_b.generation == 2
@@ -237,7 +238,7 @@ def test_a_worker_role_cannot_forge_the_lease_epoch_its_session_caches(admin, ma
     setting named after it, and tries to replace it; its claims still carry the server's epoch."""
     dsn = make_role("worker")
     tasks = [admin.enqueue("job", {"n": n}) for n in range(2)]
-    with psycopg.connect(admin.store.dsn, autocommit=True) as conn:
+    with own_connection(admin.store.dsn, autocommit=True) as conn:
         [[epoch]] = conn.execute(TRUE_EPOCH).fetchall()
         schema = conn.execute("SELECT current_schema()").fetchone()[0]
     refused(dsn, "CREATE OR REPLACE FUNCTION leaseq_cluster_epoch() RETURNS bigint LANGUAGE sql AS 'SELECT 7'")
@@ -272,7 +273,7 @@ def test_a_superusers_update_naming_a_lease_column_is_refused_even_one_that_chan
     assert "leases change only through leaseq's functions" in error
     worker = admin.register_worker("w")
     [claim] = admin.claim(worker)
-    with psycopg.connect(admin.store.dsn, autocommit=True) as conn:
+    with own_connection(admin.store.dsn, autocommit=True) as conn:
         conn.execute("UPDATE leaseq_tasks SET priority = 5 WHERE id = %s", (task.id,))
     admin.complete(worker, claim)
     assert admin.get(task.id).status == "completed"
@@ -298,9 +299,9 @@ def test_a_viewer_role_reads_every_trail_of_its_queues_and_no_other(admin, make_
     mine = admin.enqueue("job", {"n": 1})
     admin.enqueue("job", {"n": 2}, queue="payroll")
     read = "SELECT task_id, type FROM leaseq_q_list_trails(100)"
-    with psycopg.connect(make_role("viewer", "default")) as conn:
+    with own_connection(make_role("viewer", "default")) as conn:
         assert conn.execute(read).fetchall() == [(mine.id, "enqueued")]
-    with psycopg.connect(make_role("viewer")) as conn:
+    with own_connection(make_role("viewer")) as conn:
         assert sorted(conn.execute(read).fetchall()) == [(1, "enqueued"), (2, "enqueued")]
 
 
@@ -314,7 +315,7 @@ def test_a_worker_role_scoped_to_queues_sweeps_those_queues_only(admin, make_rol
     admin.claim(other, queue="payroll", lease_seconds=1)
     wait_for(lambda: lease_expired(admin, mine.id) and lease_expired(admin, theirs.id), what="both leases expired")
     dsn = make_role("worker", "default")
-    with psycopg.connect(dsn) as conn:
+    with own_connection(dsn) as conn:
         with pytest.raises(psycopg.errors.InsufficientPrivilege):
             conn.execute("SELECT id FROM leaseq_q_lock_expired('payroll', 10)")
     with leaseq.connect(dsn) as q:
@@ -331,7 +332,7 @@ def test_a_worker_role_that_routes_a_strangers_expired_lease_cannot_read_that_ta
     admin.claim(admin.register_worker("other"), lease_seconds=1)
     wait_for(lambda: lease_expired(admin, victim.id), what="the victim's lease expired")
     dsn = make_role("worker")
-    with psycopg.connect(dsn) as conn:
+    with own_connection(dsn) as conn:
         locked = [r[0] for r in conn.execute("SELECT id FROM leaseq_q_lock_expired('default', 10)").fetchall()]
         assert locked == [victim.id]
         conn.execute("SELECT * FROM leaseq_q_route_expired(%s)", ([victim.id],))
@@ -354,7 +355,7 @@ def test_a_scoped_viewer_reads_across_queues_only_its_own(admin, make_role) -> N
     with leaseq.connect(dsn) as q:
         assert {s["queue"] for s in q.stats()} == {"default"}
         assert {s["name"] for s in q.queues()} <= {"default"}
-    with psycopg.connect(dsn, autocommit=True) as conn:
+    with own_connection(dsn, autocommit=True) as conn:
         for query in ("leaseq_q_stats()", "leaseq_q_list_queues()", "leaseq_q_known_queues(100)",
                       "leaseq_q_dashboard_completed_by_minute(NULL, 3600)", "leaseq_q_dashboard_failures_by_minute(NULL, 3600)",
                       "leaseq_q_open_intents_by_queue()", "leaseq_q_dashboard_worker_leases(NULL, 100)",
@@ -369,7 +370,7 @@ def test_a_scoped_viewer_reads_across_queues_only_its_own(admin, make_role) -> N
     # unscoped, the same reads see every queue
     with leaseq.connect(make_role("viewer")) as q:
         assert {s["queue"] for s in q.stats()} == {"default", "payroll"}
-    with psycopg.connect(make_role("viewer"), autocommit=True) as conn:
+    with own_connection(make_role("viewer"), autocommit=True) as conn:
         for query in ("leaseq_q_dashboard_fair_queued(100)", "leaseq_q_dashboard_fair_claims(1000, 3600, 100)"):
             assert "payroll" in str(conn.execute(f"SELECT * FROM {query}").fetchall()), query
 
@@ -417,7 +418,7 @@ def test_an_operator_role_decides_under_its_own_name_and_cannot_write_another(ad
     assert (decision.decided_by, decision.decided_via) == (role, "cli (as alice (operator token))")
     assert approved.status == "queued"
     assert [e.detail["by"] for e in admin.events(gated.id) if e.type == "approved"] == [role]
-    with psycopg.connect(admin.store.dsn) as conn:
+    with own_connection(admin.store.dsn) as conn:
         assert conn.execute("SELECT actor FROM leaseq_audit WHERE action = 'approve'").fetchall() == [(role,)]
 
     # the same calls, sent by hand with another name: refused, nothing written
@@ -490,7 +491,7 @@ def test_revoking_a_role_races_its_claims_and_leaves_it_no_live_lease(admin, mak
         admin.sweep()  # and the recovery policy routes them
         assert admin.list_tasks(status="running", limit=500) == []
         with pytest.raises(psycopg.OperationalError):
-            psycopg.connect(dsn).close()
+            own_connection(dsn).close()
     finally:
         for p in procs:
             if p.is_alive():
@@ -599,7 +600,7 @@ def test_a_worker_role_cannot_free_limit_slots_its_ended_leases_do_not_hold(admi
 
     assert running() == 1
     refused(dsn, "SELECT * FROM leaseq_q_release_limits('[{\"key\": \"api\", \"units\": 1, \"queue\": \"default\"}]')")
-    with psycopg.connect(dsn, autocommit=True) as conn:
+    with own_connection(dsn, autocommit=True) as conn:
         conn.execute("SELECT * FROM leaseq_q_give_back_slots(%s)", ([held.id, mine.id],))
     assert running() == 1 and admin.get(held.id).status == "running"
     with leaseq.connect(dsn) as q:
@@ -609,7 +610,7 @@ def test_a_worker_role_cannot_free_limit_slots_its_ended_leases_do_not_hold(admi
         assert q.fail(w, claim, "boom", delay=0).status == "queued"
         assert running() == 1
         # its own ended task named again, in transactions of its own and many times in one
-        with psycopg.connect(dsn) as conn:
+        with own_connection(dsn) as conn:
             for _ in range(5):
                 conn.execute("SELECT * FROM leaseq_q_give_back_slots(%s)", ([mine.id, mine.id],))
             conn.commit()
@@ -651,7 +652,7 @@ def test_a_role_holds_at_most_its_connection_limit(admin, make_role) -> None:
     """A stolen credential cannot take every connection the server has: a role made by
     ``leaseq roles create`` holds at most 50 at once, or what --connection-limit says. A limit
     that is no number of connections is refused in one line, and no role is made."""
-    with psycopg.connect(admin.store.dsn) as conn:
+    with own_connection(admin.store.dsn) as conn:
         def limit_of(role: str) -> int:
             return conn.execute("SELECT rolconnlimit FROM pg_roles WHERE rolname = %s", (role,)).fetchone()[0]
 
@@ -663,13 +664,13 @@ def test_a_role_holds_at_most_its_connection_limit(admin, make_role) -> None:
     assert result.exit_code == 0, result.output
     dsn = result.stdout.strip().splitlines()[0]
     try:
-        held = [psycopg.connect(dsn) for _ in range(2)]
+        held = [own_connection(dsn) for _ in range(2)]
         with pytest.raises(psycopg.OperationalError, match="too many connections"):
-            psycopg.connect(dsn)
+            own_connection(dsn)
         for c in held:
             c.close()
     finally:
-        with psycopg.connect(admin.store.dsn, autocommit=True) as conn:
+        with own_connection(admin.store.dsn, autocommit=True) as conn:
             conn.execute(f'DROP ROLE IF EXISTS "{name}"')
     for bad in ("0", "-2", "many"):
         other = f"lq_worker_{uuid.uuid4().hex[:8]}"
@@ -677,7 +678,7 @@ def test_a_role_holds_at_most_its_connection_limit(admin, make_role) -> None:
                                     env={"LEASEQ_DSN": admin.store.dsn})
         assert result.exit_code != 0 and "connection" in result.output.lower(), result.output
         assert "Traceback" not in result.output and "connection" in result.output.splitlines()[-1].lower()
-        with psycopg.connect(admin.store.dsn) as conn:
+        with own_connection(admin.store.dsn) as conn:
             assert conn.execute("SELECT 1 FROM pg_roles WHERE rolname = %s", (other,)).fetchone() is None
 
 
@@ -689,7 +690,7 @@ def other_schema(admin: leaseq.Queue) -> Iterator[leaseq.Queue]:
 
     schema = f"t_other_{uuid.uuid4().hex[:10]}"
     base = admin.store.dsn
-    with psycopg.connect(base, autocommit=True) as conn:
+    with own_connection(base, autocommit=True) as conn:
         conn.execute(f"CREATE SCHEMA {schema}")
     options = str(conninfo_to_dict(base).get("options") or "")
     plain = base.split("?", 1)[0] if "search_path" in options else base
@@ -699,7 +700,7 @@ def other_schema(admin: leaseq.Queue) -> Iterator[leaseq.Queue]:
         yield q
     finally:
         q.close()
-        with psycopg.connect(base, autocommit=True) as conn:
+        with own_connection(base, autocommit=True) as conn:
             conn.execute(f"DROP SCHEMA IF EXISTS {schema} CASCADE")
 
 
@@ -716,7 +717,7 @@ def test_a_role_made_for_one_schema_has_no_authority_in_another(admin, make_role
     other = str(conninfo_to_dict(other_schema.store.dsn)["options"]).rsplit("search_path=", 1)[-1].split()[0]
     there = with_search_path(dsn.split("?", 1)[0], other)
     before = snapshot(other_schema)
-    with psycopg.connect(there, autocommit=True) as conn:
+    with own_connection(there, autocommit=True) as conn:
         assert conn.execute("SHOW search_path").fetchone()[0].startswith(other)
     for statement in ("SELECT * FROM leaseq_q_register_worker('forged', NULL, NULL)",
                       f"SELECT * FROM leaseq_q_get_task({victim.id})",
@@ -923,12 +924,12 @@ def test_code_changes_as_roles_a_worker_registers_its_versions_and_ends_only_its
         stranger = q.register_worker("intruder")
     before = snapshot(admin)
     call = "SELECT * FROM leaseq_q_diverge_task('forged', %s, %s, %s)"
-    with psycopg.connect(other_dsn, autocommit=True) as conn:  # its own identity: no lease, no row
+    with own_connection(other_dsn, autocommit=True) as conn:  # its own identity: no lease, no row
         assert conn.execute(call, (task.id, stranger.id, claim.generation)).fetchall() == []
     for dsn, why in ((other_dsn, "was not registered by role"), (operator_dsn, "permission denied"),
                      (viewer_dsn, "permission denied")):
         with pytest.raises(psycopg.errors.InsufficientPrivilege, match=why):
-            with psycopg.connect(dsn, autocommit=True) as conn:
+            with own_connection(dsn, autocommit=True) as conn:
                 conn.execute(call, (task.id, w.id, claim.generation))
     assert snapshot(admin) == before  # refused, or no row: nothing changed
     with leaseq.connect(worker_dsn) as q:
@@ -952,7 +953,7 @@ def test_a_worker_role_claims_by_fair_share_within_its_queues(admin, make_role) 
         w = q.register_worker("w")
         served = [c.task.fairness_key for c in q.claim(w, limit=4)]
         assert served.count("small") == 1 and served.count("big") == 3, served
-    with psycopg.connect(admin.store.dsn) as conn:
+    with own_connection(admin.store.dsn) as conn:
         charged = dict(conn.execute("SELECT key, claimed FROM leaseq_fairness").fetchall())
     assert charged == {"big": 3, "small": 1}
     scoped = make_role("worker", "mine")

@@ -10,7 +10,8 @@ from typing import Any
 import leaseq
 from leaseq.store import parse_dsn
 
-from snapshots import own_connection, snapshot  # noqa: E402,F401  (shared with the other folders)
+from pg_modes import own_connection
+from snapshots import snapshot  # noqa: E402,F401  (shared with the other folders)
 
 
 def wait_until(q: leaseq.Queue, moment: datetime, *, timeout: float = 5.0) -> None:
@@ -42,9 +43,7 @@ def age_tasks(dsn: str, task_ids: list[int], seconds: float) -> None:
         finally:
             conn.close()
         return
-    import psycopg
-
-    with psycopg.connect(target) as conn:
+    with own_connection(target) as conn:
         conn.execute("UPDATE leaseq_tasks SET updated_at = updated_at - %s * interval '1 second' "
                      "WHERE id = ANY(%s)", (seconds, task_ids))
 
@@ -96,6 +95,6 @@ def move_spend_back(dsn: str, days: int) -> None:
         finally:
             conn.close()
         return
-    with own_connection(target) as conn:  # the DSN may carry leaseq's pooler options
+    with own_connection(target) as conn:
         conn.execute("SET ROLE leaseq_owner")
         conn.execute("UPDATE leaseq_limit_spend SET day = day - %s", (days,))

@@ -28,6 +28,7 @@ import pytest
 import leaseq
 from leaseq import auth, authz
 from leaseq.store import parse_dsn
+from pg_modes import own_connection
 
 from .conftest import Service
 from .support import age_tasks, error_of, snapshot
@@ -47,9 +48,7 @@ def refuse_audit(dsn: str) -> None:
         finally:
             conn.close()
         return
-    import psycopg
-
-    with psycopg.connect(target) as conn:
+    with own_connection(target) as conn:
         conn.execute(f"CREATE FUNCTION leaseq_test_refuse_audit() RETURNS trigger LANGUAGE plpgsql AS "
                      f"$$ BEGIN RAISE EXCEPTION '{REFUSED}'; END $$")
         conn.execute("CREATE TRIGGER leaseq_test_refuse_audit BEFORE INSERT ON leaseq_audit "

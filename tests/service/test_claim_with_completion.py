@@ -23,6 +23,7 @@ from leaseq import engine
 from leaseq.auth import AccessDenied
 from leaseq.client import AsyncRemoteQueue, RemoteQueue
 from leaseq.worker import WorkerRuntime
+from pg_modes import own_connection
 from conformance.support import run_out
 
 from .support import error_of, snapshot
@@ -524,9 +525,7 @@ def _stall(svc: Any, stop: threading.Event) -> None:
 
 
 def _deadlocks(dsn: str) -> int:
-    import psycopg
-
-    with psycopg.connect(dsn) as conn:
+    with own_connection(dsn) as conn:
         return int(conn.execute("SELECT deadlocks FROM pg_stat_database WHERE datname = current_database()")
                    .fetchone()[0])
 

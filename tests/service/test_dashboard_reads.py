@@ -17,6 +17,7 @@ import pytest
 import leaseq
 from leaseq import auth, authz
 from leaseq.service import stats
+from pg_modes import own_connection
 
 from .conftest import Service, serve
 from .support import dashboard_login, page_csrf, snapshot
@@ -206,9 +207,7 @@ def _age(dsn: str, sql_pg: str, sql_sqlite: str, *params: object) -> None:
         with sqlite3.connect(dsn.removeprefix("sqlite:///")) as conn:
             conn.execute(sql_sqlite, params)
         return
-    import psycopg
-
-    with psycopg.connect(dsn, autocommit=True) as conn:
+    with own_connection(dsn, autocommit=True) as conn:
         conn.execute(sql_pg, params)
 
 

@@ -36,12 +36,12 @@ import time
 import uuid
 from collections.abc import Iterator
 
-import psycopg
 import pytest
 
 import leaseq
 from leaseq import auth
 from leaseq.client import RemoteQueue
+from pg_modes import own_connection
 
 #: the hostile token's waits, and as many long-poll claims (the issue's load: 1,000 of each)
 HOSTILE = int(os.environ.get("LEASEQ_LOAD_HOSTILE", "1000"))
@@ -180,7 +180,7 @@ def test_one_hostile_token_cannot_degrade_the_service(q: leaseq.Queue, pg_schema
 
     def sample() -> None:
         nonlocal most
-        with psycopg.connect(dsn, autocommit=True) as conn:
+        with own_connection(dsn, autocommit=True) as conn:
             while not sampling.is_set():
                 n = conn.execute("SELECT count(*) FROM pg_stat_activity WHERE application_name = %s",
                                  (app_name,)).fetchone()[0]

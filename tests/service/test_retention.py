@@ -23,7 +23,7 @@ import leaseq
 from leaseq import auth
 from leaseq.store import parse_dsn
 
-from .support import age_tasks
+from .support import age_tasks, own_connection
 
 DAY = 86400.0
 #: Every status a task ends in (leaseq.engine.schema.ENDED_STATUSES says the same).
@@ -122,9 +122,7 @@ def _text_columns(dsn: str) -> set[str]:
                     if c[2].upper() == "TEXT"}
         finally:
             conn.close()
-    import psycopg
-
-    with psycopg.connect(target) as conn:
+    with own_connection(target) as conn:
         return {f"{t}.{c}" for t, c in conn.execute(
             "SELECT table_name, column_name FROM information_schema.columns "
             "WHERE table_schema = current_schema() AND table_name LIKE 'leaseq%%' "
@@ -145,9 +143,7 @@ def _dump(dsn: str) -> dict[str, list[str]]:
         finally:
             conn.close()
         return found
-    import psycopg
-
-    with psycopg.connect(target) as conn:
+    with own_connection(target) as conn:
         tables = [r[0] for r in conn.execute(
             "SELECT table_name FROM information_schema.tables "
             "WHERE table_schema = current_schema() AND table_name LIKE 'leaseq%%'")]
@@ -171,9 +167,7 @@ def _age_evidence(dsn: str, seconds: float) -> None:
         finally:
             conn.close()
         return
-    import psycopg
-
-    with psycopg.connect(target) as conn:
+    with own_connection(target) as conn:
         conn.execute("UPDATE leaseq_evidence SET ended_at = ended_at - %s * interval '1 second'", (seconds,))
 
 
@@ -461,9 +455,7 @@ def _age_audit(dsn: str, seconds: float, ids: list[int]) -> None:
         finally:
             conn.close()
         return
-    import psycopg
-
-    with psycopg.connect(target) as conn:
+    with own_connection(target) as conn:
         conn.execute("UPDATE leaseq_audit SET at = at - %s * interval '1 second' WHERE id = ANY(%s)", (seconds, ids))
 
 
@@ -496,9 +488,7 @@ def _age_rows(dsn: str, table: str, column: str, seconds: float) -> None:
         finally:
             conn.close()
         return
-    import psycopg
-
-    with psycopg.connect(dsn) as conn:
+    with own_connection(dsn) as conn:
         conn.execute("SET ROLE leaseq_owner")
         conn.execute(f"UPDATE {table} SET {column} = {column} - %s * interval '1 second'", (seconds,))
 
@@ -538,9 +528,7 @@ def _fair_rows(dsn: str) -> dict[tuple[str, str], float]:
             return {(r[0], r[1]): r[2] for r in conn.execute("SELECT queue, key, vtime FROM leaseq_fairness")}
         finally:
             conn.close()
-    import psycopg
-
-    with psycopg.connect(dsn) as conn:
+    with own_connection(dsn) as conn:
         conn.execute("SET ROLE leaseq_owner")
         return {(r[0], r[1]): r[2] for r in conn.execute("SELECT queue, key, vtime FROM leaseq_fairness")}
 

@@ -8,9 +8,8 @@ from __future__ import annotations
 import asyncio
 
 import httpx
-import psycopg
 
-from leaseq.db.dsn import split_leaseq_options
+from pg_modes import own_connection
 
 from .conftest import Service
 
@@ -30,7 +29,7 @@ def test_concurrent_enqueue_requests_each_get_their_task_and_share_commits(svc: 
     assert len(set(ids)) == 200
     assert sorted(svc.q.get(i).payload["i"] for i in ids) == list(range(200))
     if svc.q.dialect == "postgres":
-        with psycopg.connect(split_leaseq_options(svc.dsn)[0]) as conn:
+        with own_connection(svc.dsn) as conn:
             row = conn.execute("SELECT count(DISTINCT xmin::text) FROM leaseq_tasks WHERE id = ANY(%s)",
                                (ids,)).fetchone()
         assert row is not None and row[0] < 200, row

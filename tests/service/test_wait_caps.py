@@ -21,10 +21,10 @@ import time
 from typing import Any
 
 import httpx
-import psycopg
 import pytest
 
 import leaseq
+from pg_modes import own_connection
 
 from .conftest import Service, serve
 from .support import dashboard_login
@@ -156,7 +156,7 @@ def test_a_wait_is_woken_by_its_own_task_not_by_every_notify(q: leaseq.Queue, ds
 def test_many_waits_hold_one_listening_connection(q: leaseq.Queue, dsn: str) -> None:
     if not q.capabilities.listen_notify:
         pytest.skip("SQLite has no server connections")
-    with psycopg.connect(dsn, autocommit=True) as conn:
+    with own_connection(dsn, autocommit=True) as conn:
         before = {r[0] for r in conn.execute(
             "SELECT pid FROM pg_stat_activity WHERE datname = current_database()").fetchall()}
     with serve(q) as (url, app):
@@ -173,10 +173,10 @@ def test_many_waits_hold_one_listening_connection(q: leaseq.Queue, dsn: str) -> 
             own_wait.start()
             _until(lambda: app.state.work_signal.held == 60, what="sixty waits")
             _until(lambda: len(app.state.work_signal._listened) == 60, what="sixty tasks listened for")
-            with psycopg.connect(dsn, autocommit=True) as conn:
+            with own_connection(dsn, autocommit=True) as conn:
                 _until(lambda: conn.execute("SELECT watched FROM leaseq_tasks WHERE id = %s",
                                             (own.id,)).fetchone()[0], what="the application's own wait")
-            with psycopg.connect(dsn, autocommit=True) as conn:
+            with own_connection(dsn, autocommit=True) as conn:
                 now = {r[0]: r[1] for r in conn.execute(
                     "SELECT pid, query FROM pg_stat_activity WHERE datname = current_database()").fetchall()}
             listening = [pid for pid, query in now.items() if pid not in before and "LISTEN" in (query or "")]
@@ -212,7 +212,7 @@ def test_waits_end_when_the_listening_connection_is_terminated(q: leaseq.Queue, 
             for h in waits.values():
                 h.start()
             _until(lambda: len(signal._listened) == 2, what="both waits listened for")
-            with psycopg.connect(dsn, autocommit=True) as conn:
+            with own_connection(dsn, autocommit=True) as conn:
                 [pid] = [r[0] for r in conn.execute(  # the queue's connections carry its schema's name
                     "SELECT pid FROM pg_stat_activity WHERE datname = current_database() AND "
                     "application_name = current_setting('application_name') AND query ~ '^(UN)?LISTEN'"

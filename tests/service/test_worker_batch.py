@@ -305,10 +305,9 @@ def test_a_claim_routes_a_bounded_number_of_expired_leases_then_answers_and_the_
     holding the request; the worker's next claim routes the rest and leases tasks."""
     if svc.q.store.dialect != "postgres":
         pytest.skip("SQLite claims whole in one transaction: its claim never stops to route")
-    import psycopg
-
     from leaseq import engine
     from leaseq.service import worker_batch
+    from pg_modes import own_connection
 
     monkeypatch.setattr(engine.expiry, "ROUTE_BATCH", 2)
     passes = worker_batch.ROUTING_PASSES
@@ -316,7 +315,7 @@ def test_a_claim_routes_a_bounded_number_of_expired_leases_then_answers_and_the_
     svc.q.enqueue_many("job", [{"n": n} for n in range(2 * passes + 1)], max_attempts=5)
     held = svc.q.claim(stalled, limit=2 * passes + 1)
     assert len(held) == 2 * passes + 1
-    with psycopg.connect(svc.dsn) as conn:  # every one of those leases runs out now
+    with own_connection(svc.dsn) as conn:  # every one of those leases runs out now
         conn.execute("SET LOCAL ROLE leaseq_owner")  # only the owner may move a lease (a trigger)
         conn.execute("UPDATE leaseq_tasks SET lease_expires_at = now() - interval '1 second' "
                      "WHERE status = 'running'")

@@ -4,8 +4,10 @@ Debian's ``pgbouncer`` package. It listens on a free port of 127.0.0.1 and
 serves the databases it is given (``name -> libpq settings``: host, port,
 dbname, connect_query...), with ``pool_size`` server connections per
 database and user (PgBouncer pools per user: a login role has a pool of its
-own). Logins are trusted, for the users listed in its ``auth_file``; the
-server behind it decides (the test server trusts 127.0.0.1).
+own). Logins are trusted, for the users listed in its ``auth_file`` (and, with
+``auth_user``, for any role the server knows: looked up as that user, so a role
+made while it runs logs in through it); the server behind it decides (the test
+server trusts 127.0.0.1).
 """
 
 from __future__ import annotations
@@ -37,7 +39,8 @@ class PgBouncer:
     """One ``pgbouncer`` process in transaction mode; :meth:`stop` ends it and removes its files."""
 
     def __init__(self, databases: dict[str, str], *, binary: str | None = None, pool_size: int = 4,
-                 users: tuple[str, ...] = ("postgres",), max_client_conn: int = 500):
+                 users: tuple[str, ...] = ("postgres",), max_client_conn: int = 500,
+                 auth_user: str | None = None):
         binary = binary or find_pgbouncer()
         if binary is None:
             raise ConfigError("pooler: pgbouncer is not installed (install Debian's pgbouncer package)")
@@ -51,6 +54,9 @@ class PgBouncer:
         self.log = folder / "pgbouncer.log"
         (folder / "users.txt").write_text("".join(f'"{u}" ""\n' for u in users))
         entries = "\n".join(f"{name} = {target}" for name, target in databases.items())
+        # a user missing from the auth_file is looked up in pg_shadow (trusted all the same)
+        lookup = ("" if auth_user is None else f"auth_user = {auth_user}\n"
+                  "auth_query = SELECT usename, passwd FROM pg_catalog.pg_shadow WHERE usename = $1\n")
         (folder / "pgbouncer.ini").write_text(f"""[databases]
 {entries}
 
@@ -60,7 +66,7 @@ listen_port = {self.port}
 unix_socket_dir =
 auth_type = trust
 auth_file = {folder / 'users.txt'}
-pool_mode = transaction
+{lookup}pool_mode = transaction
 default_pool_size = {pool_size}
 max_client_conn = {max_client_conn}
 server_check_delay = 0

@@ -11,6 +11,7 @@ passes through unchanged: it is the caller's to handle.
 
 from __future__ import annotations
 
+import re
 import sqlite3
 import sys
 from collections.abc import Iterator
@@ -48,7 +49,17 @@ def unavailable(exc: BaseException, where: str | None = None) -> BackendUnavaila
         # and 57: terminated by an administrator, server shutting down) and
         # statement timeouts; InterfaceError a connection already closed.
         return BackendUnavailable(f"{where or 'PostgreSQL'}: {str(exc).strip()}")
+    if isinstance(exc, psycopg.InternalError) and exc.sqlstate is None and _BROKEN_REPLY.match(str(exc)):
+        # not the server's internal error (SQLSTATE XX000): psycopg's own, where a transaction
+        # command's reply broke off; PgBouncer answers a COMMIT whose server connection was
+        # dropped so, and closes the client's connection
+        return BackendUnavailable(f"{where or 'PostgreSQL'}: the connection broke during {str(exc).strip()}")
     return None
+
+
+#: psycopg's InternalError (no SQLSTATE) when a BEGIN, COMMIT, ROLLBACK or SAVEPOINT got other
+#: than one reply: the connection broke in the middle of it.
+_BROKEN_REPLY = re.compile(r"received \d+ results from command ")
 
 
 def rolled_back(exc: BaseException) -> bool:

@@ -200,16 +200,22 @@ IF _kind = 'worker' AND NOT EXISTS (SELECT 1 FROM leaseq_tasks t WHERE t.id = {t
 END IF;"""
 
 
+def _written_here(message: str) -> str:
+    """The check, for a worker, that each of ``{ids}`` is a task its own transaction wrote
+    (made or ended), refused with ``message``."""
+    return """
+IF _kind = 'worker' AND EXISTS (SELECT 1 FROM unnest({ids}) AS x(id) WHERE NOT EXISTS (
+        SELECT 1 FROM leaseq_tasks t WHERE t.id = x.id AND t.xmin = pg_current_xact_id()::xid)) THEN
+  RAISE EXCEPTION USING ERRCODE = '42501', MESSAGE = '""" + message + """';
+END IF;"""
+
+
 # Statements a worker's enqueue or completion sends about tasks it never held:
 # the tasks it just made (a child held until its upstreams end), and the tasks
 # waiting for one it just ended. Sent about any other task, each would let a
 # worker role park a stranger's task (hold_tasks, insert_dependencies) or
 # release one early (settle_waiters).
-_MADE_HERE = """
-IF _kind = 'worker' AND EXISTS (SELECT 1 FROM unnest({ids}) AS x(id) WHERE NOT EXISTS (
-        SELECT 1 FROM leaseq_tasks t WHERE t.id = x.id AND t.xmin = pg_current_xact_id()::xid)) THEN
-  RAISE EXCEPTION USING ERRCODE = '42501', MESSAGE = 'a worker holds back only tasks its transaction made';
-END IF;"""
+_MADE_HERE = _written_here("a worker holds back only tasks its transaction made")
 _WAITING_ON_ENDED_HERE = """
 IF _kind = 'worker' AND EXISTS (SELECT 1 FROM jsonb_to_recordset({items}) AS c(task_id bigint) WHERE NOT EXISTS (
         SELECT 1 FROM leaseq_dependencies d JOIN leaseq_tasks u ON u.id = d.upstream
@@ -253,11 +259,7 @@ END IF;"""
 
 # A parent waiting for children (ctx.wait_for) is woken by the transaction that ends its last
 # child: a worker wakes only the parents of tasks its transaction changed.
-_ENDED_HERE = """
-IF _kind = 'worker' AND EXISTS (SELECT 1 FROM unnest({ids}) AS x(id) WHERE NOT EXISTS (
-        SELECT 1 FROM leaseq_tasks t WHERE t.id = x.id AND t.xmin = pg_current_xact_id()::xid)) THEN
-  RAISE EXCEPTION USING ERRCODE = '42501', MESSAGE = 'a worker wakes only the parents of tasks its transaction ended';
-END IF;"""
+_ENDED_HERE = _written_here("a worker wakes only the parents of tasks its transaction ended")
 
 _ROW_RULES = {"hold_tasks": ("task_ids", _MADE_HERE), "insert_dependencies": ("waiters", _MADE_HERE),
               "settle_waiters": ("items", _WAITING_ON_ENDED_HERE), "wake_parents": ("task_ids", _ENDED_HERE)}
@@ -387,8 +389,7 @@ def _function(q: NamedQuery, sig: Signature) -> str:
     # A hot statement is never compiled (JIT): a generic plan's estimates (a claim's
     # fair-share reads, sized by parameters it cannot see) can pass jit_above_cost, and
     # the compilation, seconds, would be paid at every call.
-    settings = (" SET plan_cache_mode = force_custom_plan" if q.custom_plan else
-                " SET plan_cache_mode = force_generic_plan SET jit = off" if q.generic_plan else "")
+    settings = " SET plan_cache_mode = force_generic_plan SET jit = off" if q.generic_plan else ""
     code = f"#variable_conflict use_column\nDECLARE _kind text; _queues text[]; _own boolean;\nBEGIN\n{_checks(q, sig)}\n{run}\nEND"
     return (f"CREATE OR REPLACE FUNCTION @@schema@@.{function_name(q.name)}({args}) RETURNS {result} "
             f"LANGUAGE plpgsql SECURITY DEFINER SET search_path = @@schema@@, pg_temp{settings} AS {_dollar(code)}")

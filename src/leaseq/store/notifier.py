@@ -564,30 +564,40 @@ class AsyncWait(_Waiter):
         self._unsubscribe()
 
 
-class TaskWait(Wait):
+class _TaskInterest(_Waiter):
+    """Which notifications wake a wait for task ``task_id``: its end, and with ``streams`` its
+    emits too (shared by :class:`TaskWait` and :class:`AsyncTaskWait`)."""
+
+    def __init__(self, notifier: Share, task_id: int, *, streams: bool = False):
+        super().__init__(notifier, (task_channel(task_id),))
+        self._streams = streams
+
+    def _wakes(self, channel: str, payload: str | None) -> bool:
+        return payload is None or heard(payload, self._streams)
+
+
+class _WorkInterest(_Waiter):
+    """Which notifications wake a wait for work: an enqueue on one of ``queues``, and the
+    listener's connecting again (shared by :class:`WorkWait` and :class:`AsyncWorkWait`)."""
+
+    def __init__(self, notifier: Share, queues: Iterable[str], channels: tuple[str, ...] = (WORK_CHANNEL,)):
+        super().__init__(notifier, channels)
+        self._queues = frozenset(queues)
+
+    def _wakes(self, channel: str, payload: str | None) -> bool:
+        return payload is None or payload in self._queues
+
+
+class TaskWait(_TaskInterest, Wait):
     """A blocking wait's interest in task ``task_id`` (``streams``: its emits wake it too), as
     :meth:`leaseq.Queue.wait` and :meth:`leaseq.Queue.stream` use it."""
 
-    def __init__(self, notifier: Share, task_id: int, *, streams: bool = False):
-        super().__init__(notifier, (task_channel(task_id),))
-        self._streams = streams
 
-    def _wakes(self, channel: str, payload: str | None) -> bool:
-        return payload is None or heard(payload, self._streams)
-
-
-class AsyncTaskWait(AsyncWait):
+class AsyncTaskWait(_TaskInterest, AsyncWait):
     """:class:`TaskWait` for asyncio code."""
 
-    def __init__(self, notifier: Share, task_id: int, *, streams: bool = False):
-        super().__init__(notifier, (task_channel(task_id),))
-        self._streams = streams
 
-    def _wakes(self, channel: str, payload: str | None) -> bool:
-        return payload is None or heard(payload, self._streams)
-
-
-class WorkWait(Wait):
+class WorkWait(_WorkInterest, Wait):
     """A blocking waiter woken when work is enqueued on one of ``queues`` (and after the
     listener connected again); see :meth:`leaseq.Queue.listener`. With ``on_interrupt``,
     also told (on the waiting thread, within :meth:`wait`) the id of each worker whose
@@ -597,8 +607,8 @@ class WorkWait(Wait):
 
     def __init__(self, notifier: Share, queues: Iterable[str],
                  on_interrupt: Callable[[str], None] | None = None):
-        super().__init__(notifier, (WORK_CHANNEL,) if on_interrupt is None else (WORK_CHANNEL, INTERRUPT_CHANNEL))
-        self._queues = frozenset(queues)
+        super().__init__(notifier, queues,
+                         (WORK_CHANNEL,) if on_interrupt is None else (WORK_CHANNEL, INTERRUPT_CHANNEL))
         self._on_interrupt = on_interrupt
         self._interrupts: collections.deque[str] = collections.deque()
         self._work = False
@@ -609,7 +619,7 @@ class WorkWait(Wait):
                 return False
             self._interrupts.append(payload)
             return True
-        if payload is None or payload in self._queues:
+        if super()._wakes(channel, payload):
             self._work = True
             return True
         return False
@@ -628,12 +638,5 @@ class WorkWait(Wait):
                 return False
 
 
-class AsyncWorkWait(AsyncWait):
+class AsyncWorkWait(_WorkInterest, AsyncWait):
     """:class:`WorkWait` for asyncio code (the worker runtime's claim loop)."""
-
-    def __init__(self, notifier: Share, queues: Iterable[str]):
-        super().__init__(notifier, (WORK_CHANNEL,))
-        self._queues = frozenset(queues)
-
-    def _wakes(self, channel: str, payload: str | None) -> bool:
-        return payload is None or payload in self._queues

@@ -47,11 +47,6 @@ LISTEN_GRACE = 5.0
 #: prepared on their first use on a connection and run with the prepared
 #: statement's generic plan (the file's header says why).
 GENERIC_PLAN = frozenset(name for name, q in load_named_queries("postgres").items() if q.generic_plan)
-#: The statements annotated ``-- plan: custom``: sent with their parameters
-#: bound into the text (one round trip still), so that the connection's
-#: forced generic plan, which holds for every statement sent with
-#: parameters, does not apply and each call is planned for its values.
-CUSTOM_PLAN = frozenset(name for name, q in load_named_queries("postgres").items() if q.custom_plan)
 #: The statements sent as a call of their definer function that answer no rows
 #: (the call itself answers one row, of the function's void result).
 SILENT = wire_queries()[1]
@@ -96,19 +91,15 @@ def _refused(exc: psycopg.errors.InsufficientPrivilege) -> AccessDenied:
     return AccessDenied(f"the database refused this role: {exc.diag.message_primary or str(exc).strip()}")
 
 
-class PostgresTx:
-    """A transaction on one pooled connection.
+class _Statements:
+    """What :class:`PostgresTx` and :class:`AsyncPostgresTx` keep about the statements they run.
 
     With ``one_statement`` no BEGIN or COMMIT is sent: the single statement
     the caller runs is its own transaction (one round trip instead of three),
     and a second statement is refused rather than silently committed apart.
     """
 
-    # Any rows: the pool's connections make dicts (dict_row); a caller's connection
-    # may make anything, and is read through a dict_row cursor of its own.
-    def __init__(self, conn: psycopg.Connection[Any], queries: dict[str, str], *, one_statement: bool = False,
-                 caller: bool = False, prepare: bool = True):
-        self._conn = conn
+    def __init__(self, queries: dict[str, str], *, one_statement: bool, caller: bool, prepare: bool):
         self._queries = queries
         self._statements_left = 1 if one_statement else -1
         #: the application's own connection: its row factory is not ours, and nothing is prepared on it
@@ -116,18 +107,29 @@ class PostgresTx:
         #: the "plan: generic" statements are prepared (not behind a transaction-mode pooler)
         self._prepare = GENERIC_PLAN if prepare else frozenset()
 
-    def rows(self, query: str, **params: Any) -> list[dict[str, Any]]:
+    def _one_more(self, query: str) -> None:
+        """Count ``query`` as run, refusing it where the one statement already ran."""
         if self._statements_left == 0:
             raise RuntimeError(f"{query}: a one-statement transaction already ran its statement")
         self._statements_left -= 1
+
+
+class PostgresTx(_Statements):
+    """A transaction on one pooled connection (``one_statement``: see :class:`_Statements`)."""
+
+    # Any rows: the pool's connections make dicts (dict_row); a caller's connection
+    # may make anything, and is read through a dict_row cursor of its own.
+    def __init__(self, conn: psycopg.Connection[Any], queries: dict[str, str], *, one_statement: bool = False,
+                 caller: bool = False, prepare: bool = True):
+        super().__init__(queries, one_statement=one_statement, caller=caller, prepare=prepare)
+        self._conn = conn
+
+    def rows(self, query: str, **params: Any) -> list[dict[str, Any]]:
+        self._one_more(query)
         if self._caller:
             with self._conn.cursor(row_factory=dict_row) as own:
                 own.execute(self._queries[query], _encode(params), prepare=False)
                 return own.fetchall() if _rows(own, query) else []
-        if query in CUSTOM_PLAN:
-            with psycopg.ClientCursor(self._conn) as client:
-                client.execute(self._queries[query], _encode(params))
-                return client.fetchall() if _rows(client, query) else []
         cur = self._conn.execute(self._queries[query], _encode(params), prepare=query in self._prepare)
         return cur.fetchall() if _rows(cur, query) else []
 
@@ -146,29 +148,20 @@ class PostgresTx:
         self._conn.execute(sql)  # no parameters: psycopg sends it as one simple query
 
 
-class AsyncPostgresTx:
+class AsyncPostgresTx(_Statements):
     """:class:`PostgresTx` on an asyncio connection: the same statements, awaited."""
 
     def __init__(self, conn: psycopg.AsyncConnection[Any], queries: dict[str, str], *, one_statement: bool = False,
                  caller: bool = False, prepare: bool = True):
+        super().__init__(queries, one_statement=one_statement, caller=caller, prepare=prepare)
         self._conn = conn
-        self._queries = queries
-        self._statements_left = 1 if one_statement else -1
-        self._caller = caller
-        self._prepare = GENERIC_PLAN if prepare else frozenset()
 
     async def rows(self, query: str, **params: Any) -> list[dict[str, Any]]:
-        if self._statements_left == 0:
-            raise RuntimeError(f"{query}: a one-statement transaction already ran its statement")
-        self._statements_left -= 1
+        self._one_more(query)
         if self._caller:
             async with self._conn.cursor(row_factory=dict_row) as own:
                 await own.execute(self._queries[query], _encode(params), prepare=False)
                 return await own.fetchall() if _rows(own, query) else []
-        if query in CUSTOM_PLAN:
-            async with psycopg.AsyncClientCursor(self._conn) as client:
-                await client.execute(self._queries[query], _encode(params))
-                return await client.fetchall() if _rows(client, query) else []
         cur = await self._conn.execute(self._queries[query], _encode(params), prepare=query in self._prepare)
         return await cur.fetchall() if _rows(cur, query) else []
 
@@ -184,10 +177,8 @@ class AsyncPostgresTx:
         sent: list[tuple[psycopg.AsyncCursor[Any], str]] = []
         async with self._conn.pipeline():
             for query, params in steps:
-                cur: psycopg.AsyncCursor[Any] = (psycopg.AsyncClientCursor(self._conn) if query in CUSTOM_PLAN
-                                                 else self._conn.cursor())
-                await cur.execute(self._queries[query], _encode(params),
-                                  prepare=None if query in CUSTOM_PLAN else query in self._prepare)
+                cur = self._conn.cursor()
+                await cur.execute(self._queries[query], _encode(params), prepare=query in self._prepare)
                 sent.append((cur, query))
         # the pipeline's end synced it: every answer is in
         return [await cur.fetchall() if _rows(cur, query) else [] for cur, query in sent]

@@ -26,11 +26,6 @@ A queries file holds two kinds of block:
         elements; above that, planned for its values at that call (in its
         PostgreSQL function: the statement run as dynamic SQL), so a long
         list reaches the planner as a value (counted, and probed by hash);
-    ``-- plan: custom``
-        planned for the values it is given at every call: sent with its
-        parameters bound into the text, so no generic plan is forced on it
-        (PostgreSQL; for a statement whose best plan depends on how many
-        rows it names, such as a renewal of ten thousand leases);
     ``-- no-op: <reason>``
         nothing to run on this backend: the backend answers no rows without
         a round trip (the query exists so both dialects name the same
@@ -103,7 +98,6 @@ class NamedQuery:
     guard: str | None = None          # "lease", "none" or None (not annotated)
     guard_reason: str = ""
     generic_plan: bool = False
-    custom_plan: bool = False
     #: (array parameter, n): generic while the parameter names at most n elements (``plan: generic up to``)
     custom_above: tuple[str, int] | None = None
     noop: str | None = None           # the reason, when the statement is a no-op on this backend
@@ -147,11 +141,11 @@ def _annotations(name: str, body: str, where: str) -> dict[str, object]:
         sized = _SIZED_PLAN.fullmatch(str(found["plan"]))
         if sized is not None:
             out["generic_plan"], out["custom_above"] = True, (sized.group(2), int(sized.group(1)))
-        elif found["plan"] not in ("generic", "custom"):
-            raise RuntimeError(f"{where}: query {name!r}: a plan annotation is 'plan: generic', "
-                               "'plan: generic up to <n> <array parameter>' or 'plan: custom'")
+        elif found["plan"] != "generic":
+            raise RuntimeError(f"{where}: query {name!r}: a plan annotation is 'plan: generic' or "
+                               "'plan: generic up to <n> <array parameter>'")
         else:
-            out[f"{found['plan']}_plan"] = True
+            out["generic_plan"] = True
     if "no-op" in found:
         out["noop"] = str(found["no-op"]) or "no-op"
     if "callers" in found:

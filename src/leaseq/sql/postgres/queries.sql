@@ -12,7 +12,6 @@
 --   -- plan: generic up to <n> <array parameter>
 --                              generic while the array names at most n
 --                              elements, else planned for its values then
---   -- plan: custom            planned for its values at every call (bound client-side)
 --   -- no-op: <why>            nothing to run on this backend
 --   -- unused: <params> -- <why>  parameters this dialect does not need
 --
@@ -28,10 +27,6 @@
 -- reads their generic plans). The setting holds for every statement sent
 -- with parameters, prepared or not: an unprepared one is planned generically
 -- too.
--- "plan: custom": the statement is sent with its parameters bound into its
--- text (psycopg's client-side binding), so it is planned for its values at
--- every call: for a statement whose good plan depends on how many rows it
--- names (renew_leases, from one lease to ten thousand).
 --
 -- Time is always the database's (now(), or clock_timestamp() where the
 -- moment of judgement matters): a worker's clock is never consulted.
