@@ -21,6 +21,7 @@ import pytest
 
 import leaseq
 from leaseq import auth
+from leaseq.core import checks
 from leaseq.worker.transport import Capabilities
 
 from .support import run_out, snapshot
@@ -81,6 +82,7 @@ GUARDED: dict[str, Callable[[Any, Any, leaseq.Claim, Any], Any]] = {
     "complete": lambda t, w, c, fx: t.complete(w, c, result={"stale": True}),
     "complete_many": lambda t, w, c, fx: _lost_if_missing(c, t.complete_many(w, [(c, {"stale": True})])),
     "fail": lambda t, w, c, fx: t.fail(w, c, "boom", delay=0),
+    "fail_with_backoff": lambda t, w, c, fx: t.fail(w, c, "boom"),
     "release": lambda t, w, c, fx: t.release(w, c),
     "release_unstarted": lambda t, w, c, fx: t.release(w, c, "never started", started=False),
     "retry": lambda t, w, c, fx: t.retry(w, c, after=0, reason="told to come back"),
@@ -183,6 +185,26 @@ def test_every_transport_refuses_a_started_that_is_not_a_boolean(q: leaseq.Queue
         assert "started" in info.value.field or "started" in str(info.value), (hostile, info.value)
         assert snapshot(dsn) == before, hostile
     assert transport.release(a, claim, "stopping", started=False).attempts == 0
+
+
+@pytest.mark.parametrize("attempts", [1, 4])
+def test_every_transport_fails_with_the_default_backoff(q: leaseq.Queue, transport: Any, attempts: int) -> None:
+    """A failure with no delay waits the default backoff for the attempt that failed:
+    between half and all of ``min(cap, base * 2**(attempts-1))``, computed by the guarded
+    statement from the row (over HTTP, with no read of the task before it)."""
+    a = transport.register_worker("a")
+    task = q.enqueue("job", max_attempts=10)
+    for n in range(1, attempts):
+        [claim] = transport.claim(a)
+        transport.fail(a, claim, "flaky " + "x" * n, delay=0)
+    [claim] = transport.claim(a)
+    failed = transport.fail(a, claim, "flaky at last")
+    ceiling = min(checks.BACKOFF_CAP_SECONDS, checks.BACKOFF_BASE_SECONDS * 2 ** (attempts - 1))
+    assert (failed.id, failed.status, failed.attempts) == (task.id, "queued", attempts)
+    waited = (failed.available_at - failed.updated_at).total_seconds()
+    assert ceiling / 2 - 1e-5 <= waited <= ceiling + 1e-5
+    [*_, event] = [e for e in q.events(task.id) if e.type == "failed"]
+    assert event.detail["retry_at"] == failed.available_at.isoformat()
 
 
 @pytest.mark.parametrize("op", ["heartbeat", "begin_effect", "complete"])

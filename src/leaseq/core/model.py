@@ -221,6 +221,22 @@ class ChildHandle:
 
 
 @dataclass(frozen=True)
+class AttemptRef:
+    """One attempt at a task, as a lease-guarded write names it: the task, the
+    acquisition of its lease (``generation``) and the worker that holds it.
+
+    It is all a guarded operation reads: the lease guard in SQL checks the
+    three against the row, so an attempt can be named without its
+    :class:`Claim` (the service rebuilds one from a request's path and
+    body). :attr:`Claim.attempt` is the claim's own.
+    """
+
+    task_id: int
+    generation: int
+    worker_id: str
+
+
+@dataclass(frozen=True)
 class Claim:
     """A lease on one task: who holds it, which acquisition, until when.
 
@@ -241,12 +257,21 @@ class Claim:
     epoch: int = 0
 
     @property
+    def attempt(self) -> AttemptRef:
+        """The attempt this claim holds: what a lease-guarded operation names."""
+        return AttemptRef(self.task_id, self.generation, self.worker_id)
+
+    @property
     def fencing_token(self) -> str:
         """The attempt's fencing token: ``"<task_id>.<epoch>.<generation>"``, or
         ``"<task_id>.<generation>"`` when the epoch is 0. A fence compares the epoch
         before the generation, so an attempt made before a failover orders below
         every attempt made after it."""
         return format_fencing_token(self.task_id, self.generation, self.epoch)
+
+
+#: What a lease-guarded operation takes: a :class:`Claim`, or the :class:`AttemptRef` it holds.
+Held = Claim | AttemptRef
 
 
 def format_fencing_token(task_id: int, generation: int, epoch: int = 0) -> str:

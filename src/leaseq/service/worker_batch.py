@@ -57,8 +57,8 @@ from pydantic import Field
 from starlette.concurrency import run_in_threadpool
 
 from ..core import checks
-from ..core.errors import InvalidInput, LeaseLost, LeaseqError, NotFound
-from ..core.model import Claim, Claims, Task
+from ..core.errors import InvalidInput, LeaseLost, LeaseqError
+from ..core.model import AttemptRef, Claim, Claims, Task
 from .. import engine
 from ..engine.leases import MAX_CLAIM, check_kinds
 from ..engine.steps import Op, T
@@ -67,7 +67,7 @@ from .access import authorize_also, in_one_transaction, room_to_wait, serve_oper
 from .metrics import ServiceMetrics, span
 from .wakeups import WorkSignal, drawn_limit
 from .wire import to_json
-from .worker_api import Body, Item, WorkerId, _claim, _log, logger
+from .worker_api import Body, Item, WorkerId, _log, logger
 
 router = APIRouter(prefix="/v1", tags=["worker"])
 
@@ -125,7 +125,7 @@ async def _claim_tasks(request: Request, worker_id: str, queue: str, limit: int,
     return Claims()
 
 
-def _completing(worker_id: str, done: list[tuple[Claim, Any]]) -> Callable[[Queue], Op[set[int]]]:
+def _completing(worker_id: str, done: list[tuple[AttemptRef, Any]]) -> Callable[[Queue], Op[set[int]]]:
     """The completions operation, for :func:`.access.serve_operation`."""
     return lambda view: engine.leases.complete_many(view.settings, worker_id, done)
 
@@ -231,7 +231,7 @@ class RenewBody(Body):
 @router.post("/workers/{worker_id}/renew", summary="Renew many leases in one guarded statement")
 async def renew(body: RenewBody, request: Request, worker_id: str = WorkerId) -> JSONResponse:
     started = time.perf_counter()
-    claims = [_claim(worker_id, ref.task_id, ref.generation) for ref in body.leases]
+    claims = [AttemptRef(ref.task_id, ref.generation, worker_id) for ref in body.leases]
     _no_repeats("leases", [c.task_id for c in claims])
     renewed = await serve_operation(request, "renew", worker_id,
                                     lambda view: engine.leases.renew_leases(view.settings, worker_id, claims))
@@ -283,7 +283,7 @@ async def complete_many(body: CompleteManyBody, request: Request, worker_id: str
             check_kinds(more.kinds)
         except InvalidInput as exc:
             raise InvalidInput(f"claim.{exc.field}", exc.problem) from None
-    done = [(_claim(worker_id, t.task_id, t.generation), t.result) for t in body.tasks]
+    done = [(AttemptRef(t.task_id, t.generation, worker_id), t.result) for t in body.tasks]
     claimed: dict[str, Any] = {}
     if more is None:
         completed = await serve_operation(request, "complete", worker_id, _completing(worker_id, done))
@@ -300,7 +300,7 @@ async def complete_many(body: CompleteManyBody, request: Request, worker_id: str
     return _json({"completed": sorted(completed), "refused": refused, **claimed})
 
 
-async def _complete_and_claim(request: Request, worker_id: str, done: list[tuple[Claim, Any]],
+async def _complete_and_claim(request: Request, worker_id: str, done: list[tuple[AttemptRef, Any]],
                               more: ClaimMore) -> tuple[set[int], dict[str, Any]]:
     """The completions and the claim asked for with them: in one transaction, one commit,
     where the claim can wait for no lock out of order (:func:`leaseq.engine.leases.complete_and_claim`
@@ -373,8 +373,27 @@ class FailManyBody(Body):
     tasks: list[Failure] = Field(max_length=MAX_BATCH)
 
 
+def _failing_many(worker_id: str, tasks: list[Failure]) -> Callable[[Queue], Op[tuple[list[Task], list[dict[str, Any]]]]]:
+    """The failures, one guarded statement each, in one transaction: a refused one is
+    left out (the guard wrote nothing) and the others go through. No task is read
+    first: the default backoff is the guarded statement's own."""
+
+    def operation(view: Queue) -> Op[tuple[list[Task], list[dict[str, Any]]]]:
+        failed, refused = [], []
+        for t in tasks:
+            try:
+                failed.append((yield from engine.leases.fail(
+                    view.settings, worker_id, AttemptRef(t.task_id, t.generation, worker_id), t.error,
+                    retry=t.retry, block=t.block, delay=t.delay)))
+            except LeaseLost:
+                refused.append(_refusal(t.task_id, t.generation, "fail refused: lease no longer held"))
+        return failed, refused
+
+    return operation
+
+
 @router.post("/workers/{worker_id}/fail", summary="End many attempts with their errors, in one transaction")
-def fail_many(body: FailManyBody, request: Request, worker_id: str = WorkerId) -> JSONResponse:
+async def fail_many(body: FailManyBody, request: Request, worker_id: str = WorkerId) -> JSONResponse:
     started = time.perf_counter()
     _no_repeats("tasks", [t.task_id for t in body.tasks])
     for i, t in enumerate(body.tasks):
@@ -382,18 +401,7 @@ def fail_many(body: FailManyBody, request: Request, worker_id: str = WorkerId) -
         if t.delay is not None:
             checks.check_seconds(f"tasks.{i}.delay", t.delay, allow_zero=True, maximum=10 * 365 * 86400.0)
 
-    def operation(view: Queue) -> tuple[list[Task], list[dict[str, Any]]]:
-        failed, refused = [], []
-        for t in body.tasks:
-            try:
-                task = view.get(t.task_id)  # fail() reads attempts from the claim's task, for its backoff
-                failed.append(view.fail(worker_id, _claim(worker_id, t.task_id, t.generation, task), t.error,
-                                        retry=t.retry, block=t.block, delay=t.delay))
-            except (LeaseLost, NotFound):  # the guard wrote nothing: the transaction goes on
-                refused.append(_refusal(t.task_id, t.generation, "fail refused: lease no longer held"))
-        return failed, refused
-
-    failed, refused = in_one_transaction(request, "fail", worker_id, operation)
+    failed, refused = await serve_operation(request, "fail", worker_id, _failing_many(worker_id, body.tasks))
     _metrics(request).lost("fail", len(refused))
     for task in failed:
         _log(logging.INFO, f"failed -> {task.status}", worker_id, started, task.id, task.claim_generation, task.kind)
