@@ -22,6 +22,7 @@ import pytest
 import leaseq
 from leaseq import auth
 from leaseq.core import checks
+from leaseq.core.model import Ending
 from leaseq.worker.transport import Capabilities
 
 from .support import run_out, snapshot
@@ -205,6 +206,31 @@ def test_every_transport_fails_with_the_default_backoff(q: leaseq.Queue, transpo
     assert ceiling / 2 - 1e-5 <= waited <= ceiling + 1e-5
     [*_, event] = [e for e in q.events(task.id) if e.type == "failed"]
     assert event.detail["retry_at"] == failed.available_at.isoformat()
+
+
+def test_every_transport_ends_attempts_each_its_own_way(q: leaseq.Queue, dsn: str, transport: Any) -> None:
+    """``end_attempts`` (over HTTP, ``POST /v1/workers/{id}/end``): one call completes, fails,
+    retries and releases, leaves a refused attempt out, and refuses bad input whole."""
+    a = transport.register_worker("a")
+    for i in range(5):
+        q.enqueue("job", {"n": i}, max_attempts=3)
+    done, failed, retried, released, stale = transport.claim(a, limit=5)
+    q.cancel(stale.task_id, "operator stopped it", by="ops")
+    before = snapshot(dsn)
+    with pytest.raises(leaseq.InvalidInput) as bad:
+        transport.end_attempts(a, [Ending(done, "complete"), Ending(failed, "fail", error="")])
+    assert bad.value.field == "endings.1.error" and snapshot(dsn) == before
+    ended, refused = transport.end_attempts(a, [
+        Ending(done, "complete", result={"ok": 1}), Ending(failed, "fail", error="boom"),
+        Ending(retried, "retry", after=60, reason="rate limited"),
+        Ending(released, "release", reason="stopping", started=False), Ending(stale, "complete")])
+    assert [(e.task_id, e.outcome) for e in ended] == [
+        (done.task_id, "complete"), (failed.task_id, "fail"), (retried.task_id, "retry"),
+        (released.task_id, "release")]
+    assert ended[0].task is None and [e.task.status for e in ended[1:]] == ["queued"] * 3
+    assert [(r.task_id, r.generation) for r in refused] == [(stale.task_id, stale.generation)]
+    assert q.get(done.task_id).result == {"ok": 1} and q.get(failed.task_id).last_error == "boom"
+    assert (q.get(retried.task_id).snoozes, q.get(released.task_id).attempts) == (1, 0)
 
 
 @pytest.mark.parametrize("op", ["heartbeat", "begin_effect", "complete"])

@@ -6,7 +6,7 @@ import enum
 from collections.abc import Generator
 from dataclasses import dataclass, field
 from datetime import datetime
-from typing import Any
+from typing import Any, Literal
 
 
 class Status(str, enum.Enum):
@@ -272,6 +272,45 @@ class Claim:
 
 #: What a lease-guarded operation takes: a :class:`Claim`, or the :class:`AttemptRef` it holds.
 Held = Claim | AttemptRef
+
+
+Outcome = Literal["complete", "fail", "retry", "release"]
+#: The ways an attempt may end.
+OUTCOMES: tuple[Outcome, ...] = ("complete", "fail", "retry", "release")
+
+
+@dataclass(frozen=True)
+class Ending:
+    """One attempt's end: ``outcome`` and its fields (a field of another outcome is refused).
+
+    * ``complete``: ``result`` (JSON);
+    * ``fail``: ``error`` (required), ``retry``, ``block``, ``delay`` (None: the queue's
+      backoff, computed by the guarded statement from the task's attempts);
+    * ``retry``: ``after`` seconds, ``reason`` (required);
+    * ``release``: ``reason`` (required), ``started``.
+    """
+
+    attempt: Held
+    outcome: Outcome
+    result: Any = None
+    error: str | None = None
+    retry: bool = True
+    block: bool = False
+    delay: float | None = None
+    after: float = 0.0
+    reason: str | None = None
+    started: bool = True
+
+
+@dataclass(frozen=True)
+class Ended:
+    """The answer for one :class:`Ending` the guard let through: the task as the attempt
+    left it (None for a completion, whose answer is that it completed)."""
+
+    task_id: int
+    generation: int
+    outcome: Outcome
+    task: Task | None
 
 
 def format_fencing_token(task_id: int, generation: int, epoch: int = 0) -> str:

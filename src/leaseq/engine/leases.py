@@ -1,4 +1,5 @@
-"""Leases: claim, renew, complete, fail, release, report a loss (expiry: :mod:`.expiry`).
+"""Leases: claim, renew, complete many, report a loss (how an attempt ends: :mod:`.endings`;
+expiry: :mod:`.expiry`).
 
 Every write here runs on the strength of a lease, and the lease guard is in
 the SQL (the ``lease_guard`` template of ``sql/<dialect>/queries.sql``): zero
@@ -8,20 +9,18 @@ operations turn into :class:`LeaseLost` (or leave out of a batch's answer).
 
 from __future__ import annotations
 
-import random
 from collections.abc import Iterable, Sequence
 from datetime import datetime
 from typing import Any
 
 from ..core import checks
 from ..core.errors import InvalidInput, InvalidTransition, LeaseLost
-from ..core.model import Claim, Claims, Held, Status, Task, Worker
-from ..core.retry import MAX_RETRY_SECONDS
+from ..core.model import Claim, Claims, Held, Worker
 from . import fairness, limits
-from .common import (Settings, check_claim, check_worker, event, event_params, heartbeats, require_task, to_task,
+from .common import (Settings, check_claim, check_worker, event_params, heartbeats, require_task, to_task,
                      worker_id)
-from .dependencies import FAILED_ENDS, settle_dependents
-from .expiry import route, route_expired, wake_due
+from .dependencies import settle_dependents
+from .expiry import route_expired, wake_due
 from .steps import BEGIN, BEGIN_ONE, COMMIT, Op, one, rows
 
 
@@ -287,103 +286,6 @@ def _complete_batch(s: Settings, wid: str, items: list[dict[str, Any]], *,
             event_params(s, r["id"], "completed", claimed[r["id"]], wid, attempt=r["attempts"],
                          **heartbeats(r)) for r in completed])
     return completed
-
-
-def complete(s: Settings, worker: Worker | str, claim: Held, result: Any = None) -> Op[None]:
-    """:meth:`leaseq.Queue.complete`: a batch of one."""
-    completed = yield from complete_many(s, worker, [(claim, result)])  # checks the claim first
-    if claim.task_id not in completed:
-        raise LeaseLost(claim.task_id, claim.generation, "complete refused: lease no longer held")
-
-
-def _backoff(delay: float | None) -> dict[str, float]:
-    """The default backoff's parameters for fail_task, which computes it from the row's
-    attempts where ``delay`` is None (:func:`leaseq.core.checks.backoff_seconds`'s
-    arithmetic): its base, cap and jitter, drawn here as backoff_seconds draws it (only
-    when it is used, so the random stream is the same)."""
-    return dict(backoff_base=float(checks.BACKOFF_BASE_SECONDS), backoff_cap=float(checks.BACKOFF_CAP_SECONDS),
-                jitter=random.random() if delay is None else 0.0)
-
-
-def fail(s: Settings, worker: Worker | str, claim: Held, error: str, *, retry: bool = True,
-         block: bool = False, delay: float | None = None) -> Op[Task]:
-    """:meth:`leaseq.Queue.fail`. Where the task goes, and why, is the fail_task query's answer."""
-    wid = worker_id(worker)
-    claim = check_claim(wid, claim)
-    checks.check_text("error", error, required=True)
-    if not isinstance(retry, bool) or not isinstance(block, bool):
-        raise InvalidInput("retry" if not isinstance(retry, bool) else "block", "must be true or false")
-    if delay is not None:
-        delay = checks.check_seconds("delay", delay, allow_zero=True, maximum=10 * 365 * 86400.0)
-    yield BEGIN
-    row = yield one("fail_task", task_id=claim.task_id, worker_id=wid, generation=claim.generation, error=error,
-                    fingerprint=checks.error_fingerprint(error), retry=retry, block=block, delay=delay,
-                    **_backoff(delay), max_same_error=s.max_same_error)
-    if row is None:
-        raise LeaseLost(claim.task_id, claim.generation, "fail refused: lease no longer held")
-    yield from limits.release(s, [row])
-    detail: dict[str, Any] = dict(error=error, attempt=row["attempts"], next_status=row["status"],
-                                  error_streak=row["error_streak"], **heartbeats(row))
-    if row["status"] == Status.QUEUED:
-        detail["retry_at"] = row["available_at"].isoformat()
-    yield from event(s, claim.task_id, "failed", claim.generation, wid, **detail)
-    if row["status"] != Status.QUEUED:
-        yield from event(s, claim.task_id, row["status"], claim.generation, wid, reason=row["reason"])
-    if row["status"] in FAILED_ENDS:
-        yield from settle_dependents(s, [claim.task_id])
-    task = yield one("get_task", task_id=claim.task_id)
-    yield COMMIT
-    return to_task(task)
-
-
-def retry(s: Settings, worker: Worker | str, claim: Held, after: float, reason: str) -> Op[Task]:
-    """:meth:`leaseq.Queue.retry`: the attempt ends on request, and the task runs again
-    ``after`` seconds later; the retry_task query decides where it goes. Past
-    ``max_snoozes`` requests the attempt is recorded as a failure instead."""
-    wid = worker_id(worker)
-    claim = check_claim(wid, claim)
-    after = checks.check_seconds("after", after, allow_zero=True, maximum=MAX_RETRY_SECONDS)
-    checks.check_text("reason", reason, required=True)
-    yield BEGIN
-    row = yield one("retry_task", task_id=claim.task_id, worker_id=wid, generation=claim.generation, after=after,
-                    max_snoozes=s.max_snoozes)
-    if row is None:
-        if (yield one("lock_lease", task_id=claim.task_id, worker_id=wid, generation=claim.generation)) is None:
-            raise LeaseLost(claim.task_id, claim.generation, "retry refused: lease no longer held")
-        # the lease is held, so the limit stopped it: the request counts as a failure
-        yield COMMIT
-        return (yield from fail(s, worker, claim, f"retry requested more than max_snoozes={s.max_snoozes} "
-                                                  f"times; last reason: {reason}", retry=True))
-    yield from limits.release(s, [row])  # the attempt ended: its limit slots come back
-    yield from event(s, claim.task_id, "retry_requested", claim.generation, wid, reason=reason, after=after,
-                     retry_at=row["available_at"].isoformat(), snoozes=row["snoozes"], next_status=row["status"],
-                     **heartbeats(row))
-    if row["status"] != Status.QUEUED:
-        yield from event(s, claim.task_id, row["status"], claim.generation, wid, reason=row["reason"])
-    task = yield one("get_task", task_id=claim.task_id)
-    yield COMMIT
-    return to_task(task)
-
-
-def release(s: Settings, worker: Worker | str, claim: Held, reason: str = "released", *,
-            started: bool = True) -> Op[Task]:
-    """:meth:`leaseq.Queue.release`: the lease ends now and the recovery policy routes the task
-    (``started=False``: its handler never began, and the attempt is given back with it)."""
-    wid = worker_id(worker)
-    claim = check_claim(wid, claim)
-    checks.check_text("reason", reason, required=True)
-    if type(started) is not bool:
-        raise InvalidInput("started", f"must be true or false, not {started!r}")
-    yield BEGIN
-    row = yield one("expire_lease", task_id=claim.task_id, worker_id=wid, generation=claim.generation,
-                    unstarted=not started)
-    if row is None:
-        raise LeaseLost(claim.task_id, claim.generation, "release refused: lease no longer held")
-    yield from route(s, [row], event_type="lease_released", reason=reason,
-                      **({} if started else {"started": False}))
-    task = yield one("get_task", task_id=claim.task_id)
-    yield COMMIT
-    return to_task(task)
 
 
 def report_loss(s: Settings, worker: Worker | str, claim: Held, reason: str) -> Op[None]:

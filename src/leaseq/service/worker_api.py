@@ -330,7 +330,7 @@ async def complete(body: CompleteBody, request: Request, task_id: int = TaskId,
     claim = _attempt(worker_id, task_id, body.generation)
     started = time.perf_counter()
     await _guarded(request, "complete", worker_id,
-                   lambda view: engine.leases.complete(view.settings, worker_id, claim, body.result))
+                   lambda view: engine.endings.complete(view.settings, worker_id, claim, body.result))
     _log(logging.DEBUG, "completed", worker_id, started, task_id, body.generation)
     return {"completed": True, "task_id": task_id}
 
@@ -342,8 +342,8 @@ def _failing(view: Queue, worker_id: str, task_id: int, body: FailBody) -> Op[Ta
         if body.block or not body.retry or body.delay is not None:
             raise InvalidInput("retry_after", "asks for a retry on request: not with block, retry=false "
                                               "or delay")
-        return (yield from engine.leases.retry(view.settings, worker_id, claim, body.retry_after, body.error))
-    return (yield from engine.leases.fail(view.settings, worker_id, claim, body.error, retry=body.retry,
+        return (yield from engine.endings.retry(view.settings, worker_id, claim, body.retry_after, body.error))
+    return (yield from engine.endings.fail(view.settings, worker_id, claim, body.error, retry=body.retry,
                                           block=body.block, delay=body.delay))
 
 
@@ -361,7 +361,7 @@ async def fail(body: FailBody, request: Request, task_id: int = TaskId, worker_i
 async def release(body: ReleaseBody, request: Request, task_id: int = TaskId,
                   worker_id: str = WorkerId) -> dict[str, Any]:
     claim = _attempt(worker_id, task_id, body.generation)
-    task = await _guarded(request, "release", worker_id, lambda view: engine.leases.release(
+    task = await _guarded(request, "release", worker_id, lambda view: engine.endings.release(
         view.settings, worker_id, claim, body.reason, started=body.started))
     if task.status == "queued":
         request.app.state.work_signal.wake(task.queue)

@@ -30,7 +30,10 @@ checks and the same operations, awaited); elsewhere, in a thread.
   for work, and its refusal or failure (a refused queue, an outage) never
   undoes the completions: it is reported in ``claim_error`` and the worker
   claims on its own.
-* ``renew``, ``complete`` and ``fail`` take many leases at once. A lease the
+* ``end`` ends many attempts, each its own way (``outcome``: complete, fail,
+  retry or release, with that outcome's fields): the engine's one
+  :func:`leaseq.engine.endings.end_attempts`, the completions in one statement.
+* ``renew``, ``complete``, ``fail`` and ``end`` take many leases at once. A lease the
   guard refuses is reported in ``refused`` (``lease_lost``) and the others
   go through: a partly refused batch is not an error. Bad input (an
   oversized batch, a task named twice, an unusable value) refuses the whole
@@ -49,7 +52,7 @@ import logging
 import time
 from collections.abc import Callable
 from contextlib import ExitStack
-from typing import Any
+from typing import Any, Literal
 
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse
@@ -58,7 +61,7 @@ from starlette.concurrency import run_in_threadpool
 
 from ..core import checks
 from ..core.errors import InvalidInput, LeaseLost, LeaseqError
-from ..core.model import AttemptRef, Claim, Claims, Task
+from ..core.model import AttemptRef, Claim, Claims, Ended, Ending
 from .. import engine
 from ..engine.leases import MAX_CLAIM, check_kinds
 from ..engine.steps import Op, T
@@ -373,35 +376,24 @@ class FailManyBody(Body):
     tasks: list[Failure] = Field(max_length=MAX_BATCH)
 
 
-def _failing_many(worker_id: str, tasks: list[Failure]) -> Callable[[Queue], Op[tuple[list[Task], list[dict[str, Any]]]]]:
-    """The failures, one guarded statement each, in one transaction: a refused one is
-    left out (the guard wrote nothing) and the others go through. No task is read
-    first: the default backoff is the guarded statement's own."""
-
-    def operation(view: Queue) -> Op[tuple[list[Task], list[dict[str, Any]]]]:
-        failed, refused = [], []
-        for t in tasks:
-            try:
-                failed.append((yield from engine.leases.fail(
-                    view.settings, worker_id, AttemptRef(t.task_id, t.generation, worker_id), t.error,
-                    retry=t.retry, block=t.block, delay=t.delay)))
-            except LeaseLost:
-                refused.append(_refusal(t.task_id, t.generation, "fail refused: lease no longer held"))
-        return failed, refused
-
-    return operation
+def _failing_many(worker_id: str, tasks: list[Failure]) -> Callable[[Queue], Op[tuple[list[Ended], list[AttemptRef]]]]:
+    """The failures, one guarded statement each, in one transaction
+    (:func:`leaseq.engine.endings.end_attempts`): a refused one is left out (the guard
+    wrote nothing) and the others go through. No task is read first: the default
+    backoff is the guarded statement's own."""
+    endings = [Ending(AttemptRef(t.task_id, t.generation, worker_id), "fail", error=t.error, retry=t.retry,
+                      block=t.block, delay=t.delay) for t in tasks]
+    return lambda view: engine.endings.end_attempts(view.settings, worker_id, endings, field="tasks")
 
 
 @router.post("/workers/{worker_id}/fail", summary="End many attempts with their errors, in one transaction")
 async def fail_many(body: FailManyBody, request: Request, worker_id: str = WorkerId) -> JSONResponse:
     started = time.perf_counter()
-    _no_repeats("tasks", [t.task_id for t in body.tasks])
-    for i, t in enumerate(body.tasks):
-        checks.check_text(f"tasks.{i}.error", t.error, required=True)
-        if t.delay is not None:
-            checks.check_seconds(f"tasks.{i}.delay", t.delay, allow_zero=True, maximum=10 * 365 * 86400.0)
+    _no_repeats("tasks", [t.task_id for t in body.tasks])  # each failure is checked by end_attempts
 
-    failed, refused = await serve_operation(request, "fail", worker_id, _failing_many(worker_id, body.tasks))
+    ended, lost = await serve_operation(request, "fail", worker_id, _failing_many(worker_id, body.tasks))
+    failed = [e.task for e in ended if e.task is not None]
+    refused = [_refusal(r.task_id, r.generation, "fail refused: lease no longer held") for r in lost]
     _metrics(request).lost("fail", len(refused))
     for task in failed:
         _log(logging.INFO, f"failed -> {task.status}", worker_id, started, task.id, task.claim_generation, task.kind)
@@ -409,3 +401,77 @@ async def fail_many(body: FailManyBody, request: Request, worker_id: str = Worke
         _log(logging.INFO, "fail refused: lease no longer held", worker_id, started, r["task_id"], r["generation"])
     return _json({"failed": to_json(failed), "refused": refused})
 
+
+
+# -- end many attempts, each its own way --------------------------------------------------------
+
+#: The action each outcome is authorized as (a retry on request is a failure's).
+_ACTION_OF = {"complete": "complete", "fail": "fail", "retry": "fail", "release": "release"}
+#: Each outcome's fields' values when the request leaves them out (Queue's own defaults).
+_REASON = {"retry": "retry requested", "release": "released"}
+
+
+class AttemptEnd(Item):
+    """One attempt and how it ends: ``outcome`` and that outcome's fields (see
+    :class:`leaseq.engine.endings.Ending`); a field of another outcome is refused."""
+
+    task_id: int = Field(ge=1, le=2**63 - 1)
+    generation: int = Field(ge=0, le=2**63 - 1)
+    outcome: Literal["complete", "fail", "retry", "release"]
+    #: complete: the task's result
+    result: Any = None
+    #: fail: the error (required)
+    error: str | None = None
+    retry: bool = True
+    block: bool = False
+    #: fail: seconds before the next attempt (absent: the queue's backoff)
+    delay: float | None = None
+    #: retry: seconds before the task runs again
+    after: float = 0.0
+    #: retry, release: why (defaults "retry requested", "released")
+    reason: str | None = None
+    #: release: false when the handler never began (the attempt is given back)
+    started: bool = True
+
+
+class EndBody(Body):
+    attempts: list[AttemptEnd] = Field(max_length=MAX_BATCH)
+
+
+@router.post("/workers/{worker_id}/end", summary="End many attempts, each as completed, failed, retried or "
+                                                 "released, in one transaction")
+async def end_attempts(body: EndBody, request: Request, worker_id: str = WorkerId) -> JSONResponse:
+    started = time.perf_counter()
+    _no_repeats("attempts", [a.task_id for a in body.attempts])
+    endings = [Ending(AttemptRef(a.task_id, a.generation, worker_id), a.outcome, result=a.result, error=a.error,
+                      retry=a.retry, block=a.block, delay=a.delay, after=a.after,
+                      reason=_REASON.get(a.outcome) if a.reason is None else a.reason, started=a.started)
+               for a in body.attempts]
+    actions = sorted({_ACTION_OF[a.outcome] for a in body.attempts}) or ["complete"]
+
+    def operation(view: Queue) -> Op[tuple[list[Ended], list[AttemptRef]]]:
+        for action in actions[1:]:  # the first is the request's own, authorized with its token
+            authorize_also(request, action, worker_id, None)
+        return engine.endings.end_attempts(view.settings, worker_id, endings, field="attempts")
+
+    ended, lost = await serve_operation(request, actions[0], worker_id, operation)
+    outcome_of = {a.task_id: a.outcome for a in body.attempts}
+    refused = [_refusal(r.task_id, r.generation, f"{outcome_of[r.task_id]} refused: lease no longer held")
+               for r in lost]
+    metrics = _metrics(request)
+    for r in lost:
+        metrics.lost(_ACTION_OF[outcome_of[r.task_id]])
+        _log(logging.INFO, f"{outcome_of[r.task_id]} refused: lease no longer held", worker_id, started, r.task_id,
+             r.generation)
+    answer = []
+    for e in ended:
+        if e.task is None:
+            _log(logging.DEBUG, "completed", worker_id, started, e.task_id, e.generation)
+        else:
+            _log(logging.INFO if e.outcome == "fail" else logging.DEBUG, f"{e.outcome} -> {e.task.status}",
+                 worker_id, started, e.task_id, e.generation, e.task.kind)
+            if e.task.status == "queued":
+                _signal(request).wake(e.task.queue)
+        answer.append({"task_id": e.task_id, "generation": e.generation, "outcome": e.outcome,
+                       "task": None if e.task is None else to_json(e.task)})
+    return _json({"ended": answer, "refused": refused})
