@@ -24,8 +24,8 @@ if TYPE_CHECKING:
                               ConfigError, CredentialMissing, IdempotencyKeyConflict, InvalidInput,
                               InvalidTransition, LeaseLost, LeaseqError, NotFound, Permanent, QueuePaused,
                               StaleToken, ToolCallDiverged, UnknownWorker, WaitTimedOut)
-    from .core.model import (Approval, ChildHandle, Claim, Claims, Effect, EffectKind, Event, Status, StreamItem,
-                             Task, Worker)
+    from .core.model import (Approval, AttemptRef, ChildHandle, Claim, Claims, Effect, EffectKind, Ended, Ending,
+                             Event, Status, StreamItem, Task, Worker)
     from .core.retry import Retry, RetryPolicy
     from .engine.approvals import approval_digest
     from .queue import Queue, connect
@@ -42,8 +42,8 @@ _HOMES = {
                      "ConfigError", "CredentialMissing", "IdempotencyKeyConflict", "InvalidInput",
                      "InvalidTransition", "LeaseLost", "LeaseqError", "NotFound", "Permanent", "QueuePaused",
                      "StaleToken", "ToolCallDiverged", "UnknownWorker", "WaitTimedOut"),
-    ".core.model": ("Approval", "ChildHandle", "Claim", "Claims", "Effect", "EffectKind", "Event", "Status",
-                    "StreamItem", "Task", "Worker"),
+    ".core.model": ("Approval", "AttemptRef", "ChildHandle", "Claim", "Claims", "Effect", "EffectKind", "Ended",
+                    "Ending", "Event", "Status", "StreamItem", "Task", "Worker"),
     ".core.retry": ("Retry", "RetryPolicy"),
     ".engine.approvals": ("approval_digest",),
     ".queue": ("Queue", "connect"),
@@ -54,7 +54,8 @@ _HOME_OF = {name: module for module, names in _HOMES.items() for name in names}
 
 __all__ = [
     "App", "Approval", "ApprovalExpired", "ApprovalMismatch", "approval_digest", "CredentialMissing", "Permanent", "TaskDefinition", "TaskContext",
-    "AsyncQueue", "BackendUnavailable", "BudgetSpent", "ChildFailed", "ChildHandle", "Claim", "Claims", "ConfigError", "Effect", "EffectKind", "Event",
+    "AsyncQueue", "AttemptRef", "BackendUnavailable", "BudgetSpent", "ChildFailed", "ChildHandle", "Claim", "Claims", "ConfigError", "Effect", "EffectKind",
+    "Ended", "Ending", "Event",
     "IdempotencyKeyConflict", "InvalidInput", "InvalidTransition", "LeaseLost", "LeaseqError", "NotFound", "Queue", "QueuePaused",
     "Retry", "RetryPolicy",
     "StaleToken", "Status", "StreamItem", "Task", "Tool", "ToolCallDiverged", "UnknownWorker", "WaitTimedOut", "Worker", "connect",

@@ -60,8 +60,9 @@ from .core import policy
 from .core.checks import check_trace_context
 from .engine.children import check_children
 from .engine.durable import check_signal_name, check_until
-from .core.model import Claim, Claims, Effect, StreamItem, Task, Worker
+from .core.model import AttemptRef, Claim, Claims, Effect, Ended, Ending, StreamItem, Task, Worker
 from .engine.effects import check_effect_of
+from .engine.endings import check_endings
 from .engine.streams import check_cursor, check_follow, check_item
 from .engine.waits import check_timeout, timed_out
 from .observability.tracing import atraced_enqueue, atraced_enqueue_many, traced_enqueue, traced_enqueue_many
@@ -196,6 +197,14 @@ def _close(entries: Iterator[Any]) -> None:
 
 #: An operation: yields the requests it sends, is sent each one's decoded answer, returns its value.
 _Op = Generator[_Request, Any, T]
+
+#: Each outcome's fields on the wire (``POST /v1/workers/{id}/end``), from a checked Ending.
+_ENDING_FIELDS: dict[str, Any] = {
+    "complete": lambda e: {"result": e.result},
+    "fail": lambda e: {"error": e.error, "retry": e.retry, "block": e.block, "delay": e.delay},
+    "retry": lambda e: {"after": e.after, "reason": e.reason},
+    "release": lambda e: {"reason": e.reason, "started": e.started},
+}
 
 
 def _answer(url: str, status: int, data: bytes) -> Any:
@@ -362,6 +371,22 @@ class _Operations:
             return {}
         data = yield _Request("POST", path, {"tasks": items})
         return {t.id: t for t in (task_from(d) for d in data["failed"])}
+
+    def _end_attempts(self, worker: Worker | str,
+                      endings: Sequence[Ending]) -> _Op[tuple[list[Ended], list[AttemptRef]]]:
+        wid, path = self._worker_path(worker, None, "end")
+        items = []
+        for ref, e in check_endings(wid, endings):
+            item: dict[str, Any] = {"task_id": ref.task_id, "generation": ref.generation, "outcome": e.outcome}
+            # only the outcome's own fields, and only those that say something
+            item.update({k: v for k, v in _ENDING_FIELDS[e.outcome](e).items() if v is not None})
+            items.append(item)
+        if not items:
+            return [], []
+        data = yield _Request("POST", path, {"attempts": items})
+        ended = [Ended(d["task_id"], d["generation"], d["outcome"], None if d["task"] is None else task_from(d["task"]))
+                 for d in data["ended"]]
+        return ended, [AttemptRef(r["task_id"], r["generation"], wid) for r in data["refused"]]
 
     def _release(self, worker: Worker | str, claim: Claim, reason: str, started: bool) -> _Op[Task]:
         _, path = self._worker_path(worker, claim, "release")
@@ -731,6 +756,12 @@ class RemoteQueue(_Operations):
         the answer had lost its lease and was left untouched.
         """
         return self._run(self._fail_many(worker, failed, retry, block, delay))
+
+    def end_attempts(self, worker: Worker | str,
+                     endings: Sequence[Ending]) -> tuple[list[Ended], list[AttemptRef]]:
+        """End many attempts in one request (``POST /v1/workers/{id}/end``), each as its
+        :class:`leaseq.Ending` says: see :meth:`leaseq.Queue.end_attempts`."""
+        return self._run(self._end_attempts(worker, endings))
 
     def release(self, worker: Worker | str, claim: Claim, reason: str = "released", *,
                 started: bool = True) -> Task:
@@ -1116,6 +1147,11 @@ class AsyncRemoteQueue(_Operations):
                         block: bool = False, delay: float | None = None) -> dict[int, Task]:
         """:meth:`RemoteQueue.fail_many`, awaited."""
         return await self._run(self._fail_many(worker, failed, retry, block, delay))
+
+    async def end_attempts(self, worker: Worker | str,
+                           endings: Sequence[Ending]) -> tuple[list[Ended], list[AttemptRef]]:
+        """:meth:`RemoteQueue.end_attempts`, awaited."""
+        return await self._run(self._end_attempts(worker, endings))
 
     async def release(self, worker: Worker | str, claim: Claim, reason: str = "released", *,
                       started: bool = True) -> Task:

@@ -232,7 +232,8 @@ SAMPLE = dict(
     CLAIM_PARAMS, task_id=1, generation=1, task_ids=[1, 2], generations=[1, 1], leases={"1": 1, "2": 1},
     result=None, items=[
         {"task_id": 1, "generation": 1, "result": None}], block=False, retry=True, fingerprint="f",
-    max_same_error=3, error="e", delay=0.0, type="note", detail={}, events=[
+    max_same_error=3, error="e", delay=0.0, backoff_base=1.0, backoff_cap=3600.0, jitter=0.5, type="note", detail={},
+    events=[
         {"task_id": 1, "type": "note", "generation": 1, "worker_id": "w", "detail": {}}],
     kind="noop", payload={}, effect="read_only", priority=0, idempotency_key="k", max_attempts=5,
     tasks=[{"payload": {}, "idempotency_key": "k"}], singleton_key=None, debounce_key=None, scope="singleton",

@@ -6,9 +6,12 @@ reconciliation, requeue, release and retry backoff.
 
 from __future__ import annotations
 
+import random
+
 import pytest
 
 import leaseq
+from leaseq.core import checks
 
 from .support import WORKING_LEASE, seconds_between, snapshot, wait_expired, wait_until
 
@@ -293,3 +296,23 @@ def test_default_backoff_grows_with_attempts(q: leaseq.Queue) -> None:
     assert 0.5 <= seconds_between(first.available_at, before) <= 1.2
     assert q.claim(a) == []
     assert q.get(t.id).available_at == first.available_at
+
+
+@pytest.mark.parametrize("attempts", [1, 2, 5, 12, 13, 40])
+def test_default_backoff_is_the_python_rule_to_the_number(q: leaseq.Queue, attempts: int) -> None:
+    # fail_task computes the default backoff from the row's attempts, in SQL; for the same
+    # random draw it is core.checks.backoff_seconds's number (12 and 13 straddle the cap)
+    a = q.register_worker("a")
+    t = q.enqueue("job", max_attempts=100)
+    for n in range(1, attempts):  # earlier attempts fail at once, each with its own error
+        [c] = q.claim(a)
+        q.fail(a, c, "flaky " + "x" * n, delay=0)
+    [c] = q.claim(a)
+    assert c.task.attempts == attempts
+    random.seed(attempts)
+    failed = q.fail(a, c, "flaky at last")
+    expected = checks.backoff_seconds(attempts, rng=random.Random(attempts))
+    assert failed.status == "queued" and failed.updated_at is not None
+    # the statement's clock stamps both: their difference is the delay
+    assert seconds_between(failed.available_at, failed.updated_at) == pytest.approx(expected, abs=2e-5)
+    assert q.get(t.id).available_at == failed.available_at

@@ -21,6 +21,8 @@ import pytest
 
 import leaseq
 from leaseq import auth
+from leaseq.core import checks
+from leaseq.core.model import Ending
 from leaseq.worker.transport import Capabilities
 
 from .support import run_out, snapshot
@@ -81,6 +83,7 @@ GUARDED: dict[str, Callable[[Any, Any, leaseq.Claim, Any], Any]] = {
     "complete": lambda t, w, c, fx: t.complete(w, c, result={"stale": True}),
     "complete_many": lambda t, w, c, fx: _lost_if_missing(c, t.complete_many(w, [(c, {"stale": True})])),
     "fail": lambda t, w, c, fx: t.fail(w, c, "boom", delay=0),
+    "fail_with_backoff": lambda t, w, c, fx: t.fail(w, c, "boom"),
     "release": lambda t, w, c, fx: t.release(w, c),
     "release_unstarted": lambda t, w, c, fx: t.release(w, c, "never started", started=False),
     "retry": lambda t, w, c, fx: t.retry(w, c, after=0, reason="told to come back"),
@@ -183,6 +186,51 @@ def test_every_transport_refuses_a_started_that_is_not_a_boolean(q: leaseq.Queue
         assert "started" in info.value.field or "started" in str(info.value), (hostile, info.value)
         assert snapshot(dsn) == before, hostile
     assert transport.release(a, claim, "stopping", started=False).attempts == 0
+
+
+@pytest.mark.parametrize("attempts", [1, 4])
+def test_every_transport_fails_with_the_default_backoff(q: leaseq.Queue, transport: Any, attempts: int) -> None:
+    """A failure with no delay waits the default backoff for the attempt that failed:
+    between half and all of ``min(cap, base * 2**(attempts-1))``, computed by the guarded
+    statement from the row (over HTTP, with no read of the task before it)."""
+    a = transport.register_worker("a")
+    task = q.enqueue("job", max_attempts=10)
+    for n in range(1, attempts):
+        [claim] = transport.claim(a)
+        transport.fail(a, claim, "flaky " + "x" * n, delay=0)
+    [claim] = transport.claim(a)
+    failed = transport.fail(a, claim, "flaky at last")
+    ceiling = min(checks.BACKOFF_CAP_SECONDS, checks.BACKOFF_BASE_SECONDS * 2 ** (attempts - 1))
+    assert (failed.id, failed.status, failed.attempts) == (task.id, "queued", attempts)
+    waited = (failed.available_at - failed.updated_at).total_seconds()
+    assert ceiling / 2 - 1e-5 <= waited <= ceiling + 1e-5
+    [*_, event] = [e for e in q.events(task.id) if e.type == "failed"]
+    assert event.detail["retry_at"] == failed.available_at.isoformat()
+
+
+def test_every_transport_ends_attempts_each_its_own_way(q: leaseq.Queue, dsn: str, transport: Any) -> None:
+    """``end_attempts`` (over HTTP, ``POST /v1/workers/{id}/end``): one call completes, fails,
+    retries and releases, leaves a refused attempt out, and refuses bad input whole."""
+    a = transport.register_worker("a")
+    for i in range(5):
+        q.enqueue("job", {"n": i}, max_attempts=3)
+    done, failed, retried, released, stale = transport.claim(a, limit=5)
+    q.cancel(stale.task_id, "operator stopped it", by="ops")
+    before = snapshot(dsn)
+    with pytest.raises(leaseq.InvalidInput) as bad:
+        transport.end_attempts(a, [Ending(done, "complete"), Ending(failed, "fail", error="")])
+    assert bad.value.field == "endings.1.error" and snapshot(dsn) == before
+    ended, refused = transport.end_attempts(a, [
+        Ending(done, "complete", result={"ok": 1}), Ending(failed, "fail", error="boom"),
+        Ending(retried, "retry", after=60, reason="rate limited"),
+        Ending(released, "release", reason="stopping", started=False), Ending(stale, "complete")])
+    assert [(e.task_id, e.outcome) for e in ended] == [
+        (done.task_id, "complete"), (failed.task_id, "fail"), (retried.task_id, "retry"),
+        (released.task_id, "release")]
+    assert ended[0].task is None and [e.task.status for e in ended[1:]] == ["queued"] * 3
+    assert [(r.task_id, r.generation) for r in refused] == [(stale.task_id, stale.generation)]
+    assert q.get(done.task_id).result == {"ok": 1} and q.get(failed.task_id).last_error == "boom"
+    assert (q.get(retried.task_id).snoozes, q.get(released.task_id).attempts) == (1, 0)
 
 
 @pytest.mark.parametrize("op", ["heartbeat", "begin_effect", "complete"])

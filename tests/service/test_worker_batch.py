@@ -109,14 +109,14 @@ def test_fail_many_ends_the_held_attempts_and_reports_the_refused(svc) -> None:
     assert svc.q.get(a.task_id).last_error == "boom"
 
 
-@pytest.mark.parametrize("route", ["complete", "fail", "renew"])
+@pytest.mark.parametrize("route", ["complete", "fail", "renew", "end"])
 def test_hostile_batches_are_refused_whole_and_change_nothing(svc, route: str) -> None:
     rq, w, token = _worker(svc)
     for i in range(3):
         svc.q.enqueue("job", {"n": i})
     claims = rq.claim(w, limit=3)
-    key = "leases" if route == "renew" else "tasks"
-    extra: dict[str, Any] = {"error": "x"} if route == "fail" else {}
+    key = {"renew": "leases", "end": "attempts"}.get(route, "tasks")
+    extra: dict[str, Any] = {"fail": {"error": "x"}, "end": {"outcome": "complete"}}.get(route, {})
     limit = 10_000 if route == "renew" else 1000
     one = {"task_id": claims[0].task_id, "generation": claims[0].generation, **extra}
     cases = {
@@ -130,6 +130,15 @@ def test_hostile_batches_are_refused_whole_and_change_nothing(svc, route: str) -
     if route == "fail":
         cases["empty error"] = ({key: [{**one, "error": ""}]}, f"{key}.0.error")
         cases["negative delay"] = ({key: [{**one, "delay": -1.0}]}, f"{key}.0.delay")
+    if route == "end":  # the first attempt fine, a later one not: neither ends
+        good = {**one, "task_id": claims[1].task_id, "generation": claims[1].generation}
+        cases["unknown outcome"] = ({key: [{**one, "outcome": "vanish"}]}, f"{key}.0.outcome")
+        cases["another outcome's field"] = ({key: [good, {**one, "error": "x"}]}, f"{key}.1.error")
+        cases["fail without an error"] = ({key: [good, {**one, "outcome": "fail"}]}, f"{key}.1.error")
+        cases["empty reason"] = ({key: [good, {**one, "outcome": "release", "reason": " "}]}, f"{key}.1.reason")
+        cases["negative after"] = ({key: [good, {**one, "outcome": "retry", "after": -1}]}, f"{key}.1.after")
+        cases["started not a boolean"] = ({key: [good, {**one, "outcome": "release", "started": "no"}]},
+                                          f"{key}.1.started")
     before = snapshot(svc.dsn)
     with svc.http(token) as http:
         for name, (body, field) in cases.items():
@@ -139,6 +148,46 @@ def test_hostile_batches_are_refused_whole_and_change_nothing(svc, route: str) -
     assert snapshot(svc.dsn) == before
 
 
+def test_end_ends_each_attempt_its_own_way_and_reports_the_refused(svc) -> None:
+    """``POST /v1/workers/{id}/end``: one request ends attempts as completed, failed,
+    retried and released (the engine's one end_attempts); a refused lease is reported
+    in ``refused`` and the others go through."""
+    rq, w, token = _worker(svc)
+    other_rq, other, _ = _worker(svc, "other")
+    ids = [svc.q.enqueue("job", {"n": i}, max_attempts=3).id for i in range(6)]
+    done, failed, retried, released, stale = rq.claim(w, limit=5)
+    [theirs] = other_rq.claim(other)
+    svc.q.cancel(stale.task_id, "operator stopped it")
+    body = {"attempts": [
+        {**_items([done])[0], "outcome": "complete", "result": {"ok": True}},
+        {**_items([failed])[0], "outcome": "fail", "error": "boom"},  # the queue's backoff
+        {**_items([retried])[0], "outcome": "retry", "after": 30, "reason": "rate limited"},
+        {**_items([released])[0], "outcome": "release", "started": False},
+        {**_items([stale])[0], "outcome": "complete"},
+        {**_items([theirs])[0], "outcome": "fail", "error": "not mine"}]}
+    with svc.http(token) as http:
+        resp = http.post(f"/v1/workers/{w.id}/end", json=body)
+    assert resp.status_code == 200, resp.text
+    data = resp.json()
+    assert [(e["task_id"], e["outcome"]) for e in data["ended"]] == [
+        (done.task_id, "complete"), (failed.task_id, "fail"), (retried.task_id, "retry"),
+        (released.task_id, "release")]
+    assert data["ended"][0]["task"] is None
+    assert [e["task"]["status"] for e in data["ended"][1:]] == ["queued", "queued", "queued"]
+    assert [(r["task_id"], r["code"], r["reason"]) for r in data["refused"]] == [
+        (stale.task_id, "lease_lost", "complete refused: lease no longer held"),
+        (theirs.task_id, "lease_lost", "fail refused: lease no longer held")]
+    assert svc.q.get(done.task_id).result == {"ok": True} and svc.q.get(done.task_id).status == "completed"
+    f = svc.q.get(failed.task_id)
+    assert f.last_error == "boom" and 0.5 - 1e-5 <= (f.available_at - f.updated_at).total_seconds() <= 1 + 1e-5
+    assert svc.q.get(retried.task_id).snoozes == 1 and svc.q.get(retried.task_id).attempts == 0
+    [event] = [e for e in svc.q.events(released.task_id) if e.type == "lease_released"]
+    assert event.detail["reason"] == "released" and event.detail["started"] is False
+    assert svc.q.get(stale.task_id).status == "cancelled"
+    assert svc.q.get(theirs.task_id).status == "running" and svc.q.get(theirs.task_id).last_error is None
+    assert len(ids) == 6
+
+
 def test_batches_for_a_worker_of_another_token_are_forbidden(svc) -> None:
     rq, w, _ = _worker(svc)
     _, _, intruder = _worker(svc, "intruder")
@@ -146,8 +195,9 @@ def test_batches_for_a_worker_of_another_token_are_forbidden(svc) -> None:
     [claim] = rq.claim(w)
     before = snapshot(svc.dsn)
     with svc.http(intruder) as http:
-        for route, key in (("complete", "tasks"), ("fail", "tasks"), ("renew", "leases"), ("claim", None)):
-            extra = {"error": "x"} if route == "fail" else {}
+        for route, key in (("complete", "tasks"), ("fail", "tasks"), ("renew", "leases"), ("claim", None),
+                           ("end", "attempts")):
+            extra = {"fail": {"error": "x"}, "end": {"outcome": "release"}}.get(route, {})
             body = {"queue": "default"} if key is None else {key: _items([claim], **extra)}
             resp = http.post(f"/v1/workers/{w.id}/{route}", json=body)
             assert resp.status_code == 403 and error_of(resp)["code"] == "forbidden", (route, resp.text)
@@ -260,8 +310,11 @@ def test_claims_renewals_and_completions_on_postgresql_never_leave_the_event_loo
     done, more = rq.complete_and_claim(w, [(c, None) for c in claims], limit=2)
     assert done == {c.task_id for c in claims} and len(more) == 2
     assert rq.complete_many(w, [(c, None) for c in more]) == {c.task_id for c in more}
-    # the claim, the renewal, the completions with a claim, the completions
-    assert blocking == [] and len(asyncio_side) == 4
+    [c1, c2] = rq.claim(w, limit=2)
+    assert set(rq.fail_many(w, [(c1, "boom")])) == {c1.task_id}
+    assert rq.fail(w, c2, "boom").status == "queued"
+    # the claims, the renewal, the completions with a claim, the completions, the failures
+    assert blocking == [] and len(asyncio_side) == 7
     assert len(set(asyncio_side)) == 1 and "AnyIO" not in asyncio_side[0]  # the server's own loop thread
 
 

@@ -6,7 +6,7 @@ import enum
 from collections.abc import Generator
 from dataclasses import dataclass, field
 from datetime import datetime
-from typing import Any
+from typing import Any, Literal
 
 
 class Status(str, enum.Enum):
@@ -221,6 +221,22 @@ class ChildHandle:
 
 
 @dataclass(frozen=True)
+class AttemptRef:
+    """One attempt at a task, as a lease-guarded write names it: the task, the
+    acquisition of its lease (``generation``) and the worker that holds it.
+
+    It is all a guarded operation reads: the lease guard in SQL checks the
+    three against the row, so an attempt can be named without its
+    :class:`Claim` (the service rebuilds one from a request's path and
+    body). :attr:`Claim.attempt` is the claim's own.
+    """
+
+    task_id: int
+    generation: int
+    worker_id: str
+
+
+@dataclass(frozen=True)
 class Claim:
     """A lease on one task: who holds it, which acquisition, until when.
 
@@ -241,12 +257,60 @@ class Claim:
     epoch: int = 0
 
     @property
+    def attempt(self) -> AttemptRef:
+        """The attempt this claim holds: what a lease-guarded operation names."""
+        return AttemptRef(self.task_id, self.generation, self.worker_id)
+
+    @property
     def fencing_token(self) -> str:
         """The attempt's fencing token: ``"<task_id>.<epoch>.<generation>"``, or
         ``"<task_id>.<generation>"`` when the epoch is 0. A fence compares the epoch
         before the generation, so an attempt made before a failover orders below
         every attempt made after it."""
         return format_fencing_token(self.task_id, self.generation, self.epoch)
+
+
+#: What a lease-guarded operation takes: a :class:`Claim`, or the :class:`AttemptRef` it holds.
+Held = Claim | AttemptRef
+
+
+Outcome = Literal["complete", "fail", "retry", "release"]
+#: The ways an attempt may end.
+OUTCOMES: tuple[Outcome, ...] = ("complete", "fail", "retry", "release")
+
+
+@dataclass(frozen=True)
+class Ending:
+    """One attempt's end: ``outcome`` and its fields (a field of another outcome is refused).
+
+    * ``complete``: ``result`` (JSON);
+    * ``fail``: ``error`` (required), ``retry``, ``block``, ``delay`` (None: the queue's
+      backoff, computed by the guarded statement from the task's attempts);
+    * ``retry``: ``after`` seconds, ``reason`` (required);
+    * ``release``: ``reason`` (required), ``started``.
+    """
+
+    attempt: Held
+    outcome: Outcome
+    result: Any = None
+    error: str | None = None
+    retry: bool = True
+    block: bool = False
+    delay: float | None = None
+    after: float = 0.0
+    reason: str | None = None
+    started: bool = True
+
+
+@dataclass(frozen=True)
+class Ended:
+    """The answer for one :class:`Ending` the guard let through: the task as the attempt
+    left it (None for a completion, whose answer is that it completed)."""
+
+    task_id: int
+    generation: int
+    outcome: Outcome
+    task: Task | None
 
 
 def format_fencing_token(task_id: int, generation: int, epoch: int = 0) -> str:

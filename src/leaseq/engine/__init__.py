@@ -6,7 +6,8 @@ returns its result. :class:`leaseq.Queue` drives it synchronously,
 :class:`leaseq.AsyncQueue` on the event loop (:mod:`.drive`). Where each
 operation lives:
 
-- :mod:`.leases`: claim, renew, complete, fail, release, report a loss
+- :mod:`.leases`: claim, renew, complete many, report a loss
+- :mod:`.endings`: how an attempt ends (complete, fail, retry, release), one attempt or a batch
 - :mod:`.expiry`: leases that end without their holder: routing by the recovery policy, the sweep
 - :mod:`.effects`: begin and finish an effect, the action ledger
 - :mod:`.durable`: durable waits (a handler's sleep and signal wait) and signals
@@ -26,11 +27,11 @@ operation lives:
 - :mod:`.schema`: migrations and retention
 """
 
-from . import (approvals, asks, budgets, children, dependencies, durable, effects, enqueue, expiry, intents, leases,
-               limits, operator, reads, replay, schema, streams, waits)
+from . import (approvals, asks, budgets, children, dependencies, durable, effects, endings, enqueue, expiry, intents,
+               leases, limits, operator, reads, replay, schema, streams, waits)
 from .common import Settings
 from .drive import adrive, adrive_in, drive, drive_in
 
 __all__ = ["Settings", "adrive", "adrive_in", "approvals", "asks", "budgets", "children", "dependencies", "drive",
-           "durable", "drive_in", "effects", "enqueue", "expiry", "intents", "leases", "limits", "operator", "reads",
+           "durable", "drive_in", "effects", "endings", "enqueue", "expiry", "intents", "leases", "limits", "operator", "reads",
            "replay", "schema", "streams", "waits"]

@@ -46,7 +46,7 @@ from typing import Any
 
 from ..core import checks
 from ..core.errors import BudgetSpent, InvalidInput, LeaseLost
-from ..core.model import Claim, Worker
+from ..core.model import Held, Worker
 from . import durable
 from .approvals import digest_of
 from .common import Settings, check_claim, event, require_task, worker_id
@@ -117,7 +117,7 @@ def check_consume(limit_key: Any, units: Any) -> tuple[str, int]:
             checks.check_int("units", units, minimum=0, maximum=MAX_UNITS))
 
 
-def consume(s: Settings, worker: Worker | str, claim: Claim, key: str, limit_key: str,
+def consume(s: Settings, worker: Worker | str, claim: Held, key: str, limit_key: str,
             units: int) -> Op[dict[str, Any]]:
     """:meth:`leaseq.Queue.consume`: ``units`` of ``limit_key`` used by this attempt, charged
     under the lease and recorded in the ledger under ``key``.
@@ -129,7 +129,7 @@ def consume(s: Settings, worker: Worker | str, claim: Claim, key: str, limit_key
     ``limit_key``, ``units`` (as recorded), and, when charged, the task's own ``spent`` and
     ``budget`` of the key (None: no budget of its own)."""
     wid = worker_id(worker)
-    check_claim(wid, claim)
+    claim = check_claim(wid, claim)
     checks.check_key("key", key)
     limit_key, units = check_consume(limit_key, units)
     guard = dict(task_id=claim.task_id, worker_id=wid, generation=claim.generation)
@@ -196,7 +196,7 @@ def _figures(task_id: int, row: dict[str, Any]) -> dict[str, Any]:
     return figures
 
 
-def gate(s: Settings, claim: Claim, wid: str, held: dict[str, Any], key: str) -> Op[None]:
+def gate(s: Settings, claim: Held, wid: str, held: dict[str, Any], key: str) -> Op[None]:
     """Before the ledger entry ``key`` is begun under the lease (``held``: lock_lease's row, in
     the open transaction): if a budget covering the task is spent, by this task or another of
     its tree, the attempt stops here, nothing of the step written: it asks a person (reason
@@ -213,7 +213,7 @@ def gate(s: Settings, claim: Claim, wid: str, held: dict[str, Any], key: str) ->
     raise BudgetSpent(claim.task_id, claim.generation, figures)
 
 
-def _pause(s: Settings, claim: Claim, wid: str, key: str, figures: dict[str, Any]) -> Op[None]:
+def _pause(s: Settings, claim: Held, wid: str, key: str, figures: dict[str, Any]) -> Op[None]:
     """A budget covering the task is spent (``figures``): the attempt asks a person for more
     and ends (its lease, slots and reservation given back, the attempt given back too: a
     pause is no failure); the task waits in awaiting_approval."""

@@ -36,7 +36,7 @@ from typing import Any
 
 from ..core import checks
 from ..core.errors import InvalidInput, NotFound
-from ..core.model import Claim, Status, Task, Worker
+from ..core.model import Held, Status, Task, Worker
 from .limits import release as release_slots
 from .common import Settings, check_claim, event, event_params, to_task, worker_id
 from .dependencies import settle_dependents
@@ -85,7 +85,7 @@ def check_children(child_ids: Any) -> list[int]:
     return ids
 
 
-def spawn(s: Settings, worker: Worker | str, claim: Claim, kind: str, payload: Any = None, *, key: str,
+def spawn(s: Settings, worker: Worker | str, claim: Held, kind: str, payload: Any = None, *, key: str,
           queue: str | None = None, effect: str = "read_only", priority: int = 0, max_attempts: int = 5,
           lease_seconds: float = checks.DEFAULT_LEASE_SECONDS, actions: Iterable[str] | None = None,
           timeout: float | None = None, limits: Iterable[str] | None = None, units: int = 1,
@@ -95,7 +95,7 @@ def spawn(s: Settings, worker: Worker | str, claim: Claim, kind: str, payload: A
     ``queue``: the child's queue (None: the spawning task's own).
     """
     wid = worker_id(worker)
-    check_claim(wid, claim)
+    claim = check_claim(wid, claim)
     key = checks.check_key("key", key)
     if queue is not None:
         checks.check_name("queue", queue)
@@ -139,7 +139,7 @@ def spawn(s: Settings, worker: Worker | str, claim: Claim, kind: str, payload: A
     return to_task(row)
 
 
-def wait_children(s: Settings, worker: Worker | str, claim: Claim, key: str,
+def wait_children(s: Settings, worker: Worker | str, claim: Held, key: str,
                   child_ids: Sequence[int], *, timeout: float | None = None) -> Op[dict[str, Any]]:
     """:meth:`leaseq.Queue.wait_children`: the wait for the children ``child_ids``, recorded under ``key``.
 
@@ -154,7 +154,7 @@ def wait_children(s: Settings, worker: Worker | str, claim: Claim, key: str,
     replayed (``replayed``): a retry times out again at the same place.
     """
     wid = worker_id(worker)
-    check_claim(wid, claim)
+    claim = check_claim(wid, claim)
     checks.check_key("key", key)
     ids = check_children(child_ids)
     if timeout is not None:

@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Any
 
 from ..core import checks
 from ..core.errors import InvalidInput, NotFound, UnknownWorker
-from ..core.model import Claim, Effect, Task, Worker
+from ..core.model import AttemptRef, Claim, Effect, Held, Task, Worker
 from ..core.retry import DEFAULT_MAX_SNOOZES
 from ..store.base import BackendCapabilities
 from .steps import BEGIN, COMMIT, Op, one, rows
@@ -88,16 +88,23 @@ def worker_id(worker: Worker | str) -> str:
     return wid
 
 
-def check_claim(wid: str, claim: Claim) -> None:
-    """A claim of worker ``wid``, as claim() returned it; InvalidInput (field ``claim``) otherwise."""
-    if not isinstance(claim, Claim):
+def check_claim(wid: str, claim: Held) -> AttemptRef:
+    """The attempt a lease-guarded operation of worker ``wid`` names: a :class:`Claim`
+    claim() returned, or the :class:`AttemptRef` of one; InvalidInput (field ``claim``)
+    otherwise. The lease guard in SQL decides whether it is still held."""
+    if isinstance(claim, Claim):
+        ref = claim.attempt
+    elif isinstance(claim, AttemptRef):
+        ref = claim
+    else:
         raise InvalidInput("claim", f"must be a Claim returned by claim() (got {type(claim).__name__})")
     for name in ("task_id", "generation"):
-        value = getattr(claim, name)
+        value = getattr(ref, name)
         if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= 2**63 - 1:
             raise InvalidInput("claim", f"{name} must be an integer from 0 to 2**63-1 (got {value!r})")
-    if claim.worker_id != wid:
-        raise InvalidInput("claim", f"belongs to worker {claim.worker_id!r}, not {wid!r}")
+    if ref.worker_id != wid:
+        raise InvalidInput("claim", f"belongs to worker {ref.worker_id!r}, not {wid!r}")
+    return ref
 
 
 def heartbeats(row: dict[str, Any]) -> dict[str, Any]:

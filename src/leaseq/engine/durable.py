@@ -24,7 +24,7 @@ from typing import Any
 
 from ..core import answers, checks
 from ..core.errors import InvalidInput, InvalidTransition, LeaseLost
-from ..core.model import Claim, Status, Worker
+from ..core.model import Held, Status, Worker
 from . import limits
 from .common import Settings, acting, audit, check_claim, event, heartbeats, require_task, worker_id
 from .replay import diverge
@@ -75,7 +75,7 @@ def check_until(until: Any) -> float:
     return float(until)
 
 
-def _lease(claim: Claim, wid: str, what: str) -> Op[dict[str, Any]]:
+def _lease(claim: Held, wid: str, what: str) -> Op[dict[str, Any]]:
     held: dict[str, Any] | None = yield one("lock_lease", task_id=claim.task_id, worker_id=wid,
                                             generation=claim.generation)
     if held is None:
@@ -83,7 +83,7 @@ def _lease(claim: Claim, wid: str, what: str) -> Op[dict[str, Any]]:
     return held
 
 
-def _entry(s: Settings, claim: Claim, wid: str, key: str, action: str) -> Op[dict[str, Any] | None]:
+def _entry(s: Settings, claim: Held, wid: str, key: str, action: str) -> Op[dict[str, Any] | None]:
     """The ledger entry recorded under ``key``, which must be this kind of wait's (else the
     handler diverged from its recorded run: :func:`leaseq.engine.replay.diverge`)."""
     found: dict[str, Any] | None = yield one("get_effect", task_id=claim.task_id, idempotency_key=key)
@@ -94,7 +94,7 @@ def _entry(s: Settings, claim: Claim, wid: str, key: str, action: str) -> Op[dic
     return found
 
 
-def _record(claim: Claim, wid: str, key: str, action: str, response: dict[str, Any], *,
+def _record(claim: Held, wid: str, key: str, action: str, response: dict[str, Any], *,
             seconds: float | None = None, until: float | None = None) -> Op[dict[str, Any]]:
     row: dict[str, Any] | None = yield one("record_wait", task_id=claim.task_id, worker_id=wid,
                                            generation=claim.generation, action=action, idempotency_key=key,
@@ -104,7 +104,7 @@ def _record(claim: Claim, wid: str, key: str, action: str, response: dict[str, A
     return row
 
 
-def suspend(s: Settings, claim: Claim, wid: str, key: str, *, until: float | None,
+def suspend(s: Settings, claim: Held, wid: str, key: str, *, until: float | None,
             signal: str | None, question: str | None = None, children: list[int] | None = None,
             approval: bool = False) -> Op[dict[str, Any]]:
     """End the attempt in a wait (the lease ends, the slot and the attempt come back): until
@@ -134,13 +134,13 @@ def suspend(s: Settings, claim: Claim, wid: str, key: str, *, until: float | Non
     return row
 
 
-def sleep(s: Settings, worker: Worker | str, claim: Claim, key: str, *, seconds: float | None = None,
+def sleep(s: Settings, worker: Worker | str, claim: Held, key: str, *, seconds: float | None = None,
           until: Any = None) -> Op[dict[str, Any]]:
     """:meth:`leaseq.Queue.sleep`: the sleep recorded under ``key`` (``seconds`` from now by the
     database's clock, or ``until``), then either over (``{"state": "resumed"}``) or begun, the
     attempt ended (``{"state": "suspended"}``); ``until`` is its wake time (Unix seconds)."""
     wid = worker_id(worker)
-    check_claim(wid, claim)
+    claim = check_claim(wid, claim)
     checks.check_key("key", key)
     if (seconds is None) == (until is None):
         raise InvalidInput("seconds", "give either seconds or until")
@@ -165,7 +165,7 @@ def sleep(s: Settings, worker: Worker | str, claim: Claim, key: str, *, seconds:
     return {"state": "suspended", "until": wake_at, "key": key}
 
 
-def wait_signal(s: Settings, worker: Worker | str, claim: Claim, key: str, name: str, *,
+def wait_signal(s: Settings, worker: Worker | str, claim: Held, key: str, name: str, *,
                 timeout: float | None = None, ask: dict[str, Any] | None = None) -> Op[dict[str, Any]]:
     """:meth:`leaseq.Queue.wait_signal`: the wait for a signal ``name`` recorded under ``key``.
 
@@ -180,7 +180,7 @@ def wait_signal(s: Settings, worker: Worker | str, claim: Claim, key: str, name:
     the wait's beginning (action :data:`ASK_ACTION`), where ``q.asks()`` finds them.
     """
     wid = worker_id(worker)
-    check_claim(wid, claim)
+    claim = check_claim(wid, claim)
     checks.check_key("key", key)
     action = SIGNAL_ACTION
     if ask is None:

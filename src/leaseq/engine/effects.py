@@ -15,7 +15,7 @@ from typing import Any, overload
 
 from ..core import action_tokens, checks
 from ..core.errors import InvalidInput, InvalidTransition, LeaseLost, QueuePaused
-from ..core.model import Claim, Effect, EffectKind, Worker
+from ..core.model import Held, Effect, EffectKind, Worker
 from .common import Settings, check_claim, event, require_task, rows_of_task, to_effect, worker_id
 from .replay import diverge
 from .steps import BEGIN, COMMIT, Op, one, rows
@@ -135,12 +135,12 @@ def diverged(existing: dict[str, Any], action: str, effect: str,
     return None
 
 
-def begin_effect(s: Settings, worker: Worker | str, claim: Claim, action: str, key: str | None = None, *,
+def begin_effect(s: Settings, worker: Worker | str, claim: Held, action: str, key: str | None = None, *,
                  resource: str | None = None, effect: str | None = None,
                  args_digest: str | None = None) -> Op[Effect]:
     """:meth:`leaseq.Queue.begin_effect`."""
     wid = worker_id(worker)
-    check_claim(wid, claim)
+    claim = check_claim(wid, claim)
     checks.check_kind(action, "action")
     if key is not None:
         checks.check_key("key", key)
@@ -249,7 +249,7 @@ def signed(s: Settings, effect: Effect, held: dict[str, Any], wid: str, generati
     return dataclasses.replace(effect, token=token)
 
 
-def check_effect_of(claim: Claim, effect: Effect) -> None:
+def check_effect_of(claim: Held, effect: Effect) -> None:
     """``effect`` is an Effect begun for ``claim``'s task (every transport checks it before sending)."""
     if not isinstance(effect, Effect):
         raise InvalidInput("effect", "must be the Effect returned by begin_effect()")
@@ -257,22 +257,32 @@ def check_effect_of(claim: Claim, effect: Effect) -> None:
         raise InvalidInput("effect", f"belongs to task {effect.task_id}, not task {claim.task_id}")
 
 
-def finish_effect(s: Settings, worker: Worker | str, claim: Claim, effect: Effect,
+def finish_effect(s: Settings, worker: Worker | str, claim: Held, effect: Effect,
                   response: Any = None) -> Op[Effect]:
     """:meth:`leaseq.Queue.finish_effect`."""
-    wid = worker_id(worker)
-    check_claim(wid, claim)
+    claim = check_claim(worker_id(worker), claim)
     check_effect_of(claim, effect)
     if effect.replayed:
         return effect
+    return (yield from finish_effect_id(s, worker, claim, effect.id, response))
+
+
+def finish_effect_id(s: Settings, worker: Worker | str, claim: Held, effect_id: int,
+                     response: Any = None) -> Op[Effect]:
+    """:func:`finish_effect` of the effect ``effect_id`` of the attempt's task (what the
+    service is asked for): the lease guard and the ledger's own condition (an entry of
+    this task open under this generation) decide, so the id alone names it."""
+    wid = worker_id(worker)
+    claim = check_claim(wid, claim)
+    checks.check_int("effect_id", effect_id, minimum=1, maximum=2**63 - 1)
     checks.check_json("response", response)
     yield BEGIN
     if (yield one("lock_lease", task_id=claim.task_id, worker_id=wid, generation=claim.generation)) is None:
         raise LeaseLost(claim.task_id, claim.generation, "finish_effect refused: lease no longer held")
-    row = yield one("finish_effect", effect_id=effect.id, task_id=claim.task_id, generation=claim.generation,
+    row = yield one("finish_effect", effect_id=effect_id, task_id=claim.task_id, generation=claim.generation,
                     response=response)
     if row is None:
-        raise InvalidTransition(f"effect {effect.id} is not open under generation {claim.generation}")
+        raise InvalidTransition(f"effect {effect_id} is not open under generation {claim.generation}")
     yield rows("adjust_open_effects", task_id=claim.task_id, delta=-1)
     yield from event(s, claim.task_id, "effect_response", claim.generation, wid, action=row["action"],
                      idempotency_key=row["idempotency_key"], effect_id=row["id"])

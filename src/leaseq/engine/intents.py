@@ -27,7 +27,7 @@ from typing import Any
 
 from ..core import checks
 from ..core.errors import InvalidInput, LeaseLost, NotFound, QueuePaused
-from ..core.model import Claim, Task, Worker
+from ..core.model import Held, Task, Worker
 from . import approvals
 from .common import Settings, check_claim, event, event_params, to_task, worker_id
 from .dependencies import settle_dependents
@@ -57,7 +57,7 @@ def child_key(parent_key: str, key: str) -> str:
     return "intent:sha256:" + hashlib.sha256(f"{parent_key}\0{key}".encode("utf-8")).hexdigest()
 
 
-def intend(s: Settings, worker: Worker | str, claim: Claim, kind: str, payload: Any = None, *, key: str,
+def intend(s: Settings, worker: Worker | str, claim: Held, kind: str, payload: Any = None, *, key: str,
            queue: str = "default", effect: str = "side_effect", approval: str | None = None,
            approval_deadline: float | None = None, priority: int = 0, max_attempts: int = 5,
            lease_seconds: float = checks.DEFAULT_LEASE_SECONDS, actions: Iterable[str] | None = None,
@@ -68,7 +68,7 @@ def intend(s: Settings, worker: Worker | str, claim: Claim, kind: str, payload: 
     passes it), recorded as a requester of a gated child.
     """
     wid = worker_id(worker)
-    check_claim(wid, claim)
+    claim = check_claim(wid, claim)
     key = checks.check_key("key", key)
     params = task_params(kind, payload, effect=effect, queue=queue, idempotency_key=None, priority=priority,
                          delay=0, max_attempts=max_attempts, lease_seconds=lease_seconds, actions=actions)

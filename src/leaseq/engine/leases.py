@@ -1,4 +1,5 @@
-"""Leases: claim, renew, complete, fail, release, report a loss (expiry: :mod:`.expiry`).
+"""Leases: claim, renew, complete many, report a loss (how an attempt ends: :mod:`.endings`;
+expiry: :mod:`.expiry`).
 
 Every write here runs on the strength of a lease, and the lease guard is in
 the SQL (the ``lease_guard`` template of ``sql/<dialect>/queries.sql``): zero
@@ -14,13 +15,12 @@ from typing import Any
 
 from ..core import checks
 from ..core.errors import InvalidInput, InvalidTransition, LeaseLost
-from ..core.model import Claim, Claims, Status, Task, Worker
-from ..core.retry import MAX_RETRY_SECONDS
+from ..core.model import Claim, Claims, Held, Worker
 from . import fairness, limits
-from .common import (Settings, check_claim, check_worker, event, event_params, heartbeats, require_task, to_task,
+from .common import (Settings, check_claim, check_worker, event_params, heartbeats, require_task, to_task,
                      worker_id)
-from .dependencies import FAILED_ENDS, settle_dependents
-from .expiry import route, route_expired, wake_due
+from .dependencies import settle_dependents
+from .expiry import route_expired, wake_due
 from .steps import BEGIN, BEGIN_ONE, COMMIT, Op, one, rows
 
 
@@ -149,30 +149,30 @@ def _record_claims(s: Settings, wid: str, found: list[dict[str, Any]]) -> Op[lis
     return claimed
 
 
-def renew_leases(s: Settings, worker: Worker | str, claims: list[Claim]) -> Op[dict[int, datetime]]:
+def renew_leases(s: Settings, worker: Worker | str, claims: Sequence[Held]) -> Op[dict[int, datetime]]:
     """:meth:`leaseq.Queue.renew_leases`."""
     wid = worker_id(worker)
-    for c in claims:
-        check_claim(wid, c)
-    if not claims:
+    refs = [check_claim(wid, c) for c in claims]
+    if not refs:
         return {}
     yield BEGIN_ONE
     # the ids to find the rows by, and each one's generation for the guard
-    renewed = yield rows("renew_leases", worker_id=wid, task_ids=[c.task_id for c in claims],
-                         leases={str(c.task_id): c.generation for c in claims})
+    renewed = yield rows("renew_leases", worker_id=wid, task_ids=[c.task_id for c in refs],
+                         leases={str(c.task_id): c.generation for c in refs})
     yield COMMIT
     return {r["id"]: r["lease_expires_at"] for r in renewed}
 
 
-def heartbeat(s: Settings, worker: Worker | str, claim: Claim) -> Op[datetime]:
+def heartbeat(s: Settings, worker: Worker | str, claim: Held) -> Op[datetime]:
     """:meth:`leaseq.Queue.heartbeat`: a renewal of one lease."""
+    claim = check_claim(worker_id(worker), claim)
     renewed = yield from renew_leases(s, worker, [claim])
     if claim.task_id not in renewed:
         raise LeaseLost(claim.task_id, claim.generation, "heartbeat refused: lease no longer held")
     return renewed[claim.task_id]
 
 
-def complete_many(s: Settings, worker: Worker | str, done: Sequence[tuple[Claim, Any]]) -> Op[set[int]]:
+def complete_many(s: Settings, worker: Worker | str, done: Sequence[tuple[Held, Any]]) -> Op[set[int]]:
     """:meth:`leaseq.Queue.complete_many`: the one completion statement."""
     completed, _ = yield from _complete_many(s, worker, done)
     return completed
@@ -187,7 +187,7 @@ class ClaimFailed(Exception):
         self.cause = cause
 
 
-def complete_and_claim(s: Settings, worker: Worker | str, done: Sequence[tuple[Claim, Any]],
+def complete_and_claim(s: Settings, worker: Worker | str, done: Sequence[tuple[Held, Any]],
                        claim_with: dict[str, Any] | None) -> Op[tuple[set[int], Claims | None]]:
     """``complete_many``, then the claim ``claim_with`` names (its keyword arguments), in
     the caller's one transaction: one commit for both. Run it joined (the service's
@@ -225,18 +225,18 @@ def complete_and_claim(s: Settings, worker: Worker | str, done: Sequence[tuple[C
     return completed, claims
 
 
-def _complete_many(s: Settings, worker: Worker | str, done: Sequence[tuple[Claim, Any]], *,
+def _complete_many(s: Settings, worker: Worker | str, done: Sequence[tuple[Held, Any]], *,
                    lock_worker: bool = False) -> Op[tuple[set[int], bool]]:
     """The completions, and whether they gave limit slots back; ``lock_worker``: the
     worker row is locked before the tasks (a claim follows in this transaction)."""
     wid = worker_id(worker)
     items, seen = [], set()
-    for claim_, result in done:
-        check_claim(wid, claim_)
-        if claim_.task_id in seen:
-            raise InvalidInput("done", f"names task {claim_.task_id} twice")
-        seen.add(claim_.task_id)
-        items.append({"task_id": claim_.task_id, "generation": claim_.generation,
+    for held, result in done:
+        ref = check_claim(wid, held)
+        if ref.task_id in seen:
+            raise InvalidInput("done", f"names task {ref.task_id} twice")
+        seen.add(ref.task_id)
+        items.append({"task_id": ref.task_id, "generation": ref.generation,
                       "result": checks.check_json("result", result)})
     if not items:
         return set(), False
@@ -246,10 +246,10 @@ def _complete_many(s: Settings, worker: Worker | str, done: Sequence[tuple[Claim
     # left out of this statement...
     yield BEGIN_ONE
     # the lean completion where no task the caller holds names a limit (or it cannot say:
-    # the service's claims are rebuilt from a request, without their task); a task that
+    # an AttemptRef, as the service names an attempt, carries no task); a task that
     # names one after all (the row decides) is left out of its answer, and completed below
-    lean = s.backend.lean_complete and not any(claim_.task is not None and claim_.task.limits
-                                               for claim_, _ in done)
+    lean = s.backend.lean_complete and not any(isinstance(held, Claim) and held.task is not None
+                                               and held.task.limits for held, _ in done)
     found = yield from _complete_batch(s, wid, items, with_dependents=False, lock_worker=lock_worker, lean=lean)
     yield COMMIT
     completed: set[int] = {r["id"] for r in found}
@@ -288,99 +288,10 @@ def _complete_batch(s: Settings, wid: str, items: list[dict[str, Any]], *,
     return completed
 
 
-def complete(s: Settings, worker: Worker | str, claim: Claim, result: Any = None) -> Op[None]:
-    """:meth:`leaseq.Queue.complete`: a batch of one."""
-    completed = yield from complete_many(s, worker, [(claim, result)])  # checks the claim first
-    if claim.task_id not in completed:
-        raise LeaseLost(claim.task_id, claim.generation, "complete refused: lease no longer held")
-
-
-def fail(s: Settings, worker: Worker | str, claim: Claim, error: str, *, retry: bool = True,
-         block: bool = False, delay: float | None = None) -> Op[Task]:
-    """:meth:`leaseq.Queue.fail`. Where the task goes, and why, is the fail_task query's answer."""
-    wid = worker_id(worker)
-    check_claim(wid, claim)
-    checks.check_text("error", error, required=True)
-    if not isinstance(retry, bool) or not isinstance(block, bool):
-        raise InvalidInput("retry" if not isinstance(retry, bool) else "block", "must be true or false")
-    wait = (checks.backoff_seconds(claim.task.attempts) if delay is None
-            else checks.check_seconds("delay", delay, allow_zero=True, maximum=10 * 365 * 86400.0))
-    yield BEGIN
-    row = yield one("fail_task", task_id=claim.task_id, worker_id=wid, generation=claim.generation, error=error,
-                    fingerprint=checks.error_fingerprint(error), retry=retry, block=block, delay=wait,
-                    max_same_error=s.max_same_error)
-    if row is None:
-        raise LeaseLost(claim.task_id, claim.generation, "fail refused: lease no longer held")
-    yield from limits.release(s, [row])
-    detail: dict[str, Any] = dict(error=error, attempt=row["attempts"], next_status=row["status"],
-                                  error_streak=row["error_streak"], **heartbeats(row))
-    if row["status"] == Status.QUEUED:
-        detail["retry_at"] = row["available_at"].isoformat()
-    yield from event(s, claim.task_id, "failed", claim.generation, wid, **detail)
-    if row["status"] != Status.QUEUED:
-        yield from event(s, claim.task_id, row["status"], claim.generation, wid, reason=row["reason"])
-    if row["status"] in FAILED_ENDS:
-        yield from settle_dependents(s, [claim.task_id])
-    task = yield one("get_task", task_id=claim.task_id)
-    yield COMMIT
-    return to_task(task)
-
-
-def retry(s: Settings, worker: Worker | str, claim: Claim, after: float, reason: str) -> Op[Task]:
-    """:meth:`leaseq.Queue.retry`: the attempt ends on request, and the task runs again
-    ``after`` seconds later; the retry_task query decides where it goes. Past
-    ``max_snoozes`` requests the attempt is recorded as a failure instead."""
-    wid = worker_id(worker)
-    check_claim(wid, claim)
-    after = checks.check_seconds("after", after, allow_zero=True, maximum=MAX_RETRY_SECONDS)
-    checks.check_text("reason", reason, required=True)
-    yield BEGIN
-    row = yield one("retry_task", task_id=claim.task_id, worker_id=wid, generation=claim.generation, after=after,
-                    max_snoozes=s.max_snoozes)
-    if row is None:
-        if (yield one("lock_lease", task_id=claim.task_id, worker_id=wid, generation=claim.generation)) is None:
-            raise LeaseLost(claim.task_id, claim.generation, "retry refused: lease no longer held")
-        # the lease is held, so the limit stopped it: the request counts as a failure
-        yield COMMIT
-        return (yield from fail(s, worker, claim, f"retry requested more than max_snoozes={s.max_snoozes} "
-                                                  f"times; last reason: {reason}", retry=True,
-                                delay=checks.backoff_seconds(claim.task.attempts)))
-    yield from limits.release(s, [row])  # the attempt ended: its limit slots come back
-    yield from event(s, claim.task_id, "retry_requested", claim.generation, wid, reason=reason, after=after,
-                     retry_at=row["available_at"].isoformat(), snoozes=row["snoozes"], next_status=row["status"],
-                     **heartbeats(row))
-    if row["status"] != Status.QUEUED:
-        yield from event(s, claim.task_id, row["status"], claim.generation, wid, reason=row["reason"])
-    task = yield one("get_task", task_id=claim.task_id)
-    yield COMMIT
-    return to_task(task)
-
-
-def release(s: Settings, worker: Worker | str, claim: Claim, reason: str = "released", *,
-            started: bool = True) -> Op[Task]:
-    """:meth:`leaseq.Queue.release`: the lease ends now and the recovery policy routes the task
-    (``started=False``: its handler never began, and the attempt is given back with it)."""
-    wid = worker_id(worker)
-    check_claim(wid, claim)
-    checks.check_text("reason", reason, required=True)
-    if type(started) is not bool:
-        raise InvalidInput("started", f"must be true or false, not {started!r}")
-    yield BEGIN
-    row = yield one("expire_lease", task_id=claim.task_id, worker_id=wid, generation=claim.generation,
-                    unstarted=not started)
-    if row is None:
-        raise LeaseLost(claim.task_id, claim.generation, "release refused: lease no longer held")
-    yield from route(s, [row], event_type="lease_released", reason=reason,
-                      **({} if started else {"started": False}))
-    task = yield one("get_task", task_id=claim.task_id)
-    yield COMMIT
-    return to_task(task)
-
-
-def report_loss(s: Settings, worker: Worker | str, claim: Claim, reason: str) -> Op[None]:
+def report_loss(s: Settings, worker: Worker | str, claim: Held, reason: str) -> Op[None]:
     """:meth:`leaseq.Queue.report_loss`: evidence only; the report_loss query decides whether it is due."""
     wid = worker_id(worker)
-    check_claim(wid, claim)
+    claim = check_claim(wid, claim)
     checks.check_text("reason", reason, required=True)
     yield BEGIN
     yield from require_task(claim.task_id, lock=True)

@@ -18,13 +18,13 @@ from __future__ import annotations
 from typing import Any
 
 from ..core.errors import LeaseLost, ToolCallDiverged
-from ..core.model import Claim
+from ..core.model import Held
 from . import limits
 from .common import Settings, event, heartbeats
 from .steps import COMMIT, Op, one
 
 
-def diverge(s: Settings, claim: Claim, wid: str, key: str, message: str, *, recorded: Any = None,
+def diverge(s: Settings, claim: Held, wid: str, key: str, message: str, *, recorded: Any = None,
             requested: Any = None) -> Op[None]:
     """End the attempt of ``claim`` (its lease held in the open transaction) because its handler
     diverged from the recorded run at the ledger entry ``key``; commits, then raises

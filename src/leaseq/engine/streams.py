@@ -36,7 +36,7 @@ from typing import Any
 
 from ..core import checks
 from ..core.errors import InvalidInput, LeaseLost
-from ..core.model import Claim, StreamItem, Worker
+from ..core.model import Held, StreamItem, Worker
 from .common import Settings, check_claim, event, require_task, worker_id
 from .durable import _entry, _lease, _record
 from .steps import BEGIN, COMMIT, Op, one, rows
@@ -74,7 +74,7 @@ def check_follow(follow: Any) -> bool:
     return follow
 
 
-def emit(s: Settings, worker: Worker | str, claim: Claim, item: Any, *, key: str | None = None) -> Op[dict[str, Any]]:
+def emit(s: Settings, worker: Worker | str, claim: Held, item: Any, *, key: str | None = None) -> Op[dict[str, Any]]:
     """:meth:`leaseq.Queue.emit`: append ``item`` to the task's stream under the lease.
 
     Answers ``{"seq": ..., "generation": ..., "replayed": False}``; with ``key`` (a
@@ -82,7 +82,7 @@ def emit(s: Settings, worker: Worker | str, claim: Claim, item: Any, *, key: str
     ``{"seq": <its seq>, "generation": <its generation>, "replayed": True}``, nothing appended.
     """
     wid = worker_id(worker)
-    check_claim(wid, claim)
+    claim = check_claim(wid, claim)
     check_item(item)
     if key is not None:
         checks.check_key("key", key)

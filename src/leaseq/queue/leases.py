@@ -1,7 +1,8 @@
 # Generated from leases_async.py by `python -m leaseq.queue.generate`: do not edit.
 """Lease operations: what a worker does with the tasks it holds.
 
-Claim, renew, complete, fail, retry, release, report a loss, record an
+Claim, renew, complete, fail, retry, release (one at a time or many,
+``end_attempts``), report a loss, record an
 intent; each write is guarded by the lease (task, holder, generation, a live
 lease), and a refused one raises :class:`leaseq.LeaseLost`.
 """
@@ -14,7 +15,7 @@ from typing import Any
 
 from .. import engine
 from ..core import checks
-from ..core.model import Claim, Task, Worker
+from ..core.model import AttemptRef, Claim, Ended, Ending, Task, Worker
 from .base import QueueBase
 
 
@@ -52,7 +53,7 @@ class LeaseOps(QueueBase):
         """Finish the task with ``result``; raises :class:`LeaseLost` without authority.
 
         A batch of one: the same guarded statement as :meth:`complete_many`."""
-        return self._run(engine.leases.complete(self.settings, worker, claim, result))
+        return self._run(engine.endings.complete(self.settings, worker, claim, result))
 
     def complete_many(self, worker: Worker | str, done: Sequence[tuple[Claim, Any]]) -> set[int]:
         """Finish many tasks of one worker in one guarded statement.
@@ -74,8 +75,8 @@ class LeaseOps(QueueBase):
         task waits in ``blocked`` for :meth:`unblock`. A side-effect task with
         an intent still open goes to ``needs_reconciliation`` instead.
         """
-        return self._run(engine.leases.fail(self.settings, worker, claim, error, retry=retry, block=block,
-                                            delay=delay))
+        return self._run(engine.endings.fail(self.settings, worker, claim, error, retry=retry, block=block,
+                                                   delay=delay))
 
     def retry(self, worker: Worker | str, claim: Claim, after: float = 0.0,
               reason: str = "retry requested") -> Task:
@@ -89,7 +90,7 @@ class LeaseOps(QueueBase):
         ``needs_reconciliation``. Guarded by the lease: raises
         :class:`LeaseLost` without authority.
         """
-        return self._run(engine.leases.retry(self.settings, worker, claim, after, reason))
+        return self._run(engine.endings.retry(self.settings, worker, claim, after, reason))
 
     def release(self, worker: Worker | str, claim: Claim, reason: str = "released", *,
                 started: bool = True) -> Task:
@@ -102,7 +103,22 @@ class LeaseOps(QueueBase):
         given back too, so a task on its last attempt is queued again, not
         ended ``dead``, and the ``lease_released`` event records ``started: false``.
         """
-        return self._run(engine.leases.release(self.settings, worker, claim, reason, started=started))
+        return self._run(engine.endings.release(self.settings, worker, claim, reason, started=started))
+
+    def end_attempts(self, worker: Worker | str,
+                     endings: Sequence[Ending]) -> tuple[list[Ended], list[AttemptRef]]:
+        """End many attempts, each as its :class:`leaseq.Ending` says (complete,
+        fail, retry or release, with that outcome's fields): what ``complete``, ``fail``,
+        ``retry`` and ``release`` each do for one.
+
+        Every ending is checked before anything is written (bad input raises
+        :class:`leaseq.InvalidInput` naming ``endings.<i>.<field>`` and changes nothing);
+        the completions run as one statement, then each other ending in order. Returns
+        what ended (:class:`leaseq.Ended`, in order; its ``task`` is the task as
+        the attempt left it, None for a completion) and the attempts the lease guard
+        refused, which nothing changed for.
+        """
+        return self._run(engine.endings.end_attempts(self.settings, worker, endings))
 
     def report_loss(self, worker: Worker | str, claim: Claim, reason: str) -> None:
         """Add the worker's own account of losing a lease to the evidence trail.

@@ -1,6 +1,7 @@
 """Lease operations: what a worker does with the tasks it holds.
 
-Claim, renew, complete, fail, retry, release, report a loss, record an
+Claim, renew, complete, fail, retry, release (one at a time or many,
+``end_attempts``), report a loss, record an
 intent; each write is guarded by the lease (task, holder, generation, a live
 lease), and a refused one raises :class:`leaseq.LeaseLost`.
 """
@@ -13,7 +14,7 @@ from typing import Any
 
 from .. import engine
 from ..core import checks
-from ..core.model import Claim, Task, Worker
+from ..core.model import AttemptRef, Claim, Ended, Ending, Task, Worker
 from .base_async import AsyncQueueBase
 
 
@@ -51,7 +52,7 @@ class AsyncLeaseOps(AsyncQueueBase):
         """Finish the task with ``result``; raises :class:`LeaseLost` without authority.
 
         A batch of one: the same guarded statement as :meth:`complete_many`."""
-        return await self._arun(engine.leases.complete(self.settings, worker, claim, result))
+        return await self._arun(engine.endings.complete(self.settings, worker, claim, result))
 
     async def complete_many(self, worker: Worker | str, done: Sequence[tuple[Claim, Any]]) -> set[int]:
         """Finish many tasks of one worker in one guarded statement.
@@ -73,7 +74,7 @@ class AsyncLeaseOps(AsyncQueueBase):
         task waits in ``blocked`` for :meth:`unblock`. A side-effect task with
         an intent still open goes to ``needs_reconciliation`` instead.
         """
-        return await self._arun(engine.leases.fail(self.settings, worker, claim, error, retry=retry, block=block,
+        return await self._arun(engine.endings.fail(self.settings, worker, claim, error, retry=retry, block=block,
                                                    delay=delay))
 
     async def retry(self, worker: Worker | str, claim: Claim, after: float = 0.0,
@@ -88,7 +89,7 @@ class AsyncLeaseOps(AsyncQueueBase):
         ``needs_reconciliation``. Guarded by the lease: raises
         :class:`LeaseLost` without authority.
         """
-        return await self._arun(engine.leases.retry(self.settings, worker, claim, after, reason))
+        return await self._arun(engine.endings.retry(self.settings, worker, claim, after, reason))
 
     async def release(self, worker: Worker | str, claim: Claim, reason: str = "released", *,
                       started: bool = True) -> Task:
@@ -101,7 +102,22 @@ class AsyncLeaseOps(AsyncQueueBase):
         given back too, so a task on its last attempt is queued again, not
         ended ``dead``, and the ``lease_released`` event records ``started: false``.
         """
-        return await self._arun(engine.leases.release(self.settings, worker, claim, reason, started=started))
+        return await self._arun(engine.endings.release(self.settings, worker, claim, reason, started=started))
+
+    async def end_attempts(self, worker: Worker | str,
+                           endings: Sequence[Ending]) -> tuple[list[Ended], list[AttemptRef]]:
+        """End many attempts, each as its :class:`leaseq.Ending` says (complete,
+        fail, retry or release, with that outcome's fields): what ``complete``, ``fail``,
+        ``retry`` and ``release`` each do for one.
+
+        Every ending is checked before anything is written (bad input raises
+        :class:`leaseq.InvalidInput` naming ``endings.<i>.<field>`` and changes nothing);
+        the completions run as one statement, then each other ending in order. Returns
+        what ended (:class:`leaseq.Ended`, in order; its ``task`` is the task as
+        the attempt left it, None for a completion) and the attempts the lease guard
+        refused, which nothing changed for.
+        """
+        return await self._arun(engine.endings.end_attempts(self.settings, worker, endings))
 
     async def report_loss(self, worker: Worker | str, claim: Claim, reason: str) -> None:
         """Add the worker's own account of losing a lease to the evidence trail.

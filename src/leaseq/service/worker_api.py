@@ -7,8 +7,10 @@ credential, never from the body. Each route names its action in
 by the lease guard in SQL, so a worker can only act under a generation it
 was issued and still holds; nothing here decides lease questions.
 
-The claim objects rebuilt here carry only what the guarded calls read (task
-id, generation, worker id); ``fail`` also reads the task, for its backoff.
+A guarded call names the attempt by an :class:`leaseq.core.model.AttemptRef`
+(task id, generation, worker id: all the lease guard reads), built from the
+request's path and body; ``fail`` needs no prior read of the task either, as
+its default backoff is computed in the guarded statement itself.
 The hot path (claim with its long poll, renew, and the batched complete and
 fail) is in :mod:`.worker_batch`. Every lease-guarded call of one task here
 (complete, fail, release, the tool-call ledger, intents, loss reports) runs
@@ -30,8 +32,8 @@ from pydantic_core import PydanticCustomError
 
 from .. import access, engine
 from ..core import checks
-from ..core.errors import BudgetSpent, InvalidInput, LeaseLost, NotFound
-from ..core.model import Claim, Effect, Task
+from ..core.errors import BudgetSpent, InvalidInput, LeaseLost
+from ..core.model import AttemptRef, Task
 from ..engine.steps import Op, T
 from ..queue import Queue
 from .access import WORKER_ID_PATTERN, need, serve_operation
@@ -260,12 +262,10 @@ def _metrics(request: Request) -> ServiceMetrics:
     return metrics
 
 
-def _claim(worker_id: str, task_id: int, generation: int, task: Task | None = None) -> Claim:
-    # The guarded calls read task_id, generation and worker_id; the lease guard
-    # in SQL checks them against the row. expires_at is the caller's business.
+def _attempt(worker_id: str, task_id: int, generation: int) -> AttemptRef:
+    """The attempt a request names: the lease guard in SQL checks it against the row."""
     checks.check_int("generation", generation, minimum=0, maximum=2**63 - 1)
-    return Claim(task_id=task_id, generation=generation, worker_id=worker_id, expires_at=None,  # type: ignore[arg-type]
-                 task=task)  # type: ignore[arg-type]
+    return AttemptRef(task_id, generation, worker_id)
 
 
 #: Per-task records of the worker API (see :mod:`.worker_batch`).
@@ -327,28 +327,23 @@ async def worker_stopped(body: StoppedBody, request: Request, worker_id: str = W
 @router.post("/workers/{worker_id}/tasks/{task_id}/complete", summary="Finish a task under its lease")
 async def complete(body: CompleteBody, request: Request, task_id: int = TaskId,
                    worker_id: str = WorkerId) -> dict[str, Any]:
-    claim = _claim(worker_id, task_id, body.generation)
+    claim = _attempt(worker_id, task_id, body.generation)
     started = time.perf_counter()
     await _guarded(request, "complete", worker_id,
-                   lambda view: engine.leases.complete(view.settings, worker_id, claim, body.result))
+                   lambda view: engine.endings.complete(view.settings, worker_id, claim, body.result))
     _log(logging.DEBUG, "completed", worker_id, started, task_id, body.generation)
     return {"completed": True, "task_id": task_id}
 
 
 def _failing(view: Queue, worker_id: str, task_id: int, body: FailBody) -> Op[Task]:
-    """``fail`` (or, with ``retry_after``, ``retry``) of one task: the task is read first,
-    since the backoff counts its attempts."""
-    try:
-        task = yield from engine.reads.get(view.settings, task_id)
-    except NotFound:
-        raise LeaseLost(task_id, body.generation, "fail refused: lease no longer held") from None
-    claim = _claim(worker_id, task_id, body.generation, task)
+    """``fail`` (or, with ``retry_after``, ``retry``) of one task."""
+    claim = _attempt(worker_id, task_id, body.generation)
     if body.retry_after is not None:  # Queue.retry: the attempt ends on request, not as a failure
         if body.block or not body.retry or body.delay is not None:
             raise InvalidInput("retry_after", "asks for a retry on request: not with block, retry=false "
                                               "or delay")
-        return (yield from engine.leases.retry(view.settings, worker_id, claim, body.retry_after, body.error))
-    return (yield from engine.leases.fail(view.settings, worker_id, claim, body.error, retry=body.retry,
+        return (yield from engine.endings.retry(view.settings, worker_id, claim, body.retry_after, body.error))
+    return (yield from engine.endings.fail(view.settings, worker_id, claim, body.error, retry=body.retry,
                                           block=body.block, delay=body.delay))
 
 
@@ -365,8 +360,8 @@ async def fail(body: FailBody, request: Request, task_id: int = TaskId, worker_i
 @router.post("/workers/{worker_id}/tasks/{task_id}/release", summary="Give a lease back early")
 async def release(body: ReleaseBody, request: Request, task_id: int = TaskId,
                   worker_id: str = WorkerId) -> dict[str, Any]:
-    claim = _claim(worker_id, task_id, body.generation)
-    task = await _guarded(request, "release", worker_id, lambda view: engine.leases.release(
+    claim = _attempt(worker_id, task_id, body.generation)
+    task = await _guarded(request, "release", worker_id, lambda view: engine.endings.release(
         view.settings, worker_id, claim, body.reason, started=body.started))
     if task.status == "queued":
         request.app.state.work_signal.wake(task.queue)
@@ -376,7 +371,7 @@ async def release(body: ReleaseBody, request: Request, task_id: int = TaskId,
 @router.post("/workers/{worker_id}/tasks/{task_id}/effects", summary="Record a tool-call intent")
 async def begin_effect(body: EffectBody, request: Request, task_id: int = TaskId,
                        worker_id: str = WorkerId) -> dict[str, Any]:
-    claim = _claim(worker_id, task_id, body.generation)
+    claim = _attempt(worker_id, task_id, body.generation)
     with span("leaseq.effect.begin", task_id=task_id, action=body.action, generation=body.generation):
         effect = await _guarded(request, "begin_effect", worker_id, lambda view: engine.effects.begin_effect(
             view.settings, worker_id, claim, body.action, body.key, resource=body.resource, effect=body.effect,
@@ -390,12 +385,10 @@ async def finish_effect(body: EffectResponseBody, request: Request, task_id: int
                         effect_id: int = Path(ge=1, le=2**63 - 1), worker_id: str = WorkerId) -> dict[str, Any]:
     # Only the id and task matter: the lease guard and the ledger's own
     # condition (this generation's open intent) decide, exactly as in-process.
-    effect = Effect(id=effect_id, task_id=task_id, generation=body.generation, action="", idempotency_key="",
-                    status="pending", worker_id=worker_id, intent_at=None)  # type: ignore[arg-type]
-    claim = _claim(worker_id, task_id, body.generation)
+    claim = _attempt(worker_id, task_id, body.generation)
     with span("leaseq.effect.finish", task_id=task_id, effect_id=effect_id, generation=body.generation):
-        done = await _guarded(request, "finish_effect", worker_id, lambda view: engine.effects.finish_effect(
-            view.settings, worker_id, claim, effect, body.response))
+        done = await _guarded(request, "finish_effect", worker_id, lambda view: engine.effects.finish_effect_id(
+            view.settings, worker_id, claim, effect_id, body.response))
     return record_json(done)
 
 
@@ -407,7 +400,7 @@ async def intend(body: IntentBody, request: Request, task_id: int = TaskId,
     # of the calling task and its declared actions (intend:<kind>) decide the rest.
     checks.check_name("queue", body.queue)
     options = body.model_dump(exclude={"generation", "kind", "payload", "key"})
-    claim = _claim(worker_id, task_id, body.generation)
+    claim = _attempt(worker_id, task_id, body.generation)
 
     def intending(view: Queue) -> Op[Task]:
         # the caller is known once the token was checked, in this transaction
@@ -427,7 +420,7 @@ async def intend(body: IntentBody, request: Request, task_id: int = TaskId,
 async def spawn(body: SpawnBody, request: Request, task_id: int = TaskId,
                 worker_id: str = WorkerId) -> dict[str, Any]:
     options = body.model_dump(exclude={"generation", "kind", "payload", "key"})
-    claim = _claim(worker_id, task_id, body.generation)
+    claim = _attempt(worker_id, task_id, body.generation)
 
     def spawning(view: Queue) -> Op[Task]:
         # a child on another queue is an enqueue there: only on a queue the token may use
@@ -447,7 +440,7 @@ async def spawn(body: SpawnBody, request: Request, task_id: int = TaskId,
              summary="Wait durably for child tasks: their outcome once all have ended, else end the attempt")
 async def wait_children(body: ChildrenWaitBody, request: Request, task_id: int = TaskId,
                         worker_id: str = WorkerId) -> dict[str, Any]:
-    claim = _claim(worker_id, task_id, body.generation)
+    claim = _attempt(worker_id, task_id, body.generation)
     answer = await _guarded(request, "wait", worker_id, lambda view: engine.children.wait_children(
         view.settings, worker_id, claim, body.key, body.children, timeout=body.timeout))
     return record_json(answer)
@@ -457,7 +450,7 @@ async def wait_children(body: ChildrenWaitBody, request: Request, task_id: int =
              summary="Sleep durably: record the wait in the ledger and end the attempt until it is over")
 async def sleep(body: SleepBody, request: Request, task_id: int = TaskId,
                 worker_id: str = WorkerId) -> dict[str, Any]:
-    claim = _claim(worker_id, task_id, body.generation)
+    claim = _attempt(worker_id, task_id, body.generation)
     answer = await _guarded(request, "wait", worker_id, lambda view: engine.durable.sleep(
         view.settings, worker_id, claim, body.key, seconds=body.seconds, until=body.until))
     return record_json(answer)
@@ -467,7 +460,7 @@ async def sleep(body: SleepBody, request: Request, task_id: int = TaskId,
              summary="Wait durably for a signal: consume a kept one, or end the attempt until one comes")
 async def wait_signal(body: SignalWaitBody, request: Request, task_id: int = TaskId,
                       worker_id: str = WorkerId) -> dict[str, Any]:
-    claim = _claim(worker_id, task_id, body.generation)
+    claim = _attempt(worker_id, task_id, body.generation)
     answer = await _guarded(request, "wait", worker_id, lambda view: engine.durable.wait_signal(
         view.settings, worker_id, claim, body.key, body.name, timeout=body.timeout, ask=body.ask))
     return record_json(answer)
@@ -477,7 +470,7 @@ async def wait_signal(body: SignalWaitBody, request: Request, task_id: int = Tas
              summary="Append an item to the task's stream (ctx.emit), under the lease")
 async def emit(body: EmitBody, request: Request, task_id: int = TaskId,
                worker_id: str = WorkerId) -> dict[str, Any]:
-    claim = _claim(worker_id, task_id, body.generation)
+    claim = _attempt(worker_id, task_id, body.generation)
     answer = await _guarded(request, "emit", worker_id, lambda view: engine.streams.emit(
         view.settings, worker_id, claim, body.item, key=body.key))
     if not answer["replayed"]:
@@ -489,7 +482,7 @@ async def emit(body: EmitBody, request: Request, task_id: int = TaskId,
              summary="Charge the usage a call reported to a limit and the task's budget, recorded in the ledger")
 async def consume(body: ConsumeBody, request: Request, task_id: int = TaskId,
                   worker_id: str = WorkerId) -> dict[str, Any]:
-    claim = _claim(worker_id, task_id, body.generation)
+    claim = _attempt(worker_id, task_id, body.generation)
     answer = await _guarded(request, "consume", worker_id, lambda view: engine.budgets.consume(
         view.settings, worker_id, claim, body.key, body.limit_key, body.units))
     return record_json(answer)
@@ -499,7 +492,7 @@ async def consume(body: ConsumeBody, request: Request, task_id: int = TaskId,
              summary="Add the worker's own account of losing a lease to the evidence trail")
 async def report_loss(body: LossBody, request: Request, task_id: int = TaskId,
                       worker_id: str = WorkerId) -> dict[str, Any]:
-    claim = _claim(worker_id, task_id, body.generation)
+    claim = _attempt(worker_id, task_id, body.generation)
     await serve_operation(request, "report_loss", worker_id,
                           lambda view: engine.leases.report_loss(view.settings, worker_id, claim, body.reason))
     return {"recorded": True}

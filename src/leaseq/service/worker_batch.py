@@ -30,7 +30,10 @@ checks and the same operations, awaited); elsewhere, in a thread.
   for work, and its refusal or failure (a refused queue, an outage) never
   undoes the completions: it is reported in ``claim_error`` and the worker
   claims on its own.
-* ``renew``, ``complete`` and ``fail`` take many leases at once. A lease the
+* ``end`` ends many attempts, each its own way (``outcome``: complete, fail,
+  retry or release, with that outcome's fields): the engine's one
+  :func:`leaseq.engine.endings.end_attempts`, the completions in one statement.
+* ``renew``, ``complete``, ``fail`` and ``end`` take many leases at once. A lease the
   guard refuses is reported in ``refused`` (``lease_lost``) and the others
   go through: a partly refused batch is not an error. Bad input (an
   oversized batch, a task named twice, an unusable value) refuses the whole
@@ -49,7 +52,7 @@ import logging
 import time
 from collections.abc import Callable
 from contextlib import ExitStack
-from typing import Any
+from typing import Any, Literal
 
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse
@@ -57,8 +60,8 @@ from pydantic import Field
 from starlette.concurrency import run_in_threadpool
 
 from ..core import checks
-from ..core.errors import InvalidInput, LeaseLost, LeaseqError, NotFound
-from ..core.model import Claim, Claims, Task
+from ..core.errors import InvalidInput, LeaseLost, LeaseqError
+from ..core.model import AttemptRef, Claim, Claims, Ended, Ending
 from .. import engine
 from ..engine.leases import MAX_CLAIM, check_kinds
 from ..engine.steps import Op, T
@@ -67,7 +70,7 @@ from .access import authorize_also, in_one_transaction, room_to_wait, serve_oper
 from .metrics import ServiceMetrics, span
 from .wakeups import WorkSignal, drawn_limit
 from .wire import to_json
-from .worker_api import Body, Item, WorkerId, _claim, _log, logger
+from .worker_api import Body, Item, WorkerId, _log, logger
 
 router = APIRouter(prefix="/v1", tags=["worker"])
 
@@ -125,7 +128,7 @@ async def _claim_tasks(request: Request, worker_id: str, queue: str, limit: int,
     return Claims()
 
 
-def _completing(worker_id: str, done: list[tuple[Claim, Any]]) -> Callable[[Queue], Op[set[int]]]:
+def _completing(worker_id: str, done: list[tuple[AttemptRef, Any]]) -> Callable[[Queue], Op[set[int]]]:
     """The completions operation, for :func:`.access.serve_operation`."""
     return lambda view: engine.leases.complete_many(view.settings, worker_id, done)
 
@@ -231,7 +234,7 @@ class RenewBody(Body):
 @router.post("/workers/{worker_id}/renew", summary="Renew many leases in one guarded statement")
 async def renew(body: RenewBody, request: Request, worker_id: str = WorkerId) -> JSONResponse:
     started = time.perf_counter()
-    claims = [_claim(worker_id, ref.task_id, ref.generation) for ref in body.leases]
+    claims = [AttemptRef(ref.task_id, ref.generation, worker_id) for ref in body.leases]
     _no_repeats("leases", [c.task_id for c in claims])
     renewed = await serve_operation(request, "renew", worker_id,
                                     lambda view: engine.leases.renew_leases(view.settings, worker_id, claims))
@@ -283,7 +286,7 @@ async def complete_many(body: CompleteManyBody, request: Request, worker_id: str
             check_kinds(more.kinds)
         except InvalidInput as exc:
             raise InvalidInput(f"claim.{exc.field}", exc.problem) from None
-    done = [(_claim(worker_id, t.task_id, t.generation), t.result) for t in body.tasks]
+    done = [(AttemptRef(t.task_id, t.generation, worker_id), t.result) for t in body.tasks]
     claimed: dict[str, Any] = {}
     if more is None:
         completed = await serve_operation(request, "complete", worker_id, _completing(worker_id, done))
@@ -300,7 +303,7 @@ async def complete_many(body: CompleteManyBody, request: Request, worker_id: str
     return _json({"completed": sorted(completed), "refused": refused, **claimed})
 
 
-async def _complete_and_claim(request: Request, worker_id: str, done: list[tuple[Claim, Any]],
+async def _complete_and_claim(request: Request, worker_id: str, done: list[tuple[AttemptRef, Any]],
                               more: ClaimMore) -> tuple[set[int], dict[str, Any]]:
     """The completions and the claim asked for with them: in one transaction, one commit,
     where the claim can wait for no lock out of order (:func:`leaseq.engine.leases.complete_and_claim`
@@ -373,27 +376,24 @@ class FailManyBody(Body):
     tasks: list[Failure] = Field(max_length=MAX_BATCH)
 
 
+def _failing_many(worker_id: str, tasks: list[Failure]) -> Callable[[Queue], Op[tuple[list[Ended], list[AttemptRef]]]]:
+    """The failures, one guarded statement each, in one transaction
+    (:func:`leaseq.engine.endings.end_attempts`): a refused one is left out (the guard
+    wrote nothing) and the others go through. No task is read first: the default
+    backoff is the guarded statement's own."""
+    endings = [Ending(AttemptRef(t.task_id, t.generation, worker_id), "fail", error=t.error, retry=t.retry,
+                      block=t.block, delay=t.delay) for t in tasks]
+    return lambda view: engine.endings.end_attempts(view.settings, worker_id, endings, field="tasks")
+
+
 @router.post("/workers/{worker_id}/fail", summary="End many attempts with their errors, in one transaction")
-def fail_many(body: FailManyBody, request: Request, worker_id: str = WorkerId) -> JSONResponse:
+async def fail_many(body: FailManyBody, request: Request, worker_id: str = WorkerId) -> JSONResponse:
     started = time.perf_counter()
-    _no_repeats("tasks", [t.task_id for t in body.tasks])
-    for i, t in enumerate(body.tasks):
-        checks.check_text(f"tasks.{i}.error", t.error, required=True)
-        if t.delay is not None:
-            checks.check_seconds(f"tasks.{i}.delay", t.delay, allow_zero=True, maximum=10 * 365 * 86400.0)
+    _no_repeats("tasks", [t.task_id for t in body.tasks])  # each failure is checked by end_attempts
 
-    def operation(view: Queue) -> tuple[list[Task], list[dict[str, Any]]]:
-        failed, refused = [], []
-        for t in body.tasks:
-            try:
-                task = view.get(t.task_id)  # fail() reads attempts from the claim's task, for its backoff
-                failed.append(view.fail(worker_id, _claim(worker_id, t.task_id, t.generation, task), t.error,
-                                        retry=t.retry, block=t.block, delay=t.delay))
-            except (LeaseLost, NotFound):  # the guard wrote nothing: the transaction goes on
-                refused.append(_refusal(t.task_id, t.generation, "fail refused: lease no longer held"))
-        return failed, refused
-
-    failed, refused = in_one_transaction(request, "fail", worker_id, operation)
+    ended, lost = await serve_operation(request, "fail", worker_id, _failing_many(worker_id, body.tasks))
+    failed = [e.task for e in ended if e.task is not None]
+    refused = [_refusal(r.task_id, r.generation, "fail refused: lease no longer held") for r in lost]
     _metrics(request).lost("fail", len(refused))
     for task in failed:
         _log(logging.INFO, f"failed -> {task.status}", worker_id, started, task.id, task.claim_generation, task.kind)
@@ -401,3 +401,77 @@ def fail_many(body: FailManyBody, request: Request, worker_id: str = WorkerId) -
         _log(logging.INFO, "fail refused: lease no longer held", worker_id, started, r["task_id"], r["generation"])
     return _json({"failed": to_json(failed), "refused": refused})
 
+
+
+# -- end many attempts, each its own way --------------------------------------------------------
+
+#: The action each outcome is authorized as (a retry on request is a failure's).
+_ACTION_OF = {"complete": "complete", "fail": "fail", "retry": "fail", "release": "release"}
+#: Each outcome's fields' values when the request leaves them out (Queue's own defaults).
+_REASON = {"retry": "retry requested", "release": "released"}
+
+
+class AttemptEnd(Item):
+    """One attempt and how it ends: ``outcome`` and that outcome's fields (see
+    :class:`leaseq.engine.endings.Ending`); a field of another outcome is refused."""
+
+    task_id: int = Field(ge=1, le=2**63 - 1)
+    generation: int = Field(ge=0, le=2**63 - 1)
+    outcome: Literal["complete", "fail", "retry", "release"]
+    #: complete: the task's result
+    result: Any = None
+    #: fail: the error (required)
+    error: str | None = None
+    retry: bool = True
+    block: bool = False
+    #: fail: seconds before the next attempt (absent: the queue's backoff)
+    delay: float | None = None
+    #: retry: seconds before the task runs again
+    after: float = 0.0
+    #: retry, release: why (defaults "retry requested", "released")
+    reason: str | None = None
+    #: release: false when the handler never began (the attempt is given back)
+    started: bool = True
+
+
+class EndBody(Body):
+    attempts: list[AttemptEnd] = Field(max_length=MAX_BATCH)
+
+
+@router.post("/workers/{worker_id}/end", summary="End many attempts, each as completed, failed, retried or "
+                                                 "released, in one transaction")
+async def end_attempts(body: EndBody, request: Request, worker_id: str = WorkerId) -> JSONResponse:
+    started = time.perf_counter()
+    _no_repeats("attempts", [a.task_id for a in body.attempts])
+    endings = [Ending(AttemptRef(a.task_id, a.generation, worker_id), a.outcome, result=a.result, error=a.error,
+                      retry=a.retry, block=a.block, delay=a.delay, after=a.after,
+                      reason=_REASON.get(a.outcome) if a.reason is None else a.reason, started=a.started)
+               for a in body.attempts]
+    actions = sorted({_ACTION_OF[a.outcome] for a in body.attempts}) or ["complete"]
+
+    def operation(view: Queue) -> Op[tuple[list[Ended], list[AttemptRef]]]:
+        for action in actions[1:]:  # the first is the request's own, authorized with its token
+            authorize_also(request, action, worker_id, None)
+        return engine.endings.end_attempts(view.settings, worker_id, endings, field="attempts")
+
+    ended, lost = await serve_operation(request, actions[0], worker_id, operation)
+    outcome_of = {a.task_id: a.outcome for a in body.attempts}
+    refused = [_refusal(r.task_id, r.generation, f"{outcome_of[r.task_id]} refused: lease no longer held")
+               for r in lost]
+    metrics = _metrics(request)
+    for r in lost:
+        metrics.lost(_ACTION_OF[outcome_of[r.task_id]])
+        _log(logging.INFO, f"{outcome_of[r.task_id]} refused: lease no longer held", worker_id, started, r.task_id,
+             r.generation)
+    answer = []
+    for e in ended:
+        if e.task is None:
+            _log(logging.DEBUG, "completed", worker_id, started, e.task_id, e.generation)
+        else:
+            _log(logging.INFO if e.outcome == "fail" else logging.DEBUG, f"{e.outcome} -> {e.task.status}",
+                 worker_id, started, e.task_id, e.generation, e.task.kind)
+            if e.task.status == "queued":
+                _signal(request).wake(e.task.queue)
+        answer.append({"task_id": e.task_id, "generation": e.generation, "outcome": e.outcome,
+                       "task": None if e.task is None else to_json(e.task)})
+    return _json({"ended": answer, "refused": refused})

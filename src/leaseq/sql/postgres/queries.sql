@@ -1478,6 +1478,12 @@ FROM done d;
 --   no retry, attempts exhausted, or the same error
 --   fingerprint max_same_error times in a row      -> dead
 --   otherwise                                      -> queued after the backoff delay
+-- The delay is %(delay)s where the caller chose one; else the default backoff,
+-- computed here from the attempt that failed (the row's attempts, the one
+-- count the caller need not read first): d = min(cap, base * 2**(attempts-1)),
+-- and the delay d/2 + jitter * d/2 with the caller's draw of jitter in [0, 1).
+-- The same arithmetic as leaseq.core.checks.backoff_seconds, step for step
+-- (a power of two times a float is exact): the same number for the same draw.
 UPDATE leaseq_tasks t
 SET status = CASE
         /* TEMPLATE: unsettled_side_effect */
@@ -1489,7 +1495,12 @@ SET status = CASE
     error_streak = CASE WHEN t.error_fingerprint = %(fingerprint)s THEN t.error_streak + 1 ELSE 1 END,
     error_fingerprint = %(fingerprint)s,
     last_error = %(error)s,
-    available_at = now() + %(delay)s::float8 * interval '1 second',
+    available_at = now() + coalesce(
+        %(delay)s::float8,
+        least(%(backoff_cap)s::float8, %(backoff_base)s::float8 * (1::bigint << least(greatest(t.attempts, 1) - 1, 62))) / 2
+        + %(jitter)s::float8 * least(%(backoff_cap)s::float8,
+                                     %(backoff_base)s::float8 * (1::bigint << least(greatest(t.attempts, 1) - 1, 62))) / 2
+    ) * interval '1 second',
     lease_owner = NULL,
     lease_expires_at = NULL,
     updated_at = now()

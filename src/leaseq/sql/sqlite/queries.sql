@@ -678,7 +678,8 @@ RETURNING id, claim_generation, attempts, heartbeat_count, last_heartbeat_at, lo
 
 -- name: fail_task
 -- guard: lease
--- See the PostgreSQL file for the routing table this CASE implements.
+-- See the PostgreSQL file for the routing table this CASE implements, and
+-- for the default backoff (the same arithmetic; 1 << n is 2**n).
 UPDATE leaseq_tasks AS t
 SET status = CASE
         /* TEMPLATE: unsettled_side_effect */
@@ -690,7 +691,10 @@ SET status = CASE
     error_streak = CASE WHEN t.error_fingerprint = :fingerprint THEN t.error_streak + 1 ELSE 1 END,
     error_fingerprint = :fingerprint,
     last_error = :error,
-    available_at = (julianday('now') - 2440587.5) * 86400.0 + :delay,
+    available_at = (julianday('now') - 2440587.5) * 86400.0 + coalesce(
+        :delay,
+        min(:backoff_cap, :backoff_base * (1 << min(max(t.attempts, 1) - 1, 62))) / 2
+        + :jitter * min(:backoff_cap, :backoff_base * (1 << min(max(t.attempts, 1) - 1, 62))) / 2),
     lease_owner = NULL,
     lease_expires_at = NULL,
     updated_at = (julianday('now') - 2440587.5) * 86400.0
