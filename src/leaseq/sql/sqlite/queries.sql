@@ -424,15 +424,17 @@ ORDER BY lease_expires_at
 LIMIT :limit;
 
 -- name: sweep_queues
--- See the PostgreSQL file: the queues the sweep has work in.
-WITH RECURSIVE seen(name) AS (
-    SELECT min(queue) FROM leaseq_tasks
+-- See the PostgreSQL file: the queues one pass of the sweep has work in, at
+-- most :scan examined after :after, the last one examined returned when the
+-- walk stopped at that bound.
+WITH RECURSIVE seen(name, n) AS (
+    SELECT (SELECT min(t.queue) FROM leaseq_tasks t WHERE t.queue > coalesce(:after, '')), 1
     UNION ALL
-    SELECT (SELECT min(t.queue) FROM leaseq_tasks t WHERE t.queue > seen.name) FROM seen
-    WHERE seen.name IS NOT NULL
+    SELECT (SELECT min(t.queue) FROM leaseq_tasks t WHERE t.queue > seen.name), seen.n + 1 FROM seen
+    WHERE seen.name IS NOT NULL AND seen.n < :scan
 )
-SELECT * FROM (
-    SELECT q.name AS queue,
+SELECT queue, expired, sleepers, overdue, tokens, at_bound FROM (
+    SELECT q.name AS queue, q.n = :scan AS at_bound,
            EXISTS (SELECT 1 FROM leaseq_tasks t
                    WHERE t.status = 'running' AND t.queue = q.name AND t.lease_expires_at < (julianday('now') - 2440587.5) * 86400.0) AS expired,
            EXISTS (SELECT 1 FROM leaseq_tasks t
@@ -445,7 +447,7 @@ SELECT * FROM (
     FROM seen q
     WHERE q.name IS NOT NULL
 ) w
-WHERE w.expired OR w.sleepers OR w.overdue OR w.tokens
+WHERE w.expired OR w.sleepers OR w.overdue OR w.tokens OR w.at_bound
 ORDER BY w.queue;
 
 -- name: route_expired
