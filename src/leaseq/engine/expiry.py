@@ -55,14 +55,15 @@ SWEEP_TX_ROWS = ROUTE_BATCH
 SWEEPS = ("expired", "sleepers", "overdue", "tokens")
 
 
-def check_max_queues(value: Any) -> int:
-    """``max_queues`` of a sweep pass, checked: :class:`~leaseq.InvalidInput` names the field."""
+def check_max_queues(value: Any, name: str = "max_queues") -> int:
+    """How many queues a sweep pass examines (None: :data:`SWEEP_MAX_QUEUES`), checked:
+    :class:`~leaseq.InvalidInput` names the field ``name``."""
     if value is None:
         return SWEEP_MAX_QUEUES
     if isinstance(value, bool) or not isinstance(value, int):
-        raise InvalidInput("max_queues", f"must be a whole number (got {value!r})")
+        raise InvalidInput(name, f"must be a whole number (got {value!r})")
     if not 1 <= value <= SWEEP_MAX_QUEUES_LIMIT:
-        raise InvalidInput("max_queues", f"must be between 1 and {SWEEP_MAX_QUEUES_LIMIT} (got {value})")
+        raise InvalidInput(name, f"must be from 1 to {SWEEP_MAX_QUEUES_LIMIT} (got {value})")
     return value
 
 
