@@ -79,7 +79,7 @@ def sweep(s: Settings, max_queues: int | None = None) -> Op[int]:
     cursor = s.sweep_cursor
     scan = check_max_queues(max_queues)
     yield BEGIN_ONE
-    found = yield rows("sweep_queues", after=cursor.after, scan=scan)
+    found = yield rows("sweep_queues", after=cursor.after, scan=scan, within=None)
     yield COMMIT
     # rows come in queue order; one flagged at_bound is the last the walk examined
     resume = found[-1]["queue"] if found and found[-1]["at_bound"] else None

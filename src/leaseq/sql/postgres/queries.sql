@@ -963,7 +963,12 @@ FOR UPDATE SKIP LOCKED;
 -- at the bound rather than at the end. Each queue that has a task is
 -- reached by skipping from one queue name to the next along
 -- leaseq_tasks_queue_key (one index probe per queue, as known_queues; a
--- token goes with its task, so its queue has one), then probed along the
+-- token goes with its task, so its queue has one); or, where `within`
+-- names queues, those of them that have a task, in name order (the
+-- function sets `within` to a role's queues when the role is scoped to
+-- queues: its passes walk its own queues, never stopping at the bound in
+-- queues it may not reach, which would hide where to resume). Each is then
+-- probed along the
 -- sweeps' own indexes, which lead with the queue (schema 41). Nothing is
 -- locked here: each sweep then locks its one queue's rows (lock_expired,
 -- lock_sleepers, lock_overdue, prune_action_tokens), the ones a queue's
@@ -971,9 +976,19 @@ FOR UPDATE SKIP LOCKED;
 -- other.
 WITH RECURSIVE seen(name, n) AS (
     SELECT (SELECT min(t.queue) FROM leaseq_tasks t WHERE t.queue > coalesce(%(after)s::text, '')), 1
+    WHERE %(within)s::text[] IS NULL
     UNION ALL
     SELECT (SELECT min(t.queue) FROM leaseq_tasks t WHERE t.queue > seen.name), seen.n + 1 FROM seen
     WHERE seen.name IS NOT NULL AND seen.n < %(scan)s
+),
+walked(name, n) AS (
+    SELECT name, n FROM seen
+    UNION ALL
+    (SELECT x.name, row_number() OVER (ORDER BY x.name)
+     FROM (SELECT DISTINCT unnest(%(within)s::text[]) AS name) x
+     WHERE x.name > coalesce(%(after)s::text, '') AND EXISTS (SELECT 1 FROM leaseq_tasks t WHERE t.queue = x.name)
+     ORDER BY x.name
+     LIMIT %(scan)s)
 )
 SELECT queue, expired, sleepers, overdue, tokens, at_bound FROM (
     SELECT q.name AS queue, q.n = %(scan)s AS at_bound,
@@ -986,7 +1001,7 @@ SELECT queue, expired, sleepers, overdue, tokens, at_bound FROM (
                      AND t.queue = q.name AND t.deadline_at <= now()) AS overdue,
            EXISTS (SELECT 1 FROM leaseq_action_tokens k
                    WHERE k.queue = q.name AND k.expires_at < now() - interval '1 hour') AS tokens
-    FROM seen q
+    FROM walked q
     WHERE q.name IS NOT NULL
 ) w
 WHERE w.expired OR w.sleepers OR w.overdue OR w.tokens OR w.at_bound
