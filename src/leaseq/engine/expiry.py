@@ -50,8 +50,8 @@ SWEEP_MAX_QUEUES_LIMIT = 100_000
 #: with much work takes several.
 SWEEP_TX_QUEUES = 100
 SWEEP_TX_ROWS = ROUTE_BATCH
-#: The sweeps of a queue, in the order a transaction takes them (each sees the one before it:
-#: a lease routed to the queue past its deadline is expired by the same pass).
+#: The sweeps of a queue, in the order a transaction takes them (each sees what the ones before
+#: it wrote, as when each had a transaction of its own).
 SWEEPS = ("expired", "sleepers", "overdue", "tokens")
 
 
@@ -69,7 +69,7 @@ def check_max_queues(value: Any, name: str = "max_queues") -> int:
 
 def sweep(s: Settings, max_queues: int | None = None) -> Op[int]:
     """One pass of :meth:`leaseq.Queue.sweep`: in each queue with work (``sweep_queues``,
-    whether a worker claims from it or not) of the at most ``max_queues`` after ``cursor``,
+    whether a worker claims from it or not) among the at most ``max_queues`` it examines,
     route every expired lease, wake the sleepers whose wake time has come, expire every task
     whose deadline passed before it started, then delete the action tokens an hour past their
     expiry. The pass starts after ``s.sweep_cursor`` and moves it to the last queue it examined,
