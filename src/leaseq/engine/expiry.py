@@ -33,7 +33,7 @@ from ..core.model import Status
 from . import limits
 from .common import Settings, event_params, heartbeats
 from .dependencies import FAILED_ENDS, settle_dependents
-from .steps import BEGIN, BEGIN_ONE, COMMIT, Op, rows
+from .steps import BEGIN, BEGIN_ONE, COMMIT, Op, rows, together
 
 #: How many expired leases one claim transaction routes at most.
 ROUTE_BATCH = 500
@@ -97,20 +97,24 @@ def sweep(s: Settings, max_queues: int | None = None) -> Op[int]:
 
 def sweep_some(s: Settings, pending: list[tuple[str, list[str]]]) -> Op[int]:
     """One transaction of a sweep pass, in the open transaction: the steps of ``pending`` (queues,
-    each with the sweeps it still needs, taken off as each is done) until :data:`SWEEP_TX_ROWS`
-    rows are locked. Each sweep locks its rows queue by queue (one statement per queue, scoped to
-    it), then acts on all of them in one statement. Returns how many leases were routed."""
+    each with the sweeps it still needs, taken off as each is done), :data:`SWEEP_TX_ROWS` rows
+    locked at most. Each sweep locks its rows queue by queue (one statement per queue, scoped to
+    it; the statements sent together, in one round trip where the backend can), each queue
+    taking an equal share of the rows left, then acts on all of them in one statement. A queue
+    that filled its share keeps the sweep for the next transaction. Returns how many leases
+    were routed."""
     budget = SWEEP_TX_ROWS
     routed = 0
     for step in SWEEPS:
+        due = [(queue, steps) for queue, steps in pending if step in steps]
+        if not due or budget <= 0:
+            continue
+        share = max(1, budget // len(due))
+        due = due[:budget // share]
+        found = yield together([rows(_LOCKS[step], queue=queue, limit=share) for queue, _ in due])
         locked: list[dict[str, Any]] = []
-        for queue, steps in pending:
-            if budget <= 0:
-                break
-            if step not in steps:
-                continue
-            got = yield rows(_LOCKS[step], queue=queue, limit=budget)
-            if len(got) < budget:  # all of them (or another sweep holds the rest)
+        for (queue, steps), got in zip(due, found):
+            if len(got) < share:  # all of them (or another sweep holds the rest)
                 steps.remove(step)
             budget -= len(got)
             locked += got
