@@ -245,3 +245,23 @@ def test_approvals_through_the_cli(dsn, run_cli):
         assert decided.decision == "approved" and decided.decided_by.startswith("cli:")
         assert decided.decided_via == "cli" and decided.note == "matches the order"
         assert q.approval(other["id"]).note == "never paid"
+
+
+def test_sweep_runs_bounded_passes_until_the_last_queue(dsn, run_cli) -> None:
+    """`leaseq sweep` examines at most --max-queues queues a pass, each pass resuming after the
+    last queue the one before examined, until the last queue or --max-passes."""
+    cli = lambda *args, **kw: run_cli("--dsn", dsn, *args, **kw)  # noqa: E731
+    with leaseq.connect(dsn) as q:
+        q.migrate()
+        w = q.register_worker("gone")
+        for name in ("a", "b", "c"):
+            q.enqueue("job", queue=name)
+            [claim] = q.claim(w, queue=name)
+            run_out(q, w, claim)
+    out = ok(cli("sweep", "--max-queues", "1", "--max-passes", "2"))
+    assert "routed 2 expired leases in 2 passes" in out
+    assert "queues after 'b' are not swept yet" in out
+    # a new command starts at the first queue again; four passes: a, b, c, then none after c
+    assert "routed 1 expired lease in 4 passes" in ok(cli("sweep", "--max-queues", "1"))
+    bad = cli("sweep", "--max-queues", "0")
+    assert bad.returncode == 2 and "--max-queues" in bad.stderr and "Traceback" not in bad.stderr

@@ -783,7 +783,8 @@ def test_postgres_sweep_queues_probes_each_queue_by_index(pg_schema_dsn: str) ->
         conn.execute(AS_OWNER)
         conn.execute(TOKEN_FILL)
         conn.execute("ANALYZE leaseq_action_tokens")
-    plan = _generic_plan(pg_schema_dsn, "sweep_queues", dict(SAMPLE, worker_id=worker))
+    plan = _generic_plan(pg_schema_dsn, "sweep_queues", dict(SAMPLE, worker_id=worker, after=None, scan=1000,
+                                                            within=None))
     reads = _index_reads(plan)
     assert not [r for r in reads if not r[1].startswith("leaseq_")], json.dumps(plan, indent=1)[:6000]
     assert {r[1] for r in reads} == {"leaseq_tasks_queue_key", "leaseq_tasks_leases", "leaseq_tasks_wake",

@@ -324,6 +324,25 @@ def test_a_worker_role_scoped_to_queues_sweeps_those_queues_only(admin, make_rol
     assert admin.sweep() == 1 and admin.get(theirs.id).status == "queued"
 
 
+def test_a_scoped_roles_bounded_sweep_walks_its_own_queues(admin, make_role) -> None:
+    """A pass of the sweep examines at most max_queues queues: a role scoped to queues walks its
+    own, so queues it may not reach, earlier in name order, neither use up its passes nor hide
+    where the next one resumes (its queues would never be reached)."""
+    from conformance.support import run_out
+
+    other = admin.register_worker("other")
+    tasks = {}
+    for name in ("a1", "a2", "a3", "mine1", "mine2", "mine3"):
+        tasks[name] = admin.enqueue("job", {}, queue=name)
+        [c] = admin.claim(other, queue=name)
+        run_out(admin, other, c)
+    with leaseq.connect(make_role("worker", "mine1", "mine2", "mine3", "nothing-there")) as q:
+        assert q.sweep(max_queues=2) == 2 and q.sweep_resumes_after == "mine2"
+        assert q.sweep(max_queues=2) == 1 and q.sweep_resumes_after is None
+    assert [admin.get(tasks[n].id).status for n in sorted(tasks)] == ["running"] * 3 + ["queued"] * 3
+    assert admin.sweep(max_queues=2) == 2 and admin.sweep_resumes_after == "a2"
+
+
 def test_a_worker_role_that_routes_a_strangers_expired_lease_cannot_read_that_task(admin, make_role) -> None:
     """The expiry sweep a worker runs changes tasks it never held; changing one must not
     make it readable (a row this transaction changed counts as the worker's only when the

@@ -176,6 +176,31 @@ def test_the_sweep_routes_every_queue_one_nobody_claims_from_included(q: leaseq.
         assert "lease_expired" in [e.type for e in q.events(t.id)]
 
 
+def test_a_sweep_pass_that_stops_at_its_bound_is_followed_at_once(q: leaseq.Queue, replicas) -> None:
+    """The maintenance sweep examines at most sweep_max_queues queues a pass; while a pass stops
+    at that bound, the next follows at once (not sweep_every later), until the last queue."""
+    w = q.register_worker("w")
+    tasks = []
+    for n in range(5):
+        task = q.enqueue("send", {}, queue=f"q{n}", lease_seconds=30)
+        [claim] = q.claim(w, queue=f"q{n}")
+        run_out(q, w, claim)
+        tasks.append(task)
+    leader = replicas(sweep_every=3600, sweep_max_queues=2, leader_lease_seconds=3)
+    leader.start()
+    assert leader.signals.wait("sweep", 3, timeout=10)  # q0 q1, q2 q3, q4: three passes at once
+    assert [q.get(t.id).status for t in tasks] == ["queued"] * 5
+    assert leader.queue.sweep_resumes_after is None  # the third reached the last queue...
+    time.sleep(0.3)
+    assert leader.signals.count("sweep") == 3  # ...and the next is sweep_every away
+
+
+@pytest.mark.parametrize("bad", [0, -1, 100_001, 2.5, True])
+def test_a_bad_sweep_max_queues_is_refused_naming_it(bad) -> None:
+    with pytest.raises(leaseq.InvalidInput, match="sweep_max_queues"):
+        MaintenanceConfig(sweep_max_queues=bad).validate()
+
+
 def test_leadership_shows_in_metrics_and_health(q: leaseq.Queue, dsn: str) -> None:
     # A lease long enough that a loaded machine never lets leadership lapse: this
     # test reads the two replicas' reports, not how leadership moves.

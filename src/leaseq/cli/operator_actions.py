@@ -94,17 +94,38 @@ def signal(ctx: click.Context, task_id: int, name: str, payload: str | None, as_
 
 
 @click.command()
+@click.option("--max-queues", metavar="N", default=1000, show_default=True, type=click.IntRange(1, 100_000),
+              help="Most queues one pass examines (and sweeps).")
+@click.option("--max-passes", metavar="N", default=100, show_default=True, type=click.IntRange(1, 1_000_000),
+              help="Most passes: each resumes after the last queue the one before examined, until the last "
+                   "queue is reached.")
 @click.pass_context
-def sweep(ctx: click.Context) -> None:
+def sweep(ctx: click.Context, max_queues: int, max_passes: int) -> None:
     """Route every expired lease now, in every queue.
 
     The recovery policy decides where each goes (queued, needs_reconciliation
     or dead). A claim routes its own queue's expired leases, so this is needed
     for a queue no worker claims from (as `leaseq serve` does every
-    --sweep-every), or to see it now.
+    --sweep-every), or to see it now. Sleepers whose time has come are woken,
+    tasks past their deadline expired and old action tokens deleted too.
+
+    Each pass examines at most --max-queues queues, in name order, each in a
+    bounded number of transactions; passes follow one another until the last
+    queue is reached, or --max-passes have run (the output then says where
+    sweeping stopped).
     """
-    routed = open_queue(ctx).sweep()
-    click.echo(f"routed {routed} expired lease{'' if routed == 1 else 's'}")
+    q = open_queue(ctx)
+    routed = passes = 0
+    while passes < max_passes:
+        routed += q.sweep(max_queues=max_queues)
+        passes += 1
+        if q.sweep_resumes_after is None:
+            break
+    click.echo(f"routed {routed} expired lease{'' if routed == 1 else 's'}"
+               + ("" if passes == 1 else f" in {passes} passes"))
+    if q.sweep_resumes_after is not None:
+        click.echo(f"stopped after {passes} passes: queues after {q.sweep_resumes_after!r} are not swept yet "
+                   f"(run again, or raise --max-passes or --max-queues)")
 
 
 def _filter_options(command: Any) -> Any:

@@ -103,6 +103,10 @@ def cli_actor() -> str:
 @click.option("--sweep-every", metavar="AGE", default="10s", show_default=True,
               help="How often expired leases are routed (needs_reconciliation, retries) without waiting for a "
                    "claim; 0 turns the sweep off.")
+@click.option("--sweep-max-queues", metavar="N", default=1000, show_default=True,
+              type=click.IntRange(1, 100_000),
+              help="Most queues one sweep pass examines; with more, the next pass follows at once, resuming "
+                   "after the last one examined.")
 @click.option("--leader-lease", metavar="AGE", default="15s", show_default=True,
               help="Lease of the maintenance leadership: the sweep and retention run on one replica at a time, "
                    "and another takes over within about this long when it dies.")
@@ -124,7 +128,8 @@ def serve(ctx: click.Context, host: str, port: int, migrate: bool, rate: float, 
           failed_auth_rate: float, failed_auth_burst: float, max_body_bytes: int, public_metrics: bool,
           secure_cookies: bool, forwarded_allow_ips: str, trusted_host: tuple[str, ...], docs: bool, prune_older_than: str | None,
           prune_payloads_older_than: str | None, prune_evidence_older_than: str | None,
-          prune_streams_older_than: str | None, prune_every: str, sweep_every: str, leader_lease: str,
+          prune_streams_older_than: str | None, prune_every: str, sweep_every: str, sweep_max_queues: int,
+          leader_lease: str,
           waits_per_token: int, waits_per_process: int, processes: int, log_level: str, log_format: str) -> None:
     """Serve the queue over HTTP: worker API, operator API, dashboard and /metrics.
 
@@ -171,7 +176,7 @@ def serve(ctx: click.Context, host: str, port: int, migrate: bool, rate: float, 
         secure_cookies=secure_cookies, forwarded_allow_ips=forwarded_allow_ips, trusted_hosts=tuple(hosts), docs=docs,
         prune_older_than=older, prune_payloads_older_than=payloads, prune_evidence_older_than=evidence,
         prune_streams_older_than=streams, prune_every=every or 3600.0,
-        sweep_every=sweep, leader_lease_seconds=lease, waits_per_token=waits_per_token,
+        sweep_every=sweep, sweep_max_queues=sweep_max_queues, leader_lease_seconds=lease, waits_per_token=waits_per_token,
         waits_per_process=waits_per_process)
     if processes > 1:
         _serve_processes(ctx, processes, options, host=host, port=port, migrate=migrate, log_level=log_level,

@@ -31,6 +31,14 @@ _TASK_ORDER = tuple(k for k in Task.__dataclass_fields__ if k not in _TASK_OPTIO
 _EFFECT_FIELDS = frozenset(Effect.__dataclass_fields__)
 
 
+@dataclass
+class SweepCursor:
+    """Where the next pass of the sweep of every queue starts: after ``after``, the last queue
+    the previous pass examined (None: at the first queue)."""
+
+    after: str | None = None
+
+
 @dataclass(frozen=True)
 class Settings:
     """A queue's settings, as every operation reads them."""
@@ -54,6 +62,9 @@ class Settings:
     #: the queues whose lean one-key claim (claim_fair_one_plain) answered that a task of
     #: theirs names a limit or a singleton key: their one-key claims run claim_fair_one
     limited_queues: set[str] = field(default_factory=set, compare=False, hash=False, repr=False)
+    #: where this queue object's next pass of the sweep of every queue starts (see
+    #: :func:`leaseq.engine.expiry.sweep`; never part of equality)
+    sweep_cursor: SweepCursor = field(default_factory=SweepCursor, compare=False, hash=False, repr=False)
 
     @property
     def compact(self) -> bool:

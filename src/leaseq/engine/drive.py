@@ -14,7 +14,7 @@ import asyncio
 from typing import Any
 
 from ..store.base import Store, Tx
-from .steps import Begin, Commit, One, Op, Rows, Script, T
+from .steps import Begin, Commit, One, Op, Rows, Script, T, Together
 
 
 def _answer(tx: Any, step: Any) -> Any:
@@ -22,6 +22,11 @@ def _answer(tx: Any, step: Any) -> Any:
         return tx.rows(step.query, **step.params)
     if type(step) is One:
         return tx.row(step.query, **step.params)
+    if type(step) is Together:
+        run = getattr(tx, "rows_together", None)
+        if run is None:  # a backend (or a caller's transaction) that sends one statement at a time
+            return [tx.rows(s.query, **s.params) for s in step.steps]
+        return run([(s.query, s.params) for s in step.steps])
     tx.script(step.sql)
     return None
 
@@ -45,7 +50,7 @@ def drive(store: Store, op: Op[T]) -> T:
                 return None  # type: ignore[return-value]  # never: the backends' transactions swallow nothing
             raise
         answer = error = None
-        if type(step) is Rows or type(step) is One or type(step) is Script:
+        if type(step) is Rows or type(step) is One or type(step) is Together or type(step) is Script:
             try:
                 answer = _answer(tx, step)
             except BaseException as exc:  # the statement failed: its transaction ends here, rolled back
@@ -88,6 +93,11 @@ async def _aanswer(atx: Any, step: Any) -> Any:
     if type(step) is Script:
         await atx.script(step.sql)
         return None
+    if type(step) is Together:
+        run = getattr(atx, "rows_together", None)
+        if run is None:
+            return [await atx.rows(s.query, **s.params) for s in step.steps]
+        return await run([(s.query, s.params) for s in step.steps])
     found = await atx.rows(step.query, **step.params)
     if type(step) is One:
         return found[0] if found else None
@@ -132,7 +142,7 @@ async def adrive(store: Store, op: Op[T]) -> T:
                 return None  # type: ignore[return-value]
             raise
         answer = error = None
-        if type(step) is Rows or type(step) is One or type(step) is Script:
+        if type(step) is Rows or type(step) is One or type(step) is Together or type(step) is Script:
             try:
                 answer = await _aanswer(tx, step)
             except BaseException as exc:  # includes cancellation: the transaction is rolled back

@@ -40,7 +40,7 @@ from typing import Any
 from ..core.errors import is_transient
 from ..store.base import Store
 from .drive import _aanswer, adrive
-from .steps import Begin, Commit, One, Op, Rows, Script, T
+from .steps import Begin, Commit, One, Op, Rows, Script, T, Together
 
 #: the most calls one transaction holds
 MOST = 100
@@ -186,7 +186,7 @@ def _advance(call: _Call, answer: Any, written: list[tuple[asyncio.Future[Any], 
             refused.append((call.done, exc))  # before its first statement: it alone fails
             return False
         answer = None
-        if type(step) is Rows or type(step) is One or type(step) is Script:
+        if type(step) is Rows or type(step) is One or type(step) is Together or type(step) is Script:
             call.step = step
             return True
         if type(step) is Begin:

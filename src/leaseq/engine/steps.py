@@ -51,13 +51,22 @@ class One:
 
 
 @dataclass(frozen=True, slots=True)
+class Together:
+    """Run several named queries in the open transaction, one after another, sent together
+    where the backend can (one round trip: PostgreSQL's pipeline mode), else one by one; the
+    answer is each one's rows, in order. For statements none of which needs another's answer."""
+
+    steps: tuple[Rows, ...]
+
+
+@dataclass(frozen=True, slots=True)
 class Script:
     """Run a migration script (several statements, no parameters); no answer."""
 
     sql: str
 
 
-Step = Begin | Commit | Rows | One | Script
+Step = Begin | Commit | Rows | One | Together | Script
 #: An operation: yields steps, receives their answers, returns its result.
 Op = Generator[Step, Any, T]
 
@@ -69,6 +78,11 @@ COMMIT = Commit()
 def rows(query: str, **params: Any) -> Rows:
     """The step that runs ``query`` and answers with every row."""
     return Rows(query, params)
+
+
+def together(steps: list[Rows]) -> Together:
+    """The step that runs ``steps`` together and answers with the rows of each."""
+    return Together(tuple(steps))
 
 
 def one(query: str, **params: Any) -> One:

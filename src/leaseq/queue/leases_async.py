@@ -131,11 +131,25 @@ class AsyncLeaseOps(AsyncQueueBase):
         """
         return await self._arun(engine.leases.report_loss(self.settings, worker, claim, reason))
 
-    async def sweep(self) -> int:
-        """Route every expired lease now, in every queue (a claim routes its own queue's),
-        wake the sleepers whose time has come, expire the tasks past their deadline and
-        delete the action tokens an hour past theirs. Returns how many leases were routed."""
-        return await self._arun(engine.expiry.sweep(self.settings))
+    async def sweep(self, *, max_queues: int | None = None) -> int:
+        """One pass of the sweep of every queue: route every expired lease now (a claim routes
+        its own queue's), wake the sleepers whose time has come, expire the tasks past their
+        deadline and delete the action tokens an hour past theirs, in each queue with work
+        among the next ``max_queues`` (None: 1000, ``leaseq.engine.expiry.SWEEP_MAX_QUEUES``).
+
+        A pass examines at most that many queues, in name order, starting after the last one
+        this queue object's previous pass examined: a database with more queues is swept over
+        several passes, every queue in turn, each pass bounded in time and transactions. Where
+        there are no more queues than that, one pass sweeps them all. Returns how many leases
+        were routed; :attr:`sweep_resumes_after` says where the next pass starts.
+        """
+        return await self._arun_again(lambda: engine.expiry.sweep(self.settings, max_queues))
+
+    @property
+    def sweep_resumes_after(self) -> str | None:
+        """The queue after which the next :meth:`sweep` pass starts (None: at the first queue,
+        the previous pass having reached the last one)."""
+        return self.settings.sweep_cursor.after
 
     async def intend(self, worker: Worker | str, claim: Claim, kind: str, payload: Any = None, *, key: str,
                      queue: str = "default", effect: str = "side_effect", approval: str | None = None,

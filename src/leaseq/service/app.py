@@ -37,6 +37,7 @@ from starlette.middleware.trustedhost import TrustedHostMiddleware
 from .. import __version__, access
 from ..core.errors import BackendUnavailable, InvalidInput, LeaseqError, RateLimited
 from ..db.postgres import pool_party
+from ..engine.expiry import SWEEP_MAX_QUEUES
 from ..queue import Queue
 from .access import Access, BodyLimit, api_principal
 from .maintenance import (DEFAULT_APPROVALS_EVERY, DEFAULT_LEADER_LEASE_SECONDS, DEFAULT_SWEEP_EVERY, Maintenance,
@@ -136,6 +137,8 @@ class ServiceSettings:
     live_stream_seconds: float = 25.0
     #: Route expired leases this often (seconds; None: only claims and `leaseq sweep` do).
     sweep_every: float | None = DEFAULT_SWEEP_EVERY
+    #: How many queues one sweep pass examines at most; with more, the next pass follows at once.
+    sweep_max_queues: int = SWEEP_MAX_QUEUES
     #: Deny approval requests whose deadline passed this often (seconds; None: only
     #: ``Queue.expire_approvals`` does).
     approvals_every: float | None = DEFAULT_APPROVALS_EVERY
@@ -474,6 +477,7 @@ def create_app(queue: Queue, settings: ServiceSettings | None = None, **options:
                              per_process=settings.waits_per_process, charge=gate.looks.take)
     maintenance = Maintenance(queue, MaintenanceConfig(
         leader_lease_seconds=settings.leader_lease_seconds, sweep_every=settings.sweep_every,
+        sweep_max_queues=settings.sweep_max_queues,
         approvals_every=settings.approvals_every,
         prune_older_than=settings.prune_older_than, prune_payloads_older_than=settings.prune_payloads_older_than,
         prune_evidence_older_than=settings.prune_evidence_older_than,

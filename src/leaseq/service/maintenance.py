@@ -46,6 +46,7 @@ from prometheus_client.registry import Collector
 
 from ..core import checks
 from ..core.errors import InvalidInput, LeaseqError
+from ..engine.expiry import SWEEP_MAX_QUEUES, check_max_queues
 from ..engine.schema import check_streams_retention, retention_periods
 from ..queue import Queue
 
@@ -87,6 +88,9 @@ class MaintenanceConfig:
     leader_lease_seconds: float = DEFAULT_LEADER_LEASE_SECONDS
     #: Route expired leases this often (seconds); None: never (claims still do).
     sweep_every: float | None = DEFAULT_SWEEP_EVERY
+    #: How many queues one sweep pass examines at most (the next pass, due at once, resumes
+    #: after the last: a database with more queues is swept a bounded pass at a time).
+    sweep_max_queues: int = SWEEP_MAX_QUEUES
     #: Deny approval requests whose deadline passed this often (seconds); None: never
     #: (``Queue.expire_approvals`` still does, when called).
     approvals_every: float | None = DEFAULT_APPROVALS_EVERY
@@ -115,6 +119,7 @@ class MaintenanceConfig:
         sweep = self.sweep_every
         if sweep is not None:
             sweep = checks.check_seconds("sweep_every", sweep, allow_zero=False, maximum=_MAX_AGE)
+        sweep_max_queues = check_max_queues(self.sweep_max_queues, "sweep_max_queues")
         approvals = self.approvals_every
         if approvals is not None:
             approvals = checks.check_seconds("approvals_every", approvals, allow_zero=False, maximum=_MAX_AGE)
@@ -134,7 +139,8 @@ class MaintenanceConfig:
         checks.check_text("replica_id", self.replica_id, required=True)
         if len(self.replica_id) > 200:
             raise InvalidInput("replica_id", "must be at most 200 characters")
-        return replace(self, leader_lease_seconds=lease, sweep_every=sweep, approvals_every=approvals,
+        return replace(self, leader_lease_seconds=lease, sweep_every=sweep, sweep_max_queues=sweep_max_queues,
+                       approvals_every=approvals,
                        prune_older_than=older, prune_payloads_older_than=payloads,
                        prune_evidence_older_than=evidence, prune_streams_older_than=streams, prune_every=every)
 
@@ -171,6 +177,9 @@ class _Job:
     every: float
     run: Callable[[], Any]
     due: float = 0.0  # monotonic; 0: at once
+    #: whether the pass just run left work for another one, due at once (the sweep stopped at its
+    #: bound); between two passes the runner checks its leadership and runs the other due jobs
+    more: Callable[[], bool] | None = None
 
 
 class Maintenance:
@@ -200,7 +209,8 @@ class Maintenance:
         jobs = []
         c = self.config
         if c.sweep_every is not None:
-            jobs.append(_Job("sweep", c.sweep_every, self.queue.sweep))
+            jobs.append(_Job("sweep", c.sweep_every, lambda: self.queue.sweep(max_queues=c.sweep_max_queues),
+                             more=lambda: self.queue.sweep_resumes_after is not None))
         if c.approvals_every is not None:
             jobs.append(_Job("approvals", c.approvals_every, self.queue.expire_approvals))
         if c.prune_older_than is not None:
@@ -339,24 +349,27 @@ class Maintenance:
                         break
                     now = time.monotonic()
                     if now >= job.due:
-                        self._run(job)
-                        job.due = time.monotonic() + job.every
+                        more = self._run(job)
+                        job.due = time.monotonic() + (0.0 if more else job.every)
                     wait = min(wait, max(0.0, job.due - time.monotonic()))
             self._wake_runner.wait(wait)
             self._wake_runner.clear()
 
-    def _run(self, job: _Job) -> None:
+    def _run(self, job: _Job) -> bool:
+        """Run one pass of ``job``; returns whether another is due at once."""
         started = time.perf_counter()
         try:
             done = job.run()
         except Exception as exc:  # one failed pass must not end maintenance
             logger.warning("maintenance %s pass failed: %s", job.name, exc, exc_info=not isinstance(exc, LeaseqError))
             self.signals.fire(f"{job.name}_failed")
+            return False
         else:
             if done and (not isinstance(done, dict) or any(done.values())):  # say what was routed or pruned
                 logger.info("maintenance %s pass: %s", job.name, done,
                             extra={"duration": round(time.perf_counter() - started, 6)})
             self.signals.fire(job.name)
+            return job.more is not None and job.more()
 
 
 class MaintenanceCollector(Collector):

@@ -162,6 +162,13 @@ _SCOPE_TASK = """
 IF _queues IS NOT NULL AND NOT EXISTS (SELECT 1 FROM leaseq_tasks t WHERE t.id = {task} AND t.queue = ANY(_queues)) THEN
   RAISE EXCEPTION USING ERRCODE = '42501', MESSAGE = format('role %s may not reach task %s', session_user, {task});
 END IF;"""
+# A walk over queues (sweep_queues) given no list of queues walks every queue: a role scoped to
+# queues walks its own (those it asked for among them), so it never stops at a queue it may not reach.
+_WITHIN = """
+IF _queues IS NOT NULL THEN
+  {within} := CASE WHEN {within} IS NULL THEN _queues
+                   ELSE ARRAY(SELECT unnest({within}) INTERSECT SELECT unnest(_queues)) END;
+END IF;"""
 # (_own: whether the worker row is the role's, read with the role's kind: see _checks)
 _OWN_WORKER = """
 IF _kind = 'worker' AND NOT _own THEN
@@ -274,6 +281,8 @@ def _checks(q: NamedQuery, sig: Signature) -> str:
         out.append(_SCOPE_QUEUE.format(queue=pos["queue"]))
     if "task_id" in pos:
         out.append(_SCOPE_TASK.format(task=pos["task_id"]))
+    if "within" in pos:
+        out.append(_WITHIN.format(within=pos["within"]))
     if "worker" in q.callers:
         if "worker_id" in pos:
             out.append(_OWN_WORKER.format(worker=pos["worker_id"]))

@@ -137,6 +137,26 @@ class PostgresTx(_Statements):
         rows = self.rows(query, **params)
         return rows[0] if rows else None
 
+    def rows_together(self, steps: list[tuple[str, dict[str, Any]]]) -> list[list[dict[str, Any]]]:
+        """The rows of each of ``steps`` (``(query, params)``), run one after another as
+        :meth:`rows` runs each, sent together and answered in one round trip (psycopg's
+        pipeline mode). A statement that fails raises its error here once all were sent; the
+        statements after it did not run, and the transaction is failed."""
+        if len(steps) > self._statements_left >= 0:
+            raise RuntimeError(f"{steps[0][0]}: a one-statement transaction runs one statement")
+        if self._caller or len(steps) < 2 or not psycopg.Pipeline.is_supported():
+            return [self.rows(query, **params) for query, params in steps]
+        sent: list[tuple[psycopg.Cursor[Any], str]] = []
+        with self._conn.pipeline():
+            for query, params in steps:
+                cur: psycopg.Cursor[Any] = (psycopg.ClientCursor(self._conn) if query in CUSTOM_PLAN
+                                            else self._conn.cursor())
+                cur.execute(self._queries[query], _encode(params),
+                            prepare=None if query in CUSTOM_PLAN else query in self._prepare)
+                sent.append((cur, query))
+        # the pipeline's end synced it: every answer is in
+        return [cur.fetchall() if _rows(cur, query) else [] for cur, query in sent]
+
     def run_many(self, query: str, params: list[dict[str, Any]]) -> None:
         if self._statements_left >= 0:
             raise RuntimeError(f"{query}: run_many needs a full transaction")

@@ -947,25 +947,46 @@ FOR UPDATE SKIP LOCKED;
 
 -- name: sweep_queues
 -- callers: worker, operator
--- The queues the sweep of every queue (leaseq.Queue.sweep, leaseq serve's
--- maintenance) has work in: an expired lease, a sleeper whose wake time has
--- come, a task past its deadline that has not started, an action token an
--- hour past its expiry. Each queue that has a task is reached by skipping
--- from one queue name to the next along leaseq_tasks_queue_key (one index
--- probe per queue, as known_queues; a token goes with its task, so its
--- queue has one), then probed along the sweeps' own indexes, which lead
--- with the queue (schema 41). Nothing is locked here: each sweep then locks
--- its one queue's rows (lock_expired, lock_sleepers, lock_overdue,
--- prune_action_tokens), the ones a queue's flags here say have work. A
--- queue no worker claims from is swept as any other.
-WITH RECURSIVE seen(name) AS (
-    SELECT min(queue) FROM leaseq_tasks
+-- The queues one pass of the sweep of every queue (leaseq.Queue.sweep,
+-- leaseq sweep, leaseq serve's maintenance) has work in: an expired lease,
+-- a sleeper whose wake time has come, a task past its deadline that has not
+-- started, an action token an hour past its expiry. BOUNDED: the pass
+-- examines at most `scan` queues, the first after `after` (NULL: from the
+-- first), so its cost does not grow with the number of queues; the next
+-- pass resumes after the last queue this one examined, which is returned
+-- (at_bound, with its flags, whether it has work or not) when the walk stopped
+-- at the bound rather than at the end. Each queue that has a task is
+-- reached by skipping from one queue name to the next along
+-- leaseq_tasks_queue_key (one index probe per queue, as known_queues; a
+-- token goes with its task, so its queue has one); or, where `within`
+-- names queues, those of them that have a task, in name order (the
+-- function sets `within` to a role's queues when the role is scoped to
+-- queues: its passes walk its own queues, never stopping at the bound in
+-- queues it may not reach, which would hide where to resume). Each is then
+-- probed along the
+-- sweeps' own indexes, which lead with the queue (schema 41). Nothing is
+-- locked here: each sweep then locks its one queue's rows (lock_expired,
+-- lock_sleepers, lock_overdue, prune_action_tokens), the ones a queue's
+-- flags here say have work. A queue no worker claims from is swept as any
+-- other.
+WITH RECURSIVE seen(name, n) AS (
+    SELECT (SELECT min(t.queue) FROM leaseq_tasks t WHERE t.queue > coalesce(%(after)s::text, '')), 1
+    WHERE %(within)s::text[] IS NULL
     UNION ALL
-    SELECT (SELECT min(t.queue) FROM leaseq_tasks t WHERE t.queue > seen.name) FROM seen
-    WHERE seen.name IS NOT NULL
+    SELECT (SELECT min(t.queue) FROM leaseq_tasks t WHERE t.queue > seen.name), seen.n + 1 FROM seen
+    WHERE seen.name IS NOT NULL AND seen.n < %(scan)s
+),
+walked(name, n) AS (
+    SELECT name, n FROM seen
+    UNION ALL
+    (SELECT x.name, row_number() OVER (ORDER BY x.name)
+     FROM (SELECT DISTINCT unnest(%(within)s::text[]) AS name) x
+     WHERE x.name > coalesce(%(after)s::text, '') AND EXISTS (SELECT 1 FROM leaseq_tasks t WHERE t.queue = x.name)
+     ORDER BY x.name
+     LIMIT %(scan)s)
 )
-SELECT * FROM (
-    SELECT q.name AS queue,
+SELECT queue, expired, sleepers, overdue, tokens, at_bound FROM (
+    SELECT q.name AS queue, q.n = %(scan)s AS at_bound,
            EXISTS (SELECT 1 FROM leaseq_tasks t
                    WHERE t.status = 'running' AND t.queue = q.name AND t.lease_expires_at < now()) AS expired,
            EXISTS (SELECT 1 FROM leaseq_tasks t
@@ -975,10 +996,10 @@ SELECT * FROM (
                      AND t.queue = q.name AND t.deadline_at <= now()) AS overdue,
            EXISTS (SELECT 1 FROM leaseq_action_tokens k
                    WHERE k.queue = q.name AND k.expires_at < now() - interval '1 hour') AS tokens
-    FROM seen q
+    FROM walked q
     WHERE q.name IS NOT NULL
 ) w
-WHERE w.expired OR w.sleepers OR w.overdue OR w.tokens
+WHERE w.expired OR w.sleepers OR w.overdue OR w.tokens OR w.at_bound
 ORDER BY w.queue;
 
 -- name: route_expired

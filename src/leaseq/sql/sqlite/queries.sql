@@ -424,15 +424,29 @@ ORDER BY lease_expires_at
 LIMIT :limit;
 
 -- name: sweep_queues
--- See the PostgreSQL file: the queues the sweep has work in.
-WITH RECURSIVE seen(name) AS (
-    SELECT min(queue) FROM leaseq_tasks
+-- See the PostgreSQL file: the queues one pass of the sweep has work in, at
+-- most :scan examined after :after, the last one examined returned when the
+-- walk stopped at that bound; or, where :within names queues (a JSON list),
+-- those of them that have a task.
+WITH RECURSIVE seen(name, n) AS (
+    SELECT (SELECT min(t.queue) FROM leaseq_tasks t WHERE t.queue > coalesce(:after, '')), 1
+    WHERE :within IS NULL
     UNION ALL
-    SELECT (SELECT min(t.queue) FROM leaseq_tasks t WHERE t.queue > seen.name) FROM seen
-    WHERE seen.name IS NOT NULL
+    SELECT (SELECT min(t.queue) FROM leaseq_tasks t WHERE t.queue > seen.name), seen.n + 1 FROM seen
+    WHERE seen.name IS NOT NULL AND seen.n < :scan
+),
+walked(name, n) AS (
+    SELECT name, n FROM seen
+    UNION ALL
+    SELECT name, n FROM (
+        SELECT x.name, row_number() OVER (ORDER BY x.name) AS n
+        FROM (SELECT DISTINCT value AS name FROM json_each(coalesce(:within, '[]'))) x
+        WHERE x.name > coalesce(:after, '') AND EXISTS (SELECT 1 FROM leaseq_tasks t WHERE t.queue = x.name)
+        ORDER BY x.name
+        LIMIT :scan)
 )
-SELECT * FROM (
-    SELECT q.name AS queue,
+SELECT queue, expired, sleepers, overdue, tokens, at_bound FROM (
+    SELECT q.name AS queue, q.n = :scan AS at_bound,
            EXISTS (SELECT 1 FROM leaseq_tasks t
                    WHERE t.status = 'running' AND t.queue = q.name AND t.lease_expires_at < (julianday('now') - 2440587.5) * 86400.0) AS expired,
            EXISTS (SELECT 1 FROM leaseq_tasks t
@@ -442,10 +456,10 @@ SELECT * FROM (
                      AND t.queue = q.name AND t.deadline_at <= (julianday('now') - 2440587.5) * 86400.0) AS overdue,
            EXISTS (SELECT 1 FROM leaseq_action_tokens k
                    WHERE k.queue = q.name AND k.expires_at < (julianday('now') - 2440587.5) * 86400.0 - 3600) AS tokens
-    FROM seen q
+    FROM walked q
     WHERE q.name IS NOT NULL
 ) w
-WHERE w.expired OR w.sleepers OR w.overdue OR w.tokens
+WHERE w.expired OR w.sleepers OR w.overdue OR w.tokens OR w.at_bound
 ORDER BY w.queue;
 
 -- name: route_expired
