@@ -149,10 +149,8 @@ class PostgresTx(_Statements):
         sent: list[tuple[psycopg.Cursor[Any], str]] = []
         with self._conn.pipeline():
             for query, params in steps:
-                cur: psycopg.Cursor[Any] = (psycopg.ClientCursor(self._conn) if query in CUSTOM_PLAN
-                                            else self._conn.cursor())
-                cur.execute(self._queries[query], _encode(params),
-                            prepare=None if query in CUSTOM_PLAN else query in self._prepare)
+                cur = self._conn.cursor()
+                cur.execute(self._queries[query], _encode(params), prepare=query in self._prepare)
                 sent.append((cur, query))
         # the pipeline's end synced it: every answer is in
         return [cur.fetchall() if _rows(cur, query) else [] for cur, query in sent]
