@@ -116,7 +116,7 @@ def end_attempts(s: Settings, worker: Worker | str, endings: Sequence[Ending], *
     # the completions first, in one statement (the original Claims: a claim's task tells
     # whether the lean completion may serve it)
     done = [(e.attempt, e.result) for _, e in checked if e.outcome == "complete"]
-    completed = (yield from complete_many(s, wid, done)) if done else set()
+    completed = (yield from complete_many(s, wid, done, results_checked=True)) if done else set()
     ended: list[Ended] = []
     refused: list[AttemptRef] = []
     for ref, e in checked:

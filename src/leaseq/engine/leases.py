@@ -172,9 +172,12 @@ def heartbeat(s: Settings, worker: Worker | str, claim: Held) -> Op[datetime]:
     return renewed[claim.task_id]
 
 
-def complete_many(s: Settings, worker: Worker | str, done: Sequence[tuple[Held, Any]]) -> Op[set[int]]:
-    """:meth:`leaseq.Queue.complete_many`: the one completion statement."""
-    completed, _ = yield from _complete_many(s, worker, done)
+def complete_many(s: Settings, worker: Worker | str, done: Sequence[tuple[Held, Any]], *,
+                  results_checked: bool = False) -> Op[set[int]]:
+    """:meth:`leaseq.Queue.complete_many`: the one completion statement. ``results_checked``:
+    the caller checked each result already (:func:`.endings.end_attempts`), so each is
+    encoded once more only, by the store, not walked again here."""
+    completed, _ = yield from _complete_many(s, worker, done, results_checked=results_checked)
     return completed
 
 
@@ -188,7 +191,8 @@ class ClaimFailed(Exception):
 
 
 def complete_and_claim(s: Settings, worker: Worker | str, done: Sequence[tuple[Held, Any]],
-                       claim_with: dict[str, Any] | None) -> Op[tuple[set[int], Claims | None]]:
+                       claim_with: dict[str, Any] | None, *,
+                       results_checked: bool = False) -> Op[tuple[set[int], Claims | None]]:
     """``complete_many``, then the claim ``claim_with`` names (its keyword arguments), in
     the caller's one transaction: one commit for both. Run it joined (the service's
     complete-and-claim request): alone, each part commits on its own.
@@ -214,7 +218,7 @@ def complete_and_claim(s: Settings, worker: Worker | str, done: Sequence[tuple[H
     claims in full. A claim that fails raises :class:`ClaimFailed`.
     """
     serial = s.backend.serial_writes
-    completed, held_limits = yield from _complete_many(s, worker, done,
+    completed, held_limits = yield from _complete_many(s, worker, done, results_checked=results_checked,
                                                        lock_worker=claim_with is not None and not serial)
     if claim_with is None or (held_limits and not serial):
         return completed, None
@@ -226,7 +230,7 @@ def complete_and_claim(s: Settings, worker: Worker | str, done: Sequence[tuple[H
 
 
 def _complete_many(s: Settings, worker: Worker | str, done: Sequence[tuple[Held, Any]], *,
-                   lock_worker: bool = False) -> Op[tuple[set[int], bool]]:
+                   lock_worker: bool = False, results_checked: bool = False) -> Op[tuple[set[int], bool]]:
     """The completions, and whether they gave limit slots back; ``lock_worker``: the
     worker row is locked before the tasks (a claim follows in this transaction)."""
     wid = worker_id(worker)
@@ -237,7 +241,7 @@ def _complete_many(s: Settings, worker: Worker | str, done: Sequence[tuple[Held,
             raise InvalidInput("done", f"names task {ref.task_id} twice")
         seen.add(ref.task_id)
         items.append({"task_id": ref.task_id, "generation": ref.generation,
-                      "result": checks.check_json("result", result)})
+                      "result": result if results_checked else checks.check_json("result", result)})
     if not items:
         return set(), False
     # one statement where the backend writes its own evidence; else the

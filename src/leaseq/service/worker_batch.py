@@ -130,7 +130,7 @@ async def _claim_tasks(request: Request, worker_id: str, queue: str, limit: int,
 
 def _completing(worker_id: str, done: list[tuple[AttemptRef, Any]]) -> Callable[[Queue], Op[set[int]]]:
     """The completions operation, for :func:`.access.serve_operation`."""
-    return lambda view: engine.leases.complete_many(view.settings, worker_id, done)
+    return lambda view: engine.leases.complete_many(view.settings, worker_id, done, results_checked=True)
 
 
 def _refusal(task_id: int, generation: int, reason: str) -> dict[str, Any]:
@@ -320,7 +320,7 @@ async def _complete_and_claim(request: Request, worker_id: str, done: list[tuple
             authorize_also(request, "claim", worker_id, more.queue)
         except LeaseqError as exc:  # nothing is written yet: the completions still commit
             refusal, ask = exc, None
-        return engine.leases.complete_and_claim(view.settings, worker_id, done, ask)
+        return engine.leases.complete_and_claim(view.settings, worker_id, done, ask, results_checked=True)
 
     try:
         with span("leaseq.claim", queue=more.queue, worker_id=worker_id, limit=more.limit):
