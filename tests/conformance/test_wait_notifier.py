@@ -465,3 +465,31 @@ def test_a_blocking_work_listener_is_told_interrupts_on_its_own_thread(named: tu
         assert listener.wait(10) is True
     finally:
         listener.close()
+
+
+def test_a_work_waiter_sets_the_claim_loops_event_itself_as_it_is_woken(named: tuple[leaseq.Queue, str]) -> None:
+    """The worker's claim loop is woken in the turn the notification reaches the loop: the
+    waiter sets the loop's event itself (``wake_also``), with no task awaiting its ``wait()``
+    in between; an enqueue on another queue leaves it alone."""
+    queue, _ = named
+    lane, other = f"lane_{uuid.uuid4().hex[:8]}", f"other_{uuid.uuid4().hex[:8]}"
+
+    async def main() -> None:
+        aq = leaseq.AsyncQueue(queue)
+        listener = await aq.listener([lane])
+        try:
+            wake = asyncio.Event()
+            listener.wake_also(wake)
+            await aq.enqueue("k", queue=other)
+            await aq.enqueue("k", queue=lane)
+            # nothing awaits listener.wait(): the notification alone sets the event
+            await asyncio.wait_for(wake.wait(), 10)
+            assert await listener.wait(0)  # and the waiter still tells its own caller
+            wake.clear()
+            await aq.enqueue("k", queue=other)
+            assert not await listener.wait(1.0) and not wake.is_set()
+        finally:
+            await listener.close()
+            await aq.close_async()
+
+    asyncio.run(main())

@@ -507,6 +507,13 @@ class AsyncWait(_Waiter):
         self._listening: asyncio.Future[BaseException | None] = self._loop.create_future()
         self._woken = asyncio.Event()
         self._notified = False
+        self._also: asyncio.Event | None = None
+
+    def wake_also(self, event: asyncio.Event) -> None:
+        """Set ``event`` too whenever this waiter is woken, in the same turn of the loop: whoever
+        waits on ``event`` (the worker's claim loop) runs a turn sooner than if a task awaiting
+        :meth:`wait` set it on waking."""
+        self._also = event
 
     def _soon(self, fn: Callable[..., Any], *args: Any) -> None:
         try:
@@ -533,6 +540,8 @@ class AsyncWait(_Waiter):
     def _wake(self) -> None:
         self._notified = True
         self._woken.set()
+        if self._also is not None:
+            self._also.set()
 
     async def open(self, timeout: float) -> Self:
         """:meth:`Wait.open`, awaited."""

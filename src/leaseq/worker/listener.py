@@ -29,13 +29,15 @@ async def listen(transport: Any, queues: list[str], wake: asyncio.Event, *, stop
                  name: str) -> None:
     """Listen for ``queues`` until cancelled (or the worker stops), setting ``wake`` at each notification."""
     listener = None
+    direct = False
     try:
         while not stopping():
             try:
                 if listener is None:
                     listener = await transport.listener(queues)
+                    direct = _wake_directly(listener, wake)
                     wake.set()
-                if await listener.wait(WAIT):
+                if await listener.wait(WAIT) and not direct:
                     wake.set()
             except Exception as exc:  # not listening (yet): polling covers the gap
                 logger.info("worker %s: not listening for work (%s); trying again", name, exc)
@@ -44,6 +46,17 @@ async def listen(transport: Any, queues: list[str], wake: asyncio.Event, *, stop
                 await asyncio.sleep(LISTENER_RETRY)
     finally:
         await _close_quietly(listener)
+
+
+def _wake_directly(listener: Any, wake: asyncio.Event) -> bool:
+    """Have ``listener`` set ``wake`` itself as it is woken (where it can: ``wake_also``), so the
+    claim loop claims in the turn the notification reaches the loop, not a turn later after this
+    task. True when it does."""
+    wake_also = getattr(listener, "wake_also", None)
+    if wake_also is None:
+        return False
+    wake_also(wake)
+    return True
 
 
 async def _close_quietly(listener: Any) -> None:
