@@ -538,10 +538,10 @@ class AsyncWait(_Waiter):
         self._soon(self._wake)
 
     def _wake(self) -> None:
+        if self._also is not None:  # first: its waiter's turn comes before this waiter's own
+            self._also.set()
         self._notified = True
         self._woken.set()
-        if self._also is not None:
-            self._also.set()
 
     async def open(self, timeout: float) -> Self:
         """:meth:`Wait.open`, awaited."""
