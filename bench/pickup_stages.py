@@ -59,13 +59,15 @@ def _worker(dsn: str, tasks: int) -> None:
             return notes
         return wait
 
-    for cls_name in ("SharedListener", "AsyncSharedListener"):
-        cls = getattr(postgres, cls_name, None) or getattr(notifier, cls_name, None)
-        if cls is not None and hasattr(cls, "wait") and not asyncio.iscoroutinefunction(cls.wait):
-            cls.wait = wrap_wait(cls.wait)
-    heard_async = getattr(notifier, "_probe_heard", None)  # set by a notifier that hears on the loop
-    if heard_async is not None:
-        notifier._probe_heard = lambda: events["heard"].append(time.time())
+    postgres.SharedListener.wait = wrap_wait(postgres.SharedListener.wait)  # type: ignore[method-assign]
+    on_loop = getattr(postgres, "AsyncSharedListener", None)  # a notifier that reads on the event loop
+    if on_loop is not None:
+        original_readable = on_loop._readable
+
+        def readable(self: Any) -> None:  # the loop read the socket: its one connection, only LISTENing
+            events["heard"].append(time.time())
+            original_readable(self)
+        on_loop._readable = readable
 
     original_wake = notifier.AsyncWait._wake
 
@@ -189,6 +191,8 @@ def _breakdown(enqueues: list[dict[str, float]], worker: dict[str, Any]) -> dict
             before = stage
         total.append((started[i] - call) * 1000)
         total_from_return.append((started[i] - e["enqueued"]) * 1000)
+    if not total:
+        raise RuntimeError("no task was picked up through a notification")
     rows = {stage: {"p50_ms": _pct(v, 50), "p99_ms": _pct(v, 99)} for stage, v in per_stage.items() if v}
     return {"samples": len(total), "woken_by_poll": poll, "claim_already_sent": raced, "stages": rows,
             "total": {"p50_ms": _pct(total, 50), "p99_ms": _pct(total, 99)},

@@ -111,6 +111,10 @@ class AsyncConnection(Protocol):
     def poke(self) -> None:
         """End a :meth:`wait` now (from any thread)."""
 
+    def deliver(self, to: Callable[[str, str], None]) -> None:
+        """From now on hand each notification to ``to`` (``channel, payload``) as soon as it is
+        read, on the loop, rather than from :meth:`wait`."""
+
     async def close(self) -> None:
         """Close the connection."""
 
@@ -318,11 +322,15 @@ class Notifier:
             turn = TURN_SECONDS if idle_since is None else \
                 max(0.0, min(TURN_SECONDS, idle_since + self._idle - time.monotonic()))
             for channel, payload in connection.wait(turn):
-                with self._lock:
-                    found = list(self._interests.get(channel, ()))
-                for interest in found:
-                    interest.heard(payload)
+                self._dispatch(channel, payload)
         return True
+
+    def _dispatch(self, channel: str, payload: str) -> None:
+        """Tell the interests in ``channel`` of a notification on it."""
+        with self._lock:
+            found = list(self._interests.get(channel, ()))
+        for interest in found:
+            interest.heard(payload)
 
     # -- or its task, on the event loop of its first waiter (the same turns, awaited) --------
 
@@ -374,7 +382,9 @@ class Notifier:
             self._task_ended.set()
 
     async def _aserve(self, connection: AsyncConnection, reconnected: bool) -> bool:
-        """:meth:`_serve`, awaited on the loop."""
+        """:meth:`_serve`, awaited on the loop; a notification is handed over as the loop reads it
+        (in the turn its socket was ready), not after this task's next turn."""
+        connection.deliver(self._dispatch)
         listening: set[str] = set()
         idle_since: float | None = None
         while not self._closed.is_set():
@@ -406,10 +416,7 @@ class Notifier:
             turn = TURN_SECONDS if idle_since is None else \
                 max(0.0, min(TURN_SECONDS, idle_since + self._idle - time.monotonic()))
             for channel, payload in await connection.wait(turn):
-                with self._lock:
-                    found = list(self._interests.get(channel, ()))
-                for interest in found:
-                    interest.heard(payload)
+                self._dispatch(channel, payload)
         return True
 
     def _ended_idle(self, idle_since: float | None) -> bool:

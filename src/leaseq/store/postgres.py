@@ -288,8 +288,23 @@ class AsyncSharedListener:
         self._woke: asyncio.Future[None] | None = None
         self._poked = False
         self._error: BackendUnavailable | None = None
+        self._to: Callable[[str, str], None] | None = None
         # Notifications read with a statement's answer (a LISTEN's) or by _readable come here.
-        conn.add_notify_handler(lambda n: self._heard.append((n.channel, n.payload)))
+        conn.add_notify_handler(self._notified)
+
+    def _notified(self, n: psycopg.Notify) -> None:
+        if self._to is not None:
+            self._to(n.channel, n.payload)
+        else:
+            self._heard.append((n.channel, n.payload))
+
+    def deliver(self, to: Callable[[str, str], None]) -> None:
+        """Hand each notification to ``to`` as soon as the loop reads it (:meth:`wait` then
+        returns none): in the turn the socket was ready, not a turn later."""
+        self._to = to
+        heard, self._heard = self._heard, []
+        for channel, payload in heard:
+            to(channel, payload)
 
     @classmethod
     async def open(cls, dsn: str, *, connect_timeout: float | None = None) -> AsyncSharedListener:
@@ -338,7 +353,8 @@ class AsyncSharedListener:
                     pgconn.notify_handler(n)
         except psycopg.Error as exc:
             self._error = BackendUnavailable(f"PostgreSQL listener: {str(exc).strip()}")
-        self._end_wait()
+        if self._error is not None or self._heard:
+            self._end_wait()
 
     async def wait(self, timeout: float) -> list[tuple[str, str]]:
         """The notifications heard within ``timeout`` seconds (fewer: poked, or none came)."""
