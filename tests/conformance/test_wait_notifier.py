@@ -545,3 +545,35 @@ def test_the_notifier_runs_on_its_first_asyncio_waiters_loop_and_a_thread_takes_
     assert not errors, errors
     assert sorted(returned) == [first, second, third]
     assert all(status == "completed" for status, _ in returned.values())
+
+
+def test_a_blocking_wait_on_the_thread_of_the_loop_that_reads_the_connection_is_woken(
+        q: leaseq.Queue, named: tuple[leaseq.Queue, str]) -> None:
+    """A blocking ``wait`` called inside a coroutine of the loop that reads the connection
+    (that loop cannot read while it blocks): a thread takes the connection over, and the
+    wait returns when its task ends, not at its timeout."""
+    queue, _ = named
+    w, claims = _claimed(q, 1)
+    [task_id] = claims
+    notifier = queue.store.notifier.notifier  # type: ignore[attr-defined]
+
+    def complete_soon() -> None:
+        _until(lambda: notifier._thread is not None, "no thread took over", 20)
+        time.sleep(0.3)
+        q.complete(w, claims[task_id], result="done")
+
+    async def main() -> float:
+        aq = leaseq.AsyncQueue(queue)
+        listener = await aq.listener(["default"])
+        try:
+            assert notifier._task is not None and notifier._thread is None
+            threading.Thread(target=complete_soon, daemon=True).start()
+            began = time.monotonic()
+            task = queue.wait(task_id, timeout=60)  # blocks this loop, on purpose
+            assert task.status == "completed"
+            return time.monotonic() - began
+        finally:
+            await listener.close()
+            await aq.close_async()
+
+    assert asyncio.run(main()) < 20

@@ -7,10 +7,17 @@ loop (``leaseq_work``, for its queues), the service's waiting requests (work,
 ``leaseq_interrupt``, and the tasks they wait for), each :meth:`leaseq.Queue.wait`
 and each following :meth:`leaseq.Queue.stream` (a task's ``leaseq_task_<id>``),
 sync and async alike. A waiter registers its interest in a channel; the
-notifier's thread LISTENs on that channel while at least one waiter wants it
-and UNLISTENs after, and wakes only the waiters of the channel it hears (a
-:class:`threading.Event` for blocking code; ``loop.call_soon_threadsafe`` for
+notifier LISTENs on that channel while at least one waiter wants it and
+UNLISTENs after, and wakes only the waiters of the channel it hears (a
+:class:`threading.Event` for blocking code; the waiter's own event loop for
 asyncio code).
+
+Who drives the connection: a task on the event loop of the notifier's first
+waiter when that is an asyncio one (the loop watches the socket and hands each
+notification over as it reads it: a worker's claim loop is woken with no thread
+in between), else a thread of its own. A thread takes over when that loop ends
+with waiters left, or when a blocking waiter registers on the loop's own thread
+(the loop cannot read while it blocks); then every waiter looks again.
 
 There is one notifier per listening DSN per process (:func:`share`): each
 store opened on that DSN holds a :class:`Share` of it, and the notifier closes
@@ -198,6 +205,15 @@ class Notifier:
             if self._task is not None and self._task_loop is not None and self._task_loop.is_closed():
                 self._task = self._connection = None  # its loop was closed under it
                 self.connected.clear()
+            retired: Connection | AsyncConnection | None = None
+            if self._task is not None and interest.loop is None and self._task_loop is not None \
+                    and _running(self._task_loop):
+                # A blocking waiter on the very thread whose loop reads the connection: that loop
+                # cannot read while this one blocks. A thread takes over (and everyone looks again
+                # once it listens); the task ends, closing its connection, when its loop runs again.
+                retired, self._task, self._connection = self._connection, None, None
+                self.connected.clear()
+                self._start_thread(reconnected=True)
             if interest.channel not in self._interests:
                 self.connected.clear()  # not listening on every channel wanted until the thread LISTENs
             self._interests.setdefault(interest.channel, set()).add(interest)
@@ -210,6 +226,8 @@ class Notifier:
                 else:
                     self._start_thread(reconnected=False)
             connection = self._connection
+        if retired is not None:
+            retired.poke()
         if connection is not None:
             connection.poke()  # listen on the channel now, not at the next turn
 
@@ -338,7 +356,7 @@ class Notifier:
         assert self._aconnect is not None
         reconnected = False
         try:
-            while not self._closed.is_set():
+            while not self._closed.is_set() and self._driving_here():
                 try:
                     connection = await self._aconnect()
                 except Exception as exc:  # cannot connect: those about to look are told; the rest wait on
@@ -348,13 +366,14 @@ class Notifier:
                         self._pending.clear()
                     for interest in pending:
                         interest.ready(exc)
-                    if self._ended_idle(None):
+                    if self._ended_idle(None, task=True):
                         return
                     await asyncio.sleep(self._retry)
                     continue
                 self.connections += 1
                 with self._lock:
-                    self._connection = connection
+                    if self._task is asyncio.current_task():
+                        self._connection = connection
                 try:
                     if await self._aserve(connection, reconnected):
                         return
@@ -362,15 +381,17 @@ class Notifier:
                     logger.info("the notifier lost its connection (%s); reconnecting", exc)
                     reconnected = True
                 finally:
-                    self.connected.clear()
                     with self._lock:
                         if self._connection is connection:
                             self._connection = None
+                        if self._task is asyncio.current_task():  # else a thread drives, its flag its own
+                            self.connected.clear()
                     try:
                         await connection.close()
                     except Exception:  # pragma: no cover - closed under our feet already
                         pass
-                await asyncio.sleep(self._retry)
+                if self._driving_here():
+                    await asyncio.sleep(self._retry)
         finally:
             with self._lock:
                 if self._task is asyncio.current_task():
@@ -381,13 +402,18 @@ class Notifier:
                         self._start_thread(reconnected=True)
             self._task_ended.set()
 
+    def _driving_here(self) -> bool:
+        """Whether the running task still drives the connection (not retired, see :meth:`subscribe`)."""
+        with self._lock:
+            return self._task is asyncio.current_task()
+
     async def _aserve(self, connection: AsyncConnection, reconnected: bool) -> bool:
         """:meth:`_serve`, awaited on the loop; a notification is handed over as the loop reads it
         (in the turn its socket was ready), not after this task's next turn."""
         connection.deliver(self._dispatch)
         listening: set[str] = set()
         idle_since: float | None = None
-        while not self._closed.is_set():
+        while not self._closed.is_set() and self._driving_here():
             with self._lock:
                 wanted = set(self._interests)
             for channel in sorted(wanted - listening):
@@ -411,7 +437,7 @@ class Notifier:
                 idle_since = None
             else:
                 idle_since = idle_since if idle_since is not None else time.monotonic()
-                if self._ended_idle(idle_since):
+                if self._ended_idle(idle_since, task=True):
                     return True
             turn = TURN_SECONDS if idle_since is None else \
                 max(0.0, min(TURN_SECONDS, idle_since + self._idle - time.monotonic()))
@@ -419,13 +445,17 @@ class Notifier:
                 self._dispatch(channel, payload)
         return True
 
-    def _ended_idle(self, idle_since: float | None) -> bool:
-        """End the thread (True) when no interest is registered and, with ``idle_since``, none
-        has been for :attr:`_idle` seconds; the next :meth:`subscribe` starts another."""
+    def _ended_idle(self, idle_since: float | None, *, task: bool = False) -> bool:
+        """End the thread (the task, with ``task``) (True) when no interest is registered and,
+        with ``idle_since``, none has been for :attr:`_idle` seconds; the next :meth:`subscribe`
+        starts another."""
         with self._lock:
             if self._interests or (idle_since is not None and time.monotonic() - idle_since < self._idle):
                 return False
-            self._thread = self._task = None
+            if not task:
+                self._thread = None
+            elif self._task is asyncio.current_task():
+                self._task = None
             return True
 
     def _tell_all(self, *, closing: bool = False) -> None:

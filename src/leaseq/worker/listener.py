@@ -4,7 +4,9 @@ On a port that offers LISTEN/NOTIFY (``capabilities.listen_notify``) it runs
 as a task on the runtime's loop, waiting on a waiter registered with the
 process's one notifier (:mod:`leaseq.store.notifier`: the connection every
 other waiter of the process shares, task waits and streams in handlers
-included). The notifier reconnects after a dropped connection and then wakes
+included; in a worker process the notifier usually runs on the runtime's own
+loop, and the waiter sets the claim loop's wake-up event itself as it is
+woken). The notifier reconnects after a dropped connection and then wakes
 the claim loop at once: notifications sent while it was away were missed, and
 polling covers the gap until it is back. A waiter that cannot be registered
 (the notifier cannot connect) is asked for again after :data:`LISTENER_RETRY`.
