@@ -465,3 +465,115 @@ def test_a_blocking_work_listener_is_told_interrupts_on_its_own_thread(named: tu
         assert listener.wait(10) is True
     finally:
         listener.close()
+
+
+def test_a_work_waiter_sets_the_claim_loops_event_itself_as_it_is_woken(named: tuple[leaseq.Queue, str]) -> None:
+    """The worker's claim loop is woken in the turn the notification reaches the loop: the
+    waiter sets the loop's event itself (``wake_also``), with no task awaiting its ``wait()``
+    in between; an enqueue on another queue leaves it alone."""
+    queue, _ = named
+    lane, other = f"lane_{uuid.uuid4().hex[:8]}", f"other_{uuid.uuid4().hex[:8]}"
+
+    async def main() -> None:
+        aq = leaseq.AsyncQueue(queue)
+        listener = await aq.listener([lane])
+        try:
+            wake = asyncio.Event()
+            listener.wake_also(wake)
+            await aq.enqueue("k", queue=other)
+            await aq.enqueue("k", queue=lane)
+            # nothing awaits listener.wait(): the notification alone sets the event
+            await asyncio.wait_for(wake.wait(), 10)
+            assert await listener.wait(0)  # and the waiter still tells its own caller
+            wake.clear()
+            await aq.enqueue("k", queue=other)
+            assert not await listener.wait(1.0) and not wake.is_set()
+        finally:
+            await listener.close()
+            await aq.close_async()
+
+    asyncio.run(main())
+
+
+def test_the_notifier_runs_on_its_first_asyncio_waiters_loop_and_a_thread_takes_over_after(
+        q: leaseq.Queue, dsn: str, named: tuple[leaseq.Queue, str]) -> None:
+    """An asyncio process's first waiter puts the notifier on its event loop (a task whose
+    loop watches the connection: no thread hands a notification over). It serves blocking
+    waits of other threads too, reconnects on the loop when its backend is terminated (every
+    waiter looks again), and when that loop ends a thread takes over the waits still open."""
+    queue, app = named
+    w, claims = _claimed(q, 3)
+    first, second, third = sorted(claims)
+    lane = f"lane_{uuid.uuid4().hex[:8]}"
+    notifier = queue.store.notifier.notifier  # type: ignore[attr-defined]
+    returned: dict[int, tuple[str, float]] = {}
+    errors: list[BaseException] = []
+
+    async def main() -> list[threading.Thread]:
+        aq = leaseq.AsyncQueue(queue)
+        listener = await aq.listener([lane])
+        try:
+            assert notifier._task is not None and notifier._thread is None
+            threads = _thread_waits(queue, [first, second, third], returned, errors)
+            while await asyncio.to_thread(_watched, dsn, [first, second, third]) < 3:
+                await asyncio.sleep(0.05)
+            [pid] = await asyncio.to_thread(_listening, dsn, app)
+            with own_connection(dsn) as conn:
+                assert conn.execute("SELECT pg_terminate_backend(%s)", (pid,)).fetchone()[0]
+            assert await listener.wait(10), "the asyncio waiter was not told to look again"
+            await asyncio.to_thread(q.complete, w, claims[first], result=1)
+            while first not in returned and not errors:
+                await asyncio.sleep(0.02)
+            assert notifier._task is not None and notifier._thread is None  # reconnected on the loop
+            assert not await listener.wait(0.2)
+            await aq.enqueue("job", queue=lane)  # woken by its NOTIFY on the new connection
+            assert await listener.wait(10)
+            await asyncio.to_thread(q.complete, w, claims[second], result=2)
+            while second not in returned and not errors:
+                await asyncio.sleep(0.02)
+            return threads
+        finally:
+            await listener.close()
+            await aq.close_async()
+
+    threads = asyncio.run(main())
+    assert not errors, errors
+    _until(lambda: notifier._thread is not None, "no thread took over when the loop ended")
+    q.complete(w, claims[third], result=3)
+    for thread in threads:
+        thread.join(15)
+    assert not errors, errors
+    assert sorted(returned) == [first, second, third]
+    assert all(status == "completed" for status, _ in returned.values())
+
+
+def test_a_blocking_wait_on_the_thread_of_the_loop_that_reads_the_connection_is_woken(
+        q: leaseq.Queue, named: tuple[leaseq.Queue, str]) -> None:
+    """A blocking ``wait`` called inside a coroutine of the loop that reads the connection
+    (that loop cannot read while it blocks): a thread takes the connection over, and the
+    wait returns when its task ends, not at its timeout."""
+    queue, _ = named
+    w, claims = _claimed(q, 1)
+    [task_id] = claims
+    notifier = queue.store.notifier.notifier  # type: ignore[attr-defined]
+
+    def complete_soon() -> None:
+        _until(lambda: notifier._thread is not None, "no thread took over", 20)
+        time.sleep(0.3)
+        q.complete(w, claims[task_id], result="done")
+
+    async def main() -> float:
+        aq = leaseq.AsyncQueue(queue)
+        listener = await aq.listener(["default"])
+        try:
+            assert notifier._task is not None and notifier._thread is None
+            threading.Thread(target=complete_soon, daemon=True).start()
+            began = time.monotonic()
+            task = queue.wait(task_id, timeout=60)  # blocks this loop, on purpose
+            assert task.status == "completed"
+            return time.monotonic() - began
+        finally:
+            await listener.close()
+            await aq.close_async()
+
+    assert asyncio.run(main()) < 20

@@ -7,10 +7,17 @@ loop (``leaseq_work``, for its queues), the service's waiting requests (work,
 ``leaseq_interrupt``, and the tasks they wait for), each :meth:`leaseq.Queue.wait`
 and each following :meth:`leaseq.Queue.stream` (a task's ``leaseq_task_<id>``),
 sync and async alike. A waiter registers its interest in a channel; the
-notifier's thread LISTENs on that channel while at least one waiter wants it
-and UNLISTENs after, and wakes only the waiters of the channel it hears (a
-:class:`threading.Event` for blocking code; ``loop.call_soon_threadsafe`` for
+notifier LISTENs on that channel while at least one waiter wants it and
+UNLISTENs after, and wakes only the waiters of the channel it hears (a
+:class:`threading.Event` for blocking code; the waiter's own event loop for
 asyncio code).
+
+Who drives the connection: a task on the event loop of the notifier's first
+waiter when that is an asyncio one (the loop watches the socket and hands each
+notification over as it reads it: a worker's claim loop is woken with no thread
+in between), else a thread of its own. A thread takes over when that loop ends
+with waiters left, or when a blocking waiter registers on the loop's own thread
+(the loop cannot read while it blocks); then every waiter looks again.
 
 There is one notifier per listening DSN per process (:func:`share`): each
 store opened on that DSN holds a :class:`Share` of it, and the notifier closes
@@ -41,7 +48,7 @@ import os
 import re
 import threading
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Awaitable, Callable, Iterable
 from typing import Any, Protocol, Self
 
 from ..core.errors import BackendUnavailable
@@ -95,6 +102,30 @@ class Connection(Protocol):
         """Close the connection."""
 
 
+class AsyncConnection(Protocol):
+    """The notifier's one connection when it runs on an event loop
+    (:class:`leaseq.store.postgres.AsyncSharedListener`): :class:`Connection`, awaited."""
+
+    async def listen(self, channel: str) -> None:
+        """LISTEN on ``channel``."""
+
+    async def unlisten(self, channel: str) -> None:
+        """UNLISTEN ``channel``."""
+
+    async def wait(self, timeout: float) -> list[tuple[str, str]]:
+        """The notifications heard within ``timeout`` seconds, as ``(channel, payload)``."""
+
+    def poke(self) -> None:
+        """End a :meth:`wait` now (from any thread)."""
+
+    def deliver(self, to: Callable[[str, str], None]) -> None:
+        """From now on hand each notification to ``to`` (``channel, payload``) as soon as it is
+        read, on the loop, rather than from :meth:`wait`."""
+
+    async def close(self) -> None:
+        """Close the connection."""
+
+
 class Interest:
     """One waiter's interest in a channel, told by the notifier's thread what happens:
     :meth:`ready` once the channel is listened on (or the listener could not connect), and
@@ -102,6 +133,8 @@ class Interest:
     missed). Both are called on the notifier's thread and must return at once."""
 
     channel: str
+    #: the event loop of an asyncio waiter (None: a blocking one)
+    loop: asyncio.AbstractEventLoop | None = None
 
     def ready(self, error: BaseException | None) -> None:
         """The channel is listened on (``error`` None), or it could not be."""
@@ -112,12 +145,17 @@ class Interest:
 
 class Notifier:
     """One LISTEN connection, opened by ``connect()``, serving every :class:`Interest`
-    registered with :meth:`subscribe`. Thread-safe; one thread of its own. A store reaches
-    it through its :class:`Share` (:func:`share`)."""
+    registered with :meth:`subscribe`. Thread-safe; one thread of its own, or, with
+    ``aconnect`` and an asyncio waiter first, a task on that waiter's event loop (the
+    connection is then ``aconnect()``'s, whose socket the loop watches: the asyncio waiters
+    of that loop, a worker's claim loop among them, are woken with no thread in between). A
+    store reaches it through its :class:`Share` (:func:`share`)."""
 
     def __init__(self, connect: Callable[[], Connection], *, name: str = "leaseq-notifier",
-                 retry: float = RETRY_SECONDS, idle: float = IDLE_SECONDS):
+                 retry: float = RETRY_SECONDS, idle: float = IDLE_SECONDS,
+                 aconnect: Callable[[], Awaitable[AsyncConnection]] | None = None):
         self._connect = connect
+        self._aconnect = aconnect
         self._name = name
         self._retry = retry
         self._idle = idle
@@ -126,7 +164,13 @@ class Notifier:
         #: interests not yet told the channel is listened on
         self._pending: set[Interest] = set()
         self._thread: threading.Thread | None = None
-        self._connection: Connection | None = None
+        #: the task driving the connection on an event loop, instead of the thread
+        self._task: asyncio.Task[None] | None = None
+        self._task_loop: asyncio.AbstractEventLoop | None = None
+        #: set while no task drives the connection
+        self._task_ended = threading.Event()
+        self._task_ended.set()
+        self._connection: Connection | AsyncConnection | None = None
         self._closed = threading.Event()
         #: how many times the notifier connected (tests read it)
         self.connections = 0
@@ -156,18 +200,41 @@ class Notifier:
             if self._pid != os.getpid():  # a forked child: the thread and its connection stayed behind
                 self._pid = os.getpid()
                 self._interests, self._pending = {}, set()
-                self._thread = self._connection = None
+                self._thread = self._connection = self._task = None
                 self.connected.clear()
+            if self._task is not None and self._task_loop is not None and self._task_loop.is_closed():
+                self._task = self._connection = None  # its loop was closed under it
+                self.connected.clear()
+            retired: Connection | AsyncConnection | None = None
+            if self._task is not None and interest.loop is None and self._task_loop is not None \
+                    and _running(self._task_loop):
+                # A blocking waiter on the very thread whose loop reads the connection: that loop
+                # cannot read while this one blocks. A thread takes over (and everyone looks again
+                # once it listens); the task ends, closing its connection, when its loop runs again.
+                retired, self._task, self._connection = self._connection, None, None
+                self.connected.clear()
+                self._start_thread(reconnected=True)
             if interest.channel not in self._interests:
                 self.connected.clear()  # not listening on every channel wanted until the thread LISTENs
             self._interests.setdefault(interest.channel, set()).add(interest)
             self._pending.add(interest)
-            if self._thread is None:
-                self._thread = threading.Thread(target=self._run, name=self._name, daemon=True)
-                self._thread.start()
+            if self._thread is None and self._task is None:
+                if self._aconnect is not None and interest.loop is not None and _running(interest.loop):
+                    self._task_ended.clear()
+                    self._task_loop = interest.loop
+                    self._task = interest.loop.create_task(self._arun(), name=self._name)
+                else:
+                    self._start_thread(reconnected=False)
             connection = self._connection
+        if retired is not None:
+            retired.poke()
         if connection is not None:
             connection.poke()  # listen on the channel now, not at the next turn
+
+    def _start_thread(self, *, reconnected: bool) -> None:
+        """Drive the connection from a thread of its own (``self._lock`` held)."""
+        self._thread = threading.Thread(target=self._run, args=(reconnected,), name=self._name, daemon=True)
+        self._thread.start()
 
     def unsubscribe(self, interest: Interest) -> bool:
         """Forget ``interest``: its channel is UNLISTENed once no other interest wants it.
@@ -193,16 +260,18 @@ class Notifier:
             self._closed.set()
             connection = self._connection
             thread = self._thread
+            task, loop = self._task, self._task_loop
         if connection is not None:
             connection.poke()
         if thread is not None and thread is not threading.current_thread():
             thread.join(timeout=5)
+        if task is not None and loop is not None and loop.is_running() and not _running(loop):
+            self._task_ended.wait(timeout=5)  # its loop closes the connection: wait for it, from another thread
         self._tell_all(closing=True)
 
     # -- the notifier's thread --------------------------------------------------------
 
-    def _run(self) -> None:
-        reconnected = False
+    def _run(self, reconnected: bool = False) -> None:
         while not self._closed.is_set():
             try:
                 connection = self._connect()
@@ -271,19 +340,122 @@ class Notifier:
             turn = TURN_SECONDS if idle_since is None else \
                 max(0.0, min(TURN_SECONDS, idle_since + self._idle - time.monotonic()))
             for channel, payload in connection.wait(turn):
-                with self._lock:
-                    found = list(self._interests.get(channel, ()))
-                for interest in found:
-                    interest.heard(payload)
+                self._dispatch(channel, payload)
         return True
 
-    def _ended_idle(self, idle_since: float | None) -> bool:
-        """End the thread (True) when no interest is registered and, with ``idle_since``, none
-        has been for :attr:`_idle` seconds; the next :meth:`subscribe` starts another."""
+    def _dispatch(self, channel: str, payload: str) -> None:
+        """Tell the interests in ``channel`` of a notification on it."""
+        with self._lock:
+            found = list(self._interests.get(channel, ()))
+        for interest in found:
+            interest.heard(payload)
+
+    # -- or its task, on the event loop of its first waiter (the same turns, awaited) --------
+
+    async def _arun(self) -> None:
+        assert self._aconnect is not None
+        reconnected = False
+        try:
+            while not self._closed.is_set() and self._driving_here():
+                try:
+                    connection = await self._aconnect()
+                except Exception as exc:  # cannot connect: those about to look are told; the rest wait on
+                    logger.info("the notifier could not connect (%s); trying again", exc)
+                    with self._lock:
+                        pending = list(self._pending)
+                        self._pending.clear()
+                    for interest in pending:
+                        interest.ready(exc)
+                    if self._ended_idle(None, task=True):
+                        return
+                    await asyncio.sleep(self._retry)
+                    continue
+                self.connections += 1
+                with self._lock:
+                    if self._task is asyncio.current_task():
+                        self._connection = connection
+                try:
+                    if await self._aserve(connection, reconnected):
+                        return
+                except Exception as exc:  # the connection went away: connect again, then everyone looks again
+                    logger.info("the notifier lost its connection (%s); reconnecting", exc)
+                    reconnected = True
+                finally:
+                    with self._lock:
+                        if self._connection is connection:
+                            self._connection = None
+                        if self._task is asyncio.current_task():  # else a thread drives, its flag its own
+                            self.connected.clear()
+                    try:
+                        await connection.close()
+                    except Exception:  # pragma: no cover - closed under our feet already
+                        pass
+                if self._driving_here():
+                    await asyncio.sleep(self._retry)
+        finally:
+            with self._lock:
+                if self._task is asyncio.current_task():
+                    self._task = None
+                    if self._interests and not self._closed.is_set():
+                        # its loop is ending (the task was cancelled) with waiters of other threads or
+                        # loops still registered: a thread takes over, and they all look again
+                        self._start_thread(reconnected=True)
+            self._task_ended.set()
+
+    def _driving_here(self) -> bool:
+        """Whether the running task still drives the connection (not retired, see :meth:`subscribe`)."""
+        with self._lock:
+            return self._task is asyncio.current_task()
+
+    async def _aserve(self, connection: AsyncConnection, reconnected: bool) -> bool:
+        """:meth:`_serve`, awaited on the loop; a notification is handed over as the loop reads it
+        (in the turn its socket was ready), not after this task's next turn."""
+        connection.deliver(self._dispatch)
+        listening: set[str] = set()
+        idle_since: float | None = None
+        while not self._closed.is_set() and self._driving_here():
+            with self._lock:
+                wanted = set(self._interests)
+            for channel in sorted(wanted - listening):
+                await connection.listen(channel)
+            for channel in sorted(listening - wanted):
+                await connection.unlisten(channel)
+            listening = wanted
+            with self._lock:
+                ready = [i for i in self._pending if i.channel in listening]
+                self._pending.difference_update(ready)
+                everyone = [i for s in self._interests.values() for i in s] if reconnected else []
+                if set(self._interests) <= listening:
+                    self.connected.set()
+            for interest in ready:
+                interest.ready(None)
+            if reconnected:
+                reconnected = False
+                for interest in everyone:
+                    interest.heard(None)
+            if wanted:
+                idle_since = None
+            else:
+                idle_since = idle_since if idle_since is not None else time.monotonic()
+                if self._ended_idle(idle_since, task=True):
+                    return True
+            turn = TURN_SECONDS if idle_since is None else \
+                max(0.0, min(TURN_SECONDS, idle_since + self._idle - time.monotonic()))
+            for channel, payload in await connection.wait(turn):
+                self._dispatch(channel, payload)
+        return True
+
+    def _ended_idle(self, idle_since: float | None, *, task: bool = False) -> bool:
+        """End the thread (the task, with ``task``) (True) when no interest is registered and,
+        with ``idle_since``, none has been for :attr:`_idle` seconds; the next :meth:`subscribe`
+        starts another."""
         with self._lock:
             if self._interests or (idle_since is not None and time.monotonic() - idle_since < self._idle):
                 return False
-            self._thread = None
+            if not task:
+                self._thread = None
+            elif self._task is asyncio.current_task():
+                self._task = None
             return True
 
     def _tell_all(self, *, closing: bool = False) -> None:
@@ -303,14 +475,16 @@ _shared: dict[str, tuple[Notifier, int]] = {}
 _shared_lock = threading.Lock()
 
 
-def share(key: str, connect: Callable[[], Connection]) -> Share:
+def share(key: str, connect: Callable[[], Connection],
+          aconnect: Callable[[], Awaitable[AsyncConnection]] | None = None) -> Share:
     """A share of this process's notifier for ``key`` (the DSN its connection LISTENs
-    through), made with ``connect`` when there is none yet. Every store opened on that DSN
-    holds one; the notifier closes with the last (:meth:`Share.close`)."""
+    through), made with ``connect`` (and ``aconnect``, its connection when it runs on an
+    event loop) when there is none yet. Every store opened on that DSN holds one; the
+    notifier closes with the last (:meth:`Share.close`)."""
     with _shared_lock:
         found = _shared.get(key)
         notifier, holders = found if found is not None and not found[0].closed else \
-            (Notifier(connect, name="leaseq-notifier"), 0)
+            (Notifier(connect, name="leaseq-notifier", aconnect=aconnect), 0)
         _shared[key] = (notifier, holders + 1)
     return Share(notifier, key)
 
@@ -389,6 +563,14 @@ class Share:
         _release(self._key, self.notifier)
 
 
+def _running(loop: asyncio.AbstractEventLoop) -> bool:
+    """Whether ``loop`` is the event loop running in this thread."""
+    try:
+        return asyncio.get_running_loop() is loop
+    except RuntimeError:
+        return False
+
+
 # -- the waiters ------------------------------------------------------------------------
 
 def _unavailable(error: BaseException) -> BackendUnavailable:
@@ -400,10 +582,11 @@ def _unavailable(error: BaseException) -> BackendUnavailable:
 class _Part(Interest):
     """One channel of a waiter (a waiter may want several)."""
 
-    __slots__ = ("channel", "_owner")
+    __slots__ = ("channel", "loop", "_owner")
 
     def __init__(self, owner: _Waiter, channel: str):
         self.channel = channel
+        self.loop = owner.loop
         self._owner = owner
 
     def ready(self, error: BaseException | None) -> None:
@@ -419,6 +602,9 @@ class _Part(Interest):
 class _Waiter:
     """What the blocking and the asyncio waiters share: the channels, and which
     notification wakes the waiter (:meth:`_wakes`, on the notifier's thread)."""
+
+    #: the event loop an asyncio waiter is woken on (None: a blocking waiter)
+    loop: asyncio.AbstractEventLoop | None = None
 
     def __init__(self, notifier: Share, channels: Iterable[str]):
         self._notifier = notifier
@@ -501,14 +687,24 @@ class AsyncWait(_Waiter):
     the notifier's thread wakes it with ``loop.call_soon_threadsafe``."""
 
     def __init__(self, notifier: Share, channels: Iterable[str]):
+        self._loop = self.loop = asyncio.get_running_loop()
         super().__init__(notifier, channels)
-        self._loop = asyncio.get_running_loop()
         self._unready = len(self._parts)
         self._listening: asyncio.Future[BaseException | None] = self._loop.create_future()
         self._woken = asyncio.Event()
         self._notified = False
+        self._also: asyncio.Event | None = None
+
+    def wake_also(self, event: asyncio.Event) -> None:
+        """Set ``event`` too whenever this waiter is woken, in the same turn of the loop: whoever
+        waits on ``event`` (the worker's claim loop) runs a turn sooner than if a task awaiting
+        :meth:`wait` set it on waking."""
+        self._also = event
 
     def _soon(self, fn: Callable[..., Any], *args: Any) -> None:
+        if _running(self._loop):  # told on its own loop (the notifier's task runs there): now
+            fn(*args)
+            return
         try:
             self._loop.call_soon_threadsafe(fn, *args)
         except RuntimeError:  # its loop closed: nobody waits any more
@@ -531,6 +727,8 @@ class AsyncWait(_Waiter):
         self._soon(self._wake)
 
     def _wake(self) -> None:
+        if self._also is not None:  # first: its waiter's turn comes before this waiter's own
+            self._also.set()
         self._notified = True
         self._woken.set()
 

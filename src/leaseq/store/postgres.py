@@ -13,6 +13,7 @@ own ``plan_cache_mode``), and waits LISTEN on a direct connection
 
 from __future__ import annotations
 
+import asyncio
 import os
 import select
 from collections.abc import AsyncIterator, Callable, Iterator
@@ -279,6 +280,117 @@ class SharedListener:
                     pass
 
 
+class AsyncSharedListener:
+    """:class:`SharedListener` on an event loop: the notifier's connection when the process's
+    first waiter is an asyncio one (:class:`~leaseq.store.notifier.Notifier` then runs on that
+    waiter's loop, as a task, not a thread). The loop itself watches the socket, so a
+    notification wakes the loop's thread directly, with no thread handing it over.
+
+    One task drives it (:meth:`wait`, :meth:`listen`, :meth:`unlisten`); :meth:`poke` may be
+    called from any thread.
+    """
+
+    def __init__(self, conn: psycopg.AsyncConnection[Any]):
+        self._conn = conn
+        self._loop = asyncio.get_running_loop()
+        self._heard: list[tuple[str, str]] = []
+        self._woke: asyncio.Future[None] | None = None
+        self._poked = False
+        self._error: BackendUnavailable | None = None
+        self._to: Callable[[str, str], None] | None = None
+        # Notifications read with a statement's answer (a LISTEN's) or by _readable come here.
+        conn.add_notify_handler(self._notified)
+
+    def _notified(self, n: psycopg.Notify) -> None:
+        if self._to is not None:
+            self._to(n.channel, n.payload)
+        else:
+            self._heard.append((n.channel, n.payload))
+
+    def deliver(self, to: Callable[[str, str], None]) -> None:
+        """Hand each notification to ``to`` as soon as the loop reads it (:meth:`wait` then
+        returns none): in the turn the socket was ready, not a turn later."""
+        self._to = to
+        heard, self._heard = self._heard, []
+        for channel, payload in heard:
+            to(channel, payload)
+
+    @classmethod
+    async def open(cls, dsn: str, *, connect_timeout: float | None = None) -> AsyncSharedListener:
+        """A connection for the notifier, opened on the running loop."""
+        with map_driver_errors():
+            timeout: dict[str, Any] = {} if connect_timeout is None else \
+                {"connect_timeout": max(1, round(connect_timeout))}
+            conn = await psycopg.AsyncConnection.connect(dsn, autocommit=True, **timeout)
+        return cls(conn)
+
+    async def listen(self, channel: str) -> None:
+        """LISTEN on ``channel``, a plain identifier (the driving task only)."""
+        await self._run(f"LISTEN {channel}")
+
+    async def unlisten(self, channel: str) -> None:
+        """UNLISTEN ``channel`` (the driving task only)."""
+        await self._run(f"UNLISTEN {channel}")
+
+    async def _run(self, statement: str) -> None:
+        try:
+            await self._conn.execute(statement)
+        except psycopg.Error as exc:
+            raise BackendUnavailable(f"PostgreSQL listener: {str(exc).strip()}") from None
+
+    def poke(self) -> None:
+        """End the driving task's :meth:`wait` now (callable from any thread)."""
+        try:
+            self._loop.call_soon_threadsafe(self._poke)
+        except RuntimeError:  # its loop closed: nothing waits
+            pass
+
+    def _poke(self) -> None:
+        self._poked = True
+        self._end_wait()
+
+    def _end_wait(self) -> None:
+        if self._woke is not None and not self._woke.done():
+            self._woke.set_result(None)
+
+    def _readable(self) -> None:
+        try:
+            pgconn = self._conn.pgconn
+            pgconn.consume_input()
+            while (n := pgconn.notifies()) is not None:
+                if pgconn.notify_handler is not None:
+                    pgconn.notify_handler(n)
+        except psycopg.Error as exc:
+            self._error = BackendUnavailable(f"PostgreSQL listener: {str(exc).strip()}")
+        if self._error is not None or self._heard:
+            self._end_wait()
+
+    async def wait(self, timeout: float) -> list[tuple[str, str]]:
+        """The notifications heard within ``timeout`` seconds (fewer: poked, or none came)."""
+        if not self._heard and not self._poked and self._error is None:
+            try:
+                fd = self._conn.pgconn.socket
+            except psycopg.Error as exc:
+                raise BackendUnavailable(f"PostgreSQL listener: {str(exc).strip()}") from None
+            self._woke = self._loop.create_future()
+            self._loop.add_reader(fd, self._readable)
+            timer = self._loop.call_later(max(0.0, timeout), self._end_wait)
+            try:
+                await self._woke
+            finally:
+                timer.cancel()
+                self._loop.remove_reader(fd)
+                self._woke = None
+        self._poked = False
+        if self._error is not None:
+            raise self._error
+        heard, self._heard = self._heard, []
+        return heard
+
+    async def close(self) -> None:
+        await self._conn.close()
+
+
 class PostgresStore:
     """leaseq's tables in a PostgreSQL database, reached through a pool.
 
@@ -328,7 +440,8 @@ class PostgresStore:
         self.notifier: Share | None = None
         if mode.listens:
             listen_dsn = self._listen_dsn
-            self.notifier = share(listen_dsn, lambda: SharedListener(listen_dsn, connect_timeout=connect_timeout))
+            self.notifier = share(listen_dsn, lambda: SharedListener(listen_dsn, connect_timeout=connect_timeout),
+                                  aconnect=lambda: AsyncSharedListener.open(listen_dsn, connect_timeout=connect_timeout))
 
     @contextmanager
     def transaction(self, *, one_statement: bool = False) -> Iterator[PostgresTx]:
