@@ -255,6 +255,8 @@ def check_effect_of(claim: Held, effect: Effect) -> None:
         raise InvalidInput("effect", "must be the Effect returned by begin_effect()")
     if effect.task_id != claim.task_id:
         raise InvalidInput("effect", f"belongs to task {effect.task_id}, not task {claim.task_id}")
+    if type(effect.id) is not int or not 1 <= effect.id < 2**63:
+        raise InvalidInput("effect", f"has no id a ledger entry can have (got {effect.id!r})")
 
 
 def finish_effect(s: Settings, worker: Worker | str, claim: Held, effect: Effect,
